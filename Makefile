@@ -1,0 +1,41 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   installs moeplace into .venv and runs the main job on the built-in K3 default
+#   make test   installs moeplace with its test extras into .venv and runs the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+OUT    ?= run
+
+.PHONY: demo test test-slow bench install install-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned: the CPU wheel of 2.13.0 lies on disk; an unpinned resolve pulls a CUDA build.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[capture,dashboard,sweep]'
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+	$(PIP) -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: $(VENV)/.installed
+	$(BIN)/place demo --out $(OUT)
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not gpu"
+
+test-slow: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m "slow"
+
+bench: $(VENV)/.installed
+	$(BIN)/python bench/trace_stats.py
+
+clean:
+	rm -rf $(VENV) $(OUT) traces/k3-default

@@ -1,0 +1,99 @@
+"""Loads: ``[windows, L, E]`` token counts per expert — the common input of every placement policy
+(DESIGN.md "Contracts: Loads"). Traces (via ``place trace stats``) and engine load dumps (SGLang
+``logical_count``, vLLM EPLB load records) all reduce to it.
+
+On disk: one ``.npz`` with ``counts`` (int64 ``[W, L, E]``) and ``meta`` (a JSON string: model spec,
+window size, per-window labels and provenance). ``L`` counts MoE layers only, in ``model.moe_layers``
+order.
+"""
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from traces.errors import InputError
+from traces.files import atomic_path
+from traces.model import ModelSpec
+
+LOADS_FORMAT = "moeplace.loads/1"
+
+
+@dataclass(frozen=True, eq=False)
+class Loads:
+    """Token counts per (window, MoE layer, logical expert).
+
+    ``counts``: int64 ``[W, L, E]``; ``L == model.num_moe_layers``, ``E == model.num_experts``.
+    ``window_tokens``: tokens per window (0 when windows are not token-sized, e.g. engine dumps).
+    ``labels``: one string per window (e.g. a domain name or ``"tokens 0-4096"``).
+    """
+
+    counts: np.ndarray
+    model: ModelSpec
+    window_tokens: int = 0
+    labels: tuple[str, ...] = ()
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        c = self.counts
+        if c.ndim != 3:
+            raise InputError(f"Loads counts must be [windows, layers, experts], got shape {c.shape}")
+        if c.shape[1:] != (self.model.num_moe_layers, self.model.num_experts):
+            raise InputError(
+                f"Loads counts have shape {c.shape}, but model '{self.model.name}' has "
+                f"{self.model.num_moe_layers} MoE layers x {self.model.num_experts} experts")
+        if c.shape[0] == 0:
+            raise InputError("Loads has no windows")
+        if np.any(c < 0):
+            raise InputError("Loads counts must be non-negative")
+        if self.labels and len(self.labels) != c.shape[0]:
+            raise InputError(f"Loads has {c.shape[0]} windows but {len(self.labels)} labels")
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.counts.shape[0])
+
+    def total(self) -> np.ndarray:
+        """Counts summed over windows: ``[L, E]``."""
+        return self.counts.sum(axis=0)
+
+    def select(self, windows) -> Loads:
+        """A Loads over a subset of windows (a slice or index array)."""
+        idx = np.arange(self.num_windows)[windows]
+        labels = tuple(self.labels[i] for i in idx) if self.labels else ()
+        return Loads(self.counts[idx], self.model, self.window_tokens, labels, dict(self.provenance))
+
+    def save(self, path: str | Path) -> None:
+        meta = {"format": LOADS_FORMAT, "model": self.model.to_dict(), "window_tokens": self.window_tokens,
+                "labels": list(self.labels), "provenance": self.provenance}
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as fh:
+                np.savez_compressed(fh, counts=self.counts.astype(np.int64), meta=np.array(json.dumps(meta)))
+
+
+def is_loads_file(path: str | Path) -> bool:
+    p = Path(path)
+    return p.is_file() and p.suffix == ".npz"
+
+
+def load_loads(path: str | Path) -> Loads:
+    p = Path(path)
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            if "counts" not in z or "meta" not in z:
+                raise InputError(f"{p}: not a moeplace Loads file (expected arrays 'counts' and 'meta')")
+            counts = z["counts"]
+            meta = json.loads(str(z["meta"]))
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise InputError(f"{p}: not a readable Loads .npz file ({exc})") from None
+    if meta.get("format") != LOADS_FORMAT:
+        raise InputError(f"{p}: field 'format' is {meta.get('format')!r}, expected {LOADS_FORMAT!r}")
+    if not np.issubdtype(counts.dtype, np.integer):
+        raise InputError(f"{p}: field 'counts' has dtype {counts.dtype}, expected integers")
+    model = ModelSpec.from_dict(meta["model"])
+    return Loads(counts.astype(np.int64), model, int(meta.get("window_tokens", 0)),
+                 tuple(meta.get("labels", ())), meta.get("provenance", {}))
