@@ -28,6 +28,11 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
         raise
+    # mkstemp/mkdtemp create 0600/0700; outputs are read by engines running as other users, so give them
+    # the permissions a plain open() would (0666/0777 less the umask).
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod((0o777 if directory else 0o666) & ~umask)
     if directory and path.exists():
         old = path.with_name(f".{path.name}.old")
         shutil.rmtree(old, ignore_errors=True)

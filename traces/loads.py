@@ -30,6 +30,8 @@ class Loads:
     ``counts``: int64 ``[W, L, E]``; ``L == model.num_moe_layers``, ``E == model.num_experts``.
     ``window_tokens``: tokens per window (0 when windows are not token-sized, e.g. engine dumps).
     ``labels``: one string per window (e.g. a domain name or ``"tokens 0-4096"``).
+    ``samples``: optional int32 ``[N, L, k]``: the expert ids of a seeded sample of N tokens (``-1`` where
+    a token has no row for a layer), kept for co-activation objectives (``place trace stats`` writes it).
     """
 
     counts: np.ndarray
@@ -37,6 +39,7 @@ class Loads:
     window_tokens: int = 0
     labels: tuple[str, ...] = ()
     provenance: dict[str, Any] = field(default_factory=dict)
+    samples: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         c = self.counts
@@ -52,6 +55,13 @@ class Loads:
             raise InputError("Loads counts must be non-negative")
         if self.labels and len(self.labels) != c.shape[0]:
             raise InputError(f"Loads has {c.shape[0]} windows but {len(self.labels)} labels")
+        s = self.samples
+        if s is not None:
+            if s.ndim != 3 or s.shape[1:] != (self.model.num_moe_layers, self.model.top_k):
+                raise InputError(f"Loads samples have shape {s.shape}, expected [N, {self.model.num_moe_layers}, "
+                                 f"{self.model.top_k}] (tokens, MoE layers, top-k)")
+            if s.size and (s.min() < -1 or s.max() >= self.model.num_experts):
+                raise InputError(f"Loads samples must be expert ids in [0, {self.model.num_experts}) or -1")
 
     @property
     def num_windows(self) -> int:
@@ -65,14 +75,17 @@ class Loads:
         """A Loads over a subset of windows (a slice or index array)."""
         idx = np.arange(self.num_windows)[windows]
         labels = tuple(self.labels[i] for i in idx) if self.labels else ()
-        return Loads(self.counts[idx], self.model, self.window_tokens, labels, dict(self.provenance))
+        return Loads(self.counts[idx], self.model, self.window_tokens, labels, dict(self.provenance), self.samples)
 
     def save(self, path: str | Path) -> None:
         meta = {"format": LOADS_FORMAT, "model": self.model.to_dict(), "window_tokens": self.window_tokens,
                 "labels": list(self.labels), "provenance": self.provenance}
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as fh:
-                np.savez_compressed(fh, counts=self.counts.astype(np.int64), meta=np.array(json.dumps(meta)))
+                arrays = {"counts": self.counts.astype(np.int64), "meta": np.array(json.dumps(meta))}
+                if self.samples is not None:
+                    arrays["samples"] = self.samples.astype(np.int32)
+                np.savez_compressed(fh, **arrays)
 
 
 def is_loads_file(path: str | Path) -> bool:
@@ -88,6 +101,7 @@ def load_loads(path: str | Path) -> Loads:
                 raise InputError(f"{p}: not a moeplace Loads file (expected arrays 'counts' and 'meta')")
             counts = z["counts"]
             meta = json.loads(str(z["meta"]))
+            samples = z["samples"] if "samples" in z else None
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise InputError(f"{p}: not a readable Loads .npz file ({exc})") from None
     if meta.get("format") != LOADS_FORMAT:
@@ -95,5 +109,8 @@ def load_loads(path: str | Path) -> Loads:
     if not np.issubdtype(counts.dtype, np.integer):
         raise InputError(f"{p}: field 'counts' has dtype {counts.dtype}, expected integers")
     model = ModelSpec.from_dict(meta["model"])
+    if samples is not None and not np.issubdtype(samples.dtype, np.integer):
+        raise InputError(f"{p}: field 'samples' has dtype {samples.dtype}, expected integers")
     return Loads(counts.astype(np.int64), model, int(meta.get("window_tokens", 0)),
-                 tuple(meta.get("labels", ())), meta.get("provenance", {}))
+                 tuple(meta.get("labels", ())), meta.get("provenance", {}),
+                 None if samples is None else samples.astype(np.int32))

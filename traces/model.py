@@ -379,6 +379,8 @@ def from_hf_config(cfg: dict[str, Any], *, source: str = "config.json", name: st
         first_dense = int(g("first_k_dense_replace", default=0, required=False))
         freq = int(g("moe_layer_freq", default=1, required=False))
         moe = tuple(i for i in range(L) if i >= first_dense and (i - first_dense) % freq == 0)
+        if isinstance(cfg.get("mlp_layer_types"), list):  # transformers' KimiLinearConfig names them
+            moe = tuple(i for i, t in enumerate(cfg["mlp_layer_types"]) if t == "sparse")
         mla = MLAConfig(
             num_heads=int(g("num_attention_heads")),
             q_lora_rank=cfg.get("q_lora_rank"),
@@ -399,6 +401,13 @@ def from_hf_config(cfg: dict[str, Any], *, source: str = "config.json", name: st
             )
             for i1 in lin["kda_layers"]:  # Kimi configs number layers from 1
                 attention[int(i1) - 1] = "kda"
+        elif mt == "kimi_linear" and isinstance(cfg.get("layer_types"), list):
+            # the same facts as transformers' KimiLinearConfig serialises them (0-based layer_types)
+            kda = KDAConfig(num_heads=int(g("linear_num_heads", default=mla.num_heads, required=False)),
+                            head_dim=int(g("linear_head_dim", default=128, required=False)),
+                            conv_kernel=int(g("linear_conv_kernel_dim", default=4, required=False)),
+                            full_rank_gate="routed_expert_hidden_size" in cfg)
+            attention = ["kda" if t == "linear_attention" else "mla" for t in cfg["layer_types"]]
         shared = int(g("n_shared_experts", "num_shared_experts", default=0, required=False))
         spec = dict(
             num_experts=E, top_k=k, moe_layers=moe,
@@ -407,8 +416,10 @@ def from_hf_config(cfg: dict[str, Any], *, source: str = "config.json", name: st
             num_shared_experts=shared,
             shared_intermediate_size=int(g("moe_intermediate_size")),
             dense_intermediate_size=int(g("intermediate_size")),
-            scoring=str(g("scoring_func", default="softmax", required=False)),
-            n_group=int(g("n_group", default=1, required=False)),
+            # transformers' DeepSeek-V3 / Kimi routers only score with sigmoid and drop scoring_func
+            scoring=str(g("scoring_func", default="softmax" if mt == "deepseek_v2" else "sigmoid",
+                          required=False)),
+            n_group=int(g("n_group", "num_expert_group", default=1, required=False)),
             topk_group=int(g("topk_group", default=1, required=False)),
         )
     elif mt in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"):
@@ -437,7 +448,7 @@ def from_hf_config(cfg: dict[str, Any], *, source: str = "config.json", name: st
         name=name or str(cfg.get("name_or_path") or cfg.get("_name_or_path") or mt),
         num_layers=L, hidden_size=hidden,
         vocab_size=int(g("vocab_size")),
-        max_context=int(g("max_position_embeddings", default=0, required=False) or 0),
+        max_context=int(g("max_position_embeddings", "model_max_length", default=0, required=False) or 0),
         attention=tuple(attention), mla=mla, kda=kda, gqa=gqa,
         expert_dtype=expert_dtype, weight_dtype=weight_dtype if weight_dtype != "fp8_block128" else weight_dtype,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),

@@ -1,0 +1,467 @@
+"""What the dashboard reads, and nothing else: it finds the artifacts of a run directory and loads them
+through the same library functions the ``place`` CLI uses (``traces.format`` / ``traces.validate`` /
+``traces.stats``, ``placement.record`` / ``placement.evaluate`` / ``placement.compare`` /
+``placement.plan`` / ``placement.export``, the files ``sim.results.write_outputs`` writes). No metric
+is computed here; pages only reshape what these functions return into charts.
+
+A run directory (what ``place demo --out run/`` writes; any layout works, files are recognized by their
+content, not their names):
+
+- trace directories (Parquet with ``moeplace.model`` metadata), e.g. ``traces/``;
+- placement JSON files (``"format": "moeplace.placement/1"``), e.g. ``placement.json``, ``placements/*.json``;
+- ``place optimize --json`` output (a comparison: ``engine`` + ``rows``), e.g. ``comparison.json``;
+- ``place plan --json`` output (``per_gpu`` + ``pools``), e.g. ``plan.json``;
+- ``place simulate --out DIR`` directories (``summary.json`` + ``<label>.timeseries.parquet``), e.g. ``sim/``;
+- Loads ``.npz`` files (``place trace stats --out``), e.g. ``loads.npz``.
+
+Loaders are cached with ``st.cache_data`` keyed by the path and a stamp of its files (size and mtime),
+so an artifact rewritten on disk is re-read, and a large trace is summarized once by the streaming
+statistics, never loaded whole.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import streamlit as st
+
+from traces.errors import InputError
+
+RUN_DIR_ENV = "MOEPLACE_RUN_DIR"
+DEFAULT_RUN_DIR = "run"
+# Directories never worth descending into while looking for artifacts.
+_SKIP_DIRS = {".git", ".venv", "__pycache__", "node_modules", ".pytest_cache"}
+_MAX_JSON_PEEK = 64 << 20  # JSON files larger than this are not classified (no run artifact is that big)
+
+
+# ---------------------------------------------------------------------------- run directory
+def default_run_dir() -> str:
+    """The run directory the app opens with: ``place dashboard RUN_DIR`` passes it in the environment."""
+    return os.environ.get(RUN_DIR_ENV, DEFAULT_RUN_DIR)
+
+
+@dataclass(frozen=True)
+class RunIndex:
+    """The artifacts found under a run directory, by kind (paths sorted; ``notes``: files skipped and why)."""
+
+    root: Path
+    traces: tuple[Path, ...] = ()
+    placements: tuple[Path, ...] = ()
+    comparisons: tuple[Path, ...] = ()
+    plans: tuple[Path, ...] = ()
+    sims: tuple[Path, ...] = ()
+    loads: tuple[Path, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.traces or self.placements or self.comparisons or self.plans or self.sims or self.loads)
+
+
+def stamp(path: str | Path) -> tuple:
+    """A cache key for the current contents of a file or directory tree: (relative name, size, mtime)
+    of every file, so a rewritten artifact invalidates its cached load."""
+    p = Path(path)
+    if p.is_file():
+        s = p.stat()
+        return ((p.name, s.st_size, s.st_mtime_ns),)
+    if not p.is_dir():
+        return ()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(p):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
+        for f in sorted(filenames):
+            if f.startswith("."):
+                continue
+            fp = Path(dirpath, f)
+            try:
+                s = fp.stat()
+            except OSError:
+                continue
+            out.append((str(fp.relative_to(p)), s.st_size, s.st_mtime_ns))
+    return tuple(out)
+
+
+def _is_trace_parquet(path: Path) -> bool:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from traces.format import META_MODEL
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (pa.ArrowException, OSError):
+        # A damaged file named like a trace part still belongs to a trace: the Traces page reports it.
+        return path.name.startswith("part-")
+    return META_MODEL in meta
+
+
+def _json_kind(path: Path) -> str | None:
+    from placement.record import PLACEMENT_FORMAT
+
+    try:
+        if path.stat().st_size > _MAX_JSON_PEEK:
+            return None
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return "unreadable"
+    if isinstance(d, dict):
+        if d.get("format") == PLACEMENT_FORMAT:
+            return "placement"
+        if "rows" in d and "engine" in d:
+            return "comparison"
+        if "per_gpu" in d and "pools" in d:
+            return "plan"
+    return None
+
+
+def scan_run_dir(root: str | Path) -> RunIndex:
+    """Classify the artifacts under ``root`` by content. Raises :class:`InputError` when ``root`` is not
+    a directory."""
+    root = Path(root).expanduser()
+    if not root.exists():
+        raise InputError(f"{root}: no such directory (make one with `place demo --out {root}`)")
+    if not root.is_dir():
+        raise InputError(f"{root}: not a directory (give the directory `place demo --out` wrote)")
+    found: dict[str, list[Path]] = {k: [] for k in ("traces", "placements", "comparisons", "plans", "sims", "loads")}
+    notes: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        dirnames[:] = sorted(x for x in dirnames if not x.startswith(".") and x not in _SKIP_DIRS)
+        files = sorted(f for f in filenames if not f.startswith("."))
+        if "summary.json" in files and any(f.endswith(".timeseries.parquet") for f in files):
+            found["sims"].append(d)
+            dirnames[:] = []
+            continue
+        parquet = [d / f for f in files if f.endswith(".parquet")]
+        if parquet and d != root and any(_is_trace_parquet(f) for f in parquet):
+            found["traces"].append(d)  # a trace directory: all of its parquet files are one trace
+            dirnames[:] = []
+            continue
+        for f in parquet:
+            if _is_trace_parquet(f):
+                found["traces"].append(f)
+        for f in files:
+            p = d / f
+            if f.endswith(".npz"):
+                found["loads"].append(p)
+            elif f.endswith(".json"):
+                kind = _json_kind(p)
+                if kind == "unreadable":
+                    notes.append(f"{p}: not readable JSON; skipped")
+                elif kind is not None:
+                    found[kind + "s"].append(p)
+    # place simulate records the trace it replayed; the demo may keep the trace outside the run dir.
+    for s in found["sims"]:
+        try:
+            tp = json.loads((s / "config.json").read_text()).get("trace", {}).get("path")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if tp:
+            cand = [Path(tp)] if Path(tp).is_absolute() else [Path(tp), root / tp, root.parent / tp]
+            for c in cand:
+                if c.exists() and c.resolve() not in {t.resolve() for t in found["traces"]}:
+                    found["traces"].append(c)
+                    break
+    return RunIndex(root, **{k: tuple(v) for k, v in found.items()}, notes=tuple(notes))
+
+
+def rel(path: Path, root: Path) -> str:
+    """``path`` relative to the run directory when it lies inside it (for labels)."""
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+# ---------------------------------------------------------------------------- traces
+@dataclass(frozen=True)
+class TraceInfo:
+    path: str
+    model_name: str
+    num_moe_layers: int
+    num_experts: int
+    top_k: int
+    num_files: int
+    num_rows: int
+    provenance: dict[str, Any]
+    moe_layers: tuple[int, ...]
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def trace_info(path: str, _stamp: tuple) -> TraceInfo:
+    """Model, size and provenance of a trace, from its Parquet footers only (``_stamp``: cache key)."""
+    from traces.format import read_trace_meta, trace_files, trace_num_rows
+
+    model, prov = read_trace_meta(path)
+    return TraceInfo(path, model.name, model.num_moe_layers, model.num_experts, model.top_k,
+                     len(trace_files(path)), trace_num_rows(path), prov, tuple(model.moe_layers))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def trace_validation(path: str, _stamp: tuple):
+    """``traces.validate.validate_report`` (streams the trace row group by row group)."""
+    from traces.validate import validate_report
+
+    return validate_report(path)
+
+
+def _stamped(fn):
+    """Wrap a cached loader so callers pass a path; the stamp is added as part of the cache key."""
+    def call(path, *args, **kwargs):
+        return fn(str(path), stamp(path), *args, **kwargs)
+    call.__name__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    return call
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _trace_stats(path: str, stamp_: tuple, window_tokens: int):
+    from traces.stats import compute_stats
+
+    return compute_stats(path, window_tokens=window_tokens)
+
+
+def stats_available() -> bool:
+    try:
+        import traces.stats  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+trace_stats = _stamped(_trace_stats)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _trace_loads(path: str, stamp_: tuple, window_tokens: int):
+    """Per-window expert counts of a trace or Loads file (``placement.compare.routing_windows``: the
+    reducer ``place optimize`` uses)."""
+    from placement.compare import routing_windows
+
+    return routing_windows([path], window_tokens=window_tokens)
+
+
+trace_loads = _stamped(_trace_loads)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _domain_mix(path: str, stamp_: tuple, first_layer: int) -> pl.DataFrame | None:
+    """Tokens per domain tag (the rows of the first MoE layer, one per token), streamed by polars; None
+    when the trace has no ``domain`` column."""
+    from traces.format import scan_trace
+
+    lf = scan_trace(path)
+    if "domain" not in lf.collect_schema().names():
+        return None
+    return (lf.filter(pl.col("layer") == first_layer).group_by("domain").agg(pl.len().alias("tokens"))
+            .sort("tokens", descending=True).collect(engine="streaming"))
+
+
+domain_mix = _stamped(_domain_mix)
+
+
+# ---------------------------------------------------------------------------- placements
+@st.cache_data(show_spinner=False, max_entries=64)
+def _placement(path: str, stamp_: tuple):
+    from placement.record import load_placement
+
+    return load_placement(path)
+
+
+placement = _stamped(_placement)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _json(path: str, stamp_: tuple) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not readable JSON ({exc})") from None
+
+
+read_json = _stamped(_json)
+
+
+@st.cache_data(show_spinner=False, max_entries=64,
+               hash_funcs={"placement.record.Placement": lambda p: (p.fingerprint(), p.model_name)})
+def evaluate_placement(placement_, routing_key: tuple, _loads, engine: str):
+    """``placement.evaluate.evaluate`` of one placement on Loads (``routing_key`` identifies ``_loads``
+    in the cache: trace path, stamp, window size and window selection)."""
+    from placement.evaluate import evaluate
+
+    return evaluate(placement_, _loads, engine, model=_loads.model)
+
+
+def run_comparison(loads, *, gpus: int, gpu: str, gpus_per_node: int | None, num_redundant: int,
+                   policies: list[str], engine: str, plan_fraction: float, seed: int, time_limit: float | None,
+                   progress=None):
+    """``placement.compare.compare_policies`` — what ``place optimize`` runs — one policy at a time so
+    the page can show progress (``progress(i, n, name)`` is called before each policy). Returns the
+    :class:`~placement.compare.PolicyResult` list and the comparison of the last call (its windows)."""
+    from placement.cluster import make_cluster
+    from placement.compare import compare_policies
+
+    cluster = make_cluster(gpus, gpu, gpus_per_node)
+    results, last = [], None
+    for i, name in enumerate(policies):
+        if progress is not None:
+            progress(i, len(policies), name)
+        last = compare_policies(loads, cluster, num_redundant=num_redundant, policies=[name], engine=engine,
+                                plan_fraction=plan_fraction, seed=seed, time_limit=time_limit)
+        results += last.results
+    if progress is not None:
+        progress(len(policies), len(policies), None)
+    return results, last
+
+
+def default_redundant(num_experts: int, num_gpus: int) -> int:
+    from placement.commands.optimize import default_redundant as dr
+
+    return dr(num_experts, num_gpus)
+
+
+def export_bytes(placement_, model, fmt: str, loads=None) -> tuple[bytes, str, list[str]]:
+    """One export format of a placement as bytes (written by ``placement.export.export_placement`` to a
+    temporary file). Returns (bytes, file name, warnings); raises InputError when the engine's checks
+    reject the placement."""
+    from placement.export import export_placement, get_format
+
+    f = get_format(fmt)
+    name = f"{placement_.provenance.get('policy') or 'placement'}.{fmt}{f.suffixes[0]}"
+    with tempfile.TemporaryDirectory(prefix="moeplace-dash-") as tmp:
+        out = Path(tmp) / name
+        opts = {"loads": loads} if (f.kind == "loads" or fmt == "vllm-jsonl") and loads is not None else {}
+        warnings = export_placement(placement_, model, fmt, out, **opts)
+        return out.read_bytes(), name, list(warnings or [])
+
+
+def placement_json_bytes(placement_) -> bytes:
+    """The placement as ``Placement.save`` writes it."""
+    with tempfile.TemporaryDirectory(prefix="moeplace-dash-") as tmp:
+        out = Path(tmp) / "placement.json"
+        placement_.save(out)
+        return out.read_bytes()
+
+
+def export_formats() -> list[tuple[str, str, str, str]]:
+    """(name, engine, kind, summary) of every registered export format."""
+    from placement.export import format_names, get_format
+
+    return [(n, get_format(n).engine, get_format(n).kind, get_format(n).summary) for n in format_names()]
+
+
+# ---------------------------------------------------------------------------- plan
+def plan_inputs(plan_dict: dict[str, Any]) -> tuple[str, int, str, int, Any]:
+    """(model name, GPUs, GPU kind, GPUs per node, PlanConfig) recorded in a ``place plan --json`` file."""
+    from placement.plan import PlanConfig
+
+    where_ = "plan JSON"
+    try:
+        cfg = dict(plan_dict["config"])
+        cl = plan_dict["cluster"]
+        if cfg.get("context_mix"):
+            cfg["context_mix"] = tuple((int(n), float(w)) for n, w in cfg["context_mix"])
+        config = PlanConfig(**cfg)
+        return (str(plan_dict["model"]), int(cl["num_gpus"]), str(cl["gpu"]), int(cl["gpus_per_node"]), config)
+    except KeyError as exc:
+        raise InputError(f"{where_}: field {exc} missing") from None
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{where_}: field 'config' is not a plan config ({exc})") from None
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def memory_plan(model_name: str, gpus: int, gpu: str, gpus_per_node: int | None, config):
+    """``placement.plan.plan_memory`` (what ``place plan`` prints)."""
+    from placement.cluster import make_cluster
+    from placement.plan import plan_memory
+    from traces.model import load_model
+
+    return plan_memory(load_model(model_name), make_cluster(gpus, gpu, gpus_per_node), config)
+
+
+def concurrency_curve(plan, lengths: list[int]) -> pl.DataFrame:
+    """Concurrent sequences (whole instance) and the pool that limits them, per single-length context:
+    ``CachePools.concurrency`` — the planner's own admission model — at each length."""
+    rows = []
+    for n in lengths:
+        per_rank, ceiling = plan.pools.concurrency(((int(n), 1.0),))
+        rows.append({"context_tokens": int(n), "concurrency": int(per_rank) * plan.layout.dp, "ceiling": ceiling})
+    return pl.DataFrame(rows)
+
+
+def with_changes(config, **changes):
+    return replace(config, **changes)
+
+
+# ---------------------------------------------------------------------------- simulation
+@dataclass(frozen=True)
+class SimRun:
+    """One ``place simulate --out`` directory: the resolved config, one summary per placement and its
+    per-request and time-series frames (keyed by label)."""
+
+    path: str
+    config: dict[str, Any]
+    summaries: list[dict[str, Any]]
+    requests: dict[str, pl.DataFrame]
+    timeseries: dict[str, pl.DataFrame]
+
+    @property
+    def labels(self) -> list[str]:
+        return [s["label"] for s in self.summaries]
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _sim_run(path: str, stamp_: tuple) -> SimRun:
+    from sim.results import _safe as file_label  # the file-name rule write_outputs uses
+
+    d = Path(path)
+    try:
+        summaries = json.loads((d / "summary.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{d / 'summary.json'}: not readable JSON ({exc})") from None
+    if not isinstance(summaries, list) or not all(isinstance(s, dict) and "label" in s for s in summaries):
+        raise InputError(f"{d / 'summary.json'}: expected a list of summaries with field 'label' "
+                         "(written by `place simulate --out`)")
+    try:
+        config = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{d / 'config.json'}: not readable JSON ({exc})") from None
+    reqs, ts = {}, {}
+    for s in summaries:
+        lab = s["label"]
+        for kind, into in (("requests", reqs), ("timeseries", ts)):
+            f = d / f"{file_label(lab)}.{kind}.parquet"
+            if not f.exists():
+                raise InputError(f"{f}: missing (summary.json lists placement '{lab}')")
+            try:
+                into[lab] = pl.read_parquet(f)
+            except Exception as exc:  # polars raises several types for damaged files
+                raise InputError(f"{f}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    return SimRun(str(d), config, summaries, reqs, ts)
+
+
+sim_run = _stamped(_sim_run)
+
+
+def sim_table_rows() -> list[tuple[str, str, str]]:
+    """(name, summary key, unit) of the rows ``place simulate`` prints."""
+    from sim.results import ROWS
+
+    return list(ROWS)
+
+
+def loads_file(path: str | Path):
+    from traces.loads import load_loads
+
+    return load_loads(path)
+
+
+def as_array(x) -> np.ndarray:
+    return np.asarray(x)

@@ -1,0 +1,106 @@
+"""``place trace import --format F SRC... --out PATH --model NAME``: engine dumps / routing logs -> a
+validated trace directory or a Loads ``.npz``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from traces.errors import InputError
+from traces.importers import FORMATS, import_source
+from traces.importers.vllm_jsonl import DEFAULT_WARMUP_MIN_RUN, NUMBERINGS
+from traces.model import DEFAULT_MODEL, load_model
+
+GROUP = "trace"
+GROUP_HELP = "routing traces: synth, validate, stats, import, capture"
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "import",
+        help="import SGLang recorder dumps / vLLM routing logs / vLLM EPLB load records",
+        description="sglang: expert-distribution-recorder dumps (.pt/.json); stat mode -> Loads .npz, "
+        "per_token mode -> trace directory. vllm-jsonl: per-token routing log (meta + route lines) -> trace "
+        "directory. vllm-eplb: eplb_load_stats JSONL records -> Loads .npz.",
+    )
+    p.add_argument("--format", required=True, choices=list(FORMATS), help="input format")
+    p.add_argument("srcs", nargs="+", metavar="SRC", help="input files (several: ranks / runs of one model)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output: a .npz for Loads (sglang stat, vllm-eplb), "
+        "a directory for traces (sglang per_token, vllm-jsonl)",
+    )
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"model preset or config.json (default {DEFAULT_MODEL})"
+    )
+    p.add_argument(
+        "--layer-numbering",
+        choices=NUMBERINGS,
+        default="auto",
+        help="vllm-jsonl: 'layer' is the MoE-layer ordinal (moe) or decoder-layer index (decoder); "
+        "auto detects it from the values",
+    )
+    p.add_argument(
+        "--warmup-min-run",
+        type=int,
+        default=DEFAULT_WARMUP_MIN_RUN,
+        help="vllm-jsonl: drop runs of at least this many identical consecutive rows of one layer "
+        f"(engine warm-up); 0 keeps all (default {DEFAULT_WARMUP_MIN_RUN})",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    model = load_model(args.model)
+    out = Path(args.out)
+    options = {}
+    if args.format == "vllm-jsonl":
+        options = {"layer_numbering": args.layer_numbering, "warmup_min_run": args.warmup_min_run}
+        if args.warmup_min_run < 0:
+            raise InputError(f"--warmup-min-run must be >= 0, got {args.warmup_min_run}")
+    loads_out = out.suffix == ".npz"
+    if args.format == "vllm-eplb" and not loads_out:
+        raise InputError(f"--out {out}: vllm-eplb produces Loads; give a path ending in .npz")
+    if args.format == "vllm-jsonl" and loads_out:
+        raise InputError(f"--out {out}: vllm-jsonl produces a trace directory, not a .npz")
+    result = import_source(args.format, args.srcs, model, out, **options)
+    print(format_summary(result.summary, out, model.name))
+    return 0
+
+
+def format_summary(s: dict, out: Path, model_name: str) -> str:
+    lines = [
+        f"imported {s['format']}{' ' + s['mode'] if 'mode' in s else ''} for model '{model_name}' -> {out}"
+    ]
+    lines.append(f"  records read           {s['records_read']:,}")
+    for key, label in (
+        ("meta_records", "meta records"),
+        ("other_records_skipped", "other records skipped"),
+        ("warmup_rows_dropped", "warm-up rows dropped"),
+        ("zero_steps_dropped", "zero steps dropped"),
+        ("idle_records_dropped", "idle records dropped"),
+        ("rows_written", "rows written"),
+        ("tokens", "tokens"),
+        ("windows", "windows"),
+        ("selections", "expert selections"),
+    ):
+        if key in s:
+            lines.append(f"  {label:<22} {s[key]:,}")
+    if "layer_numbering" in s:
+        lines.append(f"  layer numbering        {s['layer_numbering']}")
+    cov = s.get("layers_covered", [])
+    lines.append(f"  layers covered         {len(cov)}: {_ranges(cov)}")
+    lines.append(f"  throughput             {s['records_per_s']:,.0f} records/s ({s['seconds']:.2f} s)")
+    return "\n".join(lines)
+
+
+def _ranges(xs) -> str:
+    xs = list(xs)
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(out)

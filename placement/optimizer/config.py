@@ -1,0 +1,62 @@
+"""Configuration of the moeplace optimizer (a frozen record; validated, no I/O)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traces.errors import InputError
+
+ENGINES = ("vllm", "sglang", "ideal")
+OBJECTIVES = ("balance", "traffic", "balance+traffic")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Knobs of one optimizer run.
+
+    ``robust``: plan for the worst planning window (scenario) instead of their sum. ``cvar``: with
+    ``robust``, minimize the mean of the worst ``ceil(cvar * W)`` scenarios' max/mean instead of the single
+    worst (``cvar = 0`` means the worst). ``objective``/``traffic_weight``/``balance_floor``: the traffic
+    objective (remote nodes per token) subject to balancedness >= ``balance_floor`` (default: the balance
+    plan's own balancedness minus ``traffic_weight * 0.01``... see :func:`traffic_floor`). ``max_moves``: the
+    migration budget (slots whose expert changes) per layer when a ``current`` placement is given.
+    ``lns_rounds``: CP-SAT neighbourhood solves per layer after local search stalls; ``lns_gpus``: GPUs per
+    neighbourhood; ``lns_dtime``: CP-SAT *deterministic* time per neighbourhood (so results repeat per seed).
+    ``gap_tol``: stop searching a layer once within this relative gap of its bound. ``time_limit``: hard wall-clock budget of the whole run, seconds. ``workers``: processes for layers.
+    """
+
+    engine: str = "vllm"
+    robust: bool = False
+    cvar: float = 0.0
+    objective: str = "balance"
+    traffic_weight: float = 1.0
+    balance_floor: float | None = None
+    pareto: bool = False
+    max_moves: int | None = None
+    lns_rounds: int = 8
+    lns_gpus: int = 4
+    lns_dtime: float = 0.25
+    gap_tol: float = 1e-4
+    time_limit: float | None = None
+    workers: int = 0
+    seed: int = 0
+    max_traffic_samples: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if not 0.0 <= self.cvar < 1.0:
+            raise InputError(f"cvar must be in [0, 1), got {self.cvar}")
+        if self.traffic_weight < 0:
+            raise InputError(f"--traffic-weight must be >= 0, got {self.traffic_weight}")
+        if self.balance_floor is not None and not 0.0 < self.balance_floor <= 1.0:
+            raise InputError(f"balance floor must be in (0, 1], got {self.balance_floor}")
+        if self.max_moves is not None and self.max_moves < 0:
+            raise InputError(f"--max-moves must be >= 0, got {self.max_moves}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise InputError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
+        if self.lns_rounds < 0 or self.lns_gpus < 2 or self.lns_dtime <= 0:
+            raise InputError("lns_rounds must be >= 0, lns_gpus >= 2 and lns_dtime > 0")
+        if self.workers < 0:
+            raise InputError(f"--workers must be >= 0 (0 = one per core), got {self.workers}")

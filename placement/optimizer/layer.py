@@ -1,0 +1,133 @@
+"""One layer, end to end: greedy start (or the current placement under a migration budget), local
+search, CP-SAT large-neighbourhood search, then the optional traffic refinement. Pure function of its
+inputs and the seed; the only non-determinism is a wall-clock deadline cutting the search short."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from placement.optimizer.config import OptimizerConfig
+from placement.optimizer.greedy import count_bound, greedy_layer, normalize_scenarios
+from placement.optimizer.lns_cpsat import solve_neighbourhood
+from placement.optimizer.local_search import LayerState, local_search
+from placement.optimizer.split_lp import ideal_max_load
+from placement.optimizer.traffic import TrafficModel, same_node, traffic_search
+
+PARETO_SLACKS = (0.0, 0.0025, 0.005, 0.01, 0.02, 0.05)
+
+
+@dataclass
+class LayerResult:
+    """What one layer's solve returns. ``value``: scenario-aggregated max/mean of the plan (even split);
+    ``bound``: a proven lower bound on it; ``greedy_value``: the start's value."""
+
+    layer: int
+    p2l: np.ndarray
+    value: float
+    bound: float
+    greedy_value: float
+    seconds: float
+    moves: int = 0
+    lns_improved: int = 0
+    span0: float | None = None
+    span: float | None = None
+    ideal_value: float | None = None
+    pareto: list = field(default_factory=list)
+
+    def stats(self) -> dict:
+        d = {"layer": self.layer, "value": self.value, "balancedness": 1.0 / self.value, "bound": self.bound,
+             "gap": self.value / self.bound - 1.0, "greedy_value": self.greedy_value,
+             "seconds": round(self.seconds, 3), "moves": self.moves, "lns_improved": self.lns_improved}
+        for k in ("span0", "span", "ideal_value"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        if self.pareto:
+            d["pareto"] = self.pareto
+        return d
+
+
+def scenario_loads(loads_we: np.ndarray, cfg: OptimizerConfig, num_gpus: int) -> np.ndarray:
+    """The scenarios a layer is planned for: every window (``robust``) or their sum."""
+    loads = np.asarray(loads_we, dtype=np.float64)
+    return normalize_scenarios(loads if cfg.robust else loads.sum(axis=0, keepdims=True), num_gpus)
+
+
+def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int, gpus_per_node: int,
+                cfg: OptimizerConfig, deadline: float, samples_nk: np.ndarray | None = None,
+                origin: np.ndarray | None = None) -> LayerResult:
+    """Optimize MoE layer ``layer``. ``loads_we``: token counts ``[W, E]`` of the planning windows;
+    ``samples_nk``: expert ids ``[N, k]`` of sampled tokens (traffic objective); ``origin``: the current
+    ``phy2log`` row ``[P]`` for a migration budget. ``deadline``: ``time.time()`` by which to return."""
+    t0 = time.time()
+    mono_deadline = time.monotonic() + max(0.0, deadline - t0)
+    wn = scenario_loads(loads_we, cfg, num_gpus)
+    bound = count_bound(wn, num_slots, num_gpus)
+    if origin is not None:
+        start = np.asarray(origin, dtype=np.int64)
+    else:
+        start = greedy_layer(wn, num_slots, num_gpus)
+    st = LayerState(wn, start, num_gpus, cfg.cvar, origin=origin,
+                    max_moves=cfg.max_moves if origin is not None else None)
+    greedy_value = st.value()
+
+    # Local search, then CP-SAT on neighbourhoods of the most loaded GPU while it pays.
+    local_search(st, mono_deadline)
+    rng = np.random.default_rng([cfg.seed, layer])
+    improved = 0
+    for r in range(cfg.lns_rounds):
+        if st.value() <= bound * (1 + cfg.gap_tol) or time.monotonic() >= mono_deadline:
+            break
+        gpus = _neighbourhood(st, cfg.lns_gpus, rng)
+        wall = min(2.0, mono_deadline - time.monotonic())
+        if wall <= 0.01:
+            break
+        if solve_neighbourhood(st, gpus, cfg.seed + 7919 * r, cfg.lns_dtime, wall):
+            improved += 1
+            local_search(st, mono_deadline)
+    res = LayerResult(layer, st.p2l.copy(), st.value(), bound, greedy_value, 0.0, st.moves, improved)
+
+    if cfg.objective != "balance" and samples_nk is not None and len(samples_nk) and num_gpus > gpus_per_node:
+        _traffic(st, res, samples_nk, num_gpus, gpus_per_node, cfg, mono_deadline)
+    if cfg.engine == "ideal":
+        union = np.asarray(loads_we, dtype=np.float64).sum(axis=0)
+        z, _ = ideal_max_load(union, res.p2l, num_gpus)
+        res.ideal_value = float(z / max(union.sum() / num_gpus, 1e-12)) if union.sum() > 0 else 1.0
+    res.seconds = time.time() - t0
+    return res
+
+
+def _neighbourhood(st: LayerState, size: int, rng: np.random.Generator) -> np.ndarray:
+    """The most loaded GPU, the least loaded ones and random others (half and half)."""
+    worst = st.load.max(axis=0)
+    order = np.argsort(worst, kind="stable")
+    top = int(order[-1])
+    size = min(size, st.G)
+    light = [int(g) for g in order[: (size - 1 + 1) // 2] if g != top]
+    rest = [g for g in range(st.G) if g != top and g not in light]
+    extra = rng.choice(rest, size=min(len(rest), size - 1 - len(light)), replace=False) if rest else []
+    return np.array(sorted({top, *light, *map(int, extra)}), dtype=np.int64)
+
+
+def _traffic(st: LayerState, res: LayerResult, samples: np.ndarray, G: int, gpn: int, cfg: OptimizerConfig,
+             deadline: float) -> None:
+    base_p2l, base_val = st.p2l.copy(), st.value()
+    weight = None if cfg.objective == "traffic" else cfg.traffic_weight
+
+    def run(floor_value: float) -> tuple[np.ndarray, float, float]:
+        st.set(base_p2l)
+        tm = TrafficModel(samples, base_p2l, G, gpn)
+        traffic_search(st, tm, floor_value, weight, deadline)
+        local_search(st, deadline, allowed=same_node(st, gpn), on_swap=tm.swap)
+        return st.p2l.copy(), st.value(), tm.span()
+
+    tm0 = TrafficModel(samples, base_p2l, G, gpn)
+    res.span0 = tm0.span()
+    if cfg.pareto:
+        for slack in PARETO_SLACKS:
+            _, v, s = run(1.0 / max(1.0 / base_val - slack, 1e-6))
+            res.pareto.append({"floor": 1.0 / base_val - slack, "balancedness": 1.0 / v, "span": s})
+    floor = cfg.balance_floor if cfg.balance_floor is not None else 1.0 / base_val - 0.01
+    cap = max(1.0 / floor, base_val)
+    res.p2l, res.value, res.span = run(cap)

@@ -1,0 +1,95 @@
+"""The ``moeplace`` policy: the optimizer of ``placement/optimizer`` behind the policy registry.
+
+Reads its knobs from ``PlacementProblem`` (engine, seed, time_limit) and ``problem.options`` (what
+``place optimize`` passes): ``robust`` (bool), ``cvar`` (float), ``objective``
+(``balance|traffic|balance+traffic``), ``traffic_weight``, ``balance_floor``, ``pareto`` (bool),
+``from`` (a Placement or a path to one; the migration origin), ``max_moves``, ``workers``,
+``lns_rounds``. Per-layer objective, proven bound and gap land in the placement's provenance
+(``params.layers``), with a summary in ``params.summary``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import numpy as np
+
+from placement.optimizer import OptimizerConfig, optimize_layers
+from placement.policies import PlacementProblem, register_policy
+from placement.record import Placement, load_placement
+from traces.errors import InputError
+
+_OPTION_KEYS = {f.name for f in fields(OptimizerConfig)} - {"engine", "seed", "time_limit"}
+
+
+def config_from_problem(problem: PlacementProblem) -> OptimizerConfig:
+    """The optimizer's config: engine / seed / time limit from the problem, the rest from its options
+    (unknown keys and ``None`` values are ignored, so a CLI can pass every flag through)."""
+    opts = {k.replace("-", "_"): v for k, v in problem.options.items() if v is not None}
+    kw = {k: opts[k] for k in _OPTION_KEYS if k in opts}
+    if "robust" in kw:
+        kw["robust"] = bool(kw["robust"])
+    return OptimizerConfig(engine=problem.engine, seed=int(problem.seed), time_limit=problem.time_limit, **kw)
+
+
+def migration_origin(problem: PlacementProblem) -> np.ndarray | None:
+    """``phy2log [L, P]`` of ``options['from']`` (or ``'current'``), checked against the problem."""
+    src = problem.options.get("from", problem.options.get("current"))
+    if src is None:
+        if problem.options.get("max_moves") is not None:
+            raise InputError("--max-moves needs --from current.json (the placement to move from)")
+        return None
+    cur = src if isinstance(src, Placement) else load_placement(Path(src))
+    where = src if not isinstance(src, Placement) else "current placement"
+    cur.check_model(problem.model, what=str(where))
+    if cur.num_gpus != problem.cluster.num_gpus or cur.num_slots != problem.num_slots:
+        raise InputError(f"{where}: has {cur.num_slots} slots on {cur.num_gpus} GPUs, but this run plans "
+                         f"{problem.num_slots} slots on {problem.cluster.num_gpus} GPUs (same --gpus and "
+                         "--redundant needed to count moves)")
+    return np.asarray(cur.phy2log, dtype=np.int64)
+
+
+def canonical_slots(p2l: np.ndarray, num_gpus: int, origin: np.ndarray | None = None) -> np.ndarray:
+    """Order slots inside each GPU (slot order on a GPU is free): experts the GPU already held stay in
+    their old slot (no weight copy); the rest fill the free slots in ascending expert order.
+    ``p2l``: ``[P]``. Without an origin, ascending order."""
+    S = p2l.shape[0] // num_gpus
+    out = np.empty_like(p2l)
+    for g in range(num_gpus):
+        mine = np.sort(p2l[g * S:(g + 1) * S])
+        if origin is None:
+            out[g * S:(g + 1) * S] = mine
+            continue
+        old = origin[g * S:(g + 1) * S]
+        keep = np.isin(old, mine)
+        row = np.where(keep, old, -1)
+        row[~keep] = np.setdiff1d(mine, old[keep], assume_unique=True)
+        out[g * S:(g + 1) * S] = row
+    return out
+
+
+@register_policy("moeplace")
+def moeplace(problem: PlacementProblem) -> Placement:
+    cfg = config_from_problem(problem)
+    origin = migration_origin(problem)
+    samples = problem.samples
+    if samples is not None:
+        samples = np.asarray(samples)
+        if samples.ndim != 3 or samples.shape[1] != problem.model.num_moe_layers:
+            raise InputError(f"samples must be [tokens, {problem.model.num_moe_layers}, k], got {samples.shape}")
+        if len(samples) > cfg.max_traffic_samples:  # evenly spaced, deterministic
+            samples = samples[np.linspace(0, len(samples) - 1, cfg.max_traffic_samples).astype(np.int64)]
+    results = optimize_layers(problem.loads, problem.num_slots, problem.cluster.num_gpus,
+                              problem.cluster.gpus_per_node, cfg, samples, origin)
+    G = problem.cluster.num_gpus
+    phy2log = np.stack([canonical_slots(r.p2l, G, None if origin is None else origin[r.layer]) for r in results])
+    layers = [r.stats() for r in results]
+    bal = np.array([s["balancedness"] for s in layers])
+    gap = np.array([s["gap"] for s in layers])
+    summary = {"mean_balancedness": float(bal.mean()), "min_balancedness": float(bal.min()),
+               "max_gap": float(gap.max()), "mean_gap": float(gap.mean()),
+               "seconds": float(sum(s["seconds"] for s in layers))}
+    if origin is not None:
+        summary["max_moves_used"] = int(max(s["moves"] for s in layers))
+    config = {k: v for k, v in asdict(cfg).items()}
+    return problem.placement(phy2log, "moeplace", config=config, summary=summary, layers=layers)

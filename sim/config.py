@@ -1,0 +1,214 @@
+"""Run configuration: frozen dataclasses validated in ``__post_init__`` (no I/O there). The runner writes
+the resolved configuration next to its outputs (``config.json``)."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from traces.errors import InputError
+
+REPLICA_RULES = ("vllm", "sglang")
+ARRIVALS = ("poisson", "gamma", "ramp", "closed")
+MODES = ("replay", "stat")
+PREEMPTION = ("recompute", "swap")
+
+
+def _bad(what: str, msg: str) -> None:
+    raise InputError(f"{what}: {msg}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The serving engine being modelled.
+
+    ``attention_tp`` GPUs form one attention data-parallel rank (so there are ``G / attention_tp`` ranks);
+    every GPU is one expert-parallel rank. Batching limits are per DP rank and per iteration, as in
+    vLLM/SGLang's ``--max-num-batched-tokens`` / ``--max-num-seqs`` under DP attention.
+    """
+
+    attention_tp: int = 8
+    max_batched_tokens: int = 8192
+    max_seqs: int = 256
+    chunked_prefill: bool = True
+    disaggregated: bool = False  # separate prefill and decode pools of the placement's size each
+    dual_batch_overlap: bool = False
+    replica_rule: str = "vllm"
+    kv_dtype: str = "fp8"
+    preemption: str = "recompute"
+    pool_split: str = "shared"  # place plan --pool-split: shared | ratio | slots
+    pool_param: float | None = None
+    gpu_memory_utilization: float = 0.9
+    swap_bw: float = 55e9  # host link bytes/s per GPU for swap preemption (PCIe 5 x16, achievable)
+
+    def __post_init__(self) -> None:
+        w = "engine config"
+        if self.attention_tp < 1:
+            _bad(w, f"attention_tp must be >= 1, got {self.attention_tp}")
+        if self.max_batched_tokens < 1 or self.max_seqs < 1:
+            _bad(w, "max_batched_tokens and max_seqs must be >= 1")
+        if self.replica_rule not in REPLICA_RULES:
+            _bad(w, f"replica_rule '{self.replica_rule}' unknown (expected one of {REPLICA_RULES})")
+        if self.preemption not in PREEMPTION:
+            _bad(w, f"preemption '{self.preemption}' unknown (expected one of {PREEMPTION})")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            _bad(w, f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.swap_bw <= 0:
+            _bad(w, "swap_bw must be positive")
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """Roofline knobs. Efficiencies scale the peak numbers of the GPU preset to what kernels achieve
+    (REFERENCE.md §2: bf16 GEMM 790 of 989 TFLOP/s = 0.8; device copy 4.3 of 4.8 TB/s = 0.9)."""
+
+    flops_efficiency: float = 0.8
+    hbm_efficiency: float = 0.9
+    link_efficiency: float = 1.0
+    dispatch_bytes_per_value: float = 1.0 + 4.0 / 128  # FP8 dispatch with one fp32 scale per 128 values
+    combine_bytes_per_value: float = 2.0  # BF16 combine
+    activation_bytes: float = 2.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if not v > 0:
+                _bad("cost config", f"{f.name} must be positive, got {v}")
+        for f in ("flops_efficiency", "hbm_efficiency", "link_efficiency"):
+            if getattr(self, f) > 1:
+                _bad("cost config", f"{f} must be <= 1")
+
+
+@dataclass(frozen=True)
+class LengthMix:
+    """Prompt lengths: a mixture of ``(length, weight)`` components, each drawn log-normally around its
+    length with ``sigma`` (0 = exact), capped at ``max_len``. Outputs: log-normal around ``output_mean``."""
+
+    components: tuple[tuple[int, float], ...] = ((2048, 1.0),)
+    sigma: float = 0.5
+    output_mean: int = 512
+    output_sigma: float = 0.6
+    max_len: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if not self.components or any(n < 1 or w <= 0 for n, w in self.components):
+            _bad("length mix", "components must be (length >= 1, weight > 0) pairs")
+        if self.output_mean < 1 or self.sigma < 0 or self.output_sigma < 0:
+            _bad("length mix", "output_mean must be >= 1 and sigmas >= 0")
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Where requests come from. ``lengths=None`` takes prompt/output lengths from the trace's requests;
+    otherwise from the mix (token routing is still read from the trace). ``arrival="closed"`` keeps
+    ``concurrency`` requests in the system; the others are open processes at ``rate`` requests/s
+    (``gamma``: inter-arrival coefficient of variation ``burstiness``; ``ramp``: rate from ``rate`` to
+    ``rate_end`` over the run)."""
+
+    arrival: str = "closed"
+    rate: float = 1.0
+    rate_end: float | None = None
+    burstiness: float = 2.0
+    concurrency: int = 256
+    lengths: LengthMix | None = None
+    max_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.arrival not in ARRIVALS:
+            _bad("workload", f"arrival '{self.arrival}' unknown (expected one of {ARRIVALS})")
+        if self.arrival != "closed" and not self.rate > 0:
+            _bad("workload", f"--rate must be > 0, got {self.rate}")
+        if self.arrival == "closed" and self.concurrency < 1:
+            _bad("workload", f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.arrival == "gamma" and not self.burstiness > 0:
+            _bad("workload", "burstiness must be > 0")
+        if self.arrival == "ramp" and not (self.rate_end is not None and self.rate_end > 0):
+            _bad("workload", "a ramp needs rate_end > 0")
+
+
+@dataclass(frozen=True)
+class RebalanceConfig:
+    """``--rebalance every=N,window=W,moves=K[,policy=P]``: every N iterations re-place from the expert
+    loads of the last W iterations, moving at most K slots (0 = no limit)."""
+
+    every: int
+    window: int
+    moves: int = 0
+    policy: str = "auto"  # auto: the moeplace optimizer's migration mode if registered, else eplb
+
+    def __post_init__(self) -> None:
+        if self.every < 1 or self.window < 1 or self.moves < 0:
+            _bad("--rebalance", f"every and window must be >= 1 and moves >= 0, got {self}")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    duration: float = 600.0
+    mode: str = "stat"
+    seed: int = 0
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    rebalance: RebalanceConfig | None = None
+    # Pool overrides (tests, what-ifs); None = from the `place plan` memory model.
+    kv_tokens_per_rank: int | None = None
+    state_slots_per_rank: int | None = None
+    chrome_trace_iterations: int = 2000
+
+    def __post_init__(self) -> None:
+        if not self.duration > 0:
+            _bad("simulate", f"--duration must be > 0, got {self.duration}")
+        if self.mode not in MODES:
+            _bad("simulate", f"--mode '{self.mode}' unknown (expected one of {MODES})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------- parsing helpers
+_SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20}
+
+
+def parse_tokens(text: str, what: str = "length") -> int:
+    """``"8k"`` -> 8192, ``"1M"`` -> 1048576, ``"300"`` -> 300."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
+    if not m:
+        raise InputError(f"{what}: '{text}' is not a token count (e.g. 300, 8k, 1M)")
+    return int(float(m.group(1)) * _SUFFIX[m.group(2).lower()])
+
+
+def parse_mix(text: str) -> tuple[tuple[int, float], ...]:
+    """``"8k:0.7,128k:0.25,1M:0.05"`` -> ((8192, 0.7), (131072, 0.25), (1048576, 0.05))."""
+    out = []
+    for part in text.split(","):
+        if ":" not in part:
+            raise InputError(f"--context-mix: '{part}' is not LENGTH:WEIGHT (e.g. 8k:0.7)")
+        n, w = part.split(":", 1)
+        try:
+            weight = float(w)
+        except ValueError:
+            raise InputError(f"--context-mix: weight '{w}' is not a number") from None
+        out.append((parse_tokens(n, "--context-mix"), weight))
+    return tuple(out)
+
+
+def parse_rebalance(text: str) -> RebalanceConfig:
+    """``"every=3000,window=1000,moves=64"`` (policy=... optional)."""
+    kv: dict[str, str] = {}
+    for part in text.split(","):
+        if "=" not in part:
+            raise InputError(f"--rebalance: '{part}' is not KEY=VALUE (expected every=N,window=W,moves=K)")
+        k, v = part.split("=", 1)
+        kv[k.strip()] = v.strip()
+    unknown = set(kv) - {"every", "window", "moves", "policy"}
+    if unknown:
+        raise InputError(f"--rebalance: unknown keys {sorted(unknown)} (expected every, window, moves, policy)")
+    if "every" not in kv:
+        raise InputError("--rebalance: 'every=N' is required")
+    try:
+        every = int(kv["every"])
+        return RebalanceConfig(every=every, window=int(kv.get("window", every)), moves=int(kv.get("moves", 0)),
+                               policy=kv.get("policy", "auto"))
+    except ValueError as exc:
+        raise InputError(f"--rebalance: {exc}") from None

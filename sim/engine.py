@@ -1,0 +1,431 @@
+"""The simulated serving engine: attention-DP ranks with continuous batching over expert-parallel MoE
+layers, driven by the event kernel.
+
+A *pool* is one EP group spanning all the placement's GPUs: ``G / attention_tp`` DP ranks that step in
+lockstep (every MoE layer's all-to-all joins them), one engine iteration at a time. Co-located serving
+runs one pool doing prefill and decode; disaggregated serving runs a prefill pool and a decode pool of
+the same size (2 x G GPUs) and hands each request's KV cache and KDA state over the NIC.
+
+Per DP rank and iteration (vLLM/SGLang's scheduler, reduced to what costs time):
+1. admit swapped-out requests, then waiting ones, first come first served, while the ``place plan``
+   pools say the sequence fits (``CachePools.can_admit`` with the sequence's length so far + 1); a
+   request that could not fit even alone is rejected;
+2. make room for every decoding sequence's next token; when the pools are full, preempt the newest
+   sequence (recompute: drop its KV and state and prefill it again later; swap: move them to host memory
+   and back, paying host-link time);
+3. batch one token per decoding sequence and fill the rest of ``max_batched_tokens`` with prefill chunks
+   (whole prompts only, without chunked prefill).
+The iteration's duration is :meth:`sim.cost.CostModel.step_time` of the batch and of the routing of its
+tokens (:mod:`sim.routing`), plus any stall (swap traffic, a rebalancing weight transfer).
+"""
+from __future__ import annotations
+
+import time as wallclock
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from placement.cluster import ClusterSpec
+from placement.plan import CachePools
+from placement.record import Placement
+from sim.calibration import Profile
+from sim.config import SimConfig
+from sim.cost import CostModel, RankWork
+from sim.events import Event, EventQueue
+from sim.results import Recorder, SimResult
+from sim.routing import make_router, src_gpus
+from sim.workload import Request, RequestSource, TraceTokens, arrival_times
+
+
+@dataclass
+class Rank:
+    """One attention-DP rank's scheduler state."""
+
+    waiting: deque = field(default_factory=deque)
+    swapped: deque = field(default_factory=deque)
+    running: list = field(default_factory=list)  # admission order
+    used: int = 0  # KV token slots (per GPU) the running sequences hold for their next step
+
+
+class Pool:
+    """One EP group (all placement GPUs) running engine iterations (the simulation's real state)."""
+
+    def __init__(self, name: str, role: str, sim: Simulation, placement: Placement) -> None:
+        self.name = name
+        self.role = role  # "both" | "prefill" | "decode"
+        self.sim = sim
+        self.placement = placement
+        self.ranks = [Rank() for _ in range(sim.num_ranks)]
+        self.router = make_router(sim.config.mode, sim.trace, placement, sim.config.engine.replica_rule,
+                                  sim.config.seed, sim.config.engine.attention_tp)
+        self.busy = False
+        self.wake_pending = False
+        self.iteration = 0
+        self.stall = 0.0  # seconds added to the next iteration (swap traffic, weight moves)
+        self.batch: list = []
+        self.rebalancer = None
+        self.next_rank = 0
+
+    # ------------------------------------------------------------------ memory checks
+    def _kv(self, n):
+        return self.sim.pools.kv_tokens(n)
+
+    @staticmethod
+    def _need(q: Request) -> int:
+        """Tokens the sequence occupies after its next step (its KV so far + the token being made)."""
+        return max(q.prefill_target, q.ctx) + 1
+
+    def _used(self, rank: Rank) -> int:
+        """Recomputed from scratch (checks of the incremental ``Rank.used``)."""
+        kv = self.sim.pools.kv_tokens
+        return int(sum(kv(max(q.prefill_target, q.ctx) + 1) for q in rank.running))
+
+    def _admit(self, r: int, now: float, used: int) -> int:
+        """Admit from the swapped, then the waiting queue; returns the rank's KV token slots in use."""
+        rank = self.ranks[r]
+        pools = self.sim.pools
+        for queue in (rank.swapped, rank.waiting):
+            while queue:
+                q = queue[0]
+                need = self._need(q)
+                if not pools.can_admit(need, used, len(rank.running)):
+                    if not rank.running and not pools.can_admit(need, 0, 0):
+                        queue.popleft()
+                        self.sim.reject(q, now)
+                        continue
+                    return used  # head-of-line: first come, first served
+                queue.popleft()
+                rank.running.append(q)
+                q.kv = self._kv(need)
+                used += q.kv
+                if np.isnan(q.admitted):
+                    q.admitted = now
+                    q.queue_time = now - q.arrival
+                if q.swapped:  # swap back in: the KV and state cross the host link again
+                    q.swapped = False
+                    self.stall += self.sim.swap_time(q)
+        return used
+
+    def _make_room(self, r: int, now: float, used: int) -> int:
+        """Preempt the newest sequences until every running one fits its next step; returns the KV
+        token slots in use. ``used``: the running sequences' slots for their next step."""
+        rank = self.ranks[r]
+        pools = self.sim.pools
+        while len(rank.running) > 1:
+            last = rank.running[-1]
+            mine = last.kv
+            if pools.can_admit(self._need(last), used - mine, len(rank.running) - 1):
+                return used
+            rank.running.pop()
+            used -= mine
+            self.sim.preempt(self, r, last, now)
+        return used
+
+    # ------------------------------------------------------------------ one iteration
+    def maybe_start(self, now: float) -> list[Event]:
+        if self.busy:
+            return []
+        sim = self.sim
+        cfg = sim.config.engine
+        D = len(self.ranks)
+        work = RankWork.zeros(D)
+        batch = []  # (request, rank, tokens processed, is_prefill)
+        dec_rows: list[int] = []
+        dec_rank: list[int] = []
+        pre_rows, pre_rank = [], []
+        decode_here = self.role != "prefill"
+        for r, rank in enumerate(self.ranks):
+            used = self._make_room(r, now, rank.used)
+            rank.used = self._admit(r, now, used)
+            prefilling = []
+            n_dec = ctx_sum = 0
+            for q in rank.running:
+                if q.ctx < q.prefill_target:
+                    prefilling.append(q)
+                elif decode_here and q.generated < q.output_len:
+                    batch.append((q, r, 1, False))
+                    dec_rows.append(q.row_base + q.ctx)
+                    n_dec += 1
+                    ctx_sum += q.ctx + 1
+            dec_rank += [r] * n_dec
+            work.dec_seqs[r] = n_dec
+            work.dec_ctx[r] = ctx_sum
+            budget = cfg.max_batched_tokens - n_dec
+            for q in prefilling:
+                if budget <= 0:
+                    break
+                left = q.prefill_target - q.ctx
+                if not cfg.chunked_prefill and left > budget and budget < cfg.max_batched_tokens:
+                    break  # whole prompts only: wait for an emptier batch
+                c = left if not cfg.chunked_prefill else min(left, budget)
+                budget -= c
+                batch.append((q, r, c, True))
+                s0 = q.ctx
+                work.pre_tokens[r] += c
+                work.pre_seqs[r] += 1
+                work.pre_pairs[r] += c * s0 + c * (c + 1) / 2
+                work.pre_ctx[r] += s0 + c
+                if s0 + c >= q.prefill_target:
+                    work.sampled[r] += 1
+                pre_rows.append(q.row_base + s0 + np.arange(c, dtype=np.int64))
+                pre_rank.append(np.full(c, r, dtype=np.int64))
+        if not batch:
+            return []
+        work.tokens = work.dec_seqs + work.pre_tokens
+        work.sampled += work.dec_seqs
+        rows = np.concatenate([np.asarray(dec_rows, dtype=np.int64)] + pre_rows)
+        ranks = np.concatenate([np.asarray(dec_rank, dtype=np.int64)] + pre_rank)
+        order = np.argsort(ranks, kind="stable")  # each rank's tokens contiguous, in batch order
+        rows, ranks = rows[order], ranks[order]
+        src = src_gpus(ranks, cfg.attention_tp)
+        want = self.rebalancer is not None and self.rebalancer.wants_counts
+        t0 = wallclock.perf_counter()
+        moe, counts = self.router.route(rows, src, sim.rng, want_counts=want)
+        sim.route_wall += wallclock.perf_counter() - t0
+        st = sim.cost.step_time(work, moe, cfg.dual_batch_overlap)
+        stall, self.stall = self.stall, 0.0
+        dt = st.total + stall
+        self.busy = True
+        self.batch = batch
+        self.iteration += 1
+        if counts is not None:
+            self.rebalancer.observe(counts)
+        sim.recorder.iteration(self, now, dt, st, work, moe, stall)
+        return [Event(now + dt, "iteration_end", self)]
+
+    def finish_iteration(self, now: float) -> list[Event]:
+        sim = self.sim
+        events: list[Event] = []
+        made = prefilled = 0
+        kv = sim.pools.kv_tokens
+        for q, r, c, is_prefill in self.batch:
+            rank = self.ranks[r]
+            q.ctx += c
+            after = kv(max(q.prefill_target, q.ctx) + 1)
+            rank.used += after - q.kv
+            q.kv = after
+            if is_prefill:
+                prefilled += c
+                if q.ctx < q.prefill_target:
+                    continue
+                # the last chunk's logits give the next token (the first one, or the next after a
+                # recompute preemption)
+                q.generated += 1
+                made += 1
+                if q.generated == 1:
+                    q.first_token = now
+                    if self.role == "prefill" and q.generated < q.output_len:
+                        rank.running.remove(q)
+                        rank.used -= after
+                        events.append(sim.handoff(q, now))
+                        continue
+            else:
+                q.generated += 1
+                made += 1
+            if q.generated >= q.output_len:
+                rank.running.remove(q)
+                rank.used -= after
+                events += sim.finish(q, now)
+        sim.recorder.tokens_done(now, made, prefilled)
+        self.batch = []
+        self.busy = False
+        if self.rebalancer is not None:
+            self.stall += self.rebalancer.maybe_rebalance(self, now)
+        events += self.wake(now)
+        return events
+
+    def wake(self, now: float) -> list[Event]:
+        """Ask for a scheduling pass at ``now``, after every same-time arrival and completion (the
+        ``wake`` priority), so requests arriving together are batched together."""
+        if self.busy or self.wake_pending:
+            return []
+        self.wake_pending = True
+        return [Event(now, "wake", self)]
+
+    def on_wake(self, now: float) -> list[Event]:
+        self.wake_pending = False
+        return self.maybe_start(now)
+
+    def enqueue(self, q: Request, now: float) -> list[Event]:
+        r = self.next_rank
+        self.next_rank = (self.next_rank + 1) % len(self.ranks)
+        q.rank = r
+        q.pool = self.name
+        self.ranks[r].waiting.append(q)
+        return self.wake(now)
+
+    def occupancy(self) -> tuple[float, float, int, int]:
+        """Peak over ranks of (KV pool fraction, state pool fraction), running and waiting counts."""
+        pools = self.sim.pools
+        kv_frac = st_frac = 0.0
+        running = waiting = 0
+        for rank in self.ranks:
+            n = len(rank.running)
+            running += n
+            waiting += len(rank.waiting) + len(rank.swapped)
+            used = rank.used
+            if pools.shared:
+                kv_frac = max(kv_frac, used * pools.kv_bytes_per_token / pools.pool_bytes if pools.pool_bytes else 0)
+                st_frac = max(st_frac, n * pools.state_bytes_per_seq / pools.pool_bytes if pools.pool_bytes else 0)
+            else:
+                cap = pools.kv_token_capacity or 1
+                kv_frac = max(kv_frac, used / cap)
+                st_frac = max(st_frac, n / max(pools.state_slots or 1, 1))
+        return kv_frac, st_frac, running, waiting
+
+
+class Simulation:
+    """One run: a workload through pools of one placement. Build, then :meth:`run`."""
+
+    def __init__(self, config: SimConfig, trace: TraceTokens, placement: Placement, cluster: ClusterSpec,
+                 pools: CachePools, profile: Profile | None = None, label: str = "",
+                 chrome: bool = False, progress: bool = False) -> None:
+        placement.check_model(trace.model, "placement")
+        if placement.num_gpus != cluster.num_gpus:
+            from traces.errors import InputError
+            raise InputError(f"placement {label or ''}: made for {placement.num_gpus} GPUs, the cluster has "
+                             f"{cluster.num_gpus} (--gpus)")
+        self.config = config
+        self.trace = trace
+        self.model = trace.model
+        self.cluster = cluster
+        self.pools = pools
+        self.label = label
+        self.progress = progress
+        e = config.engine
+        self.num_ranks = cluster.num_gpus // e.attention_tp
+        self.cost = CostModel(self.model, cluster, config.cost, e.attention_tp, e.kv_dtype, profile)
+        self.rng = np.random.default_rng(config.seed)
+        self.source = RequestSource(trace, config.workload.lengths, np.random.default_rng(config.seed + 1))
+        self.queue = EventQueue()
+        self.recorder = Recorder(self, chrome=chrome)
+        self.route_wall = 0.0
+        if e.disaggregated:
+            self.pools_list = [Pool("prefill", "prefill", self, placement), Pool("decode", "decode", self, placement)]
+        else:
+            self.pools_list = [Pool("main", "both", self, placement)]
+        if config.rebalance is not None:
+            from sim.rebalance import Rebalancer
+            for p in self.pools_list:
+                p.rebalancer = Rebalancer(config.rebalance, self, p)
+        self.pending: list[Event] = []  # follow-ups produced outside a handler's return path
+        self._arrivals: np.ndarray | None = None
+        self._next_arrival = 0
+
+    # ------------------------------------------------------------------ request lifecycle
+    def entry_pool(self) -> Pool:
+        return self.pools_list[0]
+
+    def new_request(self, now: float) -> Request:
+        q = self.source.make(now)
+        q.prefill_target = q.prompt_len
+        q.ctx = 0
+        self.recorder.requests.append(q)
+        return q
+
+    def on_arrival(self, ev: Event) -> list[Event]:
+        now = ev.time
+        events = []
+        q = self.new_request(now)
+        events += self.entry_pool().enqueue(q, now)
+        if self._arrivals is not None:
+            self._next_arrival += 1
+            if self._next_arrival < len(self._arrivals):
+                events.append(Event(float(self._arrivals[self._next_arrival]), "arrival"))
+        return events
+
+    def _replace_closed(self, now: float) -> list[Event]:
+        if self.config.workload.arrival == "closed" and now < self.config.duration:
+            cap = self.config.workload.max_requests
+            if cap is None or len(self.recorder.requests) < cap:
+                return [Event(now, "arrival")]
+        return []
+
+    def finish(self, q: Request, now: float) -> list[Event]:
+        q.finished = now
+        self.recorder.finished(q)
+        return self._replace_closed(now)
+
+    def reject(self, q: Request, now: float) -> None:
+        q.rejected = True
+        q.finished = now
+        self.recorder.rejected += 1
+        self.pending += self._replace_closed(now)
+
+    def preempt(self, pool: Pool, r: int, q: Request, now: float) -> None:
+        q.preemptions += 1
+        self.recorder.preemptions += 1
+        if self.config.engine.preemption == "swap":
+            q.swapped = True
+            pool.stall += self.swap_time(q)
+            pool.ranks[r].swapped.appendleft(q)
+        else:  # recompute: everything so far becomes a prompt to prefill again
+            q.prefill_target = q.prompt_len + max(q.generated - 1, 0)  # == q.ctx
+            q.ctx = 0
+            pool.ranks[r].waiting.appendleft(q)
+
+    def swap_time(self, q: Request) -> float:
+        p = self.pools
+        b = p.kv_tokens(max(q.ctx, 1)) * p.kv_bytes_per_token + p.state_bytes_per_seq
+        return b / self.config.engine.swap_bw
+
+    def handoff(self, q: Request, now: float) -> Event:
+        """Disaggregated: ship the KV cache and state from the prefill to the decode pool over the NIC
+        (every GPU of the TP group sends its copy in parallel)."""
+        p = self.pools
+        b = p.kv_tokens(q.ctx) * p.kv_bytes_per_token + p.state_bytes_per_seq
+        dt = self.cost.transfer_time(b, same_node=False)
+        self.recorder.transfer_bytes += b * self.config.engine.attention_tp * 1.0
+        return Event(now + dt, "transfer_done", q)
+
+    def on_transfer(self, ev: Event) -> list[Event]:
+        q = ev.data
+        q.admitted = float("nan")  # re-admission in the decode pool is a new queue wait
+        return self.pools_list[1].enqueue(q, ev.time)
+
+    def on_iteration_end(self, ev: Event) -> list[Event]:
+        return ev.data.finish_iteration(ev.time)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> SimResult:
+        wl = self.config.workload
+        dur = self.config.duration
+        if wl.arrival == "closed":
+            n0 = wl.concurrency if wl.max_requests is None else min(wl.concurrency, wl.max_requests)
+            for _ in range(n0):
+                self.queue.push(Event(0.0, "arrival"))
+        else:
+            self._arrivals = arrival_times(wl, dur, np.random.default_rng(self.config.seed + 2))
+            if len(self._arrivals):
+                self.queue.push(Event(float(self._arrivals[0]), "arrival"))
+        def with_pending(fn):
+            def handler(ev: Event) -> list[Event]:
+                out = fn(ev) or []
+                if self.pending:
+                    out, self.pending = out + self.pending, []
+                return out
+            return handler
+
+        handlers = {k: with_pending(fn) for k, fn in (("arrival", self.on_arrival),
+                                                      ("iteration_end", self.on_iteration_end),
+                                                      ("transfer_done", self.on_transfer),
+                                                      ("wake", lambda ev: ev.data.on_wake(ev.time)))}
+        t0 = wallclock.perf_counter()
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+            bar = tqdm(total=round(dur), unit="sim s", desc=self.label or "simulate", leave=False)
+        shown = [0]
+
+        def advance(now: float) -> None:
+            s = int(min(now, dur))
+            if s > shown[0]:
+                bar.update(s - shown[0])
+                shown[0] = s
+
+        self.queue.run(handlers, until=dur, on_advance=advance if bar is not None else None)
+        if bar is not None:
+            bar.close()
+        wall = wallclock.perf_counter() - t0
+        return self.recorder.result(wall)

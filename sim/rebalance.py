@@ -1,0 +1,142 @@
+"""Online rebalancing (``--rebalance every=N,window=W,moves=K``): every N iterations of a pool, re-place
+the experts from the loads of its last W iterations and pay for moving the weights.
+
+The new placement comes from the moeplace optimizer's migration mode (``get_policy("moeplace")`` with
+``options={"from": current, "max_moves": K}``) when it is registered and ``policy`` is ``auto`` or
+``moeplace``, else from DeepSeek's EPLB (``get_policy("eplb")``). EPLB knows no move budget, so with
+``moves=K`` only whole layers are switched to EPLB's answer, best predicted gain per moved expert first,
+until K moves are spent.
+
+The stall: every GPU receives the weights of the experts it newly holds, from a GPU of its own node
+when one held the expert before (NVLink), else over its NIC; all EP ranks wait for the slowest GPU
+(engines rearrange synchronously — vLLM PR #50647 saw a 3.17x slower run from it). The stall is added
+to the pool's next iteration.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from placement.dispatch import expected_gpu_loads
+from placement.policies import PlacementProblem, get_policy, policy_names
+from placement.record import Placement
+from sim.config import RebalanceConfig
+
+
+def moved_experts(old: Placement, new: Placement) -> np.ndarray:
+    """Bool ``[L, G, E]``: GPU g holds expert e in ``new`` but not in ``old`` (its weights must arrive)."""
+    L, G, E = old.num_layers, old.num_gpus, old.num_experts
+    out = np.zeros((L, G, E), dtype=bool)
+    held_old = np.zeros((L, G, E), dtype=bool)
+    li = np.arange(L)[:, None, None]
+    gi = np.arange(G)[None, :, None]
+    held_old[li, gi, old.phy2log.reshape(L, G, -1)] = True
+    out[li, gi, new.phy2log.reshape(L, G, -1)] = True
+    return out & ~held_old
+
+
+def transfer_stall(old: Placement, new: Placement, bytes_per_expert: float, nvlink_bw: float, nic_bw: float,
+                   nvlink_latency: float, nic_latency: float) -> tuple[float, float, int]:
+    """``(stall seconds, bytes moved, experts moved)`` of switching ``old`` -> ``new``. Each GPU pulls its
+    new experts from a same-node holder over NVLink when there is one, else over its NIC; the two links
+    run in parallel; the slowest GPU sets the stall."""
+    mv = moved_experts(old, new)
+    if not mv.any():
+        return 0.0, 0.0, 0
+    L, G, E = mv.shape
+    per_node = old.gpus_per_node
+    held = np.zeros((L, G, E), dtype=bool)
+    held[np.arange(L)[:, None, None], np.arange(G)[None, :, None], old.phy2log.reshape(L, G, -1)] = True
+    node_held = held.reshape(L, G // per_node, per_node, E).any(axis=2)  # [L, N, E]
+    local_src = np.repeat(node_held, per_node, axis=1)  # [L, G, E]
+    nv = (mv & local_src).sum(axis=(0, 2)) * bytes_per_expert
+    nic = (mv & ~local_src).sum(axis=(0, 2)) * bytes_per_expert
+    t = np.maximum(np.where(nv > 0, nvlink_latency + nv / nvlink_bw, 0.0),
+                   np.where(nic > 0, nic_latency + nic / nic_bw, 0.0))
+    return float(t.max()), float((nv + nic).sum()), int(mv.sum())
+
+
+def limit_moves(old: Placement, new: Placement, loads_LE: np.ndarray, engine: str, max_moves: int) -> Placement:
+    """Take ``new``'s layout only for the layers that gain most (drop of the most loaded GPU's expected
+    tokens) per moved expert, until ``max_moves`` moves are used; the other layers keep ``old``."""
+    if max_moves <= 0:
+        return new
+    mv = moved_experts(old, new).sum(axis=(1, 2))  # [L]
+    eng = engine if engine in ("vllm", "sglang") else "vllm"
+    gain = expected_gpu_loads(old, loads_LE, eng).max(axis=1) - expected_gpu_loads(new, loads_LE, eng).max(axis=1)
+    order = np.argsort(-(gain / np.maximum(mv, 1)), kind="stable")
+    p2l = old.phy2log.copy()
+    used = 0
+    for l in order:
+        if gain[l] <= 0 or mv[l] == 0:
+            continue
+        if used + mv[l] > max_moves:
+            continue
+        p2l[l] = new.phy2log[l]
+        used += int(mv[l])
+    return Placement(p2l, old.num_gpus, old.gpus_per_node, old.model_name, old.num_experts, old.moe_layers,
+                     {**new.provenance, "move_budget": max_moves, "moves_used": used})
+
+
+class Rebalancer:
+    """Per-pool rebalancing state: a sliding window of expert loads in blocks of iterations."""
+
+    wants_counts = True
+
+    def __init__(self, cfg: RebalanceConfig, sim, pool) -> None:
+        self.cfg = cfg
+        self.sim = sim
+        self.block = max(1, cfg.window // 8)
+        self.blocks: deque = deque(maxlen=-(-cfg.window // self.block))
+        self._cur = None
+        self._cur_n = 0
+        self.count = 0
+        self.moved_bytes = 0.0
+        self.history: list[dict] = []
+        names = policy_names()
+        want = cfg.policy
+        if want == "auto":
+            want = "moeplace" if "moeplace" in names else "eplb"
+        self.policy = want
+        get_policy(self.policy)  # fail early with the registry's message when it does not exist
+
+    def observe(self, counts: np.ndarray) -> None:
+        if self._cur is None:
+            self._cur = np.zeros_like(counts, dtype=np.float64)
+        self._cur += counts
+        self._cur_n += 1
+        if self._cur_n >= self.block:
+            self.blocks.append(self._cur)
+            self._cur, self._cur_n = None, 0
+
+    def window_loads(self) -> np.ndarray | None:
+        parts = list(self.blocks) + ([self._cur] if self._cur is not None else [])
+        return np.sum(parts, axis=0) if parts else None
+
+    def maybe_rebalance(self, pool, now: float) -> float:
+        if pool.iteration % self.cfg.every:
+            return 0.0
+        loads = self.window_loads()
+        if loads is None or loads.sum() == 0:
+            return 0.0
+        sim = self.sim
+        old = pool.placement
+        options = {"from": old, "max_moves": self.cfg.moves} if self.policy == "moeplace" else {}
+        problem = PlacementProblem(loads=loads[None], model=sim.model, cluster=sim.cluster,
+                                   num_redundant=old.num_redundant, engine=sim.config.engine.replica_rule,
+                                   seed=sim.config.seed, options=options)
+        new = get_policy(self.policy)(problem)
+        if self.policy != "moeplace" and self.cfg.moves:
+            new = limit_moves(old, new, loads, sim.config.engine.replica_rule, self.cfg.moves)
+        c = sim.cost
+        g = sim.cluster.gpu
+        stall, moved, n = transfer_stall(old, new, sim.model.bytes_per_routed_expert, c.nvlink_bw, c.nic_bw,
+                                         g.nvlink_latency, g.nic_latency)
+        pool.placement = new
+        pool.router.set_placement(new)
+        self.count += 1
+        self.moved_bytes += moved
+        self.history.append({"time": now, "iteration": pool.iteration, "experts_moved": n, "bytes": moved,
+                             "stall_s": stall, "policy": self.policy})
+        return stall

@@ -1,0 +1,264 @@
+"""What a run records and reports: per-iteration time series, per-request metrics, the summary, and
+the side-by-side table of several placements."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from traces.files import atomic_path, write_text_atomic
+
+
+class Recorder:
+    """Collects a run's measurements (state of one simulation)."""
+
+    def __init__(self, sim, chrome: bool = False) -> None:
+        self.sim = sim
+        self.requests: list = []
+        self.preemptions = 0
+        self.rejected = 0
+        self.transfer_bytes = 0.0
+        self.prefill_tokens_done = 0
+        self.output_tokens_done = 0
+        self.series: dict[str, list] = {k: [] for k in (
+            "time", "pool", "iteration", "duration", "decode_seqs", "prefill_tokens", "batch_tokens",
+            "attention_s", "experts_s", "comm_s", "straggler_s", "stall_s", "imbalance", "nvlink_bytes",
+            "nic_bytes", "kv_occupancy", "state_occupancy", "running", "waiting")}
+        self.layer_straggler: list[np.ndarray] = []
+        self.chrome = chrome
+        self.chrome_events: list[dict] = []
+        self.layer_share: np.ndarray | None = None
+
+    def iteration(self, pool, now: float, dt: float, st, work, moe, stall: float) -> None:
+        s = self.series
+        cost = self.sim.cost
+        per_copy = cost.copy_bytes("dispatch") + cost.copy_bytes("combine")
+        kv, state, running, waiting = pool.occupancy()
+        mean = moe.tokens.mean(axis=1)
+        imb = float(np.mean(moe.tokens.max(axis=1) / np.where(mean > 0, mean, 1.0)))
+        for k, v in (("time", now), ("pool", pool.name), ("iteration", pool.iteration), ("duration", dt),
+                     ("decode_seqs", int(work.dec_seqs.sum())), ("prefill_tokens", int(work.pre_tokens.sum())),
+                     ("batch_tokens", int(work.tokens.sum())), ("attention_s", st.attention),
+                     ("experts_s", st.experts), ("comm_s", st.comm), ("straggler_s", float(st.straggler.sum())),
+                     ("stall_s", stall), ("imbalance", imb),
+                     ("nvlink_bytes", float(moe.nvlink.sum()) * per_copy), ("nic_bytes", float(moe.nic.sum()) * per_copy),
+                     ("kv_occupancy", kv), ("state_occupancy", state), ("running", running), ("waiting", waiting)):
+            s[k].append(v)
+        self.layer_straggler.append(st.straggler.astype(np.float32))
+        if self.chrome and pool.iteration <= self.sim.config.chrome_trace_iterations:
+            from sim.chrome_trace import LAYER_ITERATIONS, iteration_events
+            self.chrome_events += iteration_events(pool, now, dt, st, work, stall, self.sim.model,
+                                                   layers=pool.iteration <= LAYER_ITERATIONS)
+
+    def tokens_done(self, now: float, output: int, prefill: int) -> None:
+        if now <= self.sim.config.duration:
+            self.output_tokens_done += output
+            self.prefill_tokens_done += prefill
+
+    def finished(self, q) -> None:
+        pass
+
+    def result(self, wall: float) -> SimResult:
+        sim = self.sim
+        ts = pl.DataFrame(self.series, schema_overrides={"pool": pl.String})
+        if self.layer_straggler:
+            L = len(self.layer_straggler[0])
+            arr = np.stack(self.layer_straggler)
+            ts = ts.with_columns(pl.Series("layer_straggler_s", arr, dtype=pl.Array(pl.Float32, L)))
+        reqs = request_frame(self.requests)
+        summary = summarize(ts, reqs, self, wall)
+        chrome = None
+        if self.chrome:
+            from sim.chrome_trace import request_events
+            chrome = self.chrome_events + request_events(self.requests[:2000], sim.config.duration)
+        return SimResult(sim.label, summary, reqs, ts, chrome)
+
+
+def request_frame(requests: list) -> pl.DataFrame:
+    nan = float("nan")
+    rows = {
+        "request_id": [q.id for q in requests],
+        "pool": [q.pool for q in requests],
+        "dp_rank": [q.rank for q in requests],
+        "arrival_s": [q.arrival for q in requests],
+        "prompt_tokens": [q.prompt_len for q in requests],
+        "output_tokens": [q.output_len for q in requests],
+        "generated_tokens": [q.generated for q in requests],
+        "queue_s": [q.queue_time if not math.isnan(q.admitted) else nan for q in requests],
+        "first_token_s": [q.first_token for q in requests],
+        "finished_s": [q.finished if not q.rejected else nan for q in requests],
+        "preemptions": [q.preemptions for q in requests],
+        "rejected": [q.rejected for q in requests],
+    }
+    df = pl.DataFrame(rows, schema_overrides={"pool": pl.String, "queue_s": pl.Float64,
+                                              "first_token_s": pl.Float64, "finished_s": pl.Float64,
+                                              "arrival_s": pl.Float64})
+    return df.with_columns(
+        ttft_s=pl.col("first_token_s") - pl.col("arrival_s"),
+        tpot_s=pl.when(pl.col("output_tokens") > 1)
+        .then((pl.col("finished_s") - pl.col("first_token_s")) / (pl.col("output_tokens") - 1))
+        .otherwise(None),
+    ).with_columns(pl.col("ttft_s").fill_nan(None), pl.col("tpot_s").fill_nan(None))
+
+
+def _pct(s: pl.Series, q: float) -> float | None:
+    s = s.drop_nulls()
+    if s.len() == 0:
+        return None
+    return float(np.percentile(s.to_numpy(), q))
+
+
+def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) -> dict[str, Any]:
+    sim = rec.sim
+    dur = sim.config.duration
+    busy = float(ts["duration"].sum()) if ts.height else 0.0
+    strag = float(ts["straggler_s"].sum()) if ts.height else 0.0
+    per_layer = (np.stack(rec.layer_straggler).sum(axis=0) if rec.layer_straggler
+                 else np.zeros(sim.model.num_moe_layers))
+    done = reqs.filter(pl.col("finished_s").is_not_null())
+    return {
+        "label": sim.label,
+        "mode": sim.config.mode,
+        "duration_s": dur,
+        "wall_s": wall,
+        "route_wall_s": sim.route_wall,
+        "iterations": int(ts.height),
+        "requests_arrived": int(reqs.height),
+        "requests_finished": int(done.height),
+        "requests_rejected": rec.rejected,
+        "preemptions": rec.preemptions,
+        "output_tok_s": rec.output_tokens_done / dur,
+        "prefill_tok_s": rec.prefill_tokens_done / dur,
+        "ttft_p50_s": _pct(reqs["ttft_s"], 50),
+        "ttft_p99_s": _pct(reqs["ttft_s"], 99),
+        "tpot_p50_s": _pct(reqs["tpot_s"], 50),
+        "tpot_p99_s": _pct(reqs["tpot_s"], 99),
+        "queue_p50_s": _pct(reqs["queue_s"], 50),
+        "queue_p99_s": _pct(reqs["queue_s"], 99),
+        "busy_s": busy,
+        "straggler_s": strag,
+        "straggler_share": strag / busy if busy else 0.0,
+        "straggler_per_layer_ms": float(per_layer.mean() / max(ts.height, 1) * 1e3),
+        "straggler_by_layer_s": per_layer.tolist(),
+        "experts_s": float(ts["experts_s"].sum()) if ts.height else 0.0,
+        "comm_s": float(ts["comm_s"].sum()) if ts.height else 0.0,
+        "attention_s": float(ts["attention_s"].sum()) if ts.height else 0.0,
+        "stall_s": float(ts["stall_s"].sum()) if ts.height else 0.0,
+        "mean_imbalance": float(ts["imbalance"].mean()) if ts.height else 0.0,
+        "mean_batch_tokens": float(ts["batch_tokens"].mean()) if ts.height else 0.0,
+        "mean_decode_seqs": float(ts["decode_seqs"].mean()) if ts.height else 0.0,
+        "nvlink_bytes": float(ts["nvlink_bytes"].sum()) if ts.height else 0.0,
+        "nic_bytes": float(ts["nic_bytes"].sum()) if ts.height else 0.0,
+        "kv_transfer_bytes": rec.transfer_bytes,
+        "kv_peak": float(ts["kv_occupancy"].max()) if ts.height else 0.0,
+        "state_peak": float(ts["state_occupancy"].max()) if ts.height else 0.0,
+        "rebalances": sum(p.rebalancer.count for p in sim.pools_list if p.rebalancer is not None),
+        "moved_bytes": sum(p.rebalancer.moved_bytes for p in sim.pools_list if p.rebalancer is not None),
+    }
+
+
+@dataclass
+class SimResult:
+    label: str
+    summary: dict[str, Any]
+    requests: pl.DataFrame
+    timeseries: pl.DataFrame
+    chrome_events: list[dict] | None = field(default=None, repr=False)
+
+
+# ---------------------------------------------------------------------------- output
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label) or "run"
+
+
+def write_outputs(out: str | Path, results: list[SimResult], config: dict[str, Any]) -> None:
+    """``out/``: ``config.json`` (resolved), ``summary.json`` (all placements), and per placement
+    ``<label>.requests.parquet`` and ``<label>.timeseries.parquet``. Written atomically as a directory."""
+    with atomic_path(out, directory=True) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=1, default=str) + "\n")
+        (tmp / "summary.json").write_text(json.dumps([r.summary for r in results], indent=1) + "\n")
+        for r in results:
+            name = _safe(r.label)
+            r.requests.write_parquet(tmp / f"{name}.requests.parquet")
+            r.timeseries.write_parquet(tmp / f"{name}.timeseries.parquet")
+
+
+def write_chrome_trace(path: str | Path, results: list[SimResult]) -> None:
+    """One Chrome trace-event JSON (Perfetto / chrome://tracing); one process per placement."""
+    events = []
+    for pid, r in enumerate(results):
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": r.label}})
+        for e in r.chrome_events or []:
+            events.append({**e, "pid": pid})
+    write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+
+
+# ---------------------------------------------------------------------------- the table
+def _fmt(v, unit: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if unit == "ms":
+        return f"{v * 1e3:.1f}"
+    if unit == "s":
+        return f"{v:.2f}"
+    if unit == "%":
+        return f"{v * 100:.1f}%"
+    if unit == "GB":
+        return f"{v / 1e9:,.1f}"
+    if unit == "int":
+        return f"{int(v):,}"
+    if unit == "x":
+        return f"{v:.3f}"
+    return f"{v:,.0f}"
+
+
+ROWS = [
+    ("output tok/s", "output_tok_s", "n"),
+    ("prefill tok/s", "prefill_tok_s", "n"),
+    ("TTFT p50 (ms)", "ttft_p50_s", "ms"),
+    ("TTFT p99 (ms)", "ttft_p99_s", "ms"),
+    ("TPOT p50 (ms)", "tpot_p50_s", "ms"),
+    ("TPOT p99 (ms)", "tpot_p99_s", "ms"),
+    ("queue p99 (ms)", "queue_p99_s", "ms"),
+    ("MoE max/mean tokens", "mean_imbalance", "x"),
+    ("straggler / MoE layer (ms)", "straggler_per_layer_ms", "n3"),
+    ("straggler total (s)", "straggler_s", "s"),
+    ("straggler share of step", "straggler_share", "%"),
+    ("expert GEMM time (s)", "experts_s", "s"),
+    ("all-to-all time (s)", "comm_s", "s"),
+    ("NVLink bytes (GB)", "nvlink_bytes", "GB"),
+    ("NIC bytes (GB)", "nic_bytes", "GB"),
+    ("KV pool peak", "kv_peak", "%"),
+    ("state pool peak", "state_peak", "%"),
+    ("preemptions", "preemptions", "int"),
+    ("rejected", "requests_rejected", "int"),
+    ("requests finished", "requests_finished", "int"),
+    ("iterations", "iterations", "int"),
+    ("rebalance stall (s)", "stall_s", "s"),
+]
+
+
+def format_table(results: list[SimResult]) -> str:
+    """Placements side by side: one column each, one metric per row."""
+    head = ["metric"] + [r.label for r in results]
+    rows = [head]
+    for name, key, unit in ROWS:
+        if key == "stall_s" and not any(r.summary.get("stall_s") for r in results):
+            continue
+        vals = []
+        for r in results:
+            v = r.summary.get(key)
+            vals.append(f"{v:.3f}" if unit == "n3" and v is not None else _fmt(v, unit))
+        rows.append([name] + vals)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = []
+    for j, row in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)

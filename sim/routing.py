@@ -1,0 +1,182 @@
+"""Routing per engine iteration: where the batched tokens' experts live, per MoE layer and GPU.
+
+Two modes behind one interface (:meth:`route` -> :class:`sim.cost.MoeWork`):
+
+- :class:`ReplayRouter` (exact): the batch's trace tokens go through the placement and the engine's
+  replica rule (``placement.dispatch.token_slots``: vLLM modulo on each rank's own batch, or SGLang's
+  static dispatch map from the token's source GPU). Per-GPU selections, touched experts and token copies
+  over NVLink / NIC (one copy per distinct destination GPU of a token, as DeepEP sends them) are counted
+  exactly.
+- :class:`StatRouter` (fast): fitted to the same trace. Each layer's selections per GPU are drawn from a
+  multinomial over the GPUs' expected shares (expert frequencies of the trace through the replica rule's
+  expected split); touched experts are their expectation ``sum_s 1 - exp(-N q_s)``; token copies per
+  link kind scale with a GPU's selections by per-layer ratios measured by replaying a sample of the
+  trace. Its mean per-layer, per-GPU load equals the replay's up to sampling noise (tested).
+
+Tokens of attention-DP rank ``r`` (``attention_tp`` GPUs) are dispatched from GPU ``r * tp + i % tp``:
+each GPU of a TP group sends its share of the group's tokens, as SGLang's DP-attention + EP does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from placement.dispatch import sglang_dispatch_map, sglang_mean_fractions, token_slots
+from placement.record import Placement
+from sim.cost import MoeWork
+from sim.workload import TraceTokens
+
+FIT_SAMPLE_TOKENS = 4096
+
+
+def link_copies(gpu: np.ndarray, src: np.ndarray, gpus_per_node: int, num_gpus: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token copies each GPU receives per MoE layer, by link: ``(local, nvlink, nic)`` float64 ``[L, G]``.
+
+    ``gpu``: int ``[n, L, k]`` destination GPU of every selection; ``src``: int ``[n]`` source GPU. A token
+    sends one copy to each distinct destination GPU (several of its experts on one GPU share it)."""
+    n, L, k = gpu.shape
+    g = np.sort(gpu, axis=2)
+    first = np.ones_like(g, dtype=bool)
+    first[:, :, 1:] = g[:, :, 1:] != g[:, :, :-1]
+    s = src[:, None, None]
+    local = g == s
+    same_node = (g // gpus_per_node) == (s // gpus_per_node)
+    key = (np.arange(L)[None, :, None] * num_gpus + g)
+    out = []
+    for mask in (first & local, first & same_node & ~local, first & ~same_node):
+        out.append(np.bincount(key[mask], minlength=L * num_gpus).reshape(L, num_gpus).astype(np.float64))
+    return out[0], out[1], out[2]
+
+
+def src_gpus(rank: np.ndarray, attention_tp: int) -> np.ndarray:
+    """Source GPU of each token ``[n]`` given its DP rank ``[n]`` (tokens of a rank in batch order)."""
+    rank = np.asarray(rank, dtype=np.int64)
+    if attention_tp == 1:
+        return rank
+    # index of each token within its rank, in order
+    order = np.argsort(rank, kind="stable")
+    counts = np.bincount(rank)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    idx = np.empty_like(rank)
+    idx[order] = np.arange(rank.size) - np.repeat(starts, counts)
+    return rank * attention_tp + idx % attention_tp
+
+
+class ReplayRouter:
+    """Exact replay of the trace tokens' routing. ``route`` returns the :class:`MoeWork` of one
+    iteration and, when ``want_counts``, the expert selections int64 ``[L, E]`` (for rebalancing)."""
+
+    mode = "replay"
+    CHUNK = 16384  # tokens per vectorized block (bounds memory at ~1 GB for K3)
+
+    def __init__(self, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42) -> None:
+        self.trace = trace
+        self.engine = engine
+        self.seed = seed
+        self.set_placement(placement)
+
+    def set_placement(self, placement: Placement) -> None:
+        self.placement = placement
+        self.dmap = sglang_dispatch_map(placement, self.seed) if self.engine == "sglang" else None
+
+    def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator | None = None,
+              want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
+        pl = self.placement
+        L, G, P, E = pl.num_layers, pl.num_gpus, pl.num_slots, pl.num_experts
+        tokens = np.zeros((L, G))
+        slot_hits = np.zeros(L * P, dtype=np.int64)
+        nv = np.zeros((L, G))
+        nic = np.zeros((L, G))
+        counts = np.zeros(L * E, dtype=np.int64) if want_counts else None
+        T = self.trace.num_tokens
+        for a in range(0, len(rows), self.CHUNK):
+            r = np.asarray(rows[a:a + self.CHUNK]) % T
+            s = np.asarray(src[a:a + self.CHUNK])
+            ids = self.trace.expert_ids[r]  # [n, L, k]
+            slots = token_slots(pl, ids, self.engine, src_gpu=s, dispatch_map=self.dmap)
+            slot_hits += np.bincount((np.arange(L)[None, :, None] * P + slots).ravel(), minlength=L * P)
+            gpu = pl.slot_gpu[slots]
+            _, c_nv, c_nic = link_copies(gpu, s, pl.gpus_per_node, G)
+            nv += c_nv
+            nic += c_nic
+            if counts is not None:
+                counts += np.bincount((np.arange(L)[None, :, None] * E + ids).ravel(), minlength=L * E)
+        hits = slot_hits.reshape(L, G, P // G)
+        tokens = hits.sum(axis=2).astype(np.float64)
+        touched = (hits > 0).sum(axis=2).astype(np.float64)
+        return MoeWork(tokens, touched, nv, nic), (counts.reshape(L, E) if counts is not None else None)
+
+
+def slot_shares(placement: Placement, freq_LE: np.ndarray, engine: str, seed: int = 42) -> np.ndarray:
+    """Expected share of a layer's selections that each slot serves, float64 ``[L, P]`` (rows sum to 1),
+    for expert frequencies ``freq_LE`` (``[L, E]``, rows sum to 1) and tokens spread evenly over the
+    source GPUs. vLLM: ``freq / logcnt`` per replica (the modulo rule's even split); SGLang: each source
+    GPU's dispatch-map slot gets ``freq / G`` of the expert."""
+    p2l = placement.phy2log
+    L, P, G = placement.num_layers, placement.num_slots, placement.num_gpus
+    if engine == "vllm":
+        return np.take_along_axis(freq_LE, p2l, axis=1) / np.take_along_axis(placement.logcnt, p2l, axis=1)
+    dmap = sglang_dispatch_map(placement, seed)  # [G, L, E]
+    out = np.zeros((L, P))
+    rows = np.broadcast_to(np.arange(L)[None, :, None], dmap.shape)
+    np.add.at(out, (rows.ravel(), dmap.ravel().astype(np.int64)),
+              np.broadcast_to(freq_LE[None] / G, dmap.shape).ravel())
+    return out
+
+
+class StatRouter:
+    """Statistical routing fitted to a trace (see the module docstring)."""
+
+    mode = "stat"
+
+    def __init__(self, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42,
+                 attention_tp: int = 1, fit_tokens: int = FIT_SAMPLE_TOKENS) -> None:
+        self.trace = trace
+        self.engine = engine
+        self.seed = seed
+        self.attention_tp = attention_tp
+        self.fit_tokens = fit_tokens
+        counts = trace.expert_counts().astype(np.float64)
+        self.freq = counts / counts.sum(axis=1, keepdims=True)  # [L, E]
+        self.set_placement(placement)
+
+    def set_placement(self, placement: Placement) -> None:
+        self.placement = placement
+        L, G, P = placement.num_layers, placement.num_gpus, placement.num_slots
+        self.slot_q = slot_shares(placement, self.freq, self.engine, self.seed)  # [L, P]
+        gq = self.slot_q.reshape(L, G, P // G).sum(axis=2)
+        self.gpu_q = gq / gq.sum(axis=1, keepdims=True)
+        # Copies per selection by link, per layer, from replaying an evenly spread sample of the trace.
+        T = self.trace.num_tokens
+        n = min(T, self.fit_tokens)
+        rows = np.linspace(0, T - 1, n).astype(np.int64)
+        src = np.arange(n, dtype=np.int64) % G
+        work, _ = ReplayRouter(self.trace, placement, self.engine, self.seed).route(rows, src)
+        sel = work.tokens.sum(axis=1)  # [L]
+        self.nv_ratio = work.nvlink.sum(axis=1) / sel  # copies per selection
+        self.nic_ratio = work.nic.sum(axis=1) / sel
+
+    def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator,
+              want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
+        k = self.trace.model.top_k
+        num_sel = len(rows) * k
+        L, G = self.gpu_q.shape
+        tokens = rng.multinomial(num_sel, self.gpu_q).astype(np.float64)  # [L, G]
+        S = self.placement.slots_per_gpu
+        touched = (1.0 - np.exp(-num_sel * self.slot_q)).reshape(L, G, S).sum(axis=2)
+        counts = None
+        if want_counts:
+            counts = num_sel * self.freq
+        return (MoeWork(tokens, touched, tokens * self.nv_ratio[:, None], tokens * self.nic_ratio[:, None]),
+                counts)
+
+
+def make_router(mode: str, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42,
+                attention_tp: int = 1):
+    if mode == "replay":
+        return ReplayRouter(trace, placement, engine, seed)
+    return StatRouter(trace, placement, engine, seed, attention_tp)
+
+
+__all__ = ["ReplayRouter", "StatRouter", "make_router", "link_copies", "src_gpus", "slot_shares",
+           "sglang_mean_fractions"]

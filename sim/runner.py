@@ -1,0 +1,75 @@
+"""One library call behind ``place simulate``: resolve the placements, build the pools from the plan
+model, run one simulation per placement on the same workload and seed, collect the results."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from placement.cluster import ClusterSpec
+from placement.policies import PlacementProblem, get_policy, policy_names
+from placement.record import Placement, load_placement
+from sim.calibration import Profile
+from sim.config import SimConfig
+from sim.engine import Simulation
+from sim.memory import override_pools, plan_pools
+from sim.results import SimResult
+from sim.workload import TraceTokens
+from traces.errors import InputError
+
+
+def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_redundant: int, engine: str,
+                      seed: int) -> tuple[str, Placement]:
+    """``spec`` is a placement JSON file, or a policy name computed here on the trace's expert loads
+    (all of its tokens as one window). Returns ``(label, placement)``."""
+    p = Path(spec)
+    if p.suffix == ".json" or p.exists():
+        pl = load_placement(p)
+        pl.check_model(trace.model, str(p))
+        if pl.num_gpus != cluster.num_gpus or pl.gpus_per_node != cluster.gpus_per_node:
+            raise InputError(f"{p}: placement is for {pl.num_gpus} GPUs ({pl.gpus_per_node} per node), the cluster "
+                             f"is {cluster.num_gpus} GPUs ({cluster.gpus_per_node} per node); pass matching --gpus / "
+                             "--gpus-per-node")
+        return p.stem, pl
+    names = policy_names()
+    if spec not in names:
+        raise InputError(f"--placement '{spec}': no such file and not a policy (policies: {', '.join(names)})")
+    loads = trace.expert_counts()[None].astype(np.float64)
+    problem = PlacementProblem(loads=loads, model=trace.model, cluster=cluster, num_redundant=num_redundant,
+                               engine=engine, seed=seed)
+    return spec, get_policy(spec)(problem)
+
+
+def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluster: ClusterSpec,
+             config: SimConfig, profile: Profile | None = None, chrome: bool = False,
+             progress: bool = False) -> list[SimResult]:
+    """Run ``config`` once per placement (same seed, so the same arrivals and lengths)."""
+    out = []
+    for label, pl in placements:
+        pools, _ = plan_pools(trace.model, cluster, config.engine, pl.num_redundant)
+        pools = override_pools(pools, config.kv_tokens_per_rank, config.state_slots_per_rank)
+        sim = Simulation(config, trace, pl, cluster, pools, profile=profile, label=label, chrome=chrome,
+                         progress=progress)
+        res = sim.run()
+        res.summary["placement"] = {"label": label, "num_gpus": pl.num_gpus, "num_slots": pl.num_slots,
+                                    "policy": pl.provenance.get("policy"), "fingerprint": pl.fingerprint()}
+        res.summary["pools"] = {"shared": pools.shared, "pool_bytes": pools.pool_bytes,
+                                "kv_token_capacity": pools.kv_token_capacity, "state_slots": pools.state_slots,
+                                "kv_bytes_per_token": pools.kv_bytes_per_token,
+                                "state_bytes_per_seq": pools.state_bytes_per_seq}
+        if any(p.rebalancer is not None for p in sim.pools_list):
+            res.summary["rebalance_history"] = [h for p in sim.pools_list if p.rebalancer for h in p.rebalancer.history]
+        out.append(res)
+    return out
+
+
+def resolved_config(config: SimConfig, cluster: ClusterSpec, trace: TraceTokens, placements, profile) -> dict[str, Any]:
+    return {"sim": dataclasses.asdict(config), "cluster": {**cluster.to_dict(), "num_gpus": cluster.num_gpus},
+            "model": trace.model.name, "trace": {"path": trace.path, "tokens": trace.num_tokens,
+                                                 "requests": trace.num_requests},
+            "placements": [{"label": lab, "policy": pl.provenance.get("policy"), "slots": pl.num_slots,
+                            "fingerprint": pl.fingerprint()} for lab, pl in placements],
+            "profile": None if profile is None else {"source": profile.source, "device": profile.device,
+                                                     "ops": sorted(profile.ops)}}

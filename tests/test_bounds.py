@@ -1,0 +1,58 @@
+"""Lower bounds (placement/bounds.py): hand-computed values and that nothing beats them."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement.bounds import (
+    budget_bound,
+    even_split_bound,
+    minmax_replica_counts,
+    placement_bound,
+    splittable_bound,
+)
+from placement.dispatch import expected_gpu_loads
+from placement.record import Placement
+
+
+def test_splittable_and_even_split_hand_computed():
+    w = np.array([[60.0, 30.0, 10.0, 20.0]])
+    assert splittable_bound(w, 3).tolist() == [40.0]
+    # counts (2,2,1,1): units 30,30,15,15,10,20 sorted 10,15,15,20,30,30; S = 2 -> 30 + 10 = 40
+    assert even_split_bound(w, np.array([[2, 2, 1, 1]]), 3, 2).tolist() == [40.0]
+    # no replication, 2 GPUs x 2 slots: w_max 60 + smallest other 10 = 70 > total/G 60
+    assert even_split_bound(w, np.ones((1, 4), int), 2, 2).tolist() == [70.0]
+
+
+def test_minmax_counts_hand_computed():
+    w = np.array([[90.0, 40.0, 10.0]])
+    c = minmax_replica_counts(w, 6)
+    # add 3 replicas: 90 -> 45 (c=2), 45 -> 40.. expert0 45 vs expert1 40: expert0 c=3 (30); then 40 -> c=2
+    assert c.tolist() == [[3, 2, 1]]
+    assert budget_bound(w, 3, 6, "vllm").tolist() == [max(140 / 3, 30.0)]
+    assert budget_bound(w, 3, 6, "ideal").tolist() == [pytest.approx(140 / 3)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([(2, 1), (4, 2), (6, 3)]), st.integers(0, 6))
+def test_no_placement_beats_its_bounds(k3, seed, grid, extra):
+    G, gpn = grid
+    E = 12
+    R = (-E) % G + G * (extra % 2)
+    model = replace(k3, name="small", num_layers=3, moe_layers=(1, 2), num_experts=E, top_k=3,
+                    attention=("kda",) * 3, mla=None)
+    rng = np.random.default_rng(seed)
+    p2l = np.concatenate([np.tile(np.arange(E), (2, 1)), rng.integers(0, E, (2, R))], axis=1)
+    for row in p2l:
+        rng.shuffle(row)
+    pl = Placement.from_phy2log(p2l, model, G, gpn)
+    w = rng.gamma(0.6, 50.0, (2, E)).round()
+    for eng in ("vllm", "sglang", "ideal"):
+        mx = expected_gpu_loads(pl, w, eng).max(axis=1)
+        assert (mx >= placement_bound(pl, w, eng) - 1e-6).all()
+        assert (mx >= budget_bound(w, G, E + R, eng) - 1e-6).all()
+        assert (placement_bound(pl, w, eng) >= splittable_bound(w, G) - 1e-6).all()

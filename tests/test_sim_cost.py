@@ -1,0 +1,134 @@
+"""The cost model: every formula on a hand-computed case (H200 preset, efficiencies set to 1 so the
+peak numbers of placement/presets/gpus.json apply as they are)."""
+import numpy as np
+import pytest
+from simkit import mini_model
+
+from placement.cluster import make_cluster
+from sim.calibration import profile_from_dict
+from sim.config import CostConfig
+from sim.cost import CostModel, MoeWork, RankWork, roofline
+
+EXACT = CostConfig(flops_efficiency=1.0, hbm_efficiency=1.0, link_efficiency=1.0)
+H200_BW = 4.8e12
+H200_BF16 = 989e12
+H200_FP8 = 1979e12
+
+
+def work(**kw):
+    w = RankWork.zeros(1)
+    for k, v in kw.items():
+        setattr(w, k, np.array([float(v)]))
+    return w
+
+
+def test_roofline_is_the_slower_of_compute_and_memory():
+    assert roofline(2e12, 1e9, 1e12, 1e12) == pytest.approx(2.0)
+    assert roofline(1e9, 3e12, 1e12, 1e12) == pytest.approx(3.0)
+
+
+def test_k3_expert_gemm_mxfp4_on_h200(k3):
+    cm = CostModel(k3, make_cluster(32, "h200"), EXACT)
+    # one expert: 3 x 3584 x 3072 params, 2 FLOPs each per token
+    assert cm.expert_flops_per_token == 6 * 3584 * 3072
+    # decode-like: 1000 selections over 29 experts -> weight-read bound
+    # bytes = 29 x 33,030,144 params x 4.25/8 B + 1000 x 2 B x (2 x 3584 + 3 x 3072)
+    want_mem = (29 * 3 * 3584 * 3072 * 4.25 / 8 + 1000 * 2 * (2 * 3584 + 3 * 3072)) / H200_BW
+    assert cm.expert_time(1000, 29) == pytest.approx(want_mem, rel=1e-12)
+    # prefill-like: 100k selections over 29 experts -> compute bound at the FP8 rate (H200 has no FP4)
+    want_flops = 100_000 * 6 * 3584 * 3072 / H200_FP8
+    assert cm.expert_time(100_000, 29) == pytest.approx(want_flops, rel=1e-12)
+    # no tokens, nothing touched: free
+    assert cm.expert_time(0, 0) == 0.0
+
+
+def test_all_to_all_nvlink_and_nic_in_parallel_with_latency(k3):
+    cm = CostModel(k3, make_cluster(32, "h200"), EXACT)
+    copy = 3584 * (1 + 4 / 128)  # FP8 values + one fp32 scale per 128
+    assert cm.copy_bytes("dispatch") == pytest.approx(copy)
+    t_nv = 3e-6 + 100 * copy / 450e9
+    t_nic = 8e-6 + 50 * copy / 50e9
+    assert cm.a2a_time(100, 50, "dispatch") == pytest.approx(max(t_nv, t_nic))
+    assert cm.a2a_time(100, 0, "dispatch") == pytest.approx(t_nv)
+    assert cm.a2a_time(0, 0, "combine") == 0.0
+    assert cm.a2a_time(0, 10, "combine") == pytest.approx(8e-6 + 10 * 3584 * 2 / 50e9)
+
+
+def test_mla_decode_is_a_cache_read_and_prefill_is_compute():
+    m = mini_model()
+    cm = CostModel(m, make_cluster(8, "h200"), EXACT, kv_dtype="fp8")
+    p = 393216  # q 512x64 + 64x8x48, kv 512x80 + 64x8x64, o 8x32x512, gate 512x8x32
+    assert m.attention_params("mla") == p
+    # two decoding sequences with contexts 100 and 300 (400 keys): weights + 400 x 80 B of fp8 latent
+    w = work(tokens=2, dec_seqs=2, dec_ctx=400, sampled=2)
+    assert cm.mla_time(w)[0] == pytest.approx((2 * p + 400 * 80) / H200_BW)
+    # a 4096-token chunk from position 0: 4096 x 4097 / 2 causal pairs at 2 x 8 x (32 + 16 + 32) FLOPs
+    pairs = 4096 * 4097 / 2
+    w = work(tokens=4096, pre_tokens=4096, pre_seqs=1, pre_pairs=pairs, pre_ctx=4096, sampled=1)
+    assert cm.mla_time(w)[0] == pytest.approx((4096 * 2 * p + pairs * 1280) / H200_BF16)
+
+
+def test_kda_decode_reads_and_writes_the_state_once_per_sequence():
+    m = mini_model()
+    cm = CostModel(m, make_cluster(8, "h200"), EXACT)
+    p = m.attention_params("kda")
+    state = 8 * 32 * 32 * 4 + 3 * 8 * 32 * 3 * 2  # fp32 recurrent + bf16 conv state, one layer
+    assert m.state_bytes_per_sequence() == 3 * state
+    w = work(tokens=3, dec_seqs=3, sampled=3)
+    assert cm.kda_time(w)[0] == pytest.approx((2 * p + 2 * state * 3) / H200_BW)
+    # attention TP 2 halves heads, weights and state
+    cm2 = CostModel(m, make_cluster(8, "h200"), EXACT, attention_tp=2)
+    assert cm2.kda_time(w)[0] == pytest.approx((p + state * 3) / H200_BW)
+
+
+def test_step_time_composition_and_dual_batch_overlap():
+    m = mini_model()
+    cm = CostModel(m, make_cluster(4, "h200"), EXACT)
+    w = RankWork.zeros(2)
+    w.tokens[:] = [64, 32]
+    w.pre_tokens[:] = [64, 32]
+    w.pre_seqs[:] = [1, 1]
+    w.pre_pairs[:] = [64 * 65 / 2, 32 * 33 / 2]
+    w.pre_ctx[:] = [64, 32]
+    w.sampled[:] = [1, 1]
+    L, G = 3, 4
+    moe = MoeWork(tokens=np.array([[100, 60, 20, 20]] * L, float), touched=np.array([[4, 4, 2, 2]] * L, float),
+                  nvlink=np.array([[30, 20, 10, 10]] * L, float), nic=np.zeros((L, G)))
+    st = cm.step_time(w, moe)
+    kda = np.max(cm.kda_time(w) + cm.trunk_time(w, True))
+    kda_dense = np.max(cm.kda_time(w) + cm.trunk_time(w, False))
+    mla = np.max(cm.mla_time(w) + cm.trunk_time(w, True))
+    t = cm.expert_time(moe.tokens[0], moe.touched[0])
+    d = cm.a2a_time(moe.nvlink[0], moe.nic[0], "dispatch")
+    c = cm.a2a_time(moe.nvlink[0], moe.nic[0], "combine")
+    moe_t = t.max() + d.max() + c.max()
+    head = np.max(cm.lm_head_time(w))
+    assert st.layer == pytest.approx([kda_dense, kda + moe_t, kda + moe_t, mla + moe_t])
+    assert st.total == pytest.approx(kda_dense + 2 * kda + mla + 3 * moe_t + head)
+    assert st.straggler == pytest.approx([t.max() - t.mean() + d.max() - d.mean() + c.max() - c.mean()] * 3)
+    dbo = cm.step_time(w, moe, dual_batch_overlap=True)
+    comp, comm = kda + t.max(), d.max() + c.max()
+    assert dbo.layer[1] == pytest.approx(max(comp, comm) + min(comp, comm) / 2)
+    assert dbo.total < st.total
+
+
+def test_profile_replaces_the_roofline_with_interpolated_measurements(k3):
+    prof = profile_from_dict({
+        "format": "moeplace.calibration/1", "device": "cpu", "dtype": "fp32",
+        "ops": {"expert_gemm": {"x": "tokens_per_expert", "hidden": 512, "intermediate": 512,
+                                "points": [[1, 1e-5], [100, 2e-5], [1000, 1.1e-4]]},
+                "dispatch": {"x": "bytes", "link": "any", "points": [[1000, 1e-5], [1e6, 1e-3]]}}})
+    curve = prof.ops["expert_gemm"]
+    assert curve(0.5) == pytest.approx(1e-5)  # below range: the first measurement
+    assert curve(50.5) == pytest.approx(1.5e-5)  # linear between points
+    assert curve(2000) == pytest.approx(1.1e-4 + 1e-7 * 1000)  # last segment extrapolated
+    m = mini_model()  # measured at this model's shape: no scaling
+    cm = CostModel(m, make_cluster(8, "h200"), EXACT, profile=prof)
+    assert cm.expert_time(400, 4) == pytest.approx(4 * 2e-5)
+    cm3 = CostModel(k3, make_cluster(32, "h200"), EXACT, profile=prof)  # K3: FLOP-scaled
+    assert cm3.expert_time(400, 4) == pytest.approx(4 * 2e-5 * 3584 * 3072 / (512 * 512))
+    # dispatch of 100 + 50 copies at 512 x 1.03125 B each, link "any": one curve over all bytes
+    b = 150 * 512 * (1 + 4 / 128)
+    assert cm.a2a_time(100, 50, "dispatch") == pytest.approx(1e-5 + (b - 1000) * (1e-3 - 1e-5) / (1e6 - 1000))
+    # combine is not in the profile: roofline
+    assert cm.a2a_time(100, 0, "combine") == pytest.approx(3e-6 + 100 * 512 * 2 / 450e9)

@@ -1,0 +1,66 @@
+"""Workload: trace tokens and request lengths from a trace, arrival processes, length mixtures."""
+import numpy as np
+import pytest
+from simkit import mini_model, write_trace
+
+from sim.config import LengthMix, WorkloadConfig
+from sim.workload import RequestSource, arrival_times, load_trace_tokens, sample_lengths
+from traces.errors import InputError
+from traces.format import TraceWriter
+
+
+def test_trace_tokens_group_requests_in_order_with_lengths(tmp_path):
+    m = mini_model()
+    path = write_trace(tmp_path / "t", m, num_requests=3, prompt=5, output=2)
+    tt = load_trace_tokens(path)
+    assert tt.expert_ids.shape == (21, 3, 4) and tt.expert_ids.dtype == np.uint16
+    assert tt.request_ids.tolist() == [1000, 1001, 1002]
+    assert tt.prompt_len.tolist() == [5, 5, 5] and tt.output_len.tolist() == [2, 2, 2]
+    assert tt.req_offset.tolist() == [0, 7, 14, 21]
+    assert tt.expert_counts().sum() == 21 * 3 * 4
+    # whole requests only under a token budget
+    assert load_trace_tokens(path, max_tokens=15).num_requests == 2
+    src = RequestSource(tt, None, np.random.default_rng(0))
+    reqs = [src.make(0.0) for _ in range(4)]
+    assert [q.id for q in reqs] == [0, 1, 2, 3]
+    assert [q.row_base for q in reqs] == [0, 7, 14, 0]  # templates cycle in trace order
+    assert (reqs[1].prompt_len, reqs[1].output_len) == (5, 2)
+
+
+def test_trace_with_a_missing_layer_row_is_refused(tmp_path):
+    m = mini_model()
+    with TraceWriter(tmp_path / "bad", m, {"kind": "synthetic"}) as w:
+        w.write(request_id=np.array([1, 1, 1, 2, 2]), position=np.array([0, 0, 0, 0, 0]),
+                phase=np.zeros(5), step=np.zeros(5), layer=np.array([1, 2, 3, 1, 2]),
+                expert_ids=np.zeros((5, 4), dtype=np.uint16))
+    with pytest.raises(InputError, match="request 2: field 'layer': 2 rows is not a multiple"):
+        load_trace_tokens(tmp_path / "bad")
+
+
+def test_poisson_and_gamma_rates_and_burstiness():
+    rng = np.random.default_rng(1)
+    t = arrival_times(WorkloadConfig(arrival="poisson", rate=50.0), 200.0, rng)
+    assert len(t) == pytest.approx(50 * 200, rel=0.05) and np.all(np.diff(t) >= 0) and t[-1] < 200
+    gaps = np.diff(t)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.05)
+    g = np.diff(arrival_times(WorkloadConfig(arrival="gamma", rate=50.0, burstiness=3.0), 400.0, rng))
+    assert 1 / g.mean() == pytest.approx(50, rel=0.1)
+    assert g.std() / g.mean() == pytest.approx(3.0, rel=0.15)
+
+
+def test_ramp_rate_grows_linearly():
+    t = arrival_times(WorkloadConfig(arrival="ramp", rate=10.0, rate_end=90.0), 100.0, np.random.default_rng(2))
+    assert len(t) == pytest.approx(5000, rel=0.05)  # (10 + 90) / 2 x 100 s
+    first, last = np.sum(t < 10), np.sum(t >= 90)
+    assert first == pytest.approx(10 * 14, rel=0.25)  # mean rate over [0, 10): 14/s
+    assert last == pytest.approx(10 * 86, rel=0.1)  # over [90, 100): 86/s
+
+
+def test_length_mixture_with_a_long_context_tail():
+    mix = LengthMix(components=((8192, 0.7), (131072, 0.25), (1 << 20, 0.05)), sigma=0.0, output_mean=256)
+    prompt, output = sample_lengths(mix, np.random.default_rng(3), 20000)
+    assert set(np.unique(prompt)) == {8192, 131072, 1 << 20}
+    assert np.mean(prompt == (1 << 20)) == pytest.approx(0.05, abs=0.01)
+    assert np.mean(output) == pytest.approx(256, rel=0.05)
+    capped = sample_lengths(LengthMix(components=((1 << 20, 1.0),), sigma=1.0), np.random.default_rng(4), 1000)[0]
+    assert capped.max() <= 1 << 20

@@ -1,0 +1,421 @@
+"""SGLang expert-distribution-recorder dumps (``python/sglang/srt/eplb/expert_distribution.py``).
+
+Turn the recorder on with ``--expert-distribution-recorder-mode stat|per_token``, drive traffic between
+``POST /start_expert_distribution_record`` and ``POST /stop_expert_distribution_record``, then
+``POST /dump_expert_distribution_record``; files land in ``SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR``.
+
+``stat`` mode (``_StatAccumulator.dump``): rank 0 writes ``expert_distribution_recorder_{time}.pt`` =
+``{"rank": int, "logical_count": int32 tensor [steps, num_layers, num_logical_experts],
+"average_utilization_rate_over_window": float | None}``; the same dict as ``.json`` (lists) is accepted,
+and so is a 2-D ``logical_count`` ``[num_layers, experts]`` (SGLang's ``--init-expert-location`` form).
+SGLang's ``num_layers`` is the config's ``num_hidden_layers``: dense layers are included (their rows stay
+zero), so the importer keeps the model's MoE layers; a ``logical_count`` that already has exactly
+``num_moe_layers`` rows is taken as MoE-only. Steps come from a buffer
+(``--expert-distribution-recorder-buffer-size``); a circular buffer that was not filled holds all-zero
+steps, which are dropped and counted. Each kept step is one window of the resulting Loads.
+
+``per_token`` mode (``_DetailAccumulator.dump``): every rank writes
+``expert_distribution_recorder_{time}_{rank}.pt`` = ``{"records": [...], "last_physical_to_logical_map":
+int tensor [num_layers, num_physical]}``, one record per forward pass: ``forward_pass_id``, ``rank``,
+``input_ids`` and ``positions`` (lists, one per token), ``extend_seq_lens`` (tokens per sequence in an
+extend pass), ``forward_mode`` (SGLang ``ForwardMode``: 1 EXTEND, 2 DECODE, 3 MIXED, 4 IDLE,
+5 TARGET_VERIFY, ...) and ``topk_ids_of_layer`` (int32 ``[num_layers, num_tokens, 8]``: *physical* expert
+ids, ``-1`` where nothing was recorded; SGLang sizes the last axis with a fixed ``_TOP_K_NUM = 8``).
+Physical ids are mapped to logical ones with the file's ``last_physical_to_logical_map`` (the map at dump
+time: if EPLB rebalanced during recording, earlier passes are mapped with the later map; SGLang keeps no
+history). Records of all files are merged in ``(forward_pass_id, rank)`` order; ``step`` is the
+forward-pass id. SGLang records no request ids: ``request_id`` here numbers the sequences of each
+(rank, forward pass) (from ``extend_seq_lens``; in a decode pass every token is its own sequence), so it
+does not link a request's decode steps. ``phase`` is decode for DECODE/TARGET_VERIFY passes, prefill
+otherwise. A model whose top-k exceeds the recorder's 8 columns cannot be imported from ``per_token`` dumps.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from traces.errors import InputError
+from traces.importers import ImportResult
+from traces.importers._common import write_validated_trace
+from traces.loads import Loads
+from traces.model import ModelSpec
+
+FORWARD_MODE_DECODE = 2
+FORWARD_MODE_TARGET_VERIFY = 5
+DECODE_MODES = (FORWARD_MODE_DECODE, FORWARD_MODE_TARGET_VERIFY)
+
+
+def _load_dump(path: Path) -> dict:
+    if path.suffix == ".json":
+        try:
+            obj = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: not valid JSON ({exc})") from None
+    else:
+        import torch
+
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except (
+            pickle.UnpicklingError,
+            RuntimeError,
+            EOFError,
+            zipfile.BadZipFile,
+            ValueError,
+            OSError,
+        ) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputError(
+                f"{path}: not a readable torch dump (torch.load weights_only=True: {first})"
+            ) from None
+    if not isinstance(obj, dict):
+        raise InputError(
+            f"{path}: expected a dict with 'logical_count' (stat mode) or 'records' "
+            f"(per_token mode), got {type(obj).__name__}"
+        )
+    return obj
+
+
+def _as_array(value, path: Path, field: str, where: str = "") -> np.ndarray:
+    prefix = f"{path}: {where + ': ' if where else ''}field '{field}'"
+    try:
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return value.detach().cpu().numpy()
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):
+        raise InputError(f"{prefix}: not a rectangular array of numbers") from None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.size == 0):
+        raise InputError(f"{prefix}: not a rectangular array of numbers")
+    return arr
+
+
+def _moe_rows(n: int, model: ModelSpec, path: Path, field: str) -> np.ndarray | None:
+    """Indices selecting the MoE layers from an SGLang layer axis of length ``n`` (None: axis is MoE-only)."""
+    if n == model.num_layers:
+        return np.asarray(model.moe_layers)
+    if n == model.num_moe_layers:
+        return None
+    raise InputError(
+        f"{path}: field '{field}': layer axis has {n} layers; model '{model.name}' has "
+        f"{model.num_layers} layers ({model.num_moe_layers} MoE): expected {model.num_layers} "
+        f"(SGLang counts every decoder layer) or {model.num_moe_layers}"
+    )
+
+
+# ------------------------------------------------------------------------------------------- stat mode
+def stat_counts(logical_count: np.ndarray, model: ModelSpec, path: Path) -> tuple[np.ndarray, int]:
+    """SGLang ``logical_count`` ``[steps, layers, E]`` (or ``[layers, E]``) -> int64
+    ``[kept steps, L_moe, E]``
+    and the number of all-zero steps dropped."""
+    c = logical_count
+    if c.ndim == 2:
+        c = c[None]
+    if c.ndim != 3:
+        raise InputError(
+            f"{path}: field 'logical_count' has shape {list(c.shape)}, expected "
+            "[steps, layers, experts] or [layers, experts]"
+        )
+    if not np.issubdtype(c.dtype, np.integer) and (not np.all(np.isfinite(c)) or np.any(c != np.round(c))):
+        raise InputError(f"{path}: field 'logical_count' has non-integer values (dtype {c.dtype})")
+    if c.shape[2] != model.num_experts:
+        raise InputError(
+            f"{path}: field 'logical_count' has {c.shape[2]} experts per layer, but model "
+            f"'{model.name}' has {model.num_experts}"
+        )
+    c = c.astype(np.int64)
+    if np.any(c < 0):
+        raise InputError(f"{path}: field 'logical_count' holds negative counts")
+    rows = _moe_rows(c.shape[1], model, path, "logical_count")
+    if rows is not None:
+        dense = np.asarray(model.dense_layers, dtype=np.int64)
+        if dense.size and c[:, dense].any():
+            layer = int(dense[np.flatnonzero(c[:, dense].sum(axis=(0, 2)))[0]])
+            raise InputError(
+                f"{path}: field 'logical_count': layer {layer} is dense in model '{model.name}' "
+                "but has expert counts: the dump is not of this model (check --model)"
+            )
+        c = c[:, rows]
+    busy = c.reshape(c.shape[0], -1).any(axis=1)
+    return c[busy], int((~busy).sum())
+
+
+def _import_stat(
+    dumps: list[tuple[Path, dict]], model: ModelSpec, out: Path | None, t0: float
+) -> ImportResult:
+    if out is not None and out.suffix != ".npz":
+        raise InputError(f"--out {out}: SGLang stat dumps become Loads; give a path ending in .npz")
+    windows, labels, dropped, steps_read, util = [], [], 0, 0, []
+    for path, d in dumps:
+        arr = _as_array(d["logical_count"], path, "logical_count")
+        counts, n_zero = stat_counts(arr, model, path)
+        steps_read += counts.shape[0] + n_zero
+        dropped += n_zero
+        first = len(labels)
+        windows.append(counts)
+        labels += [f"{path.name} step {i}" for i in range(first, first + counts.shape[0])]
+        u = d.get("average_utilization_rate_over_window")
+        if isinstance(u, (int, float)) and not isinstance(u, bool):
+            util.append(float(u))
+    counts = np.concatenate(windows)
+    if counts.shape[0] == 0:
+        raise InputError(
+            f"{', '.join(str(p) for p, _ in dumps)}: field 'logical_count': every step is zero "
+            "(was recording started before traffic?)"
+        )
+    prov = {
+        "kind": "imported",
+        "format": "sglang",
+        "mode": "stat",
+        "sources": [str(p) for p, _ in dumps],
+        "steps_read": steps_read,
+        "zero_steps_dropped": dropped,
+    }
+    if util:
+        prov["average_utilization_rate_over_window"] = util
+    loads = Loads(counts, model, 0, tuple(labels), prov)
+    if out is not None:
+        loads.save(out)
+    secs = time.perf_counter() - t0
+    summary = {
+        "format": "sglang",
+        "mode": "stat",
+        "records_read": steps_read,
+        "zero_steps_dropped": dropped,
+        "windows": loads.num_windows,
+        "layers_covered": list(model.moe_layers),
+        "selections": int(counts.sum()),
+        "seconds": secs,
+        "records_per_s": steps_read / secs if secs > 0 else 0.0,
+    }
+    return ImportResult("loads", loads=loads, summary=summary)
+
+
+# -------------------------------------------------------------------------------------- per_token mode
+def _record_rows(
+    rec: dict,
+    path: Path,
+    ridx: int,
+    p2l: np.ndarray,
+    model: ModelSpec,
+    moe_rows: np.ndarray | None,
+    next_request: int,
+) -> tuple[dict | None, int, np.ndarray]:
+    """Rows of one forward-pass record (token-major, then layer); returns (columns or None, next request id,
+    bool [L_moe] of layers this record covers)."""
+    where = f"record {ridx}"
+    k = model.top_k
+    for key in ("topk_ids_of_layer", "input_ids", "positions", "forward_pass_id"):
+        if key not in rec:
+            raise InputError(f"{path}: {where}: field '{key}' missing")
+    ids = _as_array(rec["topk_ids_of_layer"], path, "topk_ids_of_layer", where)
+    input_ids = _as_array(rec["input_ids"], path, "input_ids", where).astype(np.int64).reshape(-1)
+    positions = _as_array(rec["positions"], path, "positions", where).astype(np.int64).reshape(-1)
+    n = input_ids.shape[0]
+    covered = np.zeros(model.num_moe_layers, dtype=bool)
+    if ids.ndim != 3 or ids.shape[1] != n:
+        raise InputError(
+            f"{path}: {where}: field 'topk_ids_of_layer' has shape {list(ids.shape)}, expected "
+            f"[layers, {n} tokens (len of input_ids), width]"
+        )
+    if positions.shape[0] != n:
+        raise InputError(f"{path}: {where}: field 'positions' has {positions.shape[0]} entries, expected {n}")
+    if ids.shape[0] != p2l.shape[0]:
+        raise InputError(
+            f"{path}: {where}: field 'topk_ids_of_layer' has {ids.shape[0]} layers, but "
+            f"'last_physical_to_logical_map' has {p2l.shape[0]}"
+        )
+    if ids.shape[2] < k:
+        raise InputError(
+            f"{path}: {where}: field 'topk_ids_of_layer' keeps {ids.shape[2]} experts per token, "
+            f"fewer than top_k {k} of model '{model.name}' (SGLang's per_token recorder keeps at "
+            "most 8; use stat mode for this model)"
+        )
+    if n == 0:
+        return None, next_request, covered
+    ids = ids.astype(np.int64)
+    if moe_rows is not None:
+        dense = np.setdiff1d(np.arange(ids.shape[0]), moe_rows)
+        if dense.size and (ids[dense] >= 0).any():
+            layer = int(dense[np.flatnonzero((ids[dense] >= 0).any(axis=(1, 2)))[0]])
+            raise InputError(
+                f"{path}: {where}: field 'topk_ids_of_layer': layer {layer} is dense in model "
+                f"'{model.name}' but has recorded experts: the dump is not of this model"
+            )
+        layer_p2l = p2l[moe_rows]
+        ids = ids[moe_rows]
+    else:
+        layer_p2l = p2l
+    if (ids[:, :, k:] >= 0).any():
+        raise InputError(
+            f"{path}: {where}: field 'topk_ids_of_layer' has experts beyond column {k} "
+            f"(top_k of model '{model.name}' is {k}: wrong --model?)"
+        )
+    ids = ids[:, :, :k]
+    recorded = ids >= 0
+    covered = recorded.any(axis=(1, 2))
+    partial = covered[:, None] & ~recorded.all(axis=2)
+    if partial.any():
+        li, ti = map(int, np.argwhere(partial)[0])
+        raise InputError(
+            f"{path}: {where}: field 'topk_ids_of_layer': MoE layer {model.moe_layers[li]} token {ti} "
+            f"has {int(recorded[li, ti].sum())} of {k} experts recorded"
+        )
+    num_phys = layer_p2l.shape[1]
+    if (ids >= num_phys).any():
+        li, ti, _ = map(int, np.argwhere(ids >= num_phys)[0])
+        raise InputError(
+            f"{path}: {where}: field 'topk_ids_of_layer': MoE layer {model.moe_layers[li]} token {ti} "
+            f"has physical expert {int(ids[li, ti].max())} >= {num_phys} physical slots"
+        )
+    layers = np.flatnonzero(covered)
+    if layers.size == 0:
+        return None, next_request, covered
+    sel = ids[layers]  # [Lc, n, k] physical
+    logical = layer_p2l[layers][np.arange(layers.size)[:, None, None], sel]  # [Lc, n, k] logical
+    srt = np.sort(logical, axis=2)
+    dup = (srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2)
+    if dup.any():
+        li, ti = map(int, np.argwhere(dup)[0])
+        raise InputError(
+            f"{path}: {where}: field 'topk_ids_of_layer': MoE layer {model.moe_layers[layers[li]]} token {ti}: "
+            f"physical experts {sel[li, ti].tolist()} map to logical {logical[li, ti].tolist()} with a repeat; "
+            "'last_physical_to_logical_map' does not fit this record (EPLB rebalanced during recording?)"
+        )
+    # sequences of this pass: extend passes list tokens per sequence, decode passes have one token each
+    mode = int(rec.get("forward_mode", 0) or 0)
+    seq_lens = rec.get("extend_seq_lens")
+    if mode in DECODE_MODES or not seq_lens:
+        seq_of_token = np.arange(n)
+    else:
+        lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
+        if lens.sum() != n or np.any(lens < 0):
+            raise InputError(
+                f"{path}: {where}: field 'extend_seq_lens' sums to {int(lens.sum())}, expected {n} tokens"
+            )
+        seq_of_token = np.repeat(np.arange(lens.size), lens)
+    request = next_request + seq_of_token
+    lc = layers.size
+    cols = {
+        "request_id": np.repeat(request, lc),
+        "position": np.repeat(positions, lc),
+        "phase": np.full(n * lc, 1 if mode in DECODE_MODES else 0, dtype=np.uint8),
+        "step": np.full(n * lc, int(rec["forward_pass_id"]), dtype=np.int64),
+        "layer": np.tile(np.asarray(model.moe_layers)[layers], n),
+        "expert_ids": logical.transpose(1, 0, 2).reshape(n * lc, k),
+        "token_id": np.repeat(input_ids, lc),
+    }
+    return cols, int(request.max()) + 1, covered
+
+
+def _import_per_token(
+    dumps: list[tuple[Path, dict]], model: ModelSpec, out: Path | None, t0: float
+) -> ImportResult:
+    if out is None:
+        raise InputError("per_token dumps become a trace: give --out DIR")
+    if out.suffix == ".npz":
+        raise InputError(f"--out {out}: SGLang per_token dumps become a trace directory, not a .npz")
+    order = []  # (forward_pass_id, rank, dump index, record index)
+    maps = []
+    for di, (path, d) in enumerate(dumps):
+        if "last_physical_to_logical_map" not in d:
+            raise InputError(
+                f"{path}: field 'last_physical_to_logical_map' missing (needed to map physical "
+                "expert ids to logical ones)"
+            )
+        p2l = _as_array(d["last_physical_to_logical_map"], path, "last_physical_to_logical_map").astype(
+            np.int64
+        )
+        if p2l.ndim != 2:
+            raise InputError(
+                f"{path}: field 'last_physical_to_logical_map' has shape {list(p2l.shape)}, "
+                "expected [layers, physical experts]"
+            )
+        if np.any((p2l < 0) | (p2l >= model.num_experts)):
+            raise InputError(
+                f"{path}: field 'last_physical_to_logical_map' maps to logical ids outside "
+                f"0..{model.num_experts - 1} (model '{model.name}')"
+            )
+        maps.append((p2l, _moe_rows(p2l.shape[0], model, path, "last_physical_to_logical_map")))
+        recs = d["records"]
+        if not isinstance(recs, list):
+            raise InputError(f"{path}: field 'records' is {type(recs).__name__}, expected a list of dicts")
+        for ri, rec in enumerate(recs):
+            if not isinstance(rec, dict):
+                raise InputError(f"{path}: record {ri}: expected a dict, got {type(rec).__name__}")
+            fp = rec.get("forward_pass_id")
+            if isinstance(fp, bool) or not isinstance(fp, int):
+                raise InputError(f"{path}: record {ri}: field 'forward_pass_id' missing or not an integer")
+            rank = rec.get("rank", 0)
+            order.append((fp, int(rank) if isinstance(rank, int) else 0, di, ri))
+    order.sort()
+    state = {"next_request": 0, "covered": np.zeros(model.num_moe_layers, dtype=bool), "tokens": 0}
+
+    def write(w):
+        for _, _, di, ri in order:
+            path, d = dumps[di]
+            p2l, moe_rows = maps[di]
+            cols, state["next_request"], cov = _record_rows(
+                d["records"][ri], path, ri, p2l, model, moe_rows, state["next_request"]
+            )
+            state["covered"] |= cov
+            if cols is not None:
+                state["tokens"] += len(cols["request_id"]) // max(int(cov.sum()), 1)
+                w.write(**cols)
+
+    prov = {
+        "kind": "imported",
+        "format": "sglang",
+        "mode": "per_token",
+        "sources": [str(p) for p, _ in dumps],
+        "request_id": "per (rank, forward pass, sequence); SGLang records no request ids",
+    }
+    rows = write_validated_trace(out, model, prov, write, token_id=True)
+    secs = time.perf_counter() - t0
+    covered = [model.moe_layers[i] for i in np.flatnonzero(state["covered"])]
+    summary = {
+        "format": "sglang",
+        "mode": "per_token",
+        "records_read": len(order),
+        "rows_written": rows,
+        "tokens": state["tokens"],
+        "layers_covered": covered,
+        "seconds": secs,
+        "records_per_s": len(order) / secs if secs > 0 else 0.0,
+        "rows_per_s": rows / secs if secs else 0.0,
+    }
+    return ImportResult("trace", trace=out, summary=summary)
+
+
+def import_(srcs: list[Path], model: ModelSpec, out: Path | None) -> ImportResult:
+    t0 = time.perf_counter()
+    dumps = [(p, _load_dump(p)) for p in srcs]
+    modes = []
+    for path, d in dumps:
+        if "logical_count" in d:
+            modes.append("stat")
+        elif "records" in d:
+            modes.append("per_token")
+        else:
+            raise InputError(
+                f"{path}: field 'logical_count' (stat mode) or 'records' (per_token mode) missing; "
+                f"keys present: {sorted(map(str, d))[:8]}"
+            )
+    if len(set(modes)) > 1:
+        raise InputError(
+            f"{srcs[modes.index('per_token')]}: a per_token dump mixed with stat dumps "
+            f"({srcs[modes.index('stat')]}); import each mode separately"
+        )
+    if modes[0] == "stat":
+        return _import_stat(dumps, model, out, t0)
+    return _import_per_token(dumps, model, out, t0)

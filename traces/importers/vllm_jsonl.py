@@ -1,0 +1,376 @@
+"""Per-token routing logs in the public vLLM-MoE-Logger JSONL form -> a trace directory.
+
+A log is one meta line, then one ``route`` line per (token, logged MoE layer)::
+
+    {"type": "meta", "model_id": "Qwen/Qwen1.5-MoE-A2.7B-Chat", "layers_logged": [0], "top_k": 4, ...}
+    {"type": "route", "req_id": "r1", "token_idx": 0, "layer": 0, "topk_ids": [43, 5, 7, 58],
+     "topk_weights": [0.097, 0.052, 0.039, 0.037]}
+
+The logger appends, so one file can hold several runs, each starting with its own meta line (a *session*;
+request ids are qualified by session). Handling of what real logs look like:
+
+- **Warm-up rows.** vLLM's profiling / graph-capture passes run dummy batches before real traffic, so logs
+  begin with thousands of rows that route every token identically. Within each layer's stream (file order),
+  every maximal run of at least ``warmup_min_run`` consecutive rows with identical ``topk_ids`` and
+  ``topk_weights`` is dropped (real traffic does not repeat a bit-identical top-k with identical weights
+  that many times in a row); the count is reported. ``warmup_min_run=0`` keeps everything.
+- **Layer numbering.** A log's ``layer`` is either the MoE-layer ordinal (0 = first MoE layer; what the
+  public logger's ``VLLM_MOE_LAYER`` means) or the decoder-layer index (HF ``model.layers.{i}``).
+  ``layer_numbering="auto"`` decides from the values: a value that is a dense layer, or the count of MoE
+  layers, rules out "decoder"; a value ``>= num_moe_layers`` rules out "moe". When both fit and the model
+  has dense layers, "moe" is assumed (the logger's convention) and the summary says it was ambiguous;
+  pass ``"decoder"`` or ``"moe"`` to decide explicitly. Traces store decoder-layer indices.
+- **Alignment.** Rows of one token at different layers are joined on (session, ``req_id``,
+  ``token_idx``). The public logger restarts ``token_idx`` at 0 for every forward batch and often logs one
+  fixed ``req_id``, so a key can repeat: the n-th occurrence of a key at one layer is joined with the n-th
+  occurrence at every other layer. ``step`` orders tokens by their first row in the file.
+- **Partial coverage.** Logs that cover some layers only are accepted; the summary lists them.
+
+What the log does not say is not invented: ``position`` is the logged ``token_idx``, ``phase`` is 0 (the log
+does not distinguish prefill from decode), ``request_id`` numbers (session, ``req_id``) pairs.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+
+import numpy as np
+
+from traces.errors import InputError
+from traces.importers import ImportResult
+from traces.importers._common import jsonl_records, write_validated_trace
+from traces.model import ModelSpec
+
+DEFAULT_WARMUP_MIN_RUN = 16
+NUMBERINGS = ("auto", "moe", "decoder")
+
+
+class _Log:
+    """Columns parsed from one or more JSONL files (row = one route line)."""
+
+    def __init__(self) -> None:
+        self.file_idx: list[int] = []
+        self.lineno: list[int] = []
+        self.request: list[int] = []
+        self.token_idx: list = []
+        self.layer: list = []
+        self.ids: list = []
+        self.weights: list = []
+        self.request_of: dict[tuple[int, object], int] = {}
+        self.num_meta = 0
+        self.num_other = 0
+        self.model_ids: list[str] = []
+        self.layers_logged: set[int] | None = None
+
+
+def _parse(srcs: list[Path], model: ModelSpec, log: _Log) -> None:
+    k = model.top_k
+    for fi, path in enumerate(srcs):
+        session = -1
+        has_w = None
+        for lineno, obj in jsonl_records(path):
+            typ = obj.get("type")
+            if typ == "route":
+                if session < 0:
+                    raise InputError(
+                        f"{path}: line {lineno}: a 'route' record before any 'meta' record "
+                        '(a log starts with {"type": "meta", ..., "top_k": K})'
+                    )
+                tok, layer, ids = obj.get("token_idx"), obj.get("layer"), obj.get("topk_ids")
+                w = obj.get("topk_weights")
+                for key, v in (("token_idx", tok), ("layer", layer)):
+                    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                        raise InputError(
+                            f"{path}: line {lineno}: field '{key}' is {v!r}, expected an integer >= 0"
+                        )
+                if not isinstance(ids, list) or len(ids) != k:
+                    got = f"{len(ids)} ids" if isinstance(ids, list) else repr(ids)[:40]
+                    raise InputError(
+                        f"{path}: line {lineno}: field 'topk_ids' has {got}, expected a list of "
+                        f"top_k = {k} expert ids"
+                    )
+                if has_w is None:
+                    has_w = w is not None
+                if (w is not None) != has_w:
+                    raise InputError(
+                        f"{path}: line {lineno}: field 'topk_weights' "
+                        f"{'present' if w is not None else 'missing'}, unlike the lines before"
+                    )
+                if w is not None and (not isinstance(w, list) or len(w) != k):
+                    raise InputError(
+                        f"{path}: line {lineno}: field 'topk_weights' is not a list of {k} numbers"
+                    )
+                req = obj.get("req_id")
+                if req is None or isinstance(req, (list, dict)):
+                    raise InputError(f"{path}: line {lineno}: field 'req_id' missing or not a string/integer")
+                key = (session, req)
+                r = log.request_of.get(key)
+                if r is None:
+                    r = log.request_of[key] = len(log.request_of)
+                log.file_idx.append(fi)
+                log.lineno.append(lineno)
+                log.request.append(r)
+                log.token_idx.append(tok)
+                log.layer.append(layer)
+                log.ids.append(ids)
+                log.weights.append(w if w is not None else ())
+            elif typ == "meta":
+                top_k = obj.get("top_k")
+                if isinstance(top_k, bool) or not isinstance(top_k, int):
+                    raise InputError(
+                        f"{path}: line {lineno}: field 'top_k' missing or not an integer in the meta record"
+                    )
+                if top_k != k:
+                    raise InputError(
+                        f"{path}: line {lineno}: field 'top_k' is {top_k}, but model '{model.name}' "
+                        f"routes top-{k} (wrong --model?)"
+                    )
+                logged = obj.get("layers_logged")
+                if isinstance(logged, list) and all(isinstance(x, int) for x in logged):
+                    log.layers_logged = (log.layers_logged or set()) | set(logged)
+                if isinstance(obj.get("model_id"), str):
+                    log.model_ids.append(obj["model_id"])
+                session = log.num_meta
+                log.num_meta += 1
+            else:
+                log.num_other += 1
+        if session < 0:
+            raise InputError(f"{path}: no 'meta' record: not a vLLM MoE routing log")
+
+
+def warmup_mask(layer: np.ndarray, ids: np.ndarray, weights: np.ndarray | None, min_run: int) -> np.ndarray:
+    """Rows inside warm-up runs: maximal runs of >= ``min_run`` consecutive rows of one layer's stream (file
+    order) with identical ids and weights.
+
+    ``layer``: int64 ``[n]``; ``ids``: ``[n, k]``; ``weights``: ``[n, k]`` or None. Returns bool ``[n]``.
+    """
+    n = layer.shape[0]
+    drop = np.zeros(n, dtype=bool)
+    if min_run <= 0 or n == 0:
+        return drop
+    order = np.argsort(layer, kind="stable")  # each layer's rows, in file order
+    lay, i_ = layer[order], ids[order]
+    same = (lay[1:] == lay[:-1]) & (i_[1:] == i_[:-1]).all(axis=1)
+    if weights is not None:
+        w_ = weights[order]
+        same &= (w_[1:] == w_[:-1]).all(axis=1)
+    starts = np.flatnonzero(np.concatenate(([True], ~same)))
+    lengths = np.diff(np.concatenate((starts, [n])))
+    long_runs = lengths >= min_run
+    run_of = np.repeat(np.arange(starts.size), lengths)
+    drop[order] = long_runs[run_of]
+    return drop
+
+
+def detect_numbering(values: np.ndarray, model: ModelSpec, requested: str = "auto") -> tuple[str, bool]:
+    """Which layer numbering the logged ``values`` use: ``("moe"|"decoder", ambiguous)``.
+
+    Raises :class:`InputError` when the values fit neither (or not the requested one).
+    """
+    vals = np.unique(values)
+    moe = np.asarray(model.moe_layers)
+    fits_decoder = bool(np.isin(vals, moe).all())
+    fits_moe = bool(vals.max(initial=0) < model.num_moe_layers)
+    if requested == "decoder" and not fits_decoder:
+        bad = vals[~np.isin(vals, moe)]
+        raise InputError(
+            f"layer {int(bad[0])} is not an MoE decoder layer of model '{model.name}' "
+            "(--layer-numbering decoder)"
+        )
+    if requested == "moe" and not fits_moe:
+        raise InputError(
+            f"layer {int(vals.max())} >= {model.num_moe_layers} MoE layers of model '{model.name}' "
+            "(--layer-numbering moe)"
+        )
+    if requested in ("moe", "decoder"):
+        return requested, False
+    if fits_moe and fits_decoder:
+        return "moe", tuple(model.moe_layers) != tuple(range(model.num_moe_layers))
+    if fits_moe:
+        return "moe", False
+    if fits_decoder:
+        return "decoder", False
+    raise InputError(
+        f"logged layers {vals.tolist()[:8]} fit neither numbering of model '{model.name}': "
+        f"MoE-layer ordinals must be < {model.num_moe_layers}, decoder indices must be MoE layers "
+        f"({model.moe_layers[0]}..{model.moe_layers[-1]}, dense: {list(model.dense_layers)[:6]})"
+    )
+
+
+def _first_bad(mask: np.ndarray, log: _Log, srcs: list[Path]) -> str:
+    i = int(np.flatnonzero(mask)[0])
+    return f"{srcs[log.file_idx[i]]}: line {log.lineno[i]}"
+
+
+def import_(
+    srcs: list[Path],
+    model: ModelSpec,
+    out: Path | None,
+    *,
+    layer_numbering: str = "auto",
+    warmup_min_run: int = DEFAULT_WARMUP_MIN_RUN,
+) -> ImportResult:
+    t0 = time.perf_counter()
+    if out is None:
+        raise InputError("vllm-jsonl logs become a trace: give --out DIR")
+    if layer_numbering not in NUMBERINGS:
+        raise InputError(
+            f"layer numbering '{layer_numbering}' unknown (expected one of {', '.join(NUMBERINGS)})"
+        )
+    log = _Log()
+    # The parse creates millions of small lists; the cyclic GC would rescan them over and over (no cycles
+    # are created here), which costs more than the parsing itself.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _parse(srcs, model, log)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    n = len(log.layer)
+    if n == 0:
+        raise InputError(f"{', '.join(map(str, srcs))}: no 'route' records")
+    k, num_experts = model.top_k, model.num_experts
+    try:
+        ids = np.asarray(log.ids, dtype=np.int64)
+    except (ValueError, TypeError, OverflowError):
+        ids = None
+    if ids is None or ids.shape != (n, k):
+        bad = np.array([not all(isinstance(x, int) and not isinstance(x, bool) for x in r) for r in log.ids])
+        raise InputError(f"{_first_bad(bad, log, srcs)}: field 'topk_ids' holds a non-integer id")
+    rng = (ids < 0) | (ids >= num_experts)
+    if rng.any():
+        i = int(np.flatnonzero(rng.any(axis=1))[0])
+        raise InputError(
+            f"{_first_bad(rng.any(axis=1), log, srcs)}: field 'topk_ids': expert "
+            f"{int(ids[i][rng[i]][0])} outside 0..{num_experts - 1} (model '{model.name}')"
+        )
+    srt = np.sort(ids, axis=1)
+    dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0])
+        raise InputError(
+            f"{_first_bad(dup, log, srcs)}: field 'topk_ids': expert repeated in {ids[i].tolist()}"
+        )
+    weights = None
+    if n and len(log.weights[0]):
+        try:
+            weights = np.asarray(log.weights, dtype=np.float64)
+        except (ValueError, TypeError):
+            bad = np.array(
+                [
+                    not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+                    for r in log.weights
+                ]
+            )
+            raise InputError(
+                f"{_first_bad(bad, log, srcs)}: field 'topk_weights' holds a non-number"
+            ) from None
+        bad = ~np.isfinite(weights) | (weights < 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad.any(axis=1))[0])
+            raise InputError(
+                f"{_first_bad(bad.any(axis=1), log, srcs)}: field 'topk_weights': weight "
+                f"{float(weights[i][bad[i]][0])} is not a finite non-negative number"
+            )
+    layer = np.asarray(log.layer, dtype=np.int64)
+    if log.layers_logged is not None:
+        outside = ~np.isin(layer, list(log.layers_logged))
+        if outside.any():
+            raise InputError(
+                f"{_first_bad(outside, log, srcs)}: field 'layer' is {int(layer[outside][0])}, not in "
+                f"the meta record's layers_logged {sorted(log.layers_logged)}"
+            )
+    try:
+        numbering, ambiguous = detect_numbering(layer, model, layer_numbering)
+    except InputError as exc:
+        raise InputError(f"{srcs[0]}: field 'layer': {exc}") from None
+
+    drop = warmup_mask(layer, ids, weights, warmup_min_run)
+    num_warmup = int(drop.sum())
+    keep = ~drop
+    if not keep.any():
+        raise InputError(
+            f"{', '.join(map(str, srcs))}: all {n} route rows look like warm-up (runs of >= "
+            f"{warmup_min_run} identical rows); lower --warmup-min-run or 0 to keep them"
+        )
+    row = np.flatnonzero(keep)  # global file order of kept rows
+    layer, ids = layer[keep], ids[keep]
+    weights = weights[keep] if weights is not None else None
+    # request ids renumbered densely in order of first appearance among the kept rows
+    _, first, inv = np.unique(
+        np.asarray(log.request, dtype=np.int64)[keep], return_index=True, return_inverse=True
+    )
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    request = rank[inv.reshape(-1)]
+    tok = np.asarray(log.token_idx, dtype=np.int64)[keep]
+    dec_layer = np.asarray(model.moe_layers)[layer] if numbering == "moe" else layer
+
+    # token identity: (request, token_idx, occurrence of that pair at this layer)
+    pair = request * (int(tok.max()) + 1) + tok
+    order = np.lexsort((row, layer, pair))  # by pair, then layer, then file order
+    grp_start = np.ones(order.size, dtype=bool)
+    grp_start[1:] = (pair[order][1:] != pair[order][:-1]) | (layer[order][1:] != layer[order][:-1])
+    starts = np.flatnonzero(grp_start)
+    occ_sorted = np.arange(order.size) - np.repeat(starts, np.diff(np.concatenate((starts, [order.size]))))
+    occ = np.empty_like(occ_sorted)
+    occ[order] = occ_sorted
+    token_key = pair * (int(occ.max()) + 1) + occ
+    uniq, first_row, token_of = np.unique(token_key, return_index=True, return_inverse=True)
+    step_of_token = np.empty(uniq.size, dtype=np.int64)
+    step_of_token[np.argsort(first_row, kind="stable")] = np.arange(uniq.size)
+    step = step_of_token[token_of]
+
+    final = np.lexsort((dec_layer, step))
+    covered = sorted(int(x) for x in np.unique(dec_layer))
+    chunk = 1 << 20
+
+    def write(w):
+        for s in range(0, final.size, chunk):
+            sel = final[s : s + chunk]
+            w.write(
+                request_id=request[sel],
+                position=tok[sel],
+                phase=np.zeros(sel.size, dtype=np.uint8),
+                step=step[sel],
+                layer=dec_layer[sel],
+                expert_ids=ids[sel],
+                gate_weights=None if weights is None else weights[sel],
+            )
+
+    prov = {
+        "kind": "imported",
+        "format": "vllm-jsonl",
+        "sources": [str(s) for s in srcs],
+        "model_ids": sorted(set(log.model_ids)),
+        "layer_numbering": numbering,
+        "layer_numbering_ambiguous": ambiguous,
+        "warmup_rows_dropped": num_warmup,
+        "warmup_min_run": warmup_min_run,
+        "layers_covered": covered,
+        "phase": "unknown in the log; all rows marked prefill (0)",
+    }
+    rows = write_validated_trace(out, model, prov, write, gate_weights=weights is not None)
+    secs = time.perf_counter() - t0
+    summary = {
+        "format": "vllm-jsonl",
+        "records_read": n,
+        "meta_records": log.num_meta,
+        "other_records_skipped": log.num_other,
+        "warmup_rows_dropped": num_warmup,
+        "rows_written": rows,
+        "tokens": int(uniq.size),
+        "layers_covered": covered,
+        "layer_numbering": numbering
+        + (
+            " (ambiguous: also valid as the other numbering; set --layer-numbering to decide)"
+            if ambiguous
+            else ""
+        ),
+        "seconds": secs,
+        "records_per_s": n / secs if secs > 0 else 0.0,
+    }
+    return ImportResult("trace", trace=out, summary=summary)

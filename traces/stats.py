@@ -1,0 +1,405 @@
+"""Streaming statistics of a routing trace: the Loads contract ``[windows, L, E]`` plus what placement
+needs to know about the routing (skew, drift, inter-layer affinity, temporal locality, domain mix) and
+a seeded token sample for co-activation objectives.
+
+One pass over the Parquet row groups (pyarrow, decoded on a prefetch thread while the previous group
+is counted); memory is bounded by one row group, the per-window counts and the sample — never by the
+trace. **Windows** are by tokens in file (step) order: window ``w`` holds rows
+``[w * W * L, (w + 1) * W * L)`` (``W`` = window tokens, ``L`` = MoE layers), i.e. exactly ``W`` tokens
+when each token has its ``L`` rows, as ``place trace synth`` and captures write them.
+
+**Sample**: a token is sampled by a seeded hash of ``(request_id, position // 2)`` — the ``N`` smallest
+hashes win (a bottom-N sketch, one pass, no token count needed up front) — so sampled tokens come with
+their request neighbour, which gives the temporal-locality statistic (top-k overlap of positions
+``p`` and ``p + 1``) for free.
+
+**Affinity lift** of adjacent MoE layers ``(l, l+1)``: on the sample, the co-activation counts ``C[e, e']``
+over all ``k x k`` pairs of each token; the share of pair observations in the top 20% of the ``E^2``
+cells, divided by the same share with layer ``l+1`` taken from a randomly permuted token (same
+marginals and sample size, no affinity). 1 = independence.
+"""
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from traces.errors import InputError
+from traces.format import read_trace_meta, trace_files
+from traces.loads import Loads
+from traces.model import ModelSpec
+
+DEFAULT_WINDOW_TOKENS = 4096
+DEFAULT_SAMPLE_TOKENS = 4096
+AFFINITY_TOP_SHARE = 0.2
+MAX_AFFINITY_PAIRS = 24  # adjacent layer pairs evaluated (evenly spaced); the statistic is a mean
+
+_M1 = np.uint64(0x9E3779B97F4A7C15)
+_M2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_M3 = np.uint64(0xBF58476D1CE4E5B9)
+
+
+@dataclass(frozen=True, eq=False)
+class TraceStats:
+    """Statistics of one trace. Arrays: ``layer_skew``/``layer_cv`` float ``[L]`` (whole trace);
+    ``drift_corr``/``drift_js`` float ``[W-1]`` (consecutive windows, mean over layers);
+    ``affinity_pairs`` int ``[P]`` (index ``l`` of pair ``(l, l+1)``), ``affinity_lift``,
+    ``affinity_coverage``, ``affinity_coverage_shuffled`` float ``[P]``; ``domain_tokens`` float
+    ``[W, D]``."""
+
+    path: str
+    loads: Loads
+    num_rows: int
+    num_tokens: int
+    num_requests: int
+    domains: tuple[str, ...]
+    domain_tokens: np.ndarray
+    layer_skew: np.ndarray
+    layer_cv: np.ndarray
+    drift_corr: np.ndarray
+    drift_js: np.ndarray
+    affinity_pairs: np.ndarray
+    affinity_lift: np.ndarray
+    affinity_coverage: np.ndarray
+    affinity_coverage_shuffled: np.ndarray
+    locality: float
+    locality_pairs: int
+    bytes_on_disk: int
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.loads.model
+
+    @property
+    def num_selections(self) -> int:
+        return self.num_rows * self.model.top_k
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready summary (no per-window loads)."""
+        def f(x):
+            return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+        samples = self.loads.samples
+        return {
+            "path": self.path, "model": self.model.name, "rows": self.num_rows, "tokens": self.num_tokens,
+            "selections": self.num_selections, "requests": self.num_requests,
+            "windows": self.loads.num_windows, "window_tokens": self.loads.window_tokens,
+            "domains": list(self.domains),
+            "domain_mix_per_window": np.round(self.domain_tokens / np.maximum(
+                self.domain_tokens.sum(axis=1, keepdims=True), 1), 4).tolist(),
+            "skew_median": f(float(np.median(self.layer_skew))), "skew_max": f(float(self.layer_skew.max())),
+            "skew_per_layer": np.round(self.layer_skew, 3).tolist(),
+            "cv_median": f(float(np.median(self.layer_cv))), "cv_per_layer": np.round(self.layer_cv, 3).tolist(),
+            "drift_corr_mean": f(float(self.drift_corr.mean())) if len(self.drift_corr) else None,
+            "drift_js_mean": f(float(self.drift_js.mean())) if len(self.drift_js) else None,
+            "drift_corr": np.round(self.drift_corr, 4).tolist(), "drift_js": np.round(self.drift_js, 5).tolist(),
+            "affinity_lift_mean": f(float(self.affinity_lift.mean())) if len(self.affinity_lift) else None,
+            "affinity_top20_coverage_mean": (f(float(self.affinity_coverage.mean()))
+                                             if len(self.affinity_coverage) else None),
+            "affinity_top20_coverage_shuffled_mean": (f(float(self.affinity_coverage_shuffled.mean()))
+                                                      if len(self.affinity_coverage) else None),
+            "affinity_pairs": self.affinity_pairs.tolist(),
+            "affinity_lift": np.round(self.affinity_lift, 4).tolist(),
+            "locality": f(self.locality), "locality_pairs": self.locality_pairs,
+            "sample_tokens": 0 if samples is None else int(samples.shape[0]),
+            "bytes_on_disk": self.bytes_on_disk,
+            "bytes_per_selection": self.bytes_on_disk / max(self.num_selections, 1),
+            "seconds": self.seconds, "selections_per_s": self.num_selections / max(self.seconds, 1e-9),
+            **self.extra,
+        }
+
+
+# ---------------------------------------------------------------------------- pure statistics
+def skew_and_cv(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-layer max/mean and std/mean of ``counts [L, E]`` (NaN for a layer without load)."""
+    c = counts.astype(np.float64)
+    mean = c.mean(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return c.max(axis=-1) / mean, c.std(axis=-1) / mean
+
+
+def window_drift(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drift between consecutive windows of ``counts [W, L, E]``: mean over layers of the Pearson
+    correlation and of the Jensen-Shannon divergence (natural log, in [0, ln 2]) of the load vectors.
+    Returns two float arrays ``[W-1]``; layers without load in either window are skipped."""
+    if counts.shape[0] < 2:
+        return np.zeros(0), np.zeros(0)
+    c = counts.astype(np.float64)
+    a, b = c[:-1], c[1:]
+    ac = a - a.mean(axis=-1, keepdims=True)
+    bc = b - b.mean(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        corr = (ac * bc).sum(-1) / np.sqrt((ac**2).sum(-1) * (bc**2).sum(-1))
+        p = a / a.sum(-1, keepdims=True)
+        q = b / b.sum(-1, keepdims=True)
+        m = (p + q) / 2
+
+        def kl(x, y):
+            return np.where(x > 0, x * np.log(np.where(x > 0, x, 1) / np.where(y > 0, y, 1)), 0.0).sum(-1)
+
+        js = (kl(p, m) + kl(q, m)) / 2
+    return np.nanmean(corr, axis=1), np.nanmean(js, axis=1)
+
+
+def top_share(counts: np.ndarray, share: float = AFFINITY_TOP_SHARE) -> float:
+    """Share of the total held by the largest ``share`` fraction of cells of ``counts`` (any shape)."""
+    flat = counts.ravel()
+    total = flat.sum()
+    if total == 0:
+        return float("nan")
+    m = max(1, int(round(share * flat.size)))
+    return float(np.partition(flat, flat.size - m)[flat.size - m:].sum() / total)
+
+
+def pair_counts(src: np.ndarray, dst: np.ndarray, num_experts: int) -> np.ndarray:
+    """Co-activation counts ``[E, E]`` over all ``k x k`` pairs of rows of ``src``/``dst`` (int ``[N, k]``,
+    -1 = missing)."""
+    ok = (src >= 0).all(axis=1) & (dst >= 0).all(axis=1)
+    s, d = src[ok].astype(np.int64), dst[ok].astype(np.int64)
+    idx = (s[:, :, None] * num_experts + d[:, None, :]).ravel()
+    return np.bincount(idx, minlength=num_experts * num_experts).reshape(num_experts, num_experts)
+
+
+def affinity_lift(samples: np.ndarray, num_experts: int, seed: int = 0,
+                  max_pairs: int = MAX_AFFINITY_PAIRS) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Affinity of adjacent MoE layers on ``samples [N, L, k]``: for up to ``max_pairs`` evenly spaced
+    pairs ``(l, l+1)``, the top-20% cell coverage of the co-activation counts, the same with layer ``l+1``
+    from a permuted token, and their ratio (the lift). Returns ``(pairs, lift, coverage, shuffled)``."""
+    n, num_layers, _ = samples.shape
+    if n < 2 or num_layers < 2:
+        z = np.zeros(0)
+        return z.astype(np.int64), z, z, z
+    pairs = np.unique(np.linspace(0, num_layers - 2, min(max_pairs, num_layers - 1)).round().astype(np.int64))
+    rng = np.random.default_rng([seed, 0xAFF])
+    cov, cov_ind = [], []
+    for li in pairs:
+        perm = rng.permutation(n)
+        cov.append(top_share(pair_counts(samples[:, li], samples[:, li + 1], num_experts)))
+        cov_ind.append(top_share(pair_counts(samples[:, li], samples[perm, li + 1], num_experts)))
+    cov_a, ind_a = np.array(cov), np.array(cov_ind)
+    return pairs, cov_a / ind_a, cov_a, ind_a
+
+
+def topk_overlap_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Fraction of shared ids between rows of ``a`` and ``b`` (int ``[..., k]``, ids distinct per row)."""
+    k = a.shape[-1]
+    return (a[..., :, None] == b[..., None, :]).any(axis=-1).sum(axis=-1) / k
+
+
+def _token_hash(request_id: np.ndarray, pair: np.ndarray, seed: int) -> np.ndarray:
+    """A seeded 64-bit mix of (request id, position // 2) per row (splitmix64 finalizer)."""
+    with np.errstate(over="ignore"):
+        h = request_id.astype(np.uint64) * _M1 ^ (pair.astype(np.uint64) + np.uint64(seed & 0xFFFFFFFF)) * _M2
+        h ^= h >> np.uint64(31)
+        h *= _M3
+        h ^= h >> np.uint64(29)
+    return h
+
+
+# ---------------------------------------------------------------------------- the streaming pass
+class _Sampler:
+    """Bottom-N sketch of tokens by hash, over rows streamed in any order."""
+
+    def __init__(self, sample_tokens: int, expected_tokens: int, seed: int) -> None:
+        self.n = sample_tokens
+        self.seed = seed
+        # keep rows whose hash falls under a threshold that admits ~2N tokens; prune if it overflows
+        frac = min(1.0, 2.0 * sample_tokens / max(expected_tokens, 1))
+        self.threshold = np.uint64(min(2**64 - 1, int(frac * 2**64))) if frac < 1 else np.uint64(2**64 - 1)
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.kept = 0
+
+    def add(self, rid, pos, li, experts) -> None:
+        if self.n <= 0:
+            return
+        h = _token_hash(rid, pos >> 1, self.seed)
+        sel = np.flatnonzero(h <= self.threshold)
+        if len(sel):
+            self.parts.append((h[sel], rid[sel].astype(np.int64), pos[sel].astype(np.int64),
+                               li[sel].astype(np.int16), experts[sel].copy()))
+            self.kept += len(sel)
+
+    def result(self, num_layers: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``samples`` int32 ``[N, L, k]`` (-1 where a layer is missing) in (request, position) order,
+        plus the request ids and positions ``[N]`` of the sampled tokens."""
+        if not self.parts:
+            return np.full((0, num_layers, k), -1, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        h, rid, pos, li, ex = (np.concatenate(x) for x in zip(*self.parts))
+        # distinct tokens by (request, position); their unit hash decides; the N smallest units win
+        order = np.lexsort((pos, rid))
+        rid, pos, li, ex, h = rid[order], pos[order], li[order], ex[order], h[order]
+        new = np.ones(len(rid), bool)
+        new[1:] = (rid[1:] != rid[:-1]) | (pos[1:] != pos[:-1])
+        tok = np.cumsum(new) - 1
+        tok_h = h[new]
+        num_tokens = len(tok_h)
+        if num_tokens > self.n:
+            # keep whole hash units (pairs of positions), smallest first, up to N tokens
+            units, inv = np.unique(tok_h, return_inverse=True)
+            per_unit = np.bincount(inv)
+            keep_units = np.cumsum(per_unit) <= self.n
+            keep_tok = keep_units[inv]
+        else:
+            keep_tok = np.ones(num_tokens, bool)
+        new_id = np.cumsum(keep_tok) - 1
+        rows = keep_tok[tok]
+        out = np.full((int(keep_tok.sum()), num_layers, k), -1, np.int32)
+        out[new_id[tok[rows]], li[rows]] = ex[rows]
+        return out, rid[new][keep_tok], pos[new][keep_tok]
+
+
+def _locality(samples: np.ndarray, rid: np.ndarray, pos: np.ndarray) -> tuple[float, int]:
+    """Mean top-k overlap of sampled tokens at positions p and p+1 of the same request (over layers
+    present in both). Returns ``(overlap, number of token pairs)``; NaN when there is no pair."""
+    if len(rid) < 2:
+        return float("nan"), 0
+    nxt = (rid[1:] == rid[:-1]) & (pos[1:] == pos[:-1] + 1)
+    i = np.flatnonzero(nxt)
+    if not len(i):
+        return float("nan"), 0
+    a, b = samples[i], samples[i + 1]
+    ok = (a[..., 0] >= 0) & (b[..., 0] >= 0)
+    ov = topk_overlap_rows(a, b)
+    return float(ov[ok].mean()), int(len(i))
+
+
+def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
+                  sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0) -> TraceStats:
+    """One streaming pass over the trace at ``path`` (file or directory). See the module docstring."""
+    t0 = time.perf_counter()
+    if window_tokens < 1:
+        raise InputError(f"--window-tokens must be >= 1, got {window_tokens}")
+    if sample_tokens < 0:
+        raise InputError(f"--sample-tokens must be >= 0, got {sample_tokens}")
+    files = trace_files(path)
+    model, provenance = read_trace_meta(path)
+    num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
+    layer2idx = np.full(65536, -1, np.int32)
+    layer2idx[list(model.moe_layers)] = np.arange(num_layers)
+    rows_per_window = window_tokens * num_layers
+    bins_per_window = num_layers * num_experts
+
+    pfs = []
+    for f in files:
+        try:
+            pfs.append(pq.ParquetFile(f, read_dictionary=["domain"]))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
+    total_rows = sum(pf.metadata.num_rows for pf in pfs)
+    if total_rows == 0:
+        raise InputError(f"{path}: the trace has no rows")
+    num_windows = -(-total_rows // rows_per_window)
+    counts = np.zeros((num_windows, num_layers, num_experts), np.int64)
+    names = set(pfs[0].schema_arrow.names)
+    has_domain = "domain" in names
+    columns = ["request_id", "position", "layer", "expert_ids"] + (["domain"] if has_domain else [])
+    domain_ids: dict[str, int] = {}
+    domain_rows: list[np.ndarray] = []  # per domain: rows per window
+    sampler = _Sampler(sample_tokens, total_rows // num_layers, seed)
+    requests: set[int] = set()
+
+    jobs = [(fi, pf, rg) for fi, pf in enumerate(pfs) for rg in range(pf.metadata.num_row_groups)]
+    row0 = 0
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        nxt = pool.submit(_read_group_at, files, jobs, 0, columns) if jobs else None
+        for j in range(len(jobs)):
+            table = nxt.result()
+            nxt = pool.submit(_read_group_at, files, jobs, j + 1, columns) if j + 1 < len(jobs) else None
+            fi, _, rg = jobs[j]
+            n = table.num_rows
+            if n == 0:
+                continue
+            where_ = f"{files[fi]}: row group {rg}"
+            layer = table.column("layer").to_numpy()
+            li = layer2idx[layer]
+            if (li < 0).any():
+                bad = int(layer[np.flatnonzero(li < 0)[0]])
+                raise InputError(f"{where_}: field 'layer': {bad} is not an MoE layer of model '{model.name}'")
+            ex_col = table.column("expert_ids").combine_chunks()
+            if ex_col.null_count:
+                raise InputError(f"{where_}: field 'expert_ids': null values")
+            if ex_col.type.list_size != k:
+                raise InputError(f"{where_}: field 'expert_ids': top-{ex_col.type.list_size}, model has top-{k}")
+            experts = ex_col.values.to_numpy().reshape(n, k)
+            if int(experts.max()) >= num_experts:
+                raise InputError(f"{where_}: field 'expert_ids': id {int(experts.max())} >= num_experts "
+                                 f"{num_experts}")
+            # one bincount over (window, layer, expert) for the whole row group
+            w0 = row0 // rows_per_window
+            w1 = (row0 + n - 1) // rows_per_window
+            if w0 == w1:
+                base = li * num_experts
+            else:
+                win = (np.arange(row0, row0 + n, dtype=np.int64) // rows_per_window - w0).astype(np.int32)
+                base = win * bins_per_window + li * num_experts
+            idx = (base[:, None] + experts).ravel()
+            c = np.bincount(idx, minlength=(w1 - w0 + 1) * bins_per_window)
+            counts[w0:w1 + 1] += c.reshape(w1 - w0 + 1, num_layers, num_experts)
+            rid = table.column("request_id").to_numpy()
+            pos = table.column("position").to_numpy()
+            runs = np.flatnonzero(rid[1:] != rid[:-1]) + 1
+            requests.update(np.unique(rid[np.concatenate([[0], runs])]).tolist())
+            if has_domain:
+                dcol = table.column("domain").combine_chunks()
+                if isinstance(dcol, pa.DictionaryArray):
+                    codes = dcol.indices.to_numpy(zero_copy_only=False)
+                    dict_names = dcol.dictionary.to_pylist()
+                else:
+                    enc = dcol.dictionary_encode()
+                    codes, dict_names = enc.indices.to_numpy(zero_copy_only=False), enc.dictionary.to_pylist()
+                remap = np.array([domain_ids.setdefault(s, len(domain_ids)) for s in dict_names], np.int64)
+                while len(domain_rows) < len(domain_ids):
+                    domain_rows.append(np.zeros(num_windows, np.int64))
+                win_rows = np.arange(row0, row0 + n, dtype=np.int64) // rows_per_window
+                gd = remap[codes.astype(np.int64)] * num_windows + win_rows
+                per = np.bincount(gd, minlength=len(domain_ids) * num_windows).reshape(-1, num_windows)
+                for d in range(per.shape[0]):
+                    domain_rows[d] += per[d]
+            sampler.add(rid, pos, li, experts)
+            row0 += n
+
+    samples, s_rid, s_pos = sampler.result(num_layers, k)
+    rows_per_layer = counts.sum(axis=(0, 2)) // k
+    num_tokens = int(rows_per_layer.max())
+    window_rows = np.minimum(rows_per_window, total_rows - np.arange(num_windows) * rows_per_window)
+    labels = tuple(f"tokens {w * window_tokens}-{w * window_tokens + int(r) // num_layers}"
+                   for w, r in enumerate(window_rows))
+    loads = Loads(counts, model, window_tokens, labels,
+                  {"kind": "trace", "path": str(path), "trace": provenance}, samples)
+    skew, cv = skew_and_cv(counts.sum(axis=0))
+    corr, js = window_drift(counts)
+    pairs, lift, cov, cov_ind = affinity_lift(samples, num_experts, seed)
+    locality, n_pairs = _locality(samples, s_rid, s_pos)
+    domains = tuple(sorted(domain_ids, key=domain_ids.get))
+    domain_tokens = (np.stack(domain_rows, axis=1) / num_layers if domain_rows
+                     else np.zeros((num_windows, 0)))
+    disk = sum(f.stat().st_size for f in files)
+    return TraceStats(path=str(path), loads=loads, num_rows=total_rows, num_tokens=num_tokens,
+                      num_requests=len(requests), domains=domains, domain_tokens=domain_tokens,
+                      layer_skew=skew, layer_cv=cv, drift_corr=corr, drift_js=js, affinity_pairs=pairs,
+                      affinity_lift=lift, affinity_coverage=cov, affinity_coverage_shuffled=cov_ind,
+                      locality=locality, locality_pairs=n_pairs, bytes_on_disk=disk,
+                      seconds=time.perf_counter() - t0)
+
+
+def _read_group_at(files, jobs, j: int, columns: list[str]) -> pa.Table:
+    fi, pf, rg = jobs[j]
+    try:
+        return pf.read_row_group(rg, columns=columns, use_threads=True)
+    except (pa.ArrowInvalid, OSError, KeyError) as exc:
+        raise InputError(f"{files[fi]}: row group {rg}: unreadable ({exc})") from None
+
+
+def trace_loads(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
+                sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0) -> Loads:
+    """The Loads ``[windows, L, E]`` of a trace (with the token sample), by one streaming pass."""
+    return compute_stats(path, window_tokens, sample_tokens, seed).loads

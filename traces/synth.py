@@ -1,0 +1,753 @@
+"""Synthetic routing traces shaped like a real MoE router (REFERENCE.md §5), for models whose traces we
+cannot capture (Kimi K3).
+
+Every expert selection is drawn in "u-space": each (MoE layer, domain) has a popularity distribution
+``pi[l, d, :]`` over the experts, laid out as consecutive intervals of the circle ``[0, 2^16)`` in a
+per-layer random expert order, and a selection is the expert whose interval holds a point ``u``. The
+point comes from one of four sources, each of which *preserves the marginal* ``pi[l, d]`` — so the
+popularity skew, CV and domain correlation are set by ``pi`` alone and the other knobs add structure
+without diluting it:
+
+- **base**: ``u`` uniform.
+- **inter-layer affinity** (the coupling of ExFlow-style traces): ``u`` uniform inside the interval of the
+  expert the same slot chose at layer ``l-1``. Interval positions line up across layers, so expert ``e`` at
+  ``l-1`` leads to the few experts at ``l`` whose intervals overlap its own (a monotone coupling of
+  ``pi[l-1]`` and ``pi[l]``: if the slot at ``l-1`` follows ``pi[l-1]``, the successor follows ``pi[l]``).
+- **token identity**: the vocabulary (Zipf) tiles the circle, token ``t`` owning an interval as wide as its
+  frequency, shifted per layer and per slot; ``u`` is uniform inside the token's interval. A rare token
+  therefore always lands on the same experts (OLMoE: a token's most common expert is in its top-k
+  90-99% of the time), a frequent one spreads, and over the Zipf vocabulary ``u`` stays uniform.
+- **temporal locality**: copy the expert the same slot had at the previous token of the same request.
+  Its weight is calibrated (on a pilot batch, common random numbers, bisection) so that consecutive
+  tokens of a request share the requested fraction of their top-k.
+
+Duplicates within a token's top-k are re-drawn from the base source until none remain.
+
+``pi[l, d] = a * P[l] + (1 - a) * Q[l, d]``: a shared part and a per-domain part, each a lognormal
+popularity with a share of cold experts. ``a`` is solved for the requested correlation between domains'
+per-layer loads; the lognormal scale of each layer is solved (bisection) for the requested max/mean of
+the *whole trace's* load at that layer (domains mixed by the drift schedule's average mix), the target
+growing geometrically with depth and its median equal to ``skew``.
+
+Request structure: Poisson arrivals; prompt lengths lognormal with a Pareto tail up to the model's
+context (1 M tokens for K3); output lengths lognormal; a continuous-batching engine loop (chunked prefill
+under a token budget per iteration, decode one token per running request per iteration) gives the
+``step`` column. **Long requests are represented, not replayed**: a prompt longer than
+``max_prefill_tokens`` is represented by that many evenly spaced positions of the prompt (true position
+values kept, so context lengths stay visible), and decode by its first ``max_decode_tokens`` tokens; the
+trace's token budget counts represented tokens only. Each request gets a domain drawn from the mix at its
+arrival (the mix moves through ``drift_phases`` phases, each dominated by one domain to the extent
+``drift``).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from traces.errors import InputError
+from traces.format import PHASE_DECODE, PHASE_PREFILL, TraceWriter
+from traces.model import ModelSpec
+
+DOMAIN_NAMES = ("chat", "code", "math", "writing", "multilingual", "agentic", "science", "legal")
+U_BITS = 16
+U_SIZE = 1 << U_BITS
+SYNTH_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """What the synthetic router should look like. Defaults follow REFERENCE.md §5."""
+
+    num_tokens: int = 100_000
+    seed: int = 0
+    # popularity: median over layers of max/mean of the whole trace's per-layer load
+    skew: float = 6.0
+    skew_depth_ratio: float = 2.5  # skew target of the last MoE layer / first (geometric in depth)
+    cv: float | None = 1.0  # median over layers of the trace load's std/mean; None: plain lognormal
+    # workload domains
+    num_domains: int = 5
+    domain_correlation: float = 0.5  # mean Pearson correlation of two domains' per-layer loads
+    drift: float = 0.6  # 0: constant even mix; 1: each phase is a single domain
+    drift_phases: int = 4
+    # structure on top of the popularity
+    affinity: float = 0.35  # probability a slot follows the inter-layer coupling from its layer l-1 expert
+    token_effect: float = 0.2  # probability a slot comes from the token id's intervals
+    locality: float | None = 0.15  # target top-k overlap of consecutive tokens of a request; None: no copy
+    zipf_exponent: float = 1.05
+    # requests and engine loop
+    arrival_rate: float = 8.0  # requests per second (Poisson)
+    prompt_median: int = 1024
+    prompt_sigma: float = 1.1
+    long_fraction: float = 0.03  # share of prompts from the Pareto long-context tail
+    long_min: int = 32_768
+    long_alpha: float = 1.1
+    output_median: int = 256
+    output_sigma: float = 1.0
+    output_max: int = 32_768
+    max_prefill_tokens: int = 4096  # represented prompt tokens per request (evenly spaced sample)
+    max_decode_tokens: int = 1024  # represented decode tokens per request (the first ones)
+    max_batch_tokens: int = 8192  # tokens per engine iteration
+    max_running: int = 64  # concurrent requests
+    iter_base_s: float = 0.012
+    iter_token_s: float = 30e-6
+    # output
+    gate_weights: bool = False
+    chunk_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        def bad(field: str, msg: str) -> None:
+            raise InputError(f"synth config: field '{field}': {msg}")
+
+        if self.num_tokens < 1:
+            bad("num_tokens", f"must be >= 1, got {self.num_tokens}")
+        if not self.skew >= 1.0:
+            bad("skew", f"max/mean must be >= 1, got {self.skew}")
+        if not self.skew_depth_ratio > 0:
+            bad("skew_depth_ratio", f"must be > 0, got {self.skew_depth_ratio}")
+        if self.cv is not None and not self.cv > 0:
+            bad("cv", f"must be > 0 or None, got {self.cv}")
+        if not 1 <= self.num_domains <= 64:
+            bad("num_domains", f"must be in [1, 64], got {self.num_domains}")
+        if not 0 <= self.domain_correlation <= 1:
+            bad("domain_correlation", f"must be in [0, 1], got {self.domain_correlation}")
+        if not 0 <= self.drift <= 1:
+            bad("drift", f"must be in [0, 1], got {self.drift}")
+        if self.drift_phases < 1:
+            bad("drift_phases", f"must be >= 1, got {self.drift_phases}")
+        for name in ("affinity", "token_effect"):
+            if not 0 <= getattr(self, name) < 1:
+                bad(name, f"must be in [0, 1), got {getattr(self, name)}")
+        if self.affinity + self.token_effect >= 0.95:
+            bad("affinity", "affinity + token_effect must stay below 0.95 (the base draw keeps the rest)")
+        if self.locality is not None and not 0 <= self.locality < 0.9:
+            bad("locality", f"must be in [0, 0.9) or None, got {self.locality}")
+        for name in ("prompt_median", "output_median", "max_prefill_tokens", "max_decode_tokens",
+                     "max_batch_tokens", "max_running", "chunk_tokens", "long_min", "output_max"):
+            if getattr(self, name) < 1:
+                bad(name, f"must be >= 1, got {getattr(self, name)}")
+        if not self.arrival_rate > 0:
+            bad("arrival_rate", f"must be > 0, got {self.arrival_rate}")
+        if not 0 <= self.long_fraction <= 1:
+            bad("long_fraction", f"must be in [0, 1], got {self.long_fraction}")
+
+
+# ---------------------------------------------------------------------------- popularity design
+def domain_names(num_domains: int) -> tuple[str, ...]:
+    return tuple(DOMAIN_NAMES[i] if i < len(DOMAIN_NAMES) else f"domain-{i}" for i in range(num_domains))
+
+
+def drift_anchor_mixes(cfg: SynthConfig, rng: np.random.Generator) -> np.ndarray:
+    """Domain mix at the ``drift_phases + 1`` anchor points of the trace (fractions 0, 1/K, ..., 1);
+    float64 ``[K+1, D]``, rows sum to 1. Phase i is dominated by one domain to the extent ``drift``."""
+    num_domains = cfg.num_domains
+    even = np.full(num_domains, 1.0 / num_domains)
+    dominant = rng.permutation(max(num_domains, cfg.drift_phases + 1))[: cfg.drift_phases + 1] % num_domains
+    return (1 - cfg.drift) * even[None, :] + cfg.drift * np.eye(num_domains)[dominant]
+
+
+def mix_at(anchors: np.ndarray, frac: np.ndarray) -> np.ndarray:
+    """Domain mix at trace fractions ``frac`` ([n] in [0, 1]) by linear interpolation of the anchors:
+    ``[n, D]``."""
+    num_phases = anchors.shape[0] - 1
+    x = np.clip(np.asarray(frac, dtype=np.float64), 0.0, 1.0) * num_phases
+    i = np.minimum(x.astype(np.int64), num_phases - 1) if num_phases > 0 else np.zeros(len(x), np.int64)
+    t = (x - i)[:, None]
+    return anchors[i] * (1 - t) + anchors[np.minimum(i + 1, num_phases)] * t
+
+
+def average_mix(anchors: np.ndarray) -> np.ndarray:
+    """Time-average of the piecewise-linear mix (trapezoid rule, exact): ``[D]``."""
+    if anchors.shape[0] == 1:
+        return anchors[0]
+    return (anchors[:-1] + anchors[1:]).mean(axis=0) / 2
+
+
+COLD_KNEE = 0.25  # standard-normal quantile (60%) below which the cold tail is stretched
+
+
+def _shapes(log_sigma: np.ndarray, x: np.ndarray, beta: float) -> np.ndarray:
+    """Normalized popularities ``exp(sigma_l * x')`` with the cold tail ``x < COLD_KNEE`` stretched by
+    ``1 + beta``: ``x`` float32 ``[L, D, E]``, ``log_sigma`` ``[L]`` -> float32 ``[L, D, E]``."""
+    xs = np.where(x < COLD_KNEE, COLD_KNEE + (1 + beta) * (x - COLD_KNEE), x) if beta > 0 else x
+    w = np.exp(np.exp(log_sigma).astype(np.float32)[:, None, None] * xs)
+    return w / w.sum(axis=-1, keepdims=True)
+
+
+def max_over_mean(x: np.ndarray) -> np.ndarray:
+    """max/mean along the last axis."""
+    return x.max(axis=-1) / np.maximum(x.mean(axis=-1), 1e-30)
+
+
+def coef_of_variation(x: np.ndarray) -> np.ndarray:
+    """std/mean along the last axis."""
+    return x.std(axis=-1) / np.maximum(x.mean(axis=-1), 1e-30)
+
+
+def mean_domain_correlation(pi: np.ndarray) -> float:
+    """Mean over layers and domain pairs of the Pearson correlation of per-expert loads, ``pi [L, D, E]``."""
+    num_domains = pi.shape[1]
+    if num_domains < 2:
+        return 1.0
+    c = pi - pi.mean(axis=-1, keepdims=True)
+    c = c / np.maximum(np.linalg.norm(c, axis=-1, keepdims=True), 1e-30)
+    corr = np.einsum("lde,lfe->ldf", c, c)
+    iu = np.triu_indices(num_domains, 1)
+    return float(corr[:, iu[0], iu[1]].mean())
+
+
+def layer_skew_targets(cfg: SynthConfig, num_layers: int) -> np.ndarray:
+    """Per-MoE-layer max/mean targets: geometric in depth with median ``cfg.skew`` (never below 1)."""
+    x = np.linspace(-0.5, 0.5, num_layers) if num_layers > 1 else np.zeros(1)
+    return np.maximum(cfg.skew * cfg.skew_depth_ratio ** x, 1.0)
+
+
+def _bisect(f, lo: float, hi: float, iters: int) -> float:
+    """Root of an increasing function by bisection (the bracket end if there is none)."""
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if f(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generator,
+                      avg_mix: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """Solve the per-(layer, domain) popularity ``pi`` float64 ``[L, D, E]`` (rows sum to 1).
+
+    ``pi[l, d] ~ exp(sigma_l * x'[l, d])`` with ``x = sqrt(rho) g[l] + sqrt(1 - rho) h[l, d]`` (standard
+    normals shared by all domains / per domain) and ``x'`` its cold tail stretched by ``1 + beta``.
+    Three knobs, three targets, solved by alternating bisections:
+    ``sigma_l``: max/mean of the whole trace's load at layer l (domains at the drift schedule's average
+    mix) = the layer's target; ``beta``: median over layers of that load's CV = ``cfg.cv`` (``None``: no
+    stretching); ``rho``: mean correlation of two domains' loads = ``cfg.domain_correlation``.
+    """
+    num_layers, num_experts, num_domains = model.num_moe_layers, model.num_experts, cfg.num_domains
+    g = rng.standard_normal((num_layers, 1, num_experts)).astype(np.float32)
+    h = rng.standard_normal((num_layers, num_domains, num_experts)).astype(np.float32)
+    target = layer_skew_targets(cfg, num_layers)
+    w = avg_mix.astype(np.float32)[None, :, None]
+
+    def field(rho: float) -> np.ndarray:
+        return (math.sqrt(rho) * g + math.sqrt(1 - rho) * h).astype(np.float32)
+
+    def trace_load(log_sigma, x, beta):
+        return (_shapes(log_sigma, x, beta) * w).sum(axis=1)
+
+    def solve_sigma(x: np.ndarray, beta: float, guess: np.ndarray | None = None) -> np.ndarray:
+        # Bisection on log(sigma) for all layers at once; the trace's skew grows with sigma.
+        if guess is None:
+            lo, hi, iters = np.full(num_layers, math.log(1e-4)), np.full(num_layers, math.log(8.0)), 26
+        else:  # warm start: the other knobs moved a little
+            lo, hi, iters = guess - 0.5, guess + 0.5, 16
+        for _ in range(iters):
+            mid = (lo + hi) / 2
+            up = max_over_mean(trace_load(mid, x, beta)) < target
+            lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
+        return (lo + hi) / 2
+
+    # beta and rho are global: solve them on every 4th layer (the statistics are medians / means)
+    sub = slice(None, None, 4)
+    rho = 1.0 if num_domains < 2 else cfg.domain_correlation
+    beta = 0.0
+    x = field(rho)
+    log_sigma = solve_sigma(x, beta)
+    for _ in range(2):
+        if cfg.cv is not None:
+            # the CV at fixed sigma grows with beta; sigma is re-solved after each beta step
+            beta = _bisect(lambda b: float(np.median(coef_of_variation(
+                (_shapes(log_sigma[sub], x[sub], b) * w).sum(axis=1)))) - cfg.cv, 0.0, 40.0, 14)
+            log_sigma = solve_sigma(x, beta, log_sigma)
+        if num_domains >= 2:
+            rho = _bisect(lambda r: mean_domain_correlation(_shapes(log_sigma[sub], field(r)[sub], beta))
+                          - cfg.domain_correlation, 0.0, 1.0, 14)
+            x = field(rho)
+            log_sigma = solve_sigma(x, beta, log_sigma)
+    pi = _shapes(log_sigma, x, beta).astype(np.float64)
+    pi /= pi.sum(axis=-1, keepdims=True)
+    total = (pi * avg_mix[None, :, None]).sum(axis=1)
+    report = {
+        "rho": rho,
+        "beta": beta,
+        "sigma_per_layer": np.round(np.exp(log_sigma), 4).tolist(),
+        "design_trace_skew_median": float(np.median(max_over_mean(total))),
+        "design_trace_cv_median": float(np.median(coef_of_variation(total))),
+        "design_domain_skew_median": float(np.median(max_over_mean(pi))),
+        "design_domain_correlation": mean_domain_correlation(pi),
+    }
+    return pi, report
+
+
+def quantize(pi: np.ndarray, total: int = U_SIZE) -> np.ndarray:
+    """Integer interval widths ``[..., E]`` summing to ``total`` along the last axis (largest remainder)."""
+    x = pi * total
+    q = np.floor(x).astype(np.int64)
+    short = total - q.sum(axis=-1)
+    frac_rank = np.argsort(-(x - q), axis=-1, kind="stable")
+    add = np.arange(pi.shape[-1]) < short[..., None]
+    np.put_along_axis(q, frac_rank, np.take_along_axis(q, frac_rank, axis=-1) + add, axis=-1)
+    return q
+
+
+# ---------------------------------------------------------------------------- the sampling plan
+@dataclass(frozen=True, eq=False)
+class SynthPlan:
+    """Everything fixed before the first token: tables of the u-space sampler and the solved knobs.
+
+    ``table``   uint16 ``[L, D * 2^16]``: expert owning each u (per domain block).
+    ``start``   int64  ``[L, D * E]``: first u of each (domain, expert) interval; ``width`` its length.
+    ``tok_start`` uint32 ``[V]`` / ``tok_width`` uint32 ``[V]``: token intervals (2^32 circle, width in
+    units of 2^16 so that ``v16 * width`` fits 32 bits); ``tok_cdf`` float64 ``[V]``: Zipf CDF by rank;
+    ``rank2token`` int32 ``[V]``.
+    ``slot_offset`` uint32 ``[L, k]``: per-layer, per-slot rotation of the token circle.
+    """
+
+    model: ModelSpec
+    config: SynthConfig
+    pi: np.ndarray
+    table: np.ndarray
+    start: np.ndarray
+    width: np.ndarray
+    tok_start: np.ndarray
+    tok_width: np.ndarray
+    tok_cdf: np.ndarray
+    rank2token: np.ndarray
+    slot_offset: np.ndarray
+    anchors: np.ndarray
+    domains: tuple[str, ...]
+    copy_prob: float
+    report: dict[str, Any]
+
+
+def build_plan(model: ModelSpec, cfg: SynthConfig) -> SynthPlan:
+    """Design the popularity, build the sampler tables and calibrate the copy probability."""
+    rng = np.random.default_rng([cfg.seed, 0x5EED])
+    num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
+    anchors = drift_anchor_mixes(cfg, rng)
+    pi, report = design_popularity(model, cfg, rng, average_mix(anchors))
+
+    # Per-layer expert order on the circle; all domains share it so that affinity pairs are stable.
+    order = np.argsort(rng.random((num_layers, num_experts)), axis=1)
+    q = quantize(np.take_along_axis(pi, order[:, None, :], axis=2))  # [L, D, E] widths in circle order
+    ends = np.cumsum(q, axis=2)
+    starts_ordered = ends - q
+    num_domains = cfg.num_domains
+    start = np.empty((num_layers, num_domains, num_experts), np.int64)
+    width = np.empty_like(start)
+    np.put_along_axis(start, order[:, None, :], starts_ordered, axis=2)
+    np.put_along_axis(width, order[:, None, :], q, axis=2)
+    table = np.empty((num_layers, num_domains, U_SIZE), np.uint16)
+    for li in range(num_layers):
+        for d in range(num_domains):
+            table[li, d] = np.repeat(order[li], q[li, d]).astype(np.uint16)
+
+    # Token circle: Zipf over the vocabulary; ranks map to ids by a random permutation.
+    vocab = model.vocab_size
+    zipf = 1.0 / np.arange(1, vocab + 1, dtype=np.float64) ** cfg.zipf_exponent
+    zipf /= zipf.sum()
+    tok_perm = rng.permutation(vocab)  # circle order of the ranks
+    tok_lo = np.empty(vocab)
+    tok_lo[tok_perm] = np.cumsum(zipf[tok_perm]) - zipf[tok_perm]
+    tok_start = (np.floor(tok_lo * 2.0**32) % 2**32).astype(np.uint32)
+    tok_width = np.minimum(np.floor(zipf * 2.0**16), 2**16 - 1).astype(np.uint32)
+    slot_offset = ((rng.integers(0, 2**32, num_layers, dtype=np.uint64)[:, None]
+                    + (np.arange(k, dtype=np.uint64) * (2**32 // k))[None, :]) % 2**32).astype(np.uint32)
+
+    plan = SynthPlan(model=model, config=cfg, pi=pi, table=table.reshape(num_layers, -1),
+                     start=start.reshape(num_layers, -1), width=width.reshape(num_layers, -1),
+                     tok_start=tok_start, tok_width=tok_width, tok_cdf=np.cumsum(zipf),
+                     rank2token=rng.permutation(vocab).astype(np.int32), slot_offset=slot_offset,
+                     anchors=anchors, domains=domain_names(num_domains), copy_prob=0.0, report=report)
+    copy_prob, achieved = calibrate_copy(plan)
+    report = dict(report, copy_prob=copy_prob, pilot_locality=achieved)
+    return SynthPlan(**{**plan.__dict__, "copy_prob": copy_prob, "report": report})
+
+
+# ---------------------------------------------------------------------------- the sampler
+class ExpertSampler:
+    """Draws the top-k of batches of tokens, layer by layer. State: the last token's experts of every
+    running request (the copy source across batches) and reusable scratch space."""
+
+    block_tokens = 2048  # rows per inner block: keeps the working arrays in cache
+
+    def __init__(self, plan: SynthPlan, rng: np.random.Generator, num_slots: int, copy_prob: float) -> None:
+        self.plan = plan
+        self.rng = rng
+        m = plan.model
+        self.num_layers, self.num_experts, self.k = m.num_moe_layers, m.num_experts, m.top_k
+        self.num_slots = num_slots
+        self.state = np.zeros((num_slots, self.num_layers, self.k), np.uint16)
+        cfg = plan.config
+        # Thresholds on a uint32 draw: [0, c) copy, [c, c+a) affinity, [c+a, c+a+t) token, rest base.
+        rest = 1 - copy_prob
+        cuts = np.array([copy_prob, copy_prob + cfg.affinity * rest,
+                         copy_prob + (cfg.affinity + cfg.token_effect) * rest])
+        self.copy_cut, self.aff_cut, self.tok_cut = (np.minimum(cuts, 1 - 2**-32) * 2**32).astype(np.uint32)
+        self.table = plan.table
+        # start << 16 | width of every (domain, expert) interval: one gather per affinity draw
+        self.start_width = ((plan.start.astype(np.uint32) << np.uint32(U_BITS))
+                            | np.minimum(plan.width, U_SIZE - 1).astype(np.uint32))
+        self._scratch = np.zeros(self.block_tokens * self.num_experts, np.uint8)
+        self._slot_ids = np.broadcast_to(np.arange(self.k, dtype=np.uint8), (self.block_tokens, self.k))
+        self._row_key = (np.arange(self.block_tokens, dtype=np.int32) * self.num_experts)[:, None]
+
+    def sample(self, domain: np.ndarray, token_rank: np.ndarray, prev: np.ndarray, slot: np.ndarray
+               ) -> np.ndarray:
+        """Top-k experts of ``n`` tokens in order.
+
+        ``domain`` int [n]; ``token_rank`` int [n] (Zipf rank of the token id); ``prev`` int [n]: the
+        previous token of the same request: ``-1`` none, ``< num_slots`` the saved state of that running
+        slot, else ``num_slots + i`` for token ``i`` (earlier) of this batch; ``slot`` int [n]: running
+        slot of the token's request (the last token of each slot is saved for the next batch).
+        Returns uint16 ``[n, L, k]``.
+        """
+        n, num_slots = len(domain), self.num_slots
+        # Rows [0, num_slots) hold the saved state, then the batch: copy sources index into it directly.
+        big = np.empty((num_slots + n, self.num_layers, self.k), np.uint16)
+        big[:num_slots] = self.state
+        domain = np.asarray(domain, np.int32)
+        prev = np.asarray(prev, np.int64)
+        token_rank = np.asarray(token_rank, np.int64)
+        for b0 in range(0, n, self.block_tokens):
+            b1 = min(n, b0 + self.block_tokens)
+            self._block(big, b0, b1, domain[b0:b1], token_rank[b0:b1], prev[b0:b1])
+        out = big[num_slots:]
+        last = np.full(num_slots, -1)
+        last[slot] = np.arange(n)  # later tokens of a slot overwrite earlier ones
+        live = last >= 0
+        self.state[live] = out[last[live]]
+        return out
+
+    def _block(self, big, b0, b1, dom, rank, prev) -> None:
+        plan, k, num_layers, num_slots = self.plan, self.k, self.num_layers, self.num_slots
+        nb = b1 - b0
+        r0 = num_slots + b0
+        dom_key = (dom.astype(np.uint32) << np.uint32(U_BITS))[:, None]
+        dom_e = (dom * self.num_experts)[:, None]
+        t_start = plan.tok_start[rank][:, None]
+        t_width = plan.tok_width[rank][:, None]
+        can_copy = (prev >= 0)[:, None]
+        src_row = np.where(prev >= 0, prev, 0)
+        row_key, slot_ids = self._row_key[:nb], self._slot_ids[:nb]
+        bits = np.uint32(U_BITS)
+        low = np.uint32(U_SIZE - 1)
+        prev_e = None
+        for li in range(num_layers):
+            # one 64-bit draw per selection: its halves pick the source and the point
+            raw = self.rng.bit_generator.random_raw(nb * k).view(np.uint32)
+            comp = raw[: nb * k].reshape(nb, k)
+            v = raw[nb * k:].reshape(nb, k)
+            u = v >> bits  # base: uniform point
+            v16 = v & low  # uniform inside an interval (affinity / token)
+            # Branch-free selects (random masks make np.where mispredict): x ^ ((x ^ y) & mask).
+            tok_u = (t_start + plan.slot_offset[li] + v16 * t_width) >> bits
+            mask = np.uint32(0) - ((comp >= self.aff_cut) & (comp < self.tok_cut)).astype(np.uint32)
+            u ^= (u ^ tok_u) & mask
+            if prev_e is not None:
+                sw = np.take(self.start_width[li - 1], dom_e + prev_e)
+                aff_u = ((sw >> bits) + (((sw & low) * v16) >> bits)) & low
+                mask = np.uint32(0) - ((comp >= self.copy_cut) & (comp < self.aff_cut)).astype(np.uint32)
+                u ^= (u ^ aff_u) & mask
+            e = np.take(self.table[li], dom_key + u)
+            layer = big[:, li, :]
+            if self.copy_cut:
+                flat = np.flatnonzero(((comp < self.copy_cut) & can_copy).ravel())
+                if len(flat):
+                    layer[r0:r0 + nb] = e
+                    cr, cc = flat // k, flat % k
+                    src = src_row[cr]
+                    vals = layer[src, cc]
+                    while True:  # chains of copies inside the block settle in (chain length) rounds
+                        layer[r0 + cr, cc] = vals
+                        nxt = layer[src, cc]
+                        if np.array_equal(nxt, vals):
+                            break
+                        vals = nxt
+                    e = layer[r0:r0 + nb].copy()
+            e = self._dedup(li, e, dom_key, row_key, slot_ids)
+            layer[r0:r0 + nb] = e
+            prev_e = e.astype(np.int32)
+
+    def _duplicates(self, e: np.ndarray, row_key, slot_ids) -> np.ndarray:
+        """bool [n, k]: entries repeating an expert of a later slot of the same row."""
+        flat = row_key + e
+        self._scratch[flat] = slot_ids  # the last slot of each repeated expert wins
+        return self._scratch[flat] != slot_ids
+
+    def _dedup(self, li: int, e: np.ndarray, dom_key, row_key, slot_ids) -> np.ndarray:
+        """Re-draw repeated experts within a row from the base source until every row is distinct."""
+        dup = self._duplicates(e, row_key, slot_ids)
+        if not dup.any():
+            return e
+        rows = np.flatnonzero(dup.any(axis=1))
+        sub, sub_dup, sub_key = e[rows], dup[rows], dom_key[rows, 0]
+        nr = len(rows)
+        while True:
+            rr, cc = np.nonzero(sub_dup)
+            u = self.rng.bit_generator.random_raw(len(rr)).astype(np.uint32) & np.uint32(U_SIZE - 1)
+            sub[rr, cc] = np.take(self.table[li], sub_key[rr] + u)
+            sub_dup = self._duplicates(sub, row_key[:nr], slot_ids[:nr])
+            if not sub_dup.any():
+                break
+        e[rows] = sub
+        return e
+
+
+def topk_overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Fraction of shared experts between rows of two id arrays ``[..., k]``: float ``[...]``."""
+    k = a.shape[-1]
+    return (a[..., :, None] == b[..., None, :]).any(axis=-1).sum(axis=-1) / k
+
+
+def _pilot_overlap(plan: SynthPlan, copy_prob: float, num_requests: int, length: int) -> float:
+    """Mean top-k overlap of consecutive tokens in a pilot of ``num_requests`` requests x ``length``
+    decode tokens, with a fixed seed (common random numbers across calls)."""
+    rng = np.random.default_rng([plan.config.seed, 0xC0DE])
+    sampler = ExpertSampler(plan, rng, num_requests, copy_prob)
+    dom = rng.integers(0, plan.config.num_domains, num_requests)
+    ranks = np.searchsorted(plan.tok_cdf, rng.random((num_requests, length)))
+    ranks = np.minimum(ranks, len(plan.tok_cdf) - 1)
+    slot = np.arange(num_requests)
+    overlaps = []
+    for t in range(length):
+        prev = slot if t > 0 else np.full(num_requests, -1)
+        before = sampler.state.copy()
+        out = sampler.sample(dom, ranks[:, t], prev, slot)
+        if t > 0:
+            overlaps.append(topk_overlap(out, before).mean())
+    return float(np.mean(overlaps))
+
+
+def calibrate_copy(plan: SynthPlan, num_requests: int = 128, length: int = 4) -> tuple[float, float]:
+    """Copy probability giving the requested consecutive-token overlap, by regula falsi on a pilot batch
+    (the overlap grows with the copy probability, nearly linearly). Returns ``(copy_prob, pilot_overlap)``;
+    ``locality=None``, or a target at or below the no-copy overlap, means no copying."""
+    target = plan.config.locality
+    lo, f_lo = 0.0, _pilot_overlap(plan, 0.0, num_requests, length)
+    if target is None or target <= f_lo:
+        return 0.0, f_lo
+    hi, f_hi = 0.95, _pilot_overlap(plan, 0.95, num_requests, length)
+    if target >= f_hi:
+        return hi, f_hi
+    p, f_p = lo, f_lo
+    for _ in range(5):
+        p = lo + (target - f_lo) * (hi - lo) / (f_hi - f_lo)
+        f_p = _pilot_overlap(plan, p, num_requests, length)
+        if abs(f_p - target) < 0.002:
+            break
+        if f_p < target:
+            lo, f_lo = p, f_p
+        else:
+            hi, f_hi = p, f_p
+    return p, f_p
+
+
+# ---------------------------------------------------------------------------- requests and engine loop
+@dataclass
+class _Request:
+    rid: int
+    arrival: float
+    domain: int
+    prompt_len: int
+    prefill_pos: np.ndarray  # represented prompt positions
+    num_decode: int  # represented decode tokens
+    done_prefill: int = 0
+    done_decode: int = 0
+    slot: int = -1
+
+
+def _request_stream(cfg: SynthConfig, model: ModelSpec, anchors: np.ndarray, rng: np.random.Generator
+                    ) -> Iterator[_Request]:
+    """Requests in arrival order until the token budget (represented tokens) is spent exactly."""
+    budget = cfg.num_tokens
+    used, t, rid = 0, 0.0, 0
+    max_ctx = model.max_context
+    while used < budget:
+        t += rng.exponential(1.0 / cfg.arrival_rate)
+        if rng.random() < cfg.long_fraction:  # Pareto tail of long-context prompts
+            prompt = int(min(cfg.long_min * (1 - rng.random()) ** (-1 / cfg.long_alpha), max_ctx - 1))
+        else:
+            prompt = int(np.clip(rng.lognormal(math.log(cfg.prompt_median), cfg.prompt_sigma), 1, max_ctx - 1))
+        output = int(np.clip(rng.lognormal(math.log(cfg.output_median), cfg.output_sigma), 1,
+                             min(cfg.output_max, max_ctx - prompt)))
+        n_pre = min(prompt, cfg.max_prefill_tokens)
+        n_dec = min(output, cfg.max_decode_tokens)
+        take = min(n_pre + n_dec, budget - used)
+        n_pre, n_dec = min(n_pre, take), max(0, take - n_pre)
+        if prompt <= cfg.max_prefill_tokens:
+            pos = np.arange(n_pre, dtype=np.int64)
+        else:  # evenly spaced sample of a long prompt, true positions kept
+            pos = np.unique(np.linspace(0, prompt - 1, cfg.max_prefill_tokens).astype(np.int64))[:n_pre]
+        mix = mix_at(anchors, np.array([used / budget]))[0]
+        domain = int(rng.choice(len(mix), p=mix))
+        yield _Request(rid, t, domain, prompt, pos, n_dec)
+        used += take
+        rid += 1
+
+
+def engine_batches(cfg: SynthConfig, model: ModelSpec, anchors: np.ndarray, rng: np.random.Generator
+                   ) -> Iterator[dict[str, np.ndarray]]:
+    """Continuous batching: each iteration decodes one token of every running request in decode, then
+    fills the rest of ``max_batch_tokens`` with prefill chunks (FIFO). Yields per-iteration arrays
+    ``request_id, position, phase, step, domain, slot, seq`` (``seq`` = represented index of the token in
+    its request)."""
+    arrivals = _request_stream(cfg, model, anchors, rng)
+    pending: _Request | None = next(arrivals, None)
+    waiting: deque[_Request] = deque()
+    running: list[_Request] = []
+    free_slots = list(range(cfg.max_running - 1, -1, -1))
+    clock, step = 0.0, 0
+    while pending is not None or waiting or running:
+        while pending is not None and pending.arrival <= clock:
+            waiting.append(pending)
+            pending = next(arrivals, None)
+        while waiting and free_slots:
+            r = waiting.popleft()
+            r.slot = free_slots.pop()
+            running.append(r)
+        if not running:
+            if pending is not None:
+                clock = max(clock, pending.arrival)
+            continue
+        parts = []
+        budget = cfg.max_batch_tokens
+        for r in running:  # decode first: one token each
+            if r.done_prefill == len(r.prefill_pos) and r.done_decode < r.num_decode:
+                parts.append((r, np.array([r.prompt_len + r.done_decode]), PHASE_DECODE,
+                              len(r.prefill_pos) + r.done_decode))
+                r.done_decode += 1
+                budget -= 1
+        for r in running:
+            if budget <= 0:
+                break
+            left = len(r.prefill_pos) - r.done_prefill
+            if left > 0:
+                take = min(left, budget)
+                parts.append((r, r.prefill_pos[r.done_prefill:r.done_prefill + take], PHASE_PREFILL,
+                              r.done_prefill))
+                r.done_prefill += take
+                budget -= take
+        if parts:
+            sizes = [len(p[1]) for p in parts]
+            yield {
+                "request_id": np.repeat([p[0].rid for p in parts], sizes),
+                "position": np.concatenate([p[1] for p in parts]),
+                "phase": np.repeat([p[2] for p in parts], sizes).astype(np.uint8),
+                "step": np.full(sum(sizes), step, np.int64),
+                "domain": np.repeat([p[0].domain for p in parts], sizes),
+                "slot": np.repeat([p[0].slot for p in parts], sizes),
+                "seq": np.concatenate([p[3] + np.arange(s) for p, s in zip(parts, sizes)]),
+            }
+            step += 1
+            clock += cfg.iter_base_s + cfg.iter_token_s * sum(sizes)
+        still = []
+        for r in running:
+            if r.done_prefill == len(r.prefill_pos) and r.done_decode >= r.num_decode:
+                free_slots.append(r.slot)
+            else:
+                still.append(r)
+        running = still
+
+
+def _concat_batches(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
+
+
+def synth_chunks(plan: SynthPlan) -> Iterator[dict[str, np.ndarray]]:
+    """Token batches of the synthetic trace in step order: the engine-loop arrays plus ``token_id``
+    int32 [n] and ``experts`` uint16 ``[n, L, k]`` (and ``gate_weights`` float32 ``[n, L, k]`` when
+    configured)."""
+    cfg, model = plan.config, plan.model
+    rng = np.random.default_rng([cfg.seed, 0x7A11])
+    sampler = ExpertSampler(plan, np.random.default_rng([cfg.seed, 0xE4]), cfg.max_running, plan.copy_prob)
+    buf: list[dict[str, np.ndarray]] = []
+    buffered = 0
+
+    def flush() -> dict[str, np.ndarray]:
+        b = _concat_batches(buf)
+        n = len(b["slot"])
+        # previous token of the same request: earlier in this chunk, else the slot's saved state
+        order = np.lexsort((np.arange(n), b["request_id"]))
+        same = np.zeros(n, bool)
+        same[1:] = b["request_id"][order[1:]] == b["request_id"][order[:-1]]
+        prev = np.where(b["seq"] > 0, b["slot"], -1)
+        prev[order[1:][same[1:]]] = cfg.max_running + order[:-1][same[1:]]
+        ranks = np.minimum(np.searchsorted(plan.tok_cdf, rng.random(n)), len(plan.tok_cdf) - 1)
+        b["experts"] = sampler.sample(b["domain"], ranks, prev, b["slot"])
+        b["token_id"] = plan.rank2token[ranks]
+        if cfg.gate_weights:
+            # sigmoid router, renormalized top-k: weights in the router's (descending) order
+            g = -np.sort(-rng.exponential(1.0, b["experts"].shape).astype(np.float32), axis=-1)
+            b["gate_weights"] = g / g.sum(axis=-1, keepdims=True)
+        return b
+
+    for batch in engine_batches(cfg, model, plan.anchors, rng):
+        buf.append(batch)
+        buffered += len(batch["slot"])
+        if buffered >= cfg.chunk_tokens:
+            yield flush()
+            buf, buffered = [], 0
+    if buf:
+        yield flush()
+
+
+def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path) -> dict[str, Any]:
+    """Write a synthetic trace directory ``out`` (atomically; rows token-major: the L MoE-layer rows of a
+    token are consecutive, tokens in step order). Returns a summary: tokens, rows, selections,
+    requests, seconds, bytes on disk, bytes per selection and the solved knobs.
+
+    Encoding and compression run on a second thread (pyarrow releases the GIL) while the next batch is
+    sampled."""
+    import pyarrow as pa
+
+    t0 = time.perf_counter()
+    plan = build_plan(model, cfg)
+    t_plan = time.perf_counter() - t0
+    provenance = {"kind": "synthetic", "generator": f"moeplace.synth/{SYNTH_VERSION}",
+                  "config": asdict(cfg), "domains": list(plan.domains), "solved": plan.report}
+    num_layers = model.num_moe_layers
+    layers = np.asarray(model.moe_layers, np.uint16)
+    names = pa.array(list(plan.domains), pa.string())
+    num_tokens = 0
+    requests: set[int] = set()
+
+    def write(writer: TraceWriter, b: dict[str, np.ndarray]) -> None:
+        n = len(b["slot"])
+
+        def rep(x: np.ndarray) -> np.ndarray:  # token-major rows: all layers of a token
+            return np.repeat(x, num_layers)
+
+        dom = pa.DictionaryArray.from_arrays(pa.array(rep(b["domain"]).astype(np.int8)), names)
+        writer.write(request_id=rep(b["request_id"]), position=rep(b["position"]), phase=rep(b["phase"]),
+                     step=rep(b["step"]), layer=np.tile(layers, n),
+                     expert_ids=b["experts"].reshape(n * num_layers, -1),
+                     gate_weights=(b["gate_weights"].reshape(n * num_layers, -1) if cfg.gate_weights else None),
+                     token_id=rep(b["token_id"]), domain=dom.cast(pa.string()))
+
+    with TraceWriter(out, model, provenance, gate_weights=cfg.gate_weights, token_id=True,
+                     domain=True) as writer:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = None
+            for b in synth_chunks(plan):
+                if pending is not None:
+                    pending.result()  # at most one batch in flight: memory stays at two batches
+                pending = pool.submit(write, writer, b)
+                num_tokens += len(b["slot"])
+                requests.update(np.unique(b["request_id"]).tolist())
+            if pending is not None:
+                pending.result()
+    seconds = time.perf_counter() - t0
+    disk = sum(f.stat().st_size for f in Path(out).rglob("*.parquet"))
+    selections = num_tokens * num_layers * model.top_k
+    return {"out": str(out), "tokens": num_tokens, "rows": num_tokens * num_layers, "selections": selections,
+            "requests": len(requests), "seconds": seconds, "plan_seconds": t_plan,
+            "selections_per_s": selections / seconds, "bytes": disk, "bytes_per_selection": disk / selections,
+            "solved": plan.report}
