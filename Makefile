@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= run
 
-.PHONY: demo test test-slow bench install install-test clean
+.PHONY: demo dashboard test test-slow bench install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ install-test: $(VENV)/.installed-test
 
 demo: $(VENV)/.installed
 	$(BIN)/place demo --out $(OUT)
+
+# Explore what `make demo` wrote in the browser (http://localhost:8501).
+dashboard: $(VENV)/.installed
+	$(BIN)/place dashboard $(OUT)
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -n 2 -m "not slow and not gpu"

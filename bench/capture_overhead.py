@@ -21,19 +21,21 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from traces.capture import RoutingRecorder, left_pad  # noqa: E402
-from traces.files import write_text_atomic  # noqa: E402
+from traces.capture import RoutingRecorder, left_pad
+from traces.files import write_text_atomic
 
-# Small but not toy-small: enough expert work per token that the hooks are measured against real compute.
+# Small models (4 layers, 32 experts top-4): each forward is cheap, so the per-step cost of the hooks weighs
+# relatively more than on a real model; these overheads are an upper bound for larger models.
 FAMILIES = {
-    "qwen3_moe": {"model_type": "qwen3_moe", "num_hidden_layers": 8, "hidden_size": 256,
-                  "intermediate_size": 512, "moe_intermediate_size": 128, "num_experts": 64,
-                  "num_experts_per_tok": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32},
-    "deepseek_v3": {"model_type": "deepseek_v3", "num_hidden_layers": 8, "first_k_dense_replace": 1,
-                    "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
-                    "n_routed_experts": 64, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
-                    "n_shared_experts": 1, "num_attention_heads": 8, "num_key_value_heads": 8,
-                    "q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
+    "qwen3_moe": {"model_type": "qwen3_moe", "num_hidden_layers": 4, "hidden_size": 128,
+                  "intermediate_size": 256, "moe_intermediate_size": 64, "num_experts": 32,
+                  "num_experts_per_tok": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "head_dim": 32},
+    "deepseek_v3": {"model_type": "deepseek_v3", "num_hidden_layers": 4, "first_k_dense_replace": 1,
+                    "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64,
+                    "n_routed_experts": 32, "num_experts_per_tok": 4, "n_group": 8, "topk_group": 4,
+                    "n_shared_experts": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
+                    "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
                     "v_head_dim": 32},
 }
 COMMON = {"vocab_size": 1024, "max_position_embeddings": 2048, "pad_token_id": 0, "bos_token_id": 1,
@@ -53,6 +55,16 @@ def prompts(batch: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(3, 1024, (int(n),), generator=g).tolist() for n in lengths]
 
 
+def timed(fn, spent: list[float]):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+    return wrapper
+
+
 def run_once(model, ids, mask, new_tokens: int, variant: str, tmp: Path) -> tuple[float, int]:
     def gen():
         return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
@@ -69,6 +81,17 @@ def run_once(model, ids, mask, new_tokens: int, variant: str, tmp: Path) -> tupl
             with RoutingRecorder(model) as rec:
                 gen()
             rows = rec.num_rows
+        elif variant == "hooks-timed":  # time spent inside the hooks themselves (direct, load-robust)
+            rec = RoutingRecorder(model)
+            spent = [0.0]
+            rec._pre_hook, rec._post_hook = timed(rec._pre_hook, spent), timed(rec._post_hook, spent)
+            factory = rec._router_hook
+            rec._router_hook = lambda layer: timed(factory(layer), spent)
+            with rec:
+                gen()
+            if ids.is_cuda:
+                torch.cuda.synchronize()
+            return spent[0], rec.num_rows
         else:  # hooks + trace written to disk (atomic directory, zstd Parquet)
             with RoutingRecorder(model, tmp / "trace") as rec:
                 gen()
@@ -80,16 +103,16 @@ def run_once(model, ids, mask, new_tokens: int, variant: str, tmp: Path) -> tupl
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--quick", action="store_true", help="2 repeats, 8 new tokens (smoke run)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "capture_overhead.json")
+    ap.add_argument("--out", type=Path,
+                    default=Path(__file__).resolve().parent / "results" / "capture_overhead.json")
     args = ap.parse_args(argv)
     if args.quick:
         args.repeats, args.new_tokens = 2, 8
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     variants = ("plain", "hooks", "hooks+trace")
     results = {}
     for family in FAMILIES:
@@ -103,11 +126,15 @@ def main(argv=None) -> int:
             run_once(model, ids, mask, args.new_tokens, "plain", Path(td))  # warm-up
             times = {v: [] for v in variants}
             rows = 0
+            hook_share = []
             for _ in range(args.repeats):
                 for v in variants:
                     dt, r = run_once(model, ids, mask, args.new_tokens, v, Path(td))
                     times[v].append(dt)
                     rows = r or rows
+                t0 = time.perf_counter()
+                spent, _ = run_once(model, ids, mask, args.new_tokens, "hooks-timed", Path(td))
+                hook_share.append(spent / (time.perf_counter() - t0))
         med = {v: statistics.median(t) for v, t in times.items()}
         results[family] = {
             "prompt_tokens": prompt_tokens, "generated_tokens": gen_tokens, "rows_per_run": rows,
@@ -115,14 +142,21 @@ def main(argv=None) -> int:
             "generated_tokens_per_s": {v: gen_tokens / med[v] for v in variants},
             "all_tokens_per_s": {v: (prompt_tokens + gen_tokens) / med[v] for v in variants},
             "overhead_vs_plain": {v: med[v] / med["plain"] - 1.0 for v in variants if v != "plain"},
+            # ratio of runs made back to back, median over repeats: robust to drift in machine load
+            "paired_overhead_vs_plain": {
+                v: statistics.median(t / p - 1.0 for t, p in zip(times[v], times["plain"], strict=True))
+                for v in variants if v != "plain"},
             "rows_per_s_with_trace": rows / med["hooks+trace"],
+            # share of generate() wall time spent inside the recorder's hooks, median over repeats
+            "hook_time_share": statistics.median(hook_share),
             "runs_seconds": times,
         }
         r = results[family]
-        print(f"{family:12s} plain {r['generated_tokens_per_s']['plain']:8.1f} gen tok/s | "
-              f"hooks {r['generated_tokens_per_s']['hooks']:8.1f} ({100 * r['overhead_vs_plain']['hooks']:+.1f}%) | "
-              f"hooks+trace {r['generated_tokens_per_s']['hooks+trace']:8.1f} "
-              f"({100 * r['overhead_vs_plain']['hooks+trace']:+.1f}%) | {rows:,} rows/run")
+        tps, pair = r["generated_tokens_per_s"], r["paired_overhead_vs_plain"]
+        print(f"{family:12s} plain {tps['plain']:8.1f} gen tok/s | hooks {tps['hooks']:8.1f} "
+              f"({100 * pair['hooks']:+.1f}% paired) | hooks+trace {tps['hooks+trace']:8.1f} "
+              f"({100 * pair['hooks+trace']:+.1f}% paired) | time in hooks {100 * r['hook_time_share']:.2f}% "
+              f"| {rows:,} rows/run")
     report = {
         "bench": "capture_overhead", "device": args.device, "torch": torch.__version__,
         "transformers": transformers.__version__, "threads": torch.get_num_threads(),

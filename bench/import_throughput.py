@@ -36,7 +36,7 @@ def _topk(rng: np.random.Generator, n: int, num_experts: int, k: int) -> np.ndar
     out = np.empty((n, k), dtype=np.int64)
     for s in range(0, n, 8192):  # Gumbel top-k = sampling without replacement; chunked to bound memory
         g = rng.gumbel(size=(min(8192, n - s), num_experts)) + logpop[None, :]
-        out[s:s + 8192] = np.argpartition(-g, k, axis=1)[:, :k]
+        out[s : s + 8192] = np.argpartition(-g, k, axis=1)[:, :k]
     return out
 
 
@@ -49,24 +49,52 @@ def bench_vllm_jsonl(tmp: Path, rng, scale: float) -> dict:
         fh.write(json.dumps(meta) + "\n")
         wid = list(range(m.top_k))
         for layer in layers:
-            for t in range(warm):
-                fh.write(json.dumps({"type": "route", "req_id": "r0", "token_idx": t, "layer": layer,
-                                     "topk_ids": wid, "topk_weights": [1 / 16] * 16}) + "\n")
+            fh.writelines(
+                json.dumps(
+                    {
+                        "type": "route",
+                        "req_id": "r0",
+                        "token_idx": t,
+                        "layer": layer,
+                        "topk_ids": wid,
+                        "topk_weights": [1 / 16] * 16,
+                    }
+                )
+                + "\n"
+                for t in range(warm)
+            )
         ids = _topk(rng, n_tok * len(layers), m.num_experts, m.top_k).reshape(n_tok, len(layers), -1)
         w = rng.dirichlet(np.ones(m.top_k), size=(n_tok, len(layers))).round(6)
         for t in range(n_tok):
             for li, layer in enumerate(layers):
-                fh.write(json.dumps({"type": "route", "req_id": f"r{t // 500}", "token_idx": t % 500,
-                                     "layer": layer, "topk_ids": ids[t, li].tolist(),
-                                     "topk_weights": w[t, li].tolist()}) + "\n")
+                fh.write(
+                    json.dumps(
+                        {
+                            "type": "route",
+                            "req_id": f"r{t // 500}",
+                            "token_idx": t % 500,
+                            "layer": layer,
+                            "topk_ids": ids[t, li].tolist(),
+                            "topk_weights": w[t, li].tolist(),
+                        }
+                    )
+                    + "\n"
+                )
     t0 = time.perf_counter()
     res = import_source("vllm-jsonl", [src], m, tmp / "vllm_trace")
     secs = time.perf_counter() - t0
     s = res.summary
-    return {"format": "vllm-jsonl", "model": m.name, "records": s["records_read"], "seconds": secs,
-            "records_per_s": s["records_read"] / secs, "selections_per_s": s["rows_written"] * m.top_k / secs,
-            "warmup_rows_dropped": s["warmup_rows_dropped"], "rows_written": s["rows_written"],
-            "input_bytes": src.stat().st_size}
+    return {
+        "format": "vllm-jsonl",
+        "model": m.name,
+        "records": s["records_read"],
+        "seconds": secs,
+        "records_per_s": s["records_read"] / secs,
+        "selections_per_s": s["rows_written"] * m.top_k / secs,
+        "warmup_rows_dropped": s["warmup_rows_dropped"],
+        "rows_written": s["rows_written"],
+        "input_bytes": src.stat().st_size,
+    }
 
 
 def bench_vllm_eplb(tmp: Path, rng, scale: float) -> dict:
@@ -76,17 +104,39 @@ def bench_vllm_eplb(tmp: Path, rng, scale: float) -> dict:
     with open(src, "w") as fh:
         fh.write(json.dumps({"record_type": "eplb_load_meta", "version": 1, "num_ranks": 32}) + "\n")
         for step in range(num_records):
-            p2l = np.concatenate([np.tile(np.arange(m.num_experts), (m.num_moe_layers, 1)),
-                                  rng.integers(0, m.num_experts, (m.num_moe_layers, 128))], axis=1)
+            p2l = np.concatenate(
+                [
+                    np.tile(np.arange(m.num_experts), (m.num_moe_layers, 1)),
+                    rng.integers(0, m.num_experts, (m.num_moe_layers, 128)),
+                ],
+                axis=1,
+            )
             load = rng.poisson(200, (m.num_moe_layers, num_slots))
-            fh.write(json.dumps({"record_type": "eplb_load_stats", "version": 1, "step": step * 100,
-                                 "num_ranks": 32, "expert_load": load.tolist(), "p2l_map": p2l.tolist()}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "record_type": "eplb_load_stats",
+                        "version": 1,
+                        "step": step * 100,
+                        "num_ranks": 32,
+                        "expert_load": load.tolist(),
+                        "p2l_map": p2l.tolist(),
+                    }
+                )
+                + "\n"
+            )
     t0 = time.perf_counter()
     res = import_source("vllm-eplb", [src], m, tmp / "eplb.npz")
     secs = time.perf_counter() - t0
-    return {"format": "vllm-eplb", "model": m.name, "records": num_records, "seconds": secs,
-            "records_per_s": num_records / secs, "selections_per_s": res.summary["selections"] / secs,
-            "input_bytes": src.stat().st_size}
+    return {
+        "format": "vllm-eplb",
+        "model": m.name,
+        "records": num_records,
+        "seconds": secs,
+        "records_per_s": num_records / secs,
+        "selections_per_s": res.summary["selections"] / secs,
+        "input_bytes": src.stat().st_size,
+    }
 
 
 def bench_sglang_stat(tmp: Path, rng, scale: float) -> dict:
@@ -95,24 +145,37 @@ def bench_sglang_stat(tmp: Path, rng, scale: float) -> dict:
     count = np.zeros((steps, m.num_layers, m.num_experts), dtype=np.int32)
     count[:, list(m.moe_layers)] = rng.poisson(30, (steps, m.num_moe_layers, m.num_experts))
     src = tmp / "expert_distribution_recorder_1.pt"
-    torch.save({"rank": 0, "logical_count": torch.from_numpy(count),
-                "average_utilization_rate_over_window": None}, src)
+    torch.save(
+        {"rank": 0, "logical_count": torch.from_numpy(count), "average_utilization_rate_over_window": None},
+        src,
+    )
     import traces.importers.sglang  # noqa: F401  (import torch-using module before timing)
 
     t0 = time.perf_counter()
     res = import_source("sglang", [src], m, tmp / "sglang.npz")
     secs = time.perf_counter() - t0
-    return {"format": "sglang stat", "model": m.name, "records": steps, "seconds": secs,
-            "records_per_s": steps / secs, "selections_per_s": res.summary["selections"] / secs,
-            "input_bytes": src.stat().st_size}
+    return {
+        "format": "sglang stat",
+        "model": m.name,
+        "records": steps,
+        "seconds": secs,
+        "records_per_s": steps / secs,
+        "selections_per_s": res.summary["selections"] / secs,
+        "input_bytes": src.stat().st_size,
+    }
 
 
 def bench_sglang_per_token(tmp: Path, rng, scale: float) -> dict:
     # per_token keeps 8 experts per token (SGLang's _TOP_K_NUM): DeepSeek-V3 (top-8, 61 layers, 256 experts)
     m = load_model("deepseek-v3")
     passes, n_tok, num_phys = max(int(40 * scale), 2), 512, m.num_experts + 32
-    p2l = np.concatenate([np.tile(np.arange(m.num_experts), (m.num_layers, 1)),
-                          rng.integers(0, m.num_experts, (m.num_layers, 32))], axis=1)
+    p2l = np.concatenate(
+        [
+            np.tile(np.arange(m.num_experts), (m.num_layers, 1)),
+            rng.integers(0, m.num_experts, (m.num_layers, 32)),
+        ],
+        axis=1,
+    )
     records = []
     for fp in range(passes):
         ids = np.full((m.num_layers, n_tok, 8), -1, dtype=np.int32)
@@ -121,18 +184,25 @@ def bench_sglang_per_token(tmp: Path, rng, scale: float) -> dict:
         phys = logical.copy()
         for li, layer in enumerate(m.moe_layers):
             red = np.full(m.num_experts, -1)
-            red[p2l[layer, m.num_experts:]] = np.arange(m.num_experts, num_phys)
+            red[p2l[layer, m.num_experts :]] = np.arange(m.num_experts, num_phys)
             alt = red[logical[li]]
             use = (alt >= 0) & (rng.random(alt.shape) < 0.5)
             phys[li][use] = alt[use]
         ids[list(m.moe_layers)] = phys
         decode = fp % 2 == 1
-        records.append({"forward_pass_id": fp, "rank": 0, "gatherer_key": "primary",
-                        "input_ids": rng.integers(0, 1000, n_tok).tolist(),
-                        "positions": list(range(n_tok)) if not decode else [100 + fp] * n_tok,
-                        "extend_seq_lens": None if decode else [n_tok // 4] * 4,
-                        "forward_mode": 2 if decode else 1,
-                        "topk_ids_of_layer": torch.from_numpy(ids), "misc_objects": []})
+        records.append(
+            {
+                "forward_pass_id": fp,
+                "rank": 0,
+                "gatherer_key": "primary",
+                "input_ids": rng.integers(0, 1000, n_tok).tolist(),
+                "positions": list(range(n_tok)) if not decode else [100 + fp] * n_tok,
+                "extend_seq_lens": None if decode else [n_tok // 4] * 4,
+                "forward_mode": 2 if decode else 1,
+                "topk_ids_of_layer": torch.from_numpy(ids),
+                "misc_objects": [],
+            }
+        )
     src = tmp / "expert_distribution_recorder_1_0.pt"
     torch.save({"records": records, "last_physical_to_logical_map": torch.from_numpy(p2l)}, src)
     del records
@@ -140,9 +210,16 @@ def bench_sglang_per_token(tmp: Path, rng, scale: float) -> dict:
     res = import_source("sglang", [src], m, tmp / "sglang_trace")
     secs = time.perf_counter() - t0
     s = res.summary
-    return {"format": "sglang per_token", "model": m.name, "records": passes, "seconds": secs,
-            "records_per_s": passes / secs, "selections_per_s": s["rows_written"] * m.top_k / secs,
-            "rows_written": s["rows_written"], "input_bytes": src.stat().st_size}
+    return {
+        "format": "sglang per_token",
+        "model": m.name,
+        "records": passes,
+        "seconds": secs,
+        "records_per_s": passes / secs,
+        "selections_per_s": s["rows_written"] * m.top_k / secs,
+        "rows_written": s["rows_written"],
+        "input_bytes": src.stat().st_size,
+    }
 
 
 def bench_validate(tmp: Path, rng, scale: float) -> dict:
@@ -153,18 +230,27 @@ def bench_validate(tmp: Path, rng, scale: float) -> dict:
         for s in range(0, n_tok, 2000):
             n = min(2000, n_tok - s)
             rows = n * m.num_moe_layers
-            w.write(request_id=np.repeat(np.arange(s, s + n) // 100, m.num_moe_layers),
-                    position=np.repeat(np.arange(s, s + n) % 100, m.num_moe_layers),
-                    phase=np.zeros(rows), step=np.repeat(np.arange(s, s + n), m.num_moe_layers),
-                    layer=np.tile(m.moe_layers, n), expert_ids=_topk(rng, rows, m.num_experts, m.top_k),
-                    gate_weights=rng.random((rows, m.top_k), dtype=np.float32))
+            w.write(
+                request_id=np.repeat(np.arange(s, s + n) // 100, m.num_moe_layers),
+                position=np.repeat(np.arange(s, s + n) % 100, m.num_moe_layers),
+                phase=np.zeros(rows),
+                step=np.repeat(np.arange(s, s + n), m.num_moe_layers),
+                layer=np.tile(m.moe_layers, n),
+                expert_ids=_topk(rng, rows, m.num_experts, m.top_k),
+                gate_weights=rng.random((rows, m.top_k), dtype=np.float32),
+            )
     t0 = time.perf_counter()
     rep = validate_report(out)
     secs = time.perf_counter() - t0
     assert rep.ok, rep.lines()
-    return {"format": "validate (kimi-k3 trace, gate weights)", "model": m.name, "records": rep.num_rows,
-            "seconds": secs, "records_per_s": rep.num_rows / secs,
-            "selections_per_s": rep.num_rows * m.top_k / secs}
+    return {
+        "format": "validate (kimi-k3 trace, gate weights)",
+        "model": m.name,
+        "records": rep.num_rows,
+        "seconds": secs,
+        "records_per_s": rep.num_rows / secs,
+        "selections_per_s": rep.num_rows * m.top_k / secs,
+    }
 
 
 def main() -> int:
@@ -175,18 +261,37 @@ def main() -> int:
     rng = np.random.default_rng(args.seed)
     results = []
     with tempfile.TemporaryDirectory(prefix="moeplace-import-bench-") as d:
-        for fn in (bench_vllm_jsonl, bench_vllm_eplb, bench_sglang_stat, bench_sglang_per_token, bench_validate):
+        for fn in (
+            bench_vllm_jsonl,
+            bench_vllm_eplb,
+            bench_sglang_stat,
+            bench_sglang_per_token,
+            bench_validate,
+        ):
             r = fn(Path(d), rng, args.scale)
             results.append(r)
-            print(f"{r['format']:<42} {r['records']:>10,} records  {r['seconds']:7.2f} s  "
-                  f"{r['records_per_s']:>12,.0f} records/s  {r['selections_per_s'] / 1e6:8.2f} M selections/s",
-                  flush=True)
+            print(
+                f"{r['format']:<42} {r['records']:>10,} records  {r['seconds']:7.2f} s  "
+                f"{r['records_per_s']:>12,.0f} records/s  {r['selections_per_s'] / 1e6:8.2f} M selections/s",
+                flush=True,
+            )
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"peak RSS {peak_rss / 2**30:.2f} GiB")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"bench": "import_throughput", "scale": args.scale, "seed": args.seed,
-                                   "python": sys.version.split()[0], "machine": platform.machine(),
-                                   "peak_rss_bytes": peak_rss, "results": results}, indent=1))
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "bench": "import_throughput",
+                "scale": args.scale,
+                "seed": args.seed,
+                "python": sys.version.split()[0],
+                "machine": platform.machine(),
+                "peak_rss_bytes": peak_rss,
+                "results": results,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {RESULTS}")
     return 0
 

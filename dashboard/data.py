@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 import streamlit as st
 
@@ -228,43 +227,30 @@ def _trace_stats(path: str, stamp_: tuple, window_tokens: int):
     return compute_stats(path, window_tokens=window_tokens)
 
 
-def stats_available() -> bool:
-    try:
-        import traces.stats  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 trace_stats = _stamped(_trace_stats)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def _trace_loads(path: str, stamp_: tuple, window_tokens: int):
-    """Per-window expert counts of a trace or Loads file (``placement.compare.routing_windows``: the
-    reducer ``place optimize`` uses)."""
+def _routing_loads(path: str, stamp_: tuple, window_tokens: int):
+    """Per-window expert counts of a Loads ``.npz`` (``placement.compare.routing_windows``, the reader
+    ``place optimize`` uses)."""
     from placement.compare import routing_windows
 
     return routing_windows([path], window_tokens=window_tokens)
 
 
-trace_loads = _stamped(_trace_loads)
+def trace_loads(path, window_tokens: int):
+    """Loads of a trace (from its cached streaming statistics, the same reduction ``place optimize``
+    uses) or of a Loads ``.npz`` file."""
+    from traces.loads import is_loads_file
+
+    if is_loads_file(path):
+        return _routing_loads(str(path), stamp(path), window_tokens)
+    return trace_stats(path, window_tokens).loads
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def _domain_mix(path: str, stamp_: tuple, first_layer: int) -> pl.DataFrame | None:
-    """Tokens per domain tag (the rows of the first MoE layer, one per token), streamed by polars; None
-    when the trace has no ``domain`` column."""
-    from traces.format import scan_trace
-
-    lf = scan_trace(path)
-    if "domain" not in lf.collect_schema().names():
-        return None
-    return (lf.filter(pl.col("layer") == first_layer).group_by("domain").agg(pl.len().alias("tokens"))
-            .sort("tokens", descending=True).collect(engine="streaming"))
 
 
-domain_mix = _stamped(_domain_mix)
 
 
 # ---------------------------------------------------------------------------- placements
@@ -301,7 +287,7 @@ def evaluate_placement(placement_, routing_key: tuple, _loads, engine: str):
 
 def run_comparison(loads, *, gpus: int, gpu: str, gpus_per_node: int | None, num_redundant: int,
                    policies: list[str], engine: str, plan_fraction: float, seed: int, time_limit: float | None,
-                   progress=None):
+                   options: dict[str, Any] | None = None, progress=None):
     """``placement.compare.compare_policies`` — what ``place optimize`` runs — one policy at a time so
     the page can show progress (``progress(i, n, name)`` is called before each policy). Returns the
     :class:`~placement.compare.PolicyResult` list and the comparison of the last call (its windows)."""
@@ -314,7 +300,8 @@ def run_comparison(loads, *, gpus: int, gpu: str, gpus_per_node: int | None, num
         if progress is not None:
             progress(i, len(policies), name)
         last = compare_policies(loads, cluster, num_redundant=num_redundant, policies=[name], engine=engine,
-                                plan_fraction=plan_fraction, seed=seed, time_limit=time_limit)
+                                plan_fraction=plan_fraction, seed=seed, time_limit=time_limit,
+                                options=options)
         results += last.results
     if progress is not None:
         progress(len(policies), len(policies), None)
@@ -340,6 +327,13 @@ def export_bytes(placement_, model, fmt: str, loads=None) -> tuple[bytes, str, l
         opts = {"loads": loads} if (f.kind == "loads" or fmt == "vllm-jsonl") and loads is not None else {}
         warnings = export_placement(placement_, model, fmt, out, **opts)
         return out.read_bytes(), name, list(warnings or [])
+
+
+@st.cache_data(show_spinner=False, max_entries=64,
+               hash_funcs={"placement.record.Placement": lambda p: (p.fingerprint(), p.model_name)})
+def export_file(placement_, model, fmt: str, routing_key: tuple, _loads) -> tuple[bytes, str, list[str]]:
+    """:func:`export_bytes`, cached per placement, format and routing (``routing_key`` names ``_loads``)."""
+    return export_bytes(placement_, model, fmt, _loads)
 
 
 def placement_json_bytes(placement_) -> bytes:
@@ -376,14 +370,31 @@ def plan_inputs(plan_dict: dict[str, Any]) -> tuple[str, int, str, int, Any]:
         raise InputError(f"{where_}: field 'config' is not a plan config ({exc})") from None
 
 
+def resolve_model(name: str, traces=()):
+    """The model called ``name``: a preset, or the model recorded in one of the ``traces`` (a plan file
+    names its model; a run of a non-preset model carries the spec in its trace)."""
+    from traces.format import read_trace_meta
+    from traces.model import load_model, preset_names
+
+    if name in preset_names():
+        return load_model(name)
+    for t in traces:
+        try:
+            m, _ = read_trace_meta(t)
+        except InputError:
+            continue
+        if m.name == name:
+            return m
+    return load_model(name)  # a config.json path, or the preset loader's own error
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
-def memory_plan(model_name: str, gpus: int, gpu: str, gpus_per_node: int | None, config):
-    """``placement.plan.plan_memory`` (what ``place plan`` prints)."""
+def memory_plan(model, gpus: int, gpu: str, gpus_per_node: int | None, config):
+    """``placement.plan.plan_memory`` of ``model`` (a ModelSpec) — what ``place plan`` prints."""
     from placement.cluster import make_cluster
     from placement.plan import plan_memory
-    from traces.model import load_model
 
-    return plan_memory(load_model(model_name), make_cluster(gpus, gpu, gpus_per_node), config)
+    return plan_memory(model, make_cluster(gpus, gpu, gpus_per_node), config)
 
 
 def concurrency_curve(plan, lengths: list[int]) -> pl.DataFrame:
@@ -442,7 +453,7 @@ def _sim_run(path: str, stamp_: tuple) -> SimRun:
                 raise InputError(f"{f}: missing (summary.json lists placement '{lab}')")
             try:
                 into[lab] = pl.read_parquet(f)
-            except Exception as exc:  # polars raises several types for damaged files
+            except Exception as exc:  # noqa: BLE001  polars raises several types for damaged files
                 raise InputError(f"{f}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
     return SimRun(str(d), config, summaries, reqs, ts)
 
@@ -455,13 +466,3 @@ def sim_table_rows() -> list[tuple[str, str, str]]:
     from sim.results import ROWS
 
     return list(ROWS)
-
-
-def loads_file(path: str | Path):
-    from traces.loads import load_loads
-
-    return load_loads(path)
-
-
-def as_array(x) -> np.ndarray:
-    return np.asarray(x)

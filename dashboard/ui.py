@@ -74,14 +74,14 @@ def missing(what: str, command: str) -> None:
 
 def line(df: pl.DataFrame, x: str, y: str, color: str | None = None, *, x_title: str | None = None,
          y_title: str | None = None, log_x: bool = False, height: int = 260, y_zero: bool = True,
-         points: bool = False) -> alt.Chart:
+         points: bool = False, x_type: str = "Q") -> alt.Chart:
     enc = {
-        "x": alt.X(x, title=x_title or x, scale=alt.Scale(type="log") if log_x else alt.Undefined),
-        "y": alt.Y(y, title=y_title or y, scale=alt.Scale(zero=y_zero)),
+        "x": alt.X(f"{x}:{x_type}", title=x_title or x, scale=alt.Scale(type="log") if log_x else alt.Undefined),
+        "y": alt.Y(f"{y}:Q", title=y_title or y, scale=alt.Scale(zero=y_zero)),
         "tooltip": [c for c in (x, y, color) if c],
     }
     if color:
-        enc["color"] = alt.Color(color, title=color)
+        enc["color"] = alt.Color(f"{color}:N", title=color)
     return alt.Chart(df.to_pandas()).mark_line(point=points).encode(**enc).properties(height=height)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from placement.cluster import ClusterSpec
-from placement.evaluate import Metrics, evaluate
+from placement.evaluate import Metrics, evaluate, index_trace
 from placement.policies import PlacementProblem, get_policy, policy_names
 from placement.record import Placement
 from traces.errors import InputError
@@ -30,61 +30,15 @@ DEFAULT_WINDOW_TOKENS = 4096
 # ---------------------------------------------------------------------------- inputs -> Loads
 def _fallback_trace_loads(path: str | Path, window_tokens: int) -> Loads:
     """Per-window expert counts of a trace: tokens ordered by (step, request_id, position), cut into
-    windows of ``window_tokens`` tokens. Used only while ``traces.stats`` is missing.
-
-    The token order comes from the rows of the first MoE layer (one row per token); every row finds
-    its token by the packed key ``request_id << 24 | position`` (a binary search), which is much faster
-    than a three-column join."""
-    import polars as pl
-
-    from traces.format import read_trace_meta, scan_trace
-
-    model, prov = read_trace_meta(path)
+    windows of ``window_tokens`` tokens. Used only while ``traces.stats`` is missing."""
+    model, prov, ids, layer_idx, token, _ = index_trace(path)
     E, L = model.num_experts, model.num_moe_layers
-    lay2idx = np.full(65536, -1, dtype=np.int64)
-    lay2idx[list(model.moe_layers)] = np.arange(L)
-    lf = scan_trace(path)
-    first = lf.filter(pl.col("layer") == model.moe_layers[0]).select("step", "request_id", "position").collect()
-    df = lf.select("request_id", "position", "layer", "expert_ids").collect()
-    if df.height == 0 or first.height == 0:
-        raise InputError(f"{path}: the trace has no rows" if df.height == 0 else
-                         f"{path}: field 'layer': no rows for MoE layer {model.moe_layers[0]}")
-
-    def packed(frame) -> np.ndarray:
-        rid = frame["request_id"].to_numpy().astype(np.int64)
-        pos = frame["position"].to_numpy().astype(np.int64)
-        if rid.min() < 0 or rid.max() >= 1 << 39 or pos.min() < 0 or pos.max() >= 1 << 24:
-            raise InputError(f"{path}: request_id / position outside [0, 2^39) / [0, 2^24); cannot window it")
-        return (rid << 24) | pos
-
-    tok_key = packed(first)
-    order = np.lexsort((tok_key, first["step"].to_numpy()))  # by step, then request_id, position
-    sorted_key = tok_key[order]
-    if (np.diff(np.sort(tok_key)) == 0).any():
-        raise InputError(f"{path}: a (request_id, position) appears twice in layer {model.moe_layers[0]}")
-    by_key = np.argsort(sorted_key, kind="stable")
-    window_of_sorted = np.arange(len(order)) // window_tokens  # window of the i-th token in step order
-    layer = df["layer"].to_numpy().astype(np.int64)
-    bad = lay2idx[layer] < 0
-    if bad.any():
-        raise InputError(f"{path}: field 'layer': value {int(layer[bad][0])} is not an MoE layer of '{model.name}'")
-    row_key = packed(df)
-    sk = sorted_key[by_key]
-    j = np.minimum(np.searchsorted(sk, row_key), len(sk) - 1)
-    missing = sk[j] != row_key
-    if missing.any():
-        i = int(np.flatnonzero(missing)[0])
-        raise InputError(f"{path}: row {i}: token (request_id {row_key[i] >> 24}, position {row_key[i] & 0xFFFFFF}) "
-                         f"has no row in MoE layer {model.moe_layers[0]}")
-    window = window_of_sorted[by_key[j]]
+    window = token // window_tokens
     W = int(window.max()) + 1
-    ids = df.get_column("expert_ids").to_numpy()
-    if ids.ndim != 2:
-        ids = np.stack(ids)
     counts = np.zeros(W * L * E, dtype=np.int64)
     step = 1 << 20  # rows per chunk keeps the flat index array small
-    for i in range(0, df.height, step):
-        base = (window[i:i + step] * L + lay2idx[layer[i:i + step]]) * E
+    for i in range(0, ids.shape[0], step):
+        base = (window[i:i + step] * L + layer_idx[i:i + step]) * E
         counts += np.bincount((base[:, None] + ids[i:i + step]).ravel(), minlength=W * L * E)
     labels = tuple(f"tokens {w * window_tokens}-{(w + 1) * window_tokens}" for w in range(W))
     return Loads(counts.reshape(W, L, E), model, window_tokens, labels, {"source": str(path), "trace": prov})
@@ -112,9 +66,10 @@ def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
         ld = load_loads(p) if is_loads_file(p) else trace_to_loads(p, window_tokens)
         if model is not None:
             if (model.num_moe_layers, model.num_experts) != ld.counts.shape[1:]:
-                raise InputError(f"{p}: has {ld.counts.shape[1]} MoE layers x {ld.counts.shape[2]} experts but "
+                raise InputError(f"{p}: has {ld.counts.shape[1]} MoE layers x {ld.counts.shape[2]} experts "
+                                 "but "
                                  f"--model '{model.name}' has {model.num_moe_layers} x {model.num_experts}")
-            ld = Loads(ld.counts, model, ld.window_tokens, ld.labels, ld.provenance)
+            ld = Loads(ld.counts, model, ld.window_tokens, ld.labels, ld.provenance, ld.samples)
         if ld.counts.sum() == 0:
             raise InputError(f"{p}: no tokens (all expert counts are zero)")
         parts.append(ld)
@@ -130,7 +85,10 @@ def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
         labels += [f"{Path(src).name}: {lb}" if multi else lb for lb in own]
     counts = np.concatenate([ld.counts for ld in parts])
     wt = parts[0].window_tokens if all(ld.window_tokens == parts[0].window_tokens for ld in parts) else 0
-    return Loads(counts, first, wt, tuple(labels), {"inputs": [str(s) for s in inputs]})
+    # the token samples travel along (traffic objective and sample-based traffic in evaluate)
+    have = [ld.samples for ld in parts if ld.samples is not None and len(ld.samples)]
+    samples = np.concatenate(have) if len(have) == len(parts) else None
+    return Loads(counts, first, wt, tuple(labels), {"inputs": [str(s) for s in inputs]}, samples)
 
 
 def split_windows(num_windows: int, plan_fraction: float) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -182,12 +140,16 @@ class Comparison:
                 "rows": [r.row() for r in self.results]}
 
 
-def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int, policies: list[str] | None = None,
-                     engine: str = "vllm", plan_fraction: float = 0.5, seed: int = 0,
-                     time_limit: float | None = None, options: dict[str, Any] | None = None,
+def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
+                     policies: list[str] | None = None, engine: str = "vllm", plan_fraction: float = 0.5,
+                     seed: int = 0, time_limit: float | None = None, options: dict[str, Any] | None = None,
                      samples: np.ndarray | None = None) -> Comparison:
     """Plan each policy on the planning windows, score it (``evaluate``, Loads-level, ``engine`` rule)
-    on the planning and on the held-out windows. ``policies``: registry names (default: all)."""
+    on the planning and on the held-out windows. ``policies``: registry names (default: all).
+    ``samples`` (default: ``loads.samples``): the token sample given to the policies and used for the
+    traffic columns."""
+    if samples is None:
+        samples = loads.samples
     names = policies or policy_names()
     fns = {n: get_policy(n) for n in names}  # fails early on an unknown name
     plan_idx, held_idx, single = split_windows(loads.num_windows, plan_fraction)
@@ -203,8 +165,10 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int, 
         dt = time.perf_counter() - t0
         pl.check_model(loads.model, f"policy '{name}'")
         results.append(PolicyResult(name, pl, dt,
-                                    evaluate(pl, plan, engine, model=loads.model, cluster=cluster),
-                                    evaluate(pl, held, engine, model=loads.model, cluster=cluster)))
+                                    evaluate(pl, plan, engine, model=loads.model, cluster=cluster,
+                                             samples=samples),
+                                    evaluate(pl, held, engine, model=loads.model, cluster=cluster,
+                                             samples=samples)))
     notes = ("only one window: the held-out columns score the planning window itself",) if single else ()
     return Comparison(results, plan_idx, held_idx, single, engine, cluster, num_redundant, notes)
 
@@ -218,7 +182,8 @@ def format_table(cmp: Comparison) -> str:
         p, h = r.plan, r.held_out
         rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", f"{p.gap_budget:+.2%}",
                      f"{h.balancedness:.4f}", f"{h.worst_window_balancedness:.4f}", f"{h.max_over_mean:.4f}",
-                     f"{h.bound_balancedness_budget:.4f}", f"{h.gap_budget:+.2%}", f"{h.cross_node_share:.3f}",
+                     f"{h.bound_balancedness_budget:.4f}", f"{h.gap_budget:+.2%}",
+                     f"{h.cross_node_share:.3f}",
                      str(int(r.placement.duplicate_on_gpu().sum()))])
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)

@@ -4,16 +4,23 @@ A placement says where replicas live; the *engine* decides which replica each to
 placement balances very differently under different rules, so every score in moeplace goes through
 the functions here. Three rules (``ENGINES``):
 
-``vllm`` — modulo on the flattened top-k index (vLLM ``eplb_map_to_physical_and_record`` in
-    ``vllm/model_executor/layers/fused_moe/router/base_router.py``, read 2026): for the rank-local
-    ``topk_ids [num_tokens, k]`` of one forward pass, ``pos = arange(num_tokens * k).reshape(num_tokens,
-    k)`` (row-major, i.e. ``pos = t * k + j``), ``replica = pos % logical_replica_count[e]`` and
-    ``slot = logical_to_physical_map[e, replica]``. vLLM builds ``logical_to_physical_map`` by scanning
-    physical slots in ascending order (``EplbState.build``), so replica ``r`` is the ``r``-th smallest
-    slot of the expert — exactly :attr:`Placement.log2phy`. The index restarts at 0 in every forward
-    pass on every rank: with the DeepEP / pplx / FlashInfer all-to-all backends routing runs on the
-    rank's own tokens, so a "batch" here is one DP rank's tokens of one engine step. Over many tokens
-    this is an even split ``load / replica_count`` per replica.
+``vllm`` — a deterministic per-token choice inside the rank-local batch (vLLM
+    ``eplb_map_to_physical_and_record``; ``vllm/model_executor/layers/fused_moe/router/base_router.py``
+    and ``vllm/distributed/eplb/cuda_platform_backend.py``, read 2026). For the rank-local
+    ``topk_ids [num_tokens, k]`` of one forward pass, element ``(t, j)`` with flat offset ``t*k + j``:
+
+    - ``rule="hash"`` (vLLM main since PR #40810, Apr 2026, "Fix replica selection bias"): the Triton
+      kernel computes ``token_idx = offset // k`` (= ``t``), ``hashed = (t * 2654435769) & 0xFFFFFFFF``
+      (Knuth's multiplicative hash) and ``replica = hashed % logical_replica_count[e]``: all k experts
+      of one token use the same hash.
+    - ``rule="modulo"`` (PR #24573, Sep 2025, until #40810): ``replica = (t*k + j) % count``.
+
+    ``slot = logical_to_physical_map[e, replica]``; vLLM builds that map by scanning physical slots in
+    ascending order (``EplbState.build``), so replica ``r`` is the ``r``-th smallest slot of the expert
+    — exactly :attr:`Placement.log2phy`. The index restarts at 0 in every forward pass on every rank:
+    with the DeepEP / pplx / FlashInfer all-to-all backends routing runs on the rank's own tokens, so a
+    "batch" here is one DP rank's tokens of one engine step. Over many tokens both rules are an even
+    split ``load / replica_count`` per replica.
 
 ``sglang`` — static dispatch (``--ep-dispatch-algorithm static``;
     ``python/sglang/srt/eplb/expert_location.py`` ``compute_logical_to_rank_dispatch_physical_map``,
@@ -60,6 +67,8 @@ from traces.errors import InputError
 
 ENGINES = ("vllm", "sglang", "ideal")
 SGLANG_VARIANTS = ("mainline", "legacy")
+VLLM_RULES = ("hash", "modulo")
+KNUTH_MULTIPLIER = 2654435769  # floor(2^32 / golden ratio), the constant in vLLM's kernel
 
 
 def check_engine(engine: str) -> str:
@@ -69,16 +78,27 @@ def check_engine(engine: str) -> str:
 
 
 # ---------------------------------------------------------------------------- vLLM
-def vllm_slots(placement: Placement, layer: int, expert_ids: np.ndarray) -> np.ndarray:
-    """vLLM's modulo rule for ONE rank-local batch of one MoE layer.
+def vllm_replica_index(pos_in_batch: np.ndarray, k: int, replica_count: np.ndarray,
+                       rule: str = "hash") -> np.ndarray:
+    """vLLM's replica index, int64 ``[n, k]``, of tokens at batch positions ``pos_in_batch`` (int
+    ``[n]``) whose selected experts have ``replica_count`` (int ``[n, k]``) replicas."""
+    if rule not in VLLM_RULES:
+        raise InputError(f"unknown vLLM replica rule '{rule}' (expected one of {VLLM_RULES})")
+    t = np.asarray(pos_in_batch, dtype=np.int64)[:, None]
+    if rule == "hash":
+        return ((t * KNUTH_MULTIPLIER) & 0xFFFFFFFF) % replica_count
+    return (t * k + np.arange(k)[None, :]) % replica_count
+
+
+def vllm_slots(placement: Placement, layer: int, expert_ids: np.ndarray, rule: str = "hash") -> np.ndarray:
+    """vLLM's rule for ONE rank-local batch of one MoE layer.
 
     ``expert_ids``: int ``[n, k]`` logical ids of the batch's tokens, in the batch's token order.
-    Returns int64 ``[n, k]`` physical slots: ``log2phy[layer, e, (t*k + j) % logcnt[layer, e]]``.
+    Returns int64 ``[n, k]`` physical slots ``log2phy[layer, e, replica]``.
     """
     ids = np.asarray(expert_ids, dtype=np.int64)
-    pos = np.arange(ids.size, dtype=np.int64).reshape(ids.shape)
-    replica = pos % placement.logcnt[layer][ids]
-    return placement.log2phy[layer][ids, replica].astype(np.int64)
+    rep = vllm_replica_index(np.arange(ids.shape[0]), ids.shape[1], placement.logcnt[layer][ids], rule)
+    return placement.log2phy[layer][ids, rep].astype(np.int64)
 
 
 # ---------------------------------------------------------------------------- SGLang
@@ -196,11 +216,12 @@ def sglang_mean_fractions(placement: Placement, *, variant: str = "mainline") ->
 # ---------------------------------------------------------------------------- one batch
 def choose_slots(placement: Placement, layer: int, expert_ids: np.ndarray, engine: str, *,
                  src_gpu: int | np.ndarray | None = None, seed: int = 42,
-                 dispatch_map: np.ndarray | None = None) -> np.ndarray:
+                 dispatch_map: np.ndarray | None = None, vllm_rule: str = "hash") -> np.ndarray:
     """Physical slots, int64 ``[n, k]``, for the tokens of ONE rank-local batch of MoE layer
     ``layer`` (index into ``placement.moe_layers``). ``expert_ids``: int ``[n, k]``.
 
-    ``vllm``: flattened index ``% logcnt`` (the batch's own token order matters). ``sglang``: the
+    ``vllm``: the token's hashed batch index ``% logcnt`` (``vllm_rule="modulo"``: the flat index; the
+    batch's own token order matters). ``sglang``: the
     dispatch map row of ``src_gpu`` (the DP rank the tokens run on; an int, or int ``[n]`` per token);
     pass ``dispatch_map`` (from :func:`sglang_dispatch_map`) to avoid rebuilding it. ``ideal`` has no
     per-token choice (it is a fractional split) and raises.
@@ -212,7 +233,7 @@ def choose_slots(placement: Placement, layer: int, expert_ids: np.ndarray, engin
     if ids.size and (ids.min() < 0 or ids.max() >= placement.num_experts):
         raise InputError(f"expert id out of range [0, {placement.num_experts})")
     if engine == "vllm":
-        return vllm_slots(placement, layer, ids)
+        return vllm_slots(placement, layer, ids, vllm_rule)
     if engine == "sglang":
         if src_gpu is None:
             raise InputError("engine 'sglang' needs src_gpu (the DP rank the tokens run on)")
@@ -231,7 +252,7 @@ def expected_gpu_loads(placement: Placement, loads_LE: np.ndarray, engine: str, 
     """Tokens per GPU, float64 ``[L, G]``, when expert loads ``loads_LE`` (float ``[L, E]``) are
     served with ``placement`` under ``engine``.
 
-    ``vllm``: every replica gets ``load / logcnt`` (the modulo rule's even split).
+    ``vllm``: every replica gets ``load / logcnt`` (the even split both vLLM rules tend to).
     ``sglang``: each expert's tokens come evenly from all G DP ranks (``load / G`` per rank) and each
     rank sends its share to its dispatch-map slot (``sglang_exact=False``: the seed-averaged map).
     ``ideal``: the LP-optimal split (:func:`ideal_gpu_loads`).
@@ -247,7 +268,8 @@ def expected_gpu_loads(placement: Placement, loads_LE: np.ndarray, engine: str, 
         slot_load = np.take_along_axis(w, p2l, axis=1) / np.take_along_axis(placement.logcnt, p2l, axis=1)
     else:
         if sglang_exact:
-            dmap = sglang_dispatch_map(placement, seed, variant=variant) if dispatch_map is None else dispatch_map
+            dmap = dispatch_map if dispatch_map is not None else sglang_dispatch_map(placement, seed,
+                                                                                      variant=variant)
             slot_load = np.zeros((L, P))
             share = w / G  # [L, E] tokens each rank sends
             rows = np.broadcast_to(np.arange(L)[None, :, None], dmap.shape)
@@ -263,7 +285,8 @@ def expected_gpu_loads(placement: Placement, loads_LE: np.ndarray, engine: str, 
 def _check_loads(placement: Placement, loads_LE: np.ndarray) -> np.ndarray:
     w = np.asarray(loads_LE, dtype=np.float64)
     if w.shape != (placement.num_layers, placement.num_experts):
-        raise InputError(f"loads must be [{placement.num_layers}, {placement.num_experts}] (MoE layers x experts) "
+        raise InputError(f"loads must be [{placement.num_layers}, {placement.num_experts}] "
+                         "(MoE layers x experts) "
                          f"for this placement, got {w.shape}")
     if (w < 0).any():
         raise InputError("loads must be non-negative")
@@ -339,7 +362,8 @@ def dp_ranks_round_robin(request_id: np.ndarray, num_gpus: int) -> np.ndarray:
     return (order_of_request[inv] % num_gpus).astype(np.int64)
 
 
-def batch_layout(src_gpu: np.ndarray, num_gpus: int, batch_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
+def batch_layout(src_gpu: np.ndarray, num_gpus: int,
+                 batch_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Engine steps: every DP rank processes its own tokens in order, ``batch_tokens`` per step (all of
     them in one step when ``None``); step ``s`` is batch ``s`` of every rank, and the EP ranks
     synchronize per step. Returns ``(step int64 [n], position_in_batch int64 [n])``."""
@@ -357,7 +381,7 @@ def batch_layout(src_gpu: np.ndarray, num_gpus: int, batch_tokens: int | None) -
 
 def batch_slots(placement: Placement, layer: int, expert_ids: np.ndarray, engine: str, *,
                 src_gpu: np.ndarray, pos_in_batch: np.ndarray, dispatch_map: np.ndarray | None = None,
-                seed: int = 42) -> np.ndarray:
+                seed: int = 42, vllm_rule: str = "hash") -> np.ndarray:
     """Slots int64 ``[n, k]`` of MoE layer ``layer`` for tokens from MANY rank-local batches at once:
     token ``t`` runs on DP rank ``src_gpu[t]`` at index ``pos_in_batch[t]`` of its batch (from
     :func:`batch_layout`). Same rules as :func:`choose_slots`."""
@@ -365,8 +389,8 @@ def batch_slots(placement: Placement, layer: int, expert_ids: np.ndarray, engine
     e = np.asarray(expert_ids, dtype=np.int64)
     k = e.shape[1]
     if engine == "vllm":
-        flat = np.asarray(pos_in_batch, dtype=np.int64)[:, None] * k + np.arange(k)[None, :]
-        return placement.log2phy[layer][e, flat % placement.logcnt[layer][e]].astype(np.int64)
+        rep = vllm_replica_index(pos_in_batch, k, placement.logcnt[layer][e], vllm_rule)
+        return placement.log2phy[layer][e, rep].astype(np.int64)
     if engine == "sglang":
         dmap = sglang_dispatch_map(placement, seed) if dispatch_map is None else dispatch_map
         return dmap[np.asarray(src_gpu, dtype=np.int64)[:, None], layer, e].astype(np.int64)
@@ -375,12 +399,12 @@ def batch_slots(placement: Placement, layer: int, expert_ids: np.ndarray, engine
 
 def token_slots(placement: Placement, expert_ids: np.ndarray, engine: str, *, src_gpu: np.ndarray,
                 batch_tokens: int | None = None, seed: int = 42,
-                dispatch_map: np.ndarray | None = None) -> np.ndarray:
+                dispatch_map: np.ndarray | None = None, vllm_rule: str = "hash") -> np.ndarray:
     """Physical slot of every (token, MoE layer, k), int32 ``[n, L, k]``, under ``vllm`` or ``sglang``.
 
     ``expert_ids``: int ``[n, L, k]``; ``src_gpu``: int ``[n]`` DP rank of each token (see
     :func:`dp_ranks_round_robin`); ``batch_tokens``: tokens per rank per step (vLLM's modulo index
-    restarts every step on every rank).
+    restarts every step on every rank); ``vllm_rule``: ``hash`` (vLLM main) or ``modulo``.
     """
     check_engine(engine)
     ids = np.asarray(expert_ids)
@@ -395,13 +419,13 @@ def token_slots(placement: Placement, expert_ids: np.ndarray, engine: str, *, sr
     out = np.empty((n, L, k), dtype=np.int32)
     for l in range(L):
         out[:, l, :] = batch_slots(placement, l, ids[:, l, :], engine, src_gpu=src_gpu, pos_in_batch=pos,
-                                   dispatch_map=dispatch_map)
+                                   dispatch_map=dispatch_map, vllm_rule=vllm_rule)
     return out
 
 
 def token_gpu_loads(placement: Placement, expert_ids: np.ndarray, engine: str, *, src_gpu: np.ndarray,
                     batch_tokens: int | None = None, seed: int = 42,
-                    dispatch_map: np.ndarray | None = None) -> np.ndarray:
+                    dispatch_map: np.ndarray | None = None, vllm_rule: str = "hash") -> np.ndarray:
     """Per-step tokens per GPU, float64 ``[S, L, G]``, for token-level routing ``expert_ids`` (int
     ``[n, L, k]``) whose tokens run on DP ranks ``src_gpu`` (int ``[n]``), ``batch_tokens`` per rank
     per step. ``ideal`` solves the splittable LP on each step's expert loads."""
@@ -424,7 +448,7 @@ def token_gpu_loads(placement: Placement, expert_ids: np.ndarray, engine: str, *
     out = np.zeros((S, L, G))
     for l in range(L):
         slots = batch_slots(placement, l, ids[:, l, :], engine, src_gpu=src_gpu, pos_in_batch=pos,
-                            dispatch_map=dispatch_map)
+                            dispatch_map=dispatch_map, vllm_rule=vllm_rule)
         key = step[:, None] * G + placement.slot_gpu[slots]
         out[:, l, :] = np.bincount(key.ravel(), minlength=S * G).reshape(S, G)
     return out

@@ -41,6 +41,8 @@ import numpy as np
 from placement.bounds import budget_bound, placement_bound
 from placement.cluster import ClusterSpec
 from placement.dispatch import (
+    SGLANG_VARIANTS,
+    VLLM_RULES,
     batch_layout,
     batch_slots,
     check_engine,
@@ -89,38 +91,79 @@ class TokenRouting:
         return out
 
 
-def read_token_routing(path: str | Path) -> TokenRouting:
-    """Read a trace (file or directory) into :class:`TokenRouting`: tokens ordered by (step,
-    request_id, position); every token must appear once in every MoE layer."""
+def index_trace(path: str | Path):
+    """Read a trace's routing columns and put every row in its place: returns ``(model, provenance,
+    expert_ids [rows, k] uint16, layer_idx [rows] (index into moe_layers), token [rows] (token index
+    in (step, request_id, position) order), request_id [tokens])``.
+
+    The token order comes from the rows of the first MoE layer (one row per token); every row finds its
+    token by the packed key ``request_id << 24 | position`` with a binary search — much cheaper than
+    sorting or joining nine million rows with a list column."""
+    import polars as pl
+
     from traces.format import read_trace_meta, scan_trace
 
-    model, _ = read_trace_meta(path)
+    model, prov = read_trace_meta(path)
     L = model.num_moe_layers
-    df = (scan_trace(path).select("request_id", "position", "step", "layer", "expert_ids")
-          .sort("layer", "step", "request_id", "position").collect())
+    lay2idx = np.full(65536, -1, dtype=np.int64)
+    lay2idx[list(model.moe_layers)] = np.arange(L)
+    lf = scan_trace(path)
+    first = (lf.filter(pl.col("layer") == model.moe_layers[0])
+             .select("step", "request_id", "position").collect())
+    df = lf.select("request_id", "position", "layer", "expert_ids").collect()
     if df.height == 0:
         raise InputError(f"{path}: the trace has no rows")
-    layers = df["layer"].to_numpy()
-    counts = {int(x): c for x, c in zip(*np.unique(layers, return_counts=True))}
-    unknown = sorted(set(counts) - set(model.moe_layers))
-    if unknown:
-        raise InputError(f"{path}: field 'layer': value {unknown[0]} is not an MoE layer of '{model.name}'")
-    n = counts.get(model.moe_layers[0], 0)
-    for lay in model.moe_layers:
-        if counts.get(lay, 0) != n:
-            raise InputError(f"{path}: field 'layer': layer {lay} has {counts.get(lay, 0)} rows but layer "
-                             f"{model.moe_layers[0]} has {n}; token-level evaluation needs every token in every MoE layer")
-    keys = np.stack([df["step"].to_numpy(), df["request_id"].to_numpy(), df["position"].to_numpy()], axis=1)
-    keys = keys.reshape(L, n, 3)
-    bad = np.flatnonzero((keys != keys[:1]).any(axis=(1, 2)))
-    if bad.size:
-        raise InputError(f"{path}: layer {model.moe_layers[int(bad[0])]} covers different tokens (step, request_id, "
-                         f"position) than layer {model.moe_layers[0]}")
+    if first.height == 0:
+        raise InputError(f"{path}: field 'layer': no rows for MoE layer {model.moe_layers[0]}")
+
+    def packed(frame) -> np.ndarray:
+        rid = frame["request_id"].to_numpy().astype(np.int64)
+        pos = frame["position"].to_numpy().astype(np.int64)
+        if rid.min() < 0 or rid.max() >= 1 << 39 or pos.min() < 0 or pos.max() >= 1 << 24:
+            raise InputError(f"{path}: fields 'request_id' / 'position' outside [0, 2^39) / [0, 2^24)")
+        return (rid << 24) | pos
+
+    tok_key = packed(first)
+    order = np.lexsort((tok_key, first["step"].to_numpy()))  # by step, then request_id, position
+    tok_key = tok_key[order]
+    by_key = np.argsort(tok_key, kind="stable")
+    sk = tok_key[by_key]
+    if (np.diff(sk) == 0).any():
+        raise InputError(f"{path}: a (request_id, position) appears twice in MoE layer {model.moe_layers[0]}")
+    layer = df["layer"].to_numpy().astype(np.int64)
+    layer_idx = lay2idx[layer]
+    if (layer_idx < 0).any():
+        raise InputError(f"{path}: field 'layer': value {int(layer[layer_idx < 0][0])} is not an MoE "
+                         "layer of "
+                         f"'{model.name}'")
+    row_key = packed(df)
+    j = np.minimum(np.searchsorted(sk, row_key), len(sk) - 1)
+    missing = sk[j] != row_key
+    if missing.any():
+        i = int(np.flatnonzero(missing)[0])
+        raise InputError(f"{path}: row {i}: token (request_id {row_key[i] >> 24}, "
+                         f"position {row_key[i] & 0xFFFFFF}) "
+                         f"has no row in MoE layer {model.moe_layers[0]}")
     ids = df.get_column("expert_ids").to_numpy()
     if ids.ndim != 2:
         ids = np.stack(ids)
-    ids = ids.reshape(L, n, -1).transpose(1, 0, 2)
-    return TokenRouting(np.ascontiguousarray(ids.astype(np.uint16)), keys[0, :, 1].copy(), model)
+    return model, prov, ids.astype(np.uint16, copy=False), layer_idx, by_key[j], tok_key >> 24
+
+
+def read_token_routing(path: str | Path) -> TokenRouting:
+    """Read a trace (file or directory) into :class:`TokenRouting`: tokens ordered by (step,
+    request_id, position); every token must appear exactly once in every MoE layer."""
+    model, _, ids, layer_idx, token, request_id = index_trace(path)
+    n, L = request_id.size, model.num_moe_layers
+    cell = token * L + layer_idx
+    seen = np.bincount(cell, minlength=n * L)
+    if (seen != 1).any():
+        c = int(np.flatnonzero(seen != 1)[0])
+        raise InputError(f"{path}: field 'layer': token {c // L} has {int(seen[c])} rows in MoE layer "
+                         f"{model.moe_layers[c % L]}; token-level evaluation needs exactly one per MoE layer")
+    out = np.empty((n * L, ids.shape[1]), dtype=np.uint16)
+    out[cell] = ids
+    return TokenRouting(out.reshape(n, L, -1), request_id, model)
 
 
 @dataclass(frozen=True, eq=False)
@@ -288,7 +331,8 @@ def _as_routing(routing, model: ModelSpec | None) -> tuple[str, Any, ModelSpec |
     if arr.ndim == 2:
         arr = arr[None]
     if arr.ndim != 3:
-        raise InputError(f"routing must be Loads, [windows, layers, experts] or [layers, experts], got {arr.shape}")
+        raise InputError(f"routing must be Loads, [windows, layers, experts] or [layers, experts], "
+                         f"got {arr.shape}")
     return "loads", arr, model, ()
 
 
@@ -297,28 +341,35 @@ def _model_for(placement: Placement, model: ModelSpec | None) -> ModelSpec:
         return model
     if placement.model_name in preset_names():
         return load_model(placement.model_name)
-    raise InputError(f"placement is for model '{placement.model_name}', which is not a preset; pass the model "
+    raise InputError(f"placement is for model '{placement.model_name}', which is not a preset; "
+                     "pass the model "
                      "(--model) to evaluate it on a bare array")
 
 
 # ---------------------------------------------------------------------------- traffic
-def _traffic_from_dest(dest: np.ndarray, src_gpu: np.ndarray, gpus_per_node: int) -> tuple[float, float, float, float]:
-    """Exact traffic of selections with destination GPUs ``dest`` int ``[n, k]`` from ``src_gpu``
-    ``[n]``: (remote-node selections, remote nodes touched, remote GPUs touched, remote selections),
-    each summed over tokens."""
-    src = src_gpu[:, None]
-    remote_gpu = dest != src
-    dnode = dest // gpus_per_node
-    remote_node = dnode != src // gpus_per_node
+def _distinct_remote(dest: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """Number of distinct values in each row of ``dest`` [n, k] other than ``src`` [n]: int64 [n]."""
+    if dest.max(initial=0) < 64 and src.max(initial=0) < 64:  # a set of small ints is a 64-bit mask
+        mask = np.bitwise_or.reduce(np.left_shift(np.uint64(1), dest.astype(np.uint64)), axis=1)
+        mask &= ~np.left_shift(np.uint64(1), src.astype(np.uint64))
+        return np.bitwise_count(mask).astype(np.int64)
     srt = np.sort(dest, axis=1)
     new = np.ones_like(srt, dtype=bool)
     new[:, 1:] = srt[:, 1:] != srt[:, :-1]
-    uniq_remote_gpus = (new & (srt != src)).sum()
-    srtn = np.sort(dnode, axis=1)
-    newn = np.ones_like(srtn, dtype=bool)
-    newn[:, 1:] = srtn[:, 1:] != srtn[:, :-1]
-    uniq_remote_nodes = (newn & (srtn != src // gpus_per_node)).sum()
-    return float(remote_node.sum()), float(uniq_remote_nodes), float(uniq_remote_gpus), float(remote_gpu.sum())
+    return (new & (srt != src[:, None])).sum(axis=1)
+
+
+def _traffic_from_dest(dest: np.ndarray, src_gpu: np.ndarray,
+                       gpus_per_node: int) -> tuple[float, float, float, float]:
+    """Exact traffic of selections with destination GPUs ``dest`` int ``[n, k]`` from ``src_gpu``
+    ``[n]``: (remote-node selections, remote nodes touched, remote GPUs touched, remote selections),
+    each summed over tokens."""
+    src_node = src_gpu // gpus_per_node
+    dnode = dest // gpus_per_node
+    remote_node_sel = float((dnode != src_node[:, None]).sum())
+    remote_sel = float((dest != src_gpu[:, None]).sum())
+    return (remote_node_sel, float(_distinct_remote(dnode, src_node).sum()),
+            float(_distinct_remote(dest, src_gpu).sum()), remote_sel)
 
 
 def _traffic_from_loads(placement: Placement, w: np.ndarray, engine: str, k: int,
@@ -363,10 +414,38 @@ def _traffic_from_loads(placement: Placement, w: np.ndarray, engine: str, k: int
                    "expert": float((sel_remote * wl).mean())}
 
 
+def _sample_traffic(placement: Placement, samples: np.ndarray, engine: str, dmap: np.ndarray | None,
+                    vllm_rule: str) -> tuple[float, dict[str, float]]:
+    """Exact traffic of a token sample ``[N, L, k]`` (-1 rows skipped per layer): token ``i`` runs on DP
+    rank ``i % G`` at batch position ``i // G``. Returns (cross-node share, sends per token per layer)."""
+    N, L, _ = samples.shape
+    G = placement.num_gpus
+    src_all = np.arange(N) % G
+    pos_all = np.arange(N) // G
+    acc = dict.fromkeys(("cross", *TRAFFIC_MODES), 0.0)
+    sel = tok = 0
+    for l in range(L):
+        ok = (samples[:, l, :] >= 0).all(axis=1)
+        if not ok.any():
+            continue
+        src = src_all[ok]
+        slots = batch_slots(placement, l, samples[ok, l, :], engine, src_gpu=src, pos_in_batch=pos_all[ok],
+                            dispatch_map=dmap, vllm_rule=vllm_rule)
+        a, b, c, d = _traffic_from_dest(placement.slot_gpu[slots], src, placement.gpus_per_node)
+        for key, v in zip(("cross", "node", "gpu", "expert"), (a, b, c, d)):
+            acc[key] += v
+        sel += slots.size
+        tok += int(ok.sum())
+    if tok == 0:
+        raise InputError("the token sample has no complete rows")
+    return acc["cross"] / sel, {key: acc[key] / tok for key in TRAFFIC_MODES}
+
+
 # ---------------------------------------------------------------------------- evaluate
 def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: ModelSpec | None = None,
              cluster: ClusterSpec | None = None, batch_tokens: int | None = None, seed: int = 42,
-             dispatch_dtype: str = "bf16", sglang_variant: str = "mainline") -> Metrics:
+             dispatch_dtype: str = "bf16", sglang_variant: str = "mainline",
+             vllm_rule: str = "hash", samples: np.ndarray | None = None) -> Metrics:
     """Score ``placement`` on ``routing`` under ``engine`` (``vllm`` | ``sglang`` | ``ideal``).
 
     ``routing``: Loads / ``.npz`` path / array ``[W, L, E]`` or ``[L, E]`` (per-window metrics), or a
@@ -374,8 +453,22 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
     by request; with ``batch_tokens`` each rank runs ``batch_tokens`` tokens per step and the per-step
     balancedness distribution is reported). ``cluster`` only has to agree with the placement's GPU
     count and node size. ``dispatch_dtype``: dtype of dispatched activations (bytes per send).
+    ``sglang_variant`` / ``vllm_rule``: which version of the engine's rule (see :mod:`placement.dispatch`).
+    ``samples``: int ``[N, L, k]`` expert ids of a token sample (``-1`` = no row for that layer; default:
+    the Loads' own ``samples``): with Loads input, traffic is then replayed exactly on the sampled
+    tokens (spread round-robin over the DP ranks) instead of the independence approximation — the
+    only way co-located experts show up as fewer remote sends.
     """
     check_engine(engine)
+    if vllm_rule not in VLLM_RULES:
+        raise InputError(f"unknown vLLM replica rule '{vllm_rule}' (expected one of {VLLM_RULES})")
+    if sglang_variant not in SGLANG_VARIANTS:
+        raise InputError(f"unknown SGLang dispatch variant '{sglang_variant}' "
+                         f"(expected one of {SGLANG_VARIANTS})")
+    if samples is None and isinstance(routing, Loads):
+        samples = routing.samples
+    elif samples is None and isinstance(routing, (str, Path)) and is_loads_file(routing):
+        samples = load_loads(routing).samples
     kind, data, rmodel, labels = _as_routing(routing, model)
     m = model or rmodel
     m = _model_for(placement, m)
@@ -405,20 +498,28 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
         gpu_loads = np.stack([expected_gpu_loads(placement, data[w], engine, seed=seed, dispatch_map=dmap,
                                                  variant=sglang_variant) for w in range(W)])
         totals = data.sum(axis=2).sum(axis=1)
-        cross, remote = 0.0, {m_: 0.0 for m_ in TRAFFIC_MODES}
-        for w in range(W):
-            c_w, r_w = _traffic_from_loads(placement, data[w], engine, k, dmap, gpu_loads[w])
-            cross += c_w * totals[w] / totals.sum()
-            for key in remote:
-                remote[key] += r_w[key] / W
-        traffic_method = "uniform-sources, independence approximation"
-        notes.append("Loads input: remote GPUs/nodes per token use an independence approximation "
-                     "(k selections drawn independently); pass a token-level trace for exact counts")
+        if samples is not None and len(samples) and engine != "ideal":
+            sm = np.asarray(samples)
+            if sm.ndim != 3 or sm.shape[1:] != (L, k):
+                raise InputError(f"samples must be [tokens, {L}, {k}], got {sm.shape}")
+            cross, remote = _sample_traffic(placement, sm, engine, dmap, vllm_rule)
+            traffic_method = f"token sample ({len(sm)} tokens), exact replay on the sample"
+        else:
+            cross, remote = 0.0, {m_: 0.0 for m_ in TRAFFIC_MODES}
+            for w in range(W):
+                c_w, r_w = _traffic_from_loads(placement, data[w], engine, k, dmap, gpu_loads[w])
+                cross += c_w * totals[w] / totals.sum()
+                for key in remote:
+                    remote[key] += r_w[key] / W
+            traffic_method = "uniform-sources, independence approximation"
+            notes.append("Loads input without a token sample: remote GPUs/nodes per token use an "
+                         "independence approximation (k selections drawn independently); pass a trace "
+                         "for exact counts")
         loads_wle = data
     else:
         tr: TokenRouting = data
         src = dp_ranks_round_robin(tr.request_id, G)
-        _, pos = batch_layout(src, G, batch_tokens)
+        step, pos = batch_layout(src, G, batch_tokens)
         totals_l = np.zeros(L)
         cnt = {"cross": 0.0, "node": 0.0, "gpu": 0.0, "expert": 0.0}
         loads_le = tr.loads()
@@ -430,26 +531,31 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
             notes.append("engine 'ideal' is a fractional split; its traffic uses the Loads approximation")
         else:
             gl = np.zeros((L, G))
+            S = int(step.max()) + 1
+            per_step = np.zeros((S, L, G))
             for l in range(L):
-                slots = batch_slots(placement, l, tr.expert_ids[:, l, :], engine, src_gpu=src, pos_in_batch=pos,
-                                    dispatch_map=dmap)
+                slots = batch_slots(placement, l, tr.expert_ids[:, l, :], engine, src_gpu=src,
+                                    pos_in_batch=pos, dispatch_map=dmap, vllm_rule=vllm_rule)
                 dest = placement.slot_gpu[slots]
-                gl[l] = np.bincount(dest.ravel(), minlength=G)
+                per_step[:, l, :] = np.bincount((step[:, None] * G + dest).ravel(),
+                                                minlength=S * G).reshape(S, G)
                 a, b, c, d = _traffic_from_dest(dest, src, placement.gpus_per_node)
                 cnt["cross"] += a
                 cnt["node"] += b
                 cnt["gpu"] += c
                 cnt["expert"] += d
                 totals_l[l] = dest.size
+            gl = per_step.sum(axis=0)
             gpu_loads = gl[None]
             n = tr.num_tokens
             cross = cnt["cross"] / totals_l.sum()
-            remote = {"node": cnt["node"] / (n * L), "gpu": cnt["gpu"] / (n * L), "expert": cnt["expert"] / (n * L)}
+            remote = {key: cnt[key] / (n * L) for key in TRAFFIC_MODES}
             traffic_method = "exact"
         loads_wle = loads_le[None]
         if batch_tokens:
-            per_step = token_gpu_loads(placement, tr.expert_ids, engine, src_gpu=src, batch_tokens=batch_tokens,
-                                       seed=seed, dispatch_map=dmap)
+            if engine == "ideal":
+                per_step = token_gpu_loads(placement, tr.expert_ids, engine, src_gpu=src,
+                                           batch_tokens=batch_tokens, seed=seed, dispatch_map=dmap)
             mx = per_step.max(axis=2)
             bal = np.divide(per_step.mean(axis=2), mx, out=np.ones_like(mx), where=mx > 0)
             batch_bal = bal.mean(axis=1)

@@ -105,6 +105,15 @@ class CostModel:
         self.nic_bw = g.nic_bw * c.link_efficiency
         self.wbytes = DTYPE_BYTES[model.weight_dtype]
         self.kind_counts = {k: len(model.layers_of(k)) for k in ("mla", "kda", "gqa")}
+        # Per-kind constants, computed once (the formulas below use them per iteration).
+        self._att_params = {k: model.attention_params(k) for k, n in self.kind_counts.items() if n}
+        self._kda_state_layer = (model.state_bytes_per_sequence(attention_tp) / self.kind_counts["kda"]
+                                 if self.kind_counts["kda"] else 0.0)
+        # Layer layout for step_time: each layer's (attention kind, MoE?) key and MoE-layer flag.
+        moe = set(model.moe_layers)
+        self._keys = sorted({(k, i in moe) for i, k in enumerate(model.attention)})
+        self._layer_key = np.array([self._keys.index((k, i in moe)) for i, k in enumerate(model.attention)])
+        self._is_moe = np.array([i in moe for i in range(model.num_layers)])
 
     # ------------------------------------------------------------------ routed experts
     @property
@@ -174,7 +183,7 @@ class CostModel:
         sequence); prefill the expanded form (per (query, key) pair 2H(qk_nope + rope + v))."""
         c = self.model.mla
         tp = self.tp
-        p = self.model.attention_params("mla")
+        p = self._att_params["mla"]
         kv_tok = (c.kv_lora_rank + c.qk_rope_head_dim) * KV_DTYPE_BYTES[self.kv_dtype]
         dec_pair = 2.0 * c.num_heads * (2 * c.kv_lora_rank + c.qk_rope_head_dim) / tp
         pre_pair = 2.0 * c.num_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) / tp
@@ -189,11 +198,11 @@ class CostModel:
         decoding sequence per step, and once per prefill chunk."""
         c = self.model.kda
         tp = self.tp
-        p = self.model.attention_params("kda")
+        p = self._att_params["kda"]
         hdd = c.num_heads * c.head_dim * c.head_dim / tp
         flops = (w.tokens * (2.0 * p / tp + 3 * 2.0 * hdd)
                  + w.pre_tokens * 2 * 2.0 * c.num_heads * c.head_dim * KDA_CHUNK / tp)
-        state = self.model.state_bytes_per_sequence(tp) / len(self.model.layers_of("kda"))
+        state = self._kda_state_layer
         bytes_ = (np.where(w.tokens > 0, p * self.wbytes / tp, 0.0)
                   + 2 * state * (w.dec_seqs + w.pre_seqs))
         return roofline(flops, bytes_, self.peak_trunk, self.hbm_bw)
@@ -203,7 +212,7 @@ class CostModel:
         pair; K and V read once per sequence."""
         c = self.model.gqa
         tp = self.tp
-        p = self.model.attention_params("gqa")
+        p = self._att_params["gqa"]
         kv_tok = self.model.kv_bytes_per_token(self.kv_dtype, tp) / max(1, len(self.model.layers_of("gqa")))
         pair = 4.0 * c.num_heads * c.head_dim / tp
         flops = w.tokens * 2.0 * p / tp + (w.dec_ctx + w.pre_pairs) * pair
@@ -241,43 +250,32 @@ class CostModel:
     def moe_layer_times(self, moe: MoeWork) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per MoE layer ``[L]``: the slowest GPU's expert time, dispatch + combine time (slowest GPU each),
         and the straggler time: for each of the three phases, slowest GPU minus the mean GPU."""
+        G = moe.tokens.shape[1]
         t = self.expert_time(moe.tokens, moe.touched)
         d = self.a2a_time(moe.nvlink, moe.nic, "dispatch")
         c = self.a2a_time(moe.nvlink, moe.nic, "combine")
         experts = t.max(axis=1)
         comm = d.max(axis=1) + c.max(axis=1)
-        straggler = (experts - t.mean(axis=1)) + (comm - d.mean(axis=1) - c.mean(axis=1))
+        straggler = (experts - t.sum(axis=1) / G) + (comm - (d.sum(axis=1) + c.sum(axis=1)) / G)
         return experts, comm, straggler
 
     def step_time(self, w: RankWork, moe: MoeWork, dual_batch_overlap: bool = False) -> StepTime:
         """Time of one engine iteration (see the module docstring for the composition)."""
-        m = self.model
-        per_kind = {k: self.attention_time(k, w) for k in self.kind_counts if self.kind_counts[k]}
-        trunk_moe = self.trunk_time(w, True)
-        trunk_dense = self.trunk_time(w, False)
+        per_kind = {k: self.attention_time(k, w) for k, n in self.kind_counts.items() if n}
+        trunk = {True: self.trunk_time(w, True), False: self.trunk_time(w, False)}
+        # the slowest rank of a layer depends only on (attention kind, MoE or dense): once per key
+        key_time = np.array([float(np.max(per_kind[k] + trunk[is_moe])) for k, is_moe in self._keys])
+        attn = key_time[self._layer_key]  # [num_layers]
         experts, comm, straggler = self.moe_layer_times(moe)
-        layer = np.zeros(m.num_layers)
-        attn_total = 0.0
-        moe_idx = {layer_i: j for j, layer_i in enumerate(m.moe_layers)}
-        # Max over ranks of a layer depends only on (attention kind, moe or dense): compute each once.
-        cache: dict[tuple[str, bool], float] = {}
-        for i, kind in enumerate(m.attention):
-            key = (kind, i in moe_idx)
-            if key not in cache:
-                cache[key] = float(np.max(per_kind[kind] + (trunk_moe if key[1] else trunk_dense)))
-            a = cache[key]
-            attn_total += a
-            j = moe_idx.get(i)
-            if j is None:
-                layer[i] = a
-            elif dual_batch_overlap:
-                c, x = a + experts[j], comm[j]
-                layer[i] = max(c, x) + min(c, x) / 2
-            else:
-                layer[i] = a + experts[j] + comm[j]
+        layer = attn.copy()
+        if dual_batch_overlap:
+            c = attn[self._is_moe] + experts
+            layer[self._is_moe] = np.maximum(c, comm) + np.minimum(c, comm) / 2
+        else:
+            layer[self._is_moe] += experts + comm
         head = float(np.max(self.lm_head_time(w))) if w.sampled.any() else 0.0
-        return StepTime(total=float(layer.sum()) + head, attention=attn_total + head, experts=float(experts.sum()),
-                        comm=float(comm.sum()), straggler=straggler, layer=layer)
+        return StepTime(total=float(layer.sum()) + head, attention=float(attn.sum()) + head,
+                        experts=float(experts.sum()), comm=float(comm.sum()), straggler=straggler, layer=layer)
 
     # ------------------------------------------------------------------ memory movement
     def transfer_time(self, bytes_: float, same_node: bool = False) -> float:

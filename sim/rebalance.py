@@ -122,7 +122,9 @@ class Rebalancer:
             return 0.0
         sim = self.sim
         old = pool.placement
-        options = {"from": old, "max_moves": self.cfg.moves} if self.policy == "moeplace" else {}
+        options = {}
+        if self.policy == "moeplace":  # the optimizer's migration mode: at most K moves from `old`
+            options = {"from": old, "max_moves": self.cfg.moves or None}
         problem = PlacementProblem(loads=loads[None], model=sim.model, cluster=sim.cluster,
                                    num_redundant=old.num_redundant, engine=sim.config.engine.replica_rule,
                                    seed=sim.config.seed, options=options)

@@ -103,7 +103,7 @@ def request_frame(requests: list) -> pl.DataFrame:
         tpot_s=pl.when(pl.col("output_tokens") > 1)
         .then((pl.col("finished_s") - pl.col("first_token_s")) / (pl.col("output_tokens") - 1))
         .otherwise(None),
-    ).with_columns(pl.col("ttft_s").fill_nan(None), pl.col("tpot_s").fill_nan(None))
+    ).with_columns(pl.col(c).fill_nan(None) for c in ("queue_s", "first_token_s", "finished_s", "ttft_s", "tpot_s"))
 
 
 def _pct(s: pl.Series, q: float) -> float | None:

@@ -29,7 +29,8 @@ def test_linear_matches_vllm_blocks():
     init = vllm_initial_map(E, R)
     S = (E + R) // G
     for r in range(G):
-        assert p2l[r * S:(r + 1) * S].tolist() == [int(init[p]) for p in vllm_linear_rank_experts(E + R, G, r)]
+        want = [int(init[p]) for p in vllm_linear_rank_experts(E + R, G, r)]
+        assert p2l[r * S:(r + 1) * S].tolist() == want
     assert p2l.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 1, 2, 3]
 
 

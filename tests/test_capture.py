@@ -37,7 +37,7 @@ TINY = {
                   "shared_expert_intermediate_size": 32, "norm_topk_prob": False, "decoder_sparse_step": 2},
     # Kimi-Linear: the K3 layout (KDA + MLA attention, sigmoid group-limited router with bias)
     "kimi_linear": {"model_type": "kimi_linear", "num_hidden_layers": 4, "first_k_dense_replace": 1,
-                    "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                    "layer_types": ["linear_attention", "full_attention"] * 2,
                     "num_experts": 16, "num_experts_per_token": 4, "num_expert_group": 4, "topk_group": 2,
                     "routed_scaling_factor": 2.446, "moe_intermediate_size": 16, "q_lora_rank": None,
                     "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
@@ -47,8 +47,8 @@ TINY = {
     "olmoe": {"model_type": "olmoe", "num_hidden_layers": 2, "num_experts": 16, "num_experts_per_tok": 4,
               "norm_topk_prob": False},
 }
-EXPECTED_MOE_LAYERS = {"deepseek_v3": (1, 2), "kimi_linear": (1, 2, 3), "qwen3_moe": (0, 2), "qwen2_moe": (1, 3), "mixtral": (0, 1),
-                       "olmoe": (0, 1)}
+EXPECTED_MOE_LAYERS = {"deepseek_v3": (1, 2), "kimi_linear": (1, 2, 3), "qwen3_moe": (0, 2),
+                       "qwen2_moe": (1, 3), "mixtral": (0, 1), "olmoe": (0, 1)}
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19, 20]]
 NEW = 5
 
@@ -322,6 +322,28 @@ def test_cli_capture(tmp_path, capsys):
     _, prov = read_trace_meta(out)
     assert prov["tokenizer"].startswith("byte-level") and prov["weights"].startswith("random")
     assert "rows" in capsys.readouterr().out
+
+
+def test_cli_capture_with_local_weights_matches_in_process_capture(tmp_path):
+    model = tiny_model("mixtral", seed=3)
+    ckpt = tmp_path / "ckpt"
+    model.save_pretrained(str(ckpt))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("abc\nrouting\n")
+    out = tmp_path / "trace"
+    rc = main(["trace", "capture", "--hf-config", str(ckpt / "config.json"), "--weights", str(ckpt),
+               "--prompts", str(prompts), "--max-new-tokens", "3", "--ignore-eos", "--out", str(out)])
+    assert rc == 0
+    ids, mask = left_padded([[b % 96 for b in p.encode()] for p in read_prompts(prompts)])
+    model.generation_config.eos_token_id = None
+    with RoutingRecorder(model) as rec, torch.no_grad():
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    a = rec.arrays()
+    df = scan_trace(out).collect()
+    assert df["expert_ids"].to_numpy().tolist() == a["expert_ids"].tolist()
+    np.testing.assert_allclose(np.stack(df["gate_weights"].to_numpy()), a["gate_weights"], rtol=1e-6)
+    _, prov = read_trace_meta(out)
+    assert prov["weights"] == str(ckpt)
 
 
 @pytest.mark.parametrize("case,needle", [

@@ -1,6 +1,8 @@
 """Cluster topology (placement/cluster.py)."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from placement.cluster import gpu_preset_names, load_gpu, make_cluster
@@ -42,7 +44,7 @@ def test_graph_and_paths():
     assert c.path(0, 3) == [("gpu", 0), ("nvswitch", 0), ("gpu", 3)]
     p = c.path(0, 12)
     assert p[0] == ("gpu", 0) and p[-1] == ("gpu", 12) and ("fabric", 0) in p
-    assert min(g.edges[e]["bandwidth"] for e in zip(p, p[1:])) == c.bandwidth(0, 12)
+    assert min(g.edges[e]["bandwidth"] for e in itertools.pairwise(p)) == c.bandwidth(0, 12)
     single = make_cluster(8)
     assert not any(d["kind"] == "nic" for *_, d in single.graph.edges(data=True))
 

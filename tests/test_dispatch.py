@@ -36,13 +36,22 @@ def make(model, p2l, G, gpn):
 
 
 # ---------------------------------------------------------------------------- vLLM
-def test_vllm_modulo_on_flattened_index(tiny):
+def test_vllm_hash_rule_hand_computed(tiny):
     # slots: GPU0 = [0, 1, 2], GPU1 = [3, 0, 0]  -> expert 0 has slots 0, 4, 5 (ascending)
+    pl = make(tiny, [[0, 1, 2, 3, 0, 0]], 2, 2)
+    ids = np.array([[0, 1], [0, 3], [0, 0]])
+    # token t hashes to (t * 2654435769) & 0xFFFFFFFF: 0, 2654435769, 1013904242; mod 3 -> 0, 0, 2
+    # (all k experts of a token share it): token 0 -> slot 0; token 1 -> slot 0; token 2 -> slot 5, 5
+    assert [(t * 2654435769) & 0xFFFFFFFF for t in range(3)] == [0, 2654435769, 1013904242]
+    assert choose_slots(pl, 0, ids, "vllm").tolist() == [[0, 1], [0, 3], [5, 5]]
+
+
+def test_vllm_modulo_on_flattened_index(tiny):
     pl = make(tiny, [[0, 1, 2, 3, 0, 0]], 2, 2)
     ids = np.array([[0, 1], [0, 3], [0, 0]])
     # flattened positions 0..5: (0,0)->0%3=0 slot0; (0,1)->expert1 slot1; (1,0)->2%3=2 slot5;
     # (1,1)->expert3 slot3; (2,0)->4%3=1 slot4; (2,1)->5%3=2 slot5
-    assert choose_slots(pl, 0, ids, "vllm").tolist() == [[0, 1], [5, 3], [4, 5]]
+    assert choose_slots(pl, 0, ids, "vllm", vllm_rule="modulo").tolist() == [[0, 1], [5, 3], [4, 5]]
 
 
 def test_vllm_index_restarts_per_batch(tiny):
@@ -50,12 +59,25 @@ def test_vllm_index_restarts_per_batch(tiny):
     ids = np.zeros((4, 1, 2), dtype=np.int64)
     ids[:, 0, 1] = 1
     src = np.zeros(4, dtype=np.int64)
-    one_batch = token_slots(pl, ids, "vllm", src_gpu=src, batch_tokens=None)[:, 0, 0]
-    two_batches = token_slots(pl, ids, "vllm", src_gpu=src, batch_tokens=2)[:, 0, 0]
+    one = token_slots(pl, ids, "vllm", src_gpu=src, batch_tokens=None, vllm_rule="modulo")[:, 0, 0]
+    two = token_slots(pl, ids, "vllm", src_gpu=src, batch_tokens=2, vllm_rule="modulo")[:, 0, 0]
     # one batch: positions 0,2,4,6 -> replicas 0,2,1,0 -> slots 0,5,4,0
-    assert one_batch.tolist() == [0, 5, 4, 0]
+    assert one.tolist() == [0, 5, 4, 0]
     # two batches of 2 tokens: positions 0,2 | 0,2 -> slots 0,5 | 0,5
-    assert two_batches.tolist() == [0, 5, 0, 5]
+    assert two.tolist() == [0, 5, 0, 5]
+    # hash rule: tokens 0,1,2,3 -> hashes mod 3 = 0,0,2,(3*2654435769 & 0xFFFFFFFF) % 3
+    h3 = ((3 * 2654435769) & 0xFFFFFFFF) % 3
+    hashed = token_slots(pl, ids, "vllm", src_gpu=src)[:, 0, 0]
+    assert hashed.tolist() == [0, 0, 5, [0, 4, 5][h3]]
+    assert token_slots(pl, ids, "vllm", src_gpu=src, batch_tokens=2)[:, 0, 0].tolist() == [0, 0, 0, 0]
+
+
+def test_vllm_rules_split_evenly_over_many_tokens(tiny):
+    pl = make(tiny, [[0, 1, 2, 3, 0, 0]], 2, 2)
+    ids = np.tile([[0, 1]], (30_000, 1))
+    for rule in ("hash", "modulo"):
+        counts = np.bincount(choose_slots(pl, 0, ids, "vllm", vllm_rule=rule)[:, 0], minlength=6)
+        assert np.allclose(counts[[0, 4, 5]], 10_000, rtol=0.01)
 
 
 # ---------------------------------------------------------------------------- SGLang
@@ -98,7 +120,8 @@ def _sglang_reference(pl: Placement, seed: int, variant: str) -> np.ndarray:
     rank's nearest replica (mainline), then build the whole table and keep the rank's row."""
     G, L, E, S = pl.num_gpus, pl.num_layers, pl.num_experts, pl.slots_per_gpu
     gpn = pl.gpus_per_node
-    all_phys = [[[int(p) for p in range(pl.num_slots) if pl.phy2log[l, p] == e] for e in range(E)] for l in range(L)]
+    all_phys = [[[int(p) for p in range(pl.num_slots) if pl.phy2log[l, p] == e] for e in range(E)]
+                for l in range(L)]
 
     def nearest(cands, rank):
         if len(cands) == 1:

@@ -91,11 +91,13 @@ def test_batch_distribution(tiny):
     m = evaluate(pl, TokenRouting(ids, np.zeros(4, int), tiny), "vllm", batch_tokens=2)
     assert m.batch_balancedness.tolist() == pytest.approx([2 / 4, 1.0])
     st_ = m.batch_stats()
-    assert st_["num_batches"] == 2 and st_["mean"] == pytest.approx(0.75) and st_["p50"] == pytest.approx(0.75)
+    assert st_["num_batches"] == 2
+    assert st_["mean"] == pytest.approx(0.75) and st_["p50"] == pytest.approx(0.75)
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from(["vllm", "sglang", "ideal"]), st.sampled_from([(4, 2), (6, 3), (8, 4)]))
+@given(st.integers(0, 10_000), st.sampled_from(["vllm", "sglang", "ideal"]),
+       st.sampled_from([(4, 2), (6, 3), (8, 4)]))
 def test_properties_mass_range_floor(k3, seed, engine, grid):
     G, gpn = grid
     E = 12
@@ -201,3 +203,26 @@ def test_evaluate_cli(tiny, tmp_path, capsys):
     assert "made for model 'tiny'" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "pl.json"), str(tmp_path / "none")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_token_sample_gives_exact_traffic_on_loads(tiny):
+    # 4 GPUs, 2 per node; GPU g holds expert g. Sample tokens always pick experts {0, 1} (both on node 0).
+    pl = make(tiny, [[0, 1, 2, 3]], 4, 2)
+    sample = np.tile(np.array([[[0, 1]]]), (8, 1, 1))
+    loads = Loads(np.array([[[8, 8, 0, 0]]]), tiny, samples=sample.astype(np.int32))
+    m = evaluate(pl, loads, "vllm")
+    assert m.traffic_method.startswith("token sample (8 tokens)")
+    # tokens i run on rank i % 4: ranks 0,1 (node 0) send nothing across nodes; ranks 2,3 send both
+    # selections to node 0 -> 1 remote node each; remote GPUs: rank0 -> {1}, rank1 -> {0}, ranks 2,3 -> 2
+    assert m.cross_node_share == pytest.approx(0.5)
+    assert m.remote_per_token == pytest.approx({"node": 0.5, "gpu": 1.5, "expert": 1.5})
+    # the independence approximation (no sample) draws the 2 picks independently from (1/2, 1/2): a GPU
+    # is touched with probability 1 - (1/2)^2 = 3/4, so rank 0 -> 0.75, rank 2 -> 1.5 remote GPUs
+    approx = evaluate(pl, np.array([[8.0, 8.0, 0.0, 0.0]]), "vllm", model=tiny)
+    assert approx.remote_per_token["node"] == pytest.approx(0.5)
+    assert approx.remote_per_token["gpu"] == pytest.approx((0.75 + 0.75 + 1.5 + 1.5) / 4)
+    # rows with -1 (token missing from a layer) are skipped
+    holes = sample.astype(np.int32).copy()
+    holes[:4] = -1
+    m2 = evaluate(pl, Loads(np.array([[[8, 8, 0, 0]]]), tiny, samples=holes), "vllm")
+    assert m2.remote_per_token["expert"] == pytest.approx(1.5)

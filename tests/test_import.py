@@ -664,9 +664,9 @@ def test_sglang_per_token_map_mismatch(tiny, tmp_path):
     with pytest.raises(InputError) as exc:
         import_source("sglang", dumps, tiny, tmp_path / "t")
     assert str(exc.value) == (
-        f"{dumps[1]}: record 0: field 'topk_ids_of_layer': MoE layer 1 token 0: physical experts [0, 8] map to "
-        "logical [0, 0] with a repeat; 'last_physical_to_logical_map' does not fit this record (EPLB rebalanced "
-        "during recording?)"
+        f"{dumps[1]}: record 0: field 'topk_ids_of_layer': MoE layer 1 token 0: "
+        "physical experts [0, 8] map to logical [0, 0] with a repeat; 'last_physical_to_logical_map' "
+        "does not fit this record (EPLB rebalanced during recording?)"
     )
 
 
@@ -675,8 +675,29 @@ def test_vllm_jsonl_nan_weight_reported_as_field_problem(tiny, tmp_path):
     src = tmp_path / "log.jsonl"
     src.write_text(
         '{"type": "meta", "top_k": 2}\n'
-        '{"type": "route", "req_id": "r", "token_idx": 0, "layer": 0, "topk_ids": [1, 2], "topk_weights": [NaN, 1]}\n'
+        '{"type": "route", "req_id": "r", "token_idx": 0, "layer": 0, "topk_ids": [1, 2], '
+        '"topk_weights": [NaN, 1]}\n'
     )
     with pytest.raises(InputError) as exc:
         import_source("vllm-jsonl", [src], tiny, tmp_path / "t")
-    assert str(exc.value) == f"{src}: line 2: field 'topk_weights': weight nan is not a finite non-negative number"
+    assert (
+        str(exc.value)
+        == f"{src}: line 2: field 'topk_weights': weight nan is not a finite non-negative number"
+    )
+
+
+def test_vllm_jsonl_chunked_parse_matches_and_keeps_line_numbers(tiny, tmp_path, monkeypatch):
+    """Rows move to numpy every FLUSH_ROWS rows: the result must not depend on it, nor the line numbers."""
+    import traces.importers.vllm_jsonl as vj
+
+    import_source("vllm-jsonl", [DATA / "vllm_routes.jsonl"], tiny, tmp_path / "one")
+    monkeypatch.setattr(vj, "FLUSH_ROWS", 7)
+    import_source("vllm-jsonl", [DATA / "vllm_routes.jsonl"], tiny, tmp_path / "chunked")
+    assert rows(tmp_path / "one") == rows(tmp_path / "chunked")
+    src = tmp_path / "bad.jsonl"
+    lines = (DATA / "vllm_routes.jsonl").read_text().splitlines()
+    lines[40] = json.dumps({**json.loads(lines[40]), "topk_ids": [8, 1]})
+    src.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError) as exc:
+        import_source("vllm-jsonl", [src], tiny, tmp_path / "t")
+    assert str(exc.value) == f"{src}: line 41: field 'topk_ids': expert 8 outside 0..7 (model 'tiny-moe')"

@@ -41,8 +41,8 @@ def test_transformers_sees_no_hub_kernels_library():
         in_window = (iu.version.parse(iu.KERNELS_MIN_VERSION) <= iu.version.parse(version)
                      < iu.version.parse(iu.KERNELS_MAX_VERSION))
         assert not in_window, (f"moeplace {version} lies in transformers' hub-kernels window "
-                               f"[{iu.KERNELS_MIN_VERSION}, {iu.KERNELS_MAX_VERSION}): transformers would import "
-                               "get_kernel & co. from our 'kernels' package and fail")
+                               f"[{iu.KERNELS_MIN_VERSION}, {iu.KERNELS_MAX_VERSION}): transformers would "
+                               "import get_kernel & co. from our 'kernels' package and fail")
     assert iu.is_kernels_available() is False
 
 
@@ -92,7 +92,8 @@ def fingerprint() -> dict:
             h.update(t.numpy().tobytes())
         h.update(a["expert_ids"].tobytes())
         h.update(a["gate_weights"].tobytes())
-        out[name] = {"sha256": h.hexdigest(), "rows": int(rec.num_rows), "use_kernels": bool(model.use_kernels)}
+        out[name] = {"sha256": h.hexdigest(), "rows": int(rec.num_rows),
+                     "use_kernels": bool(model.use_kernels)}
     return out
 
 
@@ -108,8 +109,8 @@ def test_models_run_identically_with_and_without_our_kernels_package():
     import kernels  # noqa: F401  ours, imported before anything probes the name
 
     # the fresh interpreter runs while this one computes its own fingerprint
-    p = subprocess.Popen([sys.executable, "-c", _HIDDEN, str(REPO / "tests")], cwd=REPO, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", _HIDDEN, str(REPO / "tests")], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ours = fingerprint()
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 0, stderr[-2000:]

@@ -80,3 +80,18 @@ def test_cli_rejects_bad_world_size(capsys):
     from placement.cli import main
     assert main(["kernels", "bench", "--world-size", "3", "--experts", "32"]) == 2
     assert "multiple of --world-size 3" in capsys.readouterr().err
+
+
+def test_gpu_bench_cpu_path_writes_valid_profiles(tmp_path):
+    """The GPU calibration script's code path, run on CPU with a small shape (bf16 only: no FP8 GEMM on
+    CPU). On a GPU the same function also writes the FP8 profile."""
+    import json
+
+    from kernels.gpu_bench import main as gpu_bench_main
+    assert gpu_bench_main(["--out-dir", str(tmp_path), "--device", "cpu", "--hidden", "64", "--intermediate", "32",
+                           "--max-tokens", "64", "--reps", "2"]) == 0
+    summary = json.loads((tmp_path / "gpu_bench_summary.json").read_text())
+    assert summary["profiles"]["fp8"] == "no kernel on this device / torch"
+    prof = load_profile(tmp_path / summary["profiles"]["bf16"]["file"])
+    assert prof.dtype == "bf16" and prof.ops["expert_gemm"].meta["hidden"] == 64
+    assert prof.has("permute")

@@ -59,7 +59,7 @@ def test_moe_expert_time_follows_the_max_over_mean_of_the_placement(tmp_path):
     # skewed: experts 0, 1 on GPU 0, 2 on GPU 1, 3 on GPU 2, none on GPU 3 -> loads 2:1:1:0, max/mean 2
     skewed = Placement.from_phy2log(np.tile([0, 1, 4, 5, 2, 6, 7, 8, 3, 9, 10, 11, 12, 13, 14, 15], (3, 1)),
                                     m, 4, 4)
-    cfg = SimConfig(duration=0.05, mode="replay", engine=EngineConfig(attention_tp=1, max_batched_tokens=32),
+    cfg = SimConfig(duration=0.005, mode="replay", engine=EngineConfig(attention_tp=1, max_batched_tokens=32),
                     workload=WorkloadConfig(arrival="closed", concurrency=4))
     a = build(path, balanced, cfg, gpus=4).run().timeseries
     b = build(path, skewed, cfg, gpus=4).run().timeseries
@@ -75,7 +75,7 @@ def test_moe_expert_time_follows_the_max_over_mean_of_the_placement(tmp_path):
     assert np.all(b["straggler_s"][:n].to_numpy() >= 0.5 * b["experts_s"][:n].to_numpy() * (1 - 1e-12))
 
 
-def run_open(path, pl, rate, seconds=60.0, seed=0):
+def run_open(path, pl, rate, seconds=0.08, seed=0):
     cfg = SimConfig(duration=seconds, mode="stat", seed=seed,
                     engine=EngineConfig(attention_tp=4, max_batched_tokens=256, max_seqs=4),
                     workload=WorkloadConfig(arrival="poisson", rate=rate))
@@ -84,19 +84,21 @@ def run_open(path, pl, rate, seconds=60.0, seed=0):
 
 def test_queueing_delay_is_small_below_saturation_and_grows_sharply_near_it(tmp_path):
     m = mini_model()
-    path = write_trace(tmp_path / "t", m, num_requests=8, prompt=64, output=64)
+    path = write_trace(tmp_path / "t", m, num_requests=8, prompt=16, output=4)
     pl = linear_placement(m, 4, 4)
-    closed = SimConfig(duration=20.0, mode="stat", engine=EngineConfig(attention_tp=4, max_batched_tokens=256,
+    closed = SimConfig(duration=0.02, mode="stat", engine=EngineConfig(attention_tp=4, max_batched_tokens=256,
                                                                       max_seqs=4),
                        workload=WorkloadConfig(arrival="closed", concurrency=64))
     sat = build(path, pl, closed, gpus=4).run().summary
-    capacity = sat["requests_finished"] / 20.0  # requests/s at saturation
+    capacity = sat["requests_finished"] / 0.02  # requests/s at saturation
     low, near = run_open(path, pl, 0.3 * capacity), run_open(path, pl, 0.95 * capacity)
-    q_low = low.requests["queue_s"].drop_nulls().mean()
-    q_near = near.requests["queue_s"].drop_nulls().mean()
-    service = low.requests["finished_s"].drop_nulls().mean() - low.requests["first_token_s"].drop_nulls().mean()
-    assert q_low < 0.25 * low.summary["ttft_p50_s"] + 1e-3 or q_low < 0.1 * service
-    assert q_near > 5 * q_low
+    assert low.summary["requests_finished"] > 300
+    q_low = low.requests["queue_s"].mean()
+    q_near = near.requests["queue_s"].mean()
+    service = (low.requests["finished_s"] - low.requests["arrival_s"]).mean() - q_low
+    assert q_low < 0.2 * service  # below saturation: waiting is a fraction of the service time
+    assert q_near > 5 * q_low and q_near > service  # near capacity: waiting dominates
+    assert near.summary["ttft_p99_s"] > 3 * low.summary["ttft_p99_s"]
 
 
 def test_admission_matches_the_plan_model_for_1m_token_requests(tmp_path, k3):
@@ -158,9 +160,9 @@ def test_identical_seeds_give_identical_results(tmp_path):
     path = write_trace(tmp_path / "t", m, num_requests=6, prompt=40, output=20)
     pl = linear_placement(m, 4, 4)
     mix = LengthMix(components=((64, 0.8), (512, 0.2)), output_mean=32)
-    cfg = lambda seed: SimConfig(duration=5.0, mode="stat", seed=seed,  # noqa: E731
+    cfg = lambda seed: SimConfig(duration=0.02, mode="stat", seed=seed,  # noqa: E731
                                  engine=EngineConfig(attention_tp=2, max_batched_tokens=256, max_seqs=16),
-                                 workload=WorkloadConfig(arrival="gamma", rate=200.0, burstiness=2.0, lengths=mix))
+                                 workload=WorkloadConfig(arrival="gamma", rate=5000.0, burstiness=2.0, lengths=mix))
     a, b, c = (build(path, pl, cfg(s), gpus=4).run() for s in (7, 7, 8))
     assert a.timeseries.equals(b.timeseries) and a.requests.equals(b.requests)
     sa = {k: v for k, v in a.summary.items() if "wall" not in k}

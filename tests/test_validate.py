@@ -295,3 +295,13 @@ def test_cli_exit_code_and_one_line_errors(tiny, tmp_path, capsys):
     ]
     assert main(["trace", "validate", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.strip() == f"place: error: {tmp_path / 'nope'}: no such file or directory"
+
+
+def test_domain_column_nulls_and_dictionary_type(tiny, tmp_path):
+    c = good_columns()
+    c["domain"] = pa.array(["code", "math", None, "code", "code", "math"], pa.string())
+    f = write(tmp_path / "bad.parquet", tiny, c, schema=False)
+    assert messages(f) == [f"{f}: row 2: field 'domain': null value (the column must be complete)"]
+    c["domain"] = pa.array(["code", "math", "chat", "code", "code", "math"]).dictionary_encode()
+    f = write(tmp_path / "dict.parquet", tiny, c, schema=False)
+    assert messages(f) == []

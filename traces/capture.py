@@ -161,7 +161,7 @@ class _Step:
     batch_size: int
     seq_len: int
     keep: np.ndarray  # bool [B, S]: real, unfinished tokens
-    keep_flat: Any  # torch bool [B*S] on the model's device
+    keep_flat: Any  # torch bool [B*S]; moved to the routers' device on first use
     position: np.ndarray  # int32 [B, S]
     phase: int
     token_id: np.ndarray  # int32 [B, S]; -1 where unknown (inputs_embeds)

@@ -80,12 +80,11 @@ class Loads:
     def save(self, path: str | Path) -> None:
         meta = {"format": LOADS_FORMAT, "model": self.model.to_dict(), "window_tokens": self.window_tokens,
                 "labels": list(self.labels), "provenance": self.provenance}
-        with atomic_path(path) as tmp:
-            with open(tmp, "wb") as fh:
-                arrays = {"counts": self.counts.astype(np.int64), "meta": np.array(json.dumps(meta))}
-                if self.samples is not None:
-                    arrays["samples"] = self.samples.astype(np.int32)
-                np.savez_compressed(fh, **arrays)
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            arrays = {"counts": self.counts.astype(np.int64), "meta": np.array(json.dumps(meta))}
+            if self.samples is not None:
+                arrays["samples"] = self.samples.astype(np.int32)
+            np.savez_compressed(fh, **arrays)
 
 
 def is_loads_file(path: str | Path) -> bool:
@@ -101,7 +100,7 @@ def load_loads(path: str | Path) -> Loads:
                 raise InputError(f"{p}: not a moeplace Loads file (expected arrays 'counts' and 'meta')")
             counts = z["counts"]
             meta = json.loads(str(z["meta"]))
-            samples = z["samples"] if "samples" in z else None
+            samples = z.get("samples", None)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise InputError(f"{p}: not a readable Loads .npz file ({exc})") from None
     if meta.get("format") != LOADS_FORMAT:

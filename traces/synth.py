@@ -1,53 +1,61 @@
 """Synthetic routing traces shaped like a real MoE router (REFERENCE.md §5), for models whose traces we
 cannot capture (Kimi K3).
 
-Every expert selection is drawn in "u-space": each (MoE layer, domain) has a popularity distribution
-``pi[l, d, :]`` over the experts, laid out as consecutive intervals of the circle ``[0, 2^16)`` in a
-per-layer random expert order, and a selection is the expert whose interval holds a point ``u``. The
-point comes from one of four sources, each of which *preserves the marginal* ``pi[l, d]`` — so the
-popularity skew, CV and domain correlation are set by ``pi`` alone and the other knobs add structure
-without diluting it:
+Every expert selection is drawn in "u-space": an expert popularity distribution is laid out as
+consecutive intervals of the circle ``[0, 2^16)`` in a per-layer random expert order, and a selection is
+the expert whose interval holds a point ``u`` (one table lookup). Each (MoE layer, domain) has its own
+*base* layout ``pi[l, d]``; besides, each layer has a *shared grid* (every expert an equal interval, the
+grid rotated by a random fraction of an interval per layer). The point comes from one of four sources:
 
-- **base**: ``u`` uniform.
-- **inter-layer affinity** (the coupling of ExFlow-style traces): ``u`` uniform inside the interval of the
-  expert the same slot chose at layer ``l-1``. Interval positions line up across layers, so expert ``e`` at
-  ``l-1`` leads to the few experts at ``l`` whose intervals overlap its own (a monotone coupling of
-  ``pi[l-1]`` and ``pi[l]``: if the slot at ``l-1`` follows ``pi[l-1]``, the successor follows ``pi[l]``).
-- **token identity**: the vocabulary (Zipf) tiles the circle, token ``t`` owning an interval as wide as its
-  frequency, shifted per layer and per slot; ``u`` is uniform inside the token's interval. A rare token
-  therefore always lands on the same experts (OLMoE: a token's most common expert is in its top-k
-  90-99% of the time), a frequent one spreads, and over the Zipf vocabulary ``u`` stays uniform.
-- **temporal locality**: copy the expert the same slot had at the previous token of the same request.
-  Its weight is calibrated (on a pilot batch, common random numbers, bisection) so that consecutive
-  tokens of a request share the requested fraction of their top-k.
+- **base**: ``u`` uniform in the domain's layout.
+- **inter-layer affinity** (``affinity``): ``u`` uniform inside the shared-grid interval of the expert
+  the same slot chose at layer ``l-1``, read in the shared grid of layer ``l``: expert ``e`` at ``l-1``
+  leads to the two experts at ``l`` whose intervals overlap its own, the same pairs in every domain
+  (affinity is stable across workloads, ExFlow). This near-permutation carries each domain's load
+  pattern from layer to layer without mixing domains; the popularity fields are correlated along it
+  (``LAYER_COHERENCE``), so hot experts make their successors hot (hot paths) and cold ones stay cold.
+- **token identity** (``token_effect``, ``token_experts``): the Zipf vocabulary tiles the circle, token
+  ``t`` owning an interval as wide as its frequency; ``token_experts`` rotations of the circle per layer
+  give the token its preferred points, and ``u`` is uniform inside the token's interval at one of them
+  (domain layout). A rare token keeps landing on the same few experts (OLMoE: a token's most common
+  expert is in its top-k in 90-99% of occurrences), a frequent one spreads, and over the vocabulary ``u``
+  stays uniform, so this source preserves the domain's marginal.
+- **temporal locality** (``locality``): copy the expert the same slot had at the previous token of the
+  same request (marginal-neutral). The copy probability is solved (regula falsi on a pilot batch with
+  fixed random numbers) so that consecutive tokens of a request share the requested fraction of top-k.
 
-Duplicates within a token's top-k are re-drawn from the base source until none remain.
+Duplicates within a token's top-k are re-drawn from the base source until none remain (this flattens
+the hottest experts by a few percent).
 
-``pi[l, d] = a * P[l] + (1 - a) * Q[l, d]``: a shared part and a per-domain part, each a lognormal
-popularity with a share of cold experts. ``a`` is solved for the requested correlation between domains'
-per-layer loads; the lognormal scale of each layer is solved (bisection) for the requested max/mean of
-the *whole trace's* load at that layer (domains mixed by the drift schedule's average mix), the target
-growing geometrically with depth and its median equal to ``skew``.
+Popularity (:func:`design_popularity`): ``pi[l, d] ~ exp(sigma_l * x')`` with
+``x = sqrt(rho) g[l] + sqrt(1 - rho) h[l, d]`` (standard normal vectors shared by all domains / per domain)
+and ``x'`` its lower part stretched by ``1 + beta`` (cold experts). The realized per-slot distribution
+``q[l, d]`` follows from the sources analytically (forward through the affinity coupling); ``sigma_l`` is
+solved per layer so that the **whole trace's** load (domains weighted by the drift schedule's average
+mix) has the layer's max/mean target (geometric in depth, median ``skew``); ``beta`` and ``rho`` so that
+``q`` has the requested median CV and mean correlation between domains.
 
-Request structure: Poisson arrivals; prompt lengths lognormal with a Pareto tail up to the model's
-context (1 M tokens for K3); output lengths lognormal; a continuous-batching engine loop (chunked prefill
-under a token budget per iteration, decode one token per running request per iteration) gives the
-``step`` column. **Long requests are represented, not replayed**: a prompt longer than
+Requests: Poisson arrivals; prompt lengths lognormal with a Pareto tail (``long_fraction``) up to the
+model's context (1 M tokens for K3); output lengths lognormal; a continuous-batching engine loop (decode
+one token per running request per iteration, then chunked prefill FIFO under ``max_batch_tokens``) gives
+the ``step`` column. **Long requests are represented, not replayed**: a prompt longer than
 ``max_prefill_tokens`` is represented by that many evenly spaced positions of the prompt (true position
-values kept, so context lengths stay visible), and decode by its first ``max_decode_tokens`` tokens; the
-trace's token budget counts represented tokens only. Each request gets a domain drawn from the mix at its
-arrival (the mix moves through ``drift_phases`` phases, each dominated by one domain to the extent
-``drift``).
+values kept, so context lengths stay visible to sim/ and to the stats), and decode by its first
+``max_decode_tokens`` tokens; the trace's token budget counts represented tokens, so a 1 M-token prompt
+weighs ``max_prefill_tokens`` tokens in the loads. Each request gets a domain drawn from the mix at its
+arrival; the mix moves linearly through ``drift_phases`` phases, each dominated by one domain to the
+extent ``drift``.
 """
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -77,8 +85,9 @@ class SynthConfig:
     drift: float = 0.6  # 0: constant even mix; 1: each phase is a single domain
     drift_phases: int = 4
     # structure on top of the popularity
-    affinity: float = 0.35  # probability a slot follows the inter-layer coupling from its layer l-1 expert
-    token_effect: float = 0.2  # probability a slot comes from the token id's intervals
+    affinity: float = 0.5  # probability a slot follows the inter-layer coupling from its layer l-1 expert
+    token_effect: float = 0.2  # probability a slot comes from the token id's preferred experts
+    token_experts: int = 2  # preferred experts per (token id, layer) that token-sourced slots choose from
     locality: float | None = 0.15  # target top-k overlap of consecutive tokens of a request; None: no copy
     zipf_exponent: float = 1.05
     # requests and engine loop
@@ -126,6 +135,8 @@ class SynthConfig:
                 bad(name, f"must be in [0, 1), got {getattr(self, name)}")
         if self.affinity + self.token_effect >= 0.95:
             bad("affinity", "affinity + token_effect must stay below 0.95 (the base draw keeps the rest)")
+        if not 1 <= self.token_experts <= 64:
+            bad("token_experts", f"must be in [1, 64], got {self.token_experts}")
         if self.locality is not None and not 0 <= self.locality < 0.9:
             bad("locality", f"must be in [0, 0.9) or None, got {self.locality}")
         for name in ("prompt_median", "output_median", "max_prefill_tokens", "max_decode_tokens",
@@ -169,7 +180,8 @@ def average_mix(anchors: np.ndarray) -> np.ndarray:
     return (anchors[:-1] + anchors[1:]).mean(axis=0) / 2
 
 
-COLD_KNEE = 0.25  # standard-normal quantile (60%) below which the cold tail is stretched
+LAYER_COHERENCE = 0.9  # correlation of the popularity fields of consecutive layers along affinity pairs
+COLD_KNEE = 0.75  # standard-normal quantile (77%) below which the cold tail is stretched
 
 
 def _shapes(log_sigma: np.ndarray, x: np.ndarray, beta: float) -> np.ndarray:
@@ -219,71 +231,135 @@ def _bisect(f, lo: float, hi: float, iters: int) -> float:
     return (lo + hi) / 2
 
 
-def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generator,
-                      avg_mix: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-    """Solve the per-(layer, domain) popularity ``pi`` float64 ``[L, D, E]`` (rows sum to 1).
+def _transport(q_prev: np.ndarray, shift: float) -> np.ndarray:
+    """Push the per-domain distributions ``q_prev [D, E]`` (circle positions of layer l-1) through the
+    affinity coupling. The shared grid is uniform, rotated by ``shift`` intervals (in (-1, 1))
+    relative to layer l-1, so position i of layer l overlaps positions i and i +- 1 of layer l-1:
+    ``[D, E]`` (circle positions of layer l)."""
+    if shift >= 0:
+        return (1 - shift) * q_prev + shift * np.roll(q_prev, -1, axis=1)
+    return (1 + shift) * q_prev - shift * np.roll(q_prev, 1, axis=1)
 
-    ``pi[l, d] ~ exp(sigma_l * x'[l, d])`` with ``x = sqrt(rho) g[l] + sqrt(1 - rho) h[l, d]`` (standard
-    normals shared by all domains / per domain) and ``x'`` its cold tail stretched by ``1 + beta``.
-    Three knobs, three targets, solved by alternating bisections:
-    ``sigma_l``: max/mean of the whole trace's load at layer l (domains at the drift schedule's average
-    mix) = the layer's target; ``beta``: median over layers of that load's CV = ``cfg.cv`` (``None``: no
-    stretching); ``rho``: mean correlation of two domains' loads = ``cfg.domain_correlation``.
+
+def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generator, avg_mix: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Solve the popularity of the sampler's sources, in circle order (position i of layer l is expert
+    ``order[l, i]``).
+
+    Returns ``pi`` float64 ``[L, D, E]``: each domain's base distribution; ``grid_shift`` float ``[L]``: the
+    rotation (in intervals) of each layer's shared grid (uniform; the affinity source uses it);
+    and a report. A slot of domain d at layer l is distributed as (the copy source is neutral, the token
+    source keeps the domain's layout) ``q[l, d] = (1 - a) pi[l, d] + a T_l(q[l-1, d])`` with ``T_l`` the
+    affinity coupling (:func:`_transport`), a near-permutation: each domain's load pattern is carried
+    along stable expert pairs (hot experts make their successors hot) without mixing domains.
+
+    ``pi[l, d] ~ exp(sigma_l * x')``, ``x = sqrt(rho) g[l] + sqrt(1 - rho) h[l, d]`` (standard normals shared
+    by all domains / per domain), ``x'`` with its part below ``COLD_KNEE`` stretched by ``1 + beta``.
+    ``sigma_l`` is solved layer by layer (bisection, forward through the coupling) so that the whole
+    trace's load ``sum_d mix_d q[l, d]`` has the layer's max/mean target; ``beta`` and ``rho`` are solved
+    on the base shapes for goals that two correction rounds move until the realized ``q`` has the
+    requested median CV and mean domain correlation.
     """
     num_layers, num_experts, num_domains = model.num_moe_layers, model.num_experts, cfg.num_domains
-    g = rng.standard_normal((num_layers, 1, num_experts)).astype(np.float32)
-    h = rng.standard_normal((num_layers, num_domains, num_experts)).astype(np.float32)
+    g = rng.standard_normal((num_layers, 1, num_experts))
+    h = rng.standard_normal((num_layers, num_domains, num_experts))
+    # Along the affinity chain (circle position i of layer l follows position i of layer l-1) the
+    # popularity fields are AR(1): the base pattern of layer l agrees with the pattern the coupling
+    # carries over, so mixing the two keeps the cold experts cold and the hot paths hot.
+    c = LAYER_COHERENCE
+    for li in range(1, num_layers):
+        g[li] = c * g[li - 1] + math.sqrt(1 - c * c) * g[li]
+        h[li] = c * h[li - 1] + math.sqrt(1 - c * c) * h[li]
+    g, h = g.astype(np.float32), h.astype(np.float32)
     target = layer_skew_targets(cfg, num_layers)
     w = avg_mix.astype(np.float32)[None, :, None]
+    w64 = avg_mix[:, None]
+    a, t = cfg.affinity, cfg.token_effect
+    b = 1.0 - a - t
+    # the shared grid of layer l is rotated by grid_shift[l] intervals
+    grid_shift = rng.random(num_layers)
 
     def field(rho: float) -> np.ndarray:
         return (math.sqrt(rho) * g + math.sqrt(1 - rho) * h).astype(np.float32)
 
-    def trace_load(log_sigma, x, beta):
-        return (_shapes(log_sigma, x, beta) * w).sum(axis=1)
-
-    def solve_sigma(x: np.ndarray, beta: float, guess: np.ndarray | None = None) -> np.ndarray:
-        # Bisection on log(sigma) for all layers at once; the trace's skew grows with sigma.
-        if guess is None:
-            lo, hi, iters = np.full(num_layers, math.log(1e-4)), np.full(num_layers, math.log(8.0)), 26
-        else:  # warm start: the other knobs moved a little
-            lo, hi, iters = guess - 0.5, guess + 0.5, 16
-        for _ in range(iters):
+    def solve_sigma_base(x: np.ndarray, beta: float) -> np.ndarray:
+        # base shapes only, all layers at once: the starting point of the forward solve
+        lo, hi = np.full(num_layers, math.log(1e-4)), np.full(num_layers, math.log(8.0))
+        for _ in range(22):
             mid = (lo + hi) / 2
-            up = max_over_mean(trace_load(mid, x, beta)) < target
+            up = max_over_mean((_shapes(mid, x, beta) * w).sum(axis=1)) < target
             lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
         return (lo + hi) / 2
 
-    # beta and rho are global: solve them on every 4th layer (the statistics are medians / means)
-    sub = slice(None, None, 4)
-    rho = 1.0 if num_domains < 2 else cfg.domain_correlation
-    beta = 0.0
-    x = field(rho)
-    log_sigma = solve_sigma(x, beta)
-    for _ in range(2):
+    def solve_shapes(cv_goal: float | None, corr_goal: float) -> tuple[np.ndarray, float, float]:
+        rho = 1.0 if num_domains < 2 else corr_goal
+        beta = 0.0
+        x = field(rho)
+        log_sigma = solve_sigma_base(x, beta)
+        sub = slice(None, None, 4)  # beta and rho are global: solve them on every 4th layer
+        for _ in range(2):
+            if cv_goal is not None:
+                beta = _bisect(lambda bt, ls=log_sigma, x=x: float(np.median(coef_of_variation(
+                    (_shapes(ls[sub], x[sub], bt) * w).sum(axis=1)))) - cv_goal, 0.0, 40.0, 14)
+            if num_domains >= 2:
+                rho = _bisect(lambda r, ls=log_sigma, bt=beta: mean_domain_correlation(
+                    _shapes(ls[sub], field(r)[sub], bt)) - corr_goal, 0.0, 1.0, 14)
+                x = field(rho)
+            log_sigma = solve_sigma_base(x, beta)
+        return x, beta, rho
+
+    def forward(x: np.ndarray, beta: float) -> tuple[np.ndarray, ...]:
+        """Solve sigma_l layer by layer through the coupling; returns (pi, q, log_sigma)."""
+        pi = np.empty((num_layers, num_domains, num_experts))
+        q = np.empty_like(pi)
+        log_sigma = np.empty(num_layers)
+        moved = None
+        for li in range(num_layers):
+            xl = x[li].astype(np.float64)
+            if beta > 0:
+                xl = np.where(xl < COLD_KNEE, COLD_KNEE + (1 + beta) * (xl - COLD_KNEE), xl)
+
+            def layer(ls: float, xl=xl, moved=moved):
+                p = np.exp(math.exp(ls) * (xl - xl.max()))
+                p /= p.sum(axis=1, keepdims=True)
+                # first MoE layer: no previous expert to follow, the affinity draws fall to the base
+                return p, (p if moved is None else (b + t) * p + a * moved)
+
+            lo, hi = math.log(1e-4), math.log(8.0)
+            for _ in range(24):
+                mid = (lo + hi) / 2
+                if max_over_mean((w64 * layer(mid)[1]).sum(axis=0)) < target[li]:
+                    lo = mid
+                else:
+                    hi = mid
+            log_sigma[li] = (lo + hi) / 2
+            pi[li], q[li] = layer(log_sigma[li])
+            if li + 1 < num_layers:
+                moved = _transport(q[li], grid_shift[li + 1] - grid_shift[li])
+        return pi, q, log_sigma
+
+    cv_goal, corr_goal = cfg.cv, cfg.domain_correlation
+    for _ in range(3):
+        x, beta, rho = solve_shapes(cv_goal, corr_goal)
+        pi, q, log_sigma = forward(x, beta)
+        total = (w64[None] * q).sum(axis=1)
+        cv_real = float(np.median(coef_of_variation(total)))
+        corr_real = mean_domain_correlation(q)
+        # move the goals of the base shapes by the realized miss
         if cfg.cv is not None:
-            # the CV at fixed sigma grows with beta; sigma is re-solved after each beta step
-            beta = _bisect(lambda b: float(np.median(coef_of_variation(
-                (_shapes(log_sigma[sub], x[sub], b) * w).sum(axis=1)))) - cfg.cv, 0.0, 40.0, 14)
-            log_sigma = solve_sigma(x, beta, log_sigma)
+            cv_goal = max(0.01, cv_goal * cfg.cv / max(cv_real, 1e-6))
         if num_domains >= 2:
-            rho = _bisect(lambda r: mean_domain_correlation(_shapes(log_sigma[sub], field(r)[sub], beta))
-                          - cfg.domain_correlation, 0.0, 1.0, 14)
-            x = field(rho)
-            log_sigma = solve_sigma(x, beta, log_sigma)
-    pi = _shapes(log_sigma, x, beta).astype(np.float64)
-    pi /= pi.sum(axis=-1, keepdims=True)
-    total = (pi * avg_mix[None, :, None]).sum(axis=1)
+            corr_goal = float(np.clip(corr_goal + cfg.domain_correlation - corr_real, 0.0, 1.0))
     report = {
         "rho": rho,
         "beta": beta,
         "sigma_per_layer": np.round(np.exp(log_sigma), 4).tolist(),
         "design_trace_skew_median": float(np.median(max_over_mean(total))),
-        "design_trace_cv_median": float(np.median(coef_of_variation(total))),
-        "design_domain_skew_median": float(np.median(max_over_mean(pi))),
-        "design_domain_correlation": mean_domain_correlation(pi),
+        "design_trace_cv_median": cv_real,
+        "design_domain_skew_median": float(np.median(max_over_mean(q))),
+        "design_domain_correlation": corr_real,
     }
-    return pi, report
+    return pi, grid_shift, report
 
 
 def quantize(pi: np.ndarray, total: int = U_SIZE) -> np.ndarray:
@@ -302,12 +378,15 @@ def quantize(pi: np.ndarray, total: int = U_SIZE) -> np.ndarray:
 class SynthPlan:
     """Everything fixed before the first token: tables of the u-space sampler and the solved knobs.
 
-    ``table``   uint16 ``[L, D * 2^16]``: expert owning each u (per domain block).
-    ``start``   int64  ``[L, D * E]``: first u of each (domain, expert) interval; ``width`` its length.
+    ``pi``      float64 ``[L, D, E]``: each domain's base popularity (by expert id).
+    ``table``   uint16 ``[L, (D + 1) * 2^16]``: expert owning each u; blocks 0..D-1 the domains' base
+    layouts, block D the shared grid of the affinity source.
+    ``start``   int64  ``[L, E]``: first u of each expert's interval in the shared grid (affinity source);
+    ``width`` its length.
     ``tok_start`` uint32 ``[V]`` / ``tok_width`` uint32 ``[V]``: token intervals (2^32 circle, width in
     units of 2^16 so that ``v16 * width`` fits 32 bits); ``tok_cdf`` float64 ``[V]``: Zipf CDF by rank;
     ``rank2token`` int32 ``[V]``.
-    ``slot_offset`` uint32 ``[L, k]``: per-layer, per-slot rotation of the token circle.
+    ``slot_offset`` uint32 ``[L, m]``: the m rotations of the token circle per layer (preferred experts).
     """
 
     model: ModelSpec
@@ -330,24 +409,26 @@ class SynthPlan:
 def build_plan(model: ModelSpec, cfg: SynthConfig) -> SynthPlan:
     """Design the popularity, build the sampler tables and calibrate the copy probability."""
     rng = np.random.default_rng([cfg.seed, 0x5EED])
-    num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
+    num_layers, num_experts, num_domains = model.num_moe_layers, model.num_experts, cfg.num_domains
     anchors = drift_anchor_mixes(cfg, rng)
-    pi, report = design_popularity(model, cfg, rng, average_mix(anchors))
-
-    # Per-layer expert order on the circle; all domains share it so that affinity pairs are stable.
+    # circle position i of layer l holds expert order[l, i]: a random order, so successors are random
     order = np.argsort(rng.random((num_layers, num_experts)), axis=1)
-    q = quantize(np.take_along_axis(pi, order[:, None, :], axis=2))  # [L, D, E] widths in circle order
-    ends = np.cumsum(q, axis=2)
-    starts_ordered = ends - q
-    num_domains = cfg.num_domains
-    start = np.empty((num_layers, num_domains, num_experts), np.int64)
-    width = np.empty_like(start)
-    np.put_along_axis(start, order[:, None, :], starts_ordered, axis=2)
-    np.put_along_axis(width, order[:, None, :], q, axis=2)
-    table = np.empty((num_layers, num_domains, U_SIZE), np.uint16)
+    pi_c, grid_shift, report = design_popularity(model, cfg, rng, average_mix(anchors))
+    # blocks 0..D-1: each domain's base layout; block D: the shared uniform grid (affinity source)
+    widths = quantize(np.concatenate([pi_c, np.full((num_layers, 1, num_experts), 1.0 / num_experts)], axis=1))
+    shift = np.round(grid_shift * U_SIZE / num_experts).astype(np.int64)
+    table = np.empty((num_layers, num_domains + 1, U_SIZE), np.uint16)
     for li in range(num_layers):
         for d in range(num_domains):
-            table[li, d] = np.repeat(order[li], q[li, d]).astype(np.uint16)
+            table[li, d] = np.repeat(order[li], widths[li, d]).astype(np.uint16)
+        table[li, num_domains] = np.roll(np.repeat(order[li], widths[li, -1]), shift[li]).astype(np.uint16)
+    start = np.empty((num_layers, num_experts), np.int64)
+    width = np.empty_like(start)
+    grid_start = (np.cumsum(widths[:, -1], axis=1) - widths[:, -1] + shift[:, None]) % U_SIZE
+    np.put_along_axis(start, order, grid_start, axis=1)
+    np.put_along_axis(width, order, widths[:, -1], axis=1)
+    pi = np.empty_like(pi_c)
+    np.put_along_axis(pi, order[:, None, :], pi_c, axis=2)
 
     # Token circle: Zipf over the vocabulary; ranks map to ids by a random permutation.
     vocab = model.vocab_size
@@ -358,11 +439,13 @@ def build_plan(model: ModelSpec, cfg: SynthConfig) -> SynthPlan:
     tok_lo[tok_perm] = np.cumsum(zipf[tok_perm]) - zipf[tok_perm]
     tok_start = (np.floor(tok_lo * 2.0**32) % 2**32).astype(np.uint32)
     tok_width = np.minimum(np.floor(zipf * 2.0**16), 2**16 - 1).astype(np.uint32)
+    # the token's preferred points at each layer: m rotations of the token circle (any rotation keeps
+    # u uniform over the Zipf vocabulary, so the token source preserves the popularity marginal)
+    m = cfg.token_experts
     slot_offset = ((rng.integers(0, 2**32, num_layers, dtype=np.uint64)[:, None]
-                    + (np.arange(k, dtype=np.uint64) * (2**32 // k))[None, :]) % 2**32).astype(np.uint32)
+                    + (np.arange(m, dtype=np.uint64) * (2**32 // m))[None, :]) % 2**32).astype(np.uint32)
 
-    plan = SynthPlan(model=model, config=cfg, pi=pi, table=table.reshape(num_layers, -1),
-                     start=start.reshape(num_layers, -1), width=width.reshape(num_layers, -1),
+    plan = SynthPlan(model=model, config=cfg, pi=pi, table=table.reshape(num_layers, -1), start=start, width=width,
                      tok_start=tok_start, tok_width=tok_width, tok_cdf=np.cumsum(zipf),
                      rank2token=rng.permutation(vocab).astype(np.int32), slot_offset=slot_offset,
                      anchors=anchors, domains=domain_names(num_domains), copy_prob=0.0, report=report)
@@ -392,9 +475,11 @@ class ExpertSampler:
                          copy_prob + (cfg.affinity + cfg.token_effect) * rest])
         self.copy_cut, self.aff_cut, self.tok_cut = (np.minimum(cuts, 1 - 2**-32) * 2**32).astype(np.uint32)
         self.table = plan.table
-        # start << 16 | width of every (domain, expert) interval: one gather per affinity draw
+        self.token_experts = np.uint32(cfg.token_experts)
+        # start << 16 | width of every expert's interval in the shared grid: one gather per affinity draw
         self.start_width = ((plan.start.astype(np.uint32) << np.uint32(U_BITS))
                             | np.minimum(plan.width, U_SIZE - 1).astype(np.uint32))
+        self.shared_key = np.uint32(cfg.num_domains << U_BITS)
         self._scratch = np.zeros(self.block_tokens * self.num_experts, np.uint8)
         self._slot_ids = np.broadcast_to(np.arange(self.k, dtype=np.uint8), (self.block_tokens, self.k))
         self._row_key = (np.arange(self.block_tokens, dtype=np.int32) * self.num_experts)[:, None]
@@ -431,7 +516,7 @@ class ExpertSampler:
         nb = b1 - b0
         r0 = num_slots + b0
         dom_key = (dom.astype(np.uint32) << np.uint32(U_BITS))[:, None]
-        dom_e = (dom * self.num_experts)[:, None]
+        shared_key = self.shared_key
         t_start = plan.tok_start[rank][:, None]
         t_width = plan.tok_width[rank][:, None]
         can_copy = (prev >= 0)[:, None]
@@ -448,15 +533,18 @@ class ExpertSampler:
             u = v >> bits  # base: uniform point
             v16 = v & low  # uniform inside an interval (affinity / token)
             # Branch-free selects (random masks make np.where mispredict): x ^ ((x ^ y) & mask).
-            tok_u = (t_start + plan.slot_offset[li] + v16 * t_width) >> bits
+            tok_u = (t_start + np.take(plan.slot_offset[li], comp % self.token_experts) + v16 * t_width) >> bits
             mask = np.uint32(0) - ((comp >= self.aff_cut) & (comp < self.tok_cut)).astype(np.uint32)
             u ^= (u ^ tok_u) & mask
             if prev_e is not None:
-                sw = np.take(self.start_width[li - 1], dom_e + prev_e)
+                sw = np.take(self.start_width[li - 1], prev_e)
                 aff_u = ((sw >> bits) + (((sw & low) * v16) >> bits)) & low
                 mask = np.uint32(0) - ((comp >= self.copy_cut) & (comp < self.aff_cut)).astype(np.uint32)
                 u ^= (u ^ aff_u) & mask
-            e = np.take(self.table[li], dom_key + u)
+                # affinity draws read the shared grid; base and token draws their domain's layout
+                e = np.take(self.table[li], (dom_key ^ ((dom_key ^ shared_key) & mask)) + u)
+            else:
+                e = np.take(self.table[li], dom_key + u)
             layer = big[:, li, :]
             if self.copy_cut:
                 flat = np.flatnonzero(((comp < self.copy_cut) & can_copy).ravel())
@@ -733,17 +821,16 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path) -> dict[str,
                      token_id=rep(b["token_id"]), domain=dom.cast(pa.string()))
 
     with TraceWriter(out, model, provenance, gate_weights=cfg.gate_weights, token_id=True,
-                     domain=True) as writer:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = None
-            for b in synth_chunks(plan):
-                if pending is not None:
-                    pending.result()  # at most one batch in flight: memory stays at two batches
-                pending = pool.submit(write, writer, b)
-                num_tokens += len(b["slot"])
-                requests.update(np.unique(b["request_id"]).tolist())
+                     domain=True) as writer, ThreadPoolExecutor(max_workers=1) as pool:
+        pending = None
+        for b in synth_chunks(plan):
             if pending is not None:
-                pending.result()
+                pending.result()  # at most one batch in flight: memory stays at two batches
+            pending = pool.submit(write, writer, b)
+            num_tokens += len(b["slot"])
+            requests.update(np.unique(b["request_id"]).tolist())
+        if pending is not None:
+            pending.result()
     seconds = time.perf_counter() - t0
     disk = sum(f.stat().st_size for f in Path(out).rglob("*.parquet"))
     selections = num_tokens * num_layers * model.top_k

@@ -129,7 +129,10 @@ def _expected_types(model: ModelSpec) -> dict[str, tuple[str, callable]]:
         "expert_ids": (f"fixed_size_list<uint16>[{k}]", fixed_list(pa.uint16())),
         "gate_weights": (f"fixed_size_list<float32>[{k}]", fixed_list(pa.float32())),
         "token_id": ("int32", lambda t: t == pa.int32()),
-        "domain": ("string", lambda t: t in _STRING_TYPES),
+        "domain": (
+            "string",
+            lambda t: t in _STRING_TYPES or (pa.types.is_dictionary(t) and t.value_type in _STRING_TYPES),
+        ),
     }
 
 
@@ -230,7 +233,7 @@ def _check_row_group(
     layer_counts = None
 
     for name in ("request_id", "position", "phase", "step", "layer", "token_id", "domain"):
-        if name in usable and table.column(name).null_count:
+        if name in usable and name in table.column_names and table.column(name).null_count:
             nulls = np.asarray(table.column(name).is_null().to_numpy(zero_copy_only=False))
             col.add_rows(
                 "null", path, nulls, row0, name, lambda i: "null value (the column must be complete)"
@@ -367,6 +370,18 @@ def _ranges(xs) -> str:
     return ",".join(out)
 
 
+def _may_hold_nulls(pf: pq.ParquetFile, rg: int, name: str) -> bool:
+    """From the footer statistics (free): can column ``name`` of row group ``rg`` hold nulls? Used to skip
+    decoding the string column ``domain``, which has no other check."""
+    rgm = pf.metadata.row_group(rg)
+    for i in range(rgm.num_columns):
+        c = rgm.column(i)
+        if c.path_in_schema == name:
+            st = c.statistics
+            return st is None or not st.has_null_count or st.null_count > 0
+    return False
+
+
 def validate_report(path: str | Path, *, max_per_kind: int = DEFAULT_MAX_PER_KIND) -> ValidationReport:
     """Validate a trace (file or directory), streaming row group by row group.
 
@@ -414,7 +429,8 @@ def validate_report(path: str | Path, *, max_per_kind: int = DEFAULT_MAX_PER_KIN
         row0 = 0
         for rg in range(pf.num_row_groups):
             try:
-                table = pf.read_row_group(rg, columns=needed)
+                domain = ["domain"] if "domain" in usable and _may_hold_nulls(pf, rg, "domain") else []
+                table = pf.read_row_group(rg, columns=needed + domain)
             except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as exc:
                 col.add("corrupt", f, f"row group {rg}", None, f"cannot be decoded: corrupt data ({exc})")
                 row0 += pf.metadata.row_group(rg).num_rows

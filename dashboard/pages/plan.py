@@ -10,10 +10,10 @@ import streamlit as st
 from dashboard import data, ui
 from placement.cluster import gpu_preset_names
 from placement.plan import PlanConfig, format_tokens, parse_tokens
-from traces.model import DEFAULT_MODEL, load_model, preset_names
+from traces.model import DEFAULT_MODEL, preset_names
 
-CEILING = {"kv": "MLA KV cache", "state": "KDA state", "max_num_seqs": "--max-num-seqs cap",
-           "max_model_len": "model max context", "weights": "weights + reserve leave nothing for caches"}
+CEILING = {"kv": "MLA KV cache", "state": "KDA state", "max_num_seqs": "max-num-seqs",
+           "max_model_len": "model max context", "weights": "weights + reserve"}
 
 st.title("Plan")
 st.caption("Does this EP layout fit next to the KV cache and the KDA state, and at what context and concurrency?")
@@ -64,7 +64,8 @@ with st.expander("Change the layout (re-plans with plan_memory)", expanded=not i
     if gpn is not None and gpus % gpn:
         gpn = None
 
-plan = ui.load(data.memory_plan, model_name, gpus, gpu, gpn, config, what="plan")
+model = ui.load(data.resolve_model, model_name, idx.traces, what="model")
+plan = ui.load(data.memory_plan, model, gpus, gpu, gpn, config, what="plan")
 lay, pools = plan.layout, plan.pools
 st.subheader(f"{plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.gpu.name}: {lay.describe()}")
 st.caption(f"from {src}")
@@ -79,7 +80,7 @@ ctx = format_tokens(plan.context)
 m1, m2, m3, m4 = st.columns(4)
 m1.metric(f"Concurrent sequences at {ctx}", f"{plan.concurrency:,}")
 m2.metric("Ceiling", CEILING.get(plan.concurrency_ceiling, plan.concurrency_ceiling))
-m3.metric("Longest single sequence", f"{plan.max_context:,} tokens")
+m3.metric("Longest sequence (tokens)", f"{plan.max_context:,}")
 m4.metric("Free for caches per GPU", f"{plan.free_bytes / 1e9:.1f} GB")
 
 # -- per-GPU memory as one stacked bar (every GPU of the layout holds the same)
@@ -101,16 +102,17 @@ st.dataframe(mem.select("section", "part", pl.col("GB").round(2), "how"), hide_i
 
 # -- concurrency against context length (the planner's own admission model at each length)
 st.markdown("**Concurrent sequences vs context length**")
-model = load_model(model_name)
 top = pools.max_model_len if pools.max_model_len < 2**40 else (model.max_context or 1 << 20)
 lengths = sorted({1 << p for p in range(10, 41) if (1 << p) <= top} | {top, plan.context})
 curve = data.concurrency_curve(plan, lengths).with_columns(
     pl.col("ceiling").replace_strict(CEILING, default=pl.col("ceiling")).alias("limited by"))
-chart = (alt.Chart(curve.to_pandas()).mark_line(point=True)
-         .encode(x=alt.X("context_tokens:Q", scale=alt.Scale(type="log", base=2), title="context tokens"),
-                 y=alt.Y("concurrency:Q", title="concurrent sequences (all DP ranks)"),
-                 color=alt.Color("limited by:N"), tooltip=["context_tokens", "concurrency", "limited by"])
-         .properties(height=300))
+base = alt.Chart(curve.to_pandas()).encode(
+    x=alt.X("context_tokens:Q", scale=alt.Scale(type="log", base=2), title="context tokens"),
+    y=alt.Y("concurrency:Q", title="concurrent sequences (all DP ranks)"))
+chart = (base.mark_line(color="gray")
+         + base.mark_circle(size=70).encode(color=alt.Color("limited by:N"),
+                                            tooltip=["context_tokens", "concurrency", "limited by"])
+         ).properties(height=300)
 ui.show(chart)
 st.caption(f"Per GPU: {pools.kv_bytes_per_token / 1024:.2f} KiB KV per token ({plan.config.kv_dtype}), "
            f"{pools.state_bytes_per_seq / 2**20:.1f} MiB state per sequence; "

@@ -89,9 +89,10 @@ ts = pl.concat([run.timeseries[lab].select("time", "pool", "duration", "decode_s
                                            "kv_occupancy", "state_occupancy", "running", "waiting")
                 .with_columns(pl.lit(lab).alias("placement")) for lab in labels])
 duration = float(cfg.get("sim", {}).get("duration") or ts["time"].max() or 1.0)
-bin_s = st.select_slider("Time bin (s)", options=[0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0],
-                         value=min([0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0], key=lambda b: abs(duration / b - 60)),
-                         key="sim_bin")
+nice = [m * 10.0**e for e in range(-4, 3) for m in (1, 2, 5)]
+bins = [b for b in nice if duration / 400 <= b <= duration / 4] or [duration / 20]
+bin_s = st.select_slider("Time bin (s)", options=bins, value=min(bins, key=lambda b: abs(duration / b - 60)),
+                         key=f"sim_bin_{sim_path}", format_func=lambda b: f"{b:g}")
 st.subheader("Throughput over time")
 st.caption("Tokens the iterations processed per second of simulated time: decode tokens (one per running "
            "sequence per iteration) and prefill tokens.")
@@ -101,14 +102,15 @@ binned = (ts.with_columns((pl.col("time") // bin_s * bin_s).alias("t"))
                (pl.col("prefill_tokens").sum() / bin_s).alias("prefill tok/s"),
                pl.col("kv_occupancy").max().alias("KV pool"), pl.col("state_occupancy").max().alias("state pool"))
           .sort("placement", "t"))
+few = binned["t"].n_unique() < 12
 c1, c2 = st.columns(2)
 with c1:
-    ui.show(ui.line(binned, "t", "decode tok/s", "placement", x_title="simulated time (s)"))
+    ui.show(ui.line(binned, "t", "decode tok/s", "placement", x_title="simulated time (s)", points=few))
 with c2:
-    ui.show(ui.line(binned, "t", "prefill tok/s", "placement", x_title="simulated time (s)"))
+    ui.show(ui.line(binned, "t", "prefill tok/s", "placement", x_title="simulated time (s)", points=few))
 st.subheader("Pool occupancy over time")
 occ = binned.unpivot(["KV pool", "state pool"], index=["placement", "t"], variable_name="pool", value_name="occupancy")
-chart = (alt.Chart(occ.to_pandas()).mark_line()
+chart = (alt.Chart(occ.to_pandas()).mark_line(point=few)
          .encode(x=alt.X("t:Q", title="simulated time (s)"),
                  y=alt.Y("occupancy:Q", title="peak occupancy in bin", axis=alt.Axis(format="%")),
                  color="placement:N", strokeDash="pool:N", tooltip=["placement", "pool", "t", "occupancy"])
@@ -118,7 +120,6 @@ ui.show(chart)
 # -- straggler time per MoE layer
 st.subheader("Straggler time per MoE layer")
 st.caption("Seconds the busiest GPU kept the others waiting, summed over the run, per MoE layer.")
-moe_layers = None
 strag = []
 for lab in labels:
     by_layer = summ[lab].get("straggler_by_layer_s") or []
@@ -126,4 +127,5 @@ for lab in labels:
                                "straggler s": np.asarray(by_layer, dtype=float)}))
 strag_df = pl.concat(strag)
 if strag_df.height:
-    ui.show(ui.line(strag_df, "MoE layer", "straggler s", "placement", x_title="MoE layer (index into MoE layers)"))
+    ui.show(ui.line(strag_df, "MoE layer", "straggler s", "placement", x_title="MoE layer (0 = the first MoE layer)",
+                    x_type="O"))

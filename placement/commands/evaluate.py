@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from placement.dispatch import ENGINES
+from placement.dispatch import ENGINES, SGLANG_VARIANTS, VLLM_RULES
 from placement.evaluate import evaluate
 from placement.record import load_placement
 from traces.errors import InputError
@@ -24,6 +24,10 @@ def register(sub) -> None:
     p.add_argument("--dispatch-dtype", default="bf16", choices=sorted(DTYPE_BYTES),
                    help="dtype of dispatched activations (bytes per send)")
     p.add_argument("--seed", type=int, default=42, help="SGLang dispatch-map seed (SGLang uses 42)")
+    p.add_argument("--vllm-rule", choices=VLLM_RULES, default="hash",
+                   help="vLLM replica choice: hash (main since 2026-04) or modulo (2025-09 .. 2026-04)")
+    p.add_argument("--sglang-variant", choices=SGLANG_VARIANTS, default="mainline",
+                   help="SGLang static map: mainline (same GPU, then same node) or legacy (same GPU only)")
     p.add_argument("--json", action="store_true", help="print the full metrics as JSON")
     p.set_defaults(func=run)
 
@@ -36,7 +40,8 @@ def run(args) -> int:
         raise InputError(f"{args.routing}: no such file or directory")
     model = load_model(args.model) if args.model else None
     m = evaluate(pl, args.routing, args.engine, model=model, batch_tokens=args.batch_tokens, seed=args.seed,
-                 dispatch_dtype=args.dispatch_dtype)
+                 dispatch_dtype=args.dispatch_dtype, sglang_variant=args.sglang_variant,
+                 vllm_rule=args.vllm_rule)
     if args.json:
         print(json.dumps(m.to_dict(), indent=1))
         return 0
@@ -49,19 +54,23 @@ def run(args) -> int:
         ("engine", args.engine),
         ("balancedness", (f"{s['balancedness']:.4f} mean, {s['worst_window_balancedness']:.4f} worst window; "
                          f"ratio-of-sums {s['ratio_of_sums']:.4f}; max/mean {s['max_over_mean']:.4f}")),
-        ("bound (placement)", f"balancedness <= {s['bound_balancedness_placement']:.4f}, gap {s['gap_placement']:+.2%}"),
-        ("bound (slot budget)", f"balancedness <= {s['bound_balancedness_budget']:.4f}, gap {s['gap_budget']:+.2%}"),
+        ("bound (placement)",
+         f"balancedness <= {s['bound_balancedness_placement']:.4f}, gap {s['gap_placement']:+.2%}"),
+        ("bound (slot budget)",
+         f"balancedness <= {s['bound_balancedness_budget']:.4f}, gap {s['gap_budget']:+.2%}"),
         ("cross-node share", f"{s['cross_node_share']:.4f} of expert selections"),
         ("remote / token / layer", ", ".join(f"{v:.3f} {k}s" for k, v in s["remote_per_token"].items())
          + f" ({s['traffic_method']})"),
-        ("dispatch / token", ", ".join(f"{v / 1e6:.3f} MB per-{k}" for k, v in s["dispatch_bytes_per_token"].items())
+        ("dispatch / token", ", ".join(f"{v / 1e6:.3f} MB per-{k}"
+                                       for k, v in s["dispatch_bytes_per_token"].items())
          + f" ({args.dispatch_dtype}, all MoE layers)"),
         ("expert weights / GPU", f"{s['expert_bytes_per_gpu'] / GB:.2f} GB"),
     ]
     if s["batch"]:
         b = s["batch"]
-        rows.append(("per-batch balancedness", (f"{b['num_batches']} steps of {b['batch_tokens']} tokens/rank: mean "
-                                               f"{b['mean']:.4f}, p5 {b['p5']:.4f}, p50 {b['p50']:.4f}, p95 {b['p95']:.4f}")))
+        rows.append(("per-batch balancedness",
+                     (f"{b['num_batches']} steps of {b['batch_tokens']} tokens/rank: mean {b['mean']:.4f}, "
+                     f"p5 {b['p5']:.4f}, p50 {b['p50']:.4f}, p95 {b['p95']:.4f}")))
     w = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{w}}  {v}")

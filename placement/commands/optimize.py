@@ -27,14 +27,17 @@ def register(sub) -> None:
     p.add_argument("--policy", action="append", default=None,
                    help="policy to run (repeatable; default: all registered). The first one is written "
                         "to --out (default written: moeplace if registered, else eplb)")
-    p.add_argument("--engine", choices=ENGINES, default="vllm", help="replica-choice rule to plan and score for")
+    p.add_argument("--engine", choices=ENGINES, default="vllm",
+                   help="replica-choice rule to plan and score for")
     p.add_argument("--model", default=None, help="model preset / config overriding the one in the inputs")
-    p.add_argument("--plan-fraction", type=float, default=0.5, help="share of windows planned on (default 0.5)")
+    p.add_argument("--plan-fraction", type=float, default=0.5,
+                   help="share of windows planned on (default 0.5)")
     p.add_argument("--window-tokens", type=int, default=DEFAULT_WINDOW_TOKENS,
                    help=f"tokens per window when reading traces (default {DEFAULT_WINDOW_TOKENS})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=None, help="wall-clock budget per policy (s)")
-    p.add_argument("--out", default="placement.json", help="where the chosen placement goes (default placement.json)")
+    p.add_argument("--out", default="placement.json",
+                   help="where the chosen placement goes (default placement.json)")
     p.add_argument("--no-out", action="store_true", help="do not write a placement")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     g = p.add_argument_group("optimizer options (used by the moeplace policy)")
@@ -44,7 +47,8 @@ def register(sub) -> None:
     g.add_argument("--pareto", action="store_true", help="print the balance-vs-traffic frontier")
     g.add_argument("--from", dest="from_placement", default=None, metavar="CURRENT.json",
                    help="current placement for migration-budget mode")
-    g.add_argument("--max-moves", type=int, default=None, help="experts moved per layer at most (with --from)")
+    g.add_argument("--max-moves", type=int, default=None,
+                   help="experts moved per layer at most (with --from)")
     g.add_argument("--workers", type=int, default=None, help="parallel worker processes")
     p.set_defaults(func=run)
 

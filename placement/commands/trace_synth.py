@@ -14,14 +14,11 @@ GROUP_HELP = "routing traces: synth, validate, stats, import, capture"
 _DEFAULTS = SynthConfig()
 
 
-def _cv(text: str) -> float | None:
+def _float_or_none(text: str) -> float | None:
+    """A float, or 'none'/'off' for None (the knob switched off)."""
     if text.lower() in ("none", "off"):
         return None
     return float(text)
-
-
-def _locality(text: str) -> float | None:
-    return _cv(text)
 
 
 def register(sub) -> None:
@@ -30,8 +27,10 @@ def register(sub) -> None:
         description="Synthesizes a routing trace with per-layer popularity skew (growing with depth), workload "
                     "domains with their own hot experts and a drifting mix, inter-layer affinity, token-identity "
                     "and temporal-locality structure, and a request/engine-loop structure (prefill + decode, "
-                    "long-context tail). The knobs are targets: the generator solves its internal parameters so "
-                    "that the trace's realized statistics match them. Deterministic per --seed.")
+                    "long-context tail). --skew, --cv, --domain-correlation and --locality are targets: the "
+                    "generator solves its internal parameters so that the trace's realized statistics match them "
+                    "(see `place trace stats`); --affinity and --token-effect are the probabilities that a slot "
+                    "follows those sources. Deterministic per --seed.")
     d = _DEFAULTS
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"preset or config.json (default {DEFAULT_MODEL})")
     p.add_argument("--tokens", type=int, default=d.num_tokens, help=f"tokens in the trace (default {d.num_tokens})")
@@ -43,7 +42,7 @@ def register(sub) -> None:
                         "Mixtral-like flat: 1.2 with --cv none --skew-depth-ratio 1)")
     g.add_argument("--skew-depth-ratio", type=float, default=d.skew_depth_ratio,
                    help=f"skew of the last MoE layer / the first (default {d.skew_depth_ratio})")
-    g.add_argument("--cv", type=_cv, default=d.cv,
+    g.add_argument("--cv", type=_float_or_none, default=d.cv,
                    help=f"median per-layer std/mean of expert load, or 'none' for a plain lognormal (default {d.cv})")
     g.add_argument("--domains", type=int, default=d.num_domains, help=f"workload domains (default {d.num_domains})")
     g.add_argument("--domain-correlation", type=float, default=d.domain_correlation,
@@ -55,7 +54,7 @@ def register(sub) -> None:
                    help=f"probability a slot follows its previous-layer expert's successors (default {d.affinity})")
     g.add_argument("--token-effect", type=float, default=d.token_effect,
                    help=f"probability a slot is set by the token id (default {d.token_effect})")
-    g.add_argument("--locality", type=_locality, default=d.locality,
+    g.add_argument("--locality", type=_float_or_none, default=d.locality,
                    help="top-k share of consecutive tokens of a request, or 'none' for no copying "
                         f"(default {d.locality})")
     g = p.add_argument_group("requests")

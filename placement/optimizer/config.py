@@ -19,7 +19,8 @@ class OptimizerConfig:
     objective (remote nodes per token) subject to balancedness >= ``balance_floor`` (default: the balance
     plan's own balancedness minus ``traffic_weight * 0.01``... see :func:`traffic_floor`). ``max_moves``: the
     migration budget (slots whose expert changes) per layer when a ``current`` placement is given.
-    ``lns_rounds``: CP-SAT neighbourhood solves per layer after local search stalls; ``lns_gpus``: GPUs per
+    ``lns_rounds``: CP-SAT neighbourhood solves per layer after local search stalls (stopping after
+    ``lns_patience`` fruitless ones in a row); ``lns_gpus``: GPUs per
     neighbourhood; ``lns_dtime``: CP-SAT *deterministic* time per neighbourhood (so results repeat per seed).
     ``gap_tol``: stop searching a layer once within this relative gap of its bound. ``time_limit``: hard wall-clock budget of the whole run, seconds. ``workers``: processes for layers.
     """
@@ -34,7 +35,8 @@ class OptimizerConfig:
     max_moves: int | None = None
     lns_rounds: int = 8
     lns_gpus: int = 4
-    lns_dtime: float = 0.25
+    lns_patience: int = 2
+    lns_dtime: float = 0.05
     gap_tol: float = 1e-4
     time_limit: float | None = None
     workers: int = 0

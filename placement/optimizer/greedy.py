@@ -58,12 +58,14 @@ def count_bound(wn: np.ndarray, num_slots: int, num_gpus: int) -> float:
     return lb
 
 
-def lpt_pack(rep_expert: np.ndarray, rep_weight: np.ndarray, num_gpus: int, num_experts: int) -> np.ndarray:
+def lpt_pack(rep_expert: np.ndarray, rep_weight: np.ndarray, num_gpus: int, num_experts: int,
+             node_distinct: int | None = None) -> np.ndarray:
     """Pack replicas onto GPUs: heaviest first (by worst scenario), each into the GPU whose worst-scenario
     load after adding it is lowest among GPUs that still have a free slot and do not hold that expert.
 
     ``rep_expert``: int ``[P]`` expert of each replica; ``rep_weight``: float ``[W, P]`` its normalized load
-    per scenario. Returns ``phy2log`` int64 ``[P]`` (GPU ``g`` owns slots ``g*S .. g*S+S-1``)."""
+    per scenario. ``node_distinct``: GPUs per node, to prefer one replica per node for experts with at
+    most as many replicas as nodes (SGLang). Returns ``phy2log`` int64 ``[P]`` (GPU ``g`` owns slots ``g*S .. g*S+S-1``)."""
     P = rep_expert.shape[0]
     S = P // num_gpus
     W = rep_weight.shape[0]
@@ -72,10 +74,17 @@ def lpt_pack(rep_expert: np.ndarray, rep_weight: np.ndarray, num_gpus: int, num_
     fill = np.zeros(num_gpus, dtype=np.int64)
     has = np.zeros((num_gpus, num_experts), dtype=bool)
     gpu_items: list[list[int]] = [[] for _ in range(num_gpus)]
+    cnt = np.bincount(rep_expert, minlength=num_experts)
+    gpn = node_distinct or num_gpus
+    num_nodes = num_gpus // gpn
     for r in order:
         e = rep_expert[r]
         after = (load + rep_weight[:, r:r + 1]).max(axis=0)
         ok = (fill < S) & ~has[:, e]
+        if node_distinct and 2 <= cnt[e] <= num_nodes:
+            on_node = has[:, e].reshape(num_nodes, gpn).any(axis=1).repeat(gpn)
+            if (ok & ~on_node).any():
+                ok &= ~on_node
         if not ok.any():
             # Only GPUs already holding e have room: put it there, then trade it for a replica elsewhere.
             g = int(np.argmin(np.where(fill < S, after, np.inf)))
@@ -117,10 +126,11 @@ def replicas_of(cnt: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(cnt.shape[0]), cnt)
 
 
-def greedy_layer(wn: np.ndarray, num_slots: int, num_gpus: int, key: np.ndarray | None = None) -> np.ndarray:
+def greedy_layer(wn: np.ndarray, num_slots: int, num_gpus: int, key: np.ndarray | None = None,
+                 node_distinct: int | None = None) -> np.ndarray:
     """Counts by water-filling on ``key`` (default: the worst scenario per expert), then LPT packing.
     ``wn``: normalized ``[W, E]``. Returns ``phy2log`` int64 ``[P]``."""
     E = wn.shape[1]
     cnt = replica_counts(wn.max(axis=0) if key is None else key, num_slots, num_gpus)
     rep = replicas_of(cnt)
-    return lpt_pack(rep, wn[:, rep] / cnt[rep], num_gpus, E)
+    return lpt_pack(rep, wn[:, rep] / cnt[rep], num_gpus, E, node_distinct)

@@ -10,12 +10,13 @@ import numpy as np
 
 from placement.optimizer.config import OptimizerConfig
 from placement.optimizer.greedy import count_bound, greedy_layer, normalize_scenarios
-from placement.optimizer.lns_cpsat import solve_neighbourhood
+from placement.optimizer.lns_cpsat import exact_model_size, solve_exact, solve_neighbourhood
 from placement.optimizer.local_search import LayerState, local_search
 from placement.optimizer.split_lp import ideal_max_load
 from placement.optimizer.traffic import TrafficModel, same_node, traffic_search
 
 PARETO_SLACKS = (0.0, 0.0025, 0.005, 0.01, 0.02, 0.05)
+EXACT_MAX_VARS = 6000  # boolean variables of the exact model worth trying on a layer
 
 
 @dataclass
@@ -63,29 +64,48 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
     t0 = time.time()
     mono_deadline = time.monotonic() + max(0.0, deadline - t0)
     wn = scenario_loads(loads_we, cfg, num_gpus)
-    bound = count_bound(wn, num_slots, num_gpus)
+    # The even-split bound holds for vLLM's rule only; SGLang and ideal can split unevenly (total / G).
+    bound = count_bound(wn, num_slots, num_gpus) if cfg.engine == "vllm" else 1.0
+    # SGLang's static map sends a node's ranks to that node's replica: one replica per node keeps
+    # the expected split even (load / count), which is what the search below models.
+    nd = gpus_per_node if cfg.engine == "sglang" and num_gpus > gpus_per_node else None
     if origin is not None:
         start = np.asarray(origin, dtype=np.int64)
     else:
-        start = greedy_layer(wn, num_slots, num_gpus)
+        start = greedy_layer(wn, num_slots, num_gpus, node_distinct=nd)
     st = LayerState(wn, start, num_gpus, cfg.cvar, origin=origin,
-                    max_moves=cfg.max_moves if origin is not None else None)
+                    max_moves=cfg.max_moves if origin is not None else None, node_distinct=nd)
     greedy_value = st.value()
 
     # Local search, then CP-SAT on neighbourhoods of the most loaded GPU while it pays.
     local_search(st, mono_deadline)
     rng = np.random.default_rng([cfg.seed, layer])
-    improved = 0
+    improved, misses = 0, 0
     for r in range(cfg.lns_rounds):
+        if misses >= cfg.lns_patience:
+            break
         if st.value() <= bound * (1 + cfg.gap_tol) or time.monotonic() >= mono_deadline:
             break
         gpus = _neighbourhood(st, cfg.lns_gpus, rng)
-        wall = min(2.0, mono_deadline - time.monotonic())
+        wall = mono_deadline - time.monotonic()  # the deterministic limit binds first unless time runs out
         if wall <= 0.01:
             break
         if solve_neighbourhood(st, gpus, cfg.seed + 7919 * r, cfg.lns_dtime, wall):
             improved += 1
+            misses = 0
             local_search(st, mono_deadline)
+        else:
+            misses += 1
+    # Small layers (and no SGLang / migration side rules): the exact model of counts + placement, hinted
+    # with the heuristic's answer; its proven bound tightens ours.
+    if (cfg.engine == "vllm" and origin is None and not cfg.cvar
+            and exact_model_size(wn.shape[1], num_slots, num_gpus) <= EXACT_MAX_VARS):
+        wall = mono_deadline - time.monotonic()
+        if wall > 0.05 and st.value() > bound * (1 + cfg.gap_tol):
+            p2l, v, b, _ = solve_exact(wn, num_slots, num_gpus, cfg.seed, min(wall, 10.0), st.p2l, 4 * cfg.lns_dtime)
+            bound = max(bound, min(b, v))
+            if v < st.value() - 1e-12:
+                st.set(p2l)
     res = LayerResult(layer, st.p2l.copy(), st.value(), bound, greedy_value, 0.0, st.moves, improved)
 
     if cfg.objective != "balance" and samples_nk is not None and len(samples_nk) and num_gpus > gpus_per_node:

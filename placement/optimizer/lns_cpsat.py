@@ -53,6 +53,16 @@ def solve_neighbourhood(st: LayerState, gpus: np.ndarray, seed: int, dtime: floa
         if len(same) > 1:
             for b in bins:
                 model.add_at_most_one(x[int(i), b] for i in same)
+    # SGLang: replicas of a lightly replicated expert on distinct nodes (counting those outside).
+    if st.gpn:
+        node = gpus // st.gpn
+        for e in np.unique(experts[st.limited(experts)]):
+            same = np.flatnonzero(experts == e)
+            for n in np.unique(node):
+                in_hood = [g for g in gpus if g // st.gpn == n]
+                held_outside = int(st.has[n * st.gpn:(n + 1) * st.gpn, e].sum() - st.has[in_hood, e].sum())
+                model.add(sum(x[int(i), b] for i in same for b in bins if node[b] == n)
+                          <= max(0, 1 - held_outside))
     # Every scenario's load on every GPU is at most the objective.
     for w in range(W):
         for b in bins:
@@ -88,18 +98,25 @@ def solve_neighbourhood(st: LayerState, gpus: np.ndarray, seed: int, dtime: floa
     return False
 
 
-def solve_exact(wn: np.ndarray, num_slots: int, num_gpus: int, seed: int = 0, time_limit: float = 30.0):
+def exact_model_size(num_experts: int, num_slots: int, num_gpus: int) -> int:
+    """Boolean variables of :func:`solve_exact` (what decides whether a layer is small enough)."""
+    return num_experts * num_gpus * min(num_gpus, num_slots - num_experts + 1)
+
+
+def solve_exact(wn: np.ndarray, num_slots: int, num_gpus: int, seed: int = 0, time_limit: float = 30.0,
+                hint: np.ndarray | None = None, dtime: float | None = None):
     """Exact CP-SAT model of one small layer under the even-split rule: replica counts and placement
-    together, worst scenario. ``wn``: normalized ``[W, E]``. Returns ``(p2l [P], value, bound, optimal)``
-    where ``value``/``bound`` are in normalized units (the bound is CP-SAT's, rescaled; rounding of the
-    integer coefficients makes it exact only up to ``E / SCALE``)."""
+    together, worst scenario. ``wn``: normalized ``[W, E]``; ``hint``: a feasible ``p2l [P]`` to start
+    from. Returns ``(p2l [P], value, bound, optimal)``: ``value`` is the float max/mean of the returned
+    placement; ``bound`` is CP-SAT's proven bound rescaled and lowered by the rounding of the integer
+    coefficients (at most half a unit per slot of a GPU), so it is a valid bound in float units."""
     # Data
     W, E = wn.shape
     G, S = num_gpus, num_slots // num_gpus
     max_cnt = min(G, num_slots - E + 1)
     scale = SCALE / max(wn.sum(axis=0).max(), 1.0)
     counts = range(1, max_cnt + 1)
-    share = {(w, e, c): int(round(wn[w, e] * scale / c)) for w in range(W) for e in range(E) for c in counts}
+    share = {(w, e, c): round(float(wn[w, e]) * scale / c) for w in range(W) for e in range(E) for c in counts}
 
     # Model
     model = cp_model.CpModel()
@@ -125,11 +142,20 @@ def solve_exact(wn: np.ndarray, num_slots: int, num_gpus: int, seed: int = 0, ti
         for g in range(G):
             model.add(sum(share[w, e, c] * u[e, g, c] for e in range(E) for c in counts) <= z)
     model.minimize(z)
+    # Complete hint: the heuristic's placement.
+    if hint is not None:
+        cnt = np.bincount(hint, minlength=E)
+        on = np.zeros((E, G), dtype=bool)
+        on[hint, np.arange(num_slots) // S] = True
+        for (e, g), v in y.items():
+            model.add_hint(v, bool(on[e, g]))
+        for (e, c), v in k.items():
+            model.add_hint(v, bool(cnt[e] == c))
+        for (e, g, c), v in u.items():
+            model.add_hint(v, bool(on[e, g] and cnt[e] == c))
 
     solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = int(seed)
-    solver.parameters.max_time_in_seconds = float(time_limit)
+    _params(solver, seed, dtime if dtime is not None else 1e9, time_limit)
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise RuntimeError("CP-SAT found no placement")
@@ -138,4 +164,5 @@ def solve_exact(wn: np.ndarray, num_slots: int, num_gpus: int, seed: int = 0, ti
         on = [e for e in range(E) if solver.boolean_value(y[e, g])]
         p2l[g * S:(g + 1) * S] = on
     st = LayerState(wn, p2l, G)
-    return p2l, st.value(), solver.best_objective_bound / scale, status == cp_model.OPTIMAL
+    bound = max(0.0, (solver.best_objective_bound - 0.5 * S) / scale)
+    return p2l, st.value(), bound, status == cp_model.OPTIMAL

@@ -33,11 +33,14 @@ class LayerState:
     ``wn``: normalized loads ``[W, E]`` (each row sums to G). ``p2l``: int64 ``[P]``. ``cnt``: ``[E]``.
     ``has``: bool ``[G, E]`` (expert on GPU). ``load``: ``[W, G]`` normalized GPU loads. ``had0``: the
     membership of the migration origin (``None`` without a budget); ``moves`` counts (GPU, expert) pairs
-    that are new relative to it.
+    that are new relative to it. ``node_distinct``: GPUs per node when replicas of an expert must sit on
+    distinct nodes (while its count is at most the node count) — SGLang's static dispatch sends a node's
+    ranks to their node's first replica, so only then is its expected split even (see :mod:`.layer`).
     """
 
     def __init__(self, wn: np.ndarray, p2l: np.ndarray, num_gpus: int, cvar: float = 0.0,
-                 origin: np.ndarray | None = None, max_moves: int | None = None):
+                 origin: np.ndarray | None = None, max_moves: int | None = None,
+                 node_distinct: int | None = None):
         self.wn = np.asarray(wn, dtype=np.float64)
         self.W, self.E = self.wn.shape
         self.G = num_gpus
@@ -46,6 +49,8 @@ class LayerState:
         self.cvar = cvar
         self.slot_gpu = np.arange(self.P) // self.S
         self.max_moves = max_moves
+        self.gpn = node_distinct
+        self.num_nodes = num_gpus // node_distinct if node_distinct else 1
         self.had0 = None
         if origin is not None:
             self.had0 = np.zeros((self.G, self.E), dtype=bool)
@@ -71,6 +76,15 @@ class LayerState:
 
     def sumsq(self) -> float:
         return float((self.load ** 2).sum())
+
+    def node_has(self) -> np.ndarray:
+        """bool ``[nodes, E]``: expert has a replica on the node."""
+        return self.has.reshape(self.num_nodes, -1, self.E).any(axis=1)
+
+    def limited(self, experts: np.ndarray) -> np.ndarray:
+        """bool: experts whose replicas must stay on distinct nodes."""
+        c = self.cnt[experts]
+        return (c >= 2) & (c <= self.num_nodes) if self.gpn else np.zeros(np.shape(experts), dtype=bool)
 
     @property
     def moves(self) -> int:
@@ -144,6 +158,11 @@ def best_swap(st: LayerState, g: int, allowed_gpus: np.ndarray | None = None):
     bad = (h == g)[None, :] | st.has[h][:, a].T | st.has[g][b][None, :]
     if allowed_gpus is not None:
         bad = bad | ~allowed_gpus[h][None, :]
+    if st.gpn:
+        nh, ng = h // st.gpn, g // st.gpn
+        nhas = st.node_has()
+        cross = (nh != ng)[None, :]
+        bad = bad | cross & ((st.limited(a)[:, None] & nhas[nh][:, a].T) | (st.limited(b) & nhas[ng][b])[None, :])
     if st.had0 is not None and st.max_moves is not None:
         hz0 = st.had0
         delta = ((~hz0[g, b])[None, :].astype(int) - (~hz0[g, a])[:, None]
@@ -186,6 +205,8 @@ def best_recount(st: LayerState, g: int):
         val = aggregate(ly.max(axis=2), st.cvar, axis=1)     # [E]
         ok = ~st.has[g] & (st.cnt < G)
         ok[x] = False
+        if st.gpn:
+            ok &= ~(st.node_has()[g // st.gpn] & (st.cnt + 1 <= st.num_nodes))
         if st.had0 is not None and st.max_moves is not None:
             delta = (~st.had0[g]).astype(int) - int(~st.had0[g, x])
             ok &= st.moves + delta <= st.max_moves

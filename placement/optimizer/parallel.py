@@ -41,7 +41,7 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
     """Solve every layer. ``loads_wle``: ``[W, L, E]``; ``samples_nlk``: ``[N, L, k]`` or None;
     ``origin_lp``: current ``phy2log [L, P]`` or None. Returns one :class:`LayerResult` per layer."""
     t0 = time.time()
-    W, L, E = loads_wle.shape
+    L = loads_wle.shape[1]
     limit = cfg.time_limit or DEFAULT_BUDGET
     deadline = t0 + limit
     workers = cfg.workers or (os.cpu_count() or 1)

@@ -75,8 +75,8 @@ class TrafficModel:
         toks = np.union1d(ti, tj)
         c = self.C[toks].copy()
         before = (c > 0).sum()
-        ini = np.isin(toks, ti)
-        inj = np.isin(toks, tj)
+        ini = np.isin(toks, ti).astype(self.C.dtype)
+        inj = np.isin(toks, tj).astype(self.C.dtype)
         c[:, a] += -ini + inj
         c[:, b] += ini - inj
         return float(before - (c > 0).sum())
@@ -116,6 +116,10 @@ def traffic_search(st: LayerState, tm: TrafficModel, cap: float, weight: float |
         idx = idx[np.argsort(-gain.ravel()[idx], kind="stable")[:top]]
         ii, jj = np.unravel_index(idx, gain.shape)
         ga, gb = slot_gpu[ii], slot_gpu[jj]
+        keep = _rules_ok(st, ii, jj)
+        ii, jj, ga, gb, idx = ii[keep], jj[keep], ga[keep], gb[keep], idx[keep]
+        if idx.size == 0:
+            break
         d = st.wr[:, ii] - st.wr[:, jj]                              # [W, C]
         L = st.load
         new = L[:, :, None].repeat(len(ii), axis=2)                  # [W, G, C]
@@ -147,6 +151,22 @@ def traffic_search(st: LayerState, tm: TrafficModel, cap: float, weight: float |
         made += 1
         del S
     return made
+
+
+def _rules_ok(st: LayerState, ii: np.ndarray, jj: np.ndarray) -> np.ndarray:
+    """bool ``[C]``: candidate swaps that respect the migration budget and SGLang's node rule."""
+    a, b = st.p2l[ii], st.p2l[jj]
+    g, h = st.slot_gpu[ii], st.slot_gpu[jj]
+    ok = np.ones(len(ii), dtype=bool)
+    if st.had0 is not None and st.max_moves is not None:
+        h0 = st.had0
+        delta = (~h0[g, b]).astype(int) - ~h0[g, a] + ~h0[h, a] - ~h0[h, b]
+        ok &= st.moves + delta <= st.max_moves
+    if st.gpn:
+        nhas = st.node_has()
+        ng, nh = g // st.gpn, h // st.gpn
+        ok &= ~((ng != nh) & ((st.limited(a) & nhas[nh, a]) | (st.limited(b) & nhas[ng, b])))
+    return ok
 
 
 def same_node(st: LayerState, gpus_per_node: int):

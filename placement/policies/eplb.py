@@ -89,7 +89,8 @@ def rebalance_experts_hierarchical(weight: np.ndarray, num_physical: int, num_gr
     L, E = w.shape
     if E % num_groups or num_groups % num_nodes or num_gpus % num_nodes or num_physical % num_gpus:
         raise InputError(f"EPLB hierarchical needs experts ({E}) % groups ({num_groups}), groups % nodes "
-                         f"({num_nodes}), GPUs ({num_gpus}) % nodes and slots ({num_physical}) % GPUs all zero")
+                         f"({num_nodes}), GPUs ({num_gpus}) % nodes and slots ({num_physical}) % GPUs "
+                         "all zero")
     group_size = E // num_groups
     groups_per_node = num_groups // num_nodes
     per_gpu = num_physical // num_gpus

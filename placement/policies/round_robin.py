@@ -36,4 +36,5 @@ def round_robin(problem: PlacementProblem) -> Placement:
     fallback = not (m.n_group > 1 and problem.num_redundant == 0)
     per_gpu = np.sort(p2l.reshape(p2l.shape[0], G, -1), axis=2)
     duplicate = bool((np.diff(per_gpu, axis=2) == 0).any())
-    return problem.placement(p2l, "round_robin", vllm_falls_back_to_linear=fallback, duplicate_on_gpu=duplicate)
+    return problem.placement(p2l, "round_robin", vllm_falls_back_to_linear=fallback,
+                             duplicate_on_gpu=duplicate)

@@ -288,8 +288,9 @@ def _record_rows(
     if dup.any():
         li, ti = map(int, np.argwhere(dup)[0])
         raise InputError(
-            f"{path}: {where}: field 'topk_ids_of_layer': MoE layer {model.moe_layers[layers[li]]} token {ti}: "
-            f"physical experts {sel[li, ti].tolist()} map to logical {logical[li, ti].tolist()} with a repeat; "
+            f"{path}: {where}: field 'topk_ids_of_layer': MoE layer {model.moe_layers[layers[li]]} "
+            f"token {ti}: physical experts {sel[li, ti].tolist()} map to logical "
+            f"{logical[li, ti].tolist()} with a repeat; "
             "'last_physical_to_logical_map' does not fit this record (EPLB rebalanced during recording?)"
         )
     # sequences of this pass: extend passes list tokens per sequence, decode passes have one token each

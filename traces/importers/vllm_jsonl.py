@@ -47,29 +47,104 @@ DEFAULT_WARMUP_MIN_RUN = 16
 NUMBERINGS = ("auto", "moe", "decoder")
 
 
-class _Log:
-    """Columns parsed from one or more JSONL files (row = one route line)."""
+FLUSH_ROWS = 1 << 16  # route rows parsed into Python lists before they move to compact numpy chunks
 
-    def __init__(self) -> None:
-        self.file_idx: list[int] = []
-        self.lineno: list[int] = []
-        self.request: list[int] = []
-        self.token_idx: list = []
-        self.layer: list = []
-        self.ids: list = []
-        self.weights: list = []
+
+class _Log:
+    """Columns parsed from one or more JSONL files (row = one route line). Rows are checked and moved from
+    Python lists into numpy chunks every ``FLUSH_ROWS`` rows, so memory stays near the numpy size
+    (uint16 ids, float32 weights) instead of Python objects."""
+
+    COLUMNS = ("file_idx", "lineno", "request", "token_idx", "layer", "ids", "weights")
+
+    def __init__(self, srcs: list[Path], model: ModelSpec) -> None:
+        self.srcs, self.model = srcs, model
+        self.pending: dict[str, list] = {c: [] for c in self.COLUMNS}
+        self.chunks: dict[str, list[np.ndarray]] = {c: [] for c in self.COLUMNS}
+        self.has_weights: bool | None = None
         self.request_of: dict[tuple[int, object], int] = {}
         self.num_meta = 0
         self.num_other = 0
         self.model_ids: list[str] = []
         self.layers_logged: set[int] | None = None
 
+    def _where(self, bad: np.ndarray) -> str:
+        i = int(np.flatnonzero(bad)[0])
+        return f"{self.srcs[self.pending['file_idx'][i]]}: line {self.pending['lineno'][i]}"
+
+    def flush(self) -> None:
+        """Check the pending rows' ids and weights (vectorized) and move them into numpy chunks."""
+        p = self.pending
+        n = len(p["ids"])
+        if n == 0:
+            return
+        k, num_experts, name = self.model.top_k, self.model.num_experts, self.model.name
+        try:
+            ids = np.asarray(p["ids"], dtype=np.int64)
+        except (ValueError, TypeError, OverflowError):
+            ids = None
+        if ids is None or ids.shape != (n, k):
+            bad = np.array(
+                [not all(isinstance(x, int) and not isinstance(x, bool) for x in r) for r in p["ids"]]
+            )
+            raise InputError(f"{self._where(bad)}: field 'topk_ids' holds a non-integer id")
+        rng = (ids < 0) | (ids >= num_experts)
+        if rng.any():
+            row = rng.any(axis=1)
+            i = int(np.flatnonzero(row)[0])
+            raise InputError(
+                f"{self._where(row)}: field 'topk_ids': expert "
+                f"{int(ids[i][rng[i]][0])} outside 0..{num_experts - 1} (model '{name}')"
+            )
+        srt = np.sort(ids, axis=1)
+        dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
+        if dup.any():
+            i = int(np.flatnonzero(dup)[0])
+            raise InputError(f"{self._where(dup)}: field 'topk_ids': expert repeated in {ids[i].tolist()}")
+        weights = np.zeros((n, 0), dtype=np.float32)
+        if self.has_weights:
+            try:
+                w64 = np.asarray(p["weights"], dtype=np.float64)
+            except (ValueError, TypeError):
+                bad = np.array(
+                    [
+                        not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+                        for r in p["weights"]
+                    ]
+                )
+                raise InputError(f"{self._where(bad)}: field 'topk_weights' holds a non-number") from None
+            bad = ~np.isfinite(w64) | (w64 < 0)
+            if bad.any():
+                row = bad.any(axis=1)
+                i = int(np.flatnonzero(row)[0])
+                raise InputError(
+                    f"{self._where(row)}: field 'topk_weights': weight "
+                    f"{float(w64[i][bad[i]][0])} is not a finite non-negative number"
+                )
+            weights = w64.astype(np.float32)  # the trace stores float32
+        c = self.chunks
+        c["ids"].append(ids.astype(np.uint16))
+        c["weights"].append(weights)
+        c["file_idx"].append(np.asarray(p["file_idx"], dtype=np.int32))
+        c["lineno"].append(np.asarray(p["lineno"], dtype=np.int64))
+        for col in ("request", "token_idx", "layer"):
+            c[col].append(np.asarray(p[col], dtype=np.int64))
+        for v in p.values():
+            v.clear()
+
+    def column(self, name: str) -> np.ndarray:
+        return np.concatenate(self.chunks[name])
+
+    def where_row(self, i: int) -> str:
+        fi = int(np.concatenate(self.chunks["file_idx"])[i])
+        return f"{self.srcs[fi]}: line {int(np.concatenate(self.chunks['lineno'])[i])}"
+
 
 def _parse(srcs: list[Path], model: ModelSpec, log: _Log) -> None:
     k = model.top_k
+    pend = log.pending
     for fi, path in enumerate(srcs):
         session = -1
-        has_w = None
         for lineno, obj in jsonl_records(path):
             typ = obj.get("type")
             if typ == "route":
@@ -91,9 +166,9 @@ def _parse(srcs: list[Path], model: ModelSpec, log: _Log) -> None:
                         f"{path}: line {lineno}: field 'topk_ids' has {got}, expected a list of "
                         f"top_k = {k} expert ids"
                     )
-                if has_w is None:
-                    has_w = w is not None
-                if (w is not None) != has_w:
+                if log.has_weights is None:
+                    log.has_weights = w is not None
+                if (w is not None) != log.has_weights:
                     raise InputError(
                         f"{path}: line {lineno}: field 'topk_weights' "
                         f"{'present' if w is not None else 'missing'}, unlike the lines before"
@@ -109,13 +184,15 @@ def _parse(srcs: list[Path], model: ModelSpec, log: _Log) -> None:
                 r = log.request_of.get(key)
                 if r is None:
                     r = log.request_of[key] = len(log.request_of)
-                log.file_idx.append(fi)
-                log.lineno.append(lineno)
-                log.request.append(r)
-                log.token_idx.append(tok)
-                log.layer.append(layer)
-                log.ids.append(ids)
-                log.weights.append(w if w is not None else ())
+                pend["file_idx"].append(fi)
+                pend["lineno"].append(lineno)
+                pend["request"].append(r)
+                pend["token_idx"].append(tok)
+                pend["layer"].append(layer)
+                pend["ids"].append(ids)
+                pend["weights"].append(w)
+                if len(pend["ids"]) >= FLUSH_ROWS:
+                    log.flush()
             elif typ == "meta":
                 top_k = obj.get("top_k")
                 if isinstance(top_k, bool) or not isinstance(top_k, int):
@@ -138,6 +215,7 @@ def _parse(srcs: list[Path], model: ModelSpec, log: _Log) -> None:
                 log.num_other += 1
         if session < 0:
             raise InputError(f"{path}: no 'meta' record: not a vLLM MoE routing log")
+    log.flush()
 
 
 def warmup_mask(layer: np.ndarray, ids: np.ndarray, weights: np.ndarray | None, min_run: int) -> np.ndarray:
@@ -199,11 +277,6 @@ def detect_numbering(values: np.ndarray, model: ModelSpec, requested: str = "aut
     )
 
 
-def _first_bad(mask: np.ndarray, log: _Log, srcs: list[Path]) -> str:
-    i = int(np.flatnonzero(mask)[0])
-    return f"{srcs[log.file_idx[i]]}: line {log.lineno[i]}"
-
-
 def import_(
     srcs: list[Path],
     model: ModelSpec,
@@ -219,7 +292,7 @@ def import_(
         raise InputError(
             f"layer numbering '{layer_numbering}' unknown (expected one of {', '.join(NUMBERINGS)})"
         )
-    log = _Log()
+    log = _Log(srcs, model)
     # The parse creates millions of small lists; the cyclic GC would rescan them over and over (no cycles
     # are created here), which costs more than the parsing itself.
     gc_was_enabled = gc.isenabled()
@@ -229,59 +302,18 @@ def import_(
     finally:
         if gc_was_enabled:
             gc.enable()
-    n = len(log.layer)
-    if n == 0:
+    if not log.chunks["ids"]:
         raise InputError(f"{', '.join(map(str, srcs))}: no 'route' records")
-    k, num_experts = model.top_k, model.num_experts
-    try:
-        ids = np.asarray(log.ids, dtype=np.int64)
-    except (ValueError, TypeError, OverflowError):
-        ids = None
-    if ids is None or ids.shape != (n, k):
-        bad = np.array([not all(isinstance(x, int) and not isinstance(x, bool) for x in r) for r in log.ids])
-        raise InputError(f"{_first_bad(bad, log, srcs)}: field 'topk_ids' holds a non-integer id")
-    rng = (ids < 0) | (ids >= num_experts)
-    if rng.any():
-        i = int(np.flatnonzero(rng.any(axis=1))[0])
-        raise InputError(
-            f"{_first_bad(rng.any(axis=1), log, srcs)}: field 'topk_ids': expert "
-            f"{int(ids[i][rng[i]][0])} outside 0..{num_experts - 1} (model '{model.name}')"
-        )
-    srt = np.sort(ids, axis=1)
-    dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
-    if dup.any():
-        i = int(np.flatnonzero(dup)[0])
-        raise InputError(
-            f"{_first_bad(dup, log, srcs)}: field 'topk_ids': expert repeated in {ids[i].tolist()}"
-        )
-    weights = None
-    if n and len(log.weights[0]):
-        try:
-            weights = np.asarray(log.weights, dtype=np.float64)
-        except (ValueError, TypeError):
-            bad = np.array(
-                [
-                    not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
-                    for r in log.weights
-                ]
-            )
-            raise InputError(
-                f"{_first_bad(bad, log, srcs)}: field 'topk_weights' holds a non-number"
-            ) from None
-        bad = ~np.isfinite(weights) | (weights < 0)
-        if bad.any():
-            i = int(np.flatnonzero(bad.any(axis=1))[0])
-            raise InputError(
-                f"{_first_bad(bad.any(axis=1), log, srcs)}: field 'topk_weights': weight "
-                f"{float(weights[i][bad[i]][0])} is not a finite non-negative number"
-            )
-    layer = np.asarray(log.layer, dtype=np.int64)
+    ids, layer = log.column("ids"), log.column("layer")
+    weights = log.column("weights") if log.has_weights else None
+    n = layer.shape[0]
     if log.layers_logged is not None:
         outside = ~np.isin(layer, list(log.layers_logged))
         if outside.any():
             raise InputError(
-                f"{_first_bad(outside, log, srcs)}: field 'layer' is {int(layer[outside][0])}, not in "
-                f"the meta record's layers_logged {sorted(log.layers_logged)}"
+                f"{log.where_row(int(np.flatnonzero(outside)[0]))}: field 'layer' is "
+                f"{int(layer[outside][0])}, not in the meta record's layers_logged "
+                f"{sorted(log.layers_logged)}"
             )
     try:
         numbering, ambiguous = detect_numbering(layer, model, layer_numbering)
@@ -300,13 +332,11 @@ def import_(
     layer, ids = layer[keep], ids[keep]
     weights = weights[keep] if weights is not None else None
     # request ids renumbered densely in order of first appearance among the kept rows
-    _, first, inv = np.unique(
-        np.asarray(log.request, dtype=np.int64)[keep], return_index=True, return_inverse=True
-    )
+    _, first, inv = np.unique(log.column("request")[keep], return_index=True, return_inverse=True)
     rank = np.empty(first.size, dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(first.size)
     request = rank[inv.reshape(-1)]
-    tok = np.asarray(log.token_idx, dtype=np.int64)[keep]
+    tok = log.column("token_idx")[keep]
     dec_layer = np.asarray(model.moe_layers)[layer] if numbering == "moe" else layer
 
     # token identity: (request, token_idx, occurrence of that pair at this layer)

@@ -1,0 +1,103 @@
+"""Benchmark of the trace pipeline on a synthetic Kimi K3 trace (issue 2 targets):
+synthesis >= 20 M selections/s, stats ingestion >= 100 M selections/s on 2 cores, <= 2.5 B/selection
+on disk; peak RSS reported. Prints the figures and writes bench/results/trace_stats.json.
+
+    python bench/trace_stats.py [--tokens 200000] [--repeats 3] [--keep]
+
+Stats run in a child process so that its peak RSS is its own. Wall-clock and CPU seconds are both
+reported: on a shared machine the wall figures depend on the load (recorded as ``loadavg``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def stats_child(trace: str, repeats: int) -> dict:
+    from traces.stats import compute_stats
+
+    walls, cpus, summary = [], [], None
+    for _ in range(repeats):
+        c0, w0 = time.process_time(), time.perf_counter()
+        st = compute_stats(trace)
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+        summary = st.summary()
+    sel = summary["selections"]
+    return {"selections": sel, "wall_s": walls, "cpu_s": cpus, "wall_s_median": statistics.median(walls),
+            "selections_per_s": sel / statistics.median(walls),
+            "selections_per_cpu_s": sel / statistics.median(cpus), "peak_rss_mb": peak_rss_mb(),
+            "skew_median": summary["skew_median"], "cv_median": summary["cv_median"],
+            "affinity_lift_mean": summary["affinity_lift_mean"], "locality": summary["locality"],
+            "drift_corr_mean": summary["drift_corr_mean"], "windows": summary["windows"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=200_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trace", default=str(RESULTS / "k3-bench-trace"))
+    ap.add_argument("--keep", action="store_true", help="keep the trace directory")
+    ap.add_argument("--stats-child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.stats_child:
+        print(json.dumps(stats_child(args.stats_child, args.repeats)))
+        return 0
+
+    from traces.model import load_model
+    from traces.synth import SynthConfig, synthesize
+
+    model = load_model("kimi-k3")
+    load0 = os.getloadavg()
+    c0 = time.process_time()
+    s = synthesize(model, SynthConfig(num_tokens=args.tokens, seed=args.seed), args.trace)
+    synth_cpu = time.process_time() - c0
+    synth = {"tokens": s["tokens"], "selections": s["selections"], "requests": s["requests"],
+             "wall_s": s["seconds"], "plan_s": s["plan_seconds"], "cpu_s": synth_cpu,
+             "selections_per_s": s["selections_per_s"], "selections_per_cpu_s": s["selections"] / synth_cpu,
+             "bytes": s["bytes"], "bytes_per_selection": s["bytes_per_selection"], "peak_rss_mb": peak_rss_mb()}
+    out = subprocess.run([sys.executable, __file__, "--stats-child", args.trace, "--repeats", str(args.repeats)],
+                         check=True, capture_output=True, text=True, cwd=ROOT)
+    stats = json.loads(out.stdout.strip().splitlines()[-1])
+    result = {"model": "kimi-k3", "tokens": args.tokens, "cores": os.cpu_count(), "loadavg_before": load0,
+              "loadavg_after": os.getloadavg(), "synth": synth, "stats": stats,
+              "targets": {"synth_selections_per_s": 20e6, "stats_selections_per_s": 100e6,
+                          "bytes_per_selection": 2.5}}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "trace_stats.json").write_text(json.dumps(result, indent=1))
+    if not args.keep:
+        shutil.rmtree(args.trace, ignore_errors=True)
+    print(f"K3 synthetic trace: {synth['tokens']:,} tokens, {synth['selections'] / 1e6:.0f} M selections, "
+          f"{synth['requests']} requests (load average {load0[0]:.1f} on {os.cpu_count()} cores)")
+    print(f"synth : {synth['wall_s']:.1f} s wall ({synth['plan_s']:.1f} s planning) = "
+          f"{synth['selections_per_s'] / 1e6:.1f} M sel/s wall, {synth['selections_per_cpu_s'] / 1e6:.1f} M sel "
+          f"per CPU-s; peak RSS {synth['peak_rss_mb']:.0f} MB")
+    print(f"disk  : {synth['bytes'] / 1e6:.0f} MB = {synth['bytes_per_selection']:.3f} B/selection")
+    print(f"stats : median {stats['wall_s_median']:.2f} s of {args.repeats} = "
+          f"{stats['selections_per_s'] / 1e6:.1f} M sel/s wall, {stats['selections_per_cpu_s'] / 1e6:.1f} M sel per "
+          f"CPU-s; peak RSS {stats['peak_rss_mb']:.0f} MB")
+    print(f"trace : skew median {stats['skew_median']:.2f}, CV {stats['cv_median']:.2f}, affinity lift "
+          f"{stats['affinity_lift_mean']:.2f}, locality {stats['locality']:.3f}, window drift corr "
+          f"{stats['drift_corr_mean']:.3f}")
+    print(f"wrote {RESULTS / 'trace_stats.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""The dashboard pages under Streamlit's AppTest, against a small run directory made by tests/dashkit.py:
+each page shows the values the library computes for the same artifacts, its widgets change what is
+shown, and bad input (missing directory, corrupt files, wrong model, bad settings) becomes a message,
+never an exception."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dashkit import NUM_GPUS, make_run_dir
+from streamlit.testing.v1 import AppTest
+
+from placement.cluster import make_cluster
+from placement.compare import compare_policies
+from placement.evaluate import evaluate
+from placement.plan import plan_memory
+from placement.record import load_placement
+from traces.model import load_model
+from traces.stats import affinity_lift, compute_stats
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return make_run_dir(tmp_path_factory.mktemp("dash") / "run")
+
+
+def open_page(run_dir: Path | str, page: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["run_dir"] = str(run_dir)
+    at.run()
+    if page:
+        at.switch_page(f"pages/{page}.py").run()
+    return at
+
+
+def no_failures(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def metric(at: AppTest, label: str) -> str:
+    found = [m.value for m in at.metric if m.label == label]
+    assert found, f"no metric {label!r}; have {[m.label for m in at.metric]}"
+    return found[0]
+
+
+def copy_run(run_dir: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(run_dir, dst)
+    return dst
+
+
+# ---------------------------------------------------------------------------- overview / run dir
+def test_overview_counts_the_artifacts(run_dir):
+    at = open_page(run_dir)
+    no_failures(at)
+    assert at.title[0].value == "moeplace"
+    counts = {m.label: m.value for m in at.metric}
+    assert counts == {"Traces": "1", "Placements": "3", "Comparisons": "1", "Plans": "1", "Simulations": "1",
+                      "Loads": "0"}
+    paths = set(at.dataframe[0].value["path"])
+    assert {"traces", "placements/moeplace.json", "comparison.json", "plan.json", "sim"} <= paths
+
+
+@pytest.mark.parametrize("page", [None, "traces", "placement", "plan", "simulate"])
+def test_missing_run_dir_is_an_error_message_on_every_page(tmp_path, page):
+    at = open_page(tmp_path / "nope", page)
+    assert not at.exception
+    assert any("no such directory" in e.value for e in at.error)
+
+
+def test_run_dir_typed_in_the_sidebar_is_used(run_dir, tmp_path):
+    at = open_page(tmp_path)  # an empty directory: nothing found, a hint, no error
+    assert not at.exception and not at.error
+    assert any("holds no moeplace artifacts" in w.value for w in at.warning)
+    at.text_input(key="run_dir").set_value(str(run_dir)).run()
+    assert metric(at, "Placements") == "3"
+
+
+# ---------------------------------------------------------------------------- traces
+def test_traces_page_shows_the_streaming_statistics(run_dir):
+    at = open_page(run_dir, "traces")
+    no_failures(at)
+    assert any(s.value.startswith("valid") for s in at.success)
+    at.number_input(key="tr_window").set_value(1024).run()
+    no_failures(at)
+    stats = compute_stats(run_dir / "traces", window_tokens=1024)
+    assert metric(at, "Tokens") == f"{stats.num_tokens:,}" == "6,000"
+    assert metric(at, "Windows") == f"{stats.loads.num_windows} x 1,024"
+    assert metric(at, "Median skew (max/mean)") == f"{np.nanmedian(stats.layer_skew):.2f}"
+    assert metric(at, "Locality (top-k overlap)") == f"{stats.locality:.3f}"
+    # domain mix: one row per domain, all tokens accounted for
+    dom = at.dataframe[-1].value
+    assert set(dom["domain"]) == set(stats.domains) and dom["tokens"].sum() == pytest.approx(6000)
+    # the heatmap's window picker lists every window
+    assert len(at.selectbox(key="tr_heat_window").options) == stats.loads.num_windows + 1
+
+
+def test_traces_affinity_follows_the_chosen_layer_pair(run_dir):
+    at = open_page(run_dir, "traces")
+    at.number_input(key="tr_window").set_value(1024).run()
+    at.selectbox(key="tr_aff_a").set_value(3).run()
+    to = at.selectbox(key="tr_aff_b_3")
+    assert to.options == ["4", "5", "6", "7"]  # only later layers
+    to.set_value(6).run()
+    no_failures(at)
+    stats = compute_stats(run_dir / "traces", window_tokens=1024)
+    layers = list(stats.model.moe_layers)
+    pair = stats.loads.samples[:, [layers.index(3), layers.index(6)]]
+    _, lift, _, _ = affinity_lift(pair, stats.model.num_experts, max_pairs=1)
+    assert metric(at, "Affinity lift (1 = independent)") == f"{lift[0]:.2f}"
+
+
+def test_corrupt_trace_shows_the_validation_report(run_dir, tmp_path):
+    bad = copy_run(run_dir, tmp_path)
+    part = next((bad / "traces").glob("*.parquet"))
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])  # truncated file
+    at = open_page(bad, "traces")
+    assert not at.exception
+    assert at.error, "a truncated trace must be reported"
+    assert any("part-00000.parquet" in e.value for e in at.error) or any("part-00000.parquet" in c.value
+                                                                          for c in at.code)
+
+
+def test_other_trace_path_that_does_not_exist(run_dir):
+    at = open_page(run_dir, "traces")
+    at.selectbox(key="tr_path").set_value("other path...").run()
+    at.text_input(key="tr_path_other").set_value(str(run_dir / "missing")).run()
+    assert not at.exception
+    assert any("no such file or directory" in e.value for e in at.error)
+
+
+# ---------------------------------------------------------------------------- placement
+def test_placement_page_scores_match_evaluate(run_dir):
+    at = open_page(run_dir, "placement")
+    no_failures(at)
+    from traces.stats import trace_loads
+
+    loads = trace_loads(run_dir / "traces", 4096)
+    for name in ("moeplace", "eplb", "linear"):
+        pl_ = load_placement(run_dir / "placements" / f"{name}.json")
+        m = evaluate(pl_, loads, "vllm", model=loads.model)
+        assert metric(at, f"placements/{name}.json: balancedness") == f"{m.balancedness:.4f}"
+    table = at.dataframe[-1].value
+    assert list(table["policy"]) == ["eplb", "linear", "moeplace"]
+    assert (table["gap to bound"] >= -1e-9).all() and (table["balancedness"] <= 1 + 1e-9).all()
+    # one GPU-load chart per placement, for the chosen layer
+    at.select_slider(key="pl_layer").set_value(4).run()
+    heads = [m.value for m in at.markdown if "— layer 4:" in m.value]
+    assert len(heads) == 3
+    lin = load_placement(run_dir / "placements" / "linear.json")
+    li = list(lin.moe_layers).index(4)
+    assert any(f"{int((lin.logcnt[li] > 1).sum())} replicated experts" in h for h in heads if "linear" in h)
+    # the moeplace placement recorded its balance-vs-traffic frontier (dashkit plans with pareto on)
+    assert any(m.value.startswith("**Optimizer frontier, layer 4**") for m in at.markdown)
+
+
+def test_placement_downloads_every_export_format(run_dir):
+    at = open_page(run_dir, "placement")
+    at.selectbox(key="pl_download").set_value("placements/moeplace.json").run()
+    from placement.export import format_names
+
+    labels = [b.label for b in at.get("download_button")] if at.get("download_button") else []
+    labels = labels or [b.proto.label for b in at.get("download_button")]
+    assert "placement JSON" in labels
+    shown = [lab.split(" ")[0] for lab in labels if lab != "placement JSON"]
+    rejected = [w.value.split(":")[0] for w in at.warning]
+    assert sorted(shown + rejected) == sorted(format_names())
+
+
+def test_optimize_from_the_page_matches_compare_policies(run_dir):
+    at = open_page(run_dir, "placement")
+    at.multiselect(key="opt_policies").set_value(["linear", "round_robin"])
+    at.number_input(key="opt_red").set_value(16)
+    at.button[0].click().run()  # the form's submit button
+    no_failures(at)
+    from traces.stats import trace_loads
+
+    loads = trace_loads(run_dir / "traces", 4096)
+    cmp = compare_policies(loads, make_cluster(NUM_GPUS, "h200"), num_redundant=16,
+                           policies=["linear", "round_robin"], plan_fraction=0.5, time_limit=5.0)
+    rows = {r.policy: r for r in cmp.results}
+    table = next(d.value for d in at.dataframe if "held-out balancedness" in d.value.columns
+                 and "seconds" in d.value.columns and len(d.value) == 2)
+    for _, row in table.iterrows():
+        assert row["held-out balancedness"] == pytest.approx(rows[row["policy"]].held_out.balancedness)
+    chosen = next(w for w in at.multiselect if w.label == "Placements to compare").value
+    assert "optimize: round_robin" in chosen
+    assert metric(at, "optimize: round_robin: balancedness") == f"{evaluate(rows['round_robin'].placement, loads).balancedness:.4f}"
+
+
+def test_placement_of_another_model_is_a_warning_and_bad_json_an_error(run_dir, tmp_path):
+    bad = copy_run(run_dir, tmp_path)
+    k3 = load_model("kimi-k3")
+    from placement.record import Placement
+
+    Placement.from_phy2log(np.tile(np.arange(k3.num_experts), (k3.num_moe_layers, 1)), k3, 32, 8).save(
+        bad / "placements" / "k3.json")
+    d = json.loads((bad / "placements" / "eplb.json").read_text())
+    d["phy2log"][0][0] = 999  # expert id out of range
+    (bad / "placements" / "eplb.json").write_text(json.dumps(d))
+    at = open_page(bad, "placement")
+    assert not at.exception
+    assert any("k3.json" in w.value and "kimi-k3" in w.value for w in at.warning)
+    assert any("eplb.json" in e.value and "out of range" in e.value for e in at.error)
+    assert {m.label for m in at.metric} == {"placements/linear.json: balancedness",
+                                            "placements/moeplace.json: balancedness"}
+
+
+# ---------------------------------------------------------------------------- plan
+def test_plan_page_matches_plan_memory_and_replans(run_dir):
+    at = open_page(run_dir, "plan")
+    no_failures(at)
+    from dashboard.data import plan_inputs, resolve_model
+
+    name, gpus, gpu, gpn, config = plan_inputs(json.loads((run_dir / "plan.json").read_text()))
+    model = resolve_model(name, [run_dir / "traces"])
+    plan = plan_memory(model, make_cluster(gpus, gpu, gpn), config)
+    assert metric(at, "Concurrent sequences at 128k") == f"{plan.concurrency:,}"
+    assert any(s.value == "verdict: FITS" for s in at.success)
+    curve = next(d.value for d in at.dataframe if "limited by" in d.value.columns)
+    for _, row in curve.iterrows():
+        per_rank, _ = plan.pools.concurrency(((int(row["context_tokens"]), 1.0),))
+        assert row["concurrency"] == per_rank * plan.layout.dp
+    # fp8 KV halves the bytes per token: re-planned, the KV-limited end of the curve holds more
+    at.selectbox(key="plan_plan.json_kv").set_value("fp8").run()
+    no_failures(at)
+    from dataclasses import replace
+
+    plan8 = plan_memory(model, make_cluster(gpus, gpu, gpn), replace(config, kv_dtype="fp8"))
+    curve8 = next(d.value for d in at.dataframe if "limited by" in d.value.columns)
+    assert curve8["concurrency"].iloc[-1] == plan8.pools.concurrency(((int(curve8["context_tokens"].iloc[-1]),
+                                                                       1.0),))[0] * plan8.layout.dp
+    assert curve8["concurrency"].iloc[-1] > curve["concurrency"].iloc[-1]
+
+
+def test_plan_bad_context_and_a_layout_that_does_not_fit(run_dir):
+    at = open_page(run_dir, "plan")
+    at.text_input(key="plan_plan.json_ctx").set_value("12q").run()
+    assert not at.exception
+    assert any("settings" in e.value and "12q" in e.value for e in at.error)
+    at = open_page(run_dir, "plan")
+    at.selectbox(key="plan_plan.json_model").set_value("kimi-k3").run()
+    at.number_input(key="plan_plan.json_gpus").set_value(8).run()  # 8 x H200 cannot hold K3
+    assert not at.exception and not at.error
+    assert any("DOES NOT FIT" in w.value for w in at.warning)
+
+
+# ---------------------------------------------------------------------------- simulate
+def test_simulate_page_shows_the_summaries_side_by_side(run_dir):
+    at = open_page(run_dir, "simulate")
+    no_failures(at)
+    summaries = {s["label"]: s for s in json.loads((run_dir / "sim" / "summary.json").read_text())}
+    assert at.multiselect(key=f"sim_labels_{run_dir / 'sim'}").value == ["moeplace", "linear"]
+    assert metric(at, "moeplace: output tok/s") == f"{summaries['moeplace']['output_tok_s']:,.0f}"
+    table = at.dataframe[0].value
+    row = table[table["metric"] == "requests finished"].iloc[0]
+    assert row["linear"] == f"{summaries['linear']['requests_finished']:,}"
+    at.multiselect(key=f"sim_labels_{run_dir / 'sim'}").set_value(["linear"]).run()
+    no_failures(at)
+    assert list(at.dataframe[0].value.columns) == ["metric", "linear"]
+
+
+def test_corrupt_simulation_output_is_an_error(run_dir, tmp_path):
+    bad = copy_run(run_dir, tmp_path)
+    (bad / "sim" / "linear.timeseries.parquet").write_bytes(b"not parquet")
+    at = open_page(bad, "simulate")
+    assert not at.exception
+    assert any("linear.timeseries.parquet" in e.value for e in at.error)

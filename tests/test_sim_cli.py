@@ -1,0 +1,91 @@
+"""`place simulate`: the side-by-side table, the output files, the Chrome trace, and one-line errors."""
+import json
+
+import polars as pl
+import pytest
+from simkit import linear_placement, mini_model, write_trace
+
+from placement.cli import main
+
+
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("simcli")
+    return write_trace(d / "trace", mini_model(), num_requests=6, prompt=32, output=8, skew=1.2)
+
+
+COMMON = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--duration", "0.003",
+          "--concurrency", "8", "--no-progress"]
+
+
+def test_table_outputs_and_chrome_trace(trace_dir, tmp_path, capsys):
+    pfile = tmp_path / "lin.json"
+    linear_placement(mini_model(), 4, 2).save(pfile)
+    out, chrome = tmp_path / "out", tmp_path / "trace.json"
+    rc = main(["simulate", trace_dir, "--placement", str(pfile), "--placement", "round_robin", *COMMON,
+               "--out", str(out), "--chrome-trace", str(chrome), "--mode", "replay"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    header = [line for line in text.splitlines() if line.startswith("metric")][0]
+    assert "lin" in header and "round_robin" in header
+    for row in ("output tok/s", "TTFT p99 (ms)", "straggler total (s)", "straggler share of step",
+                "NIC bytes (GB)", "KV pool peak", "preemptions"):
+        assert any(line.startswith(row) for line in text.splitlines()), row
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["label"] for s in summary] == ["lin", "round_robin"]
+    assert summary[0]["requests_arrived"] > 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["sim"]["mode"] == "replay" and cfg["cluster"]["num_gpus"] == 4
+    reqs = pl.read_parquet(out / "lin.requests.parquet")
+    assert {"request_id", "ttft_s", "tpot_s", "queue_s", "preemptions", "rejected"} <= set(reqs.columns)
+    ts = pl.read_parquet(out / "round_robin.timeseries.parquet")
+    assert {"batch_tokens", "kv_occupancy", "state_occupancy", "layer_straggler_s", "nvlink_bytes",
+            "nic_bytes"} <= set(ts.columns)
+    assert ts["layer_straggler_s"].dtype == pl.Array(pl.Float32, 3)
+    events = json.loads(chrome.read_text())["traceEvents"]
+    assert {e["ph"] for e in events} >= {"M", "X", "b", "e"}
+    assert {e["pid"] for e in events} == {0, 1}
+    its = [e for e in events if e.get("cat") == "iteration" and e["pid"] == 0]
+    assert its and all(e["dur"] > 0 for e in its)
+
+
+def test_json_and_identical_placements_get_distinct_labels(trace_dir, capsys):
+    rc = main(["simulate", trace_dir, "--placement", "linear", "--placement", "linear", *COMMON, "--json"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [r["label"] for r in res] == ["linear#1", "linear#2"]
+    a, b = ({k: v for k, v in r.items() if "wall" not in k and k not in ("label", "placement")} for r in res)
+    assert a == b  # same placement, same seed: same run
+
+
+def opts(**over):
+    d = {"--gpus": "4", "--gpus-per-node": "2", "--attention-tp": "2", "--duration": "0.003", "--concurrency": "8"}
+    d.update(over)
+    return [x for kv in d.items() for x in kv] + ["--no-progress"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--placement", "nosuch", *opts()], "--placement 'nosuch': no such file and not a policy"),
+    (["--placement", "linear", "--rebalance", "every", *opts()], "--rebalance: 'every' is not KEY=VALUE"),
+    (["--placement", "linear", "--profile", "/nonexistent/p.json", *opts()], "no such calibration profile"),
+    (["--placement", "linear", *opts(**{"--gpus": "6", "--gpus-per-node": "2"})], "do not divide evenly"),
+    (["--placement", "linear", *opts(**{"--attention-tp": "3"})], "does not divide"),
+    (["--placement", "linear", *opts(**{"--duration": "0"})], "--duration must be > 0"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(trace_dir, capsys, args, message):
+    rc = main(["simulate", trace_dir, *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("place: error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_placement_for_another_cluster_is_refused(trace_dir, tmp_path, capsys):
+    pfile = tmp_path / "p8.json"
+    linear_placement(mini_model(), 8, 4).save(pfile)
+    assert main(["simulate", trace_dir, "--placement", str(pfile), *COMMON]) == 2
+    assert "placement is for 8 GPUs" in capsys.readouterr().err
+
+
+def test_missing_trace(tmp_path, capsys):
+    assert main(["simulate", str(tmp_path / "none"), "--placement", "linear", *COMMON]) == 2
+    assert "no such file or directory" in capsys.readouterr().err

@@ -1,0 +1,71 @@
+"""Online rebalancing: moved experts, the weight-transfer stall, the move budget, and a drifting trace
+re-placed during the run."""
+import numpy as np
+import pytest
+from simkit import build, linear_placement, mini_model, write_trace
+
+from placement.record import Placement
+from sim.config import EngineConfig, RebalanceConfig, SimConfig, WorkloadConfig, parse_rebalance
+from sim.rebalance import limit_moves, moved_experts, transfer_stall
+from traces.errors import InputError
+
+
+def test_moved_experts_and_stall_by_hand():
+    m = mini_model()
+    # 4 GPUs on 2 nodes of 2, 4 slots per GPU, 3 layers
+    old = Placement.from_phy2log(np.tile(np.arange(16), (3, 1)), m, 4, 2)
+    p2l = old.phy2log.copy()
+    p2l[0, [0, 4]] = p2l[0, [4, 0]]  # layer 0: swap expert 0 (GPU 0) and expert 4 (GPU 1): same node
+    p2l[1, [0, 8]] = p2l[1, [8, 0]]  # layer 1: swap expert 0 (GPU 0) and expert 8 (GPU 2): across nodes
+    new = Placement.from_phy2log(p2l, m, 4, 2)
+    mv = moved_experts(old, new)
+    assert mv.sum() == 4
+    assert mv[0, 0, 4] and mv[0, 1, 0] and mv[1, 0, 8] and mv[1, 2, 0]
+    b = 1e6
+    stall, moved, n = transfer_stall(old, new, b, nvlink_bw=1e9, nic_bw=1e8, nvlink_latency=1e-6, nic_latency=1e-5)
+    # GPU 0 pulls expert 4 over NVLink (1 ms) and expert 8 over its NIC (10 ms): the NIC sets the pace
+    assert n == 4 and moved == 4 * b
+    assert stall == pytest.approx(1e-5 + b / 1e8)
+    assert transfer_stall(old, old, b, 1e9, 1e8, 1e-6, 1e-5) == (0.0, 0.0, 0)
+
+
+def test_move_budget_takes_whole_layers_best_gain_first():
+    m = mini_model()
+    old = Placement.from_phy2log(np.tile(np.arange(16), (3, 1)), m, 4, 4)
+    rr = np.arange(16).reshape(4, 4).T.ravel()
+    new = Placement.from_phy2log(np.tile(rr, (3, 1)), m, 4, 4)
+    loads = np.zeros((3, 16))
+    loads[:, :4] = [[10, 10, 10, 10], [40, 40, 40, 40], [20, 20, 20, 20]]  # hot experts all on GPU 0 in `old`
+    per_layer = moved_experts(old, new).sum(axis=(1, 2))
+    assert per_layer.tolist() == [12, 12, 12]
+    out = limit_moves(old, new, loads, "vllm", max_moves=24)
+    switched = [bool((out.phy2log[l] == new.phy2log[l]).all()) for l in range(3)]
+    assert switched == [False, True, True]  # the two layers with the largest gain
+    assert out.provenance["moves_used"] == 24
+
+
+def test_parse_rebalance():
+    assert parse_rebalance("every=3000,window=1000,moves=64") == RebalanceConfig(3000, 1000, 64)
+    assert parse_rebalance("every=10").window == 10
+    with pytest.raises(InputError, match="unknown keys"):
+        parse_rebalance("every=1,often=2")
+    with pytest.raises(InputError, match="KEY=VALUE"):
+        parse_rebalance("every")
+
+
+def test_rebalancing_a_drifting_workload_cuts_imbalance_and_pays_a_stall(tmp_path):
+    m = mini_model(num_experts=16)
+    path = write_trace(tmp_path / "t", m, num_requests=8, prompt=64, output=16, skew=1.5, hot_shift=5)
+    pl = linear_placement(m, 4, 4)
+    base = dict(duration=0.004, mode="replay", engine=EngineConfig(attention_tp=1, max_batched_tokens=64),
+                workload=WorkloadConfig(arrival="closed", concurrency=8))
+    static = build(path, pl, SimConfig(**base), gpus=4).run()
+    sim = build(path, pl, SimConfig(**base, rebalance=RebalanceConfig(every=10, window=10, policy="eplb")), gpus=4)
+    moving = sim.run()
+    assert moving.summary["rebalances"] >= 2 and moving.summary["moved_bytes"] > 0
+    assert moving.summary["stall_s"] > 0
+    hist = sim.pools_list[0].rebalancer.history
+    assert hist[0]["iteration"] == 10 and hist[0]["policy"] == "eplb"
+    ts = moving.timeseries
+    after = ts.filter(ts["iteration"] > 10)["imbalance"].mean()
+    assert after < static.timeseries.filter(static.timeseries["iteration"] > 10)["imbalance"].mean()

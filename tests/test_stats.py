@@ -1,0 +1,185 @@
+"""Streaming trace statistics: the Loads equal a direct count, windows and sample are what they say,
+the drift/skew/affinity statistics are right on hand-made inputs, bad traces give one-line errors."""
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from placement.cli import main
+from traces.errors import InputError
+from traces.format import TraceWriter
+from traces.loads import load_loads
+from traces.model import load_model
+from traces.stats import (
+    affinity_lift,
+    compute_stats,
+    skew_and_cv,
+    top_share,
+    topk_overlap_rows,
+    trace_loads,
+    window_drift,
+)
+from traces.synth import SynthConfig, build_plan, synth_chunks, synthesize
+
+SHORT = {"prompt_median": 96, "prompt_sigma": 0.6, "output_median": 48, "long_fraction": 0.0}
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return load_model("qwen3-30b-a3b")
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory, qwen):
+    """A synthetic trace on disk (many small row groups) and the same tokens regenerated in memory."""
+    cfg = SynthConfig(num_tokens=3000, seed=4, **SHORT)
+    out = tmp_path_factory.mktemp("t") / "trace"
+    synthesize(qwen, cfg, out)
+    chunks = list(synth_chunks(build_plan(qwen, cfg)))
+    mem = {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
+    return out, mem
+
+
+def test_loads_equal_direct_count(qwen, small_trace):
+    path, mem = small_trace
+    st = compute_stats(path, window_tokens=1000, sample_tokens=500, seed=1)
+    L, E = qwen.num_moe_layers, qwen.num_experts
+    ex = mem["experts"].astype(np.int64)  # [n, L, k], tokens in step order
+    win = np.arange(len(ex)) // 1000
+    idx = ((win[:, None, None] * L + np.arange(L)[None, :, None]) * E + ex).ravel()
+    direct = np.bincount(idx, minlength=3 * L * E).reshape(3, L, E)
+    assert st.loads.counts.shape == (3, L, E)
+    assert np.array_equal(st.loads.counts, direct)
+    assert st.num_tokens == 3000 and st.num_rows == 3000 * L
+    assert st.num_requests == len(np.unique(mem["request_id"]))
+    assert st.loads.labels == ("tokens 0-1000", "tokens 1000-2000", "tokens 2000-3000")
+    # domain mix per window counts tokens
+    assert np.allclose(st.domain_tokens.sum(axis=1), 1000)
+    assert st.bytes_on_disk > 0 and st.summary()["bytes_per_selection"] < 2.5
+
+
+def test_sample_holds_true_tokens(qwen, small_trace):
+    path, mem = small_trace
+    st = compute_stats(path, window_tokens=1000, sample_tokens=500, seed=1)
+    s = st.loads.samples
+    assert s.shape == (500, qwen.num_moe_layers, qwen.top_k)
+    # every sampled token is a token of the trace with all its layers
+    key = {(int(r), int(p)): i for i, (r, p) in enumerate(zip(mem["request_id"], mem["position"]))}
+    from traces.stats import _Sampler  # noqa: F401  (the sketch is internal; check through the output)
+    found = 0
+    for tok in s[:50]:
+        hits = np.flatnonzero((mem["experts"] == tok).all(axis=(1, 2)))
+        found += len(hits) == 1
+    assert found == 50
+    assert len(key) == 3000
+    # seeded: same seed same sample, another seed another sample
+    again = compute_stats(path, window_tokens=1000, sample_tokens=500, seed=1).loads.samples
+    other = compute_stats(path, window_tokens=1000, sample_tokens=500, seed=2).loads.samples
+    assert np.array_equal(s, again) and not np.array_equal(s, other)
+    # locality from the sampled position pairs matches the generator's target (0.15) loosely
+    assert st.locality_pairs > 50 and abs(st.locality - 0.15) < 0.06
+
+
+def test_cli_writes_loads_and_json(tmp_path, small_trace, capsys):
+    path, _ = small_trace
+    npz, js = tmp_path / "loads.npz", tmp_path / "stats.json"
+    assert main(["trace", "stats", str(path), "--window-tokens", "1500", "--out", str(npz)]) == 0
+    table = capsys.readouterr().out
+    assert "skew (max/mean)" in table and "3,000" in table
+    loads = load_loads(npz)
+    assert loads.counts.shape[0] == 2 and loads.window_tokens == 1500
+    assert loads.samples is not None and loads.samples.shape[0] == 3000  # fewer tokens than the sample size
+    assert main(["trace", "stats", str(path), "--json", "--out", str(js)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert json.loads(js.read_text())["tokens"] == printed["tokens"] == 3000
+    assert np.array_equal(trace_loads(path, 1500).counts, loads.counts)
+
+
+def test_cli_errors_are_one_line(tmp_path, small_trace, capsys):
+    path, _ = small_trace
+    assert main(["trace", "stats", str(path), "--out", str(tmp_path / "x.txt")]) == 2
+    assert main(["trace", "stats", str(tmp_path / "missing")]) == 2
+    assert main(["trace", "stats", str(path), "--window-tokens", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(e.startswith("place: error: ") for e in err)
+    assert "Traceback" not in "".join(err)
+
+
+def _write(path, model, layer, experts):
+    n = len(layer)
+    with TraceWriter(path, model, {"kind": "test"}) as w:
+        w.write(request_id=np.zeros(n), position=np.arange(n), phase=np.zeros(n), step=np.arange(n),
+                layer=layer, expert_ids=experts)
+
+
+def test_bad_rows_name_file_group_and_field(tmp_path, qwen):
+    k = qwen.top_k
+    ex = np.tile(np.arange(k), (4, 1))
+    _write(tmp_path / "bad_layer", qwen, np.array([0, 0, 1, 999]), ex)
+    with pytest.raises(InputError, match=r"part-00000\.parquet: row group 0: field 'layer': 999"):
+        compute_stats(tmp_path / "bad_layer")
+    big = ex.copy()
+    big[2, 3] = qwen.num_experts
+    _write(tmp_path / "bad_id", qwen, np.zeros(4), big)
+    with pytest.raises(InputError, match=r"row group 0: field 'expert_ids': id 128 >= num_experts"):
+        compute_stats(tmp_path / "bad_id")
+
+
+def test_memory_bounded_by_row_group_not_trace(tmp_path, qwen):
+    """Peak Python-side memory of the pass does not grow with the trace (4x the rows, same peak)."""
+    peaks = []
+    for num_tokens in (4000, 16000):
+        out = tmp_path / f"t{num_tokens}"
+        plan = build_plan(qwen, SynthConfig(num_tokens=num_tokens, seed=0, **SHORT))
+        L = qwen.num_moe_layers
+        with TraceWriter(out, qwen, {"kind": "test"}, row_group_rows=20_000) as w:
+            for b in synth_chunks(plan):
+                n = len(b["slot"])
+                w.write(request_id=np.repeat(b["request_id"], L), position=np.repeat(b["position"], L),
+                        phase=np.repeat(b["phase"], L), step=np.repeat(b["step"], L),
+                        layer=np.tile(np.asarray(qwen.moe_layers), n),
+                        expert_ids=b["experts"].reshape(n * L, -1))
+        tracemalloc.start()
+        compute_stats(out, window_tokens=16000, sample_tokens=256)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] < 1.3 * peaks[0]
+
+
+def test_skew_cv_and_top_share_hand_values():
+    skew, cv = skew_and_cv(np.array([[4, 0, 0, 0], [1, 1, 1, 1]]))
+    assert np.allclose(skew, [4.0, 1.0])
+    assert np.allclose(cv, [np.sqrt(3), 0.0])
+    assert top_share(np.array([5, 3, 1, 1, 0, 0, 0, 0, 0, 0]), 0.2) == pytest.approx(0.8)
+
+
+def test_window_drift_hand_values():
+    a = np.array([[[4, 2, 0, 0]]])
+    same = np.concatenate([a, a])
+    corr, js = window_drift(same)
+    assert corr[0] == pytest.approx(1.0) and js[0] == pytest.approx(0.0)
+    disjoint = np.array([[[1, 1, 0, 0]], [[0, 0, 1, 1]]])
+    corr, js = window_drift(disjoint)
+    assert corr[0] == pytest.approx(-1.0) and js[0] == pytest.approx(np.log(2))
+
+
+def test_affinity_lift_detects_coupling():
+    rng = np.random.default_rng(0)
+    n, L, k, E = 3000, 3, 4, 64
+    indep = np.stack([np.argsort(rng.random((n, E)), axis=1)[:, :k] for _ in range(L)], axis=1)
+    succ = rng.permutation(E)  # layer l+1 = a fixed map of layer l: full affinity
+    coupled = indep.copy()
+    coupled[:, 1] = succ[coupled[:, 0]]
+    coupled[:, 2] = succ[coupled[:, 1]]
+    lift_i = affinity_lift(indep, E)[1]
+    lift_c = affinity_lift(coupled, E)[1]
+    assert np.all(np.abs(lift_i - 1) < 0.15)
+    assert np.all(lift_c > 3)
+
+
+def test_topk_overlap_rows():
+    a = np.array([[1, 2, 3, 4]])
+    assert topk_overlap_rows(a, np.array([[4, 3, 9, 8]]))[0] == pytest.approx(0.5)

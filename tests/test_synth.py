@@ -1,0 +1,205 @@
+"""The synthetic router: the knobs mean what they say (realized statistics hit their targets), the
+request/engine structure is consistent, and everything is deterministic per seed."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from traces.errors import InputError
+from traces.format import PHASE_DECODE, PHASE_PREFILL
+from traces.model import load_model
+from traces.stats import affinity_lift, skew_and_cv, topk_overlap_rows
+from traces.synth import (
+    SynthConfig,
+    build_plan,
+    drift_anchor_mixes,
+    engine_batches,
+    mean_domain_correlation,
+    quantize,
+    synth_chunks,
+)
+
+# Short requests: many requests (so every domain shows up) in a small token budget.
+SHORT = {"prompt_median": 96, "prompt_sigma": 0.6, "output_median": 48, "long_fraction": 0.0}
+
+
+def run(model, **kw):
+    """All chunks of a synthetic trace, concatenated: token arrays [n] and experts [n, L, k]."""
+    plan = build_plan(model, SynthConfig(**kw))
+    chunks = list(synth_chunks(plan))
+    out = {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
+    return plan, out
+
+
+def layer_loads(experts: np.ndarray, num_experts: int) -> np.ndarray:
+    """[n, L, k] -> counts [L, E]."""
+    _n, num_layers, _k = experts.shape
+    idx = (np.arange(num_layers)[None, :, None] * num_experts + experts.astype(np.int64)).ravel()
+    return np.bincount(idx, minlength=num_layers * num_experts).reshape(num_layers, num_experts)
+
+
+def consecutive_overlap(b: dict) -> float:
+    """Mean top-k overlap of consecutive tokens of the same request (positions p, p+1)."""
+    order = np.lexsort((b["position"], b["request_id"]))
+    rid, pos, ex = b["request_id"][order], b["position"][order], b["experts"][order]
+    i = np.flatnonzero((rid[1:] == rid[:-1]) & (pos[1:] == pos[:-1] + 1))
+    return float(topk_overlap_rows(ex[i], ex[i + 1]).mean())
+
+
+@pytest.fixture(scope="module")
+def k3_default(k3):
+    return run(k3, num_tokens=12_000, seed=7, **SHORT)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return load_model("qwen3-30b-a3b")
+
+
+def test_config_rejects_bad_knobs():
+    for field, value in [("skew", 0.5), ("domain_correlation", 1.5), ("num_domains", 0), ("affinity", 1.0),
+                         ("locality", 0.95), ("num_tokens", 0), ("cv", -1.0)]:
+        with pytest.raises(InputError, match=f"field '{field}'"):
+            SynthConfig(**{field: value})
+
+
+def test_quantize_sums_exactly():
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(37), size=(3, 2))
+    q = quantize(p, 1000)
+    assert (q.sum(-1) == 1000).all() and (q >= 0).all()
+    assert np.abs(q - p * 1000).max() < 1.0
+
+
+def test_default_k3_rows_are_valid_topk(k3, k3_default):
+    _, b = k3_default
+    ex = b["experts"]
+    assert ex.shape == (12_000, k3.num_moe_layers, k3.top_k)
+    assert ex.max() < k3.num_experts
+    s = np.sort(ex, axis=-1)
+    assert not (s[..., 1:] == s[..., :-1]).any(), "an expert repeats within a token's top-k"
+
+
+def test_default_k3_skew_cv_and_depth(k3, k3_default):
+    _plan, b = k3_default
+    skew, cv = skew_and_cv(layer_loads(b["experts"], k3.num_experts))
+    # target 6x (median layer), CV ~1; the tolerance covers sampling noise at 12k tokens and the slight
+    # flattening of re-drawn duplicates
+    assert 5.2 <= np.median(skew) <= 6.9
+    assert 0.8 <= np.median(cv) <= 1.2
+    assert skew[-15:].mean() > 1.5 * skew[:15].mean()  # skew grows with depth (ratio 2.5 requested)
+    # REFERENCE: 15-38% of experts get < 1/10 of the mean load
+    counts = layer_loads(b["experts"], k3.num_experts)
+    cold = (counts < 0.1 * counts.mean(axis=1, keepdims=True)).mean(axis=1)
+    assert 0.05 <= np.median(cold) <= 0.45
+
+
+def test_default_k3_domains_correlation_and_drift(k3, k3_default):
+    plan, b = k3_default
+    num_domains = plan.config.num_domains
+    per_domain = np.stack([layer_loads(b["experts"][b["domain"] == d], k3.num_experts)
+                           for d in range(num_domains)], axis=1)  # [L, D, E]
+    assert (per_domain.sum(axis=(0, 2)) > 0).all(), "every domain has requests"
+    assert abs(mean_domain_correlation(per_domain.astype(float)) - 0.5) < 0.1
+    # drift: the domain mix of the first and last fifth of the trace differ
+    n = len(b["domain"])
+    first = np.bincount(b["domain"][: n // 5], minlength=num_domains) / (n // 5)
+    last = np.bincount(b["domain"][-n // 5:], minlength=num_domains) / (n // 5)
+    assert np.abs(first - last).sum() > 0.4
+
+
+def test_default_k3_locality_and_token_identity(k3, k3_default):
+    _plan, b = k3_default
+    assert abs(consecutive_overlap(b) - 0.15) < 0.03
+    # two occurrences of the same token id (in one domain) share more experts than two random tokens
+    key = b["token_id"].astype(np.int64) * 64 + b["domain"]
+    _ids, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
+    rng = np.random.default_rng(0)
+    same = []
+    for t in np.flatnonzero((cnt >= 2) & (cnt <= 5))[:300]:
+        i, j = np.flatnonzero(inv == t)[:2]
+        same.append(topk_overlap_rows(b["experts"][i], b["experts"][j]).mean())
+    a, c = rng.integers(0, len(inv), (2, 300))
+    rand = topk_overlap_rows(b["experts"][a], b["experts"][c]).mean()
+    assert np.mean(same) > 2 * rand
+
+
+def test_affinity_knob(qwen):
+    """Within one workload domain the coupling makes layer l predict layer l+1; the lift grows with the
+    knob and is ~1 without it."""
+    def lift(aff):
+        _, b = run(qwen, num_tokens=6000, seed=1, affinity=aff, token_effect=0.0, locality=None,
+                   num_domains=1, **SHORT)
+        return np.nanmean(affinity_lift(b["experts"].astype(np.int32), qwen.num_experts)[1])
+
+    off, mid, high = lift(0.0), lift(0.5), lift(0.9)
+    assert 0.93 <= off <= 1.07
+    assert 1.1 < mid < high
+    assert high > 1.3
+
+
+@pytest.mark.parametrize("corr", [0.05, 0.8])
+def test_domain_correlation_knob(qwen, corr):
+    plan, b = run(qwen, num_tokens=20_000, seed=3, domain_correlation=corr, drift=0.0, **SHORT)
+    per_domain = np.stack([layer_loads(b["experts"][b["domain"] == d], qwen.num_experts)
+                           for d in range(plan.config.num_domains)], axis=1)
+    assert abs(mean_domain_correlation(per_domain.astype(float)) - corr) < 0.1
+
+
+def test_flat_mixtral_like_setting(qwen):
+    _plan, b = run(qwen, num_tokens=20_000, seed=2, skew=1.2, cv=None, skew_depth_ratio=1.0, **SHORT)
+    skew, cv = skew_and_cv(layer_loads(b["experts"], qwen.num_experts))
+    assert 1.1 <= np.median(skew) <= 1.35
+    assert np.median(cv) < 0.15
+
+
+def test_deterministic_per_seed(qwen):
+    _, a = run(qwen, num_tokens=1500, seed=11, **SHORT)
+    _, b = run(qwen, num_tokens=1500, seed=11, **SHORT)
+    _, c = run(qwen, num_tokens=1500, seed=12, **SHORT)
+    for key in a:
+        assert np.array_equal(a[key], b[key]), key
+    assert not np.array_equal(a["experts"], c["experts"])
+
+
+def test_engine_loop_structure(k3):
+    cfg = SynthConfig(num_tokens=60_000, seed=5, long_fraction=0.3, max_prefill_tokens=512)
+    rng = np.random.default_rng(0)  # the engine loop needs only the drift anchors, not a full plan
+    anchors = drift_anchor_mixes(cfg, rng)
+    batches = list(engine_batches(cfg, k3, anchors, rng))
+    b = {key: np.concatenate([x[key] for x in batches]) for key in batches[0]}
+    assert len(b["position"]) == cfg.num_tokens  # the token budget is spent exactly
+    assert (np.diff(b["step"]) >= 0).all()
+    assert np.bincount(b["step"]).max() <= cfg.max_batch_tokens
+    order = np.lexsort((b["seq"], b["request_id"]))
+    rid, pos, phase = b["request_id"][order], b["position"][order], b["phase"][order]
+    same = rid[1:] == rid[:-1]
+    assert (pos[1:][same] > pos[:-1][same]).all()  # positions increase within a request
+    assert not ((phase[1:] == PHASE_PREFILL) & (phase[:-1] == PHASE_DECODE) & same).any()  # prefill first
+    # long-context tail: prompts far beyond the represented sample, up to the model's context
+    assert b["position"].max() > 32_768
+    assert b["position"].max() < k3.max_context
+    assert len(np.unique(b["request_id"])) > 20
+
+
+def test_cli_synth_writes_a_self_describing_trace(tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from placement.cli import main
+    from traces.format import read_trace_meta, trace_num_rows
+
+    out = tmp_path / "tr"
+    assert main(["trace", "synth", "--model", "qwen3-30b-a3b", "--tokens", "400", "--out", str(out),
+                 "--seed", "3", "--gate-weights", "--prompt-median", "64", "--output-median", "16"]) == 0
+    assert "B/selection" in capsys.readouterr().out
+    model, prov = read_trace_meta(out)
+    assert model.name == "qwen3-30b-a3b" and prov["kind"] == "synthetic" and prov["config"]["seed"] == 3
+    assert trace_num_rows(out) == 400 * model.num_moe_layers
+    t = pq.read_table(next(out.glob("*.parquet")))
+    assert {"gate_weights", "token_id", "domain"} <= set(t.column_names)
+    g = t.column("gate_weights").combine_chunks().values.to_numpy().reshape(-1, model.top_k)
+    assert np.allclose(g.sum(axis=1), 1, atol=1e-5) and (np.diff(g, axis=1) <= 0).all()
+    assert main(["trace", "synth", "--tokens", "10", "--out", str(tmp_path / "x"), "--skew", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("place: error: synth config: field 'skew'") and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
