@@ -102,12 +102,22 @@ def _is_trace_parquet(path: Path) -> bool:
 
 
 def _json_kind(path: Path) -> str | None:
+    try:
+        s = path.stat()
+    except OSError:
+        return "unreadable"
+    return _json_kind_of(str(path), s.st_size, s.st_mtime_ns)
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _json_kind_of(path: str, size: int, mtime_ns: int) -> str | None:
+    """Kind of a JSON artifact by its content (cached per size and mtime: pages rescan on every rerun)."""
     from placement.record import PLACEMENT_FORMAT
 
+    if size > _MAX_JSON_PEEK:
+        return None
     try:
-        if path.stat().st_size > _MAX_JSON_PEEK:
-            return None
-        d = json.loads(path.read_text())
+        d = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return "unreadable"
     if isinstance(d, dict):
@@ -180,6 +190,15 @@ def rel(path: Path, root: Path) -> str:
 
 
 # ---------------------------------------------------------------------------- traces
+def _stamped(fn):
+    """Wrap a cached loader so callers pass a path; the stamp is added as part of the cache key."""
+    def call(path, *args, **kwargs):
+        return fn(str(path), stamp(path), *args, **kwargs)
+    call.__name__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    return call
+
+
 @dataclass(frozen=True)
 class TraceInfo:
     path: str
@@ -194,8 +213,8 @@ class TraceInfo:
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def trace_info(path: str, _stamp: tuple) -> TraceInfo:
-    """Model, size and provenance of a trace, from its Parquet footers only (``_stamp``: cache key)."""
+def _trace_info(path: str, stamp_: tuple) -> TraceInfo:
+    """Model, size and provenance of a trace, from its Parquet footers only."""
     from traces.format import read_trace_meta, trace_files, trace_num_rows
 
     model, prov = read_trace_meta(path)
@@ -204,20 +223,15 @@ def trace_info(path: str, _stamp: tuple) -> TraceInfo:
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def trace_validation(path: str, _stamp: tuple):
+def _trace_validation(path: str, stamp_: tuple):
     """``traces.validate.validate_report`` (streams the trace row group by row group)."""
     from traces.validate import validate_report
 
     return validate_report(path)
 
 
-def _stamped(fn):
-    """Wrap a cached loader so callers pass a path; the stamp is added as part of the cache key."""
-    def call(path, *args, **kwargs):
-        return fn(str(path), stamp(path), *args, **kwargs)
-    call.__name__ = fn.__name__
-    call.__doc__ = fn.__doc__
-    return call
+trace_info = _stamped(_trace_info)
+trace_validation = _stamped(_trace_validation)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -247,10 +261,6 @@ def trace_loads(path, window_tokens: int):
     if is_loads_file(path):
         return _routing_loads(str(path), stamp(path), window_tokens)
     return trace_stats(path, window_tokens).loads
-
-
-
-
 
 
 # ---------------------------------------------------------------------------- placements

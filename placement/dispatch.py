@@ -136,9 +136,11 @@ def sglang_dispatch_map(placement: Placement, seed: int = 42, *, variant: str = 
     slot rank ``g`` sends expert ``e``'s tokens of layer ``l`` to (see the module docstring for the
     rule and the two variants). Cached per placement content.
 
-    Cost: experts with one replica are vectorized; the random part runs once per rank (mainline) over
-    the multi-replica experts, ~G x (multi-replica experts) x G draws — about a second for K3 on 32
-    GPUs with 32 redundant slots.
+    Cost: experts with one replica are vectorized; the random part replays Python's ``random`` once per
+    rank (mainline) over the multi-replica experts, ~G x (multi-replica experts) x G draws. Measured for
+    K3 with EPLB placements (2 shared cores, loaded): 1.8 s at 32 GPUs / 32 redundant, 10 s at 64 / 64,
+    77 s at 128 / 128 (legacy: 0.2 / 0.5 / 1.5 s). Inside optimization loops use
+    :func:`sglang_mean_fractions` (``expected_gpu_loads(..., sglang_exact=False)``) instead.
     """
     if variant not in SGLANG_VARIANTS:
         raise InputError(f"unknown SGLang dispatch variant '{variant}' (expected one of {SGLANG_VARIANTS})")

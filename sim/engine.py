@@ -35,7 +35,7 @@ from sim.cost import CostModel, RankWork
 from sim.events import Event, EventQueue
 from sim.results import Recorder, SimResult
 from sim.routing import make_router, src_gpus
-from sim.workload import Request, RequestSource, TraceTokens, arrival_times
+from sim.workload import Request, RequestSource, TraceTokens, arrival_times, decode_row, token_rows
 
 
 @dataclass
@@ -63,7 +63,8 @@ class Pool:
         self.wake_pending = False
         self.iteration = 0
         self.stall = 0.0  # seconds added to the next iteration (swap traffic, weight moves)
-        self.batch: list = []
+        self.batch: list = []  # prefill chunks of the iteration in flight: (request, rank, tokens)
+        self.decoding: list = []  # decoding sequences of the iteration in flight: (request, rank)
         self.rebalancer = None
         self.next_rank = 0
 
@@ -130,11 +131,13 @@ class Pool:
         cfg = sim.config.engine
         D = len(self.ranks)
         work = RankWork.zeros(D)
-        batch = []  # (request, rank, tokens processed, is_prefill)
+        batch = []  # prefill chunks: (request, rank, tokens)
+        decoding = []  # (request, rank)
         dec_rows: list[int] = []
         dec_rank: list[int] = []
         pre_rows, pre_rank = [], []
         decode_here = self.role != "prefill"
+        exact = self.router.needs_rows  # the statistical router only needs token counts
         for r, rank in enumerate(self.ranks):
             used = self._make_room(r, now, rank.used)
             rank.used = self._admit(r, now, used)
@@ -144,11 +147,15 @@ class Pool:
                 if q.ctx < q.prefill_target:
                     prefilling.append(q)
                 elif decode_here and q.generated < q.output_len:
-                    batch.append((q, r, 1, False))
-                    dec_rows.append(q.row_base + q.ctx)
+                    decoding.append((q, r))
+                    if exact:  # decode_row(q, q.ctx), inlined: this loop runs for every decoding sequence
+                        dec_rows.append(q.row_base + q.n_pre + (q.ctx - q.prompt_len) % q.n_dec if q.n_dec
+                                        else decode_row(q, q.ctx))
                     n_dec += 1
-                    ctx_sum += q.ctx + 1
-            dec_rank += [r] * n_dec
+                    ctx_sum += q.ctx
+            ctx_sum += n_dec  # each decode token attends to its own key too
+            if exact:
+                dec_rank += [r] * n_dec
             work.dec_seqs[r] = n_dec
             work.dec_ctx[r] = ctx_sum
             budget = cfg.max_batched_tokens - n_dec
@@ -160,7 +167,7 @@ class Pool:
                     break  # whole prompts only: wait for an emptier batch
                 c = left if not cfg.chunked_prefill else min(left, budget)
                 budget -= c
-                batch.append((q, r, c, True))
+                batch.append((q, r, c))
                 s0 = q.ctx
                 work.pre_tokens[r] += c
                 work.pre_seqs[r] += 1
@@ -168,26 +175,30 @@ class Pool:
                 work.pre_ctx[r] += s0 + c
                 if s0 + c >= q.prefill_target:
                     work.sampled[r] += 1
-                pre_rows.append(q.row_base + s0 + np.arange(c, dtype=np.int64))
-                pre_rank.append(np.full(c, r, dtype=np.int64))
-        if not batch:
+                if exact:
+                    pre_rows.append(token_rows(q, s0, c))
+                    pre_rank.append(np.full(c, r, dtype=np.int64))
+        if not batch and not decoding:
             return []
         work.tokens = work.dec_seqs + work.pre_tokens
         work.sampled += work.dec_seqs
-        rows = np.concatenate([np.asarray(dec_rows, dtype=np.int64)] + pre_rows)
-        ranks = np.concatenate([np.asarray(dec_rank, dtype=np.int64)] + pre_rank)
-        order = np.argsort(ranks, kind="stable")  # each rank's tokens contiguous, in batch order
-        rows, ranks = rows[order], ranks[order]
-        src = src_gpus(ranks, cfg.attention_tp)
         want = self.rebalancer is not None and self.rebalancer.wants_counts
         t0 = wallclock.perf_counter()
-        moe, counts = self.router.route(rows, src, sim.rng, want_counts=want)
+        if exact:
+            rows = np.concatenate([np.asarray(dec_rows, dtype=np.int64)] + pre_rows)
+            ranks = np.concatenate([np.asarray(dec_rank, dtype=np.int64)] + pre_rank)
+            order = np.argsort(ranks, kind="stable")  # each rank's tokens contiguous, in batch order
+            rows, ranks = rows[order], ranks[order]
+            moe, counts = self.router.route(rows, src_gpus(ranks, cfg.attention_tp), sim.rng, want_counts=want)
+        else:
+            moe, counts = self.router.route_count(int(work.tokens.sum()), sim.rng, want_counts=want)
         sim.route_wall += wallclock.perf_counter() - t0
         st = sim.cost.step_time(work, moe, cfg.dual_batch_overlap)
         stall, self.stall = self.stall, 0.0
         dt = st.total + stall
         self.busy = True
         self.batch = batch
+        self.decoding = decoding
         self.iteration += 1
         if counts is not None:
             self.rebalancer.observe(counts)
@@ -199,36 +210,51 @@ class Pool:
         events: list[Event] = []
         made = prefilled = 0
         kv = sim.pools.kv_tokens
-        for q, r, c, is_prefill in self.batch:
-            rank = self.ranks[r]
+        ranks = self.ranks
+        # Decode: one token each. With pages (dcp 1) a sequence needs a new page only when its need
+        # passes the slots it holds, so the plan's kv_tokens is asked only then.
+        paged = sim.pools.dcp == 1
+        for q, r in self.decoding:
+            q.ctx += 1
+            q.generated += 1
+            need = q.ctx + 1
+            if not paged or need > q.kv:
+                after = kv(need)
+                ranks[r].used += after - q.kv
+                q.kv = after
+            if q.generated >= q.output_len:
+                rank = ranks[r]
+                rank.running.remove(q)
+                rank.used -= q.kv
+                events += sim.finish(q, now)
+        made += len(self.decoding)
+        for q, r, c in self.batch:
+            rank = ranks[r]
             q.ctx += c
+            prefilled += c
             after = kv(max(q.prefill_target, q.ctx) + 1)
             rank.used += after - q.kv
             q.kv = after
-            if is_prefill:
-                prefilled += c
-                if q.ctx < q.prefill_target:
+            if q.ctx < q.prefill_target:
+                continue
+            # the last chunk's logits give the next token (the first one, or the next after a recompute
+            # preemption)
+            q.generated += 1
+            made += 1
+            if q.generated == 1:
+                q.first_token = now
+                if self.role == "prefill" and q.generated < q.output_len:
+                    rank.running.remove(q)
+                    rank.used -= after
+                    events.append(sim.handoff(q, now))
                     continue
-                # the last chunk's logits give the next token (the first one, or the next after a
-                # recompute preemption)
-                q.generated += 1
-                made += 1
-                if q.generated == 1:
-                    q.first_token = now
-                    if self.role == "prefill" and q.generated < q.output_len:
-                        rank.running.remove(q)
-                        rank.used -= after
-                        events.append(sim.handoff(q, now))
-                        continue
-            else:
-                q.generated += 1
-                made += 1
             if q.generated >= q.output_len:
                 rank.running.remove(q)
                 rank.used -= after
                 events += sim.finish(q, now)
         sim.recorder.tokens_done(now, made, prefilled)
         self.batch = []
+        self.decoding = []
         self.busy = False
         if self.rebalancer is not None:
             self.stall += self.rebalancer.maybe_rebalance(self, now)

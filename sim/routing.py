@@ -18,9 +18,11 @@ each GPU of a TP group sends its share of the group's tokens, as SGLang's DP-att
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
-from placement.dispatch import sglang_dispatch_map, sglang_mean_fractions, token_slots
+from placement.dispatch import sglang_dispatch_map, token_slots
 from placement.record import Placement
 from sim.cost import MoeWork
 from sim.workload import TraceTokens
@@ -33,8 +35,54 @@ def link_copies(gpu: np.ndarray, src: np.ndarray, gpus_per_node: int, num_gpus: 
     """Token copies each GPU receives per MoE layer, by link: ``(local, nvlink, nic)`` float64 ``[L, G]``.
 
     ``gpu``: int ``[n, L, k]`` destination GPU of every selection; ``src``: int ``[n]`` source GPU. A token
-    sends one copy to each distinct destination GPU (several of its experts on one GPU share it)."""
+    sends one copy to each distinct destination GPU (several of its experts on one GPU share it).
+
+    Fast path: each (token, layer) keeps its destination set as a bitmask of ``ceil(G / 64)`` words
+    (OR over k, no sort), split into local / same-node / other-node bits with per-source masks, and the
+    bits are counted per GPU with ``unpackbits``. :func:`link_copies_ref` is the sorting twin it is
+    tested against."""
     n, L, k = gpu.shape
+    W = -(-num_gpus // 64)
+    own, node = _source_masks(num_gpus, gpus_per_node)  # uint64 [W, G] each
+    src = np.asarray(src, dtype=np.int64)
+    gpu = gpu.astype(np.uint64, copy=False)
+    out = [np.zeros((L, W * 64)) for _ in range(3)]
+    for w in range(W):
+        bits = np.zeros((n, L), dtype=np.uint64)
+        for j in range(k):
+            g = gpu[:, :, j]
+            if W == 1:
+                bits |= np.left_shift(np.uint64(1), g)
+            else:
+                in_word = (g >> np.uint64(6)) == np.uint64(w)
+                bits |= np.where(in_word, np.left_shift(np.uint64(1), g & np.uint64(63)), np.uint64(0))
+        o, nd = own[w, src][:, None], node[w, src][:, None]
+        for i, b in enumerate((bits & o, bits & nd & ~o, bits & ~nd)):
+            unpacked = np.unpackbits(b.view(np.uint8).reshape(n, L, 8), axis=2, bitorder="little")
+            out[i][:, w * 64:(w + 1) * 64] = unpacked.sum(axis=0, dtype=np.int64)
+    return out[0][:, :num_gpus], out[1][:, :num_gpus], out[2][:, :num_gpus]
+
+
+@lru_cache(maxsize=16)
+def _source_masks(num_gpus: int, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per source GPU, bitmasks (``ceil(G/64)`` uint64 words) of its own GPU and of its node's GPUs."""
+    W = -(-num_gpus // 64)
+    own = np.zeros((W, num_gpus), dtype=np.uint64)
+    node = np.zeros((W, num_gpus), dtype=np.uint64)
+    for s_ in range(num_gpus):
+        own[s_ // 64, s_] = np.uint64(1) << np.uint64(s_ % 64)
+        first = (s_ // gpus_per_node) * gpus_per_node
+        for g in range(first, min(first + gpus_per_node, num_gpus)):
+            node[g // 64, s_] |= np.uint64(1) << np.uint64(g % 64)
+    own.setflags(write=False)
+    node.setflags(write=False)
+    return own, node
+
+
+def link_copies_ref(gpu: np.ndarray, src: np.ndarray, gpus_per_node: int, num_gpus: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reference for :func:`link_copies` (sort each token's destinations, keep first occurrences)."""
+    L = gpu.shape[1]
     g = np.sort(gpu, axis=2)
     first = np.ones_like(g, dtype=bool)
     first[:, :, 1:] = g[:, :, 1:] != g[:, :, :-1]
@@ -67,6 +115,7 @@ class ReplayRouter:
     iteration and, when ``want_counts``, the expert selections int64 ``[L, E]`` (for rebalancing)."""
 
     mode = "replay"
+    needs_rows = True
     CHUNK = 16384  # tokens per vectorized block (bounds memory at ~1 GB for K3)
 
     def __init__(self, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42) -> None:
@@ -78,6 +127,7 @@ class ReplayRouter:
     def set_placement(self, placement: Placement) -> None:
         self.placement = placement
         self.dmap = sglang_dispatch_map(placement, self.seed) if self.engine == "sglang" else None
+        self._slot_gpu = placement.slot_gpu.astype(np.int16)  # small dtype: the gather is per selection
 
     def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator | None = None,
               want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
@@ -95,7 +145,7 @@ class ReplayRouter:
             ids = self.trace.expert_ids[r]  # [n, L, k]
             slots = token_slots(pl, ids, self.engine, src_gpu=s, dispatch_map=self.dmap)
             slot_hits += np.bincount((np.arange(L)[None, :, None] * P + slots).ravel(), minlength=L * P)
-            gpu = pl.slot_gpu[slots]
+            gpu = self._slot_gpu[slots]
             _, c_nv, c_nic = link_copies(gpu, s, pl.gpus_per_node, G)
             nv += c_nv
             nic += c_nic
@@ -128,6 +178,7 @@ class StatRouter:
     """Statistical routing fitted to a trace (see the module docstring)."""
 
     mode = "stat"
+    needs_rows = False
 
     def __init__(self, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42,
                  attention_tp: int = 1, fit_tokens: int = FIT_SAMPLE_TOKENS) -> None:
@@ -158,8 +209,15 @@ class StatRouter:
 
     def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator,
               want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
+        """Same interface as :meth:`ReplayRouter.route`; only the number of tokens matters."""
+        return self.route_count(len(rows), rng, want_counts)
+
+    def route_count(self, num_tokens: int, rng: np.random.Generator,
+                    want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
+        """:class:`MoeWork` of an iteration of ``num_tokens`` tokens (and expected expert counts
+        ``[L, E]`` when ``want_counts``)."""
         k = self.trace.model.top_k
-        num_sel = len(rows) * k
+        num_sel = num_tokens * k
         L, G = self.gpu_q.shape
         tokens = rng.multinomial(num_sel, self.gpu_q).astype(np.float64)  # [L, G]
         S = self.placement.slots_per_gpu
@@ -178,5 +236,3 @@ def make_router(mode: str, trace: TraceTokens, placement: Placement, engine: str
     return StatRouter(trace, placement, engine, seed, attention_tp)
 
 
-__all__ = ["ReplayRouter", "StatRouter", "make_router", "link_copies", "src_gpus", "slot_shares",
-           "sglang_mean_fractions"]

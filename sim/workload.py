@@ -26,14 +26,17 @@ class TraceTokens:
 
     ``expert_ids``: uint16 ``[T, L, k]`` (``L`` MoE layers in ``model.moe_layers`` order); tokens are
     grouped by request (requests in order of first ``step``), positions ascending. ``req_offset``: int64
-    ``[R + 1]`` first token row of each request; ``prompt_len`` / ``output_len``: int64 ``[R]`` (prefill
-    rows / decode rows of the request); ``request_ids``: int64 ``[R]``.
+    ``[R + 1]`` first token row of each request; ``prompt_len`` / ``output_len``: int64 ``[R]`` true lengths
+    from the token positions (a synthetic trace may *represent* a long prompt by evenly spaced positions
+    and a long output by its first tokens); ``prefill_rows``: int64 ``[R]`` rows of the prompt held
+    (the rest of a request's rows are its decode tokens); ``request_ids``: int64 ``[R]``.
     """
 
     expert_ids: np.ndarray
     req_offset: np.ndarray
     prompt_len: np.ndarray
     output_len: np.ndarray
+    prefill_rows: np.ndarray
     request_ids: np.ndarray
     model: ModelSpec
     path: str
@@ -48,7 +51,7 @@ class TraceTokens:
 
     def expert_counts(self) -> np.ndarray:
         """Selections per (MoE layer, expert) over the whole trace: int64 ``[L, E]``."""
-        T, L, k = self.expert_ids.shape
+        L = self.expert_ids.shape[1]
         E = self.model.num_experts
         key = (np.arange(L, dtype=np.int64)[None, :, None] * E + self.expert_ids).ravel()
         return np.bincount(key, minlength=L * E).reshape(L, E)
@@ -64,7 +67,10 @@ def load_trace_tokens(path: str | Path, max_tokens: int | None = None) -> TraceT
     lf = scan_trace(path)
     per_req = (lf.group_by("request_id")
                .agg(pl.col("step").min().alias("first"), pl.len().alias("rows"),
-                    (pl.col("phase") == PHASE_PREFILL).sum().alias("prefill_rows"))
+                    (pl.col("phase") == PHASE_PREFILL).sum().alias("prefill_rows"),
+                    pl.col("position").filter(pl.col("phase") == PHASE_PREFILL).max().alias("last_prefill"),
+                    pl.col("position").filter(pl.col("phase") != PHASE_PREFILL).min().alias("first_decode"),
+                    pl.col("position").filter(pl.col("phase") != PHASE_PREFILL).max().alias("last_decode"))
                .sort(["first", "request_id"]).collect())
     if per_req.height == 0:
         raise InputError(f"{path}: the trace has no rows")
@@ -96,8 +102,15 @@ def load_trace_tokens(path: str | Path, max_tokens: int | None = None) -> TraceT
         raise InputError(f"{files[0]}: field 'expert_ids': id {int(ids.max())} >= num_experts {model.num_experts}")
     offset = np.zeros(len(tokens) + 1, dtype=np.int64)
     offset[1:] = np.cumsum(tokens)
-    prompt = (per_req["prefill_rows"].to_numpy() // L).astype(np.int64)
-    return TraceTokens(ids, offset, prompt, tokens.astype(np.int64) - prompt,
+    pre_rows = (per_req["prefill_rows"].to_numpy() // L).astype(np.int64)
+    # true lengths from positions: the prompt ends where decoding starts (or after its last position)
+    last_pre = per_req["last_prefill"].fill_null(-1).to_numpy().astype(np.int64)
+    last_dec = per_req["last_decode"].fill_null(-1).to_numpy().astype(np.int64)
+    has_dec = per_req["first_decode"].is_not_null().to_numpy()
+    first_dec = per_req["first_decode"].fill_null(0).to_numpy().astype(np.int64)
+    prompt = np.maximum(np.where(has_dec, first_dec, last_pre + 1), pre_rows)
+    output = np.where(has_dec, last_dec - prompt + 1, 0)
+    return TraceTokens(ids, offset, prompt, np.maximum(output, tokens - pre_rows), pre_rows,
                        per_req["request_id"].to_numpy().astype(np.int64), model, str(path))
 
 
@@ -106,17 +119,42 @@ class Request:
     """One request's lifecycle (mutable state owned by the engine; metrics read at the end).
     ``row_base``: trace token row of position 0 (position p routes like row ``(row_base + p) % T``)."""
 
-    __slots__ = ("id", "arrival", "prompt_len", "output_len", "row_base", "rank", "pool", "admitted",
-                 "first_token", "finished", "prefilled", "generated", "preemptions", "rejected", "swapped",
-                 "queue_time", "template", "prefill_target", "ctx", "kv")
+    __slots__ = (
+        "admitted",
+        "arrival",
+        "ctx",
+        "finished",
+        "first_token",
+        "generated",
+        "id",
+        "kv",
+        "n_dec",
+        "n_pre",
+        "output_len",
+        "pool",
+        "preemptions",
+        "prefill_target",
+        "prefilled",
+        "prompt_len",
+        "queue_time",
+        "rank",
+        "rejected",
+        "row_base",
+        "swapped",
+        "template",
+    )
 
     def __init__(self, id: int, arrival: float, prompt_len: int, output_len: int, row_base: int,
-                 template: int = -1) -> None:
+                 template: int = -1, n_pre: int | None = None, n_dec: int | None = None) -> None:
         self.id = id
         self.arrival = arrival
         self.prompt_len = prompt_len
         self.output_len = max(1, output_len)
         self.row_base = row_base
+        # trace rows behind the prompt and the output (fewer than the lengths when the trace represents
+        # a long request by a sample): see token_rows / decode_row
+        self.n_pre = prompt_len if n_pre is None else max(1, n_pre)
+        self.n_dec = self.output_len if n_dec is None else n_dec
         self.template = template
         self.rank = -1
         self.pool = ""
@@ -151,11 +189,33 @@ class RequestSource:
         t = self.trace
         if self.lengths is None:
             j = rid % t.num_requests
-            return Request(rid, arrival, int(max(1, t.prompt_len[j])), int(t.output_len[j]), int(t.req_offset[j]), j)
+            n_pre = int(t.prefill_rows[j])
+            n_dec = int(t.req_offset[j + 1] - t.req_offset[j]) - n_pre
+            return Request(rid, arrival, int(max(1, t.prompt_len[j])), int(t.output_len[j]), int(t.req_offset[j]), j,
+                           n_pre=n_pre, n_dec=n_dec)
         prompt, output = sample_lengths(self.lengths, self.rng, 1)
         base = self._cursor
         self._cursor = (self._cursor + int(prompt[0] + output[0])) % t.num_tokens
         return Request(rid, arrival, int(prompt[0]), int(output[0]), base)
+
+
+def token_rows(q: Request, start: int, count: int) -> np.ndarray:
+    """Trace rows (before ``% T``) routing positions ``start .. start+count-1`` of request ``q``, int64
+    ``[count]``: prompt positions scale onto the prompt's rows, output positions walk the output's rows
+    (cycling when the trace holds fewer than the request generates)."""
+    pos = start + np.arange(count, dtype=np.int64)
+    pre = q.row_base + (pos * q.n_pre) // q.prompt_len
+    if q.n_dec > 0:
+        dec = q.row_base + q.n_pre + (pos - q.prompt_len) % q.n_dec
+        return np.where(pos < q.prompt_len, pre, dec)
+    return np.where(pos < q.prompt_len, pre, q.row_base + (pos % q.prompt_len) * q.n_pre // q.prompt_len)
+
+
+def decode_row(q: Request, pos: int) -> int:
+    """:func:`token_rows` of one output position (the per-token hot path of decoding)."""
+    if q.n_dec > 0:
+        return q.row_base + q.n_pre + (pos - q.prompt_len) % q.n_dec
+    return q.row_base + (pos % q.prompt_len) * q.n_pre // q.prompt_len
 
 
 def sample_lengths(mix: LengthMix, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -82,7 +82,7 @@ def mini_model(num_experts: int = 16, top_k: int = 4, hidden: int = 512, expert_
 def write_fixed_trace(path, model: ModelSpec, experts_per_token, num_requests: int, prompt: int, output: int) -> str:
     """Every token of every request routes to the same experts ``experts_per_token`` (k ids) at every
     MoE layer: per-GPU loads are then known exactly for any placement."""
-    L, k = model.num_moe_layers, model.top_k
+    L = model.num_moe_layers
     T = prompt + output
     ids = np.tile(np.asarray(experts_per_token, dtype=np.uint16), (T * L, 1))
     with TraceWriter(path, model, {"kind": "synthetic", "generator": "tests/simkit fixed"}) as w:

@@ -282,6 +282,7 @@ def test_domain_column(tmp_path):
         model(input_ids=torch.tensor([[4, 5, 6]]))
     df = scan_trace(out).collect()
     assert df.height == rec.num_rows == 3 * 2 and df["domain"].to_list() == ["code"] * 6
+    assert pytest.importorskip("traces.validate").validate_trace(out) == []
 
 
 def test_failed_capture_leaves_nothing(tmp_path):
@@ -322,6 +323,9 @@ def test_cli_capture(tmp_path, capsys):
     _, prov = read_trace_meta(out)
     assert prov["tokenizer"].startswith("byte-level") and prov["weights"].startswith("random")
     assert "rows" in capsys.readouterr().out
+    # the rest of the trace toolchain accepts the captured trace
+    assert main(["trace", "validate", str(out)]) == 0
+    assert main(["trace", "stats", str(out), "--json"]) == 0
 
 
 def test_cli_capture_with_local_weights_matches_in_process_capture(tmp_path):

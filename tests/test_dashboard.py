@@ -161,17 +161,25 @@ def test_placement_page_scores_match_evaluate(run_dir):
     assert any(m.value.startswith("**Optimizer frontier, layer 4**") for m in at.markdown)
 
 
-def test_placement_downloads_every_export_format(run_dir):
+def test_placement_downloads_every_export_format(run_dir, tmp_path):
     at = open_page(run_dir, "placement")
     at.selectbox(key="pl_download").set_value("placements/moeplace.json").run()
-    from placement.export import format_names
+    from dashboard import data
+    from placement.export import export_placement, format_names
 
-    labels = [b.label for b in at.get("download_button")] if at.get("download_button") else []
-    labels = labels or [b.proto.label for b in at.get("download_button")]
+    labels = [b.label for b in at.download_button]
     assert "placement JSON" in labels
     shown = [lab.split(" ")[0] for lab in labels if lab != "placement JSON"]
     rejected = [w.value.split(":")[0] for w in at.warning]
     assert sorted(shown + rejected) == sorted(format_names())
+    # the bytes offered are what the exporter writes, and the placement JSON reads back unchanged
+    p = load_placement(run_dir / "placements" / "moeplace.json")
+    model = compute_stats(run_dir / "traces").model
+    blob, name, _ = data.export_bytes(p, model, "sglang")
+    export_placement(p, model, "sglang", tmp_path / "x.json")
+    assert blob == (tmp_path / "x.json").read_bytes() and name.endswith(".json")
+    (tmp_path / "p.json").write_bytes(data.placement_json_bytes(p))
+    assert np.array_equal(load_placement(tmp_path / "p.json").phy2log, p.phy2log)
 
 
 def test_optimize_from_the_page_matches_compare_policies(run_dir):
@@ -273,3 +281,55 @@ def test_corrupt_simulation_output_is_an_error(run_dir, tmp_path):
     at = open_page(bad, "simulate")
     assert not at.exception
     assert any("linear.timeseries.parquet" in e.value for e in at.error)
+
+
+# ---------------------------------------------------------------------------- place dashboard
+def test_place_dashboard_rejects_a_missing_run_dir(tmp_path, capsys):
+    from placement.cli import main
+
+    assert main(["dashboard", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("place: error: ") and "no such run directory" in err and "place demo" in err
+
+
+def test_place_dashboard_runs_streamlit_on_the_app_with_the_run_dir(run_dir):
+    from placement.commands.dashboard import streamlit_command
+
+    cmd, env = streamlit_command(run_dir, 8600, "127.0.0.1", headless=True)
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and Path(cmd[4]) == Path(APP)
+    opts = dict(zip(cmd[5::2], cmd[6::2]))
+    assert opts["--server.port"] == "8600" and opts["--server.address"] == "127.0.0.1"
+    assert opts["--server.headless"] == "true"
+    assert env["MOEPLACE_RUN_DIR"] == str(run_dir.resolve())
+
+
+def test_an_artifact_rewritten_on_disk_is_reread(run_dir, tmp_path):
+    run = copy_run(run_dir, tmp_path)
+    at = open_page(run, "placement")
+    before = metric(at, "placements/linear.json: balancedness")
+    eplb = load_placement(run / "placements" / "eplb.json")
+    eplb.save(run / "placements" / "linear.json")  # same path, new content: the cache key (mtime, size) changes
+    at.run()
+    no_failures(at)
+    after = metric(at, "placements/linear.json: balancedness")
+    assert after == metric(at, "placements/eplb.json: balancedness") != before
+
+
+def test_scan_finds_artifacts_by_content_and_follows_the_simulated_trace(run_dir, tmp_path):
+    from dashboard.data import scan_run_dir
+
+    run = copy_run(run_dir, tmp_path)
+    outside = tmp_path / "elsewhere" / "k3-default"
+    outside.parent.mkdir()
+    shutil.move(run / "traces", outside)  # as `place demo --traces traces/k3-default` keeps it
+    cfg = json.loads((run / "sim" / "config.json").read_text())
+    cfg["trace"]["path"] = str(outside)
+    (run / "sim" / "config.json").write_text(json.dumps(cfg))
+    (run / "notes.json").write_text('{"rows": 1}')  # JSON that is no artifact: ignored
+    (run / "broken.json").write_text("{")
+    idx = scan_run_dir(run)
+    assert idx.traces == (outside,)
+    assert [p.name for p in idx.placements] == ["eplb.json", "linear.json", "moeplace.json"]
+    assert [p.name for p in idx.comparisons] == ["comparison.json"] and [p.name for p in idx.plans] == ["plan.json"]
+    assert [p.name for p in idx.sims] == ["sim"] and idx.loads == ()
+    assert any("broken.json" in n for n in idx.notes)

@@ -34,7 +34,10 @@ PAGES = {
                               "Straggler time per MoE layer"], 6),
 }
 
-pytestmark = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+HAVE_BROWSER = os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)
+IN_CI = os.environ.get("CI", "").lower() == "true"
+# Locally a missing browser skips; in CI (.ci/run installs chromium) it is a failure, not a silent skip.
+pytestmark = pytest.mark.skipif(not HAVE_BROWSER and not IN_CI,
                                 reason="chromium / chromedriver not installed (apt-get install chromium chromium-driver)")
 
 
@@ -48,41 +51,49 @@ def free_port() -> int:
 def server(tmp_path_factory):
     run = make_run_dir(tmp_path_factory.mktemp("browser") / "run")
     port = free_port()
-    log = open(tmp_path_factory.mktemp("log") / "streamlit.log", "w+")
-    # Its own session, so teardown can stop `place` and the streamlit process it started together.
-    proc = subprocess.Popen([sys.executable, "-m", "placement.cli", "dashboard", str(run), "--port", str(port),
-                             "--address", "127.0.0.1", "--headless"], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
+    with open(tmp_path_factory.mktemp("log") / "streamlit.log", "w+") as log:
+        # Its own session, so teardown can stop `place` and the streamlit process it started together.
+        proc = subprocess.Popen([sys.executable, "-m", "placement.cli", "dashboard", str(run), "--port", str(port),
+                                 "--address", "127.0.0.1", "--headless"], stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(proc, url, log)
+            yield url
+        finally:
             try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
                 pass
-            if proc.poll() is not None or time.time() > deadline:
-                log.seek(0)
-                pytest.fail(f"the dashboard did not start (exit {proc.poll()}):\n{log.read()}")
-            time.sleep(0.5)
-        yield url
-    finally:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log, timeout: float = 90.0) -> None:
+    deadline = time.time() + timeout
+    while True:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return
+        except OSError:
             pass
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        if proc.poll() is not None or time.time() > deadline:
+            log.seek(0)
+            pytest.fail(f"the dashboard did not start (exit {proc.poll()}):\n{log.read()}")
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
 def browser():
-    webdriver = pytest.importorskip("selenium.webdriver")
+    if not HAVE_BROWSER:
+        pytest.fail(f"CI=true but {CHROMIUM} / {CHROMEDRIVER} are missing: .ci/run installs them")
+    if IN_CI:
+        from selenium import webdriver
+    else:
+        webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
@@ -160,14 +171,12 @@ def test_page_renders_in_chromium(server, browser, page):
         shutil.copyfile(shot, ARTIFACTS / "dashboard.png")
 
 
-def test_sidebar_navigation_reaches_every_page(server, browser):
+def test_sidebar_navigation(server, browser):
     from selenium.webdriver.common.by import By
 
     browser.get(server)
     wait_rendered(browser, "moeplace", [], 0)
-    for url, (title, texts, _) in PAGES.items():
-        if not url:
-            continue
-        link = browser.find_element(By.CSS_SELECTOR, f'[data-testid="stSidebarNav"] a[href$="/{url}"]')
-        link.click()
-        wait_rendered(browser, title, texts[:1], 0)
+    browser.find_element(By.CSS_SELECTOR, '[data-testid="stSidebarNav"] a[href$="/plan"]').click()
+    title, texts, charts = PAGES["plan"]
+    wait_rendered(browser, title, texts, charts)
+    assert browser.current_url.rstrip("/").endswith("/plan")

@@ -111,7 +111,7 @@ def test_cpsat_proves_small_optimum_and_heuristic_reaches_it():
         E, G, R = 7, 3, 2                                 # P = 9, S = 3
         loads = rng.integers(1, 40, size=(1, E)).astype(float)
         wn = normalize_scenarios(loads, G)
-        p2l, value, bound, optimal = solve_exact(wn, E + R, G, seed=0, time_limit=20)
+        p2l, value, bound, optimal = solve_exact(wn, E + R, G, seed=0, time_limit=20)  # type: ignore[misc]
         assert optimal
         check_layer(p2l, E, G)
         res = solve_layer(trial, loads, E + R, G, 3, OptimizerConfig(), time.time() + 20)

@@ -26,7 +26,7 @@ def test_table_outputs_and_chrome_trace(trace_dir, tmp_path, capsys):
                "--out", str(out), "--chrome-trace", str(chrome), "--mode", "replay"])
     assert rc == 0
     text = capsys.readouterr().out
-    header = [line for line in text.splitlines() if line.startswith("metric")][0]
+    header = next(line for line in text.splitlines() if line.startswith("metric"))
     assert "lin" in header and "round_robin" in header
     for row in ("output tok/s", "TTFT p99 (ms)", "straggler total (s)", "straggler share of step",
                 "NIC bytes (GB)", "KV pool peak", "preemptions"):

@@ -110,8 +110,8 @@ def test_admission_matches_the_plan_model_for_1m_token_requests(tmp_path, k3):
     engine = EngineConfig(attention_tp=8, max_seqs=256, kv_dtype="bf16")
     cfg = SimConfig(duration=1e-9, mode="stat", engine=engine,
                     workload=WorkloadConfig(arrival="closed", concurrency=200, lengths=mix))
-    pools, plan = plan_pools(k3, make_cluster(32, "h200"), engine, 0)
-    per_rank, ceiling = pools.concurrency(((need, 1.0),))
+    pools, _ = plan_pools(k3, make_cluster(32, "h200"), engine, 0)
+    per_rank, _ = pools.concurrency(((need, 1.0),))
     assert 0 < per_rank < 50
     res = build(path, linear_placement(k3, 32, 8), cfg, gpus=32).run()
     assert res.timeseries["running"][0] == 4 * per_rank
@@ -160,7 +160,7 @@ def test_identical_seeds_give_identical_results(tmp_path):
     path = write_trace(tmp_path / "t", m, num_requests=6, prompt=40, output=20)
     pl = linear_placement(m, 4, 4)
     mix = LengthMix(components=((64, 0.8), (512, 0.2)), output_mean=32)
-    cfg = lambda seed: SimConfig(duration=0.02, mode="stat", seed=seed,  # noqa: E731
+    cfg = lambda seed: SimConfig(duration=0.02, mode="stat", seed=seed,
                                  engine=EngineConfig(attention_tp=2, max_batched_tokens=256, max_seqs=16),
                                  workload=WorkloadConfig(arrival="gamma", rate=5000.0, burstiness=2.0, lengths=mix))
     a, b, c = (build(path, pl, cfg(s), gpus=4).run() for s in (7, 7, 8))

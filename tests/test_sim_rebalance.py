@@ -57,8 +57,8 @@ def test_rebalancing_a_drifting_workload_cuts_imbalance_and_pays_a_stall(tmp_pat
     m = mini_model(num_experts=16)
     path = write_trace(tmp_path / "t", m, num_requests=8, prompt=64, output=16, skew=1.5, hot_shift=5)
     pl = linear_placement(m, 4, 4)
-    base = dict(duration=0.004, mode="replay", engine=EngineConfig(attention_tp=1, max_batched_tokens=64),
-                workload=WorkloadConfig(arrival="closed", concurrency=8))
+    base = {"duration": 0.004, "mode": "replay", "engine": EngineConfig(attention_tp=1, max_batched_tokens=64),
+            "workload": WorkloadConfig(arrival="closed", concurrency=8)}
     static = build(path, pl, SimConfig(**base), gpus=4).run()
     sim = build(path, pl, SimConfig(**base, rebalance=RebalanceConfig(every=10, window=10, policy="eplb")), gpus=4)
     moving = sim.run()

@@ -6,7 +6,7 @@ from simkit import mini_model, write_trace
 
 from placement.dispatch import token_gpu_loads
 from placement.record import Placement
-from sim.routing import ReplayRouter, StatRouter, link_copies, src_gpus
+from sim.routing import ReplayRouter, StatRouter, link_copies, link_copies_ref, src_gpus
 from sim.workload import load_trace_tokens
 
 
@@ -28,6 +28,16 @@ def test_link_copies_count_one_copy_per_distinct_destination():
     assert local.tolist() == [[1, 0, 1, 0]]
     assert nv.tolist() == [[0, 1, 0, 1]]
     assert nic.tolist() == [[0, 0, 0, 1]]
+
+
+@pytest.mark.parametrize("G, per_node", [(4, 2), (32, 8), (96, 8), (130, 10)])
+def test_bitmask_link_copies_equal_the_sorting_reference(G, per_node):
+    rng = np.random.default_rng(G)
+    gpu = rng.integers(0, G, size=(300, 5, 8))
+    gpu[:50, :, 1] = gpu[:50, :, 0]  # duplicates within a token
+    src = rng.integers(0, G, size=300)
+    for fast, ref in zip(link_copies(gpu, src, per_node, G), link_copies_ref(gpu, src, per_node, G)):
+        np.testing.assert_array_equal(fast, ref)
 
 
 def test_src_gpus_spread_a_ranks_tokens_over_its_tp_group():

@@ -64,3 +64,24 @@ def test_length_mixture_with_a_long_context_tail():
     assert np.mean(output) == pytest.approx(256, rel=0.05)
     capped = sample_lengths(LengthMix(components=((1 << 20, 1.0),), sigma=1.0), np.random.default_rng(4), 1000)[0]
     assert capped.max() <= 1 << 20
+
+
+def test_represented_long_requests_keep_their_true_lengths(tmp_path):
+    """A synthetic trace may represent a long prompt by evenly spaced positions and a long output by its
+    first tokens: lengths come from the positions, and routing maps positions onto the rows held."""
+    m = mini_model()
+    L = m.num_moe_layers
+    pos = np.array([0, 25, 50, 75, 100, 101])  # prompt of 100 held by 4 rows, output 2 rows (of 2)
+    phase = np.array([0, 0, 0, 0, 1, 1])
+    with TraceWriter(tmp_path / "t", m, {"kind": "synthetic"}) as w:
+        w.write(request_id=np.full(6 * L, 5), position=np.repeat(pos, L), phase=np.repeat(phase, L),
+                step=np.repeat(np.arange(6), L), layer=np.tile(np.array(m.moe_layers), 6),
+                expert_ids=np.repeat(np.arange(6), L)[:, None].repeat(4, axis=1))
+    tt = load_trace_tokens(tmp_path / "t")
+    assert (tt.prompt_len[0], tt.output_len[0], tt.prefill_rows[0]) == (100, 2, 4)
+    q = RequestSource(tt, None, np.random.default_rng(0)).make(0.0)
+    assert (q.prompt_len, q.output_len, q.n_pre, q.n_dec) == (100, 2, 4, 2)
+    from sim.workload import decode_row, token_rows
+    assert token_rows(q, 0, 100)[[0, 24, 25, 99]].tolist() == [0, 0, 1, 3]
+    assert [decode_row(q, p) for p in (100, 101, 102)] == [4, 5, 4]  # outputs cycle over the rows held
+    assert token_rows(q, 99, 3).tolist() == [3, 4, 5]

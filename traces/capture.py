@@ -561,8 +561,9 @@ def run_capture(cfg: CaptureConfig) -> CaptureResult:
         else:
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         model = model.to(cfg.device).eval()
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise InputError(f"{cfg.weights or cfg.hf_config}: cannot build the model ({exc})") from None
+    except (OSError, ValueError, RuntimeError, AssertionError) as exc:  # torch asserts on a missing device
+        raise InputError(f"{cfg.weights or cfg.hf_config}: cannot build the model on '{cfg.device}' ({exc})"
+                         ) from None
     spec = model_spec_of(model, source=str(cfg.hf_config))
     tokenizer, tok_desc = _tokenizer_for(cfg, int(config.vocab_size))
     encoded = [tokenizer.encode(p) for p in prompts]

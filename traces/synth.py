@@ -474,6 +474,8 @@ class ExpertSampler:
         cuts = np.array([copy_prob, copy_prob + cfg.affinity * rest,
                          copy_prob + (cfg.affinity + cfg.token_effect) * rest])
         self.copy_cut, self.aff_cut, self.tok_cut = (np.minimum(cuts, 1 - 2**-32) * 2**32).astype(np.uint32)
+        self.aff_span = np.uint32(self.aff_cut - self.copy_cut)
+        self.tok_span = np.uint32(self.tok_cut - self.aff_cut)
         self.table = plan.table
         self.token_experts = np.uint32(cfg.token_experts)
         # start << 16 | width of every expert's interval in the shared grid: one gather per affinity draw
@@ -533,13 +535,16 @@ class ExpertSampler:
             u = v >> bits  # base: uniform point
             v16 = v & low  # uniform inside an interval (affinity / token)
             # Branch-free selects (random masks make np.where mispredict): x ^ ((x ^ y) & mask).
-            tok_u = (t_start + np.take(plan.slot_offset[li], comp % self.token_experts) + v16 * t_width) >> bits
-            mask = np.uint32(0) - ((comp >= self.aff_cut) & (comp < self.tok_cut)).astype(np.uint32)
+            # which preferred point: the low 16 bits of the source draw, scaled to [0, m)
+            pick = ((comp & low) * self.token_experts) >> bits
+            tok_u = (t_start + np.take(plan.slot_offset[li], pick) + v16 * t_width) >> bits
+            # (comp - lo) < (hi - lo) in uint32 arithmetic tests lo <= comp < hi in two passes
+            mask = np.uint32(0) - ((comp - self.aff_cut) < self.tok_span).astype(np.uint32)
             u ^= (u ^ tok_u) & mask
             if prev_e is not None:
                 sw = np.take(self.start_width[li - 1], prev_e)
                 aff_u = ((sw >> bits) + (((sw & low) * v16) >> bits)) & low
-                mask = np.uint32(0) - ((comp >= self.copy_cut) & (comp < self.aff_cut)).astype(np.uint32)
+                mask = np.uint32(0) - ((comp - self.copy_cut) < self.aff_span).astype(np.uint32)
                 u ^= (u ^ aff_u) & mask
                 # affinity draws read the shared grid; base and token draws their domain's layout
                 e = np.take(self.table[li], (dom_key ^ ((dom_key ^ shared_key) & mask)) + u)
@@ -572,19 +577,20 @@ class ExpertSampler:
 
     def _dedup(self, li: int, e: np.ndarray, dom_key, row_key, slot_ids) -> np.ndarray:
         """Re-draw repeated experts within a row from the base source until every row is distinct."""
-        dup = self._duplicates(e, row_key, slot_ids)
-        if not dup.any():
+        k = self.k
+        flat = np.flatnonzero(self._duplicates(e, row_key, slot_ids).ravel())
+        if not len(flat):
             return e
-        rows = np.flatnonzero(dup.any(axis=1))
-        sub, sub_dup, sub_key = e[rows], dup[rows], dom_key[rows, 0]
+        rows = np.unique(flat // k)
+        sub = e[rows]
+        sub_key = np.repeat(dom_key[rows, 0], k)  # per entry of sub, flattened
+        local = np.searchsorted(rows, flat // k) * k + flat % k
         nr = len(rows)
-        while True:
-            rr, cc = np.nonzero(sub_dup)
-            u = self.rng.bit_generator.random_raw(len(rr)).astype(np.uint32) & np.uint32(U_SIZE - 1)
-            sub[rr, cc] = np.take(self.table[li], sub_key[rr] + u)
-            sub_dup = self._duplicates(sub, row_key[:nr], slot_ids[:nr])
-            if not sub_dup.any():
-                break
+        sub_flat = sub.reshape(-1)
+        while len(local):
+            u = self.rng.bit_generator.random_raw(len(local)).astype(np.uint32) & np.uint32(U_SIZE - 1)
+            sub_flat[local] = np.take(self.table[li], sub_key[local] + u)
+            local = np.flatnonzero(self._duplicates(sub, row_key[:nr], slot_ids[:nr]).ravel())
         e[rows] = sub
         return e
 

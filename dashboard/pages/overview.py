@@ -14,9 +14,9 @@ if idx.empty:
 kinds = [
     ("Traces", idx.traces, "routing traces", "Traces"),
     ("Placements", idx.placements, "placement files", "Placement"),
-    ("Comparisons", idx.comparisons, "`place optimize --json` outputs", "Placement"),
-    ("Plans", idx.plans, "`place plan --json` outputs", "Plan"),
-    ("Simulations", idx.sims, "`place simulate --out` directories", "Simulate"),
+    ("Comparisons", idx.comparisons, "place optimize --json output", "Placement"),
+    ("Plans", idx.plans, "place plan --json output", "Plan"),
+    ("Simulations", idx.sims, "place simulate --out directory", "Simulate"),
     ("Loads", idx.loads, "Loads .npz files", "Placement"),
 ]
 cols = st.columns(len(kinds))
@@ -27,8 +27,9 @@ if rows:
     st.dataframe(rows, hide_index=True)
 for note in idx.notes:
     st.warning(note)
-st.markdown(
-    "**Traces**: expert-load heatmap, skew, drift, inter-layer affinity, domain mix, validation.  \n"
-    "**Placement**: compare policies per layer, GPU loads with replicas, frontier, gap to bound, downloads.  \n"
-    "**Plan**: per-GPU memory, concurrency vs context length, the pool that is the ceiling.  \n"
-    "**Simulate**: TTFT/TPOT CDFs, throughput and pool occupancy over time, straggler time per layer.")
+for page, title, what in (
+        ("traces", "Traces", "expert-load heatmap, skew, drift, inter-layer affinity, domain mix, validation"),
+        ("placement", "Placement", "policies per layer, GPU loads with replicas, balance vs traffic, downloads"),
+        ("plan", "Plan", "per-GPU memory, concurrency vs context length, the pool that is the ceiling"),
+        ("simulate", "Simulate", "TTFT/TPOT CDFs, throughput and pool occupancy over time, straggler time per layer")):
+    st.page_link(f"pages/{page}.py", label=f"**{title}**: {what}")

@@ -10,6 +10,7 @@ import polars as pl
 import streamlit as st
 
 from dashboard import data, ui
+from placement.cluster import gpu_preset_names
 from placement.compare import DEFAULT_WINDOW_TOKENS
 from placement.dispatch import ENGINES
 from placement.policies import policy_names
@@ -48,7 +49,6 @@ routing_key = (str(routing_path), data.stamp(routing_path), window_tokens, lo, h
 
 # ---------------------------------------------------------------------------- placements
 candidates: dict[str, object] = {}
-file_labels = []
 for p in idx.placements:
     pl_ = ui.load(data.placement, p, what=data.rel(p, root), stop=False)
     if pl_ is None:
@@ -60,7 +60,6 @@ for p in idx.placements:
         continue
     label = data.rel(p, root)
     candidates[label] = pl_
-    file_labels.append(label)
 
 with st.expander("Run `place optimize` here (small settings)", expanded=not candidates):
     with st.form("optimize"):
@@ -73,7 +72,12 @@ with st.expander("Run `place optimize` here (small settings)", expanded=not cand
         redundant = int(f3.number_input("Redundant slots", min_value=0, value=red_default, key="opt_red",
                                         help="E + R must be a multiple of the GPUs"))
         time_limit = float(f4.number_input("Time limit per policy (s)", min_value=0.5, value=5.0, key="opt_tl"))
-        g1, g2, g3, g4 = st.columns(4)
+        g0, g1, g2, g3, g4 = st.columns(5)
+        gpu_kinds = gpu_preset_names()
+        first = next(iter(candidates.values()), None)
+        kind = (first.provenance.get("cluster") or {}).get("gpu", "h200") if first is not None else "h200"
+        gpu_kind = g0.selectbox("GPU", gpu_kinds, index=gpu_kinds.index(kind) if kind in gpu_kinds else 0,
+                                key="opt_gpu", help="sets the node size (GPUs per NVLink domain)")
         plan_fraction = float(g1.slider("Plan on the first share of windows", 0.1, 1.0, 0.5, key="opt_pf"))
         seed = int(g2.number_input("Seed", value=0, key="opt_seed"))
         objective = g3.selectbox("Objective (moeplace)", ["balance", "balance+traffic", "traffic"], key="opt_obj",
@@ -81,7 +85,9 @@ with st.expander("Run `place optimize` here (small settings)", expanded=not cand
         pareto = g4.checkbox("Balance-vs-traffic frontier", value=False, key="opt_pareto",
                              help="moeplace records the frontier per layer (needs a traffic objective)")
         go = st.form_submit_button("Run optimize")
-    if go:
+    if go and not pols:
+        st.warning("Pick at least one policy.")
+    elif go:
         bar = st.progress(0.0, text="starting")
 
         def progress(i, n, name):
@@ -89,8 +95,8 @@ with st.expander("Run `place optimize` here (small settings)", expanded=not cand
 
         with ui.shown_errors("optimize"):
             results, cmp = data.run_comparison(
-                loads, gpus=gpus, gpu="h200", gpus_per_node=None, num_redundant=redundant, policies=pols,
-                engine=engine if engine != "ideal" else "vllm", plan_fraction=plan_fraction, seed=seed,
+                loads, gpus=gpus, gpu=gpu_kind, gpus_per_node=None, num_redundant=redundant, policies=pols,
+                engine=engine, plan_fraction=plan_fraction, seed=seed,
                 time_limit=time_limit, options={"pareto": pareto, "objective": objective}, progress=progress)
             st.session_state["opt_results"] = {
                 "key": routing_key[:3], "held_windows": cmp.held_windows.tolist(),
@@ -206,13 +212,18 @@ st.caption("Bar colour: slots on the GPU that hold a replicated expert (its othe
 
 # ---------------------------------------------------------------------------- balance vs traffic
 st.subheader("Balance vs traffic")
-pts = pl.DataFrame([{"placement": r["placement"], "balancedness": r["balancedness"],
-                     "cross-node share": r["cross-node share"],
-                     "dispatch MB/token (node)": r["dispatch MB/token (node)"]} for r in summary])
-ui.show(alt.Chart(pts.to_pandas()).mark_circle(size=120)
-        .encode(x=alt.X("cross-node share:Q", scale=alt.Scale(zero=False)),
+TRAFFIC = {"node sends/token/layer": "nodes a token is sent to per MoE layer (RDMA once per node)",
+           "cross-node share": "share of expert selections served on another node",
+           "dispatch MB/token (node)": "dispatch bytes per token over all MoE layers, node-deduplicated"}
+axis = st.radio("Traffic measure", list(TRAFFIC), horizontal=True, key="pl_traffic",
+                help="; ".join(f"{k}: {v}" for k, v in TRAFFIC.items()))
+pts = pl.DataFrame([{k: r[k] for k in ("placement", "balancedness", *TRAFFIC)} for r in summary])
+ui.show(alt.Chart(pts.to_pandas()).mark_circle(size=140)
+        .encode(x=alt.X(f"{axis}:Q", scale=alt.Scale(zero=False)),
                 y=alt.Y("balancedness:Q", scale=alt.Scale(zero=False)), color="placement:N",
                 tooltip=list(pts.columns)).properties(height=280))
+method = next(iter(metrics.values())).traffic_method
+st.caption(f"Up and to the left is better. Traffic: {method}.")
 front = []
 for label in metrics:
     for lr in candidates[label].provenance.get("params", {}).get("layers", []) or []:

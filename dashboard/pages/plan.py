@@ -91,11 +91,13 @@ rows.append({"part": "outside --gpu-memory-utilization", "section": "unused",
              "how": f"{1 - plan.config.gpu_memory_utilization:.0%} of HBM", "order": len(rows)})
 mem = pl.DataFrame(rows).with_columns(pl.lit("each GPU").alias("gpu"))
 st.markdown("**Memory per GPU**")
-bar = (alt.Chart(mem.to_pandas()).mark_bar()
+bar = (alt.Chart(mem.to_pandas()).mark_bar(size=80)
        .encode(x=alt.X("sum(GB):Q", title="GB (1e9 bytes)"), y=alt.Y("gpu:N", title=None),
-               color=alt.Color("part:N", sort=[r["part"] for r in rows], title="part"),
+               color=alt.Color("part:N", sort=[r["part"] for r in rows], title=None,
+                               scale=alt.Scale(scheme="tableau20"),
+                               legend=alt.Legend(labelLimit=260)),
                order=alt.Order("order:Q"), tooltip=["section", "part", alt.Tooltip("GB:Q", format=".2f"), "how"])
-       .properties(height=120))
+       .properties(height=20 * len(rows) + 20))
 hbm_rule = alt.Chart(pl.DataFrame({"GB": [plan.hbm_bytes / 1e9]}).to_pandas()).mark_rule(color="black").encode(x="GB:Q")
 ui.show(bar + hbm_rule)
 st.dataframe(mem.select("section", "part", pl.col("GB").round(2), "how"), hide_index=True)

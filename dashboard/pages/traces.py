@@ -31,7 +31,7 @@ window_tokens = int(c2.number_input("Window tokens", min_value=256, value=DEFAUL
 if path is None:
     st.stop()
 
-info = ui.load(data.trace_info, str(path), data.stamp(path), what="trace")
+info = ui.load(data.trace_info, path, what="trace")
 prov = info.provenance or {}
 st.caption(f"{data.rel(path, root)}: model **{info.model_name}** ({info.num_moe_layers} MoE layers x "
            f"{info.num_experts} experts, top-{info.top_k}); {info.num_files} file(s), {info.num_rows:,} rows; "
@@ -39,9 +39,12 @@ st.caption(f"{data.rel(path, root)}: model **{info.model_name}** ({info.num_moe_
            + (f" ({prov.get('generator') or prov.get('source') or ''})" if prov.get("generator") or prov.get("source")
               else ""))
 
+with st.expander("Provenance (how the trace was made)"):
+    st.json(prov, expanded=1)
+
 # -- validation first: a trace with problems gets its report, and statistics only if they still read
 with st.spinner("Validating the trace (streaming)..."):
-    report = ui.load(data.trace_validation, str(path), data.stamp(path), what="validation", stop=False)
+    report = ui.load(data.trace_validation, path, what="validation", stop=False)
 if report is not None:
     if report.ok:
         st.success(f"valid — {report.summary()}")
@@ -151,7 +154,8 @@ else:
     d1, d2 = st.columns([2, 1])
     with d1:
         ui.show(alt.Chart(dom.to_pandas()).mark_area()
-                .encode(x=alt.X("window:Q"), y=alt.Y("tokens:Q", stack="normalize", title="share of tokens"),
+                .encode(x=alt.X("window:Q", axis=alt.Axis(tickMinStep=1, format="d")),
+                        y=alt.Y("tokens:Q", stack="normalize", title="share of tokens"),
                         color="domain:N", tooltip=["window", "domain", "tokens"]).properties(height=260))
     with d2:
         tot = dom.group_by("domain").agg(pl.col("tokens").sum()).sort("tokens", descending=True)

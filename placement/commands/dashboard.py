@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,4 +48,16 @@ def run(args) -> int:
         raise InputError("the dashboard needs streamlit: pip install 'moeplace[dashboard]'")
     cmd, env = streamlit_command(run_dir, args.port, args.address, args.headless)
     print(f"place dashboard: serving {run_dir} at http://{args.address}:{args.port}/ (Ctrl-C stops it)", flush=True)
-    return subprocess.call(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env)
+    # A SIGTERM to `place` (a service manager, a test) stops the server too, not only this wrapper.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached both; let streamlit finish shutting down
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -4,12 +4,14 @@ chosen policy's placement. The work is :func:`placement.compare.compare_policies
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from placement.cluster import gpu_preset_names, make_cluster
 from placement.compare import DEFAULT_WINDOW_TOKENS, compare_policies, format_table, routing_windows
 from placement.dispatch import ENGINES
 from placement.policies import policy_names
 from traces.errors import InputError
+from traces.files import write_text_atomic
 from traces.model import load_model
 
 
@@ -40,6 +42,10 @@ def register(sub) -> None:
                    help="where the chosen placement goes (default placement.json)")
     p.add_argument("--no-out", action="store_true", help="do not write a placement")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--save-all", metavar="DIR", default=None,
+                   help="also write every policy's placement as DIR/placement-<policy>.json")
+    p.add_argument("--report", metavar="FILE", default=None,
+                   help="also write the comparison as JSON (what --json prints) to FILE")
     g = p.add_argument_group("optimizer options (used by the moeplace policy)")
     g.add_argument("--robust", action="store_true", help="maximize the worst planning window, not the mean")
     g.add_argument("--objective", choices=("balance", "traffic", "balance+traffic"), default="balance")
@@ -83,9 +89,14 @@ def run(args) -> int:
     result = next(r for r in cmp.results if r.policy == chosen)
     if not args.no_out:
         result.placement.save(args.out)
+    if args.save_all:
+        for r in cmp.results:
+            r.placement.save(Path(args.save_all) / f"placement-{r.policy}.json")
+    d = cmp.to_dict()
+    d["written"] = None if args.no_out else {"policy": chosen, "path": args.out}
+    if args.report:
+        write_text_atomic(args.report, json.dumps(d, indent=1) + "\n")
     if args.json:
-        d = cmp.to_dict()
-        d["written"] = None if args.no_out else {"policy": chosen, "path": args.out}
         print(json.dumps(d, indent=1))
     else:
         print(format_table(cmp))

@@ -72,6 +72,7 @@ def register(sub) -> None:
     p.add_argument("--min-seqs", type=int, default=1,
                    help="concurrent sequences at --context required to call it a fit (default 1)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--report", metavar="FILE", default=None, help="also write the plan JSON to FILE")
     p.add_argument("--sweep", action="store_true", help="sweep GPU counts / EP sizes / redundant counts")
     p.add_argument("--sweep-gpus", default=None, help="GPU counts for --sweep (default: 1/4x .. 4x --gpus)")
     p.add_argument("--sweep-ep", default=None, help="EP sizes for --sweep (default: the GPU count and half)")
@@ -99,6 +100,9 @@ def run(args) -> int:
         return run_sweep(args, model, config)
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
     plan = plan_memory(model, cluster, config)
+    if args.report:
+        from traces.files import write_text_atomic
+        write_text_atomic(args.report, json.dumps(plan.to_dict(), indent=1) + "\n")
     if args.json:
         print(json.dumps(plan.to_dict(), indent=1))
     else:

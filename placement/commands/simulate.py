@@ -62,8 +62,15 @@ def run(args) -> int:
     from placement.cluster import make_cluster
     from placement.plan import parse_pool_split
     from sim.calibration import load_profile
-    from sim.config import (CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadConfig, parse_mix,
-                            parse_rebalance)
+    from sim.config import (
+        CostConfig,
+        EngineConfig,
+        LengthMix,
+        SimConfig,
+        WorkloadConfig,
+        parse_mix,
+        parse_rebalance,
+    )
     from sim.results import format_table, write_chrome_trace, write_outputs
     from sim.runner import resolve_placement, resolved_config, simulate
     from sim.workload import load_trace_tokens

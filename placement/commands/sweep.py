@@ -10,7 +10,7 @@ import sys
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="design-space search: plan -> optimize -> simulate every point of a spec",
+    p = sub.add_parser("sweep", help="design-space search: plan, optimize, simulate every point of a spec",
                        description=__doc__)
     p.add_argument("spec", help="sweep spec (.yaml/.yml/.toml): model, workloads, axes, settings")
     g = p.add_mutually_exclusive_group()
@@ -51,7 +51,7 @@ def run(args) -> int:
         print(launch["command"], end="")
         for w in launch["warnings"]:
             print(f"place: warning: {w}", file=sys.stderr)
-    print(f"\ntable {res.table_path} ({res.table.height} rows), frontier {res.frontier_path}; {res.num_run} point(s) "
-          f"run, {res.num_resumed} resumed, {res.num_optimized} optimize task(s), "
+    print(f"\ntable {res.table_path} ({res.table.height} rows), frontier {res.frontier_path}; "
+          f"{res.num_run} point(s) run, {res.num_resumed} resumed, {res.num_optimized} optimize task(s), "
           f"{res.num_placements_reused} cached placement(s); {res.backend}, {res.wall_s:.1f} s")
     return 0

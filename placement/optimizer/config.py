@@ -22,7 +22,10 @@ class OptimizerConfig:
     ``lns_rounds``: CP-SAT neighbourhood solves per layer after local search stalls (stopping after
     ``lns_patience`` fruitless ones in a row); ``lns_gpus``: GPUs per
     neighbourhood; ``lns_dtime``: CP-SAT *deterministic* time per neighbourhood (so results repeat per seed).
-    ``gap_tol``: stop searching a layer once within this relative gap of its bound. ``time_limit``: hard wall-clock budget of the whole run, seconds. ``workers``: processes for layers.
+    ``hedge`` (without ``robust``, given >= 2 planning windows): after planning the windows' sum, spend
+    up to ``hedge_iters`` moves improving the worst single window while the sum stays within ``hedge_tol``
+    (relative) of what was reached — many placements balance the sum equally well; pick one that also
+    balances each window, which is what held-out traffic rewards. ``gap_tol``: stop searching a layer once within this relative gap of its bound. ``time_limit``: hard wall-clock budget of the whole run, seconds. ``workers``: processes for layers.
     """
 
     engine: str = "vllm"
@@ -38,6 +41,9 @@ class OptimizerConfig:
     lns_patience: int = 2
     lns_dtime: float = 0.05
     gap_tol: float = 1e-4
+    hedge: bool = True
+    hedge_tol: float = 1e-3
+    hedge_iters: int = 100
     time_limit: float | None = None
     workers: int = 0
     seed: int = 0

@@ -36,6 +36,7 @@ class LayerResult:
     span: float | None = None
     ideal_value: float | None = None
     pareto: list = field(default_factory=list)
+    hedge: dict | None = None
 
     def stats(self) -> dict:
         d = {"layer": self.layer, "value": self.value, "balancedness": 1.0 / self.value, "bound": self.bound,
@@ -46,6 +47,8 @@ class LayerResult:
                 d[k] = getattr(self, k)
         if self.pareto:
             d["pareto"] = self.pareto
+        if self.hedge:
+            d.update(self.hedge)
         return d
 
 
@@ -102,12 +105,29 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
             and exact_model_size(wn.shape[1], num_slots, num_gpus) <= EXACT_MAX_VARS):
         wall = mono_deadline - time.monotonic()
         if wall > 0.05 and st.value() > bound * (1 + cfg.gap_tol):
-            p2l, v, b, _ = solve_exact(wn, num_slots, num_gpus, cfg.seed, min(wall, 10.0), st.p2l, 4 * cfg.lns_dtime)
-            bound = max(bound, min(b, v))
-            if v < st.value() - 1e-12:
-                st.set(p2l)
+            ex = solve_exact(wn, num_slots, num_gpus, cfg.seed, min(wall, 10.0), st.p2l, 20 * cfg.lns_dtime)
+            if ex is not None:
+                p2l, v, b, _ = ex
+                bound = max(bound, min(b, v))
+                if v < st.value() - 1e-12:
+                    st.set(p2l)
+    hedge = None
+    if cfg.hedge and not cfg.robust:
+        wins = normalize_scenarios(np.asarray(loads_we, dtype=np.float64), num_gpus)
+        if wins.shape[0] >= 2:
+            before = LayerState(wins, st.p2l, num_gpus).value()
+            cap = max(st.value(), bound) * (1 + cfg.hedge_tol)
+            hs = LayerState(np.vstack([wn, wins]), st.p2l, num_gpus, 0.0, origin=origin, max_moves=st.max_moves,
+                            node_distinct=nd, cap_rows=1, cap=cap)
+            local_search(hs, mono_deadline, max_iters=cfg.hedge_iters)
+            st.set(hs.p2l)
+            hedge = {"worst_window_before": 1.0 / before, "worst_window_after": 1.0 / hs.value()}
     res = LayerResult(layer, st.p2l.copy(), st.value(), bound, greedy_value, 0.0, st.moves, improved)
+    res.hedge = hedge
 
+    if samples_nk is not None:  # a Loads sample marks missing layers of a token with -1
+        samples_nk = np.asarray(samples_nk, dtype=np.int64)
+        samples_nk = samples_nk[(samples_nk >= 0).all(axis=1)]
     if cfg.objective != "balance" and samples_nk is not None and len(samples_nk) and num_gpus > gpus_per_node:
         _traffic(st, res, samples_nk, num_gpus, gpus_per_node, cfg, mono_deadline)
     if cfg.engine == "ideal":

@@ -33,7 +33,7 @@ def solve_neighbourhood(st: LayerState, gpus: np.ndarray, seed: int, dtime: floa
     gpus = np.asarray(gpus, dtype=np.int64)
     slots = (gpus[:, None] * S + np.arange(S)[None, :]).ravel()
     experts = st.p2l[slots]
-    scale = SCALE / max(st.load[:, gpus].max(), 1e-12)
+    scale = SCALE / max(st.load[st.cap_rows:, gpus].max(), 1e-12)
     weight = np.rint(st.wr[:, slots] * scale).astype(np.int64)        # [W, items]
     items, bins = range(len(slots)), range(len(gpus))
 
@@ -63,10 +63,12 @@ def solve_neighbourhood(st: LayerState, gpus: np.ndarray, seed: int, dtime: floa
                 held_outside = int(st.has[n * st.gpn:(n + 1) * st.gpn, e].sum() - st.has[in_hood, e].sum())
                 model.add(sum(x[int(i), b] for i in same for b in bins if node[b] == n)
                           <= max(0, 1 - held_outside))
-    # Every scenario's load on every GPU is at most the objective.
+    # Every scenario's load on every GPU is at most the objective (constraint scenarios: at most the cap).
+    cap_units = int(np.floor(st.cap * scale)) if np.isfinite(st.cap) else None
     for w in range(W):
         for b in bins:
-            model.add(sum(int(weight[w, i]) * x[i, b] for i in items) <= z)
+            load = sum(int(weight[w, i]) * x[i, b] for i in items)
+            model.add(load <= (cap_units if w < st.cap_rows else z))
     model.minimize(z)
     # Complete hint: the current assignment.
     for i in items:
@@ -92,6 +94,9 @@ def solve_neighbourhood(st: LayerState, gpus: np.ndarray, seed: int, dtime: floa
         st.set(before[2])
         return False
     v, sq = st.value(), st.sumsq()
+    if st.cap_rows and st.capped_value() > st.cap + 1e-12:  # integer rounding let the cap slip
+        st.set(before[2])
+        return False
     if v < before[0] - 1e-12 or (v <= before[0] + 1e-12 and sq < before[1] - 1e-9):
         return True
     st.set(before[2])
@@ -158,7 +163,7 @@ def solve_exact(wn: np.ndarray, num_slots: int, num_gpus: int, seed: int = 0, ti
     _params(solver, seed, dtime if dtime is not None else 1e9, time_limit)
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise RuntimeError("CP-SAT found no placement")
+        return None  # out of time before a first solution: the caller keeps its own
     p2l = np.empty(num_slots, dtype=np.int64)
     for g in range(G):
         on = [e for e in range(E) if solver.boolean_value(y[e, g])]

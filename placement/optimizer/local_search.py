@@ -36,17 +36,22 @@ class LayerState:
     that are new relative to it. ``node_distinct``: GPUs per node when replicas of an expert must sit on
     distinct nodes (while its count is at most the node count) — SGLang's static dispatch sends a node's
     ranks to their node's first replica, so only then is its expected split even (see :mod:`.layer`).
+    ``cap_rows``/``cap``: the first ``cap_rows`` scenarios are constraints (their max/mean must stay
+    ``<= cap``), the objective aggregates the others (the hedged default: the union stays near-optimal
+    while the windows' worst case improves).
     """
 
     def __init__(self, wn: np.ndarray, p2l: np.ndarray, num_gpus: int, cvar: float = 0.0,
                  origin: np.ndarray | None = None, max_moves: int | None = None,
-                 node_distinct: int | None = None):
+                 node_distinct: int | None = None, cap_rows: int = 0, cap: float = np.inf):
         self.wn = np.asarray(wn, dtype=np.float64)
         self.W, self.E = self.wn.shape
         self.G = num_gpus
         self.P = p2l.shape[0]
         self.S = self.P // num_gpus
         self.cvar = cvar
+        self.cap_rows = cap_rows
+        self.cap = cap
         self.slot_gpu = np.arange(self.P) // self.S
         self.max_moves = max_moves
         self.gpn = node_distinct
@@ -72,10 +77,14 @@ class LayerState:
     # ------------------------------------------------------------------ objective
     def value(self) -> float:
         """Scenario-aggregated max/mean (1 = perfect balance in every scenario)."""
-        return float(aggregate(self.load.max(axis=1), self.cvar))
+        return float(aggregate(self.load[self.cap_rows:].max(axis=1), self.cvar))
+
+    def capped_value(self) -> float:
+        """max/mean of the constraint scenarios (``-inf`` without any)."""
+        return float(self.load[:self.cap_rows].max()) if self.cap_rows else -np.inf
 
     def sumsq(self) -> float:
-        return float((self.load ** 2).sum())
+        return float((self.load[self.cap_rows:] ** 2).sum())
 
     def node_has(self) -> np.ndarray:
         """bool ``[nodes, E]``: expert has a replica on the node."""
@@ -139,23 +148,54 @@ def _other_max(load: np.ndarray, g_fixed: int) -> np.ndarray:
     return out
 
 
+PARTNERS = 8  # hedging: first try the GPUs lightest in the window where GPU g is heaviest
+
+
 def best_swap(st: LayerState, g: int, allowed_gpus: np.ndarray | None = None):
     """Best swap of a replica on GPU ``g`` with one on another GPU by the potential (value, sumsq).
     ``allowed_gpus``: bool ``[G]`` partner GPUs allowed (``None``: all). Returns ``(i, j, value, dsq)`` or
-    ``None`` when no swap strictly improves the potential."""
+    ``None`` when no swap strictly improves the potential.
+
+    In the hedged default (constraint rows present) the ``[W, S, P]`` evaluation dominates the run
+    time, so the partners are first the :data:`PARTNERS` GPUs lightest in the window where ``g`` is
+    heaviest; only if none of them helps are all GPUs tried (several times faster; ``--robust`` keeps
+    the full search)."""
+    if st.cap_rows and st.W - st.cap_rows > 1 and st.G > 2 * PARTNERS:
+        rows = st.load[st.cap_rows:]
+        crit = rows[int(np.argmax(rows[:, g]))]
+        ok = np.ones(st.G, dtype=bool) if allowed_gpus is None else allowed_gpus.copy()
+        ok[g] = False
+        light = [int(x) for x in np.argsort(crit, kind="stable") if ok[x]][:PARTNERS]
+        sub = np.zeros(st.G, dtype=bool)
+        sub[light] = True
+        found = _best_swap(st, g, sub, np.flatnonzero(sub[st.slot_gpu]))
+        if found is not None:
+            return found
+    return _best_swap(st, g, allowed_gpus, np.arange(st.P))
+
+
+def _best_swap(st: LayerState, g: int, allowed_gpus, J: np.ndarray):
     S = st.S
     own = np.arange(g * S, (g + 1) * S)
     a = st.p2l[own]                                   # [S]
-    b = st.p2l                                        # [P]
-    h = st.slot_gpu                                   # [P]
-    d = st.wr[:, own][:, :, None] - st.wr[:, None, :]  # [W, S, P]
-    new_a = st.load[:, g][:, None, None] - d
-    new_b = st.load[:, h][:, None, :] + d
-    other = _other_max(st.load, g)[:, h][:, None, :]   # [W, 1, P]
-    m = np.maximum(np.maximum(new_a, new_b), other)    # per-scenario max after the swap
-    val = aggregate(m, st.cvar, axis=0)                # [S, P]
-    dsq = ((new_a ** 2 + new_b ** 2).sum(0) - (st.load[:, g] ** 2).sum() - (st.load[:, h] ** 2).sum(0)[None, :])
-    bad = (h == g)[None, :] | st.has[h][:, a].T | st.has[g][b][None, :]
+    b = st.p2l[J]                                     # [J]
+    h = st.slot_gpu[J]                                # [J]
+    la = st.load[:, g][:, None, None]                  # [W, 1, 1]
+    lb = st.load[:, h][:, None, :]                     # [W, 1, P]
+    d = st.wr[:, own][:, :, None] - st.wr[:, J][:, None, :]  # [W, S, J] load moving from g to h
+    m = la - d                                         # new load of g ...
+    np.maximum(m, lb + d, out=m)                       # ... and of h
+    np.maximum(m, _other_max(st.load, g)[:, h][:, None, :], out=m)  # per-scenario max after the swap
+    c = st.cap_rows
+    val = aggregate(m[c:], st.cvar, axis=0)            # [S, P]
+    # change of the sum of squared loads: (la - d)^2 + (lb + d)^2 - la^2 - lb^2 = 2 d (lb - la + d)
+    d2 = lb[c:] - la[c:]
+    d2 = d2 + d[c:]
+    d2 *= d[c:]
+    dsq = 2.0 * d2.sum(axis=0)
+    bad = (h == g)[None, :] | st.has[:, a][h].T | st.has[g][b][None, :]
+    if c:
+        bad = bad | (m[:c] > st.cap + TOL).any(axis=0)
     if allowed_gpus is not None:
         bad = bad | ~allowed_gpus[h][None, :]
     if st.gpn:
@@ -179,7 +219,7 @@ def best_swap(st: LayerState, g: int, allowed_gpus: np.ndarray | None = None):
     cand = better & (key <= vmin + TOL)
     dsq_c = np.where(cand, dsq, np.inf)
     i, j = np.unravel_index(int(np.argmin(dsq_c)), dsq_c.shape)
-    return int(own[i]), int(j), float(val[i, j]), float(dsq[i, j])
+    return int(own[i]), int(J[j]), float(val[i, j]), float(dsq[i, j])
 
 
 def best_recount(st: LayerState, g: int):
@@ -202,8 +242,11 @@ def best_recount(st: LayerState, g: int):
         inc = st.wn / (cy + 1.0)                             # [W, E]
         ly = lx[None, :, :] - st.has.T[:, None, :] * dec.T[:, :, None]   # [E, W, G]
         ly[:, :, g] += inc.T
-        val = aggregate(ly.max(axis=2), st.cvar, axis=1)     # [E]
+        lmax = ly.max(axis=2)                                # [E, W]
+        val = aggregate(lmax[:, st.cap_rows:], st.cvar, axis=1)     # [E]
         ok = ~st.has[g] & (st.cnt < G)
+        if st.cap_rows:
+            ok &= (lmax[:, :st.cap_rows] <= st.cap + TOL).all(axis=1)
         ok[x] = False
         if st.gpn:
             ok &= ~(st.node_has()[g // st.gpn] & (st.cnt + 1 <= st.num_nodes))
@@ -225,7 +268,7 @@ def local_search(st: LayerState, deadline: float, max_iters: int = 4000, top_gpu
     number of moves made."""
     made = 0
     while made < max_iters and time.monotonic() < deadline:
-        order = np.argsort(-st.load.max(axis=0), kind="stable")[:top_gpus]
+        order = np.argsort(-st.load[st.cap_rows:].max(axis=0), kind="stable")[:top_gpus]
         moved = False
         for g in order:
             sw = best_swap(st, int(g), None if allowed is None else allowed(int(g)))

@@ -10,5 +10,5 @@ from placement.sweep.run import SweepOutcome, run_sweep
 from placement.sweep.spec import Point, SweepSpec, expand_points, load_spec
 from placement.sweep.store import ResultStore, comparable
 
-__all__ = ["Point", "ResultStore", "SweepOutcome", "SweepSpec", "comparable", "expand_points", "format_frontier",
-           "frontier_report", "load_spec", "pareto_mask", "run_sweep"]
+__all__ = ["Point", "ResultStore", "SweepOutcome", "SweepSpec", "comparable", "expand_points",
+           "format_frontier", "frontier_report", "load_spec", "pareto_mask", "run_sweep"]

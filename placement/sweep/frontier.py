@@ -46,7 +46,8 @@ def meets(row: dict[str, Any], objective: dict[str, Any]) -> list[str]:
         missed.append(f"p99 TPOT {row['tpot_p99_s'] * 1e3:.1f} ms > {objective['tpot_p99_ms']:g} ms")
     ttft = row.get("ttft_p99_s")
     if objective.get("ttft_p99_ms") is not None and (ttft is None or ttft * 1e3 > objective["ttft_p99_ms"]):
-        missed.append(f"p99 TTFT {'-' if ttft is None else f'{ttft * 1e3:.1f}'} ms > {objective['ttft_p99_ms']:g} ms")
+        shown = "-" if ttft is None else f"{ttft * 1e3:.1f}"
+        missed.append(f"p99 TTFT {shown} ms > {objective['ttft_p99_ms']:g} ms")
     if objective.get("min_output_tok_s") is not None and row["output_tok_s"] < objective["min_output_tok_s"]:
         missed.append(f"{row['output_tok_s']:.0f} output tok/s < {objective['min_output_tok_s']:g}")
     return missed
@@ -58,7 +59,8 @@ def recommend(frontier: list[dict[str, Any]], objective: dict[str, Any]) -> tupl
     if not ok:
         if not frontier:
             return None, "no point finished its simulation with a p99 TPOT"
-        return None, "no frontier point meets the objective (" + "; ".join(meets(frontier[0], objective)) + " ...)"
+        first = "; ".join(meets(frontier[0], objective))
+        return None, f"no frontier point meets the objective (first point: {first})"
     best = min(ok, key=lambda r: (-r["output_tok_s_per_gpu"], r["gpus"], r["tpot_p99_s"], r["index"]))
     limits = ", ".join(f"{k} {v:g}" for k, v in objective.items() if v is not None)
     why = "highest output tok/s per GPU on the frontier" + (f" meeting {limits}" if limits else "")
@@ -78,11 +80,11 @@ def frontier_report(table: pl.DataFrame, objective: dict[str, Any]) -> dict[str,
                          & pl.col("output_tok_s").is_not_null()).sort("index")
         no_tpot = part.filter((pl.col("status") == "ok") & pl.col("tpot_p99_s").is_null()).height
         rows = ok.select(list(FRONTIER_COLUMNS)).to_dicts()
-        mask = pareto_mask(ok["gpus"].to_numpy(), ok["output_tok_s"].to_numpy(), ok["tpot_p99_s"].to_numpy()) \
-            if rows else np.zeros(0, dtype=bool)
-        for r, m in zip(rows, mask):
+        mask = pareto_mask(*(ok[c].to_numpy() for c in OBJECTIVES)) if rows else np.zeros(0, dtype=bool)
+        for r, m in zip(rows, mask, strict=True):
             r["on_frontier"] = bool(m)
-        front = sorted((r for r in rows if r["on_frontier"]), key=lambda r: (r["gpus"], -r["output_tok_s"], r["index"]))
+        front = sorted((r for r in rows if r["on_frontier"]),
+                       key=lambda r: (r["gpus"], -r["output_tok_s"], r["index"]))
         best, why = recommend(front, objective)
         counts = {s: int(n) for s, n in part.group_by("status").len().sort("status").iter_rows()}
         out["workloads"][name] = {"points": rows, "frontier": front, "recommended": best, "why": why,
@@ -96,8 +98,9 @@ def format_frontier(report: dict[str, Any]) -> str:
     for name, w in report["workloads"].items():
         counts = ", ".join(f"{n} {s}" for s, n in w["status_counts"].items())
         lines.append(f"workload {name}: {counts}; Pareto frontier (GPUs vs output tok/s vs p99 TPOT):")
-        head = f"  {'#':>3} {'GPUs':>5} {'gpu':<12} {'TP':>3} {'DP':>3} {'R':>4} {'policy':<10} {'rebal':<7} " \
-               f"{'KV':<5} {'engine':<7} {'out tok/s':>10} {'tok/s/GPU':>10} {'TPOT p99':>9} {'TTFT p99':>9}"
+        head = (f"  {'#':>3} {'GPUs':>5} {'gpu':<12} {'TP':>3} {'DP':>3} {'R':>4} {'policy':<10} "
+                f"{'rebal':<7} {'KV':<5} {'engine':<7} {'out tok/s':>10} {'tok/s/GPU':>10} {'TPOT p99':>9} "
+                f"{'TTFT p99':>9}")
         lines.append(head)
         for r in w["frontier"]:
             ttft = "-" if r["ttft_p99_s"] is None else f"{r['ttft_p99_s'] * 1e3:.0f}ms"
@@ -109,8 +112,8 @@ def format_frontier(report: dict[str, Any]) -> str:
         if not w["frontier"]:
             lines.append("  (empty)")
         if w["ok_without_tpot"]:
-            lines.append(f"  {w['ok_without_tpot']} simulated point(s) finished no request with more than one "
-                         "output token (no TPOT): left off the frontier; lengthen simulate.duration")
+            lines.append(f"  {w['ok_without_tpot']} simulated point(s) finished no request with more than "
+                         "one output token (no TPOT): left off the frontier; lengthen simulate.duration")
         best = w["recommended"]
         if best is None:
             lines.append(f"  recommended: none ({w['why']})")

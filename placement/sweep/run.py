@@ -23,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,9 @@ class LocalExecutor:
     name = "local"
 
     def __init__(self, workers: int) -> None:
-        self.pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        self.capacity = workers
+        spawn = multiprocessing.get_context("spawn")
+        self.pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=spawn)
 
     def put(self, obj: Any) -> Any:
         return obj
@@ -88,10 +91,12 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            raise InputError("Ray is not installed: pip install 'moeplace[sweep]' (or run with --local)") from None
+            raise InputError("Ray is not installed: pip install 'moeplace[sweep]' (or use --local)") from None
         self.ray = ray
         self.started = address is None
-        kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
+        # ERROR: Ray's start-up notices (token files, instance started) are not the sweep's output; task
+        # failures come back as rows, so worker logs are not forwarded either.
+        kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR,
                               "log_to_driver": False}
         try:
             if self.started:
@@ -101,6 +106,7 @@ class RayExecutor:
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise InputError(f"--ray {address or '(local)'}: cannot start or attach to Ray: {exc}") from None
         res = ray.cluster_resources()
+        self.capacity = max(1, int(res.get("CPU", 1)))  # tasks take one CPU each
         log(f"ray: {'started a local instance' if self.started else f'attached to {address}'} "
             f"({res.get('CPU', 0):g} CPUs, {len(ray.nodes())} node(s))")
         self._remote: dict[Callable, Any] = {}
@@ -143,6 +149,45 @@ def _ray_runtime_env() -> dict[str, Any]:
     return {"py_modules": [str(Path(m.__file__).parent) for m in (traces, placement, sim)]}
 
 
+class _TaskQueue:
+    """Tasks waiting for a worker and tasks running (state). At most ``executor.capacity`` run at once, so
+    the order in which they start is ours: simulations first (each one finishes a row), then optimize
+    runs, each kind in the order added. Results come back as ``(kind, tag, result)`` in completion order;
+    a task that died (a crashed worker) comes back as an ``error`` result."""
+
+    def __init__(self, executor: LocalExecutor | RayExecutor) -> None:
+        self.ex = executor
+        self.waiting: dict[str, deque] = {"simulate": deque(), "optimize": deque()}
+        self.running: dict[Any, tuple[str, Any]] = {}
+
+    def add(self, kind: str, tag: Any, fn: Callable, *args: Any) -> None:
+        self.waiting[kind].append((tag, fn, args))
+
+    def in_flight(self) -> list:
+        return list(self.running)
+
+    def _fill(self) -> None:
+        while len(self.running) < self.ex.capacity:
+            kind = next((k for k in ("simulate", "optimize") if self.waiting[k]), None)
+            if kind is None:
+                return
+            tag, fn, args = self.waiting[kind].popleft()
+            self.running[self.ex.submit(fn, *args)] = (kind, tag)
+
+    def results(self):
+        self._fill()
+        while self.running:
+            for fut in self.ex.wait_any(list(self.running)):
+                kind, tag = self.running.pop(fut)
+                try:
+                    res = self.ex.result(fut)
+                except Exception as exc:  # noqa: BLE001 - a crashed worker: the point is retried on resume
+                    res = {"status": "error", "stage": kind,
+                           "reason": f"worker failed: {type(exc).__name__}: {exc}"}
+                yield kind, tag, res  # the consumer may add follow-up tasks before the queue refills
+                self._fill()
+
+
 # ---------------------------------------------------------------------------- the sweep
 @dataclass
 class SweepOutcome:
@@ -162,7 +207,15 @@ class SweepOutcome:
 def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> Any:
     """The :class:`sim.config.SimConfig` of one point (raises InputError naming the spec on bad values)."""
     from placement.plan import parse_pool_split
-    from sim.config import CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadConfig, parse_mix, parse_rebalance
+    from sim.config import (
+        CostConfig,
+        EngineConfig,
+        LengthMix,
+        SimConfig,
+        WorkloadConfig,
+        parse_mix,
+        parse_rebalance,
+    )
 
     w = spec.workload(point.workload)
     e, s = spec.engine, spec.simulate
@@ -178,7 +231,8 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> Any:
         if w.context_mix:
             lengths = LengthMix(components=parse_mix(w.context_mix), output_mean=w.output_len,
                                 max_len=spec.model.max_context or (1 << 20))
-        wl = WorkloadConfig(arrival=w.arrival, rate=w.rate if w.rate is not None else 1.0, rate_end=w.rate_end,
+        rate = w.rate if w.rate is not None else 1.0  # unused by a closed loop, which has no rate
+        wl = WorkloadConfig(arrival=w.arrival, rate=rate, rate_end=w.rate_end,
                             burstiness=w.burstiness, concurrency=w.concurrency, lengths=lengths,
                             max_requests=w.max_requests)
         rebalance = None if point.rebalance == "static" else parse_rebalance(point.rebalance)
@@ -198,7 +252,8 @@ def prepare_trace(spec: SweepSpec, w: Workload, fingerprint: str, cache: Path, l
 
         t0 = time.perf_counter()
         info = synthesize(spec.model, SynthConfig(**w.synth), path)
-        log(f"workload {w.name}: synthesized {info['tokens']:,} tokens into {path} ({time.perf_counter() - t0:.1f} s)")
+        dt = time.perf_counter() - t0
+        log(f"workload {w.name}: synthesized {info['tokens']:,} tokens into {path} ({dt:.1f} s)")
     return str(path)
 
 
@@ -240,11 +295,11 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
     points = expand_points(spec)
     fps = {w.name: workload_fingerprint(spec, w) for w in spec.workloads}
     hashes = [point_hash(spec, p, fps[p.workload]) for p in points]
-    index_of = {h: p.index for p, h in zip(points, hashes)}
+    index_of = {h: p.index for p, h in zip(points, hashes, strict=True)}
     if len(index_of) != len(points):
         raise InputError(f"{spec.path}: two points hash alike (the same deployment listed twice)")
     finished = store.finished()
-    todo = [(p, h) for p, h in zip(points, hashes) if h not in finished]
+    todo = [(p, h) for p, h in zip(points, hashes, strict=True) if h not in finished]
     log(f"{spec.name}: {len(points)} points, {len(points) - len(todo)} already finished in {store.out}")
 
     total, done_count = len(points), [len(points) - len(todo)]
@@ -253,7 +308,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
         full = make_row(**row)
         store.write_row(full)
         done_count[0] += 1
-        log(f"[{done_count[0]:>{len(str(total))}}/{total}] #{full['index']} {full['label']}: {_fmt_row(full)}")
+        n = f"{done_count[0]:>{len(str(total))}}"
+        log(f"[{n}/{total}] #{full['index']} {full['label']}: {_fmt_row(full)}")
         if on_row is not None:
             on_row(full)
 
@@ -280,11 +336,12 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
             cached[key] = (load_placement(f), json.loads(sf.read_text()))
     num_optimized = 0
     ex = None
-    pending: dict[Any, tuple[str, Any]] = {}
+    queue = None
     try:
         if runnable:
             ex = (RayExecutor(ray_address, workers, 512 * 2**20, log) if backend == "ray"
                   else LocalExecutor(workers))
+            queue = _TaskQueue(ex)
             traces: dict[str, str] = {}
             handles: dict[str, Any] = {}
             loads: dict[str, Any] = {}
@@ -299,63 +356,55 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
                     handles[name] = ex.trace_handle(trace_of(name), int(spec.simulate["max_trace_tokens"]))
                 return handles[name]
 
-            def submit_sims(key: str, placement: Placement, scores: dict[str, Any], opt_s: float | None) -> None:
-                for p, h, fields, cfg in groups[key]:
-                    base = {**fields, "optimize_key": key, "wall_optimize_s": opt_s,
-                            **{k: v for k, v in scores.items()}}
-                    fut = ex.submit(simulate_task, handle_of(p.workload), placement, p.gpu, p.gpus, p.gpus_per_node,
-                                    cfg)
-                    pending[fut] = ("simulate", base)
+            def add_sims(key: str, placement: Placement, scores: dict[str, Any], opt_s: float | None) -> None:
+                ref = ex.put(placement)  # once per placement, however many points simulate it
+                for p, _h, fields, cfg in groups[key]:
+                    base = {**fields, "optimize_key": key, "wall_optimize_s": opt_s, **scores}
+                    queue.add("simulate", base, simulate_task, handle_of(p.workload), ref, p.gpu, p.gpus,
+                              p.gpus_per_node, cfg)
 
             for key, items in groups.items():
                 p = items[0][0]
                 if key in cached:
+                    add_sims(key, *cached[key], None)
                     continue
                 if p.workload not in loads:
-                    loads[p.workload] = ex.put(prepare_loads(spec, trace_of(p.workload), fps[p.workload], store.cache))
-                fut = ex.submit(optimize_task, loads[p.workload], p.gpu, p.gpus, p.gpus_per_node, p.num_redundant,
-                                p.policy, p.engine, spec.seed, spec.optimize)
-                pending[fut] = ("optimize", key)
+                    ld = prepare_loads(spec, trace_of(p.workload), fps[p.workload], store.cache)
+                    loads[p.workload] = ex.put(ld)
+                queue.add("optimize", key, optimize_task, loads[p.workload], p.gpu, p.gpus, p.gpus_per_node,
+                          p.num_redundant, p.policy, p.engine, spec.seed, spec.optimize)
                 num_optimized += 1
-            for key, (placement, scores) in cached.items():
-                submit_sims(key, placement, scores, None)
 
-            while pending:
-                for fut in ex.wait_any(list(pending)):
-                    kind, what = pending.pop(fut)
-                    try:
-                        res = ex.result(fut)
-                    except Exception as exc:  # noqa: BLE001 - a crashed worker: the point is retried on resume
-                        res = {"status": "error", "stage": kind, "reason": f"worker failed: {type(exc).__name__}: {exc}"}
-                    if kind == "optimize":
-                        key = what
-                        if res["status"] == "ok":
-                            # scores first: the placement file's existence marks a complete cache entry
-                            write_text_atomic(pl_dir / f"{key}.scores.json", json.dumps(res["scores"], indent=1))
-                            res["placement"].save(pl_dir / f"{key}.json")
-                            submit_sims(key, res["placement"], res["scores"], res["seconds"])
-                        else:
-                            for _p, _h, fields, _cfg in groups[key]:
-                                emit({**fields, "optimize_key": key, "status": res["status"], "stage": res["stage"],
-                                      "reason": res["reason"]})
+            for kind, what, res in queue.results():
+                if kind == "optimize":
+                    key = what
+                    if res["status"] == "ok":
+                        # scores first: the placement file's existence marks a complete cache entry
+                        write_text_atomic(pl_dir / f"{key}.scores.json", json.dumps(res["scores"], indent=1))
+                        res["placement"].save(pl_dir / f"{key}.json")
+                        add_sims(key, res["placement"], res["scores"], res["seconds"])
                     else:
-                        base = what
-                        if res["status"] == "ok":
-                            emit({**base, **res["fields"], "status": "ok", "stage": "done",
-                                  "wall_simulate_s": res["seconds"]})
-                        else:
-                            emit({**base, "status": res["status"], "stage": res["stage"], "reason": res["reason"]})
+                        for _p, _h, fields, _cfg in groups[key]:
+                            emit({**fields, "optimize_key": key, "status": res["status"],
+                                  "stage": res["stage"], "reason": res["reason"]})
+                elif res["status"] == "ok":
+                    emit({**what, **res["fields"], "status": "ok", "stage": "done",
+                          "wall_simulate_s": res["seconds"]})
+                else:
+                    emit({**what, "status": res["status"], "stage": res["stage"], "reason": res["reason"]})
     finally:
         if ex is not None:
-            ex.shutdown(list(pending))
+            ex.shutdown(queue.in_flight() if queue is not None else [])
 
     table = store.write_table(hashes, index_of)
     report = frontier_report(table, spec.objective)
-    report.update({"spec": spec.path, "name": spec.name, "model": spec.model.name, "table": str(store.out / "sweep.parquet")})
+    report.update({"spec": spec.path, "name": spec.name, "model": spec.model.name,
+                   "table": str(store.out / "sweep.parquet")})
     report["recommended_launch"] = recommended_launch(spec, report, store)
     frontier_path = store.out / "frontier.json"
     write_text_atomic(frontier_path, json.dumps(report, indent=1, default=str) + "\n")
-    return SweepOutcome(table=table, report=report, num_points=len(points), num_resumed=len(points) - len(todo),
+    return SweepOutcome(table=table, report=report, num_points=len(points),
+                        num_resumed=len(points) - len(todo),
                         num_run=len(todo), num_optimized=num_optimized,
                         num_placements_reused=len([k for k in groups if k in cached]), backend=backend,
                         wall_s=time.perf_counter() - t_start, table_path=store.out / "sweep.parquet",
@@ -398,9 +447,9 @@ def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultSto
         cmd = launch_command(placement, spec.model, fmt, d / fname, opts)
         notes = []
         if best["tp"] != 1:
-            notes.append(f"# simulated layout: attention TP{best['tp']} x DP{best['dp']}, EP{best['ep']}; the command "
-                         "below has the exporter's attention layout (vLLM: TP1 x DP; SGLang: TP over all GPUs), "
-                         "adjust it to match")
+            notes.append(f"# simulated layout: attention TP{best['tp']} x DP{best['dp']}, EP{best['ep']}; "
+                         "the command below has the exporter's attention layout (vLLM: TP1 x DP; SGLang: "
+                         "TP over all GPUs), adjust it to match")
         if best["kv_dtype"] not in ("fp8", "bf16"):
             notes.append(f"# simulated with KV {best['kv_dtype']}; the engines' flag takes fp8 or bf16/auto")
         cmd = "\n".join(notes + [cmd.rstrip("\n")]) + "\n"

@@ -49,7 +49,7 @@ from placement.cluster import gpu_preset_names
 from placement.plan import PlanConfig, parse_context_mix, parse_pool_split, parse_tokens
 from placement.policies import policy_names
 from traces.errors import InputError
-from traces.model import KV_DTYPE_BYTES, DEFAULT_MODEL, ModelSpec, load_model
+from traces.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
 
 SWEEP_VERSION = 1  # part of every point hash: bump when a stage's meaning changes
 
@@ -74,10 +74,11 @@ AXIS_DEFAULTS: dict[str, Any] = {"gpu": "h200", "gpus": 32, "gpus_per_node": Non
 ENGINES = ("vllm", "sglang")  # the simulator's replica-choice rules
 
 # spec section -> allowed keys and their default values
-PLAN_KEYS: dict[str, Any] = {"context": "128k", "context_mix": None, "min_seqs": 1, "dense_tp": None, "dcp": 1,
-                             "state_slots": 1, "page_size": 64, "other_reserve_gib": 1.0}
+PLAN_KEYS: dict[str, Any] = {"context": "128k", "context_mix": None, "min_seqs": 1, "dense_tp": None,
+                             "dcp": 1, "state_slots": 1, "page_size": 64, "other_reserve_gib": 1.0}
 ENGINE_KEYS: dict[str, Any] = {"max_batched_tokens": 8192, "max_seqs": 256, "gpu_memory_utilization": 0.9,
-                               "pool_split": "shared", "chunked_prefill": True, "dual_batch_overlap": False, "preemption": "recompute"}
+                               "pool_split": "shared", "chunked_prefill": True, "dual_batch_overlap": False,
+                               "preemption": "recompute"}
 OPTIMIZE_KEYS: dict[str, Any] = {"plan_fraction": 0.5, "window_tokens": 4096, "time_limit": None,
                                  "options": {}}
 SIMULATE_KEYS: dict[str, Any] = {"duration": 5.0, "mode": "stat", "max_trace_tokens": 20000}
@@ -89,6 +90,7 @@ TOP_KEYS = {"name", "model", "seed", "workloads", "axes", "points", "plan", "eng
             "objective"}
 
 _PER_GPU = re.compile(r"^\s*(\d+)\s*/\s*gpu\s*$")
+_REBALANCE = re.compile(r"[a-z_]+=[^,]+(,[a-z_]+=[^,]+)*")  # the full check is sim.config.parse_rebalance
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,8 @@ def _workloads(path: str, raw: dict, base: Path) -> tuple[Workload, ...]:
             raise _err(path, f, "expected a mapping")
         unknown = sorted(set(w) - WORKLOAD_KEYS)
         if unknown:
-            raise _err(path, f"{f}.{unknown[0]}", f"unknown key (expected one of {', '.join(sorted(WORKLOAD_KEYS))})")
+            keys = ", ".join(sorted(WORKLOAD_KEYS))
+            raise _err(path, f"{f}.{unknown[0]}", f"unknown key (expected one of {keys})")
         name = w.get("name", f"w{i}")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {name!r}")
@@ -302,8 +305,9 @@ def _check_axis_value(path: str, fld: str, axis: str, v: Any, workloads: tuple[s
     if axis == "kv_dtype" and v not in KV_DTYPE_BYTES:
         raise _err(path, fld, f"expected one of {', '.join(KV_DTYPE_BYTES)}, got {v!r}")
     if axis == "engine" and v not in ENGINES:
-        raise _err(path, fld, f"expected one of {', '.join(ENGINES)} (the simulator's replica rules), got {v!r}")
-    if axis == "rebalance" and v != "static" and not re.fullmatch(r"[a-z_]+=[^,]+(,[a-z_]+=[^,]+)*", v.strip()):
+        raise _err(path, fld, f"expected one of {', '.join(ENGINES)} (the simulator's replica rules), "
+                              f"got {v!r}")
+    if axis == "rebalance" and v != "static" and not _REBALANCE.fullmatch(v.strip()):
         raise _err(path, fld, f"expected 'static' or every=N,window=W,moves=K[,policy=P], got {v!r}")
     return v
 
@@ -335,7 +339,8 @@ def load_spec(path: str | Path) -> SweepSpec:
         vals = v if isinstance(v, list) else [v]
         if not vals:
             raise _err(sp, f"axes.{axis}", "an axis needs at least one value")
-        axes[axis] = tuple(_check_axis_value(sp, f"axes.{axis}[{i}]", axis, x, wnames) for i, x in enumerate(vals))
+        axes[axis] = tuple(_check_axis_value(sp, f"axes.{axis}[{i}]", axis, x, wnames)
+                           for i, x in enumerate(vals))
         if len(set(axes[axis])) != len(axes[axis]):
             raise _err(sp, f"axes.{axis}", "a value appears twice")
     extra = raw.get("points") or []
@@ -361,7 +366,8 @@ def load_spec(path: str | Path) -> SweepSpec:
                      simulate=simulate, objective=objective)
 
 
-def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate: dict, objective: dict) -> None:
+def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate: dict,
+                    objective: dict) -> None:
     """Type and range checks of the shared settings (the stage configs repeat them per point)."""
     try:
         if plan["context"] is not None:
@@ -406,7 +412,8 @@ def base_plan_config(plan: dict[str, Any], engine: dict[str, Any]) -> PlanConfig
         context_mix=parse_context_mix(str(plan["context_mix"])) if plan["context_mix"] else None,
         gpu_memory_utilization=float(engine["gpu_memory_utilization"]),
         max_batched_tokens=int(engine["max_batched_tokens"]), max_num_seqs=int(engine["max_seqs"]),
-        state_slots_per_seq=plan["state_slots"], pool_split=rule, pool_param=param, page_size=plan["page_size"],
+        state_slots_per_seq=plan["state_slots"], pool_split=rule, pool_param=param,
+        page_size=plan["page_size"],
         other_reserve_bytes=float(plan["other_reserve_gib"]) * 2**30, min_concurrency=plan["min_seqs"])
 
 
@@ -416,7 +423,8 @@ def expand_points(spec: SweepSpec) -> list[Point]:
     the explicit points (axes they do not name take the axis' first value); duplicates are dropped
     keeping the first."""
     names = list(AXES)
-    combos = [dict(zip(names, vals)) for vals in itertools.product(*(spec.axes[a] for a in names))]
+    grid = itertools.product(*(spec.axes[a] for a in names))
+    combos = [dict(zip(names, vals, strict=True)) for vals in grid]
     first = {a: spec.axes[a][0] for a in names}
     combos += [{**first, **x} for x in spec.extra_points]
     out, seen = [], set()
@@ -458,6 +466,7 @@ def point_hash(spec: SweepSpec, point: Point, workload_fp: str) -> str:
     w = asdict(spec.workload(point.workload))
     w.pop("name")
     w.pop("trace")
-    return _digest({"v": SWEEP_VERSION, "model": spec.model.to_dict(), "seed": spec.seed, "axes": point.axes(),
+    return _digest({"v": SWEEP_VERSION, "model": spec.model.to_dict(), "seed": spec.seed,
+                    "axes": point.axes(),
                     "workload": {**w, "fingerprint": workload_fp}, "plan": spec.plan, "engine": spec.engine,
                     "optimize": spec.optimize, "simulate": spec.simulate})

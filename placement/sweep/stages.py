@@ -34,7 +34,8 @@ def plan_point(spec: SweepSpec, point: Point) -> tuple[dict[str, Any], Layout | 
     optimize and simulate."""
     row: dict[str, Any] = {"index": point.index, "label": point.label(), "workload": point.workload,
                            "gpu": point.gpu, "gpus": point.gpus, "tp": point.tp, "ep": point.ep,
-                           "redundant": str(point.redundant), "policy": point.policy, "rebalance": point.rebalance,
+                           "redundant": str(point.redundant), "policy": point.policy,
+                           "rebalance": point.rebalance,
                            "kv_dtype": point.kv_dtype, "engine": point.engine, "stage": "plan"}
     try:
         row["num_redundant"] = point.num_redundant
@@ -47,14 +48,15 @@ def plan_point(spec: SweepSpec, point: Point) -> tuple[dict[str, Any], Layout | 
         return {**row, "status": "invalid", "reason": str(exc)}, None
     lay = plan.layout
     row.update(tp=lay.tp, dp=lay.dp, ep=lay.ep, weights_gb_per_gpu=plan.weight_bytes / 1e9,
-               free_gb_per_gpu=plan.free_bytes / 1e9, plan_context=plan.context, plan_concurrency=plan.concurrency,
+               free_gb_per_gpu=plan.free_bytes / 1e9, plan_context=plan.context,
+               plan_concurrency=plan.concurrency,
                plan_max_context=plan.max_context)
     if not plan.fits:
         return {**row, "status": "infeasible", "reason": "; ".join(plan.reasons)}, lay
     if lay.ep != cluster.num_gpus:
         return {**row, "status": "unsupported",
-                "reason": f"fits, but the simulator models EP over all {cluster.num_gpus} GPUs (one EP rank per "
-                          f"GPU); EP{lay.ep} x MoE-TP{lay.moe_tp} was planned only"}, lay
+                "reason": f"fits, but the simulator models EP over all {cluster.num_gpus} GPUs (one EP rank "
+                          f"per GPU); EP{lay.ep} x MoE-TP{lay.moe_tp} was planned only"}, lay
     return row, lay
 
 
@@ -69,11 +71,12 @@ def _failure(stage: str, exc: BaseException) -> dict[str, Any]:
     return {"status": "error", "stage": stage, "reason": tb + at}
 
 
-def optimize_task(loads: Loads, gpu: str, gpus: int, gpus_per_node: int | None, num_redundant: int, policy: str,
-                  engine: str, seed: int, optimize: dict[str, Any]) -> dict[str, Any]:
+def optimize_task(loads: Loads, gpu: str, gpus: int, gpus_per_node: int | None, num_redundant: int,
+                  policy: str, engine: str, seed: int, optimize: dict[str, Any]) -> dict[str, Any]:
     """Plan ``policy`` on the first ``plan_fraction`` of the windows of ``loads`` and score it there and
     on the held-out windows (:func:`placement.compare.compare_policies`). Returns ``{"status": "ok",
-    "placement": Placement, "scores": {...}, "seconds": s}`` or a failure ``{"status", "stage", "reason"}``."""
+    "placement": Placement, "scores": {...}, "seconds": s}`` or a failure ``{"status", "stage",
+    "reason"}``."""
     from placement.compare import compare_policies
 
     t0 = time.perf_counter()
@@ -114,7 +117,8 @@ def simulate_task(trace: Any, placement: Placement, gpu: str, gpus: int, gpus_pe
 
         tokens = _trace_tokens(*trace) if isinstance(trace, tuple) else trace
         cluster = make_cluster(gpus, gpu, gpus_per_node)
-        res = simulate(tokens, [(placement.provenance.get("policy", "placement"), placement)], cluster, config)[0]
+        label = placement.provenance.get("policy", "placement")
+        res = simulate(tokens, [(label, placement)], cluster, config)[0]
     except Exception as exc:  # noqa: BLE001 - reported in the point's row, the sweep goes on
         return _failure("simulate", exc)
     s = res.summary

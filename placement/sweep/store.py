@@ -45,7 +45,8 @@ SCHEMA: dict[str, pl.DataType] = {
     "output_tok_s": pl.Float64, "output_tok_s_per_gpu": pl.Float64, "prefill_tok_s": pl.Float64,
     "ttft_p50_s": pl.Float64, "ttft_p99_s": pl.Float64, "tpot_p50_s": pl.Float64, "tpot_p99_s": pl.Float64,
     "requests_finished": pl.Int64, "requests_rejected": pl.Int64, "preemptions": pl.Int64,
-    "mean_imbalance": pl.Float64, "straggler_share": pl.Float64, "kv_peak": pl.Float64, "rebalances": pl.Int64,
+    "mean_imbalance": pl.Float64, "straggler_share": pl.Float64, "kv_peak": pl.Float64,
+    "rebalances": pl.Int64,
     "moved_bytes": pl.Float64, "iterations": pl.Int64, "sim_duration_s": pl.Float64,
     # wall-clock seconds (differ between runs; everything above is a function of the spec)
     "wall_optimize_s": pl.Float64, "wall_simulate_s": pl.Float64,
@@ -89,12 +90,12 @@ class ResultStore:
         for f in files:
             try:
                 df = pl.read_parquet(f)
-            except Exception as exc:  # a foreign or damaged file: say which, do not guess
+            except (OSError, pl.exceptions.PolarsError) as exc:  # a foreign or damaged file: say which
                 raise InputError(f"{f}: not a readable sweep part file ({exc}); remove it to recompute that "
                                  "point") from None
             missing = set(SCHEMA) - set(df.columns)
             if missing:
-                raise InputError(f"{f}: field '{sorted(missing)[0]}': missing; this part was written by another "
+                raise InputError(f"{f}: field '{min(missing)}': missing; this part was written by another "
                                  "version of place sweep (remove it, or use another --out)")
             frames.append(df.select(list(SCHEMA)).cast(SCHEMA))
         return pl.concat(frames) if frames else pl.DataFrame(schema=SCHEMA)
@@ -110,7 +111,8 @@ class ResultStore:
         listed in another order). Returns the table."""
         df = self.read_parts().filter(pl.col("point_hash").is_in(hashes)).unique("point_hash", keep="last")
         if index_of is not None:
-            df = df.with_columns(pl.col("point_hash").replace_strict(index_of, return_dtype=pl.Int32).alias("index"))
+            index = pl.col("point_hash").replace_strict(index_of, return_dtype=pl.Int32)
+            df = df.with_columns(index.alias("index"))
         df = df.sort("index")
         with atomic_path(self.out / "sweep.parquet") as tmp:
             df.write_parquet(tmp)
