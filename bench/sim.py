@@ -44,6 +44,8 @@ def run_one(trace, gpus: int, duration: float, mode: str) -> dict:
     out = {"gpus": gpus, "duration_s": duration, "mode": mode, "wall_s": wall, "cpu_s": cpu,
            "sim_wall_s": s["wall_s"], "route_wall_s": s["route_wall_s"], "iterations": s["iterations"],
            "sim_s_per_wall_s": duration / s["wall_s"], "ms_per_iteration": s["wall_s"] / max(s["iterations"], 1) * 1e3,
+           "tokens_per_wall_s": s["mean_batch_tokens"] * s["iterations"] / s["wall_s"],
+           "tokens_per_cpu_s": s["mean_batch_tokens"] * s["iterations"] / max(cpu, 1e-9),
            "mean_decode_seqs": s["mean_decode_seqs"], "decode_slots": ranks * engine.max_seqs,
            "mean_batch_tokens": s["mean_batch_tokens"], "output_tok_s": s["output_tok_s"],
            "straggler_share": s["straggler_share"], "loadavg": os.getloadavg()[0]}

@@ -10,6 +10,9 @@ from dashboard import data
 from dashboard.ui import RUN_DIR_KEY
 
 HERE = Path(__file__).parent
+# The page scripts live in views/, not pages/: with a pages/ directory next to this file, a fresh
+# server answering a deep link (/plan) first would run pages/plan.py on its own (Streamlit's older
+# directory-based multipage mode), skipping this script, its sidebar and st.navigation.
 
 st.set_page_config(page_title="moeplace", layout="wide")
 
@@ -19,10 +22,10 @@ st.sidebar.text_input("Run directory", key=RUN_DIR_KEY,
                       help="what `place demo --out DIR` wrote (traces, placements, plan, simulations)")
 
 pages = [
-    st.Page(HERE / "pages" / "overview.py", title="Overview", default=True),
-    st.Page(HERE / "pages" / "traces.py", title="Traces"),
-    st.Page(HERE / "pages" / "placement.py", title="Placement"),
-    st.Page(HERE / "pages" / "plan.py", title="Plan"),
-    st.Page(HERE / "pages" / "simulate.py", title="Simulate"),
+    st.Page(HERE / "views" / "overview.py", title="Overview", default=True),
+    st.Page(HERE / "views" / "traces.py", title="Traces"),
+    st.Page(HERE / "views" / "placement.py", title="Placement"),
+    st.Page(HERE / "views" / "plan.py", title="Plan"),
+    st.Page(HERE / "views" / "simulate.py", title="Simulate"),
 ]
 st.navigation(pages).run()

@@ -173,7 +173,8 @@ def scan_run_dir(root: str | Path) -> RunIndex:
         except (OSError, ValueError, AttributeError):
             continue
         if tp:
-            cand = [Path(tp)] if Path(tp).is_absolute() else [Path(tp), root / tp, root.parent / tp]
+            # relative to where the run was made: most often the run directory's parent (`place demo --out run`)
+            cand = [Path(tp)] if Path(tp).is_absolute() else [root.parent / tp, Path(tp), root / tp]
             for c in cand:
                 if c.exists() and c.resolve() not in {t.resolve() for t in found["traces"]}:
                     found["traces"].append(c)

@@ -129,13 +129,15 @@ class WorkloadConfig:
 
 @dataclass(frozen=True)
 class RebalanceConfig:
-    """``--rebalance every=N,window=W,moves=K[,policy=P]``: every N iterations re-place from the expert
-    loads of the last W iterations, moving at most K slots (0 = no limit)."""
+    """``--rebalance every=N,window=W,moves=K[,policy=P][,time=S]``: every N iterations re-place from the
+    expert loads of the last W iterations, changing at most K slots per MoE layer (0 = no limit; the
+    optimizer's ``--max-moves``); ``time``: the optimizer's time limit per rebalance (seconds)."""
 
     every: int
     window: int
     moves: int = 0
     policy: str = "auto"  # auto: the moeplace optimizer's migration mode if registered, else eplb
+    time_limit: float | None = None
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.window < 1 or self.moves < 0:
@@ -201,14 +203,15 @@ def parse_rebalance(text: str) -> RebalanceConfig:
             raise InputError(f"--rebalance: '{part}' is not KEY=VALUE (expected every=N,window=W,moves=K)")
         k, v = part.split("=", 1)
         kv[k.strip()] = v.strip()
-    unknown = set(kv) - {"every", "window", "moves", "policy"}
+    unknown = set(kv) - {"every", "window", "moves", "policy", "time"}
     if unknown:
-        raise InputError(f"--rebalance: unknown keys {sorted(unknown)} (expected every, window, moves, policy)")
+        raise InputError(f"--rebalance: unknown keys {sorted(unknown)} (expected every, window, moves, policy, time)")
     if "every" not in kv:
         raise InputError("--rebalance: 'every=N' is required")
     try:
         every = int(kv["every"])
         return RebalanceConfig(every=every, window=int(kv.get("window", every)), moves=int(kv.get("moves", 0)),
-                               policy=kv.get("policy", "auto"))
+                               policy=kv.get("policy", "auto"),
+                               time_limit=float(kv["time"]) if "time" in kv else None)
     except ValueError as exc:
         raise InputError(f"--rebalance: {exc}") from None

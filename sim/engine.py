@@ -36,6 +36,7 @@ from sim.events import Event, EventQueue
 from sim.results import Recorder, SimResult
 from sim.routing import make_router, src_gpus
 from sim.workload import Request, RequestSource, TraceTokens, arrival_times, decode_row, token_rows
+from traces.errors import InputError
 
 
 @dataclass
@@ -90,11 +91,11 @@ class Pool:
             while queue:
                 q = queue[0]
                 need = self._need(q)
+                if not pools.can_admit(need, 0, 0):  # could not fit even alone: never will
+                    queue.popleft()
+                    self.sim.reject(q, now)
+                    continue
                 if not pools.can_admit(need, used, len(rank.running)):
-                    if not rank.running and not pools.can_admit(need, 0, 0):
-                        queue.popleft()
-                        self.sim.reject(q, now)
-                        continue
                     return used  # head-of-line: first come, first served
                 queue.popleft()
                 rank.running.append(q)
@@ -121,6 +122,11 @@ class Pool:
             rank.running.pop()
             used -= mine
             self.sim.preempt(self, r, last, now)
+        if rank.running and not pools.can_admit(self._need(rank.running[0]), 0, 0):
+            # a lone sequence that has outgrown the pools: the engine aborts it
+            q = rank.running.pop()
+            used -= q.kv
+            self.sim.reject(q, now)
         return used
 
     # ------------------------------------------------------------------ one iteration
@@ -214,6 +220,7 @@ class Pool:
         # Decode: one token each. With pages (dcp 1) a sequence needs a new page only when its need
         # passes the slots it holds, so the plan's kv_tokens is asked only then.
         paged = sim.pools.dcp == 1
+        max_len = sim.pools.max_model_len  # a sequence stops at the model's context, as engines cap it
         for q, r in self.decoding:
             q.ctx += 1
             q.generated += 1
@@ -222,7 +229,7 @@ class Pool:
                 after = kv(need)
                 ranks[r].used += after - q.kv
                 q.kv = after
-            if q.generated >= q.output_len:
+            if q.generated >= q.output_len or need >= max_len:  # need = the sequence's tokens now
                 rank = ranks[r]
                 rank.running.remove(q)
                 rank.used -= q.kv
@@ -248,7 +255,7 @@ class Pool:
                     rank.used -= after
                     events.append(sim.handoff(q, now))
                     continue
-            if q.generated >= q.output_len:
+            if q.generated >= q.output_len or q.ctx + 1 >= max_len:
                 rank.running.remove(q)
                 rank.used -= after
                 events += sim.finish(q, now)
@@ -274,6 +281,8 @@ class Pool:
         return self.maybe_start(now)
 
     def enqueue(self, q: Request, now: float) -> list[Event]:
+        """A new request joins a DP rank's waiting queue (round robin over ranks, as a DP load balancer
+        does with requests it cannot tell apart)."""
         r = self.next_rank
         self.next_rank = (self.next_rank + 1) % len(self.ranks)
         q.rank = r
@@ -309,7 +318,6 @@ class Simulation:
                  chrome: bool = False, progress: bool = False) -> None:
         placement.check_model(trace.model, "placement")
         if placement.num_gpus != cluster.num_gpus:
-            from traces.errors import InputError
             raise InputError(f"placement {label or ''}: made for {placement.num_gpus} GPUs, the cluster has "
                              f"{cluster.num_gpus} (--gpus)")
         self.config = config
@@ -406,9 +414,7 @@ class Simulation:
         return Event(now + dt, "transfer_done", q)
 
     def on_transfer(self, ev: Event) -> list[Event]:
-        q = ev.data
-        q.admitted = float("nan")  # re-admission in the decode pool is a new queue wait
-        return self.pools_list[1].enqueue(q, ev.time)
+        return self.pools_list[1].enqueue(ev.data, ev.time)
 
     def on_iteration_end(self, ev: Event) -> list[Event]:
         return ev.data.finish_iteration(ev.time)

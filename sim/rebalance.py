@@ -2,10 +2,10 @@
 the experts from the loads of its last W iterations and pay for moving the weights.
 
 The new placement comes from the moeplace optimizer's migration mode (``get_policy("moeplace")`` with
-``options={"from": current, "max_moves": K}``) when it is registered and ``policy`` is ``auto`` or
-``moeplace``, else from DeepSeek's EPLB (``get_policy("eplb")``). EPLB knows no move budget, so with
-``moves=K`` only whole layers are switched to EPLB's answer, best predicted gain per moved expert first,
-until K moves are spent.
+``options={"from": current, "max_moves": K}``: at most K slots change per MoE layer) when it is
+registered and ``policy`` is ``auto`` or ``moeplace``, else from DeepSeek's EPLB (``get_policy("eplb")``).
+EPLB knows no move budget, so with ``moves=K`` only whole layers are switched to EPLB's answer, best
+predicted gain per moved expert first, within the same total budget of K x L moves.
 
 The stall: every GPU receives the weights of the experts it newly holds, from a GPU of its own node
 when one held the expert before (NVLink), else over its NIC; all EP ranks wait for the slowest GPU
@@ -55,6 +55,41 @@ def transfer_stall(old: Placement, new: Placement, bytes_per_expert: float, nvli
     t = np.maximum(np.where(nv > 0, nvlink_latency + nv / nvlink_bw, 0.0),
                    np.where(nic > 0, nic_latency + nic / nic_bw, 0.0))
     return float(t.max()), float((nv + nic).sum()), int(mv.sum())
+
+
+def relabel_min_moves(old: Placement, new: Placement) -> Placement:
+    """``new`` with its nodes and, within nodes, its GPUs renumbered to keep as many experts where they
+    already are: per layer, nodes are matched to old nodes by expert overlap (Hungarian assignment,
+    scipy), then GPUs within each matched node pair. A pure relabeling: every GPU's expert set, every
+    node's set and so the balance are unchanged — only the weights that must move shrink. EPLB's
+    output has no memory of the previous layout (its GPU numbering is arbitrary), so without this nearly
+    every expert would move at each rebalance."""
+    from scipy.optimize import linear_sum_assignment
+
+    L, G, E = old.num_layers, old.num_gpus, old.num_experts
+    S, n = old.slots_per_gpu, old.gpus_per_node
+    N = G // n
+    held_old = np.zeros((L, G, E), dtype=np.int32)
+    held_new = np.zeros((L, G, E), dtype=np.int32)
+    li, gi = np.arange(L)[:, None, None], np.arange(G)[None, :, None]
+    np.add.at(held_old, (li, gi, old.phy2log.reshape(L, G, S)), 1)
+    np.add.at(held_new, (li, gi, new.phy2log.reshape(L, G, S)), 1)
+    src = new.phy2log.reshape(L, G, S)
+    out = np.empty_like(src)
+    for l in range(L):
+        a_old, a_new = held_old[l], held_new[l]  # [G, E]
+        node_old = a_old.reshape(N, n, E).sum(axis=1)
+        node_new = a_new.reshape(N, n, E).sum(axis=1)
+        overlap = np.minimum(node_new[:, None, :], node_old[None, :, :]).sum(axis=2)  # [N_new, N_old]
+        rows, cols = linear_sum_assignment(-overlap)
+        for nn, no in zip(rows, cols):
+            g_new = np.arange(nn * n, (nn + 1) * n)
+            g_old = np.arange(no * n, (no + 1) * n)
+            ov = np.minimum(a_new[g_new][:, None, :], a_old[g_old][None, :, :]).sum(axis=2)
+            r2, c2 = linear_sum_assignment(-ov)
+            for i, j in zip(r2, c2):
+                out[l, g_old[j]] = src[l, g_new[i]]
+    return Placement(out.reshape(L, G * S), G, n, old.model_name, E, old.moe_layers, dict(new.provenance))
 
 
 def limit_moves(old: Placement, new: Placement, loads_LE: np.ndarray, engine: str, max_moves: int) -> Placement:
@@ -127,10 +162,12 @@ class Rebalancer:
             options = {"from": old, "max_moves": self.cfg.moves or None}
         problem = PlacementProblem(loads=loads[None], model=sim.model, cluster=sim.cluster,
                                    num_redundant=old.num_redundant, engine=sim.config.engine.replica_rule,
-                                   seed=sim.config.seed, options=options)
+                                   seed=sim.config.seed, time_limit=self.cfg.time_limit, options=options)
         new = get_policy(self.policy)(problem)
+        if self.policy != "moeplace":
+            new = relabel_min_moves(old, new)
         if self.policy != "moeplace" and self.cfg.moves:
-            new = limit_moves(old, new, loads, sim.config.engine.replica_rule, self.cfg.moves)
+            new = limit_moves(old, new, loads, sim.config.engine.replica_rule, self.cfg.moves * old.num_layers)
         c = sim.cost
         g = sim.cluster.gpu
         stall, moved, n = transfer_stall(old, new, sim.model.bytes_per_routed_expert, c.nvlink_bw, c.nic_bw,

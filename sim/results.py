@@ -239,8 +239,11 @@ ROWS = [
     ("rejected", "requests_rejected", "int"),
     ("requests finished", "requests_finished", "int"),
     ("iterations", "iterations", "int"),
-    ("rebalance stall (s)", "stall_s", "s"),
+    ("rebalances", "rebalances", "int"),
+    ("moved expert bytes (GB)", "moved_bytes", "GB"),
+    ("stall (s)", "stall_s", "s"),
 ]
+OPTIONAL_ROWS = {"rebalances", "moved_bytes", "stall_s"}  # shown only when some placement has them
 
 
 def format_table(results: list[SimResult]) -> str:
@@ -248,7 +251,7 @@ def format_table(results: list[SimResult]) -> str:
     head = ["metric"] + [r.label for r in results]
     rows = [head]
     for name, key, unit in ROWS:
-        if key == "stall_s" and not any(r.summary.get("stall_s") for r in results):
+        if key in OPTIONAL_ROWS and not any(r.summary.get(key) for r in results):
             continue
         vals = []
         for r in results:

@@ -35,7 +35,7 @@ def open_page(run_dir: Path | str, page: str | None = None) -> AppTest:
     at.session_state["run_dir"] = str(run_dir)
     at.run()
     if page:
-        at.switch_page(f"pages/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
     return at
 
 
@@ -146,7 +146,7 @@ def test_placement_page_scores_match_evaluate(run_dir):
     for name in ("moeplace", "eplb", "linear"):
         pl_ = load_placement(run_dir / "placements" / f"{name}.json")
         m = evaluate(pl_, loads, "vllm", model=loads.model)
-        assert metric(at, f"placements/{name}.json: balancedness") == f"{m.balancedness:.4f}"
+        assert metric(at, f"{name}: balancedness") == f"{m.balancedness:.4f}"
     table = at.dataframe[-1].value
     assert list(table["policy"]) == ["eplb", "linear", "moeplace"]
     assert (table["gap to bound"] >= -1e-9).all() and (table["balancedness"] <= 1 + 1e-9).all()
@@ -163,7 +163,7 @@ def test_placement_page_scores_match_evaluate(run_dir):
 
 def test_placement_downloads_every_export_format(run_dir, tmp_path):
     at = open_page(run_dir, "placement")
-    at.selectbox(key="pl_download").set_value("placements/moeplace.json").run()
+    at.selectbox(key="pl_download").set_value("moeplace").run()
     from dashboard import data
     from placement.export import export_placement, format_names
 
@@ -217,8 +217,7 @@ def test_placement_of_another_model_is_a_warning_and_bad_json_an_error(run_dir, 
     assert not at.exception
     assert any("k3.json" in w.value and "kimi-k3" in w.value for w in at.warning)
     assert any("eplb.json" in e.value and "out of range" in e.value for e in at.error)
-    assert {m.label for m in at.metric} == {"placements/linear.json: balancedness",
-                                            "placements/moeplace.json: balancedness"}
+    assert {m.label for m in at.metric} == {"linear: balancedness", "moeplace: balancedness"}
 
 
 # ---------------------------------------------------------------------------- plan
@@ -306,13 +305,13 @@ def test_place_dashboard_runs_streamlit_on_the_app_with_the_run_dir(run_dir):
 def test_an_artifact_rewritten_on_disk_is_reread(run_dir, tmp_path):
     run = copy_run(run_dir, tmp_path)
     at = open_page(run, "placement")
-    before = metric(at, "placements/linear.json: balancedness")
+    before = metric(at, "linear: balancedness")
     eplb = load_placement(run / "placements" / "eplb.json")
     eplb.save(run / "placements" / "linear.json")  # same path, new content: the cache key (mtime, size) changes
     at.run()
     no_failures(at)
-    after = metric(at, "placements/linear.json: balancedness")
-    assert after == metric(at, "placements/eplb.json: balancedness") != before
+    after = metric(at, "linear: balancedness")
+    assert after == metric(at, "eplb: balancedness") != before
 
 
 def test_scan_finds_artifacts_by_content_and_follows_the_simulated_trace(run_dir, tmp_path):

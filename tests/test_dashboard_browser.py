@@ -23,13 +23,14 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
-# page url -> (h1 title, text that must appear, minimum number of rendered charts)
+# page url -> (h1 title, text that must appear, minimum number of rendered charts). A deep link comes first:
+# it is the first request the fresh server answers.
 PAGES = {
+    "plan": ("Plan", ["Memory per GPU", "Concurrent sequences vs context length", "verdict: FITS"], 2),
     "": ("moeplace", ["Simulations", "Comparisons", "Plan: per-GPU memory"], 0),
     "traces": ("Traces", ["Expert load per layer", "Skew per layer", "Inter-layer affinity", "Domain mix", "valid"], 5),
     "placement": ("Placement", ["Per-layer balancedness", "GPU loads of one layer", "Balance vs traffic",
                                 "Download"], 6),
-    "plan": ("Plan", ["Memory per GPU", "Concurrent sequences vs context length", "verdict: FITS"], 2),
     "simulate": ("Simulate", ["Latency CDFs", "Throughput over time", "Pool occupancy over time",
                               "Straggler time per MoE layer"], 6),
 }
@@ -163,6 +164,9 @@ def test_page_renders_in_chromium(server, browser, page):
     browser.get(f"{server}/{page}")
     wait_rendered(browser, title, texts, min_charts)
     assert count(browser, "stException") == 0
+    # app.py ran (its sidebar and navigation), not the page script alone: deep links work on a fresh server
+    sidebar = browser.find_element("css selector", '[data-testid="stSidebar"]').text
+    assert "Run directory" in sidebar and "Placement" in sidebar, sidebar
     errors = [e.text for e in browser.find_elements("css selector", '[data-testid="stAlertContentError"]')]
     assert not errors, errors
     shot = screenshot(browser, f"dashboard-{page or 'overview'}")

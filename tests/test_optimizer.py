@@ -100,7 +100,7 @@ def test_neighbourhood_solve_never_worsens_and_keeps_rules():
     st = LayerState(wn, greedy_layer(wn, E + R, G), G)
     before = st.value()
     for r in range(3):
-        solve_neighbourhood(st, np.array([0, 2, 4]), seed=r, dtime=0.5, wall=5.0)
+        solve_neighbourhood(st, np.array([0, 2, 4]), seed=r, dtime=0.1, wall=5.0)
         assert st.value() <= before + 1e-12
         check_layer(st.p2l, E, G)
 
@@ -111,7 +111,7 @@ def test_cpsat_proves_small_optimum_and_heuristic_reaches_it():
         E, G, R = 7, 3, 2                                 # P = 9, S = 3
         loads = rng.integers(1, 40, size=(1, E)).astype(float)
         wn = normalize_scenarios(loads, G)
-        p2l, value, bound, optimal = solve_exact(wn, E + R, G, seed=0, time_limit=20)  # type: ignore[misc]
+        p2l, value, bound, optimal = solve_exact(wn, E + R, G, seed=0, time_limit=20)
         assert optimal
         check_layer(p2l, E, G)
         res = solve_layer(trial, loads, E + R, G, 3, OptimizerConfig(), time.time() + 20)

@@ -189,3 +189,28 @@ def test_disaggregated_pools_hand_the_kv_cache_over_the_nic(tmp_path):
     assert rb["finished_s"] == pytest.approx(ra["finished_s"] + handoff, rel=1e-9)
     assert b.summary["kv_transfer_bytes"] > 0
     assert set(b.timeseries["pool"].unique()) == {"prefill", "decode"}
+
+
+def test_a_lone_sequence_that_outgrows_the_pool_is_aborted(tmp_path):
+    m = mini_model()
+    path = write_trace(tmp_path / "t", m, num_requests=1, prompt=50, output=200)
+    cfg = SimConfig(duration=1.0, mode="stat", engine=EngineConfig(attention_tp=4),
+                    workload=WorkloadConfig(arrival="closed", concurrency=1, max_requests=1))
+    sim = build(path, linear_placement(m, 4, 4), cfg, gpus=4, kv_tokens=128, state_slots=4)
+    res = sim.run()
+    r = res.requests.row(0, named=True)
+    assert r["rejected"] and res.summary["requests_rejected"] == 1
+    # page-rounded (64 tokens): it ran while 128 slots held it, i.e. until its KV reached 128 tokens
+    assert r["generated_tokens"] == 128 - 50 + 1
+    assert res.timeseries["kv_occupancy"].max() <= 1.0
+
+
+def test_generation_stops_at_the_models_context(tmp_path):
+    m = mini_model(max_context=100)
+    path = write_trace(tmp_path / "t", m, num_requests=1, prompt=90, output=50)
+    cfg = SimConfig(duration=1.0, mode="stat", engine=EngineConfig(attention_tp=4),
+                    workload=WorkloadConfig(arrival="closed", concurrency=1, max_requests=1))
+    res = build(path, linear_placement(m, 4, 4), cfg, gpus=4).run()
+    r = res.requests.row(0, named=True)
+    assert not r["rejected"] and r["finished_s"] is not None
+    assert r["generated_tokens"] == 100 - 90  # KV of 99 tokens + the last one made = the 100-token context

@@ -6,7 +6,7 @@ from simkit import build, linear_placement, mini_model, write_trace
 
 from placement.record import Placement
 from sim.config import EngineConfig, RebalanceConfig, SimConfig, WorkloadConfig, parse_rebalance
-from sim.rebalance import limit_moves, moved_experts, transfer_stall
+from sim.rebalance import limit_moves, moved_experts, relabel_min_moves, transfer_stall
 from traces.errors import InputError
 
 
@@ -44,8 +44,29 @@ def test_move_budget_takes_whole_layers_best_gain_first():
     assert out.provenance["moves_used"] == 24
 
 
+def test_relabeling_keeps_every_gpu_set_and_minimizes_moves():
+    m = mini_model()
+    rng = np.random.default_rng(0)
+    old = Placement.from_phy2log(np.stack([rng.permutation(16) for _ in range(3)]), m, 4, 2)
+    # the same layout with GPUs renumbered (nodes swapped, GPUs swapped inside a node): zero real moves
+    perm = np.array([3, 2, 0, 1])
+    shuffled = old.phy2log.reshape(3, 4, 4)[:, perm].reshape(3, 16)
+    new = Placement.from_phy2log(shuffled, m, 4, 2)
+    assert moved_experts(old, new).sum() > 0
+    fixed = relabel_min_moves(old, new)
+    assert moved_experts(old, fixed).sum() == 0
+    # a genuinely different layout: GPU sets (as sets) are preserved, moves never increase
+    other = Placement.from_phy2log(np.stack([rng.permutation(16) for _ in range(3)]), m, 4, 2)
+    rel = relabel_min_moves(old, other)
+    key = lambda p: sorted(sorted(map(tuple, np.sort(p.phy2log[l].reshape(4, 4), axis=1).tolist()))
+                           for l in range(3))
+    assert key(rel) == key(other)
+    assert moved_experts(old, rel).sum() <= moved_experts(old, other).sum()
+
+
 def test_parse_rebalance():
     assert parse_rebalance("every=3000,window=1000,moves=64") == RebalanceConfig(3000, 1000, 64)
+    assert parse_rebalance("every=5,policy=moeplace,time=2").time_limit == 2.0
     assert parse_rebalance("every=10").window == 10
     with pytest.raises(InputError, match="unknown keys"):
         parse_rebalance("every=1,often=2")
@@ -69,3 +90,17 @@ def test_rebalancing_a_drifting_workload_cuts_imbalance_and_pays_a_stall(tmp_pat
     ts = moving.timeseries
     after = ts.filter(ts["iteration"] > 10)["imbalance"].mean()
     assert after < static.timeseries.filter(static.timeseries["iteration"] > 10)["imbalance"].mean()
+
+
+@pytest.mark.slow
+def test_moeplace_migration_mode_respects_the_move_budget(tmp_path):
+    m = mini_model(num_experts=16)
+    path = write_trace(tmp_path / "t", m, num_requests=8, prompt=64, output=16, skew=1.5, hot_shift=5)
+    base = {"duration": 0.002, "mode": "replay", "engine": EngineConfig(attention_tp=1, max_batched_tokens=64),
+            "workload": WorkloadConfig(arrival="closed", concurrency=8)}
+    rb = RebalanceConfig(every=10, window=10, moves=2, policy="moeplace", time_limit=5.0)
+    sim = build(path, linear_placement(m, 4, 4), SimConfig(**base, rebalance=rb), gpus=4)
+    res = sim.run()
+    hist = sim.pools_list[0].rebalancer.history
+    assert res.summary["rebalances"] == len(hist) >= 1
+    assert all(h["policy"] == "moeplace" and h["experts_moved"] <= 2 * m.num_moe_layers for h in hist)

@@ -130,6 +130,7 @@ tpot_p99_ms = 1000
     ("gpus: [1, 8]", "gpus: [1, -8]", "field 'axes.gpus[1]': must be >= 1"),
     ("redundant: 0", "redundant: lots", "field 'axes.redundant[0]': expected a slot count or 'N/gpu'"),
     ("duration: 0.5", "duration: 0", "field 'simulate.duration'"),
+    ("min_seqs: 8", "min_seqs: many", "field 'plan.min_seqs': expected a whole number"),
     ("  - {gpus: 8, tp: 3}", "  - {gpus: 8, tpp: 3}", "field 'points[1].tpp': unknown axis"),
     ("    concurrency: 16", "    concurency: 16", "field 'workloads[0].concurency': unknown key"),
     ("engine: {max_batched_tokens", "engine: {max_batch", "field 'engine.max_batch': unknown key"),
@@ -151,6 +152,17 @@ def test_bad_spec_on_the_command_line_is_one_line_exit_2(tmp_path, capsys):
     p2 = _write(tmp_path, "a: [1,\n", "broken.yaml")
     assert main(["sweep", str(p2), "--local"]) == 2
     assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_sweep_of_only_infeasible_points_records_them_without_starting_workers(tmp_path):
+    text = SMALL.read_text().replace("gpus: [1, 8]", "gpus: [1]").split("points:")[0]
+    spec = load_spec(_write(tmp_path, text))
+    res = run_sweep(spec, tmp_path / "out", backend="ray", workers=2)
+    assert res.table["status"].to_list() == ["infeasible", "infeasible"] and res.num_optimized == 0
+    assert (res.table["plan_concurrency"] < 8).all()
+    rep = json.loads(res.frontier_path.read_text())["workloads"]["chat"]
+    assert rep["frontier"] == [] and rep["recommended"] is None and rep["status_counts"] == {"infeasible": 2}
+    assert not (tmp_path / "out" / "cache" / "workloads").exists()  # nothing to simulate: nothing synthesized
 
 
 def test_trace_workload_must_exist(tmp_path):

@@ -55,6 +55,8 @@ def run(args) -> int:
     tokens = 20_000 if args.quick else args.tokens
     duration = 60.0 if args.quick else args.duration
     gpus = str(args.gpus)
+    # attention TP within a node and DP across nodes: the layout `place simulate` models by default
+    tp = min(8, args.gpus)
     print(f"moeplace demo: Kimi K3 (synthetic routing, {tokens:,} tokens) on {args.gpus} x {args.gpu}; "
           f"artifacts in {out}/", flush=True)
 
@@ -67,7 +69,8 @@ def run(args) -> int:
     _stage("2. trace statistics (Loads per window, skew, drift, affinity)",
            ["trace", "stats", str(traces), "--out", str(out / "loads.npz")])
     _stage("3. memory plan: does K3 fit, and how many sequences at which context",
-           ["plan", "--model", "kimi-k3", "--gpus", gpus, "--gpu", args.gpu, "--context-mix",
+           ["plan", "--model", "kimi-k3", "--gpus", gpus, "--gpu", args.gpu, "--tp", str(tp), "--dp",
+            str(args.gpus // tp), "--context-mix",
             "8k:0.7,128k:0.25,1M:0.05", "--report", str(out / "plan.json")], ok_codes=(0, 3))
     _stage("4. placement: every policy planned on the first half of the trace, scored on the second",
            ["optimize", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--out", str(out / "placement.json"),

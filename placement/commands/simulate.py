@@ -31,7 +31,7 @@ def register(sub) -> None:
                    "(default: the trace's own request lengths)")
     w.add_argument("--output-len", type=int, default=512, help="mean output length with --context-mix")
     w.add_argument("--max-requests", type=int, default=None)
-    w.add_argument("--max-trace-tokens", type=int, default=200_000,
+    w.add_argument("--max-trace-tokens", type=int, default=100_000,
                    help="tokens of the trace loaded for routing (memory: tokens x MoE layers x top-k x 2 B)")
     e = p.add_argument_group("engine")
     e.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="replica-choice rule")
@@ -96,7 +96,7 @@ def run(args) -> int:
     lengths = None
     if args.context_mix:
         lengths = LengthMix(components=parse_mix(args.context_mix), output_mean=args.output_len,
-                            max_len=trace.model.max_context or (1 << 20))
+                            max_len=(trace.model.max_context or (1 << 20)) - 1)  # prompt + 1 token fits
     if args.rate is not None:
         wl = WorkloadConfig(arrival=args.arrival, rate=args.rate, rate_end=args.rate_end,
                             burstiness=args.burstiness, lengths=lengths, max_requests=args.max_requests)

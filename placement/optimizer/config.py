@@ -41,8 +41,9 @@ class OptimizerConfig:
     lns_patience: int = 2
     lns_dtime: float = 0.05
     gap_tol: float = 1e-4
+    exact_max_vars: int = 6000
     hedge: bool = True
-    hedge_tol: float = 1e-3
+    hedge_tol: float = 2e-5
     hedge_iters: int = 100
     time_limit: float | None = None
     workers: int = 0

@@ -16,7 +16,6 @@ from placement.optimizer.split_lp import ideal_max_load
 from placement.optimizer.traffic import TrafficModel, same_node, traffic_search
 
 PARETO_SLACKS = (0.0, 0.0025, 0.005, 0.01, 0.02, 0.05)
-EXACT_MAX_VARS = 6000  # boolean variables of the exact model worth trying on a layer
 
 
 @dataclass
@@ -102,10 +101,10 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
     # Small layers (and no SGLang / migration side rules): the exact model of counts + placement, hinted
     # with the heuristic's answer; its proven bound tightens ours.
     if (cfg.engine == "vllm" and origin is None and not cfg.cvar
-            and exact_model_size(wn.shape[1], num_slots, num_gpus) <= EXACT_MAX_VARS):
+            and exact_model_size(wn.shape[1], num_slots, num_gpus) <= cfg.exact_max_vars):
         wall = mono_deadline - time.monotonic()
         if wall > 0.05 and st.value() > bound * (1 + cfg.gap_tol):
-            ex = solve_exact(wn, num_slots, num_gpus, cfg.seed, min(wall, 10.0), st.p2l, 20 * cfg.lns_dtime)
+            ex = solve_exact(wn, num_slots, num_gpus, cfg.seed, wall, st.p2l, 20 * cfg.lns_dtime)
             if ex is not None:
                 p2l, v, b, _ = ex
                 bound = max(bound, min(b, v))

@@ -204,6 +204,16 @@ class SweepOutcome:
     frontier_path: Path
 
 
+def object_store_bytes(spec: SweepSpec) -> int:
+    """Object store of a local Ray instance: room for every workload's routing tokens (``max_trace_tokens``
+    x MoE layers x top-k uint16) and Loads twice over, at least 512 MiB."""
+    m = spec.model
+    tokens = int(spec.simulate["max_trace_tokens"]) * m.num_moe_layers * m.top_k * 2
+    windows = -(-int(spec.simulate["max_trace_tokens"]) // int(spec.optimize["window_tokens"])) + 1
+    loads = windows * m.num_moe_layers * m.num_experts * 8
+    return max(512 * 2**20, 2 * len(spec.workloads) * (tokens + loads))
+
+
 def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> Any:
     """The :class:`sim.config.SimConfig` of one point (raises InputError naming the spec on bad values)."""
     from placement.plan import parse_pool_split
@@ -339,7 +349,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
     queue = None
     try:
         if runnable:
-            ex = (RayExecutor(ray_address, workers, 512 * 2**20, log) if backend == "ray"
+            ex = (RayExecutor(ray_address, workers, object_store_bytes(spec), log) if backend == "ray"
                   else LocalExecutor(workers))
             queue = _TaskQueue(ex)
             traces: dict[str, str] = {}

@@ -22,7 +22,7 @@ Example (``examples/sweep-k3.yaml`` is the full one)::
       tp: 8                                    # attention TP; DP = gpus / tp
       redundant: ["1/gpu"]                     # R, or N/gpu = N slots per GPU
       policy: [eplb, moeplace]
-      rebalance: [static, "every=100,window=100,moves=0,policy=eplb"]
+      rebalance: [static, "every=25,window=25,moves=0,policy=eplb"]
       kv_dtype: fp8
     points:                                    # extra points; unnamed axes take the axis' first value
       - {gpus: 32, kv_dtype: bf16}
@@ -369,6 +369,13 @@ def load_spec(path: str | Path) -> SweepSpec:
 def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate: dict,
                     objective: dict) -> None:
     """Type and range checks of the shared settings (the stage configs repeat them per point)."""
+    for k in ("min_seqs", "dcp", "state_slots", "page_size"):
+        _num(sp, f"plan.{k}", plan[k], int, 1)
+    _num(sp, "plan.dense_tp", plan["dense_tp"], int, 1, allow_none=True)
+    _num(sp, "plan.other_reserve_gib", plan["other_reserve_gib"], float, 0)
+    for k in ("max_batched_tokens", "max_seqs"):
+        _num(sp, f"engine.{k}", engine[k], int, 1)
+    _num(sp, "engine.gpu_memory_utilization", engine["gpu_memory_utilization"], float, 0)
     try:
         if plan["context"] is not None:
             parse_tokens(plan["context"], "plan.context")
@@ -378,9 +385,6 @@ def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate:
         base_plan_config(plan, engine)
     except InputError as exc:
         raise InputError(f"{sp}: {exc}") from None
-    for k in ("max_batched_tokens", "max_seqs"):
-        _num(sp, f"engine.{k}", engine[k], int, 1)
-    _num(sp, "engine.gpu_memory_utilization", engine["gpu_memory_utilization"], float, 0)
     for k in ("chunked_prefill", "dual_batch_overlap"):
         if not isinstance(engine[k], bool):
             raise _err(sp, f"engine.{k}", f"expected true or false, got {engine[k]!r}")
@@ -442,10 +446,12 @@ def _digest(obj: Any) -> str:
 
 
 def workload_fingerprint(spec: SweepSpec, w: Workload) -> str:
-    """What the workload's routing is: the synth parameters and model, or the trace files' names, sizes
-    and modification times (a changed trace is a new workload)."""
+    """What the workload's routing is: the synth parameters, generator version and model, or the trace
+    files' names, sizes and modification times (a changed trace is a new workload)."""
     if w.synth is not None:
-        return _digest({"synth": w.synth, "model": spec.model.to_dict()})
+        from traces.synth import SYNTH_VERSION
+
+        return _digest({"synth": w.synth, "generator": SYNTH_VERSION, "model": spec.model.to_dict()})
     root = Path(w.trace)
     files = sorted(root.rglob("*.parquet")) if root.is_dir() else [root]
     return _digest({"trace": [(str(f.relative_to(root) if root.is_dir() else f.name), f.stat().st_size,

@@ -49,6 +49,8 @@ routing_key = (str(routing_path), data.stamp(routing_path), window_tokens, lo, h
 
 # ---------------------------------------------------------------------------- placements
 candidates: dict[str, object] = {}
+stems = [p.stem for p in idx.placements]
+short = len(set(stems)) == len(stems)  # label by file stem when that is unambiguous, else by path
 for p in idx.placements:
     pl_ = ui.load(data.placement, p, what=data.rel(p, root), stop=False)
     if pl_ is None:
@@ -58,8 +60,7 @@ for p in idx.placements:
     except Exception as exc:  # noqa: BLE001
         st.warning(ui.error_text(exc) + " — not scored on this routing")
         continue
-    label = data.rel(p, root)
-    candidates[label] = pl_
+    candidates[p.stem if short else data.rel(p, root)] = pl_
 
 with st.expander("Run `place optimize` here (small settings)", expanded=not candidates):
     with st.form("optimize"):

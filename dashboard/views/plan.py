@@ -77,6 +77,11 @@ else:
         st.write(f"- smallest change: **{s.change}** ({s.kind}; then {s.concurrency} concurrent sequences)")
 
 ctx = format_tokens(plan.context)
+if plan.config.context_mix:
+    mix = ",".join(f"{format_tokens(n)}:{w:g}" for n, w in plan.config.context_mix)
+    x1, x2 = st.columns(2)
+    x1.metric(f"Concurrent sequences at mix {mix}", f"{plan.mix_concurrency:,}")
+    x2.metric("Ceiling at the mix", CEILING.get(plan.mix_ceiling, plan.mix_ceiling))
 m1, m2, m3, m4 = st.columns(4)
 m1.metric(f"Concurrent sequences at {ctx}", f"{plan.concurrency:,}")
 m2.metric("Ceiling", CEILING.get(plan.concurrency_ceiling, plan.concurrency_ceiling))
@@ -110,7 +115,7 @@ curve = data.concurrency_curve(plan, lengths).with_columns(
     pl.col("ceiling").replace_strict(CEILING, default=pl.col("ceiling")).alias("limited by"))
 base = alt.Chart(curve.to_pandas()).encode(
     x=alt.X("context_tokens:Q", scale=alt.Scale(type="log", base=2), title="context tokens"),
-    y=alt.Y("concurrency:Q", title="concurrent sequences (all DP ranks)"))
+    y=alt.Y("concurrency:Q", title="concurrent sequences (all DP ranks)", scale=alt.Scale(type="symlog")))
 chart = (base.mark_line(color="gray")
          + base.mark_circle(size=70).encode(color=alt.Color("limited by:N"),
                                             tooltip=["context_tokens", "concurrency", "limited by"])

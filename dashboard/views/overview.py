@@ -32,4 +32,4 @@ for page, title, what in (
         ("placement", "Placement", "policies per layer, GPU loads with replicas, balance vs traffic, downloads"),
         ("plan", "Plan", "per-GPU memory, concurrency vs context length, the pool that is the ceiling"),
         ("simulate", "Simulate", "TTFT/TPOT CDFs, throughput and pool occupancy over time, straggler time per layer")):
-    st.page_link(f"pages/{page}.py", label=f"**{title}**: {what}")
+    st.page_link(f"views/{page}.py", label=f"**{title}**: {what}")

@@ -1,0 +1,125 @@
+"""Wall time of ``place sweep`` on a spec (default: the 20-point K3 example), once on a local process pool
+(``--local``) and once on a local Ray instance, each from an empty output directory; checks that both give
+the same table (every column but the wall-clock ones) and that the code did not change during the runs.
+Prints the figures and writes ``bench/results/sweep.json``.
+
+    .venv/bin/python bench/sweep.py [--spec examples/sweep-k3.yaml] [--workers 2] [--only local|ray]
+
+By default both sweeps run on a copy of traces/, placement/ and sim/ taken at start (other engineers edit
+the tree meanwhile); ``--no-snapshot`` runs the tree as it is.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# bench/sim.py would shadow the `sim` package for a script run from bench/ (its directory comes first on
+# sys.path): drop that entry, the packages are installed.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+ROOT = Path(__file__).resolve().parent.parent
+SNAPSHOT_ENV = "MOEPLACE_BENCH_SNAPSHOT"
+
+
+def _run_on_a_snapshot() -> None:
+    """Re-run this script on a frozen copy of traces/, placement/ and sim/ (first on PYTHONPATH, which the
+    process pool and the local Ray workers inherit), so edits made to the tree while the two sweeps run
+    cannot make their tables differ."""
+    if os.environ.get(SNAPSHOT_ENV) or "--no-snapshot" in sys.argv:
+        return
+    snap = Path(tempfile.mkdtemp(prefix="bench-sweep-code-"))
+    for pkg in ("traces", "placement", "sim"):
+        shutil.copytree(ROOT / pkg, snap / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, SNAPSHOT_ENV: str(snap),
+           "PYTHONPATH": os.pathsep.join([str(snap)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
+
+
+_run_on_a_snapshot()
+
+import polars as pl
+
+from placement.sweep import comparable, load_spec, run_sweep
+
+RESULTS = Path(__file__).parent / "results" / "sweep.json"
+
+
+def source_hash() -> str:
+    """sha256 over the library sources the sweeps run (traces/, placement/, sim/ of the snapshot)."""
+    import placement
+
+    base = Path(placement.__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for pkg in ("traces", "placement", "sim"):
+        for f in sorted((base / pkg).rglob("*.py")) + sorted((base / pkg).rglob("*.json")):
+            h.update(str(f.relative_to(base)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default=str(ROOT / "examples" / "sweep-k3.yaml"))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--only", choices=("local", "ray"), default=None)
+    ap.add_argument("--no-snapshot", action="store_true",
+                    help="run the tree as it is (edits during the runs count)")
+    args = ap.parse_args()
+    spec = load_spec(args.spec)
+    code_before = source_hash()
+    runs = {}
+    tables = {}
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+        for backend in ("local", "ray"):
+            if args.only and backend != args.only:
+                continue
+            t0 = time.perf_counter()
+            res = run_sweep(spec, Path(tmp) / backend, backend=backend, workers=args.workers,
+                            log=lambda m: print(m, file=sys.stderr, flush=True))
+            wall = time.perf_counter() - t0
+            t = res.table
+            opt = t.unique("optimize_key")["wall_optimize_s"].drop_nulls()
+            runs[backend] = {"wall_s": wall, "points": res.num_points, "optimize_tasks": res.num_optimized,
+                             "statuses": dict(t.group_by("status").len().sort("status").iter_rows()),
+                             "sum_simulate_s": float(t["wall_simulate_s"].sum() or 0.0),
+                             "optimize_s": float(opt.sum())}
+            tables[backend] = comparable(t)
+            r = runs[backend]
+            print(f"{backend}: {wall:.1f} s wall for {res.num_points} points ({r['statuses']}), "
+                  f"{res.num_optimized} optimize tasks, simulate tasks {r['sum_simulate_s']:.1f} s, "
+                  f"optimize tasks {r['optimize_s']:.1f} s")
+    code_after = source_hash()
+    same = None
+    if len(tables) == 2:
+        same = tables["local"].equals(tables["ray"])
+        if not same:
+            diff = [c for c in tables["local"].columns
+                    if not tables["local"][c].equals(tables["ray"][c], check_dtypes=True)]
+            print(f"tables differ in columns: {diff}")
+        unchanged = code_before == code_after
+        print(f"same table (local vs ray): {same}; code unchanged during the runs: {unchanged}"
+              f"; ray / local wall: {runs['ray']['wall_s'] / runs['local']['wall_s']:.2f}")
+    import placement
+
+    code = str(Path(placement.__file__).resolve().parent.parent)
+    out = {"spec": args.spec, "code": code, "workers": args.workers, "cpus": os.cpu_count(),
+           "load_avg": os.getloadavg(),
+           "python": platform.python_version(), "runs": runs, "same_table": same,
+           "source_unchanged": code_before == code_after, "polars": pl.__version__}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {RESULTS}")
+    if os.environ.get(SNAPSHOT_ENV):
+        shutil.rmtree(os.environ[SNAPSHOT_ENV], ignore_errors=True)
+    return 0 if same in (None, True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
