@@ -100,6 +100,24 @@ def run(args) -> int:
         print(json.dumps(d, indent=1))
     else:
         print(format_table(cmp))
+        _print_moeplace_extras(cmp)
         if not args.no_out:
             print(f"wrote {args.out} (policy {chosen})")
     return 0
+
+
+def _print_moeplace_extras(cmp) -> None:
+    """The optimizer's own report (from the placement's provenance): worst per-layer gap to its proven
+    bound, traffic before/after and the --pareto frontier."""
+    for r in cmp.results:
+        summary = r.placement.provenance.get("params", {}).get("summary")
+        if r.policy != "moeplace" or not summary:
+            continue
+        print(f"moeplace: planned max/mean within {summary['max_gap']:.3%} of its proven per-layer bound "
+              f"(mean {summary['mean_gap']:.3%})")
+        if "nodes_per_token_after" in summary:
+            print(f"moeplace: nodes touched per sampled token {summary['nodes_per_token_before']:.3f} -> "
+                  f"{summary['nodes_per_token_after']:.3f}")
+        for pt in summary.get("pareto", []):
+            print(f"  frontier: balancedness floor -{pt['floor_slack']:.2%}: balancedness "
+                  f"{pt['balancedness']:.4f}, nodes per token {pt['nodes_per_token']:.3f}")

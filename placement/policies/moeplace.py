@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from placement.optimizer import OptimizerConfig, optimize_layers
+from placement.optimizer.layer import PARETO_SLACKS
 from placement.policies import PlacementProblem, register_policy
 from placement.record import Placement, load_placement
 from traces.errors import InputError
@@ -91,5 +92,15 @@ def moeplace(problem: PlacementProblem) -> Placement:
                "seconds": float(sum(s["seconds"] for s in layers))}
     if origin is not None:
         summary["max_moves_used"] = int(max(s["moves"] for s in layers))
+    if any("span" in s for s in layers):
+        spans = [(s["span0"], s["span"]) for s in layers if "span" in s]
+        summary["nodes_per_token_before"] = float(np.mean([a for a, _ in spans]))
+        summary["nodes_per_token_after"] = float(np.mean([b for _, b in spans]))
+    fronts = [s["pareto"] for s in layers if s.get("pareto")]
+    if fronts:  # the balance-vs-traffic frontier, averaged over layers per floor
+        summary["pareto"] = [{"floor_slack": PARETO_SLACKS[i],
+                              "balancedness": float(np.mean([f[i]["balancedness"] for f in fronts])),
+                              "nodes_per_token": float(np.mean([f[i]["span"] for f in fronts]))}
+                             for i in range(len(fronts[0]))]
     config = {k: v for k, v in asdict(cfg).items()}
     return problem.placement(phy2log, "moeplace", config=config, summary=summary, layers=layers)
