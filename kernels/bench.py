@@ -4,8 +4,8 @@ calibrated on.
 
 Protocol (all in one set of ``world_size`` processes):
 
-1. micro-benchmarks on every rank: one expert's gated MLP vs tokens per expert (-> ``expert_gemm``) and
-   the counting sort vs selections (-> ``permute``);
+1. micro-benchmarks, one rank at a time: the grouped expert forward over the rank's local experts vs
+   tokens per expert (-> ``expert_gemm``, per expert) and the counting sort vs selections (-> ``permute``);
 2. end-to-end EP layers: for each (tokens per rank, routing skew) of the grid, ``warmup + reps`` forward
    passes of :func:`kernels.moe.ep_moe_forward`; every rank records its phase times and what it served
    (rows, distinct local experts, rows received from other ranks);
@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from kernels.moe import StepTimes, ep_moe_forward, expert_mlp, local_weights, sort_by_destination
+from kernels.moe import StepTimes, ep_moe_forward, grouped_expert_forward, local_weights, sort_by_destination
 from placement.record import Placement
 
 
@@ -99,17 +99,24 @@ def bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    # 1. micro-benchmarks, one rank at a time: on a CPU test bed the ranks share the cores, and the curve
-    #    must be what ONE rank's kernel costs when it has a core (contention is modelled separately).
+    # 1. micro-benchmarks, one rank at a time (on a CPU test bed the ranks share the host's cores; the
+    #    curve is what ONE rank's kernels cost with a core to themselves — the sharing is modelled in the
+    #    validation). ``expert_gemm`` times the grouped forward over ALL of this rank's local experts with
+    #    n tokens each, divided by their number: cycling through the experts' weights like the real layer
+    #    does, rather than re-using one expert's weights from cache.
     gemm, permute = [], []
     placement = bench_placement(cfg)
+    S = placement.slots_per_gpu
+    lw_gu, lw_d = local_weights(placement, 0, rank, w_gate_up, w_down)
     for turn in range(world_size):
         dist.barrier()
         if turn != rank:
             continue
         for n in cfg.gemm_tokens:
-            x = torch.randn(n, h, generator=g).to(device, dtype)
-            gemm.append([n, _median_time(lambda x=x: (expert_mlp(x, w_gate_up[0], w_down[0]), sync()), cfg.reps)])
+            x = torch.randn(n * S, h, generator=g).to(device, dtype)
+            counts = torch.full((S,), n, dtype=torch.int64)
+            t = _median_time(lambda x=x, c=counts: (grouped_expert_forward(x, c, lw_gu, lw_d), sync()), cfg.reps)
+            gemm.append([n, t / S])
         for n in (64, 256, 1024, 4096):
             slots = torch.randint(0, placement.num_slots, (n, cfg.top_k), generator=g).to(device)
             permute.append([n * cfg.top_k, _median_time(
@@ -117,8 +124,6 @@ def bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
     dist.barrier()
 
     # 2. end-to-end EP layers
-    lw_gu, lw_d = local_weights(placement, 0, rank, w_gate_up, w_down)
-    S = placement.slots_per_gpu
     records = []
     for split, n, skew in cfg.grid():
         reps = []
@@ -174,18 +179,23 @@ def _bench_model(cfg: BenchConfig):
 
 
 def _config_table(results: list[dict], cfg: BenchConfig) -> list[dict]:
-    """Per grid point: measured layer time (slowest rank per rep, median over reps), slowest-rank phase
-    times, and the per-rank work the simulator needs."""
+    """Per grid point: measured layer time (slowest rank per rep, median over reps); the dispatch time
+    of the slowest rank; the expert phase as the layer sees it (until the last rank has finished its
+    experts); the combine time of the rank that entered the combine last (the others' combine time
+    includes waiting for it); and the per-rank work the simulator needs."""
     rows = []
     for i, (split, n, skew) in enumerate(cfg.grid()):
         recs = [r["records"][i] for r in results]
-        reps = np.array([rec["reps"] for rec in recs])  # [G, reps, 5]
+        reps = np.array([rec["reps"] for rec in recs])  # [G, reps, 5]: dispatch, experts, combine, total
         layer = float(np.median(reps[:, :, 3].max(axis=0)))
-        phase = np.median(reps[:, :, :3], axis=1)  # [G, 3] median per rank
+        d, e, c = reps[:, :, 0], reps[:, :, 1], reps[:, :, 2]
+        last = np.argmax(d + e, axis=0)  # per rep: the rank that reaches the combine last
+        cols = np.arange(reps.shape[1])
         rows.append({
             "split": split, "tokens": n, "skew": skew, "measured": layer,
-            "dispatch_max": float(phase[:, 0].max()), "experts_max": float(phase[:, 1].max()),
-            "combine_max": float(phase[:, 2].max()),
+            "dispatch_max": float(np.median(d.max(axis=0))),
+            "experts_max": float(np.median((d + e).max(axis=0) - d.max(axis=0))),
+            "combine_max": float(np.median(c[last, cols])),
             "rows": np.array([rec["rows"] for rec in recs], dtype=np.float64),
             "touched": np.array([rec["touched"] for rec in recs], dtype=np.float64),
             "remote": np.array([rec["remote_rows"] for rec in recs], dtype=np.float64),
@@ -231,42 +241,76 @@ def build_profile(results: list[dict], cfg: BenchConfig):
     return profile
 
 
-def predict(profile, cfg: BenchConfig, rows: list[dict], shared_cores: int | None = None) -> np.ndarray:
+def predict(profile, cfg: BenchConfig, rows: list[dict], shared_cores: int | None = None,
+            contention: float = 1.0) -> np.ndarray:
     """The simulator's MoE layer time for each grid point, under ``profile``
     (:meth:`sim.cost.CostModel.moe_layer_times`: slowest rank's experts + slowest dispatch + slowest
     combine).
 
     ``shared_cores``: on a CPU test bed whose ``world_size`` ranks share fewer cores, the expert phase
     cannot finish before the ranks' total expert work has been spread over those cores, so it takes
-    ``max(slowest rank, total / shared_cores)`` (processor sharing). GPUs do not share, so the simulator
-    itself never applies this; it describes the test bed, not the model being checked.
+    ``max(slowest rank, contention * total / shared_cores)`` (processor sharing; the loopback
+    all-to-all is CPU work too, priced at the mean rank's bytes or the heaviest rank's alone; ``contention`` >= 1 is
+    the slowdown of oversubscribed ranks — context switches, a shared cache — fitted on the calibration
+    grid by :func:`fit_contention`). GPUs do not share, so the simulator itself never applies this; it
+    describes the test bed, not the model being checked.
     """
-    from placement.cluster import make_cluster
-    from sim.config import CostConfig
-    from sim.cost import CostModel, MoeWork
+    from sim.cost import MoeWork
 
-    value_bytes = torch.finfo(getattr(torch, cfg.dtype)).bits // 8
-    model = _bench_model(cfg)
-    cost = CostModel(model, make_cluster(cfg.world_size, "h200", cfg.world_size),
-                     CostConfig(dispatch_bytes_per_value=value_bytes, combine_bytes_per_value=value_bytes,
-                                activation_bytes=value_bytes), profile=profile)
+    cost = _cost(profile, cfg)
     out = []
     for r in rows:
         z = np.zeros((1, cfg.world_size))
         work = MoeWork(tokens=r["rows"][None], touched=r["touched"][None], nvlink=r["remote"][None], nic=z)
         experts, comm, _ = cost.moe_layer_times(work)
-        e = float(experts[0])
+        e, c = float(experts[0]), float(comm[0])
         if shared_cores and shared_cores < cfg.world_size:
-            e = max(e, float(cost.expert_time(work.tokens, work.touched).sum()) / shared_cores)
-        out.append(e + float(comm[0]))
+            e = max(e, contention * float(cost.expert_time(work.tokens, work.touched).sum()) / shared_cores)
+            # Loopback all-to-all is CPU work on the same cores: the calibration (balanced ranks) measured
+            # every rank moving the mean bytes at once; one heavy rank alone moves its bytes cores/G as
+            # long as that (it has a core to itself).
+            mean = MoeWork(tokens=work.tokens, touched=work.touched, nvlink=np.full_like(work.nvlink,
+                           work.nvlink.mean()), nic=z)
+            c = max(float(cost.moe_layer_times(mean)[1][0]), c * shared_cores / cfg.world_size)
+        out.append(e + c)
     return np.array(out)
+
+
+def fit_contention(profile, cfg: BenchConfig, rows: list[dict], shared_cores: int) -> float:
+    """Slowdown of ``world_size`` ranks sharing ``shared_cores`` cores, from the TRAIN grid: the median
+    ratio of the measured expert phase to ``total single-rank expert work / shared_cores`` (>= 1)."""
+    train = [r for r in rows if r["split"] == "train"]
+    ratios = []
+    for r in train:
+        total = float(expert_work(profile, cfg, r).sum()) / shared_cores
+        if total > 0:
+            ratios.append(r["experts_max"] / total)
+    return max(1.0, float(np.median(ratios))) if ratios else 1.0
+
+
+def _cost(profile, cfg: BenchConfig):
+    from placement.cluster import make_cluster
+    from sim.config import CostConfig
+    from sim.cost import CostModel
+
+    value_bytes = torch.finfo(getattr(torch, cfg.dtype)).bits // 8
+    return CostModel(_bench_model(cfg), make_cluster(cfg.world_size, "h200", cfg.world_size),
+                     CostConfig(dispatch_bytes_per_value=value_bytes, combine_bytes_per_value=value_bytes,
+                                activation_bytes=value_bytes), profile=profile)
+
+
+def expert_work(profile, cfg: BenchConfig, row: dict) -> np.ndarray:
+    """Each rank's expert time with a core to itself, ``[G]`` (the simulator's ``expert_time``)."""
+    return _cost(profile, cfg).expert_time(row["rows"], row["touched"])
 
 
 def validate(profile, results: list[dict], cfg: BenchConfig) -> dict:
     """Predicted vs measured MoE layer time on the held-out TEST grid: median and p90 relative error."""
     rows = _config_table(results, cfg)
-    cpu = results[0]["device"].startswith("cpu")
-    pred = predict(profile, cfg, rows, shared_cores=results[0]["cores"] if cpu else None)
+    cores = results[0]["cores"] if results[0]["device"].startswith("cpu") else None
+    shared = cores if cores and cores < cfg.world_size else None
+    contention = fit_contention(profile, cfg, rows, shared) if shared else 1.0
+    pred = predict(profile, cfg, rows, shared_cores=shared, contention=contention)
     table = []
     for r, p in zip(rows, pred):
         imb = float(r["rows"].max() / max(r["rows"].mean(), 1e-9))
@@ -275,7 +319,7 @@ def validate(profile, results: list[dict], cfg: BenchConfig) -> dict:
                       "rel_error": float(abs(p - r["measured"]) / r["measured"])})
     test = np.array([t["rel_error"] for t in table if t["split"] == "test"])
     train = np.array([t["rel_error"] for t in table if t["split"] == "train"])
-    return {"table": table,
+    return {"table": table, "shared_cores": shared, "contention": contention,
             "test_median_rel_error": float(np.median(test)), "test_p90_rel_error": float(np.percentile(test, 90)),
             "train_median_rel_error": float(np.median(train))}
 

@@ -62,7 +62,7 @@ def gemm_curve(dtype: str, hidden: int, inter: int, device: torch.device, tokens
         def mlp(x):
             gate, up = (x @ wgu.T).chunk(2, dim=-1)
             return (F.silu(gate) * up) @ wd.T
-        make = lambda n: torch.randn(n, hidden, generator=g).to(device, torch.bfloat16)  # noqa: E731
+        make = lambda n: torch.randn(n, hidden, generator=g).to(device, torch.bfloat16)
     elif dtype == "fp8":
         if device.type != "cuda" or not hasattr(torch, "float8_e4m3fn"):
             return None
@@ -90,7 +90,7 @@ def gemm_curve(dtype: str, hidden: int, inter: int, device: torch.device, tokens
     pts = []
     for n in tokens:
         x = make(n)
-        pts.append([n, run(lambda: mlp(x), reps)])
+        pts.append([n, run(lambda x=x: mlp(x), reps)])
     return pts
 
 

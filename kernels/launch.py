@@ -33,7 +33,7 @@ def _worker(rank: int, world_size: int, backend: str, port: int, fn: Callable, a
         result = fn(rank, world_size, *args)
         dist.barrier()
         queue.put((rank, True, result))
-    except BaseException:  # report the failure to the parent instead of hanging it
+    except BaseException:  # noqa: BLE001 - report any failure to the parent instead of hanging it
         queue.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():

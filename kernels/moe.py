@@ -133,7 +133,7 @@ def ep_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
     if placement.num_gpus != world:
         raise ValueError(f"placement is for {placement.num_gpus} GPUs but the process group has {world} ranks")
     device = hidden.device
-    n, k = topk_ids.shape
+    k = topk_ids.shape[1]
     P, S = placement.num_slots, placement.slots_per_gpu
     t0 = time.perf_counter()
 

@@ -3,7 +3,6 @@ predicts with the simulator's own cost model."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from kernels.bench import BenchConfig, build_profile, predict, run_bench, validate
 from sim.calibration import load_profile

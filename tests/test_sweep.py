@@ -331,3 +331,17 @@ def test_interrupted_sweep_resumes_without_redoing_points(small, local_run, tmp_
     out = capsys.readouterr().out
     assert "0 point(s) run, 7 resumed, 0 optimize task(s)" in out and "recommended: #" in out
     assert comparable(pl.read_parquet(tmp_path / "sweep.parquet")).equals(comparable(local_run.table))
+
+
+@pytest.mark.slow
+def test_example_k3_sweep_same_table_locally_and_on_ray(tmp_path):
+    """The acceptance run: the 20-point K3 example on a process pool and on a local Ray instance."""
+    pytest.importorskip("ray")
+    spec = load_spec(EXAMPLE)
+    local = run_sweep(spec, tmp_path / "local", backend="local", workers=2)
+    on_ray = run_sweep(spec, tmp_path / "ray", backend="ray", workers=2)
+    assert local.table.height == 20 and local.num_optimized == 8
+    counts = dict(local.table.group_by("status").len().iter_rows())
+    assert counts == {"ok": 15, "infeasible": 4, "unsupported": 1}
+    assert comparable(local.table).equals(comparable(on_ray.table))
+    assert local.report["workloads"]["chat"]["recommended"] is not None

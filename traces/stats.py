@@ -18,10 +18,14 @@ their request neighbour, which gives the temporal-locality statistic (top-k over
 """
 from __future__ import annotations
 
+import itertools
 import math
+import multiprocessing as mp
+import os
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,8 @@ DEFAULT_WINDOW_TOKENS = 4096
 DEFAULT_SAMPLE_TOKENS = 4096
 AFFINITY_TOP_SHARE = 0.2
 MAX_AFFINITY_PAIRS = 8  # adjacent layer pairs evaluated (evenly spaced); the statistic is a mean
+PARALLEL_MIN_SELECTIONS = 16_000_000  # smaller traces are read in-process (forking costs ~50 ms)
+_PASS_IDS = itertools.count()
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -306,9 +312,178 @@ def _locality(samples: np.ndarray, rid: np.ndarray, pos: np.ndarray) -> tuple[fl
     return float(ov[ok].mean()), len(i)
 
 
+@dataclass(frozen=True)
+class _PassSpec:
+    """What every row-group job of one pass needs (inherited by forked workers, never pickled)."""
+
+    files: tuple[Path, ...]
+    jobs: tuple[tuple[int, int, int], ...]  # (file index, row group, first row of the group in the trace)
+    columns: tuple[str, ...]
+    model: ModelSpec
+    layer2idx: np.ndarray  # int32 [65536]: decoder layer -> MoE layer index, -1 if not an MoE layer
+    rows_per_window: int
+    num_windows: int
+    sample_tokens: int
+    sample_threshold: int
+    seed: int
+
+
+@dataclass
+class _Partial:
+    """The reduction of one row group: counts of the windows ``[w0, w0 + len(counts))`` it touches
+    (int64 ``[nw, L, E]``), its distinct request ids, its domain names (dictionary order) with rows per
+    (name, window) ``[D_g, num_windows]``, and its sample candidates (hash, request, position, MoE layer
+    index, experts) — everything merges by addition / union / concatenation in job order."""
+
+    w0: int
+    counts: np.ndarray
+    requests: np.ndarray
+    domain_names: list[str]
+    domain_rows: np.ndarray | None
+    sample: tuple[np.ndarray, ...] | None
+
+
+_PASSES: dict[int, _PassSpec] = {}  # pass id -> spec; forked workers inherit it
+_WORKER_OPEN: dict[Path, pq.ParquetFile] = {}  # in a forked worker (lives for one pass): files it opened
+
+
+def _open_file(f: Path, opened: dict[Path, pq.ParquetFile]) -> pq.ParquetFile:
+    pf = opened.get(f)
+    if pf is None:
+        try:
+            dict_cols = ["domain"] if "domain" in pq.read_schema(f).names else None
+            pf = pq.ParquetFile(f, read_dictionary=dict_cols)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
+        opened[f] = pf
+    return pf
+
+
+def _reduce_group(spec: _PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -> _Partial:
+    """Decode row group ``j`` of the pass and reduce it to a :class:`_Partial` (validating as it goes);
+    ``opened`` caches the pass's open files."""
+    fi, rg, row0 = spec.jobs[j]
+    f = spec.files[fi]
+    model = spec.model
+    num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
+    try:
+        table = _open_file(f, opened).read_row_group(rg, columns=list(spec.columns), use_threads=False)
+    except (pa.ArrowInvalid, OSError, KeyError) as exc:
+        raise InputError(f"{f}: row group {rg}: unreadable ({exc})") from None
+    n = table.num_rows
+    rpw = spec.rows_per_window
+    w0 = row0 // rpw
+    if n == 0:
+        return _Partial(w0, np.zeros((0, num_layers, num_experts), np.int64), np.zeros(0, np.int64), [], None, None)
+    where_ = f"{f}: row group {rg}"
+    layer = table.column("layer").to_numpy()
+    li = spec.layer2idx[layer]
+    if (li < 0).any():
+        bad = int(layer[np.flatnonzero(li < 0)[0]])
+        raise InputError(f"{where_}: field 'layer': {bad} is not an MoE layer of model '{model.name}'")
+    ex_col = table.column("expert_ids")
+    if ex_col.null_count:
+        raise InputError(f"{where_}: field 'expert_ids': null values")
+    if ex_col.type.list_size != k:
+        raise InputError(f"{where_}: field 'expert_ids': top-{ex_col.type.list_size}, model has top-{k}")
+    ex_arr = ex_col.chunk(0) if ex_col.num_chunks == 1 else ex_col.combine_chunks()  # one chunk: no copy
+    experts = ex_arr.values.slice(ex_arr.offset * k, n * k).to_numpy().reshape(n, k)
+    if int(experts.max()) >= num_experts:
+        raise InputError(f"{where_}: field 'expert_ids': id {int(experts.max())} >= num_experts {num_experts}")
+    # one bincount over (window, layer, expert) for the whole row group
+    w1 = (row0 + n - 1) // rpw
+    bins_per_window = num_layers * num_experts
+    if w0 == w1:
+        base = li * num_experts
+    else:
+        win = (np.arange(row0, row0 + n, dtype=np.int64) // rpw - w0).astype(np.int32)
+        base = win * bins_per_window + li * num_experts
+    idx = np.empty((n, k), np.int64)
+    np.add(base[:, None], experts, out=idx, casting="unsafe")
+    counts = np.bincount(idx.reshape(-1), minlength=(w1 - w0 + 1) * bins_per_window)
+    del idx
+    counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts)
+    rid = table.column("request_id").to_numpy()
+    pos = table.column("position").to_numpy()
+    runs = np.flatnonzero(rid[1:] != rid[:-1]) + 1
+    requests = np.unique(rid[np.concatenate([[0], runs])])
+    names: list[str] = []
+    per = None
+    if "domain" in spec.columns:
+        dcol = table.column("domain").combine_chunks()
+        if isinstance(dcol, pa.DictionaryArray):
+            codes = dcol.indices.to_numpy(zero_copy_only=False)
+            names = dcol.dictionary.to_pylist()
+        else:
+            enc = dcol.dictionary_encode()
+            codes, names = enc.indices.to_numpy(zero_copy_only=False), enc.dictionary.to_pylist()
+        win_rows = np.arange(row0, row0 + n, dtype=np.int64) // rpw
+        gd = codes.astype(np.int64) * spec.num_windows + win_rows
+        per = np.bincount(gd, minlength=len(names) * spec.num_windows).reshape(-1, spec.num_windows)
+    sample = None
+    if spec.sample_tokens > 0:
+        h = _token_hash(rid, pos >> 1, spec.seed)
+        sel = np.flatnonzero(h <= np.uint64(spec.sample_threshold))
+        if len(sel):
+            sample = (h[sel], rid[sel].astype(np.int64), pos[sel].astype(np.int64), li[sel].astype(np.int16),
+                      experts[sel].copy())
+    return _Partial(w0, counts, requests, names, per, sample)
+
+
+def _reduce_group_by_id(pass_id: int, j: int) -> _Partial:
+    return _reduce_group(_PASSES[pass_id], j, _WORKER_OPEN)
+
+
+def _num_workers(workers: int | None, num_jobs: int, total_selections: int) -> int:
+    """Worker processes of a pass: ``workers`` if given, else one per usable core when the trace is big
+    enough to pay for the forks (>= ~16 M selections), else 1 (in this process)."""
+    if workers is not None:
+        if workers < 1:
+            raise InputError(f"workers must be >= 1, got {workers}")
+        return min(workers, max(num_jobs, 1))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    if total_selections < PARALLEL_MIN_SELECTIONS:
+        return 1
+    return max(1, min(cores, num_jobs))
+
+
+def _partials(spec: _PassSpec, workers: int) -> Iterator[_Partial]:
+    """The row groups' partials in job (= trace) order: in this process, or from ``workers`` forked
+    processes with at most ``2 * workers`` results in flight (memory stays bounded by row groups)."""
+    num_jobs = len(spec.jobs)
+    if workers <= 1 or num_jobs <= 1 or "fork" not in mp.get_all_start_methods():
+        opened: dict[Path, pq.ParquetFile] = {}
+        for j in range(num_jobs):
+            yield _reduce_group(spec, j, opened)
+        return
+    pass_id = next(_PASS_IDS)
+    _PASSES[pass_id] = spec
+    try:
+        # fork: the workers inherit the spec (and the imported modules) at no cost; each decodes whole
+        # row groups on its own core, so decoding and counting no longer share one GIL
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as pool:
+            ahead = 2 * workers
+            futures = deque(pool.submit(_reduce_group_by_id, pass_id, j) for j in range(min(ahead, num_jobs)))
+            for j in range(num_jobs):
+                part = futures.popleft().result()
+                if j + ahead < num_jobs:
+                    futures.append(pool.submit(_reduce_group_by_id, pass_id, j + ahead))
+                yield part
+    finally:
+        _PASSES.pop(pass_id, None)
+
+
 def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
-                  sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0) -> TraceStats:
-    """One streaming pass over the trace at ``path`` (file or directory). See the module docstring."""
+                  sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0,
+                  workers: int | None = None) -> TraceStats:
+    """One streaming pass over the trace at ``path`` (file or directory). See the module docstring.
+
+    ``workers``: processes that decode and reduce row groups (forked; 1 = in this process; default: one
+    per core for traces of >= 16 M selections). The result does not depend on it: partials merge in trace
+    order."""
     t0 = time.perf_counter()
     if window_tokens < 1:
         raise InputError(f"--window-tokens must be >= 1, got {window_tokens}")
@@ -320,95 +495,48 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     layer2idx = np.full(65536, -1, np.int32)
     layer2idx[list(model.moe_layers)] = np.arange(num_layers)
     rows_per_window = window_tokens * num_layers
-    bins_per_window = num_layers * num_experts
 
-    pfs = []
-    for f in files:
+    jobs = []
+    total_rows = 0
+    schema_names = None
+    for fi, f in enumerate(files):
         try:
-            dict_cols = ["domain"] if "domain" in pq.read_schema(f).names else None
-            pfs.append(pq.ParquetFile(f, read_dictionary=dict_cols))
+            meta = pq.read_metadata(f)
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
-    total_rows = sum(pf.metadata.num_rows for pf in pfs)
+        if schema_names is None:
+            schema_names = set(meta.schema.to_arrow_schema().names)
+        for rg in range(meta.num_row_groups):
+            jobs.append((fi, rg, total_rows))
+            total_rows += meta.row_group(rg).num_rows
     if total_rows == 0:
         raise InputError(f"{path}: the trace has no rows")
     num_windows = -(-total_rows // rows_per_window)
+    has_domain = "domain" in schema_names
+    columns = ("request_id", "position", "layer", "expert_ids") + (("domain",) if has_domain else ())
+    sampler = _Sampler(sample_tokens, total_rows // num_layers, seed)
+    spec = _PassSpec(files=tuple(files), jobs=tuple(jobs), columns=columns, model=model, layer2idx=layer2idx,
+                     rows_per_window=rows_per_window, num_windows=num_windows, sample_tokens=sample_tokens,
+                     sample_threshold=int(sampler.threshold), seed=seed)
+    num_workers = _num_workers(workers, len(jobs), total_rows * k)
+
     counts = np.zeros((num_windows, num_layers, num_experts), np.int64)
-    names = set(pfs[0].schema_arrow.names)
-    has_domain = "domain" in names
-    columns = ["request_id", "position", "layer", "expert_ids"] + (["domain"] if has_domain else [])
     domain_ids: dict[str, int] = {}
     domain_rows: list[np.ndarray] = []  # per domain: rows per window
-    sampler = _Sampler(sample_tokens, total_rows // num_layers, seed)
     requests: set[int] = set()
-
-    jobs = [(fi, pf, rg) for fi, pf in enumerate(pfs) for rg in range(pf.metadata.num_row_groups)]
-    row0 = 0
-    # Decoding the nested expert_ids column is the cost (~12 ns/selection in pyarrow): two row groups
-    # decode on worker threads (pyarrow releases the GIL) while this thread counts the previous one.
-    ahead = 2
-    idx_buf = np.empty(0, np.int64)
-    with ThreadPoolExecutor(max_workers=ahead) as pool:
-        futures = deque(pool.submit(_read_group_at, files, jobs, j, columns) for j in range(min(ahead, len(jobs))))
-        for j in range(len(jobs)):
-            table = futures.popleft().result()
-            if j + ahead < len(jobs):
-                futures.append(pool.submit(_read_group_at, files, jobs, j + ahead, columns))
-            fi, _, rg = jobs[j]
-            n = table.num_rows
-            if n == 0:
-                continue
-            where_ = f"{files[fi]}: row group {rg}"
-            layer = table.column("layer").to_numpy()
-            li = layer2idx[layer]
-            if (li < 0).any():
-                bad = int(layer[np.flatnonzero(li < 0)[0]])
-                raise InputError(f"{where_}: field 'layer': {bad} is not an MoE layer of model '{model.name}'")
-            ex_col = table.column("expert_ids").combine_chunks()
-            if ex_col.null_count:
-                raise InputError(f"{where_}: field 'expert_ids': null values")
-            if ex_col.type.list_size != k:
-                raise InputError(f"{where_}: field 'expert_ids': top-{ex_col.type.list_size}, model has top-{k}")
-            experts = ex_col.values.to_numpy().reshape(n, k)
-            if int(experts.max()) >= num_experts:
-                raise InputError(f"{where_}: field 'expert_ids': id {int(experts.max())} >= num_experts "
-                                 f"{num_experts}")
-            # one bincount over (window, layer, expert) for the whole row group
-            w0 = row0 // rows_per_window
-            w1 = (row0 + n - 1) // rows_per_window
-            if w0 == w1:
-                base = li * num_experts
-            else:
-                win = (np.arange(row0, row0 + n, dtype=np.int64) // rows_per_window - w0).astype(np.int32)
-                base = win * bins_per_window + li * num_experts
-            if idx_buf.size < n * k:
-                idx_buf = np.empty(n * k, np.int64)
-            idx = idx_buf[: n * k]
-            np.add(base[:, None], experts, out=idx.reshape(n, k), casting="unsafe")
-            c = np.bincount(idx, minlength=(w1 - w0 + 1) * bins_per_window)
-            counts[w0:w1 + 1] += c.reshape(w1 - w0 + 1, num_layers, num_experts)
-            rid = table.column("request_id").to_numpy()
-            pos = table.column("position").to_numpy()
-            runs = np.flatnonzero(rid[1:] != rid[:-1]) + 1
-            requests.update(np.unique(rid[np.concatenate([[0], runs])]).tolist())
-            if has_domain:
-                dcol = table.column("domain").combine_chunks()
-                if isinstance(dcol, pa.DictionaryArray):
-                    codes = dcol.indices.to_numpy(zero_copy_only=False)
-                    dict_names = dcol.dictionary.to_pylist()
-                else:
-                    enc = dcol.dictionary_encode()
-                    codes, dict_names = enc.indices.to_numpy(zero_copy_only=False), enc.dictionary.to_pylist()
-                remap = np.array([domain_ids.setdefault(s, len(domain_ids)) for s in dict_names], np.int64)
-                while len(domain_rows) < len(domain_ids):
+    for part in _partials(spec, num_workers):
+        counts[part.w0:part.w0 + len(part.counts)] += part.counts
+        requests.update(part.requests.tolist())
+        if part.domain_rows is not None:
+            # domains numbered by first appearance in trace order, as the rows come
+            for name, rows in zip(part.domain_names, part.domain_rows):
+                d = domain_ids.setdefault(name, len(domain_ids))
+                if d == len(domain_rows):
                     domain_rows.append(np.zeros(num_windows, np.int64))
-                win_rows = np.arange(row0, row0 + n, dtype=np.int64) // rows_per_window
-                gd = remap[codes.astype(np.int64)] * num_windows + win_rows
-                per = np.bincount(gd, minlength=len(domain_ids) * num_windows).reshape(-1, num_windows)
-                for d in range(per.shape[0]):
-                    domain_rows[d] += per[d]
-            sampler.add(rid, pos, li, experts)
-            row0 += n
+                domain_rows[d] += rows
+        if part.sample is not None:
+            sampler.parts.append(part.sample)
+            sampler.kept += len(part.sample[0])
 
     samples, s_rid, s_pos = sampler.result(num_layers, k)
     rows_per_layer = counts.sum(axis=(0, 2)) // k
@@ -431,18 +559,10 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                       layer_skew=skew, layer_cv=cv, drift_corr=corr, drift_js=js, affinity_pairs=pairs,
                       affinity_lift=lift, affinity_coverage=cov, affinity_coverage_shuffled=cov_ind,
                       locality=locality, locality_pairs=n_pairs, bytes_on_disk=disk,
-                      seconds=time.perf_counter() - t0)
-
-
-def _read_group_at(files, jobs, j: int, columns: list[str]) -> pa.Table:
-    fi, pf, rg = jobs[j]
-    try:
-        return pf.read_row_group(rg, columns=columns, use_threads=True)
-    except (pa.ArrowInvalid, OSError, KeyError) as exc:
-        raise InputError(f"{files[fi]}: row group {rg}: unreadable ({exc})") from None
+                      seconds=time.perf_counter() - t0, extra={"workers": num_workers})
 
 
 def trace_loads(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
-                sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0) -> Loads:
+                sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0, workers: int | None = None) -> Loads:
     """The Loads ``[windows, L, E]`` of a trace (with the token sample), by one streaming pass."""
-    return compute_stats(path, window_tokens, sample_tokens, seed).loads
+    return compute_stats(path, window_tokens, sample_tokens, seed, workers).loads

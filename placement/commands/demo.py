@@ -76,8 +76,12 @@ def run(args) -> int:
            ["optimize", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--out", str(out / "placement.json"),
             "--save-all", str(out / "placements"), "--report", str(out / "comparison.json"),
             "--seed", str(args.seed)])
-    sim_argv = ["simulate", str(traces), "--gpus", gpus, "--gpu", args.gpu,
-                "--duration", str(duration), "--out", str(out / "sim"), "--seed", str(args.seed)]
+    # Prompt lengths from a chat-like mixture (routing still from the trace): the trace's own long-context
+    # tail (a 1M-token prompt) would set the pace of every step and hide the placements' differences;
+    # docs/simulate.md shows that scenario on its own.
+    sim_argv = ["simulate", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--duration", str(duration),
+                "--concurrency", "1024", "--context-mix", "2k:0.9,16k:0.1", "--output-len", "1024",
+                "--out", str(out / "sim"), "--seed", str(args.seed)]
     for policy in ("moeplace", "eplb", "linear"):
         sim_argv += ["--placement", str(out / "placements" / f"placement-{policy}.json")]
     if not sys.stderr.isatty():

@@ -11,7 +11,11 @@ import sys
 
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="design-space search: plan, optimize, simulate every point of a spec",
-                       description=__doc__)
+                       description="Plans, optimizes and simulates every point of a design-space spec on a "
+                                   "local Ray instance (default), a Ray cluster (--ray) or a process pool "
+                                   "(--local). Rows stream to OUT/points/; OUT/sweep.parquet and "
+                                   "OUT/frontier.json are written at the end. Rerun with the same --out to "
+                                   "resume: finished points are not redone.")
     p.add_argument("spec", help="sweep spec (.yaml/.yml/.toml): model, workloads, axes, settings")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--ray", default=None, metavar="ADDRESS|auto",

@@ -323,8 +323,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
         if on_row is not None:
             on_row(full)
 
-    # Plan every point here; keep the ones that go on, with their simulation config (validated now,
-    # before any work starts).
+    # Plan every point here (rows of points that stop at the plan are written now); keep the others with
+    # their simulation config, built now so a bad simulation setting stops the sweep before any task runs.
     runnable: list[tuple[Point, str, dict[str, Any], Any]] = []
     for p, h in todo:
         fields, lay = plan_point(spec, p)

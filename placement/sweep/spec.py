@@ -22,7 +22,7 @@ Example (``examples/sweep-k3.yaml`` is the full one)::
       tp: 8                                    # attention TP; DP = gpus / tp
       redundant: ["1/gpu"]                     # R, or N/gpu = N slots per GPU
       policy: [eplb, moeplace]
-      rebalance: [static, "every=25,window=25,moves=0,policy=eplb"]
+      rebalance: [static, "every=25,window=25,moves=32,policy=eplb"]
       kv_dtype: fp8
     points:                                    # extra points; unnamed axes take the axis' first value
       - {gpus: 32, kv_dtype: bf16}
