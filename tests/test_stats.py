@@ -149,6 +149,82 @@ def test_memory_bounded_by_row_group_not_trace(tmp_path, qwen):
     assert peaks[1] < 1.3 * peaks[0]
 
 
+@pytest.fixture(scope="module")
+def grouped_trace(tmp_path_factory, qwen):
+    """The same kind of trace cut into 15 row groups over 3 files, with token ids and domain tags, and the
+    tokens in memory."""
+    cfg = SynthConfig(num_tokens=3000, seed=6, **SHORT)
+    plan = build_plan(qwen, cfg)
+    chunks = list(synth_chunks(plan))
+    mem = {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
+    n, L = len(mem["slot"]), qwen.num_moe_layers
+    out = tmp_path_factory.mktemp("g") / "trace"
+    with TraceWriter(out, qwen, {"kind": "test"}, row_group_rows=10_000, rows_per_file=50_000, token_id=True,
+                     domain=True) as w:
+        w.write(request_id=np.repeat(mem["request_id"], L), position=np.repeat(mem["position"], L),
+                phase=np.repeat(mem["phase"], L), step=np.repeat(mem["step"], L),
+                layer=np.tile(np.asarray(qwen.moe_layers), n), expert_ids=mem["experts"].reshape(n * L, -1),
+                token_id=np.repeat(mem["token_id"], L),
+                domain=[plan.domains[d] for d in np.repeat(mem["domain"], L)])
+    return out, mem, plan.domains
+
+
+def _same_stats(a, b) -> None:
+    assert np.array_equal(a.loads.counts, b.loads.counts)
+    assert np.array_equal(a.loads.samples, b.loads.samples)
+    assert a.loads.labels == b.loads.labels and a.domains == b.domains
+    for name in ("domain_tokens", "layer_skew", "layer_cv", "drift_corr", "drift_js", "affinity_pairs",
+                 "affinity_lift", "affinity_coverage", "affinity_coverage_shuffled"):
+        assert np.array_equal(getattr(a, name), getattr(b, name), equal_nan=True), name
+    sa, sb = a.summary(), b.summary()
+    for key in set(sa) - {"seconds", "selections_per_s", "workers"}:
+        assert sa[key] == sb[key] or (sa[key] != sa[key] and sb[key] != sb[key]), key
+
+
+def test_worker_processes_give_the_in_process_result(qwen, grouped_trace):
+    """Row groups reduced in forked workers merge to exactly the single-process pass: counts, sample,
+    domains (in first-appearance order), requests and every statistic."""
+    path, mem, domains = grouped_trace
+    assert len(list(path.glob("*.parquet"))) == 3
+    one = compute_stats(path, window_tokens=700, sample_tokens=400, seed=2, workers=1)
+    assert one.extra["workers"] == 1
+    for workers in (2, 3):
+        par = compute_stats(path, window_tokens=700, sample_tokens=400, seed=2, workers=workers)
+        assert par.extra["workers"] == workers
+        _same_stats(one, par)
+    # and the merged result is the true one: a direct count of the in-memory tokens
+    L, E = qwen.num_moe_layers, qwen.num_experts
+    ex = mem["experts"].astype(np.int64)
+    win = np.arange(len(ex)) // 700
+    idx = ((win[:, None, None] * L + np.arange(L)[None, :, None]) * E + ex).ravel()
+    assert np.array_equal(par.loads.counts, np.bincount(idx, minlength=5 * L * E).reshape(5, L, E))
+    assert par.num_requests == len(np.unique(mem["request_id"]))
+    first_seen = [domains[d] for d in mem["domain"][np.sort(np.unique(mem["domain"], return_index=True)[1])]]
+    assert list(par.domains) == first_seen
+    tokens = np.zeros((5, len(domains)))
+    np.add.at(tokens, (win, mem["domain"]), 1)
+    assert np.array_equal(par.domain_tokens, tokens[:, [domains.index(d) for d in par.domains]])
+    assert np.array_equal(trace_loads(path, 700, 400, 2, workers=2).counts, one.loads.counts)
+
+
+def test_worker_errors_name_the_row_group(tmp_path, qwen):
+    """A bad row group found by a worker gives the in-process message (the first bad group in order)."""
+    k, L = qwen.top_k, qwen.num_moe_layers
+    n = 40 * L
+    layer = np.tile(np.asarray(qwen.moe_layers), 40)
+    layer[5 * 2 * L + 3] = 999  # row group 5 (of 2 * L rows each)
+    ex = np.tile(np.arange(k), (n, 1))
+    ex[7 * 2 * L, 0] = qwen.num_experts  # row group 7: a later error must not win
+    with TraceWriter(tmp_path / "bad", qwen, {"kind": "test"}, row_group_rows=2 * L) as w:
+        w.write(request_id=np.zeros(n), position=np.repeat(np.arange(40), L), phase=np.zeros(n),
+                step=np.arange(n), layer=layer, expert_ids=ex)
+    for workers in (1, 2):
+        with pytest.raises(InputError, match=r"part-00000\.parquet: row group 5: field 'layer': 999 is not"):
+            compute_stats(tmp_path / "bad", workers=workers)
+    with pytest.raises(InputError, match="workers must be >= 1"):
+        compute_stats(tmp_path / "bad", workers=0)
+
+
 def test_skew_cv_and_top_share_hand_values():
     skew, cv = skew_and_cv(np.array([[4, 0, 0, 0], [1, 1, 1, 1]]))
     assert np.allclose(skew, [4.0, 1.0])

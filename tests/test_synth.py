@@ -17,6 +17,7 @@ from traces.synth import (
     mean_domain_correlation,
     quantize,
     synth_chunks,
+    synthesize,
 )
 
 # Short requests: many requests (so every domain shows up) in a small token budget.
@@ -203,3 +204,54 @@ def test_cli_synth_writes_a_self_describing_trace(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("place: error: synth config: field 'skew'") and "Traceback" not in err
     assert not (tmp_path / "x").exists()
+
+
+def _file_bytes(path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(path.glob("*.parquet"))}
+
+
+def test_writer_process_writes_the_same_files(tmp_path, qwen):
+    """Parquet encoding in the forked writer process gives byte-identical files to writing in-process,
+    run after run (same seed), over many batches; the rows are the sampled tokens."""
+    import pyarrow.parquet as pq
+
+    cfg = SynthConfig(num_tokens=2500, seed=13, chunk_tokens=512, **SHORT)
+    a = synthesize(qwen, cfg, tmp_path / "a", writer_process=True)
+    b = synthesize(qwen, cfg, tmp_path / "b", writer_process=False)
+    c = synthesize(qwen, cfg, tmp_path / "c", writer_process=True)
+    fa = _file_bytes(tmp_path / "a")
+    assert len(fa) == 1 and fa == _file_bytes(tmp_path / "b") == _file_bytes(tmp_path / "c")
+    assert a["rows"] == b["rows"] == c["rows"] == 2500 * qwen.num_moe_layers
+    assert a["requests"] == b["requests"] and a["bytes"] == b["bytes"]
+    _, mem = run(qwen, num_tokens=2500, seed=13, chunk_tokens=512, **SHORT)
+    t = pq.read_table(tmp_path / "a" / "part-00000.parquet")
+    ex = t.column("expert_ids").combine_chunks().values.to_numpy().reshape(mem["experts"].shape)
+    assert np.array_equal(ex, mem["experts"])
+    assert np.array_equal(t.column("request_id").to_numpy()[:: qwen.num_moe_layers], mem["request_id"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"]  # no temporaries left
+
+
+def test_writer_process_failures_leave_nothing(tmp_path, qwen, monkeypatch):
+    """A failure on either side of the writer process: the error surfaces in the caller, no directory
+    or temporary is left, and the writer process is gone."""
+    import multiprocessing as mp
+
+    import traces.synth as synth_mod
+
+    cfg = SynthConfig(num_tokens=1500, seed=1, chunk_tokens=256, **SHORT)
+    (tmp_path / "file").write_text("x")
+    for writer_process in (False, True):  # the writer cannot create its directory under a regular file
+        with pytest.raises(FileExistsError):
+            synthesize(qwen, cfg, tmp_path / "file" / "out", writer_process=writer_process)
+
+    def failing_chunks(plan):
+        it = synth_chunks(plan)
+        yield next(it)
+        yield next(it)
+        raise RuntimeError("sampler failed")
+
+    monkeypatch.setattr(synth_mod, "synth_chunks", failing_chunks)
+    with pytest.raises(RuntimeError, match="sampler failed"):
+        synthesize(qwen, cfg, tmp_path / "out", writer_process=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    assert not [p for p in mp.active_children() if p.name == "moeplace-synth-writer"]

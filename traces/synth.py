@@ -187,7 +187,16 @@ COLD_KNEE = 0.75  # standard-normal quantile (77%) below which the cold tail is 
 def _shapes(log_sigma: np.ndarray, x: np.ndarray, beta: float) -> np.ndarray:
     """Normalized popularities ``exp(sigma_l * x')`` with the cold tail ``x < COLD_KNEE`` stretched by
     ``1 + beta``: ``x`` float32 ``[L, D, E]``, ``log_sigma`` ``[L]`` -> float32 ``[L, D, E]``."""
-    xs = np.where(x < COLD_KNEE, COLD_KNEE + (1 + beta) * (x - COLD_KNEE), x) if beta > 0 else x
+    return _stretched_shapes(log_sigma, _stretch(x, beta))
+
+
+def _stretch(x: np.ndarray, beta: float) -> np.ndarray:
+    """``x'``: ``x`` with its part below ``COLD_KNEE`` stretched by ``1 + beta``."""
+    return np.where(x < COLD_KNEE, COLD_KNEE + (1 + beta) * (x - COLD_KNEE), x) if beta > 0 else x
+
+
+def _stretched_shapes(log_sigma: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """:func:`_shapes` of an already stretched ``xs`` (bisections over sigma stretch once)."""
     w = np.exp(np.exp(log_sigma).astype(np.float32)[:, None, None] * xs)
     return w / w.sum(axis=-1, keepdims=True)
 
@@ -285,9 +294,10 @@ def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generat
     def solve_sigma_base(x: np.ndarray, beta: float) -> np.ndarray:
         # base shapes only, all layers at once: the starting point of the forward solve
         lo, hi = np.full(num_layers, math.log(1e-4)), np.full(num_layers, math.log(8.0))
+        xs = _stretch(x, beta)
         for _ in range(22):
             mid = (lo + hi) / 2
-            up = max_over_mean((_shapes(mid, x, beta) * w).sum(axis=1)) < target
+            up = max_over_mean((_stretched_shapes(mid, xs) * w).sum(axis=1)) < target
             lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
         return (lo + hi) / 2
 
@@ -533,9 +543,10 @@ class ExpertSampler:
             row_stride = num_layers * k
         for li in range(num_layers):
             table = self.table[li]
-            # The layer's table (~0.8 MB) is cold (the other layers' tables evicted it): one sequential
-            # read pulls it into cache, ~2x cheaper than taking the misses on the random gathers below.
-            np.bitwise_or.reduce(table.view(np.uint64))
+            if nb >= 512:
+                # The layer's table (~0.8 MB) is cold (the other layers' tables evicted it): one sequential
+                # read pulls it into cache, ~2x cheaper than the misses of the random gathers below.
+                np.bitwise_or.reduce(table.view(np.uint64))
             # one 64-bit draw per selection: its halves pick the source and the point
             raw = self.rng.bit_generator.random_raw(nb * k).view(np.uint32)
             comp = raw[: nb * k].reshape(nb, k)
@@ -910,14 +921,26 @@ class _WriterProcess:
         finally:
             conn.close()
 
-    def _wait(self) -> None:
-        """Take one message from the writer: an acknowledged slot becomes free; errors are raised."""
+    def _recv(self) -> tuple[str, Any]:
+        """One message from the writer; its error is raised here."""
         try:
             kind, val = self.conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             raise RuntimeError("the trace writer process died") from None
         if kind == "error":
             raise val
+        return kind, val
+
+    def _send(self, msg: tuple) -> None:
+        try:
+            self.conn.send(msg)
+        except OSError:  # the writer is gone: raise its own error if it sent one
+            while True:
+                self._recv()
+
+    def _wait(self) -> None:
+        """Take one message from the writer: an acknowledged slot becomes free."""
+        kind, val = self._recv()
         if kind == "ack":
             self.busy[val] = False
 
@@ -928,21 +951,14 @@ class _WriterProcess:
         ex = b["experts"]
         self.ring[slot, : ex.size] = ex.reshape(-1)
         self.busy[slot] = True
-        self.conn.send(("batch", slot, len(ex), {key: b[key] for key in _ROW_KEYS if key in b}))
+        self._send(("batch", slot, len(ex), {key: b[key] for key in _ROW_KEYS if key in b}))
         self.next_slot = (slot + 1) % self.num_slots
 
     def close(self) -> None:
         """Wait until every batch is written and the directory is in place."""
-        self.conn.send(("close",))
-        while True:
-            try:
-                kind, val = self.conn.recv()
-            except EOFError:
-                raise RuntimeError("the trace writer process died") from None
-            if kind == "error":
-                raise val
-            if kind == "done":
-                break
+        self._send(("close",))
+        while self._recv()[0] != "done":
+            pass
         self.proc.join()
 
     def abort(self) -> None:
