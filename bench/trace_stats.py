@@ -5,7 +5,9 @@ on disk; peak RSS reported. Prints the figures and writes bench/results/trace_st
     python bench/trace_stats.py [--tokens 200000] [--repeats 3] [--keep]
 
 Stats run in a child process so that its peak RSS is its own. Wall-clock and CPU seconds are both
-reported: on a shared machine the wall figures depend on the load (recorded as ``loadavg``).
+reported: on a shared machine the wall figures depend on the load (recorded as ``loadavg``). Both stages
+use worker processes (stats: one per core decoding row groups; synth: a writer process encoding
+Parquet): CPU seconds include those children, and their largest peak RSS is reported separately.
 """
 from __future__ import annotations
 
@@ -28,20 +30,32 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def children_peak_rss_mb() -> float:
+    """Largest peak RSS of the finished child processes (worker / writer processes)."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its finished children."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def stats_child(trace: str, repeats: int) -> dict:
     from traces.stats import compute_stats
 
     walls, cpus, summary = [], [], None
     for _ in range(repeats):
-        c0, w0 = time.process_time(), time.perf_counter()
+        c0, w0 = cpu_seconds(), time.perf_counter()
         st = compute_stats(trace)
         walls.append(time.perf_counter() - w0)
-        cpus.append(time.process_time() - c0)
+        cpus.append(cpu_seconds() - c0)
         summary = st.summary()
     sel = summary["selections"]
     return {"selections": sel, "wall_s": walls, "cpu_s": cpus, "wall_s_median": statistics.median(walls),
             "selections_per_s": sel / statistics.median(walls),
             "selections_per_cpu_s": sel / statistics.median(cpus), "peak_rss_mb": peak_rss_mb(),
+            "workers": summary.get("workers"), "worker_peak_rss_mb": children_peak_rss_mb(),
             "skew_median": summary["skew_median"], "cv_median": summary["cv_median"],
             "affinity_lift_mean": summary["affinity_lift_mean"], "locality": summary["locality"],
             "drift_corr_mean": summary["drift_corr_mean"], "windows": summary["windows"]}
@@ -65,13 +79,14 @@ def main() -> int:
 
     model = load_model("kimi-k3")
     load0 = os.getloadavg()
-    c0 = time.process_time()
+    c0 = cpu_seconds()
     s = synthesize(model, SynthConfig(num_tokens=args.tokens, seed=args.seed), args.trace)
-    synth_cpu = time.process_time() - c0
+    synth_cpu = cpu_seconds() - c0
     synth = {"tokens": s["tokens"], "selections": s["selections"], "requests": s["requests"],
              "wall_s": s["seconds"], "plan_s": s["plan_seconds"], "cpu_s": synth_cpu,
              "selections_per_s": s["selections_per_s"], "selections_per_cpu_s": s["selections"] / synth_cpu,
-             "bytes": s["bytes"], "bytes_per_selection": s["bytes_per_selection"], "peak_rss_mb": peak_rss_mb()}
+             "bytes": s["bytes"], "bytes_per_selection": s["bytes_per_selection"], "peak_rss_mb": peak_rss_mb(),
+             "writer_peak_rss_mb": children_peak_rss_mb()}
     out = subprocess.run([sys.executable, __file__, "--stats-child", args.trace, "--repeats", str(args.repeats)],
                          check=True, capture_output=True, text=True, cwd=ROOT)
     stats = json.loads(out.stdout.strip().splitlines()[-1])
@@ -87,11 +102,12 @@ def main() -> int:
           f"{synth['requests']} requests (load average {load0[0]:.1f} on {os.cpu_count()} cores)")
     print(f"synth : {synth['wall_s']:.1f} s wall ({synth['plan_s']:.1f} s planning) = "
           f"{synth['selections_per_s'] / 1e6:.1f} M sel/s wall, {synth['selections_per_cpu_s'] / 1e6:.1f} M sel "
-          f"per CPU-s; peak RSS {synth['peak_rss_mb']:.0f} MB")
+          f"per CPU-s; peak RSS {synth['peak_rss_mb']:.0f} MB (writer process {synth['writer_peak_rss_mb']:.0f} MB)")
     print(f"disk  : {synth['bytes'] / 1e6:.0f} MB = {synth['bytes_per_selection']:.3f} B/selection")
     print(f"stats : median {stats['wall_s_median']:.2f} s of {args.repeats} = "
           f"{stats['selections_per_s'] / 1e6:.1f} M sel/s wall, {stats['selections_per_cpu_s'] / 1e6:.1f} M sel per "
-          f"CPU-s; peak RSS {stats['peak_rss_mb']:.0f} MB")
+          f"CPU-s on {stats['workers']} worker processes; peak RSS {stats['peak_rss_mb']:.0f} MB (workers "
+          f"{stats['worker_peak_rss_mb']:.0f} MB)")
     print(f"trace : skew median {stats['skew_median']:.2f}, CV {stats['cv_median']:.2f}, affinity lift "
           f"{stats['affinity_lift_mean']:.2f}, locality {stats['locality']:.3f}, window drift corr "
           f"{stats['drift_corr_mean']:.3f}")

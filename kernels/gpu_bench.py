@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kernels.bench import _median_time
 from kernels.moe import sort_by_destination
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -39,14 +39,7 @@ def _timer(device: torch.device):
                 ts.append(start.elapsed_time(end) / 1e3)
             return float(np.median(ts))
     else:
-        def run(fn, reps):
-            fn()
-            ts = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
-            return float(np.median(ts))
+        run = _median_time
     return run
 
 

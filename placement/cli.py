@@ -14,7 +14,7 @@ from traces.errors import MoeplaceError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import placement.commands as commands
+    from placement import commands
 
     parser = argparse.ArgumentParser(
         prog="place", description="moeplace: routing traces, expert placement, cluster simulation for huge MoE models")

@@ -102,7 +102,7 @@ class TraceWriter:
         self._num_files = 0
         self.rows_written = 0
 
-    def __enter__(self) -> TraceWriter:
+    def __enter__(self) -> TraceWriter:  # noqa: PYI034 - final class, not meant to be subclassed
         self._tmp = self._ctx.__enter__()
         return self
 

@@ -303,6 +303,19 @@ class ModelSpec:
             raise InputError(f"model spec {source or d.get('name', '?')}: invalid ({exc})") from None
 
 
+def format_ranges(xs) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"`` (layer lists in messages and tables)."""
+    xs = list(xs)
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
 def total_minus(breakdown: dict[str, int], keys: tuple[str, ...]) -> int:
     return sum(v for k, v in breakdown.items() if k not in keys)
 
@@ -359,7 +372,7 @@ def from_hf_config(cfg: dict[str, Any], *, source: str = "config.json", name: st
         cfg = {**cfg["text_config"]}
         cfg.setdefault("quantization_config", outer.get("quantization_config"))
     mt = str(cfg.get("model_type", ""))
-    g = lambda *n, **kw: _get(cfg, *n, path=source, **kw)  # noqa: E731
+    g = lambda *n, **kw: _get(cfg, *n, path=source, **kw)
     L = int(g("num_hidden_layers"))
     hidden = int(g("hidden_size"))
     expert_dtype = weight_dtype = "bf16"
@@ -409,19 +422,19 @@ def from_hf_config(cfg: dict[str, Any], *, source: str = "config.json", name: st
                             full_rank_gate="routed_expert_hidden_size" in cfg)
             attention = ["kda" if t == "linear_attention" else "mla" for t in cfg["layer_types"]]
         shared = int(g("n_shared_experts", "num_shared_experts", default=0, required=False))
-        spec = dict(
-            num_experts=E, top_k=k, moe_layers=moe,
-            moe_intermediate_size=int(g("moe_intermediate_size")),
-            expert_hidden_size=int(g("routed_expert_hidden_size", default=hidden, required=False)),
-            num_shared_experts=shared,
-            shared_intermediate_size=int(g("moe_intermediate_size")),
-            dense_intermediate_size=int(g("intermediate_size")),
+        spec = {
+            "num_experts": E, "top_k": k, "moe_layers": moe,
+            "moe_intermediate_size": int(g("moe_intermediate_size")),
+            "expert_hidden_size": int(g("routed_expert_hidden_size", default=hidden, required=False)),
+            "num_shared_experts": shared,
+            "shared_intermediate_size": int(g("moe_intermediate_size")),
+            "dense_intermediate_size": int(g("intermediate_size")),
             # transformers' DeepSeek-V3 / Kimi routers only score with sigmoid and drop scoring_func
-            scoring=str(g("scoring_func", default="softmax" if mt == "deepseek_v2" else "sigmoid",
+            "scoring": str(g("scoring_func", default="softmax" if mt == "deepseek_v2" else "sigmoid",
                           required=False)),
-            n_group=int(g("n_group", "num_expert_group", default=1, required=False)),
-            topk_group=int(g("topk_group", default=1, required=False)),
-        )
+            "n_group": int(g("n_group", "num_expert_group", default=1, required=False)),
+            "topk_group": int(g("topk_group", default=1, required=False)),
+        }
     elif mt in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"):
         E = int(g("num_experts", "num_local_experts"))
         k = int(g("num_experts_per_tok"))
@@ -434,13 +447,13 @@ def from_hf_config(cfg: dict[str, Any], *, source: str = "config.json", name: st
         attention = ["gqa"] * L
         expert_i = int(g("moe_intermediate_size", "intermediate_size"))
         shared_i = int(cfg.get("shared_expert_intermediate_size") or 0)
-        spec = dict(
-            num_experts=E, top_k=k, moe_layers=moe, moe_intermediate_size=expert_i,
-            expert_hidden_size=hidden, num_shared_experts=1 if shared_i else 0,
-            shared_intermediate_size=shared_i,
-            dense_intermediate_size=int(g("intermediate_size")),
-            scoring="softmax",
-        )
+        spec = {
+            "num_experts": E, "top_k": k, "moe_layers": moe, "moe_intermediate_size": expert_i,
+            "expert_hidden_size": hidden, "num_shared_experts": 1 if shared_i else 0,
+            "shared_intermediate_size": shared_i,
+            "dense_intermediate_size": int(g("intermediate_size")),
+            "scoring": "softmax",
+        }
     else:
         raise InputError(f"{source}: model_type '{mt}' is not supported (expected deepseek_v3, kimi_k2, "
                          "kimi_linear, qwen3_moe, qwen2_moe, mixtral or olmoe)")
@@ -450,7 +463,7 @@ def from_hf_config(cfg: dict[str, Any], *, source: str = "config.json", name: st
         vocab_size=int(g("vocab_size")),
         max_context=int(g("max_position_embeddings", "model_max_length", default=0, required=False) or 0),
         attention=tuple(attention), mla=mla, kda=kda, gqa=gqa,
-        expert_dtype=expert_dtype, weight_dtype=weight_dtype if weight_dtype != "fp8_block128" else weight_dtype,
+        expert_dtype=expert_dtype, weight_dtype=weight_dtype,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         hf_model_type=mt, source=source, **spec,
     )

@@ -2,8 +2,11 @@
 needs to know about the routing (skew, drift, inter-layer affinity, temporal locality, domain mix) and
 a seeded token sample for co-activation objectives.
 
-One pass over the Parquet row groups (pyarrow, decoded on a prefetch thread while the previous group
-is counted); memory is bounded by one row group, the per-window counts and the sample — never by the
+One pass over the Parquet row groups (pyarrow): each row group is decoded and reduced to a partial
+(its windows' counts, requests, domain rows, sample candidates) by one of ``workers`` forked processes
+— one per core for big traces, so decoding and counting run on every core without sharing a GIL — and
+the partials merge in trace order, so the result does not depend on the number of workers. Memory is
+bounded by a few row groups per process, the per-window counts and the sample — never by the
 trace. **Windows** are by tokens in file (step) order: window ``w`` holds rows
 ``[w * W * L, (w + 1) * W * L)`` (``W`` = window tokens, ``L`` = MoE layers), i.e. exactly ``W`` tokens
 when each token has its ``L`` rows, as ``place trace synth`` and captures write them.
@@ -26,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +47,7 @@ DEFAULT_WINDOW_TOKENS = 4096
 DEFAULT_SAMPLE_TOKENS = 4096
 AFFINITY_TOP_SHARE = 0.2
 MAX_AFFINITY_PAIRS = 8  # adjacent layer pairs evaluated (evenly spaced); the statistic is a mean
+AFFINITY_COVERAGE_PAIRS = 4  # of those, the first pairs whose top-20% coverage is reported
 PARALLEL_MIN_SELECTIONS = 16_000_000  # smaller traces are read in-process (forking costs ~50 ms)
 _PASS_IDS = itertools.count()
 
@@ -189,7 +194,7 @@ def _predict_hits(counts: np.ndarray, src: np.ndarray, dst: np.ndarray, block: i
 
 
 def affinity_lift(samples: np.ndarray, num_experts: int, seed: int = 0, max_pairs: int = MAX_AFFINITY_PAIRS,
-                  max_tokens: int = 2048, coverage_pairs: int = 4
+                  max_tokens: int = 2048, coverage_pairs: int = AFFINITY_COVERAGE_PAIRS
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Inter-layer affinity of adjacent MoE layers on ``samples [N, L, k]`` (-1 = missing), for up to
     ``max_pairs`` evenly spaced pairs ``(l, l+1)``.
@@ -202,33 +207,59 @@ def affinity_lift(samples: np.ndarray, num_experts: int, seed: int = 0, max_pair
     Coverage (REFERENCE.md's "top 20% of pairs cover X%"): share of all ``k x k`` pair observations in the
     top 20% of the ``E^2`` cells, actual vs permuted, on the first ``coverage_pairs`` pairs (NaN after).
     Returns ``(pairs, lift, coverage, coverage_permuted)``, arrays ``[P]``."""
+    jobs = affinity_jobs(samples, seed, max_pairs, max_tokens)
+    results = [affinity_pair(samples[:, li:li + 2], num_experts, train, test, perm, i < coverage_pairs)
+               for i, (li, train, test, perm) in enumerate(jobs)]
+    return _affinity_arrays(jobs, results)
+
+
+def affinity_jobs(samples: np.ndarray, seed: int = 0, max_pairs: int = MAX_AFFINITY_PAIRS,
+                  max_tokens: int = 2048) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """The random part of :func:`affinity_lift`, drawn in pair order: per evaluated pair ``(l, l+1)`` of
+    ``samples [N, L, k]``, ``(l, train, test, perm)`` (token indices; empty ``train`` when the pair has
+    too few complete tokens). The pairs are then independent (:func:`affinity_pair`)."""
     n, num_layers, _ = samples.shape
-    empty = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0))
     if n < 4 or num_layers < 2:
-        return empty
+        return []
     pairs = np.unique(np.linspace(0, num_layers - 2, min(max_pairs, num_layers - 1)).round().astype(np.int64))
     rng = np.random.default_rng([seed, 0xAFF])
-    lift, cov, cov_perm = [], [], []
-    for i, li in enumerate(pairs):
+    jobs = []
+    empty = np.zeros(0, np.int64)
+    for li in pairs:
         src_all, dst_all = samples[:, li], samples[:, li + 1]
         ok = np.flatnonzero((src_all >= 0).all(axis=1) & (dst_all >= 0).all(axis=1))
         ok = rng.permutation(ok)[:max_tokens]
         half = len(ok) // 2
         if half < 2:
-            lift.append(np.nan), cov.append(np.nan), cov_perm.append(np.nan)
+            jobs.append((int(li), empty, empty, empty))
             continue
         train, test = ok[:half], ok[half:]
-        perm = rng.permutation(train)
-        c_real = pair_counts(src_all[train], dst_all[train], num_experts)
-        c_perm = pair_counts(src_all[train], dst_all[perm], num_experts)
-        hit_perm = _predict_hits(c_perm, src_all[test], dst_all[test])
-        hit_real = _predict_hits(c_real, src_all[test], dst_all[test])
-        lift.append(hit_real / hit_perm if hit_perm > 0 else np.nan)
-        if i < coverage_pairs:
-            cov.append(top_share(c_real)), cov_perm.append(top_share(c_perm))
-        else:
-            cov.append(np.nan), cov_perm.append(np.nan)
-    return pairs, np.array(lift), np.array(cov), np.array(cov_perm)
+        jobs.append((int(li), train, test, rng.permutation(train)))
+    return jobs
+
+
+def affinity_pair(two_layers: np.ndarray, num_experts: int, train: np.ndarray, test: np.ndarray,
+                  perm: np.ndarray, coverage: bool) -> tuple[float, float, float]:
+    """Lift, coverage and permuted coverage (NaN unless ``coverage``) of one pair, from the sampled tokens'
+    experts at its two layers ``two_layers [N, 2, k]`` and the token split of :func:`affinity_jobs`."""
+    if len(train) < 2:
+        return np.nan, np.nan, np.nan
+    src_all, dst_all = two_layers[:, 0], two_layers[:, 1]
+    c_real = pair_counts(src_all[train], dst_all[train], num_experts)
+    c_perm = pair_counts(src_all[train], dst_all[perm], num_experts)
+    hit_perm = _predict_hits(c_perm, src_all[test], dst_all[test])
+    hit_real = _predict_hits(c_real, src_all[test], dst_all[test])
+    lift = hit_real / hit_perm if hit_perm > 0 else np.nan
+    if coverage:
+        return lift, top_share(c_real), top_share(c_perm)
+    return lift, np.nan, np.nan
+
+
+def _affinity_arrays(jobs, results) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    if not jobs:
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0)
+    lift, cov, cov_perm = (np.array(x) for x in zip(*results))
+    return np.array([li for li, *_ in jobs], np.int64), lift, cov, cov_perm
 
 
 def topk_overlap_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -437,9 +468,11 @@ def _reduce_group_by_id(pass_id: int, j: int) -> _Partial:
 def _num_workers(workers: int | None, num_jobs: int, total_selections: int) -> int:
     """Worker processes of a pass: ``workers`` if given, else one per usable core when the trace is big
     enough to pay for the forks (>= ~16 M selections), else 1 (in this process)."""
+    if workers is not None and workers < 1:
+        raise InputError(f"workers must be >= 1, got {workers}")
+    if "fork" not in mp.get_all_start_methods():  # workers inherit the pass by fork
+        return 1
     if workers is not None:
-        if workers < 1:
-            raise InputError(f"workers must be >= 1, got {workers}")
         return min(workers, max(num_jobs, 1))
     try:
         cores = len(os.sched_getaffinity(0))
@@ -450,11 +483,11 @@ def _num_workers(workers: int | None, num_jobs: int, total_selections: int) -> i
     return max(1, min(cores, num_jobs))
 
 
-def _partials(spec: _PassSpec, workers: int) -> Iterator[_Partial]:
-    """The row groups' partials in job (= trace) order: in this process, or from ``workers`` forked
-    processes with at most ``2 * workers`` results in flight (memory stays bounded by row groups)."""
+def _partials(spec: _PassSpec, pool: ProcessPoolExecutor | None, workers: int) -> Iterator[_Partial]:
+    """The row groups' partials in job (= trace) order: in this process, or from the ``workers`` processes
+    of ``pool`` with at most ``2 * workers`` results in flight (memory stays bounded by row groups)."""
     num_jobs = len(spec.jobs)
-    if workers <= 1 or num_jobs <= 1 or "fork" not in mp.get_all_start_methods():
+    if pool is None:
         opened: dict[Path, pq.ParquetFile] = {}
         for j in range(num_jobs):
             yield _reduce_group(spec, j, opened)
@@ -462,18 +495,28 @@ def _partials(spec: _PassSpec, workers: int) -> Iterator[_Partial]:
     pass_id = next(_PASS_IDS)
     _PASSES[pass_id] = spec
     try:
-        # fork: the workers inherit the spec (and the imported modules) at no cost; each decodes whole
-        # row groups on its own core, so decoding and counting no longer share one GIL
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as pool:
-            ahead = 2 * workers
-            futures = deque(pool.submit(_reduce_group_by_id, pass_id, j) for j in range(min(ahead, num_jobs)))
-            for j in range(num_jobs):
-                part = futures.popleft().result()
-                if j + ahead < num_jobs:
-                    futures.append(pool.submit(_reduce_group_by_id, pass_id, j + ahead))
-                yield part
+        ahead = 2 * workers
+        futures = deque(pool.submit(_reduce_group_by_id, pass_id, j) for j in range(min(ahead, num_jobs)))
+        for j in range(num_jobs):
+            part = futures.popleft().result()
+            if j + ahead < num_jobs:
+                futures.append(pool.submit(_reduce_group_by_id, pass_id, j + ahead))
+            yield part
     finally:
         _PASSES.pop(pass_id, None)
+
+
+@contextmanager
+def _worker_pool(workers: int, num_jobs: int):
+    """A pool of ``workers`` forked processes, or None (work in this process). Fork: the workers
+    inherit the pass spec and the imported modules at no cost; each decodes whole row groups on its own
+    core, so decoding and counting no longer share one GIL. Workers start on the first submit, after the
+    pass spec is registered."""
+    if workers <= 1 or num_jobs <= 1:
+        yield None
+        return
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as pool:
+        yield pool
 
 
 def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
@@ -524,32 +567,40 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     domain_ids: dict[str, int] = {}
     domain_rows: list[np.ndarray] = []  # per domain: rows per window
     requests: set[int] = set()
-    for part in _partials(spec, num_workers):
-        counts[part.w0:part.w0 + len(part.counts)] += part.counts
-        requests.update(part.requests.tolist())
-        if part.domain_rows is not None:
-            # domains numbered by first appearance in trace order, as the rows come
-            for name, rows in zip(part.domain_names, part.domain_rows):
-                d = domain_ids.setdefault(name, len(domain_ids))
-                if d == len(domain_rows):
-                    domain_rows.append(np.zeros(num_windows, np.int64))
-                domain_rows[d] += rows
-        if part.sample is not None:
-            sampler.parts.append(part.sample)
-            sampler.kept += len(part.sample[0])
+    with _worker_pool(num_workers, len(jobs)) as pool:
+        for part in _partials(spec, pool, num_workers):
+            counts[part.w0:part.w0 + len(part.counts)] += part.counts
+            requests.update(part.requests.tolist())
+            if part.domain_rows is not None:
+                # domains numbered by first appearance in trace order, as the rows come
+                for name, rows in zip(part.domain_names, part.domain_rows):
+                    d = domain_ids.setdefault(name, len(domain_ids))
+                    if d == len(domain_rows):
+                        domain_rows.append(np.zeros(num_windows, np.int64))
+                    domain_rows[d] += rows
+            if part.sample is not None:
+                sampler.parts.append(part.sample)
+                sampler.kept += len(part.sample[0])
 
-    samples, s_rid, s_pos = sampler.result(num_layers, k)
-    rows_per_layer = counts.sum(axis=(0, 2)) // k
-    num_tokens = int(rows_per_layer.max())
-    window_rows = np.minimum(rows_per_window, total_rows - np.arange(num_windows) * rows_per_window)
-    labels = tuple(f"tokens {w * window_tokens}-{w * window_tokens + int(r) // num_layers}"
-                   for w, r in enumerate(window_rows))
-    loads = Loads(counts, model, window_tokens, labels,
-                  {"kind": "trace", "path": str(path), "trace": provenance}, samples)
-    skew, cv = skew_and_cv(counts.sum(axis=0))
-    corr, js = window_drift(counts)
-    pairs, lift, cov, cov_ind = affinity_lift(samples, num_experts, seed)
-    locality, n_pairs = _locality(samples, s_rid, s_pos)
+        samples, s_rid, s_pos = sampler.result(num_layers, k)
+        # the affinity pairs (the costly statistic) on the workers while this process does the rest
+        aff_jobs = affinity_jobs(samples, seed)
+        aff_args = [(samples[:, li:li + 2], num_experts, train, test, perm, i < AFFINITY_COVERAGE_PAIRS)
+                    for i, (li, train, test, perm) in enumerate(aff_jobs)]
+        aff_futures = [pool.submit(affinity_pair, *a) for a in aff_args] if pool is not None else None
+        rows_per_layer = counts.sum(axis=(0, 2)) // k
+        num_tokens = int(rows_per_layer.max())
+        window_rows = np.minimum(rows_per_window, total_rows - np.arange(num_windows) * rows_per_window)
+        labels = tuple(f"tokens {w * window_tokens}-{w * window_tokens + int(r) // num_layers}"
+                       for w, r in enumerate(window_rows))
+        loads = Loads(counts, model, window_tokens, labels,
+                      {"kind": "trace", "path": str(path), "trace": provenance}, samples)
+        skew, cv = skew_and_cv(counts.sum(axis=0))
+        corr, js = window_drift(counts)
+        locality, n_pairs = _locality(samples, s_rid, s_pos)
+        aff_results = ([f.result() for f in aff_futures] if aff_futures is not None
+                       else [affinity_pair(*a) for a in aff_args])
+    pairs, lift, cov, cov_ind = _affinity_arrays(aff_jobs, aff_results)
     domains = tuple(sorted(domain_ids, key=domain_ids.get))
     domain_tokens = (np.stack(domain_rows, axis=1) / num_layers if domain_rows
                      else np.zeros((num_windows, 0)))

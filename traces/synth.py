@@ -488,6 +488,9 @@ class ExpertSampler:
         self.tok_span = np.uint32(self.tok_cut - self.aff_cut)
         self.table = plan.table
         self.token_experts = np.uint32(cfg.token_experts)
+        self.slot_step = np.uint32(2**32 // cfg.token_experts % 2**32)  # spacing of plan.slot_offset's rotations
+        assert np.array_equal(plan.slot_offset, plan.slot_offset[:, :1] + self.slot_step
+                              * np.arange(cfg.token_experts, dtype=np.uint32)), "slot_offset rotations"
         # start << 16 | width of every expert's interval in the shared grid: one gather per affinity draw
         self.start_width = ((plan.start.astype(np.uint32) << np.uint32(U_BITS))
                             | np.minimum(plan.width, U_SIZE - 1).astype(np.uint32))
@@ -556,7 +559,9 @@ class ExpertSampler:
             # Branch-free selects (random masks make np.where mispredict): x ^ ((x ^ y) & mask).
             # which preferred point: the low 16 bits of the source draw, scaled to [0, m)
             pick = ((comp & low) * self.token_experts) >> bits
-            tok_u = (t_start + np.take(plan.slot_offset[li], pick) + v16 * t_width) >> bits
+            # = slot_offset[li, pick]: the rotations are evenly spaced (uint32 arithmetic wraps alike)
+            offset = pick * self.slot_step + plan.slot_offset[li, 0]
+            tok_u = (t_start + offset + v16 * t_width) >> bits
             # (comp - lo) < (hi - lo) in uint32 arithmetic tests lo <= comp < hi in two passes
             mask = np.uint32(0) - ((comp - self.aff_cut) < self.tok_span).astype(np.uint32)
             u ^= (u ^ tok_u) & mask
@@ -608,32 +613,24 @@ class ExpertSampler:
         flat = np.flatnonzero(self._duplicates(e, row_key, slot_ids).ravel())
         if not len(flat):
             return e
-        r = flat // k
-        first = np.empty(len(r), bool)
-        first[0] = True
-        np.not_equal(r[1:], r[:-1], out=first[1:])
-        rows = r[first]  # distinct rows with a repeat, ascending
-        sub = e[rows]
-        sub_flat = sub.reshape(-1)
-        key = dom_key[rows, 0]
+        e_flat = e.reshape(-1)
+        key = dom_key[:, 0]
         table = self.table[li]
-        ent_row = np.cumsum(first) - 1  # row of sub of each flagged entry
-        col = flat - r * k
+        low = np.uint32(U_SIZE - 1)
         while True:
-            u = self.rng.bit_generator.random_raw(len(ent_row)).astype(np.uint32) & np.uint32(U_SIZE - 1)
-            sub_flat[ent_row * k + col] = np.take(table, key[ent_row] + u)
-            act = ent_row[first]  # rows of sub re-drawn in this round, ascending
-            flat = np.flatnonzero(self._duplicates(sub[act], row_key[:len(act)], slot_ids[:len(act)]).ravel())
-            if not len(flat):
-                break
-            r = flat // k
-            first = np.empty(len(r), bool)
+            rows = flat // k  # ascending
+            u = self.rng.bit_generator.random_raw(len(flat)).astype(np.uint32) & low
+            e_flat[flat] = np.take(table, key[rows] + u)
+            first = np.empty(len(rows), bool)
             first[0] = True
-            np.not_equal(r[1:], r[:-1], out=first[1:])
-            ent_row = act[r]
-            col = flat - r * k
-        e[rows] = sub
-        return e
+            np.not_equal(rows[1:], rows[:-1], out=first[1:])
+            act = rows[first]  # rows re-drawn in this round, ascending
+            dup = self._duplicates(e[act], row_key[:len(act)], slot_ids[:len(act)])
+            local = np.flatnonzero(dup.ravel())
+            if not len(local):
+                return e
+            lr = local // k
+            flat = act[lr] * k + (local - lr * k)
 
 
 def topk_overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from traces.errors import InputError, where
 from traces.format import META_MODEL, REQUIRED_COLUMNS, trace_files
-from traces.model import ModelSpec, spec_from_json
+from traces.model import ModelSpec, format_ranges, spec_from_json
 
 DEFAULT_MAX_PER_KIND = 5
 
@@ -252,7 +252,7 @@ def _check_row_group(
             "layer",
             lambda i: (
                 f"layer {layer[i]} is not an MoE layer of model '{model.name}' "
-                f"(MoE layers: {_ranges(model.moe_layers)})"
+                f"(MoE layers: {format_ranges(model.moe_layers)})"
             ),
         )
         good = layer[~bad]
@@ -358,16 +358,6 @@ def _check_row_group(
     return last_step, layer_counts
 
 
-def _ranges(xs) -> str:
-    xs = list(xs)
-    out, i = [], 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def _may_hold_nulls(pf: pq.ParquetFile, rg: int, name: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from traces.model import DEFAULT_MODEL, ModelSpec, load_model, preset_names
+from traces.model import DEFAULT_MODEL, ModelSpec, format_ranges, load_model, preset_names
 
 GROUP = "model"
 GROUP_HELP = "model presets and Hugging Face configs"
@@ -50,15 +50,6 @@ def model_facts(m: ModelSpec) -> dict:
     }
 
 
-def _ranges(xs: list[int]) -> str:
-    out, i = [], 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def show(args) -> int:
@@ -71,24 +62,25 @@ def show(args) -> int:
     rows = [
         ("model", f"{m.name}  ({m.source})"),
         ("parameters", f"{m.total_params / 1e12:.3f} T total, {m.active_params / 1e9:.1f} B active per token"),
-        ("layers", f"{m.num_layers} ({m.num_moe_layers} MoE: {_ranges(list(m.moe_layers))}; "
-                   f"dense: {_ranges(list(m.dense_layers)) or 'none'})"),
-        ("routed experts", f"{m.num_experts} per MoE layer, top-{m.top_k}, {m.scoring} router"
-                           + (f", {m.n_group} groups / top-{m.topk_group}" if m.n_group > 1 else ", no group limit")),
+        ("layers", (f"{m.num_layers} ({m.num_moe_layers} MoE: {format_ranges(list(m.moe_layers))}; "
+                    f"dense: {format_ranges(list(m.dense_layers)) or 'none'})")),
+        ("routed experts", (f"{m.num_experts} per MoE layer, top-{m.top_k}, {m.scoring} router"
+                            + (f", {m.n_group} groups / top-{m.topk_group}" if m.n_group > 1
+                               else ", no group limit"))),
         ("shared experts", f"{m.num_shared_experts} x intermediate {m.shared_intermediate_size}"),
-        ("expert shape", f"{m.expert_hidden_size} x {m.moe_intermediate_size} (gated MLP, "
-                         f"{m.params_per_routed_expert / 1e6:.1f} M params)"),
-        ("expert bytes", f"{m.bytes_per_routed_expert / 1e6:.2f} MB at {m.expert_dtype}; "
+        ("expert shape", (f"{m.expert_hidden_size} x {m.moe_intermediate_size} (gated MLP, "
+                         f"{m.params_per_routed_expert / 1e6:.1f} M params)")),
+        ("expert bytes", (f"{m.bytes_per_routed_expert / 1e6:.2f} MB at {m.expert_dtype}; "
                          f"{m.bytes_per_routed_expert * m.num_experts / 1e9:.2f} GB per MoE layer; "
-                         f"{m.bytes_per_routed_expert * m.num_experts * m.num_moe_layers / 1e12:.3f} TB all"),
+                         f"{m.bytes_per_routed_expert * m.num_experts * m.num_moe_layers / 1e12:.3f} TB all")),
     ]
     for kind in ("mla", "kda", "gqa"):
         layers = list(m.layers_of(kind))
         if layers:
-            rows.append((f"{kind.upper()} layers", f"{len(layers)}: {_ranges(layers)}"))
+            rows.append((f"{kind.upper()} layers", f"{len(layers)}: {format_ranges(layers)}"))
     rows += [
-        ("KV cache / token", f"{m.kv_bytes_per_token('bf16') / KiB:.2f} KiB bf16, "
-                             f"{m.kv_bytes_per_token('fp8') / KiB:.2f} KiB fp8 (attention-TP 1)"),
+        ("KV cache / token", (f"{m.kv_bytes_per_token('bf16') / KiB:.2f} KiB bf16, "
+                             f"{m.kv_bytes_per_token('fp8') / KiB:.2f} KiB fp8 (attention-TP 1)")),
         ("state / sequence", f"{m.state_bytes_per_sequence() / MiB:.1f} MiB (attention-TP 1, any length)"),
         ("1 M-token sequence", f"{m.kv_bytes_per_token('bf16') * 2**20 / GiB:.1f} GiB KV bf16"),
         ("checkpoint", f"{m.checkpoint_bytes / 1e12:.3f} TB ({m.expert_dtype} experts, {m.weight_dtype} rest)"),

@@ -8,7 +8,7 @@ from pathlib import Path
 from traces.errors import InputError
 from traces.importers import FORMATS, import_source
 from traces.importers.vllm_jsonl import DEFAULT_WARMUP_MIN_RUN, NUMBERINGS
-from traces.model import DEFAULT_MODEL, load_model
+from traces.model import DEFAULT_MODEL, format_ranges, load_model
 
 GROUP = "trace"
 GROUP_HELP = "routing traces: synth, validate, stats, import, capture"
@@ -89,18 +89,8 @@ def format_summary(s: dict, out: Path, model_name: str) -> str:
     if "layer_numbering" in s:
         lines.append(f"  layer numbering        {s['layer_numbering']}")
     cov = s.get("layers_covered", [])
-    lines.append(f"  layers covered         {len(cov)}: {_ranges(cov)}")
+    lines.append(f"  layers covered         {len(cov)}: {format_ranges(cov)}")
     lines.append(f"  throughput             {s['records_per_s']:,.0f} records/s ({s['seconds']:.2f} s)")
     return "\n".join(lines)
 
 
-def _ranges(xs) -> str:
-    xs = list(xs)
-    out, i = [], 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(out)
