@@ -19,7 +19,7 @@ st.set_page_config(page_title="moeplace", layout="wide")
 if RUN_DIR_KEY not in st.session_state:
     st.session_state[RUN_DIR_KEY] = data.default_run_dir()
 st.sidebar.text_input("Run directory", key=RUN_DIR_KEY,
-                      help="what `place demo --out DIR` wrote (traces, placements, plan, simulations)")
+                      help="what `place demo --out DIR` wrote (traces, placements, plan, simulations, sweeps)")
 
 pages = [
     st.Page(HERE / "views" / "overview.py", title="Overview", default=True),
@@ -27,5 +27,6 @@ pages = [
     st.Page(HERE / "views" / "placement.py", title="Placement"),
     st.Page(HERE / "views" / "plan.py", title="Plan"),
     st.Page(HERE / "views" / "simulate.py", title="Simulate"),
+    st.Page(HERE / "views" / "sweep.py", title="Sweep"),
 ]
 st.navigation(pages).run()

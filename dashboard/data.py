@@ -12,7 +12,9 @@ content, not their names):
 - ``place optimize --json`` output (a comparison: ``engine`` + ``rows``), e.g. ``comparison.json``;
 - ``place plan --json`` output (``per_gpu`` + ``pools``), e.g. ``plan.json``;
 - ``place simulate --out DIR`` directories (``summary.json`` + ``<label>.timeseries.parquet``), e.g. ``sim/``;
-- Loads ``.npz`` files (``place trace stats --out``), e.g. ``loads.npz``.
+- Loads ``.npz`` files (``place trace stats --out``), e.g. ``loads.npz``;
+- ``place sweep --out DIR`` directories (``frontier.json`` with ``workloads`` + ``objectives``, or a
+  ``sweep.parquet`` result table), e.g. ``runs/sweep-small/``; their ``cache/`` is not searched further.
 
 Loaders are cached with ``st.cache_data`` keyed by the path and a stamp of its files (size and mtime),
 so an artifact rewritten on disk is re-read, and a large trace is summarized once by the streaming
@@ -56,11 +58,13 @@ class RunIndex:
     plans: tuple[Path, ...] = ()
     sims: tuple[Path, ...] = ()
     loads: tuple[Path, ...] = ()
+    sweeps: tuple[Path, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def empty(self) -> bool:
-        return not (self.traces or self.placements or self.comparisons or self.plans or self.sims or self.loads)
+        return not (self.traces or self.placements or self.comparisons or self.plans or self.sims or self.loads
+                    or self.sweeps)
 
 
 def stamp(path: str | Path) -> tuple:
@@ -127,7 +131,28 @@ def _json_kind_of(path: str, size: int, mtime_ns: int) -> str | None:
             return "comparison"
         if "per_gpu" in d and "pools" in d:
             return "plan"
+        if "workloads" in d and "objectives" in d:
+            return "frontier"
     return None
+
+
+def _is_sweep_table(path: Path) -> bool:
+    """A ``place sweep`` result table (``placement.sweep.store.SCHEMA``: a point hash and a status per row)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        names = set(pq.read_schema(path).names)
+    except (pa.ArrowException, OSError):
+        return True  # a damaged sweep.parquet still marks a sweep directory: the Sweep page reports it
+    return {"point_hash", "status", "reason"} <= names
+
+
+def _is_sweep_dir(d: Path, files: list[str]) -> bool:
+    """What ``place sweep --out`` writes: its ``frontier.json`` (by content) or ``sweep.parquet`` table."""
+    if "frontier.json" in files and _json_kind(d / "frontier.json") == "frontier":
+        return True
+    return "sweep.parquet" in files and _is_sweep_table(d / "sweep.parquet")
 
 
 def scan_run_dir(root: str | Path) -> RunIndex:
@@ -138,7 +163,8 @@ def scan_run_dir(root: str | Path) -> RunIndex:
         raise InputError(f"{root}: no such directory (make one with `place demo --out {root}`)")
     if not root.is_dir():
         raise InputError(f"{root}: not a directory (give the directory `place demo --out` wrote)")
-    found: dict[str, list[Path]] = {k: [] for k in ("traces", "placements", "comparisons", "plans", "sims", "loads")}
+    found: dict[str, list[Path]] = {k: [] for k in ("traces", "placements", "comparisons", "plans", "sims", "loads",
+                                                    "sweeps")}
     notes: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         d = Path(dirpath)
@@ -146,6 +172,11 @@ def scan_run_dir(root: str | Path) -> RunIndex:
         files = sorted(f for f in filenames if not f.startswith("."))
         if "summary.json" in files and any(f.endswith(".timeseries.parquet") for f in files):
             found["sims"].append(d)
+            dirnames[:] = []
+            continue
+        if _is_sweep_dir(d, files):
+            # its cache/ holds the sweep's own traces and placements: part of the sweep, not of the run
+            found["sweeps"].append(d)
             dirnames[:] = []
             continue
         parquet = [d / f for f in files if f.endswith(".parquet")]
@@ -164,7 +195,7 @@ def scan_run_dir(root: str | Path) -> RunIndex:
                 kind = _json_kind(p)
                 if kind == "unreadable":
                     notes.append(f"{p}: not readable JSON; skipped")
-                elif kind is not None:
+                elif kind is not None and kind != "frontier":  # a frontier outside its sweep directory
                     found[kind + "s"].append(p)
     # place simulate records the trace it replayed; the demo may keep the trace outside the run dir.
     for s in found["sims"]:
@@ -477,3 +508,74 @@ def sim_table_rows() -> list[tuple[str, str, str]]:
     from sim.results import ROWS
 
     return list(ROWS)
+
+
+# ---------------------------------------------------------------------------- sweep
+def _require(cond: bool, where_: str, what: str) -> None:
+    if not cond:
+        raise InputError(f"{where_}: expected {what} (written by `place sweep --out`)")
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _sweep_frontier(path: str, stamp_: tuple) -> dict[str, Any]:
+    """``OUT/frontier.json`` of a sweep directory (``placement.sweep.frontier.frontier_report`` plus the
+    run's ``recommended_launch``), checked against that schema; raises :class:`InputError` naming the
+    file and field when it is missing or does not match."""
+    from placement.sweep.frontier import FRONTIER_VERSION
+
+    f = Path(path) / "frontier.json"
+    if not f.exists():
+        raise InputError(f"{f}: missing (the sweep has not finished; rerun `place sweep SPEC --out {path}` "
+                         "to resume it)")
+    rep = _json(str(f), stamp(f))
+    _require(isinstance(rep, dict), str(f), "a JSON object")
+    _require(rep.get("version") == FRONTIER_VERSION, f"{f}: field 'version'",
+             f"{FRONTIER_VERSION}, found {rep.get('version')!r}")
+    ws = rep.get("workloads")
+    _require(isinstance(ws, dict), f"{f}: field 'workloads'", "an object of workloads")
+    for name, w in ws.items():
+        at = f"{f}: workloads.{name}"
+        _require(isinstance(w, dict), at, "an object")
+        for key in ("points", "frontier"):
+            _require(isinstance(w.get(key), list) and all(isinstance(r, dict) for r in w[key]),
+                     f"{at}.{key}", "a list of point objects")
+        for key in ("points", "frontier"):
+            for i, r in enumerate(w[key]):
+                miss = [c for c in ("index", "label", "gpus", "output_tok_s", "tpot_p99_s", "on_frontier")
+                        if c not in r]
+                _require(not miss, f"{at}.{key}[{i}]", f"fields {', '.join(miss)}")
+        _require(w.get("recommended") is None or isinstance(w["recommended"], dict), f"{at}.recommended",
+                 "a point object or null")
+    launch = rep.get("recommended_launch", {})
+    _require(isinstance(launch, dict), f"{f}: field 'recommended_launch'", "an object per workload")
+    return rep
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _sweep_table(path: str, stamp_: tuple) -> pl.DataFrame:
+    """``OUT/sweep.parquet``: every point of the sweep with its status, stage and reason."""
+    f = Path(path) / "sweep.parquet"
+    if not f.exists():
+        raise InputError(f"{f}: missing (the sweep has not finished; rerun `place sweep SPEC --out {path}` "
+                         "to resume it)")
+    try:
+        df = pl.read_parquet(f)
+    except Exception as exc:  # noqa: BLE001  polars raises several types for damaged files
+        raise InputError(f"{f}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    miss = [c for c in ("index", "label", "workload", "status", "stage", "reason") if c not in df.columns]
+    if miss:
+        raise InputError(f"{f}: columns {', '.join(miss)} missing (written by `place sweep --out`)")
+    return df
+
+
+def _sweep_stamp(path) -> tuple:
+    d = Path(path)
+    return stamp(d / "frontier.json") + stamp(d / "sweep.parquet")  # not the cache/: it only grows
+
+
+def sweep_frontier(path) -> dict[str, Any]:
+    return _sweep_frontier(str(path), _sweep_stamp(path))
+
+
+def sweep_table(path) -> pl.DataFrame:
+    return _sweep_table(str(path), _sweep_stamp(path))

@@ -1,7 +1,8 @@
 """A small run directory for the dashboard tests (tests/test_dashboard*.py), made with the same library
 calls and CLI commands ``place demo`` chains: a synthetic trace of a mini K3-shaped model, placements
-and the ``place optimize --json`` comparison, a ``place plan --json`` file and a ``place simulate --out``
-directory. Not a test file."""
+and the ``place optimize --json`` comparison, a ``place plan --json`` file, a ``place simulate --out``
+directory and a ``place sweep --out`` directory (``runs/sweep-small``, tests/data/sweep-small.yaml: 7 points,
+3 simulated, about 7 s). Not a test file."""
 from __future__ import annotations
 
 import contextlib
@@ -20,6 +21,8 @@ from traces.synth import SynthConfig, synthesize
 NUM_GPUS = 16  # two nodes of 8 H200
 NUM_REDUNDANT = 16
 WINDOW_TOKENS = 1024
+SWEEP_SPEC = Path(__file__).resolve().parent / "data" / "sweep-small.yaml"
+SWEEP_DIR = "runs/sweep-small"
 
 
 def mini_k3() -> ModelSpec:
@@ -64,4 +67,5 @@ def make_run_dir(root: Path, *, tokens: int = 6000) -> Path:
     _place("simulate", str(root / "traces"), "--placement", str(root / "placements" / "moeplace.json"),
            "--placement", str(root / "placements" / "linear.json"), "--gpus", str(NUM_GPUS), "--attention-tp", "8",
            "--concurrency", "16", "--duration", "0.25", "--max-seqs", "32", "--out", str(root / "sim"), "--no-progress")
+    _place("sweep", str(SWEEP_SPEC), "--local", "--workers", "2", "--quiet", "--out", str(root / SWEEP_DIR))
     return root

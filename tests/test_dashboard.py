@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dashkit import NUM_GPUS, make_run_dir
+from dashkit import NUM_GPUS, SWEEP_DIR, make_run_dir
 from streamlit.testing.v1 import AppTest
 
 from placement.cluster import make_cluster
@@ -63,12 +63,12 @@ def test_overview_counts_the_artifacts(run_dir):
     assert at.title[0].value == "moeplace"
     counts = {m.label: m.value for m in at.metric}
     assert counts == {"Traces": "1", "Placements": "3", "Comparisons": "1", "Plans": "1", "Simulations": "1",
-                      "Loads": "0"}
+                      "Loads": "0", "Sweeps": "1"}
     paths = set(at.dataframe[0].value["path"])
     assert {"traces", "placements/moeplace.json", "comparison.json", "plan.json", "sim"} <= paths
 
 
-@pytest.mark.parametrize("page", [None, "traces", "placement", "plan", "simulate"])
+@pytest.mark.parametrize("page", [None, "traces", "placement", "plan", "simulate", "sweep"])
 def test_missing_run_dir_is_an_error_message_on_every_page(tmp_path, page):
     at = open_page(tmp_path / "nope", page)
     assert not at.exception
@@ -331,4 +331,101 @@ def test_scan_finds_artifacts_by_content_and_follows_the_simulated_trace(run_dir
     assert [p.name for p in idx.placements] == ["eplb.json", "linear.json", "moeplace.json"]
     assert [p.name for p in idx.comparisons] == ["comparison.json"] and [p.name for p in idx.plans] == ["plan.json"]
     assert [p.name for p in idx.sims] == ["sim"] and idx.loads == ()
+    # the sweep directory, and nothing from its cache/ (its own traces and placements) among the run's artifacts
+    assert idx.sweeps == (run / SWEEP_DIR,)
     assert any("broken.json" in n for n in idx.notes)
+
+
+# ---------------------------------------------------------------------------- sweep
+def chart_data(at: AppTest, i: int = 0) -> list:
+    """The data frames of the i-th Altair chart on the page (decoded from the Arrow datasets it sends)."""
+    import pyarrow as pa
+
+    proto = at.get("vega_lite_chart")[i].proto
+    return [pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in proto.datasets]
+
+
+def test_sweep_page_shows_the_frontier_and_the_recommended_deployment(run_dir):
+    import polars as pl
+
+    from placement.sweep.frontier import pareto_mask
+
+    sweep = run_dir / SWEEP_DIR
+    rep = json.loads((sweep / "frontier.json").read_text())
+    table = pl.read_parquet(sweep / "sweep.parquet")
+    at = open_page(run_dir, "sweep")
+    no_failures(at)
+    assert at.title[0].value == "Sweep"
+    assert at.selectbox(key="sweep_dir").value == SWEEP_DIR
+    w = rep["workloads"]["chat"]
+    assert [h.value for h in at.header] == ["Workload chat"]
+    assert metric(at, "Points") == "7" and metric(at, "ok") == "3" and metric(at, "infeasible") == "2"
+    # the scatter: every simulated point at (GPUs, output tok/s), coloured by p99 TPOT, frontier marked
+    points = next(d for d in chart_data(at) if "frontier" in d.columns)
+    assert len(points) == len(w["points"]) == 3
+    assert points["output tok/s"].tolist() == [r["output_tok_s"] for r in w["points"]]
+    assert points["p99 TPOT ms"].tolist() == pytest.approx([r["tpot_p99_s"] * 1e3 for r in w["points"]])
+    marked = (points["frontier"] == "on the frontier").tolist()
+    assert marked == [r["on_frontier"] for r in w["points"]]
+    assert marked == pareto_mask(points["GPUs"], points["output tok/s"], points["p99 TPOT ms"]).tolist()
+    # the frontier table: the frontier points of the file, in its order, TPOT in ms
+    front = next(d.value for d in at.dataframe if "TPOT p99 ms" in d.value.columns)
+    assert front["#"].tolist() == [r["index"] for r in w["frontier"]]
+    assert front["output tok/s"].tolist() == [r["output_tok_s"] for r in w["frontier"]]
+    assert front["TPOT p99 ms"].tolist() == pytest.approx([r["tpot_p99_s"] * 1e3 for r in w["frontier"]])
+    # the recommendation and its launch command
+    best = w["recommended"]
+    assert best is not None and best["on_frontier"]
+    assert at.success[0].value.startswith(f"#{best['index']} {best['label']}")
+    assert metric(at, "GPUs") == str(best["gpus"]) == "8"
+    assert metric(at, "p99 TPOT") == f"{best['tpot_p99_s'] * 1e3:.1f} ms"
+    launch = rep["recommended_launch"]["chat"]
+    assert [c.value for c in at.code] == [launch["command"].rstrip("\n")]
+    assert "vllm serve" in launch["command"] and "--data-parallel-size 8" in launch["command"]
+    # the points not simulated, with the reason (tests/data/sweep-small.yaml: 2 do not fit, TP3, EP4)
+    rest = next(d.value for d in at.dataframe if list(d.value.columns) == ["index", "label", "status", "stage",
+                                                                            "reason"])
+    assert rest["index"].tolist() == [0, 1, 5, 6]
+    assert rest["status"].tolist() == ["infeasible", "infeasible", "invalid", "unsupported"]
+    expected = table.filter(pl.col("status") != "ok").sort("index")["reason"].to_list()
+    assert rest["reason"].tolist() == expected and all(expected)
+    assert "does not divide" in expected[2]
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("garbage", "frontier.json: not readable JSON"),
+    ("no_points", "workloads.chat.points: expected a list of point objects"),
+    ("old_version", "field 'version': expected 1"),
+    ("missing", "frontier.json: missing (the sweep has not finished"),
+])
+def test_corrupt_or_missing_frontier_json_is_an_error_message(run_dir, tmp_path, damage, needle):
+    run = copy_run(run_dir, tmp_path)
+    f = run / SWEEP_DIR / "frontier.json"
+    rep = json.loads(f.read_text())
+    if damage == "garbage":
+        f.write_text('{"version": 1, "workloads": {"chat": [')
+    elif damage == "no_points":
+        del rep["workloads"]["chat"]["points"]
+        f.write_text(json.dumps(rep))
+    elif damage == "old_version":
+        rep["version"] = 0
+        f.write_text(json.dumps(rep))
+    else:
+        f.unlink()
+    at = open_page(run, "sweep")
+    assert not at.exception, [e.value for e in at.exception]
+    # the sweep is still found (by its sweep.parquet) and its frontier file is reported, not plotted
+    assert at.selectbox(key="sweep_dir").value == SWEEP_DIR
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and needle in errors[0] and str(f) in errors[0], errors
+    assert not at.get("vega_lite_chart") and not at.code
+
+
+def test_corrupt_sweep_table_is_an_error_but_the_frontier_still_shows(run_dir, tmp_path):
+    run = copy_run(run_dir, tmp_path)
+    t = run / SWEEP_DIR / "sweep.parquet"
+    t.write_bytes(t.read_bytes()[: t.stat().st_size // 2])
+    at = open_page(run, "sweep")
+    assert not at.exception
+    assert any("sweep.parquet: not a readable Parquet file" in e.value for e in at.error)
+    assert len(at.get("vega_lite_chart")) == 1 and len(at.code) == 1

@@ -33,6 +33,8 @@ PAGES = {
                                 "Download"], 6),
     "simulate": ("Simulate", ["Latency CDFs", "Throughput over time", "Pool occupancy over time",
                               "Straggler time per MoE layer"], 6),
+    "sweep": ("Sweep", ["Workload chat", "Pareto frontier", "Recommended deployment", "vllm serve",
+                        "Points not simulated", "infeasible"], 1),
 }
 
 HAVE_BROWSER = os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)

@@ -279,6 +279,16 @@ def _token_hash(request_id: np.ndarray, pair: np.ndarray, seed: int) -> np.ndarr
 
 
 # ---------------------------------------------------------------------------- the streaming pass
+def _sample_candidates(rid, pos, li, experts, seed: int, threshold: int) -> tuple[np.ndarray, ...] | None:
+    """The rows of a batch whose token hash is under the sketch's threshold: ``(hash, request id,
+    position, MoE layer index, experts)``, or None."""
+    h = _token_hash(rid, pos >> 1, seed)
+    sel = np.flatnonzero(h <= np.uint64(threshold))
+    if not len(sel):
+        return None
+    return h[sel], rid[sel].astype(np.int64), pos[sel].astype(np.int64), li[sel].astype(np.int16), experts[sel]
+
+
 class _Sampler:
     """Bottom-N sketch of tokens by hash, over rows streamed in any order."""
 
@@ -292,14 +302,16 @@ class _Sampler:
         self.kept = 0
 
     def add(self, rid, pos, li, experts) -> None:
-        if self.n <= 0:
-            return
-        h = _token_hash(rid, pos >> 1, self.seed)
-        sel = np.flatnonzero(h <= self.threshold)
-        if len(sel):
-            self.parts.append((h[sel], rid[sel].astype(np.int64), pos[sel].astype(np.int64),
-                               li[sel].astype(np.int16), experts[sel].copy()))
-            self.kept += len(sel)
+        """Keep the candidate rows of a batch (request ids, positions, MoE layer indices ``[n]``,
+        experts ``[n, k]``)."""
+        if self.n > 0:
+            self.add_candidates(_sample_candidates(rid, pos, li, experts, self.seed, int(self.threshold)))
+
+    def add_candidates(self, part: tuple[np.ndarray, ...] | None) -> None:
+        """Keep rows already selected by :func:`_sample_candidates` (e.g. in a worker process)."""
+        if part is not None:
+            self.parts.append(part)
+            self.kept += len(part[0])
 
     def result(self, num_layers: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``samples`` int32 ``[N, L, k]`` (-1 where a layer is missing) in (request, position) order,
@@ -451,13 +463,8 @@ def _reduce_group(spec: _PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -
         win_rows = np.arange(row0, row0 + n, dtype=np.int64) // rpw
         gd = codes.astype(np.int64) * spec.num_windows + win_rows
         per = np.bincount(gd, minlength=len(names) * spec.num_windows).reshape(-1, spec.num_windows)
-    sample = None
-    if spec.sample_tokens > 0:
-        h = _token_hash(rid, pos >> 1, spec.seed)
-        sel = np.flatnonzero(h <= np.uint64(spec.sample_threshold))
-        if len(sel):
-            sample = (h[sel], rid[sel].astype(np.int64), pos[sel].astype(np.int64), li[sel].astype(np.int16),
-                      experts[sel].copy())
+    sample = (_sample_candidates(rid, pos, li, experts, spec.seed, spec.sample_threshold)
+              if spec.sample_tokens > 0 else None)
     return _Partial(w0, counts, requests, names, per, sample)
 
 
@@ -470,8 +477,8 @@ def _num_workers(workers: int | None, num_jobs: int, total_selections: int) -> i
     enough to pay for the forks (>= ~16 M selections), else 1 (in this process)."""
     if workers is not None and workers < 1:
         raise InputError(f"workers must be >= 1, got {workers}")
-    if "fork" not in mp.get_all_start_methods():  # workers inherit the pass by fork
-        return 1
+    if "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:
+        return 1  # workers inherit the pass by fork; a daemonic process may not have children
     if workers is not None:
         return min(workers, max(num_jobs, 1))
     try:
@@ -578,9 +585,7 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                     if d == len(domain_rows):
                         domain_rows.append(np.zeros(num_windows, np.int64))
                     domain_rows[d] += rows
-            if part.sample is not None:
-                sampler.parts.append(part.sample)
-                sampler.kept += len(part.sample[0])
+            sampler.add_candidates(part.sample)
 
         samples, s_rid, s_pos = sampler.result(num_layers, k)
         # the affinity pairs (the costly statistic) on the workers while this process does the rest

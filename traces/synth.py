@@ -546,10 +546,6 @@ class ExpertSampler:
             row_stride = num_layers * k
         for li in range(num_layers):
             table = self.table[li]
-            if nb >= 512:
-                # The layer's table (~0.8 MB) is cold (the other layers' tables evicted it): one sequential
-                # read pulls it into cache, ~2x cheaper than the misses of the random gathers below.
-                np.bitwise_or.reduce(table.view(np.uint64))
             # one 64-bit draw per selection: its halves pick the source and the point
             raw = self.rng.bit_generator.random_raw(nb * k).view(np.uint32)
             comp = raw[: nb * k].reshape(nb, k)
@@ -571,9 +567,14 @@ class ExpertSampler:
                 mask = np.uint32(0) - ((comp - self.copy_cut) < self.aff_span).astype(np.uint32)
                 u ^= (u ^ aff_u) & mask
                 # affinity draws read the shared grid; base and token draws their domain's layout
-                e = np.take(table, (dom_key ^ ((dom_key ^ shared_key) & mask)) + u)
+                u += dom_key ^ ((dom_key ^ shared_key) & mask)
             else:
-                e = np.take(table, dom_key + u)
+                u += dom_key
+            if nb >= 512:
+                # The layer's table (~0.8 MB) is cold (the other layers' tables evicted it): one sequential
+                # read just before the random gather pulls it into cache, ~2x cheaper than the misses.
+                np.bitwise_or.reduce(table.view(np.uint64))
+            e = np.take(table, u)
             if self.copy_cut:
                 flat = np.flatnonzero(((comp < self.copy_cut) & can_copy).ravel())
                 if len(flat):
@@ -598,11 +599,18 @@ class ExpertSampler:
             big[r0:r0 + nb, li, :] = e
             prev_e = e
 
-    def _duplicates(self, e: np.ndarray, row_key, slot_ids) -> np.ndarray:
+    def _duplicates(self, e: np.ndarray, row_key, slot_ids, tile: int = 512) -> np.ndarray:
         """bool [n, k]: entries repeating an expert of a later slot of the same row."""
-        flat = row_key + e
-        self._scratch[flat] = slot_ids  # the last slot of each repeated expert wins
-        return self._scratch[flat] != slot_ids
+        n = len(e)
+        if n <= tile:
+            flat = row_key[:n] + e
+            self._scratch[flat] = slot_ids[:n]  # the last slot of each repeated expert wins
+            return self._scratch[flat] != slot_ids[:n]
+        # tiles of rows reuse one cache-sized part of the scratch
+        out = np.empty(e.shape, bool)
+        for t0 in range(0, n, tile):
+            out[t0:t0 + tile] = self._duplicates(e[t0:t0 + tile], row_key, slot_ids, tile)
+        return out
 
     def _dedup(self, li: int, e: np.ndarray, dom_key, row_key, slot_ids) -> np.ndarray:
         """Re-draw repeated experts within a row from the base source until every row is distinct.
@@ -999,8 +1007,8 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
     sink = _TraceSink(model, cfg, plan.domains)
     num_tokens = 0
     requests: set[int] = set()
-    if writer_process is None:
-        writer_process = "fork" in mp.get_all_start_methods()
+    if writer_process is None:  # a daemonic process (a multiprocessing.Pool worker) may not have children
+        writer_process = "fork" in mp.get_all_start_methods() and not mp.current_process().daemon
     if writer_process:
         # a flushed batch holds at least chunk_tokens and less than one more engine iteration
         wp = _WriterProcess(Path(out), model, cfg, provenance, sink,

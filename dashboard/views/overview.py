@@ -18,6 +18,7 @@ kinds = [
     ("Plans", idx.plans, "place plan --json output", "Plan"),
     ("Simulations", idx.sims, "place simulate --out directory", "Simulate"),
     ("Loads", idx.loads, "Loads .npz files", "Placement"),
+    ("Sweeps", idx.sweeps, "place sweep --out directory", "Sweep"),
 ]
 cols = st.columns(len(kinds))
 for col, (name, paths, _, _) in zip(cols, kinds):
@@ -31,5 +32,6 @@ for page, title, what in (
         ("traces", "Traces", "expert-load heatmap, skew, drift, inter-layer affinity, domain mix, validation"),
         ("placement", "Placement", "policies per layer, GPU loads with replicas, balance vs traffic, downloads"),
         ("plan", "Plan", "per-GPU memory, concurrency vs context length, the pool that is the ceiling"),
-        ("simulate", "Simulate", "TTFT/TPOT CDFs, throughput and pool occupancy over time, straggler time per layer")):
+        ("simulate", "Simulate", "TTFT/TPOT CDFs, throughput and pool occupancy over time, straggler time per layer"),
+        ("sweep", "Sweep", "Pareto frontier of GPUs vs throughput vs p99 TPOT, the recommended deployment")):
     st.page_link(f"views/{page}.py", label=f"**{title}**: {what}")
