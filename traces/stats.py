@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import mmap
 import multiprocessing as mp
 import os
 import time
@@ -138,27 +139,33 @@ def skew_and_cv(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return c.max(axis=-1) / mean, c.std(axis=-1) / mean
 
 
-def window_drift(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def window_drift(counts: np.ndarray, chunk: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """Drift between consecutive windows of ``counts [W, L, E]``: mean over layers of the Pearson
     correlation and of the Jensen-Shannon divergence (natural log, in [0, ln 2]) of the load vectors.
-    Returns two float arrays ``[W-1]``; layers without load in either window are skipped."""
+    Returns two float arrays ``[W-1]``; layers without load in either window are skipped. Computed
+    ``chunk`` window pairs at a time (the float temporaries of a whole long trace would be large; every
+    reduction is per (window, layer) row, so the result does not depend on ``chunk``)."""
     if counts.shape[0] < 2:
         return np.zeros(0), np.zeros(0)
-    c = counts.astype(np.float64)
-    a, b = c[:-1], c[1:]
-    ac = a - a.mean(axis=-1, keepdims=True)
-    bc = b - b.mean(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        corr = (ac * bc).sum(-1) / np.sqrt((ac**2).sum(-1) * (bc**2).sum(-1))
-        p = a / a.sum(-1, keepdims=True)
-        q = b / b.sum(-1, keepdims=True)
-        m = (p + q) / 2
+    corrs, jss = [], []
+    for w0 in range(0, counts.shape[0] - 1, chunk):
+        c = counts[w0:w0 + chunk + 1].astype(np.float64)
+        a, b = c[:-1], c[1:]
+        ac = a - a.mean(axis=-1, keepdims=True)
+        bc = b - b.mean(axis=-1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            corr = (ac * bc).sum(-1) / np.sqrt((ac**2).sum(-1) * (bc**2).sum(-1))
+            p = a / a.sum(-1, keepdims=True)
+            q = b / b.sum(-1, keepdims=True)
+            m = (p + q) / 2
 
-        def kl(x, y):
-            return np.where(x > 0, x * np.log(np.where(x > 0, x, 1) / np.where(y > 0, y, 1)), 0.0).sum(-1)
+            def kl(x, y):
+                return np.where(x > 0, x * np.log(np.where(x > 0, x, 1) / np.where(y > 0, y, 1)), 0.0).sum(-1)
 
-        js = (kl(p, m) + kl(q, m)) / 2
-    return np.nanmean(corr, axis=1), np.nanmean(js, axis=1)
+            js = (kl(p, m) + kl(q, m)) / 2
+            corrs.append(np.nanmean(corr, axis=1))
+            jss.append(np.nanmean(js, axis=1))
+    return np.concatenate(corrs), np.concatenate(jss)
 
 
 def top_share(counts: np.ndarray, share: float = AFFINITY_TOP_SHARE) -> float:
@@ -320,7 +327,11 @@ class _Sampler:
             return np.full((0, num_layers, k), -1, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
         h, rid, pos, li, ex = (np.concatenate(x) for x in zip(*self.parts))
         # distinct tokens by (request, position); their unit hash decides; the N smallest units win
-        order = np.lexsort((pos, rid))
+        if len(rid) and rid.min() >= 0 and rid.max() < 2**32 and pos.min() >= 0 and pos.max() < 2**31:
+            # one stable sort of an order-preserving combined key: the permutation of the lexsort below
+            order = np.argsort((rid << 31) | pos, kind="stable")
+        else:
+            order = np.lexsort((pos, rid))
         rid, pos, li, ex, h = rid[order], pos[order], li[order], ex[order], h[order]
         new = np.ones(len(rid), bool)
         new[1:] = (rid[1:] != rid[:-1]) | (pos[1:] != pos[:-1])
@@ -369,17 +380,19 @@ class _PassSpec:
     sample_tokens: int
     sample_threshold: int
     seed: int
+    # [workers, windows, L, E] in shared memory: worker i adds its row groups' counts into [i] (no transfer)
+    shared_counts: np.ndarray | None = None
 
 
 @dataclass
 class _Partial:
     """The reduction of one row group: counts of the windows ``[w0, w0 + len(counts))`` it touches
-    (int64 ``[nw, L, E]``), its distinct request ids, its domain names (dictionary order) with rows per
+    (int64 ``[nw, L, E]``; None when added to the worker's shared counts), its distinct request ids, its domain names (dictionary order) with rows per
     (name, window) ``[D_g, num_windows]``, and its sample candidates (hash, request, position, MoE layer
     index, experts) — everything merges by addition / union / concatenation in job order."""
 
     w0: int
-    counts: np.ndarray
+    counts: np.ndarray | None
     requests: np.ndarray
     domain_names: list[str]
     domain_rows: np.ndarray | None
@@ -388,6 +401,27 @@ class _Partial:
 
 _PASSES: dict[int, _PassSpec] = {}  # pass id -> spec; forked workers inherit it
 _WORKER_OPEN: dict[Path, pq.ParquetFile] = {}  # in a forked worker (lives for one pass): files it opened
+_WORKER_SLOT: list[int | None] = [None]  # in a forked worker: its index into the pass's shared counts
+
+
+def _init_worker(counter) -> None:
+    with counter.get_lock():
+        _WORKER_SLOT[0] = counter.value
+        counter.value += 1
+    _keep_freed_memory()
+
+
+def _keep_freed_memory() -> None:
+    """In a (short-lived) worker: let glibc keep freed memory for the next row group's arrays of the same
+    sizes instead of returning it to the OS — each re-fault zeroes fresh (huge) pages again."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not trim the heap top
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: arrays up to 32 MB come from the heap, reused
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
 
 
 def _open_file(f: Path, opened: dict[Path, pq.ParquetFile]) -> pq.ParquetFile:
@@ -395,11 +429,21 @@ def _open_file(f: Path, opened: dict[Path, pq.ParquetFile]) -> pq.ParquetFile:
     if pf is None:
         try:
             dict_cols = ["domain"] if "domain" in pq.read_schema(f).names else None
-            pf = pq.ParquetFile(f, read_dictionary=dict_cols)
+            # memory-mapped: pages are decoded straight from the page cache (no read() copies)
+            pf = pq.ParquetFile(f, read_dictionary=dict_cols, memory_map=True)
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
         opened[f] = pf
     return pf
+
+
+_INDEX_BUFFER = [np.empty(0, np.int64)]  # per process, reused: a fresh 100 MB array per row group costs page faults
+
+
+def _index_buffer(size: int) -> np.ndarray:
+    if _INDEX_BUFFER[0].size < size:
+        _INDEX_BUFFER[0] = np.empty(size, np.int64)
+    return _INDEX_BUFFER[0][:size]
 
 
 def _reduce_group(spec: _PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -> _Partial:
@@ -441,11 +485,13 @@ def _reduce_group(spec: _PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -
     else:
         win = (np.arange(row0, row0 + n, dtype=np.int64) // rpw - w0).astype(np.int32)
         base = win * bins_per_window + li * num_experts
-    idx = np.empty((n, k), np.int64)
+    idx = _index_buffer(n * k).reshape(n, k)
     np.add(base[:, None], experts, out=idx, casting="unsafe")
     counts = np.bincount(idx.reshape(-1), minlength=(w1 - w0 + 1) * bins_per_window)
-    del idx
     counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts)
+    if spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
+        spec.shared_counts[_WORKER_SLOT[0], w0:w1 + 1] += counts
+        counts = None
     rid = table.column("request_id").to_numpy()
     pos = table.column("position").to_numpy()
     runs = np.flatnonzero(rid[1:] != rid[:-1]) + 1
@@ -522,7 +568,9 @@ def _worker_pool(workers: int, num_jobs: int):
     if workers <= 1 or num_jobs <= 1:
         yield None
         return
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as pool:
+    ctx = mp.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(ctx.Value("i", 0),)) as pool:
         yield pool
 
 
@@ -565,10 +613,16 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     has_domain = "domain" in schema_names
     columns = ("request_id", "position", "layer", "expert_ids") + (("domain",) if has_domain else ())
     sampler = _Sampler(sample_tokens, total_rows // num_layers, seed)
+    num_workers = _num_workers(workers, len(jobs), total_rows * k)
+    shared = None
+    if num_workers > 1:
+        # anonymous shared memory, inherited by the forked workers: counts never travel through pipes
+        shared = mmap.mmap(-1, num_workers * num_windows * num_layers * num_experts * 8)
     spec = _PassSpec(files=tuple(files), jobs=tuple(jobs), columns=columns, model=model, layer2idx=layer2idx,
                      rows_per_window=rows_per_window, num_windows=num_windows, sample_tokens=sample_tokens,
-                     sample_threshold=int(sampler.threshold), seed=seed)
-    num_workers = _num_workers(workers, len(jobs), total_rows * k)
+                     sample_threshold=int(sampler.threshold), seed=seed,
+                     shared_counts=None if shared is None else np.frombuffer(shared, np.int64).reshape(
+                         num_workers, num_windows, num_layers, num_experts))
 
     counts = np.zeros((num_windows, num_layers, num_experts), np.int64)
     domain_ids: dict[str, int] = {}
@@ -576,7 +630,8 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     requests: set[int] = set()
     with _worker_pool(num_workers, len(jobs)) as pool:
         for part in _partials(spec, pool, num_workers):
-            counts[part.w0:part.w0 + len(part.counts)] += part.counts
+            if part.counts is not None:
+                counts[part.w0:part.w0 + len(part.counts)] += part.counts
             requests.update(part.requests.tolist())
             if part.domain_rows is not None:
                 # domains numbered by first appearance in trace order, as the rows come
@@ -587,6 +642,11 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                     domain_rows[d] += rows
             sampler.add_candidates(part.sample)
 
+        if spec.shared_counts is not None:
+            counts += spec.shared_counts.sum(axis=0)
+            spec = None  # release the shared memory
+        # the drift on a worker while this process selects the sample
+        drift_future = pool.submit(window_drift, counts) if pool is not None else None
         samples, s_rid, s_pos = sampler.result(num_layers, k)
         # the affinity pairs (the costly statistic) on the workers while this process does the rest
         aff_jobs = affinity_jobs(samples, seed)
@@ -601,8 +661,8 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
         loads = Loads(counts, model, window_tokens, labels,
                       {"kind": "trace", "path": str(path), "trace": provenance}, samples)
         skew, cv = skew_and_cv(counts.sum(axis=0))
-        corr, js = window_drift(counts)
         locality, n_pairs = _locality(samples, s_rid, s_pos)
+        corr, js = drift_future.result() if drift_future is not None else window_drift(counts)
         aff_results = ([f.result() for f in aff_futures] if aff_futures is not None
                        else [affinity_pair(*a) for a in aff_args])
     pairs, lift, cov, cov_ind = _affinity_arrays(aff_jobs, aff_results)
