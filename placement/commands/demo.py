@@ -76,6 +76,12 @@ def run(args) -> int:
            ["optimize", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--out", str(out / "placement.json"),
             "--save-all", str(out / "placements"), "--report", str(out / "comparison.json"),
             "--seed", str(args.seed)])
+    _stage("5. export the moeplace placement for SGLang, with its launch flags",
+           ["export", str(out / "placement.json"), "--format", "sglang", "--out",
+            str(out / "export" / "sglang-expert-location.json"), "--flags"])
+    _stage("6. export for vLLM (eplb_config.initial_expert_map_path, vLLM PR #49572)",
+           ["export", str(out / "placement.json"), "--format", "vllm-expert-map", "--out",
+            str(out / "export" / "vllm-expert-map.json")])
     # Prompt lengths from a chat-like mixture (routing still from the trace): the trace's own long-context
     # tail (a 1M-token prompt) would set the pace of every step and hide the placements' differences;
     # docs/simulate.md shows that scenario on its own.
@@ -86,12 +92,6 @@ def run(args) -> int:
         sim_argv += ["--placement", str(out / "placements" / f"placement-{policy}.json")]
     if not sys.stderr.isatty():
         sim_argv.append("--no-progress")
-    _stage("5. simulate serving with each placement (straggler cost in seconds and tokens/s)", sim_argv)
-    _stage("6. export the moeplace placement for SGLang, with its launch flags",
-           ["export", str(out / "placement.json"), "--format", "sglang", "--out",
-            str(out / "export" / "sglang-expert-location.json"), "--flags"])
-    _stage("7. export for vLLM (eplb_config.initial_expert_map_path, vLLM PR #49572)",
-           ["export", str(out / "placement.json"), "--format", "vllm-expert-map", "--out",
-            str(out / "export" / "vllm-expert-map.json")])
+    _stage("7. simulate serving with each placement (straggler cost in seconds and tokens/s)", sim_argv)
     print(f"\nDone. Explore the run: place dashboard {out}")
     return 0
