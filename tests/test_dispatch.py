@@ -24,13 +24,6 @@ from placement.record import Placement
 from traces.errors import InputError
 
 
-@pytest.fixture(scope="module")
-def tiny(k3):
-    """A 1-MoE-layer, 4-expert model for hand-worked placements."""
-    return replace(k3, name="tiny", num_layers=2, moe_layers=(1,), num_experts=4, top_k=2,
-                   attention=("kda", "kda"), mla=None)
-
-
 def make(model, p2l, G, gpn):
     return Placement.from_phy2log(np.asarray(p2l), model, G, gpn)
 

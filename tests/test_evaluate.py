@@ -17,13 +17,6 @@ from traces.format import TraceWriter
 from traces.loads import Loads
 
 
-@pytest.fixture(scope="module")
-def tiny(k3):
-    """1 MoE layer, 4 experts, top-2, expert width 3584 (K3's), mxfp4 experts."""
-    return replace(k3, name="tiny", num_layers=2, moe_layers=(1,), num_experts=4, top_k=2,
-                   attention=("kda", "kda"), mla=None)
-
-
 def make(model, p2l, G, gpn):
     return Placement.from_phy2log(np.asarray(p2l), model, G, gpn)
 
