@@ -24,6 +24,8 @@ def register(sub) -> None:
     p.add_argument("--sample-tokens", type=int, default=DEFAULT_SAMPLE_TOKENS,
                    help=f"tokens kept for co-activation objectives (default {DEFAULT_SAMPLE_TOKENS})")
     p.add_argument("--seed", type=int, default=0, help="seed of the token sample")
+    p.add_argument("--workers", type=int, default=None,
+                   help="reader processes (default: one per core for large traces; results are identical)")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--out", metavar="FILE", help="write Loads (.npz) or the statistics (.json)")
     p.set_defaults(func=run)
@@ -66,7 +68,7 @@ def run(args) -> int:
     if out is not None and out.suffix not in (".npz", ".json"):
         raise InputError(f"--out {out}: expected a .npz (Loads) or .json (statistics) file name")
     st = compute_stats(args.path, window_tokens=args.window_tokens, sample_tokens=args.sample_tokens,
-                       seed=args.seed)
+                       seed=args.seed, workers=args.workers)
     s = st.summary()
     if out is not None and out.suffix == ".npz":
         st.loads.save(out)
