@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from traces.errors import InputError
-from traces.files import write_text_atomic
+from traces.files import read_json, write_text_atomic
 from traces.model import ModelSpec
 
 PLACEMENT_FORMAT = "moeplace.placement/1"
@@ -160,12 +160,7 @@ class Placement:
 
 def load_placement(path: str | Path) -> Placement:
     p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such placement file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{p}: not a readable placement JSON ({exc})") from None
+    d = read_json(p, "no such placement file", "not a readable placement JSON")
     if not isinstance(d, dict) or d.get("format") != PLACEMENT_FORMAT:
         raise InputError(f"{p}: field 'format' is {d.get('format') if isinstance(d, dict) else None!r}, expected "
                          f"{PLACEMENT_FORMAT!r} (engine files are read with `place import-placement`)")

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from traces.errors import InputError
-from traces.files import write_text_atomic
+from traces.files import read_json, write_text_atomic
 
 PROFILE_FORMAT = "moeplace.calibration/1"
 OPS: dict[str, str] = {
@@ -146,11 +146,4 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
 
 
 def load_profile(path: str | Path) -> Profile:
-    p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such calibration profile") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{p}: not a readable JSON calibration profile ({exc})") from None
-    return profile_from_dict(d, str(p))
+    return profile_from_dict(read_json(path, "no such calibration profile", "not a readable JSON calibration profile"), str(path))

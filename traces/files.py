@@ -43,6 +43,22 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
         os.replace(tmp, path)
 
 
+def read_json(path: str | os.PathLike, missing: str = "no such file", unreadable: str = "not readable JSON"):
+    """Parse a JSON file; a missing or unreadable file is an :class:`InputError` naming it, with the
+    caller's wording (``"<path>: <missing>"``, ``"<path>: <unreadable> (<parser error>)"``)."""
+    import json
+
+    from traces.errors import InputError
+
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{p}: {missing}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{p}: {unreadable} ({exc})") from None
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)

@@ -42,7 +42,7 @@ import numpy as np
 from placement.export import ExportFormat, check_matrix, check_rows, register_format, resolve_gpus
 from placement.record import Placement
 from traces.errors import InputError
-from traces.files import atomic_path, write_text_atomic
+from traces.files import atomic_path, read_json, write_text_atomic
 from traces.loads import Loads
 from traces.model import ModelSpec
 
@@ -126,11 +126,9 @@ def _load_dict(path: Path) -> dict:
             except (RuntimeError, pickle.UnpicklingError, EOFError) as exc:
                 raise InputError(f"{path}: not a torch.load(weights_only=True) file ({exc})") from None
         else:
-            d = json.loads(path.read_text())
+            d = read_json(path)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(d, dict):
         raise InputError(f"{path}: expected a dict with '{KEY_MAP}' or '{KEY_COUNT}', got {type(d).__name__}")
     return d

@@ -39,7 +39,7 @@ import numpy as np
 from placement.export import ExportFormat, check_matrix, check_rows, register_format, resolve_gpus
 from placement.record import Placement
 from traces.errors import InputError
-from traces.files import write_text_atomic
+from traces.files import read_json, write_text_atomic
 from traces.loads import Loads
 from traces.model import ModelSpec
 
@@ -70,7 +70,7 @@ def write_expert_map(placement: Placement, model: ModelSpec, out: Path, **_: obj
 
 
 def read_expert_map(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_node: int | None) -> Placement:
-    data = _read_json(path)
+    data = read_json(path)
     L = model.num_moe_layers
     if isinstance(data, list) and data and not isinstance(data[0], list):
         data = [data] * L  # one map shared by every MoE layer (#49572 accepts this form)
@@ -222,13 +222,6 @@ MAINLINE_NOTE = ("mainline vLLM does not load this file yet: it needs PR {pr} (e
                  "--expert-placement-strategy linear|round_robin")
 
 
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})") from None
 
 
 def _lines(path: Path):

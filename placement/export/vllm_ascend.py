@@ -33,7 +33,7 @@ import numpy as np
 from placement.export import ExportFormat, check_matrix, register_format
 from placement.record import Placement
 from traces.errors import InputError
-from traces.files import write_text_atomic
+from traces.files import read_json, write_text_atomic
 from traces.model import ModelSpec
 
 
@@ -81,12 +81,7 @@ def write(placement: Placement, model: ModelSpec, out: Path, **_: object) -> lis
 
 
 def read(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_node: int | None) -> Placement:
-    try:
-        d = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})") from None
+    d = read_json(path)
     if not isinstance(d, dict) or "layer_list" not in d or "moe_layer_count" not in d:
         raise InputError(f"{path}: expected an object with fields 'moe_layer_count' and 'layer_list'")
     L = model.num_moe_layers
