@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
             mod.register(sub)
             continue
         if group not in groups:
-            gp = sub.add_parser(group, help=getattr(mod, "GROUP_HELP", f"{group} commands"))
+            gp = sub.add_parser(group, help=commands.GROUP_HELP.get(group, f"{group} commands"))
             groups[group] = gp.add_subparsers(dest=f"{group}_command", metavar="SUBCOMMAND", required=True)
         mod.register(groups[group])
     return parser

@@ -1,6 +1,12 @@
 """CLI commands, one module per command (or per subcommand of a group such as ``place trace``).
 
-A module defines ``register(subparsers)`` and, to live under a group, ``GROUP = "trace"`` (plus an
-optional ``GROUP_HELP``). Handlers take the parsed ``args`` and return an exit code. The CLI discovers
-the modules; adding a command touches only its own file.
+A module defines ``register(subparsers)`` and, to live under a group, ``GROUP = "trace"``; a group's
+one-line help is in ``GROUP_HELP`` below. Handlers take the parsed ``args`` and return an exit code.
+The CLI discovers the modules; adding a command touches only its own file.
 """
+
+GROUP_HELP = {
+    "trace": "routing traces: synth, validate, stats, import, capture",
+    "model": "model presets and Hugging Face configs",
+    "kernels": "real expert-parallel dispatch/combine kernels (torch.distributed)",
+}

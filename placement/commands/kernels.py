@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 GROUP = "kernels"
-GROUP_HELP = "real expert-parallel dispatch/combine kernels (torch.distributed)"
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -7,7 +7,6 @@ import json
 from traces.model import DEFAULT_MODEL, ModelSpec, format_ranges, load_model, preset_names
 
 GROUP = "model"
-GROUP_HELP = "model presets and Hugging Face configs"
 
 
 def register(sub) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 GROUP = "trace"
-GROUP_HELP = "routing traces: synth, validate, stats, import, capture"
 
 
 def register(sub) -> None:

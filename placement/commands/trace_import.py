@@ -11,7 +11,6 @@ from traces.importers.vllm_jsonl import DEFAULT_WARMUP_MIN_RUN, NUMBERINGS
 from traces.model import DEFAULT_MODEL, format_ranges, load_model
 
 GROUP = "trace"
-GROUP_HELP = "routing traces: synth, validate, stats, import, capture"
 
 
 def register(sub) -> None:

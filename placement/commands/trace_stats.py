@@ -9,7 +9,6 @@ from traces.files import write_text_atomic
 from traces.stats import DEFAULT_SAMPLE_TOKENS, DEFAULT_WINDOW_TOKENS, compute_stats
 
 GROUP = "trace"
-GROUP_HELP = "routing traces: synth, validate, stats, import, capture"
 
 
 def register(sub) -> None:

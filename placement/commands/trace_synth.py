@@ -9,7 +9,6 @@ from traces.model import DEFAULT_MODEL, load_model
 from traces.synth import SynthConfig, synthesize
 
 GROUP = "trace"
-GROUP_HELP = "routing traces: synth, validate, stats, import, capture"
 
 _DEFAULTS = SynthConfig()
 

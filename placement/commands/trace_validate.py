@@ -7,7 +7,6 @@ import sys
 from traces.validate import DEFAULT_MAX_PER_KIND, validate_report
 
 GROUP = "trace"
-GROUP_HELP = "routing traces: synth, validate, stats, import, capture"
 
 
 def register(sub) -> None:
