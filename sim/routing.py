@@ -3,8 +3,8 @@
 Two modes behind one interface (:meth:`route` -> :class:`sim.cost.MoeWork`):
 
 - :class:`ReplayRouter` (exact): the batch's trace tokens go through the placement and the engine's
-  replica rule (``placement.dispatch.token_slots``: vLLM modulo on each rank's own batch, or SGLang's
-  static dispatch map from the token's source GPU). Per-GPU selections, touched experts and token copies
+  replica rule (``placement.dispatch.token_slots``: vLLM's replica hash (or the older modulo rule) on
+  each rank's own batch, or SGLang's static dispatch map from the token's source GPU). Per-GPU selections, touched experts and token copies
   over NVLink / NIC (one copy per distinct destination GPU of a token, as DeepEP sends them) are counted
   exactly.
 - :class:`StatRouter` (fast): fitted to the same trace. Each layer's selections per GPU are drawn from a
@@ -160,8 +160,8 @@ class ReplayRouter:
 def slot_shares(placement: Placement, freq_LE: np.ndarray, engine: str, seed: int = 42) -> np.ndarray:
     """Expected share of a layer's selections that each slot serves, float64 ``[L, P]`` (rows sum to 1),
     for expert frequencies ``freq_LE`` (``[L, E]``, rows sum to 1) and tokens spread evenly over the
-    source GPUs. vLLM: ``freq / logcnt`` per replica (the modulo rule's even split); SGLang: each source
-    GPU's dispatch-map slot gets ``freq / G`` of the expert."""
+    source GPUs. vLLM: ``freq / logcnt`` per replica (the even split vLLM's hash and modulo rules give);
+    SGLang: each source GPU's dispatch-map slot gets ``freq / G`` of the expert."""
     p2l = placement.phy2log
     L, P, G = placement.num_layers, placement.num_slots, placement.num_gpus
     if engine == "vllm":
