@@ -4,7 +4,8 @@ Two modes behind one interface (:meth:`route` -> :class:`sim.cost.MoeWork`):
 
 - :class:`ReplayRouter` (exact): the batch's trace tokens go through the placement and the engine's
   replica rule (``placement.dispatch.token_slots``: vLLM's replica hash (or the older modulo rule) on
-  each rank's own batch, or SGLang's static dispatch map from the token's source GPU). Per-GPU selections, touched experts and token copies
+  each rank's own batch, or SGLang's static dispatch map from the token's source GPU). Per-GPU
+  selections, touched experts and token copies
   over NVLink / NIC (one copy per distinct destination GPU of a token, as DeepEP sends them) are counted
   exactly.
 - :class:`StatRouter` (fast): fitted to the same trace. Each layer's selections per GPU are drawn from a
