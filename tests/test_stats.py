@@ -43,9 +43,13 @@ def small_trace(tmp_path_factory, qwen):
     return out, mem
 
 
-def test_loads_equal_direct_count(qwen, small_trace):
+@pytest.mark.parametrize("chunk_rows", [None, 777])
+def test_loads_equal_direct_count(qwen, small_trace, chunk_rows, monkeypatch):
+    """Also with counting chunks smaller than a row group (777 rows: chunks straddle layers/windows)."""
+    if chunk_rows is not None:
+        monkeypatch.setattr("traces.stats.COUNT_CHUNK_ROWS", chunk_rows)
     path, mem = small_trace
-    st = compute_stats(path, window_tokens=1000, sample_tokens=500, seed=1)
+    st = compute_stats(path, window_tokens=1000, sample_tokens=500, seed=1, workers=1)
     L, E = qwen.num_moe_layers, qwen.num_experts
     ex = mem["experts"].astype(np.int64)  # [n, L, k], tokens in step order
     win = np.arange(len(ex)) // 1000
@@ -259,3 +263,10 @@ def test_affinity_lift_detects_coupling():
 def test_topk_overlap_rows():
     a = np.array([[1, 2, 3, 4]])
     assert topk_overlap_rows(a, np.array([[4, 3, 9, 8]]))[0] == pytest.approx(0.5)
+    # against the k x k comparison, on random rows of distinct ids, broadcasting a [n, L, k] pair
+    rng = np.random.default_rng(0)
+    x = np.argsort(rng.random((50, 3, 40)), axis=-1)[..., :8]
+    y = np.argsort(rng.random((50, 3, 40)), axis=-1)[..., :8]
+    direct = (x[..., :, None] == y[..., None, :]).any(axis=-1).sum(axis=-1) / 8
+    assert np.array_equal(topk_overlap_rows(x, y), direct)
+    assert topk_overlap_rows(x, y).shape == (50, 3) and 0 < direct.mean() < 1

@@ -270,9 +270,13 @@ def _affinity_arrays(jobs, results) -> tuple[np.ndarray, np.ndarray, np.ndarray,
 
 
 def topk_overlap_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Fraction of shared ids between rows of ``a`` and ``b`` (int ``[..., k]``, ids distinct per row)."""
+    """Fraction of shared ids between rows of ``a`` and ``b`` (int ``[..., k]``, ids distinct per row).
+    By sorting each row pair's ``2k`` ids and counting equal neighbours (O(k log k) per row, not the
+    ``k x k`` comparison)."""
     k = a.shape[-1]
-    return (a[..., :, None] == b[..., None, :]).any(axis=-1).sum(axis=-1) / k
+    both = np.concatenate(np.broadcast_arrays(a, b), axis=-1)
+    both.sort(axis=-1)
+    return (both[..., 1:] == both[..., :-1]).sum(axis=-1) / k
 
 
 def _token_hash(request_id: np.ndarray, pair: np.ndarray, seed: int) -> np.ndarray:
@@ -302,8 +306,10 @@ class _Sampler:
     def __init__(self, sample_tokens: int, expected_tokens: int, seed: int) -> None:
         self.n = sample_tokens
         self.seed = seed
-        # keep rows whose hash falls under a threshold that admits ~2N tokens; prune if it overflows
-        frac = min(1.0, 2.0 * sample_tokens / max(expected_tokens, 1))
+        # keep rows whose hash falls under a threshold that admits N tokens plus a margin of ~8 standard
+        # deviations (tokens come in units of 2), and keep the N smallest at the end. ``expected_tokens``
+        # (rows / L) never exceeds the trace's tokens, so fewer than N are admitted only by a > 8-sigma draw.
+        frac = min(1.0, (sample_tokens + 8 * math.sqrt(2 * sample_tokens) + 64) / max(expected_tokens, 1))
         self.threshold = np.uint64(min(2**64 - 1, int(frac * 2**64))) if frac < 1 else np.uint64(2**64 - 1)
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.kept = 0
@@ -437,13 +443,29 @@ def _open_file(f: Path, opened: dict[Path, pq.ParquetFile]) -> pq.ParquetFile:
     return pf
 
 
-_INDEX_BUFFER = [np.empty(0, np.int64)]  # per process, reused: a fresh 100 MB array per row group costs page faults
+COUNT_CHUNK_ROWS = 1 << 15  # rows per bincount: the (row, expert) index of a chunk (4 MB for top-16) stays in cache
+_INDEX_BUFFER = [np.empty(0, np.int64)]  # per process, reused for every chunk
 
 
 def _index_buffer(size: int) -> np.ndarray:
     if _INDEX_BUFFER[0].size < size:
         _INDEX_BUFFER[0] = np.empty(size, np.int64)
     return _INDEX_BUFFER[0][:size]
+
+
+def _count(base: np.ndarray, experts: np.ndarray, num_bins: int) -> np.ndarray:
+    """``bincount(base[:, None] + experts)`` over ``num_bins``, ``COUNT_CHUNK_ROWS`` rows at a time (a
+    whole row group's int64 index would be ~100 MB of cold memory per pass; a chunk's is reused hot)."""
+    n, k = experts.shape
+    counts = np.zeros(num_bins, np.int64)
+    chunk = min(n, COUNT_CHUNK_ROWS)
+    buf = _index_buffer(chunk * k).reshape(chunk, k)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        idx = buf[:e - s]
+        np.add(base[s:e, None], experts[s:e], out=idx, casting="unsafe")
+        counts += np.bincount(idx.reshape(-1), minlength=num_bins)
+    return counts
 
 
 def _reduce_group(spec: _PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -> _Partial:
@@ -485,10 +507,7 @@ def _reduce_group(spec: _PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -
     else:
         win = (np.arange(row0, row0 + n, dtype=np.int64) // rpw - w0).astype(np.int32)
         base = win * bins_per_window + li * num_experts
-    idx = _index_buffer(n * k).reshape(n, k)
-    np.add(base[:, None], experts, out=idx, casting="unsafe")
-    counts = np.bincount(idx.reshape(-1), minlength=(w1 - w0 + 1) * bins_per_window)
-    counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts)
+    counts = _count(base, experts, (w1 - w0 + 1) * bins_per_window).reshape(w1 - w0 + 1, num_layers, num_experts)
     if spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
         spec.shared_counts[_WORKER_SLOT[0], w0:w1 + 1] += counts
         counts = None
@@ -568,6 +587,9 @@ def _worker_pool(workers: int, num_jobs: int):
     if workers <= 1 or num_jobs <= 1:
         yield None
         return
+    # pyarrow imports pandas on the first Arrow -> NumPy conversion (~0.2 s): do it once here, not in
+    # every forked worker
+    pa.array([0], pa.int64()).to_numpy()
     ctx = mp.get_context("fork")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(ctx.Value("i", 0),)) as pool:
@@ -645,8 +667,6 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
         if spec.shared_counts is not None:
             counts += spec.shared_counts.sum(axis=0)
             spec = None  # release the shared memory
-        # the drift on a worker while this process selects the sample
-        drift_future = pool.submit(window_drift, counts) if pool is not None else None
         samples, s_rid, s_pos = sampler.result(num_layers, k)
         # the affinity pairs (the costly statistic) on the workers while this process does the rest
         aff_jobs = affinity_jobs(samples, seed)
@@ -662,7 +682,8 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                       {"kind": "trace", "path": str(path), "trace": provenance}, samples)
         skew, cv = skew_and_cv(counts.sum(axis=0))
         locality, n_pairs = _locality(samples, s_rid, s_pos)
-        corr, js = drift_future.result() if drift_future is not None else window_drift(counts)
+        # here, not on a worker: shipping the counts (~32 MB for 200k K3 tokens) costs more than this
+        corr, js = window_drift(counts)
         aff_results = ([f.result() for f in aff_futures] if aff_futures is not None
                        else [affinity_pair(*a) for a in aff_args])
     pairs, lift, cov, cov_ind = _affinity_arrays(aff_jobs, aff_results)
