@@ -181,7 +181,8 @@ def main() -> int:
     if not args.skip_traffic:
         n = ids.shape[0]
         half = n // 2
-        sample_idx = np.linspace(0, half - 1, 4096).astype(np.int64)
+        # the optimizer's default sample size (max_traffic_samples), evenly spaced over the planning half
+        sample_idx = np.linspace(0, half - 1, OptimizerConfig().max_traffic_samples).astype(np.int64)
         samples = ids[sample_idx].astype(np.int64)
         held = TokenRouting(ids[half:].astype(np.int64), rid[half:].astype(np.int64), model)
         tr = {}

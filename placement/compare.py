@@ -176,14 +176,14 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
 def format_table(cmp: Comparison) -> str:
     """The text table ``place optimize`` prints."""
     head = ["policy", "time s", "plan bal", "plan gap", "held bal", "held worst", "held max/mean",
-            "held bound", "held gap", "x-node", "dup GPUs"]
+            "held bound", "held gap", "x-node", "nodes/tok", "dup GPUs"]
     rows = []
     for r in cmp.results:
         p, h = r.plan, r.held_out
         rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", f"{p.gap_budget:+.2%}",
                      f"{h.balancedness:.4f}", f"{h.worst_window_balancedness:.4f}", f"{h.max_over_mean:.4f}",
                      f"{h.bound_balancedness_budget:.4f}", f"{h.gap_budget:+.2%}",
-                     f"{h.cross_node_share:.3f}",
+                     f"{h.cross_node_share:.3f}", f"{h.remote_per_token['node']:.3f}",
                      str(int(r.placement.duplicate_on_gpu().sum()))])
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
@@ -195,8 +195,9 @@ def format_table(cmp: Comparison) -> str:
     lines += [fmt(r) for r in rows]
     lines.append("bal = mean/max tokens per GPU per layer, averaged (SGLang form); bound = best balancedness "
                  "any placement with this slot budget can reach; gap = max/bound - 1; x-node = share of "
-                 "expert selections served on another node; dup GPUs = layers with two replicas of one "
-                 "expert on one GPU")
+                 "expert selections served on another node; nodes/tok = other nodes a token is sent to per "
+                 "MoE layer (on the trace's token sample, which --objective traffic also plans on); dup GPUs "
+                 "= layers with two replicas of one expert on one GPU")
     lines += [f"note: {n}" for n in cmp.notes]
     return "\n".join(lines)
 

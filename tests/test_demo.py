@@ -32,3 +32,16 @@ def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     # a second run reuses the validated trace instead of synthesizing it again
     assert main(["demo", "--quick", "--out", str(run), "--traces", str(traces)]) == 0
     assert "reusing" in capsys.readouterr().out
+
+
+def test_demo_reuses_only_a_trace_of_this_generator_tokens_and_seed(tmp_path):
+    from placement.commands.demo import _valid_trace
+    from traces.model import load_model
+    from traces.synth import SynthConfig, synthesize
+
+    path = tmp_path / "t"
+    synthesize(load_model("qwen3-30b-a3b"), SynthConfig(num_tokens=300, seed=1), path)
+    assert _valid_trace(path, 300, 1)
+    assert not _valid_trace(path, 300, 0)       # another seed
+    assert not _valid_trace(path, 1000, 1)      # another size
+    assert not _valid_trace(tmp_path / "missing", 300, 1)

@@ -5,7 +5,7 @@ Every expert selection is drawn in "u-space": an expert popularity distribution 
 consecutive intervals of the circle ``[0, 2^16)`` in a per-layer random expert order, and a selection is
 the expert whose interval holds a point ``u`` (one table lookup). Each (MoE layer, domain) has its own
 *base* layout ``pi[l, d]``; besides, each layer has a *shared grid* (every expert an equal interval, the
-grid rotated by a random fraction of an interval per layer). The point comes from one of four sources:
+grid rotated by a random fraction of an interval per layer). The point comes from one of five sources:
 
 - **base**: ``u`` uniform in the domain's layout.
 - **inter-layer affinity** (``affinity``): ``u`` uniform inside the shared-grid interval of the expert
@@ -20,12 +20,23 @@ grid rotated by a random fraction of an interval per layer). The point comes fro
   (domain layout). A rare token keeps landing on the same few experts (OLMoE: a token's most common
   expert is in its top-k in 90-99% of occurrences), a frequent one spreads, and over the vocabulary ``u``
   stays uniform, so this source preserves the domain's marginal.
+- **theme** (``theme``, ``themes``): the experts of each layer form ``themes`` groups of consecutive
+  circle positions, and the popularity is designed so that each group carries exactly 1/``themes`` of
+  every domain's load (:func:`design_popularity`); a theme draw is ``u`` uniform inside the token's group.
+  The token's theme comes from its id (the group under a point of the token's interval on the Zipf
+  circle, so each theme gets 1/``themes`` of the tokens and the source preserves the marginal) and is the
+  same at every layer. The experts one token uses therefore cluster within a layer, the way experts
+  specialized on kinds of tokens are used together in real routers, which is what co-placement exploits
+  (co-locating co-activated experts cuts inter-node all-to-all bytes by up to 20 % on DeepSeek-V3 /
+  Qwen3 / Llama-4 traces, arXiv 2604.23150); since each group has equal load and equal size, a placement
+  can co-locate groups without giving up balance. The affinity source keeps most of a token's theme from
+  layer to layer (position ``i`` of the circle follows position ``i``).
 - **temporal locality** (``locality``): copy the expert the same slot had at the previous token of the
   same request (marginal-neutral). The copy probability is solved (regula falsi on a pilot batch with
   fixed random numbers) so that consecutive tokens of a request share the requested fraction of top-k.
 
 Duplicates within a token's top-k are re-drawn from the base source until none remain (this flattens
-the hottest experts by a few percent).
+the hottest experts; the popularity design below compensates).
 
 Popularity (:func:`design_popularity`): ``pi[l, d] ~ exp(sigma_l * x')`` with
 ``x = sqrt(rho) g[l] + sqrt(1 - rho) h[l, d]`` (standard normal vectors shared by all domains / per domain)
@@ -33,7 +44,10 @@ and ``x'`` its lower part stretched by ``1 + beta`` (cold experts). The realized
 ``q[l, d]`` follows from the sources analytically (forward through the affinity coupling); ``sigma_l`` is
 solved per layer so that the **whole trace's** load (domains weighted by the drift schedule's average
 mix) has the layer's max/mean target (geometric in depth, median ``skew``); ``beta`` and ``rho`` so that
-``q`` has the requested median CV and mean correlation between domains.
+``q`` has the requested median CV and mean correlation between domains. A token's top-k holds distinct
+experts (duplicates are re-drawn), which takes load off the hottest experts, the more so the more a
+token's draws concentrate (themes): a pilot batch measures the realized median skew and CV, and the design
+is solved again aiming higher (secant on the skew, up to ``SKEW_ROUNDS`` designs).
 
 Requests: Poisson arrivals; prompt lengths lognormal with a Pareto tail (``long_fraction``) up to the
 model's context (1 M tokens for K3); output lengths lognormal; a continuous-batching engine loop (decode
@@ -48,6 +62,7 @@ extent ``drift``.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import deque
@@ -66,7 +81,7 @@ from traces.model import ModelSpec
 DOMAIN_NAMES = ("chat", "code", "math", "writing", "multilingual", "agentic", "science", "legal")
 U_BITS = 16
 U_SIZE = 1 << U_BITS
-SYNTH_VERSION = 1
+SYNTH_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -85,9 +100,11 @@ class SynthConfig:
     drift: float = 0.6  # 0: constant even mix; 1: each phase is a single domain
     drift_phases: int = 4
     # structure on top of the popularity
-    affinity: float = 0.5  # probability a slot follows the inter-layer coupling from its layer l-1 expert
-    token_effect: float = 0.2  # probability a slot comes from the token id's preferred experts
+    affinity: float = 0.45  # probability a slot follows the inter-layer coupling from its layer l-1 expert
+    token_effect: float = 0.15  # probability a slot comes from the token id's preferred experts
     token_experts: int = 2  # preferred experts per (token id, layer) that token-sourced slots choose from
+    theme: float = 0.35  # probability a slot comes from the token's theme (within-layer co-activation)
+    themes: int | None = None  # equal-load expert groups per layer; None: auto (num_themes)
     locality: float | None = 0.15  # target top-k overlap of consecutive tokens of a request; None: no copy
     zipf_exponent: float = 1.05
     # requests and engine loop
@@ -130,11 +147,13 @@ class SynthConfig:
             bad("drift", f"must be in [0, 1], got {self.drift}")
         if self.drift_phases < 1:
             bad("drift_phases", f"must be >= 1, got {self.drift_phases}")
-        for name in ("affinity", "token_effect"):
+        for name in ("affinity", "token_effect", "theme"):
             if not 0 <= getattr(self, name) < 1:
                 bad(name, f"must be in [0, 1), got {getattr(self, name)}")
-        if self.affinity + self.token_effect >= 0.95:
-            bad("affinity", "affinity + token_effect must stay below 0.95 (the base draw keeps the rest)")
+        if self.affinity + self.token_effect + self.theme > 0.95 + 1e-9:
+            bad("affinity", "affinity + token_effect + theme must not exceed 0.95 (the base draw keeps the rest)")
+        if self.themes is not None and not 1 <= self.themes <= 256:
+            bad("themes", f"must be in [1, 256] or None (auto), got {self.themes}")
         if not 1 <= self.token_experts <= 64:
             bad("token_experts", f"must be in [1, 64], got {self.token_experts}")
         if self.locality is not None and not 0 <= self.locality < 0.9:
@@ -180,6 +199,9 @@ def average_mix(anchors: np.ndarray) -> np.ndarray:
     return (anchors[:-1] + anchors[1:]).mean(axis=0) / 2
 
 
+DEDUP_ROUNDS = 64  # re-draw rounds from the domain's layout before falling back to the shared grid
+SKEW_ROUNDS = 4  # popularity designs per plan at most (pilot-measured skew and CV correction)
+SKEW_TOL = 0.03  # relative miss of the pilot's median skew accepted (the pilot's own noise is ~1 %)
 LAYER_COHERENCE = 0.9  # correlation of the popularity fields of consecutive layers along affinity pairs
 COLD_KNEE = 0.75  # standard-normal quantile (77%) below which the cold tail is stretched
 
@@ -250,15 +272,17 @@ def _transport(q_prev: np.ndarray, shift: float) -> np.ndarray:
     return (1 + shift) * q_prev - shift * np.roll(q_prev, 1, axis=1)
 
 
-def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generator, avg_mix: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generator, avg_mix: np.ndarray,
+                      skew_scale: float = 1.0, cv_scale: float = 1.0
+                      ) -> tuple[np.ndarray, np.ndarray, dict[str, Any], np.ndarray]:
     """Solve the popularity of the sampler's sources, in circle order (position i of layer l is expert
     ``order[l, i]``).
 
     Returns ``pi`` float64 ``[L, D, E]``: each domain's base distribution; ``grid_shift`` float ``[L]``: the
     rotation (in intervals) of each layer's shared grid (uniform; the affinity source uses it);
-    and a report. A slot of domain d at layer l is distributed as (the copy source is neutral, the token
-    source keeps the domain's layout) ``q[l, d] = (1 - a) pi[l, d] + a T_l(q[l-1, d])`` with ``T_l`` the
+    a report; and ``total`` ``[L, E]``, the designed whole-trace load shares (circle order). A slot of
+    domain d at layer l is distributed as (the copy source is neutral, the token and theme sources keep
+    the domain's layout) ``q[l, d] = (1 - a) pi[l, d] + a T_l(q[l-1, d])`` with ``T_l`` the
     affinity coupling (:func:`_transport`), a near-permutation: each domain's load pattern is carried
     along stable expert pairs (hot experts make their successors hot) without mixing domains.
 
@@ -267,7 +291,9 @@ def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generat
     ``sigma_l`` is solved layer by layer (bisection, forward through the coupling) so that the whole
     trace's load ``sum_d mix_d q[l, d]`` has the layer's max/mean target; ``beta`` and ``rho`` are solved
     on the base shapes for goals that two correction rounds move until the realized ``q`` has the
-    requested median CV and mean domain correlation.
+    requested median CV and mean domain correlation. With themes, each theme group of ``pi[l, d]`` is
+    normalized to 1/T. ``skew_scale`` / ``cv_scale`` raise the targets by what sampling takes off
+    (re-drawn duplicates; measured by :func:`build_plan`'s pilot).
     """
     num_layers, num_experts, num_domains = model.num_moe_layers, model.num_experts, cfg.num_domains
     g = rng.standard_normal((num_layers, 1, num_experts))
@@ -280,13 +306,18 @@ def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generat
         g[li] = c * g[li - 1] + math.sqrt(1 - c * c) * g[li]
         h[li] = c * h[li - 1] + math.sqrt(1 - c * c) * h[li]
     g, h = g.astype(np.float32), h.astype(np.float32)
-    target = layer_skew_targets(cfg, num_layers)
+    # skew_scale: the design aims above the target by what re-drawn duplicates take off (build_plan)
+    target = np.maximum(layer_skew_targets(cfg, num_layers) * skew_scale, 1.0)
     w = avg_mix.astype(np.float32)[None, :, None]
     w64 = avg_mix[:, None]
-    a, t = cfg.affinity, cfg.token_effect
-    b = 1.0 - a - t
+    a = cfg.affinity
+    # the base, token and theme sources all keep the domain's layout: together they draw from pi
+    b = 1.0 - a
     # the shared grid of layer l is rotated by grid_shift[l] intervals
     grid_shift = rng.random(num_layers)
+    # theme groups: consecutive circle positions, each normalized to 1/T of every domain's load
+    T = num_themes(model, cfg)
+    groups = theme_groups(num_experts, T) if cfg.theme > 0 else None
 
     def field(rho: float) -> np.ndarray:
         return (math.sqrt(rho) * g + math.sqrt(1 - rho) * h).astype(np.float32)
@@ -331,9 +362,12 @@ def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generat
 
             def layer(ls: float, xl=xl, moved=moved):
                 p = np.exp(math.exp(ls) * (xl - xl.max()))
-                p /= p.sum(axis=1, keepdims=True)
+                if groups is None:
+                    p /= p.sum(axis=1, keepdims=True)
+                else:
+                    p /= np.add.reduceat(p, groups[:-1], axis=1).repeat(np.diff(groups), axis=1) * T
                 # first MoE layer: no previous expert to follow, the affinity draws fall to the base
-                return p, (p if moved is None else (b + t) * p + a * moved)
+                return p, (p if moved is None else b * p + a * moved)
 
             lo, hi = math.log(1e-4), math.log(8.0)
             for _ in range(24):
@@ -348,7 +382,9 @@ def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generat
                 moved = _transport(q[li], grid_shift[li + 1] - grid_shift[li])
         return pi, q, log_sigma
 
-    cv_goal, corr_goal = cfg.cv, cfg.domain_correlation
+    # cv_scale, like skew_scale: what re-drawn duplicates take off the realized CV (build_plan)
+    cv_target = None if cfg.cv is None else cfg.cv * cv_scale
+    cv_goal, corr_goal = cv_target, cfg.domain_correlation
     for _ in range(3):
         x, beta, rho = solve_shapes(cv_goal, corr_goal)
         pi, q, log_sigma = forward(x, beta)
@@ -357,7 +393,7 @@ def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generat
         corr_real = mean_domain_correlation(q)
         # move the goals of the base shapes by the realized miss
         if cfg.cv is not None:
-            cv_goal = max(0.01, cv_goal * cfg.cv / max(cv_real, 1e-6))
+            cv_goal = max(0.01, cv_goal * cv_target / max(cv_real, 1e-6))
         if num_domains >= 2:
             corr_goal = float(np.clip(corr_goal + cfg.domain_correlation - corr_real, 0.0, 1.0))
     report = {
@@ -369,7 +405,31 @@ def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generat
         "design_domain_skew_median": float(np.median(max_over_mean(q))),
         "design_domain_correlation": corr_real,
     }
-    return pi, grid_shift, report
+    return pi, grid_shift, report, total
+
+
+THEME_GROUP_PER_SLOT = 7  # auto themes: a group has at least ~7 experts per top-k slot (K3: 8 x 112)
+
+
+def num_themes(model: ModelSpec, cfg: SynthConfig) -> int:
+    """``cfg.themes``, or by default the largest power of two T with groups of at least
+    ``THEME_GROUP_PER_SLOT * top_k`` experts (K3: 8 groups of 112; Qwen3-30B-A3B: 2 of 64; a model too
+    small for that: 1, which makes theme draws plain base draws). Groups much smaller than that would
+    hold most of a token's top-k and make random tokens share experts far more than real routers do."""
+    if cfg.themes is not None:
+        return cfg.themes
+    fit = model.num_experts // (THEME_GROUP_PER_SLOT * model.top_k)
+    return 1 << (fit.bit_length() - 1) if fit >= 1 else 1
+
+
+def theme_groups(num_experts: int, themes: int) -> np.ndarray:
+    """Boundaries ``[T + 1]`` of the theme groups in circle positions (consecutive, sizes differ by <= 1)."""
+    return np.arange(themes + 1) * num_experts // themes
+
+
+def theme_bounds(themes: int) -> np.ndarray:
+    """Boundaries ``[T + 1]`` of the themes' u-intervals (each layout gives a group exactly its interval)."""
+    return np.arange(themes + 1, dtype=np.int64) * U_SIZE // themes
 
 
 def quantize(pi: np.ndarray, total: int = U_SIZE) -> np.ndarray:
@@ -397,6 +457,8 @@ class SynthPlan:
     units of 2^16 so that ``v16 * width`` fits 32 bits); ``tok_cdf`` float64 ``[V]``: Zipf CDF by rank;
     ``rank2token`` int32 ``[V]``.
     ``slot_offset`` uint32 ``[L, m]``: the m rotations of the token circle per layer (preferred experts).
+    ``theme_of`` int16 ``[L, E]``: the theme group of each expert (by expert id; all 0 without themes).
+    ``design_top`` int ``[L]``: the designed hottest expert of each layer.
     """
 
     model: ModelSpec
@@ -414,18 +476,87 @@ class SynthPlan:
     domains: tuple[str, ...]
     copy_prob: float
     report: dict[str, Any]
+    theme_of: np.ndarray | None = None
+    design_top: np.ndarray | None = None
 
 
 def build_plan(model: ModelSpec, cfg: SynthConfig) -> SynthPlan:
-    """Design the popularity, build the sampler tables and calibrate the copy probability."""
+    """Design the popularity, build the sampler tables and calibrate the copy probability.
+
+    A token's top-k holds distinct experts, so duplicates are re-drawn, which takes load off the hottest
+    experts (more so when themes concentrate a token's draws on a group): a pilot batch measures the
+    realized median skew, and the design is solved again aiming higher by the measured ratio (up to
+    ``SKEW_ROUNDS`` designs, until the pilot is within ``SKEW_TOL`` of the target)."""
+    scale, cv_scale, last, best = 1.0, 1.0, None, None
+    for _ in range(SKEW_ROUNDS):
+        plan = _build_plan(model, cfg, scale, cv_scale)
+        pilot, pilot_cv = _pilot_skew(plan)
+        miss = abs(pilot / cfg.skew - 1.0) + (0.0 if cfg.cv is None else abs(pilot_cv / cfg.cv - 1.0) / 2)
+        if best is None or miss < best[0]:
+            best = (miss, plan, scale, cv_scale, pilot, pilot_cv)
+        skew_ok = cfg.skew <= 1.0 or pilot <= 1.0 or abs(pilot / cfg.skew - 1.0) <= SKEW_TOL
+        cv_ok = cfg.cv is None or pilot_cv <= 0 or abs(pilot_cv / cfg.cv - 1.0) <= 2 * SKEW_TOL
+        if skew_ok and cv_ok:
+            break
+        if not cv_ok:
+            cv_scale = float(np.clip(cv_scale * cfg.cv / pilot_cv, 0.5, 2.0))
+        if not skew_ok:
+            step = scale * (cfg.skew / pilot - 1.0)  # first round: proportional
+            if last is not None and abs(pilot - last[1]) > 1e-6:  # then secant on (scale, pilot)
+                step = (cfg.skew - pilot) * (scale - last[0]) / (pilot - last[1])
+            last = (scale, pilot)
+            scale = float(np.clip(scale + step, 0.5, 2.0))
+    # the round closest to the targets (a model with few experts per top-k slot may not reach them:
+    # distinct top-k caps how much load one expert can take)
+    _, plan, scale, cv_scale, pilot, pilot_cv = best
+    copy_prob, achieved = calibrate_copy(plan)
+    report = dict(plan.report, skew_scale=scale, cv_scale=cv_scale, pilot_skew=pilot, pilot_cv=pilot_cv,
+                  copy_prob=copy_prob, pilot_locality=achieved)
+    return SynthPlan(**{**plan.__dict__, "copy_prob": copy_prob, "report": report})
+
+
+def _pilot_skew(plan: SynthPlan, tokens: int = 4096) -> tuple[float, float]:
+    """Median over layers of the load of the designed hottest expert / the mean load, in a pilot batch
+    (domains drawn from the average mix, no copying: the copy source is neutral; fixed seed). A fixed
+    expert, not the batch's maximum: the maximum of noisy counts is biased upwards. Also the median CV,
+    with the counts' sampling variance (Poisson: the mean) taken off."""
+    cfg = plan.config
+    rng = np.random.default_rng([cfg.seed, 0x5CE3])
+    sampler = ExpertSampler(plan, rng, 1, 0.0)
+    dom = rng.choice(cfg.num_domains, size=tokens, p=average_mix(plan.anchors))
+    ranks = np.minimum(np.searchsorted(plan.tok_cdf, rng.random(tokens)), len(plan.tok_cdf) - 1)
+    out = sampler.sample(dom, ranks, np.full(tokens, -1), np.zeros(tokens, np.int64))
+    L, E = plan.model.num_moe_layers, plan.model.num_experts
+    key = (np.arange(L, dtype=np.int32)[None, :, None] * E + out).ravel()  # < 2^31: L * E is small
+    counts = np.bincount(key, minlength=L * E).reshape(L, E).astype(np.float64)
+    mean = counts.mean(axis=1)
+    cv = np.sqrt(np.maximum(counts.var(axis=1) - mean, 0.0)) / mean
+    return float(np.median(counts[np.arange(L), plan.design_top] / mean)), float(np.median(cv))
+
+
+def _build_plan(model: ModelSpec, cfg: SynthConfig, skew_scale: float, cv_scale: float) -> SynthPlan:
     rng = np.random.default_rng([cfg.seed, 0x5EED])
     num_layers, num_experts, num_domains = model.num_moe_layers, model.num_experts, cfg.num_domains
+    T = num_themes(model, cfg)
+    if cfg.theme > 0 and T > num_experts:
+        raise InputError(f"synth config: field 'themes': {T} themes for {num_experts} experts per layer; "
+                         "a theme needs at least one expert")
     anchors = drift_anchor_mixes(cfg, rng)
     # circle position i of layer l holds expert order[l, i]: a random order, so successors are random
     order = np.argsort(rng.random((num_layers, num_experts)), axis=1)
-    pi_c, grid_shift, report = design_popularity(model, cfg, rng, average_mix(anchors))
+    pi_c, grid_shift, report, total = design_popularity(model, cfg, rng, average_mix(anchors), skew_scale,
+                                                        cv_scale)
+    # the designed hottest expert of each layer (the skew pilot measures what sampling leaves of it)
+    design_top = order[np.arange(num_layers), total.argmax(axis=1)]
     # blocks 0..D-1: each domain's base layout; block D: the shared uniform grid (affinity source)
     widths = quantize(np.concatenate([pi_c, np.full((num_layers, 1, num_experts), 1.0 / num_experts)], axis=1))
+    if cfg.theme > 0:
+        # each theme group fills exactly its u-interval of every domain layout (the theme source's range)
+        pos, ub = theme_groups(num_experts, T), theme_bounds(T)
+        for j in range(T):
+            part = pi_c[:, :, pos[j]:pos[j + 1]]
+            widths[:, :num_domains, pos[j]:pos[j + 1]] = quantize(part / part.sum(axis=-1, keepdims=True),
+                                                                  int(ub[j + 1] - ub[j]))
     shift = np.round(grid_shift * U_SIZE / num_experts).astype(np.int64)
     table = np.empty((num_layers, num_domains + 1, U_SIZE), np.uint16)
     for li in range(num_layers):
@@ -439,6 +570,10 @@ def build_plan(model: ModelSpec, cfg: SynthConfig) -> SynthPlan:
     np.put_along_axis(width, order, widths[:, -1], axis=1)
     pi = np.empty_like(pi_c)
     np.put_along_axis(pi, order[:, None, :], pi_c, axis=2)
+    theme_of = np.zeros((num_layers, num_experts), np.int16)
+    if cfg.theme > 0:
+        group = np.repeat(np.arange(T), np.diff(theme_groups(num_experts, T))).astype(np.int16)
+        np.put_along_axis(theme_of, order, np.broadcast_to(group, order.shape), axis=1)
 
     # Token circle: Zipf over the vocabulary; ranks map to ids by a random permutation.
     vocab = model.vocab_size
@@ -458,10 +593,9 @@ def build_plan(model: ModelSpec, cfg: SynthConfig) -> SynthPlan:
     plan = SynthPlan(model=model, config=cfg, pi=pi, table=table.reshape(num_layers, -1), start=start, width=width,
                      tok_start=tok_start, tok_width=tok_width, tok_cdf=np.cumsum(zipf),
                      rank2token=rng.permutation(vocab).astype(np.int32), slot_offset=slot_offset,
-                     anchors=anchors, domains=domain_names(num_domains), copy_prob=0.0, report=report)
-    copy_prob, achieved = calibrate_copy(plan)
-    report = dict(report, copy_prob=copy_prob, pilot_locality=achieved)
-    return SynthPlan(**{**plan.__dict__, "copy_prob": copy_prob, "report": report})
+                     anchors=anchors, domains=domain_names(num_domains), copy_prob=0.0, report=report,
+                     theme_of=theme_of, design_top=design_top)
+    return plan
 
 
 # ---------------------------------------------------------------------------- the sampler
@@ -479,13 +613,25 @@ class ExpertSampler:
         self.num_slots = num_slots
         self.state = np.zeros((num_slots, self.num_layers, self.k), np.uint16)
         cfg = plan.config
-        # Thresholds on a uint32 draw: [0, c) copy, [c, c+a) affinity, [c+a, c+a+t) token, rest base.
+        # Thresholds on a uint32 draw: [0, c) copy, [c, c+a) affinity, [c+a, c+a+t) token,
+        # [c+a+t, c+a+t+h) theme, rest base.
         rest = 1 - copy_prob
         cuts = np.array([copy_prob, copy_prob + cfg.affinity * rest,
-                         copy_prob + (cfg.affinity + cfg.token_effect) * rest])
-        self.copy_cut, self.aff_cut, self.tok_cut = (np.minimum(cuts, 1 - 2**-32) * 2**32).astype(np.uint32)
+                         copy_prob + (cfg.affinity + cfg.token_effect) * rest,
+                         copy_prob + (cfg.affinity + cfg.token_effect + cfg.theme) * rest])
+        (self.copy_cut, self.aff_cut, self.tok_cut,
+         self.theme_cut) = (np.minimum(cuts, 1 - 2**-32) * 2**32).astype(np.uint32)
         self.aff_span = np.uint32(self.aff_cut - self.copy_cut)
         self.tok_span = np.uint32(self.tok_cut - self.aff_cut)
+        self.theme_span = np.uint32(self.theme_cut - self.tok_cut)
+        # theme j is the u-interval [bounds[j], bounds[j + 1]) of every domain layout
+        T = num_themes(m, cfg)
+        self.themes = np.uint64(T)
+        self.theme_bounds = theme_bounds(T).astype(np.uint32)
+        self.theme_bounds32 = (np.arange(T + 1, dtype=np.uint64) << np.uint64(32)) // self.themes
+        pow2 = T & (T - 1) == 0
+        self.theme_bits = np.uint32(T.bit_length() - 1) if pow2 else None
+        self.theme_keep = np.uint32((1 << (32 - T.bit_length() + 1)) - 1) if pow2 else None
         self.table = plan.table
         self.token_experts = np.uint32(cfg.token_experts)
         self.slot_step = np.uint32(2**32 // cfg.token_experts % 2**32)  # spacing of plan.slot_offset's rotations
@@ -541,6 +687,14 @@ class ExpertSampler:
         bits = np.uint32(U_BITS)
         low = np.uint32(U_SIZE - 1)
         prev_e = None
+        if self.theme_span:
+            # the token's theme, the same at every layer: the theme under a random point of the token's
+            # interval on the 2^32 Zipf circle (a token inside one theme's arc always gets that theme)
+            r16 = (self.rng.bit_generator.random_raw(nb) & np.uint64(U_SIZE - 1)).astype(np.uint32)
+            point = plan.tok_start[rank] + r16 * plan.tok_width[rank]
+            th = ((point.astype(np.uint64) * self.themes) >> np.uint64(32)).astype(np.intp)
+            th_start = self.theme_bounds[th][:, None]
+            th_width = (self.theme_bounds[th + 1] - self.theme_bounds[th])[:, None]
         if self.copy_cut:
             big_flat = big.reshape(-1)
             row_stride = num_layers * k
@@ -557,10 +711,17 @@ class ExpertSampler:
             pick = ((comp & low) * self.token_experts) >> bits
             # = slot_offset[li, pick]: the rotations are evenly spaced (uint32 arithmetic wraps alike)
             offset = pick * self.slot_step + plan.slot_offset[li, 0]
-            tok_u = (t_start + offset + v16 * t_width) >> bits
+            if self.theme_span:
+                tok_u = self._token_in_theme(t_start + v16 * t_width, offset)
+            else:
+                tok_u = (t_start + offset + v16 * t_width) >> bits
             # (comp - lo) < (hi - lo) in uint32 arithmetic tests lo <= comp < hi in two passes
             mask = np.uint32(0) - ((comp - self.aff_cut) < self.tok_span).astype(np.uint32)
             u ^= (u ^ tok_u) & mask
+            if self.theme_span:
+                theme_u = th_start + ((v16 * th_width) >> bits)
+                mask = np.uint32(0) - ((comp - self.tok_cut) < self.theme_span).astype(np.uint32)
+                u ^= (u ^ theme_u) & mask
             if prev_e is not None:
                 sw = np.take(self.start_width[li - 1], prev_e)
                 aff_u = ((sw >> bits) + (((sw & low) * v16) >> bits)) & low
@@ -599,6 +760,21 @@ class ExpertSampler:
             big[r0:r0 + nb, li, :] = e
             prev_e = e
 
+    def _token_in_theme(self, point: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        """u of token draws when themes are on: the preferred points rotate *within* the theme arc that
+        holds the token's point on the 2^32 circle (``offset`` scaled to the arc), so a token's preferred
+        experts lie in its theme; the Zipf mass is uniform along each arc, so the marginal is kept."""
+        if self.theme_bits is not None:  # T a power of two: arcs of 2^(32-b), all in uint32
+            keep = self.theme_keep
+            return ((point & ~keep) | ((point + (offset >> self.theme_bits)) & keep)) >> np.uint32(U_BITS)
+        p = point.astype(np.uint64)
+        th = (p * self.themes) >> np.uint64(32)
+        lo = self.theme_bounds32[th]
+        arc = self.theme_bounds32[th + np.uint64(1)] - lo
+        rel = p - lo + ((offset.astype(np.uint64) * arc) >> np.uint64(32))
+        rel -= arc * (rel >= arc)
+        return ((lo + rel) >> np.uint64(U_BITS)).astype(np.uint32)
+
     def _duplicates(self, e: np.ndarray, row_key, slot_ids, tile: int = 512) -> np.ndarray:
         """bool [n, k]: entries repeating an expert of a later slot of the same row."""
         n = len(e)
@@ -616,7 +792,9 @@ class ExpertSampler:
         """Re-draw repeated experts within a row from the base source until every row is distinct.
 
         Each round re-draws the flagged entries in row-major order; only rows touched by the previous
-        round are re-checked (an untouched row had no repeat and did not change)."""
+        round are re-checked (an untouched row had no repeat and did not change). After
+        ``DEDUP_ROUNDS`` rounds the rest come from the shared grid (every expert an equal share), so a
+        layout with fewer than k experts of non-zero width cannot make this loop forever."""
         k = self.k
         flat = np.flatnonzero(self._duplicates(e, row_key, slot_ids).ravel())
         if not len(flat):
@@ -625,7 +803,9 @@ class ExpertSampler:
         key = dom_key[:, 0]
         table = self.table[li]
         low = np.uint32(U_SIZE - 1)
-        while True:
+        for r in itertools.count():
+            if r == DEDUP_ROUNDS:
+                key = np.full_like(key, self.shared_key)
             rows = flat // k  # ascending
             u = self.rng.bit_generator.random_raw(len(flat)).astype(np.uint32) & low
             e_flat[flat] = np.take(table, key[rows] + u)

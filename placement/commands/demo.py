@@ -39,13 +39,22 @@ def _stage(title: str, argv: list[str], ok_codes=(0,)) -> int:
     return rc
 
 
-def _valid_trace(path: Path) -> bool:
+def _valid_trace(path: Path, tokens: int, seed: int) -> bool:
+    """The default trace can be reused: it validates and was written by this generator version with
+    the demo's token count and seed (an older generator's trace would give other numbers)."""
+    from traces.format import read_trace_meta
+    from traces.synth import SYNTH_VERSION
     from traces.validate import validate_trace
 
     try:
-        return path.exists() and not validate_trace(path)
+        if not path.exists() or validate_trace(path):
+            return False
+        _model, prov = read_trace_meta(path)
     except MoeplaceError:
         return False
+    cfg = prov.get("config", {})
+    return (prov.get("generator") == f"moeplace.synth/{SYNTH_VERSION}" and cfg.get("num_tokens") == tokens
+            and cfg.get("seed") == seed)
 
 
 def run(args) -> int:
@@ -60,7 +69,7 @@ def run(args) -> int:
     print(f"moeplace demo: Kimi K3 (synthetic routing, {tokens:,} tokens) on {args.gpus} x {args.gpu}; "
           f"artifacts in {out}/", flush=True)
 
-    if _valid_trace(traces):
+    if _valid_trace(traces, tokens, args.seed):
         print(f"\n== 1. trace: reusing {traces} (delete it to synthesize anew)")
     else:
         _stage("1. synthesize a K3-shaped routing trace",

@@ -28,8 +28,8 @@ def register(sub) -> None:
                     "and temporal-locality structure, and a request/engine-loop structure (prefill + decode, "
                     "long-context tail). --skew, --cv, --domain-correlation and --locality are targets: the "
                     "generator solves its internal parameters so that the trace's realized statistics match them "
-                    "(see `place trace stats`); --affinity and --token-effect are the probabilities that a slot "
-                    "follows those sources. Deterministic per --seed.")
+                    "(see `place trace stats`); --affinity, --token-effect and --theme are the probabilities "
+                    "that a slot follows those sources. Deterministic per --seed.")
     d = _DEFAULTS
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"preset or config.json (default {DEFAULT_MODEL})")
     p.add_argument("--tokens", type=int, default=d.num_tokens, help=f"tokens in the trace (default {d.num_tokens})")
@@ -53,6 +53,12 @@ def register(sub) -> None:
                    help=f"probability a slot follows its previous-layer expert's successors (default {d.affinity})")
     g.add_argument("--token-effect", type=float, default=d.token_effect,
                    help=f"probability a slot is set by the token id (default {d.token_effect})")
+    g.add_argument("--theme", type=float, default=d.theme,
+                   help="probability a slot comes from the token's theme, one of --themes equal-load groups of "
+                        f"experts (within-layer co-activation; default {d.theme})")
+    g.add_argument("--themes", type=int, default=d.themes,
+                   help="theme groups per layer (default: the largest power of two with >= 7 x top-k experts "
+                        "per group; 8 for K3)")
     g.add_argument("--locality", type=_float_or_none, default=d.locality,
                    help="top-k share of consecutive tokens of a request, or 'none' for no copying "
                         f"(default {d.locality})")
@@ -76,8 +82,8 @@ def config_from_args(args) -> SynthConfig:
         num_tokens=args.tokens, seed=args.seed, skew=args.skew, skew_depth_ratio=args.skew_depth_ratio,
         cv=args.cv, num_domains=args.domains, domain_correlation=args.domain_correlation, drift=args.drift,
         drift_phases=args.drift_phases, affinity=args.affinity, token_effect=args.token_effect,
-        locality=args.locality, arrival_rate=args.arrival_rate, prompt_median=args.prompt_median,
-        output_median=args.output_median, long_fraction=args.long_fraction,
+        theme=args.theme, themes=args.themes, locality=args.locality, arrival_rate=args.arrival_rate,
+        prompt_median=args.prompt_median, output_median=args.output_median, long_fraction=args.long_fraction,
         max_prefill_tokens=args.max_prefill_tokens, max_decode_tokens=args.max_decode_tokens,
         gate_weights=args.gate_weights)
 
@@ -96,8 +102,9 @@ def run(args) -> int:
           f"{s['selections']:,} selections")
     print(f"  {s['bytes'] / 1e6:.1f} MB on disk = {s['bytes_per_selection']:.2f} B/selection; "
           f"{s['seconds']:.1f} s = {s['selections_per_s'] / 1e6:.1f} M selections/s")
-    print(f"  design: median layer skew {r['design_trace_skew_median']:.2f}, CV {r['design_trace_cv_median']:.2f}, "
-          f"domain correlation {r['design_domain_correlation']:.2f}, per-domain skew "
-          f"{r['design_domain_skew_median']:.2f}; copy probability {r['copy_prob']:.3f} "
+    print(f"  pilot: median layer skew {r['pilot_skew']:.2f}, CV {r['pilot_cv']:.2f} (designed "
+          f"{r['design_trace_skew_median']:.2f} / {r['design_trace_cv_median']:.2f}: distinct top-k flattens the "
+          f"hottest experts), domain correlation "
+          f"{r['design_domain_correlation']:.2f}; copy probability {r['copy_prob']:.3f} "
           f"(pilot locality {r['pilot_locality']:.3f})")
     return 0

@@ -48,7 +48,7 @@ class OptimizerConfig:
     time_limit: float | None = None
     workers: int = 0
     seed: int = 0
-    max_traffic_samples: int = 4096
+    max_traffic_samples: int = 8192
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

@@ -12,6 +12,7 @@ from placement.optimizer.config import OptimizerConfig
 from placement.optimizer.greedy import count_bound, greedy_layer, normalize_scenarios
 from placement.optimizer.lns_cpsat import exact_model_size, solve_exact, solve_neighbourhood
 from placement.optimizer.local_search import LayerState, local_search
+from placement.optimizer.partition import partition_start
 from placement.optimizer.split_lp import ideal_max_load
 from placement.optimizer.traffic import TrafficModel, same_node, traffic_search
 
@@ -36,12 +37,13 @@ class LayerResult:
     ideal_value: float | None = None
     pareto: list = field(default_factory=list)
     hedge: dict | None = None
+    traffic_start: str | None = None
 
     def stats(self) -> dict:
         d = {"layer": self.layer, "value": self.value, "balancedness": 1.0 / self.value, "bound": self.bound,
              "gap": self.value / self.bound - 1.0, "greedy_value": self.greedy_value,
              "seconds": round(self.seconds, 3), "moves": self.moves, "lns_improved": self.lns_improved}
-        for k in ("span0", "span", "ideal_value"):
+        for k in ("span0", "span", "ideal_value", "traffic_start"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         if self.pareto:
@@ -128,7 +130,9 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
         samples_nk = np.asarray(samples_nk, dtype=np.int64)
         samples_nk = samples_nk[(samples_nk >= 0).all(axis=1)]
     if cfg.objective != "balance" and samples_nk is not None and len(samples_nk) and num_gpus > gpus_per_node:
-        _traffic(st, res, samples_nk, num_gpus, gpus_per_node, cfg, mono_deadline)
+        # the partition-first start ignores SGLang's node rule and the migration budget: not offered there
+        _traffic(st, res, samples_nk, num_gpus, gpus_per_node, cfg, mono_deadline,
+                 partition=nd is None and origin is None)
     if cfg.engine == "ideal":
         union = np.asarray(loads_we, dtype=np.float64).sum(axis=0)
         z, _ = ideal_max_load(union, res.p2l, num_gpus)
@@ -150,23 +154,45 @@ def _neighbourhood(st: LayerState, size: int, rng: np.random.Generator) -> np.nd
 
 
 def _traffic(st: LayerState, res: LayerResult, samples: np.ndarray, G: int, gpn: int, cfg: OptimizerConfig,
-             deadline: float) -> None:
+             deadline: float, partition: bool = True) -> None:
+    """Traffic refinement from two starts, the balance plan and (``partition``) a co-activation-grouped
+    placement with the same replica counts (:mod:`.partition`); for each balance floor the better result
+    that meets it wins (lower span for ``traffic``; lower ``value + weight * span / span0`` otherwise)."""
     base_p2l, base_val = st.p2l.copy(), st.value()
     weight = None if cfg.objective == "traffic" else cfg.traffic_weight
+    starts = [("balance", base_p2l)]
+    if partition:
+        part = partition_start(samples, st.wn, st.cnt, G, gpn)
+        if part is not None:  # first: when the deadline cuts the search short, it is the one that pays
+            starts.insert(0, ("partition", part))
+    res.span0 = TrafficModel(samples, base_p2l, G, gpn).span()
+    span0 = max(res.span0, 1e-9)
+    inside = same_node(st, gpn)
 
-    def run(floor_value: float) -> tuple[np.ndarray, float, float]:
-        st.set(base_p2l)
-        tm = TrafficModel(samples, base_p2l, G, gpn)
-        traffic_search(st, tm, floor_value, weight, deadline)
-        local_search(st, deadline, allowed=same_node(st, gpn), on_swap=tm.swap)
-        return st.p2l.copy(), st.value(), tm.span()
+    def everywhere(g: int) -> np.ndarray:  # swaps between any GPUs, no re-counting (units stay put)
+        return np.ones(G, dtype=bool)
 
-    tm0 = TrafficModel(samples, base_p2l, G, gpn)
-    res.span0 = tm0.span()
+    def run(cap: float) -> tuple[np.ndarray, float, float, str]:
+        best, best_key = None, None
+        for name, p2l in starts:
+            st.set(p2l)
+            tm = TrafficModel(samples, p2l, G, gpn)
+            if name != "balance":
+                local_search(st, deadline, allowed=inside, on_swap=tm.swap)
+                if st.value() > cap:  # node loads off: repair across nodes
+                    local_search(st, deadline, allowed=everywhere, on_swap=tm.swap)
+            traffic_search(st, tm, cap, weight, deadline)
+            local_search(st, deadline, allowed=inside, on_swap=tm.swap)
+            v, s = st.value(), tm.span()
+            key = (v > cap + 1e-12, s if weight is None else v + weight * s / span0)
+            if best_key is None or key < best_key:
+                best, best_key = (st.p2l.copy(), v, s, name), key
+        return best
+
     if cfg.pareto:
         for slack in PARETO_SLACKS:
-            _, v, s = run(1.0 / max(1.0 / base_val - slack, 1e-6))
+            _, v, s, _ = run(1.0 / max(1.0 / base_val - slack, 1e-6))
             res.pareto.append({"floor": 1.0 / base_val - slack, "balancedness": 1.0 / v, "span": s})
     floor = cfg.balance_floor if cfg.balance_floor is not None else 1.0 / base_val - 0.01
     cap = max(1.0 / floor, base_val)
-    res.p2l, res.value, res.span = run(cap)
+    res.p2l, res.value, res.span, res.traffic_start = run(cap)
