@@ -490,7 +490,7 @@ def build_plan(model: ModelSpec, cfg: SynthConfig) -> SynthPlan:
     scale, cv_scale, last, best = 1.0, 1.0, None, None
     for _ in range(SKEW_ROUNDS):
         plan = _build_plan(model, cfg, scale, cv_scale)
-        pilot, pilot_cv = _pilot_skew(plan)
+        pilot, pilot_cv = _pilot_skew_cv(plan)
         miss = abs(pilot / cfg.skew - 1.0) + (0.0 if cfg.cv is None else abs(pilot_cv / cfg.cv - 1.0) / 2)
         if best is None or miss < best[0]:
             best = (miss, plan, scale, cv_scale, pilot, pilot_cv)
@@ -515,7 +515,7 @@ def build_plan(model: ModelSpec, cfg: SynthConfig) -> SynthPlan:
     return SynthPlan(**{**plan.__dict__, "copy_prob": copy_prob, "report": report})
 
 
-def _pilot_skew(plan: SynthPlan, tokens: int = 4096) -> tuple[float, float]:
+def _pilot_skew_cv(plan: SynthPlan, tokens: int = 4096) -> tuple[float, float]:
     """Median over layers of the load of the designed hottest expert / the mean load, in a pilot batch
     (domains drawn from the average mix, no copying: the copy source is neutral; fixed seed). A fixed
     expert, not the batch's maximum: the maximum of noisy counts is biased upwards. Also the median CV,
@@ -691,7 +691,7 @@ class ExpertSampler:
             # the token's theme, the same at every layer: the theme under a random point of the token's
             # interval on the 2^32 Zipf circle (a token inside one theme's arc always gets that theme)
             r16 = (self.rng.bit_generator.random_raw(nb) & np.uint64(U_SIZE - 1)).astype(np.uint32)
-            point = plan.tok_start[rank] + r16 * plan.tok_width[rank]
+            point = t_start[:, 0] + r16 * t_width[:, 0]
             th = ((point.astype(np.uint64) * self.themes) >> np.uint64(32)).astype(np.intp)
             th_start = self.theme_bounds[th][:, None]
             th_width = (self.theme_bounds[th + 1] - self.theme_bounds[th])[:, None]
