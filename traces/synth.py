@@ -524,7 +524,7 @@ def _pilot_skew_cv(plan: SynthPlan, tokens: int = 4096) -> tuple[float, float]:
     rng = np.random.default_rng([cfg.seed, 0x5CE3])
     sampler = ExpertSampler(plan, rng, 1, 0.0)
     dom = rng.choice(cfg.num_domains, size=tokens, p=average_mix(plan.anchors))
-    ranks = np.minimum(np.searchsorted(plan.tok_cdf, rng.random(tokens)), len(plan.tok_cdf) - 1)
+    ranks = zipf_ranks(plan.tok_cdf, rng, tokens)
     out = sampler.sample(dom, ranks, np.full(tokens, -1), np.zeros(tokens, np.int64))
     L, E = plan.model.num_moe_layers, plan.model.num_experts
     key = (np.arange(L, dtype=np.int32)[None, :, None] * E + out).ravel()  # < 2^31: L * E is small
@@ -821,6 +821,11 @@ class ExpertSampler:
             flat = act[lr] * k + (local - lr * k)
 
 
+def zipf_ranks(tok_cdf: np.ndarray, rng: np.random.Generator, shape) -> np.ndarray:
+    """Zipf ranks of ``shape`` token draws (inverse CDF; clamped against the CDF's rounding at 1)."""
+    return np.minimum(np.searchsorted(tok_cdf, rng.random(shape)), len(tok_cdf) - 1)
+
+
 def topk_overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Fraction of shared experts between rows of two id arrays ``[..., k]``: float ``[...]``."""
     k = a.shape[-1]
@@ -833,8 +838,7 @@ def _pilot_overlap(plan: SynthPlan, copy_prob: float, num_requests: int, length:
     rng = np.random.default_rng([plan.config.seed, 0xC0DE])
     sampler = ExpertSampler(plan, rng, num_requests, copy_prob)
     dom = rng.integers(0, plan.config.num_domains, num_requests)
-    ranks = np.searchsorted(plan.tok_cdf, rng.random((num_requests, length)))
-    ranks = np.minimum(ranks, len(plan.tok_cdf) - 1)
+    ranks = zipf_ranks(plan.tok_cdf, rng, (num_requests, length))
     slot = np.arange(num_requests)
     overlaps = []
     for t in range(length):
@@ -1000,7 +1004,7 @@ def synth_chunks(plan: SynthPlan) -> Iterator[dict[str, np.ndarray]]:
         same[1:] = b["request_id"][order[1:]] == b["request_id"][order[:-1]]
         prev = np.where(b["seq"] > 0, b["slot"], -1)
         prev[order[1:][same[1:]]] = cfg.max_running + order[:-1][same[1:]]
-        ranks = np.minimum(np.searchsorted(plan.tok_cdf, rng.random(n)), len(plan.tok_cdf) - 1)
+        ranks = zipf_ranks(plan.tok_cdf, rng, n)
         b["experts"] = sampler.sample(b["domain"], ranks, prev, b["slot"])
         b["token_id"] = plan.rank2token[ranks]
         if cfg.gate_weights:

@@ -169,9 +169,6 @@ def _traffic(st: LayerState, res: LayerResult, samples: np.ndarray, G: int, gpn:
     span0 = max(res.span0, 1e-9)
     inside = same_node(st, gpn)
 
-    def everywhere(g: int) -> np.ndarray:  # swaps between any GPUs, no re-counting (units stay put)
-        return np.ones(G, dtype=bool)
-
     def run(cap: float) -> tuple[np.ndarray, float, float, str]:
         best, best_key = None, None
         for name, p2l in starts:
@@ -180,7 +177,7 @@ def _traffic(st: LayerState, res: LayerResult, samples: np.ndarray, G: int, gpn:
             if name != "balance":
                 local_search(st, deadline, allowed=inside, on_swap=tm.swap)
                 if st.value() > cap:  # node loads off: repair across nodes
-                    local_search(st, deadline, allowed=everywhere, on_swap=tm.swap)
+                    local_search(st, deadline, on_swap=tm.swap)  # swaps anywhere, no re-counts
             traffic_search(st, tm, cap, weight, deadline)
             local_search(st, deadline, allowed=inside, on_swap=tm.swap)
             v, s = st.value(), tm.span()

@@ -264,8 +264,9 @@ def local_search(st: LayerState, deadline: float, max_iters: int = 4000, top_gpu
                  allowed=None, on_swap=None) -> int:
     """Descend until no swap or recount on the ``top_gpus`` most loaded GPUs improves, ``max_iters``
     moves were made, or ``deadline`` (``time.monotonic()``) passes. ``allowed(g) -> bool [G] | None``
-    restricts swap partners (and disables recounts); ``on_swap(i, j)`` is told of every swap. Returns the
-    number of moves made."""
+    restricts swap partners (and disables recounts); ``on_swap(i, j)`` is told of every swap (and also
+    disables recounts: a re-count changes which expert a slot holds, which a swap observer cannot follow).
+    Returns the number of moves made."""
     made = 0
     while made < max_iters and time.monotonic() < deadline:
         order = np.argsort(-st.load[st.cap_rows:].max(axis=0), kind="stable")[:top_gpus]
@@ -278,7 +279,7 @@ def local_search(st: LayerState, deadline: float, max_iters: int = 4000, top_gpu
                     on_swap(sw[0], sw[1])
                 moved = True
                 break
-        if not moved and allowed is None:
+        if not moved and allowed is None and on_swap is None:
             rc = best_recount(st, int(order[0]))
             if rc is not None:
                 st.recount(rc[0], rc[1])
