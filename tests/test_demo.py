@@ -16,6 +16,14 @@ def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     tail = out[out.index("== 7. simulate"):]
     assert "placement-moeplace" in tail and "placement-eplb" in tail and "placement-linear" in tail
     assert "straggler total (s)" in tail
+    # the launch lines realize the layout the memory plan (stage 3) certified: attention TP8 x DP4 on 32 GPUs
+    plan = json.loads((run / "plan.json").read_text())["layout"]
+    assert (plan["tp"], plan["dp"]) == (8, 4)
+    sglang = out[out.index("== 5. export"):out.index("== 6. export")]
+    assert "--tp-size 32" in sglang and "--dp-size 4" in sglang and "--enable-dp-attention" in sglang
+    vllm = out[out.index("== 6. export"):out.index("== 7. simulate")]
+    assert "--tensor-parallel-size 8" in vllm and "--data-parallel-size 4" in vllm
+    assert "--enable-expert-parallel" in vllm
     for rel in ("loads.npz", "plan.json", "placement.json", "comparison.json", "sim/summary.json",
                 "export/sglang-expert-location.json", "export/vllm-expert-map.json"):
         assert (run / rel).is_file(), rel

@@ -20,7 +20,7 @@ from traces.loads import Loads, load_loads
 from traces.model import load_model
 
 PLACEMENT_FORMATS = {"sglang": ".json", "sglang-pt": ".pt", "vllm-expert-map": ".json", "vllm-jsonl": ".jsonl",
-                     "vllm-ascend": ".json"}
+                     "vllm-ascend": ".json", "trtllm": ".yaml", "trtllm-lb": ".yaml"}
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +304,7 @@ def _flag(args, name):
 def test_sglang_flags_match_the_placement(dsv3, tmp_path):
     pl = vllm_default(dsv3, 16, 16)
     out = tmp_path / "loc.json"
-    text = launch_command(pl, dsv3, "sglang", out)
+    text = launch_command(pl, dsv3, "sglang", out, FlagOptions(tp=16, dp=1))
     args = _command_args(text)
     assert args[:3] == ["python", "-m", "sglang.launch_server"]
     assert _flag(args, "--ep-num-redundant-experts") == "16"
@@ -315,14 +315,14 @@ def test_sglang_flags_match_the_placement(dsv3, tmp_path):
     assert _flag(args, "--kv-cache-dtype") == "fp8_e4m3"
     assert _flag(args, "--context-length") == str(dsv3.max_context)
     assert "--enable-eplb" not in args
-    online = _command_args(launch_command(pl, dsv3, "sglang", out, FlagOptions(online_eplb=True, eplb_interval=500)))
+    online = _command_args(launch_command(pl, dsv3, "sglang", out, FlagOptions(online_eplb=True, eplb_interval=500, tp=16)))
     assert _flag(online, "--eplb-rebalance-num-iterations") == "500"
 
 
 def test_vllm_flags_pick_backend_by_topology(k3, tmp_path):
     one_node = Placement.from_phy2log(vllm_default(k3, 8, 0).phy2log, k3, 8, 8, {})
     args = _command_args(launch_command(one_node, k3, "vllm-expert-map", tmp_path / "m.json",
-                                        FlagOptions(kv_cache_dtype="bf16", max_model_len=32768)))
+                                        FlagOptions(kv_cache_dtype="bf16", max_model_len=32768, dp=8)))
     assert args[:2] == ["vllm", "serve"]
     assert _flag(args, "--all2all-backend") == "flashinfer_nvlink_one_sided"
     assert "--data-parallel-address" not in args
@@ -330,7 +330,7 @@ def test_vllm_flags_pick_backend_by_topology(k3, tmp_path):
     cfg = json.loads(_flag(args, "--eplb-config"))
     assert cfg["num_redundant_experts"] == 0 and cfg["initial_expert_map_path"].endswith("m.json")
     four = vllm_default(k3, 32, 32)
-    text = launch_command(four, k3, "vllm-jsonl", tmp_path / "m.jsonl")
+    text = launch_command(four, k3, "vllm-jsonl", tmp_path / "m.jsonl", FlagOptions(tp=1, dp=32))
     args = _command_args(text)
     assert _flag(args, "--all2all-backend") == "deepep_v2" and _flag(args, "--data-parallel-size") == "32"
     cfg = json.loads(_flag(args, "--eplb-config"))
@@ -340,7 +340,8 @@ def test_vllm_flags_pick_backend_by_topology(k3, tmp_path):
 
 
 def test_ascend_flags_pass_redundancy(dsv3, tmp_path):
-    args = _command_args(launch_command(vllm_default(dsv3, 8, 8), dsv3, "vllm-ascend", tmp_path / "a.json"))
+    args = _command_args(launch_command(vllm_default(dsv3, 8, 8), dsv3, "vllm-ascend", tmp_path / "a.json",
+                                        FlagOptions(dp=8)))
     extra = json.loads(_flag(args, "--additional-config"))
     assert extra == {"eplb_config": {"expert_map_path": str((tmp_path / "a.json").resolve()),
                                      "num_redundant_experts": 8}}
@@ -351,7 +352,8 @@ def test_cli_export_import_and_errors(dsv3, tmp_path, capsys):
     pl = vllm_default(dsv3, 8, 8)
     pj = tmp_path / "pl.json"
     pl.save(pj)
-    assert main(["export", str(pj), "--format", "sglang", "--out", str(tmp_path / "s.json"), "--flags"]) == 0
+    assert main(["export", str(pj), "--format", "sglang", "--out", str(tmp_path / "s.json"), "--flags",
+                 "--tp", "8"]) == 0
     out = capsys.readouterr().out
     assert "--init-expert-location" in out and "wrote" in out
     assert main(["import-placement", str(tmp_path / "s.json"), "--format", "sglang", "--model", "deepseek-v3",

@@ -85,12 +85,15 @@ def run(args) -> int:
            ["optimize", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--out", str(out / "placement.json"),
             "--save-all", str(out / "placements"), "--report", str(out / "comparison.json"),
             "--seed", str(args.seed)])
+    # the launch lines realize the layout step 3 certified (the export re-runs the plan on it with the
+    # placement's redundant slots and refuses it if it no longer fits)
+    layout = ["--flags", "--gpu", args.gpu, "--tp", str(tp), "--dp", str(args.gpus // tp)]
     _stage("5. export the moeplace placement for SGLang, with its launch flags",
            ["export", str(out / "placement.json"), "--format", "sglang", "--out",
-            str(out / "export" / "sglang-expert-location.json"), "--flags"])
-    _stage("6. export for vLLM (eplb_config.initial_expert_map_path, vLLM PR #49572)",
+            str(out / "export" / "sglang-expert-location.json"), *layout])
+    _stage("6. export for vLLM (eplb_config.initial_expert_map_path, vLLM PR #49572), with its launch flags",
            ["export", str(out / "placement.json"), "--format", "vllm-expert-map", "--out",
-            str(out / "export" / "vllm-expert-map.json")])
+            str(out / "export" / "vllm-expert-map.json"), *layout])
     # Prompt lengths from a chat-like mixture (routing still from the trace): the trace's own long-context
     # tail (a 1M-token prompt) would set the pace of every step and hide the placements' differences;
     # docs/simulate.md shows that scenario on its own.

@@ -16,18 +16,25 @@ GROUP = "trace"
 def register(sub) -> None:
     p = sub.add_parser(
         "import",
-        help="import SGLang recorder dumps / vLLM routing logs / vLLM EPLB load records",
+        help="import engine dumps (SGLang, vLLM, TensorRT-LLM) and public routing-trace datasets",
         description="sglang: expert-distribution-recorder dumps (.pt/.json); stat mode -> Loads .npz, "
         "per_token mode -> trace directory. vllm-jsonl: per-token routing log (meta + route lines) -> trace "
-        "directory. vllm-eplb: eplb_load_stats JSONL records -> Loads .npz.",
+        "directory. vllm-eplb: eplb_load_stats JSONL records -> Loads .npz. trtllm-stats: an "
+        "EXPERT_STATISTIC_PATH directory -> Loads .npz (counts) or a trace directory (raw ids). "
+        "vllm-routed-experts: saved responses of a server run with --enable-return-routed-experts (JSON / "
+        "JSONL) -> trace directory. flame-moe: a FLAME-MoE traces model or actives/iter_N directory -> trace "
+        "directory. moe-selection-json: per-query JSON files (or their directory tree) of the MoE expert "
+        "selection trace dataset -> trace directory.",
     )
     p.add_argument("--format", required=True, choices=list(FORMATS), help="input format")
-    p.add_argument("srcs", nargs="+", metavar="SRC", help="input files (several: ranks / runs of one model)")
+    p.add_argument("srcs", nargs="+", metavar="SRC",
+                   help="input files (several: ranks / runs of one model) or a directory (trtllm-stats, flame-moe, "
+                        "moe-selection-json)")
     p.add_argument(
         "--out",
         required=True,
-        help="output: a .npz for Loads (sglang stat, vllm-eplb), "
-        "a directory for traces (sglang per_token, vllm-jsonl)",
+        help="output: a .npz for Loads (sglang stat, vllm-eplb, trtllm-stats counts), "
+        "a directory for traces (the others; trtllm-stats raw ids)",
     )
     p.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"model preset or config.json (default {DEFAULT_MODEL})"
@@ -46,6 +53,10 @@ def register(sub) -> None:
         help="vllm-jsonl: drop runs of at least this many identical consecutive rows of one layer "
         f"(engine warm-up); 0 keeps all (default {DEFAULT_WARMUP_MIN_RUN})",
     )
+    p.add_argument("--iteration", type=int, default=None,
+                   help="flame-moe: training checkpoint (actives/iter_N; default the latest)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="flame-moe: keep the first N tokens (a capture holds 52M)")
     p.set_defaults(func=run)
 
 
@@ -57,11 +68,15 @@ def run(args) -> int:
         options = {"layer_numbering": args.layer_numbering, "warmup_min_run": args.warmup_min_run}
         if args.warmup_min_run < 0:
             raise InputError(f"--warmup-min-run must be >= 0, got {args.warmup_min_run}")
+    if args.format == "flame-moe":
+        options = {"iteration": args.iteration, "max_tokens": args.max_tokens}
+    elif args.iteration is not None or args.max_tokens is not None:
+        raise InputError("--iteration / --max-tokens apply to --format flame-moe only")
     loads_out = out.suffix == ".npz"
     if args.format == "vllm-eplb" and not loads_out:
         raise InputError(f"--out {out}: vllm-eplb produces Loads; give a path ending in .npz")
-    if args.format == "vllm-jsonl" and loads_out:
-        raise InputError(f"--out {out}: vllm-jsonl produces a trace directory, not a .npz")
+    if args.format in ("vllm-jsonl", "vllm-routed-experts", "flame-moe", "moe-selection-json") and loads_out:
+        raise InputError(f"--out {out}: {args.format} produces a trace directory, not a .npz")
     result = import_source(args.format, args.srcs, model, out, **options)
     print(format_summary(result.summary, out, model.name))
     return 0
@@ -78,6 +93,9 @@ def format_summary(s: dict, out: Path, model_name: str) -> str:
         ("warmup_rows_dropped", "warm-up rows dropped"),
         ("zero_steps_dropped", "zero steps dropped"),
         ("idle_records_dropped", "idle records dropped"),
+        ("ranks", "ranks"),
+        ("mtp_layers_skipped", "MTP records skipped"),
+        ("requests", "requests"),
         ("rows_written", "rows written"),
         ("tokens", "tokens"),
         ("windows", "windows"),

@@ -17,6 +17,8 @@ sglang-logical-count SGLang    ``--init-expert-location x.json|x.pt``: ``{"logic
 vllm-expert-map    vLLM #49572 ``eplb_config.initial_expert_map_path``: ``[[p->l ...] per MoE layer]``
 vllm-jsonl         vLLM #41141 ``eplb_config.initial_mapping_path``: ``eplb_initial_mapping`` JSONL record
 vllm-ascend        vllm-ascend ``additional_config.eplb_config.expert_map_path`` JSON
+trtllm             TRT-LLM     ``trtllm-serve --extra_llm_api_options x.yaml``: ``moe_config.load_balancer``
+trtllm-lb          TRT-LLM     bare ``MoeLoadBalancerConfig`` YAML (``moe_config.load_balancer: x.yaml``)
 ================== =========== ==========================================================================
 """
 from __future__ import annotations
@@ -67,7 +69,7 @@ def register_format(fmt: ExportFormat) -> ExportFormat:
 
 def _load_all() -> None:
     # Imported here (not at module top) so the registry module has no import cycle with its formats.
-    from placement.export import sglang, vllm, vllm_ascend  # noqa: F401
+    from placement.export import sglang, trtllm, vllm, vllm_ascend  # noqa: F401
 
 
 def format_names() -> list[str]:

@@ -1,25 +1,38 @@
 """Launch flags that must go with an exported placement file, as a ready command line.
 
+The command realizes an attention layout: ``tp`` GPUs of attention tensor parallelism per DP rank times
+``dp`` attention data-parallel ranks (``tp * dp`` = the placement's EP size; the MoE layers are expert
+parallel over all of them). :func:`check_layout` runs the memory plan (:func:`placement.plan.plan_memory`)
+on that layout and refuses one that does not fit, with the plan's reason.
+
 Flag names are the engines' own (checked in their argument parsers):
 
 - SGLang (0.5.23 wheel, ``srt/arg_groups/fields/{model,parallel,exec_}.py``): ``--model-path``,
-  ``--trust-remote-code``, ``--tp-size``, ``--ep-size``, ``--attn-dp-size`` (replaces the deprecated
-  ``--dp-size N --enable-dp-attention``), ``--nnodes``, ``--node-rank``, ``--dist-init-addr``,
+  ``--trust-remote-code``, ``--tp-size`` (all GPUs of the instance), ``--dp-size N --enable-dp-attention``
+  (attention DP; ``--tp-size / --dp-size`` GPUs per attention TP group; ``--attn-dp-size`` is the newer
+  spelling), ``--ep-size``, ``--nnodes``, ``--node-rank``, ``--dist-init-addr``,
   ``--moe-a2a-backend {none,deepep,flashinfer,deepep_v2,...}``, ``--deepep-mode``,
   ``--ep-num-redundant-experts``, ``--ep-dispatch-algorithm {static,dynamic,fake,lp}``,
   ``--init-expert-location``, ``--enable-eplb``, ``--eplb-rebalance-num-iterations`` (default 1000),
   ``--kv-cache-dtype {auto,fp8_e4m3,bf16,...}``, ``--context-length``.
 - vLLM (``vllm/config/parallel.py``, ``engine/arg_utils.py``): ``--tensor-parallel-size``,
   ``--data-parallel-size``, ``--data-parallel-size-local``, ``--data-parallel-address``,
-  ``--data-parallel-rpc-port``, ``--data-parallel-start-rank``, ``--headless``, ``--enable-expert-parallel``,
-  ``--all2all-backend {allgather_reducescatter,deepep_high_throughput,deepep_low_latency,deepep_v2,
-  flashinfer_nvlink_one_sided,...}``, ``--enable-eplb``, ``--eplb-config JSON`` (``window_size`` 1000,
-  ``step_interval`` 3000, ``num_redundant_experts``), ``--expert-placement-strategy``,
+  ``--data-parallel-rpc-port``, ``--data-parallel-start-rank``, ``--headless``, ``--enable-expert-parallel``
+  (EP size = TP x DP), ``--all2all-backend {allgather_reducescatter,deepep_high_throughput,
+  deepep_low_latency,deepep_v2,flashinfer_nvlink_one_sided,...}``, ``--enable-eplb``, ``--eplb-config JSON``
+  (``window_size`` 1000, ``step_interval`` 3000, ``num_redundant_experts``), ``--expert-placement-strategy``,
   ``--kv-cache-dtype {auto,fp8,...}``, ``--max-model-len``; the file keys come from the open PRs
   (``initial_expert_map_path`` #49572; ``initial_mapping_path`` and ``disable_online_rebalancing`` #41141).
 - vllm-ascend: ``--additional-config '{"eplb_config": {"expert_map_path": ..., "num_redundant_experts": R}}'``.
+- TensorRT-LLM (``tensorrt_llm/commands/serve.py``): ``trtllm-serve MODEL --backend pytorch --tp_size
+  --ep_size --gpus_per_node --max_seq_len --trust_remote_code --extra_llm_api_options FILE`` (alias
+  ``--config``); the YAML carries ``enable_attention_dp``, ``kv_cache_config.dtype`` and ``moe_config``
+  (``backend``, ``load_balancer``). TensorRT-LLM's attention is either TP over all ``tp_size`` ranks or DP
+  over all of them (``enable_attention_dp``), so only ``tp == 1`` or ``dp == 1`` layouts exist there, and
+  its load balancer needs attention DP. Several nodes run under ``mpirun``/``srun`` with
+  ``trtllm-llmapi-launch`` (examples/wide_ep).
 
-All-to-all backend by topology (REFERENCE.md "Deployments seen"): one NVLink domain (a single node, or an
+All-to-all backend by topology (the engines' deployment guides): one NVLink domain (a single node, or an
 NVL72 rack) -> vLLM ``flashinfer_nvlink_one_sided`` / SGLang ``flashinfer`` on NVL72, ``deepep`` on 8-GPU
 nodes; several nodes over RDMA -> vLLM ``deepep_v2`` / SGLang ``deepep``.
 """
@@ -27,8 +40,9 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from placement.record import Placement
 from traces.errors import InputError
@@ -46,22 +60,27 @@ MODEL_PATHS = {
 ENGINE_OF_FORMAT = {
     "sglang": "sglang", "sglang-pt": "sglang", "sglang-logical-count": "sglang",
     "vllm-expert-map": "vllm", "vllm-jsonl": "vllm", "vllm-ascend": "vllm-ascend",
+    "trtllm": "trtllm", "trtllm-lb": "trtllm",
 }
 
 
 @dataclass(frozen=True)
 class FlagOptions:
-    """What the command line needs beyond the placement. ``online_eplb``: keep the engine's online
-    rebalancing on (window/interval below) rather than serving the file's layout statically."""
+    """What the command line needs beyond the placement. ``tp``/``dp``: the attention layout (``None``:
+    the memory plan's default for the GPU count, as ``place plan`` resolves it). ``online_eplb``: keep the
+    engine's online rebalancing on (window/interval below) rather than serving the file's layout
+    statically. ``moe_backend``: TensorRT-LLM's ``moe_config.backend``."""
 
     model_path: str | None = None
     kv_cache_dtype: str = "fp8"  # bf16 | fp8
     max_model_len: int | None = None  # default: the model's max context
-    gpu: str | None = None  # GPU kind, for the Hopper caveat; default from the placement's provenance
+    gpu: str | None = None  # GPU kind, for the Hopper caveat and the memory plan; default from the placement
     online_eplb: bool = False
     eplb_window: int = 1000
     eplb_interval: int = 3000
-    dp_attention: bool = False  # SGLang: --attn-dp-size G (DP attention) instead of TP attention
+    tp: int | None = None
+    dp: int | None = None
+    moe_backend: str = "WIDEEP"
     master_addr: str = "$MASTER_ADDR"
 
     def __post_init__(self) -> None:
@@ -71,6 +90,10 @@ class FlagOptions:
             raise InputError("--eplb-window and --eplb-interval must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise InputError(f"--max-model-len must be >= 1, got {self.max_model_len}")
+        for name in ("tp", "dp"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise InputError(f"--{name} must be >= 1, got {v}")
 
 
 def _gpu_kind(placement: Placement, opts: FlagOptions) -> str:
@@ -80,26 +103,120 @@ def _gpu_kind(placement: Placement, opts: FlagOptions) -> str:
     return str(cluster.get("gpu", "")) if isinstance(cluster, dict) else ""
 
 
+def plan_config_from_report(path: str | Path) -> tuple[Any, dict[str, Any]]:
+    """The :class:`~placement.plan.PlanConfig` and cluster dict of a ``place plan --report`` JSON."""
+    from placement.plan import PlanConfig
+    from traces.files import read_json
+
+    d = read_json(path)
+    if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or not isinstance(d.get("cluster"), dict):
+        raise InputError(f"{path}: not a `place plan --report` file (fields 'config' and 'cluster' expected)")
+    cfg = dict(d["config"])
+    if cfg.get("context_mix") is not None:
+        try:
+            cfg["context_mix"] = tuple((int(n), float(s)) for n, s in cfg["context_mix"])
+        except (TypeError, ValueError):
+            raise InputError(f"{path}: field 'config.context_mix' must be [[tokens, share], ...]") from None
+    layout = d.get("layout") if isinstance(d.get("layout"), dict) else {}
+    for key in ("tp", "dp", "ep", "dense_tp"):  # the resolved sizes, so the plan is re-run on exactly them
+        if layout.get(key) is not None:
+            cfg[key] = layout[key]
+    try:
+        return PlanConfig(**cfg), d["cluster"]
+    except TypeError as exc:
+        raise InputError(f"{path}: field 'config' does not match this version's plan settings ({exc})") from None
+
+
+def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan_report: str | Path | None = None):
+    """Run the memory plan on the launch layout; return ``(opts with tp/dp resolved, MemoryPlan)``.
+
+    The layout comes from ``opts.tp``/``opts.dp`` or from a ``place plan --report`` file (whose GPU count,
+    GPU kind and redundancy must be the placement's). A layout the plan rejects raises :class:`InputError`
+    carrying the plan's first reason.
+    """
+    from placement.cluster import make_cluster
+    from placement.plan import PlanConfig, plan_memory
+
+    G, R = placement.num_gpus, placement.num_redundant
+    if plan_report is not None:
+        if opts.tp is not None or opts.dp is not None:
+            raise InputError("give the attention layout either as --tp/--dp or as --plan, not both")
+        config, cluster_d = plan_config_from_report(plan_report)
+        n = cluster_d.get("num_gpus")
+        if n != G:
+            raise InputError(f"--plan {plan_report}: the plan is for {n} GPUs, the placement for {G}")
+        if config.num_redundant != R:
+            raise InputError(f"--plan {plan_report}: the plan has {config.num_redundant} redundant experts per layer, "
+                             f"the placement {R}; re-plan with --redundant {R}")
+        if config.ep not in (None, G):
+            raise InputError(f"--plan {plan_report}: the plan has EP {config.ep}, the placement spreads over {G} GPUs")
+        gpu = str(cluster_d.get("gpu", {}).get("name") if isinstance(cluster_d.get("gpu"), dict)
+                  else cluster_d.get("gpu") or _gpu_kind(placement, opts) or "h200")
+        cluster = make_cluster(G, gpu, cluster_d.get("gpus_per_node") or placement.gpus_per_node)
+    else:
+        gpu = _gpu_kind(placement, opts) or "h200"
+        cluster = make_cluster(G, gpu, placement.gpus_per_node)
+        config = PlanConfig(tp=opts.tp, dp=opts.dp, ep=G, num_redundant=R,
+                            kv_dtype="fp8" if opts.kv_cache_dtype == "fp8" else "bf16",
+                            context=opts.max_model_len)
+    plan = plan_memory(model, cluster, config, suggest=False)
+    lay = plan.layout
+    if not plan.fits:
+        raise InputError(f"layout attention TP{lay.tp} x DP{lay.dp} on {G} x {cluster.gpu.name} does not fit: "
+                         f"{plan.reasons[0]} (`place plan --gpus {G} --gpu {cluster.gpu.name} --tp {lay.tp} "
+                         f"--dp {lay.dp} --redundant {R}` shows the breakdown)")
+    return replace(opts, tp=lay.tp, dp=lay.dp, gpu=opts.gpu or cluster.gpu.name), plan
+
+
 def _join(lines: list[str]) -> str:
     return " \\\n  ".join(lines)
 
 
+def _layout(placement: Placement, opts: FlagOptions) -> tuple[int, int]:
+    G = placement.num_gpus
+    tp, dp = opts.tp, opts.dp
+    if tp is None and dp is None:
+        raise InputError("the launch command needs the attention layout: pass --tp/--dp or --plan "
+                         "(check_layout resolves it)")
+    tp = tp or G // dp
+    dp = dp or G // tp
+    if tp * dp != G:
+        raise InputError(f"--tp {tp} x --dp {dp} = {tp * dp}, but the placement spreads over {G} GPUs "
+                         "(attention TP x DP must equal the EP size)")
+    return tp, dp
+
+
 def launch_command(placement: Placement, model: ModelSpec, fmt: str, file_path: str | Path,
-                   opts: FlagOptions | None = None) -> str:
+                   opts: FlagOptions) -> str:
     """A shell command (with ``#`` comment lines) that serves ``model`` with ``placement`` loaded from
-    ``file_path`` (exported in ``fmt``) on ``placement.num_gpus`` GPUs."""
-    opts = opts or FlagOptions()
+    ``file_path`` (exported in ``fmt``) on ``placement.num_gpus`` GPUs with attention TP ``opts.tp`` x DP
+    ``opts.dp``. Run :func:`check_layout` first: this function checks the arithmetic, not the memory."""
     if fmt not in ENGINE_OF_FORMAT:
         raise InputError(f"--format '{fmt}' unknown (expected one of {', '.join(ENGINE_OF_FORMAT)})")
     engine = ENGINE_OF_FORMAT[fmt]
     path = str(Path(file_path).resolve())
-    G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
-    nodes = G // gpn
+    tp, dp = _layout(placement, opts)
     model_path = opts.model_path or MODEL_PATHS.get(model.name, model.source or model.name)
     max_len = opts.max_model_len or model.max_context
-    notes: list[str] = []
     if engine == "sglang":
-        return _sglang(placement, model, fmt, path, opts, model_path, max_len, nodes, notes)
+        return _sglang(placement, model, fmt, path, opts, model_path, max_len, tp, dp)
+    if engine == "trtllm":
+        return _trtllm(placement, model, fmt, path, opts, model_path, max_len, tp, dp)
+    return _vllm(placement, model, fmt, path, opts, model_path, max_len, tp, dp, engine)
+
+
+def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
+          max_len: int, tp: int, dp: int, engine: str) -> str:
+    G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
+    nodes = G // gpn
+    notes: list[str] = []
+    if gpn % tp and tp % gpn:
+        raise InputError(f"--tp {tp} and the {gpn} GPUs per node: one must divide the other (a TP group fills "
+                         "whole nodes or packs into one)")
+    dp_local = max(1, gpn // tp)
+    if tp > gpn:
+        notes.append(f"# each DP rank's TP{tp} group spans {tp // gpn} nodes: vLLM needs its multi-node TP "
+                     "launcher (Ray) for that; the command below is the single-process-per-node form")
     gpu = _gpu_kind(placement, opts)
     if engine == "vllm" and gpu in ("h100", "h200") and model.name == "kimi-k3":
         notes.append("# vLLM's K3 recipe marks DEP unsupported on Hopper (H100/H200): it runs TP with "
@@ -109,7 +226,7 @@ def launch_command(placement: Placement, model: ModelSpec, fmt: str, file_path: 
     a2a = "flashinfer_nvlink_one_sided" if nodes == 1 else "deepep_v2"
     kv = "fp8" if opts.kv_cache_dtype == "fp8" else "auto"
     head = [f"vllm serve {shlex.quote(model_path)}", "--trust-remote-code",
-            "--tensor-parallel-size 1", f"--data-parallel-size {G}", f"--data-parallel-size-local {gpn}"]
+            f"--tensor-parallel-size {tp}", f"--data-parallel-size {dp}", f"--data-parallel-size-local {dp_local}"]
     if nodes > 1:
         head += [f"--data-parallel-address {opts.master_addr}", "--data-parallel-rpc-port 13345"]
     head += ["--enable-expert-parallel", f"--all2all-backend {a2a}"]
@@ -143,25 +260,30 @@ def launch_command(placement: Placement, model: ModelSpec, fmt: str, file_path: 
         head += [f"--max-model-len {max_len}"]
     else:
         head += [f"--kv-cache-dtype {kv}", f"--max-model-len {max_len}"]
-    lines = notes + [f"# head node (node 0 of {nodes})" if nodes > 1 else f"# one node, {G} GPUs", _join(head)]
+    where = f"# head node (node 0 of {nodes})" if nodes > 1 else f"# one node, {G} GPUs"
+    lines = notes + [f"# attention TP{tp} x DP{dp}, EP{G}", where, _join(head)]
     if nodes > 1:
         lines.append(f"# nodes 1..{nodes - 1}: the same command plus --headless --data-parallel-start-rank "
-                     f"$((NODE_RANK * {gpn}))")
+                     f"$((NODE_RANK * {dp_local}))")
     return "\n".join(lines) + "\n"
 
 
 def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
-            max_len: int, nodes: int, notes: list[str]) -> str:
+            max_len: int, tp: int, dp: int) -> str:
     G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
+    nodes = G // gpn
     from placement.export.sglang import support_warnings
 
-    notes += [f"# WARNING: {w}" for w in support_warnings(model)]
+    notes = [f"# WARNING: {w}" for w in support_warnings(model)]
     a2a = "flashinfer" if gpn >= 72 else "deepep"
     kv = "fp8_e4m3" if opts.kv_cache_dtype == "fp8" else "bf16"
+    # SGLang's --tp-size is the instance's GPU count; with DP attention each of --dp-size ranks runs
+    # attention TP over tp-size / dp-size GPUs
     cmd = [f"python -m sglang.launch_server --model-path {shlex.quote(model_path)}", "--trust-remote-code",
-           f"--tp-size {G}", f"--ep-size {G}"]
-    if opts.dp_attention:
-        cmd.append(f"--attn-dp-size {G}")
+           f"--tp-size {tp * dp}"]
+    if dp > 1:
+        cmd += [f"--dp-size {dp}", "--enable-dp-attention"]
+    cmd.append(f"--ep-size {G}")
     if nodes > 1:
         cmd += [f"--nnodes {nodes}", "--node-rank $NODE_RANK", f"--dist-init-addr {opts.master_addr}:5000"]
     cmd += [f"--moe-a2a-backend {a2a}"]
@@ -175,4 +297,57 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
         cmd += ["--enable-eplb", f"--eplb-rebalance-num-iterations {opts.eplb_interval}"]
     cmd += [f"--kv-cache-dtype {kv}", f"--context-length {max_len}"]
     head = f"# run on each of the {nodes} nodes with NODE_RANK=0..{nodes - 1}" if nodes > 1 else f"# one node, {G} GPUs"
-    return "\n".join(notes + [head, _join(cmd)]) + "\n"
+    return "\n".join(notes + [f"# attention TP{tp} x DP{dp}, EP{G}", head, _join(cmd)]) + "\n"
+
+
+def trtllm_attention_dp(tp: int, dp: int) -> bool:
+    """TensorRT-LLM's ``enable_attention_dp`` for attention TP ``tp`` x DP ``dp`` (one of them must be 1)."""
+    if tp > 1 and dp > 1:
+        raise InputError(f"TensorRT-LLM runs attention either as TP over all ranks or as DP over all ranks "
+                         f"(enable_attention_dp); attention TP{tp} x DP{dp} cannot be expressed: use --tp 1 "
+                         f"--dp {tp * dp} (its load balancer needs attention DP anyway)")
+    return dp > 1 or tp == 1
+
+
+def trtllm_options(placement: Placement, opts: FlagOptions) -> dict[str, Any]:
+    """The launch part of the extra-options YAML (what ``--flags`` adds to an exported ``trtllm`` file)."""
+    tp, dp = _layout(placement, opts)
+    return {"attention_dp": trtllm_attention_dp(tp, dp), "moe_backend": opts.moe_backend,
+            "kv_cache_dtype": opts.kv_cache_dtype}
+
+
+def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
+            max_len: int, tp: int, dp: int) -> str:
+    from placement.export.trtllm import dump_yaml, support_warnings
+
+    G, gpn = placement.num_gpus, placement.gpus_per_node
+    nodes = G // gpn
+    adp = trtllm_attention_dp(tp, dp)
+    notes = [f"# WARNING: {w}" for w in support_warnings(model, attention_dp=adp, ep_size=G)]
+    options: dict[str, Any] = {"enable_attention_dp": adp,
+                               "kv_cache_config": {"dtype": "fp8" if opts.kv_cache_dtype == "fp8" else "auto"},
+                               "moe_config": {"backend": opts.moe_backend.upper(),
+                                              "load_balancer": "<inline in the file: num_slots "
+                                                               f"{placement.num_slots}, layer_updates_per_iter 0>"}}
+    if fmt == "trtllm-lb":
+        options["moe_config"]["load_balancer"] = path
+        extra = "extra_llm_api_options.yaml"
+        notes.append(f"# write the YAML below to {extra}; moe_config.load_balancer points at the exported file")
+    else:
+        extra = path
+        notes.append(f"# {Path(path).name} holds the YAML below, with the load balancer inline")
+    if opts.online_eplb:
+        notes.append("# online rebalancing: set moe_config.load_balancer.layer_updates_per_iter > 0 (layers "
+                     "re-placed per iteration); the exported layout is then only the start")
+    cmd = [f"trtllm-serve {shlex.quote(model_path)}", "--backend pytorch", "--trust_remote_code",
+           f"--tp_size {G}", f"--ep_size {G}", f"--gpus_per_node {gpn}", f"--max_seq_len {max_len}",
+           f"--extra_llm_api_options {shlex.quote(extra)}"]
+    if nodes > 1:
+        cmd[0] = f"trtllm-llmapi-launch {cmd[0]}"
+        where = (f"# {nodes} nodes: start under mpirun/srun with one rank per GPU ({G} ranks), e.g. "
+                 f"srun -N {nodes} --ntasks-per-node {gpn}")
+    else:
+        where = f"# one node, {G} GPUs"
+    yaml_text = dump_yaml(options, f"extra LLM-API options: attention {'DP' if adp else 'TP'} over {G} ranks")
+    return "\n".join(notes + [f"# attention TP{tp} x DP{dp}, EP{G}", where, _join(cmd), "",
+                               yaml_text.rstrip("\n")]) + "\n"

@@ -453,13 +453,9 @@ def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultSto
         opts = FlagOptions(kv_cache_dtype="fp8" if best["kv_dtype"] == "fp8" else "bf16",
                            max_model_len=best["plan_context"],
                            gpu=best["gpu"], online_eplb=rb != "static", eplb_window=window or 1000,
-                           eplb_interval=every or 3000, dp_attention=best["tp"] == 1)
+                           eplb_interval=every or 3000, tp=best["tp"], dp=best["dp"])
         cmd = launch_command(placement, spec.model, fmt, d / fname, opts)
         notes = []
-        if best["tp"] != 1:
-            notes.append(f"# simulated layout: attention TP{best['tp']} x DP{best['dp']}, EP{best['ep']}; "
-                         "the command below has the exporter's attention layout (vLLM: TP1 x DP; SGLang: "
-                         "TP over all GPUs), adjust it to match")
         if best["kv_dtype"] not in ("fp8", "bf16"):
             notes.append(f"# simulated with KV {best['kv_dtype']}; the engines' flag takes fp8 or bf16/auto")
         cmd = "\n".join(notes + [cmd.rstrip("\n")]) + "\n"

@@ -9,6 +9,14 @@ format         input                                                       outpu
 ``vllm-jsonl`` per-token routing log (``{"type":"meta",...}`` then            trace directory
                ``{"type":"route",...}`` lines)
 ``vllm-eplb``  vLLM offline-EPLB load records (``eplb_load_stats`` JSONL)     Loads
+``trtllm-stats`` TensorRT-LLM ``EXPERT_STATISTIC_PATH`` dumps (``meta_info.json`` Loads (counts) or a
+               + ``rank<R>.safetensors``; ``rank<R>_raw.safetensors``)       trace (raw ids)
+``vllm-routed-experts`` vLLM responses with ``routed_experts``                trace directory
+               (``--enable-return-routed-experts``; JSON / JSONL)
+``flame-moe``  FLAME-MoE traces dataset (``actives/iter_N/layer_NN.parquet``  trace directory
+               + ``samples/*.parquet``)
+``moe-selection-json`` per-query JSON of the "MoE expert selection trace"     trace directory
+               dataset (expert ids per layer per generated token)
 =============  ==========================================================  =========================
 
 Every importer checks its input field by field (errors name file, line/record and field), writes
@@ -27,7 +35,11 @@ from traces.loads import Loads
 from traces.model import ModelSpec
 
 # format name -> module in this package implementing ``import_(srcs, model, out, **options)``
-FORMATS: dict[str, str] = {"sglang": "sglang", "vllm-jsonl": "vllm_jsonl", "vllm-eplb": "vllm_eplb"}
+FORMATS: dict[str, str] = {"sglang": "sglang", "vllm-jsonl": "vllm_jsonl", "vllm-eplb": "vllm_eplb",
+                           "trtllm-stats": "trtllm_stats", "vllm-routed-experts": "vllm_routed",
+                           "flame-moe": "flame", "moe-selection-json": "moe_selection"}
+# formats whose input is a directory (a dump directory, a dataset tree)
+DIR_FORMATS = {"trtllm-stats", "flame-moe", "moe-selection-json"}
 
 
 @dataclass
@@ -54,7 +66,7 @@ def import_source(
     if not srcs:
         raise InputError("no input files given")
     for s in srcs:
-        if not Path(s).is_file():
-            raise InputError(f"{s}: no such file")
+        if not (Path(s).is_file() or (fmt in DIR_FORMATS and Path(s).is_dir())):
+            raise InputError(f"{s}: no such file" + (" or directory" if fmt in DIR_FORMATS else ""))
     mod = importlib.import_module(f"{__name__}.{FORMATS[fmt]}")
     return mod.import_([Path(s) for s in srcs], model, None if out is None else Path(out), **options)

@@ -88,3 +88,42 @@ def write_validated_trace(
             f.rename(tmp / f.name)
         shutil.rmtree(stage)
         return w.rows_written
+
+
+def expert_id_matrix(value, path: Path, where: str, field: str, num_experts: int, top_k: int,
+                     row_label=None) -> np.ndarray:
+    """Expert ids of tokens as an ``[n, top_k]`` uint16 array, checked the way the trace validator would
+    check the output, but naming the *input*: integer dtype (bools and floats refused), ``top_k`` ids per
+    token, every id in ``[0, num_experts)``, no id twice in one token's top-k. ``row_label(i)`` names row
+    ``i`` in messages (default ``"token i"``)."""
+    label = row_label or (lambda i: f"token {i}")
+    arr = np.asarray(value)
+    prefix = f"{path}: {where}: field '{field}'"
+    if arr.dtype == object or arr.dtype.kind not in "iu":
+        raise InputError(f"{prefix}: expected integer expert ids, got {arr.dtype if arr.dtype != object else 'a ragged or mixed list'}")
+    if arr.ndim != 2 or arr.shape[1] != top_k:
+        raise InputError(f"{prefix}: shape {list(arr.shape)}, expected [tokens, {top_k}] (the model's top-k)")
+
+    if arr.size:
+        bad = (arr < 0) | (arr >= num_experts)
+        if bad.any():
+            t, j = map(int, np.argwhere(bad)[0])
+            raise InputError(f"{prefix}: {label(t)}: expert id {int(arr[t, j])} out of range [0, {num_experts})")
+        srt = np.sort(arr, axis=1)
+        dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
+        if dup.any():
+            t = int(np.flatnonzero(dup)[0])
+            raise InputError(f"{prefix}: {label(t)}: expert ids {arr[t].tolist()} repeat an expert")
+    return arr.astype(np.uint16)
+
+
+def moe_layer_axis(arr: np.ndarray, model: ModelSpec, path: Path, where: str, field: str) -> np.ndarray:
+    """``arr[tokens, layers, k]`` with the layer axis cut to the model's MoE layers: the axis holds every
+    decoder layer (``num_layers``; dense rows are dropped) or the MoE layers only (``num_moe_layers``)."""
+    n = arr.shape[1]
+    if n == model.num_layers:
+        return arr[:, list(model.moe_layers)]
+    if n == model.num_moe_layers:
+        return arr
+    raise InputError(f"{path}: {where}: field '{field}': layer axis has {n} entries; model '{model.name}' has "
+                     f"{model.num_layers} decoder layers ({model.num_moe_layers} MoE): expected one of the two")
