@@ -21,8 +21,8 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from foundation.files import write_text_atomic
 from traces.capture import RoutingRecorder, left_pad
-from traces.files import write_text_atomic
 
 # Small models (4 layers, 32 experts top-4): each forward is cheap, so the per-step cost of the hooks weighs
 # relatively more than on a real model; these overheads are an upper bound for larger models.

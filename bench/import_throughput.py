@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from foundation.model import load_model
 from traces.format import TraceWriter
 from traces.importers import import_source
-from traces.model import load_model
 from traces.validate import validate_report
 
 RESULTS = Path(__file__).parent / "results" / "import_throughput.json"

@@ -23,14 +23,14 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from placement.cluster import make_cluster
+from foundation.cluster import make_cluster
+from foundation.files import write_text_atomic
+from foundation.model import load_model
 from placement.evaluate import TokenRouting, evaluate, index_trace
 from placement.optimizer import OptimizerConfig, solve_layer
 from placement.optimizer.layer import PARETO_SLACKS
 from placement.policies import PlacementProblem, get_policy
-from traces.files import write_text_atomic
 from traces.format import trace_files
-from traces.model import load_model
 from traces.synth import SynthConfig, synthesize
 
 RESULTS = ROOT / "bench" / "results"

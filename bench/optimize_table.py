@@ -31,9 +31,9 @@ def main() -> int:
     ap.add_argument("--with-moeplace", action="store_true")
     args = ap.parse_args()
 
-    from placement.cluster import make_cluster
+    from foundation.cluster import make_cluster
+    from foundation.model import load_model
     from placement.compare import compare_policies, format_table, routing_windows
-    from traces.model import load_model
     from traces.synth import SynthConfig, synthesize
 
     trace = Path(args.trace)

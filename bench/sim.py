@@ -24,8 +24,8 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def run_one(trace, gpus: int, duration: float, mode: str) -> dict:
-    from placement.cluster import make_cluster
-    from placement.plan import next_valid_redundant
+    from foundation.cluster import make_cluster
+    from foundation.memory import next_valid_redundant
     from sim.config import EngineConfig, LengthMix, SimConfig, WorkloadConfig
     from sim.runner import resolve_placement, simulate
 
@@ -63,8 +63,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="shorter runs (smoke test of the script)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    from foundation.model import load_model
     from sim.workload import load_trace_tokens
-    from traces.model import load_model
     from traces.synth import SynthConfig, synthesize
 
     trace_dir = Path(args.trace)

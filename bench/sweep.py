@@ -46,7 +46,7 @@ _run_on_a_snapshot()
 
 import polars as pl
 
-from placement.sweep import comparable, load_spec, run_sweep
+from moeplace.sweep import comparable, load_spec, run_sweep
 
 RESULTS = Path(__file__).parent / "results" / "sweep.json"
 

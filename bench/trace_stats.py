@@ -74,7 +74,7 @@ def main() -> int:
         print(json.dumps(stats_child(args.stats_child, args.repeats)))
         return 0
 
-    from traces.model import load_model
+    from foundation.model import load_model
     from traces.synth import SynthConfig, synthesize
 
     model = load_model("kimi-k3")

@@ -1,7 +1,7 @@
 """What the dashboard reads, and nothing else: it finds the artifacts of a run directory and loads them
 through the same library functions the ``place`` CLI uses (``traces.format`` / ``traces.validate`` /
 ``traces.stats``, ``placement.record`` / ``placement.evaluate`` / ``placement.compare`` /
-``placement.plan`` / ``placement.export``, the files ``sim.results.write_outputs`` writes). No metric
+``foundation.memory`` / ``placement.export``, the files ``sim.results.write_outputs`` writes). No metric
 is computed here; pages only reshape what these functions return into charts.
 
 A run directory (what ``place demo --out run/`` writes; any layout works, files are recognized by their
@@ -32,7 +32,23 @@ from typing import Any
 import polars as pl
 import streamlit as st
 
-from traces.errors import InputError
+from foundation.cluster import make_cluster
+from foundation.errors import InputError
+from foundation.memory import PlanConfig, plan_memory
+from foundation.model import load_model, preset_names
+from placement.compare import compare_policies, routing_windows
+from placement.evaluate import evaluate
+from placement.export import export_placement, format_names, get_format
+from placement.record import PLACEMENT_FORMAT, load_placement
+from sim.frontier import FRONTIER_VERSION
+from sim.results import (
+    ROWS,
+    file_label,  # the file-name rule write_outputs uses
+)
+from traces.format import META_MODEL, read_trace_meta, trace_files, trace_num_rows
+from traces.loads import is_loads_file
+from traces.stats import compute_stats
+from traces.validate import validate_report
 
 RUN_DIR_ENV = "MOEPLACE_RUN_DIR"
 DEFAULT_RUN_DIR = "run"
@@ -95,8 +111,6 @@ def _is_trace_parquet(path: Path) -> bool:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from traces.format import META_MODEL
-
     try:
         meta = pq.read_schema(path).metadata or {}
     except (pa.ArrowException, OSError):
@@ -116,8 +130,6 @@ def _json_kind(path: Path) -> str | None:
 @st.cache_data(show_spinner=False, max_entries=512)
 def _json_kind_of(path: str, size: int, mtime_ns: int) -> str | None:
     """Kind of a JSON artifact by its content (cached per size and mtime: pages rescan on every rerun)."""
-    from placement.record import PLACEMENT_FORMAT
-
     if size > _MAX_JSON_PEEK:
         return None
     try:
@@ -137,7 +149,7 @@ def _json_kind_of(path: str, size: int, mtime_ns: int) -> str | None:
 
 
 def _is_sweep_table(path: Path) -> bool:
-    """A ``place sweep`` result table (``placement.sweep.store.SCHEMA``: a point hash and a status per row)."""
+    """A ``place sweep`` result table (``moeplace.sweep.store.SCHEMA``: a point hash and a status per row)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -247,8 +259,6 @@ class TraceInfo:
 @st.cache_data(show_spinner=False, max_entries=32)
 def _trace_info(path: str, stamp_: tuple) -> TraceInfo:
     """Model, size and provenance of a trace, from its Parquet footers only."""
-    from traces.format import read_trace_meta, trace_files, trace_num_rows
-
     model, prov = read_trace_meta(path)
     return TraceInfo(path, model.name, model.num_moe_layers, model.num_experts, model.top_k,
                      len(trace_files(path)), trace_num_rows(path), prov, tuple(model.moe_layers))
@@ -257,8 +267,6 @@ def _trace_info(path: str, stamp_: tuple) -> TraceInfo:
 @st.cache_data(show_spinner=False, max_entries=16)
 def _trace_validation(path: str, stamp_: tuple):
     """``traces.validate.validate_report`` (streams the trace row group by row group)."""
-    from traces.validate import validate_report
-
     return validate_report(path)
 
 
@@ -268,8 +276,6 @@ trace_validation = _stamped(_trace_validation)
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _trace_stats(path: str, stamp_: tuple, window_tokens: int):
-    from traces.stats import compute_stats
-
     return compute_stats(path, window_tokens=window_tokens)
 
 
@@ -280,16 +286,12 @@ trace_stats = _stamped(_trace_stats)
 def _routing_loads(path: str, stamp_: tuple, window_tokens: int):
     """Per-window expert counts of a Loads ``.npz`` (``placement.compare.routing_windows``, the reader
     ``place optimize`` uses)."""
-    from placement.compare import routing_windows
-
     return routing_windows([path], window_tokens=window_tokens)
 
 
 def trace_loads(path, window_tokens: int):
     """Loads of a trace (from its cached streaming statistics, the same reduction ``place optimize``
     uses) or of a Loads ``.npz`` file."""
-    from traces.loads import is_loads_file
-
     if is_loads_file(path):
         return _routing_loads(str(path), stamp(path), window_tokens)
     return trace_stats(path, window_tokens).loads
@@ -298,8 +300,6 @@ def trace_loads(path, window_tokens: int):
 # ---------------------------------------------------------------------------- placements
 @st.cache_data(show_spinner=False, max_entries=64)
 def _placement(path: str, stamp_: tuple):
-    from placement.record import load_placement
-
     return load_placement(path)
 
 
@@ -322,8 +322,6 @@ read_json = _stamped(_json)
 def evaluate_placement(placement_, routing_key: tuple, _loads, engine: str):
     """``placement.evaluate.evaluate`` of one placement on Loads (``routing_key`` identifies ``_loads``
     in the cache: trace path, stamp, window size and window selection)."""
-    from placement.evaluate import evaluate
-
     return evaluate(placement_, _loads, engine, model=_loads.model)
 
 
@@ -333,9 +331,6 @@ def run_comparison(loads, *, gpus: int, gpu: str, gpus_per_node: int | None, num
     """``placement.compare.compare_policies`` — what ``place optimize`` runs — one policy at a time so
     the page can show progress (``progress(i, n, name)`` is called before each policy). Returns the
     :class:`~placement.compare.PolicyResult` list and the comparison of the last call (its windows)."""
-    from placement.cluster import make_cluster
-    from placement.compare import compare_policies
-
     cluster = make_cluster(gpus, gpu, gpus_per_node)
     results, last = [], None
     for i, name in enumerate(policies):
@@ -350,18 +345,10 @@ def run_comparison(loads, *, gpus: int, gpu: str, gpus_per_node: int | None, num
     return results, last
 
 
-def default_redundant(num_experts: int, num_gpus: int) -> int:
-    from placement.commands.optimize import default_redundant as dr
-
-    return dr(num_experts, num_gpus)
-
-
 def export_bytes(placement_, model, fmt: str, loads=None) -> tuple[bytes, str, list[str]]:
     """One export format of a placement as bytes (written by ``placement.export.export_placement`` to a
     temporary file). Returns (bytes, file name, warnings); raises InputError when the engine's checks
     reject the placement."""
-    from placement.export import export_placement, get_format
-
     f = get_format(fmt)
     name = f"{placement_.provenance.get('policy') or 'placement'}.{fmt}{f.suffixes[0]}"
     with tempfile.TemporaryDirectory(prefix="moeplace-dash-") as tmp:
@@ -388,16 +375,12 @@ def placement_json_bytes(placement_) -> bytes:
 
 def export_formats() -> list[tuple[str, str, str, str]]:
     """(name, engine, kind, summary) of every registered export format."""
-    from placement.export import format_names, get_format
-
     return [(n, get_format(n).engine, get_format(n).kind, get_format(n).summary) for n in format_names()]
 
 
 # ---------------------------------------------------------------------------- plan
 def plan_inputs(plan_dict: dict[str, Any]) -> tuple[str, int, str, int, Any]:
     """(model name, GPUs, GPU kind, GPUs per node, PlanConfig) recorded in a ``place plan --json`` file."""
-    from placement.plan import PlanConfig
-
     where_ = "plan JSON"
     try:
         cfg = dict(plan_dict["config"])
@@ -415,9 +398,6 @@ def plan_inputs(plan_dict: dict[str, Any]) -> tuple[str, int, str, int, Any]:
 def resolve_model(name: str, traces=()):
     """The model called ``name``: a preset, or the model recorded in one of the ``traces`` (a plan file
     names its model; a run of a non-preset model carries the spec in its trace)."""
-    from traces.format import read_trace_meta
-    from traces.model import load_model, preset_names
-
     if name in preset_names():
         return load_model(name)
     for t in traces:
@@ -432,10 +412,7 @@ def resolve_model(name: str, traces=()):
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def memory_plan(model, gpus: int, gpu: str, gpus_per_node: int | None, config):
-    """``placement.plan.plan_memory`` of ``model`` (a ModelSpec) — what ``place plan`` prints."""
-    from placement.cluster import make_cluster
-    from placement.plan import plan_memory
-
+    """``foundation.memory.plan_memory`` of ``model`` (a ModelSpec) — what ``place plan`` prints."""
     return plan_memory(model, make_cluster(gpus, gpu, gpus_per_node), config)
 
 
@@ -472,8 +449,6 @@ class SimRun:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _sim_run(path: str, stamp_: tuple) -> SimRun:
-    from sim.results import _safe as file_label  # the file-name rule write_outputs uses
-
     d = Path(path)
     try:
         summaries = json.loads((d / "summary.json").read_text())
@@ -505,8 +480,6 @@ sim_run = _stamped(_sim_run)
 
 def sim_table_rows() -> list[tuple[str, str, str]]:
     """(name, summary key, unit) of the rows ``place simulate`` prints."""
-    from sim.results import ROWS
-
     return list(ROWS)
 
 
@@ -518,11 +491,9 @@ def _require(cond: bool, where_: str, what: str) -> None:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _sweep_frontier(path: str, stamp_: tuple) -> dict[str, Any]:
-    """``OUT/frontier.json`` of a sweep directory (``placement.sweep.frontier.frontier_report`` plus the
+    """``OUT/frontier.json`` of a sweep directory (``sim.frontier.frontier_report`` plus the
     run's ``recommended_launch``), checked against that schema; raises :class:`InputError` naming the
     file and field when it is missing or does not match."""
-    from placement.sweep.frontier import FRONTIER_VERSION
-
     f = Path(path) / "frontier.json"
     if not f.exists():
         raise InputError(f"{f}: missing (the sweep has not finished; rerun `place sweep SPEC --out {path}` "

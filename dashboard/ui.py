@@ -10,7 +10,7 @@ import polars as pl
 import streamlit as st
 
 from dashboard import data
-from traces.errors import MoeplaceError
+from foundation.errors import MoeplaceError
 
 RUN_DIR_KEY = "run_dir"
 

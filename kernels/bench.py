@@ -26,8 +26,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from foundation.cluster import make_cluster
+from foundation.model import GQAConfig, ModelSpec
+from kernels.launch import run_distributed
 from kernels.moe import StepTimes, ep_moe_forward, grouped_expert_forward, local_weights, sort_by_destination
+from placement.dispatch import choose_slots
 from placement.record import Placement
+from sim.calibration import Profile, profile_from_dict
+from sim.config import CostConfig
+from sim.cost import CostModel, MoeWork
 
 
 @dataclass(frozen=True)
@@ -151,8 +158,6 @@ def bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
 def _served(cfg, placement, n, skew, it, world_size, rank, S) -> dict:
     """What this rank serves in iteration ``it``: rows per local slot and rows received from other ranks
     (recomputed from every rank's routing, which is deterministic)."""
-    from placement.dispatch import choose_slots
-
     per_slot = np.zeros(S, dtype=np.int64)
     remote = 0
     for src in range(world_size):
@@ -169,8 +174,6 @@ def _served(cfg, placement, n, skew, it, world_size, rank, S) -> dict:
 def _bench_model(cfg: BenchConfig):
     """A one-MoE-layer ModelSpec with the bench's expert shape, so the simulator's cost model prices the
     measured configurations with the same formulas it uses for K3."""
-    from traces.model import GQAConfig, ModelSpec
-
     return ModelSpec(name="kernels-bench", num_layers=1, moe_layers=(0,), num_experts=cfg.num_experts,
                      top_k=cfg.top_k, hidden_size=cfg.hidden, moe_intermediate_size=cfg.intermediate,
                      expert_hidden_size=cfg.hidden, num_shared_experts=0, shared_intermediate_size=0,
@@ -214,8 +217,6 @@ def _line_points(x: np.ndarray, t: np.ndarray, x_max: float) -> list[list[float]
 
 def build_profile(results: list[dict], cfg: BenchConfig):
     """The calibration profile from the TRAIN grid only (see the module docstring)."""
-    from sim.calibration import Profile, profile_from_dict
-
     value_bytes = torch.finfo(getattr(torch, cfg.dtype)).bits // 8
     row_bytes = cfg.hidden * value_bytes
     gemm = np.median(np.array([r["gemm"] for r in results]), axis=0)  # [n, 2] median over ranks
@@ -255,8 +256,6 @@ def predict(profile, cfg: BenchConfig, rows: list[dict], shared_cores: int | Non
     grid by :func:`fit_contention`). GPUs do not share, so the simulator itself never applies this; it
     describes the test bed, not the model being checked.
     """
-    from sim.cost import MoeWork
-
     cost = _cost(profile, cfg)
     out = []
     for r in rows:
@@ -289,10 +288,6 @@ def fit_contention(profile, cfg: BenchConfig, rows: list[dict], shared_cores: in
 
 
 def _cost(profile, cfg: BenchConfig):
-    from placement.cluster import make_cluster
-    from sim.config import CostConfig
-    from sim.cost import CostModel
-
     value_bytes = torch.finfo(getattr(torch, cfg.dtype)).bits // 8
     return CostModel(_bench_model(cfg), make_cluster(cfg.world_size, "h200", cfg.world_size),
                      CostConfig(dispatch_bytes_per_value=value_bytes, combine_bytes_per_value=value_bytes,
@@ -326,8 +321,6 @@ def validate(profile, results: list[dict], cfg: BenchConfig) -> dict:
 
 def run_bench(cfg: BenchConfig, backend: str | None = None) -> tuple[object, dict, list[dict]]:
     """Measure, calibrate on the train grid, validate on the test grid: ``(profile, validation, raw)``."""
-    from kernels.launch import run_distributed
-
     results = run_distributed(bench_rank, cfg.world_size, cfg, backend=backend, timeout=1800)
     profile = build_profile(results, cfg)
     return profile, validate(profile, results, cfg), results

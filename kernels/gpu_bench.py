@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from kernels.bench import _median_time
 from kernels.moe import sort_by_destination
+from sim.calibration import profile_from_dict
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -105,7 +106,6 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=max(TOKENS))
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args(argv)
-    from sim.calibration import profile_from_dict
 
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

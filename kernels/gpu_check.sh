@@ -9,4 +9,4 @@ mkdir -p "$OUT"
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/nvidia-smi.csv"
 timeout 240 python -m kernels.gpu_bench --out-dir "$OUT" --device cuda
-timeout 120 python -m placement.cli kernels verify --world-size 1 --backend nccl | tee "$OUT/verify.txt"
+timeout 120 python -m moeplace.cli kernels verify --world-size 1 --backend nccl | tee "$OUT/verify.txt"

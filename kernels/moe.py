@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from placement.dispatch import choose_slots
 from placement.record import Placement
 
 
@@ -127,8 +128,6 @@ def ep_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
     2. experts: grouped GEMMs over the received rows, grouped by local slot;
     3. combine: send outputs back to their source ranks and reduce them with the gate weights.
     """
-    from placement.dispatch import choose_slots
-
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if placement.num_gpus != world:
         raise ValueError(f"placement is for {placement.num_gpus} GPUs but the process group has {world} ranks")

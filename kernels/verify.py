@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from kernels.moe import StepTimes, ep_moe_forward, local_weights, reference_moe
+from placement.dispatch import sglang_dispatch_map
 from placement.record import Placement
 
 
@@ -60,8 +61,6 @@ def case_data(case: VerifyCase):
 
 def verify_rank(rank: int, world_size: int, cases: list[VerifyCase]) -> list[dict]:
     """Run every case on this rank; return max abs error vs the reference and the step counters."""
-    from placement.dispatch import sglang_dispatch_map
-
     out = []
     for case in cases:
         per_rank, w_gate_up, w_down = case_data(case)

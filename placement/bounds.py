@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from foundation.errors import InputError
 from placement.dispatch import check_engine, ideal_gpu_loads
 from placement.record import Placement
-from traces.errors import InputError
 
 
 def _loads(loads_LE) -> np.ndarray:

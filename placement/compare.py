@@ -2,8 +2,8 @@
 it on that part and on the windows it did not see. A library function so the CLI and the dashboard
 print the same rows.
 
-Inputs reduce to Loads windows (:func:`routing_windows`): traces through ``traces.stats.trace_loads``
-(a private fallback reducer is used until that module exists), Loads ``.npz`` files as they are;
+Inputs reduce to Loads windows (:func:`routing_windows`): traces through ``traces.stats.trace_loads``,
+Loads ``.npz`` files as they are;
 several inputs are concatenated window-wise (labels prefixed with the input's name).
 """
 from __future__ import annotations
@@ -16,39 +16,27 @@ from typing import Any
 
 import numpy as np
 
-from placement.cluster import ClusterSpec
-from placement.evaluate import Metrics, evaluate, index_trace
+from foundation.cluster import ClusterSpec
+from foundation.errors import InputError
+from foundation.model import ModelSpec
+from placement.evaluate import Metrics, evaluate
 from placement.policies import PlacementProblem, get_policy, policy_names
 from placement.record import Placement
-from traces.errors import InputError
 from traces.loads import Loads, is_loads_file, load_loads
-from traces.model import ModelSpec
+from traces.stats import trace_loads
 
 DEFAULT_WINDOW_TOKENS = 4096
 
 
+def default_redundant(num_experts: int, num_gpus: int) -> int:
+    """Smallest R making E + R divisible by G; one extra slot per GPU when E already divides."""
+    r = (-num_experts) % num_gpus
+    return r if r else num_gpus
+
+
 # ---------------------------------------------------------------------------- inputs -> Loads
-def _fallback_trace_loads(path: str | Path, window_tokens: int) -> Loads:
-    """Per-window expert counts of a trace: tokens ordered by (step, request_id, position), cut into
-    windows of ``window_tokens`` tokens. Used only while ``traces.stats`` is missing."""
-    model, prov, ids, layer_idx, token, _ = index_trace(path)
-    E, L = model.num_experts, model.num_moe_layers
-    window = token // window_tokens
-    W = int(window.max()) + 1
-    counts = np.zeros(W * L * E, dtype=np.int64)
-    step = 1 << 20  # rows per chunk keeps the flat index array small
-    for i in range(0, ids.shape[0], step):
-        base = (window[i:i + step] * L + layer_idx[i:i + step]) * E
-        counts += np.bincount((base[:, None] + ids[i:i + step]).ravel(), minlength=W * L * E)
-    labels = tuple(f"tokens {w * window_tokens}-{(w + 1) * window_tokens}" for w in range(W))
-    return Loads(counts.reshape(W, L, E), model, window_tokens, labels, {"source": str(path), "trace": prov})
-
-
 def trace_to_loads(path: str | Path, window_tokens: int) -> Loads:
-    try:
-        from traces.stats import trace_loads  # the trace-statistics engineer's reducer
-    except ImportError:
-        return _fallback_trace_loads(path, window_tokens)
+    """Per-window expert counts of a trace (:func:`traces.stats.trace_loads`)."""
     return trace_loads(path, window_tokens)
 
 

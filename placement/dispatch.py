@@ -62,8 +62,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from foundation.errors import InputError
 from placement.record import Placement
-from traces.errors import InputError
 
 ENGINES = ("vllm", "sglang", "ideal")
 SGLANG_VARIANTS = ("mainline", "legacy")

@@ -38,8 +38,10 @@ from typing import Any
 
 import numpy as np
 
+from foundation.cluster import ClusterSpec
+from foundation.errors import InputError
+from foundation.model import DTYPE_BYTES, ModelSpec, load_model, preset_names
 from placement.bounds import budget_bound, placement_bound
-from placement.cluster import ClusterSpec
 from placement.dispatch import (
     SGLANG_VARIANTS,
     VLLM_RULES,
@@ -53,9 +55,8 @@ from placement.dispatch import (
     token_gpu_loads,
 )
 from placement.record import Placement
-from traces.errors import InputError
+from traces.format import read_trace_meta, scan_trace
 from traces.loads import Loads, is_loads_file, load_loads
-from traces.model import DTYPE_BYTES, ModelSpec, load_model, preset_names
 
 TRAFFIC_MODES = ("node", "gpu", "expert")
 
@@ -100,8 +101,6 @@ def index_trace(path: str | Path):
     token by the packed key ``request_id << 24 | position`` with a binary search — much cheaper than
     sorting or joining nine million rows with a list column."""
     import polars as pl
-
-    from traces.format import read_trace_meta, scan_trace
 
     model, prov = read_trace_meta(path)
     L = model.num_moe_layers

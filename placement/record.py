@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import InputError
-from traces.files import read_json, write_text_atomic
-from traces.model import ModelSpec
+from foundation.errors import InputError
+from foundation.files import read_json, write_text_atomic
+from foundation.model import ModelSpec
 
 PLACEMENT_FORMAT = "moeplace.placement/1"
 

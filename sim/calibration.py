@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import InputError
-from traces.files import read_json, write_text_atomic
+from foundation.errors import InputError
+from foundation.files import read_json, write_text_atomic
 
 PROFILE_FORMAT = "moeplace.calibration/1"
 OPS: dict[str, str] = {

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from traces.errors import InputError
+from foundation.errors import InputError
 
 REPLICA_RULES = ("vllm", "sglang")
 ARRIVALS = ("poisson", "gamma", "ramp", "closed")

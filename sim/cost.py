@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from placement.cluster import ClusterSpec, GPUSpec
+from foundation.cluster import ClusterSpec, GPUSpec
+from foundation.model import DTYPE_BYTES, KV_DTYPE_BYTES, ModelSpec
 from sim.calibration import Profile
 from sim.config import CostConfig
-from traces.model import DTYPE_BYTES, KV_DTYPE_BYTES, ModelSpec
 
 KDA_CHUNK = 64  # chunk length of KDA's chunked (WY) prefill algorithm
 

@@ -26,17 +26,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from placement.cluster import ClusterSpec
-from placement.plan import CachePools
+from foundation.cluster import ClusterSpec
+from foundation.errors import InputError
+from foundation.memory import CachePools
 from placement.record import Placement
 from sim.calibration import Profile
 from sim.config import SimConfig
 from sim.cost import CostModel, RankWork
 from sim.events import Event, EventQueue
+from sim.rebalance import Rebalancer
 from sim.results import Recorder, SimResult
 from sim.routing import make_router, src_gpus
 from sim.workload import Request, RequestSource, TraceTokens, arrival_times, decode_row, token_rows
-from traces.errors import InputError
 
 
 @dataclass
@@ -340,7 +341,6 @@ class Simulation:
         else:
             self.pools_list = [Pool("main", "both", self, placement)]
         if config.rebalance is not None:
-            from sim.rebalance import Rebalancer
             for p in self.pools_list:
                 p.rebalancer = Rebalancer(config.rebalance, self, p)
         self.pending: list[Event] = []  # follow-ups produced outside a handler's return path

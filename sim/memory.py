@@ -1,15 +1,15 @@
-"""Admission pools from the ``place plan`` memory model (placement/plan.py). The simulator has no memory
+"""Admission pools from the ``place plan`` memory model (foundation/memory.py). The simulator has no memory
 model of its own: it builds the same :class:`PlanConfig` the planner would for this engine and layout,
 and asks the resulting :class:`CachePools` (``can_admit``, ``kv_tokens``) every admission question."""
 from __future__ import annotations
 
 from dataclasses import replace
 
-from placement.cluster import ClusterSpec
-from placement.plan import CachePools, MemoryPlan, PlanConfig, plan_memory
+from foundation.cluster import ClusterSpec
+from foundation.errors import InputError
+from foundation.memory import CachePools, MemoryPlan, PlanConfig, plan_memory
+from foundation.model import ModelSpec
 from sim.config import EngineConfig
-from traces.errors import InputError
-from traces.model import ModelSpec
 
 
 def plan_config(model: ModelSpec, engine: EngineConfig, num_gpus: int, num_redundant: int) -> PlanConfig:

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from traces.files import atomic_path, write_text_atomic
+from foundation.files import atomic_path, write_text_atomic
+from sim.chrome_trace import LAYER_ITERATIONS, iteration_events, request_events
 
 
 class Recorder:
@@ -51,7 +52,6 @@ class Recorder:
             s[k].append(v)
         self.layer_straggler.append(st.straggler.astype(np.float32))
         if self.chrome and pool.iteration <= self.sim.config.chrome_trace_iterations:
-            from sim.chrome_trace import LAYER_ITERATIONS, iteration_events
             self.chrome_events += iteration_events(pool, now, dt, st, work, stall, self.sim.model,
                                                    layers=pool.iteration <= LAYER_ITERATIONS)
 
@@ -74,7 +74,6 @@ class Recorder:
         summary = summarize(ts, reqs, self, wall)
         chrome = None
         if self.chrome:
-            from sim.chrome_trace import request_events
             chrome = self.chrome_events + request_events(self.requests[:2000], sim.config.duration)
         return SimResult(sim.label, summary, reqs, ts, chrome)
 
@@ -172,7 +171,7 @@ class SimResult:
 
 
 # ---------------------------------------------------------------------------- output
-def _safe(label: str) -> str:
+def file_label(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in label) or "run"
 
 
@@ -183,7 +182,7 @@ def write_outputs(out: str | Path, results: list[SimResult], config: dict[str, A
         (tmp / "config.json").write_text(json.dumps(config, indent=1, default=str) + "\n")
         (tmp / "summary.json").write_text(json.dumps([r.summary for r in results], indent=1) + "\n")
         for r in results:
-            name = _safe(r.label)
+            name = file_label(r.label)
             r.requests.write_parquet(tmp / f"{name}.requests.parquet")
             r.timeseries.write_parquet(tmp / f"{name}.timeseries.parquet")
 

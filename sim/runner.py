@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from placement.cluster import ClusterSpec
+from foundation.cluster import ClusterSpec
+from foundation.errors import InputError
 from placement.policies import PlacementProblem, get_policy, policy_names
 from placement.record import Placement, load_placement
 from sim.calibration import Profile
@@ -17,7 +18,6 @@ from sim.engine import Simulation
 from sim.memory import override_pools, plan_pools
 from sim.results import SimResult
 from sim.workload import TraceTokens
-from traces.errors import InputError
 
 
 def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_redundant: int, engine: str,

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from sim.config import LengthMix, WorkloadConfig
-from traces.errors import InputError
 from traces.format import PHASE_PREFILL, read_trace_meta, scan_trace, trace_files
-from traces.model import ModelSpec
 
 
 @dataclass(frozen=True, eq=False)

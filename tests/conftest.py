@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from traces.model import load_model
+from foundation.model import load_model
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,11 @@ import io
 import json
 from pathlib import Path
 
-from placement.cli import main as place
-from placement.cluster import make_cluster
+from foundation.cluster import make_cluster
+from foundation.memory import PlanConfig, plan_memory
+from foundation.model import ModelSpec
+from moeplace.cli import main as place
 from placement.compare import compare_policies
-from placement.plan import PlanConfig, plan_memory
-from traces.model import ModelSpec
 from traces.stats import trace_loads
 from traces.synth import SynthConfig, synthesize
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from placement.cluster import make_cluster
+from foundation.cluster import make_cluster
 from placement.policies import PlacementProblem, get_policy, policy_names
 from placement.policies.linear import linear_phy2log, vllm_initial_map
 from placement.policies.round_robin import round_robin_phy2log
@@ -80,7 +80,7 @@ def _small(k3):
 def test_optimize_cli_table_and_output(k3, tmp_path, capsys):
     import json
 
-    from placement.cli import main
+    from moeplace.cli import main
     from placement.record import load_placement
 
     path = _loads_file(tmp_path, _small(k3))
@@ -101,7 +101,7 @@ def test_optimize_cli_table_and_output(k3, tmp_path, capsys):
 
 
 def test_optimize_cli_errors(k3, tmp_path, capsys):
-    from placement.cli import main
+    from moeplace.cli import main
 
     path = _loads_file(tmp_path, _small(k3))
     assert main(["optimize", str(path), "--gpus", "8", "--redundant", "3", "--no-out"]) == 2

@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from placement.cli import main
+from foundation.errors import InputError
+from moeplace.cli import main
 from traces.capture import RoutingRecorder, capture_routing, find_routers, model_spec_of, read_prompts
-from traces.errors import InputError
 from traces.format import read_trace_meta, scan_trace
 
 COMMON = {"vocab_size": 96, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,

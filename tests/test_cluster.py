@@ -1,12 +1,12 @@
-"""Cluster topology (placement/cluster.py)."""
+"""Cluster topology (foundation/cluster.py)."""
 from __future__ import annotations
 
 import itertools
 
 import pytest
 
-from placement.cluster import gpu_preset_names, load_gpu, make_cluster
-from traces.errors import InputError
+from foundation.cluster import gpu_preset_names, load_gpu, make_cluster
+from foundation.errors import InputError
 
 
 def test_default_is_four_h200_nodes():

@@ -13,12 +13,12 @@ import pytest
 from dashkit import NUM_GPUS, SWEEP_DIR, make_run_dir
 from streamlit.testing.v1 import AppTest
 
-from placement.cluster import make_cluster
+from foundation.cluster import make_cluster
+from foundation.memory import plan_memory
+from foundation.model import load_model
 from placement.compare import compare_policies
 from placement.evaluate import evaluate
-from placement.plan import plan_memory
 from placement.record import load_placement
-from traces.model import load_model
 from traces.stats import affinity_lift, compute_stats
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
@@ -284,7 +284,7 @@ def test_corrupt_simulation_output_is_an_error(run_dir, tmp_path):
 
 # ---------------------------------------------------------------------------- place dashboard
 def test_place_dashboard_rejects_a_missing_run_dir(tmp_path, capsys):
-    from placement.cli import main
+    from moeplace.cli import main
 
     assert main(["dashboard", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
@@ -292,7 +292,7 @@ def test_place_dashboard_rejects_a_missing_run_dir(tmp_path, capsys):
 
 
 def test_place_dashboard_runs_streamlit_on_the_app_with_the_run_dir(run_dir):
-    from placement.commands.dashboard import streamlit_command
+    from moeplace.commands.dashboard import streamlit_command
 
     cmd, env = streamlit_command(run_dir, 8600, "127.0.0.1", headless=True)
     assert cmd[1:4] == ["-m", "streamlit", "run"] and Path(cmd[4]) == Path(APP)
@@ -348,7 +348,7 @@ def chart_data(at: AppTest, i: int = 0) -> list:
 def test_sweep_page_shows_the_frontier_and_the_recommended_deployment(run_dir):
     import polars as pl
 
-    from placement.sweep.frontier import pareto_mask
+    from sim.frontier import pareto_mask
 
     sweep = run_dir / SWEEP_DIR
     rep = json.loads((sweep / "frontier.json").read_text())

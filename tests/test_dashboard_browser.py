@@ -56,7 +56,7 @@ def server(tmp_path_factory):
     port = free_port()
     with open(tmp_path_factory.mktemp("log") / "streamlit.log", "w+") as log:
         # Its own session, so teardown can stop `place` and the streamlit process it started together.
-        proc = subprocess.Popen([sys.executable, "-m", "placement.cli", "dashboard", str(run), "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "moeplace.cli", "dashboard", str(run), "--port", str(port),
                                  "--address", "127.0.0.1", "--headless"], stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         url = f"http://127.0.0.1:{port}"

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from foundation.errors import InputError
 from placement.dispatch import (
     _fair_choices,
     batch_layout,
@@ -21,7 +22,6 @@ from placement.dispatch import (
     token_slots,
 )
 from placement.record import Placement
-from traces.errors import InputError
 
 
 def make(model, p2l, G, gpn):

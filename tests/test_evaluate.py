@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement.cluster import make_cluster
+from foundation.cluster import make_cluster
+from foundation.errors import InputError
 from placement.evaluate import TokenRouting, evaluate, read_token_routing
 from placement.record import Placement
-from traces.errors import InputError
 from traces.format import TraceWriter
 from traces.loads import Loads
 
@@ -180,7 +180,7 @@ def test_errors(tiny, k3):
 def test_evaluate_cli(tiny, tmp_path, capsys):
     import json
 
-    from placement.cli import main
+    from moeplace.cli import main
 
     pl = make(tiny, [[0, 1, 2, 3, 0, 1]], 3, 3)
     pl.save(tmp_path / "pl.json")

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from placement.cli import main
+from foundation.errors import InputError
+from foundation.model import load_model
+from moeplace.cli import main
 from placement.export import export_placement, format_names, import_loads, import_placement
 from placement.export.flags import FlagOptions, launch_command
 from placement.export.sglang import full_phy2log
 from placement.export.vllm import load_records, read_load_stats, split_over_replicas
 from placement.record import Placement, load_placement
-from traces.errors import InputError
 from traces.loads import Loads, load_loads
-from traces.model import load_model
 
 PLACEMENT_FORMATS = {"sglang": ".json", "sglang-pt": ".pt", "vllm-expert-map": ".json", "vllm-jsonl": ".jsonl",
                      "vllm-ascend": ".json", "trtllm": ".yaml", "trtllm-lb": ".yaml"}

@@ -14,13 +14,13 @@ import polars as pl
 import pytest
 import torch
 
-from placement.cli import main
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import load_model
+from moeplace.cli import main
 from traces.format import read_trace_meta
 from traces.importers import import_source
 from traces.importers.vllm_jsonl import detect_numbering, warmup_mask
 from traces.loads import load_loads
-from traces.model import load_model
 from traces.validate import validate_report
 
 DATA = Path(__file__).parent / "data"

@@ -19,7 +19,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parent.parent
-OUR_NAMES = ("traces", "placement", "sim", "kernels", "dashboard")
+OUR_NAMES = ("foundation", "traces", "placement", "sim", "kernels", "dashboard", "moeplace")
 
 
 def test_no_installed_distribution_claims_our_top_level_names():

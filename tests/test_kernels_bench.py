@@ -76,7 +76,7 @@ def test_real_bench_writes_a_loadable_profile(tmp_path):
 
 
 def test_cli_rejects_bad_world_size(capsys):
-    from placement.cli import main
+    from moeplace.cli import main
     assert main(["kernels", "bench", "--world-size", "3", "--experts", "32"]) == 2
     assert "multiple of --world-size 3" in capsys.readouterr().err
 

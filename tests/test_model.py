@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from placement.cli import main
-from traces.errors import InputError
-from traces.model import ModelSpec, from_hf_config, load_model, preset_names
+from foundation.errors import InputError
+from foundation.model import ModelSpec, from_hf_config, load_model, preset_names
+from moeplace.cli import main
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 

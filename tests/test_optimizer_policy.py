@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from placement.cluster import make_cluster
+from foundation.cluster import make_cluster
+from foundation.errors import InputError
+from foundation.model import load_model
 from placement.evaluate import evaluate
 from placement.policies import PlacementProblem, get_policy
-from traces.errors import InputError
-from traces.model import load_model
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from placement.cli import main
-from placement.cluster import ClusterSpec, GPUSpec, make_cluster
-from placement.plan import (
+from foundation.cluster import ClusterSpec, GPUSpec, make_cluster
+from foundation.errors import InputError
+from foundation.memory import (
     GiB,
     KiB,
     MiB,
@@ -24,8 +24,8 @@ from placement.plan import (
     resolve_layout,
     sweep_plans,
 )
-from traces.errors import InputError
-from traces.model import KDAConfig, MLAConfig, ModelSpec, load_model
+from foundation.model import KDAConfig, MLAConfig, ModelSpec, load_model
+from moeplace.cli import main
 
 
 # ---------------------------------------------------------------------------- a tiny model, by hand

@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from foundation.errors import InputError
 from placement.record import Placement, load_placement
-from traces.errors import InputError
 
 
 @pytest.fixture(scope="module")

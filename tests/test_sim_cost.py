@@ -1,10 +1,10 @@
 """The cost model: every formula on a hand-computed case (H200 preset, efficiencies set to 1 so the
-peak numbers of placement/presets/gpus.json apply as they are)."""
+peak numbers of foundation/presets/gpus.json apply as they are)."""
 import numpy as np
 import pytest
 from simkit import mini_model
 
-from placement.cluster import make_cluster
+from foundation.cluster import make_cluster
 from sim.calibration import profile_from_dict
 from sim.config import CostConfig
 from sim.cost import CostModel, MoeWork, RankWork, roofline

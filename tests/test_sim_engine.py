@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from simkit import build, linear_placement, mini_model, write_fixed_trace, write_trace
 
-from placement.cluster import make_cluster
+from foundation.cluster import make_cluster
 from placement.record import Placement
 from sim.config import CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadConfig
 from sim.cost import CostModel, RankWork

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from simkit import build, linear_placement, mini_model, write_trace
 
+from foundation.errors import InputError
 from placement.record import Placement
 from sim.config import EngineConfig, RebalanceConfig, SimConfig, WorkloadConfig, parse_rebalance
 from sim.rebalance import limit_moves, moved_experts, relabel_min_moves, transfer_stall
-from traces.errors import InputError
 
 
 def test_moved_experts_and_stall_by_hand():

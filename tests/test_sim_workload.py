@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 from simkit import mini_model, write_trace
 
+from foundation.errors import InputError
 from sim.config import LengthMix, WorkloadConfig
 from sim.workload import RequestSource, arrival_times, load_trace_tokens, sample_lengths
-from traces.errors import InputError
 from traces.format import TraceWriter
 
 

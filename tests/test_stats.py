@@ -8,11 +8,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from placement.cli import main
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import load_model
+from moeplace.cli import main
 from traces.format import TraceWriter
 from traces.loads import load_loads
-from traces.model import load_model
 from traces.stats import (
     affinity_lift,
     compute_stats,

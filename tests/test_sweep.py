@@ -11,13 +11,13 @@ import numpy as np
 import polars as pl
 import pytest
 
-from placement.cli import main
-from placement.sweep import comparable, expand_points, load_spec, pareto_mask, run_sweep
-from placement.sweep.frontier import recommend
-from placement.sweep.spec import optimize_key, point_hash, workload_fingerprint
-from placement.sweep.stages import plan_point
-from placement.sweep.store import ResultStore, make_row
-from traces.errors import InputError
+from foundation.errors import InputError
+from moeplace.cli import main
+from moeplace.sweep import comparable, expand_points, load_spec, pareto_mask, run_sweep
+from moeplace.sweep.spec import optimize_key, point_hash, workload_fingerprint
+from moeplace.sweep.stages import plan_point
+from moeplace.sweep.store import ResultStore, make_row
+from sim.frontier import recommend
 
 SMALL = Path(__file__).parent / "data" / "sweep-small.yaml"
 EXAMPLE = Path(__file__).parent.parent / "examples" / "sweep-k3.yaml"

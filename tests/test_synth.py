@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import load_model
 from traces.format import PHASE_DECODE, PHASE_PREFILL
-from traces.model import load_model
 from traces.stats import affinity_lift, skew_and_cv, topk_overlap_rows
 from traces.synth import (
     SynthConfig,
@@ -187,7 +187,7 @@ def test_engine_loop_structure(k3):
 def test_cli_synth_writes_a_self_describing_trace(tmp_path, capsys):
     import pyarrow.parquet as pq
 
-    from placement.cli import main
+    from moeplace.cli import main
     from traces.format import read_trace_meta, trace_num_rows
 
     out = tmp_path / "tr"

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from placement.cli import main
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import load_model
+from moeplace.cli import main
 from traces.format import TraceWriter, arrow_schema, file_metadata
-from traces.model import load_model
 from traces.validate import check_trace, validate_report, validate_trace
 
 DATA = Path(__file__).parent / "data"

@@ -46,9 +46,9 @@ from typing import Any, Self
 
 import numpy as np
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import ModelSpec, from_hf_config
 from traces.format import PHASE_DECODE, PHASE_PREFILL, TraceWriter
-from traces.model import ModelSpec, from_hf_config
 
 _GATE_NAME = re.compile(r"^(?:(?P<prefix>.*)\.)?layers\.(?P<layer>\d+)\.mlp\.gate$")
 _COLUMNS = ("request_id", "position", "phase", "step", "layer", "expert_ids", "gate_weights", "token_id")
@@ -116,7 +116,7 @@ def find_routers(model) -> tuple[str, list[RouterSite]]:
 
 
 def model_spec_of(model, *, name: str | None = None, source: str = "") -> ModelSpec:
-    """The :class:`ModelSpec` of a transformers model, from its config (``traces.model.from_hf_config``),
+    """The :class:`ModelSpec` of a transformers model, from its config (``foundation.model.from_hf_config``),
     cross-checked against the routers actually present."""
     cfg = model.config.to_dict()
     spec = from_hf_config(cfg, source=source or f"{type(model).__name__}.config", name=name)

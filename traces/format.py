@@ -18,7 +18,7 @@ domain          string                    optional: workload domain tag
 ==============  ========================  ==================================================================
 
 Self-describing: every file's Parquet key-value metadata carries ``moeplace.format`` (version),
-``moeplace.model`` (the :class:`~traces.model.ModelSpec` as JSON) and ``moeplace.provenance``
+``moeplace.model`` (the :class:`~foundation.model.ModelSpec` as JSON) and ``moeplace.provenance``
 (JSON: ``{"kind": "synthetic"|"captured"|"imported", ...parameters}``).
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.errors import InputError
-from traces.files import atomic_path
-from traces.model import ModelSpec, spec_from_json
+from foundation.errors import InputError
+from foundation.files import atomic_path
+from foundation.model import ModelSpec, spec_from_json
 
 FORMAT_VERSION = "1"
 META_FORMAT = b"moeplace.format"

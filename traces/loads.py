@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import InputError
-from traces.files import atomic_path
-from traces.model import ModelSpec
+from foundation.errors import InputError
+from foundation.files import atomic_path
+from foundation.model import ModelSpec
 
 LOADS_FORMAT = "moeplace.loads/1"
 

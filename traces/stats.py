@@ -39,10 +39,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from traces.format import read_trace_meta, trace_files
 from traces.loads import Loads
-from traces.model import ModelSpec
 
 DEFAULT_WINDOW_TOKENS = 4096
 DEFAULT_SAMPLE_TOKENS = 4096

@@ -74,9 +74,9 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from traces.format import PHASE_DECODE, PHASE_PREFILL, TraceWriter
-from traces.model import ModelSpec
 
 DOMAIN_NAMES = ("chat", "code", "math", "writing", "multilingual", "agentic", "science", "legal")
 U_BITS = 16

@@ -27,9 +27,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.errors import InputError, where
+from foundation.errors import InputError, where
+from foundation.model import ModelSpec, format_ranges, spec_from_json
 from traces.format import META_MODEL, REQUIRED_COLUMNS, trace_files
-from traces.model import ModelSpec, format_ranges, spec_from_json
 
 DEFAULT_MAX_PER_KIND = 5
 

@@ -10,8 +10,8 @@ import polars as pl
 import streamlit as st
 
 from dashboard import data, ui
-from placement.cluster import gpu_preset_names
-from placement.compare import DEFAULT_WINDOW_TOKENS
+from foundation.cluster import gpu_preset_names
+from placement.compare import DEFAULT_WINDOW_TOKENS, default_redundant
 from placement.dispatch import ENGINES
 from placement.policies import policy_names
 
@@ -69,7 +69,7 @@ with st.expander("Run `place optimize` here (small settings)", expanded=not cand
         pols = f1.multiselect("Policies", names, default=names, key="opt_policies")
         gpus = int(f2.number_input("GPUs", min_value=1, value=next(iter(candidates.values())).num_gpus
                                    if candidates else 32, key="opt_gpus"))
-        red_default = data.default_redundant(model.num_experts, gpus)
+        red_default = default_redundant(model.num_experts, gpus)
         redundant = int(f3.number_input("Redundant slots", min_value=0, value=red_default, key="opt_red",
                                         help="E + R must be a multiple of the GPUs"))
         time_limit = float(f4.number_input("Time limit per policy (s)", min_value=0.5, value=5.0, key="opt_tl"))

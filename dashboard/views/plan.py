@@ -1,6 +1,6 @@
 """Plan: the per-GPU memory breakdown of ``place plan`` as a stacked bar, concurrency against context
 length, and which pool is the ceiling. Starts from a ``place plan --json`` file of the run directory
-(or the defaults) and re-plans with ``placement.plan.plan_memory`` when a setting is changed."""
+(or the defaults) and re-plans with ``foundation.memory.plan_memory`` when a setting is changed."""
 from __future__ import annotations
 
 import altair as alt
@@ -8,9 +8,9 @@ import polars as pl
 import streamlit as st
 
 from dashboard import data, ui
-from placement.cluster import gpu_preset_names
-from placement.plan import PlanConfig, format_tokens, parse_tokens
-from traces.model import DEFAULT_MODEL, preset_names
+from foundation.cluster import gpu_preset_names
+from foundation.memory import PlanConfig, format_tokens, parse_tokens
+from foundation.model import DEFAULT_MODEL, preset_names
 
 CEILING = {"kv": "MLA KV cache", "state": "KDA state", "max_num_seqs": "max-num-seqs",
            "max_model_len": "model max context", "weights": "weights + reserve"}

@@ -3,8 +3,8 @@
 One module per engine family registers its formats here with :func:`register_format`; adding a format
 touches only that module. Every exporter checks the placement against the engine's own constraints
 (the checks each engine's loader performs, found in its source and named in each module's docstring)
-and raises :class:`~traces.errors.InputError` instead of writing a file the engine would reject or,
-worse, load wrongly. Files are written atomically (``traces.files``).
+and raises :class:`~foundation.errors.InputError` instead of writing a file the engine would reject or,
+worse, load wrongly. Files are written atomically (``foundation.files``).
 
 Formats (``place export --format NAME``):
 
@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from placement.record import Placement
-from traces.errors import InputError
 from traces.loads import Loads
-from traces.model import ModelSpec
 
 
 @dataclass(frozen=True)

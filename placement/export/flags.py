@@ -44,9 +44,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from placement.record import Placement
-from traces.errors import InputError
-from traces.model import ModelSpec
 
 # Hugging Face ids for the presets; override with --model-path. The K3 id follows Moonshot's naming and
 # is not verified here (no network access to the Hub).

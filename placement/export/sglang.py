@@ -39,12 +39,12 @@ from pathlib import Path
 
 import numpy as np
 
+from foundation.errors import InputError
+from foundation.files import atomic_path, read_json, write_text_atomic
+from foundation.model import ModelSpec
 from placement.export import ExportFormat, check_matrix, check_rows, register_format, resolve_gpus
 from placement.record import Placement
-from traces.errors import InputError
-from traces.files import atomic_path, read_json, write_text_atomic
 from traces.loads import Loads
-from traces.model import ModelSpec
 
 KEY_MAP = "physical_to_logical_map"
 KEY_COUNT = "logical_count"

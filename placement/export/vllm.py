@@ -36,12 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
+from foundation.errors import InputError
+from foundation.files import read_json, write_text_atomic
+from foundation.model import ModelSpec
 from placement.export import ExportFormat, check_matrix, check_rows, register_format, resolve_gpus
 from placement.record import Placement
-from traces.errors import InputError
-from traces.files import read_json, write_text_atomic
 from traces.loads import Loads
-from traces.model import ModelSpec
 
 MAX_EXPERT_REDUNDANCY = 1023  # vllm/distributed/eplb/eplb_state.py: EplbState.add_model
 

@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from foundation.errors import InputError
+from foundation.files import read_json, write_text_atomic
+from foundation.model import ModelSpec
 from placement.export import ExportFormat, check_matrix, register_format
 from placement.record import Placement
-from traces.errors import InputError
-from traces.files import read_json, write_text_atomic
-from traces.model import ModelSpec
 
 
 def _names(model: ModelSpec) -> list[str]:

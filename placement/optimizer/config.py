@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traces.errors import InputError
+from foundation.errors import InputError
 
 ENGINES = ("vllm", "sglang", "ideal")
 OBJECTIVES = ("balance", "traffic", "balance+traffic")

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from placement.cluster import ClusterSpec
+from foundation.cluster import ClusterSpec
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from placement.record import Placement
-from traces.errors import InputError
-from traces.model import ModelSpec
 
 
 @dataclass(frozen=True, eq=False)

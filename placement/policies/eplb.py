@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from foundation.errors import InputError
 from placement.policies import PlacementProblem, register_policy
 from placement.record import Placement
-from traces.errors import InputError
 
 
 def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np.ndarray]:

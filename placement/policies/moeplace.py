@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from foundation.errors import InputError
 from placement.optimizer import OptimizerConfig, optimize_layers
 from placement.optimizer.layer import PARETO_SLACKS
 from placement.policies import PlacementProblem, register_policy
 from placement.record import Placement, load_placement
-from traces.errors import InputError
 
 _OPTION_KEYS = {f.name for f in fields(OptimizerConfig)} - {"engine", "seed", "time_limit"}
 

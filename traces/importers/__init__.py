@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from traces.loads import Loads
-from traces.model import ModelSpec
 
 # format name -> module in this package implementing ``import_(srcs, model, out, **options)``
 FORMATS: dict[str, str] = {"sglang": "sglang", "vllm-jsonl": "vllm_jsonl", "vllm-eplb": "vllm_eplb",

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError
-from traces.files import atomic_path
+from foundation.errors import InputError
+from foundation.files import atomic_path
+from foundation.model import ModelSpec
 from traces.format import TraceWriter
-from traces.model import ModelSpec
 from traces.validate import check_trace
 
 try:  # orjson parses engine logs several times faster; the stdlib parser is the fallback and the referee

@@ -40,11 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from traces.importers import ImportResult
 from traces.importers._common import write_validated_trace
 from traces.loads import Loads
-from traces.model import ModelSpec
 
 FORWARD_MODE_DECODE = 2
 FORWARD_MODE_TARGET_VERIFY = 5

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from traces.importers import ImportResult
 from traces.importers._common import int_matrix, jsonl_records, require
 from traces.loads import Loads
-from traces.model import ModelSpec
 
 RECORD_TYPE = "eplb_load_stats"
 SUPPORTED_VERSIONS = (1,)

@@ -38,10 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from traces.importers import ImportResult
 from traces.importers._common import jsonl_records, write_validated_trace
-from traces.model import ModelSpec
 
 DEFAULT_WARMUP_MIN_RUN = 16
 NUMBERINGS = ("auto", "moe", "decoder")

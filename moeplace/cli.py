@@ -1,0 +1,51 @@
+"""The ``place`` command line: parse, build a config, call one library function, print.
+
+Every user error (:class:`foundation.errors.MoeplaceError`) becomes one line on stderr and its exit code;
+no traceback reaches the user for bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from foundation.errors import MoeplaceError
+from moeplace import commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="place", description="moeplace: routing traces, expert placement, cluster simulation for huge MoE models")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
+        mod = importlib.import_module(f"{commands.__name__}.{info.name}")
+        group = getattr(mod, "GROUP", None)
+        if group is None:
+            mod.register(sub)
+            continue
+        if group not in groups:
+            gp = sub.add_parser(group, help=commands.GROUP_HELP.get(group, f"{group} commands"))
+            groups[group] = gp.add_subparsers(dest=f"{group}_command", metavar="SUBCOMMAND", required=True)
+        mod.register(groups[group])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MoeplaceError as exc:
+        print(f"place: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("place: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

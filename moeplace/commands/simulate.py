@@ -1,0 +1,132 @@
+"""``place simulate TRACES --placement A [--placement B ...]``: run the discrete-event cluster simulator
+(sim/) on a routing trace for one or more placements and print them side by side."""
+from __future__ import annotations
+
+import json
+import sys
+
+from foundation.cluster import make_cluster
+from foundation.errors import InputError
+from foundation.memory import parse_pool_split
+from foundation.model import load_model
+from sim.calibration import load_profile
+from sim.config import (
+    CostConfig,
+    EngineConfig,
+    LengthMix,
+    SimConfig,
+    WorkloadConfig,
+    parse_mix,
+    parse_rebalance,
+)
+from sim.results import format_table, write_chrome_trace, write_outputs
+from sim.runner import resolve_placement, resolved_config, simulate
+from sim.workload import load_trace_tokens
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate serving on a cluster: throughput, latency, straggler cost")
+    p.add_argument("traces", help="routing trace (Parquet file or directory)")
+    p.add_argument("--placement", action="append", required=True, metavar="FILE|POLICY",
+                   help="placement JSON (Placement.save) or a policy name computed on the trace; repeatable")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--gpus", type=int, default=32)
+    c.add_argument("--gpu", default="h200")
+    c.add_argument("--gpus-per-node", type=int, default=None)
+    c.add_argument("--model", default=None, help="model preset/config overriding the trace's spec "
+                   "(same layers and experts)")
+    c.add_argument("--redundant", type=int, default=0, help="redundant slots for policy-named placements")
+    w = p.add_argument_group("workload")
+    g = w.add_mutually_exclusive_group()
+    g.add_argument("--rate", type=float, default=None, help="open-loop arrivals, requests/s")
+    g.add_argument("--concurrency", type=int, default=None, help="closed loop: requests kept in the system "
+                   "(default 256)")
+    w.add_argument("--arrival", choices=("poisson", "gamma", "ramp"), default="poisson",
+                   help="open-loop process (with --rate)")
+    w.add_argument("--rate-end", type=float, default=None, help="ramp: final rate")
+    w.add_argument("--burstiness", type=float, default=2.0, help="gamma: coefficient of variation of gaps")
+    w.add_argument("--context-mix", default=None, help="prompt lengths, e.g. 8k:0.7,128k:0.25,1M:0.05 "
+                   "(default: the trace's own request lengths)")
+    w.add_argument("--output-len", type=int, default=512, help="mean output length with --context-mix")
+    w.add_argument("--max-requests", type=int, default=None)
+    w.add_argument("--max-trace-tokens", type=int, default=100_000,
+                   help="tokens of the trace loaded for routing (memory: tokens x MoE layers x top-k x 2 B)")
+    e = p.add_argument_group("engine")
+    e.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="replica-choice rule")
+    e.add_argument("--attention-tp", type=int, default=8, help="GPUs per attention-DP rank")
+    e.add_argument("--max-batched-tokens", type=int, default=8192)
+    e.add_argument("--max-seqs", type=int, default=256)
+    e.add_argument("--no-chunked-prefill", action="store_true")
+    e.add_argument("--disaggregated", action="store_true", help="separate prefill and decode pools (2 x GPUs)")
+    e.add_argument("--dbo", action="store_true", help="dual-batch overlap of all-to-all and compute")
+    e.add_argument("--kv-dtype", default="fp8", choices=("bf16", "fp8"))
+    e.add_argument("--preemption", choices=("recompute", "swap"), default="recompute")
+    e.add_argument("--pool-split", default="shared", help="place plan --pool-split: shared | ratio[:R] | slots:N")
+    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    r = p.add_argument_group("run")
+    r.add_argument("--duration", type=float, default=600.0, help="simulated seconds")
+    r.add_argument("--mode", choices=("replay", "stat"), default="stat")
+    r.add_argument("--profile", default=None, help="calibration profile JSON (kernels/)")
+    r.add_argument("--rebalance", default=None, metavar="every=N,window=W,moves=K")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--json", action="store_true", help="print the summaries as JSON")
+    r.add_argument("--out", default=None, help="directory for Parquet/JSON outputs")
+    r.add_argument("--chrome-trace", default=None, metavar="FILE", help="Chrome trace-event JSON (Perfetto)")
+    r.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
+    trace = load_trace_tokens(args.traces, args.max_trace_tokens)
+    if args.model:
+        m = load_model(args.model)
+        if m.moe_layers != trace.model.moe_layers or m.num_experts != trace.model.num_experts \
+                or m.top_k != trace.model.top_k:
+            raise InputError(f"--model {args.model}: {m.num_moe_layers} MoE layers x {m.num_experts} experts top-"
+                             f"{m.top_k} does not match the trace's '{trace.model.name}'")
+        from dataclasses import replace
+        trace = replace(trace, model=m)
+    split, param = parse_pool_split(args.pool_split)
+    engine = EngineConfig(attention_tp=args.attention_tp, max_batched_tokens=args.max_batched_tokens,
+                          max_seqs=args.max_seqs, chunked_prefill=not args.no_chunked_prefill,
+                          disaggregated=args.disaggregated, dual_batch_overlap=args.dbo, replica_rule=args.engine,
+                          kv_dtype=args.kv_dtype, preemption=args.preemption,
+                          gpu_memory_utilization=args.gpu_memory_utilization, pool_split=split, pool_param=param)
+    lengths = None
+    if args.context_mix:
+        lengths = LengthMix(components=parse_mix(args.context_mix), output_mean=args.output_len,
+                            max_len=(trace.model.max_context or (1 << 20)) - 1)  # prompt + 1 token fits
+    if args.rate is not None:
+        wl = WorkloadConfig(arrival=args.arrival, rate=args.rate, rate_end=args.rate_end,
+                            burstiness=args.burstiness, lengths=lengths, max_requests=args.max_requests)
+    else:
+        wl = WorkloadConfig(arrival="closed", concurrency=args.concurrency or 256, lengths=lengths,
+                            max_requests=args.max_requests)
+    config = SimConfig(duration=args.duration, mode=args.mode, seed=args.seed, engine=engine, cost=CostConfig(),
+                       workload=wl, rebalance=parse_rebalance(args.rebalance) if args.rebalance else None)
+    profile = load_profile(args.profile) if args.profile else None
+    placements = [resolve_placement(s, trace, cluster, args.redundant, args.engine, args.seed)
+                  for s in args.placement]
+    labels = [lab for lab, _ in placements]
+    for i, lab in enumerate(labels):  # keep labels unique in the table and file names
+        if labels.count(lab) > 1:
+            placements[i] = (f"{lab}#{i + 1}", placements[i][1])
+    progress = not args.no_progress and sys.stderr.isatty()
+    results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
+                       progress=progress)
+    if args.out:
+        write_outputs(args.out, results, resolved_config(config, cluster, trace, placements, profile))
+    if args.chrome_trace:
+        write_chrome_trace(args.chrome_trace, results)
+    if args.json:
+        print(json.dumps([r.summary for r in results], indent=1))
+    else:
+        print(f"{trace.model.name} on {cluster.name} ({args.gpus} GPUs), attention TP{engine.attention_tp}, "
+              f"{args.engine} replica rule, {args.mode} mode, {args.duration:g} simulated s, "
+              + (f"{args.rate:g} req/s {args.arrival}" if args.rate is not None else
+                 f"{wl.concurrency} concurrent requests"))
+        print(format_table(results))
+        walls = ", ".join(f"{r.label} {r.summary['wall_s']:.1f} s" for r in results)
+        print(f"wall time: {walls}", file=sys.stderr)
+    return 0

@@ -1,0 +1,47 @@
+"""The layer contract: foundation -> traces -> placement -> sim -> kernels -> dashboard -> moeplace, each
+package importing only those to its left (``[tool.importlinter]`` in pyproject.toml). A back-edge, even
+inside a function, fails here."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+importlinter_cli = pytest.importorskip("importlinter.cli")
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("foundation", "traces", "placement", "sim", "kernels", "dashboard", "moeplace")
+
+
+def test_import_contracts_hold(capsys):
+    rc = importlinter_cli.lint_imports(config_filename=str(REPO / "pyproject.toml"), no_cache=True,
+                                       no_logo=True)
+    out = capsys.readouterr().out
+    assert rc == 0, out[out.find("Broken contracts"):] or out
+
+
+def _imported_root(node: ast.Import | ast.ImportFrom) -> str | None:
+    if isinstance(node, ast.ImportFrom):
+        return None if node.level else (node.module or "").split(".")[0]
+    return node.names[0].name.split(".")[0]
+
+
+def test_cross_package_imports_inside_functions_say_why():
+    """Imports of another moeplace package belong at module level, where every reader (and the contract)
+    sees them; one kept inside a function must say on its line why (e.g. it pulls in torch)."""
+    bare = []
+    for pkg in PACKAGES:
+        for f in sorted((REPO / pkg).rglob("*.py")):
+            src = f.read_text()
+            lines = src.splitlines()
+            for fn in ast.walk(ast.parse(src)):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(fn):
+                    if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                        continue
+                    root = _imported_root(node)
+                    if root in PACKAGES and root != pkg and "#" not in lines[node.lineno - 1]:
+                        bare.append(f"{f.relative_to(REPO)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    assert not bare, "function-local imports of other packages without a reason:\n" + "\n".join(bare)
