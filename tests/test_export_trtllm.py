@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import yaml
 
-from placement.cli import main
+from foundation.errors import InputError
+from foundation.model import load_model
+from moeplace.cli import main
 from placement.export import export_placement, import_placement
 from placement.export.flags import FlagOptions, check_layout, launch_command
 from placement.record import Placement, load_placement
-from traces.errors import InputError
-from traces.model import load_model
 
 
 @pytest.fixture(scope="module")

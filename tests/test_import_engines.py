@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 from safetensors.numpy import save_file
 
-from placement.cli import main
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import load_model
+from moeplace.cli import main
 from traces.importers import import_source
 from traces.loads import load_loads
-from traces.model import load_model
 
 TINY = Path(__file__).parent / "data" / "tiny-moe-config.json"
 

@@ -2,7 +2,7 @@
 
 The command realizes an attention layout: ``tp`` GPUs of attention tensor parallelism per DP rank times
 ``dp`` attention data-parallel ranks (``tp * dp`` = the placement's EP size; the MoE layers are expert
-parallel over all of them). :func:`check_layout` runs the memory plan (:func:`placement.plan.plan_memory`)
+parallel over all of them). :func:`check_layout` runs the memory plan (:func:`foundation.memory.plan_memory`)
 on that layout and refuses one that does not fit, with the plan's reason.
 
 Flag names are the engines' own (checked in their argument parsers):
@@ -44,7 +44,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from foundation.cluster import make_cluster
 from foundation.errors import InputError
+from foundation.files import read_json
+from foundation.memory import PlanConfig, plan_memory
 from foundation.model import ModelSpec
 from placement.record import Placement
 
@@ -104,10 +107,7 @@ def _gpu_kind(placement: Placement, opts: FlagOptions) -> str:
 
 
 def plan_config_from_report(path: str | Path) -> tuple[Any, dict[str, Any]]:
-    """The :class:`~placement.plan.PlanConfig` and cluster dict of a ``place plan --report`` JSON."""
-    from placement.plan import PlanConfig
-    from traces.files import read_json
-
+    """The :class:`~foundation.memory.PlanConfig` and cluster dict of a ``place plan --report`` JSON."""
     d = read_json(path)
     if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or not isinstance(d.get("cluster"), dict):
         raise InputError(f"{path}: not a `place plan --report` file (fields 'config' and 'cluster' expected)")
@@ -134,9 +134,6 @@ def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan
     GPU kind and redundancy must be the placement's). A layout the plan rejects raises :class:`InputError`
     carrying the plan's first reason.
     """
-    from placement.cluster import make_cluster
-    from placement.plan import PlanConfig, plan_memory
-
     G, R = placement.num_gpus, placement.num_redundant
     if plan_report is not None:
         if opts.tp is not None or opts.dp is not None:
@@ -272,7 +269,7 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
             max_len: int, tp: int, dp: int) -> str:
     G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
     nodes = G // gpn
-    from placement.export.sglang import support_warnings
+    from placement.export.sglang import support_warnings  # the format modules import this one
 
     notes = [f"# WARNING: {w}" for w in support_warnings(model)]
     a2a = "flashinfer" if gpn >= 72 else "deepep"
@@ -318,7 +315,7 @@ def trtllm_options(placement: Placement, opts: FlagOptions) -> dict[str, Any]:
 
 def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
             max_len: int, tp: int, dp: int) -> str:
-    from placement.export.trtllm import dump_yaml, support_warnings
+    from placement.export.trtllm import dump_yaml, support_warnings  # the format modules import this one
 
     G, gpn = placement.num_gpus, placement.gpus_per_node
     nodes = G // gpn

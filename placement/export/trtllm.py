@@ -47,11 +47,11 @@ from typing import Any
 import numpy as np
 import yaml
 
+from foundation.errors import InputError
+from foundation.files import write_text_atomic
+from foundation.model import ModelSpec
 from placement.export import ExportFormat, check_matrix, register_format, resolve_gpus
 from placement.record import Placement
-from traces.errors import InputError
-from traces.files import write_text_atomic
-from traces.model import ModelSpec
 
 # moe_load_balancer.py: moe_model_arch_list (the architectures whose MoE layers join the balancer)
 TRTLLM_LB_ARCHITECTURES = ("DeepseekV3ForCausalLM", "MixtralForCausalLM", "Llama4ForConditionalGeneration",

@@ -31,10 +31,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from traces.importers import ImportResult
 from traces.importers._common import expert_id_matrix, write_validated_trace
-from traces.model import ModelSpec
 
 _ITER = re.compile(r"^iter_(\d+)$")
 _LAYER = re.compile(r"^layer_(\d+)\.parquet$")

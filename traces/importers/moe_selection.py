@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from traces.importers import ImportResult
 from traces.importers._common import expert_id_matrix, moe_layer_axis, write_validated_trace
-from traces.model import ModelSpec
 
 _LAYER_KEY = re.compile(r"^(?:layer[_-]?)?(\d+)$")
 

@@ -39,11 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from traces.importers import ImportResult
 from traces.importers._common import expert_id_matrix, write_validated_trace
 from traces.loads import Loads
-from traces.model import ModelSpec
 
 _RANK_FILE = re.compile(r"^rank(\d+)(_raw)?\.safetensors$")
 _KEY = re.compile(r"^(\d+)_(\d+)$")

@@ -38,10 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError
+from foundation.errors import InputError
+from foundation.model import ModelSpec
 from traces.importers import ImportResult
 from traces.importers._common import expert_id_matrix, jsonl_records, moe_layer_axis, write_validated_trace
-from traces.model import ModelSpec
 
 _INT_DTYPES = {"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"}
 
