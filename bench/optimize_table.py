@@ -1,4 +1,4 @@
-"""Time `place optimize TRACE --gpus 32` (issue 4 acceptance: the baseline table in < 30 s).
+"""Time `place optimize TRACE --gpus 32` (target: the baseline table in < 30 s).
 
 Synthesizes the default K3 trace (traces/synth.py defaults: 100k tokens, 5 domains, drift) if it is not
 there, then runs the CLI as a subprocess (imports included) a few times with the baseline policies

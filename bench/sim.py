@@ -1,4 +1,4 @@
-"""Speed of the discrete-event simulator (issue 8 targets): 10 simulated minutes of Kimi K3 on 32 H200 at
+"""Speed of the discrete-event simulator. Targets: 10 simulated minutes of Kimi K3 on 32 H200 at
 a load that keeps batches full in <= 60 s wall in `stat` mode; `replay` mode's speed; how wall time grows
 with the GPU count (32 -> 256) and with simulated time. Prints the figures and writes
 bench/results/sim.json.

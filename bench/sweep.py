@@ -5,8 +5,8 @@ Prints the figures and writes ``bench/results/sweep.json``.
 
     .venv/bin/python bench/sweep.py [--spec examples/sweep-k3.yaml] [--workers 2] [--only local|ray]
 
-By default both sweeps run on a copy of traces/, placement/ and sim/ taken at start (other engineers edit
-the tree meanwhile); ``--no-snapshot`` runs the tree as it is.
+By default both sweeps run on a copy of the packages they use, taken at start (so edits to the tree while
+they run cannot make their tables differ); ``--no-snapshot`` runs the tree as it is.
 """
 from __future__ import annotations
 
@@ -26,16 +26,17 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT_ENV = "MOEPLACE_BENCH_SNAPSHOT"
+PACKAGES = ("foundation", "traces", "placement", "sim", "moeplace")  # what moeplace.sweep reaches
 
 
 def _run_on_a_snapshot() -> None:
-    """Re-run this script on a frozen copy of traces/, placement/ and sim/ (first on PYTHONPATH, which the
+    """Re-run this script on a frozen copy of the packages a sweep runs (first on PYTHONPATH, which the
     process pool and the local Ray workers inherit), so edits made to the tree while the two sweeps run
     cannot make their tables differ."""
     if os.environ.get(SNAPSHOT_ENV) or "--no-snapshot" in sys.argv:
         return
     snap = Path(tempfile.mkdtemp(prefix="bench-sweep-code-"))
-    for pkg in ("traces", "placement", "sim"):
+    for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, snap / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, SNAPSHOT_ENV: str(snap),
            "PYTHONPATH": os.pathsep.join([str(snap)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
@@ -52,12 +53,12 @@ RESULTS = Path(__file__).parent / "results" / "sweep.json"
 
 
 def source_hash() -> str:
-    """sha256 over the library sources the sweeps run (traces/, placement/, sim/ of the snapshot)."""
+    """sha256 over the sources the sweeps run (``PACKAGES`` of the snapshot)."""
     import placement
 
     base = Path(placement.__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for pkg in ("traces", "placement", "sim"):
+    for pkg in PACKAGES:
         for f in sorted((base / pkg).rglob("*.py")) + sorted((base / pkg).rglob("*.json")):
             h.update(str(f.relative_to(base)).encode())
             h.update(f.read_bytes())

@@ -1,4 +1,4 @@
-"""Benchmark of the trace pipeline on a synthetic Kimi K3 trace (issue 2 targets):
+"""Benchmark of the trace pipeline on a synthetic Kimi K3 trace. Targets:
 synthesis >= 20 M selections/s, stats ingestion >= 100 M selections/s on 2 cores, <= 2.5 B/selection
 on disk; peak RSS reported. Prints the figures and writes bench/results/trace_stats.json.
 

@@ -1,5 +1,5 @@
 """Cluster topology: nodes x GPUs per node, the GPU kind, the NVLink domain inside a node and the NIC
-between nodes. GPU numbers are data (``foundation/presets/gpus.json``, from REFERENCE.md §2).
+between nodes. GPU numbers are data (``foundation/presets/gpus.json``, from docs/design.md Sources §2).
 
 GPU ``g`` lives on node ``g // gpus_per_node``. A "node" is an NVLink domain (8 GPUs on HGX, 72 on
 GB300 NVL72).

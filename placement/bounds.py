@@ -1,4 +1,4 @@
-"""Lower bounds on the most loaded GPU (REFERENCE.md §3), per MoE layer.
+"""Lower bounds on the most loaded GPU (docs/design.md Sources §3), per MoE layer.
 
 Every function takes expert loads ``loads_LE`` (float ``[L, E]``, tokens per logical expert) and
 returns float64 ``[L]``: no placement / replica-choice rule can put fewer tokens on its busiest GPU.
@@ -10,7 +10,7 @@ Dividing the mean load ``total / G`` by a bound gives the best balancedness that
   every replica of ``e`` carries the unit ``w_e / c_e``; the GPU holding the largest unit also holds
   ``S - 1`` other units (``S`` slots per GPU, all filled), at least the ``S - 1`` smallest ones. So
   ``max(total / G, u_max + sum of the S-1 smallest other units)`` (the second term contains
-  ``max_e w_e / c_e``; with ``c = 1`` it is REFERENCE.md's no-replication bound).
+  ``max_e w_e / c_e``; with ``c = 1`` it is the published no-replication bound).
 - :func:`minmax_replica_counts` / :func:`budget_bound`: the best bound for a slot budget ``P`` over
   all placements: ``max(total / G, min_c max_e w_e / c_e)`` over counts ``c_e >= 1`` with
   ``sum c = P`` (even split), ``total / G`` for the splittable rules.

@@ -1,4 +1,4 @@
-"""The Placement record (DESIGN.md "Contracts: Placement"; names as in DeepSeek EPLB and vLLM).
+"""The Placement record (docs/design.md "Contracts"; names as in DeepSeek EPLB and vLLM).
 
 ``phy2log[l, p]`` is the logical expert held by physical slot ``p`` of MoE layer ``l`` (``l`` indexes
 ``moe_layers``, the model's MoE decoder layers, in order). Slot ``p`` lives on GPU

@@ -1,4 +1,4 @@
-"""sim/: a discrete-event cluster simulator driven by routing traces (DESIGN.md "sim/").
+"""sim/: a discrete-event cluster simulator driven by routing traces (docs/design.md "Layers").
 
 Layers, from the bottom: ``events`` (the deterministic event kernel), ``config`` (frozen run
 configuration), ``cost`` + ``calibration`` (roofline per operation, corrected by a measured profile),

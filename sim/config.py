@@ -61,7 +61,7 @@ class EngineConfig:
 @dataclass(frozen=True)
 class CostConfig:
     """Roofline knobs. Efficiencies scale the peak numbers of the GPU preset to what kernels achieve
-    (REFERENCE.md §2: bf16 GEMM 790 of 989 TFLOP/s = 0.8; device copy 4.3 of 4.8 TB/s = 0.9)."""
+    (docs/design.md Sources §2: bf16 GEMM 790 of 989 TFLOP/s = 0.8; device copy 4.3 of 4.8 TB/s = 0.9)."""
 
     flops_efficiency: float = 0.8
     hbm_efficiency: float = 0.9

@@ -378,7 +378,6 @@ class Simulation:
 
     def finish(self, q: Request, now: float) -> list[Event]:
         q.finished = now
-        self.recorder.finished(q)
         return self._replace_closed(now)
 
     def reject(self, q: Request, now: float) -> None:

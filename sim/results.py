@@ -60,9 +60,6 @@ class Recorder:
             self.output_tokens_done += output
             self.prefill_tokens_done += prefill
 
-    def finished(self, q) -> None:
-        pass
-
     def result(self, wall: float) -> SimResult:
         sim = self.sim
         ts = pl.DataFrame(self.series, schema_overrides={"pool": pl.String})

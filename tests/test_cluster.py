@@ -13,7 +13,7 @@ def test_default_is_four_h200_nodes():
     c = make_cluster(32)
     assert (c.num_nodes, c.gpus_per_node, c.num_gpus, c.gpu.name) == (4, 8, 32, "h200")
     assert c.name == "4x8 h200"
-    # REFERENCE.md §2: 141 GB HBM3e, 4.8 TB/s, 450 GB/s NVLink per direction, NDR 400 Gb/s = 50 GB/s
+    # docs/design.md Sources §2: 141 GB HBM3e, 4.8 TB/s, 450 GB/s NVLink per direction, NDR 400 Gb/s = 50 GB/s
     assert c.gpu.hbm_bytes == 141e9 and c.gpu.hbm_bw == 4.8e12
     assert c.gpu.nvlink_bw == 450e9 and c.gpu.nic_bw == 50e9
     assert c.to_dict() == {"gpu": "h200", "num_nodes": 4, "gpus_per_node": 8}

@@ -9,7 +9,7 @@ from foundation.errors import InputError
 from placement.policies import PlacementProblem, get_policy
 from placement.policies.eplb import balanced_packing, rebalance_experts, replicate_experts
 
-# The published example (README of github deepseek-ai/EPLB; REFERENCE.md §3)
+# The published example (README of github.com/deepseek-ai/EPLB)
 WEIGHT = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
           [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]]
 PHY2LOG = [[5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],

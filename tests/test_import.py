@@ -5,7 +5,6 @@ line/record and field, and leave nothing behind."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
@@ -628,7 +627,6 @@ def test_cli_import_and_errors(tmp_path, capsys):
     assert "give a path ending in .npz" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("traces.stats") is None, reason="traces.stats not present yet")
 def test_place_trace_stats_accepts_imported_trace(tmp_path, capsys):
     out = tmp_path / "t"
     assert (

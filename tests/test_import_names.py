@@ -1,5 +1,5 @@
-"""Our generic top-level import names must not collide with what dependencies probe for (DESIGN.md
-"Known hazard"). transformers looks for Hugging Face's hub-kernels library under the import name ``kernels``
+"""Our generic top-level import names must not collide with what dependencies probe for (docs/design.md
+"Decisions"). transformers looks for Hugging Face's hub-kernels library under the import name ``kernels``
 (``importlib.util.find_spec("kernels")``, then a version from package metadata, accepted only inside
 ``[KERNELS_MIN_VERSION, KERNELS_MAX_VERSION)``); when accepted it imports ``get_kernel`` & co. from it and
 swaps hub kernels into models (``use_kernel_forward_from_hub``, ``use_kernel_func_from_hub_with_fallback``).

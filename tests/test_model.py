@@ -1,4 +1,4 @@
-"""Model presets: the numbers REFERENCE.md §1 publishes for Kimi K3 (and the other presets) must fall
+"""Model presets: the numbers published for Kimi K3 (docs/design.md Sources §1) (and the other presets) must fall
 out of the spec fields, not be typed in."""
 from __future__ import annotations
 

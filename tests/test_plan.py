@@ -159,7 +159,7 @@ def test_mla_kv_and_kda_state_sizes(k3):
 
 
 def test_sglang_h200_deployments_fit(k3):
-    # REFERENCE.md: SGLang runs K3 on H200 as 4x8 TP32/EP32 and 2x8 TP16/EP16
+    # SGLang's K3 guide (docs/design.md Sources §1): SGLang runs K3 on H200 as 4x8 TP32/EP32 and 2x8 TP16/EP16
     p32 = plan_memory(k3, make_cluster(32, "h200"), PlanConfig(tp=32, ep=32))
     assert p32.fits and p32.concurrency >= 1
     p16 = plan_memory(k3, make_cluster(16, "h200"), PlanConfig(tp=16, ep=16, context=128 * KiB))

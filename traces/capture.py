@@ -55,7 +55,7 @@ _COLUMNS = ("request_id", "position", "phase", "step", "layer", "expert_ids", "g
 
 
 def check_kernels_name() -> None:
-    """Guard against the ``kernels`` import-name collision (DESIGN.md "Known hazard").
+    """Guard against the ``kernels`` import-name collision (docs/design.md "Decisions").
 
     transformers probes ``importlib.util.find_spec("kernels")`` for Hugging Face's hub-kernels library and,
     when it looks installed at a supported version, imports names such as ``get_kernel`` from it at

@@ -1,4 +1,4 @@
-"""The routing-trace format (DESIGN.md "Contracts: Trace").
+"""The routing-trace format (docs/design.md "Contracts").
 
 A trace is one Parquet file or a directory tree of them (``part-*.parquet``), read lazily with polars.
 One row per (token, MoE layer):

@@ -1,5 +1,5 @@
 """Loads: ``[windows, L, E]`` token counts per expert — the common input of every placement policy
-(DESIGN.md "Contracts: Loads"). Traces (via ``place trace stats``) and engine load dumps (SGLang
+(docs/design.md "Contracts"). Traces (via ``place trace stats``) and engine load dumps (SGLang
 ``logical_count``, vLLM EPLB load records) all reduce to it.
 
 On disk: one ``.npz`` with ``counts`` (int64 ``[W, L, E]``) and ``meta`` (a JSON string: model spec,

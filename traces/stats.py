@@ -211,7 +211,7 @@ def affinity_lift(samples: np.ndarray, num_experts: int, seed: int = 0, max_pair
     by that of the same predictor learned with layer ``l+1`` taken from a permuted token (same marginals
     and sample size, no affinity: a popularity predictor). 1 = the experts at ``l`` tell nothing about
     ``l+1`` beyond popularity.
-    Coverage (REFERENCE.md's "top 20% of pairs cover X%"): share of all ``k x k`` pair observations in the
+    Coverage (the published "top 20% of pairs cover X%" figure, docs/design.md Sources §4): share of all ``k x k`` pair observations in the
     top 20% of the ``E^2`` cells, actual vs permuted, on the first ``coverage_pairs`` pairs (NaN after).
     Returns ``(pairs, lift, coverage, coverage_permuted)``, arrays ``[P]``."""
     jobs = affinity_jobs(samples, seed, max_pairs, max_tokens)

@@ -1,5 +1,5 @@
-"""Synthetic routing traces shaped like a real MoE router (REFERENCE.md §5), for models whose traces we
-cannot capture (Kimi K3).
+"""Synthetic routing traces shaped like a real MoE router (docs/design.md Sources §4), for models whose
+traces we cannot capture (Kimi K3).
 
 Every expert selection is drawn in "u-space": an expert popularity distribution is laid out as
 consecutive intervals of the circle ``[0, 2^16)`` in a per-layer random expert order, and a selection is
@@ -86,7 +86,7 @@ SYNTH_VERSION = 2
 
 @dataclass(frozen=True)
 class SynthConfig:
-    """What the synthetic router should look like. Defaults follow REFERENCE.md §5."""
+    """What the synthetic router should look like. Defaults follow the published statistics (docs/design.md Sources §4)."""
 
     num_tokens: int = 100_000
     seed: int = 0

@@ -17,7 +17,7 @@ class OptimizerConfig:
     ``robust``, minimize the mean of the worst ``ceil(cvar * W)`` scenarios' max/mean instead of the single
     worst (``cvar = 0`` means the worst). ``objective``/``traffic_weight``/``balance_floor``: the traffic
     objective (remote nodes per token) subject to balancedness >= ``balance_floor`` (default: the balance
-    plan's own balancedness minus ``traffic_weight * 0.01``... see :func:`traffic_floor`). ``max_moves``: the
+    plan's own balancedness minus 0.01). ``max_moves``: the
     migration budget (slots whose expert changes) per layer when a ``current`` placement is given.
     ``lns_rounds``: CP-SAT neighbourhood solves per layer after local search stalls (stopping after
     ``lns_patience`` fruitless ones in a row); ``lns_gpus``: GPUs per

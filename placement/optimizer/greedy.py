@@ -45,7 +45,7 @@ def replica_counts(key_e: np.ndarray, num_slots: int, num_gpus: int) -> np.ndarr
 def count_bound(wn: np.ndarray, num_slots: int, num_gpus: int) -> float:
     """Lower bound on the normalized max GPU load (worst scenario) of *any* placement under the even
     split rule: ``max(1, min_counts max_{w,e} wn[w, e] / count_e)``; with no redundancy also the
-    "hottest expert plus the S-1 lightest others" bound (REFERENCE.md §3)."""
+    "hottest expert plus the S-1 lightest others" bound (docs/design.md Sources §3)."""
     key = wn.max(axis=0)
     cnt = replica_counts(key, num_slots, num_gpus)
     lb = max(1.0, float((key / cnt).max()))

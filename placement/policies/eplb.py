@@ -1,5 +1,5 @@
-"""DeepSeek's Expert Parallelism Load Balancer (EPLB), reimplemented from its description (REFERENCE.md
-§3; github deepseek-ai/EPLB ``eplb.py`` read to confirm tie-breaking and arithmetic).
+"""DeepSeek's Expert Parallelism Load Balancer (EPLB), reimplemented from its description (README
+of github.com/deepseek-ai/EPLB; its ``eplb.py`` read to confirm tie-breaking and arithmetic).
 
 Hierarchical mode (used when the expert groups divide evenly over the nodes):
   1. pack expert *groups* onto nodes with :func:`balanced_packing` (exactly groups/nodes per node);
