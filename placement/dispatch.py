@@ -162,10 +162,10 @@ class _Key:
 
 @lru_cache(maxsize=8)
 def _sglang_map_cached(fingerprint: str, key: _Key, seed: int, variant: str) -> np.ndarray:
-    pl = key.placement
-    L, E, G = pl.num_layers, pl.num_experts, pl.num_gpus
-    slot_gpu = pl.slot_gpu
-    cnt, l2p = pl.logcnt, pl.log2phy
+    placement = key.placement
+    L, E, G = placement.num_layers, placement.num_experts, placement.num_gpus
+    slot_gpu = placement.slot_gpu
+    cnt, l2p = placement.logcnt, placement.log2phy
     out = np.empty((G, L, E), dtype=np.int32)
     out[:] = l2p[None, :, :, 0]  # single-replica experts: the only slot, for every rank
     prefer_node = variant == "mainline"
@@ -173,7 +173,7 @@ def _sglang_map_cached(fingerprint: str, key: _Key, seed: int, variant: str) -> 
     events: list[tuple[list[int], np.ndarray, int, int]] = []  # (candidates, remaining ranks, layer, expert)
     for l, e in np.argwhere(cnt > 1):
         cands = l2p[l, e, :cnt[l, e]].astype(np.int64)
-        near = _nearest(cands, slot_gpu, G, pl.gpus_per_node, prefer_node)
+        near = _nearest(cands, slot_gpu, G, placement.gpus_per_node, prefer_node)
         resolved = near >= 0
         out[resolved, l, e] = near[resolved]
         remaining = np.flatnonzero(~resolved)

@@ -132,8 +132,8 @@ class ReplayRouter:
 
     def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator | None = None,
               want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
-        pl = self.placement
-        L, G, P, E = pl.num_layers, pl.num_gpus, pl.num_slots, pl.num_experts
+        placement = self.placement
+        L, G, P, E = placement.num_layers, placement.num_gpus, placement.num_slots, placement.num_experts
         tokens = np.zeros((L, G))
         slot_hits = np.zeros(L * P, dtype=np.int64)
         nv = np.zeros((L, G))
@@ -144,10 +144,10 @@ class ReplayRouter:
             r = np.asarray(rows[a:a + self.CHUNK]) % T
             s = np.asarray(src[a:a + self.CHUNK])
             ids = self.trace.expert_ids[r]  # [n, L, k]
-            slots = token_slots(pl, ids, self.engine, src_gpu=s, dispatch_map=self.dmap)
+            slots = token_slots(placement, ids, self.engine, src_gpu=s, dispatch_map=self.dmap)
             slot_hits += np.bincount((np.arange(L)[None, :, None] * P + slots).ravel(), minlength=L * P)
             gpu = self._slot_gpu[slots]
-            _, c_nv, c_nic = link_copies(gpu, s, pl.gpus_per_node, G)
+            _, c_nv, c_nic = link_copies(gpu, s, placement.gpus_per_node, G)
             nv += c_nv
             nic += c_nic
             if counts is not None:

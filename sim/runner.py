@@ -26,13 +26,13 @@ def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_r
     (all of its tokens as one window). Returns ``(label, placement)``."""
     p = Path(spec)
     if p.suffix == ".json" or p.exists():
-        pl = load_placement(p)
-        pl.check_model(trace.model, str(p))
-        if pl.num_gpus != cluster.num_gpus or pl.gpus_per_node != cluster.gpus_per_node:
-            raise InputError(f"{p}: placement is for {pl.num_gpus} GPUs ({pl.gpus_per_node} per node), the cluster "
-                             f"is {cluster.num_gpus} GPUs ({cluster.gpus_per_node} per node); pass matching --gpus / "
-                             "--gpus-per-node")
-        return p.stem, pl
+        placement = load_placement(p)
+        placement.check_model(trace.model, str(p))
+        if placement.num_gpus != cluster.num_gpus or placement.gpus_per_node != cluster.gpus_per_node:
+            raise InputError(f"{p}: placement is for {placement.num_gpus} GPUs ({placement.gpus_per_node} per "
+                             f"node), the cluster is {cluster.num_gpus} GPUs ({cluster.gpus_per_node} per node); "
+                             "pass matching --gpus / --gpus-per-node")
+        return p.stem, placement
     names = policy_names()
     if spec not in names:
         raise InputError(f"--placement '{spec}': no such file and not a policy (policies: {', '.join(names)})")
@@ -47,14 +47,16 @@ def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluste
              progress: bool = False) -> list[SimResult]:
     """Run ``config`` once per placement (same seed, so the same arrivals and lengths)."""
     out = []
-    for label, pl in placements:
-        pools, _ = plan_pools(trace.model, cluster, config.engine, pl.num_redundant)
+    for label, placement in placements:
+        pools, _ = plan_pools(trace.model, cluster, config.engine, placement.num_redundant)
         pools = override_pools(pools, config.kv_tokens_per_rank, config.state_slots_per_rank)
-        sim = Simulation(config, trace, pl, cluster, pools, profile=profile, label=label, chrome=chrome,
+        sim = Simulation(config, trace, placement, cluster, pools, profile=profile, label=label, chrome=chrome,
                          progress=progress)
         res = sim.run()
-        res.summary["placement"] = {"label": label, "num_gpus": pl.num_gpus, "num_slots": pl.num_slots,
-                                    "policy": pl.provenance.get("policy"), "fingerprint": pl.fingerprint()}
+        res.summary["placement"] = {"label": label, "num_gpus": placement.num_gpus,
+                                    "num_slots": placement.num_slots,
+                                    "policy": placement.provenance.get("policy"),
+                                    "fingerprint": placement.fingerprint()}
         res.summary["pools"] = {"shared": pools.shared, "pool_bytes": pools.pool_bytes,
                                 "kv_token_capacity": pools.kv_token_capacity, "state_slots": pools.state_slots,
                                 "kv_bytes_per_token": pools.kv_bytes_per_token,
@@ -69,7 +71,8 @@ def resolved_config(config: SimConfig, cluster: ClusterSpec, trace: TraceTokens,
     return {"sim": dataclasses.asdict(config), "cluster": {**cluster.to_dict(), "num_gpus": cluster.num_gpus},
             "model": trace.model.name, "trace": {"path": trace.path, "tokens": trace.num_tokens,
                                                  "requests": trace.num_requests},
-            "placements": [{"label": lab, "policy": pl.provenance.get("policy"), "slots": pl.num_slots,
-                            "fingerprint": pl.fingerprint()} for lab, pl in placements],
+            "placements": [{"label": lab, "policy": placement.provenance.get("policy"),
+                            "slots": placement.num_slots, "fingerprint": placement.fingerprint()}
+                           for lab, placement in placements],
             "profile": None if profile is None else {"source": profile.source, "device": profile.device,
                                                      "ops": sorted(profile.ops)}}
