@@ -23,7 +23,7 @@ from placement.evaluate import Metrics, evaluate
 from placement.policies import PlacementProblem, get_policy, policy_names
 from placement.record import Placement
 from traces.loads import Loads, is_loads_file, load_loads
-from traces.stats import trace_loads
+from traces.stats import compute_stats
 
 DEFAULT_WINDOW_TOKENS = 4096
 
@@ -36,14 +36,24 @@ def default_redundant(num_experts: int, num_gpus: int) -> int:
 
 # ---------------------------------------------------------------------------- inputs -> Loads
 def trace_to_loads(path: str | Path, window_tokens: int) -> Loads:
-    """Per-window expert counts of a trace (:func:`traces.stats.trace_loads`)."""
-    return trace_loads(path, window_tokens)
+    """A trace's Loads with its token sample (each sampled token tagged with its window) and, in the
+    provenance, each window's dominant domain tag (``window_domains``) when the trace has a domain column
+    — the scenarios of the shift estimate."""
+    st = compute_stats(path, window_tokens)
+    ld = st.loads
+    if len(st.domains) >= 1 and st.domain_tokens.shape[0] == ld.num_windows:
+        dom = [st.domains[int(i)] for i in st.domain_tokens.argmax(axis=1)]
+        ld = Loads(ld.counts, ld.model, ld.window_tokens, ld.labels, {**ld.provenance, "window_domains": dom},
+                   ld.samples, ld.sample_windows)
+    return ld
 
 
 def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
                     window_tokens: int = DEFAULT_WINDOW_TOKENS) -> Loads:
     """Read traces and/or Loads files into one Loads (windows concatenated in input order).
-    ``model`` overrides the model recorded in the inputs (it must have the same shape)."""
+    ``model`` overrides the model recorded in the inputs (it must have the same shape). The provenance
+    records each window's input (``window_inputs``) and, where every input has them, domain tags
+    (``window_domains``); the token sample keeps each token's window."""
     if not inputs:
         raise InputError("no traces or Loads files given")
     parts: list[Loads] = []
@@ -57,7 +67,7 @@ def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
                 raise InputError(f"{p}: has {ld.counts.shape[1]} MoE layers x {ld.counts.shape[2]} experts "
                                  "but "
                                  f"--model '{model.name}' has {model.num_moe_layers} x {model.num_experts}")
-            ld = Loads(ld.counts, model, ld.window_tokens, ld.labels, ld.provenance, ld.samples)
+            ld = Loads(ld.counts, model, ld.window_tokens, ld.labels, ld.provenance, ld.samples, ld.sample_windows)
         if ld.counts.sum() == 0:
             raise InputError(f"{p}: no tokens (all expert counts are zero)")
         parts.append(ld)
@@ -73,21 +83,89 @@ def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
         labels += [f"{Path(src).name}: {lb}" if multi else lb for lb in own]
     counts = np.concatenate([ld.counts for ld in parts])
     wt = parts[0].window_tokens if all(ld.window_tokens == parts[0].window_tokens for ld in parts) else 0
-    # the token samples travel along (traffic objective and sample-based traffic in evaluate)
-    have = [ld.samples for ld in parts if ld.samples is not None and len(ld.samples)]
-    samples = np.concatenate(have) if len(have) == len(parts) else None
-    return Loads(counts, first, wt, tuple(labels), {"inputs": [str(s) for s in inputs]}, samples)
+    # the token samples travel along (traffic objective and sample-based traffic in evaluate), each token
+    # with its window in the concatenation
+    have = [ld for ld in parts if ld.samples is not None and len(ld.samples)]
+    samples = sample_windows = None
+    if len(have) == len(parts):
+        samples = np.concatenate([ld.samples for ld in parts])
+        if all(ld.sample_windows is not None for ld in parts):
+            offsets = np.cumsum([0] + [ld.num_windows for ld in parts[:-1]])
+            sample_windows = np.concatenate([ld.sample_windows + o for ld, o in zip(parts, offsets)])
+    prov: dict[str, Any] = {"inputs": [str(s) for s in inputs],
+                            "window_inputs": [i for i, ld in enumerate(parts) for _ in range(ld.num_windows)]}
+    if all("window_domains" in ld.provenance for ld in parts):
+        prov["window_domains"] = [d for ld in parts for d in ld.provenance["window_domains"]]
+    elif len(parts) == 1 and parts[0].provenance.get("window_domains"):
+        prov["window_domains"] = list(parts[0].provenance["window_domains"])
+    return Loads(counts, first, wt, tuple(labels), prov, samples, sample_windows)
 
 
 def split_windows(num_windows: int, plan_fraction: float) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Plan on the first ``ceil(F * W)`` windows (at least one), score held-out on the rest. With one
-    window there is nothing held out: both parts are that window (flag returned True)."""
+    """Plan on the first ``ceil(F * W)`` windows (at least one), score held-out on the rest. ``F = 1``
+    plans on every window (nothing held out: the shift estimate stands in). With one window and
+    ``F < 1`` there is nothing to hold out either: both parts are that window (flag returned True)."""
     if not 0 < plan_fraction <= 1:
         raise InputError(f"--plan-fraction must be in (0, 1], got {plan_fraction}")
+    if plan_fraction == 1:
+        return np.arange(num_windows), np.zeros(0, np.int64), False
     if num_windows == 1:
         return np.array([0]), np.array([0]), True
     n_plan = min(max(1, math.ceil(plan_fraction * num_windows)), num_windows - 1)
     return np.arange(n_plan), np.arange(n_plan, num_windows), False
+
+
+def split_samples(loads: Loads, plan_idx: np.ndarray, held_idx: np.ndarray
+                  ) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
+    """The token sample of the planning windows and that of the held-out windows (disjoint tokens), plus
+    a note when the sample cannot be split (a Loads file whose sample carries no windows: then it is not
+    used at all, since any part of it may be a held-out token)."""
+    s = loads.samples
+    if s is None or not len(s):
+        return None, None, None
+    if loads.sample_windows is None:
+        if held_idx.size == 0 or np.array_equal(plan_idx, held_idx):
+            return s, s, None
+        return None, None, ("the token sample records no windows (an older Loads file): not used, since "
+                            "any of its tokens may be held out; traffic columns are estimates")
+    plan = loads.samples_in(plan_idx)
+    held = loads.samples_in(held_idx) if held_idx.size else None
+    return (plan if len(plan) else None), (held if held is not None and len(held) else None), None
+
+
+# ---------------------------------------------------------------------------- scenarios (shift estimate)
+MAX_SCENARIOS = 8
+WINDOW_GROUPS = 4
+
+
+def scenarios(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndarray, list[str], str]:
+    """Each window's scenario for the leave-one-scenario-out estimate: ``(ids int [W], names, method)``.
+    A scenario is an input file (several inputs), else a domain tag (a trace's dominant domain per
+    window, when it has >= 2), else one of ``WINDOW_GROUPS`` contiguous groups of windows. More than
+    ``max_scenarios`` files or domains are merged round-robin into that many groups."""
+    W = loads.num_windows
+    prov = loads.provenance
+    for key, what in (("window_inputs", "input file"), ("window_domains", "domain tag")):
+        tags = prov.get(key)
+        if tags is None or len(tags) != W:
+            continue
+        names = list(dict.fromkeys(tags))
+        if len(names) < 2:
+            continue
+        if key == "window_inputs":
+            files = prov.get("inputs", [])
+            shown = [Path(files[i]).name if i < len(files) else str(i) for i in names]
+        else:
+            shown = [str(n) for n in names]
+        ids = np.array([names.index(t) for t in tags], np.int64)
+        if len(names) > max_scenarios:
+            ids %= max_scenarios
+            shown = ["+".join(shown[j::max_scenarios]) for j in range(max_scenarios)]
+        return ids, shown, f"leave-one-{what.replace(' ', '-')}-out"
+    n = min(WINDOW_GROUPS, W)
+    ids = (np.arange(W) * n) // W
+    names = [f"windows {int(np.flatnonzero(ids == g)[0])}-{int(np.flatnonzero(ids == g)[-1])}" for g in range(n)]
+    return ids, names, f"leave-one-window-group-out ({n} contiguous groups)"
 
 
 # ---------------------------------------------------------------------------- comparison
@@ -97,7 +175,8 @@ class PolicyResult:
     placement: Placement
     seconds: float
     plan: Metrics
-    held_out: Metrics
+    held_out: Metrics | None
+    shift: dict[str, Any] | None = None
 
     def row(self) -> dict[str, Any]:
         """Flat table row (JSON-ready)."""
@@ -105,9 +184,14 @@ class PolicyResult:
             "policy": self.policy,
             "seconds": self.seconds,
             "plan": self.plan.summary(),
-            "held_out": self.held_out.summary(),
-            "duplicate_on_gpu_layers": int(self.placement.duplicate_on_gpu().sum()),
+            "held_out": None if self.held_out is None else self.held_out.summary(),
+            "duplicate_on_gpu_layers": duplicate_layers(self.placement, self.plan),
         }
+
+
+def duplicate_layers(placement: Placement, scored: Metrics) -> int:
+    """Scored MoE layers whose placement puts two replicas of one expert on one GPU."""
+    return int((placement.duplicate_on_gpu() & scored.scored_wl.any(axis=0)).sum())
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,75 +204,183 @@ class Comparison:
     cluster: ClusterSpec
     num_redundant: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    scored_layers: int = 0
+    moe_layers: int = 0
+    shift_method: str | None = None
+    shift_scenarios: tuple[str, ...] = ()
+    plan_sample_tokens: int = 0
+    held_sample_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "cluster": self.cluster.to_dict(), "num_redundant": self.num_redundant,
-                "plan_windows": self.plan_windows.tolist(), "held_out_windows": self.held_windows.tolist(),
-                "single_window": self.single_window, "notes": list(self.notes),
-                "rows": [r.row() for r in self.results]}
+        d = {"engine": self.engine, "cluster": self.cluster.to_dict(), "num_redundant": self.num_redundant,
+             "plan_windows": self.plan_windows.tolist(), "held_out_windows": self.held_windows.tolist(),
+             "single_window": self.single_window, "notes": list(self.notes),
+             "scored_layers": self.scored_layers, "moe_layers": self.moe_layers,
+             "sample_tokens": {"plan": self.plan_sample_tokens, "held_out": self.held_sample_tokens},
+             "rows": [r.row() for r in self.results]}
+        if self.shift_method is not None:
+            d["shift"] = {r.policy: r.shift for r in self.results if r.shift is not None}
+            d["shift_scenarios"] = list(self.shift_scenarios)
+        return d
+
+
+def _check_objective(names, options: dict[str, Any], plan_samples: np.ndarray | None, loads: Loads) -> None:
+    obj = options.get("objective") or "balance"
+    if obj != "balance" and "moeplace" in names and (plan_samples is None or not len(plan_samples)):
+        src = ", ".join(map(str, loads.provenance.get("inputs", []))) or "the input"
+        raise InputError(f"--objective {obj} needs a token sample of the planning windows (a trace, or a Loads "
+                         f"file written by 'place trace stats'); {src} has none")
+
+
+def _plan(fn, name: str, loads: Loads, windows: np.ndarray, samples: np.ndarray | None, cluster: ClusterSpec,
+          num_redundant: int, engine: str, seed: int, time_limit: float | None,
+          options: dict[str, Any]) -> tuple[Placement, float]:
+    problem = PlacementProblem(loads=loads.counts[windows].astype(np.float64), model=loads.model, cluster=cluster,
+                               num_redundant=num_redundant, engine=engine, seed=seed, time_limit=time_limit,
+                               samples=samples, options=dict(options))
+    t0 = time.perf_counter()
+    pl = fn(problem)
+    dt = time.perf_counter() - t0
+    pl.check_model(loads.model, f"policy '{name}'")
+    return pl, dt
+
+
+def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_redundant: int, engine: str,
+                   seed: int, time_limit: float | None, options: dict[str, Any],
+                   ids: np.ndarray, method: str) -> dict[str, Any]:
+    """Leave-one-scenario-out: for every scenario ``s`` of ``ids`` (int ``[W]``), plan ``fn`` on the
+    other scenarios' windows (with their token sample only) and score it on ``s``'s windows. Returns
+    ``{"mean": mean over scenarios of the left-out balancedness, "worst": the lowest, "method": ...,
+    "per_scenario": [...]}`` — what to expect on traffic unlike the planning data."""
+    per = []
+    for sc in np.unique(ids):
+        test = np.flatnonzero(ids == sc)
+        train = np.flatnonzero(ids != sc)
+        samples = loads.samples_in(train) if loads.sample_windows is not None else None
+        if samples is not None and not len(samples):
+            samples = None
+        opts = dict(options)
+        if samples is None and (opts.get("objective") or "balance") != "balance":
+            opts["objective"] = "balance"  # nothing to co-locate on in this fold: balance is what is left
+        pl, _ = _plan(fn, name, loads, train, samples, cluster, num_redundant, engine, seed, time_limit, opts)
+        m = evaluate(pl, loads.counts[test].astype(np.float64), engine, model=loads.model, cluster=cluster)
+        per.append(m.balancedness)
+    return {"mean": float(np.mean(per)), "worst": float(np.min(per)), "method": method,
+            "per_scenario": [float(x) for x in per]}
 
 
 def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
                      policies: list[str] | None = None, engine: str = "vllm", plan_fraction: float = 0.5,
                      seed: int = 0, time_limit: float | None = None, options: dict[str, Any] | None = None,
-                     samples: np.ndarray | None = None) -> Comparison:
+                     samples: np.ndarray | None = None, shift: bool = False) -> Comparison:
     """Plan each policy on the planning windows, score it (``evaluate``, Loads-level, ``engine`` rule)
     on the planning and on the held-out windows. ``policies``: registry names (default: all).
-    ``samples`` (default: ``loads.samples``): the token sample given to the policies and used for the
-    traffic columns."""
-    if samples is None:
-        samples = loads.samples
+    The token sample is split by window: policies plan on the planning windows' tokens only and the
+    held-out traffic columns replay the held-out windows' tokens only. ``samples`` overrides the
+    planning sample (the caller vouches that it holds no held-out token).
+    ``shift``: also run the leave-one-scenario-out estimate (:func:`shift_estimate`, one extra plan per
+    scenario and policy)."""
+    options = dict(options or {})
     names = policies or policy_names()
     fns = {n: get_policy(n) for n in names}  # fails early on an unknown name
     plan_idx, held_idx, single = split_windows(loads.num_windows, plan_fraction)
+    plan_samples, held_samples, sample_note = split_samples(loads, plan_idx, held_idx)
+    if samples is not None:
+        plan_samples = samples
+    _check_objective(names, options, plan_samples, loads)
     plan = loads.counts[plan_idx].astype(np.float64)
     held = loads.counts[held_idx].astype(np.float64)
-    problem = PlacementProblem(loads=plan, model=loads.model, cluster=cluster, num_redundant=num_redundant,
-                               engine=engine, seed=seed, time_limit=time_limit, samples=samples,
-                               options=dict(options or {}))
+    ids, sc_names, method = scenarios(loads) if shift else (None, [], None)
+    if shift and len(sc_names) < 2:
+        ids, method = None, None
     results = []
     for name, fn in fns.items():
-        t0 = time.perf_counter()
-        pl = fn(problem)
-        dt = time.perf_counter() - t0
-        pl.check_model(loads.model, f"policy '{name}'")
-        results.append(PolicyResult(name, pl, dt,
-                                    evaluate(pl, plan, engine, model=loads.model, cluster=cluster,
-                                             samples=samples),
-                                    evaluate(pl, held, engine, model=loads.model, cluster=cluster,
-                                             samples=samples)))
-    notes = ("only one window: the held-out columns score the planning window itself",) if single else ()
-    return Comparison(results, plan_idx, held_idx, single, engine, cluster, num_redundant, notes)
+        pl, dt = _plan(fn, name, loads, plan_idx, plan_samples, cluster, num_redundant, engine, seed, time_limit,
+                       options)
+        m_plan = evaluate(pl, plan, engine, model=loads.model, cluster=cluster, samples=plan_samples)
+        m_held = (evaluate(pl, held, engine, model=loads.model, cluster=cluster, samples=held_samples)
+                  if held_idx.size else None)
+        sh = (shift_estimate(fn, name, loads, cluster, num_redundant=num_redundant, engine=engine, seed=seed,
+                             time_limit=time_limit, options=options, ids=ids, method=method)
+              if ids is not None else None)
+        results.append(PolicyResult(name, pl, dt, m_plan, m_held, sh))
+    notes = []
+    if single:
+        notes.append("only one window: the held-out columns score the planning window itself")
+    if sample_note:
+        notes.append(sample_note)
+    if shift and ids is None:
+        notes.append("one scenario only (one window): no shift estimate")
+    scored = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
+    return Comparison(results, plan_idx, held_idx, single, engine, cluster, num_redundant, tuple(notes),
+                      scored, loads.model.num_moe_layers, method, tuple(sc_names) if ids is not None else (),
+                      0 if plan_samples is None else len(plan_samples),
+                      0 if held_samples is None else len(held_samples))
+
+
+def _traffic_cells(m: Metrics) -> tuple[str, str]:
+    """nodes/tok and remote-node KiB/tok cells; ``~`` marks the independence estimate (no token sample)."""
+    est = "~" if not m.traffic_method.startswith(("token sample", "exact")) else ""
+    return f"{est}{m.remote_per_token['node']:.3f}", f"{est}{m.dispatch_bytes_per_token['node'] / 1024:.0f}"
 
 
 def format_table(cmp: Comparison) -> str:
     """The text table ``place optimize`` prints."""
-    head = ["policy", "time s", "plan bal", "plan gap", "held bal", "held worst", "held max/mean",
-            "held bound", "held gap", "x-node", "nodes/tok", "dup GPUs"]
+    has_held = cmp.held_windows.size > 0
+    if has_held:
+        head = ["policy", "time s", "plan bal", "held bal", "held worst", "held max/mean", "held nodes/tok",
+                "held KiB/tok", "dup GPUs"]
+    else:
+        head = ["policy", "time s", "plan bal", "shift mean", "shift worst", "plan nodes/tok", "plan KiB/tok",
+                "dup GPUs"]
     rows = []
     for r in cmp.results:
         p, h = r.plan, r.held_out
-        rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", f"{p.gap_budget:+.2%}",
-                     f"{h.balancedness:.4f}", f"{h.worst_window_balancedness:.4f}", f"{h.max_over_mean:.4f}",
-                     f"{h.bound_balancedness_budget:.4f}", f"{h.gap_budget:+.2%}",
-                     f"{h.cross_node_share:.3f}", f"{h.remote_per_token['node']:.3f}",
-                     str(int(r.placement.duplicate_on_gpu().sum()))])
+        dup = str(duplicate_layers(r.placement, p))
+        if has_held:
+            rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", f"{h.balancedness:.4f}",
+                         f"{h.worst_window_balancedness:.4f}", f"{h.max_over_mean:.4f}", *_traffic_cells(h), dup])
+        else:
+            sm = f"{r.shift['mean']:.4f}" if r.shift else "-"
+            sw = f"{r.shift['worst']:.4f}" if r.shift else "-"
+            rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", sm, sw, *_traffic_cells(p), dup])
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                   for i, (c, w) in enumerate(zip(cells, widths)))
     c = cmp.cluster
+    span = (f"plan windows {_span(cmp.plan_windows)}, held-out windows {_span(cmp.held_windows)}" if has_held
+            else f"planned on every window ({_span(cmp.plan_windows)}), nothing held out")
+    layers = (f"; scored on {cmp.scored_layers} of {cmp.moe_layers} MoE layers (the others have no tokens)"
+              if cmp.scored_layers < cmp.moe_layers else "")
     lines = [(f"engine {cmp.engine}, {c.name} ({c.num_gpus} GPUs), {cmp.num_redundant} redundant slots; "
-             f"plan windows {_span(cmp.plan_windows)}, held-out windows {_span(cmp.held_windows)}"),
-             fmt(head), fmt(["-" * w for w in widths])]
+              f"{span}{layers}"), fmt(head), fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in rows]
-    lines.append("bal = mean/max tokens per GPU per layer, averaged (SGLang form); bound = best balancedness "
-                 "any placement with this slot budget can reach; gap = max/bound - 1; x-node = share of "
-                 "expert selections served on another node; nodes/tok = other nodes a token is sent to per "
-                 "MoE layer (on the trace's token sample, which --objective traffic also plans on); dup GPUs "
-                 "= layers with two replicas of one expert on one GPU")
+    tokens = (f"{cmp.held_sample_tokens} sampled held-out tokens" if has_held
+              else f"{cmp.plan_sample_tokens} sampled planning tokens (in-sample)")
+    lines.append("bal = mean/max tokens per GPU per layer, averaged over layers with tokens (SGLang form); "
+                 "worst = lowest window; nodes/tok = other nodes a token is sent to per MoE layer and "
+                 "KiB/tok = the bytes those sends carry per token over all MoE layers (one send per remote "
+                 f"node, DeepEP-style), replayed on {tokens}"
+                 "; ~ = estimate (no token sample: k selections taken as independent draws); dup GPUs = "
+                 "layers with two replicas of one expert on one GPU")
     lines += [f"note: {n}" for n in cmp.notes]
     return "\n".join(lines)
 
 
+def format_shift(cmp: Comparison) -> list[str]:
+    """Lines under the table: per policy, the balancedness to expect on traffic unlike the planning data."""
+    rows = [r for r in cmp.results if r.shift]
+    if not rows:
+        return []
+    out = [f"shift estimate ({cmp.shift_method} over {len(cmp.shift_scenarios)} scenarios: "
+           f"{', '.join(cmp.shift_scenarios)}; plan on the rest, score on the one left out) — balancedness "
+           "to expect on traffic unlike the planning data:"]
+    for r in rows:
+        out.append(f"  {r.policy}: mean {r.shift['mean']:.4f}, worst scenario {r.shift['worst']:.4f}")
+    return out
+
+
 def _span(idx: np.ndarray) -> str:
+    if idx.size == 0:
+        return "none"
     return f"{int(idx[0])}" if idx.size == 1 else f"{int(idx[0])}-{int(idx[-1])}"

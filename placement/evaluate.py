@@ -196,43 +196,55 @@ class Metrics:
         return self.gpu_loads.max(axis=2)
 
     @property
+    def scored_wl(self) -> np.ndarray:
+        """``[W, L]`` bool: the (window, layer) cells with tokens. Every average below runs over these
+        only: a layer a log does not hold (or a window without its tokens) says nothing about balance,
+        and counting it as perfectly balanced would flatter every placement."""
+        return self.max_load > 0
+
+    @property
+    def scored_layers(self) -> int:
+        """MoE layers with tokens in at least one window."""
+        return int(self.scored_wl.any(axis=0).sum())
+
+    @property
     def layer_balancedness_wl(self) -> np.ndarray:
-        """``[W, L]`` mean / max (1 for layers without tokens)."""
+        """``[W, L]`` mean / max (1 for cells without tokens; averages skip them, see :attr:`scored_wl`)."""
         mx = self.max_load
         return np.divide(self.mean_load, mx, out=np.ones_like(mx), where=mx > 0)
 
     @property
     def layer_balancedness(self) -> np.ndarray:
-        """``[L]`` averaged over windows."""
-        return self.layer_balancedness_wl.mean(axis=0)
+        """``[L]`` averaged over the windows with tokens in the layer (NaN for a layer without any)."""
+        return _masked_mean(self.layer_balancedness_wl, self.scored_wl, axis=0)
 
     @property
     def window_balancedness(self) -> np.ndarray:
-        """``[W]`` SGLang form: per layer, then averaged over layers."""
-        return self.layer_balancedness_wl.mean(axis=1)
+        """``[W]`` SGLang form: per layer, then averaged over the layers with tokens (NaN: no tokens)."""
+        return _masked_mean(self.layer_balancedness_wl, self.scored_wl, axis=1)
 
     @property
     def window_ratio_of_sums(self) -> np.ndarray:
         """``[W]`` vLLM's logged form: sum over layers of the mean / sum of the max."""
         mx = self.max_load.sum(axis=1)
-        return np.divide(self.mean_load.sum(axis=1), mx, out=np.ones_like(mx), where=mx > 0)
+        return np.divide(self.mean_load.sum(axis=1), mx, out=np.full_like(mx, np.nan), where=mx > 0)
 
     @property
     def balancedness(self) -> float:
-        return float(self.window_balancedness.mean())
+        return float(np.nanmean(self.window_balancedness))
 
     @property
     def worst_window_balancedness(self) -> float:
-        return float(self.window_balancedness.min())
+        return float(np.nanmin(self.window_balancedness))
 
     @property
     def ratio_of_sums(self) -> float:
-        return float(self.window_ratio_of_sums.mean())
+        return float(np.nanmean(self.window_ratio_of_sums))
 
     @property
     def max_over_mean(self) -> float:
-        """Mean over windows and layers of max / mean."""
-        return float((1.0 / self.layer_balancedness_wl).mean())
+        """Mean over scored (window, layer) cells of max / mean."""
+        return float((1.0 / self.layer_balancedness_wl)[self.scored_wl].mean())
 
     def _ceiling(self, bound: np.ndarray) -> np.ndarray:
         return np.divide(self.mean_load, bound, out=np.ones_like(bound), where=bound > 0)
@@ -242,30 +254,30 @@ class Metrics:
 
     @property
     def layer_gap_placement(self) -> np.ndarray:
-        """``[L]`` ``max / bound_placement - 1``, averaged over windows."""
-        return self._gap(self.bound_placement).mean(axis=0)
+        """``[L]`` ``max / bound_placement - 1``, averaged over the windows with tokens in the layer."""
+        return _masked_mean(self._gap(self.bound_placement), self.scored_wl, axis=0)
 
     @property
     def layer_gap_budget(self) -> np.ndarray:
-        return self._gap(self.bound_budget).mean(axis=0)
+        return _masked_mean(self._gap(self.bound_budget), self.scored_wl, axis=0)
 
     @property
     def bound_balancedness_placement(self) -> float:
         """Best balancedness this placement could reach under this rule (its bound's ceiling)."""
-        return float(self._ceiling(self.bound_placement).mean())
+        return float(self._ceiling(self.bound_placement)[self.scored_wl].mean())
 
     @property
     def bound_balancedness_budget(self) -> float:
         """Best balancedness any placement with this slot budget could reach."""
-        return float(self._ceiling(self.bound_budget).mean())
+        return float(self._ceiling(self.bound_budget)[self.scored_wl].mean())
 
     @property
     def gap_placement(self) -> float:
-        return float(self.layer_gap_placement.mean())
+        return float(self._gap(self.bound_placement)[self.scored_wl].mean())
 
     @property
     def gap_budget(self) -> float:
-        return float(self.layer_gap_budget.mean())
+        return float(self._gap(self.bound_budget)[self.scored_wl].mean())
 
     def batch_stats(self) -> dict[str, float] | None:
         if self.batch_balancedness is None or self.batch_balancedness.size == 0:
@@ -281,6 +293,8 @@ class Metrics:
             "engine": self.engine,
             "source": self.source,
             "num_windows": int(self.gpu_loads.shape[0]),
+            "scored_layers": self.scored_layers,
+            "moe_layers": int(self.gpu_loads.shape[1]),
             "balancedness": self.balancedness,
             "worst_window_balancedness": self.worst_window_balancedness,
             "ratio_of_sums": self.ratio_of_sums,
@@ -302,14 +316,26 @@ class Metrics:
         d = self.summary()
         d.update({
             "labels": list(self.labels),
-            "window_balancedness": self.window_balancedness.tolist(),
-            "window_ratio_of_sums": self.window_ratio_of_sums.tolist(),
-            "layer_balancedness": self.layer_balancedness.tolist(),
-            "layer_gap_placement": self.layer_gap_placement.tolist(),
-            "layer_gap_budget": self.layer_gap_budget.tolist(),
+            "window_balancedness": _json_list(self.window_balancedness),
+            "window_ratio_of_sums": _json_list(self.window_ratio_of_sums),
+            "layer_balancedness": _json_list(self.layer_balancedness),
+            "layer_gap_placement": _json_list(self.layer_gap_placement),
+            "layer_gap_budget": _json_list(self.layer_gap_budget),
             "notes": list(self.notes),
         })
         return d
+
+
+def _masked_mean(x: np.ndarray, mask: np.ndarray, axis: int) -> np.ndarray:
+    """Mean of ``x`` over ``axis`` counting only ``mask`` entries; NaN where none."""
+    n = mask.sum(axis=axis)
+    tot = np.where(mask, x, 0.0).sum(axis=axis)
+    return np.divide(tot, n, out=np.full(tot.shape, np.nan), where=n > 0)
+
+
+def _json_list(x: np.ndarray) -> list:
+    """``x.tolist()`` with NaN (no tokens) as None, which JSON can carry."""
+    return [None if v != v else v for v in x.tolist()]
 
 
 # ---------------------------------------------------------------------------- routing input
@@ -408,9 +434,9 @@ def _traffic_from_loads(placement: Placement, w: np.ndarray, engine: str, k: int
     other_node = node[:, None] != np.arange(placement.num_nodes)[None, :]
     nodes = (touch_n * other_node[None]).sum(axis=2).mean(axis=1)
     sel_remote = (q * remote[None]).sum(axis=2).mean(axis=1) * k
-    wl = has.astype(float)  # layers without tokens send nothing
-    return cross, {"node": float((nodes * wl).mean()), "gpu": float((gpus * wl).mean()),
-                   "expert": float((sel_remote * wl).mean())}
+    n_has = max(int(has.sum()), 1)  # per token per layer: over the layers with tokens only
+    return cross, {"node": float(nodes[has].sum() / n_has), "gpu": float(gpus[has].sum() / n_has),
+                   "expert": float(sel_remote[has].sum() / n_has)}
 
 
 def _sample_traffic(placement: Placement, samples: np.ndarray, engine: str, dmap: np.ndarray | None,

@@ -90,7 +90,7 @@ def test_optimize_cli_table_and_output(k3, tmp_path, capsys):
     text = capsys.readouterr().out
     assert rc == 0
     assert "plan windows 0-1, held-out windows 2-3" in text
-    assert all(p in text for p in ("eplb", "linear", "round_robin", "held gap"))
+    assert all(p in text for p in ("eplb", "linear", "round_robin", "held max/mean", "shift estimate"))
     pl = load_placement(out)
     assert pl.provenance["policy"] == "eplb" and pl.num_slots == 32  # default R: 30 -> 32 = 4 x 8
     rc = main(["optimize", str(path), "--gpus", "8", "--gpus-per-node", "4", "--policy", "linear", "--json",

@@ -32,6 +32,9 @@ class Loads:
     ``labels``: one string per window (e.g. a domain name or ``"tokens 0-4096"``).
     ``samples``: optional int32 ``[N, L, k]``: the expert ids of a seeded sample of N tokens (``-1`` where
     a token has no row for a layer), kept for co-activation objectives (``place trace stats`` writes it).
+    ``sample_windows``: optional int64 ``[N]``: the window each sampled token belongs to, so a planner can
+    take its sample from the planning windows only and score traffic on held-out tokens only (None for
+    samples of older files, whose tokens cannot be told apart by window).
     """
 
     counts: np.ndarray
@@ -40,6 +43,7 @@ class Loads:
     labels: tuple[str, ...] = ()
     provenance: dict[str, Any] = field(default_factory=dict)
     samples: np.ndarray | None = None
+    sample_windows: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         c = self.counts
@@ -62,6 +66,12 @@ class Loads:
                                  f"{self.model.top_k}] (tokens, MoE layers, top-k)")
             if s.size and (s.min() < -1 or s.max() >= self.model.num_experts):
                 raise InputError(f"Loads samples must be expert ids in [0, {self.model.num_experts}) or -1")
+        sw = self.sample_windows
+        if sw is not None:
+            if s is None or sw.shape != (s.shape[0],):
+                raise InputError("Loads sample_windows must have one entry per sampled token")
+            if sw.size and (sw.min() < 0 or sw.max() >= c.shape[0]):
+                raise InputError(f"Loads sample_windows must be window indices in [0, {c.shape[0]})")
 
     @property
     def num_windows(self) -> int:
@@ -71,11 +81,26 @@ class Loads:
         """Counts summed over windows: ``[L, E]``."""
         return self.counts.sum(axis=0)
 
+    def samples_in(self, windows) -> np.ndarray | None:
+        """The sampled tokens of the given windows (index array or slice): ``[n, L, k]``; None when
+        the sample's windows are unknown (then no subset of it is known to avoid other windows)."""
+        if self.samples is None or self.sample_windows is None:
+            return None
+        idx = np.arange(self.num_windows)[windows]
+        return self.samples[np.isin(self.sample_windows, idx)]
+
     def select(self, windows) -> Loads:
-        """A Loads over a subset of windows (a slice or index array)."""
+        """A Loads over a subset of windows (a slice or index array); the sample keeps only those
+        windows' tokens (it is dropped when its windows are unknown)."""
         idx = np.arange(self.num_windows)[windows]
         labels = tuple(self.labels[i] for i in idx) if self.labels else ()
-        return Loads(self.counts[idx], self.model, self.window_tokens, labels, dict(self.provenance), self.samples)
+        samples = sw = None
+        if self.samples is not None and self.sample_windows is not None:
+            keep = np.isin(self.sample_windows, idx)
+            remap = np.full(self.num_windows, -1, np.int64)
+            remap[idx] = np.arange(idx.size)
+            samples, sw = self.samples[keep], remap[self.sample_windows[keep]]
+        return Loads(self.counts[idx], self.model, self.window_tokens, labels, dict(self.provenance), samples, sw)
 
     def save(self, path: str | Path) -> None:
         meta = {"format": LOADS_FORMAT, "model": self.model.to_dict(), "window_tokens": self.window_tokens,
@@ -84,6 +109,8 @@ class Loads:
             arrays = {"counts": self.counts.astype(np.int64), "meta": np.array(json.dumps(meta))}
             if self.samples is not None:
                 arrays["samples"] = self.samples.astype(np.int32)
+            if self.sample_windows is not None:
+                arrays["sample_windows"] = self.sample_windows.astype(np.int64)
             np.savez_compressed(fh, **arrays)
 
 
@@ -101,6 +128,7 @@ def load_loads(path: str | Path) -> Loads:
             counts = z["counts"]
             meta = json.loads(str(z["meta"]))
             samples = z.get("samples", None)
+            sample_windows = z.get("sample_windows", None)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise InputError(f"{p}: not a readable Loads .npz file ({exc})") from None
     if meta.get("format") != LOADS_FORMAT:
@@ -112,4 +140,5 @@ def load_loads(path: str | Path) -> Loads:
         raise InputError(f"{p}: field 'samples' has dtype {samples.dtype}, expected integers")
     return Loads(counts.astype(np.int64), model, int(meta.get("window_tokens", 0)),
                  tuple(meta.get("labels", ())), meta.get("provenance", {}),
-                 None if samples is None else samples.astype(np.int32))
+                 None if samples is None else samples.astype(np.int32),
+                 None if samples is None or sample_windows is None else sample_windows.astype(np.int64))

@@ -290,14 +290,18 @@ def _token_hash(request_id: np.ndarray, pair: np.ndarray, seed: int) -> np.ndarr
 
 
 # ---------------------------------------------------------------------------- the streaming pass
-def _sample_candidates(rid, pos, li, experts, seed: int, threshold: int) -> tuple[np.ndarray, ...] | None:
+def _sample_candidates(rid, pos, li, experts, seed: int, threshold: int,
+                       win: np.ndarray | int = 0) -> tuple[np.ndarray, ...] | None:
     """The rows of a batch whose token hash is under the sketch's threshold: ``(hash, request id,
-    position, MoE layer index, experts)``, or None."""
+    position, MoE layer index, experts, window)``, or None. ``win``: the window of every row (``[n]``
+    or one for all)."""
     h = _token_hash(rid, pos >> 1, seed)
     sel = np.flatnonzero(h <= np.uint64(threshold))
     if not len(sel):
         return None
-    return h[sel], rid[sel].astype(np.int64), pos[sel].astype(np.int64), li[sel].astype(np.int16), experts[sel]
+    w = np.broadcast_to(np.asarray(win, dtype=np.int64), rid.shape)[sel]
+    return (h[sel], rid[sel].astype(np.int64), pos[sel].astype(np.int64), li[sel].astype(np.int16),
+            experts[sel], w)
 
 
 class _Sampler:
@@ -314,11 +318,11 @@ class _Sampler:
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.kept = 0
 
-    def add(self, rid, pos, li, experts) -> None:
+    def add(self, rid, pos, li, experts, win: np.ndarray | int = 0) -> None:
         """Keep the candidate rows of a batch (request ids, positions, MoE layer indices ``[n]``,
-        experts ``[n, k]``)."""
+        experts ``[n, k]``, windows ``[n]`` or one for all)."""
         if self.n > 0:
-            self.add_candidates(_sample_candidates(rid, pos, li, experts, self.seed, int(self.threshold)))
+            self.add_candidates(_sample_candidates(rid, pos, li, experts, self.seed, int(self.threshold), win))
 
     def add_candidates(self, part: tuple[np.ndarray, ...] | None) -> None:
         """Keep rows already selected by :func:`_sample_candidates` (e.g. in a worker process)."""
@@ -326,19 +330,21 @@ class _Sampler:
             self.parts.append(part)
             self.kept += len(part[0])
 
-    def result(self, num_layers: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def result(self, num_layers: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``samples`` int32 ``[N, L, k]`` (-1 where a layer is missing) in (request, position) order,
-        plus the request ids and positions ``[N]`` of the sampled tokens."""
+        plus the request ids, positions and windows ``[N]`` of the sampled tokens (a token's window is
+        that of its first row: planning and held-out samples must not share a token)."""
         if not self.parts:
-            return np.full((0, num_layers, k), -1, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        h, rid, pos, li, ex = (np.concatenate(x) for x in zip(*self.parts))
+            z = np.zeros(0, np.int64)
+            return np.full((0, num_layers, k), -1, np.int32), z, z, z
+        h, rid, pos, li, ex, win = (np.concatenate(x) for x in zip(*self.parts))
         # distinct tokens by (request, position); their unit hash decides; the N smallest units win
         if len(rid) and rid.min() >= 0 and rid.max() < 2**32 and pos.min() >= 0 and pos.max() < 2**31:
             # one stable sort of an order-preserving combined key: the permutation of the lexsort below
             order = np.argsort((rid << 31) | pos, kind="stable")
         else:
             order = np.lexsort((pos, rid))
-        rid, pos, li, ex, h = rid[order], pos[order], li[order], ex[order], h[order]
+        rid, pos, li, ex, h, win = rid[order], pos[order], li[order], ex[order], h[order], win[order]
         new = np.ones(len(rid), bool)
         new[1:] = (rid[1:] != rid[:-1]) | (pos[1:] != pos[:-1])
         tok = np.cumsum(new) - 1
@@ -354,7 +360,9 @@ class _Sampler:
         rows = keep_tok[tok]
         out = np.full((int(keep_tok.sum()), num_layers, k), -1, np.int32)
         out[new_id[tok[rows]], li[rows]] = ex[rows]
-        return out, rid[new][keep_tok], pos[new][keep_tok]
+        tok_win = np.full(num_tokens, np.iinfo(np.int64).max)
+        np.minimum.at(tok_win, tok, win)
+        return out, rid[new][keep_tok], pos[new][keep_tok], tok_win[keep_tok]
 
 
 def _locality(samples: np.ndarray, rid: np.ndarray, pos: np.ndarray) -> tuple[float, int]:
@@ -528,7 +536,8 @@ def _reduce_group(spec: _PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -
         win_rows = np.arange(row0, row0 + n, dtype=np.int64) // rpw
         gd = codes.astype(np.int64) * spec.num_windows + win_rows
         per = np.bincount(gd, minlength=len(names) * spec.num_windows).reshape(-1, spec.num_windows)
-    sample = (_sample_candidates(rid, pos, li, experts, spec.seed, spec.sample_threshold)
+    sample = (_sample_candidates(rid, pos, li, experts, spec.seed, spec.sample_threshold,
+                                 w0 if w0 == w1 else np.arange(row0, row0 + n, dtype=np.int64) // rpw)
               if spec.sample_tokens > 0 else None)
     return _Partial(w0, counts, requests, names, per, sample)
 
@@ -667,7 +676,7 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
         if spec.shared_counts is not None:
             counts += spec.shared_counts.sum(axis=0)
             spec = None  # release the shared memory
-        samples, s_rid, s_pos = sampler.result(num_layers, k)
+        samples, s_rid, s_pos, s_win = sampler.result(num_layers, k)
         # the affinity pairs (the costly statistic) on the workers while this process does the rest
         aff_jobs = affinity_jobs(samples, seed)
         aff_args = [(samples[:, li:li + 2], num_experts, train, test, perm, i < AFFINITY_COVERAGE_PAIRS)
@@ -679,7 +688,7 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
         labels = tuple(f"tokens {w * window_tokens}-{w * window_tokens + int(r) // num_layers}"
                        for w, r in enumerate(window_rows))
         loads = Loads(counts, model, window_tokens, labels,
-                      {"kind": "trace", "path": str(path), "trace": provenance}, samples)
+                      {"kind": "trace", "path": str(path), "trace": provenance}, samples, s_win)
         skew, cv = skew_and_cv(counts.sum(axis=0))
         locality, n_pairs = _locality(samples, s_rid, s_pos)
         # here, not on a worker: shipping the counts (~32 MB for 200k K3 tokens) costs more than this

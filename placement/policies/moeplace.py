@@ -80,16 +80,31 @@ def moeplace(problem: PlacementProblem) -> Placement:
             raise InputError(f"samples must be [tokens, {problem.model.num_moe_layers}, k], got {samples.shape}")
         if len(samples) > cfg.max_traffic_samples:  # evenly spaced, deterministic
             samples = samples[np.linspace(0, len(samples) - 1, cfg.max_traffic_samples).astype(np.int64)]
-    results = optimize_layers(problem.loads, problem.num_slots, problem.cluster.num_gpus,
-                              problem.cluster.gpus_per_node, cfg, samples, origin)
     G = problem.cluster.num_gpus
-    phy2log = np.stack([canonical_slots(r.p2l, G, None if origin is None else origin[r.layer]) for r in results])
+    L, E = problem.model.num_moe_layers, problem.model.num_experts
+    # Layers without a planning token (a log that holds only some MoE layers) carry no information: they
+    # are not searched (each would cost a full layer budget) and get a plain one-copy-each layout, or
+    # keep the migration origin's; they stay out of the summary's figures.
+    active = np.flatnonzero(np.asarray(problem.loads).sum(axis=(0, 2)) > 0)
+    if active.size == 0:
+        raise InputError("the planning windows have no tokens in any MoE layer")
+    results = optimize_layers(np.asarray(problem.loads)[:, active], problem.num_slots, G,
+                              problem.cluster.gpus_per_node, cfg,
+                              None if samples is None else samples[:, active],
+                              None if origin is None else origin[active])
+    for r in results:
+        r.layer = int(active[r.layer])
+    phy2log = (origin.copy() if origin is not None
+               else np.tile(np.arange(problem.num_slots, dtype=np.int64) % E, (L, 1)))
+    for r in results:
+        phy2log[r.layer] = canonical_slots(r.p2l, G, None if origin is None else origin[r.layer])
     layers = [r.stats() for r in results]
     bal = np.array([s["balancedness"] for s in layers])
     gap = np.array([s["gap"] for s in layers])
     summary = {"mean_balancedness": float(bal.mean()), "min_balancedness": float(bal.min()),
                "max_gap": float(gap.max()), "mean_gap": float(gap.mean()),
-               "seconds": float(sum(s["seconds"] for s in layers))}
+               "seconds": float(sum(s["seconds"] for s in layers)),
+               "planned_layers": int(active.size), "moe_layers": int(L)}
     if origin is not None:
         summary["max_moves_used"] = int(max(s["moves"] for s in layers))
     if any("span" in s for s in layers):
