@@ -224,6 +224,19 @@ class Comparison:
         return d
 
 
+def planned_on(loads: Loads, plan_idx: np.ndarray) -> dict[str, Any]:
+    """What a placement was planned on, for whoever scores it later (``place simulate`` routes on the
+    rest of the trace): the inputs, the planning windows and, for one token-windowed trace, the first
+    token (in file order) that planning did not see."""
+    d: dict[str, Any] = {"inputs": list(loads.provenance.get("inputs", [])),
+                         "windows": [int(plan_idx[0]), int(plan_idx[-1]) + 1],
+                         "window_tokens": int(loads.window_tokens)}
+    contiguous = np.array_equal(plan_idx, np.arange(plan_idx.size))
+    if len(d["inputs"]) == 1 and loads.window_tokens > 0 and contiguous and plan_idx.size < loads.num_windows:
+        d["held_out_from_token"] = int(plan_idx.size * loads.window_tokens)
+    return d
+
+
 def _check_objective(names, options: dict[str, Any], plan_samples: np.ndarray | None, loads: Loads) -> None:
     obj = options.get("objective") or "balance"
     if obj != "balance" and "moeplace" in names and (plan_samples is None or not len(plan_samples)):
@@ -297,6 +310,7 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     for name, fn in fns.items():
         pl, dt = _plan(fn, name, loads, plan_idx, plan_samples, cluster, num_redundant, engine, seed, time_limit,
                        options)
+        pl.provenance["planned_on"] = planned_on(loads, plan_idx)
         m_plan = evaluate(pl, plan, engine, model=loads.model, cluster=cluster, samples=plan_samples)
         m_held = (evaluate(pl, held, engine, model=loads.model, cluster=cluster, samples=held_samples)
                   if held_idx.size else None)

@@ -8,9 +8,12 @@ Two modes behind one interface (:meth:`route` -> :class:`sim.cost.MoeWork`):
   selections, touched experts and token copies
   over NVLink / NIC (one copy per distinct destination GPU of a token, as DeepEP sends them) are counted
   exactly.
-- :class:`StatRouter` (fast): fitted to the same trace. Each layer's selections per GPU are drawn from a
-  multinomial over the GPUs' expected shares (expert frequencies of the trace through the replica rule's
-  expected split); touched experts are their expectation ``sum_s 1 - exp(-N q_s)``; token copies per
+- :class:`StatRouter` (fast): fitted to the same trace, window by window in the trace's time order
+  (``STAT_WINDOW_TOKENS`` tokens each, requests in order of arrival): the simulated iterations walk through
+  the windows as they route tokens (wrapping at the end), so the trace's drift reaches the straggler and
+  throughput figures and the online rebalancer. Each layer's selections per GPU are drawn from a
+  multinomial over the GPUs' expected shares (the current window's expert frequencies through the
+  replica rule's expected split); touched experts are their expectation ``sum_s 1 - exp(-N q_s)``; token copies per
   link kind scale with a GPU's selections by per-layer ratios measured by replaying a sample of the
   trace. Its mean per-layer, per-GPU load equals the replay's up to sampling noise (tested).
 
@@ -29,6 +32,7 @@ from sim.cost import MoeWork
 from sim.workload import TraceTokens
 
 FIT_SAMPLE_TOKENS = 4096
+STAT_WINDOW_TOKENS = 4096  # the trace's tokens per fitted distribution (place optimize's window)
 
 
 def link_copies(gpu: np.ndarray, src: np.ndarray, gpus_per_node: int, num_gpus: int
@@ -158,7 +162,8 @@ class ReplayRouter:
         return MoeWork(tokens, touched, nv, nic), (counts.reshape(L, E) if counts is not None else None)
 
 
-def slot_shares(placement: Placement, freq_LE: np.ndarray, engine: str, seed: int = 42) -> np.ndarray:
+def slot_shares(placement: Placement, freq_LE: np.ndarray, engine: str, seed: int = 42,
+                dmap: np.ndarray | None = None) -> np.ndarray:
     """Expected share of a layer's selections that each slot serves, float64 ``[L, P]`` (rows sum to 1),
     for expert frequencies ``freq_LE`` (``[L, E]``, rows sum to 1) and tokens spread evenly over the
     source GPUs. vLLM: ``freq / logcnt`` per replica (the even split vLLM's hash and modulo rules give);
@@ -167,7 +172,8 @@ def slot_shares(placement: Placement, freq_LE: np.ndarray, engine: str, seed: in
     L, P, G = placement.num_layers, placement.num_slots, placement.num_gpus
     if engine == "vllm":
         return np.take_along_axis(freq_LE, p2l, axis=1) / np.take_along_axis(placement.logcnt, p2l, axis=1)
-    dmap = sglang_dispatch_map(placement, seed)  # [G, L, E]
+    if dmap is None:
+        dmap = sglang_dispatch_map(placement, seed)  # [G, L, E]
     out = np.zeros((L, P))
     rows = np.broadcast_to(np.arange(L)[None, :, None], dmap.shape)
     np.add.at(out, (rows.ravel(), dmap.ravel().astype(np.int64)),
@@ -176,28 +182,45 @@ def slot_shares(placement: Placement, freq_LE: np.ndarray, engine: str, seed: in
 
 
 class StatRouter:
-    """Statistical routing fitted to a trace (see the module docstring)."""
+    """Statistical routing fitted to a trace, one distribution per time window (see the module
+    docstring). ``freq_w``: float ``[Wn, L, E]`` expert frequencies per window (rows sum to 1);
+    ``window_end``: int ``[Wn]`` the trace token each window ends at."""
 
     mode = "stat"
     needs_rows = False
 
     def __init__(self, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42,
-                 attention_tp: int = 1, fit_tokens: int = FIT_SAMPLE_TOKENS) -> None:
+                 attention_tp: int = 1, fit_tokens: int = FIT_SAMPLE_TOKENS,
+                 window_tokens: int = STAT_WINDOW_TOKENS) -> None:
         self.trace = trace
         self.engine = engine
         self.seed = seed
         self.attention_tp = attention_tp
         self.fit_tokens = fit_tokens
         counts = trace.expert_counts().astype(np.float64)
-        self.freq = counts / counts.sum(axis=1, keepdims=True)  # [L, E]
+        self.freq = counts / counts.sum(axis=1, keepdims=True)  # [L, E] the whole trace
+        T = trace.num_tokens
+        ends = np.append(np.arange(window_tokens, T, window_tokens), T)
+        if len(ends) > 1 and T - ends[-2] < window_tokens // 2:  # a short tail joins the window before
+            ends = np.delete(ends, -2)
+        self.window_end = ends
+        self.freq_w = np.stack([_window_freq(trace, int(a), int(b), self.freq)
+                                for a, b in zip(np.append(0, ends[:-1]), ends)])
+        self.cursor = 0  # trace tokens routed so far (the position in the trace's time line)
         self.set_placement(placement)
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.freq_w.shape[0])
 
     def set_placement(self, placement: Placement) -> None:
         self.placement = placement
         L, G, P = placement.num_layers, placement.num_gpus, placement.num_slots
-        self.slot_q = slot_shares(placement, self.freq, self.engine, self.seed)  # [L, P]
-        gq = self.slot_q.reshape(L, G, P // G).sum(axis=2)
-        self.gpu_q = gq / gq.sum(axis=1, keepdims=True)
+        dmap = sglang_dispatch_map(placement, self.seed) if self.engine != "vllm" else None
+        self.slot_q_w = np.stack([slot_shares(placement, f, self.engine, self.seed, dmap)
+                                  for f in self.freq_w])  # [Wn, L, P]
+        gq = self.slot_q_w.reshape(-1, L, G, P // G).sum(axis=3)
+        self.gpu_q_w = gq / gq.sum(axis=2, keepdims=True)
         # Copies per selection by link, per layer, from replaying an evenly spread sample of the trace.
         T = self.trace.num_tokens
         n = min(T, self.fit_tokens)
@@ -208,6 +231,11 @@ class StatRouter:
         self.nv_ratio = work.nvlink.sum(axis=1) / sel  # copies per selection
         self.nic_ratio = work.nic.sum(axis=1) / sel
 
+    def window(self) -> int:
+        """The trace window the next iteration draws from."""
+        pos = self.cursor % self.trace.num_tokens
+        return int(np.searchsorted(self.window_end, pos, side="right"))
+
     def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator,
               want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
         """Same interface as :meth:`ReplayRouter.route`; only the number of tokens matters."""
@@ -216,18 +244,32 @@ class StatRouter:
     def route_count(self, num_tokens: int, rng: np.random.Generator,
                     want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
         """:class:`MoeWork` of an iteration of ``num_tokens`` tokens (and expected expert counts
-        ``[L, E]`` when ``want_counts``)."""
+        ``[L, E]`` when ``want_counts``), drawn from the current window; advances the time line."""
+        w = self.window()
+        self.cursor += num_tokens
         k = self.trace.model.top_k
         num_sel = num_tokens * k
-        L, G = self.gpu_q.shape
-        tokens = rng.multinomial(num_sel, self.gpu_q).astype(np.float64)  # [L, G]
+        gpu_q, slot_q = self.gpu_q_w[w], self.slot_q_w[w]
+        L, G = gpu_q.shape
+        tokens = rng.multinomial(num_sel, gpu_q).astype(np.float64)  # [L, G]
         S = self.placement.slots_per_gpu
-        touched = (1.0 - np.exp(-num_sel * self.slot_q)).reshape(L, G, S).sum(axis=2)
+        touched = (1.0 - np.exp(-num_sel * slot_q)).reshape(L, G, S).sum(axis=2)
         counts = None
         if want_counts:
-            counts = num_sel * self.freq
+            counts = num_sel * self.freq_w[w]
         return (MoeWork(tokens, touched, tokens * self.nv_ratio[:, None], tokens * self.nic_ratio[:, None]),
                 counts)
+
+
+def _window_freq(trace: TraceTokens, a: int, b: int, fallback: np.ndarray) -> np.ndarray:
+    """Expert frequencies ``[L, E]`` of trace tokens ``[a, b)`` (a layer without selections there takes
+    ``fallback``'s row)."""
+    L, E = trace.expert_ids.shape[1], trace.model.num_experts
+    ids = trace.expert_ids[a:b]
+    key = (np.arange(L, dtype=np.int64)[None, :, None] * E + ids).ravel()
+    c = np.bincount(key, minlength=L * E).reshape(L, E).astype(np.float64)
+    tot = c.sum(axis=1, keepdims=True)
+    return np.where(tot > 0, c / np.maximum(tot, 1), fallback)
 
 
 def make_router(mode: str, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42,

@@ -57,14 +57,21 @@ class TraceTokens:
         return np.bincount(key, minlength=L * E).reshape(L, E)
 
 
-def load_trace_tokens(path: str | Path, max_tokens: int | None = None) -> TraceTokens:
+def load_trace_tokens(path: str | Path, max_tokens: int | None = None, from_token: int = 0) -> TraceTokens:
     """Read a trace (file or directory) into :class:`TraceTokens`. Whole requests are taken in order of
     first appearance until ``max_tokens`` tokens (memory: ``T x L x k x 2`` bytes). Every token must
-    carry exactly one row per MoE layer."""
+    carry exactly one row per MoE layer. ``from_token``: only requests whose first row lies at or after
+    token ``from_token`` of the file order (row ``from_token x L``) — the held-out part of a trace whose
+    first tokens a placement was planned on (a request that started before it is left out whole)."""
     model, _ = read_trace_meta(path)
     files = trace_files(path)
     L = model.num_moe_layers
     lf = scan_trace(path)
+    if from_token > 0:
+        first_row = (lf.select("request_id").with_row_index("row").group_by("request_id")
+                     .agg(pl.col("row").min().alias("first_row")))
+        late = first_row.filter(pl.col("first_row") >= from_token * L).select("request_id")
+        lf = lf.join(late, on="request_id", how="semi")
     per_req = (lf.group_by("request_id")
                .agg(pl.col("step").min().alias("first"), pl.len().alias("rows"),
                     (pl.col("phase") == PHASE_PREFILL).sum().alias("prefill_rows"),
@@ -73,6 +80,9 @@ def load_trace_tokens(path: str | Path, max_tokens: int | None = None) -> TraceT
                     pl.col("position").filter(pl.col("phase") != PHASE_PREFILL).max().alias("last_decode"))
                .sort(["first", "request_id"]).collect())
     if per_req.height == 0:
+        if from_token > 0:
+            raise InputError(f"{path}: no request starts after token {from_token} (the held-out part the "
+                             "placements were not planned on); pass --route-all to route on the whole trace")
         raise InputError(f"{path}: the trace has no rows")
     bad = per_req.filter(pl.col("rows") % L != 0)
     if bad.height:

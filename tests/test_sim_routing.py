@@ -97,3 +97,37 @@ def test_set_placement_moves_the_load(tmp_path):
     r.set_placement(rr)
     b, _ = r.route(rows, src)
     assert a.tokens.sum() == b.tokens.sum() and not np.array_equal(a.tokens, b.tokens)
+
+
+def test_stat_mode_follows_the_trace_over_time(tmp_path):
+    """The trace's hot experts rotate halfway (drift): the statistical mode's expert counts follow the
+    window the simulated tokens have reached, so a placement balanced for the first half loses balance
+    when the time line reaches the second half."""
+    m = mini_model(num_experts=32)
+    tt = load_trace_tokens(write_trace(tmp_path / "t", m, num_requests=40, prompt=400, output=100, skew=1.5,
+                                       hot_shift=16))
+    pl = redundant_placement(m, 8, 4, seed=1)
+    stat = StatRouter(tt, pl, "vllm", window_tokens=2000)
+    assert stat.num_windows == tt.num_tokens // 2000
+    rng = np.random.default_rng(0)
+    stat.route_count(1000, rng)
+    _, c0 = stat.route_count(1000, rng, want_counts=True)
+    stat.cursor = tt.num_tokens - 1000  # the last window: the second half's popularity
+    _, c1 = stat.route_count(1000, rng, want_counts=True)
+    half = tt.num_tokens // 2
+    want0 = tt.expert_ids[:2000].reshape(-1, m.num_moe_layers, m.top_k)
+    for l in range(m.num_moe_layers):
+        np.testing.assert_allclose(c0[l] / c0[l].sum(),
+                                   np.bincount(want0[:, l].ravel(), minlength=32) / want0[:, l].size)
+        late = np.bincount(tt.expert_ids[half:, l].ravel(), minlength=32)
+        assert np.argmax(c1[l]) == np.argmax(late) != np.argmax(c0[l])
+    assert stat.window() == 0  # wrapped around to the start of the trace
+
+
+def test_held_out_tokens_only(tmp_path):
+    m = mini_model(num_experts=32)
+    path = write_trace(tmp_path / "t", m, num_requests=10, prompt=40, output=10)
+    whole = load_trace_tokens(path)
+    late = load_trace_tokens(path, from_token=250)  # requests 5.. start at token 250
+    assert late.num_requests == 5 and (late.request_ids == whole.request_ids[5:]).all()
+    np.testing.assert_array_equal(late.expert_ids, whole.expert_ids[250:])

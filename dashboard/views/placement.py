@@ -181,7 +181,7 @@ with c2:
 
 # ---------------------------------------------------------------------------- GPU loads of one layer
 st.subheader("GPU loads of one layer")
-worst_l = int(np.argmin(next(iter(metrics.values())).layer_balancedness))
+worst_l = int(np.nanargmin(next(iter(metrics.values())).layer_balancedness))
 layer = st.select_slider("MoE layer (decoder index)", options=layers.tolist(), value=int(layers[worst_l]),
                          key="pl_layer", help="starts at the first placement's worst layer")
 li = int(np.flatnonzero(layers == layer)[0])

@@ -68,6 +68,9 @@ def register(sub) -> None:
     r.add_argument("--mode", choices=("replay", "stat"), default="stat")
     r.add_argument("--profile", default=None, help="calibration profile JSON (kernels/)")
     r.add_argument("--rebalance", default=None, metavar="every=N,window=W,moves=K")
+    r.add_argument("--route-all", action="store_true",
+                   help="route on the whole trace even when a placement was planned on its first part "
+                        "(default: route on the held-out part only)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--json", action="store_true", help="print the summaries as JSON")
     r.add_argument("--out", default=None, help="directory for Parquet/JSON outputs")
@@ -78,7 +81,19 @@ def register(sub) -> None:
 
 def run(args) -> int:
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
-    trace = load_trace_tokens(args.traces, args.max_trace_tokens)
+    from_token, planned = held_out_start(args.traces, args.placement)
+    if args.route_all:
+        from_token = 0
+    trace = load_trace_tokens(args.traces, args.max_trace_tokens, from_token)
+    if from_token:
+        routing_note = (f"routing on the held-out part of {args.traces}: requests starting at or after token "
+                        f"{from_token} ({', '.join(planned)} planned on the tokens before; --route-all routes "
+                        "on the whole trace)")
+    elif planned:
+        routing_note = (f"routing on the whole of {args.traces}, including the tokens {', '.join(planned)} "
+                        "planned on (--route-all): in-sample")
+    else:
+        routing_note = f"routing on {args.traces}"
     if args.model:
         m = load_model(args.model)
         if m.moe_layers != trace.model.moe_layers or m.num_experts != trace.model.num_experts \
@@ -119,9 +134,15 @@ def run(args) -> int:
         write_outputs(args.out, results, resolved_config(config, cluster, trace, placements, profile))
     if args.chrome_trace:
         write_chrome_trace(args.chrome_trace, results)
+    named = [lab for lab, spec in zip(labels, args.placement) if not _is_file(spec)]
+    if named:
+        routing_note += f"; {', '.join(named)} planned here on the routed tokens themselves (in-sample)"
+    for r in results:
+        r.summary["routing"] = {"from_token": from_token, "note": routing_note}
     if args.json:
         print(json.dumps([r.summary for r in results], indent=1))
     else:
+        print(routing_note)
         print(f"{trace.model.name} on {cluster.name} ({args.gpus} GPUs), attention TP{engine.attention_tp}, "
               f"{args.engine} replica rule, {args.mode} mode, {args.duration:g} simulated s, "
               + (f"{args.rate:g} req/s {args.arrival}" if args.rate is not None else
@@ -130,3 +151,30 @@ def run(args) -> int:
         walls = ", ".join(f"{r.label} {r.summary['wall_s']:.1f} s" for r in results)
         print(f"wall time: {walls}", file=sys.stderr)
     return 0
+
+
+def _is_file(spec: str) -> bool:
+    from pathlib import Path
+
+    return Path(spec).suffix == ".json" or Path(spec).exists()
+
+
+def held_out_start(trace: str, specs: list[str]) -> tuple[int, list[str]]:
+    """The first token (file order) of ``trace`` that none of the placement files in ``specs`` was planned
+    on (their provenance's ``planned_on``), and the names of those planned on this trace; ``(0, [])``
+    when none was."""
+    from pathlib import Path
+
+    from placement.record import load_placement
+
+    start, names = 0, []
+    here = Path(trace).resolve()
+    for spec in specs:
+        if not _is_file(spec) or not Path(spec).is_file():
+            continue
+        on = load_placement(Path(spec)).provenance.get("planned_on") or {}
+        inputs = on.get("inputs", [])
+        if len(inputs) == 1 and Path(inputs[0]).resolve() == here and "held_out_from_token" in on:
+            start = max(start, int(on["held_out_from_token"]))
+            names.append(Path(spec).stem)
+    return start, names
