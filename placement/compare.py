@@ -210,12 +210,13 @@ class Comparison:
     shift_scenarios: tuple[str, ...] = ()
     plan_sample_tokens: int = 0
     held_sample_tokens: int = 0
+    tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = {"engine": self.engine, "cluster": self.cluster.to_dict(), "num_redundant": self.num_redundant,
              "plan_windows": self.plan_windows.tolist(), "held_out_windows": self.held_windows.tolist(),
              "single_window": self.single_window, "notes": list(self.notes),
-             "scored_layers": self.scored_layers, "moe_layers": self.moe_layers,
+             "scored_layers": self.scored_layers, "moe_layers": self.moe_layers, "tokens": self.tokens,
              "sample_tokens": {"plan": self.plan_sample_tokens, "held_out": self.held_sample_tokens},
              "rows": [r.row() for r in self.results]}
         if self.shift_method is not None:
@@ -329,7 +330,13 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     return Comparison(results, plan_idx, held_idx, single, engine, cluster, num_redundant, tuple(notes),
                       scored, loads.model.num_moe_layers, method, tuple(sc_names) if ids is not None else (),
                       0 if plan_samples is None else len(plan_samples),
-                      0 if held_samples is None else len(held_samples))
+                      0 if held_samples is None else len(held_samples), loads_tokens(loads))
+
+
+def loads_tokens(loads: Loads) -> int:
+    """Tokens behind a Loads: selections of its fullest layer / top-k (what ``place trace import`` and
+    ``place trace stats`` count as tokens)."""
+    return int(loads.counts.sum(axis=(0, 2)).max() // loads.model.top_k)
 
 
 def _traffic_cells(m: Metrics) -> tuple[str, str]:
@@ -366,15 +373,16 @@ def format_table(cmp: Comparison) -> str:
             else f"planned on every window ({_span(cmp.plan_windows)}), nothing held out")
     layers = (f"; scored on {cmp.scored_layers} of {cmp.moe_layers} MoE layers (the others have no tokens)"
               if cmp.scored_layers < cmp.moe_layers else "")
+    tokens = f"{cmp.tokens:,} tokens in {cmp.plan_windows.size + cmp.held_windows.size} windows; " if cmp.tokens else ""
     lines = [(f"engine {cmp.engine}, {c.name} ({c.num_gpus} GPUs), {cmp.num_redundant} redundant slots; "
-              f"{span}{layers}"), fmt(head), fmt(["-" * w for w in widths])]
+              f"{tokens}{span}{layers}"), fmt(head), fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in rows]
-    tokens = (f"{cmp.held_sample_tokens} sampled held-out tokens" if has_held
-              else f"{cmp.plan_sample_tokens} sampled planning tokens (in-sample)")
+    sampled = (f"{cmp.held_sample_tokens} sampled held-out tokens" if has_held
+               else f"{cmp.plan_sample_tokens} sampled planning tokens (in-sample)")
     lines.append("bal = mean/max tokens per GPU per layer, averaged over layers with tokens (SGLang form); "
                  "worst = lowest window; nodes/tok = other nodes a token is sent to per MoE layer and "
                  "KiB/tok = the bytes those sends carry per token over all MoE layers (one send per remote "
-                 f"node, DeepEP-style), replayed on {tokens}"
+                 f"node, DeepEP-style), replayed on {sampled}"
                  "; ~ = estimate (no token sample: k selections taken as independent draws); dup GPUs = "
                  "layers with two replicas of one expert on one GPU")
     lines += [f"note: {n}" for n in cmp.notes]

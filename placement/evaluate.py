@@ -64,11 +64,14 @@ TRAFFIC_MODES = ("node", "gpu", "expert")
 @dataclass(frozen=True)
 class TokenRouting:
     """Token-level routing: ``expert_ids`` int ``[n, L, k]`` (tokens in arrival/step order, L over MoE
-    layers) and ``request_id`` int ``[n]`` (to assign tokens to DP ranks round-robin by request)."""
+    layers) and ``request_id`` int ``[n]`` (to assign tokens to DP ranks round-robin by request).
+    ``present``: bool ``[L]``, the MoE layers the routing holds (a log of some layers only; the others'
+    ``expert_ids`` are meaningless and every score skips them); None = all."""
 
     expert_ids: np.ndarray
     request_id: np.ndarray
     model: ModelSpec
+    present: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.expert_ids.ndim != 3 or self.expert_ids.shape[1] != self.model.num_moe_layers:
@@ -83,11 +86,17 @@ class TokenRouting:
     def num_tokens(self) -> int:
         return int(self.expert_ids.shape[0])
 
+    @property
+    def layers(self) -> np.ndarray:
+        """Indices of the MoE layers present."""
+        L = self.model.num_moe_layers
+        return np.arange(L) if self.present is None else np.flatnonzero(self.present)
+
     def loads(self) -> np.ndarray:
-        """Expert counts float64 ``[L, E]``."""
+        """Expert counts float64 ``[L, E]`` (zero rows for absent layers)."""
         L, E = self.model.num_moe_layers, self.model.num_experts
         out = np.zeros((L, E))
-        for l in range(L):
+        for l in self.layers:
             out[l] = np.bincount(self.expert_ids[:, l, :].ravel().astype(np.int64), minlength=E)
         return out
 
@@ -97,9 +106,10 @@ def index_trace(path: str | Path):
     expert_ids [rows, k] uint16, layer_idx [rows] (index into moe_layers), token [rows] (token index
     in (step, request_id, position) order), request_id [tokens])``.
 
-    The token order comes from the rows of the first MoE layer (one row per token); every row finds its
-    token by the packed key ``request_id << 24 | position`` with a binary search — much cheaper than
-    sorting or joining nine million rows with a list column."""
+    The token order comes from the rows of the first MoE layer the trace holds (one row per token; a log
+    of some layers only starts at its first); every row finds its token by the packed key
+    ``request_id << 24 | position`` with a binary search — much cheaper than sorting or joining nine
+    million rows with a list column."""
     import polars as pl
 
     model, prov = read_trace_meta(path)
@@ -107,13 +117,15 @@ def index_trace(path: str | Path):
     lay2idx = np.full(65536, -1, dtype=np.int64)
     lay2idx[list(model.moe_layers)] = np.arange(L)
     lf = scan_trace(path)
-    first = (lf.filter(pl.col("layer") == model.moe_layers[0])
-             .select("step", "request_id", "position").collect())
     df = lf.select("request_id", "position", "layer", "expert_ids").collect()
     if df.height == 0:
         raise InputError(f"{path}: the trace has no rows")
+    held = set(np.unique(df["layer"].to_numpy()).tolist())
+    first_layer = next((x for x in model.moe_layers if x in held), model.moe_layers[0])
+    first = (lf.filter(pl.col("layer") == first_layer)
+             .select("step", "request_id", "position").collect())
     if first.height == 0:
-        raise InputError(f"{path}: field 'layer': no rows for MoE layer {model.moe_layers[0]}")
+        raise InputError(f"{path}: field 'layer': no rows for MoE layer {first_layer}")
 
     def packed(frame) -> np.ndarray:
         rid = frame["request_id"].to_numpy().astype(np.int64)
@@ -128,7 +140,7 @@ def index_trace(path: str | Path):
     by_key = np.argsort(tok_key, kind="stable")
     sk = tok_key[by_key]
     if (np.diff(sk) == 0).any():
-        raise InputError(f"{path}: a (request_id, position) appears twice in MoE layer {model.moe_layers[0]}")
+        raise InputError(f"{path}: a (request_id, position) appears twice in MoE layer {first_layer}")
     layer = df["layer"].to_numpy().astype(np.int64)
     layer_idx = lay2idx[layer]
     if (layer_idx < 0).any():
@@ -142,7 +154,7 @@ def index_trace(path: str | Path):
         i = int(np.flatnonzero(missing)[0])
         raise InputError(f"{path}: row {i}: token (request_id {row_key[i] >> 24}, "
                          f"position {row_key[i] & 0xFFFFFF}) "
-                         f"has no row in MoE layer {model.moe_layers[0]}")
+                         f"has no row in MoE layer {first_layer}")
     ids = df.get_column("expert_ids").to_numpy()
     if ids.ndim != 2:
         ids = np.stack(ids)
@@ -151,18 +163,22 @@ def index_trace(path: str | Path):
 
 def read_token_routing(path: str | Path) -> TokenRouting:
     """Read a trace (file or directory) into :class:`TokenRouting`: tokens ordered by (step,
-    request_id, position); every token must appear exactly once in every MoE layer."""
+    request_id, position); every token must appear exactly once in every MoE layer the trace holds
+    (a log of some layers only is replayed on those)."""
     model, _, ids, layer_idx, token, request_id = index_trace(path)
     n, L = request_id.size, model.num_moe_layers
+    present = np.bincount(layer_idx, minlength=L) > 0
     cell = token * L + layer_idx
-    seen = np.bincount(cell, minlength=n * L)
+    seen = np.bincount(cell, minlength=n * L).reshape(n, L)[:, present].ravel()
     if (seen != 1).any():
         c = int(np.flatnonzero(seen != 1)[0])
-        raise InputError(f"{path}: field 'layer': token {c // L} has {int(seen[c])} rows in MoE layer "
-                         f"{model.moe_layers[c % L]}; token-level evaluation needs exactly one per MoE layer")
-    out = np.empty((n * L, ids.shape[1]), dtype=np.uint16)
+        lay = np.flatnonzero(present)[c % int(present.sum())]
+        raise InputError(f"{path}: field 'layer': token {c // int(present.sum())} has {int(seen[c])} rows in MoE "
+                         f"layer {model.moe_layers[lay]}; token-level evaluation needs exactly one per MoE "
+                         "layer the trace holds")
+    out = np.zeros((n * L, ids.shape[1]), dtype=np.uint16)
     out[cell] = ids
-    return TokenRouting(out.reshape(n, L, -1), request_id, model)
+    return TokenRouting(out.reshape(n, L, -1), request_id, model, None if present.all() else present)
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,6 +201,12 @@ class Metrics:
     batch_balancedness: np.ndarray | None = None  # [S] per-step balancedness (token-level, batch_tokens)
     batch_tokens: int | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    top_k: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens scored: selections of the fullest layer / top-k (0 when top-k is unknown)."""
+        return int(round(self.gpu_loads.sum(axis=(0, 2)).max() / self.top_k)) if self.top_k else 0
 
     # -------------------------------------------------------------- per (window, layer)
     @property
@@ -293,6 +315,7 @@ class Metrics:
             "engine": self.engine,
             "source": self.source,
             "num_windows": int(self.gpu_loads.shape[0]),
+            "tokens": self.num_tokens,
             "scored_layers": self.scored_layers,
             "moe_layers": int(self.gpu_loads.shape[1]),
             "balancedness": self.balancedness,
@@ -558,7 +581,7 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
             gl = np.zeros((L, G))
             S = int(step.max()) + 1
             per_step = np.zeros((S, L, G))
-            for l in range(L):
+            for l in tr.layers:
                 slots = batch_slots(placement, l, tr.expert_ids[:, l, :], engine, src_gpu=src,
                                     pos_in_batch=pos, dispatch_map=dmap, vllm_rule=vllm_rule)
                 dest = placement.slot_gpu[slots]
@@ -574,7 +597,7 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
             gpu_loads = gl[None]
             n = tr.num_tokens
             cross = cnt["cross"] / totals_l.sum()
-            remote = {key: cnt[key] / (n * L) for key in TRAFFIC_MODES}
+            remote = {key: cnt[key] / (n * len(tr.layers)) for key in TRAFFIC_MODES}
             traffic_method = "exact"
         loads_wle = loads_le[None]
         if batch_tokens:
@@ -583,7 +606,7 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
                                            batch_tokens=batch_tokens, seed=seed, dispatch_map=dmap)
             mx = per_step.max(axis=2)
             bal = np.divide(per_step.mean(axis=2), mx, out=np.ones_like(mx), where=mx > 0)
-            batch_bal = bal.mean(axis=1)
+            batch_bal = bal[:, tr.layers].mean(axis=1)
     bound_p = np.stack([placement_bound(placement, loads_wle[w], engine) for w in range(loads_wle.shape[0])])
     bound_b = np.stack([budget_bound(loads_wle[w], G, placement.num_slots, engine)
                         for w in range(loads_wle.shape[0])])
@@ -595,4 +618,5 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
         dispatch_bytes_per_token={key: float(v) * L_moe * send_bytes for key, v in remote.items()},
         traffic_method=traffic_method,
         expert_bytes_per_gpu=float(placement.slots_per_gpu * m.bytes_per_routed_expert * L_moe),
-        labels=tuple(labels), batch_balancedness=batch_bal, batch_tokens=batch_tokens, notes=tuple(notes))
+        labels=tuple(labels), batch_balancedness=batch_bal, batch_tokens=batch_tokens, notes=tuple(notes),
+        top_k=k)

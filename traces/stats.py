@@ -623,7 +623,12 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
     layer2idx = np.full(65536, -1, np.int32)
     layer2idx[list(model.moe_layers)] = np.arange(num_layers)
-    rows_per_window = window_tokens * num_layers
+    # a log of some MoE layers only (an import records which) has that many rows per token
+    covered = provenance.get("layers_covered") if isinstance(provenance, dict) else None
+    rows_per_token = num_layers
+    if isinstance(covered, list) and covered and set(covered) <= set(model.moe_layers):
+        rows_per_token = len(set(covered))
+    rows_per_window = window_tokens * rows_per_token
 
     jobs = []
     total_rows = 0
@@ -643,7 +648,7 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     num_windows = -(-total_rows // rows_per_window)
     has_domain = "domain" in schema_names
     columns = ("request_id", "position", "layer", "expert_ids") + (("domain",) if has_domain else ())
-    sampler = _Sampler(sample_tokens, total_rows // num_layers, seed)
+    sampler = _Sampler(sample_tokens, total_rows // rows_per_token, seed)
     num_workers = _num_workers(workers, len(jobs), total_rows * k)
     shared = None
     if num_workers > 1:
@@ -685,7 +690,7 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
         rows_per_layer = counts.sum(axis=(0, 2)) // k
         num_tokens = int(rows_per_layer.max())
         window_rows = np.minimum(rows_per_window, total_rows - np.arange(num_windows) * rows_per_window)
-        labels = tuple(f"tokens {w * window_tokens}-{w * window_tokens + int(r) // num_layers}"
+        labels = tuple(f"tokens {w * window_tokens}-{w * window_tokens + int(r) // rows_per_token}"
                        for w, r in enumerate(window_rows))
         loads = Loads(counts, model, window_tokens, labels,
                       {"kind": "trace", "path": str(path), "trace": provenance}, samples, s_win)
@@ -697,7 +702,7 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                        else [affinity_pair(*a) for a in aff_args])
     pairs, lift, cov, cov_ind = _affinity_arrays(aff_jobs, aff_results)
     domains = tuple(sorted(domain_ids, key=domain_ids.get))
-    domain_tokens = (np.stack(domain_rows, axis=1) / num_layers if domain_rows
+    domain_tokens = (np.stack(domain_rows, axis=1) / rows_per_token if domain_rows
                      else np.zeros((num_windows, 0)))
     disk = sum(f.stat().st_size for f in files)
     return TraceStats(path=str(path), loads=loads, num_rows=total_rows, num_tokens=num_tokens,

@@ -50,7 +50,8 @@ def run(args) -> int:
     rows = [
         ("placement", (f"{args.placement} ({pl.provenance.get('policy', '?')}, {pl.num_gpus} GPUs, "
                       f"{pl.num_slots} slots, {pl.num_redundant} redundant)")),
-        ("routing", f"{args.routing} ({s['source']}, {s['num_windows']} window(s))"),
+        ("routing", (f"{args.routing} ({s['source']}, {s['tokens']:,} tokens, {s['num_windows']} window(s); "
+                     f"scored on {s['scored_layers']} of {s['moe_layers']} MoE layers)")),
         ("engine", args.engine),
         ("balancedness", (f"{s['balancedness']:.4f} mean, {s['worst_window_balancedness']:.4f} worst window; "
                          f"ratio-of-sums {s['ratio_of_sums']:.4f}; max/mean {s['max_over_mean']:.4f}")),

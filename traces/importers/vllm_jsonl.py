@@ -20,14 +20,22 @@ request ids are qualified by session). Handling of what real logs look like:
   layers, rules out "decoder"; a value ``>= num_moe_layers`` rules out "moe". When both fit and the model
   has dense layers, "moe" is assumed (the logger's convention) and the summary says it was ambiguous;
   pass ``"decoder"`` or ``"moe"`` to decide explicitly. Traces store decoder-layer indices.
-- **Alignment.** Rows of one token at different layers are joined on (session, ``req_id``,
-  ``token_idx``). The public logger restarts ``token_idx`` at 0 for every forward batch and often logs one
-  fixed ``req_id``, so a key can repeat: the n-th occurrence of a key at one layer is joined with the n-th
-  occurrence at every other layer. ``step`` orders tokens by their first row in the file.
-- **Partial coverage.** Logs that cover some layers only are accepted; the summary lists them.
+- **Token identity.** The public logger restarts ``token_idx`` at 0 for every forward batch and often logs
+  one fixed ``req_id``, so (``req_id``, ``token_idx``) does not name a token. Each layer's stream of one
+  (session, ``req_id``) is cut into *batches* where ``token_idx`` fails to increase (a batch boundary); a
+  token is (session, ``req_id``, batch, ``token_idx``) and its rows at different layers are joined on that.
+  Every batch becomes its own ``request_id`` in the trace, so (``request_id``, ``position``) names one token
+  and the trace replays (``place evaluate``). A token that has rows at some logged layers but not at others
+  means the layers' streams do not line up: the import is refused, naming the token.
+- **Per-layer files.** A logger that logs one layer per run writes one session per layer. Sessions that log
+  disjoint layer sets are one run's per-layer logs only if they saw the same tokens (the same
+  (``req_id``, ``token_idx``) stream): then they are joined into one session; otherwise the import is
+  refused (the rows of separate runs are different tokens and cannot be joined into one).
+- **Partial coverage.** Logs that cover some MoE layers only are accepted (every token has a row at every
+  covered layer); the summary and the trace's provenance list the layers.
 
 What the log does not say is not invented: ``position`` is the logged ``token_idx``, ``phase`` is 0 (the log
-does not distinguish prefill from decode), ``request_id`` numbers (session, ``req_id``) pairs.
+does not distinguish prefill from decode), ``request_id`` numbers (session, ``req_id``, batch) triples.
 """
 
 from __future__ import annotations
@@ -331,28 +339,36 @@ def import_(
     row = np.flatnonzero(keep)  # global file order of kept rows
     layer, ids = layer[keep], ids[keep]
     weights = weights[keep] if weights is not None else None
-    # request ids renumbered densely in order of first appearance among the kept rows
-    _, first, inv = np.unique(log.column("request")[keep], return_index=True, return_inverse=True)
-    rank = np.empty(first.size, dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
-    request = rank[inv.reshape(-1)]
     tok = log.column("token_idx")[keep]
+    request, sessions_joined = _join_per_layer_sessions(log, log.column("request")[keep], layer, tok, row)
     dec_layer = np.asarray(model.moe_layers)[layer] if numbering == "moe" else layer
 
-    # token identity: (request, token_idx, occurrence of that pair at this layer)
-    pair = request * (int(tok.max()) + 1) + tok
-    order = np.lexsort((row, layer, pair))  # by pair, then layer, then file order
-    grp_start = np.ones(order.size, dtype=bool)
-    grp_start[1:] = (pair[order][1:] != pair[order][:-1]) | (layer[order][1:] != layer[order][:-1])
-    starts = np.flatnonzero(grp_start)
-    occ_sorted = np.arange(order.size) - np.repeat(starts, np.diff(np.concatenate((starts, [order.size]))))
-    occ = np.empty_like(occ_sorted)
-    occ[order] = occ_sorted
-    token_key = pair * (int(occ.max()) + 1) + occ
+    # token identity: (request, batch, token_idx); a batch ends where token_idx fails to increase in the
+    # (request, layer) stream
+    order = np.lexsort((row, layer, request))  # each (request, layer) stream in file order
+    r_o, l_o, t_o = request[order], layer[order], tok[order]
+    new_stream = np.ones(order.size, dtype=bool)
+    new_stream[1:] = (r_o[1:] != r_o[:-1]) | (l_o[1:] != l_o[:-1])
+    restart = np.zeros(order.size, dtype=np.int64)
+    restart[1:] = (~new_stream[1:]) & (t_o[1:] <= t_o[:-1])
+    csum = np.cumsum(restart)
+    stream_id = np.cumsum(new_stream) - 1
+    batch = np.empty(order.size, dtype=np.int64)
+    batch[order] = csum - csum[np.flatnonzero(new_stream)][stream_id]
+    # request id of the trace: one per (request, batch), numbered by first appearance
+    rb = request * (int(batch.max()) + 1) + batch
+    _, first_rb, inv_rb = np.unique(rb, return_index=True, return_inverse=True)
+    rank = np.empty(first_rb.size, dtype=np.int64)
+    rank[np.argsort(row[first_rb], kind="stable")] = np.arange(first_rb.size)
+    trace_req = rank[inv_rb.reshape(-1)]
+    token_key = trace_req * (int(tok.max()) + 1) + tok
     uniq, first_row, token_of = np.unique(token_key, return_index=True, return_inverse=True)
+    _check_aligned(log, token_of, layer, row, trace_req, tok, dec_layer)
     step_of_token = np.empty(uniq.size, dtype=np.int64)
-    step_of_token[np.argsort(first_row, kind="stable")] = np.arange(uniq.size)
+    step_of_token[np.argsort(row[first_row], kind="stable")] = np.arange(uniq.size)
     step = step_of_token[token_of]
+    num_requests_in = int(np.unique(request).size)
+    request = trace_req
 
     final = np.lexsort((dec_layer, step))
     covered = sorted(int(x) for x in np.unique(dec_layer))
@@ -382,6 +398,10 @@ def import_(
         "warmup_min_run": warmup_min_run,
         "layers_covered": covered,
         "phase": "unknown in the log; all rows marked prefill (0)",
+        "token_identity": (f"{num_requests_in} logged (session, req_id) streams cut at token_idx restarts into "
+                           f"{first_rb.size} batches, one request_id each"
+                           + (f"; {sessions_joined} per-layer sessions of one run joined" if sessions_joined
+                              else "")),
     }
     rows = write_validated_trace(out, model, prov, write, gate_weights=weights is not None)
     secs = time.perf_counter() - t0
@@ -393,6 +413,8 @@ def import_(
         "warmup_rows_dropped": num_warmup,
         "rows_written": rows,
         "tokens": int(uniq.size),
+        "requests": int(first_rb.size),
+        "sessions_joined": sessions_joined,
         "layers_covered": covered,
         "layer_numbering": numbering
         + (
@@ -404,3 +426,75 @@ def import_(
         "records_per_s": n / secs if secs > 0 else 0.0,
     }
     return ImportResult("trace", trace=out, summary=summary)
+
+
+def _join_per_layer_sessions(log: _Log, request: np.ndarray, layer: np.ndarray, tok: np.ndarray,
+                             row: np.ndarray) -> tuple[np.ndarray, int]:
+    """Request numbers ``[n]`` with the per-layer sessions of one run merged: when every session logs a
+    disjoint set of layers, they are one run's per-layer logs only if each saw the same
+    (``req_id``, ``token_idx``) stream; then a request of a later session takes the number of the same
+    ``req_id`` in the first. Returns ``(request, sessions joined)``; refuses separate runs."""
+    sess_req = sorted(log.request_of.items(), key=lambda kv: kv[1])  # [((session, req_id), number)]
+    session_of = np.array([k[0] for k, _ in sess_req], dtype=np.int64)
+    labels = {}
+    label_of = np.array([labels.setdefault(k[1], len(labels)) for k, _ in sess_req], dtype=np.int64)
+    sess = session_of[request]
+    ids = np.unique(sess)
+    if ids.size < 2:
+        return request, 0
+    layer_sets = [frozenset(np.unique(layer[sess == s]).tolist()) for s in ids]
+    if len(set(layer_sets)) == 1:
+        return request, 0  # several runs of the same layers: their tokens are distinct tokens
+    union = frozenset().union(*layer_sets)
+    files = log.column("file_idx")
+
+    def where(s) -> str:
+        return str(log.srcs[int(files[row[np.flatnonzero(sess == s)[0]]])])
+
+    if sum(len(x) for x in layer_sets) != len(union):
+        raise InputError(f"{where(ids[0])}: its sessions (meta records) log different but overlapping layer sets "
+                         f"({', '.join(str(sorted(x)) for x in layer_sets[:4])}): neither one run's per-layer "
+                         "logs nor repeated runs of the same layers; import them separately")
+
+    def stream(s) -> np.ndarray:
+        first_layer = min(layer_sets[list(ids).index(s)])
+        m = np.flatnonzero((sess == s) & (layer == first_layer))
+        return np.stack([label_of[request[m]], tok[m]], axis=1)
+
+    ref = stream(ids[0])
+    for s in ids[1:]:
+        other = stream(s)
+        if other.shape != ref.shape or not np.array_equal(other, ref):
+            diff = (min(len(ref), len(other)) if other.shape != ref.shape or not len(ref)
+                    else int(np.flatnonzero((other != ref).any(axis=1))[0]))
+            raise InputError(f"{where(s)}: logs layers {sorted(layer_sets[list(ids).index(s)])}, "
+                             f"{where(ids[0])} logs layers {sorted(layer_sets[0])}, but their token streams differ "
+                             f"({len(other)} vs {len(ref)} rows per layer, first difference at row {diff}): "
+                             "per-layer logs of separate runs are different tokens and cannot be joined; "
+                             "import each run on its own")
+    # same stream everywhere: requests of later sessions take the first session's number for that req_id
+    first_num = {}
+    for (s, _), num in sess_req:
+        if s == ids[0]:
+            first_num[label_of[num]] = num
+    remap = np.array([first_num.get(label_of[num], num) for _, num in sess_req], dtype=np.int64)
+    return remap[request], int(ids.size)
+
+
+def _check_aligned(log: _Log, token_of: np.ndarray, layer: np.ndarray, row: np.ndarray, trace_req: np.ndarray,
+                   tok: np.ndarray, dec_layer: np.ndarray) -> None:
+    """Every token must have one row at every logged layer: otherwise the layers' streams do not line up
+    and rows of different real tokens would be joined (refused, naming the first such token)."""
+    layers = np.unique(layer)
+    n_tok = int(token_of.max()) + 1
+    per = np.zeros((n_tok, layers.size), dtype=np.int64)
+    np.add.at(per, (token_of, np.searchsorted(layers, layer)), 1)
+    bad = (per != 1).any(axis=1)
+    if bad.any():
+        t = int(np.flatnonzero(bad)[0])
+        i = int(np.flatnonzero(token_of == t)[0])
+        have = sorted(set(dec_layer[token_of == t].tolist()))
+        raise InputError(f"{log.where_row(int(row[i]))}: token_idx {int(tok[i])} (batch request {int(trace_req[i])}) "
+                         f"has {per[t].tolist()} rows at the logged layers {sorted(set(dec_layer.tolist()))} "
+                         f"(rows at {have}): the layers' streams do not line up, so token identity cannot be "
+                         "rebuilt from this log")
