@@ -129,15 +129,18 @@ class WorkloadConfig:
 
 @dataclass(frozen=True)
 class RebalanceConfig:
-    """``--rebalance every=N,window=W,moves=K[,policy=P][,time=S]``: every N iterations re-place from the
-    expert loads of the last W iterations, changing at most K slots per MoE layer (0 = no limit; the
-    optimizer's ``--max-moves``); ``time``: the optimizer's time limit per rebalance (seconds)."""
+    """``--rebalance every=N,window=W,moves=K[,policy=P][,time=S][,async=1]``: every N iterations re-place
+    from the expert loads of the last W iterations, changing at most K slots per MoE layer (0 = no limit;
+    the optimizer's ``--max-moves``); ``time``: the optimizer's time limit per rebalance (seconds);
+    ``async``: the decision and the weight transfer overlap serving (vLLM's default) instead of stalling
+    every rank."""
 
     every: int
     window: int
     moves: int = 0
     policy: str = "auto"  # auto: the moeplace optimizer's migration mode if registered, else eplb
     time_limit: float | None = None
+    asynchronous: bool = False
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.window < 1 or self.moves < 0:
@@ -203,15 +206,19 @@ def parse_rebalance(text: str) -> RebalanceConfig:
             raise InputError(f"--rebalance: '{part}' is not KEY=VALUE (expected every=N,window=W,moves=K)")
         k, v = part.split("=", 1)
         kv[k.strip()] = v.strip()
-    unknown = set(kv) - {"every", "window", "moves", "policy", "time"}
+    unknown = set(kv) - {"every", "window", "moves", "policy", "time", "async"}
     if unknown:
-        raise InputError(f"--rebalance: unknown keys {sorted(unknown)} (expected every, window, moves, policy, time)")
+        raise InputError(f"--rebalance: unknown keys {sorted(unknown)} (expected every, window, moves, policy, time, "
+                         "async)")
+    if kv.get("async", "0") not in ("0", "1"):
+        raise InputError(f"--rebalance: async={kv['async']}: expected 0 or 1")
     if "every" not in kv:
         raise InputError("--rebalance: 'every=N' is required")
     try:
         every = int(kv["every"])
         return RebalanceConfig(every=every, window=int(kv.get("window", every)), moves=int(kv.get("moves", 0)),
                                policy=kv.get("policy", "auto"),
-                               time_limit=float(kv["time"]) if "time" in kv else None)
+                               time_limit=float(kv["time"]) if "time" in kv else None,
+                               asynchronous=kv.get("async", "0") == "1")
     except ValueError as exc:
         raise InputError(f"--rebalance: {exc}") from None

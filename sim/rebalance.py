@@ -7,13 +7,22 @@ registered and ``policy`` is ``auto`` or ``moeplace``, else from DeepSeek's EPLB
 EPLB knows no move budget, so with ``moves=K`` only whole layers are switched to EPLB's answer, best
 predicted gain per moved expert first, within the same total budget of K x L moves.
 
-The stall: every GPU receives the weights of the experts it newly holds, from a GPU of its own node
-when one held the expert before (NVLink), else over its NIC; all EP ranks wait for the slowest GPU
-(engines rearrange synchronously — vLLM PR #50647 saw a 3.17x slower run from it). The stall is added
-to the pool's next iteration.
+The cost: every GPU receives the weights of the experts it newly holds, from a GPU of its own node
+when one held the expert before (NVLink), else over its NIC; the slowest GPU sets the transfer time.
+The decision itself costs the policy's measured wall time on this machine (the optimizer or EPLB really
+runs here), not zero. Blocking (SGLang; vLLM with ``use_async`` off): all EP ranks wait for decision +
+transfer — vLLM PR #50647 saw a 3.17x slower run from it; the stall is added to the pool's next
+iteration. ``async`` (vLLM's default): serving goes on with the old placement and the new one takes
+effect once decision + transfer time has passed in simulated time (the transfer's competition with the
+all-to-all for the links is not modelled).
+
+:func:`recommend_configs`: the rebalancers ``place simulate --recommend`` compares with a static
+placement: vLLM EPLB (window 1000, every 3000 steps, async), SGLang EPLB (every 1000 iterations,
+blocking) and moeplace's migration-budget mode.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import numpy as np
@@ -22,6 +31,18 @@ from placement.dispatch import expected_gpu_loads
 from placement.policies import PlacementProblem, get_policy, policy_names
 from placement.record import Placement
 from sim.config import RebalanceConfig
+
+
+def recommend_configs(moves: int, time_limit: float | None) -> dict[str, RebalanceConfig]:
+    """The online rebalancers to compare with a static placement: the engines' own (their defaults) and
+    moeplace's migration-budget mode (``moves`` slots per layer, ``time_limit`` per decision)."""
+    return {
+        "vLLM EPLB (window 1000, every 3000, async)": RebalanceConfig(every=3000, window=1000, policy="eplb",
+                                                                      asynchronous=True),
+        "SGLang EPLB (every 1000, blocking)": RebalanceConfig(every=1000, window=1000, policy="eplb"),
+        f"moeplace migration ({moves} moves/layer, every 3000, async)": RebalanceConfig(
+            every=3000, window=1000, moves=moves, policy="moeplace", time_limit=time_limit, asynchronous=True),
+    }
 
 
 def moved_experts(old: Placement, new: Placement) -> np.ndarray:
@@ -129,6 +150,7 @@ class Rebalancer:
         self.count = 0
         self.moved_bytes = 0.0
         self.history: list[dict] = []
+        self.pending: tuple[float, Placement] | None = None  # async: (simulated time it lands, placement)
         names = policy_names()
         want = cfg.policy
         if want == "auto":
@@ -150,7 +172,11 @@ class Rebalancer:
         return np.sum(parts, axis=0) if parts else None
 
     def maybe_rebalance(self, pool, now: float) -> float:
-        if pool.iteration % self.cfg.every:
+        if self.pending is not None and now >= self.pending[0]:
+            pool.placement = self.pending[1]
+            pool.router.set_placement(self.pending[1])
+            self.pending = None
+        if pool.iteration % self.cfg.every or self.pending is not None:
             return 0.0
         loads = self.window_loads()
         if loads is None or loads.sum() == 0:
@@ -163,7 +189,9 @@ class Rebalancer:
         problem = PlacementProblem(loads=loads[None], model=sim.model, cluster=sim.cluster,
                                    num_redundant=old.num_redundant, engine=sim.config.engine.replica_rule,
                                    seed=sim.config.seed, time_limit=self.cfg.time_limit, options=options)
+        t0 = time.perf_counter()
         new = get_policy(self.policy)(problem)
+        decision = time.perf_counter() - t0
         if self.policy != "moeplace":
             new = relabel_min_moves(old, new)
         if self.policy != "moeplace" and self.cfg.moves:
@@ -172,10 +200,15 @@ class Rebalancer:
         g = sim.cluster.gpu
         stall, moved, n = transfer_stall(old, new, sim.model.bytes_per_routed_expert, c.nvlink_bw, c.nic_bw,
                                          g.nvlink_latency, g.nic_latency)
-        pool.placement = new
-        pool.router.set_placement(new)
         self.count += 1
         self.moved_bytes += moved
         self.history.append({"time": now, "iteration": pool.iteration, "experts_moved": n, "bytes": moved,
-                             "stall_s": stall, "policy": self.policy})
-        return stall
+                             "transfer_s": stall, "decision_s": decision, "async": self.cfg.asynchronous,
+                             "stall_s": 0.0 if self.cfg.asynchronous else decision + stall,
+                             "policy": self.policy})
+        if self.cfg.asynchronous:
+            self.pending = (now + decision + stall, new)
+            return 0.0
+        pool.placement = new
+        pool.router.set_placement(new)
+        return decision + stall

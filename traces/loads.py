@@ -100,7 +100,10 @@ class Loads:
             remap = np.full(self.num_windows, -1, np.int64)
             remap[idx] = np.arange(idx.size)
             samples, sw = self.samples[keep], remap[self.sample_windows[keep]]
-        return Loads(self.counts[idx], self.model, self.window_tokens, labels, dict(self.provenance), samples, sw)
+        # per-window provenance lists (window_domains, window_inputs, ...) follow the windows
+        prov = {k: ([v[i] for i in idx] if k.startswith("window_") and isinstance(v, list)
+                    and len(v) == self.num_windows else v) for k, v in self.provenance.items()}
+        return Loads(self.counts[idx], self.model, self.window_tokens, labels, prov, samples, sw)
 
     def save(self, path: str | Path) -> None:
         meta = {"format": LOADS_FORMAT, "model": self.model.to_dict(), "window_tokens": self.window_tokens,

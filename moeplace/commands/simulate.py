@@ -67,7 +67,15 @@ def register(sub) -> None:
     r.add_argument("--duration", type=float, default=600.0, help="simulated seconds")
     r.add_argument("--mode", choices=("replay", "stat"), default="stat")
     r.add_argument("--profile", default=None, help="calibration profile JSON (kernels/)")
-    r.add_argument("--rebalance", default=None, metavar="every=N,window=W,moves=K")
+    r.add_argument("--rebalance", default=None, metavar="every=N,window=W,moves=K[,policy=P,time=S,async=1]")
+    r.add_argument("--recommend", action="store_true",
+                   help="also simulate the first placement under vLLM's EPLB (window 1000, every 3000, async), "
+                        "SGLang's EPLB (every 1000, blocking) and moeplace's migration mode, and say whether "
+                        "a static placement suffices")
+    r.add_argument("--recommend-moves", type=int, default=16, metavar="K",
+                   help="moeplace migration budget per layer for --recommend (default 16)")
+    r.add_argument("--recommend-time", type=float, default=10.0, metavar="S",
+                   help="moeplace decision time limit per rebalance for --recommend (default 10 s)")
     r.add_argument("--route-all", action="store_true",
                    help="route on the whole trace even when a placement was planned on its first part "
                         "(default: route on the held-out part only)")
@@ -134,6 +142,13 @@ def run(args) -> int:
         write_outputs(args.out, results, resolved_config(config, cluster, trace, placements, profile))
     if args.chrome_trace:
         write_chrome_trace(args.chrome_trace, results)
+    rec = None
+    if args.recommend:
+        if config.rebalance is not None:
+            raise InputError("--recommend compares its own rebalancers with a static placement; drop --rebalance")
+        rec = recommend(trace, placements[0], cluster, config, profile, results[0].summary, args.recommend_moves,
+                        args.recommend_time)
+        results[0].summary["recommendation"] = rec
     named = [lab for lab, spec in zip(labels, args.placement) if not _is_file(spec)]
     if named:
         routing_note += f"; {', '.join(named)} planned here on the routed tokens themselves (in-sample)"
@@ -148,6 +163,8 @@ def run(args) -> int:
               + (f"{args.rate:g} req/s {args.arrival}" if args.rate is not None else
                  f"{wl.concurrency} concurrent requests"))
         print(format_table(results))
+        if rec is not None:
+            print(format_recommendation(rec))
         walls = ", ".join(f"{r.label} {r.summary['wall_s']:.1f} s" for r in results)
         print(f"wall time: {walls}", file=sys.stderr)
     return 0
@@ -178,3 +195,47 @@ def held_out_start(trace: str, specs: list[str]) -> tuple[int, list[str]]:
             start = max(start, int(on["held_out_from_token"]))
             names.append(Path(spec).stem)
     return start, names
+
+
+RECOMMEND_MIN_GAIN = 0.02  # an online rebalancer must beat the static placement by 2 % output tok/s
+
+
+def recommend(trace, placement, cluster, config, profile, static: dict, moves: int, time_limit: float) -> dict:
+    """Simulate ``placement`` (label, Placement) under each of :func:`sim.rebalance.recommend_configs` on
+    the same workload and seed as the static run ``static`` (its summary) and recommend: static unless a
+    rebalancer gains at least ``RECOMMEND_MIN_GAIN`` output tokens/s, after its weight transfers and its
+    measured decision time."""
+    from dataclasses import replace
+
+    from sim.rebalance import recommend_configs
+    from sim.runner import simulate
+
+    rows = [{"config": "static", "output_tok_s": static["output_tok_s"], "straggler_share": static["straggler_share"],
+             "rebalances": 0, "stall_s": 0.0, "decision_s": 0.0, "transfer_s": 0.0}]
+    for name, rb in recommend_configs(moves, time_limit).items():
+        r = simulate(trace, [placement], cluster, replace(config, rebalance=rb), profile)[0]
+        hist = r.summary.get("rebalance_history", [])
+        rows.append({"config": name, "output_tok_s": r.summary["output_tok_s"],
+                     "straggler_share": r.summary["straggler_share"], "rebalances": r.summary["rebalances"],
+                     "stall_s": r.summary["stall_s"], "decision_s": float(sum(h["decision_s"] for h in hist)),
+                     "transfer_s": float(sum(h["transfer_s"] for h in hist))})
+    best = max(rows[1:], key=lambda x: x["output_tok_s"])
+    base = rows[0]["output_tok_s"]
+    gain = best["output_tok_s"] / base - 1 if base > 0 else 0.0
+    if gain >= RECOMMEND_MIN_GAIN:
+        verdict = f"online rebalancing: {best['config']} (+{gain:.1%} output tok/s over static)"
+    else:
+        verdict = (f"a static placement suffices: the best rebalancer ({best['config']}) changes output tok/s by "
+                   f"{gain:+.1%}, under the {RECOMMEND_MIN_GAIN:.0%} that would pay for running one")
+    return {"placement": placement[0], "rows": rows, "verdict": verdict, "min_gain": RECOMMEND_MIN_GAIN}
+
+
+def format_recommendation(rec: dict) -> str:
+    head = f"static vs online rebalancing for {rec['placement']} (same workload; decision = measured wall time):"
+    w = max(len(r["config"]) for r in rec["rows"])
+    lines = [head, f"  {'':{w}s}  output tok/s  straggler  rebalances  stall s  decision s  transfer s"]
+    for r in rec["rows"]:
+        lines.append(f"  {r['config']:{w}s}  {r['output_tok_s']:12,.0f}  {r['straggler_share']:9.1%}  "
+                     f"{r['rebalances']:10d}  {r['stall_s']:7.2f}  {r['decision_s']:10.2f}  {r['transfer_s']:10.2f}")
+    lines.append(f"recommendation: {rec['verdict']}")
+    return "\n".join(lines)

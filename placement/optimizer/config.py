@@ -13,7 +13,9 @@ OBJECTIVES = ("balance", "traffic", "balance+traffic")
 class OptimizerConfig:
     """Knobs of one optimizer run.
 
-    ``robust``: plan for the worst planning window (scenario) instead of their sum. ``cvar``: with
+    ``robust``: plan for the worst planning window (scenario) instead of their sum; ``envelope`` (with
+    ``robust``): also for the windows' envelope (every expert at its highest share in any window), a
+    hedge for workloads unlike any planning window (see :func:`placement.optimizer.layer.scenario_loads`). ``cvar``: with
     ``robust``, minimize the mean of the worst ``ceil(cvar * W)`` scenarios' max/mean instead of the single
     worst (``cvar = 0`` means the worst). ``objective``/``traffic_weight``/``balance_floor``: the traffic
     objective (remote nodes per token) subject to balancedness >= ``balance_floor`` (default: the balance
@@ -30,6 +32,7 @@ class OptimizerConfig:
 
     engine: str = "vllm"
     robust: bool = False
+    envelope: bool = False
     cvar: float = 0.0
     objective: str = "balance"
     traffic_weight: float = 1.0

@@ -54,9 +54,19 @@ class LayerResult:
 
 
 def scenario_loads(loads_we: np.ndarray, cfg: OptimizerConfig, num_gpus: int) -> np.ndarray:
-    """The scenarios a layer is planned for: every window (``robust``) or their sum."""
+    """The scenarios a layer is planned for: their sum, or (``robust``) every window plus, with
+    ``envelope``, one more: each expert at its highest share in any window (renormalized). The worst
+    case over the windows' mixtures is always one of the windows (a GPU's load is linear in the mix), so
+    mixtures add nothing; the envelope lies outside them — experts hot in different windows all hot at
+    once, as an unseen workload may have them — so it keeps such experts replicated and apart."""
     loads = np.asarray(loads_we, dtype=np.float64)
-    return normalize_scenarios(loads if cfg.robust else loads.sum(axis=0, keepdims=True), num_gpus)
+    if not cfg.robust:
+        return normalize_scenarios(loads.sum(axis=0, keepdims=True), num_gpus)
+    wn = normalize_scenarios(loads, num_gpus)
+    if cfg.envelope and wn.shape[0] >= 2:
+        env = wn.max(axis=0)
+        wn = np.vstack([wn, env * (num_gpus / env.sum())])
+    return wn
 
 
 def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int, gpus_per_node: int,
