@@ -30,11 +30,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from placement.cluster import make_cluster
+from foundation.cluster import make_cluster
+from foundation.files import write_text_atomic
+from foundation.model import load_model
 from placement.compare import compare_policies, routing_windows, scenarios
 from placement.evaluate import evaluate
-from traces.files import write_text_atomic
-from traces.model import load_model
 from traces.synth import SynthConfig, synthesize
 
 RESULTS = ROOT / "bench" / "results"

@@ -394,9 +394,9 @@ def format_shift(cmp: Comparison) -> list[str]:
     rows = [r for r in cmp.results if r.shift]
     if not rows:
         return []
-    out = [f"shift estimate ({cmp.shift_method} over {len(cmp.shift_scenarios)} scenarios: "
-           f"{', '.join(cmp.shift_scenarios)}; plan on the rest, score on the one left out) — balancedness "
-           "to expect on traffic unlike the planning data:"]
+    out = [(f"shift estimate ({cmp.shift_method} over {len(cmp.shift_scenarios)} scenarios: "
+            f"{', '.join(cmp.shift_scenarios)}; plan on the rest, score on the one left out) — balancedness "
+            "to expect on traffic unlike the planning data:")]
     for r in rows:
         out.append(f"  {r.policy}: mean {r.shift['mean']:.4f}, worst scenario {r.shift['worst']:.4f}")
     return out

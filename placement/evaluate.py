@@ -206,7 +206,7 @@ class Metrics:
     @property
     def num_tokens(self) -> int:
         """Tokens scored: selections of the fullest layer / top-k (0 when top-k is unknown)."""
-        return int(round(self.gpu_loads.sum(axis=(0, 2)).max() / self.top_k)) if self.top_k else 0
+        return round(float(self.gpu_loads.sum(axis=(0, 2)).max()) / self.top_k) if self.top_k else 0
 
     # -------------------------------------------------------------- per (window, layer)
     @property
@@ -358,7 +358,7 @@ def _masked_mean(x: np.ndarray, mask: np.ndarray, axis: int) -> np.ndarray:
 
 def _json_list(x: np.ndarray) -> list:
     """``x.tolist()`` with NaN (no tokens) as None, which JSON can carry."""
-    return [None if v != v else v for v in x.tolist()]
+    return [None if np.isnan(v) else v for v in x.tolist()]
 
 
 # ---------------------------------------------------------------------------- routing input

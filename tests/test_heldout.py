@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from placement.cli import main
-from placement.cluster import make_cluster
+from foundation.cluster import make_cluster
+from moeplace.cli import main
 from placement.compare import compare_policies, routing_windows, scenarios, split_samples
 from placement.evaluate import evaluate
 from placement.policies import PlacementProblem, get_policy

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from placement.cli import main
+from foundation.errors import InputError
+from foundation.model import load_model
+from moeplace.cli import main
 from placement.evaluate import read_token_routing
-from traces.errors import InputError
 from traces.importers import import_source
-from traces.model import load_model
 from traces.stats import compute_stats
 
 TINY = Path(__file__).parent / "data" / "tiny-moe-config.json"

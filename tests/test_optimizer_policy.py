@@ -78,3 +78,15 @@ def test_errors_are_input_errors(qwen, tmp_path):
         get_policy("moeplace")(problem(qwen, **{"from": str(path), "max_moves": 3}))
     with pytest.raises(InputError, match="objective"):
         get_policy("moeplace")(problem(qwen, objective="speed"))
+
+
+def test_canonical_slots_with_an_origin_holding_an_expert_twice_on_one_gpu():
+    """EPLB can put two replicas of one expert on one GPU; the new placement keeps one: the other slot
+    must take the new placement's expert, not repeat the old one (every expert keeps a slot)."""
+    from placement.policies.moeplace import canonical_slots
+
+    origin = np.array([0, 0, 1, 2, 3, 4])  # GPU 0 holds expert 0 twice
+    new = np.array([0, 5, 1, 2, 3, 4])
+    out = canonical_slots(new, 2, origin)
+    assert sorted(out[:3].tolist()) == [0, 1, 5] and out[:3].tolist() == [0, 5, 1]
+    assert sorted(out.tolist()) == sorted(new.tolist())

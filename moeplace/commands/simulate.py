@@ -2,13 +2,16 @@
 (sim/) on a routing trace for one or more placements and print them side by side."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
 from foundation.memory import parse_pool_split
 from foundation.model import load_model
+from placement.record import load_placement
 from sim.calibration import load_profile
 from sim.config import (
     CostConfig,
@@ -19,6 +22,7 @@ from sim.config import (
     parse_mix,
     parse_rebalance,
 )
+from sim.rebalance import recommend_configs
 from sim.results import format_table, write_chrome_trace, write_outputs
 from sim.runner import resolve_placement, resolved_config, simulate
 from sim.workload import load_trace_tokens
@@ -171,8 +175,6 @@ def run(args) -> int:
 
 
 def _is_file(spec: str) -> bool:
-    from pathlib import Path
-
     return Path(spec).suffix == ".json" or Path(spec).exists()
 
 
@@ -180,10 +182,6 @@ def held_out_start(trace: str, specs: list[str]) -> tuple[int, list[str]]:
     """The first token (file order) of ``trace`` that none of the placement files in ``specs`` was planned
     on (their provenance's ``planned_on``), and the names of those planned on this trace; ``(0, [])``
     when none was."""
-    from pathlib import Path
-
-    from placement.record import load_placement
-
     start, names = 0, []
     here = Path(trace).resolve()
     for spec in specs:
@@ -205,15 +203,10 @@ def recommend(trace, placement, cluster, config, profile, static: dict, moves: i
     the same workload and seed as the static run ``static`` (its summary) and recommend: static unless a
     rebalancer gains at least ``RECOMMEND_MIN_GAIN`` output tokens/s, after its weight transfers and its
     measured decision time."""
-    from dataclasses import replace
-
-    from sim.rebalance import recommend_configs
-    from sim.runner import simulate
-
     rows = [{"config": "static", "output_tok_s": static["output_tok_s"], "straggler_share": static["straggler_share"],
              "rebalances": 0, "stall_s": 0.0, "decision_s": 0.0, "transfer_s": 0.0}]
     for name, rb in recommend_configs(moves, time_limit).items():
-        r = simulate(trace, [placement], cluster, replace(config, rebalance=rb), profile)[0]
+        r = simulate(trace, [placement], cluster, dataclasses.replace(config, rebalance=rb), profile)[0]
         hist = r.summary.get("rebalance_history", [])
         rows.append({"config": name, "output_tok_s": r.summary["output_tok_s"],
                      "straggler_share": r.summary["straggler_share"], "rebalances": r.summary["rebalances"],

@@ -9,6 +9,7 @@ Reads its knobs from ``PlacementProblem`` (engine, seed, time_limit) and ``probl
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -62,9 +63,15 @@ def canonical_slots(p2l: np.ndarray, num_gpus: int, origin: np.ndarray | None = 
             out[g * S:(g + 1) * S] = mine
             continue
         old = origin[g * S:(g + 1) * S]
-        keep = np.isin(old, mine)
-        row = np.where(keep, old, -1)
-        row[~keep] = np.setdiff1d(mine, old[keep], assume_unique=True)
+        # multiset match: an origin holding one expert twice on this GPU (EPLB can) keeps it only as
+        # often as the new placement has it there
+        left = Counter(mine.tolist())
+        row = np.full(S, -1, dtype=p2l.dtype)
+        for i, e in enumerate(old.tolist()):
+            if left[e] > 0:
+                row[i] = e
+                left[e] -= 1
+        row[row < 0] = sorted(left.elements())
         out[g * S:(g + 1) * S] = row
     return out
 
