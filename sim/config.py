@@ -133,7 +133,8 @@ class RebalanceConfig:
     from the expert loads of the last W iterations, changing at most K slots per MoE layer (0 = no limit;
     the optimizer's ``--max-moves``); ``time``: the optimizer's time limit per rebalance (seconds);
     ``async``: the decision and the weight transfer overlap serving (vLLM's default) instead of stalling
-    every rank."""
+    every rank; ``decision``: seconds charged per decision instead of the policy's measured wall time
+    (e.g. for a faster host)."""
 
     every: int
     window: int
@@ -141,10 +142,13 @@ class RebalanceConfig:
     policy: str = "auto"  # auto: the moeplace optimizer's migration mode if registered, else eplb
     time_limit: float | None = None
     asynchronous: bool = False
+    decision_s: float | None = None  # None: the policy's measured wall time; a number: that (what-ifs)
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.window < 1 or self.moves < 0:
             _bad("--rebalance", f"every and window must be >= 1 and moves >= 0, got {self}")
+        if self.decision_s is not None and not self.decision_s >= 0:
+            _bad("--rebalance", f"decision must be >= 0 seconds, got {self.decision_s}")
 
 
 @dataclass(frozen=True)
@@ -206,10 +210,10 @@ def parse_rebalance(text: str) -> RebalanceConfig:
             raise InputError(f"--rebalance: '{part}' is not KEY=VALUE (expected every=N,window=W,moves=K)")
         k, v = part.split("=", 1)
         kv[k.strip()] = v.strip()
-    unknown = set(kv) - {"every", "window", "moves", "policy", "time", "async"}
+    unknown = set(kv) - {"every", "window", "moves", "policy", "time", "async", "decision"}
     if unknown:
         raise InputError(f"--rebalance: unknown keys {sorted(unknown)} (expected every, window, moves, policy, time, "
-                         "async)")
+                         "async, decision)")
     if kv.get("async", "0") not in ("0", "1"):
         raise InputError(f"--rebalance: async={kv['async']}: expected 0 or 1")
     if "every" not in kv:
@@ -219,6 +223,7 @@ def parse_rebalance(text: str) -> RebalanceConfig:
         return RebalanceConfig(every=every, window=int(kv.get("window", every)), moves=int(kv.get("moves", 0)),
                                policy=kv.get("policy", "auto"),
                                time_limit=float(kv["time"]) if "time" in kv else None,
-                               asynchronous=kv.get("async", "0") == "1")
+                               asynchronous=kv.get("async", "0") == "1",
+                               decision_s=float(kv["decision"]) if "decision" in kv else None)
     except ValueError as exc:
         raise InputError(f"--rebalance: {exc}") from None

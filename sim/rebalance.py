@@ -191,7 +191,7 @@ class Rebalancer:
                                    seed=sim.config.seed, time_limit=self.cfg.time_limit, options=options)
         t0 = time.perf_counter()
         new = get_policy(self.policy)(problem)
-        decision = time.perf_counter() - t0
+        decision = time.perf_counter() - t0 if self.cfg.decision_s is None else self.cfg.decision_s
         if self.policy != "moeplace":
             new = relabel_min_moves(old, new)
         if self.policy != "moeplace" and self.cfg.moves:

@@ -81,7 +81,9 @@ def test_rebalancing_a_drifting_workload_cuts_imbalance_and_pays_a_stall(tmp_pat
     base = {"duration": 0.004, "mode": "replay", "engine": EngineConfig(attention_tp=1, max_batched_tokens=64),
             "workload": WorkloadConfig(arrival="closed", concurrency=8)}
     static = build(path, pl, SimConfig(**base), gpus=4).run()
-    sim = build(path, pl, SimConfig(**base, rebalance=RebalanceConfig(every=10, window=10, policy="eplb")), gpus=4)
+    # decision time fixed at zero: this run is about the transfer (the measured one is tested below)
+    rb = RebalanceConfig(every=10, window=10, policy="eplb", decision_s=0.0)
+    sim = build(path, pl, SimConfig(**base, rebalance=rb), gpus=4)
     moving = sim.run()
     assert moving.summary["rebalances"] >= 2 and moving.summary["moved_bytes"] > 0
     assert moving.summary["stall_s"] > 0
@@ -104,3 +106,55 @@ def test_moeplace_migration_mode_respects_the_move_budget(tmp_path):
     hist = sim.pools_list[0].rebalancer.history
     assert res.summary["rebalances"] == len(hist) >= 1
     assert all(h["policy"] == "moeplace" and h["experts_moved"] <= 2 * m.num_moe_layers for h in hist)
+
+
+def test_decision_time_is_charged_and_async_defers_instead_of_stalling(tmp_path):
+    """Blocking: every rank waits for the policy's measured decision time plus the transfer. Async (vLLM's
+    default): no stall; the new placement lands once that time has passed in simulated time."""
+    m = mini_model(num_experts=16)
+    path = write_trace(tmp_path / "t", m, num_requests=8, prompt=64, output=16, skew=1.5, hot_shift=5)
+    pl = linear_placement(m, 4, 4)
+    base = {"duration": 0.004, "mode": "replay", "engine": EngineConfig(attention_tp=1, max_batched_tokens=64),
+            "workload": WorkloadConfig(arrival="closed", concurrency=8)}
+    blocking = build(path, pl, SimConfig(**base, rebalance=RebalanceConfig(every=10, window=10, policy="eplb")),
+                     gpus=4)
+    res = blocking.run()
+    hist = blocking.pools_list[0].rebalancer.history
+    assert all(h["decision_s"] > 0 and not h["async"] for h in hist)
+    assert res.summary["stall_s"] >= sum(h["decision_s"] + h["transfer_s"] for h in hist[:-1])
+    # async with a decision longer than the run: no stall, and the new placement never lands
+    rb = RebalanceConfig(every=10, window=10, policy="eplb", asynchronous=True, decision_s=10.0)
+    asyn = build(path, pl, SimConfig(**base, rebalance=rb), gpus=4)
+    res_a = asyn.run()
+    reb = asyn.pools_list[0].rebalancer
+    assert res_a.summary["stall_s"] == 0 and reb.count == 1 and reb.history[0]["stall_s"] == 0
+    assert reb.pending[0] >= reb.history[0]["time"] + 10.0 and asyn.pools_list[0].placement is pl
+    # an instant decision: the placement lands once its transfer time has passed, still without a stall
+    rb0 = RebalanceConfig(every=10, window=10, policy="eplb", asynchronous=True, decision_s=0.0)
+    fast = build(path, pl, SimConfig(**base, rebalance=rb0), gpus=4)
+    res_f = fast.run()
+    assert res_f.summary["stall_s"] == 0 and fast.pools_list[0].placement is not pl
+    assert parse_rebalance("every=3000,window=1000,policy=eplb,async=1").asynchronous
+    assert parse_rebalance("every=5,decision=0.5").decision_s == 0.5
+    with pytest.raises(InputError, match="async"):
+        parse_rebalance("every=1,async=yes")
+
+
+def test_simulate_recommend_compares_static_with_the_engines_rebalancers(tmp_path, capsys):
+    import json
+
+    from moeplace.cli import main
+
+    m = mini_model(num_experts=16)
+    path = write_trace(tmp_path / "t", m, num_requests=8, prompt=64, output=16, skew=1.5, hot_shift=5)
+    rc = main(["simulate", path, "--placement", "linear", "--gpus", "4", "--gpus-per-node", "2",
+               "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8", "--no-progress", "--recommend",
+               "--recommend-time", "1", "--json"])
+    assert rc == 0
+    rec = json.loads(capsys.readouterr().out)[0]["recommendation"]
+    names = [r["config"] for r in rec["rows"]]
+    assert names[0] == "static" and any("vLLM EPLB" in n for n in names) and any("SGLang" in n for n in names)
+    assert any("moeplace migration" in n for n in names)
+    best = max(rec["rows"][1:], key=lambda r: r["output_tok_s"])
+    gain = best["output_tok_s"] / rec["rows"][0]["output_tok_s"] - 1
+    assert ("static placement suffices" in rec["verdict"]) == (gain < rec["min_gain"])

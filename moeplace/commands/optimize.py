@@ -61,6 +61,9 @@ def register(sub) -> None:
                    help="also write the comparison as JSON (what --json prints) to FILE")
     g = p.add_argument_group("optimizer options (used by the moeplace policy)")
     g.add_argument("--robust", action="store_true", help="maximize the worst planning window, not the mean")
+    g.add_argument("--envelope", action="store_true",
+                   help="with --robust: also plan for the windows' envelope (every expert at its highest share "
+                        "in any window), a hedge for workloads unlike any planning window")
     g.add_argument("--objective", choices=("balance", "traffic", "balance+traffic"), default="balance")
     g.add_argument("--traffic-weight", type=float, default=None)
     g.add_argument("--pareto", action="store_true", help="print the balance-vs-traffic frontier")
@@ -85,8 +88,10 @@ def run(args) -> int:
     if (E + R) % cluster.num_gpus:
         raise InputError(f"--redundant {R}: {E} experts + {R} = {E + R} slots is not a multiple of --gpus "
                          f"{cluster.num_gpus}; use e.g. --redundant {default_redundant(E, cluster.num_gpus)}")
-    options = {"robust": args.robust, "objective": args.objective, "traffic_weight": args.traffic_weight,
-               "pareto": args.pareto, "from": args.from_placement, "max_moves": args.max_moves,
+    if args.envelope and not args.robust:
+        raise InputError("--envelope needs --robust (it adds a scenario to the robust plan)")
+    options = {"robust": args.robust, "envelope": args.envelope or None, "objective": args.objective,
+               "traffic_weight": args.traffic_weight, "pareto": args.pareto, "from": args.from_placement, "max_moves": args.max_moves,
                "workers": args.workers}
     names = args.policy or policy_names()
     cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, engine=args.engine,
@@ -123,7 +128,8 @@ def _print_moeplace_extras(cmp) -> None:
         if r.policy != "moeplace" or not summary:
             continue
         config = r.placement.provenance.get("params", {}).get("config", {})
-        what = ("the worst planning window" if config.get("robust")
+        what = (("the worst of the planning windows and their envelope" if config.get("envelope")
+                 else "the worst planning window") if config.get("robust")
                 else "the sum of the planning windows (not each window)")
         print(f"moeplace: on {what}, which it optimizes, max/mean is within {summary['max_gap']:.3%} "
               f"(worst layer; mean {summary['mean_gap']:.3%}) of a proven lower bound for any placement "
