@@ -222,6 +222,117 @@ def bench_sglang_per_token(tmp: Path, rng, scale: float) -> dict:
     }
 
 
+def bench_trtllm_stats_raw(tmp: Path, rng, scale: float) -> dict:
+    # TensorRT-LLM EXPERT_STATISTIC_PATH dump of DeepSeek-V3 (its load-balancer architecture): 2 ranks,
+    # raw token_selected_experts per (iteration, MoE layer) plus the per-expert counts
+    from safetensors.numpy import save_file
+
+    m = load_model("deepseek-v3")
+    iters, n_tok, ranks = max(int(20 * scale), 2), 512, 2
+    d = tmp / "expert_statistic"
+    d.mkdir()
+    (d / "meta_info.json").write_text(json.dumps({"num_experts": m.num_experts, "num_experts_per_token": m.top_k}))
+    for r in range(ranks):
+        raw, counts = {}, {}
+        for it in range(100, 100 + iters):
+            for layer in m.moe_layers:
+                ids = _topk(rng, n_tok, m.num_experts, m.top_k).astype(np.int32)
+                raw[f"{it}_{layer}"] = ids
+                counts[f"{it}_{layer}"] = np.bincount(ids.ravel(), minlength=m.num_experts).astype(np.int64)
+        save_file(raw, str(d / f"rank{r}_raw.safetensors"))
+        save_file(counts, str(d / f"rank{r}.safetensors"))
+    t0 = time.perf_counter()
+    res = import_source("trtllm-stats", [d], m, tmp / "trtllm_trace")
+    secs = time.perf_counter() - t0
+    s = res.summary
+    return {
+        "format": "trtllm-stats raw",
+        "model": m.name,
+        "records": s["records_read"],
+        "seconds": secs,
+        "records_per_s": s["records_read"] / secs,
+        "selections_per_s": s["rows_written"] * m.top_k / secs,
+        "rows_written": s["rows_written"],
+        "input_bytes": sum(f.stat().st_size for f in d.iterdir()),
+    }
+
+
+def bench_vllm_routed(tmp: Path, rng, scale: float) -> dict:
+    # responses of `vllm serve --enable-return-routed-experts` for Kimi K3 (mainline form: base64 .npy
+    # [prompt + generated - 1, 93 decoder layers, 16] uint16), one per JSONL line
+    import base64
+    import io
+
+    m = load_model("kimi-k3")
+    n_resp, n_prompt, n_gen = max(int(40 * scale), 2), 384, 128
+    src = tmp / "routed.jsonl"
+    with open(src, "w") as fh:
+        for i in range(n_resp):
+            n = n_prompt + n_gen - 1
+            arr = np.zeros((n, m.num_layers, m.top_k), dtype=np.uint16)
+            arr[:, list(m.moe_layers)] = _topk(rng, n * m.num_moe_layers, m.num_experts, m.top_k).reshape(
+                n, m.num_moe_layers, m.top_k)
+            buf = io.BytesIO()
+            np.save(buf, arr, allow_pickle=False)
+            fh.write(json.dumps({"id": f"chatcmpl-{i}", "prompt_token_ids": list(range(n_prompt)),
+                                 "choices": [{"index": 0, "token_ids": list(range(n_gen)),
+                                              "routed_experts": base64.b64encode(buf.getvalue()).decode()}]}) + "\n")
+    t0 = time.perf_counter()
+    res = import_source("vllm-routed-experts", [src], m, tmp / "routed_trace")
+    secs = time.perf_counter() - t0
+    s = res.summary
+    return {
+        "format": "vllm-routed-experts",
+        "model": m.name,
+        "records": s["records_read"],
+        "seconds": secs,
+        "records_per_s": s["records_read"] / secs,
+        "selections_per_s": s["rows_written"] * m.top_k / secs,
+        "rows_written": s["rows_written"],
+        "input_bytes": src.stat().st_size,
+    }
+
+
+def bench_flame(tmp: Path, rng, scale: float) -> dict:
+    # FLAME-MoE-290M shape (9 layers, MoE layers 2-9 1-based, 64 experts, top-6): samples + one iteration
+    import dataclasses
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = load_model("qwen3-30b-a3b")
+    m = dataclasses.replace(base, name="flame-moe-290m-like", num_layers=9, moe_layers=tuple(range(1, 9)),
+                            attention=base.attention[:9],
+                            num_experts=64, top_k=6)
+    n_tok = int(200_000 * scale)
+    root = tmp / "flame-moe-290m"
+    (root / "samples").mkdir(parents=True)
+    it = root / "actives" / "iter_5473"
+    it.mkdir(parents=True)
+    pq.write_table(pa.table({"token_id": pa.array(rng.integers(0, 50_000, n_tok).astype(np.int32))}),
+                   root / "samples" / "000.parquet")
+    for layer in range(2, 10):
+        ids = _topk(rng, n_tok, 64, 6).astype(np.int16)
+        sc = np.sort(rng.random((n_tok, 6)), axis=1)[:, ::-1].astype(np.float16)
+        pq.write_table(pa.table({"scores": pa.FixedSizeListArray.from_arrays(pa.array(sc.ravel()), 6),
+                                 "indices": pa.FixedSizeListArray.from_arrays(pa.array(ids.ravel()), 6)}),
+                       it / f"layer_{layer:02d}.parquet")
+    t0 = time.perf_counter()
+    res = import_source("flame-moe", [root], m, tmp / "flame_trace")
+    secs = time.perf_counter() - t0
+    s = res.summary
+    return {
+        "format": "flame-moe",
+        "model": m.name,
+        "records": s["records_read"],
+        "seconds": secs,
+        "records_per_s": s["records_read"] / secs,
+        "selections_per_s": s["rows_written"] * m.top_k / secs,
+        "rows_written": s["rows_written"],
+        "input_bytes": sum(f.stat().st_size for f in root.rglob("*.parquet")),
+    }
+
+
 def bench_validate(tmp: Path, rng, scale: float) -> dict:
     m = load_model("kimi-k3")
     n_tok = int(20_000 * scale)
@@ -266,6 +377,9 @@ def main() -> int:
             bench_vllm_eplb,
             bench_sglang_stat,
             bench_sglang_per_token,
+            bench_trtllm_stats_raw,
+            bench_vllm_routed,
+            bench_flame,
             bench_validate,
         ):
             r = fn(Path(d), rng, args.scale)

@@ -165,8 +165,9 @@ def test_cli_trtllm_flags_write_a_complete_file_and_refuse_bad_layouts(dsv3, tmp
     assert _flag(cmd, "--extra_llm_api_options") == str(out.resolve())
     doc = yaml.safe_load(out.read_text())
     assert doc["enable_attention_dp"] is True and doc["moe_config"]["backend"] == "WIDEEP"
-    assert doc["kv_cache_config"] == {"dtype": "fp8"}
-    assert main(["import-placement", str(out), "--format", "trtllm", "--model", "deepseek-v3", "--gpus", "32",
+    assert doc["kv_cache_config"] == {"dtype": "fp8"} and doc["moe_expert_parallel_size"] == 32
+    # the file records the EP size, so importing it needs no --gpus
+    assert main(["import-placement", str(out), "--format", "trtllm", "--model", "deepseek-v3",
                  "--out", str(tmp_path / "back.json")]) == 0
     assert np.array_equal(load_placement(tmp_path / "back.json").phy2log, load_placement(pj).phy2log)
     # a layout TensorRT-LLM cannot express: refused before anything is written

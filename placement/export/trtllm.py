@@ -120,8 +120,9 @@ def extra_options(placement: Placement, model: ModelSpec, *, attention_dp: bool 
                   max_num_tokens: int | None = None) -> dict[str, Any]:
     """The extra LLM-API options dict: layout keys (when known) and ``moe_config.load_balancer``."""
     out: dict[str, Any] = {}
-    if attention_dp is not None:
+    if attention_dp is not None:  # the launch layout is known: the EP size goes in too (LLM-API key)
         out["enable_attention_dp"] = bool(attention_dp)
+        out["moe_expert_parallel_size"] = int(placement.num_gpus)
     if kv_cache_dtype is not None:
         out["kv_cache_config"] = {"dtype": "fp8" if kv_cache_dtype == "fp8" else "auto"}
     moe: dict[str, Any] = {}
@@ -193,6 +194,8 @@ def read_balancer(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_n
             raise InputError(f"{path}: field 'moe_config.load_balancer' is a path ({lb}); import that file instead")
         if not isinstance(lb, dict):
             raise InputError(f"{path}: field 'moe_config.load_balancer' must be a mapping, got {type(lb).__name__}")
+        if num_gpus is None and "moe_expert_parallel_size" in doc:
+            num_gpus = _int(doc["moe_expert_parallel_size"], path, "field 'moe_expert_parallel_size'")
     unknown = set(lb) - LB_KEYS
     if unknown:
         raise InputError(f"{path}: field '{field}{min(unknown)}' is not a MoeLoadBalancerConfig field "

@@ -137,6 +137,8 @@ def import_counts(d: Path, files: dict[int, Path], model: ModelSpec, out: Path |
                                  "expert)")
             if (arr < 0).any():
                 raise InputError(f"{path}: key '{key}': negative count {int(arr.min())}")
+            if arr.size and int(arr.max()) > np.iinfo(np.int64).max // 2:
+                raise InputError(f"{path}: key '{key}': count {int(arr.max())} overflows the int64 totals")
             if int(arr.sum()) % model.top_k:
                 raise InputError(f"{path}: key '{key}': {int(arr.sum())} selections are not a multiple of top-k "
                                  f"{model.top_k} (each token selects {model.top_k} experts)")
