@@ -57,20 +57,28 @@ def even_split_bound(loads_LE, logcnt_LE, num_gpus: int, slots_per_gpu: int) -> 
     return out
 
 
-def minmax_replica_counts(loads_LE, num_slots: int) -> np.ndarray:
+def minmax_replica_counts(loads_LE, num_slots: int, max_count: int | None = None) -> np.ndarray:
     """Replica counts int64 ``[L, E]`` (``>= 1``, summing to ``num_slots`` per layer) minimizing the
-    largest unit ``max_e w_e / c_e``: give the next replica to the expert with the largest current
-    unit, ``num_slots - E`` times. Greedy is optimal here: the largest unit after ``r`` steps is the
-    ``(E + r)``-th largest of the values ``w_e / j`` (``j = 1, 2, ...``), which no other choice beats.
+    largest unit ``max_e w_e / c_e`` (water-filling): give the next replica to the expert with the largest
+    current unit (ties: lowest expert id), ``num_slots - E`` times. ``max_count``: no expert gets more
+    (the optimizer passes the GPU count, since it never puts two replicas of one expert on one GPU).
+    Greedy is optimal here, with or without the cap: the largest unit after ``r`` steps is the
+    ``(E + r)``-th largest of the values ``w_e / j`` (``j = 1, 2, ...``, ``j <= max_count``), which no
+    other choice beats.
     """
     w = _loads(loads_LE)
     L, E = w.shape
     if num_slots < E:
         raise InputError(f"{num_slots} slots cannot hold {E} experts")
+    if max_count is not None and num_slots > E * max_count:
+        raise InputError(f"{num_slots} slots cannot hold {E} experts with at most {max_count} replicas each")
     cnt = np.ones((L, E), dtype=np.int64)
     rows = np.arange(L)
     for _ in range(num_slots - E):  # all layers at once, one replica per layer per round
-        best = np.argmax(w / cnt, axis=1)
+        unit = w / cnt
+        if max_count is not None:
+            unit = np.where(cnt < max_count, unit, -np.inf)
+        best = np.argmax(unit, axis=1)
         cnt[rows, best] += 1
     return cnt
 

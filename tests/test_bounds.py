@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from foundation.errors import InputError
 from placement.bounds import (
     budget_bound,
     even_split_bound,
@@ -56,3 +57,42 @@ def test_no_placement_beats_its_bounds(k3, seed, grid, extra):
         assert (mx >= placement_bound(pl, w, eng) - 1e-6).all()
         assert (mx >= budget_bound(w, G, E + R, eng) - 1e-6).all()
         assert (placement_bound(pl, w, eng) >= splittable_bound(w, G) - 1e-6).all()
+
+
+def _former_bounds_counts(w: np.ndarray, num_slots: int) -> np.ndarray:
+    """bounds.minmax_replica_counts before the optimizer shared it (uncapped, all layers at once)."""
+    cnt = np.ones(w.shape, dtype=np.int64)
+    rows = np.arange(w.shape[0])
+    for _ in range(num_slots - w.shape[1]):
+        cnt[rows, np.argmax(w / cnt, axis=1)] += 1
+    return cnt
+
+
+def _former_greedy_counts(key: np.ndarray, num_slots: int, num_gpus: int) -> np.ndarray:
+    """optimizer.greedy.replica_counts before it was folded in (one layer, at most num_gpus replicas)."""
+    cnt = np.ones(key.shape[0], dtype=np.int64)
+    ratio = key.astype(np.float64).copy()
+    for _ in range(num_slots - key.shape[0]):
+        e = int(np.argmax(np.where(cnt < num_gpus, ratio, -np.inf)))
+        cnt[e] += 1
+        ratio[e] = key[e] / cnt[e]
+    return cnt
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 12), st.integers(1, 8), st.booleans())
+def test_water_filling_matches_both_former_copies(seed, E, G, ties):
+    """The one water-filling gives what the bounds' and the greedy optimizer's copies gave, ties included."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(0, 4, (3, E)).astype(np.float64) if ties else rng.gamma(0.6, 50.0, (3, E))
+    P = E + int(rng.integers(0, E * (G - 1) + 1))  # every budget the cap allows
+    assert np.array_equal(minmax_replica_counts(w, P), _former_bounds_counts(w, P))
+    capped = minmax_replica_counts(w, P, max_count=G)
+    for l in range(3):
+        assert np.array_equal(capped[l], _former_greedy_counts(w[l], P, G))
+    assert (capped.sum(axis=1) == P).all() and capped.max() <= G
+
+
+def test_water_filling_cap_is_checked():
+    with pytest.raises(InputError, match="at most 2 replicas"):
+        minmax_replica_counts(np.ones((1, 3)), 7, max_count=2)

@@ -8,8 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from placement.bounds import minmax_replica_counts
 from placement.optimizer import OptimizerConfig, solve_layer
-from placement.optimizer.greedy import count_bound, greedy_layer, normalize_scenarios, replica_counts
+from placement.optimizer.greedy import count_bound, greedy_layer, normalize_scenarios
 from placement.optimizer.lns_cpsat import solve_exact, solve_neighbourhood
 from placement.optimizer.local_search import LayerState, aggregate, local_search
 from placement.optimizer.split_lp import ideal_max_load
@@ -40,7 +41,7 @@ def test_replica_counts_minimize_the_largest_unit():
     rng = np.random.default_rng(1)
     for _ in range(20):
         key = rng.uniform(0.1, 10.0, size=4)
-        cnt = replica_counts(key, 7, 3)
+        cnt = minmax_replica_counts(key[None], 7, max_count=3)[0]
         assert cnt.sum() == 7 and cnt.min() >= 1 and cnt.max() <= 3
         best = min(max(key / np.array(c)) for c in itertools.product(range(1, 4), repeat=4) if sum(c) == 7)
         assert max(key / cnt) == pytest.approx(best)

@@ -1,5 +1,6 @@
-"""Greedy construction of one layer: replica counts by water-filling, then replicas packed onto GPUs
-heaviest first (LPT), never two replicas of one expert on one GPU, exactly ``P / G`` slots per GPU.
+"""Greedy construction of one layer: replica counts by water-filling
+(:func:`placement.bounds.minmax_replica_counts`, at most one replica per GPU), then replicas packed onto
+GPUs heaviest first (LPT), never two replicas of one expert on one GPU, exactly ``P / G`` slots per GPU.
 
 Loads arrive *normalized per scenario*: ``wn[w, e] = load[w, e] / (total_w / G)``, so a GPU's normalized
 load is its max/mean ratio in that scenario and balancedness is ``1 / max``. Every function here is pure.
@@ -7,6 +8,8 @@ load is its max/mean ratio in that scenario and balancedness is ``1 / max``. Eve
 from __future__ import annotations
 
 import numpy as np
+
+from placement.bounds import minmax_replica_counts
 
 
 def normalize_scenarios(loads_we: np.ndarray, num_gpus: int) -> np.ndarray:
@@ -21,33 +24,13 @@ def normalize_scenarios(loads_we: np.ndarray, num_gpus: int) -> np.ndarray:
     return loads[keep] * (num_gpus / tot[keep])[:, None]
 
 
-def replica_counts(key_e: np.ndarray, num_slots: int, num_gpus: int) -> np.ndarray:
-    """Water-filling: start with one replica each, then give each extra slot to the expert with the
-    largest ``key / count`` (ties: lowest id), never beyond ``num_gpus`` replicas (one per GPU).
-
-    This minimizes ``max_e key_e / count_e`` over all count vectors with ``sum = num_slots`` and
-    ``1 <= count <= num_gpus`` (the greedy is exact for this min-max resource allocation), which is why
-    :func:`count_bound` can use it as a lower bound. ``key_e``: float ``[E]``; returns int64 ``[E]``."""
-    E = key_e.shape[0]
-    cnt = np.ones(E, dtype=np.int64)
-    extra = num_slots - E
-    if extra < 0 or num_slots > E * num_gpus:
-        raise ValueError(f"{num_slots} slots cannot hold {E} experts with at most {num_gpus} replicas each")
-    ratio = key_e.astype(np.float64).copy()
-    for _ in range(extra):
-        ratio_masked = np.where(cnt < num_gpus, ratio, -np.inf)
-        e = int(np.argmax(ratio_masked))
-        cnt[e] += 1
-        ratio[e] = key_e[e] / cnt[e]
-    return cnt
-
-
 def count_bound(wn: np.ndarray, num_slots: int, num_gpus: int) -> float:
     """Lower bound on the normalized max GPU load (worst scenario) of *any* placement under the even
-    split rule: ``max(1, min_counts max_{w,e} wn[w, e] / count_e)``; with no redundancy also the
+    split rule: ``max(1, min_counts max_{w,e} wn[w, e] / count_e)`` (water-filling is exact for that
+    min-max, so its counts give the bound); with no redundancy also the
     "hottest expert plus the S-1 lightest others" bound (docs/design.md Sources §3)."""
     key = wn.max(axis=0)
-    cnt = replica_counts(key, num_slots, num_gpus)
+    cnt = minmax_replica_counts(key[None], num_slots, max_count=num_gpus)[0]
     lb = max(1.0, float((key / cnt).max()))
     E = wn.shape[1]
     S = num_slots // num_gpus
@@ -131,6 +114,7 @@ def greedy_layer(wn: np.ndarray, num_slots: int, num_gpus: int, key: np.ndarray 
     """Counts by water-filling on ``key`` (default: the worst scenario per expert), then LPT packing.
     ``wn``: normalized ``[W, E]``. Returns ``phy2log`` int64 ``[P]``."""
     E = wn.shape[1]
-    cnt = replica_counts(wn.max(axis=0) if key is None else key, num_slots, num_gpus)
+    key = wn.max(axis=0) if key is None else key
+    cnt = minmax_replica_counts(key[None], num_slots, max_count=num_gpus)[0]
     rep = replicas_of(cnt)
     return lpt_pack(rep, wn[:, rep] / cnt[rep], num_gpus, E, node_distinct)
