@@ -48,7 +48,7 @@ the functions here. Three rules (``ENGINES``):
     ``logical_count`` file) computes, minus step 3.
 
 ``ideal`` — a splittable split of each expert's tokens over its replicas that minimizes the most
-    loaded GPU (an LP solved with OR-Tools GLOP; see :func:`ideal_gpu_loads`). No engine does this; it
+    loaded GPU (an LP solved with OR-Tools GLOP; see :func:`ideal_split`). No engine does this; it
     is the best any replica-choice rule can do with this placement, so it is also a lower bound for
     the other two.
 
@@ -296,8 +296,15 @@ def _check_loads(placement: Placement, loads_LE: np.ndarray) -> np.ndarray:
 
 
 def ideal_gpu_loads(placement: Placement, loads_LE: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The splittable optimum of ``placement`` (:func:`ideal_split`) on expert loads ``loads_LE``
+    (float ``[L, E]``): ``(gpu_loads float64 [L, G], makespan float64 [L])``."""
+    return ideal_split(placement.phy2log, _check_loads(placement, loads_LE), placement.num_gpus)
+
+
+def ideal_split(phy2log: np.ndarray, loads_LE: np.ndarray, num_gpus: int) -> tuple[np.ndarray, np.ndarray]:
     """The splittable optimum: each expert's load may be split in any proportion over the GPUs that
-    hold one of its replicas; minimize the most loaded GPU, per layer.
+    hold one of its replicas; minimize the most loaded GPU, per layer. ``phy2log``: int ``[L, P]`` (slot
+    ``p`` on GPU ``p // (P / num_gpus)``); ``loads_LE``: float ``[L, E]``, non-negative.
 
     Returns ``(gpu_loads float64 [L, G], makespan float64 [L])``. Experts whose replicas all sit on one
     GPU are fixed; the rest form a small LP per layer (variables: one per (expert, GPU holding it),
@@ -306,11 +313,11 @@ def ideal_gpu_loads(placement: Placement, loads_LE: np.ndarray) -> tuple[np.ndar
     variables, so the sum is minimal exactly when every T_l is. GLOP's answer is then polished: loads
     are recomputed from the split and the makespan is their max, so mass is conserved exactly.
     """
-    w = _check_loads(placement, loads_LE)
-    L, G, S = placement.num_layers, placement.num_gpus, placement.slots_per_gpu
-    gpu_of = placement.phy2log.reshape(L, G, S)
+    w = np.asarray(loads_LE, dtype=np.float64)
+    L, G, E = w.shape[0], num_gpus, w.shape[1]
+    gpu_of = np.asarray(phy2log).reshape(L, G, -1)
     # holds[l, e, g]: expert e has a replica on GPU g
-    holds = np.zeros((L, placement.num_experts, G), dtype=bool)
+    holds = np.zeros((L, E, G), dtype=bool)
     holds[np.arange(L)[:, None, None], gpu_of, np.arange(G)[None, :, None]] = True
     num_gpus_holding = holds.sum(2)
     fixed = num_gpus_holding == 1

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from placement.bounds import minmax_replica_counts
+from placement.dispatch import ideal_split
 from placement.optimizer import OptimizerConfig, solve_layer
 from placement.optimizer.greedy import count_bound, greedy_layer, normalize_scenarios
 from placement.optimizer.lns_cpsat import solve_exact, solve_neighbourhood
 from placement.optimizer.local_search import LayerState, aggregate, local_search
-from placement.optimizer.split_lp import ideal_max_load
 
 
 def check_layer(p2l: np.ndarray, num_experts: int, num_gpus: int) -> None:
@@ -122,13 +122,45 @@ def test_cpsat_proves_small_optimum_and_heuristic_reaches_it():
         assert res.bound <= value + 1e-9
 
 
+def _former_split_lp(load_e: np.ndarray, p2l: np.ndarray, num_gpus: int) -> float:
+    """The optimizer's own split LP before it used placement.dispatch.ideal_split (one GLOP variable per
+    slot, unscaled): the max GPU load of one layer."""
+    from ortools.linear_solver import pywraplp
+
+    P = p2l.shape[0]
+    slot_gpu = np.arange(P) // (P // num_gpus)
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    f = [solver.NumVar(0.0, solver.infinity(), f"f{p}") for p in range(P)]
+    z = solver.NumVar(0.0, solver.infinity(), "z")
+    for e in range(load_e.shape[0]):
+        solver.Add(sum(f[p] for p in np.flatnonzero(p2l == e)) == float(load_e[e]))
+    for g in range(num_gpus):
+        solver.Add(sum(f[p] for p in np.flatnonzero(slot_gpu == g)) <= z)
+    solver.Minimize(z)
+    assert solver.Solve() == pywraplp.Solver.OPTIMAL
+    return z.solution_value()
+
+
 def test_ideal_split_is_no_worse_than_even_split():
     rng = np.random.default_rng(7)
     E, G, R = 32, 4, 4
     load = skewed(rng, 1, E)[0]
     p2l = greedy_layer(normalize_scenarios(load[None], G), E + R, G)
-    z, flows = ideal_max_load(load, p2l, G)
+    gpu_loads, span = ideal_split(p2l[None], load[None], G)
+    z = span[0]
     even = LayerState(normalize_scenarios(load[None], G), p2l, G).value() * load.sum() / G
     assert z <= even + 1e-6
     assert z >= load.sum() / G - 1e-6
-    np.testing.assert_allclose(np.bincount(p2l, weights=flows, minlength=E), load, rtol=1e-6)
+    np.testing.assert_allclose(gpu_loads.sum(), load.sum(), rtol=1e-9)
+
+
+def test_ideal_split_matches_the_former_optimizer_lp():
+    """The optimizer's ``ideal`` value now comes from the evaluator's LP; it is the same optimum."""
+    rng = np.random.default_rng(11)
+    for _ in range(6):
+        E, G = 16, int(rng.choice([2, 4]))
+        R = G * int(rng.integers(0, 3))
+        load = skewed(rng, 1, E)[0]
+        p2l = greedy_layer(normalize_scenarios(load[None], G), E + R, G)
+        z = ideal_split(p2l[None], load[None], G)[1][0]
+        assert z == pytest.approx(_former_split_lp(load, p2l, G), rel=1e-7)

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from placement.dispatch import ideal_split
 from placement.optimizer.config import OptimizerConfig
 from placement.optimizer.greedy import count_bound, greedy_layer, normalize_scenarios
 from placement.optimizer.lns_cpsat import exact_model_size, solve_exact, solve_neighbourhood
 from placement.optimizer.local_search import LayerState, local_search
 from placement.optimizer.partition import partition_start
-from placement.optimizer.split_lp import ideal_max_load
 from placement.optimizer.traffic import TrafficModel, same_node, traffic_search
 
 PARETO_SLACKS = (0.0, 0.0025, 0.005, 0.01, 0.02, 0.05)
@@ -145,7 +145,7 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
                  partition=nd is None and origin is None)
     if cfg.engine == "ideal":
         union = np.asarray(loads_we, dtype=np.float64).sum(axis=0)
-        z, _ = ideal_max_load(union, res.p2l, num_gpus)
+        z = ideal_split(res.p2l[None], union[None], num_gpus)[1][0]
         res.ideal_value = float(z / max(union.sum() / num_gpus, 1e-12)) if union.sum() > 0 else 1.0
     res.seconds = time.time() - t0
     return res
