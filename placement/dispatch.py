@@ -65,7 +65,8 @@ import numpy as np
 from foundation.errors import InputError
 from placement.record import Placement
 
-ENGINES = ("vllm", "sglang", "ideal")
+ENGINE_RULES = ("vllm", "sglang")  # what serving engines do (the simulator replays these)
+ENGINES = (*ENGINE_RULES, "ideal")  # plus the LP optimum, which no engine implements
 SGLANG_VARIANTS = ("mainline", "legacy")
 VLLM_RULES = ("hash", "modulo")
 KNUTH_MULTIPLIER = 2654435769  # floor(2^32 / golden ratio), the constant in vLLM's kernel

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from foundation.errors import InputError
+from placement.dispatch import ENGINE_RULES
 
-REPLICA_RULES = ("vllm", "sglang")
 ARRIVALS = ("poisson", "gamma", "ramp", "closed")
 MODES = ("replay", "stat")
 PREEMPTION = ("recompute", "swap")
@@ -48,8 +48,8 @@ class EngineConfig:
             _bad(w, f"attention_tp must be >= 1, got {self.attention_tp}")
         if self.max_batched_tokens < 1 or self.max_seqs < 1:
             _bad(w, "max_batched_tokens and max_seqs must be >= 1")
-        if self.replica_rule not in REPLICA_RULES:
-            _bad(w, f"replica_rule '{self.replica_rule}' unknown (expected one of {REPLICA_RULES})")
+        if self.replica_rule not in ENGINE_RULES:
+            _bad(w, f"replica_rule '{self.replica_rule}' unknown (expected one of {ENGINE_RULES})")
         if self.preemption not in PREEMPTION:
             _bad(w, f"preemption '{self.preemption}' unknown (expected one of {PREEMPTION})")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -11,6 +11,7 @@ from foundation.cluster import make_cluster
 from foundation.errors import InputError
 from foundation.memory import parse_pool_split
 from foundation.model import load_model
+from placement.dispatch import ENGINE_RULES
 from placement.record import load_placement
 from sim.calibration import load_profile
 from sim.config import (
@@ -56,7 +57,7 @@ def register(sub) -> None:
     w.add_argument("--max-trace-tokens", type=int, default=100_000,
                    help="tokens of the trace loaded for routing (memory: tokens x MoE layers x top-k x 2 B)")
     e = p.add_argument_group("engine")
-    e.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="replica-choice rule")
+    e.add_argument("--engine", choices=ENGINE_RULES, default="vllm", help="replica-choice rule")
     e.add_argument("--attention-tp", type=int, default=8, help="GPUs per attention-DP rank")
     e.add_argument("--max-batched-tokens", type=int, default=8192)
     e.add_argument("--max-seqs", type=int, default=256)

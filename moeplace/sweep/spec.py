@@ -49,6 +49,7 @@ from foundation.cluster import gpu_preset_names
 from foundation.errors import InputError
 from foundation.memory import PlanConfig, parse_context_mix, parse_pool_split, parse_tokens
 from foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
+from placement.dispatch import ENGINE_RULES
 from placement.policies import policy_names
 from traces.synth import SYNTH_VERSION, SynthConfig
 
@@ -72,7 +73,6 @@ AXES: dict[str, tuple[type, ...]] = {
 AXIS_DEFAULTS: dict[str, Any] = {"gpu": "h200", "gpus": 32, "gpus_per_node": None, "tp": 8, "ep": None,
                                  "redundant": "1/gpu", "policy": "eplb", "rebalance": "static",
                                  "kv_dtype": "fp8", "engine": "vllm"}
-ENGINES = ("vllm", "sglang")  # the simulator's replica-choice rules
 
 # spec section -> allowed keys and their default values
 PLAN_KEYS: dict[str, Any] = {"context": "128k", "context_mix": None, "min_seqs": 1, "dense_tp": None,
@@ -304,8 +304,8 @@ def _check_axis_value(path: str, fld: str, axis: str, v: Any, workloads: tuple[s
         raise _err(path, fld, f"unknown policy '{v}' (expected one of {', '.join(policy_names())})")
     if axis == "kv_dtype" and v not in KV_DTYPE_BYTES:
         raise _err(path, fld, f"expected one of {', '.join(KV_DTYPE_BYTES)}, got {v!r}")
-    if axis == "engine" and v not in ENGINES:
-        raise _err(path, fld, f"expected one of {', '.join(ENGINES)} (the simulator's replica rules), "
+    if axis == "engine" and v not in ENGINE_RULES:
+        raise _err(path, fld, f"expected one of {', '.join(ENGINE_RULES)} (the simulator's replica rules), "
                               f"got {v!r}")
     if axis == "rebalance" and v != "static" and not _REBALANCE.fullmatch(v.strip()):
         raise _err(path, fld, f"expected 'static' or every=N,window=W,moves=K[,policy=P], got {v!r}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from foundation.errors import InputError
+from placement.dispatch import ENGINES
 
-ENGINES = ("vllm", "sglang", "ideal")
 OBJECTIVES = ("balance", "traffic", "balance+traffic")
 
 
