@@ -27,7 +27,7 @@ from collections import deque
 
 import numpy as np
 
-from placement.dispatch import expected_gpu_loads
+from placement.dispatch import ENGINE_RULES, expected_gpu_loads
 from placement.policies import PlacementProblem, get_policy, policy_names
 from placement.record import Placement
 from sim.config import RebalanceConfig
@@ -119,7 +119,7 @@ def limit_moves(old: Placement, new: Placement, loads_LE: np.ndarray, engine: st
     if max_moves <= 0:
         return new
     mv = moved_experts(old, new).sum(axis=(1, 2))  # [L]
-    eng = engine if engine in ("vllm", "sglang") else "vllm"
+    eng = engine if engine in ENGINE_RULES else "vllm"
     gain = expected_gpu_loads(old, loads_LE, eng).max(axis=1) - expected_gpu_loads(new, loads_LE, eng).max(axis=1)
     order = np.argsort(-(gain / np.maximum(mv, 1)), kind="stable")
     p2l = old.phy2log.copy()
