@@ -11,6 +11,7 @@ import pkgutil
 import sys
 
 from foundation.errors import MoeplaceError
+from foundation.files import Terminated, raise_on_sigterm
 from moeplace import commands
 
 
@@ -35,11 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so temporaries and child processes are cleaned up on every exit path
+    raise_on_sigterm()
     try:
         return int(args.func(args) or 0)
     except MoeplaceError as exc:
         print(f"place: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print("place: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("place: interrupted", file=sys.stderr)
         return 130

@@ -1084,7 +1084,10 @@ class _WriterProcess:
 
     def _serve(self, conn, out, model, cfg, provenance, sink) -> None:
         """In the child: write every batch received, acknowledging its slot; exit on 'close'."""
+        from foundation.files import raise_on_sigterm
+
         self.conn.close()  # the parent's end: the child must see EOF if the parent dies
+        raise_on_sigterm()  # a SIGTERM sent to the child (or its process group) removes the temporary too
         try:
             with TraceWriter(out, model, provenance, gate_weights=cfg.gate_weights, token_id=True,
                              domain=True) as writer:

@@ -5,6 +5,15 @@ one-line help is in ``GROUP_HELP`` below. Handlers take the parsed ``args`` and 
 The CLI discovers the modules; adding a command touches only its own file.
 """
 
+FORCE_HELP = ("replace an existing output that moeplace itself wrote, of the same kind (a trace directory, a "
+              "placement JSON, ...); any other existing path is never replaced")
+
+
+def add_force(p) -> None:
+    """The ``--force`` flag of every command that writes (the rule: ``foundation.files.check_output``)."""
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
+
+
 GROUP_HELP = {
     "trace": "routing traces: synth, validate, stats, import, capture",
     "model": "model presets and Hugging Face configs",

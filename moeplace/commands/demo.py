@@ -5,12 +5,15 @@ opens them).
 """
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
+from foundation.cluster import make_cluster
 from foundation.errors import MoeplaceError
+from foundation.files import RUN_MARKER, Outputs, clean_stale_temps, remove_path, temp_sibling
 from moeplace.cli import main
 from traces.format import read_trace_meta
 from traces.synth import SYNTH_VERSION
@@ -19,9 +22,12 @@ from traces.validate import validate_trace
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="run the whole pipeline on the built-in K3 / 32 x H200 default")
-    p.add_argument("--out", default="run", help="directory for the artifacts (default: run/)")
+    p.add_argument("--out", default="run",
+                   help="directory for the artifacts (default: run/); a run directory an earlier `place demo` "
+                        "wrote is replaced when the new run completes, any other existing path is refused")
     p.add_argument("--traces", default="traces/k3-default",
-                   help="where the default trace is synthesized (reused when it exists and validates)")
+                   help="where the default trace is synthesized (reused when it exists and validates; a "
+                        "moeplace trace of other settings is replaced, any other existing path refused)")
     p.add_argument("--tokens", type=int, default=100_000, help="tokens of the synthetic trace (default 100000)")
     p.add_argument("--gpus", type=int, default=32)
     p.add_argument("--gpu", default="h200")
@@ -57,8 +63,41 @@ def _valid_trace(path: Path, tokens: int, seed: int) -> bool:
 
 def run(args) -> int:
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     traces = Path(args.traces)
+    # everything a stage could refuse late is checked before the run directory is touched
+    make_cluster(args.gpus, args.gpu)
+    if args.duration <= 0:
+        raise MoeplaceError(f"--duration must be > 0, got {args.duration}")
+    outs = Outputs()
+    outs.add(out, "demo run directory", replace_own=True)
+    outs.add(traces, "trace directory", "--traces", replace_own=True)
+    clean_stale_temps(out)
+    return _run_in(out, lambda: _pipeline(args, out, traces))
+
+
+def _run_in(out: Path, pipeline) -> int:
+    """Run ``pipeline`` writing into a fresh ``out`` (marked as a demo run directory); an earlier run there
+    is moved aside and removed only when the new one completes. On any failure (a stage's error, Ctrl-C,
+    SIGTERM) the partial directory is removed and the earlier run put back."""
+    old = None
+    if out.exists():
+        old = temp_sibling(out, "-old")
+        out.rename(old)
+    try:
+        out.mkdir(parents=True)
+        (out / RUN_MARKER).write_text(json.dumps({"written_by": "place demo"}) + "\n")
+        rc = pipeline()
+    except BaseException:
+        remove_path(out)
+        if old is not None:
+            old.rename(out)
+        raise
+    if old is not None:
+        remove_path(old)
+    return rc
+
+
+def _pipeline(args, out: Path, traces: Path) -> int:
     tokens = 20_000 if args.quick else args.tokens
     duration = 60.0 if args.quick else args.duration
     gpus = str(args.gpus)
@@ -70,9 +109,10 @@ def run(args) -> int:
     if _valid_trace(traces, tokens, args.seed):
         print(f"\n== 1. trace: reusing {traces} (delete it to synthesize anew)")
     else:
+        # an existing --traces is a moeplace trace of other settings (run() refused anything else)
         _stage("1. synthesize a K3-shaped routing trace",
                ["trace", "synth", "--model", "kimi-k3", "--tokens", str(tokens), "--out", str(traces),
-                "--seed", str(args.seed)])
+                "--seed", str(args.seed), *(["--force"] if traces.exists() else [])])
     _stage("2. trace statistics (Loads per window, skew, drift, affinity)",
            ["trace", "stats", str(traces), "--out", str(out / "loads.npz")])
     _stage("3. memory plan: does K3 fit, and how many sequences at which context",

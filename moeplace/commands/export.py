@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from foundation.errors import InputError
+from foundation.files import OutputKind, Outputs
 from foundation.model import load_model
+from moeplace.commands import add_force
 from placement.export import export_placement, format_names, get_format
 from placement.export.flags import ENGINE_OF_FORMAT, FlagOptions, check_layout, launch_command, trtllm_options
 from placement.record import load_placement
@@ -31,6 +33,7 @@ def register(sub) -> None:
     p.add_argument("--window-tokens", type=int, default=65536, help="tokens per window when --loads is a trace")
     p.add_argument("--flags", action="store_true",
                    help="print the launch command (checked against the memory plan) that goes with the file")
+    add_force(p)
     g = p.add_argument_group("launch flags (with --flags)")
     g.add_argument("--tp", type=int, default=None,
                    help="attention tensor-parallel size per DP rank (default: GPUs / --dp, or the plan's default)")
@@ -61,9 +64,26 @@ def read_loads(path: str, window_tokens: int) -> Loads:
     return trace_loads(path, window_tokens)
 
 
+def engine_file_kind(fmt: str, model, num_gpus: int, gpus_per_node: int) -> OutputKind:
+    """An engine file of ``fmt`` is recognised as ours to replace when ``fmt``'s own reader accepts it
+    for this model and cluster (the engine formats carry no moeplace marker)."""
+    f = get_format(fmt)
+
+    def recognise(path: Path) -> bool:
+        if f.kind == "loads":
+            f.read(path, model)
+        else:
+            f.read(path, model, num_gpus, gpus_per_node)
+        return True
+
+    return OutputKind(f"{fmt} file", False, recognise)
+
+
 def run(args) -> int:
     placement = load_placement(args.placement)
     model = load_model(args.model or placement.model_name)
+    outs = Outputs(inputs=[args.placement, args.loads, args.model, args.plan], force=args.force)
+    outs.add(args.out, engine_file_kind(args.format, model, placement.num_gpus, placement.gpus_per_node))
     if not args.flags and (args.tp or args.dp or args.plan):
         raise InputError("--tp/--dp/--plan choose the launch layout: add --flags")
     opts = plan = None
@@ -79,7 +99,14 @@ def run(args) -> int:
             layout_keys = trtllm_options(placement, opts)  # refuses a layout TensorRT-LLM cannot express
             extra = layout_keys if args.format == "trtllm" else {}
     loads = read_loads(args.loads, args.window_tokens) if args.loads else None
-    warnings = export_placement(placement, model, args.format, args.out, loads=loads, **extra)
+    warnings = None
+
+    def write():
+        nonlocal warnings
+        warnings = export_placement(placement, model, args.format, args.out, loads=loads, **extra)
+
+    if not outs.write(args.out, write):
+        outs.finish()
     for w in warnings:
         print(f"place: warning: {w}", file=sys.stderr)
     f = get_format(args.format)

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from foundation.errors import InputError
+from foundation.files import Outputs
 from foundation.model import DEFAULT_MODEL, load_model
+from moeplace.commands import add_force
 from placement.export import format_names, get_format, import_loads, import_placement
 from placement.export.vllm import read_load_stats
 
@@ -22,28 +24,34 @@ def register(sub) -> None:
                    help="EP size (required unless the file records it: vllm-ascend, vllm-jsonl with load records)")
     p.add_argument("--gpus-per-node", type=int, default=None, help="default: 8 if it divides --gpus, else --gpus")
     p.add_argument("--out", required=True, help="placement JSON (or Loads .npz for sglang-logical-count)")
+    add_force(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    outs = Outputs(inputs=[args.file, args.model], force=args.force)
+    outs.add(args.out, "Loads .npz" if args.out.endswith(".npz") else "placement JSON")
     model = load_model(args.model)
     if get_format(args.format).kind == "loads":
         if not args.out.endswith(".npz"):
             raise InputError(f"--out {args.out}: --format {args.format} holds expert loads; write them to a .npz")
         loads = import_loads(args.file, args.format, model)
-        loads.save(args.out)
+        outs.write(args.out, lambda: loads.save(args.out))
+        outs.finish()
         print(f"wrote {args.out}: loads of {model.name}, {loads.num_windows} windows, "
               f"{int(loads.counts.sum())} expert selections")
         return 0
     if args.format == "vllm-jsonl" and args.out.endswith(".npz"):
         loads = read_load_stats(Path(args.file), model)
-        loads.save(args.out)
+        outs.write(args.out, lambda: loads.save(args.out))
+        outs.finish()
         print(f"wrote {args.out}: loads of {model.name} from {loads.num_windows} eplb_load_stats records")
         return 0
     if not args.out.endswith(".json"):
         raise InputError(f"--out {args.out}: a placement is written as .json")
     pl = import_placement(args.file, args.format, model, args.gpus, args.gpus_per_node)
-    pl.save(args.out)
+    outs.write(args.out, lambda: pl.save(args.out))
+    outs.finish()
     print(f"wrote {args.out}: {model.name}, {pl.num_layers} MoE layers, {pl.num_slots} slots "
           f"({pl.num_redundant} redundant) on {pl.num_gpus} GPUs x {pl.gpus_per_node} per node")
     return 0

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from foundation.errors import InputError
-from foundation.files import write_text_atomic
+from foundation.files import Outputs, write_text_atomic
+from moeplace.commands import add_force
 
 GROUP = "kernels"
 
@@ -24,6 +25,7 @@ def register(sub) -> None:
     p.add_argument("--world-size", type=int, default=4, help="EP ranks (processes; default 4)")
     p.add_argument("--out", default="profile.json", help="calibration profile to write (default profile.json)")
     p.add_argument("--report", help="also write the validation table and raw timings as JSON here")
+    add_force(p)
     p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl when enough GPUs, else gloo")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--intermediate", type=int, default=256)
@@ -57,12 +59,15 @@ def bench(args) -> int:
     from kernels.bench import BenchConfig, run_bench  # kernels/ imports torch (~3 s): only these commands pay
 
     _check(args)
+    outs = Outputs(force=args.force)
+    outs.add(args.out, "calibration profile")
+    outs.add(args.report, "kernel bench report", "--report")
     cfg = BenchConfig(world_size=args.world_size, hidden=args.hidden, intermediate=args.intermediate,
                       num_experts=args.experts, top_k=args.top_k, num_redundant=args.redundant, dtype=args.dtype,
                       train_tokens=args.train_tokens, test_tokens=args.test_tokens, test_skews=args.test_skews,
                       reps=args.reps, seed=args.seed)
     profile, val, raw = run_bench(cfg, backend=args.backend)
-    profile.save(args.out)
+    outs.write(args.out, lambda: profile.save(args.out))
     print(f"calibration profile: {args.out} ({profile.device}, {cfg.dtype}, world size {cfg.world_size})")
     print(f"{'split':<6} {'tok/rank':>8} {'skew':>5} {'max/mean':>8} {'measured ms':>12} {'predicted ms':>13} "
           f"{'error':>7}")
@@ -73,7 +78,9 @@ def bench(args) -> int:
           f"p90 {val['test_p90_rel_error'] * 100:.1f}% (calibration set median "
           f"{val['train_median_rel_error'] * 100:.1f}%)")
     if args.report:
-        write_text_atomic(Path(args.report), json.dumps({"validation": val, "raw": raw}, indent=1, default=str))
+        outs.write(args.report, lambda: write_text_atomic(Path(args.report), json.dumps(
+            {"validation": val, "raw": raw}, indent=1, default=str)))
+    outs.finish()
     return 0
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from foundation.cluster import gpu_preset_names, make_cluster
 from foundation.errors import InputError
-from foundation.files import write_text_atomic
+from foundation.files import Outputs, write_text_atomic
 from foundation.model import load_model
+from moeplace.commands import add_force
 from placement.compare import (
     DEFAULT_WINDOW_TOKENS,
     compare_policies,
@@ -59,6 +60,7 @@ def register(sub) -> None:
                    help="also write every policy's placement as DIR/placement-<policy>.json")
     p.add_argument("--report", metavar="FILE", default=None,
                    help="also write the comparison as JSON (what --json prints) to FILE")
+    add_force(p)
     g = p.add_argument_group("optimizer options (used by the moeplace policy)")
     g.add_argument("--robust", action="store_true", help="maximize the worst planning window, not the mean")
     g.add_argument("--envelope", action="store_true",
@@ -78,6 +80,13 @@ def register(sub) -> None:
 def run(args) -> int:
     if args.window_tokens < 1:
         raise InputError(f"--window-tokens must be >= 1, got {args.window_tokens}")
+    names = args.policy or policy_names()
+    outs = Outputs(inputs=[*args.inputs, args.from_placement, args.model], force=args.force)
+    if not args.no_out:
+        outs.add(args.out, "placement JSON")
+    outs.add(args.report, "comparison report", "--report")
+    for name in dict.fromkeys(names) if args.save_all else ():
+        outs.add(Path(args.save_all) / f"placement-{name}.json", "placement JSON", "--save-all")
     model = load_model(args.model) if args.model else None
     loads = routing_windows(args.inputs, model=model, window_tokens=args.window_tokens)
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
@@ -93,21 +102,20 @@ def run(args) -> int:
     options = {"robust": args.robust, "envelope": args.envelope or None, "objective": args.objective,
                "traffic_weight": args.traffic_weight, "pareto": args.pareto, "from": args.from_placement, "max_moves": args.max_moves,
                "workers": args.workers}
-    names = args.policy or policy_names()
     cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, engine=args.engine,
                            plan_fraction=args.plan_fraction, seed=args.seed, time_limit=args.time_limit,
                            options=options, shift=not args.no_shift)
     chosen = args.policy[0] if args.policy else ("moeplace" if "moeplace" in names else "eplb")
     result = next(r for r in cmp.results if r.policy == chosen)
-    if not args.no_out:
-        result.placement.save(args.out)
+    wrote = not args.no_out and outs.write(args.out, lambda: result.placement.save(args.out))
     if args.save_all:
         for r in cmp.results:
-            r.placement.save(Path(args.save_all) / f"placement-{r.policy}.json")
+            path = Path(args.save_all) / f"placement-{r.policy}.json"
+            outs.write(path, lambda r=r, path=path: r.placement.save(path))
     d = cmp.to_dict()
-    d["written"] = None if args.no_out else {"policy": chosen, "path": args.out}
+    d["written"] = {"policy": chosen, "path": args.out} if wrote else None
     if args.report:
-        write_text_atomic(args.report, json.dumps(d, indent=1) + "\n")
+        outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(d, indent=1) + "\n"))
     if args.json:
         print(json.dumps(d, indent=1))
     else:
@@ -115,8 +123,9 @@ def run(args) -> int:
         for line in format_shift(cmp):
             print(line)
         _print_moeplace_extras(cmp)
-        if not args.no_out:
+        if wrote:
             print(f"wrote {args.out} (policy {chosen})")
+    outs.finish()
     return 0
 
 

@@ -10,7 +10,7 @@ import json
 
 from foundation.cluster import gpu_preset_names, load_gpu, make_cluster
 from foundation.errors import InputError
-from foundation.files import write_text_atomic
+from foundation.files import Outputs, write_text_atomic
 from foundation.memory import (
     GiB,
     KiB,
@@ -26,6 +26,7 @@ from foundation.memory import (
     sweep_plans,
 )
 from foundation.model import DEFAULT_MODEL, load_model
+from moeplace.commands import add_force
 
 EXIT_DOES_NOT_FIT = 3
 
@@ -74,6 +75,7 @@ def register(sub) -> None:
                    help="concurrent sequences at --context required to call it a fit (default 1)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--report", metavar="FILE", default=None, help="also write the plan JSON to FILE")
+    add_force(p)
     p.add_argument("--sweep", action="store_true", help="sweep GPU counts / EP sizes / redundant counts")
     p.add_argument("--sweep-gpus", default=None, help="GPU counts for --sweep (default: 1/4x .. 4x --gpus)")
     p.add_argument("--sweep-ep", default=None, help="EP sizes for --sweep (default: the GPU count and half)")
@@ -95,6 +97,8 @@ def build_config(args) -> PlanConfig:
 
 
 def run(args) -> int:
+    outs = Outputs(inputs=[args.model], force=args.force)
+    outs.add(args.report, "plan report", "--report")
     model = load_model(args.model)
     config = build_config(args)
     if args.sweep:
@@ -102,11 +106,12 @@ def run(args) -> int:
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
     plan = plan_memory(model, cluster, config)
     if args.report:
-        write_text_atomic(args.report, json.dumps(plan.to_dict(), indent=1) + "\n")
+        outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(plan.to_dict(), indent=1) + "\n"))
     if args.json:
         print(json.dumps(plan.to_dict(), indent=1))
     else:
         print(render_plan(plan))
+    outs.finish()
     return 0 if plan.fits else EXIT_DOES_NOT_FIT
 
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
+from foundation.files import Outputs
 from foundation.memory import parse_pool_split
 from foundation.model import load_model
+from moeplace.commands import add_force
 from placement.dispatch import ENGINE_RULES
 from placement.record import load_placement
 from sim.calibration import load_profile
@@ -89,10 +91,14 @@ def register(sub) -> None:
     r.add_argument("--out", default=None, help="directory for Parquet/JSON outputs")
     r.add_argument("--chrome-trace", default=None, metavar="FILE", help="Chrome trace-event JSON (Perfetto)")
     r.add_argument("--no-progress", action="store_true")
+    add_force(r)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    outs = Outputs(inputs=[args.traces, *args.placement, args.profile, args.model], force=args.force)
+    outs.add(args.out, "simulation output directory")
+    outs.add(args.chrome_trace, "Chrome trace", "--chrome-trace")
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
     from_token, planned = held_out_start(args.traces, args.placement)
     if args.route_all:
@@ -144,9 +150,10 @@ def run(args) -> int:
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
                        progress=progress)
     if args.out:
-        write_outputs(args.out, results, resolved_config(config, cluster, trace, placements, profile))
+        resolved = resolved_config(config, cluster, trace, placements, profile)
+        outs.write(args.out, lambda: write_outputs(args.out, results, resolved))
     if args.chrome_trace:
-        write_chrome_trace(args.chrome_trace, results)
+        outs.write(args.chrome_trace, lambda: write_chrome_trace(args.chrome_trace, results))
     rec = None
     if args.recommend:
         if config.rebalance is not None:
@@ -172,6 +179,7 @@ def run(args) -> int:
             print(format_recommendation(rec))
         walls = ", ".join(f"{r.label} {r.summary['wall_s']:.1f} s" for r in results)
         print(f"wall time: {walls}", file=sys.stderr)
+    outs.finish()
     return 0
 
 

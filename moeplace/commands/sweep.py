@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from foundation.errors import InputError
+from foundation.files import check_output
 from moeplace.sweep import format_frontier, load_spec, run_sweep
 
 
@@ -25,7 +26,8 @@ def register(sub) -> None:
                    help="attach to a running Ray cluster (ray.init(address=...)); default: start a local Ray "
                         "instance of --workers CPUs")
     g.add_argument("--local", action="store_true", help="run on a local process pool, without Ray")
-    p.add_argument("--out", default=None, help="output directory (default: runs/sweep-<spec name>)")
+    p.add_argument("--out", default=None, help="output directory (default: runs/sweep-<spec name>); an existing "
+                   "one is resumed when it is a sweep directory and refused otherwise")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes / local Ray CPUs (default: the number of cores)")
     p.add_argument("--quiet", action="store_true", help="no per-point progress lines on stderr")
@@ -39,8 +41,13 @@ def run(args) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise InputError(f"--workers must be >= 1, got {args.workers}")
+    # resuming is what --out is for: an existing sweep directory is written into (finished points kept)
+    if args.out:
+        check_output(args.out, kind="sweep directory", inputs=[args.spec], replace_own=True)
     spec = load_spec(args.spec)
     out = args.out or f"runs/sweep-{spec.name}"
+    if not args.out:
+        check_output(out, kind="sweep directory", inputs=[args.spec], replace_own=True)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     res = run_sweep(spec, out, backend="local" if args.local else "ray", ray_address=args.ray,
                     workers=args.workers, log=log)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from foundation.files import Outputs
+from moeplace.commands import add_force
 from traces.capture import CaptureConfig, run_capture
 
 GROUP = "trace"
@@ -21,7 +23,9 @@ def register(sub) -> None:
                    "(deepseek_v3 / kimi_k2, qwen3_moe, qwen2_moe, mixtral, olmoe)")
     p.add_argument("--prompts", required=True, type=Path, help="text file, one prompt per non-blank line")
     p.add_argument("--max-new-tokens", required=True, type=int, help="tokens generated per prompt")
-    p.add_argument("--out", required=True, type=Path, help="trace directory to write (replaced atomically)")
+    p.add_argument("--out", required=True, type=Path, help="trace directory to write (atomically; an existing one "
+                   "only replaced with --force, and only when it is a moeplace trace)")
+    add_force(p)
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() batch (default 8)")
     p.add_argument("--weights", type=Path, help="local checkpoint directory (safetensors); default random")
     p.add_argument("--tokenizer", type=Path, help="local tokenizer directory (default: --weights if it has "
@@ -37,11 +41,16 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    outs = Outputs(inputs=[args.hf_config, args.prompts, args.weights, args.tokenizer], force=args.force)
+    outs.add(args.out, "trace directory")
     cfg = CaptureConfig(hf_config=args.hf_config, prompts=args.prompts, out=args.out,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, weights=args.weights,
                         tokenizer=args.tokenizer, dtype=args.dtype, device=args.device, seed=args.seed,
                         sample=args.sample, ignore_eos=args.ignore_eos, domain=args.domain)
-    r = run_capture(cfg)
+    done = {}
+    if not outs.write(args.out, lambda: done.update(r=run_capture(cfg))):
+        outs.finish()
+    r = done["r"]
     print(f"wrote {r.out}: {r.num_rows:,} rows ({r.num_requests} requests, {r.num_steps} forward steps, "
           f"{r.num_prompt_tokens:,} prompt tokens, {r.num_generated_tokens:,} generated positions) "
           f"in {r.seconds:.1f} s")

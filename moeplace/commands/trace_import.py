@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from foundation.errors import InputError
+from foundation.files import Outputs
 from foundation.model import DEFAULT_MODEL, format_ranges, load_model
+from moeplace.commands import add_force
 from traces.importers import FORMATS, import_source
 from traces.importers.vllm_jsonl import DEFAULT_WARMUP_MIN_RUN, NUMBERINGS
 
@@ -34,8 +36,10 @@ def register(sub) -> None:
         "--out",
         required=True,
         help="output: a .npz for Loads (sglang stat, vllm-eplb, trtllm-stats counts), "
-        "a directory for traces (the others; trtllm-stats raw ids)",
+        "a directory for traces (the others; trtllm-stats raw ids); an existing one is replaced only with "
+        "--force and only when moeplace wrote it",
     )
+    add_force(p)
     p.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"model preset or config.json (default {DEFAULT_MODEL})"
     )
@@ -77,8 +81,12 @@ def run(args) -> int:
         raise InputError(f"--out {out}: vllm-eplb produces Loads; give a path ending in .npz")
     if args.format in ("vllm-jsonl", "vllm-routed-experts", "flame-moe", "moe-selection-json") and loads_out:
         raise InputError(f"--out {out}: {args.format} produces a trace directory, not a .npz")
-    result = import_source(args.format, args.srcs, model, out, **options)
-    print(format_summary(result.summary, out, model.name))
+    outs = Outputs(inputs=[*args.srcs, args.model], force=args.force)
+    outs.add(out, "Loads .npz" if loads_out else "trace directory")
+    done = {}
+    if not outs.write(out, lambda: done.update(r=import_source(args.format, args.srcs, model, out, **options))):
+        outs.finish()
+    print(format_summary(done["r"].summary, out, model.name))
     return 0
 
 

@@ -5,7 +5,8 @@ import json
 from pathlib import Path
 
 from foundation.errors import InputError
-from foundation.files import write_text_atomic
+from foundation.files import Outputs, write_text_atomic
+from moeplace.commands import add_force
 from traces.stats import DEFAULT_SAMPLE_TOKENS, DEFAULT_WINDOW_TOKENS, compute_stats
 
 GROUP = "trace"
@@ -27,6 +28,7 @@ def register(sub) -> None:
                    help="reader processes (default: one per core for large traces; results are identical)")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--out", metavar="FILE", help="write Loads (.npz) or the statistics (.json)")
+    add_force(p)
     p.set_defaults(func=run)
 
 
@@ -66,12 +68,15 @@ def run(args) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix not in (".npz", ".json"):
         raise InputError(f"--out {out}: expected a .npz (Loads) or .json (statistics) file name")
+    outs = Outputs(inputs=[args.path], force=args.force)
+    outs.add(out, "Loads .npz" if out is not None and out.suffix == ".npz" else "trace statistics JSON")
     st = compute_stats(args.path, window_tokens=args.window_tokens, sample_tokens=args.sample_tokens,
                        seed=args.seed, workers=args.workers)
     s = st.summary()
     if out is not None and out.suffix == ".npz":
-        st.loads.save(out)
+        outs.write(out, lambda: st.loads.save(out))
     elif out is not None:
-        write_text_atomic(out, json.dumps(s, indent=1))
+        outs.write(out, lambda: write_text_atomic(out, json.dumps(s, indent=1)))
     print(json.dumps(s, indent=1) if args.json else table(s))
+    outs.finish()
     return 0

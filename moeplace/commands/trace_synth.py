@@ -5,7 +5,9 @@ import dataclasses
 import json
 
 from foundation.errors import InputError
+from foundation.files import Outputs
 from foundation.model import DEFAULT_MODEL, load_model
+from moeplace.commands import add_force
 from traces.synth import SynthConfig, synthesize
 
 GROUP = "trace"
@@ -33,7 +35,9 @@ def register(sub) -> None:
     d = _DEFAULTS
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"preset or config.json (default {DEFAULT_MODEL})")
     p.add_argument("--tokens", type=int, default=d.num_tokens, help=f"tokens in the trace (default {d.num_tokens})")
-    p.add_argument("--out", required=True, help="output trace directory (replaced atomically)")
+    p.add_argument("--out", required=True, help="output trace directory (written atomically; an existing one only "
+                   "replaced with --force, and only when it is a moeplace trace)")
+    add_force(p)
     p.add_argument("--seed", type=int, default=d.seed)
     g = p.add_argument_group("routing statistics (targets)")
     g.add_argument("--skew", type=float, default=d.skew,
@@ -89,11 +93,17 @@ def config_from_args(args) -> SynthConfig:
 
 
 def run(args) -> int:
+    outs = Outputs(inputs=[args.model], force=args.force)
+    outs.add(args.out, "trace directory")
     model = load_model(args.model)
     cfg = config_from_args(args)
     if args.tokens > 10**10:
         raise InputError(f"--tokens {args.tokens}: more than 10^10 tokens is not a trace this tool can write")
-    s = synthesize(model, cfg, args.out)
+    done = {}
+    # the trace is the work: a failed write (disk full) has no results to print, only the reason
+    if not outs.write(args.out, lambda: done.update(s=synthesize(model, cfg, args.out))):
+        outs.finish()
+    s = done["s"]
     if args.json:
         print(json.dumps({**s, "config": dataclasses.asdict(cfg)}, indent=1))
         return 0
