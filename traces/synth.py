@@ -75,6 +75,7 @@ from typing import Any
 import numpy as np
 
 from foundation.errors import InputError
+from foundation.files import raise_on_sigterm
 from foundation.model import ModelSpec
 from traces.format import PHASE_DECODE, PHASE_PREFILL, TraceWriter
 
@@ -1084,8 +1085,6 @@ class _WriterProcess:
 
     def _serve(self, conn, out, model, cfg, provenance, sink) -> None:
         """In the child: write every batch received, acknowledging its slot; exit on 'close'."""
-        from foundation.files import raise_on_sigterm
-
         self.conn.close()  # the parent's end: the child must see EOF if the parent dies
         raise_on_sigterm()  # a SIGTERM sent to the child (or its process group) removes the temporary too
         try:
