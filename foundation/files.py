@@ -103,12 +103,19 @@ def clean_stale_temps(dest: str | os.PathLike, *, report: bool = True) -> list[P
     Returns the removed paths; with ``report`` a note per path goes to stderr."""
     dest = Path(dest)
     pat = re.compile(re.escape(_temp_prefix(dest)) + r"(\d+)-[0-9a-f]{8}(?:-old|-probe)?$")
+    # what versions before this scheme left (tempfile's 8 characters, and the set-aside old directory):
+    # their owner cannot be told, so they are only reported
+    legacy = re.compile(re.escape(f".{dest.name}.") + r"(?:[a-z0-9_]{8}\.tmp|old)$")
     removed = []
     try:
         entries = list(os.scandir(dest.parent))
     except OSError:
         return removed
     for e in entries:
+        if report and legacy.match(e.name):
+            print(f"place: note: {Path(e.path)} looks like a temporary of an interrupted run of an earlier "
+                  "moeplace version; remove it if no run is writing there", file=sys.stderr)
+            continue
         m = pat.match(e.name)
         if m is None or _pid_alive(int(m.group(1))):
             continue
@@ -203,11 +210,15 @@ def _is_trace_part(p: Path) -> bool:
     return b"moeplace.model" in (pq.read_schema(p).metadata or {})  # traces.format.META_MODEL
 
 
+_PART = re.compile(r"part-\d+\.parquet$")  # traces.format.TraceWriter's file names
+
+
 def _holds_trace_parts(d: Path) -> bool:
-    """``d`` directly holds a Parquet file of a moeplace trace (one listing, no recursion)."""
+    """``d`` directly holds a part file of a moeplace trace directory (one listing, no recursion; a
+    single-file trace next to other files does not make its directory a trace)."""
     try:
         with os.scandir(d) as it:
-            parts = [Path(e.path) for e in it if e.name.endswith(".parquet") and e.is_file()]
+            parts = [Path(e.path) for e in it if _PART.match(e.name) and e.is_file()]
     except OSError:
         return False
     return any(_recognised_part(f) for f in parts[:1])

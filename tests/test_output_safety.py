@@ -140,6 +140,15 @@ def test_the_issue_cases_by_name(work, capsys):
     assert "is the current directory" in capsys.readouterr().err
     assert main(["trace", "synth", "--model", "model.json", "--out", "trace/sub"]) == 2  # lands inside a trace
     assert main(["trace", "synth", "--model", "model.json", "--out", str(work.parent)]) == 2  # contains cwd
+    assert main(["plan", "--model", "model.json", "--gpus", "4", "--sweep", "--report", "p.json"]) == 2
+    assert "--report writes one plan" in capsys.readouterr().err
+    # a single-file trace does not make its directory a trace: outputs may sit next to it
+    import shutil
+
+    shutil.copy(next((work / "trace").glob("*.parquet")), work / "notes" / "one.parquet")
+    assert main(["trace", "stats", "notes/one.parquet", "--window-tokens", "64", "--out", "notes/l.npz"]) == 0
+    (work / "notes" / "l.npz").unlink()
+    (work / "notes" / "one.parquet").unlink()
     assert snapshot(work) == before
 
 
@@ -249,7 +258,8 @@ def test_stale_temporaries_of_dead_runs_are_removed_and_reported(work, capsys):
     stale_old.write_text("x")
     live = work / f".t{TEMP_MARK}{os.getpid()}-0123abcd"  # a running process's: left alone
     live.mkdir()
-    foreign = [work / ".t.0123.tmp", work / f".u{TEMP_MARK}{dead.pid}-0123abcd", work / f".t{TEMP_MARK}x"]
+    foreign = [work / ".t.0123.tmp", work / f".u{TEMP_MARK}{dead.pid}-0123abcd", work / f".t{TEMP_MARK}x",
+               work / ".t.ab_12cd9.tmp"]  # the last: an earlier version's temporary, reported only
     for f in foreign:
         f.write_text("not ours")
     assert main(["trace", "synth", "--model", "model.json", "--tokens", "200", "--out", "t"]) == 0
@@ -257,6 +267,7 @@ def test_stale_temporaries_of_dead_runs_are_removed_and_reported(work, capsys):
     assert not stale_dir.exists() and not stale_old.exists()
     assert f"place: note: removed {stale_dir.name}, left by an interrupted run (process {dead.pid})" in err
     assert live.exists() and all(f.read_text() == "not ours" for f in foreign)
+    assert "place: note: .t.ab_12cd9.tmp looks like a temporary of an interrupted run of an earlier" in err
 
 
 def test_sigterm_during_synth_leaves_no_temporary(tmp_path):

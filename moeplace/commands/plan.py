@@ -97,6 +97,8 @@ def build_config(args) -> PlanConfig:
 
 
 def run(args) -> int:
+    if args.sweep and args.report:
+        raise InputError("--report writes one plan; with --sweep print the table as JSON with --json")
     outs = Outputs(inputs=[args.model], force=args.force)
     outs.add(args.report, "plan report", "--report")
     model = load_model(args.model)
