@@ -13,12 +13,12 @@ from foundation.model import load_model
 from moeplace.cli import main
 from traces.format import TraceWriter
 from traces.loads import load_loads
+from traces.measures import topk_overlap
 from traces.stats import (
     affinity_lift,
     compute_stats,
     skew_and_cv,
     top_share,
-    topk_overlap_rows,
     trace_loads,
     window_drift,
 )
@@ -260,13 +260,25 @@ def test_affinity_lift_detects_coupling():
     assert np.all(lift_c > 3)
 
 
-def test_topk_overlap_rows():
+def test_topk_overlap():
     a = np.array([[1, 2, 3, 4]])
-    assert topk_overlap_rows(a, np.array([[4, 3, 9, 8]]))[0] == pytest.approx(0.5)
+    assert topk_overlap(a, np.array([[4, 3, 9, 8]]))[0] == pytest.approx(0.5)
     # against the k x k comparison, on random rows of distinct ids, broadcasting a [n, L, k] pair
     rng = np.random.default_rng(0)
     x = np.argsort(rng.random((50, 3, 40)), axis=-1)[..., :8]
     y = np.argsort(rng.random((50, 3, 40)), axis=-1)[..., :8]
     direct = (x[..., :, None] == y[..., None, :]).any(axis=-1).sum(axis=-1) / 8
-    assert np.array_equal(topk_overlap_rows(x, y), direct)
-    assert topk_overlap_rows(x, y).shape == (50, 3) and 0 < direct.mean() < 1
+    assert np.array_equal(topk_overlap(x, y), direct)
+    assert topk_overlap(x, y).shape == (50, 3) and 0 < direct.mean() < 1
+
+
+def test_skew_and_cv_match_the_former_formula_on_shared_measures():
+    """skew_and_cv now goes through traces.measures (what the generator solves against); it gives what its
+    own formula gave, idle layers (NaN) included."""
+    counts = np.random.default_rng(3).integers(0, 50, (6, 32))
+    counts[2] = 0
+    c = counts.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        old = (c.max(axis=-1) / c.mean(axis=-1), c.std(axis=-1) / c.mean(axis=-1))
+    for new, ref in zip(skew_and_cv(counts), old):
+        np.testing.assert_array_equal(new, ref)

@@ -8,7 +8,8 @@ import pytest
 from foundation.errors import InputError
 from foundation.model import load_model
 from traces.format import PHASE_DECODE, PHASE_PREFILL
-from traces.stats import affinity_lift, skew_and_cv, topk_overlap_rows
+from traces.measures import topk_overlap
+from traces.stats import affinity_lift, skew_and_cv
 from traces.synth import (
     SynthConfig,
     build_plan,
@@ -45,7 +46,7 @@ def consecutive_overlap(b: dict) -> float:
     order = np.lexsort((b["position"], b["request_id"]))
     rid, pos, ex = b["request_id"][order], b["position"][order], b["experts"][order]
     i = np.flatnonzero((rid[1:] == rid[:-1]) & (pos[1:] == pos[:-1] + 1))
-    return float(topk_overlap_rows(ex[i], ex[i + 1]).mean())
+    return float(topk_overlap(ex[i], ex[i + 1]).mean())
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +121,9 @@ def test_default_k3_locality_and_token_identity(k3, k3_default):
     same = []
     for t in np.flatnonzero((cnt >= 2) & (cnt <= 5))[:300]:
         i, j = np.flatnonzero(inv == t)[:2]
-        same.append(topk_overlap_rows(b["experts"][i], b["experts"][j]).mean())
+        same.append(topk_overlap(b["experts"][i], b["experts"][j]).mean())
     a, c = rng.integers(0, len(inv), (2, 300))
-    rand = topk_overlap_rows(b["experts"][a], b["experts"][c]).mean()
+    rand = topk_overlap(b["experts"][a], b["experts"][c]).mean()
     assert np.mean(same) > 2 * rand
 
 

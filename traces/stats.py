@@ -43,6 +43,7 @@ from foundation.errors import InputError
 from foundation.model import ModelSpec
 from traces.format import read_trace_meta, trace_files
 from traces.loads import Loads
+from traces.measures import coef_of_variation, max_over_mean, topk_overlap
 
 DEFAULT_WINDOW_TOKENS = 4096
 DEFAULT_SAMPLE_TOKENS = 4096
@@ -134,9 +135,8 @@ class TraceStats:
 def skew_and_cv(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-layer max/mean and std/mean of ``counts [L, E]`` (NaN for a layer without load)."""
     c = counts.astype(np.float64)
-    mean = c.mean(axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return c.max(axis=-1) / mean, c.std(axis=-1) / mean
+    idle = c.mean(axis=-1) == 0
+    return np.where(idle, np.nan, max_over_mean(c)), np.where(idle, np.nan, coef_of_variation(c))
 
 
 def window_drift(counts: np.ndarray, chunk: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -196,7 +196,7 @@ def _predict_hits(counts: np.ndarray, src: np.ndarray, dst: np.ndarray, block: i
     for b0 in range(0, len(src), block):
         score = c[src[b0:b0 + block]].sum(axis=1)
         pred = np.argpartition(-score, k - 1, axis=1)[:, :k]
-        hits += topk_overlap_rows(pred, dst[b0:b0 + block]).sum()
+        hits += topk_overlap(pred, dst[b0:b0 + block]).sum()
     return float(hits / max(len(src), 1))
 
 
@@ -267,16 +267,6 @@ def _affinity_arrays(jobs, results) -> tuple[np.ndarray, np.ndarray, np.ndarray,
         return np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0)
     lift, cov, cov_perm = (np.array(x) for x in zip(*results))
     return np.array([li for li, *_ in jobs], np.int64), lift, cov, cov_perm
-
-
-def topk_overlap_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Fraction of shared ids between rows of ``a`` and ``b`` (int ``[..., k]``, ids distinct per row).
-    By sorting each row pair's ``2k`` ids and counting equal neighbours (O(k log k) per row, not the
-    ``k x k`` comparison)."""
-    k = a.shape[-1]
-    both = np.concatenate(np.broadcast_arrays(a, b), axis=-1)
-    both.sort(axis=-1)
-    return (both[..., 1:] == both[..., :-1]).sum(axis=-1) / k
 
 
 def _token_hash(request_id: np.ndarray, pair: np.ndarray, seed: int) -> np.ndarray:
@@ -376,7 +366,7 @@ def _locality(samples: np.ndarray, rid: np.ndarray, pos: np.ndarray) -> tuple[fl
         return float("nan"), 0
     a, b = samples[i], samples[i + 1]
     ok = (a[..., 0] >= 0) & (b[..., 0] >= 0)
-    ov = topk_overlap_rows(a, b)
+    ov = topk_overlap(a, b)
     return float(ov[ok].mean()), len(i)
 
 

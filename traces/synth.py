@@ -78,6 +78,7 @@ from foundation.errors import InputError
 from foundation.files import raise_on_sigterm
 from foundation.model import ModelSpec
 from traces.format import PHASE_DECODE, PHASE_PREFILL, TraceWriter
+from traces.measures import coef_of_variation, max_over_mean, topk_overlap
 
 DOMAIN_NAMES = ("chat", "code", "math", "writing", "multilingual", "agentic", "science", "legal")
 U_BITS = 16
@@ -222,16 +223,6 @@ def _stretched_shapes(log_sigma: np.ndarray, xs: np.ndarray) -> np.ndarray:
     """:func:`_shapes` of an already stretched ``xs`` (bisections over sigma stretch once)."""
     w = np.exp(np.exp(log_sigma).astype(np.float32)[:, None, None] * xs)
     return w / w.sum(axis=-1, keepdims=True)
-
-
-def max_over_mean(x: np.ndarray) -> np.ndarray:
-    """max/mean along the last axis."""
-    return x.max(axis=-1) / np.maximum(x.mean(axis=-1), 1e-30)
-
-
-def coef_of_variation(x: np.ndarray) -> np.ndarray:
-    """std/mean along the last axis."""
-    return x.std(axis=-1) / np.maximum(x.mean(axis=-1), 1e-30)
 
 
 def mean_domain_correlation(pi: np.ndarray) -> float:
@@ -825,12 +816,6 @@ class ExpertSampler:
 def zipf_ranks(tok_cdf: np.ndarray, rng: np.random.Generator, shape) -> np.ndarray:
     """Zipf ranks of ``shape`` token draws (inverse CDF; clamped against the CDF's rounding at 1)."""
     return np.minimum(np.searchsorted(tok_cdf, rng.random(shape)), len(tok_cdf) - 1)
-
-
-def topk_overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Fraction of shared experts between rows of two id arrays ``[..., k]``: float ``[...]``."""
-    k = a.shape[-1]
-    return (a[..., :, None] == b[..., None, :]).any(axis=-1).sum(axis=-1) / k
 
 
 def _pilot_overlap(plan: SynthPlan, copy_prob: float, num_requests: int, length: int) -> float:
