@@ -351,3 +351,41 @@ def test_check_output_rules(work):
     with pytest.raises(InputError, match="is also --out"):
         outs.add("x.json", "plan report", "--report")
     assert clean_stale_temps(work / "x.json") == []
+
+
+def test_sigterm_during_import_removes_the_temporary(tmp_path, monkeypatch, capsys):
+    """SIGTERM arriving while an import writes its trace: exit 143 and nothing left next to --out."""
+    from foundation.files import Terminated
+    from traces.format import TraceWriter
+
+    data = Path(__file__).parent / "data"
+    real_write = TraceWriter.write
+
+    def write_then_terminated(self, **cols):
+        real_write(self, **cols)
+        assert list(tmp_path.glob(f".t{TEMP_MARK}*")), "the temporary exists while writing"
+        raise Terminated()
+
+    monkeypatch.setattr(TraceWriter, "write", write_then_terminated)
+    rc = main(["trace", "import", "--format", "vllm-jsonl", str(data / "vllm_routes.jsonl"), "--model",
+               str(data / "tiny-moe-config.json"), "--out", str(tmp_path / "t")])
+    assert rc == 143 and capsys.readouterr().err.strip() == "place: terminated"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_simulation_results_printed_when_its_directory_cannot_be_written(work, monkeypatch, capsys):
+    real_replace = os.replace
+
+    def disk_full(src, dst):
+        if Path(dst).name == "sim":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", disk_full)
+    rc = main(["simulate", "trace", "--placement", "placement.json", *SIM, "--out", "sim", "--chrome-trace", "c.json"])
+    out, err = capsys.readouterr()
+    assert rc == 1 and "placement" in out and "metric" in out  # the side-by-side table
+    assert err.strip().splitlines()[-1] == (f"place: error: could not write sim ({os.strerror(errno.ENOSPC)}); "
+                                            "the results above were not saved there")
+    assert (work / "c.json").is_file() and not (work / "sim").exists()
+    assert not list(work.glob(f"*{TEMP_MARK}*"))
