@@ -42,4 +42,4 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/trace_stats.py
 
 clean:
-	rm -rf $(VENV) $(OUT) traces/k3-default
+	rm -rf $(VENV) $(OUT) data/k3-default

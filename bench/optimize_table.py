@@ -6,7 +6,7 @@ there, then runs the CLI as a subprocess (imports included) a few times with the
 in-process: trace -> Loads, each policy's planning, evaluate() of plan and held-out parts.
 Prints the figures and writes bench/results/optimize_table.json.
 
-    .venv/bin/python bench/optimize_table.py [--trace traces/k3-default] [--repeats 3]
+    .venv/bin/python bench/optimize_table.py [--trace data/k3-default] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ BASELINES = ["linear", "round_robin", "eplb"]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(ROOT / "traces" / "k3-default"))
+    ap.add_argument("--trace", default=str(ROOT / "data" / "k3-default"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--with-moeplace", action="store_true")
     args = ap.parse_args()

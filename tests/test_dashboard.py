@@ -320,7 +320,7 @@ def test_scan_finds_artifacts_by_content_and_follows_the_simulated_trace(run_dir
     run = copy_run(run_dir, tmp_path)
     outside = tmp_path / "elsewhere" / "k3-default"
     outside.parent.mkdir()
-    shutil.move(run / "traces", outside)  # as `place demo --traces traces/k3-default` keeps it
+    shutil.move(run / "traces", outside)  # as `place demo --traces data/k3-default` keeps it
     cfg = json.loads((run / "sim" / "config.json").read_text())
     cfg["trace"]["path"] = str(outside)
     (run / "sim" / "config.json").write_text(json.dumps(cfg))

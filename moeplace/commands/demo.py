@@ -25,8 +25,9 @@ def register(sub) -> None:
     p.add_argument("--out", default="run",
                    help="directory for the artifacts (default: run/); a run directory an earlier `place demo` "
                         "wrote is replaced when the new run completes, any other existing path is refused")
-    p.add_argument("--traces", default="traces/k3-default",
-                   help="where the default trace is synthesized (reused when it exists and validates; a "
+    p.add_argument("--traces", default="data/k3-default",
+                   help="where the default trace is synthesized, outside the run directory so later runs reuse "
+                        "it (default: data/k3-default; reused when it exists and validates; a "
                         "moeplace trace of other settings is replaced, any other existing path refused)")
     p.add_argument("--tokens", type=int, default=100_000, help="tokens of the synthetic trace (default 100000)")
     p.add_argument("--gpus", type=int, default=32)
