@@ -43,6 +43,7 @@ VARIANTS = {  # name -> (policy, options)
     "moeplace": ("moeplace", {}),
     "robust": ("moeplace", {"robust": True}),
     "robust+envelope": ("moeplace", {"robust": True, "envelope": True}),
+    "robust+perturb": ("moeplace", {"robust": True, "perturb": 2}),
 }
 DOMAIN_PROMPTS = {
     "code": ["def f(x):\n    return x * {i} + 1", "for (int j = 0; j < {i}; ++j) {{ a[j] = b[j]; }}",
@@ -134,7 +135,11 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=4.0, help="seconds per moeplace plan")
     ap.add_argument("--skip-captured", action="store_true")
     ap.add_argument("--skip-synthetic", action="store_true")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of "
+                    + ", ".join(VARIANTS))
     args = ap.parse_args()
+    for v in set(VARIANTS) - set(args.variants.split(",")):
+        VARIANTS.pop(v)
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {}
     if not args.skip_synthetic:
@@ -152,7 +157,13 @@ def main() -> int:
             print(f"{data:10s} {v:16s} {s['in_sample_mean']:9.4f} {s['estimate_mean']:8.4f} "
                   f"{s['estimate_worst_mean']:9.4f} {s['realized_mean']:9.4f} {s['realized_worst']:10.4f} "
                   f"{s['estimate_abs_error_mean']:6.4f}")
-    write_text_atomic(RESULTS / "shift_lodo.json", json.dumps(result, indent=1) + "\n")
+    # runs of some datasets / variants update the file's other entries instead of dropping them
+    path = RESULTS / "shift_lodo.json"
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    for data, r in result.items():
+        old = merged.get(data, {"variants": {}})
+        merged[data] = {**r, "variants": {**old.get("variants", {}), **r["variants"]}}
+    write_text_atomic(path, json.dumps(merged, indent=1) + "\n")
     return 0
 
 

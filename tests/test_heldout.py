@@ -198,6 +198,7 @@ def test_shift_estimate_by_input_file_and_plan_fraction_one(small, tmp_path, cap
                "--plan-fraction", "1", "--no-out"])
     out = capsys.readouterr().out
     assert "shift mean" in out and "nothing held out" in out and "leave-one-input-file-out" in out
+    assert f"what to expect: eplb keeps about {sh['mean']:.4f}" in out and "--recommend" in out
 
 
 def test_scenarios_fall_back_to_window_groups(small):

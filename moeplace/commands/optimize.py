@@ -122,6 +122,8 @@ def run(args) -> int:
         print(format_table(cmp))
         for line in format_shift(cmp):
             print(line)
+        if result.shift:
+            print(shift_advice(result, args.out if not args.no_out else "PLACEMENT.json", args.inputs))
         _print_moeplace_extras(cmp)
         if wrote:
             print(f"wrote {args.out} (policy {chosen})")
@@ -149,3 +151,14 @@ def _print_moeplace_extras(cmp) -> None:
         for pt in summary.get("pareto", []):
             print(f"  frontier (in-sample): balancedness floor -{pt['floor_slack']:.2%}: balancedness "
                   f"{pt['balancedness']:.4f}, nodes per token {pt['nodes_per_token']:.3f}")
+
+
+def shift_advice(result, out: str, inputs: list[str]) -> str:
+    """What to do about workload shift, for the written policy: its held-out figure against the shift
+    estimate, and the commands that hedge and that check online rebalancing."""
+    seen = (f"{result.held_out.balancedness:.4f} on the held-out windows of this input but "
+            if result.held_out is not None else "")
+    return (f"what to expect: {result.policy} keeps {seen}about {result.shift['mean']:.4f} (worst "
+            f"{result.shift['worst']:.4f}) on traffic unlike the planning data. If the production mix differs, "
+            "plan on every workload you have (all as inputs, --plan-fraction 1; --robust --envelope to hedge) "
+            f"and check online rebalancing: place simulate {inputs[0]} --placement {out} --recommend")
