@@ -15,6 +15,17 @@ from placement.compare import DEFAULT_WINDOW_TOKENS, default_redundant
 from placement.dispatch import ENGINES
 from placement.policies import policy_names
 
+
+def _comparison_row(r: dict) -> dict:
+    """One `place optimize` row: held-out figures only (none when everything was planned on)."""
+    plan, held = r.get("plan") or {}, r.get("held_out") or {}
+    return {"policy": r.get("policy"), "seconds": r.get("seconds"),
+            "plan balancedness": plan.get("balancedness"),
+            "held-out balancedness": held.get("balancedness"),
+            "held-out worst window": held.get("worst_window_balancedness"),
+            "held-out nodes/token": (held.get("remote_per_token") or {}).get("node")}
+
+
 st.title("Placement")
 st.caption("Where every expert lives, which experts get replicas, and what that does to the busiest GPU.")
 idx = ui.run_index()
@@ -106,24 +117,14 @@ with st.expander("Run `place optimize` here (small settings)", expanded=not cand
     opt = st.session_state.get("opt_results")
     if opt and opt["key"] == routing_key[:3]:
         st.caption(f"planned on the first windows, held-out windows {opt['held_windows']}")
-        st.dataframe([{"policy": r["policy"], "seconds": round(r["seconds"], 2),
-                       "plan balancedness": r["plan"]["balancedness"],
-                       "held-out balancedness": r["held_out"]["balancedness"],
-                       "held-out gap to bound": r["held_out"]["gap_budget"],
-                       "cross-node share": r["held_out"]["cross_node_share"]} for r in opt["rows"]],
-                     hide_index=True)
+        st.dataframe([_comparison_row(r) for r in opt["rows"]], hide_index=True)
         candidates.update(opt["placements"])
 
 for cpath in idx.comparisons:
     cmp_d = ui.load(data.read_json, cpath, stop=False)
     if isinstance(cmp_d, dict) and isinstance(cmp_d.get("rows"), list):
         with st.expander(f"`place optimize` comparison: {data.rel(cpath, root)}"):
-            st.dataframe([{"policy": r.get("policy"), "seconds": r.get("seconds"),
-                           "plan balancedness": r.get("plan", {}).get("balancedness"),
-                           "held-out balancedness": r.get("held_out", {}).get("balancedness"),
-                           "held-out gap to bound": r.get("held_out", {}).get("gap_budget"),
-                           "cross-node share": r.get("held_out", {}).get("cross_node_share")}
-                          for r in cmp_d["rows"]], hide_index=True)
+            st.dataframe([_comparison_row(r) for r in cmp_d["rows"]], hide_index=True)
             st.caption(f"engine {cmp_d.get('engine')}, {cmp_d.get('num_redundant')} redundant slots, held-out "
                        f"windows {cmp_d.get('held_out_windows')}")
 
