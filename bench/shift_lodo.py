@@ -43,7 +43,6 @@ VARIANTS = {  # name -> (policy, options)
     "moeplace": ("moeplace", {}),
     "robust": ("moeplace", {"robust": True}),
     "robust+envelope": ("moeplace", {"robust": True, "envelope": True}),
-    "robust+perturb": ("moeplace", {"robust": True, "perturb": 2}),
 }
 DOMAIN_PROMPTS = {
     "code": ["def f(x):\n    return x * {i} + 1", "for (int j = 0; j < {i}; ++j) {{ a[j] = b[j]; }}",

@@ -7,7 +7,6 @@ import time
 import numpy as np
 import pytest
 
-from foundation.errors import InputError
 from placement.optimizer import OptimizerConfig, optimize_layers, solve_layer
 from placement.optimizer.greedy import greedy_layer, normalize_scenarios
 from placement.optimizer.local_search import LayerState
@@ -150,16 +149,3 @@ def test_robust_envelope_adds_each_experts_highest_share_as_a_scenario():
     assert LayerState(plain, together, 2).value() == pytest.approx(LayerState(plain, apart, 2).value())
     assert LayerState(env, together, 2).value() > LayerState(env, apart, 2).value()
 
-
-def test_robust_perturbation_scenarios_are_seeded_noisy_copies():
-    from placement.optimizer.layer import scenario_loads
-
-    loads = np.array([[3.0, 1, 1, 1], [1, 1, 3, 1]])
-    a = scenario_loads(loads, OptimizerConfig(robust=True, perturb=2, seed=1), 2)
-    b = scenario_loads(loads, OptimizerConfig(robust=True, perturb=2, seed=1), 2)
-    c = scenario_loads(loads, OptimizerConfig(robust=True, perturb=2, seed=2), 2)
-    assert a.shape == (6, 4) and np.allclose(a.sum(axis=1), 2)
-    np.testing.assert_array_equal(a, b)
-    assert not np.allclose(a[2:], c[2:]) and np.allclose(a[:2], c[:2])
-    with pytest.raises(InputError):
-        OptimizerConfig(perturb=-1)

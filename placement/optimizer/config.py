@@ -15,9 +15,7 @@ class OptimizerConfig:
 
     ``robust``: plan for the worst planning window (scenario) instead of their sum; ``envelope`` (with
     ``robust``): also for the windows' envelope (every expert at its highest share in any window), a
-    hedge for workloads unlike any planning window (see :func:`placement.optimizer.layer.scenario_loads`);
-    ``perturb`` (with ``robust``): that many copies of every scenario with seeded lognormal noise
-    (``perturb_sigma``) on each expert's load, another such hedge. ``cvar``: with
+    hedge for workloads unlike any planning window (see :func:`placement.optimizer.layer.scenario_loads`). ``cvar``: with
     ``robust``, minimize the mean of the worst ``ceil(cvar * W)`` scenarios' max/mean instead of the single
     worst (``cvar = 0`` means the worst). ``objective``/``traffic_weight``/``balance_floor``: the traffic
     objective (remote nodes per token) subject to balancedness >= ``balance_floor`` (default: the balance
@@ -35,8 +33,6 @@ class OptimizerConfig:
     engine: str = "vllm"
     robust: bool = False
     envelope: bool = False
-    perturb: int = 0
-    perturb_sigma: float = 0.5
     cvar: float = 0.0
     objective: str = "balance"
     traffic_weight: float = 1.0
@@ -74,7 +70,5 @@ class OptimizerConfig:
             raise InputError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
         if self.lns_rounds < 0 or self.lns_gpus < 2 or self.lns_dtime <= 0:
             raise InputError("lns_rounds must be >= 0, lns_gpus >= 2 and lns_dtime > 0")
-        if self.perturb < 0 or not self.perturb_sigma > 0:
-            raise InputError(f"perturb must be >= 0 and perturb_sigma > 0, got {self.perturb}, {self.perturb_sigma}")
         if self.workers < 0:
             raise InputError(f"--workers must be >= 0 (0 = one per core), got {self.workers}")

@@ -66,12 +66,6 @@ def scenario_loads(loads_we: np.ndarray, cfg: OptimizerConfig, num_gpus: int) ->
     if cfg.envelope and wn.shape[0] >= 2:
         env = wn.max(axis=0)
         wn = np.vstack([wn, env * (num_gpus / env.sum())])
-    if cfg.perturb > 0:
-        # seeded multiplicative noise per (copy, window, expert): loads an unseen workload could have
-        rng = np.random.default_rng([cfg.seed, 0x5EED])
-        noise = rng.lognormal(0.0, cfg.perturb_sigma, size=(cfg.perturb, *wn.shape))
-        extra = (wn[None] * noise).reshape(-1, wn.shape[1])
-        wn = np.vstack([wn, extra * (num_gpus / extra.sum(axis=1, keepdims=True))])
     return wn
 
 
