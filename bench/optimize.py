@@ -1,6 +1,6 @@
 """Benchmark of the moeplace optimizer against DeepSeek EPLB.
 
-Workload: a synthetic K3 trace (``traces/synth.py`` defaults: 5 domains, drift, skew 6) written once to
+Workload: a synthetic K3 trace (``traces/synth/`` defaults: 5 domains, drift, skew 6) written once to
 ``bench/results/k3-trace``; 32 GPUs (4 x 8 H200), 32 redundant slots; vLLM rule unless said otherwise.
 Every score comes from ``placement.evaluate.evaluate``. Prints the figures and writes
 ``bench/results/optimize.json``.

@@ -1,6 +1,6 @@
 """Time `place optimize TRACE --gpus 32` (target: the baseline table in < 30 s).
 
-Synthesizes the default K3 trace (traces/synth.py defaults: 100k tokens, 5 domains, drift) if it is not
+Synthesizes the default K3 trace (traces/synth/ defaults: 100k tokens, 5 domains, drift) if it is not
 there, then runs the CLI as a subprocess (imports included) a few times with the baseline policies
 (linear, round_robin, eplb; add --with-moeplace for the optimizer), and separately times the stages
 in-process: trace -> Loads, each policy's planning, evaluate() of plan and held-out parts.

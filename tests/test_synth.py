@@ -238,7 +238,7 @@ def test_writer_process_failures_leave_nothing(tmp_path, qwen, monkeypatch):
     or temporary is left, and the writer process is gone."""
     import multiprocessing as mp
 
-    import traces.synth as synth_mod
+    import traces.synth.writer as synth_mod  # synthesize() reads synth_chunks from there
 
     cfg = SynthConfig(num_tokens=1500, seed=1, chunk_tokens=256, **SHORT)
     (tmp_path / "file").write_text("x")

@@ -1,4 +1,4 @@
-"""``place trace synth``: write a synthetic K3-shaped routing trace (traces/synth.py)."""
+"""``place trace synth``: write a synthetic K3-shaped routing trace (traces/synth/)."""
 from __future__ import annotations
 
 import dataclasses
