@@ -222,3 +222,10 @@ def test_simulate_routes_on_what_the_placement_did_not_plan_on(tmp_path, capsys)
     assert main([*sim, "--route-all"]) == 0
     routing = json.loads(capsys.readouterr().out)[0]["routing"]
     assert routing["from_token"] == 0 and "in-sample" in routing["note"]
+
+
+def test_envelope_needs_robust(small, tmp_path, capsys):
+    path = tmp_path / "l.npz"
+    _loads(small).save(path)
+    assert main(["optimize", str(path), "--gpus", "8", "--gpus-per-node", "4", "--envelope", "--no-out"]) == 2
+    assert "--envelope needs --robust" in capsys.readouterr().err
