@@ -164,7 +164,7 @@ def scenarios(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndar
         return ids, shown, f"leave-one-{what.replace(' ', '-')}-out"
     n = min(WINDOW_GROUPS, W)
     ids = (np.arange(W) * n) // W
-    names = [f"windows {int(np.flatnonzero(ids == g)[0])}-{int(np.flatnonzero(ids == g)[-1])}" for g in range(n)]
+    names = [_span(np.flatnonzero(ids == g), "window") for g in range(n)]
     return ids, names, f"leave-one-window-group-out ({n} contiguous groups)"
 
 
@@ -293,7 +293,7 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     held-out traffic columns replay the held-out windows' tokens only. ``samples`` overrides the
     planning sample (the caller vouches that it holds no held-out token).
     ``shift``: also run the leave-one-scenario-out estimate (:func:`shift_estimate`, one extra plan per
-    scenario and policy)."""
+    scenario and policy) on the planning windows."""
     options = dict(options or {})
     names = policies or policy_names()
     fns = {n: get_policy(n) for n in names}  # fails early on an unknown name
@@ -304,7 +304,9 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     _check_objective(names, options, plan_samples, loads)
     plan = loads.counts[plan_idx].astype(np.float64)
     held = loads.counts[held_idx].astype(np.float64)
-    ids, sc_names, method = scenarios(loads) if shift else (None, [], None)
+    # the estimate comes from the planning windows alone, so it is a prediction the held-out columns check
+    planning = loads.select(plan_idx)
+    ids, sc_names, method = scenarios(planning) if shift else (None, [], None)
     if shift and len(sc_names) < 2:
         ids, method = None, None
     results = []
@@ -315,7 +317,7 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
         m_plan = evaluate(pl, plan, engine, model=loads.model, cluster=cluster, samples=plan_samples)
         m_held = (evaluate(pl, held, engine, model=loads.model, cluster=cluster, samples=held_samples)
                   if held_idx.size else None)
-        sh = (shift_estimate(fn, name, loads, cluster, num_redundant=num_redundant, engine=engine, seed=seed,
+        sh = (shift_estimate(fn, name, planning, cluster, num_redundant=num_redundant, engine=engine, seed=seed,
                              time_limit=time_limit, options=options, ids=ids, method=method)
               if ids is not None else None)
         results.append(PolicyResult(name, pl, dt, m_plan, m_held, sh))
@@ -325,7 +327,7 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     if sample_note:
         notes.append(sample_note)
     if shift and ids is None:
-        notes.append("one scenario only (one window): no shift estimate")
+        notes.append("one planning window only: no shift estimate")
     scored = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
     return Comparison(results, plan_idx, held_idx, single, engine, cluster, num_redundant, tuple(notes),
                       scored, loads.model.num_moe_layers, method, tuple(sc_names) if ids is not None else (),
@@ -394,15 +396,18 @@ def format_shift(cmp: Comparison) -> list[str]:
     rows = [r for r in cmp.results if r.shift]
     if not rows:
         return []
-    out = [(f"shift estimate ({cmp.shift_method} over {len(cmp.shift_scenarios)} scenarios: "
-            f"{', '.join(cmp.shift_scenarios)}; plan on the rest, score on the one left out) — balancedness "
-            "to expect on traffic unlike the planning data:")]
+    out = [(f"shift estimate ({cmp.shift_method} over {len(cmp.shift_scenarios)} scenarios of the planning "
+            f"data: {', '.join(cmp.shift_scenarios)}; plan on the rest, score on the one left out) — "
+            "balancedness to expect on traffic unlike the planning data:")]
     for r in rows:
         out.append(f"  {r.policy}: mean {r.shift['mean']:.4f}, worst scenario {r.shift['worst']:.4f}")
     return out
 
 
-def _span(idx: np.ndarray) -> str:
+def _span(idx: np.ndarray, noun: str = "") -> str:
+    """``"3"`` / ``"0-12"`` (``"window 3"`` / ``"windows 0-12"`` with a noun); ``"none"`` when empty."""
     if idx.size == 0:
         return "none"
-    return f"{int(idx[0])}" if idx.size == 1 else f"{int(idx[0])}-{int(idx[-1])}"
+    if idx.size == 1:
+        return f"{noun} {int(idx[0])}".strip()
+    return f"{noun}s {int(idx[0])}-{int(idx[-1])}" if noun else f"{int(idx[0])}-{int(idx[-1])}"

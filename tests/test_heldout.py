@@ -229,3 +229,18 @@ def test_envelope_needs_robust(small, tmp_path, capsys):
     _loads(small).save(path)
     assert main(["optimize", str(path), "--gpus", "8", "--gpus-per-node", "4", "--envelope", "--no-out"]) == 2
     assert "--envelope needs --robust" in capsys.readouterr().err
+
+
+def test_shift_estimate_uses_the_planning_windows_only(small):
+    loads = _loads(small, windows=8, per_window=100)
+    cluster = make_cluster(8, "h200", 4)
+    cmp = compare_policies(loads, cluster, num_redundant=8, policies=["eplb"], shift=True)
+    assert cmp.plan_windows.tolist() == [0, 1, 2, 3]
+    assert cmp.shift_scenarios == ("window 0", "window 1", "window 2", "window 3")
+    got = []
+    for w in range(4):  # held-out windows 4-7 (the other hot experts) never enter the estimate
+        train = [x for x in range(4) if x != w]
+        pl = get_policy("eplb")(PlacementProblem(loads.counts[train].astype(float), small, cluster, 8))
+        got.append(evaluate(pl, loads.counts[[w]].astype(float), model=small).balancedness)
+    assert cmp.results[0].shift["mean"] == pytest.approx(np.mean(got))
+    assert cmp.results[0].shift["worst"] == pytest.approx(min(got))
