@@ -125,106 +125,21 @@ def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generat
     normalized to 1/T. ``skew_scale`` / ``cv_scale`` raise the targets by what sampling takes off
     (re-drawn duplicates; measured by :func:`build_plan`'s pilot).
     """
-    num_layers, num_experts, num_domains = model.num_moe_layers, model.num_experts, cfg.num_domains
-    g = rng.standard_normal((num_layers, 1, num_experts))
-    h = rng.standard_normal((num_layers, num_domains, num_experts))
-    # Along the affinity chain (circle position i of layer l follows position i of layer l-1) the
-    # popularity fields are AR(1): the base pattern of layer l agrees with the pattern the coupling
-    # carries over, so mixing the two keeps the cold experts cold and the hot paths hot.
-    c = LAYER_COHERENCE
-    for li in range(1, num_layers):
-        g[li] = c * g[li - 1] + math.sqrt(1 - c * c) * g[li]
-        h[li] = c * h[li - 1] + math.sqrt(1 - c * c) * h[li]
-    g, h = g.astype(np.float32), h.astype(np.float32)
-    # skew_scale: the design aims above the target by what re-drawn duplicates take off (build_plan)
-    target = np.maximum(layer_skew_targets(cfg, num_layers) * skew_scale, 1.0)
-    w = avg_mix.astype(np.float32)[None, :, None]
-    w64 = avg_mix[:, None]
-    a = cfg.affinity
-    # the base, token and theme sources all keep the domain's layout: together they draw from pi
-    b = 1.0 - a
-    # the shared grid of layer l is rotated by grid_shift[l] intervals
-    grid_shift = rng.random(num_layers)
-    # theme groups: consecutive circle positions, each normalized to 1/T of every domain's load
-    T = num_themes(model, cfg)
-    groups = theme_groups(num_experts, T) if cfg.theme > 0 else None
-
-    def field(rho: float) -> np.ndarray:
-        return (math.sqrt(rho) * g + math.sqrt(1 - rho) * h).astype(np.float32)
-
-    def solve_sigma_base(x: np.ndarray, beta: float) -> np.ndarray:
-        # base shapes only, all layers at once: the starting point of the forward solve
-        lo, hi = np.full(num_layers, math.log(1e-4)), np.full(num_layers, math.log(8.0))
-        xs = _stretch(x, beta)
-        for _ in range(22):
-            mid = (lo + hi) / 2
-            up = max_over_mean((_stretched_shapes(mid, xs) * w).sum(axis=1)) < target
-            lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
-        return (lo + hi) / 2
-
-    def solve_shapes(cv_goal: float | None, corr_goal: float) -> tuple[np.ndarray, float, float]:
-        rho = 1.0 if num_domains < 2 else corr_goal
-        beta = 0.0
-        x = field(rho)
-        log_sigma = solve_sigma_base(x, beta)
-        sub = slice(None, None, 4)  # beta and rho are global: solve them on every 4th layer
-        for _ in range(2):
-            if cv_goal is not None:
-                beta = _bisect(lambda bt, ls=log_sigma, x=x: float(np.median(coef_of_variation(
-                    (_shapes(ls[sub], x[sub], bt) * w).sum(axis=1)))) - cv_goal, 0.0, 40.0, 14)
-            if num_domains >= 2:
-                rho = _bisect(lambda r, ls=log_sigma, bt=beta: mean_domain_correlation(
-                    _shapes(ls[sub], field(r)[sub], bt)) - corr_goal, 0.0, 1.0, 14)
-                x = field(rho)
-            log_sigma = solve_sigma_base(x, beta)
-        return x, beta, rho
-
-    def forward(x: np.ndarray, beta: float) -> tuple[np.ndarray, ...]:
-        """Solve sigma_l layer by layer through the coupling; returns (pi, q, log_sigma)."""
-        pi = np.empty((num_layers, num_domains, num_experts))
-        q = np.empty_like(pi)
-        log_sigma = np.empty(num_layers)
-        moved = None
-        for li in range(num_layers):
-            xl = x[li].astype(np.float64)
-            if beta > 0:
-                xl = np.where(xl < COLD_KNEE, COLD_KNEE + (1 + beta) * (xl - COLD_KNEE), xl)
-
-            def layer(ls: float, xl=xl, moved=moved):
-                p = np.exp(math.exp(ls) * (xl - xl.max()))
-                if groups is None:
-                    p /= p.sum(axis=1, keepdims=True)
-                else:
-                    p /= np.add.reduceat(p, groups[:-1], axis=1).repeat(np.diff(groups), axis=1) * T
-                # first MoE layer: no previous expert to follow, the affinity draws fall to the base
-                return p, (p if moved is None else b * p + a * moved)
-
-            lo, hi = math.log(1e-4), math.log(8.0)
-            for _ in range(24):
-                mid = (lo + hi) / 2
-                if max_over_mean((w64 * layer(mid)[1]).sum(axis=0)) < target[li]:
-                    lo = mid
-                else:
-                    hi = mid
-            log_sigma[li] = (lo + hi) / 2
-            pi[li], q[li] = layer(log_sigma[li])
-            if li + 1 < num_layers:
-                moved = _transport(q[li], grid_shift[li + 1] - grid_shift[li])
-        return pi, q, log_sigma
-
+    design = _PopularityDesign(model, cfg, rng, avg_mix, skew_scale)
+    w64 = design.w64
     # cv_scale, like skew_scale: what re-drawn duplicates take off the realized CV (build_plan)
     cv_target = None if cfg.cv is None else cfg.cv * cv_scale
     cv_goal, corr_goal = cv_target, cfg.domain_correlation
     for _ in range(3):
-        x, beta, rho = solve_shapes(cv_goal, corr_goal)
-        pi, q, log_sigma = forward(x, beta)
+        x, beta, rho = design.solve_shapes(cv_goal, corr_goal)
+        pi, q, log_sigma = design.forward(x, beta)
         total = (w64[None] * q).sum(axis=1)
         cv_real = float(np.median(coef_of_variation(total)))
         corr_real = mean_domain_correlation(q)
         # move the goals of the base shapes by the realized miss
         if cfg.cv is not None:
             cv_goal = max(0.01, cv_goal * cv_target / max(cv_real, 1e-6))
-        if num_domains >= 2:
+        if design.num_domains >= 2:
             corr_goal = float(np.clip(corr_goal + cfg.domain_correlation - corr_real, 0.0, 1.0))
     report = {
         "rho": rho,
@@ -235,7 +150,105 @@ def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generat
         "design_domain_skew_median": float(np.median(max_over_mean(q))),
         "design_domain_correlation": corr_real,
     }
-    return pi, grid_shift, report, total
+    return pi, design.grid_shift, report, total
+
+
+class _PopularityDesign:
+    """The random fields, targets and solvers of one :func:`design_popularity` call (the draws happen
+    here, in a fixed order, so a seed gives one design)."""
+
+    def __init__(self, model: ModelSpec, cfg: SynthConfig, rng: np.random.Generator, avg_mix: np.ndarray,
+                 skew_scale: float) -> None:
+        self.num_layers, self.num_experts = model.num_moe_layers, model.num_experts
+        self.num_domains = num_domains = cfg.num_domains
+        num_layers, num_experts = self.num_layers, self.num_experts
+        g = rng.standard_normal((num_layers, 1, num_experts))
+        h = rng.standard_normal((num_layers, num_domains, num_experts))
+        # Along the affinity chain (circle position i of layer l follows position i of layer l-1) the
+        # popularity fields are AR(1): the base pattern of layer l agrees with the pattern the coupling
+        # carries over, so mixing the two keeps the cold experts cold and the hot paths hot.
+        c = LAYER_COHERENCE
+        for li in range(1, num_layers):
+            g[li] = c * g[li - 1] + math.sqrt(1 - c * c) * g[li]
+            h[li] = c * h[li - 1] + math.sqrt(1 - c * c) * h[li]
+        self.g, self.h = g.astype(np.float32), h.astype(np.float32)
+        # skew_scale: the design aims above the target by what re-drawn duplicates take off (build_plan)
+        self.target = np.maximum(layer_skew_targets(cfg, num_layers) * skew_scale, 1.0)
+        self.w = avg_mix.astype(np.float32)[None, :, None]
+        self.w64 = avg_mix[:, None]
+        self.a = cfg.affinity
+        # the base, token and theme sources all keep the domain's layout: together they draw from pi
+        self.b = 1.0 - self.a
+        # the shared grid of layer l is rotated by grid_shift[l] intervals
+        self.grid_shift = rng.random(num_layers)
+        # theme groups: consecutive circle positions, each normalized to 1/T of every domain's load
+        self.T = num_themes(model, cfg)
+        self.groups = theme_groups(num_experts, self.T) if cfg.theme > 0 else None
+
+    def field(self, rho: float) -> np.ndarray:
+        return (math.sqrt(rho) * self.g + math.sqrt(1 - rho) * self.h).astype(np.float32)
+
+    def solve_sigma_base(self, x: np.ndarray, beta: float) -> np.ndarray:
+        """Base shapes only, all layers at once: the starting point of the forward solve."""
+        lo, hi = np.full(self.num_layers, math.log(1e-4)), np.full(self.num_layers, math.log(8.0))
+        xs = _stretch(x, beta)
+        for _ in range(22):
+            mid = (lo + hi) / 2
+            up = max_over_mean((_stretched_shapes(mid, xs) * self.w).sum(axis=1)) < self.target
+            lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
+        return (lo + hi) / 2
+
+    def solve_shapes(self, cv_goal: float | None, corr_goal: float) -> tuple[np.ndarray, float, float]:
+        """``(x, beta, rho)`` of the base shapes for the CV and correlation goals."""
+        w, field = self.w, self.field
+        rho = 1.0 if self.num_domains < 2 else corr_goal
+        beta = 0.0
+        x = field(rho)
+        log_sigma = self.solve_sigma_base(x, beta)
+        sub = slice(None, None, 4)  # beta and rho are global: solve them on every 4th layer
+        for _ in range(2):
+            if cv_goal is not None:
+                beta = _bisect(lambda bt, ls=log_sigma, x=x: float(np.median(coef_of_variation(
+                    (_shapes(ls[sub], x[sub], bt) * w).sum(axis=1)))) - cv_goal, 0.0, 40.0, 14)
+            if self.num_domains >= 2:
+                rho = _bisect(lambda r, ls=log_sigma, bt=beta: mean_domain_correlation(
+                    _shapes(ls[sub], field(r)[sub], bt)) - corr_goal, 0.0, 1.0, 14)
+                x = field(rho)
+            log_sigma = self.solve_sigma_base(x, beta)
+        return x, beta, rho
+
+    def forward(self, x: np.ndarray, beta: float) -> tuple[np.ndarray, ...]:
+        """Solve sigma_l layer by layer through the coupling; returns (pi, q, log_sigma)."""
+        pi = np.empty((self.num_layers, self.num_domains, self.num_experts))
+        q = np.empty_like(pi)
+        log_sigma = np.empty(self.num_layers)
+        moved = None
+        for li in range(self.num_layers):
+            xl = x[li].astype(np.float64)
+            if beta > 0:
+                xl = np.where(xl < COLD_KNEE, COLD_KNEE + (1 + beta) * (xl - COLD_KNEE), xl)
+            lo, hi = math.log(1e-4), math.log(8.0)
+            for _ in range(24):
+                mid = (lo + hi) / 2
+                if max_over_mean((self.w64 * self._layer(mid, xl, moved)[1]).sum(axis=0)) < self.target[li]:
+                    lo = mid
+                else:
+                    hi = mid
+            log_sigma[li] = (lo + hi) / 2
+            pi[li], q[li] = self._layer(log_sigma[li], xl, moved)
+            if li + 1 < self.num_layers:
+                moved = _transport(q[li], self.grid_shift[li + 1] - self.grid_shift[li])
+        return pi, q, log_sigma
+
+    def _layer(self, ls: float, xl: np.ndarray, moved: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """One layer's base popularity ``pi`` at log-sigma ``ls`` and its per-slot distribution ``q``."""
+        p = np.exp(math.exp(ls) * (xl - xl.max()))
+        if self.groups is None:
+            p /= p.sum(axis=1, keepdims=True)
+        else:
+            p /= np.add.reduceat(p, self.groups[:-1], axis=1).repeat(np.diff(self.groups), axis=1) * self.T
+        # first MoE layer: no previous expert to follow, the affinity draws fall to the base
+        return p, (p if moved is None else self.b * p + self.a * moved)
 
 
 THEME_GROUP_PER_SLOT = 7  # auto themes: a group has at least ~7 experts per top-k slot (K3: 8 x 112)
