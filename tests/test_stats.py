@@ -23,6 +23,7 @@ from traces.stats import (
     window_drift,
 )
 from traces.synth import SynthConfig, build_plan, synth_chunks, synthesize
+from traces.validate import validate_report
 
 SHORT = {"prompt_median": 96, "prompt_sigma": 0.6, "output_median": 48, "long_fraction": 0.0}
 
@@ -123,12 +124,12 @@ def test_bad_rows_name_file_group_and_field(tmp_path, qwen):
     k = qwen.top_k
     ex = np.tile(np.arange(k), (4, 1))
     _write(tmp_path / "bad_layer", qwen, np.array([0, 0, 1, 999]), ex)
-    with pytest.raises(InputError, match=r"part-00000\.parquet: row group 0: field 'layer': 999"):
+    with pytest.raises(InputError, match=r"part-00000\.parquet: row 3: field 'layer': layer 999 is not an MoE"):
         compute_stats(tmp_path / "bad_layer")
     big = ex.copy()
     big[2, 3] = qwen.num_experts
     _write(tmp_path / "bad_id", qwen, np.zeros(4), big)
-    with pytest.raises(InputError, match=r"row group 0: field 'expert_ids': id 128 >= num_experts"):
+    with pytest.raises(InputError, match=r"row 2: field 'expert_ids': expert id 128 >= num_experts 128"):
         compute_stats(tmp_path / "bad_id")
 
 
@@ -222,9 +223,12 @@ def test_worker_errors_name_the_row_group(tmp_path, qwen):
     with TraceWriter(tmp_path / "bad", qwen, {"kind": "test"}, row_group_rows=2 * L) as w:
         w.write(request_id=np.zeros(n), position=np.repeat(np.arange(40), L), phase=np.zeros(n),
                 step=np.arange(n), layer=layer, expert_ids=ex)
+    first = str(validate_report(tmp_path / "bad").first)
+    assert f"part-00000.parquet: row {5 * 2 * L + 3}: field 'layer': layer 999 is not" in first
     for workers in (1, 2):
-        with pytest.raises(InputError, match=r"part-00000\.parquet: row group 5: field 'layer': 999 is not"):
+        with pytest.raises(InputError) as err:
             compute_stats(tmp_path / "bad", workers=workers)
+        assert str(err.value) == first
     with pytest.raises(InputError, match="workers must be >= 1"):
         compute_stats(tmp_path / "bad", workers=0)
 

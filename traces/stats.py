@@ -41,9 +41,9 @@ import pyarrow.parquet as pq
 
 from foundation.errors import InputError
 from foundation.model import ModelSpec
-from traces.format import read_trace_meta, trace_files
 from traces.loads import Loads
 from traces.measures import coef_of_variation, max_over_mean, topk_overlap
+from traces.validate import RowOrder, Trace, _Raise, check_row_group, corrupt_group, open_trace, read_columns
 
 DEFAULT_WINDOW_TOKENS = 4096
 DEFAULT_SAMPLE_TOKENS = 4096
@@ -374,11 +374,10 @@ def _locality(samples: np.ndarray, rid: np.ndarray, pos: np.ndarray) -> tuple[fl
 class _PassSpec:
     """What every row-group job of one pass needs (inherited by forked workers, never pickled)."""
 
-    files: tuple[Path, ...]
+    trace: Trace
     jobs: tuple[tuple[int, int, int], ...]  # (file index, row group, first row of the group in the trace)
-    columns: tuple[str, ...]
+    extra_columns: tuple[str, ...]  # decoded beyond what the gate's row checks read
     model: ModelSpec
-    layer2idx: np.ndarray  # int32 [65536]: decoder layer -> MoE layer index, -1 if not an MoE layer
     rows_per_window: int
     num_windows: int
     sample_tokens: int
@@ -401,6 +400,7 @@ class _Partial:
     domain_names: list[str]
     domain_rows: np.ndarray | None
     sample: tuple[np.ndarray, ...] | None
+    edge: Any = None  # the row group's order facts for the gate's cross-group checks (traces.validate)
 
 
 _PASSES: dict[int, _PassSpec] = {}  # pass id -> spec; forked workers inherit it
@@ -435,8 +435,8 @@ def _open_file(f: Path, opened: dict[Path, pq.ParquetFile]) -> pq.ParquetFile:
             dict_cols = ["domain"] if "domain" in pq.read_schema(f).names else None
             # memory-mapped: pages are decoded straight from the page cache (no read() copies)
             pf = pq.ParquetFile(f, read_dictionary=dict_cols, memory_map=True)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise InputError(f"{f}: not a readable Parquet file: truncated or corrupt ({exc})") from None
         opened[f] = pf
     return pf
 
@@ -467,36 +467,26 @@ def _count(base: np.ndarray, experts: np.ndarray, num_bins: int) -> np.ndarray:
 
 
 def _reduce_group(spec: _PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -> _Partial:
-    """Decode row group ``j`` of the pass and reduce it to a :class:`_Partial` (validating as it goes);
-    ``opened`` caches the pass's open files."""
+    """Decode row group ``j`` of the pass, run the gate's row checks on it (``traces.validate``: the first
+    problem raises) and reduce it to a :class:`_Partial`; ``opened`` caches the pass's open files."""
     fi, rg, row0 = spec.jobs[j]
-    f = spec.files[fi]
+    trace = spec.trace
+    f = trace.files[fi].path
     model = spec.model
-    num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
+    num_layers, num_experts = model.num_moe_layers, model.num_experts
+    pf = _open_file(f, opened)
     try:
-        table = _open_file(f, opened).read_row_group(rg, columns=list(spec.columns), use_threads=False)
-    except (pa.ArrowInvalid, OSError, KeyError) as exc:
-        raise InputError(f"{f}: row group {rg}: unreadable ({exc})") from None
-    n = table.num_rows
+        table = pf.read_row_group(rg, columns=read_columns(trace, fi, rg, pf, spec.extra_columns), use_threads=False)
+    except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
+        raise InputError(corrupt_group(f, rg, exc)) from None
+    group = check_row_group(_Raise(), trace, fi, rg, table)
+    n = group.n
     rpw = spec.rows_per_window
     w0 = row0 // rpw
     if n == 0:
-        return _Partial(w0, np.zeros((0, num_layers, num_experts), np.int64), np.zeros(0, np.int64), [], None, None)
-    where_ = f"{f}: row group {rg}"
-    layer = table.column("layer").to_numpy()
-    li = spec.layer2idx[layer]
-    if (li < 0).any():
-        bad = int(layer[np.flatnonzero(li < 0)[0]])
-        raise InputError(f"{where_}: field 'layer': {bad} is not an MoE layer of model '{model.name}'")
-    ex_col = table.column("expert_ids")
-    if ex_col.null_count:
-        raise InputError(f"{where_}: field 'expert_ids': null values")
-    if ex_col.type.list_size != k:
-        raise InputError(f"{where_}: field 'expert_ids': top-{ex_col.type.list_size}, model has top-{k}")
-    ex_arr = ex_col.chunk(0) if ex_col.num_chunks == 1 else ex_col.combine_chunks()  # one chunk: no copy
-    experts = ex_arr.values.slice(ex_arr.offset * k, n * k).to_numpy().reshape(n, k)
-    if int(experts.max()) >= num_experts:
-        raise InputError(f"{where_}: field 'expert_ids': id {int(experts.max())} >= num_experts {num_experts}")
+        return _Partial(w0, np.zeros((0, num_layers, num_experts), np.int64), np.zeros(0, np.int64), [], None, None,
+                        group.edge)
+    li, experts = group.layer_idx, group.experts
     # one bincount over (window, layer, expert) for the whole row group
     w1 = (row0 + n - 1) // rpw
     bins_per_window = num_layers * num_experts
@@ -509,13 +499,12 @@ def _reduce_group(spec: _PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -
     if spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
         spec.shared_counts[_WORKER_SLOT[0], w0:w1 + 1] += counts
         counts = None
-    rid = table.column("request_id").to_numpy()
-    pos = table.column("position").to_numpy()
+    rid, pos = group.request_id, group.position
     runs = np.flatnonzero(rid[1:] != rid[:-1]) + 1
     requests = np.unique(rid[np.concatenate([[0], runs])])
     names: list[str] = []
     per = None
-    if "domain" in spec.columns:
+    if "domain" in spec.extra_columns:
         dcol = table.column("domain").combine_chunks()
         if isinstance(dcol, pa.DictionaryArray):
             codes = dcol.indices.to_numpy(zero_copy_only=False)
@@ -529,7 +518,7 @@ def _reduce_group(spec: _PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -
     sample = (_sample_candidates(rid, pos, li, experts, spec.seed, spec.sample_threshold,
                                  w0 if w0 == w1 else np.arange(row0, row0 + n, dtype=np.int64) // rpw)
               if spec.sample_tokens > 0 else None)
-    return _Partial(w0, counts, requests, names, per, sample)
+    return _Partial(w0, counts, requests, names, per, sample, group.edge)
 
 
 def _reduce_group_by_id(pass_id: int, j: int) -> _Partial:
@@ -608,43 +597,27 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
         raise InputError(f"--window-tokens must be >= 1, got {window_tokens}")
     if sample_tokens < 0:
         raise InputError(f"--sample-tokens must be >= 0, got {sample_tokens}")
-    files = trace_files(path)
-    model, provenance = read_trace_meta(path)
+    trace = open_trace(path)  # the gate: file-level checks here, row checks on every decoded row group
+    files = trace.file_paths
+    model, provenance = trace.model, trace.provenance
     num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
-    layer2idx = np.full(65536, -1, np.int32)
-    layer2idx[list(model.moe_layers)] = np.arange(num_layers)
     # a log of some MoE layers only (an import records which) has that many rows per token
     covered = provenance.get("layers_covered") if isinstance(provenance, dict) else None
     rows_per_token = num_layers
     if isinstance(covered, list) and covered and set(covered) <= set(model.moe_layers):
         rows_per_token = len(set(covered))
     rows_per_window = window_tokens * rows_per_token
-
-    jobs = []
-    total_rows = 0
-    schema_names = None
-    for fi, f in enumerate(files):
-        try:
-            meta = pq.read_metadata(f)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
-        if schema_names is None:
-            schema_names = set(meta.schema.to_arrow_schema().names)
-        for rg in range(meta.num_row_groups):
-            jobs.append((fi, rg, total_rows))
-            total_rows += meta.row_group(rg).num_rows
-    if total_rows == 0:
-        raise InputError(f"{path}: the trace has no rows")
+    jobs = trace.row_groups()
+    total_rows = trace.num_rows
     num_windows = -(-total_rows // rows_per_window)
-    has_domain = "domain" in schema_names
-    columns = ("request_id", "position", "layer", "expert_ids") + (("domain",) if has_domain else ())
+    extra = ("domain",) if "domain" in trace.columns else ()
     sampler = _Sampler(sample_tokens, total_rows // rows_per_token, seed)
     num_workers = _num_workers(workers, len(jobs), total_rows * k)
     shared = None
     if num_workers > 1:
         # anonymous shared memory, inherited by the forked workers: counts never travel through pipes
         shared = mmap.mmap(-1, num_workers * num_windows * num_layers * num_experts * 8)
-    spec = _PassSpec(files=tuple(files), jobs=tuple(jobs), columns=columns, model=model, layer2idx=layer2idx,
+    spec = _PassSpec(trace=trace, jobs=tuple(jobs), extra_columns=extra, model=model,
                      rows_per_window=rows_per_window, num_windows=num_windows, sample_tokens=sample_tokens,
                      sample_threshold=int(sampler.threshold), seed=seed,
                      shared_counts=None if shared is None else np.frombuffer(shared, np.int64).reshape(
@@ -654,8 +627,11 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     domain_ids: dict[str, int] = {}
     domain_rows: list[np.ndarray] = []  # per domain: rows per window
     requests: set[int] = set()
+    order = RowOrder(_Raise())
     with _worker_pool(num_workers, len(jobs)) as pool:
-        for part in _partials(spec, pool, num_workers):
+        for j, part in enumerate(_partials(spec, pool, num_workers)):
+            fi, rg, _ = jobs[j]
+            order.feed(part.edge, f"the last row of {files[fi - 1].name}" if rg == 0 and fi > 0 else "the row before")
             if part.counts is not None:
                 counts[part.w0:part.w0 + len(part.counts)] += part.counts
             requests.update(part.requests.tolist())
