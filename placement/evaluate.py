@@ -55,8 +55,8 @@ from placement.dispatch import (
     token_gpu_loads,
 )
 from placement.record import Placement
-from traces.format import read_trace_meta, scan_trace
 from traces.loads import Loads, is_loads_file, load_loads
+from traces.validate import check_trace
 
 TRAFFIC_MODES = ("node", "gpu", "expert")
 
@@ -112,11 +112,12 @@ def index_trace(path: str | Path):
     million rows with a list column."""
     import polars as pl
 
-    model, prov = read_trace_meta(path)
+    trace = check_trace(path)  # the gate: every row checked before any is used
+    model, prov = trace.model, trace.provenance
     L = model.num_moe_layers
     lay2idx = np.full(65536, -1, dtype=np.int64)
     lay2idx[list(model.moe_layers)] = np.arange(L)
-    lf = scan_trace(path)
+    lf = pl.scan_parquet([str(f) for f in trace.file_paths])
     df = lf.select("request_id", "position", "layer", "expert_ids").collect()
     if df.height == 0:
         raise InputError(f"{path}: the trace has no rows")

@@ -17,7 +17,8 @@ import polars as pl
 from foundation.errors import InputError
 from foundation.model import ModelSpec
 from sim.config import LengthMix, WorkloadConfig
-from traces.format import PHASE_PREFILL, read_trace_meta, scan_trace, trace_files
+from traces.format import PHASE_PREFILL
+from traces.validate import check_trace
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,10 +64,10 @@ def load_trace_tokens(path: str | Path, max_tokens: int | None = None, from_toke
     carry exactly one row per MoE layer. ``from_token``: only requests whose first row lies at or after
     token ``from_token`` of the file order (row ``from_token x L``) — the held-out part of a trace whose
     first tokens a placement was planned on (a request that started before it is left out whole)."""
-    model, _ = read_trace_meta(path)
-    files = trace_files(path)
+    trace = check_trace(path)  # the gate: every row checked before any is used
+    model, files = trace.model, trace.file_paths
     L = model.num_moe_layers
-    lf = scan_trace(path)
+    lf = pl.scan_parquet([str(f) for f in files])
     if from_token > 0:
         first_row = (lf.select("request_id").with_row_index("row").group_by("request_id")
                      .agg(pl.col("row").min().alias("first_row")))

@@ -148,9 +148,10 @@ def test_trace_roundtrip_equals_token_routing(tmp_path, tiny):
     n = 40
     ids = np.stack([rng.choice(4, 2, replace=False) for _ in range(n)])
     req = np.arange(n) // 8
+    o = np.argsort(np.arange(n) % 8, kind="stable")  # the file holds rows in step order
     with TraceWriter(tmp_path / "t", tiny, {"kind": "synthetic"}) as w:
-        w.write(request_id=req, position=np.arange(n) % 8, phase=np.zeros(n), step=np.arange(n) % 8,
-                layer=np.ones(n), expert_ids=ids)
+        w.write(request_id=req[o], position=(np.arange(n) % 8)[o], phase=np.zeros(n), step=(np.arange(n) % 8)[o],
+                layer=np.ones(n), expert_ids=ids[o])
     tr = read_token_routing(tmp_path / "t")
     assert tr.num_tokens == n
     pl = make(tiny, [[0, 1, 2, 3, 0, 1]], 3, 3)

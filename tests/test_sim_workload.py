@@ -32,7 +32,7 @@ def test_trace_with_a_missing_layer_row_is_refused(tmp_path):
     with TraceWriter(tmp_path / "bad", m, {"kind": "synthetic"}) as w:
         w.write(request_id=np.array([1, 1, 1, 2, 2]), position=np.array([0, 0, 0, 0, 0]),
                 phase=np.zeros(5), step=np.zeros(5), layer=np.array([1, 2, 3, 1, 2]),
-                expert_ids=np.zeros((5, 4), dtype=np.uint16))
+                expert_ids=np.tile(np.arange(4, dtype=np.uint16), (5, 1)))
     with pytest.raises(InputError, match="request 2: field 'layer': 2 rows is not a multiple"):
         load_trace_tokens(tmp_path / "bad")
 
@@ -76,7 +76,7 @@ def test_represented_long_requests_keep_their_true_lengths(tmp_path):
     with TraceWriter(tmp_path / "t", m, {"kind": "synthetic"}) as w:
         w.write(request_id=np.full(6 * L, 5), position=np.repeat(pos, L), phase=np.repeat(phase, L),
                 step=np.repeat(np.arange(6), L), layer=np.tile(np.array(m.moe_layers), 6),
-                expert_ids=np.repeat(np.arange(6), L)[:, None].repeat(4, axis=1))
+                expert_ids=(np.repeat(np.arange(6), L)[:, None] + np.arange(4) * 4) % m.num_experts)
     tt = load_trace_tokens(tmp_path / "t")
     assert (tt.prompt_len[0], tt.output_len[0], tt.prefill_rows[0]) == (100, 2, 4)
     q = RequestSource(tt, None, np.random.default_rng(0)).make(0.0)

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from foundation.errors import InputError
 from foundation.files import atomic_path
-from foundation.model import ModelSpec, spec_from_json
+from foundation.model import ModelSpec
 
 FORMAT_VERSION = "1"
 META_FORMAT = b"moeplace.format"
@@ -174,39 +174,26 @@ def trace_files(path: str | Path) -> list[Path]:
     raise InputError(f"{p}: no such file or directory")
 
 
-def read_file_meta(path: Path) -> tuple[ModelSpec, dict[str, Any]]:
-    """Model spec and provenance from one trace file's footer."""
-    try:
-        meta = pq.read_schema(path).metadata or {}
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
-    if META_MODEL not in meta:
-        raise InputError(f"{path}: metadata 'moeplace.model' missing: not a moeplace trace "
-                         "(import it with `place trace import`)")
-    try:
-        model = spec_from_json(meta[META_MODEL].decode())
-        prov = json.loads(meta.get(META_PROVENANCE, b"{}").decode())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: metadata 'moeplace.model' is not a valid model spec ({exc})") from None
-    return model, prov
-
-
 def read_trace_meta(path: str | Path) -> tuple[ModelSpec, dict[str, Any]]:
-    """Model and provenance of a trace; every file of a directory must declare the same model."""
-    files = trace_files(path)
-    model, prov = read_file_meta(files[0])
-    for f in files[1:]:
-        m, _ = read_file_meta(f)
-        if m != model:
-            raise InputError(f"{f}: metadata 'moeplace.model' declares model '{m.name}', inconsistent with "
-                             f"{files[0]} ('{model.name}'); one trace directory holds one model")
-    return model, prov
+    """Model and provenance of a trace, after the gate's file-level checks (``traces.validate.open_trace``:
+    readable files, a known format version, one model, the contract's columns, rows)."""
+    from traces.validate import open_trace  # the gate builds on this module
+
+    trace = open_trace(path)
+    return trace.model, trace.provenance
 
 
 def scan_trace(path: str | Path) -> pl.LazyFrame:
-    """Lazy polars frame over all rows of a trace (file or directory)."""
-    return pl.scan_parquet([str(f) for f in trace_files(path)])
+    """Lazy polars frame over all rows of a trace (file or directory) that passed the whole gate
+    (``traces.validate.check_trace``: every row is checked before any is handed out)."""
+    from traces.validate import check_trace
+
+    trace = check_trace(path)
+    return pl.scan_parquet([str(f) for f in trace.file_paths])
 
 
 def trace_num_rows(path: str | Path) -> int:
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in trace_files(path))
+    """Rows of a trace, from its footers (after the gate's file-level checks)."""
+    from traces.validate import open_trace
+
+    return open_trace(path).num_rows

@@ -48,30 +48,32 @@ class Loads:
     def __post_init__(self) -> None:
         c = self.counts
         if c.ndim != 3:
-            raise InputError(f"Loads counts must be [windows, layers, experts], got shape {c.shape}")
+            raise InputError(f"field 'counts' has shape {list(c.shape)}, expected [windows, layers, experts]")
         if c.shape[1:] != (self.model.num_moe_layers, self.model.num_experts):
             raise InputError(
-                f"Loads counts have shape {c.shape}, but model '{self.model.name}' has "
+                f"field 'counts' has shape {list(c.shape)}, but model '{self.model.name}' has "
                 f"{self.model.num_moe_layers} MoE layers x {self.model.num_experts} experts")
         if c.shape[0] == 0:
-            raise InputError("Loads has no windows")
+            raise InputError("field 'counts' has no windows")
         if np.any(c < 0):
-            raise InputError("Loads counts must be non-negative")
+            w, li, e = (int(x[0]) for x in np.nonzero(c < 0))
+            raise InputError(f"field 'counts' is {int(c[w, li, e])} at window {w}, MoE layer {li}, expert {e}: "
+                             "counts must be non-negative")
         if self.labels and len(self.labels) != c.shape[0]:
-            raise InputError(f"Loads has {c.shape[0]} windows but {len(self.labels)} labels")
+            raise InputError(f"field 'labels' has {len(self.labels)} labels for {c.shape[0]} windows")
         s = self.samples
         if s is not None:
             if s.ndim != 3 or s.shape[1:] != (self.model.num_moe_layers, self.model.top_k):
-                raise InputError(f"Loads samples have shape {s.shape}, expected [N, {self.model.num_moe_layers}, "
-                                 f"{self.model.top_k}] (tokens, MoE layers, top-k)")
+                raise InputError(f"field 'samples' has shape {list(s.shape)}, expected [N, "
+                                 f"{self.model.num_moe_layers}, {self.model.top_k}] (tokens, MoE layers, top-k)")
             if s.size and (s.min() < -1 or s.max() >= self.model.num_experts):
-                raise InputError(f"Loads samples must be expert ids in [0, {self.model.num_experts}) or -1")
+                raise InputError(f"field 'samples' must hold expert ids in [0, {self.model.num_experts}) or -1")
         sw = self.sample_windows
         if sw is not None:
             if s is None or sw.shape != (s.shape[0],):
-                raise InputError("Loads sample_windows must have one entry per sampled token")
+                raise InputError("field 'sample_windows' must have one entry per sampled token")
             if sw.size and (sw.min() < 0 or sw.max() >= c.shape[0]):
-                raise InputError(f"Loads sample_windows must be window indices in [0, {c.shape[0]})")
+                raise InputError(f"field 'sample_windows' must hold window indices in [0, {c.shape[0]})")
 
     @property
     def num_windows(self) -> int:
@@ -123,25 +125,63 @@ def is_loads_file(path: str | Path) -> bool:
 
 
 def load_loads(path: str | Path) -> Loads:
+    """The Loads gate: read a Loads ``.npz`` and check every field (``counts`` non-negative integers of the
+    shape ``meta.model`` declares, ``meta`` a JSON object of this format with a valid model spec, labels,
+    provenance, ``samples`` expert ids or -1). The only way a Loads file enters a command; any problem is
+    an :class:`InputError` naming the file and the field."""
     p = Path(path)
     try:
         with np.load(p, allow_pickle=False) as z:
-            if "counts" not in z or "meta" not in z:
+            if not hasattr(z, "files") or "counts" not in z.files or "meta" not in z.files:
                 raise InputError(f"{p}: not a moeplace Loads file (expected arrays 'counts' and 'meta')")
             counts = z["counts"]
-            meta = json.loads(str(z["meta"]))
-            samples = z.get("samples", None)
-            sample_windows = z.get("sample_windows", None)
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+            meta_arr = z["meta"]
+            samples = z["samples"] if "samples" in z.files else None
+            sample_windows = z["sample_windows"] if "sample_windows" in z.files else None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError, TypeError) as exc:
         raise InputError(f"{p}: not a readable Loads .npz file ({exc})") from None
+    if meta_arr.shape != () or meta_arr.dtype.kind not in "US":
+        raise InputError(f"{p}: field 'meta' is a {meta_arr.dtype} array of shape {list(meta_arr.shape)}, "
+                         "expected one JSON string")
+    try:
+        meta = json.loads(str(meta_arr))
+    except ValueError as exc:
+        raise InputError(f"{p}: field 'meta' is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{p}: field 'meta' is a JSON {type(meta).__name__}, expected an object")
     if meta.get("format") != LOADS_FORMAT:
         raise InputError(f"{p}: field 'format' is {meta.get('format')!r}, expected {LOADS_FORMAT!r}")
-    if not np.issubdtype(counts.dtype, np.integer):
+    if not isinstance(meta.get("model"), dict):
+        raise InputError(f"{p}: field 'meta.model' is {json.dumps(meta.get('model'))[:60]}, expected a model "
+                         "spec object")
+    try:
+        model = ModelSpec.from_dict(meta["model"])
+    except InputError as exc:
+        raise InputError(f"{p}: field 'meta.model': {exc}") from None
+    if counts.dtype.kind not in "iu":
         raise InputError(f"{p}: field 'counts' has dtype {counts.dtype}, expected integers")
-    model = ModelSpec.from_dict(meta["model"])
-    if samples is not None and not np.issubdtype(samples.dtype, np.integer):
-        raise InputError(f"{p}: field 'samples' has dtype {samples.dtype}, expected integers")
-    return Loads(counts.astype(np.int64), model, int(meta.get("window_tokens", 0)),
-                 tuple(meta.get("labels", ())), meta.get("provenance", {}),
-                 None if samples is None else samples.astype(np.int32),
-                 None if samples is None or sample_windows is None else sample_windows.astype(np.int64))
+    if counts.size and counts.dtype.kind == "u" and int(counts.max()) > np.iinfo(np.int64).max:
+        raise InputError(f"{p}: field 'counts' holds {int(counts.max())}, beyond int64")
+    wt = meta.get("window_tokens", 0)
+    if isinstance(wt, bool) or not isinstance(wt, int) or wt < 0:
+        raise InputError(f"{p}: field 'meta.window_tokens' is {json.dumps(wt)[:40]}, expected an integer >= 0")
+    labels = meta.get("labels", [])
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise InputError(f"{p}: field 'meta.labels' is not a list of strings")
+    prov = meta.get("provenance", {})
+    if not isinstance(prov, dict):
+        raise InputError(f"{p}: field 'meta.provenance' is a JSON {type(prov).__name__}, expected an object")
+    if samples is not None:
+        if samples.dtype.kind not in "iu":
+            raise InputError(f"{p}: field 'samples' has dtype {samples.dtype}, expected integers")
+        if samples.size and (int(samples.min()) < -1 or int(samples.max()) >= model.num_experts):
+            raise InputError(f"{p}: field 'samples' holds {int(samples.min())}..{int(samples.max())}, expected "
+                             f"expert ids in [0, {model.num_experts}) or -1")
+    if sample_windows is not None and sample_windows.dtype.kind not in "iu":
+        raise InputError(f"{p}: field 'sample_windows' has dtype {sample_windows.dtype}, expected integers")
+    try:
+        return Loads(counts.astype(np.int64), model, wt, tuple(labels), prov,
+                     None if samples is None else samples.astype(np.int32),
+                     None if samples is None or sample_windows is None else sample_windows.astype(np.int64))
+    except InputError as exc:
+        raise InputError(f"{p}: {exc}") from None

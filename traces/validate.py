@@ -1,7 +1,7 @@
 """The trace gate: every check of the trace contract (``traces/format.py``), and the only way a trace
 enters a command.
 
-Entry points (all raise :class:`~traces.errors.InputError` with the *first* problem as one line, the same
+Entry points (all raise :class:`~foundation.errors.InputError` with the *first* problem as one line, the same
 line ``place trace validate`` prints first for that trace):
 
 - :func:`open_trace` -> :class:`Trace`: the file-level checks (every file opens as Parquet, ``moeplace.format``

@@ -1,4 +1,5 @@
-"""``place trace validate PATH...``: check traces against the trace contract; one line per problem."""
+"""``place trace validate PATH...``: the trace gate every command reads traces through
+(:mod:`traces.validate`), with every problem listed; one line per problem."""
 
 from __future__ import annotations
 
@@ -13,16 +14,19 @@ def register(sub) -> None:
     p = sub.add_parser(
         "validate",
         help="check traces (files or directories) against the trace format",
-        description="Streams every Parquet file and reports every problem (up to a limit per "
-        "kind) as one line naming file, row (or row group) and field; exit code 2 "
-        "when any is found, 0 with a one-line OK summary otherwise.",
+        description="Streams every Parquet file through the checks every command applies to the traces "
+        "it reads and reports the problems as one line each, naming file, row (or row group) and "
+        "field; the first line is the error any other command stops at on this trace. Exit code 2 "
+        "when any problem is found, 0 with a one-line OK summary otherwise.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace file or directory")
     p.add_argument(
         "--max-per-kind",
         type=int,
         default=DEFAULT_MAX_PER_KIND,
-        help=f"problems listed per kind before only counting them (default {DEFAULT_MAX_PER_KIND})",
+        help="problems listed per kind before only counting them (default "
+        f"{DEFAULT_MAX_PER_KIND}; 0 or less lists only the first problem). Changes the listing, never the "
+        "verdict",
     )
     p.set_defaults(func=run)
 
