@@ -116,19 +116,37 @@ class TraceWriter:
             raise exc
         return bool(self._ctx.__exit__(exc_type, exc, tb))
 
+    def _exact(self, name: str, values, dtype) -> np.ndarray:
+        """``values`` as ``dtype`` unchanged: a fraction or a value the column type cannot hold is an error
+        (a cast would truncate or wrap it silently)."""
+        a = np.asarray(values)
+        if a.dtype == dtype or a.size == 0:
+            return np.ascontiguousarray(a, dtype=dtype)
+        info = np.iinfo(dtype)
+        if a.dtype.kind not in "iufb":
+            raise InputError(f"{self.out}: field '{name}': {a.dtype} values, expected integers")
+        bad = (a < info.min) | (a > info.max)
+        if a.dtype.kind == "f":
+            bad |= ~np.isfinite(a) | (a != np.floor(np.where(np.isfinite(a), a, 0)))
+        if bad.any():
+            i = np.unravel_index(int(np.argmax(bad)), a.shape)
+            raise InputError(f"{self.out}: field '{name}': value {a[i]!r} (row {self.rows_written + int(i[0])} "
+                             f"of the output) is not a {dtype.__name__} integer; nothing is truncated or wrapped")
+        return np.ascontiguousarray(a, dtype=dtype)
+
     def write(self, *, request_id, position, phase, step, layer, expert_ids, gate_weights=None,
               token_id=None, domain=None) -> None:
         n = len(layer)
-        expert_ids = np.ascontiguousarray(expert_ids, dtype=np.uint16)
+        expert_ids = self._exact("expert_ids", expert_ids, np.uint16)
         k = self.model.top_k
         if expert_ids.shape != (n, k):
             raise InputError(f"expert_ids has shape {expert_ids.shape}, expected ({n}, {k})")
         cols: dict[str, pa.Array] = {
-            "request_id": pa.array(np.asarray(request_id, dtype=np.int64)),
-            "position": pa.array(np.asarray(position, dtype=np.int32)),
-            "phase": pa.array(np.asarray(phase, dtype=np.uint8)),
-            "step": pa.array(np.asarray(step, dtype=np.int64)),
-            "layer": pa.array(np.asarray(layer, dtype=np.uint16)),
+            "request_id": pa.array(self._exact("request_id", request_id, np.int64)),
+            "position": pa.array(self._exact("position", position, np.int32)),
+            "phase": pa.array(self._exact("phase", phase, np.uint8)),
+            "step": pa.array(self._exact("step", step, np.int64)),
+            "layer": pa.array(self._exact("layer", layer, np.uint16)),
             "expert_ids": pa.FixedSizeListArray.from_arrays(pa.array(expert_ids.reshape(-1)), k),
         }
         names = self.schema.names
@@ -136,7 +154,7 @@ class TraceWriter:
             gw = np.ascontiguousarray(gate_weights, dtype=np.float32).reshape(-1)
             cols["gate_weights"] = pa.FixedSizeListArray.from_arrays(pa.array(gw), k)
         if "token_id" in names:
-            cols["token_id"] = pa.array(np.asarray(token_id, dtype=np.int32))
+            cols["token_id"] = pa.array(self._exact("token_id", token_id, np.int32))
         if "domain" in names:
             cols["domain"] = pa.array(domain if not isinstance(domain, str) else [domain] * n, pa.string())
         table = pa.Table.from_pydict(cols, schema=self.schema)

@@ -55,23 +55,69 @@ def require(obj: dict, key: str, path: Path, where: str, types, what: str):
     return v
 
 
-def int_matrix(value, path: Path, where: str, key: str, *, integral: bool = True) -> np.ndarray:
-    """A rectangular numeric 2-D list -> float64/int64 array; errors name the field."""
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def exact_ints(value, prefix: str, lo: int, hi: int, label=None) -> np.ndarray:
+    """``value`` (an array or nested list of numbers) as int64, never changed on the way: a bool array, a
+    value that is not a whole number (``1.5``), a non-finite one or one outside ``[lo, hi]`` is an
+    :class:`InputError` ``"{prefix}: {label(index)}..."`` (``prefix`` names file, record and field;
+    ``label`` words an index tuple, default ``"[i, j]: "``)."""
+    label = label or (lambda idx: f"[{', '.join(map(str, idx))}]: " if idx else "")
     try:
-        arr = np.asarray(value, dtype=np.float64)
+        arr = np.asarray(value)
     except (ValueError, TypeError):
-        raise InputError(f"{path}: {where}: field '{key}' is not a rectangular list of numbers") from None
-    if arr.ndim != 2:
-        raise InputError(
-            f"{path}: {where}: field '{key}' has {arr.ndim} dimension(s), expected 2 ([layers][slots])"
-        )
-    if not np.all(np.isfinite(arr)):
-        raise InputError(f"{path}: {where}: field '{key}' holds a non-finite number")
-    if integral:
-        if np.any(arr != np.round(arr)):
-            raise InputError(f"{path}: {where}: field '{key}' holds a non-integer value, expected integers")
+        raise InputError(f"{prefix}: not a rectangular array of integers") from None
+    if arr.dtype.kind not in "iuf" or arr.dtype == object:
+        what = "booleans" if arr.dtype.kind == "b" else "a ragged or mixed list" if arr.dtype == object else arr.dtype
+        raise InputError(f"{prefix}: expected integers, got {what}")
+    if arr.size == 0:
         return arr.astype(np.int64)
-    return arr
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.floor(np.where(np.isfinite(arr), arr, 0)))
+        if bad.any():
+            idx = tuple(int(x) for x in np.argwhere(bad)[0])
+            raise InputError(f"{prefix}: {label(idx)}value {float(arr[idx]):.17g} is not an integer")
+    # compare in the array's own type (uint64 and large floats would wrap or round in int64)
+    low = (arr < lo) if not (arr.dtype.kind == "u" and lo <= 0) else np.zeros(arr.shape, bool)
+    out = low | (arr > hi)
+    if out.any():
+        idx = tuple(int(x) for x in np.argwhere(out)[0])
+        v = arr[idx]
+        shown = int(v) if arr.dtype.kind in "iu" else f"{float(v):.17g}"
+        if lo == 0 and v < 0:
+            raise InputError(f"{prefix}: {label(idx)}value {shown} is negative")
+        bound = {INT32_MAX: "the int32 maximum", INT64_MAX: "the int64 maximum"}.get(hi, str(hi))
+        raise InputError(f"{prefix}: {label(idx)}value {shown} is outside [{lo}, {bound}]")
+    return arr.astype(np.int64)
+
+
+def check_total(total: float, prefix: str) -> None:
+    """Counts whose sum could leave int64 are refused (every later sum stays exact below it)."""
+    if total > INT64_MAX:
+        raise InputError(f"{prefix}: the counts sum to {total:.4g} selections, beyond the int64 range of a "
+                         "Loads file (corrupt or mis-typed counts?)")
+
+
+def int_matrix(value, path: Path, where: str, key: str, *, integral: bool = True) -> np.ndarray:
+    """A rectangular numeric 2-D list -> int64 (``integral``, exact: see :func:`exact_ints`) or float64
+    array; errors name the field."""
+    prefix = f"{path}: {where}: field '{key}'"
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):
+        raise InputError(f"{prefix} is not a rectangular list of numbers") from None
+    if arr.dtype == object or arr.dtype.kind not in "iuf":
+        raise InputError(f"{prefix} is not a rectangular list of numbers")
+    if arr.ndim != 2:
+        raise InputError(f"{prefix} has {arr.ndim} dimension(s), expected 2 ([layers][slots])")
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+        raise InputError(f"{prefix} holds a non-finite number")
+    if integral:
+        return exact_ints(arr, prefix, -INT64_MAX - 1, INT64_MAX,
+                          lambda idx: f"[{idx[0]}][{idx[1]}]: ")
+    return arr.astype(np.float64)
 
 
 def write_validated_trace(
@@ -81,9 +127,19 @@ def write_validated_trace(
     directory, the result is validated, and only a valid trace is renamed onto ``out``. Returns rows."""
     with atomic_path(out, directory=True) as tmp:
         stage = tmp / "trace"
-        with TraceWriter(stage, model, provenance, **writer_options) as w:
-            write_chunks(w)
-        check_trace(stage)
+        try:
+            with TraceWriter(stage, model, provenance, **writer_options) as w:
+                write_chunks(w)
+            check_trace(stage)
+        except InputError as exc:
+            msg = str(exc)
+            if str(stage) not in msg:
+                raise
+            # a problem the importer's record checks did not catch: name the inputs and the output, never
+            # the temporary directory (which is gone when the user reads this)
+            sources = ", ".join(map(str, provenance.get("sources", []))) or "the input"
+            raise InputError(f"{sources}: converted, it would not be a valid trace: "
+                             f"{msg.replace(str(stage), str(out))}") from None
         for f in stage.iterdir():
             f.rename(tmp / f.name)
         shutil.rmtree(stage)

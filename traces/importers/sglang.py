@@ -43,7 +43,7 @@ import numpy as np
 from foundation.errors import InputError
 from foundation.model import ModelSpec
 from traces.importers import ImportResult
-from traces.importers._common import write_validated_trace
+from traces.importers._common import INT32_MAX, INT64_MAX, check_total, exact_ints, write_validated_trace
 from traces.loads import Loads
 
 FORWARD_MODE_DECODE = 2
@@ -100,6 +100,10 @@ def _as_array(value, path: Path, field: str, where: str = "") -> np.ndarray:
     return arr
 
 
+def _token_label(idx: tuple) -> str:
+    return f"token {idx[-1]}: " if idx else ""
+
+
 def _moe_rows(n: int, model: ModelSpec, path: Path, field: str) -> np.ndarray | None:
     """Indices selecting the MoE layers from an SGLang layer axis of length ``n`` (None: axis is MoE-only)."""
     if n == model.num_layers:
@@ -126,16 +130,14 @@ def stat_counts(logical_count: np.ndarray, model: ModelSpec, path: Path) -> tupl
             f"{path}: field 'logical_count' has shape {list(c.shape)}, expected "
             "[steps, layers, experts] or [layers, experts]"
         )
-    if not np.issubdtype(c.dtype, np.integer) and (not np.all(np.isfinite(c)) or np.any(c != np.round(c))):
-        raise InputError(f"{path}: field 'logical_count' has non-integer values (dtype {c.dtype})")
     if c.shape[2] != model.num_experts:
         raise InputError(
             f"{path}: field 'logical_count' has {c.shape[2]} experts per layer, but model "
             f"'{model.name}' has {model.num_experts}"
         )
-    c = c.astype(np.int64)
-    if np.any(c < 0):
-        raise InputError(f"{path}: field 'logical_count' holds negative counts")
+    c = exact_ints(c, f"{path}: field 'logical_count'", 0, INT64_MAX,
+                   lambda idx: f"step {idx[0]}, layer {idx[1]}, expert {idx[2]}: ")
+    check_total(float(c.sum(dtype=np.float64)), f"{path}: field 'logical_count'")
     rows = _moe_rows(c.shape[1], model, path, "logical_count")
     if rows is not None:
         dense = np.asarray(model.dense_layers, dtype=np.int64)
@@ -156,6 +158,7 @@ def _import_stat(
     if out is not None and out.suffix != ".npz":
         raise InputError(f"--out {out}: SGLang stat dumps become Loads; give a path ending in .npz")
     windows, labels, dropped, steps_read, util = [], [], 0, 0, []
+    total = 0.0
     for path, d in dumps:
         arr = _as_array(d["logical_count"], path, "logical_count")
         counts, n_zero = stat_counts(arr, model, path)
@@ -163,6 +166,8 @@ def _import_stat(
         dropped += n_zero
         first = len(labels)
         windows.append(counts)
+        total += float(counts.sum(dtype=np.float64))
+        check_total(total, f"{path}: field 'logical_count' (with the dumps before it)")
         labels += [f"{path.name} step {i}" for i in range(first, first + counts.shape[0])]
         u = d.get("average_utilization_rate_over_window")
         if isinstance(u, (int, float)) and not isinstance(u, bool):
@@ -219,8 +224,11 @@ def _record_rows(
         if key not in rec:
             raise InputError(f"{path}: {where}: field '{key}' missing")
     ids = _as_array(rec["topk_ids_of_layer"], path, "topk_ids_of_layer", where)
-    input_ids = _as_array(rec["input_ids"], path, "input_ids", where).astype(np.int64).reshape(-1)
-    positions = _as_array(rec["positions"], path, "positions", where).astype(np.int64).reshape(-1)
+    # token ids and positions are int32 in the trace; a value beyond is an error, never wrapped
+    input_ids = exact_ints(_as_array(rec["input_ids"], path, "input_ids", where),
+                           f"{path}: {where}: field 'input_ids'", 0, INT32_MAX, _token_label).reshape(-1)
+    positions = exact_ints(_as_array(rec["positions"], path, "positions", where),
+                           f"{path}: {where}: field 'positions'", 0, INT32_MAX, _token_label).reshape(-1)
     n = input_ids.shape[0]
     covered = np.zeros(model.num_moe_layers, dtype=bool)
     if ids.ndim != 3 or ids.shape[1] != n:
@@ -243,7 +251,8 @@ def _record_rows(
         )
     if n == 0:
         return None, next_request, covered
-    ids = ids.astype(np.int64)
+    ids = exact_ints(ids, f"{path}: {where}: field 'topk_ids_of_layer'", -1, INT32_MAX,
+                     lambda idx: f"layer {idx[0]} token {idx[1]}: ")
     if moe_rows is not None:
         dense = np.setdiff1d(np.arange(ids.shape[0]), moe_rows)
         if dense.size and (ids[dense] >= 0).any():
@@ -299,7 +308,7 @@ def _record_rows(
     if mode in DECODE_MODES or not seq_lens:
         seq_of_token = np.arange(n)
     else:
-        lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
+        lens = exact_ints(seq_lens, f"{path}: {where}: field 'extend_seq_lens'", 0, INT32_MAX).reshape(-1)
         if lens.sum() != n or np.any(lens < 0):
             raise InputError(
                 f"{path}: {where}: field 'extend_seq_lens' sums to {int(lens.sum())}, expected {n} tokens"
@@ -334,9 +343,8 @@ def _import_per_token(
                 f"{path}: field 'last_physical_to_logical_map' missing (needed to map physical "
                 "expert ids to logical ones)"
             )
-        p2l = _as_array(d["last_physical_to_logical_map"], path, "last_physical_to_logical_map").astype(
-            np.int64
-        )
+        p2l = exact_ints(_as_array(d["last_physical_to_logical_map"], path, "last_physical_to_logical_map"),
+                         f"{path}: field 'last_physical_to_logical_map'", -INT32_MAX, INT32_MAX)
         if p2l.ndim != 2:
             raise InputError(
                 f"{path}: field 'last_physical_to_logical_map' has shape {list(p2l.shape)}, "
@@ -355,8 +363,8 @@ def _import_per_token(
             if not isinstance(rec, dict):
                 raise InputError(f"{path}: record {ri}: expected a dict, got {type(rec).__name__}")
             fp = rec.get("forward_pass_id")
-            if isinstance(fp, bool) or not isinstance(fp, int):
-                raise InputError(f"{path}: record {ri}: field 'forward_pass_id' missing or not an integer")
+            if isinstance(fp, bool) or not isinstance(fp, int) or not -INT64_MAX - 1 <= fp <= INT64_MAX:
+                raise InputError(f"{path}: record {ri}: field 'forward_pass_id' missing or not an int64 integer")
             rank = rec.get("rank", 0)
             order.append((fp, int(rank) if isinstance(rank, int) else 0, di, ri))
     order.sort()

@@ -23,7 +23,7 @@ import numpy as np
 from foundation.errors import InputError
 from foundation.model import ModelSpec
 from traces.importers import ImportResult
-from traces.importers._common import int_matrix, jsonl_records, require
+from traces.importers._common import check_total, int_matrix, jsonl_records, require
 from traces.loads import Loads
 
 RECORD_TYPE = "eplb_load_stats"
@@ -37,14 +37,9 @@ def logical_load(expert_load: np.ndarray, p2l: np.ndarray, num_experts: int) -> 
     """
     num_layers = expert_load.shape[0]
     flat = (np.arange(num_layers)[:, None] * num_experts + p2l).reshape(-1)
-    return (
-        np.bincount(
-            flat, weights=expert_load.reshape(-1).astype(np.float64), minlength=num_layers * num_experts
-        )
-        .round()
-        .astype(np.int64)
-        .reshape(num_layers, num_experts)
-    )
+    out = np.zeros(num_layers * num_experts, np.int64)
+    np.add.at(out, flat, expert_load.reshape(-1).astype(np.int64))  # exact integers (no float rounding)
+    return out.reshape(num_layers, num_experts)
 
 
 def _record_counts(rec: dict, path: Path, lineno: int, model: ModelSpec) -> tuple[int, np.ndarray]:
@@ -113,6 +108,7 @@ def _record_counts(rec: dict, path: Path, lineno: int, model: ModelSpec) -> tupl
             f"{path}: {where}: field 'p2l_map': layer {layer} has no slot for logical expert "
             f"{expert}; every logical expert needs at least one replica"
         )
+    check_total(float(load.sum(dtype=np.float64)), f"{path}: {where}: field 'expert_load'")
     return step, logical_load(load, p2l, model.num_experts)
 
 
@@ -121,6 +117,7 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None) -> ImportResul
     windows, labels = [], []
     num_records = num_other = num_idle = 0
     num_ranks = set()
+    total = 0.0
     for path in srcs:
         for lineno, rec in jsonl_records(path):
             rtype = rec.get("record_type")
@@ -134,6 +131,8 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None) -> ImportResul
                 continue
             num_records += 1
             step, counts = _record_counts(rec, path, lineno, model)
+            total += float(counts.sum(dtype=np.float64))
+            check_total(total, f"{path}: line {lineno}: field 'expert_load'")
             num_ranks.add(rec["num_ranks"])
             if not counts.any():
                 num_idle += 1

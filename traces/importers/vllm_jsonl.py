@@ -41,6 +41,7 @@ does not distinguish prefill from decode), ``request_id`` numbers (session, ``re
 from __future__ import annotations
 
 import gc
+import json
 import time
 from pathlib import Path
 
@@ -49,7 +50,7 @@ import numpy as np
 from foundation.errors import InputError
 from foundation.model import ModelSpec
 from traces.importers import ImportResult
-from traces.importers._common import jsonl_records, write_validated_trace
+from traces.importers._common import INT32_MAX, jsonl_records, write_validated_trace
 
 DEFAULT_WARMUP_MIN_RUN = 16
 NUMBERINGS = ("auto", "moe", "decoder")
@@ -87,15 +88,24 @@ class _Log:
         if n == 0:
             return
         k, num_experts, name = self.model.top_k, self.model.num_experts, self.model.name
-        try:
-            ids = np.asarray(p["ids"], dtype=np.int64)
+        try:  # no dtype: a float id must stay visible (int64 conversion would truncate 1.5 to 1)
+            ids = np.asarray(p["ids"])
         except (ValueError, TypeError, OverflowError):
             ids = None
-        if ids is None or ids.shape != (n, k):
-            bad = np.array(
-                [not all(isinstance(x, int) and not isinstance(x, bool) for x in r) for r in p["ids"]]
-            )
-            raise InputError(f"{self._where(bad)}: field 'topk_ids' holds a non-integer id")
+        if ids is None or ids.shape != (n, k) or ids.dtype.kind not in "iu":
+            def is_int(x) -> bool:
+                return isinstance(x, int) and not isinstance(x, bool)
+
+            bad = np.array([not all(map(is_int, r)) for r in p["ids"]])
+            if bad.any():
+                v = next(x for x in p["ids"][int(np.flatnonzero(bad)[0])] if not is_int(x))
+                raise InputError(f"{self._where(bad)}: field 'topk_ids' holds {json.dumps(v)[:40]}, "
+                                 "expected integer expert ids")
+            # integers beyond int64: out of any expert range
+            big = np.array([any(not 0 <= x < num_experts for x in r) for r in p["ids"]])
+            v = next(x for x in p["ids"][int(np.flatnonzero(big)[0])] if not 0 <= x < num_experts)
+            raise InputError(f"{self._where(big)}: field 'topk_ids': expert {v} outside 0..{num_experts - 1} "
+                             f"(model '{name}')")
         rng = (ids < 0) | (ids >= num_experts)
         if rng.any():
             row = rng.any(axis=1)
@@ -163,10 +173,11 @@ def _parse(srcs: list[Path], model: ModelSpec, log: _Log) -> None:
                     )
                 tok, layer, ids = obj.get("token_idx"), obj.get("layer"), obj.get("topk_ids")
                 w = obj.get("topk_weights")
-                for key, v in (("token_idx", tok), ("layer", layer)):
-                    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                # the trace stores positions as int32 and layers as uint16: larger values are errors
+                for key, v, hi in (("token_idx", tok, INT32_MAX), ("layer", layer, 65535)):
+                    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
                         raise InputError(
-                            f"{path}: line {lineno}: field '{key}' is {v!r}, expected an integer >= 0"
+                            f"{path}: line {lineno}: field '{key}' is {v!r}, expected an integer in [0, {hi}]"
                         )
                 if not isinstance(ids, list) or len(ids) != k:
                     got = f"{len(ids)} ids" if isinstance(ids, list) else repr(ids)[:40]
