@@ -699,3 +699,87 @@ def test_vllm_jsonl_chunked_parse_matches_and_keeps_line_numbers(tiny, tmp_path,
     with pytest.raises(InputError) as exc:
         import_source("vllm-jsonl", [src], tiny, tmp_path / "t")
     assert str(exc.value) == f"{src}: line 41: field 'topk_ids': expert 8 outside 0..7 (model 'tiny-moe')"
+
+
+# ------------------------------------------------------------------------------ values are never changed
+def test_sglang_values_beyond_their_types_are_errors(tiny, tmp_path):
+    """Counts that overflow int64 (alone or summed), fractional counts or ids, positions and token ids
+    beyond int32: each an error naming file, record and field, never a wrapped or truncated value."""
+    c = np.zeros((1, 4, 8), np.int64)
+    c[0, 1, :3] = 2**62  # each fits int64, their sum does not
+    pt = tmp_path / "big.pt"
+    torch.save({"logical_count": torch.tensor(c)}, pt)
+    with pytest.raises(InputError) as exc:
+        import_source("sglang", [pt], tiny, tmp_path / "o.npz")
+    assert str(exc.value) == (f"{pt}: field 'logical_count': the counts sum to 1.384e+19 selections, beyond the "
+                              "int64 range of a Loads file (corrupt or mis-typed counts?)")
+    two = [tmp_path / "a.json", tmp_path / "b.json"]
+    half = np.zeros((1, 4, 8), np.int64)
+    half[0, 1, :3] = 2**61  # one dump fits int64, the two together do not
+    for p in two:
+        p.write_text(json.dumps({"logical_count": half.tolist()}))
+    with pytest.raises(InputError, match=rf"^{two[1]}: field 'logical_count' \(with the dumps before it\): the "
+                                         r"counts sum to 1\.384e\+19 selections"):
+        import_source("sglang", two, tiny, tmp_path / "o.npz")
+    frac = tmp_path / "frac.json"
+    frac.write_text(json.dumps({"logical_count": [[[0] * 8, [1.5] + [0] * 7, [0] * 8, [0] * 8]]}))
+    with pytest.raises(InputError) as exc:
+        import_source("sglang", [frac], tiny, tmp_path / "o.npz")
+    assert str(exc.value) == f"{frac}: field 'logical_count': step 0, layer 1, expert 0: value 1.5 is not an integer"
+    assert not (tmp_path / "o.npz").exists()
+
+    for field, value, message in (
+        ("positions", [0, 2**31, 0], "token 1: value 2147483648 is outside [0, the int32 maximum]"),
+        ("input_ids", [11, 12, 2**32], "token 2: value 4294967296 is outside [0, the int32 maximum]"),
+        ("positions", [0, -1, 0], "token 1: value -1 is negative"),
+    ):
+        dumps = _per_token_dumps(tmp_path)
+        d = torch.load(dumps[0], weights_only=True)
+        d["records"][0][field] = value
+        torch.save(d, dumps[0])
+        with pytest.raises(InputError) as exc:
+            import_source("sglang", dumps, tiny, tmp_path / "t")
+        assert str(exc.value) == f"{dumps[0]}: record 0: field '{field}': {message}"
+    dumps = _per_token_dumps(tmp_path)
+    d = torch.load(dumps[0], weights_only=True)
+    ids = d["records"][0]["topk_ids_of_layer"].float()
+    ids[2, 0, 0] += 0.5
+    d["records"][0]["topk_ids_of_layer"] = ids
+    torch.save(d, dumps[0])
+    with pytest.raises(InputError) as exc:
+        import_source("sglang", dumps, tiny, tmp_path / "t")
+    assert str(exc.value).startswith(f"{dumps[0]}: record 0: field 'topk_ids_of_layer': layer 2 token 0: value ")
+    assert str(exc.value).endswith(".5 is not an integer")
+    assert not (tmp_path / "t").exists()
+
+
+def test_vllm_jsonl_fractional_ids_and_huge_positions_are_errors(tiny, tmp_path):
+    meta = '{"type": "meta", "top_k": 2}'
+    for route, message in (
+        ('"token_idx": 0, "layer": 1, "topk_ids": [1.5, 2]', ("line 2: field 'topk_ids' holds 1.5, expected integer "
+                                                              "expert ids")),
+        ('"token_idx": 0, "layer": 1, "topk_ids": [1, 2.0]', ("line 2: field 'topk_ids' holds 2.0, expected integer "
+                                                              "expert ids")),
+        ('"token_idx": 2147483648, "layer": 1, "topk_ids": [1, 2]', ("line 2: field 'token_idx' is 2147483648, "
+                                                                     "expected an integer in [0, 2147483647]")),
+        ('"token_idx": 0, "layer": 1, "topk_ids": [1, 18446744073709551615]', ("line 2: field 'topk_ids': expert "
+                                                                               "18446744073709551615 outside 0..7")),
+    ):
+        src = tmp_path / "log.jsonl"
+        src.write_text(meta + '\n{"type": "route", "req_id": "r", ' + route + "}\n")
+        with pytest.raises(InputError) as exc:
+            import_source("vllm-jsonl", [src], tiny, tmp_path / "t")
+        assert str(exc.value).startswith(f"{src}: {message}")
+        assert not (tmp_path / "t").exists()
+
+
+def test_vllm_eplb_loads_stay_exact_and_never_overflow(tiny, tmp_path):
+    big = 2**60 + 1  # not representable as float64: a float bincount would round it
+    load = [[big] + [0] * 7] + [[1] * 8] * 2
+    src = tmp_path / "eplb.jsonl"
+    src.write_text(_eplb_line(expert_load=load) + "\n")
+    res = import_source("vllm-eplb", [src], tiny, None)
+    assert int(res.loads.counts[0, 0, 0]) == big
+    src.write_text("\n".join(_eplb_line(expert_load=load, step=s) for s in range(9)) + "\n")
+    with pytest.raises(InputError, match=rf"^{src}: line 8: field 'expert_load': the counts sum to 9\.223e\+18"):
+        import_source("vllm-eplb", [src], tiny, None)

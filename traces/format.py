@@ -17,6 +17,9 @@ token_id        int32                     optional: vocabulary id of the token
 domain          string                    optional: workload domain tag
 ==============  ========================  ==================================================================
 
+A token is a ``(step, request_id, position)``; its MoE-layer rows are consecutive, layers ascending, so
+it never has two rows for one layer. Every reader takes a trace through ``traces.validate`` (the gate).
+
 Self-describing: every file's Parquet key-value metadata carries ``moeplace.format`` (version),
 ``moeplace.model`` (the :class:`~foundation.model.ModelSpec` as JSON) and ``moeplace.provenance``
 (JSON: ``{"kind": "synthetic"|"captured"|"imported", ...parameters}``).
@@ -130,8 +133,10 @@ class TraceWriter:
             bad |= ~np.isfinite(a) | (a != np.floor(np.where(np.isfinite(a), a, 0)))
         if bad.any():
             i = np.unravel_index(int(np.argmax(bad)), a.shape)
-            raise InputError(f"{self.out}: field '{name}': value {a[i]!r} (row {self.rows_written + int(i[0])} "
-                             f"of the output) is not a {dtype.__name__} integer; nothing is truncated or wrapped")
+            v = a[i].item()
+            what = "is not an integer" if not np.isfinite(v) or v != np.floor(v) else f"is outside the {dtype.__name__} range"
+            raise InputError(f"{self.out}: field '{name}': value {v} (row {self.rows_written + int(i[0])} of the "
+                             f"output) {what}; values are never truncated or wrapped")
         return np.ascontiguousarray(a, dtype=dtype)
 
     def write(self, *, request_id, position, phase, step, layer, expert_ids, gate_weights=None,

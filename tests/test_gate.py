@@ -1,0 +1,314 @@
+"""One gate: every bad trace (and Loads file) `place trace validate` rejects is rejected by every reader
+with the same one-line error, exit code 2 and no traceback; `--max-per-kind` changes the listing only."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from foundation.errors import InputError
+from foundation.model import load_model
+from moeplace.cli import main
+from placement.record import Placement
+from traces.format import META_FORMAT, TraceWriter, arrow_schema, file_metadata
+from traces.loads import LOADS_FORMAT, Loads, load_loads
+from traces.stats import compute_stats
+from traces.validate import check_trace, open_trace, validate_report
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    # 4 decoder layers, layer 0 dense, MoE layers 1..3, 8 experts, top-2
+    return load_model(DATA / "tiny-moe-config.json")
+
+
+def columns(tokens: int = 8) -> dict:
+    """``tokens`` tokens (two requests, one step per token) x 3 MoE layers, all valid."""
+    n = tokens * 3
+    tok = np.repeat(np.arange(tokens), 3)
+    return {
+        "request_id": (tok % 2).astype(np.int64),
+        "position": (tok // 2).astype(np.int32),
+        "phase": np.zeros(n, np.uint8),
+        "step": tok.astype(np.int64),
+        "layer": np.tile(np.array([1, 2, 3], np.uint16), tokens),
+        "expert_ids": np.stack([np.arange(n) % 8, (np.arange(n) + 3) % 8], axis=1).astype(np.uint16),
+        "gate_weights": np.full((n, 2), 0.5, np.float32),
+    }
+
+
+def write(path: Path, model, cols: dict, *, meta: dict | None = None, row_group_size=None) -> Path:
+    arrays = {}
+    for name, v in cols.items():
+        if isinstance(v, pa.Array):
+            arrays[name] = v
+        elif name in ("expert_ids", "gate_weights"):
+            v = np.asarray(v)
+            arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
+        else:
+            arrays[name] = pa.array(v)
+    schema = pa.schema([f.with_nullable(True) for f in arrow_schema(model.top_k, gate_weights=True)])
+    table = pa.table(arrays).select(schema.names).cast(schema)
+    md = file_metadata(model, {"kind": "synthetic"})
+    md.update(meta or {})
+    pq.write_table(table.replace_schema_metadata(md), path, row_group_size=row_group_size)
+    return path
+
+
+def _null_experts(c):
+    n = len(c["layer"])
+    vals = pa.array(c["expert_ids"].reshape(-1), pa.uint16())
+    mask = np.zeros(n, bool)
+    mask[4] = True
+    c["expert_ids"] = pa.FixedSizeListArray.from_arrays(vals, 2, mask=pa.array(mask))
+    return c
+
+
+def _edit(**changes):
+    def f(c):
+        for key, (rows, value) in changes.items():
+            c[key][rows] = value
+        return c
+    return f
+
+
+def _repeat_row(c):
+    # token 2's layer-2 row written twice (the layer-3 row replaced by a copy)
+    for key in c:
+        c[key][8] = c[key][7]
+    return c
+
+
+def _interleave(c):
+    # token 0's layer-3 row moved after token 1's rows (same step): its rows are not consecutive
+    order = [0, 1, 3, 4, 5, 2] + list(range(6, len(c["layer"])))
+    for key in c:
+        c[key] = c[key][order]
+    c["step"][:6] = 0
+    return c
+
+
+# kind -> (edit of the valid columns, extra metadata, expected message after "<file>: ")
+BAD_ROWS = {
+    "expert_range": (_edit(expert_ids=(5, [1, 9])), None,
+                     "row 5: field 'expert_ids': expert id 9 >= num_experts 8 of model 'tiny-moe'"),
+    "duplicate_expert": (_edit(expert_ids=(4, [6, 6])), None,
+                         "row 4: field 'expert_ids': expert 6 repeated in one token's top-2 [6, 6]"),
+    "null_expert": (_null_experts, None,
+                    "row 4: field 'expert_ids': null value (every row needs its top-k expert ids)"),
+    "dense_layer": (_edit(layer=(3, 0)), None,
+                    "row 3: field 'layer': layer 0 is not an MoE layer of model 'tiny-moe' (MoE layers: 1-3)"),
+    "weight_nan": (_edit(gate_weights=(2, [np.nan, 0.5])), None,
+                   "row 2: field 'gate_weights': gate weight nan is not a finite number"),
+    "negative_position": (_edit(position=(6, -3)), None, "row 6: field 'position': position -3 is negative"),
+    "step_order": (_edit(step=(slice(9, 12), 1)), None,
+                   ("row 9: field 'step': step 1 decreases from step 2 in the row before; steps must be "
+                   "non-decreasing")),
+    "repeated_row": (_repeat_row, None,
+                     ("row 8: field 'layer': layer 2 repeated for token (request 0, position 1, step 2): one row "
+                     "per token and MoE layer")),
+    "interleaved_token": (_interleave, None,
+                          ("row 5: field 'position': token (request 0, position 0, step 0) has rows here and from "
+                          "row 0, with other rows between: a token's rows must be consecutive")),
+    "format_version": (lambda c: c, {META_FORMAT: b"7"},
+                       ("metadata 'moeplace.format' is version '7'; this moeplace reads trace format version "
+                       "'1' only")),
+}
+
+
+def bad_trace(kind: str, model, root: Path) -> tuple[Path, str]:
+    """A trace directory with one problem of ``kind`` and the line every reader must stop at."""
+    d = root / kind
+    d.mkdir()
+    if kind == "empty":
+        cols = {k: v[:0] for k, v in columns().items()}
+        f = write(d / "part-00000.parquet", model, cols)
+        return d, f"{d}: the trace has no rows (nothing to compute on)"
+    if kind == "truncated":
+        f = write(d / "part-00000.parquet", model, columns())
+        data = f.read_bytes()
+        f.write_bytes(data[: len(data) // 2])
+        return d, f"{f}: not a readable Parquet file: truncated or corrupt ("
+    edit, meta, msg = BAD_ROWS[kind]
+    f = write(d / "part-00000.parquet", model, edit(columns()), meta=meta, row_group_size=4)
+    return d, f"{f}: {msg}"
+
+
+KINDS = [*BAD_ROWS, "empty", "truncated"]
+
+
+def _one_line(err: str, expected: str) -> None:
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("place: error: " + expected)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_validate_rejects_every_kind_whatever_the_listing_limit(kind, tiny, tmp_path, capsys):
+    path, expected = bad_trace(kind, tiny, tmp_path)
+    rep = validate_report(path)
+    assert not rep.ok and str(rep.first).startswith(expected)
+    with pytest.raises(InputError) as err:
+        check_trace(path)
+    assert str(err.value) == str(rep.first)
+    for limit in ("5", "1", "0", "-1"):
+        assert main(["trace", "validate", str(path), "--max-per-kind", limit]) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and "Traceback" not in out.err
+        first = out.err.splitlines()[0]
+        assert first == f"place: error: {rep.first}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_reader_stops_with_the_validate_line(kind, tiny, tmp_path, capsys):
+    path, _ = bad_trace(kind, tiny, tmp_path)
+    expected = str(validate_report(path).first)
+    pl = Placement.from_phy2log(np.tile(np.arange(8), (3, 1)), tiny, 2, 2, {"policy": "test"})
+    placement = tmp_path / "placement.json"
+    pl.save(placement)
+    commands = {
+        "stats": ["trace", "stats", str(path)],
+        "optimize": ["optimize", str(path), "--gpus", "2", "--gpus-per-node", "2", "--no-out",
+                     "--policy", "eplb"],
+        "evaluate": ["evaluate", str(placement), str(path)],
+        "simulate": ["simulate", str(path), "--placement", str(placement), "--gpus", "2",
+                     "--gpus-per-node", "2", "--attention-tp", "1"],
+    }
+    for name, argv in commands.items():
+        assert main(argv) == 2, name
+        err = capsys.readouterr().err
+        assert err.strip() == f"place: error: {expected}", name
+    with pytest.raises(InputError) as e:
+        compute_stats(path, workers=2)
+    assert str(e.value) == expected
+
+
+def test_dashboard_reader_shows_the_validate_line(tiny, tmp_path):
+    pytest.importorskip("streamlit")
+    from dashboard import data
+    from dashboard.ui import error_text
+
+    path, _ = bad_trace("duplicate_expert", tiny, tmp_path)
+    expected = str(validate_report(path).first)
+    for reader in (lambda: data.trace_stats(path, 16), lambda: data.trace_loads(path, 16),
+                   lambda: data.trace_info(path) if "expert" not in expected else data.trace_stats(path, 16)):
+        with pytest.raises(InputError) as e:
+            reader()
+        assert error_text(e.value) == expected
+
+
+def test_step_order_and_token_rows_across_row_groups_and_workers(tiny, tmp_path):
+    """The cross-row-group checks give the same first line in-process, on worker processes and in
+    validate: a repeated row whose copy starts the next row group, a token resumed two groups later."""
+    c = columns(12)
+    c = {k: np.concatenate([v[:12], v[11:12], v[12:]]) for k, v in c.items()}  # row 12 repeats row 11
+    d = tmp_path / "split"
+    d.mkdir()
+    f = write(d / "part-00000.parquet", tiny, c, row_group_size=12)
+    first = str(validate_report(d).first)
+    assert first == (f"{f}: row 12: field 'layer': layer 3 repeated for token (request 1, position 1, step 3): "
+                     "one row per token and MoE layer")
+    for workers in (1, 2):
+        with pytest.raises(InputError) as e:
+            compute_stats(d, workers=workers)
+        assert str(e.value) == first
+    # one step across two files: token (request 0, position 0) resumes in the second file
+    c = columns(4)
+    c["step"][:] = 0
+    e = tmp_path / "files"
+    e.mkdir()
+    f0 = write(e / "part-00000.parquet", tiny, {k: v[:6] for k, v in c.items()})
+    tail = {k: v[:3].copy() for k, v in c.items()}
+    tail["layer"][:] = [1, 2, 3]
+    f1 = write(e / "part-00001.parquet", tiny, tail)
+    assert str(validate_report(e).first) == (
+        f"{f1}: row 0: field 'position': token (request 0, position 0, step 0) has rows here and from row 0 of "
+        f"{f0.name}, with other rows between: a token's rows must be consecutive")
+
+
+def test_listing_limit_never_changes_the_verdict(tiny, tmp_path):
+    c = columns(20)
+    c["expert_ids"][10:30, 1] = 9
+    f = write(tmp_path / "bad.parquet", tiny, c)
+    for limit in (5, 1, 0, -1):
+        rep = validate_report(f, max_per_kind=limit)
+        assert not rep.ok and rep.total == 20
+        listed = max(limit, 1)
+        assert len(rep.problems) == listed and rep.suppressed["expert_range"] == 20 - listed
+        assert rep.lines()[-1] == f"... and {20 - listed} more 'expert_range' problem(s) not listed"
+
+
+def test_open_trace_is_the_header_gate(tiny, tmp_path):
+    f = write(tmp_path / "ok.parquet", tiny, columns())
+    t = open_trace(f)
+    assert t.model == tiny and t.num_rows == 24 and t.provenance == {"kind": "synthetic"}
+    assert t.row_groups() == [(0, 0, 0)]
+    with pytest.raises(InputError, match=r"no such file or directory"):
+        open_trace(tmp_path / "missing")
+
+
+# ---------------------------------------------------------------------------- Loads
+def _npz(path: Path, counts, meta) -> Path:
+    with open(path, "wb") as fh:
+        np.savez(fh, counts=counts, meta=np.array(meta if isinstance(meta, str) else json.dumps(meta)))
+    return path
+
+
+def test_loads_gate_names_file_and_field(tiny, tmp_path, capsys):
+    good = {"format": LOADS_FORMAT, "model": tiny.to_dict(), "window_tokens": 4, "labels": ["w0"],
+            "provenance": {}}
+    ok = _npz(tmp_path / "ok.npz", np.ones((1, 3, 8), np.int64), good)
+    assert load_loads(ok).counts.sum() == 24
+    cases = {
+        "model_string": ({**good, "model": "tiny-moe"}, np.ones((1, 3, 8), np.int64),
+                         "field 'meta.model' is \"tiny-moe\", expected a model spec object"),
+        "model_invalid": ({**good, "model": {**tiny.to_dict(), "num_experts": "many"}}, np.ones((1, 3, 8), np.int64),
+                          "field 'meta.model': model spec"),
+        "meta_list": ([1, 2], np.ones((1, 3, 8), np.int64), "field 'meta' is a JSON list, expected an object"),
+        "meta_not_json": ("{", np.ones((1, 3, 8), np.int64), "field 'meta' is not valid JSON"),
+        "negative": (good, -np.ones((1, 3, 8), np.int64),
+                     "field 'counts' is -1 at window 0, MoE layer 0, expert 0: counts must be non-negative"),
+        "shape": (good, np.ones((1, 2, 8), np.int64), "field 'counts' has shape [1, 2, 8], but model 'tiny-moe'"),
+        "labels": ({**good, "labels": ["a", "b"]}, np.ones((1, 3, 8), np.int64),
+                   "field 'labels' has 2 labels for 1 windows"),
+        "window_tokens": ({**good, "window_tokens": "x"}, np.ones((1, 3, 8), np.int64),
+                          "field 'meta.window_tokens' is \"x\", expected an integer >= 0"),
+        "uint64": (good, np.full((1, 3, 8), 2**63, np.uint64), "field 'counts' holds 9223372036854775808, beyond int64"),
+    }
+    for name, (meta, counts, msg) in cases.items():
+        p = _npz(tmp_path / f"{name}.npz", counts, meta)
+        with pytest.raises(InputError) as e:
+            load_loads(p)
+        assert str(e.value).startswith(f"{p}: {msg}"), (name, str(e.value))
+        assert main(["optimize", str(p), "--gpus", "2", "--gpus-per-node", "2", "--no-out", "--policy", "eplb"]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == f"place: error: {e.value}" and "Traceback" not in err
+    trunc = tmp_path / "trunc.npz"
+    trunc.write_bytes(ok.read_bytes()[:40])
+    with pytest.raises(InputError, match=rf"^{trunc}: not a readable Loads .npz file"):
+        load_loads(trunc)
+    assert Loads(np.ones((1, 3, 8), np.int64), tiny).counts.shape == (1, 3, 8)
+
+
+def test_trace_writer_never_wraps_or_truncates(tiny, tmp_path):
+    n = 3
+    base = {"request_id": np.zeros(n), "position": np.arange(n), "phase": np.zeros(n), "step": np.zeros(n),
+            "layer": np.array([1, 2, 3]), "expert_ids": np.tile([0, 1], (n, 1))}
+    for key, value, msg in (("position", np.array([0, 1, 2**31]), ("value 2147483648 (row 2 of the output) is "
+                                                                   "outside the int32 range")),
+                            ("expert_ids", np.array([[0, 1], [0, 1.5], [0, 1]]),
+                             "value 1.5 (row 1 of the output) is not an integer"),
+                            ("layer", np.array([1, 2, 65537]), "value 65537 (row 2 of the output) is outside")):
+        pattern = re.escape(f"field '{key}': {msg}")
+        with pytest.raises(InputError, match=pattern), TraceWriter(tmp_path / key, tiny, {"kind": "test"}) as w:
+            w.write(**{**base, key: value})
+        assert not (tmp_path / key).exists()
