@@ -199,8 +199,7 @@ def test_dashboard_reader_shows_the_validate_line(tiny, tmp_path):
 
     path, _ = bad_trace("duplicate_expert", tiny, tmp_path)
     expected = str(validate_report(path).first)
-    for reader in (lambda: data.trace_stats(path, 16), lambda: data.trace_loads(path, 16),
-                   lambda: data.trace_info(path) if "expert" not in expected else data.trace_stats(path, 16)):
+    for reader in (lambda: data.trace_stats(path, 16), lambda: data.trace_loads(path, 16)):
         with pytest.raises(InputError) as e:
             reader()
         assert error_text(e.value) == expected
@@ -312,3 +311,20 @@ def test_trace_writer_never_wraps_or_truncates(tiny, tmp_path):
         with pytest.raises(InputError, match=pattern), TraceWriter(tmp_path / key, tiny, {"kind": "test"}) as w:
             w.write(**{**base, key: value})
         assert not (tmp_path / key).exists()
+
+
+def test_sweep_stops_with_the_validate_line(tiny, tmp_path, capsys):
+    path, _ = bad_trace("repeated_row", tiny, tmp_path)
+    expected = str(validate_report(path).first)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"""name: gate
+model: {DATA / 'tiny-moe-config.json'}
+workloads:
+  - {{name: bad, trace: {path}, concurrency: 4}}
+axes: {{gpu: h100, gpus: [2], tp: 1, redundant: 0, policy: [eplb]}}
+plan: {{context: 1k, min_seqs: 1}}
+simulate: {{duration: 0.2, mode: stat, max_trace_tokens: 100}}
+""")
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "run"), "--local", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == f"place: error: {expected}"

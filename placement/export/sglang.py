@@ -35,6 +35,7 @@ SGLang silently serves the trivial layout. In 0.5.23 ``KimiK3ForConditionalGener
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -121,10 +122,15 @@ def _load_dict(path: Path) -> dict:
 
             import torch
 
+            if not path.is_file():
+                raise FileNotFoundError(path)
             try:
                 d = torch.load(path, weights_only=True, map_location="cpu")
-            except (RuntimeError, pickle.UnpicklingError, EOFError) as exc:
-                raise InputError(f"{path}: not a torch.load(weights_only=True) file ({exc})") from None
+            except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
+                # a truncated zip can fail anywhere in the reader, down to an OSError from a bad seek
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise InputError(f"{path}: not a readable torch.load(weights_only=True) file: truncated or "
+                                 f"corrupt ({first})") from None
         else:
             d = read_json(path)
     except FileNotFoundError:
