@@ -13,6 +13,9 @@ from placement.dispatch import ENGINE_RULES
 ARRIVALS = ("poisson", "gamma", "ramp", "closed")
 MODES = ("replay", "stat")
 PREEMPTION = ("recompute", "swap")
+A2A_MODES = ("auto", "normal", "low_latency")
+PHASES = ("both", "prefill", "decode")
+DP_BALANCE = ("round_robin", "tokens")
 
 
 def _bad(what: str, msg: str) -> None:
@@ -41,9 +44,38 @@ class EngineConfig:
     pool_param: float | None = None
     gpu_memory_utilization: float = 0.9
     swap_bw: float = 55e9  # host link bytes/s per GPU for swap preemption (PCIe 5 x16, achievable)
+    # DeepEP mode of the MoE all-to-all: "auto" = normal kernels for iterations with prefill tokens,
+    # low-latency kernels for decode-only ones (SGLang --deepep-mode auto)
+    a2a_mode: str = "auto"
+    cuda_graph_max_bs: int = 512  # decode-only iterations up to this many sequences per rank replay a graph
+    mtp_draft: int = 0  # MTP / speculative draft tokens per step (0 = off)
+    mtp_acceptance: float = 0.0  # probability each successive draft token is accepted
+    prefix_hit: float = 0.0  # share of every prompt found in the prefix cache (not recomputed)
+    moe_tp: int = 1  # TEP: GPUs each routed expert is tensor-sharded across (EP groups of moe_tp GPUs)
+    attention_dtype: str = "bf16"  # compute dtype of the attention core (FlashMLA FP8 = "fp8")
+    dp_balance: str = "round_robin"  # new requests to DP ranks: round robin or fewest outstanding tokens
+    prefill_gpus: int | None = None  # disaggregated: GPUs of the prefill pool (None = same as decode)
+    phase: str = "both"  # benchmark one phase alone: "prefill" (1-token outputs) or "decode" (KV given)
 
     def __post_init__(self) -> None:
         w = "engine config"
+        if self.a2a_mode not in A2A_MODES:
+            _bad(w, f"a2a_mode '{self.a2a_mode}' unknown (expected one of {A2A_MODES})")
+        if self.phase not in PHASES:
+            _bad(w, f"phase '{self.phase}' unknown (expected one of {PHASES})")
+        if self.dp_balance not in DP_BALANCE:
+            _bad(w, f"dp_balance '{self.dp_balance}' unknown (expected one of {DP_BALANCE})")
+        if self.attention_dtype not in ("bf16", "fp8"):
+            _bad(w, f"attention_dtype must be bf16 or fp8, got '{self.attention_dtype}'")
+        if self.mtp_draft < 0 or not 0 <= self.mtp_acceptance <= 1:
+            _bad(w, f"--mtp: draft must be >= 0 and acceptance in [0, 1], got {self.mtp_draft}, "
+                    f"{self.mtp_acceptance}")
+        if not 0 <= self.prefix_hit < 1:
+            _bad(w, f"--prefix-hit must be in [0, 1), got {self.prefix_hit}")
+        if self.moe_tp < 1 or self.cuda_graph_max_bs < 0:
+            _bad(w, "moe_tp must be >= 1 and cuda_graph_max_bs >= 0")
+        if self.prefill_gpus is not None and (self.prefill_gpus < 1 or not self.disaggregated):
+            _bad(w, f"--prefill-gpus {self.prefill_gpus} needs --disaggregated and >= 1 GPU")
         if self.attention_tp < 1:
             _bad(w, f"attention_tp must be >= 1, got {self.attention_tp}")
         if self.max_batched_tokens < 1 or self.max_seqs < 1:
@@ -60,24 +92,73 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class CostConfig:
-    """Roofline knobs. Efficiencies scale the peak numbers of the GPU preset to what kernels achieve
-    (docs/design.md Sources §2: bf16 GEMM 790 of 989 TFLOP/s = 0.8; device copy 4.3 of 4.8 TB/s = 0.9)."""
+    """Cost-model constants: achieved-efficiency curves, fixed overheads and collective semantics.
 
-    flops_efficiency: float = 0.8
-    hbm_efficiency: float = 0.9
-    link_efficiency: float = 1.0
+    Defaults marked *fitted* are the one global calibration ``bench/fidelity.py`` fits by least squares on
+    the calibration split of its published cases (DeepGEMM and DeepEP kernel tables, DeepSeek's profile
+    data, one TensorRT-LLM batch-1 run); the others are constants from the kernels' own published figures
+    (sources in docs/simulate.md, "Cost model"). :meth:`roofline` is the pure roofline: peak rates, no
+    overheads, no efficiency curves.
+
+    GEMMs (expert and dense): ``t = max(flops * (1 + gemm_m0 / m) / (peak * gemm_efficiency),
+    bytes / (hbm_bw * hbm_efficiency)) + gemm_kernel_s`` per kernel, ``m`` the rows per weight matrix
+    (tokens per expert, or tokens of a dense layer): the tile-fill loss of small ``m`` that DeepGEMM's
+    grouped-GEMM table shows (932 TFLOPS at 256 rows per expert, 1,297 at 8,192, H800 FP8).
+    """
+
+    flops_efficiency: float = 0.8  # non-GEMM compute (KDA recurrences, GQA) at its kernels' achieved rate
+    hbm_efficiency: float = 0.86  # fitted: DeepGEMM M=64 rows (weight-read bound), HBM bytes per peak
+    link_efficiency: float = 0.95  # fitted: NVLink share DeepEP normal kernels reach (153-158 of ~160 GB/s)
+    nic_efficiency: float = 0.98  # fitted: RDMA share DeepEP normal kernels reach (43-58 GB/s of 50)
+    gemm_efficiency: float = 0.68  # fitted: large-m grouped GEMM FLOP share (DeepGEMM contiguous 1,297/1,979)
+    gemm_m0: float = 110.0  # fitted: rows of tile fill per weight matrix (efficiency m / (m + m0))
+    gemm_kernel_s: float = 4e-6  # fitted: fixed time per GEMM kernel (launch, pipeline fill, tail)
+    ll_latency_s: float = 25e-6  # fitted: DeepEP low-latency dispatch/combine fixed time (per call)
+    ll_efficiency: float = 0.8  # fitted: RDMA share low-latency kernels reach (39-48 GB/s of 50 at EP32+)
+    normal_latency_s: float = 40e-6  # DeepEP normal mode: CPU-side layout notify before the copies
+    allreduce_latency_s: float = 10e-6  # TP all-reduce fixed time on NVLink (one-shot / NVLS kernels)
+    kernels_per_layer: float = 20.0  # kernels of one decoder layer (norms, projections, rope, gate, MoE)
+    graph_gap_s: float = 1.0e-6  # fitted: per-kernel gap left by CUDA-graph replay
+    launch_s: float = 5e-6  # per-kernel CPU launch time of an eager (non-graph) iteration
+    iteration_overhead_s: float = 1.5e-3  # fitted: scheduler, sampling and host sync per iteration
+    comm_sm_share: float = 24 / 132  # SMs DeepEP normal kernels hold while overlapped (set_num_sms(24))
+    mla_decode_flops_efficiency: float = 580 / 989  # FlashMLA: 580 TFLOPS BF16 on H800 (compute bound)
+    mla_decode_hbm_efficiency: float = 3000 / 3350  # FlashMLA: 3,000 GB/s on H800 (memory bound)
+    prefill_attention_efficiency: float = 0.6  # FlashAttention-3 causal forward share of BF16 peak
     dispatch_bytes_per_value: float = 1.0 + 4.0 / 128  # FP8 dispatch with one fp32 scale per 128 values
     combine_bytes_per_value: float = 2.0  # BF16 combine
     activation_bytes: float = 2.0
 
+    ZERO_OK = ("gemm_m0", "gemm_kernel_s", "ll_latency_s", "normal_latency_s", "allreduce_latency_s",
+               "kernels_per_layer", "graph_gap_s", "launch_s", "iteration_overhead_s", "comm_sm_share")
+    FRACTIONS = ("flops_efficiency", "hbm_efficiency", "link_efficiency", "nic_efficiency", "gemm_efficiency",
+                 "ll_efficiency", "mla_decode_flops_efficiency", "mla_decode_hbm_efficiency",
+                 "prefill_attention_efficiency")
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if not v > 0:
+            if f.name in self.ZERO_OK:
+                if not v >= 0:
+                    _bad("cost config", f"{f.name} must be >= 0, got {v}")
+            elif not v > 0:
                 _bad("cost config", f"{f.name} must be positive, got {v}")
-        for f in ("flops_efficiency", "hbm_efficiency", "link_efficiency"):
+        for f in self.FRACTIONS:
             if getattr(self, f) > 1:
                 _bad("cost config", f"{f} must be <= 1")
+        if self.comm_sm_share >= 1:
+            _bad("cost config", "comm_sm_share must be < 1")
+
+    @classmethod
+    def roofline(cls, **kw: float) -> CostConfig:
+        """The pure roofline: every efficiency 1, no fixed overheads, no SM sharing (hand-checkable)."""
+        base = {f: 1.0 for f in cls.FRACTIONS}
+        base.update({f: 0.0 for f in cls.ZERO_OK})
+        base.update(kw)
+        return cls(**base)
+
+    def replace(self, **kw: float) -> CostConfig:
+        return dataclasses.replace(self, **kw)
 
 
 @dataclass(frozen=True)
@@ -90,8 +171,14 @@ class LengthMix:
     output_mean: int = 512
     output_sigma: float = 0.6
     max_len: int = 1 << 20
+    # benchmark lengths (vllm bench serve --random-input-len/--random-output-len/--random-range-ratio):
+    # when set, prompt and output lengths are uniform in [n (1 - r), n (1 + r)] around the component length
+    # and output_mean instead of log-normal; 0 = exact lengths
+    range_ratio: float | None = None
 
     def __post_init__(self) -> None:
+        if self.range_ratio is not None and not 0 <= self.range_ratio < 1:
+            _bad("length mix", f"--random-range-ratio must be in [0, 1), got {self.range_ratio}")
         if not self.components or any(n < 1 or w <= 0 for n, w in self.components):
             _bad("length mix", "components must be (length >= 1, weight > 0) pairs")
         if self.output_mean < 1 or self.sigma < 0 or self.output_sigma < 0:
@@ -164,12 +251,21 @@ class SimConfig:
     kv_tokens_per_rank: int | None = None
     state_slots_per_rank: int | None = None
     chrome_trace_iterations: int = 2000
+    # Throughput and latency are measured after this many simulated seconds (closed-loop start-up and
+    # first prefills excluded); None = 20 % of the duration.
+    warmup: float | None = None
 
     def __post_init__(self) -> None:
         if not self.duration > 0:
             _bad("simulate", f"--duration must be > 0, got {self.duration}")
+        if self.warmup is not None and not 0 <= self.warmup < self.duration:
+            _bad("simulate", f"--warmup must be in [0, duration), got {self.warmup}")
         if self.mode not in MODES:
             _bad("simulate", f"--mode '{self.mode}' unknown (expected one of {MODES})")
+
+    @property
+    def warmup_s(self) -> float:
+        return 0.2 * self.duration if self.warmup is None else self.warmup
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,29 +1,52 @@
-"""The cost model: a roofline per operation, corrected by a calibration profile when one is given.
+"""The cost model: achieved-efficiency rooflines per operation, collectives with the engines' semantics,
+fixed overheads; corrected by a measured calibration profile when one is given.
 
 Every formula is written once here and tested on hand-computed cases (tests/test_sim_cost.py). Times
-are seconds; FLOPs count a multiply-add as 2. A roofline op takes ``max(flops / (peak * eff),
-bytes / (hbm_bw * eff))`` at the compute format of its weights (MXFP4 experts run on FP4 tensor cores
-where the GPU has them, else at the FP8 rate; GPUSpec.flops decides).
+are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.CostConfig` fields
+(``CostConfig.roofline()`` turns every curve and overhead off); docs/simulate.md lists their sources.
+
+- GEMMs (routed experts, shared experts, projections, LM head) follow DeepGEMM's measured shape
+  dependence: ``t = max((m + m0) / m * flops / (peak * e_gemm), bytes / (hbm_bw * e_hbm)) + t_kernel``
+  with ``m`` the rows per weight matrix (tokens per expert), so small batches pay tile fill and every
+  kernel its launch/pipeline latency. MXFP4 experts run on FP4 tensor cores where the GPU has them,
+  else at the FP8 rate (GPUSpec.flops decides).
+- Attention cores: MLA decode in the absorbed form at FlashMLA's published rates (580 TFLOPS compute
+  bound, 3,000 GB/s memory bound, H800), prefill at a FlashAttention-3 share of peak; KDA's chunked
+  prefill and recurrent decode and GQA as rooflines at ``flops_efficiency``.
+- Tensor-parallel attention/dense parts (``attention_tp`` > 1): two all-reduces per layer (attention
+  output, MLP/MoE output), ``t = alpha + 2 (n - 1) / n * bytes / nvlink_bw`` (ring/NVLS bandwidth term).
+- MoE all-to-all with DeepEP semantics, chosen by phase as SGLang's ``--deepep-mode auto`` does:
+  *normal* kernels (iterations with prefill tokens) send ONE RDMA copy per destination node, which the
+  receiving GPU forwards over NVLink (copies per remote GPU x the node-dedup factor below, plus the
+  forwarding on NVLink, plus a CPU-side layout notify); *low-latency* kernels (decode-only iterations)
+  send every copy straight to its GPU with their own latency and achieved RDMA share.
+- Dual-batch overlap (TBO/DBO): the batch splits into two micro-batches whose phases are costed at half
+  size (their GEMMs at half the tokens per expert); in steady state a layer takes
+  ``max(2 C_half / (1 - s), 2 M_half)`` (compute C, communication M; ``s`` the SM share normal-mode
+  kernels hold while overlapped), plus one pipeline fill ``min(C_half, M_half)`` per iteration.
+- Fixed overheads: per iteration (scheduler, sampling, host sync) and per layer: a CUDA-graph replay
+  leaves ``kernels_per_layer x graph_gap`` of gaps; an eager iteration cannot run a layer faster than
+  the CPU launches its kernels (``kernels_per_layer x launch``). Decode-only iterations up to the
+  engine's graph batch size replay graphs; prefill and mixed ones run eager.
 
 One engine iteration (:func:`CostModel.step_time`) is, layer by layer (every attention-DP rank and every
 EP rank meet at each MoE layer's all-to-all, so each layer takes its slowest rank's time)::
 
-    layer l = max_r [attention_r(kind_l) + trunk_r]               (attention + shared experts etc.)
+    layer l = max_r [attention_r(kind_l) + trunk_r + 2 all-reduce_r]
             + max_g dispatch_g + max_g experts_g + max_g combine_g  (MoE layers only)
 
-with dual-batch overlap replacing ``C + M`` (compute, communication) by ``max(C, M) + min(C, M) / 2``
-(two micro-batches: one's all-to-all hides under the other's compute, except one pipeline fill).
 The *straggler time* of a layer is, summed over its three phases (dispatch, experts, combine),
 ``max_g t_g - mean_g t_g``: what the slowest EP rank costs every other rank at that layer, against a
 perfectly balanced layer with the same total work.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from foundation.cluster import ClusterSpec, GPUSpec
+from foundation.errors import InputError
 from foundation.model import DTYPE_BYTES, KV_DTYPE_BYTES, ModelSpec
 from sim.calibration import Profile
 from sim.config import CostConfig
@@ -61,6 +84,10 @@ class RankWork:
     def zeros(cls, num_ranks: int) -> RankWork:
         return cls(*(np.zeros(num_ranks) for _ in range(8)))
 
+    def half(self) -> RankWork:
+        """One of two equal micro-batches (DeepSeek splits prompts so both get half the attention work)."""
+        return RankWork(*(getattr(self, f.name) / 2 for f in fields(self)))
+
 
 @dataclass
 class MoeWork:
@@ -73,6 +100,14 @@ class MoeWork:
     nvlink: np.ndarray
     nic: np.ndarray
 
+    def half(self) -> MoeWork:
+        """One of two micro-batches: half the selections and copies; touched experts from a Poisson
+        occupancy at the halved mean tokens per touched expert."""
+        lam = np.divide(self.tokens, self.touched, out=np.zeros_like(self.tokens), where=self.touched > 0)
+        full = -np.expm1(-lam)
+        ratio = np.divide(-np.expm1(-lam / 2), full, out=np.full_like(lam, 0.5), where=full > 0)
+        return MoeWork(self.tokens / 2, self.touched * ratio, self.nvlink / 2, self.nic / 2)
+
 
 @dataclass
 class StepTime:
@@ -82,27 +117,61 @@ class StepTime:
     comm: float  # sum over MoE layers of dispatch + combine
     straggler: np.ndarray  # [L] per MoE layer: sum over dispatch/experts/combine of max - mean GPU time
     layer: np.ndarray  # [num_layers] time of each decoder layer
+    mode: str = "low_latency"  # DeepEP kernels of this iteration: normal | low_latency
+    graph: bool = False  # replayed as a CUDA graph
+    overhead: float = 0.0  # fixed per-iteration and per-layer overheads included in total
+
+
+def node_dedup_factor(num_gpus: int, gpus_per_node: int, top_k: int) -> float:
+    """Expected distinct remote NODES over distinct remote GPUs a token's ``top_k`` experts land on, for
+    uniformly spread experts: how many RDMA copies DeepEP's normal kernels send (one per node) per copy
+    a per-GPU all-to-all would send. ``(N-1)(1-(1-1/N)^k) / ((G-n)(1-(1-1/G)^k))``, 1 on one node."""
+    G, n = num_gpus, gpus_per_node
+    N = G // n
+    if N <= 1:
+        return 1.0
+    gpus = (G - n) * (1 - (1 - 1 / G) ** top_k)
+    nodes = (N - 1) * (1 - (1 - 1 / N) ** top_k)
+    return float(nodes / gpus)
 
 
 class CostModel:
-    """Roofline costs of one model on one GPU kind (shared state: derived constants; no I/O)."""
+    """Costs of one model on one GPU kind and pool (shared state: derived constants; no I/O).
+
+    ``attention_tp``: GPUs per attention-DP rank; ``moe_tp``: GPUs each routed expert is sharded across
+    (TEP); ``a2a_mode``: ``auto`` | ``normal`` | ``low_latency``; ``cuda_graph_max_bs``: decode-only
+    iterations with at most this many sequences per rank replay a CUDA graph (0 = never)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, cfg: CostConfig | None = None,
-                 attention_tp: int = 1, kv_dtype: str = "bf16", profile: Profile | None = None) -> None:
+                 attention_tp: int = 1, kv_dtype: str = "bf16", profile: Profile | None = None,
+                 attention_dtype: str = "bf16", moe_tp: int = 1, a2a_mode: str = "auto",
+                 cuda_graph_max_bs: int = 512) -> None:
         self.model = model
         self.cluster = cluster
         self.gpu: GPUSpec = cluster.gpu
         self.cfg = cfg or CostConfig()
         self.tp = attention_tp
+        self.moe_tp = moe_tp
         self.kv_dtype = kv_dtype
         self.profile = profile
+        self.a2a_mode = a2a_mode
+        self.cuda_graph_max_bs = cuda_graph_max_bs
+        if cluster.num_gpus % moe_tp:
+            raise InputError(f"--moe-tp {moe_tp} does not divide the pool's {cluster.num_gpus} GPUs")
         c = self.cfg
         g = self.gpu
         self.hbm_bw = g.hbm_bw * c.hbm_efficiency
-        self.peak_trunk = g.flops(model.weight_dtype) * c.flops_efficiency
-        self.peak_expert = g.flops(model.expert_dtype) * c.flops_efficiency
+        self.peak_trunk = g.flops(model.weight_dtype) * c.gemm_efficiency
+        self.peak_expert = g.flops(model.expert_dtype) * c.gemm_efficiency
+        self.peak_other = g.flops(model.weight_dtype) * c.flops_efficiency
+        self.peak_attn_dec = g.flops(attention_dtype) * c.mla_decode_flops_efficiency
+        self.hbm_attn_dec = g.hbm_bw * c.mla_decode_hbm_efficiency
+        self.peak_attn_pre = g.flops(attention_dtype) * c.prefill_attention_efficiency
         self.nvlink_bw = g.nvlink_bw * c.link_efficiency
-        self.nic_bw = g.nic_bw * c.link_efficiency
+        self.nic_bw = g.nic_bw * c.nic_efficiency
+        self.ll_nic_bw = g.nic_bw * c.ll_efficiency
+        self.node_dedup = node_dedup_factor(cluster.num_gpus, cluster.gpus_per_node, model.top_k)
+        self.pure_tp = attention_tp >= cluster.num_gpus  # every GPU holds every token: no all-to-all
         self.wbytes = DTYPE_BYTES[model.weight_dtype]
         self.kind_counts = {k: len(model.layers_of(k)) for k in ("mla", "kda", "gqa")}
         # Per-kind constants, computed once (the formulas below use them per iteration).
@@ -114,6 +183,18 @@ class CostModel:
         self._keys = sorted({(k, i in moe) for i, k in enumerate(model.attention)})
         self._layer_key = np.array([self._keys.index((k, i in moe)) for i, k in enumerate(model.attention)])
         self._is_moe = np.array([i in moe for i in range(model.num_layers)])
+
+    # ------------------------------------------------------------------ GEMMs
+    def gemm_time(self, flops_per_row, rows, groups, bytes_, peak: float, kernels: int = 1):
+        """``kernels`` GEMM kernels over ``rows`` rows split into ``groups`` weight matrices (arrays of any
+        shape): ``max((rows + m0 groups) * flops_per_row / peak, bytes / hbm_bw) + kernels * t_kernel``
+        when there is work, else 0. ``peak`` already carries the GEMM efficiency."""
+        c = self.cfg
+        rows = np.asarray(rows, dtype=np.float64)
+        groups = np.asarray(groups, dtype=np.float64)
+        compute = (rows + c.gemm_m0 * groups) * flops_per_row / peak
+        t = np.maximum(compute, np.asarray(bytes_, dtype=np.float64) / self.hbm_bw)
+        return np.where(rows > 0, t + kernels * c.gemm_kernel_s, 0.0)
 
     # ------------------------------------------------------------------ routed experts
     @property
@@ -129,10 +210,11 @@ class CostModel:
         m = self.model
         return self.cfg.activation_bytes * (2 * m.expert_hidden_size + 3 * m.moe_intermediate_size)
 
-    def expert_time(self, tokens, touched):
+    def expert_time(self, tokens, touched, shard: int = 1):
         """Expert GEMM time of a GPU serving ``tokens`` selections spread over ``touched`` local experts
-        (arrays of any shape). Roofline: FLOPs of the tokens vs weight bytes of the touched experts plus
-        activations. With a profile: ``touched * t(tokens / touched)``, FLOP-scaled to this shape."""
+        (arrays of any shape), each expert's weights split ``shard`` ways (TEP). Two grouped GEMMs
+        (gate+up, down) on the GEMM curve: FLOPs of the tokens vs weight bytes of the touched experts
+        plus activations. With a profile: ``touched * t(tokens / touched)``, FLOP-scaled to this shape."""
         tokens = np.asarray(tokens, dtype=np.float64)
         touched = np.asarray(touched, dtype=np.float64)
         if self.profile is not None and self.profile.has("expert_gemm"):
@@ -140,12 +222,12 @@ class CostModel:
             m = self.model
             scale = (m.expert_hidden_size * m.moe_intermediate_size
                      / (curve.meta.get("hidden", m.expert_hidden_size)
-                        * curve.meta.get("intermediate", m.moe_intermediate_size)))
+                        * curve.meta.get("intermediate", m.moe_intermediate_size))) / shard
             per = np.divide(tokens, touched, out=np.zeros_like(tokens), where=touched > 0)
             return np.where(touched > 0, touched * curve(np.maximum(per, 1e-9)) * scale, 0.0)
-        flops = tokens * self.expert_flops_per_token
-        bytes_ = touched * self.model.bytes_per_routed_expert + tokens * self.expert_act_bytes_per_token
-        return roofline(flops, bytes_, self.peak_expert, self.hbm_bw)
+        bytes_ = (touched * self.model.bytes_per_routed_expert + tokens * self.expert_act_bytes_per_token) / shard
+        return self.gemm_time(self.expert_flops_per_token / shard, tokens, touched, bytes_, self.peak_expert,
+                              kernels=2)
 
     # ------------------------------------------------------------------ all-to-all
     def copy_bytes(self, op: str) -> float:
@@ -154,16 +236,26 @@ class CostModel:
         per = self.cfg.dispatch_bytes_per_value if op == "dispatch" else self.cfg.combine_bytes_per_value
         return self.model.expert_hidden_size * per
 
-    def a2a_time(self, nvlink_copies, nic_copies, op: str = "dispatch"):
+    def a2a_time(self, nvlink_copies, nic_copies, op: str = "dispatch", mode: str = "low_latency"):
         """One EP rank's share of an all-to-all moving ``nvlink_copies`` / ``nic_copies`` token copies
-        (arrays of any shape): the two links work in parallel, each pays its latency when used.
+        (arrays of any shape); the two links work in parallel, each pays its latency when used.
+
+        ``low_latency``: every copy goes straight to its GPU (DeepEP low-latency kernels: own fixed time
+        and achieved RDMA share). ``normal``: one RDMA copy per destination node (``nic x node_dedup``)
+        which the receiver forwards over NVLink, after a CPU-side layout notify.
         With a profile for ``op``: the measured time of the bytes (``link`` nvlink / nic / any)."""
+        c = self.cfg
+        g = self.gpu
         b = self.copy_bytes(op)
         nv = np.asarray(nvlink_copies, dtype=np.float64) * b
         nic = np.asarray(nic_copies, dtype=np.float64) * b
-        g = self.gpu
-        t_nv = np.where(nv > 0, g.nvlink_latency + nv / self.nvlink_bw, 0.0)
-        t_nic = np.where(nic > 0, g.nic_latency + nic / self.nic_bw, 0.0)
+        if mode == "normal":
+            fwd = nic * (1 - 1 / self.cluster.gpus_per_node)
+            t_nv = np.where(nv + fwd > 0, g.nvlink_latency + c.normal_latency_s + (nv + fwd) / self.nvlink_bw, 0.0)
+            t_nic = np.where(nic > 0, g.nic_latency + c.normal_latency_s + nic * self.node_dedup / self.nic_bw, 0.0)
+        else:
+            t_nv = np.where(nv > 0, g.nvlink_latency + c.ll_latency_s + nv / self.nvlink_bw, 0.0)
+            t_nic = np.where(nic > 0, g.nic_latency + c.ll_latency_s + nic / self.ll_nic_bw, 0.0)
         if self.profile is not None and self.profile.has(op):
             curve = self.profile.ops[op]
             link = curve.meta.get("link", "any")
@@ -176,48 +268,57 @@ class CostModel:
                 t_nic = np.where(nic > 0, curve(np.maximum(nic, 1.0)), 0.0)
         return np.maximum(t_nv, t_nic)
 
+    def allreduce_time(self, tokens):
+        """One TP all-reduce of ``tokens`` BF16 hidden rows per rank ``[D]`` across the ``attention_tp``
+        GPUs of a rank: ``alpha + 2 (n - 1) / n * bytes / nvlink_bw``; 0 without TP."""
+        if self.tp <= 1:
+            return np.zeros_like(np.asarray(tokens, dtype=np.float64))
+        bytes_ = np.asarray(tokens, dtype=np.float64) * self.model.hidden_size * 2.0
+        n = self.tp
+        return np.where(bytes_ > 0, self.cfg.allreduce_latency_s + 2 * (n - 1) / n * bytes_ / self.nvlink_bw, 0.0)
+
     # ------------------------------------------------------------------ attention and trunk (per rank)
+    def _projections(self, kind: str, w: RankWork, kernels: int):
+        p = self._att_params[kind]
+        return self.gemm_time(2.0 * p / self.tp, w.tokens, 1.0, np.where(w.tokens > 0, p * self.wbytes / self.tp, 0.0),
+                              self.peak_trunk, kernels)
+
     def mla_time(self, w: RankWork):
-        """One MLA layer on each rank ``[D]``. Projections: 2 x params FLOPs per token, weights read once.
-        Decode uses the absorbed form (per key 2H(2 kv_lora + rope) FLOPs, the latent cache read once per
-        sequence); prefill the expanded form (per (query, key) pair 2H(qk_nope + rope + v))."""
+        """One MLA layer on each rank ``[D]``. Projections: 2 x params FLOPs per token, weights read once
+        (GEMM curve). Decode core in the absorbed form (per key 2H(2 kv_lora + rope) FLOPs, the latent
+        cache read once per sequence) at FlashMLA's rates; prefill core in the expanded form (per (query,
+        key) pair 2H(qk_nope + rope + v)) at the prefill-attention share of peak."""
         c = self.model.mla
         tp = self.tp
-        p = self._att_params["mla"]
         kv_tok = (c.kv_lora_rank + c.qk_rope_head_dim) * KV_DTYPE_BYTES[self.kv_dtype]
         dec_pair = 2.0 * c.num_heads * (2 * c.kv_lora_rank + c.qk_rope_head_dim) / tp
         pre_pair = 2.0 * c.num_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) / tp
-        flops = w.tokens * 2.0 * p / tp + w.dec_ctx * dec_pair + w.pre_pairs * pre_pair
-        bytes_ = np.where(w.tokens > 0, p * self.wbytes / tp, 0.0) + (w.dec_ctx + w.pre_ctx) * kv_tok
-        return roofline(flops, bytes_, self.peak_trunk, self.hbm_bw)
+        dec = roofline(w.dec_ctx * dec_pair, w.dec_ctx * kv_tok, self.peak_attn_dec, self.hbm_attn_dec)
+        pre = roofline(w.pre_pairs * pre_pair, w.pre_ctx * kv_tok, self.peak_attn_pre, self.hbm_bw)
+        return self._projections("mla", w, 4) + dec + pre
 
     def kda_time(self, w: RankWork):
-        """One KDA layer on each rank ``[D]``. Per token: projections (2 x params) and the recurrent
+        """One KDA layer on each rank ``[D]``. Projections on the GEMM curve; per token the recurrent
         update + readout (3 products with the H x d x d state, 2 FLOPs each); prefill adds the intra-chunk
         attention (2 x 2 x H x d x chunk). The fp32 state (and conv state) is read and written once per
         decoding sequence per step, and once per prefill chunk."""
         c = self.model.kda
         tp = self.tp
-        p = self._att_params["kda"]
         hdd = c.num_heads * c.head_dim * c.head_dim / tp
-        flops = (w.tokens * (2.0 * p / tp + 3 * 2.0 * hdd)
-                 + w.pre_tokens * 2 * 2.0 * c.num_heads * c.head_dim * KDA_CHUNK / tp)
-        state = self._kda_state_layer
-        bytes_ = (np.where(w.tokens > 0, p * self.wbytes / tp, 0.0)
-                  + 2 * state * (w.dec_seqs + w.pre_seqs))
-        return roofline(flops, bytes_, self.peak_trunk, self.hbm_bw)
+        flops = (w.tokens * 3 * 2.0 * hdd + w.pre_tokens * 2 * 2.0 * c.num_heads * c.head_dim * KDA_CHUNK / tp)
+        bytes_ = 2 * self._kda_state_layer * (w.dec_seqs + w.pre_seqs)
+        return self._projections("kda", w, 4) + roofline(flops, bytes_, self.peak_other, self.hbm_bw)
 
     def gqa_time(self, w: RankWork):
         """One GQA layer on each rank ``[D]``: projections plus 4 x heads x head_dim FLOPs per (query, key)
         pair; K and V read once per sequence."""
         c = self.model.gqa
         tp = self.tp
-        p = self._att_params["gqa"]
         kv_tok = self.model.kv_bytes_per_token(self.kv_dtype, tp) / max(1, len(self.model.layers_of("gqa")))
         pair = 4.0 * c.num_heads * c.head_dim / tp
-        flops = w.tokens * 2.0 * p / tp + (w.dec_ctx + w.pre_pairs) * pair
-        bytes_ = np.where(w.tokens > 0, p * self.wbytes / tp, 0.0) + (w.dec_ctx + w.pre_ctx) * kv_tok
-        return roofline(flops, bytes_, self.peak_trunk, self.hbm_bw)
+        core = roofline((w.dec_ctx + w.pre_pairs) * pair, (w.dec_ctx + w.pre_ctx) * kv_tok, self.peak_other,
+                        self.hbm_bw)
+        return self._projections("gqa", w, 3) + core
 
     def attention_time(self, kind: str, w: RankWork):
         return {"mla": self.mla_time, "kda": self.kda_time, "gqa": self.gqa_time}[kind](w)
@@ -236,46 +337,99 @@ class CostModel:
         experts + router + latent projections, or a dense layer's MLP; TP-split like attention."""
         m = self.model
         p = self.moe_trunk_params if moe else 3 * m.hidden_size * m.dense_intermediate_size
-        return roofline(w.tokens * 2.0 * p / self.tp, np.where(w.tokens > 0, p * self.wbytes / self.tp, 0.0),
-                        self.peak_trunk, self.hbm_bw)
+        return self.gemm_time(2.0 * p / self.tp, w.tokens, 1.0, np.where(w.tokens > 0, p * self.wbytes / self.tp, 0.0),
+                              self.peak_trunk, 2)
 
     def lm_head_time(self, w: RankWork):
         """Logits for the sampled tokens, per rank ``[D]`` (vocab-parallel across the TP group)."""
         m = self.model
         p = m.vocab_size * m.hidden_size
-        return roofline(w.sampled * 2.0 * p / self.tp, np.where(w.sampled > 0, p * self.wbytes / self.tp, 0.0),
-                        self.peak_trunk, self.hbm_bw)
+        return self.gemm_time(2.0 * p / self.tp, w.sampled, 1.0, np.where(w.sampled > 0, p * self.wbytes / self.tp, 0.0),
+                              self.peak_trunk, 1)
 
     # ------------------------------------------------------------------ one iteration
-    def moe_layer_times(self, moe: MoeWork) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def mode_of(self, w: RankWork) -> str:
+        """DeepEP kernels of an iteration: the configured mode, or by phase (normal with prefill tokens)."""
+        if self.a2a_mode != "auto":
+            return self.a2a_mode
+        return "normal" if w.pre_tokens.any() else "low_latency"
+
+    def moe_layer_times(self, moe: MoeWork, mode: str = "low_latency") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per MoE layer ``[L]``: the slowest GPU's expert time, dispatch + combine time (slowest GPU each),
-        and the straggler time: for each of the three phases, slowest GPU minus the mean GPU."""
-        G = moe.tokens.shape[1]
-        t = self.expert_time(moe.tokens, moe.touched)
-        d = self.a2a_time(moe.nvlink, moe.nic, "dispatch")
-        c = self.a2a_time(moe.nvlink, moe.nic, "combine")
+        and the straggler time: for each of the three phases, slowest GPU minus the mean GPU. With TEP
+        (``moe_tp`` t > 1) every GPU of a group of t serves the group's selections on 1/t of each expert."""
+        L, G = moe.tokens.shape
+        if self.moe_tp > 1:
+            t_ = self.moe_tp
+            grp = (moe.tokens.reshape(L, G // t_, t_).sum(axis=2), moe.touched.reshape(L, G // t_, t_).sum(axis=2))
+            t = np.repeat(self.expert_time(*grp, shard=t_), t_, axis=1)
+        else:
+            t = self.expert_time(moe.tokens, moe.touched)
         experts = t.max(axis=1)
+        strag = experts - t.sum(axis=1) / G
+        if self.pure_tp:  # tokens are on every GPU already; the MoE output joins the TP all-reduce
+            return experts, np.zeros(L), strag
+        d = self.a2a_time(moe.nvlink, moe.nic, "dispatch", mode)
+        c = self.a2a_time(moe.nvlink, moe.nic, "combine", mode)
         comm = d.max(axis=1) + c.max(axis=1)
-        straggler = (experts - t.sum(axis=1) / G) + (comm - (d.sum(axis=1) + c.sum(axis=1)) / G)
+        straggler = strag + (comm - (d.sum(axis=1) + c.sum(axis=1)) / G)
         return experts, comm, straggler
+
+    def _attention_layers(self, w: RankWork) -> np.ndarray:
+        """Slowest rank's attention + trunk + TP all-reduces, per decoder layer ``[num_layers]``."""
+        per_kind = {k: self.attention_time(k, w) for k, n in self.kind_counts.items() if n}
+        ar = 2 * self.allreduce_time(w.tokens)
+        trunk = {True: self.trunk_time(w, True) + ar, False: self.trunk_time(w, False) + ar}
+        # the slowest rank of a layer depends only on (attention kind, MoE or dense): once per key
+        key_time = np.array([float(np.max(per_kind[k] + trunk[is_moe])) for k, is_moe in self._keys])
+        return key_time[self._layer_key]
 
     def step_time(self, w: RankWork, moe: MoeWork, dual_batch_overlap: bool = False) -> StepTime:
         """Time of one engine iteration (see the module docstring for the composition)."""
-        per_kind = {k: self.attention_time(k, w) for k, n in self.kind_counts.items() if n}
-        trunk = {True: self.trunk_time(w, True), False: self.trunk_time(w, False)}
-        # the slowest rank of a layer depends only on (attention kind, MoE or dense): once per key
-        key_time = np.array([float(np.max(per_kind[k] + trunk[is_moe])) for k, is_moe in self._keys])
-        attn = key_time[self._layer_key]  # [num_layers]
-        experts, comm, straggler = self.moe_layer_times(moe)
+        c = self.cfg
+        mode = self.mode_of(w)
+        graph = bool(self.cuda_graph_max_bs and not w.pre_tokens.any()
+                     and float(w.dec_seqs.max(initial=0.0)) <= self.cuda_graph_max_bs)
+        attn = self._attention_layers(w)  # [num_layers]
+        experts, comm, straggler = self.moe_layer_times(moe, mode)
         layer = attn.copy()
+        fill = 0.0
         if dual_batch_overlap:
-            c = attn[self._is_moe] + experts
-            layer[self._is_moe] = np.maximum(c, comm) + np.minimum(c, comm) / 2
+            w2, moe2 = w.half(), moe.half()
+            attn2 = self._attention_layers(w2)
+            exp2, comm2, _ = self.moe_layer_times(moe2, mode)
+            share = c.comm_sm_share if mode == "normal" else 0.0
+            comp = 2 * (attn2[self._is_moe] + exp2) / (1 - share)
+            com = 2 * comm2
+            layer[self._is_moe] = np.maximum(comp, com)
+            if self._is_moe.any():
+                fill = float(np.mean(np.minimum(comp, com))) / 2
         else:
             layer[self._is_moe] += experts + comm
+        kernels = c.kernels_per_layer * (2 if dual_batch_overlap else 1)
+        if graph:
+            gpu_layer = layer
+            layer = layer + kernels * c.graph_gap_s
+        else:
+            gpu_layer = layer
+            layer = np.maximum(layer, kernels * c.launch_s)
         head = float(np.max(self.lm_head_time(w))) if w.sampled.any() else 0.0
-        return StepTime(total=float(layer.sum()) + head, attention=float(attn.sum()) + head,
-                        experts=float(experts.sum()), comm=float(comm.sum()), straggler=straggler, layer=layer)
+        overhead = float((layer - gpu_layer).sum()) + c.iteration_overhead_s
+        total = float(layer.sum()) + head + fill + c.iteration_overhead_s
+        return StepTime(total=total, attention=float(attn.sum()) + head, experts=float(experts.sum()),
+                        comm=float(comm.sum()), straggler=straggler, layer=layer, mode=mode, graph=graph,
+                        overhead=overhead)
+
+    def draft_time(self, st: StepTime, w: RankWork, draft: int) -> float:
+        """MTP / speculative drafting of ``draft`` tokens per sequence: each draft step runs one MTP module
+        (one decoder layer with its MoE, DeepSeek-V3's MTP depth 1 chained) and the LM head at one token
+        per sequence; costed as the iteration's mean MoE-layer time plus its head, per draft step (decode
+        layers are weight- and latency-bound, so one token per sequence costs about what 1 + draft do)."""
+        if draft <= 0 or not w.dec_seqs.any():
+            return 0.0
+        moe_layers = st.layer[self._is_moe] if self._is_moe.any() else st.layer
+        head = float(np.max(self.lm_head_time(w)))
+        return draft * (float(np.mean(moe_layers)) + head)
 
     # ------------------------------------------------------------------ memory movement
     def transfer_time(self, bytes_: float, same_node: bool = False) -> float:

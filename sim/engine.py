@@ -3,8 +3,17 @@ layers, driven by the event kernel.
 
 A *pool* is one EP group spanning all the placement's GPUs: ``G / attention_tp`` DP ranks that step in
 lockstep (every MoE layer's all-to-all joins them), one engine iteration at a time. Co-located serving
-runs one pool doing prefill and decode; disaggregated serving runs a prefill pool and a decode pool of
-the same size (2 x G GPUs) and hands each request's KV cache and KDA state over the NIC.
+runs one pool doing prefill and decode; disaggregated serving runs a prefill pool (the decode pool's
+size, or ``prefill_gpus`` with its own placement) and a decode pool, and hands each request's KV cache
+and KDA state over the NIC. ``phase`` benchmarks one phase alone, the way published prefill/decode
+figures are measured: ``prefill`` (1-token outputs) or ``decode`` (requests arrive with their prompt's
+KV in place, as from an unlimited prefill pool).
+
+MTP / speculative decoding (``mtp_draft`` d, ``mtp_acceptance`` a): every decode step verifies 1 + d
+tokens per sequence (trunk, attention and MoE see 1 + d tokens) after d draft steps; the sequence keeps
+``1 + j`` tokens, ``j`` the leading accepted drafts (each accepted with probability a). A prefix-cache
+hit rate h starts every request with ``h x prompt`` tokens already cached: prefill computes the rest,
+attending to the whole prompt.
 
 Per DP rank and iteration (vLLM/SGLang's scheduler, reduced to what costs time):
 1. admit swapped-out requests, then waiting ones, first come first served, while the ``place plan``
@@ -53,12 +62,16 @@ class Rank:
 class Pool:
     """One EP group (all placement GPUs) running engine iterations (the simulation's real state)."""
 
-    def __init__(self, name: str, role: str, sim: Simulation, placement: Placement) -> None:
+    def __init__(self, name: str, role: str, sim: Simulation, placement: Placement, cost: CostModel | None = None,
+                 pools: CachePools | None = None) -> None:
         self.name = name
         self.role = role  # "both" | "prefill" | "decode"
         self.sim = sim
         self.placement = placement
-        self.ranks = [Rank() for _ in range(sim.num_ranks)]
+        self.cost = cost or sim.cost
+        self.pools = pools or sim.pools
+        self.num_gpus = placement.num_gpus
+        self.ranks = [Rank() for _ in range(placement.num_gpus // sim.config.engine.attention_tp)]
         self.router = make_router(sim.config.mode, sim.trace, placement, sim.config.engine.replica_rule,
                                   sim.config.seed, sim.config.engine.attention_tp)
         self.busy = False
@@ -69,10 +82,11 @@ class Pool:
         self.decoding: list = []  # decoding sequences of the iteration in flight: (request, rank)
         self.rebalancer = None
         self.next_rank = 0
+        self.last_dt = 0.0
 
     # ------------------------------------------------------------------ memory checks
     def _kv(self, n):
-        return self.sim.pools.kv_tokens(n)
+        return self.pools.kv_tokens(n)
 
     @staticmethod
     def _need(q: Request) -> int:
@@ -81,13 +95,13 @@ class Pool:
 
     def _used(self, rank: Rank) -> int:
         """Recomputed from scratch (checks of the incremental ``Rank.used``)."""
-        kv = self.sim.pools.kv_tokens
+        kv = self.pools.kv_tokens
         return int(sum(kv(max(q.prefill_target, q.ctx) + 1) for q in rank.running))
 
     def _admit(self, r: int, now: float, used: int) -> int:
         """Admit from the swapped, then the waiting queue; returns the rank's KV token slots in use."""
         rank = self.ranks[r]
-        pools = self.sim.pools
+        pools = self.pools
         for queue in (rank.swapped, rank.waiting):
             while queue:
                 q = queue[0]
@@ -114,7 +128,7 @@ class Pool:
         """Preempt the newest sequences until every running one fits its next step; returns the KV
         token slots in use. ``used``: the running sequences' slots for their next step."""
         rank = self.ranks[r]
-        pools = self.sim.pools
+        pools = self.pools
         while len(rank.running) > 1:
             last = rank.running[-1]
             mine = last.kv
@@ -145,6 +159,7 @@ class Pool:
         pre_rows, pre_rank = [], []
         decode_here = self.role != "prefill"
         exact = self.router.needs_rows  # the statistical router only needs token counts
+        per_seq = 1 + cfg.mtp_draft  # tokens each decoding sequence verifies per step
         for r, rank in enumerate(self.ranks):
             used = self._make_room(r, now, rank.used)
             rank.used = self._admit(r, now, used)
@@ -162,9 +177,10 @@ class Pool:
                     ctx_sum += q.ctx
             ctx_sum += n_dec  # each decode token attends to its own key too
             if exact:
-                dec_rank += [r] * n_dec
+                dec_rank += [r] * (n_dec * per_seq)
             work.dec_seqs[r] = n_dec
-            work.dec_ctx[r] = ctx_sum
+            # with drafts, each of the 1 + d verified tokens attends to the context (and the drafts before it)
+            work.dec_ctx[r] = ctx_sum * per_seq + n_dec * per_seq * (per_seq - 1) / 2
             budget = cfg.max_batched_tokens - n_dec
             for q in prefilling:
                 if budget <= 0:
@@ -187,12 +203,15 @@ class Pool:
                     pre_rank.append(np.full(c, r, dtype=np.int64))
         if not batch and not decoding:
             return []
-        work.tokens = work.dec_seqs + work.pre_tokens
-        work.sampled += work.dec_seqs
+        work.tokens = work.dec_seqs * per_seq + work.pre_tokens
+        work.sampled += work.dec_seqs * per_seq
         want = self.rebalancer is not None and self.rebalancer.wants_counts
         t0 = wallclock.perf_counter()
         if exact:
-            rows = np.concatenate([np.asarray(dec_rows, dtype=np.int64)] + pre_rows)
+            drows = np.asarray(dec_rows, dtype=np.int64)
+            if per_seq > 1:  # draft positions route like the following output tokens
+                drows = (drows[:, None] + np.arange(per_seq)[None, :]).ravel()
+            rows = np.concatenate([drows] + pre_rows)
             ranks = np.concatenate([np.asarray(dec_rank, dtype=np.int64)] + pre_rank)
             order = np.argsort(ranks, kind="stable")  # each rank's tokens contiguous, in batch order
             rows, ranks = rows[order], ranks[order]
@@ -200,9 +219,12 @@ class Pool:
         else:
             moe, counts = self.router.route_count(int(work.tokens.sum()), sim.rng, want_counts=want)
         sim.route_wall += wallclock.perf_counter() - t0
-        st = sim.cost.step_time(work, moe, cfg.dual_batch_overlap)
+        st = self.cost.step_time(work, moe, cfg.dual_batch_overlap)
+        if cfg.mtp_draft:
+            st.total += self.cost.draft_time(st, work, cfg.mtp_draft)
         stall, self.stall = self.stall, 0.0
         dt = st.total + stall
+        self.last_dt = dt
         self.busy = True
         self.batch = batch
         self.decoding = decoding
@@ -216,15 +238,25 @@ class Pool:
         sim = self.sim
         events: list[Event] = []
         made = prefilled = 0
-        kv = sim.pools.kv_tokens
+        kv = self.pools.kv_tokens
         ranks = self.ranks
         # Decode: one token each. With pages (dcp 1) a sequence needs a new page only when its need
         # passes the slots it holds, so the plan's kv_tokens is asked only then.
-        paged = sim.pools.dcp == 1
-        max_len = sim.pools.max_model_len  # a sequence stops at the model's context, as engines cap it
-        for q, r in self.decoding:
-            q.ctx += 1
-            q.generated += 1
+        paged = self.pools.dcp == 1
+        max_len = self.pools.max_model_len  # a sequence stops at the model's context, as engines cap it
+        e = sim.config.engine
+        if e.mtp_draft and self.decoding:
+            # leading accepted drafts per sequence: the first rejection ends the run
+            ok = sim.rng.random((len(self.decoding), e.mtp_draft)) < e.mtp_acceptance
+            gains = (1 + np.cumprod(ok, axis=1).sum(axis=1)).tolist()
+        else:
+            gains = None
+        for i, (q, r) in enumerate(self.decoding):
+            g = 1 if gains is None else min(gains[i], q.output_len - q.generated, max_len - 1 - q.ctx)
+            g = max(g, 1)
+            q.ctx += g
+            q.generated += g
+            made += g
             need = q.ctx + 1
             if not paged or need > q.kv:
                 after = kv(need)
@@ -235,7 +267,7 @@ class Pool:
                 rank.running.remove(q)
                 rank.used -= q.kv
                 events += sim.finish(q, now)
-        made += len(self.decoding)
+        decoded = made
         for q, r, c in self.batch:
             rank = ranks[r]
             q.ctx += c
@@ -251,6 +283,7 @@ class Pool:
             made += 1
             if q.generated == 1:
                 q.first_token = now
+                sim.recorder.prompt_done(now, q.prompt_len)
                 if self.role == "prefill" and q.generated < q.output_len:
                     rank.running.remove(q)
                     rank.used -= after
@@ -260,7 +293,7 @@ class Pool:
                 rank.running.remove(q)
                 rank.used -= after
                 events += sim.finish(q, now)
-        sim.recorder.tokens_done(now, made, prefilled)
+        sim.recorder.tokens_done(now, made, prefilled, decoded, len(self.decoding), self.last_dt)
         self.batch = []
         self.decoding = []
         self.busy = False
@@ -282,10 +315,22 @@ class Pool:
         return self.maybe_start(now)
 
     def enqueue(self, q: Request, now: float) -> list[Event]:
-        """A new request joins a DP rank's waiting queue (round robin over ranks, as a DP load balancer
-        does with requests it cannot tell apart)."""
-        r = self.next_rank
-        self.next_rank = (self.next_rank + 1) % len(self.ranks)
+        """A new request joins a DP rank's waiting queue: round robin over ranks (a DP load balancer that
+        cannot tell requests apart), or with ``dp_balance="tokens"`` the rank with the fewest outstanding
+        tokens (prompt tokens still to prefill plus decoding sequences), as engines' prefill balancers do
+        (SGLang --load-balance-method minimum_tokens; DeepSeek's prefill load balancer)."""
+        if self.sim.config.engine.dp_balance == "tokens" and len(self.ranks) > 1:
+            def load(rank: Rank) -> int:
+                return (sum(x.prefill_target - x.ctx for x in rank.waiting)
+                        + sum(max(x.prefill_target - x.ctx, 1) for x in rank.running))
+            loads = [load(rk) for rk in self.ranks]
+            n = len(self.ranks)
+            r = min(range(n), key=lambda i: (loads[(self.next_rank + i) % n], i))
+            r = (self.next_rank + r) % n
+            self.next_rank = (r + 1) % n
+        else:
+            r = self.next_rank
+            self.next_rank = (self.next_rank + 1) % len(self.ranks)
         q.rank = r
         q.pool = self.name
         self.ranks[r].waiting.append(q)
@@ -293,7 +338,7 @@ class Pool:
 
     def occupancy(self) -> tuple[float, float, int, int]:
         """Peak over ranks of (KV pool fraction, state pool fraction), running and waiting counts."""
-        pools = self.sim.pools
+        pools = self.pools
         kv_frac = st_frac = 0.0
         running = waiting = 0
         for rank in self.ranks:
@@ -316,7 +361,8 @@ class Simulation:
 
     def __init__(self, config: SimConfig, trace: TraceTokens, placement: Placement, cluster: ClusterSpec,
                  pools: CachePools, profile: Profile | None = None, label: str = "",
-                 chrome: bool = False, progress: bool = False) -> None:
+                 chrome: bool = False, progress: bool = False,
+                 prefill: tuple[Placement, ClusterSpec, CachePools] | None = None) -> None:
         placement.check_model(trace.model, "placement")
         if placement.num_gpus != cluster.num_gpus:
             raise InputError(f"placement {label or ''}: made for {placement.num_gpus} GPUs, the cluster has "
@@ -330,16 +376,28 @@ class Simulation:
         self.progress = progress
         e = config.engine
         self.num_ranks = cluster.num_gpus // e.attention_tp
-        self.cost = CostModel(self.model, cluster, config.cost, e.attention_tp, e.kv_dtype, profile)
+        self.cost = self.make_cost(cluster, profile)
         self.rng = np.random.default_rng(config.seed)
         self.source = RequestSource(trace, config.workload.lengths, np.random.default_rng(config.seed + 1))
         self.queue = EventQueue()
         self.recorder = Recorder(self, chrome=chrome)
         self.route_wall = 0.0
-        if e.disaggregated:
-            self.pools_list = [Pool("prefill", "prefill", self, placement), Pool("decode", "decode", self, placement)]
+        if e.phase == "decode":
+            self.pools_list = [Pool("decode", "decode", self, placement)]
+        elif e.disaggregated and e.phase == "both":
+            if prefill is not None:
+                p_pl, p_cluster, p_pools = prefill
+                p_pl.check_model(trace.model, "prefill placement")
+                if p_pl.num_gpus != p_cluster.num_gpus:
+                    raise InputError(f"prefill placement: made for {p_pl.num_gpus} GPUs, the prefill pool has "
+                                     f"{p_cluster.num_gpus} (--prefill-gpus)")
+                pre = Pool("prefill", "prefill", self, p_pl, self.make_cost(p_cluster, profile), p_pools)
+            else:
+                pre = Pool("prefill", "prefill", self, placement)
+            self.pools_list = [pre, Pool("decode", "decode", self, placement)]
         else:
             self.pools_list = [Pool("main", "both", self, placement)]
+        self.num_gpus = sum(p.num_gpus for p in self.pools_list)
         if config.rebalance is not None:
             for p in self.pools_list:
                 p.rebalancer = Rebalancer(config.rebalance, self, p)
@@ -347,14 +405,29 @@ class Simulation:
         self._arrivals: np.ndarray | None = None
         self._next_arrival = 0
 
+    def make_cost(self, cluster: ClusterSpec, profile: Profile | None) -> CostModel:
+        e = self.config.engine
+        return CostModel(self.model, cluster, self.config.cost, e.attention_tp, e.kv_dtype, profile,
+                         attention_dtype=e.attention_dtype, moe_tp=e.moe_tp, a2a_mode=e.a2a_mode,
+                         cuda_graph_max_bs=e.cuda_graph_max_bs)
+
     # ------------------------------------------------------------------ request lifecycle
     def entry_pool(self) -> Pool:
         return self.pools_list[0]
 
     def new_request(self, now: float) -> Request:
         q = self.source.make(now)
+        e = self.config.engine
+        if e.phase == "prefill":
+            q.output_len = 1
+        elif e.phase == "decode":
+            q.output_len = max(q.output_len, 2)
         q.prefill_target = q.prompt_len
-        q.ctx = 0
+        q.ctx = min(int(e.prefix_hit * q.prompt_len), q.prompt_len - 1)  # prefix-cache hit: KV already there
+        if e.phase == "decode":  # the prompt's KV and first token come from an (unlimited) prefill pool
+            q.ctx = q.prompt_len
+            q.generated = 1
+            q.first_token = now
         self.recorder.requests.append(q)
         return q
 

@@ -26,6 +26,10 @@ class Recorder:
         self.transfer_bytes = 0.0
         self.prefill_tokens_done = 0
         self.output_tokens_done = 0
+        self.prompt_tokens_done = 0  # prompts (cache hits included) whose first token came in the window
+        self.decode_tokens_done = 0  # tokens made by decoding sequences in the window
+        self.decode_seq_time = 0.0  # sum over the window's decode iterations of sequences x duration
+        self.warmup = sim.config.warmup_s
         self.series: dict[str, list] = {k: [] for k in (
             "time", "pool", "iteration", "duration", "decode_seqs", "prefill_tokens", "batch_tokens",
             "attention_s", "experts_s", "comm_s", "straggler_s", "stall_s", "imbalance", "nvlink_bytes",
@@ -37,7 +41,7 @@ class Recorder:
 
     def iteration(self, pool, now: float, dt: float, st, work, moe, stall: float) -> None:
         s = self.series
-        cost = self.sim.cost
+        cost = pool.cost
         per_copy = cost.copy_bytes("dispatch") + cost.copy_bytes("combine")
         kv, state, running, waiting = pool.occupancy()
         mean = moe.tokens.mean(axis=1)
@@ -55,10 +59,21 @@ class Recorder:
             self.chrome_events += iteration_events(pool, now, dt, st, work, stall, self.sim.model,
                                                    layers=pool.iteration <= LAYER_ITERATIONS)
 
-    def tokens_done(self, now: float, output: int, prefill: int) -> None:
-        if now <= self.sim.config.duration:
+    def in_window(self, now: float) -> bool:
+        """Steady-state window: after the warm-up, up to the end of the run."""
+        return self.warmup <= now <= self.sim.config.duration
+
+    def tokens_done(self, now: float, output: int, prefill: int, decoded: int = 0, decode_seqs: int = 0,
+                    dt: float = 0.0) -> None:
+        if self.in_window(now):
             self.output_tokens_done += output
             self.prefill_tokens_done += prefill
+            self.decode_tokens_done += decoded
+            self.decode_seq_time += decode_seqs * dt
+
+    def prompt_done(self, now: float, prompt_tokens: int) -> None:
+        if self.in_window(now):
+            self.prompt_tokens_done += prompt_tokens
 
     def result(self, wall: float) -> SimResult:
         sim = self.sim
@@ -112,11 +127,18 @@ def _pct(s: pl.Series, q: float) -> float | None:
 def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) -> dict[str, Any]:
     sim = rec.sim
     dur = sim.config.duration
+    window = dur - rec.warmup
     busy = float(ts["duration"].sum()) if ts.height else 0.0
     strag = float(ts["straggler_s"].sum()) if ts.height else 0.0
     per_layer = (np.stack(rec.layer_straggler).sum(axis=0) if rec.layer_straggler
                  else np.zeros(sim.model.num_moe_layers))
     done = reqs.filter(pl.col("finished_s").is_not_null())
+    steady = done.filter(pl.col("finished_s") >= rec.warmup)
+    lat_window = "steady" if steady.height else "all"
+    lat = steady if steady.height else done
+    out_tok_s = rec.output_tokens_done / window
+    # decode speed each sequence sees: tokens made per second of decoding, token-weighted over the window
+    per_user = rec.decode_tokens_done / rec.decode_seq_time if rec.decode_seq_time > 0 else None
     return {
         "label": sim.label,
         "mode": sim.config.mode,
@@ -128,12 +150,20 @@ def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) 
         "requests_finished": int(done.height),
         "requests_rejected": rec.rejected,
         "preemptions": rec.preemptions,
-        "output_tok_s": rec.output_tokens_done / dur,
-        "prefill_tok_s": rec.prefill_tokens_done / dur,
-        "ttft_p50_s": _pct(reqs["ttft_s"], 50),
-        "ttft_p99_s": _pct(reqs["ttft_s"], 99),
-        "tpot_p50_s": _pct(reqs["tpot_s"], 50),
-        "tpot_p99_s": _pct(reqs["tpot_s"], 99),
+        "warmup_s": rec.warmup,
+        "latency_window": lat_window,
+        "output_tok_s": out_tok_s,
+        "prefill_tok_s": rec.prefill_tokens_done / window,
+        "input_tok_s": rec.prompt_tokens_done / window,
+        "num_gpus": sim.num_gpus,
+        "output_tok_s_per_gpu": out_tok_s / sim.num_gpus,
+        "input_tok_s_per_gpu": rec.prompt_tokens_done / window / sim.num_gpus,
+        "per_user_tok_s": per_user,
+        "itl_s": 1.0 / per_user if per_user else None,
+        "ttft_p50_s": _pct(lat["ttft_s"], 50),
+        "ttft_p99_s": _pct(lat["ttft_s"], 99),
+        "tpot_p50_s": _pct(lat["tpot_s"], 50),
+        "tpot_p99_s": _pct(lat["tpot_s"], 99),
         "queue_p50_s": _pct(reqs["queue_s"], 50),
         "queue_p99_s": _pct(reqs["queue_s"], 99),
         "busy_s": busy,
@@ -215,6 +245,8 @@ def _fmt(v, unit: str) -> str:
 
 ROWS = [
     ("output tok/s", "output_tok_s", "n"),
+    ("output tok/s per GPU", "output_tok_s_per_gpu", "n"),
+    ("decode tok/s per user", "per_user_tok_s", "n1"),
     ("prefill tok/s", "prefill_tok_s", "n"),
     ("TTFT p50 (ms)", "ttft_p50_s", "ms"),
     ("TTFT p99 (ms)", "ttft_p99_s", "ms"),
@@ -252,7 +284,10 @@ def format_table(results: list[SimResult]) -> str:
         vals = []
         for r in results:
             v = r.summary.get(key)
-            vals.append(f"{v:.3f}" if unit == "n3" and v is not None else _fmt(v, unit))
+            if unit in ("n3", "n1") and v is not None:
+                vals.append(f"{v:.{unit[1]}f}")
+            else:
+                vals.append(_fmt(v, unit))
         rows.append([name] + vals)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = []

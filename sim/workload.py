@@ -235,6 +235,13 @@ def sample_lengths(mix: LengthMix, rng: np.random.Generator, n: int) -> tuple[np
     lens = np.array([c[0] for c in mix.components], dtype=np.float64)
     w = np.array([c[1] for c in mix.components], dtype=np.float64)
     comp = rng.choice(len(lens), size=n, p=w / w.sum())
+    if mix.range_ratio is not None:  # benchmark lengths: uniform around the set lengths
+        r = mix.range_ratio
+        prompt = np.floor(rng.uniform(lens[comp] * (1 - r), lens[comp] * (1 + r) + 1))
+        output = np.floor(rng.uniform(mix.output_mean * (1 - r), mix.output_mean * (1 + r) + 1))
+        if r == 0:
+            prompt, output = lens[comp], np.full(n, float(mix.output_mean))
+        return (np.clip(prompt, 1, mix.max_len).astype(np.int64), np.clip(output, 1, mix.max_len).astype(np.int64))
     prompt = lens[comp] * np.exp(mix.sigma * rng.standard_normal(n))
     output = mix.output_mean * np.exp(mix.output_sigma * rng.standard_normal(n) - mix.output_sigma ** 2 / 2)
     prompt = np.clip(np.rint(prompt), 1, mix.max_len).astype(np.int64)

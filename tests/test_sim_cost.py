@@ -9,7 +9,7 @@ from sim.calibration import profile_from_dict
 from sim.config import CostConfig
 from sim.cost import CostModel, MoeWork, RankWork, roofline
 
-EXACT = CostConfig(flops_efficiency=1.0, hbm_efficiency=1.0, link_efficiency=1.0)
+EXACT = CostConfig.roofline()
 H200_BW = 4.8e12
 H200_BF16 = 989e12
 H200_FP8 = 1979e12
@@ -106,10 +106,80 @@ def test_step_time_composition_and_dual_batch_overlap():
     assert st.layer == pytest.approx([kda_dense, kda + moe_t, kda + moe_t, mla + moe_t])
     assert st.total == pytest.approx(kda_dense + 2 * kda + mla + 3 * moe_t + head)
     assert st.straggler == pytest.approx([t.max() - t.mean() + d.max() - d.mean() + c.max() - c.mean()] * 3)
+    # dual-batch overlap: two half micro-batches; a layer takes max(2 x half compute, 2 x half comm) and the
+    # iteration one pipeline fill (min of the two halves, averaged over MoE layers)
     dbo = cm.step_time(w, moe, dual_batch_overlap=True)
-    comp, comm = kda + t.max(), d.max() + c.max()
-    assert dbo.layer[1] == pytest.approx(max(comp, comm) + min(comp, comm) / 2)
-    assert dbo.total < st.total
+    w2, moe2 = w.half(), moe.half()
+    kda2 = np.max(cm.kda_time(w2) + cm.trunk_time(w2, True))
+    t2 = cm.expert_time(moe2.tokens[0], moe2.touched[0])
+    comm2 = cm.a2a_time(moe2.nvlink[0], moe2.nic[0], "dispatch").max() + cm.a2a_time(
+        moe2.nvlink[0], moe2.nic[0], "combine").max()
+    comp, com = 2 * (kda2 + t2.max()), 2 * comm2
+    assert dbo.layer[1] == pytest.approx(max(comp, com))
+    assert dbo.layer[0] == pytest.approx(kda_dense)  # dense layers do not overlap
+    # half the batch touches fewer experts (Poisson occupancy), never more than the whole batch
+    assert np.all(moe2.touched <= moe.touched) and np.all(moe2.touched >= moe.touched / 2)
+    # with little work the two micro-batches pay every latency twice: overlap does not pay off ...
+    assert dbo.total > st.total
+    # ... with a large batch it hides the communication
+    big = MoeWork(tokens=moe.tokens * 400, touched=moe.touched, nvlink=moe.nvlink * 400, nic=moe.nic)
+    wb = RankWork(*(getattr(w, f) * (400 if f != "sampled" else 1) for f in
+                    ("tokens", "sampled", "dec_seqs", "dec_ctx", "pre_tokens", "pre_seqs", "pre_pairs", "pre_ctx")))
+    assert cm.step_time(wb, big, dual_batch_overlap=True).total < cm.step_time(wb, big).total
+
+
+def test_deepep_normal_sends_one_rdma_copy_per_node_low_latency_one_per_gpu(k3):
+    from sim.cost import node_dedup_factor
+    # 4 nodes of 8, top-8 uniform: remote GPUs hit 24 (1 - (31/32)^8), remote nodes 3 (1 - (3/4)^8)
+    f = node_dedup_factor(32, 8, 8)
+    assert f == pytest.approx(3 * (1 - 0.75 ** 8) / (24 * (1 - (31 / 32) ** 8)))
+    assert node_dedup_factor(8, 8, 8) == 1.0
+    cm = CostModel(k3, make_cluster(32, "h200"), EXACT)
+    f = node_dedup_factor(32, 8, k3.top_k)
+    assert cm.node_dedup == pytest.approx(f)
+    copy = cm.copy_bytes("dispatch")
+    ll = cm.a2a_time(0, 100, "dispatch", "low_latency")
+    normal = cm.a2a_time(0, 100, "dispatch", "normal")
+    assert ll == pytest.approx(8e-6 + 100 * copy / 50e9)
+    # normal: the NIC carries f x the copies; the receiver forwards 7/8 of them over NVLink in parallel
+    assert normal == pytest.approx(max(8e-6 + 100 * f * copy / 50e9, 3e-6 + 100 * 7 / 8 * copy / 450e9))
+    assert normal < ll
+
+
+def test_gemm_curve_tile_fill_kernel_latency_and_tp_allreduce(k3):
+    cfg = CostConfig.roofline(gemm_efficiency=0.5, gemm_m0=100.0, gemm_kernel_s=5e-6)
+    cm = CostModel(k3, make_cluster(32, "h200"), cfg)
+    f = cm.expert_flops_per_token
+    # compute bound: 29 experts x 3000 tokens each; tile fill adds 100 rows per expert, 2 kernels
+    want = (29 * 3000 + 29 * 100) * f / (H200_FP8 * 0.5) + 2 * 5e-6
+    assert cm.expert_time(29 * 3000, 29) == pytest.approx(want)
+    # TEP: each GPU holds 1/4 of every expert of its group: a quarter of the FLOPs, same kernels
+    assert cm.expert_time(29 * 3000, 29, shard=4) == pytest.approx((want - 1e-5) / 4 + 1e-5)
+    # TP8 all-reduce of 10 tokens of hidden 7168 BF16: alpha + 2 x 7/8 x bytes / NVLink
+    tp = CostModel(k3, make_cluster(8, "h200"), CostConfig.roofline(allreduce_latency_s=1e-5), attention_tp=8)
+    assert tp.allreduce_time(np.array([10.0]))[0] == pytest.approx(1e-5 + 2 * 7 / 8 * 10 * k3.hidden_size * 2 / 450e9)
+    assert cm.allreduce_time(np.array([10.0]))[0] == 0.0  # attention TP1: nothing to reduce
+
+
+def test_fixed_overheads_graph_replay_vs_eager():
+    m = mini_model()
+    cfg = CostConfig.roofline(kernels_per_layer=10, graph_gap_s=1e-6, launch_s=1e-4, iteration_overhead_s=2e-3)
+    cm = CostModel(m, make_cluster(4, "h200"), cfg, cuda_graph_max_bs=8)
+    L, G = m.num_moe_layers, 4
+    zero = MoeWork(*(np.zeros((L, G)) for _ in range(4)))
+    dec = RankWork.zeros(1)
+    dec.tokens[:] = dec.dec_seqs[:] = dec.sampled[:] = 4
+    dec.dec_ctx[:] = 400
+    gpu = CostModel(m, make_cluster(4, "h200"), EXACT).step_time(dec, zero)
+    st = cm.step_time(dec, zero)
+    assert st.graph and st.mode == "low_latency"
+    assert st.total == pytest.approx(gpu.total + m.num_layers * 10 * 1e-6 + 2e-3)
+    # 16 sequences exceed the captured graphs: eager, each (tiny) layer waits for its 10 launches
+    dec16 = RankWork(*(getattr(dec, f) * 4 for f in ("tokens", "sampled", "dec_seqs", "dec_ctx", "pre_tokens",
+                                                      "pre_seqs", "pre_pairs", "pre_ctx")))
+    eager = cm.step_time(dec16, zero)
+    assert not eager.graph
+    assert eager.layer == pytest.approx(np.full(m.num_layers, 10 * 1e-4))
 
 
 def test_profile_replaces_the_roofline_with_interpolated_measurements(k3):

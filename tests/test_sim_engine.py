@@ -10,7 +10,7 @@ from sim.config import CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadC
 from sim.cost import CostModel, RankWork
 from sim.memory import plan_pools
 
-EXACT = CostConfig(flops_efficiency=1.0, hbm_efficiency=1.0, link_efficiency=1.0)
+EXACT = CostConfig.roofline()
 
 
 def one_rank_work(D=4, **kw):
@@ -59,7 +59,9 @@ def test_moe_expert_time_follows_the_max_over_mean_of_the_placement(tmp_path):
     # skewed: experts 0, 1 on GPU 0, 2 on GPU 1, 3 on GPU 2, none on GPU 3 -> loads 2:1:1:0, max/mean 2
     skewed = Placement.from_phy2log(np.tile([0, 1, 4, 5, 2, 6, 7, 8, 3, 9, 10, 11, 12, 13, 14, 15], (3, 1)),
                                     m, 4, 4)
-    cfg = SimConfig(duration=0.005, mode="replay", engine=EngineConfig(attention_tp=1, max_batched_tokens=32),
+    # the pure roofline: expert time proportional to the experts a GPU reads (no tile fill / kernel latency)
+    cfg = SimConfig(duration=0.005, mode="replay", cost=EXACT,
+                    engine=EngineConfig(attention_tp=1, max_batched_tokens=32),
                     workload=WorkloadConfig(arrival="closed", concurrency=4))
     a = build(path, balanced, cfg, gpus=4).run().timeseries
     b = build(path, skewed, cfg, gpus=4).run().timeseries
@@ -76,7 +78,7 @@ def test_moe_expert_time_follows_the_max_over_mean_of_the_placement(tmp_path):
 
 
 def run_open(path, pl, rate, seconds=0.08, seed=0):
-    cfg = SimConfig(duration=seconds, mode="stat", seed=seed,
+    cfg = SimConfig(cost=EXACT, duration=seconds, mode="stat", seed=seed,
                     engine=EngineConfig(attention_tp=4, max_batched_tokens=256, max_seqs=4),
                     workload=WorkloadConfig(arrival="poisson", rate=rate))
     return build(path, pl, cfg, gpus=4).run()
@@ -86,7 +88,7 @@ def test_queueing_delay_is_small_below_saturation_and_grows_sharply_near_it(tmp_
     m = mini_model()
     path = write_trace(tmp_path / "t", m, num_requests=8, prompt=16, output=4)
     pl = linear_placement(m, 4, 4)
-    closed = SimConfig(duration=0.02, mode="stat", engine=EngineConfig(attention_tp=4, max_batched_tokens=256,
+    closed = SimConfig(cost=EXACT, duration=0.02, mode="stat", engine=EngineConfig(attention_tp=4, max_batched_tokens=256,
                                                                       max_seqs=4),
                        workload=WorkloadConfig(arrival="closed", concurrency=64))
     sat = build(path, pl, closed, gpus=4).run().summary
@@ -108,7 +110,7 @@ def test_admission_matches_the_plan_model_for_1m_token_requests(tmp_path, k3):
     need = (1 << 20)
     mix = LengthMix(components=((need - 1, 1.0),), sigma=0.0, output_mean=8, output_sigma=0.0)
     engine = EngineConfig(attention_tp=8, max_seqs=256, kv_dtype="bf16")
-    cfg = SimConfig(duration=1e-9, mode="stat", engine=engine,
+    cfg = SimConfig(cost=EXACT, duration=1e-9, mode="stat", engine=engine,
                     workload=WorkloadConfig(arrival="closed", concurrency=200, lengths=mix))
     pools, _ = plan_pools(k3, make_cluster(32, "h200"), engine, 0)
     per_rank, _ = pools.concurrency(((need, 1.0),))
@@ -126,7 +128,7 @@ def test_requests_that_can_never_fit_are_rejected(tmp_path):
     m = mini_model(max_context=1000)
     path = write_trace(tmp_path / "t", m, num_requests=2, prompt=4, output=2)
     mix = LengthMix(components=((2000, 0.5), (100, 0.5)), sigma=0.0, output_mean=4, output_sigma=0.0)
-    cfg = SimConfig(duration=1.0, mode="stat", engine=EngineConfig(attention_tp=4),
+    cfg = SimConfig(cost=EXACT, duration=1.0, mode="stat", engine=EngineConfig(attention_tp=4),
                     workload=WorkloadConfig(arrival="closed", concurrency=8, max_requests=40, lengths=mix))
     res = build(path, linear_placement(m, 4, 4), cfg, gpus=4).run()
     rej = res.requests.filter(res.requests["rejected"])
@@ -139,7 +141,7 @@ def test_requests_that_can_never_fit_are_rejected(tmp_path):
 def test_preemption_when_the_kv_pool_fills(tmp_path, preemption):
     m = mini_model()
     path = write_trace(tmp_path / "t", m, num_requests=4, prompt=50, output=200)
-    cfg = SimConfig(duration=30.0, mode="stat",
+    cfg = SimConfig(cost=EXACT, duration=30.0, mode="stat",
                     engine=EngineConfig(attention_tp=4, max_batched_tokens=512, preemption=preemption),
                     workload=WorkloadConfig(arrival="closed", concurrency=4, max_requests=4),
                     kv_tokens_per_rank=640, state_slots_per_rank=8)
@@ -160,7 +162,7 @@ def test_identical_seeds_give_identical_results(tmp_path):
     path = write_trace(tmp_path / "t", m, num_requests=6, prompt=40, output=20)
     pl = linear_placement(m, 4, 4)
     mix = LengthMix(components=((64, 0.8), (512, 0.2)), output_mean=32)
-    cfg = lambda seed: SimConfig(duration=0.02, mode="stat", seed=seed,
+    cfg = lambda seed: SimConfig(cost=EXACT, duration=0.02, mode="stat", seed=seed,
                                  engine=EngineConfig(attention_tp=2, max_batched_tokens=256, max_seqs=16),
                                  workload=WorkloadConfig(arrival="gamma", rate=5000.0, burstiness=2.0, lengths=mix))
     a, b, c = (build(path, pl, cfg(s), gpus=4).run() for s in (7, 7, 8))
@@ -194,7 +196,7 @@ def test_disaggregated_pools_hand_the_kv_cache_over_the_nic(tmp_path):
 def test_a_lone_sequence_that_outgrows_the_pool_is_aborted(tmp_path):
     m = mini_model()
     path = write_trace(tmp_path / "t", m, num_requests=1, prompt=50, output=200)
-    cfg = SimConfig(duration=1.0, mode="stat", engine=EngineConfig(attention_tp=4),
+    cfg = SimConfig(cost=EXACT, duration=1.0, mode="stat", engine=EngineConfig(attention_tp=4),
                     workload=WorkloadConfig(arrival="closed", concurrency=1, max_requests=1))
     sim = build(path, linear_placement(m, 4, 4), cfg, gpus=4, kv_tokens=128, state_slots=4)
     res = sim.run()
@@ -208,7 +210,7 @@ def test_a_lone_sequence_that_outgrows_the_pool_is_aborted(tmp_path):
 def test_generation_stops_at_the_models_context(tmp_path):
     m = mini_model(max_context=100)
     path = write_trace(tmp_path / "t", m, num_requests=1, prompt=90, output=50)
-    cfg = SimConfig(duration=1.0, mode="stat", engine=EngineConfig(attention_tp=4),
+    cfg = SimConfig(cost=EXACT, duration=1.0, mode="stat", engine=EngineConfig(attention_tp=4),
                     workload=WorkloadConfig(arrival="closed", concurrency=1, max_requests=1))
     res = build(path, linear_placement(m, 4, 4), cfg, gpus=4).run()
     r = res.requests.row(0, named=True)

@@ -6,7 +6,7 @@ from simkit import build, linear_placement, mini_model, write_trace
 
 from foundation.errors import InputError
 from placement.record import Placement
-from sim.config import EngineConfig, RebalanceConfig, SimConfig, WorkloadConfig, parse_rebalance
+from sim.config import CostConfig, EngineConfig, RebalanceConfig, SimConfig, WorkloadConfig, parse_rebalance
 from sim.rebalance import limit_moves, moved_experts, relabel_min_moves, transfer_stall
 
 
@@ -78,7 +78,7 @@ def test_rebalancing_a_drifting_workload_cuts_imbalance_and_pays_a_stall(tmp_pat
     m = mini_model(num_experts=16)
     path = write_trace(tmp_path / "t", m, num_requests=8, prompt=64, output=16, skew=1.5, hot_shift=5)
     pl = linear_placement(m, 4, 4)
-    base = {"duration": 0.004, "mode": "replay", "engine": EngineConfig(attention_tp=1, max_batched_tokens=64),
+    base = {"duration": 0.004, "mode": "replay", "cost": CostConfig.roofline(), "engine": EngineConfig(attention_tp=1, max_batched_tokens=64),
             "workload": WorkloadConfig(arrival="closed", concurrency=8)}
     static = build(path, pl, SimConfig(**base), gpus=4).run()
     # decision time fixed at zero: this run is about the transfer (the measured one is tested below)
@@ -98,7 +98,7 @@ def test_rebalancing_a_drifting_workload_cuts_imbalance_and_pays_a_stall(tmp_pat
 def test_moeplace_migration_mode_respects_the_move_budget(tmp_path):
     m = mini_model(num_experts=16)
     path = write_trace(tmp_path / "t", m, num_requests=8, prompt=64, output=16, skew=1.5, hot_shift=5)
-    base = {"duration": 0.002, "mode": "replay", "engine": EngineConfig(attention_tp=1, max_batched_tokens=64),
+    base = {"duration": 0.002, "mode": "replay", "cost": CostConfig.roofline(), "engine": EngineConfig(attention_tp=1, max_batched_tokens=64),
             "workload": WorkloadConfig(arrival="closed", concurrency=8)}
     rb = RebalanceConfig(every=10, window=10, moves=2, policy="moeplace", time_limit=5.0)
     sim = build(path, linear_placement(m, 4, 4), SimConfig(**base, rebalance=rb), gpus=4)
