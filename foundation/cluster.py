@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, replace
 from functools import cached_property
 from importlib import resources
+from pathlib import Path
 
 import networkx as nx
 
@@ -57,11 +58,36 @@ def _gpu_presets() -> dict[str, dict]:
     return json.loads(resources.files("foundation.presets").joinpath("gpus.json").read_text())
 
 
+GPU_FIELDS = ("hbm_bytes", "hbm_bw", "flops_bf16", "flops_fp8", "flops_fp4", "nvlink_bw", "nvlink_latency",
+              "nic_bw", "nic_latency", "gpus_per_node", "note")
+
+
 def load_gpu(name: str) -> GPUSpec:
+    """A preset name, or a JSON file with the preset fields (``--gpu spec.json``): bandwidths in bytes/s
+    per direction per GPU, latencies in seconds, dense FLOP/s; ``name`` and ``note`` optional."""
     presets = _gpu_presets()
-    if name not in presets:
-        raise InputError(f"GPU '{name}' unknown (expected one of {', '.join(sorted(presets))})")
-    return GPUSpec(name=name, **presets[name])
+    if name in presets:
+        return GPUSpec(name=name, **presets[name])
+    if name.endswith(".json") or Path(name).is_file():
+        from foundation.files import read_json
+        d = read_json(name, "no such GPU spec file", "not a readable JSON GPU spec")
+        if not isinstance(d, dict):
+            raise InputError(f"{name}: expected a JSON object with fields {', '.join(GPU_FIELDS)}")
+        unknown = sorted(set(d) - set(GPU_FIELDS) - {"name"})
+        if unknown:
+            raise InputError(f"{name}: unknown field(s) {unknown} (expected {', '.join(GPU_FIELDS)})")
+        missing = [f for f in GPU_FIELDS if f not in d and f not in ("gpus_per_node", "note", "flops_fp4")]
+        if missing:
+            raise InputError(f"{name}: missing field(s) {missing}")
+        for f in GPU_FIELDS[:-1]:
+            if f in d and not (isinstance(d[f], (int, float)) and not isinstance(d[f], bool)):
+                raise InputError(f"{name}: field '{f}' must be a number, got {d[f]!r}")
+        if "gpus_per_node" in d and (not isinstance(d["gpus_per_node"], int) or isinstance(d["gpus_per_node"], bool)):
+            raise InputError(f"{name}: field 'gpus_per_node' must be an integer, got {d['gpus_per_node']!r}")
+        kw = {f: d[f] for f in GPU_FIELDS if f in d}
+        kw.setdefault("flops_fp4", 0.0)
+        return GPUSpec(name=str(d.get("name") or Path(name).stem), **kw)
+    raise InputError(f"GPU '{name}' unknown (expected one of {', '.join(sorted(presets))}, or a .json spec file)")
 
 
 @dataclass(frozen=True)

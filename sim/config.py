@@ -106,6 +106,10 @@ class CostConfig:
     grouped-GEMM table shows (932 TFLOPS at 256 rows per expert, 1,297 at 8,192, H800 FP8).
     """
 
+    # fitted: share of the isolated-kernel compute rate sustained while serving (power-capped clocks under
+    # sustained load, SMs shared with communication kernels, the elementwise kernels between GEMMs);
+    # kernel microbenchmarks (DeepGEMM's tables) run at 1
+    sustained_efficiency: float = 0.6
     flops_efficiency: float = 0.8  # non-GEMM compute (KDA recurrences, GQA) at its kernels' achieved rate
     hbm_efficiency: float = 0.86  # fitted: DeepGEMM M=64 rows (weight-read bound), HBM bytes per peak
     link_efficiency: float = 0.95  # fitted: NVLink share DeepEP normal kernels reach (153-158 of ~160 GB/s)
@@ -131,7 +135,7 @@ class CostConfig:
 
     ZERO_OK = ("gemm_m0", "gemm_kernel_s", "ll_latency_s", "normal_latency_s", "allreduce_latency_s",
                "kernels_per_layer", "graph_gap_s", "launch_s", "iteration_overhead_s", "comm_sm_share")
-    FRACTIONS = ("flops_efficiency", "hbm_efficiency", "link_efficiency", "nic_efficiency", "gemm_efficiency",
+    FRACTIONS = ("sustained_efficiency", "flops_efficiency", "hbm_efficiency", "link_efficiency", "nic_efficiency", "gemm_efficiency",
                  "ll_efficiency", "mla_decode_flops_efficiency", "mla_decode_hbm_efficiency",
                  "prefill_attention_efficiency")
 
@@ -296,6 +300,15 @@ def parse_mix(text: str) -> tuple[tuple[int, float], ...]:
             raise InputError(f"--context-mix: weight '{w}' is not a number") from None
         out.append((parse_tokens(n, "--context-mix"), weight))
     return tuple(out)
+
+
+def parse_mtp(text: str) -> tuple[int, float]:
+    """``"1:0.85"`` -> (1 draft token, acceptance 0.85)."""
+    try:
+        d, a = text.split(":", 1)
+        return int(d), float(a)
+    except ValueError:
+        raise InputError(f"--mtp: '{text}' is not DRAFT:ACCEPTANCE (e.g. 1:0.85)") from None
 
 
 def parse_rebalance(text: str) -> RebalanceConfig:

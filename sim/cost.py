@@ -5,6 +5,8 @@ Every formula is written once here and tested on hand-computed cases (tests/test
 are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.CostConfig` fields
 (``CostConfig.roofline()`` turns every curve and overhead off); docs/simulate.md lists their sources.
 
+- Compute rates are the kernels' isolated rates times ``sustained_efficiency`` (clocks under sustained
+  power-capped load, SMs shared with communication, elementwise kernels between GEMMs).
 - GEMMs (routed experts, shared experts, projections, LM head) follow DeepGEMM's measured shape
   dependence: ``t = max((m + m0) / m * flops / (peak * e_gemm), bytes / (hbm_bw * e_hbm)) + t_kernel``
   with ``m`` the rows per weight matrix (tokens per expert), so small batches pay tile fill and every
@@ -122,6 +124,15 @@ class StepTime:
     overhead: float = 0.0  # fixed per-iteration and per-layer overheads included in total
 
 
+def selections_per_copy(num_gpus: int, top_k: int) -> float:
+    """Expected selections per distinct destination GPU of a token whose ``top_k`` experts spread uniformly
+    over ``num_gpus`` GPUs: ``k / (G (1 - (1 - 1/G)^k))``. DeepEP's low-latency kernels send one message
+    per selected expert (their receive buffers are laid out per local expert), so they move this many
+    times the bytes a per-GPU-deduplicated all-to-all would."""
+    G, k = num_gpus, top_k
+    return float(k / (G * (1 - (1 - 1 / G) ** k))) if G > 1 else 1.0
+
+
 def node_dedup_factor(num_gpus: int, gpus_per_node: int, top_k: int) -> float:
     """Expected distinct remote NODES over distinct remote GPUs a token's ``top_k`` experts land on, for
     uniformly spread experts: how many RDMA copies DeepEP's normal kernels send (one per node) per copy
@@ -161,16 +172,18 @@ class CostModel:
         c = self.cfg
         g = self.gpu
         self.hbm_bw = g.hbm_bw * c.hbm_efficiency
-        self.peak_trunk = g.flops(model.weight_dtype) * c.gemm_efficiency
-        self.peak_expert = g.flops(model.expert_dtype) * c.gemm_efficiency
-        self.peak_other = g.flops(model.weight_dtype) * c.flops_efficiency
-        self.peak_attn_dec = g.flops(attention_dtype) * c.mla_decode_flops_efficiency
+        s = c.sustained_efficiency
+        self.peak_trunk = g.flops(model.weight_dtype) * c.gemm_efficiency * s
+        self.peak_expert = g.flops(model.expert_dtype) * c.gemm_efficiency * s
+        self.peak_other = g.flops(model.weight_dtype) * c.flops_efficiency * s
+        self.peak_attn_dec = g.flops(attention_dtype) * c.mla_decode_flops_efficiency * s
         self.hbm_attn_dec = g.hbm_bw * c.mla_decode_hbm_efficiency
-        self.peak_attn_pre = g.flops(attention_dtype) * c.prefill_attention_efficiency
+        self.peak_attn_pre = g.flops(attention_dtype) * c.prefill_attention_efficiency * s
         self.nvlink_bw = g.nvlink_bw * c.link_efficiency
         self.nic_bw = g.nic_bw * c.nic_efficiency
         self.ll_nic_bw = g.nic_bw * c.ll_efficiency
         self.node_dedup = node_dedup_factor(cluster.num_gpus, cluster.gpus_per_node, model.top_k)
+        self.ll_per_copy = selections_per_copy(cluster.num_gpus, model.top_k)
         self.pure_tp = attention_tp >= cluster.num_gpus  # every GPU holds every token: no all-to-all
         self.wbytes = DTYPE_BYTES[model.weight_dtype]
         self.kind_counts = {k: len(model.layers_of(k)) for k in ("mla", "kda", "gqa")}
@@ -240,8 +253,8 @@ class CostModel:
         """One EP rank's share of an all-to-all moving ``nvlink_copies`` / ``nic_copies`` token copies
         (arrays of any shape); the two links work in parallel, each pays its latency when used.
 
-        ``low_latency``: every copy goes straight to its GPU (DeepEP low-latency kernels: own fixed time
-        and achieved RDMA share). ``normal``: one RDMA copy per destination node (``nic x node_dedup``)
+        ``low_latency``: one message per selected expert straight to its GPU (``ll_per_copy`` messages per
+        copy; DeepEP low-latency kernels: own fixed time and achieved RDMA share). ``normal``: one RDMA copy per destination node (``nic x node_dedup``)
         which the receiver forwards over NVLink, after a CPU-side layout notify.
         With a profile for ``op``: the measured time of the bytes (``link`` nvlink / nic / any)."""
         c = self.cfg
@@ -254,8 +267,9 @@ class CostModel:
             t_nv = np.where(nv + fwd > 0, g.nvlink_latency + c.normal_latency_s + (nv + fwd) / self.nvlink_bw, 0.0)
             t_nic = np.where(nic > 0, g.nic_latency + c.normal_latency_s + nic * self.node_dedup / self.nic_bw, 0.0)
         else:
-            t_nv = np.where(nv > 0, g.nvlink_latency + c.ll_latency_s + nv / self.nvlink_bw, 0.0)
-            t_nic = np.where(nic > 0, g.nic_latency + c.ll_latency_s + nic / self.ll_nic_bw, 0.0)
+            f = self.ll_per_copy
+            t_nv = np.where(nv > 0, g.nvlink_latency + c.ll_latency_s + nv * f / self.nvlink_bw, 0.0)
+            t_nic = np.where(nic > 0, g.nic_latency + c.ll_latency_s + nic * f / self.ll_nic_bw, 0.0)
         if self.profile is not None and self.profile.has(op):
             curve = self.profile.ops[op]
             link = curve.meta.get("link", "any")

@@ -44,14 +44,21 @@ def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_r
 
 def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluster: ClusterSpec,
              config: SimConfig, profile: Profile | None = None, chrome: bool = False,
-             progress: bool = False) -> list[SimResult]:
-    """Run ``config`` once per placement (same seed, so the same arrivals and lengths)."""
+             progress: bool = False, prefill: list[tuple[Placement, ClusterSpec]] | None = None) -> list[SimResult]:
+    """Run ``config`` once per placement (same seed, so the same arrivals and lengths). ``prefill``: per
+    placement, the prefill pool's own placement and cluster (disaggregated with ``prefill_gpus``)."""
     out = []
-    for label, placement in placements:
+    for i, (label, placement) in enumerate(placements):
         pools, _ = plan_pools(trace.model, cluster, config.engine, placement.num_redundant)
         pools = override_pools(pools, config.kv_tokens_per_rank, config.state_slots_per_rank)
+        pre = None
+        if prefill is not None:
+            p_placement, p_cluster = prefill[i]
+            p_pools, _ = plan_pools(trace.model, p_cluster, config.engine, p_placement.num_redundant)
+            pre = (p_placement, p_cluster,
+                   override_pools(p_pools, config.kv_tokens_per_rank, config.state_slots_per_rank))
         sim = Simulation(config, trace, placement, cluster, pools, profile=profile, label=label, chrome=chrome,
-                         progress=progress)
+                         progress=progress, prefill=pre)
         res = sim.run()
         res.summary["placement"] = {"label": label, "num_gpus": placement.num_gpus,
                                     "num_slots": placement.num_slots,

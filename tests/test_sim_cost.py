@@ -46,12 +46,15 @@ def test_all_to_all_nvlink_and_nic_in_parallel_with_latency(k3):
     cm = CostModel(k3, make_cluster(32, "h200"), EXACT)
     copy = 3584 * (1 + 4 / 128)  # FP8 values + one fp32 scale per 128
     assert cm.copy_bytes("dispatch") == pytest.approx(copy)
-    t_nv = 3e-6 + 100 * copy / 450e9
-    t_nic = 8e-6 + 50 * copy / 50e9
+    # low-latency kernels send one message per selected expert: 16 / (32 (1 - (31/32)^16)) per GPU copy
+    f = 16 / (32 * (1 - (31 / 32) ** 16))
+    assert k3.top_k == 16 and cm.ll_per_copy == pytest.approx(f)
+    t_nv = 3e-6 + 100 * f * copy / 450e9
+    t_nic = 8e-6 + 50 * f * copy / 50e9
     assert cm.a2a_time(100, 50, "dispatch") == pytest.approx(max(t_nv, t_nic))
     assert cm.a2a_time(100, 0, "dispatch") == pytest.approx(t_nv)
     assert cm.a2a_time(0, 0, "combine") == 0.0
-    assert cm.a2a_time(0, 10, "combine") == pytest.approx(8e-6 + 10 * 3584 * 2 / 50e9)
+    assert cm.a2a_time(0, 10, "combine") == pytest.approx(8e-6 + 10 * f * 3584 * 2 / 50e9)
 
 
 def test_mla_decode_is_a_cache_read_and_prefill_is_compute():
@@ -99,8 +102,9 @@ def test_step_time_composition_and_dual_batch_overlap():
     kda_dense = np.max(cm.kda_time(w) + cm.trunk_time(w, False))
     mla = np.max(cm.mla_time(w) + cm.trunk_time(w, True))
     t = cm.expert_time(moe.tokens[0], moe.touched[0])
-    d = cm.a2a_time(moe.nvlink[0], moe.nic[0], "dispatch")
-    c = cm.a2a_time(moe.nvlink[0], moe.nic[0], "combine")
+    assert st.mode == "normal"  # prefill tokens: DeepEP normal kernels
+    d = cm.a2a_time(moe.nvlink[0], moe.nic[0], "dispatch", "normal")
+    c = cm.a2a_time(moe.nvlink[0], moe.nic[0], "combine", "normal")
     moe_t = t.max() + d.max() + c.max()
     head = np.max(cm.lm_head_time(w))
     assert st.layer == pytest.approx([kda_dense, kda + moe_t, kda + moe_t, mla + moe_t])
@@ -112,8 +116,8 @@ def test_step_time_composition_and_dual_batch_overlap():
     w2, moe2 = w.half(), moe.half()
     kda2 = np.max(cm.kda_time(w2) + cm.trunk_time(w2, True))
     t2 = cm.expert_time(moe2.tokens[0], moe2.touched[0])
-    comm2 = cm.a2a_time(moe2.nvlink[0], moe2.nic[0], "dispatch").max() + cm.a2a_time(
-        moe2.nvlink[0], moe2.nic[0], "combine").max()
+    comm2 = cm.a2a_time(moe2.nvlink[0], moe2.nic[0], "dispatch", "normal").max() + cm.a2a_time(
+        moe2.nvlink[0], moe2.nic[0], "combine", "normal").max()
     comp, com = 2 * (kda2 + t2.max()), 2 * comm2
     assert dbo.layer[1] == pytest.approx(max(comp, com))
     assert dbo.layer[0] == pytest.approx(kda_dense)  # dense layers do not overlap
@@ -140,7 +144,7 @@ def test_deepep_normal_sends_one_rdma_copy_per_node_low_latency_one_per_gpu(k3):
     copy = cm.copy_bytes("dispatch")
     ll = cm.a2a_time(0, 100, "dispatch", "low_latency")
     normal = cm.a2a_time(0, 100, "dispatch", "normal")
-    assert ll == pytest.approx(8e-6 + 100 * copy / 50e9)
+    assert ll == pytest.approx(8e-6 + 100 * cm.ll_per_copy * copy / 50e9)
     # normal: the NIC carries f x the copies; the receiver forwards 7/8 of them over NVLink in parallel
     assert normal == pytest.approx(max(8e-6 + 100 * f * copy / 50e9, 3e-6 + 100 * 7 / 8 * copy / 450e9))
     assert normal < ll
@@ -201,4 +205,4 @@ def test_profile_replaces_the_roofline_with_interpolated_measurements(k3):
     b = 150 * 512 * (1 + 4 / 128)
     assert cm.a2a_time(100, 50, "dispatch") == pytest.approx(1e-5 + (b - 1000) * (1e-3 - 1e-5) / (1e6 - 1000))
     # combine is not in the profile: roofline
-    assert cm.a2a_time(100, 0, "combine") == pytest.approx(3e-6 + 100 * 512 * 2 / 450e9)
+    assert cm.a2a_time(100, 0, "combine") == pytest.approx(3e-6 + 100 * cm.ll_per_copy * 512 * 2 / 450e9)

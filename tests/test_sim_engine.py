@@ -30,19 +30,19 @@ def test_single_request_on_an_idle_cluster_equals_the_hand_summed_cost_model(tmp
     res = build(path, pl, cfg, gpus=4).run()
     cm = CostModel(m, make_cluster(4, "h200"), EXACT, attention_tp=1, kv_dtype="fp8")
 
-    def moe_layer(n):  # n tokens from GPU 0, one expert on each GPU: GPU 0 local, 1-3 over NVLink
-        return (cm.expert_time(n, 1) + cm.a2a_time(n, 0, "dispatch") + cm.a2a_time(n, 0, "combine"))
+    def moe_layer(n, mode):  # n tokens from GPU 0, one expert on each GPU: GPU 0 local, 1-3 over NVLink
+        return (cm.expert_time(n, 1) + cm.a2a_time(n, 0, "dispatch", mode) + cm.a2a_time(n, 0, "combine", mode))
 
-    def step(w, n):
+    def step(w, n, mode):  # prefill iterations use DeepEP normal kernels, decode-only ones low-latency
         kda_dense = cm.kda_time(w)[0] + cm.trunk_time(w, False)[0]
         kda = cm.kda_time(w)[0] + cm.trunk_time(w, True)[0]
         mla = cm.mla_time(w)[0] + cm.trunk_time(w, True)[0]
-        return kda_dense + 2 * kda + mla + 3 * moe_layer(n) + cm.lm_head_time(w)[0]
+        return kda_dense + 2 * kda + mla + 3 * moe_layer(n, mode) + cm.lm_head_time(w)[0]
 
     prefill = step(one_rank_work(tokens=20, pre_tokens=20, pre_seqs=1, pre_pairs=20 * 21 / 2, pre_ctx=20,
-                                 sampled=1), 20)
-    decode1 = step(one_rank_work(tokens=1, dec_seqs=1, dec_ctx=21, sampled=1), 1)
-    decode2 = step(one_rank_work(tokens=1, dec_seqs=1, dec_ctx=22, sampled=1), 1)
+                                 sampled=1), 20, "normal")
+    decode1 = step(one_rank_work(tokens=1, dec_seqs=1, dec_ctx=21, sampled=1), 1, "low_latency")
+    decode2 = step(one_rank_work(tokens=1, dec_seqs=1, dec_ctx=22, sampled=1), 1, "low_latency")
     r = res.requests.row(0, named=True)
     assert r["first_token_s"] == pytest.approx(prefill, rel=1e-12)
     assert r["finished_s"] == pytest.approx(prefill + decode1 + decode2, rel=1e-12)

@@ -23,6 +23,7 @@ from sim.config import (
     SimConfig,
     WorkloadConfig,
     parse_mix,
+    parse_mtp,
     parse_rebalance,
 )
 from sim.rebalance import recommend_configs
@@ -38,11 +39,16 @@ def register(sub) -> None:
                    help="placement JSON (Placement.save) or a policy name computed on the trace; repeatable")
     c = p.add_argument_group("cluster")
     c.add_argument("--gpus", type=int, default=32)
-    c.add_argument("--gpu", default="h200")
+    c.add_argument("--gpu", default="h200", help="GPU preset (h200, h100, h800, b200, b300, gb200-nvl72, "
+                   "gb300-nvl72) or a JSON spec file with the same fields")
     c.add_argument("--gpus-per-node", type=int, default=None)
     c.add_argument("--model", default=None, help="model preset/config overriding the trace's spec "
                    "(same layers and experts)")
     c.add_argument("--redundant", type=int, default=0, help="redundant slots for policy-named placements")
+    c.add_argument("--prefill-gpus", type=int, default=None, help="with --disaggregated: GPUs of the prefill "
+                   "pool (its own placement from the policy); --gpus is the decode pool")
+    c.add_argument("--expert-dtype", default=None, help="override the model's routed-expert dtype (e.g. nvfp4)")
+    c.add_argument("--weight-dtype", default=None, help="override the model's dense-weight dtype (e.g. fp8)")
     w = p.add_argument_group("workload")
     g = w.add_mutually_exclusive_group()
     g.add_argument("--rate", type=float, default=None, help="open-loop arrivals, requests/s")
@@ -55,6 +61,11 @@ def register(sub) -> None:
     w.add_argument("--context-mix", default=None, help="prompt lengths, e.g. 8k:0.7,128k:0.25,1M:0.05 "
                    "(default: the trace's own request lengths)")
     w.add_argument("--output-len", type=int, default=512, help="mean output length with --context-mix")
+    w.add_argument("--isl", type=int, default=None, help="benchmark input length (fixed, as vllm bench serve / "
+                   "trtllm-bench); needs --osl")
+    w.add_argument("--osl", type=int, default=None, help="benchmark output length (fixed)")
+    w.add_argument("--random-range-ratio", type=float, default=0.0,
+                   help="with --isl/--osl: lengths uniform in [n (1-r), n (1+r)]")
     w.add_argument("--max-requests", type=int, default=None)
     w.add_argument("--max-trace-tokens", type=int, default=100_000,
                    help="tokens of the trace loaded for routing (memory: tokens x MoE layers x top-k x 2 B)")
@@ -70,8 +81,23 @@ def register(sub) -> None:
     e.add_argument("--preemption", choices=("recompute", "swap"), default="recompute")
     e.add_argument("--pool-split", default="shared", help="place plan --pool-split: shared | ratio[:R] | slots:N")
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    e.add_argument("--deepep-mode", choices=("auto", "normal", "low_latency"), default="auto",
+                   help="MoE all-to-all kernels: auto = normal with prefill tokens, low-latency for decode")
+    e.add_argument("--cuda-graph-max-bs", type=int, default=512, help="decode batches up to this size per rank "
+                   "replay CUDA graphs (0 = eager)")
+    e.add_argument("--mtp", default=None, metavar="DRAFT:ACCEPT", help="MTP / speculative decoding: draft tokens "
+                   "per step and per-token acceptance probability, e.g. 1:0.85")
+    e.add_argument("--prefix-hit", type=float, default=0.0, help="share of each prompt served from the prefix cache")
+    e.add_argument("--moe-tp", type=int, default=1, help="TEP: GPUs each routed expert is tensor-sharded across")
+    e.add_argument("--attention-dtype", choices=("bf16", "fp8"), default="bf16", help="attention core compute dtype")
+    e.add_argument("--dp-balance", choices=("round_robin", "tokens"), default="round_robin",
+                   help="new requests to attention-DP ranks: round robin or fewest outstanding tokens")
+    e.add_argument("--phase", choices=("both", "prefill", "decode"), default="both",
+                   help="benchmark one phase alone: prefill (1-token outputs) or decode (prompt KV given)")
     r = p.add_argument_group("run")
     r.add_argument("--duration", type=float, default=600.0, help="simulated seconds")
+    r.add_argument("--warmup", type=float, default=None, help="simulated seconds excluded from throughput and "
+                   "latency (default 20%% of --duration)")
     r.add_argument("--mode", choices=("replay", "stat"), default="stat")
     r.add_argument("--profile", default=None, help="calibration profile JSON (kernels/)")
     r.add_argument("--rebalance", default=None, metavar="every=N,window=W,moves=K[,policy=P,time=S,async=1]")
@@ -113,6 +139,14 @@ def run(args) -> int:
                         "planned on (--route-all): in-sample")
     else:
         routing_note = f"routing on {args.traces}"
+    if args.expert_dtype or args.weight_dtype:
+        from dataclasses import replace as _replace
+        try:
+            m2 = _replace(trace.model, expert_dtype=args.expert_dtype or trace.model.expert_dtype,
+                          weight_dtype=args.weight_dtype or trace.model.weight_dtype)
+        except InputError as exc:
+            raise InputError(f"--expert-dtype/--weight-dtype: {exc}") from None
+        trace = _replace(trace, model=m2)
     if args.model:
         m = load_model(args.model)
         if m.moe_layers != trace.model.moe_layers or m.num_experts != trace.model.num_experts \
@@ -122,13 +156,29 @@ def run(args) -> int:
         from dataclasses import replace
         trace = replace(trace, model=m)
     split, param = parse_pool_split(args.pool_split)
+    mtp_draft, mtp_acc = parse_mtp(args.mtp) if args.mtp else (0, 0.0)
+    if args.prefill_gpus is not None and not args.disaggregated:
+        raise InputError("--prefill-gpus needs --disaggregated")
     engine = EngineConfig(attention_tp=args.attention_tp, max_batched_tokens=args.max_batched_tokens,
                           max_seqs=args.max_seqs, chunked_prefill=not args.no_chunked_prefill,
                           disaggregated=args.disaggregated, dual_batch_overlap=args.dbo, replica_rule=args.engine,
                           kv_dtype=args.kv_dtype, preemption=args.preemption,
-                          gpu_memory_utilization=args.gpu_memory_utilization, pool_split=split, pool_param=param)
+                          gpu_memory_utilization=args.gpu_memory_utilization, pool_split=split, pool_param=param,
+                          a2a_mode=args.deepep_mode, cuda_graph_max_bs=args.cuda_graph_max_bs, mtp_draft=mtp_draft,
+                          mtp_acceptance=mtp_acc, prefix_hit=args.prefix_hit, moe_tp=args.moe_tp,
+                          attention_dtype=args.attention_dtype, dp_balance=args.dp_balance,
+                          prefill_gpus=args.prefill_gpus, phase=args.phase)
     lengths = None
-    if args.context_mix:
+    if (args.isl is None) != (args.osl is None):
+        raise InputError("--isl and --osl go together (fixed benchmark lengths)")
+    if args.isl is not None:
+        if args.context_mix:
+            raise InputError("--isl/--osl and --context-mix are alternatives")
+        if args.isl < 1 or args.osl < 1:
+            raise InputError(f"--isl and --osl must be >= 1, got {args.isl}, {args.osl}")
+        lengths = LengthMix(components=((args.isl, 1.0),), sigma=0.0, output_mean=args.osl, output_sigma=0.0,
+                            max_len=(trace.model.max_context or (1 << 20)) - 1, range_ratio=args.random_range_ratio)
+    elif args.context_mix:
         lengths = LengthMix(components=parse_mix(args.context_mix), output_mean=args.output_len,
                             max_len=(trace.model.max_context or (1 << 20)) - 1)  # prompt + 1 token fits
     if args.rate is not None:
@@ -138,7 +188,8 @@ def run(args) -> int:
         wl = WorkloadConfig(arrival="closed", concurrency=args.concurrency or 256, lengths=lengths,
                             max_requests=args.max_requests)
     config = SimConfig(duration=args.duration, mode=args.mode, seed=args.seed, engine=engine, cost=CostConfig(),
-                       workload=wl, rebalance=parse_rebalance(args.rebalance) if args.rebalance else None)
+                       workload=wl, rebalance=parse_rebalance(args.rebalance) if args.rebalance else None,
+                       warmup=args.warmup)
     profile = load_profile(args.profile) if args.profile else None
     placements = [resolve_placement(s, trace, cluster, args.redundant, args.engine, args.seed)
                   for s in args.placement]
@@ -146,9 +197,19 @@ def run(args) -> int:
     for i, lab in enumerate(labels):  # keep labels unique in the table and file names
         if labels.count(lab) > 1:
             placements[i] = (f"{lab}#{i + 1}", placements[i][1])
+    prefill = None
+    if args.prefill_gpus is not None:
+        p_cluster = make_cluster(args.prefill_gpus, args.gpu, args.gpus_per_node)
+        prefill = []
+        for spec in args.placement:
+            if spec.endswith(".json"):
+                raise InputError(f"--placement {spec}: with --prefill-gpus give a policy name (each pool gets its "
+                                 "own placement for its GPU count)")
+            prefill.append((resolve_placement(spec, trace, p_cluster, args.redundant, args.engine, args.seed)[1],
+                            p_cluster))
     progress = not args.no_progress and sys.stderr.isatty()
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
-                       progress=progress)
+                       progress=progress, prefill=prefill)
     if args.out:
         resolved = resolved_config(config, cluster, trace, placements, profile)
         outs.write(args.out, lambda: write_outputs(args.out, results, resolved))
@@ -170,10 +231,12 @@ def run(args) -> int:
         print(json.dumps([r.summary for r in results], indent=1))
     else:
         print(routing_note)
-        print(f"{trace.model.name} on {cluster.name} ({args.gpus} GPUs), attention TP{engine.attention_tp}, "
+        print(f"{trace.model.name} on {cluster.name} ({results[0].summary['num_gpus']} GPUs in all), "
+              f"attention TP{engine.attention_tp}, "
               f"{args.engine} replica rule, {args.mode} mode, {args.duration:g} simulated s, "
               + (f"{args.rate:g} req/s {args.arrival}" if args.rate is not None else
-                 f"{wl.concurrency} concurrent requests"))
+                 f"{wl.concurrency} concurrent requests")
+              + f"; steady state after {config.warmup_s:g} s warm-up")
         print(format_table(results))
         if rec is not None:
             print(format_recommendation(rec))

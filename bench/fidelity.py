@@ -1,0 +1,453 @@
+"""Simulator fidelity against published real-hardware results: one global calibration, honestly split.
+
+    python bench/fidelity.py [--cases bench/fidelity_cases.yaml] [--quick] [--no-fit]
+
+The cases (bench/fidelity_cases.yaml) are published kernel tables (DeepGEMM, DeepEP) and end-to-end
+deployments (DeepSeek, LMSYS/SGLang, Mooncake, Alibaba RTP-LLM, NVIDIA TensorRT-LLM), each with its
+source, configuration, figure and every assumption made. Each case carries ``split: calibration`` or
+``split: validation``, fixed before any fitting.
+
+1. Fit: the cost model's free constants (:data:`FIT`, efficiency-curve constants and fixed overheads)
+   are fitted ONCE, by ``scipy.optimize.least_squares`` on the log-ratio simulated / published of the
+   calibration cases only. Kernel cases are evaluated on the cost model's formulas; end-to-end
+   calibration cases on a steady-state iteration (:func:`steady_metric`: one engine iteration of the
+   published batch through the same cost model and the statistical router).
+2. Evaluate: with the fitted constants, kernel cases again on the formulas, end-to-end cases by the
+   discrete-event simulator itself (``sim.runner.simulate``, stat mode, steady state after a 20 %
+   warm-up), exactly as ``place simulate`` runs them.
+3. Report: per case the source, configuration, published and simulated figure, error and split; per
+   split the median and maximum |error|. Written to bench/results/fidelity.json (committed).
+
+The defaults of :class:`sim.config.CostConfig` marked *fitted* are this fit's result; the script says
+when they drift from a fresh fit.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+CASES = ROOT / "bench" / "fidelity_cases.yaml"
+sys.path.insert(0, str(ROOT))
+
+# Fitted constants: (CostConfig field, lower bound, upper bound). Everything else in CostConfig is a
+# published constant (docs/simulate.md, "Cost model").
+FIT = (
+    ("sustained_efficiency", 0.3, 1.0),
+    ("hbm_efficiency", 0.5, 1.0),
+    ("link_efficiency", 0.5, 1.0),
+    ("nic_efficiency", 0.5, 1.0),
+    ("gemm_efficiency", 0.3, 1.0),
+    ("gemm_m0", 0.0, 2000.0),
+    ("gemm_kernel_s", 0.0, 50e-6),
+    ("ll_latency_s", 0.0, 300e-6),
+    ("ll_efficiency", 0.3, 1.0),
+    ("graph_gap_s", 0.0, 20e-6),
+    ("iteration_overhead_s", 0.0, 20e-3),
+)
+KINDS = ("gemm", "deepep_normal", "deepep_ll", "prefill", "decode", "serve")
+E2E = ("prefill", "decode", "serve")
+LATENCY_METRICS = ("per_user_tok_s", "latency_us")
+
+
+# ---------------------------------------------------------------------------- cases
+def load_cases(path: Path) -> list[dict]:
+    """The case table; one-line errors naming the case and field."""
+    import yaml
+
+    from foundation.errors import InputError
+
+    try:
+        cases = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"{path}: not a readable YAML case table ({exc})") from None
+    if not isinstance(cases, list) or not cases:
+        raise InputError(f"{path}: expected a list of cases")
+    seen = set()
+    for i, c in enumerate(cases):
+        where = f"{path}: case {i + 1} ({c.get('id', '?') if isinstance(c, dict) else '?'})"
+        if not isinstance(c, dict):
+            raise InputError(f"{where}: expected a mapping")
+        for key in ("id", "source", "split", "kind", "gpu", "config", "metric", "published", "assumptions"):
+            if key not in c:
+                raise InputError(f"{where}: missing field '{key}'")
+        if c["id"] in seen:
+            raise InputError(f"{where}: duplicate id")
+        seen.add(c["id"])
+        if c["split"] not in ("calibration", "validation"):
+            raise InputError(f"{where}: field 'split' must be calibration or validation, got {c['split']!r}")
+        if c["kind"] not in KINDS:
+            raise InputError(f"{where}: field 'kind' must be one of {KINDS}, got {c['kind']!r}")
+        if not all(k in c["source"] for k in ("org", "title", "url")):
+            raise InputError(f"{where}: field 'source' needs org, title and url")
+        if not (isinstance(c["published"], (int, float)) and c["published"] > 0):
+            raise InputError(f"{where}: field 'published' must be a positive number")
+        if c["kind"] in E2E and "model" not in c:
+            raise InputError(f"{where}: end-to-end cases need a 'model'")
+    return cases
+
+
+# ---------------------------------------------------------------------------- kernel cases
+def _kernel_cost(gpu: str, ep: int, cfg):
+    """A cost model for an isolated kernel benchmark: compute at the full isolated rate."""
+    from foundation.cluster import make_cluster
+    from sim.cost import CostModel
+    from foundation.model import load_model
+
+    return CostModel(load_model("deepseek-v3"), make_cluster(ep, gpu), cfg.replace(sustained_efficiency=1.0))
+
+
+def kernel_metric(case: dict, cfg) -> float:
+    """Simulated figure of a kernel-table case from the cost model's own formulas."""
+    c = case["config"]
+    if case["kind"] == "gemm":
+        cm = _kernel_cost(case["gpu"], 8, cfg)
+        g, m, n, k = c["groups"], c["m"], c["n"], c["k"]
+        rows = g * m
+        bytes_ = g * n * k * 1.0 + rows * k * 1.0 + rows * n * 2.0  # FP8 weights and inputs, BF16 out
+        t = float(cm.gemm_time(2.0 * n * k, rows, g, bytes_, cm.gpu.flops("fp8") * cm.cfg.gemm_efficiency, 1))
+        return 2.0 * g * m * n * k / t / 1e12
+    ep, T, k = c["ep"], c["tokens"], c["top_k"]
+    cm = _kernel_cost(case["gpu"], ep, cfg)
+    n = cm.cluster.gpus_per_node
+    hit = 1 - (1 - 1 / ep) ** k  # a given GPU receives a given token
+    nv, nic = T * (n - 1) * hit, T * (ep - n) * hit
+    b = cm.copy_bytes(c["op"]) * c["hidden"] / cm.model.expert_hidden_size
+    if case["kind"] == "deepep_normal":
+        t = float(cm.a2a_time(nv, nic, c["op"], "normal"))
+        N = ep // n
+        if N > 1:  # DeepEP's test counts RDMA bytes as one copy per destination node, its own included
+            counted = T * N * (1 - (1 - 1 / N) ** k) * b
+        else:  # NVLink bytes as one copy per destination rank, its own included
+            counted = T * ep * hit * b
+        return counted / t / 1e9
+    return float(cm.a2a_time(nv, nic, c["op"], "low_latency")) * 1e6  # latency, microseconds
+
+
+# ---------------------------------------------------------------------------- end-to-end cases
+_TRACES: dict = {}
+
+
+def case_model(case: dict):
+    from foundation.model import load_model
+
+    m = load_model(case["model"])
+    c = case["config"]
+    if c.get("expert_dtype"):
+        m = dataclasses.replace(m, expert_dtype=c["expert_dtype"])
+    return m
+
+
+def case_trace(case: dict, quick: bool):
+    """Routing for the case: uniformly random experts (``routing: balanced``, as DeepSeek's profiles), or
+    the project's synthetic router for the model (cached under bench/results/fidelity-traces)."""
+    from sim.workload import TraceTokens, load_trace_tokens
+    from traces.synth import SynthConfig, synthesize
+
+    model = case_model(case)
+    routing = case["config"].get("routing", "synthetic")
+    key = (case["model"], routing)
+    if key not in _TRACES:
+        base = dataclasses.replace(model, expert_dtype=case_model({"model": case["model"], "config": {}}).expert_dtype)
+        if routing == "balanced":
+            rng = np.random.default_rng(0)
+            T, L, k, E = 4096, base.num_moe_layers, base.top_k, base.num_experts
+            ids = np.empty((T, L, k), dtype=np.uint16)
+            for layer in range(L):  # k distinct experts per token, uniformly
+                ids[:, layer] = np.argpartition(rng.random((T, E), dtype=np.float32), k, axis=1)[:, :k]
+            _TRACES[key] = TraceTokens(ids, np.array([0, T]), np.array([T - 1]), np.array([1]), np.array([T - 1]),
+                                       np.array([0]), base, "uniform")
+        else:
+            d = RESULTS / "fidelity-traces" / case["model"]
+            if not d.exists():
+                print(f"  synthesizing a {case['model']} routing trace into {d}", flush=True)
+                synthesize(base, SynthConfig(num_tokens=8000 if quick else 16000), d)
+            _TRACES[key] = load_trace_tokens(d)
+    tr = _TRACES[key]
+    return dataclasses.replace(tr, model=model)
+
+
+def case_setup(case: dict, quick: bool):
+    """(trace, placement, cluster, engine config, workload config, duration) of an end-to-end case."""
+    from foundation.cluster import make_cluster
+    from sim.config import EngineConfig, LengthMix, WorkloadConfig
+    from sim.runner import resolve_placement
+
+    c = case["config"]
+    trace = case_trace(case, quick)
+    cluster = make_cluster(c["gpus"], case["gpu"])
+    R = int(c.get("redundant", 0))
+    policy = "linear" if c.get("routing") == "balanced" and R == 0 else "eplb"
+    _, pl = resolve_placement(policy, trace, cluster, R, "sglang", 0)
+    tp = int(c.get("attention_tp", 1))
+    ranks = c["gpus"] // tp
+    draft, acc = c.get("mtp", (0, 0.0))
+    kind = case["kind"]
+    if kind == "prefill":
+        T = int(c["tokens_per_rank"])
+        batch, mbt = max(1, T // c["isl"] + 1), T
+        conc = ranks * (T // c["isl"] + 2) * 2
+        lengths = LengthMix(components=((c["isl"], 1.0),), output_mean=1, range_ratio=0.0)
+        duration = 90.0
+    elif kind == "decode":
+        batch = int(c["batch_per_rank"])
+        mbt = batch * (1 + draft) + 64
+        conc = ranks * batch
+        lengths = LengthMix(components=((c["isl"], 1.0),), output_mean=c["osl"], range_ratio=0.0)
+        duration = 12.0 if c["gpus"] <= 8 else 30.0
+    else:
+        batch, mbt, conc = int(c["batch_per_rank"]), int(c["max_batched_tokens"]), int(c["concurrency"])
+        lengths = LengthMix(components=((c["isl"], 1.0),), output_mean=c["osl"], range_ratio=0.0)
+        duration = float(c.get("duration", 600.0))
+    if quick:
+        duration = duration / 3
+    engine = EngineConfig(attention_tp=tp, max_batched_tokens=mbt, max_seqs=batch, chunked_prefill=True,
+                          dual_batch_overlap=bool(c.get("dbo", False)), replica_rule="sglang",
+                          kv_dtype=c.get("kv_dtype", "fp8"), mtp_draft=int(draft), mtp_acceptance=float(acc),
+                          moe_tp=int(c.get("moe_tp", 1)), prefix_hit=float(c.get("prefix_hit", 0.0)),
+                          dp_balance="tokens", phase={"serve": "both"}.get(kind, kind),
+                          gpu_memory_utilization=0.9)
+    wl = WorkloadConfig(arrival="closed", concurrency=conc, lengths=lengths)
+    return trace, pl, cluster, engine, wl, duration
+
+
+def _from_summary(case: dict, s: dict) -> float:
+    per_node = 8  # the sources' "node" is an 8-GPU server
+    # prefill: prompt tokens computed per second, counted per iteration (no prefix hits in these cases)
+    return {"input_tok_s_per_node": s["prefill_tok_s_per_gpu"] * per_node,
+            "output_tok_s_per_node": s["output_tok_s_per_gpu"] * per_node,
+            "output_tok_s_per_gpu": s["output_tok_s_per_gpu"],
+            "per_user_tok_s": s["per_user_tok_s"] or 0.0}[case["metric"]]
+
+
+def sim_metric(case: dict, cfg, quick: bool) -> tuple[float, dict]:
+    """The discrete-event simulator on the case (stat mode, steady state after the warm-up)."""
+    from sim.config import SimConfig
+    from sim.runner import simulate
+
+    trace, pl, cluster, engine, wl, duration = case_setup(case, quick)
+    config = SimConfig(duration=duration, mode="stat", seed=0, engine=engine, cost=cfg, workload=wl)
+    res = simulate(trace, [(case["id"], pl)], cluster, config)[0]
+    s = dict(res.summary)
+    s["prefill_tok_s_per_gpu"] = s["prefill_tok_s"] / s["num_gpus"]
+    keep = {k: s[k] for k in ("output_tok_s_per_gpu", "input_tok_s_per_gpu", "per_user_tok_s", "itl_s",
+                              "tpot_p50_s", "ttft_p50_s", "iterations", "requests_rejected", "preemptions",
+                              "mean_decode_seqs", "mean_batch_tokens", "warmup_s", "duration_s", "wall_s",
+                              "straggler_share", "mean_imbalance")}
+    return _from_summary(case, s), keep
+
+
+class Steady:
+    """One steady-state engine iteration of an end-to-end case (the fit's fast evaluator): the
+    published batch on every rank, routed by the statistical router, costed by the cost model."""
+
+    def __init__(self, case: dict, quick: bool) -> None:
+        from sim.routing import StatRouter
+
+        self.case = case
+        trace, pl, cluster, engine, _, _ = case_setup(case, quick)
+        self.trace, self.cluster, self.engine = trace, cluster, engine
+        self.router = StatRouter(trace, pl, "sglang", 0, engine.attention_tp)
+
+    def metric(self, cfg) -> float:
+        from sim.cost import CostModel, RankWork
+
+        c, e = self.case["config"], self.engine
+        cost = CostModel(self.trace.model, self.cluster, cfg, e.attention_tp, e.kv_dtype,
+                         attention_dtype=e.attention_dtype, moe_tp=e.moe_tp, a2a_mode=e.a2a_mode,
+                         cuda_graph_max_bs=e.cuda_graph_max_bs)
+        D = self.cluster.num_gpus // e.attention_tp
+        w = RankWork.zeros(D)
+        if self.case["kind"] == "prefill":
+            T, isl = c["tokens_per_rank"], c["isl"]
+            w.tokens[:] = w.pre_tokens[:] = T
+            w.pre_seqs[:] = w.sampled[:] = T / isl
+            w.pre_pairs[:] = T / isl * isl * (isl + 1) / 2
+            w.pre_ctx[:] = T
+            gain = 0.0
+        else:
+            b, d, a = c["batch_per_rank"], e.mtp_draft, e.mtp_acceptance
+            per = 1 + d
+            ctx = c["isl"] + c["osl"] / 2
+            w.dec_seqs[:] = b
+            w.tokens[:] = w.sampled[:] = b * per
+            w.dec_ctx[:] = b * (ctx + 1) * per + b * per * (per - 1) / 2
+            gain = sum(a ** j for j in range(d + 1))
+        moe, _ = self.router.route_count(int(w.tokens.sum()), np.random.default_rng(0))
+        st = cost.step_time(w, moe, e.dual_batch_overlap)
+        dt = st.total + cost.draft_time(st, w, e.mtp_draft)
+        G = self.cluster.num_gpus
+        s = {"prefill_tok_s_per_gpu": float(w.pre_tokens.sum()) / dt / G,
+             "output_tok_s_per_gpu": float(w.dec_seqs.sum()) * gain / dt / G,
+             "per_user_tok_s": gain / dt}
+        return _from_summary(self.case, s)
+
+
+# ---------------------------------------------------------------------------- fit
+def fit(cases: list[dict], quick: bool) -> tuple[object, dict]:
+    """Least squares on log(simulated / published) over the calibration cases only."""
+    from scipy.optimize import least_squares
+
+    from sim.config import CostConfig
+
+    cal = [c for c in cases if c["split"] == "calibration"]
+    steady = {c["id"]: Steady(c, quick) for c in cal if c["kind"] in E2E}
+    base = CostConfig()
+    names = [f for f, _, _ in FIT]
+    lo = np.array([b for _, b, _ in FIT])
+    hi = np.array([b for _, _, b in FIT])
+    scale = np.maximum(hi - lo, 1e-12)
+
+    def cfg_of(x):
+        return base.replace(**{n: float(lo[i] + x[i] * scale[i]) for i, n in enumerate(names)})
+
+    def resid(x):
+        cfg = cfg_of(x)
+        out = []
+        for c in cal:
+            v = steady[c["id"]].metric(cfg) if c["kind"] in E2E else kernel_metric(c, cfg)
+            out.append(math.log(max(v, 1e-30) / c["published"]))
+        return np.array(out)
+
+    x0 = np.clip((np.array([getattr(base, n) for n in names]) - lo) / scale, 1e-6, 1 - 1e-6)
+    t0 = time.perf_counter()
+    sol = least_squares(resid, x0, bounds=(0.0, 1.0), diff_step=1e-3, max_nfev=400 if not quick else 60)
+    cfg = cfg_of(sol.x)
+    info = {"params": {n: getattr(cfg, n) for n in names}, "defaults": {n: getattr(base, n) for n in names},
+            "calibration_cases": [c["id"] for c in cal], "residual_rms_log": float(np.sqrt(np.mean(sol.fun ** 2))),
+            "nfev": int(sol.nfev), "seconds": time.perf_counter() - t0, "status": sol.message}
+    return cfg, info
+
+
+# ---------------------------------------------------------------------------- report
+def fmt(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.1f}"
+
+
+def config_text(case: dict) -> str:
+    c = case["config"]
+    if case["kind"] == "gemm":
+        return f"{c['groups']}x{c['m']} rows, N{c['n']} K{c['k']}"
+    if case["kind"] in ("deepep_normal", "deepep_ll"):
+        return f"EP{c['ep']} {c['tokens']} tok {c['op']}"
+    parts = [f"{case['model']} {c['gpus']} GPU", f"TP{c.get('attention_tp', 1)}"]
+    if c.get("moe_tp", 1) > 1:
+        parts.append(f"TEP{c['moe_tp']}")
+    if case["kind"] == "prefill":
+        parts.append(f"{c['tokens_per_rank']} tok/GPU ISL {c['isl']}")
+    else:
+        parts.append(f"bs {c['batch_per_rank']} ISL/OSL {c['isl']}/{c['osl']}")
+    if c.get("mtp"):
+        parts.append(f"MTP{c['mtp'][0]}@{c['mtp'][1]}")
+    if c.get("dbo"):
+        parts.append("TBO")
+    return ", ".join(parts)
+
+
+def summarize_split(rows: list[dict], split: str) -> dict:
+    out = {}
+    for group, pred in (("throughput", lambda r: r["metric"] not in LATENCY_METRICS),
+                        ("latency", lambda r: r["metric"] in LATENCY_METRICS), ("all", lambda r: True)):
+        errs = [abs(r["error"]) for r in rows if r["split"] == split and pred(r)]
+        if errs:
+            out[group] = {"cases": len(errs), "median_abs_error": float(np.median(errs)),
+                          "max_abs_error": float(np.max(errs))}
+    return out
+
+
+def markdown(rows: list[dict], summary: dict) -> str:
+    """The table docs/simulate.md shows (one row per case)."""
+    lines = ["| split | case | source | configuration | metric | published | simulated | error |",
+             "|---|---|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['split']} | {r['id']} | [{r['source']['org']}]({r['source']['url']}) | {r['gpu']}, "
+                     f"{r['config']} | {r['metric']} | {fmt(r['published'])} | {fmt(r['simulated'])} | "
+                     f"{r['error']:+.1%} |")
+    lines.append("")
+    for s, groups in summary.items():
+        for g, v in groups.items():
+            lines.append(f"- {s}, {g}: {v['cases']} cases, median |error| {v['median_abs_error']:.1%}, "
+                         f"max {v['max_abs_error']:.1%}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=str(CASES))
+    ap.add_argument("--quick", action="store_true", help="shorter simulations and fit (smoke test)")
+    ap.add_argument("--no-fit", action="store_true", help="evaluate the CostConfig defaults as they are")
+    ap.add_argument("--out", default=str(RESULTS / "fidelity.json"))
+    ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    args = ap.parse_args()
+    from sim.config import CostConfig
+    from foundation.errors import MoeplaceError
+    from foundation.files import write_text_atomic
+
+    try:
+        cases = load_cases(Path(args.cases))
+    except MoeplaceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    n_cal = sum(c["split"] == "calibration" for c in cases)
+    print(f"{len(cases)} cases: {n_cal} calibration, {len(cases) - n_cal} validation; "
+          f"{len({c['source']['org'] for c in cases})} source organisations")
+    if args.no_fit:
+        cfg, info = CostConfig(), {"params": None}
+    else:
+        print("fitting the global constants on the calibration cases ...", flush=True)
+        cfg, info = fit(cases, args.quick)
+        print(f"  rms log error {info['residual_rms_log']:.3f} after {info['nfev']} evaluations "
+              f"({info['seconds']:.0f} s)")
+        for n, v in info["params"].items():
+            d = info["defaults"][n]
+            flag = "" if math.isclose(v, d, rel_tol=0.05, abs_tol=1e-9) else f"   (CostConfig default {d:.4g})"
+            print(f"  {n:22s} {v:.4g}{flag}")
+    rows = []
+    for c in cases:
+        t0 = time.perf_counter()
+        detail = {}
+        if c["kind"] in E2E:
+            sim, detail = sim_metric(c, cfg, args.quick)
+            steady = Steady(c, args.quick).metric(cfg)
+        else:
+            sim, steady = kernel_metric(c, cfg), None
+        err = sim / c["published"] - 1
+        row = {"id": c["id"], "split": c["split"], "kind": c["kind"], "source": c["source"], "gpu": c["gpu"],
+               "model": c.get("model"), "config": config_text(c), "config_full": c["config"], "metric": c["metric"],
+               "published": c["published"], "simulated": sim, "steady_state_estimate": steady, "error": err,
+               "assumptions": c["assumptions"], "detail": detail, "seconds": time.perf_counter() - t0}
+        rows.append(row)
+        print(f"  {c['split'][:3]} {c['id']:36s} {c['metric']:22s} published {fmt(c['published']):>9s}  "
+              f"simulated {fmt(sim):>9s}  {err:+7.1%}", flush=True)
+    summary = {s: summarize_split(rows, s) for s in ("calibration", "validation")}
+    target = summary["validation"].get("all", {})
+    meets = bool(target) and all(
+        g["median_abs_error"] <= 0.15 and g["max_abs_error"] <= 0.35
+        for g in summary["validation"].values())
+    for s, groups in summary.items():
+        for g, v in groups.items():
+            print(f"{s:11s} {g:10s}: {v['cases']:2d} cases, median |error| {v['median_abs_error']:.1%}, "
+                  f"max {v['max_abs_error']:.1%}")
+    print(f"validation target (median <= 15 %, max <= 35 %, throughput and latency): "
+          f"{'met' if meets else 'NOT met'}")
+    out = {"cases": rows, "summary": summary, "target_met": meets, "fit": info,
+           "cost_config": dataclasses.asdict(cfg), "quick": args.quick,
+           "note": "end-to-end cases: discrete-event simulation, stat mode, steady state after the warm-up; "
+                   "kernel cases: the cost model's formulas"}
+    write_text_atomic(args.out, json.dumps(out, indent=1, default=float) + "\n")
+    if args.markdown:
+        print(markdown(rows, summary))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
