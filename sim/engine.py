@@ -57,6 +57,7 @@ class Rank:
     swapped: deque = field(default_factory=deque)
     running: list = field(default_factory=list)  # admission order
     used: int = 0  # KV token slots (per GPU) the running sequences hold for their next step
+    pending: int = 0  # prompt tokens enqueued here and not yet prefilled (the DP balancer's load)
 
 
 class Pool:
@@ -272,6 +273,7 @@ class Pool:
             rank = ranks[r]
             q.ctx += c
             prefilled += c
+            rank.pending = max(rank.pending - c, 0)
             after = kv(max(q.prefill_target, q.ctx) + 1)
             rank.used += after - q.kv
             q.kv = after
@@ -320,10 +322,8 @@ class Pool:
         tokens (prompt tokens still to prefill plus decoding sequences), as engines' prefill balancers do
         (SGLang --load-balance-method minimum_tokens; DeepSeek's prefill load balancer)."""
         if self.sim.config.engine.dp_balance == "tokens" and len(self.ranks) > 1:
-            def load(rank: Rank) -> int:
-                return (sum(x.prefill_target - x.ctx for x in rank.waiting)
-                        + sum(max(x.prefill_target - x.ctx, 1) for x in rank.running))
-            loads = [load(rk) for rk in self.ranks]
+            # prompt tokens still to prefill plus one per sequence held (decode work)
+            loads = [rk.pending + len(rk.running) + len(rk.waiting) for rk in self.ranks]
             n = len(self.ranks)
             r = min(range(n), key=lambda i: (loads[(self.next_rank + i) % n], i))
             r = (self.next_rank + r) % n
@@ -334,6 +334,7 @@ class Pool:
         q.rank = r
         q.pool = self.name
         self.ranks[r].waiting.append(q)
+        self.ranks[r].pending += q.prefill_target - q.ctx
         return self.wake(now)
 
     def occupancy(self) -> tuple[float, float, int, int]:
@@ -470,6 +471,7 @@ class Simulation:
             q.prefill_target = q.prompt_len + max(q.generated - 1, 0)  # == q.ctx
             q.ctx = 0
             pool.ranks[r].waiting.appendleft(q)
+            pool.ranks[r].pending += q.prefill_target
 
     def swap_time(self, q: Request) -> float:
         p = self.pools
