@@ -186,7 +186,7 @@ def case_setup(case: dict, quick: bool):
     cluster = make_cluster(c["gpus"], case["gpu"])
     R = int(c.get("redundant", 0))
     policy = "linear" if c.get("routing") == "balanced" and R == 0 else "eplb"
-    _, pl = resolve_placement(policy, trace, cluster, R, "sglang", 0)
+    _, placement = resolve_placement(policy, trace, cluster, R, "sglang", 0)
     tp = int(c.get("attention_tp", 1))
     ranks = c["gpus"] // tp
     draft, acc = c.get("mtp", (0, 0.0))
@@ -216,7 +216,7 @@ def case_setup(case: dict, quick: bool):
                           dp_balance="tokens", phase={"serve": "both"}.get(kind, kind),
                           gpu_memory_utilization=0.9)
     wl = WorkloadConfig(arrival="closed", concurrency=conc, lengths=lengths)
-    return trace, pl, cluster, engine, wl, duration
+    return trace, placement, cluster, engine, wl, duration
 
 
 def _from_summary(case: dict, s: dict) -> float:
@@ -233,12 +233,12 @@ def sim_metric(case: dict, cfg, quick: bool) -> tuple[float, dict]:
     from sim.config import SimConfig
     from sim.runner import simulate
 
-    trace, pl, cluster, engine, wl, duration = case_setup(case, quick)
+    trace, placement, cluster, engine, wl, duration = case_setup(case, quick)
     # co-located serving runs in waves of whole-request lifetimes; the published figures average whole
     # benchmark runs, so only the first 10 % is left out there (20 % elsewhere)
     warmup = 0.1 * duration if case["kind"] == "serve" else None
     config = SimConfig(duration=duration, mode="stat", seed=0, engine=engine, cost=cfg, workload=wl, warmup=warmup)
-    res = simulate(trace, [(case["id"], pl)], cluster, config)[0]
+    res = simulate(trace, [(case["id"], placement)], cluster, config)[0]
     s = dict(res.summary)
     s["prefill_tok_s_per_gpu"] = s["prefill_tok_s"] / s["num_gpus"]
     keep = {k: s[k] for k in ("output_tok_s_per_gpu", "input_tok_s_per_gpu", "per_user_tok_s", "itl_s",
@@ -256,9 +256,9 @@ class Steady:
         from sim.routing import StatRouter
 
         self.case = case
-        trace, pl, cluster, engine, _, _ = case_setup(case, quick)
+        trace, placement, cluster, engine, _, _ = case_setup(case, quick)
         self.trace, self.cluster, self.engine = trace, cluster, engine
-        self.router = StatRouter(trace, pl, "sglang", 0, engine.attention_tp)
+        self.router = StatRouter(trace, placement, "sglang", 0, engine.attention_tp)
 
     def metric(self, cfg) -> float:
         from sim.cost import CostModel, RankWork

@@ -387,12 +387,12 @@ class Simulation:
             self.pools_list = [Pool("decode", "decode", self, placement)]
         elif e.disaggregated and e.phase == "both":
             if prefill is not None:
-                p_pl, p_cluster, p_pools = prefill
-                p_pl.check_model(trace.model, "prefill placement")
-                if p_pl.num_gpus != p_cluster.num_gpus:
-                    raise InputError(f"prefill placement: made for {p_pl.num_gpus} GPUs, the prefill pool has "
+                p_placement, p_cluster, p_pools = prefill
+                p_placement.check_model(trace.model, "prefill placement")
+                if p_placement.num_gpus != p_cluster.num_gpus:
+                    raise InputError(f"prefill placement: made for {p_placement.num_gpus} GPUs, the prefill pool has "
                                      f"{p_cluster.num_gpus} (--prefill-gpus)")
-                pre = Pool("prefill", "prefill", self, p_pl, self.make_cost(p_cluster, profile), p_pools)
+                pre = Pool("prefill", "prefill", self, p_placement, self.make_cost(p_cluster, profile), p_pools)
             else:
                 pre = Pool("prefill", "prefill", self, placement)
             self.pools_list = [pre, Pool("decode", "decode", self, placement)]
