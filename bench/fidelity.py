@@ -214,6 +214,7 @@ def case_setup(case: dict, quick: bool):
                           kv_dtype=c.get("kv_dtype", "fp8"), mtp_draft=int(draft), mtp_acceptance=float(acc),
                           moe_tp=int(c.get("moe_tp", 1)), prefix_hit=float(c.get("prefix_hit", 0.0)),
                           dp_balance="tokens", phase={"serve": "both"}.get(kind, kind),
+                          a2a_mode=c.get("moe_comm", "auto"),
                           gpu_memory_utilization=0.9)
     wl = WorkloadConfig(arrival="closed", concurrency=conc, lengths=lengths)
     return trace, placement, cluster, engine, wl, duration

@@ -13,7 +13,7 @@ from placement.dispatch import ENGINE_RULES
 ARRIVALS = ("poisson", "gamma", "ramp", "closed")
 MODES = ("replay", "stat")
 PREEMPTION = ("recompute", "swap")
-A2A_MODES = ("auto", "normal", "low_latency")
+A2A_MODES = ("auto", "normal", "low_latency", "allgather")
 PHASES = ("both", "prefill", "decode")
 DP_BALANCE = ("round_robin", "tokens")
 
@@ -45,7 +45,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     swap_bw: float = 55e9  # host link bytes/s per GPU for swap preemption (PCIe 5 x16, achievable)
     # DeepEP mode of the MoE all-to-all: "auto" = normal kernels for iterations with prefill tokens,
-    # low-latency kernels for decode-only ones (SGLang --deepep-mode auto)
+    # low-latency kernels for decode-only ones (SGLang --deepep-mode auto); "allgather" = all-gather the
+    # tokens and reduce-scatter the outputs (TensorRT-LLM's CUTLASS MoE under attention DP)
     a2a_mode: str = "auto"
     cuda_graph_max_bs: int = 512  # decode-only iterations up to this many sequences per rank replay a graph
     mtp_draft: int = 0  # MTP / speculative draft tokens per step (0 = off)

@@ -17,6 +17,8 @@ are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.C
   prefill and recurrent decode and GQA as rooflines at ``flops_efficiency``.
 - Tensor-parallel attention/dense parts (``attention_tp`` > 1): two all-reduces per layer (attention
   output, MLP/MoE output), ``t = alpha + 2 (n - 1) / n * bytes / nvlink_bw`` (ring/NVLS bandwidth term).
+- ``allgather`` instead (TensorRT-LLM's CUTLASS MoE under attention DP): every rank all-gathers the
+  pool's tokens and reduce-scatters the outputs, ``(G-1)/G`` of all tokens per GPU and direction.
 - MoE all-to-all with DeepEP semantics, chosen by phase as SGLang's ``--deepep-mode auto`` does:
   *normal* kernels (iterations with prefill tokens) send ONE RDMA copy per destination node, which the
   receiving GPU forwards over NVLink (copies per remote GPU x the node-dedup factor below, plus the
@@ -364,7 +366,7 @@ class CostModel:
     # ------------------------------------------------------------------ one iteration
     def mode_of(self, w: RankWork) -> str:
         """DeepEP kernels of an iteration: the configured mode, or by phase (normal with prefill tokens)."""
-        if self.a2a_mode != "auto":
+        if self.a2a_mode in ("normal", "low_latency", "allgather"):
             return self.a2a_mode
         return "normal" if w.pre_tokens.any() else "low_latency"
 
@@ -383,6 +385,15 @@ class CostModel:
         strag = experts - t.sum(axis=1) / G
         if self.pure_tp:  # tokens are on every GPU already; the MoE output joins the TP all-reduce
             return experts, np.zeros(L), strag
+        if mode == "allgather":
+            # every EP rank gathers all ranks' tokens (FP8) and reduce-scatters the outputs (BF16): each GPU
+            # receives the other ranks' share, (G - 1) / G of the pool's tokens, per direction
+            tok = moe.tokens.sum(axis=1) / self.model.top_k * (G - 1) / G  # [L]
+            multi = self.cluster.num_nodes > 1
+            bw, lat = (self.nic_bw, self.gpu.nic_latency) if multi else (self.nvlink_bw, self.gpu.nvlink_latency)
+            comm = np.where(tok > 0, 2 * lat + tok * (self.copy_bytes("dispatch") + self.copy_bytes("combine")) / bw,
+                            0.0)
+            return experts, comm, strag
         d = self.a2a_time(moe.nvlink, moe.nic, "dispatch", mode)
         c = self.a2a_time(moe.nvlink, moe.nic, "combine", mode)
         comm = d.max(axis=1) + c.max(axis=1)

@@ -150,6 +150,16 @@ def test_deepep_normal_sends_one_rdma_copy_per_node_low_latency_one_per_gpu(k3):
     assert normal < ll
 
 
+def test_allgather_moe_moves_every_other_ranks_tokens(k3):
+    cm = CostModel(k3, make_cluster(8, "h200"), EXACT, a2a_mode="allgather")
+    L, G = k3.num_moe_layers, 8
+    tokens = np.full((L, G), 100.0 * k3.top_k)  # 100 tokens per GPU, top-k selections each
+    moe = MoeWork(tokens, np.full((L, G), 4.0), np.zeros((L, G)), np.zeros((L, G)))
+    _, comm, _ = cm.moe_layer_times(moe, "allgather")
+    per = cm.copy_bytes("dispatch") + cm.copy_bytes("combine")
+    assert comm == pytest.approx(np.full(L, 2 * 3e-6 + 800 * 7 / 8 * per / 450e9))
+
+
 def test_gemm_curve_tile_fill_kernel_latency_and_tp_allreduce(k3):
     cfg = CostConfig.roofline(gemm_efficiency=0.5, gemm_m0=100.0, gemm_kernel_s=5e-6)
     cm = CostModel(k3, make_cluster(32, "h200"), cfg)

@@ -81,8 +81,9 @@ def register(sub) -> None:
     e.add_argument("--preemption", choices=("recompute", "swap"), default="recompute")
     e.add_argument("--pool-split", default="shared", help="place plan --pool-split: shared | ratio[:R] | slots:N")
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    e.add_argument("--deepep-mode", choices=("auto", "normal", "low_latency"), default="auto",
-                   help="MoE all-to-all kernels: auto = normal with prefill tokens, low-latency for decode")
+    e.add_argument("--deepep-mode", choices=("auto", "normal", "low_latency", "allgather"), default="auto",
+                   help="MoE all-to-all kernels: auto = DeepEP normal with prefill tokens, low-latency for decode; "
+                   "allgather = all-gather tokens + reduce-scatter outputs (TensorRT-LLM CUTLASS MoE)")
     e.add_argument("--cuda-graph-max-bs", type=int, default=512, help="decode batches up to this size per rank "
                    "replay CUDA graphs (0 = eager)")
     e.add_argument("--mtp", default=None, metavar="DRAFT:ACCEPT", help="MTP / speculative decoding: draft tokens "
