@@ -71,12 +71,46 @@ def opts(**over):
     (["--placement", "linear", *opts(**{"--gpus": "6", "--gpus-per-node": "2"})], "do not divide evenly"),
     (["--placement", "linear", *opts(**{"--attention-tp": "3"})], "does not divide"),
     (["--placement", "linear", *opts(**{"--duration": "0"})], "--duration must be > 0"),
+    (["--placement", "linear", "--isl", "64", *opts()], "--isl and --osl go together"),
+    (["--placement", "linear", "--mtp", "two", *opts()], "--mtp: 'two' is not DRAFT:ACCEPTANCE"),
+    (["--placement", "linear", "--prefill-gpus", "2", *opts()], "--prefill-gpus needs --disaggregated"),
+    (["--placement", "linear", "--gpu", "/nonexistent/gpu.json", *opts()], "no such GPU spec file"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(trace_dir, capsys, args, message):
     rc = main(["simulate", trace_dir, *args])
     err = capsys.readouterr().err
     assert rc == 2
     assert err.startswith("place: error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_benchmark_shapes_and_per_gpu_per_user_figures(trace_dir, tmp_path, capsys):
+    spec = tmp_path / "mygpu.json"  # an H200 with half the HBM bandwidth
+    spec.write_text(json.dumps({"hbm_bytes": 141e9, "hbm_bw": 2.4e12, "flops_bf16": 989e12, "flops_fp8": 1979e12,
+                                "nvlink_bw": 450e9, "nvlink_latency": 3e-6, "nic_bw": 50e9, "nic_latency": 8e-6}))
+    base = ["--placement", "linear", "--isl", "24", "--osl", "16", "--phase", "decode", "--json",
+            *opts(**{"--duration": "0.2"})]
+    rc = main(["simulate", trace_dir, *base])
+    fast = json.loads(capsys.readouterr().out)[0]
+    assert rc == 0 and fast["output_tok_s"] > 0 and fast["tpot_p50_s"] is not None
+    assert fast["output_tok_s_per_gpu"] == pytest.approx(fast["output_tok_s"] / 4)
+    assert fast["warmup_s"] == pytest.approx(0.04) and fast["num_gpus"] == 4
+    # decode phase: requests arrive with their KV, so no prompt is prefilled
+    assert fast["prefill_tok_s"] == 0 and fast["per_user_tok_s"] > 0
+    rc = main(["simulate", trace_dir, *base, "--gpu", str(spec)])
+    slow = json.loads(capsys.readouterr().out)[0]
+    assert rc == 0 and slow["per_user_tok_s"] < fast["per_user_tok_s"]  # decode reads weights from HBM
+    # MTP with every draft accepted: each step keeps 1 + 2 tokens per sequence but runs 2 draft steps and
+    # verifies 3 tokens, so the speed-up is real but below 3x; with nothing accepted drafting only costs
+    rc = main(["simulate", trace_dir, *base, "--mtp", "2:1.0"])
+    mtp = json.loads(capsys.readouterr().out)[0]
+    assert rc == 0 and 1.5 * fast["per_user_tok_s"] < mtp["per_user_tok_s"] < 3 * fast["per_user_tok_s"]
+    rc = main(["simulate", trace_dir, *base, "--mtp", "2:0.0"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)[0]["per_user_tok_s"] < fast["per_user_tok_s"]
+    # asymmetric disaggregation: 2 prefill GPUs + the 4 decode GPUs
+    rc = main(["simulate", trace_dir, "--placement", "linear", "--disaggregated", "--prefill-gpus", "2", "--json",
+               *opts(**{"--duration": "0.2"})])
+    dis = json.loads(capsys.readouterr().out)[0]
+    assert rc == 0 and dis["num_gpus"] == 6 and dis["requests_finished"] > 0
 
 
 def test_placement_for_another_cluster_is_refused(trace_dir, tmp_path, capsys):

@@ -216,3 +216,26 @@ def test_generation_stops_at_the_models_context(tmp_path):
     r = res.requests.row(0, named=True)
     assert not r["rejected"] and r["finished_s"] is not None
     assert r["generated_tokens"] == 100 - 90  # KV of 99 tokens + the last one made = the 100-token context
+
+
+def test_prefix_hits_skip_cached_prompt_tokens_and_tokens_balancer_spreads_prompts(tmp_path):
+    m = mini_model()
+    path = write_trace(tmp_path / "t", m, num_requests=8, prompt=32, output=4)
+    pl4 = linear_placement(m, 4, 4)
+    mix = LengthMix(components=((400, 1.0),), output_mean=4, range_ratio=0.0)
+
+    def run(**eng):
+        cfg = SimConfig(cost=EXACT, duration=0.05, mode="stat", warmup=0.0,
+                        engine=EngineConfig(attention_tp=1, max_batched_tokens=4096, **eng),
+                        workload=WorkloadConfig(arrival="closed", concurrency=8, lengths=mix, max_requests=8))
+        return build(path, pl4, cfg, gpus=4).run()
+
+    full, half = run(), run(prefix_hit=0.5)
+    assert full.summary["requests_finished"] == half.summary["requests_finished"] == 8
+    # every prompt computes 400 tokens without hits, 200 with half of each prompt cached
+    assert full.requests["prompt_tokens"].sum() == 8 * 400
+    assert full.summary["prefill_tok_s"] == pytest.approx(2 * half.summary["prefill_tok_s"])
+    assert half.summary["input_tok_s"] == pytest.approx(full.summary["input_tok_s"])  # cache hits count as input
+    # the tokens balancer gives each of the 4 ranks 2 of the 8 equal prompts, like round robin
+    bal = run(dp_balance="tokens")
+    assert sorted(bal.requests["dp_rank"].value_counts()["count"].to_list()) == [2, 2, 2, 2]
