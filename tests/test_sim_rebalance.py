@@ -114,7 +114,8 @@ def test_decision_time_is_charged_and_async_defers_instead_of_stalling(tmp_path)
     m = mini_model(num_experts=16)
     path = write_trace(tmp_path / "t", m, num_requests=8, prompt=64, output=16, skew=1.5, hot_shift=5)
     pl = linear_placement(m, 4, 4)
-    base = {"duration": 0.004, "mode": "replay", "engine": EngineConfig(attention_tp=1, max_batched_tokens=64),
+    base = {"duration": 0.004, "mode": "replay", "cost": CostConfig.roofline(),
+            "engine": EngineConfig(attention_tp=1, max_batched_tokens=64),
             "workload": WorkloadConfig(arrival="closed", concurrency=8)}
     blocking = build(path, pl, SimConfig(**base, rebalance=RebalanceConfig(every=10, window=10, policy="eplb")),
                      gpus=4)
