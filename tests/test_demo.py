@@ -18,7 +18,7 @@ def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     assert "straggler total (s)" in tail
     # the launch lines realize the layout the memory plan (stage 3) certified: attention TP8 x DP4 on 32 GPUs
     plan = json.loads((run / "plan.json").read_text())["layout"]
-    assert (plan["tp"], plan["dp"]) == (8, 4)
+    assert (plan["tp"], plan["dp"], plan["num_redundant"]) == (8, 4, 32)  # the placement's 32 redundant slots
     sglang = out[out.index("== 5. export"):out.index("== 6. export")]
     assert "--tp-size 32" in sglang and "--dp-size 4" in sglang and "--enable-dp-attention" in sglang
     vllm = out[out.index("== 6. export"):out.index("== 7. simulate")]

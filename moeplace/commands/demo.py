@@ -14,7 +14,9 @@ from pathlib import Path
 from foundation.cluster import make_cluster
 from foundation.errors import MoeplaceError
 from foundation.files import RUN_MARKER, Outputs, clean_stale_temps, remove_path, temp_sibling
+from foundation.model import load_model
 from moeplace.cli import main
+from placement.compare import default_redundant
 from traces.format import read_trace_meta
 from traces.synth import SYNTH_VERSION
 from traces.validate import validate_trace
@@ -116,17 +118,22 @@ def _pipeline(args, out: Path, traces: Path) -> int:
                 "--seed", str(args.seed), *(["--force"] if traces.exists() else [])])
     _stage("2. trace statistics (Loads per window, skew, drift, affinity)",
            ["trace", "stats", str(traces), "--out", str(out / "loads.npz")])
-    _stage("3. memory plan: does K3 fit, and how many sequences at which context",
-           ["plan", "--model", "kimi-k3", "--gpus", gpus, "--gpu", args.gpu, "--tp", str(tp), "--dp",
-            str(args.gpus // tp), "--context-mix",
-            "8k:0.7,128k:0.25,1M:0.05", "--report", str(out / "plan.json")], ok_codes=(0, 3))
+    # planned with the redundant slots the placement will have (place optimize's default), so the plan
+    # certifies the deployment the launch lines below start
+    redundant = default_redundant(load_model("kimi-k3").num_experts, args.gpus)
+    plan_rc = _stage("3. memory plan: does K3 fit, and how many sequences at which context",
+                     ["plan", "--model", "kimi-k3", "--gpus", gpus, "--gpu", args.gpu, "--tp", str(tp), "--dp",
+                      str(args.gpus // tp), "--redundant", str(redundant), "--context-mix",
+                      "8k:0.7,128k:0.25,1M:0.05", "--report", str(out / "plan.json")], ok_codes=(0, 3))
     _stage("4. placement: every policy planned on the first half of the trace, scored on the second",
            ["optimize", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--out", str(out / "placement.json"),
             "--save-all", str(out / "placements"), "--report", str(out / "comparison.json"),
             "--seed", str(args.seed)])
-    # the launch lines realize the layout step 3 certified (the export re-runs the plan on it with the
-    # placement's redundant slots and refuses it if it no longer fits)
-    layout = ["--flags", "--gpu", args.gpu, "--tp", str(tp), "--dp", str(args.gpus // tp)]
+    # the launch lines realize the layout step 3 certified (the export re-runs that plan and refuses a
+    # layout that does not fit); a layout that did not fit gets no launch lines
+    layout = ["--flags", "--plan", str(out / "plan.json")] if plan_rc == 0 else []
+    if not layout:
+        print("\n(the memory plan does not fit this cluster: the exports below come without launch flags)")
     _stage("5. export the moeplace placement for SGLang, with its launch flags",
            ["export", str(out / "placement.json"), "--format", "sglang", "--out",
             str(out / "export" / "sglang-expert-location.json"), *layout])

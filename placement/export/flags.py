@@ -162,6 +162,11 @@ def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan
         raise InputError(f"layout attention TP{lay.tp} x DP{lay.dp} on {G} x {cluster.gpu.name} does not fit: "
                          f"{plan.reasons[0]} (`place plan --gpus {G} --gpu {cluster.gpu.name} --tp {lay.tp} "
                          f"--dp {lay.dp} --redundant {R}` shows the breakdown)")
+    if plan_report is not None:  # the flags serve what the plan certified: its KV dtype and context
+        if config.kv_dtype in ("fp8", "bf16"):
+            opts = replace(opts, kv_cache_dtype=config.kv_dtype)
+        if opts.max_model_len is None and config.context is not None:
+            opts = replace(opts, max_model_len=config.context)
     return replace(opts, tp=lay.tp, dp=lay.dp, gpu=opts.gpu or cluster.gpu.name), plan
 
 
