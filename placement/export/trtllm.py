@@ -141,7 +141,9 @@ def extra_options(placement: Placement, model: ModelSpec, *, attention_dp: bool 
 def _header(placement: Placement, model: ModelSpec, what: str) -> str:
     return (f"moeplace placement for TensorRT-LLM ({what}): {model.name}, {placement.num_layers} MoE layers, "
             f"{placement.num_slots} slots on EP {placement.num_gpus} ({placement.slots_per_gpu} consecutive slots "
-            f"per rank)\nkeys of initial_global_assignments are decoder-layer indices (TensorRT-LLM's layer_idx)")
+            f"per rank)\nkeys of initial_global_assignments are decoder-layer indices (TensorRT-LLM's layer_idx)\n"
+            f"served with --ep_size {placement.num_gpus} and enable_attention_dp: true (the load balancer needs "
+            "attention DP)")
 
 
 def write_extra_options(placement: Placement, model: ModelSpec, out: Path, *, attention_dp: bool | None = None,

@@ -10,10 +10,12 @@ Read in TensorRT-LLM's source (github NVIDIA/TensorRT-LLM, stored copies of 2026
   MoE module's ``layer_idx``, the decoder-layer index (DeepSeek's dumps start at 3).
 - ``examples/wide_ep/ep_load_balancer/utils.py`` (``load_expert_statistic``, the reader the offline EPLB
   flow uses): sums the per-rank tensors of each key over ``rank*.safetensors`` (excluding ``*_raw``),
-  asserts the iterations are consecutive and every (iteration, layer) is present. The newer
-  ``load_raw_expert_statistic`` reads ``rank{R}_raw.safetensors``: the same ``"{iter}_{layer}"`` keys
-  holding the raw ``token_selected_experts`` ``[tokens, top_k]`` of that rank (``report_load_cooccurrence.py``
-  and ``report_send_ranks_per_token.py`` concatenate them by row).
+  asserts the iterations are consecutive and every (iteration, layer) is present. A newer commit of that
+  file adds ``load_raw_expert_statistic``, which reads ``rank{R}_raw.safetensors``: the same
+  ``"{iter}_{layer}"`` keys holding the raw ``token_selected_experts`` ``[tokens, top_k]`` of that rank
+  (``report_send_ranks_per_token.py`` concatenates them by row). The writer of the raw files is not in the
+  stored copies of ``expert_statistic.py`` (which write counts only); the raw layout here is the one that
+  reader expects.
 
 Import (``place trace import --format trtllm-stats DIR``):
 

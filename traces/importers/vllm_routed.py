@@ -11,9 +11,10 @@ Read in vLLM's source (github vllm-project/vllm, stored copies of 2026):
   ``np.load(io.BytesIO(base64.b64decode(s)))``), shape ``(num_tokens - 1, num_layers, num_experts_per_tok)``
   over prompt *and* generated tokens (the last sampled token was never forwarded), dtype uint8/uint16/int32.
   ``prompt_token_ids`` / ``token_ids`` carry the token ids when requested.
-- Earlier releases (0.21, in responses users saved) put the generated tokens' routing on the choice as
-  nested lists ``[tokens, layers, k]`` and the prompt's on the response as ``prompt_routed_experts``. Some
-  clients store the array as ``{"encoding": "base64", "dtype": "int16", "shape": [...], "data": ...}``
+- Earlier releases put the generated tokens' routing on the choice as nested lists ``[tokens, layers, k]``
+  and the prompt's on the response as ``prompt_routed_experts`` (seen in responses saved from vLLM 0.21,
+  ``system_fingerprint`` ``vllm-0.21.0-...``; that protocol version is not among the stored source copies).
+  Some clients store the array as ``{"encoding": "base64", "dtype": "int16", "shape": [...], "data": ...}``
   (raw little-endian buffer). All three forms are read.
 
 Input: JSON files holding one response object, a list of them, or JSONL with one response per line (the
