@@ -309,3 +309,22 @@ def test_moe_selection_keyed_layers_and_errors(tiny, tmp_path):
     with pytest.raises(InputError, match="dup.json: query: field 'expert ids': token 1 \\(layer 2\\): expert ids \\[3, 3\\] repeat"):
         import_source("moe-selection-json", [tmp_path / "dup.json"], tiny, tmp_path / "t2")
     assert not (tmp_path / "t2").exists()
+
+
+def test_cli_summaries_and_option_errors(tiny, tmp_path, capsys):
+    d, _ = _stat_dir(tmp_path, tiny)
+    assert main(["trace", "import", "--format", "trtllm-stats", str(d), "--model", str(TINY),
+                 "--out", str(tmp_path / "l.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "ranks                  2" in out and "MTP records skipped    4" in out and "windows                2" in out
+    root, _, _ = _flame(tmp_path / "f")
+    assert main(["trace", "import", "--format", "flame-moe", str(root), "--iteration", "10", "--max-tokens", "3",
+                 "--model", str(TINY), "--out", str(tmp_path / "ft")]) == 0
+    assert "tokens                 3" in capsys.readouterr().out
+    assert main(["trace", "import", "--format", "trtllm-stats", str(d), "--max-tokens", "3", "--model", str(TINY),
+                 "--out", str(tmp_path / "l2.npz")]) == 2
+    assert "apply to --format flame-moe only" in capsys.readouterr().err
+    assert main(["trace", "import", "--format", "flame-moe", str(root), "--model", str(TINY),
+                 "--out", str(tmp_path / "x.npz")]) == 2
+    assert "produces a trace directory" in capsys.readouterr().err
+    assert not (tmp_path / "l2.npz").exists() and not (tmp_path / "x.npz").exists()
