@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 import streamlit as st
 
 from foundation.cluster import make_cluster
@@ -108,9 +110,6 @@ def stamp(path: str | Path) -> tuple:
 
 
 def _is_trace_parquet(path: Path) -> bool:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     try:
         meta = pq.read_schema(path).metadata or {}
     except (pa.ArrowException, OSError):
@@ -150,8 +149,6 @@ def _json_kind_of(path: str, size: int, mtime_ns: int) -> str | None:
 
 def _is_sweep_table(path: Path) -> bool:
     """A ``place sweep`` result table (``moeplace.sweep.store.SCHEMA``: a point hash and a status per row)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
         names = set(pq.read_schema(path).names)

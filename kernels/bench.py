@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from foundation.cluster import make_cluster
 from foundation.model import GQAConfig, ModelSpec
@@ -93,7 +94,6 @@ def _routing(cfg: BenchConfig, n: int, skew: float, rank: int, salt: int):
 
 def bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
     """Everything one rank measures (runs inside :func:`kernels.launch.run_distributed`)."""
-    import torch.distributed as dist
 
     dtype = getattr(torch, cfg.dtype)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")

@@ -61,6 +61,7 @@ import random
 from functools import lru_cache
 
 import numpy as np
+from ortools.linear_solver import pywraplp
 
 from foundation.errors import InputError
 from placement.record import Placement
@@ -328,8 +329,6 @@ def ideal_split(phy2log: np.ndarray, loads_LE: np.ndarray, num_gpus: int) -> tup
     out = base.copy()
     flex_layers = [l for l in range(L) if (~fixed[l] & (w[l] > 0)).any()]
     if flex_layers:
-        from ortools.linear_solver import pywraplp
-
         solver = pywraplp.Solver.CreateSolver("GLOP")
         splits = []  # (layer, expert, gpus, vars)
         T = {}

@@ -39,7 +39,9 @@ Without ``out`` the rows stay in memory: ``rec.arrays()``.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -72,7 +74,7 @@ def check_kernels_name() -> None:
     ours = Path(__file__).resolve().parent.parent / "kernels"
     if not any(Path(p).resolve() == ours for p in locations if not p.startswith("__editable__")):
         return  # the real hub library (or nothing of ours) answers to the name
-    from transformers.utils import is_kernels_available
+    from transformers.utils import is_kernels_available  # optional: the [capture] extra
 
     if is_kernels_available():
         raise InputError(
@@ -199,7 +201,7 @@ class RoutingRecorder:
         self.stop_tokens = np.asarray(stop_token_ids(model) if stop_tokens is None else stop_tokens, np.int64)
         self.keep_in_memory = (out is None) if keep_in_memory is None else keep_in_memory
         self.flush_rows = flush_rows
-        import transformers
+        import transformers  # optional: the [capture] extra
 
         self.provenance = {"kind": "captured", "source": "transformers-router-hooks",
                            "transformers_version": transformers.__version__,
@@ -256,7 +258,7 @@ class RoutingRecorder:
 
     # ------------------------------------------------------------------ hooks
     def _pre_hook(self, module, args, kwargs):
-        import torch
+        import torch  # ~3 s: loaded only when capturing (the CLI imports this module for every command)
 
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         embeds = kwargs.get("inputs_embeds")
@@ -311,7 +313,7 @@ class RoutingRecorder:
 
     def _router_hook(self, layer: int):
         def hook(module, args, output):
-            import torch
+            import torch  # ~3 s: loaded only when capturing (the CLI imports this module for every command)
 
             cur = self._cur
             if cur is None:
@@ -335,7 +337,7 @@ class RoutingRecorder:
         return hook
 
     def _post_hook(self, module, args, output):
-        import torch
+        import torch  # ~3 s: loaded only when capturing (the CLI imports this module for every command)
 
         cur, self._cur = self._cur, None
         if cur is None:
@@ -454,9 +456,8 @@ def read_prompts(path: Path) -> list[str]:
 
 def load_hf_config(path: Path):
     """A transformers config object from a ``config.json`` (no download, no remote code)."""
-    import json
 
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # optional: the [capture] extra
 
     try:
         d = json.loads(Path(path).read_text())
@@ -493,7 +494,7 @@ def _tokenizer_for(cfg: CaptureConfig, vocab_size: int):
         tdir = cfg.weights
     if tdir is None:
         return ByteTokenizer(vocab_size), "byte-level stand-in (utf-8 bytes modulo vocab_size)"
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # optional: the [capture] extra
 
     try:
         tok = AutoTokenizer.from_pretrained(str(tdir), local_files_only=True)
@@ -512,7 +513,7 @@ class _HFTokenizer:
 
 def left_pad(seqs: list[list[int]], pad_id: int):
     """``input_ids`` and ``attention_mask`` (int64 ``[B, max_len]``) with every sequence right-aligned."""
-    import torch
+    import torch  # ~3 s: loaded only when capturing (the CLI imports this module for every command)
 
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -540,10 +541,9 @@ class CaptureResult:
 def run_capture(cfg: CaptureConfig) -> CaptureResult:
     """Build the model, generate over every prompt in batches under a :class:`RoutingRecorder`, and write
     the trace atomically to ``cfg.out``."""
-    import time
 
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # ~3 s: loaded only when capturing (the CLI imports this module for every command)
+    from transformers import AutoModelForCausalLM  # optional: the [capture] extra
 
     check_kernels_name()
     prompts = read_prompts(cfg.prompts)

@@ -2,6 +2,8 @@
 optionally through a forked writer process that reads shared-memory buffers."""
 from __future__ import annotations
 
+import mmap
+import multiprocessing as mp
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -9,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from foundation.files import raise_on_sigterm
 from foundation.model import ModelSpec
@@ -23,8 +26,6 @@ class _TraceSink:
     of a token are consecutive) through a :class:`TraceWriter`."""
 
     def __init__(self, model: ModelSpec, cfg: SynthConfig, domains: tuple[str, ...]) -> None:
-        import pyarrow as pa
-
         self.pa = pa
         self.cfg = cfg
         self.num_layers = model.num_moe_layers
@@ -61,9 +62,6 @@ class _WriterProcess:
 
     def __init__(self, out: Path, model: ModelSpec, cfg: SynthConfig, provenance: dict[str, Any],
                  sink: _TraceSink, max_tokens: int) -> None:
-        import mmap
-        import multiprocessing as mp
-
         self.shape_per_token = (model.num_moe_layers, model.top_k)
         self.slot_elems = max_tokens * model.num_moe_layers * model.top_k
         self.shm = mmap.mmap(-1, self.num_slots * self.slot_elems * 2)  # anonymous, shared with the fork
@@ -176,7 +174,6 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
     encoding and compression run in a forked writer process (``writer_process``; default: where fork
     exists) on the other core while the next batch is sampled, else on a thread. Either way the files
     are the same."""
-    import multiprocessing as mp
 
     t0 = time.perf_counter()
     plan = build_plan(model, cfg)
