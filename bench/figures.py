@@ -48,7 +48,7 @@ def rebalance_summary() -> str:
     rows = [("output tok/s", "output_tok_s", ",.0f", 1), ("TPOT p50 (ms)", "tpot_p50_s", ".1f", 1e3),
             ("MoE max/mean tokens", "mean_imbalance", ".3f", 1), ("straggler total (s)", "straggler_s", ".2f", 1),
             ("rebalances", "rebalances", "d", 1), ("expert weights moved (GB)", "moved_bytes", ",.1f", 1e-9),
-            ("transfer stall (s)", "stall_s", ".2f", 1)]
+            ("stall: decision + transfer (s)", "stall_s", ".2f", 1)]
     lines = ["| | " + " | ".join(REBALANCE_COLUMNS[k] for k in runs) + " |", "|---" * (len(runs) + 1) + "|"]
     for name, key, fmt, scale in rows:
         vals = [_num(s.get(key), fmt, scale) for s in runs.values()]
