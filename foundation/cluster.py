@@ -165,7 +165,9 @@ def make_cluster(gpus: int = 32, gpu: str = "h200", gpus_per_node: int | None = 
     """``--gpus 32`` -> 4 nodes of 8 H200. ``gpus`` must be a multiple of ``gpus_per_node`` (or smaller
     than one node)."""
     spec = load_gpu(gpu)
-    per_node = gpus_per_node or spec.gpus_per_node
+    if gpus_per_node is not None and gpus_per_node < 1:  # 0 is not "the preset's": say so
+        raise InputError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    per_node = spec.gpus_per_node if gpus_per_node is None else gpus_per_node
     if gpus < 1:
         raise InputError(f"--gpus must be >= 1, got {gpus}")
     if gpus < per_node and gpus_per_node is None:

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 
 class MoeplaceError(Exception):
-    """Base of every error a user can cause. ``exit_code`` is what the CLI exits with."""
+    """Base of every error a user can cause. ``exit_code`` is what the CLI exits with. The message is kept
+    on one line: text quoted from a library (pyarrow, YAML) can carry newlines, and a user error is one
+    line."""
 
     exit_code = 2
+
+    def __init__(self, *args) -> None:
+        if len(args) == 1 and isinstance(args[0], str):
+            args = (" ".join(line.strip() for line in args[0].splitlines() if line.strip()),)
+        super().__init__(*args)
 
 
 class InputError(MoeplaceError):

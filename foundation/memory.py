@@ -58,7 +58,7 @@ from typing import Any
 
 from foundation.cluster import ClusterSpec, make_cluster
 from foundation.errors import InputError
-from foundation.model import DTYPE_BYTES, KV_DTYPE_BYTES, ModelSpec
+from foundation.model import DTYPE_BYTES, KV_DTYPE_BYTES, ModelSpec, check_field_types
 
 GiB = 2**30
 MiB = 2**20
@@ -89,25 +89,30 @@ def parse_tokens(text: str | int, what: str = "size") -> int:
     return value
 
 
-def parse_context_mix(text: str) -> tuple[tuple[int, float], ...]:
+def parse_context_mix(text: str, max_context: int | None = None,
+                      what: str = "--context-mix") -> tuple[tuple[int, float], ...]:
     """``"8k:0.7,128k:0.25,1M:0.05"`` -> ``((8192, 0.7), (131072, 0.25), (1048576, 0.05))``.
-    Weights are shares of sequences and must sum to 1 (within 1e-6)."""
+    Weights are shares of sequences and must sum to 1 (within 1e-6); with ``max_context`` (the model's)
+    no length may exceed it. The one check of a length mix for ``plan``, ``simulate`` and ``sweep``."""
     items = []
     for i, part in enumerate(str(text).split(",")):
         if ":" not in part:
-            raise InputError(f"--context-mix item {i + 1} '{part.strip()}': expected LENGTH:SHARE, e.g. 128k:0.25")
+            raise InputError(f"{what} item {i + 1} '{part.strip()}': expected LENGTH:SHARE, e.g. 128k:0.25")
         length, share = part.split(":", 1)
-        n = parse_tokens(length, what=f"--context-mix item {i + 1} length")
+        n = parse_tokens(length, what=f"{what} item {i + 1} length")
         try:
             w = float(share)
         except ValueError:
-            raise InputError(f"--context-mix item {i + 1} share '{share.strip()}': expected a number") from None
+            raise InputError(f"{what} item {i + 1} share '{share.strip()}': expected a number") from None
         if not (0 < w <= 1):
-            raise InputError(f"--context-mix item {i + 1} share {w}: expected a share in (0, 1]")
+            raise InputError(f"{what} item {i + 1} share {w}: expected a share in (0, 1]")
+        if max_context and n > max_context:
+            raise InputError(f"{what} item {i + 1} length {format_tokens(n)} exceeds the model's maximum "
+                             f"context {format_tokens(max_context)} ({max_context:,} tokens)")
         items.append((n, w))
     total = sum(w for _, w in items)
     if abs(total - 1.0) > 1e-6:
-        raise InputError(f"--context-mix shares sum to {total:g}, expected 1")
+        raise InputError(f"{what} shares sum to {total:g}, expected 1")
     return tuple(items)
 
 
@@ -121,6 +126,12 @@ def format_tokens(n: int) -> str:
 
 
 # ---------------------------------------------------------------------------- config
+# How `place plan` spells the fields whose flag is not the field name (messages name the flag a user typed;
+# fields without a flag, such as ll_max_dispatch_tokens, are named as they are).
+PLAN_FLAGS = {"dcp": "--dcp", "max_batched_tokens": "--max-batched-tokens", "max_num_seqs": "--max-num-seqs",
+              "state_slots_per_seq": "--state-slots", "page_size": "--page-size", "min_concurrency": "--min-seqs"}
+
+
 @dataclass(frozen=True)
 class PlanConfig:
     """A parallel layout and a serving configuration.
@@ -160,6 +171,7 @@ class PlanConfig:
     min_concurrency: int = 1
 
     def __post_init__(self) -> None:
+        check_field_types(self, "plan config", ranges=False)  # a plan report read back: no "1.5" GPUs
         for name in ("tp", "dp", "ep", "dense_tp"):
             v = getattr(self, name)
             if v is not None and v < 1:
@@ -167,7 +179,7 @@ class PlanConfig:
         for name in ("dcp", "max_batched_tokens", "max_num_seqs", "state_slots_per_seq", "page_size",
                      "ll_max_dispatch_tokens", "min_concurrency"):
             if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise InputError(f"{PLAN_FLAGS.get(name, name)} must be >= 1, got {getattr(self, name)}")
         if self.num_redundant < 0:
             raise InputError(f"--redundant must be >= 0, got {self.num_redundant}")
         if self.context is not None and self.context < 1:
@@ -184,9 +196,9 @@ class PlanConfig:
                                            or self.pool_param != int(self.pool_param)):
             raise InputError(f"--pool-split slots:N needs a whole number of slots >= 1, got {self.pool_param}")
         if self.moe_peak_factor < 1:
-            raise InputError(f"--moe-peak-factor must be >= 1 (max/mean), got {self.moe_peak_factor}")
+            raise InputError(f"moe_peak_factor must be >= 1 (max/mean), got {self.moe_peak_factor}")
         if self.other_reserve_bytes < 0:
-            raise InputError(f"--other-reserve must be >= 0, got {self.other_reserve_bytes}")
+            raise InputError(f"--other-reserve must be >= 0 GiB, got {self.other_reserve_bytes / GiB:g} GiB")
 
 
 def parse_pool_split(text: str) -> tuple[str, float | None]:
@@ -679,7 +691,7 @@ def plan_memory(model: ModelSpec, cluster: ClusterSpec, config: PlanConfig, *, s
     lay = resolve_layout(model, cluster.num_gpus, config)
     context = config.context or model.max_context
     if not context:
-        raise InputError(f"model '{model.name}' has no maximum context in its spec: give --context")
+        raise InputError(f"model '{model.name}'{' (' + model.source + ')' if model.source else ''} has no maximum context in its spec: give --context")
     hbm = cluster.gpu.hbm_bytes
     budget = config.gpu_memory_utilization * hbm
     lines = weight_lines(model, lay)

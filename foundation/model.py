@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -37,6 +39,37 @@ KV_DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp32"
 
 ATTENTION_KINDS = ("mla", "kda", "gqa")
 
+# Sizes that must be >= 1 (every other whole-number field must be >= 0: 0 shared experts, no vision tower).
+_POSITIVE = {"num_layers", "num_experts", "top_k", "hidden_size", "moe_intermediate_size", "expert_hidden_size",
+             "vocab_size", "num_heads", "num_kv_heads", "head_dim", "kv_lora_rank", "qk_rope_head_dim",
+             "v_head_dim", "conv_kernel", "n_group", "topk_group"}
+
+
+def check_field_types(obj: Any, where: str, ranges: bool = True) -> None:
+    """Each field of the dataclass ``obj`` has its declared type: whole numbers are integers (not bool,
+    not a string such as ``"big"``) and, with ``ranges``, in range; numbers are finite reals; flags are
+    ``bool``; names are ``str``. A record read from JSON is checked here once, so arithmetic later never
+    meets a string."""
+    for f in dataclasses.fields(obj):
+        v, ann = getattr(obj, f.name), str(f.type)
+        if v is None and "None" in ann:
+            continue
+        base = ann.split("|")[0].strip()
+        if base == "int":
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise InputError(f"{where}: field '{f.name}' must be a whole number, got {v!r}")
+            if not -2**62 < v < 2**62:  # beyond any count this tool meets; keeps numpy int64 arithmetic exact
+                raise InputError(f"{where}: field '{f.name}' is out of range, got {v!r}")
+            if ranges and v < (1 if f.name in _POSITIVE else 0):
+                raise InputError(f"{where}: field '{f.name}' must be >= {1 if f.name in _POSITIVE else 0}, "
+                                 f"got {v}")
+        elif base == "float" and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)):
+            raise InputError(f"{where}: field '{f.name}' must be a finite number, got {v!r}")
+        elif base == "bool" and not isinstance(v, bool):
+            raise InputError(f"{where}: field '{f.name}' must be true or false, got {v!r}")
+        elif base == "str" and not isinstance(v, str):
+            raise InputError(f"{where}: field '{f.name}' must be a string, got {v!r}")
+
 
 @dataclass(frozen=True)
 class MLAConfig:
@@ -51,6 +84,9 @@ class MLAConfig:
     v_head_dim: int
     output_gate: bool = False  # K3's gated MLA: sigmoid(W_g x) before o_proj (full rank)
 
+    def __post_init__(self) -> None:
+        check_field_types(self, "model spec: mla")
+
 
 @dataclass(frozen=True)
 class KDAConfig:
@@ -64,6 +100,13 @@ class KDAConfig:
     state_dtype: str = "fp32"
     conv_state_dtype: str = "bf16"
 
+    def __post_init__(self) -> None:
+        check_field_types(self, "model spec: kda")
+        for name in ("state_dtype", "conv_state_dtype"):
+            if getattr(self, name) not in DTYPE_BYTES:
+                raise InputError(f"model spec: kda: field '{name}' is {getattr(self, name)!r}, expected one of "
+                                 f"{sorted(DTYPE_BYTES)}")
+
 
 @dataclass(frozen=True)
 class GQAConfig:
@@ -72,6 +115,9 @@ class GQAConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "model spec: gqa")
 
 
 @dataclass(frozen=True)
@@ -115,6 +161,7 @@ class ModelSpec:
         def bad(msg: str) -> None:
             raise InputError(f"model spec '{self.name}': {msg}")
 
+        check_field_types(self, f"model spec '{self.name}'")
         if self.num_layers <= 0:
             bad(f"num_layers must be positive, got {self.num_layers}")
         if not self.moe_layers:
@@ -299,6 +346,8 @@ class ModelSpec:
             if unknown:
                 raise InputError(f"model spec {source or d.get('name')}: unknown fields {unknown}")
             return cls(**d)
+        except InputError as exc:
+            raise InputError(f"{source}: {exc}" if source and source not in str(exc) else str(exc)) from None
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise InputError(f"model spec {source or d.get('name', '?')}: invalid ({exc})") from None
 
@@ -349,7 +398,12 @@ def load_model(name_or_path: str | Path | None = None) -> ModelSpec:
         raise InputError(f"{path}: expected a JSON object")
     if "moe_layers" in d and "attention" in d:
         return ModelSpec.from_dict(d, source=str(path))
-    return from_hf_config(d, source=str(path))
+    try:
+        return from_hf_config(d, source=str(path))
+    except InputError as exc:  # every message names the file it is about
+        raise InputError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
+    except (TypeError, ValueError, KeyError, IndexError) as exc:  # a field of the wrong type or shape
+        raise InputError(f"{path}: not a usable Hugging Face config ({type(exc).__name__}: {exc})") from None
 
 
 def spec_from_json(text: str) -> ModelSpec:

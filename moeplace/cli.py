@@ -15,8 +15,16 @@ from foundation.files import Terminated, raise_on_sigterm
 from moeplace import commands
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: a bad flag prints ``place: error: argument --x: ...`` and exits
+    2, like every other input error (argparse's default prints the whole usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"place: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="place", description="moeplace: routing traces, expert placement, cluster simulation for huge MoE models")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
@@ -35,13 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a bad flag (2, its one line already printed)
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
     # SIGTERM unwinds like Ctrl-C, so temporaries and child processes are cleaned up on every exit path
     raise_on_sigterm()
     try:
         return int(args.func(args) or 0)
     except MoeplaceError as exc:
-        print(f"place: error: {exc}", file=sys.stderr)
+        print("place: error: " + " ".join(str(exc).split("\n")), file=sys.stderr)
         return exc.exit_code
     except Terminated:
         print("place: terminated", file=sys.stderr)

@@ -20,7 +20,7 @@ from foundation.cluster import ClusterSpec
 from foundation.errors import InputError
 from foundation.model import ModelSpec
 from placement.evaluate import Metrics, evaluate
-from placement.policies import PlacementProblem, get_policy, policy_names
+from placement.policies import PlacementProblem, TimeLimitReached, get_policy, is_anytime, policy_names
 from placement.record import Placement
 from traces.loads import Loads, is_loads_file, load_loads
 from traces.stats import compute_stats
@@ -38,14 +38,8 @@ def default_redundant(num_experts: int, num_gpus: int) -> int:
 def trace_to_loads(path: str | Path, window_tokens: int) -> Loads:
     """A trace's Loads with its token sample (each sampled token tagged with its window) and, in the
     provenance, each window's dominant domain tag (``window_domains``) when the trace has a domain column
-    — the scenarios of the shift estimate."""
-    st = compute_stats(path, window_tokens)
-    ld = st.loads
-    if len(st.domains) >= 1 and st.domain_tokens.shape[0] == ld.num_windows:
-        dom = [st.domains[int(i)] for i in st.domain_tokens.argmax(axis=1)]
-        ld = Loads(ld.counts, ld.model, ld.window_tokens, ld.labels, {**ld.provenance, "window_domains": dom},
-                   ld.samples, ld.sample_windows)
-    return ld
+    — the scenarios of the shift estimate. One streaming pass; the trace statistics are not computed."""
+    return compute_stats(path, window_tokens, loads_only=True)
 
 
 def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
@@ -57,10 +51,18 @@ def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
     if not inputs:
         raise InputError("no traces or Loads files given")
     parts: list[Loads] = []
+    seen: dict[Path, str] = {}
     for src in inputs:
         p = Path(src)
         if not p.exists():
             raise InputError(f"{p}: no such file or directory")
+        # The same routing twice would put planning windows among the "held-out" ones.
+        rp = p.resolve()
+        for q, first in seen.items():
+            if rp == q or q in rp.parents or rp in q.parents:
+                raise InputError(f"{src}: the same routing as {first} (given twice); held-out windows would "
+                                 "repeat planning windows")
+        seen[rp] = str(src)
         ld = load_loads(p) if is_loads_file(p) else trace_to_loads(p, window_tokens)
         if model is not None:
             if (model.num_moe_layers, model.num_experts) != ld.counts.shape[1:]:
@@ -70,6 +72,10 @@ def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
             ld = Loads(ld.counts, model, ld.window_tokens, ld.labels, ld.provenance, ld.samples, ld.sample_windows)
         if ld.counts.sum() == 0:
             raise InputError(f"{p}: no tokens (all expert counts are zero)")
+        for other, prev in zip(inputs, parts):  # a copy under another name is the same routing too
+            if prev.counts.shape == ld.counts.shape and np.array_equal(prev.counts, ld.counts):
+                raise InputError(f"{src}: the same expert counts as {other} (a copy?); held-out windows would "
+                                 "repeat planning windows")
         parts.append(ld)
     first = parts[0].model
     for src, ld in zip(inputs[1:], parts[1:]):
@@ -283,20 +289,33 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
             "per_scenario": [float(x) for x in per]}
 
 
+EVAL_GUESS = 0.2  # seconds to score one policy, reserved before any scoring has been timed
+
+
 def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
                      policies: list[str] | None = None, engine: str = "vllm", plan_fraction: float = 0.5,
                      seed: int = 0, time_limit: float | None = None, options: dict[str, Any] | None = None,
-                     samples: np.ndarray | None = None, shift: bool = False) -> Comparison:
+                     samples: np.ndarray | None = None, shift: bool = False,
+                     deadline: float | None = None) -> Comparison:
     """Plan each policy on the planning windows, score it (``evaluate``, Loads-level, ``engine`` rule)
     on the planning and on the held-out windows. ``policies``: registry names (default: all).
     The token sample is split by window: policies plan on the planning windows' tokens only and the
     held-out traffic columns replay the held-out windows' tokens only. ``samples`` overrides the
     planning sample (the caller vouches that it holds no held-out token).
     ``shift``: also run the leave-one-scenario-out estimate (:func:`shift_estimate`, one extra plan per
-    scenario and policy) on the planning windows."""
+    scenario and policy) on the planning windows.
+
+    ``time_limit``: seconds for the whole comparison, planning and scoring every policy, counted from this
+    call, or ``deadline`` (a ``time.monotonic()`` instant: a command's start plus its limit). Policies that
+    cannot stop early (EPLB) run first with what is left; anytime policies (``moeplace``) then share the
+    rest, less the time scoring takes; the shift estimate gets what remains after that. A policy the limit
+    leaves no time for, or that runs past it, is left out of the results and named in ``notes`` ("eplb
+    skipped: time limit"), as is every stage an anytime policy skipped or cut short."""
     options = dict(options or {})
     names = policies or policy_names()
     fns = {n: get_policy(n) for n in names}  # fails early on an unknown name
+    if deadline is None and time_limit is not None:
+        deadline = time.monotonic() + time_limit
     plan_idx, held_idx, single = split_windows(loads.num_windows, plan_fraction)
     plan_samples, held_samples, sample_note = split_samples(loads, plan_idx, held_idx)
     if samples is not None:
@@ -309,18 +328,6 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     ids, sc_names, method = scenarios(planning) if shift else (None, [], None)
     if shift and len(sc_names) < 2:
         ids, method = None, None
-    results = []
-    for name, fn in fns.items():
-        pl, dt = _plan(fn, name, loads, plan_idx, plan_samples, cluster, num_redundant, engine, seed, time_limit,
-                       options)
-        pl.provenance["planned_on"] = planned_on(loads, plan_idx)
-        m_plan = evaluate(pl, plan, engine, model=loads.model, cluster=cluster, samples=plan_samples)
-        m_held = (evaluate(pl, held, engine, model=loads.model, cluster=cluster, samples=held_samples)
-                  if held_idx.size else None)
-        sh = (shift_estimate(fn, name, planning, cluster, num_redundant=num_redundant, engine=engine, seed=seed,
-                             time_limit=time_limit, options=options, ids=ids, method=method)
-              if ids is not None else None)
-        results.append(PolicyResult(name, pl, dt, m_plan, m_held, sh))
     notes = []
     if single:
         notes.append("only one window: the held-out columns score the planning window itself")
@@ -328,11 +335,75 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
         notes.append(sample_note)
     if shift and ids is None:
         notes.append("one planning window only: no shift estimate")
+
+    def share(name: str, rest: list[str], reserve: float) -> float | None:
+        """Seconds for ``name`` out of what the deadline leaves (``None``: no limit); <= 0: none left."""
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic() - reserve
+        if is_anytime(name):  # always returns a valid placement, however small its share
+            return max(0.01, left / sum(is_anytime(n) for n in rest))
+        return left
+
+    done: dict[str, tuple] = {}
+    eval_cost = EVAL_GUESS
+    order = sorted(names, key=is_anytime)  # stable: fixed-cost policies first, anytime ones last
+    for i, name in enumerate(order):
+        limit = share(name, order[i:], len(order[i:]) * eval_cost)
+        if limit is not None and limit <= 0:
+            notes.append(f"{name} skipped: time limit (no time left to run it)")
+            continue
+        try:
+            pl, dt = _plan(fns[name], name, loads, plan_idx, plan_samples, cluster, num_redundant, engine, seed,
+                           limit, options)
+        except TimeLimitReached:
+            notes.append(f"{name} skipped: time limit (not finished after {limit:.2f} s)")
+            continue
+        pl.provenance["planned_on"] = planned_on(loads, plan_idx)
+        t1 = time.perf_counter()
+        m_plan = evaluate(pl, plan, engine, model=loads.model, cluster=cluster, samples=plan_samples)
+        m_held = (evaluate(pl, held, engine, model=loads.model, cluster=cluster, samples=held_samples)
+                  if held_idx.size else None)
+        eval_cost = max(eval_cost, time.perf_counter() - t1)
+        done[name] = (pl, dt, m_plan, m_held)
+        notes += [f"{name}: {line}" for line in time_limit_lines(pl)]
+    shifts: dict[str, dict | None] = {}
+    if ids is not None:
+        todo = [n for n in order if n in done]
+        for i, name in enumerate(todo):
+            folds = len(np.unique(ids))
+            limit = share(name, todo[i:], 0.0)
+            if limit is not None:
+                limit /= folds
+                if limit <= 0:
+                    notes.append(f"{name}: shift estimate skipped: time limit")
+                    continue
+            try:
+                shifts[name] = shift_estimate(fns[name], name, planning, cluster, num_redundant=num_redundant,
+                                              engine=engine, seed=seed, time_limit=limit, options=options,
+                                              ids=ids, method=method)
+            except TimeLimitReached:
+                notes.append(f"{name}: shift estimate skipped: time limit")
+    results = [PolicyResult(n, *done[n], shifts.get(n)) for n in names if n in done]
     scored = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
     return Comparison(results, plan_idx, held_idx, single, engine, cluster, num_redundant, tuple(notes),
                       scored, loads.model.num_moe_layers, method, tuple(sc_names) if ids is not None else (),
                       0 if plan_samples is None else len(plan_samples),
                       0 if held_samples is None else len(held_samples), loads_tokens(loads))
+
+
+def time_limit_lines(pl: Placement) -> list[str]:
+    """What the time limit skipped or cut short in an anytime policy's run (from its provenance's
+    ``params.summary.time_limited``: ``{"skipped"|"cut": {stage: layers}}``), e.g. ``traffic refinement
+    skipped: time limit (92 of 92 layers)``; empty when it changed nothing."""
+    summary = pl.provenance.get("params", {}).get("summary") or {}
+    lim = summary.get("time_limited") or {}
+    lines = [f"{stage} {'skipped' if kind == 'skipped' else 'cut short'}: time limit "
+             f"({n} of {summary.get('planned_layers', pl.num_layers)} layers)" for kind in ("skipped", "cut") for stage, n in lim.get(kind, {}).items()]
+    if lines:
+        lines.append("the time limit changed this placement: the same seed can give another one (it would not "
+                     "without a binding limit)")
+    return lines
 
 
 def loads_tokens(loads: Loads) -> int:

@@ -54,7 +54,7 @@ from placement.dispatch import (
     sglang_dispatch_map,
     token_gpu_loads,
 )
-from placement.record import Placement
+from placement.record import Placement, check_compatible
 from traces.loads import Loads, is_loads_file, load_loads
 from traces.validate import check_trace
 
@@ -494,7 +494,7 @@ def _sample_traffic(placement: Placement, samples: np.ndarray, engine: str, dmap
 def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: ModelSpec | None = None,
              cluster: ClusterSpec | None = None, batch_tokens: int | None = None, seed: int = 42,
              dispatch_dtype: str = "bf16", sglang_variant: str = "mainline",
-             vllm_rule: str = "hash", samples: np.ndarray | None = None) -> Metrics:
+             vllm_rule: str = "hash", samples: np.ndarray | None = None, what: str = "placement") -> Metrics:
     """Score ``placement`` on ``routing`` under ``engine`` (``vllm`` | ``sglang`` | ``ideal``).
 
     ``routing``: Loads / ``.npz`` path / array ``[W, L, E]`` or ``[L, E]`` (per-window metrics), or a
@@ -506,7 +506,8 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
     ``samples``: int ``[N, L, k]`` expert ids of a token sample (``-1`` = no row for that layer; default:
     the Loads' own ``samples``): with Loads input, traffic is then replayed exactly on the sampled
     tokens (spread round-robin over the DP ranks) instead of the independence approximation — the
-    only way co-located experts show up as fewer remote sends.
+    only way co-located experts show up as fewer remote sends. ``what`` names the placement in errors
+    (its file): a placement made for another model or cluster is refused.
     """
     check_engine(engine)
     if vllm_rule not in VLLM_RULES:
@@ -521,13 +522,9 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
     kind, data, rmodel, labels = _as_routing(routing, model)
     m = model or rmodel
     m = _model_for(placement, m)
-    placement.check_model(m, "placement")
+    check_compatible(placement, m, cluster, what=what)
     if rmodel is not None and rmodel is not m:
-        placement.check_model(rmodel, "placement")
-    if cluster is not None and (cluster.num_gpus != placement.num_gpus
-                                or cluster.gpus_per_node != placement.gpus_per_node):
-        raise InputError(f"cluster {cluster.name} does not match the placement ({placement.num_gpus} GPUs, "
-                         f"{placement.gpus_per_node} per node)")
+        check_compatible(placement, rmodel, what=what)
     if dispatch_dtype not in DTYPE_BYTES:
         raise InputError(f"dispatch dtype '{dispatch_dtype}' unknown (expected one of {sorted(DTYPE_BYTES)})")
     G, L, k = placement.num_gpus, placement.num_layers, m.top_k

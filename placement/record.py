@@ -120,11 +120,8 @@ class Placement:
 
     # ------------------------------------------------------------------ checks against a model / cluster
     def check_model(self, model: ModelSpec, what: str = "placement") -> None:
-        if (model.num_experts != self.num_experts or tuple(model.moe_layers) != tuple(self.moe_layers)):
-            raise InputError(
-                f"{what}: made for model '{self.model_name}' ({self.num_experts} experts, {len(self.moe_layers)} "
-                f"MoE layers) but the routing is of model '{model.name}' ({model.num_experts} experts, "
-                f"{model.num_moe_layers} MoE layers)")
+        """The placement was made for ``model``: same name, expert count and MoE layers."""
+        check_compatible(self, model, what=what)
 
     def fingerprint(self) -> str:
         h = hashlib.sha256(self.phy2log.tobytes())
@@ -158,20 +155,63 @@ class Placement:
         write_text_atomic(path, f'{head},\n "phy2log": [\n  {rows}\n ]\n}}\n')
 
 
+def check_compatible(placement: Placement, model: ModelSpec | None = None, cluster: Any = None, *,
+                     num_redundant: int | None = None, what: str = "placement") -> None:
+    """Refuse to use ``placement`` with inputs it was not made for (one check for every command that
+    takes a placement next to other inputs): another model (by name, expert count or MoE layers),
+    another cluster (GPU count or node size; ``cluster`` is a :class:`foundation.cluster.ClusterSpec`) or
+    another slot budget (``num_redundant``). ``what`` names the placement in the message (its path)."""
+    pl = placement
+    if model is not None:
+        shape_ok = model.num_experts == pl.num_experts and tuple(model.moe_layers) == tuple(pl.moe_layers)
+        if not shape_ok or model.name != pl.model_name:
+            raise InputError(
+                f"{what}: made for model '{pl.model_name}' ({pl.num_experts} experts, {len(pl.moe_layers)} "
+                f"MoE layers) but the other inputs are of model '{model.name}' ({model.num_experts} experts, "
+                f"{model.num_moe_layers} MoE layers)")
+    if cluster is not None and (cluster.num_gpus != pl.num_gpus or cluster.gpus_per_node != pl.gpus_per_node):
+        raise InputError(f"{what}: placement is for {pl.num_gpus} GPUs ({pl.gpus_per_node} per node), the cluster "
+                         f"is {cluster.num_gpus} GPUs ({cluster.gpus_per_node} per node); pass matching --gpus / "
+                         "--gpus-per-node")
+    if num_redundant is not None and num_redundant != pl.num_redundant:
+        raise InputError(f"{what}: has {pl.num_redundant} redundant slots ({pl.num_slots} slots) but "
+                         f"--redundant {num_redundant} was given")
+
+
 def load_placement(path: str | Path) -> Placement:
     p = Path(path)
     d = read_json(p, "no such placement file", "not a readable placement JSON")
     if not isinstance(d, dict) or d.get("format") != PLACEMENT_FORMAT:
         raise InputError(f"{p}: field 'format' is {d.get('format') if isinstance(d, dict) else None!r}, expected "
                          f"{PLACEMENT_FORMAT!r} (engine files are read with `place import-placement`)")
+    missing = [k for k in ("phy2log", "num_gpus", "gpus_per_node", "model", "num_experts", "moe_layers") if k not in d]
+    if missing:
+        raise InputError(f"{p}: field '{missing[0]}' missing")
+
+    def whole(key: str, v) -> int:  # JSON 1.5 or true is not a GPU count: no silent int()
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InputError(f"{p}: field '{key}' must be a whole number, got {v!r}")
+        return v
+
+    if not isinstance(d["model"], str):
+        raise InputError(f"{p}: field 'model' must be the model's name, got {d['model']!r}")
+    if not isinstance(d["moe_layers"], list):
+        raise InputError(f"{p}: field 'moe_layers' must be a list of layer indices, got {d['moe_layers']!r}")
+    if not isinstance(d.get("provenance", {}), dict):
+        raise InputError(f"{p}: field 'provenance' must be an object, got {d['provenance']!r}")
     try:
-        pl = Placement(np.asarray(d["phy2log"], dtype=np.int64), int(d["num_gpus"]), int(d["gpus_per_node"]),
-                       str(d["model"]), int(d["num_experts"]), tuple(int(x) for x in d["moe_layers"]),
-                       dict(d.get("provenance", {})))
-    except KeyError as exc:
-        raise InputError(f"{p}: field {exc} missing") from None
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{p}: malformed placement ({exc})") from None
+        p2l = np.asarray(d["phy2log"])
+    except (TypeError, ValueError, OverflowError):
+        p2l = np.asarray(None)
+    if p2l.ndim != 2 or p2l.dtype.kind not in "iu" or p2l.size == 0:  # ragged, floats, bools, huge ints
+        raise InputError(f"{p}: field 'phy2log' must be a [layers][slots] matrix of expert ids (whole numbers)")
+    try:
+        pl = Placement(p2l.astype(np.int64), whole("num_gpus", d["num_gpus"]),
+                       whole("gpus_per_node", d["gpus_per_node"]), d["model"], whole("num_experts", d["num_experts"]),
+                       tuple(whole("moe_layers", x) for x in d["moe_layers"]), dict(d.get("provenance", {})))
     except InputError as exc:
         raise InputError(f"{p}: {exc}") from None
+    if "num_slots" in d and d["num_slots"] != pl.num_slots:  # hand-edited: header and matrix disagree
+        raise InputError(f"{p}: field 'num_slots' is {d['num_slots']!r} but phy2log has {pl.num_slots} slots "
+                         "per layer")
     return pl

@@ -265,6 +265,8 @@ class SimConfig:
             _bad("simulate", f"--duration must be > 0, got {self.duration}")
         if self.warmup is not None and not 0 <= self.warmup < self.duration:
             _bad("simulate", f"--warmup must be in [0, duration), got {self.warmup}")
+        if not 0 <= self.seed <= 2**31 - 1:
+            _bad("simulate", f"--seed must be in [0, 2147483647], got {self.seed}")
         if self.mode not in MODES:
             _bad("simulate", f"--mode '{self.mode}' unknown (expected one of {MODES})")
 
@@ -286,21 +288,6 @@ def parse_tokens(text: str, what: str = "length") -> int:
     if not m:
         raise InputError(f"{what}: '{text}' is not a token count (e.g. 300, 8k, 1M)")
     return int(float(m.group(1)) * _SUFFIX[m.group(2).lower()])
-
-
-def parse_mix(text: str) -> tuple[tuple[int, float], ...]:
-    """``"8k:0.7,128k:0.25,1M:0.05"`` -> ((8192, 0.7), (131072, 0.25), (1048576, 0.05))."""
-    out = []
-    for part in text.split(","):
-        if ":" not in part:
-            raise InputError(f"--context-mix: '{part}' is not LENGTH:WEIGHT (e.g. 8k:0.7)")
-        n, w = part.split(":", 1)
-        try:
-            weight = float(w)
-        except ValueError:
-            raise InputError(f"--context-mix: weight '{w}' is not a number") from None
-        out.append((parse_tokens(n, "--context-mix"), weight))
-    return tuple(out)
 
 
 def parse_mtp(text: str) -> tuple[int, float]:

@@ -11,7 +11,7 @@ import numpy as np
 from foundation.cluster import ClusterSpec
 from foundation.errors import InputError
 from placement.policies import PlacementProblem, get_policy, policy_names
-from placement.record import Placement, load_placement
+from placement.record import Placement, check_compatible, load_placement
 from sim.calibration import Profile
 from sim.config import SimConfig
 from sim.engine import Simulation
@@ -20,24 +20,22 @@ from sim.results import SimResult
 from sim.workload import TraceTokens
 
 
-def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_redundant: int, engine: str,
+def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_redundant: int | None, engine: str,
                       seed: int) -> tuple[str, Placement]:
     """``spec`` is a placement JSON file, or a policy name computed here on the trace's expert loads
-    (all of its tokens as one window). Returns ``(label, placement)``."""
+    (all of its tokens as one window) with ``num_redundant`` slots (``None``: 0). A file must have been
+    made for the trace's model and ``cluster`` (and, when given, ``num_redundant``). Returns
+    ``(label, placement)``."""
     p = Path(spec)
     if p.suffix == ".json" or p.exists():
         placement = load_placement(p)
-        placement.check_model(trace.model, str(p))
-        if placement.num_gpus != cluster.num_gpus or placement.gpus_per_node != cluster.gpus_per_node:
-            raise InputError(f"{p}: placement is for {placement.num_gpus} GPUs ({placement.gpus_per_node} per "
-                             f"node), the cluster is {cluster.num_gpus} GPUs ({cluster.gpus_per_node} per node); "
-                             "pass matching --gpus / --gpus-per-node")
+        check_compatible(placement, trace.model, cluster, num_redundant=num_redundant, what=str(p))
         return p.stem, placement
     names = policy_names()
     if spec not in names:
         raise InputError(f"--placement '{spec}': no such file and not a policy (policies: {', '.join(names)})")
     loads = trace.expert_counts()[None].astype(np.float64)
-    problem = PlacementProblem(loads=loads, model=trace.model, cluster=cluster, num_redundant=num_redundant,
+    problem = PlacementProblem(loads=loads, model=trace.model, cluster=cluster, num_redundant=num_redundant or 0,
                                engine=engine, seed=seed)
     return spec, get_policy(spec)(problem)
 

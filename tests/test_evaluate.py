@@ -169,7 +169,7 @@ def test_errors(tiny, k3):
         evaluate(pl, np.zeros((1, 4)), model=tiny)
     with pytest.raises(InputError, match="made for model 'tiny'"):
         evaluate(pl, Loads(np.ones((1, 92, 896), dtype=np.int64), k3))
-    with pytest.raises(InputError, match="does not match the placement"):
+    with pytest.raises(InputError, match="placement is for 2 GPUs"):
         evaluate(pl, np.ones((1, 4)), model=tiny, cluster=make_cluster(8))
     with pytest.raises(InputError, match="not a preset"):
         evaluate(pl, np.ones((1, 4)))

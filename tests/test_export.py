@@ -30,11 +30,12 @@ def dsv3():
 
 def random_phy2log(rng, L, E, G, R, distinct_per_gpu=False):
     """Valid ``[L, E+R]``: every expert once plus R random replicas, shuffled. With ``distinct_per_gpu`` no
-    GPU holds one expert twice (resampled per layer)."""
+    GPU holds one expert twice (resampled per layer; with 4 GPUs and 12 replicas about 3% of draws qualify,
+    so a few hundred tries were not always enough)."""
     P = E + R
     rows = []
     for _ in range(L):
-        for _ in range(200):
+        for _ in range(5000):
             row = np.concatenate([np.arange(E), rng.integers(0, E, R)])
             rng.shuffle(row)
             per = np.sort(row.reshape(G, P // G), axis=1)

@@ -74,7 +74,7 @@ def test_errors_are_input_errors(qwen, tmp_path):
     other = get_policy("linear")(problem(qwen, G=16, R=16))
     path = tmp_path / "other.json"
     other.save(path)
-    with pytest.raises(InputError, match="slots"):
+    with pytest.raises(InputError, match="placement is for 16 GPUs"):
         get_policy("moeplace")(problem(qwen, **{"from": str(path), "max_moves": 3}))
     with pytest.raises(InputError, match="objective"):
         get_policy("moeplace")(problem(qwen, objective="speed"))

@@ -70,7 +70,7 @@ def opts(**over):
     (["--placement", "linear", "--profile", "/nonexistent/p.json", *opts()], "no such calibration profile"),
     (["--placement", "linear", *opts(**{"--gpus": "6", "--gpus-per-node": "2"})], "do not divide evenly"),
     (["--placement", "linear", *opts(**{"--attention-tp": "3"})], "does not divide"),
-    (["--placement", "linear", *opts(**{"--duration": "0"})], "--duration must be > 0"),
+    (["--placement", "linear", *opts(**{"--duration": "0"})], "argument --duration: expected a number > 0"),
     (["--placement", "linear", "--isl", "64", *opts()], "--isl and --osl go together"),
     (["--placement", "linear", "--mtp", "two", *opts()], "--mtp: 'two' is not DRAFT:ACCEPTANCE"),
     (["--placement", "linear", "--prefill-gpus", "2", *opts()], "--prefill-gpus needs --disaggregated"),

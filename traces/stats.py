@@ -586,12 +586,14 @@ def _worker_pool(workers: int, num_jobs: int):
 
 def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                   sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0,
-                  workers: int | None = None) -> TraceStats:
+                  workers: int | None = None, loads_only: bool = False) -> TraceStats | Loads:
     """One streaming pass over the trace at ``path`` (file or directory). See the module docstring.
 
     ``workers``: processes that decode and reduce row groups (forked; 1 = in this process; default: one
     per core for traces of >= 16 M selections). The result does not depend on it: partials merge in trace
-    order."""
+    order. ``loads_only``: return just the :class:`Loads` (counts, token sample and, in its provenance,
+    each window's dominant domain ``window_domains`` when the trace has domains), skipping the statistics
+    (affinity, locality, drift), which cost more than the pass on small traces."""
     t0 = time.perf_counter()
     if window_tokens < 1:
         raise InputError(f"--window-tokens must be >= 1, got {window_tokens}")
@@ -660,6 +662,13 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                        for w, r in enumerate(window_rows))
         loads = Loads(counts, model, window_tokens, labels,
                       {"kind": "trace", "path": str(path), "trace": provenance}, samples, s_win)
+        if loads_only:  # the statistics below cost more than the pass itself on small traces
+            if domain_rows:  # each window's dominant domain: the scenarios of the shift estimate
+                names = sorted(domain_ids, key=domain_ids.get)
+                dom = [names[int(i)] for i in np.stack(domain_rows, axis=1).argmax(axis=1)]
+                loads = Loads(counts, model, window_tokens, labels, {**loads.provenance, "window_domains": dom},
+                              samples, s_win)
+            return loads
         skew, cv = skew_and_cv(counts.sum(axis=0))
         locality, n_pairs = _locality(samples, s_rid, s_pos)
         # here, not on a worker: shipping the counts (~32 MB for 200k K3 tokens) costs more than this
@@ -682,4 +691,4 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
 def trace_loads(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                 sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0, workers: int | None = None) -> Loads:
     """The Loads ``[windows, L, E]`` of a trace (with the token sample), by one streaming pass."""
-    return compute_stats(path, window_tokens, sample_tokens, seed, workers).loads
+    return compute_stats(path, window_tokens, sample_tokens, seed, workers, loads_only=True)

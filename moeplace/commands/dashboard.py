@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dashboard
 from foundation.errors import InputError
+from moeplace import flags
 
 
 def register(sub) -> None:
@@ -19,7 +20,7 @@ def register(sub) -> None:
                        description="Pages: Traces, Placement, Plan, Simulate. Serves until Ctrl-C.")
     p.add_argument("run_dir", nargs="?", default="run", metavar="RUN_DIR",
                    help="directory written by `place demo --out` (default: run)")
-    p.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
+    p.add_argument("--port", type=flags.port, default=8501, help="port to serve on (default 8501)")
     p.add_argument("--address", default="localhost",
                    help="address to listen on (default localhost; 0.0.0.0 serves other machines)")
     p.add_argument("--headless", action="store_true", help="do not open a browser window")

@@ -15,6 +15,7 @@ from foundation.cluster import make_cluster
 from foundation.errors import MoeplaceError
 from foundation.files import RUN_MARKER, Outputs, clean_stale_temps, remove_path, temp_sibling
 from foundation.model import load_model
+from moeplace import flags
 from moeplace.cli import main
 from placement.compare import default_redundant
 from traces.format import read_trace_meta
@@ -31,11 +32,11 @@ def register(sub) -> None:
                    help="where the default trace is synthesized, outside the run directory so later runs reuse "
                         "it (default: data/k3-default; reused when it exists and validates; a "
                         "moeplace trace of other settings is replaced, any other existing path refused)")
-    p.add_argument("--tokens", type=int, default=100_000, help="tokens of the synthetic trace (default 100000)")
-    p.add_argument("--gpus", type=int, default=32)
+    p.add_argument("--tokens", type=flags.positive_int, default=100_000, help="tokens of the synthetic trace (default 100000)")
+    p.add_argument("--gpus", type=flags.positive_int, default=32)
     p.add_argument("--gpu", default="h200")
-    p.add_argument("--duration", type=float, default=600.0, help="simulated seconds (default 600)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--duration", type=flags.seconds, default=600.0, help="simulated seconds (default 600)")
+    p.add_argument("--seed", type=flags.seed, default=0)
     p.add_argument("--quick", action="store_true", help="small trace and short simulation (a smoke run)")
     p.set_defaults(func=run)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from foundation.errors import InputError
 from foundation.model import DTYPE_BYTES, load_model
+from moeplace import flags
 from placement.dispatch import ENGINES, SGLANG_VARIANTS, VLLM_RULES
 from placement.evaluate import evaluate
 from placement.record import load_placement
@@ -18,12 +19,12 @@ def register(sub) -> None:
     p.add_argument("placement", help="placement JSON (from `place optimize`)")
     p.add_argument("routing", metavar="TRACES_OR_LOADS", help="a trace file/directory or a Loads .npz")
     p.add_argument("--engine", choices=ENGINES, default="vllm")
-    p.add_argument("--batch-tokens", type=int, default=None,
+    p.add_argument("--batch-tokens", type=flags.positive_int, default=None,
                    help="tokens per DP rank per engine step (token-level traces): per-batch balancedness")
     p.add_argument("--model", default=None, help="model preset / config (if the routing does not carry one)")
     p.add_argument("--dispatch-dtype", default="bf16", choices=sorted(DTYPE_BYTES),
                    help="dtype of dispatched activations (bytes per send)")
-    p.add_argument("--seed", type=int, default=42, help="SGLang dispatch-map seed (SGLang uses 42)")
+    p.add_argument("--seed", type=flags.seed, default=42, help="SGLang dispatch-map seed (SGLang uses 42)")
     p.add_argument("--vllm-rule", choices=VLLM_RULES, default="hash",
                    help="vLLM replica choice: hash (main since 2026-04) or modulo (2025-09 .. 2026-04)")
     p.add_argument("--sglang-variant", choices=SGLANG_VARIANTS, default="mainline",
@@ -41,7 +42,7 @@ def run(args) -> int:
     model = load_model(args.model) if args.model else None
     m = evaluate(pl, args.routing, args.engine, model=model, batch_tokens=args.batch_tokens, seed=args.seed,
                  dispatch_dtype=args.dispatch_dtype, sglang_variant=args.sglang_variant,
-                 vllm_rule=args.vllm_rule)
+                 vllm_rule=args.vllm_rule, what=args.placement)
     if args.json:
         print(json.dumps(m.to_dict(), indent=1))
         return 0

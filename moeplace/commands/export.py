@@ -10,10 +10,11 @@ from pathlib import Path
 from foundation.errors import InputError
 from foundation.files import OutputKind, Outputs
 from foundation.model import load_model
+from moeplace import flags
 from moeplace.commands import add_force
 from placement.export import export_placement, format_names, get_format
 from placement.export.flags import ENGINE_OF_FORMAT, FlagOptions, check_layout, launch_command, trtllm_options
-from placement.record import load_placement
+from placement.record import check_compatible, load_placement
 from traces.loads import Loads, is_loads_file, load_loads
 from traces.stats import trace_loads
 
@@ -30,24 +31,25 @@ def register(sub) -> None:
     p.add_argument("--loads", default=None,
                    help="expert loads: a Loads .npz or a trace (needed by sglang-logical-count; vllm-jsonl "
                         "adds eplb_load_stats records from it)")
-    p.add_argument("--window-tokens", type=int, default=65536, help="tokens per window when --loads is a trace")
+    p.add_argument("--window-tokens", type=flags.positive_int, default=65536,
+                   help="tokens per window when --loads is a trace")
     p.add_argument("--flags", action="store_true",
                    help="print the launch command (checked against the memory plan) that goes with the file")
     add_force(p)
     g = p.add_argument_group("launch flags (with --flags)")
-    g.add_argument("--tp", type=int, default=None,
+    g.add_argument("--tp", type=flags.positive_int, default=None,
                    help="attention tensor-parallel size per DP rank (default: GPUs / --dp, or the plan's default)")
-    g.add_argument("--dp", type=int, default=None, help="attention data-parallel ranks (default: GPUs / --tp)")
+    g.add_argument("--dp", type=flags.positive_int, default=None, help="attention data-parallel ranks (default: GPUs / --tp)")
     g.add_argument("--plan", default=None, metavar="PLAN_JSON",
                    help="take the layout (and GPU kind, KV dtype, context) from a `place plan --report` file")
     g.add_argument("--model-path", default=None, help="checkpoint path or HF id in the command")
     g.add_argument("--kv-cache-dtype", default="fp8", choices=["fp8", "bf16"])
-    g.add_argument("--max-model-len", type=int, default=None, help="default: the model's max context")
+    g.add_argument("--max-model-len", type=flags.positive_int, default=None, help="default: the model's max context")
     g.add_argument("--gpu", default=None, help="GPU kind (default: from the placement's cluster, else h200)")
     g.add_argument("--online-eplb", action="store_true",
                    help="keep the engine's online EPLB on (workloads drift; costs rearrangement time)")
-    g.add_argument("--eplb-window", type=int, default=1000, help="EPLB load window in steps (vLLM window_size)")
-    g.add_argument("--eplb-interval", type=int, default=3000,
+    g.add_argument("--eplb-window", type=flags.positive_int, default=1000, help="EPLB load window in steps (vLLM window_size)")
+    g.add_argument("--eplb-interval", type=flags.positive_int, default=3000,
                    help="steps between online rebalances (vLLM step_interval, SGLang "
                         "--eplb-rebalance-num-iterations)")
     g.add_argument("--moe-backend", default="WIDEEP",
@@ -82,11 +84,12 @@ def engine_file_kind(fmt: str, model, num_gpus: int, gpus_per_node: int) -> Outp
 def run(args) -> int:
     placement = load_placement(args.placement)
     model = load_model(args.model or placement.model_name)
+    check_compatible(placement, model, what=args.placement)
     outs = Outputs(inputs=[args.placement, args.loads, args.model, args.plan], force=args.force)
     outs.add(args.out, engine_file_kind(args.format, model, placement.num_gpus, placement.gpus_per_node))
     if not args.flags and (args.tp or args.dp or args.plan):
         raise InputError("--tp/--dp/--plan choose the launch layout: add --flags")
-    opts = plan = None
+    opts = plan = command = None
     extra: dict = {}
     if args.flags:
         opts = FlagOptions(model_path=args.model_path, kv_cache_dtype=args.kv_cache_dtype,
@@ -98,6 +101,7 @@ def run(args) -> int:
         if ENGINE_OF_FORMAT[args.format] == "trtllm":
             layout_keys = trtllm_options(placement, opts)  # refuses a layout TensorRT-LLM cannot express
             extra = layout_keys if args.format == "trtllm" else {}
+        command = launch_command(placement, model, args.format, args.out, opts)  # its checks too, before writing
     loads = read_loads(args.loads, args.window_tokens) if args.loads else None
     warnings = None
 
@@ -115,5 +119,5 @@ def run(args) -> int:
     if args.flags:
         print(f"memory plan: {plan.layout.describe()} on {placement.num_gpus} x {plan.cluster.gpu.name} fits; "
               f"{plan.concurrency} sequences of {plan.context:,} tokens")
-        print(launch_command(placement, model, args.format, args.out, opts), end="")
+        print(command, end="")
     return 0

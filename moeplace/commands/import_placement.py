@@ -9,6 +9,7 @@ from pathlib import Path
 from foundation.errors import InputError
 from foundation.files import Outputs
 from foundation.model import DEFAULT_MODEL, load_model
+from moeplace import flags
 from moeplace.commands import add_force
 from placement.export import format_names, get_format, import_loads, import_placement
 from placement.export.vllm import read_load_stats
@@ -20,9 +21,9 @@ def register(sub) -> None:
     p.add_argument("file", help="engine file")
     p.add_argument("--format", required=True, choices=format_names(), help="its format")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model preset or config.json (default {DEFAULT_MODEL})")
-    p.add_argument("--gpus", type=int, default=None,
+    p.add_argument("--gpus", type=flags.positive_int, default=None,
                    help="EP size (required unless the file records it: vllm-ascend, vllm-jsonl with load records)")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="default: 8 if it divides --gpus, else --gpus")
+    p.add_argument("--gpus-per-node", type=flags.positive_int, default=None, help="default: 8 if it divides --gpus, else --gpus")
     p.add_argument("--out", required=True, help="placement JSON (or Loads .npz for sglang-logical-count)")
     add_force(p)
     p.set_defaults(func=run)

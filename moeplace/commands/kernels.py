@@ -7,40 +7,43 @@ from pathlib import Path
 
 from foundation.errors import InputError
 from foundation.files import Outputs, write_text_atomic
+from moeplace import flags
 from moeplace.commands import add_force
 
 GROUP = "kernels"
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(",") if v)
+    """Comma-separated batch sizes, each >= 1."""
+    return tuple(flags.positive_int(v) for v in text.split(",") if v)
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(v) for v in text.split(",") if v)
+    """Comma-separated routing skews, each >= 0."""
+    return tuple(flags.nonneg_float(v) for v in text.split(",") if v)
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="time dispatch / expert GEMMs / combine, write a calibration profile")
-    p.add_argument("--world-size", type=int, default=4, help="EP ranks (processes; default 4)")
+    p.add_argument("--world-size", type=flags.positive_int, default=4, help="EP ranks (processes; default 4)")
     p.add_argument("--out", default="profile.json", help="calibration profile to write (default profile.json)")
     p.add_argument("--report", help="also write the validation table and raw timings as JSON here")
     add_force(p)
     p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl when enough GPUs, else gloo")
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--intermediate", type=int, default=256)
-    p.add_argument("--experts", type=int, default=32)
-    p.add_argument("--top-k", type=int, default=4)
-    p.add_argument("--redundant", type=int, default=0)
+    p.add_argument("--hidden", type=flags.positive_int, default=512)
+    p.add_argument("--intermediate", type=flags.positive_int, default=256)
+    p.add_argument("--experts", type=flags.positive_int, default=32)
+    p.add_argument("--top-k", type=flags.positive_int, default=4)
+    p.add_argument("--redundant", type=flags.nonneg_int, default=0)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--train-tokens", type=_ints, default=(64, 256, 1024), help="calibration batch sizes per rank")
     p.add_argument("--test-tokens", type=_ints, default=(128, 512), help="held-out batch sizes per rank")
     p.add_argument("--test-skews", type=_floats, default=(0.0, 1.0, 1.6), help="held-out routing skews")
-    p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reps", type=flags.positive_int, default=7)
+    p.add_argument("--seed", type=flags.seed, default=0)
     p.set_defaults(func=bench)
     p = sub.add_parser("verify", help="check distributed dispatch/experts/combine against the reference")
-    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--world-size", type=flags.positive_int, default=2)
     p.add_argument("--backend", choices=["gloo", "nccl"])
     p.set_defaults(func=verify)
 

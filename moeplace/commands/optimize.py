@@ -4,12 +4,15 @@ chosen policy's placement. The work is :func:`placement.compare.compare_policies
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 from foundation.cluster import gpu_preset_names, make_cluster
-from foundation.errors import InputError
+from foundation.errors import InputError, MoeplaceError
 from foundation.files import Outputs, write_text_atomic
 from foundation.model import load_model
+from moeplace import flags
 from moeplace.commands import add_force
 from placement.compare import (
     DEFAULT_WINDOW_TOKENS,
@@ -30,10 +33,10 @@ def register(sub) -> None:
                                    "estimates balancedness under workload shift by leave-one-scenario-out.")
     p.add_argument("inputs", nargs="+", metavar="TRACES_OR_LOADS",
                    help="trace files/directories or Loads .npz files (windows are concatenated)")
-    p.add_argument("--gpus", type=int, default=32, help="GPUs (= EP ranks), default 32")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="default: the GPU preset's node size")
+    p.add_argument("--gpus", type=flags.positive_int, default=32, help="GPUs (= EP ranks), default 32")
+    p.add_argument("--gpus-per-node", type=flags.positive_int, default=None, help="default: the GPU preset's node size")
     p.add_argument("--gpu", default="h200", help=f"GPU preset ({', '.join(gpu_preset_names())})")
-    p.add_argument("--redundant", type=int, default=None,
+    p.add_argument("--redundant", type=flags.nonneg_int, default=None,
                    help="redundant slots R (E + R must be a multiple of --gpus); default: the smallest R >= "
                         "0 that makes E + R divisible, plus one slot per GPU when that is 0 (K3 on 32: 32)")
     p.add_argument("--policy", action="append", default=None,
@@ -42,16 +45,18 @@ def register(sub) -> None:
     p.add_argument("--engine", choices=ENGINES, default="vllm",
                    help="replica-choice rule to plan and score for")
     p.add_argument("--model", default=None, help="model preset / config overriding the one in the inputs")
-    p.add_argument("--plan-fraction", type=float, default=0.5,
+    p.add_argument("--plan-fraction", type=flags.fraction, default=0.5,
                    help="share of windows planned on (default 0.5; 1 = plan on all, the shift estimate "
                         "replaces the held-out columns)")
     p.add_argument("--no-shift", action="store_true",
                    help="skip the leave-one-scenario-out shift estimate (one extra plan per scenario and "
                         "policy)")
-    p.add_argument("--window-tokens", type=int, default=DEFAULT_WINDOW_TOKENS,
+    p.add_argument("--window-tokens", type=flags.positive_int, default=DEFAULT_WINDOW_TOKENS,
                    help=f"tokens per window when reading traces (default {DEFAULT_WINDOW_TOKENS})")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--time-limit", type=float, default=None, help="wall-clock budget per policy (s)")
+    p.add_argument("--seed", type=flags.seed, default=0)
+    p.add_argument("--time-limit", type=flags.seconds, default=None,
+                   help="wall-clock budget of the whole command in seconds (reading, every policy, scoring); "
+                        "what it skips is printed and recorded in the placement's provenance")
     p.add_argument("--out", default="placement.json",
                    help="where the chosen placement goes (default placement.json)")
     p.add_argument("--no-out", action="store_true", help="do not write a placement")
@@ -67,17 +72,18 @@ def register(sub) -> None:
                    help="with --robust: also plan for the windows' envelope (every expert at its highest share "
                         "in any window), a hedge for workloads unlike any planning window")
     g.add_argument("--objective", choices=("balance", "traffic", "balance+traffic"), default="balance")
-    g.add_argument("--traffic-weight", type=float, default=None)
+    g.add_argument("--traffic-weight", type=flags.nonneg_float, default=None)
     g.add_argument("--pareto", action="store_true", help="print the balance-vs-traffic frontier")
     g.add_argument("--from", dest="from_placement", default=None, metavar="CURRENT.json",
                    help="current placement for migration-budget mode")
-    g.add_argument("--max-moves", type=int, default=None,
+    g.add_argument("--max-moves", type=flags.nonneg_int, default=None,
                    help="experts moved per layer at most (with --from)")
-    g.add_argument("--workers", type=int, default=None, help="parallel worker processes")
+    g.add_argument("--workers", type=flags.positive_int, default=None, help="parallel worker processes")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    deadline = None if args.time_limit is None else time.monotonic() + args.time_limit
     if args.window_tokens < 1:
         raise InputError(f"--window-tokens must be >= 1, got {args.window_tokens}")
     names = args.policy or policy_names()
@@ -103,10 +109,14 @@ def run(args) -> int:
                "traffic_weight": args.traffic_weight, "pareto": args.pareto, "from": args.from_placement, "max_moves": args.max_moves,
                "workers": args.workers}
     cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, engine=args.engine,
-                           plan_fraction=args.plan_fraction, seed=args.seed, time_limit=args.time_limit,
+                           plan_fraction=args.plan_fraction, seed=args.seed, deadline=deadline,
                            options=options, shift=not args.no_shift)
     chosen = args.policy[0] if args.policy else ("moeplace" if "moeplace" in names else "eplb")
-    result = next(r for r in cmp.results if r.policy == chosen)
+    result = next((r for r in cmp.results if r.policy == chosen), None)
+    if result is None:  # the limit left out the policy to write: say so instead of writing another
+        print(format_table(cmp), file=sys.stderr)
+        raise MoeplaceError(f"--time-limit {args.time_limit:g}: policy '{chosen}' did not finish, nothing written "
+                            "(raise --time-limit or choose another --policy)")
     wrote = not args.no_out and outs.write(args.out, lambda: result.placement.save(args.out))
     if args.save_all:
         for r in cmp.results:

@@ -26,6 +26,7 @@ from foundation.memory import (
     sweep_plans,
 )
 from foundation.model import DEFAULT_MODEL, load_model
+from moeplace import flags
 from moeplace.commands import add_force
 
 EXIT_DOES_NOT_FIT = 3
@@ -46,32 +47,32 @@ def register(sub) -> None:
                        description="Per-GPU memory breakdown, KV/state pool capacity, concurrency and a verdict "
                                    "(exit 3 when it does not fit).")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"preset or config.json (default {DEFAULT_MODEL})")
-    p.add_argument("--gpus", type=int, default=32, help="GPUs of the engine instance (default 32)")
+    p.add_argument("--gpus", type=flags.positive_int, default=32, help="GPUs of the engine instance (default 32)")
     p.add_argument("--gpu", default="h200", help=f"GPU kind: {', '.join(gpu_preset_names())} (default h200)")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per NVLink domain (default: the preset's)")
-    p.add_argument("--tp", type=int, default=None, help="attention tensor-parallel size (default GPUs / DP)")
-    p.add_argument("--dp", type=int, default=None, help="attention data-parallel ranks (default GPUs / TP, or 1)")
-    p.add_argument("--ep", type=int, default=None, help="expert-parallel size (default: all GPUs)")
-    p.add_argument("--dense-tp", type=int, default=None,
+    p.add_argument("--gpus-per-node", type=flags.positive_int, default=None, help="GPUs per NVLink domain (default: the preset's)")
+    p.add_argument("--tp", type=flags.positive_int, default=None, help="attention tensor-parallel size (default GPUs / DP)")
+    p.add_argument("--dp", type=flags.positive_int, default=None, help="attention data-parallel ranks (default GPUs / TP, or 1)")
+    p.add_argument("--ep", type=flags.positive_int, default=None, help="expert-parallel size (default: all GPUs)")
+    p.add_argument("--dense-tp", type=flags.positive_int, default=None,
                    help="TP of shared experts / dense MLP (default: attention TP; 1 = replicated as SGLang+DeepEP)")
-    p.add_argument("--redundant", type=int, default=0, help="redundant expert slots per MoE layer (default 0)")
-    p.add_argument("--dcp", type=int, default=1, help="decode-context-parallel size (shards KV tokens; divides TP)")
+    p.add_argument("--redundant", type=flags.nonneg_int, default=0, help="redundant expert slots per MoE layer (default 0)")
+    p.add_argument("--dcp", type=flags.positive_int, default=1, help="decode-context-parallel size (shards KV tokens; divides TP)")
     p.add_argument("--context", default=None,
                    help="target length of one sequence, e.g. 128k or 1M (k=1024, M=1048576; default: model max)")
     p.add_argument("--context-mix", default=None, help="length mix, e.g. 8k:0.7,128k:0.25,1M:0.05")
     p.add_argument("--kv-dtype", default="bf16", choices=["bf16", "fp16", "fp8", "fp32"], help="KV cache dtype")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+    p.add_argument("--gpu-memory-utilization", type=flags.fraction, default=0.9,
                    help="share of HBM the engine may use (default 0.9)")
     p.add_argument("--max-batched-tokens", default="8k", help="tokens per forward per DP rank (default 8k)")
-    p.add_argument("--max-num-seqs", type=int, default=1024, help="running-sequence cap per DP rank (default 1024)")
-    p.add_argument("--state-slots", type=int, default=1,
+    p.add_argument("--max-num-seqs", type=flags.positive_int, default=1024, help="running-sequence cap per DP rank (default 1024)")
+    p.add_argument("--state-slots", type=flags.positive_int, default=1,
                    help="KDA state slots per request (prefix caching keeps 3-5; default 1)")
     p.add_argument("--pool-split", default="shared",
                    help="KV/state split: shared (vLLM), ratio[:0.9] (SGLang mamba_full_memory_ratio), slots:N")
-    p.add_argument("--page-size", type=int, default=64, help="KV page size in tokens (default 64)")
-    p.add_argument("--other-reserve", type=float, default=1.0,
+    p.add_argument("--page-size", type=flags.positive_int, default=64, help="KV page size in tokens (default 64)")
+    p.add_argument("--other-reserve", type=flags.gib, default=1.0,
                    help="GiB per GPU for CUDA graphs / NCCL / slack (default 1)")
-    p.add_argument("--min-seqs", type=int, default=1,
+    p.add_argument("--min-seqs", type=flags.positive_int, default=1,
                    help="concurrent sequences at --context required to call it a fit (default 1)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--report", metavar="FILE", default=None, help="also write the plan JSON to FILE")
@@ -83,12 +84,14 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def build_config(args) -> PlanConfig:
+def build_config(args, max_context: int | None = None) -> PlanConfig:
+    """The plan config of the flags; ``max_context``: the model's, which no --context-mix length may
+    exceed (the same check `place simulate` makes)."""
     rule, param = parse_pool_split(args.pool_split)
     return PlanConfig(
         tp=args.tp, dp=args.dp, ep=args.ep, dense_tp=args.dense_tp, num_redundant=args.redundant, dcp=args.dcp,
         context=parse_tokens(args.context, "--context") if args.context is not None else None,
-        context_mix=parse_context_mix(args.context_mix) if args.context_mix else None,
+        context_mix=parse_context_mix(args.context_mix, max_context) if args.context_mix else None,
         kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
         max_batched_tokens=parse_tokens(args.max_batched_tokens, "--max-batched-tokens"),
         max_num_seqs=args.max_num_seqs, state_slots_per_seq=args.state_slots, pool_split=rule, pool_param=param,
@@ -102,7 +105,7 @@ def run(args) -> int:
     outs = Outputs(inputs=[args.model], force=args.force)
     outs.add(args.report, "plan report", "--report")
     model = load_model(args.model)
-    config = build_config(args)
+    config = build_config(args, model.max_context)
     if args.sweep:
         return run_sweep(args, model, config)
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)

@@ -10,8 +10,9 @@ from pathlib import Path
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
 from foundation.files import Outputs
-from foundation.memory import parse_pool_split
+from foundation.memory import parse_context_mix, parse_pool_split
 from foundation.model import load_model
+from moeplace import flags
 from moeplace.commands import add_force
 from placement.dispatch import ENGINE_RULES
 from placement.record import load_placement
@@ -22,7 +23,6 @@ from sim.config import (
     LengthMix,
     SimConfig,
     WorkloadConfig,
-    parse_mix,
     parse_mtp,
     parse_rebalance,
 )
@@ -38,66 +38,68 @@ def register(sub) -> None:
     p.add_argument("--placement", action="append", required=True, metavar="FILE|POLICY",
                    help="placement JSON (Placement.save) or a policy name computed on the trace; repeatable")
     c = p.add_argument_group("cluster")
-    c.add_argument("--gpus", type=int, default=32)
+    c.add_argument("--gpus", type=flags.positive_int, default=32)
     c.add_argument("--gpu", default="h200", help="GPU preset (h200, h100, h800, b200, b300, gb200-nvl72, "
                    "gb300-nvl72) or a JSON spec file with the same fields")
-    c.add_argument("--gpus-per-node", type=int, default=None)
+    c.add_argument("--gpus-per-node", type=flags.positive_int, default=None)
     c.add_argument("--model", default=None, help="model preset/config overriding the trace's spec "
                    "(same layers and experts)")
-    c.add_argument("--redundant", type=int, default=0, help="redundant slots for policy-named placements")
-    c.add_argument("--prefill-gpus", type=int, default=None, help="with --disaggregated: GPUs of the prefill "
+    c.add_argument("--redundant", type=flags.nonneg_int, default=None,
+                   help="redundant slots for policy-named placements (default 0); a placement file must have "
+                        "this many when given")
+    c.add_argument("--prefill-gpus", type=flags.positive_int, default=None, help="with --disaggregated: GPUs of the prefill "
                    "pool (its own placement from the policy); --gpus is the decode pool")
     c.add_argument("--expert-dtype", default=None, help="override the model's routed-expert dtype (e.g. nvfp4)")
     c.add_argument("--weight-dtype", default=None, help="override the model's dense-weight dtype (e.g. fp8)")
     w = p.add_argument_group("workload")
     g = w.add_mutually_exclusive_group()
-    g.add_argument("--rate", type=float, default=None, help="open-loop arrivals, requests/s")
-    g.add_argument("--concurrency", type=int, default=None, help="closed loop: requests kept in the system "
+    g.add_argument("--rate", type=flags.positive_float, default=None, help="open-loop arrivals, requests/s")
+    g.add_argument("--concurrency", type=flags.positive_int, default=None, help="closed loop: requests kept in the system "
                    "(default 256)")
     w.add_argument("--arrival", choices=("poisson", "gamma", "ramp"), default="poisson",
                    help="open-loop process (with --rate)")
-    w.add_argument("--rate-end", type=float, default=None, help="ramp: final rate")
-    w.add_argument("--burstiness", type=float, default=2.0, help="gamma: coefficient of variation of gaps")
+    w.add_argument("--rate-end", type=flags.positive_float, default=None, help="ramp: final rate")
+    w.add_argument("--burstiness", type=flags.positive_float, default=2.0, help="gamma: coefficient of variation of gaps")
     w.add_argument("--context-mix", default=None, help="prompt lengths, e.g. 8k:0.7,128k:0.25,1M:0.05 "
                    "(default: the trace's own request lengths)")
-    w.add_argument("--output-len", type=int, default=512, help="mean output length with --context-mix")
-    w.add_argument("--isl", type=int, default=None, help="benchmark input length (fixed, as vllm bench serve / "
+    w.add_argument("--output-len", type=flags.positive_int, default=512, help="mean output length with --context-mix")
+    w.add_argument("--isl", type=flags.positive_int, default=None, help="benchmark input length (fixed, as vllm bench serve / "
                    "trtllm-bench); needs --osl")
-    w.add_argument("--osl", type=int, default=None, help="benchmark output length (fixed)")
-    w.add_argument("--random-range-ratio", type=float, default=0.0,
+    w.add_argument("--osl", type=flags.positive_int, default=None, help="benchmark output length (fixed)")
+    w.add_argument("--random-range-ratio", type=flags.float_range(0.0, 1.0, hi_open=True), default=0.0,
                    help="with --isl/--osl: lengths uniform in [n (1-r), n (1+r)]")
-    w.add_argument("--max-requests", type=int, default=None)
-    w.add_argument("--max-trace-tokens", type=int, default=100_000,
+    w.add_argument("--max-requests", type=flags.positive_int, default=None)
+    w.add_argument("--max-trace-tokens", type=flags.positive_int, default=100_000,
                    help="tokens of the trace loaded for routing (memory: tokens x MoE layers x top-k x 2 B)")
     e = p.add_argument_group("engine")
     e.add_argument("--engine", choices=ENGINE_RULES, default="vllm", help="replica-choice rule")
-    e.add_argument("--attention-tp", type=int, default=8, help="GPUs per attention-DP rank")
-    e.add_argument("--max-batched-tokens", type=int, default=8192)
-    e.add_argument("--max-seqs", type=int, default=256)
+    e.add_argument("--attention-tp", type=flags.positive_int, default=8, help="GPUs per attention-DP rank")
+    e.add_argument("--max-batched-tokens", type=flags.positive_int, default=8192)
+    e.add_argument("--max-seqs", type=flags.positive_int, default=256)
     e.add_argument("--no-chunked-prefill", action="store_true")
     e.add_argument("--disaggregated", action="store_true", help="separate prefill and decode pools (2 x GPUs)")
     e.add_argument("--dbo", action="store_true", help="dual-batch overlap of all-to-all and compute")
     e.add_argument("--kv-dtype", default="fp8", choices=("bf16", "fp8"))
     e.add_argument("--preemption", choices=("recompute", "swap"), default="recompute")
     e.add_argument("--pool-split", default="shared", help="place plan --pool-split: shared | ratio[:R] | slots:N")
-    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    e.add_argument("--gpu-memory-utilization", type=flags.fraction, default=0.9)
     e.add_argument("--deepep-mode", choices=("auto", "normal", "low_latency", "allgather"), default="auto",
                    help="MoE all-to-all kernels: auto = DeepEP normal with prefill tokens, low-latency for decode; "
                    "allgather = all-gather tokens + reduce-scatter outputs (TensorRT-LLM CUTLASS MoE)")
-    e.add_argument("--cuda-graph-max-bs", type=int, default=512, help="decode batches up to this size per rank "
+    e.add_argument("--cuda-graph-max-bs", type=flags.nonneg_int, default=512, help="decode batches up to this size per rank "
                    "replay CUDA graphs (0 = eager)")
     e.add_argument("--mtp", default=None, metavar="DRAFT:ACCEPT", help="MTP / speculative decoding: draft tokens "
                    "per step and per-token acceptance probability, e.g. 1:0.85")
-    e.add_argument("--prefix-hit", type=float, default=0.0, help="share of each prompt served from the prefix cache")
-    e.add_argument("--moe-tp", type=int, default=1, help="TEP: GPUs each routed expert is tensor-sharded across")
+    e.add_argument("--prefix-hit", type=flags.float_range(0.0, 1.0, hi_open=True), default=0.0, help="share of each prompt served from the prefix cache")
+    e.add_argument("--moe-tp", type=flags.positive_int, default=1, help="TEP: GPUs each routed expert is tensor-sharded across")
     e.add_argument("--attention-dtype", choices=("bf16", "fp8"), default="bf16", help="attention core compute dtype")
     e.add_argument("--dp-balance", choices=("round_robin", "tokens"), default="round_robin",
                    help="new requests to attention-DP ranks: round robin or fewest outstanding tokens")
     e.add_argument("--phase", choices=("both", "prefill", "decode"), default="both",
                    help="benchmark one phase alone: prefill (1-token outputs) or decode (prompt KV given)")
     r = p.add_argument_group("run")
-    r.add_argument("--duration", type=float, default=600.0, help="simulated seconds")
-    r.add_argument("--warmup", type=float, default=None, help="simulated seconds excluded from throughput and "
+    r.add_argument("--duration", type=flags.seconds, default=600.0, help="simulated seconds")
+    r.add_argument("--warmup", type=flags.nonneg_float, default=None, help="simulated seconds excluded from throughput and "
                    "latency (default 20%% of --duration)")
     r.add_argument("--mode", choices=("replay", "stat"), default="stat")
     r.add_argument("--profile", default=None, help="calibration profile JSON (kernels/)")
@@ -106,14 +108,14 @@ def register(sub) -> None:
                    help="also simulate the first placement under vLLM's EPLB (window 1000, every 3000, async), "
                         "SGLang's EPLB (every 1000, blocking) and moeplace's migration mode, and say whether "
                         "a static placement suffices")
-    r.add_argument("--recommend-moves", type=int, default=16, metavar="K",
+    r.add_argument("--recommend-moves", type=flags.nonneg_int, default=16, metavar="K",
                    help="moeplace migration budget per layer for --recommend (default 16)")
-    r.add_argument("--recommend-time", type=float, default=10.0, metavar="S",
+    r.add_argument("--recommend-time", type=flags.seconds, default=10.0, metavar="S",
                    help="moeplace decision time limit per rebalance for --recommend (default 10 s)")
     r.add_argument("--route-all", action="store_true",
                    help="route on the whole trace even when a placement was planned on its first part "
                         "(default: route on the held-out part only)")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=flags.seed, default=0)
     r.add_argument("--json", action="store_true", help="print the summaries as JSON")
     r.add_argument("--out", default=None, help="directory for Parquet/JSON outputs")
     r.add_argument("--chrome-trace", default=None, metavar="FILE", help="Chrome trace-event JSON (Perfetto)")
@@ -180,13 +182,15 @@ def run(args) -> int:
         lengths = LengthMix(components=((args.isl, 1.0),), sigma=0.0, output_mean=args.osl, output_sigma=0.0,
                             max_len=(trace.model.max_context or (1 << 20)) - 1, range_ratio=args.random_range_ratio)
     elif args.context_mix:
-        lengths = LengthMix(components=parse_mix(args.context_mix), output_mean=args.output_len,
+        mix = parse_context_mix(args.context_mix, trace.model.max_context)
+        lengths = LengthMix(components=mix, output_mean=args.output_len,
                             max_len=(trace.model.max_context or (1 << 20)) - 1)  # prompt + 1 token fits
     if args.rate is not None:
         wl = WorkloadConfig(arrival=args.arrival, rate=args.rate, rate_end=args.rate_end,
                             burstiness=args.burstiness, lengths=lengths, max_requests=args.max_requests)
     else:
-        wl = WorkloadConfig(arrival="closed", concurrency=args.concurrency or 256, lengths=lengths,
+        concurrency = 256 if args.concurrency is None else args.concurrency
+        wl = WorkloadConfig(arrival="closed", concurrency=concurrency, lengths=lengths,
                             max_requests=args.max_requests)
     config = SimConfig(duration=args.duration, mode=args.mode, seed=args.seed, engine=engine, cost=CostConfig(),
                        workload=wl, rebalance=parse_rebalance(args.rebalance) if args.rebalance else None,

@@ -10,6 +10,7 @@ import sys
 
 from foundation.errors import InputError
 from foundation.files import check_output
+from moeplace import flags
 from moeplace.sweep import format_frontier, load_spec, run_sweep
 
 
@@ -28,7 +29,7 @@ def register(sub) -> None:
     g.add_argument("--local", action="store_true", help="run on a local process pool, without Ray")
     p.add_argument("--out", default=None, help="output directory (default: runs/sweep-<spec name>); an existing "
                    "one is resumed when it is a sweep directory and refused otherwise")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=flags.positive_int, default=None,
                    help="worker processes / local Ray CPUs (default: the number of cores)")
     p.add_argument("--quiet", action="store_true", help="no per-point progress lines on stderr")
     p.add_argument("--json", action="store_true", help="print the frontier report as JSON instead of text")

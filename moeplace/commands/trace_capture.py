@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from foundation.files import Outputs
+from moeplace import flags
 from moeplace.commands import add_force
 from traces.capture import CaptureConfig, run_capture
 
@@ -22,17 +23,17 @@ def register(sub) -> None:
     p.add_argument("--hf-config", required=True, type=Path, help="Hugging Face config.json of an MoE model "
                    "(deepseek_v3 / kimi_k2, qwen3_moe, qwen2_moe, mixtral, olmoe)")
     p.add_argument("--prompts", required=True, type=Path, help="text file, one prompt per non-blank line")
-    p.add_argument("--max-new-tokens", required=True, type=int, help="tokens generated per prompt")
+    p.add_argument("--max-new-tokens", required=True, type=flags.positive_int, help="tokens generated per prompt")
     p.add_argument("--out", required=True, type=Path, help="trace directory to write (atomically; an existing one "
                    "only replaced with --force, and only when it is a moeplace trace)")
     add_force(p)
-    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() batch (default 8)")
+    p.add_argument("--batch-size", type=flags.positive_int, default=8, help="prompts per generate() batch (default 8)")
     p.add_argument("--weights", type=Path, help="local checkpoint directory (safetensors); default random")
     p.add_argument("--tokenizer", type=Path, help="local tokenizer directory (default: --weights if it has "
                    "one, else the byte-level stand-in)")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and of sampling")
+    p.add_argument("--seed", type=flags.seed, default=0, help="seed of the random weights and of sampling")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--ignore-eos", action="store_true",
                    help="run every request for exactly --max-new-tokens (no stop token)")

@@ -8,6 +8,7 @@ from pathlib import Path
 from foundation.errors import InputError
 from foundation.files import Outputs
 from foundation.model import DEFAULT_MODEL, format_ranges, load_model
+from moeplace import flags
 from moeplace.commands import add_force
 from traces.importers import FORMATS, import_source
 from traces.importers.vllm_jsonl import DEFAULT_WARMUP_MIN_RUN, NUMBERINGS
@@ -52,14 +53,14 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--warmup-min-run",
-        type=int,
+        type=flags.nonneg_int,
         default=DEFAULT_WARMUP_MIN_RUN,
         help="vllm-jsonl: drop runs of at least this many identical consecutive rows of one layer "
         f"(engine warm-up); 0 keeps all (default {DEFAULT_WARMUP_MIN_RUN})",
     )
-    p.add_argument("--iteration", type=int, default=None,
+    p.add_argument("--iteration", type=flags.nonneg_int, default=None,
                    help="flame-moe: training checkpoint (actives/iter_N; default the latest)")
-    p.add_argument("--max-tokens", type=int, default=None,
+    p.add_argument("--max-tokens", type=flags.positive_int, default=None,
                    help="flame-moe: keep the first N tokens (a capture holds 52M)")
     p.set_defaults(func=run)
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from foundation.errors import InputError
 from foundation.files import Outputs, write_text_atomic
+from moeplace import flags
 from moeplace.commands import add_force
 from traces.stats import DEFAULT_SAMPLE_TOKENS, DEFAULT_WINDOW_TOKENS, compute_stats
 
@@ -19,12 +20,12 @@ def register(sub) -> None:
                     "--out FILE.npz writes the Loads [windows, MoE layers, experts] with the token sample "
                     "(the input of `place optimize`); --out FILE.json writes the statistics as JSON.")
     p.add_argument("path", metavar="PATH", help="trace file or directory")
-    p.add_argument("--window-tokens", type=int, default=DEFAULT_WINDOW_TOKENS,
+    p.add_argument("--window-tokens", type=flags.positive_int, default=DEFAULT_WINDOW_TOKENS,
                    help=f"tokens per load window (default {DEFAULT_WINDOW_TOKENS})")
-    p.add_argument("--sample-tokens", type=int, default=DEFAULT_SAMPLE_TOKENS,
+    p.add_argument("--sample-tokens", type=flags.nonneg_int, default=DEFAULT_SAMPLE_TOKENS,
                    help=f"tokens kept for co-activation objectives (default {DEFAULT_SAMPLE_TOKENS})")
-    p.add_argument("--seed", type=int, default=0, help="seed of the token sample")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--seed", type=flags.seed, default=0, help="seed of the token sample")
+    p.add_argument("--workers", type=flags.positive_int, default=None,
                    help="reader processes (default: one per core for large traces; results are identical)")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--out", metavar="FILE", help="write Loads (.npz) or the statistics (.json)")

@@ -7,19 +7,13 @@ import json
 from foundation.errors import InputError
 from foundation.files import Outputs
 from foundation.model import DEFAULT_MODEL, load_model
+from moeplace import flags
 from moeplace.commands import add_force
 from traces.synth import SynthConfig, synthesize
 
 GROUP = "trace"
 
 _DEFAULTS = SynthConfig()
-
-
-def _float_or_none(text: str) -> float | None:
-    """A float, or 'none'/'off' for None (the knob switched off)."""
-    if text.lower() in ("none", "off"):
-        return None
-    return float(text)
 
 
 def register(sub) -> None:
@@ -34,47 +28,47 @@ def register(sub) -> None:
                     "that a slot follows those sources. Deterministic per --seed.")
     d = _DEFAULTS
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"preset or config.json (default {DEFAULT_MODEL})")
-    p.add_argument("--tokens", type=int, default=d.num_tokens, help=f"tokens in the trace (default {d.num_tokens})")
+    p.add_argument("--tokens", type=flags.positive_int, default=d.num_tokens, help=f"tokens in the trace (default {d.num_tokens})")
     p.add_argument("--out", required=True, help="output trace directory (written atomically; an existing one only "
                    "replaced with --force, and only when it is a moeplace trace)")
     add_force(p)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=flags.seed, default=d.seed)
     g = p.add_argument_group("routing statistics (targets)")
-    g.add_argument("--skew", type=float, default=d.skew,
+    g.add_argument("--skew", type=flags.float_range(1.0)(1.0)(1.0), default=d.skew,
                    help=f"median over layers of the trace's per-layer max/mean expert load (default {d.skew}; "
                         "Mixtral-like flat: 1.2 with --cv none --skew-depth-ratio 1)")
-    g.add_argument("--skew-depth-ratio", type=float, default=d.skew_depth_ratio,
+    g.add_argument("--skew-depth-ratio", type=flags.positive_float, default=d.skew_depth_ratio,
                    help=f"skew of the last MoE layer / the first (default {d.skew_depth_ratio})")
-    g.add_argument("--cv", type=_float_or_none, default=d.cv,
+    g.add_argument("--cv", type=flags.optional(flags.positive_float, "none", "off")(flags.positive_float, "none", "off")(flags.positive_float, "none", "off"), default=d.cv,
                    help=f"median per-layer std/mean of expert load, or 'none' for a plain lognormal (default {d.cv})")
-    g.add_argument("--domains", type=int, default=d.num_domains, help=f"workload domains (default {d.num_domains})")
-    g.add_argument("--domain-correlation", type=float, default=d.domain_correlation,
+    g.add_argument("--domains", type=flags.int_range(1, 64)(1, 64)(1, 64), default=d.num_domains, help=f"workload domains (default {d.num_domains})")
+    g.add_argument("--domain-correlation", type=flags.probability, default=d.domain_correlation,
                    help=f"mean correlation of two domains' per-layer loads, 0..1 (default {d.domain_correlation})")
-    g.add_argument("--drift", type=float, default=d.drift,
+    g.add_argument("--drift", type=flags.probability, default=d.drift,
                    help=f"0: constant even domain mix; 1: each phase a single domain (default {d.drift})")
-    g.add_argument("--drift-phases", type=int, default=d.drift_phases, help=f"(default {d.drift_phases})")
-    g.add_argument("--affinity", type=float, default=d.affinity,
+    g.add_argument("--drift-phases", type=flags.positive_int, default=d.drift_phases, help=f"(default {d.drift_phases})")
+    g.add_argument("--affinity", type=flags.float_range(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True), default=d.affinity,
                    help=f"probability a slot follows its previous-layer expert's successors (default {d.affinity})")
-    g.add_argument("--token-effect", type=float, default=d.token_effect,
+    g.add_argument("--token-effect", type=flags.float_range(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True), default=d.token_effect,
                    help=f"probability a slot is set by the token id (default {d.token_effect})")
-    g.add_argument("--theme", type=float, default=d.theme,
+    g.add_argument("--theme", type=flags.float_range(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True), default=d.theme,
                    help="probability a slot comes from the token's theme, one of --themes equal-load groups of "
                         f"experts (within-layer co-activation; default {d.theme})")
-    g.add_argument("--themes", type=int, default=d.themes,
+    g.add_argument("--themes", type=flags.int_range(1, 256)(1, 256)(1, 256), default=d.themes,
                    help="theme groups per layer (default: the largest power of two with >= 7 x top-k experts "
                         "per group; 8 for K3)")
-    g.add_argument("--locality", type=_float_or_none, default=d.locality,
+    g.add_argument("--locality", type=flags.optional(flags.float_range(0.0, 0.9, hi_open=True), "none", "off")(flags.float_range(0.0, 0.9, hi_open=True), "none", "off")(flags.float_range(0.0, 0.9, hi_open=True), "none", "off"), default=d.locality,
                    help="top-k share of consecutive tokens of a request, or 'none' for no copying "
                         f"(default {d.locality})")
     g = p.add_argument_group("requests")
-    g.add_argument("--arrival-rate", type=float, default=d.arrival_rate, help="requests per second")
-    g.add_argument("--prompt-median", type=int, default=d.prompt_median)
-    g.add_argument("--output-median", type=int, default=d.output_median)
-    g.add_argument("--long-fraction", type=float, default=d.long_fraction,
+    g.add_argument("--arrival-rate", type=flags.positive_float, default=d.arrival_rate, help="requests per second")
+    g.add_argument("--prompt-median", type=flags.positive_int, default=d.prompt_median)
+    g.add_argument("--output-median", type=flags.positive_int, default=d.output_median)
+    g.add_argument("--long-fraction", type=flags.probability, default=d.long_fraction,
                    help="share of prompts from the long-context (Pareto, up to the model's context) tail")
-    g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens,
+    g.add_argument("--max-prefill-tokens", type=flags.positive_int, default=d.max_prefill_tokens,
                    help="represented prompt tokens per request (longer prompts: evenly spaced sample)")
-    g.add_argument("--max-decode-tokens", type=int, default=d.max_decode_tokens,
+    g.add_argument("--max-decode-tokens", type=flags.positive_int, default=d.max_decode_tokens,
                    help="represented decode tokens per request (the first ones)")
     g.add_argument("--gate-weights", action="store_true", help="also write gate weights")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from moeplace import flags
 from traces.validate import DEFAULT_MAX_PER_KIND, validate_report
 
 GROUP = "trace"
@@ -22,7 +23,7 @@ def register(sub) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace file or directory")
     p.add_argument(
         "--max-per-kind",
-        type=int,
+        type=flags.nonneg_int,
         default=DEFAULT_MAX_PER_KIND,
         help="problems listed per kind before only counting them (default "
         f"{DEFAULT_MAX_PER_KIND}; 0 or less lists only the first problem). Changes the listing, never the "
@@ -40,5 +41,5 @@ def run(args) -> int:
             continue
         bad = True
         for line in report.lines():
-            print(f"place: error: {line}", file=sys.stderr)
+            print("place: error: " + " ".join(line.split("\n")), file=sys.stderr)  # one line per problem
     return 2 if bad else 0

@@ -34,7 +34,7 @@ import polars as pl
 
 from foundation.errors import InputError
 from foundation.files import write_text_atomic
-from foundation.memory import parse_pool_split
+from foundation.memory import parse_context_mix, parse_pool_split
 from moeplace.sweep.spec import (
     Point,
     SweepSpec,
@@ -56,7 +56,6 @@ from sim.config import (
     LengthMix,
     SimConfig,
     WorkloadConfig,
-    parse_mix,
     parse_rebalance,
 )
 from sim.frontier import frontier_report
@@ -240,7 +239,8 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> Any:
                               pool_param=param)
         lengths = None
         if w.context_mix:
-            lengths = LengthMix(components=parse_mix(w.context_mix), output_mean=w.output_len,
+            mix = parse_context_mix(str(w.context_mix), spec.model.max_context, f"workload {w.name}: context_mix")
+            lengths = LengthMix(components=mix, output_mean=w.output_len,
                                 max_len=spec.model.max_context or (1 << 20))
         rate = w.rate if w.rate is not None else 1.0  # unused by a closed loop, which has no rate
         wl = WorkloadConfig(arrival=w.arrival, rate=rate, rate_end=w.rate_end,

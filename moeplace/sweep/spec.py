@@ -180,7 +180,16 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{p}: no such sweep spec file")
-    text = p.read_text()
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read the sweep spec ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InputError(f"{p}: line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                         f"{exc.start})") from None
     if p.suffix in (".yaml", ".yml"):
         try:
             raw = yaml.safe_load(text)
@@ -222,7 +231,7 @@ def _num(path: str, fld: str, v: Any, kind: type, lo: float | None = None, allow
     return kind(v)
 
 
-def _workloads(path: str, raw: dict, base: Path) -> tuple[Workload, ...]:
+def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None) -> tuple[Workload, ...]:
     items = raw.get("workloads")
     if not isinstance(items, list) or not items:
         raise _err(path, "workloads", "expected a non-empty list of workloads (each with trace: or synth:)")
@@ -265,7 +274,7 @@ def _workloads(path: str, raw: dict, base: Path) -> tuple[Workload, ...]:
         mix = w.get("context_mix")
         if mix is not None:
             try:
-                parse_context_mix(str(mix))
+                parse_context_mix(str(mix), max_context, "context_mix")
             except InputError as exc:
                 raise _err(path, f"{f}.context_mix", str(exc)) from None
         out.append(Workload(
@@ -325,7 +334,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     except InputError as exc:
         raise _err(sp, "model", str(exc)) from None
     seed = _num(sp, "seed", raw.get("seed", 0), int, 0)
-    workloads = _workloads(sp, raw, p.resolve().parent)
+    workloads = _workloads(sp, raw, p.resolve().parent, model.max_context)
     wnames = tuple(w.name for w in workloads)
     axes_raw = raw.get("axes") or {}
     if not isinstance(axes_raw, dict):
@@ -359,7 +368,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     optimize = _section(sp, raw, "optimize", OPTIMIZE_KEYS)
     simulate = _section(sp, raw, "simulate", SIMULATE_KEYS)
     objective = _section(sp, raw, "objective", OBJECTIVE_KEYS)
-    _check_settings(sp, plan, engine, optimize, simulate, objective)
+    _check_settings(sp, plan, engine, optimize, simulate, objective, model.max_context)
     name = raw.get("name") or p.stem
     return SweepSpec(path=sp, name=str(name), model=model, seed=seed, workloads=workloads, axes=axes,
                      extra_points=tuple(dict(x) for x in extra), plan=plan, engine=engine, optimize=optimize,
@@ -367,7 +376,7 @@ def load_spec(path: str | Path) -> SweepSpec:
 
 
 def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate: dict,
-                    objective: dict) -> None:
+                    objective: dict, max_context: int | None = None) -> None:
     """Type and range checks of the shared settings (the stage configs repeat them per point)."""
     for k in ("min_seqs", "dcp", "state_slots", "page_size"):
         _num(sp, f"plan.{k}", plan[k], int, 1)
@@ -380,7 +389,7 @@ def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate:
         if plan["context"] is not None:
             parse_tokens(plan["context"], "plan.context")
         if plan["context_mix"] is not None:
-            parse_context_mix(str(plan["context_mix"]))
+            parse_context_mix(str(plan["context_mix"]), max_context, "plan.context_mix")
         parse_pool_split(str(engine["pool_split"]))
         base_plan_config(plan, engine)
     except InputError as exc:

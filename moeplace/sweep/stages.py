@@ -90,6 +90,8 @@ def optimize_task(loads: Loads, gpu: str, gpus: int, gpus_per_node: int | None, 
                                time_limit=optimize.get("time_limit"), options=options)
     except Exception as exc:  # noqa: BLE001 - reported in the point's row, the sweep goes on
         return _failure("optimize", exc)
+    if not cmp.results:  # optimize.time_limit stopped a policy that has no partial answer
+        return _failure("optimize", MoeplaceError("; ".join(cmp.notes)))
     r = cmp.results[0]
     scores = {"plan_balancedness": r.plan.balancedness, "held_out_balancedness": r.held_out.balancedness,
               "held_out_max_over_mean": r.held_out.max_over_mean,

@@ -161,7 +161,7 @@ def check_rows(path: Path, rows: Any, num_rows: int, num_experts: int, what: str
         if not isinstance(row, list | tuple | np.ndarray):
             raise InputError(f"{path}: {names[i]}: field '{what}' must be a list of expert ids")
         for s, v in enumerate(row):
-            if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or not -2**63 <= v < 2**63:
                 raise InputError(f"{path}: {names[i]}: slot {s}: field '{what}': expected an integer expert id, "
                                  f"got {v!r}")
         if width is None:

@@ -125,6 +125,8 @@ def plan_config_from_report(path: str | Path) -> tuple[Any, dict[str, Any]]:
         return PlanConfig(**cfg), d["cluster"]
     except TypeError as exc:
         raise InputError(f"{path}: field 'config' does not match this version's plan settings ({exc})") from None
+    except InputError as exc:  # a value the plan refuses: say which file it came from
+        raise InputError(f"{path}: field 'config': {exc}") from None
 
 
 def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan_report: str | Path | None = None):
@@ -149,7 +151,13 @@ def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan
             raise InputError(f"--plan {plan_report}: the plan has EP {config.ep}, the placement spreads over {G} GPUs")
         gpu = str(cluster_d.get("gpu", {}).get("name") if isinstance(cluster_d.get("gpu"), dict)
                   else cluster_d.get("gpu") or _gpu_kind(placement, opts) or "h200")
-        cluster = make_cluster(G, gpu, cluster_d.get("gpus_per_node") or placement.gpus_per_node)
+        gpn = cluster_d.get("gpus_per_node")
+        if gpn is not None and (isinstance(gpn, bool) or not isinstance(gpn, int)):
+            raise InputError(f"--plan {plan_report}: field 'cluster.gpus_per_node' must be a whole number, got {gpn!r}")
+        try:
+            cluster = make_cluster(G, gpu, gpn or placement.gpus_per_node)
+        except InputError as exc:
+            raise InputError(f"--plan {plan_report}: field 'cluster': {exc}") from None
     else:
         gpu = _gpu_kind(placement, opts) or "h200"
         cluster = make_cluster(G, gpu, placement.gpus_per_node)

@@ -70,5 +70,7 @@ class OptimizerConfig:
             raise InputError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
         if self.lns_rounds < 0 or self.lns_gpus < 2 or self.lns_dtime <= 0:
             raise InputError("lns_rounds must be >= 0, lns_gpus >= 2 and lns_dtime > 0")
+        if self.seed < 0:
+            raise InputError(f"--seed must be >= 0, got {self.seed}")
         if self.workers < 0:
             raise InputError(f"--workers must be >= 0 (0 = one per core), got {self.workers}")

@@ -1,6 +1,8 @@
 """One layer, end to end: greedy start (or the current placement under a migration budget), local
 search, CP-SAT large-neighbourhood search, then the optional traffic refinement. Pure function of its
-inputs and the seed; the only non-determinism is a wall-clock deadline cutting the search short."""
+inputs and the seed; the only non-determinism is a wall-clock deadline cutting the search short, and
+every stage the deadline skipped or cut short is recorded (:attr:`LayerResult.skipped` / ``cut``), so a
+result that lists none is the one the same seed gives on any machine."""
 from __future__ import annotations
 
 import time
@@ -17,6 +19,10 @@ from placement.optimizer.partition import partition_start
 from placement.optimizer.traffic import TrafficModel, same_node, traffic_search
 
 PARETO_SLACKS = (0.0, 0.0025, 0.005, 0.01, 0.02, 0.05)
+
+# Stage names as the output prints them ("traffic refinement skipped: time limit").
+STAGES = ("local search + CP-SAT", "exact model", "hedging", "traffic refinement")
+MARGIN = 0.05  # a stage that ends this close to the deadline may have been stopped by it: counted as cut
 
 
 @dataclass
@@ -38,6 +44,8 @@ class LayerResult:
     pareto: list = field(default_factory=list)
     hedge: dict | None = None
     traffic_start: str | None = None
+    skipped: list = field(default_factory=list)  # stages the deadline left no time to start
+    cut: list = field(default_factory=list)      # stages the deadline stopped before they finished
 
     def stats(self) -> dict:
         d = {"layer": self.layer, "value": self.value, "balancedness": 1.0 / self.value, "bound": self.bound,
@@ -50,6 +58,10 @@ class LayerResult:
             d["pareto"] = self.pareto
         if self.hedge:
             d.update(self.hedge)
+        if self.skipped:
+            d["skipped"] = list(self.skipped)
+        if self.cut:
+            d["cut"] = list(self.cut)
         return d
 
 
@@ -90,42 +102,64 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
     st = LayerState(wn, start, num_gpus, cfg.cvar, origin=origin,
                     max_moves=cfg.max_moves if origin is not None else None, node_distinct=nd)
     greedy_value = st.value()
+    skipped: list[str] = []
+    cut: list[str] = []
+
+    def left() -> float:
+        return mono_deadline - time.monotonic()
+
+    def stage(name: str, run, need: float = 0.01) -> None:
+        """Run one stage unless the deadline leaves less than ``need`` seconds; note when the deadline
+        skipped it or may have stopped it (ending within MARGIN of the deadline counts: conservative, so a
+        result that lists nothing is reproducible)."""
+        if left() <= need:
+            skipped.append(name)
+            return
+        run()
+        if left() <= MARGIN:
+            cut.append(name)
 
     # Local search, then CP-SAT on neighbourhoods of the most loaded GPU while it pays.
-    local_search(st, mono_deadline)
+    def lns() -> None:
+        nonlocal improved
+        local_search(st, mono_deadline)
+        misses = 0
+        for r in range(cfg.lns_rounds):
+            if misses >= cfg.lns_patience or st.value() <= bound * (1 + cfg.gap_tol):
+                return
+            wall = left()  # the deterministic limit binds first unless time runs out
+            if wall <= 0.01:
+                return
+            gpus = _neighbourhood(st, cfg.lns_gpus, rng)
+            if solve_neighbourhood(st, gpus, cfg.seed + 7919 * r, cfg.lns_dtime, wall):
+                improved += 1
+                misses = 0
+                local_search(st, mono_deadline)
+            else:
+                misses += 1
+
     rng = np.random.default_rng([cfg.seed, layer])
-    improved, misses = 0, 0
-    for r in range(cfg.lns_rounds):
-        if misses >= cfg.lns_patience:
-            break
-        if st.value() <= bound * (1 + cfg.gap_tol) or time.monotonic() >= mono_deadline:
-            break
-        gpus = _neighbourhood(st, cfg.lns_gpus, rng)
-        wall = mono_deadline - time.monotonic()  # the deterministic limit binds first unless time runs out
-        if wall <= 0.01:
-            break
-        if solve_neighbourhood(st, gpus, cfg.seed + 7919 * r, cfg.lns_dtime, wall):
-            improved += 1
-            misses = 0
-            local_search(st, mono_deadline)
-        else:
-            misses += 1
+    improved = 0
+    stage("local search + CP-SAT", lns)
     # Small layers (and no SGLang / migration side rules): the exact model of counts + placement, hinted
     # with the heuristic's answer; its proven bound tightens ours.
     if (cfg.engine == "vllm" and origin is None and not cfg.cvar
-            and exact_model_size(wn.shape[1], num_slots, num_gpus) <= cfg.exact_max_vars):
-        wall = mono_deadline - time.monotonic()
-        if wall > 0.05 and st.value() > bound * (1 + cfg.gap_tol):
-            ex = solve_exact(wn, num_slots, num_gpus, cfg.seed, wall, st.p2l, 20 * cfg.lns_dtime)
+            and exact_model_size(wn.shape[1], num_slots, num_gpus) <= cfg.exact_max_vars
+            and st.value() > bound * (1 + cfg.gap_tol)):
+        def exact() -> None:
+            nonlocal bound
+            ex = solve_exact(wn, num_slots, num_gpus, cfg.seed, left(), st.p2l, 20 * cfg.lns_dtime)
             if ex is not None:
                 p2l, v, b, _ = ex
                 bound = max(bound, min(b, v))
                 if v < st.value() - 1e-12:
                     st.set(p2l)
+        stage("exact model", exact, need=0.05)
     hedge = None
-    if cfg.hedge and not cfg.robust:
-        wins = normalize_scenarios(np.asarray(loads_we, dtype=np.float64), num_gpus)
-        if wins.shape[0] >= 2:
+    wins = normalize_scenarios(np.asarray(loads_we, dtype=np.float64), num_gpus)
+    if cfg.hedge and not cfg.robust and wins.shape[0] >= 2:
+        def hedging() -> None:
+            nonlocal hedge
             before = LayerState(wins, st.p2l, num_gpus).value()
             cap = max(st.value(), bound) * (1 + cfg.hedge_tol)
             hs = LayerState(np.vstack([wn, wins]), st.p2l, num_gpus, 0.0, origin=origin, max_moves=st.max_moves,
@@ -133,6 +167,7 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
             local_search(hs, mono_deadline, max_iters=cfg.hedge_iters)
             st.set(hs.p2l)
             hedge = {"worst_window_before": 1.0 / before, "worst_window_after": 1.0 / hs.value()}
+        stage("hedging", hedging)
     res = LayerResult(layer, st.p2l.copy(), st.value(), bound, greedy_value, 0.0, st.moves, improved)
     res.hedge = hedge
 
@@ -141,8 +176,11 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
         samples_nk = samples_nk[(samples_nk >= 0).all(axis=1)]
     if cfg.objective != "balance" and samples_nk is not None and len(samples_nk) and num_gpus > gpus_per_node:
         # the partition-first start ignores SGLang's node rule and the migration budget: not offered there
-        _traffic(st, res, samples_nk, num_gpus, gpus_per_node, cfg, mono_deadline,
-                 partition=nd is None and origin is None)
+        def traffic() -> None:
+            _traffic(st, res, samples_nk, num_gpus, gpus_per_node, cfg, mono_deadline,
+                     partition=nd is None and origin is None)
+        stage("traffic refinement", traffic)
+    res.skipped, res.cut = skipped, cut
     if cfg.engine == "ideal":
         union = np.asarray(loads_we, dtype=np.float64).sum(axis=0)
         z = ideal_split(res.p2l[None], union[None], num_gpus)[1][0]

@@ -2,7 +2,9 @@
 
 Each layer gets an equal share of the budget (``time_limit * workers / layers``) and the global deadline;
 a layer whose process has not answered by the deadline plus a grace period is replaced by its greedy
-start, so the run always ends with a valid placement."""
+start (recorded as ``skipped``), so the run always ends with a valid placement. A budget too small to
+start worker processes runs the layers in this process: each then gets its greedy start and whatever
+stages fit."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -18,7 +20,8 @@ from placement.optimizer.layer import LayerResult, scenario_loads, solve_layer
 from placement.optimizer.local_search import LayerState
 
 DEFAULT_BUDGET = 3600.0   # with no --time-limit: a safety net only; the default effort ends far sooner
-GRACE = 5.0
+GRACE = 1.0       # after the deadline: for a worker to hand back what it has before it is replaced
+MIN_PARALLEL = 2.0  # a budget below this (seconds) is not worth starting worker processes for
 
 
 def _job(args) -> LayerResult:
@@ -46,6 +49,8 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
     deadline = t0 + limit
     workers = cfg.workers or (os.cpu_count() or 1)
     workers = max(1, min(workers, L))
+    if limit < MIN_PARALLEL:
+        workers = 1
     # Startup of a worker process costs ~1-2 s of imports; keep it out of the per-layer share.
     overhead = (0.5 if _context().get_start_method() == "fork" else 2.5) if workers > 1 else 0.0
     budget = max(0.05, (limit - overhead - 0.5) * workers / L * 0.9)
@@ -78,5 +83,6 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
             wn = scenario_loads(loads_wle[:, l, :], cfg, num_gpus)
             p2l = origin_lp[l] if origin_lp is not None else greedy_layer(wn, num_slots, num_gpus)
             v = LayerState(wn, p2l, num_gpus, cfg.cvar).value()
-            results[l] = LayerResult(l, p2l, v, count_bound(wn, num_slots, num_gpus), v, 0.0)
+            results[l] = LayerResult(l, p2l, v, count_bound(wn, num_slots, num_gpus), v, 0.0,
+                                     skipped=["layer search (greedy start kept)"])
     return [results[l] for l in range(L)]

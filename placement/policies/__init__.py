@@ -1,12 +1,16 @@
 """Placement policies. Each policy is one module in this package that registers itself with
 ``@register_policy("name")``; adding a policy touches only its own file.
 
-A policy is a pure function ``fn(problem: PlacementProblem) -> Placement``.
+A policy is a pure function ``fn(problem: PlacementProblem) -> Placement``. With
+``problem.time_limit`` set, a policy registered ``anytime=True`` returns its best placement within that
+many seconds (a valid one however small the limit); any other policy either finishes within it or
+raises :class:`TimeLimitReached`.
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +50,11 @@ class PlacementProblem:
                              f"got {self.loads.shape}")
         if self.num_redundant < 0:
             raise InputError(f"--redundant must be >= 0, got {self.num_redundant}")
+        E, G = self.model.num_experts, self.cluster.num_gpus
+        if self.num_slots > E * G:  # more slots than one replica of every expert on every GPU
+            raise InputError(f"--redundant {self.num_redundant}: {self.num_slots} slots on {G} GPUs need "
+                             f"{self.num_slots // G} slots per GPU, but a GPU can usefully hold each of the {E} "
+                             f"experts once; use --redundant <= {E * (G - 1)}")
         if self.num_slots % self.cluster.num_gpus:
             raise InputError(
                 f"{self.model.num_experts} experts + {self.num_redundant} redundant = {self.num_slots} slots do "
@@ -63,17 +72,43 @@ class PlacementProblem:
         return Placement.from_phy2log(phy2log, self.model, self.cluster.num_gpus, self.cluster.gpus_per_node, prov)
 
 
+class TimeLimitReached(Exception):
+    """A policy that cannot stop early ran out of its ``time_limit`` (no placement)."""
+
+
+class Deadline:
+    """``time_limit`` seconds from now (``None``: never); :meth:`check` raises :class:`TimeLimitReached`
+    once passed. For policies whose loops can stop between steps but cannot return a partial answer."""
+
+    def __init__(self, time_limit: float | None, what: str) -> None:
+        self.at = None if time_limit is None else time.monotonic() + time_limit
+        self.what = what
+
+    def check(self) -> None:
+        if self.at is not None and time.monotonic() > self.at:
+            raise TimeLimitReached(self.what)
+
+
 PolicyFn = Callable[[PlacementProblem], Placement]
 _REGISTRY: dict[str, PolicyFn] = {}
+_ANYTIME: set[str] = set()
 
 
-def register_policy(name: str) -> Callable[[PolicyFn], PolicyFn]:
+def register_policy(name: str, anytime: bool = False) -> Callable[[PolicyFn], PolicyFn]:
+    """``anytime``: the policy honours ``problem.time_limit`` by returning its best placement so far."""
     def deco(fn: PolicyFn) -> PolicyFn:
         if name in _REGISTRY:
             raise RuntimeError(f"policy '{name}' registered twice")
         _REGISTRY[name] = fn
+        if anytime:
+            _ANYTIME.add(name)
         return fn
     return deco
+
+
+def is_anytime(name: str) -> bool:
+    _load_all()
+    return name in _ANYTIME
 
 
 def _load_all() -> None:

@@ -19,16 +19,17 @@ from __future__ import annotations
 import numpy as np
 
 from foundation.errors import InputError
-from placement.policies import PlacementProblem, register_policy
+from placement.policies import Deadline, PlacementProblem, register_policy
 from placement.record import Placement
 
 
-def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np.ndarray]:
+def balanced_packing(weight: np.ndarray, num_packs: int, check=None) -> tuple[np.ndarray, np.ndarray]:
     """Pack ``n`` weighted items into ``num_packs`` packs of exactly ``n / num_packs`` items each:
     heaviest item first, into the lightest pack that still has room.
 
     ``weight``: float ``[X, n]``. Returns ``(pack_index, rank_in_pack)``, int64 ``[X, n]`` each
-    (``rank_in_pack`` = the order the item entered its pack)."""
+    (``rank_in_pack`` = the order the item entered its pack). ``check()``, if given, is called once per
+    row (it raises to stop: a time limit)."""
     w = np.asarray(weight, dtype=np.float32)
     X, n = w.shape
     if n % num_packs:
@@ -39,6 +40,8 @@ def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np
     pack_index = np.full((X, n), -1, dtype=np.int64)
     rank_in_pack = np.full((X, n), -1, dtype=np.int64)
     for i in range(X):
+        if check is not None:
+            check()
         order = np.argsort(-w[i], kind="stable")  # descending, ties by lower index
         pack_w = np.zeros(num_packs, dtype=np.float32)
         pack_n = np.zeros(num_packs, dtype=np.int64)
@@ -52,13 +55,13 @@ def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np
     return pack_index, rank_in_pack
 
 
-def replicate_experts(weight: np.ndarray, num_phy: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def replicate_experts(weight: np.ndarray, num_phy: int, check=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Add ``num_phy - num_log`` replicas one at a time, each to the expert with the largest
     ``load / count`` (first on ties). ``weight``: float ``[X, num_log]``.
 
     Returns ``phy2log`` int64 ``[X, num_phy]`` (the first ``num_log`` physical ids are the experts
     themselves, then the replicas in the order added), ``rank`` int64 ``[X, num_phy]`` (replica rank)
-    and ``logcnt`` int64 ``[X, num_log]``."""
+    and ``logcnt`` int64 ``[X, num_log]``. ``check()``, if given, is called once per replica added."""
     w = np.asarray(weight, dtype=np.float32)
     X, num_log = w.shape
     if num_phy < num_log:
@@ -68,6 +71,8 @@ def replicate_experts(weight: np.ndarray, num_phy: int) -> tuple[np.ndarray, np.
     logcnt = np.ones((X, num_log), dtype=np.int64)
     rows = np.arange(X)
     for i in range(num_log, num_phy):
+        if check is not None:
+            check()
         best = np.argmax(w / logcnt.astype(np.float32), axis=1)
         phy2log[:, i] = best
         rank[:, i] = logcnt[rows, best]
@@ -82,7 +87,7 @@ def _inverse(perm: np.ndarray) -> np.ndarray:
 
 
 def rebalance_experts_hierarchical(weight: np.ndarray, num_physical: int, num_groups: int, num_nodes: int,
-                                   num_gpus: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                                   num_gpus: int, check=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """EPLB's hierarchical policy. ``weight``: float ``[L, E]``. Returns ``(phy2log [L, P], phyrank
     [L, P], logcnt [L, E])``, int64; slot ``p`` is on GPU ``p // (P / num_gpus)``."""
     w = np.asarray(weight, dtype=np.float32)
@@ -96,16 +101,16 @@ def rebalance_experts_hierarchical(weight: np.ndarray, num_physical: int, num_gr
     per_gpu = num_physical // num_gpus
     # Step 1: groups -> nodes. "mlog" renumbers experts so that each node's experts are contiguous.
     tokens_per_group = w.reshape(L, num_groups, group_size).sum(-1, dtype=np.float32)
-    g_pack, g_rank = balanced_packing(tokens_per_group, num_nodes)
+    g_pack, g_rank = balanced_packing(tokens_per_group, num_nodes, check)
     log2mlog = (((g_pack * groups_per_node + g_rank) * group_size)[:, :, None]
                 + np.arange(group_size)[None, None, :]).reshape(L, E)
     mlog2log = _inverse(log2mlog)
     # Step 2: replicas within each node: rows are (layer, node)
     tokens_per_mlog = np.take_along_axis(w, mlog2log, axis=1).reshape(L * num_nodes, E // num_nodes)
-    phy2mlog, phyrank, mlogcnt = replicate_experts(tokens_per_mlog, num_physical // num_nodes)
+    phy2mlog, phyrank, mlogcnt = replicate_experts(tokens_per_mlog, num_physical // num_nodes, check)
     # Step 3: each node's replicas -> its GPUs
     tokens_per_phy = np.take_along_axis(tokens_per_mlog / mlogcnt.astype(np.float32), phy2mlog, axis=1)
-    pack, rank_in_pack = balanced_packing(tokens_per_phy, num_gpus // num_nodes)
+    pack, rank_in_pack = balanced_packing(tokens_per_phy, num_gpus // num_nodes, check)
     phy2pphy = pack * per_gpu + rank_in_pack
     pphy2phy = _inverse(phy2pphy)
     pphy2mlog = np.take_along_axis(phy2mlog, pphy2phy, axis=1)
@@ -118,22 +123,24 @@ def rebalance_experts_hierarchical(weight: np.ndarray, num_physical: int, num_gr
 
 
 def rebalance_experts(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
-                      num_gpus: int) -> tuple[np.ndarray, np.ndarray, str]:
+                      num_gpus: int, check=None) -> tuple[np.ndarray, np.ndarray, str]:
     """EPLB entry point: hierarchical when ``num_groups % num_nodes == 0``, else global.
-    Returns ``(phy2log int64 [L, P], logcnt int64 [L, E], mode)``."""
+    Returns ``(phy2log int64 [L, P], logcnt int64 [L, E], mode)``. ``check``: see :func:`balanced_packing`."""
     if num_groups % num_nodes == 0:
-        p2l, _, cnt = rebalance_experts_hierarchical(weight, num_replicas, num_groups, num_nodes, num_gpus)
+        p2l, _, cnt = rebalance_experts_hierarchical(weight, num_replicas, num_groups, num_nodes, num_gpus, check)
         return p2l, cnt, "hierarchical"
-    p2l, _, cnt = rebalance_experts_hierarchical(weight, num_replicas, 1, 1, num_gpus)
+    p2l, _, cnt = rebalance_experts_hierarchical(weight, num_replicas, 1, 1, num_gpus, check)
     return p2l, cnt, "global"
 
 
 @register_policy("eplb")
 def eplb(problem: PlacementProblem) -> Placement:
     """DeepSeek EPLB on the planning windows' summed loads. Groups: ``options["eplb_groups"]`` or the
-    model's ``n_group``; nodes: the cluster's."""
+    model's ``n_group``; nodes: the cluster's. EPLB has no partial answer: past ``problem.time_limit`` it
+    stops with :class:`TimeLimitReached`."""
     groups = int(problem.options.get("eplb_groups") or problem.model.n_group or 1)
     weight = problem.loads.sum(axis=0)
+    deadline = Deadline(problem.time_limit, "eplb")
     p2l, _, mode = rebalance_experts(weight, problem.num_slots, groups, problem.cluster.num_nodes,
-                                     problem.cluster.num_gpus)
+                                     problem.cluster.num_gpus, deadline.check)
     return problem.placement(p2l, "eplb", mode=mode, num_groups=groups)

@@ -5,7 +5,9 @@ Reads its knobs from ``PlacementProblem`` (engine, seed, time_limit) and ``probl
 (``balance|traffic|balance+traffic``), ``traffic_weight``, ``balance_floor``, ``pareto`` (bool),
 ``from`` (a Placement or a path to one; the migration origin), ``max_moves``, ``workers``,
 ``lns_rounds``. Per-layer objective, proven bound and gap land in the placement's provenance
-(``params.layers``), with a summary in ``params.summary``.
+(``params.layers``), with a summary in ``params.summary``. What the time limit skipped or cut short is
+counted there too (``time_limited``: ``{"skipped": {stage: layers}, "cut": {stage: layers}}``) and
+``reproducible`` says whether the same seed gives this placement again: true exactly when nothing was.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from foundation.errors import InputError
 from placement.optimizer import OptimizerConfig, optimize_layers
 from placement.optimizer.layer import PARETO_SLACKS
 from placement.policies import PlacementProblem, register_policy
-from placement.record import Placement, load_placement
+from placement.record import Placement, check_compatible, load_placement
 
 _OPTION_KEYS = {f.name for f in fields(OptimizerConfig)} - {"engine", "seed", "time_limit"}
 
@@ -43,11 +45,8 @@ def migration_origin(problem: PlacementProblem) -> np.ndarray | None:
         return None
     cur = src if isinstance(src, Placement) else load_placement(Path(src))
     where = src if not isinstance(src, Placement) else "current placement"
-    cur.check_model(problem.model, what=str(where))
-    if cur.num_gpus != problem.cluster.num_gpus or cur.num_slots != problem.num_slots:
-        raise InputError(f"{where}: has {cur.num_slots} slots on {cur.num_gpus} GPUs, but this run plans "
-                         f"{problem.num_slots} slots on {problem.cluster.num_gpus} GPUs (same --gpus and "
-                         "--redundant needed to count moves)")
+    # moves are counted slot by slot: same model, GPUs and slot budget needed
+    check_compatible(cur, problem.model, problem.cluster, num_redundant=problem.num_redundant, what=str(where))
     return np.asarray(cur.phy2log, dtype=np.int64)
 
 
@@ -76,7 +75,19 @@ def canonical_slots(p2l: np.ndarray, num_gpus: int, origin: np.ndarray | None = 
     return out
 
 
-@register_policy("moeplace")
+def time_limited(layers: list[dict]) -> dict[str, dict[str, int]]:
+    """``{"skipped": {stage: number of layers}, "cut": {...}}`` over the layers' stats; empty when the
+    time limit changed nothing."""
+    out: dict[str, dict[str, int]] = {}
+    for kind in ("skipped", "cut"):
+        for s in layers:
+            for stage in s.get(kind, ()):
+                out.setdefault(kind, {}).setdefault(stage, 0)
+                out[kind][stage] += 1
+    return out
+
+
+@register_policy("moeplace", anytime=True)
 def moeplace(problem: PlacementProblem) -> Placement:
     cfg = config_from_problem(problem)
     origin = migration_origin(problem)
@@ -112,6 +123,10 @@ def moeplace(problem: PlacementProblem) -> Placement:
                "max_gap": float(gap.max()), "mean_gap": float(gap.mean()),
                "seconds": float(sum(s["seconds"] for s in layers)),
                "planned_layers": int(active.size), "moe_layers": int(L)}
+    limited = time_limited(layers)
+    summary["reproducible"] = not limited
+    if limited:
+        summary["time_limited"] = limited
     if origin is not None:
         summary["max_moves_used"] = int(max(s["moves"] for s in layers))
     if any("span" in s for s in layers):

@@ -61,6 +61,8 @@ class SynthConfig:
 
         if self.num_tokens < 1:
             bad("num_tokens", f"must be >= 1, got {self.num_tokens}")
+        if not 0 <= self.seed <= 2**31 - 1:
+            bad("seed", f"must be in [0, 2147483647], got {self.seed}")
         if not self.skew >= 1.0:
             bad("skew", f"max/mean must be >= 1, got {self.skew}")
         if not self.skew_depth_ratio > 0:
