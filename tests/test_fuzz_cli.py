@@ -104,8 +104,6 @@ def test_corrupt_trace_validate_reports_each_problem_on_one_line(base, tmp_path,
     assert_untouched(w, before)
 
 
-@pytest.mark.xfail(strict=True, reason="evaluate and simulate read traces with polars, outside the trace "
-                                       "gate: a corrupt page header is a polars ComputeError traceback")
 @pytest.mark.parametrize("cmd", ["evaluate", "simulate"])
 def test_corrupt_trace_page_header_in_evaluate_and_simulate(base, tmp_path, capsys, cmd):
     w = workdir(base, tmp_path)
@@ -299,29 +297,6 @@ def _out_cases(w: Path) -> dict[str, tuple[list, str]]:
     }
 
 
-OUT_XFAIL = {
-    ("optimize --out", "file"): "optimize --out replaces a file that is not a placement",
-    ("optimize --out", "dir"): "optimize --out naming a directory fails after the work with a traceback",
-    ("optimize --report", "file"): "optimize --report replaces an unrelated file",
-    ("optimize --report", "dir"): "optimize --report naming a directory is a traceback",
-    ("optimize --save-all", "file"): "optimize --save-all naming a file is a traceback",
-    ("export --out", "file"): "export --out replaces an unrelated file",
-    ("export --out", "dir"): "export --out naming a directory is a traceback",
-    ("export --out", "input"): "export P --out P overwrites its input",
-    ("import-placement --out", "file"): "import-placement --out replaces an unrelated file",
-    ("import-placement --out", "dir"): "import-placement --out naming a directory is a traceback",
-    ("import-placement --out", "input"): "import-placement S --out S is not refused up front",
-    ("plan --report", "file"): "plan --report replaces an unrelated file",
-    ("plan --report", "dir"): "plan --report naming a directory is a traceback",
-    ("trace synth --out", "file"): "trace synth --out replaces a regular file with a trace directory",
-    ("trace synth --out", "dir"): "trace synth --out replaces an unrelated non-empty directory",
-    ("trace stats --out", "file"): "trace stats --out replaces an unrelated file",
-    ("trace stats --out", "dir"): "trace stats --out naming a directory is a traceback",
-    ("simulate --out", "file"): "simulate --out naming a file is a traceback after the run",
-    ("simulate --out", "dir"): "simulate --out replaces an unrelated non-empty directory",
-    ("simulate --chrome-trace", "file"): "simulate --chrome-trace replaces an unrelated file",
-    ("simulate --chrome-trace", "dir"): "simulate --chrome-trace naming a directory is a traceback",
-}
 # Outputs that are directories of files: writing new files into an existing directory destroys nothing, as
 # long as what was there stays (replacing the directory would not).
 INTO_DIRECTORY = {"optimize --save-all", "simulate --out", "trace synth --out"}
@@ -331,9 +306,7 @@ OUT_CASES = [(c, t) for c in ["trace synth --out", "trace stats --out", "optimiz
              for t in ("file", "dir")] + [("export --out", "input"), ("import-placement --out", "input")]
 
 
-@pytest.mark.parametrize("case, target", [
-    pytest.param(c, t, marks=pytest.mark.xfail(strict=True, reason=OUT_XFAIL[(c, t)])) if (c, t) in OUT_XFAIL
-    else (c, t) for c, t in OUT_CASES])
+@pytest.mark.parametrize("case, target", OUT_CASES)
 def test_output_path_never_destroys_what_is_there(base, tmp_path, capsys, case, target):
     """An output path naming an unrelated file, a non-empty directory or an input is refused before any
     work: exit 2, one line naming the path, everything that was there untouched (a command that writes a

@@ -34,30 +34,30 @@ def register(sub) -> None:
     add_force(p)
     p.add_argument("--seed", type=flags.seed, default=d.seed)
     g = p.add_argument_group("routing statistics (targets)")
-    g.add_argument("--skew", type=flags.float_range(1.0)(1.0)(1.0), default=d.skew,
+    g.add_argument("--skew", type=flags.float_range(1.0), default=d.skew,
                    help=f"median over layers of the trace's per-layer max/mean expert load (default {d.skew}; "
                         "Mixtral-like flat: 1.2 with --cv none --skew-depth-ratio 1)")
     g.add_argument("--skew-depth-ratio", type=flags.positive_float, default=d.skew_depth_ratio,
                    help=f"skew of the last MoE layer / the first (default {d.skew_depth_ratio})")
-    g.add_argument("--cv", type=flags.optional(flags.positive_float, "none", "off")(flags.positive_float, "none", "off")(flags.positive_float, "none", "off"), default=d.cv,
+    g.add_argument("--cv", type=flags.optional(flags.positive_float, "none", "off"), default=d.cv,
                    help=f"median per-layer std/mean of expert load, or 'none' for a plain lognormal (default {d.cv})")
-    g.add_argument("--domains", type=flags.int_range(1, 64)(1, 64)(1, 64), default=d.num_domains, help=f"workload domains (default {d.num_domains})")
+    g.add_argument("--domains", type=flags.int_range(1, 64), default=d.num_domains, help=f"workload domains (default {d.num_domains})")
     g.add_argument("--domain-correlation", type=flags.probability, default=d.domain_correlation,
                    help=f"mean correlation of two domains' per-layer loads, 0..1 (default {d.domain_correlation})")
     g.add_argument("--drift", type=flags.probability, default=d.drift,
                    help=f"0: constant even domain mix; 1: each phase a single domain (default {d.drift})")
     g.add_argument("--drift-phases", type=flags.positive_int, default=d.drift_phases, help=f"(default {d.drift_phases})")
-    g.add_argument("--affinity", type=flags.float_range(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True), default=d.affinity,
+    g.add_argument("--affinity", type=flags.float_range(0.0, 1.0, hi_open=True), default=d.affinity,
                    help=f"probability a slot follows its previous-layer expert's successors (default {d.affinity})")
-    g.add_argument("--token-effect", type=flags.float_range(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True), default=d.token_effect,
+    g.add_argument("--token-effect", type=flags.float_range(0.0, 1.0, hi_open=True), default=d.token_effect,
                    help=f"probability a slot is set by the token id (default {d.token_effect})")
-    g.add_argument("--theme", type=flags.float_range(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True)(0.0, 1.0, hi_open=True), default=d.theme,
+    g.add_argument("--theme", type=flags.float_range(0.0, 1.0, hi_open=True), default=d.theme,
                    help="probability a slot comes from the token's theme, one of --themes equal-load groups of "
                         f"experts (within-layer co-activation; default {d.theme})")
-    g.add_argument("--themes", type=flags.int_range(1, 256)(1, 256)(1, 256), default=d.themes,
+    g.add_argument("--themes", type=flags.int_range(1, 256), default=d.themes,
                    help="theme groups per layer (default: the largest power of two with >= 7 x top-k experts "
                         "per group; 8 for K3)")
-    g.add_argument("--locality", type=flags.optional(flags.float_range(0.0, 0.9, hi_open=True), "none", "off")(flags.float_range(0.0, 0.9, hi_open=True), "none", "off")(flags.float_range(0.0, 0.9, hi_open=True), "none", "off"), default=d.locality,
+    g.add_argument("--locality", type=flags.optional(flags.float_range(0.0, 0.9, hi_open=True), "none", "off"), default=d.locality,
                    help="top-k share of consecutive tokens of a request, or 'none' for no copying "
                         f"(default {d.locality})")
     g = p.add_argument_group("requests")
