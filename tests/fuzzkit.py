@@ -119,3 +119,42 @@ def corrupt(data: bytes, kind: str, pos: float, value: int) -> bytes:
     if kind == "flip":
         return data[:i] + bytes([value if value != data[i] else (value + 1) % 256]) + data[i + 1:]
     return data[:i] + bytes([value]) + data[i:]
+
+
+# ------------------------------------------------------------------ trace rows, cell by cell
+TINY = Path(__file__).parent / "data" / "tiny-moe-config.json"  # 3 MoE layers (1..3), 8 experts, top-2
+
+
+def trace_columns(tokens: int = 8) -> dict:
+    """``tokens`` tokens (two requests, one engine step per token) x 3 MoE layers, all valid."""
+    import numpy as np
+    n = tokens * 3
+    tok = np.repeat(np.arange(tokens), 3)
+    return {
+        "request_id": (tok % 2).astype(np.int64),
+        "position": (tok // 2).astype(np.int32),
+        "phase": np.zeros(n, np.uint8),
+        "step": tok.astype(np.int64),
+        "layer": np.tile(np.array([1, 2, 3], np.uint16), tokens),
+        "expert_ids": np.stack([np.arange(n) % 8, (np.arange(n) + 3) % 8], axis=1).astype(np.uint16),
+    }
+
+
+def write_columns(path: Path, model, cols: dict) -> Path:
+    """A one-file trace of ``cols`` with the model's metadata, written as given (no checks)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from traces.format import arrow_schema, file_metadata
+    arrays = {}
+    for name, v in cols.items():
+        if name == "expert_ids":
+            v = np.asarray(v)
+            arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
+        else:
+            arrays[name] = pa.array(v)
+    schema = pa.schema([f for f in arrow_schema(model.top_k) if f.name in arrays])
+    table = pa.table(arrays).select(schema.names).cast(schema)
+    pq.write_table(table.replace_schema_metadata(file_metadata(model, {"kind": "synthetic"})), path)
+    return path

@@ -13,10 +13,12 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fuzzkit import (
     GPUS,
     SIM,
+    TINY,
     assert_ok_or_refused,
     assert_refused,
     assert_untouched,
@@ -24,6 +26,8 @@ from fuzzkit import (
     make_inputs,
     run_place,
     snapshot,
+    trace_columns,
+    write_columns,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -112,6 +116,82 @@ def test_corrupt_trace_page_header_in_evaluate_and_simulate(base, tmp_path, caps
     argv = (["evaluate", w / "placement.json", w / "trace"] if cmd == "evaluate"
             else ["simulate", w / "trace", "--placement", w / "placement.json", *SIM])
     assert_refused(run_place(argv, capsys), f.name)
+
+
+@pytest.fixture(scope="module")
+def tiny_inputs(tmp_path_factory):
+    """The tiny model and a placement of it (2 GPUs, one node) for the cell-level trace fuzz."""
+    import numpy as np
+
+    from foundation.model import load_model
+    from placement.record import Placement
+    root = tmp_path_factory.mktemp("cells")
+    model = load_model(TINY)
+    pl = root / "placement.json"
+    Placement.from_phy2log(np.tile(np.arange(8), (3, 1)), model, 2, 2, {"policy": "test"}).save(pl)
+    return model, pl
+
+
+CELLS = {"step": (-2, 30), "layer": (0, 5), "expert_ids": (0, 9)}
+
+
+def _one_cell(column: str, row: int, value: int, slot: int = 1) -> dict:
+    cols = trace_columns()
+    if column == "expert_ids":
+        cols[column][row, slot] = value
+    else:
+        if value < 0:
+            cols[column] = cols[column].astype(np.int64)
+        cols[column][row] = value
+    return cols
+
+
+@settings(FUZZ, max_examples=6)  # four readers per example, the simulator among them
+@given(column=st.sampled_from(sorted(CELLS)), row=st.integers(0, 23), data=st.data())
+def test_one_bad_cell_every_reader_says_what_validate_says(tiny_inputs, tmp_path, capsys, column, row, data):
+    """One cell of a valid trace changed (an expert id past the model's, a duplicate expert in a row, a
+    layer that is not an MoE layer, a negative or out-of-order step): every reader's verdict is validate's,
+    with validate's first line word for word."""
+    lo, hi = CELLS[column]
+    cols = _one_cell(column, row, data.draw(st.integers(lo, hi), label="value"),
+                     data.draw(st.integers(0, 1), label="slot"))
+    _every_reader_agrees_with_validate(tiny_inputs, tmp_path, capsys, cols)
+
+
+@pytest.mark.xfail(strict=True, reason="validate passes a token whose rows disagree on (request_id, position) "
+                                       "or a negative request_id; evaluate and simulate then reject the trace "
+                                       "with their own messages")
+@pytest.mark.parametrize("column, row, value", [("position", 0, 1), ("position", 23, 4), ("request_id", 0, 1),
+                                                ("request_id", 0, -2)])
+def test_token_identity_cells_every_reader_says_what_validate_says(tiny_inputs, tmp_path, capsys, column, row,
+                                                                    value):
+    _every_reader_agrees_with_validate(tiny_inputs, tmp_path, capsys, _one_cell(column, row, value))
+
+
+def _every_reader_agrees_with_validate(tiny_inputs, tmp_path, capsys, cols) -> None:
+    from traces.validate import validate_report
+    model, placement = tiny_inputs
+    w = tmp_path / "w"
+    shutil.rmtree(w, ignore_errors=True)
+    w.mkdir()
+    path = write_columns(w / "t.parquet", model, cols)
+    shutil.copy(placement, w / "placement.json")
+    rep = validate_report(path)
+    before = snapshot(w)
+    readers = {
+        "stats": ["trace", "stats", path],
+        "optimize": ["optimize", path, "--gpus", "2", "--gpus-per-node", "2", "--no-out", "--policy", "eplb"],
+        "evaluate": ["evaluate", w / "placement.json", path],
+        "simulate": ["simulate", path, "--placement", w / "placement.json", "--gpus", "2", "--gpus-per-node", "2",
+                     "--attention-tp", "1", "--duration", "0.002", "--concurrency", "2", "--no-progress"],
+    }
+    for name, argv in readers.items():
+        res = run_place(argv, capsys)
+        if rep.ok:
+            assert res.rc == 0, (name, res.err)
+        else:
+            assert assert_refused(res) == f"place: error: {rep.first}", name
+    assert_untouched(w, before)
 
 
 # ------------------------------------------------------------------ Loads
