@@ -82,7 +82,8 @@ def test_eplb_stops_at_its_limit(qwen):
 
 def test_comparison_skips_what_the_limit_leaves_no_time_for(qwen):
     p = problem(qwen)
-    loads = Loads(p.loads.astype(np.int64), qwen, 100, ("a", "b", "c"), {}, p.samples)
+    loads = Loads(p.loads.astype(np.int64), qwen, 100, ("a", "b", "c"), {}, p.samples,
+                  np.arange(len(p.samples)) % 3)  # each sampled token's window
     cmp = compare_policies(loads, p.cluster, num_redundant=16, deadline=time.monotonic(),
                            options={"objective": "traffic", "workers": 1})
     notes = "\n".join(cmp.notes)

@@ -23,7 +23,7 @@ def register(sub) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace file or directory")
     p.add_argument(
         "--max-per-kind",
-        type=flags.nonneg_int,
+        type=flags.int_range(),
         default=DEFAULT_MAX_PER_KIND,
         help="problems listed per kind before only counting them (default "
         f"{DEFAULT_MAX_PER_KIND}; 0 or less lists only the first problem). Changes the listing, never the "
