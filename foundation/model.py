@@ -424,7 +424,19 @@ def _get(cfg: dict, *names, default=None, required=True, path=""):
 def from_hf_config(cfg: dict[str, Any], *, source: str = "config.json", name: str | None = None) -> ModelSpec:
     """Map a Hugging Face ``config.json`` (DeepSeek-V3/Kimi K2, Kimi-Linear/K3, Qwen2/3-MoE, Mixtral,
     OLMoE) onto a :class:`ModelSpec`. Weights are assumed BF16 unless ``quantization_config`` says
-    otherwise."""
+    otherwise. Any problem is an :class:`InputError` naming ``source``."""
+    try:
+        return _from_hf_config(cfg, source=source, name=name)
+    except InputError as exc:
+        if str(exc).startswith(source):
+            raise
+        raise InputError(f"{source}: {exc}") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, ZeroDivisionError) as exc:
+        # a field of the wrong type (``"hidden_size": "big"``) fails inside the mapping
+        raise InputError(f"{source}: not a usable Hugging Face MoE config ({type(exc).__name__}: {exc})") from None
+
+
+def _from_hf_config(cfg: dict[str, Any], *, source: str, name: str | None) -> ModelSpec:
     if isinstance(cfg.get("text_config"), dict):
         outer = cfg
         cfg = {**cfg["text_config"]}

@@ -328,3 +328,23 @@ simulate: {{duration: 0.2, mode: stat, max_trace_tokens: 100}}
     assert main(["sweep", str(spec), "--out", str(tmp_path / "run"), "--local", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1] == f"place: error: {expected}"
+
+
+def test_model_config_errors_name_the_file(tiny, tmp_path, capsys):
+    own = tiny.to_dict()
+    hf = json.loads((DATA / "tiny-moe-config.json").read_text())
+    cases = {
+        "own_type": ({**own, "hidden_size": "big"}, "model spec 'tiny-moe': field 'hidden_size' must be a whole number, "
+                                                    "got 'big'"),
+        "own_range": ({**own, "top_k": 99}, "model spec 'tiny-moe': top_k must be in [1, num_experts=8], got 99"),
+        "hf_type": ({**hf, "hidden_size": "big"}, "not a usable Hugging Face MoE config (ValueError: "),
+    }
+    for name, (d, msg) in cases.items():
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps(d))
+        with pytest.raises(InputError) as e:
+            load_model(p)
+        assert str(e.value).startswith(f"{p}: {msg}"), str(e.value)
+        assert main(["model", "show", str(p)]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == f"place: error: {e.value}" and "Traceback" not in err
