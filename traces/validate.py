@@ -534,6 +534,18 @@ def _resume_message(rid: int, pos: int, step: int, first: str) -> str:
             "rows between: a token's rows must be consecutive")
 
 
+@dataclass(frozen=True)
+class _At:
+    """Where a row group's problems go: the sink, the file and the file row of the group's first row."""
+
+    sink: Any
+    path: Path
+    row0: int
+
+    def rows(self, kind: str, bad: np.ndarray, fld: str, msg_of_index) -> None:
+        self.sink.add_rows(kind, self.path, bad, self.row0, fld, msg_of_index)
+
+
 def check_row_group(sink, trace: Trace, fi: int, rg: int, table: pa.Table) -> RowGroup:
     """The per-row-group checks of row group ``rg`` of file ``fi`` (``table`` holds at least
     :func:`read_columns`), in the fixed order every reader reports them. Problems go to ``sink`` (the
@@ -541,85 +553,92 @@ def check_row_group(sink, trace: Trace, fi: int, rg: int, table: pa.Table) -> Ro
     ``edge`` for :class:`RowOrder`, which reports them in row order with those spanning row groups."""
     model = trace.model
     tf = trace.files[fi]
-    path, usable = tf.path, tf.columns
-    row0 = sum(tf.row_groups[:rg])  # rows are numbered within their file
-    k, num_experts = model.top_k, model.num_experts
+    at = _At(sink, tf.path, sum(tf.row_groups[:rg]))  # rows are numbered within their file
     n = table.num_rows
-    names = set(table.column_names)
-    present = usable & names
+    present = tf.columns & set(table.column_names)
     for name in ("request_id", "position", "phase", "step", "layer", "token_id", "domain"):
         if name in present and table.column(name).null_count:
             nulls = np.asarray(table.column(name).is_null().to_numpy(zero_copy_only=False))
-            sink.add_rows("null", path, nulls, row0, name, lambda i: "null value (the column must be complete)")
-
-    layer2idx = _layer_index(model)
-    if "layer" in present:
-        layer = _plain(table, "layer", np.uint16)
-        li = layer2idx[layer]
-        bad = li < 0
-        if bad.any():
-            sink.add_rows("layer", path, bad, row0, "layer", lambda i: (
-                f"layer {layer[i]} is not an MoE layer of model '{model.name}' "
-                f"(MoE layers: {format_ranges(model.moe_layers)})"))
-    else:
-        layer = np.full(n, model.moe_layers[0], np.uint16)
-        li = np.zeros(n, np.int32)
-
-    if "expert_ids" in present:
-        ids, nulls = _fixed_list(table, "expert_ids", k, np.uint16)
-        if nulls is not None:
-            sink.add_rows("null", path, nulls, row0, "expert_ids",
-                          lambda i: "null value (every row needs its top-k expert ids)")
-        if n and int(ids.max()) >= num_experts:
-            too_big = ids >= num_experts
-            sink.add_rows("expert_range", path, too_big.any(axis=1), row0, "expert_ids", lambda i: (
-                f"expert id {int(ids[i][too_big[i]][0])} >= num_experts {num_experts} of model '{model.name}'"))
-        dup = repeated_expert_rows(ids)
-        if dup is not None:
-            def dup_msg(i: int) -> str:
-                s = np.sort(ids[i])
-                return f"expert {int(s[1:][s[1:] == s[:-1]][0])} repeated in one token's top-{k} {ids[i].tolist()}"
-            sink.add_rows("duplicate_expert", path, dup, row0, "expert_ids", dup_msg)
-    else:
-        ids = np.tile(np.arange(k, dtype=np.uint16), (n, 1))
-
+            at.rows("null", nulls, name, lambda i: "null value (the column must be complete)")
+    layer, li = _check_layers(at, table, model, "layer" in present)
+    ids = _check_experts(at, table, model, "expert_ids" in present)
     if "gate_weights" in present:
-        w, nulls = _fixed_list(table, "gate_weights", k, np.float32)
-        if nulls is not None:
-            sink.add_rows("null", path, nulls, row0, "gate_weights", lambda i: "null value")
-        if n and not np.isfinite(w.sum()):
-            nan = ~np.isfinite(w)
-            sink.add_rows("weight_nan", path, nan.any(axis=1), row0, "gate_weights",
-                          lambda i: f"gate weight {float(w[i][nan[i]][0])} is not a finite number")
-        neg = w < 0
-        if neg.any():
-            sink.add_rows("weight_negative", path, neg.any(axis=1), row0, "gate_weights",
-                          lambda i: f"gate weight {float(w[i][neg[i]][0]):g} is negative")
-
+        _check_weights(at, table, model.top_k)
     if "phase" in present and n:
         phase = _plain(table, "phase", np.uint8)
         if int(phase.max()) > 1:
-            sink.add_rows("phase", path, phase > 1, row0, "phase",
-                          lambda i: f"phase {phase[i]}, expected 0 (prefill) or 1 (decode)")
-
+            at.rows("phase", phase > 1, "phase", lambda i: f"phase {phase[i]}, expected 0 (prefill) or 1 (decode)")
     rid = _plain(table, "request_id", np.int64) if "request_id" in present else np.zeros(n, np.int64)
     pos = _plain(table, "position", np.int32) if "position" in present else np.zeros(n, np.int32)
     if n and "position" in present and int(pos.min()) < 0:
-        sink.add_rows("position", path, pos < 0, row0, "position", lambda i: f"position {pos[i]} is negative")
-
-    edge = _Edge(str(path), row0, n)
+        at.rows("position", pos < 0, "position", lambda i: f"position {pos[i]} is negative")
+    edge = _Edge(str(at.path), at.row0, n)
     if n and {"step", "request_id", "position", "layer"} <= present:
-        step = _plain(table, "step", np.int64)
-        down = np.flatnonzero(step[1:] < step[:-1]) + 1
-        if down.size:
-            edge.step_total = int(down.size)
-            edge.step_rows = down[:_MAX_DEFERRED]
-            edge.step_vals = step[edge.step_rows]
-            edge.step_prev = step[edge.step_rows - 1]
-        edge.first = (int(step[0]), int(rid[0]), int(pos[0]), int(layer[0]))
-        edge.last = (int(step[-1]), int(rid[-1]), int(pos[-1]), int(layer[-1]))
-        _token_rows(edge, step, rid, pos, layer, li >= 0)
+        _order_facts(edge, _plain(table, "step", np.int64), rid, pos, layer, li >= 0)
     return RowGroup(n, layer, li, ids, rid, pos, edge)
+
+
+def _check_layers(at: _At, table: pa.Table, model: ModelSpec, present: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Decoder layers ``[n]`` and their MoE-layer indices (int32, -1 where not an MoE layer: reported)."""
+    n = table.num_rows
+    if not present:
+        return np.full(n, model.moe_layers[0], np.uint16), np.zeros(n, np.int32)
+    layer = _plain(table, "layer", np.uint16)
+    li = _layer_index(model)[layer]
+    bad = li < 0
+    if bad.any():
+        at.rows("layer", bad, "layer", lambda i: (f"layer {layer[i]} is not an MoE layer of model '{model.name}' "
+                                                  f"(MoE layers: {format_ranges(model.moe_layers)})"))
+    return layer, li
+
+
+def _check_experts(at: _At, table: pa.Table, model: ModelSpec, present: bool) -> np.ndarray:
+    """Expert ids ``[n, k]`` uint16: no nulls, in range, no expert twice in a row."""
+    k, num_experts = model.top_k, model.num_experts
+    if not present:
+        return np.tile(np.arange(k, dtype=np.uint16), (table.num_rows, 1))
+    ids, nulls = _fixed_list(table, "expert_ids", k, np.uint16)
+    if nulls is not None:
+        at.rows("null", nulls, "expert_ids", lambda i: "null value (every row needs its top-k expert ids)")
+    if ids.size and int(ids.max()) >= num_experts:
+        too_big = ids >= num_experts
+        at.rows("expert_range", too_big.any(axis=1), "expert_ids", lambda i: (
+            f"expert id {int(ids[i][too_big[i]][0])} >= num_experts {num_experts} of model '{model.name}'"))
+    dup = repeated_expert_rows(ids)
+    if dup is not None:
+        def dup_msg(i: int) -> str:
+            s = np.sort(ids[i])
+            return f"expert {int(s[1:][s[1:] == s[:-1]][0])} repeated in one token's top-{k} {ids[i].tolist()}"
+        at.rows("duplicate_expert", dup, "expert_ids", dup_msg)
+    return ids
+
+
+def _check_weights(at: _At, table: pa.Table, k: int) -> None:
+    """Gate weights: no nulls, finite, non-negative."""
+    w, nulls = _fixed_list(table, "gate_weights", k, np.float32)
+    if nulls is not None:
+        at.rows("null", nulls, "gate_weights", lambda i: "null value")
+    if w.size and not np.isfinite(w.sum()):
+        nan = ~np.isfinite(w)
+        at.rows("weight_nan", nan.any(axis=1), "gate_weights",
+                lambda i: f"gate weight {float(w[i][nan[i]][0])} is not a finite number")
+    neg = w < 0
+    if neg.any():
+        at.rows("weight_negative", neg.any(axis=1), "gate_weights",
+                lambda i: f"gate weight {float(w[i][neg[i]][0]):g} is negative")
+
+
+def _order_facts(edge: _Edge, step, rid, pos, layer, moe) -> None:
+    """Fill ``edge`` with the group's step decreases, first/last rows and token-row facts."""
+    down = np.flatnonzero(step[1:] < step[:-1]) + 1
+    if down.size:
+        edge.step_total = int(down.size)
+        edge.step_rows = down[:_MAX_DEFERRED]
+        edge.step_vals = step[edge.step_rows]
+        edge.step_prev = step[edge.step_rows - 1]
+    edge.first = (int(step[0]), int(rid[0]), int(pos[0]), int(layer[0]))
+    edge.last = (int(step[-1]), int(rid[-1]), int(pos[-1]), int(layer[-1]))
+    _token_rows(edge, step, rid, pos, layer, moe)
 
 
 _LAYER_INDEX: dict[tuple[int, ...], np.ndarray] = {}
@@ -651,11 +670,28 @@ class RowOrder:
     def feed(self, edge: _Edge, where_before: str) -> None:
         """Check ``edge`` against what came before. ``where_before`` words the row before its first row
         (``"the row before"`` or ``"the last row of part-00000.parquet"``) for the step message."""
-        sink = self.sink
         if edge.first is None:
             return
+        self._steps(edge, where_before)
+        probs = self._token_problems(edge)
+        probs.sort(key=lambda t: t[0])
+        for r, kind, fld, msg in probs:
+            self.sink.add(kind, edge.path, edge.row0 + r, fld, msg)
+        for kind, n in edge.token_total.items():
+            self.sink.more(kind, n - min(n, _MAX_DEFERRED))
+        # the open step's tokens, for the groups after
+        trid, tpos, tstart = edge.tail
+        tail = (trid, tpos, tstart.astype(np.int64) + edge.row0, edge.path)
+        if edge.last[0] == edge.first[0] and edge.first[0] == self.open_step:
+            self.open_tokens.append(tail)
+        else:
+            self.open_step = edge.last[0]
+            self.open_tokens = [tail]
+        self.prev = edge
+
+    def _steps(self, edge: _Edge, where_before: str) -> None:
+        """Step order: the boundary row, then the group's own decreases, in row order."""
         prev = self.prev
-        # step order: the boundary row, then the group's own decreases, in row order
         rows = [(int(r), int(v), int(p), "the row before") for r, v, p in
                 zip(edge.step_rows, edge.step_vals, edge.step_prev)]
         if prev is not None and prev.last is not None and edge.first[0] < prev.last[0]:
@@ -665,10 +701,13 @@ class RowOrder:
                 msg = f"step {v} decreases from step {p} ({wb}); steps must be non-decreasing"
             else:
                 msg = f"step {v} decreases from step {p} in the row before; steps must be non-decreasing"
-            sink.add("step_order", edge.path, edge.row0 + r, "step", msg)
-        sink.more("step_order", edge.step_total - len(edge.step_rows))
+            self.sink.add("step_order", edge.path, edge.row0 + r, "step", msg)
+        self.sink.more("step_order", edge.step_total - len(edge.step_rows))
 
-        # token rows: continuation of the previous group's last token, tokens of a step seen before
+    def _token_problems(self, edge: _Edge) -> list[tuple[int, str, str, str]]:
+        """The group's own token-row problems, plus: its first row continuing the previous group's last
+        token with a layer not above it; a token of the open step (seen in earlier groups) starting again."""
+        prev = self.prev
         probs = list(edge.token_problems)
         rid, pos, start = edge.head
         skip = 0
@@ -678,38 +717,23 @@ class RowOrder:
                 step, rid0, pos0, layer0 = edge.first
                 kind = "duplicate_row" if layer0 == prev.last[3] else "row_order"
                 probs.append((0, kind, "layer", _layer_order_message(layer0, prev.last[3], rid0, pos0, step)))
-        if self.open_step is not None and edge.first[0] == self.open_step and self.open_tokens and len(rid) > skip:
-            orid, opos, orow = (np.concatenate(x) for x in zip(*(t[:3] for t in self.open_tokens)))
-            opath = [t[3] for t in self.open_tokens]
-            src_of = np.concatenate([np.full(len(t[0]), j) for j, t in enumerate(self.open_tokens)])
-            hr, hp, hs = rid[skip:], pos[skip:], start[skip:]
-            allr = np.concatenate([orid, hr])
-            allp = np.concatenate([opos, hp])
-            src = np.concatenate([np.full(len(orid), -1, np.int64), np.arange(len(hr))])
-            order = np.lexsort((src, allp, allr))
-            same = (allr[order][1:] == allr[order][:-1]) & (allp[order][1:] == allp[order][:-1])
-            hit = same & (src[order][1:] >= 0) & (src[order][:-1] < 0)
-            for a, b in zip(order[:-1][hit], order[1:][hit]):
-                i = int(src[b])
-                j = int(src_of[a])
-                first = f"row {int(orow[a])}" + ("" if opath[j] == edge.path else f" of {Path(opath[j]).name}")
-                probs.append((int(hs[i]), "row_order", "position",
-                              _resume_message(int(hr[i]), int(hp[i]), edge.first[0], first)))
-        probs.sort(key=lambda t: t[0])
-        for r, kind, fld, msg in probs:
-            sink.add(kind, edge.path, edge.row0 + r, fld, msg)
-        for kind, n in edge.token_total.items():
-            sink.more(kind, n - min(n, _MAX_DEFERRED))
-
-        # the open step's tokens for the groups after
-        trid, tpos, tstart = edge.tail
-        tail = (trid, tpos, tstart.astype(np.int64) + edge.row0, edge.path)
-        if edge.last[0] == edge.first[0] and edge.first[0] == self.open_step:
-            self.open_tokens.append(tail)
-        else:
-            self.open_step = edge.last[0]
-            self.open_tokens = [tail]
-        self.prev = edge
+        if self.open_step is None or edge.first[0] != self.open_step or not self.open_tokens or len(rid) <= skip:
+            return probs
+        orid, opos, orow = (np.concatenate(x) for x in zip(*(t[:3] for t in self.open_tokens)))
+        opath = [t[3] for t in self.open_tokens]
+        src_of = np.concatenate([np.full(len(t[0]), j) for j, t in enumerate(self.open_tokens)])
+        hr, hp, hs = rid[skip:], pos[skip:], start[skip:]
+        allr, allp = np.concatenate([orid, hr]), np.concatenate([opos, hp])
+        src = np.concatenate([np.full(len(orid), -1, np.int64), np.arange(len(hr))])
+        order = np.lexsort((src, allp, allr))  # per token: the open step's entries first
+        same = (allr[order][1:] == allr[order][:-1]) & (allp[order][1:] == allp[order][:-1])
+        hit = same & (src[order][1:] >= 0) & (src[order][:-1] < 0)
+        for a, b in zip(order[:-1][hit], order[1:][hit]):
+            i, j = int(src[b]), int(src_of[a])
+            first = f"row {int(orow[a])}" + ("" if opath[j] == edge.path else f" of {Path(opath[j]).name}")
+            probs.append((int(hs[i]), "row_order", "position",
+                          _resume_message(int(hr[i]), int(hp[i]), edge.first[0], first)))
+        return probs
 
 
 # ---------------------------------------------------------------------------- whole traces
