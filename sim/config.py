@@ -225,7 +225,7 @@ class RebalanceConfig:
     from the expert loads of the last W iterations, changing at most K slots per MoE layer (0 = no limit;
     the optimizer's ``--max-moves``); ``time``: the optimizer's time limit per rebalance (seconds);
     ``async``: the decision and the weight transfer overlap serving (vLLM's default) instead of stalling
-    every rank; ``decision``: seconds charged per decision instead of the policy's measured wall time
+    every rank; ``decision``: seconds charged per decision instead of the policy's measured time
     (e.g. for a faster host)."""
 
     every: int
@@ -234,7 +234,7 @@ class RebalanceConfig:
     policy: str = "auto"  # auto: the moeplace optimizer's migration mode if registered, else eplb
     time_limit: float | None = None
     asynchronous: bool = False
-    decision_s: float | None = None  # None: the policy's measured wall time; a number: that (what-ifs)
+    decision_s: float | None = None  # None: the policy's measured time; a number: that (what-ifs)
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.window < 1 or self.moves < 0:

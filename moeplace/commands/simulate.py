@@ -301,7 +301,8 @@ def recommend(trace, placement, cluster, config, profile, static: dict, moves: i
 
 
 def format_recommendation(rec: dict) -> str:
-    head = f"static vs online rebalancing for {rec['placement']} (same workload; decision = measured wall time):"
+    head = (f"static vs online rebalancing for {rec['placement']} (same workload; decision = the policy's "
+            "measured time):")
     w = max(len(r["config"]) for r in rec["rows"])
     lines = [head, f"  {'':{w}s}  output tok/s  straggler  rebalances  stall s  decision s  transfer s"]
     for r in rec["rows"]:
