@@ -189,6 +189,19 @@ class LengthMix:
         if self.output_mean < 1 or self.sigma < 0 or self.output_sigma < 0:
             _bad("length mix", "output_mean must be >= 1 and sigmas >= 0")
 
+    @staticmethod
+    def cap_for(max_context: int | None) -> int:
+        """The longest prompt a model of ``max_context`` tokens serves: one token short, so the prompt
+        and at least one output token fit (1 M tokens when the model states no limit)."""
+        return (max_context or (1 << 20)) - 1
+
+    @classmethod
+    def context_mix(cls, components: tuple[tuple[int, float], ...], output_mean: int,
+                    max_context: int | None) -> LengthMix:
+        """Prompt lengths from a parsed context mix (``place simulate --context-mix``, a sweep workload's
+        ``context_mix``), capped for the model's context."""
+        return cls(components=components, output_mean=output_mean, max_len=cls.cap_for(max_context))
+
 
 @dataclass(frozen=True)
 class WorkloadConfig:

@@ -85,3 +85,11 @@ def test_represented_long_requests_keep_their_true_lengths(tmp_path):
     assert token_rows(q, 0, 100)[[0, 24, 25, 99]].tolist() == [0, 0, 1, 3]
     assert [decode_row(q, p) for p in (100, 101, 102)] == [4, 5, 4]  # outputs cycle over the rows held
     assert token_rows(q, 99, 3).tolist() == [3, 4, 5]
+
+
+def test_context_mix_lengths_leave_room_for_one_output_token():
+    """place simulate and place sweep build their prompt lengths with one rule (LengthMix.context_mix)."""
+    lm = LengthMix.context_mix(((1 << 20, 1.0),), 64, 1 << 20)
+    assert (lm.components, lm.output_mean, lm.max_len) == (((1 << 20, 1.0),), 64, (1 << 20) - 1)
+    assert LengthMix.context_mix(((4096, 1.0),), 8, 8192).max_len == 8191
+    assert LengthMix.cap_for(None) == (1 << 20) - 1

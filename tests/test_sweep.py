@@ -59,6 +59,16 @@ def test_small_spec_expands_grid_then_extra_points(small):
     assert [p.index for p in pts] == list(range(7))
 
 
+def test_sweep_point_lengths_follow_place_simulate(small):
+    """A sweep workload's context_mix gives the prompt lengths `place simulate --context-mix` would."""
+    from moeplace.sweep.run import sim_config
+    from sim.config import LengthMix
+
+    cfg = sim_config(small, expand_points(small)[2], 8)
+    assert cfg.workload.lengths == LengthMix.context_mix(((512, 1.0),), cfg.workload.lengths.output_mean,
+                                                         small.model.max_context)
+
+
 def test_example_spec_has_20_points():
     pts = expand_points(load_spec(EXAMPLE))
     assert len(pts) == 20

@@ -180,11 +180,11 @@ def run(args) -> int:
         if args.isl < 1 or args.osl < 1:
             raise InputError(f"--isl and --osl must be >= 1, got {args.isl}, {args.osl}")
         lengths = LengthMix(components=((args.isl, 1.0),), sigma=0.0, output_mean=args.osl, output_sigma=0.0,
-                            max_len=(trace.model.max_context or (1 << 20)) - 1, range_ratio=args.random_range_ratio)
+                            max_len=LengthMix.cap_for(trace.model.max_context),
+                            range_ratio=args.random_range_ratio)
     elif args.context_mix:
         mix = parse_context_mix(args.context_mix, trace.model.max_context)
-        lengths = LengthMix(components=mix, output_mean=args.output_len,
-                            max_len=(trace.model.max_context or (1 << 20)) - 1)  # prompt + 1 token fits
+        lengths = LengthMix.context_mix(mix, args.output_len, trace.model.max_context)
     if args.rate is not None:
         wl = WorkloadConfig(arrival=args.arrival, rate=args.rate, rate_end=args.rate_end,
                             burstiness=args.burstiness, lengths=lengths, max_requests=args.max_requests)

@@ -240,8 +240,7 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> Any:
         lengths = None
         if w.context_mix:
             mix = parse_context_mix(str(w.context_mix), spec.model.max_context, f"workload {w.name}: context_mix")
-            lengths = LengthMix(components=mix, output_mean=w.output_len,
-                                max_len=spec.model.max_context or (1 << 20))
+            lengths = LengthMix.context_mix(mix, w.output_len, spec.model.max_context)
         rate = w.rate if w.rate is not None else 1.0  # unused by a closed loop, which has no rate
         wl = WorkloadConfig(arrival=w.arrival, rate=rate, rate_end=w.rate_end,
                             burstiness=w.burstiness, concurrency=w.concurrency, lengths=lengths,
