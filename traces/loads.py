@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,7 @@ def load_loads(path: str | Path) -> Loads:
             meta_arr = z["meta"]
             samples = z["samples"] if "samples" in z.files else None
             sample_windows = z["sample_windows"] if "sample_windows" in z.files else None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, zipfile.BadZipFile, zlib.error, EOFError, KeyError, TypeError) as exc:
         raise InputError(f"{p}: not a readable Loads .npz file ({exc})") from None
     if meta_arr.shape != () or meta_arr.dtype.kind not in "US":
         raise InputError(f"{p}: field 'meta' is a {meta_arr.dtype} array of shape {list(meta_arr.shape)}, "
