@@ -355,3 +355,22 @@ def test_example_k3_sweep_same_table_locally_and_on_ray(tmp_path):
     assert counts == {"ok": 15, "infeasible": 4, "unsupported": 1}
     assert comparable(local.table).equals(comparable(on_ray.table))
     assert local.report["workloads"]["chat"]["recommended"] is not None
+
+
+def test_engine_deployment_shapes_reach_the_simulator_and_bad_values_name_the_field(tmp_path):
+    from moeplace.sweep.run import sim_config
+    from moeplace.sweep.spec import expand_points, load_spec
+
+    def spec_with(engine: str):
+        p = tmp_path / "s.yaml"
+        p.write_text("name: t\nmodel: qwen3-30b-a3b\nworkloads:\n  - {name: w, synth: {num_tokens: 2000}}\n"
+                     "axes: {gpus: [8]}\n" + engine)
+        return load_spec(p)
+
+    spec = spec_with("engine: {mtp_draft: 1, mtp_acceptance: 0.8, prefix_hit: 0.5, dp_balance: tokens}\n")
+    e = sim_config(spec, expand_points(spec)[0], 1).engine
+    assert (e.mtp_draft, e.mtp_acceptance, e.prefix_hit, e.dp_balance) == (1, 0.8, 0.5, "tokens")
+    with pytest.raises(InputError, match="engine.prefix_hit"):
+        spec_with("engine: {prefix_hit: 1.5}\n")
+    with pytest.raises(InputError, match="engine.deepep_mode"):
+        spec_with("engine: {deepep_mode: fast}\n")

@@ -236,7 +236,10 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> Any:
                               dual_batch_overlap=e["dual_batch_overlap"], replica_rule=point.engine,
                               kv_dtype=point.kv_dtype, preemption=e["preemption"],
                               gpu_memory_utilization=float(e["gpu_memory_utilization"]), pool_split=rule,
-                              pool_param=param)
+                              pool_param=param, mtp_draft=int(e["mtp_draft"]),
+                              mtp_acceptance=float(e["mtp_acceptance"]), prefix_hit=float(e["prefix_hit"]),
+                              moe_tp=int(e["moe_tp"]), dp_balance=e["dp_balance"], a2a_mode=e["deepep_mode"],
+                              attention_dtype=e["attention_dtype"], cuda_graph_max_bs=int(e["cuda_graph_max_bs"]))
         lengths = None
         if w.context_mix:
             mix = parse_context_mix(str(w.context_mix), spec.model.max_context, f"workload {w.name}: context_mix")
@@ -247,7 +250,8 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> Any:
                             max_requests=w.max_requests)
         rebalance = None if point.rebalance == "static" else parse_rebalance(point.rebalance)
         return SimConfig(duration=float(s["duration"]), mode=s["mode"], seed=spec.seed, engine=engine,
-                         cost=CostConfig(), workload=wl, rebalance=rebalance)
+                         cost=CostConfig(), workload=wl, rebalance=rebalance,
+                         warmup=None if e["warmup"] is None else float(e["warmup"]))
     except InputError as exc:
         raise InputError(f"{spec.path}: point #{point.index} ({point.label()}): {exc}") from None
 

@@ -79,7 +79,9 @@ PLAN_KEYS: dict[str, Any] = {"context": "128k", "context_mix": None, "min_seqs":
                              "dcp": 1, "state_slots": 1, "page_size": 64, "other_reserve_gib": 1.0}
 ENGINE_KEYS: dict[str, Any] = {"max_batched_tokens": 8192, "max_seqs": 256, "gpu_memory_utilization": 0.9,
                                "pool_split": "shared", "chunked_prefill": True, "dual_batch_overlap": False,
-                               "preemption": "recompute"}
+                               "preemption": "recompute", "mtp_draft": 0, "mtp_acceptance": 0.0,
+                               "prefix_hit": 0.0, "moe_tp": 1, "dp_balance": "round_robin", "deepep_mode": "auto",
+                               "attention_dtype": "bf16", "cuda_graph_max_bs": 512, "warmup": None}
 OPTIMIZE_KEYS: dict[str, Any] = {"plan_fraction": 0.5, "window_tokens": 4096, "time_limit": None,
                                  "options": {}}
 SIMULATE_KEYS: dict[str, Any] = {"duration": 5.0, "mode": "stat", "max_trace_tokens": 20000}
@@ -399,6 +401,18 @@ def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate:
             raise _err(sp, f"engine.{k}", f"expected true or false, got {engine[k]!r}")
     if engine["preemption"] not in ("recompute", "swap"):
         raise _err(sp, "engine.preemption", f"expected recompute or swap, got {engine['preemption']!r}")
+    _num(sp, "engine.mtp_draft", engine["mtp_draft"], int, 0)
+    _num(sp, "engine.moe_tp", engine["moe_tp"], int, 1)
+    _num(sp, "engine.cuda_graph_max_bs", engine["cuda_graph_max_bs"], int, 0)
+    _num(sp, "engine.warmup", engine["warmup"], float, 0, allow_none=True)
+    for k in ("mtp_acceptance", "prefix_hit"):
+        v = _num(sp, f"engine.{k}", engine[k], float, 0)
+        if not v <= 1:
+            raise _err(sp, f"engine.{k}", f"must be in [0, 1], got {v}")
+    for k, allowed in (("dp_balance", ("round_robin", "tokens")), ("attention_dtype", ("bf16", "fp8")),
+                       ("deepep_mode", ("auto", "normal", "low_latency", "allgather"))):
+        if engine[k] not in allowed:
+            raise _err(sp, f"engine.{k}", f"expected one of {', '.join(allowed)}, got {engine[k]!r}")
     f = _num(sp, "optimize.plan_fraction", optimize["plan_fraction"], float, 0)
     if not 0 < f <= 1:
         raise _err(sp, "optimize.plan_fraction", f"must be in (0, 1], got {f}")
