@@ -783,3 +783,21 @@ def test_vllm_eplb_loads_stay_exact_and_never_overflow(tiny, tmp_path):
     src.write_text("\n".join(_eplb_line(expert_load=load, step=s) for s in range(9)) + "\n")
     with pytest.raises(InputError, match=rf"^{src}: line 8: field 'expert_load': the counts sum to 9\.223e\+18"):
         import_source("vllm-eplb", [src], tiny, None)
+
+
+def test_a_converted_trace_that_fails_the_gate_names_inputs_and_output(tiny, tmp_path):
+    """The last line of defence after an importer's record checks: the message names the sources and the
+    output directory, never the temporary directory the trace was staged in (gone by then)."""
+    from traces.importers._common import write_validated_trace
+
+    out = tmp_path / "t"
+
+    def bad(w):  # expert 1 twice in one row
+        w.write(request_id=[0], position=[0], phase=[0], step=[0], layer=[1], expert_ids=[[1, 1]])
+
+    with pytest.raises(InputError) as exc:
+        write_validated_trace(out, tiny, {"sources": ["a.jsonl", "b.jsonl"]}, bad)
+    assert str(exc.value) == ("a.jsonl, b.jsonl: converted, it would not be a valid trace: "
+                              f"{out}/part-00000.parquet: row 0: field 'expert_ids': expert 1 repeated in one "
+                              "token's top-2 [1, 1]")
+    assert list(tmp_path.iterdir()) == []
