@@ -31,14 +31,14 @@ def run_one(trace, gpus: int, duration: float, mode: str) -> dict:
 
     cluster = make_cluster(gpus, "h200")
     R = next_valid_redundant(trace.model.num_experts, gpus)
-    _, pl = resolve_placement("linear", trace, cluster, R, "vllm", 0)
+    _, placement = resolve_placement("linear", trace, cluster, R, "vllm", 0)
     engine = EngineConfig(attention_tp=8, max_seqs=256, max_batched_tokens=8192)
     ranks = gpus // engine.attention_tp
     mix = LengthMix(components=((2048, 1.0),), sigma=0.3, output_mean=1024)
     cfg = SimConfig(duration=duration, mode=mode, engine=engine,
                     workload=WorkloadConfig(arrival="closed", concurrency=ranks * engine.max_seqs, lengths=mix))
     c0, w0 = time.process_time(), time.perf_counter()
-    res = simulate(trace, [("linear", pl)], cluster, cfg)[0]
+    res = simulate(trace, [("linear", placement)], cluster, cfg)[0]
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     s = res.summary
     out = {"gpus": gpus, "duration_s": duration, "mode": mode, "wall_s": wall, "cpu_s": cpu,

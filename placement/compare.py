@@ -259,10 +259,10 @@ def _plan(fn, name: str, loads: Loads, windows: np.ndarray, samples: np.ndarray 
                                num_redundant=num_redundant, engine=engine, seed=seed, time_limit=time_limit,
                                samples=samples, options=dict(options))
     t0 = time.perf_counter()
-    pl = fn(problem)
+    placement = fn(problem)
     dt = time.perf_counter() - t0
-    pl.check_model(loads.model, f"policy '{name}'")
-    return pl, dt
+    placement.check_model(loads.model, f"policy '{name}'")
+    return placement, dt
 
 
 def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_redundant: int, engine: str,
@@ -282,8 +282,10 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
         opts = dict(options)
         if samples is None and (opts.get("objective") or "balance") != "balance":
             opts["objective"] = "balance"  # nothing to co-locate on in this fold: balance is what is left
-        pl, _ = _plan(fn, name, loads, train, samples, cluster, num_redundant, engine, seed, time_limit, opts)
-        m = evaluate(pl, loads.counts[test].astype(np.float64), engine, model=loads.model, cluster=cluster)
+        placement, _ = _plan(fn, name, loads, train, samples, cluster, num_redundant, engine, seed, time_limit,
+                             opts)
+        m = evaluate(placement, loads.counts[test].astype(np.float64), engine, model=loads.model,
+                     cluster=cluster)
         per.append(m.balancedness)
     return {"mean": float(np.mean(per)), "worst": float(np.min(per)), "method": method,
             "per_scenario": [float(x) for x in per]}
@@ -354,19 +356,19 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
             notes.append(f"{name} skipped: time limit (no time left to run it)")
             continue
         try:
-            pl, dt = _plan(fns[name], name, loads, plan_idx, plan_samples, cluster, num_redundant, engine, seed,
-                           limit, options)
+            placement, dt = _plan(fns[name], name, loads, plan_idx, plan_samples, cluster, num_redundant,
+                                  engine, seed, limit, options)
         except TimeLimitReached:
             notes.append(f"{name} skipped: time limit (not finished after {limit:.2f} s)")
             continue
-        pl.provenance["planned_on"] = planned_on(loads, plan_idx)
+        placement.provenance["planned_on"] = planned_on(loads, plan_idx)
         t1 = time.perf_counter()
-        m_plan = evaluate(pl, plan, engine, model=loads.model, cluster=cluster, samples=plan_samples)
-        m_held = (evaluate(pl, held, engine, model=loads.model, cluster=cluster, samples=held_samples)
+        m_plan = evaluate(placement, plan, engine, model=loads.model, cluster=cluster, samples=plan_samples)
+        m_held = (evaluate(placement, held, engine, model=loads.model, cluster=cluster, samples=held_samples)
                   if held_idx.size else None)
         eval_cost = max(eval_cost, time.perf_counter() - t1)
-        done[name] = (pl, dt, m_plan, m_held)
-        notes += [f"{name}: {line}" for line in time_limit_lines(pl)]
+        done[name] = (placement, dt, m_plan, m_held)
+        notes += [f"{name}: {line}" for line in time_limit_lines(placement)]
     shifts: dict[str, dict | None] = {}
     if ids is not None:
         todo = [n for n in order if n in done]
@@ -392,14 +394,15 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
                       0 if held_samples is None else len(held_samples), loads_tokens(loads))
 
 
-def time_limit_lines(pl: Placement) -> list[str]:
+def time_limit_lines(placement: Placement) -> list[str]:
     """What the time limit skipped or cut short in an anytime policy's run (from its provenance's
     ``params.summary.time_limited``: ``{"skipped"|"cut": {stage: layers}}``), e.g. ``traffic refinement
     skipped: time limit (92 of 92 layers)``; empty when it changed nothing."""
-    summary = pl.provenance.get("params", {}).get("summary") or {}
+    summary = placement.provenance.get("params", {}).get("summary") or {}
     lim = summary.get("time_limited") or {}
-    lines = [f"{stage} {'skipped' if kind == 'skipped' else 'cut short'}: time limit "
-             f"({n} of {summary.get('planned_layers', pl.num_layers)} layers)" for kind in ("skipped", "cut") for stage, n in lim.get(kind, {}).items()]
+    planned = summary.get("planned_layers", placement.num_layers)
+    lines = [f"{stage} {'skipped' if kind == 'skipped' else 'cut short'}: time limit ({n} of {planned} layers)"
+             for kind in ("skipped", "cut") for stage, n in lim.get(kind, {}).items()]
     if lines:
         lines.append("the time limit changed this placement: the same seed can give another one (it would not "
                      "without a binding limit)")

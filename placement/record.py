@@ -161,21 +161,22 @@ def check_compatible(placement: Placement, model: ModelSpec | None = None, clust
     takes a placement next to other inputs): another model (by name, expert count or MoE layers),
     another cluster (GPU count or node size; ``cluster`` is a :class:`foundation.cluster.ClusterSpec`) or
     another slot budget (``num_redundant``). ``what`` names the placement in the message (its path)."""
-    pl = placement
     if model is not None:
-        shape_ok = model.num_experts == pl.num_experts and tuple(model.moe_layers) == tuple(pl.moe_layers)
-        if not shape_ok or model.name != pl.model_name:
+        shape_ok = (model.num_experts == placement.num_experts
+                    and tuple(model.moe_layers) == tuple(placement.moe_layers))
+        if not shape_ok or model.name != placement.model_name:
             raise InputError(
-                f"{what}: made for model '{pl.model_name}' ({pl.num_experts} experts, {len(pl.moe_layers)} "
-                f"MoE layers) but the other inputs are of model '{model.name}' ({model.num_experts} experts, "
-                f"{model.num_moe_layers} MoE layers)")
-    if cluster is not None and (cluster.num_gpus != pl.num_gpus or cluster.gpus_per_node != pl.gpus_per_node):
-        raise InputError(f"{what}: placement is for {pl.num_gpus} GPUs ({pl.gpus_per_node} per node), the cluster "
-                         f"is {cluster.num_gpus} GPUs ({cluster.gpus_per_node} per node); pass matching --gpus / "
-                         "--gpus-per-node")
-    if num_redundant is not None and num_redundant != pl.num_redundant:
-        raise InputError(f"{what}: has {pl.num_redundant} redundant slots ({pl.num_slots} slots) but "
-                         f"--redundant {num_redundant} was given")
+                f"{what}: made for model '{placement.model_name}' ({placement.num_experts} experts, "
+                f"{len(placement.moe_layers)} MoE layers) but the other inputs are of model '{model.name}' "
+                f"({model.num_experts} experts, {model.num_moe_layers} MoE layers)")
+    if cluster is not None and (cluster.num_gpus, cluster.gpus_per_node) != (placement.num_gpus,
+                                                                             placement.gpus_per_node):
+        raise InputError(f"{what}: placement is for {placement.num_gpus} GPUs ({placement.gpus_per_node} per "
+                         f"node), the cluster is {cluster.num_gpus} GPUs ({cluster.gpus_per_node} per node); "
+                         "pass matching --gpus / --gpus-per-node")
+    if num_redundant is not None and num_redundant != placement.num_redundant:
+        raise InputError(f"{what}: has {placement.num_redundant} redundant slots ({placement.num_slots} "
+                         f"slots) but --redundant {num_redundant} was given")
 
 
 def load_placement(path: str | Path) -> Placement:
@@ -206,12 +207,13 @@ def load_placement(path: str | Path) -> Placement:
     if p2l.ndim != 2 or p2l.dtype.kind not in "iu" or p2l.size == 0:  # ragged, floats, bools, huge ints
         raise InputError(f"{p}: field 'phy2log' must be a [layers][slots] matrix of expert ids (whole numbers)")
     try:
-        pl = Placement(p2l.astype(np.int64), whole("num_gpus", d["num_gpus"]),
-                       whole("gpus_per_node", d["gpus_per_node"]), d["model"], whole("num_experts", d["num_experts"]),
-                       tuple(whole("moe_layers", x) for x in d["moe_layers"]), dict(d.get("provenance", {})))
+        placement = Placement(p2l.astype(np.int64), whole("num_gpus", d["num_gpus"]),
+                              whole("gpus_per_node", d["gpus_per_node"]), d["model"],
+                              whole("num_experts", d["num_experts"]),
+                              tuple(whole("moe_layers", x) for x in d["moe_layers"]), dict(d.get("provenance", {})))
     except InputError as exc:
         raise InputError(f"{p}: {exc}") from None
-    if "num_slots" in d and d["num_slots"] != pl.num_slots:  # hand-edited: header and matrix disagree
-        raise InputError(f"{p}: field 'num_slots' is {d['num_slots']!r} but phy2log has {pl.num_slots} slots "
-                         "per layer")
-    return pl
+    if "num_slots" in d and d["num_slots"] != placement.num_slots:  # hand-edited: header and matrix disagree
+        raise InputError(f"{p}: field 'num_slots' is {d['num_slots']!r} but phy2log has {placement.num_slots} "
+                         "slots per layer")
+    return placement

@@ -36,12 +36,12 @@ def register(sub) -> None:
 def run(args) -> int:
     if args.batch_tokens is not None and args.batch_tokens < 1:
         raise InputError(f"--batch-tokens must be >= 1, got {args.batch_tokens}")
-    pl = load_placement(args.placement)
+    placement = load_placement(args.placement)
     if not Path(args.routing).exists():
         raise InputError(f"{args.routing}: no such file or directory")
     model = load_model(args.model) if args.model else None
-    m = evaluate(pl, args.routing, args.engine, model=model, batch_tokens=args.batch_tokens, seed=args.seed,
-                 dispatch_dtype=args.dispatch_dtype, sglang_variant=args.sglang_variant,
+    m = evaluate(placement, args.routing, args.engine, model=model, batch_tokens=args.batch_tokens,
+                 seed=args.seed, dispatch_dtype=args.dispatch_dtype, sglang_variant=args.sglang_variant,
                  vllm_rule=args.vllm_rule, what=args.placement)
     if args.json:
         print(json.dumps(m.to_dict(), indent=1))
@@ -49,8 +49,9 @@ def run(args) -> int:
     s = m.summary()
     GB = 1e9
     rows = [
-        ("placement", (f"{args.placement} ({pl.provenance.get('policy', '?')}, {pl.num_gpus} GPUs, "
-                      f"{pl.num_slots} slots, {pl.num_redundant} redundant)")),
+        ("placement", (f"{args.placement} ({placement.provenance.get('policy', '?')}, "
+                      f"{placement.num_gpus} GPUs, {placement.num_slots} slots, "
+                      f"{placement.num_redundant} redundant)")),
         ("routing", (f"{args.routing} ({s['source']}, {s['tokens']:,} tokens, {s['num_windows']} window(s); "
                      f"scored on {s['scored_layers']} of {s['moe_layers']} MoE layers)")),
         ("engine", args.engine),

@@ -50,9 +50,10 @@ def run(args) -> int:
         return 0
     if not args.out.endswith(".json"):
         raise InputError(f"--out {args.out}: a placement is written as .json")
-    pl = import_placement(args.file, args.format, model, args.gpus, args.gpus_per_node)
-    outs.write(args.out, lambda: pl.save(args.out))
+    placement = import_placement(args.file, args.format, model, args.gpus, args.gpus_per_node)
+    outs.write(args.out, lambda: placement.save(args.out))
     outs.finish()
-    print(f"wrote {args.out}: {model.name}, {pl.num_layers} MoE layers, {pl.num_slots} slots "
-          f"({pl.num_redundant} redundant) on {pl.num_gpus} GPUs x {pl.gpus_per_node} per node")
+    print(f"wrote {args.out}: {model.name}, {placement.num_layers} MoE layers, {placement.num_slots} slots "
+          f"({placement.num_redundant} redundant) on {placement.num_gpus} GPUs x {placement.gpus_per_node} "
+          "per node")
     return 0
