@@ -18,6 +18,7 @@ This module is part of the application layer: it imports ``sim`` inside function
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -249,6 +250,10 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> Any:
                             burstiness=w.burstiness, concurrency=w.concurrency, lengths=lengths,
                             max_requests=w.max_requests)
         rebalance = None if point.rebalance == "static" else parse_rebalance(point.rebalance)
+        if rebalance is not None and rebalance.decision_s is None:
+            # a sweep must repeat: the policy's measured decision time varies from run to run, so a point
+            # charges the decision only when its rebalance string fixes it (decision=S)
+            rebalance = dataclasses.replace(rebalance, decision_s=0.0)
         return SimConfig(duration=float(s["duration"]), mode=s["mode"], seed=spec.seed, engine=engine,
                          cost=CostConfig(), workload=wl, rebalance=rebalance,
                          warmup=None if e["warmup"] is None else float(e["warmup"]))

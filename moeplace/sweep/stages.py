@@ -93,9 +93,11 @@ def optimize_task(loads: Loads, gpu: str, gpus: int, gpus_per_node: int | None, 
     if not cmp.results:  # optimize.time_limit stopped a policy that has no partial answer
         return _failure("optimize", MoeplaceError("; ".join(cmp.notes)))
     r = cmp.results[0]
-    scores = {"plan_balancedness": r.plan.balancedness, "held_out_balancedness": r.held_out.balancedness,
-              "held_out_max_over_mean": r.held_out.max_over_mean,
-              "held_out_cross_node_share": r.held_out.cross_node_share,
+    held = r.held_out  # None with plan_fraction 1: nothing held out, so no held-out score
+    scores = {"plan_balancedness": r.plan.balancedness,
+              "held_out_balancedness": None if held is None else held.balancedness,
+              "held_out_max_over_mean": None if held is None else held.max_over_mean,
+              "held_out_cross_node_share": None if held is None else held.cross_node_share,
               "placement_fingerprint": r.placement.fingerprint()}
     return {"status": "ok", "placement": r.placement, "scores": scores, "seconds": time.perf_counter() - t0}
 
