@@ -355,7 +355,7 @@ def test_cli_capture_with_local_weights_matches_in_process_capture(tmp_path):
     ("empty_prompts", "no prompts"),
     ("bad_model_type", "field 'model_type'"),
     ("dense_model", "model_type 'llama' is not supported"),
-    ("zero_tokens", "--max-new-tokens must be >= 1"),
+    ("zero_tokens", "argument --max-new-tokens: expected a whole number >= 1"),
 ])
 def test_cli_capture_bad_input(tmp_path, capsys, case, needle):
     cfg = write_config(tmp_path)

@@ -150,6 +150,7 @@ def test_nan_and_negative_weights(tiny, tmp_path):
 
 def test_step_decreasing_within_and_across_row_groups(tiny, tmp_path):
     c = good_columns()
+    c["request_id"] = np.arange(6, dtype=np.int64)  # one token per row: only the steps are wrong
     c["step"] = np.array([0, 0, 5, 3, 3, 3], dtype=np.int64)
     f = write(tmp_path / "bad.parquet", tiny, c, row_group_size=3)
     assert messages(f) == [
@@ -174,6 +175,7 @@ def test_step_decreasing_across_files(tiny, tmp_path):
     c = good_columns()
     write(d / "part-00000.parquet", tiny, c)
     c2 = good_columns()
+    c2["request_id"] += 2  # other tokens than the first file's: only the steps are wrong
     c2["step"] = np.zeros(6, dtype=np.int64)
     f2 = write(d / "part-00001.parquet", tiny, c2)
     assert messages(d) == [
@@ -305,3 +307,27 @@ def test_domain_column_nulls_and_dictionary_type(tiny, tmp_path):
     c["domain"] = pa.array(["code", "math", "chat", "code", "code", "math"]).dictionary_encode()
     f = write(tmp_path / "dict.parquet", tiny, c, schema=False)
     assert messages(f) == []
+
+
+def test_a_token_is_processed_in_one_step(tiny, tmp_path):
+    c = good_columns()
+    c["request_id"] = np.zeros(6, dtype=np.int64)  # (request 0, position 0) in steps 0 and 1
+    f = write(tmp_path / "bad.parquet", tiny, c, row_group_size=2)
+    assert messages(f) == [
+        (f"{f}: row 3: field 'position': token (request 0, position 0) in step 1 was already in step 0 (row 0): "
+         "a (request_id, position) is one token, processed in one step")
+    ]
+
+
+def test_request_id_and_position_ranges(tiny, tmp_path):
+    c = good_columns()
+    c["request_id"] = np.array([-2, -2, -2, 1 << 39, 1 << 39, 1 << 39], dtype=np.int64)
+    f = write(tmp_path / "bad.parquet", tiny, c)
+    got = messages(f)
+    assert got[0] == f"{f}: row 0: field 'request_id': request_id -2 outside [0, {(1 << 39) - 1}]"
+    c = good_columns()
+    c["position"] = np.array([0, 0, 0, 1 << 24, 1 << 24, 1 << 24], dtype=np.int32)
+    f = write(tmp_path / "bad2.parquet", tiny, c)
+    assert messages(f)[0] == (f"{f}: row 3: field 'position': position {1 << 24} beyond {(1 << 24) - 1}, "
+                              "the longest context a trace holds")
+

@@ -645,6 +645,7 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                         domain_rows.append(np.zeros(num_windows, np.int64))
                     domain_rows[d] += rows
             sampler.add_candidates(part.sample)
+        order.finish()
 
         if spec.shared_counts is not None:
             counts += spec.shared_counts.sum(axis=0)

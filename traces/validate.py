@@ -18,10 +18,11 @@ line ``place trace validate`` prints first for that trace):
 
 Row checks, per row group: no nulls; ``layer`` is an MoE layer of the model; expert ids ``< num_experts``
 and no expert repeated in one row's top-k; gate weights finite and non-negative; ``phase`` 0 or 1;
-``position`` non-negative. Across row groups and files (in the sorted order of
-:func:`traces.format.trace_files`): ``step`` never decreases, and the rows of one token — a (``step``,
-``request_id``, ``position``) — are consecutive with strictly ascending MoE layers, so a token never has
-two rows for one layer.
+``request_id`` in ``[0, 2^39)``, ``position`` in ``[0, 2^24)``. Across row groups and files (in the sorted
+order of :func:`traces.format.trace_files`): ``step`` never decreases, the rows of one token — a
+(``step``, ``request_id``, ``position``) — are consecutive with strictly ascending MoE layers, so a token
+never has two rows for one layer, and a (``request_id``, ``position``) appears in one step only (checked
+after the last row group, :meth:`RowOrder.finish`).
 
 Every problem is one line naming the file, the row (or row group) and the field.
 """
@@ -51,6 +52,10 @@ from traces.format import (
 )
 
 DEFAULT_MAX_PER_KIND = 5
+# a token is packed as request_id << 24 | position by the readers that replay tokens: 2^24 positions is
+# 16x K3's 1 M-token context, 2^39 request ids more than any engine log numbers
+MAX_POSITION = (1 << 24) - 1
+MAX_REQUEST_ID = (1 << 39) - 1
 _STRING_TYPES = (pa.string(), pa.large_string())
 # deferred row problems (step order, token rows) a row group hands on, per kind: enough for any listing
 _MAX_DEFERRED = 1000
@@ -480,6 +485,10 @@ class _Edge:
     head: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     tail: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     head_runs_from: int = 0  # index of the first head run that does not continue the previous group's token
+    # every token run's (request_id << 24 | position), step and first local row, for one token per step
+    run_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    run_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    run_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def _token_rows(edge: _Edge, step, rid, pos, layer, moe: np.ndarray) -> None:
@@ -516,6 +525,9 @@ def _token_rows(edge: _Edge, step, rid, pos, layer, moe: np.ndarray) -> None:
             for i, j in list(zip(later.tolist(), earlier.tolist()))[:_MAX_DEFERRED]:
                 probs.append((i, "row_order", "position", _resume_message(int(rid[i]), int(pos[i]), int(step[i]),
                                                               f"row {edge.row0 + j}")))
+    edge.run_keys = (rr.astype(np.int64) << 24) | rp.astype(np.int64)
+    edge.run_steps = rs.astype(np.int64)
+    edge.run_rows = starts.astype(np.int64)
     head = rs == rs[0]
     tail = rs == rs[-1]
     edge.head = (rr[head], rp[head], starts[head])
@@ -570,8 +582,13 @@ def check_row_group(sink, trace: Trace, fi: int, rg: int, table: pa.Table) -> Ro
             at.rows("phase", phase > 1, "phase", lambda i: f"phase {phase[i]}, expected 0 (prefill) or 1 (decode)")
     rid = _plain(table, "request_id", np.int64) if "request_id" in present else np.zeros(n, np.int64)
     pos = _plain(table, "position", np.int32) if "position" in present else np.zeros(n, np.int32)
-    if n and "position" in present and int(pos.min()) < 0:
-        at.rows("position", pos < 0, "position", lambda i: f"position {pos[i]} is negative")
+    if n and "request_id" in present and (int(rid.min()) < 0 or int(rid.max()) > MAX_REQUEST_ID):
+        at.rows("request_id", (rid < 0) | (rid > MAX_REQUEST_ID), "request_id",
+                lambda i: f"request_id {rid[i]} outside [0, {MAX_REQUEST_ID}]")
+    if n and "position" in present and (int(pos.min()) < 0 or int(pos.max()) > MAX_POSITION):
+        at.rows("position", (pos < 0) | (pos > MAX_POSITION), "position",
+                lambda i: f"position {pos[i]} is negative" if pos[i] < 0
+                else f"position {pos[i]} beyond {MAX_POSITION}, the longest context a trace holds")
     edge = _Edge(str(at.path), at.row0, n)
     if n and {"step", "request_id", "position", "layer"} <= present:
         _order_facts(edge, _plain(table, "step", np.int64), rid, pos, layer, li >= 0)
@@ -666,6 +683,8 @@ class RowOrder:
         self.open_step: int | None = None
         # tokens of the open step seen in earlier row groups: request ids, positions, first row, file
         self.open_tokens: list[tuple[np.ndarray, np.ndarray, np.ndarray, str]] = []
+        # every token run so far: packed (request_id, position), step, trace row, file; for :meth:`finish`
+        self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray, str]] = []
 
     def feed(self, edge: _Edge, where_before: str) -> None:
         """Check ``edge`` against what came before. ``where_before`` words the row before its first row
@@ -687,7 +706,41 @@ class RowOrder:
         else:
             self.open_step = edge.last[0]
             self.open_tokens = [tail]
+        if edge.run_keys.size:
+            self.runs.append((edge.run_keys, edge.run_steps, edge.run_rows + edge.row0, edge.path))
         self.prev = edge
+
+    def finish(self) -> None:
+        """After the last row group: a token (request_id, position) is processed in one step only, so it
+        names one token wherever it appears (the replay in ``place evaluate`` and the simulator rely on it).
+        Reported at the later step's first row."""
+        if not self.runs:
+            return
+        keys = np.concatenate([r[0] for r in self.runs])
+        steps = np.concatenate([r[1] for r in self.runs])
+        rows = np.concatenate([r[2] for r in self.runs])
+        src = np.concatenate([np.full(len(r[0]), j) for j, r in enumerate(self.runs)])
+        order = np.lexsort((np.arange(len(keys)), steps, keys))
+        k, st = keys[order], steps[order]
+        twice = (k[1:] == k[:-1]) & (st[1:] != st[:-1])
+        hits = np.flatnonzero(twice)
+        # the first run of each (token, step): a token cut by a row-group boundary is two runs
+        new = np.ones(len(k), bool)
+        new[1:] = (k[1:] != k[:-1]) | (st[1:] != st[:-1])
+        run_start = np.maximum.accumulate(np.where(new, np.arange(len(k)), 0))
+        seen: set[tuple[int, int]] = set()
+        for h in hits.tolist():
+            a, b = int(order[run_start[h]]), int(order[h + 1])
+            if (int(keys[b]), int(steps[b])) in seen:
+                continue
+            seen.add((int(keys[b]), int(steps[b])))
+            rid, pos = int(keys[b]) >> 24, int(keys[b]) & ((1 << 24) - 1)
+            first = f"row {int(rows[a])}" + ("" if self.runs[src[a]][3] == self.runs[src[b]][3] else f" of {Path(self.runs[src[a]][3]).name}")
+            self.sink.add("token_twice", self.runs[src[b]][3], int(rows[b]), "position",
+                          f"token (request {rid}, position {pos}) in step {int(steps[b])} was already in step "
+                          f"{int(steps[a])} ({first}): a (request_id, position) is one token, processed in "
+                          "one step")
+        self.runs = []
 
     def _steps(self, edge: _Edge, where_before: str) -> None:
         """Step order: the boundary row, then the group's own decreases, in row order."""
@@ -761,6 +814,7 @@ def _check_rows(sink, trace: Trace, report: ValidationReport | None = None) -> N
                 layer_counts += np.bincount(group.layer_idx[ok], minlength=trace.model.num_moe_layers)
             where_before = (f"the last row of {tf.path.name}" if rg == pf.num_row_groups - 1
                             else "the row before")
+    order.finish()
     if report is not None:
         report.num_tokens = int(layer_counts.max(initial=0))
 
