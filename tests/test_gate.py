@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fuzzkit import trace_columns
 
 from foundation.errors import InputError
 from foundation.model import load_model
@@ -31,18 +32,10 @@ def tiny():
 
 
 def columns(tokens: int = 8) -> dict:
-    """``tokens`` tokens (two requests, one step per token) x 3 MoE layers, all valid."""
-    n = tokens * 3
-    tok = np.repeat(np.arange(tokens), 3)
-    return {
-        "request_id": (tok % 2).astype(np.int64),
-        "position": (tok // 2).astype(np.int32),
-        "phase": np.zeros(n, np.uint8),
-        "step": tok.astype(np.int64),
-        "layer": np.tile(np.array([1, 2, 3], np.uint16), tokens),
-        "expert_ids": np.stack([np.arange(n) % 8, (np.arange(n) + 3) % 8], axis=1).astype(np.uint16),
-        "gate_weights": np.full((n, 2), 0.5, np.float32),
-    }
+    """``tokens`` tokens (two requests, one step per token) x 3 MoE layers, all valid, with gate weights."""
+    cols = trace_columns(tokens)
+    cols["gate_weights"] = np.full((tokens * 3, 2), 0.5, np.float32)
+    return cols
 
 
 def write(path: Path, model, cols: dict, *, meta: dict | None = None, row_group_size=None) -> Path:

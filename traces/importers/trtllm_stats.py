@@ -115,37 +115,43 @@ def _iterations(found: set[int], path: Path) -> list[int]:
     return its
 
 
+
+def _records(files: dict[int, Path], model: ModelSpec, tally: dict[str, int]):
+    """Every (rank, path, key, iteration, layer, array) of the rank files, in file order; keys of layers
+    past the decoder layers (an MTP draft layer) are skipped. ``tally`` counts records read and skipped."""
+    for rank, path in files.items():
+        for key, arr in _load(path).items():
+            tally["records"] += 1
+            k = _key(path, key, model)
+            if k is None:
+                tally["skipped"] += 1
+                continue
+            yield (rank, path, key, *k, arr)
+
+
 def import_counts(d: Path, files: dict[int, Path], model: ModelSpec, out: Path | None) -> ImportResult:
     t0 = time.perf_counter()
     E, L = model.num_experts, model.num_moe_layers
     col = {layer: i for i, layer in enumerate(model.moe_layers)}
     acc: dict[int, np.ndarray] = {}
-    seen: dict[int, set[tuple[int, int]]] = {}
-    records = skipped = 0
-    for rank, path in files.items():
-        seen[rank] = set()
-        for key, arr in _load(path).items():
-            records += 1
-            k = _key(path, key, model)
-            if k is None:
-                skipped += 1
-                continue
-            it, layer = k
-            if arr.dtype.kind not in "iu":
-                raise InputError(f"{path}: key '{key}': dtype {arr.dtype}, expected integer token counts "
-                                 "(torch.bincount output)")
-            if arr.shape != (E,):
-                raise InputError(f"{path}: key '{key}': shape {list(arr.shape)}, expected [{E}] (one count per "
-                                 "expert)")
-            if (arr < 0).any():
-                raise InputError(f"{path}: key '{key}': negative count {int(arr.min())}")
-            if arr.size and int(arr.max()) > np.iinfo(np.int64).max // 2:
-                raise InputError(f"{path}: key '{key}': count {int(arr.max())} overflows the int64 totals")
-            if int(arr.sum()) % model.top_k:
-                raise InputError(f"{path}: key '{key}': {int(arr.sum())} selections are not a multiple of top-k "
-                                 f"{model.top_k} (each token selects {model.top_k} experts)")
-            acc.setdefault(it, np.zeros((L, E), dtype=np.int64))[col[layer]] += arr.astype(np.int64)
-            seen[rank].add((it, layer))
+    seen = {rank: set() for rank in files}
+    tally = {"records": 0, "skipped": 0}
+    for rank, path, key, it, layer, arr in _records(files, model, tally):
+        if arr.dtype.kind not in "iu":
+            raise InputError(f"{path}: key '{key}': dtype {arr.dtype}, expected integer token counts "
+                             "(torch.bincount output)")
+        if arr.shape != (E,):
+            raise InputError(f"{path}: key '{key}': shape {list(arr.shape)}, expected [{E}] (one count per "
+                             "expert)")
+        if (arr < 0).any():
+            raise InputError(f"{path}: key '{key}': negative count {int(arr.min())}")
+        if arr.size and int(arr.max()) > np.iinfo(np.int64).max // 2:
+            raise InputError(f"{path}: key '{key}': count {int(arr.max())} overflows the int64 totals")
+        if int(arr.sum()) % model.top_k:
+            raise InputError(f"{path}: key '{key}': {int(arr.sum())} selections are not a multiple of top-k "
+                             f"{model.top_k} (each token selects {model.top_k} experts)")
+        acc.setdefault(it, np.zeros((L, E), dtype=np.int64))[col[layer]] += arr.astype(np.int64)
+        seen[rank].add((it, layer))
     if not acc:
         raise InputError(f"{d}: the rank*.safetensors files hold no MoE-layer statistics")
     its = _iterations(set(acc), d)
@@ -159,32 +165,26 @@ def import_counts(d: Path, files: dict[int, Path], model: ModelSpec, out: Path |
     counts = np.stack([acc[it] for it in its])
     prov = {"kind": "imported", "format": "trtllm-stats", "sources": [str(p) for p in files.values()],
             "ranks": len(files), "iterations": [its[0], its[-1] + 1], "layers_covered": layers,
-            "mtp_layers_skipped": skipped}
+            "mtp_layers_skipped": tally["skipped"]}
     loads = Loads(counts, model, 0, tuple(f"iteration {it}" for it in its), prov)
     if out is not None:
         loads.save(out)
     secs = time.perf_counter() - t0
-    summary = {"format": "trtllm-stats", "mode": "counts", "records_read": records, "windows": len(its),
-               "selections": int(counts.sum()), "ranks": len(files), "mtp_layers_skipped": skipped,
-               "layers_covered": layers, "seconds": secs, "records_per_s": records / secs if secs > 0 else 0.0}
+    summary = {"format": "trtllm-stats", "mode": "counts", "records_read": tally["records"], "windows": len(its),
+               "selections": int(counts.sum()), "ranks": len(files), "mtp_layers_skipped": tally["skipped"],
+               "layers_covered": layers, "seconds": secs,
+               "records_per_s": tally["records"] / secs if secs > 0 else 0.0}
     return ImportResult("loads", loads=loads, summary=summary)
 
 
 def import_raw(d: Path, files: dict[int, Path], model: ModelSpec, out: Path) -> ImportResult:
     t0 = time.perf_counter()
     batches: dict[tuple[int, int], dict[int, np.ndarray]] = {}  # (iteration, rank) -> layer -> ids
-    records = skipped = 0
-    for rank, path in files.items():
-        for key, arr in _load(path).items():
-            records += 1
-            k = _key(path, key, model)
-            if k is None:
-                skipped += 1
-                continue
-            it, layer = k
-            ids = expert_id_matrix(arr, path, f"key '{key}'", "token_selected_experts", model.num_experts,
-                                   model.top_k)
-            batches.setdefault((it, rank), {})[layer] = ids
+    tally = {"records": 0, "skipped": 0}
+    for rank, path, key, it, layer, arr in _records(files, model, tally):
+        ids = expert_id_matrix(arr, path, f"key '{key}'", "token_selected_experts", model.num_experts,
+                               model.top_k)
+        batches.setdefault((it, rank), {})[layer] = ids
     if not batches:
         raise InputError(f"{d}: the rank*_raw.safetensors files hold no MoE-layer routing")
     its = _iterations({it for it, _ in batches}, d)
@@ -221,14 +221,14 @@ def import_raw(d: Path, files: dict[int, Path], model: ModelSpec, out: Path) -> 
 
     prov = {"kind": "imported", "format": "trtllm-stats", "mode": "raw", "sources": [str(p) for p in files.values()],
             "ranks": len(ranks), "iterations": [its[0], its[-1] + 1], "layers_covered": layers,
-            "mtp_layers_skipped": skipped,
+            "mtp_layers_skipped": tally["skipped"],
             "request_id": "one pseudo-request per (iteration, rank) batch: TensorRT-LLM records no request ids",
             "phase": "unknown in the dump; all rows marked prefill (0)"}
     rows = write_validated_trace(out, model, prov, write)
     secs = time.perf_counter() - t0
-    summary = {"format": "trtllm-stats", "mode": "raw", "records_read": records, "rows_written": rows,
-               "tokens": tokens, "ranks": len(ranks), "mtp_layers_skipped": skipped, "layers_covered": layers,
-               "seconds": secs, "records_per_s": records / secs if secs > 0 else 0.0}
+    summary = {"format": "trtllm-stats", "mode": "raw", "records_read": tally["records"], "rows_written": rows,
+               "tokens": tokens, "ranks": len(ranks), "mtp_layers_skipped": tally["skipped"], "layers_covered": layers,
+               "seconds": secs, "records_per_s": tally["records"] / secs if secs > 0 else 0.0}
     return ImportResult("trace", trace=out, summary=summary)
 
 
