@@ -9,8 +9,6 @@ the figures are medians over ``--repeats`` runs after one warm-up. Writes bench/
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -19,9 +17,8 @@ from pathlib import Path
 
 import torch
 import transformers
+from _timing import RESULTS, write_result  # before any project import: sets sys.path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from foundation.files import write_text_atomic
 from traces.capture import RoutingRecorder, left_pad
 
 # Small models (4 layers, 32 experts top-4): each forward is cheap, so the per-step cost of the hooks weighs
@@ -108,8 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--quick", action="store_true", help="2 repeats, 8 new tokens (smoke run)")
-    ap.add_argument("--out", type=Path,
-                    default=Path(__file__).resolve().parent / "results" / "capture_overhead.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "capture_overhead.json")
     args = ap.parse_args(argv)
     if args.quick:
         args.repeats, args.new_tokens = 2, 8
@@ -158,13 +154,12 @@ def main(argv=None) -> int:
               f"({100 * pair['hooks+trace']:+.1f}% paired) | time in hooks {100 * r['hook_time_share']:.2f}% "
               f"| {rows:,} rows/run")
     report = {
-        "bench": "capture_overhead", "device": args.device, "torch": torch.__version__,
+        "device": args.device, "torch": torch.__version__,
         "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-        "machine": platform.machine(), "batch": args.batch, "new_tokens": args.new_tokens,
+        "quick": args.quick, "batch": args.batch, "new_tokens": args.new_tokens,
         "repeats": args.repeats, "families": results,
     }
-    write_text_atomic(args.out, json.dumps(report, indent=1))
-    print(f"wrote {args.out}")
+    write_result("capture_overhead", report, args.out)
     return 0
 
 

@@ -80,7 +80,7 @@ def rebalance_tables() -> str:
     return (f"```\n{cmds}\n```\n```\n{header}\n{table}\n```\n"
             f"(`bench/rebalance.py` runs these and writes `bench/results/rebalance.json`; wall time "
             + ", ".join(f"{labels[k]} {r['wall_s']:.0f} s" for k, r in runs.items())
-            + f" on {res['cpus']} shared cores.)\n")
+            + f" on {(res.get('machine') or res)['cpus']} shared cores.)\n")
 
 
 RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables}

@@ -12,22 +12,43 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import resource
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _timing import peak_rss_mb, timed, write_result  # before any project import: sets sys.path
 
 from foundation.model import load_model
 from traces.format import TraceWriter
 from traces.importers import import_source
 from traces.validate import validate_report
 
-RESULTS = Path(__file__).parent / "results" / "import_throughput.json"
+
+def _size(path: Path) -> int:
+    """Bytes of a file, or of every file under a directory."""
+    return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _timed_import(label: str, fmt: str, src: Path, model, out: Path, *, records: int | None = None,
+                  loads: bool = False) -> dict:
+    """Import ``src`` with ``import_source(fmt)`` and time it; one result row. ``records``: the input's
+    record count when the importer does not report one; a trace import's selections are its written rows
+    x top-k, a Loads import (``loads``) reports its own."""
+    with timed() as t:
+        res = import_source(fmt, [src], model, out)
+    s = res.summary
+    row = {"format": label, "model": model.name,
+           "records": s["records_read"] if records is None else records, "seconds": t.wall_s, "cpu_s": t.cpu_s}
+    selections = s["selections"] if loads else s["rows_written"] * model.top_k
+    row.update(records_per_s=row["records"] / t.wall_s, selections_per_s=selections / t.wall_s)
+    if not loads:
+        row["rows_written"] = s["rows_written"]
+    if "warmup_rows_dropped" in s:
+        row["warmup_rows_dropped"] = s["warmup_rows_dropped"]
+    row["input_bytes"] = _size(src)
+    return row
 
 
 def _topk(rng: np.random.Generator, n: int, num_experts: int, k: int) -> np.ndarray:
@@ -80,21 +101,7 @@ def bench_vllm_jsonl(tmp: Path, rng, scale: float) -> dict:
                     )
                     + "\n"
                 )
-    t0 = time.perf_counter()
-    res = import_source("vllm-jsonl", [src], m, tmp / "vllm_trace")
-    secs = time.perf_counter() - t0
-    s = res.summary
-    return {
-        "format": "vllm-jsonl",
-        "model": m.name,
-        "records": s["records_read"],
-        "seconds": secs,
-        "records_per_s": s["records_read"] / secs,
-        "selections_per_s": s["rows_written"] * m.top_k / secs,
-        "warmup_rows_dropped": s["warmup_rows_dropped"],
-        "rows_written": s["rows_written"],
-        "input_bytes": src.stat().st_size,
-    }
+    return _timed_import("vllm-jsonl", "vllm-jsonl", src, m, tmp / "vllm_trace")
 
 
 def bench_vllm_eplb(tmp: Path, rng, scale: float) -> dict:
@@ -125,18 +132,7 @@ def bench_vllm_eplb(tmp: Path, rng, scale: float) -> dict:
                 )
                 + "\n"
             )
-    t0 = time.perf_counter()
-    res = import_source("vllm-eplb", [src], m, tmp / "eplb.npz")
-    secs = time.perf_counter() - t0
-    return {
-        "format": "vllm-eplb",
-        "model": m.name,
-        "records": num_records,
-        "seconds": secs,
-        "records_per_s": num_records / secs,
-        "selections_per_s": res.summary["selections"] / secs,
-        "input_bytes": src.stat().st_size,
-    }
+    return _timed_import("vllm-eplb", "vllm-eplb", src, m, tmp / "eplb.npz", records=num_records, loads=True)
 
 
 def bench_sglang_stat(tmp: Path, rng, scale: float) -> dict:
@@ -151,18 +147,7 @@ def bench_sglang_stat(tmp: Path, rng, scale: float) -> dict:
     )
     import traces.importers.sglang  # noqa: F401  (import torch-using module before timing)
 
-    t0 = time.perf_counter()
-    res = import_source("sglang", [src], m, tmp / "sglang.npz")
-    secs = time.perf_counter() - t0
-    return {
-        "format": "sglang stat",
-        "model": m.name,
-        "records": steps,
-        "seconds": secs,
-        "records_per_s": steps / secs,
-        "selections_per_s": res.summary["selections"] / secs,
-        "input_bytes": src.stat().st_size,
-    }
+    return _timed_import("sglang stat", "sglang", src, m, tmp / "sglang.npz", records=steps, loads=True)
 
 
 def bench_sglang_per_token(tmp: Path, rng, scale: float) -> dict:
@@ -206,20 +191,7 @@ def bench_sglang_per_token(tmp: Path, rng, scale: float) -> dict:
     src = tmp / "expert_distribution_recorder_1_0.pt"
     torch.save({"records": records, "last_physical_to_logical_map": torch.from_numpy(p2l)}, src)
     del records
-    t0 = time.perf_counter()
-    res = import_source("sglang", [src], m, tmp / "sglang_trace")
-    secs = time.perf_counter() - t0
-    s = res.summary
-    return {
-        "format": "sglang per_token",
-        "model": m.name,
-        "records": passes,
-        "seconds": secs,
-        "records_per_s": passes / secs,
-        "selections_per_s": s["rows_written"] * m.top_k / secs,
-        "rows_written": s["rows_written"],
-        "input_bytes": src.stat().st_size,
-    }
+    return _timed_import("sglang per_token", "sglang", src, m, tmp / "sglang_trace", records=passes)
 
 
 def bench_trtllm_stats_raw(tmp: Path, rng, scale: float) -> dict:
@@ -241,20 +213,7 @@ def bench_trtllm_stats_raw(tmp: Path, rng, scale: float) -> dict:
                 counts[f"{it}_{layer}"] = np.bincount(ids.ravel(), minlength=m.num_experts).astype(np.int64)
         save_file(raw, str(d / f"rank{r}_raw.safetensors"))
         save_file(counts, str(d / f"rank{r}.safetensors"))
-    t0 = time.perf_counter()
-    res = import_source("trtllm-stats", [d], m, tmp / "trtllm_trace")
-    secs = time.perf_counter() - t0
-    s = res.summary
-    return {
-        "format": "trtllm-stats raw",
-        "model": m.name,
-        "records": s["records_read"],
-        "seconds": secs,
-        "records_per_s": s["records_read"] / secs,
-        "selections_per_s": s["rows_written"] * m.top_k / secs,
-        "rows_written": s["rows_written"],
-        "input_bytes": sum(f.stat().st_size for f in d.iterdir()),
-    }
+    return _timed_import("trtllm-stats raw", "trtllm-stats", d, m, tmp / "trtllm_trace")
 
 
 def bench_vllm_routed(tmp: Path, rng, scale: float) -> dict:
@@ -277,20 +236,7 @@ def bench_vllm_routed(tmp: Path, rng, scale: float) -> dict:
             fh.write(json.dumps({"id": f"chatcmpl-{i}", "prompt_token_ids": list(range(n_prompt)),
                                  "choices": [{"index": 0, "token_ids": list(range(n_gen)),
                                               "routed_experts": base64.b64encode(buf.getvalue()).decode()}]}) + "\n")
-    t0 = time.perf_counter()
-    res = import_source("vllm-routed-experts", [src], m, tmp / "routed_trace")
-    secs = time.perf_counter() - t0
-    s = res.summary
-    return {
-        "format": "vllm-routed-experts",
-        "model": m.name,
-        "records": s["records_read"],
-        "seconds": secs,
-        "records_per_s": s["records_read"] / secs,
-        "selections_per_s": s["rows_written"] * m.top_k / secs,
-        "rows_written": s["rows_written"],
-        "input_bytes": src.stat().st_size,
-    }
+    return _timed_import("vllm-routed-experts", "vllm-routed-experts", src, m, tmp / "routed_trace")
 
 
 def bench_flame(tmp: Path, rng, scale: float) -> dict:
@@ -317,20 +263,7 @@ def bench_flame(tmp: Path, rng, scale: float) -> dict:
         pq.write_table(pa.table({"scores": pa.FixedSizeListArray.from_arrays(pa.array(sc.ravel()), 6),
                                  "indices": pa.FixedSizeListArray.from_arrays(pa.array(ids.ravel()), 6)}),
                        it / f"layer_{layer:02d}.parquet")
-    t0 = time.perf_counter()
-    res = import_source("flame-moe", [root], m, tmp / "flame_trace")
-    secs = time.perf_counter() - t0
-    s = res.summary
-    return {
-        "format": "flame-moe",
-        "model": m.name,
-        "records": s["records_read"],
-        "seconds": secs,
-        "records_per_s": s["records_read"] / secs,
-        "selections_per_s": s["rows_written"] * m.top_k / secs,
-        "rows_written": s["rows_written"],
-        "input_bytes": sum(f.stat().st_size for f in root.rglob("*.parquet")),
-    }
+    return _timed_import("flame-moe", "flame-moe", root, m, tmp / "flame_trace")
 
 
 def bench_validate(tmp: Path, rng, scale: float) -> dict:
@@ -350,18 +283,12 @@ def bench_validate(tmp: Path, rng, scale: float) -> dict:
                 expert_ids=_topk(rng, rows, m.num_experts, m.top_k),
                 gate_weights=rng.random((rows, m.top_k), dtype=np.float32),
             )
-    t0 = time.perf_counter()
-    rep = validate_report(out)
-    secs = time.perf_counter() - t0
+    with timed() as t:
+        rep = validate_report(out)
     assert rep.ok, rep.lines()
-    return {
-        "format": "validate (kimi-k3 trace, gate weights)",
-        "model": m.name,
-        "records": rep.num_rows,
-        "seconds": secs,
-        "records_per_s": rep.num_rows / secs,
-        "selections_per_s": rep.num_rows * m.top_k / secs,
-    }
+    return {"format": "validate (kimi-k3 trace, gate weights)", "model": m.name, "records": rep.num_rows,
+            "seconds": t.wall_s, "cpu_s": t.cpu_s, "records_per_s": rep.num_rows / t.wall_s,
+            "selections_per_s": rep.num_rows * m.top_k / t.wall_s}
 
 
 def main() -> int:
@@ -389,24 +316,10 @@ def main() -> int:
                 f"{r['records_per_s']:>12,.0f} records/s  {r['selections_per_s'] / 1e6:8.2f} M selections/s",
                 flush=True,
             )
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak_rss = peak_rss_mb() * 2**20
     print(f"peak RSS {peak_rss / 2**30:.2f} GiB")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "bench": "import_throughput",
-                "scale": args.scale,
-                "seed": args.seed,
-                "python": sys.version.split()[0],
-                "machine": platform.machine(),
-                "peak_rss_bytes": peak_rss,
-                "results": results,
-            },
-            indent=1,
-        )
-    )
-    print(f"wrote {RESULTS}")
+    write_result("import_throughput", {"scale": args.scale, "seed": args.seed, "peak_rss_bytes": peak_rss,
+                                       "results": results})
     return 0
 
 

@@ -10,7 +10,6 @@ Every score comes from ``placement.evaluate.evaluate``. Prints the figures and w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -19,12 +18,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from _timing import RESULTS, timed, write_result  # before any project import: sets sys.path
 
 from foundation.cluster import make_cluster
-from foundation.files import write_text_atomic
 from foundation.model import load_model
 from placement.evaluate import TokenRouting, evaluate, index_trace
 from placement.optimizer import OptimizerConfig, solve_layer
@@ -33,7 +29,6 @@ from placement.policies import PlacementProblem, get_policy
 from traces.format import trace_files
 from traces.synth import SynthConfig, synthesize
 
-RESULTS = ROOT / "bench" / "results"
 PARETO_LAYERS = (5, 30, 60, 85)
 WINDOW_TOKENS = 4096
 
@@ -93,9 +88,9 @@ def group_loads(ids: np.ndarray, groups: np.ndarray, num_groups: int, E: int) ->
 def plan(policy: str, loads, model, cluster, R, seed=0, samples=None, time_limit=None, **options):
     prob = PlacementProblem(np.asarray(loads, dtype=np.float64), model, cluster, R, engine=options.pop("engine", "vllm"),
                             seed=seed, time_limit=time_limit, samples=samples, options=options)
-    t = time.perf_counter()
-    pl = get_policy(policy)(prob)
-    return pl, time.perf_counter() - t
+    with timed() as t:
+        pl = get_policy(policy)(prob)
+    return pl, t.wall_s
 
 
 def bal(pl, loads, engine="vllm"):
@@ -185,6 +180,8 @@ def main() -> int:
         sample_idx = np.linspace(0, half - 1, OptimizerConfig().max_traffic_samples).astype(np.int64)
         samples = ids[sample_idx].astype(np.int64)
         held = TokenRouting(ids[half:].astype(np.int64), rid[half:].astype(np.int64), model)
+        out["traffic_samples"] = len(samples)
+        out["pareto_layers"] = list(PARETO_LAYERS)
         tr = {}
         eplb_bal = rows["eplb"]["plan_balancedness"]
         for name, pol, opts in (("eplb", "eplb", {}), ("moeplace", "moeplace", {"workers": args.workers}),
@@ -237,8 +234,8 @@ def main() -> int:
                   f"(ceiling {m.bound_balancedness_budget:.4f})", flush=True)
         out["scaling"] = sc
 
-    write_text_atomic(RESULTS / args.out, json.dumps(out, indent=1) + "\n")
-    print(f"wrote {RESULTS / args.out}")
+    out["traffic_time_limit_s"] = args.traffic_time_limit
+    write_result("optimize", out, RESULTS / args.out)
     return 0
 
 

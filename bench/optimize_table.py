@@ -11,15 +11,11 @@ Prints the figures and writes bench/results/optimize_table.json.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from _timing import ROOT, rel, repeat, timed, write_result
 
 BASELINES = ["linear", "round_robin", "eplb"]
 
@@ -39,49 +35,43 @@ def main() -> int:
     trace = Path(args.trace)
     synth_s = None
     if not trace.exists():
-        t0 = time.perf_counter()
-        synthesize(load_model("kimi-k3"), SynthConfig(), trace)
-        synth_s = time.perf_counter() - t0
+        with timed() as t:
+            synthesize(load_model("kimi-k3"), SynthConfig(), trace)
+        synth_s = t.wall_s
         print(f"synthesized {trace} in {synth_s:.1f} s")
     policies = BASELINES + (["moeplace"] if args.with_moeplace else [])
+    # the installed entry point, as a user runs it (Python start-up and imports included)
     place = str(Path(sys.executable).with_name("place"))
     cmd = [place, "optimize", str(trace), "--gpus", "32", "--no-out"]
     for p in policies:
         cmd += ["--policy", p]
-    walls = []
-    table = ""
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        res = subprocess.run(cmd, check=False, capture_output=True, text=True)
-        walls.append(time.perf_counter() - t0)
-        if res.returncode:
-            print(res.stderr, file=sys.stderr)
-            return res.returncode
-        table = res.stdout
-    print(table)
+    runs = repeat(lambda: subprocess.run(cmd, check=False, capture_output=True, text=True), args.repeats)
+    if runs.result.returncode:
+        print(runs.result.stderr, file=sys.stderr)
+        return runs.result.returncode
+    walls = runs.wall_s
+    print(runs.result.stdout)
     print(f"`{' '.join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))}`: "
-          f"median {statistics.median(walls):.2f} s over {len(walls)} runs {[round(w, 2) for w in walls]}")
+          f"median {runs.wall_median:.2f} s over {len(walls)} runs {[round(w, 2) for w in walls]}")
 
     # stages, in-process
-    t0 = time.perf_counter()
-    loads = routing_windows([trace])
-    read_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    cmp = compare_policies(loads, make_cluster(32), num_redundant=32, policies=policies)
-    cmp_s = time.perf_counter() - t0
+    with timed() as t:
+        loads = routing_windows([trace])
+    read_s = t.wall_s
+    with timed() as t:
+        cmp = compare_policies(loads, make_cluster(32), num_redundant=32, policies=policies)
+    cmp_s = t.wall_s
     plan_s = {r.policy: r.seconds for r in cmp.results}
     print(f"stages: trace -> Loads {read_s:.2f} s ({loads.num_windows} windows); compare {cmp_s:.2f} s "
           f"(planning {', '.join(f'{k} {v:.2f}' for k, v in plan_s.items())}; the rest is evaluate)")
     out = {
-        "trace": str(trace), "synth_seconds": synth_s, "command": cmd[1:], "wall_seconds": walls,
-        "median_wall_seconds": statistics.median(walls), "target_seconds": 30.0,
+        "trace": rel(trace), "synth_seconds": synth_s, "wall_seconds": walls,
+        "command": [rel(c) if c == str(trace) else c for c in cmd[1:]],
+        "median_wall_seconds": runs.wall_median, "cpu_seconds": runs.cpu_s, "target_seconds": 30.0,
         "read_seconds": read_s, "compare_seconds": cmp_s, "plan_seconds": plan_s,
         "rows": [r.row() for r in cmp.results], "table": format_table(cmp),
     }
-    dest = ROOT / "bench" / "results" / "optimize_table.json"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(out, indent=1))
-    print(f"wrote {dest}")
+    write_result("optimize_table", out)
     return 0
 
 

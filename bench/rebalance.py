@@ -15,19 +15,14 @@ import argparse
 import contextlib
 import io
 import json
-import os
-import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # before bench/, where sim.py would shadow the sim package
+from _timing import timed, write_result  # before any project import: sets sys.path
 
 from moeplace.cli import main
 
-RESULTS = ROOT / "bench" / "results" / "rebalance.json"
 SCENARIO = ["--placement", "linear", "--redundant", "32", "--mode", "replay", "--duration", "20",
             "--concurrency", "64", "--context-mix", "512:1", "--output-len", "256", "--no-progress"]
 RUNS = {  # label -> extra flags
@@ -58,18 +53,14 @@ def main_(argv=None) -> int:
     for label, extra in RUNS.items():
         with tempfile.TemporaryDirectory(prefix="bench-rebalance-") as tmp:
             cmd = ["simulate", args.trace, *SCENARIO, *extra]
-            t0 = time.perf_counter()
-            printed = _place([*cmd, "--out", str(Path(tmp) / "sim")])
-            wall = time.perf_counter() - t0
+            with timed() as t:
+                printed = _place([*cmd, "--out", str(Path(tmp) / "sim")])
+            wall = t.wall_s
             summary = json.loads((Path(tmp) / "sim" / "summary.json").read_text())[0]
         print(f"$ place {' '.join(cmd)}\n{printed}({wall:.1f} s)\n", flush=True)
         runs[label] = {"command": "place " + " ".join(cmd), "printed": printed, "wall_s": wall,
                        "summary": {k: v for k, v in summary.items() if not isinstance(v, (list, dict))}}
-    out = {"trace": args.trace, "runs": runs, "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
-           "python": platform.python_version()}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    write_result("rebalance", {"trace": args.trace, "runs": runs})
     return 0
 
 

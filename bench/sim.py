@@ -13,14 +13,10 @@ figures depend on the load (recorded as ``loadavg``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+from _timing import RESULTS, loadavg, rel, timed, write_result
 
 
 def run_one(trace, gpus: int, duration: float, mode: str) -> dict:
@@ -37,9 +33,9 @@ def run_one(trace, gpus: int, duration: float, mode: str) -> dict:
     mix = LengthMix(components=((2048, 1.0),), sigma=0.3, output_mean=1024)
     cfg = SimConfig(duration=duration, mode=mode, engine=engine,
                     workload=WorkloadConfig(arrival="closed", concurrency=ranks * engine.max_seqs, lengths=mix))
-    c0, w0 = time.process_time(), time.perf_counter()
-    res = simulate(trace, [("linear", placement)], cluster, cfg)[0]
-    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    with timed() as t:
+        res = simulate(trace, [("linear", placement)], cluster, cfg)[0]
+    wall, cpu = t.wall_s, t.cpu_s
     s = res.summary
     out = {"gpus": gpus, "duration_s": duration, "mode": mode, "wall_s": wall, "cpu_s": cpu,
            "sim_wall_s": s["wall_s"], "route_wall_s": s["route_wall_s"], "iterations": s["iterations"],
@@ -49,7 +45,7 @@ def run_one(trace, gpus: int, duration: float, mode: str) -> dict:
            "tokens_per_cpu_s": s["mean_batch_tokens"] * s["iterations"] / max(cpu, 1e-9),
            "mean_decode_seqs": s["mean_decode_seqs"], "decode_slots": ranks * engine.max_seqs,
            "mean_batch_tokens": s["mean_batch_tokens"], "output_tok_s": s["output_tok_s"],
-           "straggler_share": s["straggler_share"], "loadavg": os.getloadavg()[0]}
+           "straggler_share": s["straggler_share"], "loadavg": loadavg()[0]}
     print(f"  {mode:6s} {gpus:4d} GPUs {duration:6.0f} sim s: {s['wall_s']:7.1f} s wall ({cpu:6.1f} s CPU), "
           f"{s['iterations']:6d} iterations, {out['ms_per_iteration']:6.2f} ms/iteration, "
           f"batch {s['mean_decode_seqs']:.0f}/{ranks * engine.max_seqs} decode seqs, "
@@ -63,7 +59,6 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=40_000, help="tokens of the synthesized trace")
     ap.add_argument("--quick", action="store_true", help="shorter runs (smoke test of the script)")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     from foundation.model import load_model
     from sim.workload import load_trace_tokens
     from traces.synth import SynthConfig, synthesize
@@ -72,12 +67,13 @@ def main() -> int:
     if not trace_dir.exists():
         print(f"synthesizing a {args.tokens:,}-token K3 trace into {trace_dir}", flush=True)
         synthesize(load_model("kimi-k3"), SynthConfig(num_tokens=args.tokens), trace_dir)
-    t0 = time.perf_counter()
-    trace = load_trace_tokens(trace_dir)
-    load_s = time.perf_counter() - t0
+    with timed() as t:
+        trace = load_trace_tokens(trace_dir)
+    load_s = t.wall_s
     print(f"trace: {trace.num_tokens:,} tokens, {trace.num_requests} requests, loaded in {load_s:.1f} s")
     q = 0.1 if args.quick else 1.0
-    results: dict = {"trace": {"path": str(trace_dir), "tokens": trace.num_tokens, "load_s": load_s}}
+    results: dict = {"quick": args.quick,
+                     "trace": {"path": rel(trace_dir), "tokens": trace.num_tokens, "load_s": load_s}}
     print("headline: 10 simulated minutes, 32 x H200, stat mode")
     results["headline"] = run_one(trace, 32, 600 * q, "stat")
     print("simulated time scaling (32 GPUs, stat)")
@@ -97,9 +93,7 @@ def main() -> int:
         "stat_wall_s_per_sim_s_32": h["wall_s_per_sim_s"],
         "stat_wall_s_per_sim_s_1024": results["gpu_scaling"][-1]["wall_s_per_sim_s"],
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "sim.json"
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    write_result("sim", results)
     t = results["targets"]
     print(f"stat: 600 simulated s in {t['stat_600s_32gpu_wall_s']:.1f} s wall (target <= 60 s: "
           f"{'met' if t['stat_meets_target'] else 'NOT met'}), decode slots {t['batches_full']:.0%} full; "
@@ -107,7 +101,6 @@ def main() -> int:
           f"than stat)")
     print(f"stat wall s per simulated s: {t['stat_wall_s_per_sim_s_32']:.3f} at 32 GPUs (target <= 0.05), "
           f"{t['stat_wall_s_per_sim_s_1024']:.3f} at 1,024 GPUs (target <= 0.2)")
-    print(f"wrote {out}")
     return 0
 
 

@@ -12,19 +12,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-# bench/sim.py would shadow the `sim` package for a script run from bench/ (its directory comes first on
-# sys.path): drop that entry, the packages are installed.
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-ROOT = Path(__file__).resolve().parent.parent
+from _timing import ROOT, rel, timed, write_result  # first: keeps bench/sim.py from shadowing sim
+
 SNAPSHOT_ENV = "MOEPLACE_BENCH_SNAPSHOT"
 PACKAGES = ("foundation", "traces", "placement", "sim", "moeplace")  # what moeplace.sweep reaches
 
@@ -48,8 +43,6 @@ _run_on_a_snapshot()
 import polars as pl
 
 from moeplace.sweep import comparable, load_spec, run_sweep
-
-RESULTS = Path(__file__).parent / "results" / "sweep.json"
 
 
 def source_hash() -> str:
@@ -81,13 +74,13 @@ def main() -> int:
         for backend in ("local", "ray"):
             if args.only and backend != args.only:
                 continue
-            t0 = time.perf_counter()
-            res = run_sweep(spec, Path(tmp) / backend, backend=backend, workers=args.workers,
-                            log=lambda m: print(m, file=sys.stderr, flush=True))
-            wall = time.perf_counter() - t0
+            with timed() as tm:
+                res = run_sweep(spec, Path(tmp) / backend, backend=backend, workers=args.workers,
+                                log=lambda m: print(m, file=sys.stderr, flush=True))
+            wall = tm.wall_s
             t = res.table
             opt = t.unique("optimize_key")["wall_optimize_s"].drop_nulls()
-            runs[backend] = {"wall_s": wall, "points": res.num_points, "optimize_tasks": res.num_optimized,
+            runs[backend] = {"wall_s": wall, "cpu_s": tm.cpu_s, "points": res.num_points, "optimize_tasks": res.num_optimized,
                              "statuses": dict(t.group_by("status").len().sort("status").iter_rows()),
                              "sum_simulate_s": float(t["wall_simulate_s"].sum() or 0.0),
                              "optimize_s": float(opt.sum())}
@@ -107,16 +100,10 @@ def main() -> int:
         unchanged = code_before == code_after
         print(f"same table (local vs ray): {same}; code unchanged during the runs: {unchanged}"
               f"; ray / local wall: {runs['ray']['wall_s'] / runs['local']['wall_s']:.2f}")
-    import placement
-
-    code = str(Path(placement.__file__).resolve().parent.parent)
-    out = {"spec": args.spec, "code": code, "workers": args.workers, "cpus": os.cpu_count(),
-           "load_avg": os.getloadavg(),
-           "python": platform.python_version(), "runs": runs, "same_table": same,
-           "source_unchanged": code_before == code_after, "polars": pl.__version__}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+    out = {"spec": rel(args.spec), "snapshot": bool(os.environ.get(SNAPSHOT_ENV)), "workers": args.workers,
+           "runs": runs, "same_table": same, "source_unchanged": code_before == code_after,
+           "source_hash": code_before, "polars": pl.__version__}
+    write_result("sweep", out)
     if os.environ.get(SNAPSHOT_ENV):
         shutil.rmtree(os.environ[SNAPSHOT_ENV], ignore_errors=True)
     return 0 if same in (None, True) else 1

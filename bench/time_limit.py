@@ -13,10 +13,9 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _timing import RESULTS, ROOT, timed, write_result
 
 CASES = {
     "all policies": [],
@@ -34,7 +33,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=20000)
     ap.add_argument("--limits", default="0.01,1,5,20")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "time_limit.json"))
+    ap.add_argument("--out", default=str(RESULTS / "time_limit.json"))
     args = ap.parse_args()
     limits = [float(x) for x in args.limits.split(",")]
     rows = []
@@ -44,17 +43,17 @@ def main() -> int:
         if r.returncode:
             print(r.stderr, file=sys.stderr)
             return 1
-        t0 = time.monotonic()
-        r = place("trace", "validate", str(trace))  # start-up + one pass: the floor no limit can cut
-        floor = time.monotonic() - t0
+        with timed() as t:
+            r = place("trace", "validate", str(trace))  # start-up + one pass: the floor no limit can cut
+        floor = t.wall_s
         print(f"K3 trace of {args.tokens} tokens; start-up + one validation pass: {floor:.2f} s")
         print(f"{'case':<18} {'limit s':>8} {'wall s':>8} {'over s':>7}  notes")
         for case, extra in CASES.items():
             for limit in limits:
                 out = Path(tmp) / "p.json"
-                t0 = time.monotonic()
-                r = place("optimize", str(trace), "--time-limit", str(limit), "--out", str(out), *extra)
-                wall = time.monotonic() - t0
+                with timed() as t:
+                    r = place("optimize", str(trace), "--time-limit", str(limit), "--out", str(out), *extra)
+                wall = t.wall_s
                 notes = [line[6:] for line in r.stdout.splitlines() if line.startswith("note: ")]
                 if r.returncode:
                     notes.append(r.stderr.strip())
@@ -71,9 +70,7 @@ def main() -> int:
                 print(f"{case:<18} {limit:>8g} {wall:>8.2f} {wall - limit:>7.2f}  {short}")
     result = {"tokens": args.tokens, "model": "kimi-k3", "gpus": 32, "startup_and_one_pass_s": round(floor, 2),
               "runs": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_result("time_limit", result, Path(args.out))
     return 0
 
 

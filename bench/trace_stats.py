@@ -14,47 +14,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def children_peak_rss_mb() -> float:
-    """Largest peak RSS of the finished child processes (worker / writer processes)."""
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-
-
-def cpu_seconds() -> float:
-    """CPU seconds of this process and of its finished children."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+from _timing import RESULTS, ROOT, children_peak_rss_mb, cpu_seconds, peak_rss_mb, repeat, write_result
 
 
 def stats_child(trace: str, repeats: int) -> dict:
     from traces.stats import compute_stats
 
-    walls, cpus, summary = [], [], None
-    for _ in range(repeats):
-        c0, w0 = cpu_seconds(), time.perf_counter()
-        st = compute_stats(trace)
-        walls.append(time.perf_counter() - w0)
-        cpus.append(cpu_seconds() - c0)
-        summary = st.summary()
+    runs = repeat(lambda: compute_stats(trace), repeats)
+    summary = runs.result.summary()
     sel = summary["selections"]
-    return {"selections": sel, "wall_s": walls, "cpu_s": cpus, "wall_s_median": statistics.median(walls),
-            "selections_per_s": sel / statistics.median(walls),
-            "selections_per_cpu_s": sel / statistics.median(cpus), "peak_rss_mb": peak_rss_mb(),
+    return {"selections": sel, "wall_s": runs.wall_s, "cpu_s": runs.cpu_s, "wall_s_median": runs.wall_median,
+            "selections_per_s": sel / runs.wall_median,
+            "selections_per_cpu_s": sel / runs.cpu_median, "peak_rss_mb": peak_rss_mb(),
             "workers": summary.get("workers"), "worker_peak_rss_mb": children_peak_rss_mb(),
             "skew_median": summary["skew_median"], "cv_median": summary["cv_median"],
             "affinity_lift_mean": summary["affinity_lift_mean"], "locality": summary["locality"],
@@ -94,8 +69,7 @@ def main() -> int:
               "loadavg_after": os.getloadavg(), "synth": synth, "stats": stats,
               "targets": {"synth_selections_per_s": 20e6, "stats_selections_per_s": 100e6,
                           "bytes_per_selection": 2.5}}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "trace_stats.json").write_text(json.dumps(result, indent=1))
+    write_result("trace_stats", result)
     if not args.keep:
         shutil.rmtree(args.trace, ignore_errors=True)
     print(f"K3 synthetic trace: {synth['tokens']:,} tokens, {synth['selections'] / 1e6:.0f} M selections, "
@@ -111,7 +85,6 @@ def main() -> int:
     print(f"trace : skew median {stats['skew_median']:.2f}, CV {stats['cv_median']:.2f}, affinity lift "
           f"{stats['affinity_lift_mean']:.2f}, locality {stats['locality']:.3f}, window drift corr "
           f"{stats['drift_corr_mean']:.3f}")
-    print(f"wrote {RESULTS / 'trace_stats.json'}")
     return 0
 
 

@@ -30,3 +30,24 @@ def test_a_figure_edited_by_hand_is_rewritten():
     new = figures.render(text)
     assert new != text and new.startswith("before\n") and new.endswith("<!-- /figure -->\nafter\n")
     assert "output tok/s" in new and figures.render(new) == new
+
+
+def test_results_files_carry_their_format_tag(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the module arranges sys.path for a bench script
+    timing = _load_timing(monkeypatch)
+    dest = timing.write_result("demo", {"x": 1}, tmp_path / "demo.json")
+    doc = json.loads(dest.read_text())
+    assert doc["format"] == "moeplace.bench.demo/1" and doc["bench"] == "demo" and doc["x"] == 1
+    assert doc["machine"]["cpus"] >= 1 and len(doc["machine"]["loadavg"]) == 3
+    runs = timing.repeat(lambda: sum(range(1000)), 3)
+    assert runs.result == 499500 and len(runs.wall_s) == 3 and runs.wall_median in runs.wall_s
+
+
+def _load_timing(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_timing", REPO / "bench" / "_timing.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_timing", mod)  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
