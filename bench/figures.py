@@ -5,6 +5,9 @@ renderer below, which reads one results file. ``python bench/figures.py`` rewrit
 results; ``--check`` changes nothing and exits 1 when a figure differs from what its results give (the
 test suite runs it, so a figure edited by hand or a result re-measured without regenerating fails).
 
+A renderer formats numbers only from its results file, never from a constant, so the prose around a
+figure carries no measured number of its own; each names the bench command that wrote its file.
+
     .venv/bin/python bench/figures.py [--check]
 """
 from __future__ import annotations
@@ -83,7 +86,458 @@ def rebalance_tables() -> str:
             + f" on {(res.get('machine') or res)['cpus']} shared cores.)\n")
 
 
-RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables}
+def _machine(res: dict) -> str:
+    """'N cores at load average L' of a results file (files written before bench/_timing.py keep cpus /
+    load_avg at the top, or nothing)."""
+    m = res.get("machine") or {"cpus": res.get("cpus"), "loadavg": res.get("load_avg")}
+    load = m.get("loadavg")
+    if not m.get("cpus"):
+        return "machine and load not recorded"
+    return f"{m['cpus']} cores" + (f" at load average {load[0]:.1f}" if load else "")
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+# ---------------------------------------------------------------------------- trace pipeline
+def trace_stats() -> str:
+    """docs/traces.md: synthesis and stats ingestion speed, bytes per selection, peak RSS (bench/trace_stats.py)."""
+    r = _results("trace_stats")
+    sy, st = r["synth"], r["stats"]
+    t = r["targets"]
+    passes = ", ".join(f"{st['selections'] / w / 1e6:.1f}" for w in st["wall_s"])
+    rows = [
+        ("trace", f"{sy['tokens']:,} K3 tokens, {sy['selections'] / 1e6:,.0f} M selections, {sy['requests']:,} requests"),
+        ("bytes on disk", (f"{sy['bytes_per_selection']:.3f} B/selection (target <= {t['bytes_per_selection']:g}: "
+                          f"{_met(sy['bytes_per_selection'] <= t['bytes_per_selection'])})")),
+        ("synthesis", (f"{sy['selections_per_s'] / 1e6:.1f} M selections/s = {sy['wall_s']:.1f} s wall, "
+                      f"{sy['plan_s']:.1f} s of it planning; {sy['selections_per_cpu_s'] / 1e6:.1f} M per CPU-second "
+                      f"(target {t['synth_selections_per_s'] / 1e6:g} M/s: "
+                      f"{_met(sy['selections_per_s'] >= t['synth_selections_per_s'])})")),
+        ("stats ingestion", (f"{st['selections_per_s'] / 1e6:.1f} M selections/s = {st['wall_s_median']:.2f} s, the "
+                            f"median of {len(st['wall_s'])} passes ({passes} M/s); {st['workers']} worker processes; "
+                            f"{st['selections_per_cpu_s'] / 1e6:.1f} M per CPU-second (target "
+                            f"{t['stats_selections_per_s'] / 1e6:g} M/s: "
+                            f"{_met(st['selections_per_s'] >= t['stats_selections_per_s'])})")),
+        ("peak RSS", (f"synth {sy['peak_rss_mb']:,.0f} MB + writer {sy['writer_peak_rss_mb']:,.0f} MB; stats main "
+                     f"process {st['peak_rss_mb']:,.0f} MB, each worker <= {st['worker_peak_rss_mb']:,.0f} MB")),
+        ("realized statistics", (f"skew median {st['skew_median']:.2f}, CV {st['cv_median']:.2f}, affinity lift "
+                                f"{st['affinity_lift_mean']:.2f}, locality {st['locality']:.3f}, window drift corr "
+                                f"{st['drift_corr_mean']:.2f}")),
+    ]
+    head = (f"`python bench/trace_stats.py --tokens {r['tokens']}` on {r['cores']} cores, load average "
+            f"{r['loadavg_before'][0]:.1f} before and {r['loadavg_after'][0]:.1f} after "
+            f"(`bench/results/trace_stats.json`):\n\n")
+    return head + _table(["figure", "value"], rows)
+
+
+def _table(head: list[str], rows) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def import_throughput() -> str:
+    """docs/traces.md: import and validation speed per engine format (bench/import_throughput.py)."""
+    r = _results("import_throughput")
+    rows = [(x["format"], x["model"], f"{x['records']:,}", f"{x['rows_written']:,}" if "rows_written" in x else "–",
+             f"{x['seconds']:.2f}", f"{x['selections_per_s'] / 1e6:.2f}") for x in r["results"]]
+    head = (f"`python bench/import_throughput.py --scale {r['scale']:g}` (inputs generated in each format, shaped "
+            f"like the named model's dumps; {_machine(r)}; peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB):\n\n")
+    return head + _table(["input", "model", "records", "trace rows", "s", "M selections/s"], rows)
+
+
+def capture_overhead() -> str:
+    """docs/traces.md: generate() speed with and without the routing hooks (bench/capture_overhead.py)."""
+    r = _results("capture_overhead")
+    rows = []
+    for fam, x in r["families"].items():
+        tps, pair = x["generated_tokens_per_s"], x["paired_overhead_vs_plain"]
+        rows.append((fam, f"{tps['plain']:,.1f}", f"{tps['hooks']:,.1f} ({100 * pair['hooks']:+.1f} %)",
+                     f"{tps['hooks+trace']:,.1f} ({100 * pair['hooks+trace']:+.1f} %)",
+                     f"{100 * x['hook_time_share']:.2f} %", f"{x['rows_per_run']:,}"))
+    head = (f"`python bench/capture_overhead.py{' --quick' if r.get('quick') else ''}` (random-weight 4-layer "
+            f"models, 32 experts top-4; batch {r['batch']}, {r['new_tokens']} new tokens, median of "
+            f"{r['repeats']} interleaved runs; {r['device']}, {r['threads']} torch threads, {_machine(r)}; "
+            f"overheads paired with the plain run made just before):\n\n")
+    return head + _table(["model", "plain gen tok/s", "hooks", "hooks + trace on disk", "time inside hooks",
+                          "rows/run"], rows)
+
+
+# ---------------------------------------------------------------------------- simulator speed
+def sim_speed() -> str:
+    """docs/simulate.md: wall and CPU time of the simulator by simulated time and GPU count (bench/sim.py)."""
+    r = _results("sim")
+    rows = []
+    runs = sorted(r["sim_time_scaling"], key=lambda x: x["duration_s"]) + r["gpu_scaling"] + [r["replay"]]
+    for x in runs:
+        rows.append((x["mode"], x["gpus"], f"{x['duration_s']:g}", f"{x['sim_wall_s']:.1f}", f"{x['cpu_s']:.1f}",
+                     f"{x['wall_s_per_sim_s']:.3f}", f"{x['iterations']:,}",
+                     f"{x['mean_decode_seqs']:,.0f} / {x['decode_slots']:,}"))
+    h, rp, t = r["headline"], r["replay"], r["targets"]
+    big = r["gpu_scaling"][-1]
+    quick = (" (`--quick`: a tenth of the full bench's simulated times, so the targets, set for the full "
+             "run, are not judged)") if r.get("quick") else ""
+    text = (f"`python bench/sim.py{' --quick' if r.get('quick') else ''}` on a {r['trace']['tokens']:,}-token "
+            f"synthetic K3 trace, {_machine(r)}{quick}:\n\n")
+    text += _table(["mode", "GPUs", "simulated s", "wall s", "CPU s", "wall s per simulated s", "iterations",
+                    "mean decode seqs / slots"], rows)
+    text += (f"\n{h['duration_s']:g} simulated s of K3 on {h['gpus']} H200 with decode slots "
+             f"{t['batches_full']:.0%} busy take {h['sim_wall_s']:.1f} s wall ({h['cpu_s']:.1f} s CPU)")
+    if not r.get("quick"):
+        text += (f": target <= {t['stat_target_wall_s']:g} s {_met(t['stat_meets_target'])}; wall s per simulated "
+                 f"s {t['stat_wall_s_per_sim_s_32']:.3f} at 32 GPUs and {t['stat_wall_s_per_sim_s_1024']:.3f} at "
+                 f"{big['gpus']:,} (targets <= 0.05: {_met(t['stat_wall_s_per_sim_s_32'] <= 0.05)}, <= 0.2: "
+                 f"{_met(t['stat_wall_s_per_sim_s_1024'] <= 0.2)})")
+    text += (f". Replay routes every token exactly: {rp['tokens_per_cpu_s']:,.0f} tokens per CPU second on K3, "
+             f"{t['replay_slowdown_vs_stat']:.0f}x slower than stat per simulated second on the closed loop's "
+             f"prefill burst.\n")
+    return text
+
+
+# ---------------------------------------------------------------------------- optimizer
+def _pct(x: float) -> str:
+    return f"{'+' if x >= 0 else '−'}{abs(x) * 100:.1f} %"
+
+
+def optimize() -> str:
+    """docs/placement.md: the optimizer against EPLB on planned and held-out windows, per domain, on
+    traffic, and its run time by GPU count (bench/optimize.py)."""
+    r = _results("optimize")
+    w = r["windows"]
+    text = (f"`python bench/optimize.py --tokens {r['tokens']}` ({_machine(r)}; {r['tokens']:,}-token synthetic "
+            f"K3 trace, {w['plan'] + w['held_out']} windows of {w['window_tokens']} tokens, {w['plan']} planned / "
+            f"{w['held_out']} held out; 32 x H200 = 4 x 8, R = 32; vLLM rule):\n\n")
+    rows = [(name, f"{x['seconds']:.1f} s", f"{x['plan_balancedness']:.4f}", f"{x['plan_gap_budget']:.4%}",
+             f"{x['held_out_mean']:.4f}", f"{x['held_out_worst']:.4f}", x["duplicates_on_gpu"])
+            for name, x in r["balance"].items()]
+    text += _table(["policy", "time", "plan (sum) bal", "gap to bound", "held-out mean", "held-out worst window",
+                    "dup GPUs"], rows)
+    rob = r["robust_domains"]
+    text += (f"\nRobust over the {len(w['domains'])} domains (scored per domain; in-sample, the domains it planned "
+             f"on), worst domain: " + ", ".join(f"{name} {x['worst_domain']:.4f}" for name, x in rob.items())
+             + (" (`moeplace --robust` per domain "
+                + ", ".join(f"{b:.4f}" for b in rob['moeplace --robust']['domain_balancedness']) + ")"
+                if "moeplace --robust" in rob else "") + ".\n")
+    tr = r["traffic"]
+    eplb, bal_only = tr["eplb"], tr["moeplace"]
+    t, bt = tr["moeplace --objective traffic"], tr["moeplace --objective balance+traffic"]
+    text += (f"\nTraffic (planned on {r['traffic_samples']:,} sampled tokens of the first half; exact replay of "
+             f"the held-out half's tokens; other nodes a token is sent to per MoE layer): EPLB "
+             f"{eplb['remote_nodes_per_token']:.4f}, balance-only moeplace {bal_only['remote_nodes_per_token']:.4f}, "
+             f"`--objective traffic` (floor = EPLB's balancedness − 0.01) **{t['remote_nodes_per_token']:.4f} "
+             f"({_pct(t['remote_nodes_vs_eplb'])}) at plan balancedness {t['plan_balancedness']:.4f}**, "
+             f"`balance+traffic --traffic-weight 10` **{bt['remote_nodes_per_token']:.4f} "
+             f"({_pct(bt['remote_nodes_vs_eplb'])}) at {bt['plan_balancedness']:.4f}** (EPLB "
+             f"{eplb['plan_balancedness']:.4f}); {t['seconds']:.0f} / {bt['seconds']:.0f} s under the bench's "
+             f"{r['traffic_time_limit_s']:g} s time limit. The planned frontier (layers "
+             f"{', '.join(map(str, r['pareto_layers']))}; mean nodes touched per sampled token): "
+             + ", ".join(f"{p['span_nodes_per_token']:.3f} at balancedness {p['balancedness']:.4f}"
+                         for p in tr["pareto"]) + ".\n")
+    sc = r["scaling"]
+    text += ("\nWhole model (92 layers), moeplace default: "
+             + ", ".join(f"{g} GPUs {x['seconds']:.1f} s" for g, x in sc.items())
+             + " (R = " + ", ".join(str(x["redundant"]) for x in sc.values()) + "; plan balancedness "
+             + ", ".join(f"{x['balancedness']:.4f}" for x in sc.values()) + ").\n"
+             f"Same seed, same input → same placement: {str(r['deterministic']).lower()}.\n")
+    return text
+
+
+def optimize_table() -> str:
+    """docs/placement.md: wall time of `place optimize` with the baseline policies (bench/optimize_table.py)."""
+    r = _results("optimize_table")
+    walls = ", ".join(f"{w:.1f}" for w in r["wall_seconds"])
+    plans = ", ".join(f"{k} {v:.2f}" for k, v in r["plan_seconds"].items())
+    ok = r["median_wall_seconds"] < r["target_seconds"]
+    return (f"`python bench/optimize_table.py` ({_machine(r)}): `place {' '.join(r['command'])}` takes "
+            f"{r['median_wall_seconds']:.1f} s, the median of {len(r['wall_seconds'])} runs ({walls} s; Python "
+            f"start-up, the trace pass and the shift estimate included; target < {r['target_seconds']:g} s: "
+            f"{_met(ok)}). In-process: trace → Loads {r['read_seconds']:.1f} s, planning {plans} s, and "
+            f"{r['compare_seconds'] - sum(r['plan_seconds'].values()):.1f} s of scoring.\n")
+
+
+SHIFT_LABELS = {"eplb": "eplb", "moeplace": "moeplace", "robust": "moeplace --robust",
+                "robust+envelope": "moeplace --robust --envelope"}
+
+
+def _shift_table(data: dict) -> str:
+    rows = [(label, f"{v['in_sample_mean']:.4f}", f"{v['estimate_mean']:.4f} / {v['estimate_worst_mean']:.4f}",
+             f"{v['realized_mean']:.4f} / {v['realized_worst']:.4f}")
+            for key, label in SHIFT_LABELS.items() for v in [data["variants"][key]]]
+    return _table(["policy", "in-sample", "shift estimate mean / worst", "realized unseen mean / worst"], rows)
+
+
+def _signed(x: float) -> str:
+    return f"{'+' if x >= 0 else '−'}{abs(x):.3f}"
+
+
+def shift_lodo() -> str:
+    """docs/placement.md: the shift estimate against the balancedness realized on an unseen domain, on
+    synthetic and on captured routing (bench/shift_lodo.py)."""
+    r = _results("shift_lodo")
+    syn, cap = r["synthetic"], r["captured"]
+    kept = [d["variants"][k] for d in (syn, cap) for k in SHIFT_LABELS]
+    over = [v["in_sample_mean"] - v["realized_mean"] for v in kept]
+    est = [abs(v["estimate_mean"] - v["realized_mean"]) for v in kept]
+    per = [v["estimate_abs_error_mean"] for v in kept]
+
+    def gain(d: dict, a: str, b: str, key: str = "realized_worst") -> str:
+        return _signed(d["variants"][a][key] - d["variants"][b][key])
+
+    return (f"Recorded with the results: {r['note']}.\n\n"
+            f"Synthetic (`place trace synth`, Qwen3-30B-A3B shape: 48 MoE layers x 128 experts, top-8; 4 domains, "
+            f"drift 1; 16 GPUs = 4 x 4, R = 16; scenarios = dominant domain tag per 4096-token window: "
+            f"{', '.join(syn['scenarios'])}):\n\n" + _shift_table(syn) + "\n"
+            f"Captured (`place trace capture`, a random-weight Qwen3-MoE with 4 MoE layers x 64 experts, top-4; "
+            f"8 GPUs = 2 x 4, R = 8; scenarios = input files: {', '.join(cap['scenarios'])}):\n\n"
+            + _shift_table(cap) + "\n"
+            f"The in-sample figure overstates what unseen traffic gets by {min(over):.2f}-{max(over):.2f}; the shift "
+            f"estimate lands within {min(est):.3f}-{max(est):.3f} of the realized mean (per held-out domain "
+            f"{min(per):.3f}-{max(per):.3f} off on average). `--robust` changes the worst unseen domain by "
+            f"{gain(syn, 'robust', 'eplb')} against EPLB on the synthetic domains and by {gain(cap, 'robust', 'eplb')} "
+            f"on the captured ones (in-sample there: {gain(cap, 'robust', 'eplb', 'in_sample_mean')}); the envelope "
+            f"scenario changes it by {gain(cap, 'robust+envelope', 'robust')} on the captured data and by "
+            f"{gain(syn, 'robust+envelope', 'robust')} on the synthetic; seeded lognormal perturbations of the windows "
+            f"(tried, not kept) by {gain(cap, 'robust+perturb', 'robust')} over `--robust` on the captured data and "
+            f"by {gain(syn, 'robust+perturb', 'robust')} on the synthetic.\n")
+
+
+def time_limit() -> str:
+    """docs/placement.md: how far over `--time-limit` the whole command ends (bench/time_limit.py)."""
+    r = _results("time_limit")
+    runs = [x for x in r["runs"] if x["case"] != "eplb"]  # EPLB alone ends long before any limit
+    top = max(x["limit_s"] for x in runs)
+    over_top = [x["over_limit_s"] for x in runs if x["limit_s"] == top]
+    over_low = [x["over_limit_s"] for x in runs if x["limit_s"] < top]
+    lims = sorted({x["limit_s"] for x in runs if x["limit_s"] < top})
+    eplb = [x["wall_s"] for x in r["runs"] if x["case"] == "eplb"]
+    return (f"On K3 ({r['gpus']} GPUs, a {r['tokens']:,}-token trace) `bench/time_limit.py` measured the whole "
+            f"command (every policy, and moeplace with the traffic objective) at {min(over_top):.1f} to "
+            f"{max(over_top):.1f} s over a {top:g} s limit and {min(over_low):.1f} to {max(over_low):.1f} s over "
+            f"limits of {lims[0]:g}-{lims[-1]:g} s ({_machine(r)}; `bench/results/time_limit.json`); Python "
+            f"start-up and one validation pass of the trace alone take {r['startup_and_one_pass_s']:.1f} s, and "
+            f"`--policy eplb` ends in {min(eplb):.1f}-{max(eplb):.1f} s whatever the limit."
+            + _time_limit_cases(r["runs"]) + "\n")
+
+
+def _time_limit_cases(runs: list[dict]) -> str:
+    """What the smallest limits left out, from the runs' own notes and exit codes."""
+    greedy = sorted(x["limit_s"] for x in runs if x["case"] == "all policies"
+                    and ((x["time_limited"] or {}).get("skipped") or {}).get("local search + CP-SAT") == 92)
+    refused = sorted(x["limit_s"] for x in runs if x["case"] == "eplb" and x["exit_code"] == 2)
+    text = ""
+    if greedy:
+        text += (f" At {' and '.join(f'{v:g}' for v in greedy)} s every layer keeps its greedy start (local search "
+                 f"skipped on all 92 layers)")
+    if refused:
+        text += (("; " if text else " ") + f"`--policy eplb --time-limit {refused[-1]:g}` leaves EPLB out, so "
+                 f"nothing is written (exit 2)")
+    return text + "." if text else ""
+
+
+# ---------------------------------------------------------------------------- kernels
+def kernels() -> str:
+    """docs/kernels.md: measured vs predicted MoE layer times of `place kernels bench` (bench/kernels.py)."""
+    r = _results("kernels")
+    return (f"`python bench/kernels.py` = `{r['command']}` ({r['device']}, {r['dtype']}, {_machine(r)}; "
+            f"{r['wall_s']:.0f} s in all):\n\n```\n{r['printed'].rstrip()}\n```\n")
+
+
+# ---------------------------------------------------------------------------- sweep
+def sweep() -> str:
+    """docs/sweep.md: the example spec on a local process pool and on a local Ray instance (bench/sweep.py)."""
+    r = _results("sweep")
+    parts = []
+    for backend, x in r["runs"].items():
+        statuses = ", ".join(f"{n} {k}" for k, n in x["statuses"].items())
+        parts.append(f"{'a local process pool (`--local`)' if backend == 'local' else 'a local Ray instance'} "
+                     f"{x['wall_s']:.0f} s wall for {x['points']} points ({statuses}; {x['optimize_tasks']} optimize "
+                     f"tasks, {x['optimize_s']:.0f} s of them; simulate tasks {x['sum_simulate_s']:.0f} s)")
+    text = (f"`python bench/sweep.py` (`{r['spec']}`, {r['workers']} workers, {_machine(r)}): "
+            + "; ".join(parts) + ".")
+    if r["same_table"] is not None:
+        text += (f" The two tables are {'identical' if r['same_table'] else '**not** identical'} (every column "
+                 f"but the wall-clock ones), the code {'unchanged' if r['source_unchanged'] else 'changed'} "
+                 f"during the runs.")
+    return text + "\n"
+
+
+# ---------------------------------------------------------------------------- README worked example
+CEILING = {"kv": "the MLA KV cache, not the KDA state,", "state": "the KDA state, not the MLA KV cache,",
+           "max_num_seqs": "the engine's sequence limit (--max-num-seqs)"}
+
+
+def _context(tokens: int) -> str:
+    return "1 M" if tokens == 2**20 else f"{tokens // 1024}k" if tokens % 1024 == 0 else f"{tokens:,}"
+
+
+def demo_transcript() -> str:
+    """README: what `make demo` printed, from a fresh directory (bench/demo.py)."""
+    r = _results("demo")
+    return (f"Real output (`python bench/demo.py{' --quick' if r['quick'] else ''}`: a fresh run in an empty "
+            f"directory, {_machine(r)}, {r['wall_s'] / 60:.1f} minutes in all; the run directory's absolute path "
+            f"shown as a user's checkout):\n\n```\n$ {r['command']}\n{r['printed'].rstrip()}\n```\n")
+
+
+def _stage(printed: str, command: str) -> tuple[list[str], float]:
+    """A demo stage's printed lines, from its ``$ place COMMAND`` line up to the ``(N s)`` line it ends with,
+    and that N."""
+    lines = printed.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"$ place {command} "))
+    end = next(i for i in range(start, len(lines)) if re.fullmatch(r"\(\d+\.\d s\)", lines[i]))
+    return lines[start:end], float(lines[end][1:-3])
+
+
+def demo_optimize() -> str:
+    """docs/placement.md: step 4 of the demo, `place optimize` on the default trace (bench/demo.py)."""
+    r = _results("demo")
+    return (f"Default synthetic K3 trace ({r['optimize']['tokens']:,} tokens, a domain mix that drifts), 4 x 8 H200, vLLM "
+            f"rule (real output: step 4 of `python bench/demo.py{' --quick' if r['quick'] else ''}`, "
+            f"{_machine(r)}):\n\n```\n" + "\n".join(_stage(r["printed"], "optimize")[0]) + "\n```\n")
+
+
+def demo_summary() -> str:
+    """README: what the demo's output says, read off its artifacts (bench/demo.py)."""
+    r = _results("demo")
+    pl, opt, sims = r["plan"], r["optimize"], r["simulate"]
+    lay, cl = pl["layout"], pl["cluster"]
+    pol = opt["policies"]
+    li, ep, mo = pol["linear"], pol["eplb"], pol["moeplace"]
+    s_li, s_ep, s_mo = (sims[f"placement-{k}"] for k in ("linear", "eplb", "moeplace"))
+    held = opt["held_out_windows"]
+    n_dom = len(opt["shift_scenarios"])
+    fits = "fits" if pl["fits"] else "does not fit"
+    return (
+        f"K3 {fits} on {cl['num_nodes']} x {cl['gpus_per_node']} {cl['gpu'].upper()} (attention TP{lay['tp']} x "
+        f"DP{lay['dp']}, EP{lay['ep']}, with the placement's {lay['num_redundant']} redundant slots) with "
+        f"{pl['cache_pool_bytes'] / 1e9:.0f} GB per GPU left for caches, and {CEILING[pl['concurrency_ceiling']]} "
+        f"is the ceiling: {pl['concurrency']} concurrent {_context(pl['context'])}-token sequences, "
+        f"{pl['mix_concurrency']} at the 8k/128k/1M mix. On the held-out part of the trace (windows "
+        f"{held[0]}-{held[-1]}, never seen by planning, token sample included), vLLM's `linear` layout leaves the "
+        f"hottest GPU with {li['held_max_over_mean']:.2f}x the mean GPU's tokens at every MoE layer (balancedness "
+        f"{li['held_balancedness']:.2f}); DeepSeek's EPLB reaches {ep['held_balancedness']:.2f} (worst window "
+        f"{ep['held_worst']:.2f}, and two replicas of one expert on one GPU in {ep['duplicate_on_gpu_layers']} "
+        f"layers); the moeplace placement {mo['held_balancedness']:.2f} (worst {mo['held_worst']:.2f}). On traffic "
+        f"*unlike* the planning data expect less: planned on all but one of the planning part's {n_dom} domains "
+        f"and scored on the one left out, moeplace keeps {mo['shift_mean']:.2f} (worst domain "
+        f"{mo['shift_worst']:.2f}), EPLB {ep['shift_mean']:.2f}, `linear` {li['shift_mean']:.2f} — the shift "
+        f"estimate under the table, the figure to plan a changing workload with. The simulation routes only the "
+        f"held-out part (its first line says so): the straggler GPU costs `linear` "
+        f"{s_li['straggler_share']:.1%} of every step ({s_li['straggler_s']:.0f} s in all); moeplace changes output "
+        f"tokens/s by {_change(s_mo['output_tok_s'], s_li['output_tok_s'])} against `linear` and by "
+        f"{_change(s_mo['output_tok_s'], s_ep['output_tok_s'])} against EPLB. The run took "
+        f"{r['wall_s'] / 60:.0f} minutes, {_stage(r['printed'], 'optimize')[1] / r['wall_s']:.0%} of it "
+        f"step 4, the optimizer and its shift estimate (one more plan per domain).\n")
+
+
+
+def demo_simulate() -> str:
+    """docs/simulate.md: step 7 of the demo, the three placements simulated side by side (bench/demo.py)."""
+    r = _results("demo")
+    sims = r["simulate"]
+    li, ep, mo = (sims[f"placement-{k}"] for k in ("linear", "eplb", "moeplace"))
+    lines, _secs = _stage(r["printed"], "simulate")
+    return (f"Real output (step 7 of `python bench/demo.py{' --quick' if r['quick'] else ''}`, {_machine(r)}):\n\n"
+            "```\n" + "\n".join(lines) + "\n```\n\n"
+            f"The linear placement's hottest GPU gets {li['mean_imbalance']:.2f}x the mean GPU's tokens at every MoE "
+            f"layer; waiting for it costs {li['straggler_s']:.0f} s of the {li['duration_s']:g} simulated s "
+            f"({li['straggler_share']:.1%} of every step: dispatch, expert GEMMs and combine all wait) and "
+            f"{_change(li['output_tok_s'], mo['output_tok_s'])} output tok/s against the moeplace placement "
+            f"({li['output_tok_s']:,.0f} vs {mo['output_tok_s']:,.0f}; EPLB {ep['output_tok_s']:,.0f}; TPOT p50 "
+            f"{_ms(li['tpot_p50_s'])} vs {_ms(mo['tpot_p50_s'])}).\n")
+
+
+def _ms(seconds: float | None) -> str:
+    """Milliseconds below a second, else seconds; a dash for a latency the run has none of (too short)."""
+    if seconds is None:
+        return "–"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+# ---------------------------------------------------------------------------- README scenarios
+def _scenario(name: str) -> dict:
+    return _results("scenarios")[name]
+
+
+def _header(printed: str) -> str:
+    return next(line for line in printed.splitlines() if " simulated s, " in line)
+
+
+def long_context() -> str:
+    """README and docs/simulate.md: 8k prompts only, then 5 % of 1 M-token prompts (bench/scenarios.py)."""
+    runs = _scenario("long_context")
+    short, long_ = runs["8k"]["summary"][0], runs["1m"]["summary"][0]
+    table = format_table([SimpleNamespace(label="8k prompts", summary=short),
+                          SimpleNamespace(label="+ 5 % 1M-token prompts", summary=long_)])
+    cmds = "\n".join(f"$ {x['command']}" for x in runs.values())
+    return (f"```\n{cmds}\n```\n\nThe two tables side by side (header line of both: "
+            f"`{_header(runs['8k']['printed'])}`):\n\n```\n{table}\n```\n\n"
+            f"Output falls from {short['output_tok_s']:,.0f} to {long_['output_tok_s']:,.0f} tok/s, TPOT p50 rises "
+            f"from {_ms(short['tpot_p50_s'])} to {_ms(long_['tpot_p50_s'])} for everybody, and the MLA KV pool peaks "
+            f"at {long_['kv_peak']:.0%} (8k prompts only: {short['kv_peak']:.0%}); {long_['requests_rejected']} "
+            f"prompts longer than the model's context were rejected.\n")
+
+
+def traffic() -> str:
+    """README: `place optimize --objective balance+traffic` against EPLB on held-out tokens (bench/scenarios.py)."""
+    run = _scenario("traffic")["traffic"]
+    rows = {row["policy"]: row for row in run["report"]["rows"]}
+    mo, _ep = rows["moeplace"], rows["eplb"]
+    node = {k: v["held_out"]["remote_per_token"]["node"] for k, v in rows.items()}
+    kib = {k: v["held_out"]["dispatch_bytes_per_token"]["node"] / 1024 for k, v in rows.items()}
+    m = re.search(r"nodes touched per token of its planning sample \(in-sample\) ([\d.]+) -> ([\d.]+)", run["printed"])
+    b = {k: (v["plan"]["balancedness"], v["held_out"]["balancedness"]) for k, v in rows.items()}
+    as_well = b["moeplace"][0] >= b["eplb"][0] and b["moeplace"][1] >= b["eplb"][1]
+    return (f"```\n$ {run['command']}\n{run['printed'].rstrip()}\n```\n\n"
+            f"On held-out tokens each token now goes to {node['moeplace']:.2f} other nodes per MoE layer instead of "
+            f"EPLB's {node['eplb']:.2f} — {kib['moeplace']:,.0f} instead of {kib['eplb']:,.0f} KiB of inter-node "
+            f"dispatch per token ({_change(kib['moeplace'], kib['eplb'])}"
+            + (f"; in-sample, on the tokens it planned on, the optimizer's own count is {m[1]} -> {m[2]} nodes "
+               f"touched, which is why the held-out figure is the one to quote" if m else "")
+            + f") — and the placement balances {'at least as well as' if as_well else 'less well than'} EPLB "
+            f"(plan / held-out {b['moeplace'][0]:.4f} / {b['moeplace'][1]:.4f} vs {b['eplb'][0]:.4f} / "
+            f"{b['eplb'][1]:.4f}). The command took {run['wall_s']:.0f} s ({_machine(_results('scenarios'))}), "
+            f"the optimizer {mo['seconds']:.0f} s of it.\n")
+
+
+def evaluate_defaults() -> str:
+    """docs/export.md: the engines' default layouts and the moeplace placement scored on the demo's Loads
+    (bench/scenarios.py)."""
+    runs = _scenario("evaluate")
+    lines, ratio = [], {}
+    for label, run in runs.items():
+        bal = next(line for line in run["printed"].splitlines() if line.startswith("balancedness"))
+        lines += [f"$ {run['command']}", bal]
+        ratio[label] = float(re.search(r"max/mean ([\d.]+)", bal)[1])
+    return ("```\n" + "\n".join(lines) + "\n```\n\n"
+            f"`linear` with `[i % E]` redundant slots is exactly where vLLM's online EPLB starts: until its first "
+            f"rearrangement (every `step_interval` steps) the hottest GPU carries {ratio['linear']:.2f}x the mean "
+            f"GPU's tokens at every MoE layer; the moeplace placement (planned on the first half of the trace) "
+            f"carries {ratio['moeplace']:.2f}x.\n")
+
+
+def recommend() -> str:
+    """README: `place simulate --recommend`, static vs the engines' online rebalancers (bench/scenarios.py)."""
+    run = _scenario("recommend")["recommend"]
+    lines = run["printed"].rstrip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("static vs online rebalancing"))
+    summary = run["summary"][0]
+    rec = summary["recommendation"]
+    base = rec["rows"][0]["output_tok_s"]
+    parts = [f"{x['config']} rebalances {x['rebalances']} time{'s' if x['rebalances'] != 1 else ''} "
+             f"({x['stall_s']:.2f} s of stall) and changes output tok/s by {_change(x['output_tok_s'], base)}"
+             for x in rec["rows"][1:]]
+    return (f"```\n$ {run['command']}\n{lines[0]}\n...\n" + "\n".join(lines[start:]) + "\n```\n\n"
+            f"Within {summary['duration_s']:g} simulated s ({summary['iterations']:,} iterations of the static run): "
+            + "; ".join(parts) + ".\n")
+
+
+RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
+             "trace-stats": trace_stats, "import-throughput": import_throughput,
+             "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
+             "demo-transcript": demo_transcript, "demo-summary": demo_summary, "demo-optimize": demo_optimize,
+             "demo-simulate": demo_simulate}
 
 
 def render(text: str) -> str:

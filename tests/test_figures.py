@@ -3,19 +3,32 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 FIGURES = REPO / "bench" / "figures.py"
 
 
-def _figures_module():
-    spec = importlib.util.spec_from_file_location("bench_figures", FIGURES)
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _figures_module():
+    return _load("bench_figures", FIGURES)
+
+
+def _blocks() -> list[tuple[Path, str]]:
+    figures = _figures_module()
+    return [(doc, m["name"]) for doc in figures.DOCS for m in figures.BLOCK.finditer(doc.read_text())]
 
 
 def test_docs_figures_match_the_committed_bench_results():
@@ -32,22 +45,38 @@ def test_a_figure_edited_by_hand_is_rewritten():
     assert "output tok/s" in new and figures.render(new) == new
 
 
-def test_results_files_carry_their_format_tag(tmp_path, monkeypatch):
-    import json
+def test_every_renderer_has_a_figure_and_its_results_file():
+    figures = _figures_module()
+    used = {name for _doc, name in _blocks()}
+    assert used == set(figures.RENDERERS), (used ^ set(figures.RENDERERS))
+    for name in figures.RENDERERS:  # every renderer reads committed results only, and they are there
+        assert figures.RENDERERS[name]().strip(), name
 
+
+@pytest.mark.parametrize("doc,name", _blocks(), ids=lambda x: x if isinstance(x, str) else x.name)
+def test_a_changed_number_in_a_figure_is_caught(doc, name):
+    """Every figure's body is what its results give, digit for digit: a number edited in any block is a
+    difference (--check fails) and regenerating puts the results' number back."""
+    figures = _figures_module()
+    text = doc.read_text()
+    m = next(m for m in figures.BLOCK.finditer(text) if m["name"] == name)
+    body = m["body"]
+    digit = re.search(r"\d", body)
+    assert digit, f"{doc.name}: figure {name} quotes no number"
+    i = digit.start()
+    tampered = text[:m.start("body") + i] + str((int(body[i]) + 1) % 10) + text[m.start("body") + i + 1:]
+    assert figures.render(tampered) == text
+
+
+def test_results_files_carry_their_format_tag(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))  # the module arranges sys.path for a bench script
-    timing = _load_timing(monkeypatch)
+    spec = importlib.util.spec_from_file_location("bench_timing", REPO / "bench" / "_timing.py")
+    timing = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_timing", timing)  # its dataclasses look their module up there
+    spec.loader.exec_module(timing)
     dest = timing.write_result("demo", {"x": 1}, tmp_path / "demo.json")
     doc = json.loads(dest.read_text())
     assert doc["format"] == "moeplace.bench.demo/1" and doc["bench"] == "demo" and doc["x"] == 1
     assert doc["machine"]["cpus"] >= 1 and len(doc["machine"]["loadavg"]) == 3
     runs = timing.repeat(lambda: sum(range(1000)), 3)
     assert runs.result == 499500 and len(runs.wall_s) == 3 and runs.wall_median in runs.wall_s
-
-
-def _load_timing(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_timing", REPO / "bench" / "_timing.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_timing", mod)  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
