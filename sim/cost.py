@@ -251,21 +251,31 @@ class CostModel:
         per = self.cfg.dispatch_bytes_per_value if op == "dispatch" else self.cfg.combine_bytes_per_value
         return self.model.expert_hidden_size * per
 
-    def a2a_time(self, nvlink_copies, nic_copies, op: str = "dispatch", mode: str = "low_latency"):
+    def a2a_time(self, nvlink_copies, nic_copies, op: str = "dispatch", mode: str = "low_latency",
+                 link_share=None):
         """One EP rank's share of an all-to-all moving ``nvlink_copies`` / ``nic_copies`` token copies
         (arrays of any shape); the two links work in parallel, each pays its latency when used.
 
         ``low_latency``: one message per selected expert straight to its GPU (``ll_per_copy`` messages per
         copy; DeepEP low-latency kernels: own fixed time and achieved RDMA share). ``normal``: one RDMA copy per destination node (``nic x node_dedup``)
         which the receiver forwards over NVLink, after a CPU-side layout notify.
-        With a profile for ``op``: the measured time of the bytes (``link`` nvlink / nic / any)."""
+        With a profile for ``op``: the measured time of the bytes (``link`` nvlink / nic / any).
+
+        ``link_share``: ``(nvlink, nic)`` factors ``>= 1`` broadcastable to the copies (per GPU ``[G]``):
+        how much longer each link takes to move the same bytes because other traffic (an asynchronous
+        weight transfer, :class:`sim.rebalance.Transfer`) shares it; the latency terms are not stretched."""
         c = self.cfg
         g = self.gpu
         b = self.copy_bytes(op)
         nv = np.asarray(nvlink_copies, dtype=np.float64) * b
         nic = np.asarray(nic_copies, dtype=np.float64) * b
+        # normal mode: the receiver forwards what arrived over its NIC to its node's GPUs on NVLink
+        fwd = nic * (1 - 1 / self.cluster.gpus_per_node)
+        if link_share is not None:
+            # bytes at a share of a link's bandwidth take as long as proportionally more bytes at all of it
+            f_nv, f_nic = (np.asarray(f, dtype=np.float64) for f in link_share)
+            nv, fwd, nic = nv * f_nv, fwd * f_nv, nic * f_nic
         if mode == "normal":
-            fwd = nic * (1 - 1 / self.cluster.gpus_per_node)
             t_nv = np.where(nv + fwd > 0, g.nvlink_latency + c.normal_latency_s + (nv + fwd) / self.nvlink_bw, 0.0)
             t_nic = np.where(nic > 0, g.nic_latency + c.normal_latency_s + nic * self.node_dedup / self.nic_bw, 0.0)
         else:
@@ -370,10 +380,12 @@ class CostModel:
             return self.a2a_mode
         return "normal" if w.pre_tokens.any() else "low_latency"
 
-    def moe_layer_times(self, moe: MoeWork, mode: str = "low_latency") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def moe_layer_times(self, moe: MoeWork, mode: str = "low_latency",
+                        link_share=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per MoE layer ``[L]``: the slowest GPU's expert time, dispatch + combine time (slowest GPU each),
         and the straggler time: for each of the three phases, slowest GPU minus the mean GPU. With TEP
-        (``moe_tp`` t > 1) every GPU of a group of t serves the group's selections on 1/t of each expert."""
+        (``moe_tp`` t > 1) every GPU of a group of t serves the group's selections on 1/t of each expert.
+        ``link_share``: per-GPU link slow-down factors of the all-to-all (:meth:`a2a_time`)."""
         L, G = moe.tokens.shape
         if self.moe_tp > 1:
             t_ = self.moe_tp
@@ -391,11 +403,13 @@ class CostModel:
             tok = moe.tokens.sum(axis=1) / self.model.top_k * (G - 1) / G  # [L]
             multi = self.cluster.num_nodes > 1
             bw, lat = (self.nic_bw, self.gpu.nic_latency) if multi else (self.nvlink_bw, self.gpu.nvlink_latency)
+            if link_share is not None:  # a collective: the most slowed-down GPU sets its pace
+                bw /= float(np.max(link_share[1 if multi else 0]))
             comm = np.where(tok > 0, 2 * lat + tok * (self.copy_bytes("dispatch") + self.copy_bytes("combine")) / bw,
                             0.0)
             return experts, comm, strag
-        d = self.a2a_time(moe.nvlink, moe.nic, "dispatch", mode)
-        c = self.a2a_time(moe.nvlink, moe.nic, "combine", mode)
+        d = self.a2a_time(moe.nvlink, moe.nic, "dispatch", mode, link_share)
+        c = self.a2a_time(moe.nvlink, moe.nic, "combine", mode, link_share)
         comm = d.max(axis=1) + c.max(axis=1)
         straggler = strag + (comm - (d.sum(axis=1) + c.sum(axis=1)) / G)
         return experts, comm, straggler
@@ -409,20 +423,23 @@ class CostModel:
         key_time = np.array([float(np.max(per_kind[k] + trunk[is_moe])) for k, is_moe in self._keys])
         return key_time[self._layer_key]
 
-    def step_time(self, w: RankWork, moe: MoeWork, dual_batch_overlap: bool = False) -> StepTime:
-        """Time of one engine iteration (see the module docstring for the composition)."""
+    def step_time(self, w: RankWork, moe: MoeWork, dual_batch_overlap: bool = False,
+                  link_share=None) -> StepTime:
+        """Time of one engine iteration (see the module docstring for the composition). ``link_share``:
+        ``(nvlink, nic)`` per-GPU factors by which other traffic on the links stretches the all-to-all
+        (:meth:`a2a_time`; ``None``: the links are the all-to-all's alone)."""
         c = self.cfg
         mode = self.mode_of(w)
         graph = bool(self.cuda_graph_max_bs and not w.pre_tokens.any()
                      and float(w.dec_seqs.max(initial=0.0)) <= self.cuda_graph_max_bs)
         attn = self._attention_layers(w)  # [num_layers]
-        experts, comm, straggler = self.moe_layer_times(moe, mode)
+        experts, comm, straggler = self.moe_layer_times(moe, mode, link_share)
         layer = attn.copy()
         fill = 0.0
         if dual_batch_overlap:
             w2, moe2 = w.half(), moe.half()
             attn2 = self._attention_layers(w2)
-            exp2, comm2, _ = self.moe_layer_times(moe2, mode)
+            exp2, comm2, _ = self.moe_layer_times(moe2, mode, link_share)
             share = c.comm_sm_share if mode == "normal" else 0.0
             comp = 2 * (attn2[self._is_moe] + exp2) / (1 - share)
             com = 2 * comm2

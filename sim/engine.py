@@ -25,7 +25,8 @@ Per DP rank and iteration (vLLM/SGLang's scheduler, reduced to what costs time):
 3. batch one token per decoding sequence and fill the rest of ``max_batched_tokens`` with prefill chunks
    (whole prompts only, without chunked prefill).
 The iteration's duration is :meth:`sim.cost.CostModel.step_time` of the batch and of the routing of its
-tokens (:mod:`sim.routing`), plus any stall (swap traffic, a rebalancing weight transfer).
+tokens (:mod:`sim.routing`), plus any stall (swap traffic, a blocking rebalance's weight transfer); an
+asynchronous weight transfer instead shares the links with the all-to-all of the iterations it overlaps.
 """
 from __future__ import annotations
 
@@ -220,9 +221,12 @@ class Pool:
         else:
             moe, counts = self.router.route_count(int(work.tokens.sum()), sim.rng, want_counts=want)
         sim.route_wall += wallclock.perf_counter() - t0
-        st = self.cost.step_time(work, moe, cfg.dual_batch_overlap)
-        if cfg.mtp_draft:
-            st.total += self.cost.draft_time(st, work, cfg.mtp_draft)
+        st = self._step_time(work, moe, cfg)
+        shared = self.rebalancer.link_share(now, st.total) if self.rebalancer is not None else None
+        if shared is not None:  # an async weight transfer shares the links with this step's all-to-all
+            free = st.total
+            st = self._step_time(work, moe, cfg, shared)
+            self.rebalancer.overlapped(now, free, shared, st.total)
         stall, self.stall = self.stall, 0.0
         dt = st.total + stall
         self.last_dt = dt
@@ -234,6 +238,12 @@ class Pool:
             self.rebalancer.observe(counts)
         sim.recorder.iteration(self, now, dt, st, work, moe, stall)
         return [Event(now + dt, "iteration_end", self)]
+
+    def _step_time(self, work, moe, cfg, link_share=None):
+        st = self.cost.step_time(work, moe, cfg.dual_batch_overlap, link_share)
+        if cfg.mtp_draft:
+            st.total += self.cost.draft_time(st, work, cfg.mtp_draft)
+        return st
 
     def finish_iteration(self, now: float) -> list[Event]:
         sim = self.sim

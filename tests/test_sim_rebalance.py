@@ -7,7 +7,7 @@ from simkit import build, linear_placement, mini_model, write_trace
 from foundation.errors import InputError
 from placement.record import Placement
 from sim.config import CostConfig, EngineConfig, RebalanceConfig, SimConfig, WorkloadConfig, parse_rebalance
-from sim.rebalance import limit_moves, moved_experts, relabel_min_moves, transfer_stall
+from sim.rebalance import Transfer, limit_moves, moved_experts, relabel_min_moves, transfer_stall
 
 
 def test_moved_experts_and_stall_by_hand():
@@ -159,3 +159,75 @@ def test_simulate_recommend_compares_static_with_the_engines_rebalancers(tmp_pat
     best = max(rec["rows"][1:], key=lambda r: r["output_tok_s"])
     gain = best["output_tok_s"] / rec["rows"][0]["output_tok_s"] - 1
     assert ("static placement suffices" in rec["verdict"]) == (gain < rec["min_gain"])
+
+
+def test_transfer_shares_the_links_fairly_by_hand():
+    """A transfer with more bytes than the step can carry halves the all-to-all's share of the link for
+    the whole step (factor 2) and moves one step's worth of bytes; a transfer that needs 1 % of the step
+    stretches the all-to-all by 1 % and is done after the step; a link without bytes is untouched."""
+    B = 1e9
+    tr = Transfer(0.0, np.array([0.0, 0.0]), np.array([5e6, 1e4]), B, B)
+    nv, nic = tr.share(0.0, 1e-3)
+    assert nv.tolist() == [1.0, 1.0] and nic == pytest.approx([2.0, 1.01])
+    tr.overlap(0.0, 1e-3, (nv, nic), 1.5e-3)
+    assert tr.nic == pytest.approx([4e6, 0.0]) and tr.slowdown_s == pytest.approx(0.5e-3) and tr.left()
+    # between iterations the transfer has the links to itself: 4 MB at 1 GB/s take 4 ms
+    tr.catch_up(3.5e-3)
+    assert tr.nic[0] == pytest.approx(2e6)
+    assert tr.share(10e-3, 1e-3) is None and not tr.left() and tr.done_at == pytest.approx(5.5e-3)
+    # a transfer that starts after the step does not touch it
+    late = Transfer(2e-3, np.zeros(2), np.array([5e6, 0.0]), B, B)
+    assert late.share(0.0, 1e-3) is None
+
+
+def test_a2a_link_share_stretches_the_bandwidth_term_only():
+    from foundation.cluster import make_cluster
+    from sim.cost import CostModel
+
+    cm = CostModel(mini_model(), make_cluster(4, "h200", 2), CostConfig.roofline())
+    nv, nic = np.array([[1e4, 0.0]]), np.array([[2e4, 3e4]])
+    base = cm.a2a_time(nv, nic, "dispatch", "low_latency")
+    f = (np.array([1.0, 1.0]), np.array([2.0, 1.0]))
+    shared = cm.a2a_time(nv, nic, "dispatch", "low_latency", link_share=f)
+    lat = cm.gpu.nic_latency + cm.cfg.ll_latency_s
+    assert shared[0, 0] - lat == pytest.approx(2 * (base[0, 0] - lat))  # the NIC set GPU 0's pace
+    assert shared[0, 1] == base[0, 1]  # GPU 1's links are its own
+
+
+def test_a_large_async_migration_slows_the_steps_it_overlaps_and_a_tiny_one_does_not(tmp_path):
+    """vLLM's async EPLB moves weights while serving: its bytes take their share of the links the
+    dispatch/combine all-to-all runs on. A migration that re-places every expert across nodes slows the
+    iterations it overlaps and lands later than on free links; one expert moved inside a node does
+    neither."""
+    m = mini_model(num_experts=16)
+    path = write_trace(tmp_path / "t", m, num_requests=8, prompt=512, output=16, skew=1.5)
+    pl = linear_placement(m, 4, 2)
+    cfg = SimConfig(duration=0.004, mode="replay", cost=CostConfig.roofline(),
+                    engine=EngineConfig(attention_tp=1, max_batched_tokens=4096),
+                    workload=WorkloadConfig(arrival="closed", concurrency=8),
+                    rebalance=RebalanceConfig(every=10**9, window=10, policy="eplb", asynchronous=True,
+                                              decision_s=0.0))
+    static = build(path, pl, cfg, gpus=4, gpus_per_node=2).run().timeseries
+    rng = np.random.default_rng(0)
+    large = Placement.from_phy2log(np.stack([rng.permutation(16) for _ in range(3)]), m, 4, 2)
+    p2l = pl.phy2log.copy()
+    p2l[0, [0, 4]] = p2l[0, [4, 0]]  # one expert each way between GPUs 0 and 1 (one node): NVLink
+    tiny = Placement.from_phy2log(p2l, m, 4, 2)
+    out = {}
+    for name, new in (("large", large), ("tiny", tiny)):
+        sim = build(path, pl, cfg, gpus=4, gpus_per_node=2)
+        pool = sim.pools_list[0]
+        assert pool.rebalancer.switch(pool, 0.0, new, 0.0) == 0.0  # async: no stall
+        ts = sim.run().timeseries
+        h = pool.rebalancer.history[0]
+        n = h["overlapped_iterations"]
+        assert n >= 1 and pool.placement is new  # it landed
+        # the same iterations with the links to themselves (the placement lands only after them)
+        out[name] = (h, ts["comm_s"][:n].sum() / static["comm_s"][:n].sum(),
+                     ts["duration"][:n].sum() / static["duration"][:n].sum())
+    h, comm, dur = out["large"]
+    assert h["a2a_slowdown_s"] > 0.2 * h["overlapped_free_s"] and comm > 1.3 and dur > 1.2
+    assert h["transfer_shared_s"] > 1.2 * h["transfer_s"]  # and it arrives later than on free links
+    h, comm, dur = out["tiny"]
+    assert h["a2a_slowdown_s"] < 0.01 * h["overlapped_free_s"] and comm < 1.01 and dur < 1.01
+    assert h["transfer_shared_s"] == pytest.approx(h["transfer_s"], rel=0.05)
