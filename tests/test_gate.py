@@ -89,6 +89,12 @@ def _interleave(c):
     return c
 
 
+def _drop_row(row: int):
+    def f(c):
+        return {k: np.delete(v, row, axis=0) for k, v in c.items()}
+    return f
+
+
 # kind -> (edit of the valid columns, extra metadata, expected message after "<file>: ")
 BAD_ROWS = {
     "expert_range": (_edit(expert_ids=(5, [1, 9])), None,
@@ -111,6 +117,10 @@ BAD_ROWS = {
     "interleaved_token": (_interleave, None,
                           ("row 5: field 'position': token (request 0, position 0, step 0) has rows here and from "
                           "row 0, with other rows between: a token's rows must be consecutive")),
+    # token 3's layer-2 row gone (its rows straddle the row groups of 4): 2 of the 3 layers the trace holds
+    "incomplete_token": (_drop_row(10), None,
+                         ("row 9: field 'layer': token (request 1, position 1, step 3) has rows in 2 of the 3 MoE "
+                          "layers the trace holds (1-3); a token needs one row in each")),
     "format_version": (lambda c: c, {META_FORMAT: b"7"},
                        ("metadata 'moeplace.format' is version '7'; this moeplace reads trace format version "
                        "'1' only")),
@@ -225,6 +235,30 @@ def test_step_order_and_token_rows_across_row_groups_and_workers(tiny, tmp_path)
     assert str(validate_report(e).first) == (
         f"{f1}: row 0: field 'position': token (request 0, position 0, step 0) has rows here and from row 0 of "
         f"{f0.name}, with other rows between: a token's rows must be consecutive")
+
+
+def test_tokens_cut_by_row_groups_and_traces_of_some_layers_pass(tiny, tmp_path):
+    """Complete tokens whose rows straddle row groups, and a trace holding MoE layers 1 and 3 only (every
+    token in both), pass the gate in-process, on workers and in validate; one token without its layer-3
+    row in such a trace is 1 of 2 layers."""
+    c = columns(12)
+    f = write(tmp_path / "cut.parquet", tiny, c, row_group_size=5)
+    assert validate_report(f).ok
+    assert compute_stats(f, workers=2).num_tokens == 12
+    c = {k: v[c["layer"] != 2] for k, v in columns(12).items()}
+    f = write(tmp_path / "some.parquet", tiny, c, row_group_size=5)
+    rep = validate_report(f)
+    assert rep.ok and rep.num_tokens == 12
+    assert compute_stats(f, workers=2).num_tokens == 12
+    check_trace(f)
+    f = write(tmp_path / "short.parquet", tiny, {k: v[:-1] for k, v in c.items()}, row_group_size=5)
+    want = (f"{f}: row 22: field 'layer': token (request 1, position 5, step 11) has rows in 1 of the 2 MoE layers "
+            "the trace holds (1,3); a token needs one row in each")
+    assert [str(p) for p in validate_report(f).problems] == [want]
+    for workers in (1, 2):
+        with pytest.raises(InputError) as e:
+            compute_stats(f, workers=workers)
+        assert str(e.value) == want
 
 
 def test_listing_limit_never_changes_the_verdict(tiny, tmp_path):

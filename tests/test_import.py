@@ -226,6 +226,10 @@ def _topk(per_layer: dict[int, list[list[int]]], n: int) -> torch.Tensor:
     return t
 
 
+def _rank_dump(tmp_path, rank: int) -> Path:
+    return tmp_path / f"expert_distribution_recorder_1764302556.5_{rank}.pt"
+
+
 def _per_token_dumps(tmp_path) -> list[Path]:
     rank0 = {
         "records": [
@@ -276,7 +280,7 @@ def _per_token_dumps(tmp_path) -> list[Path]:
     }
     paths = []
     for rank, d in ((1, rank1), (0, rank0)):  # file order must not matter
-        p = tmp_path / f"expert_distribution_recorder_1764302556.5_{rank}.pt"
+        p = _rank_dump(tmp_path, rank)
         torch.save(d, p)
         paths.append(p)
     return paths
@@ -307,14 +311,47 @@ def test_sglang_per_token_to_trace(tiny, tmp_path):
         (0, 2, 0, 0, 1, [0, 1], 21),
         (0, 2, 0, 0, 2, [2, 0], 21),
         (0, 2, 0, 0, 3, [3, 4], 21),
-        # pass 1, rank 0: decode, one sequence per token, layer 3 not recorded
-        (1, 3, 2, 1, 1, [1, 2], 14),
-        (1, 3, 2, 1, 2, [4, 5], 14),
-        (1, 4, 1, 1, 1, [1, 3], 15),
-        (1, 4, 1, 1, 2, [6, 7], 15),
+        # pass 1, rank 0 (decode, layer 3 not recorded): its two tokens have no row in layer 3, dropped
     ]
     s = res.summary
-    assert (s["records_read"], s["rows_written"], s["tokens"], s["layers_covered"]) == (3, 16, 6, [1, 2, 3])
+    assert (s["records_read"], s["rows_written"], s["tokens"], s["layers_covered"]) == (3, 12, 4, [1, 2, 3])
+    assert s["incomplete_tokens_dropped"] == 2
+    assert s["notes"] == [
+        ("dropped 2 tokens recorded in only some of the 3 MoE layers the import holds (1-3): 1 forward pass(es), "
+        f"the first forward pass 1 of rank 0 ({_rank_dump(tmp_path, 0)}, record 1) records layers 1-2")]
+    assert (prov["incomplete_tokens_dropped"], prov["incomplete_passes_dropped"], prov["layers_covered"]) == (
+        2, 1, [1, 2, 3])
+
+
+def test_sglang_per_token_drop_is_said_and_nothing_complete_is_refused(tiny, tmp_path, capsys):
+    dumps = _per_token_dumps(tmp_path)
+    out = tmp_path / "trace"
+    assert main(["trace", "import", "--format", "sglang", *map(str, dumps), "--out", str(out),
+                 "--model", str(TINY)]) == 0
+    cap = capsys.readouterr()
+    assert cap.err == (
+        "place: warning: dropped 2 tokens recorded in only some of the 3 MoE layers the import holds (1-3): "
+        f"1 forward pass(es), the first forward pass 1 of rank 0 ({dumps[1]}, record 1) records layers 1-2\n")
+    assert "  partial tokens dropped 2\n" in cap.out and "  tokens                 4\n" in cap.out
+    # the trace passes every reader: validate and stats count the 4 complete tokens
+    assert main(["trace", "validate", str(out)]) == 0
+    assert "12 rows, 4 tokens" in capsys.readouterr().out
+    assert main(["trace", "stats", str(out)]) == 0
+    capsys.readouterr()
+    # no pass records all of layers 1-3: pass 0 (both ranks) lost layer 1, pass 1 still lacks layer 3
+    for p in dumps:
+        d = torch.load(p, weights_only=True)
+        for rec in d["records"]:
+            if rec["forward_pass_id"] == 0:
+                rec["topk_ids_of_layer"][1] = -1
+        torch.save(d, p)
+    with pytest.raises(InputError) as exc:
+        import_source("sglang", dumps, tiny, tmp_path / "t")
+    assert str(exc.value) == (
+        f"{dumps[0]}, {dumps[1]}: no forward pass records every MoE layer the import holds (1-3); the first "
+        f"forward pass 0 of rank 0 ({dumps[1]}, record 0) records layers 2-3: nothing complete to import (each "
+        "token needs a row in each layer)")
+    assert not (tmp_path / "t").exists()
 
 
 def test_sglang_per_token_errors(tiny, tmp_path):

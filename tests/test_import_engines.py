@@ -14,13 +14,15 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 from foundation.errors import InputError
 from foundation.model import load_model
 from moeplace.cli import main
+from traces.format import read_trace_meta
 from traces.importers import import_source
 from traces.loads import load_loads
+from traces.validate import validate_report
 
 TINY = Path(__file__).parent / "data" / "tiny-moe-config.json"
 
@@ -109,6 +111,34 @@ def test_trtllm_counts_errors_name_file_and_key(tiny, tmp_path, edit, message):
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
         import_source("trtllm-stats", [d], tiny, tmp_path / "l.npz")
     assert not (tmp_path / "l.npz").exists()
+
+
+def test_trtllm_raw_batch_missing_a_layer_is_dropped_and_said(tiny, tmp_path):
+    d, _ids = _stat_dir(tmp_path, tiny, raw=True)
+    raw0 = load_file(str(d / "rank0_raw.safetensors"))
+    del raw0["101_2"]  # iteration 101 of rank 0 (4 tokens) lost layer 2
+    save_file(raw0, str(d / "rank0_raw.safetensors"))
+    res = import_source("trtllm-stats", [d], tiny, tmp_path / "trace")
+    s = res.summary
+    assert (s["tokens"], s["incomplete_tokens_dropped"], s["layers_covered"]) == (12, 4, [1, 2, 3])
+    assert s["notes"] == [
+        ("dropped 4 tokens recorded in only some of the 3 MoE layers the import holds (1-3): 1 (iteration, rank) "
+        f"batch(es), the first iteration 101 of rank 0 ({d / 'rank0_raw.safetensors'}: key '101_2' missing)")]
+    df = rows(tmp_path / "trace")
+    assert df.height == 3 * 12 and df.filter((pl.col("step") == 101) & (pl.col("request_id") == 2)).height == 0
+    assert validate_report(tmp_path / "trace").ok
+    _, prov = read_trace_meta(tmp_path / "trace")
+    assert (prov["incomplete_tokens_dropped"], prov["incomplete_batches_dropped"]) == (4, 1)
+    for rank in (0, 1):  # every batch misses layer 2 or 3: nothing complete
+        raw = load_file(str(d / f"rank{rank}_raw.safetensors"))
+        for it in (100, 101):
+            raw.pop(f"{it}_{2 + (it + rank) % 2}", None)
+        save_file(raw, str(d / f"rank{rank}_raw.safetensors"))
+    with pytest.raises(InputError, match=r"no \(iteration, rank\) batch records every MoE layer the import holds "
+                                         r"\(1-3\); the first iteration 100 of rank 0 .*key '100_2' missing\): "
+                                         "nothing complete to import"):
+        import_source("trtllm-stats", [d], tiny, tmp_path / "t")
+    assert not (tmp_path / "t").exists()
 
 
 def test_trtllm_raw_errors(tiny, tmp_path):

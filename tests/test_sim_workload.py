@@ -33,7 +33,8 @@ def test_trace_with_a_missing_layer_row_is_refused(tmp_path):
         w.write(request_id=np.array([1, 1, 1, 2, 2]), position=np.array([0, 0, 0, 0, 0]),
                 phase=np.zeros(5), step=np.zeros(5), layer=np.array([1, 2, 3, 1, 2]),
                 expert_ids=np.tile(np.arange(4, dtype=np.uint16), (5, 1)))
-    with pytest.raises(InputError, match="request 2: field 'layer': 2 rows is not a multiple"):
+    with pytest.raises(InputError, match=r"row 3: field 'layer': token \(request 2, position 0, step 0\) has rows "
+                                         "in 2 of the 3 MoE layers the trace holds"):
         load_trace_tokens(tmp_path / "bad")
 
 

@@ -150,7 +150,8 @@ def test_nan_and_negative_weights(tiny, tmp_path):
 
 def test_step_decreasing_within_and_across_row_groups(tiny, tmp_path):
     c = good_columns()
-    c["request_id"] = np.arange(6, dtype=np.int64)  # one token per row: only the steps are wrong
+    c["request_id"] = np.arange(6, dtype=np.int64)  # one token per row, of a trace of one MoE layer:
+    c["layer"][:] = 1  # only the steps are wrong
     c["step"] = np.array([0, 0, 5, 3, 3, 3], dtype=np.int64)
     f = write(tmp_path / "bad.parquet", tiny, c, row_group_size=3)
     assert messages(f) == [

@@ -18,7 +18,8 @@ domain          string                    optional: workload domain tag
 ==============  ========================  ==================================================================
 
 A token is a ``(step, request_id, position)``; its MoE-layer rows are consecutive, layers ascending, so
-it never has two rows for one layer. Every reader takes a trace through ``traces.validate`` (the gate).
+it never has two rows for one layer, and it has a row in every MoE layer the trace holds (a trace may hold
+some of the model's MoE layers only). Every reader takes a trace through ``traces.validate`` (the gate).
 
 Self-describing: every file's Parquet key-value metadata carries ``moeplace.format`` (version),
 ``moeplace.model`` (the :class:`~foundation.model.ModelSpec` as JSON) and ``moeplace.provenance``

@@ -21,8 +21,9 @@ and no expert repeated in one row's top-k; gate weights finite and non-negative;
 ``request_id`` in ``[0, 2^39)``, ``position`` in ``[0, 2^24)``. Across row groups and files (in the sorted
 order of :func:`traces.format.trace_files`): ``step`` never decreases, the rows of one token — a
 (``step``, ``request_id``, ``position``) — are consecutive with strictly ascending MoE layers, so a token
-never has two rows for one layer, and a (``request_id``, ``position``) appears in one step only (checked
-after the last row group, :meth:`RowOrder.finish`).
+never has two rows for one layer; after the last row group (:meth:`RowOrder.finish`): a
+(``request_id``, ``position``) appears in one step only, and every token has a row in every MoE layer the
+trace holds (a trace may hold some of the model's MoE layers only, but then every token holds the same ones).
 
 Every problem is one line naming the file, the row (or row group) and the field.
 """
@@ -485,10 +486,15 @@ class _Edge:
     head: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     tail: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     head_runs_from: int = 0  # index of the first head run that does not continue the previous group's token
-    # every token run's (request_id << 24 | position), step and first local row, for one token per step
+    # every token run's (request_id << 24 | position), step, first local row and rows, for one token per
+    # step and one row per MoE layer the trace holds
     run_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     run_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     run_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    run_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # rows per MoE layer of the model (int64 ``[L]``; None when the group has no order facts)
+    layer_rows: np.ndarray | None = None
+    moe_layers: tuple[int, ...] = ()
 
 
 def _token_rows(edge: _Edge, step, rid, pos, layer, moe: np.ndarray) -> None:
@@ -528,6 +534,8 @@ def _token_rows(edge: _Edge, step, rid, pos, layer, moe: np.ndarray) -> None:
     edge.run_keys = (rr.astype(np.int64) << 24) | rp.astype(np.int64)
     edge.run_steps = rs.astype(np.int64)
     edge.run_rows = starts.astype(np.int64)
+    # every row counts, a non-MoE one too (reported already): a token's length is then not short by it
+    edge.run_lens = np.diff(np.append(starts, n)).astype(np.int64)
     head = rs == rs[0]
     tail = rs == rs[-1]
     edge.head = (rr[head], rp[head], starts[head])
@@ -591,7 +599,7 @@ def check_row_group(sink, trace: Trace, fi: int, rg: int, table: pa.Table) -> Ro
                 else f"position {pos[i]} beyond {MAX_POSITION}, the longest context a trace holds")
     edge = _Edge(str(at.path), at.row0, n)
     if n and {"step", "request_id", "position", "layer"} <= present:
-        _order_facts(edge, _plain(table, "step", np.int64), rid, pos, layer, li >= 0)
+        _order_facts(edge, _plain(table, "step", np.int64), rid, pos, layer, li, model)
     return RowGroup(n, layer, li, ids, rid, pos, edge)
 
 
@@ -645,8 +653,13 @@ def _check_weights(at: _At, table: pa.Table, k: int) -> None:
                 lambda i: f"gate weight {float(w[i][neg[i]][0]):g} is negative")
 
 
-def _order_facts(edge: _Edge, step, rid, pos, layer, moe) -> None:
-    """Fill ``edge`` with the group's step decreases, first/last rows and token-row facts."""
+def _order_facts(edge: _Edge, step, rid, pos, layer, li, model: ModelSpec) -> None:
+    """Fill ``edge`` with the group's step decreases, first/last rows, token-row facts and rows per MoE
+    layer (``li``: MoE-layer index per row, -1 where not an MoE layer)."""
+    moe = li >= 0
+    L = model.num_moe_layers
+    edge.layer_rows = np.bincount(li if moe.all() else li[moe], minlength=L).astype(np.int64, copy=False)
+    edge.moe_layers = tuple(model.moe_layers)
     down = np.flatnonzero(step[1:] < step[:-1]) + 1
     if down.size:
         edge.step_total = int(down.size)
@@ -674,7 +687,8 @@ def _layer_index(model: ModelSpec) -> np.ndarray:
 class RowOrder:
     """The checks that span row groups and files, fed every row group's :class:`RowGroup` ``edge`` in trace
     order (:meth:`feed`): ``step`` never decreases; a token's rows are consecutive with ascending layers.
-    Problems go to ``sink`` in row order, step order first — as :func:`check_row_group` defers them."""
+    Problems go to ``sink`` in row order, step order first — as :func:`check_row_group` defers them.
+    :meth:`finish` checks what needs the whole trace: one step per token, one row per held MoE layer."""
 
     def __init__(self, sink) -> None:
         self.sink = sink
@@ -683,8 +697,11 @@ class RowOrder:
         self.open_step: int | None = None
         # tokens of the open step seen in earlier row groups: request ids, positions, first row, file
         self.open_tokens: list[tuple[np.ndarray, np.ndarray, np.ndarray, str]] = []
-        # every token run so far: packed (request_id, position), step, trace row, file; for :meth:`finish`
-        self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray, str]] = []
+        # every token run so far: packed (request_id, position), step, trace row, file, rows; for :meth:`finish`
+        self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray, str, np.ndarray]] = []
+        # rows per MoE layer of the model so far: the layers the trace holds are those with rows
+        self.layer_rows: np.ndarray | None = None
+        self.moe_layers: tuple[int, ...] = ()
 
     def feed(self, edge: _Edge, where_before: str) -> None:
         """Check ``edge`` against what came before. ``where_before`` words the row before its first row
@@ -707,18 +724,24 @@ class RowOrder:
             self.open_step = edge.last[0]
             self.open_tokens = [tail]
         if edge.run_keys.size:
-            self.runs.append((edge.run_keys, edge.run_steps, edge.run_rows + edge.row0, edge.path))
+            self.runs.append((edge.run_keys, edge.run_steps, edge.run_rows + edge.row0, edge.path, edge.run_lens))
+        if edge.layer_rows is not None:
+            self.layer_rows = edge.layer_rows.copy() if self.layer_rows is None else self.layer_rows + edge.layer_rows
+            self.moe_layers = edge.moe_layers
         self.prev = edge
 
     def finish(self) -> None:
         """After the last row group: a token (request_id, position) is processed in one step only, so it
-        names one token wherever it appears (the replay in ``place evaluate`` and the simulator rely on it).
-        Reported at the later step's first row."""
+        names one token wherever it appears (the replay in ``place evaluate`` and the simulator rely on it),
+        reported at the later step's first row; then every token has a row in each MoE layer the trace
+        holds (those rows are consecutive and ascending, so counting them suffices), reported at the
+        token's first row in trace order."""
         if not self.runs:
             return
         keys = np.concatenate([r[0] for r in self.runs])
         steps = np.concatenate([r[1] for r in self.runs])
         rows = np.concatenate([r[2] for r in self.runs])
+        lens = np.concatenate([r[4] for r in self.runs])
         src = np.concatenate([np.full(len(r[0]), j) for j, r in enumerate(self.runs)])
         order = np.lexsort((np.arange(len(keys)), steps, keys))
         k, st = keys[order], steps[order]
@@ -728,6 +751,12 @@ class RowOrder:
         new = np.ones(len(k), bool)
         new[1:] = (k[1:] != k[:-1]) | (st[1:] != st[:-1])
         run_start = np.maximum.accumulate(np.where(new, np.arange(len(k)), 0))
+        self._twice(hits, order, run_start, keys, steps, rows, src)
+        self._incomplete(order, new, k, lens, keys, steps, rows, src)
+        self.runs = []
+
+    def _twice(self, hits, order, run_start, keys, steps, rows, src) -> None:
+        """One problem per (token, later step) of a token seen in two steps."""
         seen: set[tuple[int, int]] = set()
         for h in hits.tolist():
             a, b = int(order[run_start[h]]), int(order[h + 1])
@@ -740,7 +769,34 @@ class RowOrder:
                           f"token (request {rid}, position {pos}) in step {int(steps[b])} was already in step "
                           f"{int(steps[a])} ({first}): a (request_id, position) is one token, processed in "
                           "one step")
-        self.runs = []
+
+    def _incomplete(self, order, new, k, lens, keys, steps, rows, src) -> None:
+        """Tokens with fewer rows than the MoE layers the trace holds (runs of one (token, step) summed:
+        a token cut by a row-group boundary is whole again). A token also seen in another step is reported
+        as that, not again as this."""
+        if self.layer_rows is None:
+            return
+        held = np.flatnonzero(self.layer_rows > 0)
+        m = int(held.size)
+        first = np.flatnonzero(new)
+        total = np.add.reduceat(lens[order], first) if first.size else first
+        short = total < m
+        if not short.any():
+            return
+        key_new = np.ones(len(k), bool)
+        key_new[1:] = k[1:] != k[:-1]
+        key_of = (np.cumsum(key_new) - 1)[first]
+        short &= np.bincount(key_of)[key_of] == 1
+        at = np.sort(order[first[short]])  # trace order: the runs are numbered in it
+        n_at = np.zeros(len(keys), np.int64)
+        n_at[order[first]] = total
+        layers = format_ranges([self.moe_layers[i] for i in held])
+        for i in at[:_MAX_DEFERRED].tolist():
+            rid, pos = int(keys[i]) >> 24, int(keys[i]) & ((1 << 24) - 1)
+            self.sink.add("incomplete_token", self.runs[src[i]][3], int(rows[i]), "layer",
+                          f"token (request {rid}, position {pos}, step {int(steps[i])}) has rows in {int(n_at[i])} "
+                          f"of the {m} MoE layers the trace holds ({layers}); a token needs one row in each")
+        self.sink.more("incomplete_token", at.size - min(at.size, _MAX_DEFERRED))
 
     def _steps(self, edge: _Edge, where_before: str) -> None:
         """Step order: the boundary row, then the group's own decreases, in row order."""
@@ -794,7 +850,6 @@ def _check_rows(sink, trace: Trace, report: ValidationReport | None = None) -> N
     """Stream every row group of ``trace`` through :func:`check_row_group` and :class:`RowOrder`."""
     order = RowOrder(sink)
     where_before = "the row before"
-    layer_counts = np.zeros(trace.model.num_moe_layers, np.int64)
     for fi, tf in enumerate(trace.files):
         try:
             pf = pq.ParquetFile(tf.path)
@@ -809,14 +864,11 @@ def _check_rows(sink, trace: Trace, report: ValidationReport | None = None) -> N
                 continue
             group = check_row_group(sink, trace, fi, rg, table)
             order.feed(group.edge, where_before)
-            if report is not None and group.n:
-                ok = group.layer_idx >= 0
-                layer_counts += np.bincount(group.layer_idx[ok], minlength=trace.model.num_moe_layers)
             where_before = (f"the last row of {tf.path.name}" if rg == pf.num_row_groups - 1
                             else "the row before")
+    if report is not None and order.layer_rows is not None:
+        report.num_tokens = int(order.layer_rows.max(initial=0))  # before finish, which may raise
     order.finish()
-    if report is not None:
-        report.num_tokens = int(layer_counts.max(initial=0))
 
 
 def check_trace(path: str | Path) -> Trace:

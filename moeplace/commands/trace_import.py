@@ -3,6 +3,7 @@ validated trace directory or a Loads ``.npz``."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from foundation.errors import InputError
@@ -87,6 +88,8 @@ def run(args) -> int:
     done = {}
     if not outs.write(out, lambda: done.update(r=import_source(args.format, args.srcs, model, out, **options))):
         outs.finish()
+    for note in done["r"].summary.get("notes", []):  # data the import left out, said where it is not missed
+        print(f"place: warning: {note}", file=sys.stderr)
     print(format_summary(done["r"].summary, out, model.name))
     return 0
 
@@ -102,6 +105,7 @@ def format_summary(s: dict, out: Path, model_name: str) -> str:
         ("warmup_rows_dropped", "warm-up rows dropped"),
         ("zero_steps_dropped", "zero steps dropped"),
         ("idle_records_dropped", "idle records dropped"),
+        ("incomplete_tokens_dropped", "partial tokens dropped"),
         ("ranks", "ranks"),
         ("mtp_layers_skipped", "MTP records skipped"),
         ("requests", "requests"),

@@ -11,7 +11,7 @@ import numpy as np
 
 from foundation.errors import InputError
 from foundation.files import atomic_path
-from foundation.model import ModelSpec
+from foundation.model import ModelSpec, format_ranges
 from traces.format import TraceWriter
 from traces.validate import check_trace
 
@@ -144,6 +144,20 @@ def write_validated_trace(
             f.rename(tmp / f.name)
         shutil.rmtree(stage)
         return w.rows_written
+
+
+def incomplete_tokens_note(tokens: int, layers: list[int], groups: int, unit: str, first: str) -> str:
+    """The line an importer prints (and the reason it records) for ``tokens`` it dropped because their
+    forward pass / batch (``groups`` of ``unit``, the first described by ``first``) did not record every
+    MoE layer in ``layers``, the layers the import holds: a trace has each token in each of them."""
+    return (f"dropped {tokens:,} tokens recorded in only some of the {len(layers)} MoE layers the import holds "
+            f"({format_ranges(layers)}): {groups:,} {unit}, the first {first}")
+
+
+def nothing_complete(sources: str, layers: list[int], unit: str, first: str) -> InputError:
+    """The refusal when no forward pass / batch recorded every MoE layer the import holds."""
+    return InputError(f"{sources}: no {unit} records every MoE layer the import holds ({format_ranges(layers)}); "
+                      f"the first {first}: nothing complete to import (each token needs a row in each layer)")
 
 
 def expert_id_matrix(value, path: Path, where: str, field: str, num_experts: int, top_k: int,

@@ -24,7 +24,10 @@ ids, ``-1`` where nothing was recorded; SGLang sizes the last axis with a fixed 
 Physical ids are mapped to logical ones with the file's ``last_physical_to_logical_map`` (the map at dump
 time: if EPLB rebalanced during recording, earlier passes are mapped with the later map; SGLang keeps no
 history). Records of all files are merged in ``(forward_pass_id, rank)`` order; ``step`` is the
-forward-pass id. SGLang records no request ids: ``request_id`` here numbers the sequences of each
+forward-pass id. A trace holds every token in each MoE layer it holds (the layers any record recorded):
+a forward pass that recorded only some of them is dropped, said on stderr and counted in the summary and
+the provenance (``incomplete_tokens_dropped``, ``incomplete_passes_dropped``); when no pass is complete the
+import is refused. SGLang records no request ids: ``request_id`` here numbers the sequences of each
 (rank, forward pass) (from ``extend_seq_lens``; in a decode pass every token is its own sequence), so it
 does not link a request's decode steps. ``phase`` is decode for DECODE/TARGET_VERIFY passes, prefill
 otherwise. A model whose top-k exceeds the recorder's 8 columns cannot be imported from ``per_token`` dumps.
@@ -41,9 +44,17 @@ from pathlib import Path
 import numpy as np
 
 from foundation.errors import InputError
-from foundation.model import ModelSpec
+from foundation.model import ModelSpec, format_ranges
 from traces.importers import ImportResult
-from traces.importers._common import INT32_MAX, INT64_MAX, check_total, exact_ints, write_validated_trace
+from traces.importers._common import (
+    INT32_MAX,
+    INT64_MAX,
+    check_total,
+    exact_ints,
+    incomplete_tokens_note,
+    nothing_complete,
+    write_validated_trace,
+)
 from traces.loads import Loads
 
 FORWARD_MODE_DECODE = 2
@@ -328,6 +339,52 @@ def _record_rows(
     return cols, int(request.max()) + 1, covered
 
 
+def _record_coverage(rec: dict, path: Path, p2l: np.ndarray, moe_rows: np.ndarray | None,
+                     k: int) -> tuple[np.ndarray | None, int]:
+    """The MoE layers one record recorded (bool ``[L_moe]``, as :func:`_record_rows` finds them once its
+    checks pass) and its token count, read before any row is written; None for a record whose
+    ``topk_ids_of_layer`` is not a usable array (:func:`_record_rows` words that error)."""
+    try:
+        ids = _as_array(rec.get("topk_ids_of_layer"), path, "topk_ids_of_layer")
+    except InputError:
+        return None, 0
+    if ids.ndim != 3 or ids.shape[0] != p2l.shape[0]:
+        return None, 0
+    if moe_rows is not None:
+        ids = ids[moe_rows]
+    return (ids[:, :, :k] >= 0).any(axis=(1, 2)), int(ids.shape[1])
+
+
+def _complete_records(order: list, coverage: dict, dumps: list, model: ModelSpec) -> tuple[set, list[int], dict]:
+    """Which records to write: a trace holds each token in every MoE layer it holds, so a forward pass that
+    recorded only some of the layers the dumps hold (the union over all records) is dropped and counted.
+    Returns ``(keys of the dropped records, the layers held, a tally)``; refuses when nothing is complete."""
+    held = np.zeros(model.num_moe_layers, dtype=bool)
+    for cov, _ in coverage.values():
+        if cov is not None:
+            held |= cov
+    dropped, tokens, first, complete = set(), 0, None, False
+    for fp, rank, di, ri in order:
+        cov, n = coverage[(di, ri)]
+        if cov is None or not cov.any():
+            continue  # nothing recorded (an idle pass), or malformed: the write pass says which
+        if (cov == held).all():
+            complete = True
+            continue
+        dropped.add((di, ri))
+        tokens += n
+        if first is None:
+            have = [model.moe_layers[i] for i in np.flatnonzero(cov)]
+            first = (f"forward pass {fp} of rank {rank} ({dumps[di][0]}, record {ri}) records layers "
+                     f"{format_ranges(have)}")
+    layers = [model.moe_layers[i] for i in np.flatnonzero(held)]
+    if dropped and not complete:
+        raise nothing_complete(", ".join(str(p) for p, _ in dumps), layers, "forward pass", first)
+    tally = {"tokens": tokens, "passes": len(dropped),
+             "note": incomplete_tokens_note(tokens, layers, len(dropped), "forward pass(es)", first) if dropped else None}
+    return dropped, layers, tally
+
+
 def _import_per_token(
     dumps: list[tuple[Path, dict]], model: ModelSpec, out: Path | None, t0: float
 ) -> ImportResult:
@@ -337,6 +394,7 @@ def _import_per_token(
         raise InputError(f"--out {out}: SGLang per_token dumps become a trace directory, not a .npz")
     order = []  # (forward_pass_id, rank, dump index, record index)
     maps = []
+    coverage = {}  # (dump index, record index) -> (MoE layers recorded, tokens)
     for di, (path, d) in enumerate(dumps):
         if "last_physical_to_logical_map" not in d:
             raise InputError(
@@ -367,16 +425,22 @@ def _import_per_token(
                 raise InputError(f"{path}: record {ri}: field 'forward_pass_id' missing or not an int64 integer")
             rank = rec.get("rank", 0)
             order.append((fp, int(rank) if isinstance(rank, int) else 0, di, ri))
+            coverage[(di, ri)] = _record_coverage(rec, path, *maps[-1], model.top_k)
     order.sort()
+    dropped, held, tally = _complete_records(order, coverage, dumps, model)
     state = {"next_request": 0, "covered": np.zeros(model.num_moe_layers, dtype=bool), "tokens": 0}
 
     def write(w):
         for _, _, di, ri in order:
             path, d = dumps[di]
             p2l, moe_rows = maps[di]
-            cols, state["next_request"], cov = _record_rows(
+            # a dropped record is still checked: a malformed one is an error, not a reason to drop it
+            cols, next_request, cov = _record_rows(
                 d["records"][ri], path, ri, p2l, model, moe_rows, state["next_request"]
             )
+            if (di, ri) in dropped:
+                continue
+            state["next_request"] = next_request
             state["covered"] |= cov
             if cols is not None:
                 state["tokens"] += len(cols["request_id"]) // max(int(cov.sum()), 1)
@@ -388,6 +452,9 @@ def _import_per_token(
         "mode": "per_token",
         "sources": [str(p) for p, _ in dumps],
         "request_id": "per (rank, forward pass, sequence); SGLang records no request ids",
+        "layers_covered": held,
+        "incomplete_tokens_dropped": tally["tokens"],
+        "incomplete_passes_dropped": tally["passes"],
     }
     rows = write_validated_trace(out, model, prov, write, token_id=True)
     secs = time.perf_counter() - t0
@@ -398,10 +465,12 @@ def _import_per_token(
         "records_read": len(order),
         "rows_written": rows,
         "tokens": state["tokens"],
+        "incomplete_tokens_dropped": tally["tokens"],
         "layers_covered": covered,
         "seconds": secs,
         "records_per_s": len(order) / secs if secs > 0 else 0.0,
         "rows_per_s": rows / secs if secs else 0.0,
+        "notes": [tally["note"]] if tally["note"] else [],
     }
     return ImportResult("trace", trace=out, summary=summary)
 

@@ -26,7 +26,10 @@ Import (``place trace import --format trtllm-stats DIR``):
   tokens of one (iteration, rank) batch become one pseudo-request (``request_id = iteration_index * ranks +
   rank``, ``position`` = row within the batch), ``step`` is the iteration and ``phase`` is prefill (unknown).
   Row ``t`` of every layer of one (iteration, rank) is the same token (the layers of one forward pass);
-  layer tensors of different lengths are refused.
+  layer tensors of different lengths are refused. A batch missing a layer that other batches recorded is
+  dropped (a trace holds each token in every layer it holds), said on stderr and counted in the summary
+  and the provenance (``incomplete_tokens_dropped``, ``incomplete_batches_dropped``); when no batch is
+  complete the import is refused.
 
 Layers beyond the model's decoder layers (an MTP draft layer registers after them) are skipped and counted;
 a dense decoder layer is an error. Errors name the file and the key.
@@ -44,7 +47,12 @@ import numpy as np
 from foundation.errors import InputError
 from foundation.model import ModelSpec
 from traces.importers import ImportResult
-from traces.importers._common import expert_id_matrix, write_validated_trace
+from traces.importers._common import (
+    expert_id_matrix,
+    incomplete_tokens_note,
+    nothing_complete,
+    write_validated_trace,
+)
 from traces.loads import Loads
 
 _RANK_FILE = re.compile(r"^rank(\d+)(_raw)?\.safetensors$")
@@ -192,15 +200,11 @@ def import_raw(d: Path, files: dict[int, Path], model: ModelSpec, out: Path) -> 
     layers = sorted({layer for b in batches.values() for layer in b})
     order = sorted(batches)  # by iteration, then rank
     for it, rank in order:
-        b = batches[(it, rank)]
-        missing = [layer for layer in layers if layer not in b]
-        if missing:
-            raise InputError(f"{files[rank]}: key '{it}_{missing[0]}' missing (the other layers of iteration {it} "
-                             "are recorded)")
-        n = {v.shape[0] for v in b.values()}
+        n = {v.shape[0] for v in batches[(it, rank)].values()}
         if len(n) > 1:
             raise InputError(f"{files[rank]}: iteration {it}: the layers hold different token counts {sorted(n)}; "
                              "the rows of one forward pass must align across layers")
+    order, dropped = _complete_batches(order, batches, layers, files)
     it_index = {it: i for i, it in enumerate(its)}
     tokens = 0
 
@@ -221,15 +225,35 @@ def import_raw(d: Path, files: dict[int, Path], model: ModelSpec, out: Path) -> 
 
     prov = {"kind": "imported", "format": "trtllm-stats", "mode": "raw", "sources": [str(p) for p in files.values()],
             "ranks": len(ranks), "iterations": [its[0], its[-1] + 1], "layers_covered": layers,
-            "mtp_layers_skipped": tally["skipped"],
+            "mtp_layers_skipped": tally["skipped"], "incomplete_tokens_dropped": dropped["tokens"],
+            "incomplete_batches_dropped": dropped["batches"],
             "request_id": "one pseudo-request per (iteration, rank) batch: TensorRT-LLM records no request ids",
             "phase": "unknown in the dump; all rows marked prefill (0)"}
     rows = write_validated_trace(out, model, prov, write)
     secs = time.perf_counter() - t0
     summary = {"format": "trtllm-stats", "mode": "raw", "records_read": tally["records"], "rows_written": rows,
-               "tokens": tokens, "ranks": len(ranks), "mtp_layers_skipped": tally["skipped"], "layers_covered": layers,
-               "seconds": secs, "records_per_s": tally["records"] / secs if secs > 0 else 0.0}
+               "tokens": tokens, "incomplete_tokens_dropped": dropped["tokens"], "ranks": len(ranks),
+               "mtp_layers_skipped": tally["skipped"], "layers_covered": layers,
+               "seconds": secs, "records_per_s": tally["records"] / secs if secs > 0 else 0.0,
+               "notes": [dropped["note"]] if dropped["note"] else []}
     return ImportResult("trace", trace=out, summary=summary)
+
+
+def _complete_batches(order: list, batches: dict, layers: list[int], files: dict[int, Path]) -> tuple[list, dict]:
+    """The (iteration, rank) batches that recorded every layer the dump holds (``layers``: every token of a
+    trace has a row in each); the others are dropped and counted. Refuses when none is complete."""
+    keep = [b for b in order if len(batches[b]) == len(layers)]
+    gone = [b for b in order if len(batches[b]) != len(layers)]
+    if not gone:
+        return keep, {"tokens": 0, "batches": 0, "note": None}
+    it, rank = gone[0]
+    miss = next(layer for layer in layers if layer not in batches[gone[0]])
+    first = f"iteration {it} of rank {rank} ({files[rank]}: key '{it}_{miss}' missing)"
+    if not keep:
+        raise nothing_complete(str(files[rank].parent), layers, "(iteration, rank) batch", first)
+    tokens = sum(next(iter(batches[b].values())).shape[0] for b in gone)
+    return keep, {"tokens": tokens, "batches": len(gone),
+                  "note": incomplete_tokens_note(tokens, layers, len(gone), "(iteration, rank) batch(es)", first)}
 
 
 def import_(srcs: list[Path], model: ModelSpec, out: Path | None, **_: object) -> ImportResult:
