@@ -21,7 +21,7 @@ from _timing import RESULTS, loadavg, rel, timed, write_result
 
 def run_one(trace, gpus: int, duration: float, mode: str) -> dict:
     from foundation.cluster import make_cluster
-    from foundation.memory import next_valid_redundant
+    from foundation.memory.config import next_valid_redundant
     from sim.config import EngineConfig, LengthMix, SimConfig, WorkloadConfig
     from sim.runner import resolve_placement, simulate
 

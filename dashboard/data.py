@@ -36,7 +36,8 @@ import streamlit as st
 
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
-from foundation.memory import PlanConfig, plan_memory
+from foundation.memory.config import PlanConfig
+from foundation.memory.planner import plan_memory
 from foundation.model import load_model, preset_names
 from placement.compare import compare_policies, routing_windows
 from placement.evaluate import evaluate

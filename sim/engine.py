@@ -38,7 +38,7 @@ import numpy as np
 
 from foundation.cluster import ClusterSpec
 from foundation.errors import InputError
-from foundation.memory import CachePools
+from foundation.memory.pools import CachePools
 from placement.record import Placement
 from sim.calibration import Profile
 from sim.config import SimConfig

@@ -1,4 +1,4 @@
-"""Admission pools from the ``place plan`` memory model (foundation/memory.py). The simulator has no memory
+"""Admission pools from the ``place plan`` memory model (:mod:`foundation.memory`). The simulator has no memory
 model of its own: it builds the same :class:`PlanConfig` the planner would for this engine and layout,
 and asks the resulting :class:`CachePools` (``can_admit``, ``kv_tokens``) every admission question."""
 from __future__ import annotations
@@ -7,7 +7,10 @@ from dataclasses import replace
 
 from foundation.cluster import ClusterSpec
 from foundation.errors import InputError
-from foundation.memory import CachePools, MemoryPlan, PlanConfig, plan_memory
+from foundation.memory.config import PlanConfig
+from foundation.memory.plan import MemoryPlan
+from foundation.memory.planner import plan_memory
+from foundation.memory.pools import CachePools
 from foundation.model import ModelSpec
 from sim.config import EngineConfig
 

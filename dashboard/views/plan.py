@@ -9,7 +9,8 @@ import streamlit as st
 
 from dashboard import data, ui
 from foundation.cluster import gpu_preset_names
-from foundation.memory import PlanConfig, format_tokens, parse_tokens
+from foundation.memory.config import PlanConfig
+from foundation.memory.inputs import format_tokens, parse_tokens
 from foundation.model import DEFAULT_MODEL, preset_names
 
 CEILING = {"kv": "MLA KV cache", "state": "KDA state", "max_num_seqs": "max-num-seqs",

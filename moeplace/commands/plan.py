@@ -11,20 +11,10 @@ import json
 from foundation.cluster import gpu_preset_names, load_gpu, make_cluster
 from foundation.errors import InputError
 from foundation.files import Outputs, write_text_atomic
-from foundation.memory import (
-    GiB,
-    KiB,
-    MemoryPlan,
-    MiB,
-    PlanConfig,
-    default_sweep_gpus,
-    format_tokens,
-    parse_context_mix,
-    parse_pool_split,
-    parse_tokens,
-    plan_memory,
-    sweep_plans,
-)
+from foundation.memory.config import PlanConfig
+from foundation.memory.inputs import GiB, parse_context_mix, parse_pool_split, parse_tokens
+from foundation.memory.planner import default_sweep_gpus, plan_memory, sweep_plans
+from foundation.memory.report import render_plan, render_sweep
 from foundation.model import DEFAULT_MODEL, load_model
 from moeplace import flags
 from moeplace.commands import add_force
@@ -120,68 +110,6 @@ def run(args) -> int:
     return 0 if plan.fits else EXIT_DOES_NOT_FIT
 
 
-def render_plan(plan: MemoryPlan) -> str:
-    """The human-readable plan: per-GPU lines, pools, concurrency, verdict."""
-    c, lay, p = plan.config, plan.layout, plan.pools
-    out = [(f"{plan.model_name} on {plan.cluster.num_gpus} x {plan.cluster.gpu.name} "
-           f"({plan.cluster.num_nodes} node{'s' if plan.cluster.num_nodes > 1 else ''} of "
-           f"{plan.cluster.gpus_per_node}): {lay.describe()}"),
-           "",
-           f"per GPU{'':<26}{'GB':>8}   how"]
-
-    def row(name: str, nbytes: float, how: str = "") -> None:
-        out.append(f"  {name:<31}{nbytes / 1e9:>8.2f}   {how}")
-
-    row("HBM", plan.hbm_bytes)
-    row("usable", plan.budget_bytes, f"--gpu-memory-utilization {c.gpu_memory_utilization:g}")
-    for section, total_name in (("weights", "= weights"), ("runtime", "= runtime reserve")):
-        for x in plan.lines:
-            if x.section == section:
-                row(x.name, x.bytes, x.how)
-        row(total_name, plan.section_bytes(section))
-    row("= free for caches", plan.free_bytes)
-    for x in plan.lines:
-        if x.section == "cache":
-            row(x.name, x.bytes, x.how)
-    out.append("")
-    ctx = format_tokens(plan.context)
-    ceiling = {"kv": f"{'MLA ' if p.kv_bytes_per_token else ''}KV cache", "state": "KDA state",
-               "max_num_seqs": "--max-num-seqs", "max_model_len": "model max context",
-               "weights": "weights + runtime reserve leave nothing for caches"}
-    per_seq = p.seq_bytes(plan.context)
-    out.append(f"sequence of {ctx} tokens: {p.kv_tokens(plan.context) * p.kv_bytes_per_token / GiB:.2f} GiB KV + "
-               f"{p.state_bytes_per_seq / MiB:.1f} MiB state per GPU ({per_seq / 1e9:.2f} GB)")
-    out.append(f"concurrent sequences at {ctx}: {plan.concurrency} ({plan.concurrency_per_rank} per DP rank x "
-               f"{lay.dp}); ceiling: {ceiling.get(plan.concurrency_ceiling, plan.concurrency_ceiling)}")
-    if c.context_mix:
-        mix = ",".join(f"{format_tokens(n)}:{w:g}" for n, w in c.context_mix)
-        out.append(f"concurrent sequences at mix {mix}: {plan.mix_concurrency} ({plan.mix_concurrency_per_rank} "
-                   f"per DP rank); ceiling: {ceiling.get(plan.mix_ceiling, plan.mix_ceiling)}")
-    if not p.shared:
-        out.append(f"pools per DP rank: {p.state_slots} state slots, {p.kv_token_capacity:,} KV token slots per GPU")
-    limit = (f" (the model's maximum; the pools alone would hold {plan.pool_max_context:,})"
-             if plan.pool_max_context > plan.max_context else "")
-    out.append(f"largest context of one sequence: {plan.max_context:,} tokens{limit}")
-    out.append(f"KV per token {p.kv_bytes_per_token / KiB:.2f} KiB per GPU ({c.kv_dtype}); "
-               f"state per sequence {p.state_bytes_per_seq / MiB:.1f} MiB per GPU")
-    out.append("")
-    if plan.fits:
-        out.append("verdict: FITS")
-    else:
-        out.append("verdict: DOES NOT FIT")
-        out += [f"  reason: {r}" for r in plan.reasons]
-        if plan.suggestions:
-            s = plan.suggestions[0]
-            sctx = format_tokens(s.config.context or plan.context)
-            out.append(f"smallest change: {s.change}  ({s.kind}; then {s.concurrency} concurrent {sctx}-token "
-                       f"sequence{'s' if s.concurrency != 1 else ''})")
-            out += [f"  also fits: {x.change}  ({x.kind}; {x.concurrency} concurrent)" for x in plan.suggestions[1:]]
-        else:
-            out.append("smallest change: none found (searched fp8 KV, fewer redundant, larger EP, larger TP, "
-                       "up to 8x the GPUs)")
-    return "\n".join(out)
-
-
 def run_sweep(args, model, config: PlanConfig) -> int:
     gpu = load_gpu(args.gpu)
     per_node = args.gpus_per_node or gpu.gpus_per_node
@@ -195,18 +123,6 @@ def run_sweep(args, model, config: PlanConfig) -> int:
         print(json.dumps([{"gpus": r.gpus, "ep": r.ep, "num_redundant": r.num_redundant, "error": r.error,
                            "plan": r.plan.to_dict() if r.plan else None} for r in rows], indent=1))
     else:
-        ctx = format_tokens(config.context or model.max_context)
-        head = (f"{'gpus':>5} {'tp':>4} {'dp':>4} {'ep':>4} {'R':>4} {'weights':>8} {'reserve':>8} {'free':>8} "
-                f"{'seqs@' + ctx:>10} {'ceiling':>9} {'max ctx':>11}  verdict")
-        print(f"{model.name} on {args.gpu}, KV {config.kv_dtype}; GB per GPU")
-        print(head)
-        for r in rows:
-            if r.plan is None:
-                print(f"{r.gpus:>5} {'':>4} {'':>4} {r.ep:>4} {r.num_redundant:>4}  invalid: {r.error}")
-                continue
-            p = r.plan
-            verdict = "fits" if p.fits else "NO: " + p.reasons[0]
-            print(f"{r.gpus:>5} {p.layout.tp:>4} {p.layout.dp:>4} {p.layout.ep:>4} {p.layout.num_redundant:>4} "
-                  f"{p.weight_bytes / 1e9:>8.1f} {p.reserve_bytes / 1e9:>8.1f} {p.free_bytes / 1e9:>8.1f} "
-                  f"{p.concurrency:>10} {p.concurrency_ceiling:>9} {p.max_context:>11,}  {verdict}")
+        print(render_sweep(rows, model_name=model.name, gpu=args.gpu, kv_dtype=config.kv_dtype,
+                           context=config.context or model.max_context))
     return 0 if any(r.plan is not None and r.plan.fits for r in rows) else EXIT_DOES_NOT_FIT

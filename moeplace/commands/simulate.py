@@ -10,7 +10,7 @@ from pathlib import Path
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
 from foundation.files import Outputs
-from foundation.memory import parse_context_mix, parse_pool_split
+from foundation.memory.inputs import parse_context_mix, parse_pool_split
 from foundation.model import load_model
 from moeplace import flags
 from moeplace.commands import add_force

@@ -35,7 +35,7 @@ import polars as pl
 
 from foundation.errors import InputError
 from foundation.files import write_text_atomic
-from foundation.memory import parse_context_mix, parse_pool_split
+from foundation.memory.inputs import parse_context_mix, parse_pool_split
 from moeplace.sweep.spec import (
     Point,
     SweepSpec,

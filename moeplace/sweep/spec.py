@@ -26,7 +26,7 @@ Example (``examples/sweep-k3.yaml`` is the full one)::
       kv_dtype: fp8
     points:                                    # extra points; unnamed axes take the axis' first value
       - {gpus: 32, kv_dtype: bf16}
-    plan: {context: 128k, min_seqs: 1}         # foundation.memory.PlanConfig knobs (see PLAN_KEYS)
+    plan: {context: 128k, min_seqs: 1}         # foundation.memory.config.PlanConfig knobs (see PLAN_KEYS)
     engine: {max_batched_tokens: 8192, max_seqs: 256}
     optimize: {plan_fraction: 0.5, window_tokens: 4096, options: {lns_rounds: 0}}
     simulate: {duration: 3.0, mode: stat, max_trace_tokens: 20000}
@@ -47,7 +47,8 @@ import yaml
 
 from foundation.cluster import gpu_preset_names
 from foundation.errors import InputError
-from foundation.memory import PlanConfig, parse_context_mix, parse_pool_split, parse_tokens
+from foundation.memory.config import PlanConfig
+from foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
 from foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
 from placement.dispatch import ENGINE_RULES
 from placement.policies import policy_names

@@ -16,7 +16,8 @@ from typing import Any
 
 from foundation.cluster import ClusterSpec, make_cluster
 from foundation.errors import InputError, MoeplaceError
-from foundation.memory import Layout, plan_memory
+from foundation.memory.config import Layout
+from foundation.memory.planner import plan_memory
 from moeplace.sweep.spec import Point, SweepSpec, base_plan_config
 from placement.compare import compare_policies
 from placement.record import Placement

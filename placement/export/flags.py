@@ -2,7 +2,7 @@
 
 The command realizes an attention layout: ``tp`` GPUs of attention tensor parallelism per DP rank times
 ``dp`` attention data-parallel ranks (``tp * dp`` = the placement's EP size; the MoE layers are expert
-parallel over all of them). :func:`check_layout` runs the memory plan (:func:`foundation.memory.plan_memory`)
+parallel over all of them). :func:`check_layout` runs the memory plan (:func:`foundation.memory.planner.plan_memory`)
 on that layout and refuses one that does not fit, with the plan's reason.
 
 Flag names are the engines' own (checked in their argument parsers):
@@ -47,7 +47,8 @@ from typing import Any
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
 from foundation.files import read_json
-from foundation.memory import PlanConfig, plan_memory
+from foundation.memory.config import PlanConfig
+from foundation.memory.planner import plan_memory
 from foundation.model import ModelSpec
 from placement.record import Placement
 
@@ -107,7 +108,7 @@ def _gpu_kind(placement: Placement, opts: FlagOptions) -> str:
 
 
 def plan_config_from_report(path: str | Path) -> tuple[Any, dict[str, Any]]:
-    """The :class:`~foundation.memory.PlanConfig` and cluster dict of a ``place plan --report`` JSON."""
+    """The :class:`~foundation.memory.config.PlanConfig` and cluster dict of a ``place plan --report`` JSON."""
     d = read_json(path)
     if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or not isinstance(d.get("cluster"), dict):
         raise InputError(f"{path}: not a `place plan --report` file (fields 'config' and 'cluster' expected)")
