@@ -4,7 +4,8 @@ One function used by everything (CLI tables, the optimizer's final check, the si
 dashboard). Routing is either expert *loads* (a :class:`traces.loads.Loads`, a ``.npz`` Loads file,
 or an array ``[W, L, E]`` / ``[L, E]``) or *token-level* routing (a trace path, or a
 :class:`TokenRouting`). The rules live in :mod:`placement.dispatch`, the bounds in
-:mod:`placement.bounds`.
+:mod:`placement.bounds`, the traffic arithmetic in :mod:`placement.traffic`. Loads and token routing take
+two paths (``_score_loads``, ``_score_tokens``) behind one dispatcher.
 
 Definitions (per window ``w`` and MoE layer ``l``; ``x_g`` = tokens routed to GPU ``g``, counting one
 per (token, selected expert)):
@@ -55,10 +56,9 @@ from placement.dispatch import (
     token_gpu_loads,
 )
 from placement.record import Placement, check_compatible
+from placement.traffic import TRAFFIC_MODES, sample_traffic, traffic_from_dest, traffic_from_loads
 from traces.loads import Loads, is_loads_file, load_loads
 from traces.validate import check_trace
-
-TRAFFIC_MODES = ("node", "gpu", "expert")
 
 
 @dataclass(frozen=True)
@@ -395,102 +395,21 @@ def _model_for(placement: Placement, model: ModelSpec | None) -> ModelSpec:
                      "(--model) to evaluate it on a bare array")
 
 
-# ---------------------------------------------------------------------------- traffic
-def _distinct_remote(dest: np.ndarray, src: np.ndarray) -> np.ndarray:
-    """Number of distinct values in each row of ``dest`` [n, k] other than ``src`` [n]: int64 [n]."""
-    if dest.max(initial=0) < 64 and src.max(initial=0) < 64:  # a set of small ints is a 64-bit mask
-        mask = np.bitwise_or.reduce(np.left_shift(np.uint64(1), dest.astype(np.uint64)), axis=1)
-        mask &= ~np.left_shift(np.uint64(1), src.astype(np.uint64))
-        return np.bitwise_count(mask).astype(np.int64)
-    srt = np.sort(dest, axis=1)
-    new = np.ones_like(srt, dtype=bool)
-    new[:, 1:] = srt[:, 1:] != srt[:, :-1]
-    return (new & (srt != src[:, None])).sum(axis=1)
-
-
-def _traffic_from_dest(dest: np.ndarray, src_gpu: np.ndarray,
-                       gpus_per_node: int) -> tuple[float, float, float, float]:
-    """Exact traffic of selections with destination GPUs ``dest`` int ``[n, k]`` from ``src_gpu``
-    ``[n]``: (remote-node selections, remote nodes touched, remote GPUs touched, remote selections),
-    each summed over tokens."""
-    src_node = src_gpu // gpus_per_node
-    dnode = dest // gpus_per_node
-    remote_node_sel = float((dnode != src_node[:, None]).sum())
-    remote_sel = float((dest != src_gpu[:, None]).sum())
-    return (remote_node_sel, float(_distinct_remote(dnode, src_node).sum()),
-            float(_distinct_remote(dest, src_gpu).sum()), remote_sel)
-
-
-def _traffic_from_loads(placement: Placement, w: np.ndarray, engine: str, k: int,
-                        dmap: np.ndarray | None, gpu_loads: np.ndarray) -> tuple[float, dict[str, float]]:
-    """Loads-level traffic for one window ``w`` [L, E]: tokens of every expert come evenly from all G
-    ranks. Returns (cross-node share, sends per token per layer by mode) — the share is exact under
-    that assumption, the per-token counts use the independence approximation."""
-    L, G = placement.num_layers, placement.num_gpus
-    gpn = placement.gpus_per_node
-    node = np.arange(G) // gpn
-    total = w.sum(axis=1)  # [L]
-    # q[l, s, g]: share of rank s's selections that land on GPU g
-    if engine == "sglang":
-        q = np.zeros((L, G, G))
-        slot_gpu = placement.slot_gpu
-        for l in range(L):
-            dest = slot_gpu[dmap[:, l, :]]  # [G_src, E]
-            key = np.arange(G)[:, None] * G + dest
-            q[l] = np.bincount(key.ravel(), weights=np.broadcast_to(w[l], dest.shape).ravel(),
-                               minlength=G * G).reshape(G, G)
-        q = np.divide(q, total[:, None, None], out=np.zeros_like(q), where=total[:, None, None] > 0)
-    else:  # vllm even split and ideal: the split does not depend on the source rank
-        share = np.divide(gpu_loads, total[:, None], out=np.zeros_like(gpu_loads), where=total[:, None] > 0)
-        q = np.broadcast_to(share[:, None, :], (L, G, G))
-    same_node = node[:, None] == node[None, :]
-    has = total > 0
-    # cross-node share over all selections = sum_l total_l * share_l / sum_l total_l
-    per_layer_cross = (q * ~same_node[None]).sum(axis=(1, 2)) / G
-    cross = float((per_layer_cross * total).sum() / total.sum()) if total.sum() > 0 else 0.0
-    remote = ~np.eye(G, dtype=bool)
-    touch = 1.0 - (1.0 - q) ** k  # P(at least one of k independent selections lands on g)
-    gpus = (touch * remote[None]).sum(axis=2).mean(axis=1)  # [L]
-    qn = np.zeros((L, G, placement.num_nodes))
-    for n_ in range(placement.num_nodes):
-        qn[:, :, n_] = q[:, :, node == n_].sum(axis=2)
-    touch_n = 1.0 - (1.0 - qn) ** k
-    other_node = node[:, None] != np.arange(placement.num_nodes)[None, :]
-    nodes = (touch_n * other_node[None]).sum(axis=2).mean(axis=1)
-    sel_remote = (q * remote[None]).sum(axis=2).mean(axis=1) * k
-    n_has = max(int(has.sum()), 1)  # per token per layer: over the layers with tokens only
-    return cross, {"node": float(nodes[has].sum() / n_has), "gpu": float(gpus[has].sum() / n_has),
-                   "expert": float(sel_remote[has].sum() / n_has)}
-
-
-def _sample_traffic(placement: Placement, samples: np.ndarray, engine: str, dmap: np.ndarray | None,
-                    vllm_rule: str) -> tuple[float, dict[str, float]]:
-    """Exact traffic of a token sample ``[N, L, k]`` (-1 rows skipped per layer): token ``i`` runs on DP
-    rank ``i % G`` at batch position ``i // G``. Returns (cross-node share, sends per token per layer)."""
-    N, L, _ = samples.shape
-    G = placement.num_gpus
-    src_all = np.arange(N) % G
-    pos_all = np.arange(N) // G
-    acc = dict.fromkeys(("cross", *TRAFFIC_MODES), 0.0)
-    sel = tok = 0
-    for l in range(L):
-        ok = (samples[:, l, :] >= 0).all(axis=1)
-        if not ok.any():
-            continue
-        src = src_all[ok]
-        slots = batch_slots(placement, l, samples[ok, l, :], engine, src_gpu=src, pos_in_batch=pos_all[ok],
-                            dispatch_map=dmap, vllm_rule=vllm_rule)
-        a, b, c, d = _traffic_from_dest(placement.slot_gpu[slots], src, placement.gpus_per_node)
-        for key, v in zip(("cross", "node", "gpu", "expert"), (a, b, c, d)):
-            acc[key] += v
-        sel += slots.size
-        tok += int(ok.sum())
-    if tok == 0:
-        raise InputError("the token sample has no complete rows")
-    return acc["cross"] / sel, {key: acc[key] / tok for key in TRAFFIC_MODES}
-
-
 # ---------------------------------------------------------------------------- evaluate
+@dataclass(frozen=True, eq=False)
+class _Scored:
+    """What one routing path measured: GPU loads ``[W, L, G]`` (W windows, or 1 for token routing), the
+    expert loads ``[W, L, E]`` the bounds are computed on, and the traffic."""
+
+    gpu_loads: np.ndarray
+    expert_loads: np.ndarray
+    cross: float
+    remote: dict[str, float]
+    traffic_method: str
+    notes: tuple[str, ...] = ()
+    batch_balancedness: np.ndarray | None = None
+
+
 def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: ModelSpec | None = None,
              cluster: ClusterSpec | None = None, batch_tokens: int | None = None, seed: int = 42,
              dispatch_dtype: str = "bf16", sglang_variant: str = "mainline",
@@ -509,12 +428,7 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
     only way co-located experts show up as fewer remote sends. ``what`` names the placement in errors
     (its file): a placement made for another model or cluster is refused.
     """
-    check_engine(engine)
-    if vllm_rule not in VLLM_RULES:
-        raise InputError(f"unknown vLLM replica rule '{vllm_rule}' (expected one of {VLLM_RULES})")
-    if sglang_variant not in SGLANG_VARIANTS:
-        raise InputError(f"unknown SGLang dispatch variant '{sglang_variant}' "
-                         f"(expected one of {SGLANG_VARIANTS})")
+    _check_rules(engine, vllm_rule, sglang_variant)
     if samples is None and isinstance(routing, Loads):
         samples = routing.samples
     elif samples is None and isinstance(routing, (str, Path)) and is_loads_file(routing):
@@ -527,94 +441,128 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
         check_compatible(placement, rmodel, what=what)
     if dispatch_dtype not in DTYPE_BYTES:
         raise InputError(f"dispatch dtype '{dispatch_dtype}' unknown (expected one of {sorted(DTYPE_BYTES)})")
-    G, L, k = placement.num_gpus, placement.num_layers, m.top_k
-    send_bytes = m.expert_hidden_size * DTYPE_BYTES[dispatch_dtype]
     dmap = sglang_dispatch_map(placement, seed, variant=sglang_variant) if engine == "sglang" else None
-    notes: list[str] = []
-    batch_bal = None
     if kind == "loads":
-        W = data.shape[0]
-        if data.shape[1:] != (L, placement.num_experts):
-            raise InputError(f"routing is {data.shape[1:]} (layers x experts), the placement needs "
-                             f"{(L, placement.num_experts)}")
-        if (data < 0).any():
-            raise InputError("routing loads must be non-negative")
-        if data.sum() == 0:
-            raise InputError("routing has no tokens (all loads are zero)")
-        gpu_loads = np.stack([expected_gpu_loads(placement, data[w], engine, seed=seed, dispatch_map=dmap,
-                                                 variant=sglang_variant) for w in range(W)])
-        totals = data.sum(axis=2).sum(axis=1)
-        if samples is not None and len(samples) and engine != "ideal":
-            sm = np.asarray(samples)
-            if sm.ndim != 3 or sm.shape[1:] != (L, k):
-                raise InputError(f"samples must be [tokens, {L}, {k}], got {sm.shape}")
-            cross, remote = _sample_traffic(placement, sm, engine, dmap, vllm_rule)
-            traffic_method = f"token sample ({len(sm)} tokens), exact replay on the sample"
-        else:
-            cross, remote = 0.0, {m_: 0.0 for m_ in TRAFFIC_MODES}
-            for w in range(W):
-                c_w, r_w = _traffic_from_loads(placement, data[w], engine, k, dmap, gpu_loads[w])
-                cross += c_w * totals[w] / totals.sum()
-                for key in remote:
-                    remote[key] += r_w[key] / W
-            traffic_method = "uniform-sources, independence approximation"
-            notes.append("Loads input without a token sample: remote GPUs/nodes per token use an "
-                         "independence approximation (k selections drawn independently); pass a trace "
-                         "for exact counts")
-        loads_wle = data
+        scored = _score_loads(placement, data, engine, m.top_k, dmap, samples, seed=seed,
+                              sglang_variant=sglang_variant, vllm_rule=vllm_rule)
     else:
-        tr: TokenRouting = data
-        src = dp_ranks_round_robin(tr.request_id, G)
-        step, pos = batch_layout(src, G, batch_tokens)
-        totals_l = np.zeros(L)
-        cnt = {"cross": 0.0, "node": 0.0, "gpu": 0.0, "expert": 0.0}
-        loads_le = tr.loads()
-        if engine == "ideal":
-            gpu_loads = ideal_gpu_loads(placement, loads_le)[0][None]
-            c, r = _traffic_from_loads(placement, loads_le, engine, k, dmap, gpu_loads[0])
-            cross, remote = c, r
-            traffic_method = "ideal split: uniform-sources, independence approximation"
-            notes.append("engine 'ideal' is a fractional split; its traffic uses the Loads approximation")
-        else:
-            gl = np.zeros((L, G))
-            S = int(step.max()) + 1
-            per_step = np.zeros((S, L, G))
-            for l in tr.layers:
-                slots = batch_slots(placement, l, tr.expert_ids[:, l, :], engine, src_gpu=src,
-                                    pos_in_batch=pos, dispatch_map=dmap, vllm_rule=vllm_rule)
-                dest = placement.slot_gpu[slots]
-                per_step[:, l, :] = np.bincount((step[:, None] * G + dest).ravel(),
-                                                minlength=S * G).reshape(S, G)
-                a, b, c, d = _traffic_from_dest(dest, src, placement.gpus_per_node)
-                cnt["cross"] += a
-                cnt["node"] += b
-                cnt["gpu"] += c
-                cnt["expert"] += d
-                totals_l[l] = dest.size
-            gl = per_step.sum(axis=0)
-            gpu_loads = gl[None]
-            n = tr.num_tokens
-            cross = cnt["cross"] / totals_l.sum()
-            remote = {key: cnt[key] / (n * len(tr.layers)) for key in TRAFFIC_MODES}
-            traffic_method = "exact"
-        loads_wle = loads_le[None]
-        if batch_tokens:
-            if engine == "ideal":
-                per_step = token_gpu_loads(placement, tr.expert_ids, engine, src_gpu=src,
-                                           batch_tokens=batch_tokens, seed=seed, dispatch_map=dmap)
-            mx = per_step.max(axis=2)
-            bal = np.divide(per_step.mean(axis=2), mx, out=np.ones_like(mx), where=mx > 0)
-            batch_bal = bal[:, tr.layers].mean(axis=1)
-    bound_p = np.stack([placement_bound(placement, loads_wle[w], engine) for w in range(loads_wle.shape[0])])
-    bound_b = np.stack([budget_bound(loads_wle[w], G, placement.num_slots, engine)
-                        for w in range(loads_wle.shape[0])])
+        scored = _score_tokens(placement, data, engine, m.top_k, dmap, batch_tokens=batch_tokens, seed=seed,
+                               vllm_rule=vllm_rule)
+    return _metrics(placement, m, engine, kind, scored, labels=labels, batch_tokens=batch_tokens,
+                    send_bytes=m.expert_hidden_size * DTYPE_BYTES[dispatch_dtype])
+
+
+def _check_rules(engine: str, vllm_rule: str, sglang_variant: str) -> None:
+    check_engine(engine)
+    if vllm_rule not in VLLM_RULES:
+        raise InputError(f"unknown vLLM replica rule '{vllm_rule}' (expected one of {VLLM_RULES})")
+    if sglang_variant not in SGLANG_VARIANTS:
+        raise InputError(f"unknown SGLang dispatch variant '{sglang_variant}' "
+                         f"(expected one of {SGLANG_VARIANTS})")
+
+
+_LOADS_TRAFFIC_NOTE = ("Loads input without a token sample: remote GPUs/nodes per token use an independence "
+                       "approximation (k selections drawn independently); pass a trace for exact counts")
+
+
+def _score_loads(placement: Placement, data: np.ndarray, engine: str, k: int, dmap: np.ndarray | None,
+                 samples: np.ndarray | None, *, seed: int, sglang_variant: str, vllm_rule: str) -> _Scored:
+    """The Loads path: expected GPU loads of every window ``data`` float ``[W, L, E]`` under the rule;
+    traffic replayed exactly on the token sample when there is one (not for ``ideal``), otherwise the
+    uniform-sources independence approximation, averaged over windows (the share weighted by tokens)."""
+    L = placement.num_layers
+    W = data.shape[0]
+    if data.shape[1:] != (L, placement.num_experts):
+        raise InputError(f"routing is {data.shape[1:]} (layers x experts), the placement needs "
+                         f"{(L, placement.num_experts)}")
+    if (data < 0).any():
+        raise InputError("routing loads must be non-negative")
+    if data.sum() == 0:
+        raise InputError("routing has no tokens (all loads are zero)")
+    gpu_loads = np.stack([expected_gpu_loads(placement, data[w], engine, seed=seed, dispatch_map=dmap,
+                                             variant=sglang_variant) for w in range(W)])
+    if samples is not None and len(samples) and engine != "ideal":
+        sm = np.asarray(samples)
+        if sm.ndim != 3 or sm.shape[1:] != (L, k):
+            raise InputError(f"samples must be [tokens, {L}, {k}], got {sm.shape}")
+        cross, remote = sample_traffic(placement, sm, engine, dmap, vllm_rule)
+        return _Scored(gpu_loads, data, cross, remote,
+                       f"token sample ({len(sm)} tokens), exact replay on the sample")
+    totals = data.sum(axis=2).sum(axis=1)
+    cross, remote = 0.0, {m_: 0.0 for m_ in TRAFFIC_MODES}
+    for w in range(W):
+        c_w, r_w = traffic_from_loads(placement, data[w], engine, k, dmap, gpu_loads[w])
+        cross += c_w * totals[w] / totals.sum()
+        for key in remote:
+            remote[key] += r_w[key] / W
+    return _Scored(gpu_loads, data, cross, remote, "uniform-sources, independence approximation",
+                   (_LOADS_TRAFFIC_NOTE,))
+
+
+def _score_tokens(placement: Placement, tr: TokenRouting, engine: str, k: int, dmap: np.ndarray | None, *,
+                  batch_tokens: int | None, seed: int, vllm_rule: str) -> _Scored:
+    """The token path: every token replayed under the rule on its DP rank (round-robin by request),
+    one window; with ``batch_tokens`` also the balancedness of every step. ``ideal`` is a fractional
+    split, so its traffic falls back to the Loads approximation."""
+    src = dp_ranks_round_robin(tr.request_id, placement.num_gpus)
+    step, pos = batch_layout(src, placement.num_gpus, batch_tokens)
+    loads_le = tr.loads()
+    notes: tuple[str, ...] = ()
+    if engine == "ideal":
+        gpu_loads = ideal_gpu_loads(placement, loads_le)[0][None]
+        cross, remote = traffic_from_loads(placement, loads_le, engine, k, dmap, gpu_loads[0])
+        traffic_method = "ideal split: uniform-sources, independence approximation"
+        notes = ("engine 'ideal' is a fractional split; its traffic uses the Loads approximation",)
+        per_step = (token_gpu_loads(placement, tr.expert_ids, engine, src_gpu=src, batch_tokens=batch_tokens,
+                                    seed=seed, dispatch_map=dmap) if batch_tokens else None)
+    else:
+        per_step, cross, remote = _replay_tokens(placement, tr, engine, src, step, pos, dmap, vllm_rule)
+        gpu_loads = per_step.sum(axis=0)[None]
+        traffic_method = "exact"
+    batch_bal = None
+    if batch_tokens:
+        mx = per_step.max(axis=2)
+        bal = np.divide(per_step.mean(axis=2), mx, out=np.ones_like(mx), where=mx > 0)
+        batch_bal = bal[:, tr.layers].mean(axis=1)
+    return _Scored(gpu_loads, loads_le[None], cross, remote, traffic_method, notes, batch_bal)
+
+
+def _replay_tokens(placement: Placement, tr: TokenRouting, engine: str, src: np.ndarray, step: np.ndarray,
+                   pos: np.ndarray, dmap: np.ndarray | None, vllm_rule: str
+                   ) -> tuple[np.ndarray, float, dict[str, float]]:
+    """Each token of ``tr`` on DP rank ``src`` [n] at batch step ``step`` / position ``pos``: the GPU
+    loads of every step ``[S, L, G]``, the cross-node share and the exact sends per token per layer."""
+    L, G = placement.num_layers, placement.num_gpus
+    S = int(step.max()) + 1
+    per_step = np.zeros((S, L, G))
+    cnt = dict.fromkeys(("cross", *TRAFFIC_MODES), 0.0)
+    selections = 0
+    for l in tr.layers:
+        slots = batch_slots(placement, l, tr.expert_ids[:, l, :], engine, src_gpu=src,
+                            pos_in_batch=pos, dispatch_map=dmap, vllm_rule=vllm_rule)
+        dest = placement.slot_gpu[slots]
+        per_step[:, l, :] = np.bincount((step[:, None] * G + dest).ravel(), minlength=S * G).reshape(S, G)
+        for key, v in zip(("cross", *TRAFFIC_MODES), traffic_from_dest(dest, src, placement.gpus_per_node)):
+            cnt[key] += v
+        selections += dest.size
+    remote = {key: cnt[key] / (tr.num_tokens * len(tr.layers)) for key in TRAFFIC_MODES}
+    return per_step, cnt["cross"] / selections, remote
+
+
+def _metrics(placement: Placement, m: ModelSpec, engine: str, kind: str, scored: _Scored, *,
+             labels: tuple[str, ...], batch_tokens: int | None, send_bytes: float) -> Metrics:
+    """Bounds for every window of the scored expert loads, and the Metrics record."""
+    loads = scored.expert_loads
+    G = placement.num_gpus
+    bound_p = np.stack([placement_bound(placement, loads[w], engine) for w in range(loads.shape[0])])
+    bound_b = np.stack([budget_bound(loads[w], G, placement.num_slots, engine) for w in range(loads.shape[0])])
     L_moe = m.num_moe_layers
     return Metrics(
-        engine=engine, source=kind, gpu_loads=gpu_loads, bound_placement=bound_p, bound_budget=bound_b,
-        num_nodes=placement.num_nodes, cross_node_share=float(cross),
-        remote_per_token={key: float(v) for key, v in remote.items()},
-        dispatch_bytes_per_token={key: float(v) * L_moe * send_bytes for key, v in remote.items()},
-        traffic_method=traffic_method,
+        engine=engine, source=kind, gpu_loads=scored.gpu_loads, bound_placement=bound_p, bound_budget=bound_b,
+        num_nodes=placement.num_nodes, cross_node_share=float(scored.cross),
+        remote_per_token={key: float(v) for key, v in scored.remote.items()},
+        dispatch_bytes_per_token={key: float(v) * L_moe * send_bytes for key, v in scored.remote.items()},
+        traffic_method=scored.traffic_method,
         expert_bytes_per_gpu=float(placement.slots_per_gpu * m.bytes_per_routed_expert * L_moe),
-        labels=tuple(labels), batch_balancedness=batch_bal, batch_tokens=batch_tokens, notes=tuple(notes),
-        top_k=k)
+        labels=tuple(labels), batch_balancedness=scored.batch_balancedness, batch_tokens=batch_tokens,
+        notes=scored.notes, top_k=m.top_k)
