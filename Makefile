@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= run
 
-.PHONY: demo dashboard test test-slow bench install install-test clean
+.PHONY: demo dashboard test test-slow bench figures install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ test-slow: $(VENV)/.installed-test
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/trace_stats.py
+
+# Rewrite the figures in README.md and docs/ from the committed bench/results/*.json.
+figures: $(VENV)/.installed
+	$(BIN)/python bench/figures.py
 
 clean:
 	rm -rf $(VENV) $(OUT) data/k3-default

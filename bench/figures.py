@@ -206,7 +206,8 @@ def optimize() -> str:
     traffic, and its run time by GPU count (bench/optimize.py)."""
     r = _results("optimize")
     w = r["windows"]
-    text = (f"`python bench/optimize.py --tokens {r['tokens']}` ({_machine(r)}; {r['tokens']:,}-token synthetic "
+    skips = "".join(f" --skip-{k}" for k in r.get("skipped", []))
+    text = (f"`python bench/optimize.py --tokens {r['tokens']}{skips}` ({_machine(r)}; {r['tokens']:,}-token synthetic "
             f"K3 trace, {w['plan'] + w['held_out']} windows of {w['window_tokens']} tokens, {w['plan']} planned / "
             f"{w['held_out']} held out; 32 x H200 = 4 x 8, R = 32; vLLM rule):\n\n")
     rows = [(name, f"{x['seconds']:.1f} s", f"{x['plan_balancedness']:.4f}", f"{x['plan_gap_budget']:.4%}",
@@ -214,34 +215,41 @@ def optimize() -> str:
             for name, x in r["balance"].items()]
     text += _table(["policy", "time", "plan (sum) bal", "gap to bound", "held-out mean", "held-out worst window",
                     "dup GPUs"], rows)
-    rob = r["robust_domains"]
-    text += (f"\nRobust over the {len(w['domains'])} domains (scored per domain; in-sample, the domains it planned "
-             f"on), worst domain: " + ", ".join(f"{name} {x['worst_domain']:.4f}" for name, x in rob.items())
-             + (" (`moeplace --robust` per domain "
-                + ", ".join(f"{b:.4f}" for b in rob['moeplace --robust']['domain_balancedness']) + ")"
-                if "moeplace --robust" in rob else "") + ".\n")
+    if r.get("robust_domains"):
+        rob = r["robust_domains"]
+        text += (f"\nRobust over the {len(w['domains'])} domains (scored per domain; in-sample, the domains it "
+                 f"planned on), worst domain: "
+                 + ", ".join(f"{name} {x['worst_domain']:.4f}" for name, x in rob.items())
+                 + (" (`moeplace --robust` per domain "
+                    + ", ".join(f"{b:.4f}" for b in rob["moeplace --robust"]["domain_balancedness"]) + ")"
+                    if "moeplace --robust" in rob else "") + ".\n")
+    if "traffic" in r:
+        text += _optimize_traffic(r)
+    if "scaling" in r:
+        sc = r["scaling"]
+        text += ("\nWhole model (92 layers), moeplace default: "
+                 + ", ".join(f"{g} GPUs {x['seconds']:.1f} s" for g, x in sc.items())
+                 + " (R = " + ", ".join(str(x["redundant"]) for x in sc.values()) + "; plan balancedness "
+                 + ", ".join(f"{x['balancedness']:.4f}" for x in sc.values()) + ").\n")
+    return text + f"Same seed, same input → same placement: {str(r['deterministic']).lower()}.\n"
+
+
+def _optimize_traffic(r: dict) -> str:
     tr = r["traffic"]
     eplb, bal_only = tr["eplb"], tr["moeplace"]
     t, bt = tr["moeplace --objective traffic"], tr["moeplace --objective balance+traffic"]
-    text += (f"\nTraffic (planned on {r['traffic_samples']:,} sampled tokens of the first half; exact replay of "
-             f"the held-out half's tokens; other nodes a token is sent to per MoE layer): EPLB "
-             f"{eplb['remote_nodes_per_token']:.4f}, balance-only moeplace {bal_only['remote_nodes_per_token']:.4f}, "
-             f"`--objective traffic` (floor = EPLB's balancedness − 0.01) **{t['remote_nodes_per_token']:.4f} "
-             f"({_pct(t['remote_nodes_vs_eplb'])}) at plan balancedness {t['plan_balancedness']:.4f}**, "
-             f"`balance+traffic --traffic-weight 10` **{bt['remote_nodes_per_token']:.4f} "
-             f"({_pct(bt['remote_nodes_vs_eplb'])}) at {bt['plan_balancedness']:.4f}** (EPLB "
-             f"{eplb['plan_balancedness']:.4f}); {t['seconds']:.0f} / {bt['seconds']:.0f} s under the bench's "
-             f"{r['traffic_time_limit_s']:g} s time limit. The planned frontier (layers "
-             f"{', '.join(map(str, r['pareto_layers']))}; mean nodes touched per sampled token): "
-             + ", ".join(f"{p['span_nodes_per_token']:.3f} at balancedness {p['balancedness']:.4f}"
-                         for p in tr["pareto"]) + ".\n")
-    sc = r["scaling"]
-    text += ("\nWhole model (92 layers), moeplace default: "
-             + ", ".join(f"{g} GPUs {x['seconds']:.1f} s" for g, x in sc.items())
-             + " (R = " + ", ".join(str(x["redundant"]) for x in sc.values()) + "; plan balancedness "
-             + ", ".join(f"{x['balancedness']:.4f}" for x in sc.values()) + ").\n"
-             f"Same seed, same input → same placement: {str(r['deterministic']).lower()}.\n")
-    return text
+    return (f"\nTraffic (planned on {r['traffic_samples']:,} sampled tokens of the first half; exact replay of "
+            f"the held-out half's tokens; other nodes a token is sent to per MoE layer): EPLB "
+            f"{eplb['remote_nodes_per_token']:.4f}, balance-only moeplace {bal_only['remote_nodes_per_token']:.4f}, "
+            f"`--objective traffic` (floor = EPLB's balancedness − 0.01) **{t['remote_nodes_per_token']:.4f} "
+            f"({_pct(t['remote_nodes_vs_eplb'])}) at plan balancedness {t['plan_balancedness']:.4f}**, "
+            f"`balance+traffic --traffic-weight 10` **{bt['remote_nodes_per_token']:.4f} "
+            f"({_pct(bt['remote_nodes_vs_eplb'])}) at {bt['plan_balancedness']:.4f}** (EPLB "
+            f"{eplb['plan_balancedness']:.4f}); {t['seconds']:.0f} / {bt['seconds']:.0f} s under the bench's "
+            f"{r['traffic_time_limit_s']:g} s time limit. The planned frontier (layers "
+            f"{', '.join(map(str, r['pareto_layers']))}; mean nodes touched per sampled token): "
+            + ", ".join(f"{p['span_nodes_per_token']:.3f} at balancedness {p['balancedness']:.4f}"
+                        for p in tr["pareto"]) + ".\n")
 
 
 def optimize_table() -> str:
@@ -341,7 +349,9 @@ def kernels() -> str:
     """docs/kernels.md: measured vs predicted MoE layer times of `place kernels bench` (bench/kernels.py)."""
     r = _results("kernels")
     return (f"`python bench/kernels.py` = `{r['command']}` ({r['device']}, {r['dtype']}, {_machine(r)}; "
-            f"{r['wall_s']:.0f} s in all):\n\n```\n{r['printed'].rstrip()}\n```\n")
+            f"{r['wall_s']:.0f} s in all):\n\n```\n{r['printed'].rstrip()}\n```\n\n"
+            f"Fitted contention of the {r['validation']['shared_cores']} shared cores: "
+            f"{r['validation']['contention']:.2f}.\n")
 
 
 # ---------------------------------------------------------------------------- sweep
@@ -460,6 +470,11 @@ def _scenario(name: str) -> dict:
     return _results("scenarios")[name]
 
 
+def _source(run: dict) -> str:
+    """Which demo run a scenario read: the full one unless it says `--quick` (a 20k-token trace)."""
+    return " (on the artifacts of `place demo --quick`, a 20k-token trace)" if "--quick" in run["demo"] else ""
+
+
 def _header(printed: str) -> str:
     return next(line for line in printed.splitlines() if " simulated s, " in line)
 
@@ -471,7 +486,7 @@ def long_context() -> str:
     table = format_table([SimpleNamespace(label="8k prompts", summary=short),
                           SimpleNamespace(label="+ 5 % 1M-token prompts", summary=long_)])
     cmds = "\n".join(f"$ {x['command']}" for x in runs.values())
-    return (f"```\n{cmds}\n```\n\nThe two tables side by side (header line of both: "
+    return (f"```\n{cmds}\n```\n\nThe two tables side by side{_source(runs['8k'])} (header line of both: "
             f"`{_header(runs['8k']['printed'])}`):\n\n```\n{table}\n```\n\n"
             f"Output falls from {short['output_tok_s']:,.0f} to {long_['output_tok_s']:,.0f} tok/s, TPOT p50 rises "
             f"from {_ms(short['tpot_p50_s'])} to {_ms(long_['tpot_p50_s'])} for everybody, and the MLA KV pool peaks "
@@ -497,7 +512,8 @@ def traffic() -> str:
                f"touched, which is why the held-out figure is the one to quote" if m else "")
             + f") — and the placement balances {'at least as well as' if as_well else 'less well than'} EPLB "
             f"(plan / held-out {b['moeplace'][0]:.4f} / {b['moeplace'][1]:.4f} vs {b['eplb'][0]:.4f} / "
-            f"{b['eplb'][1]:.4f}). The command took {run['wall_s']:.0f} s ({_machine(_results('scenarios'))}), "
+            f"{b['eplb'][1]:.4f}). The command took {run['wall_s']:.0f} s{_source(run)} "
+            f"({_machine(_results('scenarios'))}), "
             f"the optimizer {mo['seconds']:.0f} s of it.\n")
 
 
@@ -510,7 +526,7 @@ def evaluate_defaults() -> str:
         bal = next(line for line in run["printed"].splitlines() if line.startswith("balancedness"))
         lines += [f"$ {run['command']}", bal]
         ratio[label] = float(re.search(r"max/mean ([\d.]+)", bal)[1])
-    return ("```\n" + "\n".join(lines) + "\n```\n\n"
+    return (f"Real output{_source(next(iter(runs.values())))}:\n\n```\n" + "\n".join(lines) + "\n```\n\n"
             f"`linear` with `[i % E]` redundant slots is exactly where vLLM's online EPLB starts: until its first "
             f"rearrangement (every `step_interval` steps) the hottest GPU carries {ratio['linear']:.2f}x the mean "
             f"GPU's tokens at every MoE layer; the moeplace placement (planned on the first half of the trace) "
@@ -529,7 +545,8 @@ def recommend() -> str:
              f"({x['stall_s']:.2f} s of stall) and changes output tok/s by {_change(x['output_tok_s'], base)}"
              for x in rec["rows"][1:]]
     return (f"```\n$ {run['command']}\n{lines[0]}\n...\n" + "\n".join(lines[start:]) + "\n```\n\n"
-            f"Within {summary['duration_s']:g} simulated s ({summary['iterations']:,} iterations of the static run): "
+            f"Within {summary['duration_s']:g} simulated s ({summary['iterations']:,} iterations of the static "
+            f"run){_source(run)}: "
             + "; ".join(parts) + ".\n")
 
 
@@ -537,7 +554,7 @@ RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalan
              "trace-stats": trace_stats, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
              "demo-transcript": demo_transcript, "demo-summary": demo_summary, "demo-optimize": demo_optimize,
-             "demo-simulate": demo_simulate}
+             "demo-simulate": demo_simulate, "sim-speed": sim_speed, "kernels": kernels}
 
 
 def render(text: str) -> str:

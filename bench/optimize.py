@@ -10,7 +10,6 @@ Every score comes from ``placement.evaluate.evaluate``. Prints the figures and w
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -110,7 +109,8 @@ def main() -> int:
                     help="hard budget of each traffic-objective run (s)")
     args = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out: dict = {"cpus": os.cpu_count(), "tokens": args.tokens}
+    out: dict = {"tokens": args.tokens,
+                 "skipped": [k for k in ("robust", "traffic", "scaling") if getattr(args, f"skip_{k}")]}
     trace = ensure_trace(args.tokens)
     model, ids, rid, domain, names = token_routing(trace)
     E = model.num_experts
