@@ -130,6 +130,48 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, *, iteration: 
     if max_tokens is not None and max_tokens < 1:
         raise InputError(f"--max-tokens must be >= 1, got {max_tokens}")
     it_dir, samples_dir = _resolve(srcs[0], iteration)
+    layer_files, samples, total = _inputs(it_dir, samples_dir, model)
+    total = min(total, max_tokens) if max_tokens else total
+    k, layers = model.top_k, sorted(layer_files)
+    L = len(layers)
+    readers = {d: _Column([layer_files[d]], ["indices", "scores"]) for d in layers}
+    tokens = _Tokens(samples, samples_dir)
+    layer_col = np.asarray(layers, dtype=np.uint16)
+    state = {"row": 0}
+
+    def write(w):
+        while state["row"] < total:
+            n = min(CHUNK, total - state["row"])
+            row0 = state["row"]
+            tok, req, pos = tokens.take(n, row0)
+            ids = np.empty((n, L, k), dtype=np.uint16)
+            gw = np.empty((n, L, k), dtype=np.float32)
+            for j, d in enumerate(layers):
+                _layer_chunk(readers[d], layer_files[d], n, row0, model, ids[:, j], gw[:, j])
+            if pos.max() > np.iinfo(np.int32).max:
+                raise InputError(f"{samples_dir}: a samples file exceeds 2^31 rows (position is int32)")
+            w.write(request_id=np.repeat(req, L), position=np.repeat(pos, L).astype(np.int32),
+                    phase=np.zeros(n * L, dtype=np.uint8),
+                    step=np.repeat(np.arange(row0, row0 + n, dtype=np.int64), L),
+                    layer=np.tile(layer_col, n), expert_ids=ids.reshape(n * L, k),
+                    gate_weights=gw.reshape(n * L, k), token_id=np.repeat(tok, L))
+            state["row"] += n
+
+    prov = {"kind": "imported", "format": "flame-moe", "sources": [str(it_dir), str(samples_dir)],
+            "iteration": int(_ITER.match(it_dir.name).group(1)) if _ITER.match(it_dir.name) else None,
+            "layers_covered": layers, "layer_numbering": "layer_NN is 1-based: decoder layer NN-1",
+            "tokens": total, "request_id": "samples file index (pretraining batches carry no requests)",
+            "phase": "training forward pass; all rows marked prefill (0)"}
+    rows = write_validated_trace(out, model, prov, write, gate_weights=True, token_id=True)
+    secs = time.perf_counter() - t0
+    summary = {"format": "flame-moe", "records_read": total * L, "rows_written": rows, "tokens": total,
+               "layers_covered": layers, "seconds": secs, "records_per_s": total * L / secs if secs > 0 else 0.0}
+    return ImportResult("trace", trace=out, summary=summary)
+
+
+def _inputs(it_dir: Path, samples_dir: Path, model: ModelSpec) -> tuple[dict[int, Path], list[Path], int]:
+    """``(decoder layer -> layer file, samples files, rows)``: every layer file an MoE layer of ``model``,
+    all with the same rows, and at least as many token rows in the samples."""
     layer_files = {}
     for p in sorted(it_dir.iterdir()):
         m = _LAYER.match(p.name)
@@ -155,66 +197,53 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, *, iteration: 
     total = n_rows[layers[0]]
     if n_samples < total:
         raise InputError(f"{samples_dir}: {n_samples} token rows, fewer than the {total} rows of the actives files")
-    total = min(total, max_tokens) if max_tokens else total
-    k, L = model.top_k, len(layers)
-    readers = {d: _Column([layer_files[d]], ["indices", "scores"]) for d in layers}
-    tok_reader = _Column(samples, ["token_id"])
-    layer_col = np.asarray(layers, dtype=np.uint16)
-    file_rows = [0] * len(samples)  # rows consumed per samples file: position within the file
-    state = {"row": 0}
+    return layer_files, samples, total
 
-    def write(w):
-        while state["row"] < total:
-            n = min(CHUNK, total - state["row"])
-            row0 = state["row"]
-            tok_parts, req_parts, pos_parts = [], [], []
-            for i, b in tok_reader.take(n):
-                col = b.column("token_id")
-                if col.null_count:
-                    raise InputError(f"{samples[i]}: row {file_rows[i]}: field 'token_id' is null")
-                t = col.to_numpy(zero_copy_only=False)
-                if t.dtype.kind not in "iu":
-                    raise InputError(f"{samples[i]}: field 'token_id' has type {col.type}, expected int32")
-                tok_parts.append(t.astype(np.int64))
-                req_parts.append(np.full(t.size, i, dtype=np.int64))
-                pos_parts.append(np.arange(file_rows[i], file_rows[i] + t.size, dtype=np.int64))
-                file_rows[i] += t.size
-            tok, req, pos = np.concatenate(tok_parts), np.concatenate(req_parts), np.concatenate(pos_parts)
-            if tok.size and (tok.min() < 0 or tok.max() > np.iinfo(np.int32).max):
-                raise InputError(f"{samples_dir}: token ids outside int32 around row {row0}")
-            ids = np.empty((n, L, k), dtype=np.uint16)
-            gw = np.empty((n, L, k), dtype=np.float32)
-            for j, d in enumerate(layers):
-                path = layer_files[d]
-                got = 0
-                for _, b in readers[d].take(n):
-                    m = b.num_rows
-                    ind = _fixed_lists(b.column("indices"), k, path, row0 + got, "indices")
-                    ids[got:got + m, j] = expert_id_matrix(ind, path, f"rows {row0 + got}..{row0 + got + m - 1}",
-                                                           "indices", model.num_experts, k)
-                    sc = _fixed_lists(b.column("scores"), k, path, row0 + got, "scores").astype(np.float32)
-                    if not np.isfinite(sc).all() or (sc < 0).any():
-                        r = int(np.flatnonzero(~(np.isfinite(sc) & (sc >= 0)).all(axis=1))[0])
-                        raise InputError(f"{path}: row {row0 + got + r}: field 'scores' holds {sc[r].tolist()}, "
-                                         "expected probabilities")
-                    gw[got:got + m, j] = sc
-                    got += m
-            if pos.max() > np.iinfo(np.int32).max:
-                raise InputError(f"{samples_dir}: a samples file exceeds 2^31 rows (position is int32)")
-            w.write(request_id=np.repeat(req, L), position=np.repeat(pos, L).astype(np.int32),
-                    phase=np.zeros(n * L, dtype=np.uint8),
-                    step=np.repeat(np.arange(row0, row0 + n, dtype=np.int64), L),
-                    layer=np.tile(layer_col, n), expert_ids=ids.reshape(n * L, k),
-                    gate_weights=gw.reshape(n * L, k), token_id=np.repeat(tok, L))
-            state["row"] += n
 
-    prov = {"kind": "imported", "format": "flame-moe", "sources": [str(it_dir), str(samples_dir)],
-            "iteration": int(_ITER.match(it_dir.name).group(1)) if _ITER.match(it_dir.name) else None,
-            "layers_covered": layers, "layer_numbering": "layer_NN is 1-based: decoder layer NN-1",
-            "tokens": total, "request_id": "samples file index (pretraining batches carry no requests)",
-            "phase": "training forward pass; all rows marked prefill (0)"}
-    rows = write_validated_trace(out, model, prov, write, gate_weights=True, token_id=True)
-    secs = time.perf_counter() - t0
-    summary = {"format": "flame-moe", "records_read": total * L, "rows_written": rows, "tokens": total,
-               "layers_covered": layers, "seconds": secs, "records_per_s": total * L / secs if secs > 0 else 0.0}
-    return ImportResult("trace", trace=out, summary=summary)
+class _Tokens:
+    """The samples files read in order: token ids, and as request / position the file and the row in it."""
+
+    def __init__(self, samples: list[Path], samples_dir: Path) -> None:
+        self.samples, self.samples_dir = samples, samples_dir
+        self.reader = _Column(samples, ["token_id"])
+        self.file_rows = [0] * len(samples)  # rows consumed per samples file: position within the file
+
+    def take(self, n: int, row0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The next ``n`` tokens (the chunk starting at global row ``row0``): int64 ``[n]`` token ids,
+        request ids, positions."""
+        tok_parts, req_parts, pos_parts = [], [], []
+        for i, b in self.reader.take(n):
+            col = b.column("token_id")
+            if col.null_count:
+                raise InputError(f"{self.samples[i]}: row {self.file_rows[i]}: field 'token_id' is null")
+            t = col.to_numpy(zero_copy_only=False)
+            if t.dtype.kind not in "iu":
+                raise InputError(f"{self.samples[i]}: field 'token_id' has type {col.type}, expected int32")
+            tok_parts.append(t.astype(np.int64))
+            req_parts.append(np.full(t.size, i, dtype=np.int64))
+            pos_parts.append(np.arange(self.file_rows[i], self.file_rows[i] + t.size, dtype=np.int64))
+            self.file_rows[i] += t.size
+        tok, req, pos = np.concatenate(tok_parts), np.concatenate(req_parts), np.concatenate(pos_parts)
+        if tok.size and (tok.min() < 0 or tok.max() > np.iinfo(np.int32).max):
+            raise InputError(f"{self.samples_dir}: token ids outside int32 around row {row0}")
+        return tok, req, pos
+
+
+def _layer_chunk(reader: _Column, path: Path, n: int, row0: int, model: ModelSpec, ids: np.ndarray,
+                 gw: np.ndarray) -> None:
+    """Read the next ``n`` rows of one layer file into ``ids`` / ``gw`` ``[n, k]`` (checked expert ids;
+    scores that are probabilities)."""
+    k = model.top_k
+    got = 0
+    for _, b in reader.take(n):
+        m = b.num_rows
+        ind = _fixed_lists(b.column("indices"), k, path, row0 + got, "indices")
+        ids[got:got + m] = expert_id_matrix(ind, path, f"rows {row0 + got}..{row0 + got + m - 1}",
+                                            "indices", model.num_experts, k)
+        sc = _fixed_lists(b.column("scores"), k, path, row0 + got, "scores").astype(np.float32)
+        if not np.isfinite(sc).all() or (sc < 0).any():
+            r = int(np.flatnonzero(~(np.isfinite(sc) & (sc >= 0)).all(axis=1))[0])
+            raise InputError(f"{path}: row {row0 + got + r}: field 'scores' holds {sc[r].tolist()}, "
+                             "expected probabilities")
+        gw[got:got + m] = sc
+        got += m

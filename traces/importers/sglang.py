@@ -231,6 +231,44 @@ def _record_rows(
     bool [L_moe] of layers this record covers)."""
     where = f"record {ridx}"
     k = model.top_k
+    ids, input_ids, positions = _record_arrays(rec, path, where, p2l, model)
+    n = input_ids.shape[0]
+    covered = np.zeros(model.num_moe_layers, dtype=bool)
+    if n == 0:
+        return None, next_request, covered
+    ids, layer_p2l = _moe_ids(ids, path, where, p2l, model, moe_rows)
+    recorded = ids >= 0
+    covered = recorded.any(axis=(1, 2))
+    partial = covered[:, None] & ~recorded.all(axis=2)
+    if partial.any():
+        li, ti = map(int, np.argwhere(partial)[0])
+        raise InputError(
+            f"{path}: {where}: field 'topk_ids_of_layer': MoE layer {model.moe_layers[li]} token {ti} "
+            f"has {int(recorded[li, ti].sum())} of {k} experts recorded"
+        )
+    layers = np.flatnonzero(covered)
+    if layers.size == 0:
+        return None, next_request, covered
+    logical = _logical_ids(ids, layers, layer_p2l, path, where, model)
+    mode = int(rec.get("forward_mode", 0) or 0)
+    request = next_request + _sequence_of_token(rec, mode, n, path, where)
+    lc = layers.size
+    cols = {
+        "request_id": np.repeat(request, lc),
+        "position": np.repeat(positions, lc),
+        "phase": np.full(n * lc, 1 if mode in DECODE_MODES else 0, dtype=np.uint8),
+        "step": np.full(n * lc, int(rec["forward_pass_id"]), dtype=np.int64),
+        "layer": np.tile(np.asarray(model.moe_layers)[layers], n),
+        "expert_ids": logical.transpose(1, 0, 2).reshape(n * lc, k),
+        "token_id": np.repeat(input_ids, lc),
+    }
+    return cols, int(request.max()) + 1, covered
+
+
+def _record_arrays(rec: dict, path: Path, where: str, p2l: np.ndarray,
+                   model: ModelSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A record's ``topk_ids_of_layer`` ``[layers, n, width]``, ``input_ids`` and ``positions`` ``[n]``,
+    their fields and shapes checked."""
     for key in ("topk_ids_of_layer", "input_ids", "positions", "forward_pass_id"):
         if key not in rec:
             raise InputError(f"{path}: {where}: field '{key}' missing")
@@ -241,7 +279,6 @@ def _record_rows(
     positions = exact_ints(_as_array(rec["positions"], path, "positions", where),
                            f"{path}: {where}: field 'positions'", 0, INT32_MAX, _token_label).reshape(-1)
     n = input_ids.shape[0]
-    covered = np.zeros(model.num_moe_layers, dtype=bool)
     if ids.ndim != 3 or ids.shape[1] != n:
         raise InputError(
             f"{path}: {where}: field 'topk_ids_of_layer' has shape {list(ids.shape)}, expected "
@@ -254,14 +291,20 @@ def _record_rows(
             f"{path}: {where}: field 'topk_ids_of_layer' has {ids.shape[0]} layers, but "
             f"'last_physical_to_logical_map' has {p2l.shape[0]}"
         )
-    if ids.shape[2] < k:
+    if ids.shape[2] < model.top_k:
         raise InputError(
             f"{path}: {where}: field 'topk_ids_of_layer' keeps {ids.shape[2]} experts per token, "
-            f"fewer than top_k {k} of model '{model.name}' (SGLang's per_token recorder keeps at "
+            f"fewer than top_k {model.top_k} of model '{model.name}' (SGLang's per_token recorder keeps at "
             "most 8; use stat mode for this model)"
         )
-    if n == 0:
-        return None, next_request, covered
+    return ids, input_ids, positions
+
+
+def _moe_ids(ids: np.ndarray, path: Path, where: str, p2l: np.ndarray, model: ModelSpec,
+             moe_rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The MoE layers' physical ids ``[L_moe, n, k]`` (-1: not recorded) and their physical-to-logical
+    maps; a dense layer with experts or an expert past column k is an error."""
+    k = model.top_k
     ids = exact_ints(ids, f"{path}: {where}: field 'topk_ids_of_layer'", -1, INT32_MAX,
                      lambda idx: f"layer {idx[0]} token {idx[1]}: ")
     if moe_rows is not None:
@@ -281,16 +324,13 @@ def _record_rows(
             f"{path}: {where}: field 'topk_ids_of_layer' has experts beyond column {k} "
             f"(top_k of model '{model.name}' is {k}: wrong --model?)"
         )
-    ids = ids[:, :, :k]
-    recorded = ids >= 0
-    covered = recorded.any(axis=(1, 2))
-    partial = covered[:, None] & ~recorded.all(axis=2)
-    if partial.any():
-        li, ti = map(int, np.argwhere(partial)[0])
-        raise InputError(
-            f"{path}: {where}: field 'topk_ids_of_layer': MoE layer {model.moe_layers[li]} token {ti} "
-            f"has {int(recorded[li, ti].sum())} of {k} experts recorded"
-        )
+    return ids[:, :, :k], layer_p2l
+
+
+def _logical_ids(ids: np.ndarray, layers: np.ndarray, layer_p2l: np.ndarray, path: Path, where: str,
+                 model: ModelSpec) -> np.ndarray:
+    """Logical expert ids ``[len(layers), n, k]`` of the recorded ``layers``: every physical id within the
+    map, no logical expert twice in one token's top-k."""
     num_phys = layer_p2l.shape[1]
     if (ids >= num_phys).any():
         li, ti, _ = map(int, np.argwhere(ids >= num_phys)[0])
@@ -298,9 +338,6 @@ def _record_rows(
             f"{path}: {where}: field 'topk_ids_of_layer': MoE layer {model.moe_layers[li]} token {ti} "
             f"has physical expert {int(ids[li, ti].max())} >= {num_phys} physical slots"
         )
-    layers = np.flatnonzero(covered)
-    if layers.size == 0:
-        return None, next_request, covered
     sel = ids[layers]  # [Lc, n, k] physical
     logical = layer_p2l[layers][np.arange(layers.size)[:, None, None], sel]  # [Lc, n, k] logical
     srt = np.sort(logical, axis=2)
@@ -313,30 +350,21 @@ def _record_rows(
             f"{logical[li, ti].tolist()} with a repeat; "
             "'last_physical_to_logical_map' does not fit this record (EPLB rebalanced during recording?)"
         )
-    # sequences of this pass: extend passes list tokens per sequence, decode passes have one token each
-    mode = int(rec.get("forward_mode", 0) or 0)
+    return logical
+
+
+def _sequence_of_token(rec: dict, mode: int, n: int, path: Path, where: str) -> np.ndarray:
+    """The sequence (0-based, within the pass) of each of the ``n`` tokens: extend passes list tokens per
+    sequence, decode passes have one token each."""
     seq_lens = rec.get("extend_seq_lens")
     if mode in DECODE_MODES or not seq_lens:
-        seq_of_token = np.arange(n)
-    else:
-        lens = exact_ints(seq_lens, f"{path}: {where}: field 'extend_seq_lens'", 0, INT32_MAX).reshape(-1)
-        if lens.sum() != n or np.any(lens < 0):
-            raise InputError(
-                f"{path}: {where}: field 'extend_seq_lens' sums to {int(lens.sum())}, expected {n} tokens"
-            )
-        seq_of_token = np.repeat(np.arange(lens.size), lens)
-    request = next_request + seq_of_token
-    lc = layers.size
-    cols = {
-        "request_id": np.repeat(request, lc),
-        "position": np.repeat(positions, lc),
-        "phase": np.full(n * lc, 1 if mode in DECODE_MODES else 0, dtype=np.uint8),
-        "step": np.full(n * lc, int(rec["forward_pass_id"]), dtype=np.int64),
-        "layer": np.tile(np.asarray(model.moe_layers)[layers], n),
-        "expert_ids": logical.transpose(1, 0, 2).reshape(n * lc, k),
-        "token_id": np.repeat(input_ids, lc),
-    }
-    return cols, int(request.max()) + 1, covered
+        return np.arange(n)
+    lens = exact_ints(seq_lens, f"{path}: {where}: field 'extend_seq_lens'", 0, INT32_MAX).reshape(-1)
+    if lens.sum() != n or np.any(lens < 0):
+        raise InputError(
+            f"{path}: {where}: field 'extend_seq_lens' sums to {int(lens.sum())}, expected {n} tokens"
+        )
+    return np.repeat(np.arange(lens.size), lens)
 
 
 def _record_coverage(rec: dict, path: Path, p2l: np.ndarray, moe_rows: np.ndarray | None,
@@ -385,35 +413,36 @@ def _complete_records(order: list, coverage: dict, dumps: list, model: ModelSpec
     return dropped, layers, tally
 
 
-def _import_per_token(
-    dumps: list[tuple[Path, dict]], model: ModelSpec, out: Path | None, t0: float
-) -> ImportResult:
-    if out is None:
-        raise InputError("per_token dumps become a trace: give --out DIR")
-    if out.suffix == ".npz":
-        raise InputError(f"--out {out}: SGLang per_token dumps become a trace directory, not a .npz")
-    order = []  # (forward_pass_id, rank, dump index, record index)
-    maps = []
-    coverage = {}  # (dump index, record index) -> (MoE layers recorded, tokens)
+def _dump_map(path: Path, d: dict, model: ModelSpec) -> tuple[np.ndarray, np.ndarray | None]:
+    """A per_token dump's ``last_physical_to_logical_map`` ``[layers, physical]`` (checked) and the rows of
+    its layer axis that are MoE layers (None: the axis is MoE-only)."""
+    if "last_physical_to_logical_map" not in d:
+        raise InputError(
+            f"{path}: field 'last_physical_to_logical_map' missing (needed to map physical "
+            "expert ids to logical ones)"
+        )
+    p2l = exact_ints(_as_array(d["last_physical_to_logical_map"], path, "last_physical_to_logical_map"),
+                     f"{path}: field 'last_physical_to_logical_map'", -INT32_MAX, INT32_MAX)
+    if p2l.ndim != 2:
+        raise InputError(
+            f"{path}: field 'last_physical_to_logical_map' has shape {list(p2l.shape)}, "
+            "expected [layers, physical experts]"
+        )
+    if np.any((p2l < 0) | (p2l >= model.num_experts)):
+        raise InputError(
+            f"{path}: field 'last_physical_to_logical_map' maps to logical ids outside "
+            f"0..{model.num_experts - 1} (model '{model.name}')"
+        )
+    return p2l, _moe_rows(p2l.shape[0], model, path, "last_physical_to_logical_map")
+
+
+def _record_order(dumps: list[tuple[Path, dict]], model: ModelSpec) -> tuple[list, dict, list]:
+    """Every record of every dump as ``(forward_pass_id, rank, dump index, record index)``, sorted; each
+    record's coverage (:func:`_record_coverage`) by ``(dump index, record index)``; each dump's map
+    (:func:`_dump_map`). Checked dump by dump: its map, then its records."""
+    order, coverage, maps = [], {}, []
     for di, (path, d) in enumerate(dumps):
-        if "last_physical_to_logical_map" not in d:
-            raise InputError(
-                f"{path}: field 'last_physical_to_logical_map' missing (needed to map physical "
-                "expert ids to logical ones)"
-            )
-        p2l = exact_ints(_as_array(d["last_physical_to_logical_map"], path, "last_physical_to_logical_map"),
-                         f"{path}: field 'last_physical_to_logical_map'", -INT32_MAX, INT32_MAX)
-        if p2l.ndim != 2:
-            raise InputError(
-                f"{path}: field 'last_physical_to_logical_map' has shape {list(p2l.shape)}, "
-                "expected [layers, physical experts]"
-            )
-        if np.any((p2l < 0) | (p2l >= model.num_experts)):
-            raise InputError(
-                f"{path}: field 'last_physical_to_logical_map' maps to logical ids outside "
-                f"0..{model.num_experts - 1} (model '{model.name}')"
-            )
-        maps.append((p2l, _moe_rows(p2l.shape[0], model, path, "last_physical_to_logical_map")))
+        maps.append(_dump_map(path, d, model))
         recs = d["records"]
         if not isinstance(recs, list):
             raise InputError(f"{path}: field 'records' is {type(recs).__name__}, expected a list of dicts")
@@ -425,8 +454,19 @@ def _import_per_token(
                 raise InputError(f"{path}: record {ri}: field 'forward_pass_id' missing or not an int64 integer")
             rank = rec.get("rank", 0)
             order.append((fp, int(rank) if isinstance(rank, int) else 0, di, ri))
-            coverage[(di, ri)] = _record_coverage(rec, path, *maps[-1], model.top_k)
+            coverage[(di, ri)] = _record_coverage(rec, path, *maps[di], model.top_k)
     order.sort()
+    return order, coverage, maps
+
+
+def _import_per_token(
+    dumps: list[tuple[Path, dict]], model: ModelSpec, out: Path | None, t0: float
+) -> ImportResult:
+    if out is None:
+        raise InputError("per_token dumps become a trace: give --out DIR")
+    if out.suffix == ".npz":
+        raise InputError(f"--out {out}: SGLang per_token dumps become a trace directory, not a .npz")
+    order, coverage, maps = _record_order(dumps, model)
     dropped, held, tally = _complete_records(order, coverage, dumps, model)
     state = {"next_request": 0, "covered": np.zeros(model.num_moe_layers, dtype=bool), "tokens": 0}
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import gc
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +153,10 @@ class _Log:
 
     def column(self, name: str) -> np.ndarray:
         return np.concatenate(self.chunks[name])
+
+    def chunks_rows(self) -> int:
+        """Route rows parsed (after :meth:`flush`)."""
+        return sum(len(c) for c in self.chunks["layer"])
 
     def where_row(self, i: int) -> str:
         fi = int(np.concatenate(self.chunks["file_idx"])[i])
@@ -311,6 +316,70 @@ def import_(
         raise InputError(
             f"layer numbering '{layer_numbering}' unknown (expected one of {', '.join(NUMBERINGS)})"
         )
+    log = _read(srcs, model)
+    n = log.chunks_rows()
+    kept = _kept_rows(log, srcs, model, layer_numbering, warmup_min_run)
+    tokens = _token_identity(log, kept)
+    final = np.lexsort((kept.dec_layer, tokens.step))
+    covered = sorted(int(x) for x in np.unique(kept.dec_layer))
+    chunk = 1 << 20
+
+    def write(w):
+        for s in range(0, final.size, chunk):
+            sel = final[s : s + chunk]
+            w.write(
+                request_id=tokens.request[sel],
+                position=kept.tok[sel],
+                phase=np.zeros(sel.size, dtype=np.uint8),
+                step=tokens.step[sel],
+                layer=kept.dec_layer[sel],
+                expert_ids=kept.ids[sel],
+                gate_weights=None if kept.weights is None else kept.weights[sel],
+            )
+
+    prov = {
+        "kind": "imported",
+        "format": "vllm-jsonl",
+        "sources": [str(s) for s in srcs],
+        "model_ids": sorted(set(log.model_ids)),
+        "layer_numbering": kept.numbering,
+        "layer_numbering_ambiguous": kept.ambiguous,
+        "warmup_rows_dropped": kept.num_warmup,
+        "warmup_min_run": warmup_min_run,
+        "layers_covered": covered,
+        "phase": "unknown in the log; all rows marked prefill (0)",
+        "token_identity": (f"{tokens.num_streams} logged (session, req_id) streams cut at token_idx restarts into "
+                           f"{tokens.num_batches} batches, one request_id each"
+                           + (f"; {tokens.sessions_joined} per-layer sessions of one run joined"
+                              if tokens.sessions_joined else "")),
+    }
+    rows = write_validated_trace(out, model, prov, write, gate_weights=kept.weights is not None)
+    secs = time.perf_counter() - t0
+    summary = {
+        "format": "vllm-jsonl",
+        "records_read": n,
+        "meta_records": log.num_meta,
+        "other_records_skipped": log.num_other,
+        "warmup_rows_dropped": kept.num_warmup,
+        "rows_written": rows,
+        "tokens": tokens.num_tokens,
+        "requests": tokens.num_batches,
+        "sessions_joined": tokens.sessions_joined,
+        "layers_covered": covered,
+        "layer_numbering": kept.numbering
+        + (
+            " (ambiguous: also valid as the other numbering; set --layer-numbering to decide)"
+            if kept.ambiguous
+            else ""
+        ),
+        "seconds": secs,
+        "records_per_s": n / secs if secs > 0 else 0.0,
+    }
+    return ImportResult("trace", trace=out, summary=summary)
+
+
+def _read(srcs: list[Path], model: ModelSpec) -> _Log:
+    """Parse every file into a :class:`_Log`; a log without route records is an error."""
     log = _Log(srcs, model)
     # The parse creates millions of small lists; the cyclic GC would rescan them over and over (no cycles
     # are created here), which costs more than the parsing itself.
@@ -323,6 +392,28 @@ def import_(
             gc.enable()
     if not log.chunks["ids"]:
         raise InputError(f"{', '.join(map(str, srcs))}: no 'route' records")
+    return log
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """The route rows past the layer checks and the warm-up filter (``[n]`` / ``[n, k]``, file order):
+    global row number, logged layer, decoder layer, ``token_idx``, ids, weights (None without)."""
+
+    row: np.ndarray
+    layer: np.ndarray
+    dec_layer: np.ndarray
+    tok: np.ndarray
+    ids: np.ndarray
+    weights: np.ndarray | None
+    numbering: str
+    ambiguous: bool
+    num_warmup: int
+
+
+def _kept_rows(log: _Log, srcs: list[Path], model: ModelSpec, layer_numbering: str,
+               warmup_min_run: int) -> _Kept:
+    """Check the logged layers (against ``layers_logged``; which numbering) and drop the warm-up rows."""
     ids, layer = log.column("ids"), log.column("layer")
     weights = log.column("weights") if log.has_weights else None
     n = layer.shape[0]
@@ -338,24 +429,37 @@ def import_(
         numbering, ambiguous = detect_numbering(layer, model, layer_numbering)
     except InputError as exc:
         raise InputError(f"{srcs[0]}: field 'layer': {exc}") from None
-
     drop = warmup_mask(layer, ids, weights, warmup_min_run)
-    num_warmup = int(drop.sum())
     keep = ~drop
     if not keep.any():
         raise InputError(
             f"{', '.join(map(str, srcs))}: all {n} route rows look like warm-up (runs of >= "
             f"{warmup_min_run} identical rows); lower --warmup-min-run or 0 to keep them"
         )
-    row = np.flatnonzero(keep)  # global file order of kept rows
-    layer, ids = layer[keep], ids[keep]
-    weights = weights[keep] if weights is not None else None
-    tok = log.column("token_idx")[keep]
-    request, sessions_joined = _join_per_layer_sessions(log, log.column("request")[keep], layer, tok, row)
+    layer = layer[keep]
     dec_layer = np.asarray(model.moe_layers)[layer] if numbering == "moe" else layer
+    return _Kept(np.flatnonzero(keep), layer, dec_layer, log.column("token_idx")[keep], ids[keep],
+                 weights[keep] if weights is not None else None, numbering, ambiguous, int(drop.sum()))
 
-    # token identity: (request, batch, token_idx); a batch ends where token_idx fails to increase in the
-    # (request, layer) stream
+
+@dataclass(frozen=True)
+class _Tokens:
+    """Token identity of the kept rows: the trace's ``request_id`` and ``step`` per row, and counts."""
+
+    request: np.ndarray
+    step: np.ndarray
+    num_tokens: int
+    num_batches: int
+    num_streams: int
+    sessions_joined: int
+
+
+def _token_identity(log: _Log, kept: _Kept) -> _Tokens:
+    """A token is (request, batch, token_idx); a batch ends where ``token_idx`` fails to increase in the
+    (request, layer) stream. Every (request, batch) becomes one trace request (numbered by first
+    appearance) and every token one step (in order of its first row); the layers must line up."""
+    row, layer, tok = kept.row, kept.layer, kept.tok
+    request, sessions_joined = _join_per_layer_sessions(log, log.column("request")[row], layer, tok, row)
     order = np.lexsort((row, layer, request))  # each (request, layer) stream in file order
     r_o, l_o, t_o = request[order], layer[order], tok[order]
     new_stream = np.ones(order.size, dtype=bool)
@@ -374,69 +478,11 @@ def import_(
     trace_req = rank[inv_rb.reshape(-1)]
     token_key = trace_req * (int(tok.max()) + 1) + tok
     uniq, first_row, token_of = np.unique(token_key, return_index=True, return_inverse=True)
-    _check_aligned(log, token_of, layer, row, trace_req, tok, dec_layer)
+    _check_aligned(log, token_of, layer, row, trace_req, tok, kept.dec_layer)
     step_of_token = np.empty(uniq.size, dtype=np.int64)
     step_of_token[np.argsort(row[first_row], kind="stable")] = np.arange(uniq.size)
-    step = step_of_token[token_of]
-    num_requests_in = int(np.unique(request).size)
-    request = trace_req
-
-    final = np.lexsort((dec_layer, step))
-    covered = sorted(int(x) for x in np.unique(dec_layer))
-    chunk = 1 << 20
-
-    def write(w):
-        for s in range(0, final.size, chunk):
-            sel = final[s : s + chunk]
-            w.write(
-                request_id=request[sel],
-                position=tok[sel],
-                phase=np.zeros(sel.size, dtype=np.uint8),
-                step=step[sel],
-                layer=dec_layer[sel],
-                expert_ids=ids[sel],
-                gate_weights=None if weights is None else weights[sel],
-            )
-
-    prov = {
-        "kind": "imported",
-        "format": "vllm-jsonl",
-        "sources": [str(s) for s in srcs],
-        "model_ids": sorted(set(log.model_ids)),
-        "layer_numbering": numbering,
-        "layer_numbering_ambiguous": ambiguous,
-        "warmup_rows_dropped": num_warmup,
-        "warmup_min_run": warmup_min_run,
-        "layers_covered": covered,
-        "phase": "unknown in the log; all rows marked prefill (0)",
-        "token_identity": (f"{num_requests_in} logged (session, req_id) streams cut at token_idx restarts into "
-                           f"{first_rb.size} batches, one request_id each"
-                           + (f"; {sessions_joined} per-layer sessions of one run joined" if sessions_joined
-                              else "")),
-    }
-    rows = write_validated_trace(out, model, prov, write, gate_weights=weights is not None)
-    secs = time.perf_counter() - t0
-    summary = {
-        "format": "vllm-jsonl",
-        "records_read": n,
-        "meta_records": log.num_meta,
-        "other_records_skipped": log.num_other,
-        "warmup_rows_dropped": num_warmup,
-        "rows_written": rows,
-        "tokens": int(uniq.size),
-        "requests": int(first_rb.size),
-        "sessions_joined": sessions_joined,
-        "layers_covered": covered,
-        "layer_numbering": numbering
-        + (
-            " (ambiguous: also valid as the other numbering; set --layer-numbering to decide)"
-            if ambiguous
-            else ""
-        ),
-        "seconds": secs,
-        "records_per_s": n / secs if secs > 0 else 0.0,
-    }
-    return ImportResult("trace", trace=out, summary=summary)
+    return _Tokens(trace_req, step_of_token[token_of], int(uniq.size), int(first_rb.size),
+                   int(np.unique(request).size), sessions_joined)
 
 
 def _join_per_layer_sessions(log: _Log, request: np.ndarray, layer: np.ndarray, tok: np.ndarray,

@@ -126,6 +126,69 @@ def _tokens(arr: np.ndarray, model: ModelSpec, path: Path, where: str, field: st
     return ids.reshape(n, L, model.top_k)
 
 
+def _prompt(resp: dict, path: Path, where: str, model: ModelSpec) -> tuple[list | None, int, np.ndarray | None]:
+    """A response's prompt: its token ids (or None), its length (from the ids, ``usage.prompt_tokens`` or
+    the prompt's routing) and its routing ``[n, L, k]`` when the response carries it apart (0.21 form)."""
+    prompt_ids = _int_list(resp.get("prompt_token_ids"), path, where, "prompt_token_ids")
+    usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
+    n_prompt = len(prompt_ids) if prompt_ids is not None else usage.get("prompt_tokens")
+    prompt_re = resp.get("prompt_routed_experts")
+    prompt_arr = None
+    if prompt_re is not None:
+        prompt_arr = _tokens(_decode(prompt_re, path, where, "prompt_routed_experts"), model, path, where,
+                             "prompt_routed_experts")
+        if n_prompt is None:
+            n_prompt = prompt_arr.shape[0]
+    if isinstance(n_prompt, bool) or not isinstance(n_prompt, int) or n_prompt < 0:
+        raise InputError(f"{path}: {where}: the prompt length is unknown (fields 'prompt_token_ids', "
+                         "'usage.prompt_tokens' and 'prompt_routed_experts' missing); it places the routed "
+                         "tokens in the sequence")
+    if prompt_arr is not None and prompt_arr.shape[0] != n_prompt:
+        raise InputError(f"{path}: {where}: field 'prompt_routed_experts' has {prompt_arr.shape[0]} tokens, "
+                         f"the prompt {n_prompt}")
+    return prompt_ids, n_prompt, prompt_arr
+
+
+def _choice_tokens(choice, c: int, prompt: tuple, path: Path, where: str,
+                   model: ModelSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Choice ``c``'s routed tokens: positions, phases, ids ``[n, L, k]`` and token ids (or None). The
+    prompt's rows come with the first choice only."""
+    prompt_ids, n_prompt, prompt_arr = prompt
+    cw = f"{where}: choice {c}"
+    if not isinstance(choice, dict):
+        raise InputError(f"{path}: {cw}: expected a JSON object")
+    value = choice.get("routed_experts")
+    if value is None:
+        raise InputError(f"{path}: {cw}: field 'routed_experts' is null (the server needs "
+                         "--enable-return-routed-experts)")
+    arr = _tokens(_decode(value, path, cw, "routed_experts"), model, path, cw, "routed_experts")
+    gen_ids = _int_list(choice.get("token_ids"), path, cw, "token_ids")
+    if isinstance(value, str):  # main: prompt + generated[:-1] in one array
+        if arr.shape[0] < n_prompt:
+            raise InputError(f"{path}: {cw}: field 'routed_experts' has {arr.shape[0]} tokens, fewer than "
+                             f"the {n_prompt} prompt tokens")
+        pos = np.arange(arr.shape[0], dtype=np.int32)
+        keep = slice(None) if c == 0 else slice(n_prompt, None)
+    else:  # 0.21: generated tokens here, the prompt's in prompt_routed_experts
+        pos = np.arange(n_prompt, n_prompt + arr.shape[0], dtype=np.int32)
+        if c == 0 and prompt_arr is not None:
+            arr = np.concatenate([prompt_arr, arr])
+            pos = np.concatenate([np.arange(n_prompt, dtype=np.int32), pos])
+        keep = slice(None)
+    arr, pos = arr[keep], pos[keep]
+    phase = (pos >= n_prompt).astype(np.uint8)
+    tok = None
+    if prompt_ids is not None and gen_ids is not None:
+        full = np.asarray(prompt_ids + gen_ids, dtype=np.int64)
+        if pos.size and pos[-1] >= full.size:
+            raise InputError(f"{path}: {cw}: routed_experts covers {int(pos[-1]) + 1} tokens but "
+                             f"prompt_token_ids + token_ids hold {full.size}")
+        tok = full[pos]
+        if tok.size and (tok.min() < 0 or tok.max() > np.iinfo(np.int32).max):
+            raise InputError(f"{path}: {cw}: a token id is outside int32")
+    return pos, phase, arr, tok
+
+
 def import_(srcs: list[Path], model: ModelSpec, out: Path | None, **_: object) -> ImportResult:
     t0 = time.perf_counter()
     if out is None:
@@ -140,56 +203,9 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, **_: object) -
             if not isinstance(choices, list) or not choices:
                 raise InputError(f"{path}: {where}: field 'choices' missing or empty (expected a vLLM completion "
                                  "response)")
-            prompt_ids = _int_list(resp.get("prompt_token_ids"), path, where, "prompt_token_ids")
-            usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
-            n_prompt = len(prompt_ids) if prompt_ids is not None else usage.get("prompt_tokens")
-            prompt_re = resp.get("prompt_routed_experts")
-            prompt_arr = None
-            if prompt_re is not None:
-                prompt_arr = _tokens(_decode(prompt_re, path, where, "prompt_routed_experts"), model, path, where,
-                                     "prompt_routed_experts")
-                if n_prompt is None:
-                    n_prompt = prompt_arr.shape[0]
-            if isinstance(n_prompt, bool) or not isinstance(n_prompt, int) or n_prompt < 0:
-                raise InputError(f"{path}: {where}: the prompt length is unknown (fields 'prompt_token_ids', "
-                                 "'usage.prompt_tokens' and 'prompt_routed_experts' missing); it places the routed "
-                                 "tokens in the sequence")
-            if prompt_arr is not None and prompt_arr.shape[0] != n_prompt:
-                raise InputError(f"{path}: {where}: field 'prompt_routed_experts' has {prompt_arr.shape[0]} tokens, "
-                                 f"the prompt {n_prompt}")
+            prompt = _prompt(resp, path, where, model)
             for c, choice in enumerate(choices):
-                cw = f"{where}: choice {c}"
-                if not isinstance(choice, dict):
-                    raise InputError(f"{path}: {cw}: expected a JSON object")
-                value = choice.get("routed_experts")
-                if value is None:
-                    raise InputError(f"{path}: {cw}: field 'routed_experts' is null (the server needs "
-                                     "--enable-return-routed-experts)")
-                arr = _tokens(_decode(value, path, cw, "routed_experts"), model, path, cw, "routed_experts")
-                gen_ids = _int_list(choice.get("token_ids"), path, cw, "token_ids")
-                if isinstance(value, str):  # main: prompt + generated[:-1] in one array
-                    if arr.shape[0] < n_prompt:
-                        raise InputError(f"{path}: {cw}: field 'routed_experts' has {arr.shape[0]} tokens, fewer than "
-                                         f"the {n_prompt} prompt tokens")
-                    pos = np.arange(arr.shape[0], dtype=np.int32)
-                    keep = slice(None) if c == 0 else slice(n_prompt, None)
-                else:  # 0.21: generated tokens here, the prompt's in prompt_routed_experts
-                    pos = np.arange(n_prompt, n_prompt + arr.shape[0], dtype=np.int32)
-                    if c == 0 and prompt_arr is not None:
-                        arr = np.concatenate([prompt_arr, arr])
-                        pos = np.concatenate([np.arange(n_prompt, dtype=np.int32), pos])
-                    keep = slice(None)
-                arr, pos = arr[keep], pos[keep]
-                phase = (pos >= n_prompt).astype(np.uint8)
-                tok = None
-                if prompt_ids is not None and gen_ids is not None:
-                    full = np.asarray(prompt_ids + gen_ids, dtype=np.int64)
-                    if pos.size and pos[-1] >= full.size:
-                        raise InputError(f"{path}: {cw}: routed_experts covers {int(pos[-1]) + 1} tokens but "
-                                         f"prompt_token_ids + token_ids hold {full.size}")
-                    tok = full[pos]
-                    if tok.size and (tok.min() < 0 or tok.max() > np.iinfo(np.int32).max):
-                        raise InputError(f"{path}: {cw}: a token id is outside int32")
+                pos, phase, arr, tok = _choice_tokens(choice, c, prompt, path, where, model)
                 if arr.shape[0]:
                     seqs.append((len(request_ids), pos, phase, arr, tok))
                 request_ids.append(f"{resp.get('id', where)}#{c}")
