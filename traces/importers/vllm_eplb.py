@@ -42,29 +42,11 @@ def logical_load(expert_load: np.ndarray, p2l: np.ndarray, num_experts: int) -> 
     return out.reshape(num_layers, num_experts)
 
 
-def _record_counts(rec: dict, path: Path, lineno: int, model: ModelSpec) -> tuple[int, np.ndarray]:
-    where = f"line {lineno}"
-    version = require(rec, "version", path, where, int, "an integer")
-    if version not in SUPPORTED_VERSIONS:
-        raise InputError(
-            f"{path}: {where}: field 'version' is {version}, expected one of {SUPPORTED_VERSIONS}"
-        )
-    step = require(rec, "step", path, where, int, "an integer step")
-    num_ranks = require(rec, "num_ranks", path, where, int, "a positive integer")
-    if num_ranks <= 0:
-        raise InputError(f"{path}: {where}: field 'num_ranks' is {num_ranks}, expected a positive integer")
-    load = int_matrix(
-        require(rec, "expert_load", path, where, list, "[[tokens per slot] per MoE layer]"),
-        path,
-        where,
-        "expert_load",
-    )
-    p2l = int_matrix(
-        require(rec, "p2l_map", path, where, list, "[[logical expert per slot] per MoE layer]"),
-        path,
-        where,
-        "p2l_map",
-    )
+def _check_slots(load: np.ndarray, p2l: np.ndarray, num_ranks: int, path: Path, where: str,
+                 model: ModelSpec) -> None:
+    """``expert_load`` and ``p2l_map`` (int64 ``[MoE layers, slots]``) fit ``model`` and ``num_ranks``:
+    one row per MoE layer, no negative load, logical ids in range, at least one slot per expert, slots
+    divisible by the ranks."""
     if load.shape != p2l.shape:
         raise InputError(
             f"{path}: {where}: field 'p2l_map' has shape {list(p2l.shape)}, but 'expert_load' has "
@@ -108,6 +90,32 @@ def _record_counts(rec: dict, path: Path, lineno: int, model: ModelSpec) -> tupl
             f"{path}: {where}: field 'p2l_map': layer {layer} has no slot for logical expert "
             f"{expert}; every logical expert needs at least one replica"
         )
+
+
+def _record_counts(rec: dict, path: Path, lineno: int, model: ModelSpec) -> tuple[int, np.ndarray]:
+    where = f"line {lineno}"
+    version = require(rec, "version", path, where, int, "an integer")
+    if version not in SUPPORTED_VERSIONS:
+        raise InputError(
+            f"{path}: {where}: field 'version' is {version}, expected one of {SUPPORTED_VERSIONS}"
+        )
+    step = require(rec, "step", path, where, int, "an integer step")
+    num_ranks = require(rec, "num_ranks", path, where, int, "a positive integer")
+    if num_ranks <= 0:
+        raise InputError(f"{path}: {where}: field 'num_ranks' is {num_ranks}, expected a positive integer")
+    load = int_matrix(
+        require(rec, "expert_load", path, where, list, "[[tokens per slot] per MoE layer]"),
+        path,
+        where,
+        "expert_load",
+    )
+    p2l = int_matrix(
+        require(rec, "p2l_map", path, where, list, "[[logical expert per slot] per MoE layer]"),
+        path,
+        where,
+        "p2l_map",
+    )
+    _check_slots(load, p2l, num_ranks, path, where, model)
     check_total(float(load.sum(dtype=np.float64)), f"{path}: {where}: field 'expert_load'")
     return step, logical_load(load, p2l, model.num_experts)
 

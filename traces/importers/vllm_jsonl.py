@@ -88,6 +88,22 @@ class _Log:
         n = len(p["ids"])
         if n == 0:
             return
+        ids = self._ids(n)
+        weights = self._weights(n) if self.has_weights else np.zeros((n, 0), dtype=np.float32)
+        c = self.chunks
+        c["ids"].append(ids.astype(np.uint16))
+        c["weights"].append(weights)
+        c["file_idx"].append(np.asarray(p["file_idx"], dtype=np.int32))
+        c["lineno"].append(np.asarray(p["lineno"], dtype=np.int64))
+        for col in ("request", "token_idx", "layer"):
+            c[col].append(np.asarray(p[col], dtype=np.int64))
+        for v in p.values():
+            v.clear()
+
+    def _ids(self, n: int) -> np.ndarray:
+        """The pending ``topk_ids`` as an integer ``[n, k]`` array: integers, in the model's range, no
+        expert twice in a row."""
+        p = self.pending
         k, num_experts, name = self.model.top_k, self.model.num_experts, self.model.name
         try:  # no dtype: a float id must stay visible (int64 conversion would truncate 1.5 to 1)
             ids = np.asarray(p["ids"])
@@ -120,36 +136,30 @@ class _Log:
         if dup.any():
             i = int(np.flatnonzero(dup)[0])
             raise InputError(f"{self._where(dup)}: field 'topk_ids': expert repeated in {ids[i].tolist()}")
-        weights = np.zeros((n, 0), dtype=np.float32)
-        if self.has_weights:
-            try:
-                w64 = np.asarray(p["weights"], dtype=np.float64)
-            except (ValueError, TypeError):
-                bad = np.array(
-                    [
-                        not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
-                        for r in p["weights"]
-                    ]
-                )
-                raise InputError(f"{self._where(bad)}: field 'topk_weights' holds a non-number") from None
-            bad = ~np.isfinite(w64) | (w64 < 0)
-            if bad.any():
-                row = bad.any(axis=1)
-                i = int(np.flatnonzero(row)[0])
-                raise InputError(
-                    f"{self._where(row)}: field 'topk_weights': weight "
-                    f"{float(w64[i][bad[i]][0])} is not a finite non-negative number"
-                )
-            weights = w64.astype(np.float32)  # the trace stores float32
-        c = self.chunks
-        c["ids"].append(ids.astype(np.uint16))
-        c["weights"].append(weights)
-        c["file_idx"].append(np.asarray(p["file_idx"], dtype=np.int32))
-        c["lineno"].append(np.asarray(p["lineno"], dtype=np.int64))
-        for col in ("request", "token_idx", "layer"):
-            c[col].append(np.asarray(p[col], dtype=np.int64))
-        for v in p.values():
-            v.clear()
+        return ids
+
+    def _weights(self, n: int) -> np.ndarray:
+        """The pending ``topk_weights`` as float32 ``[n, k]``: numbers, finite and non-negative."""
+        p = self.pending
+        try:
+            w64 = np.asarray(p["weights"], dtype=np.float64)
+        except (ValueError, TypeError):
+            bad = np.array(
+                [
+                    not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+                    for r in p["weights"]
+                ]
+            )
+            raise InputError(f"{self._where(bad)}: field 'topk_weights' holds a non-number") from None
+        bad = ~np.isfinite(w64) | (w64 < 0)
+        if bad.any():
+            row = bad.any(axis=1)
+            i = int(np.flatnonzero(row)[0])
+            raise InputError(
+                f"{self._where(row)}: field 'topk_weights': weight "
+                f"{float(w64[i][bad[i]][0])} is not a finite non-negative number"
+            )
+        return w64.astype(np.float32)  # the trace stores float32
 
     def column(self, name: str) -> np.ndarray:
         return np.concatenate(self.chunks[name])
@@ -164,8 +174,6 @@ class _Log:
 
 
 def _parse(srcs: list[Path], model: ModelSpec, log: _Log) -> None:
-    k = model.top_k
-    pend = log.pending
     for fi, path in enumerate(srcs):
         session = -1
         for lineno, obj in jsonl_records(path):
@@ -176,63 +184,9 @@ def _parse(srcs: list[Path], model: ModelSpec, log: _Log) -> None:
                         f"{path}: line {lineno}: a 'route' record before any 'meta' record "
                         '(a log starts with {"type": "meta", ..., "top_k": K})'
                     )
-                tok, layer, ids = obj.get("token_idx"), obj.get("layer"), obj.get("topk_ids")
-                w = obj.get("topk_weights")
-                # the trace stores positions as int32 and layers as uint16: larger values are errors
-                for key, v, hi in (("token_idx", tok, INT32_MAX), ("layer", layer, 65535)):
-                    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
-                        raise InputError(
-                            f"{path}: line {lineno}: field '{key}' is {v!r}, expected an integer in [0, {hi}]"
-                        )
-                if not isinstance(ids, list) or len(ids) != k:
-                    got = f"{len(ids)} ids" if isinstance(ids, list) else repr(ids)[:40]
-                    raise InputError(
-                        f"{path}: line {lineno}: field 'topk_ids' has {got}, expected a list of "
-                        f"top_k = {k} expert ids"
-                    )
-                if log.has_weights is None:
-                    log.has_weights = w is not None
-                if (w is not None) != log.has_weights:
-                    raise InputError(
-                        f"{path}: line {lineno}: field 'topk_weights' "
-                        f"{'present' if w is not None else 'missing'}, unlike the lines before"
-                    )
-                if w is not None and (not isinstance(w, list) or len(w) != k):
-                    raise InputError(
-                        f"{path}: line {lineno}: field 'topk_weights' is not a list of {k} numbers"
-                    )
-                req = obj.get("req_id")
-                if req is None or isinstance(req, (list, dict)):
-                    raise InputError(f"{path}: line {lineno}: field 'req_id' missing or not a string/integer")
-                key = (session, req)
-                r = log.request_of.get(key)
-                if r is None:
-                    r = log.request_of[key] = len(log.request_of)
-                pend["file_idx"].append(fi)
-                pend["lineno"].append(lineno)
-                pend["request"].append(r)
-                pend["token_idx"].append(tok)
-                pend["layer"].append(layer)
-                pend["ids"].append(ids)
-                pend["weights"].append(w)
-                if len(pend["ids"]) >= FLUSH_ROWS:
-                    log.flush()
+                _add_route(log, obj, fi, path, lineno, session, model.top_k)
             elif typ == "meta":
-                top_k = obj.get("top_k")
-                if isinstance(top_k, bool) or not isinstance(top_k, int):
-                    raise InputError(
-                        f"{path}: line {lineno}: field 'top_k' missing or not an integer in the meta record"
-                    )
-                if top_k != k:
-                    raise InputError(
-                        f"{path}: line {lineno}: field 'top_k' is {top_k}, but model '{model.name}' "
-                        f"routes top-{k} (wrong --model?)"
-                    )
-                logged = obj.get("layers_logged")
-                if isinstance(logged, list) and all(isinstance(x, int) for x in logged):
-                    log.layers_logged = (log.layers_logged or set()) | set(logged)
-                if isinstance(obj.get("model_id"), str):
-                    log.model_ids.append(obj["model_id"])
+                _read_meta(log, obj, path, lineno, model)
                 session = log.num_meta
                 log.num_meta += 1
             else:
@@ -240,6 +194,73 @@ def _parse(srcs: list[Path], model: ModelSpec, log: _Log) -> None:
         if session < 0:
             raise InputError(f"{path}: no 'meta' record: not a vLLM MoE routing log")
     log.flush()
+
+
+def _add_route(log: _Log, obj: dict, fi: int, path: Path, lineno: int, session: int, k: int) -> None:
+    """Check one route record's scalar fields and list lengths and append it to ``log``'s pending rows
+    (ids and weights are checked, vectorized, when they are flushed)."""
+    pend = log.pending
+    tok, layer, ids = obj.get("token_idx"), obj.get("layer"), obj.get("topk_ids")
+    w = obj.get("topk_weights")
+    # the trace stores positions as int32 and layers as uint16: larger values are errors
+    for key, v, hi in (("token_idx", tok, INT32_MAX), ("layer", layer, 65535)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
+            raise InputError(
+                f"{path}: line {lineno}: field '{key}' is {v!r}, expected an integer in [0, {hi}]"
+            )
+    if not isinstance(ids, list) or len(ids) != k:
+        got = f"{len(ids)} ids" if isinstance(ids, list) else repr(ids)[:40]
+        raise InputError(
+            f"{path}: line {lineno}: field 'topk_ids' has {got}, expected a list of "
+            f"top_k = {k} expert ids"
+        )
+    if log.has_weights is None:
+        log.has_weights = w is not None
+    if (w is not None) != log.has_weights:
+        raise InputError(
+            f"{path}: line {lineno}: field 'topk_weights' "
+            f"{'present' if w is not None else 'missing'}, unlike the lines before"
+        )
+    if w is not None and (not isinstance(w, list) or len(w) != k):
+        raise InputError(
+            f"{path}: line {lineno}: field 'topk_weights' is not a list of {k} numbers"
+        )
+    req = obj.get("req_id")
+    if req is None or isinstance(req, (list, dict)):
+        raise InputError(f"{path}: line {lineno}: field 'req_id' missing or not a string/integer")
+    key = (session, req)
+    r = log.request_of.get(key)
+    if r is None:
+        r = log.request_of[key] = len(log.request_of)
+    pend["file_idx"].append(fi)
+    pend["lineno"].append(lineno)
+    pend["request"].append(r)
+    pend["token_idx"].append(tok)
+    pend["layer"].append(layer)
+    pend["ids"].append(ids)
+    pend["weights"].append(w)
+    if len(pend["ids"]) >= FLUSH_ROWS:
+        log.flush()
+
+
+def _read_meta(log: _Log, obj: dict, path: Path, lineno: int, model: ModelSpec) -> None:
+    """A meta record (a new session): its ``top_k`` must be the model's; ``layers_logged`` and
+    ``model_id`` are kept."""
+    top_k = obj.get("top_k")
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise InputError(
+            f"{path}: line {lineno}: field 'top_k' missing or not an integer in the meta record"
+        )
+    if top_k != model.top_k:
+        raise InputError(
+            f"{path}: line {lineno}: field 'top_k' is {top_k}, but model '{model.name}' "
+            f"routes top-{model.top_k} (wrong --model?)"
+        )
+    logged = obj.get("layers_logged")
+    if isinstance(logged, list) and all(isinstance(x, int) for x in logged):
+        log.layers_logged = (log.layers_logged or set()) | set(logged)
+    if isinstance(obj.get("model_id"), str):
+        log.model_ids.append(obj["model_id"])
 
 
 def warmup_mask(layer: np.ndarray, ids: np.ndarray, weights: np.ndarray | None, min_run: int) -> np.ndarray:
@@ -338,15 +359,10 @@ def import_(
             )
 
     prov = {
-        "kind": "imported",
-        "format": "vllm-jsonl",
-        "sources": [str(s) for s in srcs],
-        "model_ids": sorted(set(log.model_ids)),
-        "layer_numbering": kept.numbering,
-        "layer_numbering_ambiguous": kept.ambiguous,
-        "warmup_rows_dropped": kept.num_warmup,
-        "warmup_min_run": warmup_min_run,
-        "layers_covered": covered,
+        "kind": "imported", "format": "vllm-jsonl", "sources": [str(s) for s in srcs],
+        "model_ids": sorted(set(log.model_ids)), "layer_numbering": kept.numbering,
+        "layer_numbering_ambiguous": kept.ambiguous, "warmup_rows_dropped": kept.num_warmup,
+        "warmup_min_run": warmup_min_run, "layers_covered": covered,
         "phase": "unknown in the log; all rows marked prefill (0)",
         "token_identity": (f"{tokens.num_streams} logged (session, req_id) streams cut at token_idx restarts into "
                            f"{tokens.num_batches} batches, one request_id each"
@@ -355,25 +371,13 @@ def import_(
     }
     rows = write_validated_trace(out, model, prov, write, gate_weights=kept.weights is not None)
     secs = time.perf_counter() - t0
+    ambiguous = " (ambiguous: also valid as the other numbering; set --layer-numbering to decide)"
     summary = {
-        "format": "vllm-jsonl",
-        "records_read": n,
-        "meta_records": log.num_meta,
-        "other_records_skipped": log.num_other,
-        "warmup_rows_dropped": kept.num_warmup,
-        "rows_written": rows,
-        "tokens": tokens.num_tokens,
-        "requests": tokens.num_batches,
-        "sessions_joined": tokens.sessions_joined,
-        "layers_covered": covered,
-        "layer_numbering": kept.numbering
-        + (
-            " (ambiguous: also valid as the other numbering; set --layer-numbering to decide)"
-            if kept.ambiguous
-            else ""
-        ),
-        "seconds": secs,
-        "records_per_s": n / secs if secs > 0 else 0.0,
+        "format": "vllm-jsonl", "records_read": n, "meta_records": log.num_meta,
+        "other_records_skipped": log.num_other, "warmup_rows_dropped": kept.num_warmup, "rows_written": rows,
+        "tokens": tokens.num_tokens, "requests": tokens.num_batches, "sessions_joined": tokens.sessions_joined,
+        "layers_covered": covered, "layer_numbering": kept.numbering + (ambiguous if kept.ambiguous else ""),
+        "seconds": secs, "records_per_s": n / secs if secs > 0 else 0.0,
     }
     return ImportResult("trace", trace=out, summary=summary)
 
