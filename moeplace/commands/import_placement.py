@@ -8,9 +8,9 @@ from pathlib import Path
 
 from foundation.errors import InputError
 from foundation.files import Outputs
-from foundation.model import DEFAULT_MODEL, load_model
+from foundation.model import load_model
 from moeplace import flags
-from moeplace.commands import add_force
+from moeplace.commands import add_force, add_model
 from placement.export import format_names, get_format, import_loads, import_placement
 from placement.export.vllm import read_load_stats
 
@@ -20,7 +20,7 @@ def register(sub) -> None:
                        description=__doc__)
     p.add_argument("file", help="engine file")
     p.add_argument("--format", required=True, choices=format_names(), help="its format")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model preset or config.json (default {DEFAULT_MODEL})")
+    add_model(p)
     p.add_argument("--gpus", type=flags.positive_int, default=None,
                    help="EP size (required unless the file records it: vllm-ascend, vllm-jsonl with load records)")
     p.add_argument("--gpus-per-node", type=flags.positive_int, default=None, help="default: 8 if it divides --gpus, else --gpus")

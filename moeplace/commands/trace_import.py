@@ -8,9 +8,9 @@ from pathlib import Path
 
 from foundation.errors import InputError
 from foundation.files import Outputs
-from foundation.model import DEFAULT_MODEL, format_ranges, load_model
+from foundation.model import format_ranges, load_model
 from moeplace import flags
-from moeplace.commands import add_force
+from moeplace.commands import add_force, add_model
 from traces.importers import FORMATS, import_source
 from traces.importers.vllm_jsonl import DEFAULT_WARMUP_MIN_RUN, NUMBERINGS
 
@@ -42,9 +42,7 @@ def register(sub) -> None:
         "--force and only when moeplace wrote it",
     )
     add_force(p)
-    p.add_argument(
-        "--model", default=DEFAULT_MODEL, help=f"model preset or config.json (default {DEFAULT_MODEL})"
-    )
+    add_model(p)
     p.add_argument(
         "--layer-numbering",
         choices=NUMBERINGS,

@@ -6,9 +6,9 @@ import json
 
 from foundation.errors import InputError
 from foundation.files import Outputs
-from foundation.model import DEFAULT_MODEL, load_model
+from foundation.model import load_model
 from moeplace import flags
-from moeplace.commands import add_force
+from moeplace.commands import add_force, add_model
 from traces.synth import SynthConfig, synthesize
 
 GROUP = "trace"
@@ -27,7 +27,7 @@ def register(sub) -> None:
                     "(see `place trace stats`); --affinity, --token-effect and --theme are the probabilities "
                     "that a slot follows those sources. Deterministic per --seed.")
     d = _DEFAULTS
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"preset or config.json (default {DEFAULT_MODEL})")
+    add_model(p)
     p.add_argument("--tokens", type=flags.positive_int, default=d.num_tokens, help=f"tokens in the trace (default {d.num_tokens})")
     p.add_argument("--out", required=True, help="output trace directory (written atomically; an existing one only "
                    "replaced with --force, and only when it is a moeplace trace)")
