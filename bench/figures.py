@@ -259,7 +259,8 @@ def optimize_table() -> str:
     plans = ", ".join(f"{k} {v:.2f}" for k, v in r["plan_seconds"].items())
     ok = r["median_wall_seconds"] < r["target_seconds"]
     return (f"`python bench/optimize_table.py` ({_machine(r)}): `place {' '.join(r['command'])}` takes "
-            f"{r['median_wall_seconds']:.1f} s, the median of {len(r['wall_seconds'])} runs ({walls} s; Python "
+            f"{r['median_wall_seconds']:.1f} s, the median of {len(r['wall_seconds'])} "
+            f"run{'s' if len(r['wall_seconds']) > 1 else ''} ({walls} s; Python "
             f"start-up, the trace pass and the shift estimate included; target < {r['target_seconds']:g} s: "
             f"{_met(ok)}). In-process: trace → Loads {r['read_seconds']:.1f} s, planning {plans} s, and "
             f"{r['compare_seconds'] - sum(r['plan_seconds'].values()):.1f} s of scoring.\n")
@@ -554,7 +555,8 @@ RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalan
              "trace-stats": trace_stats, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
              "demo-transcript": demo_transcript, "demo-summary": demo_summary, "demo-optimize": demo_optimize,
-             "demo-simulate": demo_simulate, "sim-speed": sim_speed, "kernels": kernels}
+             "demo-simulate": demo_simulate, "sim-speed": sim_speed, "kernels": kernels,
+             "optimize-table": optimize_table}
 
 
 def render(text: str) -> str:
