@@ -195,6 +195,34 @@ def test_every_reader_stops_with_the_validate_line(kind, tiny, tmp_path, capsys)
     assert str(e.value) == expected
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_batched_statistics_pass_stops_with_the_validate_line(kind, tiny, tmp_path, monkeypatch):
+    """The statistics pass checks the list columns batch by batch (here 3 rows, row groups of 4) and
+    still stops at validate's first line."""
+    path, _ = bad_trace(kind, tiny, tmp_path)
+    expected = str(validate_report(path).first)
+    monkeypatch.setattr("traces.stats.BATCH_ROWS", 3)
+    for workers in (1, 2):
+        with pytest.raises(InputError) as e:
+            compute_stats(path, workers=workers)
+        assert str(e.value) == expected
+
+
+def test_batched_statistics_pass_keeps_the_order_of_kinds(tiny, tmp_path, monkeypatch):
+    """One row group, a repeated expert in its second batch and an out-of-range id in its third: the gate
+    checks ranges before repeats, so both readers name row 7."""
+    d = tmp_path / "two"
+    d.mkdir()
+    f = write(d / "part-00000.parquet", tiny, _edit(expert_ids=(4, [6, 6]))(_edit(expert_ids=(7, [1, 9]))(
+        columns())))
+    expected = f"{f}: row 7: field 'expert_ids': expert id 9 >= num_experts 8 of model 'tiny-moe'"
+    assert str(validate_report(d).first) == expected
+    monkeypatch.setattr("traces.stats.BATCH_ROWS", 3)
+    with pytest.raises(InputError) as e:
+        compute_stats(d, workers=1)
+    assert str(e.value) == expected
+
+
 def test_dashboard_reader_shows_the_validate_line(tiny, tmp_path):
     pytest.importorskip("streamlit")
     from dashboard import data

@@ -212,6 +212,16 @@ def test_worker_processes_give_the_in_process_result(qwen, grouped_trace):
     assert np.array_equal(trace_loads(path, 700, 400, 2, workers=2).counts, one.loads.counts)
 
 
+def test_batched_list_columns_give_the_whole_group_result(qwen, grouped_trace, monkeypatch):
+    """Expert ids decoded in batches (here 333 rows: batches straddle tokens, windows and the row
+    groups' ends) give exactly the result of one batch per row group."""
+    path, _, _ = grouped_trace
+    whole = compute_stats(path, window_tokens=700, sample_tokens=400, seed=2, workers=1)
+    monkeypatch.setattr("traces.stats.BATCH_ROWS", 333)
+    for workers in (1, 2):
+        _same_stats(whole, compute_stats(path, window_tokens=700, sample_tokens=400, seed=2, workers=workers))
+
+
 def test_worker_errors_name_the_row_group(tmp_path, qwen):
     """A bad row group found by a worker gives the in-process message (the first bad group in order)."""
     k, L = qwen.top_k, qwen.num_moe_layers
@@ -238,6 +248,22 @@ def test_skew_cv_and_top_share_hand_values():
     assert np.allclose(skew, [4.0, 1.0])
     assert np.allclose(cv, [np.sqrt(3), 0.0])
     assert top_share(np.array([5, 3, 1, 1, 0, 0, 0, 0, 0, 0]), 0.2) == pytest.approx(0.8)
+
+
+def test_top_share_of_counts_equals_the_partition_sum():
+    """Small non-negative counts take the histogram path: the same top-m sum as a partition, ties and
+    all-zero tails included; floats and large counts take the partition."""
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        n = int(rng.integers(1, 3000))
+        a = rng.poisson(rng.uniform(0.01, 6), n) if trial % 2 else rng.integers(0, 3, n)
+        share = float(rng.uniform(0.001, 1))
+        m = max(1, round(share * n))
+        ref = np.partition(a, n - m)[n - m:].sum() / a.sum() if a.sum() else np.nan
+        assert top_share(a, share) == ref or (np.isnan(ref) and np.isnan(top_share(a, share)))
+    big = np.array([10**9, 1, 0, 0, 0])
+    assert top_share(big, 0.2) == 10**9 / (10**9 + 1)
+    assert top_share(np.array([0.5, 0.25, 0.25, 0.0]), 0.5) == 0.75
 
 
 def test_window_drift_hand_values():

@@ -136,6 +136,27 @@ class _Raise:
         pass
 
 
+class ProblemFound(Exception):
+    """Raised by a :class:`Detect` sink: the checks found a problem (not worded)."""
+
+
+class Detect:
+    """Sink that only tells whether there is a problem: the first raises :class:`ProblemFound`, no message
+    is built. For fast paths that, on a problem, run the checks again with a reporting sink."""
+
+    collecting = False
+
+    def add(self, kind: str, path, row, fld, message: str) -> None:
+        raise ProblemFound(kind)
+
+    def add_rows(self, kind: str, path, bad: np.ndarray, row0: int, fld: str, msg_of_index) -> None:
+        if bad.any():
+            raise ProblemFound(kind)
+
+    def more(self, kind: str, n: int) -> None:  # pragma: no cover - never reached: add raised
+        pass
+
+
 class _Collect:
     """Sink of ``place trace validate``: counts every problem, lists the first one and up to
     ``max_per_kind`` of each kind."""
@@ -416,14 +437,14 @@ def _fixed_list(table: pa.Table, name: str, k: int, dtype) -> tuple[np.ndarray, 
     return vals, nulls
 
 
-_DUP_CHUNK = 1 << 16
+_DUP_CHUNK = 1 << 14  # rows per block: the transposed block and the comparisons stay in L2
 _DUP_BUFFERS: list[np.ndarray] = []  # per process: transposed ids and the comparison buffer, reused
 
 
 def repeated_expert_rows(ids: np.ndarray) -> np.ndarray | None:
     """Rows of ``ids [n, k]`` that name one expert twice (bool ``[n]``), or None when there is none.
 
-    Compares the k(k-1)/2 column pairs on cache-sized transposed blocks (~20 ms per million top-16 rows,
+    Compares the k(k-1)/2 column pairs on cache-sized transposed blocks (~15 ms per million top-16 rows,
     about a third of a row sort); the exact rows are computed only when a block has a repeat."""
     n, k = ids.shape
     if k < 2 or n == 0:
@@ -459,7 +480,7 @@ class RowGroup:
     n: int
     layer: np.ndarray
     layer_idx: np.ndarray  # int32 index into model.moe_layers
-    experts: np.ndarray
+    experts: np.ndarray | None  # None when checked without the list columns (check_lists)
     request_id: np.ndarray
     position: np.ndarray
     edge: _Edge
@@ -566,11 +587,16 @@ class _At:
         self.sink.add_rows(kind, self.path, bad, self.row0, fld, msg_of_index)
 
 
-def check_row_group(sink, trace: Trace, fi: int, rg: int, table: pa.Table) -> RowGroup:
+def check_row_group(sink, trace: Trace, fi: int, rg: int, table: pa.Table, lists: bool = True) -> RowGroup:
     """The per-row-group checks of row group ``rg`` of file ``fi`` (``table`` holds at least
     :func:`read_columns`), in the fixed order every reader reports them. Problems go to ``sink`` (the
     gate's raises at the first); the step-order and token-row problems are handed on in the result's
-    ``edge`` for :class:`RowOrder`, which reports them in row order with those spanning row groups."""
+    ``edge`` for :class:`RowOrder`, which reports them in row order with those spanning row groups.
+
+    ``lists=False``: ``table`` need not hold the list columns (``expert_ids``, ``gate_weights``), which the
+    caller checks itself batch by batch with :func:`check_lists` (``experts`` is then None). Problems
+    found that way are not in the fixed order: use it with a :class:`Detect` sink and, on a problem,
+    check the whole row group again (as ``traces.stats`` does)."""
     model = trace.model
     tf = trace.files[fi]
     at = _At(sink, tf.path, sum(tf.row_groups[:rg]))  # rows are numbered within their file
@@ -581,9 +607,7 @@ def check_row_group(sink, trace: Trace, fi: int, rg: int, table: pa.Table) -> Ro
             nulls = np.asarray(table.column(name).is_null().to_numpy(zero_copy_only=False))
             at.rows("null", nulls, name, lambda i: "null value (the column must be complete)")
     layer, li = _check_layers(at, table, model, "layer" in present)
-    ids = _check_experts(at, table, model, "expert_ids" in present)
-    if "gate_weights" in present:
-        _check_weights(at, table, model.top_k)
+    ids = _check_lists(at, table, model, present) if lists else None
     if "phase" in present and n:
         phase = _plain(table, "phase", np.uint8)
         if int(phase.max()) > 1:
@@ -601,6 +625,24 @@ def check_row_group(sink, trace: Trace, fi: int, rg: int, table: pa.Table) -> Ro
     if n and {"step", "request_id", "position", "layer"} <= present:
         _order_facts(edge, _plain(table, "step", np.int64), rid, pos, layer, li, model)
     return RowGroup(n, layer, li, ids, rid, pos, edge)
+
+
+def check_lists(sink, trace: Trace, fi: int, rg: int, batch: pa.RecordBatch | pa.Table, row: int = 0
+                ) -> np.ndarray:
+    """The checks of the list columns (expert ids, gate weights) on ``batch``: rows ``[row, row + len)``
+    of row group ``rg`` of file ``fi``. Returns the expert ids uint16 ``[len, k]``. See
+    :func:`check_row_group` (``lists=False``)."""
+    tf = trace.files[fi]
+    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    at = _At(sink, tf.path, sum(tf.row_groups[:rg]) + row)
+    return _check_lists(at, table, trace.model, tf.columns & set(table.column_names))
+
+
+def _check_lists(at: _At, table: pa.Table, model: ModelSpec, present) -> np.ndarray:
+    ids = _check_experts(at, table, model, "expert_ids" in present)
+    if "gate_weights" in present:
+        _check_weights(at, table, model.top_k)
+    return ids
 
 
 def _check_layers(at: _At, table: pa.Table, model: ModelSpec, present: bool) -> tuple[np.ndarray, np.ndarray]:
