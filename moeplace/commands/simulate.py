@@ -10,22 +10,14 @@ from pathlib import Path
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
 from foundation.files import Outputs
-from foundation.memory.inputs import parse_context_mix, parse_pool_split
 from foundation.model import load_model
 from moeplace import flags
 from moeplace.commands import add_force
+from moeplace.sim_settings import SimSettings, build_sim_config
 from placement.dispatch import ENGINE_RULES
 from placement.record import load_placement
 from sim.calibration import load_profile
-from sim.config import (
-    CostConfig,
-    EngineConfig,
-    LengthMix,
-    SimConfig,
-    WorkloadConfig,
-    parse_mtp,
-    parse_rebalance,
-)
+from sim.config import SimConfig, parse_mtp
 from sim.rebalance import recommend_configs
 from sim.results import format_table, write_chrome_trace, write_outputs
 from sim.runner import resolve_placement, resolved_config, simulate
@@ -143,58 +135,20 @@ def run(args) -> int:
     else:
         routing_note = f"routing on {args.traces}"
     if args.expert_dtype or args.weight_dtype:
-        from dataclasses import replace as _replace
         try:
-            m2 = _replace(trace.model, expert_dtype=args.expert_dtype or trace.model.expert_dtype,
-                          weight_dtype=args.weight_dtype or trace.model.weight_dtype)
+            m2 = dataclasses.replace(trace.model, expert_dtype=args.expert_dtype or trace.model.expert_dtype,
+                                     weight_dtype=args.weight_dtype or trace.model.weight_dtype)
         except InputError as exc:
             raise InputError(f"--expert-dtype/--weight-dtype: {exc}") from None
-        trace = _replace(trace, model=m2)
+        trace = dataclasses.replace(trace, model=m2)
     if args.model:
         m = load_model(args.model)
         if m.moe_layers != trace.model.moe_layers or m.num_experts != trace.model.num_experts \
                 or m.top_k != trace.model.top_k:
             raise InputError(f"--model {args.model}: {m.num_moe_layers} MoE layers x {m.num_experts} experts top-"
                              f"{m.top_k} does not match the trace's '{trace.model.name}'")
-        from dataclasses import replace
-        trace = replace(trace, model=m)
-    split, param = parse_pool_split(args.pool_split)
-    mtp_draft, mtp_acc = parse_mtp(args.mtp) if args.mtp else (0, 0.0)
-    if args.prefill_gpus is not None and not args.disaggregated:
-        raise InputError("--prefill-gpus needs --disaggregated")
-    engine = EngineConfig(attention_tp=args.attention_tp, max_batched_tokens=args.max_batched_tokens,
-                          max_seqs=args.max_seqs, chunked_prefill=not args.no_chunked_prefill,
-                          disaggregated=args.disaggregated, dual_batch_overlap=args.dbo, replica_rule=args.engine,
-                          kv_dtype=args.kv_dtype, preemption=args.preemption,
-                          gpu_memory_utilization=args.gpu_memory_utilization, pool_split=split, pool_param=param,
-                          a2a_mode=args.deepep_mode, cuda_graph_max_bs=args.cuda_graph_max_bs, mtp_draft=mtp_draft,
-                          mtp_acceptance=mtp_acc, prefix_hit=args.prefix_hit, moe_tp=args.moe_tp,
-                          attention_dtype=args.attention_dtype, dp_balance=args.dp_balance,
-                          prefill_gpus=args.prefill_gpus, phase=args.phase)
-    lengths = None
-    if (args.isl is None) != (args.osl is None):
-        raise InputError("--isl and --osl go together (fixed benchmark lengths)")
-    if args.isl is not None:
-        if args.context_mix:
-            raise InputError("--isl/--osl and --context-mix are alternatives")
-        if args.isl < 1 or args.osl < 1:
-            raise InputError(f"--isl and --osl must be >= 1, got {args.isl}, {args.osl}")
-        lengths = LengthMix(components=((args.isl, 1.0),), sigma=0.0, output_mean=args.osl, output_sigma=0.0,
-                            max_len=LengthMix.cap_for(trace.model.max_context),
-                            range_ratio=args.random_range_ratio)
-    elif args.context_mix:
-        mix = parse_context_mix(args.context_mix, trace.model.max_context)
-        lengths = LengthMix.context_mix(mix, args.output_len, trace.model.max_context)
-    if args.rate is not None:
-        wl = WorkloadConfig(arrival=args.arrival, rate=args.rate, rate_end=args.rate_end,
-                            burstiness=args.burstiness, lengths=lengths, max_requests=args.max_requests)
-    else:
-        concurrency = 256 if args.concurrency is None else args.concurrency
-        wl = WorkloadConfig(arrival="closed", concurrency=concurrency, lengths=lengths,
-                            max_requests=args.max_requests)
-    config = SimConfig(duration=args.duration, mode=args.mode, seed=args.seed, engine=engine, cost=CostConfig(),
-                       workload=wl, rebalance=parse_rebalance(args.rebalance) if args.rebalance else None,
-                       warmup=args.warmup)
+        trace = dataclasses.replace(trace, model=m)
+    config = simulation_config(args, trace.model.max_context)
     profile = load_profile(args.profile) if args.profile else None
     placements = [resolve_placement(s, trace, cluster, args.redundant, args.engine, args.seed)
                   for s in args.placement]
@@ -237,10 +191,10 @@ def run(args) -> int:
     else:
         print(routing_note)
         print(f"{trace.model.name} on {cluster.name} ({results[0].summary['num_gpus']} GPUs in all), "
-              f"attention TP{engine.attention_tp}, "
+              f"attention TP{config.engine.attention_tp}, "
               f"{args.engine} replica rule, {args.mode} mode, {args.duration:g} simulated s, "
               + (f"{args.rate:g} req/s {args.arrival}" if args.rate is not None else
-                 f"{wl.concurrency} concurrent requests")
+                 f"{config.workload.concurrency} concurrent requests")
               + f"; steady state after {config.warmup_s:g} s warm-up")
         print(format_table(results))
         if rec is not None:
@@ -249,6 +203,38 @@ def run(args) -> int:
         print(f"wall time: {walls}", file=sys.stderr)
     outs.finish()
     return 0
+
+
+def simulation_config(args, max_context: int | None) -> SimConfig:
+    """The :class:`SimConfig` of the flags, for a model of ``max_context`` tokens: the flags' own checks,
+    then the mapping ``place sweep`` shares (:func:`moeplace.sim_settings.build_sim_config`)."""
+    if args.prefill_gpus is not None and not args.disaggregated:
+        raise InputError("--prefill-gpus needs --disaggregated")
+    if (args.isl is None) != (args.osl is None):
+        raise InputError("--isl and --osl go together (fixed benchmark lengths)")
+    if args.isl is not None:
+        if args.context_mix:
+            raise InputError("--isl/--osl and --context-mix are alternatives")
+        if args.isl < 1 or args.osl < 1:
+            raise InputError(f"--isl and --osl must be >= 1, got {args.isl}, {args.osl}")
+    mtp_draft, mtp_acceptance = parse_mtp(args.mtp) if args.mtp else (0, 0.0)
+    open_loop = args.rate is not None
+    settings = SimSettings(
+        attention_tp=args.attention_tp, engine=args.engine, kv_dtype=args.kv_dtype,
+        max_batched_tokens=args.max_batched_tokens, max_seqs=args.max_seqs,
+        chunked_prefill=not args.no_chunked_prefill, disaggregated=args.disaggregated, dbo=args.dbo,
+        preemption=args.preemption, pool_split=args.pool_split, gpu_memory_utilization=args.gpu_memory_utilization,
+        deepep_mode=args.deepep_mode, cuda_graph_max_bs=args.cuda_graph_max_bs, mtp_draft=mtp_draft,
+        mtp_acceptance=mtp_acceptance, prefix_hit=args.prefix_hit, moe_tp=args.moe_tp,
+        attention_dtype=args.attention_dtype, dp_balance=args.dp_balance, prefill_gpus=args.prefill_gpus,
+        phase=args.phase,
+        arrival=args.arrival if open_loop else "closed",
+        concurrency=256 if args.concurrency is None else args.concurrency, rate=args.rate,
+        rate_end=args.rate_end, burstiness=args.burstiness, context_mix=args.context_mix,
+        output_len=args.output_len, isl=args.isl, osl=args.osl, random_range_ratio=args.random_range_ratio,
+        max_requests=args.max_requests,
+        duration=args.duration, mode=args.mode, seed=args.seed, rebalance=args.rebalance, warmup=args.warmup)
+    return build_sim_config(settings, max_context)
 
 
 def _is_file(spec: str) -> bool:

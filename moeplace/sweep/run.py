@@ -13,7 +13,6 @@ instance with ``num_cpus=workers``, or attaching to ``address``; the instance it
 exit, an attached cluster is only disconnected from). Both run the same task functions on the same
 inputs, so both produce the same table.
 
-This module is part of the application layer: it imports ``sim`` inside functions only.
 """
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ import polars as pl
 
 from foundation.errors import InputError
 from foundation.files import write_text_atomic
-from foundation.memory.inputs import parse_context_mix, parse_pool_split
+from moeplace.sim_settings import SimSettings, build_sim_config
 from moeplace.sweep.spec import (
     Point,
     SweepSpec,
@@ -51,14 +50,7 @@ from placement.compare import routing_windows
 from placement.export import export_placement
 from placement.export.flags import FlagOptions, launch_command
 from placement.record import Placement, load_placement
-from sim.config import (
-    CostConfig,
-    EngineConfig,
-    LengthMix,
-    SimConfig,
-    WorkloadConfig,
-    parse_rebalance,
-)
+from sim.config import SimConfig
 from sim.frontier import frontier_report
 from sim.workload import load_trace_tokens
 from traces.loads import Loads, load_loads
@@ -105,7 +97,7 @@ class RayExecutor:
 
     def __init__(self, address: str | None, workers: int, object_store_bytes: int, log: Log) -> None:
         try:
-            import ray
+            import ray  # optional: the [sweep] extra
         except ImportError:
             raise InputError("Ray is not installed: pip install 'moeplace[sweep]' (or use --local)") from None
         self.ray = ray
@@ -226,39 +218,35 @@ def object_store_bytes(spec: SweepSpec) -> int:
     return max(512 * 2**20, 2 * len(spec.workloads) * (tokens + loads))
 
 
-def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> Any:
-    """The :class:`sim.config.SimConfig` of one point (raises InputError naming the spec on bad values)."""
+def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
+    """The :class:`sim.config.SimConfig` of one point, through the mapping ``place simulate`` uses (raises
+    InputError naming the spec and the point on bad values)."""
     w = spec.workload(point.workload)
     e, s = spec.engine, spec.simulate
     try:
-        rule, param = parse_pool_split(str(e["pool_split"]))
-        engine = EngineConfig(attention_tp=attention_tp, max_batched_tokens=int(e["max_batched_tokens"]),
-                              max_seqs=int(e["max_seqs"]), chunked_prefill=e["chunked_prefill"],
-                              dual_batch_overlap=e["dual_batch_overlap"], replica_rule=point.engine,
-                              kv_dtype=point.kv_dtype, preemption=e["preemption"],
-                              gpu_memory_utilization=float(e["gpu_memory_utilization"]), pool_split=rule,
-                              pool_param=param, mtp_draft=int(e["mtp_draft"]),
-                              mtp_acceptance=float(e["mtp_acceptance"]), prefix_hit=float(e["prefix_hit"]),
-                              moe_tp=int(e["moe_tp"]), dp_balance=e["dp_balance"], a2a_mode=e["deepep_mode"],
-                              attention_dtype=e["attention_dtype"], cuda_graph_max_bs=int(e["cuda_graph_max_bs"]))
-        lengths = None
-        if w.context_mix:
-            mix = parse_context_mix(str(w.context_mix), spec.model.max_context, f"workload {w.name}: context_mix")
-            lengths = LengthMix.context_mix(mix, w.output_len, spec.model.max_context)
-        rate = w.rate if w.rate is not None else 1.0  # unused by a closed loop, which has no rate
-        wl = WorkloadConfig(arrival=w.arrival, rate=rate, rate_end=w.rate_end,
-                            burstiness=w.burstiness, concurrency=w.concurrency, lengths=lengths,
-                            max_requests=w.max_requests)
-        rebalance = None if point.rebalance == "static" else parse_rebalance(point.rebalance)
-        if rebalance is not None and rebalance.decision_s is None:
-            # a sweep must repeat: the policy's measured decision time varies from run to run, so a point
-            # charges the decision only when its rebalance string fixes it (decision=S)
-            rebalance = dataclasses.replace(rebalance, decision_s=0.0)
-        return SimConfig(duration=float(s["duration"]), mode=s["mode"], seed=spec.seed, engine=engine,
-                         cost=CostConfig(), workload=wl, rebalance=rebalance,
-                         warmup=None if e["warmup"] is None else float(e["warmup"]))
+        settings = SimSettings(
+            attention_tp=attention_tp, engine=point.engine, kv_dtype=point.kv_dtype,
+            max_batched_tokens=int(e["max_batched_tokens"]), max_seqs=int(e["max_seqs"]),
+            chunked_prefill=e["chunked_prefill"], dbo=e["dual_batch_overlap"], preemption=e["preemption"],
+            pool_split=str(e["pool_split"]), gpu_memory_utilization=float(e["gpu_memory_utilization"]),
+            deepep_mode=e["deepep_mode"], cuda_graph_max_bs=int(e["cuda_graph_max_bs"]),
+            mtp_draft=int(e["mtp_draft"]), mtp_acceptance=float(e["mtp_acceptance"]),
+            prefix_hit=float(e["prefix_hit"]), moe_tp=int(e["moe_tp"]), attention_dtype=e["attention_dtype"],
+            dp_balance=e["dp_balance"],
+            arrival=w.arrival, concurrency=w.concurrency, rate=w.rate, rate_end=w.rate_end,
+            burstiness=w.burstiness, context_mix=str(w.context_mix) if w.context_mix else None,
+            output_len=w.output_len, max_requests=w.max_requests,
+            duration=float(s["duration"]), mode=s["mode"], seed=spec.seed,
+            rebalance=None if point.rebalance == "static" else point.rebalance,
+            warmup=None if e["warmup"] is None else float(e["warmup"]))
+        config = build_sim_config(settings, spec.model.max_context, mix_what=f"workload {w.name}: context_mix")
     except InputError as exc:
         raise InputError(f"{spec.path}: point #{point.index} ({point.label()}): {exc}") from None
+    if config.rebalance is not None and config.rebalance.decision_s is None:
+        # a sweep must repeat: the policy's measured decision time varies from run to run, so a point
+        # charges the decision only when its rebalance string fixes it (decision=S)
+        config = dataclasses.replace(config, rebalance=dataclasses.replace(config.rebalance, decision_s=0.0))
+    return config
 
 
 def prepare_trace(spec: SweepSpec, w: Workload, fingerprint: str, cache: Path, log: Log) -> str:
@@ -294,6 +282,9 @@ def _fmt_row(row: dict[str, Any]) -> str:
     return f"{row['status']} at {row['stage']}: {row['reason']}"
 
 
+Item = tuple[Point, str, dict[str, Any], SimConfig]  # a point to run: point, hash, plan fields, its SimConfig
+
+
 def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_address: str | None = None,
               workers: int | None = None, log: Log | None = None,
               on_row: Callable[[dict[str, Any]], None] | None = None) -> SweepOutcome:
@@ -317,100 +308,21 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
     finished = store.finished()
     todo = [(p, h) for p, h in zip(points, hashes, strict=True) if h not in finished]
     log(f"{spec.name}: {len(points)} points, {len(points) - len(todo)} already finished in {store.out}")
+    emit = _row_writer(store, len(points), len(points) - len(todo), log, on_row)
 
-    total, done_count = len(points), [len(points) - len(todo)]
-
-    def emit(row: dict[str, Any]) -> None:
-        full = make_row(**row)
-        store.write_row(full)
-        done_count[0] += 1
-        n = f"{done_count[0]:>{len(str(total))}}"
-        log(f"[{n}/{total}] #{full['index']} {full['label']}: {_fmt_row(full)}")
-        if on_row is not None:
-            on_row(full)
-
-    # Plan every point here (rows of points that stop at the plan are written now); keep the others with
-    # their simulation config, built now so a bad simulation setting stops the sweep before any task runs.
-    runnable: list[tuple[Point, str, dict[str, Any], Any]] = []
-    for p, h in todo:
-        fields, lay = plan_point(spec, p)
-        fields["point_hash"] = h
-        if "status" in fields:
-            emit(fields)
-            continue
-        runnable.append((p, h, fields, sim_config(spec, p, lay.tp)))
-
-    groups: dict[str, list[tuple[Point, str, dict[str, Any], Any]]] = {}
-    for item in runnable:
-        p = item[0]
-        groups.setdefault(optimize_key(spec, p, fps[p.workload]), []).append(item)
-    pl_dir = store.cache / "placements"
-    cached: dict[str, tuple[Placement, dict[str, Any]]] = {}
-    for key in groups:
-        f, sf = pl_dir / f"{key}.json", pl_dir / f"{key}.scores.json"
-        if f.exists() and sf.exists():
-            cached[key] = (load_placement(f), json.loads(sf.read_text()))
+    groups: dict[str, list[Item]] = {}
+    for item in _plan_points(spec, todo, emit):
+        groups.setdefault(optimize_key(spec, item[0], fps[item[0].workload]), []).append(item)
+    cached = _cached_placements(store, groups)
     num_optimized = 0
-    ex = None
-    queue = None
-    try:
-        if runnable:
-            ex = (RayExecutor(ray_address, workers, object_store_bytes(spec), log) if backend == "ray"
-                  else LocalExecutor(workers))
-            queue = _TaskQueue(ex)
-            traces: dict[str, str] = {}
-            handles: dict[str, Any] = {}
-            loads: dict[str, Any] = {}
-
-            def trace_of(name: str) -> str:
-                if name not in traces:
-                    traces[name] = prepare_trace(spec, spec.workload(name), fps[name], store.cache, log)
-                return traces[name]
-
-            def handle_of(name: str) -> Any:
-                if name not in handles:
-                    handles[name] = ex.trace_handle(trace_of(name), int(spec.simulate["max_trace_tokens"]))
-                return handles[name]
-
-            def add_sims(key: str, placement: Placement, scores: dict[str, Any], opt_s: float | None) -> None:
-                ref = ex.put(placement)  # once per placement, however many points simulate it
-                for p, _h, fields, cfg in groups[key]:
-                    base = {**fields, "optimize_key": key, "wall_optimize_s": opt_s, **scores}
-                    queue.add("simulate", base, simulate_task, handle_of(p.workload), ref, p.gpu, p.gpus,
-                              p.gpus_per_node, cfg)
-
-            for key, items in groups.items():
-                p = items[0][0]
-                if key in cached:
-                    add_sims(key, *cached[key], None)
-                    continue
-                if p.workload not in loads:
-                    ld = prepare_loads(spec, trace_of(p.workload), fps[p.workload], store.cache)
-                    loads[p.workload] = ex.put(ld)
-                queue.add("optimize", key, optimize_task, loads[p.workload], p.gpu, p.gpus, p.gpus_per_node,
-                          p.num_redundant, p.policy, p.engine, spec.seed, spec.optimize)
-                num_optimized += 1
-
-            for kind, what, res in queue.results():
-                if kind == "optimize":
-                    key = what
-                    if res["status"] == "ok":
-                        # scores first: the placement file's existence marks a complete cache entry
-                        write_text_atomic(pl_dir / f"{key}.scores.json", json.dumps(res["scores"], indent=1))
-                        res["placement"].save(pl_dir / f"{key}.json")
-                        add_sims(key, res["placement"], res["scores"], res["seconds"])
-                    else:
-                        for _p, _h, fields, _cfg in groups[key]:
-                            emit({**fields, "optimize_key": key, "status": res["status"],
-                                  "stage": res["stage"], "reason": res["reason"]})
-                elif res["status"] == "ok":
-                    emit({**what, **res["fields"], "status": "ok", "stage": "done",
-                          "wall_simulate_s": res["seconds"]})
-                else:
-                    emit({**what, "status": res["status"], "stage": res["stage"], "reason": res["reason"]})
-    finally:
-        if ex is not None:
-            ex.shutdown(queue.in_flight() if queue is not None else [])
+    if groups:
+        ex = (RayExecutor(ray_address, workers, object_store_bytes(spec), log) if backend == "ray"
+              else LocalExecutor(workers))
+        run = _Execution(spec, store, fps, groups, emit, ex, log)
+        try:
+            num_optimized = run.run(cached)
+        finally:
+            ex.shutdown(run.queue.in_flight())
 
     table = store.write_table(hashes, index_of)
     report = frontier_report(table, spec.objective)
@@ -425,6 +337,123 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
                         num_placements_reused=len([k for k in groups if k in cached]), backend=backend,
                         wall_s=time.perf_counter() - t_start, table_path=store.out / "sweep.parquet",
                         frontier_path=frontier_path)
+
+
+def _row_writer(store: ResultStore, total: int, done: int, log: Log,
+                on_row: Callable[[dict[str, Any]], None] | None) -> Callable[[dict[str, Any]], None]:
+    """``emit(fields)``: complete a row, write it to the store, log the progress line, tell ``on_row``."""
+    count = [done]
+
+    def emit(row: dict[str, Any]) -> None:
+        full = make_row(**row)
+        store.write_row(full)
+        count[0] += 1
+        log(f"[{count[0]:>{len(str(total))}}/{total}] #{full['index']} {full['label']}: {_fmt_row(full)}")
+        if on_row is not None:
+            on_row(full)
+
+    return emit
+
+
+def _plan_points(spec: SweepSpec, todo: list[tuple[Point, str]], emit: Callable[[dict[str, Any]], None]
+                 ) -> list[Item]:
+    """Plan every point here (rows of points that stop at the plan are written now); keep the others with
+    their simulation config, built now so a bad simulation setting stops the sweep before any task runs."""
+    runnable: list[Item] = []
+    for p, h in todo:
+        fields, lay = plan_point(spec, p)
+        fields["point_hash"] = h
+        if "status" in fields:
+            emit(fields)
+            continue
+        runnable.append((p, h, fields, sim_config(spec, p, lay.tp)))
+    return runnable
+
+
+def _cached_placements(store: ResultStore, groups: dict[str, list[Item]]
+                       ) -> dict[str, tuple[Placement, dict[str, Any]]]:
+    """The placements (and their scores) an earlier run already optimized, by optimize key."""
+    pl_dir = store.cache / "placements"
+    cached: dict[str, tuple[Placement, dict[str, Any]]] = {}
+    for key in groups:
+        f, sf = pl_dir / f"{key}.json", pl_dir / f"{key}.scores.json"
+        if f.exists() and sf.exists():
+            cached[key] = (load_placement(f), json.loads(sf.read_text()))
+    return cached
+
+
+class _Execution:
+    """One sweep's tasks on an executor (state: the queue and what each workload was prepared into). A
+    workload's trace, Loads and routing tokens are prepared once, on first use; one optimize task runs
+    per optimize key; a point's simulation starts as soon as its placement exists."""
+
+    def __init__(self, spec: SweepSpec, store: ResultStore, fps: dict[str, str], groups: dict[str, list[Item]],
+                 emit: Callable[[dict[str, Any]], None], ex: LocalExecutor | RayExecutor, log: Log) -> None:
+        self.spec, self.store, self.fps, self.groups, self.emit, self.ex, self.log = (
+            spec, store, fps, groups, emit, ex, log)
+        self.queue = _TaskQueue(ex)
+        self.traces: dict[str, str] = {}
+        self.handles: dict[str, Any] = {}
+        self.loads: dict[str, Any] = {}
+
+    def run(self, cached: dict[str, tuple[Placement, dict[str, Any]]]) -> int:
+        """Queue every group (simulations of cached placements, optimize tasks for the rest), write every
+        row as its result comes back. Returns the number of optimize tasks run."""
+        num_optimized = 0
+        for key, items in self.groups.items():
+            if key in cached:
+                self.add_sims(key, *cached[key], None)
+            else:
+                self.add_optimize(key, items[0][0])
+                num_optimized += 1
+        for kind, what, res in self.queue.results():
+            if kind == "optimize":
+                self.optimized(what, res)
+            elif res["status"] == "ok":
+                self.emit({**what, **res["fields"], "status": "ok", "stage": "done",
+                           "wall_simulate_s": res["seconds"]})
+            else:
+                self.emit({**what, "status": res["status"], "stage": res["stage"], "reason": res["reason"]})
+        return num_optimized
+
+    def trace_of(self, name: str) -> str:
+        if name not in self.traces:
+            self.traces[name] = prepare_trace(self.spec, self.spec.workload(name), self.fps[name],
+                                              self.store.cache, self.log)
+        return self.traces[name]
+
+    def handle_of(self, name: str) -> Any:
+        if name not in self.handles:
+            self.handles[name] = self.ex.trace_handle(self.trace_of(name),
+                                                      int(self.spec.simulate["max_trace_tokens"]))
+        return self.handles[name]
+
+    def add_optimize(self, key: str, p: Point) -> None:
+        if p.workload not in self.loads:
+            ld = prepare_loads(self.spec, self.trace_of(p.workload), self.fps[p.workload], self.store.cache)
+            self.loads[p.workload] = self.ex.put(ld)
+        self.queue.add("optimize", key, optimize_task, self.loads[p.workload], p.gpu, p.gpus, p.gpus_per_node,
+                       p.num_redundant, p.policy, p.engine, self.spec.seed, self.spec.optimize)
+
+    def add_sims(self, key: str, placement: Placement, scores: dict[str, Any], opt_s: float | None) -> None:
+        ref = self.ex.put(placement)  # once per placement, however many points simulate it
+        for p, _h, fields, cfg in self.groups[key]:
+            base = {**fields, "optimize_key": key, "wall_optimize_s": opt_s, **scores}
+            self.queue.add("simulate", base, simulate_task, self.handle_of(p.workload), ref, p.gpu, p.gpus,
+                           p.gpus_per_node, cfg)
+
+    def optimized(self, key: str, res: dict[str, Any]) -> None:
+        """An optimize task came back: cache its placement and simulate it, or fail its points."""
+        if res["status"] == "ok":
+            pl_dir = self.store.cache / "placements"
+            # scores first: the placement file's existence marks a complete cache entry
+            write_text_atomic(pl_dir / f"{key}.scores.json", json.dumps(res["scores"], indent=1))
+            res["placement"].save(pl_dir / f"{key}.json")
+            self.add_sims(key, res["placement"], res["scores"], res["seconds"])
+        else:
+            for _p, _h, fields, _cfg in self.groups[key]:
+                self.emit({**fields, "optimize_key": key, "status": res["status"],
+                           "stage": res["stage"], "reason": res["reason"]})
 
 
 # ---------------------------------------------------------------------------- recommendation -> launch flags
