@@ -68,7 +68,7 @@ def synthetic_loads(tokens: int, window_tokens: int):
 
 
 def captured_loads(window_tokens: int):
-    import transformers
+    import transformers  # optional: the [capture] extra
 
     from traces.capture import CaptureConfig, run_capture
 

@@ -17,6 +17,7 @@ The rules (README "Outputs"):
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -183,7 +184,6 @@ class OutputKind:
 
 
 def _json(path: Path, max_bytes: int = 1 << 30):
-    import json
 
     if path.stat().st_size > max_bytes:
         return None
@@ -205,7 +205,7 @@ def _json_keys(*keys: str) -> Callable[[Path], bool]:
 
 
 def _is_trace_part(p: Path) -> bool:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # ~0.4 s to import; every command imports this module, few read a trace
 
     return b"moeplace.model" in (pq.read_schema(p).metadata or {})  # traces.format.META_MODEL
 
@@ -238,9 +238,7 @@ def _is_trace_dir(p: Path) -> bool:
 
 
 def _is_loads(p: Path) -> bool:
-    import json
-
-    import numpy as np
+    import numpy as np  # ~0.5 s to import; every command imports this module, few read a Loads file
 
     with np.load(p, allow_pickle=False) as z:
         return "counts" in z and json.loads(str(z["meta"])).get("format") == "moeplace.loads/1"  # traces.loads
@@ -465,7 +463,6 @@ class Outputs:
 def read_json(path: str | os.PathLike, missing: str = "no such file", unreadable: str = "not readable JSON"):
     """Parse a JSON file; a missing or unreadable file is an :class:`InputError` naming it, with the
     caller's wording (``"<path>: <missing>"``, ``"<path>: <unreadable> (<parser error>)"``)."""
-    import json
 
     p = Path(path)
     try:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 
 from foundation.cluster import ClusterSpec
 from foundation.errors import InputError
@@ -110,8 +111,6 @@ def index_trace(path: str | Path):
     of some layers only starts at its first); every row finds its token by the packed key
     ``request_id << 24 | position`` with a binary search — much cheaper than sorting or joining nine
     million rows with a list column."""
-    import polars as pl
-
     trace = check_trace(path)  # the gate: every row checked before any is used
     model, prov = trace.model, trace.provenance
     L = model.num_moe_layers

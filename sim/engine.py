@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+from tqdm import tqdm
 
 from foundation.cluster import ClusterSpec
 from foundation.errors import InputError
@@ -530,7 +531,6 @@ class Simulation:
         t0 = wallclock.perf_counter()
         bar = None
         if self.progress:
-            from tqdm import tqdm
             bar = tqdm(total=round(dur), unit="sim s", desc=self.label or "simulate", leave=False)
         shown = [0]
 

@@ -4,6 +4,7 @@ inside a function, fails here."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,8 @@ def _imported_root(node: ast.Import | ast.ImportFrom) -> str | None:
     return node.names[0].name.split(".")[0]
 
 
-def test_cross_package_imports_inside_functions_say_why():
-    """Imports of another moeplace package belong at module level, where every reader (and the contract)
-    sees them; one kept inside a function must say on its line why (e.g. it pulls in torch)."""
-    bare = []
+def _function_local_imports():
+    """``(file, line number, line text, imported root, owning package)`` of every import inside a function."""
     for pkg in PACKAGES:
         for f in sorted((REPO / pkg).rglob("*.py")):
             src = f.read_text()
@@ -39,9 +38,21 @@ def test_cross_package_imports_inside_functions_say_why():
                 if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     continue
                 for node in ast.walk(fn):
-                    if not isinstance(node, (ast.Import, ast.ImportFrom)):
-                        continue
-                    root = _imported_root(node)
-                    if root in PACKAGES and root != pkg and "#" not in lines[node.lineno - 1]:
-                        bare.append(f"{f.relative_to(REPO)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+                    if isinstance(node, (ast.Import, ast.ImportFrom)):
+                        yield f.relative_to(REPO), node.lineno, lines[node.lineno - 1], _imported_root(node), pkg
+
+
+def test_cross_package_imports_inside_functions_say_why():
+    """Imports of another moeplace package belong at module level, where every reader (and the contract)
+    sees them; one kept inside a function must say on its line why (e.g. it pulls in torch)."""
+    bare = [f"{f}:{n}: {line.strip()}" for f, n, line, root, pkg in _function_local_imports()
+            if root in PACKAGES and root != pkg and "#" not in line]
     assert not bare, "function-local imports of other packages without a reason:\n" + "\n".join(bare)
+
+
+def test_third_party_imports_inside_functions_say_why():
+    """A third-party module imported inside a function is an optional dependency (transformers, streamlit,
+    ray) or one too slow to import for every caller (torch, scipy.optimize); its line says which."""
+    bare = [f"{f}:{n}: {line.strip()}" for f, n, line, root, _pkg in _function_local_imports()
+            if root and root not in PACKAGES and root not in sys.stdlib_module_names and "#" not in line]
+    assert not bare, "function-local third-party imports without a reason:\n" + "\n".join(bare)

@@ -6,6 +6,7 @@ deployment's launch command. A rerun with the same ``--out`` resumes: finished p
 The work is :func:`moeplace.sweep.run_sweep`."""
 from __future__ import annotations
 
+import json
 import sys
 
 from foundation.errors import InputError
@@ -37,9 +38,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import json
-
-
     if args.workers is not None and args.workers < 1:
         raise InputError(f"--workers must be >= 1, got {args.workers}")
     # resuming is what --out is for: an existing sweep directory is written into (finished points kept)

@@ -35,6 +35,7 @@ SGLang silently serves the trivial layout. In 0.5.23 ``KimiK3ForConditionalGener
 from __future__ import annotations
 
 import json
+import pickle
 import zipfile
 from pathlib import Path
 
@@ -106,7 +107,7 @@ def write_json(placement: Placement, model: ModelSpec, out: Path, **_: object) -
 
 
 def write_pt(placement: Placement, model: ModelSpec, out: Path, **_: object) -> list[str]:
-    import torch
+    import torch  # ~5 s to import; only the .pt format needs it
 
     full = full_phy2log(placement, model)
     _validate(placement, model, full)
@@ -118,9 +119,7 @@ def write_pt(placement: Placement, model: ModelSpec, out: Path, **_: object) -> 
 def _load_dict(path: Path) -> dict:
     try:
         if str(path).endswith(".pt"):
-            import pickle
-
-            import torch
+            import torch  # ~5 s to import; only .pt files need it
 
             if not path.is_file():
                 raise FileNotFoundError(path)
@@ -179,7 +178,7 @@ def write_logical_count(placement: Placement, model: ModelSpec, out: Path, loads
         raise InputError(f"--loads: loads are of model '{loads.model.name}', the placement of '{model.name}'")
     counts = full_logical_count(loads, model)
     if str(out).endswith(".pt"):
-        import torch
+        import torch  # ~5 s to import; only the .pt format needs it
 
         with atomic_path(out) as tmp:
             torch.save({KEY_COUNT: torch.from_numpy(counts)}, tmp)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -69,7 +70,7 @@ def _load_dump(path: Path) -> dict:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"{path}: not valid JSON ({exc})") from None
     else:
-        import torch
+        import torch  # ~5 s to import; only .pt dumps need it (JSON dumps never load it)
 
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
@@ -95,13 +96,9 @@ def _load_dump(path: Path) -> dict:
 
 def _as_array(value, path: Path, field: str, where: str = "") -> np.ndarray:
     prefix = f"{path}: {where + ': ' if where else ''}field '{field}'"
-    try:
-        import torch
-
-        if isinstance(value, torch.Tensor):
-            return value.detach().cpu().numpy()
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    torch = sys.modules.get("torch")  # a tensor exists only if torch.load ran, which imported torch
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
     try:
         arr = np.asarray(value)
     except (ValueError, TypeError):

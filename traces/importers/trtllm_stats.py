@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file
 
 from foundation.errors import InputError
 from foundation.model import ModelSpec
@@ -90,9 +92,6 @@ def _meta(d: Path, model: ModelSpec) -> dict:
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, TypeError) as exc:
