@@ -201,7 +201,7 @@ def test_batched_statistics_pass_stops_with_the_validate_line(kind, tiny, tmp_pa
     still stops at validate's first line."""
     path, _ = bad_trace(kind, tiny, tmp_path)
     expected = str(validate_report(path).first)
-    monkeypatch.setattr("traces.stats.BATCH_ROWS", 3)
+    monkeypatch.setattr("traces.scan.BATCH_ROWS", 3)
     for workers in (1, 2):
         with pytest.raises(InputError) as e:
             compute_stats(path, workers=workers)
@@ -217,7 +217,7 @@ def test_batched_statistics_pass_keeps_the_order_of_kinds(tiny, tmp_path, monkey
         columns())))
     expected = f"{f}: row 7: field 'expert_ids': expert id 9 >= num_experts 8 of model 'tiny-moe'"
     assert str(validate_report(d).first) == expected
-    monkeypatch.setattr("traces.stats.BATCH_ROWS", 3)
+    monkeypatch.setattr("traces.scan.BATCH_ROWS", 3)
     with pytest.raises(InputError) as e:
         compute_stats(d, workers=1)
     assert str(e.value) == expected

@@ -16,7 +16,7 @@ from placement.evaluate import evaluate
 from placement.policies import PlacementProblem, get_policy
 from placement.record import Placement
 from traces.loads import Loads
-from traces.stats import _Sampler
+from traces.scan import Sampler
 
 E, K, L = 32, 4, 4
 
@@ -59,7 +59,7 @@ def _loads(model, windows=4, per_window=300, seed=0, with_windows=True):
 
 
 def test_sampler_tags_each_token_with_its_window():
-    s = _Sampler(1000, 100, seed=3)
+    s = Sampler(1000, 100, seed=3)
     rid = np.repeat(np.arange(10), 20)  # 10 requests x 20 positions, 2 layers each
     pos = np.tile(np.arange(20), 10)
     win = (np.arange(200) // 50)  # tokens in order -> 4 windows

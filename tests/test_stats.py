@@ -48,7 +48,7 @@ def small_trace(tmp_path_factory, qwen):
 def test_loads_equal_direct_count(qwen, small_trace, chunk_rows, monkeypatch):
     """Also with counting chunks smaller than a row group (777 rows: chunks straddle layers/windows)."""
     if chunk_rows is not None:
-        monkeypatch.setattr("traces.stats.COUNT_CHUNK_ROWS", chunk_rows)
+        monkeypatch.setattr("traces.scan.COUNT_CHUNK_ROWS", chunk_rows)
     path, mem = small_trace
     st = compute_stats(path, window_tokens=1000, sample_tokens=500, seed=1, workers=1)
     L, E = qwen.num_moe_layers, qwen.num_experts
@@ -73,7 +73,7 @@ def test_sample_holds_true_tokens(qwen, small_trace):
     assert s.shape == (500, qwen.num_moe_layers, qwen.top_k)
     # every sampled token is a token of the trace with all its layers
     key = {(int(r), int(p)): i for i, (r, p) in enumerate(zip(mem["request_id"], mem["position"]))}
-    from traces.stats import _Sampler  # noqa: F401  (the sketch is internal; check through the output)
+    from traces.scan import Sampler  # noqa: F401  (the sketch is internal; check through the output)
     found = 0
     for tok in s[:50]:
         hits = np.flatnonzero((mem["experts"] == tok).all(axis=(1, 2)))
@@ -217,7 +217,7 @@ def test_batched_list_columns_give_the_whole_group_result(qwen, grouped_trace, m
     groups' ends) give exactly the result of one batch per row group."""
     path, _, _ = grouped_trace
     whole = compute_stats(path, window_tokens=700, sample_tokens=400, seed=2, workers=1)
-    monkeypatch.setattr("traces.stats.BATCH_ROWS", 333)
+    monkeypatch.setattr("traces.scan.BATCH_ROWS", 333)
     for workers in (1, 2):
         _same_stats(whole, compute_stats(path, window_tokens=700, sample_tokens=400, seed=2, workers=workers))
 
