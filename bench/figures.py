@@ -267,49 +267,69 @@ def optimize_table() -> str:
 
 
 SHIFT_LABELS = {"eplb": "eplb", "moeplace": "moeplace", "robust": "moeplace --robust",
-                "robust+envelope": "moeplace --robust --envelope"}
+                "robust+envelope": "moeplace --robust --envelope",
+                "robust+jackknife": "moeplace --robust --dilate jackknife",
+                "robust+auto": "moeplace --robust --dilate auto"}
+SHIFT_DATA = {"synthetic": "Synthetic", "captured": "Captured", "captured-seed1": "Captured, seed 1"}
 
 
 def _shift_table(data: dict) -> str:
+    eplb = data["variants"]["eplb"]["realized_worst"]
     rows = [(label, f"{v['in_sample_mean']:.4f}", f"{v['estimate_mean']:.4f} / {v['estimate_worst_mean']:.4f}",
-             f"{v['realized_mean']:.4f} / {v['realized_worst']:.4f}")
-            for key, label in SHIFT_LABELS.items() for v in [data["variants"][key]]]
-    return _table(["policy", "in-sample", "shift estimate mean / worst", "realized unseen mean / worst"], rows)
+             f"{v['realized_mean']:.4f} / {v['realized_worst']:.4f}",
+             "" if key == "eplb" else _signed(v["realized_worst"] - eplb))
+            for key, label in SHIFT_LABELS.items() if key in data["variants"] for v in [data["variants"][key]]]
+    return _table(["policy", "in-sample", "shift estimate mean / worst", "realized unseen mean / worst",
+                   "worst vs EPLB"], rows)
 
 
 def _signed(x: float) -> str:
     return f"{'+' if x >= 0 else '−'}{abs(x):.3f}"
 
 
+def _shift_context(d: dict) -> str:
+    """The oracle ceilings and the domains' distances of one dataset, as two sentences."""
+    out = []
+    eplb = d["variants"]["eplb"]["realized_worst"]
+    if "oracle" in d:
+        o = d["oracle"]
+        out.append(f"Oracle ceilings (they see the unseen domain): `--robust` planned on the unseen domain itself "
+                   f"keeps {o['self']['mean']:.4f} mean / {o['self']['worst']:.4f} worst "
+                   f"({_signed(o['self']['worst'] - eplb)} over EPLB's worst); one `--robust` placement planned on "
+                   f"all {len(d['scenarios'])} domains {o['all']['mean']:.4f} / {o['all']['worst']:.4f} "
+                   f"({_signed(o['all']['worst'] - eplb)}).")
+    if "domains" in d:
+        dm = d["domains"]
+        out.append("Distance between a domain's expert shares and the other domains' (total variation, mean over "
+                   "layers): " + ", ".join(f"{k} {x['tv_rest']:.2f}" for k, x in dm.items())
+                   + "; between a window and its own domain: " + ", ".join(f"{x['tv_window']:.2f}" for x in dm.values())
+                   + ".")
+    return ("\n" + "\n".join(out) + "\n") if out else ""
+
+
 def shift_lodo() -> str:
     """docs/placement.md: the shift estimate against the balancedness realized on an unseen domain, on
-    synthetic and on captured routing (bench/shift_lodo.py)."""
+    synthetic and on captured routing, each hedge's worst unseen domain against EPLB's, and the oracle
+    ceilings (bench/shift_lodo.py)."""
     r = _results("shift_lodo")
-    syn, cap = r["synthetic"], r["captured"]
-    kept = [d["variants"][k] for d in (syn, cap) for k in SHIFT_LABELS]
+    datasets = {k: r[k] for k in SHIFT_DATA if k in r}
+    kept = [d["variants"][k] for d in datasets.values() for k in SHIFT_LABELS if k in d["variants"]]
     over = [v["in_sample_mean"] - v["realized_mean"] for v in kept]
     est = [abs(v["estimate_mean"] - v["realized_mean"]) for v in kept]
     per = [v["estimate_abs_error_mean"] for v in kept]
-
-    def gain(d: dict, a: str, b: str, key: str = "realized_worst") -> str:
-        return _signed(d["variants"][a][key] - d["variants"][b][key])
-
-    return (f"Recorded with the results: {r['note']}.\n\n"
-            f"Synthetic (`place trace synth`, Qwen3-30B-A3B shape: 48 MoE layers x 128 experts, top-8; 4 domains, "
-            f"drift 1; 16 GPUs = 4 x 4, R = 16; scenarios = dominant domain tag per 4096-token window: "
-            f"{', '.join(syn['scenarios'])}):\n\n" + _shift_table(syn) + "\n"
-            f"Captured (`place trace capture`, a random-weight Qwen3-MoE with 4 MoE layers x 64 experts, top-4; "
-            f"8 GPUs = 2 x 4, R = 8; scenarios = input files: {', '.join(cap['scenarios'])}):\n\n"
-            + _shift_table(cap) + "\n"
-            f"The in-sample figure overstates what unseen traffic gets by {min(over):.2f}-{max(over):.2f}; the shift "
-            f"estimate lands within {min(est):.3f}-{max(est):.3f} of the realized mean (per held-out domain "
-            f"{min(per):.3f}-{max(per):.3f} off on average). `--robust` changes the worst unseen domain by "
-            f"{gain(syn, 'robust', 'eplb')} against EPLB on the synthetic domains and by {gain(cap, 'robust', 'eplb')} "
-            f"on the captured ones (in-sample there: {gain(cap, 'robust', 'eplb', 'in_sample_mean')}); the envelope "
-            f"scenario changes it by {gain(cap, 'robust+envelope', 'robust')} on the captured data and by "
-            f"{gain(syn, 'robust+envelope', 'robust')} on the synthetic; seeded lognormal perturbations of the windows "
-            f"(tried, not kept) by {gain(cap, 'robust+perturb', 'robust')} over `--robust` on the captured data and "
-            f"by {gain(syn, 'robust+perturb', 'robust')} on the synthetic.\n")
+    text = f"Recorded with the results: {r['note']}.\n\n"
+    for key, title in SHIFT_DATA.items():
+        if key not in datasets:
+            continue
+        d = datasets[key]
+        load = d.get("loadavg")
+        text += (f"{title} ({len(d['scenarios'])} domains: {', '.join(d['scenarios'])}"
+                 + (f"; load average {load[0]:.0f} at the start, {load[1]:.0f} at the end" if load else "")
+                 + "):\n\n" + _shift_table(d) + _shift_context(d) + "\n")
+    text += (f"The in-sample figure overstates what unseen traffic gets by {min(over):.2f}-{max(over):.2f}; the shift "
+             f"estimate lands within {min(est):.3f}-{max(est):.3f} of the realized mean (per held-out domain "
+             f"{min(per):.3f}-{max(per):.3f} off on average).")
+    return text + "\n"
 
 
 def time_limit() -> str:

@@ -1,6 +1,6 @@
 """Leave-one-domain-out on the project's own data: how well placements planned on some workloads balance
 an unseen one, how well ``place optimize``'s shift estimate predicts that, and what ``--robust`` (and its
-envelope hedge) keeps over EPLB.
+hedges: the envelope scenario, the widened scenario set of ``--dilate``) keeps over EPLB.
 
 Data (made here, deterministic):
 
@@ -13,7 +13,15 @@ Data (made here, deterministic):
 For each domain ``d``: the planning data is every other domain. ``compare_policies(..., plan_fraction=1,
 shift=True)`` plans each policy on it and estimates, by leave-one-scenario-out *within* the planning
 domains, the balancedness to expect on an unseen workload; the placement is then scored on ``d`` (the
-realized unseen balancedness). Prints a table and writes ``bench/results/shift_lodo.json``.
+realized unseen balancedness). ``--dilate auto`` plans 7 times per placement (2 rules x 3 folds + the
+final plan), so it gets 7 times the per-plan time limit: the same search effort per plan.
+
+Two oracles (not methods: they see the unseen domain on purpose) bound what any static placement could
+keep: ``self`` = ``--robust`` planned on the unseen domain itself, ``all`` = ``--robust`` planned on every
+domain, the unseen one included (one placement for all four). With them, how far apart the domains are:
+``tv_rest`` = total-variation distance between a domain's expert shares and the other domains' (mean over
+layers), ``tv_window`` = between a window's shares and its own domain's (sampling noise and mix).
+Prints a table and writes ``bench/results/shift_lodo.json``.
 
     .venv/bin/python bench/shift_lodo.py [--tokens 60000] [--time-limit 4] [--skip-captured]
 """
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,7 +52,11 @@ VARIANTS = {  # name -> (policy, options)
     "moeplace": ("moeplace", {}),
     "robust": ("moeplace", {"robust": True}),
     "robust+envelope": ("moeplace", {"robust": True, "envelope": True}),
+    "robust+jackknife": ("moeplace", {"robust": True, "dilate": "jackknife"}),
+    "robust+auto": ("moeplace", {"robust": True, "dilate": "auto"}),
 }
+EFFORT = {"robust+auto": 7}  # plans per placement (the rule's own folds), so the same time per plan
+ORACLE = ("moeplace", {"robust": True})
 DOMAIN_PROMPTS = {
     "code": ["def f(x):\n    return x * {i} + 1", "for (int j = 0; j < {i}; ++j) {{ a[j] = b[j]; }}",
              "import numpy as np; y = np.zeros(({i}, 3))", "SELECT id, name FROM t WHERE k = {i};"],
@@ -67,13 +80,16 @@ def synthetic_loads(tokens: int, window_tokens: int):
     return routing_windows([path], window_tokens=window_tokens)
 
 
-def captured_loads(window_tokens: int):
+def captured_loads(window_tokens: int, seed: int = 0):
+    """The four domains' captured traces; ``seed`` seeds the random weights (and sampling): another seed is
+    another model, routing the same prompts differently."""
     import transformers  # optional: the [capture] extra
 
     from traces.capture import CaptureConfig, run_capture
 
     base = RESULTS / "captured-lodo"
     cfg_path = base / "config.json"
+    runs = base if seed == 0 else RESULTS / f"captured-lodo-seed{seed}"
     base.mkdir(parents=True, exist_ok=True)
     if not cfg_path.exists():
         cfg = transformers.AutoConfig.for_model(
@@ -84,34 +100,57 @@ def captured_loads(window_tokens: int):
         cfg.to_json_file(str(cfg_path))
     paths = []
     for dom, templates in DOMAIN_PROMPTS.items():
-        out = base / dom
+        out = runs / dom
         if not out.exists():
             prompts = base / f"{dom}.txt"
             prompts.write_text("\n".join(t.format(i=i) for i in range(1, 25) for t in templates) + "\n")
+            runs.mkdir(parents=True, exist_ok=True)
             run_capture(CaptureConfig(hf_config=cfg_path, prompts=prompts, out=out, max_new_tokens=24,
-                                      batch_size=16, seed=0, sample=True, ignore_eos=True, domain=dom))
+                                      batch_size=16, seed=seed, sample=True, ignore_eos=True, domain=dom))
         paths.append(out)
     return routing_windows(paths, window_tokens=window_tokens)
+
+
+def _plan(loads, idx, cluster, num_redundant, time_limit, policy, opts, shift=False):
+    # the limit is moeplace's search budget; EPLB has a fixed cost and a limit would only make a loaded
+    # machine skip it (its result does not depend on time)
+    time_limit = time_limit if policy == "moeplace" else None
+    return compare_policies(loads.select(idx), cluster, num_redundant=num_redundant, policies=[policy],
+                            plan_fraction=1.0, time_limit=time_limit, options={"workers": 1, **opts},
+                            shift=shift).results[0]
+
+
+def _tv(a, b):
+    """Mean over layers of the total-variation distance of two ``[L, E]`` count arrays' shares."""
+    pa = a / np.maximum(a.sum(-1, keepdims=True), 1)
+    pb = b / np.maximum(b.sum(-1, keepdims=True), 1)
+    return float(0.5 * np.abs(pa - pb).sum(-1).mean())
 
 
 def lodo(loads, cluster, num_redundant: int, time_limit: float) -> dict:
     ids, names, method = scenarios(loads)
     out = {"method": method, "scenarios": names, "variants": {}}
+    c = loads.counts.astype(np.float64)
+    out["domains"] = {names[d]: {"tv_rest": _tv(c[ids == d].sum(0), c[ids != d].sum(0)),
+                                 "tv_window": float(np.mean([_tv(c[w], c[ids == d].sum(0))
+                                                             for w in np.flatnonzero(ids == d)]))}
+                      for d in range(len(names))}
     for vname, (policy, opts) in VARIANTS.items():
         rows = []
         for d in range(len(names)):
             train = np.flatnonzero(ids != d)
             test = np.flatnonzero(ids == d)
             t0 = time.perf_counter()
-            cmp = compare_policies(loads.select(train), cluster, num_redundant=num_redundant, policies=[policy],
-                                   plan_fraction=1.0, time_limit=time_limit, options={"workers": 1, **opts},
-                                   shift=True)
-            r = cmp.results[0]
+            r = _plan(loads, train, cluster, num_redundant, time_limit * EFFORT.get(vname, 1), policy, opts,
+                      shift=True)
             realized = evaluate(r.placement, loads.counts[test].astype(np.float64), model=loads.model)
             rows.append({"held_out": names[d], "in_sample": r.plan.balancedness,
                          "estimate_mean": r.shift["mean"], "estimate_worst": r.shift["worst"],
                          "realized": realized.balancedness, "realized_worst_window": realized.worst_window_balancedness,
                          "seconds": time.perf_counter() - t0})
+            summary = r.placement.provenance.get("params", {}).get("summary", {})
+            if "dilate_rule" in summary:
+                rows[-1]["dilate"] = r.placement.provenance["params"]["config"]["dilate"]
             print(f"  {vname:16s} unseen {names[d]:10s} in-sample {rows[-1]['in_sample']:.4f}  estimate mean "
                   f"{rows[-1]['estimate_mean']:.4f} worst {rows[-1]['estimate_worst']:.4f}  realized "
                   f"{rows[-1]['realized']:.4f}", flush=True)
@@ -124,7 +163,23 @@ def lodo(loads, cluster, num_redundant: int, time_limit: float) -> dict:
             "realized_mean": float(real.mean()), "realized_worst": float(real.min()),
             "estimate_abs_error_mean": float(np.mean([abs(x["estimate_mean"] - x["realized"]) for x in rows])),
         }
+    if ORACLE_ON:
+        everything = np.arange(loads.num_windows)
+        every = _plan(loads, everything, cluster, num_redundant, time_limit, *ORACLE).placement
+        per = {"self": [], "all": []}
+        for d in range(len(names)):
+            test = np.flatnonzero(ids == d)
+            own = _plan(loads, test, cluster, num_redundant, time_limit, *ORACLE).placement
+            for k, pl in (("self", own), ("all", every)):
+                per[k].append(evaluate(pl, c[test], model=loads.model).balancedness)
+        out["oracle"] = {k: {"per_domain": dict(zip(names, v)), "mean": float(np.mean(v)), "worst": float(np.min(v))}
+                         for k, v in per.items()}
+        print(f"  oracle: planned on the unseen domain itself worst {out['oracle']['self']['worst']:.4f}, "
+              f"on every domain worst {out['oracle']['all']['worst']:.4f}", flush=True)
     return out
+
+
+ORACLE_ON = True
 
 
 def main() -> int:
@@ -134,20 +189,32 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=4.0, help="seconds per moeplace plan")
     ap.add_argument("--skip-captured", action="store_true")
     ap.add_argument("--skip-synthetic", action="store_true")
+    ap.add_argument("--captured-seeds", default="0,1",
+                    help="random-weight models to capture with (comma-separated seeds; one dataset each)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of "
                     + ", ".join(VARIANTS))
+    ap.add_argument("--no-oracle", action="store_true", help="skip the oracle ceilings")
     args = ap.parse_args()
     for v in set(VARIANTS) - set(args.variants.split(",")):
         VARIANTS.pop(v)
+    global ORACLE_ON
+    ORACLE_ON = not args.no_oracle
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {}
+    # moeplace plans are time-limited: on a loaded machine they search less, so the load is recorded
     if not args.skip_synthetic:
         print("synthetic (Qwen3-30B-A3B shape, 16 GPUs = 4 x 4, R = 16):", flush=True)
+        load0 = os.getloadavg()[0]
         result["synthetic"] = lodo(synthetic_loads(args.tokens, args.window_tokens), make_cluster(16, "h200", 4),
                                    16, args.time_limit)
-    if not args.skip_captured:
-        print("captured (random-weight Qwen3-MoE, 64 experts, 8 GPUs = 2 x 4, R = 8):", flush=True)
-        result["captured"] = lodo(captured_loads(256), make_cluster(8, "h200", 4), 8, args.time_limit)
+        result["synthetic"]["loadavg"] = [load0, os.getloadavg()[0]]
+    for seed in ([] if args.skip_captured else [int(x) for x in args.captured_seeds.split(",")]):
+        name = "captured" if seed == 0 else f"captured-seed{seed}"
+        print(f"{name} (random-weight Qwen3-MoE, weights seed {seed}, 64 experts, 8 GPUs = 2 x 4, R = 8):",
+              flush=True)
+        load0 = os.getloadavg()[0]
+        result[name] = lodo(captured_loads(256, seed), make_cluster(8, "h200", 4), 8, args.time_limit)
+        result[name]["loadavg"] = [load0, os.getloadavg()[0]]
     print()
     print(f"{'data':10s} {'variant':16s} {'in-sample':>9s} {'est mean':>8s} {'est worst':>9s} {'real mean':>9s} "
           f"{'real worst':>10s} {'|err|':>6s}")
@@ -161,7 +228,7 @@ def main() -> int:
     merged = json.loads(path.read_text()) if path.exists() else {}
     for data, r in result.items():
         old = merged.get(data, {"variants": {}})
-        merged[data] = {**r, "variants": {**old.get("variants", {}), **r["variants"]}}
+        merged[data] = {**old, **r, "variants": {**old.get("variants", {}), **r["variants"]}}
     write_text_atomic(path, json.dumps(merged, indent=1) + "\n")
     return 0
 

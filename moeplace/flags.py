@@ -90,6 +90,23 @@ seconds = float_range(0.0, lo_open=True, unit="seconds")
 gib = float_range(0.0, unit="GiB")
 
 
+def number_or(parse: Callable[[str], float], *words: str) -> Callable[[str], float | str]:
+    """``parse``, or one of ``words`` as given (a rule instead of a number, e.g. ``auto``)."""
+
+    def wrapped(text: str):
+        if text.lower() in words:
+            return text.lower()
+        try:
+            return parse(text)
+        except argparse.ArgumentTypeError as e:
+            # "expected a number >= 1, got 'x'" -> "expected a number >= 1 or one of auto, got 'x'"
+            head, _, got = str(e).rpartition(", got ")
+            raise argparse.ArgumentTypeError(f"{head} or one of {', '.join(words)}, got {got}") from None
+
+    wrapped.__name__ = parse.__name__
+    return wrapped
+
+
 def optional(parse: Callable[[str], float], *off: str) -> Callable[[str], float | None]:
     """``parse``, or ``None`` for one of the words in ``off`` (a knob switched off, e.g. ``none``)."""
 

@@ -255,9 +255,14 @@ def _check_objective(names, options: dict[str, Any], plan_samples: np.ndarray | 
 def _plan(fn, name: str, loads: Loads, windows: np.ndarray, samples: np.ndarray | None, cluster: ClusterSpec,
           num_redundant: int, engine: str, seed: int, time_limit: float | None,
           options: dict[str, Any]) -> tuple[Placement, float]:
+    options = dict(options)
+    if options.get("dilate") is not None:
+        # the scenario groups of the planning windows themselves (computed from them alone), as the shift
+        # estimate would form them: the scenario set --dilate widens
+        options["scenarios"] = scenarios(loads.select(windows))[0]
     problem = PlacementProblem(loads=loads.counts[windows].astype(np.float64), model=loads.model, cluster=cluster,
                                num_redundant=num_redundant, engine=engine, seed=seed, time_limit=time_limit,
-                               samples=samples, options=dict(options))
+                               samples=samples, options=options)
     t0 = time.perf_counter()
     placement = fn(problem)
     dt = time.perf_counter() - t0

@@ -71,6 +71,13 @@ def register(sub) -> None:
     g.add_argument("--envelope", action="store_true",
                    help="with --robust: also plan for the windows' envelope (every expert at its highest share "
                         "in any window), a hedge for workloads unlike any planning window")
+    g.add_argument("--dilate", type=flags.number_or(flags.float_range(1.0), "jackknife", "auto"), default=None,
+                   metavar="A|jackknife|auto",
+                   help="with --robust: widen the scenarios about their centroid, each scenario group's offset "
+                        "scaled by A (groups: input files, else domain tags, else 4 runs of windows) — a "
+                        "hedge for workloads unlike every planning one; jackknife: A = D/(D-1) for D groups, "
+                        "how far a group sits from the others' centroid; auto: jackknife or 1, chosen by "
+                        "leave-one-group-out on the planning windows")
     g.add_argument("--objective", choices=("balance", "traffic", "balance+traffic"), default="balance")
     g.add_argument("--traffic-weight", type=flags.nonneg_float, default=None)
     g.add_argument("--pareto", action="store_true", help="print the balance-vs-traffic frontier")
@@ -105,7 +112,10 @@ def run(args) -> int:
                          f"{cluster.num_gpus}; use e.g. --redundant {default_redundant(E, cluster.num_gpus)}")
     if args.envelope and not args.robust:
         raise InputError("--envelope needs --robust (it adds a scenario to the robust plan)")
-    options = {"robust": args.robust, "envelope": args.envelope or None, "objective": args.objective,
+    if args.dilate is not None and not args.robust:
+        raise InputError("--dilate needs --robust (it widens the robust plan's scenarios)")
+    options = {"robust": args.robust, "envelope": args.envelope or None, "dilate": args.dilate,
+               "objective": args.objective,
                "traffic_weight": args.traffic_weight, "pareto": args.pareto, "from": args.from_placement, "max_moves": args.max_moves,
                "workers": args.workers}
     cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, engine=args.engine,
@@ -152,6 +162,9 @@ def _print_moeplace_extras(cmp) -> None:
         what = (("the worst of the planning windows and their envelope" if config.get("envelope")
                  else "the worst planning window") if config.get("robust")
                 else "the sum of the planning windows (not each window)")
+        if config.get("robust") and (config.get("dilate") or 1.0) > 1.0:
+            what = what.replace("planning windows", "widened planning windows").replace(
+                "planning window", "widened planning window") + f" (offsets x{config['dilate']:.2f})"
         print(f"moeplace: on {what}, which it optimizes, max/mean is within {summary['max_gap']:.3%} "
               f"(worst layer; mean {summary['mean_gap']:.3%}) of a proven lower bound for any placement "
               "with this slot budget")
@@ -170,5 +183,5 @@ def shift_advice(result, out: str, inputs: list[str]) -> str:
             if result.held_out is not None else "")
     return (f"what to expect: {result.policy} keeps {seen}about {result.shift['mean']:.4f} (worst "
             f"{result.shift['worst']:.4f}) on traffic unlike the planning data. If the production mix differs, "
-            "plan on every workload you have (all as inputs, --plan-fraction 1; --robust --envelope to hedge) "
+            "plan on every workload you have (all as inputs, --plan-fraction 1; --robust to hedge) "
             f"and check online rebalancing: place simulate {inputs[0]} --placement {out} --recommend")

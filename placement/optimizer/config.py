@@ -15,7 +15,11 @@ class OptimizerConfig:
 
     ``robust``: plan for the worst planning window (scenario) instead of their sum; ``envelope`` (with
     ``robust``): also for the windows' envelope (every expert at its highest share in any window), a
-    hedge for workloads unlike any planning window (see :func:`placement.optimizer.layer.scenario_loads`). ``cvar``: with
+    hedge for workloads unlike any planning window (see :func:`placement.optimizer.layer.scenario_loads`).
+    ``dilate`` (with ``robust``, >= 1): widen the scenario set about its centre — each window keeps its own
+    noise but its scenario group's offset from the groups' centroid is scaled by ``dilate`` (1 = the
+    windows as they are; ``D / (D - 1)`` for D groups is the jackknife scale: each group as seen from the
+    others' centroid, which is how far an unseen workload sits from the planning centroid). ``cvar``: with
     ``robust``, minimize the mean of the worst ``ceil(cvar * W)`` scenarios' max/mean instead of the single
     worst (``cvar = 0`` means the worst). ``objective``/``traffic_weight``/``balance_floor``: the traffic
     objective (remote nodes per token) subject to balancedness >= ``balance_floor`` (default: the balance
@@ -33,6 +37,7 @@ class OptimizerConfig:
     engine: str = "vllm"
     robust: bool = False
     envelope: bool = False
+    dilate: float = 1.0
     cvar: float = 0.0
     objective: str = "balance"
     traffic_weight: float = 1.0
@@ -58,6 +63,8 @@ class OptimizerConfig:
             raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.objective not in OBJECTIVES:
             raise InputError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if not self.dilate >= 1.0:
+            raise InputError(f"--dilate must be >= 1 (1 = the scenarios as they are), got {self.dilate}")
         if not 0.0 <= self.cvar < 1.0:
             raise InputError(f"cvar must be in [0, 1), got {self.cvar}")
         if self.traffic_weight < 0:

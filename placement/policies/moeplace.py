@@ -3,6 +3,8 @@
 Reads its knobs from ``PlacementProblem`` (engine, seed, time_limit) and ``problem.options`` (what
 ``place optimize`` passes): ``robust`` (bool), ``cvar`` (float), ``objective``
 (``balance|traffic|balance+traffic``), ``traffic_weight``, ``balance_floor``, ``pareto`` (bool),
+``dilate`` (with ``robust``: a factor >= 1, ``"jackknife"`` or ``"auto"``, see :func:`dilation`) with
+``scenarios`` (int ``[W]``, each planning window's scenario group; default: 4 contiguous groups),
 ``from`` (a Placement or a path to one; the migration origin), ``max_moves``, ``workers``,
 ``lns_rounds``. Per-layer objective, proven bound and gap land in the placement's provenance
 (``params.layers``), with a summary in ``params.summary``. What the time limit skipped or cut short is
@@ -11,8 +13,9 @@ counted there too (``time_limited``: ``{"skipped": {stage: layers}, "cut": {stag
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +26,9 @@ from placement.optimizer.layer import PARETO_SLACKS
 from placement.policies import PlacementProblem, register_policy
 from placement.record import Placement, check_compatible, load_placement
 
-_OPTION_KEYS = {f.name for f in fields(OptimizerConfig)} - {"engine", "seed", "time_limit"}
+_OPTION_KEYS = {f.name for f in fields(OptimizerConfig)} - {"engine", "seed", "time_limit", "dilate"}
+DILATE_RULES = ("jackknife", "auto")
+WINDOW_GROUPS = 4  # scenario groups when the caller names none: contiguous runs of windows
 
 
 def config_from_problem(problem: PlacementProblem) -> OptimizerConfig:
@@ -34,6 +39,74 @@ def config_from_problem(problem: PlacementProblem) -> OptimizerConfig:
     if "robust" in kw:
         kw["robust"] = bool(kw["robust"])
     return OptimizerConfig(engine=problem.engine, seed=int(problem.seed), time_limit=problem.time_limit, **kw)
+
+
+def scenario_groups(problem: PlacementProblem) -> np.ndarray:
+    """int ``[W]``: each planning window's scenario group, from ``options['scenarios']`` (what ``place
+    optimize`` passes: input file, else domain tag, else contiguous windows — the shift estimate's
+    scenarios), else ``WINDOW_GROUPS`` contiguous runs of windows."""
+    W = problem.loads.shape[0]
+    ids = problem.options.get("scenarios")
+    if ids is None:
+        n = min(WINDOW_GROUPS, W)
+        return (np.arange(W) * n) // W
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.shape != (W,):
+        raise InputError(f"scenarios must give one group per planning window ({W}), got shape {ids.shape}")
+    return ids
+
+
+def jackknife_factor(groups: np.ndarray, loads: np.ndarray) -> float:
+    """``D / (D - 1)`` for the D groups with tokens (1 for fewer than 2): the leave-one-group-out offset
+    of a group from the others' centroid is ``D / (D - 1)`` times its offset from the centroid of all D."""
+    D = sum(1 for g in np.unique(groups) if loads[groups == g].sum() > 0)
+    return D / (D - 1) if D >= 2 else 1.0
+
+
+def window_balancedness(p2l_lp: np.ndarray, loads_wle: np.ndarray, num_gpus: int) -> np.ndarray:
+    """Per-window balancedness ``[W]`` of ``phy2log [L, P]`` on token counts ``[W, L, E]`` under the even
+    split (vLLM's rule in expectation): mean over the layers with tokens of ``mean / max`` GPU load."""
+    W, L, E = loads_wle.shape
+    S = p2l_lp.shape[1] // num_gpus
+    out = np.zeros((W, L))
+    have = loads_wle.sum(axis=2) > 0
+    for l in range(L):
+        cnt = np.bincount(p2l_lp[l], minlength=E)
+        per = loads_wle[:, l, p2l_lp[l]] / cnt[p2l_lp[l]]                 # [W, P]
+        gl = per.reshape(W, num_gpus, S).sum(axis=2)                      # [W, G]
+        mx = gl.max(axis=1)
+        out[:, l] = np.divide(gl.mean(axis=1), mx, out=np.ones(W), where=mx > 0)
+    return np.array([out[w, have[w]].mean() if have[w].any() else np.nan for w in range(W)])
+
+
+def dilation(rule, loads: np.ndarray, groups: np.ndarray, cfg: OptimizerConfig, num_gpus: int,
+             run) -> tuple[float, dict]:
+    """The ``dilate`` factor to plan with and what chose it. A number is used as is; ``"jackknife"`` is
+    :func:`jackknife_factor` of the planning groups; ``"auto"`` picks between 1 (the windows as they are)
+    and the jackknife factor by leave-one-group-out on the planning windows only: each rule plans on all
+    groups but one (the factor recomputed from those) and is scored on the one left out (mean window
+    balancedness); the better worst group wins, then the better mean, then 1. ``run(loads, groups, cfg)``
+    plans ``[L, P]``; ``loads``: ``[W, L, E]``; ``groups``: int ``[W]``."""
+    if rule is None:
+        return 1.0, {}
+    if rule not in DILATE_RULES:
+        return float(rule), {}
+    if rule == "jackknife":
+        return jackknife_factor(groups, loads), {"dilate_rule": "jackknife"}
+    names = [g for g in np.unique(groups) if loads[groups == g].sum() > 0]
+    scores: dict[str, list[float]] = {"none": [], "jackknife": []}
+    if len(names) >= 3:  # with 2 groups each fold plans on one: nothing to widen, both rules agree
+        for g in names:
+            test, train = groups == g, groups != g
+            for r in scores:
+                f = jackknife_factor(groups[train], loads[train]) if r == "jackknife" else 1.0
+                p2l = run(loads[train], groups[train], replace(cfg, dilate=f))
+                scores[r].append(float(np.nanmean(window_balancedness(p2l, loads[test], num_gpus))))
+    key = {r: (min(v), float(np.mean(v))) if v else (0.0, 0.0) for r, v in scores.items()}
+    pick = "jackknife" if key["jackknife"] > key["none"] else "none"
+    f = jackknife_factor(groups, loads) if pick == "jackknife" else 1.0
+    return f, {"dilate_rule": "auto", "dilate_chosen": pick,
+               "dilate_cv": {r: {"worst": k[0], "mean": k[1]} for r, k in key.items() if scores[r]}}
 
 
 def migration_origin(problem: PlacementProblem) -> np.ndarray | None:
@@ -106,10 +179,30 @@ def moeplace(problem: PlacementProblem) -> Placement:
     active = np.flatnonzero(np.asarray(problem.loads).sum(axis=(0, 2)) > 0)
     if active.size == 0:
         raise InputError("the planning windows have no tokens in any MoE layer")
-    results = optimize_layers(np.asarray(problem.loads)[:, active], problem.num_slots, G,
-                              problem.cluster.gpus_per_node, cfg,
+    loads = np.asarray(problem.loads, dtype=np.float64)[:, active]
+    groups = scenario_groups(problem)
+    t_end = None if cfg.time_limit is None else time.monotonic() + cfg.time_limit
+    rule = problem.options.get("dilate")
+    info: dict = {}
+    if rule is not None:
+        if not cfg.robust:
+            raise InputError("--dilate needs --robust (it widens the robust plan's scenarios)")
+        # "auto" plans 2 rules x D folds before the final plan: each gets an equal share of the limit
+        runs = 2 * len(np.unique(groups)) + 1 if rule == "auto" else 1
+
+        def run(ld: np.ndarray, gr: np.ndarray, c: OptimizerConfig) -> np.ndarray:
+            # the choice is about balance: no traffic search, no frontier in the folds
+            c = replace(c, objective="balance", pareto=False,
+                        time_limit=None if t_end is None else max(0.01, cfg.time_limit / runs))
+            return np.stack([r.p2l for r in optimize_layers(ld, problem.num_slots, G, problem.cluster.gpus_per_node,
+                                                            c, groups=gr)])
+
+        factor, info = dilation(rule, loads, groups, cfg, G, run)
+        cfg = replace(cfg, dilate=factor,
+                      time_limit=None if t_end is None else max(0.01, t_end - time.monotonic()))
+    results = optimize_layers(loads, problem.num_slots, G, problem.cluster.gpus_per_node, cfg,
                               None if samples is None else samples[:, active],
-                              None if origin is None else origin[active])
+                              None if origin is None else origin[active], groups)
     for r in results:
         r.layer = int(active[r.layer])
     phy2log = (origin.copy() if origin is not None
@@ -139,5 +232,6 @@ def moeplace(problem: PlacementProblem) -> Placement:
                               "balancedness": float(np.mean([f[i]["balancedness"] for f in fronts])),
                               "nodes_per_token": float(np.mean([f[i]["span"] for f in fronts]))}
                              for i in range(len(fronts[0]))]
-    config = {k: v for k, v in asdict(cfg).items()}
+    summary.update(info)
+    config = {k: v for k, v in asdict(replace(cfg, time_limit=problem.time_limit)).items()}
     return problem.placement(phy2log, "moeplace", config=config, summary=summary, layers=layers)

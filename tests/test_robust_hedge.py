@@ -1,0 +1,140 @@
+"""The widened robust plan (``--robust --dilate``): it plans for workloads farther from the planning
+centroid than any planning scenario, it beats the plain robust plan where the unseen workload is known to
+lie there, and the workload left out of a leave-one-domain-out never reaches the planner."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from foundation.cluster import make_cluster
+from foundation.errors import InputError
+from moeplace.cli import main
+from placement.compare import compare_policies, scenarios
+from placement.optimizer import OptimizerConfig, solve_layer
+from placement.optimizer.greedy import normalize_scenarios
+from placement.optimizer.layer import dilate_windows, scenario_loads
+from placement.optimizer.local_search import LayerState
+from traces.loads import Loads
+
+E, L, K = 16, 2, 2
+
+
+def balancedness(p2l, loads_e, G):
+    return 1.0 / LayerState(normalize_scenarios(np.asarray(loads_e, float)[None], G), p2l, G).value()
+
+
+def test_dilation_scales_each_groups_offset_from_the_centroid_and_keeps_window_noise():
+    # two groups, two windows each; group shares (0.6, 0.4) and (0.2, 0.8), centroid (0.4, 0.6)
+    loads = np.array([[70.0, 30], [50, 50], [10, 40], [30, 120]])
+    groups = np.array([0, 0, 1, 1])
+    out = dilate_windows(loads, groups, 2.0)
+    np.testing.assert_allclose(out.sum(axis=1), 1.0)
+    # window 0: its share (0.7, 0.3) + (2 - 1) * ((0.6, 0.4) - (0.4, 0.6)) = (0.9, 0.1)
+    np.testing.assert_allclose(out[0], [0.9, 0.1])
+    # window 3: (0.2, 0.8) + ((0.2, 0.8) - (0.4, 0.6)) = (0.0, 1.0); clipped at 0
+    np.testing.assert_allclose(out[3], [0.0, 1.0])
+    # factor 1, or a single group: the windows as they are
+    np.testing.assert_allclose(dilate_windows(loads, groups, 1.0), loads / loads.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(dilate_windows(loads, np.zeros(4, int), 3.0), loads / loads.sum(axis=1, keepdims=True))
+    wn = scenario_loads(loads, OptimizerConfig(robust=True, dilate=2.0), 2, groups)
+    np.testing.assert_allclose(wn[0], [1.8, 0.2])  # normalized to G = 2
+
+
+def test_dilate_below_one_is_refused():
+    with pytest.raises(InputError, match="--dilate must be >= 1"):
+        OptimizerConfig(robust=True, dilate=0.5)
+
+
+def test_widened_plan_beats_plain_robust_where_the_unseen_workload_is_known():
+    # Three planning groups on a line through the load space (t = -1, 0, +1); the unseen workload lies at
+    # t = 1.5 — exactly where the group t = +1 sits seen from the others' centroid (t = -0.5), i.e. in the
+    # jackknife-widened scenario set (factor 3 / 2) and outside the plain one.
+    rng = np.random.default_rng(3)
+    E_, G, R = 8, 4, 4
+    base = rng.uniform(50, 150, E_)
+    v = rng.normal(0, 40, E_)
+    v -= v.mean()
+    loads = np.array([np.clip(base + t * v, 1, None) for t in (-1.0, 0.0, 1.0)])
+    groups = np.arange(3)
+    unseen = np.clip(base + 1.5 * v, 1, None)
+    deadline = time.time() + 30
+    plain = solve_layer(0, loads, E_ + R, G, G, OptimizerConfig(robust=True), deadline, groups=groups)
+    wide = solve_layer(0, loads, E_ + R, G, G, OptimizerConfig(robust=True, dilate=1.5), deadline, groups=groups)
+    b_plain, b_wide = balancedness(plain.p2l, unseen, G), balancedness(wide.p2l, unseen, G)
+    # the unseen workload is one of the widened plan's scenarios: its guarantee covers it
+    assert b_wide >= 1.0 / wide.value - 1e-9
+    assert b_wide > b_plain + 0.02
+    # what it pays on the planning groups themselves is small here
+    assert min(balancedness(wide.p2l, w, G) for w in loads) >= min(balancedness(plain.p2l, w, G) for w in loads) - 0.01
+
+
+@pytest.fixture(scope="module")
+def small(k3):
+    return replace(k3, name="small", num_layers=L + 1, moe_layers=tuple(range(1, L + 1)), num_experts=E,
+                   top_k=K, attention=("kda",) * (L + 1), mla=None)
+
+
+def _domains(model, per_domain=3, seed=0):
+    """Four domains (tags a-d), ``per_domain`` windows each; every window distinct; domain d favours
+    experts 4d..4d+3."""
+    rng = np.random.default_rng(seed)
+    counts, tags = [], []
+    for d, tag in enumerate("abcd"):
+        for _ in range(per_domain):
+            w = np.ones(E)
+            w[4 * d:4 * d + 4] = 6.0
+            counts.append(rng.multinomial(400, w / w.sum(), size=L))
+            tags.append(tag)
+    return Loads(np.array(counts, np.int64), model, 200, (), {"window_domains": tags})
+
+
+@pytest.mark.parametrize("rule", ["jackknife", "auto"])
+def test_left_out_domain_never_reaches_the_planner(small, monkeypatch, rule):
+    import placement.policies.moeplace as mp
+
+    loads = _domains(small)
+    ids, names, _ = scenarios(loads)
+    held = names.index("c")
+    train = np.flatnonzero(ids != held)
+    held_rows = {loads.counts[w].tobytes() for w in np.flatnonzero(ids == held)}
+    train_rows = {loads.counts[w].tobytes() for w in train}
+    received = []
+    real = mp.optimize_layers
+
+    def spy(loads_wle, *args, **kw):
+        received.append(np.asarray(loads_wle).copy())
+        return real(loads_wle, *args, **kw)
+
+    monkeypatch.setattr(mp, "optimize_layers", spy)
+    cmp = compare_policies(loads.select(train), make_cluster(8, "h200", 4), num_redundant=0,
+                           policies=["moeplace"], plan_fraction=1.0, shift=True,
+                           options={"robust": True, "dilate": rule, "workers": 1, "lns_rounds": 0})
+    # the final plan, the shift estimate's folds and (auto) the rule's own folds: all from the 3 other domains
+    assert len(received) >= 1 + 3
+    for arr in received:
+        for row in arr.astype(np.int64):
+            assert row.tobytes() not in held_rows
+            assert row.tobytes() in train_rows
+    summary = cmp.results[0].placement.provenance["params"]["summary"]
+    assert summary["dilate_rule"] == rule
+    assert cmp.results[0].placement.provenance["params"]["config"]["dilate"] == pytest.approx(1.5) or (
+        rule == "auto" and summary["dilate_chosen"] == "none")
+
+
+def test_dilate_needs_robust_on_the_command_line(small, tmp_path, capsys):
+    path = tmp_path / "l.npz"
+    _domains(small).save(path)
+    rc = main(["optimize", str(path), "--gpus", "8", "--gpus-per-node", "4", "--dilate", "auto", "--no-out"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--dilate needs --robust" in err and len(err.splitlines()) == 1
+
+
+def test_dilate_below_one_exits_2_with_one_line(small, tmp_path, capsys):
+    path = tmp_path / "l.npz"
+    _domains(small).save(path)
+    rc = main(["optimize", str(path), "--gpus", "8", "--robust", "--dilate", "0.5", "--no-out"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "expected a number >= 1 or one of jackknife, auto, got '0.5'" in err
