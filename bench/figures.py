@@ -231,7 +231,7 @@ def optimize() -> str:
                  + ", ".join(f"{g} GPUs {x['seconds']:.1f} s" for g, x in sc.items())
                  + " (R = " + ", ".join(str(x["redundant"]) for x in sc.values()) + "; plan balancedness "
                  + ", ".join(f"{x['balancedness']:.4f}" for x in sc.values()) + ").\n")
-    return text + f"Same seed, same input → same placement: {str(r['deterministic']).lower()}.\n"
+    return text + f"\nSame seed, same input → same placement: {str(r['deterministic']).lower()}.\n"
 
 
 def _optimize_traffic(r: dict) -> str:
@@ -492,8 +492,11 @@ def _scenario(name: str) -> dict:
 
 
 def _source(run: dict) -> str:
-    """Which demo run a scenario read: the full one unless it says `--quick` (a 20k-token trace)."""
-    return " (on the artifacts of `place demo --quick`, a 20k-token trace)" if "--quick" in run["demo"] else ""
+    """Which demo run a scenario read: said when it is not the default 100k-token one (`--quick`)."""
+    tokens = run.get("trace_tokens")
+    if tokens is not None and tokens != 100_000:
+        return f" (on the artifacts of a demo run with a {tokens:,}-token trace)"
+    return " (on the artifacts of `place demo --quick`)" if "--quick" in run.get("demo", "") else ""
 
 
 def _header(printed: str) -> str:
@@ -554,21 +557,23 @@ def evaluate_defaults() -> str:
             f"carries {ratio['moeplace']:.2f}x.\n")
 
 
+REC_ROW = re.compile(r"^  (?P<config>\S.*?)\s{2,}(?P<tok>[\d,]+)\s+[\d.]+%\s+(?P<n>\d+)\s+(?P<stall>[\d.]+)\s")
+
+
 def recommend() -> str:
-    """README: `place simulate --recommend`, static vs the engines' online rebalancers (bench/scenarios.py)."""
+    """README: `place simulate --recommend`, static vs the engines' online rebalancers (bench/scenarios.py);
+    the sentence reads the comparison table the command printed."""
     run = _scenario("recommend")["recommend"]
     lines = run["printed"].rstrip().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("static vs online rebalancing"))
+    rows = [m for line in lines[start + 1:] if (m := REC_ROW.match(line))]
+    base = float(rows[0]["tok"].replace(",", ""))
+    parts = [f"{m['config']} rebalances {m['n']} time{'s' if m['n'] != '1' else ''} ({m['stall']} s of stall) and "
+             f"changes output tok/s by {_change(float(m['tok'].replace(',', '')), base)}" for m in rows[1:]]
     summary = run["summary"][0]
-    rec = summary["recommendation"]
-    base = rec["rows"][0]["output_tok_s"]
-    parts = [f"{x['config']} rebalances {x['rebalances']} time{'s' if x['rebalances'] != 1 else ''} "
-             f"({x['stall_s']:.2f} s of stall) and changes output tok/s by {_change(x['output_tok_s'], base)}"
-             for x in rec["rows"][1:]]
     return (f"```\n$ {run['command']}\n{lines[0]}\n...\n" + "\n".join(lines[start:]) + "\n```\n\n"
             f"Within {summary['duration_s']:g} simulated s ({summary['iterations']:,} iterations of the static "
-            f"run){_source(run)}: "
-            + "; ".join(parts) + ".\n")
+            f"run){_source(run)}: " + "; ".join(parts) + ".\n")
 
 
 RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
@@ -576,7 +581,11 @@ RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalan
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
              "demo-transcript": demo_transcript, "demo-summary": demo_summary, "demo-optimize": demo_optimize,
              "demo-simulate": demo_simulate, "sim-speed": sim_speed, "kernels": kernels,
-             "optimize-table": optimize_table}
+             "optimize-table": optimize_table,
+             "evaluate-defaults": evaluate_defaults,
+             "long-context": long_context,
+             "optimize": optimize,
+             "recommend": recommend}
 
 
 def render(text: str) -> str:

@@ -24,6 +24,8 @@ from pathlib import Path
 from _timing import RESULTS, ROOT, timed, write_result
 from demo import _run_demo
 
+from traces.format import read_trace_meta
+
 LONG = ["simulate", "data/k3-default", "--placement", "run/placements/placement-eplb.json", "--duration", "300",
         "--concurrency", "256", "--output-len", "512", "--no-progress"]
 SCENARIOS = {  # name -> {label: place argv (the documented command)}
@@ -59,7 +61,9 @@ def _flat(summary: dict) -> dict:
 
 
 def run(work: Path, only: list[str], source: str) -> dict:
-    """Every scenario of ``only`` in ``work``; each run records which demo run it read (``source``)."""
+    """Every scenario of ``only`` in ``work``; each run records which demo run it read (``source``) and
+    the size of its trace (``place demo --quick`` synthesizes 20k tokens instead of 100k)."""
+    tokens = read_trace_meta(work / "data" / "k3-default")[1]["config"]["num_tokens"]
     out = {}
     for name in only:
         runs = {}
@@ -73,7 +77,7 @@ def run(work: Path, only: list[str], source: str) -> dict:
                 else:
                     r = _place(work, argv, ["--report", str(Path(tmp) / "report.json"), "--force"])
                     r["report"] = json.loads((Path(tmp) / "report.json").read_text())
-            runs[label] = {"demo": source, **r}
+            runs[label] = {"demo": source, "trace_tokens": tokens, **r}
         out[name] = runs
     return out
 
@@ -93,7 +97,7 @@ def main() -> int:
         work = Path(args.run_dir)
         if not (work / "run" / "placements").is_dir() or not (work / "data" / "k3-default").is_dir():
             sys.exit(f"--run-dir {work}: no demo run there (run/placements/ and data/k3-default/)")
-        results = run(work, only, f"place demo in {work}")
+        results = run(work, only, "place demo (given run directory)")
     else:
         with tempfile.TemporaryDirectory(prefix="bench-scenarios-") as tmp:
             print(f"running the demo first (place demo --out run{' --quick' * args.quick_demo})", flush=True)
