@@ -190,6 +190,7 @@ def case_setup(case: dict, quick: bool):
     tp = int(c.get("attention_tp", 1))
     ranks = c["gpus"] // tp
     draft, acc = c.get("mtp", (0, 0.0))
+    acc = tuple(float(a) for a in acc) if isinstance(acc, (list, tuple)) else float(acc)
     kind = case["kind"]
     if kind == "prefill":
         T = int(c["tokens_per_rank"])
@@ -209,15 +210,32 @@ def case_setup(case: dict, quick: bool):
         duration = float(c.get("duration", 400.0))
     if quick:
         duration = duration / 3
-    engine = EngineConfig(attention_tp=tp, max_batched_tokens=mbt, max_seqs=batch, chunked_prefill=True,
+    engine = EngineConfig(attention_tp=tp, max_batched_tokens=mbt, max_seqs=batch,
+                          chunked_prefill=bool(c.get("chunked_prefill", True)),
+                          attention_dtype=c.get("attention_dtype", "bf16"),
+                          cuda_graph_max_bs=int(c.get("cuda_graph_max_bs", 512)),
                           dual_batch_overlap=bool(c.get("dbo", False)), replica_rule="sglang",
-                          kv_dtype=c.get("kv_dtype", "fp8"), mtp_draft=int(draft), mtp_acceptance=float(acc),
+                          kv_dtype=c.get("kv_dtype", "fp8"), mtp_draft=int(draft), mtp_acceptance=acc,
                           moe_tp=int(c.get("moe_tp", 1)), prefix_hit=float(c.get("prefix_hit", 0.0)),
                           dp_balance="tokens", phase={"serve": "both"}.get(kind, kind),
-                          a2a_mode=c.get("moe_comm", "auto"),
+                          a2a_mode=c.get("moe_comm", "auto"), admission=c.get("admission", "on_demand"),
                           gpu_memory_utilization=0.9)
     wl = WorkloadConfig(arrival="closed", concurrency=conc, lengths=lengths)
     return trace, placement, cluster, engine, wl, duration
+
+
+def case_kv_tokens(case: dict, trace, cluster, engine) -> int | None:
+    """KV token slots per rank under TensorRT-LLM's rule, when the case gives
+    ``kv_cache_free_gpu_mem_fraction``: that share of the memory left after weights and the runtime
+    reserve (the plan model's pool at full memory utilization); else None (the plan's own pool)."""
+    from sim.memory import plan_pools
+
+    frac = case["config"].get("kv_cache_free_gpu_mem_fraction")
+    if frac is None:
+        return None
+    pools, _ = plan_pools(trace.model, cluster, dataclasses.replace(engine, gpu_memory_utilization=1.0),
+                          int(case["config"].get("redundant", 0)))
+    return int(frac * pools.pool_bytes / pools.kv_bytes_per_token)
 
 
 def _from_summary(case: dict, s: dict) -> float:
@@ -238,7 +256,8 @@ def sim_metric(case: dict, cfg, quick: bool) -> tuple[float, dict]:
     # co-located serving runs in waves of whole-request lifetimes; the published figures average whole
     # benchmark runs, so only the first 10 % is left out there (20 % elsewhere)
     warmup = 0.1 * duration if case["kind"] == "serve" else None
-    config = SimConfig(duration=duration, mode="stat", seed=0, engine=engine, cost=cfg, workload=wl, warmup=warmup)
+    config = SimConfig(duration=duration, mode="stat", seed=0, engine=engine, cost=cfg, workload=wl, warmup=warmup,
+                       kv_tokens_per_rank=case_kv_tokens(case, trace, cluster, engine))
     res = simulate(trace, [(case["id"], placement)], cluster, config)[0]
     s = dict(res.summary)
     s["prefill_tok_s_per_gpu"] = s["prefill_tok_s"] / s["num_gpus"]
@@ -278,13 +297,13 @@ class Steady:
             w.pre_ctx[:] = T
             gain = 0.0
         else:
-            b, d, a = c["batch_per_rank"], e.mtp_draft, e.mtp_acceptance
+            b, d = c["batch_per_rank"], e.mtp_draft
             per = 1 + d
             ctx = c["isl"] + c["osl"] / 2
             w.dec_seqs[:] = b
             w.tokens[:] = w.sampled[:] = b * per
             w.dec_ctx[:] = b * (ctx + 1) * per + b * per * (per - 1) / 2
-            gain = sum(a ** j for j in range(d + 1))
+            gain = e.mtp_tokens_per_step()
         moe, _ = self.router.route_count(int(w.tokens.sum()), np.random.default_rng(0))
         st = cost.step_time(w, moe, e.dual_batch_overlap)
         dt = st.total + cost.draft_time(st, w, e.mtp_draft)
@@ -350,7 +369,9 @@ def config_text(case: dict) -> str:
     else:
         parts.append(f"bs {c['batch_per_rank']} ISL/OSL {c['isl']}/{c['osl']}")
     if c.get("mtp"):
-        parts.append(f"MTP{c['mtp'][0]}@{c['mtp'][1]}")
+        d, a = c["mtp"]
+        acc = "/".join(f"{x:g}" for x in a) if isinstance(a, (list, tuple)) else f"{a:g}"
+        parts.append(f"MTP{d}@{acc}")
     if c.get("dbo"):
         parts.append("TBO")
     return ", ".join(parts)

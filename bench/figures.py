@@ -576,6 +576,37 @@ def recommend() -> str:
             f"run){_source(run)}: " + "; ".join(parts) + ".\n")
 
 
+# ---------------------------------------------------------------------------- fidelity
+def _fmt_figure(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.1f}"
+
+
+def fidelity_constants() -> str:
+    """docs/simulate.md: the constants the one global fit chose (bench/fidelity.py)."""
+    params = _results("fidelity")["fit"]["params"]
+    lines = ["| fitted constant | value |", "|---|---|"]
+    lines += [f"| `{name}` | {value:.4g} |" for name, value in params.items()]
+    return "\n".join(lines) + "\n"
+
+
+def fidelity_cases() -> str:
+    """docs/simulate.md: one row per published case, calibration first, and the per-split summary."""
+    res = _results("fidelity")
+    lines = ["| split | case | source | configuration | metric | published | simulated | error | TPOT error |",
+             "|---|---|---|---|---|---:|---:|---:|---:|"]
+    for r in res["cases"]:
+        tpot = f"{r['tpot_error']:+.1%}" if "tpot_error" in r else ""
+        lines.append(f"| {r['split']} | {r['id']} | [{r['source']['org']}]({r['source']['url']}) | {r['gpu']}, "
+                     f"{r['config']} | {r['metric']} | {_fmt_figure(r['published'])} | "
+                     f"{_fmt_figure(r['simulated'])} | {r['error']:+.1%} | {tpot} |")
+    lines += ["", "| split | metrics | cases | median abs error | max abs error |", "|---|---|---:|---:|---:|"]
+    for split, groups in res["summary"].items():
+        for group, v in groups.items():
+            lines.append(f"| {split} | {group} | {v['cases']} | {v['median_abs_error']:.1%} | "
+                         f"{v['max_abs_error']:.1%} |")
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
              "trace-stats": trace_stats, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
@@ -585,7 +616,8 @@ RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalan
              "evaluate-defaults": evaluate_defaults,
              "long-context": long_context,
              "optimize": optimize,
-             "recommend": recommend}
+             "recommend": recommend,
+             "fidelity-constants": fidelity_constants, "fidelity-cases": fidelity_cases}
 
 
 def render(text: str) -> str:

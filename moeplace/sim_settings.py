@@ -40,11 +40,12 @@ class SimSettings:
     deepep_mode: str = "auto"
     cuda_graph_max_bs: int = 512
     mtp_draft: int = 0
-    mtp_acceptance: float = 0.0
+    mtp_acceptance: float | tuple[float, ...] = 0.0
     prefix_hit: float = 0.0
     moe_tp: int = 1
     attention_dtype: str = "bf16"
     dp_balance: str = "round_robin"
+    admission: str = "on_demand"
     prefill_gpus: int | None = None
     phase: str = "both"
     # workload
@@ -78,7 +79,7 @@ def build_sim_config(s: SimSettings, max_context: int | None, *, mix_what: str =
                           pool_split=split, pool_param=param, a2a_mode=s.deepep_mode,
                           cuda_graph_max_bs=s.cuda_graph_max_bs, mtp_draft=s.mtp_draft,
                           mtp_acceptance=s.mtp_acceptance, prefix_hit=s.prefix_hit, moe_tp=s.moe_tp,
-                          attention_dtype=s.attention_dtype, dp_balance=s.dp_balance,
+                          attention_dtype=s.attention_dtype, dp_balance=s.dp_balance, admission=s.admission,
                           prefill_gpus=s.prefill_gpus, phase=s.phase)
     return SimConfig(duration=s.duration, mode=s.mode, seed=s.seed, engine=engine, cost=CostConfig(),
                      workload=_workload(s, max_context, mix_what),

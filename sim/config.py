@@ -16,6 +16,7 @@ PREEMPTION = ("recompute", "swap")
 A2A_MODES = ("auto", "normal", "low_latency", "allgather")
 PHASES = ("both", "prefill", "decode")
 DP_BALANCE = ("round_robin", "tokens")
+ADMISSION = ("on_demand", "reserve")
 
 
 def _bad(what: str, msg: str) -> None:
@@ -50,13 +51,35 @@ class EngineConfig:
     a2a_mode: str = "auto"
     cuda_graph_max_bs: int = 512  # decode-only iterations up to this many sequences per rank replay a graph
     mtp_draft: int = 0  # MTP / speculative draft tokens per step (0 = off)
-    mtp_acceptance: float = 0.0  # probability each successive draft token is accepted
+    # probability each successive draft token is accepted given the ones before it: one value for every
+    # draft position, or one per position (later drafts are accepted less often; TensorRT-LLM's MTP table
+    # for DeepSeek-R1: 1.92 / 2.58 / 2.82 tokens per step with 1 / 2 / 3 drafts)
+    mtp_acceptance: float | tuple[float, ...] = 0.0
     prefix_hit: float = 0.0  # share of every prompt found in the prefix cache (not recomputed)
     moe_tp: int = 1  # TEP: GPUs each routed expert is tensor-sharded across (EP groups of moe_tp GPUs)
     attention_dtype: str = "bf16"  # compute dtype of the attention core (FlashMLA FP8 = "fp8")
     dp_balance: str = "round_robin"  # new requests to DP ranks: round robin or fewest outstanding tokens
+    # KV admission: "on_demand" (vLLM/SGLang: a sequence holds what it has so far, the newest is preempted
+    # when the pool fills) or "reserve" (TensorRT-LLM GUARANTEED_NO_EVICT, its default: admitted only when
+    # the whole prompt + output fits, never preempted)
+    admission: str = "on_demand"
     prefill_gpus: int | None = None  # disaggregated: GPUs of the prefill pool (None = same as decode)
     phase: str = "both"  # benchmark one phase alone: "prefill" (1-token outputs) or "decode" (KV given)
+
+    def mtp_position_acceptance(self) -> tuple[float, ...]:
+        """Conditional acceptance of each draft position ``[mtp_draft]`` (position j is accepted with this
+        probability when positions < j were)."""
+        acc = self.mtp_acceptance
+        return tuple(acc) if isinstance(acc, tuple) else (float(acc),) * self.mtp_draft
+
+    def mtp_tokens_per_step(self) -> float:
+        """Expected tokens a decoding sequence gains per step: ``1 + sum_j prod_{i<=j} a_i`` (the leading
+        run of accepted drafts, then the verified token)."""
+        total, run = 1.0, 1.0
+        for a in self.mtp_position_acceptance():
+            run *= a
+            total += run
+        return total
 
     def __post_init__(self) -> None:
         w = "engine config"
@@ -64,13 +87,18 @@ class EngineConfig:
             _bad(w, f"a2a_mode '{self.a2a_mode}' unknown (expected one of {A2A_MODES})")
         if self.phase not in PHASES:
             _bad(w, f"phase '{self.phase}' unknown (expected one of {PHASES})")
+        if self.admission not in ADMISSION:
+            _bad(w, f"admission '{self.admission}' unknown (expected one of {ADMISSION})")
         if self.dp_balance not in DP_BALANCE:
             _bad(w, f"dp_balance '{self.dp_balance}' unknown (expected one of {DP_BALANCE})")
         if self.attention_dtype not in ("bf16", "fp8"):
             _bad(w, f"attention_dtype must be bf16 or fp8, got '{self.attention_dtype}'")
-        if self.mtp_draft < 0 or not 0 <= self.mtp_acceptance <= 1:
-            _bad(w, f"--mtp: draft must be >= 0 and acceptance in [0, 1], got {self.mtp_draft}, "
-                    f"{self.mtp_acceptance}")
+        acc = self.mtp_acceptance
+        per_pos = isinstance(acc, tuple)
+        if (self.mtp_draft < 0 or not all(0 <= a <= 1 for a in (acc if per_pos else (acc,)))
+                or (per_pos and len(acc) != self.mtp_draft)):
+            _bad(w, f"--mtp: draft must be >= 0 and acceptance in [0, 1] (one value, or one per draft position), "
+                    f"got {self.mtp_draft}, {self.mtp_acceptance}")
         if not 0 <= self.prefix_hit < 1:
             _bad(w, f"--prefix-hit must be in [0, 1), got {self.prefix_hit}")
         if self.moe_tp < 1 or self.cuda_graph_max_bs < 0:
@@ -123,7 +151,7 @@ class CostConfig:
     normal_latency_s: float = 40e-6  # DeepEP normal mode: CPU-side layout notify before the copies
     allreduce_latency_s: float = 10e-6  # TP all-reduce fixed time on NVLink (one-shot / NVLS kernels)
     kernels_per_layer: float = 20.0  # kernels of one decoder layer (norms, projections, rope, gate, MoE)
-    graph_gap_s: float = 7.74e-6  # fitted: per-kernel gap of a CUDA-graph replay (incl. sync, host work)
+    graph_gap_s: float = 7.74e-6  # fitted: device-side gap per kernel (graph replay or eager; incl. sync)
     launch_s: float = 5e-6  # per-kernel CPU launch time of an eager (non-graph) iteration
     iteration_overhead_s: float = 0.0  # fitted: scheduler, sampling and host sync per iteration
     comm_sm_share: float = 24 / 132  # SMs DeepEP normal kernels hold while overlapped (set_num_sms(24))
@@ -303,13 +331,16 @@ def parse_tokens(text: str, what: str = "length") -> int:
     return int(float(m.group(1)) * _SUFFIX[m.group(2).lower()])
 
 
-def parse_mtp(text: str) -> tuple[int, float]:
-    """``"1:0.85"`` -> (1 draft token, acceptance 0.85)."""
+def parse_mtp(text: str) -> tuple[int, float | tuple[float, ...]]:
+    """``"1:0.85"`` -> (1 draft token, acceptance 0.85); ``"3:0.92,0.72,0.36"`` -> (3, per-position
+    conditional acceptances)."""
     try:
         d, a = text.split(":", 1)
-        return int(d), float(a)
+        parts = [float(x) for x in a.split(",")]
+        return int(d), (parts[0] if len(parts) == 1 else tuple(parts))
     except ValueError:
-        raise InputError(f"--mtp: '{text}' is not DRAFT:ACCEPTANCE (e.g. 1:0.85)") from None
+        raise InputError(f"--mtp: '{text}' is not DRAFT:ACCEPTANCE (e.g. 1:0.85, or 3:0.92,0.72,0.36 per draft "
+                         "position)") from None
 
 
 def parse_rebalance(text: str) -> RebalanceConfig:

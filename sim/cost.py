@@ -28,10 +28,11 @@ are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.C
   size (their GEMMs at half the tokens per expert); in steady state a layer takes
   ``max(2 C_half / (1 - s), 2 M_half)`` (compute C, communication M; ``s`` the SM share normal-mode
   kernels hold while overlapped), plus one pipeline fill ``min(C_half, M_half)`` per iteration.
-- Fixed overheads: per iteration (scheduler, sampling, host sync) and per layer: a CUDA-graph replay
-  leaves ``kernels_per_layer x graph_gap`` of gaps; an eager iteration cannot run a layer faster than
-  the CPU launches its kernels (``kernels_per_layer x launch``). Decode-only iterations up to the
-  engine's graph batch size replay graphs; prefill and mixed ones run eager.
+- Fixed overheads: per iteration (scheduler, sampling, host sync) and per layer: every layer leaves
+  ``kernels_per_layer x graph_gap`` of device-side gaps between its kernels (graph replay or not); an
+  eager iteration also cannot run a layer faster than the CPU launches its kernels
+  (``max(gpu + gaps, kernels_per_layer x launch)``). Decode-only iterations up to the engine's graph
+  batch size replay graphs; prefill and mixed ones run eager.
 
 One engine iteration (:func:`CostModel.step_time`) is, layer by layer (every attention-DP rank and every
 EP rank meet at each MoE layer's all-to-all, so each layer takes its slowest rank's time)::
@@ -449,11 +450,13 @@ class CostModel:
         else:
             layer[self._is_moe] += experts + comm
         kernels = c.kernels_per_layer * (2 if dual_batch_overlap else 1)
-        if graph:
-            gpu_layer = layer
-            layer = layer + kernels * c.graph_gap_s
-        else:
-            gpu_layer = layer
+        gpu_layer = layer
+        # the device-side gap between dependent kernels is paid with or without a graph (a graph removes
+        # the CPU launches, not the GPU's own kernel-to-kernel latency: RTP-LLM's DeepSeek report measures
+        # ~2 ms of device launch overhead per step with C++ launches far ahead of the GPU); an eager layer
+        # also cannot run faster than the CPU launches its kernels
+        layer = layer + kernels * c.graph_gap_s
+        if not graph:
             layer = np.maximum(layer, kernels * c.launch_s)
         head = float(np.max(self.lm_head_time(w))) if w.sampled.any() else 0.0
         overhead = float((layer - gpu_layer).sum()) + c.iteration_overhead_s

@@ -11,7 +11,8 @@ KV in place, as from an unlimited prefill pool).
 
 MTP / speculative decoding (``mtp_draft`` d, ``mtp_acceptance`` a): every decode step verifies 1 + d
 tokens per sequence (trunk, attention and MoE see 1 + d tokens) after d draft steps; the sequence keeps
-``1 + j`` tokens, ``j`` the leading accepted drafts (each accepted with probability a). A prefix-cache
+``1 + j`` tokens, ``j`` the leading accepted drafts (each accepted with probability a, or with its
+position's conditional probability a_i when one is given per draft position). A prefix-cache
 hit rate h starts every request with ``h x prompt`` tokens already cached: prefill computes the rest,
 attending to the whole prompt.
 
@@ -21,7 +22,9 @@ Per DP rank and iteration (vLLM/SGLang's scheduler, reduced to what costs time):
    request that could not fit even alone is rejected;
 2. make room for every decoding sequence's next token; when the pools are full, preempt the newest
    sequence (recompute: drop its KV and state and prefill it again later; swap: move them to host memory
-   and back, paying host-link time);
+   and back, paying host-link time); with ``admission="reserve"`` (TensorRT-LLM's default
+   GUARANTEED_NO_EVICT capacity scheduler) a request is admitted only when its whole prompt + output
+   fits next to what the running ones reserved, and nothing is ever preempted;
 3. batch one token per decoding sequence and fill the rest of ``max_batched_tokens`` with prefill chunks
    (whole prompts only, without chunked prefill).
 The iteration's duration is :meth:`sim.cost.CostModel.step_time` of the batch and of the routing of its
@@ -86,20 +89,25 @@ class Pool:
         self.rebalancer = None
         self.next_rank = 0
         self.last_dt = 0.0
+        # TensorRT-LLM's GUARANTEED_NO_EVICT: a request is admitted only when its whole sequence fits, so
+        # a running one never grows past what it reserved and is never preempted
+        self.reserve = sim.config.engine.admission == "reserve"
 
     # ------------------------------------------------------------------ memory checks
     def _kv(self, n):
         return self.pools.kv_tokens(n)
 
-    @staticmethod
-    def _need(q: Request) -> int:
-        """Tokens the sequence occupies after its next step (its KV so far + the token being made)."""
+    def _need(self, q: Request) -> int:
+        """Token slots the sequence holds: its KV so far + the token being made (``admission="on_demand"``),
+        or its whole prompt + output from admission on (``"reserve"``, capped at the model's context)."""
+        if self.reserve:
+            return min(q.prompt_len + q.output_len, self.pools.max_model_len)
         return max(q.prefill_target, q.ctx) + 1
 
     def _used(self, rank: Rank) -> int:
         """Recomputed from scratch (checks of the incremental ``Rank.used``)."""
         kv = self.pools.kv_tokens
-        return int(sum(kv(max(q.prefill_target, q.ctx) + 1) for q in rank.running))
+        return int(sum(kv(self._need(q)) for q in rank.running))
 
     def _admit(self, r: int, now: float, used: int) -> int:
         """Admit from the swapped, then the waiting queue; returns the rank's KV token slots in use."""
@@ -259,7 +267,8 @@ class Pool:
         e = sim.config.engine
         if e.mtp_draft and self.decoding:
             # leading accepted drafts per sequence: the first rejection ends the run
-            ok = sim.rng.random((len(self.decoding), e.mtp_draft)) < e.mtp_acceptance
+            acc = np.asarray(e.mtp_position_acceptance())
+            ok = sim.rng.random((len(self.decoding), e.mtp_draft)) < acc[None, :]
             gains = (1 + np.cumprod(ok, axis=1).sum(axis=1)).tolist()
         else:
             gains = None
@@ -270,7 +279,7 @@ class Pool:
             q.generated += g
             made += g
             need = q.ctx + 1
-            if not paged or need > q.kv:
+            if not self.reserve and (not paged or need > q.kv):
                 after = kv(need)
                 ranks[r].used += after - q.kv
                 q.kv = after
@@ -285,7 +294,7 @@ class Pool:
             q.ctx += c
             prefilled += c
             rank.pending = max(rank.pending - c, 0)
-            after = kv(max(q.prefill_target, q.ctx) + 1)
+            after = q.kv if self.reserve else kv(max(q.prefill_target, q.ctx) + 1)
             rank.used += after - q.kv
             q.kv = after
             if q.ctx < q.prefill_target:

@@ -194,6 +194,13 @@ def test_fixed_overheads_graph_replay_vs_eager():
     eager = cm.step_time(dec16, zero)
     assert not eager.graph
     assert eager.layer == pytest.approx(np.full(m.num_layers, 10 * 1e-4))
+    # a layer whose GPU work outlasts its launches pays the device-side gaps eager too: gpu + 10 x 1 us
+    fast = CostModel(m, make_cluster(4, "h200"), cfg.replace(launch_s=1e-9), cuda_graph_max_bs=8)
+    heavy = fast.step_time(dec16, zero)
+    bare = CostModel(m, make_cluster(4, "h200"), EXACT).step_time(dec16, zero)
+    assert not heavy.graph
+    assert heavy.layer == pytest.approx(bare.layer + 10 * 1e-6)
+    assert heavy.total == pytest.approx(bare.total + m.num_layers * 10 * 1e-6 + 2e-3)
 
 
 def test_profile_replaces_the_roofline_with_interpolated_measurements(k3):

@@ -5,6 +5,7 @@ import pytest
 from simkit import build, linear_placement, mini_model, write_fixed_trace, write_trace
 
 from foundation.cluster import make_cluster
+from foundation.errors import InputError
 from placement.record import Placement
 from sim.config import CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadConfig
 from sim.cost import CostModel, RankWork
@@ -239,3 +240,55 @@ def test_prefix_hits_skip_cached_prompt_tokens_and_tokens_balancer_spreads_promp
     # the tokens balancer gives each of the 4 ranks 2 of the 8 equal prompts, like round robin
     bal = run(dp_balance="tokens")
     assert sorted(bal.requests["dp_rank"].value_counts()["count"].to_list()) == [2, 2, 2, 2]
+
+
+def test_mtp_acceptance_per_draft_position_compounds(tmp_path):
+    from sim.config import parse_mtp
+
+    m = mini_model()
+    path = write_trace(tmp_path / "t", m, num_requests=8, prompt=32, output=4)
+    mix = LengthMix(components=((32, 1.0),), output_mean=5000, range_ratio=0.0)
+    acc = (0.92, 0.717, 0.364)  # conditional acceptance of drafts 1, 2, 3
+
+    def gain(a):
+        cfg = SimConfig(cost=EXACT, duration=0.3, mode="stat", warmup=0.0,
+                        engine=EngineConfig(attention_tp=1, max_batched_tokens=4096, phase="decode", mtp_draft=3,
+                                            mtp_acceptance=a),
+                        workload=WorkloadConfig(arrival="closed", concurrency=64, lengths=mix))
+        res = build(path, linear_placement(m, 4, 4), cfg, gpus=4).run()
+        return res.requests["generated_tokens"].sum() / res.timeseries["decode_seqs"].sum(), res
+
+    per_pos, res = gain(acc)
+    steps = int(res.timeseries["decode_seqs"].sum())
+    assert steps > 5000
+    # a sequence keeps the leading run of accepted drafts: 1 + a1 + a1 a2 + a1 a2 a3 tokens per step
+    want = 1 + 0.92 + 0.92 * 0.717 + 0.92 * 0.717 * 0.364
+    assert EngineConfig(mtp_draft=3, mtp_acceptance=acc).mtp_tokens_per_step() == pytest.approx(want)
+    assert per_pos == pytest.approx(want, abs=4 * 0.9 / steps ** 0.5)
+    # one value for every position: 1 + a + a^2 + a^3
+    flat, _ = gain(0.5)
+    assert flat == pytest.approx(1.875, abs=4 * 0.9 / steps ** 0.5)
+    assert parse_mtp("3:0.92,0.717,0.364") == (3, acc) and parse_mtp("1:0.85") == (1, 0.85)
+    with pytest.raises(InputError, match="one per draft position"):
+        EngineConfig(mtp_draft=2, mtp_acceptance=acc)
+
+
+def test_reserve_admission_never_preempts_and_admits_only_whole_sequences(tmp_path):
+    m = mini_model()
+    path = write_trace(tmp_path / "t", m, num_requests=4, prompt=50, output=200)
+    cfg = SimConfig(cost=EXACT, duration=30.0, mode="stat",
+                    engine=EngineConfig(attention_tp=4, max_batched_tokens=512, admission="reserve"),
+                    workload=WorkloadConfig(arrival="closed", concurrency=4, max_requests=4))
+    sim = build(path, linear_placement(m, 4, 4), cfg, gpus=4, kv_tokens=640, state_slots=8)
+    res = sim.run()
+    # the same pool preempts on demand (test above); reserving 50 + 200 tokens a request, two fit in 640
+    full = sim.pools_list[0].pools.kv_tokens(250)
+    assert 2 * full <= 640 < 3 * full
+    assert res.summary["preemptions"] == 0 and res.summary["requests_finished"] == 4
+    assert res.timeseries["running"].max() == 2
+    assert res.requests["generated_tokens"].to_list() == [200] * 4
+    for pool in sim.pools_list:
+        for rank in pool.ranks:
+            assert rank.used == pool._used(rank) == 0
+    with pytest.raises(InputError, match="admission 'lazy' unknown"):
+        EngineConfig(admission="lazy")

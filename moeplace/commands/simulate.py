@@ -81,10 +81,14 @@ def register(sub) -> None:
     e.add_argument("--cuda-graph-max-bs", type=flags.nonneg_int, default=512, help="decode batches up to this size per rank "
                    "replay CUDA graphs (0 = eager)")
     e.add_argument("--mtp", default=None, metavar="DRAFT:ACCEPT", help="MTP / speculative decoding: draft tokens "
-                   "per step and per-token acceptance probability, e.g. 1:0.85")
+                   "per step and per-token acceptance probability, e.g. 1:0.85, or one conditional "
+                   "acceptance per draft position, e.g. 3:0.92,0.72,0.36")
     e.add_argument("--prefix-hit", type=flags.float_range(0.0, 1.0, hi_open=True), default=0.0, help="share of each prompt served from the prefix cache")
     e.add_argument("--moe-tp", type=flags.positive_int, default=1, help="TEP: GPUs each routed expert is tensor-sharded across")
     e.add_argument("--attention-dtype", choices=("bf16", "fp8"), default="bf16", help="attention core compute dtype")
+    e.add_argument("--admission", choices=("on_demand", "reserve"), default="on_demand",
+                   help="KV admission: on_demand (vLLM/SGLang: preempt the newest when the pool fills) or reserve "
+                   "(TensorRT-LLM GUARANTEED_NO_EVICT: admit only when prompt + output fit, never preempt)")
     e.add_argument("--dp-balance", choices=("round_robin", "tokens"), default="round_robin",
                    help="new requests to attention-DP ranks: round robin or fewest outstanding tokens")
     e.add_argument("--phase", choices=("both", "prefill", "decode"), default="both",
@@ -226,8 +230,8 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
         preemption=args.preemption, pool_split=args.pool_split, gpu_memory_utilization=args.gpu_memory_utilization,
         deepep_mode=args.deepep_mode, cuda_graph_max_bs=args.cuda_graph_max_bs, mtp_draft=mtp_draft,
         mtp_acceptance=mtp_acceptance, prefix_hit=args.prefix_hit, moe_tp=args.moe_tp,
-        attention_dtype=args.attention_dtype, dp_balance=args.dp_balance, prefill_gpus=args.prefill_gpus,
-        phase=args.phase,
+        attention_dtype=args.attention_dtype, dp_balance=args.dp_balance, admission=args.admission,
+        prefill_gpus=args.prefill_gpus, phase=args.phase,
         arrival=args.arrival if open_loop else "closed",
         concurrency=256 if args.concurrency is None else args.concurrency, rate=args.rate,
         rate_end=args.rate_end, burstiness=args.burstiness, context_mix=args.context_mix,

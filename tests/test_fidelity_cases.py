@@ -1,0 +1,35 @@
+"""The committed fidelity results (bench/results/fidelity.json) belong to the committed case table
+(bench/fidelity_cases.yaml): same cases, splits and configurations, so a case edited without re-running
+bench/fidelity.py fails here."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _fidelity():
+    spec = importlib.util.spec_from_file_location("bench_fidelity", REPO / "bench" / "fidelity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_committed_results_match_the_case_table():
+    fid = _fidelity()
+    cases = fid.load_cases(REPO / "bench" / "fidelity_cases.yaml")
+    rows = json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())["cases"]
+    assert [r["id"] for r in rows] == [c["id"] for c in cases]
+    for r, c in zip(rows, cases):
+        assert (r["split"], r["published"], r["config_full"], r["assumptions"]) == (
+            c["split"], c["published"], c["config"], c["assumptions"]), c["id"]
+        assert r["error"] == r["simulated"] / r["published"] - 1
+
+
+def test_validation_cases_never_enter_the_fit():
+    fid = _fidelity()
+    cases = fid.load_cases(REPO / "bench" / "fidelity_cases.yaml")
+    res = json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())
+    assert res["fit"]["calibration_cases"] == [c["id"] for c in cases if c["split"] == "calibration"]
