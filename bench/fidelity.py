@@ -27,7 +27,9 @@ import argparse
 import dataclasses
 import json
 import math
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -148,7 +150,7 @@ def case_model(case: dict):
 
 def case_trace(case: dict, quick: bool):
     """Routing for the case: uniformly random experts (``routing: balanced``, as DeepSeek's profiles), or
-    the project's synthetic router for the model (cached under bench/results/fidelity-traces)."""
+    the project's synthetic router for the model without workload drift (synthesized in every run)."""
     from sim.workload import TraceTokens, load_trace_tokens
     from traces.synth import SynthConfig, synthesize
 
@@ -166,11 +168,13 @@ def case_trace(case: dict, quick: bool):
             _TRACES[key] = TraceTokens(ids, np.array([0, T]), np.array([T - 1]), np.array([1]), np.array([T - 1]),
                                        np.array([0]), base, "uniform")
         else:
-            d = RESULTS / "fidelity-traces" / case["model"]
-            if not d.exists():
-                print(f"  synthesizing a {case['model']} routing trace into {d}", flush=True)
-                synthesize(base, SynthConfig(num_tokens=8000 if quick else 16000), d)
-            _TRACES[key] = load_trace_tokens(d)
+            # synthesized afresh every run (never a cached file a former generator wrote), stationary: a
+            # benchmark's random prompts are one workload mix (drift 0), and the engines' EPLB is fitted to it
+            tmp = tempfile.mkdtemp(prefix=f"fidelity-{case['model']}-")
+            print(f"  synthesizing a stationary {case['model']} routing trace", flush=True)
+            synthesize(base, SynthConfig(num_tokens=8000 if quick else 16000, drift=0.0), Path(tmp) / "trace")
+            _TRACES[key] = load_trace_tokens(Path(tmp) / "trace")
+            shutil.rmtree(tmp)
     tr = _TRACES[key]
     return dataclasses.replace(tr, model=model)
 
