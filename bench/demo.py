@@ -20,7 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _timing import ROOT, timed, write_result
+from _timing import ROOT, timed, write_result  # before any project import: sets sys.path
+
+from sim.results import read_summaries
 
 SHOWN_HOME = "/home/user/moeplace"
 
@@ -45,7 +47,7 @@ def _figures(run: Path) -> dict:
     """What README reads off the run: the memory plan's verdict, every policy's scores, the simulation."""
     plan = json.loads((run / "plan.json").read_text())
     cmp = json.loads((run / "comparison.json").read_text())
-    sims = json.loads((run / "sim" / "summary.json").read_text())
+    sims = read_summaries(run / "sim" / "summary.json")
     policies = {}
     for row in cmp["rows"]:
         held = row["held_out"]

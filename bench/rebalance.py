@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 from _timing import timed, write_result  # before any project import: sets sys.path
 
 from moeplace.cli import main
+from sim.results import read_summaries
 
 SCENARIO = ["--placement", "linear", "--redundant", "32", "--mode", "replay", "--duration", "20",
             "--concurrency", "64", "--context-mix", "512:1", "--output-len", "256", "--no-progress"]
@@ -56,7 +56,7 @@ def main_(argv=None) -> int:
             with timed() as t:
                 printed = _place([*cmd, "--out", str(Path(tmp) / "sim")])
             wall = t.wall_s
-            summary = json.loads((Path(tmp) / "sim" / "summary.json").read_text())[0]
+            summary = read_summaries(Path(tmp) / "sim" / "summary.json")[0]
         print(f"$ place {' '.join(cmd)}\n{printed}({wall:.1f} s)\n", flush=True)
         runs[label] = {"command": "place " + " ".join(cmd), "printed": printed, "wall_s": wall,
                        "summary": {k: v for k, v in summary.items() if not isinstance(v, (list, dict))}}

@@ -21,9 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _timing import RESULTS, ROOT, timed, write_result
+from _timing import RESULTS, ROOT, timed, write_result  # before any project import: sets sys.path
 from demo import _run_demo
 
+from sim.results import read_summaries
 from traces.format import read_trace_meta
 
 LONG = ["simulate", "data/k3-default", "--placement", "run/placements/placement-eplb.json", "--duration", "300",
@@ -71,7 +72,7 @@ def run(work: Path, only: list[str], source: str) -> dict:
             with tempfile.TemporaryDirectory(prefix="bench-scenario-") as tmp:
                 if argv[0] == "simulate":
                     r = _place(work, argv, ["--out", str(Path(tmp) / "sim")])
-                    r["summary"] = [_flat(s) for s in json.loads((Path(tmp) / "sim" / "summary.json").read_text())]
+                    r["summary"] = [_flat(s) for s in read_summaries(Path(tmp) / "sim" / "summary.json")]
                 elif argv[0] == "evaluate":
                     r = _place(work, argv, [])
                 else:

@@ -4,17 +4,19 @@ through the same library functions the ``place`` CLI uses (``traces.format`` / `
 ``foundation.memory`` / ``placement.export``, the files ``sim.results.write_outputs`` writes). No metric
 is computed here; pages only reshape what these functions return into charts.
 
-A run directory (what ``place demo --out run/`` writes; any layout works, files are recognized by their
-content, not their names):
+A run directory (what ``place demo --out run/`` writes; any layout works, JSON files are recognized by
+their format tag (``foundation.formats``), never by which keys they hold, and the rest by their content):
 
 - trace directories (Parquet with ``moeplace.model`` metadata), e.g. ``traces/``;
-- placement JSON files (``"format": "moeplace.placement/1"``), e.g. ``placement.json``, ``placements/*.json``;
-- ``place optimize --json`` output (a comparison: ``engine`` + ``rows``), e.g. ``comparison.json``;
-- ``place plan --json`` output (``per_gpu`` + ``pools``), e.g. ``plan.json``;
+- placement JSON files (``moeplace.placement``), e.g. ``placement.json``, ``placements/*.json``;
+- ``place optimize --report``/``--json`` output (``moeplace.comparison``), e.g. ``comparison.json``;
+- ``place plan --report``/``--json`` output (``moeplace.memory-plan``), e.g. ``plan.json``;
 - ``place simulate --out DIR`` directories (``summary.json`` + ``<label>.timeseries.parquet``), e.g. ``sim/``;
 - Loads ``.npz`` files (``place trace stats --out``), e.g. ``loads.npz``;
-- ``place sweep --out DIR`` directories (``frontier.json`` with ``workloads`` + ``objectives``, or a
-  ``sweep.parquet`` result table), e.g. ``runs/sweep-small/``; their ``cache/`` is not searched further.
+- ``place sweep --out DIR`` directories (a ``moeplace.frontier`` ``frontier.json``, or a ``sweep.parquet``
+  result table), e.g. ``runs/sweep-small/``; their ``cache/`` is not searched further.
+
+An untagged JSON file (an engine file, or a report of a release before the tags) is not classified.
 
 Loaders are cached with ``st.cache_data`` keyed by the path and a stamp of its files (size and mtime),
 so an artifact rewritten on disk is re-read, and a large trace is summarized once by the streaming
@@ -36,17 +38,20 @@ import streamlit as st
 
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
+from foundation.formats import check, kind_of
 from foundation.memory.config import PlanConfig
 from foundation.memory.planner import plan_memory
 from foundation.model import load_model, preset_names
 from placement.compare import compare_policies, routing_windows
 from placement.evaluate import evaluate
 from placement.export import export_placement, format_names, get_format
-from placement.record import PLACEMENT_FORMAT, load_placement
-from sim.frontier import FRONTIER_VERSION
+from placement.record import load_placement
+from sim.frontier import LEGACY_VERSION
 from sim.results import (
     ROWS,
     file_label,  # the file-name rule write_outputs uses
+    read_sim_config,
+    read_summaries,
 )
 from traces.format import META_MODEL, read_trace_meta, trace_files, trace_num_rows
 from traces.loads import is_loads_file
@@ -58,6 +63,8 @@ DEFAULT_RUN_DIR = "run"
 # Directories never worth descending into while looking for artifacts.
 _SKIP_DIRS = {".git", ".venv", "__pycache__", "node_modules", ".pytest_cache"}
 _MAX_JSON_PEEK = 64 << 20  # JSON files larger than this are not classified (no run artifact is that big)
+# artifact kind (foundation.formats) -> the RunIndex group it is shown in; other kinds are not shown
+_SHOWN = {"placement": "placement", "comparison": "comparison", "memory-plan": "plan", "frontier": "frontier"}
 
 
 # ---------------------------------------------------------------------------- run directory
@@ -129,23 +136,14 @@ def _json_kind(path: Path) -> str | None:
 
 @st.cache_data(show_spinner=False, max_entries=512)
 def _json_kind_of(path: str, size: int, mtime_ns: int) -> str | None:
-    """Kind of a JSON artifact by its content (cached per size and mtime: pages rescan on every rerun)."""
+    """Group of a JSON artifact by its format tag (cached per size and mtime: pages rescan on every rerun)."""
     if size > _MAX_JSON_PEEK:
         return None
     try:
         d = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return "unreadable"
-    if isinstance(d, dict):
-        if d.get("format") == PLACEMENT_FORMAT:
-            return "placement"
-        if "rows" in d and "engine" in d:
-            return "comparison"
-        if "per_gpu" in d and "pools" in d:
-            return "plan"
-        if "workloads" in d and "objectives" in d:
-            return "frontier"
-    return None
+    return _SHOWN.get(kind_of(d))
 
 
 def _is_sweep_table(path: Path) -> bool:
@@ -159,7 +157,7 @@ def _is_sweep_table(path: Path) -> bool:
 
 
 def _is_sweep_dir(d: Path, files: list[str]) -> bool:
-    """What ``place sweep --out`` writes: its ``frontier.json`` (by content) or ``sweep.parquet`` table."""
+    """What ``place sweep --out`` writes: its ``frontier.json`` (by its tag) or ``sweep.parquet`` table."""
     if "frontier.json" in files and _json_kind(d / "frontier.json") == "frontier":
         return True
     return "sweep.parquet" in files and _is_sweep_table(d / "sweep.parquet")
@@ -210,8 +208,8 @@ def scan_run_dir(root: str | Path) -> RunIndex:
     # place simulate records the trace it replayed; the demo may keep the trace outside the run dir.
     for s in found["sims"]:
         try:
-            tp = json.loads((s / "config.json").read_text()).get("trace", {}).get("path")
-        except (OSError, ValueError, AttributeError):
+            tp = read_sim_config(s / "config.json").get("trace", {}).get("path")
+        except (InputError, AttributeError):
             continue
         if tp:
             # relative to where the run was made: most often the run directory's parent (`place demo --out run`)
@@ -312,7 +310,13 @@ def _json(path: str, stamp_: tuple) -> Any:
         raise InputError(f"{path}: not readable JSON ({exc})") from None
 
 
-read_json = _stamped(_json)
+def read_artifact(path, kind: str) -> Any:
+    """A moeplace JSON artifact of ``kind`` (a ``foundation.formats`` kind: ``memory-plan``,
+    ``comparison``): its tag is checked, so a file of another kind is an error naming it."""
+    stamp_ = stamp(path)
+    d = _json(str(path), stamp_)
+    check(d, kind, str(path))
+    return d
 
 
 @st.cache_data(show_spinner=False, max_entries=64,
@@ -448,17 +452,8 @@ class SimRun:
 @st.cache_data(show_spinner=False, max_entries=8)
 def _sim_run(path: str, stamp_: tuple) -> SimRun:
     d = Path(path)
-    try:
-        summaries = json.loads((d / "summary.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{d / 'summary.json'}: not readable JSON ({exc})") from None
-    if not isinstance(summaries, list) or not all(isinstance(s, dict) and "label" in s for s in summaries):
-        raise InputError(f"{d / 'summary.json'}: expected a list of summaries with field 'label' "
-                         "(written by `place simulate --out`)")
-    try:
-        config = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{d / 'config.json'}: not readable JSON ({exc})") from None
+    summaries = read_summaries(d / "summary.json")
+    config = read_sim_config(d / "config.json") if (d / "config.json").exists() else {}
     reqs, ts = {}, {}
     for s in summaries:
         lab = s["label"]
@@ -497,9 +492,9 @@ def _sweep_frontier(path: str, stamp_: tuple) -> dict[str, Any]:
         raise InputError(f"{f}: missing (the sweep has not finished; rerun `place sweep SPEC --out {path}` "
                          "to resume it)")
     rep = _json(str(f), stamp(f))
-    _require(isinstance(rep, dict), str(f), "a JSON object")
-    _require(rep.get("version") == FRONTIER_VERSION, f"{f}: field 'version'",
-             f"{FRONTIER_VERSION}, found {rep.get('version')!r}")
+    if check(rep, "frontier", str(f)) == 0:  # untagged: the previous release's file, versioned by a field
+        _require(rep.get("version") == LEGACY_VERSION, f"{f}: field 'version'",
+                 f"{LEGACY_VERSION}, found {rep.get('version')!r}")
     ws = rep.get("workloads")
     _require(isinstance(ws, dict), f"{f}: field 'workloads'", "an object of workloads")
     for name, w in ws.items():

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from foundation import formats
 from foundation.errors import InputError, MoeplaceError
 
 TEMP_MARK = ".moeplace-tmp-"
@@ -169,9 +170,11 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
 
 
 # ---------------------------------------------------------------------------- what is our own output
-# The recognisers read the formats' marker keys directly: this module sits below the packages that write
-# them (and may import none of them), so the few literal keys are repeated here, each next to its writer's
-# name.
+# JSON outputs are recognised by their format tag (foundation.formats); an untagged file is recognised
+# only as the one kind expected, by the keys the previous release wrote (the readers' legacy rule). The
+# other recognisers read the formats' marker keys directly: this module sits below the packages that
+# write them (and may import none of them), so the few literal keys are repeated here, each next to its
+# writer's name.
 @dataclass(frozen=True)
 class OutputKind:
     """A kind of output: what messages call it, whether it is a directory, and how an existing path is
@@ -184,23 +187,21 @@ class OutputKind:
 
 
 def _json(path: Path, max_bytes: int = 1 << 30):
-
     if path.stat().st_size > max_bytes:
         return None
     return json.loads(path.read_text())
 
 
-def _json_format(fmt: str) -> Callable[[Path], bool]:
+def _artifact(kind: str, *legacy_keys: str) -> Callable[[Path], bool]:
+    """A JSON file tagged ``kind``; or, untagged, one holding all ``legacy_keys`` (what the previous
+    release wrote for this kind; none: an untagged file is not recognised)."""
     def rec(p: Path) -> bool:
         d = _json(p)
-        return isinstance(d, dict) and d.get("format") == fmt
-    return rec
-
-
-def _json_keys(*keys: str) -> Callable[[Path], bool]:
-    def rec(p: Path) -> bool:
-        d = _json(p)
-        return isinstance(d, dict) and all(k in d for k in keys)
+        if not isinstance(d, dict):
+            return False
+        if formats.FIELD in d:
+            return formats.kind_of(d) == kind
+        return bool(legacy_keys) and formats.FORMATS[kind].legacy and all(k in d for k in legacy_keys)
     return rec
 
 
@@ -241,7 +242,7 @@ def _is_loads(p: Path) -> bool:
     import numpy as np  # ~0.5 s to import; every command imports this module, few read a Loads file
 
     with np.load(p, allow_pickle=False) as z:
-        return "counts" in z and json.loads(str(z["meta"])).get("format") == "moeplace.loads/1"  # traces.loads
+        return "counts" in z and formats.kind_of(json.loads(str(z["meta"]))) == "loads"  # traces.loads
 
 
 def _is_sim_run(p: Path) -> bool:
@@ -252,13 +253,19 @@ def _is_sim_run(p: Path) -> bool:
     return {"config.json", "summary.json"} <= names and names - rest == {"config.json", "summary.json"}
 
 
+_CHROME_HEAD = b'{"otherData": {"format": "moeplace.chrome-trace/'
+
+
 def _is_chrome_trace(p: Path) -> bool:
-    """``sim.results.write_chrome_trace``: ``{"traceEvents": [...], "displayTimeUnit": "ms"}`` (read at both
-    ends only: the file can be large)."""
+    """``sim.results.write_chrome_trace``: its tag leads the file (read at the start only: the file can be
+    large); untagged, the previous release's ``{"traceEvents": [...], "displayTimeUnit": "ms"}`` (read at
+    both ends)."""
     with open(p, "rb") as fh:
-        head = fh.read(16)
+        head = fh.read(len(_CHROME_HEAD))
         fh.seek(max(0, p.stat().st_size - 64))
         tail = fh.read()
+    if head == _CHROME_HEAD:
+        return True
     return head.startswith(b'{"traceEvents":') and tail.rstrip().endswith(b'"displayTimeUnit": "ms"}')
 
 
@@ -266,7 +273,9 @@ RUN_MARKER = ".moeplace-run"
 
 
 def _is_run_dir(p: Path) -> bool:
-    return (p / RUN_MARKER).is_file()
+    """A directory ``place demo`` made: its marker file is tagged ``run`` (untagged, the previous release's
+    ``{"written_by": "place demo"}``)."""
+    return _artifact("run", "written_by")(p / RUN_MARKER)
 
 
 SWEEP_ENTRIES = ("points", "cache", "recommended", "sweep.parquet", "frontier.json")  # moeplace.sweep layout
@@ -279,13 +288,14 @@ def _is_sweep_dir(p: Path) -> bool:
 
 KINDS: dict[str, OutputKind] = {k.name: k for k in (
     OutputKind("trace directory", True, _is_trace_dir),
-    OutputKind("placement JSON", False, _json_format("moeplace.placement/1")),  # placement.record
+    OutputKind("placement JSON", False, _artifact("placement")),  # placement.record
     OutputKind("Loads .npz", False, _is_loads),
-    OutputKind("trace statistics JSON", False, _json_keys("path", "model", "tokens", "window_tokens", "skew_median")),
-    OutputKind("comparison report", False, _json_keys("engine", "cluster", "rows", "written")),  # optimize --report
-    OutputKind("plan report", False, _json_keys("model", "cluster", "per_gpu", "pools")),  # foundation.memory
-    OutputKind("calibration profile", False, _json_format("moeplace.calibration/1")),  # sim.calibration
-    OutputKind("kernel bench report", False, _json_keys("validation", "raw")),
+    OutputKind("trace statistics JSON", False,
+               _artifact("trace-stats", "path", "model", "tokens", "window_tokens", "skew_median")),
+    OutputKind("comparison report", False, _artifact("comparison", "engine", "cluster", "rows", "written")),
+    OutputKind("plan report", False, _artifact("memory-plan", "model", "cluster", "per_gpu", "pools")),
+    OutputKind("calibration profile", False, _artifact("calibration")),  # sim.calibration
+    OutputKind("kernel bench report", False, _artifact("kernel-report", "validation", "raw")),
     OutputKind("simulation output directory", True, _is_sim_run),
     OutputKind("Chrome trace", False, _is_chrome_trace),
     OutputKind("demo run directory", True, _is_run_dir),

@@ -396,7 +396,9 @@ def load_model(name_or_path: str | Path | None = None) -> ModelSpec:
         raise InputError(f"{path}: not a readable JSON model config ({exc})") from None
     if not isinstance(d, dict):
         raise InputError(f"{path}: expected a JSON object")
-    if "moe_layers" in d and "attention" in d:
+    # Each format says what it is: every config.json transformers writes carries its 'model_type'; our
+    # spec (a preset's format) has no such field. No guessing from which other keys a file holds.
+    if "model_type" not in d:
         return ModelSpec.from_dict(d, source=str(path))
     try:
         return from_hf_config(d, source=str(path))

@@ -33,7 +33,7 @@ from kernels.launch import run_distributed
 from kernels.moe import StepTimes, ep_moe_forward, grouped_expert_forward, local_weights, sort_by_destination
 from placement.dispatch import choose_slots
 from placement.record import Placement
-from sim.calibration import Profile, profile_from_dict
+from sim.calibration import PROFILE_FORMAT, Profile, profile_from_dict
 from sim.config import CostConfig
 from sim.cost import CostModel, MoeWork
 
@@ -224,7 +224,7 @@ def build_profile(results: list[dict], cfg: BenchConfig):
     train = [r for r in _config_table(results, cfg) if r["split"] == "train"]
     x = np.array([r["remote"].max() * row_bytes for r in train])
     x_max = max(float(x.max()) * 4, 2.0)
-    d = {"format": "moeplace.calibration/1", "device": results[0]["device"], "dtype": cfg.dtype,
+    d = {"format": PROFILE_FORMAT, "device": results[0]["device"], "dtype": cfg.dtype,
          "world_size": cfg.world_size,
          "ops": {
              "expert_gemm": {"x": "tokens_per_expert", "hidden": cfg.hidden, "intermediate": cfg.intermediate,

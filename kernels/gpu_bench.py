@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from kernels.bench import _median_time
 from kernels.moe import sort_by_destination
-from sim.calibration import profile_from_dict
+from sim.calibration import PROFILE_FORMAT, profile_from_dict
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         if pts is None:
             summary["profiles"][dtype] = "no kernel on this device / torch"
             continue
-        d = {"format": "moeplace.calibration/1", "device": name, "dtype": dtype, "world_size": 1,
+        d = {"format": PROFILE_FORMAT, "device": name, "dtype": dtype, "world_size": 1,
              "ops": {"expert_gemm": {"x": "tokens_per_expert", "hidden": args.hidden,
                                      "intermediate": args.intermediate, "points": pts},
                      "permute": {"x": "selections", "points": perm}},

@@ -19,9 +19,10 @@ import numpy as np
 
 from foundation.errors import InputError
 from foundation.files import read_json, write_text_atomic
+from foundation.formats import check, tag
 from foundation.model import ModelSpec
 
-PLACEMENT_FORMAT = "moeplace.placement/1"
+PLACEMENT_FORMAT = tag("placement")
 
 
 @dataclass(frozen=True, eq=False)
@@ -182,9 +183,7 @@ def check_compatible(placement: Placement, model: ModelSpec | None = None, clust
 def load_placement(path: str | Path) -> Placement:
     p = Path(path)
     d = read_json(p, "no such placement file", "not a readable placement JSON")
-    if not isinstance(d, dict) or d.get("format") != PLACEMENT_FORMAT:
-        raise InputError(f"{p}: field 'format' is {d.get('format') if isinstance(d, dict) else None!r}, expected "
-                         f"{PLACEMENT_FORMAT!r} (engine files are read with `place import-placement`)")
+    check(d, "placement", str(p), hint="engine files are read with `place import-placement`")
     missing = [k for k in ("phy2log", "num_gpus", "gpus_per_node", "model", "num_experts", "moe_layers") if k not in d]
     if missing:
         raise InputError(f"{p}: field '{missing[0]}' missing")

@@ -44,8 +44,9 @@ import numpy as np
 
 from foundation.errors import InputError
 from foundation.files import read_json, write_text_atomic
+from foundation.formats import check, tag
 
-PROFILE_FORMAT = "moeplace.calibration/1"
+PROFILE_FORMAT = tag("calibration")
 OPS: dict[str, str] = {
     "expert_gemm": "tokens_per_expert",
     "dispatch": "bytes",
@@ -100,10 +101,7 @@ class Profile:
 
 def profile_from_dict(d: Any, source: str = "profile") -> Profile:
     """Validate a parsed profile; every error names the file and the field."""
-    if not isinstance(d, dict):
-        raise InputError(f"{source}: expected a JSON object")
-    if d.get("format") != PROFILE_FORMAT:
-        raise InputError(f"{source}: field 'format' is {d.get('format')!r}, expected {PROFILE_FORMAT!r}")
+    check(d, "calibration", source)
     for key in ("device", "dtype"):
         if not isinstance(d.get(key), str) or not d[key]:
             raise InputError(f"{source}: field '{key}' must be a non-empty string")

@@ -17,7 +17,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-FRONTIER_VERSION = 1
+from foundation.formats import tag
+
+# frontier.json names its schema by its format tag (moeplace.frontier/<N>); the previous release wrote no
+# tag but a field "version" with this value, which a reader of such a file still checks
+LEGACY_VERSION = 1
 OBJECTIVES = ("gpus", "output_tok_s", "tpot_p99_s")
 FRONTIER_COLUMNS = ("index", "point_hash", "label", "workload", "gpu", "gpus", "nodes", "gpus_per_node", "tp",
                     "dp", "ep", "num_redundant", "policy", "rebalance", "kv_dtype", "engine", "output_tok_s",
@@ -71,8 +75,8 @@ def recommend(frontier: list[dict[str, Any]], objective: dict[str, Any]) -> tupl
 def frontier_report(table: pl.DataFrame, objective: dict[str, Any]) -> dict[str, Any]:
     """Per workload: every simulated point with its objectives and ``on_frontier`` flag, the frontier
     (sorted by GPUs, then throughput descending) and the recommendation. JSON-ready."""
-    out: dict[str, Any] = {"version": FRONTIER_VERSION, "objectives": {"gpus": "min", "output_tok_s": "max",
-                                                                       "tpot_p99_s": "min"},
+    out: dict[str, Any] = {"format": tag("frontier"), "objectives": {"gpus": "min", "output_tok_s": "max",
+                                                                     "tpot_p99_s": "min"},
                            "objective_limits": {k: v for k, v in objective.items() if v is not None},
                            "workloads": {}}
     for name in table["workload"].unique(maintain_order=True).to_list():

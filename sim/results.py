@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from foundation.files import atomic_path, write_text_atomic
+from foundation.errors import InputError
+from foundation.files import atomic_path, read_json, write_text_atomic
+from foundation.formats import check, tag, tagged
 from sim.chrome_trace import LAYER_ITERATIONS, iteration_events, request_events
 
 
@@ -202,12 +204,19 @@ def file_label(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in label) or "run"
 
 
+def summaries_doc(results: list[SimResult]) -> dict[str, Any]:
+    """The ``moeplace.sim-summary`` document: ``{"format", "summaries": [one summary per placement]}``
+    (``summary.json``, and what ``place simulate --json`` prints)."""
+    return tagged("sim-summary", {"summaries": [r.summary for r in results]})
+
+
 def write_outputs(out: str | Path, results: list[SimResult], config: dict[str, Any]) -> None:
-    """``out/``: ``config.json`` (resolved), ``summary.json`` (all placements), and per placement
-    ``<label>.requests.parquet`` and ``<label>.timeseries.parquet``. Written atomically as a directory."""
+    """``out/``: ``config.json`` (the resolved config, a ``moeplace.sim-config`` document),
+    ``summary.json`` (:func:`summaries_doc`), and per placement ``<label>.requests.parquet`` and
+    ``<label>.timeseries.parquet``. Written atomically as a directory."""
     with atomic_path(out, directory=True) as tmp:
-        (tmp / "config.json").write_text(json.dumps(config, indent=1, default=str) + "\n")
-        (tmp / "summary.json").write_text(json.dumps([r.summary for r in results], indent=1) + "\n")
+        (tmp / "config.json").write_text(json.dumps(tagged("sim-config", config), indent=1, default=str) + "\n")
+        (tmp / "summary.json").write_text(json.dumps(summaries_doc(results), indent=1) + "\n")
         for r in results:
             name = file_label(r.label)
             r.requests.write_parquet(tmp / f"{name}.requests.parquet")
@@ -221,7 +230,36 @@ def write_chrome_trace(path: str | Path, results: list[SimResult]) -> None:
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": r.label}})
         for e in r.chrome_events or []:
             events.append({**e, "pid": pid})
-    write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    # the tag goes in the trace-event format's own metadata field, first, so that the file is recognised by
+    # its first bytes (it can be large); viewers ignore it
+    doc = {"otherData": {"format": tag("chrome-trace")}, "traceEvents": events, "displayTimeUnit": "ms"}
+    write_text_atomic(path, json.dumps(doc))
+
+
+def read_summaries(path: str | Path) -> list[dict[str, Any]]:
+    """The summaries of a ``summary.json`` (a ``moeplace.sim-summary`` document, or the bare list of
+    summaries the previous release wrote); each a JSON object with a ``label``."""
+    p = Path(path)
+    d = read_json(p)
+    if isinstance(d, list):  # the previous release wrote the bare list, which has no room for a tag
+        summaries = d
+    elif check(d, "sim-summary", str(p)) == 0:  # untagged, and not that list: not a summary file
+        raise InputError(f"{p}: field 'format' missing, expected a moeplace.sim-summary file")
+    else:
+        summaries = d.get("summaries")
+    if not isinstance(summaries, list) or not all(isinstance(s, dict) and "label" in s for s in summaries):
+        raise InputError(f"{p}: field 'summaries' is not a list of summaries with field 'label' "
+                         "(written by `place simulate --out`)")
+    return summaries
+
+
+def read_sim_config(path: str | Path) -> dict[str, Any]:
+    """The resolved configuration of a ``config.json`` (a ``moeplace.sim-config`` document; the previous
+    release's untagged one is read as it is)."""
+    p = Path(path)
+    d = read_json(p)
+    check(d, "sim-config", str(p))
+    return d
 
 
 # ---------------------------------------------------------------------------- the table

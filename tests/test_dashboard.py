@@ -263,7 +263,7 @@ def test_plan_bad_context_and_a_layout_that_does_not_fit(run_dir):
 def test_simulate_page_shows_the_summaries_side_by_side(run_dir):
     at = open_page(run_dir, "simulate")
     no_failures(at)
-    summaries = {s["label"]: s for s in json.loads((run_dir / "sim" / "summary.json").read_text())}
+    summaries = {s["label"]: s for s in json.loads((run_dir / "sim" / "summary.json").read_text())["summaries"]}
     assert at.multiselect(key=f"sim_labels_{run_dir / 'sim'}").value == ["moeplace", "linear"]
     assert metric(at, "moeplace: output tok/s") == f"{summaries['moeplace']['output_tok_s']:,.0f}"
     table = at.dataframe[0].value
@@ -396,6 +396,8 @@ def test_sweep_page_shows_the_frontier_and_the_recommended_deployment(run_dir):
     ("garbage", "frontier.json: not readable JSON"),
     ("no_points", "workloads.chat.points: expected a list of point objects"),
     ("old_version", "field 'version': expected 1"),
+    ("other_kind", "field 'format' says a moeplace.sim-summary file, expected a moeplace.frontier file"),
+    ("new_version", "field 'format' is 'moeplace.frontier/2': version 2 unknown"),
     ("missing", "frontier.json: missing (the sweep has not finished"),
 ])
 def test_corrupt_or_missing_frontier_json_is_an_error_message(run_dir, tmp_path, damage, needle):
@@ -407,8 +409,12 @@ def test_corrupt_or_missing_frontier_json_is_an_error_message(run_dir, tmp_path,
     elif damage == "no_points":
         del rep["workloads"]["chat"]["points"]
         f.write_text(json.dumps(rep))
-    elif damage == "old_version":
+    elif damage == "old_version":  # an untagged frontier (the previous release's) is checked by its field
+        del rep["format"]
         rep["version"] = 0
+        f.write_text(json.dumps(rep))
+    elif damage in ("other_kind", "new_version"):
+        rep["format"] = "moeplace.sim-summary/1" if damage == "other_kind" else "moeplace.frontier/2"
         f.write_text(json.dumps(rep))
     else:
         f.unlink()

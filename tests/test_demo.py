@@ -32,7 +32,7 @@ def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     held = {p: r["held_out"]["balancedness"] for p, r in cmp.items()}
     # on traffic it did not plan on, the optimizer's placement beats vLLM's static layouts and EPLB
     assert held["moeplace"] > held["eplb"] > held["linear"]
-    sims = {s["placement"]["policy"]: s for s in json.loads((run / "sim" / "summary.json").read_text())}
+    sims = {s["placement"]["policy"]: s for s in json.loads((run / "sim" / "summary.json").read_text())["summaries"]}
     assert set(sims) == {"moeplace", "eplb", "linear"}
     # the straggler GPU of vLLM's linear layout costs more than the balanced placements' (same workload)
     assert sims["linear"]["straggler_share"] > 2 * sims["moeplace"]["straggler_share"]

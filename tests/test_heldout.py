@@ -217,10 +217,10 @@ def test_simulate_routes_on_what_the_placement_did_not_plan_on(tmp_path, capsys)
     sim = ["simulate", trace, "--placement", str(d / "placement-eplb.json"), "--gpus", "4", "--gpus-per-node",
            "2", "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8", "--no-progress", "--json"]
     assert main(sim) == 0
-    routing = json.loads(capsys.readouterr().out)[0]["routing"]
+    routing = json.loads(capsys.readouterr().out)["summaries"][0]["routing"]
     assert routing["from_token"] == 500 and "held-out part" in routing["note"]
     assert main([*sim, "--route-all"]) == 0
-    routing = json.loads(capsys.readouterr().out)[0]["routing"]
+    routing = json.loads(capsys.readouterr().out)["summaries"][0]["routing"]
     assert routing["from_token"] == 0 and "in-sample" in routing["note"]
 
 

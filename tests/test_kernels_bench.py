@@ -75,6 +75,20 @@ def test_real_bench_writes_a_loadable_profile(tmp_path):
     assert all(r["measured_s"] > 0 and r["predicted_s"] > 0 for r in val["table"])
 
 
+def test_cli_writes_a_tagged_profile_and_report(tmp_path, capsys):
+    import json
+
+    from moeplace.cli import main
+    prof, rep = tmp_path / "profile.json", tmp_path / "report.json"
+    assert main(["kernels", "bench", "--world-size", "2", "--hidden", "32", "--intermediate", "16", "--experts", "8",
+                 "--top-k", "2", "--train-tokens", "8,32", "--test-tokens", "16", "--test-skews", "0,1.5",
+                 "--reps", "2", "--out", str(prof), "--report", str(rep)]) == 0
+    assert "held-out: median error" in capsys.readouterr().out
+    report = json.loads(rep.read_text())
+    assert report["format"] == "moeplace.kernel-report/1" and report["validation"]["table"] and report["raw"]
+    assert json.loads(prof.read_text())["format"] == "moeplace.calibration/1" and load_profile(prof).world_size == 2
+
+
 def test_cli_rejects_bad_world_size(capsys):
     from moeplace.cli import main
     assert main(["kernels", "bench", "--world-size", "3", "--experts", "32"]) == 2

@@ -31,7 +31,7 @@ def test_table_outputs_and_chrome_trace(trace_dir, tmp_path, capsys):
     for row in ("output tok/s", "TTFT p99 (ms)", "straggler total (s)", "straggler share of step",
                 "NIC bytes (GB)", "KV pool peak", "preemptions"):
         assert any(line.startswith(row) for line in text.splitlines()), row
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())["summaries"]
     assert [s["label"] for s in summary] == ["lin", "round_robin"]
     assert summary[0]["requests_arrived"] > 0
     cfg = json.loads((out / "config.json").read_text())
@@ -52,7 +52,7 @@ def test_table_outputs_and_chrome_trace(trace_dir, tmp_path, capsys):
 def test_json_and_identical_placements_get_distinct_labels(trace_dir, capsys):
     rc = main(["simulate", trace_dir, "--placement", "linear", "--placement", "linear", *COMMON, "--json"])
     assert rc == 0
-    res = json.loads(capsys.readouterr().out)
+    res = json.loads(capsys.readouterr().out)["summaries"]
     assert [r["label"] for r in res] == ["linear#1", "linear#2"]
     a, b = ({k: v for k, v in r.items() if "wall" not in k and k not in ("label", "placement")} for r in res)
     assert a == b  # same placement, same seed: same run
@@ -90,26 +90,26 @@ def test_benchmark_shapes_and_per_gpu_per_user_figures(trace_dir, tmp_path, caps
     base = ["--placement", "linear", "--isl", "24", "--osl", "16", "--phase", "decode", "--json",
             *opts(**{"--duration": "0.2"})]
     rc = main(["simulate", trace_dir, *base])
-    fast = json.loads(capsys.readouterr().out)[0]
+    fast = json.loads(capsys.readouterr().out)["summaries"][0]
     assert rc == 0 and fast["output_tok_s"] > 0 and fast["tpot_p50_s"] is not None
     assert fast["output_tok_s_per_gpu"] == pytest.approx(fast["output_tok_s"] / 4)
     assert fast["warmup_s"] == pytest.approx(0.04) and fast["num_gpus"] == 4
     # decode phase: requests arrive with their KV, so no prompt is prefilled
     assert fast["prefill_tok_s"] == 0 and fast["per_user_tok_s"] > 0
     rc = main(["simulate", trace_dir, *base, "--gpu", str(spec)])
-    slow = json.loads(capsys.readouterr().out)[0]
+    slow = json.loads(capsys.readouterr().out)["summaries"][0]
     assert rc == 0 and slow["per_user_tok_s"] < fast["per_user_tok_s"]  # decode reads weights from HBM
     # MTP with every draft accepted: each step keeps 1 + 2 tokens per sequence but runs 2 draft steps and
     # verifies 3 tokens, so the speed-up is real but below 3x; with nothing accepted drafting only costs
     rc = main(["simulate", trace_dir, *base, "--mtp", "2:1.0"])
-    mtp = json.loads(capsys.readouterr().out)[0]
+    mtp = json.loads(capsys.readouterr().out)["summaries"][0]
     assert rc == 0 and 1.5 * fast["per_user_tok_s"] < mtp["per_user_tok_s"] < 3 * fast["per_user_tok_s"]
     rc = main(["simulate", trace_dir, *base, "--mtp", "2:0.0"])
-    assert rc == 0 and json.loads(capsys.readouterr().out)[0]["per_user_tok_s"] < fast["per_user_tok_s"]
+    assert rc == 0 and json.loads(capsys.readouterr().out)["summaries"][0]["per_user_tok_s"] < fast["per_user_tok_s"]
     # asymmetric disaggregation: 2 prefill GPUs + the 4 decode GPUs
     rc = main(["simulate", trace_dir, "--placement", "linear", "--disaggregated", "--prefill-gpus", "2", "--json",
                *opts(**{"--duration": "0.2"})])
-    dis = json.loads(capsys.readouterr().out)[0]
+    dis = json.loads(capsys.readouterr().out)["summaries"][0]
     assert rc == 0 and dis["num_gpus"] == 6 and dis["requests_finished"] > 0
 
 

@@ -152,7 +152,7 @@ def test_simulate_recommend_compares_static_with_the_engines_rebalancers(tmp_pat
                "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8", "--no-progress", "--recommend",
                "--recommend-time", "1", "--json"])
     assert rc == 0
-    rec = json.loads(capsys.readouterr().out)[0]["recommendation"]
+    rec = json.loads(capsys.readouterr().out)["summaries"][0]["recommendation"]
     names = [r["config"] for r in rec["rows"]]
     assert names[0] == "static" and any("vLLM EPLB" in n for n in names) and any("SGLang" in n for n in names)
     assert any("moeplace migration" in n for n in names)

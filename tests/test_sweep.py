@@ -284,6 +284,9 @@ def test_local_sweep_reports_every_point(local_run):
 
 def test_frontier_json_and_recommended_launch(local_run):
     rep = json.loads(local_run.frontier_path.read_text())
+    assert rep["format"] == "moeplace.frontier/1"  # foundation.formats: the tag leads the document
+    scores = sorted((local_run.frontier_path.parent / "cache" / "placements").glob("*.scores.json"))
+    assert scores and all(json.loads(f.read_text())["format"] == "moeplace.sweep-scores/1" for f in scores)
     w = rep["workloads"]["chat"]
     assert len(w["points"]) == 3
     front = w["frontier"]

@@ -19,9 +19,10 @@ import numpy as np
 
 from foundation.errors import InputError
 from foundation.files import atomic_path
+from foundation.formats import check, tag
 from foundation.model import ModelSpec
 
-LOADS_FORMAT = "moeplace.loads/1"
+LOADS_FORMAT = tag("loads")
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,8 +151,7 @@ def load_loads(path: str | Path) -> Loads:
         raise InputError(f"{p}: field 'meta' is not valid JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise InputError(f"{p}: field 'meta' is a JSON {type(meta).__name__}, expected an object")
-    if meta.get("format") != LOADS_FORMAT:
-        raise InputError(f"{p}: field 'format' is {meta.get('format')!r}, expected {LOADS_FORMAT!r}")
+    check(meta, "loads", str(p))
     if not isinstance(meta.get("model"), dict):
         raise InputError(f"{p}: field 'meta.model' is {json.dumps(meta.get('model'))[:60]}, expected a model "
                          "spec object")

@@ -121,7 +121,7 @@ with st.expander("Run `place optimize` here (small settings)", expanded=not cand
         candidates.update(opt["placements"])
 
 for cpath in idx.comparisons:
-    cmp_d = ui.load(data.read_json, cpath, stop=False)
+    cmp_d = ui.load(data.read_artifact, cpath, "comparison", stop=False)
     if isinstance(cmp_d, dict) and isinstance(cmp_d.get("rows"), list):
         with st.expander(f"`place optimize` comparison: {data.rel(cpath, root)}"):
             st.dataframe([_comparison_row(r) for r in cmp_d["rows"]], hide_index=True)

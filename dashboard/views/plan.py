@@ -25,7 +25,7 @@ if idx.plans:
     plan_path = ui.pick_path("Plan file", idx.plans, root, key="plan_file")
     if plan_path is None:
         st.stop()
-    recorded = ui.load(data.read_json, plan_path, what="plan file")
+    recorded = ui.load(data.read_artifact, plan_path, "memory-plan", what="plan file")
     model_name, gpus, gpu, gpn, config = ui.load(data.plan_inputs, recorded, what=str(plan_path))
     src = data.rel(plan_path, root)
 else:

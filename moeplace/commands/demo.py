@@ -14,6 +14,7 @@ from pathlib import Path
 from foundation.cluster import make_cluster
 from foundation.errors import MoeplaceError
 from foundation.files import RUN_MARKER, Outputs, clean_stale_temps, remove_path, temp_sibling
+from foundation.formats import tagged
 from foundation.model import load_model
 from moeplace import flags
 from moeplace.cli import main
@@ -89,7 +90,7 @@ def _run_in(out: Path, pipeline) -> int:
         out.rename(old)
     try:
         out.mkdir(parents=True)
-        (out / RUN_MARKER).write_text(json.dumps({"written_by": "place demo"}) + "\n")
+        (out / RUN_MARKER).write_text(json.dumps(tagged("run", {"written_by": "place demo"})) + "\n")
         rc = pipeline()
     except BaseException:
         remove_path(out)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from foundation.errors import InputError
+from foundation.formats import tagged
 from foundation.model import DTYPE_BYTES, load_model
 from moeplace import flags
 from placement.dispatch import ENGINES, SGLANG_VARIANTS, VLLM_RULES
@@ -44,7 +45,7 @@ def run(args) -> int:
                  seed=args.seed, dispatch_dtype=args.dispatch_dtype, sglang_variant=args.sglang_variant,
                  vllm_rule=args.vllm_rule, what=args.placement)
     if args.json:
-        print(json.dumps(m.to_dict(), indent=1))
+        print(json.dumps(tagged("metrics", m.to_dict()), indent=1))
         return 0
     s = m.summary()
     GB = 1e9

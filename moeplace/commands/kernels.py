@@ -7,6 +7,7 @@ from pathlib import Path
 
 from foundation.errors import InputError
 from foundation.files import Outputs, write_text_atomic
+from foundation.formats import tagged
 from moeplace import flags
 from moeplace.commands import add_force
 
@@ -82,7 +83,7 @@ def bench(args) -> int:
           f"{val['train_median_rel_error'] * 100:.1f}%)")
     if args.report:
         outs.write(args.report, lambda: write_text_atomic(Path(args.report), json.dumps(
-            {"validation": val, "raw": raw}, indent=1, default=str)))
+            tagged("kernel-report", {"validation": val, "raw": raw}), indent=1, default=str)))
     outs.finish()
     return 0
 

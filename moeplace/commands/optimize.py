@@ -11,6 +11,7 @@ from pathlib import Path
 from foundation.cluster import gpu_preset_names, make_cluster
 from foundation.errors import InputError, MoeplaceError
 from foundation.files import Outputs, write_text_atomic
+from foundation.formats import tagged
 from foundation.model import load_model
 from moeplace import flags
 from moeplace.commands import add_force
@@ -132,7 +133,7 @@ def run(args) -> int:
         for r in cmp.results:
             path = Path(args.save_all) / f"placement-{r.policy}.json"
             outs.write(path, lambda r=r, path=path: r.placement.save(path))
-    d = cmp.to_dict()
+    d = tagged("comparison", cmp.to_dict())
     d["written"] = {"policy": chosen, "path": args.out} if wrote else None
     if args.report:
         outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(d, indent=1) + "\n"))

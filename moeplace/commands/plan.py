@@ -11,6 +11,7 @@ import json
 from foundation.cluster import gpu_preset_names, load_gpu, make_cluster
 from foundation.errors import InputError
 from foundation.files import Outputs, write_text_atomic
+from foundation.formats import tagged
 from foundation.memory.config import PlanConfig
 from foundation.memory.inputs import GiB, parse_context_mix, parse_pool_split, parse_tokens
 from foundation.memory.planner import default_sweep_gpus, plan_memory, sweep_plans
@@ -100,10 +101,11 @@ def run(args) -> int:
         return run_sweep(args, model, config)
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
     plan = plan_memory(model, cluster, config)
+    report = json.dumps(tagged("memory-plan", plan.to_dict()), indent=1)
     if args.report:
-        outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(plan.to_dict(), indent=1) + "\n"))
+        outs.write(args.report, lambda: write_text_atomic(args.report, report + "\n"))
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=1))
+        print(report)
     else:
         print(render_plan(plan))
     outs.finish()
@@ -120,8 +122,9 @@ def run_sweep(args, model, config: PlanConfig) -> int:
     rows = sweep_plans(model, config, gpu=args.gpu, gpus_per_node=args.gpus_per_node, gpu_counts=counts,
                        ep_sizes=eps, redundant=reds)
     if args.json:
-        print(json.dumps([{"gpus": r.gpus, "ep": r.ep, "num_redundant": r.num_redundant, "error": r.error,
-                           "plan": r.plan.to_dict() if r.plan else None} for r in rows], indent=1))
+        print(json.dumps(tagged("memory-plan-sweep", {"rows": [
+            {"gpus": r.gpus, "ep": r.ep, "num_redundant": r.num_redundant, "error": r.error,
+             "plan": r.plan.to_dict() if r.plan else None} for r in rows]}), indent=1))
     else:
         print(render_sweep(rows, model_name=model.name, gpu=args.gpu, kv_dtype=config.kv_dtype,
                            context=config.context or model.max_context))

@@ -19,7 +19,7 @@ from placement.record import load_placement
 from sim.calibration import load_profile
 from sim.config import SimConfig, parse_mtp
 from sim.rebalance import recommend_configs
-from sim.results import format_table, write_chrome_trace, write_outputs
+from sim.results import format_table, summaries_doc, write_chrome_trace, write_outputs
 from sim.runner import resolve_placement, resolved_config, simulate
 from sim.workload import load_trace_tokens
 
@@ -191,7 +191,7 @@ def run(args) -> int:
     for r in results:
         r.summary["routing"] = {"from_token": from_token, "note": routing_note}
     if args.json:
-        print(json.dumps([r.summary for r in results], indent=1))
+        print(json.dumps(summaries_doc(results), indent=1))
     else:
         print(routing_note)
         print(f"{trace.model.name} on {cluster.name} ({results[0].summary['num_gpus']} GPUs in all), "

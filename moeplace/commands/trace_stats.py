@@ -6,6 +6,7 @@ from pathlib import Path
 
 from foundation.errors import InputError
 from foundation.files import Outputs, write_text_atomic
+from foundation.formats import tagged
 from moeplace import flags
 from moeplace.commands import add_force
 from traces.stats import DEFAULT_SAMPLE_TOKENS, DEFAULT_WINDOW_TOKENS, compute_stats
@@ -76,8 +77,9 @@ def run(args) -> int:
     s = st.summary()
     if out is not None and out.suffix == ".npz":
         outs.write(out, lambda: st.loads.save(out))
-    elif out is not None:
-        outs.write(out, lambda: write_text_atomic(out, json.dumps(s, indent=1)))
-    print(json.dumps(s, indent=1) if args.json else table(s))
+    doc = json.dumps(tagged("trace-stats", s), indent=1)
+    if out is not None and out.suffix == ".json":
+        outs.write(out, lambda: write_text_atomic(out, doc))
+    print(doc if args.json else table(s))
     outs.finish()
     return 0

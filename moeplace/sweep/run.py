@@ -33,7 +33,8 @@ from typing import Any
 import polars as pl
 
 from foundation.errors import InputError
-from foundation.files import write_text_atomic
+from foundation.files import read_json, write_text_atomic
+from foundation.formats import check, tagged
 from moeplace.sim_settings import SimSettings, build_sim_config
 from moeplace.sweep.spec import (
     Point,
@@ -378,7 +379,7 @@ def _cached_placements(store: ResultStore, groups: dict[str, list[Item]]
     for key in groups:
         f, sf = pl_dir / f"{key}.json", pl_dir / f"{key}.scores.json"
         if f.exists() and sf.exists():
-            cached[key] = (load_placement(f), json.loads(sf.read_text()))
+            cached[key] = (load_placement(f), read_scores(sf))
     return cached
 
 
@@ -447,13 +448,24 @@ class _Execution:
         if res["status"] == "ok":
             pl_dir = self.store.cache / "placements"
             # scores first: the placement file's existence marks a complete cache entry
-            write_text_atomic(pl_dir / f"{key}.scores.json", json.dumps(res["scores"], indent=1))
+            write_text_atomic(pl_dir / f"{key}.scores.json",
+                              json.dumps(tagged("sweep-scores", {"scores": res["scores"]}), indent=1))
             res["placement"].save(pl_dir / f"{key}.json")
             self.add_sims(key, res["placement"], res["scores"], res["seconds"])
         else:
             for _p, _h, fields, _cfg in self.groups[key]:
                 self.emit({**fields, "optimize_key": key, "status": res["status"],
                            "stage": res["stage"], "reason": res["reason"]})
+
+
+def read_scores(path: Path) -> dict[str, Any]:
+    """The scores cached next to a placement (``<key>.scores.json``, a ``moeplace.sweep-scores`` document;
+    the previous release wrote the bare scores object, read as it is)."""
+    d = read_json(path)
+    scores = d if check(d, "sweep-scores", str(path)) == 0 else d.get("scores")
+    if not isinstance(scores, dict):
+        raise InputError(f"{path}: field 'scores' is not an object (delete the file to optimize again)")
+    return scores
 
 
 # ---------------------------------------------------------------------------- recommendation -> launch flags

@@ -47,6 +47,7 @@ from typing import Any
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
 from foundation.files import read_json
+from foundation.formats import check
 from foundation.memory.config import PlanConfig
 from foundation.memory.planner import plan_memory
 from foundation.model import ModelSpec
@@ -110,8 +111,10 @@ def _gpu_kind(placement: Placement, opts: FlagOptions) -> str:
 def plan_config_from_report(path: str | Path) -> tuple[Any, dict[str, Any]]:
     """The :class:`~foundation.memory.config.PlanConfig` and cluster dict of a ``place plan --report`` JSON."""
     d = read_json(path)
-    if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or not isinstance(d.get("cluster"), dict):
-        raise InputError(f"{path}: not a `place plan --report` file (fields 'config' and 'cluster' expected)")
+    check(d, "memory-plan", str(path), hint="written by `place plan --report`")
+    for key in ("config", "cluster"):
+        if not isinstance(d.get(key), dict):
+            raise InputError(f"{path}: field '{key}' missing or not an object (expected a `place plan --report` file)")
     cfg = dict(d["config"])
     if cfg.get("context_mix") is not None:
         try:
