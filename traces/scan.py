@@ -35,9 +35,9 @@ from foundation.model import ModelSpec
 from traces.validate import (
     Detect,
     ProblemFound,
+    Raise,
     RowGroup,
     Trace,
-    _Raise,
     check_lists,
     check_row_group,
     corrupt_group,
@@ -279,7 +279,7 @@ def _reduce_checked(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
                                   use_threads=False)
     except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
         raise InputError(corrupt_group(trace.files[fi].path, rg, exc)) from None
-    group = check_row_group(_Raise(), trace, fi, rg, table)
+    group = check_row_group(Raise(), trace, fi, rg, table)
     return _reduce_rows(spec, j, table, group, iter([group.experts]))
 
 

@@ -35,7 +35,7 @@ from traces.measures import (  # noqa: F401  (affinity_lift, pair_counts, top_sh
     window_drift,
 )
 from traces.scan import PassSpec, Sampler, partials, pass_workers, worker_pool
-from traces.validate import RowOrder, _Raise, open_trace
+from traces.validate import Raise, RowOrder, open_trace
 
 DEFAULT_WINDOW_TOKENS = 4096
 DEFAULT_SAMPLE_TOKENS = 4096
@@ -159,7 +159,7 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     domain_ids: dict[str, int] = {}
     domain_rows: list[np.ndarray] = []  # per domain: rows per window
     requests: set[int] = set()
-    order = RowOrder(_Raise())
+    order = RowOrder(Raise())
     with worker_pool(num_workers, len(jobs)) as pool:
         for j, part in enumerate(partials(spec, pool, num_workers)):
             fi, rg, _ = jobs[j]
