@@ -304,7 +304,30 @@ def _shift_context(d: dict) -> str:
                    "layers): " + ", ".join(f"{k} {x['tv_rest']:.2f}" for k, x in dm.items())
                    + "; between a window and its own domain: " + ", ".join(f"{x['tv_window']:.2f}" for x in dm.values())
                    + ".")
+        if all("corr_rest" in x for x in dm.values()):
+            out.append("Correlation of a domain's expert loads with the other domains': "
+                       + ", ".join(f"{x['corr_rest']:.2f}" for x in dm.values())
+                       + "; coldest of its 4 hottest experts (per layer) in the other domains' loads: rank "
+                       + ", ".join(str(x["hot_rank_max"]) for x in dm.values())
+                       + (f" of {d['experts']}" if "experts" in d else "") + " (0 = hottest).")
     return ("\n" + "\n".join(out) + "\n") if out else ""
+
+
+def _shift_hedges(datasets: dict) -> str:
+    """What ``--robust`` keeps over EPLB on each dataset, and what each hedge adds to plain ``--robust``."""
+    def worst(d, k):
+        return d["variants"][k]["realized_worst"]
+
+    names = {"synthetic": "synthetic", "captured": "captured", "captured-seed1": "captured seed 1"}
+    rob = ", ".join(f"{_signed(worst(d, 'robust') - worst(d, 'eplb'))} ({names[k]})" for k, d in datasets.items())
+    parts = []
+    for h, label in (("robust+envelope", "`--envelope`"), ("robust+jackknife", "`--dilate jackknife`"),
+                     ("robust+auto", "`--dilate auto`")):
+        have = {k: d for k, d in datasets.items() if h in d["variants"]}
+        if have:
+            parts.append(f"{label} " + ", ".join(f"{_signed(worst(d, h) - worst(d, 'robust'))}" for d in have.values()))
+    return (f"Worst unseen domain, `--robust` against EPLB: {rob}. Each hedge against plain `--robust` (same "
+            f"order): " + "; ".join(parts) + ".\n\n")
 
 
 def shift_lodo() -> str:
@@ -322,10 +345,11 @@ def shift_lodo() -> str:
         if key not in datasets:
             continue
         d = datasets[key]
-        load = d.get("loadavg")
+        loads = [x for k in SHIFT_LABELS if k in d["variants"] for x in d["variants"][k].get("loadavg", [])]
         text += (f"{title} ({len(d['scenarios'])} domains: {', '.join(d['scenarios'])}"
-                 + (f"; load average {load[0]:.0f} at the start, {load[1]:.0f} at the end" if load else "")
+                 + (f"; load average {min(loads):.0f}-{max(loads):.0f}" if loads else "")
                  + "):\n\n" + _shift_table(d) + _shift_context(d) + "\n")
+    text += _shift_hedges(datasets)
     text += (f"The in-sample figure overstates what unseen traffic gets by {min(over):.2f}-{max(over):.2f}; the shift "
              f"estimate lands within {min(est):.3f}-{max(est):.3f} of the realized mean (per held-out domain "
              f"{min(per):.3f}-{max(per):.3f} off on average).")

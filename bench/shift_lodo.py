@@ -20,7 +20,9 @@ Two oracles (not methods: they see the unseen domain on purpose) bound what any 
 keep: ``self`` = ``--robust`` planned on the unseen domain itself, ``all`` = ``--robust`` planned on every
 domain, the unseen one included (one placement for all four). With them, how far apart the domains are:
 ``tv_rest`` = total-variation distance between a domain's expert shares and the other domains' (mean over
-layers), ``tv_window`` = between a window's shares and its own domain's (sampling noise and mix).
+layers), ``tv_window`` = between a window's shares and its own domain's (sampling noise and mix), ``corr_rest`` =
+correlation of a domain's expert loads with the others', ``hot_rank_max`` = how cold (rank in the others'
+loads, 0 = hottest) one of its 4 hottest experts per layer can be.
 Prints a table and writes ``bench/results/shift_lodo.json``.
 
     .venv/bin/python bench/shift_lodo.py [--tokens 60000] [--time-limit 4] [--skip-captured]
@@ -127,16 +129,29 @@ def _tv(a, b):
     return float(0.5 * np.abs(pa - pb).sum(-1).mean())
 
 
+def _domain_stats(c, ids, d) -> dict:
+    """How unlike the others domain ``d`` is (``c``: counts ``[W, L, E]``, ``ids``: domain per window):
+    ``tv_rest`` / ``tv_window`` (see the module docstring); ``corr_rest``: correlation of its expert loads
+    with the other domains' summed loads (mean over layers); ``hot_rank_max``: the worst rank (0 = hottest)
+    in the other domains' loads of any of its 4 hottest experts per layer — how cold in the planning data an
+    expert this domain needs most can be."""
+    own, rest = c[ids == d].sum(0), c[ids != d].sum(0)
+    ranks = np.argsort(np.argsort(-rest, axis=1), axis=1)
+    top = np.argsort(-own, axis=1)[:, :4]
+    return {"tv_rest": _tv(own, rest),
+            "tv_window": float(np.mean([_tv(c[w], own) for w in np.flatnonzero(ids == d)])),
+            "corr_rest": float(np.mean([np.corrcoef(own[l], rest[l])[0, 1] for l in range(c.shape[1])])),
+            "hot_rank_max": int(np.take_along_axis(ranks, top, axis=1).max())}
+
+
 def lodo(loads, cluster, num_redundant: int, time_limit: float) -> dict:
     ids, names, method = scenarios(loads)
-    out = {"method": method, "scenarios": names, "variants": {}}
+    out = {"method": method, "scenarios": names, "experts": int(loads.counts.shape[2]), "variants": {}}
     c = loads.counts.astype(np.float64)
-    out["domains"] = {names[d]: {"tv_rest": _tv(c[ids == d].sum(0), c[ids != d].sum(0)),
-                                 "tv_window": float(np.mean([_tv(c[w], c[ids == d].sum(0))
-                                                             for w in np.flatnonzero(ids == d)]))}
-                      for d in range(len(names))}
+    out["domains"] = {names[d]: _domain_stats(c, ids, d) for d in range(len(names))}
     for vname, (policy, opts) in VARIANTS.items():
         rows = []
+        load0 = os.getloadavg()[0]  # per variant: a later run of some variants keeps the others' figures
         for d in range(len(names)):
             train = np.flatnonzero(ids != d)
             test = np.flatnonzero(ids == d)
@@ -156,12 +171,13 @@ def lodo(loads, cluster, num_redundant: int, time_limit: float) -> dict:
                   f"{rows[-1]['realized']:.4f}", flush=True)
         real = np.array([x["realized"] for x in rows])
         out["variants"][vname] = {
-            "rows": rows,
+            "rows": rows,  # moeplace plans are time-limited: on a loaded machine they search less
             "in_sample_mean": float(np.mean([x["in_sample"] for x in rows])),
             "estimate_mean": float(np.mean([x["estimate_mean"] for x in rows])),
             "estimate_worst_mean": float(np.mean([x["estimate_worst"] for x in rows])),
             "realized_mean": float(real.mean()), "realized_worst": float(real.min()),
             "estimate_abs_error_mean": float(np.mean([abs(x["estimate_mean"] - x["realized"]) for x in rows])),
+            "loadavg": [load0, os.getloadavg()[0]],
         }
     if ORACLE_ON:
         everything = np.arange(loads.num_windows)
@@ -201,20 +217,15 @@ def main() -> int:
     ORACLE_ON = not args.no_oracle
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {}
-    # moeplace plans are time-limited: on a loaded machine they search less, so the load is recorded
     if not args.skip_synthetic:
         print("synthetic (Qwen3-30B-A3B shape, 16 GPUs = 4 x 4, R = 16):", flush=True)
-        load0 = os.getloadavg()[0]
         result["synthetic"] = lodo(synthetic_loads(args.tokens, args.window_tokens), make_cluster(16, "h200", 4),
                                    16, args.time_limit)
-        result["synthetic"]["loadavg"] = [load0, os.getloadavg()[0]]
     for seed in ([] if args.skip_captured else [int(x) for x in args.captured_seeds.split(",")]):
         name = "captured" if seed == 0 else f"captured-seed{seed}"
         print(f"{name} (random-weight Qwen3-MoE, weights seed {seed}, 64 experts, 8 GPUs = 2 x 4, R = 8):",
               flush=True)
-        load0 = os.getloadavg()[0]
         result[name] = lodo(captured_loads(256, seed), make_cluster(8, "h200", 4), 8, args.time_limit)
-        result[name]["loadavg"] = [load0, os.getloadavg()[0]]
     print()
     print(f"{'data':10s} {'variant':16s} {'in-sample':>9s} {'est mean':>8s} {'est worst':>9s} {'real mean':>9s} "
           f"{'real worst':>10s} {'|err|':>6s}")
