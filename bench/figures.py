@@ -270,7 +270,8 @@ SHIFT_LABELS = {"eplb": "eplb", "moeplace": "moeplace", "robust": "moeplace --ro
                 "robust+envelope": "moeplace --robust --envelope",
                 "robust+jackknife": "moeplace --robust --dilate jackknife",
                 "robust+auto": "moeplace --robust --dilate auto"}
-SHIFT_DATA = {"synthetic": "Synthetic", "captured": "Captured", "captured-seed1": "Captured, seed 1"}
+SHIFT_DATA = {"synthetic": "Synthetic", "captured": "Captured", "captured-seed1": "Captured, seed 1",
+              "captured-seed2": "Captured, seed 2"}
 
 
 def _shift_table(data: dict) -> str:
@@ -318,7 +319,8 @@ def _shift_hedges(datasets: dict) -> str:
     def worst(d, k):
         return d["variants"][k]["realized_worst"]
 
-    names = {"synthetic": "synthetic", "captured": "captured", "captured-seed1": "captured seed 1"}
+    names = {"synthetic": "synthetic", "captured": "captured", "captured-seed1": "captured seed 1",
+             "captured-seed2": "captured seed 2"}
     rob = ", ".join(f"{_signed(worst(d, 'robust') - worst(d, 'eplb'))} ({names[k]})" for k, d in datasets.items())
     parts = []
     for h, label in (("robust+envelope", "`--envelope`"), ("robust+jackknife", "`--dilate jackknife`"),

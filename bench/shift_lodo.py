@@ -8,7 +8,8 @@ Data (made here, deterministic):
   top-8), 4 domains, drift 1 (each phase one domain); scenarios = the windows' dominant domain tags.
 - ``captured``: ``place trace capture`` of a small random-weight Qwen3-MoE (4 MoE layers x 64 experts,
   top-4) on four prompt domains (code, prose, digits, non-ASCII text), one trace per domain;
-  scenarios = the input files.
+  scenarios = the input files. ``captured-seed1``, ``captured-seed2``: the same prompts through random
+  weights of other seeds (``--captured-seeds``): other models, other routings.
 
 For each domain ``d``: the planning data is every other domain. ``compare_policies(..., plan_fraction=1,
 shift=True)`` plans each policy on it and estimates, by leave-one-scenario-out *within* the planning
@@ -205,7 +206,7 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=4.0, help="seconds per moeplace plan")
     ap.add_argument("--skip-captured", action="store_true")
     ap.add_argument("--skip-synthetic", action="store_true")
-    ap.add_argument("--captured-seeds", default="0,1",
+    ap.add_argument("--captured-seeds", default="0,1,2",
                     help="random-weight models to capture with (comma-separated seeds; one dataset each)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of "
                     + ", ".join(VARIANTS))
