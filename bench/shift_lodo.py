@@ -160,7 +160,7 @@ def lodo(loads, cluster, num_redundant: int, time_limit: float) -> dict:
             r = _plan(loads, train, cluster, num_redundant, time_limit * EFFORT.get(vname, 1), policy, opts,
                       shift=True)
             realized = evaluate(r.placement, loads.counts[test].astype(np.float64), model=loads.model)
-            rows.append({"held_out": names[d], "in_sample": r.plan.balancedness,
+            rows.append({"held_out": names[d], "in_sample": r.planning.balancedness,
                          "estimate_mean": r.shift["mean"], "estimate_worst": r.shift["worst"],
                          "realized": realized.balancedness, "realized_worst_window": realized.worst_window_balancedness,
                          "seconds": time.perf_counter() - t0})

@@ -39,7 +39,7 @@ import streamlit as st
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
 from foundation.formats import check, kind_of
-from foundation.memory.config import PlanConfig
+from foundation.memory.config import MemoryConfig
 from foundation.memory.planner import plan_memory
 from foundation.model import load_model, preset_names
 from placement.compare import compare_policies, routing_windows
@@ -382,14 +382,14 @@ def export_formats() -> list[tuple[str, str, str, str]]:
 
 # ---------------------------------------------------------------------------- plan
 def plan_inputs(plan_dict: dict[str, Any]) -> tuple[str, int, str, int, Any]:
-    """(model name, GPUs, GPU kind, GPUs per node, PlanConfig) recorded in a ``place plan --json`` file."""
+    """(model name, GPUs, GPU kind, GPUs per node, MemoryConfig) recorded in a ``place plan --json`` file."""
     where_ = "plan JSON"
     try:
         cfg = dict(plan_dict["config"])
         cl = plan_dict["cluster"]
         if cfg.get("context_mix"):
             cfg["context_mix"] = tuple((int(n), float(w)) for n, w in cfg["context_mix"])
-        config = PlanConfig(**cfg)
+        config = MemoryConfig(**cfg)
         return (str(plan_dict["model"]), int(cl["num_gpus"]), str(cl["gpu"]), int(cl["gpus_per_node"]), config)
     except KeyError as exc:
         raise InputError(f"{where_}: field {exc} missing") from None

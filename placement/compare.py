@@ -117,11 +117,11 @@ def split_windows(num_windows: int, plan_fraction: float) -> tuple[np.ndarray, n
         return np.arange(num_windows), np.zeros(0, np.int64), False
     if num_windows == 1:
         return np.array([0]), np.array([0]), True
-    n_plan = min(max(1, math.ceil(plan_fraction * num_windows)), num_windows - 1)
-    return np.arange(n_plan), np.arange(n_plan, num_windows), False
+    n_planning = min(max(1, math.ceil(plan_fraction * num_windows)), num_windows - 1)
+    return np.arange(n_planning), np.arange(n_planning, num_windows), False
 
 
-def split_samples(loads: Loads, plan_idx: np.ndarray, held_idx: np.ndarray
+def split_samples(loads: Loads, planning_idx: np.ndarray, held_idx: np.ndarray
                   ) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
     """The token sample of the planning windows and that of the held-out windows (disjoint tokens), plus
     a note when the sample cannot be split (a Loads file whose sample carries no windows: then it is not
@@ -130,13 +130,13 @@ def split_samples(loads: Loads, plan_idx: np.ndarray, held_idx: np.ndarray
     if s is None or not len(s):
         return None, None, None
     if loads.sample_windows is None:
-        if held_idx.size == 0 or np.array_equal(plan_idx, held_idx):
+        if held_idx.size == 0 or np.array_equal(planning_idx, held_idx):
             return s, s, None
         return None, None, ("the token sample records no windows (an older Loads file): not used, since "
                             "any of its tokens may be held out; traffic columns are estimates")
-    plan = loads.samples_in(plan_idx)
+    planning = loads.samples_in(planning_idx)
     held = loads.samples_in(held_idx) if held_idx.size else None
-    return (plan if len(plan) else None), (held if held is not None and len(held) else None), None
+    return (planning if len(planning) else None), (held if held is not None and len(held) else None), None
 
 
 # ---------------------------------------------------------------------------- scenarios (shift estimate)
@@ -180,7 +180,7 @@ class PolicyResult:
     policy: str
     placement: Placement
     seconds: float
-    plan: Metrics
+    planning: Metrics  # scored on the planning windows
     held_out: Metrics | None
     shift: dict[str, Any] | None = None
 
@@ -189,9 +189,9 @@ class PolicyResult:
         return {
             "policy": self.policy,
             "seconds": self.seconds,
-            "plan": self.plan.summary(),
+            "plan": self.planning.summary(),
             "held_out": None if self.held_out is None else self.held_out.summary(),
-            "duplicate_on_gpu_layers": duplicate_layers(self.placement, self.plan),
+            "duplicate_on_gpu_layers": duplicate_layers(self.placement, self.planning),
         }
 
 
@@ -203,7 +203,7 @@ def duplicate_layers(placement: Placement, scored: Metrics) -> int:
 @dataclass(frozen=True, eq=False)
 class Comparison:
     results: list[PolicyResult]
-    plan_windows: np.ndarray
+    planning_windows: np.ndarray
     held_windows: np.ndarray
     single_window: bool
     engine: str
@@ -214,16 +214,16 @@ class Comparison:
     moe_layers: int = 0
     shift_method: str | None = None
     shift_scenarios: tuple[str, ...] = ()
-    plan_sample_tokens: int = 0
+    planning_sample_tokens: int = 0
     held_sample_tokens: int = 0
     tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = {"engine": self.engine, "cluster": self.cluster.to_dict(), "num_redundant": self.num_redundant,
-             "plan_windows": self.plan_windows.tolist(), "held_out_windows": self.held_windows.tolist(),
+             "plan_windows": self.planning_windows.tolist(), "held_out_windows": self.held_windows.tolist(),
              "single_window": self.single_window, "notes": list(self.notes),
              "scored_layers": self.scored_layers, "moe_layers": self.moe_layers, "tokens": self.tokens,
-             "sample_tokens": {"plan": self.plan_sample_tokens, "held_out": self.held_sample_tokens},
+             "sample_tokens": {"plan": self.planning_sample_tokens, "held_out": self.held_sample_tokens},
              "rows": [r.row() for r in self.results]}
         if self.shift_method is not None:
             d["shift"] = {r.policy: r.shift for r in self.results if r.shift is not None}
@@ -231,22 +231,22 @@ class Comparison:
         return d
 
 
-def planned_on(loads: Loads, plan_idx: np.ndarray) -> dict[str, Any]:
+def planned_on(loads: Loads, planning_idx: np.ndarray) -> dict[str, Any]:
     """What a placement was planned on, for whoever scores it later (``place simulate`` routes on the
     rest of the trace): the inputs, the planning windows and, for one token-windowed trace, the first
     token (in file order) that planning did not see."""
     d: dict[str, Any] = {"inputs": list(loads.provenance.get("inputs", [])),
-                         "windows": [int(plan_idx[0]), int(plan_idx[-1]) + 1],
+                         "windows": [int(planning_idx[0]), int(planning_idx[-1]) + 1],
                          "window_tokens": int(loads.window_tokens)}
-    contiguous = np.array_equal(plan_idx, np.arange(plan_idx.size))
-    if len(d["inputs"]) == 1 and loads.window_tokens > 0 and contiguous and plan_idx.size < loads.num_windows:
-        d["held_out_from_token"] = int(plan_idx.size * loads.window_tokens)
+    contiguous = np.array_equal(planning_idx, np.arange(planning_idx.size))
+    if len(d["inputs"]) == 1 and loads.window_tokens > 0 and contiguous and planning_idx.size < loads.num_windows:
+        d["held_out_from_token"] = int(planning_idx.size * loads.window_tokens)
     return d
 
 
-def _check_objective(names, options: dict[str, Any], plan_samples: np.ndarray | None, loads: Loads) -> None:
+def _check_objective(names, options: dict[str, Any], planning_samples: np.ndarray | None, loads: Loads) -> None:
     obj = options.get("objective") or "balance"
-    if obj != "balance" and "moeplace" in names and (plan_samples is None or not len(plan_samples)):
+    if obj != "balance" and "moeplace" in names and (planning_samples is None or not len(planning_samples)):
         src = ", ".join(map(str, loads.provenance.get("inputs", []))) or "the input"
         raise InputError(f"--objective {obj} needs a token sample of the planning windows (a trace, or a Loads "
                          f"file written by 'place trace stats'); {src} has none")
@@ -323,15 +323,15 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     fns = {n: get_policy(n) for n in names}  # fails early on an unknown name
     if deadline is None and time_limit is not None:
         deadline = time.monotonic() + time_limit
-    plan_idx, held_idx, single = split_windows(loads.num_windows, plan_fraction)
-    plan_samples, held_samples, sample_note = split_samples(loads, plan_idx, held_idx)
+    planning_idx, held_idx, single = split_windows(loads.num_windows, plan_fraction)
+    planning_samples, held_samples, sample_note = split_samples(loads, planning_idx, held_idx)
     if samples is not None:
-        plan_samples = samples
-    _check_objective(names, options, plan_samples, loads)
-    plan = loads.counts[plan_idx].astype(np.float64)
+        planning_samples = samples
+    _check_objective(names, options, planning_samples, loads)
+    planning_counts = loads.counts[planning_idx].astype(np.float64)
     held = loads.counts[held_idx].astype(np.float64)
     # the estimate comes from the planning windows alone, so it is a prediction the held-out columns check
-    planning = loads.select(plan_idx)
+    planning = loads.select(planning_idx)
     ids, sc_names, method = scenarios(planning) if shift else (None, [], None)
     if shift and len(sc_names) < 2:
         ids, method = None, None
@@ -361,18 +361,18 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
             notes.append(f"{name} skipped: time limit (no time left to run it)")
             continue
         try:
-            placement, dt = _plan(fns[name], name, loads, plan_idx, plan_samples, cluster, num_redundant,
+            placement, dt = _plan(fns[name], name, loads, planning_idx, planning_samples, cluster, num_redundant,
                                   engine, seed, limit, options)
         except TimeLimitReached:
             notes.append(f"{name} skipped: time limit (not finished after {limit:.2f} s)")
             continue
-        placement.provenance["planned_on"] = planned_on(loads, plan_idx)
+        placement.provenance["planned_on"] = planned_on(loads, planning_idx)
         t1 = time.perf_counter()
-        m_plan = evaluate(placement, plan, engine, model=loads.model, cluster=cluster, samples=plan_samples)
+        m_planning = evaluate(placement, planning_counts, engine, model=loads.model, cluster=cluster, samples=planning_samples)
         m_held = (evaluate(placement, held, engine, model=loads.model, cluster=cluster, samples=held_samples)
                   if held_idx.size else None)
         eval_cost = max(eval_cost, time.perf_counter() - t1)
-        done[name] = (placement, dt, m_plan, m_held)
+        done[name] = (placement, dt, m_planning, m_held)
         notes += [f"{name}: {line}" for line in time_limit_lines(placement)]
     shifts: dict[str, dict | None] = {}
     if ids is not None:
@@ -393,9 +393,9 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
                 notes.append(f"{name}: shift estimate skipped: time limit")
     results = [PolicyResult(n, *done[n], shifts.get(n)) for n in names if n in done]
     scored = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
-    return Comparison(results, plan_idx, held_idx, single, engine, cluster, num_redundant, tuple(notes),
+    return Comparison(results, planning_idx, held_idx, single, engine, cluster, num_redundant, tuple(notes),
                       scored, loads.model.num_moe_layers, method, tuple(sc_names) if ids is not None else (),
-                      0 if plan_samples is None else len(plan_samples),
+                      0 if planning_samples is None else len(planning_samples),
                       0 if held_samples is None else len(held_samples), loads_tokens(loads))
 
 
@@ -437,7 +437,7 @@ def format_table(cmp: Comparison) -> str:
                 "dup GPUs"]
     rows = []
     for r in cmp.results:
-        p, h = r.plan, r.held_out
+        p, h = r.planning, r.held_out
         dup = str(duplicate_layers(r.placement, p))
         if has_held:
             rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", f"{h.balancedness:.4f}",
@@ -450,16 +450,16 @@ def format_table(cmp: Comparison) -> str:
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                   for i, (c, w) in enumerate(zip(cells, widths)))
     c = cmp.cluster
-    span = (f"plan windows {_span(cmp.plan_windows)}, held-out windows {_span(cmp.held_windows)}" if has_held
-            else f"planned on every window ({_span(cmp.plan_windows)}), nothing held out")
+    span = (f"plan windows {_span(cmp.planning_windows)}, held-out windows {_span(cmp.held_windows)}" if has_held
+            else f"planned on every window ({_span(cmp.planning_windows)}), nothing held out")
     layers = (f"; scored on {cmp.scored_layers} of {cmp.moe_layers} MoE layers (the others have no tokens)"
               if cmp.scored_layers < cmp.moe_layers else "")
-    tokens = f"{cmp.tokens:,} tokens in {cmp.plan_windows.size + cmp.held_windows.size} windows; " if cmp.tokens else ""
+    tokens = f"{cmp.tokens:,} tokens in {cmp.planning_windows.size + cmp.held_windows.size} windows; " if cmp.tokens else ""
     lines = [(f"engine {cmp.engine}, {c.name} ({c.num_gpus} GPUs), {cmp.num_redundant} redundant slots; "
               f"{tokens}{span}{layers}"), fmt(head), fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in rows]
     sampled = (f"{cmp.held_sample_tokens} sampled held-out tokens" if has_held
-               else f"{cmp.plan_sample_tokens} sampled planning tokens (in-sample)")
+               else f"{cmp.planning_sample_tokens} sampled planning tokens (in-sample)")
     lines.append("bal = mean/max tokens per GPU per layer, averaged over layers with tokens (SGLang form); "
                  "worst = lowest window; nodes/tok = other nodes a token is sent to per MoE layer and "
                  "KiB/tok = the bytes those sends carry per token over all MoE layers (one send per remote "

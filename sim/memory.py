@@ -1,5 +1,5 @@
 """Admission pools from the ``place plan`` memory model (:mod:`foundation.memory`). The simulator has no memory
-model of its own: it builds the same :class:`PlanConfig` the planner would for this engine and layout,
+model of its own: it builds the same :class:`MemoryConfig` the planner would for this engine and layout,
 and asks the resulting :class:`CachePools` (``can_admit``, ``kv_tokens``) every admission question."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from foundation.cluster import ClusterSpec
 from foundation.errors import InputError
-from foundation.memory.config import PlanConfig
+from foundation.memory.config import MemoryConfig
 from foundation.memory.plan import MemoryPlan
 from foundation.memory.planner import plan_memory
 from foundation.memory.pools import CachePools
@@ -15,11 +15,11 @@ from foundation.model import ModelSpec
 from sim.config import EngineConfig
 
 
-def plan_config(model: ModelSpec, engine: EngineConfig, num_gpus: int, num_redundant: int) -> PlanConfig:
+def memory_config(model: ModelSpec, engine: EngineConfig, num_gpus: int, num_redundant: int) -> MemoryConfig:
     """The planner's view of this engine: attention TP x DP, EP over all GPUs, the batching limits."""
     if num_gpus % engine.attention_tp:
         raise InputError(f"--attention-tp {engine.attention_tp} does not divide the {num_gpus} GPUs")
-    return PlanConfig(tp=engine.attention_tp, dp=num_gpus // engine.attention_tp, ep=num_gpus,
+    return MemoryConfig(tp=engine.attention_tp, dp=num_gpus // engine.attention_tp, ep=num_gpus,
                       num_redundant=num_redundant, kv_dtype=engine.kv_dtype,
                       gpu_memory_utilization=engine.gpu_memory_utilization,
                       max_batched_tokens=engine.max_batched_tokens, max_num_seqs=engine.max_seqs,
@@ -31,7 +31,7 @@ def plan_pools(model: ModelSpec, cluster: ClusterSpec, engine: EngineConfig, num
                ) -> tuple[CachePools, MemoryPlan]:
     """The KV / state pools of one DP rank for this deployment. Raises a one-line InputError when the
     weights and runtime reserve do not fit (the plan's own reason)."""
-    plan = plan_memory(model, cluster, plan_config(model, engine, cluster.num_gpus, num_redundant), suggest=False)
+    plan = plan_memory(model, cluster, memory_config(model, engine, cluster.num_gpus, num_redundant), suggest=False)
     if plan.free_bytes <= 0:
         raise InputError(f"the deployment does not fit ({plan.layout.describe()} on {cluster.name}): "
                          + "; ".join(plan.reasons) + " — see `place plan`")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from foundation.cluster import make_cluster
 from foundation.formats import tagged
-from foundation.memory import PlanConfig, plan_memory
+from foundation.memory import MemoryConfig, plan_memory
 from foundation.model import ModelSpec
 from moeplace.cli import main as place
 from placement.compare import compare_policies
@@ -63,7 +63,7 @@ def make_run_dir(root: Path, *, tokens: int = 6000) -> Path:
     for r in cmp.results:
         r.placement.save(root / "placements" / f"{r.policy}.json")
     (root / "comparison.json").write_text(json.dumps(tagged("comparison", cmp.to_dict()), indent=1))
-    plan = plan_memory(model, cluster, PlanConfig(context=1 << 17))
+    plan = plan_memory(model, cluster, MemoryConfig(context=1 << 17))
     (root / "plan.json").write_text(json.dumps(tagged("memory-plan", plan.to_dict()), indent=1))
     _place("simulate", str(root / "traces"), "--placement", str(root / "placements" / "moeplace.json"),
            "--placement", str(root / "placements" / "linear.json"), "--gpus", str(NUM_GPUS), "--attention-tp", "8",

@@ -12,7 +12,7 @@ from simkit import linear_placement, mini_model, write_trace
 
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
-from foundation.memory import GiB, PlanConfig, parse_context_mix
+from foundation.memory import GiB, MemoryConfig, parse_context_mix
 from moeplace import flags
 from moeplace.cli import build_parser, main
 from placement.compare import routing_windows
@@ -114,14 +114,14 @@ def test_other_reserve_is_reported_in_gib(capsys):
     line = one_line_error(capsys, ["plan", "--other-reserve", "-100"], "--other-reserve", "GiB", "-100")
     assert "107374182400" not in line
     with pytest.raises(InputError, match=r"--other-reserve must be >= 0 GiB, got -100 GiB"):
-        PlanConfig(other_reserve_bytes=-100 * GiB)
+        MemoryConfig(other_reserve_bytes=-100 * GiB)
 
 
 @pytest.mark.parametrize("field, flag", [("min_concurrency", "--min-seqs"), ("state_slots_per_seq", "--state-slots"),
                                          ("max_num_seqs", "--max-num-seqs")])
 def test_plan_errors_name_plan_flags(field, flag, capsys):
     with pytest.raises(InputError) as exc:
-        PlanConfig(**{field: 0})
+        MemoryConfig(**{field: 0})
     assert str(exc.value).startswith(flag)
     one_line_error(capsys, ["plan", flag, "0"], flag)
 

@@ -80,9 +80,9 @@ def test_planning_sees_only_planning_tokens(small, monkeypatch):
 
     monkeypatch.setattr("placement.compare.get_policy", lambda name: probe)
     cmp = compare_policies(loads, make_cluster(8, "h200", 4), num_redundant=0, policies=["probe"])
-    assert cmp.plan_windows.tolist() == [0, 1] and cmp.held_windows.tolist() == [2, 3]
+    assert cmp.planning_windows.tolist() == [0, 1] and cmp.held_windows.tolist() == [2, 3]
     assert np.array_equal(seen[0], loads.samples[loads.sample_windows < 2])
-    assert (cmp.plan_sample_tokens, cmp.held_sample_tokens) == (600, 600)
+    assert (cmp.planning_sample_tokens, cmp.held_sample_tokens) == (600, 600)
 
 
 def test_held_traffic_is_replayed_on_held_tokens(small):
@@ -235,7 +235,7 @@ def test_shift_estimate_uses_the_planning_windows_only(small):
     loads = _loads(small, windows=8, per_window=100)
     cluster = make_cluster(8, "h200", 4)
     cmp = compare_policies(loads, cluster, num_redundant=8, policies=["eplb"], shift=True)
-    assert cmp.plan_windows.tolist() == [0, 1, 2, 3]
+    assert cmp.planning_windows.tolist() == [0, 1, 2, 3]
     assert cmp.shift_scenarios == ("window 0", "window 1", "window 2", "window 3")
     got = []
     for w in range(4):  # held-out windows 4-7 (the other hot experts) never enter the estimate

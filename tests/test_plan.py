@@ -13,8 +13,8 @@ from foundation.errors import InputError
 from foundation.memory import (
     GiB,
     KiB,
+    MemoryConfig,
     MiB,
-    PlanConfig,
     attention_split,
     deepep_low_latency_bytes,
     default_sweep_gpus,
@@ -48,7 +48,7 @@ def tiny_cluster(hbm=2e6, gpus=4):
     return ClusterSpec(gpu=gpu, num_nodes=1, gpus_per_node=gpus)
 
 
-TINY_CFG = PlanConfig(tp=2, dp=2, ep=4, num_redundant=4, context=1000, gpu_memory_utilization=0.5,
+TINY_CFG = MemoryConfig(tp=2, dp=2, ep=4, num_redundant=4, context=1000, gpu_memory_utilization=0.5,
                       max_batched_tokens=16, page_size=16, ll_max_dispatch_tokens=4, other_reserve_bytes=0)
 
 
@@ -111,7 +111,7 @@ def test_tiny_pools_and_concurrency_by_hand(tiny):
 
 
 def test_lines_add_up_to_the_budget(k3):
-    plan = plan_memory(k3, make_cluster(32), PlanConfig())
+    plan = plan_memory(k3, make_cluster(32), MemoryConfig())
     cache = sum(x.bytes for x in plan.lines if x.section == "cache")
     assert plan.weight_bytes + plan.reserve_bytes + cache == pytest.approx(plan.budget_bytes)
     assert plan.budget_bytes == pytest.approx(0.9 * 141e9)
@@ -119,7 +119,7 @@ def test_lines_add_up_to_the_budget(k3):
 
 # ---------------------------------------------------------------------------- K3 facts from the issue
 def test_8_h200_cannot_hold_k3(k3):
-    plan = plan_memory(k3, make_cluster(8, "h200"), PlanConfig(context=8192))
+    plan = plan_memory(k3, make_cluster(8, "h200"), MemoryConfig(context=8192))
     assert not plan.fits
     assert "1.56 TB" in plan.reasons[0] and "8 x 141 GB = 1.13 TB" in plan.reasons[0]
     s = plan.suggestions[0]
@@ -129,51 +129,51 @@ def test_8_h200_cannot_hold_k3(k3):
 
 @pytest.mark.parametrize(("gpus", "expect_gb"), [(16, 90.4), (32, 45.2)])
 def test_routed_expert_bytes_per_gpu(k3, gpus, expect_gb):
-    plan = plan_memory(k3, make_cluster(gpus), PlanConfig(ep=gpus, context=8192), suggest=False)
+    plan = plan_memory(k3, make_cluster(gpus), MemoryConfig(ep=gpus, context=8192), suggest=False)
     routed = next(x.bytes for x in plan.lines if x.name == "routed experts")
     assert routed / 1e9 == pytest.approx(expect_gb, abs=0.1)
     # EP16 on 32 GPUs shards each slot over MoE-TP 2: the same bytes as EP32
     if gpus == 32:
-        half = plan_memory(k3, make_cluster(32), PlanConfig(ep=16, context=8192), suggest=False)
+        half = plan_memory(k3, make_cluster(32), MemoryConfig(ep=16, context=8192), suggest=False)
         assert next(x.bytes for x in half.lines if x.name == "routed experts") == pytest.approx(routed)
 
 
 def test_redundant_slots_add_R_over_EP_experts_per_layer(k3):
-    plan = plan_memory(k3, make_cluster(32), PlanConfig(num_redundant=32, context=8192), suggest=False)
+    plan = plan_memory(k3, make_cluster(32), MemoryConfig(num_redundant=32, context=8192), suggest=False)
     red = next(x.bytes for x in plan.lines if x.name == "redundant replicas")
     assert red == pytest.approx(1 * 92 * k3.bytes_per_routed_expert)  # 32 / 32 = 1 extra slot per layer
 
 
 def test_mla_kv_and_kda_state_sizes(k3):
-    bf16 = plan_memory(k3, make_cluster(32), PlanConfig(kv_dtype="bf16"), suggest=False).pools
-    fp8 = plan_memory(k3, make_cluster(32), PlanConfig(kv_dtype="fp8"), suggest=False).pools
+    bf16 = plan_memory(k3, make_cluster(32), MemoryConfig(kv_dtype="bf16"), suggest=False).pools
+    fp8 = plan_memory(k3, make_cluster(32), MemoryConfig(kv_dtype="fp8"), suggest=False).pools
     assert bf16.kv_bytes_per_token == 27 * KiB
     assert fp8.kv_bytes_per_token == 13.5 * KiB
     assert bf16.kv_tokens(2**20) * bf16.kv_bytes_per_token == 27 * GiB  # one 1M-token sequence
-    tp1 = plan_memory(k3, make_cluster(32), PlanConfig(tp=1), suggest=False).pools
+    tp1 = plan_memory(k3, make_cluster(32), MemoryConfig(tp=1), suggest=False).pools
     assert tp1.state_bytes_per_seq / MiB == pytest.approx(428.6, abs=0.1)
     assert bf16.state_bytes_per_seq == pytest.approx(tp1.state_bytes_per_seq / 32)  # attention TP 32
-    dcp = plan_memory(k3, make_cluster(32), PlanConfig(dcp=8), suggest=False).pools
+    dcp = plan_memory(k3, make_cluster(32), MemoryConfig(dcp=8), suggest=False).pools
     assert dcp.kv_tokens(2**20) == 2**20 // 8  # DCP shards the tokens, not the state
     assert dcp.state_bytes_per_seq == bf16.state_bytes_per_seq
 
 
 def test_sglang_h200_deployments_fit(k3):
     # SGLang's K3 guide (docs/design.md Sources §1): SGLang runs K3 on H200 as 4x8 TP32/EP32 and 2x8 TP16/EP16
-    p32 = plan_memory(k3, make_cluster(32, "h200"), PlanConfig(tp=32, ep=32))
+    p32 = plan_memory(k3, make_cluster(32, "h200"), MemoryConfig(tp=32, ep=32))
     assert p32.fits and p32.concurrency >= 1
-    p16 = plan_memory(k3, make_cluster(16, "h200"), PlanConfig(tp=16, ep=16, context=128 * KiB))
+    p16 = plan_memory(k3, make_cluster(16, "h200"), MemoryConfig(tp=16, ep=16, context=128 * KiB))
     assert p16.fits
 
 
 def test_dp_attention_replicates_attention_weights(k3):
-    tp1 = plan_memory(k3, make_cluster(32), PlanConfig(tp=1), suggest=False)
-    tp32 = plan_memory(k3, make_cluster(32), PlanConfig(tp=32), suggest=False)
+    tp1 = plan_memory(k3, make_cluster(32), MemoryConfig(tp=1), suggest=False)
+    tp32 = plan_memory(k3, make_cluster(32), MemoryConfig(tp=32), suggest=False)
     att = {p: next(x.bytes for x in p.lines if x.name == "attention") for p in (tp1, tp32)}
     assert att[tp1] == pytest.approx(k3.param_breakdown()["attention"] * 2)
     assert att[tp32] < att[tp1] / 16
     assert not tp1.fits  # 72 GB of replicated attention + 45 GB experts + 24 GB shared experts
-    fixed = plan_memory(k3, make_cluster(32), PlanConfig(tp=1))
+    fixed = plan_memory(k3, make_cluster(32), MemoryConfig(tp=1))
     first = fixed.suggestions[0]
     assert first.kind == "larger attention TP" and first.config.tp > 1
     assert first.config.tp * first.config.dp == 32
@@ -186,7 +186,7 @@ def test_dp_attention_replicates_attention_weights(k3):
 # ---------------------------------------------------------------------------- other models
 def test_deepseek_v3_preset_same_rules():
     ds = load_model("deepseek-v3")
-    plan = plan_memory(ds, make_cluster(16), PlanConfig(context=128 * KiB))
+    plan = plan_memory(ds, make_cluster(16), MemoryConfig(context=128 * KiB))
     routed = next(x.bytes for x in plan.lines if x.name == "routed experts")
     assert routed == pytest.approx(256 / 16 * 58 * ds.bytes_per_routed_expert)
     assert plan.pools.kv_bytes_per_token == 61 * 576 * 2
@@ -202,8 +202,8 @@ def test_hf_configs_plan(tmp_path):
               "vocab_size": 129280, "max_position_embeddings": 163840, "quantization_config": {"quant_method": "fp8"}}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(ds_cfg))
-    hf = plan_memory(load_model(str(path)), make_cluster(16), PlanConfig(context=32 * KiB))
-    preset = plan_memory(load_model("deepseek-v3"), make_cluster(16), PlanConfig(context=32 * KiB))
+    hf = plan_memory(load_model(str(path)), make_cluster(16), MemoryConfig(context=32 * KiB))
+    preset = plan_memory(load_model("deepseek-v3"), make_cluster(16), MemoryConfig(context=32 * KiB))
     assert hf.pools.kv_bytes_per_token == preset.pools.kv_bytes_per_token
     assert hf.fits
     # a GQA model: KV heads split over TP, never below one head per GPU
@@ -214,7 +214,7 @@ def test_hf_configs_plan(tmp_path):
     path.write_text(json.dumps(qwen))
     q = load_model(str(path))
     for tp, heads in ((1, 4), (2, 2), (4, 1), (8, 1)):
-        plan = plan_memory(q, make_cluster(8), PlanConfig(tp=tp, context=32 * KiB), suggest=False)
+        plan = plan_memory(q, make_cluster(8), MemoryConfig(tp=tp, context=32 * KiB), suggest=False)
         assert plan.pools.kv_bytes_per_token == 48 * 2 * heads * 128 * 2
         assert plan.fits
 
@@ -253,41 +253,41 @@ def test_ratio_split_can_make_state_the_ceiling(tiny):
 
 def test_context_mix_and_max_num_seqs(k3):
     mix = parse_context_mix("8k:0.7,128k:0.25,1M:0.05")
-    plan = plan_memory(k3, make_cluster(32), PlanConfig(context_mix=mix))
+    plan = plan_memory(k3, make_cluster(32), MemoryConfig(context_mix=mix))
     p = plan.pools
     per_seq = p.state_bytes_per_seq + p.kv_bytes_per_token * (0.7 * 8192 + 0.25 * 131072 + 0.05 * 2**20)
     assert plan.mix_concurrency_per_rank == int(p.pool_bytes // per_seq)
     assert plan.mix_concurrency > plan.concurrency
-    capped = plan_memory(k3, make_cluster(32), PlanConfig(context=1024, max_num_seqs=7))
+    capped = plan_memory(k3, make_cluster(32), MemoryConfig(context=1024, max_num_seqs=7))
     assert capped.concurrency == 7 and capped.concurrency_ceiling == "max_num_seqs"
 
 
 def test_mix_needs_room_for_its_longest_sequence(k3):
     # 16 x H200 TP16 holds ~760k tokens: a mix with 5% 1M sequences admits none, although its mean fits
     mix = parse_context_mix("8k:0.95,1M:0.05")
-    plan = plan_memory(k3, make_cluster(16), PlanConfig(tp=16, context=8192, context_mix=mix), suggest=False)
+    plan = plan_memory(k3, make_cluster(16), MemoryConfig(tp=16, context=8192, context_mix=mix), suggest=False)
     assert plan.concurrency > 0 and plan.max_context < 2**20
     assert plan.mix_concurrency == 0 and not plan.fits
 
 
 def test_context_beyond_the_model(k3):
-    plan = plan_memory(k3, make_cluster(32), PlanConfig(context=2 * 2**20))
+    plan = plan_memory(k3, make_cluster(32), MemoryConfig(context=2 * 2**20))
     assert not plan.fits and "exceeds the model's maximum context 1,048,576" in plan.reasons[0]
     assert [s.change for s in plan.suggestions] == ["--context 1M"]
 
 
 def test_prefix_cache_state_slots_multiply_state(k3):
-    one = plan_memory(k3, make_cluster(32), PlanConfig(), suggest=False).pools
-    four = plan_memory(k3, make_cluster(32), PlanConfig(state_slots_per_seq=4), suggest=False).pools
+    one = plan_memory(k3, make_cluster(32), MemoryConfig(), suggest=False).pools
+    four = plan_memory(k3, make_cluster(32), MemoryConfig(state_slots_per_seq=4), suggest=False).pools
     assert four.state_bytes_per_seq == pytest.approx(4 * one.state_bytes_per_seq)
 
 
 # ---------------------------------------------------------------------------- validation and suggestions
 @pytest.mark.parametrize(("cfg", "msg"), [
-    (PlanConfig(tp=4, dp=4), "must equal the 32 GPUs"),
-    (PlanConfig(ep=12), "must divide the 32 GPUs"),
-    (PlanConfig(tp=32, dcp=3), "--dcp 3 must divide"),
-    (PlanConfig(tp=1, dp=32, ep=32, num_redundant=5), "use --redundant 32"),
+    (MemoryConfig(tp=4, dp=4), "must equal the 32 GPUs"),
+    (MemoryConfig(ep=12), "must divide the 32 GPUs"),
+    (MemoryConfig(tp=32, dcp=3), "--dcp 3 must divide"),
+    (MemoryConfig(tp=1, dp=32, ep=32, num_redundant=5), "use --redundant 32"),
 ])
 def test_layout_errors(k3, cfg, msg):
     with pytest.raises(InputError, match=msg):
@@ -296,9 +296,9 @@ def test_layout_errors(k3, cfg, msg):
 
 def test_tp_must_divide_heads(k3):
     with pytest.raises(InputError, match="does not divide the 96 attention heads"):
-        resolve_layout(k3, 64, PlanConfig(tp=64))
-    assert resolve_layout(k3, 64, PlanConfig()).tp == 32  # default: largest TP the heads allow
-    assert resolve_layout(k3, 72, PlanConfig(num_redundant=40)).tp == 24
+        resolve_layout(k3, 64, MemoryConfig(tp=64))
+    assert resolve_layout(k3, 64, MemoryConfig()).tp == 32  # default: largest TP the heads allow
+    assert resolve_layout(k3, 72, MemoryConfig(num_redundant=40)).tp == 24
 
 
 def test_parse_sizes():
@@ -315,7 +315,7 @@ def test_parse_sizes():
 
 
 def test_fp8_is_the_smallest_change_for_1m_on_16_h200(k3):
-    plan = plan_memory(k3, make_cluster(16), PlanConfig(tp=16, ep=16))
+    plan = plan_memory(k3, make_cluster(16), MemoryConfig(tp=16, ep=16))
     assert not plan.fits and "1M-token sequence" in plan.reasons[0]
     assert plan.suggestions[0].kind == "fp8 KV"
     for s in plan.suggestions:
@@ -338,7 +338,7 @@ def test_fewer_redundant_suggestion(tiny):
 
 # ---------------------------------------------------------------------------- sweep and CLI
 def test_sweep_monotone_in_gpus(k3):
-    rows = sweep_plans(k3, PlanConfig(context=128 * KiB), gpu="h200", gpus_per_node=None,
+    rows = sweep_plans(k3, MemoryConfig(context=128 * KiB), gpu="h200", gpus_per_node=None,
                        gpu_counts=[8, 16, 32, 64], ep_sizes=None, redundant=[0, 32])
     by_gpus = {}
     for r in rows:

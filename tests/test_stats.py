@@ -22,7 +22,7 @@ from traces.stats import (
     trace_loads,
     window_drift,
 )
-from traces.synth import SynthConfig, build_plan, synth_chunks, synthesize
+from traces.synth import SynthConfig, build_design, synth_chunks, synthesize
 from traces.validate import validate_report
 
 SHORT = {"prompt_median": 96, "prompt_sigma": 0.6, "output_median": 48, "long_fraction": 0.0}
@@ -39,7 +39,7 @@ def small_trace(tmp_path_factory, qwen):
     cfg = SynthConfig(num_tokens=3000, seed=4, **SHORT)
     out = tmp_path_factory.mktemp("t") / "trace"
     synthesize(qwen, cfg, out)
-    chunks = list(synth_chunks(build_plan(qwen, cfg)))
+    chunks = list(synth_chunks(build_design(qwen, cfg)))
     mem = {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
     return out, mem
 
@@ -138,10 +138,10 @@ def test_memory_bounded_by_row_group_not_trace(tmp_path, qwen):
     peaks = []
     for num_tokens in (4000, 16000):
         out = tmp_path / f"t{num_tokens}"
-        plan = build_plan(qwen, SynthConfig(num_tokens=num_tokens, seed=0, **SHORT))
+        design = build_design(qwen, SynthConfig(num_tokens=num_tokens, seed=0, **SHORT))
         L = qwen.num_moe_layers
         with TraceWriter(out, qwen, {"kind": "test"}, row_group_rows=20_000) as w:
-            for b in synth_chunks(plan):
+            for b in synth_chunks(design):
                 n = len(b["slot"])
                 w.write(request_id=np.repeat(b["request_id"], L), position=np.repeat(b["position"], L),
                         phase=np.repeat(b["phase"], L), step=np.repeat(b["step"], L),
@@ -159,8 +159,8 @@ def grouped_trace(tmp_path_factory, qwen):
     """The same kind of trace cut into 15 row groups over 3 files, with token ids and domain tags, and the
     tokens in memory."""
     cfg = SynthConfig(num_tokens=3000, seed=6, **SHORT)
-    plan = build_plan(qwen, cfg)
-    chunks = list(synth_chunks(plan))
+    design = build_design(qwen, cfg)
+    chunks = list(synth_chunks(design))
     mem = {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
     n, L = len(mem["slot"]), qwen.num_moe_layers
     out = tmp_path_factory.mktemp("g") / "trace"
@@ -170,8 +170,8 @@ def grouped_trace(tmp_path_factory, qwen):
                 phase=np.repeat(mem["phase"], L), step=np.repeat(mem["step"], L),
                 layer=np.tile(np.asarray(qwen.moe_layers), n), expert_ids=mem["experts"].reshape(n * L, -1),
                 token_id=np.repeat(mem["token_id"], L),
-                domain=[plan.domains[d] for d in np.repeat(mem["domain"], L)])
-    return out, mem, plan.domains
+                domain=[design.domains[d] for d in np.repeat(mem["domain"], L)])
+    return out, mem, design.domains
 
 
 def _same_stats(a, b) -> None:

@@ -12,7 +12,7 @@ from traces.measures import topk_overlap
 from traces.stats import affinity_lift, skew_and_cv
 from traces.synth import (
     SynthConfig,
-    build_plan,
+    build_design,
     drift_anchor_mixes,
     engine_batches,
     mean_domain_correlation,
@@ -28,10 +28,10 @@ SHORT = {"prompt_median": 96, "prompt_sigma": 0.6, "output_median": 48, "long_fr
 
 def run(model, **kw):
     """All chunks of a synthetic trace, concatenated: token arrays [n] and experts [n, L, k]."""
-    plan = build_plan(model, SynthConfig(**kw))
-    chunks = list(synth_chunks(plan))
+    design = build_design(model, SynthConfig(**kw))
+    chunks = list(synth_chunks(design))
     out = {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
-    return plan, out
+    return design, out
 
 
 def layer_loads(experts: np.ndarray, num_experts: int) -> np.ndarray:
@@ -98,8 +98,8 @@ def test_default_k3_skew_cv_and_depth(k3, k3_default):
 
 
 def test_default_k3_domains_correlation_and_drift(k3, k3_default):
-    plan, b = k3_default
-    num_domains = plan.config.num_domains
+    design, b = k3_default
+    num_domains = design.config.num_domains
     per_domain = np.stack([layer_loads(b["experts"][b["domain"] == d], k3.num_experts)
                            for d in range(num_domains)], axis=1)  # [L, D, E]
     assert (per_domain.sum(axis=(0, 2)) > 0).all(), "every domain has requests"
@@ -143,9 +143,9 @@ def test_affinity_knob(qwen):
 
 @pytest.mark.parametrize("corr", [0.05, 0.8])
 def test_domain_correlation_knob(qwen, corr):
-    plan, b = run(qwen, num_tokens=20_000, seed=3, domain_correlation=corr, drift=0.0, **SHORT)
+    design, b = run(qwen, num_tokens=20_000, seed=3, domain_correlation=corr, drift=0.0, **SHORT)
     per_domain = np.stack([layer_loads(b["experts"][b["domain"] == d], qwen.num_experts)
-                           for d in range(plan.config.num_domains)], axis=1)
+                           for d in range(design.config.num_domains)], axis=1)
     assert abs(mean_domain_correlation(per_domain.astype(float)) - corr) < 0.1
 
 
@@ -167,7 +167,7 @@ def test_deterministic_per_seed(qwen):
 
 def test_engine_loop_structure(k3):
     cfg = SynthConfig(num_tokens=60_000, seed=5, long_fraction=0.3, max_prefill_tokens=512)
-    rng = np.random.default_rng(0)  # the engine loop needs only the drift anchors, not a full plan
+    rng = np.random.default_rng(0)  # the engine loop needs only the drift anchors, not a full design
     anchors = drift_anchor_mixes(cfg, rng)
     batches = list(engine_batches(cfg, k3, anchors, rng))
     b = {key: np.concatenate([x[key] for x in batches]) for key in batches[0]}
@@ -246,8 +246,8 @@ def test_writer_process_failures_leave_nothing(tmp_path, qwen, monkeypatch):
         with pytest.raises(FileExistsError):
             synthesize(qwen, cfg, tmp_path / "file" / "out", writer_process=writer_process)
 
-    def failing_chunks(plan):
-        it = synth_chunks(plan)
+    def failing_chunks(design):
+        it = synth_chunks(design)
         yield next(it)
         yield next(it)
         raise RuntimeError("sampler failed")
@@ -259,12 +259,12 @@ def test_writer_process_failures_leave_nothing(tmp_path, qwen, monkeypatch):
     assert not [p for p in mp.active_children() if p.name == "moeplace-synth-writer"]
 
 
-def _modal_theme_share(plan, experts: np.ndarray, layers) -> float:
+def _modal_theme_share(design, experts: np.ndarray, layers) -> float:
     """Mean over tokens and ``layers`` of the share of a token's top-k in its most used theme group."""
-    T = num_themes(plan.model, plan.config)
+    T = num_themes(design.model, design.config)
     shares = []
     for li in layers:
-        th = plan.theme_of[li][experts[:, li].astype(np.int64)]  # [n, k]
+        th = design.theme_of[li][experts[:, li].astype(np.int64)]  # [n, k]
         counts = np.zeros((len(th), T))
         np.add.at(counts, (np.arange(len(th))[:, None], th), 1)
         shares.append(counts.max(axis=1).mean() / th.shape[1])
@@ -281,22 +281,22 @@ def test_theme_knob_clusters_tokens_without_moving_the_load(k3, k3_default):
     """With themes on (default), a token's experts concentrate in its theme group, each group carries
     1/T of the load, and co-locating groups on nodes cuts the nodes a token touches; without the knob
     neither happens."""
-    plan, b = k3_default
-    T = num_themes(plan.model, plan.config)
-    assert plan.config.theme > 0 and T == 8
+    design, b = k3_default
+    T = num_themes(design.model, design.config)
+    assert design.config.theme > 0 and T == 8
     off_plan, off = run(k3, num_tokens=3000, seed=7, theme=0.0, **SHORT)
     layers = (5, 30, 60, 85)
-    on_share = _modal_theme_share(plan, b["experts"], layers)
+    on_share = _modal_theme_share(design, b["experts"], layers)
     # 16 uniform draws over 8 groups put ~26 % in the most used one; the default gives ~60 %
-    off_share = _modal_theme_share(plan, off["experts"], layers)
+    off_share = _modal_theme_share(design, off["experts"], layers)
     assert off_share < 0.3
     assert on_share > 0.5
     loads = layer_loads(b["experts"], k3.num_experts)
     for li in layers:
-        share = np.bincount(plan.theme_of[li], weights=loads[li], minlength=T) / loads[li].sum()
+        share = np.bincount(design.theme_of[li], weights=loads[li], minlength=T) / loads[li].sum()
         assert np.abs(share * T - 1).max() < 0.15, share  # equal load per theme (marginal kept)
         # 4 nodes of 2 theme groups each, vs a random equal split: >= 8 % fewer nodes per token
-        by_theme = plan.theme_of[li].astype(np.int64) * 4 // T
+        by_theme = design.theme_of[li].astype(np.int64) * 4 // T
         rnd = np.random.default_rng(li).permutation(np.arange(k3.num_experts) % 4)
         x = b["experts"][:, li]
         assert _span(by_theme, x) < 0.92 * _span(rnd, x)
@@ -309,8 +309,8 @@ def test_theme_knob_clusters_tokens_without_moving_the_load(k3, k3_default):
 def test_extreme_skew_still_gives_distinct_topk(qwen):
     """A popularity so concentrated that a domain layout has fewer than k experts of non-zero width: the
     duplicate re-draws fall back to the shared grid instead of looping forever."""
-    plan, b = run(qwen, num_tokens=400, seed=3, skew=60.0, cv=None, skew_depth_ratio=1.0, **SHORT)
-    widths = quantize(plan.pi)
+    design, b = run(qwen, num_tokens=400, seed=3, skew=60.0, cv=None, skew_depth_ratio=1.0, **SHORT)
+    widths = quantize(design.pi)
     assert ((widths > 0).sum(axis=-1) < qwen.top_k).any()  # the case this test is about
     ex = np.sort(b["experts"].astype(np.int64), axis=-1)
     assert (np.diff(ex, axis=-1) > 0).all()

@@ -9,7 +9,7 @@ import streamlit as st
 
 from dashboard import data, ui
 from foundation.cluster import gpu_preset_names
-from foundation.memory.config import PlanConfig
+from foundation.memory.config import MemoryConfig
 from foundation.memory.inputs import format_tokens, parse_tokens
 from foundation.model import DEFAULT_MODEL, preset_names
 
@@ -30,7 +30,7 @@ if idx.plans:
     src = data.rel(plan_path, root)
 else:
     ui.missing("plan (place plan --json)", f"place plan --json > {ui.run_dir() / 'plan.json'}")
-    model_name, gpus, gpu, gpn, config = DEFAULT_MODEL, 32, "h200", None, PlanConfig()
+    model_name, gpus, gpu, gpn, config = DEFAULT_MODEL, 32, "h200", None, MemoryConfig()
     src = "defaults"
 
 with st.expander("Change the layout (re-plans with plan_memory)", expanded=not idx.plans):

@@ -3,7 +3,7 @@ length does it hold?
 
 ``plan_memory(model, cluster, config) -> MemoryPlan`` is a pure function of the model spec
 (:class:`foundation.model.ModelSpec`), the cluster spec (:class:`foundation.cluster.ClusterSpec`) and a
-:class:`PlanConfig`. There is no per-model code path: every number below is arithmetic on spec fields.
+:class:`MemoryConfig`. There is no per-model code path: every number below is arithmetic on spec fields.
 
 Conventions (one engine instance spans all ``W = cluster.num_gpus`` GPUs; SGLang's layout):
 
@@ -51,7 +51,7 @@ sequence of n tokens takes), ``seq_bytes(n)``, ``fits(used_kv_tokens, used_seqs)
 ``can_admit(n, used_kv_tokens, used_seqs)`` (can a sequence of length n be admitted given current usage).
 
 Modules, bottom to top: ``inputs`` (token counts, length mixes, pool rules as users type them),
-``config`` (:class:`PlanConfig`, :class:`Layout`), ``components`` (weights, activations, all-to-all
+``config`` (:class:`MemoryConfig`, :class:`Layout`), ``components`` (weights, activations, all-to-all
 buffers), ``pools`` (:class:`CachePools`), ``plan`` (:class:`MemoryPlan` and its JSON document),
 ``report`` (the sentences: cache-line formulas, misfit reasons, the printed plan and sweep) and
 ``planner`` (:func:`plan_memory`, :func:`suggest_changes`, :func:`sweep_plans`). This package re-exports
@@ -70,9 +70,15 @@ from foundation.memory.components import (
     deepep_low_latency_bytes,
     weight_lines,
 )
-from foundation.memory.config import Layout, PlanConfig, attention_heads, next_valid_redundant, resolve_layout
+from foundation.memory.config import (
+    Layout,
+    MemoryConfig,
+    attention_heads,
+    next_valid_redundant,
+    resolve_layout,
+)
 from foundation.memory.inputs import (
-    PLAN_FLAGS,
+    MEMORY_FLAGS,
     POOL_SPLITS,
     GiB,
     KiB,
@@ -94,10 +100,10 @@ from foundation.memory.pools import CachePools, make_pools
 from foundation.memory.report import render_plan, render_sweep
 
 __all__ = [
-    "ACT_BYTES", "LOGIT_BYTES", "PLAN_FLAGS", "POOL_SPLITS", "CachePools", "GiB", "KiB", "Layout", "MemoryLine",
-    "MemoryPlan", "MiB", "PlanConfig", "Suggestion", "SweepRow", "a2a_buffer_bytes", "activation_bytes",
-    "attention_heads", "attention_params_per_gpu", "attention_split", "cache_pools", "deepep_low_latency_bytes",
-    "default_sweep_gpus", "format_tokens", "make_pools", "next_valid_redundant", "parse_context_mix",
-    "parse_pool_split", "parse_tokens", "plan_memory", "render_plan", "render_sweep", "resolve_layout",
-    "suggest_changes", "sweep_plans", "weight_lines",
+    "ACT_BYTES", "LOGIT_BYTES", "MEMORY_FLAGS", "POOL_SPLITS", "CachePools", "GiB", "KiB", "Layout",
+    "MemoryConfig", "MemoryLine", "MemoryPlan", "MiB", "Suggestion", "SweepRow", "a2a_buffer_bytes",
+    "activation_bytes", "attention_heads", "attention_params_per_gpu", "attention_split", "cache_pools",
+    "deepep_low_latency_bytes", "default_sweep_gpus", "format_tokens", "make_pools", "next_valid_redundant",
+    "parse_context_mix", "parse_pool_split", "parse_tokens", "plan_memory", "render_plan", "render_sweep",
+    "resolve_layout", "suggest_changes", "sweep_plans", "weight_lines",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from foundation.memory.config import Layout, PlanConfig
+from foundation.memory.config import Layout, MemoryConfig
 from foundation.model import DTYPE_BYTES, ModelSpec
 
 ACT_BYTES = 2.0  # activations are BF16
@@ -99,7 +99,7 @@ def weight_lines(model: ModelSpec, lay: Layout) -> list[MemoryLine]:
 
 
 # ---------------------------------------------------------------------------- runtime reserve
-def activation_bytes(model: ModelSpec, lay: Layout, config: PlanConfig) -> tuple[float, str]:
+def activation_bytes(model: ModelSpec, lay: Layout, config: MemoryConfig) -> tuple[float, str]:
     """Peak activation bytes per GPU for a forward of ``T = max_batched_tokens`` tokens per DP rank.
 
     ``residual (3 T h) + max(attention, dense MLP, MoE block) + logits``, BF16, where
@@ -155,7 +155,7 @@ def deepep_low_latency_bytes(num_slots: int, hidden: int, max_tokens: int) -> fl
     return 2 * (send + recv + signal)
 
 
-def a2a_buffer_bytes(model: ModelSpec, lay: Layout, config: PlanConfig) -> tuple[float, str]:
+def a2a_buffer_bytes(model: ModelSpec, lay: Layout, config: MemoryConfig) -> tuple[float, str]:
     """All-to-all buffers per GPU (zero when EP is 1).
 
     normal mode (prefill): peak x dp T min(top_k, EP) / EP tokens received per GPU (a token is sent once

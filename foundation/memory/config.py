@@ -1,4 +1,4 @@
-"""The memory model's inputs as data: :class:`PlanConfig` (a parallel layout and a serving
+"""The memory model's inputs as data: :class:`MemoryConfig` (a parallel layout and a serving
 configuration, validated on construction) and :class:`Layout` (the layout with every derived size filled
 in by :func:`resolve_layout`)."""
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from foundation.errors import InputError
-from foundation.memory.inputs import PLAN_FLAGS, POOL_SPLITS, GiB
+from foundation.memory.inputs import MEMORY_FLAGS, POOL_SPLITS, GiB
 from foundation.model import KV_DTYPE_BYTES, ModelSpec, check_field_types
 
 
 @dataclass(frozen=True)
-class PlanConfig:
+class MemoryConfig:
     """A parallel layout and a serving configuration.
 
     ``tp``/``dp``/``ep``/``dense_tp`` left ``None`` are derived from the GPU count by
@@ -57,7 +57,7 @@ class PlanConfig:
         for name in ("dcp", "max_batched_tokens", "max_num_seqs", "state_slots_per_seq", "page_size",
                      "ll_max_dispatch_tokens", "min_concurrency"):
             if getattr(self, name) < 1:
-                raise InputError(f"{PLAN_FLAGS.get(name, name)} must be >= 1, got {getattr(self, name)}")
+                raise InputError(f"{MEMORY_FLAGS.get(name, name)} must be >= 1, got {getattr(self, name)}")
         if self.num_redundant < 0:
             raise InputError(f"--redundant must be >= 0, got {self.num_redundant}")
         if self.context is not None and self.context < 1:
@@ -109,7 +109,7 @@ def attention_heads(model: ModelSpec) -> set[int]:
     return {getattr(model, kind).num_heads for kind in set(model.attention)}
 
 
-def resolve_layout(model: ModelSpec, num_gpus: int, config: PlanConfig) -> Layout:
+def resolve_layout(model: ModelSpec, num_gpus: int, config: MemoryConfig) -> Layout:
     """Fill in the derived parallel sizes and validate the layout (clear errors, exit code 2)."""
     W = num_gpus
     tp, dp = config.tp, config.dp

@@ -16,7 +16,7 @@ POOL_SPLITS = ("shared", "ratio", "slots")
 
 # How `place plan` spells the fields whose flag is not the field name (messages name the flag a user typed;
 # fields without a flag, such as ll_max_dispatch_tokens, are named as they are).
-PLAN_FLAGS = {"dcp": "--dcp", "max_batched_tokens": "--max-batched-tokens", "max_num_seqs": "--max-num-seqs",
+MEMORY_FLAGS = {"dcp": "--dcp", "max_batched_tokens": "--max-batched-tokens", "max_num_seqs": "--max-num-seqs",
               "state_slots_per_seq": "--state-slots", "page_size": "--page-size", "min_concurrency": "--min-seqs"}
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")

@@ -8,7 +8,7 @@ from typing import Any
 
 from foundation.cluster import ClusterSpec
 from foundation.memory.components import MemoryLine
-from foundation.memory.config import Layout, PlanConfig
+from foundation.memory.config import Layout, MemoryConfig
 from foundation.memory.pools import CachePools
 
 
@@ -19,7 +19,7 @@ class Suggestion:
     kind: str  # "fp8 KV" | "fewer redundant" | "larger EP" | "larger attention TP" | "more GPUs"
     change: str
     gpus: int
-    config: PlanConfig
+    config: MemoryConfig
     concurrency: int
 
 
@@ -31,7 +31,7 @@ class MemoryPlan:
 
     model_name: str
     cluster: ClusterSpec
-    config: PlanConfig
+    config: MemoryConfig
     layout: Layout
     lines: tuple[MemoryLine, ...]
     hbm_bytes: float

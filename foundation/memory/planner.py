@@ -9,7 +9,7 @@ from typing import Any
 from foundation.cluster import ClusterSpec, make_cluster
 from foundation.errors import InputError
 from foundation.memory.components import MemoryLine, a2a_buffer_bytes, activation_bytes, weight_lines
-from foundation.memory.config import Layout, PlanConfig, next_valid_redundant, resolve_layout
+from foundation.memory.config import Layout, MemoryConfig, next_valid_redundant, resolve_layout
 from foundation.memory.inputs import format_tokens
 from foundation.memory.plan import MemoryPlan, Suggestion, SweepRow
 from foundation.memory.pools import CachePools, make_pools
@@ -17,7 +17,7 @@ from foundation.memory.report import cache_lines, misfit_reasons
 from foundation.model import KV_DTYPE_BYTES, ModelSpec
 
 
-def plan_memory(model: ModelSpec, cluster: ClusterSpec, config: PlanConfig, *, suggest: bool = True) -> MemoryPlan:
+def plan_memory(model: ModelSpec, cluster: ClusterSpec, config: MemoryConfig, *, suggest: bool = True) -> MemoryPlan:
     """Plan the memory of ``model`` served on ``cluster`` with ``config``; see :mod:`foundation.memory`.
 
     A plan fits when the weights and runtime reserve fit the usable memory of every GPU and at least
@@ -63,14 +63,14 @@ def plan_memory(model: ModelSpec, cluster: ClusterSpec, config: PlanConfig, *, s
     return plan
 
 
-def cache_pools(model: ModelSpec, cluster: ClusterSpec, config: PlanConfig) -> CachePools:
+def cache_pools(model: ModelSpec, cluster: ClusterSpec, config: MemoryConfig) -> CachePools:
     """The cache pools of one DP rank under ``config`` (what a simulator admits sequences against)."""
     return plan_memory(model, cluster, config, suggest=False).pools
 
 
 
 # ---------------------------------------------------------------------------- search for a fix
-def _try(model: ModelSpec, cluster: ClusterSpec, config: PlanConfig) -> MemoryPlan | None:
+def _try(model: ModelSpec, cluster: ClusterSpec, config: MemoryConfig) -> MemoryPlan | None:
     try:
         plan = plan_memory(model, cluster, config, suggest=False)
     except InputError:
@@ -78,14 +78,14 @@ def _try(model: ModelSpec, cluster: ClusterSpec, config: PlanConfig) -> MemoryPl
     return plan if plan.fits else None
 
 
-def _with_layout(config: PlanConfig, lay: Layout, **changes: Any) -> PlanConfig:
+def _with_layout(config: MemoryConfig, lay: Layout, **changes: Any) -> MemoryConfig:
     """``config`` with the resolved layout made explicit, then ``changes`` applied."""
     base = {"tp": lay.tp, "dp": lay.dp, "ep": lay.ep, "dense_tp": lay.dense_tp, "num_redundant": lay.num_redundant}
     base.update(changes)
     return replace(config, **base)
 
 
-def suggest_changes(model: ModelSpec, cluster: ClusterSpec, config: PlanConfig,
+def suggest_changes(model: ModelSpec, cluster: ClusterSpec, config: MemoryConfig,
                     *, max_gpus_factor: int = 8) -> list[Suggestion]:
     """Single changes that make the plan fit, cheapest kind first; within a kind the smallest.
 
@@ -108,7 +108,7 @@ def suggest_changes(model: ModelSpec, cluster: ClusterSpec, config: PlanConfig,
                                     plan.concurrency))
         return found
 
-    def add(kind: str, change: str, cl: ClusterSpec, cfg: PlanConfig) -> bool:
+    def add(kind: str, change: str, cl: ClusterSpec, cfg: MemoryConfig) -> bool:
         plan = _try(model, cl, cfg)
         if plan is None:
             return False
@@ -153,7 +153,7 @@ def suggest_changes(model: ModelSpec, cluster: ClusterSpec, config: PlanConfig,
 
 
 # ---------------------------------------------------------------------------- sweep
-def sweep_plans(model: ModelSpec, config: PlanConfig, *, gpu: str, gpus_per_node: int | None,
+def sweep_plans(model: ModelSpec, config: MemoryConfig, *, gpu: str, gpus_per_node: int | None,
                 gpu_counts: list[int], ep_sizes: list[int] | None = None,
                 redundant: list[int] | None = None) -> list[SweepRow]:
     """Plan every (GPU count, EP size, redundant count) combination.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from foundation.memory.config import Layout, PlanConfig
+from foundation.memory.config import Layout, MemoryConfig
 from foundation.model import ModelSpec
 
 
@@ -119,7 +119,7 @@ class CachePools:
         return pages * self.page_size * self.dcp
 
 
-def make_pools(model: ModelSpec, lay: Layout, config: PlanConfig, free_bytes: float) -> CachePools:
+def make_pools(model: ModelSpec, lay: Layout, config: MemoryConfig, free_bytes: float) -> CachePools:
     """Split ``free_bytes`` per GPU between the KV pool and the state pool by ``config.pool_split``."""
     kvb = model.kv_bytes_per_token(config.kv_dtype, attention_tp=lay.tp)
     state = model.state_bytes_per_sequence(attention_tp=lay.tp) * config.state_slots_per_seq

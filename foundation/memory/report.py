@@ -4,7 +4,7 @@ lives in the other modules; this one only words its results."""
 from __future__ import annotations
 
 from foundation.memory.components import MemoryLine
-from foundation.memory.config import Layout, PlanConfig
+from foundation.memory.config import Layout, MemoryConfig
 from foundation.memory.inputs import GiB, KiB, MiB, format_tokens
 from foundation.memory.plan import MemoryPlan, SweepRow
 from foundation.memory.pools import CachePools
@@ -12,7 +12,7 @@ from foundation.model import ModelSpec
 
 
 # ---------------------------------------------------------------------------- while planning
-def cache_lines(model: ModelSpec, lay: Layout, config: PlanConfig, pools: CachePools) -> list[MemoryLine]:
+def cache_lines(model: ModelSpec, lay: Layout, config: MemoryConfig, pools: CachePools) -> list[MemoryLine]:
     """The per-GPU lines of the cache pools (one for a shared pool, two for split pools), each with the
     per-token / per-sequence sizes it holds."""
     kvb, st = pools.kv_bytes_per_token, pools.state_bytes_per_seq

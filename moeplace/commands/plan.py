@@ -1,6 +1,6 @@
 """``place plan``: does this EP topology fit, at what context length and concurrency?
 
-Thin layer over :mod:`foundation.memory`: parse, build a :class:`PlanConfig`, call ``plan_memory`` (or
+Thin layer over :mod:`foundation.memory`: parse, build a :class:`MemoryConfig`, call ``plan_memory`` (or
 ``sweep_plans``), print. Exit code 0 when it fits, 3 when it does not (for ``--sweep``: 3 when no row
 fits), 2 for bad input.
 """
@@ -12,7 +12,7 @@ from foundation.cluster import gpu_preset_names, load_gpu, make_cluster
 from foundation.errors import InputError
 from foundation.files import Outputs, write_text_atomic
 from foundation.formats import tagged
-from foundation.memory.config import PlanConfig
+from foundation.memory.config import MemoryConfig
 from foundation.memory.inputs import GiB, parse_context_mix, parse_pool_split, parse_tokens
 from foundation.memory.planner import default_sweep_gpus, plan_memory, sweep_plans
 from foundation.memory.report import render_plan, render_sweep
@@ -75,11 +75,11 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def build_config(args, max_context: int | None = None) -> PlanConfig:
+def build_config(args, max_context: int | None = None) -> MemoryConfig:
     """The plan config of the flags; ``max_context``: the model's, which no --context-mix length may
     exceed (the same check `place simulate` makes)."""
     rule, param = parse_pool_split(args.pool_split)
-    return PlanConfig(
+    return MemoryConfig(
         tp=args.tp, dp=args.dp, ep=args.ep, dense_tp=args.dense_tp, num_redundant=args.redundant, dcp=args.dcp,
         context=parse_tokens(args.context, "--context") if args.context is not None else None,
         context_mix=parse_context_mix(args.context_mix, max_context) if args.context_mix else None,
@@ -112,7 +112,7 @@ def run(args) -> int:
     return 0 if plan.fits else EXIT_DOES_NOT_FIT
 
 
-def run_sweep(args, model, config: PlanConfig) -> int:
+def run_sweep(args, model, config: MemoryConfig) -> int:
     gpu = load_gpu(args.gpu)
     per_node = args.gpus_per_node or gpu.gpus_per_node
     counts = (_int_list(args.sweep_gpus, "--sweep-gpus") if args.sweep_gpus

@@ -26,7 +26,7 @@ Example (``examples/sweep-k3.yaml`` is the full one)::
       kv_dtype: fp8
     points:                                    # extra points; unnamed axes take the axis' first value
       - {gpus: 32, kv_dtype: bf16}
-    plan: {context: 128k, min_seqs: 1}         # foundation.memory.config.PlanConfig knobs (see PLAN_KEYS)
+    plan: {context: 128k, min_seqs: 1}         # foundation.memory.config.MemoryConfig knobs (see PLAN_KEYS)
     engine: {max_batched_tokens: 8192, max_seqs: 256}
     optimize: {plan_fraction: 0.5, window_tokens: 4096, options: {lns_rounds: 0}}
     simulate: {duration: 3.0, mode: stat, max_trace_tokens: 20000}
@@ -47,7 +47,7 @@ import yaml
 
 from foundation.cluster import gpu_preset_names
 from foundation.errors import InputError
-from foundation.memory.config import PlanConfig
+from foundation.memory.config import MemoryConfig
 from foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
 from foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
 from placement.dispatch import ENGINE_RULES
@@ -394,7 +394,7 @@ def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate:
         if plan["context_mix"] is not None:
             parse_context_mix(str(plan["context_mix"]), max_context, "plan.context_mix")
         parse_pool_split(str(engine["pool_split"]))
-        base_plan_config(plan, engine)
+        base_memory_config(plan, engine)
     except InputError as exc:
         raise InputError(f"{sp}: {exc}") from None
     for k in ("chunked_prefill", "dual_batch_overlap"):
@@ -431,10 +431,10 @@ def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate:
         _num(sp, f"objective.{k}", objective[k], float, 0, allow_none=True)
 
 
-def base_plan_config(plan: dict[str, Any], engine: dict[str, Any]) -> PlanConfig:
-    """The :class:`PlanConfig` knobs every point shares (layout, R and KV dtype come from the point)."""
+def base_memory_config(plan: dict[str, Any], engine: dict[str, Any]) -> MemoryConfig:
+    """The :class:`MemoryConfig` knobs every point shares (layout, R and KV dtype come from the point)."""
     rule, param = parse_pool_split(str(engine["pool_split"]))
-    return PlanConfig(
+    return MemoryConfig(
         dense_tp=plan["dense_tp"], dcp=plan["dcp"],
         context=None if plan["context"] is None else parse_tokens(plan["context"], "plan.context"),
         context_mix=parse_context_mix(str(plan["context_mix"])) if plan["context_mix"] else None,

@@ -18,7 +18,7 @@ from foundation.cluster import ClusterSpec, make_cluster
 from foundation.errors import InputError, MoeplaceError
 from foundation.memory.config import Layout
 from foundation.memory.planner import plan_memory
-from moeplace.sweep.spec import Point, SweepSpec, base_plan_config
+from moeplace.sweep.spec import Point, SweepSpec, base_memory_config
 from placement.compare import compare_policies
 from placement.record import Placement
 from sim.runner import simulate
@@ -45,7 +45,7 @@ def plan_point(spec: SweepSpec, point: Point) -> tuple[dict[str, Any], Layout | 
         row["num_redundant"] = point.num_redundant
         cluster = point_cluster(point)
         row.update(nodes=cluster.num_nodes, gpus_per_node=cluster.gpus_per_node)
-        config = replace(base_plan_config(spec.plan, spec.engine), tp=point.tp, ep=point.ep,
+        config = replace(base_memory_config(spec.plan, spec.engine), tp=point.tp, ep=point.ep,
                          num_redundant=point.num_redundant, kv_dtype=point.kv_dtype)
         plan = plan_memory(spec.model, cluster, config, suggest=False)
     except InputError as exc:
@@ -95,7 +95,7 @@ def optimize_task(loads: Loads, gpu: str, gpus: int, gpus_per_node: int | None, 
         return _failure("optimize", MoeplaceError("; ".join(cmp.notes)))
     r = cmp.results[0]
     held = r.held_out  # None with plan_fraction 1: nothing held out, so no held-out score
-    scores = {"plan_balancedness": r.plan.balancedness,
+    scores = {"plan_balancedness": r.planning.balancedness,
               "held_out_balancedness": None if held is None else held.balancedness,
               "held_out_max_over_mean": None if held is None else held.max_over_mean,
               "held_out_cross_node_share": None if held is None else held.cross_node_share,

@@ -48,7 +48,7 @@ from foundation.cluster import make_cluster
 from foundation.errors import InputError
 from foundation.files import read_json
 from foundation.formats import check
-from foundation.memory.config import PlanConfig
+from foundation.memory.config import MemoryConfig
 from foundation.memory.planner import plan_memory
 from foundation.model import ModelSpec
 from placement.record import Placement
@@ -108,8 +108,8 @@ def _gpu_kind(placement: Placement, opts: FlagOptions) -> str:
     return str(cluster.get("gpu", "")) if isinstance(cluster, dict) else ""
 
 
-def plan_config_from_report(path: str | Path) -> tuple[Any, dict[str, Any]]:
-    """The :class:`~foundation.memory.config.PlanConfig` and cluster dict of a ``place plan --report`` JSON."""
+def memory_config_from_report(path: str | Path) -> tuple[Any, dict[str, Any]]:
+    """The :class:`~foundation.memory.config.MemoryConfig` and cluster dict of a ``place plan --report`` JSON."""
     d = read_json(path)
     check(d, "memory-plan", str(path), hint="written by `place plan --report`")
     for key in ("config", "cluster"):
@@ -126,7 +126,7 @@ def plan_config_from_report(path: str | Path) -> tuple[Any, dict[str, Any]]:
         if layout.get(key) is not None:
             cfg[key] = layout[key]
     try:
-        return PlanConfig(**cfg), d["cluster"]
+        return MemoryConfig(**cfg), d["cluster"]
     except TypeError as exc:
         raise InputError(f"{path}: field 'config' does not match this version's plan settings ({exc})") from None
     except InputError as exc:  # a value the plan refuses: say which file it came from
@@ -144,7 +144,7 @@ def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan
     if plan_report is not None:
         if opts.tp is not None or opts.dp is not None:
             raise InputError("give the attention layout either as --tp/--dp or as --plan, not both")
-        config, cluster_d = plan_config_from_report(plan_report)
+        config, cluster_d = memory_config_from_report(plan_report)
         n = cluster_d.get("num_gpus")
         if n != G:
             raise InputError(f"--plan {plan_report}: the plan is for {n} GPUs, the placement for {G}")
@@ -165,7 +165,7 @@ def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan
     else:
         gpu = _gpu_kind(placement, opts) or "h200"
         cluster = make_cluster(G, gpu, placement.gpus_per_node)
-        config = PlanConfig(tp=opts.tp, dp=opts.dp, ep=G, num_redundant=R,
+        config = MemoryConfig(tp=opts.tp, dp=opts.dp, ep=G, num_redundant=R,
                             kv_dtype="fp8" if opts.kv_cache_dtype == "fp8" else "bf16",
                             context=opts.max_model_len)
     plan = plan_memory(model, cluster, config, suggest=False)

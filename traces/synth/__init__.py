@@ -61,14 +61,14 @@ arrival; the mix moves linearly through ``drift_phases`` phases, each dominated 
 extent ``drift``.
 
 Modules, in the order data flows: ``config`` (:class:`SynthConfig`), ``popularity`` (the design above),
-``sampler`` (:class:`SynthPlan`, the sampling tables, and :class:`ExpertSampler`), ``calibration``
-(:func:`build_plan`: design + pilot corrections; the locality copy probability), ``requests`` (arrivals,
+``sampler`` (:class:`SynthDesign`, the sampling tables, and :class:`ExpertSampler`), ``calibration``
+(:func:`build_design`: design + pilot corrections; the locality copy probability), ``requests`` (arrivals,
 lengths, the engine loop; :func:`synth_chunks`) and ``writer`` (:func:`synthesize`, optionally through a
 forked writer process).
 """
 from __future__ import annotations
 
-from traces.synth.calibration import build_plan, calibrate_copy
+from traces.synth.calibration import build_design, calibrate_copy
 from traces.synth.config import DOMAIN_NAMES, SYNTH_VERSION, SynthConfig
 from traces.synth.popularity import (
     design_popularity,
@@ -79,11 +79,11 @@ from traces.synth.popularity import (
     quantize,
 )
 from traces.synth.requests import engine_batches, synth_chunks
-from traces.synth.sampler import ExpertSampler, SynthPlan, zipf_ranks
+from traces.synth.sampler import ExpertSampler, SynthDesign, zipf_ranks
 from traces.synth.writer import synthesize
 
 __all__ = [
-    "DOMAIN_NAMES", "SYNTH_VERSION", "ExpertSampler", "SynthConfig", "SynthPlan", "build_plan", "calibrate_copy",
+    "DOMAIN_NAMES", "SYNTH_VERSION", "ExpertSampler", "SynthConfig", "SynthDesign", "build_design", "calibrate_copy",
     "design_popularity", "domain_names", "drift_anchor_mixes", "engine_batches", "mean_domain_correlation",
     "num_themes", "quantize", "synth_chunks", "synthesize", "zipf_ranks",
 ]

@@ -18,13 +18,13 @@ from traces.synth.popularity import (
     theme_bounds,
     theme_groups,
 )
-from traces.synth.sampler import ExpertSampler, SynthPlan, zipf_ranks
+from traces.synth.sampler import ExpertSampler, SynthDesign, zipf_ranks
 
-SKEW_ROUNDS = 4  # popularity designs per plan at most (pilot-measured skew and CV correction)
+SKEW_ROUNDS = 4  # popularity solves per built design at most (pilot-measured skew and CV correction)
 SKEW_TOL = 0.03  # relative miss of the pilot's median skew accepted (the pilot's own noise is ~1 %)
 
 
-def build_plan(model: ModelSpec, cfg: SynthConfig) -> SynthPlan:
+def build_design(model: ModelSpec, cfg: SynthConfig) -> SynthDesign:
     """Design the popularity, build the sampler tables and calibrate the copy probability.
 
     A token's top-k holds distinct experts, so duplicates are re-drawn, which takes load off the hottest
@@ -33,11 +33,11 @@ def build_plan(model: ModelSpec, cfg: SynthConfig) -> SynthPlan:
     ``SKEW_ROUNDS`` designs, until the pilot is within ``SKEW_TOL`` of the target)."""
     scale, cv_scale, last, best = 1.0, 1.0, None, None
     for _ in range(SKEW_ROUNDS):
-        plan = _build_plan(model, cfg, scale, cv_scale)
-        pilot, pilot_cv = _pilot_skew_cv(plan)
+        design = _build_design(model, cfg, scale, cv_scale)
+        pilot, pilot_cv = _pilot_skew_cv(design)
         miss = abs(pilot / cfg.skew - 1.0) + (0.0 if cfg.cv is None else abs(pilot_cv / cfg.cv - 1.0) / 2)
         if best is None or miss < best[0]:
-            best = (miss, plan, scale, cv_scale, pilot, pilot_cv)
+            best = (miss, design, scale, cv_scale, pilot, pilot_cv)
         skew_ok = cfg.skew <= 1.0 or pilot <= 1.0 or abs(pilot / cfg.skew - 1.0) <= SKEW_TOL
         cv_ok = cfg.cv is None or pilot_cv <= 0 or abs(pilot_cv / cfg.cv - 1.0) <= 2 * SKEW_TOL
         if skew_ok and cv_ok:
@@ -52,33 +52,33 @@ def build_plan(model: ModelSpec, cfg: SynthConfig) -> SynthPlan:
             scale = float(np.clip(scale + step, 0.5, 2.0))
     # the round closest to the targets (a model with few experts per top-k slot may not reach them:
     # distinct top-k caps how much load one expert can take)
-    _, plan, scale, cv_scale, pilot, pilot_cv = best
-    copy_prob, achieved = calibrate_copy(plan)
-    report = dict(plan.report, skew_scale=scale, cv_scale=cv_scale, pilot_skew=pilot, pilot_cv=pilot_cv,
+    _, design, scale, cv_scale, pilot, pilot_cv = best
+    copy_prob, achieved = calibrate_copy(design)
+    report = dict(design.report, skew_scale=scale, cv_scale=cv_scale, pilot_skew=pilot, pilot_cv=pilot_cv,
                   copy_prob=copy_prob, pilot_locality=achieved)
-    return SynthPlan(**{**plan.__dict__, "copy_prob": copy_prob, "report": report})
+    return SynthDesign(**{**design.__dict__, "copy_prob": copy_prob, "report": report})
 
 
-def _pilot_skew_cv(plan: SynthPlan, tokens: int = 4096) -> tuple[float, float]:
+def _pilot_skew_cv(design: SynthDesign, tokens: int = 4096) -> tuple[float, float]:
     """Median over layers of the load of the designed hottest expert / the mean load, in a pilot batch
     (domains drawn from the average mix, no copying: the copy source is neutral; fixed seed). A fixed
     expert, not the batch's maximum: the maximum of noisy counts is biased upwards. Also the median CV,
     with the counts' sampling variance (Poisson: the mean) taken off."""
-    cfg = plan.config
+    cfg = design.config
     rng = np.random.default_rng([cfg.seed, 0x5CE3])
-    sampler = ExpertSampler(plan, rng, 1, 0.0)
-    dom = rng.choice(cfg.num_domains, size=tokens, p=average_mix(plan.anchors))
-    ranks = zipf_ranks(plan.tok_cdf, rng, tokens)
+    sampler = ExpertSampler(design, rng, 1, 0.0)
+    dom = rng.choice(cfg.num_domains, size=tokens, p=average_mix(design.anchors))
+    ranks = zipf_ranks(design.tok_cdf, rng, tokens)
     out = sampler.sample(dom, ranks, np.full(tokens, -1), np.zeros(tokens, np.int64))
-    L, E = plan.model.num_moe_layers, plan.model.num_experts
+    L, E = design.model.num_moe_layers, design.model.num_experts
     key = (np.arange(L, dtype=np.int32)[None, :, None] * E + out).ravel()  # < 2^31: L * E is small
     counts = np.bincount(key, minlength=L * E).reshape(L, E).astype(np.float64)
     mean = counts.mean(axis=1)
     cv = np.sqrt(np.maximum(counts.var(axis=1) - mean, 0.0)) / mean
-    return float(np.median(counts[np.arange(L), plan.design_top] / mean)), float(np.median(cv))
+    return float(np.median(counts[np.arange(L), design.design_top] / mean)), float(np.median(cv))
 
 
-def _build_plan(model: ModelSpec, cfg: SynthConfig, skew_scale: float, cv_scale: float) -> SynthPlan:
+def _build_design(model: ModelSpec, cfg: SynthConfig, skew_scale: float, cv_scale: float) -> SynthDesign:
     rng = np.random.default_rng([cfg.seed, 0x5EED])
     num_layers, num_experts, num_domains = model.num_moe_layers, model.num_experts, cfg.num_domains
     T = num_themes(model, cfg)
@@ -134,21 +134,21 @@ def _build_plan(model: ModelSpec, cfg: SynthConfig, skew_scale: float, cv_scale:
     slot_offset = ((rng.integers(0, 2**32, num_layers, dtype=np.uint64)[:, None]
                     + (np.arange(m, dtype=np.uint64) * (2**32 // m))[None, :]) % 2**32).astype(np.uint32)
 
-    plan = SynthPlan(model=model, config=cfg, pi=pi, table=table.reshape(num_layers, -1), start=start, width=width,
+    design = SynthDesign(model=model, config=cfg, pi=pi, table=table.reshape(num_layers, -1), start=start, width=width,
                      tok_start=tok_start, tok_width=tok_width, tok_cdf=np.cumsum(zipf),
                      rank2token=rng.permutation(vocab).astype(np.int32), slot_offset=slot_offset,
                      anchors=anchors, domains=domain_names(num_domains), copy_prob=0.0, report=report,
                      theme_of=theme_of, design_top=design_top)
-    return plan
+    return design
 
 
-def _pilot_overlap(plan: SynthPlan, copy_prob: float, num_requests: int, length: int) -> float:
+def _pilot_overlap(design: SynthDesign, copy_prob: float, num_requests: int, length: int) -> float:
     """Mean top-k overlap of consecutive tokens in a pilot of ``num_requests`` requests x ``length``
     decode tokens, with a fixed seed (common random numbers across calls)."""
-    rng = np.random.default_rng([plan.config.seed, 0xC0DE])
-    sampler = ExpertSampler(plan, rng, num_requests, copy_prob)
-    dom = rng.integers(0, plan.config.num_domains, num_requests)
-    ranks = zipf_ranks(plan.tok_cdf, rng, (num_requests, length))
+    rng = np.random.default_rng([design.config.seed, 0xC0DE])
+    sampler = ExpertSampler(design, rng, num_requests, copy_prob)
+    dom = rng.integers(0, design.config.num_domains, num_requests)
+    ranks = zipf_ranks(design.tok_cdf, rng, (num_requests, length))
     slot = np.arange(num_requests)
     overlaps = []
     for t in range(length):
@@ -160,21 +160,21 @@ def _pilot_overlap(plan: SynthPlan, copy_prob: float, num_requests: int, length:
     return float(np.mean(overlaps))
 
 
-def calibrate_copy(plan: SynthPlan, num_requests: int = 128, length: int = 4) -> tuple[float, float]:
+def calibrate_copy(design: SynthDesign, num_requests: int = 128, length: int = 4) -> tuple[float, float]:
     """Copy probability giving the requested consecutive-token overlap, by regula falsi on a pilot batch
     (the overlap grows with the copy probability, nearly linearly). Returns ``(copy_prob, pilot_overlap)``;
     ``locality=None``, or a target at or below the no-copy overlap, means no copying."""
-    target = plan.config.locality
-    lo, f_lo = 0.0, _pilot_overlap(plan, 0.0, num_requests, length)
+    target = design.config.locality
+    lo, f_lo = 0.0, _pilot_overlap(design, 0.0, num_requests, length)
     if target is None or target <= f_lo:
         return 0.0, f_lo
-    hi, f_hi = 0.95, _pilot_overlap(plan, 0.95, num_requests, length)
+    hi, f_hi = 0.95, _pilot_overlap(design, 0.95, num_requests, length)
     if target >= f_hi:
         return hi, f_hi
     p, f_p = lo, f_lo
     for _ in range(5):
         p = lo + (target - f_lo) * (hi - lo) / (f_hi - f_lo)
-        f_p = _pilot_overlap(plan, p, num_requests, length)
+        f_p = _pilot_overlap(design, p, num_requests, length)
         if abs(f_p - target) < 0.002:
             break
         if f_p < target:

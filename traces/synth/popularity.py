@@ -123,11 +123,11 @@ def design_popularity(model: ModelSpec, cfg: SynthConfig, rng: np.random.Generat
     on the base shapes for goals that two correction rounds move until the realized ``q`` has the
     requested median CV and mean domain correlation. With themes, each theme group of ``pi[l, d]`` is
     normalized to 1/T. ``skew_scale`` / ``cv_scale`` raise the targets by what sampling takes off
-    (re-drawn duplicates; measured by :func:`build_plan`'s pilot).
+    (re-drawn duplicates; measured by :func:`build_design`'s pilot).
     """
     design = _PopularityDesign(model, cfg, rng, avg_mix, skew_scale)
     w64 = design.w64
-    # cv_scale, like skew_scale: what re-drawn duplicates take off the realized CV (build_plan)
+    # cv_scale, like skew_scale: what re-drawn duplicates take off the realized CV (build_design)
     cv_target = None if cfg.cv is None else cfg.cv * cv_scale
     cv_goal, corr_goal = cv_target, cfg.domain_correlation
     for _ in range(3):
@@ -172,7 +172,7 @@ class _PopularityDesign:
             g[li] = c * g[li - 1] + math.sqrt(1 - c * c) * g[li]
             h[li] = c * h[li - 1] + math.sqrt(1 - c * c) * h[li]
         self.g, self.h = g.astype(np.float32), h.astype(np.float32)
-        # skew_scale: the design aims above the target by what re-drawn duplicates take off (build_plan)
+        # skew_scale: the design aims above the target by what re-drawn duplicates take off (build_design)
         self.target = np.maximum(layer_skew_targets(cfg, num_layers) * skew_scale, 1.0)
         self.w = avg_mix.astype(np.float32)[None, :, None]
         self.w64 = avg_mix[:, None]

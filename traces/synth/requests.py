@@ -13,7 +13,7 @@ from foundation.model import ModelSpec
 from traces.format import PHASE_DECODE, PHASE_PREFILL
 from traces.synth.config import SynthConfig
 from traces.synth.popularity import mix_at
-from traces.synth.sampler import ExpertSampler, SynthPlan, zipf_ranks
+from traces.synth.sampler import ExpertSampler, SynthDesign, zipf_ranks
 
 
 @dataclass
@@ -126,13 +126,13 @@ def _concat_batches(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarra
     return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
 
 
-def synth_chunks(plan: SynthPlan) -> Iterator[dict[str, np.ndarray]]:
+def synth_chunks(design: SynthDesign) -> Iterator[dict[str, np.ndarray]]:
     """Token batches of the synthetic trace in step order: the engine-loop arrays plus ``token_id``
     int32 [n] and ``experts`` uint16 ``[n, L, k]`` (and ``gate_weights`` float32 ``[n, L, k]`` when
     configured)."""
-    cfg, model = plan.config, plan.model
+    cfg, model = design.config, design.model
     rng = np.random.default_rng([cfg.seed, 0x7A11])
-    sampler = ExpertSampler(plan, np.random.default_rng([cfg.seed, 0xE4]), cfg.max_running, plan.copy_prob)
+    sampler = ExpertSampler(design, np.random.default_rng([cfg.seed, 0xE4]), cfg.max_running, design.copy_prob)
     buf: list[dict[str, np.ndarray]] = []
     buffered = 0
 
@@ -145,16 +145,16 @@ def synth_chunks(plan: SynthPlan) -> Iterator[dict[str, np.ndarray]]:
         same[1:] = b["request_id"][order[1:]] == b["request_id"][order[:-1]]
         prev = np.where(b["seq"] > 0, b["slot"], -1)
         prev[order[1:][same[1:]]] = cfg.max_running + order[:-1][same[1:]]
-        ranks = zipf_ranks(plan.tok_cdf, rng, n)
+        ranks = zipf_ranks(design.tok_cdf, rng, n)
         b["experts"] = sampler.sample(b["domain"], ranks, prev, b["slot"])
-        b["token_id"] = plan.rank2token[ranks]
+        b["token_id"] = design.rank2token[ranks]
         if cfg.gate_weights:
             # sigmoid router, renormalized top-k: weights in the router's (descending) order
             g = -np.sort(-rng.exponential(1.0, b["experts"].shape).astype(np.float32), axis=-1)
             b["gate_weights"] = g / g.sum(axis=-1, keepdims=True)
         return b
 
-    for batch in engine_batches(cfg, model, plan.anchors, rng):
+    for batch in engine_batches(cfg, model, design.anchors, rng):
         buf.append(batch)
         buffered += len(batch["slot"])
         if buffered >= cfg.chunk_tokens:

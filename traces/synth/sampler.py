@@ -1,4 +1,4 @@
-"""The sampling tables (:class:`SynthPlan`) and the sampler that draws every token's top-k from them
+"""The sampling tables (:class:`SynthDesign`) and the sampler that draws every token's top-k from them
 (base, affinity, token identity, theme and locality sources; duplicates re-drawn)."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ PAIRWISE_MIN_ROWS = 256  # rows from which the duplicate check compares slot pai
 
 
 @dataclass(frozen=True, eq=False)
-class SynthPlan:
+class SynthDesign:
     """Everything fixed before the first token: tables of the u-space sampler and the solved knobs.
 
     ``pi``      float64 ``[L, D, E]``: each domain's base popularity (by expert id).
@@ -58,14 +58,14 @@ class ExpertSampler:
 
     block_tokens = 2048  # rows per inner block: keeps the working arrays in cache
 
-    def __init__(self, plan: SynthPlan, rng: np.random.Generator, num_slots: int, copy_prob: float) -> None:
-        self.plan = plan
+    def __init__(self, design: SynthDesign, rng: np.random.Generator, num_slots: int, copy_prob: float) -> None:
+        self.design = design
         self.rng = rng
-        m = plan.model
+        m = design.model
         self.num_layers, self.num_experts, self.k = m.num_moe_layers, m.num_experts, m.top_k
         self.num_slots = num_slots
         self.state = np.zeros((num_slots, self.num_layers, self.k), np.uint16)
-        cfg = plan.config
+        cfg = design.config
         # Thresholds on a uint32 draw: [0, c) copy, [c, c+a) affinity, [c+a, c+a+t) token,
         # [c+a+t, c+a+t+h) theme, rest base.
         rest = 1 - copy_prob
@@ -85,14 +85,14 @@ class ExpertSampler:
         pow2 = T & (T - 1) == 0
         self.theme_bits = np.uint32(T.bit_length() - 1) if pow2 else None
         self.theme_keep = np.uint32((1 << (32 - T.bit_length() + 1)) - 1) if pow2 else None
-        self.table = plan.table
+        self.table = design.table
         self.token_experts = np.uint32(cfg.token_experts)
-        self.slot_step = np.uint32(2**32 // cfg.token_experts % 2**32)  # spacing of plan.slot_offset's rotations
-        assert np.array_equal(plan.slot_offset, plan.slot_offset[:, :1] + self.slot_step
+        self.slot_step = np.uint32(2**32 // cfg.token_experts % 2**32)  # spacing of design.slot_offset's rotations
+        assert np.array_equal(design.slot_offset, design.slot_offset[:, :1] + self.slot_step
                               * np.arange(cfg.token_experts, dtype=np.uint32)), "slot_offset rotations"
         # start << 16 | width of every expert's interval in the shared grid: one gather per affinity draw
-        self.start_width = ((plan.start.astype(np.uint32) << np.uint32(U_BITS))
-                            | np.minimum(plan.width, U_SIZE - 1).astype(np.uint32))
+        self.start_width = ((design.start.astype(np.uint32) << np.uint32(U_BITS))
+                            | np.minimum(design.width, U_SIZE - 1).astype(np.uint32))
         self.shared_key = np.uint32(cfg.num_domains << U_BITS)
         self._scratch = np.zeros(self.block_tokens * self.num_experts, np.uint8)
         self._slot_ids = np.broadcast_to(np.arange(self.k, dtype=np.uint8), (self.block_tokens, self.k))
@@ -130,13 +130,13 @@ class ExpertSampler:
         return out
 
     def _block(self, big, b0, b1, dom, rank, prev) -> None:
-        plan, k, num_layers, num_slots = self.plan, self.k, self.num_layers, self.num_slots
+        design, k, num_layers, num_slots = self.design, self.k, self.num_layers, self.num_slots
         nb = b1 - b0
         r0 = num_slots + b0
         dom_key = (dom.astype(np.uint32) << np.uint32(U_BITS))[:, None]
         shared_key = self.shared_key
-        t_start = plan.tok_start[rank][:, None]
-        t_width = plan.tok_width[rank][:, None]
+        t_start = design.tok_start[rank][:, None]
+        t_width = design.tok_width[rank][:, None]
         can_copy = (prev >= 0)[:, None]
         src_row = np.where(prev >= 0, prev, 0)
         row_key, slot_ids = self._row_key[:nb], self._slot_ids[:nb]
@@ -166,7 +166,7 @@ class ExpertSampler:
             # which preferred point: the low 16 bits of the source draw, scaled to [0, m)
             pick = ((comp & low) * self.token_experts) >> bits
             # = slot_offset[li, pick]: the rotations are evenly spaced (uint32 arithmetic wraps alike)
-            offset = pick * self.slot_step + plan.slot_offset[li, 0]
+            offset = pick * self.slot_step + design.slot_offset[li, 0]
             if self.theme_span:
                 tok_u = self._token_in_theme(t_start + v16 * t_width, offset)
             else:

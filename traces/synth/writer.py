@@ -16,7 +16,7 @@ import pyarrow as pa
 from foundation.files import raise_on_sigterm
 from foundation.model import ModelSpec
 from traces.format import TraceWriter
-from traces.synth.calibration import build_plan
+from traces.synth.calibration import build_design
 from traces.synth.config import SYNTH_VERSION, SynthConfig
 from traces.synth.requests import synth_chunks
 
@@ -176,12 +176,12 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
     are the same."""
 
     t0 = time.perf_counter()
-    plan = build_plan(model, cfg)
+    design = build_design(model, cfg)
     t_plan = time.perf_counter() - t0
     provenance = {"kind": "synthetic", "generator": f"moeplace.synth/{SYNTH_VERSION}",
-                  "config": asdict(cfg), "domains": list(plan.domains), "solved": plan.report}
+                  "config": asdict(cfg), "domains": list(design.domains), "solved": design.report}
     num_layers = model.num_moe_layers
-    sink = _TraceSink(model, cfg, plan.domains)
+    sink = _TraceSink(model, cfg, design.domains)
     num_tokens = 0
     requests: set[int] = set()
     if writer_process is None:  # a daemonic process (a multiprocessing.Pool worker) may not have children
@@ -191,7 +191,7 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
         wp = _WriterProcess(Path(out), model, cfg, provenance, sink,
                             min(cfg.num_tokens, cfg.chunk_tokens + cfg.max_batch_tokens))
         try:
-            for b in synth_chunks(plan):
+            for b in synth_chunks(design):
                 wp.send(b)
                 num_tokens += len(b["slot"])
                 requests.update(np.unique(b["request_id"]).tolist())
@@ -205,7 +205,7 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
         with TraceWriter(out, model, provenance, gate_weights=cfg.gate_weights, token_id=True,
                          domain=True) as writer, ThreadPoolExecutor(max_workers=1) as pool:
             pending = None
-            for b in synth_chunks(plan):
+            for b in synth_chunks(design):
                 if pending is not None:
                     pending.result()  # at most one batch in flight: memory stays at two batches
                 pending = pool.submit(sink.write, writer, b)
@@ -219,4 +219,4 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
     return {"out": str(out), "tokens": num_tokens, "rows": num_tokens * num_layers, "selections": selections,
             "requests": len(requests), "seconds": seconds, "plan_seconds": t_plan,
             "selections_per_s": selections / seconds, "bytes": disk, "bytes_per_selection": disk / selections,
-            "solved": plan.report}
+            "solved": design.report}
