@@ -162,14 +162,14 @@ def test_printed_and_written_documents_keep_their_content(art):
 def _readers():
     from dashboard.data import read_artifact
     from moeplace.sweep.run import read_scores
-    from placement.export.flags import plan_config_from_report
+    from placement.export.flags import memory_config_from_report
     from placement.record import load_placement
     from sim.calibration import load_profile
     from sim.results import read_sim_config, read_summaries
     from traces.loads import load_loads
 
     return {"placement": load_placement, "loads": load_loads, "calibration": load_profile,
-            "memory-plan": plan_config_from_report, "comparison": lambda p: read_artifact(p, "comparison"),
+            "memory-plan": memory_config_from_report, "comparison": lambda p: read_artifact(p, "comparison"),
             "sim-summary": read_summaries, "sim-config": read_sim_config, "sweep-scores": read_scores}
 
 
