@@ -70,6 +70,8 @@ FORMATS: dict[str, ArtifactFormat] = {f.kind: f for f in (
     ArtifactFormat("sweep-scores", (1,), True, "place sweep (cache/placements/<key>.scores.json)"),
     ArtifactFormat("kernel-report", (1,), True, "place kernels bench --report"),
     ArtifactFormat("run", (1,), True, "place demo --out DIR (the .moeplace-run marker)"),
+    ArtifactFormat("synth-summary", (1,), True, "place trace synth --json"),
+    ArtifactFormat("model-facts", (1,), True, "place model show --json"),
 )}
 
 _TAG = re.compile(r"moeplace\.([a-z][a-z0-9-]*)/(\d+)")

@@ -62,6 +62,9 @@ def art(tmp_path_factory) -> dict[str, Path]:
                              "--window-tokens", "100", "--report", a["comparison"], "--json"),
         "metrics": _place("evaluate", a["placement"], a["loads"], "--json"),
         "trace-stats": _place("trace", "stats", trace, "--json"),
+        "synth-summary": _place("trace", "synth", "--model", model, "--tokens", "2000", "--out", d / "synth",
+                                "--json"),
+        "model-facts": _place("model", "show", model, "--json"),
         "sim-summary": _place("simulate", trace, "--placement", a["placement"], *SIM, "--out", d / "sim",
                               "--chrome-trace", a["chrome-trace"], "--json"),
     }
@@ -130,7 +133,8 @@ def test_tagged_puts_the_tag_first_and_replaces_an_old_one():
 # ------------------------------------------------------------------ writers
 WRITTEN = ["placement", "loads", "calibration", "memory-plan", "comparison", "trace-stats", "sim-summary",
            "sim-config", "chrome-trace", "run", "memory-plan:stdout", "memory-plan-sweep:stdout",
-           "comparison:stdout", "metrics:stdout", "trace-stats:stdout", "sim-summary:stdout"]
+           "comparison:stdout", "metrics:stdout", "trace-stats:stdout", "sim-summary:stdout",
+           "synth-summary:stdout", "model-facts:stdout"]
 
 
 @pytest.mark.parametrize("name", WRITTEN)
@@ -156,6 +160,8 @@ def test_printed_and_written_documents_keep_their_content(art):
     assert chrome["traceEvents"] and chrome["displayTimeUnit"] == "ms"
     assert _doc(art["trace-stats"])["tokens"] == _doc(art["trace-stats:stdout"])["tokens"] > 0
     assert _doc(art["metrics:stdout"])["num_windows"] >= 1
+    assert _doc(art["model-facts:stdout"])["num_experts"] == 16
+    assert _doc(art["synth-summary:stdout"])["config"]["num_tokens"] == 2000
 
 
 # ------------------------------------------------------------------ readers

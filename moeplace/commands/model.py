@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from foundation.formats import tagged
 from foundation.model import DEFAULT_MODEL, ModelSpec, format_ranges, load_model, preset_names
 
 GROUP = "model"
@@ -55,7 +56,7 @@ def show(args) -> int:
     m = load_model(args.name)
     f = model_facts(m)
     if args.json:
-        print(json.dumps(f, indent=1))
+        print(json.dumps(tagged("model-facts", f), indent=1))
         return 0
     GiB, MiB, KiB = 2**30, 2**20, 2**10
     rows = [

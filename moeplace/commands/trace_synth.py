@@ -6,6 +6,7 @@ import json
 
 from foundation.errors import InputError
 from foundation.files import Outputs
+from foundation.formats import tagged
 from foundation.model import load_model
 from moeplace import flags
 from moeplace.commands import add_force, add_model
@@ -99,7 +100,7 @@ def run(args) -> int:
         outs.finish()
     s = done["s"]
     if args.json:
-        print(json.dumps({**s, "config": dataclasses.asdict(cfg)}, indent=1))
+        print(json.dumps(tagged("synth-summary", {**s, "config": dataclasses.asdict(cfg)}), indent=1))
         return 0
     r = s["solved"]
     print(f"wrote {s['out']}: {s['tokens']:,} tokens, {s['requests']:,} requests, {s['rows']:,} rows, "
