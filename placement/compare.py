@@ -270,30 +270,74 @@ def _plan(fn, name: str, loads: Loads, windows: np.ndarray, samples: np.ndarray 
     return placement, dt
 
 
+SHIFT_WORK = 0.1  # planning work of the shift estimate, as a share of the main plan's (windows x layers)
+SHIFT_MIN_LAYERS = 3
+
+
+def shift_layers(planning: Loads, ids: np.ndarray, layers: int | str = "auto") -> np.ndarray:
+    """The MoE layers (indices, ascending) the shift estimate plans and scores: evenly spaced over the
+    layers with tokens. ``"all"``: every one; an int: that many; ``"auto"``: as many as keep its work —
+    one plan per scenario, each on the other scenarios' windows — near ``SHIFT_WORK`` of the main plan's
+    (planned windows x layers), at least ``SHIFT_MIN_LAYERS``, and every layer when that would be more
+    than half of them. Every policy here places each layer from
+    that layer's loads alone, so a sampled layer gets exactly the placement a plan of all layers gives it;
+    what sampling changes is only which layers the mean runs over."""
+    active = np.flatnonzero(planning.counts.sum(axis=(0, 2)) > 0)
+    if layers == "all":
+        return active
+    if layers == "auto":
+        W = planning.num_windows
+        train = sum(W - int((ids == sc).sum()) for sc in np.unique(ids))
+        k = max(SHIFT_MIN_LAYERS, round(SHIFT_WORK * active.size * W / max(train, 1)))
+        if 2 * k > active.size:  # a sample of most layers saves little: plan them all
+            return active
+    else:
+        k = int(layers)
+        if k < 1:
+            raise InputError(f"--shift-layers must be >= 1 or 'all', got {layers}")
+    if k >= active.size:
+        return active
+    return active[np.unique(np.round(np.linspace(0, active.size - 1, k)).astype(np.int64))]
+
+
 def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_redundant: int, engine: str,
                    seed: int, time_limit: float | None, options: dict[str, Any],
-                   ids: np.ndarray, method: str) -> dict[str, Any]:
+                   ids: np.ndarray, method: str, layers: np.ndarray | None = None) -> dict[str, Any]:
     """Leave-one-scenario-out: for every scenario ``s`` of ``ids`` (int ``[W]``), plan ``fn`` on the
-    other scenarios' windows (with their token sample only) and score it on ``s``'s windows. Returns
-    ``{"mean": mean over scenarios of the left-out balancedness, "worst": the lowest, "method": ...,
-    "per_scenario": [...]}`` — what to expect on traffic unlike the planning data."""
-    per = []
+    other scenarios' windows and score it on ``s``'s windows, on the MoE layers ``layers`` (default: all;
+    see :func:`shift_layers`). The plans balance only (a traffic objective's refinement is skipped: the
+    estimate is about balancedness) and see no token sample. Returns ``{"mean": mean over scenarios of
+    the left-out balancedness, "worst": the lowest, "method": ..., "per_scenario": [...], "layers":
+    [...], "layer_sample_se": standard error of "mean" from sampling layers (0 with every layer)}`` — what
+    to expect on traffic unlike the planning data."""
+    counts = loads.counts.astype(np.float64)
+    L = counts.shape[1]
+    if layers is not None and len(layers) < L:
+        # the other layers carry no tokens: no policy plans on them and no score averages them in
+        keep = np.zeros(L, dtype=bool)
+        keep[np.asarray(layers)] = True
+        counts = counts * keep[None, :, None]
+    opts = {**options, "objective": "balance", "pareto": None}
+    per, per_layer = [], []
     for sc in np.unique(ids):
         test = np.flatnonzero(ids == sc)
         train = np.flatnonzero(ids != sc)
-        samples = loads.samples_in(train) if loads.sample_windows is not None else None
-        if samples is not None and not len(samples):
-            samples = None
-        opts = dict(options)
-        if samples is None and (opts.get("objective") or "balance") != "balance":
-            opts["objective"] = "balance"  # nothing to co-locate on in this fold: balance is what is left
-        placement, _ = _plan(fn, name, loads, train, samples, cluster, num_redundant, engine, seed, time_limit,
-                             opts)
-        m = evaluate(placement, loads.counts[test].astype(np.float64), engine, model=loads.model,
-                     cluster=cluster)
+        problem = PlacementProblem(loads=counts[train], model=loads.model, cluster=cluster,
+                                   num_redundant=num_redundant, engine=engine, seed=seed, time_limit=time_limit,
+                                   options=dict(opts))
+        placement = fn(problem)
+        placement.check_model(loads.model, f"policy '{name}'")
+        m = evaluate(placement, counts[test], engine, model=loads.model, cluster=cluster)
         per.append(m.balancedness)
+        per_layer.append(m.layer_balancedness)
+    scored = np.flatnonzero(counts.sum(axis=(0, 2)) > 0)
+    active = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
+    u = np.nanmean(np.array(per_layer)[:, scored], axis=0)  # per layer, over the left-out scenarios
+    k = u.size
+    se = (float(np.std(u, ddof=1) / math.sqrt(k) * math.sqrt(1 - k / active)) if 1 < k < active else 0.0)
     return {"mean": float(np.mean(per)), "worst": float(np.min(per)), "method": method,
-            "per_scenario": [float(x) for x in per]}
+            "per_scenario": [float(x) for x in per], "layers": [int(x) for x in scored],
+            "layer_sample_se": se}
 
 
 EVAL_GUESS = 0.2  # seconds to score one policy, reserved before any scoring has been timed
@@ -303,14 +347,15 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
                      policies: list[str] | None = None, engine: str = "vllm", plan_fraction: float = 0.5,
                      seed: int = 0, time_limit: float | None = None, options: dict[str, Any] | None = None,
                      samples: np.ndarray | None = None, shift: bool = False,
-                     deadline: float | None = None) -> Comparison:
+                     deadline: float | None = None, shift_sample: int | str = "auto") -> Comparison:
     """Plan each policy on the planning windows, score it (``evaluate``, Loads-level, ``engine`` rule)
     on the planning and on the held-out windows. ``policies``: registry names (default: all).
     The token sample is split by window: policies plan on the planning windows' tokens only and the
     held-out traffic columns replay the held-out windows' tokens only. ``samples`` overrides the
     planning sample (the caller vouches that it holds no held-out token).
     ``shift``: also run the leave-one-scenario-out estimate (:func:`shift_estimate`, one extra plan per
-    scenario and policy) on the planning windows.
+    scenario and policy) on the planning windows, on the MoE layers :func:`shift_layers` picks with
+    ``shift_sample`` (``"auto"``: a sample sized to about ``SHIFT_WORK`` of the main plan's work).
 
     ``time_limit``: seconds for the whole comparison, planning and scoring every policy, counted from this
     call, or ``deadline`` (a ``time.monotonic()`` instant: a command's start plus its limit). Policies that
@@ -335,6 +380,17 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     ids, sc_names, method = scenarios(planning) if shift else (None, [], None)
     if shift and len(sc_names) < 2:
         ids, method = None, None
+    sampled = None
+    if ids is not None:
+        # --dilate auto picks one factor from every layer together: a layer's plan is then not its own
+        whole = options.get("dilate") == "auto" and shift_sample == "auto"
+        sampled = shift_layers(planning, ids, "all" if whole else shift_sample)
+        active = int((planning.counts.sum(axis=(0, 2)) > 0).sum())
+        if sampled.size < active:
+            method += (f"; on {sampled.size} of {active} MoE layers, evenly spaced (each placed as a plan of "
+                       "every layer places it)")
+        if (options.get("objective") or "balance") != "balance" and "moeplace" in names:
+            method += "; balance only (traffic refinement skipped: the estimate is about balancedness)"
     notes = []
     if single:
         notes.append("only one window: the held-out columns score the planning window itself")
@@ -388,7 +444,7 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
             try:
                 shifts[name] = shift_estimate(fns[name], name, planning, cluster, num_redundant=num_redundant,
                                               engine=engine, seed=seed, time_limit=limit, options=options,
-                                              ids=ids, method=method)
+                                              ids=ids, method=method, layers=sampled)
             except TimeLimitReached:
                 notes.append(f"{name}: shift estimate skipped: time limit")
     results = [PolicyResult(n, *done[n], shifts.get(n)) for n in names if n in done]
@@ -475,11 +531,15 @@ def format_shift(cmp: Comparison) -> list[str]:
     rows = [r for r in cmp.results if r.shift]
     if not rows:
         return []
-    out = [(f"shift estimate ({cmp.shift_method} over {len(cmp.shift_scenarios)} scenarios of the planning "
-            f"data: {', '.join(cmp.shift_scenarios)}; plan on the rest, score on the one left out) — "
-            "balancedness to expect on traffic unlike the planning data:")]
+    base, *details = cmp.shift_method.split("; ")
+    out = [(f"shift estimate ({base} over {len(cmp.shift_scenarios)} scenarios of the planning "
+            f"data: {', '.join(cmp.shift_scenarios)}; plan on the rest, score on the one left out"
+            f"{''.join('; ' + d for d in details)}) — balancedness to expect on traffic unlike the planning "
+            "data:")]
     for r in rows:
-        out.append(f"  {r.policy}: mean {r.shift['mean']:.4f}, worst scenario {r.shift['worst']:.4f}")
+        se = r.shift.get("layer_sample_se") or 0.0
+        err = f" (± {se:.4f} from the layer sample)" if se else ""
+        out.append(f"  {r.policy}: mean {r.shift['mean']:.4f}{err}, worst scenario {r.shift['worst']:.4f}")
     return out
 
 

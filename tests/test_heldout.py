@@ -244,3 +244,52 @@ def test_shift_estimate_uses_the_planning_windows_only(small):
         got.append(evaluate(pl, loads.counts[[w]].astype(float), model=small).balancedness)
     assert cmp.results[0].shift["mean"] == pytest.approx(np.mean(got))
     assert cmp.results[0].shift["worst"] == pytest.approx(min(got))
+
+
+@pytest.mark.parametrize("policy", ["eplb", "moeplace"])
+def test_shift_estimate_on_a_layer_sample_is_the_full_plans_figure_on_those_layers(small, policy):
+    """The cheap estimate plans only some layers; every policy places a layer from its own loads, so each
+    sampled layer gets exactly the placement a plan of every layer gives it: the estimate is the full
+    leave-one-out figure averaged over the sampled layers, and the method says it was sampled."""
+    loads = _loads(small, windows=8, per_window=100)
+    cluster = make_cluster(8, "h200", 4)
+    cmp = compare_policies(loads, cluster, num_redundant=8, policies=[policy], shift=True, shift_sample=2,
+                           options={"workers": 1})
+    sh = cmp.results[0].shift
+    assert sh["layers"] == [0, 3] and "on 2 of 4 MoE layers" in sh["method"]
+    got = []
+    for w in range(4):  # the planning windows 0-3 are the scenarios (window groups of one)
+        train = [x for x in range(4) if x != w]
+        pl = get_policy(policy)(PlacementProblem(loads.counts[train].astype(float), small, cluster, 8,
+                                                 options={"workers": 1}))
+        per_layer = evaluate(pl, loads.counts[[w]].astype(float), model=small).layer_balancedness
+        got.append(per_layer[[0, 3]].mean())
+    assert sh["mean"] == pytest.approx(np.mean(got)) and sh["worst"] == pytest.approx(min(got))
+    assert sh["layer_sample_se"] > 0
+    full = compare_policies(loads, cluster, num_redundant=8, policies=[policy], shift=True, shift_sample="all",
+                            options={"workers": 1}).results[0].shift
+    assert full["layers"] == [0, 1, 2, 3] and full["layer_sample_se"] == 0 and "MoE layers" not in full["method"]
+
+
+def test_shift_layers_sample_sized_to_the_main_plans_work(small):
+    from placement.compare import SHIFT_MIN_LAYERS, SHIFT_WORK, shift_layers
+
+    big = replace(small, num_layers=93, moe_layers=tuple(range(1, 93)), attention=("kda",) * 93)
+    counts = np.ones((13, 92, E), np.int64)
+    counts[:, 5] = 0  # a layer without tokens is never sampled
+    planning = Loads(counts, big, 100, (), {})
+    ids = np.array([0, 0, 0, 1, 1, 1, 1, 2, 0, 2, 3, 3, 3])  # 4 scenarios: each plan sees 3/4 of the windows
+    lay = shift_layers(planning, ids)
+    assert lay.size == max(SHIFT_MIN_LAYERS, round(SHIFT_WORK * 91 * 13 / 39)) and 5 not in lay
+    assert lay[0] == 0 and lay[-1] == 91 and np.all(np.diff(lay) > 20)  # spread over depth
+    assert shift_layers(planning, ids, "all").size == 91 and shift_layers(planning, ids, 200).size == 91
+
+
+def test_shift_estimate_skips_the_traffic_refinement_and_says_so(small):
+    loads = _loads(small, windows=8, per_window=100)
+    cmp = compare_policies(loads, make_cluster(8, "h200", 4), num_redundant=8, policies=["moeplace"], shift=True,
+                           options={"objective": "traffic", "workers": 1})
+    sh = cmp.results[0].shift
+    assert "traffic refinement skipped" in sh["method"] and "on " not in sh["method"].split(";")[0]
+    main_plan = cmp.results[0].placement.provenance["params"]["config"]
+    assert main_plan["objective"] == "traffic"  # the written placement still plans for traffic

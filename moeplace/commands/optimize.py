@@ -52,6 +52,9 @@ def register(sub) -> None:
     p.add_argument("--no-shift", action="store_true",
                    help="skip the leave-one-scenario-out shift estimate (one extra plan per scenario and "
                         "policy)")
+    p.add_argument("--shift-layers", type=_shift_layers, default=None, metavar="N|all",
+                   help="MoE layers the shift estimate plans and scores, evenly spaced (default: as many as keep "
+                        "its work near a tenth of the main plan's, at least 3; 'all': every layer)")
     p.add_argument("--window-tokens", type=flags.positive_int, default=DEFAULT_WINDOW_TOKENS,
                    help=f"tokens per window when reading traces (default {DEFAULT_WINDOW_TOKENS})")
     p.add_argument("--seed", type=flags.seed, default=0)
@@ -121,7 +124,7 @@ def run(args) -> int:
                "workers": args.workers}
     cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, engine=args.engine,
                            plan_fraction=args.plan_fraction, seed=args.seed, deadline=deadline,
-                           options=options, shift=not args.no_shift)
+                           options=options, shift=not args.no_shift, shift_sample=args.shift_layers or "auto")
     chosen = args.policy[0] if args.policy else ("moeplace" if "moeplace" in names else "eplb")
     result = next((r for r in cmp.results if r.policy == chosen), None)
     if result is None:  # the limit left out the policy to write: say so instead of writing another
@@ -150,6 +153,11 @@ def run(args) -> int:
             print(f"wrote {args.out} (policy {chosen})")
     outs.finish()
     return 0
+
+
+def _shift_layers(text: str) -> int | str:
+    """``all`` or a whole number >= 1."""
+    return "all" if text.lower() == "all" else flags.positive_int(text)
 
 
 def _print_moeplace_extras(cmp) -> None:

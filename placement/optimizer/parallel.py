@@ -40,12 +40,17 @@ def _context():
 
 def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_per_node: int,
                     cfg: OptimizerConfig, samples_nlk: np.ndarray | None = None,
-                    origin_lp: np.ndarray | None = None, groups: np.ndarray | None = None) -> list[LayerResult]:
+                    origin_lp: np.ndarray | None = None, groups: np.ndarray | None = None,
+                    layer_ids: np.ndarray | None = None) -> list[LayerResult]:
     """Solve every layer. ``loads_wle``: ``[W, L, E]``; ``samples_nlk``: ``[N, L, k]`` or None;
     ``origin_lp``: current ``phy2log [L, P]`` or None; ``groups``: int ``[W]`` scenario group of each
-    window (``cfg.dilate``) or None. Returns one :class:`LayerResult` per layer."""
+    window (``cfg.dilate``) or None; ``layer_ids``: int ``[L]``, the MoE layer each column is (default
+    ``0..L-1``) — a layer's search is seeded by its id, so planning some layers of a model gives each
+    exactly the placement planning them all does. Returns one :class:`LayerResult` per layer, in column
+    order, each with its id."""
     t0 = time.time()
     L = loads_wle.shape[1]
+    ids = np.arange(L) if layer_ids is None else np.asarray(layer_ids, dtype=np.int64)
     limit = cfg.time_limit or DEFAULT_BUDGET
     deadline = t0 + limit
     workers = cfg.workers or (os.cpu_count() or 1)
@@ -55,17 +60,17 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
     # Startup of a worker process costs ~1-2 s of imports; keep it out of the per-layer share.
     overhead = (0.5 if _context().get_start_method() == "fork" else 2.5) if workers > 1 else 0.0
     budget = max(0.05, (limit - overhead - 0.5) * workers / L * 0.9)
-    jobs = [(l, loads_wle[:, l, :], num_slots, num_gpus, gpus_per_node, cfg, deadline - 0.3, budget,
+    jobs = [(int(ids[l]), loads_wle[:, l, :], num_slots, num_gpus, gpus_per_node, cfg, deadline - 0.3, budget,
              None if samples_nlk is None else samples_nlk[:, l, :],
              None if origin_lp is None else origin_lp[l], groups) for l in range(L)]
-    results: dict[int, LayerResult] = {}
+    results: dict[int, LayerResult] = {}  # by column
     if workers == 1:
-        for j in jobs:
-            results[j[0]] = _job(j)
+        for l, j in enumerate(jobs):
+            results[l] = _job(j)
     else:
         ex = ProcessPoolExecutor(max_workers=workers, mp_context=_context())
         try:
-            futs = {ex.submit(_job, j): j[0] for j in jobs}
+            futs = {ex.submit(_job, j): l for l, j in enumerate(jobs)}
             pending = set(futs)
             while pending:
                 left = deadline + GRACE - time.time()
@@ -84,6 +89,6 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
             wn = scenario_loads(loads_wle[:, l, :], cfg, num_gpus, groups)
             p2l = origin_lp[l] if origin_lp is not None else greedy_layer(wn, num_slots, num_gpus)
             v = LayerState(wn, p2l, num_gpus, cfg.cvar).value()
-            results[l] = LayerResult(l, p2l, v, count_bound(wn, num_slots, num_gpus), v, 0.0,
+            results[l] = LayerResult(int(ids[l]), p2l, v, count_bound(wn, num_slots, num_gpus), v, 0.0,
                                      skipped=["layer search (greedy start kept)"])
     return [results[l] for l in range(L)]

@@ -141,6 +141,9 @@ def eplb(problem: PlacementProblem) -> Placement:
     groups = int(problem.options.get("eplb_groups") or problem.model.n_group or 1)
     weight = problem.loads.sum(axis=0)
     deadline = Deadline(problem.time_limit, "eplb")
-    p2l, _, mode = rebalance_experts(weight, problem.num_slots, groups, problem.cluster.num_nodes,
+    # EPLB places each layer from that layer's loads alone: layers with equal loads (e.g. the empty layers
+    # of a log that holds only some MoE layers) get one answer, computed once
+    rows, inverse = np.unique(weight, axis=0, return_inverse=True)
+    p2l, _, mode = rebalance_experts(rows, problem.num_slots, groups, problem.cluster.num_nodes,
                                      problem.cluster.num_gpus, deadline.check)
-    return problem.placement(p2l, "eplb", mode=mode, num_groups=groups)
+    return problem.placement(p2l[inverse.reshape(-1)], "eplb", mode=mode, num_groups=groups)

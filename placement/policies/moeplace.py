@@ -202,9 +202,7 @@ def moeplace(problem: PlacementProblem) -> Placement:
                       time_limit=None if t_end is None else max(0.01, t_end - time.monotonic()))
     results = optimize_layers(loads, problem.num_slots, G, problem.cluster.gpus_per_node, cfg,
                               None if samples is None else samples[:, active],
-                              None if origin is None else origin[active], groups)
-    for r in results:
-        r.layer = int(active[r.layer])
+                              None if origin is None else origin[active], groups, layer_ids=active)
     phy2log = (origin.copy() if origin is not None
                else np.tile(np.arange(problem.num_slots, dtype=np.int64) % E, (L, 1)))
     for r in results:
