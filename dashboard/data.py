@@ -319,6 +319,54 @@ def read_artifact(path, kind: str) -> Any:
     return d
 
 
+@dataclass(frozen=True)
+class Unseen:
+    """The windows of a routing a placement was not planned on. ``kind``: ``held-out`` (planned on the
+    first part of this routing: ``windows`` are the rest), ``unseen input`` (planned on other inputs:
+    every window), ``in-sample`` (planned on all of it: none) or ``unknown`` (no record of what it was
+    planned on, or an input that cannot be found: none, since any window may have been seen)."""
+
+    kind: str
+    windows: tuple[int, ...]
+    why: str
+
+
+def _resolve(name: str, root: Path) -> Path | None:
+    """An input path as ``place optimize`` recorded it (relative to where it ran): against the run
+    directory's parent, the working directory, then the run directory (as the simulated trace is found)."""
+    p = Path(name)
+    for base in ([p] if p.is_absolute() else [root.parent / p, Path.cwd() / p, root / p]):
+        if base.exists():
+            return base.resolve()
+    return None
+
+
+def unseen_windows(placement_, loads, routing_path, root) -> Unseen:
+    """Which windows of ``loads`` (read from ``routing_path``) ``placement_`` never saw while planning,
+    from its ``planned_on`` provenance (``place optimize`` records the inputs and the first token of each
+    input it did not plan on)."""
+    on = placement_.provenance.get("planned_on")
+    W = loads.num_windows
+    if not isinstance(on, dict) or not on.get("inputs"):
+        return Unseen("unknown", (), "its provenance does not say what it was planned on")
+    source = loads.provenance.get("path") if loads.provenance.get("kind") == "trace" else None
+    here = {Path(routing_path).resolve(), *([Path(source).resolve()] if source else [])}
+    resolved = [_resolve(str(i), Path(root)) for i in on["inputs"]]
+    if any(r is None for r in resolved):
+        return Unseen("unknown", (), f"an input it was planned on ({', '.join(map(str, on['inputs']))}) is not found")
+    if not here & set(resolved):
+        return Unseen("unseen input", tuple(range(W)), "planned on other inputs")
+    start = on.get("held_out_from_token")
+    wt = loads.window_tokens
+    if start is None or not wt:
+        return Unseen("in-sample", (), "planned on all of this routing")
+    first = -(-int(start) // wt)  # windows starting at or after the first token planning did not see
+    held = tuple(range(first, W))
+    if not held:
+        return Unseen("in-sample", (), "planned on all of this routing")
+    return Unseen("held-out", held, f"planned on tokens 0-{int(start) - 1}")
+
+
 @st.cache_data(show_spinner=False, max_entries=64,
                hash_funcs={"placement.record.Placement": lambda p: (p.fingerprint(), p.model_name)})
 def evaluate_placement(placement_, routing_key: tuple, _loads, engine: str):

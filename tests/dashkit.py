@@ -15,8 +15,7 @@ from foundation.formats import tagged
 from foundation.memory import MemoryConfig, plan_memory
 from foundation.model import ModelSpec
 from moeplace.cli import main as place
-from placement.compare import compare_policies
-from traces.stats import trace_loads
+from placement.compare import compare_policies, routing_windows
 from traces.synth import SynthConfig, synthesize
 
 NUM_GPUS = 16  # two nodes of 8 H200
@@ -56,10 +55,11 @@ def make_run_dir(root: Path, *, tokens: int = 6000) -> Path:
     model = mini_k3()
     synthesize(model, SynthConfig(num_tokens=tokens, seed=1, num_domains=3, max_running=16, prompt_median=256,
                                   output_median=64, long_fraction=0.0), root / "traces")
-    loads = trace_loads(root / "traces", WINDOW_TOKENS)
+    # read as `place optimize` reads its inputs, so each placement records what it was planned on
+    loads = routing_windows([root / "traces"], window_tokens=WINDOW_TOKENS)
     cluster = make_cluster(NUM_GPUS, "h200")
     cmp = compare_policies(loads, cluster, num_redundant=NUM_REDUNDANT, policies=["moeplace", "eplb", "linear"],
-                           time_limit=2.0, options={"pareto": True, "objective": "balance+traffic"})
+                           time_limit=20.0, options={"pareto": True, "objective": "balance+traffic"})
     for r in cmp.results:
         r.placement.save(root / "placements" / f"{r.policy}.json")
     (root / "comparison.json").write_text(json.dumps(tagged("comparison", cmp.to_dict()), indent=1))

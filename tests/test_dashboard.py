@@ -138,18 +138,34 @@ def test_other_trace_path_that_does_not_exist(run_dir):
 
 # ---------------------------------------------------------------------------- placement
 def test_placement_page_scores_match_evaluate(run_dir):
+    """By default each placement is scored on the windows it was not planned on (its provenance says
+    which), labelled held out; 'every window' scores in-sample and says so. No column that cannot tell
+    placements apart (bound, gap, cross-node share; GPUs and slots when all share them)."""
     at = open_page(run_dir, "placement")
     no_failures(at)
+    from dashboard.data import unseen_windows
     from traces.stats import trace_loads
 
     loads = trace_loads(run_dir / "traces", 4096)
+    table = at.dataframe[-1].value
     for name in ("moeplace", "eplb", "linear"):
         pl_ = load_placement(run_dir / "placements" / f"{name}.json")
-        m = evaluate(pl_, loads, "vllm", model=loads.model)
+        seen = unseen_windows(pl_, loads, run_dir / "traces", run_dir)
+        assert seen.kind == "held-out" and seen.windows and seen.windows[0] > 0
+        m = evaluate(pl_, loads.select(np.asarray(seen.windows)), "vllm", model=loads.model)
         assert metric(at, f"{name}: balancedness") == f"{m.balancedness:.4f}"
-    table = at.dataframe[-1].value
+        row = table[table["policy"] == name].iloc[0]
+        assert row["scored on"].startswith("held out: window")
     assert list(table["policy"]) == ["eplb", "linear", "moeplace"]
-    assert (table["gap to bound"] >= -1e-9).all() and (table["balancedness"] <= 1 + 1e-9).all()
+    assert not {"gap to bound", "bound (any placement)", "cross-node share", "GPUs", "slots"} & set(table.columns)
+    assert (table["balancedness"] <= 1 + 1e-9).all()
+    at.radio(key="pl_score_on").set_value("every window").run()
+    no_failures(at)
+    table = at.dataframe[-1].value
+    assert all(v.startswith("in-sample") for v in table["scored on"])
+    for name in ("moeplace", "eplb", "linear"):
+        m = evaluate(load_placement(run_dir / "placements" / f"{name}.json"), loads, "vllm", model=loads.model)
+        assert metric(at, f"{name}: balancedness") == f"{m.balancedness:.4f}"
     # one GPU-load chart per placement, for the chosen layer
     at.select_slider(key="pl_layer").set_value(4).run()
     heads = [m.value for m in at.markdown if "— layer 4:" in m.value]
@@ -200,7 +216,9 @@ def test_optimize_from_the_page_matches_compare_policies(run_dir):
         assert row["held-out balancedness"] == pytest.approx(rows[row["policy"]].held_out.balancedness)
     chosen = next(w for w in at.multiselect if w.label == "Placements to compare").value
     assert "optimize: round_robin" in chosen
-    assert metric(at, "optimize: round_robin: balancedness") == f"{evaluate(rows['round_robin'].placement, loads).balancedness:.4f}"
+    # scored on the windows that comparison held out, as everywhere on the page
+    held = loads.select(cmp.held_windows)
+    assert metric(at, "optimize: round_robin: balancedness") == f"{evaluate(rows['round_robin'].placement, held).balancedness:.4f}"
 
 
 def test_placement_of_another_model_is_a_warning_and_bad_json_an_error(run_dir, tmp_path):
@@ -435,3 +453,25 @@ def test_corrupt_sweep_table_is_an_error_but_the_frontier_still_shows(run_dir, t
     assert not at.exception
     assert any("sweep.parquet: not a readable Parquet file" in e.value for e in at.error)
     assert len(at.get("vega_lite_chart")) == 1 and len(at.code) == 1
+
+
+def test_comparison_table_follows_place_optimize(run_dir, tmp_path):
+    """The `place optimize` comparison shows what the command prints: held-out columns only, its shift
+    estimate labelled as an estimate, "scored on N of M MoE layers" for a partial log, no x-node share."""
+    run = copy_run(run_dir, tmp_path)
+    d = json.loads((run / "comparison.json").read_text())
+    d["shift"] = {r["policy"]: {"mean": 0.5 + 0.1 * i, "worst": 0.4, "method": "leave-one-window-group-out"}
+                  for i, r in enumerate(d["rows"])}
+    d["shift_scenarios"] = ["windows 0-1", "windows 2-3"]
+    d["scored_layers"], d["moe_layers"] = 5, 7
+    (run / "comparison.json").write_text(json.dumps(d))
+    at = open_page(run, "placement")
+    no_failures(at)
+    table = next(t.value for t in at.dataframe if "shift estimate: mean" in t.value.columns)
+    assert list(table["shift estimate: mean"]) == [d["shift"][p]["mean"] for p in table["policy"]]
+    for r in d["rows"]:
+        row = table[table["policy"] == r["policy"]].iloc[0]
+        assert row["held-out balancedness"] == pytest.approx(r["held_out"]["balancedness"])
+    assert not any("cross" in c or "x-node" in c or "bound" in c for c in table.columns)
+    cap = " ".join(c.value for c in at.caption)
+    assert "scored on 5 of 7 MoE layers" in cap and "an estimate (leave-one-window-group-out" in cap

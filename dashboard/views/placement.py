@@ -16,14 +16,55 @@ from placement.dispatch import ENGINES
 from placement.policies import policy_names
 
 
-def _comparison_row(r: dict) -> dict:
-    """One `place optimize` row: held-out figures only (none when everything was planned on)."""
-    plan, held = r.get("plan") or {}, r.get("held_out") or {}
-    return {"policy": r.get("policy"), "seconds": r.get("seconds"),
-            "plan balancedness": plan.get("balancedness"),
-            "held-out balancedness": held.get("balancedness"),
-            "held-out worst window": held.get("worst_window_balancedness"),
-            "held-out nodes/token": (held.get("remote_per_token") or {}).get("node")}
+def _traffic(summary: dict, key: str, scale: float = 1.0) -> str | None:
+    """A traffic cell as `place optimize` prints it: ``~`` marks the independence estimate (no token
+    sample of those windows)."""
+    v = (summary.get(key) or {}).get("node")
+    if v is None:
+        return None
+    est = "~" if not str(summary.get("traffic_method", "")).startswith(("token sample", "exact")) else ""
+    return f"{est}{v * scale:.3f}" if scale == 1.0 else f"{est}{v * scale:.0f}"
+
+
+def _comparison_row(r: dict, shift: dict | None = None) -> dict:
+    """One `place optimize` row, the columns it prints: the planning figure, then held-out figures only
+    (scored on the windows planning never saw; none when everything was planned on, where the shift
+    estimate stands in). Traffic cells marked ``~`` are estimates."""
+    plan, held = r.get("plan") or {}, r.get("held_out")
+    row = {"policy": r.get("policy"), "seconds": r.get("seconds"), "plan balancedness": plan.get("balancedness")}
+    if held:
+        row.update({"held-out balancedness": held.get("balancedness"),
+                    "held-out worst window": held.get("worst_window_balancedness"),
+                    "held-out max/mean": held.get("max_over_mean"),
+                    "held-out nodes/token": _traffic(held, "remote_per_token"),
+                    "held-out KiB/token": _traffic(held, "dispatch_bytes_per_token", 1 / 1024)})
+    else:
+        row.update({"plan nodes/token (in-sample)": _traffic(plan, "remote_per_token"),
+                    "plan KiB/token (in-sample)": _traffic(plan, "dispatch_bytes_per_token", 1 / 1024)})
+    if shift is not None:
+        row.update({"shift estimate: mean": shift.get("mean"), "shift estimate: worst": shift.get("worst")})
+    row["dup GPUs"] = r.get("duplicate_on_gpu_layers")
+    return row
+
+
+def _comparison_caption(d: dict) -> str:
+    """What `place optimize` prints above and under its table: the split, the layers scored, the shift
+    estimate's method."""
+    held = d.get("held_out_windows") or []
+    plan = d.get("plan_windows") or []
+    span = (f"planned on windows {plan[0]}-{plan[-1]}, held-out windows {held[0]}-{held[-1]} (never seen by "
+            "planning, token sample included)" if held and plan else "planned on every window: nothing held out")
+    parts = [f"engine {d.get('engine')}, {d.get('num_redundant')} redundant slots; {span}"]
+    scored, total = d.get("scored_layers"), d.get("moe_layers")
+    if scored and total and scored < total:
+        parts.append(f"scored on {scored} of {total} MoE layers (the others have no tokens)")
+    shift = d.get("shift") or {}
+    if shift:
+        method = next(iter(shift.values())).get("method", "")
+        parts.append(f"shift estimate = balancedness to expect on traffic unlike the planning data, an estimate "
+                     f"({method}; scenarios {', '.join(map(str, d.get('shift_scenarios') or []))})")
+    parts.append("~ = estimate (no token sample: k selections taken as independent draws)")
+    return "; ".join(parts)
 
 
 st.title("Placement")
@@ -50,13 +91,15 @@ model = loads.model
 W = loads.num_windows
 st.caption(f"{model.name}: {model.num_moe_layers} MoE layers x {model.num_experts} experts, top-{model.top_k}; "
            f"{W} window(s) of {loads.window_tokens or '?'} tokens from {data.rel(routing_path, root)}")
-if W > 1:
-    lo, hi = st.slider("Score on windows", 0, W - 1, (0, W - 1), key=f"pl_windows_{routing_path}_{window_tokens}",
-                       help="e.g. only the windows a placement was not planned on")
-else:
-    lo, hi = 0, 0
-scored = loads.select(slice(lo, hi + 1))
-routing_key = (str(routing_path), data.stamp(routing_path), window_tokens, lo, hi)
+SCORE_ON = {"held-out windows": "each placement on the windows it was not planned on (its held-out part)",
+            "every window": "in-sample where a placement was planned on this routing",
+            "chosen windows": "a window range you pick; in-sample where it overlaps a placement's planning"}
+score_on = st.radio("Score on", list(SCORE_ON), horizontal=True, key="pl_score_on",
+                    help="; ".join(f"{k}: {v}" for k, v in SCORE_ON.items()))
+lo, hi = 0, W - 1
+if score_on == "chosen windows" and W > 1:
+    lo, hi = st.slider("Windows", 0, W - 1, (0, W - 1), key=f"pl_windows_{routing_path}_{window_tokens}")
+routing_key = (str(routing_path), data.stamp(routing_path), window_tokens)
 
 # ---------------------------------------------------------------------------- placements
 candidates: dict[str, object] = {}
@@ -73,6 +116,7 @@ for p in idx.placements:
         continue
     candidates[p.stem if short else data.rel(p, root)] = pl_
 
+known: dict[str, object] = {}  # placements planned on this page: which windows they did not see
 with st.expander("Run `place optimize` here (small settings)", expanded=not candidates):
     with st.form("optimize"):
         f1, f2, f3, f4 = st.columns(4)
@@ -111,22 +155,27 @@ with st.expander("Run `place optimize` here (small settings)", expanded=not cand
                 engine=engine, plan_fraction=plan_fraction, seed=seed,
                 time_limit=time_limit, options={"pareto": pareto, "objective": objective}, progress=progress)
             st.session_state["opt_results"] = {
-                "key": routing_key[:3], "held_windows": cmp.held_windows.tolist(),
+                "key": routing_key[:3], "comparison": cmp.to_dict(), "held_windows": cmp.held_windows.tolist(),
                 "rows": [r.row() for r in results],
                 "placements": {f"optimize: {r.policy}": r.placement for r in results}}
     opt = st.session_state.get("opt_results")
     if opt and opt["key"] == routing_key[:3]:
-        st.caption(f"planned on the first windows, held-out windows {opt['held_windows']}")
         st.dataframe([_comparison_row(r) for r in opt["rows"]], hide_index=True)
+        st.caption(_comparison_caption({**opt["comparison"], "shift": None}))
         candidates.update(opt["placements"])
+        held_w = tuple(opt["held_windows"])
+        for lab in opt["placements"]:  # planned here on this routing's first windows
+            known[lab] = (data.Unseen("held-out", held_w, "planned on the windows before them") if held_w else
+                          data.Unseen("in-sample", (), "planned on every window"))
 
 for cpath in idx.comparisons:
     cmp_d = ui.load(data.read_artifact, cpath, "comparison", stop=False)
     if isinstance(cmp_d, dict) and isinstance(cmp_d.get("rows"), list):
         with st.expander(f"`place optimize` comparison: {data.rel(cpath, root)}"):
-            st.dataframe([_comparison_row(r) for r in cmp_d["rows"]], hide_index=True)
-            st.caption(f"engine {cmp_d.get('engine')}, {cmp_d.get('num_redundant')} redundant slots, held-out "
-                       f"windows {cmp_d.get('held_out_windows')}")
+            shifts = cmp_d.get("shift") or {}
+            st.dataframe([_comparison_row(r, shifts.get(r.get("policy")) if shifts else None)
+                          for r in cmp_d["rows"]], hide_index=True)
+            st.caption(_comparison_caption(cmp_d))
 
 if not candidates:
     st.info("No placement to show: run optimize above, or add placement JSON files to the run directory "
@@ -139,46 +188,97 @@ if not chosen:
     st.stop()
 
 # ---------------------------------------------------------------------------- scores
-metrics = {}
+def _windows_text(w: tuple[int, ...]) -> str:
+    return "none" if not w else (f"window {w[0]}" if len(w) == 1 else f"windows {w[0]}-{w[-1]}")
+
+
+metrics, scored_on, scored_loads, skipped = {}, {}, {}, []
 with st.spinner("Scoring placements (evaluate)..."):
     for label in chosen:
-        m = ui.load(data.evaluate_placement, candidates[label], routing_key, scored, engine, what=label, stop=False)
+        p = candidates[label]
+        seen = known.get(label) or data.unseen_windows(p, loads, routing_path, root)
+        if score_on == "held-out windows":
+            wins = seen.windows
+            what = (f"held out: {_windows_text(wins)}" if seen.kind == "held-out" else
+                    f"unseen input: {_windows_text(wins)}" if seen.kind == "unseen input" else "")
+            if not wins:
+                skipped.append(f"{label}: no held-out windows ({seen.kind}: {seen.why})")
+                continue
+        else:
+            wins = tuple(range(lo, hi + 1))
+            overlap = seen.kind not in ("held-out", "unseen input") or not set(wins) <= set(seen.windows)
+            what = f"{'in-sample' if overlap else 'held out'}: {_windows_text(wins)}"
+            if overlap and seen.kind == "unknown":
+                what += " (planning data unknown)"
+        sub = loads.select(np.asarray(wins))
+        m = ui.load(data.evaluate_placement, p, (*routing_key, wins), sub, engine, what=label, stop=False)
         if m is not None:
-            metrics[label] = m
+            metrics[label], scored_on[label], scored_loads[label] = m, what, sub
+for line in skipped:
+    st.info(line + " — choose 'every window' to score it in-sample")
 if not metrics:
     st.stop()
+
+
+def _estimated(m) -> str:
+    return "~" if not m.traffic_method.startswith(("token sample", "exact")) else ""
+
+
 summary = []
 for label, m in metrics.items():
     p = candidates[label]
-    summary.append({"placement": label, "policy": p.provenance.get("policy"), "GPUs": p.num_gpus,
-                    "slots": p.num_slots, "balancedness": m.balancedness, "worst window": m.worst_window_balancedness,
-                    "max/mean": m.max_over_mean, "bound (any placement)": m.bound_balancedness_budget,
-                    "gap to bound": m.gap_budget, "cross-node share": m.cross_node_share,
-                    "node sends/token/layer": m.remote_per_token["node"],
-                    "dispatch MB/token (node)": m.dispatch_bytes_per_token["node"] / 1e6,
-                    "expert GB/GPU": m.expert_bytes_per_gpu / 1e9,
-                    "dup-on-GPU layers": int(p.duplicate_on_gpu().sum())})
+    summary.append({"placement": label, "policy": p.provenance.get("policy"), "scored on": scored_on[label],
+                    "balancedness": m.balancedness, "worst window": m.worst_window_balancedness,
+                    "max/mean": m.max_over_mean,
+                    "nodes/token": f"{_estimated(m)}{m.remote_per_token['node']:.3f}",
+                    "KiB/token": f"{_estimated(m)}{m.dispatch_bytes_per_token['node'] / 1024:.0f}",
+                    "dup GPUs": int((p.duplicate_on_gpu() & m.scored_wl.any(axis=0)).sum()),
+                    "GPUs": p.num_gpus, "slots": p.num_slots, "expert GB/GPU": round(m.expert_bytes_per_gpu / 1e9, 2)})
+# a column every placement shares says nothing about them: it goes to the caption
+same = {k: summary[0][k] for k in ("GPUs", "slots", "expert GB/GPU")
+        if len({r[k] for r in summary}) == 1}
+for r in summary:
+    for k in same:
+        del r[k]
 st.subheader("Scores")
-st.caption(f"evaluate(), {engine} rule, windows {lo}-{hi}. balancedness = mean/max tokens per GPU per layer, "
-           "averaged; gap = busiest GPU / lower bound - 1.")
+first = next(iter(metrics.values()))
+layers_note = (f" Scored on {first.scored_layers} of {model.num_moe_layers} MoE layers (the others have no tokens)."
+               if first.scored_layers < model.num_moe_layers else "")
+st.caption(f"evaluate(), {engine} rule. balancedness = mean/max tokens per GPU per layer, averaged over layers "
+           "with tokens; worst window = the lowest window; nodes/token = other nodes a token is sent to per MoE "
+           "layer and KiB/token the bytes those sends carry per token over all MoE layers (one send per remote "
+           "node, DeepEP-style); ~ = estimate (no token sample of those windows: k selections taken as "
+           "independent draws); dup GPUs = layers with two replicas of one expert on one GPU. "
+           "'held out' rows are scored only on windows the placement was not planned on; 'in-sample' rows on "
+           f"windows it saw, which flatters it.{layers_note}"
+           + (" Same for every placement: " + ", ".join(f"{k} {v}" for k, v in same.items()) + "." if same else ""))
 st.dataframe(summary, hide_index=True)
 best = max(metrics, key=lambda k: metrics[k].balancedness)
 cols = st.columns(min(len(metrics), 4))
 for col, (label, m) in zip(cols * 4, metrics.items()):
     col.metric(f"{label}: balancedness", f"{m.balancedness:.4f}",
-               None if label == best else f"{m.balancedness - metrics[best].balancedness:+.4f} vs {best}")
+               None if label == best else f"{m.balancedness - metrics[best].balancedness:+.4f} vs {best}",
+               help=scored_on[label])
 
 layers = np.asarray(model.moe_layers)
 per_layer = pl.concat([pl.DataFrame({"placement": label, "decoder layer": layers,
-                                     "balancedness": m.layer_balancedness,
-                                     "gap to bound": m.layer_gap_budget}) for label, m in metrics.items()])
+                                     "balancedness": m.layer_balancedness}) for label, m in metrics.items()])
+gaps = []  # the optimizer's own per-layer gap to its proven bound, on what it planned for (in-sample)
+for label in metrics:
+    for lr in candidates[label].provenance.get("params", {}).get("layers", []) or []:
+        if isinstance(lr, dict) and lr.get("gap") is not None and 0 <= int(lr.get("layer", -1)) < len(layers):
+            gaps.append({"placement": label, "decoder layer": int(layers[int(lr["layer"])]), "gap": float(lr["gap"])})
 c1, c2 = st.columns(2)
 with c1:
     st.markdown("**Per-layer balancedness**")
     ui.show(ui.line(per_layer, "decoder layer", "balancedness", "placement", y_zero=False))
 with c2:
-    st.markdown("**Gap to the lower bound per layer**")
-    ui.show(ui.line(per_layer, "decoder layer", "gap to bound", "placement"))
+    if gaps:
+        st.markdown("**Optimizer: gap to its proven bound per layer** (in-sample: on what it planned for, the sum "
+                    "of its planning windows, or their worst with --robust)")
+        ui.show(ui.line(pl.DataFrame(gaps), "decoder layer", "gap", "placement"))
+    else:
+        st.caption("No optimizer bound recorded (only moeplace placements carry a proven bound per layer).")
 
 # ---------------------------------------------------------------------------- GPU loads of one layer
 st.subheader("GPU loads of one layer")
@@ -198,28 +298,29 @@ for i, (label, m) in enumerate(metrics.items()):
                        "tokens": m.gpu_loads[:, li, :].mean(axis=0), "replica slots": replicated,
                        "experts": experts})
     mean_t = float(m.mean_load[:, li].mean())
-    bound_t = float(m.bound_budget[:, li].mean())
     bars = (alt.Chart(df.to_pandas()).mark_bar()
             .encode(x=alt.X("GPU:O"), y=alt.Y("tokens:Q", title="tokens (selections) per GPU"),
                     color=alt.Color("replica slots:O", title="replica slots", scale=alt.Scale(scheme="viridis")),
                     tooltip=["GPU", "node", alt.Tooltip("tokens:Q", format=",.0f"), "replica slots", "experts"]))
-    rules = (alt.Chart(pl.DataFrame({"y": [mean_t, bound_t], "line": ["mean", "lower bound"]}).to_pandas())
+    rules = (alt.Chart(pl.DataFrame({"y": [mean_t], "line": ["mean"]}).to_pandas())
              .mark_rule(strokeDash=[4, 3]).encode(y="y:Q", color=alt.value("black"), tooltip=["line", "y"]))
     with cols[i % 2]:
         st.markdown(f"**{label}** — layer {layer}: max/mean {df['tokens'].max() / max(mean_t, 1e-9):.3f}, "
                     f"{int((cnt > 1).sum())} replicated experts")
         ui.show((bars + rules).properties(height=240))
 st.caption("Bar colour: slots on the GPU that hold a replicated expert (its other copies are elsewhere). "
-           "Dashed lines: mean load and the lower bound on the busiest GPU for this slot budget.")
+           "Dashed line: the mean GPU load (a perfectly balanced layer). Tokens per GPU averaged over the "
+           "windows each placement is scored on.")
 
 # ---------------------------------------------------------------------------- balance vs traffic
 st.subheader("Balance vs traffic")
-TRAFFIC = {"node sends/token/layer": "nodes a token is sent to per MoE layer (RDMA once per node)",
-           "cross-node share": "share of expert selections served on another node",
-           "dispatch MB/token (node)": "dispatch bytes per token over all MoE layers, node-deduplicated"}
+TRAFFIC = {"nodes/token": "other nodes a token is sent to per MoE layer (RDMA once per node)",
+           "KiB/token": "dispatch bytes per token over all MoE layers, node-deduplicated"}
 axis = st.radio("Traffic measure", list(TRAFFIC), horizontal=True, key="pl_traffic",
                 help="; ".join(f"{k}: {v}" for k, v in TRAFFIC.items()))
-pts = pl.DataFrame([{k: r[k] for k in ("placement", "balancedness", *TRAFFIC)} for r in summary])
+pts = pl.DataFrame([{"placement": label, "balancedness": m.balancedness,
+                     "nodes/token": m.remote_per_token["node"],
+                     "KiB/token": m.dispatch_bytes_per_token["node"] / 1024} for label, m in metrics.items()])
 ui.show(alt.Chart(pts.to_pandas()).mark_circle(size=140)
         .encode(x=alt.X(f"{axis}:Q", scale=alt.Scale(zero=False)),
                 y=alt.Y("balancedness:Q", scale=alt.Scale(zero=False)), color="placement:N",
@@ -252,7 +353,7 @@ cols = st.columns(3)
 for i, (fmt, eng, kind, summ) in enumerate(exports):
     with cols[i % 3]:
         try:
-            blob, fname, warns = data.export_file(p, model, fmt, routing_key, scored)
+            blob, fname, warns = data.export_file(p, model, fmt, routing_key, loads)
         except Exception as exc:  # noqa: BLE001  the engine's own checks reject this placement
             st.warning(f"{fmt}: {ui.error_text(exc)}")
             continue
