@@ -414,8 +414,9 @@ def sweep() -> str:
     text = (f"`python bench/sweep.py` (`{r['spec']}`, {r['workers']} workers, {_machine(r)}): "
             + "; ".join(parts) + ".")
     if r["same_table"] is not None:
+        differ = f": {', '.join(r['differing_columns'])} differ" if r.get("differing_columns") else ""
         text += (f" The two tables are {'identical' if r['same_table'] else '**not** identical'} (every column "
-                 f"but the wall-clock ones), the code {'unchanged' if r['source_unchanged'] else 'changed'} "
+                 f"but the wall-clock ones{differ}), the code {'unchanged' if r['source_unchanged'] else 'changed'} "
                  f"during the runs.")
     return text + "\n"
 
@@ -638,11 +639,8 @@ RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalan
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
              "demo-transcript": demo_transcript, "demo-summary": demo_summary, "demo-optimize": demo_optimize,
              "demo-simulate": demo_simulate, "sim-speed": sim_speed, "kernels": kernels,
-             "optimize-table": optimize_table,
-             "evaluate-defaults": evaluate_defaults,
-             "long-context": long_context,
-             "optimize": optimize,
-             "recommend": recommend,
+             "optimize-table": optimize_table, "optimize": optimize, "evaluate-defaults": evaluate_defaults,
+             "long-context": long_context, "traffic": traffic, "recommend": recommend, "sweep": sweep,
              "fidelity-constants": fidelity_constants, "fidelity-cases": fidelity_cases}
 
 

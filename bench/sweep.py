@@ -90,7 +90,7 @@ def main() -> int:
                   f"{res.num_optimized} optimize tasks, simulate tasks {r['sum_simulate_s']:.1f} s, "
                   f"optimize tasks {r['optimize_s']:.1f} s")
     code_after = source_hash()
-    same = None
+    same, diff = None, []
     if len(tables) == 2:
         same = tables["local"].equals(tables["ray"])
         if not same:
@@ -101,7 +101,7 @@ def main() -> int:
         print(f"same table (local vs ray): {same}; code unchanged during the runs: {unchanged}"
               f"; ray / local wall: {runs['ray']['wall_s'] / runs['local']['wall_s']:.2f}")
     out = {"spec": rel(args.spec), "snapshot": bool(os.environ.get(SNAPSHOT_ENV)), "workers": args.workers,
-           "runs": runs, "same_table": same, "source_unchanged": code_before == code_after,
+           "runs": runs, "same_table": same, "differing_columns": diff, "source_unchanged": code_before == code_after,
            "source_hash": code_before, "polars": pl.__version__}
     write_result("sweep", out)
     if os.environ.get(SNAPSHOT_ENV):
