@@ -522,8 +522,8 @@ def _source(run: dict) -> str:
     """Which demo run a scenario read: said when it is not the default 100k-token one (`--quick`)."""
     tokens = run.get("trace_tokens")
     if tokens is not None and tokens != 100_000:
-        return f" (on the artifacts of a demo run with a {tokens:,}-token trace)"
-    return " (on the artifacts of `place demo --quick`)" if "--quick" in run.get("demo", "") else ""
+        return f", on the artifacts of a demo run with a {tokens:,}-token trace"
+    return ", on the artifacts of `place demo --quick`" if "--quick" in run.get("demo", "") else ""
 
 
 def _header(printed: str) -> str:
@@ -563,8 +563,8 @@ def traffic() -> str:
                f"touched, which is why the held-out figure is the one to quote" if m else "")
             + f") — and the placement balances {'at least as well as' if as_well else 'less well than'} EPLB "
             f"(plan / held-out {b['moeplace'][0]:.4f} / {b['moeplace'][1]:.4f} vs {b['eplb'][0]:.4f} / "
-            f"{b['eplb'][1]:.4f}). The command took {run['wall_s']:.0f} s{_source(run)} "
-            f"({_machine(_results('scenarios'))}), "
+            f"{b['eplb'][1]:.4f}). The command took {run['wall_s']:.0f} s "
+            f"({_machine(_results('scenarios'))}{_source(run)}), "
             f"the optimizer {mo['seconds']:.0f} s of it.\n")
 
 
@@ -600,7 +600,7 @@ def recommend() -> str:
     summary = run["summary"][0]
     return (f"```\n$ {run['command']}\n{lines[0]}\n...\n" + "\n".join(lines[start:]) + "\n```\n\n"
             f"Within {summary['duration_s']:g} simulated s ({summary['iterations']:,} iterations of the static "
-            f"run){_source(run)}: " + "; ".join(parts) + ".\n")
+            f"run{_source(run)}): " + "; ".join(parts) + ".\n")
 
 
 # ---------------------------------------------------------------------------- fidelity
