@@ -54,7 +54,7 @@ from sim.results import (
     read_summaries,
 )
 from traces.format import META_MODEL, read_trace_meta, trace_files, trace_num_rows
-from traces.loads import is_loads_file
+from traces.loads import is_loads_file, load_loads
 from traces.stats import compute_stats
 from traces.validate import validate_report
 
@@ -341,6 +341,36 @@ def _resolve(name: str, root: Path) -> Path | None:
     return None
 
 
+def _trace_key(path: Path) -> str | None:
+    """What identifies a trace's routing wherever it lies: its model, provenance and row count (a copy
+    elsewhere has the same); ``None`` when it is not a readable trace."""
+    try:
+        model, prov = read_trace_meta(path)
+        return json.dumps([model.name, prov, trace_num_rows(path)], sort_keys=True, default=str)
+    except Exception:  # noqa: BLE001  not a trace (a Loads file, a missing path): no key
+        return None
+
+
+def _routing_sources(path: Path, root: Path, loads=None) -> tuple[set, bool]:
+    """The routing a path stands for: itself, the trace's identity (:func:`_trace_key`, so a copy of
+    the trace elsewhere is the same routing) and, for a Loads ``.npz``, the trace it summarizes (its
+    provenance's ``path``); the flag is False for a Loads file that does not record one."""
+    out: set = {path.resolve()}
+    src: Path | None = path
+    known = True
+    if is_loads_file(path):
+        prov = load_loads(path).provenance if loads is None or "path" not in loads.provenance else loads.provenance
+        name = prov.get("path") if prov.get("kind") == "trace" else None
+        src = (_resolve(str(name), root) or Path(name).resolve()) if name else None
+        known = name is not None
+        if src is not None:
+            out.add(src)
+    key = _trace_key(src) if src is not None else None
+    if key is not None:
+        out.add(key)
+    return out, known
+
+
 def unseen_windows(placement_, loads, routing_path, root) -> Unseen:
     """Which windows of ``loads`` (read from ``routing_path``) ``placement_`` never saw while planning,
     from its ``planned_on`` provenance (``place optimize`` records the inputs and the first token of each
@@ -349,12 +379,18 @@ def unseen_windows(placement_, loads, routing_path, root) -> Unseen:
     W = loads.num_windows
     if not isinstance(on, dict) or not on.get("inputs"):
         return Unseen("unknown", (), "its provenance does not say what it was planned on")
-    source = loads.provenance.get("path") if loads.provenance.get("kind") == "trace" else None
-    here = {Path(routing_path).resolve(), *([Path(source).resolve()] if source else [])}
     resolved = [_resolve(str(i), Path(root)) for i in on["inputs"]]
     if any(r is None for r in resolved):
         return Unseen("unknown", (), f"an input it was planned on ({', '.join(map(str, on['inputs']))}) is not found")
-    if not here & set(resolved):
+    here, known = _routing_sources(Path(routing_path), Path(root), loads)
+    planned, known_p = set(), True
+    for r in resolved:
+        srcs, k = _routing_sources(r, Path(root))
+        planned |= srcs
+        known_p &= k
+    if not here & planned:
+        if not (known and known_p):  # a Loads file that does not say which trace it summarizes
+            return Unseen("unknown", (), "cannot tell whether it was planned on this routing")
         return Unseen("unseen input", tuple(range(W)), "planned on other inputs")
     start = on.get("held_out_from_token")
     wt = loads.window_tokens

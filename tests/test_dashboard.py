@@ -475,3 +475,35 @@ def test_comparison_table_follows_place_optimize(run_dir, tmp_path):
     assert not any("cross" in c or "x-node" in c or "bound" in c for c in table.columns)
     cap = " ".join(c.value for c in at.caption)
     assert "scored on 5 of 7 MoE layers" in cap and "an estimate (leave-one-window-group-out" in cap
+
+
+def test_unseen_windows_follow_the_planning_record(run_dir, tmp_path):
+    """A Loads file of the planning trace, or a copy of it, is the same routing (held-out windows only); a
+    Loads file that does not say what it summarizes cannot be told apart (nothing counts as held out);
+    another trace was never seen (every window)."""
+    from dashboard.data import unseen_windows
+    from placement.compare import routing_windows
+    from traces.loads import Loads
+
+    run = copy_run(run_dir, tmp_path)
+    pl_ = load_placement(run / "placements" / "eplb.json")
+    on = pl_.provenance["planned_on"]
+    from_token = on["held_out_from_token"]
+    trace_ld = compute_stats(run / "traces", 1024, loads_only=True)
+    trace_ld.save(run / "loads.npz")
+    ld = routing_windows([run / "loads.npz"])
+    seen = unseen_windows(pl_, ld, run / "loads.npz", run)
+    assert seen.kind == "held-out" and seen.windows[0] == -(-from_token // 1024) and seen.windows[-1] == ld.num_windows - 1
+    Loads(trace_ld.counts, trace_ld.model, 1024, (), {}).save(run / "anon.npz")
+    anon = unseen_windows(pl_, routing_windows([run / "anon.npz"]), run / "anon.npz", run)
+    assert anon.kind == "unknown" and anon.windows == ()
+    shutil.copytree(run / "traces", run / "copy")  # the same routing elsewhere is not unseen
+    assert unseen_windows(pl_, trace_ld, run / "copy", run).kind == "held-out"
+    from dashkit import mini_k3
+    from traces.synth import SynthConfig, synthesize
+
+    synthesize(mini_k3(), SynthConfig(num_tokens=2000, seed=9, num_domains=2, max_running=16, prompt_median=256,
+                                      output_median=64, long_fraction=0.0), run / "other")
+    other_ld = compute_stats(run / "other", 1024, loads_only=True)
+    other = unseen_windows(pl_, other_ld, run / "other", run)
+    assert other.kind == "unseen input" and len(other.windows) == other_ld.num_windows
