@@ -9,7 +9,10 @@ several inputs are concatenated window-wise (labels prefixed with the input's na
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,18 +321,27 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
         keep[np.asarray(layers)] = True
         counts = counts * keep[None, :, None]
     opts = {**options, "objective": "balance", "pareto": None}
-    per, per_layer = [], []
-    for sc in np.unique(ids):
-        test = np.flatnonzero(ids == sc)
-        train = np.flatnonzero(ids != sc)
-        problem = PlacementProblem(loads=counts[train], model=loads.model, cluster=cluster,
-                                   num_redundant=num_redundant, engine=engine, seed=seed, time_limit=time_limit,
-                                   options=dict(opts))
-        placement = fn(problem)
-        placement.check_model(loads.model, f"policy '{name}'")
-        m = evaluate(placement, counts[test], engine, model=loads.model, cluster=cluster)
-        per.append(m.balancedness)
-        per_layer.append(m.layer_balancedness)
+    folds = np.unique(ids)
+    cpus = os.cpu_count() or 1
+    # An anytime policy (the optimizer) costs seconds per layer: its folds run side by side, one process
+    # each, every fold's layers in that process (same placements: a layer's plan does not depend on the
+    # process it runs in), instead of one fold after another, each spreading a few layers over the cores.
+    pool = is_anytime(name) and folds.size > 1 and cpus > 1 and opts.get("workers") in (None, 0)
+    if pool:
+        opts["workers"] = 1
+    jobs = [(fn, name, PlacementProblem(loads=counts[ids != sc], model=loads.model, cluster=cluster,
+                                        num_redundant=num_redundant, engine=engine, seed=seed,
+                                        time_limit=time_limit, options=dict(opts)), counts[ids == sc])
+            for sc in folds]
+    if pool:
+        methods = mp.get_all_start_methods()
+        ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+        with ProcessPoolExecutor(max_workers=min(folds.size, cpus), mp_context=ctx) as ex:
+            done = list(ex.map(_fold, jobs))
+    else:
+        done = [_fold(j) for j in jobs]
+    per = [b for b, _ in done]
+    per_layer = [lb for _, lb in done]
     scored = np.flatnonzero(counts.sum(axis=(0, 2)) > 0)
     active = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
     u = np.nanmean(np.array(per_layer)[:, scored], axis=0)  # per layer, over the left-out scenarios
@@ -338,6 +350,16 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
     return {"mean": float(np.mean(per)), "worst": float(np.min(per)), "method": method,
             "per_scenario": [float(x) for x in per], "layers": [int(x) for x in scored],
             "layer_sample_se": se}
+
+
+def _fold(job) -> tuple[float, np.ndarray]:
+    """One leave-one-out fold: plan the policy's problem, score it on the left-out windows' counts;
+    (balancedness, per-layer balancedness ``[L]``)."""
+    fn, name, problem, test = job
+    placement = fn(problem)
+    placement.check_model(problem.model, f"policy '{name}'")
+    m = evaluate(placement, test, problem.engine, model=problem.model, cluster=problem.cluster)
+    return m.balancedness, m.layer_balancedness
 
 
 EVAL_GUESS = 0.2  # seconds to score one policy, reserved before any scoring has been timed
