@@ -17,8 +17,8 @@ from _timing import ROOT, loadavg, rel, timed, write_result
 
 sys.path.insert(0, str(ROOT))
 
-from foundation.cluster import make_cluster  # noqa: E402
-from placement.compare import compare_policies, default_redundant, routing_windows  # noqa: E402
+from foundation.cluster import make_cluster
+from placement.compare import compare_policies, default_redundant, routing_windows
 
 
 def main() -> None:

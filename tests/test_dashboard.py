@@ -500,6 +500,7 @@ def test_unseen_windows_follow_the_planning_record(run_dir, tmp_path):
     shutil.copytree(run / "traces", run / "copy")  # the same routing elsewhere is not unseen
     assert unseen_windows(pl_, trace_ld, run / "copy", run).kind == "held-out"
     from dashkit import mini_k3
+
     from traces.synth import SynthConfig, synthesize
 
     synthesize(mini_k3(), SynthConfig(num_tokens=2000, seed=9, num_domains=2, max_running=16, prompt_median=256,

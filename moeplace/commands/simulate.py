@@ -296,8 +296,8 @@ def format_recommendation(rec: dict) -> str:
     head = (f"static vs online rebalancing for {rec['placement']} (same workload; decision = the policy's "
             "measured time):")
     w = max(len(r["config"]) for r in rec["rows"])
-    lines = [head, f"  {'':{w}s}  output tok/s  straggler  rebalances  stall s  decision s  transfer s  "
-                   "a2a slowdown s"]
+    lines = [head, (f"  {'':{w}s}  output tok/s  straggler  rebalances  stall s  decision s  transfer s  "
+                    "a2a slowdown s")]
     for r in rec["rows"]:
         lines.append(f"  {r['config']:{w}s}  {r['output_tok_s']:12,.0f}  {r['straggler_share']:9.1%}  "
                      f"{r['rebalances']:10d}  {r['stall_s']:7.2f}  {r['decision_s']:10.2f}  {r['transfer_s']:10.2f}  "

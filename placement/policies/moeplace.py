@@ -98,10 +98,10 @@ def dilation(rule, loads: np.ndarray, groups: np.ndarray, cfg: OptimizerConfig, 
     if len(names) >= 3:  # with 2 groups each fold plans on one: nothing to widen, both rules agree
         for g in names:
             test, train = groups == g, groups != g
-            for r in scores:
+            for r, row in scores.items():
                 f = jackknife_factor(groups[train], loads[train]) if r == "jackknife" else 1.0
                 p2l = run(loads[train], groups[train], replace(cfg, dilate=f))
-                scores[r].append(float(np.nanmean(window_balancedness(p2l, loads[test], num_gpus))))
+                row.append(float(np.nanmean(window_balancedness(p2l, loads[test], num_gpus))))
     key = {r: (min(v), float(np.mean(v))) if v else (0.0, 0.0) for r, v in scores.items()}
     pick = "jackknife" if key["jackknife"] > key["none"] else "none"
     f = jackknife_factor(groups, loads) if pick == "jackknife" else 1.0
