@@ -4,6 +4,9 @@ through the same library functions the ``place`` CLI uses (``traces.format`` / `
 ``foundation.memory`` / ``placement.export``, the files ``sim.results.write_outputs`` writes). No metric
 is computed here; pages only reshape what these functions return into charts.
 
+One file past 600 lines on purpose: it is the dashboard's whole read contract, one small loader per
+artifact kind, and keeping them together is what lets a reader check that no page reads anything else.
+
 A run directory (what ``place demo --out run/`` writes; any layout works, JSON files are recognized by
 their format tag (``foundation.formats``), never by which keys they hold, and the rest by their content):
 
