@@ -149,8 +149,11 @@ def case_model(case: dict):
 
 
 def case_trace(case: dict, quick: bool):
-    """Routing for the case: uniformly random experts (``routing: balanced``, as DeepSeek's profiles), or
-    the project's synthetic router for the model without workload drift (synthesized in every run)."""
+    """Routing for the case: ``routing: balanced`` (DeepSeek's profiles "simulate an absolutely balanced
+    MoE routing strategy"): every expert of every layer is chosen by exactly ``T k / E`` of the ``T``
+    tokens (each token takes ``k`` distinct experts from a random permutation, so destinations spread as
+    uniform routing spreads them) and only the router's per-iteration sampling noise remains; else the
+    project's synthetic router for the model without workload drift (synthesized in every run)."""
     from sim.workload import TraceTokens, load_trace_tokens
     from traces.synth import SynthConfig, synthesize
 
@@ -162,9 +165,11 @@ def case_trace(case: dict, quick: bool):
         if routing == "balanced":
             rng = np.random.default_rng(0)
             T, L, k, E = 4096, base.num_moe_layers, base.top_k, base.num_experts
+            assert E % k == 0 and (T * k) % E == 0, "exact balance needs k | E and E | T k"
             ids = np.empty((T, L, k), dtype=np.uint16)
-            for layer in range(L):  # k distinct experts per token, uniformly
-                ids[:, layer] = np.argpartition(rng.random((T, E), dtype=np.float32), k, axis=1)[:, :k]
+            for layer in range(L):  # T k / E permutations of the experts, cut into tokens of k distinct ones
+                perms = np.argsort(rng.random((T * k // E, E)), axis=1)
+                ids[:, layer] = perms.reshape(T, k)
             _TRACES[key] = TraceTokens(ids, np.array([0, T]), np.array([T - 1]), np.array([1]), np.array([T - 1]),
                                        np.array([0]), base, "uniform")
         else:

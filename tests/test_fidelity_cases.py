@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -33,3 +35,17 @@ def test_validation_cases_never_enter_the_fit():
     cases = fid.load_cases(REPO / "bench" / "fidelity_cases.yaml")
     res = json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())
     assert res["fit"]["calibration_cases"] == [c["id"] for c in cases if c["split"] == "calibration"]
+
+
+def test_balanced_routing_is_exactly_balanced():
+    """``routing: balanced`` (DeepSeek's profiles simulate absolutely balanced routing): every expert of every
+    layer is chosen by exactly T k / E tokens, each token's k experts distinct."""
+    fid = _fidelity()
+    case = next(c for c in fid.load_cases(fid.CASES) if c["config"].get("routing") == "balanced")
+    trace = fid.case_trace(case, quick=True)
+    T, L, k = trace.expert_ids.shape
+    E = trace.model.num_experts
+    counts = trace.expert_counts()
+    assert counts.shape == (L, E) and (counts == T * k // E).all()
+    ids = np.sort(trace.expert_ids.astype(np.int64), axis=2)
+    assert (np.diff(ids, axis=2) > 0).all()

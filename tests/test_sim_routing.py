@@ -124,6 +124,41 @@ def test_stat_mode_follows_the_trace_over_time(tmp_path):
     assert stat.window() == 0  # wrapped around to the start of the trace
 
 
+def test_stat_batch_spanning_windows_draws_from_their_mixture(tmp_path):
+    """A batch larger than a window routes the trace tokens it spans: its expert shares are the
+    token-weighted mixture of those windows (the whole trace for a batch of the trace's length), not the
+    first window's, and its expected busiest-GPU share is that of the mixture."""
+    m = mini_model(num_experts=32)
+    tt = load_trace_tokens(write_trace(tmp_path / "t", m, num_requests=40, prompt=400, output=100, skew=1.5,
+                                       hot_shift=16))
+    pl = redundant_placement(m, 8, 4, seed=1)
+    stat = StatRouter(tt, pl, "vllm", window_tokens=2000)
+    T, Wn = tt.num_tokens, stat.num_windows
+    lengths = stat.window_end - stat.window_start
+    # hand-computed spans: inside window 0; straddling the wrap (last 500 tokens + first 500)
+    np.testing.assert_allclose(stat.span_weights(1000), np.eye(Wn)[0])
+    stat.cursor = T - 500
+    want = np.zeros(Wn)
+    want[[-1, 0]] = 0.5
+    np.testing.assert_allclose(stat.span_weights(1000), want)
+    # two and a half passes over the trace: every window by its length, then the remainder
+    stat.cursor = 0
+    n = 2 * T + 3000
+    want = (2 * lengths + np.minimum(np.clip(3000 - stat.window_start, 0, None), lengths)) / n
+    np.testing.assert_allclose(stat.span_weights(n), want)
+    # a batch of the whole trace: expected counts are the whole trace's frequencies exactly
+    stat.cursor = 0
+    _, counts = stat.route_count(T, np.random.default_rng(0), want_counts=True)
+    np.testing.assert_allclose(counts / counts.sum(axis=1, keepdims=True), stat.freq, atol=1e-12)
+    assert stat.window() == 0  # the cursor went once round the trace
+    # the drift's hot halves average out: the batch's busiest GPU is the mixture's, below one window's
+    work, _ = stat.route_count(T, np.random.default_rng(1))
+    whole = np.tensordot(lengths / T, stat.gpu_q_w, axes=1)
+    sel = T * m.top_k
+    assert np.all(np.abs(work.tokens - sel * whole) <= 6 * np.sqrt(sel * whole) + 1)
+    assert whole.max(axis=1).mean() < stat.gpu_q_w[0].max(axis=1).mean()
+
+
 def test_held_out_tokens_only(tmp_path):
     m = mini_model(num_experts=32)
     path = write_trace(tmp_path / "t", m, num_requests=10, prompt=40, output=10)
