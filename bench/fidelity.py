@@ -228,6 +228,7 @@ def case_setup(case: dict, quick: bool):
                           moe_tp=int(c.get("moe_tp", 1)), prefix_hit=float(c.get("prefix_hit", 0.0)),
                           dp_balance="tokens", phase={"serve": "both"}.get(kind, kind),
                           a2a_mode=c.get("moe_comm", "auto"), admission=c.get("admission", "on_demand"),
+                          kernels_per_layer=c.get("kernels_per_layer"),
                           gpu_memory_utilization=0.9)
     wl = WorkloadConfig(arrival="closed", concurrency=conc, lengths=lengths)
     return trace, placement, cluster, engine, wl, duration
@@ -295,7 +296,7 @@ class Steady:
         c, e = self.case["config"], self.engine
         cost = CostModel(self.trace.model, self.cluster, cfg, e.attention_tp, e.kv_dtype,
                          attention_dtype=e.attention_dtype, moe_tp=e.moe_tp, a2a_mode=e.a2a_mode,
-                         cuda_graph_max_bs=e.cuda_graph_max_bs)
+                         cuda_graph_max_bs=e.cuda_graph_max_bs, kernels_per_layer=e.kernels_per_layer)
         D = self.cluster.num_gpus // e.attention_tp
         w = RankWork.zeros(D)
         if self.case["kind"] == "prefill":

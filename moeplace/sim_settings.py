@@ -39,6 +39,7 @@ class SimSettings:
     gpu_memory_utilization: float = 0.9
     deepep_mode: str = "auto"
     cuda_graph_max_bs: int = 512
+    kernels_per_layer: float | None = None
     mtp_draft: int = 0
     mtp_acceptance: float | tuple[float, ...] = 0.0
     prefix_hit: float = 0.0
@@ -77,7 +78,8 @@ def build_sim_config(s: SimSettings, max_context: int | None, *, mix_what: str =
                           dual_batch_overlap=s.dbo, replica_rule=s.engine, kv_dtype=s.kv_dtype,
                           preemption=s.preemption, gpu_memory_utilization=s.gpu_memory_utilization,
                           pool_split=split, pool_param=param, a2a_mode=s.deepep_mode,
-                          cuda_graph_max_bs=s.cuda_graph_max_bs, mtp_draft=s.mtp_draft,
+                          cuda_graph_max_bs=s.cuda_graph_max_bs, kernels_per_layer=s.kernels_per_layer,
+                          mtp_draft=s.mtp_draft,
                           mtp_acceptance=s.mtp_acceptance, prefix_hit=s.prefix_hit, moe_tp=s.moe_tp,
                           attention_dtype=s.attention_dtype, dp_balance=s.dp_balance, admission=s.admission,
                           prefill_gpus=s.prefill_gpus, phase=s.phase)

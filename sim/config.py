@@ -65,6 +65,9 @@ class EngineConfig:
     admission: str = "on_demand"
     prefill_gpus: int | None = None  # disaggregated: GPUs of the prefill pool (None = same as decode)
     phase: str = "both"  # benchmark one phase alone: "prefill" (1-token outputs) or "decode" (KV given)
+    # kernels one decoder layer runs back to back in this engine build (None: CostConfig.kernels_per_layer);
+    # engines that fuse kernels (all-reduce + norm + quantize, fused GEMMs, fused MoE) run fewer
+    kernels_per_layer: float | None = None
 
     def mtp_position_acceptance(self) -> tuple[float, ...]:
         """Conditional acceptance of each draft position ``[mtp_draft]`` (position j is accepted with this
@@ -101,6 +104,8 @@ class EngineConfig:
                     f"got {self.mtp_draft}, {self.mtp_acceptance}")
         if not 0 <= self.prefix_hit < 1:
             _bad(w, f"--prefix-hit must be in [0, 1), got {self.prefix_hit}")
+        if self.kernels_per_layer is not None and not self.kernels_per_layer >= 0:
+            _bad(w, f"kernels_per_layer must be >= 0, got {self.kernels_per_layer}")
         if self.moe_tp < 1 or self.cuda_graph_max_bs < 0:
             _bad(w, "moe_tp must be >= 1 and cuda_graph_max_bs >= 0")
         if self.prefill_gpus is not None and (self.prefill_gpus < 1 or not self.disaggregated):

@@ -18,7 +18,12 @@ are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.C
 - Tensor-parallel attention/dense parts (``attention_tp`` > 1): two all-reduces per layer (attention
   output, MLP/MoE output), ``t = alpha + 2 (n - 1) / n * bytes / nvlink_bw`` (ring/NVLS bandwidth term).
 - ``allgather`` instead (TensorRT-LLM's CUTLASS MoE under attention DP): every rank all-gathers the
-  pool's tokens and reduce-scatters the outputs, ``(G-1)/G`` of all tokens per GPU and direction.
+  pool's tokens and reduce-scatters the outputs, ``(G-1)/G`` of all tokens per GPU and direction. The
+  gathered payload is what TensorRT-LLM's ``CutlassFusedMoE`` gathers (tensorrt_llm/_torch/modules/
+  fused_moe, https://github.com/NVIDIA/TensorRT-LLM): NVFP4 experts quantize the tokens to NVFP4 (FP4
+  values + one FP8 scale per 16) *before* the gather ("FP4 AllGather", TensorRT-LLM tech blog 3,
+  "Optimizing DeepSeek R1 Throughput on NVIDIA Blackwell GPUs"); DeepSeek FP8 block-scale experts gather
+  the BF16 tokens and quantize inside the MoE op; other formats gather FP8 + scales; outputs come back BF16.
 - MoE all-to-all with DeepEP semantics, chosen by phase as SGLang's ``--deepep-mode auto`` does:
   *normal* kernels (iterations with prefill tokens) send ONE RDMA copy per destination node, which the
   receiving GPU forwards over NVLink (copies per remote GPU x the node-dedup factor below, plus the
@@ -154,12 +159,14 @@ class CostModel:
 
     ``attention_tp``: GPUs per attention-DP rank; ``moe_tp``: GPUs each routed expert is sharded across
     (TEP); ``a2a_mode``: ``auto`` | ``normal`` | ``low_latency``; ``cuda_graph_max_bs``: decode-only
-    iterations with at most this many sequences per rank replay a CUDA graph (0 = never)."""
+    iterations with at most this many sequences per rank replay a CUDA graph (0 = never);
+    ``kernels_per_layer``: kernels one decoder layer of this engine build runs back to back (None: the
+    CostConfig's; an engine that fused kernels runs fewer, each paying the per-kernel gap)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, cfg: CostConfig | None = None,
                  attention_tp: int = 1, kv_dtype: str = "bf16", profile: Profile | None = None,
                  attention_dtype: str = "bf16", moe_tp: int = 1, a2a_mode: str = "auto",
-                 cuda_graph_max_bs: int = 512) -> None:
+                 cuda_graph_max_bs: int = 512, kernels_per_layer: float | None = None) -> None:
         self.model = model
         self.cluster = cluster
         self.gpu: GPUSpec = cluster.gpu
@@ -170,6 +177,11 @@ class CostModel:
         self.profile = profile
         self.a2a_mode = a2a_mode
         self.cuda_graph_max_bs = cuda_graph_max_bs
+        # kernels one decoder layer runs back to back in this engine build (fusions change it); the
+        # per-kernel gap and launch constants stay global
+        self.kernels_per_layer = self.cfg.kernels_per_layer if kernels_per_layer is None else float(kernels_per_layer)
+        if self.kernels_per_layer < 0:
+            raise InputError(f"kernels per layer must be >= 0, got {kernels_per_layer}")
         if cluster.num_gpus % moe_tp:
             raise InputError(f"--moe-tp {moe_tp} does not divide the pool's {cluster.num_gpus} GPUs")
         c = self.cfg
@@ -246,6 +258,17 @@ class CostModel:
                               kernels=2)
 
     # ------------------------------------------------------------------ all-to-all
+    def allgather_bytes(self) -> float:
+        """Bytes of one token in TensorRT-LLM's MoE all-gather under attention DP: NVFP4-quantized
+        before the gather for NVFP4 experts (``h x 4.5 / 8``), BF16 for DeepSeek FP8 block-scale experts
+        (``2 h``: the MoE op quantizes after the gather), else FP8 + scales as a dispatch copy."""
+        dt = self.model.expert_dtype
+        if dt == "nvfp4":
+            return self.model.expert_hidden_size * DTYPE_BYTES["nvfp4"]
+        if dt == "fp8_block128":
+            return self.model.expert_hidden_size * 2.0
+        return self.copy_bytes("dispatch")
+
     def copy_bytes(self, op: str) -> float:
         """Bytes of one token copy in ``dispatch`` (FP8 + scales) or ``combine`` (BF16), at the width
         the routed experts run at (LatentMoE projects before dispatch)."""
@@ -406,8 +429,7 @@ class CostModel:
             bw, lat = (self.nic_bw, self.gpu.nic_latency) if multi else (self.nvlink_bw, self.gpu.nvlink_latency)
             if link_share is not None:  # a collective: the most slowed-down GPU sets its pace
                 bw /= float(np.max(link_share[1 if multi else 0]))
-            comm = np.where(tok > 0, 2 * lat + tok * (self.copy_bytes("dispatch") + self.copy_bytes("combine")) / bw,
-                            0.0)
+            comm = np.where(tok > 0, 2 * lat + tok * (self.allgather_bytes() + self.copy_bytes("combine")) / bw, 0.0)
             return experts, comm, strag
         d = self.a2a_time(moe.nvlink, moe.nic, "dispatch", mode, link_share)
         c = self.a2a_time(moe.nvlink, moe.nic, "combine", mode, link_share)
@@ -449,7 +471,7 @@ class CostModel:
                 fill = float(np.mean(np.minimum(comp, com))) / 2
         else:
             layer[self._is_moe] += experts + comm
-        kernels = c.kernels_per_layer * (2 if dual_batch_overlap else 1)
+        kernels = self.kernels_per_layer * (2 if dual_batch_overlap else 1)
         gpu_layer = layer
         # the device-side gap between dependent kernels is paid with or without a graph (a graph removes
         # the CPU launches, not the GPU's own kernel-to-kernel latency: RTP-LLM's DeepSeek report measures

@@ -430,7 +430,7 @@ class Simulation:
         e = self.config.engine
         return CostModel(self.model, cluster, self.config.cost, e.attention_tp, e.kv_dtype, profile,
                          attention_dtype=e.attention_dtype, moe_tp=e.moe_tp, a2a_mode=e.a2a_mode,
-                         cuda_graph_max_bs=e.cuda_graph_max_bs)
+                         cuda_graph_max_bs=e.cuda_graph_max_bs, kernels_per_layer=e.kernels_per_layer)
 
     # ------------------------------------------------------------------ request lifecycle
     def entry_pool(self) -> Pool:

@@ -5,6 +5,7 @@ import pytest
 from simkit import mini_model
 
 from foundation.cluster import make_cluster
+from foundation.errors import InputError
 from sim.calibration import profile_from_dict
 from sim.config import CostConfig
 from sim.cost import CostModel, MoeWork, RankWork, roofline
@@ -158,6 +159,40 @@ def test_allgather_moe_moves_every_other_ranks_tokens(k3):
     _, comm, _ = cm.moe_layer_times(moe, "allgather")
     per = cm.copy_bytes("dispatch") + cm.copy_bytes("combine")
     assert comm == pytest.approx(np.full(L, 2 * 3e-6 + 800 * 7 / 8 * per / 450e9))
+
+
+def test_allgather_payload_follows_the_expert_format(k3):
+    """TensorRT-LLM's CUTLASS MoE gathers NVFP4 tokens for NVFP4 experts (quantized before the gather) and
+    BF16 tokens for DeepSeek FP8 block-scale experts (quantized inside the MoE op); outputs return BF16."""
+    from dataclasses import replace
+    L, G, h = k3.num_moe_layers, 8, k3.expert_hidden_size
+    tokens = np.full((L, G), 100.0 * k3.top_k)
+    moe = MoeWork(tokens, np.full((L, G), 4.0), np.zeros((L, G)), np.zeros((L, G)))
+    for dtype, gathered in (("nvfp4", h * 4.5 / 8), ("fp8_block128", h * 2.0)):
+        cm = CostModel(replace(k3, expert_dtype=dtype), make_cluster(8, "h200"), EXACT, a2a_mode="allgather")
+        assert cm.allgather_bytes() == pytest.approx(gathered)
+        _, comm, _ = cm.moe_layer_times(moe, "allgather")
+        # 800 tokens in the pool, 7/8 of them from other GPUs, NVLink 450 GB/s per direction, 3 us per collective
+        assert comm == pytest.approx(np.full(L, 2 * 3e-6 + 800 * 7 / 8 * (gathered + 2.0 * h) / 450e9))
+
+
+def test_kernels_per_layer_of_an_engine_build_sets_the_gap_overhead():
+    """A fused build (fewer kernels per layer) pays the per-kernel gap fewer times; nothing else changes."""
+    m = mini_model()
+    cfg = CostConfig.roofline(kernels_per_layer=20, graph_gap_s=1e-5, iteration_overhead_s=1e-3)
+    L, G = m.num_moe_layers, 4
+    zero = MoeWork(*(np.zeros((L, G)) for _ in range(4)))
+    dec = RankWork.zeros(1)
+    dec.tokens[:] = dec.dec_seqs[:] = dec.sampled[:] = 4
+    dec.dec_ctx[:] = 400
+    bare = CostModel(m, make_cluster(4, "h200"), EXACT).step_time(dec, zero)
+    default = CostModel(m, make_cluster(4, "h200"), cfg).step_time(dec, zero)
+    fused = CostModel(m, make_cluster(4, "h200"), cfg, kernels_per_layer=13).step_time(dec, zero)
+    assert default.total == pytest.approx(bare.total + m.num_layers * 20 * 1e-5 + 1e-3)
+    assert fused.total == pytest.approx(bare.total + m.num_layers * 13 * 1e-5 + 1e-3)
+    assert fused.overhead == pytest.approx(m.num_layers * 13 * 1e-5 + 1e-3)
+    with pytest.raises(InputError):
+        CostModel(m, make_cluster(4, "h200"), cfg, kernels_per_layer=-1)
 
 
 def test_gemm_curve_tile_fill_kernel_latency_and_tp_allreduce(k3):

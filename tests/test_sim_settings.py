@@ -35,14 +35,14 @@ def test_open_loop_point_and_flags_give_the_same_config(tmp_path):
         engine="max_batched_tokens: 4096, max_seqs: 128, gpu_memory_utilization: 0.85, pool_split: 'ratio:0.5', "
                "chunked_prefill: false, dual_batch_overlap: true, preemption: swap, mtp_draft: 1, "
                "mtp_acceptance: 0.8, prefix_hit: 0.3, moe_tp: 2, dp_balance: tokens, deepep_mode: low_latency, "
-               "attention_dtype: fp8, cuda_graph_max_bs: 128, warmup: 5",
+               "attention_dtype: fp8, cuda_graph_max_bs: 128, kernels_per_layer: 13, warmup: 5",
         axes="kv_dtype: bf16, engine: sglang, rebalance: 'every=25,window=25,moves=32,policy=eplb,decision=0.5'",
         simulate="duration: 30, mode: replay")
     args = _flags("--attention-tp", "4", "--engine", "sglang", "--kv-dtype", "bf16", "--max-batched-tokens", "4096",
                   "--max-seqs", "128", "--gpu-memory-utilization", "0.85", "--pool-split", "ratio:0.5",
                   "--no-chunked-prefill", "--dbo", "--preemption", "swap", "--mtp", "1:0.8", "--prefix-hit", "0.3",
                   "--moe-tp", "2", "--dp-balance", "tokens", "--deepep-mode", "low_latency",
-                  "--attention-dtype", "fp8", "--cuda-graph-max-bs", "128", "--warmup", "5",
+                  "--attention-dtype", "fp8", "--cuda-graph-max-bs", "128", "--kernels-per-layer", "13", "--warmup", "5",
                   "--rate", "3.5", "--arrival", "gamma", "--burstiness", "1.5", "--context-mix", "8k:0.7,32k:0.3",
                   "--output-len", "256", "--max-requests", "100", "--duration", "30", "--mode", "replay",
                   "--seed", "7", "--rebalance", "every=25,window=25,moves=32,policy=eplb,decision=0.5")
@@ -53,6 +53,7 @@ def test_open_loop_point_and_flags_give_the_same_config(tmp_path):
     e, w = from_flags.engine, from_flags.workload
     assert (e.attention_tp, e.replica_rule, e.pool_split, e.pool_param, e.mtp_draft, e.a2a_mode) == \
         (4, "sglang", "ratio", 0.5, 1, "low_latency")
+    assert e.kernels_per_layer == 13
     assert (w.arrival, w.rate, w.burstiness, w.max_requests) == ("gamma", 3.5, 1.5, 100)
     assert w.lengths == LengthMix.context_mix(((8192, 0.7), (32768, 0.3)), 256, spec.model.max_context)
     assert from_flags.rebalance.decision_s == 0.5 and from_flags.mode == "replay" and from_flags.seed == 7

@@ -231,6 +231,7 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
             chunked_prefill=e["chunked_prefill"], dbo=e["dual_batch_overlap"], preemption=e["preemption"],
             pool_split=str(e["pool_split"]), gpu_memory_utilization=float(e["gpu_memory_utilization"]),
             deepep_mode=e["deepep_mode"], cuda_graph_max_bs=int(e["cuda_graph_max_bs"]),
+            kernels_per_layer=None if e["kernels_per_layer"] is None else float(e["kernels_per_layer"]),
             mtp_draft=int(e["mtp_draft"]), mtp_acceptance=float(e["mtp_acceptance"]),
             prefix_hit=float(e["prefix_hit"]), moe_tp=int(e["moe_tp"]), attention_dtype=e["attention_dtype"],
             dp_balance=e["dp_balance"],

@@ -82,7 +82,8 @@ ENGINE_KEYS: dict[str, Any] = {"max_batched_tokens": 8192, "max_seqs": 256, "gpu
                                "pool_split": "shared", "chunked_prefill": True, "dual_batch_overlap": False,
                                "preemption": "recompute", "mtp_draft": 0, "mtp_acceptance": 0.0,
                                "prefix_hit": 0.0, "moe_tp": 1, "dp_balance": "round_robin", "deepep_mode": "auto",
-                               "attention_dtype": "bf16", "cuda_graph_max_bs": 512, "warmup": None}
+                               "attention_dtype": "bf16", "cuda_graph_max_bs": 512, "kernels_per_layer": None,
+                               "warmup": None}
 OPTIMIZE_KEYS: dict[str, Any] = {"plan_fraction": 0.5, "window_tokens": 4096, "time_limit": None,
                                  "options": {}}
 SIMULATE_KEYS: dict[str, Any] = {"duration": 5.0, "mode": "stat", "max_trace_tokens": 20000}
@@ -406,6 +407,7 @@ def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate:
     _num(sp, "engine.moe_tp", engine["moe_tp"], int, 1)
     _num(sp, "engine.cuda_graph_max_bs", engine["cuda_graph_max_bs"], int, 0)
     _num(sp, "engine.warmup", engine["warmup"], float, 0, allow_none=True)
+    _num(sp, "engine.kernels_per_layer", engine["kernels_per_layer"], float, 0, allow_none=True)
     for k in ("mtp_acceptance", "prefix_hit"):
         v = _num(sp, f"engine.{k}", engine[k], float, 0)
         if not v <= 1:
