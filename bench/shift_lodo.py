@@ -1,11 +1,17 @@
 """Leave-one-domain-out on the project's own data: how well placements planned on some workloads balance
 an unseen one, how well ``place optimize``'s shift estimate predicts that, and what ``--robust`` (and its
-hedges: the envelope scenario, the widened scenario set of ``--dilate``) keeps over EPLB.
+hedges: the envelope scenario, the widened scenario set of ``--dilate``, the mean +- k sd scenarios of
+``--spread``) keeps over EPLB.
 
 Data (made here, deterministic):
 
 - ``synthetic``: a ``place trace synth`` trace of Qwen3-30B-A3B's shape (48 MoE layers x 128 experts,
-  top-8), 4 domains, drift 1 (each phase one domain); scenarios = the windows' dominant domain tags.
+  top-8), 4 domains, drift 1 (each phase one domain), split by each token's domain tag into one trace
+  per domain (requests keep one domain each); scenarios = those traces. No planning window holds a token
+  of the unseen domain. ``synthetic-window-tag`` (``--synthetic-split window-tag``, EPLB and ``--robust``
+  only): the trace as it is, scenarios = the windows' dominant domain tags — the drift mixes domains at
+  the phase changes, so windows tagged with another domain still carry some of the "unseen" one (up to
+  ~40 % of a window): a leaky split, kept to show how much it flatters a per-window plan.
 - ``captured``: ``place trace capture`` of a small random-weight Qwen3-MoE (4 MoE layers x 64 experts,
   top-4) on four prompt domains (code, prose, digits, non-ASCII text), one trace per domain;
   scenarios = the input files. ``captured-seed1``, ``captured-seed2``: the same prompts through random
@@ -14,8 +20,8 @@ Data (made here, deterministic):
 For each domain ``d``: the planning data is every other domain. ``compare_policies(..., plan_fraction=1,
 shift=True)`` plans each policy on it and estimates, by leave-one-scenario-out *within* the planning
 domains, the balancedness to expect on an unseen workload; the placement is then scored on ``d`` (the
-realized unseen balancedness). ``--dilate auto`` plans 7 times per placement (2 rules x 3 folds + the
-final plan), so it gets 7 times the per-plan time limit: the same search effort per plan.
+realized unseen balancedness). ``--dilate auto`` and ``--spread auto`` plan 7 times per placement (2 rules
+x 3 folds + the final plan), so they get 7 times the per-plan time limit: the same search effort per plan.
 
 Two oracles (not methods: they see the unseen domain on purpose) bound what any static placement could
 keep: ``self`` = ``--robust`` planned on the unseen domain itself, ``all`` = ``--robust`` planned on every
@@ -27,6 +33,7 @@ loads, 0 = hottest) one of its 4 hottest experts per layer can be.
 Prints a table and writes ``bench/results/shift_lodo.json``.
 
     .venv/bin/python bench/shift_lodo.py [--tokens 60000] [--time-limit 4] [--skip-captured]
+        [--synthetic-split domain,window-tag] [--variants eplb,robust,...]
 """
 from __future__ import annotations
 
@@ -43,10 +50,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from foundation.cluster import make_cluster
-from foundation.files import write_text_atomic
+from foundation.files import atomic_path, write_text_atomic
 from foundation.model import load_model
 from placement.compare import compare_policies, routing_windows, scenarios
 from placement.evaluate import evaluate
+from placement.policies.moeplace import spread_sd
 from traces.synth import SynthConfig, synthesize
 
 RESULTS = ROOT / "bench" / "results"
@@ -57,8 +65,11 @@ VARIANTS = {  # name -> (policy, options)
     "robust+envelope": ("moeplace", {"robust": True, "envelope": True}),
     "robust+jackknife": ("moeplace", {"robust": True, "dilate": "jackknife"}),
     "robust+auto": ("moeplace", {"robust": True, "dilate": "auto"}),
+    "robust+spread": ("moeplace", {"robust": True, "spread": "sd"}),  # sqrt(2 ln G), see _options
+    "robust+spread-auto": ("moeplace", {"robust": True, "spread": "auto"}),
 }
-EFFORT = {"robust+auto": 7}  # plans per placement (the rule's own folds), so the same time per plan
+EFFORT = {"robust+auto": 7, "robust+spread-auto": 7}
+LEAKY_VARIANTS = ("eplb", "robust")  # all that the window-tag split runs  # plans per placement (the rule's own folds), so the same time per plan
 ORACLE = ("moeplace", {"robust": True})
 DOMAIN_PROMPTS = {
     "code": ["def f(x):\n    return x * {i} + 1", "for (int j = 0; j < {i}; ++j) {{ a[j] = b[j]; }}",
@@ -74,13 +85,28 @@ DOMAIN_PROMPTS = {
 }
 
 
-def synthetic_loads(tokens: int, window_tokens: int):
+def synthetic_loads(tokens: int, window_tokens: int, split: str = "domain"):
+    """The synthetic trace's windows: one trace per domain (``split="domain"``, each token by its own tag)
+    or the trace as it is (``"window-tag"``: scenarios = dominant tag per window)."""
     model = load_model("qwen3-30b-a3b")
     path = RESULTS / f"qwen-lodo-{tokens}"
     if not path.exists():
         print(f"synthesizing {tokens} tokens -> {path}", flush=True)
         synthesize(model, SynthConfig(num_tokens=tokens, seed=3, num_domains=4, drift=1.0, drift_phases=4), path)
-    return routing_windows([path], window_tokens=window_tokens)
+    if split == "window-tag":
+        return routing_windows([path], window_tokens=window_tokens)
+    import pyarrow.compute as pc  # pyarrow: polars' own dependency; a filter that keeps the file metadata
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)  # one part file; a token's rows (one per layer) share its request's domain
+    paths = []
+    for dom in dict.fromkeys(table.column("domain").to_pylist()):
+        out = RESULTS / f"qwen-lodo-{tokens}-by-domain" / dom
+        if not out.exists():
+            with atomic_path(out, directory=True) as tmp:
+                pq.write_table(table.filter(pc.equal(table["domain"], dom)), Path(tmp) / "part-00000.parquet")
+        paths.append(out)
+    return routing_windows(paths, window_tokens=window_tokens)
 
 
 def captured_loads(window_tokens: int, seed: int = 0):
@@ -118,6 +144,8 @@ def _plan(loads, idx, cluster, num_redundant, time_limit, policy, opts, shift=Fa
     # the limit is moeplace's search budget; EPLB has a fixed cost and a limit would only make a loaded
     # machine skip it (its result does not depend on time)
     time_limit = time_limit if policy == "moeplace" else None
+    if opts.get("spread") == "sd":  # the fixed --spread: the auto rule's own candidate for this cluster
+        opts = {**opts, "spread": spread_sd(cluster.num_gpus)}
     return compare_policies(loads.select(idx), cluster, num_redundant=num_redundant, policies=[policy],
                             plan_fraction=1.0, time_limit=time_limit, options={"workers": 1, **opts},
                             shift=shift).results[0]
@@ -145,12 +173,14 @@ def _domain_stats(c, ids, d) -> dict:
             "hot_rank_max": int(np.take_along_axis(ranks, top, axis=1).max())}
 
 
-def lodo(loads, cluster, num_redundant: int, time_limit: float) -> dict:
+def lodo(loads, cluster, num_redundant: int, time_limit: float, variants=None, oracle: bool = True) -> dict:
     ids, names, method = scenarios(loads)
     out = {"method": method, "scenarios": names, "experts": int(loads.counts.shape[2]), "variants": {}}
     c = loads.counts.astype(np.float64)
     out["domains"] = {names[d]: _domain_stats(c, ids, d) for d in range(len(names))}
     for vname, (policy, opts) in VARIANTS.items():
+        if variants is not None and vname not in variants:
+            continue
         rows = []
         load0 = os.getloadavg()[0]  # per variant: a later run of some variants keeps the others' figures
         for d in range(len(names)):
@@ -167,6 +197,8 @@ def lodo(loads, cluster, num_redundant: int, time_limit: float) -> dict:
             summary = r.placement.provenance.get("params", {}).get("summary", {})
             if "dilate_rule" in summary:
                 rows[-1]["dilate"] = r.placement.provenance["params"]["config"]["dilate"]
+            if "spread" in opts:
+                rows[-1]["spread"] = r.placement.provenance["params"]["config"]["spread"]
             print(f"  {vname:16s} unseen {names[d]:10s} in-sample {rows[-1]['in_sample']:.4f}  estimate mean "
                   f"{rows[-1]['estimate_mean']:.4f} worst {rows[-1]['estimate_worst']:.4f}  realized "
                   f"{rows[-1]['realized']:.4f}", flush=True)
@@ -180,7 +212,7 @@ def lodo(loads, cluster, num_redundant: int, time_limit: float) -> dict:
             "estimate_abs_error_mean": float(np.mean([abs(x["estimate_mean"] - x["realized"]) for x in rows])),
             "loadavg": [load0, os.getloadavg()[0]],
         }
-    if ORACLE_ON:
+    if ORACLE_ON and oracle:
         everything = np.arange(loads.num_windows)
         every = _plan(loads, everything, cluster, num_redundant, time_limit, *ORACLE).placement
         per = {"self": [], "all": []}
@@ -206,6 +238,9 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=4.0, help="seconds per moeplace plan")
     ap.add_argument("--skip-captured", action="store_true")
     ap.add_argument("--skip-synthetic", action="store_true")
+    ap.add_argument("--synthetic-split", default="domain",
+                    help="comma-separated: domain (one trace per domain tag, the held-out split) and/or "
+                         "window-tag (dominant tag per window of the whole trace: leaks, EPLB and --robust only)")
     ap.add_argument("--captured-seeds", default="0,1,2",
                     help="random-weight models to capture with (comma-separated seeds; one dataset each)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of "
@@ -219,9 +254,15 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {}
     if not args.skip_synthetic:
-        print("synthetic (Qwen3-30B-A3B shape, 16 GPUs = 4 x 4, R = 16):", flush=True)
-        result["synthetic"] = lodo(synthetic_loads(args.tokens, args.window_tokens), make_cluster(16, "h200", 4),
-                                   16, args.time_limit)
+        for split in args.synthetic_split.split(","):
+            if split not in ("domain", "window-tag"):
+                ap.error(f"--synthetic-split: expected domain or window-tag, got {split!r}")
+            name = "synthetic" if split == "domain" else "synthetic-window-tag"
+            print(f"{name} (Qwen3-30B-A3B shape, 16 GPUs = 4 x 4, R = 16):", flush=True)
+            leaky = split == "window-tag"
+            result[name] = lodo(synthetic_loads(args.tokens, args.window_tokens, split), make_cluster(16, "h200", 4),
+                                16, args.time_limit, variants=LEAKY_VARIANTS if leaky else None, oracle=not leaky)
+            result[name]["split"] = split
     for seed in ([] if args.skip_captured else [int(x) for x in args.captured_seeds.split(",")]):
         name = "captured" if seed == 0 else f"captured-seed{seed}"
         print(f"{name} (random-weight Qwen3-MoE, weights seed {seed}, 64 experts, 8 GPUs = 2 x 4, R = 8):",
@@ -240,6 +281,8 @@ def main() -> int:
     merged = json.loads(path.read_text()) if path.exists() else {}
     for data, r in result.items():
         old = merged.get(data, {"variants": {}})
+        if old.get("split") != r.get("split"):  # other data under the same name: its figures do not carry over
+            old = {"variants": {}}
         merged[data] = {**old, **r, "variants": {**old.get("variants", {}), **r["variants"]}}
     write_text_atomic(path, json.dumps(merged, indent=1) + "\n")
     return 0

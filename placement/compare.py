@@ -259,9 +259,9 @@ def _plan(fn, name: str, loads: Loads, windows: np.ndarray, samples: np.ndarray 
           num_redundant: int, engine: str, seed: int, time_limit: float | None,
           options: dict[str, Any]) -> tuple[Placement, float]:
     options = dict(options)
-    if options.get("dilate") is not None:
+    if options.get("dilate") is not None or options.get("spread") == "auto":
         # the scenario groups of the planning windows themselves (computed from them alone), as the shift
-        # estimate would form them: the scenario set --dilate widens
+        # estimate would form them: the scenario set --dilate widens, the folds --spread auto scores
         options["scenarios"] = scenarios(loads.select(windows))[0]
     problem = PlacementProblem(loads=loads.counts[windows].astype(np.float64), model=loads.model, cluster=cluster,
                                num_redundant=num_redundant, engine=engine, seed=seed, time_limit=time_limit,
@@ -404,8 +404,8 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
         ids, method = None, None
     sampled = None
     if ids is not None:
-        # --dilate auto picks one factor from every layer together: a layer's plan is then not its own
-        whole = options.get("dilate") == "auto" and shift_sample == "auto"
+        # --dilate / --spread auto pick one value from every layer together: a layer's plan is then not its own
+        whole = "auto" in (options.get("dilate"), options.get("spread")) and shift_sample == "auto"
         sampled = shift_layers(planning, ids, "all" if whole else shift_sample)
         active = int((planning.counts.sum(axis=(0, 2)) > 0).sum())
         if sampled.size < active:

@@ -15,7 +15,7 @@ from moeplace.cli import main
 from placement.compare import compare_policies, scenarios
 from placement.optimizer import OptimizerConfig, solve_layer
 from placement.optimizer.greedy import normalize_scenarios
-from placement.optimizer.layer import dilate_windows, scenario_loads
+from placement.optimizer.layer import dilate_windows, scenario_loads, spread_rows
 from placement.optimizer.local_search import LayerState
 from traces.loads import Loads
 
@@ -138,3 +138,105 @@ def test_dilate_below_one_exits_2_with_one_line(small, tmp_path, capsys):
     rc = main(["optimize", str(path), "--gpus", "8", "--robust", "--dilate", "0.5", "--no-out"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "expected a number >= 1 or one of jackknife, auto, got '0.5'" in err
+
+
+# ---------------------------------------------------------------------------- --spread (mean + k sd)
+def _gpu_of(p2l, G):
+    S = len(p2l) // G
+    return {int(e): g for g in range(G) for e in p2l[g * S:(g + 1) * S]}
+
+
+def test_spread_rows_are_the_mean_moved_k_sd_along_the_principal_direction():
+    # two windows differing along (1, 1, -1, -1): mean (30, 10, 20, 20), offsets +-(4, 4, -4, -4)
+    wn = normalize_scenarios(np.array([[34.0, 14, 16, 16], [26, 6, 24, 24]]), 2)
+    rows = spread_rows(wn, 2.0)
+    assert rows.shape == (2, 4)  # one direction with variance, both ways
+    m = wn.mean(axis=0)
+    # normalized (rows sum to G = 2): offsets +-(0.1, 0.1, -0.1, -0.1), so the sd along v is 0.2 and the
+    # rows are m +- 2 * 0.2 * v = (0.95, 0.45, 0.3, 0.3) and (0.55, 0.05, 0.7, 0.7)
+    v = np.array([1.0, 1, -1, -1]) / 2
+    expect = sorted([tuple(m + 0.4 * v), tuple(m - 0.4 * v)])
+    np.testing.assert_allclose(sorted(map(tuple, rows)), [(0.55, 0.05, 0.7, 0.7), (0.95, 0.45, 0.3, 0.3)])
+    np.testing.assert_allclose(sorted(map(tuple, rows)), expect)
+    np.testing.assert_allclose(rows.sum(axis=1), 2.0)
+    # a GPU holding experts {0, 1}: worst row = its mean load + k * its load's sd along v
+    x = np.array([1.0, 1, 0, 0])
+    sd_g = abs(x @ (wn - m).T).max()
+    assert (rows @ x).max() == pytest.approx(x @ m + 2.0 * sd_g)
+    # identical windows: no direction, no rows; spread 0: the robust scenarios unchanged
+    assert spread_rows(np.repeat(wn[:1], 3, axis=0), 2.0).shape == (0, 4)
+    loads = np.array([[34.0, 14, 16, 16], [26, 6, 24, 24]])
+    np.testing.assert_allclose(scenario_loads(loads, OptimizerConfig(robust=True), 2), wn)
+    assert scenario_loads(loads, OptimizerConfig(robust=True, spread=2.0), 2).shape == (4, 4)
+
+
+def test_spread_separates_two_experts_that_rise_together_where_mean_and_windows_pair_them():
+    # Experts A=0, B=1, C=2, D=3 with mean loads 3 : 1 : 2 : 2 on 2 GPUs, 2 slots each. A and B rise and
+    # fall together (by 0.4). The mean plan pairs them ({A, B} | {C, D} is perfectly even on the mean),
+    # and so does the plain robust plan (the windows' own spread costs {A, B} 1.20 max/mean, less than the
+    # 1.25 of any other pairing). Planned at mean +- 2 sd along that co-movement, {A, B} would reach 1.40:
+    # the hedged plan splits them.
+    loads = np.array([[34.0, 14, 16, 16], [26, 6, 24, 24]])
+    G, deadline = 2, time.time() + 30
+    mean = solve_layer(0, loads, 4, G, G, OptimizerConfig(robust=False), deadline)
+    plain = solve_layer(0, loads, 4, G, G, OptimizerConfig(robust=True), deadline)
+    hedged = solve_layer(0, loads, 4, G, G, OptimizerConfig(robust=True, spread=2.0), deadline)
+    for res in (mean, plain):
+        where = _gpu_of(res.p2l, G)
+        assert where[0] == where[1]
+    where = _gpu_of(hedged.p2l, G)
+    assert where[0] != where[1]
+    # the co-movement grown to twice what was seen: the hedged plan keeps 0.80, the plain one 0.71
+    grown = np.array([38.0, 18, 12, 12])
+    assert balancedness(hedged.p2l, grown, G) == pytest.approx(0.8)
+    assert balancedness(plain.p2l, grown, G) == pytest.approx(40 / 56)
+    # what it pays on the planning windows themselves: 1.25 against 1.20 max/mean on the worse window
+    wins = normalize_scenarios(loads, G)
+    assert LayerState(wins, hedged.p2l, G).value() == pytest.approx(1.25)
+    assert LayerState(wins, plain.p2l, G).value() == pytest.approx(1.2)
+
+
+def test_spread_auto_picks_from_the_planning_domains_only(small, monkeypatch):
+    import placement.policies.moeplace as mp
+
+    loads = _domains(small)
+    ids, names, _ = scenarios(loads)
+    held = names.index("b")
+    train = np.flatnonzero(ids != held)
+    held_rows = {loads.counts[w].tobytes() for w in np.flatnonzero(ids == held)}
+    received = []
+    real = mp.optimize_layers
+
+    def spy(loads_wle, *args, **kw):
+        received.append(np.asarray(loads_wle).copy())
+        return real(loads_wle, *args, **kw)
+
+    monkeypatch.setattr(mp, "optimize_layers", spy)
+    cmp = compare_policies(loads.select(train), make_cluster(8, "h200", 4), num_redundant=0,
+                           policies=["moeplace"], plan_fraction=1.0, shift=False,
+                           options={"robust": True, "spread": "auto", "workers": 1, "lns_rounds": 0})
+    assert len(received) == 2 * 3 + 1  # 2 candidates x 3 planning groups, then the final plan
+    for arr in received:
+        for row in arr.astype(np.int64):
+            assert row.tobytes() not in held_rows
+    params = cmp.results[0].placement.provenance["params"]
+    summary = params["summary"]
+    assert summary["spread_rule"] == "auto" and set(summary["spread_cv"]) == {"none", "sd"}
+    chosen = params["config"]["spread"]
+    assert chosen == (pytest.approx(np.sqrt(2 * np.log(8))) if summary["spread_chosen"] == "sd" else 0.0)
+    cv = summary["spread_cv"]
+    better = (cv["sd"]["worst"], cv["sd"]["mean"]) > (cv["none"]["worst"], cv["none"]["mean"])
+    assert (summary["spread_chosen"] == "sd") == better
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--spread", "2"], "--spread needs --robust"),
+    (["--robust", "--spread", "auto", "--dilate", "auto"], "--dilate auto and --spread auto cannot be combined"),
+    (["--robust", "--spread", "-1"], "expected a number >= 0 or one of auto, got '-1'"),
+])
+def test_spread_bad_flags_exit_2_with_one_line(small, tmp_path, capsys, argv, msg):
+    path = tmp_path / "l.npz"
+    _domains(small).save(path)
+    rc = main(["optimize", str(path), "--gpus", "8", "--gpus-per-node", "4", "--no-out", *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and msg in err

@@ -82,6 +82,11 @@ def register(sub) -> None:
                         "hedge for workloads unlike every planning one; jackknife: A = D/(D-1) for D groups, "
                         "how far a group sits from the others' centroid; auto: jackknife or 1, chosen by "
                         "leave-one-group-out on the planning windows")
+    g.add_argument("--spread", type=flags.number_or(flags.nonneg_float, "auto"), default=None, metavar="K|auto",
+                   help="with --robust: also plan for the windows' mean moved K standard deviations both ways "
+                        "along the top principal directions of their variation (mean + K sd per GPU on those "
+                        "directions: experts that rise together are split, replicas follow upside); auto: "
+                        "0 or sqrt(2 ln G), chosen by leave-one-group-out on the planning windows")
     g.add_argument("--objective", choices=("balance", "traffic", "balance+traffic"), default="balance")
     g.add_argument("--traffic-weight", type=flags.nonneg_float, default=None)
     g.add_argument("--pareto", action="store_true", help="print the balance-vs-traffic frontier")
@@ -118,7 +123,12 @@ def run(args) -> int:
         raise InputError("--envelope needs --robust (it adds a scenario to the robust plan)")
     if args.dilate is not None and not args.robust:
         raise InputError("--dilate needs --robust (it widens the robust plan's scenarios)")
+    if args.spread is not None and not args.robust:
+        raise InputError("--spread needs --robust (it adds scenarios to the robust plan)")
+    if args.spread == "auto" and args.dilate == "auto":
+        raise InputError("--dilate auto and --spread auto cannot be combined (choose one hedge to tune)")
     options = {"robust": args.robust, "envelope": args.envelope or None, "dilate": args.dilate,
+               "spread": args.spread,
                "objective": args.objective,
                "traffic_weight": args.traffic_weight, "pareto": args.pareto, "from": args.from_placement, "max_moves": args.max_moves,
                "workers": args.workers}
@@ -174,6 +184,8 @@ def _print_moeplace_extras(cmp) -> None:
         if config.get("robust") and (config.get("dilate") or 1.0) > 1.0:
             what = what.replace("planning windows", "widened planning windows").replace(
                 "planning window", "widened planning window") + f" (offsets x{config['dilate']:.2f})"
+        if config.get("robust") and (config.get("spread") or 0.0) > 0.0:
+            what += f" and their mean +- {config['spread']:.2f} sd along their top principal directions"
         print(f"moeplace: on {what}, which it optimizes, max/mean is within {summary['max_gap']:.3%} "
               f"(worst layer; mean {summary['mean_gap']:.3%}) of a proven lower bound for any placement "
               "with this slot budget")

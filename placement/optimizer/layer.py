@@ -79,17 +79,53 @@ def scenario_loads(loads_we: np.ndarray, cfg: OptimizerConfig, num_gpus: int,
     clipped at 0, renormalized), so the groups' spread is scaled by ``dilate`` about its centre and each
     window keeps its own noise. A workload unlike every group sits farther from the centroid than the
     groups do (by ``D / (D - 1)`` on average over the group left out, the jackknife scale), so a
-    plan for the groups as they are is too optimistic about it. With fewer than 2 groups it does nothing."""
+    plan for the groups as they are is too optimistic about it. With fewer than 2 groups it does nothing.
+
+    ``spread`` > 0 adds the rows of :func:`spread_rows` (after ``dilate``, before the envelope)."""
     loads = np.asarray(loads_we, dtype=np.float64)
     if not cfg.robust:
         return normalize_scenarios(loads.sum(axis=0, keepdims=True), num_gpus)
     if cfg.dilate > 1.0 and groups is not None:
         loads = dilate_windows(loads, np.asarray(groups), cfg.dilate)
     wn = normalize_scenarios(loads, num_gpus)
+    if cfg.spread > 0 and wn.shape[0] >= 2:
+        wn = np.vstack([wn, spread_rows(wn, cfg.spread)])
     if cfg.envelope and wn.shape[0] >= 2:
         env = wn.max(axis=0)
         wn = np.vstack([wn, env * (num_gpus / env.sum())])
     return wn
+
+
+SPREAD_AXES = 8  # principal directions of the windows' variation that --spread plans along (at most)
+
+
+def spread_rows(wn: np.ndarray, k: float, axes: int = SPREAD_AXES) -> np.ndarray:
+    """Scenarios for a variance-aware plan: the windows' mean ``m`` moved ``k`` standard deviations along
+    each of the top ``axes`` principal directions ``v_i`` of the windows' variation, both ways:
+    ``m +- k * sqrt(lambda_i) * v_i`` (``lambda_i``: the windows' variance along ``v_i``; rows clipped at 0
+    and renormalized to the windows' total, ``[2 * axes', E]``, ``axes'`` = the directions with variance).
+
+    Why: for a placement with per-GPU expert fractions ``x_g`` (``1 / count`` for the experts it holds),
+    the worst of these rows on GPU ``g`` is ``x_g . m + k * max_i sqrt(lambda_i) |x_g . v_i|`` — its mean
+    load plus ``k`` times the largest of its load's standard deviations along those directions, a
+    lower approximation of ``k * sqrt(x_g^T Sigma x_g)`` (``Sigma``: the windows' covariance). So a plan
+    for them is a ``mean + k * sd`` plan on the directions the planning data varies most in: experts whose
+    loads rise together are kept apart, and replica counts follow an expert's upside (``m + k * sd``), not
+    its mean. Windows and their mixtures alone cannot ask for that: a GPU's load is linear in the mix, so
+    the worst mixture is a window. ``wn``: normalized windows ``[W, E]`` (rows sum to G)."""
+    wn = np.asarray(wn, dtype=np.float64)
+    W = wn.shape[0]
+    m = wn.mean(axis=0)
+    total = float(m.sum())
+    _, s, vt = np.linalg.svd(wn - m, full_matrices=False)
+    sd = s / np.sqrt(W)                              # the windows' standard deviation along each direction
+    keep = sd > 1e-9 * max(total, 1e-300)
+    rows = []
+    for sd_i, v in zip(sd[keep][:axes], vt[keep][:axes]):
+        for sign in (1.0, -1.0):
+            r = np.clip(m + sign * k * sd_i * v, 0.0, None)
+            rows.append(r * (total / r.sum()))
+    return np.array(rows).reshape(-1, wn.shape[1])
 
 
 def dilate_windows(loads_we: np.ndarray, groups: np.ndarray, factor: float) -> np.ndarray:

@@ -3,7 +3,8 @@
 Reads its knobs from ``PlacementProblem`` (engine, seed, time_limit) and ``problem.options`` (what
 ``place optimize`` passes): ``robust`` (bool), ``cvar`` (float), ``objective``
 (``balance|traffic|balance+traffic``), ``traffic_weight``, ``balance_floor``, ``pareto`` (bool),
-``dilate`` (with ``robust``: a factor >= 1, ``"jackknife"`` or ``"auto"``, see :func:`dilation`) with
+``dilate`` (with ``robust``: a factor >= 1, ``"jackknife"`` or ``"auto"``, see :func:`dilation`),
+``spread`` (with ``robust``: a number of standard deviations >= 0 or ``"auto"``, see :func:`spread_choice`) with
 ``scenarios`` (int ``[W]``, each planning window's scenario group; default: 4 contiguous groups),
 ``from`` (a Placement or a path to one; the migration origin), ``max_moves``, ``workers``,
 ``lns_rounds``. Per-layer objective, proven bound and gap land in the placement's provenance
@@ -26,7 +27,7 @@ from placement.optimizer.layer import PARETO_SLACKS
 from placement.policies import PlacementProblem, register_policy
 from placement.record import Placement, check_compatible, load_placement
 
-_OPTION_KEYS = {f.name for f in fields(OptimizerConfig)} - {"engine", "seed", "time_limit", "dilate"}
+_OPTION_KEYS = {f.name for f in fields(OptimizerConfig)} - {"engine", "seed", "time_limit", "dilate", "spread"}
 DILATE_RULES = ("jackknife", "auto")
 WINDOW_GROUPS = 4  # scenario groups when the caller names none: contiguous runs of windows
 
@@ -93,20 +94,56 @@ def dilation(rule, loads: np.ndarray, groups: np.ndarray, cfg: OptimizerConfig, 
         return float(rule), {}
     if rule == "jackknife":
         return jackknife_factor(groups, loads), {"dilate_rule": "jackknife"}
-    names = [g for g in np.unique(groups) if loads[groups == g].sum() > 0]
-    scores: dict[str, list[float]] = {"none": [], "jackknife": []}
-    if len(names) >= 3:  # with 2 groups each fold plans on one: nothing to widen, both rules agree
-        for g in names:
-            test, train = groups == g, groups != g
-            for r, row in scores.items():
-                f = jackknife_factor(groups[train], loads[train]) if r == "jackknife" else 1.0
-                p2l = run(loads[train], groups[train], replace(cfg, dilate=f))
-                row.append(float(np.nanmean(window_balancedness(p2l, loads[test], num_gpus))))
-    key = {r: (min(v), float(np.mean(v))) if v else (0.0, 0.0) for r, v in scores.items()}
-    pick = "jackknife" if key["jackknife"] > key["none"] else "none"
+    key = leave_one_group_out(
+        {"none": lambda ld, gr: 1.0, "jackknife": lambda ld, gr: jackknife_factor(gr, ld)}, "dilate", loads, groups, cfg, num_gpus, run)
+    pick = "jackknife" if key.get("jackknife", (0.0, 0.0)) > key.get("none", (0.0, 0.0)) else "none"
     f = jackknife_factor(groups, loads) if pick == "jackknife" else 1.0
     return f, {"dilate_rule": "auto", "dilate_chosen": pick,
-               "dilate_cv": {r: {"worst": k[0], "mean": k[1]} for r, k in key.items() if scores[r]}}
+               "dilate_cv": {r: {"worst": k[0], "mean": k[1]} for r, k in key.items()}}
+
+
+def leave_one_group_out(rules: dict, field_name: str, loads: np.ndarray, groups: np.ndarray, cfg: OptimizerConfig,
+                        num_gpus: int, run) -> dict[str, tuple[float, float]]:
+    """Score each rule by leave-one-group-out on the planning windows only: for each group with tokens,
+    plan on the other groups (config field ``field_name`` set to ``rule(train_loads, train_groups)``) and
+    score on the one left out (mean window balancedness). Returns ``{rule: (worst group, mean)}``; empty
+    with fewer than 3 groups (with 2, each fold plans on one group: nothing for a hedge to widen)."""
+    names = [g for g in np.unique(groups) if loads[groups == g].sum() > 0]
+    scores: dict[str, list[float]] = {r: [] for r in rules}
+    if len(names) < 3:
+        return {}
+    for g in names:
+        test, train = groups == g, groups != g
+        for r, value in rules.items():
+            c = replace(cfg, **{field_name: value(loads[train], groups[train])})
+            p2l = run(loads[train], groups[train], c)
+            scores[r].append(float(np.nanmean(window_balancedness(p2l, loads[test], num_gpus))))
+    return {r: (min(v), float(np.mean(v))) for r, v in scores.items()}
+
+
+def spread_sd(num_gpus: int) -> float:
+    """The ``--spread auto`` candidate: ``sqrt(2 ln G)``, about how many standard deviations the largest
+    of G independent normal GPU loads sits above their mean — so ``mean + k * sd`` per GPU stands for the
+    expected worst GPU (1 for a single GPU)."""
+    return float(np.sqrt(2.0 * np.log(num_gpus))) if num_gpus > 1 else 1.0
+
+
+def spread_choice(rule, loads: np.ndarray, groups: np.ndarray, cfg: OptimizerConfig, num_gpus: int,
+                  run) -> tuple[float, dict]:
+    """The ``spread`` to plan with and what chose it. A number is used as is; ``"auto"`` picks between 0
+    (plain ``--robust``) and :func:`spread_sd` by leave-one-group-out on the planning windows only
+    (:func:`leave_one_group_out`; the better worst group wins, then the better mean, then 0). ``run``,
+    ``loads``, ``groups`` as for :func:`dilation`."""
+    if rule is None:
+        return 0.0, {}
+    if rule != "auto":
+        return float(rule), {}
+    k = spread_sd(num_gpus)
+    key = leave_one_group_out({"none": lambda ld, gr: 0.0, "sd": lambda ld, gr: k}, "spread", loads, groups, cfg,
+                              num_gpus, run)
+    pick = "sd" if key.get("sd", (0.0, 0.0)) > key.get("none", (0.0, 0.0)) else "none"
+    return (k if pick == "sd" else 0.0), {"spread_rule": "auto", "spread_chosen": pick,
+                                          "spread_cv": {r: {"worst": v[0], "mean": v[1]} for r, v in key.items()}}
 
 
 def migration_origin(problem: PlacementProblem) -> np.ndarray | None:
@@ -183,12 +220,16 @@ def moeplace(problem: PlacementProblem) -> Placement:
     groups = scenario_groups(problem)
     t_end = None if cfg.time_limit is None else time.monotonic() + cfg.time_limit
     rule = problem.options.get("dilate")
+    spread = problem.options.get("spread")
     info: dict = {}
-    if rule is not None:
+    if rule is not None or spread is not None:
         if not cfg.robust:
-            raise InputError("--dilate needs --robust (it widens the robust plan's scenarios)")
+            raise InputError("--dilate needs --robust (it widens the robust plan's scenarios)" if rule is not None
+                             else "--spread needs --robust (it adds scenarios to the robust plan)")
+        if rule == "auto" and spread == "auto":
+            raise InputError("--dilate auto and --spread auto cannot be combined (choose one hedge to tune)")
         # "auto" plans 2 rules x D folds before the final plan: each gets an equal share of the limit
-        runs = 2 * len(np.unique(groups)) + 1 if rule == "auto" else 1
+        runs = 2 * len(np.unique(groups)) + 1 if "auto" in (rule, spread) else 1
 
         def run(ld: np.ndarray, gr: np.ndarray, c: OptimizerConfig) -> np.ndarray:
             # the choice is about balance: no traffic search, no frontier in the folds
@@ -198,8 +239,10 @@ def moeplace(problem: PlacementProblem) -> Placement:
                                                             c, groups=gr)])
 
         factor, info = dilation(rule, loads, groups, cfg, G, run)
-        cfg = replace(cfg, dilate=factor,
-                      time_limit=None if t_end is None else max(0.01, t_end - time.monotonic()))
+        cfg = replace(cfg, dilate=factor)
+        k, more = spread_choice(spread, loads, groups, cfg, G, run)
+        info.update(more)
+        cfg = replace(cfg, spread=k, time_limit=None if t_end is None else max(0.01, t_end - time.monotonic()))
     results = optimize_layers(loads, problem.num_slots, G, problem.cluster.gpus_per_node, cfg,
                               None if samples is None else samples[:, active],
                               None if origin is None else origin[active], groups, layer_ids=active)
