@@ -157,6 +157,9 @@ def test_stat_batch_spanning_windows_draws_from_their_mixture(tmp_path):
     sel = T * m.top_k
     assert np.all(np.abs(work.tokens - sel * whole) <= 6 * np.sqrt(sel * whole) + 1)
     assert whole.max(axis=1).mean() < stat.gpu_q_w[0].max(axis=1).mean()
+    # and it is what replaying the same tokens gives: per (layer, GPU) within 5 %, busiest GPU included
+    replay, _ = ReplayRouter(tt, pl, "vllm").route(np.arange(T), np.arange(T) % 8)
+    np.testing.assert_allclose(sel * whole, replay.tokens, rtol=0.05)
 
 
 def test_held_out_tokens_only(tmp_path):
