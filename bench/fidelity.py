@@ -1,6 +1,6 @@
 """Simulator fidelity against published real-hardware results: one global calibration, honestly split.
 
-    python bench/fidelity.py [--cases bench/fidelity_cases.yaml] [--quick] [--no-fit]
+    python bench/fidelity.py [--cases bench/fidelity_cases.yaml] [--quick] [--no-fit] [--breakdown]
 
 The cases (bench/fidelity_cases.yaml) are published kernel tables (DeepGEMM, DeepEP) and end-to-end
 deployments (DeepSeek, LMSYS/SGLang, Mooncake, Alibaba RTP-LLM, NVIDIA TensorRT-LLM), each with its
@@ -290,7 +290,10 @@ class Steady:
         self.trace, self.cluster, self.engine = trace, cluster, engine
         self.router = StatRouter(trace, placement, "sglang", 0, engine.attention_tp)
 
-    def metric(self, cfg) -> float:
+    def _iteration(self, cfg):
+        """(cost model, rank work, MoE work, step time, iteration seconds with drafting, tokens per
+        decoding sequence per step) of the steady iteration; the router restarts at the trace's start,
+        so every evaluation routes the same tokens."""
         from sim.cost import CostModel, RankWork
 
         c, e = self.case["config"], self.engine
@@ -314,14 +317,59 @@ class Steady:
             w.tokens[:] = w.sampled[:] = b * per
             w.dec_ctx[:] = b * (ctx + 1) * per + b * per * (per - 1) / 2
             gain = e.mtp_tokens_per_step()
+        self.router.cursor = 0
         moe, _ = self.router.route_count(int(w.tokens.sum()), np.random.default_rng(0))
         st = cost.step_time(w, moe, e.dual_batch_overlap)
         dt = st.total + cost.draft_time(st, w, e.mtp_draft)
+        return cost, w, moe, st, dt, gain
+
+    def metric(self, cfg) -> float:
+        _, w, _, _, dt, gain = self._iteration(cfg)
         G = self.cluster.num_gpus
         s = {"prefill_tok_s_per_gpu": float(w.pre_tokens.sum()) / dt / G,
              "output_tok_s_per_gpu": float(w.dec_seqs.sum()) * gain / dt / G,
              "per_user_tok_s": gain / dt}
         return _from_summary(self.case, s)
+
+    def breakdown(self, cfg) -> dict:
+        """Where the steady iteration's time goes, in microseconds per MoE layer (means over the MoE
+        layers): attention + dense trunk of the slowest rank, expert GEMMs of the busiest and of the mean
+        GPU, dispatch and combine of the slowest and mean GPU, the layer as composed (overlap included,
+        kernel gaps excluded) and the gaps; the busiest GPU's selections over the mean; with dual-batch
+        overlap, the compute and communication sides of the overlapped layer. Milliseconds per
+        iteration: total, fixed overheads, drafting."""
+        cost, w, moe, st, dt, _ = self._iteration(cfg)
+        mode = cost.mode_of(w)
+        is_moe = cost._is_moe
+        attn = cost._attention_layers(w)[is_moe]
+        if cost.moe_tp > 1:  # TEP: every GPU of a group serves the group's selections on 1/t of each expert
+            L, G = moe.tokens.shape
+            t_ = cost.moe_tp
+            grp = [a.reshape(L, G // t_, t_).sum(axis=2) for a in (moe.tokens, moe.touched)]
+            t_exp = cost.expert_time(*grp, shard=t_)
+        else:
+            t_exp = cost.expert_time(moe.tokens, moe.touched)
+        out = {"mode": mode, "dbo": self.engine.dual_batch_overlap, "graph": st.graph,
+               "busiest_over_mean_selections": float(np.mean(moe.tokens.max(axis=1) / moe.tokens.mean(axis=1))),
+               "attention_trunk_us": float(attn.mean()) * 1e6,
+               "experts_busiest_us": float(t_exp.max(axis=1).mean()) * 1e6,
+               "experts_mean_us": float(t_exp.mean()) * 1e6}
+        if mode != "allgather" and not cost.pure_tp:
+            for op in ("dispatch", "combine"):
+                t = cost.a2a_time(moe.nvlink, moe.nic, op, mode)
+                out[f"{op}_slowest_us"] = float(t.max(axis=1).mean()) * 1e6
+                out[f"{op}_mean_us"] = float(t.mean()) * 1e6
+        if self.engine.dual_batch_overlap:
+            w2, moe2 = w.half(), moe.half()
+            exp2, comm2, _ = cost.moe_layer_times(moe2, mode)
+            share = cost.cfg.comm_sm_share if mode == "normal" else 0.0
+            out["overlap_compute_us"] = float(np.mean(2 * (cost._attention_layers(w2)[is_moe] + exp2) / (1 - share))) * 1e6
+            out["overlap_comm_us"] = float(np.mean(2 * comm2)) * 1e6
+        gaps = cost.kernels_per_layer * (2 if self.engine.dual_batch_overlap else 1) * cost.cfg.graph_gap_s
+        out.update({"layer_us": float(st.layer[is_moe].mean()) * 1e6 - gaps * 1e6, "kernel_gaps_us": gaps * 1e6,
+                    "iteration_ms": st.total * 1e3, "overhead_ms": st.overhead * 1e3,
+                    "drafting_ms": (dt - st.total) * 1e3})
+        return out
 
 
 # ---------------------------------------------------------------------------- fit
@@ -387,6 +435,23 @@ def config_text(case: dict) -> str:
     return ", ".join(parts)
 
 
+def breakdown_text(b: dict) -> str:
+    """One line of :meth:`Steady.breakdown` (microseconds per MoE layer unless marked)."""
+    parts = [f"{b['mode']}{' TBO' if b['dbo'] else ''}{' graph' if b['graph'] else ''}",
+             f"busiest/mean {b['busiest_over_mean_selections']:.2f}x",
+             f"attn+trunk {b['attention_trunk_us']:.0f}",
+             f"experts {b['experts_busiest_us']:.0f} (mean {b['experts_mean_us']:.0f})"]
+    for op in ("dispatch", "combine"):
+        if f"{op}_slowest_us" in b:
+            parts.append(f"{op} {b[f'{op}_slowest_us']:.0f} (mean {b[f'{op}_mean_us']:.0f})")
+    if "overlap_compute_us" in b:
+        parts.append(f"overlap compute {b['overlap_compute_us']:.0f} / comm {b['overlap_comm_us']:.0f}")
+    parts.append(f"layer {b['layer_us']:.0f} + gaps {b['kernel_gaps_us']:.0f} us")
+    parts.append(f"iteration {b['iteration_ms']:.1f} ms (overheads {b['overhead_ms']:.1f}, drafting "
+                 f"{b['drafting_ms']:.1f})")
+    return "; ".join(parts)
+
+
 def tpot_pair(case: dict, sim: float, detail: dict) -> dict:
     """Decode cases: time per output token, published (stated, or implied by the published throughput at
     the published batch) and simulated (1 / the simulated per-user decode speed)."""
@@ -438,6 +503,8 @@ def main() -> int:
     ap.add_argument("--no-fit", action="store_true", help="evaluate the CostConfig defaults as they are")
     ap.add_argument("--out", default=str(RESULTS / "fidelity.json"))
     ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also print each end-to-end case's steady-iteration breakdown (every run stores it)")
     args = ap.parse_args()
     from foundation.errors import MoeplaceError
     from foundation.files import write_text_atomic
@@ -468,19 +535,23 @@ def main() -> int:
         detail = {}
         if c["kind"] in E2E:
             sim, detail = sim_metric(c, cfg, args.quick)
-            steady = Steady(c, args.quick).metric(cfg)
+            st = Steady(c, args.quick)
+            steady, breakdown = st.metric(cfg), st.breakdown(cfg)
         else:
-            sim, steady = kernel_metric(c, cfg), None
+            sim, steady, breakdown = kernel_metric(c, cfg), None, None
         err = sim / c["published"] - 1
         tpot = tpot_pair(c, sim, detail)
         row = {"id": c["id"], "split": c["split"], "kind": c["kind"], "source": c["source"], "gpu": c["gpu"],
                "model": c.get("model"), "config": config_text(c), "config_full": c["config"], "metric": c["metric"],
                "published": c["published"], "simulated": sim, "steady_state_estimate": steady, "error": err,
-               "assumptions": c["assumptions"], "detail": detail, "seconds": time.perf_counter() - t0,
+               "assumptions": c["assumptions"], "detail": detail, "breakdown": breakdown,
+               "seconds": time.perf_counter() - t0,
                **tpot}
         rows.append(row)
         print(f"  {c['split'][:3]} {c['id']:36s} {c['metric']:22s} published {fmt(c['published']):>9s}  "
               f"simulated {fmt(sim):>9s}  {err:+7.1%}", flush=True)
+        if args.breakdown and breakdown:
+            print("      " + breakdown_text(breakdown), flush=True)
     summary = {s: summarize_split(rows, s) for s in ("calibration", "validation")}
     target = summary["validation"].get("all", {})
     meets = bool(target) and all(
