@@ -276,7 +276,7 @@ SHIFT_LABELS = {"eplb": "eplb", "moeplace": "moeplace", "robust": "moeplace --ro
                 "robust+spread-auto": "moeplace --robust --spread auto"}
 SHIFT_DATA = {"synthetic": "Synthetic", "captured": "Captured", "captured-seed1": "Captured, seed 1",
               "captured-seed2": "Captured, seed 2",
-              "synthetic-window-tag": "Synthetic, split by each window's dominant tag (leaky, for comparison)"}
+              "synthetic-window-tag": "Synthetic, leaky split by each window's dominant tag"}
 
 
 def _shift_table(data: dict) -> str:

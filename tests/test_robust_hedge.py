@@ -240,3 +240,21 @@ def test_spread_bad_flags_exit_2_with_one_line(small, tmp_path, capsys, argv, ms
     rc = main(["optimize", str(path), "--gpus", "8", "--gpus-per-node", "4", "--no-out", *argv])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and msg in err
+
+
+LIMIT = 1.0
+
+
+def test_spread_auto_keeps_the_time_limit(small):
+    from placement.policies import PlacementProblem, get_policy
+
+    loads = _domains(small, per_domain=4)
+    ids, _, _ = scenarios(loads)
+    problem = PlacementProblem(loads=loads.counts.astype(np.float64), model=small, cluster=make_cluster(8, "h200", 4),
+                               num_redundant=8, time_limit=LIMIT,
+                               options={"robust": True, "spread": "auto", "scenarios": ids, "workers": 1})
+    t0 = time.monotonic()
+    placement = get_policy("moeplace")(problem)
+    assert time.monotonic() - t0 < 1.0 + 1.5  # 9 plans share the limit; the last one gets what is left
+    summary = placement.provenance["params"]["summary"]
+    assert summary["spread_chosen"] in ("none", "sd") and summary["max_gap"] >= 0.0
