@@ -258,3 +258,16 @@ def test_spread_auto_keeps_the_time_limit(small):
     assert time.monotonic() - t0 < 1.0 + 1.5  # 9 plans share the limit; the last one gets what is left
     summary = placement.provenance["params"]["summary"]
     assert summary["spread_chosen"] in ("none", "sd") and summary["max_gap"] >= 0.0
+
+
+def test_spread_on_the_command_line_says_what_the_plan_optimizes(small, tmp_path, capsys):
+    path = tmp_path / "l.npz"
+    _domains(small).save(path)
+    rc = main(["optimize", str(path), "--gpus", "8", "--gpus-per-node", "4", "--robust", "--spread", "2",
+               "--policy", "moeplace", "--no-shift", "--time-limit", "20", "--out", str(tmp_path / "p.json")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "moeplace: on the worst planning window and the windows' mean moved +-2.00 sd along the top" in out
+    import json
+    config = json.loads((tmp_path / "p.json").read_text())["provenance"]["params"]["config"]
+    assert config["spread"] == 2.0 and config["robust"] is True

@@ -185,7 +185,8 @@ def _print_moeplace_extras(cmp) -> None:
             what = what.replace("planning windows", "widened planning windows").replace(
                 "planning window", "widened planning window") + f" (offsets x{config['dilate']:.2f})"
         if config.get("robust") and (config.get("spread") or 0.0) > 0.0:
-            what += f" and their mean +- {config['spread']:.2f} sd along their top principal directions"
+            what += (f" and the windows' mean moved +-{config['spread']:.2f} sd along the top principal directions of "
+                     "their variation")
         print(f"moeplace: on {what}, which it optimizes, max/mean is within {summary['max_gap']:.3%} "
               f"(worst layer; mean {summary['mean_gap']:.3%}) of a proven lower bound for any placement "
               "with this slot budget")
