@@ -12,8 +12,8 @@ Two modes behind one interface (:meth:`route` -> :class:`sim.cost.MoeWork`):
   (``STAT_WINDOW_TOKENS`` tokens each, requests in order of arrival): the simulated iterations walk through
   the windows as they route tokens (wrapping at the end), so the trace's drift reaches the straggler and
   throughput figures and the online rebalancer. Each layer's selections per GPU are drawn from a
-  multinomial over the GPUs' expected shares (the current window's expert frequencies through the
-  replica rule's expected split); touched experts are their expectation ``sum_s 1 - exp(-N q_s)``; token copies per
+  multinomial over the GPUs' expected shares (the expert frequencies of the windows the iteration's tokens
+  span, through the replica rule's expected split); touched experts are their expectation ``sum_s 1 - exp(-N q_s)``; token copies per
   link kind scale with a GPU's selections by per-layer ratios measured by replaying a sample of the
   trace. Its mean per-layer, per-GPU load equals the replay's up to sampling noise (tested).
   An iteration of ``n`` tokens routes the trace tokens ``[cursor, cursor + n)``: when they span several
