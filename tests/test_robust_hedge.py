@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+import placement.policies.moeplace as planner_module
 from foundation.cluster import make_cluster
 from foundation.errors import InputError
 from moeplace.cli import main
@@ -24,6 +25,19 @@ E, L, K = 16, 2, 2
 
 def balancedness(p2l, loads_e, G):
     return 1.0 / LayerState(normalize_scenarios(np.asarray(loads_e, float)[None], G), p2l, G).value()
+
+
+def _spy_on_planner(monkeypatch) -> list[np.ndarray]:
+    """Record every loads array the moeplace policy hands its layer optimizer (the planner's whole input)."""
+    received: list[np.ndarray] = []
+    real = planner_module.optimize_layers
+
+    def spy(loads_wle, *args, **kw):
+        received.append(np.asarray(loads_wle).copy())
+        return real(loads_wle, *args, **kw)
+
+    monkeypatch.setattr(planner_module, "optimize_layers", spy)
+    return received
 
 
 def test_dilation_scales_each_groups_offset_from_the_centroid_and_keeps_window_noise():
@@ -93,22 +107,13 @@ def _domains(model, per_domain=3, seed=0):
 
 @pytest.mark.parametrize("rule", ["jackknife", "auto"])
 def test_left_out_domain_never_reaches_the_planner(small, monkeypatch, rule):
-    import placement.policies.moeplace as mp
-
     loads = _domains(small)
     ids, names, _ = scenarios(loads)
     held = names.index("c")
     train = np.flatnonzero(ids != held)
     held_rows = {loads.counts[w].tobytes() for w in np.flatnonzero(ids == held)}
     train_rows = {loads.counts[w].tobytes() for w in train}
-    received = []
-    real = mp.optimize_layers
-
-    def spy(loads_wle, *args, **kw):
-        received.append(np.asarray(loads_wle).copy())
-        return real(loads_wle, *args, **kw)
-
-    monkeypatch.setattr(mp, "optimize_layers", spy)
+    received = _spy_on_planner(monkeypatch)
     cmp = compare_policies(loads.select(train), make_cluster(8, "h200", 4), num_redundant=0,
                            policies=["moeplace"], plan_fraction=1.0, shift=True,
                            options={"robust": True, "dilate": rule, "workers": 1, "lns_rounds": 0})
@@ -197,21 +202,12 @@ def test_spread_separates_two_experts_that_rise_together_where_mean_and_windows_
 
 
 def test_spread_auto_picks_from_the_planning_domains_only(small, monkeypatch):
-    import placement.policies.moeplace as mp
-
     loads = _domains(small)
     ids, names, _ = scenarios(loads)
     held = names.index("b")
     train = np.flatnonzero(ids != held)
     held_rows = {loads.counts[w].tobytes() for w in np.flatnonzero(ids == held)}
-    received = []
-    real = mp.optimize_layers
-
-    def spy(loads_wle, *args, **kw):
-        received.append(np.asarray(loads_wle).copy())
-        return real(loads_wle, *args, **kw)
-
-    monkeypatch.setattr(mp, "optimize_layers", spy)
+    received = _spy_on_planner(monkeypatch)
     cmp = compare_policies(loads.select(train), make_cluster(8, "h200", 4), num_redundant=0,
                            policies=["moeplace"], plan_fraction=1.0, shift=False,
                            options={"robust": True, "spread": "auto", "workers": 1, "lns_rounds": 0})
