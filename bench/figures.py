@@ -487,12 +487,15 @@ def demo_summary() -> str:
         f"*unlike* the planning data expect less: planned on all but one of the planning part's {n_dom} domains "
         f"and scored on the one left out, moeplace keeps {mo['shift_mean']:.2f} (worst domain "
         f"{mo['shift_worst']:.2f}), EPLB {ep['shift_mean']:.2f}, `linear` {li['shift_mean']:.2f} — the shift "
-        f"estimate under the table, the figure to plan a changing workload with. The simulation routes only the "
+        f"estimate under the table, the figure to plan a changing workload with"
+        + (" (an optimistic one here, as its line says: this trace's windows mix domains, so plan with one "
+           "input per workload for a clean estimate)" if "optimistic: windows mix domains" in r["printed"] else "")
+        + f". The simulation routes only the "
         f"held-out part (its first line says so): the straggler GPU costs `linear` "
         f"{s_li['straggler_share']:.1%} of every step ({s_li['straggler_s']:.0f} s in all); moeplace changes output "
         f"tokens/s by {_change(s_mo['output_tok_s'], s_li['output_tok_s'])} against `linear` and by "
         f"{_change(s_mo['output_tok_s'], s_ep['output_tok_s'])} against EPLB. The run took "
-        f"{r['wall_s'] / 60:.0f} minutes, {_stage(r['printed'], 'optimize')[1] / r['wall_s']:.0%} of it "
+        f"{r['wall_s'] / 60:.1f} minutes, {_stage(r['printed'], 'optimize')[1] / r['wall_s']:.0%} of it "
         f"step 4, the optimizer and its shift estimate (one more plan per domain).\n")
 
 

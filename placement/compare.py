@@ -103,10 +103,11 @@ def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
             sample_windows = np.concatenate([ld.sample_windows + o for ld, o in zip(parts, offsets)])
     prov: dict[str, Any] = {"inputs": [str(s) for s in inputs],
                             "window_inputs": [i for i, ld in enumerate(parts) for _ in range(ld.num_windows)]}
-    if all("window_domains" in ld.provenance for ld in parts):
-        prov["window_domains"] = [d for ld in parts for d in ld.provenance["window_domains"]]
-    elif len(parts) == 1 and parts[0].provenance.get("window_domains"):
-        prov["window_domains"] = list(parts[0].provenance["window_domains"])
+    for key in ("window_domains", "window_domain_share"):
+        if all(key in ld.provenance for ld in parts):
+            prov[key] = [d for ld in parts for d in ld.provenance[key]]
+        elif len(parts) == 1 and parts[0].provenance.get(key):
+            prov[key] = list(parts[0].provenance[key])
     return Loads(counts, first, wt, tuple(labels), prov, samples, sample_windows)
 
 
@@ -147,6 +148,12 @@ MAX_SCENARIOS = 8
 WINDOW_GROUPS = 4
 
 
+# Below this mean dominant-tag share per window, domain-tag scenarios overlap and flatter the shift estimate:
+# on a drifting synthetic trace tagged per window, 96 % of the left-out domain's deviation lay in the planning
+# windows' top variation directions, against 18 % with the same trace split cleanly by each token's domain.
+PURE_WINDOW_SHARE = 0.95
+
+
 def scenarios(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndarray, list[str], str]:
     """Each window's scenario for the leave-one-scenario-out estimate: ``(ids int [W], names, method)``.
     A scenario is an input file (several inputs), else a domain tag (a trace's dominant domain per
@@ -170,7 +177,13 @@ def scenarios(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndar
         if len(names) > max_scenarios:
             ids %= max_scenarios
             shown = ["+".join(shown[j::max_scenarios]) for j in range(max_scenarios)]
-        return ids, shown, f"leave-one-{what.replace(' ', '-')}-out"
+        method = f"leave-one-{what.replace(' ', '-')}-out"
+        share = prov.get("window_domain_share") if key == "window_domains" else None
+        if share is not None and len(share) == W and float(np.mean(share)) < PURE_WINDOW_SHARE:
+            method += (f"; optimistic: windows mix domains (a window's dominant tag holds {np.mean(share):.0%} of "
+                       "its tokens on average), so the left-out tag's traffic is partly in the planning "
+                       "scenarios; one input per workload gives a clean estimate")
+        return ids, shown, method
     n = min(WINDOW_GROUPS, W)
     ids = (np.arange(W) * n) // W
     names = [_span(np.flatnonzero(ids == g), "window") for g in range(n)]

@@ -17,6 +17,8 @@ from placement.policies import PlacementProblem, get_policy
 from placement.record import Placement
 from traces.loads import Loads
 from traces.scan import Sampler
+from traces.stats import trace_loads
+from traces.synth import SynthConfig, synthesize
 
 E, K, L = 32, 4, 4
 
@@ -204,6 +206,31 @@ def test_shift_estimate_by_input_file_and_plan_fraction_one(small, tmp_path, cap
 def test_scenarios_fall_back_to_window_groups(small):
     ids, names, method = scenarios(_loads(small, windows=8))
     assert ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and "window-group" in method and len(names) == 4
+
+
+def test_domain_tag_scenarios_from_mixed_windows_are_labelled_optimistic(small):
+    base = _loads(small, windows=4)
+    tags = {"window_domains": ["code", "code", "chat", "chat"]}
+    pure = replace(base, provenance={**tags, "window_domain_share": [1.0, 0.98, 0.97, 1.0]})
+    mixed = replace(base, provenance={**tags, "window_domain_share": [1.0, 0.6, 0.55, 0.9]})
+    ids, names, method = scenarios(pure)
+    assert ids.tolist() == [0, 0, 1, 1] and names == ["code", "chat"]
+    assert method == "leave-one-domain-tag-out"
+    ids, names, method = scenarios(mixed)
+    assert ids.tolist() == [0, 0, 1, 1] and method.startswith("leave-one-domain-tag-out; optimistic")
+    assert "76%" in method  # the mean dominant share the label reports
+    # selecting planning windows keeps each window's share with it
+    assert scenarios(mixed.select(np.array([0, 3])))[2] == "leave-one-domain-tag-out"
+
+
+def test_a_drifting_tagged_trace_records_how_pure_its_windows_are(small, tmp_path):
+    path = tmp_path / "t"
+    synthesize(small, SynthConfig(num_tokens=3000, seed=1, num_domains=2, drift=1.0, drift_phases=2,
+                                  max_running=16, prompt_median=64), path)
+    loads = trace_loads(path, 500)
+    share = np.asarray(loads.provenance["window_domain_share"])
+    assert share.shape == (loads.num_windows,) and ((share >= 0.5) & (share <= 1.0)).all()
+    assert len(loads.provenance["window_domains"]) == loads.num_windows
 
 
 def test_simulate_routes_on_what_the_placement_did_not_plan_on(tmp_path, capsys):

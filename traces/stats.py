@@ -196,8 +196,13 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
         if loads_only:  # the statistics below cost more than the pass itself on small traces
             if domain_rows:  # each window's dominant domain: the scenarios of the shift estimate
                 names = sorted(domain_ids, key=domain_ids.get)
-                dom = [names[int(i)] for i in np.stack(domain_rows, axis=1).argmax(axis=1)]
-                loads = Loads(counts, model, window_tokens, labels, {**loads.provenance, "window_domains": dom},
+                per = np.stack(domain_rows, axis=1)  # [W, D] rows per window per domain
+                dom = [names[int(i)] for i in per.argmax(axis=1)]
+                # how pure each window is: the dominant tag's share of its rows (a window that mixes domains
+                # puts every domain's tokens into every scenario built from these tags)
+                share = [round(float(x), 4) for x in per.max(axis=1) / np.maximum(per.sum(axis=1), 1)]
+                loads = Loads(counts, model, window_tokens, labels,
+                              {**loads.provenance, "window_domains": dom, "window_domain_share": share},
                               samples, s_win)
             return loads
         skew, cv = skew_and_cv(counts.sum(axis=0))
