@@ -297,9 +297,7 @@ class Steady:
         from sim.cost import CostModel, RankWork
 
         c, e = self.case["config"], self.engine
-        cost = CostModel(self.trace.model, self.cluster, cfg, e.attention_tp, e.kv_dtype,
-                         attention_dtype=e.attention_dtype, moe_tp=e.moe_tp, a2a_mode=e.a2a_mode,
-                         cuda_graph_max_bs=e.cuda_graph_max_bs, kernels_per_layer=e.kernels_per_layer)
+        cost = CostModel.for_engine(self.trace.model, self.cluster, cfg, e)
         D = self.cluster.num_gpus // e.attention_tp
         w = RankWork.zeros(D)
         if self.case["kind"] == "prefill":
@@ -342,13 +340,7 @@ class Steady:
         mode = cost.mode_of(w)
         is_moe = cost._is_moe
         attn = cost._attention_layers(w)[is_moe]
-        if cost.moe_tp > 1:  # TEP: every GPU of a group serves the group's selections on 1/t of each expert
-            L, G = moe.tokens.shape
-            t_ = cost.moe_tp
-            grp = [a.reshape(L, G // t_, t_).sum(axis=2) for a in (moe.tokens, moe.touched)]
-            t_exp = cost.expert_time(*grp, shard=t_)
-        else:
-            t_exp = cost.expert_time(moe.tokens, moe.touched)
+        t_exp = cost.expert_times(moe)
         out = {"mode": mode, "dbo": self.engine.dual_batch_overlap, "graph": st.graph,
                "busiest_over_mean_selections": float(np.mean(moe.tokens.max(axis=1) / moe.tokens.mean(axis=1))),
                "attention_trunk_us": float(attn.mean()) * 1e6,
@@ -365,7 +357,7 @@ class Steady:
             share = cost.cfg.comm_sm_share if mode == "normal" else 0.0
             out["overlap_compute_us"] = float(np.mean(2 * (cost._attention_layers(w2)[is_moe] + exp2) / (1 - share))) * 1e6
             out["overlap_comm_us"] = float(np.mean(2 * comm2)) * 1e6
-        gaps = cost.kernels_per_layer * (2 if self.engine.dual_batch_overlap else 1) * cost.cfg.graph_gap_s
+        gaps = cost.kernel_gaps_s(self.engine.dual_batch_overlap)
         out.update({"layer_us": float(st.layer[is_moe].mean()) * 1e6 - gaps * 1e6, "kernel_gaps_us": gaps * 1e6,
                     "iteration_ms": st.total * 1e3, "overhead_ms": st.overhead * 1e3,
                     "drafting_ms": (dt - st.total) * 1e3})

@@ -59,7 +59,7 @@ from foundation.cluster import ClusterSpec, GPUSpec
 from foundation.errors import InputError
 from foundation.model import DTYPE_BYTES, KV_DTYPE_BYTES, ModelSpec
 from sim.calibration import Profile
-from sim.config import CostConfig
+from sim.config import CostConfig, EngineConfig
 
 KDA_CHUNK = 64  # chunk length of KDA's chunked (WY) prefill algorithm
 
@@ -213,6 +213,15 @@ class CostModel:
         self._is_moe = np.array([i in moe for i in range(model.num_layers)])
 
     # ------------------------------------------------------------------ GEMMs
+    @classmethod
+    def for_engine(cls, model: ModelSpec, cluster: ClusterSpec, cfg: CostConfig | None, engine: EngineConfig,
+                   profile: Profile | None = None) -> CostModel:
+        """The cost model of one engine configuration (its parallelism, dtypes, kernels and graphs)."""
+        e = engine
+        return cls(model, cluster, cfg, e.attention_tp, e.kv_dtype, profile, attention_dtype=e.attention_dtype,
+                   moe_tp=e.moe_tp, a2a_mode=e.a2a_mode, cuda_graph_max_bs=e.cuda_graph_max_bs,
+                   kernels_per_layer=e.kernels_per_layer)
+
     def gemm_time(self, flops_per_row, rows, groups, bytes_, peak: float, kernels: int = 1):
         """``kernels`` GEMM kernels over ``rows`` rows split into ``groups`` weight matrices (arrays of any
         shape): ``max((rows + m0 groups) * flops_per_row / peak, bytes / hbm_bw) + kernels * t_kernel``
@@ -404,6 +413,21 @@ class CostModel:
             return self.a2a_mode
         return "normal" if w.pre_tokens.any() else "low_latency"
 
+    def expert_times(self, moe: MoeWork) -> np.ndarray:
+        """Each GPU's routed-expert time per MoE layer ``[L, G]``. With TEP (``moe_tp`` t > 1) every GPU of
+        a group of t serves the group's selections on 1/t of each expert."""
+        if self.moe_tp == 1:
+            return self.expert_time(moe.tokens, moe.touched)
+        L, G = moe.tokens.shape
+        t_ = self.moe_tp
+        grp = (moe.tokens.reshape(L, G // t_, t_).sum(axis=2), moe.touched.reshape(L, G // t_, t_).sum(axis=2))
+        return np.repeat(self.expert_time(*grp, shard=t_), t_, axis=1)
+
+    def kernel_gaps_s(self, dual_batch_overlap: bool = False) -> float:
+        """Device-side gaps between the kernels of one decoder layer (two micro-batches run every kernel
+        twice)."""
+        return self.kernels_per_layer * (2 if dual_batch_overlap else 1) * self.cfg.graph_gap_s
+
     def moe_layer_times(self, moe: MoeWork, mode: str = "low_latency",
                         link_share=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per MoE layer ``[L]``: the slowest GPU's expert time, dispatch + combine time (slowest GPU each),
@@ -411,12 +435,7 @@ class CostModel:
         (``moe_tp`` t > 1) every GPU of a group of t serves the group's selections on 1/t of each expert.
         ``link_share``: per-GPU link slow-down factors of the all-to-all (:meth:`a2a_time`)."""
         L, G = moe.tokens.shape
-        if self.moe_tp > 1:
-            t_ = self.moe_tp
-            grp = (moe.tokens.reshape(L, G // t_, t_).sum(axis=2), moe.touched.reshape(L, G // t_, t_).sum(axis=2))
-            t = np.repeat(self.expert_time(*grp, shard=t_), t_, axis=1)
-        else:
-            t = self.expert_time(moe.tokens, moe.touched)
+        t = self.expert_times(moe)
         experts = t.max(axis=1)
         strag = experts - t.sum(axis=1) / G
         if self.pure_tp:  # tokens are on every GPU already; the MoE output joins the TP all-reduce
@@ -477,7 +496,7 @@ class CostModel:
         # the CPU launches, not the GPU's own kernel-to-kernel latency: RTP-LLM's DeepSeek report measures
         # ~2 ms of device launch overhead per step with C++ launches far ahead of the GPU); an eager layer
         # also cannot run faster than the CPU launches its kernels
-        layer = layer + kernels * c.graph_gap_s
+        layer = layer + self.kernel_gaps_s(dual_batch_overlap)
         if not graph:
             layer = np.maximum(layer, kernels * c.launch_s)
         head = float(np.max(self.lm_head_time(w))) if w.sampled.any() else 0.0

@@ -427,10 +427,7 @@ class Simulation:
         self._next_arrival = 0
 
     def make_cost(self, cluster: ClusterSpec, profile: Profile | None) -> CostModel:
-        e = self.config.engine
-        return CostModel(self.model, cluster, self.config.cost, e.attention_tp, e.kv_dtype, profile,
-                         attention_dtype=e.attention_dtype, moe_tp=e.moe_tp, a2a_mode=e.a2a_mode,
-                         cuda_graph_max_bs=e.cuda_graph_max_bs, kernels_per_layer=e.kernels_per_layer)
+        return CostModel.for_engine(self.model, cluster, self.config.cost, self.config.engine, profile)
 
     # ------------------------------------------------------------------ request lifecycle
     def entry_pool(self) -> Pool:
