@@ -316,6 +316,18 @@ def _shift_context(d: dict) -> str:
                        + "; coldest of its 4 hottest experts (per layer) in the other domains' loads: rank "
                        + ", ".join(str(x["hot_rank_max"]) for x in dm.values())
                        + (f" of {d['experts']}" if "experts" in d else "") + " (0 = hottest).")
+        if all("hot_hits" in x for x in dm.values()):
+            hh = [x["hot_hits"] for x in dm.values()]
+
+            def pct(key):
+                return ", ".join(f"{100 * h[key]:.0f}" for h in hh) + " %"
+            out.append(f"Which of an unseen domain's hottest experts the planning domains point to (its top R per "
+                       f"layer, R = the redundant slots a plan can give them, found among the planning domains' top "
+                       f"R): ranked by the planning domains' mean load {pct('mean')}; by their maximum (hot in any "
+                       f"domain) {pct('max')}; by their spread across domains {pct('sd')}; by chance "
+                       f"{100 * hh[0]['random']:.1f} %"
+                       + (f"; the domain's own other half of windows {pct('own_half')}"
+                          if all("own_half" in h for h in hh) else "") + ".")
     return ("\n" + "\n".join(out) + "\n") if out else ""
 
 

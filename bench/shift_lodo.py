@@ -29,11 +29,13 @@ domain, the unseen one included (one placement for all four). With them, how far
 ``tv_rest`` = total-variation distance between a domain's expert shares and the other domains' (mean over
 layers), ``tv_window`` = between a window's shares and its own domain's (sampling noise and mix), ``corr_rest`` =
 correlation of a domain's expert loads with the others', ``hot_rank_max`` = how cold (rank in the others'
-loads, 0 = hottest) one of its 4 hottest experts per layer can be.
+loads, 0 = hottest) one of its 4 hottest experts per layer can be, ``hot_hits`` = how many of its R hottest
+experts per layer a statistic of the other domains (mean, maximum, spread) ranks in its own top R (what a
+hedge could know to replicate). ``--stats-only`` recomputes these without planning.
 Prints a table and writes ``bench/results/shift_lodo.json``.
 
     .venv/bin/python bench/shift_lodo.py [--tokens 60000] [--time-limit 4] [--skip-captured]
-        [--synthetic-split domain,window-tag] [--variants eplb,robust,...]
+        [--synthetic-split domain,window-tag] [--variants eplb,robust,...] [--stats-only]
 """
 from __future__ import annotations
 
@@ -158,6 +160,32 @@ def _tv(a, b):
     return float(0.5 * np.abs(pa - pb).sum(-1).mean())
 
 
+def _hot_hits(c, ids, d, r: int) -> dict:
+    """Can the planning domains tell which experts the unseen domain ``d`` will need most? Per layer, the
+    share of ``d``'s ``r`` hottest experts (``r`` = redundant slots per layer: how many experts a plan can
+    replicate) found among the ``r`` experts a statistic of the other domains' shares ranks highest: their
+    ``mean`` (what a plan on the union balances), their ``max`` (hot in any domain) and their ``sd`` (spread
+    across domains); ``random`` = ``r / E`` by chance; ``own_half`` = the domain's own other half of windows
+    (how stable its hot set is within the domain: the information that exists, but not in the planning data).
+    Mean over layers."""
+    shares = np.stack([c[ids == k].sum(0) for k in np.unique(ids)])
+    shares = shares / np.maximum(shares.sum(-1, keepdims=True), 1)  # [D, L, E]
+    rest = np.delete(shares, d, axis=0)
+    top = np.argsort(-shares[d], axis=1)[:, :r]
+
+    def hit(score):  # [L, E] -> mean over layers of |top-r(d) & top-r(score)| / r
+        pick = np.argsort(-score, axis=1)[:, :r]
+        return float(np.mean([np.intersect1d(a, b).size / r for a, b in zip(top, pick)]))
+
+    w = np.flatnonzero(ids == d)
+    out = {"mean": hit(rest.mean(0)), "max": hit(rest.max(0)), "sd": hit(rest.std(0)), "random": r / c.shape[2]}
+    if w.size >= 2:  # split-half: each half's top-r against the other's
+        a, b = c[w[::2]].sum(0), c[w[1::2]].sum(0)
+        out["own_half"] = float(np.mean([np.intersect1d(np.argsort(-x)[:r], np.argsort(-y)[:r]).size / r
+                                         for x, y in zip(a, b)]))
+    return out
+
+
 def _domain_stats(c, ids, d) -> dict:
     """How unlike the others domain ``d`` is (``c``: counts ``[W, L, E]``, ``ids``: domain per window):
     ``tv_rest`` / ``tv_window`` (see the module docstring); ``corr_rest``: correlation of its expert loads
@@ -173,11 +201,22 @@ def _domain_stats(c, ids, d) -> dict:
             "hot_rank_max": int(np.take_along_axis(ranks, top, axis=1).max())}
 
 
-def lodo(loads, cluster, num_redundant: int, time_limit: float, variants=None, oracle: bool = True) -> dict:
+def domain_stats(loads, num_redundant: int) -> dict:
+    """How far apart the domains are and how predictable an unseen one's hot experts are (no planning)."""
     ids, names, method = scenarios(loads)
-    out = {"method": method, "scenarios": names, "experts": int(loads.counts.shape[2]), "variants": {}}
     c = loads.counts.astype(np.float64)
-    out["domains"] = {names[d]: _domain_stats(c, ids, d) for d in range(len(names))}
+    return {"method": method, "scenarios": names, "experts": int(loads.counts.shape[2]),
+            "domains": {names[d]: {**_domain_stats(c, ids, d), "hot_hits": _hot_hits(c, ids, d, num_redundant)}
+                        for d in range(len(names))}}
+
+
+def lodo(loads, cluster, num_redundant: int, time_limit: float, variants=None, oracle: bool = True,
+         stats_only: bool = False) -> dict:
+    out = {**domain_stats(loads, num_redundant), "variants": {}}
+    if stats_only:
+        return out
+    ids, names, _ = scenarios(loads)
+    c = loads.counts.astype(np.float64)
     for vname, (policy, opts) in VARIANTS.items():
         if variants is not None and vname not in variants:
             continue
@@ -246,6 +285,8 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of "
                     + ", ".join(VARIANTS))
     ap.add_argument("--no-oracle", action="store_true", help="skip the oracle ceilings")
+    ap.add_argument("--stats-only", action="store_true",
+                    help="recompute only the domains' statistics (no planning); the file's other figures stay")
     args = ap.parse_args()
     for v in set(VARIANTS) - set(args.variants.split(",")):
         VARIANTS.pop(v)
@@ -261,13 +302,15 @@ def main() -> int:
             print(f"{name} (Qwen3-30B-A3B shape, 16 GPUs = 4 x 4, R = 16):", flush=True)
             leaky = split == "window-tag"
             result[name] = lodo(synthetic_loads(args.tokens, args.window_tokens, split), make_cluster(16, "h200", 4),
-                                16, args.time_limit, variants=LEAKY_VARIANTS if leaky else None, oracle=not leaky)
+                                16, args.time_limit, variants=LEAKY_VARIANTS if leaky else None, oracle=not leaky,
+                                stats_only=args.stats_only)
             result[name]["split"] = split
     for seed in ([] if args.skip_captured else [int(x) for x in args.captured_seeds.split(",")]):
         name = "captured" if seed == 0 else f"captured-seed{seed}"
         print(f"{name} (random-weight Qwen3-MoE, weights seed {seed}, 64 experts, 8 GPUs = 2 x 4, R = 8):",
               flush=True)
-        result[name] = lodo(captured_loads(256, seed), make_cluster(8, "h200", 4), 8, args.time_limit)
+        result[name] = lodo(captured_loads(256, seed), make_cluster(8, "h200", 4), 8, args.time_limit,
+                            stats_only=args.stats_only)
     print()
     print(f"{'data':10s} {'variant':16s} {'in-sample':>9s} {'est mean':>8s} {'est worst':>9s} {'real mean':>9s} "
           f"{'real worst':>10s} {'|err|':>6s}")

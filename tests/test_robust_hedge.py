@@ -267,3 +267,23 @@ def test_spread_on_the_command_line_says_what_the_plan_optimizes(small, tmp_path
     import json
     config = json.loads((tmp_path / "p.json").read_text())["provenance"]["params"]["config"]
     assert config["spread"] == 2.0 and config["robust"] is True
+
+
+def test_hot_hits_counts_the_unseen_domains_hot_experts_each_statistic_finds():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_shift_lodo", Path(__file__).resolve().parent.parent / "bench" / "shift_lodo.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # 3 domains x 2 windows (equal), 1 layer, experts A..F; the unseen domain 2 is hot on A and B. A and B
+    # are steady in domains 0 and 1 (top of their mean, zero spread); C and D are hot in one domain each (top
+    # of their maximum and of their spread) and cold in domain 2.
+    dom = {0: [30, 25, 40, 0, 5, 0], 1: [30, 25, 0, 35, 10, 0], 2: [50, 40, 2, 2, 3, 3]}
+    counts = np.array([dom[d] for d in (0, 0, 1, 1, 2, 2)], dtype=np.float64)[:, None, :]  # [W, L, E]
+    hits = bench._hot_hits(counts, np.array([0, 0, 1, 1, 2, 2]), 2, r=2)
+    assert hits == {"mean": 1.0, "max": 0.0, "sd": 0.0, "random": 2 / 6, "own_half": 1.0}
+    # left out in turn, domain 0's hot pair {C, A} is half found by the others' mean (A) and by their max (A)
+    hits0 = bench._hot_hits(counts, np.array([0, 0, 1, 1, 2, 2]), 0, r=2)
+    assert hits0["mean"] == 0.5 and hits0["max"] == 0.5
