@@ -328,6 +328,12 @@ def _shift_context(d: dict) -> str:
                        f"{100 * hh[0]['random']:.1f} %"
                        + (f"; the domain's own other half of windows {pct('own_half')}"
                           if all("own_half" in h for h in hh) else "") + ".")
+    if "coactivation" in d:
+        co = d["coactivation"]
+        out.append("Do an unseen domain's hottest experts fire together in the planning domains' tokens "
+                   "(co-activation lift P(i, j) / P(i) P(j) over pairs of its top R per layer, 1 = independent): "
+                   + ", ".join(f"{k} {x['hot']:.2f}" for k, x in co.items()) + "; random sets of R "
+                   + ", ".join(f"{x['random']:.2f}" for x in co.values()) + ".")
     return ("\n" + "\n".join(out) + "\n") if out else ""
 
 

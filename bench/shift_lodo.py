@@ -31,7 +31,8 @@ layers), ``tv_window`` = between a window's shares and its own domain's (samplin
 correlation of a domain's expert loads with the others', ``hot_rank_max`` = how cold (rank in the others'
 loads, 0 = hottest) one of its 4 hottest experts per layer can be, ``hot_hits`` = how many of its R hottest
 experts per layer a statistic of the other domains (mean, maximum, spread) ranks in its own top R (what a
-hedge could know to replicate). ``--stats-only`` recomputes these without planning.
+hedge could know to replicate), ``coactivation`` = whether those experts fire together in the other domains'
+tokens (a structure a hedge could spread). ``--stats-only`` recomputes these without planning.
 Prints a table and writes ``bench/results/shift_lodo.json``.
 
     .venv/bin/python bench/shift_lodo.py [--tokens 60000] [--time-limit 4] [--skip-captured]
@@ -57,6 +58,7 @@ from foundation.model import load_model
 from placement.compare import compare_policies, routing_windows, scenarios
 from placement.evaluate import evaluate
 from placement.policies.moeplace import spread_sd
+from sim.workload import load_trace_tokens
 from traces.synth import SynthConfig, synthesize
 
 RESULTS = ROOT / "bench" / "results"
@@ -87,6 +89,9 @@ DOMAIN_PROMPTS = {
 }
 
 
+DOMAIN_PATHS: dict[str, list[Path]] = {}  # dataset -> its per-domain traces (token-level statistics)
+
+
 def synthetic_loads(tokens: int, window_tokens: int, split: str = "domain"):
     """The synthetic trace's windows: one trace per domain (``split="domain"``, each token by its own tag)
     or the trace as it is (``"window-tag"``: scenarios = dominant tag per window)."""
@@ -108,6 +113,7 @@ def synthetic_loads(tokens: int, window_tokens: int, split: str = "domain"):
             with atomic_path(out, directory=True) as tmp:
                 pq.write_table(table.filter(pc.equal(table["domain"], dom)), Path(tmp) / "part-00000.parquet")
         paths.append(out)
+    DOMAIN_PATHS["synthetic"] = paths
     return routing_windows(paths, window_tokens=window_tokens)
 
 
@@ -139,7 +145,36 @@ def captured_loads(window_tokens: int, seed: int = 0):
             run_capture(CaptureConfig(hf_config=cfg_path, prompts=prompts, out=out, max_new_tokens=24,
                                       batch_size=16, seed=seed, sample=True, ignore_eos=True, domain=dom))
         paths.append(out)
+    DOMAIN_PATHS["captured" if seed == 0 else f"captured-seed{seed}"] = paths
     return routing_windows(paths, window_tokens=window_tokens)
+
+
+def coactivation(paths: list[Path], r: int, draws: int = 50) -> dict:
+    """Do an unseen domain's hot experts fire together in the planning domains' tokens (a structure a hedge
+    could spread without knowing which experts will be hot)? Per domain ``d`` and layer: the co-activation
+    lift ``P(i, j) / (P(i) P(j))`` over the other domains' tokens, averaged over pairs of ``d``'s ``r``
+    hottest experts (``hot``) and over pairs of ``draws`` random ``r``-sets (``random``); mean over layers.
+    A hot set that co-fires shows ``hot`` well above ``random``."""
+    ids = {p.name: load_trace_tokens(p).expert_ids for p in paths}  # [T, L, k] each
+    E = int(max(int(x.max()) for x in ids.values())) + 1
+    rng = np.random.default_rng(0)
+    out = {}
+    for d, own in ids.items():
+        seen = np.concatenate([x for o, x in ids.items() if o != d])
+        hot, rand = [], []
+        for layer in range(seen.shape[1]):
+            x = np.zeros((seen.shape[0], E))
+            np.put_along_axis(x, seen[:, layer].astype(np.int64), 1.0, axis=1)
+            p = x.mean(0)
+            lift = (x.T @ x) / seen.shape[0] / np.maximum(np.outer(p, p), 1e-12)
+
+            def pairs(s, lift=lift):
+                m = lift[np.ix_(s, s)]
+                return float(m[~np.eye(len(s), dtype=bool)].mean())
+            hot.append(pairs(np.argsort(-np.bincount(own[:, layer].ravel().astype(np.int64), minlength=E))[:r]))
+            rand.append(np.mean([pairs(rng.choice(E, r, replace=False)) for _ in range(draws)]))
+        out[d] = {"hot": float(np.mean(hot)), "random": float(np.mean(rand))}
+    return out
 
 
 def _plan(loads, idx, cluster, num_redundant, time_limit, policy, opts, shift=False):
@@ -305,12 +340,15 @@ def main() -> int:
                                 16, args.time_limit, variants=LEAKY_VARIANTS if leaky else None, oracle=not leaky,
                                 stats_only=args.stats_only)
             result[name]["split"] = split
+            if not leaky:
+                result[name]["coactivation"] = coactivation(DOMAIN_PATHS["synthetic"], 16)
     for seed in ([] if args.skip_captured else [int(x) for x in args.captured_seeds.split(",")]):
         name = "captured" if seed == 0 else f"captured-seed{seed}"
         print(f"{name} (random-weight Qwen3-MoE, weights seed {seed}, 64 experts, 8 GPUs = 2 x 4, R = 8):",
               flush=True)
         result[name] = lodo(captured_loads(256, seed), make_cluster(8, "h200", 4), 8, args.time_limit,
                             stats_only=args.stats_only)
+        result[name]["coactivation"] = coactivation(DOMAIN_PATHS[name], 8)
     print()
     print(f"{'data':10s} {'variant':16s} {'in-sample':>9s} {'est mean':>8s} {'est worst':>9s} {'real mean':>9s} "
           f"{'real worst':>10s} {'|err|':>6s}")
