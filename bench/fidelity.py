@@ -1,6 +1,7 @@
 """Simulator fidelity against published real-hardware results: one global calibration, honestly split.
 
     python bench/fidelity.py [--cases bench/fidelity_cases.yaml] [--quick] [--no-fit] [--breakdown]
+    python bench/fidelity.py --summary-only
 
 The cases (bench/fidelity_cases.yaml) are published kernel tables (DeepGEMM, DeepEP) and end-to-end
 deployments (DeepSeek, LMSYS/SGLang, Mooncake, Alibaba RTP-LLM, NVIDIA TensorRT-LLM), each with its
@@ -16,7 +17,10 @@ source, configuration, figure and every assumption made. Each case carries ``spl
    discrete-event simulator itself (``sim.runner.simulate``, stat mode, steady state after a 20 %
    warm-up), exactly as ``place simulate`` runs them.
 3. Report: per case the source, configuration, published and simulated figure, error and split; per
-   split the median and maximum |error|. Written to bench/results/fidelity.json (committed).
+   split the median and maximum |error|. Written to bench/results/fidelity.json (committed); a full run
+   writing that file also writes the validation summary ``place simulate`` prints under its tables
+   (sim/fidelity_summary.json, :func:`sim.fidelity.summarize_cases`). ``--summary-only`` rewrites that
+   summary from the results file without running anything.
 
 The defaults of :class:`sim.config.CostConfig` marked *fitted* are this fit's result; the script says
 when they drift from a fresh fit.
@@ -57,7 +61,6 @@ FIT = (
 )
 KINDS = ("gemm", "deepep_normal", "deepep_ll", "prefill", "decode", "serve")
 E2E = ("prefill", "decode", "serve")
-LATENCY_METRICS = ("per_user_tok_s", "latency_us")
 
 
 # ---------------------------------------------------------------------------- cases
@@ -460,6 +463,8 @@ def tpot_pair(case: dict, sim: float, detail: dict) -> dict:
 
 
 def summarize_split(rows: list[dict], split: str) -> dict:
+    from sim.fidelity import LATENCY_METRICS
+
     out = {}
     for group, pred, key in (("throughput", lambda r: r["metric"] not in LATENCY_METRICS, "error"),
                              ("latency", lambda r: r["metric"] in LATENCY_METRICS, "error"),
@@ -488,6 +493,45 @@ def markdown(rows: list[dict], summary: dict) -> str:
     return "\n".join(lines)
 
 
+def summary_target(out: str | Path, quick: bool) -> Path | None:
+    """Where a run's validation summary goes: the package's committed one (sim/fidelity_summary.json) when
+    the run writes the committed results file and is a full run; None otherwise (a --quick smoke run, or
+    results written elsewhere, leave the committed summary as it is)."""
+    from sim.fidelity import SUMMARY_PATH
+
+    if quick or Path(out).resolve() != (RESULTS / "fidelity.json").resolve():
+        return None
+    return SUMMARY_PATH
+
+
+def write_summary(rows: list[dict], path: Path) -> None:
+    from foundation.files import write_text_atomic
+    from sim.fidelity import fidelity_note, summarize_cases
+
+    s = summarize_cases(rows)
+    write_text_atomic(path, json.dumps(s, indent=1) + "\n")
+    print(f"wrote {path}: {fidelity_note(s)}")
+
+
+def summary_only(results: str | Path) -> int:
+    """``--summary-only``: the committed summary from a results file of a full run, nothing simulated."""
+    from foundation.files import read_json
+
+    res = read_json(results)
+    if not isinstance(res, dict) or not isinstance(res.get("cases"), list):
+        print(f"error: {results}: field 'cases' missing, expected bench/fidelity.py results", file=sys.stderr)
+        return 2
+    if res.get("quick"):
+        print(f"error: {results}: a --quick run's results; the summary comes from a full run", file=sys.stderr)
+        return 2
+    target = summary_target(results, False)
+    if target is None:
+        print(f"error: {results}: the summary is written from {RESULTS / 'fidelity.json'} only", file=sys.stderr)
+        return 2
+    write_summary(res["cases"], target)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=str(CASES))
@@ -497,11 +541,19 @@ def main() -> int:
     ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     ap.add_argument("--breakdown", action="store_true",
                     help="also print each end-to-end case's steady-iteration breakdown (every run stores it)")
+    ap.add_argument("--summary-only", action="store_true",
+                    help="only rewrite sim/fidelity_summary.json from the results file (--out), running nothing")
     args = ap.parse_args()
     from foundation.errors import MoeplaceError
     from foundation.files import write_text_atomic
     from sim.config import CostConfig
 
+    if args.summary_only:
+        try:
+            return summary_only(args.out)
+        except MoeplaceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     try:
         cases = load_cases(Path(args.cases))
     except MoeplaceError as exc:
@@ -564,6 +616,9 @@ def main() -> int:
            "note": "end-to-end cases: discrete-event simulation, stat mode, steady state after the warm-up; "
                    "kernel cases: the cost model's formulas"}
     write_text_atomic(args.out, json.dumps(out, indent=1, default=float) + "\n")
+    target = summary_target(args.out, args.quick)
+    if target is not None:
+        write_summary(rows, target)
     if args.markdown:
         print(markdown(rows, summary))
     print(f"wrote {args.out}")

@@ -662,6 +662,13 @@ def fidelity_cases() -> str:
     return "\n".join(lines) + "\n"
 
 
+def fidelity_label() -> str:
+    """docs/simulate.md: the line ``place simulate`` prints under its table, from the committed cases."""
+    from sim.fidelity import fidelity_note, summarize_cases
+
+    return f"```\n{fidelity_note(summarize_cases(_results('fidelity')['cases']))}\n```\n"
+
+
 RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
              "trace-stats": trace_stats, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
@@ -669,7 +676,8 @@ RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalan
              "demo-simulate": demo_simulate, "sim-speed": sim_speed, "kernels": kernels,
              "optimize-table": optimize_table, "optimize": optimize, "evaluate-defaults": evaluate_defaults,
              "long-context": long_context, "traffic": traffic, "recommend": recommend, "sweep": sweep,
-             "fidelity-constants": fidelity_constants, "fidelity-cases": fidelity_cases}
+             "fidelity-constants": fidelity_constants, "fidelity-cases": fidelity_cases,
+             "fidelity-label": fidelity_label}
 
 
 def render(text: str) -> str:

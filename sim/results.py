@@ -15,6 +15,7 @@ from foundation.errors import InputError
 from foundation.files import atomic_path, read_json, write_text_atomic
 from foundation.formats import check, tag, tagged
 from sim.chrome_trace import LAYER_ITERATIONS, iteration_events, request_events
+from sim.fidelity import fidelity_doc
 
 
 class Recorder:
@@ -205,9 +206,10 @@ def file_label(label: str) -> str:
 
 
 def summaries_doc(results: list[SimResult]) -> dict[str, Any]:
-    """The ``moeplace.sim-summary`` document: ``{"format", "summaries": [one summary per placement]}``
-    (``summary.json``, and what ``place simulate --json`` prints)."""
-    return tagged("sim-summary", {"summaries": [r.summary for r in results]})
+    """The ``moeplace.sim-summary`` document: ``{"format", "summaries": [one summary per placement],
+    "fidelity"}`` (``summary.json``, and what ``place simulate --json`` prints); ``fidelity``: how far the
+    simulator's absolute figures were from published deployments (:func:`sim.fidelity.fidelity_doc`)."""
+    return tagged("sim-summary", {"summaries": [r.summary for r in results], "fidelity": fidelity_doc()})
 
 
 def write_outputs(out: str | Path, results: list[SimResult], config: dict[str, Any]) -> None:

@@ -302,6 +302,7 @@ def test_frontier_json_and_recommended_launch(local_run):
     assert Path(launch["engine_file"]).exists() and Path(launch["placement"]).exists()
     assert "--data-parallel-size 8" in launch["command"]
     assert Path(launch["launch_script"]).read_text() == launch["command"]
+    assert rep["fidelity"]["validation_cases"] > 0 and rep["fidelity"]["note"].startswith("absolute figures")
 
 
 def test_ray_sweep_matches_local(small, local_run, tmp_path):
@@ -343,6 +344,7 @@ def test_interrupted_sweep_resumes_without_redoing_points(small, local_run, tmp_
     assert main(["sweep", str(SMALL), "--local", "--out", str(tmp_path), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "0 point(s) run, 7 resumed, 0 optimize task(s)" in out and "recommended: #" in out
+    assert "absolute figures are model estimates" in out  # its tok/s and TPOT are the simulator's
     assert comparable(pl.read_parquet(tmp_path / "sweep.parquet")).equals(comparable(local_run.table))
 
 

@@ -54,6 +54,7 @@ def run(args) -> int:
         print(json.dumps(res.report, indent=1, default=str))
         return 0
     print(format_frontier(res.report))
+    print(res.report["fidelity"]["note"])
     for name, launch in res.report["recommended_launch"].items():
         if "error" in launch:
             print(f"\n{name}: {launch['error']}")

@@ -52,6 +52,7 @@ from placement.export import export_placement
 from placement.export.flags import FlagOptions, launch_command
 from placement.record import Placement, load_placement
 from sim.config import SimConfig
+from sim.fidelity import fidelity_doc
 from sim.frontier import frontier_report
 from sim.workload import load_trace_tokens
 from traces.loads import Loads, load_loads
@@ -331,6 +332,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
     report.update({"spec": spec.path, "name": spec.name, "model": spec.model.name,
                    "table": str(store.out / "sweep.parquet")})
     report["recommended_launch"] = recommended_launch(spec, report, store)
+    report["fidelity"] = fidelity_doc()  # its absolute figures are the simulator's: say how far they were off
     frontier_path = store.out / "frontier.json"
     write_text_atomic(frontier_path, json.dumps(report, indent=1, default=str) + "\n")
     return SweepOutcome(table=table, report=report, num_points=len(points),

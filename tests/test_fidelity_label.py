@@ -1,0 +1,134 @@
+"""`place simulate` labels its absolute figures as estimates with the simulator's measured fidelity: the
+numbers it prints are the validation errors of the committed bench/results/fidelity.json (recomputed here
+from its cases, so a summary left stale after a fidelity run fails), `--json` carries them, and only a
+full fidelity run writing the committed results rewrites the package's summary."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from simkit import mini_model, write_trace
+
+import sim.fidelity
+from moeplace.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _bench_fidelity():
+    spec = importlib.util.spec_from_file_location("bench_fidelity_label", REPO / "bench" / "fidelity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _expected() -> dict:
+    """The validation figures, straight from the committed per-case rows."""
+    rows = [r for r in json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())["cases"]
+            if r["split"] == "validation"]
+    thr = [(r["id"], r["error"]) for r in rows if r["metric"] not in ("per_user_tok_s", "latency_us")]
+    tpot = [(r["id"], r["tpot_error"]) for r in rows if "tpot_error" in r]
+    worst_thr = max(thr, key=lambda p: abs(p[1]))
+    worst_tpot = max(tpot, key=lambda p: abs(p[1]))
+    return {"n": len(rows), "thr_cases": len(thr), "thr_median": float(np.median([abs(e) for _, e in thr])),
+            "thr_worst": worst_thr, "tpot_cases": len(tpot),
+            "tpot_median": float(np.median([abs(e) for _, e in tpot])), "tpot_worst": worst_tpot,
+            "far": sorted((r["id"], r["error"]) for r in rows if abs(r["error"]) > 0.35)}
+
+
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("simlabel")
+    return write_trace(d / "trace", mini_model(), num_requests=6, prompt=32, output=8, skew=1.2)
+
+
+COMMON = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--duration", "0.003",
+          "--concurrency", "8", "--no-progress", "--placement", "linear"]
+
+
+def test_printed_label_carries_the_validation_errors_of_the_committed_cases(trace_dir, capsys):
+    assert main(["simulate", trace_dir, *COMMON]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    label = next(i for i, line in enumerate(lines) if line.startswith("absolute figures are model estimates"))
+    assert lines[label - 1].startswith("iterations")  # directly under the table's last row
+    text = lines[label]
+    e = _expected()
+    assert f"on {e['n']} published deployments" in text
+    assert f"throughput was off by a median {e['thr_median']:.0%} (worst {e['thr_worst'][1]:+.0%}, too fast" in text
+    assert e["thr_worst"][0] in text
+    assert f"{len(e['far'])} of {e['n']} cases beyond 35%" in text
+    assert f"TPOT by a median {e['tpot_median']:.0%} (worst {e['tpot_worst'][1]:+.0%}, too slow)" in text
+    assert "compare placements by their ratios" in text
+
+
+def test_json_carries_the_same_figures_and_keeps_its_summaries(trace_dir, capsys):
+    assert main(["simulate", trace_dir, *COMMON, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["format"] == "moeplace.sim-summary/1" and [s["label"] for s in doc["summaries"]] == ["linear"]
+    f, e = doc["fidelity"], _expected()
+    assert f["validation_cases"] == e["n"] and f["provenance"] == "bench/fidelity.py, validation split"
+    assert f["throughput"]["cases"] == e["thr_cases"] and f["tpot"]["cases"] == e["tpot_cases"]
+    assert f["throughput"]["median_abs_error"] == pytest.approx(e["thr_median"], rel=1e-12)
+    assert f["tpot"]["median_abs_error"] == pytest.approx(e["tpot_median"], rel=1e-12)
+    assert (f["throughput"]["worst_case"], f["throughput"]["worst_error"]) == pytest.approx(e["thr_worst"])
+    assert (f["tpot"]["worst_case"], f["tpot"]["worst_error"]) == pytest.approx(e["tpot_worst"])
+    far = sorted((c["id"], c["error"]) for c in f["far_off"])
+    assert [i for i, _ in far] == [i for i, _ in e["far"]]
+    assert [x for _, x in far] == pytest.approx([x for _, x in e["far"]], rel=1e-12)
+    assert f["note"] == sim.fidelity.fidelity_note(f) and f["note"].startswith("absolute figures are model estimates")
+
+
+def test_note_reads_the_signs_and_says_what_was_never_checked():
+    s = {"provenance": "p", "validation_cases": 3, "ttft_cases": 0, "far_off_threshold": 0.35, "far_off": [],
+         "throughput": {"cases": 2, "median_abs_error": 0.1, "worst_error": -0.2, "worst_case": "a", "worst_org": "O"},
+         "tpot": {"cases": 1, "median_abs_error": 0.05, "worst_error": -0.05, "worst_case": "b", "worst_org": "O"}}
+    note = sim.fidelity.fidelity_note(s)
+    assert "(worst -20%, too slow: O a)" in note and "(worst -5%, too fast)" in note
+    assert "beyond" not in note and "TTFT never checked" in note
+    assert "TTFT" not in sim.fidelity.fidelity_note({**s, "ttft_cases": 1})
+
+
+def _kernel_cases(tmp_path: Path) -> Path:
+    """A two-case table of the committed kernel cases (evaluated on formulas: no simulation), one moved to
+    the validation split."""
+    cases = [c for c in yaml.safe_load((REPO / "bench" / "fidelity_cases.yaml").read_text())
+             if c["kind"] == "gemm"][:2]
+    cases[1]["split"] = "validation"
+    p = tmp_path / "cases.yaml"
+    p.write_text(yaml.safe_dump(cases))
+    return p
+
+
+def test_only_a_full_run_writing_the_committed_results_rewrites_the_summary(tmp_path, monkeypatch):
+    fid = _bench_fidelity()
+    results, summary = tmp_path / "results", tmp_path / "fidelity_summary.json"
+    results.mkdir()
+    monkeypatch.setattr(fid, "RESULTS", results)  # the committed results file, here
+    monkeypatch.setattr(sim.fidelity, "SUMMARY_PATH", summary)  # the package's summary, here
+    cases = str(_kernel_cases(tmp_path))
+
+    def run(*extra):
+        monkeypatch.setattr(sys, "argv", ["fidelity.py", "--cases", cases, "--no-fit", *extra])
+        assert fid.main() == 0
+
+    run("--quick")  # a smoke run writes its results but leaves the summary alone
+    assert json.loads((results / "fidelity.json").read_text())["quick"] is True and not summary.exists()
+    run("--out", str(tmp_path / "elsewhere.json"))  # results written elsewhere: the same
+    assert (tmp_path / "elsewhere.json").exists() and not summary.exists()
+    monkeypatch.setattr(sys, "argv", ["fidelity.py", "--summary-only"])
+    assert fid.main() == 2 and not summary.exists()  # nor is a quick run's results file ever summarized
+
+    run()
+    rows = json.loads((results / "fidelity.json").read_text())["cases"]
+    written = json.loads(summary.read_text())
+    assert written == json.loads(json.dumps(sim.fidelity.summarize_cases(rows)))
+    assert written["validation_cases"] == 1 and written["throughput"]["worst_case"] == rows[1]["id"]
+    assert written["throughput"]["worst_error"] == pytest.approx(rows[1]["error"], rel=1e-12)
+    summary.unlink()
+    monkeypatch.setattr(sys, "argv", ["fidelity.py", "--summary-only"])
+    assert fid.main() == 0 and json.loads(summary.read_text()) == written
