@@ -512,7 +512,11 @@ def demo_summary() -> str:
         f"held-out part (its first line says so): the straggler GPU costs `linear` "
         f"{s_li['straggler_share']:.1%} of every step ({s_li['straggler_s']:.0f} s in all); moeplace changes output "
         f"tokens/s by {_change(s_mo['output_tok_s'], s_li['output_tok_s'])} against `linear` and by "
-        f"{_change(s_mo['output_tok_s'], s_ep['output_tok_s'])} against EPLB. The run took "
+        f"{_change(s_mo['output_tok_s'], s_ep['output_tok_s'])} against EPLB"
+        + (" — ratios to trust more than the absolute tok/s, which the line under the table labels as model "
+           "estimates with the simulator's validation error" if "absolute figures are model estimates" in r["printed"]
+           else "")
+        + ". The run took "
         f"{r['wall_s'] / 60:.1f} minutes, {_stage(r['printed'], 'optimize')[1] / r['wall_s']:.0%} of it "
         f"step 4, the optimizer and its shift estimate (one more plan per domain).\n")
 
