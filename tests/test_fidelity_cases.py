@@ -3,20 +3,14 @@
 bench/fidelity.py fails here."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parent.parent
+from benchkit import REPO, load_bench
 
 
 def _fidelity():
-    spec = importlib.util.spec_from_file_location("bench_fidelity", REPO / "bench" / "fidelity.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("fidelity")
 
 
 def test_committed_results_match_the_case_table():

@@ -4,7 +4,6 @@ from its cases, so a summary left stale after a fidelity run fails), `--json` ca
 full fidelity run writing the committed results rewrites the package's summary."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,19 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from benchkit import REPO, load_bench
 from simkit import mini_model, write_trace
 
 import sim.fidelity
 from moeplace.cli import main
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def _bench_fidelity():
-    spec = importlib.util.spec_from_file_location("bench_fidelity_label", REPO / "bench" / "fidelity.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("fidelity", "bench_fidelity_label")
 
 
 def _expected() -> dict:

@@ -10,20 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchkit import load_bench
 
 REPO = Path(__file__).resolve().parent.parent
 FIGURES = REPO / "bench" / "figures.py"
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _figures_module():
-    return _load("bench_figures", FIGURES)
+    return load_bench("figures")
 
 
 def _blocks() -> list[tuple[Path, str]]:

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from benchkit import load_bench
 
 import placement.policies.moeplace as planner_module
 from foundation.cluster import make_cluster
@@ -270,13 +271,7 @@ def test_spread_on_the_command_line_says_what_the_plan_optimizes(small, tmp_path
 
 
 def test_hot_hits_counts_the_unseen_domains_hot_experts_each_statistic_finds():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_shift_lodo", Path(__file__).resolve().parent.parent / "bench" / "shift_lodo.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("shift_lodo")
     # 3 domains x 2 windows (equal), 1 layer, experts A..F; the unseen domain 2 is hot on A and B. A and B
     # are steady in domains 0 and 1 (top of their mean, zero spread); C and D are hot in one domain each (top
     # of their maximum and of their spread) and cold in domain 2.
