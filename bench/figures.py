@@ -392,10 +392,16 @@ def time_limit() -> str:
     over_low = [x["over_limit_s"] for x in runs if x["limit_s"] < top]
     lims = sorted({x["limit_s"] for x in runs if x["limit_s"] < top})
     eplb = [x["wall_s"] for x in r["runs"] if x["case"] == "eplb"]
+    def span(over):  # signed seconds past the limit: a run that needs less time ends before it
+        def at(x):
+            return f"{abs(x):.1f} s {'after' if x >= 0 else 'before'}"
+        return f"{at(min(over))} and {at(max(over))}" if min(over) < 0 else \
+            f"{min(over):.1f} and {max(over):.1f} s after"
+
     return (f"On K3 ({r['gpus']} GPUs, a {r['tokens']:,}-token trace) `bench/time_limit.py` measured the whole "
-            f"command (every policy, and moeplace with the traffic objective) at {min(over_top):.1f} to "
-            f"{max(over_top):.1f} s over a {top:g} s limit and {min(over_low):.1f} to {max(over_low):.1f} s over "
-            f"limits of {lims[0]:g}-{lims[-1]:g} s ({_machine(r)}; `bench/results/time_limit.json`); Python "
+            f"command (every policy, and moeplace with the traffic objective) ending between {span(over_top)} a "
+            f"{top:g} s limit and between {span(over_low)} limits of {lims[0]:g}-{lims[-1]:g} s ({_machine(r)}; "
+            f"`bench/results/time_limit.json`); Python "
             f"start-up and one validation pass of the trace alone take {r['startup_and_one_pass_s']:.1f} s, and "
             f"`--policy eplb` ends in {min(eplb):.1f}-{max(eplb):.1f} s whatever the limit."
             + _time_limit_cases(r["runs"]) + "\n")
