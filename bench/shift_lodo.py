@@ -89,10 +89,7 @@ DOMAIN_PROMPTS = {
 }
 
 
-DOMAIN_PATHS: dict[str, list[Path]] = {}  # dataset -> its per-domain traces (token-level statistics)
-
-
-def synthetic_loads(tokens: int, window_tokens: int, split: str = "domain"):
+def synthetic_loads(tokens: int, window_tokens: int, split: str = "domain"):  # -> (Loads, trace paths)
     """The synthetic trace's windows: one trace per domain (``split="domain"``, each token by its own tag)
     or the trace as it is (``"window-tag"``: scenarios = dominant tag per window)."""
     model = load_model("qwen3-30b-a3b")
@@ -101,7 +98,7 @@ def synthetic_loads(tokens: int, window_tokens: int, split: str = "domain"):
         print(f"synthesizing {tokens} tokens -> {path}", flush=True)
         synthesize(model, SynthConfig(num_tokens=tokens, seed=3, num_domains=4, drift=1.0, drift_phases=4), path)
     if split == "window-tag":
-        return routing_windows([path], window_tokens=window_tokens)
+        return routing_windows([path], window_tokens=window_tokens), [path]
     import pyarrow.compute as pc  # pyarrow: polars' own dependency; a filter that keeps the file metadata
     import pyarrow.parquet as pq
 
@@ -113,11 +110,10 @@ def synthetic_loads(tokens: int, window_tokens: int, split: str = "domain"):
             with atomic_path(out, directory=True) as tmp:
                 pq.write_table(table.filter(pc.equal(table["domain"], dom)), Path(tmp) / "part-00000.parquet")
         paths.append(out)
-    DOMAIN_PATHS["synthetic"] = paths
-    return routing_windows(paths, window_tokens=window_tokens)
+    return routing_windows(paths, window_tokens=window_tokens), paths
 
 
-def captured_loads(window_tokens: int, seed: int = 0):
+def captured_loads(window_tokens: int, seed: int = 0):  # -> (Loads, one trace path per domain)
     """The four domains' captured traces; ``seed`` seeds the random weights (and sampling): another seed is
     another model, routing the same prompts differently."""
     import transformers  # optional: the [capture] extra
@@ -145,8 +141,7 @@ def captured_loads(window_tokens: int, seed: int = 0):
             run_capture(CaptureConfig(hf_config=cfg_path, prompts=prompts, out=out, max_new_tokens=24,
                                       batch_size=16, seed=seed, sample=True, ignore_eos=True, domain=dom))
         paths.append(out)
-    DOMAIN_PATHS["captured" if seed == 0 else f"captured-seed{seed}"] = paths
-    return routing_windows(paths, window_tokens=window_tokens)
+    return routing_windows(paths, window_tokens=window_tokens), paths
 
 
 def coactivation(paths: list[Path], r: int, draws: int = 50) -> dict:
@@ -336,19 +331,21 @@ def main() -> int:
             name = "synthetic" if split == "domain" else "synthetic-window-tag"
             print(f"{name} (Qwen3-30B-A3B shape, 16 GPUs = 4 x 4, R = 16):", flush=True)
             leaky = split == "window-tag"
-            result[name] = lodo(synthetic_loads(args.tokens, args.window_tokens, split), make_cluster(16, "h200", 4),
+            loads, paths = synthetic_loads(args.tokens, args.window_tokens, split)
+            result[name] = lodo(loads, make_cluster(16, "h200", 4),
                                 16, args.time_limit, variants=LEAKY_VARIANTS if leaky else None, oracle=not leaky,
                                 stats_only=args.stats_only)
             result[name]["split"] = split
             if not leaky:
-                result[name]["coactivation"] = coactivation(DOMAIN_PATHS["synthetic"], 16)
+                result[name]["coactivation"] = coactivation(paths, 16)
     for seed in ([] if args.skip_captured else [int(x) for x in args.captured_seeds.split(",")]):
         name = "captured" if seed == 0 else f"captured-seed{seed}"
         print(f"{name} (random-weight Qwen3-MoE, weights seed {seed}, 64 experts, 8 GPUs = 2 x 4, R = 8):",
               flush=True)
-        result[name] = lodo(captured_loads(256, seed), make_cluster(8, "h200", 4), 8, args.time_limit,
+        loads, paths = captured_loads(256, seed)
+        result[name] = lodo(loads, make_cluster(8, "h200", 4), 8, args.time_limit,
                             stats_only=args.stats_only)
-        result[name]["coactivation"] = coactivation(DOMAIN_PATHS[name], 8)
+        result[name]["coactivation"] = coactivation(paths, 8)
     print()
     print(f"{'data':10s} {'variant':16s} {'in-sample':>9s} {'est mean':>8s} {'est worst':>9s} {'real mean':>9s} "
           f"{'real worst':>10s} {'|err|':>6s}")

@@ -423,10 +423,13 @@ class CostModel:
         grp = (moe.tokens.reshape(L, G // t_, t_).sum(axis=2), moe.touched.reshape(L, G // t_, t_).sum(axis=2))
         return np.repeat(self.expert_time(*grp, shard=t_), t_, axis=1)
 
+    def layer_kernels(self, dual_batch_overlap: bool = False) -> float:
+        """Kernels one decoder layer runs (two micro-batches run every kernel twice)."""
+        return self.kernels_per_layer * (2 if dual_batch_overlap else 1)
+
     def kernel_gaps_s(self, dual_batch_overlap: bool = False) -> float:
-        """Device-side gaps between the kernels of one decoder layer (two micro-batches run every kernel
-        twice)."""
-        return self.kernels_per_layer * (2 if dual_batch_overlap else 1) * self.cfg.graph_gap_s
+        """Device-side gaps between the kernels of one decoder layer."""
+        return self.layer_kernels(dual_batch_overlap) * self.cfg.graph_gap_s
 
     def moe_layer_times(self, moe: MoeWork, mode: str = "low_latency",
                         link_share=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -490,7 +493,6 @@ class CostModel:
                 fill = float(np.mean(np.minimum(comp, com))) / 2
         else:
             layer[self._is_moe] += experts + comm
-        kernels = self.kernels_per_layer * (2 if dual_batch_overlap else 1)
         gpu_layer = layer
         # the device-side gap between dependent kernels is paid with or without a graph (a graph removes
         # the CPU launches, not the GPU's own kernel-to-kernel latency: RTP-LLM's DeepSeek report measures
@@ -498,7 +500,7 @@ class CostModel:
         # also cannot run faster than the CPU launches its kernels
         layer = layer + self.kernel_gaps_s(dual_batch_overlap)
         if not graph:
-            layer = np.maximum(layer, kernels * c.launch_s)
+            layer = np.maximum(layer, self.layer_kernels(dual_batch_overlap) * c.launch_s)
         head = float(np.max(self.lm_head_time(w))) if w.sampled.any() else 0.0
         overhead = float((layer - gpu_layer).sum()) + c.iteration_overhead_s
         total = float(layer.sum()) + head + fill + c.iteration_overhead_s

@@ -176,15 +176,21 @@ def test_allgather_payload_follows_the_expert_format(k3):
         assert comm == pytest.approx(np.full(L, 2 * 3e-6 + 800 * 7 / 8 * (gathered + 2.0 * h) / 450e9))
 
 
+def _small_decode(m, gpus: int = 4):
+    """One rank decoding 4 sequences at context 400, and no MoE work on any of ``gpus`` GPUs: an iteration
+    whose cost is the attention side plus the fixed overheads."""
+    zero = MoeWork(*(np.zeros((m.num_moe_layers, gpus)) for _ in range(4)))
+    dec = RankWork.zeros(1)
+    dec.tokens[:] = dec.dec_seqs[:] = dec.sampled[:] = 4
+    dec.dec_ctx[:] = 400
+    return zero, dec
+
+
 def test_kernels_per_layer_of_an_engine_build_sets_the_gap_overhead():
     """A fused build (fewer kernels per layer) pays the per-kernel gap fewer times; nothing else changes."""
     m = mini_model()
     cfg = CostConfig.roofline(kernels_per_layer=20, graph_gap_s=1e-5, iteration_overhead_s=1e-3)
-    L, G = m.num_moe_layers, 4
-    zero = MoeWork(*(np.zeros((L, G)) for _ in range(4)))
-    dec = RankWork.zeros(1)
-    dec.tokens[:] = dec.dec_seqs[:] = dec.sampled[:] = 4
-    dec.dec_ctx[:] = 400
+    zero, dec = _small_decode(m)
     bare = CostModel(m, make_cluster(4, "h200"), EXACT).step_time(dec, zero)
     default = CostModel(m, make_cluster(4, "h200"), cfg).step_time(dec, zero)
     fused = CostModel(m, make_cluster(4, "h200"), cfg, kernels_per_layer=13).step_time(dec, zero)
@@ -214,11 +220,7 @@ def test_fixed_overheads_graph_replay_vs_eager():
     m = mini_model()
     cfg = CostConfig.roofline(kernels_per_layer=10, graph_gap_s=1e-6, launch_s=1e-4, iteration_overhead_s=2e-3)
     cm = CostModel(m, make_cluster(4, "h200"), cfg, cuda_graph_max_bs=8)
-    L, G = m.num_moe_layers, 4
-    zero = MoeWork(*(np.zeros((L, G)) for _ in range(4)))
-    dec = RankWork.zeros(1)
-    dec.tokens[:] = dec.dec_seqs[:] = dec.sampled[:] = 4
-    dec.dec_ctx[:] = 400
+    zero, dec = _small_decode(m)
     gpu = CostModel(m, make_cluster(4, "h200"), EXACT).step_time(dec, zero)
     st = cm.step_time(dec, zero)
     assert st.graph and st.mode == "low_latency"

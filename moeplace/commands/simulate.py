@@ -18,7 +18,7 @@ from placement.dispatch import ENGINE_RULES
 from placement.record import load_placement
 from sim.calibration import load_profile
 from sim.config import SimConfig, parse_mtp
-from sim.fidelity import fidelity_note, load_summary
+from sim.fidelity import fidelity_doc
 from sim.rebalance import recommend_configs
 from sim.results import format_table, summaries_doc, write_chrome_trace, write_outputs
 from sim.runner import resolve_placement, resolved_config, simulate
@@ -205,7 +205,7 @@ def run(args) -> int:
                  f"{config.workload.concurrency} concurrent requests")
               + f"; steady state after {config.warmup_s:g} s warm-up")
         print(format_table(results))
-        print(fidelity_note(load_summary()))
+        print(fidelity_doc()["note"])
         if rec is not None:
             print(format_recommendation(rec))
         walls = ", ".join(f"{r.label} {r.summary['wall_s']:.1f} s" for r in results)
