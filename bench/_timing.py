@@ -34,7 +34,7 @@ if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(ROOT))
 sys.path.append(str(BENCH))
 
-from foundation.files import write_text_atomic
+from moeplace.foundation.files import write_text_atomic
 
 
 def cpu_seconds() -> float:

@@ -19,7 +19,7 @@ import torch
 import transformers
 from _timing import RESULTS, write_result  # before any project import: sets sys.path
 
-from traces.capture import RoutingRecorder, left_pad
+from moeplace.traces.capture import RoutingRecorder, left_pad
 
 # Small models (4 layers, 32 experts top-4): each forward is cheap, so the per-step cost of the hooks weighs
 # relatively more than on a real model; these overheads are an upper bound for larger models.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from _timing import ROOT, timed, write_result  # before any project import: sets sys.path
 
-from sim.results import read_summaries
+from moeplace.sim.results import read_summaries
 
 SHOWN_HOME = "/home/user/moeplace"
 

@@ -68,7 +68,7 @@ def load_cases(path: Path) -> list[dict]:
     """The case table; one-line errors naming the case and field."""
     import yaml
 
-    from foundation.errors import InputError
+    from moeplace.foundation.errors import InputError
 
     try:
         cases = yaml.safe_load(path.read_text())
@@ -103,9 +103,9 @@ def load_cases(path: Path) -> list[dict]:
 # ---------------------------------------------------------------------------- kernel cases
 def _kernel_cost(gpu: str, ep: int, cfg):
     """A cost model for an isolated kernel benchmark: compute at the full isolated rate."""
-    from foundation.cluster import make_cluster
-    from foundation.model import load_model
-    from sim.cost import CostModel
+    from moeplace.foundation.cluster import make_cluster
+    from moeplace.foundation.model import load_model
+    from moeplace.sim.cost import CostModel
 
     return CostModel(load_model("deepseek-v3"), make_cluster(ep, gpu), cfg.replace(sustained_efficiency=1.0))
 
@@ -142,7 +142,7 @@ _TRACES: dict = {}
 
 
 def case_model(case: dict):
-    from foundation.model import load_model
+    from moeplace.foundation.model import load_model
 
     m = load_model(case["model"])
     c = case["config"]
@@ -157,8 +157,8 @@ def case_trace(case: dict, quick: bool):
     tokens (each token takes ``k`` distinct experts from a random permutation, so destinations spread as
     uniform routing spreads them) and only the router's per-iteration sampling noise remains; else the
     project's synthetic router for the model without workload drift (synthesized in every run)."""
-    from sim.workload import TraceTokens, load_trace_tokens
-    from traces.synth import SynthConfig, synthesize
+    from moeplace.sim.workload import TraceTokens, load_trace_tokens
+    from moeplace.traces.synth import SynthConfig, synthesize
 
     model = case_model(case)
     routing = case["config"].get("routing", "synthetic")
@@ -189,9 +189,9 @@ def case_trace(case: dict, quick: bool):
 
 def case_setup(case: dict, quick: bool):
     """(trace, placement, cluster, engine config, workload config, duration) of an end-to-end case."""
-    from foundation.cluster import make_cluster
-    from sim.config import EngineConfig, LengthMix, WorkloadConfig
-    from sim.runner import resolve_placement
+    from moeplace.foundation.cluster import make_cluster
+    from moeplace.sim.config import EngineConfig, LengthMix, WorkloadConfig
+    from moeplace.sim.runner import resolve_placement
 
     c = case["config"]
     trace = case_trace(case, quick)
@@ -241,7 +241,7 @@ def case_kv_tokens(case: dict, trace, cluster, engine) -> int | None:
     """KV token slots per rank under TensorRT-LLM's rule, when the case gives
     ``kv_cache_free_gpu_mem_fraction``: that share of the memory left after weights and the runtime
     reserve (the plan model's pool at full memory utilization); else None (the plan's own pool)."""
-    from sim.memory import plan_pools
+    from moeplace.sim.memory import plan_pools
 
     frac = case["config"].get("kv_cache_free_gpu_mem_fraction")
     if frac is None:
@@ -262,8 +262,8 @@ def _from_summary(case: dict, s: dict) -> float:
 
 def sim_metric(case: dict, cfg, quick: bool) -> tuple[float, dict]:
     """The discrete-event simulator on the case (stat mode, steady state after the warm-up)."""
-    from sim.config import SimConfig
-    from sim.runner import simulate
+    from moeplace.sim.config import SimConfig
+    from moeplace.sim.runner import simulate
 
     trace, placement, cluster, engine, wl, duration = case_setup(case, quick)
     # co-located serving runs in waves of whole-request lifetimes; the published figures average whole
@@ -286,7 +286,7 @@ class Steady:
     published batch on every rank, routed by the statistical router, costed by the cost model."""
 
     def __init__(self, case: dict, quick: bool) -> None:
-        from sim.routing import StatRouter
+        from moeplace.sim.routing import StatRouter
 
         self.case = case
         trace, placement, cluster, engine, _, _ = case_setup(case, quick)
@@ -297,7 +297,7 @@ class Steady:
         """(cost model, rank work, MoE work, step time, iteration seconds with drafting, tokens per
         decoding sequence per step) of the steady iteration; the router restarts at the trace's start,
         so every evaluation routes the same tokens."""
-        from sim.cost import CostModel, RankWork
+        from moeplace.sim.cost import CostModel, RankWork
 
         c, e = self.case["config"], self.engine
         cost = CostModel.for_engine(self.trace.model, self.cluster, cfg, e)
@@ -372,7 +372,7 @@ def fit(cases: list[dict], quick: bool) -> tuple[object, dict]:
     """Least squares on log(simulated / published) over the calibration cases only."""
     from scipy.optimize import least_squares
 
-    from sim.config import CostConfig
+    from moeplace.sim.config import CostConfig
 
     cal = [c for c in cases if c["split"] == "calibration"]
     steady = {c["id"]: Steady(c, quick) for c in cal if c["kind"] in E2E}
@@ -463,7 +463,7 @@ def tpot_pair(case: dict, sim: float, detail: dict) -> dict:
 
 
 def summarize_split(rows: list[dict], split: str) -> dict:
-    from sim.fidelity import LATENCY_METRICS
+    from moeplace.sim.fidelity import LATENCY_METRICS
 
     out = {}
     for group, pred, key in (("throughput", lambda r: r["metric"] not in LATENCY_METRICS, "error"),
@@ -497,7 +497,7 @@ def summary_target(out: str | Path, quick: bool) -> Path | None:
     """Where a run's validation summary goes: the package's committed one (sim/fidelity_summary.json) when
     the run writes the committed results file and is a full run; None otherwise (a --quick smoke run, or
     results written elsewhere, leave the committed summary as it is)."""
-    from sim.fidelity import SUMMARY_PATH
+    from moeplace.sim.fidelity import SUMMARY_PATH
 
     if quick or Path(out).resolve() != (RESULTS / "fidelity.json").resolve():
         return None
@@ -505,8 +505,8 @@ def summary_target(out: str | Path, quick: bool) -> Path | None:
 
 
 def write_summary(rows: list[dict], path: Path) -> None:
-    from foundation.files import write_text_atomic
-    from sim.fidelity import fidelity_note, summarize_cases
+    from moeplace.foundation.files import write_text_atomic
+    from moeplace.sim.fidelity import fidelity_note, summarize_cases
 
     s = summarize_cases(rows)
     write_text_atomic(path, json.dumps(s, indent=1) + "\n")
@@ -515,7 +515,7 @@ def write_summary(rows: list[dict], path: Path) -> None:
 
 def summary_only(results: str | Path) -> int:
     """``--summary-only``: the committed summary from a results file of a full run, nothing simulated."""
-    from foundation.files import read_json
+    from moeplace.foundation.files import read_json
 
     res = read_json(results)
     if not isinstance(res, dict) or not isinstance(res.get("cases"), list):
@@ -544,9 +544,9 @@ def main() -> int:
     ap.add_argument("--summary-only", action="store_true",
                     help="only rewrite sim/fidelity_summary.json from the results file (--out), running nothing")
     args = ap.parse_args()
-    from foundation.errors import MoeplaceError
-    from foundation.files import write_text_atomic
-    from sim.config import CostConfig
+    from moeplace.foundation.errors import MoeplaceError
+    from moeplace.foundation.files import write_text_atomic
+    from moeplace.sim.config import CostConfig
 
     if args.summary_only:
         try:

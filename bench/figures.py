@@ -24,7 +24,7 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # before bench/, where sim.py would shadow the sim package
 
-from sim.results import format_table
+from moeplace.sim.results import format_table
 
 RESULTS = ROOT / "bench" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -674,7 +674,7 @@ def fidelity_cases() -> str:
 
 def fidelity_label() -> str:
     """docs/simulate.md: the line ``place simulate`` prints under its table, from the committed cases."""
-    from sim.fidelity import fidelity_note, summarize_cases
+    from moeplace.sim.fidelity import fidelity_note, summarize_cases
 
     return f"```\n{fidelity_note(summarize_cases(_results('fidelity')['cases']))}\n```\n"
 

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from _timing import peak_rss_mb, timed, write_result  # before any project import: sets sys.path
 
-from foundation.model import load_model
-from traces.format import TraceWriter
-from traces.importers import import_source
-from traces.validate import validate_report
+from moeplace.foundation.model import load_model
+from moeplace.traces.format import TraceWriter
+from moeplace.traces.importers import import_source
+from moeplace.traces.validate import validate_report
 
 
 def _size(path: Path) -> int:
@@ -145,7 +145,7 @@ def bench_sglang_stat(tmp: Path, rng, scale: float) -> dict:
         {"rank": 0, "logical_count": torch.from_numpy(count), "average_utilization_rate_over_window": None},
         src,
     )
-    import traces.importers.sglang  # noqa: F401  (import torch-using module before timing)
+    import moeplace.traces.importers.sglang  # noqa: F401  (import torch-using module before timing)
 
     return _timed_import("sglang stat", "sglang", src, m, tmp / "sglang.npz", records=steps, loads=True)
 

@@ -19,14 +19,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from _timing import RESULTS, timed, write_result  # before any project import: sets sys.path
 
-from foundation.cluster import make_cluster
-from foundation.model import load_model
-from placement.evaluate import TokenRouting, evaluate, index_trace
-from placement.optimizer import OptimizerConfig, solve_layer
-from placement.optimizer.layer import PARETO_SLACKS
-from placement.policies import PlacementProblem, get_policy
-from traces.format import trace_files
-from traces.synth import SynthConfig, synthesize
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.model import load_model
+from moeplace.placement.evaluate import TokenRouting, evaluate, index_trace
+from moeplace.placement.optimizer import OptimizerConfig, solve_layer
+from moeplace.placement.optimizer.layer import PARETO_SLACKS
+from moeplace.placement.policies import PlacementProblem, get_policy
+from moeplace.traces.format import trace_files
+from moeplace.traces.synth import SynthConfig, synthesize
 
 PARETO_LAYERS = (5, 30, 60, 85)
 WINDOW_TOKENS = 4096

@@ -27,10 +27,10 @@ def main() -> int:
     ap.add_argument("--with-moeplace", action="store_true")
     args = ap.parse_args()
 
-    from foundation.cluster import make_cluster
-    from foundation.model import load_model
-    from placement.compare import compare_policies, format_table, routing_windows
-    from traces.synth import SynthConfig, synthesize
+    from moeplace.foundation.cluster import make_cluster
+    from moeplace.foundation.model import load_model
+    from moeplace.placement.compare import compare_policies, format_table, routing_windows
+    from moeplace.traces.synth import SynthConfig, synthesize
 
     trace = Path(args.trace)
     synth_s = None

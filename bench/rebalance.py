@@ -20,8 +20,8 @@ from pathlib import Path
 
 from _timing import timed, write_result  # before any project import: sets sys.path
 
-from moeplace.cli import main
-from sim.results import read_summaries
+from moeplace.cli.main import main
+from moeplace.sim.results import read_summaries
 
 SCENARIO = ["--placement", "linear", "--redundant", "32", "--mode", "replay", "--duration", "20",
             "--concurrency", "64", "--context-mix", "512:1", "--output-len", "256", "--no-progress"]

@@ -17,8 +17,8 @@ from _timing import ROOT, loadavg, rel, timed, write_result
 
 sys.path.insert(0, str(ROOT))
 
-from foundation.cluster import make_cluster
-from placement.compare import compare_policies, default_redundant, routing_windows
+from moeplace.foundation.cluster import make_cluster
+from moeplace.placement.compare import compare_policies, default_redundant, routing_windows
 
 
 def main() -> None:

@@ -52,14 +52,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from foundation.cluster import make_cluster
-from foundation.files import atomic_path, write_text_atomic
-from foundation.model import load_model
-from placement.compare import compare_policies, routing_windows, scenarios
-from placement.evaluate import evaluate
-from placement.policies.moeplace import spread_sd
-from sim.workload import load_trace_tokens
-from traces.synth import SynthConfig, synthesize
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.files import atomic_path, write_text_atomic
+from moeplace.foundation.model import load_model
+from moeplace.placement.compare import compare_policies, routing_windows, scenarios
+from moeplace.placement.evaluate import evaluate
+from moeplace.placement.policies.moeplace import spread_sd
+from moeplace.sim.workload import load_trace_tokens
+from moeplace.traces.synth import SynthConfig, synthesize
 
 RESULTS = ROOT / "bench" / "results"
 VARIANTS = {  # name -> (policy, options)
@@ -118,7 +118,7 @@ def captured_loads(window_tokens: int, seed: int = 0):  # -> (Loads, one trace p
     another model, routing the same prompts differently."""
     import transformers  # optional: the [capture] extra
 
-    from traces.capture import CaptureConfig, run_capture
+    from moeplace.traces.capture import CaptureConfig, run_capture
 
     base = RESULTS / "captured-lodo"
     cfg_path = base / "config.json"

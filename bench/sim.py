@@ -20,10 +20,10 @@ from _timing import RESULTS, loadavg, rel, timed, write_result
 
 
 def run_one(trace, gpus: int, duration: float, mode: str) -> dict:
-    from foundation.cluster import make_cluster
-    from foundation.memory.config import next_valid_redundant
-    from sim.config import EngineConfig, LengthMix, SimConfig, WorkloadConfig
-    from sim.runner import resolve_placement, simulate
+    from moeplace.foundation.cluster import make_cluster
+    from moeplace.foundation.memory.config import next_valid_redundant
+    from moeplace.sim.config import EngineConfig, LengthMix, SimConfig, WorkloadConfig
+    from moeplace.sim.runner import resolve_placement, simulate
 
     cluster = make_cluster(gpus, "h200")
     R = next_valid_redundant(trace.model.num_experts, gpus)
@@ -59,9 +59,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=40_000, help="tokens of the synthesized trace")
     ap.add_argument("--quick", action="store_true", help="shorter runs (smoke test of the script)")
     args = ap.parse_args()
-    from foundation.model import load_model
-    from sim.workload import load_trace_tokens
-    from traces.synth import SynthConfig, synthesize
+    from moeplace.foundation.model import load_model
+    from moeplace.sim.workload import load_trace_tokens
+    from moeplace.traces.synth import SynthConfig, synthesize
 
     trace_dir = Path(args.trace)
     if not trace_dir.exists():

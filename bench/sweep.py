@@ -21,7 +21,7 @@ from pathlib import Path
 from _timing import ROOT, rel, timed, write_result  # first: keeps bench/sim.py from shadowing sim
 
 SNAPSHOT_ENV = "MOEPLACE_BENCH_SNAPSHOT"
-PACKAGES = ("foundation", "traces", "placement", "sim", "moeplace")  # what moeplace.sweep reaches
+PACKAGES = ("moeplace",)  # the one package the sweeps run
 
 
 def _run_on_a_snapshot() -> None:
@@ -42,14 +42,14 @@ _run_on_a_snapshot()
 
 import polars as pl
 
-from moeplace.sweep import comparable, load_spec, run_sweep
+from moeplace.cli.sweep import comparable, load_spec, run_sweep
 
 
 def source_hash() -> str:
     """sha256 over the sources the sweeps run (``PACKAGES`` of the snapshot)."""
-    import placement
+    import moeplace
 
-    base = Path(placement.__file__).resolve().parent.parent
+    base = Path(moeplace.__file__).resolve().parent.parent
     h = hashlib.sha256()
     for pkg in PACKAGES:
         for f in sorted((base / pkg).rglob("*.py")) + sorted((base / pkg).rglob("*.json")):

@@ -22,7 +22,7 @@ from _timing import RESULTS, ROOT, children_peak_rss_mb, cpu_seconds, peak_rss_m
 
 
 def stats_child(trace: str, repeats: int) -> dict:
-    from traces.stats import compute_stats
+    from moeplace.traces.stats import compute_stats
 
     runs = repeat(lambda: compute_stats(trace), repeats)
     summary = runs.result.summary()
@@ -49,8 +49,8 @@ def main() -> int:
         print(json.dumps(stats_child(args.stats_child, args.repeats)))
         return 0
 
-    from foundation.model import load_model
-    from traces.synth import SynthConfig, synthesize
+    from moeplace.foundation.model import load_model
+    from moeplace.traces.synth import SynthConfig, synthesize
 
     model = load_model("kimi-k3")
     load0 = os.getloadavg()

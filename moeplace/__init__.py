@@ -1,3 +1,5 @@
-"""moeplace/: the application layer — the ``place`` CLI (``cli.py``), one module per command
-(``commands/``, the demo included) and the design-space sweep (``sweep/``) that chains plan -> optimize
--> simulate. The only package that imports every stage; nothing imports it."""
+"""moeplace: routing traces, expert placement and cluster simulation for huge sparse MoE models.
+
+One namespace, layered along the data flow (each subpackage imports only those before it):
+``foundation`` -> ``traces`` -> ``placement`` -> ``sim`` -> ``kernels`` -> ``dashboard`` -> ``cli``.
+The layer contract is written in pyproject.toml and checked by tests/test_layers.py."""

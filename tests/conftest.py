@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from foundation.model import load_model
+from moeplace.foundation.model import load_model
 
 
 @pytest.fixture(scope="session")

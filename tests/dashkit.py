@@ -10,13 +10,13 @@ import io
 import json
 from pathlib import Path
 
-from foundation.cluster import make_cluster
-from foundation.formats import tagged
-from foundation.memory import MemoryConfig, plan_memory
-from foundation.model import ModelSpec
-from moeplace.cli import main as place
-from placement.compare import compare_policies, routing_windows
-from traces.synth import SynthConfig, synthesize
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.formats import tagged
+from moeplace.foundation.memory import MemoryConfig, plan_memory
+from moeplace.foundation.model import ModelSpec
+from moeplace.cli.main import main as place
+from moeplace.placement.compare import compare_policies, routing_windows
+from moeplace.traces.synth import SynthConfig, synthesize
 
 NUM_GPUS = 16  # two nodes of 8 H200
 NUM_REDUNDANT = 16

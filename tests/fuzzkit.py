@@ -10,7 +10,7 @@ from pathlib import Path
 
 from simkit import linear_placement, mini_model, write_trace
 
-from moeplace.cli import main
+from moeplace.cli.main import main
 
 
 # ------------------------------------------------------------------ the contract
@@ -146,7 +146,7 @@ def write_columns(path: Path, model, cols: dict) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from traces.format import arrow_schema, file_metadata
+    from moeplace.traces.format import arrow_schema, file_metadata
     arrays = {}
     for name, v in cols.items():
         if name == "expert_ids":

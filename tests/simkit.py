@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from foundation.cluster import make_cluster
-from foundation.model import ModelSpec
-from placement.record import Placement
-from sim.config import EngineConfig, SimConfig
-from sim.engine import Simulation
-from sim.memory import override_pools, plan_pools
-from sim.workload import load_trace_tokens
-from traces.format import TraceWriter
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.model import ModelSpec
+from moeplace.placement.record import Placement
+from moeplace.sim.config import EngineConfig, SimConfig
+from moeplace.sim.engine import Simulation
+from moeplace.sim.memory import override_pools, plan_pools
+from moeplace.sim.workload import load_trace_tokens
+from moeplace.traces.format import TraceWriter
 
 
 def write_trace(path, model: ModelSpec, num_requests: int = 8, prompt: int = 24, output: int = 8,

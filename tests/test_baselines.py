@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from foundation.cluster import make_cluster
-from placement.policies import PlacementProblem, get_policy, policy_names
-from placement.policies.linear import linear_phy2log, vllm_initial_map
-from placement.policies.round_robin import round_robin_phy2log
+from moeplace.foundation.cluster import make_cluster
+from moeplace.placement.policies import PlacementProblem, get_policy, policy_names
+from moeplace.placement.policies.linear import linear_phy2log, vllm_initial_map
+from moeplace.placement.policies.round_robin import round_robin_phy2log
 
 
 def vllm_linear_rank_experts(E, G, r):
@@ -62,7 +62,7 @@ def test_registered_and_flag_vllm_fallback(k3):
 
 # ---------------------------------------------------------------------------- `place optimize`
 def _loads_file(tmp_path, model, windows=4, seed=0):
-    from traces.loads import Loads
+    from moeplace.traces.loads import Loads
 
     rng = np.random.default_rng(seed)
     counts = rng.poisson(rng.gamma(0.5, 30.0, (1, model.num_moe_layers, model.num_experts)),
@@ -80,8 +80,8 @@ def _small(k3):
 def test_optimize_cli_table_and_output(k3, tmp_path, capsys):
     import json
 
-    from moeplace.cli import main
-    from placement.record import load_placement
+    from moeplace.cli.main import main
+    from moeplace.placement.record import load_placement
 
     path = _loads_file(tmp_path, _small(k3))
     out = tmp_path / "pl.json"
@@ -101,7 +101,7 @@ def test_optimize_cli_table_and_output(k3, tmp_path, capsys):
 
 
 def test_optimize_cli_errors(k3, tmp_path, capsys):
-    from moeplace.cli import main
+    from moeplace.cli.main import main
 
     path = _loads_file(tmp_path, _small(k3))
     assert main(["optimize", str(path), "--gpus", "8", "--redundant", "3", "--no-out"]) == 2

@@ -8,16 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foundation.errors import InputError
-from placement.bounds import (
+from moeplace.foundation.errors import InputError
+from moeplace.placement.bounds import (
     budget_bound,
     even_split_bound,
     minmax_replica_counts,
     placement_bound,
     splittable_bound,
 )
-from placement.dispatch import expected_gpu_loads
-from placement.record import Placement
+from moeplace.placement.dispatch import expected_gpu_loads
+from moeplace.placement.record import Placement
 
 
 def test_splittable_and_even_split_hand_computed():

@@ -12,10 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from foundation.errors import InputError
-from moeplace.cli import main
-from traces.capture import RoutingRecorder, capture_routing, find_routers, model_spec_of, read_prompts
-from traces.format import read_trace_meta, scan_trace
+from moeplace.foundation.errors import InputError
+from moeplace.cli.main import main
+from moeplace.traces.capture import RoutingRecorder, capture_routing, find_routers, model_spec_of, read_prompts
+from moeplace.traces.format import read_trace_meta, scan_trace
 
 COMMON = {"vocab_size": 96, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
           "max_position_embeddings": 128, "intermediate_size": 48, "pad_token_id": 0, "bos_token_id": 1,
@@ -257,7 +257,7 @@ def test_manual_loop_chunked_prefill_then_decode():
 
 
 def test_written_trace_validates(tmp_path):
-    validate = pytest.importorskip("traces.validate")
+    validate = pytest.importorskip("moeplace.traces.validate")
     model = tiny_model("olmoe")
     spec = model_spec_of(model)
     ids, mask = left_padded(PROMPTS)
@@ -282,7 +282,7 @@ def test_domain_column(tmp_path):
         model(input_ids=torch.tensor([[4, 5, 6]]))
     df = scan_trace(out).collect()
     assert df.height == rec.num_rows == 3 * 2 and df["domain"].to_list() == ["code"] * 6
-    assert pytest.importorskip("traces.validate").validate_trace(out) == []
+    assert pytest.importorskip("moeplace.traces.validate").validate_trace(out) == []
 
 
 def test_failed_capture_leaves_nothing(tmp_path):

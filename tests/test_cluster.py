@@ -5,8 +5,8 @@ import itertools
 
 import pytest
 
-from foundation.cluster import gpu_preset_names, load_gpu, make_cluster
-from foundation.errors import InputError
+from moeplace.foundation.cluster import gpu_preset_names, load_gpu, make_cluster
+from moeplace.foundation.errors import InputError
 
 
 def test_default_is_four_h200_nodes():

@@ -13,13 +13,13 @@ import pytest
 from dashkit import NUM_GPUS, SWEEP_DIR, make_run_dir
 from streamlit.testing.v1 import AppTest
 
-from foundation.cluster import make_cluster
-from foundation.memory import plan_memory
-from foundation.model import load_model
-from placement.compare import compare_policies
-from placement.evaluate import evaluate
-from placement.record import load_placement
-from traces.stats import affinity_lift, compute_stats
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.memory import plan_memory
+from moeplace.foundation.model import load_model
+from moeplace.placement.compare import compare_policies
+from moeplace.placement.evaluate import evaluate
+from moeplace.placement.record import load_placement
+from moeplace.traces.stats import affinity_lift, compute_stats
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
 TIMEOUT = 120
@@ -143,8 +143,8 @@ def test_placement_page_scores_match_evaluate(run_dir):
     placements apart (bound, gap, cross-node share; GPUs and slots when all share them)."""
     at = open_page(run_dir, "placement")
     no_failures(at)
-    from dashboard.data import unseen_windows
-    from traces.stats import trace_loads
+    from moeplace.dashboard.data import unseen_windows
+    from moeplace.traces.stats import trace_loads
 
     loads = trace_loads(run_dir / "traces", 4096)
     table = at.dataframe[-1].value
@@ -180,8 +180,8 @@ def test_placement_page_scores_match_evaluate(run_dir):
 def test_placement_downloads_every_export_format(run_dir, tmp_path):
     at = open_page(run_dir, "placement")
     at.selectbox(key="pl_download").set_value("moeplace").run()
-    from dashboard import data
-    from placement.export import export_placement, format_names
+    from moeplace.dashboard import data
+    from moeplace.placement.export import export_placement, format_names
 
     labels = [b.label for b in at.download_button]
     assert "placement JSON" in labels
@@ -204,7 +204,7 @@ def test_optimize_from_the_page_matches_compare_policies(run_dir):
     at.number_input(key="opt_red").set_value(16)
     at.button[0].click().run()  # the form's submit button
     no_failures(at)
-    from traces.stats import trace_loads
+    from moeplace.traces.stats import trace_loads
 
     loads = trace_loads(run_dir / "traces", 4096)
     cmp = compare_policies(loads, make_cluster(NUM_GPUS, "h200"), num_redundant=16,
@@ -224,7 +224,7 @@ def test_optimize_from_the_page_matches_compare_policies(run_dir):
 def test_placement_of_another_model_is_a_warning_and_bad_json_an_error(run_dir, tmp_path):
     bad = copy_run(run_dir, tmp_path)
     k3 = load_model("kimi-k3")
-    from placement.record import Placement
+    from moeplace.placement.record import Placement
 
     Placement.from_phy2log(np.tile(np.arange(k3.num_experts), (k3.num_moe_layers, 1)), k3, 32, 8).save(
         bad / "placements" / "k3.json")
@@ -242,7 +242,7 @@ def test_placement_of_another_model_is_a_warning_and_bad_json_an_error(run_dir, 
 def test_plan_page_matches_plan_memory_and_replans(run_dir):
     at = open_page(run_dir, "plan")
     no_failures(at)
-    from dashboard.data import plan_inputs, resolve_model
+    from moeplace.dashboard.data import plan_inputs, resolve_model
 
     name, gpus, gpu, gpn, config = plan_inputs(json.loads((run_dir / "plan.json").read_text()))
     model = resolve_model(name, [run_dir / "traces"])
@@ -302,7 +302,7 @@ def test_corrupt_simulation_output_is_an_error(run_dir, tmp_path):
 
 # ---------------------------------------------------------------------------- place dashboard
 def test_place_dashboard_rejects_a_missing_run_dir(tmp_path, capsys):
-    from moeplace.cli import main
+    from moeplace.cli.main import main
 
     assert main(["dashboard", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
@@ -310,7 +310,7 @@ def test_place_dashboard_rejects_a_missing_run_dir(tmp_path, capsys):
 
 
 def test_place_dashboard_runs_streamlit_on_the_app_with_the_run_dir(run_dir):
-    from moeplace.commands.dashboard import streamlit_command
+    from moeplace.cli.commands.dashboard import streamlit_command
 
     cmd, env = streamlit_command(run_dir, 8600, "127.0.0.1", headless=True)
     assert cmd[1:4] == ["-m", "streamlit", "run"] and Path(cmd[4]) == Path(APP)
@@ -333,7 +333,7 @@ def test_an_artifact_rewritten_on_disk_is_reread(run_dir, tmp_path):
 
 
 def test_scan_finds_artifacts_by_content_and_follows_the_simulated_trace(run_dir, tmp_path):
-    from dashboard.data import scan_run_dir
+    from moeplace.dashboard.data import scan_run_dir
 
     run = copy_run(run_dir, tmp_path)
     outside = tmp_path / "elsewhere" / "k3-default"
@@ -366,7 +366,7 @@ def chart_data(at: AppTest, i: int = 0) -> list:
 def test_sweep_page_shows_the_frontier_and_the_recommended_deployment(run_dir):
     import polars as pl
 
-    from sim.frontier import pareto_mask
+    from moeplace.sim.frontier import pareto_mask
 
     sweep = run_dir / SWEEP_DIR
     rep = json.loads((sweep / "frontier.json").read_text())
@@ -481,9 +481,9 @@ def test_unseen_windows_follow_the_planning_record(run_dir, tmp_path):
     """A Loads file of the planning trace, or a copy of it, is the same routing (held-out windows only); a
     Loads file that does not say what it summarizes cannot be told apart (nothing counts as held out);
     another trace was never seen (every window)."""
-    from dashboard.data import unseen_windows
-    from placement.compare import routing_windows
-    from traces.loads import Loads
+    from moeplace.dashboard.data import unseen_windows
+    from moeplace.placement.compare import routing_windows
+    from moeplace.traces.loads import Loads
 
     run = copy_run(run_dir, tmp_path)
     pl_ = load_placement(run / "placements" / "eplb.json")
@@ -501,7 +501,7 @@ def test_unseen_windows_follow_the_planning_record(run_dir, tmp_path):
     assert unseen_windows(pl_, trace_ld, run / "copy", run).kind == "held-out"
     from dashkit import mini_k3
 
-    from traces.synth import SynthConfig, synthesize
+    from moeplace.traces.synth import SynthConfig, synthesize
 
     synthesize(mini_k3(), SynthConfig(num_tokens=2000, seed=9, num_domains=2, max_running=16, prompt_median=256,
                                       output_median=64, long_fraction=0.0), run / "other")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from moeplace.cli import main
+from moeplace.cli.main import main
 
 
 def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
@@ -43,9 +43,9 @@ def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
 
 
 def test_demo_reuses_only_a_trace_of_this_generator_tokens_and_seed(tmp_path):
-    from foundation.model import load_model
-    from moeplace.commands.demo import _valid_trace
-    from traces.synth import SynthConfig, synthesize
+    from moeplace.foundation.model import load_model
+    from moeplace.cli.commands.demo import _valid_trace
+    from moeplace.traces.synth import SynthConfig, synthesize
 
     path = tmp_path / "t"
     synthesize(load_model("qwen3-30b-a3b"), SynthConfig(num_tokens=300, seed=1), path)

@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from foundation.errors import InputError
-from placement.dispatch import (
+from moeplace.foundation.errors import InputError
+from moeplace.placement.dispatch import (
     _fair_choices,
     batch_layout,
     choose_slots,
@@ -21,7 +21,7 @@ from placement.dispatch import (
     token_gpu_loads,
     token_slots,
 )
-from placement.record import Placement
+from moeplace.placement.record import Placement
 
 
 def make(model, p2l, G, gpn):

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from foundation.cluster import make_cluster
-from foundation.errors import InputError
-from placement.policies import PlacementProblem, get_policy
-from placement.policies.eplb import balanced_packing, rebalance_experts, replicate_experts
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.placement.policies import PlacementProblem, get_policy
+from moeplace.placement.policies.eplb import balanced_packing, rebalance_experts, replicate_experts
 
 # The published example (README of github.com/deepseek-ai/EPLB)
 WEIGHT = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foundation.cluster import make_cluster
-from foundation.errors import InputError
-from placement.evaluate import TokenRouting, evaluate, read_token_routing
-from placement.record import Placement
-from traces.format import TraceWriter
-from traces.loads import Loads
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.placement.evaluate import TokenRouting, evaluate, read_token_routing
+from moeplace.placement.record import Placement
+from moeplace.traces.format import TraceWriter
+from moeplace.traces.loads import Loads
 
 
 def make(model, p2l, G, gpn):
@@ -181,7 +181,7 @@ def test_errors(tiny, k3):
 def test_evaluate_cli(tiny, tmp_path, capsys):
     import json
 
-    from moeplace.cli import main
+    from moeplace.cli.main import main
 
     pl = make(tiny, [[0, 1, 2, 3, 0, 1]], 3, 3)
     pl.save(tmp_path / "pl.json")

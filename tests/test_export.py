@@ -9,15 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from foundation.errors import InputError
-from foundation.model import load_model
-from moeplace.cli import main
-from placement.export import export_placement, format_names, import_loads, import_placement
-from placement.export.flags import FlagOptions, launch_command
-from placement.export.sglang import full_phy2log
-from placement.export.vllm import load_records, read_load_stats, split_over_replicas
-from placement.record import Placement, load_placement
-from traces.loads import Loads, load_loads
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import load_model
+from moeplace.cli.main import main
+from moeplace.placement.export import export_placement, format_names, import_loads, import_placement
+from moeplace.placement.export.flags import FlagOptions, launch_command
+from moeplace.placement.export.sglang import full_phy2log
+from moeplace.placement.export.vllm import load_records, read_load_stats, split_over_replicas
+from moeplace.placement.record import Placement, load_placement
+from moeplace.traces.loads import Loads, load_loads
 
 PLACEMENT_FORMATS = {"sglang": ".json", "sglang-pt": ".pt", "vllm-expert-map": ".json", "vllm-jsonl": ".jsonl",
                      "vllm-ascend": ".json", "trtllm": ".yaml", "trtllm-lb": ".yaml"}
@@ -205,7 +205,7 @@ def test_vllm_expert_map_shared_list_and_errors(dsv3, tmp_path):
 
 def test_vllm_jsonl_last_mapping_wins_and_checks_fields(dsv3, tmp_path):
     a, b = vllm_default(dsv3, 8, 8), make(dsv3, random_phy2log(np.random.default_rng(2), 58, 256, 8, 8), 8)
-    from placement.export.vllm import mapping_record
+    from moeplace.placement.export.vllm import mapping_record
 
     f = tmp_path / "m.jsonl"
     f.write_text(json.dumps(mapping_record(a)) + "\n\n" + json.dumps(mapping_record(b)) + "\n")

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import yaml
 
-from foundation.errors import InputError
-from foundation.model import load_model
-from moeplace.cli import main
-from placement.export import export_placement, import_placement
-from placement.export.flags import FlagOptions, check_layout, launch_command
-from placement.record import Placement, load_placement
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import load_model
+from moeplace.cli.main import main
+from moeplace.placement.export import export_placement, import_placement
+from moeplace.placement.export.flags import FlagOptions, check_layout, launch_command
+from moeplace.placement.record import Placement, load_placement
 
 
 @pytest.fixture(scope="module")

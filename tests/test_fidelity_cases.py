@@ -49,7 +49,7 @@ def test_breakdown_composes_the_steady_iteration():
     """The stored per-case breakdown is the steady iteration's own composition: under dual-batch overlap a
     MoE layer is the larger of its compute and communication sides (a pipeline fill per iteration aside),
     the busiest GPU never beats the mean one, and the iteration's total is the metric's iteration."""
-    from sim.config import CostConfig
+    from moeplace.sim.config import CostConfig
 
     fid = _fidelity()
     case = next(c for c in fid.load_cases(fid.CASES) if c["id"] == "deepseek-profile-decode-ep128")

@@ -14,8 +14,8 @@ import yaml
 from benchkit import REPO, load_bench
 from simkit import mini_model, write_trace
 
-import sim.fidelity
-from moeplace.cli import main
+from moeplace.sim import fidelity as sim_fidelity
+from moeplace.cli.main import main
 
 
 def _bench_fidelity():
@@ -75,17 +75,17 @@ def test_json_carries_the_same_figures_and_keeps_its_summaries(trace_dir, capsys
     far = sorted((c["id"], c["error"]) for c in f["far_off"])
     assert [i for i, _ in far] == [i for i, _ in e["far"]]
     assert [x for _, x in far] == pytest.approx([x for _, x in e["far"]], rel=1e-12)
-    assert f["note"] == sim.fidelity.fidelity_note(f) and f["note"].startswith("absolute figures are model estimates")
+    assert f["note"] == sim_fidelity.fidelity_note(f) and f["note"].startswith("absolute figures are model estimates")
 
 
 def test_note_reads_the_signs_and_says_what_was_never_checked():
     s = {"provenance": "p", "validation_cases": 3, "ttft_cases": 0, "far_off_threshold": 0.35, "far_off": [],
          "throughput": {"cases": 2, "median_abs_error": 0.1, "worst_error": -0.2, "worst_case": "a", "worst_org": "O"},
          "tpot": {"cases": 1, "median_abs_error": 0.05, "worst_error": -0.05, "worst_case": "b", "worst_org": "O"}}
-    note = sim.fidelity.fidelity_note(s)
+    note = sim_fidelity.fidelity_note(s)
     assert "(worst -20%, too slow: O a)" in note and "(worst -5%, too fast)" in note
     assert "beyond" not in note and "TTFT never checked" in note
-    assert "TTFT" not in sim.fidelity.fidelity_note({**s, "ttft_cases": 1})
+    assert "TTFT" not in sim_fidelity.fidelity_note({**s, "ttft_cases": 1})
 
 
 def _kernel_cases(tmp_path: Path) -> Path:
@@ -104,7 +104,7 @@ def test_only_a_full_run_writing_the_committed_results_rewrites_the_summary(tmp_
     results, summary = tmp_path / "results", tmp_path / "fidelity_summary.json"
     results.mkdir()
     monkeypatch.setattr(fid, "RESULTS", results)  # the committed results file, here
-    monkeypatch.setattr(sim.fidelity, "SUMMARY_PATH", summary)  # the package's summary, here
+    monkeypatch.setattr(sim_fidelity, "SUMMARY_PATH", summary)  # the package's summary, here
     cases = str(_kernel_cases(tmp_path))
 
     def run(*extra):
@@ -121,7 +121,7 @@ def test_only_a_full_run_writing_the_committed_results_rewrites_the_summary(tmp_
     run()
     rows = json.loads((results / "fidelity.json").read_text())["cases"]
     written = json.loads(summary.read_text())
-    assert written == json.loads(json.dumps(sim.fidelity.summarize_cases(rows)))
+    assert written == json.loads(json.dumps(sim_fidelity.summarize_cases(rows)))
     assert written["validation_cases"] == 1 and written["throughput"]["worst_case"] == rows[1]["id"]
     assert written["throughput"]["worst_error"] == pytest.approx(rows[1]["error"], rel=1e-12)
     summary.unlink()

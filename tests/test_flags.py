@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from simkit import linear_placement, mini_model, write_trace
 
-from foundation.cluster import make_cluster
-from foundation.errors import InputError
-from foundation.memory import GiB, MemoryConfig, parse_context_mix
-from moeplace import flags
-from moeplace.cli import build_parser, main
-from placement.compare import routing_windows
-from placement.policies import PlacementProblem
-from placement.record import check_compatible, load_placement
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.memory import GiB, MemoryConfig, parse_context_mix
+from moeplace.cli import flags
+from moeplace.cli.main import build_parser, main
+from moeplace.placement.compare import routing_windows
+from moeplace.placement.policies import PlacementProblem
+from moeplace.placement.record import check_compatible, load_placement
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_plan_errors_name_plan_flags(field, flag, capsys):
                                            (["--max-model-len", "2000000"], "maximum context"),
                                            (["--eplb-window", "0"], "--eplb-window")])
 def test_export_flags_fail_before_the_file_is_written(extra, needle, tmp_path, capsys):
-    from foundation.model import load_model
+    from moeplace.foundation.model import load_model
     k3 = load_model("kimi-k3")
     pl = linear_placement(k3, 32, 8)
     src = tmp_path / "p.json"

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from simkit import linear_placement, mini_model, write_trace
 
-from foundation import formats
-from foundation.errors import InputError
-from foundation.files import RUN_MARKER, check_output
-from moeplace.cli import main
+from moeplace.foundation import formats
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import RUN_MARKER, check_output
+from moeplace.cli.main import main
 
 GPUS = ["--gpus", "4", "--gpus-per-node", "2"]
 SIM = [*GPUS, "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8", "--no-progress"]
@@ -39,8 +39,8 @@ def art(tmp_path_factory) -> dict[str, Path]:
     """Every artifact made here, each by the code that writes it for users: kind -> file. What ``--json``
     prints is saved as ``<kind>.stdout.json`` (key ``<kind>:stdout``). (frontier.json and the sweep's
     scores: tests/test_sweep.py; the kernel bench report: tests/test_kernels_bench.py.)"""
-    from moeplace.commands.demo import _run_in
-    from sim.calibration import profile_from_dict
+    from moeplace.cli.commands.demo import _run_in
+    from moeplace.sim.calibration import profile_from_dict
 
     d = tmp_path_factory.mktemp("formats")
     m = mini_model()
@@ -166,13 +166,13 @@ def test_printed_and_written_documents_keep_their_content(art):
 
 # ------------------------------------------------------------------ readers
 def _readers():
-    from dashboard.data import read_artifact
-    from moeplace.sweep.run import read_scores
-    from placement.export.flags import memory_config_from_report
-    from placement.record import load_placement
-    from sim.calibration import load_profile
-    from sim.results import read_sim_config, read_summaries
-    from traces.loads import load_loads
+    from moeplace.dashboard.data import read_artifact
+    from moeplace.cli.sweep.run import read_scores
+    from moeplace.placement.export.flags import memory_config_from_report
+    from moeplace.placement.record import load_placement
+    from moeplace.sim.calibration import load_profile
+    from moeplace.sim.results import read_sim_config, read_summaries
+    from moeplace.traces.loads import load_loads
 
     return {"placement": load_placement, "loads": load_loads, "calibration": load_profile,
             "memory-plan": memory_config_from_report, "comparison": lambda p: read_artifact(p, "comparison"),
@@ -310,7 +310,7 @@ def test_force_recognises_the_previous_releases_untagged_outputs_of_the_expected
 
 
 def test_the_dashboard_classifies_json_files_by_their_tag_only(art, tmp_path):
-    from dashboard.data import scan_run_dir
+    from moeplace.dashboard.data import scan_run_dir
 
     run = tmp_path / "run"
     run.mkdir()

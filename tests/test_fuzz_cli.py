@@ -33,8 +33,8 @@ from fuzzkit import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from foundation.errors import InputError
-from moeplace.sweep.spec import load_spec
+from moeplace.foundation.errors import InputError
+from moeplace.cli.sweep.spec import load_spec
 
 FUZZ = settings(max_examples=10, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -124,8 +124,8 @@ def tiny_inputs(tmp_path_factory):
     """The tiny model and a placement of it (2 GPUs, one node) for the cell-level trace fuzz."""
     import numpy as np
 
-    from foundation.model import load_model
-    from placement.record import Placement
+    from moeplace.foundation.model import load_model
+    from moeplace.placement.record import Placement
     root = tmp_path_factory.mktemp("cells")
     model = load_model(TINY)
     pl = root / "placement.json"
@@ -169,7 +169,7 @@ def test_token_identity_cells_every_reader_says_what_validate_says(tiny_inputs, 
 
 
 def _every_reader_agrees_with_validate(tiny_inputs, tmp_path, capsys, cols) -> None:
-    from traces.validate import validate_report
+    from moeplace.traces.validate import validate_report
     model, placement = tiny_inputs
     w = tmp_path / "w"
     shutil.rmtree(w, ignore_errors=True)

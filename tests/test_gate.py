@@ -13,14 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 from fuzzkit import trace_columns
 
-from foundation.errors import InputError
-from foundation.model import load_model
-from moeplace.cli import main
-from placement.record import Placement
-from traces.format import META_FORMAT, TraceWriter, arrow_schema, file_metadata
-from traces.loads import LOADS_FORMAT, Loads, load_loads
-from traces.stats import compute_stats
-from traces.validate import check_trace, open_trace, validate_report
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import load_model
+from moeplace.cli.main import main
+from moeplace.placement.record import Placement
+from moeplace.traces.format import META_FORMAT, TraceWriter, arrow_schema, file_metadata
+from moeplace.traces.loads import LOADS_FORMAT, Loads, load_loads
+from moeplace.traces.stats import compute_stats
+from moeplace.traces.validate import check_trace, open_trace, validate_report
 
 DATA = Path(__file__).parent / "data"
 
@@ -201,7 +201,7 @@ def test_batched_statistics_pass_stops_with_the_validate_line(kind, tiny, tmp_pa
     still stops at validate's first line."""
     path, _ = bad_trace(kind, tiny, tmp_path)
     expected = str(validate_report(path).first)
-    monkeypatch.setattr("traces.scan.BATCH_ROWS", 3)
+    monkeypatch.setattr("moeplace.traces.scan.BATCH_ROWS", 3)
     for workers in (1, 2):
         with pytest.raises(InputError) as e:
             compute_stats(path, workers=workers)
@@ -217,7 +217,7 @@ def test_batched_statistics_pass_keeps_the_order_of_kinds(tiny, tmp_path, monkey
         columns())))
     expected = f"{f}: row 7: field 'expert_ids': expert id 9 >= num_experts 8 of model 'tiny-moe'"
     assert str(validate_report(d).first) == expected
-    monkeypatch.setattr("traces.scan.BATCH_ROWS", 3)
+    monkeypatch.setattr("moeplace.traces.scan.BATCH_ROWS", 3)
     with pytest.raises(InputError) as e:
         compute_stats(d, workers=1)
     assert str(e.value) == expected
@@ -225,8 +225,8 @@ def test_batched_statistics_pass_keeps_the_order_of_kinds(tiny, tmp_path, monkey
 
 def test_dashboard_reader_shows_the_validate_line(tiny, tmp_path):
     pytest.importorskip("streamlit")
-    from dashboard import data
-    from dashboard.ui import error_text
+    from moeplace.dashboard import data
+    from moeplace.dashboard.ui import error_text
 
     path, _ = bad_trace("duplicate_expert", tiny, tmp_path)
     expected = str(validate_report(path).first)

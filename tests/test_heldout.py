@@ -9,16 +9,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from foundation.cluster import make_cluster
-from moeplace.cli import main
-from placement.compare import compare_policies, routing_windows, scenarios, split_samples
-from placement.evaluate import evaluate
-from placement.policies import PlacementProblem, get_policy
-from placement.record import Placement
-from traces.loads import Loads
-from traces.scan import Sampler
-from traces.stats import trace_loads
-from traces.synth import SynthConfig, synthesize
+from moeplace.foundation.cluster import make_cluster
+from moeplace.cli.main import main
+from moeplace.placement.compare import compare_policies, routing_windows, scenarios, split_samples
+from moeplace.placement.evaluate import evaluate
+from moeplace.placement.policies import PlacementProblem, get_policy
+from moeplace.placement.record import Placement
+from moeplace.traces.loads import Loads
+from moeplace.traces.scan import Sampler
+from moeplace.traces.stats import trace_loads
+from moeplace.traces.synth import SynthConfig, synthesize
 
 E, K, L = 32, 4, 4
 
@@ -80,7 +80,7 @@ def test_planning_sees_only_planning_tokens(small, monkeypatch):
         seen.append(problem.samples)
         return get_policy("linear")(problem)
 
-    monkeypatch.setattr("placement.compare.get_policy", lambda name: probe)
+    monkeypatch.setattr("moeplace.placement.compare.get_policy", lambda name: probe)
     cmp = compare_policies(loads, make_cluster(8, "h200", 4), num_redundant=0, policies=["probe"])
     assert cmp.planning_windows.tolist() == [0, 1] and cmp.held_windows.tolist() == [2, 3]
     assert np.array_equal(seen[0], loads.samples[loads.sample_windows < 2])
@@ -299,7 +299,7 @@ def test_shift_estimate_on_a_layer_sample_is_the_full_plans_figure_on_those_laye
 
 
 def test_shift_layers_sample_sized_to_the_main_plans_work(small):
-    from placement.compare import SHIFT_MIN_LAYERS, SHIFT_WORK, shift_layers
+    from moeplace.placement.compare import SHIFT_MIN_LAYERS, SHIFT_WORK, shift_layers
 
     big = replace(small, num_layers=93, moe_layers=tuple(range(1, 93)), attention=("kda",) * 93)
     counts = np.ones((13, 92, E), np.int64)

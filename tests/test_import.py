@@ -13,14 +13,14 @@ import polars as pl
 import pytest
 import torch
 
-from foundation.errors import InputError
-from foundation.model import load_model
-from moeplace.cli import main
-from traces.format import read_trace_meta
-from traces.importers import import_source
-from traces.importers.vllm_jsonl import detect_numbering, warmup_mask
-from traces.loads import load_loads
-from traces.validate import validate_report
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import load_model
+from moeplace.cli.main import main
+from moeplace.traces.format import read_trace_meta
+from moeplace.traces.importers import import_source
+from moeplace.traces.importers.vllm_jsonl import detect_numbering, warmup_mask
+from moeplace.traces.loads import load_loads
+from moeplace.traces.validate import validate_report
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny-moe-config.json"
@@ -723,7 +723,7 @@ def test_vllm_jsonl_nan_weight_reported_as_field_problem(tiny, tmp_path):
 
 def test_vllm_jsonl_chunked_parse_matches_and_keeps_line_numbers(tiny, tmp_path, monkeypatch):
     """Rows move to numpy every FLUSH_ROWS rows: the result must not depend on it, nor the line numbers."""
-    import traces.importers.vllm_jsonl as vj
+    import moeplace.traces.importers.vllm_jsonl as vj
 
     import_source("vllm-jsonl", [DATA / "vllm_routes.jsonl"], tiny, tmp_path / "one")
     monkeypatch.setattr(vj, "FLUSH_ROWS", 7)
@@ -825,7 +825,7 @@ def test_vllm_eplb_loads_stay_exact_and_never_overflow(tiny, tmp_path):
 def test_a_converted_trace_that_fails_the_gate_names_inputs_and_output(tiny, tmp_path):
     """The last line of defence after an importer's record checks: the message names the sources and the
     output directory, never the temporary directory the trace was staged in (gone by then)."""
-    from traces.importers._common import write_validated_trace
+    from moeplace.traces.importers._common import write_validated_trace
 
     out = tmp_path / "t"
 

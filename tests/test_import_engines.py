@@ -16,13 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from foundation.errors import InputError
-from foundation.model import load_model
-from moeplace.cli import main
-from traces.format import read_trace_meta
-from traces.importers import import_source
-from traces.loads import load_loads
-from traces.validate import validate_report
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import load_model
+from moeplace.cli.main import main
+from moeplace.traces.format import read_trace_meta
+from moeplace.traces.importers import import_source
+from moeplace.traces.loads import load_loads
+from moeplace.traces.validate import validate_report
 
 TINY = Path(__file__).parent / "data" / "tiny-moe-config.json"
 

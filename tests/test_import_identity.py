@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from foundation.errors import InputError
-from foundation.model import load_model
-from moeplace.cli import main
-from placement.evaluate import read_token_routing
-from traces.importers import import_source
-from traces.stats import compute_stats
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import load_model
+from moeplace.cli.main import main
+from moeplace.placement.evaluate import read_token_routing
+from moeplace.traces.importers import import_source
+from moeplace.traces.stats import compute_stats
 
 TINY = Path(__file__).parent / "data" / "tiny-moe-config.json"
 

@@ -47,7 +47,7 @@ def test_transformers_sees_no_hub_kernels_library():
 
 
 def test_capture_guard_accepts_this_environment():
-    from traces.capture import check_kernels_name
+    from moeplace.traces.capture import check_kernels_name
 
     check_kernels_name()  # raises InputError if transformers took our package for the hub library
 
@@ -62,7 +62,7 @@ def fingerprint() -> dict:
     import transformers.integrations.hub_kernels  # imports get_kernel & co. when it thinks it may
     from transformers.utils import is_kernels_available
 
-    from traces.capture import RoutingRecorder
+    from moeplace.traces.capture import RoutingRecorder
 
     spec = importlib.util.find_spec("kernels")
     common = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
@@ -106,7 +106,7 @@ _HIDDEN = (
 
 
 def test_models_run_identically_with_and_without_our_kernels_package():
-    import kernels  # noqa: F401  ours, imported before anything probes the name
+    import moeplace.kernels  # noqa: F401  ours, imported before anything probes the name
 
     # the fresh interpreter runs while this one computes its own fingerprint
     p = subprocess.Popen([sys.executable, "-c", _HIDDEN, str(REPO / "tests")], cwd=REPO,

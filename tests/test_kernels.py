@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.launch import run_distributed
-from kernels.moe import expert_mlp, grouped_expert_forward, reference_moe, sort_by_destination
-from kernels.verify import VerifyCase, verify_rank
+from moeplace.kernels.launch import run_distributed
+from moeplace.kernels.moe import expert_mlp, grouped_expert_forward, reference_moe, sort_by_destination
+from moeplace.kernels.verify import VerifyCase, verify_rank
 
 
 def test_reference_moe_equals_per_token_sum():

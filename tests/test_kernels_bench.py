@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.bench import BenchConfig, build_profile, predict, run_bench, validate
-from sim.calibration import load_profile
+from moeplace.kernels.bench import BenchConfig, build_profile, predict, run_bench, validate
+from moeplace.sim.calibration import load_profile
 
 
 def _fake_results(cfg: BenchConfig, a=2e-4, b=1e-9, gemm_per_token=1e-5, gemm_fixed=5e-5):
@@ -57,7 +57,7 @@ def test_processor_sharing_only_binds_when_ranks_outnumber_cores():
     cfg = BenchConfig(world_size=4)
     results = _fake_results(cfg)
     profile = build_profile(results, cfg)
-    from kernels.bench import _config_table
+    from moeplace.kernels.bench import _config_table
     rows = _config_table(results, cfg)
     alone = predict(profile, cfg, rows)
     shared = predict(profile, cfg, rows, shared_cores=1)
@@ -78,7 +78,7 @@ def test_real_bench_writes_a_loadable_profile(tmp_path):
 def test_cli_writes_a_tagged_profile_and_report(tmp_path, capsys):
     import json
 
-    from moeplace.cli import main
+    from moeplace.cli.main import main
     prof, rep = tmp_path / "profile.json", tmp_path / "report.json"
     assert main(["kernels", "bench", "--world-size", "2", "--hidden", "32", "--intermediate", "16", "--experts", "8",
                  "--top-k", "2", "--train-tokens", "8,32", "--test-tokens", "16", "--test-skews", "0,1.5",
@@ -90,7 +90,7 @@ def test_cli_writes_a_tagged_profile_and_report(tmp_path, capsys):
 
 
 def test_cli_rejects_bad_world_size(capsys):
-    from moeplace.cli import main
+    from moeplace.cli.main import main
     assert main(["kernels", "bench", "--world-size", "3", "--experts", "32"]) == 2
     assert "multiple of --world-size 3" in capsys.readouterr().err
 
@@ -100,7 +100,7 @@ def test_gpu_bench_cpu_path_writes_valid_profiles(tmp_path):
     CPU). On a GPU the same function also writes the FP8 profile."""
     import json
 
-    from kernels.gpu_bench import main as gpu_bench_main
+    from moeplace.kernels.gpu_bench import main as gpu_bench_main
     assert gpu_bench_main(["--out-dir", str(tmp_path), "--device", "cpu", "--hidden", "64", "--intermediate", "32",
                            "--max-tokens", "64", "--reps", "2"]) == 0
     summary = json.loads((tmp_path / "gpu_bench_summary.json").read_text())

@@ -8,12 +8,12 @@ import time
 import numpy as np
 import pytest
 
-from placement.bounds import minmax_replica_counts
-from placement.dispatch import ideal_split
-from placement.optimizer import OptimizerConfig, solve_layer
-from placement.optimizer.greedy import count_bound, greedy_layer, normalize_scenarios
-from placement.optimizer.lns_cpsat import solve_exact, solve_neighbourhood
-from placement.optimizer.local_search import LayerState, aggregate, local_search
+from moeplace.placement.bounds import minmax_replica_counts
+from moeplace.placement.dispatch import ideal_split
+from moeplace.placement.optimizer import OptimizerConfig, solve_layer
+from moeplace.placement.optimizer.greedy import count_bound, greedy_layer, normalize_scenarios
+from moeplace.placement.optimizer.lns_cpsat import solve_exact, solve_neighbourhood
+from moeplace.placement.optimizer.local_search import LayerState, aggregate, local_search
 
 
 def check_layer(p2l: np.ndarray, num_experts: int, num_gpus: int) -> None:

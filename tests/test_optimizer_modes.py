@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from placement.optimizer import OptimizerConfig, optimize_layers, solve_layer
-from placement.optimizer.greedy import greedy_layer, normalize_scenarios
-from placement.optimizer.local_search import LayerState
-from placement.optimizer.traffic import TrafficModel
+from moeplace.placement.optimizer import OptimizerConfig, optimize_layers, solve_layer
+from moeplace.placement.optimizer.greedy import greedy_layer, normalize_scenarios
+from moeplace.placement.optimizer.local_search import LayerState
+from moeplace.placement.optimizer.traffic import TrafficModel
 from tests.test_optimizer import check_layer
 
 
@@ -135,7 +135,7 @@ def test_greedy_start_for_layers_is_deterministic():
 
 
 def test_robust_envelope_adds_each_experts_highest_share_as_a_scenario():
-    from placement.optimizer.layer import scenario_loads
+    from moeplace.placement.optimizer.layer import scenario_loads
 
     loads = np.array([[3.0, 1, 1, 1], [1, 1, 3, 1]])
     plain = scenario_loads(loads, OptimizerConfig(robust=True), 2)

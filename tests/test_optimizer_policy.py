@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from foundation.cluster import make_cluster
-from foundation.errors import InputError
-from foundation.model import load_model
-from placement.evaluate import evaluate
-from placement.policies import PlacementProblem, get_policy
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import load_model
+from moeplace.placement.evaluate import evaluate
+from moeplace.placement.policies import PlacementProblem, get_policy
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_errors_are_input_errors(qwen, tmp_path):
 def test_canonical_slots_with_an_origin_holding_an_expert_twice_on_one_gpu():
     """EPLB can put two replicas of one expert on one GPU; the new placement keeps one: the other slot
     must take the new placement's expert, not repeat the old one (every expert keeps a slot)."""
-    from placement.policies.moeplace import canonical_slots
+    from moeplace.placement.policies.moeplace import canonical_slots
 
     origin = np.array([0, 0, 1, 2, 3, 4])  # GPU 0 holds expert 0 twice
     new = np.array([0, 5, 1, 2, 3, 4])

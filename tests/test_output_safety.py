@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from simkit import linear_placement, mini_model, write_trace
 
-from foundation import files
-from foundation.files import TEMP_MARK, Outputs, check_output, clean_stale_temps
-from moeplace.cli import main
+from moeplace.foundation import files
+from moeplace.foundation.files import TEMP_MARK, Outputs, check_output, clean_stale_temps
+from moeplace.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8",
@@ -207,9 +207,9 @@ def _forbid(monkeypatch, target: str) -> None:
 
 
 def test_unwritable_output_is_refused_before_any_work(work, monkeypatch, capsys):
-    _forbid(monkeypatch, "moeplace.commands.optimize.compare_policies")
-    _forbid(monkeypatch, "moeplace.commands.trace_synth.synthesize")
-    _forbid(monkeypatch, "moeplace.commands.trace_stats.compute_stats")
+    _forbid(monkeypatch, "moeplace.cli.commands.optimize.compare_policies")
+    _forbid(monkeypatch, "moeplace.cli.commands.trace_synth.synthesize")
+    _forbid(monkeypatch, "moeplace.cli.commands.trace_stats.compute_stats")
     # /proc takes no new files, for root too (permission bits alone do not stop root)
     assert main(["optimize", "trace", "--gpus", "4", "--out", "/proc/moeplace/p.json"]) == 2
     assert "cannot write in /proc" in capsys.readouterr().err
@@ -303,7 +303,7 @@ def test_demo_refuses_bad_gpus_before_writing_anything(work, capsys):
 
 
 def test_demo_run_directory_is_all_or_nothing(work):
-    from moeplace.commands.demo import _run_in
+    from moeplace.cli.commands.demo import _run_in
 
     out = work / "run"
 
@@ -329,7 +329,7 @@ def test_demo_run_directory_is_all_or_nothing(work):
 
 
 def test_check_output_rules(work):
-    from foundation.errors import InputError
+    from moeplace.foundation.errors import InputError
 
     os.symlink("placement.json", work / "link.json")
     with pytest.raises(InputError, match="symbolic link"):
@@ -355,8 +355,8 @@ def test_check_output_rules(work):
 
 def test_sigterm_during_import_removes_the_temporary(tmp_path, monkeypatch, capsys):
     """SIGTERM arriving while an import writes its trace: exit 143 and nothing left next to --out."""
-    from foundation.files import Terminated
-    from traces.format import TraceWriter
+    from moeplace.foundation.files import Terminated
+    from moeplace.traces.format import TraceWriter
 
     data = Path(__file__).parent / "data"
     real_write = TraceWriter.write

@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from placement.optimizer import OptimizerConfig, solve_layer
-from placement.optimizer.greedy import normalize_scenarios
-from placement.optimizer.partition import coactivation, node_partition, pack_nodes, partition_start
-from placement.optimizer.traffic import TrafficModel
+from moeplace.placement.optimizer import OptimizerConfig, solve_layer
+from moeplace.placement.optimizer.greedy import normalize_scenarios
+from moeplace.placement.optimizer.partition import coactivation, node_partition, pack_nodes, partition_start
+from moeplace.placement.optimizer.traffic import TrafficModel
 from tests.test_optimizer import check_layer
 
 

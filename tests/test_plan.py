@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from foundation.cluster import ClusterSpec, GPUSpec, make_cluster
-from foundation.errors import InputError
-from foundation.memory import (
+from moeplace.foundation.cluster import ClusterSpec, GPUSpec, make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.memory import (
     GiB,
     KiB,
     MemoryConfig,
@@ -24,8 +24,8 @@ from foundation.memory import (
     resolve_layout,
     sweep_plans,
 )
-from foundation.model import KDAConfig, MLAConfig, ModelSpec, load_model
-from moeplace.cli import main
+from moeplace.foundation.model import KDAConfig, MLAConfig, ModelSpec, load_model
+from moeplace.cli.main import main
 
 
 # ---------------------------------------------------------------------------- a tiny model, by hand

@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from foundation.errors import InputError
-from placement.record import Placement, load_placement
+from moeplace.foundation.errors import InputError
+from moeplace.placement.record import Placement, load_placement
 
 
 @pytest.fixture(scope="module")

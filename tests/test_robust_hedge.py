@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from benchkit import load_bench
 
-import placement.policies.moeplace as planner_module
-from foundation.cluster import make_cluster
-from foundation.errors import InputError
-from moeplace.cli import main
-from placement.compare import compare_policies, scenarios
-from placement.optimizer import OptimizerConfig, solve_layer
-from placement.optimizer.greedy import normalize_scenarios
-from placement.optimizer.layer import dilate_windows, scenario_loads, spread_rows
-from placement.optimizer.local_search import LayerState
-from traces.loads import Loads
+import moeplace.placement.policies.moeplace as planner_module
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.cli.main import main
+from moeplace.placement.compare import compare_policies, scenarios
+from moeplace.placement.optimizer import OptimizerConfig, solve_layer
+from moeplace.placement.optimizer.greedy import normalize_scenarios
+from moeplace.placement.optimizer.layer import dilate_windows, scenario_loads, spread_rows
+from moeplace.placement.optimizer.local_search import LayerState
+from moeplace.traces.loads import Loads
 
 E, L, K = 16, 2, 2
 
@@ -243,7 +243,7 @@ LIMIT = 1.0
 
 
 def test_spread_auto_keeps_the_time_limit(small):
-    from placement.policies import PlacementProblem, get_policy
+    from moeplace.placement.policies import PlacementProblem, get_policy
 
     loads = _domains(small, per_domain=4)
     ids, _, _ = scenarios(loads)

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from foundation.errors import InputError
-from sim.calibration import PROFILE_FORMAT, load_profile, profile_from_dict
+from moeplace.foundation.errors import InputError
+from moeplace.sim.calibration import PROFILE_FORMAT, load_profile, profile_from_dict
 
 GOOD = {"format": PROFILE_FORMAT, "device": "NVIDIA H200", "dtype": "bf16", "world_size": 4,
         "ops": {"expert_gemm": {"x": "tokens_per_expert", "hidden": 3584, "intermediate": 3072,

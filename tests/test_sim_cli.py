@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 from simkit import linear_placement, mini_model, write_trace
 
-from moeplace.cli import main
+from moeplace.cli.main import main
 
 
 @pytest.fixture(scope="module")

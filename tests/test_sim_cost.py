@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from simkit import mini_model
 
-from foundation.cluster import make_cluster
-from foundation.errors import InputError
-from sim.calibration import profile_from_dict
-from sim.config import CostConfig
-from sim.cost import CostModel, MoeWork, RankWork, roofline
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.sim.calibration import profile_from_dict
+from moeplace.sim.config import CostConfig
+from moeplace.sim.cost import CostModel, MoeWork, RankWork, roofline
 
 EXACT = CostConfig.roofline()
 H200_BW = 4.8e12
@@ -134,7 +134,7 @@ def test_step_time_composition_and_dual_batch_overlap():
 
 
 def test_deepep_normal_sends_one_rdma_copy_per_node_low_latency_one_per_gpu(k3):
-    from sim.cost import node_dedup_factor
+    from moeplace.sim.cost import node_dedup_factor
     # 4 nodes of 8, top-8 uniform: remote GPUs hit 24 (1 - (31/32)^8), remote nodes 3 (1 - (3/4)^8)
     f = node_dedup_factor(32, 8, 8)
     assert f == pytest.approx(3 * (1 - 0.75 ** 8) / (24 * (1 - (31 / 32) ** 8)))

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 from simkit import build, linear_placement, mini_model, write_fixed_trace, write_trace
 
-from foundation.cluster import make_cluster
-from foundation.errors import InputError
-from placement.record import Placement
-from sim.config import CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadConfig
-from sim.cost import CostModel, RankWork
-from sim.memory import plan_pools
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.placement.record import Placement
+from moeplace.sim.config import CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadConfig
+from moeplace.sim.cost import CostModel, RankWork
+from moeplace.sim.memory import plan_pools
 
 EXACT = CostConfig.roofline()
 
@@ -243,7 +243,7 @@ def test_prefix_hits_skip_cached_prompt_tokens_and_tokens_balancer_spreads_promp
 
 
 def test_mtp_acceptance_per_draft_position_compounds(tmp_path):
-    from sim.config import parse_mtp
+    from moeplace.sim.config import parse_mtp
 
     m = mini_model()
     path = write_trace(tmp_path / "t", m, num_requests=8, prompt=32, output=4)

@@ -1,7 +1,7 @@
 """The event kernel: ordering by (time, priority, sequence), follow-up events, determinism."""
 import pytest
 
-from sim.events import PRIORITY, Event, EventQueue
+from moeplace.sim.events import PRIORITY, Event, EventQueue
 
 
 def test_same_time_runs_by_priority_then_schedule_order():

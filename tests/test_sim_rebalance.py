@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from simkit import build, linear_placement, mini_model, write_trace
 
-from foundation.errors import InputError
-from placement.record import Placement
-from sim.config import CostConfig, EngineConfig, RebalanceConfig, SimConfig, WorkloadConfig, parse_rebalance
-from sim.rebalance import Transfer, limit_moves, moved_experts, relabel_min_moves, transfer_stall
+from moeplace.foundation.errors import InputError
+from moeplace.placement.record import Placement
+from moeplace.sim.config import CostConfig, EngineConfig, RebalanceConfig, SimConfig, WorkloadConfig, parse_rebalance
+from moeplace.sim.rebalance import Transfer, limit_moves, moved_experts, relabel_min_moves, transfer_stall
 
 
 def test_moved_experts_and_stall_by_hand():
@@ -144,7 +144,7 @@ def test_decision_time_is_charged_and_async_defers_instead_of_stalling(tmp_path)
 def test_simulate_recommend_compares_static_with_the_engines_rebalancers(tmp_path, capsys):
     import json
 
-    from moeplace.cli import main
+    from moeplace.cli.main import main
 
     m = mini_model(num_experts=16)
     path = write_trace(tmp_path / "t", m, num_requests=8, prompt=64, output=16, skew=1.5, hot_shift=5)
@@ -181,8 +181,8 @@ def test_transfer_shares_the_links_fairly_by_hand():
 
 
 def test_a2a_link_share_stretches_the_bandwidth_term_only():
-    from foundation.cluster import make_cluster
-    from sim.cost import CostModel
+    from moeplace.foundation.cluster import make_cluster
+    from moeplace.sim.cost import CostModel
 
     cm = CostModel(mini_model(), make_cluster(4, "h200", 2), CostConfig.roofline())
     nv, nic = np.array([[1e4, 0.0]]), np.array([[2e4, 3e4]])

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from simkit import mini_model, write_trace
 
-from placement.dispatch import token_gpu_loads
-from placement.record import Placement
-from sim.routing import ReplayRouter, StatRouter, link_copies, link_copies_ref, src_gpus
-from sim.workload import load_trace_tokens
+from moeplace.placement.dispatch import token_gpu_loads
+from moeplace.placement.record import Placement
+from moeplace.sim.routing import ReplayRouter, StatRouter, link_copies, link_copies_ref, src_gpus
+from moeplace.sim.workload import load_trace_tokens
 
 
 def redundant_placement(m, G, gpus_per_node, seed=0):

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from foundation.errors import InputError
-from moeplace.cli import build_parser
-from moeplace.commands.simulate import simulation_config
-from moeplace.sweep.run import sim_config
-from moeplace.sweep.spec import expand_points, load_spec
-from sim.config import LengthMix
+from moeplace.foundation.errors import InputError
+from moeplace.cli.main import build_parser
+from moeplace.cli.commands.simulate import simulation_config
+from moeplace.cli.sweep.run import sim_config
+from moeplace.cli.sweep.spec import expand_points, load_spec
+from moeplace.sim.config import LengthMix
 
 
 def _spec(tmp_path: Path, workload: str, engine: str, axes: str, simulate: str):

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 from simkit import mini_model, write_trace
 
-from foundation.errors import InputError
-from sim.config import LengthMix, WorkloadConfig
-from sim.workload import RequestSource, arrival_times, load_trace_tokens, sample_lengths
-from traces.format import TraceWriter
+from moeplace.foundation.errors import InputError
+from moeplace.sim.config import LengthMix, WorkloadConfig
+from moeplace.sim.workload import RequestSource, arrival_times, load_trace_tokens, sample_lengths
+from moeplace.traces.format import TraceWriter
 
 
 def test_trace_tokens_group_requests_in_order_with_lengths(tmp_path):
@@ -82,7 +82,7 @@ def test_represented_long_requests_keep_their_true_lengths(tmp_path):
     assert (tt.prompt_len[0], tt.output_len[0], tt.prefill_rows[0]) == (100, 2, 4)
     q = RequestSource(tt, None, np.random.default_rng(0)).make(0.0)
     assert (q.prompt_len, q.output_len, q.n_pre, q.n_dec) == (100, 2, 4, 2)
-    from sim.workload import decode_row, token_rows
+    from moeplace.sim.workload import decode_row, token_rows
     assert token_rows(q, 0, 100)[[0, 24, 25, 99]].tolist() == [0, 0, 1, 3]
     assert [decode_row(q, p) for p in (100, 101, 102)] == [4, 5, 4]  # outputs cycle over the rows held
     assert token_rows(q, 99, 3).tolist() == [3, 4, 5]

@@ -8,13 +8,13 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from foundation.errors import InputError
-from foundation.model import load_model
-from moeplace.cli import main
-from traces.format import TraceWriter
-from traces.loads import load_loads
-from traces.measures import topk_overlap
-from traces.stats import (
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import load_model
+from moeplace.cli.main import main
+from moeplace.traces.format import TraceWriter
+from moeplace.traces.loads import load_loads
+from moeplace.traces.measures import topk_overlap
+from moeplace.traces.stats import (
     affinity_lift,
     compute_stats,
     skew_and_cv,
@@ -22,8 +22,8 @@ from traces.stats import (
     trace_loads,
     window_drift,
 )
-from traces.synth import SynthConfig, build_design, synth_chunks, synthesize
-from traces.validate import validate_report
+from moeplace.traces.synth import SynthConfig, build_design, synth_chunks, synthesize
+from moeplace.traces.validate import validate_report
 
 SHORT = {"prompt_median": 96, "prompt_sigma": 0.6, "output_median": 48, "long_fraction": 0.0}
 
@@ -48,7 +48,7 @@ def small_trace(tmp_path_factory, qwen):
 def test_loads_equal_direct_count(qwen, small_trace, chunk_rows, monkeypatch):
     """Also with counting chunks smaller than a row group (777 rows: chunks straddle layers/windows)."""
     if chunk_rows is not None:
-        monkeypatch.setattr("traces.scan.COUNT_CHUNK_ROWS", chunk_rows)
+        monkeypatch.setattr("moeplace.traces.scan.COUNT_CHUNK_ROWS", chunk_rows)
     path, mem = small_trace
     st = compute_stats(path, window_tokens=1000, sample_tokens=500, seed=1, workers=1)
     L, E = qwen.num_moe_layers, qwen.num_experts
@@ -73,7 +73,7 @@ def test_sample_holds_true_tokens(qwen, small_trace):
     assert s.shape == (500, qwen.num_moe_layers, qwen.top_k)
     # every sampled token is a token of the trace with all its layers
     key = {(int(r), int(p)): i for i, (r, p) in enumerate(zip(mem["request_id"], mem["position"]))}
-    from traces.scan import Sampler  # noqa: F401  (the sketch is internal; check through the output)
+    from moeplace.traces.scan import Sampler  # noqa: F401  (the sketch is internal; check through the output)
     found = 0
     for tok in s[:50]:
         hits = np.flatnonzero((mem["experts"] == tok).all(axis=(1, 2)))
@@ -217,7 +217,7 @@ def test_batched_list_columns_give_the_whole_group_result(qwen, grouped_trace, m
     groups' ends) give exactly the result of one batch per row group."""
     path, _, _ = grouped_trace
     whole = compute_stats(path, window_tokens=700, sample_tokens=400, seed=2, workers=1)
-    monkeypatch.setattr("traces.scan.BATCH_ROWS", 333)
+    monkeypatch.setattr("moeplace.traces.scan.BATCH_ROWS", 333)
     for workers in (1, 2):
         _same_stats(whole, compute_stats(path, window_tokens=700, sample_tokens=400, seed=2, workers=workers))
 

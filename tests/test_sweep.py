@@ -11,13 +11,13 @@ import numpy as np
 import polars as pl
 import pytest
 
-from foundation.errors import InputError
-from moeplace.cli import main
-from moeplace.sweep import comparable, expand_points, load_spec, pareto_mask, run_sweep
-from moeplace.sweep.spec import optimize_key, point_hash, workload_fingerprint
-from moeplace.sweep.stages import plan_point
-from moeplace.sweep.store import ResultStore, make_row
-from sim.frontier import recommend
+from moeplace.foundation.errors import InputError
+from moeplace.cli.main import main
+from moeplace.cli.sweep import comparable, expand_points, load_spec, pareto_mask, run_sweep
+from moeplace.cli.sweep.spec import optimize_key, point_hash, workload_fingerprint
+from moeplace.cli.sweep.stages import plan_point
+from moeplace.cli.sweep.store import ResultStore, make_row
+from moeplace.sim.frontier import recommend
 
 SMALL = Path(__file__).parent / "data" / "sweep-small.yaml"
 EXAMPLE = Path(__file__).parent.parent / "examples" / "sweep-k3.yaml"
@@ -61,8 +61,8 @@ def test_small_spec_expands_grid_then_extra_points(small):
 
 def test_sweep_point_lengths_follow_place_simulate(small):
     """A sweep workload's context_mix gives the prompt lengths `place simulate --context-mix` would."""
-    from moeplace.sweep.run import sim_config
-    from sim.config import LengthMix
+    from moeplace.cli.sweep.run import sim_config
+    from moeplace.sim.config import LengthMix
 
     cfg = sim_config(small, expand_points(small)[2], 8)
     assert cfg.workload.lengths == LengthMix.context_mix(((512, 1.0),), cfg.workload.lengths.output_mean,
@@ -363,8 +363,8 @@ def test_example_k3_sweep_same_table_locally_and_on_ray(tmp_path):
 
 
 def test_engine_deployment_shapes_reach_the_simulator_and_bad_values_name_the_field(tmp_path):
-    from moeplace.sweep.run import sim_config
-    from moeplace.sweep.spec import expand_points, load_spec
+    from moeplace.cli.sweep.run import sim_config
+    from moeplace.cli.sweep.spec import expand_points, load_spec
 
     def spec_with(engine: str):
         p = tmp_path / "s.yaml"

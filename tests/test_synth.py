@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from foundation.errors import InputError
-from foundation.model import load_model
-from traces.format import PHASE_DECODE, PHASE_PREFILL
-from traces.measures import topk_overlap
-from traces.stats import affinity_lift, skew_and_cv
-from traces.synth import (
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import load_model
+from moeplace.traces.format import PHASE_DECODE, PHASE_PREFILL
+from moeplace.traces.measures import topk_overlap
+from moeplace.traces.stats import affinity_lift, skew_and_cv
+from moeplace.traces.synth import (
     SynthConfig,
     build_design,
     drift_anchor_mixes,
@@ -188,8 +188,8 @@ def test_engine_loop_structure(k3):
 def test_cli_synth_writes_a_self_describing_trace(tmp_path, capsys):
     import pyarrow.parquet as pq
 
-    from moeplace.cli import main
-    from traces.format import read_trace_meta, trace_num_rows
+    from moeplace.cli.main import main
+    from moeplace.traces.format import read_trace_meta, trace_num_rows
 
     out = tmp_path / "tr"
     assert main(["trace", "synth", "--model", "qwen3-30b-a3b", "--tokens", "400", "--out", str(out),
@@ -238,7 +238,7 @@ def test_writer_process_failures_leave_nothing(tmp_path, qwen, monkeypatch):
     or temporary is left, and the writer process is gone."""
     import multiprocessing as mp
 
-    import traces.synth.writer as synth_mod  # synthesize() reads synth_chunks from there
+    import moeplace.traces.synth.writer as synth_mod  # synthesize() reads synth_chunks from there
 
     cfg = SynthConfig(num_tokens=1500, seed=1, chunk_tokens=256, **SHORT)
     (tmp_path / "file").write_text("x")

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from foundation.cluster import make_cluster
-from foundation.model import load_model
-from placement.compare import compare_policies
-from placement.optimizer import OptimizerConfig, optimize_layers
-from placement.policies import PlacementProblem, TimeLimitReached, get_policy
-from traces.loads import Loads
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.model import load_model
+from moeplace.placement.compare import compare_policies
+from moeplace.placement.optimizer import OptimizerConfig, optimize_layers
+from moeplace.placement.policies import PlacementProblem, TimeLimitReached, get_policy
+from moeplace.traces.loads import Loads
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,0 +1,157 @@
+"""``place demo``: the main job on the built-in default — a K3-shaped synthetic workload on a 32-GPU H200
+cluster (4 nodes x 8), end to end. Every stage is an ordinary ``place`` command, printed before it runs,
+so each can be rerun by hand with other settings; the artifacts land in ``--out`` (``place dashboard``
+opens them).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.errors import MoeplaceError
+from moeplace.foundation.files import RUN_MARKER, Outputs, clean_stale_temps, remove_path, temp_sibling
+from moeplace.foundation.formats import tagged
+from moeplace.foundation.model import load_model
+from moeplace.cli import flags
+from moeplace.cli.main import main
+from moeplace.placement.compare import default_redundant
+from moeplace.traces.format import read_trace_meta
+from moeplace.traces.synth import SYNTH_VERSION
+from moeplace.traces.validate import validate_trace
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="run the whole pipeline on the built-in K3 / 32 x H200 default")
+    p.add_argument("--out", default="run",
+                   help="directory for the artifacts (default: run/); a run directory an earlier `place demo` "
+                        "wrote is replaced when the new run completes, any other existing path is refused")
+    p.add_argument("--traces", default="data/k3-default",
+                   help="where the default trace is synthesized, outside the run directory so later runs reuse "
+                        "it (default: data/k3-default; reused when it exists and validates; a "
+                        "moeplace trace of other settings is replaced, any other existing path refused)")
+    p.add_argument("--tokens", type=flags.positive_int, default=100_000, help="tokens of the synthetic trace (default 100000)")
+    p.add_argument("--gpus", type=flags.positive_int, default=32)
+    p.add_argument("--gpu", default="h200")
+    p.add_argument("--duration", type=flags.seconds, default=600.0, help="simulated seconds (default 600)")
+    p.add_argument("--seed", type=flags.seed, default=0)
+    p.add_argument("--quick", action="store_true", help="small trace and short simulation (a smoke run)")
+    p.set_defaults(func=run)
+
+
+def _stage(title: str, argv: list[str], ok_codes=(0,)) -> int:
+    print(f"\n== {title}\n$ place {shlex.join(argv)}", flush=True)
+    t0 = time.perf_counter()
+    rc = main(argv)
+    print(f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    if rc not in ok_codes:
+        raise MoeplaceError(f"demo stopped: `place {shlex.join(argv)}` exited with {rc}")
+    return rc
+
+
+def _valid_trace(path: Path, tokens: int, seed: int) -> bool:
+    """The default trace can be reused: it validates and was written by this generator version with
+    the demo's token count and seed (an older generator's trace would give other numbers)."""
+    try:
+        if not path.exists() or validate_trace(path):
+            return False
+        _model, prov = read_trace_meta(path)
+    except MoeplaceError:
+        return False
+    cfg = prov.get("config", {})
+    return (prov.get("generator") == f"moeplace.synth/{SYNTH_VERSION}" and cfg.get("num_tokens") == tokens
+            and cfg.get("seed") == seed)
+
+
+def run(args) -> int:
+    out = Path(args.out)
+    traces = Path(args.traces)
+    # everything a stage could refuse late is checked before the run directory is touched
+    make_cluster(args.gpus, args.gpu)
+    if args.duration <= 0:
+        raise MoeplaceError(f"--duration must be > 0, got {args.duration}")
+    outs = Outputs()
+    outs.add(out, "demo run directory", replace_own=True)
+    outs.add(traces, "trace directory", "--traces", replace_own=True)
+    clean_stale_temps(out)
+    return _run_in(out, lambda: _pipeline(args, out, traces))
+
+
+def _run_in(out: Path, pipeline) -> int:
+    """Run ``pipeline`` writing into a fresh ``out`` (marked as a demo run directory); an earlier run there
+    is moved aside and removed only when the new one completes. On any failure (a stage's error, Ctrl-C,
+    SIGTERM) the partial directory is removed and the earlier run put back."""
+    old = None
+    if out.exists():
+        old = temp_sibling(out, "-old")
+        out.rename(old)
+    try:
+        out.mkdir(parents=True)
+        (out / RUN_MARKER).write_text(json.dumps(tagged("run", {"written_by": "place demo"})) + "\n")
+        rc = pipeline()
+    except BaseException:
+        remove_path(out)
+        if old is not None:
+            old.rename(out)
+        raise
+    if old is not None:
+        remove_path(old)
+    return rc
+
+
+def _pipeline(args, out: Path, traces: Path) -> int:
+    tokens = 20_000 if args.quick else args.tokens
+    duration = 60.0 if args.quick else args.duration
+    gpus = str(args.gpus)
+    # attention TP within a node and DP across nodes: the layout `place simulate` models by default
+    tp = min(8, args.gpus)
+    print(f"moeplace demo: Kimi K3 (synthetic routing, {tokens:,} tokens) on {args.gpus} x {args.gpu}; "
+          f"artifacts in {out}/", flush=True)
+
+    if _valid_trace(traces, tokens, args.seed):
+        print(f"\n== 1. trace: reusing {traces} (delete it to synthesize anew)")
+    else:
+        # an existing --traces is a moeplace trace of other settings (run() refused anything else)
+        _stage("1. synthesize a K3-shaped routing trace",
+               ["trace", "synth", "--model", "kimi-k3", "--tokens", str(tokens), "--out", str(traces),
+                "--seed", str(args.seed), *(["--force"] if traces.exists() else [])])
+    _stage("2. trace statistics (Loads per window, skew, drift, affinity)",
+           ["trace", "stats", str(traces), "--out", str(out / "loads.npz")])
+    # planned with the redundant slots the placement will have (place optimize's default), so the plan
+    # certifies the deployment the launch lines below start
+    redundant = default_redundant(load_model("kimi-k3").num_experts, args.gpus)
+    plan_rc = _stage("3. memory plan: does K3 fit, and how many sequences at which context",
+                     ["plan", "--model", "kimi-k3", "--gpus", gpus, "--gpu", args.gpu, "--tp", str(tp), "--dp",
+                      str(args.gpus // tp), "--redundant", str(redundant), "--context-mix",
+                      "8k:0.7,128k:0.25,1M:0.05", "--report", str(out / "plan.json")], ok_codes=(0, 3))
+    _stage("4. placement: every policy planned on the first half of the trace, scored on the second",
+           ["optimize", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--out", str(out / "placement.json"),
+            "--save-all", str(out / "placements"), "--report", str(out / "comparison.json"),
+            "--seed", str(args.seed)])
+    # the launch lines realize the layout step 3 certified (the export re-runs that plan and refuses a
+    # layout that does not fit); a layout that did not fit gets no launch lines
+    layout = ["--flags", "--plan", str(out / "plan.json")] if plan_rc == 0 else []
+    if not layout:
+        print("\n(the memory plan does not fit this cluster: the exports below come without launch flags)")
+    _stage("5. export the moeplace placement for SGLang, with its launch flags",
+           ["export", str(out / "placement.json"), "--format", "sglang", "--out",
+            str(out / "export" / "sglang-expert-location.json"), *layout])
+    _stage("6. export for vLLM (eplb_config.initial_expert_map_path, vLLM PR #49572), with its launch flags",
+           ["export", str(out / "placement.json"), "--format", "vllm-expert-map", "--out",
+            str(out / "export" / "vllm-expert-map.json"), *layout])
+    # Prompt lengths from a chat-like mixture (routing still from the trace): the trace's own long-context
+    # tail (a 1M-token prompt) would set the pace of every step and hide the placements' differences;
+    # docs/simulate.md shows that scenario on its own.
+    sim_argv = ["simulate", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--duration", str(duration),
+                "--concurrency", "1024", "--context-mix", "2k:0.9,16k:0.1", "--output-len", "1024",
+                "--out", str(out / "sim"), "--seed", str(args.seed)]
+    for policy in ("moeplace", "eplb", "linear"):
+        sim_argv += ["--placement", str(out / "placements" / f"placement-{policy}.json")]
+    if not sys.stderr.isatty():
+        sim_argv.append("--no-progress")
+    _stage("7. simulate serving with each placement (straggler cost in seconds and tokens/s)", sim_argv)
+    print(f"\nDone. Explore the run: place dashboard {out}")
+    return 0

@@ -1,0 +1,59 @@
+"""``place import-placement FILE --format F --out placement.json``: read an engine placement file (SGLang,
+vLLM PRs #49572 / #41141, vllm-ascend) back into a moeplace Placement. The SGLang ``logical_count`` form
+holds expert loads; it is read into a Loads ``.npz`` (``--out x.npz``), as are the ``eplb_load_stats``
+records of a ``vllm-jsonl`` file (``--format vllm-jsonl --out x.npz``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import Outputs
+from moeplace.foundation.model import load_model
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force, add_model
+from moeplace.placement.export import format_names, get_format, import_loads, import_placement
+from moeplace.placement.export.vllm import read_load_stats
+
+
+def register(sub) -> None:
+    p = sub.add_parser("import-placement", help="read an SGLang / vLLM / vllm-ascend placement file",
+                       description=__doc__)
+    p.add_argument("file", help="engine file")
+    p.add_argument("--format", required=True, choices=format_names(), help="its format")
+    add_model(p)
+    p.add_argument("--gpus", type=flags.positive_int, default=None,
+                   help="EP size (required unless the file records it: vllm-ascend, vllm-jsonl with load records)")
+    p.add_argument("--gpus-per-node", type=flags.positive_int, default=None, help="default: 8 if it divides --gpus, else --gpus")
+    p.add_argument("--out", required=True, help="placement JSON (or Loads .npz for sglang-logical-count)")
+    add_force(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    outs = Outputs(inputs=[args.file, args.model], force=args.force)
+    outs.add(args.out, "Loads .npz" if args.out.endswith(".npz") else "placement JSON")
+    model = load_model(args.model)
+    if get_format(args.format).kind == "loads":
+        if not args.out.endswith(".npz"):
+            raise InputError(f"--out {args.out}: --format {args.format} holds expert loads; write them to a .npz")
+        loads = import_loads(args.file, args.format, model)
+        outs.write(args.out, lambda: loads.save(args.out))
+        outs.finish()
+        print(f"wrote {args.out}: loads of {model.name}, {loads.num_windows} windows, "
+              f"{int(loads.counts.sum())} expert selections")
+        return 0
+    if args.format == "vllm-jsonl" and args.out.endswith(".npz"):
+        loads = read_load_stats(Path(args.file), model)
+        outs.write(args.out, lambda: loads.save(args.out))
+        outs.finish()
+        print(f"wrote {args.out}: loads of {model.name} from {loads.num_windows} eplb_load_stats records")
+        return 0
+    if not args.out.endswith(".json"):
+        raise InputError(f"--out {args.out}: a placement is written as .json")
+    placement = import_placement(args.file, args.format, model, args.gpus, args.gpus_per_node)
+    outs.write(args.out, lambda: placement.save(args.out))
+    outs.finish()
+    print(f"wrote {args.out}: {model.name}, {placement.num_layers} MoE layers, {placement.num_slots} slots "
+          f"({placement.num_redundant} redundant) on {placement.num_gpus} GPUs x {placement.gpus_per_node} "
+          "per node")
+    return 0

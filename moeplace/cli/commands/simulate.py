@@ -1,0 +1,314 @@
+"""``place simulate TRACES --placement A [--placement B ...]``: run the discrete-event cluster simulator
+(sim/) on a routing trace for one or more placements and print them side by side."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import Outputs
+from moeplace.foundation.model import load_model
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force
+from moeplace.cli.sim_settings import SimSettings, build_sim_config
+from moeplace.placement.dispatch import ENGINE_RULES
+from moeplace.placement.record import load_placement
+from moeplace.sim.calibration import load_profile
+from moeplace.sim.config import SimConfig, parse_mtp
+from moeplace.sim.fidelity import fidelity_doc
+from moeplace.sim.rebalance import recommend_configs
+from moeplace.sim.results import format_table, summaries_doc, write_chrome_trace, write_outputs
+from moeplace.sim.runner import resolve_placement, resolved_config, simulate
+from moeplace.sim.workload import load_trace_tokens
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate serving on a cluster: throughput, latency, straggler cost")
+    p.add_argument("traces", help="routing trace (Parquet file or directory)")
+    p.add_argument("--placement", action="append", required=True, metavar="FILE|POLICY",
+                   help="placement JSON (Placement.save) or a policy name computed on the trace; repeatable")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--gpus", type=flags.positive_int, default=32)
+    c.add_argument("--gpu", default="h200", help="GPU preset (h200, h100, h800, b200, b300, gb200-nvl72, "
+                   "gb300-nvl72) or a JSON spec file with the same fields")
+    c.add_argument("--gpus-per-node", type=flags.positive_int, default=None)
+    c.add_argument("--model", default=None, help="model preset/config overriding the trace's spec "
+                   "(same layers and experts)")
+    c.add_argument("--redundant", type=flags.nonneg_int, default=None,
+                   help="redundant slots for policy-named placements (default 0); a placement file must have "
+                        "this many when given")
+    c.add_argument("--prefill-gpus", type=flags.positive_int, default=None, help="with --disaggregated: GPUs of the prefill "
+                   "pool (its own placement from the policy); --gpus is the decode pool")
+    c.add_argument("--expert-dtype", default=None, help="override the model's routed-expert dtype (e.g. nvfp4)")
+    c.add_argument("--weight-dtype", default=None, help="override the model's dense-weight dtype (e.g. fp8)")
+    w = p.add_argument_group("workload")
+    g = w.add_mutually_exclusive_group()
+    g.add_argument("--rate", type=flags.positive_float, default=None, help="open-loop arrivals, requests/s")
+    g.add_argument("--concurrency", type=flags.positive_int, default=None, help="closed loop: requests kept in the system "
+                   "(default 256)")
+    w.add_argument("--arrival", choices=("poisson", "gamma", "ramp"), default="poisson",
+                   help="open-loop process (with --rate)")
+    w.add_argument("--rate-end", type=flags.positive_float, default=None, help="ramp: final rate")
+    w.add_argument("--burstiness", type=flags.positive_float, default=2.0, help="gamma: coefficient of variation of gaps")
+    w.add_argument("--context-mix", default=None, help="prompt lengths, e.g. 8k:0.7,128k:0.25,1M:0.05 "
+                   "(default: the trace's own request lengths)")
+    w.add_argument("--output-len", type=flags.positive_int, default=512, help="mean output length with --context-mix")
+    w.add_argument("--isl", type=flags.positive_int, default=None, help="benchmark input length (fixed, as vllm bench serve / "
+                   "trtllm-bench); needs --osl")
+    w.add_argument("--osl", type=flags.positive_int, default=None, help="benchmark output length (fixed)")
+    w.add_argument("--random-range-ratio", type=flags.float_range(0.0, 1.0, hi_open=True), default=0.0,
+                   help="with --isl/--osl: lengths uniform in [n (1-r), n (1+r)]")
+    w.add_argument("--max-requests", type=flags.positive_int, default=None)
+    w.add_argument("--max-trace-tokens", type=flags.positive_int, default=100_000,
+                   help="tokens of the trace loaded for routing (memory: tokens x MoE layers x top-k x 2 B)")
+    e = p.add_argument_group("engine")
+    e.add_argument("--engine", choices=ENGINE_RULES, default="vllm", help="replica-choice rule")
+    e.add_argument("--attention-tp", type=flags.positive_int, default=8, help="GPUs per attention-DP rank")
+    e.add_argument("--max-batched-tokens", type=flags.positive_int, default=8192)
+    e.add_argument("--max-seqs", type=flags.positive_int, default=256)
+    e.add_argument("--no-chunked-prefill", action="store_true")
+    e.add_argument("--disaggregated", action="store_true", help="separate prefill and decode pools (2 x GPUs)")
+    e.add_argument("--dbo", action="store_true", help="dual-batch overlap of all-to-all and compute")
+    e.add_argument("--kv-dtype", default="fp8", choices=("bf16", "fp8"))
+    e.add_argument("--preemption", choices=("recompute", "swap"), default="recompute")
+    e.add_argument("--pool-split", default="shared", help="place plan --pool-split: shared | ratio[:R] | slots:N")
+    e.add_argument("--gpu-memory-utilization", type=flags.fraction, default=0.9)
+    e.add_argument("--deepep-mode", choices=("auto", "normal", "low_latency", "allgather"), default="auto",
+                   help="MoE all-to-all kernels: auto = DeepEP normal with prefill tokens, low-latency for decode; "
+                   "allgather = all-gather tokens + reduce-scatter outputs (TensorRT-LLM CUTLASS MoE)")
+    e.add_argument("--cuda-graph-max-bs", type=flags.nonneg_int, default=512, help="decode batches up to this size per rank "
+                   "replay CUDA graphs (0 = eager)")
+    e.add_argument("--kernels-per-layer", type=flags.float_range(0.0), default=None,
+                   help="kernels one decoder layer runs back to back in the modelled engine build (default 20; "
+                   "builds that fuse kernels run fewer, each pays the fitted per-kernel gap)")
+    e.add_argument("--mtp", default=None, metavar="DRAFT:ACCEPT", help="MTP / speculative decoding: draft tokens "
+                   "per step and per-token acceptance probability, e.g. 1:0.85, or one conditional "
+                   "acceptance per draft position, e.g. 3:0.92,0.72,0.36")
+    e.add_argument("--prefix-hit", type=flags.float_range(0.0, 1.0, hi_open=True), default=0.0, help="share of each prompt served from the prefix cache")
+    e.add_argument("--moe-tp", type=flags.positive_int, default=1, help="TEP: GPUs each routed expert is tensor-sharded across")
+    e.add_argument("--attention-dtype", choices=("bf16", "fp8"), default="bf16", help="attention core compute dtype")
+    e.add_argument("--admission", choices=("on_demand", "reserve"), default="on_demand",
+                   help="KV admission: on_demand (vLLM/SGLang: preempt the newest when the pool fills) or reserve "
+                   "(TensorRT-LLM GUARANTEED_NO_EVICT: admit only when prompt + output fit, never preempt)")
+    e.add_argument("--dp-balance", choices=("round_robin", "tokens"), default="round_robin",
+                   help="new requests to attention-DP ranks: round robin or fewest outstanding tokens")
+    e.add_argument("--phase", choices=("both", "prefill", "decode"), default="both",
+                   help="benchmark one phase alone: prefill (1-token outputs) or decode (prompt KV given)")
+    r = p.add_argument_group("run")
+    r.add_argument("--duration", type=flags.seconds, default=600.0, help="simulated seconds")
+    r.add_argument("--warmup", type=flags.nonneg_float, default=None, help="simulated seconds excluded from throughput and "
+                   "latency (default 20%% of --duration)")
+    r.add_argument("--mode", choices=("replay", "stat"), default="stat")
+    r.add_argument("--profile", default=None, help="calibration profile JSON (kernels/)")
+    r.add_argument("--rebalance", default=None, metavar="every=N,window=W,moves=K[,policy=P,time=S,async=1]")
+    r.add_argument("--recommend", action="store_true",
+                   help="also simulate the first placement under vLLM's EPLB (window 1000, every 3000, async), "
+                        "SGLang's EPLB (every 1000, blocking) and moeplace's migration mode, and say whether "
+                        "a static placement suffices")
+    r.add_argument("--recommend-moves", type=flags.nonneg_int, default=16, metavar="K",
+                   help="moeplace migration budget per layer for --recommend (default 16)")
+    r.add_argument("--recommend-time", type=flags.seconds, default=10.0, metavar="S",
+                   help="moeplace decision time limit per rebalance for --recommend (default 10 s)")
+    r.add_argument("--route-all", action="store_true",
+                   help="route on the whole trace even when a placement was planned on its first part "
+                        "(default: route on the held-out part only)")
+    r.add_argument("--seed", type=flags.seed, default=0)
+    r.add_argument("--json", action="store_true", help="print the summaries as JSON")
+    r.add_argument("--out", default=None, help="directory for Parquet/JSON outputs")
+    r.add_argument("--chrome-trace", default=None, metavar="FILE", help="Chrome trace-event JSON (Perfetto)")
+    r.add_argument("--no-progress", action="store_true")
+    add_force(r)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    outs = Outputs(inputs=[args.traces, *args.placement, args.profile, args.model], force=args.force)
+    outs.add(args.out, "simulation output directory")
+    outs.add(args.chrome_trace, "Chrome trace", "--chrome-trace")
+    cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
+    from_token, planned = held_out_start(args.traces, args.placement)
+    if args.route_all:
+        from_token = 0
+    trace = load_trace_tokens(args.traces, args.max_trace_tokens, from_token)
+    if from_token:
+        routing_note = (f"routing on the held-out part of {args.traces}: requests starting at or after token "
+                        f"{from_token} ({', '.join(planned)} planned on the tokens before; --route-all routes "
+                        "on the whole trace)")
+    elif planned:
+        routing_note = (f"routing on the whole of {args.traces}, including the tokens {', '.join(planned)} "
+                        "planned on (--route-all): in-sample")
+    else:
+        routing_note = f"routing on {args.traces}"
+    if args.expert_dtype or args.weight_dtype:
+        try:
+            m2 = dataclasses.replace(trace.model, expert_dtype=args.expert_dtype or trace.model.expert_dtype,
+                                     weight_dtype=args.weight_dtype or trace.model.weight_dtype)
+        except InputError as exc:
+            raise InputError(f"--expert-dtype/--weight-dtype: {exc}") from None
+        trace = dataclasses.replace(trace, model=m2)
+    if args.model:
+        m = load_model(args.model)
+        if m.moe_layers != trace.model.moe_layers or m.num_experts != trace.model.num_experts \
+                or m.top_k != trace.model.top_k:
+            raise InputError(f"--model {args.model}: {m.num_moe_layers} MoE layers x {m.num_experts} experts top-"
+                             f"{m.top_k} does not match the trace's '{trace.model.name}'")
+        trace = dataclasses.replace(trace, model=m)
+    config = simulation_config(args, trace.model.max_context)
+    profile = load_profile(args.profile) if args.profile else None
+    placements = [resolve_placement(s, trace, cluster, args.redundant, args.engine, args.seed)
+                  for s in args.placement]
+    labels = [lab for lab, _ in placements]
+    for i, lab in enumerate(labels):  # keep labels unique in the table and file names
+        if labels.count(lab) > 1:
+            placements[i] = (f"{lab}#{i + 1}", placements[i][1])
+    prefill = None
+    if args.prefill_gpus is not None:
+        p_cluster = make_cluster(args.prefill_gpus, args.gpu, args.gpus_per_node)
+        prefill = []
+        for spec in args.placement:
+            if spec.endswith(".json"):
+                raise InputError(f"--placement {spec}: with --prefill-gpus give a policy name (each pool gets its "
+                                 "own placement for its GPU count)")
+            prefill.append((resolve_placement(spec, trace, p_cluster, args.redundant, args.engine, args.seed)[1],
+                            p_cluster))
+    progress = not args.no_progress and sys.stderr.isatty()
+    results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
+                       progress=progress, prefill=prefill)
+    if args.out:
+        resolved = resolved_config(config, cluster, trace, placements, profile)
+        outs.write(args.out, lambda: write_outputs(args.out, results, resolved))
+    if args.chrome_trace:
+        outs.write(args.chrome_trace, lambda: write_chrome_trace(args.chrome_trace, results))
+    rec = None
+    if args.recommend:
+        if config.rebalance is not None:
+            raise InputError("--recommend compares its own rebalancers with a static placement; drop --rebalance")
+        rec = recommend(trace, placements[0], cluster, config, profile, results[0].summary, args.recommend_moves,
+                        args.recommend_time)
+        results[0].summary["recommendation"] = rec
+    named = [lab for lab, spec in zip(labels, args.placement) if not _is_file(spec)]
+    if named:
+        routing_note += f"; {', '.join(named)} planned here on the routed tokens themselves (in-sample)"
+    for r in results:
+        r.summary["routing"] = {"from_token": from_token, "note": routing_note}
+    if args.json:
+        print(json.dumps(summaries_doc(results), indent=1))
+    else:
+        print(routing_note)
+        print(f"{trace.model.name} on {cluster.name} ({results[0].summary['num_gpus']} GPUs in all), "
+              f"attention TP{config.engine.attention_tp}, "
+              f"{args.engine} replica rule, {args.mode} mode, {args.duration:g} simulated s, "
+              + (f"{args.rate:g} req/s {args.arrival}" if args.rate is not None else
+                 f"{config.workload.concurrency} concurrent requests")
+              + f"; steady state after {config.warmup_s:g} s warm-up")
+        print(format_table(results))
+        print(fidelity_doc()["note"])
+        if rec is not None:
+            print(format_recommendation(rec))
+        walls = ", ".join(f"{r.label} {r.summary['wall_s']:.1f} s" for r in results)
+        print(f"wall time: {walls}", file=sys.stderr)
+    outs.finish()
+    return 0
+
+
+def simulation_config(args, max_context: int | None) -> SimConfig:
+    """The :class:`SimConfig` of the flags, for a model of ``max_context`` tokens: the flags' own checks,
+    then the mapping ``place sweep`` shares (:func:`moeplace.sim_settings.build_sim_config`)."""
+    if args.prefill_gpus is not None and not args.disaggregated:
+        raise InputError("--prefill-gpus needs --disaggregated")
+    if (args.isl is None) != (args.osl is None):
+        raise InputError("--isl and --osl go together (fixed benchmark lengths)")
+    if args.isl is not None:
+        if args.context_mix:
+            raise InputError("--isl/--osl and --context-mix are alternatives")
+        if args.isl < 1 or args.osl < 1:
+            raise InputError(f"--isl and --osl must be >= 1, got {args.isl}, {args.osl}")
+    mtp_draft, mtp_acceptance = parse_mtp(args.mtp) if args.mtp else (0, 0.0)
+    open_loop = args.rate is not None
+    settings = SimSettings(
+        attention_tp=args.attention_tp, engine=args.engine, kv_dtype=args.kv_dtype,
+        max_batched_tokens=args.max_batched_tokens, max_seqs=args.max_seqs,
+        chunked_prefill=not args.no_chunked_prefill, disaggregated=args.disaggregated, dbo=args.dbo,
+        preemption=args.preemption, pool_split=args.pool_split, gpu_memory_utilization=args.gpu_memory_utilization,
+        deepep_mode=args.deepep_mode, cuda_graph_max_bs=args.cuda_graph_max_bs,
+        kernels_per_layer=args.kernels_per_layer, mtp_draft=mtp_draft,
+        mtp_acceptance=mtp_acceptance, prefix_hit=args.prefix_hit, moe_tp=args.moe_tp,
+        attention_dtype=args.attention_dtype, dp_balance=args.dp_balance, admission=args.admission,
+        prefill_gpus=args.prefill_gpus, phase=args.phase,
+        arrival=args.arrival if open_loop else "closed",
+        concurrency=256 if args.concurrency is None else args.concurrency, rate=args.rate,
+        rate_end=args.rate_end, burstiness=args.burstiness, context_mix=args.context_mix,
+        output_len=args.output_len, isl=args.isl, osl=args.osl, random_range_ratio=args.random_range_ratio,
+        max_requests=args.max_requests,
+        duration=args.duration, mode=args.mode, seed=args.seed, rebalance=args.rebalance, warmup=args.warmup)
+    return build_sim_config(settings, max_context)
+
+
+def _is_file(spec: str) -> bool:
+    return Path(spec).suffix == ".json" or Path(spec).exists()
+
+
+def held_out_start(trace: str, specs: list[str]) -> tuple[int, list[str]]:
+    """The first token (file order) of ``trace`` that none of the placement files in ``specs`` was planned
+    on (their provenance's ``planned_on``), and the names of those planned on this trace; ``(0, [])``
+    when none was."""
+    start, names = 0, []
+    here = Path(trace).resolve()
+    for spec in specs:
+        if not _is_file(spec) or not Path(spec).is_file():
+            continue
+        on = load_placement(Path(spec)).provenance.get("planned_on") or {}
+        inputs = on.get("inputs", [])
+        if len(inputs) == 1 and Path(inputs[0]).resolve() == here and "held_out_from_token" in on:
+            start = max(start, int(on["held_out_from_token"]))
+            names.append(Path(spec).stem)
+    return start, names
+
+
+RECOMMEND_MIN_GAIN = 0.02  # an online rebalancer must beat the static placement by 2 % output tok/s
+
+
+def recommend(trace, placement, cluster, config, profile, static: dict, moves: int, time_limit: float) -> dict:
+    """Simulate ``placement`` (label, Placement) under each of :func:`sim.rebalance.recommend_configs` on
+    the same workload and seed as the static run ``static`` (its summary) and recommend: static unless a
+    rebalancer gains at least ``RECOMMEND_MIN_GAIN`` output tokens/s, after its weight transfers and its
+    measured decision time."""
+    rows = [{"config": "static", "output_tok_s": static["output_tok_s"], "straggler_share": static["straggler_share"],
+             "rebalances": 0, "stall_s": 0.0, "decision_s": 0.0, "transfer_s": 0.0, "a2a_slowdown_s": 0.0}]
+    for name, rb in recommend_configs(moves, time_limit).items():
+        r = simulate(trace, [placement], cluster, dataclasses.replace(config, rebalance=rb), profile)[0]
+        hist = r.summary.get("rebalance_history", [])
+        rows.append({"config": name, "output_tok_s": r.summary["output_tok_s"],
+                     "straggler_share": r.summary["straggler_share"], "rebalances": r.summary["rebalances"],
+                     "stall_s": r.summary["stall_s"], "decision_s": float(sum(h["decision_s"] for h in hist)),
+                     "transfer_s": float(sum(h["transfer_s"] for h in hist)),
+                     # async transfers share the links with the all-to-all: the steps they overlap slow down
+                     "a2a_slowdown_s": float(sum(h.get("a2a_slowdown_s", 0.0) for h in hist))})
+    best = max(rows[1:], key=lambda x: x["output_tok_s"])
+    base = rows[0]["output_tok_s"]
+    gain = best["output_tok_s"] / base - 1 if base > 0 else 0.0
+    if gain >= RECOMMEND_MIN_GAIN:
+        verdict = f"online rebalancing: {best['config']} (+{gain:.1%} output tok/s over static)"
+    else:
+        verdict = (f"a static placement suffices: the best rebalancer ({best['config']}) changes output tok/s by "
+                   f"{gain:+.1%}, under the {RECOMMEND_MIN_GAIN:.0%} that would pay for running one")
+    return {"placement": placement[0], "rows": rows, "verdict": verdict, "min_gain": RECOMMEND_MIN_GAIN}
+
+
+def format_recommendation(rec: dict) -> str:
+    head = (f"static vs online rebalancing for {rec['placement']} (same workload; decision = the policy's "
+            "measured time):")
+    w = max(len(r["config"]) for r in rec["rows"])
+    lines = [head, (f"  {'':{w}s}  output tok/s  straggler  rebalances  stall s  decision s  transfer s  "
+                    "a2a slowdown s")]
+    for r in rec["rows"]:
+        lines.append(f"  {r['config']:{w}s}  {r['output_tok_s']:12,.0f}  {r['straggler_share']:9.1%}  "
+                     f"{r['rebalances']:10d}  {r['stall_s']:7.2f}  {r['decision_s']:10.2f}  {r['transfer_s']:10.2f}  "
+                     f"{r['a2a_slowdown_s']:14.2f}")
+    lines.append("  (stall: every rank waits for a blocking rebalance; a2a slowdown: what async transfers, sharing "
+                 "the links, added to the steps they overlapped; transfer: with free links)")
+    lines.append(f"recommendation: {rec['verdict']}")
+    return "\n".join(lines)

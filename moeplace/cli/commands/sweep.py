@@ -1,0 +1,69 @@
+"""``place sweep SPEC.yaml|toml [--ray ADDRESS|auto] [--local] [--out DIR] [--workers N]``: plan, optimize
+and simulate every point of a design-space spec, on a local Ray instance (default), an existing Ray
+cluster (``--ray``) or a local process pool (``--local``); stream the rows to ``OUT/points/*.parquet``,
+write ``OUT/sweep.parquet`` and ``OUT/frontier.json``, print the Pareto frontier and the recommended
+deployment's launch command. A rerun with the same ``--out`` resumes: finished points are not redone.
+The work is :func:`moeplace.sweep.run_sweep`."""
+from __future__ import annotations
+
+import json
+import sys
+
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import check_output
+from moeplace.cli import flags
+from moeplace.cli.sweep import format_frontier, load_spec, run_sweep
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="design-space search: plan, optimize, simulate every point of a spec",
+                       description="Plans, optimizes and simulates every point of a design-space spec on a "
+                                   "local Ray instance (default), a Ray cluster (--ray) or a process pool "
+                                   "(--local). Rows stream to OUT/points/; OUT/sweep.parquet and "
+                                   "OUT/frontier.json are written at the end. Rerun with the same --out to "
+                                   "resume: finished points are not redone.")
+    p.add_argument("spec", help="sweep spec (.yaml/.yml/.toml): model, workloads, axes, settings")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--ray", default=None, metavar="ADDRESS|auto",
+                   help="attach to a running Ray cluster (ray.init(address=...)); default: start a local Ray "
+                        "instance of --workers CPUs")
+    g.add_argument("--local", action="store_true", help="run on a local process pool, without Ray")
+    p.add_argument("--out", default=None, help="output directory (default: runs/sweep-<spec name>); an existing "
+                   "one is resumed when it is a sweep directory and refused otherwise")
+    p.add_argument("--workers", type=flags.positive_int, default=None,
+                   help="worker processes / local Ray CPUs (default: the number of cores)")
+    p.add_argument("--quiet", action="store_true", help="no per-point progress lines on stderr")
+    p.add_argument("--json", action="store_true", help="print the frontier report as JSON instead of text")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.workers is not None and args.workers < 1:
+        raise InputError(f"--workers must be >= 1, got {args.workers}")
+    # resuming is what --out is for: an existing sweep directory is written into (finished points kept)
+    if args.out:
+        check_output(args.out, kind="sweep directory", inputs=[args.spec], replace_own=True)
+    spec = load_spec(args.spec)
+    out = args.out or f"runs/sweep-{spec.name}"
+    if not args.out:
+        check_output(out, kind="sweep directory", inputs=[args.spec], replace_own=True)
+    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    res = run_sweep(spec, out, backend="local" if args.local else "ray", ray_address=args.ray,
+                    workers=args.workers, log=log)
+    if args.json:
+        print(json.dumps(res.report, indent=1, default=str))
+        return 0
+    print(format_frontier(res.report))
+    print(res.report["fidelity"]["note"])
+    for name, launch in res.report["recommended_launch"].items():
+        if "error" in launch:
+            print(f"\n{name}: {launch['error']}")
+            continue
+        print(f"\nlaunch ({name}, {launch['format']}; files in {launch['placement'].rsplit('/', 1)[0]}):")
+        print(launch["command"], end="")
+        for w in launch["warnings"]:
+            print(f"place: warning: {w}", file=sys.stderr)
+    print(f"\ntable {res.table_path} ({res.table.height} rows), frontier {res.frontier_path}; "
+          f"{res.num_run} point(s) run, {res.num_resumed} resumed, {res.num_optimized} optimize task(s), "
+          f"{res.num_placements_reused} cached placement(s); {res.backend}, {res.wall_s:.1f} s")
+    return 0

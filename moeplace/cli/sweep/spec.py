@@ -1,0 +1,502 @@
+"""The sweep spec (YAML or TOML) and its expansion into points.
+
+A spec names the model, one or more workloads, the axes of the design space and the settings every
+point shares; :func:`load_spec` validates it (errors name the spec file and the field) and
+:func:`expand_points` turns it into the list of points (the cartesian product of the axes, then the
+explicit ``points``). Every point has a stable hash (:func:`point_hash`) over everything its result
+depends on, which is what a resumed sweep keys finished points by, and an optimize key
+(:func:`optimize_key`) shared by the points that need the same placement.
+
+Example (``examples/sweep-k3.yaml`` is the full one)::
+
+    model: kimi-k3
+    workloads:
+      - name: chat
+        synth: {num_tokens: 20000, seed: 0}   # traces.synth.SynthConfig fields; or trace: DIR
+        concurrency: 64                        # closed loop; or rate: 4.0 (+ arrival: poisson|gamma|ramp)
+        context_mix: "2k:1.0"                  # prompt lengths (default: the trace's own)
+        output_len: 128
+    axes:                                      # a scalar is a one-value axis
+      gpu: h200
+      gpus: [16, 32, 64]
+      tp: 8                                    # attention TP; DP = gpus / tp
+      redundant: ["1/gpu"]                     # R, or N/gpu = N slots per GPU
+      policy: [eplb, moeplace]
+      rebalance: [static, "every=25,window=25,moves=32,policy=eplb"]
+      kv_dtype: fp8
+    points:                                    # extra points; unnamed axes take the axis' first value
+      - {gpus: 32, kv_dtype: bf16}
+    plan: {context: 128k, min_seqs: 1}         # foundation.memory.config.MemoryConfig knobs (see PLAN_KEYS)
+    engine: {max_batched_tokens: 8192, max_seqs: 256}
+    optimize: {plan_fraction: 0.5, window_tokens: 4096, options: {lns_rounds: 0}}
+    simulate: {duration: 3.0, mode: stat, max_trace_tokens: 20000}
+    objective: {tpot_p99_ms: 100}              # service-level limits for the recommendation
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from moeplace.foundation.cluster import gpu_preset_names
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.memory.config import MemoryConfig
+from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
+from moeplace.foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
+from moeplace.placement.dispatch import ENGINE_RULES
+from moeplace.placement.policies import policy_names
+from moeplace.traces.synth import SYNTH_VERSION, SynthConfig
+
+SWEEP_VERSION = 1  # part of every point hash: bump when a stage's meaning changes
+
+# Axis name -> the type of one value. ``redundant`` also takes "N/gpu"; ``rebalance`` is "static" or a
+# ``place simulate --rebalance`` string; ``tp``/``ep``/``gpus_per_node`` accept null (= derived).
+AXES: dict[str, tuple[type, ...]] = {
+    "workload": (str,),
+    "gpu": (str,),
+    "gpus": (int,),
+    "gpus_per_node": (int, type(None)),
+    "tp": (int, type(None)),
+    "ep": (int, type(None)),
+    "redundant": (int, str),
+    "policy": (str,),
+    "rebalance": (str,),
+    "kv_dtype": (str,),
+    "engine": (str,),
+}
+AXIS_DEFAULTS: dict[str, Any] = {"gpu": "h200", "gpus": 32, "gpus_per_node": None, "tp": 8, "ep": None,
+                                 "redundant": "1/gpu", "policy": "eplb", "rebalance": "static",
+                                 "kv_dtype": "fp8", "engine": "vllm"}
+
+# spec section -> allowed keys and their default values
+PLAN_KEYS: dict[str, Any] = {"context": "128k", "context_mix": None, "min_seqs": 1, "dense_tp": None,
+                             "dcp": 1, "state_slots": 1, "page_size": 64, "other_reserve_gib": 1.0}
+ENGINE_KEYS: dict[str, Any] = {"max_batched_tokens": 8192, "max_seqs": 256, "gpu_memory_utilization": 0.9,
+                               "pool_split": "shared", "chunked_prefill": True, "dual_batch_overlap": False,
+                               "preemption": "recompute", "mtp_draft": 0, "mtp_acceptance": 0.0,
+                               "prefix_hit": 0.0, "moe_tp": 1, "dp_balance": "round_robin", "deepep_mode": "auto",
+                               "attention_dtype": "bf16", "cuda_graph_max_bs": 512, "kernels_per_layer": None,
+                               "warmup": None}
+OPTIMIZE_KEYS: dict[str, Any] = {"plan_fraction": 0.5, "window_tokens": 4096, "time_limit": None,
+                                 "options": {}}
+SIMULATE_KEYS: dict[str, Any] = {"duration": 5.0, "mode": "stat", "max_trace_tokens": 20000}
+OBJECTIVE_KEYS: dict[str, Any] = {"tpot_p99_ms": None, "ttft_p99_ms": None, "min_output_tok_s": None}
+WORKLOAD_KEYS = {"name", "trace", "synth", "arrival", "concurrency", "rate", "rate_end", "burstiness",
+                 "context_mix", "output_len", "max_requests"}
+ARRIVALS = ("closed", "poisson", "gamma", "ramp")
+TOP_KEYS = {"name", "model", "seed", "workloads", "axes", "points", "plan", "engine", "optimize", "simulate",
+            "objective"}
+
+_PER_GPU = re.compile(r"^\s*(\d+)\s*/\s*gpu\s*$")
+_REBALANCE = re.compile(r"[a-z_]+=[^,]+(,[a-z_]+=[^,]+)*")  # the full check is sim.config.parse_rebalance
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload: a trace directory/file (``trace``) or synthetic-trace parameters (``synth``, the
+    fields of :class:`traces.synth.SynthConfig`), and how requests arrive at the simulated cluster."""
+
+    name: str
+    trace: str | None = None
+    synth: dict[str, Any] | None = None
+    arrival: str = "closed"
+    concurrency: int = 64
+    rate: float | None = None
+    rate_end: float | None = None
+    burstiness: float = 2.0
+    context_mix: str | None = None
+    output_len: int = 512
+    max_requests: int | None = None
+
+
+@dataclass(frozen=True)
+class Point:
+    """One deployment x workload to evaluate. ``index``: position in the spec's expansion."""
+
+    index: int
+    workload: str
+    gpu: str
+    gpus: int
+    gpus_per_node: int | None
+    tp: int | None
+    ep: int | None
+    redundant: int | str
+    policy: str
+    rebalance: str
+    kv_dtype: str
+    engine: str
+
+    @property
+    def num_redundant(self) -> int:
+        """``redundant`` resolved: ``"N/gpu"`` -> N x the EP size (all GPUs unless ``ep`` is set)."""
+        if isinstance(self.redundant, int):
+            return self.redundant
+        m = _PER_GPU.match(self.redundant)
+        return int(m.group(1)) * (self.ep or self.gpus)
+
+    def axes(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("index")
+        return d
+
+    def label(self) -> str:
+        tp = f" TP{self.tp}" if self.tp else ""
+        ep = f" EP{self.ep}" if self.ep and self.ep != self.gpus else ""
+        return (f"{self.workload}: {self.gpus}x{self.gpu}{tp}{ep} R={self.num_redundant} {self.policy} "
+                f"{'static' if self.rebalance == 'static' else 'online'} KV {self.kv_dtype} {self.engine}")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated spec. ``path``: the spec file (relative trace paths were resolved against it)."""
+
+    path: str
+    name: str
+    model: ModelSpec
+    seed: int
+    workloads: tuple[Workload, ...]
+    axes: dict[str, tuple[Any, ...]]
+    extra_points: tuple[dict[str, Any], ...]
+    plan: dict[str, Any] = field(default_factory=dict)
+    engine: dict[str, Any] = field(default_factory=dict)
+    optimize: dict[str, Any] = field(default_factory=dict)
+    simulate: dict[str, Any] = field(default_factory=dict)
+    objective: dict[str, Any] = field(default_factory=dict)
+
+    def workload(self, name: str) -> Workload:
+        return next(w for w in self.workloads if w.name == name)
+
+
+# ---------------------------------------------------------------------------- reading
+def _err(path: str, fld: str, msg: str) -> InputError:
+    return InputError(f"{path}: field '{fld}': {msg}")
+
+
+def read_spec_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a ``.yaml``/``.yml`` or ``.toml`` spec (syntax errors name file and line)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: no such sweep spec file")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read the sweep spec ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InputError(f"{p}: line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                         f"{exc.start})") from None
+    if p.suffix in (".yaml", ".yml"):
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = f"line {mark.line + 1}: " if mark is not None else ""
+            raise InputError(f"{p}: {line}not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    elif p.suffix == ".toml":
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InputError(f"{p}: not valid TOML ({exc})") from None
+    else:
+        raise InputError(f"{p}: a sweep spec must be .yaml, .yml or .toml")
+    if not isinstance(raw, dict):
+        raise InputError(f"{p}: expected a mapping at the top level (keys {', '.join(sorted(TOP_KEYS))})")
+    return raw
+
+
+def _section(path: str, raw: dict, name: str, keys: dict[str, Any]) -> dict[str, Any]:
+    sec = raw.get(name) or {}
+    if not isinstance(sec, dict):
+        raise _err(path, name, "expected a mapping")
+    unknown = sorted(set(sec) - set(keys))
+    if unknown:
+        raise _err(path, f"{name}.{unknown[0]}", f"unknown key (expected one of {', '.join(keys)})")
+    return {**keys, **sec}
+
+
+def _num(path: str, fld: str, v: Any, kind: type, lo: float | None = None, allow_none: bool = False) -> Any:
+    if v is None and allow_none:
+        return None
+    ok = isinstance(v, kind) and not isinstance(v, bool) or (kind is float and isinstance(v, int)
+                                                              and not isinstance(v, bool))
+    if not ok:
+        raise _err(path, fld, f"expected {'a whole number' if kind is int else 'a number'}, got {v!r}")
+    if lo is not None and v < lo:
+        raise _err(path, fld, f"must be >= {lo}, got {v}")
+    return kind(v)
+
+
+def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None) -> tuple[Workload, ...]:
+    items = raw.get("workloads")
+    if not isinstance(items, list) or not items:
+        raise _err(path, "workloads", "expected a non-empty list of workloads (each with trace: or synth:)")
+    out = []
+    for i, w in enumerate(items):
+        f = f"workloads[{i}]"
+        if not isinstance(w, dict):
+            raise _err(path, f, "expected a mapping")
+        unknown = sorted(set(w) - WORKLOAD_KEYS)
+        if unknown:
+            keys = ", ".join(sorted(WORKLOAD_KEYS))
+            raise _err(path, f"{f}.{unknown[0]}", f"unknown key (expected one of {keys})")
+        name = w.get("name", f"w{i}")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {name!r}")
+        if ("trace" in w) == ("synth" in w):
+            raise _err(path, f, "give exactly one of trace: (a trace file/directory) or synth: (parameters)")
+        trace = synth = None
+        if "trace" in w:
+            t = Path(str(w["trace"]))
+            t = t if t.is_absolute() else (base / t)
+            if not t.exists():
+                raise _err(path, f"{f}.trace", f"{t}: no such trace file or directory")
+            trace = str(t.resolve())
+        else:
+            synth = w["synth"] or {}
+            if not isinstance(synth, dict):
+                raise _err(path, f"{f}.synth", "expected a mapping of traces.synth.SynthConfig fields")
+            try:
+                SynthConfig(**synth)
+            except TypeError as exc:
+                raise _err(path, f"{f}.synth", f"{exc} (fields of traces.synth.SynthConfig)") from None
+            except InputError as exc:
+                raise _err(path, f"{f}.synth", str(exc)) from None
+        arrival = w.get("arrival", "poisson" if "rate" in w else "closed")
+        if arrival not in ARRIVALS:
+            raise _err(path, f"{f}.arrival", f"expected one of {', '.join(ARRIVALS)}, got {arrival!r}")
+        if arrival != "closed" and "rate" not in w:
+            raise _err(path, f"{f}.rate", f"arrival '{arrival}' needs rate: requests per second")
+        mix = w.get("context_mix")
+        if mix is not None:
+            try:
+                parse_context_mix(str(mix), max_context, "context_mix")
+            except InputError as exc:
+                raise _err(path, f"{f}.context_mix", str(exc)) from None
+        out.append(Workload(
+            name=name, trace=trace, synth=synth, arrival=arrival,
+            concurrency=_num(path, f"{f}.concurrency", w.get("concurrency", 64), int, 1),
+            rate=_num(path, f"{f}.rate", w.get("rate"), float, 0, allow_none=True),
+            rate_end=_num(path, f"{f}.rate_end", w.get("rate_end"), float, 0, allow_none=True),
+            burstiness=_num(path, f"{f}.burstiness", w.get("burstiness", 2.0), float, 0),
+            context_mix=None if mix is None else str(mix),
+            output_len=_num(path, f"{f}.output_len", w.get("output_len", 512), int, 1),
+            max_requests=_num(path, f"{f}.max_requests", w.get("max_requests"), int, 1, allow_none=True)))
+    names = [w.name for w in out]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise _err(path, "workloads", f"workload name '{dup}' appears twice")
+    return tuple(out)
+
+
+def _check_axis_value(path: str, fld: str, axis: str, v: Any, workloads: tuple[str, ...]) -> Any:
+    kinds = AXES[axis]
+    if isinstance(v, bool) or not isinstance(v, kinds):
+        want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise _err(path, fld, f"expected {want}, got {v!r}")
+    if axis == "workload" and v not in workloads:
+        raise _err(path, fld, f"no workload named '{v}' (workloads: {', '.join(workloads)})")
+    if axis == "gpu" and v not in gpu_preset_names():
+        raise _err(path, fld, f"GPU '{v}' unknown (expected one of {', '.join(gpu_preset_names())})")
+    if axis in ("gpus", "gpus_per_node", "tp", "ep") and v is not None and v < 1:
+        raise _err(path, fld, f"must be >= 1, got {v}")
+    if axis == "redundant":
+        if isinstance(v, int) and v < 0:
+            raise _err(path, fld, f"must be >= 0, got {v}")
+        if isinstance(v, str) and not _PER_GPU.match(v):
+            raise _err(path, fld, f"expected a slot count or 'N/gpu' (N slots per GPU), got {v!r}")
+    if axis == "policy" and v not in policy_names():
+        raise _err(path, fld, f"unknown policy '{v}' (expected one of {', '.join(policy_names())})")
+    if axis == "kv_dtype" and v not in KV_DTYPE_BYTES:
+        raise _err(path, fld, f"expected one of {', '.join(KV_DTYPE_BYTES)}, got {v!r}")
+    if axis == "engine" and v not in ENGINE_RULES:
+        raise _err(path, fld, f"expected one of {', '.join(ENGINE_RULES)} (the simulator's replica rules), "
+                              f"got {v!r}")
+    if axis == "rebalance" and v != "static" and not _REBALANCE.fullmatch(v.strip()):
+        raise _err(path, fld, f"expected 'static' or every=N,window=W,moves=K[,policy=P], got {v!r}")
+    return v
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a sweep spec; see the module docstring for the keys."""
+    p = Path(path)
+    raw = read_spec_file(p)
+    sp = str(p)
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        raise _err(sp, unknown[0], f"unknown key (expected one of {', '.join(sorted(TOP_KEYS))})")
+    try:
+        model = load_model(raw.get("model") or DEFAULT_MODEL)
+    except InputError as exc:
+        raise _err(sp, "model", str(exc)) from None
+    seed = _num(sp, "seed", raw.get("seed", 0), int, 0)
+    workloads = _workloads(sp, raw, p.resolve().parent, model.max_context)
+    wnames = tuple(w.name for w in workloads)
+    axes_raw = raw.get("axes") or {}
+    if not isinstance(axes_raw, dict):
+        raise _err(sp, "axes", "expected a mapping of axis -> value or list of values")
+    bad = sorted(set(axes_raw) - set(AXES))
+    if bad:
+        raise _err(sp, f"axes.{bad[0]}", f"unknown axis (expected one of {', '.join(AXES)})")
+    axes: dict[str, tuple[Any, ...]] = {}
+    for axis in AXES:
+        v = axes_raw.get(axis, list(wnames) if axis == "workload" else AXIS_DEFAULTS[axis])
+        vals = v if isinstance(v, list) else [v]
+        if not vals:
+            raise _err(sp, f"axes.{axis}", "an axis needs at least one value")
+        axes[axis] = tuple(_check_axis_value(sp, f"axes.{axis}[{i}]", axis, x, wnames)
+                           for i, x in enumerate(vals))
+        if len(set(axes[axis])) != len(axes[axis]):
+            raise _err(sp, f"axes.{axis}", "a value appears twice")
+    extra = raw.get("points") or []
+    if not isinstance(extra, list):
+        raise _err(sp, "points", "expected a list of mappings axis -> value")
+    for i, pt in enumerate(extra):
+        if not isinstance(pt, dict):
+            raise _err(sp, f"points[{i}]", "expected a mapping axis -> value")
+        bad = sorted(set(pt) - set(AXES))
+        if bad:
+            raise _err(sp, f"points[{i}].{bad[0]}", f"unknown axis (expected one of {', '.join(AXES)})")
+        for k, v in pt.items():
+            _check_axis_value(sp, f"points[{i}].{k}", k, v, wnames)
+    plan = _section(sp, raw, "plan", PLAN_KEYS)
+    engine = _section(sp, raw, "engine", ENGINE_KEYS)
+    optimize = _section(sp, raw, "optimize", OPTIMIZE_KEYS)
+    simulate = _section(sp, raw, "simulate", SIMULATE_KEYS)
+    objective = _section(sp, raw, "objective", OBJECTIVE_KEYS)
+    _check_settings(sp, plan, engine, optimize, simulate, objective, model.max_context)
+    name = raw.get("name") or p.stem
+    return SweepSpec(path=sp, name=str(name), model=model, seed=seed, workloads=workloads, axes=axes,
+                     extra_points=tuple(dict(x) for x in extra), plan=plan, engine=engine, optimize=optimize,
+                     simulate=simulate, objective=objective)
+
+
+def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate: dict,
+                    objective: dict, max_context: int | None = None) -> None:
+    """Type and range checks of the shared settings (the stage configs repeat them per point)."""
+    for k in ("min_seqs", "dcp", "state_slots", "page_size"):
+        _num(sp, f"plan.{k}", plan[k], int, 1)
+    _num(sp, "plan.dense_tp", plan["dense_tp"], int, 1, allow_none=True)
+    _num(sp, "plan.other_reserve_gib", plan["other_reserve_gib"], float, 0)
+    for k in ("max_batched_tokens", "max_seqs"):
+        _num(sp, f"engine.{k}", engine[k], int, 1)
+    _num(sp, "engine.gpu_memory_utilization", engine["gpu_memory_utilization"], float, 0)
+    try:
+        if plan["context"] is not None:
+            parse_tokens(plan["context"], "plan.context")
+        if plan["context_mix"] is not None:
+            parse_context_mix(str(plan["context_mix"]), max_context, "plan.context_mix")
+        parse_pool_split(str(engine["pool_split"]))
+        base_memory_config(plan, engine)
+    except InputError as exc:
+        raise InputError(f"{sp}: {exc}") from None
+    for k in ("chunked_prefill", "dual_batch_overlap"):
+        if not isinstance(engine[k], bool):
+            raise _err(sp, f"engine.{k}", f"expected true or false, got {engine[k]!r}")
+    if engine["preemption"] not in ("recompute", "swap"):
+        raise _err(sp, "engine.preemption", f"expected recompute or swap, got {engine['preemption']!r}")
+    _num(sp, "engine.mtp_draft", engine["mtp_draft"], int, 0)
+    _num(sp, "engine.moe_tp", engine["moe_tp"], int, 1)
+    _num(sp, "engine.cuda_graph_max_bs", engine["cuda_graph_max_bs"], int, 0)
+    _num(sp, "engine.warmup", engine["warmup"], float, 0, allow_none=True)
+    _num(sp, "engine.kernels_per_layer", engine["kernels_per_layer"], float, 0, allow_none=True)
+    for k in ("mtp_acceptance", "prefix_hit"):
+        v = _num(sp, f"engine.{k}", engine[k], float, 0)
+        if not v <= 1:
+            raise _err(sp, f"engine.{k}", f"must be in [0, 1], got {v}")
+    for k, allowed in (("dp_balance", ("round_robin", "tokens")), ("attention_dtype", ("bf16", "fp8")),
+                       ("deepep_mode", ("auto", "normal", "low_latency", "allgather"))):
+        if engine[k] not in allowed:
+            raise _err(sp, f"engine.{k}", f"expected one of {', '.join(allowed)}, got {engine[k]!r}")
+    f = _num(sp, "optimize.plan_fraction", optimize["plan_fraction"], float, 0)
+    if not 0 < f <= 1:
+        raise _err(sp, "optimize.plan_fraction", f"must be in (0, 1], got {f}")
+    _num(sp, "optimize.window_tokens", optimize["window_tokens"], int, 1)
+    _num(sp, "optimize.time_limit", optimize["time_limit"], float, 0, allow_none=True)
+    if not isinstance(optimize["options"], dict):
+        raise _err(sp, "optimize.options", "expected a mapping of optimizer options (place optimize flags)")
+    d = _num(sp, "simulate.duration", simulate["duration"], float, 0)
+    if not d > 0:
+        raise _err(sp, "simulate.duration", f"must be > 0 simulated seconds, got {d}")
+    if simulate["mode"] not in ("stat", "replay"):
+        raise _err(sp, "simulate.mode", f"expected stat or replay, got {simulate['mode']!r}")
+    _num(sp, "simulate.max_trace_tokens", simulate["max_trace_tokens"], int, 1)
+    for k in OBJECTIVE_KEYS:
+        _num(sp, f"objective.{k}", objective[k], float, 0, allow_none=True)
+
+
+def base_memory_config(plan: dict[str, Any], engine: dict[str, Any]) -> MemoryConfig:
+    """The :class:`MemoryConfig` knobs every point shares (layout, R and KV dtype come from the point)."""
+    rule, param = parse_pool_split(str(engine["pool_split"]))
+    return MemoryConfig(
+        dense_tp=plan["dense_tp"], dcp=plan["dcp"],
+        context=None if plan["context"] is None else parse_tokens(plan["context"], "plan.context"),
+        context_mix=parse_context_mix(str(plan["context_mix"])) if plan["context_mix"] else None,
+        gpu_memory_utilization=float(engine["gpu_memory_utilization"]),
+        max_batched_tokens=int(engine["max_batched_tokens"]), max_num_seqs=int(engine["max_seqs"]),
+        state_slots_per_seq=plan["state_slots"], pool_split=rule, pool_param=param,
+        page_size=plan["page_size"],
+        other_reserve_bytes=float(plan["other_reserve_gib"]) * 2**30, min_concurrency=plan["min_seqs"])
+
+
+# ---------------------------------------------------------------------------- points
+def expand_points(spec: SweepSpec) -> list[Point]:
+    """The grid (cartesian product of the axes, in ``AXES`` order, the last axis varying fastest), then
+    the explicit points (axes they do not name take the axis' first value); duplicates are dropped
+    keeping the first."""
+    names = list(AXES)
+    grid = itertools.product(*(spec.axes[a] for a in names))
+    combos = [dict(zip(names, vals, strict=True)) for vals in grid]
+    first = {a: spec.axes[a][0] for a in names}
+    combos += [{**first, **x} for x in spec.extra_points]
+    out, seen = [], set()
+    for c in combos:
+        key = tuple(c[a] for a in names)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Point(index=len(out), **c))
+    return out
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def workload_fingerprint(spec: SweepSpec, w: Workload) -> str:
+    """What the workload's routing is: the synth parameters, generator version and model, or the trace
+    files' names, sizes and modification times (a changed trace is a new workload)."""
+    if w.synth is not None:
+        return _digest({"synth": w.synth, "generator": SYNTH_VERSION, "model": spec.model.to_dict()})
+    root = Path(w.trace)
+    files = sorted(root.rglob("*.parquet")) if root.is_dir() else [root]
+    return _digest({"trace": [(str(f.relative_to(root) if root.is_dir() else f.name), f.stat().st_size,
+                               f.stat().st_mtime_ns) for f in files]})
+
+
+def optimize_key(spec: SweepSpec, point: Point, workload_fp: str) -> str:
+    """Points with the same key need the same placement (it does not depend on TP, KV dtype or the
+    rebalancing setting): one optimize per key."""
+    return _digest({"v": SWEEP_VERSION, "model": spec.model.to_dict(), "workload": workload_fp,
+                    "gpu": point.gpu, "gpus": point.gpus, "gpus_per_node": point.gpus_per_node,
+                    "num_redundant": point.num_redundant, "policy": point.policy, "engine": point.engine,
+                    "seed": spec.seed, "optimize": spec.optimize})
+
+
+def point_hash(spec: SweepSpec, point: Point, workload_fp: str) -> str:
+    """Everything the point's row depends on (not its index, not the spec's name or path)."""
+    w = asdict(spec.workload(point.workload))
+    w.pop("name")
+    w.pop("trace")
+    return _digest({"v": SWEEP_VERSION, "model": spec.model.to_dict(), "seed": spec.seed,
+                    "axes": point.axes(),
+                    "workload": {**w, "fingerprint": workload_fp}, "plan": spec.plan, "engine": spec.engine,
+                    "optimize": spec.optimize, "simulate": spec.simulate})

@@ -1,0 +1,632 @@
+"""What the dashboard reads, and nothing else: it finds the artifacts of a run directory and loads them
+through the same library functions the ``place`` CLI uses (``traces.format`` / ``traces.validate`` /
+``traces.stats``, ``placement.record`` / ``placement.evaluate`` / ``placement.compare`` /
+``foundation.memory`` / ``placement.export``, the files ``sim.results.write_outputs`` writes). No metric
+is computed here; pages only reshape what these functions return into charts.
+
+One file past 600 lines on purpose: it is the dashboard's whole read contract, one small loader per
+artifact kind, and keeping them together is what lets a reader check that no page reads anything else.
+
+A run directory (what ``place demo --out run/`` writes; any layout works, JSON files are recognized by
+their format tag (``foundation.formats``), never by which keys they hold, and the rest by their content):
+
+- trace directories (Parquet with ``moeplace.model`` metadata), e.g. ``traces/``;
+- placement JSON files (``moeplace.placement``), e.g. ``placement.json``, ``placements/*.json``;
+- ``place optimize --report``/``--json`` output (``moeplace.comparison``), e.g. ``comparison.json``;
+- ``place plan --report``/``--json`` output (``moeplace.memory-plan``), e.g. ``plan.json``;
+- ``place simulate --out DIR`` directories (``summary.json`` + ``<label>.timeseries.parquet``), e.g. ``sim/``;
+- Loads ``.npz`` files (``place trace stats --out``), e.g. ``loads.npz``;
+- ``place sweep --out DIR`` directories (a ``moeplace.frontier`` ``frontier.json``, or a ``sweep.parquet``
+  result table), e.g. ``runs/sweep-small/``; their ``cache/`` is not searched further.
+
+An untagged JSON file (an engine file, or a report of a release before the tags) is not classified.
+
+Loaders are cached with ``st.cache_data`` keyed by the path and a stamp of its files (size and mtime),
+so an artifact rewritten on disk is re-read, and a large trace is summarized once by the streaming
+statistics, never loaded whole.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import streamlit as st
+
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.formats import check, kind_of
+from moeplace.foundation.memory.config import MemoryConfig
+from moeplace.foundation.memory.planner import plan_memory
+from moeplace.foundation.model import load_model, preset_names
+from moeplace.placement.compare import compare_policies, routing_windows
+from moeplace.placement.evaluate import evaluate
+from moeplace.placement.export import export_placement, format_names, get_format
+from moeplace.placement.record import load_placement
+from moeplace.sim.frontier import LEGACY_VERSION
+from moeplace.sim.results import (
+    ROWS,
+    file_label,  # the file-name rule write_outputs uses
+    read_sim_config,
+    read_summaries,
+)
+from moeplace.traces.format import META_MODEL, read_trace_meta, trace_files, trace_num_rows
+from moeplace.traces.loads import is_loads_file, load_loads
+from moeplace.traces.stats import compute_stats
+from moeplace.traces.validate import validate_report
+
+RUN_DIR_ENV = "MOEPLACE_RUN_DIR"
+DEFAULT_RUN_DIR = "run"
+# Directories never worth descending into while looking for artifacts.
+_SKIP_DIRS = {".git", ".venv", "__pycache__", "node_modules", ".pytest_cache"}
+_MAX_JSON_PEEK = 64 << 20  # JSON files larger than this are not classified (no run artifact is that big)
+# artifact kind (foundation.formats) -> the RunIndex group it is shown in; other kinds are not shown
+_SHOWN = {"placement": "placement", "comparison": "comparison", "memory-plan": "plan", "frontier": "frontier"}
+
+
+# ---------------------------------------------------------------------------- run directory
+def default_run_dir() -> str:
+    """The run directory the app opens with: ``place dashboard RUN_DIR`` passes it in the environment."""
+    return os.environ.get(RUN_DIR_ENV, DEFAULT_RUN_DIR)
+
+
+@dataclass(frozen=True)
+class RunIndex:
+    """The artifacts found under a run directory, by kind (paths sorted; ``notes``: files skipped and why)."""
+
+    root: Path
+    traces: tuple[Path, ...] = ()
+    placements: tuple[Path, ...] = ()
+    comparisons: tuple[Path, ...] = ()
+    plans: tuple[Path, ...] = ()
+    sims: tuple[Path, ...] = ()
+    loads: tuple[Path, ...] = ()
+    sweeps: tuple[Path, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.traces or self.placements or self.comparisons or self.plans or self.sims or self.loads
+                    or self.sweeps)
+
+
+def stamp(path: str | Path) -> tuple:
+    """A cache key for the current contents of a file or directory tree: (relative name, size, mtime)
+    of every file, so a rewritten artifact invalidates its cached load."""
+    p = Path(path)
+    if p.is_file():
+        s = p.stat()
+        return ((p.name, s.st_size, s.st_mtime_ns),)
+    if not p.is_dir():
+        return ()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(p):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
+        for f in sorted(filenames):
+            if f.startswith("."):
+                continue
+            fp = Path(dirpath, f)
+            try:
+                s = fp.stat()
+            except OSError:
+                continue
+            out.append((str(fp.relative_to(p)), s.st_size, s.st_mtime_ns))
+    return tuple(out)
+
+
+def _is_trace_parquet(path: Path) -> bool:
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (pa.ArrowException, OSError):
+        # A damaged file named like a trace part still belongs to a trace: the Traces page reports it.
+        return path.name.startswith("part-")
+    return META_MODEL in meta
+
+
+def _json_kind(path: Path) -> str | None:
+    try:
+        s = path.stat()
+    except OSError:
+        return "unreadable"
+    return _json_kind_of(str(path), s.st_size, s.st_mtime_ns)
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _json_kind_of(path: str, size: int, mtime_ns: int) -> str | None:
+    """Group of a JSON artifact by its format tag (cached per size and mtime: pages rescan on every rerun)."""
+    if size > _MAX_JSON_PEEK:
+        return None
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return "unreadable"
+    return _SHOWN.get(kind_of(d))
+
+
+def _is_sweep_table(path: Path) -> bool:
+    """A ``place sweep`` result table (``moeplace.sweep.store.SCHEMA``: a point hash and a status per row)."""
+
+    try:
+        names = set(pq.read_schema(path).names)
+    except (pa.ArrowException, OSError):
+        return True  # a damaged sweep.parquet still marks a sweep directory: the Sweep page reports it
+    return {"point_hash", "status", "reason"} <= names
+
+
+def _is_sweep_dir(d: Path, files: list[str]) -> bool:
+    """What ``place sweep --out`` writes: its ``frontier.json`` (by its tag) or ``sweep.parquet`` table."""
+    if "frontier.json" in files and _json_kind(d / "frontier.json") == "frontier":
+        return True
+    return "sweep.parquet" in files and _is_sweep_table(d / "sweep.parquet")
+
+
+def scan_run_dir(root: str | Path) -> RunIndex:
+    """Classify the artifacts under ``root`` by content. Raises :class:`InputError` when ``root`` is not
+    a directory."""
+    root = Path(root).expanduser()
+    if not root.exists():
+        raise InputError(f"{root}: no such directory (make one with `place demo --out {root}`)")
+    if not root.is_dir():
+        raise InputError(f"{root}: not a directory (give the directory `place demo --out` wrote)")
+    found: dict[str, list[Path]] = {k: [] for k in ("traces", "placements", "comparisons", "plans", "sims", "loads",
+                                                    "sweeps")}
+    notes: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        dirnames[:] = sorted(x for x in dirnames if not x.startswith(".") and x not in _SKIP_DIRS)
+        files = sorted(f for f in filenames if not f.startswith("."))
+        if "summary.json" in files and any(f.endswith(".timeseries.parquet") for f in files):
+            found["sims"].append(d)
+            dirnames[:] = []
+            continue
+        if _is_sweep_dir(d, files):
+            # its cache/ holds the sweep's own traces and placements: part of the sweep, not of the run
+            found["sweeps"].append(d)
+            dirnames[:] = []
+            continue
+        parquet = [d / f for f in files if f.endswith(".parquet")]
+        if parquet and d != root and any(_is_trace_parquet(f) for f in parquet):
+            found["traces"].append(d)  # a trace directory: all of its parquet files are one trace
+            dirnames[:] = []
+            continue
+        for f in parquet:
+            if _is_trace_parquet(f):
+                found["traces"].append(f)
+        for f in files:
+            p = d / f
+            if f.endswith(".npz"):
+                found["loads"].append(p)
+            elif f.endswith(".json"):
+                kind = _json_kind(p)
+                if kind == "unreadable":
+                    notes.append(f"{p}: not readable JSON; skipped")
+                elif kind is not None and kind != "frontier":  # a frontier outside its sweep directory
+                    found[kind + "s"].append(p)
+    # place simulate records the trace it replayed; the demo may keep the trace outside the run dir.
+    for s in found["sims"]:
+        try:
+            tp = read_sim_config(s / "config.json").get("trace", {}).get("path")
+        except (InputError, AttributeError):
+            continue
+        if tp:
+            # relative to where the run was made: most often the run directory's parent (`place demo --out run`)
+            cand = [Path(tp)] if Path(tp).is_absolute() else [root.parent / tp, Path(tp), root / tp]
+            for c in cand:
+                if c.exists() and c.resolve() not in {t.resolve() for t in found["traces"]}:
+                    found["traces"].append(c)
+                    break
+    return RunIndex(root, **{k: tuple(v) for k, v in found.items()}, notes=tuple(notes))
+
+
+def rel(path: Path, root: Path) -> str:
+    """``path`` relative to the run directory when it lies inside it (for labels)."""
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+# ---------------------------------------------------------------------------- traces
+def _stamped(fn):
+    """Wrap a cached loader so callers pass a path; the stamp is added as part of the cache key."""
+    def call(path, *args, **kwargs):
+        return fn(str(path), stamp(path), *args, **kwargs)
+    call.__name__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    return call
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    path: str
+    model_name: str
+    num_moe_layers: int
+    num_experts: int
+    top_k: int
+    num_files: int
+    num_rows: int
+    provenance: dict[str, Any]
+    moe_layers: tuple[int, ...]
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _trace_info(path: str, stamp_: tuple) -> TraceInfo:
+    """Model, size and provenance of a trace, from its Parquet footers only."""
+    model, prov = read_trace_meta(path)
+    return TraceInfo(path, model.name, model.num_moe_layers, model.num_experts, model.top_k,
+                     len(trace_files(path)), trace_num_rows(path), prov, tuple(model.moe_layers))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _trace_validation(path: str, stamp_: tuple):
+    """``traces.validate.validate_report`` (streams the trace row group by row group)."""
+    return validate_report(path)
+
+
+trace_info = _stamped(_trace_info)
+trace_validation = _stamped(_trace_validation)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _trace_stats(path: str, stamp_: tuple, window_tokens: int):
+    return compute_stats(path, window_tokens=window_tokens)
+
+
+trace_stats = _stamped(_trace_stats)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _routing_loads(path: str, stamp_: tuple, window_tokens: int):
+    """Per-window expert counts of a Loads ``.npz`` (``placement.compare.routing_windows``, the reader
+    ``place optimize`` uses)."""
+    return routing_windows([path], window_tokens=window_tokens)
+
+
+def trace_loads(path, window_tokens: int):
+    """Loads of a trace (from its cached streaming statistics, the same reduction ``place optimize``
+    uses) or of a Loads ``.npz`` file."""
+    if is_loads_file(path):
+        return _routing_loads(str(path), stamp(path), window_tokens)
+    return trace_stats(path, window_tokens).loads
+
+
+# ---------------------------------------------------------------------------- placements
+@st.cache_data(show_spinner=False, max_entries=64)
+def _placement(path: str, stamp_: tuple):
+    return load_placement(path)
+
+
+placement = _stamped(_placement)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _json(path: str, stamp_: tuple) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not readable JSON ({exc})") from None
+
+
+def read_artifact(path, kind: str) -> Any:
+    """A moeplace JSON artifact of ``kind`` (a ``foundation.formats`` kind: ``memory-plan``,
+    ``comparison``): its tag is checked, so a file of another kind is an error naming it."""
+    stamp_ = stamp(path)
+    d = _json(str(path), stamp_)
+    check(d, kind, str(path))
+    return d
+
+
+@dataclass(frozen=True)
+class Unseen:
+    """The windows of a routing a placement was not planned on. ``kind``: ``held-out`` (planned on the
+    first part of this routing: ``windows`` are the rest), ``unseen input`` (planned on other inputs:
+    every window), ``in-sample`` (planned on all of it: none) or ``unknown`` (no record of what it was
+    planned on, or an input that cannot be found: none, since any window may have been seen)."""
+
+    kind: str
+    windows: tuple[int, ...]
+    why: str
+
+
+def _resolve(name: str, root: Path) -> Path | None:
+    """An input path as ``place optimize`` recorded it (relative to where it ran): against the run
+    directory's parent, the working directory, then the run directory (as the simulated trace is found)."""
+    p = Path(name)
+    for base in ([p] if p.is_absolute() else [root.parent / p, Path.cwd() / p, root / p]):
+        if base.exists():
+            return base.resolve()
+    return None
+
+
+def _trace_key(path: Path) -> str | None:
+    """What identifies a trace's routing wherever it lies: its model, provenance and row count (a copy
+    elsewhere has the same); ``None`` when it is not a readable trace."""
+    try:
+        model, prov = read_trace_meta(path)
+        return json.dumps([model.name, prov, trace_num_rows(path)], sort_keys=True, default=str)
+    except Exception:  # noqa: BLE001  not a trace (a Loads file, a missing path): no key
+        return None
+
+
+def _routing_sources(path: Path, root: Path, loads=None) -> tuple[set, bool]:
+    """The routing a path stands for: itself, the trace's identity (:func:`_trace_key`, so a copy of
+    the trace elsewhere is the same routing) and, for a Loads ``.npz``, the trace it summarizes (its
+    provenance's ``path``); the flag is False for a Loads file that does not record one."""
+    out: set = {path.resolve()}
+    src: Path | None = path
+    known = True
+    if is_loads_file(path):
+        prov = load_loads(path).provenance if loads is None or "path" not in loads.provenance else loads.provenance
+        name = prov.get("path") if prov.get("kind") == "trace" else None
+        src = (_resolve(str(name), root) or Path(name).resolve()) if name else None
+        known = name is not None
+        if src is not None:
+            out.add(src)
+    key = _trace_key(src) if src is not None else None
+    if key is not None:
+        out.add(key)
+    return out, known
+
+
+def unseen_windows(placement_, loads, routing_path, root) -> Unseen:
+    """Which windows of ``loads`` (read from ``routing_path``) ``placement_`` never saw while planning,
+    from its ``planned_on`` provenance (``place optimize`` records the inputs and the first token of each
+    input it did not plan on)."""
+    on = placement_.provenance.get("planned_on")
+    W = loads.num_windows
+    if not isinstance(on, dict) or not on.get("inputs"):
+        return Unseen("unknown", (), "its provenance does not say what it was planned on")
+    resolved = [_resolve(str(i), Path(root)) for i in on["inputs"]]
+    if any(r is None for r in resolved):
+        return Unseen("unknown", (), f"an input it was planned on ({', '.join(map(str, on['inputs']))}) is not found")
+    here, known = _routing_sources(Path(routing_path), Path(root), loads)
+    planned, known_p = set(), True
+    for r in resolved:
+        srcs, k = _routing_sources(r, Path(root))
+        planned |= srcs
+        known_p &= k
+    if not here & planned:
+        if not (known and known_p):  # a Loads file that does not say which trace it summarizes
+            return Unseen("unknown", (), "cannot tell whether it was planned on this routing")
+        return Unseen("unseen input", tuple(range(W)), "planned on other inputs")
+    start = on.get("held_out_from_token")
+    wt = loads.window_tokens
+    if start is None or not wt:
+        return Unseen("in-sample", (), "planned on all of this routing")
+    first = -(-int(start) // wt)  # windows starting at or after the first token planning did not see
+    held = tuple(range(first, W))
+    if not held:
+        return Unseen("in-sample", (), "planned on all of this routing")
+    return Unseen("held-out", held, f"planned on tokens 0-{int(start) - 1}")
+
+
+@st.cache_data(show_spinner=False, max_entries=64,
+               hash_funcs={"moeplace.placement.record.Placement": lambda p: (p.fingerprint(), p.model_name)})
+def evaluate_placement(placement_, routing_key: tuple, _loads, engine: str):
+    """``placement.evaluate.evaluate`` of one placement on Loads (``routing_key`` identifies ``_loads``
+    in the cache: trace path, stamp, window size and window selection)."""
+    return evaluate(placement_, _loads, engine, model=_loads.model)
+
+
+def run_comparison(loads, *, gpus: int, gpu: str, gpus_per_node: int | None, num_redundant: int,
+                   policies: list[str], engine: str, plan_fraction: float, seed: int, time_limit: float | None,
+                   options: dict[str, Any] | None = None, progress=None):
+    """``placement.compare.compare_policies`` — what ``place optimize`` runs — one policy at a time so
+    the page can show progress (``progress(i, n, name)`` is called before each policy). Returns the
+    :class:`~placement.compare.PolicyResult` list and the comparison of the last call (its windows)."""
+    cluster = make_cluster(gpus, gpu, gpus_per_node)
+    results, last = [], None
+    for i, name in enumerate(policies):
+        if progress is not None:
+            progress(i, len(policies), name)
+        last = compare_policies(loads, cluster, num_redundant=num_redundant, policies=[name], engine=engine,
+                                plan_fraction=plan_fraction, seed=seed, time_limit=time_limit,
+                                options=options)
+        results += last.results
+    if progress is not None:
+        progress(len(policies), len(policies), None)
+    return results, last
+
+
+def export_bytes(placement_, model, fmt: str, loads=None) -> tuple[bytes, str, list[str]]:
+    """One export format of a placement as bytes (written by ``placement.export.export_placement`` to a
+    temporary file). Returns (bytes, file name, warnings); raises InputError when the engine's checks
+    reject the placement."""
+    f = get_format(fmt)
+    name = f"{placement_.provenance.get('policy') or 'placement'}.{fmt}{f.suffixes[0]}"
+    with tempfile.TemporaryDirectory(prefix="moeplace-dash-") as tmp:
+        out = Path(tmp) / name
+        opts = {"loads": loads} if (f.kind == "loads" or fmt == "vllm-jsonl") and loads is not None else {}
+        warnings = export_placement(placement_, model, fmt, out, **opts)
+        return out.read_bytes(), name, list(warnings or [])
+
+
+@st.cache_data(show_spinner=False, max_entries=64,
+               hash_funcs={"moeplace.placement.record.Placement": lambda p: (p.fingerprint(), p.model_name)})
+def export_file(placement_, model, fmt: str, routing_key: tuple, _loads) -> tuple[bytes, str, list[str]]:
+    """:func:`export_bytes`, cached per placement, format and routing (``routing_key`` names ``_loads``)."""
+    return export_bytes(placement_, model, fmt, _loads)
+
+
+def placement_json_bytes(placement_) -> bytes:
+    """The placement as ``Placement.save`` writes it."""
+    with tempfile.TemporaryDirectory(prefix="moeplace-dash-") as tmp:
+        out = Path(tmp) / "placement.json"
+        placement_.save(out)
+        return out.read_bytes()
+
+
+def export_formats() -> list[tuple[str, str, str, str]]:
+    """(name, engine, kind, summary) of every registered export format."""
+    return [(n, get_format(n).engine, get_format(n).kind, get_format(n).summary) for n in format_names()]
+
+
+# ---------------------------------------------------------------------------- plan
+def plan_inputs(plan_dict: dict[str, Any]) -> tuple[str, int, str, int, Any]:
+    """(model name, GPUs, GPU kind, GPUs per node, MemoryConfig) recorded in a ``place plan --json`` file."""
+    where_ = "plan JSON"
+    try:
+        cfg = dict(plan_dict["config"])
+        cl = plan_dict["cluster"]
+        if cfg.get("context_mix"):
+            cfg["context_mix"] = tuple((int(n), float(w)) for n, w in cfg["context_mix"])
+        config = MemoryConfig(**cfg)
+        return (str(plan_dict["model"]), int(cl["num_gpus"]), str(cl["gpu"]), int(cl["gpus_per_node"]), config)
+    except KeyError as exc:
+        raise InputError(f"{where_}: field {exc} missing") from None
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{where_}: field 'config' is not a plan config ({exc})") from None
+
+
+def resolve_model(name: str, traces=()):
+    """The model called ``name``: a preset, or the model recorded in one of the ``traces`` (a plan file
+    names its model; a run of a non-preset model carries the spec in its trace)."""
+    if name in preset_names():
+        return load_model(name)
+    for t in traces:
+        try:
+            m, _ = read_trace_meta(t)
+        except InputError:
+            continue
+        if m.name == name:
+            return m
+    return load_model(name)  # a config.json path, or the preset loader's own error
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def memory_plan(model, gpus: int, gpu: str, gpus_per_node: int | None, config):
+    """``foundation.memory.plan_memory`` of ``model`` (a ModelSpec) — what ``place plan`` prints."""
+    return plan_memory(model, make_cluster(gpus, gpu, gpus_per_node), config)
+
+
+def concurrency_curve(plan, lengths: list[int]) -> pl.DataFrame:
+    """Concurrent sequences (whole instance) and the pool that limits them, per single-length context:
+    ``CachePools.concurrency`` — the planner's own admission model — at each length."""
+    rows = []
+    for n in lengths:
+        per_rank, ceiling = plan.pools.concurrency(((int(n), 1.0),))
+        rows.append({"context_tokens": int(n), "concurrency": int(per_rank) * plan.layout.dp, "ceiling": ceiling})
+    return pl.DataFrame(rows)
+
+
+def with_changes(config, **changes):
+    return replace(config, **changes)
+
+
+# ---------------------------------------------------------------------------- simulation
+@dataclass(frozen=True)
+class SimRun:
+    """One ``place simulate --out`` directory: the resolved config, one summary per placement and its
+    per-request and time-series frames (keyed by label)."""
+
+    path: str
+    config: dict[str, Any]
+    summaries: list[dict[str, Any]]
+    requests: dict[str, pl.DataFrame]
+    timeseries: dict[str, pl.DataFrame]
+
+    @property
+    def labels(self) -> list[str]:
+        return [s["label"] for s in self.summaries]
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _sim_run(path: str, stamp_: tuple) -> SimRun:
+    d = Path(path)
+    summaries = read_summaries(d / "summary.json")
+    config = read_sim_config(d / "config.json") if (d / "config.json").exists() else {}
+    reqs, ts = {}, {}
+    for s in summaries:
+        lab = s["label"]
+        for kind, into in (("requests", reqs), ("timeseries", ts)):
+            f = d / f"{file_label(lab)}.{kind}.parquet"
+            if not f.exists():
+                raise InputError(f"{f}: missing (summary.json lists placement '{lab}')")
+            try:
+                into[lab] = pl.read_parquet(f)
+            except Exception as exc:  # noqa: BLE001  polars raises several types for damaged files
+                raise InputError(f"{f}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    return SimRun(str(d), config, summaries, reqs, ts)
+
+
+sim_run = _stamped(_sim_run)
+
+
+def sim_table_rows() -> list[tuple[str, str, str]]:
+    """(name, summary key, unit) of the rows ``place simulate`` prints."""
+    return list(ROWS)
+
+
+# ---------------------------------------------------------------------------- sweep
+def _require(cond: bool, where_: str, what: str) -> None:
+    if not cond:
+        raise InputError(f"{where_}: expected {what} (written by `place sweep --out`)")
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _sweep_frontier(path: str, stamp_: tuple) -> dict[str, Any]:
+    """``OUT/frontier.json`` of a sweep directory (``sim.frontier.frontier_report`` plus the
+    run's ``recommended_launch``), checked against that schema; raises :class:`InputError` naming the
+    file and field when it is missing or does not match."""
+    f = Path(path) / "frontier.json"
+    if not f.exists():
+        raise InputError(f"{f}: missing (the sweep has not finished; rerun `place sweep SPEC --out {path}` "
+                         "to resume it)")
+    rep = _json(str(f), stamp(f))
+    if check(rep, "frontier", str(f)) == 0:  # untagged: the previous release's file, versioned by a field
+        _require(rep.get("version") == LEGACY_VERSION, f"{f}: field 'version'",
+                 f"{LEGACY_VERSION}, found {rep.get('version')!r}")
+    ws = rep.get("workloads")
+    _require(isinstance(ws, dict), f"{f}: field 'workloads'", "an object of workloads")
+    for name, w in ws.items():
+        at = f"{f}: workloads.{name}"
+        _require(isinstance(w, dict), at, "an object")
+        for key in ("points", "frontier"):
+            _require(isinstance(w.get(key), list) and all(isinstance(r, dict) for r in w[key]),
+                     f"{at}.{key}", "a list of point objects")
+        for key in ("points", "frontier"):
+            for i, r in enumerate(w[key]):
+                miss = [c for c in ("index", "label", "gpus", "output_tok_s", "tpot_p99_s", "on_frontier")
+                        if c not in r]
+                _require(not miss, f"{at}.{key}[{i}]", f"fields {', '.join(miss)}")
+        _require(w.get("recommended") is None or isinstance(w["recommended"], dict), f"{at}.recommended",
+                 "a point object or null")
+    launch = rep.get("recommended_launch", {})
+    _require(isinstance(launch, dict), f"{f}: field 'recommended_launch'", "an object per workload")
+    return rep
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _sweep_table(path: str, stamp_: tuple) -> pl.DataFrame:
+    """``OUT/sweep.parquet``: every point of the sweep with its status, stage and reason."""
+    f = Path(path) / "sweep.parquet"
+    if not f.exists():
+        raise InputError(f"{f}: missing (the sweep has not finished; rerun `place sweep SPEC --out {path}` "
+                         "to resume it)")
+    try:
+        df = pl.read_parquet(f)
+    except Exception as exc:  # noqa: BLE001  polars raises several types for damaged files
+        raise InputError(f"{f}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    miss = [c for c in ("index", "label", "workload", "status", "stage", "reason") if c not in df.columns]
+    if miss:
+        raise InputError(f"{f}: columns {', '.join(miss)} missing (written by `place sweep --out`)")
+    return df
+
+
+def _sweep_stamp(path) -> tuple:
+    d = Path(path)
+    return stamp(d / "frontier.json") + stamp(d / "sweep.parquet")  # not the cache/: it only grows
+
+
+def sweep_frontier(path) -> dict[str, Any]:
+    return _sweep_frontier(str(path), _sweep_stamp(path))
+
+
+def sweep_table(path) -> pl.DataFrame:
+    return _sweep_table(str(path), _sweep_stamp(path))

@@ -1,0 +1,203 @@
+"""The planner: :func:`plan_memory` (does a layout fit, and how many sequences does it hold),
+:func:`suggest_changes` (the smallest change that makes a plan fit), :func:`sweep_plans` (a grid of
+layouts) and :func:`cache_pools` (the pools a simulator admits against)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from moeplace.foundation.cluster import ClusterSpec, make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.memory.components import MemoryLine, a2a_buffer_bytes, activation_bytes, weight_lines
+from moeplace.foundation.memory.config import Layout, MemoryConfig, next_valid_redundant, resolve_layout
+from moeplace.foundation.memory.inputs import format_tokens
+from moeplace.foundation.memory.plan import MemoryPlan, Suggestion, SweepRow
+from moeplace.foundation.memory.pools import CachePools, make_pools
+from moeplace.foundation.memory.report import cache_lines, misfit_reasons
+from moeplace.foundation.model import KV_DTYPE_BYTES, ModelSpec
+
+
+def plan_memory(model: ModelSpec, cluster: ClusterSpec, config: MemoryConfig, *, suggest: bool = True) -> MemoryPlan:
+    """Plan the memory of ``model`` served on ``cluster`` with ``config``; see :mod:`foundation.memory`.
+
+    A plan fits when the weights and runtime reserve fit the usable memory of every GPU and at least
+    ``config.min_concurrency`` sequences of ``context`` tokens (and, if given, of the mix) fit the
+    pools. When it does not fit and ``suggest`` is set, :func:`suggest_changes` searches the smallest
+    change that makes it fit.
+    """
+    lay = resolve_layout(model, cluster.num_gpus, config)
+    context = config.context or model.max_context
+    if not context:
+        raise InputError(f"model '{model.name}'{' (' + model.source + ')' if model.source else ''} has no maximum context in its spec: give --context")
+    hbm = cluster.gpu.hbm_bytes
+    budget = config.gpu_memory_utilization * hbm
+    lines = weight_lines(model, lay)
+    act, act_how = activation_bytes(model, lay, config)
+    a2a, a2a_how = a2a_buffer_bytes(model, lay, config)
+    lines += [MemoryLine("runtime", "activations", act, act_how),
+              MemoryLine("runtime", "all-to-all buffers", a2a, a2a_how),
+              MemoryLine("runtime", "CUDA graphs / NCCL / slack", config.other_reserve_bytes,
+                         "fixed reserve (--other-reserve)")]
+    used = sum(x.bytes for x in lines)
+    pools = make_pools(model, lay, config, budget - used)
+    lines += cache_lines(model, lay, config, pools)
+    n_ctx, ceiling = pools.concurrency(((context, 1.0),))
+    n_mix = mix_ceiling = None
+    if config.context_mix:
+        n_mix, mix_ceiling = pools.concurrency(config.context_mix)
+    if used > budget:  # nothing is left for the caches: the weights are the ceiling
+        ceiling = mix_ceiling = "weights"
+        if not config.context_mix:
+            mix_ceiling = None
+    pool_ctx = pools.max_context()
+    draft = MemoryPlan(model_name=model.name, cluster=cluster, config=config, layout=lay, lines=tuple(lines),
+                       hbm_bytes=hbm, budget_bytes=budget, pools=pools, context=context,
+                       concurrency_per_rank=n_ctx, concurrency_ceiling=ceiling,
+                       mix_concurrency_per_rank=n_mix, mix_ceiling=mix_ceiling,
+                       max_context=min(pool_ctx, pools.max_model_len), pool_max_context=pool_ctx,
+                       fits=False, reasons=())
+    reasons = misfit_reasons(model, draft, used)
+    plan = replace(draft, fits=not reasons, reasons=tuple(reasons))
+    if not plan.fits and suggest:
+        plan = replace(plan, suggestions=tuple(suggest_changes(model, cluster, config)))
+    return plan
+
+
+def cache_pools(model: ModelSpec, cluster: ClusterSpec, config: MemoryConfig) -> CachePools:
+    """The cache pools of one DP rank under ``config`` (what a simulator admits sequences against)."""
+    return plan_memory(model, cluster, config, suggest=False).pools
+
+
+
+# ---------------------------------------------------------------------------- search for a fix
+def _try(model: ModelSpec, cluster: ClusterSpec, config: MemoryConfig) -> MemoryPlan | None:
+    try:
+        plan = plan_memory(model, cluster, config, suggest=False)
+    except InputError:
+        return None
+    return plan if plan.fits else None
+
+
+def _with_layout(config: MemoryConfig, lay: Layout, **changes: Any) -> MemoryConfig:
+    """``config`` with the resolved layout made explicit, then ``changes`` applied."""
+    base = {"tp": lay.tp, "dp": lay.dp, "ep": lay.ep, "dense_tp": lay.dense_tp, "num_redundant": lay.num_redundant}
+    base.update(changes)
+    return replace(config, **base)
+
+
+def suggest_changes(model: ModelSpec, cluster: ClusterSpec, config: MemoryConfig,
+                    *, max_gpus_factor: int = 8) -> list[Suggestion]:
+    """Single changes that make the plan fit, cheapest kind first; within a kind the smallest.
+
+    A ``--context`` beyond the model's maximum is answered with the maximum only. Otherwise kinds, in
+    this order: FP8 KV cache; fewer redundant experts; a larger EP; a larger attention TP
+    (fewer DP ranks); more GPUs (whole nodes, up to ``max_gpus_factor`` x, keeping the attention TP and
+    scaling DP and EP with the world size, redundant count rounded up to a valid one). Every candidate
+    is re-planned with :func:`plan_memory` on the same model and cluster kind.
+    """
+    lay = resolve_layout(model, cluster.num_gpus, config)
+    W, E = cluster.num_gpus, model.num_experts
+    found: list[Suggestion] = []
+    context = config.context or model.max_context
+    if model.max_context and context > model.max_context:
+        # Nothing about the topology can help a sequence longer than the model reads.
+        cfg = replace(config, context=model.max_context)
+        plan = _try(model, cluster, cfg)
+        if plan is not None:
+            found.append(Suggestion("model max context", f"--context {format_tokens(model.max_context)}", W, cfg,
+                                    plan.concurrency))
+        return found
+
+    def add(kind: str, change: str, cl: ClusterSpec, cfg: MemoryConfig) -> bool:
+        plan = _try(model, cl, cfg)
+        if plan is None:
+            return False
+        found.append(Suggestion(kind, change, cl.num_gpus, cfg, plan.concurrency))
+        return True
+
+    if KV_DTYPE_BYTES[config.kv_dtype] > KV_DTYPE_BYTES["fp8"] and model.kv_bytes_per_token("bf16") > 0:
+        add("fp8 KV", "--kv-dtype fp8", cluster, _with_layout(config, lay, kv_dtype="fp8"))
+    if lay.num_redundant:
+        for r in range(lay.num_redundant - 1, -1, -1):
+            if (E + r) % lay.ep == 0 and add("fewer redundant", f"--redundant {r}", cluster,
+                                             _with_layout(config, lay, num_redundant=r)):
+                break
+    for ep in range(lay.ep + 1, W + 1):
+        if W % ep == 0:
+            r = next_valid_redundant(E, ep, lay.num_redundant)
+            note = f" --redundant {r}" if r != lay.num_redundant else ""
+            if add("larger EP", f"--ep {ep}{note}", cluster, _with_layout(config, lay, ep=ep, num_redundant=r)):
+                break
+    for tp in range(lay.tp + 1, W + 1):
+        if W % tp == 0 and tp % lay.dcp == 0:
+            dense_tp = tp if config.dense_tp is None else lay.dense_tp
+            if add("larger attention TP", f"--tp {tp} --dp {W // tp}", cluster,
+                   _with_layout(config, lay, tp=tp, dp=W // tp, dense_tp=dense_tp)):
+                break
+    step = min(cluster.gpus_per_node, W)
+    for W2 in range(W + step, max_gpus_factor * W + 1, step):
+        if W2 % lay.tp:
+            continue
+        ep2 = lay.ep * W2 // W if (lay.ep * W2) % W == 0 else W2
+        r = next_valid_redundant(E, ep2, lay.num_redundant)
+        if W2 > cluster.gpus_per_node and W2 % cluster.gpus_per_node:
+            continue  # whole nodes only
+        per_node = min(cluster.gpus_per_node, W2)
+        cl = ClusterSpec(gpu=cluster.gpu, num_nodes=W2 // per_node, gpus_per_node=per_node)
+        dense_tp = lay.dense_tp if W2 % lay.dense_tp == 0 else lay.tp
+        note = f" --redundant {r}" if r != lay.num_redundant else ""
+        if add("more GPUs", f"--gpus {W2} --tp {lay.tp} --dp {W2 // lay.tp} --ep {ep2}{note}", cl,
+               _with_layout(config, lay, dp=W2 // lay.tp, ep=ep2, num_redundant=r, dense_tp=dense_tp)):
+            break
+    return found
+
+
+# ---------------------------------------------------------------------------- sweep
+def sweep_plans(model: ModelSpec, config: MemoryConfig, *, gpu: str, gpus_per_node: int | None,
+                gpu_counts: list[int], ep_sizes: list[int] | None = None,
+                redundant: list[int] | None = None) -> list[SweepRow]:
+    """Plan every (GPU count, EP size, redundant count) combination.
+
+    ``ep_sizes`` ``None``: EP = the GPU count and half of it. EP sizes that do not divide a GPU count are
+    skipped; a redundant count that does not make ``E + R`` divisible by EP is rounded up to the next valid
+    one (rows are deduplicated). The attention TP/DP the user gave are kept where they divide the GPU
+    count; rows whose layout is invalid carry the error instead of a plan.
+    """
+    rows: list[SweepRow] = []
+    seen = set()
+    E = model.num_experts
+    for W in gpu_counts:
+        try:
+            cluster = make_cluster(W, gpu, gpus_per_node if gpus_per_node and W >= gpus_per_node else None)
+        except InputError as exc:
+            rows.append(SweepRow(W, config.tp, config.dp, 0, 0, None, str(exc)))
+            continue
+        eps = ep_sizes or sorted({W, W // 2} - {0})
+        tp, dp = config.tp, config.dp
+        if tp is not None and dp is not None and tp * dp != W:
+            dp = None  # keep the attention TP, let DP follow the GPU count
+        for ep in eps:
+            if ep > W or W % ep:
+                continue
+            for r in (redundant or [config.num_redundant]):
+                r2 = next_valid_redundant(E, ep, r)
+                key = (W, ep, r2)
+                if key in seen:
+                    continue
+                seen.add(key)
+                cfg = replace(config, tp=tp, dp=dp, ep=ep, num_redundant=r2)
+                try:
+                    rows.append(SweepRow(W, tp, dp, ep, r2, plan_memory(model, cluster, cfg, suggest=False)))
+                except InputError as exc:
+                    rows.append(SweepRow(W, tp, dp, ep, r2, None, str(exc)))
+    return rows
+
+
+def default_sweep_gpus(num_gpus: int, gpus_per_node: int) -> list[int]:
+    """Quarter, half, the same, double and quadruple the GPU count, in whole nodes where possible."""
+    out = []
+    for f in (0.25, 0.5, 1, 2, 4):
+        w = int(num_gpus * f)
+        if w >= 1 and (w < gpus_per_node or w % gpus_per_node == 0) and w not in out:
+            out.append(w)
+    return out

@@ -1,0 +1,587 @@
+"""The comparison behind ``place optimize``: plan every policy on the first part of the routing, score
+it on that part and on the windows it did not see. A library function so the CLI and the dashboard
+print the same rows.
+
+Inputs reduce to Loads windows (:func:`routing_windows`): traces through ``traces.stats.trace_loads``,
+Loads ``.npz`` files as they are;
+several inputs are concatenated window-wise (labels prefixed with the input's name).
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moeplace.foundation.cluster import ClusterSpec
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import ModelSpec
+from moeplace.placement.evaluate import Metrics, evaluate
+from moeplace.placement.policies import PlacementProblem, TimeLimitReached, get_policy, is_anytime, policy_names
+from moeplace.placement.record import Placement
+from moeplace.traces.loads import Loads, is_loads_file, load_loads
+from moeplace.traces.stats import compute_stats
+
+DEFAULT_WINDOW_TOKENS = 4096
+
+
+def default_redundant(num_experts: int, num_gpus: int) -> int:
+    """Smallest R making E + R divisible by G; one extra slot per GPU when E already divides."""
+    r = (-num_experts) % num_gpus
+    return r if r else num_gpus
+
+
+# ---------------------------------------------------------------------------- inputs -> Loads
+def trace_to_loads(path: str | Path, window_tokens: int) -> Loads:
+    """A trace's Loads with its token sample (each sampled token tagged with its window) and, in the
+    provenance, each window's dominant domain tag (``window_domains``) when the trace has a domain column
+    — the scenarios of the shift estimate. One streaming pass; the trace statistics are not computed."""
+    return compute_stats(path, window_tokens, loads_only=True)
+
+
+def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
+                    window_tokens: int = DEFAULT_WINDOW_TOKENS) -> Loads:
+    """Read traces and/or Loads files into one Loads (windows concatenated in input order).
+    ``model`` overrides the model recorded in the inputs (it must have the same shape). The provenance
+    records each window's input (``window_inputs``) and, where every input has them, domain tags
+    (``window_domains``); the token sample keeps each token's window."""
+    if not inputs:
+        raise InputError("no traces or Loads files given")
+    parts: list[Loads] = []
+    seen: dict[Path, str] = {}
+    for src in inputs:
+        p = Path(src)
+        if not p.exists():
+            raise InputError(f"{p}: no such file or directory")
+        # The same routing twice would put planning windows among the "held-out" ones.
+        rp = p.resolve()
+        for q, first in seen.items():
+            if rp == q or q in rp.parents or rp in q.parents:
+                raise InputError(f"{src}: the same routing as {first} (given twice); held-out windows would "
+                                 "repeat planning windows")
+        seen[rp] = str(src)
+        ld = load_loads(p) if is_loads_file(p) else trace_to_loads(p, window_tokens)
+        if model is not None:
+            if (model.num_moe_layers, model.num_experts) != ld.counts.shape[1:]:
+                raise InputError(f"{p}: has {ld.counts.shape[1]} MoE layers x {ld.counts.shape[2]} experts "
+                                 "but "
+                                 f"--model '{model.name}' has {model.num_moe_layers} x {model.num_experts}")
+            ld = Loads(ld.counts, model, ld.window_tokens, ld.labels, ld.provenance, ld.samples, ld.sample_windows)
+        if ld.counts.sum() == 0:
+            raise InputError(f"{p}: no tokens (all expert counts are zero)")
+        for other, prev in zip(inputs, parts):  # a copy under another name is the same routing too
+            if prev.counts.shape == ld.counts.shape and np.array_equal(prev.counts, ld.counts):
+                raise InputError(f"{src}: the same expert counts as {other} (a copy?); held-out windows would "
+                                 "repeat planning windows")
+        parts.append(ld)
+    first = parts[0].model
+    for src, ld in zip(inputs[1:], parts[1:]):
+        if ld.model != first:
+            raise InputError(f"{src}: model '{ld.model.name}' differs from {inputs[0]} ('{first.name}'); "
+                             "inputs of one comparison must be of one model")
+    multi = len(parts) > 1
+    labels = []
+    for src, ld in zip(inputs, parts):
+        own = ld.labels or tuple(f"window {i}" for i in range(ld.num_windows))
+        labels += [f"{Path(src).name}: {lb}" if multi else lb for lb in own]
+    counts = np.concatenate([ld.counts for ld in parts])
+    wt = parts[0].window_tokens if all(ld.window_tokens == parts[0].window_tokens for ld in parts) else 0
+    # the token samples travel along (traffic objective and sample-based traffic in evaluate), each token
+    # with its window in the concatenation
+    have = [ld for ld in parts if ld.samples is not None and len(ld.samples)]
+    samples = sample_windows = None
+    if len(have) == len(parts):
+        samples = np.concatenate([ld.samples for ld in parts])
+        if all(ld.sample_windows is not None for ld in parts):
+            offsets = np.cumsum([0] + [ld.num_windows for ld in parts[:-1]])
+            sample_windows = np.concatenate([ld.sample_windows + o for ld, o in zip(parts, offsets)])
+    prov: dict[str, Any] = {"inputs": [str(s) for s in inputs],
+                            "window_inputs": [i for i, ld in enumerate(parts) for _ in range(ld.num_windows)]}
+    for key in ("window_domains", "window_domain_share"):
+        if all(key in ld.provenance for ld in parts):
+            prov[key] = [d for ld in parts for d in ld.provenance[key]]
+        elif len(parts) == 1 and parts[0].provenance.get(key):
+            prov[key] = list(parts[0].provenance[key])
+    return Loads(counts, first, wt, tuple(labels), prov, samples, sample_windows)
+
+
+def split_windows(num_windows: int, plan_fraction: float) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Plan on the first ``ceil(F * W)`` windows (at least one), score held-out on the rest. ``F = 1``
+    plans on every window (nothing held out: the shift estimate stands in). With one window and
+    ``F < 1`` there is nothing to hold out either: both parts are that window (flag returned True)."""
+    if not 0 < plan_fraction <= 1:
+        raise InputError(f"--plan-fraction must be in (0, 1], got {plan_fraction}")
+    if plan_fraction == 1:
+        return np.arange(num_windows), np.zeros(0, np.int64), False
+    if num_windows == 1:
+        return np.array([0]), np.array([0]), True
+    n_planning = min(max(1, math.ceil(plan_fraction * num_windows)), num_windows - 1)
+    return np.arange(n_planning), np.arange(n_planning, num_windows), False
+
+
+def split_samples(loads: Loads, planning_idx: np.ndarray, held_idx: np.ndarray
+                  ) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
+    """The token sample of the planning windows and that of the held-out windows (disjoint tokens), plus
+    a note when the sample cannot be split (a Loads file whose sample carries no windows: then it is not
+    used at all, since any part of it may be a held-out token)."""
+    s = loads.samples
+    if s is None or not len(s):
+        return None, None, None
+    if loads.sample_windows is None:
+        if held_idx.size == 0 or np.array_equal(planning_idx, held_idx):
+            return s, s, None
+        return None, None, ("the token sample records no windows (an older Loads file): not used, since "
+                            "any of its tokens may be held out; traffic columns are estimates")
+    planning = loads.samples_in(planning_idx)
+    held = loads.samples_in(held_idx) if held_idx.size else None
+    return (planning if len(planning) else None), (held if held is not None and len(held) else None), None
+
+
+# ---------------------------------------------------------------------------- scenarios (shift estimate)
+MAX_SCENARIOS = 8
+WINDOW_GROUPS = 4
+
+
+# Below this mean dominant-tag share per window, domain-tag scenarios overlap and flatter the shift estimate:
+# on a drifting synthetic trace tagged per window, 96 % of the left-out domain's deviation lay in the planning
+# windows' top variation directions, against 18 % with the same trace split cleanly by each token's domain.
+PURE_WINDOW_SHARE = 0.95
+
+
+def scenarios(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndarray, list[str], str]:
+    """Each window's scenario for the leave-one-scenario-out estimate: ``(ids int [W], names, method)``.
+    A scenario is an input file (several inputs), else a domain tag (a trace's dominant domain per
+    window, when it has >= 2), else one of ``WINDOW_GROUPS`` contiguous groups of windows. More than
+    ``max_scenarios`` files or domains are merged round-robin into that many groups."""
+    W = loads.num_windows
+    prov = loads.provenance
+    for key, what in (("window_inputs", "input file"), ("window_domains", "domain tag")):
+        tags = prov.get(key)
+        if tags is None or len(tags) != W:
+            continue
+        names = list(dict.fromkeys(tags))
+        if len(names) < 2:
+            continue
+        if key == "window_inputs":
+            files = prov.get("inputs", [])
+            shown = [Path(files[i]).name if i < len(files) else str(i) for i in names]
+        else:
+            shown = [str(n) for n in names]
+        ids = np.array([names.index(t) for t in tags], np.int64)
+        if len(names) > max_scenarios:
+            ids %= max_scenarios
+            shown = ["+".join(shown[j::max_scenarios]) for j in range(max_scenarios)]
+        method = f"leave-one-{what.replace(' ', '-')}-out"
+        share = prov.get("window_domain_share") if key == "window_domains" else None
+        if share is not None and len(share) == W and float(np.mean(share)) < PURE_WINDOW_SHARE:
+            method += (f"; optimistic: windows mix domains (a window's dominant tag holds {np.mean(share):.0%} of "
+                       "its tokens on average), so the left-out tag's traffic is partly in the planning "
+                       "scenarios; one input per workload gives a clean estimate")
+        return ids, shown, method
+    n = min(WINDOW_GROUPS, W)
+    ids = (np.arange(W) * n) // W
+    names = [_span(np.flatnonzero(ids == g), "window") for g in range(n)]
+    return ids, names, f"leave-one-window-group-out ({n} contiguous groups)"
+
+
+# ---------------------------------------------------------------------------- comparison
+@dataclass(frozen=True, eq=False)
+class PolicyResult:
+    policy: str
+    placement: Placement
+    seconds: float
+    planning: Metrics  # scored on the planning windows
+    held_out: Metrics | None
+    shift: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        """Flat table row (JSON-ready)."""
+        return {
+            "policy": self.policy,
+            "seconds": self.seconds,
+            "plan": self.planning.summary(),
+            "held_out": None if self.held_out is None else self.held_out.summary(),
+            "duplicate_on_gpu_layers": duplicate_layers(self.placement, self.planning),
+        }
+
+
+def duplicate_layers(placement: Placement, scored: Metrics) -> int:
+    """Scored MoE layers whose placement puts two replicas of one expert on one GPU."""
+    return int((placement.duplicate_on_gpu() & scored.scored_wl.any(axis=0)).sum())
+
+
+@dataclass(frozen=True, eq=False)
+class Comparison:
+    results: list[PolicyResult]
+    planning_windows: np.ndarray
+    held_windows: np.ndarray
+    single_window: bool
+    engine: str
+    cluster: ClusterSpec
+    num_redundant: int
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    scored_layers: int = 0
+    moe_layers: int = 0
+    shift_method: str | None = None
+    shift_scenarios: tuple[str, ...] = ()
+    planning_sample_tokens: int = 0
+    held_sample_tokens: int = 0
+    tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"engine": self.engine, "cluster": self.cluster.to_dict(), "num_redundant": self.num_redundant,
+             "plan_windows": self.planning_windows.tolist(), "held_out_windows": self.held_windows.tolist(),
+             "single_window": self.single_window, "notes": list(self.notes),
+             "scored_layers": self.scored_layers, "moe_layers": self.moe_layers, "tokens": self.tokens,
+             "sample_tokens": {"plan": self.planning_sample_tokens, "held_out": self.held_sample_tokens},
+             "rows": [r.row() for r in self.results]}
+        if self.shift_method is not None:
+            d["shift"] = {r.policy: r.shift for r in self.results if r.shift is not None}
+            d["shift_scenarios"] = list(self.shift_scenarios)
+        return d
+
+
+def planned_on(loads: Loads, planning_idx: np.ndarray) -> dict[str, Any]:
+    """What a placement was planned on, for whoever scores it later (``place simulate`` routes on the
+    rest of the trace): the inputs, the planning windows and, for one token-windowed trace, the first
+    token (in file order) that planning did not see."""
+    d: dict[str, Any] = {"inputs": list(loads.provenance.get("inputs", [])),
+                         "windows": [int(planning_idx[0]), int(planning_idx[-1]) + 1],
+                         "window_tokens": int(loads.window_tokens)}
+    contiguous = np.array_equal(planning_idx, np.arange(planning_idx.size))
+    if len(d["inputs"]) == 1 and loads.window_tokens > 0 and contiguous and planning_idx.size < loads.num_windows:
+        d["held_out_from_token"] = int(planning_idx.size * loads.window_tokens)
+    return d
+
+
+def _check_objective(names, options: dict[str, Any], planning_samples: np.ndarray | None, loads: Loads) -> None:
+    obj = options.get("objective") or "balance"
+    if obj != "balance" and "moeplace" in names and (planning_samples is None or not len(planning_samples)):
+        src = ", ".join(map(str, loads.provenance.get("inputs", []))) or "the input"
+        raise InputError(f"--objective {obj} needs a token sample of the planning windows (a trace, or a Loads "
+                         f"file written by 'place trace stats'); {src} has none")
+
+
+def _plan(fn, name: str, loads: Loads, windows: np.ndarray, samples: np.ndarray | None, cluster: ClusterSpec,
+          num_redundant: int, engine: str, seed: int, time_limit: float | None,
+          options: dict[str, Any]) -> tuple[Placement, float]:
+    options = dict(options)
+    if options.get("dilate") is not None or options.get("spread") == "auto":
+        # the scenario groups of the planning windows themselves (computed from them alone), as the shift
+        # estimate would form them: the scenario set --dilate widens, the folds --spread auto scores
+        options["scenarios"] = scenarios(loads.select(windows))[0]
+    problem = PlacementProblem(loads=loads.counts[windows].astype(np.float64), model=loads.model, cluster=cluster,
+                               num_redundant=num_redundant, engine=engine, seed=seed, time_limit=time_limit,
+                               samples=samples, options=options)
+    t0 = time.perf_counter()
+    placement = fn(problem)
+    dt = time.perf_counter() - t0
+    placement.check_model(loads.model, f"policy '{name}'")
+    return placement, dt
+
+
+SHIFT_WORK = 0.1  # planning work of the shift estimate, as a share of the main plan's (windows x layers)
+SHIFT_MIN_LAYERS = 3
+
+
+def shift_layers(planning: Loads, ids: np.ndarray, layers: int | str = "auto") -> np.ndarray:
+    """The MoE layers (indices, ascending) the shift estimate plans and scores: evenly spaced over the
+    layers with tokens. ``"all"``: every one; an int: that many; ``"auto"``: as many as keep its work —
+    one plan per scenario, each on the other scenarios' windows — near ``SHIFT_WORK`` of the main plan's
+    (planned windows x layers), at least ``SHIFT_MIN_LAYERS``, and every layer when that would be more
+    than half of them. Every policy here places each layer from
+    that layer's loads alone, so a sampled layer gets exactly the placement a plan of all layers gives it;
+    what sampling changes is only which layers the mean runs over."""
+    active = np.flatnonzero(planning.counts.sum(axis=(0, 2)) > 0)
+    if layers == "all":
+        return active
+    if layers == "auto":
+        W = planning.num_windows
+        train = sum(W - int((ids == sc).sum()) for sc in np.unique(ids))
+        k = max(SHIFT_MIN_LAYERS, round(SHIFT_WORK * active.size * W / max(train, 1)))
+        if 2 * k > active.size:  # a sample of most layers saves little: plan them all
+            return active
+    else:
+        k = int(layers)
+        if k < 1:
+            raise InputError(f"--shift-layers must be >= 1 or 'all', got {layers}")
+    if k >= active.size:
+        return active
+    return active[np.unique(np.round(np.linspace(0, active.size - 1, k)).astype(np.int64))]
+
+
+def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_redundant: int, engine: str,
+                   seed: int, time_limit: float | None, options: dict[str, Any],
+                   ids: np.ndarray, method: str, layers: np.ndarray | None = None) -> dict[str, Any]:
+    """Leave-one-scenario-out: for every scenario ``s`` of ``ids`` (int ``[W]``), plan ``fn`` on the
+    other scenarios' windows and score it on ``s``'s windows, on the MoE layers ``layers`` (default: all;
+    see :func:`shift_layers`). The plans balance only (a traffic objective's refinement is skipped: the
+    estimate is about balancedness) and see no token sample. Returns ``{"mean": mean over scenarios of
+    the left-out balancedness, "worst": the lowest, "method": ..., "per_scenario": [...], "layers":
+    [...], "layer_sample_se": standard error of "mean" from sampling layers (0 with every layer)}`` — what
+    to expect on traffic unlike the planning data."""
+    counts = loads.counts.astype(np.float64)
+    L = counts.shape[1]
+    if layers is not None and len(layers) < L:
+        # the other layers carry no tokens: no policy plans on them and no score averages them in
+        keep = np.zeros(L, dtype=bool)
+        keep[np.asarray(layers)] = True
+        counts = counts * keep[None, :, None]
+    opts = {**options, "objective": "balance", "pareto": None}
+    folds = np.unique(ids)
+    cpus = os.cpu_count() or 1
+    # An anytime policy (the optimizer) costs seconds per layer: its folds run side by side, one process
+    # each, every fold's layers in that process (same placements: a layer's plan does not depend on the
+    # process it runs in), instead of one fold after another, each spreading a few layers over the cores.
+    pool = is_anytime(name) and folds.size > 1 and cpus > 1 and opts.get("workers") in (None, 0)
+    if pool:
+        opts["workers"] = 1
+    jobs = [(fn, name, PlacementProblem(loads=counts[ids != sc], model=loads.model, cluster=cluster,
+                                        num_redundant=num_redundant, engine=engine, seed=seed,
+                                        time_limit=time_limit, options=dict(opts)), counts[ids == sc])
+            for sc in folds]
+    if pool:
+        methods = mp.get_all_start_methods()
+        ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+        with ProcessPoolExecutor(max_workers=min(folds.size, cpus), mp_context=ctx) as ex:
+            done = list(ex.map(_fold, jobs))
+    else:
+        done = [_fold(j) for j in jobs]
+    per = [b for b, _ in done]
+    per_layer = [lb for _, lb in done]
+    scored = np.flatnonzero(counts.sum(axis=(0, 2)) > 0)
+    active = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
+    u = np.nanmean(np.array(per_layer)[:, scored], axis=0)  # per layer, over the left-out scenarios
+    k = u.size
+    se = (float(np.std(u, ddof=1) / math.sqrt(k) * math.sqrt(1 - k / active)) if 1 < k < active else 0.0)
+    return {"mean": float(np.mean(per)), "worst": float(np.min(per)), "method": method,
+            "per_scenario": [float(x) for x in per], "layers": [int(x) for x in scored],
+            "layer_sample_se": se}
+
+
+def _fold(job) -> tuple[float, np.ndarray]:
+    """One leave-one-out fold: plan the policy's problem, score it on the left-out windows' counts;
+    (balancedness, per-layer balancedness ``[L]``)."""
+    fn, name, problem, test = job
+    placement = fn(problem)
+    placement.check_model(problem.model, f"policy '{name}'")
+    m = evaluate(placement, test, problem.engine, model=problem.model, cluster=problem.cluster)
+    return m.balancedness, m.layer_balancedness
+
+
+EVAL_GUESS = 0.2  # seconds to score one policy, reserved before any scoring has been timed
+
+
+def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
+                     policies: list[str] | None = None, engine: str = "vllm", plan_fraction: float = 0.5,
+                     seed: int = 0, time_limit: float | None = None, options: dict[str, Any] | None = None,
+                     samples: np.ndarray | None = None, shift: bool = False,
+                     deadline: float | None = None, shift_sample: int | str = "auto") -> Comparison:
+    """Plan each policy on the planning windows, score it (``evaluate``, Loads-level, ``engine`` rule)
+    on the planning and on the held-out windows. ``policies``: registry names (default: all).
+    The token sample is split by window: policies plan on the planning windows' tokens only and the
+    held-out traffic columns replay the held-out windows' tokens only. ``samples`` overrides the
+    planning sample (the caller vouches that it holds no held-out token).
+    ``shift``: also run the leave-one-scenario-out estimate (:func:`shift_estimate`, one extra plan per
+    scenario and policy) on the planning windows, on the MoE layers :func:`shift_layers` picks with
+    ``shift_sample`` (``"auto"``: a sample sized to about ``SHIFT_WORK`` of the main plan's work).
+
+    ``time_limit``: seconds for the whole comparison, planning and scoring every policy, counted from this
+    call, or ``deadline`` (a ``time.monotonic()`` instant: a command's start plus its limit). Policies that
+    cannot stop early (EPLB) run first with what is left; anytime policies (``moeplace``) then share the
+    rest, less the time scoring takes; the shift estimate gets what remains after that. A policy the limit
+    leaves no time for, or that runs past it, is left out of the results and named in ``notes`` ("eplb
+    skipped: time limit"), as is every stage an anytime policy skipped or cut short."""
+    options = dict(options or {})
+    names = policies or policy_names()
+    fns = {n: get_policy(n) for n in names}  # fails early on an unknown name
+    if deadline is None and time_limit is not None:
+        deadline = time.monotonic() + time_limit
+    planning_idx, held_idx, single = split_windows(loads.num_windows, plan_fraction)
+    planning_samples, held_samples, sample_note = split_samples(loads, planning_idx, held_idx)
+    if samples is not None:
+        planning_samples = samples
+    _check_objective(names, options, planning_samples, loads)
+    planning_counts = loads.counts[planning_idx].astype(np.float64)
+    held = loads.counts[held_idx].astype(np.float64)
+    # the estimate comes from the planning windows alone, so it is a prediction the held-out columns check
+    planning = loads.select(planning_idx)
+    ids, sc_names, method = scenarios(planning) if shift else (None, [], None)
+    if shift and len(sc_names) < 2:
+        ids, method = None, None
+    sampled = None
+    if ids is not None:
+        # --dilate / --spread auto pick one value from every layer together: a layer's plan is then not its own
+        whole = "auto" in (options.get("dilate"), options.get("spread")) and shift_sample == "auto"
+        sampled = shift_layers(planning, ids, "all" if whole else shift_sample)
+        active = int((planning.counts.sum(axis=(0, 2)) > 0).sum())
+        if sampled.size < active:
+            method += (f"; on {sampled.size} of {active} MoE layers, evenly spaced (each placed as a plan of "
+                       "every layer places it)")
+        if (options.get("objective") or "balance") != "balance" and "moeplace" in names:
+            method += "; balance only (traffic refinement skipped: the estimate is about balancedness)"
+    notes = []
+    if single:
+        notes.append("only one window: the held-out columns score the planning window itself")
+    if sample_note:
+        notes.append(sample_note)
+    if shift and ids is None:
+        notes.append("one planning window only: no shift estimate")
+
+    def share(name: str, rest: list[str], reserve: float) -> float | None:
+        """Seconds for ``name`` out of what the deadline leaves (``None``: no limit); <= 0: none left."""
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic() - reserve
+        if is_anytime(name):  # always returns a valid placement, however small its share
+            return max(0.01, left / sum(is_anytime(n) for n in rest))
+        return left
+
+    done: dict[str, tuple] = {}
+    eval_cost = EVAL_GUESS
+    order = sorted(names, key=is_anytime)  # stable: fixed-cost policies first, anytime ones last
+    for i, name in enumerate(order):
+        limit = share(name, order[i:], len(order[i:]) * eval_cost)
+        if limit is not None and limit <= 0:
+            notes.append(f"{name} skipped: time limit (no time left to run it)")
+            continue
+        try:
+            placement, dt = _plan(fns[name], name, loads, planning_idx, planning_samples, cluster, num_redundant,
+                                  engine, seed, limit, options)
+        except TimeLimitReached:
+            notes.append(f"{name} skipped: time limit (not finished after {limit:.2f} s)")
+            continue
+        placement.provenance["planned_on"] = planned_on(loads, planning_idx)
+        t1 = time.perf_counter()
+        m_planning = evaluate(placement, planning_counts, engine, model=loads.model, cluster=cluster, samples=planning_samples)
+        m_held = (evaluate(placement, held, engine, model=loads.model, cluster=cluster, samples=held_samples)
+                  if held_idx.size else None)
+        eval_cost = max(eval_cost, time.perf_counter() - t1)
+        done[name] = (placement, dt, m_planning, m_held)
+        notes += [f"{name}: {line}" for line in time_limit_lines(placement)]
+    shifts: dict[str, dict | None] = {}
+    if ids is not None:
+        todo = [n for n in order if n in done]
+        for i, name in enumerate(todo):
+            folds = len(np.unique(ids))
+            limit = share(name, todo[i:], 0.0)
+            if limit is not None:
+                limit /= folds
+                if limit <= 0:
+                    notes.append(f"{name}: shift estimate skipped: time limit")
+                    continue
+            try:
+                shifts[name] = shift_estimate(fns[name], name, planning, cluster, num_redundant=num_redundant,
+                                              engine=engine, seed=seed, time_limit=limit, options=options,
+                                              ids=ids, method=method, layers=sampled)
+            except TimeLimitReached:
+                notes.append(f"{name}: shift estimate skipped: time limit")
+    results = [PolicyResult(n, *done[n], shifts.get(n)) for n in names if n in done]
+    scored = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
+    return Comparison(results, planning_idx, held_idx, single, engine, cluster, num_redundant, tuple(notes),
+                      scored, loads.model.num_moe_layers, method, tuple(sc_names) if ids is not None else (),
+                      0 if planning_samples is None else len(planning_samples),
+                      0 if held_samples is None else len(held_samples), loads_tokens(loads))
+
+
+def time_limit_lines(placement: Placement) -> list[str]:
+    """What the time limit skipped or cut short in an anytime policy's run (from its provenance's
+    ``params.summary.time_limited``: ``{"skipped"|"cut": {stage: layers}}``), e.g. ``traffic refinement
+    skipped: time limit (92 of 92 layers)``; empty when it changed nothing."""
+    summary = placement.provenance.get("params", {}).get("summary") or {}
+    lim = summary.get("time_limited") or {}
+    planned = summary.get("planned_layers", placement.num_layers)
+    lines = [f"{stage} {'skipped' if kind == 'skipped' else 'cut short'}: time limit ({n} of {planned} layers)"
+             for kind in ("skipped", "cut") for stage, n in lim.get(kind, {}).items()]
+    if lines:
+        lines.append("the time limit changed this placement: the same seed can give another one (it would not "
+                     "without a binding limit)")
+    return lines
+
+
+def loads_tokens(loads: Loads) -> int:
+    """Tokens behind a Loads: selections of its fullest layer / top-k (what ``place trace import`` and
+    ``place trace stats`` count as tokens)."""
+    return int(loads.counts.sum(axis=(0, 2)).max() // loads.model.top_k)
+
+
+def _traffic_cells(m: Metrics) -> tuple[str, str]:
+    """nodes/tok and remote-node KiB/tok cells; ``~`` marks the independence estimate (no token sample)."""
+    est = "~" if not m.traffic_method.startswith(("token sample", "exact")) else ""
+    return f"{est}{m.remote_per_token['node']:.3f}", f"{est}{m.dispatch_bytes_per_token['node'] / 1024:.0f}"
+
+
+def format_table(cmp: Comparison) -> str:
+    """The text table ``place optimize`` prints."""
+    has_held = cmp.held_windows.size > 0
+    if has_held:
+        head = ["policy", "time s", "plan bal", "held bal", "held worst", "held max/mean", "held nodes/tok",
+                "held KiB/tok", "dup GPUs"]
+    else:
+        head = ["policy", "time s", "plan bal", "shift mean", "shift worst", "plan nodes/tok", "plan KiB/tok",
+                "dup GPUs"]
+    rows = []
+    for r in cmp.results:
+        p, h = r.planning, r.held_out
+        dup = str(duplicate_layers(r.placement, p))
+        if has_held:
+            rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", f"{h.balancedness:.4f}",
+                         f"{h.worst_window_balancedness:.4f}", f"{h.max_over_mean:.4f}", *_traffic_cells(h), dup])
+        else:
+            sm = f"{r.shift['mean']:.4f}" if r.shift else "-"
+            sw = f"{r.shift['worst']:.4f}" if r.shift else "-"
+            rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", sm, sw, *_traffic_cells(p), dup])
+    widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
+    c = cmp.cluster
+    span = (f"plan windows {_span(cmp.planning_windows)}, held-out windows {_span(cmp.held_windows)}" if has_held
+            else f"planned on every window ({_span(cmp.planning_windows)}), nothing held out")
+    layers = (f"; scored on {cmp.scored_layers} of {cmp.moe_layers} MoE layers (the others have no tokens)"
+              if cmp.scored_layers < cmp.moe_layers else "")
+    tokens = f"{cmp.tokens:,} tokens in {cmp.planning_windows.size + cmp.held_windows.size} windows; " if cmp.tokens else ""
+    lines = [(f"engine {cmp.engine}, {c.name} ({c.num_gpus} GPUs), {cmp.num_redundant} redundant slots; "
+              f"{tokens}{span}{layers}"), fmt(head), fmt(["-" * w for w in widths])]
+    lines += [fmt(r) for r in rows]
+    sampled = (f"{cmp.held_sample_tokens} sampled held-out tokens" if has_held
+               else f"{cmp.planning_sample_tokens} sampled planning tokens (in-sample)")
+    lines.append("bal = mean/max tokens per GPU per layer, averaged over layers with tokens (SGLang form); "
+                 "worst = lowest window; nodes/tok = other nodes a token is sent to per MoE layer and "
+                 "KiB/tok = the bytes those sends carry per token over all MoE layers (one send per remote "
+                 f"node, DeepEP-style), replayed on {sampled}"
+                 "; ~ = estimate (no token sample: k selections taken as independent draws); dup GPUs = "
+                 "layers with two replicas of one expert on one GPU")
+    lines += [f"note: {n}" for n in cmp.notes]
+    return "\n".join(lines)
+
+
+def format_shift(cmp: Comparison) -> list[str]:
+    """Lines under the table: per policy, the balancedness to expect on traffic unlike the planning data."""
+    rows = [r for r in cmp.results if r.shift]
+    if not rows:
+        return []
+    base, *details = cmp.shift_method.split("; ")
+    out = [(f"shift estimate ({base} over {len(cmp.shift_scenarios)} scenarios of the planning "
+            f"data: {', '.join(cmp.shift_scenarios)}; plan on the rest, score on the one left out"
+            f"{''.join('; ' + d for d in details)}) — balancedness to expect on traffic unlike the planning "
+            "data:")]
+    for r in rows:
+        se = r.shift.get("layer_sample_se") or 0.0
+        err = f" (± {se:.4f} from the layer sample)" if se else ""
+        out.append(f"  {r.policy}: mean {r.shift['mean']:.4f}{err}, worst scenario {r.shift['worst']:.4f}")
+    return out
+
+
+def _span(idx: np.ndarray, noun: str = "") -> str:
+    """``"3"`` / ``"0-12"`` (``"window 3"`` / ``"windows 0-12"`` with a noun); ``"none"`` when empty."""
+    if idx.size == 0:
+        return "none"
+    if idx.size == 1:
+        return f"{noun} {int(idx[0])}".strip()
+    return f"{noun}s {int(idx[0])}-{int(idx[-1])}" if noun else f"{int(idx[0])}-{int(idx[-1])}"

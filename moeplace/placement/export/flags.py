@@ -1,0 +1,367 @@
+"""Launch flags that must go with an exported placement file, as a ready command line.
+
+The command realizes an attention layout: ``tp`` GPUs of attention tensor parallelism per DP rank times
+``dp`` attention data-parallel ranks (``tp * dp`` = the placement's EP size; the MoE layers are expert
+parallel over all of them). :func:`check_layout` runs the memory plan (:func:`foundation.memory.planner.plan_memory`)
+on that layout and refuses one that does not fit, with the plan's reason.
+
+Flag names are the engines' own (checked in their argument parsers):
+
+- SGLang (0.5.23 wheel, ``srt/arg_groups/fields/{model,parallel,exec_}.py``): ``--model-path``,
+  ``--trust-remote-code``, ``--tp-size`` (all GPUs of the instance), ``--dp-size N --enable-dp-attention``
+  (attention DP; ``--tp-size / --dp-size`` GPUs per attention TP group; ``--attn-dp-size`` is the newer
+  spelling), ``--ep-size``, ``--nnodes``, ``--node-rank``, ``--dist-init-addr``,
+  ``--moe-a2a-backend {none,deepep,flashinfer,deepep_v2,...}``, ``--deepep-mode``,
+  ``--ep-num-redundant-experts``, ``--ep-dispatch-algorithm {static,dynamic,fake,lp}``,
+  ``--init-expert-location``, ``--enable-eplb``, ``--eplb-rebalance-num-iterations`` (default 1000),
+  ``--kv-cache-dtype {auto,fp8_e4m3,bf16,...}``, ``--context-length``.
+- vLLM (``vllm/config/parallel.py``, ``engine/arg_utils.py``): ``--tensor-parallel-size``,
+  ``--data-parallel-size``, ``--data-parallel-size-local``, ``--data-parallel-address``,
+  ``--data-parallel-rpc-port``, ``--data-parallel-start-rank``, ``--headless``, ``--enable-expert-parallel``
+  (EP size = TP x DP), ``--all2all-backend {allgather_reducescatter,deepep_high_throughput,
+  deepep_low_latency,deepep_v2,flashinfer_nvlink_one_sided,...}``, ``--enable-eplb``, ``--eplb-config JSON``
+  (``window_size`` 1000, ``step_interval`` 3000, ``num_redundant_experts``), ``--expert-placement-strategy``,
+  ``--kv-cache-dtype {auto,fp8,...}``, ``--max-model-len``; the file keys come from the open PRs
+  (``initial_expert_map_path`` #49572; ``initial_mapping_path`` and ``disable_online_rebalancing`` #41141).
+- vllm-ascend: ``--additional-config '{"eplb_config": {"expert_map_path": ..., "num_redundant_experts": R}}'``.
+- TensorRT-LLM (``tensorrt_llm/commands/serve.py``): ``trtllm-serve MODEL --backend pytorch --tp_size
+  --ep_size --gpus_per_node --max_seq_len --trust_remote_code --extra_llm_api_options FILE`` (alias
+  ``--config``); the YAML carries ``enable_attention_dp``, ``kv_cache_config.dtype`` and ``moe_config``
+  (``backend``, ``load_balancer``). TensorRT-LLM's attention is either TP over all ``tp_size`` ranks or DP
+  over all of them (``enable_attention_dp``), so only ``tp == 1`` or ``dp == 1`` layouts exist there, and
+  its load balancer needs attention DP. Several nodes run under ``mpirun``/``srun`` with
+  ``trtllm-llmapi-launch`` (examples/wide_ep).
+
+All-to-all backend by topology (the engines' deployment guides): one NVLink domain (a single node, or an
+NVL72 rack) -> vLLM ``flashinfer_nvlink_one_sided`` / SGLang ``flashinfer`` on NVL72, ``deepep`` on 8-GPU
+nodes; several nodes over RDMA -> vLLM ``deepep_v2`` / SGLang ``deepep``.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import read_json
+from moeplace.foundation.formats import check
+from moeplace.foundation.memory.config import MemoryConfig
+from moeplace.foundation.memory.planner import plan_memory
+from moeplace.foundation.model import ModelSpec
+from moeplace.placement.record import Placement
+
+# Hugging Face ids for the presets; override with --model-path. The K3 id follows Moonshot's naming and
+# is not verified here (no network access to the Hub).
+MODEL_PATHS = {
+    "kimi-k3": "moonshotai/Kimi-K3",
+    "kimi-k2": "moonshotai/Kimi-K2-Instruct",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+}
+
+ENGINE_OF_FORMAT = {
+    "sglang": "sglang", "sglang-pt": "sglang", "sglang-logical-count": "sglang",
+    "vllm-expert-map": "vllm", "vllm-jsonl": "vllm", "vllm-ascend": "vllm-ascend",
+    "trtllm": "trtllm", "trtllm-lb": "trtllm",
+}
+
+
+@dataclass(frozen=True)
+class FlagOptions:
+    """What the command line needs beyond the placement. ``tp``/``dp``: the attention layout (``None``:
+    the memory plan's default for the GPU count, as ``place plan`` resolves it). ``online_eplb``: keep the
+    engine's online rebalancing on (window/interval below) rather than serving the file's layout
+    statically. ``moe_backend``: TensorRT-LLM's ``moe_config.backend``."""
+
+    model_path: str | None = None
+    kv_cache_dtype: str = "fp8"  # bf16 | fp8
+    max_model_len: int | None = None  # default: the model's max context
+    gpu: str | None = None  # GPU kind, for the Hopper caveat and the memory plan; default from the placement
+    online_eplb: bool = False
+    eplb_window: int = 1000
+    eplb_interval: int = 3000
+    tp: int | None = None
+    dp: int | None = None
+    moe_backend: str = "WIDEEP"
+    master_addr: str = "$MASTER_ADDR"
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in ("bf16", "fp8"):
+            raise InputError(f"--kv-cache-dtype must be bf16 or fp8, got '{self.kv_cache_dtype}'")
+        if self.eplb_window < 1 or self.eplb_interval < 1:
+            raise InputError("--eplb-window and --eplb-interval must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise InputError(f"--max-model-len must be >= 1, got {self.max_model_len}")
+        for name in ("tp", "dp"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise InputError(f"--{name} must be >= 1, got {v}")
+
+
+def _gpu_kind(placement: Placement, opts: FlagOptions) -> str:
+    if opts.gpu:
+        return opts.gpu
+    cluster = placement.provenance.get("cluster") if isinstance(placement.provenance, dict) else None
+    return str(cluster.get("gpu", "")) if isinstance(cluster, dict) else ""
+
+
+def memory_config_from_report(path: str | Path) -> tuple[Any, dict[str, Any]]:
+    """The :class:`~foundation.memory.config.MemoryConfig` and cluster dict of a ``place plan --report`` JSON."""
+    d = read_json(path)
+    check(d, "memory-plan", str(path), hint="written by `place plan --report`")
+    for key in ("config", "cluster"):
+        if not isinstance(d.get(key), dict):
+            raise InputError(f"{path}: field '{key}' missing or not an object (expected a `place plan --report` file)")
+    cfg = dict(d["config"])
+    if cfg.get("context_mix") is not None:
+        try:
+            cfg["context_mix"] = tuple((int(n), float(s)) for n, s in cfg["context_mix"])
+        except (TypeError, ValueError):
+            raise InputError(f"{path}: field 'config.context_mix' must be [[tokens, share], ...]") from None
+    layout = d.get("layout") if isinstance(d.get("layout"), dict) else {}
+    for key in ("tp", "dp", "ep", "dense_tp"):  # the resolved sizes, so the plan is re-run on exactly them
+        if layout.get(key) is not None:
+            cfg[key] = layout[key]
+    try:
+        return MemoryConfig(**cfg), d["cluster"]
+    except TypeError as exc:
+        raise InputError(f"{path}: field 'config' does not match this version's plan settings ({exc})") from None
+    except InputError as exc:  # a value the plan refuses: say which file it came from
+        raise InputError(f"{path}: field 'config': {exc}") from None
+
+
+def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan_report: str | Path | None = None):
+    """Run the memory plan on the launch layout; return ``(opts with tp/dp resolved, MemoryPlan)``.
+
+    The layout comes from ``opts.tp``/``opts.dp`` or from a ``place plan --report`` file (whose GPU count,
+    GPU kind and redundancy must be the placement's). A layout the plan rejects raises :class:`InputError`
+    carrying the plan's first reason.
+    """
+    G, R = placement.num_gpus, placement.num_redundant
+    if plan_report is not None:
+        if opts.tp is not None or opts.dp is not None:
+            raise InputError("give the attention layout either as --tp/--dp or as --plan, not both")
+        config, cluster_d = memory_config_from_report(plan_report)
+        n = cluster_d.get("num_gpus")
+        if n != G:
+            raise InputError(f"--plan {plan_report}: the plan is for {n} GPUs, the placement for {G}")
+        if config.num_redundant != R:
+            raise InputError(f"--plan {plan_report}: the plan has {config.num_redundant} redundant experts per layer, "
+                             f"the placement {R}; re-plan with --redundant {R}")
+        if config.ep not in (None, G):
+            raise InputError(f"--plan {plan_report}: the plan has EP {config.ep}, the placement spreads over {G} GPUs")
+        gpu = str(cluster_d.get("gpu", {}).get("name") if isinstance(cluster_d.get("gpu"), dict)
+                  else cluster_d.get("gpu") or _gpu_kind(placement, opts) or "h200")
+        gpn = cluster_d.get("gpus_per_node")
+        if gpn is not None and (isinstance(gpn, bool) or not isinstance(gpn, int)):
+            raise InputError(f"--plan {plan_report}: field 'cluster.gpus_per_node' must be a whole number, got {gpn!r}")
+        try:
+            cluster = make_cluster(G, gpu, gpn or placement.gpus_per_node)
+        except InputError as exc:
+            raise InputError(f"--plan {plan_report}: field 'cluster': {exc}") from None
+    else:
+        gpu = _gpu_kind(placement, opts) or "h200"
+        cluster = make_cluster(G, gpu, placement.gpus_per_node)
+        config = MemoryConfig(tp=opts.tp, dp=opts.dp, ep=G, num_redundant=R,
+                            kv_dtype="fp8" if opts.kv_cache_dtype == "fp8" else "bf16",
+                            context=opts.max_model_len)
+    plan = plan_memory(model, cluster, config, suggest=False)
+    lay = plan.layout
+    if not plan.fits:
+        raise InputError(f"layout attention TP{lay.tp} x DP{lay.dp} on {G} x {cluster.gpu.name} does not fit: "
+                         f"{plan.reasons[0]} (`place plan --gpus {G} --gpu {cluster.gpu.name} --tp {lay.tp} "
+                         f"--dp {lay.dp} --redundant {R}` shows the breakdown)")
+    if plan_report is not None:  # the flags serve what the plan certified: its KV dtype and context
+        if config.kv_dtype in ("fp8", "bf16"):
+            opts = replace(opts, kv_cache_dtype=config.kv_dtype)
+        if opts.max_model_len is None and config.context is not None:
+            opts = replace(opts, max_model_len=config.context)
+    return replace(opts, tp=lay.tp, dp=lay.dp, gpu=opts.gpu or cluster.gpu.name), plan
+
+
+def _join(lines: list[str]) -> str:
+    return " \\\n  ".join(lines)
+
+
+def _layout(placement: Placement, opts: FlagOptions) -> tuple[int, int]:
+    G = placement.num_gpus
+    tp, dp = opts.tp, opts.dp
+    if tp is None and dp is None:
+        raise InputError("the launch command needs the attention layout: pass --tp/--dp or --plan "
+                         "(check_layout resolves it)")
+    tp = tp or G // dp
+    dp = dp or G // tp
+    if tp * dp != G:
+        raise InputError(f"--tp {tp} x --dp {dp} = {tp * dp}, but the placement spreads over {G} GPUs "
+                         "(attention TP x DP must equal the EP size)")
+    return tp, dp
+
+
+def launch_command(placement: Placement, model: ModelSpec, fmt: str, file_path: str | Path,
+                   opts: FlagOptions) -> str:
+    """A shell command (with ``#`` comment lines) that serves ``model`` with ``placement`` loaded from
+    ``file_path`` (exported in ``fmt``) on ``placement.num_gpus`` GPUs with attention TP ``opts.tp`` x DP
+    ``opts.dp``. Run :func:`check_layout` first: this function checks the arithmetic, not the memory."""
+    if fmt not in ENGINE_OF_FORMAT:
+        raise InputError(f"--format '{fmt}' unknown (expected one of {', '.join(ENGINE_OF_FORMAT)})")
+    engine = ENGINE_OF_FORMAT[fmt]
+    path = str(Path(file_path).resolve())
+    tp, dp = _layout(placement, opts)
+    model_path = opts.model_path or MODEL_PATHS.get(model.name, model.source or model.name)
+    max_len = opts.max_model_len or model.max_context
+    if engine == "sglang":
+        return _sglang(placement, model, fmt, path, opts, model_path, max_len, tp, dp)
+    if engine == "trtllm":
+        return _trtllm(placement, model, fmt, path, opts, model_path, max_len, tp, dp)
+    return _vllm(placement, model, fmt, path, opts, model_path, max_len, tp, dp, engine)
+
+
+def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
+          max_len: int, tp: int, dp: int, engine: str) -> str:
+    G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
+    nodes = G // gpn
+    notes: list[str] = []
+    if gpn % tp and tp % gpn:
+        raise InputError(f"--tp {tp} and the {gpn} GPUs per node: one must divide the other (a TP group fills "
+                         "whole nodes or packs into one)")
+    dp_local = max(1, gpn // tp)
+    if tp > gpn:
+        notes.append(f"# each DP rank's TP{tp} group spans {tp // gpn} nodes: vLLM needs its multi-node TP "
+                     "launcher (Ray) for that; the command below is the single-process-per-node form")
+    gpu = _gpu_kind(placement, opts)
+    if engine == "vllm" and gpu in ("h100", "h200") and model.name == "kimi-k3":
+        notes.append("# vLLM's K3 recipe marks DEP unsupported on Hopper (H100/H200): it runs TP with "
+                     "--moe-backend marlin --max-model-len 32768 there")
+    if engine == "vllm" and model.name == "kimi-k3":
+        notes.append("# vLLM EPLB for Kimi K3 needs PR #50647 (open at the time of writing)")
+    a2a = "flashinfer_nvlink_one_sided" if nodes == 1 else "deepep_v2"
+    kv = "fp8" if opts.kv_cache_dtype == "fp8" else "auto"
+    head = [f"vllm serve {shlex.quote(model_path)}", "--trust-remote-code",
+            f"--tensor-parallel-size {tp}", f"--data-parallel-size {dp}", f"--data-parallel-size-local {dp_local}"]
+    if nodes > 1:
+        head += [f"--data-parallel-address {opts.master_addr}", "--data-parallel-rpc-port 13345"]
+    head += ["--enable-expert-parallel", f"--all2all-backend {a2a}"]
+    if engine == "vllm-ascend":
+        eplb = {"expert_map_path": path, "num_redundant_experts": R}
+        head += [f"--additional-config {shlex.quote(json.dumps({'eplb_config': eplb}))}"]
+        head = [h for h in head if not h.startswith("--all2all-backend")]  # Ascend picks its own (HCCL MC2)
+        notes.append("# vllm-ascend: static expert_map_path is Model Runner V1 only; scheduled for removal in "
+                     "v0.25.1")
+    else:
+        cfg: dict = {"num_redundant_experts": R, "window_size": opts.eplb_window,
+                     "step_interval": opts.eplb_interval}
+        if fmt == "vllm-expert-map":
+            cfg["initial_expert_map_path"] = path
+            notes.append("# needs vLLM PR #49572 (eplb_config.initial_expert_map_path); mainline vLLM has no such "
+                         "key")
+            if not opts.online_eplb:
+                notes.append("# #49572 (per its description) adds no switch to stop online EPLB: it re-plans every "
+                             "step_interval steps; raise --eplb-interval to keep this layout longer")
+        else:
+            cfg["initial_mapping_path"] = path
+            if not opts.online_eplb:
+                cfg["disable_online_rebalancing"] = True
+            notes.append("# needs vLLM PR #41141 (eplb_config.initial_mapping_path, disable_online_rebalancing); "
+                         "mainline vLLM has no such keys")
+        if opts.online_eplb:
+            cfg["log_balancedness"] = True
+        head += ["--enable-eplb", f"--eplb-config {shlex.quote(json.dumps(cfg, separators=(',', ':')))}"]
+    if engine == "vllm-ascend" and kv == "fp8":
+        notes.append("# vllm-ascend: KV-cache dtype left at the model default (fp8 KV support differs on NPUs)")
+        head += [f"--max-model-len {max_len}"]
+    else:
+        head += [f"--kv-cache-dtype {kv}", f"--max-model-len {max_len}"]
+    where = f"# head node (node 0 of {nodes})" if nodes > 1 else f"# one node, {G} GPUs"
+    lines = notes + [f"# attention TP{tp} x DP{dp}, EP{G}", where, _join(head)]
+    if nodes > 1:
+        lines.append(f"# nodes 1..{nodes - 1}: the same command plus --headless --data-parallel-start-rank "
+                     f"$((NODE_RANK * {dp_local}))")
+    return "\n".join(lines) + "\n"
+
+
+def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
+            max_len: int, tp: int, dp: int) -> str:
+    G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
+    nodes = G // gpn
+    from moeplace.placement.export.sglang import support_warnings  # the format modules import this one
+
+    notes = [f"# WARNING: {w}" for w in support_warnings(model)]
+    a2a = "flashinfer" if gpn >= 72 else "deepep"
+    kv = "fp8_e4m3" if opts.kv_cache_dtype == "fp8" else "bf16"
+    # SGLang's --tp-size is the instance's GPU count; with DP attention each of --dp-size ranks runs
+    # attention TP over tp-size / dp-size GPUs
+    cmd = [f"python -m sglang.launch_server --model-path {shlex.quote(model_path)}", "--trust-remote-code",
+           f"--tp-size {tp * dp}"]
+    if dp > 1:
+        cmd += [f"--dp-size {dp}", "--enable-dp-attention"]
+    cmd.append(f"--ep-size {G}")
+    if nodes > 1:
+        cmd += [f"--nnodes {nodes}", "--node-rank $NODE_RANK", f"--dist-init-addr {opts.master_addr}:5000"]
+    cmd += [f"--moe-a2a-backend {a2a}"]
+    if a2a == "deepep":
+        cmd.append("--deepep-mode auto")
+    cmd += [f"--ep-num-redundant-experts {R}", "--ep-dispatch-algorithm static",
+            f"--init-expert-location {shlex.quote(path)}"]
+    if fmt == "sglang-logical-count":
+        notes.append("# SGLang runs its EPLB on the logical_count at start-up (--eplb-algorithm auto)")
+    if opts.online_eplb:
+        cmd += ["--enable-eplb", f"--eplb-rebalance-num-iterations {opts.eplb_interval}"]
+    cmd += [f"--kv-cache-dtype {kv}", f"--context-length {max_len}"]
+    head = f"# run on each of the {nodes} nodes with NODE_RANK=0..{nodes - 1}" if nodes > 1 else f"# one node, {G} GPUs"
+    return "\n".join(notes + [f"# attention TP{tp} x DP{dp}, EP{G}", head, _join(cmd)]) + "\n"
+
+
+def trtllm_attention_dp(tp: int, dp: int) -> bool:
+    """TensorRT-LLM's ``enable_attention_dp`` for attention TP ``tp`` x DP ``dp`` (one of them must be 1)."""
+    if tp > 1 and dp > 1:
+        raise InputError(f"TensorRT-LLM runs attention either as TP over all ranks or as DP over all ranks "
+                         f"(enable_attention_dp); attention TP{tp} x DP{dp} cannot be expressed: use --tp 1 "
+                         f"--dp {tp * dp} (its load balancer needs attention DP anyway)")
+    return dp > 1 or tp == 1
+
+
+def trtllm_options(placement: Placement, opts: FlagOptions) -> dict[str, Any]:
+    """The launch part of the extra-options YAML (what ``--flags`` adds to an exported ``trtllm`` file)."""
+    tp, dp = _layout(placement, opts)
+    return {"attention_dp": trtllm_attention_dp(tp, dp), "moe_backend": opts.moe_backend,
+            "kv_cache_dtype": opts.kv_cache_dtype}
+
+
+def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
+            max_len: int, tp: int, dp: int) -> str:
+    from moeplace.placement.export.trtllm import dump_yaml, support_warnings  # the format modules import this one
+
+    G, gpn = placement.num_gpus, placement.gpus_per_node
+    nodes = G // gpn
+    adp = trtllm_attention_dp(tp, dp)
+    notes = [f"# WARNING: {w}" for w in support_warnings(model, attention_dp=adp, ep_size=G)]
+    options: dict[str, Any] = {"enable_attention_dp": adp,
+                               "kv_cache_config": {"dtype": "fp8" if opts.kv_cache_dtype == "fp8" else "auto"},
+                               "moe_config": {"backend": opts.moe_backend.upper(),
+                                              "load_balancer": "<inline in the file: num_slots "
+                                                               f"{placement.num_slots}, layer_updates_per_iter 0>"}}
+    if fmt == "trtllm-lb":
+        options["moe_config"]["load_balancer"] = path
+        extra = "extra_llm_api_options.yaml"
+        notes.append(f"# write the YAML below to {extra}; moe_config.load_balancer points at the exported file")
+    else:
+        extra = path
+        notes.append(f"# {Path(path).name} holds the YAML below, with the load balancer inline")
+    if opts.online_eplb:
+        notes.append("# online rebalancing: set moe_config.load_balancer.layer_updates_per_iter > 0 (layers "
+                     "re-placed per iteration); the exported layout is then only the start")
+    cmd = [f"trtllm-serve {shlex.quote(model_path)}", "--backend pytorch", "--trust_remote_code",
+           f"--tp_size {G}", f"--ep_size {G}", f"--gpus_per_node {gpn}", f"--max_seq_len {max_len}",
+           f"--extra_llm_api_options {shlex.quote(extra)}"]
+    if nodes > 1:
+        cmd[0] = f"trtllm-llmapi-launch {cmd[0]}"
+        where = (f"# {nodes} nodes: start under mpirun/srun with one rank per GPU ({G} ranks), e.g. "
+                 f"srun -N {nodes} --ntasks-per-node {gpn}")
+    else:
+        where = f"# one node, {G} GPUs"
+    yaml_text = dump_yaml(options, f"extra LLM-API options: attention {'DP' if adp else 'TP'} over {G} ranks")
+    return "\n".join(notes + [f"# attention TP{tp} x DP{dp}, EP{G}", where, _join(cmd), "",
+                               yaml_text.rstrip("\n")]) + "\n"

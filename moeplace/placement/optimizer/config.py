@@ -1,0 +1,91 @@
+"""Configuration of the moeplace optimizer (a frozen record; validated, no I/O)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moeplace.foundation.errors import InputError
+from moeplace.placement.dispatch import ENGINES
+
+OBJECTIVES = ("balance", "traffic", "balance+traffic")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Knobs of one optimizer run.
+
+    ``robust``: plan for the worst planning window (scenario) instead of their sum; ``envelope`` (with
+    ``robust``): also for the windows' envelope (every expert at its highest share in any window), a
+    hedge for workloads unlike any planning window (see :func:`placement.optimizer.layer.scenario_loads`).
+    ``dilate`` (with ``robust``, >= 1): widen the scenario set about its centre — each window keeps its own
+    noise but its scenario group's offset from the groups' centroid is scaled by ``dilate`` (1 = the
+    windows as they are; ``D / (D - 1)`` for D groups is the jackknife scale: each group as seen from the
+    others' centroid, which is how far an unseen workload sits from the planning centroid). ``spread`` (with
+    ``robust``, >= 0): also plan for the windows' mean moved ``spread`` standard deviations along each of
+    the top principal directions of the windows' variation, both ways — a GPU's worst over these rows is
+    its mean load plus ``spread`` times its load's spread along those directions (``x_g^T Sigma x_g``), so
+    experts that rise and fall together are split across GPUs and replicated by their upside (see
+    :func:`placement.optimizer.layer.spread_rows`); 0 = off. ``cvar``: with
+    ``robust``, minimize the mean of the worst ``ceil(cvar * W)`` scenarios' max/mean instead of the single
+    worst (``cvar = 0`` means the worst). ``objective``/``traffic_weight``/``balance_floor``: the traffic
+    objective (remote nodes per token) subject to balancedness >= ``balance_floor`` (default: the balance
+    plan's own balancedness minus 0.01). ``max_moves``: the
+    migration budget (slots whose expert changes) per layer when a ``current`` placement is given.
+    ``lns_rounds``: CP-SAT neighbourhood solves per layer after local search stalls (stopping after
+    ``lns_patience`` fruitless ones in a row); ``lns_gpus``: GPUs per
+    neighbourhood; ``lns_dtime``: CP-SAT *deterministic* time per neighbourhood (so results repeat per seed).
+    ``hedge`` (without ``robust``, given >= 2 planning windows): after planning the windows' sum, spend
+    up to ``hedge_iters`` moves improving the worst single window while the sum stays within ``hedge_tol``
+    (relative) of what was reached — many placements balance the sum equally well; pick one that also
+    balances each window, which is what held-out traffic rewards. ``gap_tol``: stop searching a layer once within this relative gap of its bound. ``time_limit``: hard wall-clock budget of the whole run, seconds. ``workers``: processes for layers.
+    """
+
+    engine: str = "vllm"
+    robust: bool = False
+    envelope: bool = False
+    dilate: float = 1.0
+    spread: float = 0.0
+    cvar: float = 0.0
+    objective: str = "balance"
+    traffic_weight: float = 1.0
+    balance_floor: float | None = None
+    pareto: bool = False
+    max_moves: int | None = None
+    lns_rounds: int = 8
+    lns_gpus: int = 4
+    lns_patience: int = 2
+    lns_dtime: float = 0.05
+    gap_tol: float = 1e-4
+    exact_max_vars: int = 6000
+    hedge: bool = True
+    hedge_tol: float = 2e-5
+    hedge_iters: int = 100
+    time_limit: float | None = None
+    workers: int = 0
+    seed: int = 0
+    max_traffic_samples: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if not self.dilate >= 1.0:
+            raise InputError(f"--dilate must be >= 1 (1 = the scenarios as they are), got {self.dilate}")
+        if not self.spread >= 0.0:
+            raise InputError(f"--spread must be >= 0 (0 = off), got {self.spread}")
+        if not 0.0 <= self.cvar < 1.0:
+            raise InputError(f"cvar must be in [0, 1), got {self.cvar}")
+        if self.traffic_weight < 0:
+            raise InputError(f"--traffic-weight must be >= 0, got {self.traffic_weight}")
+        if self.balance_floor is not None and not 0.0 < self.balance_floor <= 1.0:
+            raise InputError(f"balance floor must be in (0, 1], got {self.balance_floor}")
+        if self.max_moves is not None and self.max_moves < 0:
+            raise InputError(f"--max-moves must be >= 0, got {self.max_moves}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise InputError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
+        if self.lns_rounds < 0 or self.lns_gpus < 2 or self.lns_dtime <= 0:
+            raise InputError("lns_rounds must be >= 0, lns_gpus >= 2 and lns_dtime > 0")
+        if self.seed < 0:
+            raise InputError(f"--seed must be >= 0, got {self.seed}")
+        if self.workers < 0:
+            raise InputError(f"--workers must be >= 0 (0 = one per core), got {self.workers}")

@@ -1,0 +1,530 @@
+"""The cost model: achieved-efficiency rooflines per operation, collectives with the engines' semantics,
+fixed overheads; corrected by a measured calibration profile when one is given.
+
+Every formula is written once here and tested on hand-computed cases (tests/test_sim_cost.py). Times
+are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.CostConfig` fields
+(``CostConfig.roofline()`` turns every curve and overhead off); docs/simulate.md lists their sources.
+
+- Compute rates are the kernels' isolated rates times ``sustained_efficiency`` (clocks under sustained
+  power-capped load, SMs shared with communication, elementwise kernels between GEMMs).
+- GEMMs (routed experts, shared experts, projections, LM head) follow DeepGEMM's measured shape
+  dependence: ``t = max((m + m0) / m * flops / (peak * e_gemm), bytes / (hbm_bw * e_hbm)) + t_kernel``
+  with ``m`` the rows per weight matrix (tokens per expert), so small batches pay tile fill and every
+  kernel its launch/pipeline latency. MXFP4 experts run on FP4 tensor cores where the GPU has them,
+  else at the FP8 rate (GPUSpec.flops decides).
+- Attention cores: MLA decode in the absorbed form at FlashMLA's published rates (580 TFLOPS compute
+  bound, 3,000 GB/s memory bound, H800), prefill at a FlashAttention-3 share of peak; KDA's chunked
+  prefill and recurrent decode and GQA as rooflines at ``flops_efficiency``.
+- Tensor-parallel attention/dense parts (``attention_tp`` > 1): two all-reduces per layer (attention
+  output, MLP/MoE output), ``t = alpha + 2 (n - 1) / n * bytes / nvlink_bw`` (ring/NVLS bandwidth term).
+- ``allgather`` instead (TensorRT-LLM's CUTLASS MoE under attention DP): every rank all-gathers the
+  pool's tokens and reduce-scatters the outputs, ``(G-1)/G`` of all tokens per GPU and direction. The
+  gathered payload is what TensorRT-LLM's ``CutlassFusedMoE`` gathers (tensorrt_llm/_torch/modules/
+  fused_moe, https://github.com/NVIDIA/TensorRT-LLM): NVFP4 experts quantize the tokens to NVFP4 (FP4
+  values + one FP8 scale per 16) *before* the gather ("FP4 AllGather", TensorRT-LLM tech blog 3,
+  "Optimizing DeepSeek R1 Throughput on NVIDIA Blackwell GPUs"); DeepSeek FP8 block-scale experts gather
+  the BF16 tokens and quantize inside the MoE op; other formats gather FP8 + scales; outputs come back BF16.
+- MoE all-to-all with DeepEP semantics, chosen by phase as SGLang's ``--deepep-mode auto`` does:
+  *normal* kernels (iterations with prefill tokens) send ONE RDMA copy per destination node, which the
+  receiving GPU forwards over NVLink (copies per remote GPU x the node-dedup factor below, plus the
+  forwarding on NVLink, plus a CPU-side layout notify); *low-latency* kernels (decode-only iterations)
+  send every copy straight to its GPU with their own latency and achieved RDMA share.
+- Dual-batch overlap (TBO/DBO): the batch splits into two micro-batches whose phases are costed at half
+  size (their GEMMs at half the tokens per expert); in steady state a layer takes
+  ``max(2 C_half / (1 - s), 2 M_half)`` (compute C, communication M; ``s`` the SM share normal-mode
+  kernels hold while overlapped), plus one pipeline fill ``min(C_half, M_half)`` per iteration.
+- Fixed overheads: per iteration (scheduler, sampling, host sync) and per layer: every layer leaves
+  ``kernels_per_layer x graph_gap`` of device-side gaps between its kernels (graph replay or not); an
+  eager iteration also cannot run a layer faster than the CPU launches its kernels
+  (``max(gpu + gaps, kernels_per_layer x launch)``). Decode-only iterations up to the engine's graph
+  batch size replay graphs; prefill and mixed ones run eager.
+
+One engine iteration (:func:`CostModel.step_time`) is, layer by layer (every attention-DP rank and every
+EP rank meet at each MoE layer's all-to-all, so each layer takes its slowest rank's time)::
+
+    layer l = max_r [attention_r(kind_l) + trunk_r + 2 all-reduce_r]
+            + max_g dispatch_g + max_g experts_g + max_g combine_g  (MoE layers only)
+
+The *straggler time* of a layer is, summed over its three phases (dispatch, experts, combine),
+``max_g t_g - mean_g t_g``: what the slowest EP rank costs every other rank at that layer, against a
+perfectly balanced layer with the same total work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from moeplace.foundation.cluster import ClusterSpec, GPUSpec
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import DTYPE_BYTES, KV_DTYPE_BYTES, ModelSpec
+from moeplace.sim.calibration import Profile
+from moeplace.sim.config import CostConfig, EngineConfig
+
+KDA_CHUNK = 64  # chunk length of KDA's chunked (WY) prefill algorithm
+
+
+def roofline(flops, bytes_, peak_flops: float, bandwidth: float):
+    """``max(flops / peak_flops, bytes / bandwidth)`` elementwise (arrays or scalars)."""
+    return np.maximum(np.asarray(flops, dtype=np.float64) / peak_flops,
+                      np.asarray(bytes_, dtype=np.float64) / bandwidth)
+
+
+@dataclass
+class RankWork:
+    """What each attention-DP rank does in one iteration; every field float64 ``[D]`` (D ranks).
+
+    ``tokens``: tokens run through the trunk (decode + prefill); ``sampled``: tokens that produce logits;
+    ``dec_seqs`` / ``dec_ctx``: decoding sequences and the sum of their context lengths (keys attended,
+    the new token included); ``pre_tokens`` / ``pre_seqs``: prefill-chunk tokens and chunks;
+    ``pre_pairs``: (query, key) pairs of the causal prefill chunks; ``pre_ctx``: keys read by the chunks
+    (sum over chunks of start + length).
+    """
+
+    tokens: np.ndarray
+    sampled: np.ndarray
+    dec_seqs: np.ndarray
+    dec_ctx: np.ndarray
+    pre_tokens: np.ndarray
+    pre_seqs: np.ndarray
+    pre_pairs: np.ndarray
+    pre_ctx: np.ndarray
+
+    @classmethod
+    def zeros(cls, num_ranks: int) -> RankWork:
+        return cls(*(np.zeros(num_ranks) for _ in range(8)))
+
+    def half(self) -> RankWork:
+        """One of two equal micro-batches (DeepSeek splits prompts so both get half the attention work)."""
+        return RankWork(*(getattr(self, f.name) / 2 for f in fields(self)))
+
+
+@dataclass
+class MoeWork:
+    """Per MoE layer and EP rank (GPU), float64 ``[L, G]``: ``tokens`` (token-expert selections served),
+    ``touched`` (distinct local experts with >= 1 token: their weights are read), ``nvlink`` / ``nic``
+    (token copies received over each link kind; combine sends the same copies back)."""
+
+    tokens: np.ndarray
+    touched: np.ndarray
+    nvlink: np.ndarray
+    nic: np.ndarray
+
+    def half(self) -> MoeWork:
+        """One of two micro-batches: half the selections and copies; touched experts from a Poisson
+        occupancy at the halved mean tokens per touched expert."""
+        lam = np.divide(self.tokens, self.touched, out=np.zeros_like(self.tokens), where=self.touched > 0)
+        full = -np.expm1(-lam)
+        ratio = np.divide(-np.expm1(-lam / 2), full, out=np.full_like(lam, 0.5), where=full > 0)
+        return MoeWork(self.tokens / 2, self.touched * ratio, self.nvlink / 2, self.nic / 2)
+
+
+@dataclass
+class StepTime:
+    total: float
+    attention: float  # attention + trunk over all layers (+ LM head)
+    experts: float  # sum over MoE layers of the slowest GPU's expert time
+    comm: float  # sum over MoE layers of dispatch + combine
+    straggler: np.ndarray  # [L] per MoE layer: sum over dispatch/experts/combine of max - mean GPU time
+    layer: np.ndarray  # [num_layers] time of each decoder layer
+    mode: str = "low_latency"  # DeepEP kernels of this iteration: normal | low_latency
+    graph: bool = False  # replayed as a CUDA graph
+    overhead: float = 0.0  # fixed per-iteration and per-layer overheads included in total
+
+
+def selections_per_copy(num_gpus: int, top_k: int) -> float:
+    """Expected selections per distinct destination GPU of a token whose ``top_k`` experts spread uniformly
+    over ``num_gpus`` GPUs: ``k / (G (1 - (1 - 1/G)^k))``. DeepEP's low-latency kernels send one message
+    per selected expert (their receive buffers are laid out per local expert), so they move this many
+    times the bytes a per-GPU-deduplicated all-to-all would."""
+    G, k = num_gpus, top_k
+    return float(k / (G * (1 - (1 - 1 / G) ** k))) if G > 1 else 1.0
+
+
+def node_dedup_factor(num_gpus: int, gpus_per_node: int, top_k: int) -> float:
+    """Expected distinct remote NODES over distinct remote GPUs a token's ``top_k`` experts land on, for
+    uniformly spread experts: how many RDMA copies DeepEP's normal kernels send (one per node) per copy
+    a per-GPU all-to-all would send. ``(N-1)(1-(1-1/N)^k) / ((G-n)(1-(1-1/G)^k))``, 1 on one node."""
+    G, n = num_gpus, gpus_per_node
+    N = G // n
+    if N <= 1:
+        return 1.0
+    gpus = (G - n) * (1 - (1 - 1 / G) ** top_k)
+    nodes = (N - 1) * (1 - (1 - 1 / N) ** top_k)
+    return float(nodes / gpus)
+
+
+class CostModel:
+    """Costs of one model on one GPU kind and pool (shared state: derived constants; no I/O).
+
+    ``attention_tp``: GPUs per attention-DP rank; ``moe_tp``: GPUs each routed expert is sharded across
+    (TEP); ``a2a_mode``: ``auto`` | ``normal`` | ``low_latency``; ``cuda_graph_max_bs``: decode-only
+    iterations with at most this many sequences per rank replay a CUDA graph (0 = never);
+    ``kernels_per_layer``: kernels one decoder layer of this engine build runs back to back (None: the
+    CostConfig's; an engine that fused kernels runs fewer, each paying the per-kernel gap)."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, cfg: CostConfig | None = None,
+                 attention_tp: int = 1, kv_dtype: str = "bf16", profile: Profile | None = None,
+                 attention_dtype: str = "bf16", moe_tp: int = 1, a2a_mode: str = "auto",
+                 cuda_graph_max_bs: int = 512, kernels_per_layer: float | None = None) -> None:
+        self.model = model
+        self.cluster = cluster
+        self.gpu: GPUSpec = cluster.gpu
+        self.cfg = cfg or CostConfig()
+        self.tp = attention_tp
+        self.moe_tp = moe_tp
+        self.kv_dtype = kv_dtype
+        self.profile = profile
+        self.a2a_mode = a2a_mode
+        self.cuda_graph_max_bs = cuda_graph_max_bs
+        # kernels one decoder layer runs back to back in this engine build (fusions change it); the
+        # per-kernel gap and launch constants stay global
+        self.kernels_per_layer = self.cfg.kernels_per_layer if kernels_per_layer is None else float(kernels_per_layer)
+        if self.kernels_per_layer < 0:
+            raise InputError(f"kernels per layer must be >= 0, got {kernels_per_layer}")
+        if cluster.num_gpus % moe_tp:
+            raise InputError(f"--moe-tp {moe_tp} does not divide the pool's {cluster.num_gpus} GPUs")
+        c = self.cfg
+        g = self.gpu
+        self.hbm_bw = g.hbm_bw * c.hbm_efficiency
+        s = c.sustained_efficiency
+        self.peak_trunk = g.flops(model.weight_dtype) * c.gemm_efficiency * s
+        self.peak_expert = g.flops(model.expert_dtype) * c.gemm_efficiency * s
+        self.peak_other = g.flops(model.weight_dtype) * c.flops_efficiency * s
+        self.peak_attn_dec = g.flops(attention_dtype) * c.mla_decode_flops_efficiency * s
+        self.hbm_attn_dec = g.hbm_bw * c.mla_decode_hbm_efficiency
+        self.peak_attn_pre = g.flops(attention_dtype) * c.prefill_attention_efficiency * s
+        self.nvlink_bw = g.nvlink_bw * c.link_efficiency
+        self.nic_bw = g.nic_bw * c.nic_efficiency
+        self.ll_nic_bw = g.nic_bw * c.ll_efficiency
+        self.node_dedup = node_dedup_factor(cluster.num_gpus, cluster.gpus_per_node, model.top_k)
+        self.ll_per_copy = selections_per_copy(cluster.num_gpus, model.top_k)
+        self.pure_tp = attention_tp >= cluster.num_gpus  # every GPU holds every token: no all-to-all
+        self.wbytes = DTYPE_BYTES[model.weight_dtype]
+        self.kind_counts = {k: len(model.layers_of(k)) for k in ("mla", "kda", "gqa")}
+        # Per-kind constants, computed once (the formulas below use them per iteration).
+        self._att_params = {k: model.attention_params(k) for k, n in self.kind_counts.items() if n}
+        self._kda_state_layer = (model.state_bytes_per_sequence(attention_tp) / self.kind_counts["kda"]
+                                 if self.kind_counts["kda"] else 0.0)
+        # Layer layout for step_time: each layer's (attention kind, MoE?) key and MoE-layer flag.
+        moe = set(model.moe_layers)
+        self._keys = sorted({(k, i in moe) for i, k in enumerate(model.attention)})
+        self._layer_key = np.array([self._keys.index((k, i in moe)) for i, k in enumerate(model.attention)])
+        self._is_moe = np.array([i in moe for i in range(model.num_layers)])
+
+    # ------------------------------------------------------------------ GEMMs
+    @classmethod
+    def for_engine(cls, model: ModelSpec, cluster: ClusterSpec, cfg: CostConfig | None, engine: EngineConfig,
+                   profile: Profile | None = None) -> CostModel:
+        """The cost model of one engine configuration (its parallelism, dtypes, kernels and graphs)."""
+        e = engine
+        return cls(model, cluster, cfg, e.attention_tp, e.kv_dtype, profile, attention_dtype=e.attention_dtype,
+                   moe_tp=e.moe_tp, a2a_mode=e.a2a_mode, cuda_graph_max_bs=e.cuda_graph_max_bs,
+                   kernels_per_layer=e.kernels_per_layer)
+
+    def gemm_time(self, flops_per_row, rows, groups, bytes_, peak: float, kernels: int = 1):
+        """``kernels`` GEMM kernels over ``rows`` rows split into ``groups`` weight matrices (arrays of any
+        shape): ``max((rows + m0 groups) * flops_per_row / peak, bytes / hbm_bw) + kernels * t_kernel``
+        when there is work, else 0. ``peak`` already carries the GEMM efficiency."""
+        c = self.cfg
+        rows = np.asarray(rows, dtype=np.float64)
+        groups = np.asarray(groups, dtype=np.float64)
+        compute = (rows + c.gemm_m0 * groups) * flops_per_row / peak
+        t = np.maximum(compute, np.asarray(bytes_, dtype=np.float64) / self.hbm_bw)
+        return np.where(rows > 0, t + kernels * c.gemm_kernel_s, 0.0)
+
+    # ------------------------------------------------------------------ routed experts
+    @property
+    def expert_flops_per_token(self) -> float:
+        """Gated MLP of one expert for one token: gate+up (2 x h x i) and down (i x h), 2 FLOPs each."""
+        m = self.model
+        return 2.0 * 3 * m.expert_hidden_size * m.moe_intermediate_size
+
+    @property
+    def expert_act_bytes_per_token(self) -> float:
+        """Activations one token moves through one expert: input and output rows (h) plus the gate/up
+        outputs written and read back (3 x i), at the activation dtype."""
+        m = self.model
+        return self.cfg.activation_bytes * (2 * m.expert_hidden_size + 3 * m.moe_intermediate_size)
+
+    def expert_time(self, tokens, touched, shard: int = 1):
+        """Expert GEMM time of a GPU serving ``tokens`` selections spread over ``touched`` local experts
+        (arrays of any shape), each expert's weights split ``shard`` ways (TEP). Two grouped GEMMs
+        (gate+up, down) on the GEMM curve: FLOPs of the tokens vs weight bytes of the touched experts
+        plus activations. With a profile: ``touched * t(tokens / touched)``, FLOP-scaled to this shape."""
+        tokens = np.asarray(tokens, dtype=np.float64)
+        touched = np.asarray(touched, dtype=np.float64)
+        if self.profile is not None and self.profile.has("expert_gemm"):
+            curve = self.profile.ops["expert_gemm"]
+            m = self.model
+            scale = (m.expert_hidden_size * m.moe_intermediate_size
+                     / (curve.meta.get("hidden", m.expert_hidden_size)
+                        * curve.meta.get("intermediate", m.moe_intermediate_size))) / shard
+            per = np.divide(tokens, touched, out=np.zeros_like(tokens), where=touched > 0)
+            return np.where(touched > 0, touched * curve(np.maximum(per, 1e-9)) * scale, 0.0)
+        bytes_ = (touched * self.model.bytes_per_routed_expert + tokens * self.expert_act_bytes_per_token) / shard
+        return self.gemm_time(self.expert_flops_per_token / shard, tokens, touched, bytes_, self.peak_expert,
+                              kernels=2)
+
+    # ------------------------------------------------------------------ all-to-all
+    def allgather_bytes(self) -> float:
+        """Bytes of one token in TensorRT-LLM's MoE all-gather under attention DP: NVFP4-quantized
+        before the gather for NVFP4 experts (``h x 4.5 / 8``), BF16 for DeepSeek FP8 block-scale experts
+        (``2 h``: the MoE op quantizes after the gather), else FP8 + scales as a dispatch copy."""
+        dt = self.model.expert_dtype
+        if dt == "nvfp4":
+            return self.model.expert_hidden_size * DTYPE_BYTES["nvfp4"]
+        if dt == "fp8_block128":
+            return self.model.expert_hidden_size * 2.0
+        return self.copy_bytes("dispatch")
+
+    def copy_bytes(self, op: str) -> float:
+        """Bytes of one token copy in ``dispatch`` (FP8 + scales) or ``combine`` (BF16), at the width
+        the routed experts run at (LatentMoE projects before dispatch)."""
+        per = self.cfg.dispatch_bytes_per_value if op == "dispatch" else self.cfg.combine_bytes_per_value
+        return self.model.expert_hidden_size * per
+
+    def a2a_time(self, nvlink_copies, nic_copies, op: str = "dispatch", mode: str = "low_latency",
+                 link_share=None):
+        """One EP rank's share of an all-to-all moving ``nvlink_copies`` / ``nic_copies`` token copies
+        (arrays of any shape); the two links work in parallel, each pays its latency when used.
+
+        ``low_latency``: one message per selected expert straight to its GPU (``ll_per_copy`` messages per
+        copy; DeepEP low-latency kernels: own fixed time and achieved RDMA share). ``normal``: one RDMA copy per destination node (``nic x node_dedup``)
+        which the receiver forwards over NVLink, after a CPU-side layout notify.
+        With a profile for ``op``: the measured time of the bytes (``link`` nvlink / nic / any).
+
+        ``link_share``: ``(nvlink, nic)`` factors ``>= 1`` broadcastable to the copies (per GPU ``[G]``):
+        how much longer each link takes to move the same bytes because other traffic (an asynchronous
+        weight transfer, :class:`sim.rebalance.Transfer`) shares it; the latency terms are not stretched."""
+        c = self.cfg
+        g = self.gpu
+        b = self.copy_bytes(op)
+        nv = np.asarray(nvlink_copies, dtype=np.float64) * b
+        nic = np.asarray(nic_copies, dtype=np.float64) * b
+        # normal mode: the receiver forwards what arrived over its NIC to its node's GPUs on NVLink
+        fwd = nic * (1 - 1 / self.cluster.gpus_per_node)
+        if link_share is not None:
+            # bytes at a share of a link's bandwidth take as long as proportionally more bytes at all of it
+            f_nv, f_nic = (np.asarray(f, dtype=np.float64) for f in link_share)
+            nv, fwd, nic = nv * f_nv, fwd * f_nv, nic * f_nic
+        if mode == "normal":
+            t_nv = np.where(nv + fwd > 0, g.nvlink_latency + c.normal_latency_s + (nv + fwd) / self.nvlink_bw, 0.0)
+            t_nic = np.where(nic > 0, g.nic_latency + c.normal_latency_s + nic * self.node_dedup / self.nic_bw, 0.0)
+        else:
+            f = self.ll_per_copy
+            t_nv = np.where(nv > 0, g.nvlink_latency + c.ll_latency_s + nv * f / self.nvlink_bw, 0.0)
+            t_nic = np.where(nic > 0, g.nic_latency + c.ll_latency_s + nic * f / self.ll_nic_bw, 0.0)
+        if self.profile is not None and self.profile.has(op):
+            curve = self.profile.ops[op]
+            link = curve.meta.get("link", "any")
+            if link == "any":
+                tot = nv + nic
+                return np.where(tot > 0, curve(np.maximum(tot, 1.0)), 0.0)
+            if link == "nvlink":
+                t_nv = np.where(nv > 0, curve(np.maximum(nv, 1.0)), 0.0)
+            else:
+                t_nic = np.where(nic > 0, curve(np.maximum(nic, 1.0)), 0.0)
+        return np.maximum(t_nv, t_nic)
+
+    def allreduce_time(self, tokens):
+        """One TP all-reduce of ``tokens`` BF16 hidden rows per rank ``[D]`` across the ``attention_tp``
+        GPUs of a rank: ``alpha + 2 (n - 1) / n * bytes / nvlink_bw``; 0 without TP."""
+        if self.tp <= 1:
+            return np.zeros_like(np.asarray(tokens, dtype=np.float64))
+        bytes_ = np.asarray(tokens, dtype=np.float64) * self.model.hidden_size * 2.0
+        n = self.tp
+        return np.where(bytes_ > 0, self.cfg.allreduce_latency_s + 2 * (n - 1) / n * bytes_ / self.nvlink_bw, 0.0)
+
+    # ------------------------------------------------------------------ attention and trunk (per rank)
+    def _projections(self, kind: str, w: RankWork, kernels: int):
+        p = self._att_params[kind]
+        return self.gemm_time(2.0 * p / self.tp, w.tokens, 1.0, np.where(w.tokens > 0, p * self.wbytes / self.tp, 0.0),
+                              self.peak_trunk, kernels)
+
+    def mla_time(self, w: RankWork):
+        """One MLA layer on each rank ``[D]``. Projections: 2 x params FLOPs per token, weights read once
+        (GEMM curve). Decode core in the absorbed form (per key 2H(2 kv_lora + rope) FLOPs, the latent
+        cache read once per sequence) at FlashMLA's rates; prefill core in the expanded form (per (query,
+        key) pair 2H(qk_nope + rope + v)) at the prefill-attention share of peak."""
+        c = self.model.mla
+        tp = self.tp
+        kv_tok = (c.kv_lora_rank + c.qk_rope_head_dim) * KV_DTYPE_BYTES[self.kv_dtype]
+        dec_pair = 2.0 * c.num_heads * (2 * c.kv_lora_rank + c.qk_rope_head_dim) / tp
+        pre_pair = 2.0 * c.num_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) / tp
+        dec = roofline(w.dec_ctx * dec_pair, w.dec_ctx * kv_tok, self.peak_attn_dec, self.hbm_attn_dec)
+        pre = roofline(w.pre_pairs * pre_pair, w.pre_ctx * kv_tok, self.peak_attn_pre, self.hbm_bw)
+        return self._projections("mla", w, 4) + dec + pre
+
+    def kda_time(self, w: RankWork):
+        """One KDA layer on each rank ``[D]``. Projections on the GEMM curve; per token the recurrent
+        update + readout (3 products with the H x d x d state, 2 FLOPs each); prefill adds the intra-chunk
+        attention (2 x 2 x H x d x chunk). The fp32 state (and conv state) is read and written once per
+        decoding sequence per step, and once per prefill chunk."""
+        c = self.model.kda
+        tp = self.tp
+        hdd = c.num_heads * c.head_dim * c.head_dim / tp
+        flops = (w.tokens * 3 * 2.0 * hdd + w.pre_tokens * 2 * 2.0 * c.num_heads * c.head_dim * KDA_CHUNK / tp)
+        bytes_ = 2 * self._kda_state_layer * (w.dec_seqs + w.pre_seqs)
+        return self._projections("kda", w, 4) + roofline(flops, bytes_, self.peak_other, self.hbm_bw)
+
+    def gqa_time(self, w: RankWork):
+        """One GQA layer on each rank ``[D]``: projections plus 4 x heads x head_dim FLOPs per (query, key)
+        pair; K and V read once per sequence."""
+        c = self.model.gqa
+        tp = self.tp
+        kv_tok = self.model.kv_bytes_per_token(self.kv_dtype, tp) / max(1, len(self.model.layers_of("gqa")))
+        pair = 4.0 * c.num_heads * c.head_dim / tp
+        core = roofline((w.dec_ctx + w.pre_pairs) * pair, (w.dec_ctx + w.pre_ctx) * kv_tok, self.peak_other,
+                        self.hbm_bw)
+        return self._projections("gqa", w, 3) + core
+
+    def attention_time(self, kind: str, w: RankWork):
+        return {"mla": self.mla_time, "kda": self.kda_time, "gqa": self.gqa_time}[kind](w)
+
+    @property
+    def moe_trunk_params(self) -> float:
+        """Dense parameters of one MoE layer besides attention: shared experts, router, latent
+        down/up projections (LatentMoE)."""
+        m = self.model
+        latent = 2 * m.hidden_size * m.expert_hidden_size if m.expert_hidden_size != m.hidden_size else 0
+        return (m.num_shared_experts * 3 * m.hidden_size * m.shared_intermediate_size
+                + m.hidden_size * m.num_experts + latent)
+
+    def trunk_time(self, w: RankWork, moe: bool):
+        """The dense work of one layer besides attention, per rank ``[D]``: an MoE layer's shared
+        experts + router + latent projections, or a dense layer's MLP; TP-split like attention."""
+        m = self.model
+        p = self.moe_trunk_params if moe else 3 * m.hidden_size * m.dense_intermediate_size
+        return self.gemm_time(2.0 * p / self.tp, w.tokens, 1.0, np.where(w.tokens > 0, p * self.wbytes / self.tp, 0.0),
+                              self.peak_trunk, 2)
+
+    def lm_head_time(self, w: RankWork):
+        """Logits for the sampled tokens, per rank ``[D]`` (vocab-parallel across the TP group)."""
+        m = self.model
+        p = m.vocab_size * m.hidden_size
+        return self.gemm_time(2.0 * p / self.tp, w.sampled, 1.0, np.where(w.sampled > 0, p * self.wbytes / self.tp, 0.0),
+                              self.peak_trunk, 1)
+
+    # ------------------------------------------------------------------ one iteration
+    def mode_of(self, w: RankWork) -> str:
+        """DeepEP kernels of an iteration: the configured mode, or by phase (normal with prefill tokens)."""
+        if self.a2a_mode in ("normal", "low_latency", "allgather"):
+            return self.a2a_mode
+        return "normal" if w.pre_tokens.any() else "low_latency"
+
+    def expert_times(self, moe: MoeWork) -> np.ndarray:
+        """Each GPU's routed-expert time per MoE layer ``[L, G]``. With TEP (``moe_tp`` t > 1) every GPU of
+        a group of t serves the group's selections on 1/t of each expert."""
+        if self.moe_tp == 1:
+            return self.expert_time(moe.tokens, moe.touched)
+        L, G = moe.tokens.shape
+        t_ = self.moe_tp
+        grp = (moe.tokens.reshape(L, G // t_, t_).sum(axis=2), moe.touched.reshape(L, G // t_, t_).sum(axis=2))
+        return np.repeat(self.expert_time(*grp, shard=t_), t_, axis=1)
+
+    def layer_kernels(self, dual_batch_overlap: bool = False) -> float:
+        """Kernels one decoder layer runs (two micro-batches run every kernel twice)."""
+        return self.kernels_per_layer * (2 if dual_batch_overlap else 1)
+
+    def kernel_gaps_s(self, dual_batch_overlap: bool = False) -> float:
+        """Device-side gaps between the kernels of one decoder layer."""
+        return self.layer_kernels(dual_batch_overlap) * self.cfg.graph_gap_s
+
+    def moe_layer_times(self, moe: MoeWork, mode: str = "low_latency",
+                        link_share=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per MoE layer ``[L]``: the slowest GPU's expert time, dispatch + combine time (slowest GPU each),
+        and the straggler time: for each of the three phases, slowest GPU minus the mean GPU. With TEP
+        (``moe_tp`` t > 1) every GPU of a group of t serves the group's selections on 1/t of each expert.
+        ``link_share``: per-GPU link slow-down factors of the all-to-all (:meth:`a2a_time`)."""
+        L, G = moe.tokens.shape
+        t = self.expert_times(moe)
+        experts = t.max(axis=1)
+        strag = experts - t.sum(axis=1) / G
+        if self.pure_tp:  # tokens are on every GPU already; the MoE output joins the TP all-reduce
+            return experts, np.zeros(L), strag
+        if mode == "allgather":
+            # every EP rank gathers all ranks' tokens (FP8) and reduce-scatters the outputs (BF16): each GPU
+            # receives the other ranks' share, (G - 1) / G of the pool's tokens, per direction
+            tok = moe.tokens.sum(axis=1) / self.model.top_k * (G - 1) / G  # [L]
+            multi = self.cluster.num_nodes > 1
+            bw, lat = (self.nic_bw, self.gpu.nic_latency) if multi else (self.nvlink_bw, self.gpu.nvlink_latency)
+            if link_share is not None:  # a collective: the most slowed-down GPU sets its pace
+                bw /= float(np.max(link_share[1 if multi else 0]))
+            comm = np.where(tok > 0, 2 * lat + tok * (self.allgather_bytes() + self.copy_bytes("combine")) / bw, 0.0)
+            return experts, comm, strag
+        d = self.a2a_time(moe.nvlink, moe.nic, "dispatch", mode, link_share)
+        c = self.a2a_time(moe.nvlink, moe.nic, "combine", mode, link_share)
+        comm = d.max(axis=1) + c.max(axis=1)
+        straggler = strag + (comm - (d.sum(axis=1) + c.sum(axis=1)) / G)
+        return experts, comm, straggler
+
+    def _attention_layers(self, w: RankWork) -> np.ndarray:
+        """Slowest rank's attention + trunk + TP all-reduces, per decoder layer ``[num_layers]``."""
+        per_kind = {k: self.attention_time(k, w) for k, n in self.kind_counts.items() if n}
+        ar = 2 * self.allreduce_time(w.tokens)
+        trunk = {True: self.trunk_time(w, True) + ar, False: self.trunk_time(w, False) + ar}
+        # the slowest rank of a layer depends only on (attention kind, MoE or dense): once per key
+        key_time = np.array([float(np.max(per_kind[k] + trunk[is_moe])) for k, is_moe in self._keys])
+        return key_time[self._layer_key]
+
+    def step_time(self, w: RankWork, moe: MoeWork, dual_batch_overlap: bool = False,
+                  link_share=None) -> StepTime:
+        """Time of one engine iteration (see the module docstring for the composition). ``link_share``:
+        ``(nvlink, nic)`` per-GPU factors by which other traffic on the links stretches the all-to-all
+        (:meth:`a2a_time`; ``None``: the links are the all-to-all's alone)."""
+        c = self.cfg
+        mode = self.mode_of(w)
+        graph = bool(self.cuda_graph_max_bs and not w.pre_tokens.any()
+                     and float(w.dec_seqs.max(initial=0.0)) <= self.cuda_graph_max_bs)
+        attn = self._attention_layers(w)  # [num_layers]
+        experts, comm, straggler = self.moe_layer_times(moe, mode, link_share)
+        layer = attn.copy()
+        fill = 0.0
+        if dual_batch_overlap:
+            w2, moe2 = w.half(), moe.half()
+            attn2 = self._attention_layers(w2)
+            exp2, comm2, _ = self.moe_layer_times(moe2, mode, link_share)
+            share = c.comm_sm_share if mode == "normal" else 0.0
+            comp = 2 * (attn2[self._is_moe] + exp2) / (1 - share)
+            com = 2 * comm2
+            layer[self._is_moe] = np.maximum(comp, com)
+            if self._is_moe.any():
+                fill = float(np.mean(np.minimum(comp, com))) / 2
+        else:
+            layer[self._is_moe] += experts + comm
+        gpu_layer = layer
+        # the device-side gap between dependent kernels is paid with or without a graph (a graph removes
+        # the CPU launches, not the GPU's own kernel-to-kernel latency: RTP-LLM's DeepSeek report measures
+        # ~2 ms of device launch overhead per step with C++ launches far ahead of the GPU); an eager layer
+        # also cannot run faster than the CPU launches its kernels
+        layer = layer + self.kernel_gaps_s(dual_batch_overlap)
+        if not graph:
+            layer = np.maximum(layer, self.layer_kernels(dual_batch_overlap) * c.launch_s)
+        head = float(np.max(self.lm_head_time(w))) if w.sampled.any() else 0.0
+        overhead = float((layer - gpu_layer).sum()) + c.iteration_overhead_s
+        total = float(layer.sum()) + head + fill + c.iteration_overhead_s
+        return StepTime(total=total, attention=float(attn.sum()) + head, experts=float(experts.sum()),
+                        comm=float(comm.sum()), straggler=straggler, layer=layer, mode=mode, graph=graph,
+                        overhead=overhead)
+
+    def draft_time(self, st: StepTime, w: RankWork, draft: int) -> float:
+        """MTP / speculative drafting of ``draft`` tokens per sequence: each draft step runs one MTP module
+        (one decoder layer with its MoE, DeepSeek-V3's MTP depth 1 chained) and the LM head at one token
+        per sequence; costed as the iteration's mean MoE-layer time plus its head, per draft step (decode
+        layers are weight- and latency-bound, so one token per sequence costs about what 1 + draft do)."""
+        if draft <= 0 or not w.dec_seqs.any():
+            return 0.0
+        moe_layers = st.layer[self._is_moe] if self._is_moe.any() else st.layer
+        head = float(np.max(self.lm_head_time(w)))
+        return draft * (float(np.mean(moe_layers)) + head)
+
+    # ------------------------------------------------------------------ memory movement
+    def transfer_time(self, bytes_: float, same_node: bool = False) -> float:
+        """Moving ``bytes_`` GPU to GPU (KV/state hand-off, expert weights): latency + bytes / link."""
+        if bytes_ <= 0:
+            return 0.0
+        g = self.gpu
+        if same_node:
+            return g.nvlink_latency + bytes_ / self.nvlink_bw
+        return g.nic_latency + bytes_ / self.nic_bw

@@ -1,0 +1,553 @@
+"""The simulated serving engine: attention-DP ranks with continuous batching over expert-parallel MoE
+layers, driven by the event kernel.
+
+A *pool* is one EP group spanning all the placement's GPUs: ``G / attention_tp`` DP ranks that step in
+lockstep (every MoE layer's all-to-all joins them), one engine iteration at a time. Co-located serving
+runs one pool doing prefill and decode; disaggregated serving runs a prefill pool (the decode pool's
+size, or ``prefill_gpus`` with its own placement) and a decode pool, and hands each request's KV cache
+and KDA state over the NIC. ``phase`` benchmarks one phase alone, the way published prefill/decode
+figures are measured: ``prefill`` (1-token outputs) or ``decode`` (requests arrive with their prompt's
+KV in place, as from an unlimited prefill pool).
+
+MTP / speculative decoding (``mtp_draft`` d, ``mtp_acceptance`` a): every decode step verifies 1 + d
+tokens per sequence (trunk, attention and MoE see 1 + d tokens) after d draft steps; the sequence keeps
+``1 + j`` tokens, ``j`` the leading accepted drafts (each accepted with probability a, or with its
+position's conditional probability a_i when one is given per draft position). A prefix-cache
+hit rate h starts every request with ``h x prompt`` tokens already cached: prefill computes the rest,
+attending to the whole prompt.
+
+Per DP rank and iteration (vLLM/SGLang's scheduler, reduced to what costs time):
+1. admit swapped-out requests, then waiting ones, first come first served, while the ``place plan``
+   pools say the sequence fits (``CachePools.can_admit`` with the sequence's length so far + 1); a
+   request that could not fit even alone is rejected;
+2. make room for every decoding sequence's next token; when the pools are full, preempt the newest
+   sequence (recompute: drop its KV and state and prefill it again later; swap: move them to host memory
+   and back, paying host-link time); with ``admission="reserve"`` (TensorRT-LLM's default
+   GUARANTEED_NO_EVICT capacity scheduler) a request is admitted only when its whole prompt + output
+   fits next to what the running ones reserved, and nothing is ever preempted;
+3. batch one token per decoding sequence and fill the rest of ``max_batched_tokens`` with prefill chunks
+   (whole prompts only, without chunked prefill).
+The iteration's duration is :meth:`sim.cost.CostModel.step_time` of the batch and of the routing of its
+tokens (:mod:`sim.routing`), plus any stall (swap traffic, a blocking rebalance's weight transfer); an
+asynchronous weight transfer instead shares the links with the all-to-all of the iterations it overlaps.
+"""
+from __future__ import annotations
+
+import time as wallclock
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm import tqdm
+
+from moeplace.foundation.cluster import ClusterSpec
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.memory.pools import CachePools
+from moeplace.placement.record import Placement
+from moeplace.sim.calibration import Profile
+from moeplace.sim.config import SimConfig
+from moeplace.sim.cost import CostModel, RankWork
+from moeplace.sim.events import Event, EventQueue
+from moeplace.sim.rebalance import Rebalancer
+from moeplace.sim.results import Recorder, SimResult
+from moeplace.sim.routing import make_router, src_gpus
+from moeplace.sim.workload import Request, RequestSource, TraceTokens, arrival_times, decode_row, token_rows
+
+
+@dataclass
+class Rank:
+    """One attention-DP rank's scheduler state."""
+
+    waiting: deque = field(default_factory=deque)
+    swapped: deque = field(default_factory=deque)
+    running: list = field(default_factory=list)  # admission order
+    used: int = 0  # KV token slots (per GPU) the running sequences hold for their next step
+    pending: int = 0  # prompt tokens enqueued here and not yet prefilled (the DP balancer's load)
+
+
+class Pool:
+    """One EP group (all placement GPUs) running engine iterations (the simulation's real state)."""
+
+    def __init__(self, name: str, role: str, sim: Simulation, placement: Placement, cost: CostModel | None = None,
+                 pools: CachePools | None = None) -> None:
+        self.name = name
+        self.role = role  # "both" | "prefill" | "decode"
+        self.sim = sim
+        self.placement = placement
+        self.cost = cost or sim.cost
+        self.pools = pools or sim.pools
+        self.num_gpus = placement.num_gpus
+        self.ranks = [Rank() for _ in range(placement.num_gpus // sim.config.engine.attention_tp)]
+        self.router = make_router(sim.config.mode, sim.trace, placement, sim.config.engine.replica_rule,
+                                  sim.config.seed, sim.config.engine.attention_tp)
+        self.busy = False
+        self.wake_pending = False
+        self.iteration = 0
+        self.stall = 0.0  # seconds added to the next iteration (swap traffic, weight moves)
+        self.batch: list = []  # prefill chunks of the iteration in flight: (request, rank, tokens)
+        self.decoding: list = []  # decoding sequences of the iteration in flight: (request, rank)
+        self.rebalancer = None
+        self.next_rank = 0
+        self.last_dt = 0.0
+        # TensorRT-LLM's GUARANTEED_NO_EVICT: a request is admitted only when its whole sequence fits, so
+        # a running one never grows past what it reserved and is never preempted
+        self.reserve = sim.config.engine.admission == "reserve"
+
+    # ------------------------------------------------------------------ memory checks
+    def _kv(self, n):
+        return self.pools.kv_tokens(n)
+
+    def _need(self, q: Request) -> int:
+        """Token slots the sequence holds: its KV so far + the token being made (``admission="on_demand"``),
+        or its whole prompt + output from admission on (``"reserve"``, capped at the model's context)."""
+        if self.reserve:
+            return min(q.prompt_len + q.output_len, self.pools.max_model_len)
+        return max(q.prefill_target, q.ctx) + 1
+
+    def _used(self, rank: Rank) -> int:
+        """Recomputed from scratch (checks of the incremental ``Rank.used``)."""
+        kv = self.pools.kv_tokens
+        return int(sum(kv(self._need(q)) for q in rank.running))
+
+    def _admit(self, r: int, now: float, used: int) -> int:
+        """Admit from the swapped, then the waiting queue; returns the rank's KV token slots in use."""
+        rank = self.ranks[r]
+        pools = self.pools
+        for queue in (rank.swapped, rank.waiting):
+            while queue:
+                q = queue[0]
+                need = self._need(q)
+                if not pools.can_admit(need, 0, 0):  # could not fit even alone: never will
+                    queue.popleft()
+                    self.sim.reject(q, now)
+                    continue
+                if not pools.can_admit(need, used, len(rank.running)):
+                    return used  # head-of-line: first come, first served
+                queue.popleft()
+                rank.running.append(q)
+                q.kv = self._kv(need)
+                used += q.kv
+                if np.isnan(q.admitted):
+                    q.admitted = now
+                    q.queue_time = now - q.arrival
+                if q.swapped:  # swap back in: the KV and state cross the host link again
+                    q.swapped = False
+                    self.stall += self.sim.swap_time(q)
+        return used
+
+    def _make_room(self, r: int, now: float, used: int) -> int:
+        """Preempt the newest sequences until every running one fits its next step; returns the KV
+        token slots in use. ``used``: the running sequences' slots for their next step."""
+        rank = self.ranks[r]
+        pools = self.pools
+        while len(rank.running) > 1:
+            last = rank.running[-1]
+            mine = last.kv
+            if pools.can_admit(self._need(last), used - mine, len(rank.running) - 1):
+                return used
+            rank.running.pop()
+            used -= mine
+            self.sim.preempt(self, r, last, now)
+        if rank.running and not pools.can_admit(self._need(rank.running[0]), 0, 0):
+            # a lone sequence that has outgrown the pools: the engine aborts it
+            q = rank.running.pop()
+            used -= q.kv
+            self.sim.reject(q, now)
+        return used
+
+    # ------------------------------------------------------------------ one iteration
+    def maybe_start(self, now: float) -> list[Event]:
+        if self.busy:
+            return []
+        sim = self.sim
+        cfg = sim.config.engine
+        D = len(self.ranks)
+        work = RankWork.zeros(D)
+        batch = []  # prefill chunks: (request, rank, tokens)
+        decoding = []  # (request, rank)
+        dec_rows: list[int] = []
+        dec_rank: list[int] = []
+        pre_rows, pre_rank = [], []
+        decode_here = self.role != "prefill"
+        exact = self.router.needs_rows  # the statistical router only needs token counts
+        per_seq = 1 + cfg.mtp_draft  # tokens each decoding sequence verifies per step
+        for r, rank in enumerate(self.ranks):
+            used = self._make_room(r, now, rank.used)
+            rank.used = self._admit(r, now, used)
+            prefilling = []
+            n_dec = ctx_sum = 0
+            for q in rank.running:
+                if q.ctx < q.prefill_target:
+                    prefilling.append(q)
+                elif decode_here and q.generated < q.output_len:
+                    decoding.append((q, r))
+                    if exact:  # decode_row(q, q.ctx), inlined: this loop runs for every decoding sequence
+                        dec_rows.append(q.row_base + q.n_pre + (q.ctx - q.prompt_len) % q.n_dec if q.n_dec
+                                        else decode_row(q, q.ctx))
+                    n_dec += 1
+                    ctx_sum += q.ctx
+            ctx_sum += n_dec  # each decode token attends to its own key too
+            if exact:
+                dec_rank += [r] * (n_dec * per_seq)
+            work.dec_seqs[r] = n_dec
+            # with drafts, each of the 1 + d verified tokens attends to the context (and the drafts before it)
+            work.dec_ctx[r] = ctx_sum * per_seq + n_dec * per_seq * (per_seq - 1) / 2
+            budget = cfg.max_batched_tokens - n_dec
+            for q in prefilling:
+                if budget <= 0:
+                    break
+                left = q.prefill_target - q.ctx
+                if not cfg.chunked_prefill and left > budget and budget < cfg.max_batched_tokens:
+                    break  # whole prompts only: wait for an emptier batch
+                c = left if not cfg.chunked_prefill else min(left, budget)
+                budget -= c
+                batch.append((q, r, c))
+                s0 = q.ctx
+                work.pre_tokens[r] += c
+                work.pre_seqs[r] += 1
+                work.pre_pairs[r] += c * s0 + c * (c + 1) / 2
+                work.pre_ctx[r] += s0 + c
+                if s0 + c >= q.prefill_target:
+                    work.sampled[r] += 1
+                if exact:
+                    pre_rows.append(token_rows(q, s0, c))
+                    pre_rank.append(np.full(c, r, dtype=np.int64))
+        if not batch and not decoding:
+            return []
+        work.tokens = work.dec_seqs * per_seq + work.pre_tokens
+        work.sampled += work.dec_seqs * per_seq
+        want = self.rebalancer is not None and self.rebalancer.wants_counts
+        t0 = wallclock.perf_counter()
+        if exact:
+            drows = np.asarray(dec_rows, dtype=np.int64)
+            if per_seq > 1:  # draft positions route like the following output tokens
+                drows = (drows[:, None] + np.arange(per_seq)[None, :]).ravel()
+            rows = np.concatenate([drows] + pre_rows)
+            ranks = np.concatenate([np.asarray(dec_rank, dtype=np.int64)] + pre_rank)
+            order = np.argsort(ranks, kind="stable")  # each rank's tokens contiguous, in batch order
+            rows, ranks = rows[order], ranks[order]
+            moe, counts = self.router.route(rows, src_gpus(ranks, cfg.attention_tp), sim.rng, want_counts=want)
+        else:
+            moe, counts = self.router.route_count(int(work.tokens.sum()), sim.rng, want_counts=want)
+        sim.route_wall += wallclock.perf_counter() - t0
+        st = self._step_time(work, moe, cfg)
+        shared = self.rebalancer.link_share(now, st.total) if self.rebalancer is not None else None
+        if shared is not None:  # an async weight transfer shares the links with this step's all-to-all
+            free = st.total
+            st = self._step_time(work, moe, cfg, shared)
+            self.rebalancer.overlapped(now, free, shared, st.total)
+        stall, self.stall = self.stall, 0.0
+        dt = st.total + stall
+        self.last_dt = dt
+        self.busy = True
+        self.batch = batch
+        self.decoding = decoding
+        self.iteration += 1
+        if counts is not None:
+            self.rebalancer.observe(counts)
+        sim.recorder.iteration(self, now, dt, st, work, moe, stall)
+        return [Event(now + dt, "iteration_end", self)]
+
+    def _step_time(self, work, moe, cfg, link_share=None):
+        st = self.cost.step_time(work, moe, cfg.dual_batch_overlap, link_share)
+        if cfg.mtp_draft:
+            st.total += self.cost.draft_time(st, work, cfg.mtp_draft)
+        return st
+
+    def finish_iteration(self, now: float) -> list[Event]:
+        sim = self.sim
+        events: list[Event] = []
+        made = prefilled = 0
+        kv = self.pools.kv_tokens
+        ranks = self.ranks
+        # Decode: one token each. With pages (dcp 1) a sequence needs a new page only when its need
+        # passes the slots it holds, so the plan's kv_tokens is asked only then.
+        paged = self.pools.dcp == 1
+        max_len = self.pools.max_model_len  # a sequence stops at the model's context, as engines cap it
+        e = sim.config.engine
+        if e.mtp_draft and self.decoding:
+            # leading accepted drafts per sequence: the first rejection ends the run
+            acc = np.asarray(e.mtp_position_acceptance())
+            ok = sim.rng.random((len(self.decoding), e.mtp_draft)) < acc[None, :]
+            gains = (1 + np.cumprod(ok, axis=1).sum(axis=1)).tolist()
+        else:
+            gains = None
+        for i, (q, r) in enumerate(self.decoding):
+            g = 1 if gains is None else min(gains[i], q.output_len - q.generated, max_len - 1 - q.ctx)
+            g = max(g, 1)
+            q.ctx += g
+            q.generated += g
+            made += g
+            need = q.ctx + 1
+            if not self.reserve and (not paged or need > q.kv):
+                after = kv(need)
+                ranks[r].used += after - q.kv
+                q.kv = after
+            if q.generated >= q.output_len or need >= max_len:  # need = the sequence's tokens now
+                rank = ranks[r]
+                rank.running.remove(q)
+                rank.used -= q.kv
+                events += sim.finish(q, now)
+        decoded = made
+        for q, r, c in self.batch:
+            rank = ranks[r]
+            q.ctx += c
+            prefilled += c
+            rank.pending = max(rank.pending - c, 0)
+            after = q.kv if self.reserve else kv(max(q.prefill_target, q.ctx) + 1)
+            rank.used += after - q.kv
+            q.kv = after
+            if q.ctx < q.prefill_target:
+                continue
+            # the last chunk's logits give the next token (the first one, or the next after a recompute
+            # preemption)
+            q.generated += 1
+            made += 1
+            if q.generated == 1:
+                q.first_token = now
+                sim.recorder.prompt_done(now, q.prompt_len)
+                if self.role == "prefill" and q.generated < q.output_len:
+                    rank.running.remove(q)
+                    rank.used -= after
+                    events.append(sim.handoff(q, now))
+                    continue
+            if q.generated >= q.output_len or q.ctx + 1 >= max_len:
+                rank.running.remove(q)
+                rank.used -= after
+                events += sim.finish(q, now)
+        sim.recorder.tokens_done(now, made, prefilled, decoded, len(self.decoding), self.last_dt)
+        self.batch = []
+        self.decoding = []
+        self.busy = False
+        if self.rebalancer is not None:
+            self.stall += self.rebalancer.maybe_rebalance(self, now)
+        events += self.wake(now)
+        return events
+
+    def wake(self, now: float) -> list[Event]:
+        """Ask for a scheduling pass at ``now``, after every same-time arrival and completion (the
+        ``wake`` priority), so requests arriving together are batched together."""
+        if self.busy or self.wake_pending:
+            return []
+        self.wake_pending = True
+        return [Event(now, "wake", self)]
+
+    def on_wake(self, now: float) -> list[Event]:
+        self.wake_pending = False
+        return self.maybe_start(now)
+
+    def enqueue(self, q: Request, now: float) -> list[Event]:
+        """A new request joins a DP rank's waiting queue: round robin over ranks (a DP load balancer that
+        cannot tell requests apart), or with ``dp_balance="tokens"`` the rank with the fewest outstanding
+        tokens (prompt tokens still to prefill plus decoding sequences), as engines' prefill balancers do
+        (SGLang --load-balance-method minimum_tokens; DeepSeek's prefill load balancer)."""
+        if self.sim.config.engine.dp_balance == "tokens" and len(self.ranks) > 1:
+            # prompt tokens still to prefill plus one per sequence held (decode work)
+            loads = [rk.pending + len(rk.running) + len(rk.waiting) for rk in self.ranks]
+            n = len(self.ranks)
+            r = min(range(n), key=lambda i: (loads[(self.next_rank + i) % n], i))
+            r = (self.next_rank + r) % n
+            self.next_rank = (r + 1) % n
+        else:
+            r = self.next_rank
+            self.next_rank = (self.next_rank + 1) % len(self.ranks)
+        q.rank = r
+        q.pool = self.name
+        self.ranks[r].waiting.append(q)
+        self.ranks[r].pending += q.prefill_target - q.ctx
+        return self.wake(now)
+
+    def occupancy(self) -> tuple[float, float, int, int]:
+        """Peak over ranks of (KV pool fraction, state pool fraction), running and waiting counts."""
+        pools = self.pools
+        kv_frac = st_frac = 0.0
+        running = waiting = 0
+        for rank in self.ranks:
+            n = len(rank.running)
+            running += n
+            waiting += len(rank.waiting) + len(rank.swapped)
+            used = rank.used
+            if pools.shared:
+                kv_frac = max(kv_frac, used * pools.kv_bytes_per_token / pools.pool_bytes if pools.pool_bytes else 0)
+                st_frac = max(st_frac, n * pools.state_bytes_per_seq / pools.pool_bytes if pools.pool_bytes else 0)
+            else:
+                cap = pools.kv_token_capacity or 1
+                kv_frac = max(kv_frac, used / cap)
+                st_frac = max(st_frac, n / max(pools.state_slots or 1, 1))
+        return kv_frac, st_frac, running, waiting
+
+
+class Simulation:
+    """One run: a workload through pools of one placement. Build, then :meth:`run`."""
+
+    def __init__(self, config: SimConfig, trace: TraceTokens, placement: Placement, cluster: ClusterSpec,
+                 pools: CachePools, profile: Profile | None = None, label: str = "",
+                 chrome: bool = False, progress: bool = False,
+                 prefill: tuple[Placement, ClusterSpec, CachePools] | None = None) -> None:
+        placement.check_model(trace.model, "placement")
+        if placement.num_gpus != cluster.num_gpus:
+            raise InputError(f"placement {label or ''}: made for {placement.num_gpus} GPUs, the cluster has "
+                             f"{cluster.num_gpus} (--gpus)")
+        self.config = config
+        self.trace = trace
+        self.model = trace.model
+        self.cluster = cluster
+        self.pools = pools
+        self.label = label
+        self.progress = progress
+        e = config.engine
+        self.num_ranks = cluster.num_gpus // e.attention_tp
+        self.cost = self.make_cost(cluster, profile)
+        self.rng = np.random.default_rng(config.seed)
+        self.source = RequestSource(trace, config.workload.lengths, np.random.default_rng(config.seed + 1))
+        self.queue = EventQueue()
+        self.recorder = Recorder(self, chrome=chrome)
+        self.route_wall = 0.0
+        if e.phase == "decode":
+            self.pools_list = [Pool("decode", "decode", self, placement)]
+        elif e.disaggregated and e.phase == "both":
+            if prefill is not None:
+                p_placement, p_cluster, p_pools = prefill
+                p_placement.check_model(trace.model, "prefill placement")
+                if p_placement.num_gpus != p_cluster.num_gpus:
+                    raise InputError(f"prefill placement: made for {p_placement.num_gpus} GPUs, the prefill pool has "
+                                     f"{p_cluster.num_gpus} (--prefill-gpus)")
+                pre = Pool("prefill", "prefill", self, p_placement, self.make_cost(p_cluster, profile), p_pools)
+            else:
+                pre = Pool("prefill", "prefill", self, placement)
+            self.pools_list = [pre, Pool("decode", "decode", self, placement)]
+        else:
+            self.pools_list = [Pool("main", "both", self, placement)]
+        self.num_gpus = sum(p.num_gpus for p in self.pools_list)
+        if config.rebalance is not None:
+            for p in self.pools_list:
+                p.rebalancer = Rebalancer(config.rebalance, self, p)
+        self.pending: list[Event] = []  # follow-ups produced outside a handler's return path
+        self._arrivals: np.ndarray | None = None
+        self._next_arrival = 0
+
+    def make_cost(self, cluster: ClusterSpec, profile: Profile | None) -> CostModel:
+        return CostModel.for_engine(self.model, cluster, self.config.cost, self.config.engine, profile)
+
+    # ------------------------------------------------------------------ request lifecycle
+    def entry_pool(self) -> Pool:
+        return self.pools_list[0]
+
+    def new_request(self, now: float) -> Request:
+        q = self.source.make(now)
+        e = self.config.engine
+        if e.phase == "prefill":
+            q.output_len = 1
+        elif e.phase == "decode":
+            q.output_len = max(q.output_len, 2)
+        q.prefill_target = q.prompt_len
+        q.ctx = min(int(e.prefix_hit * q.prompt_len), q.prompt_len - 1)  # prefix-cache hit: KV already there
+        if e.phase == "decode":  # the prompt's KV and first token come from an (unlimited) prefill pool
+            q.ctx = q.prompt_len
+            q.generated = 1
+            q.first_token = now
+        self.recorder.requests.append(q)
+        return q
+
+    def on_arrival(self, ev: Event) -> list[Event]:
+        now = ev.time
+        events = []
+        q = self.new_request(now)
+        events += self.entry_pool().enqueue(q, now)
+        if self._arrivals is not None:
+            self._next_arrival += 1
+            if self._next_arrival < len(self._arrivals):
+                events.append(Event(float(self._arrivals[self._next_arrival]), "arrival"))
+        return events
+
+    def _replace_closed(self, now: float) -> list[Event]:
+        if self.config.workload.arrival == "closed" and now < self.config.duration:
+            cap = self.config.workload.max_requests
+            if cap is None or len(self.recorder.requests) < cap:
+                return [Event(now, "arrival")]
+        return []
+
+    def finish(self, q: Request, now: float) -> list[Event]:
+        q.finished = now
+        return self._replace_closed(now)
+
+    def reject(self, q: Request, now: float) -> None:
+        q.rejected = True
+        q.finished = now
+        self.recorder.rejected += 1
+        self.pending += self._replace_closed(now)
+
+    def preempt(self, pool: Pool, r: int, q: Request, now: float) -> None:
+        q.preemptions += 1
+        self.recorder.preemptions += 1
+        if self.config.engine.preemption == "swap":
+            q.swapped = True
+            pool.stall += self.swap_time(q)
+            pool.ranks[r].swapped.appendleft(q)
+        else:  # recompute: everything so far becomes a prompt to prefill again
+            q.prefill_target = q.prompt_len + max(q.generated - 1, 0)  # == q.ctx
+            q.ctx = 0
+            pool.ranks[r].waiting.appendleft(q)
+            pool.ranks[r].pending += q.prefill_target
+
+    def swap_time(self, q: Request) -> float:
+        p = self.pools
+        b = p.kv_tokens(max(q.ctx, 1)) * p.kv_bytes_per_token + p.state_bytes_per_seq
+        return b / self.config.engine.swap_bw
+
+    def handoff(self, q: Request, now: float) -> Event:
+        """Disaggregated: ship the KV cache and state from the prefill to the decode pool over the NIC
+        (every GPU of the TP group sends its copy in parallel)."""
+        p = self.pools
+        b = p.kv_tokens(q.ctx) * p.kv_bytes_per_token + p.state_bytes_per_seq
+        dt = self.cost.transfer_time(b, same_node=False)
+        self.recorder.transfer_bytes += b * self.config.engine.attention_tp * 1.0
+        return Event(now + dt, "transfer_done", q)
+
+    def on_transfer(self, ev: Event) -> list[Event]:
+        return self.pools_list[1].enqueue(ev.data, ev.time)
+
+    def on_iteration_end(self, ev: Event) -> list[Event]:
+        return ev.data.finish_iteration(ev.time)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> SimResult:
+        wl = self.config.workload
+        dur = self.config.duration
+        if wl.arrival == "closed":
+            n0 = wl.concurrency if wl.max_requests is None else min(wl.concurrency, wl.max_requests)
+            for _ in range(n0):
+                self.queue.push(Event(0.0, "arrival"))
+        else:
+            self._arrivals = arrival_times(wl, dur, np.random.default_rng(self.config.seed + 2))
+            if len(self._arrivals):
+                self.queue.push(Event(float(self._arrivals[0]), "arrival"))
+        def with_pending(fn):
+            def handler(ev: Event) -> list[Event]:
+                out = fn(ev) or []
+                if self.pending:
+                    out, self.pending = out + self.pending, []
+                return out
+            return handler
+
+        handlers = {k: with_pending(fn) for k, fn in (("arrival", self.on_arrival),
+                                                      ("iteration_end", self.on_iteration_end),
+                                                      ("transfer_done", self.on_transfer),
+                                                      ("wake", lambda ev: ev.data.on_wake(ev.time)))}
+        t0 = wallclock.perf_counter()
+        bar = None
+        if self.progress:
+            bar = tqdm(total=round(dur), unit="sim s", desc=self.label or "simulate", leave=False)
+        shown = [0]
+
+        def advance(now: float) -> None:
+            s = int(min(now, dur))
+            if s > shown[0]:
+                bar.update(s - shown[0])
+                shown[0] = s
+
+        self.queue.run(handlers, until=dur, on_advance=advance if bar is not None else None)
+        if bar is not None:
+            bar.close()
+        wall = wallclock.perf_counter() - t0
+        return self.recorder.result(wall)

@@ -1,0 +1,329 @@
+"""Routing per engine iteration: where the batched tokens' experts live, per MoE layer and GPU.
+
+Two modes behind one interface (:meth:`route` -> :class:`sim.cost.MoeWork`):
+
+- :class:`ReplayRouter` (exact): the batch's trace tokens go through the placement and the engine's
+  replica rule (``placement.dispatch.token_slots``: vLLM's replica hash (or the older modulo rule) on
+  each rank's own batch, or SGLang's static dispatch map from the token's source GPU). Per-GPU
+  selections, touched experts and token copies
+  over NVLink / NIC (one copy per distinct destination GPU of a token, as DeepEP sends them) are counted
+  exactly.
+- :class:`StatRouter` (fast): fitted to the same trace, window by window in the trace's time order
+  (``STAT_WINDOW_TOKENS`` tokens each, requests in order of arrival): the simulated iterations walk through
+  the windows as they route tokens (wrapping at the end), so the trace's drift reaches the straggler and
+  throughput figures and the online rebalancer. Each layer's selections per GPU are drawn from a
+  multinomial over the GPUs' expected shares (the expert frequencies of the windows the iteration's tokens
+  span, through the replica rule's expected split); touched experts are their expectation ``sum_s 1 - exp(-N q_s)``; token copies per
+  link kind scale with a GPU's selections by per-layer ratios measured by replaying a sample of the
+  trace. Its mean per-layer, per-GPU load equals the replay's up to sampling noise (tested).
+  An iteration of ``n`` tokens routes the trace tokens ``[cursor, cursor + n)``: when they span several
+  windows (a large decode batch: one token of each of thousands of sequences) it draws from the
+  token-weighted mixture of those windows, as a replay of the same tokens would. Drawing a batch much
+  larger than a window from one window's frequencies would charge it that window's sampling noise and
+  few-request concentration as if they were real skew (a 18k-token batch from one 4096-token window of a
+  DeepSeek-V3 trace: busiest EPLB GPU 1.50x the mean at EP72 vs 1.17x replayed).
+
+Tokens of attention-DP rank ``r`` (``attention_tp`` GPUs) are dispatched from GPU ``r * tp + i % tp``:
+each GPU of a TP group sends its share of the group's tokens, as SGLang's DP-attention + EP does.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from moeplace.placement.dispatch import sglang_dispatch_map, token_slots
+from moeplace.placement.record import Placement
+from moeplace.sim.cost import MoeWork
+from moeplace.sim.workload import TraceTokens
+
+FIT_SAMPLE_TOKENS = 4096
+STAT_WINDOW_TOKENS = 4096  # the trace's tokens per fitted distribution (place optimize's window)
+
+
+def link_copies(gpu: np.ndarray, src: np.ndarray, gpus_per_node: int, num_gpus: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token copies each GPU receives per MoE layer, by link: ``(local, nvlink, nic)`` float64 ``[L, G]``.
+
+    ``gpu``: int ``[n, L, k]`` destination GPU of every selection; ``src``: int ``[n]`` source GPU. A token
+    sends one copy to each distinct destination GPU (several of its experts on one GPU share it).
+
+    Fast path: each (token, layer) keeps its destination set as a bitmask of ``ceil(G / 64)`` words
+    (OR over k, no sort), split into local / same-node / other-node bits with per-source masks, and the
+    bits are counted per GPU with ``unpackbits``. :func:`link_copies_ref` is the sorting twin it is
+    tested against."""
+    n, L, k = gpu.shape
+    W = -(-num_gpus // 64)
+    own, node = _source_masks(num_gpus, gpus_per_node)  # uint64 [W, G] each
+    src = np.asarray(src, dtype=np.int64)
+    gpu = gpu.astype(np.uint64, copy=False)
+    out = [np.zeros((L, W * 64)) for _ in range(3)]
+    for w in range(W):
+        bits = np.zeros((n, L), dtype=np.uint64)
+        for j in range(k):
+            g = gpu[:, :, j]
+            if W == 1:
+                bits |= np.left_shift(np.uint64(1), g)
+            else:
+                in_word = (g >> np.uint64(6)) == np.uint64(w)
+                bits |= np.where(in_word, np.left_shift(np.uint64(1), g & np.uint64(63)), np.uint64(0))
+        o, nd = own[w, src][:, None], node[w, src][:, None]
+        for i, b in enumerate((bits & o, bits & nd & ~o, bits & ~nd)):
+            unpacked = np.unpackbits(b.view(np.uint8).reshape(n, L, 8), axis=2, bitorder="little")
+            out[i][:, w * 64:(w + 1) * 64] = unpacked.sum(axis=0, dtype=np.int64)
+    return out[0][:, :num_gpus], out[1][:, :num_gpus], out[2][:, :num_gpus]
+
+
+@lru_cache(maxsize=16)
+def _source_masks(num_gpus: int, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per source GPU, bitmasks (``ceil(G/64)`` uint64 words) of its own GPU and of its node's GPUs."""
+    W = -(-num_gpus // 64)
+    own = np.zeros((W, num_gpus), dtype=np.uint64)
+    node = np.zeros((W, num_gpus), dtype=np.uint64)
+    for s_ in range(num_gpus):
+        own[s_ // 64, s_] = np.uint64(1) << np.uint64(s_ % 64)
+        first = (s_ // gpus_per_node) * gpus_per_node
+        for g in range(first, min(first + gpus_per_node, num_gpus)):
+            node[g // 64, s_] |= np.uint64(1) << np.uint64(g % 64)
+    own.setflags(write=False)
+    node.setflags(write=False)
+    return own, node
+
+
+def link_copies_ref(gpu: np.ndarray, src: np.ndarray, gpus_per_node: int, num_gpus: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reference for :func:`link_copies` (sort each token's destinations, keep first occurrences)."""
+    L = gpu.shape[1]
+    g = np.sort(gpu, axis=2)
+    first = np.ones_like(g, dtype=bool)
+    first[:, :, 1:] = g[:, :, 1:] != g[:, :, :-1]
+    s = src[:, None, None]
+    local = g == s
+    same_node = (g // gpus_per_node) == (s // gpus_per_node)
+    key = (np.arange(L)[None, :, None] * num_gpus + g)
+    out = []
+    for mask in (first & local, first & same_node & ~local, first & ~same_node):
+        out.append(np.bincount(key[mask], minlength=L * num_gpus).reshape(L, num_gpus).astype(np.float64))
+    return out[0], out[1], out[2]
+
+
+def src_gpus(rank: np.ndarray, attention_tp: int) -> np.ndarray:
+    """Source GPU of each token ``[n]`` given its DP rank ``[n]`` (tokens of a rank in batch order)."""
+    rank = np.asarray(rank, dtype=np.int64)
+    if attention_tp == 1:
+        return rank
+    # index of each token within its rank, in order
+    order = np.argsort(rank, kind="stable")
+    counts = np.bincount(rank)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    idx = np.empty_like(rank)
+    idx[order] = np.arange(rank.size) - np.repeat(starts, counts)
+    return rank * attention_tp + idx % attention_tp
+
+
+class ReplayRouter:
+    """Exact replay of the trace tokens' routing. ``route`` returns the :class:`MoeWork` of one
+    iteration and, when ``want_counts``, the expert selections int64 ``[L, E]`` (for rebalancing)."""
+
+    mode = "replay"
+    needs_rows = True
+    CHUNK = 16384  # tokens per vectorized block (bounds memory at ~1 GB for K3)
+
+    def __init__(self, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42) -> None:
+        self.trace = trace
+        self.engine = engine
+        self.seed = seed
+        self.set_placement(placement)
+
+    def set_placement(self, placement: Placement) -> None:
+        self.placement = placement
+        self.dmap = sglang_dispatch_map(placement, self.seed) if self.engine == "sglang" else None
+        self._slot_gpu = placement.slot_gpu.astype(np.int16)  # small dtype: the gather is per selection
+
+    def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator | None = None,
+              want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
+        placement = self.placement
+        L, G, P, E = placement.num_layers, placement.num_gpus, placement.num_slots, placement.num_experts
+        tokens = np.zeros((L, G))
+        slot_hits = np.zeros(L * P, dtype=np.int64)
+        nv = np.zeros((L, G))
+        nic = np.zeros((L, G))
+        counts = np.zeros(L * E, dtype=np.int64) if want_counts else None
+        T = self.trace.num_tokens
+        for a in range(0, len(rows), self.CHUNK):
+            r = np.asarray(rows[a:a + self.CHUNK]) % T
+            s = np.asarray(src[a:a + self.CHUNK])
+            ids = self.trace.expert_ids[r]  # [n, L, k]
+            slots = token_slots(placement, ids, self.engine, src_gpu=s, dispatch_map=self.dmap)
+            slot_hits += np.bincount((np.arange(L)[None, :, None] * P + slots).ravel(), minlength=L * P)
+            gpu = self._slot_gpu[slots]
+            _, c_nv, c_nic = link_copies(gpu, s, placement.gpus_per_node, G)
+            nv += c_nv
+            nic += c_nic
+            if counts is not None:
+                counts += np.bincount((np.arange(L)[None, :, None] * E + ids).ravel(), minlength=L * E)
+        hits = slot_hits.reshape(L, G, P // G)
+        tokens = hits.sum(axis=2).astype(np.float64)
+        touched = (hits > 0).sum(axis=2).astype(np.float64)
+        return MoeWork(tokens, touched, nv, nic), (counts.reshape(L, E) if counts is not None else None)
+
+
+def slot_shares(placement: Placement, freq_LE: np.ndarray, engine: str, seed: int = 42,
+                dmap: np.ndarray | None = None) -> np.ndarray:
+    """Expected share of a layer's selections that each slot serves, float64 ``[L, P]`` (rows sum to 1),
+    for expert frequencies ``freq_LE`` (``[L, E]``, rows sum to 1) and tokens spread evenly over the
+    source GPUs. vLLM: ``freq / logcnt`` per replica (the even split vLLM's hash and modulo rules give);
+    SGLang: each source GPU's dispatch-map slot gets ``freq / G`` of the expert."""
+    p2l = placement.phy2log
+    L, P, G = placement.num_layers, placement.num_slots, placement.num_gpus
+    if engine == "vllm":
+        return np.take_along_axis(freq_LE, p2l, axis=1) / np.take_along_axis(placement.logcnt, p2l, axis=1)
+    if dmap is None:
+        dmap = sglang_dispatch_map(placement, seed)  # [G, L, E]
+    out = np.zeros((L, P))
+    rows = np.broadcast_to(np.arange(L)[None, :, None], dmap.shape)
+    np.add.at(out, (rows.ravel(), dmap.ravel().astype(np.int64)),
+              np.broadcast_to(freq_LE[None] / G, dmap.shape).ravel())
+    return out
+
+
+class StatRouter:
+    """Statistical routing fitted to a trace, one distribution per time window (see the module
+    docstring). ``freq_w``: float ``[Wn, L, E]`` expert frequencies per window (rows sum to 1);
+    ``window_end``: int ``[Wn]`` the trace token each window ends at."""
+
+    mode = "stat"
+    needs_rows = False
+
+    def __init__(self, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42,
+                 attention_tp: int = 1, fit_tokens: int = FIT_SAMPLE_TOKENS,
+                 window_tokens: int = STAT_WINDOW_TOKENS) -> None:
+        self.trace = trace
+        self.engine = engine
+        self.seed = seed
+        self.attention_tp = attention_tp
+        self.fit_tokens = fit_tokens
+        counts = trace.expert_counts().astype(np.float64)
+        self.freq = counts / counts.sum(axis=1, keepdims=True)  # [L, E] the whole trace
+        T = trace.num_tokens
+        ends = np.append(np.arange(window_tokens, T, window_tokens), T)
+        if len(ends) > 1 and T - ends[-2] < window_tokens // 2:  # a short tail joins the window before
+            ends = np.delete(ends, -2)
+        self.window_end = ends
+        self.window_start = np.append(0, ends[:-1])
+        self.freq_w = np.stack([_window_freq(trace, int(a), int(b), self.freq)
+                                for a, b in zip(self.window_start, ends)])
+        self.cursor = 0  # trace tokens routed so far (the position in the trace's time line)
+        self.set_placement(placement)
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.freq_w.shape[0])
+
+    def set_placement(self, placement: Placement) -> None:
+        self.placement = placement
+        L, G, P = placement.num_layers, placement.num_gpus, placement.num_slots
+        dmap = sglang_dispatch_map(placement, self.seed) if self.engine != "vllm" else None
+        self.slot_q_w = np.stack([slot_shares(placement, f, self.engine, self.seed, dmap)
+                                  for f in self.freq_w])  # [Wn, L, P]
+        gq = self.slot_q_w.reshape(-1, L, G, P // G).sum(axis=3)
+        self.gpu_q_w = gq / gq.sum(axis=2, keepdims=True)
+        # each array's whole-trace mixture (window length-weighted), flattened, for spans of whole passes
+        share = (self.window_end - self.window_start) / self.trace.num_tokens
+        self._whole = {name: np.einsum("w,wx->x", share, getattr(self, name).reshape(len(share), -1))
+                       for name in ("freq_w", "gpu_q_w", "slot_q_w")}
+        # Copies per selection by link, per layer, from replaying an evenly spread sample of the trace.
+        T = self.trace.num_tokens
+        n = min(T, self.fit_tokens)
+        rows = np.linspace(0, T - 1, n).astype(np.int64)
+        src = np.arange(n, dtype=np.int64) % G
+        work, _ = ReplayRouter(self.trace, placement, self.engine, self.seed).route(rows, src)
+        sel = work.tokens.sum(axis=1)  # [L]
+        self.nv_ratio = work.nvlink.sum(axis=1) / sel  # copies per selection
+        self.nic_ratio = work.nic.sum(axis=1) / sel
+
+    def window(self) -> int:
+        """The trace window the next iteration's first token comes from."""
+        pos = self.cursor % self.trace.num_tokens
+        return int(np.searchsorted(self.window_end, pos, side="right"))
+
+    def _span(self, num_tokens: int) -> tuple[int, np.ndarray]:
+        """The next ``num_tokens`` trace tokens (from the cursor on, wrapping at the trace's end): whole
+        passes over the trace and the tokens of the rest that fall in each window (float64 ``[Wn]``)."""
+        T = self.trace.num_tokens
+        cycles, rest = divmod(max(int(num_tokens), 1), T)
+        start, end = self.window_start, self.window_end
+        cover = np.zeros(len(end))
+        pos = self.cursor % T
+        for a, b in ((pos, min(pos + rest, T)), (0, max(pos + rest - T, 0))):  # the rest, split at the wrap
+            cover += np.clip(np.minimum(end, b) - np.maximum(start, a), 0, None)
+        return cycles, cover
+
+    def span_weights(self, num_tokens: int) -> np.ndarray:
+        """Share of the next ``num_tokens`` trace tokens that falls in each window, float64 ``[Wn]``
+        summing to 1."""
+        cycles, cover = self._span(num_tokens)
+        return (cycles * (self.window_end - self.window_start) + cover) / max(int(num_tokens), 1)
+
+    def _mixed(self, name: str, cycles: int, cover: np.ndarray, n: int) -> np.ndarray:
+        """Token-weighted mixture of the windows' ``name`` array (``freq_w``, ``gpu_q_w`` or ``slot_q_w``)
+        over a span (:meth:`_span`): whole passes take the whole trace's mixture, the rest sums over its
+        (at most two) runs of consecutive windows; a span inside one window is that window's array."""
+        arr = getattr(self, name)
+        hit = np.flatnonzero(cover)
+        if cycles == 0 and len(hit) == 1:
+            return arr[hit[0]]
+        flat = arr.reshape(arr.shape[0], -1)  # a view; einsum over each run's slice copies nothing
+        out = cycles * self.trace.num_tokens * self._whole[name] if cycles else np.zeros(flat.shape[1])
+        if len(hit):
+            breaks = np.flatnonzero(np.diff(hit) > 1) + 1
+            for run in np.split(hit, breaks):
+                a, b = int(run[0]), int(run[-1]) + 1
+                out = out + np.einsum("w,wx->x", cover[a:b], flat[a:b])
+        return (out / n).reshape(arr.shape[1:])
+
+    def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator,
+              want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
+        """Same interface as :meth:`ReplayRouter.route`; only the number of tokens matters."""
+        return self.route_count(len(rows), rng, want_counts)
+
+    def route_count(self, num_tokens: int, rng: np.random.Generator,
+                    want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
+        """:class:`MoeWork` of an iteration of ``num_tokens`` tokens (and expected expert counts
+        ``[L, E]`` when ``want_counts``), drawn from the windows its tokens span (token-weighted);
+        advances the time line."""
+        cycles, cover = self._span(num_tokens)
+        n = max(int(num_tokens), 1)
+        self.cursor += num_tokens
+        k = self.trace.model.top_k
+        num_sel = num_tokens * k
+        gpu_q, slot_q = self._mixed("gpu_q_w", cycles, cover, n), self._mixed("slot_q_w", cycles, cover, n)
+        L, G = gpu_q.shape
+        tokens = rng.multinomial(num_sel, gpu_q).astype(np.float64)  # [L, G]
+        S = self.placement.slots_per_gpu
+        touched = (1.0 - np.exp(-num_sel * slot_q)).reshape(L, G, S).sum(axis=2)
+        counts = None
+        if want_counts:
+            counts = num_sel * self._mixed("freq_w", cycles, cover, n)
+        return (MoeWork(tokens, touched, tokens * self.nv_ratio[:, None], tokens * self.nic_ratio[:, None]),
+                counts)
+
+
+def _window_freq(trace: TraceTokens, a: int, b: int, fallback: np.ndarray) -> np.ndarray:
+    """Expert frequencies ``[L, E]`` of trace tokens ``[a, b)`` (a layer without selections there takes
+    ``fallback``'s row)."""
+    L, E = trace.expert_ids.shape[1], trace.model.num_experts
+    ids = trace.expert_ids[a:b]
+    key = (np.arange(L, dtype=np.int64)[None, :, None] * E + ids).ravel()
+    c = np.bincount(key, minlength=L * E).reshape(L, E).astype(np.float64)
+    tot = c.sum(axis=1, keepdims=True)
+    return np.where(tot > 0, c / np.maximum(tot, 1), fallback)
+
+
+def make_router(mode: str, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42,
+                attention_tp: int = 1):
+    if mode == "replay":
+        return ReplayRouter(trace, placement, engine, seed)
+    return StatRouter(trace, placement, engine, seed, attention_tp)
+
+

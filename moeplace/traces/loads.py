@@ -1,0 +1,188 @@
+"""Loads: ``[windows, L, E]`` token counts per expert — the common input of every placement policy
+(docs/design.md "Contracts"). Traces (via ``place trace stats``) and engine load dumps (SGLang
+``logical_count``, vLLM EPLB load records) all reduce to it.
+
+On disk: one ``.npz`` with ``counts`` (int64 ``[W, L, E]``) and ``meta`` (a JSON string: model spec,
+window size, per-window labels and provenance). ``L`` counts MoE layers only, in ``model.moe_layers``
+order.
+"""
+from __future__ import annotations
+
+import json
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import atomic_path
+from moeplace.foundation.formats import check, tag
+from moeplace.foundation.model import ModelSpec
+
+LOADS_FORMAT = tag("loads")
+
+
+@dataclass(frozen=True, eq=False)
+class Loads:
+    """Token counts per (window, MoE layer, logical expert).
+
+    ``counts``: int64 ``[W, L, E]``; ``L == model.num_moe_layers``, ``E == model.num_experts``.
+    ``window_tokens``: tokens per window (0 when windows are not token-sized, e.g. engine dumps).
+    ``labels``: one string per window (e.g. a domain name or ``"tokens 0-4096"``).
+    ``samples``: optional int32 ``[N, L, k]``: the expert ids of a seeded sample of N tokens (``-1`` where
+    a token has no row for a layer), kept for co-activation objectives (``place trace stats`` writes it).
+    ``sample_windows``: optional int64 ``[N]``: the window each sampled token belongs to, so a planner can
+    take its sample from the planning windows only and score traffic on held-out tokens only (None for
+    samples of older files, whose tokens cannot be told apart by window).
+    """
+
+    counts: np.ndarray
+    model: ModelSpec
+    window_tokens: int = 0
+    labels: tuple[str, ...] = ()
+    provenance: dict[str, Any] = field(default_factory=dict)
+    samples: np.ndarray | None = None
+    sample_windows: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        c = self.counts
+        if c.ndim != 3:
+            raise InputError(f"field 'counts' has shape {list(c.shape)}, expected [windows, layers, experts]")
+        if c.shape[1:] != (self.model.num_moe_layers, self.model.num_experts):
+            raise InputError(
+                f"field 'counts' has shape {list(c.shape)}, but model '{self.model.name}' has "
+                f"{self.model.num_moe_layers} MoE layers x {self.model.num_experts} experts")
+        if c.shape[0] == 0:
+            raise InputError("field 'counts' has no windows")
+        if np.any(c < 0):
+            w, li, e = (int(x[0]) for x in np.nonzero(c < 0))
+            raise InputError(f"field 'counts' is {int(c[w, li, e])} at window {w}, MoE layer {li}, expert {e}: "
+                             "counts must be non-negative")
+        if self.labels and len(self.labels) != c.shape[0]:
+            raise InputError(f"field 'labels' has {len(self.labels)} labels for {c.shape[0]} windows")
+        s = self.samples
+        if s is not None:
+            if s.ndim != 3 or s.shape[1:] != (self.model.num_moe_layers, self.model.top_k):
+                raise InputError(f"field 'samples' has shape {list(s.shape)}, expected [N, "
+                                 f"{self.model.num_moe_layers}, {self.model.top_k}] (tokens, MoE layers, top-k)")
+            if s.size and (s.min() < -1 or s.max() >= self.model.num_experts):
+                raise InputError(f"field 'samples' must hold expert ids in [0, {self.model.num_experts}) or -1")
+        sw = self.sample_windows
+        if sw is not None:
+            if s is None or sw.shape != (s.shape[0],):
+                raise InputError("field 'sample_windows' must have one entry per sampled token")
+            if sw.size and (sw.min() < 0 or sw.max() >= c.shape[0]):
+                raise InputError(f"field 'sample_windows' must hold window indices in [0, {c.shape[0]})")
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.counts.shape[0])
+
+    def total(self) -> np.ndarray:
+        """Counts summed over windows: ``[L, E]``."""
+        return self.counts.sum(axis=0)
+
+    def samples_in(self, windows) -> np.ndarray | None:
+        """The sampled tokens of the given windows (index array or slice): ``[n, L, k]``; None when
+        the sample's windows are unknown (then no subset of it is known to avoid other windows)."""
+        if self.samples is None or self.sample_windows is None:
+            return None
+        idx = np.arange(self.num_windows)[windows]
+        return self.samples[np.isin(self.sample_windows, idx)]
+
+    def select(self, windows) -> Loads:
+        """A Loads over a subset of windows (a slice or index array); the sample keeps only those
+        windows' tokens (it is dropped when its windows are unknown)."""
+        idx = np.arange(self.num_windows)[windows]
+        labels = tuple(self.labels[i] for i in idx) if self.labels else ()
+        samples = sw = None
+        if self.samples is not None and self.sample_windows is not None:
+            keep = np.isin(self.sample_windows, idx)
+            remap = np.full(self.num_windows, -1, np.int64)
+            remap[idx] = np.arange(idx.size)
+            samples, sw = self.samples[keep], remap[self.sample_windows[keep]]
+        # per-window provenance lists (window_domains, window_inputs, ...) follow the windows
+        prov = {k: ([v[i] for i in idx] if k.startswith("window_") and isinstance(v, list)
+                    and len(v) == self.num_windows else v) for k, v in self.provenance.items()}
+        return Loads(self.counts[idx], self.model, self.window_tokens, labels, prov, samples, sw)
+
+    def save(self, path: str | Path) -> None:
+        meta = {"format": LOADS_FORMAT, "model": self.model.to_dict(), "window_tokens": self.window_tokens,
+                "labels": list(self.labels), "provenance": self.provenance}
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            arrays = {"counts": self.counts.astype(np.int64), "meta": np.array(json.dumps(meta))}
+            if self.samples is not None:
+                arrays["samples"] = self.samples.astype(np.int32)
+            if self.sample_windows is not None:
+                arrays["sample_windows"] = self.sample_windows.astype(np.int64)
+            np.savez_compressed(fh, **arrays)
+
+
+def is_loads_file(path: str | Path) -> bool:
+    p = Path(path)
+    return p.is_file() and p.suffix == ".npz"
+
+
+def load_loads(path: str | Path) -> Loads:
+    """The Loads gate: read a Loads ``.npz`` and check every field (``counts`` non-negative integers of the
+    shape ``meta.model`` declares, ``meta`` a JSON object of this format with a valid model spec, labels,
+    provenance, ``samples`` expert ids or -1). The only way a Loads file enters a command; any problem is
+    an :class:`InputError` naming the file and the field."""
+    p = Path(path)
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            if not hasattr(z, "files") or "counts" not in z.files or "meta" not in z.files:
+                raise InputError(f"{p}: not a moeplace Loads file (expected arrays 'counts' and 'meta')")
+            counts = z["counts"]
+            meta_arr = z["meta"]
+            samples = z["samples"] if "samples" in z.files else None
+            sample_windows = z["sample_windows"] if "sample_windows" in z.files else None
+    except (OSError, ValueError, zipfile.BadZipFile, zlib.error, EOFError, KeyError, TypeError) as exc:
+        raise InputError(f"{p}: not a readable Loads .npz file ({exc})") from None
+    if meta_arr.shape != () or meta_arr.dtype.kind not in "US":
+        raise InputError(f"{p}: field 'meta' is a {meta_arr.dtype} array of shape {list(meta_arr.shape)}, "
+                         "expected one JSON string")
+    try:
+        meta = json.loads(str(meta_arr))
+    except ValueError as exc:
+        raise InputError(f"{p}: field 'meta' is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{p}: field 'meta' is a JSON {type(meta).__name__}, expected an object")
+    check(meta, "loads", str(p))
+    if not isinstance(meta.get("model"), dict):
+        raise InputError(f"{p}: field 'meta.model' is {json.dumps(meta.get('model'))[:60]}, expected a model "
+                         "spec object")
+    try:
+        model = ModelSpec.from_dict(meta["model"])
+    except InputError as exc:
+        raise InputError(f"{p}: field 'meta.model': {exc}") from None
+    if counts.dtype.kind not in "iu":
+        raise InputError(f"{p}: field 'counts' has dtype {counts.dtype}, expected integers")
+    if counts.size and counts.dtype.kind == "u" and int(counts.max()) > np.iinfo(np.int64).max:
+        raise InputError(f"{p}: field 'counts' holds {int(counts.max())}, beyond int64")
+    wt = meta.get("window_tokens", 0)
+    if isinstance(wt, bool) or not isinstance(wt, int) or wt < 0:
+        raise InputError(f"{p}: field 'meta.window_tokens' is {json.dumps(wt)[:40]}, expected an integer >= 0")
+    labels = meta.get("labels", [])
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise InputError(f"{p}: field 'meta.labels' is not a list of strings")
+    prov = meta.get("provenance", {})
+    if not isinstance(prov, dict):
+        raise InputError(f"{p}: field 'meta.provenance' is a JSON {type(prov).__name__}, expected an object")
+    if samples is not None:
+        if samples.dtype.kind not in "iu":
+            raise InputError(f"{p}: field 'samples' has dtype {samples.dtype}, expected integers")
+        if samples.size and (int(samples.min()) < -1 or int(samples.max()) >= model.num_experts):
+            raise InputError(f"{p}: field 'samples' holds {int(samples.min())}..{int(samples.max())}, expected "
+                             f"expert ids in [0, {model.num_experts}) or -1")
+    if sample_windows is not None and sample_windows.dtype.kind not in "iu":
+        raise InputError(f"{p}: field 'sample_windows' has dtype {sample_windows.dtype}, expected integers")
+    try:
+        return Loads(counts.astype(np.int64), model, wt, tuple(labels), prov,
+                     None if samples is None else samples.astype(np.int32),
+                     None if samples is None or sample_windows is None else sample_windows.astype(np.int64))
+    except InputError as exc:
+        raise InputError(f"{p}: {exc}") from None

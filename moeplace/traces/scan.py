@@ -1,0 +1,406 @@
+"""The streaming pass of :func:`traces.stats.compute_stats`: one read of the Parquet row groups, each
+decoded, checked by the gate (``traces.validate``) and reduced to a partial (its windows' counts,
+requests, domain rows, sample candidates) by one of ``workers`` forked processes — one per core for big
+traces, so decoding and counting run on every core without sharing a GIL — and the partials merge in
+trace order, so the result does not depend on the number of workers. Memory is bounded by a few row
+groups per process, the per-window counts and the sample — never by the trace. Workers inherit the pass
+by fork, add their counts into anonymous shared memory, and tune glibc's allocator through ctypes so
+that freed row-group buffers are reused.
+
+**Sample**: a token is sampled by a seeded hash of ``(request_id, position // 2)`` — the ``N`` smallest
+hashes win (a bottom-N sketch, one pass, no token count needed up front) — so sampled tokens come with
+their request neighbour, which gives the temporal-locality statistic (top-k overlap of positions
+``p`` and ``p + 1``) for free.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import multiprocessing as mp
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import ModelSpec
+from moeplace.traces.validate import (
+    Detect,
+    ProblemFound,
+    Raise,
+    RowGroup,
+    Trace,
+    check_lists,
+    check_row_group,
+    corrupt_group,
+    read_columns,
+)
+
+PARALLEL_MIN_SELECTIONS = 16_000_000  # smaller traces are read in-process (forking costs ~50 ms)
+_PASS_IDS = itertools.count()
+
+_M1 = np.uint64(0x9E3779B97F4A7C15)
+_M2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_M3 = np.uint64(0xBF58476D1CE4E5B9)
+
+
+# ---------------------------------------------------------------------------- the token sample
+def _token_hash(request_id: np.ndarray, pair: np.ndarray, seed: int) -> np.ndarray:
+    """A seeded 64-bit mix of (request id, position // 2) per row (splitmix64 finalizer)."""
+    with np.errstate(over="ignore"):
+        h = request_id.astype(np.uint64) * _M1 ^ (pair.astype(np.uint64) + np.uint64(seed & 0xFFFFFFFF)) * _M2
+        h ^= h >> np.uint64(31)
+        h *= _M3
+        h ^= h >> np.uint64(29)
+    return h
+
+
+def _sample_candidates(rid, pos, li, experts, seed: int, threshold: int,
+                       win: np.ndarray | int = 0) -> tuple[np.ndarray, ...] | None:
+    """The rows of a batch whose token hash is under the sketch's threshold: ``(hash, request id,
+    position, MoE layer index, experts, window)``, or None. ``win``: the window of every row (``[n]``
+    or one for all)."""
+    h = _token_hash(rid, pos >> 1, seed)
+    sel = np.flatnonzero(h <= np.uint64(threshold))
+    if not len(sel):
+        return None
+    w = np.broadcast_to(np.asarray(win, dtype=np.int64), rid.shape)[sel]
+    return (h[sel], rid[sel].astype(np.int64), pos[sel].astype(np.int64), li[sel].astype(np.int16),
+            experts[sel], w)
+
+
+class Sampler:
+    """Bottom-N sketch of tokens by hash, over rows streamed in any order."""
+
+    def __init__(self, sample_tokens: int, expected_tokens: int, seed: int) -> None:
+        self.n = sample_tokens
+        self.seed = seed
+        # keep rows whose hash falls under a threshold that admits N tokens plus a margin of ~8 standard
+        # deviations (tokens come in units of 2), and keep the N smallest at the end. ``expected_tokens``
+        # (rows / L) never exceeds the trace's tokens, so fewer than N are admitted only by a > 8-sigma draw.
+        frac = min(1.0, (sample_tokens + 8 * math.sqrt(2 * sample_tokens) + 64) / max(expected_tokens, 1))
+        self.threshold = np.uint64(min(2**64 - 1, int(frac * 2**64))) if frac < 1 else np.uint64(2**64 - 1)
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.kept = 0
+
+    def add(self, rid, pos, li, experts, win: np.ndarray | int = 0) -> None:
+        """Keep the candidate rows of a batch (request ids, positions, MoE layer indices ``[n]``,
+        experts ``[n, k]``, windows ``[n]`` or one for all)."""
+        if self.n > 0:
+            self.add_candidates(_sample_candidates(rid, pos, li, experts, self.seed, int(self.threshold), win))
+
+    def add_candidates(self, part: tuple[np.ndarray, ...] | None) -> None:
+        """Keep rows already selected by :func:`_sample_candidates` (e.g. in a worker process)."""
+        if part is not None:
+            self.parts.append(part)
+            self.kept += len(part[0])
+
+    def result(self, num_layers: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``samples`` int32 ``[N, L, k]`` (-1 where a layer is missing) in (request, position) order,
+        plus the request ids, positions and windows ``[N]`` of the sampled tokens (a token's window is
+        that of its first row: planning and held-out samples must not share a token)."""
+        if not self.parts:
+            z = np.zeros(0, np.int64)
+            return np.full((0, num_layers, k), -1, np.int32), z, z, z
+        h, rid, pos, li, ex, win = (np.concatenate(x) for x in zip(*self.parts))
+        # distinct tokens by (request, position); their unit hash decides; the N smallest units win
+        if len(rid) and rid.min() >= 0 and rid.max() < 2**32 and pos.min() >= 0 and pos.max() < 2**31:
+            # one stable sort of an order-preserving combined key: the permutation of the lexsort below
+            order = np.argsort((rid << 31) | pos, kind="stable")
+        else:
+            order = np.lexsort((pos, rid))
+        rid, pos, li, ex, h, win = rid[order], pos[order], li[order], ex[order], h[order], win[order]
+        new = np.ones(len(rid), bool)
+        new[1:] = (rid[1:] != rid[:-1]) | (pos[1:] != pos[:-1])
+        tok = np.cumsum(new) - 1
+        tok_h = h[new]
+        num_tokens = len(tok_h)
+        keep_tok = np.ones(num_tokens, bool)
+        if num_tokens > self.n:
+            # the N tokens with the smallest unit hashes (a unit = positions 2i, 2i+1 of a request)
+            first = np.lexsort((pos[new], tok_h))[: self.n]
+            keep_tok[:] = False
+            keep_tok[first] = True
+        new_id = np.cumsum(keep_tok) - 1
+        rows = keep_tok[tok]
+        out = np.full((int(keep_tok.sum()), num_layers, k), -1, np.int32)
+        out[new_id[tok[rows]], li[rows]] = ex[rows]
+        tok_win = np.full(num_tokens, np.iinfo(np.int64).max)
+        np.minimum.at(tok_win, tok, win)
+        return out, rid[new][keep_tok], pos[new][keep_tok], tok_win[keep_tok]
+
+
+# ---------------------------------------------------------------------------- row groups on forked workers
+@dataclass(frozen=True)
+class PassSpec:
+    """What every row-group job of one pass needs (inherited by forked workers, never pickled)."""
+
+    trace: Trace
+    jobs: tuple[tuple[int, int, int], ...]  # (file index, row group, first row of the group in the trace)
+    extra_columns: tuple[str, ...]  # decoded beyond what the gate's row checks read
+    model: ModelSpec
+    rows_per_window: int
+    num_windows: int
+    sample_tokens: int
+    sample_threshold: int
+    seed: int
+    # [workers, windows, L, E] in shared memory: worker i adds its row groups' counts into [i] (no transfer)
+    shared_counts: np.ndarray | None = None
+
+
+@dataclass
+class _Partial:
+    """The reduction of one row group: counts of the windows ``[w0, w0 + len(counts))`` it touches
+    (int64 ``[nw, L, E]``; None when added to the worker's shared counts), its distinct request ids, its domain names (dictionary order) with rows per
+    (name, window) ``[D_g, num_windows]``, and its sample candidates (hash, request, position, MoE layer
+    index, experts) — everything merges by addition / union / concatenation in job order."""
+
+    w0: int
+    counts: np.ndarray | None
+    requests: np.ndarray
+    domain_names: list[str]
+    domain_rows: np.ndarray | None
+    sample: tuple[np.ndarray, ...] | None
+    edge: Any = None  # the row group's order facts for the gate's cross-group checks (traces.validate)
+
+
+_PASSES: dict[int, PassSpec] = {}  # pass id -> spec; forked workers inherit it
+_WORKER_OPEN: dict[Path, pq.ParquetFile] = {}  # in a forked worker (lives for one pass): files it opened
+_WORKER_SLOT: list[int | None] = [None]  # in a forked worker: its index into the pass's shared counts
+
+
+def _init_worker(counter) -> None:
+    with counter.get_lock():
+        _WORKER_SLOT[0] = counter.value
+        counter.value += 1
+    _keep_freed_memory()
+
+
+def _keep_freed_memory() -> None:
+    """In a (short-lived) worker: let glibc keep freed memory for the next row group's arrays of the same
+    sizes instead of returning it to the OS — each re-fault zeroes fresh (huge) pages again."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not trim the heap top
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: arrays up to 32 MB come from the heap, reused
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
+def _open_file(f: Path, opened: dict[Path, pq.ParquetFile]) -> pq.ParquetFile:
+    pf = opened.get(f)
+    if pf is None:
+        try:
+            dict_cols = ["domain"] if "domain" in pq.read_schema(f).names else None
+            # memory-mapped: pages are decoded straight from the page cache (no read() copies)
+            pf = pq.ParquetFile(f, read_dictionary=dict_cols, memory_map=True)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise InputError(f"{f}: not a readable Parquet file: truncated or corrupt ({exc})") from None
+        opened[f] = pf
+    return pf
+
+
+COUNT_CHUNK_ROWS = 1 << 13  # rows per bincount: the (row, expert) index of a chunk (1 MB for top-16) stays in L2
+_INDEX_BUFFER = [np.empty(0, np.int64)]  # per process, reused for every chunk
+
+
+def _index_buffer(size: int) -> np.ndarray:
+    if _INDEX_BUFFER[0].size < size:
+        _INDEX_BUFFER[0] = np.empty(size, np.int64)
+    return _INDEX_BUFFER[0][:size]
+
+
+def _count(base: np.ndarray, experts: np.ndarray, counts: np.ndarray) -> None:
+    """``counts += bincount(base[:, None] + experts)``, ``COUNT_CHUNK_ROWS`` rows at a time (a whole row
+    group's int64 index would be ~100 MB of cold memory per pass; a chunk's is reused hot)."""
+    n, k = experts.shape
+    chunk = min(n, COUNT_CHUNK_ROWS)
+    buf = _index_buffer(chunk * k).reshape(chunk, k)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        idx = buf[:e - s]
+        np.add(base[s:e, None], experts[s:e], out=idx, casting="unsafe")
+        counts += np.bincount(idx.reshape(-1), minlength=len(counts))
+
+
+LIST_COLUMNS = ("expert_ids", "gate_weights")
+BATCH_ROWS = 1 << 16  # rows per decoded batch of the list columns: their buffers stay in cache, reused
+
+
+def _reduce_group(spec: PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -> _Partial:
+    """Decode row group ``j`` of the pass, run the gate's row checks on it (``traces.validate``: the first
+    problem raises) and reduce it to a :class:`_Partial`; ``opened`` caches the pass's open files.
+
+    The list columns (16 values a row: ~90 % of the bytes) are decoded in batches of ``BATCH_ROWS`` rows,
+    checked and counted batch by batch: the decoder's buffers and the count's index stay in cache and are
+    reused (decoding the whole group at once costs about twice as much, in page faults and cache misses).
+    Batch-wise checks only *detect* a problem; then the row group is decoded and checked whole, which
+    raises the gate's first problem in the gate's order (:func:`_reduce_checked`)."""
+    fi, rg, _ = spec.jobs[j]
+    trace = spec.trace
+    pf = _open_file(trace.files[fi].path, opened)
+    cols = read_columns(trace, fi, rg, pf, spec.extra_columns)
+    lists = [c for c in cols if c in LIST_COLUMNS]
+    try:
+        table = pf.read_row_group(rg, columns=[c for c in cols if c not in LIST_COLUMNS], use_threads=False)
+        group = check_row_group(Detect(), trace, fi, rg, table, lists=False)
+        if "expert_ids" not in lists:
+            raise ProblemFound("expert_ids")
+
+        def batches() -> Iterator[np.ndarray]:
+            row = 0
+            for batch in pf.iter_batches(BATCH_ROWS, row_groups=[rg], columns=lists, use_threads=False):
+                yield check_lists(Detect(), trace, fi, rg, batch, row)
+                row += batch.num_rows
+            if row != group.n:
+                raise ProblemFound("corrupt")
+
+        return _reduce_rows(spec, j, table, group, batches())
+    except (ProblemFound, pa.ArrowException, OSError, ValueError, KeyError):
+        return _reduce_checked(spec, j, pf)
+
+
+def _reduce_checked(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
+    """:func:`_reduce_group` on the whole row group at once, checked by the gate's reporting sink."""
+    fi, rg, _ = spec.jobs[j]
+    trace = spec.trace
+    try:
+        table = pf.read_row_group(rg, columns=read_columns(trace, fi, rg, pf, spec.extra_columns),
+                                  use_threads=False)
+    except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
+        raise InputError(corrupt_group(trace.files[fi].path, rg, exc)) from None
+    group = check_row_group(Raise(), trace, fi, rg, table)
+    return _reduce_rows(spec, j, table, group, iter([group.experts]))
+
+
+def _reduce_rows(spec: PassSpec, j: int, table: pa.Table, group: RowGroup, experts: Iterator[np.ndarray]
+                 ) -> _Partial:
+    """The partial of checked row group ``j``: ``group`` holds its per-row columns, ``experts`` yields its
+    expert ids ``[m, k]`` in consecutive batches of rows."""
+    row0 = spec.jobs[j][2]
+    model = spec.model
+    num_layers, num_experts = model.num_moe_layers, model.num_experts
+    n = group.n
+    rpw = spec.rows_per_window
+    w0 = row0 // rpw
+    if n == 0:
+        return _Partial(w0, np.zeros((0, num_layers, num_experts), np.int64), np.zeros(0, np.int64), [], None, None,
+                        group.edge)
+    li, rid, pos = group.layer_idx, group.request_id, group.position
+    # one bincount over (window, layer, expert) for the whole row group
+    w1 = (row0 + n - 1) // rpw
+    bins_per_window = num_layers * num_experts
+    if w0 == w1:
+        base = li * num_experts
+        win: np.ndarray | int = w0
+    else:
+        win = np.arange(row0, row0 + n, dtype=np.int64) // rpw
+        base = (win - w0).astype(np.int32) * bins_per_window + li * num_experts
+    counts = np.zeros((w1 - w0 + 1) * bins_per_window, np.int64)
+    samples = []
+    s = 0
+    for ids in experts:
+        e = s + len(ids)
+        _count(base[s:e], ids, counts)
+        if spec.sample_tokens > 0:
+            cand = _sample_candidates(rid[s:e], pos[s:e], li[s:e], ids, spec.seed, spec.sample_threshold,
+                                      win if isinstance(win, int) else win[s:e])
+            if cand is not None:
+                samples.append(cand)
+        s = e
+    if s != n:  # a reader that yields fewer rows than the group holds: nothing to count on
+        raise ProblemFound("corrupt")
+    sample = tuple(np.concatenate(x) for x in zip(*samples)) if samples else None
+    counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts)
+    if spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
+        spec.shared_counts[_WORKER_SLOT[0], w0:w1 + 1] += counts
+        counts = None
+    runs = np.flatnonzero(rid[1:] != rid[:-1]) + 1
+    requests = np.unique(rid[np.concatenate([[0], runs])])
+    names: list[str] = []
+    per = None
+    if "domain" in spec.extra_columns:
+        dcol = table.column("domain").combine_chunks()
+        if isinstance(dcol, pa.DictionaryArray):
+            codes = dcol.indices.to_numpy(zero_copy_only=False)
+            names = dcol.dictionary.to_pylist()
+        else:
+            enc = dcol.dictionary_encode()
+            codes, names = enc.indices.to_numpy(zero_copy_only=False), enc.dictionary.to_pylist()
+        win_rows = np.arange(row0, row0 + n, dtype=np.int64) // rpw
+        gd = codes.astype(np.int64) * spec.num_windows + win_rows
+        per = np.bincount(gd, minlength=len(names) * spec.num_windows).reshape(-1, spec.num_windows)
+    return _Partial(w0, counts, requests, names, per, sample, group.edge)
+
+
+def _reduce_group_by_id(pass_id: int, j: int) -> _Partial:
+    return _reduce_group(_PASSES[pass_id], j, _WORKER_OPEN)
+
+
+def pass_workers(workers: int | None, num_jobs: int, total_selections: int) -> int:
+    """Worker processes of a pass: ``workers`` if given, else one per usable core when the trace is big
+    enough to pay for the forks (>= ~16 M selections), else 1 (in this process)."""
+    if workers is not None and workers < 1:
+        raise InputError(f"workers must be >= 1, got {workers}")
+    if "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:
+        return 1  # workers inherit the pass by fork; a daemonic process may not have children
+    if workers is not None:
+        return min(workers, max(num_jobs, 1))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    if total_selections < PARALLEL_MIN_SELECTIONS:
+        return 1
+    return max(1, min(cores, num_jobs))
+
+
+def partials(spec: PassSpec, pool: ProcessPoolExecutor | None, workers: int) -> Iterator[_Partial]:
+    """The row groups' partials in job (= trace) order: in this process, or from the ``workers`` processes
+    of ``pool`` with at most ``2 * workers`` results in flight (memory stays bounded by row groups)."""
+    num_jobs = len(spec.jobs)
+    if pool is None:
+        opened: dict[Path, pq.ParquetFile] = {}
+        for j in range(num_jobs):
+            yield _reduce_group(spec, j, opened)
+        return
+    pass_id = next(_PASS_IDS)
+    _PASSES[pass_id] = spec
+    try:
+        ahead = 2 * workers
+        futures = deque(pool.submit(_reduce_group_by_id, pass_id, j) for j in range(min(ahead, num_jobs)))
+        for j in range(num_jobs):
+            part = futures.popleft().result()
+            if j + ahead < num_jobs:
+                futures.append(pool.submit(_reduce_group_by_id, pass_id, j + ahead))
+            yield part
+    finally:
+        _PASSES.pop(pass_id, None)
+
+
+@contextmanager
+def worker_pool(workers: int, num_jobs: int):
+    """A pool of ``workers`` forked processes, or None (work in this process). Fork: the workers
+    inherit the pass spec and the imported modules at no cost; each decodes whole row groups on its own
+    core, so decoding and counting no longer share one GIL. Workers start on the first submit, after the
+    pass spec is registered."""
+    if workers <= 1 or num_jobs <= 1:
+        yield None
+        return
+    # pyarrow imports pandas on the first Arrow -> NumPy conversion (~0.2 s): do it once here, not in
+    # every forked worker
+    pa.array([0], pa.int64()).to_numpy()
+    ctx = mp.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(ctx.Value("i", 0),)) as pool:
+        yield pool

@@ -1,0 +1,98 @@
+"""The knobs of the synthetic router (:class:`SynthConfig`) and the constants of its u-space."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moeplace.foundation.errors import InputError
+
+DOMAIN_NAMES = ("chat", "code", "math", "writing", "multilingual", "agentic", "science", "legal")
+U_BITS = 16
+U_SIZE = 1 << U_BITS
+SYNTH_VERSION = 2
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """What the synthetic router should look like. Defaults follow the published statistics
+    (docs/design.md Sources §4)."""
+
+    num_tokens: int = 100_000
+    seed: int = 0
+    # popularity: median over layers of max/mean of the whole trace's per-layer load
+    skew: float = 6.0
+    skew_depth_ratio: float = 2.5  # skew target of the last MoE layer / first (geometric in depth)
+    cv: float | None = 1.0  # median over layers of the trace load's std/mean; None: plain lognormal
+    # workload domains
+    num_domains: int = 5
+    domain_correlation: float = 0.5  # mean Pearson correlation of two domains' per-layer loads
+    drift: float = 0.6  # 0: constant even mix; 1: each phase is a single domain
+    drift_phases: int = 4
+    # structure on top of the popularity
+    affinity: float = 0.45  # probability a slot follows the inter-layer coupling from its layer l-1 expert
+    token_effect: float = 0.15  # probability a slot comes from the token id's preferred experts
+    token_experts: int = 2  # preferred experts per (token id, layer) that token-sourced slots choose from
+    theme: float = 0.35  # probability a slot comes from the token's theme (within-layer co-activation)
+    themes: int | None = None  # equal-load expert groups per layer; None: auto (num_themes)
+    locality: float | None = 0.15  # target top-k overlap of consecutive tokens of a request; None: no copy
+    zipf_exponent: float = 1.05
+    # requests and engine loop
+    arrival_rate: float = 8.0  # requests per second (Poisson)
+    prompt_median: int = 1024
+    prompt_sigma: float = 1.1
+    long_fraction: float = 0.03  # share of prompts from the Pareto long-context tail
+    long_min: int = 32_768
+    long_alpha: float = 1.1
+    output_median: int = 256
+    output_sigma: float = 1.0
+    output_max: int = 32_768
+    max_prefill_tokens: int = 4096  # represented prompt tokens per request (evenly spaced sample)
+    max_decode_tokens: int = 1024  # represented decode tokens per request (the first ones)
+    max_batch_tokens: int = 8192  # tokens per engine iteration
+    max_running: int = 64  # concurrent requests
+    iter_base_s: float = 0.012
+    iter_token_s: float = 30e-6
+    # output
+    gate_weights: bool = False
+    chunk_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        def bad(field: str, msg: str) -> None:
+            raise InputError(f"synth config: field '{field}': {msg}")
+
+        if self.num_tokens < 1:
+            bad("num_tokens", f"must be >= 1, got {self.num_tokens}")
+        if not 0 <= self.seed <= 2**31 - 1:
+            bad("seed", f"must be in [0, 2147483647], got {self.seed}")
+        if not self.skew >= 1.0:
+            bad("skew", f"max/mean must be >= 1, got {self.skew}")
+        if not self.skew_depth_ratio > 0:
+            bad("skew_depth_ratio", f"must be > 0, got {self.skew_depth_ratio}")
+        if self.cv is not None and not self.cv > 0:
+            bad("cv", f"must be > 0 or None, got {self.cv}")
+        if not 1 <= self.num_domains <= 64:
+            bad("num_domains", f"must be in [1, 64], got {self.num_domains}")
+        if not 0 <= self.domain_correlation <= 1:
+            bad("domain_correlation", f"must be in [0, 1], got {self.domain_correlation}")
+        if not 0 <= self.drift <= 1:
+            bad("drift", f"must be in [0, 1], got {self.drift}")
+        if self.drift_phases < 1:
+            bad("drift_phases", f"must be >= 1, got {self.drift_phases}")
+        for name in ("affinity", "token_effect", "theme"):
+            if not 0 <= getattr(self, name) < 1:
+                bad(name, f"must be in [0, 1), got {getattr(self, name)}")
+        if self.affinity + self.token_effect + self.theme > 0.95 + 1e-9:
+            bad("affinity", "affinity + token_effect + theme must not exceed 0.95 (the base draw keeps the rest)")
+        if self.themes is not None and not 1 <= self.themes <= 256:
+            bad("themes", f"must be in [1, 256] or None (auto), got {self.themes}")
+        if not 1 <= self.token_experts <= 64:
+            bad("token_experts", f"must be in [1, 64], got {self.token_experts}")
+        if self.locality is not None and not 0 <= self.locality < 0.9:
+            bad("locality", f"must be in [0, 0.9) or None, got {self.locality}")
+        for name in ("prompt_median", "output_median", "max_prefill_tokens", "max_decode_tokens",
+                     "max_batch_tokens", "max_running", "chunk_tokens", "long_min", "output_max"):
+            if getattr(self, name) < 1:
+                bad(name, f"must be >= 1, got {getattr(self, name)}")
+        if not self.arrival_rate > 0:
+            bad("arrival_rate", f"must be > 0, got {self.arrival_rate}")
+        if not 0 <= self.long_fraction <= 1:
+            bad("long_fraction", f"must be in [0, 1], got {self.long_fraction}")

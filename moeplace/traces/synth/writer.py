@@ -1,0 +1,222 @@
+"""Writing a synthetic trace: :func:`synthesize` streams the sampler's chunks to a trace directory,
+optionally through a forked writer process that reads shared-memory buffers."""
+from __future__ import annotations
+
+import mmap
+import multiprocessing as mp
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from moeplace.foundation.files import raise_on_sigterm
+from moeplace.foundation.model import ModelSpec
+from moeplace.traces.format import TraceWriter
+from moeplace.traces.synth.calibration import build_design
+from moeplace.traces.synth.config import SYNTH_VERSION, SynthConfig
+from moeplace.traces.synth.requests import synth_chunks
+
+
+class _TraceSink:
+    """Writes the token batches of :func:`synth_chunks` as trace rows (token-major: the L MoE-layer rows
+    of a token are consecutive) through a :class:`TraceWriter`."""
+
+    def __init__(self, model: ModelSpec, cfg: SynthConfig, domains: tuple[str, ...]) -> None:
+        self.pa = pa
+        self.cfg = cfg
+        self.num_layers = model.num_moe_layers
+        self.layers = np.asarray(model.moe_layers, np.uint16)
+        self.names = pa.array(list(domains), pa.string())
+
+    def write(self, writer: TraceWriter, b: dict[str, np.ndarray]) -> None:
+        pa, num_layers = self.pa, self.num_layers
+        n = len(b["request_id"])
+
+        def rep(x: np.ndarray) -> np.ndarray:  # token-major rows: all layers of a token
+            return np.repeat(x, num_layers)
+
+        dom = pa.DictionaryArray.from_arrays(pa.array(rep(b["domain"]).astype(np.int8)), self.names)
+        writer.write(request_id=rep(b["request_id"]), position=rep(b["position"]), phase=rep(b["phase"]),
+                     step=rep(b["step"]), layer=np.tile(self.layers, n),
+                     expert_ids=b["experts"].reshape(n * num_layers, -1),
+                     gate_weights=(b["gate_weights"].reshape(n * num_layers, -1) if self.cfg.gate_weights
+                                   else None),
+                     token_id=rep(b["token_id"]), domain=dom.cast(pa.string()))
+
+
+_ROW_KEYS = ("request_id", "position", "phase", "step", "domain", "token_id", "gate_weights")
+
+
+class _WriterProcess:
+    """The Parquet encoding and compression of a trace on a second core: a forked process owns the
+    :class:`TraceWriter` (so the output stays atomic: it renames the finished directory, or deletes it
+    when either side fails). Expert ids travel through a shared-memory ring of ``num_slots`` slots
+    (one copy each), the small per-token columns through a pipe; a slot is reused only after the writer
+    acknowledged it, so at most ``num_slots`` batches are in flight."""
+
+    num_slots = 2
+
+    def __init__(self, out: Path, model: ModelSpec, cfg: SynthConfig, provenance: dict[str, Any],
+                 sink: _TraceSink, max_tokens: int) -> None:
+        self.shape_per_token = (model.num_moe_layers, model.top_k)
+        self.slot_elems = max_tokens * model.num_moe_layers * model.top_k
+        self.shm = mmap.mmap(-1, self.num_slots * self.slot_elems * 2)  # anonymous, shared with the fork
+        self.ring = np.frombuffer(self.shm, np.uint16).reshape(self.num_slots, self.slot_elems)
+        ctx = mp.get_context("fork")
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=self._serve, args=(child, out, model, cfg, provenance, sink),
+                                daemon=True, name="moeplace-synth-writer")
+        self.proc.start()
+        child.close()
+        self.busy = [False] * self.num_slots
+        self.next_slot = 0
+
+    def _serve(self, conn, out, model, cfg, provenance, sink) -> None:
+        """In the child: write every batch received, acknowledging its slot; exit on 'close'."""
+        self.conn.close()  # the parent's end: the child must see EOF if the parent dies
+        raise_on_sigterm()  # a SIGTERM sent to the child (or its process group) removes the temporary too
+        try:
+            with TraceWriter(out, model, provenance, gate_weights=cfg.gate_weights, token_id=True,
+                             domain=True) as writer:
+                while True:
+                    msg = conn.recv()
+                    if msg[0] == "close":
+                        break
+                    if msg[0] == "abort":
+                        raise _Aborted
+                    _, slot, n, cols = msg
+                    cols["experts"] = self.ring[slot, : n * self.shape_per_token[0] * self.shape_per_token[1]
+                                                ].reshape(n, *self.shape_per_token)
+                    sink.write(writer, cols)
+                    conn.send(("ack", slot))
+            conn.send(("done", None))
+        except _Aborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001  (any failure goes to the parent, which raises it)
+            try:
+                conn.send(("error", exc))
+            except Exception:  # noqa: BLE001  (an exception that does not pickle)
+                conn.send(("error", RuntimeError(f"trace writer failed: {exc!r}")))
+        finally:
+            conn.close()
+
+    def _recv(self) -> tuple[str, Any]:
+        """One message from the writer; its error is raised here."""
+        try:
+            kind, val = self.conn.recv()
+        except (EOFError, OSError):
+            raise RuntimeError("the trace writer process died") from None
+        if kind == "error":
+            raise val
+        return kind, val
+
+    def _send(self, msg: tuple) -> None:
+        try:
+            self.conn.send(msg)
+        except OSError:  # the writer is gone: raise its own error if it sent one
+            while True:
+                self._recv()
+
+    def _wait(self) -> None:
+        """Take one message from the writer: an acknowledged slot becomes free."""
+        kind, val = self._recv()
+        if kind == "ack":
+            self.busy[val] = False
+
+    def send(self, b: dict[str, np.ndarray]) -> None:
+        slot = self.next_slot
+        while self.busy[slot]:
+            self._wait()
+        ex = b["experts"]
+        self.ring[slot, : ex.size] = ex.reshape(-1)
+        self.busy[slot] = True
+        self._send(("batch", slot, len(ex), {key: b[key] for key in _ROW_KEYS if key in b}))
+        self.next_slot = (slot + 1) % self.num_slots
+
+    def close(self) -> None:
+        """Wait until every batch is written and the directory is in place."""
+        self._send(("close",))
+        while self._recv()[0] != "done":
+            pass
+        self.proc.join()
+
+    def abort(self) -> None:
+        try:
+            self.conn.send(("abort",))
+        except OSError:
+            pass
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+    def release(self) -> None:
+        self.conn.close()
+        del self.ring
+        self.shm.close()
+
+
+class _Aborted(Exception):
+    pass
+
+
+def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_process: bool | None = None
+               ) -> dict[str, Any]:
+    """Write a synthetic trace directory ``out`` (atomically; rows token-major: the L MoE-layer rows of a
+    token are consecutive, tokens in step order). Returns a summary: tokens, rows, selections,
+    requests, seconds, bytes on disk, bytes per selection and the solved knobs.
+
+    Sampling is serial (one random stream: the trace is a function of the seed alone); the Parquet
+    encoding and compression run in a forked writer process (``writer_process``; default: where fork
+    exists) on the other core while the next batch is sampled, else on a thread. Either way the files
+    are the same."""
+
+    t0 = time.perf_counter()
+    design = build_design(model, cfg)
+    t_plan = time.perf_counter() - t0
+    provenance = {"kind": "synthetic", "generator": f"moeplace.synth/{SYNTH_VERSION}",
+                  "config": asdict(cfg), "domains": list(design.domains), "solved": design.report}
+    num_layers = model.num_moe_layers
+    sink = _TraceSink(model, cfg, design.domains)
+    num_tokens = 0
+    requests: set[int] = set()
+    if writer_process is None:  # a daemonic process (a multiprocessing.Pool worker) may not have children
+        writer_process = "fork" in mp.get_all_start_methods() and not mp.current_process().daemon
+    if writer_process:
+        # a flushed batch holds at least chunk_tokens and less than one more engine iteration
+        wp = _WriterProcess(Path(out), model, cfg, provenance, sink,
+                            min(cfg.num_tokens, cfg.chunk_tokens + cfg.max_batch_tokens))
+        try:
+            for b in synth_chunks(design):
+                wp.send(b)
+                num_tokens += len(b["slot"])
+                requests.update(np.unique(b["request_id"]).tolist())
+            wp.close()
+        except BaseException:
+            wp.abort()
+            raise
+        finally:
+            wp.release()
+    else:
+        with TraceWriter(out, model, provenance, gate_weights=cfg.gate_weights, token_id=True,
+                         domain=True) as writer, ThreadPoolExecutor(max_workers=1) as pool:
+            pending = None
+            for b in synth_chunks(design):
+                if pending is not None:
+                    pending.result()  # at most one batch in flight: memory stays at two batches
+                pending = pool.submit(sink.write, writer, b)
+                num_tokens += len(b["slot"])
+                requests.update(np.unique(b["request_id"]).tolist())
+            if pending is not None:
+                pending.result()
+    seconds = time.perf_counter() - t0
+    disk = sum(f.stat().st_size for f in Path(out).rglob("*.parquet"))
+    selections = num_tokens * num_layers * model.top_k
+    return {"out": str(out), "tokens": num_tokens, "rows": num_tokens * num_layers, "selections": selections,
+            "requests": len(requests), "seconds": seconds, "plan_seconds": t_plan,
+            "selections_per_s": selections / seconds, "bytes": disk, "bytes_per_selection": disk / selections,
+            "solved": design.report}

@@ -1,0 +1,127 @@
+"""The trace gate: every check of the trace contract (``traces/format.py``), and the only way a trace
+enters a command.
+
+Entry points (all raise :class:`~foundation.errors.InputError` with the *first* problem as one line, the same
+line ``place trace validate`` prints first for that trace):
+
+- :func:`open_trace` -> :class:`Trace`: the file-level checks (every file opens as Parquet, ``moeplace.format``
+  is a version this code reads, ``moeplace.model`` parses and is the same model in every file, required
+  columns exist with the contract's types, every file has the same optional columns, the trace has rows).
+  Readers that stream row groups themselves (``traces.stats``) open the trace with it and run
+  :func:`check_row_group` on every row group they decode plus :class:`RowOrder` on the results in trace
+  order — validation inside the one streaming pass, no second read.
+- :func:`check_trace` -> :class:`Trace`: :func:`open_trace` plus every row group — for readers that load
+  rows another way (the simulator, ``evaluate``'s token replay, the dashboard).
+- :func:`validate_report`: the same checks in the same order, collecting every problem instead of stopping
+  at the first (``place trace validate``); ``max_per_kind`` only limits how many are *listed*, never the
+  verdict.
+
+Row checks, per row group: no nulls; ``layer`` is an MoE layer of the model; expert ids ``< num_experts``
+and no expert repeated in one row's top-k; gate weights finite and non-negative; ``phase`` 0 or 1;
+``request_id`` in ``[0, 2^39)``, ``position`` in ``[0, 2^24)``. Across row groups and files (in the sorted
+order of :func:`traces.format.trace_files`): ``step`` never decreases, the rows of one token — a
+(``step``, ``request_id``, ``position``) — are consecutive with strictly ascending MoE layers, so a token
+never has two rows for one layer; after the last row group (:meth:`RowOrder.finish`): a
+(``request_id``, ``position``) appears in one step only, and every token has a row in every MoE layer the
+trace holds (a trace may hold some of the model's MoE layers only, but then every token holds the same ones).
+
+Every problem is one line naming the file, the row (or row group) and the field. The checks live in
+``gate_report`` (problems, sinks, the report), ``gate_files`` (file level), ``gate_rows`` (one row group)
+and ``gate_order`` (across row groups and files); this module runs them over whole traces and is the one
+import readers use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from moeplace.traces.format import trace_files
+from moeplace.traces.gate_files import Trace, TraceFile, open_files, open_trace
+from moeplace.traces.gate_order import RowOrder
+from moeplace.traces.gate_report import (
+    DEFAULT_MAX_PER_KIND,
+    Collect,
+    Detect,
+    Problem,
+    ProblemFound,
+    Raise,
+    ValidationReport,
+)
+from moeplace.traces.gate_rows import (
+    MAX_POSITION,
+    MAX_REQUEST_ID,
+    RowGroup,
+    check_lists,
+    check_row_group,
+    corrupt_group,
+    read_columns,
+    repeated_expert_rows,
+)
+
+__all__ = [
+    "DEFAULT_MAX_PER_KIND", "MAX_POSITION", "MAX_REQUEST_ID", "Detect", "Problem", "ProblemFound", "Raise",
+    "RowGroup", "RowOrder", "Trace", "TraceFile", "ValidationReport", "check_lists", "check_row_group",
+    "check_trace", "corrupt_group", "open_trace", "read_columns", "repeated_expert_rows", "validate_report",
+    "validate_trace",
+]
+
+
+# ---------------------------------------------------------------------------- whole traces
+def _check_rows(sink, trace: Trace, report: ValidationReport | None = None) -> None:
+    """Stream every row group of ``trace`` through :func:`check_row_group` and :class:`RowOrder`."""
+    order = RowOrder(sink)
+    where_before = "the row before"
+    for fi, tf in enumerate(trace.files):
+        try:
+            pf = pq.ParquetFile(tf.path)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            sink.add("corrupt", tf.path, None, None, f"not a readable Parquet file: truncated or corrupt ({exc})")
+            continue
+        for rg in range(pf.num_row_groups):
+            try:
+                table = pf.read_row_group(rg, columns=read_columns(trace, fi, rg, pf))
+            except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
+                sink.add("corrupt", tf.path, f"row group {rg}", None, f"cannot be decoded: corrupt data ({exc})")
+                continue
+            group = check_row_group(sink, trace, fi, rg, table)
+            order.feed(group.edge, where_before)
+            where_before = (f"the last row of {tf.path.name}" if rg == pf.num_row_groups - 1
+                            else "the row before")
+    if report is not None and order.layer_rows is not None:
+        report.num_tokens = int(order.layer_rows.max(initial=0))  # before finish, which may raise
+    order.finish()
+
+
+def check_trace(path: str | Path) -> Trace:
+    """The gate, rows included: :func:`open_trace` plus every row group's checks; raises
+    :class:`InputError` with the first problem (the line ``place trace validate`` prints first)."""
+    trace = open_trace(path)
+    _check_rows(Raise(), trace)
+    return trace
+
+
+def validate_report(path: str | Path, *, max_per_kind: int = DEFAULT_MAX_PER_KIND) -> ValidationReport:
+    """Every problem of a trace (file or directory), by the gate's checks in the gate's order.
+
+    ``max_per_kind`` (values below 0 count as 0) limits only how many problems of each kind are listed;
+    the first problem is always listed and ``ok`` counts all. ``num_tokens`` counts the rows of the
+    best-covered MoE layer. Raises :class:`InputError` only when ``path`` does not exist or holds no
+    Parquet files."""
+    report = ValidationReport()
+    sink = Collect(report, max_per_kind)
+    trace = open_files(sink, path)
+    report.num_files = len(trace_files(path))
+    if trace is None:
+        return report
+    report.model = trace.model
+    report.num_rows = trace.num_rows
+    _check_rows(sink, trace, report)
+    return report
+
+
+def validate_trace(path: str | Path, *, max_per_kind: int = DEFAULT_MAX_PER_KIND) -> list[Problem]:
+    """The listed problems of a trace; empty when it is valid. See :func:`validate_report`."""
+    return validate_report(path, max_per_kind=max_per_kind).problems
