@@ -25,7 +25,7 @@ from _timing import RESULTS, ROOT, timed, write_result  # before any project imp
 from demo import _run_demo
 
 from moeplace.sim.results import read_summaries
-from moeplace.traces.format import read_trace_meta
+from moeplace.traces.validate import read_trace_meta
 
 LONG = ["simulate", "data/k3-default", "--placement", "run/placements/placement-eplb.json", "--duration", "300",
         "--concurrency", "256", "--output-len", "512", "--no-progress"]

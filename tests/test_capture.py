@@ -12,10 +12,16 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from moeplace.foundation.errors import InputError
 from moeplace.cli.main import main
-from moeplace.traces.capture import RoutingRecorder, capture_routing, find_routers, model_spec_of, read_prompts
-from moeplace.traces.format import read_trace_meta, scan_trace
+from moeplace.foundation.errors import InputError
+from moeplace.traces.capture import (
+    RoutingRecorder,
+    capture_routing,
+    find_routers,
+    model_spec_of,
+    read_prompts,
+)
+from moeplace.traces.validate import read_trace_meta, scan_trace
 
 COMMON = {"vocab_size": 96, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
           "max_position_embeddings": 128, "intermediate_size": 48, "pad_token_id": 0, "bos_token_id": 1,

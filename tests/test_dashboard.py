@@ -21,7 +21,7 @@ from moeplace.placement.evaluate import evaluate
 from moeplace.placement.record import load_placement
 from moeplace.traces.stats import affinity_lift, compute_stats
 
-APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "moeplace" / "dashboard" / "app.py")
 TIMEOUT = 120
 
 

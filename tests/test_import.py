@@ -13,14 +13,13 @@ import polars as pl
 import pytest
 import torch
 
+from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
-from moeplace.cli.main import main
-from moeplace.traces.format import read_trace_meta
 from moeplace.traces.importers import import_source
 from moeplace.traces.importers.vllm_jsonl import detect_numbering, warmup_mask
 from moeplace.traces.loads import load_loads
-from moeplace.traces.validate import validate_report
+from moeplace.traces.validate import read_trace_meta, validate_report
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny-moe-config.json"

@@ -16,13 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
-from moeplace.cli.main import main
-from moeplace.traces.format import read_trace_meta
 from moeplace.traces.importers import import_source
 from moeplace.traces.loads import load_loads
-from moeplace.traces.validate import validate_report
+from moeplace.traces.validate import read_trace_meta, validate_report
 
 TINY = Path(__file__).parent / "data" / "tiny-moe-config.json"
 

@@ -189,7 +189,7 @@ def test_cli_synth_writes_a_self_describing_trace(tmp_path, capsys):
     import pyarrow.parquet as pq
 
     from moeplace.cli.main import main
-    from moeplace.traces.format import read_trace_meta, trace_num_rows
+    from moeplace.traces.validate import read_trace_meta, trace_num_rows
 
     out = tmp_path / "tr"
     assert main(["trace", "synth", "--model", "qwen3-30b-a3b", "--tokens", "400", "--out", str(out),

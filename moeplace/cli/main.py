@@ -10,9 +10,9 @@ import importlib
 import pkgutil
 import sys
 
+from moeplace.cli import commands
 from moeplace.foundation.errors import MoeplaceError
 from moeplace.foundation.files import Terminated, raise_on_sigterm
-import moeplace.cli.commands as commands
 
 
 class Parser(argparse.ArgumentParser):
@@ -26,6 +26,9 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="place", description="moeplace: routing traces, expert placement, cluster simulation for huge MoE models")
+    # commands that run other commands (the demo) call ``args.place(argv)``: this very entry point, handed
+    # down instead of imported, so no command module imports the dispatcher that imports it
+    parser.set_defaults(place=main)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):

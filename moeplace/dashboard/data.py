@@ -56,10 +56,10 @@ from moeplace.sim.results import (
     read_sim_config,
     read_summaries,
 )
-from moeplace.traces.format import META_MODEL, read_trace_meta, trace_files, trace_num_rows
+from moeplace.traces.format import META_MODEL, trace_files
 from moeplace.traces.loads import is_loads_file, load_loads
 from moeplace.traces.stats import compute_stats
-from moeplace.traces.validate import validate_report
+from moeplace.traces.validate import read_trace_meta, trace_num_rows, validate_report
 
 RUN_DIR_ENV = "MOEPLACE_RUN_DIR"
 DEFAULT_RUN_DIR = "run"

@@ -38,7 +38,6 @@ Without ``out`` the rows stay in memory: ``rec.arrays()``.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import time
@@ -54,32 +53,6 @@ from moeplace.traces.format import PHASE_DECODE, PHASE_PREFILL, TraceWriter
 
 _GATE_NAME = re.compile(r"^(?:(?P<prefix>.*)\.)?layers\.(?P<layer>\d+)\.mlp\.gate$")
 _COLUMNS = ("request_id", "position", "phase", "step", "layer", "expert_ids", "gate_weights", "token_id")
-
-
-def check_kernels_name() -> None:
-    """Guard against the ``kernels`` import-name collision (docs/design.md "Decisions").
-
-    transformers probes ``importlib.util.find_spec("kernels")`` for Hugging Face's hub-kernels library and,
-    when it looks installed at a supported version, imports names such as ``get_kernel`` from it at
-    import time. Our own top-level ``kernels`` package is found by that probe; transformers then resolves
-    its version through the ``moeplace`` distribution (``0.1.0``), outside its supported window, and
-    treats hub kernels as absent, so behaviour is unchanged. If our package ever *is* taken for the hub
-    library (a version inside the window, or the real library shadowed by ours), transformers would fail
-    deep inside with an ImportError; fail here instead with a message that says why.
-    """
-    spec = importlib.util.find_spec("kernels")
-    if spec is None:
-        return
-    locations = [str(p) for p in (spec.submodule_search_locations or [])]
-    ours = Path(__file__).resolve().parent.parent / "kernels"
-    if not any(Path(p).resolve() == ours for p in locations if not p.startswith("__editable__")):
-        return  # the real hub library (or nothing of ours) answers to the name
-    from transformers.utils import is_kernels_available  # optional: the [capture] extra
-
-    if is_kernels_available():
-        raise InputError(
-            f"transformers takes moeplace's own 'kernels' package ({ours}) for the Hugging Face hub-kernels "
-            "library; run from outside the repository or set USE_HUB_KERNELS=NO and uninstall 'kernels'")
 
 
 # ---------------------------------------------------------------------------- model introspection
@@ -221,7 +194,6 @@ class RoutingRecorder:
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> Self:
-        check_kernels_name()
         if self.out is not None:
             self._writer = TraceWriter(self.out, self.spec, self.provenance, gate_weights=True, token_id=True,
                                        domain=self.domain is not None).__enter__()
@@ -545,7 +517,6 @@ def run_capture(cfg: CaptureConfig) -> CaptureResult:
     import torch  # ~3 s: loaded only when capturing (the CLI imports this module for every command)
     from transformers import AutoModelForCausalLM  # optional: the [capture] extra
 
-    check_kernels_name()
     prompts = read_prompts(cfg.prompts)
     config = load_hf_config(cfg.hf_config)
     # the spec first: an unsupported (e.g. dense) model fails before anything is built

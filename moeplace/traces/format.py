@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -196,28 +195,3 @@ def trace_files(path: str | Path) -> list[Path]:
             raise InputError(f"{p}: no .parquet trace files in this directory")
         return files
     raise InputError(f"{p}: no such file or directory")
-
-
-def read_trace_meta(path: str | Path) -> tuple[ModelSpec, dict[str, Any]]:
-    """Model and provenance of a trace, after the gate's file-level checks (``traces.validate.open_trace``:
-    readable files, a known format version, one model, the contract's columns, rows)."""
-    from moeplace.traces.validate import open_trace  # the gate builds on this module
-
-    trace = open_trace(path)
-    return trace.model, trace.provenance
-
-
-def scan_trace(path: str | Path) -> pl.LazyFrame:
-    """Lazy polars frame over all rows of a trace (file or directory) that passed the whole gate
-    (``traces.validate.check_trace``: every row is checked before any is handed out)."""
-    from moeplace.traces.validate import check_trace
-
-    trace = check_trace(path)
-    return pl.scan_parquet([str(f) for f in trace.file_paths])
-
-
-def trace_num_rows(path: str | Path) -> int:
-    """Rows of a trace, from its footers (after the gate's file-level checks)."""
-    from moeplace.traces.validate import open_trace
-
-    return open_trace(path).num_rows

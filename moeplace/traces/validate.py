@@ -26,22 +26,25 @@ never has two rows for one layer; after the last row group (:meth:`RowOrder.fini
 trace holds (a trace may hold some of the model's MoE layers only, but then every token holds the same ones).
 
 Every problem is one line naming the file, the row (or row group) and the field. The checks live in
-``gate_report`` (problems, sinks, the report), ``gate_files`` (file level), ``gate_rows`` (one row group)
-and ``gate_order`` (across row groups and files); this module runs them over whole traces and is the one
+``gate/report`` (problems, sinks, the report), ``gate/files`` (file level), ``gate/rows`` (one row group)
+and ``gate/order`` (across row groups and files); this module runs them over whole traces and is the one
 import readers use.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from moeplace.foundation.model import ModelSpec
 from moeplace.traces.format import trace_files
-from moeplace.traces.gate_files import Trace, TraceFile, open_files, open_trace
-from moeplace.traces.gate_order import RowOrder
-from moeplace.traces.gate_report import (
+from moeplace.traces.gate.files import Trace, TraceFile, open_files, open_trace
+from moeplace.traces.gate.order import RowOrder
+from moeplace.traces.gate.report import (
     DEFAULT_MAX_PER_KIND,
     Collect,
     Detect,
@@ -50,7 +53,7 @@ from moeplace.traces.gate_report import (
     Raise,
     ValidationReport,
 )
-from moeplace.traces.gate_rows import (
+from moeplace.traces.gate.rows import (
     MAX_POSITION,
     MAX_REQUEST_ID,
     RowGroup,
@@ -125,3 +128,23 @@ def validate_report(path: str | Path, *, max_per_kind: int = DEFAULT_MAX_PER_KIN
 def validate_trace(path: str | Path, *, max_per_kind: int = DEFAULT_MAX_PER_KIND) -> list[Problem]:
     """The listed problems of a trace; empty when it is valid. See :func:`validate_report`."""
     return validate_report(path, max_per_kind=max_per_kind).problems
+
+
+# ---------------------------------------------------------------------------- readers behind the gate
+def read_trace_meta(path: str | Path) -> tuple[ModelSpec, dict[str, Any]]:
+    """Model and provenance of a trace, after the gate's file-level checks (``open_trace``:
+    readable files, a known format version, one model, the contract's columns, rows)."""
+    trace = open_trace(path)
+    return trace.model, trace.provenance
+
+
+def scan_trace(path: str | Path) -> pl.LazyFrame:
+    """Lazy polars frame over all rows of a trace (file or directory) that passed the whole gate
+    (``check_trace``: every row is checked before any is handed out)."""
+    trace = check_trace(path)
+    return pl.scan_parquet([str(f) for f in trace.file_paths])
+
+
+def trace_num_rows(path: str | Path) -> int:
+    """Rows of a trace, from its footers (after the gate's file-level checks)."""
+    return open_trace(path).num_rows

@@ -11,17 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+from moeplace.cli import flags
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import MoeplaceError
 from moeplace.foundation.files import RUN_MARKER, Outputs, clean_stale_temps, remove_path, temp_sibling
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
-from moeplace.cli import flags
-from moeplace.cli.main import main
 from moeplace.placement.compare import default_redundant
-from moeplace.traces.format import read_trace_meta
 from moeplace.traces.synth import SYNTH_VERSION
-from moeplace.traces.validate import validate_trace
+from moeplace.traces.validate import read_trace_meta, validate_trace
 
 
 def register(sub) -> None:
@@ -42,10 +40,10 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _stage(title: str, argv: list[str], ok_codes=(0,)) -> int:
+def _stage(place, title: str, argv: list[str], ok_codes=(0,)) -> int:
     print(f"\n== {title}\n$ place {shlex.join(argv)}", flush=True)
     t0 = time.perf_counter()
-    rc = main(argv)
+    rc = place(argv)
     print(f"({time.perf_counter() - t0:.1f} s)", flush=True)
     if rc not in ok_codes:
         raise MoeplaceError(f"demo stopped: `place {shlex.join(argv)}` exited with {rc}")
@@ -115,19 +113,19 @@ def _pipeline(args, out: Path, traces: Path) -> int:
         print(f"\n== 1. trace: reusing {traces} (delete it to synthesize anew)")
     else:
         # an existing --traces is a moeplace trace of other settings (run() refused anything else)
-        _stage("1. synthesize a K3-shaped routing trace",
+        _stage(args.place, "1. synthesize a K3-shaped routing trace",
                ["trace", "synth", "--model", "kimi-k3", "--tokens", str(tokens), "--out", str(traces),
                 "--seed", str(args.seed), *(["--force"] if traces.exists() else [])])
-    _stage("2. trace statistics (Loads per window, skew, drift, affinity)",
+    _stage(args.place, "2. trace statistics (Loads per window, skew, drift, affinity)",
            ["trace", "stats", str(traces), "--out", str(out / "loads.npz")])
     # planned with the redundant slots the placement will have (place optimize's default), so the plan
     # certifies the deployment the launch lines below start
     redundant = default_redundant(load_model("kimi-k3").num_experts, args.gpus)
-    plan_rc = _stage("3. memory plan: does K3 fit, and how many sequences at which context",
+    plan_rc = _stage(args.place, "3. memory plan: does K3 fit, and how many sequences at which context",
                      ["plan", "--model", "kimi-k3", "--gpus", gpus, "--gpu", args.gpu, "--tp", str(tp), "--dp",
                       str(args.gpus // tp), "--redundant", str(redundant), "--context-mix",
                       "8k:0.7,128k:0.25,1M:0.05", "--report", str(out / "plan.json")], ok_codes=(0, 3))
-    _stage("4. placement: every policy planned on the first half of the trace, scored on the second",
+    _stage(args.place, "4. placement: every policy planned on the first half of the trace, scored on the second",
            ["optimize", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--out", str(out / "placement.json"),
             "--save-all", str(out / "placements"), "--report", str(out / "comparison.json"),
             "--seed", str(args.seed)])
@@ -136,10 +134,10 @@ def _pipeline(args, out: Path, traces: Path) -> int:
     layout = ["--flags", "--plan", str(out / "plan.json")] if plan_rc == 0 else []
     if not layout:
         print("\n(the memory plan does not fit this cluster: the exports below come without launch flags)")
-    _stage("5. export the moeplace placement for SGLang, with its launch flags",
+    _stage(args.place, "5. export the moeplace placement for SGLang, with its launch flags",
            ["export", str(out / "placement.json"), "--format", "sglang", "--out",
             str(out / "export" / "sglang-expert-location.json"), *layout])
-    _stage("6. export for vLLM (eplb_config.initial_expert_map_path, vLLM PR #49572), with its launch flags",
+    _stage(args.place, "6. export for vLLM (eplb_config.initial_expert_map_path, vLLM PR #49572), with its launch flags",
            ["export", str(out / "placement.json"), "--format", "vllm-expert-map", "--out",
             str(out / "export" / "vllm-expert-map.json"), *layout])
     # Prompt lengths from a chat-like mixture (routing still from the trace): the trace's own long-context
@@ -152,6 +150,6 @@ def _pipeline(args, out: Path, traces: Path) -> int:
         sim_argv += ["--placement", str(out / "placements" / f"placement-{policy}.json")]
     if not sys.stderr.isatty():
         sim_argv.append("--no-progress")
-    _stage("7. simulate serving with each placement (straggler cost in seconds and tokens/s)", sim_argv)
+    _stage(args.place, "7. simulate serving with each placement (straggler cost in seconds and tokens/s)", sim_argv)
     print(f"\nDone. Explore the run: place dashboard {out}")
     return 0

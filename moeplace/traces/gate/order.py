@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.foundation.model import format_ranges
-from moeplace.traces.gate_rows import MAX_DEFERRED, Edge, layer_order_message, resume_message
+from moeplace.traces.gate.rows import MAX_DEFERRED, Edge, layer_order_message, resume_message
 
 
 class RowOrder:

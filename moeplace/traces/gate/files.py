@@ -24,7 +24,7 @@ from moeplace.traces.format import (
     REQUIRED_COLUMNS,
     trace_files,
 )
-from moeplace.traces.gate_report import Raise
+from moeplace.traces.gate.report import Raise
 
 _STRING_TYPES = (pa.string(), pa.large_string())
 

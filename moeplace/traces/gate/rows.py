@@ -2,7 +2,7 @@
 model; expert ids ``< num_experts`` and no expert repeated in one row's top-k; gate weights finite and
 non-negative; ``phase`` 0 or 1; ``request_id`` in ``[0, 2^39)``, ``position`` in ``[0, 2^24)`` — reported
 in that fixed order — plus the group's order facts (:class:`Edge`: step decreases, token runs, first and
-last rows), which :class:`traces.gate_order.RowOrder` checks against the groups before it."""
+last rows), which :class:`traces.gate.order.RowOrder` checks against the groups before it."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moeplace.foundation.model import ModelSpec, format_ranges
-from moeplace.traces.gate_files import Trace
-from moeplace.traces.gate_report import Problem
+from moeplace.traces.gate.files import Trace
+from moeplace.traces.gate.report import Problem
 
 # a token is packed as request_id << 24 | position by the readers that replay tokens: 2^24 positions is
 # 16x K3's 1 M-token context, 2^39 request ids more than any engine log numbers
