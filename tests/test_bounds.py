@@ -9,15 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moeplace.foundation.errors import InputError
-from moeplace.placement.bounds import (
-    budget_bound,
-    even_split_bound,
-    minmax_replica_counts,
-    placement_bound,
-    splittable_bound,
-)
+from moeplace.placement.bounds import even_split_bound, minmax_replica_counts, splittable_bound
 from moeplace.placement.dispatch import expected_gpu_loads
 from moeplace.placement.record import Placement
+from moeplace.placement.rules import get_rule
 
 
 def test_splittable_and_even_split_hand_computed():
@@ -34,8 +29,8 @@ def test_minmax_counts_hand_computed():
     c = minmax_replica_counts(w, 6)
     # add 3 replicas: 90 -> 45 (c=2), 45 -> 40.. expert0 45 vs expert1 40: expert0 c=3 (30); then 40 -> c=2
     assert c.tolist() == [[3, 2, 1]]
-    assert budget_bound(w, 3, 6, "vllm").tolist() == [max(140 / 3, 30.0)]
-    assert budget_bound(w, 3, 6, "ideal").tolist() == [pytest.approx(140 / 3)]
+    assert get_rule("vllm").budget_bound(w, 3, 6).tolist() == [max(140 / 3, 30.0)]
+    assert get_rule("ideal").budget_bound(w, 3, 6).tolist() == [pytest.approx(140 / 3)]
 
 
 @settings(max_examples=40, deadline=None)
@@ -54,9 +49,9 @@ def test_no_placement_beats_its_bounds(k3, seed, grid, extra):
     w = rng.gamma(0.6, 50.0, (2, E)).round()
     for eng in ("vllm", "sglang", "ideal"):
         mx = expected_gpu_loads(pl, w, eng).max(axis=1)
-        assert (mx >= placement_bound(pl, w, eng) - 1e-6).all()
-        assert (mx >= budget_bound(w, G, E + R, eng) - 1e-6).all()
-        assert (placement_bound(pl, w, eng) >= splittable_bound(w, G) - 1e-6).all()
+        assert (mx >= get_rule(eng).placement_bound(pl, w) - 1e-6).all()
+        assert (mx >= get_rule(eng).budget_bound(w, G, E + R) - 1e-6).all()
+        assert (get_rule(eng).placement_bound(pl, w) >= splittable_bound(w, G) - 1e-6).all()
 
 
 def _former_bounds_counts(w: np.ndarray, num_slots: int) -> np.ndarray:

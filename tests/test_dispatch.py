@@ -1,4 +1,4 @@
-"""The engines' replica-choice rules (placement/dispatch.py): hand-worked cases and a slow, literal
+"""The engines' replica-choice rules (placement/rules/, placement/dispatch.py): hand-worked cases and a slow, literal
 re-statement of SGLang's loops that the fast map must equal."""
 from __future__ import annotations
 
@@ -10,18 +10,16 @@ import pytest
 
 from moeplace.foundation.errors import InputError
 from moeplace.placement.dispatch import (
-    _fair_choices,
     batch_layout,
     choose_slots,
     dp_ranks_round_robin,
     expected_gpu_loads,
-    ideal_gpu_loads,
-    sglang_dispatch_map,
-    sglang_mean_fractions,
     token_gpu_loads,
     token_slots,
 )
 from moeplace.placement.record import Placement
+from moeplace.placement.rules.ideal import ideal_gpu_loads
+from moeplace.placement.rules.sglang import _fair_choices, sglang_dispatch_map, sglang_mean_fractions
 
 
 def make(model, p2l, G, gpn):
@@ -221,7 +219,7 @@ def test_ideal_beats_or_ties_every_rule(k3):
 
 def test_bad_inputs(tiny):
     pl = make(tiny, [[0, 1, 2, 3]], 2, 2)
-    with pytest.raises(InputError, match="unknown engine"):
+    with pytest.raises(InputError, match="unknown replica rule .*did you mean 'trtllm'"):
         expected_gpu_loads(pl, np.ones((1, 4)), "trt")
     with pytest.raises(InputError, match=r"loads must be \[1, 4\]"):
         expected_gpu_loads(pl, np.ones((2, 4)), "vllm")

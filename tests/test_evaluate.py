@@ -173,7 +173,7 @@ def test_errors(tiny, k3):
         evaluate(pl, np.ones((1, 4)), model=tiny, cluster=make_cluster(8))
     with pytest.raises(InputError, match="not a preset"):
         evaluate(pl, np.ones((1, 4)))
-    with pytest.raises(InputError, match="unknown engine"):
+    with pytest.raises(InputError, match="unknown replica rule"):
         evaluate(pl, np.ones((1, 4)), "foo", model=tiny)
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from moeplace.placement.bounds import minmax_replica_counts
-from moeplace.placement.dispatch import ideal_split
 from moeplace.placement.optimizer import OptimizerConfig, solve_layer
 from moeplace.placement.optimizer.greedy import count_bound, greedy_layer, normalize_scenarios
 from moeplace.placement.optimizer.lns_cpsat import solve_exact, solve_neighbourhood
 from moeplace.placement.optimizer.local_search import LayerState, aggregate, local_search
+from moeplace.placement.rules.ideal import ideal_split
 
 
 def check_layer(p2l: np.ndarray, num_experts: int, num_gpus: int) -> None:
@@ -123,7 +123,7 @@ def test_cpsat_proves_small_optimum_and_heuristic_reaches_it():
 
 
 def _former_split_lp(load_e: np.ndarray, p2l: np.ndarray, num_gpus: int) -> float:
-    """The optimizer's own split LP before it used placement.dispatch.ideal_split (one GLOP variable per
+    """The optimizer's own split LP before it used placement.rules.ideal.ideal_split (one GLOP variable per
     slot, unscaled): the max GPU load of one layer."""
     from ortools.linear_solver import pywraplp
 

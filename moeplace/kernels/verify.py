@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from moeplace.kernels.moe import StepTimes, ep_moe_forward, local_weights, reference_moe
-from moeplace.placement.dispatch import sglang_dispatch_map
 from moeplace.placement.record import Placement
+from moeplace.placement.rules import get_rule
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def verify_rank(rank: int, world_size: int, cases: list[VerifyCase]) -> list[dic
     for case in cases:
         per_rank, w_gate_up, w_down = case_data(case)
         placement = random_placement(case, world_size)
-        dmap = sglang_dispatch_map(placement, seed=case.seed) if case.engine == "sglang" else None
+        dmap = get_rule(case.engine, seed=case.seed).dispatch_state(placement)
         x, ids, w = per_rank[rank]
         lw_gu, lw_d = local_weights(placement, 0, rank, w_gate_up, w_down)
         times = StepTimes()

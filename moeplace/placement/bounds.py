@@ -11,19 +11,19 @@ Dividing the mean load ``total / G`` by a bound gives the best balancedness that
   ``S - 1`` other units (``S`` slots per GPU, all filled), at least the ``S - 1`` smallest ones. So
   ``max(total / G, u_max + sum of the S-1 smallest other units)`` (the second term contains
   ``max_e w_e / c_e``; with ``c = 1`` it is the published no-replication bound).
-- :func:`minmax_replica_counts` / :func:`budget_bound`: the best bound for a slot budget ``P`` over
-  all placements: ``max(total / G, min_c max_e w_e / c_e)`` over counts ``c_e >= 1`` with
-  ``sum c = P`` (even split), ``total / G`` for the splittable rules.
-- :func:`placement_bound`: for one placement and engine; ``ideal`` and ``sglang`` use the LP optimum
-  of :func:`placement.dispatch.ideal_gpu_loads` (the best any rule can do with those replicas).
+- :func:`minmax_replica_counts`: the counts behind the best bound for a slot budget ``P`` over all
+  placements under an even split, ``max(total / G, min_c max_e w_e / c_e)`` over counts ``c_e >= 1``
+  with ``sum c = P``.
+
+Which bound holds under which engine is the replica rule's to say
+(:meth:`moeplace.placement.rules.ReplicaRule.placement_bound` and ``budget_bound``: the even-split rules
+use the two above, the splittable ones ``total / G`` and the LP optimum of the placement's replicas).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.placement.dispatch import check_engine, ideal_gpu_loads
-from moeplace.placement.record import Placement
 
 
 def _loads(loads_LE) -> np.ndarray:
@@ -81,27 +81,3 @@ def minmax_replica_counts(loads_LE, num_slots: int, max_count: int | None = None
         best = np.argmax(unit, axis=1)
         cnt[rows, best] += 1
     return cnt
-
-
-def budget_bound(loads_LE, num_gpus: int, num_slots: int, engine: str = "vllm") -> np.ndarray:
-    """The best bound for a budget of ``num_slots`` slots on ``num_gpus`` GPUs regardless of placement:
-    float64 ``[L]``. ``vllm``: ``max(total / G, min_c max_e w_e / c_e)``; ``sglang`` / ``ideal``:
-    ``total / G`` (a splittable rule can reach it whenever the replicas allow)."""
-    check_engine(engine)
-    w = _loads(loads_LE)
-    out = splittable_bound(w, num_gpus)
-    if engine == "vllm":
-        c = minmax_replica_counts(w, num_slots)
-        out = np.maximum(out, (w / c).max(axis=1))
-    return out
-
-
-def placement_bound(placement: Placement, loads_LE, engine: str = "vllm") -> np.ndarray:
-    """Lower bound on the busiest GPU for THIS placement under ``engine``: float64 ``[L]``.
-    ``vllm``: :func:`even_split_bound` with the placement's replica counts; ``sglang`` / ``ideal``:
-    the LP optimum of the splittable split over the placement's replicas."""
-    check_engine(engine)
-    w = _loads(loads_LE)
-    if engine == "vllm":
-        return even_split_bound(w, placement.logcnt, placement.num_gpus, placement.slots_per_gpu)
-    return ideal_gpu_loads(placement, w)[1]

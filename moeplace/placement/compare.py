@@ -23,7 +23,13 @@ from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
 from moeplace.placement.evaluate import Metrics, evaluate
-from moeplace.placement.policies import PlacementProblem, TimeLimitReached, get_policy, is_anytime, policy_names
+from moeplace.placement.policies import (
+    PlacementProblem,
+    TimeLimitReached,
+    get_policy,
+    is_anytime,
+    policy_names,
+)
 from moeplace.placement.record import Placement
 from moeplace.traces.loads import Loads, is_loads_file, load_loads
 from moeplace.traces.stats import compute_stats

@@ -43,20 +43,10 @@ import polars as pl
 from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import DTYPE_BYTES, ModelSpec, load_model, preset_names
-from moeplace.placement.bounds import budget_bound, placement_bound
-from moeplace.placement.dispatch import (
-    SGLANG_VARIANTS,
-    VLLM_RULES,
-    batch_layout,
-    batch_slots,
-    check_engine,
-    dp_ranks_round_robin,
-    expected_gpu_loads,
-    ideal_gpu_loads,
-    sglang_dispatch_map,
-    token_gpu_loads,
-)
+from moeplace.placement.dispatch import batch_layout, dp_ranks_round_robin, token_gpu_loads
 from moeplace.placement.record import Placement, check_compatible
+from moeplace.placement.rules import ReplicaRule, get_rule
+from moeplace.placement.rules.ideal import check_loads
 from moeplace.placement.traffic import TRAFFIC_MODES, sample_traffic, traffic_from_dest, traffic_from_loads
 from moeplace.traces.loads import Loads, is_loads_file, load_loads
 from moeplace.traces.validate import check_trace
@@ -409,25 +399,26 @@ class _Scored:
     batch_balancedness: np.ndarray | None = None
 
 
-def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: ModelSpec | None = None,
+def evaluate(placement: Placement, routing, engine: str | ReplicaRule = "vllm", *, model: ModelSpec | None = None,
              cluster: ClusterSpec | None = None, batch_tokens: int | None = None, seed: int = 42,
              dispatch_dtype: str = "bf16", sglang_variant: str = "mainline",
              vllm_rule: str = "hash", samples: np.ndarray | None = None, what: str = "placement") -> Metrics:
-    """Score ``placement`` on ``routing`` under ``engine`` (``vllm`` | ``sglang`` | ``ideal``).
+    """Score ``placement`` on ``routing`` under the replica rule ``engine`` (a registered name:
+    ``vllm`` | ``sglang`` | ``trtllm`` | ``ideal``, or a :class:`ReplicaRule`).
 
     ``routing``: Loads / ``.npz`` path / array ``[W, L, E]`` or ``[L, E]`` (per-window metrics), or a
     trace path / :class:`TokenRouting` (exact token-level replay: tokens go to DP ranks round-robin
     by request; with ``batch_tokens`` each rank runs ``batch_tokens`` tokens per step and the per-step
     balancedness distribution is reported). ``cluster`` only has to agree with the placement's GPU
     count and node size. ``dispatch_dtype``: dtype of dispatched activations (bytes per send).
-    ``sglang_variant`` / ``vllm_rule``: which version of the engine's rule (see :mod:`placement.dispatch`).
+    ``sglang_variant`` / ``vllm_rule``: which version of the engine's rule (see :mod:`moeplace.placement.rules`).
     ``samples``: int ``[N, L, k]`` expert ids of a token sample (``-1`` = no row for that layer; default:
     the Loads' own ``samples``): with Loads input, traffic is then replayed exactly on the sampled
     tokens (spread round-robin over the DP ranks) instead of the independence approximation — the
     only way co-located experts show up as fewer remote sends. ``what`` names the placement in errors
     (its file): a placement made for another model or cluster is refused.
     """
-    _check_rules(engine, vllm_rule, sglang_variant)
+    rule = get_rule(engine, seed=seed, vllm_rule=vllm_rule, sglang_variant=sglang_variant)
     if samples is None and isinstance(routing, Loads):
         samples = routing.samples
     elif samples is None and isinstance(routing, (str, Path)) and is_loads_file(routing):
@@ -440,32 +431,21 @@ def evaluate(placement: Placement, routing, engine: str = "vllm", *, model: Mode
         check_compatible(placement, rmodel, what=what)
     if dispatch_dtype not in DTYPE_BYTES:
         raise InputError(f"dispatch dtype '{dispatch_dtype}' unknown (expected one of {sorted(DTYPE_BYTES)})")
-    dmap = sglang_dispatch_map(placement, seed, variant=sglang_variant) if engine == "sglang" else None
+    dmap = rule.dispatch_state(placement)
     if kind == "loads":
-        scored = _score_loads(placement, data, engine, m.top_k, dmap, samples, seed=seed,
-                              sglang_variant=sglang_variant, vllm_rule=vllm_rule)
+        scored = _score_loads(placement, data, rule, m.top_k, dmap, samples)
     else:
-        scored = _score_tokens(placement, data, engine, m.top_k, dmap, batch_tokens=batch_tokens, seed=seed,
-                               vllm_rule=vllm_rule)
-    return _metrics(placement, m, engine, kind, scored, labels=labels, batch_tokens=batch_tokens,
+        scored = _score_tokens(placement, data, rule, m.top_k, dmap, batch_tokens=batch_tokens)
+    return _metrics(placement, m, rule, kind, scored, labels=labels, batch_tokens=batch_tokens,
                     send_bytes=m.expert_hidden_size * DTYPE_BYTES[dispatch_dtype])
-
-
-def _check_rules(engine: str, vllm_rule: str, sglang_variant: str) -> None:
-    check_engine(engine)
-    if vllm_rule not in VLLM_RULES:
-        raise InputError(f"unknown vLLM replica rule '{vllm_rule}' (expected one of {VLLM_RULES})")
-    if sglang_variant not in SGLANG_VARIANTS:
-        raise InputError(f"unknown SGLang dispatch variant '{sglang_variant}' "
-                         f"(expected one of {SGLANG_VARIANTS})")
 
 
 _LOADS_TRAFFIC_NOTE = ("Loads input without a token sample: remote GPUs/nodes per token use an independence "
                        "approximation (k selections drawn independently); pass a trace for exact counts")
 
 
-def _score_loads(placement: Placement, data: np.ndarray, engine: str, k: int, dmap: np.ndarray | None,
-                 samples: np.ndarray | None, *, seed: int, sglang_variant: str, vllm_rule: str) -> _Scored:
+def _score_loads(placement: Placement, data: np.ndarray, rule: ReplicaRule, k: int, dmap: np.ndarray | None,
+                 samples: np.ndarray | None) -> _Scored:
     """The Loads path: expected GPU loads of every window ``data`` float ``[W, L, E]`` under the rule;
     traffic replayed exactly on the token sample when there is one (not for ``ideal``), otherwise the
     uniform-sources independence approximation, averaged over windows (the share weighted by tokens)."""
@@ -478,19 +458,19 @@ def _score_loads(placement: Placement, data: np.ndarray, engine: str, k: int, dm
         raise InputError("routing loads must be non-negative")
     if data.sum() == 0:
         raise InputError("routing has no tokens (all loads are zero)")
-    gpu_loads = np.stack([expected_gpu_loads(placement, data[w], engine, seed=seed, dispatch_map=dmap,
-                                             variant=sglang_variant) for w in range(W)])
-    if samples is not None and len(samples) and engine != "ideal":
+    gpu_loads = np.stack([rule.expected_gpu_loads(placement, check_loads(placement, data[w]), dmap)
+                          for w in range(W)])
+    if samples is not None and len(samples) and rule.per_token:
         sm = np.asarray(samples)
         if sm.ndim != 3 or sm.shape[1:] != (L, k):
             raise InputError(f"samples must be [tokens, {L}, {k}], got {sm.shape}")
-        cross, remote = sample_traffic(placement, sm, engine, dmap, vllm_rule)
+        cross, remote = sample_traffic(placement, sm, rule, dmap)
         return _Scored(gpu_loads, data, cross, remote,
                        f"token sample ({len(sm)} tokens), exact replay on the sample")
     totals = data.sum(axis=2).sum(axis=1)
     cross, remote = 0.0, {m_: 0.0 for m_ in TRAFFIC_MODES}
     for w in range(W):
-        c_w, r_w = traffic_from_loads(placement, data[w], engine, k, dmap, gpu_loads[w])
+        c_w, r_w = traffic_from_loads(placement, data[w], rule, k, dmap, gpu_loads[w])
         cross += c_w * totals[w] / totals.sum()
         for key in remote:
             remote[key] += r_w[key] / W
@@ -498,8 +478,8 @@ def _score_loads(placement: Placement, data: np.ndarray, engine: str, k: int, dm
                    (_LOADS_TRAFFIC_NOTE,))
 
 
-def _score_tokens(placement: Placement, tr: TokenRouting, engine: str, k: int, dmap: np.ndarray | None, *,
-                  batch_tokens: int | None, seed: int, vllm_rule: str) -> _Scored:
+def _score_tokens(placement: Placement, tr: TokenRouting, rule: ReplicaRule, k: int, dmap: np.ndarray | None,
+                  *, batch_tokens: int | None) -> _Scored:
     """The token path: every token replayed under the rule on its DP rank (round-robin by request),
     one window; with ``batch_tokens`` also the balancedness of every step. ``ideal`` is a fractional
     split, so its traffic falls back to the Loads approximation."""
@@ -507,15 +487,15 @@ def _score_tokens(placement: Placement, tr: TokenRouting, engine: str, k: int, d
     step, pos = batch_layout(src, placement.num_gpus, batch_tokens)
     loads_le = tr.loads()
     notes: tuple[str, ...] = ()
-    if engine == "ideal":
-        gpu_loads = ideal_gpu_loads(placement, loads_le)[0][None]
-        cross, remote = traffic_from_loads(placement, loads_le, engine, k, dmap, gpu_loads[0])
-        traffic_method = "ideal split: uniform-sources, independence approximation"
-        notes = ("engine 'ideal' is a fractional split; its traffic uses the Loads approximation",)
-        per_step = (token_gpu_loads(placement, tr.expert_ids, engine, src_gpu=src, batch_tokens=batch_tokens,
-                                    seed=seed, dispatch_map=dmap) if batch_tokens else None)
+    if not rule.per_token:
+        gpu_loads = rule.expected_gpu_loads(placement, loads_le)[None]
+        cross, remote = traffic_from_loads(placement, loads_le, rule, k, dmap, gpu_loads[0])
+        traffic_method = f"{rule.engine}: uniform-sources, independence approximation"
+        notes = (f"engine '{rule.name}' is a fractional split; its traffic uses the Loads approximation",)
+        per_step = (token_gpu_loads(placement, tr.expert_ids, rule, src_gpu=src, batch_tokens=batch_tokens,
+                                    dispatch_map=dmap) if batch_tokens else None)
     else:
-        per_step, cross, remote = _replay_tokens(placement, tr, engine, src, step, pos, dmap, vllm_rule)
+        per_step, cross, remote = _replay_tokens(placement, tr, rule, src, step, pos, dmap)
         gpu_loads = per_step.sum(axis=0)[None]
         traffic_method = "exact"
     batch_bal = None
@@ -526,9 +506,8 @@ def _score_tokens(placement: Placement, tr: TokenRouting, engine: str, k: int, d
     return _Scored(gpu_loads, loads_le[None], cross, remote, traffic_method, notes, batch_bal)
 
 
-def _replay_tokens(placement: Placement, tr: TokenRouting, engine: str, src: np.ndarray, step: np.ndarray,
-                   pos: np.ndarray, dmap: np.ndarray | None, vllm_rule: str
-                   ) -> tuple[np.ndarray, float, dict[str, float]]:
+def _replay_tokens(placement: Placement, tr: TokenRouting, rule: ReplicaRule, src: np.ndarray, step: np.ndarray,
+                   pos: np.ndarray, dmap: np.ndarray | None) -> tuple[np.ndarray, float, dict[str, float]]:
     """Each token of ``tr`` on DP rank ``src`` [n] at batch step ``step`` / position ``pos``: the GPU
     loads of every step ``[S, L, G]``, the cross-node share and the exact sends per token per layer."""
     L, G = placement.num_layers, placement.num_gpus
@@ -537,8 +516,8 @@ def _replay_tokens(placement: Placement, tr: TokenRouting, engine: str, src: np.
     cnt = dict.fromkeys(("cross", *TRAFFIC_MODES), 0.0)
     selections = 0
     for l in tr.layers:
-        slots = batch_slots(placement, l, tr.expert_ids[:, l, :], engine, src_gpu=src,
-                            pos_in_batch=pos, dispatch_map=dmap, vllm_rule=vllm_rule)
+        slots = rule.batch_slots(placement, l, tr.expert_ids[:, l, :].astype(np.int64), src_gpu=src,
+                                 pos_in_batch=pos, batch_id=step, state=dmap)
         dest = placement.slot_gpu[slots]
         per_step[:, l, :] = np.bincount((step[:, None] * G + dest).ravel(), minlength=S * G).reshape(S, G)
         for key, v in zip(("cross", *TRAFFIC_MODES), traffic_from_dest(dest, src, placement.gpus_per_node)):
@@ -548,16 +527,16 @@ def _replay_tokens(placement: Placement, tr: TokenRouting, engine: str, src: np.
     return per_step, cnt["cross"] / selections, remote
 
 
-def _metrics(placement: Placement, m: ModelSpec, engine: str, kind: str, scored: _Scored, *,
+def _metrics(placement: Placement, m: ModelSpec, rule: ReplicaRule, kind: str, scored: _Scored, *,
              labels: tuple[str, ...], batch_tokens: int | None, send_bytes: float) -> Metrics:
     """Bounds for every window of the scored expert loads, and the Metrics record."""
     loads = scored.expert_loads
     G = placement.num_gpus
-    bound_p = np.stack([placement_bound(placement, loads[w], engine) for w in range(loads.shape[0])])
-    bound_b = np.stack([budget_bound(loads[w], G, placement.num_slots, engine) for w in range(loads.shape[0])])
+    bound_p = np.stack([rule.placement_bound(placement, loads[w]) for w in range(loads.shape[0])])
+    bound_b = np.stack([rule.budget_bound(loads[w], G, placement.num_slots) for w in range(loads.shape[0])])
     L_moe = m.num_moe_layers
     return Metrics(
-        engine=engine, source=kind, gpu_loads=scored.gpu_loads, bound_placement=bound_p, bound_budget=bound_b,
+        engine=rule.name, source=kind, gpu_loads=scored.gpu_loads, bound_placement=bound_p, bound_budget=bound_b,
         num_nodes=placement.num_nodes, cross_node_share=float(scored.cross),
         remote_per_token={key: float(v) for key, v in scored.remote.items()},
         dispatch_bytes_per_token={key: float(v) * L_moe * send_bytes for key, v in scored.remote.items()},

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.placement.dispatch import batch_slots
 from moeplace.placement.record import Placement
+from moeplace.placement.rules import ReplicaRule
 
 TRAFFIC_MODES = ("node", "gpu", "expert")
 
@@ -41,7 +41,7 @@ def traffic_from_dest(dest: np.ndarray, src_gpu: np.ndarray,
             float(distinct_remote(dest, src_gpu).sum()), remote_sel)
 
 
-def traffic_from_loads(placement: Placement, w: np.ndarray, engine: str, k: int,
+def traffic_from_loads(placement: Placement, w: np.ndarray, rule: ReplicaRule, k: int,
                         dmap: np.ndarray | None, gpu_loads: np.ndarray) -> tuple[float, dict[str, float]]:
     """Loads-level traffic for one window ``w`` [L, E]: tokens of every expert come evenly from all G
     ranks. Returns (cross-node share, sends per token per layer by mode) — the share is exact under
@@ -51,18 +51,7 @@ def traffic_from_loads(placement: Placement, w: np.ndarray, engine: str, k: int,
     node = np.arange(G) // gpn
     total = w.sum(axis=1)  # [L]
     # q[l, s, g]: share of rank s's selections that land on GPU g
-    if engine == "sglang":
-        q = np.zeros((L, G, G))
-        slot_gpu = placement.slot_gpu
-        for l in range(L):
-            dest = slot_gpu[dmap[:, l, :]]  # [G_src, E]
-            key = np.arange(G)[:, None] * G + dest
-            q[l] = np.bincount(key.ravel(), weights=np.broadcast_to(w[l], dest.shape).ravel(),
-                               minlength=G * G).reshape(G, G)
-        q = np.divide(q, total[:, None, None], out=np.zeros_like(q), where=total[:, None, None] > 0)
-    else:  # vllm even split and ideal: the split does not depend on the source rank
-        share = np.divide(gpu_loads, total[:, None], out=np.zeros_like(gpu_loads), where=total[:, None] > 0)
-        q = np.broadcast_to(share[:, None, :], (L, G, G))
+    q = rule.source_shares(placement, w, gpu_loads, dmap)
     same_node = node[:, None] == node[None, :]
     has = total > 0
     # cross-node share over all selections = sum_l total_l * share_l / sum_l total_l
@@ -83,8 +72,8 @@ def traffic_from_loads(placement: Placement, w: np.ndarray, engine: str, k: int,
                    "expert": float(sel_remote[has].sum() / n_has)}
 
 
-def sample_traffic(placement: Placement, samples: np.ndarray, engine: str, dmap: np.ndarray | None,
-                    vllm_rule: str) -> tuple[float, dict[str, float]]:
+def sample_traffic(placement: Placement, samples: np.ndarray, rule: ReplicaRule,
+                   dmap: np.ndarray | None) -> tuple[float, dict[str, float]]:
     """Exact traffic of a token sample ``[N, L, k]`` (-1 rows skipped per layer): token ``i`` runs on DP
     rank ``i % G`` at batch position ``i // G``. Returns (cross-node share, sends per token per layer)."""
     N, L, _ = samples.shape
@@ -98,8 +87,8 @@ def sample_traffic(placement: Placement, samples: np.ndarray, engine: str, dmap:
         if not ok.any():
             continue
         src = src_all[ok]
-        slots = batch_slots(placement, l, samples[ok, l, :], engine, src_gpu=src, pos_in_batch=pos_all[ok],
-                            dispatch_map=dmap, vllm_rule=vllm_rule)
+        slots = rule.batch_slots(placement, l, samples[ok, l, :].astype(np.int64), src_gpu=src,
+                                 pos_in_batch=pos_all[ok], state=dmap)
         a, b, c, d = traffic_from_dest(placement.slot_gpu[slots], src, placement.gpus_per_node)
         for key, v in zip(("cross", "node", "gpu", "expert"), (a, b, c, d)):
             acc[key] += v

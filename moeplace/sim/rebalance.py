@@ -31,9 +31,10 @@ from collections import deque
 
 import numpy as np
 
-from moeplace.placement.dispatch import ENGINE_RULES, expected_gpu_loads
+from moeplace.placement.dispatch import expected_gpu_loads
 from moeplace.placement.policies import PlacementProblem, get_policy, policy_names
 from moeplace.placement.record import Placement
+from moeplace.placement.rules import get_rule
 from moeplace.sim.config import RebalanceConfig
 
 
@@ -217,8 +218,8 @@ def limit_moves(old: Placement, new: Placement, loads_LE: np.ndarray, engine: st
     if max_moves <= 0:
         return new
     mv = moved_experts(old, new).sum(axis=(1, 2))  # [L]
-    eng = engine if engine in ENGINE_RULES else "vllm"
-    gain = expected_gpu_loads(old, loads_LE, eng).max(axis=1) - expected_gpu_loads(new, loads_LE, eng).max(axis=1)
+    rule = get_rule(engine)
+    gain = expected_gpu_loads(old, loads_LE, rule).max(axis=1) - expected_gpu_loads(new, loads_LE, rule).max(axis=1)
     order = np.argsort(-(gain / np.maximum(mv, 1)), kind="stable")
     p2l = old.phy2log.copy()
     used = 0

@@ -32,8 +32,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from moeplace.placement.dispatch import sglang_dispatch_map, token_slots
+from moeplace.placement.dispatch import token_slots
 from moeplace.placement.record import Placement
+from moeplace.placement.rules import ReplicaRule, get_rule
 from moeplace.sim.cost import MoeWork
 from moeplace.sim.workload import TraceTokens
 
@@ -132,12 +133,13 @@ class ReplayRouter:
     def __init__(self, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42) -> None:
         self.trace = trace
         self.engine = engine
+        self.rule = get_rule(engine, seed=seed)
         self.seed = seed
         self.set_placement(placement)
 
     def set_placement(self, placement: Placement) -> None:
         self.placement = placement
-        self.dmap = sglang_dispatch_map(placement, self.seed) if self.engine == "sglang" else None
+        self.dmap = self.rule.dispatch_state(placement)
         self._slot_gpu = placement.slot_gpu.astype(np.int16)  # small dtype: the gather is per selection
 
     def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator | None = None,
@@ -154,7 +156,7 @@ class ReplayRouter:
             r = np.asarray(rows[a:a + self.CHUNK]) % T
             s = np.asarray(src[a:a + self.CHUNK])
             ids = self.trace.expert_ids[r]  # [n, L, k]
-            slots = token_slots(placement, ids, self.engine, src_gpu=s, dispatch_map=self.dmap)
+            slots = token_slots(placement, ids, self.rule, src_gpu=s, dispatch_map=self.dmap)
             slot_hits += np.bincount((np.arange(L)[None, :, None] * P + slots).ravel(), minlength=L * P)
             gpu = self._slot_gpu[slots]
             _, c_nv, c_nic = link_copies(gpu, s, placement.gpus_per_node, G)
@@ -168,23 +170,13 @@ class ReplayRouter:
         return MoeWork(tokens, touched, nv, nic), (counts.reshape(L, E) if counts is not None else None)
 
 
-def slot_shares(placement: Placement, freq_LE: np.ndarray, engine: str, seed: int = 42,
+def slot_shares(placement: Placement, freq_LE: np.ndarray, engine: str | ReplicaRule, seed: int = 42,
                 dmap: np.ndarray | None = None) -> np.ndarray:
     """Expected share of a layer's selections that each slot serves, float64 ``[L, P]`` (rows sum to 1),
     for expert frequencies ``freq_LE`` (``[L, E]``, rows sum to 1) and tokens spread evenly over the
     source GPUs. vLLM: ``freq / logcnt`` per replica (the even split vLLM's hash and modulo rules give);
     SGLang: each source GPU's dispatch-map slot gets ``freq / G`` of the expert."""
-    p2l = placement.phy2log
-    L, P, G = placement.num_layers, placement.num_slots, placement.num_gpus
-    if engine == "vllm":
-        return np.take_along_axis(freq_LE, p2l, axis=1) / np.take_along_axis(placement.logcnt, p2l, axis=1)
-    if dmap is None:
-        dmap = sglang_dispatch_map(placement, seed)  # [G, L, E]
-    out = np.zeros((L, P))
-    rows = np.broadcast_to(np.arange(L)[None, :, None], dmap.shape)
-    np.add.at(out, (rows.ravel(), dmap.ravel().astype(np.int64)),
-              np.broadcast_to(freq_LE[None] / G, dmap.shape).ravel())
-    return out
+    return get_rule(engine, seed=seed).slot_loads(placement, freq_LE, dmap)
 
 
 class StatRouter:
@@ -200,6 +192,7 @@ class StatRouter:
                  window_tokens: int = STAT_WINDOW_TOKENS) -> None:
         self.trace = trace
         self.engine = engine
+        self.rule = get_rule(engine, seed=seed)
         self.seed = seed
         self.attention_tp = attention_tp
         self.fit_tokens = fit_tokens
@@ -223,8 +216,8 @@ class StatRouter:
     def set_placement(self, placement: Placement) -> None:
         self.placement = placement
         L, G, P = placement.num_layers, placement.num_gpus, placement.num_slots
-        dmap = sglang_dispatch_map(placement, self.seed) if self.engine != "vllm" else None
-        self.slot_q_w = np.stack([slot_shares(placement, f, self.engine, self.seed, dmap)
+        dmap = self.rule.dispatch_state(placement)
+        self.slot_q_w = np.stack([slot_shares(placement, f, self.rule, self.seed, dmap)
                                   for f in self.freq_w])  # [Wn, L, P]
         gq = self.slot_q_w.reshape(-1, L, G, P // G).sum(axis=3)
         self.gpu_q_w = gq / gq.sum(axis=2, keepdims=True)

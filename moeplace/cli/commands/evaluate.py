@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from moeplace.cli import flags
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import DTYPE_BYTES, load_model
-from moeplace.cli import flags
-from moeplace.placement.dispatch import ENGINES, SGLANG_VARIANTS, VLLM_RULES
+from moeplace.placement.dispatch import ENGINES
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.record import load_placement
+from moeplace.placement.rules.sglang import SGLANG_VARIANTS
+from moeplace.placement.rules.vllm import VLLM_RULES
 
 
 def register(sub) -> None:

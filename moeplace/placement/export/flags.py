@@ -332,7 +332,10 @@ def trtllm_options(placement: Placement, opts: FlagOptions) -> dict[str, Any]:
 
 def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
             max_len: int, tp: int, dp: int) -> str:
-    from moeplace.placement.export.trtllm import dump_yaml, support_warnings  # the format modules import this one
+    from moeplace.placement.export.trtllm import (  # the format modules import this one
+        dump_yaml,
+        support_warnings,
+    )
 
     G, gpn = placement.num_gpus, placement.gpus_per_node
     nodes = G // gpn

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moeplace.foundation.errors import InputError
-from moeplace.placement.dispatch import ENGINES
+from moeplace.placement.rules import get_rule
 
 OBJECTIVES = ("balance", "traffic", "balance+traffic")
 
@@ -65,8 +65,7 @@ class OptimizerConfig:
     max_traffic_samples: int = 8192
 
     def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        get_rule(self.engine)  # an unknown rule is an InputError naming the nearest one
         if self.objective not in OBJECTIVES:
             raise InputError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if not self.dilate >= 1.0:

@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moeplace.placement.dispatch import ideal_split
 from moeplace.placement.optimizer.config import OptimizerConfig
 from moeplace.placement.optimizer.greedy import count_bound, greedy_layer, normalize_scenarios
 from moeplace.placement.optimizer.lns_cpsat import exact_model_size, solve_exact, solve_neighbourhood
 from moeplace.placement.optimizer.local_search import LayerState, local_search
 from moeplace.placement.optimizer.partition import partition_start
 from moeplace.placement.optimizer.traffic import TrafficModel, same_node, traffic_search
+from moeplace.placement.rules import get_rule
+from moeplace.placement.rules.ideal import ideal_split
 
 PARETO_SLACKS = (0.0, 0.0025, 0.005, 0.01, 0.02, 0.05)
 
@@ -159,11 +160,13 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
     t0 = time.time()
     mono_deadline = time.monotonic() + max(0.0, deadline - t0)
     wn = scenario_loads(loads_we, cfg, num_gpus, groups)
-    # The even-split bound holds for vLLM's rule only; SGLang and ideal can split unevenly (total / G).
-    bound = count_bound(wn, num_slots, num_gpus) if cfg.engine == "vllm" else 1.0
+    rule = get_rule(cfg.engine)
+    # The even-split bound holds for the even-split rules only (vLLM, TensorRT-LLM); SGLang and the ideal
+    # split can split unevenly (total / G).
+    bound = count_bound(wn, num_slots, num_gpus) if rule.even_split else 1.0
     # SGLang's static map sends a node's ranks to that node's replica: one replica per node keeps
     # the expected split even (load / count), which is what the search below models.
-    nd = gpus_per_node if cfg.engine == "sglang" and num_gpus > gpus_per_node else None
+    nd = gpus_per_node if rule.node_distinct and num_gpus > gpus_per_node else None
     if origin is not None:
         start = np.asarray(origin, dtype=np.int64)
     else:
@@ -210,9 +213,9 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
     rng = np.random.default_rng([cfg.seed, layer])
     improved = 0
     stage("local search + CP-SAT", lns)
-    # Small layers (and no SGLang / migration side rules): the exact model of counts + placement, hinted
-    # with the heuristic's answer; its proven bound tightens ours.
-    if (cfg.engine == "vllm" and origin is None and not cfg.cvar
+    # Small layers under an even-split rule (no SGLang node rule, no migration budget): the exact model of
+    # counts + placement, hinted with the heuristic's answer; its proven bound tightens ours.
+    if (rule.even_split and origin is None and not cfg.cvar
             and exact_model_size(wn.shape[1], num_slots, num_gpus) <= cfg.exact_max_vars
             and st.value() > bound * (1 + cfg.gap_tol)):
         def exact() -> None:
@@ -250,7 +253,7 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
                      partition=nd is None and origin is None)
         stage("traffic refinement", traffic)
     res.skipped, res.cut = skipped, cut
-    if cfg.engine == "ideal":
+    if not rule.per_token:  # a fractional split: also report its LP optimum on the planning loads
         union = np.asarray(loads_we, dtype=np.float64).sum(axis=0)
         z = ideal_split(res.p2l[None], union[None], num_gpus)[1][0]
         res.ideal_value = float(z / max(union.sum() / num_gpus, 1e-12)) if union.sum() > 0 else 1.0
