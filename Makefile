@@ -32,7 +32,9 @@ demo: $(VENV)/.installed
 dashboard: $(VENV)/.installed
 	$(BIN)/place dashboard $(OUT)
 
+# ruff first (seconds); the layer contract runs inside the suite (tests/test_layers.py)
 test: $(VENV)/.installed-test
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2 -m "not slow and not gpu"
 
 test-slow: $(VENV)/.installed-test

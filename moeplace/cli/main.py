@@ -11,6 +11,7 @@ import pkgutil
 import sys
 
 from moeplace.cli import commands
+from moeplace.cli.run_config import apply_config
 from moeplace.foundation.errors import MoeplaceError
 from moeplace.foundation.files import Terminated, raise_on_sigterm
 
@@ -50,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a bad flag (2, its one line already printed)
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
+    try:
+        args = apply_config(parser, argv, args)  # --config FILE: the file's flags, the command line's win
+    except SystemExit as exc:
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
+    except MoeplaceError as exc:
+        print("place: error: " + " ".join(str(exc).split("\n")), file=sys.stderr)
+        return exc.exit_code
     # SIGTERM unwinds like Ctrl-C, so temporaries and child processes are cleaned up on every exit path
     raise_on_sigterm()
     try:

@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split
-from moeplace.sim.config import CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadConfig, parse_rebalance
+from moeplace.sim.config import (
+    CostConfig,
+    EngineConfig,
+    LengthMix,
+    SimConfig,
+    WorkloadConfig,
+    parse_rebalance,
+)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import moeplace.dashboard as dashboard
-from moeplace.foundation.errors import InputError
+from moeplace import dashboard
 from moeplace.cli import flags
+from moeplace.foundation.errors import InputError
 
 
 def register(sub) -> None:

@@ -7,13 +7,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, Outputs
 from moeplace.foundation.model import load_model
-from moeplace.cli import flags
-from moeplace.cli.commands import add_force
 from moeplace.placement.export import export_placement, format_names, get_format
-from moeplace.placement.export.flags import ENGINE_OF_FORMAT, FlagOptions, check_layout, launch_command, trtllm_options
+from moeplace.placement.export.flags import (
+    ENGINE_OF_FORMAT,
+    FlagOptions,
+    check_layout,
+    launch_command,
+    trtllm_options,
+)
 from moeplace.placement.record import check_compatible, load_placement
 from moeplace.traces.loads import Loads, is_loads_file, load_loads
 from moeplace.traces.stats import trace_loads

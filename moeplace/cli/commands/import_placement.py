@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force, add_model
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
 from moeplace.foundation.model import load_model
-from moeplace.cli import flags
-from moeplace.cli.commands import add_force, add_model
 from moeplace.placement.export import format_names, get_format, import_loads, import_placement
 from moeplace.placement.export.vllm import read_load_stats
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs, write_text_atomic
 from moeplace.foundation.formats import tagged
-from moeplace.cli import flags
-from moeplace.cli.commands import add_force
 
 GROUP = "kernels"
 
@@ -60,7 +60,10 @@ def _check(args) -> None:
 
 
 def bench(args) -> int:
-    from moeplace.kernels.bench import BenchConfig, run_bench  # kernels/ imports torch (~3 s): only these commands pay
+    from moeplace.kernels.bench import (  # kernels/ imports torch (~3 s): only these commands pay
+        BenchConfig,
+        run_bench,
+    )
 
     _check(args)
     outs = Outputs(force=args.force)
@@ -89,7 +92,9 @@ def bench(args) -> int:
 
 
 def verify(args) -> int:
-    from moeplace.kernels.launch import run_distributed  # kernels/ imports torch (~3 s): only these commands pay
+    from moeplace.kernels.launch import (
+        run_distributed,  # kernels/ imports torch (~3 s): only these commands pay
+    )
     from moeplace.kernels.verify import VerifyCase, verify_rank  # (torch, as above)
 
     if args.world_size < 1:

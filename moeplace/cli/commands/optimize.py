@@ -8,13 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force
+from moeplace.cli.run_config import add_config, settings_record
 from moeplace.foundation.cluster import gpu_preset_names, make_cluster
 from moeplace.foundation.errors import InputError, MoeplaceError
 from moeplace.foundation.files import Outputs, write_text_atomic
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
-from moeplace.cli import flags
-from moeplace.cli.commands import add_force
 from moeplace.placement.compare import (
     DEFAULT_WINDOW_TOKENS,
     compare_policies,
@@ -70,6 +71,7 @@ def register(sub) -> None:
     p.add_argument("--report", metavar="FILE", default=None,
                    help="also write the comparison as JSON (what --json prints) to FILE")
     add_force(p)
+    add_config(p)
     g = p.add_argument_group("optimizer options (used by the moeplace policy)")
     g.add_argument("--robust", action="store_true", help="maximize the worst planning window, not the mean")
     g.add_argument("--envelope", action="store_true",
@@ -141,6 +143,8 @@ def run(args) -> int:
         print(format_table(cmp), file=sys.stderr)
         raise MoeplaceError(f"--time-limit {args.time_limit:g}: policy '{chosen}' did not finish, nothing written "
                             "(raise --time-limit or choose another --policy)")
+    settings = settings_record(args, {"inputs": args.inputs})  # what --config reads back
+    result.placement.provenance["settings"] = settings
     wrote = not args.no_out and outs.write(args.out, lambda: result.placement.save(args.out))
     if args.save_all:
         for r in cmp.results:
@@ -148,6 +152,7 @@ def run(args) -> int:
             outs.write(path, lambda r=r, path=path: r.placement.save(path))
     d = tagged("comparison", cmp.to_dict())
     d["written"] = {"policy": chosen, "path": args.out} if wrote else None
+    d["settings"] = settings
     if args.report:
         outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(d, indent=1) + "\n"))
     if args.json:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force
 from moeplace.foundation.cluster import gpu_preset_names, load_gpu, make_cluster
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs, write_text_atomic
@@ -17,8 +19,6 @@ from moeplace.foundation.memory.inputs import GiB, parse_context_mix, parse_pool
 from moeplace.foundation.memory.planner import default_sweep_gpus, plan_memory, sweep_plans
 from moeplace.foundation.memory.report import render_plan, render_sweep
 from moeplace.foundation.model import DEFAULT_MODEL, load_model
-from moeplace.cli import flags
-from moeplace.cli.commands import add_force
 
 EXIT_DOES_NOT_FIT = 3
 

@@ -7,13 +7,14 @@ import json
 import sys
 from pathlib import Path
 
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force
+from moeplace.cli.run_config import add_config, settings_record
+from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
 from moeplace.foundation.model import load_model
-from moeplace.cli import flags
-from moeplace.cli.commands import add_force
-from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.placement.record import load_placement
 from moeplace.sim.calibration import load_profile
@@ -28,8 +29,10 @@ from moeplace.sim.workload import load_trace_tokens
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="simulate serving on a cluster: throughput, latency, straggler cost")
     p.add_argument("traces", help="routing trace (Parquet file or directory)")
-    p.add_argument("--placement", action="append", required=True, metavar="FILE|POLICY",
-                   help="placement JSON (Placement.save) or a policy name computed on the trace; repeatable")
+    p.add_argument("--placement", action="append", metavar="FILE|POLICY",
+                   help="placement JSON (Placement.save) or a policy name computed on the trace; repeatable "
+                   "(required, on the command line or in --config)")
+    add_config(p)
     c = p.add_argument_group("cluster")
     c.add_argument("--gpus", type=flags.positive_int, default=32)
     c.add_argument("--gpu", default="h200", help="GPU preset (h200, h100, h800, b200, b300, gb200-nvl72, "
@@ -125,6 +128,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    if not args.placement:
+        raise InputError("--placement FILE|POLICY is required (on the command line or in --config)")
     outs = Outputs(inputs=[args.traces, *args.placement, args.profile, args.model], force=args.force)
     outs.add(args.out, "simulation output directory")
     outs.add(args.chrome_trace, "Chrome trace", "--chrome-trace")
@@ -178,7 +183,8 @@ def run(args) -> int:
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
                        progress=progress, prefill=prefill)
     if args.out:
-        resolved = resolved_config(config, cluster, trace, placements, profile)
+        resolved = {**resolved_config(config, cluster, trace, placements, profile),
+                    "settings": settings_record(args, {"traces": args.traces})}
         outs.write(args.out, lambda: write_outputs(args.out, results, resolved))
     if args.chrome_trace:
         outs.write(args.chrome_trace, lambda: write_chrome_trace(args.chrome_trace, results))
@@ -195,7 +201,8 @@ def run(args) -> int:
     for r in results:
         r.summary["routing"] = {"from_token": from_token, "note": routing_note}
     if args.json:
-        print(json.dumps(summaries_doc(results), indent=1))
+        print(json.dumps({**summaries_doc(results), "settings": settings_record(args, {"traces": args.traces})},
+                         indent=1))
     else:
         print(routing_note)
         print(f"{trace.model.name} on {cluster.name} ({results[0].summary['num_gpus']} GPUs in all), "

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import sys
 
-from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import check_output
 from moeplace.cli import flags
 from moeplace.cli.sweep import format_frontier, load_spec, run_sweep
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import check_output
 
 
 def register(sub) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moeplace.foundation.files import Outputs
 from moeplace.cli import flags
 from moeplace.cli.commands import add_force
+from moeplace.foundation.files import Outputs
 from moeplace.traces.capture import CaptureConfig, run_capture
 
 GROUP = "trace"

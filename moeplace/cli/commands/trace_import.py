@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force, add_model
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
 from moeplace.foundation.model import format_ranges, load_model
-from moeplace.cli import flags
-from moeplace.cli.commands import add_force, add_model
 from moeplace.traces.importers import FORMATS, import_source
 from moeplace.traces.importers.vllm_jsonl import DEFAULT_WARMUP_MIN_RUN, NUMBERINGS
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs, write_text_atomic
 from moeplace.foundation.formats import tagged
-from moeplace.cli import flags
-from moeplace.cli.commands import add_force
 from moeplace.traces.stats import DEFAULT_SAMPLE_TOKENS, DEFAULT_WINDOW_TOKENS, compute_stats
 
 GROUP = "trace"

@@ -4,12 +4,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force, add_model
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
-from moeplace.cli import flags
-from moeplace.cli.commands import add_force, add_model
 from moeplace.traces.synth import SynthConfig, synthesize
 
 GROUP = "trace"

@@ -32,9 +32,6 @@ from typing import Any
 
 import polars as pl
 
-from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import read_json, write_text_atomic
-from moeplace.foundation.formats import check, tagged
 from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.cli.sweep.spec import (
     Point,
@@ -47,6 +44,9 @@ from moeplace.cli.sweep.spec import (
 )
 from moeplace.cli.sweep.stages import optimize_task, plan_point, simulate_task
 from moeplace.cli.sweep.store import ResultStore, make_row
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import read_json, write_text_atomic
+from moeplace.foundation.formats import check, tagged
 from moeplace.placement.compare import routing_windows
 from moeplace.placement.export import export_placement
 from moeplace.placement.export.flags import FlagOptions, launch_command

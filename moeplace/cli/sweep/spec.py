@@ -50,8 +50,9 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
 from moeplace.foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
+from moeplace.foundation.settings import build, nearest
 from moeplace.placement.dispatch import ENGINE_RULES
-from moeplace.placement.policies import policy_names
+from moeplace.placement.policies import check_options, policy_names
 from moeplace.traces.synth import SYNTH_VERSION, SynthConfig
 
 SWEEP_VERSION = 1  # part of every point hash: bump when a stage's meaning changes
@@ -179,6 +180,13 @@ def _err(path: str, fld: str, msg: str) -> InputError:
     return InputError(f"{path}: field '{fld}': {msg}")
 
 
+def _unknown(path: str, parent: str, key: str, choices, what: str = "key") -> InputError:
+    """An unknown key of the mapping at ``parent``, with the nearest valid one (or the list)."""
+    near = nearest(key, choices)
+    hint = f"; did you mean '{near}'?" if near else f" (expected one of {', '.join(sorted(choices))})"
+    return _err(path, f"{parent}.{key}" if parent else key, f"unknown {what}{hint}")
+
+
 def read_spec_file(path: str | Path) -> dict[str, Any]:
     """The raw mapping of a ``.yaml``/``.yml`` or ``.toml`` spec (syntax errors name file and line)."""
     p = Path(path)
@@ -219,7 +227,7 @@ def _section(path: str, raw: dict, name: str, keys: dict[str, Any]) -> dict[str,
         raise _err(path, name, "expected a mapping")
     unknown = sorted(set(sec) - set(keys))
     if unknown:
-        raise _err(path, f"{name}.{unknown[0]}", f"unknown key (expected one of {', '.join(keys)})")
+        raise _unknown(path, name, unknown[0], keys)
     return {**keys, **sec}
 
 
@@ -246,8 +254,7 @@ def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None)
             raise _err(path, f, "expected a mapping")
         unknown = sorted(set(w) - WORKLOAD_KEYS)
         if unknown:
-            keys = ", ".join(sorted(WORKLOAD_KEYS))
-            raise _err(path, f"{f}.{unknown[0]}", f"unknown key (expected one of {keys})")
+            raise _unknown(path, f, unknown[0], WORKLOAD_KEYS)
         name = w.get("name", f"w{i}")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {name!r}")
@@ -265,11 +272,9 @@ def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None)
             if not isinstance(synth, dict):
                 raise _err(path, f"{f}.synth", "expected a mapping of traces.synth.SynthConfig fields")
             try:
-                SynthConfig(**synth)
-            except TypeError as exc:
-                raise _err(path, f"{f}.synth", f"{exc} (fields of traces.synth.SynthConfig)") from None
+                build(SynthConfig, f"{f}.synth", synth)  # the generator's own fields and types
             except InputError as exc:
-                raise _err(path, f"{f}.synth", str(exc)) from None
+                raise InputError(f"{path}: {exc}") from None
         arrival = w.get("arrival", "poisson" if "rate" in w else "closed")
         if arrival not in ARRIVALS:
             raise _err(path, f"{f}.arrival", f"expected one of {', '.join(ARRIVALS)}, got {arrival!r}")
@@ -332,7 +337,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     sp = str(p)
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
-        raise _err(sp, unknown[0], f"unknown key (expected one of {', '.join(sorted(TOP_KEYS))})")
+        raise _unknown(sp, "", unknown[0], TOP_KEYS)
     try:
         model = load_model(raw.get("model") or DEFAULT_MODEL)
     except InputError as exc:
@@ -345,7 +350,7 @@ def load_spec(path: str | Path) -> SweepSpec:
         raise _err(sp, "axes", "expected a mapping of axis -> value or list of values")
     bad = sorted(set(axes_raw) - set(AXES))
     if bad:
-        raise _err(sp, f"axes.{bad[0]}", f"unknown axis (expected one of {', '.join(AXES)})")
+        raise _unknown(sp, "axes", bad[0], AXES, "axis")
     axes: dict[str, tuple[Any, ...]] = {}
     for axis in AXES:
         v = axes_raw.get(axis, list(wnames) if axis == "workload" else AXIS_DEFAULTS[axis])
@@ -364,7 +369,7 @@ def load_spec(path: str | Path) -> SweepSpec:
             raise _err(sp, f"points[{i}]", "expected a mapping axis -> value")
         bad = sorted(set(pt) - set(AXES))
         if bad:
-            raise _err(sp, f"points[{i}].{bad[0]}", f"unknown axis (expected one of {', '.join(AXES)})")
+            raise _unknown(sp, f"points[{i}]", bad[0], AXES, "axis")
         for k, v in pt.items():
             _check_axis_value(sp, f"points[{i}].{k}", k, v, wnames)
     plan = _section(sp, raw, "plan", PLAN_KEYS)
@@ -421,8 +426,10 @@ def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate:
         raise _err(sp, "optimize.plan_fraction", f"must be in (0, 1], got {f}")
     _num(sp, "optimize.window_tokens", optimize["window_tokens"], int, 1)
     _num(sp, "optimize.time_limit", optimize["time_limit"], float, 0, allow_none=True)
-    if not isinstance(optimize["options"], dict):
-        raise _err(sp, "optimize.options", "expected a mapping of optimizer options (place optimize flags)")
+    try:
+        check_options("optimize.options", optimize["options"])  # the policies' own option table
+    except InputError as exc:
+        raise InputError(f"{sp}: {exc}") from None
     d = _num(sp, "simulate.duration", simulate["duration"], float, 0)
     if not d > 0:
         raise _err(sp, "simulate.duration", f"must be > 0 simulated seconds, got {d}")

@@ -14,11 +14,11 @@ import traceback
 from dataclasses import replace
 from typing import Any
 
+from moeplace.cli.sweep.spec import Point, SweepSpec, base_memory_config
 from moeplace.foundation.cluster import ClusterSpec, make_cluster
 from moeplace.foundation.errors import InputError, MoeplaceError
 from moeplace.foundation.memory.config import Layout
 from moeplace.foundation.memory.planner import plan_memory
-from moeplace.cli.sweep.spec import Point, SweepSpec, base_memory_config
 from moeplace.placement.compare import compare_policies
 from moeplace.placement.record import Placement
 from moeplace.sim.runner import simulate

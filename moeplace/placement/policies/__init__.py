@@ -20,6 +20,7 @@ import numpy as np
 from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.settings import parse_keys
 from moeplace.placement.record import Placement
 
 
@@ -92,6 +93,28 @@ class Deadline:
 PolicyFn = Callable[[PlacementProblem], Placement]
 _REGISTRY: dict[str, PolicyFn] = {}
 _ANYTIME: set[str] = set()
+# The keys of ``PlacementProblem.options`` the policies read, with their types: each policy module declares
+# its own (:func:`declare_options`); :func:`check_options` refuses every other key.
+_OPTIONS: dict[str, Any] = {}
+
+
+def declare_options(types: dict[str, Any]) -> None:
+    """Called by a policy module: the options it reads and their types (``place optimize`` flags' names)."""
+    _OPTIONS.update(types)
+
+
+def option_types() -> dict[str, Any]:
+    _load_all()
+    return dict(_OPTIONS)
+
+
+def check_options(where: str, raw: Any) -> dict[str, Any]:
+    """The policies' options from user input (``place optimize`` flags, a sweep spec's ``optimize.options``):
+    unset (``None``) values dropped, every other key known to some policy and of its type, else an
+    :class:`InputError` naming the key and the nearest valid one."""
+    if isinstance(raw, dict):
+        raw = {k: v for k, v in raw.items() if v is not None}
+    return parse_keys(where, raw, option_types(), what="option")
 
 
 def register_policy(name: str, anytime: bool = False) -> Callable[[PolicyFn], PolicyFn]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.placement.policies import Deadline, PlacementProblem, register_policy
+from moeplace.placement.policies import Deadline, PlacementProblem, declare_options, register_policy
 from moeplace.placement.record import Placement
 
 
@@ -131,6 +131,9 @@ def rebalance_experts(weight: np.ndarray, num_replicas: int, num_groups: int, nu
         return p2l, cnt, "hierarchical"
     p2l, _, cnt = rebalance_experts_hierarchical(weight, num_replicas, 1, 1, num_gpus, check)
     return p2l, cnt, "global"
+
+
+declare_options({"eplb_groups": int})  # expert groups for the hierarchical variant
 
 
 @register_policy("eplb")

@@ -18,27 +18,37 @@ import time
 from collections import Counter
 from dataclasses import asdict, fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.settings import field_types
 from moeplace.placement.optimizer import OptimizerConfig, optimize_layers
 from moeplace.placement.optimizer.layer import PARETO_SLACKS
-from moeplace.placement.policies import PlacementProblem, register_policy
+from moeplace.placement.policies import PlacementProblem, check_options, declare_options, register_policy
 from moeplace.placement.record import Placement, check_compatible, load_placement
 
-_OPTION_KEYS = {f.name for f in fields(OptimizerConfig)} - {"engine", "seed", "time_limit", "dilate", "spread"}
+_FROM_PROBLEM = {"engine", "seed", "time_limit"}  # the problem's own fields, not options
+_HEDGE_RULES = {"dilate", "spread"}  # a number, or a rule name ("auto", "jackknife") resolved here
+_OPTION_KEYS = {f.name for f in fields(OptimizerConfig)} - _FROM_PROBLEM - _HEDGE_RULES
+declare_options({
+    **{k: t for k, t in field_types(OptimizerConfig).items() if k in _OPTION_KEYS},
+    **{k: float | str for k in _HEDGE_RULES if k in field_types(OptimizerConfig)},
+    "from": Any,  # the migration origin: a placement file's path, or a Placement
+    "current": Any,  # the same, as the simulator's rebalancer passes it
+    "scenarios": Any,  # int [W]: each planning window's scenario group (place optimize computes it)
+})
 DILATE_RULES = ("jackknife", "auto")
 WINDOW_GROUPS = 4  # scenario groups when the caller names none: contiguous runs of windows
 
 
 def config_from_problem(problem: PlacementProblem) -> OptimizerConfig:
     """The optimizer's config: engine / seed / time limit from the problem, the rest from its options
-    (unknown keys and ``None`` values are ignored, so a CLI can pass every flag through)."""
-    opts = {k.replace("-", "_"): v for k, v in problem.options.items() if v is not None}
+    (checked by :func:`check_options`: an unknown key or a wrongly typed value is an error; ``None`` is
+    unset)."""
+    opts = check_options("options", problem.options)
     kw = {k: opts[k] for k in _OPTION_KEYS if k in opts}
-    if "robust" in kw:
-        kw["robust"] = bool(kw["robust"])
     return OptimizerConfig(engine=problem.engine, seed=int(problem.seed), time_limit=problem.time_limit, **kw)
 
 
