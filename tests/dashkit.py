@@ -10,11 +10,11 @@ import io
 import json
 from pathlib import Path
 
+from moeplace.cli.main import main as place
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.memory import MemoryConfig, plan_memory
 from moeplace.foundation.model import ModelSpec
-from moeplace.cli.main import main as place
 from moeplace.placement.compare import compare_policies, routing_windows
 from moeplace.traces.synth import SynthConfig, synthesize
 

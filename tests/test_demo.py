@@ -43,8 +43,8 @@ def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
 
 
 def test_demo_reuses_only_a_trace_of_this_generator_tokens_and_seed(tmp_path):
-    from moeplace.foundation.model import load_model
     from moeplace.cli.commands.demo import _valid_trace
+    from moeplace.foundation.model import load_model
     from moeplace.traces.synth import SynthConfig, synthesize
 
     path = tmp_path / "t"

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
-from moeplace.cli.main import main
 from moeplace.placement.export import export_placement, format_names, import_loads, import_placement
 from moeplace.placement.export.flags import FlagOptions, launch_command
 from moeplace.placement.export.sglang import full_phy2log

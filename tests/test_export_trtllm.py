@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
+from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
-from moeplace.cli.main import main
 from moeplace.placement.export import export_placement, import_placement
 from moeplace.placement.export.flags import FlagOptions, check_layout, launch_command
 from moeplace.placement.record import Placement, load_placement

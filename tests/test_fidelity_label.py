@@ -14,8 +14,8 @@ import yaml
 from benchkit import REPO, load_bench
 from simkit import mini_model, write_trace
 
-from moeplace.sim import fidelity as sim_fidelity
 from moeplace.cli.main import main
+from moeplace.sim import fidelity as sim_fidelity
 
 
 def _bench_fidelity():

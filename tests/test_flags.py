@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from simkit import linear_placement, mini_model, write_trace
 
+from moeplace.cli import flags
+from moeplace.cli.main import build_parser, main
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.memory import GiB, MemoryConfig, parse_context_mix
-from moeplace.cli import flags
-from moeplace.cli.main import build_parser, main
 from moeplace.placement.compare import routing_windows
 from moeplace.placement.policies import PlacementProblem
 from moeplace.placement.record import check_compatible, load_placement

@@ -14,10 +14,14 @@ import numpy as np
 import pytest
 from simkit import linear_placement, mini_model, write_trace
 
+from moeplace.cli.commands.demo import RUN_DIRECTORY, RUN_MARKER
+from moeplace.cli.commands.optimize import COMPARISON_REPORT
+from moeplace.cli.commands.plan import PLAN_REPORT
+from moeplace.cli.main import main
 from moeplace.foundation import formats
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import RUN_MARKER, check_output
-from moeplace.cli.main import main
+from moeplace.foundation.files import check_output
+from moeplace.placement.record import PLACEMENT_JSON
 
 GPUS = ["--gpus", "4", "--gpus-per-node", "2"]
 SIM = [*GPUS, "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8", "--no-progress"]
@@ -166,8 +170,8 @@ def test_printed_and_written_documents_keep_their_content(art):
 
 # ------------------------------------------------------------------ readers
 def _readers():
-    from moeplace.dashboard.data import read_artifact
     from moeplace.cli.sweep.run import read_scores
+    from moeplace.dashboard.data import read_artifact
     from moeplace.placement.export.flags import memory_config_from_report
     from moeplace.placement.record import load_placement
     from moeplace.sim.calibration import load_profile
@@ -293,20 +297,20 @@ def test_force_replaces_only_a_file_tagged_with_its_kind(art, tmp_path, kind, ou
 
 def test_force_recognises_the_previous_releases_untagged_outputs_of_the_expected_kind_only(art, tmp_path):
     plan = _untagged(art["memory-plan"], tmp_path / "plan.json")
-    assert check_output(plan, kind="plan report", force=True) == plan
+    assert check_output(plan, kind=PLAN_REPORT, force=True) == plan
     with pytest.raises(InputError, match="is not a comparison report written by moeplace"):
-        check_output(plan, kind="comparison report", force=True)
+        check_output(plan, kind=COMPARISON_REPORT, force=True)
     placement = _untagged(art["placement"], tmp_path / "placement.json")
     with pytest.raises(InputError, match="is not a placement JSON written by moeplace"):
-        check_output(placement, kind="placement JSON", force=True)
+        check_output(placement, kind=PLACEMENT_JSON, force=True)
     run = tmp_path / "run"
     run.mkdir()
     (run / RUN_MARKER).write_text('{"written_by": "place demo"}\n')  # the previous release's marker
-    assert check_output(run, kind="demo run directory", replace_own=True) == run
+    assert check_output(run, kind=RUN_DIRECTORY, replace_own=True) == run
     (run / RUN_MARKER).write_text(json.dumps({"format": formats.tag("placement")}))
     with pytest.raises(InputError, match="is not a demo run directory written by moeplace"):
-        check_output(run, kind="demo run directory", replace_own=True)
-    assert check_output(art["run"].parent, kind="demo run directory", replace_own=True) == art["run"].parent
+        check_output(run, kind=RUN_DIRECTORY, replace_own=True)
+    assert check_output(art["run"].parent, kind=RUN_DIRECTORY, replace_own=True) == art["run"].parent
 
 
 def test_the_dashboard_classifies_json_files_by_their_tag_only(art, tmp_path):

@@ -33,8 +33,8 @@ from fuzzkit import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moeplace.foundation.errors import InputError
 from moeplace.cli.sweep.spec import load_spec
+from moeplace.foundation.errors import InputError
 
 FUZZ = settings(max_examples=10, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

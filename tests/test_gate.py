@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from fuzzkit import trace_columns
 
+from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
-from moeplace.cli.main import main
 from moeplace.placement.record import Placement
 from moeplace.traces.format import META_FORMAT, TraceWriter, arrow_schema, file_metadata
 from moeplace.traces.loads import LOADS_FORMAT, Loads, load_loads

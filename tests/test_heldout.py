@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from moeplace.foundation.cluster import make_cluster
 from moeplace.cli.main import main
+from moeplace.foundation.cluster import make_cluster
 from moeplace.placement.compare import compare_policies, routing_windows, scenarios, split_samples
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.policies import PlacementProblem, get_policy

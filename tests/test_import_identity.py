@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
-from moeplace.cli.main import main
 from moeplace.placement.evaluate import read_token_routing
 from moeplace.traces.importers import import_source
 from moeplace.traces.stats import compute_stats

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec, from_hf_config, load_model, preset_names
-from moeplace.cli.main import main
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 

@@ -16,9 +16,13 @@ from pathlib import Path
 import pytest
 from simkit import linear_placement, mini_model, write_trace
 
+from moeplace.cli.commands.demo import RUN_DIRECTORY
+from moeplace.cli.commands.plan import PLAN_REPORT
+from moeplace.cli.main import main
 from moeplace.foundation import files
 from moeplace.foundation.files import TEMP_MARK, Outputs, check_output, clean_stale_temps
-from moeplace.cli.main import main
+from moeplace.placement.record import PLACEMENT_JSON
+from moeplace.traces.format import TRACE_DIRECTORY
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8",
@@ -323,9 +327,9 @@ def test_demo_run_directory_is_all_or_nothing(work):
     assert snapshot(out) == before  # the earlier run is back, the partial one gone
     assert sorted(p.name for p in work.iterdir() if TEMP_MARK in p.name) == []
     # a run directory is recognised by its marker: replaced by a later demo, and nothing else is
-    check_output(out, kind="demo run directory", replace_own=True)
+    check_output(out, kind=RUN_DIRECTORY, replace_own=True)
     with pytest.raises(Exception, match="not a demo run directory"):
-        check_output(work / "notes", kind="demo run directory", replace_own=True)
+        check_output(work / "notes", kind=RUN_DIRECTORY, replace_own=True)
 
 
 def test_check_output_rules(work):
@@ -333,23 +337,23 @@ def test_check_output_rules(work):
 
     os.symlink("placement.json", work / "link.json")
     with pytest.raises(InputError, match="symbolic link"):
-        check_output("link.json", kind="placement JSON", force=True)
+        check_output("link.json", kind=PLACEMENT_JSON, force=True)
     os.link(work / "placement.json", work / "hard.json")
     with pytest.raises(InputError, match="is the input"):
-        check_output("hard.json", kind="placement JSON", inputs=["placement.json"], force=True)
+        check_output("hard.json", kind=PLACEMENT_JSON, inputs=["placement.json"], force=True)
     (work / "d").mkdir()
     (work / "d" / "in.json").write_text("{}")
     with pytest.raises(InputError, match="contains the input d/in.json"):
-        check_output("d", kind="trace directory", inputs=["d/in.json"], force=True)
+        check_output("d", kind=TRACE_DIRECTORY, inputs=["d/in.json"], force=True)
     with pytest.raises(InputError, match="^--report: empty path"):
         check_output("", kind="plan report", flag="--report")
-    assert check_output("new/dir/p.json", kind="placement JSON") == Path("new/dir/p.json")
+    assert check_output("new/dir/p.json", kind=PLACEMENT_JSON) == Path("new/dir/p.json")
     assert not (work / "new").exists()  # checking creates nothing
     assert not list(work.glob(f"*{TEMP_MARK}*"))
     outs = Outputs(inputs=["trace"])
-    outs.add("x.json", "placement JSON")
+    outs.add("x.json", PLACEMENT_JSON)
     with pytest.raises(InputError, match="is also --out"):
-        outs.add("x.json", "plan report", "--report")
+        outs.add("x.json", PLAN_REPORT, "--report")
     assert clean_stale_temps(work / "x.json") == []
 
 

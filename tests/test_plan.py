@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from moeplace.cli.main import main
 from moeplace.foundation.cluster import ClusterSpec, GPUSpec, make_cluster
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.memory import (
@@ -25,7 +26,6 @@ from moeplace.foundation.memory import (
     sweep_plans,
 )
 from moeplace.foundation.model import KDAConfig, MLAConfig, ModelSpec, load_model
-from moeplace.cli.main import main
 
 
 # ---------------------------------------------------------------------------- a tiny model, by hand

@@ -11,9 +11,9 @@ import pytest
 from benchkit import load_bench
 
 import moeplace.placement.policies.moeplace as planner_module
+from moeplace.cli.main import main
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import InputError
-from moeplace.cli.main import main
 from moeplace.placement.compare import compare_policies, scenarios
 from moeplace.placement.optimizer import OptimizerConfig, solve_layer
 from moeplace.placement.optimizer.greedy import normalize_scenarios

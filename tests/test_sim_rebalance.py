@@ -6,7 +6,14 @@ from simkit import build, linear_placement, mini_model, write_trace
 
 from moeplace.foundation.errors import InputError
 from moeplace.placement.record import Placement
-from moeplace.sim.config import CostConfig, EngineConfig, RebalanceConfig, SimConfig, WorkloadConfig, parse_rebalance
+from moeplace.sim.config import (
+    CostConfig,
+    EngineConfig,
+    RebalanceConfig,
+    SimConfig,
+    WorkloadConfig,
+    parse_rebalance,
+)
 from moeplace.sim.rebalance import Transfer, limit_moves, moved_experts, relabel_min_moves, transfer_stall
 
 

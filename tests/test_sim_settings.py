@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from moeplace.foundation.errors import InputError
-from moeplace.cli.main import build_parser
 from moeplace.cli.commands.simulate import simulation_config
+from moeplace.cli.main import build_parser
 from moeplace.cli.sweep.run import sim_config
 from moeplace.cli.sweep.spec import expand_points, load_spec
+from moeplace.foundation.errors import InputError
 from moeplace.sim.config import LengthMix
 
 

@@ -8,9 +8,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
-from moeplace.cli.main import main
 from moeplace.traces.format import TraceWriter
 from moeplace.traces.loads import load_loads
 from moeplace.traces.measures import topk_overlap

@@ -11,12 +11,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from moeplace.foundation.errors import InputError
 from moeplace.cli.main import main
 from moeplace.cli.sweep import comparable, expand_points, load_spec, pareto_mask, run_sweep
 from moeplace.cli.sweep.spec import optimize_key, point_hash, workload_fingerprint
 from moeplace.cli.sweep.stages import plan_point
 from moeplace.cli.sweep.store import ResultStore, make_row
+from moeplace.foundation.errors import InputError
 from moeplace.sim.frontier import recommend
 
 SMALL = Path(__file__).parent / "data" / "sweep-small.yaml"

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
-from moeplace.cli.main import main
 from moeplace.traces.format import TraceWriter, arrow_schema, file_metadata
 from moeplace.traces.validate import check_trace, validate_report, validate_trace
 

@@ -49,14 +49,18 @@ from moeplace.placement.compare import compare_policies, routing_windows
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.export import export_placement, format_names, get_format
 from moeplace.placement.record import load_placement
-from moeplace.sim.frontier import LEGACY_VERSION
+from moeplace.sim.frontier import FRONTIER_FILE, LEGACY_VERSION, SWEEP_TABLE
 from moeplace.sim.results import (
+    CONFIG_FILE,
+    REQUESTS_SUFFIX,
     ROWS,
+    SUMMARY_FILE,
+    TIMESERIES_SUFFIX,
     file_label,  # the file-name rule write_outputs uses
     read_sim_config,
     read_summaries,
 )
-from moeplace.traces.format import META_MODEL, trace_files
+from moeplace.traces.format import META_MODEL, PART_PREFIX, trace_files
 from moeplace.traces.loads import is_loads_file, load_loads
 from moeplace.traces.stats import compute_stats
 from moeplace.traces.validate import read_trace_meta, trace_num_rows, validate_report
@@ -125,7 +129,7 @@ def _is_trace_parquet(path: Path) -> bool:
         meta = pq.read_schema(path).metadata or {}
     except (pa.ArrowException, OSError):
         # A damaged file named like a trace part still belongs to a trace: the Traces page reports it.
-        return path.name.startswith("part-")
+        return path.name.startswith(PART_PREFIX)
     return META_MODEL in meta
 
 
@@ -161,9 +165,9 @@ def _is_sweep_table(path: Path) -> bool:
 
 def _is_sweep_dir(d: Path, files: list[str]) -> bool:
     """What ``place sweep --out`` writes: its ``frontier.json`` (by its tag) or ``sweep.parquet`` table."""
-    if "frontier.json" in files and _json_kind(d / "frontier.json") == "frontier":
+    if FRONTIER_FILE in files and _json_kind(d / FRONTIER_FILE) == "frontier":
         return True
-    return "sweep.parquet" in files and _is_sweep_table(d / "sweep.parquet")
+    return SWEEP_TABLE in files and _is_sweep_table(d / SWEEP_TABLE)
 
 
 def scan_run_dir(root: str | Path) -> RunIndex:
@@ -181,7 +185,7 @@ def scan_run_dir(root: str | Path) -> RunIndex:
         d = Path(dirpath)
         dirnames[:] = sorted(x for x in dirnames if not x.startswith(".") and x not in _SKIP_DIRS)
         files = sorted(f for f in filenames if not f.startswith("."))
-        if "summary.json" in files and any(f.endswith(".timeseries.parquet") for f in files):
+        if SUMMARY_FILE in files and any(f.endswith(TIMESERIES_SUFFIX) for f in files):
             found["sims"].append(d)
             dirnames[:] = []
             continue
@@ -211,7 +215,7 @@ def scan_run_dir(root: str | Path) -> RunIndex:
     # place simulate records the trace it replayed; the demo may keep the trace outside the run dir.
     for s in found["sims"]:
         try:
-            tp = read_sim_config(s / "config.json").get("trace", {}).get("path")
+            tp = read_sim_config(s / CONFIG_FILE).get("trace", {}).get("path")
         except (InputError, AttributeError):
             continue
         if tp:
@@ -539,13 +543,13 @@ class SimRun:
 @st.cache_data(show_spinner=False, max_entries=8)
 def _sim_run(path: str, stamp_: tuple) -> SimRun:
     d = Path(path)
-    summaries = read_summaries(d / "summary.json")
-    config = read_sim_config(d / "config.json") if (d / "config.json").exists() else {}
+    summaries = read_summaries(d / SUMMARY_FILE)
+    config = read_sim_config(d / CONFIG_FILE) if (d / CONFIG_FILE).exists() else {}
     reqs, ts = {}, {}
     for s in summaries:
         lab = s["label"]
-        for kind, into in (("requests", reqs), ("timeseries", ts)):
-            f = d / f"{file_label(lab)}.{kind}.parquet"
+        for suffix, into in ((REQUESTS_SUFFIX, reqs), (TIMESERIES_SUFFIX, ts)):
+            f = d / f"{file_label(lab)}{suffix}"
             if not f.exists():
                 raise InputError(f"{f}: missing (summary.json lists placement '{lab}')")
             try:
@@ -574,7 +578,7 @@ def _sweep_frontier(path: str, stamp_: tuple) -> dict[str, Any]:
     """``OUT/frontier.json`` of a sweep directory (``sim.frontier.frontier_report`` plus the
     run's ``recommended_launch``), checked against that schema; raises :class:`InputError` naming the
     file and field when it is missing or does not match."""
-    f = Path(path) / "frontier.json"
+    f = Path(path) / FRONTIER_FILE
     if not f.exists():
         raise InputError(f"{f}: missing (the sweep has not finished; rerun `place sweep SPEC --out {path}` "
                          "to resume it)")
@@ -605,7 +609,7 @@ def _sweep_frontier(path: str, stamp_: tuple) -> dict[str, Any]:
 @st.cache_data(show_spinner=False, max_entries=16)
 def _sweep_table(path: str, stamp_: tuple) -> pl.DataFrame:
     """``OUT/sweep.parquet``: every point of the sweep with its status, stage and reason."""
-    f = Path(path) / "sweep.parquet"
+    f = Path(path) / SWEEP_TABLE
     if not f.exists():
         raise InputError(f"{f}: missing (the sweep has not finished; rerun `place sweep SPEC --out {path}` "
                          "to resume it)")
@@ -621,7 +625,7 @@ def _sweep_table(path: str, stamp_: tuple) -> pl.DataFrame:
 
 def _sweep_stamp(path) -> tuple:
     d = Path(path)
-    return stamp(d / "frontier.json") + stamp(d / "sweep.parquet")  # not the cache/: it only grows
+    return stamp(d / FRONTIER_FILE) + stamp(d / SWEEP_TABLE)  # not the cache/: it only grows
 
 
 def sweep_frontier(path) -> dict[str, Any]:

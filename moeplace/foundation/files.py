@@ -170,20 +170,41 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
 
 
 # ---------------------------------------------------------------------------- what is our own output
-# JSON outputs are recognised by their format tag (foundation.formats); an untagged file is recognised
-# only as the one kind expected, by the keys the previous release wrote (the readers' legacy rule). The
-# other recognisers read the formats' marker keys directly: this module sits below the packages that
-# write them (and may import none of them), so the few literal keys are repeated here, each next to its
-# writer's name.
+# Every layer registers the kinds of output it writes (:func:`register_kind`, next to its writer): what
+# messages call it, whether it is a directory and how an existing path is recognised as moeplace's own.
+# JSON outputs are recognised by their format tag (foundation.formats; :func:`tagged_artifact`); an untagged
+# file only as the one kind expected, by the keys the previous release wrote (the readers' legacy rule).
+# This module holds the registry and the safety rules, and knows no other layer's files.
 @dataclass(frozen=True)
 class OutputKind:
     """A kind of output: what messages call it, whether it is a directory, and how an existing path is
     recognised as moeplace's own output of this kind (``recognise(path) -> bool``; it may raise, which
-    counts as not recognised)."""
+    counts as not recognised). ``guards_tree``: for a directory kind whose readers take every file under it
+    (a trace): ``guards_tree(dir) -> bool`` says ``dir`` is one, so no output may be written inside it."""
 
     name: str
     directory: bool
     recognise: Callable[[Path], bool]
+    guards_tree: Callable[[Path], bool] | None = None
+
+
+KINDS: dict[str, OutputKind] = {}
+
+
+def register_kind(k: OutputKind) -> OutputKind:
+    """Make ``k`` known by its name (the writer's module calls this once, at import)."""
+    if KINDS.get(k.name, k) is not k:
+        raise RuntimeError(f"output kind '{k.name}' registered twice")
+    KINDS[k.name] = k
+    return k
+
+
+def output_kind(name: str) -> OutputKind:
+    """The registered kind called ``name``."""
+    if name not in KINDS:
+        raise KeyError(f"output kind '{name}' is not registered (its writer's module registers it; "
+                       f"known: {', '.join(sorted(KINDS))})")
+    return KINDS[name]
 
 
 def _json(path: Path, max_bytes: int = 1 << 30):
@@ -192,9 +213,9 @@ def _json(path: Path, max_bytes: int = 1 << 30):
     return json.loads(path.read_text())
 
 
-def _artifact(kind: str, *legacy_keys: str) -> Callable[[Path], bool]:
-    """A JSON file tagged ``kind``; or, untagged, one holding all ``legacy_keys`` (what the previous
-    release wrote for this kind; none: an untagged file is not recognised)."""
+def tagged_artifact(kind: str, *legacy_keys: str) -> Callable[[Path], bool]:
+    """A recogniser: a JSON file tagged ``kind``; or, untagged, one holding all ``legacy_keys`` (what the
+    previous release wrote for this kind; none: an untagged file is not recognised)."""
     def rec(p: Path) -> bool:
         d = _json(p)
         if not isinstance(d, dict):
@@ -205,113 +226,18 @@ def _artifact(kind: str, *legacy_keys: str) -> Callable[[Path], bool]:
     return rec
 
 
-def _is_trace_part(p: Path) -> bool:
-    import pyarrow.parquet as pq  # ~0.4 s to import; every command imports this module, few read a trace
-
-    return b"moeplace.model" in (pq.read_schema(p).metadata or {})  # traces.format.META_MODEL
-
-
-_PART = re.compile(r"part-\d+\.parquet$")  # traces.format.TraceWriter's file names
-
-
-def _holds_trace_parts(d: Path) -> bool:
-    """``d`` directly holds a part file of a moeplace trace directory (one listing, no recursion; a
-    single-file trace next to other files does not make its directory a trace)."""
-    try:
-        with os.scandir(d) as it:
-            parts = [Path(e.path) for e in it if _PART.match(e.name) and e.is_file()]
-    except OSError:
-        return False
-    return any(_recognised_part(f) for f in parts[:1])
-
-
-def _recognised_part(f: Path) -> bool:
-    try:
-        return _is_trace_part(f)
-    except Exception:  # noqa: BLE001  (unreadable: not a trace part)
-        return False
-
-
-def _is_trace_dir(p: Path) -> bool:
-    """A directory whose every file (recursively) is a Parquet file of a moeplace trace."""
-    files = [f for f in p.rglob("*") if not f.is_dir()]
-    return bool(files) and all(f.suffix == ".parquet" and _is_trace_part(f) for f in files)
-
-
-def _is_loads(p: Path) -> bool:
-    import numpy as np  # ~0.5 s to import; every command imports this module, few read a Loads file
-
-    with np.load(p, allow_pickle=False) as z:
-        return "counts" in z and formats.kind_of(json.loads(str(z["meta"]))) == "loads"  # traces.loads
-
-
-def _is_sim_run(p: Path) -> bool:
-    """What ``sim.results.write_outputs`` writes: config.json, summary.json, <label>.{requests,timeseries}
-    .parquet, and nothing else."""
-    names = {f.name for f in p.iterdir()}
-    rest = {n for n in names if n.endswith((".requests.parquet", ".timeseries.parquet"))}
-    return {"config.json", "summary.json"} <= names and names - rest == {"config.json", "summary.json"}
-
-
-_CHROME_HEAD = b'{"otherData": {"format": "moeplace.chrome-trace/'
-
-
-def _is_chrome_trace(p: Path) -> bool:
-    """``sim.results.write_chrome_trace``: its tag leads the file (read at the start only: the file can be
-    large); untagged, the previous release's ``{"traceEvents": [...], "displayTimeUnit": "ms"}`` (read at
-    both ends)."""
-    with open(p, "rb") as fh:
-        head = fh.read(len(_CHROME_HEAD))
-        fh.seek(max(0, p.stat().st_size - 64))
-        tail = fh.read()
-    if head == _CHROME_HEAD:
-        return True
-    return head.startswith(b'{"traceEvents":') and tail.rstrip().endswith(b'"displayTimeUnit": "ms"}')
-
-
-RUN_MARKER = ".moeplace-run"
-
-
-def _is_run_dir(p: Path) -> bool:
-    """A directory ``place demo`` made: its marker file is tagged ``run`` (untagged, the previous release's
-    ``{"written_by": "place demo"}``)."""
-    return _artifact("run", "written_by")(p / RUN_MARKER)
-
-
-SWEEP_ENTRIES = ("points", "cache", "recommended", "sweep.parquet", "frontier.json")  # moeplace.sweep layout
-
-
-def _is_sweep_dir(p: Path) -> bool:
-    names = {f.name for f in p.iterdir() if not f.name.startswith(".")}
-    return bool(names) and names <= set(SWEEP_ENTRIES)
-
-
-KINDS: dict[str, OutputKind] = {k.name: k for k in (
-    OutputKind("trace directory", True, _is_trace_dir),
-    OutputKind("placement JSON", False, _artifact("placement")),  # placement.record
-    OutputKind("Loads .npz", False, _is_loads),
-    OutputKind("trace statistics JSON", False,
-               _artifact("trace-stats", "path", "model", "tokens", "window_tokens", "skew_median")),
-    OutputKind("comparison report", False, _artifact("comparison", "engine", "cluster", "rows", "written")),
-    OutputKind("plan report", False, _artifact("memory-plan", "model", "cluster", "per_gpu", "pools")),
-    OutputKind("calibration profile", False, _artifact("calibration")),  # sim.calibration
-    OutputKind("kernel bench report", False, _artifact("kernel-report", "validation", "raw")),
-    OutputKind("simulation output directory", True, _is_sim_run),
-    OutputKind("Chrome trace", False, _is_chrome_trace),
-    OutputKind("demo run directory", True, _is_run_dir),
-    OutputKind("sweep directory", True, _is_sweep_dir),
-)}
-
-
-def kind(name: str) -> OutputKind:
-    return KINDS[name]
-
-
 # ---------------------------------------------------------------------------- the check before any work
 class OutputError(MoeplaceError):
     """Outputs that could not be written after the work was done (the results were printed)."""
 
     exit_code = 1
+
+
+def _recognised_tree(k: OutputKind, d: Path) -> bool:
+    try:
+        return bool(k.guards_tree(d))
+    except Exception:  # noqa: BLE001  (unreadable: not recognisably ours)
+        return False
 
 
 def _recognised(kind: OutputKind, p: Path) -> bool:
@@ -367,7 +293,7 @@ def check_output(path: str | os.PathLike, *, kind: OutputKind | str, inputs: Ite
     that is not moeplace's own output of ``kind`` (an empty directory excepted, when a directory goes
     there); one that is, without ``force``/``replace_own``; a parent that is not a writable directory.
     """
-    k = KINDS[kind] if isinstance(kind, str) else kind
+    k = output_kind(kind) if isinstance(kind, str) else kind
     text = os.fspath(path)
     what = f"{flag} {text}"
     if not text.strip():
@@ -391,9 +317,11 @@ def check_output(path: str | os.PathLike, *, kind: OutputKind | str, inputs: Ite
             raise InputError(f"{what}: lies inside the input {ip}; write somewhere else")
         if _inside(ir, real):
             raise InputError(f"{what}: contains the input {ip}; it would be replaced")
+    guards = [g for g in KINDS.values() if g.guards_tree is not None]
     for a in real.parents:
-        if _holds_trace_parts(a):  # a trace's readers take every Parquet file under its directory
-            raise InputError(f"{what}: lies inside the trace directory {a}, which it would change")
+        for g in guards:  # e.g. a trace: its readers take every Parquet file under its directory
+            if _recognised_tree(g, a):
+                raise InputError(f"{what}: lies inside the {g.name} {a}, which it would change")
     if p.is_symlink():
         raise InputError(f"{what}: is a symbolic link; refusing to replace it (give the real path)")
     if p.exists():
@@ -436,7 +364,7 @@ class Outputs:
             replace_own: bool = False) -> Path | None:
         if path is None:
             return None
-        k = KINDS[kind] if isinstance(kind, str) else kind
+        k = output_kind(kind) if isinstance(kind, str) else kind
         p = check_output(path, kind=k, inputs=self.inputs, force=self.force, flag=flag, replace_own=replace_own)
         real = p.resolve()
         for f, q, qk in self.planned:

@@ -30,7 +30,13 @@ import torch.distributed as dist
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.model import GQAConfig, ModelSpec
 from moeplace.kernels.launch import run_distributed
-from moeplace.kernels.moe import StepTimes, ep_moe_forward, grouped_expert_forward, local_weights, sort_by_destination
+from moeplace.kernels.moe import (
+    StepTimes,
+    ep_moe_forward,
+    grouped_expert_forward,
+    local_weights,
+    sort_by_destination,
+)
 from moeplace.placement.dispatch import choose_slots
 from moeplace.placement.record import Placement
 from moeplace.sim.calibration import PROFILE_FORMAT, Profile, profile_from_dict

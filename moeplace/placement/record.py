@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import read_json, write_text_atomic
+from moeplace.foundation.files import OutputKind, read_json, register_kind, tagged_artifact, write_text_atomic
 from moeplace.foundation.formats import check, tag
 from moeplace.foundation.model import ModelSpec
 
@@ -216,3 +216,6 @@ def load_placement(path: str | Path) -> Placement:
         raise InputError(f"{p}: field 'num_slots' is {d['num_slots']!r} but phy2log has {placement.num_slots} "
                          "slots per layer")
     return placement
+
+
+PLACEMENT_JSON = register_kind(OutputKind("placement JSON", False, tagged_artifact("placement")))

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import read_json, write_text_atomic
+from moeplace.foundation.files import OutputKind, read_json, register_kind, tagged_artifact, write_text_atomic
 from moeplace.foundation.formats import check, tag
 
 PROFILE_FORMAT = tag("calibration")
@@ -145,3 +145,9 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
 
 def load_profile(path: str | Path) -> Profile:
     return profile_from_dict(read_json(path, "no such calibration profile", "not a readable JSON calibration profile"), str(path))
+
+
+# what `place kernels bench` writes: this profile, and its report of the simulator checked against it
+CALIBRATION_PROFILE = register_kind(OutputKind("calibration profile", False, tagged_artifact("calibration")))
+KERNEL_REPORT = register_kind(OutputKind("kernel bench report", False,
+                                         tagged_artifact("kernel-report", "validation", "raw")))

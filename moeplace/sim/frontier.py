@@ -12,12 +12,28 @@ another has at least its throughput per GPU and meets every limit the other meet
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from moeplace.foundation.files import OutputKind, register_kind
 from moeplace.foundation.formats import tag
+
+# A sweep directory (``place sweep --out``): the table of every point, the frontier report over it, the
+# points' row files, the cache of traces and placements and the recommended deployments' launch files.
+SWEEP_TABLE = "sweep.parquet"
+FRONTIER_FILE = "frontier.json"
+SWEEP_POINTS, SWEEP_CACHE, SWEEP_RECOMMENDED = "points", "cache", "recommended"
+
+
+def _is_sweep_dir(p: Path) -> bool:
+    names = {f.name for f in p.iterdir() if not f.name.startswith(".")}
+    return bool(names) and names <= {SWEEP_TABLE, FRONTIER_FILE, SWEEP_POINTS, SWEEP_CACHE, SWEEP_RECOMMENDED}
+
+
+SWEEP_DIRECTORY = register_kind(OutputKind("sweep directory", True, _is_sweep_dir))
 
 # frontier.json names its schema by its format tag (moeplace.frontier/<N>); the previous release wrote no
 # tag but a field "version" with this value, which a reader of such a file still checks

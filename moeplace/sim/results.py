@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import atomic_path, read_json, write_text_atomic
+from moeplace.foundation.files import OutputKind, atomic_path, read_json, register_kind, write_text_atomic
 from moeplace.foundation.formats import check, tag, tagged
 from moeplace.sim.chrome_trace import LAYER_ITERATIONS, iteration_events, request_events
 from moeplace.sim.fidelity import fidelity_doc
@@ -205,11 +205,21 @@ def file_label(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in label) or "run"
 
 
-def summaries_doc(results: list[SimResult]) -> dict[str, Any]:
+def summaries_doc(results: list[SimResult], settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``moeplace.sim-summary`` document: ``{"format", "summaries": [one summary per placement],
-    "fidelity"}`` (``summary.json``, and what ``place simulate --json`` prints); ``fidelity``: how far the
-    simulator's absolute figures were from published deployments (:func:`sim.fidelity.fidelity_doc`)."""
-    return tagged("sim-summary", {"summaries": [r.summary for r in results], "fidelity": fidelity_doc()})
+    "fidelity", "settings"}`` (``summary.json``, and what ``place simulate --json`` prints); ``fidelity``: how
+    far the simulator's absolute figures were from published deployments (:func:`sim.fidelity.fidelity_doc`);
+    ``settings``: the run's resolved flags, when a command line made it (what ``--config`` reads back)."""
+    doc = {"summaries": [r.summary for r in results], "fidelity": fidelity_doc()}
+    if settings is not None:
+        doc["settings"] = settings
+    return tagged("sim-summary", doc)
+
+
+CONFIG_FILE = "config.json"  # the files of a simulation output directory (write_outputs)
+SUMMARY_FILE = "summary.json"
+REQUESTS_SUFFIX = ".requests.parquet"
+TIMESERIES_SUFFIX = ".timeseries.parquet"
 
 
 def write_outputs(out: str | Path, results: list[SimResult], config: dict[str, Any]) -> None:
@@ -217,12 +227,12 @@ def write_outputs(out: str | Path, results: list[SimResult], config: dict[str, A
     ``summary.json`` (:func:`summaries_doc`), and per placement ``<label>.requests.parquet`` and
     ``<label>.timeseries.parquet``. Written atomically as a directory."""
     with atomic_path(out, directory=True) as tmp:
-        (tmp / "config.json").write_text(json.dumps(tagged("sim-config", config), indent=1, default=str) + "\n")
-        (tmp / "summary.json").write_text(json.dumps(summaries_doc(results), indent=1) + "\n")
+        (tmp / CONFIG_FILE).write_text(json.dumps(tagged("sim-config", config), indent=1, default=str) + "\n")
+        (tmp / SUMMARY_FILE).write_text(json.dumps(summaries_doc(results, config.get("settings")), indent=1) + "\n")
         for r in results:
             name = file_label(r.label)
-            r.requests.write_parquet(tmp / f"{name}.requests.parquet")
-            r.timeseries.write_parquet(tmp / f"{name}.timeseries.parquet")
+            r.requests.write_parquet(tmp / f"{name}{REQUESTS_SUFFIX}")
+            r.timeseries.write_parquet(tmp / f"{name}{TIMESERIES_SUFFIX}")
 
 
 def write_chrome_trace(path: str | Path, results: list[SimResult]) -> None:
@@ -235,7 +245,34 @@ def write_chrome_trace(path: str | Path, results: list[SimResult]) -> None:
     # the tag goes in the trace-event format's own metadata field, first, so that the file is recognised by
     # its first bytes (it can be large); viewers ignore it
     doc = {"otherData": {"format": tag("chrome-trace")}, "traceEvents": events, "displayTimeUnit": "ms"}
-    write_text_atomic(path, json.dumps(doc))
+    write_text_atomic(path, json.dumps(doc))  # json.dumps keeps key order: the tag leads the file
+
+
+def _is_sim_run(p: Path) -> bool:
+    """What :func:`write_outputs` writes, and nothing else."""
+    names = {f.name for f in p.iterdir()}
+    rest = {n for n in names if n.endswith((REQUESTS_SUFFIX, TIMESERIES_SUFFIX))}
+    return {CONFIG_FILE, SUMMARY_FILE} <= names and names - rest == {CONFIG_FILE, SUMMARY_FILE}
+
+
+_CHROME_HEAD = ('{"otherData": {"format": "' + tag("chrome-trace").split("/")[0] + "/").encode()  # any version
+
+
+def _is_chrome_trace(p: Path) -> bool:
+    """What :func:`write_chrome_trace` writes: its tag leads the file (read at the start only: the file can
+    be large); untagged, the previous release's ``{"traceEvents": [...], "displayTimeUnit": "ms"}`` (read at
+    both ends)."""
+    with open(p, "rb") as fh:
+        head = fh.read(len(_CHROME_HEAD))
+        fh.seek(max(0, p.stat().st_size - 64))
+        tail = fh.read()
+    if head == _CHROME_HEAD:
+        return True
+    return head.startswith(b'{"traceEvents":') and tail.rstrip().endswith(b'"displayTimeUnit": "ms"}')
+
+
+SIM_OUTPUT = register_kind(OutputKind("simulation output directory", True, _is_sim_run))
+CHROME_TRACE = register_kind(OutputKind("Chrome trace", False, _is_chrome_trace))
 
 
 def read_summaries(path: str | Path) -> list[dict[str, Any]]:

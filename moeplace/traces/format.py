@@ -28,6 +28,8 @@ Self-describing: every file's Parquet key-value metadata carries ``moeplace.form
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import atomic_path
+from moeplace.foundation.files import OutputKind, atomic_path, register_kind
 from moeplace.foundation.model import ModelSpec
 
 FORMAT_VERSION = "1"
@@ -46,6 +48,9 @@ META_PROVENANCE = b"moeplace.provenance"
 
 PHASE_PREFILL = 0
 PHASE_DECODE = 1
+
+PART_PREFIX = "part-"  # the TraceWriter's files: part-00000.parquet, part-00001.parquet, ...
+PART_NAME = re.compile(re.escape(PART_PREFIX) + r"\d+\.parquet$")
 
 REQUIRED_COLUMNS = ("request_id", "position", "phase", "step", "layer", "expert_ids")
 OPTIONAL_COLUMNS = ("gate_weights", "token_id", "domain")
@@ -166,7 +171,7 @@ class TraceWriter:
         start = 0
         while start < n:
             if self._writer is None:
-                path = self._tmp / f"part-{self._num_files:05d}.parquet"
+                path = self._tmp / f"{PART_PREFIX}{self._num_files:05d}.parquet"
                 self._writer = pq.ParquetWriter(path, self.schema, compression=self.compression,
                                                 compression_level=self.compression_level)
                 self._num_files += 1
@@ -195,3 +200,29 @@ def trace_files(path: str | Path) -> list[Path]:
             raise InputError(f"{p}: no .parquet trace files in this directory")
         return files
     raise InputError(f"{p}: no such file or directory")
+
+
+# ---------------------------------------------------------------------------- the trace as an output kind
+def is_trace_part(p: Path) -> bool:
+    """A Parquet file carrying a moeplace trace's model metadata (reads the footer only)."""
+    return META_MODEL in (pq.read_schema(p).metadata or {})
+
+
+def holds_trace_parts(d: Path) -> bool:
+    """``d`` directly holds a part file of a moeplace trace directory (one listing, no recursion; a
+    single-file trace next to other files does not make its directory a trace)."""
+    try:
+        with os.scandir(d) as it:
+            parts = [Path(e.path) for e in it if PART_NAME.match(e.name) and e.is_file()]
+    except OSError:
+        return False
+    return bool(parts) and is_trace_part(parts[0])
+
+
+def _is_trace_dir(p: Path) -> bool:
+    """A directory whose every file (recursively) is a Parquet file of a moeplace trace."""
+    files = [f for f in p.rglob("*") if not f.is_dir()]
+    return bool(files) and all(f.suffix == ".parquet" and is_trace_part(f) for f in files)
+
+
+TRACE_DIRECTORY = register_kind(OutputKind("trace directory", True, _is_trace_dir, guards_tree=holds_trace_parts))

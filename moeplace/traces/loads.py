@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from moeplace.foundation import formats
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import atomic_path
+from moeplace.foundation.files import OutputKind, atomic_path, register_kind
 from moeplace.foundation.formats import check, tag
 from moeplace.foundation.model import ModelSpec
 
@@ -186,3 +187,11 @@ def load_loads(path: str | Path) -> Loads:
                      None if samples is None or sample_windows is None else sample_windows.astype(np.int64))
     except InputError as exc:
         raise InputError(f"{p}: {exc}") from None
+
+
+def _is_loads(p: Path) -> bool:
+    with np.load(p, allow_pickle=False) as z:
+        return "counts" in z and formats.kind_of(json.loads(str(z["meta"]))) == "loads"
+
+
+LOADS_FILE = register_kind(OutputKind("Loads .npz", False, _is_loads))

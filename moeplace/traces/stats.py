@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import OutputKind, register_kind, tagged_artifact
 from moeplace.foundation.model import ModelSpec
 from moeplace.traces.loads import Loads
 from moeplace.traces.measures import (  # noqa: F401  (affinity_lift, pair_counts, top_share: part of this module's API)
@@ -228,3 +229,7 @@ def trace_loads(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                 sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0, workers: int | None = None) -> Loads:
     """The Loads ``[windows, L, E]`` of a trace (with the token sample), by one streaming pass."""
     return compute_stats(path, window_tokens, sample_tokens, seed, workers, loads_only=True)
+
+
+TRACE_STATS = register_kind(OutputKind("trace statistics JSON", False, tagged_artifact(
+    "trace-stats", "path", "model", "tokens", "window_tokens", "skew_median")))

@@ -14,12 +14,32 @@ from pathlib import Path
 from moeplace.cli import flags
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import MoeplaceError
-from moeplace.foundation.files import RUN_MARKER, Outputs, clean_stale_temps, remove_path, temp_sibling
+from moeplace.foundation.files import (
+    OutputKind,
+    Outputs,
+    clean_stale_temps,
+    register_kind,
+    remove_path,
+    tagged_artifact,
+    temp_sibling,
+)
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
 from moeplace.placement.compare import default_redundant
+from moeplace.traces.format import TRACE_DIRECTORY
 from moeplace.traces.synth import SYNTH_VERSION
 from moeplace.traces.validate import read_trace_meta, validate_trace
+
+RUN_MARKER = ".moeplace-run"  # the tagged file that marks a directory `place demo` made
+
+
+def _is_run_dir(p: Path) -> bool:
+    """A directory ``place demo`` made: its marker file is tagged ``run`` (untagged, the previous release's
+    ``{"written_by": "place demo"}``)."""
+    return tagged_artifact("run", "written_by")(p / RUN_MARKER)
+
+
+RUN_DIRECTORY = register_kind(OutputKind("demo run directory", True, _is_run_dir))
 
 
 def register(sub) -> None:
@@ -72,8 +92,8 @@ def run(args) -> int:
     if args.duration <= 0:
         raise MoeplaceError(f"--duration must be > 0, got {args.duration}")
     outs = Outputs()
-    outs.add(out, "demo run directory", replace_own=True)
-    outs.add(traces, "trace directory", "--traces", replace_own=True)
+    outs.add(out, RUN_DIRECTORY, replace_own=True)
+    outs.add(traces, TRACE_DIRECTORY, "--traces", replace_own=True)
     clean_stale_temps(out)
     return _run_in(out, lambda: _pipeline(args, out, traces))
 

@@ -13,6 +13,8 @@ from moeplace.foundation.files import Outputs
 from moeplace.foundation.model import load_model
 from moeplace.placement.export import format_names, get_format, import_loads, import_placement
 from moeplace.placement.export.vllm import read_load_stats
+from moeplace.placement.record import PLACEMENT_JSON
+from moeplace.traces.loads import LOADS_FILE
 
 
 def register(sub) -> None:
@@ -31,7 +33,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     outs = Outputs(inputs=[args.file, args.model], force=args.force)
-    outs.add(args.out, "Loads .npz" if args.out.endswith(".npz") else "placement JSON")
+    outs.add(args.out, LOADS_FILE if args.out.endswith(".npz") else PLACEMENT_JSON)
     model = load_model(args.model)
     if get_format(args.format).kind == "loads":
         if not args.out.endswith(".npz"):

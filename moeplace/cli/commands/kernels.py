@@ -10,6 +10,7 @@ from moeplace.cli.commands import add_force
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs, write_text_atomic
 from moeplace.foundation.formats import tagged
+from moeplace.sim.calibration import CALIBRATION_PROFILE, KERNEL_REPORT
 
 GROUP = "kernels"
 
@@ -67,8 +68,8 @@ def bench(args) -> int:
 
     _check(args)
     outs = Outputs(force=args.force)
-    outs.add(args.out, "calibration profile")
-    outs.add(args.report, "kernel bench report", "--report")
+    outs.add(args.out, CALIBRATION_PROFILE)
+    outs.add(args.report, KERNEL_REPORT, "--report")
     cfg = BenchConfig(world_size=args.world_size, hidden=args.hidden, intermediate=args.intermediate,
                       num_experts=args.experts, top_k=args.top_k, num_redundant=args.redundant, dtype=args.dtype,
                       train_tokens=args.train_tokens, test_tokens=args.test_tokens, test_skews=args.test_skews,

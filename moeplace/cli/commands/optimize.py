@@ -13,7 +13,7 @@ from moeplace.cli.commands import add_force
 from moeplace.cli.run_config import add_config, settings_record
 from moeplace.foundation.cluster import gpu_preset_names, make_cluster
 from moeplace.foundation.errors import InputError, MoeplaceError
-from moeplace.foundation.files import Outputs, write_text_atomic
+from moeplace.foundation.files import OutputKind, Outputs, register_kind, tagged_artifact, write_text_atomic
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
 from moeplace.placement.compare import (
@@ -26,6 +26,10 @@ from moeplace.placement.compare import (
 )
 from moeplace.placement.dispatch import ENGINES
 from moeplace.placement.policies import policy_names
+from moeplace.placement.record import PLACEMENT_JSON
+
+COMPARISON_REPORT = register_kind(OutputKind("comparison report", False, tagged_artifact(
+    "comparison", "engine", "cluster", "rows", "written")))  # --report, the --json document
 
 
 def register(sub) -> None:
@@ -107,10 +111,10 @@ def run(args) -> int:
     names = args.policy or policy_names()
     outs = Outputs(inputs=[*args.inputs, args.from_placement, args.model], force=args.force)
     if not args.no_out:
-        outs.add(args.out, "placement JSON")
-    outs.add(args.report, "comparison report", "--report")
+        outs.add(args.out, PLACEMENT_JSON)
+    outs.add(args.report, COMPARISON_REPORT, "--report")
     for name in dict.fromkeys(names) if args.save_all else ():
-        outs.add(Path(args.save_all) / f"placement-{name}.json", "placement JSON", "--save-all")
+        outs.add(Path(args.save_all) / f"placement-{name}.json", PLACEMENT_JSON, "--save-all")
     model = load_model(args.model) if args.model else None
     loads = routing_windows(args.inputs, model=model, window_tokens=args.window_tokens)
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)

@@ -12,13 +12,16 @@ from moeplace.cli import flags
 from moeplace.cli.commands import add_force
 from moeplace.foundation.cluster import gpu_preset_names, load_gpu, make_cluster
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import Outputs, write_text_atomic
+from moeplace.foundation.files import OutputKind, Outputs, register_kind, tagged_artifact, write_text_atomic
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.inputs import GiB, parse_context_mix, parse_pool_split, parse_tokens
 from moeplace.foundation.memory.planner import default_sweep_gpus, plan_memory, sweep_plans
 from moeplace.foundation.memory.report import render_plan, render_sweep
 from moeplace.foundation.model import DEFAULT_MODEL, load_model
+
+PLAN_REPORT = register_kind(OutputKind("plan report", False, tagged_artifact(
+    "memory-plan", "model", "cluster", "per_gpu", "pools")))  # --report, the --json document
 
 EXIT_DOES_NOT_FIT = 3
 
@@ -94,7 +97,7 @@ def run(args) -> int:
     if args.sweep and args.report:
         raise InputError("--report writes one plan; with --sweep print the table as JSON with --json")
     outs = Outputs(inputs=[args.model], force=args.force)
-    outs.add(args.report, "plan report", "--report")
+    outs.add(args.report, PLAN_REPORT, "--report")
     model = load_model(args.model)
     config = build_config(args, model.max_context)
     if args.sweep:

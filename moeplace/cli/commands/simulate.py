@@ -21,7 +21,14 @@ from moeplace.sim.calibration import load_profile
 from moeplace.sim.config import SimConfig, parse_mtp
 from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.rebalance import recommend_configs
-from moeplace.sim.results import format_table, summaries_doc, write_chrome_trace, write_outputs
+from moeplace.sim.results import (
+    CHROME_TRACE,
+    SIM_OUTPUT,
+    format_table,
+    summaries_doc,
+    write_chrome_trace,
+    write_outputs,
+)
 from moeplace.sim.runner import resolve_placement, resolved_config, simulate
 from moeplace.sim.workload import load_trace_tokens
 
@@ -131,8 +138,8 @@ def run(args) -> int:
     if not args.placement:
         raise InputError("--placement FILE|POLICY is required (on the command line or in --config)")
     outs = Outputs(inputs=[args.traces, *args.placement, args.profile, args.model], force=args.force)
-    outs.add(args.out, "simulation output directory")
-    outs.add(args.chrome_trace, "Chrome trace", "--chrome-trace")
+    outs.add(args.out, SIM_OUTPUT)
+    outs.add(args.chrome_trace, CHROME_TRACE, "--chrome-trace")
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
     from_token, planned = held_out_start(args.traces, args.placement)
     if args.route_all:
@@ -201,8 +208,7 @@ def run(args) -> int:
     for r in results:
         r.summary["routing"] = {"from_token": from_token, "note": routing_note}
     if args.json:
-        print(json.dumps({**summaries_doc(results), "settings": settings_record(args, {"traces": args.traces})},
-                         indent=1))
+        print(json.dumps(summaries_doc(results, settings_record(args, {"traces": args.traces})), indent=1))
     else:
         print(routing_note)
         print(f"{trace.model.name} on {cluster.name} ({results[0].summary['num_gpus']} GPUs in all), "

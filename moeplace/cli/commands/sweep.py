@@ -13,6 +13,7 @@ from moeplace.cli import flags
 from moeplace.cli.sweep import format_frontier, load_spec, run_sweep
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import check_output
+from moeplace.sim.frontier import SWEEP_DIRECTORY
 
 
 def register(sub) -> None:
@@ -42,11 +43,11 @@ def run(args) -> int:
         raise InputError(f"--workers must be >= 1, got {args.workers}")
     # resuming is what --out is for: an existing sweep directory is written into (finished points kept)
     if args.out:
-        check_output(args.out, kind="sweep directory", inputs=[args.spec], replace_own=True)
+        check_output(args.out, kind=SWEEP_DIRECTORY, inputs=[args.spec], replace_own=True)
     spec = load_spec(args.spec)
     out = args.out or f"runs/sweep-{spec.name}"
     if not args.out:
-        check_output(out, kind="sweep directory", inputs=[args.spec], replace_own=True)
+        check_output(out, kind=SWEEP_DIRECTORY, inputs=[args.spec], replace_own=True)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     res = run_sweep(spec, out, backend="local" if args.local else "ray", ray_address=args.ray,
                     workers=args.workers, log=log)

@@ -8,6 +8,7 @@ from moeplace.cli import flags
 from moeplace.cli.commands import add_force
 from moeplace.foundation.files import Outputs
 from moeplace.traces.capture import CaptureConfig, run_capture
+from moeplace.traces.format import TRACE_DIRECTORY
 
 GROUP = "trace"
 
@@ -43,7 +44,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     outs = Outputs(inputs=[args.hf_config, args.prompts, args.weights, args.tokenizer], force=args.force)
-    outs.add(args.out, "trace directory")
+    outs.add(args.out, TRACE_DIRECTORY)
     cfg = CaptureConfig(hf_config=args.hf_config, prompts=args.prompts, out=args.out,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, weights=args.weights,
                         tokenizer=args.tokenizer, dtype=args.dtype, device=args.device, seed=args.seed,

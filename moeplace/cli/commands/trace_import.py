@@ -11,8 +11,10 @@ from moeplace.cli.commands import add_force, add_model
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
 from moeplace.foundation.model import format_ranges, load_model
+from moeplace.traces.format import TRACE_DIRECTORY
 from moeplace.traces.importers import FORMATS, import_source
 from moeplace.traces.importers.vllm_jsonl import DEFAULT_WARMUP_MIN_RUN, NUMBERINGS
+from moeplace.traces.loads import LOADS_FILE
 
 GROUP = "trace"
 
@@ -82,7 +84,7 @@ def run(args) -> int:
     if args.format in ("vllm-jsonl", "vllm-routed-experts", "flame-moe", "moe-selection-json") and loads_out:
         raise InputError(f"--out {out}: {args.format} produces a trace directory, not a .npz")
     outs = Outputs(inputs=[*args.srcs, args.model], force=args.force)
-    outs.add(out, "Loads .npz" if loads_out else "trace directory")
+    outs.add(out, LOADS_FILE if loads_out else TRACE_DIRECTORY)
     done = {}
     if not outs.write(out, lambda: done.update(r=import_source(args.format, args.srcs, model, out, **options))):
         outs.finish()

@@ -9,7 +9,8 @@ from moeplace.cli.commands import add_force
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs, write_text_atomic
 from moeplace.foundation.formats import tagged
-from moeplace.traces.stats import DEFAULT_SAMPLE_TOKENS, DEFAULT_WINDOW_TOKENS, compute_stats
+from moeplace.traces.loads import LOADS_FILE
+from moeplace.traces.stats import DEFAULT_SAMPLE_TOKENS, DEFAULT_WINDOW_TOKENS, TRACE_STATS, compute_stats
 
 GROUP = "trace"
 
@@ -71,7 +72,7 @@ def run(args) -> int:
     if out is not None and out.suffix not in (".npz", ".json"):
         raise InputError(f"--out {out}: expected a .npz (Loads) or .json (statistics) file name")
     outs = Outputs(inputs=[args.path], force=args.force)
-    outs.add(out, "Loads .npz" if out is not None and out.suffix == ".npz" else "trace statistics JSON")
+    outs.add(out, LOADS_FILE if out is not None and out.suffix == ".npz" else TRACE_STATS)
     st = compute_stats(args.path, window_tokens=args.window_tokens, sample_tokens=args.sample_tokens,
                        seed=args.seed, workers=args.workers)
     s = st.summary()

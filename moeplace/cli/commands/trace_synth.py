@@ -10,6 +10,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
+from moeplace.traces.format import TRACE_DIRECTORY
 from moeplace.traces.synth import SynthConfig, synthesize
 
 GROUP = "trace"
@@ -89,7 +90,7 @@ def config_from_args(args) -> SynthConfig:
 
 def run(args) -> int:
     outs = Outputs(inputs=[args.model], force=args.force)
-    outs.add(args.out, "trace directory")
+    outs.add(args.out, TRACE_DIRECTORY)
     model = load_model(args.model)
     cfg = config_from_args(args)
     if args.tokens > 10**10:

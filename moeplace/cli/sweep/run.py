@@ -53,7 +53,7 @@ from moeplace.placement.export.flags import FlagOptions, launch_command
 from moeplace.placement.record import Placement, load_placement
 from moeplace.sim.config import SimConfig
 from moeplace.sim.fidelity import fidelity_doc
-from moeplace.sim.frontier import frontier_report
+from moeplace.sim.frontier import FRONTIER_FILE, SWEEP_RECOMMENDED, SWEEP_TABLE, frontier_report
 from moeplace.sim.workload import load_trace_tokens
 from moeplace.traces.loads import Loads, load_loads
 from moeplace.traces.synth import SynthConfig, synthesize
@@ -330,16 +330,16 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
     table = store.write_table(hashes, index_of)
     report = frontier_report(table, spec.objective)
     report.update({"spec": spec.path, "name": spec.name, "model": spec.model.name,
-                   "table": str(store.out / "sweep.parquet")})
+                   "table": str(store.out / SWEEP_TABLE)})
     report["recommended_launch"] = recommended_launch(spec, report, store)
     report["fidelity"] = fidelity_doc()  # its absolute figures are the simulator's: say how far they were off
-    frontier_path = store.out / "frontier.json"
+    frontier_path = store.out / FRONTIER_FILE
     write_text_atomic(frontier_path, json.dumps(report, indent=1, default=str) + "\n")
     return SweepOutcome(table=table, report=report, num_points=len(points),
                         num_resumed=len(points) - len(todo),
                         num_run=len(todo), num_optimized=num_optimized,
                         num_placements_reused=len([k for k in groups if k in cached]), backend=backend,
-                        wall_s=time.perf_counter() - t_start, table_path=store.out / "sweep.parquet",
+                        wall_s=time.perf_counter() - t_start, table_path=store.out / SWEEP_TABLE,
                         frontier_path=frontier_path)
 
 
@@ -489,7 +489,7 @@ def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultSto
             continue
         placement = load_placement(src)
         fmt, fname = ENGINE_FORMAT[best["engine"]]
-        d = store.out / "recommended" / name
+        d = store.out / SWEEP_RECOMMENDED / name
         placement.save(d / "placement.json")
         warnings = export_placement(placement, spec.model, fmt, d / fname)
         rb = best["rebalance"]

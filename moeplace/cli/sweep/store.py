@@ -20,6 +20,7 @@ import polars as pl
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import atomic_path
+from moeplace.sim.frontier import SWEEP_CACHE, SWEEP_POINTS, SWEEP_TABLE
 
 # Statuses. Final ones are never recomputed on resume; ``error`` (an unexpected exception: a bug or a
 # crashed worker) is retried.
@@ -73,8 +74,8 @@ class ResultStore:
 
     def __init__(self, out: str | Path) -> None:
         self.out = Path(out)
-        self.parts = self.out / "points"
-        self.cache = self.out / "cache"
+        self.parts = self.out / SWEEP_POINTS
+        self.cache = self.out / SWEEP_CACHE
 
     def write_row(self, row: dict[str, Any]) -> Path:
         """Write one finished point atomically; returns the part's path."""
@@ -114,7 +115,7 @@ class ResultStore:
             index = pl.col("point_hash").replace_strict(index_of, return_dtype=pl.Int32)
             df = df.with_columns(index.alias("index"))
         df = df.sort("index")
-        with atomic_path(self.out / "sweep.parquet") as tmp:
+        with atomic_path(self.out / SWEEP_TABLE) as tmp:
             df.write_parquet(tmp)
         return df
 

@@ -41,6 +41,8 @@ class ReplicaRule(ABC):
     #: the optimizer's hint: the rule sends a node's tokens to that node's replica, so keep an expert's
     #: replicas on distinct nodes
     node_distinct: ClassVar[bool] = False
+    #: where the rule appears in listings (``--engine`` choices; the first is every command's default)
+    listing_order: ClassVar[int] = 100
     #: the rule's versions (the first is the default) and the keyword (CLI: flag) that picks one
     variants: ClassVar[tuple[str, ...]] = ("default",)
     version_option: ClassVar[str | None] = None
@@ -130,7 +132,7 @@ def register(cls: type[ReplicaRule]) -> type[ReplicaRule]:
 def rule_names(*, per_token: bool | None = None) -> tuple[str, ...]:
     """Registered rule names (``per_token=True``: the rules a serving engine implements)."""
     names = [n for n, c in _REGISTRY.items() if per_token is None or c.per_token == per_token]
-    return tuple(sorted(names, key=lambda n: (not _REGISTRY[n].per_token, n)))  # engines' rules first
+    return tuple(sorted(names, key=lambda n: (_REGISTRY[n].listing_order, n)))
 
 
 def get_rule(rule: str | ReplicaRule, *, variant: str | None = None, seed: int = 42,

@@ -97,6 +97,7 @@ class IdealRule(ReplicaRule):
     """The LP-optimal fractional split (no engine implements it; a lower bound for every rule)."""
 
     name = "ideal"
+    listing_order = 9
     engine = "ideal split"
     per_token = False
     even_split = False

@@ -159,6 +159,7 @@ class SglangRule(ReplicaRule):
     """SGLang: a token on rank ``g`` always goes to the dispatch map's slot ``map[g, l, e]``."""
 
     name = "sglang"
+    listing_order = 1
     engine = "SGLang"
     even_split = False  # the map can send more ranks to one replica than to another
     node_distinct = True

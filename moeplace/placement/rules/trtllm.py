@@ -66,6 +66,7 @@ class TrtllmRule(ReplicaRule):
     """TensorRT-LLM: round-robin over replicas in order of appearance within 1,024-element blocks."""
 
     name = "trtllm"
+    listing_order = 2
     engine = "TensorRT-LLM"
     variants = ("dp", "tp")
     version_option = "trtllm_variant"

@@ -58,6 +58,7 @@ class VllmRule(ReplicaRule):
     """vLLM: the hashed (``hash``, default) or flat (``modulo``) batch index modulo the replica count."""
 
     name = "vllm"
+    listing_order = 0
     engine = "vLLM"
     variants = VLLM_RULES
     version_option = "vllm_rule"

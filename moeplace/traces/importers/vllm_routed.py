@@ -42,7 +42,12 @@ import numpy as np
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
 from moeplace.traces.importers import ImportResult
-from moeplace.traces.importers._common import expert_id_matrix, jsonl_records, moe_layer_axis, write_validated_trace
+from moeplace.traces.importers._common import (
+    expert_id_matrix,
+    jsonl_records,
+    moe_layer_axis,
+    write_validated_trace,
+)
 
 _INT_DTYPES = {"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"}
 
