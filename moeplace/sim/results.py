@@ -142,7 +142,7 @@ def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) 
     out_tok_s = rec.output_tokens_done / window
     # decode speed each sequence sees: tokens made per second of decoding, token-weighted over the window
     per_user = rec.decode_tokens_done / rec.decode_seq_time if rec.decode_seq_time > 0 else None
-    return {
+    return {**routing_coverage(sim),
         "label": sim.label,
         "mode": sim.config.mode,
         "duration_s": dur,
@@ -189,6 +189,35 @@ def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) 
         "rebalances": sum(p.rebalancer.count for p in sim.pools_list if p.rebalancer is not None),
         "moved_bytes": sum(p.rebalancer.moved_bytes for p in sim.pools_list if p.rebalancer is not None),
     }
+
+
+def routing_coverage(sim) -> dict[str, Any]:
+    """How far the run outlived its trace (:mod:`sim.routing`): ``routed_tokens`` (token routings of all
+    pools), ``trace_passes`` (that over the trace's tokens), ``routing_repeat_share`` (routed tokens that
+    repeat a trace token already routed in this run), with a rebalancer ``rebalanced_repeat_share`` (the
+    same over the tokens routed from its first decision on: what it is scored on), and ``trace_note``: a
+    warning when the run routed more than its trace (None otherwise)."""
+    routed = sum(p.router.routed_tokens for p in sim.pools_list)
+    repeated = sum(p.router.repeated_tokens for p in sim.pools_list)
+    T = sim.trace.num_tokens
+    out: dict[str, Any] = {"trace_tokens": T, "routed_tokens": routed, "trace_passes": routed / T,
+                           "routing_repeat_share": repeated / routed if routed else 0.0}
+    firsts = [(p.router, p.rebalancer.routed_at_first) for p in sim.pools_list
+              if p.rebalancer is not None and p.rebalancer.routed_at_first is not None]
+    if firsts:
+        r_after = sum(r.routed_tokens - a for r, (a, _) in firsts)
+        rep_after = sum(r.repeated_tokens - b for r, (_, b) in firsts)
+        out["rebalanced_repeat_share"] = rep_after / r_after if r_after else 0.0
+    note = None
+    if routed > T:
+        note = (f"the run routed {routed / T:.1f}x its trace's {T:,} tokens ({routed:,} token routings): "
+                f"{out['routing_repeat_share']:.0%} of them repeat routing already simulated")
+        if "rebalanced_repeat_share" in out:
+            note += (f", {out['rebalanced_repeat_share']:.0%} of those after the first rebalance (the rebalancer "
+                     "is scored on traffic it may have observed)")
+        note += "; a longer trace (or a shorter --duration) keeps every routed token unseen"
+    out["trace_note"] = note
+    return out
 
 
 @dataclass
@@ -310,6 +339,8 @@ ROWS = [
     ("rebalances", "rebalances", "int"),
     ("moved expert bytes (GB)", "moved_bytes", "GB"),
     ("stall (s)", "stall_s", "s"),
+    ("routed / trace tokens", "trace_passes", "x"),
+    ("repeated routing", "routing_repeat_share", "%"),
 ]
 OPTIONAL_ROWS = {"rebalances", "moved_bytes", "stall_s"}  # shown only when some placement has them
 

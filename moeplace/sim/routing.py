@@ -23,6 +23,16 @@ Two modes behind one interface (:meth:`route` -> :class:`sim.cost.MoeWork`):
   few-request concentration as if they were real skew (a 18k-token batch from one 4096-token window of a
   DeepSeek-V3 trace: busiest EPLB GPU 1.50x the mean at EP72 vs 1.17x replayed).
 
+A run can outlive its trace (a 100k-token trace is routed in a few hundred iterations at production
+batch sizes). Neither router invents routing the trace does not hold: past the trace's end both route
+its tokens again, and count it. Every router keeps ``routed_tokens`` (token routings done) and
+``repeated_tokens`` (those of a trace token already routed before in this run: replay counts each trace
+row routed a second time or more, the statistical router every token past the cursor's first pass);
+:func:`sim.results.summarize` reports their ratio and how many times over the run routed its trace,
+and ``place simulate`` warns on stderr when it is more than once, so that a figure (an online
+rebalancer's above all: it is scored on routing its window may already have observed) is never read as
+if it came from unseen traffic.
+
 Tokens of attention-DP rank ``r`` (``attention_tp`` GPUs) are dispatched from GPU ``r * tp + i % tp``:
 each GPU of a TP group sends its share of the group's tokens, as SGLang's DP-attention + EP does.
 """
@@ -133,7 +143,19 @@ class ReplayRouter:
         self.trace = trace
         self.engine = engine
         self.seed = seed
+        self._seen = np.zeros(trace.num_tokens, dtype=bool)  # trace rows routed so far
+        self.routed_tokens = 0
+        self.repeated_tokens = 0
         self.set_placement(placement)
+
+    def _count(self, rows: np.ndarray) -> None:
+        """Count ``rows`` (trace rows, already ``% T``) as routed; those routed before (earlier, or
+        earlier in ``rows``) as repeats."""
+        new = rows[~self._seen[rows]]
+        first = np.unique(new).size if new.size else 0
+        self._seen[new] = True
+        self.routed_tokens += int(rows.size)
+        self.repeated_tokens += int(rows.size) - first
 
     def set_placement(self, placement: Placement) -> None:
         self.placement = placement
@@ -152,6 +174,7 @@ class ReplayRouter:
         T = self.trace.num_tokens
         for a in range(0, len(rows), self.CHUNK):
             r = np.asarray(rows[a:a + self.CHUNK]) % T
+            self._count(r)
             s = np.asarray(src[a:a + self.CHUNK])
             ids = self.trace.expert_ids[r]  # [n, L, k]
             slots = token_slots(placement, ids, self.engine, src_gpu=s, dispatch_map=self.dmap)
@@ -215,6 +238,15 @@ class StatRouter:
                                 for a, b in zip(self.window_start, ends)])
         self.cursor = 0  # trace tokens routed so far (the position in the trace's time line)
         self.set_placement(placement)
+
+    @property
+    def routed_tokens(self) -> int:
+        return int(self.cursor)
+
+    @property
+    def repeated_tokens(self) -> int:
+        """Tokens routed past the first pass over the trace (its windows' distributions again)."""
+        return max(0, int(self.cursor) - self.trace.num_tokens)
 
     @property
     def num_windows(self) -> int:

@@ -194,6 +194,9 @@ def run(args) -> int:
         routing_note += f"; {', '.join(named)} planned here on the routed tokens themselves (in-sample)"
     for r in results:
         r.summary["routing"] = {"from_token": from_token, "note": routing_note}
+    for r in results:
+        if r.summary.get("trace_note"):
+            print(f"warning: {r.label}: {r.summary['trace_note']}", file=sys.stderr)
     if args.json:
         print(json.dumps(summaries_doc(results), indent=1))
     else:
