@@ -351,7 +351,7 @@ class Steady:
                "experts_mean_us": float(t_exp.mean()) * 1e6}
         if mode != "allgather" and not cost.pure_tp:
             for op in ("dispatch", "combine"):
-                t = cost.a2a_time(moe.nvlink, moe.nic, op, mode)
+                t = cost.a2a_time(*cost.tep_copies(moe), op, mode)
                 out[f"{op}_slowest_us"] = float(t.max(axis=1).mean()) * 1e6
                 out[f"{op}_mean_us"] = float(t.mean()) * 1e6
         if self.engine.dual_batch_overlap:

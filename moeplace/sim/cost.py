@@ -423,6 +423,17 @@ class CostModel:
         grp = (moe.tokens.reshape(L, G // t_, t_).sum(axis=2), moe.touched.reshape(L, G // t_, t_).sum(axis=2))
         return np.repeat(self.expert_time(*grp, shard=t_), t_, axis=1)
 
+    def tep_copies(self, moe: MoeWork) -> tuple[np.ndarray, np.ndarray]:
+        """Token copies each GPU receives (and sends back) in the all-to-all ``[L, G]`` by link: with TEP
+        (``moe_tp`` t > 1) a copy bound for an expert goes to every GPU of its group of t (each holds 1/t
+        of the expert and returns a partial output the combine sums), so each GPU of a group receives the
+        group's copies, over the link kind of the placement's destination GPU."""
+        if self.moe_tp == 1:
+            return moe.nvlink, moe.nic
+        L, G = moe.nvlink.shape
+        t = self.moe_tp
+        return tuple(np.repeat(x.reshape(L, G // t, t).sum(axis=2), t, axis=1) for x in (moe.nvlink, moe.nic))
+
     def layer_kernels(self, dual_batch_overlap: bool = False) -> float:
         """Kernels one decoder layer runs (two micro-batches run every kernel twice)."""
         return self.kernels_per_layer * (2 if dual_batch_overlap else 1)
@@ -453,8 +464,9 @@ class CostModel:
                 bw /= float(np.max(link_share[1 if multi else 0]))
             comm = np.where(tok > 0, 2 * lat + tok * (self.allgather_bytes() + self.copy_bytes("combine")) / bw, 0.0)
             return experts, comm, strag
-        d = self.a2a_time(moe.nvlink, moe.nic, "dispatch", mode, link_share)
-        c = self.a2a_time(moe.nvlink, moe.nic, "combine", mode, link_share)
+        nv, nic = self.tep_copies(moe)
+        d = self.a2a_time(nv, nic, "dispatch", mode, link_share)
+        c = self.a2a_time(nv, nic, "combine", mode, link_share)
         comm = d.max(axis=1) + c.max(axis=1)
         straggler = strag + (comm - (d.sum(axis=1) + c.sum(axis=1)) / G)
         return experts, comm, straggler

@@ -331,7 +331,6 @@ class StatRouter:
         k = self.trace.model.top_k
         num_sel = num_tokens * k
         gpu_q, slot_q = self._mixed("gpu_q_w", cycles, cover, n), self._mixed("slot_q_w", cycles, cover, n)
-        L, G = gpu_q.shape
         tokens = rng.multinomial(num_sel, gpu_q).astype(np.float64)  # [L, G]
         touched = self.expected_touched(tokens, gpu_q, slot_q, k, num_tokens)
         counts = None
