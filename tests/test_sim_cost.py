@@ -306,3 +306,35 @@ def test_moe_tp_changes_a_tp8_run(tmp_path):
         assert out[mode, 8] < 0.8 * out[mode, 1]
     for t in (1, 8):
         assert out["stat", t] == pytest.approx(out["replay", t], rel=0.1)
+
+
+def test_collectives_at_measured_bus_bandwidth_by_message_size(k3):
+    """All-reduce inside an NVLink domain at the measured table's time for its size: nccl-tests-class bus
+    bandwidth for large messages (460-480 GB/s on 8 x H100-class, where the flat-efficiency model gave
+    ~305), the latency rows for small ones, H800 at its 200 GB/s links (nccl: ~215 GB/s busbw)."""
+    from moeplace.sim.cost import collective_time
+
+    gb = 1 << 30
+    busbw = 2 * 7 / 8 * gb / collective_time("all_reduce", gb, 8, 450e9)
+    assert 455e9 < busbw < 485e9
+    assert collective_time("all_reduce", 14336, 8, 450e9) == pytest.approx(3.54e-6, rel=0.02)  # one token
+    assert 190e9 < 2 * 7 / 8 * gb / collective_time("all_reduce", gb, 8, 200e9) < 230e9  # H800
+    assert 650e9 < 2 * 7 / 8 * gb / collective_time("all_reduce", gb, 8, 900e9) < 750e9  # B200 NVLink5
+    # fewer GPUs move fewer bus bytes; beyond the table at its last bus bandwidth; nothing costs nothing
+    assert collective_time("all_reduce", 1 << 26, 2, 450e9) < collective_time("all_reduce", 1 << 26, 8, 450e9)
+    assert collective_time("all_reduce", 4 * gb, 8, 450e9) == pytest.approx(4 * collective_time("all_reduce", gb, 8, 450e9))
+    assert collective_time("all_gather", 0.0, 8, 450e9) == 0.0 and collective_time("all_reduce", gb, 1, 450e9) == 0.0
+    # the cost model's TP all-reduce is the table's (the roofline config keeps alpha-beta at link peak)
+    tp = CostModel(k3, make_cluster(8, "h200"), CostConfig(), attention_tp=8)
+    rows = np.array([1.0, 256.0])
+    want = collective_time("all_reduce", rows * k3.hidden_size * 2, 8, 450e9)
+    assert tp.allreduce_time(rows) == pytest.approx(want)
+    assert 2 * 7 / 8 * 256 * k3.hidden_size * 2 / want[1] < 305e9  # mid-size messages: well below peak
+    # TensorRT-LLM's MoE all-gather / reduce-scatter under attention DP: NCCL's measured times
+    ag = CostModel(k3, make_cluster(8, "h200"), CostConfig(), a2a_mode="allgather")
+    L = k3.num_moe_layers
+    moe = MoeWork(np.full((L, 8), 100.0 * k3.top_k), np.full((L, 8), 4.0), np.zeros((L, 8)), np.zeros((L, 8)))
+    _, comm, _ = ag.moe_layer_times(moe, "allgather")
+    pool = 800
+    assert comm == pytest.approx(collective_time("all_gather", pool * ag.allgather_bytes(), 8, 450e9)
+                                 + collective_time("reduce_scatter", pool * ag.copy_bytes("combine"), 8, 450e9))

@@ -154,7 +154,10 @@ class CostConfig:
     ll_latency_s: float = 18.3e-6  # fitted: DeepEP low-latency dispatch/combine fixed time (per call)
     ll_efficiency: float = 0.855  # fitted: RDMA share low-latency kernels reach (39-48 GB/s of 50 at EP32+)
     normal_latency_s: float = 40e-6  # DeepEP normal mode: CPU-side layout notify before the copies
-    allreduce_latency_s: float = 10e-6  # TP all-reduce fixed time on NVLink (one-shot / NVLS kernels)
+    allreduce_latency_s: float = 10e-6  # TP all-reduce fixed time on NVLink (roofline form only)
+    # 1: all-reduce / all-gather / reduce-scatter inside an NVLink domain at their measured times by message
+    # size (sim.cost.COLLECTIVE_TABLES); 0: the roofline alpha + bytes / NVLink bandwidth
+    collective_table: float = 1.0
     kernels_per_layer: float = 20.0  # kernels of one decoder layer (norms, projections, rope, gate, MoE)
     graph_gap_s: float = 8.99e-6  # fitted: device-side gap per kernel (graph replay or eager; incl. sync)
     launch_s: float = 5e-6  # per-kernel CPU launch time of an eager (non-graph) iteration
@@ -168,6 +171,7 @@ class CostConfig:
     activation_bytes: float = 2.0
 
     ZERO_OK = ("gemm_m0", "gemm_kernel_s", "ll_latency_s", "normal_latency_s", "allreduce_latency_s",
+               "collective_table",
                "kernels_per_layer", "graph_gap_s", "launch_s", "iteration_overhead_s", "comm_sm_share")
     FRACTIONS = ("sustained_efficiency", "flops_efficiency", "hbm_efficiency", "link_efficiency", "nic_efficiency", "gemm_efficiency",
                  "ll_efficiency", "mla_decode_flops_efficiency", "mla_decode_hbm_efficiency",
@@ -186,6 +190,8 @@ class CostConfig:
                 _bad("cost config", f"{f} must be <= 1")
         if self.comm_sm_share >= 1:
             _bad("cost config", "comm_sm_share must be < 1")
+        if self.collective_table not in (0, 1):
+            _bad("cost config", f"collective_table must be 0 or 1, got {self.collective_table}")
 
     @classmethod
     def roofline(cls, **kw: float) -> CostConfig:
