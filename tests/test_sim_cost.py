@@ -338,3 +338,33 @@ def test_collectives_at_measured_bus_bandwidth_by_message_size(k3):
     pool = 800
     assert comm == pytest.approx(collective_time("all_gather", pool * ag.allgather_bytes(), 8, 450e9)
                                  + collective_time("reduce_scatter", pool * ag.copy_bytes("combine"), 8, 450e9))
+
+
+def test_kernel_gaps_by_layer_kind_and_engine_build(k3):
+    """Each decoder layer pays the per-kernel gap for the kernels of its own kind in the engine build
+    (KERNEL_BUILDS, counted from the engines' decode paths): a KDA layer runs KDA's kernels, not MLA's;
+    TensorRT-LLM's fused NVFP4 build runs tech blog 1's 13 per MLA MoE layer."""
+    from moeplace.foundation.model import load_model
+    from moeplace.sim.cost import KERNEL_BUILDS
+
+    cfg = CostConfig.roofline(graph_gap_s=1e-6)
+    ds = load_model("deepseek-v3")
+    unfused = CostModel(ds, make_cluster(8, "h200"), cfg).layer_kernels()
+    fused = CostModel(ds, make_cluster(8, "h200"), cfg, kernel_build="fused").layer_kernels()
+    moe = np.array([i in set(ds.moe_layers) for i in range(ds.num_layers)])
+    assert np.all(fused[moe] == 13) and np.all(unfused[moe] == 26) and np.all(unfused[~moe] == 19)
+    kk = CostModel(k3, make_cluster(8, "h200"), cfg).layer_kernels()
+    b = KERNEL_BUILDS["unfused"]
+    for i, kind in enumerate(k3.attention):
+        block = b["moe"] if i in set(k3.moe_layers) else b["mlp"]
+        assert kk[i] == b[kind] + block + b["norm"]
+    assert {"kda", "mla"} <= set(k3.attention) and kk.max() > kk.min()  # KDA layers run more kernels than MLA
+    # the gaps follow the counts; one count for every layer overrides the build (a what-if)
+    m = mini_model()
+    zero, dec = _small_decode(m)
+    bare = CostModel(m, make_cluster(4, "h200"), EXACT).step_time(dec, zero)
+    st = CostModel(m, make_cluster(4, "h200"), cfg).step_time(dec, zero)
+    want = CostModel(m, make_cluster(4, "h200"), cfg).layer_kernels().sum() * 1e-6
+    assert st.total == pytest.approx(bare.total + want)
+    with pytest.raises(InputError):
+        CostModel(m, make_cluster(4, "h200"), cfg, kernel_build="turbo")

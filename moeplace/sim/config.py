@@ -65,8 +65,11 @@ class EngineConfig:
     admission: str = "on_demand"
     prefill_gpus: int | None = None  # disaggregated: GPUs of the prefill pool (None = same as decode)
     phase: str = "both"  # benchmark one phase alone: "prefill" (1-token outputs) or "decode" (KV given)
-    # kernels one decoder layer runs back to back in this engine build (None: CostConfig.kernels_per_layer);
-    # engines that fuse kernels (all-reduce + norm + quantize, fused GEMMs, fused MoE) run fewer
+    # the engine build whose kernels per layer kind pay the per-kernel gap (sim.cost.KERNEL_BUILDS):
+    # "unfused" (FP8 block-scale DeepSeek paths of TensorRT-LLM / SGLang / vLLM) or "fused" (TensorRT-LLM's
+    # NVFP4 min-latency build: all-reduce + norm + quantize, fused GEMMs, fused MoE)
+    kernel_build: str = "unfused"
+    # one kernel count for every decoder layer instead (a what-if; None: by build and layer kind)
     kernels_per_layer: float | None = None
 
     def mtp_position_acceptance(self) -> tuple[float, ...]:
@@ -104,6 +107,8 @@ class EngineConfig:
                     f"got {self.mtp_draft}, {self.mtp_acceptance}")
         if not 0 <= self.prefix_hit < 1:
             _bad(w, f"--prefix-hit must be in [0, 1), got {self.prefix_hit}")
+        if self.kernel_build not in ("unfused", "fused"):
+            _bad(w, f"kernel_build '{self.kernel_build}' unknown (expected unfused or fused)")
         if self.kernels_per_layer is not None and not self.kernels_per_layer >= 0:
             _bad(w, f"kernels_per_layer must be >= 0, got {self.kernels_per_layer}")
         if self.moe_tp < 1 or self.cuda_graph_max_bs < 0:
@@ -158,8 +163,10 @@ class CostConfig:
     # 1: all-reduce / all-gather / reduce-scatter inside an NVLink domain at their measured times by message
     # size (sim.cost.COLLECTIVE_TABLES); 0: the roofline alpha + bytes / NVLink bandwidth
     collective_table: float = 1.0
-    kernels_per_layer: float = 20.0  # kernels of one decoder layer (norms, projections, rope, gate, MoE)
-    graph_gap_s: float = 8.99e-6  # fitted: device-side gap per kernel (graph replay or eager; incl. sync)
+    # kernels of every decoder layer (0: by layer kind and engine build, sim.cost.KERNEL_BUILDS)
+    kernels_per_layer: float = 0.0
+    # fitted within 1-2 us: device-side gap per kernel (graph replay or eager; see bench/fidelity.py FIT)
+    graph_gap_s: float = 1.5e-6
     launch_s: float = 5e-6  # per-kernel CPU launch time of an eager (non-graph) iteration
     iteration_overhead_s: float = 0.0  # fitted: scheduler, sampling and host sync per iteration
     comm_sm_share: float = 24 / 132  # SMs DeepEP normal kernels hold while overlapped (set_num_sms(24))

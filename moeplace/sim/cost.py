@@ -37,9 +37,9 @@ are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.C
   ``max(2 C_half / (1 - s), 2 M_half)`` (compute C, communication M; ``s`` the SM share normal-mode
   kernels hold while overlapped), plus one pipeline fill ``min(C_half, M_half)`` per iteration.
 - Fixed overheads: per iteration (scheduler, sampling, host sync) and per layer: every layer leaves
-  ``kernels_per_layer x graph_gap`` of device-side gaps between its kernels (graph replay or not); an
-  eager iteration also cannot run a layer faster than the CPU launches its kernels
-  (``max(gpu + gaps, kernels_per_layer x launch)``). Decode-only iterations up to the engine's graph
+  ``kernels x graph_gap`` of device-side gaps between its kernels (graph replay or not; the kernels by
+  layer kind and engine build, :data:`KERNEL_BUILDS`); an eager iteration also cannot run a layer faster
+  than the CPU launches its kernels (``max(gpu + gaps, kernels x launch)``). Decode-only iterations up to the engine's graph
   batch size replay graphs; prefill and mixed ones run eager.
 
 One engine iteration (:func:`CostModel.step_time`) is, layer by layer (every attention-DP rank and every
@@ -103,6 +103,32 @@ COLLECTIVE_TABLES = {
                                    (134217728, 208.04), (536870912, 766.45))},
 }
 COLLECTIVE_TABLE_GPUS = 8  # the tables' group size
+
+# Kernels one decoder layer launches in a decode step, by engine build and layer part (attention kind,
+# MoE or dense block, and the two residual-add + RMSNorm steps every layer has, fused with the TP
+# all-reduce where there is one). Counted from the engines' decode paths, one kernel per launch:
+# - "unfused" (DeepSeek FP8 block-scale checkpoints, TensorRT-LLM's PyTorch backend with the CUTLASS MoE
+#   -- tensorrt_llm/_torch/models/modeling_deepseekv3.py DeepseekV3DecoderLayer.forward_MoE, modules/
+#   attention.py MLA, modules/fused_moe -- and SGLang / vLLM's DeepSeek-V2 decoder layers): MLA = fused
+#   q_a/kv_a GEMM, q_a and kv_a RMSNorm, q_b GEMM, the absorbed UK BMM, RoPE + KV-cache write,
+#   attention, UV BMM, o_proj, with the FP8 activation quantization of the three dense GEMMs in kernels of
+#   their own: 12; MoE block = router GEMM, top-k, shared expert (quantize + gate_up, SiLU-mul,
+#   quantize + down: 5), routed experts (permute + quantize, FC1, activation, FC2, finalize: 5): 12;
+#   dense MLP = quantize + gate_up, SiLU-mul, quantize + down: 5.
+# - "fused" (TensorRT-LLM's NVFP4 min-latency build, tech blog 1 "Pushing Latency Boundaries", its
+#   "Everything in One Diagram": Fuse_A GEMM, grouped RMSNorm, UQ_QR GEMM, UK BGEMM, KV concat + RoPE,
+#   genAttention, UV GEMM, WO GEMM = 8; router GEMM + top-k, the shared expert on a second stream, the
+#   sparse experts with FC1 + activation fused = 3; the all-reduces fused with add + RMSNorm (+ NVFP4
+#   quantize) = 2: 13 per MoE layer, the blog's count).
+# - KDA (Kimi Linear / K3), both builds: vLLM's KimiDeltaAttention decode path (vllm/model_executor/
+#   layers/kda.py): q, k, v, b, f_a, f_b, g_a, g_b, o projections (9 GEMMs), beta sigmoid, fused_kda_gate,
+#   the output buffer fill, three causal_conv1d_update, fused_recurrent_kda, the output copy,
+#   FusedRMSNormGated: 18 (no fused KDA build is published).
+# - GQA: qkv GEMM, RoPE + cache write, attention, o_proj (+ FP8 quantization of the two GEMMs unfused).
+KERNEL_BUILDS = {
+    "unfused": {"mla": 12, "kda": 18, "gqa": 6, "moe": 12, "mlp": 5, "norm": 2},
+    "fused": {"mla": 8, "kda": 18, "gqa": 4, "moe": 3, "mlp": 3, "norm": 2},
+}
 # bus bytes per message byte of a collective over n GPUs (nccl-tests' busbw convention)
 _BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
         "reduce_scatter": lambda n: (n - 1) / n}
@@ -230,13 +256,15 @@ class CostModel:
     ``attention_tp``: GPUs per attention-DP rank; ``moe_tp``: GPUs each routed expert is sharded across
     (TEP); ``a2a_mode``: ``auto`` | ``normal`` | ``low_latency``; ``cuda_graph_max_bs``: decode-only
     iterations with at most this many sequences per rank replay a CUDA graph (0 = never);
-    ``kernels_per_layer``: kernels one decoder layer of this engine build runs back to back (None: the
-    CostConfig's; an engine that fused kernels runs fewer, each paying the per-kernel gap)."""
+    ``kernel_build``: the engine build whose kernel counts per layer kind (:data:`KERNEL_BUILDS`) pay the
+    per-kernel gap; ``kernels_per_layer``: one count for every layer instead (None: the CostConfig's, whose
+    0 means by build)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, cfg: CostConfig | None = None,
                  attention_tp: int = 1, kv_dtype: str = "bf16", profile: Profile | None = None,
                  attention_dtype: str = "bf16", moe_tp: int = 1, a2a_mode: str = "auto",
-                 cuda_graph_max_bs: int = 512, kernels_per_layer: float | None = None) -> None:
+                 cuda_graph_max_bs: int = 512, kernels_per_layer: float | None = None,
+                 kernel_build: str = "unfused") -> None:
         self.model = model
         self.cluster = cluster
         self.gpu: GPUSpec = cluster.gpu
@@ -252,6 +280,9 @@ class CostModel:
         self.kernels_per_layer = self.cfg.kernels_per_layer if kernels_per_layer is None else float(kernels_per_layer)
         if self.kernels_per_layer < 0:
             raise InputError(f"kernels per layer must be >= 0, got {kernels_per_layer}")
+        if kernel_build not in KERNEL_BUILDS:
+            raise InputError(f"kernel build '{kernel_build}' unknown (expected one of {sorted(KERNEL_BUILDS)})")
+        self.kernel_build = kernel_build
         if cluster.num_gpus % moe_tp:
             raise InputError(f"--moe-tp {moe_tp} does not divide the pool's {cluster.num_gpus} GPUs")
         c = self.cfg
@@ -290,7 +321,7 @@ class CostModel:
         e = engine
         return cls(model, cluster, cfg, e.attention_tp, e.kv_dtype, profile, attention_dtype=e.attention_dtype,
                    moe_tp=e.moe_tp, a2a_mode=e.a2a_mode, cuda_graph_max_bs=e.cuda_graph_max_bs,
-                   kernels_per_layer=e.kernels_per_layer)
+                   kernels_per_layer=e.kernels_per_layer, kernel_build=e.kernel_build)
 
     def gemm_time(self, flops_per_row, rows, groups, bytes_, peak: float, kernels: int = 1):
         """``kernels`` GEMM kernels over ``rows`` rows split into ``groups`` weight matrices (arrays of any
@@ -507,9 +538,18 @@ class CostModel:
         t = self.moe_tp
         return tuple(np.repeat(x.reshape(L, G // t, t).sum(axis=2), t, axis=1) for x in (moe.nvlink, moe.nic))
 
-    def layer_kernels(self, dual_batch_overlap: bool = False) -> float:
-        """Kernels one decoder layer runs (two micro-batches run every kernel twice)."""
-        return self.kernels_per_layer * (2 if dual_batch_overlap else 1)
+    def layer_kernels(self, dual_batch_overlap: bool = False) -> np.ndarray:
+        """Kernels each decoder layer runs ``[num_layers]``: its attention kind's, its MoE or dense
+        block's and the two norms' in this build (:data:`KERNEL_BUILDS`; a KDA layer runs KDA's, not
+        MLA's), or ``kernels_per_layer`` for every layer when set; two micro-batches run every kernel
+        twice."""
+        if self.kernels_per_layer > 0:
+            per = np.full(self.model.num_layers, self.kernels_per_layer)
+        else:
+            b = KERNEL_BUILDS[self.kernel_build]
+            per = np.array([b[kind] + b["moe" if moe else "mlp"] + b["norm"]
+                            for kind, moe in zip(self.model.attention, self._is_moe)], dtype=np.float64)
+        return per * (2 if dual_batch_overlap else 1)
 
     def kernel_gaps_s(self, dual_batch_overlap: bool = False) -> float:
         """Device-side gaps between the kernels of one decoder layer."""

@@ -81,9 +81,13 @@ def register(sub) -> None:
                    "allgather = all-gather tokens + reduce-scatter outputs (TensorRT-LLM CUTLASS MoE)")
     e.add_argument("--cuda-graph-max-bs", type=flags.nonneg_int, default=512, help="decode batches up to this size per rank "
                    "replay CUDA graphs (0 = eager)")
+    e.add_argument("--kernel-build", choices=("unfused", "fused"), default="unfused",
+                   help="engine build whose kernels per layer kind pay the fitted per-kernel gap: unfused (FP8 "
+                   "block-scale paths of TensorRT-LLM / SGLang / vLLM) or fused (TensorRT-LLM's NVFP4 "
+                   "min-latency build); docs/simulate.md lists the counts")
     e.add_argument("--kernels-per-layer", type=flags.float_range(0.0), default=None,
-                   help="kernels one decoder layer runs back to back in the modelled engine build (default 20; "
-                   "builds that fuse kernels run fewer, each pays the fitted per-kernel gap)")
+                   help="one kernel count for every decoder layer instead of the build's counts by layer kind "
+                   "(a what-if)")
     e.add_argument("--mtp", default=None, metavar="DRAFT:ACCEPT", help="MTP / speculative decoding: draft tokens "
                    "per step and per-token acceptance probability, e.g. 1:0.85, or one conditional "
                    "acceptance per draft position, e.g. 3:0.92,0.72,0.36")
@@ -237,7 +241,7 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
         chunked_prefill=not args.no_chunked_prefill, disaggregated=args.disaggregated, dbo=args.dbo,
         preemption=args.preemption, pool_split=args.pool_split, gpu_memory_utilization=args.gpu_memory_utilization,
         deepep_mode=args.deepep_mode, cuda_graph_max_bs=args.cuda_graph_max_bs,
-        kernels_per_layer=args.kernels_per_layer, mtp_draft=mtp_draft,
+        kernels_per_layer=args.kernels_per_layer, kernel_build=args.kernel_build, mtp_draft=mtp_draft,
         mtp_acceptance=mtp_acceptance, prefix_hit=args.prefix_hit, moe_tp=args.moe_tp,
         attention_dtype=args.attention_dtype, dp_balance=args.dp_balance, admission=args.admission,
         prefill_gpus=args.prefill_gpus, phase=args.phase,
