@@ -148,13 +148,13 @@ class CostConfig:
     # fitted: share of the isolated-kernel compute rate sustained while serving (power-capped clocks under
     # sustained load, SMs shared with communication kernels, the elementwise kernels between GEMMs);
     # kernel microbenchmarks (DeepGEMM's tables) run at 1
-    sustained_efficiency: float = 0.714
+    sustained_efficiency: float = 0.683
     flops_efficiency: float = 0.8  # non-GEMM compute (KDA recurrences, GQA) at its kernels' achieved rate
-    hbm_efficiency: float = 0.855  # fitted: DeepGEMM M=64 rows (weight-read bound), HBM bytes per peak
+    hbm_efficiency: float = 0.856  # fitted: DeepGEMM M=64 rows (weight-read bound), HBM bytes per peak
     link_efficiency: float = 0.677  # fitted: NVLink share DeepEP normal kernels reach (153-158 GB/s on H800)
     nic_efficiency: float = 0.888  # fitted: RDMA share DeepEP normal kernels reach (43-58 GB/s of 50)
-    gemm_efficiency: float = 0.642  # fitted: large-m grouped GEMM FLOP share (DeepGEMM contiguous 1,297/1,979)
-    gemm_m0: float = 80.5  # fitted: rows of tile fill per weight matrix (efficiency m / (m + m0))
+    gemm_efficiency: float = 0.650  # fitted: large-m grouped GEMM FLOP share (DeepGEMM contiguous 1,297/1,979)
+    gemm_m0: float = 87.5  # fitted: rows of tile fill per weight matrix (efficiency m / (m + m0))
     gemm_kernel_s: float = 3.78e-6  # fitted: fixed time per GEMM kernel (launch, pipeline fill, tail)
     ll_latency_s: float = 18.3e-6  # fitted: DeepEP low-latency dispatch/combine fixed time (per call)
     ll_efficiency: float = 0.855  # fitted: RDMA share low-latency kernels reach (39-48 GB/s of 50 at EP32+)
@@ -166,9 +166,9 @@ class CostConfig:
     # kernels of every decoder layer (0: by layer kind and engine build, sim.cost.KERNEL_BUILDS)
     kernels_per_layer: float = 0.0
     # fitted within 1-2 us: device-side gap per kernel (graph replay or eager; see bench/fidelity.py FIT)
-    graph_gap_s: float = 1.5e-6
+    graph_gap_s: float = 2.0e-6
     launch_s: float = 5e-6  # per-kernel CPU launch time of an eager (non-graph) iteration
-    iteration_overhead_s: float = 0.0  # fitted: scheduler, sampling and host sync per iteration
+    iteration_overhead_s: float = 8.37e-3  # fitted: scheduler, sampling and host sync per iteration
     comm_sm_share: float = 24 / 132  # SMs DeepEP normal kernels hold while overlapped (set_num_sms(24))
     mla_decode_flops_efficiency: float = 580 / 989  # FlashMLA: 580 TFLOPS BF16 on H800 (compute bound)
     mla_decode_hbm_efficiency: float = 3000 / 3350  # FlashMLA: 3,000 GB/s on H800 (memory bound)

@@ -234,20 +234,21 @@ def file_label(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in label) or "run"
 
 
-def summaries_doc(results: list[SimResult]) -> dict[str, Any]:
+def summaries_doc(results: list[SimResult], run: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``moeplace.sim-summary`` document: ``{"format", "summaries": [one summary per placement],
     "fidelity"}`` (``summary.json``, and what ``place simulate --json`` prints); ``fidelity``: how far the
     simulator's absolute figures were from published deployments (:func:`sim.fidelity.fidelity_doc`)."""
-    return tagged("sim-summary", {"summaries": [r.summary for r in results], "fidelity": fidelity_doc()})
+    return tagged("sim-summary", {"summaries": [r.summary for r in results], "fidelity": fidelity_doc(run)})
 
 
-def write_outputs(out: str | Path, results: list[SimResult], config: dict[str, Any]) -> None:
+def write_outputs(out: str | Path, results: list[SimResult], config: dict[str, Any],
+                  run: dict[str, Any] | None = None) -> None:
     """``out/``: ``config.json`` (the resolved config, a ``moeplace.sim-config`` document),
-    ``summary.json`` (:func:`summaries_doc`), and per placement ``<label>.requests.parquet`` and
-    ``<label>.timeseries.parquet``. Written atomically as a directory."""
+    ``summary.json`` (:func:`summaries_doc`, with ``run``: the label's run context), and per placement
+    ``<label>.requests.parquet`` and ``<label>.timeseries.parquet``. Written atomically as a directory."""
     with atomic_path(out, directory=True) as tmp:
         (tmp / "config.json").write_text(json.dumps(tagged("sim-config", config), indent=1, default=str) + "\n")
-        (tmp / "summary.json").write_text(json.dumps(summaries_doc(results), indent=1) + "\n")
+        (tmp / "summary.json").write_text(json.dumps(summaries_doc(results, run), indent=1) + "\n")
         for r in results:
             name = file_label(r.label)
             r.requests.write_parquet(tmp / f"{name}.requests.parquet")
@@ -335,12 +336,12 @@ ROWS = [
     ("preemptions", "preemptions", "int"),
     ("rejected", "requests_rejected", "int"),
     ("requests finished", "requests_finished", "int"),
+    ("routed / trace tokens", "trace_passes", "x"),
+    ("repeated routing", "routing_repeat_share", "%"),
     ("iterations", "iterations", "int"),
     ("rebalances", "rebalances", "int"),
     ("moved expert bytes (GB)", "moved_bytes", "GB"),
     ("stall (s)", "stall_s", "s"),
-    ("routed / trace tokens", "trace_passes", "x"),
-    ("repeated routing", "routing_repeat_share", "%"),
 ]
 OPTIONAL_ROWS = {"rebalances", "moved_bytes", "stall_s"}  # shown only when some placement has them
 

@@ -18,7 +18,7 @@ from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.placement.record import load_placement
 from moeplace.sim.calibration import load_profile
 from moeplace.sim.config import SimConfig, parse_mtp
-from moeplace.sim.fidelity import fidelity_doc
+from moeplace.sim.fidelity import fidelity_doc, run_context
 from moeplace.sim.rebalance import recommend_configs
 from moeplace.sim.results import format_table, summaries_doc, write_chrome_trace, write_outputs
 from moeplace.sim.runner import resolve_placement, resolved_config, simulate
@@ -181,9 +181,10 @@ def run(args) -> int:
     progress = not args.no_progress and sys.stderr.isatty()
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
                        progress=progress, prefill=prefill)
+    run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name)
     if args.out:
         resolved = resolved_config(config, cluster, trace, placements, profile)
-        outs.write(args.out, lambda: write_outputs(args.out, results, resolved))
+        outs.write(args.out, lambda: write_outputs(args.out, results, resolved, run))
     if args.chrome_trace:
         outs.write(args.chrome_trace, lambda: write_chrome_trace(args.chrome_trace, results))
     rec = None
@@ -202,7 +203,7 @@ def run(args) -> int:
         if r.summary.get("trace_note"):
             print(f"warning: {r.label}: {r.summary['trace_note']}", file=sys.stderr)
     if args.json:
-        print(json.dumps(summaries_doc(results), indent=1))
+        print(json.dumps(summaries_doc(results, run), indent=1))
     else:
         print(routing_note)
         print(f"{trace.model.name} on {cluster.name} ({results[0].summary['num_gpus']} GPUs in all), "
@@ -212,7 +213,7 @@ def run(args) -> int:
                  f"{config.workload.concurrency} concurrent requests")
               + f"; steady state after {config.warmup_s:g} s warm-up")
         print(format_table(results))
-        print(fidelity_doc()["note"])
+        print(fidelity_doc(run)["note"])
         if rec is not None:
             print(format_recommendation(rec))
         walls = ", ".join(f"{r.label} {r.summary['wall_s']:.1f} s" for r in results)
