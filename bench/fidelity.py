@@ -613,6 +613,12 @@ def main() -> int:
         for g, v in groups.items():
             print(f"{s:11s} {g:10s}: {v['cases']:2d} cases, median |error| {v['median_abs_error']:.1%}, "
                   f"max {v['max_abs_error']:.1%}")
+    from moeplace.sim.fidelity import summarize_cases
+
+    for name, g in summarize_cases(rows)["regimes"].items():  # the label's regimes (sim.fidelity.regime)
+        print(f"validation {name:20s}: {g['cases']:2d} cases" + (
+            f", median |error| {g['median_abs_error']:.1%}, worst {g['worst_error']:+.1%} ({g['worst_case']})"
+            if g["cases"] else ""))
     print(f"validation target (median <= 15 %, max <= 35 %, throughput and latency): "
           f"{'met' if meets else 'NOT met'}")
     out = {"cases": rows, "summary": summary, "target_met": meets, "fit": info,

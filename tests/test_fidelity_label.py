@@ -75,7 +75,7 @@ def test_json_carries_the_same_figures_and_keeps_its_summaries(trace_dir, capsys
     far = sorted((c["id"], c["error"]) for c in f["far_off"])
     assert [i for i, _ in far] == [i for i, _ in e["far"]]
     assert [x for _, x in far] == pytest.approx([x for _, x in e["far"]], rel=1e-12)
-    assert f["note"] == sim_fidelity.fidelity_note(f) and f["note"].startswith("absolute figures are model estimates")
+    assert f["note"] == sim_fidelity.fidelity_note(f, f["run"]) and f["note"].startswith("absolute figures are model estimates")
 
 
 def test_note_reads_the_signs_and_says_what_was_never_checked():

@@ -343,7 +343,8 @@ ROWS = [
     ("moved expert bytes (GB)", "moved_bytes", "GB"),
     ("stall (s)", "stall_s", "s"),
 ]
-OPTIONAL_ROWS = {"rebalances", "moved_bytes", "stall_s"}  # shown only when some placement has them
+# shown only when some placement has them (routing repeats: only a run that outlived its trace)
+OPTIONAL_ROWS = {"rebalances", "moved_bytes", "stall_s", "trace_passes", "routing_repeat_share"}
 
 
 def format_table(results: list[SimResult]) -> str:
