@@ -211,9 +211,9 @@ def routing_coverage(sim) -> dict[str, Any]:
     note = None
     if routed > T:
         note = (f"the run routed {routed / T:.1f}x its trace's {T:,} tokens ({routed:,} token routings): "
-                f"{out['routing_repeat_share']:.0%} of them repeat routing already simulated")
+                f"{out['routing_repeat_share']:.1%} of them repeat routing already simulated")
         if "rebalanced_repeat_share" in out:
-            note += (f", {out['rebalanced_repeat_share']:.0%} of those after the first rebalance (the rebalancer "
+            note += (f", {out['rebalanced_repeat_share']:.1%} of those after the first rebalance (the rebalancer "
                      "is scored on traffic it may have observed)")
         note += "; a longer trace (or a shorter --duration) keeps every routed token unseen"
     out["trace_note"] = note
