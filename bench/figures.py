@@ -669,6 +669,13 @@ def fidelity_cases() -> str:
         for group, v in groups.items():
             lines.append(f"| {split} | {group} | {v['cases']} | {v['median_abs_error']:.1%} | "
                          f"{v['max_abs_error']:.1%} |")
+    from moeplace.sim.fidelity import summarize_cases
+
+    lines += ["", "| validation regime (the label's rule) | cases | median abs error | worst case |",
+              "|---|---:|---:|---|"]
+    for name, g in summarize_cases(res["cases"])["regimes"].items():
+        lines.append(f"| {name} | {g['cases']} | " + (f"{g['median_abs_error']:.1%} | {g['worst_case']} "
+                                                       f"{g['worst_error']:+.1%} |" if g["cases"] else "- | - |"))
     return "\n".join(lines) + "\n"
 
 

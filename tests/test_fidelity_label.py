@@ -75,7 +75,7 @@ def test_json_carries_the_same_figures_and_keeps_its_summaries(trace_dir, capsys
     far = sorted((c["id"], c["error"]) for c in f["far_off"])
     assert [i for i, _ in far] == [i for i, _ in e["far"]]
     assert [x for _, x in far] == pytest.approx([x for _, x in e["far"]], rel=1e-12)
-    assert f["note"] == sim_fidelity.fidelity_note(f) and f["note"].startswith("absolute figures are model estimates")
+    assert f["note"] == sim_fidelity.fidelity_note(f, f["run"]) and f["note"].startswith("absolute figures are model estimates")
 
 
 def test_note_reads_the_signs_and_says_what_was_never_checked():
@@ -127,3 +127,42 @@ def test_only_a_full_run_writing_the_committed_results_rewrites_the_summary(tmp_
     summary.unlink()
     monkeypatch.setattr(sys, "argv", ["fidelity.py", "--summary-only"])
     assert fid.main() == 0 and json.loads(summary.read_text()) == written
+
+
+def test_regime_rule_over_the_run_settings():
+    r = sim_fidelity.regime
+    assert r("prefill", False, 0) == "prefill-heavy"
+    assert r("both", False, 64, prompt_len=8000, output_len=200) == "prefill-heavy"
+    assert r("decode", False, 1) == r("both", False, 4) == "single-user latency"
+    assert r("decode", False, 256) == r("both", True, 64) == "disaggregated"
+    assert r("both", False, 128) == "max-throughput" and r("both", False, 32) == "mid-batch decode"
+    # the committed cases: every end-to-end validation case has a regime, the kernel tables none
+    cases = yaml.safe_load((REPO / "bench" / "fidelity_cases.yaml").read_text())
+    got = {c["id"]: sim_fidelity.case_regime({"kind": c["kind"], "config_full": c["config"]}) for c in cases}
+    assert got["trtllm-b200-min-latency"] == "single-user latency"
+    assert got["trtllm-h200-max-throughput"] == "max-throughput"
+    assert got["lmsys-h100-prefill-ep32-1k"] == "prefill-heavy" and got["lmsys-h100-decode-ep72"] == "disaggregated"
+    assert got["deepgemm-masked-1x1024-n4096"] is None
+
+
+def test_note_names_the_regime_its_error_and_what_no_case_covers(trace_dir, capsys):
+    s = {"provenance": "p", "validation_cases": 3, "ttft_cases": 1, "far_off_threshold": 0.35, "far_off": [],
+         "throughput": {"cases": 2, "median_abs_error": 0.1, "worst_error": -0.2, "worst_case": "a", "worst_org": "O"},
+         "tpot": {"cases": 0}, "models": ["deepseek-v3"], "gpus": ["b200", "h100"],
+         "regimes": {"single-user latency": {"cases": 2, "median_abs_error": 0.12, "worst_error": -0.2,
+                                             "worst_case": "a", "worst_org": "O", "models": ["deepseek-v3"],
+                                             "gpus": ["b200"]},
+                     "mid-batch decode": {"cases": 0, "models": [], "gpus": []}}}
+    note = sim_fidelity.fidelity_note(s, {"regime": "single-user latency", "model": "kimi-k3", "gpu": "gb300-nvl72"})
+    assert "this run is single-user latency: there the median was 12% over 2 cases" in note
+    assert "no validation case runs kimi-k3 (only deepseek-v3)" in note and "none on gb300-nvl72" in note
+    note = sim_fidelity.fidelity_note(s, {"regime": "mid-batch decode", "model": "deepseek-v3", "gpu": "h100"})
+    assert "no validation case in that regime" in note and "runs" not in note and "none on" not in note
+    # place simulate: 8 sequences over 2 TP2 ranks (4 each) is single-user latency; 32 is mid-batch decode
+    assert main(["simulate", trace_dir, *COMMON, "--json"]) == 0
+    f = json.loads(capsys.readouterr().out)["fidelity"]
+    assert f["run"]["regime"] == "single-user latency" and f["run"]["model"] == "mini-k3"
+    assert "this run is single-user latency: there the median was" in f["note"]
+    assert "no validation case runs mini-k3" in f["note"]
+    assert main(["simulate", trace_dir, *COMMON, "--concurrency", "64", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fidelity"]["run"]["regime"] == "mid-batch decode"

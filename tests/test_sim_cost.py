@@ -260,3 +260,111 @@ def test_profile_replaces_the_roofline_with_interpolated_measurements(k3):
     assert cm.a2a_time(100, 50, "dispatch") == pytest.approx(1e-5 + (b - 1000) * (1e-3 - 1e-5) / (1e6 - 1000))
     # combine is not in the profile: roofline
     assert cm.a2a_time(100, 0, "combine") == pytest.approx(3e-6 + 100 * cm.ll_per_copy * 512 * 2 / 450e9)
+
+
+def test_moe_tp_splits_the_experts_and_sends_every_group_member_its_copies(k3):
+    """TEP (moe_tp t): each GPU of a group of t runs the group's selections on 1/t of each expert, and in
+    the all-to-all receives every copy bound for its group (each member returns a partial output)."""
+    L, G = k3.num_moe_layers, 8
+    tokens = np.tile([40.0, 0, 0, 0, 8, 8, 8, 8], (L, 1))
+    touched = np.tile([8.0, 0, 0, 0, 8, 8, 8, 8], (L, 1))
+    nv = np.tile([4.0, 4, 0, 0, 2, 2, 2, 2], (L, 1))
+    moe = MoeWork(tokens, touched, nv, np.zeros((L, G)))
+    ep = CostModel(k3, make_cluster(G, "h200"), EXACT)
+    tep = CostModel(k3, make_cluster(G, "h200"), EXACT, moe_tp=4)
+    e_ep, c_ep, _ = ep.moe_layer_times(moe, "low_latency")
+    e_tep, c_tep, _ = tep.moe_layer_times(moe, "low_latency")
+    assert e_ep == pytest.approx(np.full(L, float(ep.expert_time(40.0, 8.0))))
+    # group 0 serves 40 selections of 8 experts, group 1 32 of 32: each member a quarter of each expert
+    want = max(float(ep.expert_time(40.0, 8.0, shard=4)), float(ep.expert_time(32.0, 32.0, shard=4)))
+    assert e_tep == pytest.approx(np.full(L, want))
+    np.testing.assert_array_equal(tep.tep_copies(moe)[0], np.tile([8.0] * 4 + [8.0] * 4, (L, 1)))
+    one = lambda n: float(ep.a2a_time(n, 0.0, "dispatch") + ep.a2a_time(n, 0.0, "combine"))
+    assert c_ep == pytest.approx(np.full(L, one(4.0)))
+    assert c_tep == pytest.approx(np.full(L, one(8.0)))
+
+
+def test_moe_tp_changes_a_tp8_run(tmp_path):
+    """Issue 27: `--moe-tp 8` changed nothing in a TP8 run (stat mode gave every GPU the mean GPU's
+    expert reads). At batch 1 the busiest EP rank reads its own experts whole; under TEP8 every GPU reads
+    an eighth of all the touched experts: the expert time must drop, in stat mode as in replay (stated
+    tolerance: stat within 10 % of replay, uniform routing)."""
+    from simkit import build, linear_placement, write_trace
+
+    from moeplace.sim.config import EngineConfig, SimConfig, WorkloadConfig
+    m = mini_model(num_experts=64, top_k=8)
+    path = write_trace(tmp_path / "t", m, num_requests=4, prompt=16, output=200, skew=0.0)
+    out = {}
+    for mode in ("stat", "replay"):
+        for t in (1, 8):
+            cfg = SimConfig(duration=0.002, mode=mode, cost=EXACT,
+                            engine=EngineConfig(attention_tp=8, moe_tp=t, max_seqs=1, max_batched_tokens=64),
+                            workload=WorkloadConfig(arrival="closed", concurrency=1))
+            s = build(path, linear_placement(m, 8, 8), cfg, gpus=8).run().summary
+            out[mode, t] = s["experts_s"] / s["iterations"]
+    for mode in ("stat", "replay"):
+        assert out[mode, 8] < 0.8 * out[mode, 1]
+    for t in (1, 8):
+        assert out["stat", t] == pytest.approx(out["replay", t], rel=0.1)
+
+
+def test_collectives_at_measured_bus_bandwidth_by_message_size(k3):
+    """All-reduce inside an NVLink domain at the measured table's time for its size: nccl-tests-class bus
+    bandwidth for large messages (460-480 GB/s on 8 x H100-class, where the flat-efficiency model gave
+    ~305), the latency rows for small ones, H800 at its 200 GB/s links (nccl: ~215 GB/s busbw)."""
+    from moeplace.sim.cost import collective_time
+
+    gb = 1 << 30
+    busbw = 2 * 7 / 8 * gb / collective_time("all_reduce", gb, 8, 450e9)
+    assert 455e9 < busbw < 485e9
+    assert collective_time("all_reduce", 14336, 8, 450e9) == pytest.approx(3.54e-6, rel=0.02)  # one token
+    assert 190e9 < 2 * 7 / 8 * gb / collective_time("all_reduce", gb, 8, 200e9) < 230e9  # H800
+    assert 650e9 < 2 * 7 / 8 * gb / collective_time("all_reduce", gb, 8, 900e9) < 750e9  # B200 NVLink5
+    # fewer GPUs move fewer bus bytes; beyond the table at its last bus bandwidth; nothing costs nothing
+    assert collective_time("all_reduce", 1 << 26, 2, 450e9) < collective_time("all_reduce", 1 << 26, 8, 450e9)
+    assert collective_time("all_reduce", 4 * gb, 8, 450e9) == pytest.approx(4 * collective_time("all_reduce", gb, 8, 450e9))
+    assert collective_time("all_gather", 0.0, 8, 450e9) == 0.0 and collective_time("all_reduce", gb, 1, 450e9) == 0.0
+    # the cost model's TP all-reduce is the table's (the roofline config keeps alpha-beta at link peak)
+    tp = CostModel(k3, make_cluster(8, "h200"), CostConfig(), attention_tp=8)
+    rows = np.array([1.0, 256.0])
+    want = collective_time("all_reduce", rows * k3.hidden_size * 2, 8, 450e9)
+    assert tp.allreduce_time(rows) == pytest.approx(want)
+    assert 2 * 7 / 8 * 256 * k3.hidden_size * 2 / want[1] < 305e9  # mid-size messages: well below peak
+    # TensorRT-LLM's MoE all-gather / reduce-scatter under attention DP: NCCL's measured times
+    ag = CostModel(k3, make_cluster(8, "h200"), CostConfig(), a2a_mode="allgather")
+    L = k3.num_moe_layers
+    moe = MoeWork(np.full((L, 8), 100.0 * k3.top_k), np.full((L, 8), 4.0), np.zeros((L, 8)), np.zeros((L, 8)))
+    _, comm, _ = ag.moe_layer_times(moe, "allgather")
+    pool = 800
+    assert comm == pytest.approx(collective_time("all_gather", pool * ag.allgather_bytes(), 8, 450e9)
+                                 + collective_time("reduce_scatter", pool * ag.copy_bytes("combine"), 8, 450e9))
+
+
+def test_kernel_gaps_by_layer_kind_and_engine_build(k3):
+    """Each decoder layer pays the per-kernel gap for the kernels of its own kind in the engine build
+    (KERNEL_BUILDS, counted from the engines' decode paths): a KDA layer runs KDA's kernels, not MLA's;
+    TensorRT-LLM's fused NVFP4 build runs tech blog 1's 13 per MLA MoE layer."""
+    from moeplace.foundation.model import load_model
+    from moeplace.sim.cost import KERNEL_BUILDS
+
+    cfg = CostConfig.roofline(graph_gap_s=1e-6)
+    ds = load_model("deepseek-v3")
+    unfused = CostModel(ds, make_cluster(8, "h200"), cfg).layer_kernels()
+    fused = CostModel(ds, make_cluster(8, "h200"), cfg, kernel_build="fused").layer_kernels()
+    moe = np.array([i in set(ds.moe_layers) for i in range(ds.num_layers)])
+    assert np.all(fused[moe] == 13) and np.all(unfused[moe] == 26) and np.all(unfused[~moe] == 19)
+    kk = CostModel(k3, make_cluster(8, "h200"), cfg).layer_kernels()
+    b = KERNEL_BUILDS["unfused"]
+    for i, kind in enumerate(k3.attention):
+        block = b["moe"] if i in set(k3.moe_layers) else b["mlp"]
+        assert kk[i] == b[kind] + block + b["norm"]
+    assert {"kda", "mla"} <= set(k3.attention) and kk.max() > kk.min()  # KDA layers run more kernels than MLA
+    # the gaps follow the counts; one count for every layer overrides the build (a what-if)
+    m = mini_model()
+    zero, dec = _small_decode(m)
+    bare = CostModel(m, make_cluster(4, "h200"), EXACT).step_time(dec, zero)
+    st = CostModel(m, make_cluster(4, "h200"), cfg).step_time(dec, zero)
+    want = CostModel(m, make_cluster(4, "h200"), cfg).layer_kernels().sum() * 1e-6
+    assert st.total == pytest.approx(bare.total + want)
+    with pytest.raises(InputError):
+        CostModel(m, make_cluster(4, "h200"), cfg, kernel_build="turbo")

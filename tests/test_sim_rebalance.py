@@ -156,7 +156,7 @@ def test_simulate_recommend_compares_static_with_the_engines_rebalancers(tmp_pat
     m = mini_model(num_experts=16)
     path = write_trace(tmp_path / "t", m, num_requests=8, prompt=64, output=16, skew=1.5, hot_shift=5)
     rc = main(["simulate", path, "--placement", "linear", "--gpus", "4", "--gpus-per-node", "2",
-               "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8", "--no-progress", "--recommend",
+               "--attention-tp", "2", "--duration", "0.05", "--concurrency", "8", "--no-progress", "--recommend",
                "--recommend-time", "1", "--json"])
     assert rc == 0
     rec = json.loads(capsys.readouterr().out)["summaries"][0]["recommendation"]
@@ -238,3 +238,25 @@ def test_a_large_async_migration_slows_the_steps_it_overlaps_and_a_tiny_one_does
     h, comm, dur = out["tiny"]
     assert h["a2a_slowdown_s"] < 0.01 * h["overlapped_free_s"] and comm < 1.01 and dur < 1.01
     assert h["transfer_shared_s"] == pytest.approx(h["transfer_s"], rel=0.05)
+
+
+@pytest.mark.parametrize("mode", ["replay", "stat"])
+def test_a_run_that_outlives_its_trace_says_so(tmp_path, mode):
+    """A 256-token trace routed for many iterations: the summary says how many times over the run routed
+    it, which share of the routed tokens repeats routing already simulated (and of those a rebalancer was
+    scored on), with a warning; a run inside its trace reports no repeats and no warning."""
+    m = mini_model(num_experts=16)
+    path = write_trace(tmp_path / "t", m, num_requests=8, prompt=24, output=8, skew=1.5, hot_shift=5)
+    pl = linear_placement(m, 4, 4)
+    base = {"mode": mode, "cost": CostConfig.roofline(),
+            "engine": EngineConfig(attention_tp=1, max_batched_tokens=64),
+            "workload": WorkloadConfig(arrival="closed", concurrency=8)}
+    rb = RebalanceConfig(every=10, window=10, policy="eplb", decision_s=0.0)
+    long = build(path, pl, SimConfig(duration=0.004, **base, rebalance=rb), gpus=4).run().summary
+    T = 8 * 32
+    assert long["trace_tokens"] == T and long["routed_tokens"] > 2 * T
+    assert long["trace_passes"] == pytest.approx(long["routed_tokens"] / T)
+    assert 0.4 < long["routing_repeat_share"] < 1 and long["rebalanced_repeat_share"] > 0
+    assert "routed" in long["trace_note"] and "rebalance" in long["trace_note"]
+    short = build(path, pl, SimConfig(duration=1e-6, **base), gpus=4).run().summary
+    assert 0 < short["routed_tokens"] <= T and short["routing_repeat_share"] == 0 and short["trace_note"] is None

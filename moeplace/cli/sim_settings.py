@@ -47,6 +47,7 @@ class SimSettings:
     deepep_mode: str = "auto"
     cuda_graph_max_bs: int = 512
     kernels_per_layer: float | None = None
+    kernel_build: str = "unfused"
     mtp_draft: int = 0
     mtp_acceptance: float | tuple[float, ...] = 0.0
     prefix_hit: float = 0.0
@@ -86,7 +87,7 @@ def build_sim_config(s: SimSettings, max_context: int | None, *, mix_what: str =
                           preemption=s.preemption, gpu_memory_utilization=s.gpu_memory_utilization,
                           pool_split=split, pool_param=param, a2a_mode=s.deepep_mode,
                           cuda_graph_max_bs=s.cuda_graph_max_bs, kernels_per_layer=s.kernels_per_layer,
-                          mtp_draft=s.mtp_draft,
+                          kernel_build=s.kernel_build, mtp_draft=s.mtp_draft,
                           mtp_acceptance=s.mtp_acceptance, prefix_hit=s.prefix_hit, moe_tp=s.moe_tp,
                           attention_dtype=s.attention_dtype, dp_balance=s.dp_balance, admission=s.admission,
                           prefill_gpus=s.prefill_gpus, phase=s.phase)

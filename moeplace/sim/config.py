@@ -65,8 +65,11 @@ class EngineConfig:
     admission: str = "on_demand"
     prefill_gpus: int | None = None  # disaggregated: GPUs of the prefill pool (None = same as decode)
     phase: str = "both"  # benchmark one phase alone: "prefill" (1-token outputs) or "decode" (KV given)
-    # kernels one decoder layer runs back to back in this engine build (None: CostConfig.kernels_per_layer);
-    # engines that fuse kernels (all-reduce + norm + quantize, fused GEMMs, fused MoE) run fewer
+    # the engine build whose kernels per layer kind pay the per-kernel gap (sim.cost.KERNEL_BUILDS):
+    # "unfused" (FP8 block-scale DeepSeek paths of TensorRT-LLM / SGLang / vLLM) or "fused" (TensorRT-LLM's
+    # NVFP4 min-latency build: all-reduce + norm + quantize, fused GEMMs, fused MoE)
+    kernel_build: str = "unfused"
+    # one kernel count for every decoder layer instead (a what-if; None: by build and layer kind)
     kernels_per_layer: float | None = None
 
     def mtp_position_acceptance(self) -> tuple[float, ...]:
@@ -104,6 +107,8 @@ class EngineConfig:
                     f"got {self.mtp_draft}, {self.mtp_acceptance}")
         if not 0 <= self.prefix_hit < 1:
             _bad(w, f"--prefix-hit must be in [0, 1), got {self.prefix_hit}")
+        if self.kernel_build not in ("unfused", "fused"):
+            _bad(w, f"kernel_build '{self.kernel_build}' unknown (expected unfused or fused)")
         if self.kernels_per_layer is not None and not self.kernels_per_layer >= 0:
             _bad(w, f"kernels_per_layer must be >= 0, got {self.kernels_per_layer}")
         if self.moe_tp < 1 or self.cuda_graph_max_bs < 0:
@@ -143,22 +148,27 @@ class CostConfig:
     # fitted: share of the isolated-kernel compute rate sustained while serving (power-capped clocks under
     # sustained load, SMs shared with communication kernels, the elementwise kernels between GEMMs);
     # kernel microbenchmarks (DeepGEMM's tables) run at 1
-    sustained_efficiency: float = 0.714
+    sustained_efficiency: float = 0.683
     flops_efficiency: float = 0.8  # non-GEMM compute (KDA recurrences, GQA) at its kernels' achieved rate
-    hbm_efficiency: float = 0.855  # fitted: DeepGEMM M=64 rows (weight-read bound), HBM bytes per peak
+    hbm_efficiency: float = 0.856  # fitted: DeepGEMM M=64 rows (weight-read bound), HBM bytes per peak
     link_efficiency: float = 0.677  # fitted: NVLink share DeepEP normal kernels reach (153-158 GB/s on H800)
     nic_efficiency: float = 0.888  # fitted: RDMA share DeepEP normal kernels reach (43-58 GB/s of 50)
-    gemm_efficiency: float = 0.642  # fitted: large-m grouped GEMM FLOP share (DeepGEMM contiguous 1,297/1,979)
-    gemm_m0: float = 80.5  # fitted: rows of tile fill per weight matrix (efficiency m / (m + m0))
+    gemm_efficiency: float = 0.650  # fitted: large-m grouped GEMM FLOP share (DeepGEMM contiguous 1,297/1,979)
+    gemm_m0: float = 87.5  # fitted: rows of tile fill per weight matrix (efficiency m / (m + m0))
     gemm_kernel_s: float = 3.78e-6  # fitted: fixed time per GEMM kernel (launch, pipeline fill, tail)
     ll_latency_s: float = 18.3e-6  # fitted: DeepEP low-latency dispatch/combine fixed time (per call)
     ll_efficiency: float = 0.855  # fitted: RDMA share low-latency kernels reach (39-48 GB/s of 50 at EP32+)
     normal_latency_s: float = 40e-6  # DeepEP normal mode: CPU-side layout notify before the copies
-    allreduce_latency_s: float = 10e-6  # TP all-reduce fixed time on NVLink (one-shot / NVLS kernels)
-    kernels_per_layer: float = 20.0  # kernels of one decoder layer (norms, projections, rope, gate, MoE)
-    graph_gap_s: float = 8.99e-6  # fitted: device-side gap per kernel (graph replay or eager; incl. sync)
+    allreduce_latency_s: float = 10e-6  # TP all-reduce fixed time on NVLink (roofline form only)
+    # 1: all-reduce / all-gather / reduce-scatter inside an NVLink domain at their measured times by message
+    # size (sim.cost.COLLECTIVE_TABLES); 0: the roofline alpha + bytes / NVLink bandwidth
+    collective_table: float = 1.0
+    # kernels of every decoder layer (0: by layer kind and engine build, sim.cost.KERNEL_BUILDS)
+    kernels_per_layer: float = 0.0
+    # fitted within 1-2 us: device-side gap per kernel (graph replay or eager; see bench/fidelity.py FIT)
+    graph_gap_s: float = 2.0e-6
     launch_s: float = 5e-6  # per-kernel CPU launch time of an eager (non-graph) iteration
-    iteration_overhead_s: float = 0.0  # fitted: scheduler, sampling and host sync per iteration
+    iteration_overhead_s: float = 8.37e-3  # fitted: scheduler, sampling and host sync per iteration
     comm_sm_share: float = 24 / 132  # SMs DeepEP normal kernels hold while overlapped (set_num_sms(24))
     mla_decode_flops_efficiency: float = 580 / 989  # FlashMLA: 580 TFLOPS BF16 on H800 (compute bound)
     mla_decode_hbm_efficiency: float = 3000 / 3350  # FlashMLA: 3,000 GB/s on H800 (memory bound)
@@ -168,6 +178,7 @@ class CostConfig:
     activation_bytes: float = 2.0
 
     ZERO_OK = ("gemm_m0", "gemm_kernel_s", "ll_latency_s", "normal_latency_s", "allreduce_latency_s",
+               "collective_table",
                "kernels_per_layer", "graph_gap_s", "launch_s", "iteration_overhead_s", "comm_sm_share")
     FRACTIONS = ("sustained_efficiency", "flops_efficiency", "hbm_efficiency", "link_efficiency", "nic_efficiency", "gemm_efficiency",
                  "ll_efficiency", "mla_decode_flops_efficiency", "mla_decode_hbm_efficiency",
@@ -186,6 +197,8 @@ class CostConfig:
                 _bad("cost config", f"{f} must be <= 1")
         if self.comm_sm_share >= 1:
             _bad("cost config", "comm_sm_share must be < 1")
+        if self.collective_table not in (0, 1):
+            _bad("cost config", f"collective_table must be 0 or 1, got {self.collective_table}")
 
     @classmethod
     def roofline(cls, **kw: float) -> CostConfig:

@@ -16,9 +16,12 @@ are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.C
   bound, 3,000 GB/s memory bound, H800), prefill at a FlashAttention-3 share of peak; KDA's chunked
   prefill and recurrent decode and GQA as rooflines at ``flops_efficiency``.
 - Tensor-parallel attention/dense parts (``attention_tp`` > 1): two all-reduces per layer (attention
-  output, MLP/MoE output), ``t = alpha + 2 (n - 1) / n * bytes / nvlink_bw`` (ring/NVLS bandwidth term).
+  output, MLP/MoE output), at the measured time of their message size (:data:`COLLECTIVE_TABLES`:
+  TensorRT-LLM's custom all-reduce on 8 x H200 / B200 by message size; the roofline
+  ``alpha + 2 (n - 1) / n * bytes / nvlink_bw`` with ``collective_table`` 0).
 - ``allgather`` instead (TensorRT-LLM's CUTLASS MoE under attention DP): every rank all-gathers the
-  pool's tokens and reduce-scatters the outputs, ``(G-1)/G`` of all tokens per GPU and direction. The
+  pool's tokens and reduce-scatters the outputs, ``(G-1)/G`` of all tokens per GPU and direction, at
+  NCCL's measured all-gather / reduce-scatter times by message size inside one NVLink domain. The
   gathered payload is what TensorRT-LLM's ``CutlassFusedMoE`` gathers (tensorrt_llm/_torch/modules/
   fused_moe, https://github.com/NVIDIA/TensorRT-LLM): NVFP4 experts quantize the tokens to NVFP4 (FP4
   values + one FP8 scale per 16) *before* the gather ("FP4 AllGather", TensorRT-LLM tech blog 3,
@@ -34,9 +37,9 @@ are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.C
   ``max(2 C_half / (1 - s), 2 M_half)`` (compute C, communication M; ``s`` the SM share normal-mode
   kernels hold while overlapped), plus one pipeline fill ``min(C_half, M_half)`` per iteration.
 - Fixed overheads: per iteration (scheduler, sampling, host sync) and per layer: every layer leaves
-  ``kernels_per_layer x graph_gap`` of device-side gaps between its kernels (graph replay or not); an
-  eager iteration also cannot run a layer faster than the CPU launches its kernels
-  (``max(gpu + gaps, kernels_per_layer x launch)``). Decode-only iterations up to the engine's graph
+  ``kernels x graph_gap`` of device-side gaps between its kernels (graph replay or not; the kernels by
+  layer kind and engine build, :data:`KERNEL_BUILDS`); an eager iteration also cannot run a layer faster
+  than the CPU launches its kernels (``max(gpu + gaps, kernels x launch)``). Decode-only iterations up to the engine's graph
   batch size replay graphs; prefill and mixed ones run eager.
 
 One engine iteration (:func:`CostModel.step_time`) is, layer by layer (every attention-DP rank and every
@@ -62,6 +65,99 @@ from moeplace.sim.calibration import Profile
 from moeplace.sim.config import CostConfig, EngineConfig
 
 KDA_CHUNK = 64  # chunk length of KDA's chunked (WY) prefill algorithm
+
+# Collectives inside one NVLink domain, measured: (bytes, microseconds) of one collective on 8 GPUs by
+# message size (an all-reduce's buffer, an all-gather's output, a reduce-scatter's input), as NVIDIA
+# measured them for aiconfigurator-core 0.12 (https://github.com/ai-dynamo/aiconfigurator, its systems
+# data for h200_sxm and b200_sxm): all-reduce = TensorRT-LLM 1.3.0rc10's custom all-reduce in BF16
+# (what the engines run for their TP all-reduces: one-shot / two-shot kernels for small messages),
+# all-gather and reduce-scatter = NCCL 2.29.2 in FP16. Every 4th power of two of the published sweep.
+# Their large-message bus bandwidth agrees with nccl-tests' published 8-GPU all-reduce figures: the
+# table's 460-469 GB/s at 512 MB-1 GB on H200 vs ~480 GB/s peak on 8 x H100 with NVLink SHARP (NCCL's
+# maintainers, NVIDIA/nccl-tests issue 212) and 475 GB/s on 8 x H200 (nccl-tests issue 272); the
+# latency term is the small-message rows (3-4 us on H200, 5-6 us on B200). NVLink4 (H100 / H200,
+# 450 GB/s per direction) and NVLink5 (B200 / B300 / GB200 / GB300, 900 GB/s); a GPU of another NVLink
+# bandwidth (H800, 200 GB/s) takes the NVLink4 table with its bytes scaled by 450 GB/s over its own,
+# which keeps the latency rows and scales the bandwidth (nccl issue 1374 measures 215 GB/s all-reduce
+# bus bandwidth on 8 x H800, 0.45 x the H100's, as 200 / 450).
+COLLECTIVE_TABLES = {
+    "nvlink4": {"ref_bw": 450e9,
+                "all_reduce": ((256, 2.94), (1024, 3.18), (4096, 3.52), (16384, 3.54), (65536, 4.59),
+                               (262144, 10.13), (1048576, 25.93), (4194304, 48.47), (16777216, 121.98),
+                               (67108864, 317.25), (268435456, 1054.67), (1073741824, 4007.39)),
+                "all_gather": ((512, 12.19), (2048, 12.78), (8192, 12.80), (32768, 14.71), (131072, 14.56),
+                               (524288, 13.57), (2097152, 24.28), (8388608, 43.17), (33554432, 123.38),
+                               (134217728, 379.88), (536870912, 1394.97)),
+                "reduce_scatter": ((512, 12.58), (2048, 10.61), (8192, 12.52), (32768, 11.55), (131072, 11.81),
+                                   (524288, 13.72), (2097152, 19.71), (8388608, 44.72), (33554432, 111.62),
+                                   (134217728, 375.59), (536870912, 1393.35))},
+    "nvlink5": {"ref_bw": 900e9,
+                "all_reduce": ((256, 5.22), (1024, 5.37), (4096, 5.78), (16384, 5.91), (65536, 5.90),
+                               (262144, 7.61), (1048576, 17.52), (4194304, 38.40), (16777216, 83.43),
+                               (67108864, 279.81), (268435456, 723.16), (1073741824, 2592.05)),
+                "all_gather": ((512, 16.06), (2048, 18.02), (8192, 16.62), (32768, 19.55), (131072, 18.71),
+                               (524288, 19.17), (2097152, 24.38), (8388608, 44.18), (33554432, 113.75),
+                               (134217728, 206.75), (536870912, 761.42)),
+                "reduce_scatter": ((512, 16.13), (2048, 16.38), (8192, 16.84), (32768, 17.59), (131072, 18.21),
+                                   (524288, 18.86), (2097152, 20.99), (8388608, 43.64), (33554432, 107.13),
+                                   (134217728, 208.04), (536870912, 766.45))},
+}
+COLLECTIVE_TABLE_GPUS = 8  # the tables' group size
+
+# Kernels one decoder layer launches in a decode step, by engine build and layer part (attention kind,
+# MoE or dense block, and the two residual-add + RMSNorm steps every layer has, fused with the TP
+# all-reduce where there is one). Counted from the engines' decode paths, one kernel per launch:
+# - "unfused" (DeepSeek FP8 block-scale checkpoints, TensorRT-LLM's PyTorch backend with the CUTLASS MoE
+#   -- tensorrt_llm/_torch/models/modeling_deepseekv3.py DeepseekV3DecoderLayer.forward_MoE, modules/
+#   attention.py MLA, modules/fused_moe -- and SGLang / vLLM's DeepSeek-V2 decoder layers): MLA = fused
+#   q_a/kv_a GEMM, q_a and kv_a RMSNorm, q_b GEMM, the absorbed UK BMM, RoPE + KV-cache write,
+#   attention, UV BMM, o_proj, with the FP8 activation quantization of the three dense GEMMs in kernels of
+#   their own: 12; MoE block = router GEMM, top-k, shared expert (quantize + gate_up, SiLU-mul,
+#   quantize + down: 5), routed experts (permute + quantize, FC1, activation, FC2, finalize: 5): 12;
+#   dense MLP = quantize + gate_up, SiLU-mul, quantize + down: 5.
+# - "fused" (TensorRT-LLM's NVFP4 min-latency build, tech blog 1 "Pushing Latency Boundaries", its
+#   "Everything in One Diagram": Fuse_A GEMM, grouped RMSNorm, UQ_QR GEMM, UK BGEMM, KV concat + RoPE,
+#   genAttention, UV GEMM, WO GEMM = 8; router GEMM + top-k, the shared expert on a second stream, the
+#   sparse experts with FC1 + activation fused = 3; the all-reduces fused with add + RMSNorm (+ NVFP4
+#   quantize) = 2: 13 per MoE layer, the blog's count).
+# - KDA (Kimi Linear / K3), both builds: vLLM's KimiDeltaAttention decode path (vllm/model_executor/
+#   layers/kda.py): q, k, v, b, f_a, f_b, g_a, g_b, o projections (9 GEMMs), beta sigmoid, fused_kda_gate,
+#   the output buffer fill, three causal_conv1d_update, fused_recurrent_kda, the output copy,
+#   FusedRMSNormGated: 18 (no fused KDA build is published).
+# - GQA: qkv GEMM, RoPE + cache write, attention, o_proj (+ FP8 quantization of the two GEMMs unfused).
+KERNEL_BUILDS = {
+    "unfused": {"mla": 12, "kda": 18, "gqa": 6, "moe": 12, "mlp": 5, "norm": 2},
+    "fused": {"mla": 8, "kda": 18, "gqa": 4, "moe": 3, "mlp": 3, "norm": 2},
+}
+# bus bytes per message byte of a collective over n GPUs (nccl-tests' busbw convention)
+_BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+        "reduce_scatter": lambda n: (n - 1) / n}
+
+
+def collective_table(nvlink_bw: float) -> dict:
+    """The measured table of a GPU's NVLink generation (:data:`COLLECTIVE_TABLES`): NVLink5 from
+    900 GB/s per direction, else NVLink4."""
+    return COLLECTIVE_TABLES["nvlink5" if nvlink_bw >= 900e9 else "nvlink4"]
+
+
+def collective_time(op: str, bytes_, num_gpus: int, nvlink_bw: float):
+    """Seconds of one ``op`` (``all_reduce`` | ``all_gather`` | ``reduce_scatter``) of ``bytes_`` (array or
+    scalar; 0 where there is nothing to move) over ``num_gpus`` GPUs of one NVLink domain, from the
+    measured 8-GPU tables: the 8-GPU message that moves the same bus bytes (``bytes x bus(n) / bus(8)``),
+    scaled by the table's link bandwidth over this GPU's, interpolated log-log between the table's rows
+    (made non-decreasing); below the first row its time (the latency), above the last row at the last
+    row's bus bandwidth."""
+    b = np.asarray(bytes_, dtype=np.float64)
+    if num_gpus <= 1:
+        return np.zeros_like(b)
+    tab = collective_table(nvlink_bw)
+    rows = np.asarray(tab[op], dtype=np.float64)
+    size, t = rows[:, 0], np.maximum.accumulate(rows[:, 1]) * 1e-6
+    eq = b * _BUS[op](num_gpus) / _BUS[op](COLLECTIVE_TABLE_GPUS) * tab["ref_bw"] / nvlink_bw
+    x = np.log(np.clip(eq, size[0], size[-1]))
+    out = np.exp(np.interp(x, np.log(size), np.log(t)))
+    out = np.where(eq > size[-1], t[-1] * eq / size[-1], out)
+    return np.where(b > 0, out, 0.0)
 
 
 def roofline(flops, bytes_, peak_flops: float, bandwidth: float):
@@ -160,13 +256,15 @@ class CostModel:
     ``attention_tp``: GPUs per attention-DP rank; ``moe_tp``: GPUs each routed expert is sharded across
     (TEP); ``a2a_mode``: ``auto`` | ``normal`` | ``low_latency``; ``cuda_graph_max_bs``: decode-only
     iterations with at most this many sequences per rank replay a CUDA graph (0 = never);
-    ``kernels_per_layer``: kernels one decoder layer of this engine build runs back to back (None: the
-    CostConfig's; an engine that fused kernels runs fewer, each paying the per-kernel gap)."""
+    ``kernel_build``: the engine build whose kernel counts per layer kind (:data:`KERNEL_BUILDS`) pay the
+    per-kernel gap; ``kernels_per_layer``: one count for every layer instead (None: the CostConfig's, whose
+    0 means by build)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, cfg: CostConfig | None = None,
                  attention_tp: int = 1, kv_dtype: str = "bf16", profile: Profile | None = None,
                  attention_dtype: str = "bf16", moe_tp: int = 1, a2a_mode: str = "auto",
-                 cuda_graph_max_bs: int = 512, kernels_per_layer: float | None = None) -> None:
+                 cuda_graph_max_bs: int = 512, kernels_per_layer: float | None = None,
+                 kernel_build: str = "unfused") -> None:
         self.model = model
         self.cluster = cluster
         self.gpu: GPUSpec = cluster.gpu
@@ -182,6 +280,9 @@ class CostModel:
         self.kernels_per_layer = self.cfg.kernels_per_layer if kernels_per_layer is None else float(kernels_per_layer)
         if self.kernels_per_layer < 0:
             raise InputError(f"kernels per layer must be >= 0, got {kernels_per_layer}")
+        if kernel_build not in KERNEL_BUILDS:
+            raise InputError(f"kernel build '{kernel_build}' unknown (expected one of {sorted(KERNEL_BUILDS)})")
+        self.kernel_build = kernel_build
         if cluster.num_gpus % moe_tp:
             raise InputError(f"--moe-tp {moe_tp} does not divide the pool's {cluster.num_gpus} GPUs")
         c = self.cfg
@@ -220,7 +321,7 @@ class CostModel:
         e = engine
         return cls(model, cluster, cfg, e.attention_tp, e.kv_dtype, profile, attention_dtype=e.attention_dtype,
                    moe_tp=e.moe_tp, a2a_mode=e.a2a_mode, cuda_graph_max_bs=e.cuda_graph_max_bs,
-                   kernels_per_layer=e.kernels_per_layer)
+                   kernels_per_layer=e.kernels_per_layer, kernel_build=e.kernel_build)
 
     def gemm_time(self, flops_per_row, rows, groups, bytes_, peak: float, kernels: int = 1):
         """``kernels`` GEMM kernels over ``rows`` rows split into ``groups`` weight matrices (arrays of any
@@ -329,11 +430,14 @@ class CostModel:
 
     def allreduce_time(self, tokens):
         """One TP all-reduce of ``tokens`` BF16 hidden rows per rank ``[D]`` across the ``attention_tp``
-        GPUs of a rank: ``alpha + 2 (n - 1) / n * bytes / nvlink_bw``; 0 without TP."""
+        GPUs of a rank: the measured time of that message (:func:`collective_time`; with
+        ``collective_table`` 0, the roofline ``alpha + 2 (n - 1) / n * bytes / nvlink_bw``); 0 without TP."""
         if self.tp <= 1:
             return np.zeros_like(np.asarray(tokens, dtype=np.float64))
         bytes_ = np.asarray(tokens, dtype=np.float64) * self.model.hidden_size * 2.0
         n = self.tp
+        if self.cfg.collective_table:
+            return collective_time("all_reduce", bytes_, n, self.gpu.nvlink_bw)
         return np.where(bytes_ > 0, self.cfg.allreduce_latency_s + 2 * (n - 1) / n * bytes_ / self.nvlink_bw, 0.0)
 
     # ------------------------------------------------------------------ attention and trunk (per rank)
@@ -423,9 +527,29 @@ class CostModel:
         grp = (moe.tokens.reshape(L, G // t_, t_).sum(axis=2), moe.touched.reshape(L, G // t_, t_).sum(axis=2))
         return np.repeat(self.expert_time(*grp, shard=t_), t_, axis=1)
 
-    def layer_kernels(self, dual_batch_overlap: bool = False) -> float:
-        """Kernels one decoder layer runs (two micro-batches run every kernel twice)."""
-        return self.kernels_per_layer * (2 if dual_batch_overlap else 1)
+    def tep_copies(self, moe: MoeWork) -> tuple[np.ndarray, np.ndarray]:
+        """Token copies each GPU receives (and sends back) in the all-to-all ``[L, G]`` by link: with TEP
+        (``moe_tp`` t > 1) a copy bound for an expert goes to every GPU of its group of t (each holds 1/t
+        of the expert and returns a partial output the combine sums), so each GPU of a group receives the
+        group's copies, over the link kind of the placement's destination GPU."""
+        if self.moe_tp == 1:
+            return moe.nvlink, moe.nic
+        L, G = moe.nvlink.shape
+        t = self.moe_tp
+        return tuple(np.repeat(x.reshape(L, G // t, t).sum(axis=2), t, axis=1) for x in (moe.nvlink, moe.nic))
+
+    def layer_kernels(self, dual_batch_overlap: bool = False) -> np.ndarray:
+        """Kernels each decoder layer runs ``[num_layers]``: its attention kind's, its MoE or dense
+        block's and the two norms' in this build (:data:`KERNEL_BUILDS`; a KDA layer runs KDA's, not
+        MLA's), or ``kernels_per_layer`` for every layer when set; two micro-batches run every kernel
+        twice."""
+        if self.kernels_per_layer > 0:
+            per = np.full(self.model.num_layers, self.kernels_per_layer)
+        else:
+            b = KERNEL_BUILDS[self.kernel_build]
+            per = np.array([b[kind] + b["moe" if moe else "mlp"] + b["norm"]
+                            for kind, moe in zip(self.model.attention, self._is_moe)], dtype=np.float64)
+        return per * (2 if dual_batch_overlap else 1)
 
     def kernel_gaps_s(self, dual_batch_overlap: bool = False) -> float:
         """Device-side gaps between the kernels of one decoder layer."""
@@ -446,15 +570,24 @@ class CostModel:
         if mode == "allgather":
             # every EP rank gathers all ranks' tokens (FP8) and reduce-scatters the outputs (BF16): each GPU
             # receives the other ranks' share, (G - 1) / G of the pool's tokens, per direction
-            tok = moe.tokens.sum(axis=1) / self.model.top_k * (G - 1) / G  # [L]
+            pool = moe.tokens.sum(axis=1) / self.model.top_k  # [L] tokens of all ranks
+            tok = pool * (G - 1) / G
             multi = self.cluster.num_nodes > 1
+            slow = 1.0 if link_share is None else float(np.max(link_share[1 if multi else 0]))
+            if self.cfg.collective_table and not multi:
+                # one NVLink domain: the measured all-gather of the pool's tokens and reduce-scatter of the
+                # outputs; the most slowed-down GPU sets the pace of a collective
+                comm = (collective_time("all_gather", pool * self.allgather_bytes() * slow, G, self.gpu.nvlink_bw)
+                        + collective_time("reduce_scatter", pool * self.copy_bytes("combine") * slow, G,
+                                          self.gpu.nvlink_bw))
+                return experts, comm, strag
             bw, lat = (self.nic_bw, self.gpu.nic_latency) if multi else (self.nvlink_bw, self.gpu.nvlink_latency)
-            if link_share is not None:  # a collective: the most slowed-down GPU sets its pace
-                bw /= float(np.max(link_share[1 if multi else 0]))
+            bw /= slow
             comm = np.where(tok > 0, 2 * lat + tok * (self.allgather_bytes() + self.copy_bytes("combine")) / bw, 0.0)
             return experts, comm, strag
-        d = self.a2a_time(moe.nvlink, moe.nic, "dispatch", mode, link_share)
-        c = self.a2a_time(moe.nvlink, moe.nic, "combine", mode, link_share)
+        nv, nic = self.tep_copies(moe)
+        d = self.a2a_time(nv, nic, "dispatch", mode, link_share)
+        c = self.a2a_time(nv, nic, "combine", mode, link_share)
         comm = d.max(axis=1) + c.max(axis=1)
         straggler = strag + (comm - (d.sum(axis=1) + c.sum(axis=1)) / G)
         return experts, comm, straggler

@@ -249,6 +249,9 @@ class Rebalancer:
         self.count = 0
         self.moved_bytes = 0.0
         self.history: list[dict] = []
+        # the pool router's (routed, repeated) token counts at the first decision: what the rebalancer is
+        # scored on from then on, and how much of it repeats routing already seen (sim.routing)
+        self.routed_at_first: tuple[int, int] | None = None
         # async: (earliest simulated time it can land: decision + transfer with free links, placement), and
         # the transfer in flight, whose sharing of the links with the all-to-all can make it later
         self.pending: tuple[float, Placement] | None = None
@@ -341,6 +344,8 @@ class Rebalancer:
         nv, nic, n = transfer_bytes(old, new, sim.model.bytes_per_routed_expert)
         stall = free_link_time(nv, nic, c.nvlink_bw, c.nic_bw, g.nvlink_latency, g.nic_latency)
         moved = float((nv + nic).sum())
+        if self.routed_at_first is None:
+            self.routed_at_first = (pool.router.routed_tokens, pool.router.repeated_tokens)
         self.count += 1
         self.moved_bytes += moved
         self.history.append({"time": now, "iteration": pool.iteration, "experts_moved": n, "bytes": moved,

@@ -142,7 +142,7 @@ def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) 
     out_tok_s = rec.output_tokens_done / window
     # decode speed each sequence sees: tokens made per second of decoding, token-weighted over the window
     per_user = rec.decode_tokens_done / rec.decode_seq_time if rec.decode_seq_time > 0 else None
-    return {
+    return {**routing_coverage(sim),
         "label": sim.label,
         "mode": sim.config.mode,
         "duration_s": dur,
@@ -191,6 +191,35 @@ def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) 
     }
 
 
+def routing_coverage(sim) -> dict[str, Any]:
+    """How far the run outlived its trace (:mod:`sim.routing`): ``routed_tokens`` (token routings of all
+    pools), ``trace_passes`` (that over the trace's tokens), ``routing_repeat_share`` (routed tokens that
+    repeat a trace token already routed in this run), with a rebalancer ``rebalanced_repeat_share`` (the
+    same over the tokens routed from its first decision on: what it is scored on), and ``trace_note``: a
+    warning when the run routed more than its trace (None otherwise)."""
+    routed = sum(p.router.routed_tokens for p in sim.pools_list)
+    repeated = sum(p.router.repeated_tokens for p in sim.pools_list)
+    T = sim.trace.num_tokens
+    out: dict[str, Any] = {"trace_tokens": T, "routed_tokens": routed, "trace_passes": routed / T,
+                           "routing_repeat_share": repeated / routed if routed else 0.0}
+    firsts = [(p.router, p.rebalancer.routed_at_first) for p in sim.pools_list
+              if p.rebalancer is not None and p.rebalancer.routed_at_first is not None]
+    if firsts:
+        r_after = sum(r.routed_tokens - a for r, (a, _) in firsts)
+        rep_after = sum(r.repeated_tokens - b for r, (_, b) in firsts)
+        out["rebalanced_repeat_share"] = rep_after / r_after if r_after else 0.0
+    note = None
+    if routed > T:
+        note = (f"the run routed {routed / T:.1f}x its trace's {T:,} tokens ({routed:,} token routings): "
+                f"{out['routing_repeat_share']:.1%} of them repeat routing already simulated")
+        if "rebalanced_repeat_share" in out:
+            note += (f", {out['rebalanced_repeat_share']:.1%} of those after the first rebalance (the rebalancer "
+                     "is scored on traffic it may have observed)")
+        note += "; a longer trace (or a shorter --duration) keeps every routed token unseen"
+    out["trace_note"] = note
+    return out
+
+
 @dataclass
 class SimResult:
     label: str
@@ -205,12 +234,14 @@ def file_label(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in label) or "run"
 
 
-def summaries_doc(results: list[SimResult], settings: dict[str, Any] | None = None) -> dict[str, Any]:
+def summaries_doc(results: list[SimResult], run: dict[str, Any] | None = None,
+                  settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``moeplace.sim-summary`` document: ``{"format", "summaries": [one summary per placement],
     "fidelity", "settings"}`` (``summary.json``, and what ``place simulate --json`` prints); ``fidelity``: how
-    far the simulator's absolute figures were from published deployments (:func:`sim.fidelity.fidelity_doc`);
-    ``settings``: the run's resolved flags, when a command line made it (what ``--config`` reads back)."""
-    doc = {"summaries": [r.summary for r in results], "fidelity": fidelity_doc()}
+    far the simulator's absolute figures were from published deployments, for the run's context ``run``
+    (:func:`sim.fidelity.fidelity_doc`); ``settings``: the run's resolved flags, when a command line made it
+    (what ``--config`` reads back)."""
+    doc = {"summaries": [r.summary for r in results], "fidelity": fidelity_doc(run)}
     if settings is not None:
         doc["settings"] = settings
     return tagged("sim-summary", doc)
@@ -222,13 +253,15 @@ REQUESTS_SUFFIX = ".requests.parquet"
 TIMESERIES_SUFFIX = ".timeseries.parquet"
 
 
-def write_outputs(out: str | Path, results: list[SimResult], config: dict[str, Any]) -> None:
+def write_outputs(out: str | Path, results: list[SimResult], config: dict[str, Any],
+                  run: dict[str, Any] | None = None) -> None:
     """``out/``: ``config.json`` (the resolved config, a ``moeplace.sim-config`` document),
-    ``summary.json`` (:func:`summaries_doc`), and per placement ``<label>.requests.parquet`` and
-    ``<label>.timeseries.parquet``. Written atomically as a directory."""
+    ``summary.json`` (:func:`summaries_doc`, with ``run``: the label's run context), and per placement
+    ``<label>.requests.parquet`` and ``<label>.timeseries.parquet``. Written atomically as a directory."""
     with atomic_path(out, directory=True) as tmp:
         (tmp / CONFIG_FILE).write_text(json.dumps(tagged("sim-config", config), indent=1, default=str) + "\n")
-        (tmp / SUMMARY_FILE).write_text(json.dumps(summaries_doc(results, config.get("settings")), indent=1) + "\n")
+        (tmp / SUMMARY_FILE).write_text(json.dumps(summaries_doc(results, run, config.get("settings")), indent=1)
+                                        + "\n")
         for r in results:
             name = file_label(r.label)
             r.requests.write_parquet(tmp / f"{name}{REQUESTS_SUFFIX}")
@@ -343,12 +376,15 @@ ROWS = [
     ("preemptions", "preemptions", "int"),
     ("rejected", "requests_rejected", "int"),
     ("requests finished", "requests_finished", "int"),
+    ("routed / trace tokens", "trace_passes", "x"),
+    ("repeated routing", "routing_repeat_share", "%"),
     ("iterations", "iterations", "int"),
     ("rebalances", "rebalances", "int"),
     ("moved expert bytes (GB)", "moved_bytes", "GB"),
     ("stall (s)", "stall_s", "s"),
 ]
-OPTIONAL_ROWS = {"rebalances", "moved_bytes", "stall_s"}  # shown only when some placement has them
+# shown only when some placement has them (routing repeats: only a run that outlived its trace)
+OPTIONAL_ROWS = {"rebalances", "moved_bytes", "stall_s", "trace_passes", "routing_repeat_share"}
 
 
 def format_table(results: list[SimResult]) -> str:

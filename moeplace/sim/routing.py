@@ -13,7 +13,8 @@ Two modes behind one interface (:meth:`route` -> :class:`sim.cost.MoeWork`):
   the windows as they route tokens (wrapping at the end), so the trace's drift reaches the straggler and
   throughput figures and the online rebalancer. Each layer's selections per GPU are drawn from a
   multinomial over the GPUs' expected shares (the expert frequencies of the windows the iteration's tokens
-  span, through the replica rule's expected split); touched experts are their expectation ``sum_s 1 - exp(-N q_s)``; token copies per
+  span, through the replica rule's expected split); touched experts are their expectation given the
+  GPU's drawn selections (:meth:`StatRouter.expected_touched`); token copies per
   link kind scale with a GPU's selections by per-layer ratios measured by replaying a sample of the
   trace. Its mean per-layer, per-GPU load equals the replay's up to sampling noise (tested).
   An iteration of ``n`` tokens routes the trace tokens ``[cursor, cursor + n)``: when they span several
@@ -22,6 +23,16 @@ Two modes behind one interface (:meth:`route` -> :class:`sim.cost.MoeWork`):
   larger than a window from one window's frequencies would charge it that window's sampling noise and
   few-request concentration as if they were real skew (a 18k-token batch from one 4096-token window of a
   DeepSeek-V3 trace: busiest EPLB GPU 1.50x the mean at EP72 vs 1.17x replayed).
+
+A run can outlive its trace (a 100k-token trace is routed in a few hundred iterations at production
+batch sizes). Neither router invents routing the trace does not hold: past the trace's end both route
+its tokens again, and count it. Every router keeps ``routed_tokens`` (token routings done) and
+``repeated_tokens`` (those of a trace token already routed before in this run: replay counts each trace
+row routed a second time or more, the statistical router every token past the cursor's first pass);
+:func:`sim.results.summarize` reports their ratio and how many times over the run routed its trace,
+and ``place simulate`` warns on stderr when it is more than once, so that a figure (an online
+rebalancer's above all: it is scored on routing its window may already have observed) is never read as
+if it came from unseen traffic.
 
 Tokens of attention-DP rank ``r`` (``attention_tp`` GPUs) are dispatched from GPU ``r * tp + i % tp``:
 each GPU of a TP group sends its share of the group's tokens, as SGLang's DP-attention + EP does.
@@ -135,7 +146,19 @@ class ReplayRouter:
         self.engine = engine
         self.rule = get_rule(engine, seed=seed)
         self.seed = seed
+        self._seen = np.zeros(trace.num_tokens, dtype=bool)  # trace rows routed so far
+        self.routed_tokens = 0
+        self.repeated_tokens = 0
         self.set_placement(placement)
+
+    def _count(self, rows: np.ndarray) -> None:
+        """Count ``rows`` (trace rows, already ``% T``) as routed; those routed before (earlier, or
+        earlier in ``rows``) as repeats."""
+        new = rows[~self._seen[rows]]
+        first = np.unique(new).size if new.size else 0
+        self._seen[new] = True
+        self.routed_tokens += int(rows.size)
+        self.repeated_tokens += int(rows.size) - first
 
     def set_placement(self, placement: Placement) -> None:
         self.placement = placement
@@ -154,6 +177,7 @@ class ReplayRouter:
         T = self.trace.num_tokens
         for a in range(0, len(rows), self.CHUNK):
             r = np.asarray(rows[a:a + self.CHUNK]) % T
+            self._count(r)
             s = np.asarray(src[a:a + self.CHUNK])
             ids = self.trace.expert_ids[r]  # [n, L, k]
             slots = token_slots(placement, ids, self.rule, src_gpu=s, dispatch_map=self.dmap)
@@ -208,6 +232,15 @@ class StatRouter:
                                 for a, b in zip(self.window_start, ends)])
         self.cursor = 0  # trace tokens routed so far (the position in the trace's time line)
         self.set_placement(placement)
+
+    @property
+    def routed_tokens(self) -> int:
+        return int(self.cursor)
+
+    @property
+    def repeated_tokens(self) -> int:
+        """Tokens routed past the first pass over the trace (its windows' distributions again)."""
+        return max(0, int(self.cursor) - self.trace.num_tokens)
 
     @property
     def num_windows(self) -> int:
@@ -291,15 +324,33 @@ class StatRouter:
         k = self.trace.model.top_k
         num_sel = num_tokens * k
         gpu_q, slot_q = self._mixed("gpu_q_w", cycles, cover, n), self._mixed("slot_q_w", cycles, cover, n)
-        L, G = gpu_q.shape
         tokens = rng.multinomial(num_sel, gpu_q).astype(np.float64)  # [L, G]
-        S = self.placement.slots_per_gpu
-        touched = (1.0 - np.exp(-num_sel * slot_q)).reshape(L, G, S).sum(axis=2)
+        touched = self.expected_touched(tokens, gpu_q, slot_q, k, num_tokens)
         counts = None
         if want_counts:
             counts = num_sel * self._mixed("freq_w", cycles, cover, n)
         return (MoeWork(tokens, touched, tokens * self.nv_ratio[:, None], tokens * self.nic_ratio[:, None]),
                 counts)
+
+
+    def expected_touched(self, tokens: np.ndarray, gpu_q: np.ndarray, slot_q: np.ndarray, k: int,
+                         num_tokens: int) -> np.ndarray:
+        """Distinct local experts each GPU reads ``[L, G]`` when ``num_tokens`` tokens put ``tokens``
+        selections on it (``[L, G]``, drawn), given its share of the layer's selections (``gpu_q`` ``[L, G]``)
+        and the slots' shares (``slot_q`` ``[L, P]``). A token selects slot ``s`` with probability
+        ``p_s = k q_s`` (its ``k`` experts are distinct), so ``n`` tokens touch it with probability
+        ``1 - (1 - p_s)^n``. Conditioned on the draw: a GPU that drew ``c`` times its expected
+        ``n k Q_g`` selections is given ``c p_s`` per token, so at batch 1 every selection on a GPU is a
+        distinct expert (as replay counts) and at large batch the sum is the binomial expectation. The
+        unconditioned expectation gave the busiest GPU the mean GPU's weight reads (issue 27: 1.96
+        distinct experts for 4.18 selections at batch 1). Capped at the GPU's selections."""
+        L, G = tokens.shape
+        S = self.placement.slots_per_gpu
+        n = max(int(num_tokens), 1)
+        c = np.divide(tokens, n * k * gpu_q, out=np.zeros_like(tokens), where=gpu_q > 0)
+        p = np.minimum(k * slot_q.reshape(L, G, S) * c[:, :, None], 1.0)
+        touched = (1.0 - (1.0 - p) ** n).sum(axis=2)
+        return np.minimum(touched, tokens)
 
 
 def _window_freq(trace: TraceTokens, a: int, b: int, fallback: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.placement.record import load_placement
 from moeplace.sim.calibration import load_profile
 from moeplace.sim.config import SimConfig, parse_mtp
-from moeplace.sim.fidelity import fidelity_doc
+from moeplace.sim.fidelity import fidelity_doc, run_context
 from moeplace.sim.rebalance import recommend_configs
 from moeplace.sim.results import (
     CHROME_TRACE,
@@ -91,9 +91,13 @@ def register(sub) -> None:
                    "allgather = all-gather tokens + reduce-scatter outputs (TensorRT-LLM CUTLASS MoE)")
     e.add_argument("--cuda-graph-max-bs", type=flags.nonneg_int, default=512, help="decode batches up to this size per rank "
                    "replay CUDA graphs (0 = eager)")
+    e.add_argument("--kernel-build", choices=("unfused", "fused"), default="unfused",
+                   help="engine build whose kernels per layer kind pay the fitted per-kernel gap: unfused (FP8 "
+                   "block-scale paths of TensorRT-LLM / SGLang / vLLM) or fused (TensorRT-LLM's NVFP4 "
+                   "min-latency build); docs/simulate.md lists the counts")
     e.add_argument("--kernels-per-layer", type=flags.float_range(0.0), default=None,
-                   help="kernels one decoder layer runs back to back in the modelled engine build (default 20; "
-                   "builds that fuse kernels run fewer, each pays the fitted per-kernel gap)")
+                   help="one kernel count for every decoder layer instead of the build's counts by layer kind "
+                   "(a what-if)")
     e.add_argument("--mtp", default=None, metavar="DRAFT:ACCEPT", help="MTP / speculative decoding: draft tokens "
                    "per step and per-token acceptance probability, e.g. 1:0.85, or one conditional "
                    "acceptance per draft position, e.g. 3:0.92,0.72,0.36")
@@ -189,10 +193,11 @@ def run(args) -> int:
     progress = not args.no_progress and sys.stderr.isatty()
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
                        progress=progress, prefill=prefill)
+    run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name)
     if args.out:
         resolved = {**resolved_config(config, cluster, trace, placements, profile),
                     "settings": settings_record(args, {"traces": args.traces})}
-        outs.write(args.out, lambda: write_outputs(args.out, results, resolved))
+        outs.write(args.out, lambda: write_outputs(args.out, results, resolved, run))
     if args.chrome_trace:
         outs.write(args.chrome_trace, lambda: write_chrome_trace(args.chrome_trace, results))
     rec = None
@@ -207,8 +212,11 @@ def run(args) -> int:
         routing_note += f"; {', '.join(named)} planned here on the routed tokens themselves (in-sample)"
     for r in results:
         r.summary["routing"] = {"from_token": from_token, "note": routing_note}
+    for r in results:
+        if r.summary.get("trace_note"):
+            print(f"warning: {r.label}: {r.summary['trace_note']}", file=sys.stderr)
     if args.json:
-        print(json.dumps(summaries_doc(results, settings_record(args, {"traces": args.traces})), indent=1))
+        print(json.dumps(summaries_doc(results, run, settings_record(args, {"traces": args.traces})), indent=1))
     else:
         print(routing_note)
         print(f"{trace.model.name} on {cluster.name} ({results[0].summary['num_gpus']} GPUs in all), "
@@ -218,7 +226,7 @@ def run(args) -> int:
                  f"{config.workload.concurrency} concurrent requests")
               + f"; steady state after {config.warmup_s:g} s warm-up")
         print(format_table(results))
-        print(fidelity_doc()["note"])
+        print(fidelity_doc(run)["note"])
         if rec is not None:
             print(format_recommendation(rec))
         walls = ", ".join(f"{r.label} {r.summary['wall_s']:.1f} s" for r in results)
@@ -247,7 +255,7 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
         chunked_prefill=not args.no_chunked_prefill, disaggregated=args.disaggregated, dbo=args.dbo,
         preemption=args.preemption, pool_split=args.pool_split, gpu_memory_utilization=args.gpu_memory_utilization,
         deepep_mode=args.deepep_mode, cuda_graph_max_bs=args.cuda_graph_max_bs,
-        kernels_per_layer=args.kernels_per_layer, mtp_draft=mtp_draft,
+        kernels_per_layer=args.kernels_per_layer, kernel_build=args.kernel_build, mtp_draft=mtp_draft,
         mtp_acceptance=mtp_acceptance, prefix_hit=args.prefix_hit, moe_tp=args.moe_tp,
         attention_dtype=args.attention_dtype, dp_balance=args.dp_balance, admission=args.admission,
         prefill_gpus=args.prefill_gpus, phase=args.phase,

@@ -332,7 +332,10 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
     report.update({"spec": spec.path, "name": spec.name, "model": spec.model.name,
                    "table": str(store.out / SWEEP_TABLE)})
     report["recommended_launch"] = recommended_launch(spec, report, store)
-    report["fidelity"] = fidelity_doc()  # its absolute figures are the simulator's: say how far they were off
+    # its absolute figures are the simulator's: say how far they were off, and what no validation case
+    # covers (the sweep's model, its GPU when it has one; regimes vary by point)
+    gpus = sorted({p.gpu for p in points})
+    report["fidelity"] = fidelity_doc({"model": spec.model.name, "gpu": gpus[0] if len(gpus) == 1 else None})
     frontier_path = store.out / FRONTIER_FILE
     write_text_atomic(frontier_path, json.dumps(report, indent=1, default=str) + "\n")
     return SweepOutcome(table=table, report=report, num_points=len(points),
