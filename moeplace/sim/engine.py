@@ -51,6 +51,7 @@ from moeplace.sim.events import Event, EventQueue
 from moeplace.sim.rebalance import Rebalancer
 from moeplace.sim.results import Recorder, SimResult
 from moeplace.sim.routing import make_router, src_gpus
+from moeplace.sim.scheduler import make_scheduler
 from moeplace.sim.workload import Request, RequestSource, TraceTokens, arrival_times, decode_row, token_rows
 
 
@@ -63,6 +64,21 @@ class Rank:
     running: list = field(default_factory=list)  # admission order
     used: int = 0  # KV token slots (per GPU) the running sequences hold for their next step
     pending: int = 0  # prompt tokens enqueued here and not yet prefilled (the DP balancer's load)
+
+
+@dataclass
+class _Batch:
+    """One iteration being formed: the work per rank, its prefill chunks ``(request, rank, tokens)`` and
+    decoding sequences ``(request, rank)``; with exact routing, the trace rows of its tokens and their ranks."""
+
+    work: RankWork
+    exact: bool
+    prefill: list = field(default_factory=list)
+    decoding: list = field(default_factory=list)
+    dec_rows: list = field(default_factory=list)
+    dec_rank: list = field(default_factory=list)
+    pre_rows: list = field(default_factory=list)
+    pre_rank: list = field(default_factory=list)
 
 
 class Pool:
@@ -89,25 +105,17 @@ class Pool:
         self.rebalancer = None
         self.next_rank = 0
         self.last_dt = 0.0
-        # TensorRT-LLM's GUARANTEED_NO_EVICT: a request is admitted only when its whole sequence fits, so
-        # a running one never grows past what it reserved and is never preempted
-        self.reserve = sim.config.engine.admission == "reserve"
+        # the engine's batching rules: what a sequence holds, whether it grows, which prefill chunks join
+        self.scheduler = make_scheduler(sim.config.engine, self.pools)
 
     # ------------------------------------------------------------------ memory checks
     def _kv(self, n):
         return self.pools.kv_tokens(n)
 
-    def _need(self, q: Request) -> int:
-        """Token slots the sequence holds: its KV so far + the token being made (``admission="on_demand"``),
-        or its whole prompt + output from admission on (``"reserve"``, capped at the model's context)."""
-        if self.reserve:
-            return min(q.prompt_len + q.output_len, self.pools.max_model_len)
-        return max(q.prefill_target, q.ctx) + 1
-
     def _used(self, rank: Rank) -> int:
         """Recomputed from scratch (checks of the incremental ``Rank.used``)."""
         kv = self.pools.kv_tokens
-        return int(sum(kv(self._need(q)) for q in rank.running))
+        return int(sum(kv(self.scheduler.need(q)) for q in rank.running))
 
     def _admit(self, r: int, now: float, used: int) -> int:
         """Admit from the swapped, then the waiting queue; returns the rank's KV token slots in use."""
@@ -116,7 +124,7 @@ class Pool:
         for queue in (rank.swapped, rank.waiting):
             while queue:
                 q = queue[0]
-                need = self._need(q)
+                need = self.scheduler.need(q)
                 if not pools.can_admit(need, 0, 0):  # could not fit even alone: never will
                     queue.popleft()
                     self.sim.reject(q, now)
@@ -143,12 +151,12 @@ class Pool:
         while len(rank.running) > 1:
             last = rank.running[-1]
             mine = last.kv
-            if pools.can_admit(self._need(last), used - mine, len(rank.running) - 1):
+            if pools.can_admit(self.scheduler.need(last), used - mine, len(rank.running) - 1):
                 return used
             rank.running.pop()
             used -= mine
             self.sim.preempt(self, r, last, now)
-        if rank.running and not pools.can_admit(self._need(rank.running[0]), 0, 0):
+        if rank.running and not pools.can_admit(self.scheduler.need(rank.running[0]), 0, 0):
             # a lone sequence that has outgrown the pools: the engine aborts it
             q = rank.running.pop()
             used -= q.kv
@@ -157,20 +165,33 @@ class Pool:
 
     # ------------------------------------------------------------------ one iteration
     def maybe_start(self, now: float) -> list[Event]:
+        """Start an iteration if the pool is idle and has work: form the batch, route it, cost it."""
         if self.busy:
             return []
-        sim = self.sim
-        cfg = sim.config.engine
-        D = len(self.ranks)
-        work = RankWork.zeros(D)
-        batch = []  # prefill chunks: (request, rank, tokens)
-        decoding = []  # (request, rank)
-        dec_rows: list[int] = []
-        dec_rank: list[int] = []
-        pre_rows, pre_rank = [], []
+        b = self._form_batch(now)
+        if b is None:
+            return []
+        moe, counts = self._route(b)
+        dt, st, stall = self._cost(now, b, moe)
+        self.last_dt = dt
+        self.busy = True
+        self.batch = b.prefill
+        self.decoding = b.decoding
+        self.iteration += 1
+        if counts is not None:
+            self.rebalancer.observe(counts)
+        self.sim.recorder.iteration(self, now, dt, st, b.work, moe, stall)
+        return [Event(now + dt, "iteration_end", self)]
+
+    def _form_batch(self, now: float) -> _Batch | None:
+        """Admission, preemption and batching on every rank (the scheduler's rules): the iteration's work
+        per rank, its prefill chunks and decoding sequences and, for exact routing, the trace rows of its
+        tokens by rank. ``None`` when no rank has anything to run."""
+        cfg = self.sim.config.engine
+        b = _Batch(RankWork.zeros(len(self.ranks)), exact=self.router.needs_rows)
         decode_here = self.role != "prefill"
-        exact = self.router.needs_rows  # the statistical router only needs token counts
         per_seq = 1 + cfg.mtp_draft  # tokens each decoding sequence verifies per step
+        work = b.work
         for r, rank in enumerate(self.ranks):
             used = self._make_room(r, now, rank.used)
             rank.used = self._admit(r, now, used)
@@ -180,28 +201,20 @@ class Pool:
                 if q.ctx < q.prefill_target:
                     prefilling.append(q)
                 elif decode_here and q.generated < q.output_len:
-                    decoding.append((q, r))
-                    if exact:  # decode_row(q, q.ctx), inlined: this loop runs for every decoding sequence
-                        dec_rows.append(q.row_base + q.n_pre + (q.ctx - q.prompt_len) % q.n_dec if q.n_dec
-                                        else decode_row(q, q.ctx))
+                    b.decoding.append((q, r))
+                    if b.exact:  # decode_row(q, q.ctx), inlined: this loop runs for every decoding sequence
+                        b.dec_rows.append(q.row_base + q.n_pre + (q.ctx - q.prompt_len) % q.n_dec if q.n_dec
+                                          else decode_row(q, q.ctx))
                     n_dec += 1
                     ctx_sum += q.ctx
             ctx_sum += n_dec  # each decode token attends to its own key too
-            if exact:
-                dec_rank += [r] * (n_dec * per_seq)
+            if b.exact:
+                b.dec_rank += [r] * (n_dec * per_seq)
             work.dec_seqs[r] = n_dec
             # with drafts, each of the 1 + d verified tokens attends to the context (and the drafts before it)
             work.dec_ctx[r] = ctx_sum * per_seq + n_dec * per_seq * (per_seq - 1) / 2
-            budget = cfg.max_batched_tokens - n_dec
-            for q in prefilling:
-                if budget <= 0:
-                    break
-                left = q.prefill_target - q.ctx
-                if not cfg.chunked_prefill and left > budget and budget < cfg.max_batched_tokens:
-                    break  # whole prompts only: wait for an emptier batch
-                c = left if not cfg.chunked_prefill else min(left, budget)
-                budget -= c
-                batch.append((q, r, c))
+            for q, c in self.scheduler.prefill_chunks(prefilling, cfg.max_batched_tokens - n_dec):
+                b.prefill.append((q, r, c))
                 s0 = q.ctx
                 work.pre_tokens[r] += c
                 work.pre_seqs[r] += 1
@@ -209,44 +222,48 @@ class Pool:
                 work.pre_ctx[r] += s0 + c
                 if s0 + c >= q.prefill_target:
                     work.sampled[r] += 1
-                if exact:
-                    pre_rows.append(token_rows(q, s0, c))
-                    pre_rank.append(np.full(c, r, dtype=np.int64))
-        if not batch and not decoding:
-            return []
+                if b.exact:
+                    b.pre_rows.append(token_rows(q, s0, c))
+                    b.pre_rank.append(np.full(c, r, dtype=np.int64))
+        if not b.prefill and not b.decoding:
+            return None
         work.tokens = work.dec_seqs * per_seq + work.pre_tokens
         work.sampled += work.dec_seqs * per_seq
+        return b
+
+    def _route(self, b: _Batch):
+        """The batch's MoE work per layer and GPU from the router (and expert counts for a rebalancer)."""
+        sim = self.sim
+        cfg = sim.config.engine
         want = self.rebalancer is not None and self.rebalancer.wants_counts
         t0 = wallclock.perf_counter()
-        if exact:
-            drows = np.asarray(dec_rows, dtype=np.int64)
+        if b.exact:
+            per_seq = 1 + cfg.mtp_draft
+            drows = np.asarray(b.dec_rows, dtype=np.int64)
             if per_seq > 1:  # draft positions route like the following output tokens
                 drows = (drows[:, None] + np.arange(per_seq)[None, :]).ravel()
-            rows = np.concatenate([drows] + pre_rows)
-            ranks = np.concatenate([np.asarray(dec_rank, dtype=np.int64)] + pre_rank)
+            rows = np.concatenate([drows] + b.pre_rows)
+            ranks = np.concatenate([np.asarray(b.dec_rank, dtype=np.int64)] + b.pre_rank)
             order = np.argsort(ranks, kind="stable")  # each rank's tokens contiguous, in batch order
             rows, ranks = rows[order], ranks[order]
-            moe, counts = self.router.route(rows, src_gpus(ranks, cfg.attention_tp), sim.rng, want_counts=want)
+            out = self.router.route(rows, src_gpus(ranks, cfg.attention_tp), sim.rng, want_counts=want)
         else:
-            moe, counts = self.router.route_count(int(work.tokens.sum()), sim.rng, want_counts=want)
+            out = self.router.route_count(int(b.work.tokens.sum()), sim.rng, want_counts=want)
         sim.route_wall += wallclock.perf_counter() - t0
-        st = self._step_time(work, moe, cfg)
+        return out
+
+    def _cost(self, now: float, b: _Batch, moe):
+        """The iteration's seconds (with the stall carried in from swaps and weight moves), its step-time
+        breakdown and that stall."""
+        cfg = self.sim.config.engine
+        st = self._step_time(b.work, moe, cfg)
         shared = self.rebalancer.link_share(now, st.total) if self.rebalancer is not None else None
         if shared is not None:  # an async weight transfer shares the links with this step's all-to-all
             free = st.total
-            st = self._step_time(work, moe, cfg, shared)
+            st = self._step_time(b.work, moe, cfg, shared)
             self.rebalancer.overlapped(now, free, shared, st.total)
         stall, self.stall = self.stall, 0.0
-        dt = st.total + stall
-        self.last_dt = dt
-        self.busy = True
-        self.batch = batch
-        self.decoding = decoding
-        self.iteration += 1
-        if counts is not None:
-            self.rebalancer.observe(counts)
-        sim.recorder.iteration(self, now, dt, st, work, moe, stall)
-        return [Event(now + dt, "iteration_end", self)]
+        return st.total + stall, st, stall
 
     def _step_time(self, work, moe, cfg, link_share=None):
         st = self.cost.step_time(work, moe, cfg.dual_batch_overlap, link_share)
@@ -279,7 +296,7 @@ class Pool:
             q.generated += g
             made += g
             need = q.ctx + 1
-            if not self.reserve and (not paged or need > q.kv):
+            if self.scheduler.grows and (not paged or need > q.kv):
                 after = kv(need)
                 ranks[r].used += after - q.kv
                 q.kv = after
@@ -294,7 +311,7 @@ class Pool:
             q.ctx += c
             prefilled += c
             rank.pending = max(rank.pending - c, 0)
-            after = q.kv if self.reserve else kv(max(q.prefill_target, q.ctx) + 1)
+            after = self.scheduler.held_after_prefill(q)
             rank.used += after - q.kv
             q.kv = after
             if q.ctx < q.prefill_target:
