@@ -212,6 +212,53 @@ def test_vllm_routed_lists_with_prompt_routed_experts_and_dict_form(tiny, tmp_pa
     assert "token_id" not in df.columns
 
 
+def _prompt_start_response(rng, start, record_start=True):
+    """A vLLM 0.34 response to a request with routed_experts_prompt_start=start: the worker's emit cursor
+    starts at ``start``, so rows cover tokens start .. prompt + generated - 2."""
+    prompt, gen = list(range(100, 114)), [200, 201, 202, 203]
+    arr = _routes(rng, len(prompt) + len(gen) - 1 - start)
+    resp = {"id": "cmpl-s", "prompt_token_ids": prompt, "usage": {"prompt_tokens": 14, "completion_tokens": 4},
+            "choices": [{"index": 0, "token_ids": gen, "routed_experts": _npy_b64(arr)}]}
+    if record_start:
+        resp["routed_experts_prompt_start"] = start
+    return resp, prompt + gen, arr
+
+
+def test_vllm_routed_prompt_start_skips_prompt_rows(tiny, tmp_path):
+    resp, ids, arr = _prompt_start_response(np.random.default_rng(5), start=2)
+    src = tmp_path / "r.jsonl"
+    src.write_text(json.dumps(resp) + "\n")
+    import_source("vllm-routed-experts", [src], tiny, tmp_path / "t")
+    tok = rows(tmp_path / "t").filter(pl.col("layer") == 2).sort("position")
+    assert tok["position"].to_list() == list(range(2, 17))
+    assert tok["phase"].to_list() == [0] * 12 + [1] * 3  # prompt tokens 2..13, generated 14..16
+    assert tok["token_id"].to_list() == ids[2:17]
+    assert np.array(tok["expert_ids"].to_list()).tolist() == arr[:, 2].tolist()
+
+
+def test_vllm_routed_row_count_invariant_refuses(tiny, tmp_path):
+    # the request set routed_experts_prompt_start=2 but the record does not say so: 2 rows short
+    resp, _, _ = _prompt_start_response(np.random.default_rng(6), start=2, record_start=False)
+    src = tmp_path / "r.jsonl"
+    src.write_text(json.dumps(resp) + "\n")
+    with pytest.raises(InputError, match=r"r.jsonl: line 1: choice 0: field 'routed_experts' has 15 rows, vLLM "
+                                         r"returns prompt 14 \+ generated 4 - 1 = 17; refusing rather than "
+                                         r"mislabelling tokens; 2 rows short is what a request with "
+                                         r"routed_experts_prompt_start=2 returns"):
+        import_source("vllm-routed-experts", [src], tiny, tmp_path / "t")
+    resp["routed_experts_prompt_start"] = 3  # said, but wrong
+    src.write_text(json.dumps(resp) + "\n")
+    with pytest.raises(InputError, match=r"has 15 rows, vLLM returns prompt 14 \+ generated 4 - 1 - "
+                                         r"routed_experts_prompt_start 3 = 14"):
+        import_source("vllm-routed-experts", [src], tiny, tmp_path / "t")
+    resp["routed_experts_prompt_start"] = 15
+    src.write_text(json.dumps(resp) + "\n")
+    with pytest.raises(InputError, match=r"field 'routed_experts_prompt_start' is 15, expected an integer from 0 "
+                                         "to the prompt length 14"):
+        import_source("vllm-routed-experts", [src], tiny, tmp_path / "t")
+    assert not (tmp_path / "t").exists()
+
+
 @pytest.mark.parametrize("resp, message", [
     ({"choices": [{"routed_experts": None}], "usage": {"prompt_tokens": 1}},
      "line 1: choice 0: field 'routed_experts' is null"),
