@@ -11,6 +11,7 @@ import pkgutil
 import sys
 
 from moeplace.foundation.errors import MoeplaceError
+from moeplace.foundation import progress
 from moeplace.foundation.files import Terminated, raise_on_sigterm
 import moeplace.cli.commands as commands
 
@@ -50,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so temporaries and child processes are cleaned up on every exit path
     raise_on_sigterm()
     try:
-        return int(args.func(args) or 0)
+        # commands with --no-progress draw bars on stderr for their long steps (foundation.progress)
+        with progress.enabled(hasattr(args, "no_progress") and progress.wanted(args.no_progress)):
+            return int(args.func(args) or 0)
     except MoeplaceError as exc:
         print("place: error: " + " ".join(str(exc).split("\n")), file=sys.stderr)
         return exc.exit_code

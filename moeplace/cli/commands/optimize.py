@@ -14,7 +14,7 @@ from moeplace.foundation.files import Outputs, write_text_atomic
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
 from moeplace.cli import flags
-from moeplace.cli.commands import add_force
+from moeplace.cli.commands import add_force, add_progress
 from moeplace.placement.compare import (
     DEFAULT_WINDOW_TOKENS,
     compare_policies,
@@ -70,6 +70,7 @@ def register(sub) -> None:
     p.add_argument("--report", metavar="FILE", default=None,
                    help="also write the comparison as JSON (what --json prints) to FILE")
     add_force(p)
+    add_progress(p)
     g = p.add_argument_group("optimizer options (used by the moeplace policy)")
     g.add_argument("--robust", action="store_true", help="maximize the worst planning window, not the mean")
     g.add_argument("--envelope", action="store_true",

@@ -8,7 +8,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs, write_text_atomic
 from moeplace.foundation.formats import tagged
 from moeplace.cli import flags
-from moeplace.cli.commands import add_force
+from moeplace.cli.commands import add_force, add_progress
 from moeplace.traces.stats import DEFAULT_SAMPLE_TOKENS, DEFAULT_WINDOW_TOKENS, compute_stats
 
 GROUP = "trace"
@@ -31,6 +31,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--out", metavar="FILE", help="write Loads (.npz) or the statistics (.json)")
     add_force(p)
+    add_progress(p)
     p.set_defaults(func=run)
 
 
@@ -80,6 +81,9 @@ def run(args) -> int:
     doc = json.dumps(tagged("trace-stats", s), indent=1)
     if out is not None and out.suffix == ".json":
         outs.write(out, lambda: write_text_atomic(out, doc))
-    print(doc if args.json else table(s))
+    if args.json:  # the document, plus (on stdout only) what this run wrote
+        print(json.dumps({**tagged("trace-stats", s), "written": [] if out is None else [str(out)]}, indent=1))
+    else:
+        print(table(s))
     outs.finish()
     return 0

@@ -55,6 +55,7 @@ from safetensors.numpy import load_file
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.progress import track
 from moeplace.traces.importers import ImportResult
 from moeplace.traces.importers._common import (
     expert_id_matrix,
@@ -135,7 +136,7 @@ def _iterations(found: set[int], path: Path) -> list[int]:
 def _records(files: dict[int, Path], model: ModelSpec, tally: dict[str, int]):
     """Every (rank, path, key, iteration, layer, array) of the rank files, in file order; keys of layers
     past the decoder layers (an MTP draft layer) are skipped. ``tally`` counts records read and skipped."""
-    for rank, path in files.items():
+    for rank, path in track(files.items(), "read rank files", "file", total=len(files)):
         for key, arr in _load(path).items():
             tally["records"] += 1
             k = _key(path, key, model)
@@ -253,8 +254,8 @@ def _raw_short_of_counts(d: Path, batches: dict, order: list, model: ModelSpec) 
     """Compare each kept (iteration, rank) batch's raw ids with the counts the same writer saved beside them
     (``rank{R}.safetensors``): TensorRT-LLM's raw record keeps only the last call of a layer in an iteration
     while the counts add every call, so a chunked MoE forward leaves the raw ids short. Returns the tokens
-    the raw ids lack (per the counts, summed over the keys that differ) and a note, or zeros when the
-    counts are absent or agree. A raw id the counts do not hold at all is an error (not the same run)."""
+    the raw ids lack (per the counts; per batch the most any of its layers lacks, as a token lacks every
+    layer) and a note, or zeros when the counts are absent or agree. A raw id the counts do not hold at all is an error (not the same run)."""
     counts_files, _ = _dump_files(d)
     loaded: dict[int, dict] = {}
     tokens, keys, first = 0, 0, None
@@ -263,6 +264,7 @@ def _raw_short_of_counts(d: Path, batches: dict, order: list, model: ModelSpec) 
             continue
         if rank not in loaded:
             loaded[rank] = _load(counts_files[rank])
+        lack = 0
         for layer, ids in batches[(it, rank)].items():
             key = f"{it}_{layer}"
             c = loaded[rank].get(key)
@@ -273,9 +275,10 @@ def _raw_short_of_counts(d: Path, batches: dict, order: list, model: ModelSpec) 
                 raise InputError(f"{counts_files[rank]}: key '{key}': the raw ids of {d / f'rank{rank}_raw.safetensors'} "
                                  "select experts these counts do not hold: the two files are not of the same run")
             if (got != c).any():
-                tokens += int((c - got).sum()) // model.top_k
+                lack = max(lack, int((c - got).sum()) // model.top_k)
                 keys += 1
                 first = first or f"key '{key}' of rank {rank}: {ids.shape[0]} raw tokens, {int(c.sum()) // model.top_k} counted"
+        tokens += lack
     if not keys:
         return {"tokens": 0, "note": None}
     return {"tokens": tokens, "note": (f"the raw ids hold {tokens:,} tokens fewer than the counts beside them in "
