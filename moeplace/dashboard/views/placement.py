@@ -372,7 +372,7 @@ for tab, (fmt, eng, kind, summ) in zip(tabs, exports):
         except Exception as exc:  # noqa: BLE001  the engine's own checks reject this placement
             st.warning(f"{fmt}: {ui.error_text(exc)}")
             continue
-        st.download_button(f"{fname}", blob, file_name=fname, key=f"dl_{fmt}", help=summ)
+        st.download_button(f"{fmt} ({eng}): {fname}", blob, file_name=fname, key=f"dl_{fmt}", help=summ)
         for w in warns:
             st.caption(f"{fmt}: {w}")
         if launch.command:
