@@ -81,9 +81,6 @@ def run(args) -> int:
     doc = json.dumps(tagged("trace-stats", s), indent=1)
     if out is not None and out.suffix == ".json":
         outs.write(out, lambda: write_text_atomic(out, doc))
-    if args.json:  # the document, plus (on stdout only) what this run wrote
-        print(json.dumps({**tagged("trace-stats", s), "written": [] if out is None else [str(out)]}, indent=1))
-    else:
-        print(table(s))
+    print(doc if args.json else table(s))
     outs.finish()
     return 0
