@@ -30,7 +30,7 @@ PAGES = {
     "": ("moeplace", ["Simulations", "Comparisons", "Plan: per-GPU memory"], 0),
     "traces": ("Traces", ["Expert load per layer", "Skew per layer", "Inter-layer affinity", "Domain mix", "valid"], 5),
     "placement": ("Placement", ["Per-layer balancedness", "GPU loads of one layer", "Balance vs traffic",
-                                "Launch and export", "sglang (sglang)", "memory plan:"], 6),
+                                "Launch and export", "sglang (SGLang)", "memory plan:"], 6),
     "simulate": ("Simulate", ["Simulated figures", "absolute figures are model estimates", "Latency CDFs",
                               "Throughput over time", "Pool occupancy over time", "Straggler time per MoE layer"], 6),
     "sweep": ("Sweep", ["Simulated figures", "GPU prices", "Workload chat", "Pareto frontier", "Frontier in cost",
