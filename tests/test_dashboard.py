@@ -529,6 +529,7 @@ def test_accuracy_note_under_every_simulated_figure(run_dir):
 
 def test_placement_page_shows_each_engines_launch_command_from_the_export_library(run_dir):
     from moeplace.dashboard import data
+    from moeplace.foundation.errors import InputError
     from moeplace.placement.export import format_names
     from moeplace.placement.export.flags import ENGINE_OF_FORMAT, FlagOptions, check_layout, launch_command
 
@@ -546,10 +547,11 @@ def test_placement_page_shows_each_engines_launch_command_from_the_export_librar
             continue
         try:
             want = launch_command(p, model, fmt, export_dir / data.export_name(p, fmt), opts)
-        except Exception:  # noqa: BLE001  the engine refuses this layout: the page says why instead
-            continue
-        assert want.rstrip("\n") in codes, fmt
-        shown += 1
+        except InputError as exc:  # the engine refuses this layout: the page says why instead
+            assert any(i.value == f"No launch command: {exc}" for i in at.info), fmt
+        else:
+            assert want.rstrip("\n") in codes, fmt
+            shown += 1
     assert shown >= 3 and any("--ep-size 16" in c for c in codes) and any("vllm serve" in c for c in codes)
     assert any(f"memory plan: {plan.layout.describe()}" in c.value for c in at.caption)
 
