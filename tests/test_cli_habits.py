@@ -235,3 +235,23 @@ def test_library_calls_draw_nothing(tmp_path, capsys):
 
     synthesize(load_model(TINY), SynthConfig(num_tokens=1000), tmp_path / "t")
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow  # torch + transformers import: ~15-20 s on a loaded 2-core machine
+def test_trace_capture_json(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from tests.test_capture import write_config
+
+    cfg = write_config(tmp_path)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world\nab\n")
+    out = tmp_path / "trace"
+    assert main(["trace", "capture", "--hf-config", str(cfg), "--prompts", str(prompts), "--max-new-tokens", "2",
+                 "--ignore-eos", "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["format"] == "moeplace.capture-summary/1"
+    assert doc["written"] == [{"path": str(out), "kind": "trace directory"}] and doc["warnings"] == []
+    s = doc["summary"]
+    assert s["num_requests"] == 2 and s["num_prompt_tokens"] == len(b"hello world") + len(b"ab")
+    assert main(["trace", "validate", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["traces"][0]["rows"] == s["num_rows"]
