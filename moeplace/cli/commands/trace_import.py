@@ -120,6 +120,7 @@ def format_summary(s: dict, out: Path, model_name: str) -> str:
         ("zero_steps_dropped", "zero steps dropped"),
         ("idle_records_dropped", "idle records dropped"),
         ("incomplete_tokens_dropped", "partial tokens dropped"),
+        ("raw_tokens_short_of_counts", "raw short of counts"),
         ("ranks", "ranks"),
         ("mtp_layers_skipped", "MTP records skipped"),
         ("requests", "requests"),
