@@ -185,7 +185,7 @@ def test_placement_downloads_every_export_format(run_dir, tmp_path):
 
     labels = [b.label for b in at.download_button]
     assert "placement JSON" in labels
-    shown = [lab.split(" ")[0] for lab in labels if lab != "placement JSON"]
+    shown = [lab.split(" ")[0] for lab in labels if lab != "placement JSON"]  # "<format> (<engine>): <file>"
     rejected = [w.value.split(":")[0] for w in at.warning]
     assert sorted(shown + rejected) == sorted(format_names())
     # the bytes offered are what the exporter writes, and the placement JSON reads back unchanged
@@ -323,13 +323,14 @@ def test_place_dashboard_runs_streamlit_on_the_app_with_the_run_dir(run_dir):
 def test_an_artifact_rewritten_on_disk_is_reread(run_dir, tmp_path):
     run = copy_run(run_dir, tmp_path)
     at = open_page(run, "placement")
-    before = metric(at, "linear: balancedness")
+    before, eplb_value = metric(at, "linear: balancedness"), metric(at, "eplb: balancedness")
     eplb = load_placement(run / "placements" / "eplb.json")
     eplb.save(run / "placements" / "linear.json")  # same path, new content: the cache key (mtime, size) changes
+    (run / "placements" / "eplb.json").unlink()  # else the two files are one placement, listed once
     at.run()
     no_failures(at)
     after = metric(at, "linear: balancedness")
-    assert after == metric(at, "eplb: balancedness") != before
+    assert after == eplb_value != before
 
 
 def test_scan_finds_artifacts_by_content_and_follows_the_simulated_trace(run_dir, tmp_path):
@@ -508,3 +509,127 @@ def test_unseen_windows_follow_the_planning_record(run_dir, tmp_path):
     other_ld = compute_stats(run / "other", 1024, loads_only=True)
     other = unseen_windows(pl_, other_ld, run / "other", run)
     assert other.kind == "unseen input" and len(other.windows) == other_ld.num_windows
+
+
+# ---------------------------------------------------------------------------- issue 29: hints, launch, cost
+def test_accuracy_note_under_every_simulated_figure(run_dir):
+    from moeplace.sim.fidelity import fidelity_doc
+
+    note = fidelity_doc()["note"]
+    at = open_page(run_dir, "simulate")
+    no_failures(at)
+    assert [i.value for i in at.info if note in i.value] == [f"**Simulated figures** — {note}"]
+    at = open_page(run_dir, "sweep")
+    no_failures(at)
+    recorded = json.loads((run_dir / SWEEP_DIR / "frontier.json").read_text())["fidelity"]["note"]
+    assert any(i.value == f"**Simulated figures** — {recorded}" for i in at.info)
+    for page in ("placement", "plan", "traces"):  # no simulated figure there: no note
+        assert not any("Simulated figures" in i.value for i in open_page(run_dir, page).info)
+
+
+def test_placement_page_shows_each_engines_launch_command_from_the_export_library(run_dir):
+    from moeplace.dashboard import data
+    from moeplace.foundation.errors import InputError
+    from moeplace.placement.export import format_names
+    from moeplace.placement.export.flags import ENGINE_OF_FORMAT, FlagOptions, check_layout, launch_command
+
+    at = open_page(run_dir, "placement")
+    at.selectbox(key="pl_download").set_value("moeplace").run()
+    no_failures(at)
+    p = load_placement(run_dir / "placements" / "moeplace.json")
+    model = compute_stats(run_dir / "traces").model
+    opts, plan = check_layout(p, model, FlagOptions())
+    export_dir = Path(run_dir).resolve() / "export"
+    codes = [c.value for c in at.code]
+    shown = 0
+    for fmt in format_names():
+        if fmt not in ENGINE_OF_FORMAT:
+            continue
+        try:
+            want = launch_command(p, model, fmt, export_dir / data.export_name(p, fmt), opts)
+        except InputError as exc:  # the engine refuses this layout: the page says why instead
+            assert any(i.value == f"No launch command: {exc}" for i in at.info), fmt
+        else:
+            assert want.rstrip("\n") in codes, fmt
+            shown += 1
+    assert shown >= 3 and any("--ep-size 16" in c for c in codes) and any("vllm serve" in c for c in codes)
+    assert any(f"memory plan: {plan.layout.describe()}" in c.value for c in at.caption)
+
+
+def test_the_same_placement_in_two_files_is_listed_once(run_dir, tmp_path):
+    run = copy_run(run_dir, tmp_path)
+    shutil.copy(run / "placements" / "moeplace.json", run / "placement.json")  # what place demo writes
+    at = open_page(run)
+    no_failures(at)
+    assert metric(at, "Placements") == "3"
+    rows = at.dataframe[0].value
+    assert "placement file (the same placement as placement.json)" in set(rows["kind"])
+    at = open_page(run, "placement")
+    no_failures(at)
+    chosen = next(m for m in at.multiselect if m.key.startswith("pl_chosen_"))
+    assert sorted(chosen.options) == ["eplb", "linear", "placement"]
+    assert any("Listed once" in c.value and "placement.json = placements/moeplace.json" in c.value
+               for c in at.caption)
+
+
+def test_empty_sweep_page_points_to_a_command_that_makes_a_sweep(tmp_path):
+    at = open_page(tmp_path, "sweep")
+    no_failures(at)
+    (hint,) = [i.value for i in at.info]
+    assert "place sweep examples/sweep-k3.yaml --local --out" in hint and "place demo" not in hint
+    spec = Path(__file__).resolve().parent.parent / "examples" / "sweep-k3.yaml"
+    assert spec.is_file()  # the spec the hint names ships with the repository
+
+
+def test_dashboard_help_names_all_six_pages(capsys):
+    from moeplace.cli.main import main
+
+    assert main(["dashboard", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for page in ("Overview", "Traces", "Placement", "Plan", "Simulate", "Sweep"):
+        assert page in text, page
+
+
+def test_cost_points_price_by_gpu_type():
+    from moeplace.dashboard.data import cost_points
+
+    pts = [{"index": 0, "gpus": 8, "gpu": "h200", "output_tok_s": 1000.0, "tpot_p99_s": 0.05},
+           {"index": 1, "gpus": 8, "gpu": "b200", "output_tok_s": 1100.0, "tpot_p99_s": 0.05},
+           {"index": 2, "gpus": 16, "gpu": "h200", "output_tok_s": 900.0, "tpot_p99_s": 0.06},
+           {"index": 3, "gpus": 4, "gpu": "gb300-nvl72", "output_tok_s": 10.0, "tpot_p99_s": 0.01}]
+    out = cost_points(pts, {"h200": 3.0, "b200": 6.0})
+    assert [r["usd_per_hour"] for r in out] == [24.0, 48.0, 48.0, None]
+    assert out[0]["usd_per_mtok"] == pytest.approx(24.0 / (1000 * 3600) * 1e6)
+    # same GPU count, but the B200 point costs twice as much per hour for 10% more: both on the frontier;
+    # the 16-GPU point is dominated by the 8 x H200 one; the unpriced one is left off
+    assert [r["on_cost_frontier"] for r in out] == [True, True, False, False]
+    out = cost_points(pts, {"h200": 3.0, "b200": 3.0})  # at the same price the B200 point dominates
+    assert [r["on_cost_frontier"] for r in out] == [False, True, False, False]
+
+
+def test_sweep_cost_frontier_follows_the_edited_prices(run_dir):
+    from moeplace.dashboard.data import DEFAULT_GPU_PRICES, cost_points
+
+    rep = json.loads((run_dir / SWEEP_DIR / "frontier.json").read_text())
+    w = rep["workloads"]["chat"]
+    at = open_page(run_dir, "sweep")
+    no_failures(at)
+    assert at.number_input(key="price_h100").value == DEFAULT_GPU_PRICES["h100"]
+
+    def cost_table():
+        return next(d.value for d in at.dataframe if "USD/hour" in d.value.columns)
+
+    want = [r for r in cost_points(w["points"], {"h100": DEFAULT_GPU_PRICES["h100"]}) if r["on_cost_frontier"]]
+    got = cost_table()
+    assert sorted(got["#"].tolist()) == sorted(r["index"] for r in want)
+    assert got["USD/hour"].tolist() == [round(8 * DEFAULT_GPU_PRICES["h100"], 2)] * len(want)
+    at.number_input(key="price_h100").set_value(10.0).run()
+    no_failures(at)
+    got = cost_table()
+    assert got["USD/hour"].tolist() == [80.0] * len(want)
+    best = min(want, key=lambda r: 80.0 / r["output_tok_s"])
+    assert metric(at, "Cheapest per million output tokens") == f"${80.0 / (best['output_tok_s'] * 3600) * 1e6:.3f}"
+    at.radio(key="sweep_axis").set_value("cost (USD/hour)").run()
+    no_failures(at)
+    points = next(d for d in chart_data(at) if "USD/hour" in d.columns and "frontier" in d.columns)
+    assert points["USD/hour"].tolist() == [10.0 * r["gpus"] for r in w["points"]]

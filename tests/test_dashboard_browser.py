@@ -30,10 +30,11 @@ PAGES = {
     "": ("moeplace", ["Simulations", "Comparisons", "Plan: per-GPU memory"], 0),
     "traces": ("Traces", ["Expert load per layer", "Skew per layer", "Inter-layer affinity", "Domain mix", "valid"], 5),
     "placement": ("Placement", ["Per-layer balancedness", "GPU loads of one layer", "Balance vs traffic",
-                                "Download"], 6),
-    "simulate": ("Simulate", ["Latency CDFs", "Throughput over time", "Pool occupancy over time",
-                              "Straggler time per MoE layer"], 6),
-    "sweep": ("Sweep", ["Workload chat", "Pareto frontier", "Recommended deployment", "vllm serve",
+                                "Launch and export", "sglang (SGLang)", "memory plan:"], 6),
+    "simulate": ("Simulate", ["Simulated figures", "absolute figures are model estimates", "Latency CDFs",
+                              "Throughput over time", "Pool occupancy over time", "Straggler time per MoE layer"], 6),
+    "sweep": ("Sweep", ["Simulated figures", "GPU prices", "Workload chat", "Pareto frontier", "Frontier in cost",
+                        "Cheapest per million output tokens", "Recommended deployment", "vllm serve",
                         "Points not simulated", "infeasible"], 1),
 }
 

@@ -155,6 +155,87 @@ def test_trtllm_raw_errors(tiny, tmp_path):
     assert not (tmp_path / "t").exists()
 
 
+class _ExpertStatisticMirror:
+    """TensorRT-LLM's raw-writing ``ExpertStatistic`` (tensorrt_llm/_torch/expert_statistic.py, NVIDIA/
+    TensorRT-LLM commit 7ce477f) line for line, numpy for torch: inclusive range, the raw record of a key
+    replaced by each call, the bincount added, both files (and rank 0's meta_info.json) saved when the
+    iteration after ``stop`` begins."""
+
+    def __init__(self, rank_id, start, stop, path):
+        self.current_iter_id = self.current_layer = self._meta_info = None
+        self.rank_id, self.start, self.stop, self.path = rank_id, start, stop, path
+        self._records, self._records_bincount = {}, {}
+
+    @property
+    def _should_record(self):
+        return self.current_iter_id is not None and self.start <= self.current_iter_id <= self.stop
+
+    def _save(self):
+        self.path.mkdir(exist_ok=True)
+        if self.rank_id == 0:
+            (self.path / "meta_info.json").write_text(json.dumps(self._meta_info))
+        save_file(self._records_bincount, str(self.path / f"rank{self.rank_id}.safetensors"))
+        save_file(self._records, str(self.path / f"rank{self.rank_id}_raw.safetensors"))
+
+    def set_iter(self, iter_id):
+        if self.current_iter_id == self.stop:
+            self._save()
+        self.current_iter_id = iter_id
+
+    def set_layer(self, layer):
+        self.current_layer = layer
+
+    def maybe_add_info(self, expert_count, token_selected_experts):
+        if not self._should_record:
+            return
+        if self._meta_info is None:
+            self._meta_info = {"num_experts": expert_count, "num_experts_per_token": token_selected_experts.shape[-1]}
+        key = f"{self.current_iter_id}_{self.current_layer}"
+        self._records[key] = np.ascontiguousarray(token_selected_experts)
+        counts = np.bincount(token_selected_experts.ravel(), minlength=expert_count)
+        if key not in self._records_bincount:
+            self._records_bincount[key] = counts
+        else:
+            self._records_bincount[key] += counts
+
+
+def test_trtllm_raw_writer_mirror_imports_and_says_what_chunking_lost(tiny, tmp_path):
+    d = tmp_path / "expert_statistic"
+    rng = np.random.default_rng(7)
+    writers = [_ExpertStatisticMirror(r, 5, 7, d) for r in range(2)]
+    last_chunk, all_tokens = {}, {}
+    for it in range(3, 10):  # EXPERT_STATISTIC_ITER_RANGE=5-7: iterations 5, 6, 7 recorded, saved at 8
+        for rank, w in enumerate(writers):
+            w.set_iter(it)
+            chunks = [2, 3] if (it, rank) == (6, 1) else [3 + rank]  # one chunked MoE forward
+            sels = [[np.stack([rng.choice(8, 2, replace=False) for _ in range(n)]).astype(np.int32)
+                     for _ in (1, 2, 3, 4)] for n in chunks]
+            for sel in sels:
+                for layer, ids in zip((1, 2, 3, 4), sel):  # 4: an MTP layer past the decoder layers
+                    w.set_layer(layer)
+                    w.maybe_add_info(8, ids)
+            last_chunk[(it, rank)] = sels[-1]
+            all_tokens[(it, rank)] = sels
+    assert sorted(p.name for p in d.iterdir()) == ["meta_info.json", "rank0.safetensors", "rank0_raw.safetensors",
+                                                   "rank1.safetensors", "rank1_raw.safetensors"]
+    res = import_source("trtllm-stats", [d], tiny, tmp_path / "trace")
+    df = rows(tmp_path / "trace")
+    assert sorted(df["step"].unique().to_list()) == [5, 6, 7]
+    assert res.summary["tokens"] == 3 + 4 + 3 + 3 + 3 + 4  # (6, 1) kept its last chunk of 3 tokens
+    b = df.filter((pl.col("step") == 6) & (pl.col("request_id") == 3) & (pl.col("layer") == 2)).sort("position")
+    assert np.array(b["expert_ids"].to_list()).tolist() == last_chunk[(6, 1)][1].tolist()
+    assert res.summary["raw_tokens_short_of_counts"] == 2  # the first chunk's 2 tokens, in all 3 MoE layers
+    assert res.summary["notes"][0].startswith("the raw ids hold 2 tokens fewer than the counts beside them in 3 "
+                                              "(iteration, layer, rank) keys, the first key '6_1' of rank 1: "
+                                              "3 raw tokens, 5 counted")
+    assert validate_report(tmp_path / "trace").ok
+    import_source("trtllm-stats", [d], tiny, tmp_path / "l.npz")  # the counts hold every chunk
+    loads = load_loads(tmp_path / "l.npz")
+    want = sum(np.bincount(ids[1].ravel(), minlength=8) for r in (0, 1) for ids in all_tokens[(6, r)])
+    assert loads.labels == ("iteration 5", "iteration 6", "iteration 7")
+    assert loads.counts[1, 1].tolist() == want.tolist()
+
+
 # ------------------------------------------------------------------------------ vllm-routed-experts
 def _npy_b64(arr) -> str:
     buf = io.BytesIO()
@@ -209,6 +290,53 @@ def test_vllm_routed_lists_with_prompt_routed_experts_and_dict_form(tiny, tmp_pa
     b = df.filter((pl.col("request_id") == 1) & (pl.col("layer") == 1)).sort("position")
     assert b["position"].to_list() == [5, 6] and b["phase"].to_list() == [1, 1]
     assert "token_id" not in df.columns
+
+
+def _prompt_start_response(rng, start, record_start=True):
+    """A vLLM 0.34 response to a request with routed_experts_prompt_start=start: the worker's emit cursor
+    starts at ``start``, so rows cover tokens start .. prompt + generated - 2."""
+    prompt, gen = list(range(100, 114)), [200, 201, 202, 203]
+    arr = _routes(rng, len(prompt) + len(gen) - 1 - start)
+    resp = {"id": "cmpl-s", "prompt_token_ids": prompt, "usage": {"prompt_tokens": 14, "completion_tokens": 4},
+            "choices": [{"index": 0, "token_ids": gen, "routed_experts": _npy_b64(arr)}]}
+    if record_start:
+        resp["routed_experts_prompt_start"] = start
+    return resp, prompt + gen, arr
+
+
+def test_vllm_routed_prompt_start_skips_prompt_rows(tiny, tmp_path):
+    resp, ids, arr = _prompt_start_response(np.random.default_rng(5), start=2)
+    src = tmp_path / "r.jsonl"
+    src.write_text(json.dumps(resp) + "\n")
+    import_source("vllm-routed-experts", [src], tiny, tmp_path / "t")
+    tok = rows(tmp_path / "t").filter(pl.col("layer") == 2).sort("position")
+    assert tok["position"].to_list() == list(range(2, 17))
+    assert tok["phase"].to_list() == [0] * 12 + [1] * 3  # prompt tokens 2..13, generated 14..16
+    assert tok["token_id"].to_list() == ids[2:17]
+    assert np.array(tok["expert_ids"].to_list()).tolist() == arr[:, 2].tolist()
+
+
+def test_vllm_routed_row_count_invariant_refuses(tiny, tmp_path):
+    # the request set routed_experts_prompt_start=2 but the record does not say so: 2 rows short
+    resp, _, _ = _prompt_start_response(np.random.default_rng(6), start=2, record_start=False)
+    src = tmp_path / "r.jsonl"
+    src.write_text(json.dumps(resp) + "\n")
+    with pytest.raises(InputError, match=r"r.jsonl: line 1: choice 0: field 'routed_experts' has 15 rows, vLLM "
+                                         r"returns prompt 14 \+ generated 4 - 1 = 17; refusing rather than "
+                                         r"mislabelling tokens; 2 rows short is what a request with "
+                                         r"routed_experts_prompt_start=2 returns"):
+        import_source("vllm-routed-experts", [src], tiny, tmp_path / "t")
+    resp["routed_experts_prompt_start"] = 3  # said, but wrong
+    src.write_text(json.dumps(resp) + "\n")
+    with pytest.raises(InputError, match=r"has 15 rows, vLLM returns prompt 14 \+ generated 4 - 1 - "
+                                         r"routed_experts_prompt_start 3 = 14"):
+        import_source("vllm-routed-experts", [src], tiny, tmp_path / "t")
+    resp["routed_experts_prompt_start"] = 15
+    src.write_text(json.dumps(resp) + "\n")
+    with pytest.raises(InputError, match=r"field 'routed_experts_prompt_start' is 15, expected an integer from 0 "
+                                         "to the prompt length 14"):
+        import_source("vllm-routed-experts", [src], tiny, tmp_path / "t")
+    assert not (tmp_path / "t").exists()
 
 
 @pytest.mark.parametrize("resp, message", [

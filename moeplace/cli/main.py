@@ -12,6 +12,7 @@ import sys
 
 from moeplace.cli import commands
 from moeplace.cli.run_config import apply_config
+from moeplace.foundation import progress
 from moeplace.foundation.errors import MoeplaceError
 from moeplace.foundation.files import Terminated, raise_on_sigterm
 
@@ -61,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so temporaries and child processes are cleaned up on every exit path
     raise_on_sigterm()
     try:
-        return int(args.func(args) or 0)
+        # commands with --no-progress draw bars on stderr for their long steps (foundation.progress)
+        with progress.enabled(hasattr(args, "no_progress") and progress.wanted(args.no_progress)):
+            return int(args.func(args) or 0)
     except MoeplaceError as exc:
         print("place: error: " + " ".join(str(exc).split("\n")), file=sys.stderr)
         return exc.exit_code

@@ -48,7 +48,15 @@ from moeplace.foundation.model import load_model, preset_names
 from moeplace.placement.compare import compare_policies, routing_windows
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.export import export_placement, format_names, get_format
+from moeplace.placement.export.flags import (
+    ENGINE_OF_FORMAT,
+    FlagOptions,
+    check_layout,
+    launch_command,
+    trtllm_options,
+)
 from moeplace.placement.record import load_placement
+from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.frontier import FRONTIER_FILE, LEGACY_VERSION, SWEEP_TABLE
 from moeplace.sim.results import (
     CONFIG_FILE,
@@ -309,6 +317,31 @@ def _placement(path: str, stamp_: tuple):
 placement = _stamped(_placement)
 
 
+@dataclass(frozen=True)
+class PlacementFile:
+    """One distinct placement of a run: its first file and the other files holding the same placement
+    (``place demo`` writes the chosen policy twice: ``placement.json`` and ``placements/placement-<policy>.json``)."""
+
+    path: Path
+    same: tuple[Path, ...] = ()
+
+
+def distinct_placements(paths) -> tuple[list[PlacementFile], list[tuple[Path, Exception]]]:
+    """``paths`` grouped by content: two files are the same placement when their model and
+    ``Placement.fingerprint`` (the slot map and GPU layout) are equal, whatever their provenance says.
+    Returns the groups in path order and the files that could not be read (with the error)."""
+    groups: dict[tuple, list[Path]] = {}
+    bad: list[tuple[Path, Exception]] = []
+    for p in paths:
+        try:
+            pl_ = placement(p)
+        except Exception as exc:  # noqa: BLE001  the page shows each unreadable file as a message
+            bad.append((Path(p), exc))
+            continue
+        groups.setdefault((pl_.model_name, pl_.fingerprint()), []).append(Path(p))
+    return [PlacementFile(ps[0], tuple(ps[1:])) for ps in groups.values()], bad
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
 def _json(path: str, stamp_: tuple) -> Any:
     try:
@@ -438,24 +471,70 @@ def run_comparison(loads, *, gpus: int, gpu: str, gpus_per_node: int | None, num
     return results, last
 
 
-def export_bytes(placement_, model, fmt: str, loads=None) -> tuple[bytes, str, list[str]]:
+def export_name(placement_, fmt: str) -> str:
+    """The file name the dashboard gives a placement's export in ``fmt``."""
+    return f"{placement_.provenance.get('policy') or 'placement'}.{fmt}{get_format(fmt).suffixes[0]}"
+
+
+def export_bytes(placement_, model, fmt: str, loads=None, extra: dict | None = None) -> tuple[bytes, str, list[str]]:
     """One export format of a placement as bytes (written by ``placement.export.export_placement`` to a
-    temporary file). Returns (bytes, file name, warnings); raises InputError when the engine's checks
-    reject the placement."""
+    temporary file). ``extra``: format options (TensorRT-LLM's layout keys, :func:`launch_for`). Returns
+    (bytes, file name, warnings); raises InputError when the engine's checks reject the placement."""
     f = get_format(fmt)
-    name = f"{placement_.provenance.get('policy') or 'placement'}.{fmt}{f.suffixes[0]}"
+    name = export_name(placement_, fmt)
     with tempfile.TemporaryDirectory(prefix="moeplace-dash-") as tmp:
         out = Path(tmp) / name
         opts = {"loads": loads} if (f.kind == "loads" or fmt == "vllm-jsonl") and loads is not None else {}
-        warnings = export_placement(placement_, model, fmt, out, **opts)
+        warnings = export_placement(placement_, model, fmt, out, **opts, **(extra or {}))
         return out.read_bytes(), name, list(warnings or [])
 
 
 @st.cache_data(show_spinner=False, max_entries=64,
                hash_funcs={"moeplace.placement.record.Placement": lambda p: (p.fingerprint(), p.model_name)})
-def export_file(placement_, model, fmt: str, routing_key: tuple, _loads) -> tuple[bytes, str, list[str]]:
-    """:func:`export_bytes`, cached per placement, format and routing (``routing_key`` names ``_loads``)."""
-    return export_bytes(placement_, model, fmt, _loads)
+def export_file(placement_, model, fmt: str, routing_key: tuple, _loads,
+                extra: tuple = ()) -> tuple[bytes, str, list[str]]:
+    """:func:`export_bytes`, cached per placement, format and routing (``routing_key`` names ``_loads``);
+    ``extra``: format options as sorted (key, value) pairs."""
+    return export_bytes(placement_, model, fmt, _loads, dict(extra))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What ``place export --flags`` prints for one format: the launch command that loads the exported
+    file from ``file_path``, the memory plan's verdict line, and the format options the export needs for
+    that layout (TensorRT-LLM's ``extra`` keys). ``error``: why there is no command (the plan or the
+    engine refuses the layout)."""
+
+    fmt: str
+    engine: str
+    file_path: str
+    command: str | None = None
+    plan_line: str | None = None
+    extra: tuple = ()
+    error: str | None = None
+
+
+@st.cache_data(show_spinner=False, max_entries=64,
+               hash_funcs={"moeplace.placement.record.Placement": lambda p: (p.fingerprint(), p.model_name)})
+def launch_for(placement_, model, fmt: str, file_path: str) -> Launch:
+    """The launch command of ``placement_`` exported in ``fmt`` to ``file_path``, from the export library
+    (``placement.export.flags``: ``check_layout`` runs the memory plan on the default attention layout
+    for the placement's GPUs, then ``launch_command``), as ``place export --flags`` makes it."""
+    engine = ENGINE_OF_FORMAT.get(fmt)
+    if engine is None:
+        return Launch(fmt, get_format(fmt).engine, file_path, error=f"no launch command for format {fmt}")
+    try:
+        opts, plan = check_layout(placement_, model, FlagOptions())
+        extra = {}
+        if engine == "trtllm":
+            keys = trtllm_options(placement_, opts)  # refuses a layout TensorRT-LLM cannot express
+            extra = keys if fmt == "trtllm" else {}
+        command = launch_command(placement_, model, fmt, file_path, opts)
+    except InputError as exc:
+        return Launch(fmt, engine, file_path, error=str(exc))
+    plan_line = (f"memory plan: {plan.layout.describe()} on {placement_.num_gpus} x {plan.cluster.gpu.name} fits; "
+                 f"{plan.concurrency} sequences of {plan.context:,} tokens")
+    return Launch(fmt, engine, file_path, command, plan_line, tuple(sorted(extra.items())))
 
 
 def placement_json_bytes(placement_) -> bytes:
@@ -634,3 +713,44 @@ def sweep_frontier(path) -> dict[str, Any]:
 
 def sweep_table(path) -> pl.DataFrame:
     return _sweep_table(str(path), _sweep_stamp(path))
+
+
+# ---------------------------------------------------------------------------- simulator accuracy
+@st.cache_data(show_spinner=False)
+def fidelity_note() -> str:
+    """The simulator's accuracy note, the line ``place simulate`` prints under its table
+    (``sim.fidelity.fidelity_doc``)."""
+    return fidelity_doc()["note"]
+
+
+# ---------------------------------------------------------------------------- sweep cost
+# Default on-demand price per GPU-hour (USD) of each GPU preset, for the Sweep page's cost frontier. They
+# are assumptions, editable on the page; docs/dashboard.md states the source of each.
+DEFAULT_GPU_PRICES: dict[str, float] = {
+    "h100": 2.69, "h800": 2.69, "h200": 3.59, "b200": 5.98, "b300": 7.18, "gb200-nvl72": 4.54, "gb300-nvl72": 5.45,
+}
+
+
+def cost_points(points: list[dict], prices: dict[str, float]) -> list[dict]:
+    """The sweep's simulated ``points`` priced: ``usd_per_hour`` = GPUs x the price of their GPU kind,
+    ``usd_per_mtok`` = that hour's cost per million output tokens at the point's output tok/s, and
+    ``on_cost_frontier``: no other point is at most as expensive per hour, at least as fast and at most
+    as slow in p99 TPOT, and better in one of them (the sweep's own frontier with cost for GPU count).
+    A point whose GPU kind has no price gets ``None`` costs and is left off. Pure arithmetic on the file's
+    figures and the prices: nothing is simulated again."""
+    out = []
+    for r in points:
+        price = prices.get(str(r.get("gpu", "")).lower())
+        hour = None if price is None else float(price) * int(r["gpus"])
+        tok = r.get("output_tok_s") or 0.0
+        per_mtok = None if hour is None or tok <= 0 else hour / (tok * 3600.0) * 1e6
+        out.append({**r, "usd_per_hour": hour, "usd_per_mtok": per_mtok, "on_cost_frontier": False})
+    priced = [r for r in out if r["usd_per_hour"] is not None and r.get("tpot_p99_s") is not None]
+    for r in priced:
+        r["on_cost_frontier"] = not any(
+            o is not r and o["usd_per_hour"] <= r["usd_per_hour"] and o["output_tok_s"] >= r["output_tok_s"]
+            and o["tpot_p99_s"] <= r["tpot_p99_s"]
+            and (o["usd_per_hour"] < r["usd_per_hour"] or o["output_tok_s"] > r["output_tok_s"]
+                 or o["tpot_p99_s"] < r["tpot_p99_s"])
+            for o in priced)
+    return out

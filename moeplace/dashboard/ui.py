@@ -68,8 +68,20 @@ def pick_path(label: str, paths, root: Path, *, key: str, allow_other: bool = Tr
     return paths[options.index(choice)]
 
 
-def missing(what: str, command: str) -> None:
-    st.info(f"No {what} in `{run_dir()}`. Make one with `{command}` (or `place demo --out {run_dir()}`).")
+def missing(what: str, command: str, demo: bool = True) -> None:
+    """The hint on a page with nothing to show: the command that makes ``what`` (and ``place demo``, when
+    the demo makes it too: ``demo``)."""
+    alt_ = f" (or `place demo --out {run_dir()}`)" if demo else ""
+    st.info(f"No {what} in `{run_dir()}`. Make one with `{command}`{alt_}.")
+
+
+ACCURACY = "Simulated figures"
+
+
+def accuracy_note(note: str | None = None) -> None:
+    """The simulator's accuracy note under simulated figures, as ``place simulate`` prints it (``note``:
+    the one a sweep recorded in its frontier.json; default the installed simulator's)."""
+    st.info(f"**{ACCURACY}** — {note or data.fidelity_note()}")
 
 
 def line(df: pl.DataFrame, x: str, y: str, color: str | None = None, *, x_title: str | None = None,

@@ -72,6 +72,10 @@ FORMATS: dict[str, ArtifactFormat] = {f.kind: f for f in (
     ArtifactFormat("run", (1,), True, "place demo --out DIR (the .moeplace-run marker)"),
     ArtifactFormat("synth-summary", (1,), True, "place trace synth --json"),
     ArtifactFormat("model-facts", (1,), True, "place model show --json"),
+    ArtifactFormat("import-summary", (1,), False, "place trace import --json"),
+    ArtifactFormat("trace-validation", (1,), False, "place trace validate --json"),
+    ArtifactFormat("placement-import", (1,), False, "place import-placement --json"),
+    ArtifactFormat("capture-summary", (1,), False, "place trace capture --json"),
 )}
 
 _TAG = re.compile(r"moeplace\.([a-z][a-z0-9-]*)/(\d+)")

@@ -22,6 +22,7 @@ import numpy as np
 from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.progress import bar, track
 from moeplace.placement.evaluate import Metrics, evaluate
 from moeplace.placement.policies import (
     PlacementProblem,
@@ -452,7 +453,10 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     done: dict[str, tuple] = {}
     eval_cost = EVAL_GUESS
     order = sorted(names, key=is_anytime)  # stable: fixed-cost policies first, anytime ones last
+    pb = bar(len(order), "policies", "policy")
     for i, name in enumerate(order):
+        pb.set_description(f"policy {name}", refresh=False)
+        pb.update(0 if i == 0 else 1)
         limit = share(name, order[i:], len(order[i:]) * eval_cost)
         if limit is not None and limit <= 0:
             notes.append(f"{name} skipped: time limit (no time left to run it)")
@@ -471,10 +475,11 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
         eval_cost = max(eval_cost, time.perf_counter() - t1)
         done[name] = (placement, dt, m_planning, m_held)
         notes += [f"{name}: {line}" for line in time_limit_lines(placement)]
+    pb.close()
     shifts: dict[str, dict | None] = {}
     if ids is not None:
         todo = [n for n in order if n in done]
-        for i, name in enumerate(todo):
+        for i, name in enumerate(track(todo, "shift estimate", "policy")):
             folds = len(np.unique(ids))
             limit = share(name, todo[i:], 0.0)
             if limit is not None:

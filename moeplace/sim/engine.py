@@ -38,11 +38,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm import tqdm
 
 from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.memory.pools import CachePools
+from moeplace.foundation.progress import bar as progress_bar
 from moeplace.placement.record import Placement
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import SimConfig
@@ -554,7 +554,7 @@ class Simulation:
         t0 = wallclock.perf_counter()
         bar = None
         if self.progress:
-            bar = tqdm(total=round(dur), unit="sim s", desc=self.label or "simulate", leave=False)
+            bar = progress_bar(total=round(dur), unit="sim s", desc=self.label or "simulate", on=True)
         shown = [0]
 
         def advance(now: float) -> None:

@@ -49,6 +49,7 @@ import numpy as np
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec, from_hf_config
+from moeplace.foundation.progress import track
 from moeplace.traces.format import PHASE_DECODE, PHASE_PREFILL, TraceWriter
 
 _GATE_NAME = re.compile(r"^(?:(?P<prefix>.*)\.)?layers\.(?P<layer>\d+)\.mlp\.gate$")
@@ -560,7 +561,7 @@ def run_capture(cfg: CaptureConfig) -> CaptureResult:
     t0 = time.perf_counter()
     with RoutingRecorder(model, cfg.out, spec=spec, provenance=provenance, domain=cfg.domain,
                          stop_tokens=stop) as rec, torch.inference_mode():
-        for start in range(0, len(encoded), cfg.batch_size):
+        for start in track(range(0, len(encoded), cfg.batch_size), "capture", "batch"):
             ids, mask = left_pad(encoded[start:start + cfg.batch_size], pad_id)
             out = model.generate(input_ids=ids.to(cfg.device), attention_mask=mask.to(cfg.device),
                                  **gen_kwargs)

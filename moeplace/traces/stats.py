@@ -22,6 +22,7 @@ import numpy as np
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, register_kind, tagged_artifact
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.progress import bar
 from moeplace.traces.loads import Loads
 from moeplace.traces.measures import (  # noqa: F401  (affinity_lift, pair_counts, top_share: part of this module's API)
     AFFINITY_COVERAGE_PAIRS,
@@ -161,8 +162,9 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     domain_rows: list[np.ndarray] = []  # per domain: rows per window
     requests: set[int] = set()
     order = RowOrder(Raise())
-    with worker_pool(num_workers, len(jobs)) as pool:
+    with worker_pool(num_workers, len(jobs)) as pool, bar(len(jobs), "stats pass", "row group") as pb:
         for j, part in enumerate(partials(spec, pool, num_workers)):
+            pb.update(1)
             fi, rg, _ = jobs[j]
             order.feed(part.edge, f"the last row of {files[fi - 1].name}" if rg == 0 and fi > 0 else "the row before")
             if part.counts is not None:
@@ -177,6 +179,7 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                     domain_rows[d] += rows
             sampler.add_candidates(part.sample)
         order.finish()
+        pb.close()
 
         if spec.shared_counts is not None:
             counts += spec.shared_counts.sum(axis=0)

@@ -22,6 +22,22 @@ def add_model(p) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model preset or config.json (default {DEFAULT_MODEL})")
 
 
+NO_PROGRESS_HELP = ("no progress bar on stderr (bars are drawn only when stderr is a terminal; "
+                    "MOEPLACE_PROGRESS=1 forces them, =0 turns them off)")
+
+
+def add_progress(p) -> None:
+    """The ``--no-progress`` flag of the commands with steps that can take more than a few seconds; a
+    command that has it runs with :mod:`foundation.progress` bars switched by it (``cli.main``)."""
+    p.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
+
+
+def add_json(p, what: str) -> None:
+    """The ``--json`` flag of the commands that write or check a file: one JSON object on stdout (``what``
+    it holds) instead of the text summary; warnings stay on stderr and are in the object too."""
+    p.add_argument("--json", action="store_true", help=f"print one JSON object on stdout: {what}")
+
+
 GROUP_HELP = {
     "trace": "routing traces: synth, validate, stats, import, capture",
     "model": "model presets and Hugging Face configs",

@@ -17,7 +17,9 @@ from moeplace.foundation.errors import InputError
 
 def register(sub) -> None:
     p = sub.add_parser("dashboard", help="explore a run directory in the browser (Streamlit)",
-                       description="Pages: Traces, Placement, Plan, Simulate. Serves until Ctrl-C.")
+                       description="Pages: Overview (what the run directory holds), Traces, Placement (scores, launch "
+                                   "commands and engine exports), Plan, Simulate, Sweep (frontier in GPUs and in "
+                                   "cost). Serves until Ctrl-C.")
     p.add_argument("run_dir", nargs="?", default="run", metavar="RUN_DIR",
                    help="directory written by `place demo --out` (default: run)")
     p.add_argument("--port", type=flags.port, default=8501, help="port to serve on (default 8501)")

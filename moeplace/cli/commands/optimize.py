@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from moeplace.cli import flags
-from moeplace.cli.commands import add_force
+from moeplace.cli.commands import add_force, add_progress
 from moeplace.cli.run_config import add_config, settings_record
 from moeplace.foundation.cluster import gpu_preset_names, make_cluster
 from moeplace.foundation.errors import InputError, MoeplaceError
@@ -76,6 +76,7 @@ def register(sub) -> None:
                    help="also write the comparison as JSON (what --json prints) to FILE")
     add_force(p)
     add_config(p)
+    add_progress(p)
     g = p.add_argument_group("optimizer options (used by the moeplace policy)")
     g.add_argument("--robust", action="store_true", help="maximize the worst planning window, not the mean")
     g.add_argument("--envelope", action="store_true",

@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 from moeplace.cli import flags
-from moeplace.cli.commands import add_force
+from moeplace.cli.commands import NO_PROGRESS_HELP, add_force
 from moeplace.cli.run_config import add_config, settings_record
 from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
 from moeplace.foundation.model import load_model
+from moeplace.foundation.progress import wanted
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.placement.record import load_placement
 from moeplace.sim.calibration import load_profile
@@ -133,7 +134,7 @@ def register(sub) -> None:
     r.add_argument("--json", action="store_true", help="print the summaries as JSON")
     r.add_argument("--out", default=None, help="directory for Parquet/JSON outputs")
     r.add_argument("--chrome-trace", default=None, metavar="FILE", help="Chrome trace-event JSON (Perfetto)")
-    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     add_force(r)
     p.set_defaults(func=run)
 
@@ -190,7 +191,7 @@ def run(args) -> int:
                                  "own placement for its GPU count)")
             prefill.append((resolve_placement(spec, trace, p_cluster, args.redundant, args.engine, args.seed)[1],
                             p_cluster))
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = wanted(args.no_progress)
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
                        progress=progress, prefill=prefill)
     run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name)

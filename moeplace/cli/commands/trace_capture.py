@@ -2,11 +2,14 @@
 weights with --weights), generate from a file of prompts, and write the routing trace it produced."""
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 from moeplace.cli import flags
-from moeplace.cli.commands import add_force
+from moeplace.cli.commands import add_force, add_json, add_progress
 from moeplace.foundation.files import Outputs
+from moeplace.foundation.formats import tagged
 from moeplace.traces.capture import CaptureConfig, run_capture
 from moeplace.traces.format import TRACE_DIRECTORY
 
@@ -28,6 +31,8 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, type=Path, help="trace directory to write (atomically; an existing one "
                    "only replaced with --force, and only when it is a moeplace trace)")
     add_force(p)
+    add_json(p, "what was written (path, kind) and the capture's figures")
+    add_progress(p)
     p.add_argument("--batch-size", type=flags.positive_int, default=8, help="prompts per generate() batch (default 8)")
     p.add_argument("--weights", type=Path, help="local checkpoint directory (safetensors); default random")
     p.add_argument("--tokenizer", type=Path, help="local tokenizer directory (default: --weights if it has "
@@ -53,6 +58,11 @@ def run(args) -> int:
     if not outs.write(args.out, lambda: done.update(r=run_capture(cfg))):
         outs.finish()
     r = done["r"]
+    if args.json:
+        summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(r).items() if k != "out"}
+        print(json.dumps(tagged("capture-summary", {"written": [{"path": str(r.out), "kind": "trace directory"}],
+                                                    "warnings": [], "summary": summary}), indent=1))
+        return 0
     print(f"wrote {r.out}: {r.num_rows:,} rows ({r.num_requests} requests, {r.num_steps} forward steps, "
           f"{r.num_prompt_tokens:,} prompt tokens, {r.num_generated_tokens:,} generated positions) "
           f"in {r.seconds:.1f} s")

@@ -3,13 +3,15 @@ validated trace directory or a Loads ``.npz``."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from moeplace.cli import flags
-from moeplace.cli.commands import add_force, add_model
+from moeplace.cli.commands import add_force, add_json, add_model, add_progress
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
+from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import format_ranges, load_model
 from moeplace.traces.format import TRACE_DIRECTORY
 from moeplace.traces.importers import FORMATS, import_source
@@ -63,6 +65,8 @@ def register(sub) -> None:
                    help="flame-moe: training checkpoint (actives/iter_N; default the latest)")
     p.add_argument("--max-tokens", type=flags.positive_int, default=None,
                    help="flame-moe: keep the first N tokens (a capture holds 52M)")
+    add_json(p, "what was written (path, kind), the warnings and the import's figures")
+    add_progress(p)
     p.set_defaults(func=run)
 
 
@@ -88,10 +92,22 @@ def run(args) -> int:
     done = {}
     if not outs.write(out, lambda: done.update(r=import_source(args.format, args.srcs, model, out, **options))):
         outs.finish()
-    for note in done["r"].summary.get("notes", []):  # data the import left out, said where it is not missed
+    notes = done["r"].summary.get("notes", [])
+    for note in notes:  # data the import left out, said where it is not missed
         print(f"place: warning: {note}", file=sys.stderr)
-    print(format_summary(done["r"].summary, out, model.name))
+    if args.json:
+        print(json.dumps(json_doc(done["r"], out, model.name), indent=1))
+    else:
+        print(format_summary(done["r"].summary, out, model.name))
     return 0
+
+
+def json_doc(result, out: Path, model_name: str) -> dict:
+    """``--json``: what was written, the warnings and the import's figures (the text summary's fields)."""
+    s = {k: v for k, v in result.summary.items() if k != "notes"}
+    return tagged("import-summary", {
+        "written": [{"path": str(out), "kind": "trace directory" if result.kind == "trace" else "Loads .npz"}],
+        "model": model_name, "warnings": list(result.summary.get("notes", [])), "summary": s})
 
 
 def format_summary(s: dict, out: Path, model_name: str) -> str:
@@ -106,6 +122,7 @@ def format_summary(s: dict, out: Path, model_name: str) -> str:
         ("zero_steps_dropped", "zero steps dropped"),
         ("idle_records_dropped", "idle records dropped"),
         ("incomplete_tokens_dropped", "partial tokens dropped"),
+        ("raw_tokens_short_of_counts", "raw short of counts"),
         ("ranks", "ranks"),
         ("mtp_layers_skipped", "MTP records skipped"),
         ("requests", "requests"),

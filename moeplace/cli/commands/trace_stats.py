@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from moeplace.cli import flags
-from moeplace.cli.commands import add_force
+from moeplace.cli.commands import add_force, add_progress
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs, write_text_atomic
 from moeplace.foundation.formats import tagged
@@ -32,6 +32,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--out", metavar="FILE", help="write Loads (.npz) or the statistics (.json)")
     add_force(p)
+    add_progress(p)
     p.set_defaults(func=run)
 
 

@@ -5,7 +5,7 @@ import dataclasses
 import json
 
 from moeplace.cli import flags
-from moeplace.cli.commands import add_force, add_model
+from moeplace.cli.commands import add_force, add_model, add_progress
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
 from moeplace.foundation.formats import tagged
@@ -34,6 +34,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output trace directory (written atomically; an existing one only "
                    "replaced with --force, and only when it is a moeplace trace)")
     add_force(p)
+    add_progress(p)
     p.add_argument("--seed", type=flags.seed, default=d.seed)
     g = p.add_argument_group("routing statistics (targets)")
     g.add_argument("--skew", type=flags.float_range(1.0), default=d.skew,

@@ -11,9 +11,12 @@ idx = ui.run_index()
 root = idx.root
 if idx.empty:
     st.warning(f"`{root}` holds no moeplace artifacts. Run `place demo --out {root}` first.")
+# a placement saved in several files (placement.json and placements/placement-<policy>.json) counts once
+files, _ = data.distinct_placements(idx.placements)
+same = {q: f.path for f in files for q in f.same}
 kinds = [
     ("Traces", idx.traces, "routing traces", "Traces"),
-    ("Placements", idx.placements, "placement files", "Placement"),
+    ("Placements", tuple(f.path for f in files), "placement files", "Placement"),
     ("Comparisons", idx.comparisons, "place optimize --json output", "Placement"),
     ("Plans", idx.plans, "place plan --json output", "Plan"),
     ("Simulations", idx.sims, "place simulate --out directory", "Simulate"),
@@ -24,6 +27,8 @@ cols = st.columns(len(kinds))
 for col, (name, paths, _, _) in zip(cols, kinds):
     col.metric(name, len(paths))
 rows = [{"kind": what, "path": data.rel(p, root), "page": page} for _, paths, what, page in kinds for p in paths]
+rows += [{"kind": f"placement file (the same placement as {data.rel(first, root)})", "path": data.rel(q, root),
+          "page": "Placement"} for q, first in same.items()]
 if rows:
     st.dataframe(rows, hide_index=True)
 for note in idx.notes:

@@ -1,7 +1,9 @@
 """Placement: compare placements on the run's routing — per-layer balancedness per policy, GPU loads of a
 chosen layer with the replicas marked, balance vs traffic, the gap to the lower bound — or run the
-``place optimize`` comparison with small settings from the page; download a placement and its engine
-exports. Scores come from ``placement.evaluate.evaluate``; plans from ``placement.compare``."""
+``place optimize`` comparison with small settings from the page; the launch command and the export of a
+placement for each engine. Scores come from ``placement.evaluate.evaluate``; plans from
+``placement.compare``; exports and launch commands from ``placement.export`` (never the CLI). A placement
+held by several files (``placement.json`` and ``placements/placement-<policy>.json``) is listed once."""
 from __future__ import annotations
 
 import altair as alt
@@ -103,12 +105,17 @@ routing_key = (str(routing_path), data.stamp(routing_path), window_tokens)
 
 # ---------------------------------------------------------------------------- placements
 candidates: dict[str, object] = {}
-stems = [p.stem for p in idx.placements]
+files, unreadable = data.distinct_placements(idx.placements)
+for p, exc in unreadable:
+    st.error(f"{data.rel(p, root)}: {ui.error_text(exc)}")
+stems = [f.path.stem for f in files]
 short = len(set(stems)) == len(stems)  # label by file stem when that is unambiguous, else by path
-for p in idx.placements:
-    pl_ = ui.load(data.placement, p, what=data.rel(p, root), stop=False)
-    if pl_ is None:
-        continue
+same_notes = []
+for f in files:
+    p = f.path
+    pl_ = data.placement(p)
+    if f.same:
+        same_notes.append(f"{data.rel(p, root)} = " + " = ".join(data.rel(q, root) for q in f.same))
     try:
         pl_.check_model(model, data.rel(p, root))
     except Exception as exc:  # noqa: BLE001
@@ -177,6 +184,8 @@ for cpath in idx.comparisons:
                           for r in cmp_d["rows"]], hide_index=True)
             st.caption(_comparison_caption(cmp_d))
 
+if same_notes:
+    st.caption("Listed once (the same placement in several files): " + "; ".join(same_notes) + ".")
 if not candidates:
     st.info("No placement to show: run optimize above, or add placement JSON files to the run directory "
             f"(`place optimize TRACES --out {ui.run_dir() / 'placement.json'}`).")
@@ -342,21 +351,32 @@ else:
     st.caption("No optimizer frontier recorded for this layer (run optimize with the frontier option, or "
                "`place optimize --pareto`).")
 
-# ---------------------------------------------------------------------------- downloads
-st.subheader("Download")
+# ---------------------------------------------------------------------------- launch and exports
+st.subheader("Launch and export")
 pick = st.selectbox("Placement", list(metrics), key="pl_download")
 p = candidates[pick]
 st.download_button("placement JSON", data.placement_json_bytes(p), file_name="placement.json",
                    mime="application/json", key="dl_json")
+export_dir = ui.run_dir().expanduser().resolve() / "export"
+st.caption(f"For each engine: the file it loads and the command that serves {model.name} with it, as `place export "
+           f"--flags` prints them (attention layout from the memory plan for {p.num_gpus} GPUs). The commands read "
+           f"the file from `{export_dir}`: save the download there, or change the path in the command.")
 exports = data.export_formats()
-cols = st.columns(3)
-for i, (fmt, eng, kind, summ) in enumerate(exports):
-    with cols[i % 3]:
+tabs = st.tabs([f"{fmt} ({eng})" for fmt, eng, _, _ in exports])
+for tab, (fmt, eng, kind, summ) in zip(tabs, exports):
+    with tab:
+        fname = data.export_name(p, fmt)
+        launch = data.launch_for(p, model, fmt, str(export_dir / fname))
         try:
-            blob, fname, warns = data.export_file(p, model, fmt, routing_key, loads)
+            blob, fname, warns = data.export_file(p, model, fmt, routing_key, loads, launch.extra)
         except Exception as exc:  # noqa: BLE001  the engine's own checks reject this placement
             st.warning(f"{fmt}: {ui.error_text(exc)}")
             continue
-        st.download_button(f"{fmt} ({eng})", blob, file_name=fname, key=f"dl_{fmt}", help=summ)
+        st.download_button(f"{fmt} ({eng}): {fname}", blob, file_name=fname, key=f"dl_{fmt}", help=summ)
         for w in warns:
             st.caption(f"{fmt}: {w}")
+        if launch.command:
+            st.code(launch.command, language="bash")
+            st.caption(launch.plan_line)
+        else:
+            st.info(f"No launch command: {launch.error}")

@@ -51,6 +51,7 @@ def fmt(v, unit: str) -> str:
 table = [{"metric": name, **{lab: fmt(summ[lab].get(key), unit) for lab in labels}}
          for name, key, unit in data.sim_table_rows()]
 st.dataframe(table, hide_index=True)
+ui.accuracy_note()
 best = max(labels, key=lambda lab: summ[lab].get("output_tok_s") or 0)
 cols = st.columns(len(labels))
 for col, lab in zip(cols, labels):

@@ -14,6 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 import numpy as np
 
+from moeplace.foundation.progress import bar
 from moeplace.placement.optimizer.config import OptimizerConfig
 from moeplace.placement.optimizer.greedy import count_bound, greedy_layer
 from moeplace.placement.optimizer.layer import LayerResult, scenario_loads, solve_layer
@@ -64,9 +65,11 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
              None if samples_nlk is None else samples_nlk[:, l, :],
              None if origin_lp is None else origin_lp[l], groups) for l in range(L)]
     results: dict[int, LayerResult] = {}  # by column
+    pb = bar(L, "layers solved", "layer")
     if workers == 1:
         for l, j in enumerate(jobs):
             results[l] = _job(j)
+            pb.update(1)
     else:
         ex = ProcessPoolExecutor(max_workers=workers, mp_context=_context())
         try:
@@ -79,11 +82,13 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
                 done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
                 for f in done:
                     results[futs[f]] = f.result()
+                    pb.update(1)
         finally:
             if len(results) < L:  # a hung worker must not hang the run
                 for p in list(getattr(ex, "_processes", {}).values()):
                     p.terminate()
             ex.shutdown(wait=len(results) == L, cancel_futures=True)
+    pb.close()
     for l in range(L):  # fallback: the greedy start for any layer that did not come back
         if l not in results:
             wn = scenario_loads(loads_wle[:, l, :], cfg, num_gpus, groups)

@@ -12,6 +12,7 @@ import numpy as np
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import atomic_path
 from moeplace.foundation.model import ModelSpec, format_ranges
+from moeplace.foundation.progress import bar
 from moeplace.traces.format import TraceWriter
 from moeplace.traces.validate import check_trace
 
@@ -27,8 +28,13 @@ def jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
         fh = open(path, "rb")  # noqa: SIM115 - closed by the with below; open errors need their own message
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc})") from None
-    with fh:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = None
+    with fh, bar(size, f"read {path.name}", "B") as pb:
         for lineno, line in enumerate(fh, start=1):
+            pb.update(len(line))
             if not line.strip():
                 continue
             try:
@@ -130,7 +136,9 @@ def write_validated_trace(
         try:
             with TraceWriter(stage, model, provenance, **writer_options) as w:
                 write_chunks(w)
-            check_trace(stage)
+            with bar(None, f"validate {out.name}", "step") as pb:  # one streaming pass: say it is running
+                check_trace(stage)
+                pb.update(1)
         except InputError as exc:
             msg = str(exc)
             if str(stage) not in msg:

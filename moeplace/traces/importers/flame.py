@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.progress import bar
 from moeplace.traces.importers import ImportResult
 from moeplace.traces.importers._common import expert_id_matrix, write_validated_trace
 
@@ -140,6 +141,10 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, *, iteration: 
     state = {"row": 0}
 
     def write(w):
+        with bar(total, "convert", "tok") as pb:
+            write_rows(w, pb)
+
+    def write_rows(w, pb):
         while state["row"] < total:
             n = min(CHUNK, total - state["row"])
             row0 = state["row"]
@@ -156,6 +161,7 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, *, iteration: 
                     layer=np.tile(layer_col, n), expert_ids=ids.reshape(n * L, k),
                     gate_weights=gw.reshape(n * L, k), token_id=np.repeat(tok, L))
             state["row"] += n
+            pb.update(n)
 
     prov = {"kind": "imported", "format": "flame-moe", "sources": [str(it_dir), str(samples_dir)],
             "iteration": int(_ITER.match(it_dir.name).group(1)) if _ITER.match(it_dir.name) else None,

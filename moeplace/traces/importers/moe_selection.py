@@ -29,6 +29,7 @@ import numpy as np
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.progress import track
 from moeplace.traces.importers import ImportResult
 from moeplace.traces.importers._common import expert_id_matrix, moe_layer_axis, write_validated_trace
 
@@ -106,7 +107,7 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, **_: object) -
         raise InputError("moe-selection-json queries become a trace: give --out DIR")
     files = _files(srcs)
     queries = []
-    for path, domain in files:
+    for path, domain in track(files, "read queries", "file"):
         try:
             doc = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

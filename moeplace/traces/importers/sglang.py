@@ -46,6 +46,7 @@ import numpy as np
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec, format_ranges
+from moeplace.foundation.progress import track
 from moeplace.traces.importers import ImportResult
 from moeplace.traces.importers._common import (
     INT32_MAX,
@@ -514,7 +515,7 @@ def _import_per_token(
 
 def import_(srcs: list[Path], model: ModelSpec, out: Path | None) -> ImportResult:
     t0 = time.perf_counter()
-    dumps = [(p, _load_dump(p)) for p in srcs]
+    dumps = [(p, _load_dump(p)) for p in track(srcs, "read dumps", "file")]
     modes = []
     for path, d in dumps:
         if "logical_count" in d:

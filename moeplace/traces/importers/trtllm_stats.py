@@ -13,9 +13,16 @@ Read in TensorRT-LLM's source (github NVIDIA/TensorRT-LLM, stored copies of 2026
   asserts the iterations are consecutive and every (iteration, layer) is present. A newer commit of that
   file adds ``load_raw_expert_statistic``, which reads ``rank{R}_raw.safetensors``: the same
   ``"{iter}_{layer}"`` keys holding the raw ``token_selected_experts`` ``[tokens, top_k]`` of that rank
-  (``report_send_ranks_per_token.py`` concatenates them by row). The writer of the raw files is not in the
-  stored copies of ``expert_statistic.py`` (which write counts only); the raw layout here is the one that
-  reader expects.
+  (``report_send_ranks_per_token.py`` concatenates them by row).
+- The raw writer (``expert_statistic.py`` at NVIDIA/TensorRT-LLM commit 7ce477f, the commit that added
+  that reader): ``_maybe_add_info`` stores ``token_selected_experts.cpu().contiguous()`` (int32
+  ``[tokens, top_k]``) under the same key *replacing* what the key held, and still adds the bincount to the
+  counts; ``_save`` writes ``rank{R}.safetensors`` (counts) and ``rank{R}_raw.safetensors`` (raw) side by
+  side, when the iteration after ``stop`` begins. The range became inclusive there (``start <= iter <=
+  stop``). So when one layer is called more than once in an iteration (a chunked MoE forward,
+  ``moe_max_num_tokens``), the raw file keeps the last call only while the counts hold all of them: the
+  importer compares the two per key and says how many tokens the raw ids lack. With TensorRT-LLM's load
+  balancer on, both record *slot* ids and ``num_experts`` is the slot count.
 
 Import (``place trace import --format trtllm-stats DIR``):
 
@@ -48,6 +55,7 @@ from safetensors.numpy import load_file
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.progress import track
 from moeplace.traces.importers import ImportResult
 from moeplace.traces.importers._common import (
     expert_id_matrix,
@@ -86,8 +94,10 @@ def _meta(d: Path, model: ModelSpec) -> dict:
         if isinstance(v, bool) or not isinstance(v, int):
             raise InputError(f"{path}: field '{key}' is {v!r}, expected an integer")
         if v != want:
+            slots = (f" (or of slots: with TensorRT-LLM's load balancer on, the statistic counts {v} slots, "
+                     "not experts; record it with the load balancer off)") if key == "num_experts" and v > want else ""
             raise InputError(f"{path}: field '{key}' is {v}, but model '{model.name}' has {want}: the dump is of "
-                             "another model (give --model)")
+                             f"another model (give --model){slots}")
     return meta
 
 
@@ -126,7 +136,7 @@ def _iterations(found: set[int], path: Path) -> list[int]:
 def _records(files: dict[int, Path], model: ModelSpec, tally: dict[str, int]):
     """Every (rank, path, key, iteration, layer, array) of the rank files, in file order; keys of layers
     past the decoder layers (an MTP draft layer) are skipped. ``tally`` counts records read and skipped."""
-    for rank, path in files.items():
+    for rank, path in track(files.items(), "read rank files", "file", total=len(files)):
         for key, arr in _load(path).items():
             tally["records"] += 1
             k = _key(path, key, model)
@@ -204,6 +214,7 @@ def import_raw(d: Path, files: dict[int, Path], model: ModelSpec, out: Path) -> 
             raise InputError(f"{files[rank]}: iteration {it}: the layers hold different token counts {sorted(n)}; "
                              "the rows of one forward pass must align across layers")
     order, dropped = _complete_batches(order, batches, layers, files)
+    short = _raw_short_of_counts(d, batches, order, model)
     it_index = {it: i for i, it in enumerate(its)}
     tokens = 0
 
@@ -225,7 +236,7 @@ def import_raw(d: Path, files: dict[int, Path], model: ModelSpec, out: Path) -> 
     prov = {"kind": "imported", "format": "trtllm-stats", "mode": "raw", "sources": [str(p) for p in files.values()],
             "ranks": len(ranks), "iterations": [its[0], its[-1] + 1], "layers_covered": layers,
             "mtp_layers_skipped": tally["skipped"], "incomplete_tokens_dropped": dropped["tokens"],
-            "incomplete_batches_dropped": dropped["batches"],
+            "incomplete_batches_dropped": dropped["batches"], "raw_tokens_short_of_counts": short["tokens"],
             "request_id": "one pseudo-request per (iteration, rank) batch: TensorRT-LLM records no request ids",
             "phase": "unknown in the dump; all rows marked prefill (0)"}
     rows = write_validated_trace(out, model, prov, write)
@@ -234,8 +245,47 @@ def import_raw(d: Path, files: dict[int, Path], model: ModelSpec, out: Path) -> 
                "tokens": tokens, "incomplete_tokens_dropped": dropped["tokens"], "ranks": len(ranks),
                "mtp_layers_skipped": tally["skipped"], "layers_covered": layers,
                "seconds": secs, "records_per_s": tally["records"] / secs if secs > 0 else 0.0,
-               "notes": [dropped["note"]] if dropped["note"] else []}
+               "raw_tokens_short_of_counts": short["tokens"],
+               "notes": [n for n in (dropped["note"], short["note"]) if n]}
     return ImportResult("trace", trace=out, summary=summary)
+
+
+def _raw_short_of_counts(d: Path, batches: dict, order: list, model: ModelSpec) -> dict:
+    """Compare each kept (iteration, rank) batch's raw ids with the counts the same writer saved beside them
+    (``rank{R}.safetensors``): TensorRT-LLM's raw record keeps only the last call of a layer in an iteration
+    while the counts add every call, so a chunked MoE forward leaves the raw ids short. Returns the tokens
+    the raw ids lack (per the counts; per batch the most any of its layers lacks, as a token lacks every
+    layer) and a note, or zeros when the counts are absent or agree. A raw id the counts do not hold at all is an error (not the same run)."""
+    counts_files, _ = _dump_files(d)
+    loaded: dict[int, dict] = {}
+    tokens, keys, first = 0, 0, None
+    for it, rank in order:
+        if rank not in counts_files:
+            continue
+        if rank not in loaded:
+            loaded[rank] = _load(counts_files[rank])
+        lack = 0
+        for layer, ids in batches[(it, rank)].items():
+            key = f"{it}_{layer}"
+            c = loaded[rank].get(key)
+            if c is None or c.shape != (model.num_experts,):
+                continue
+            got = np.bincount(ids.ravel().astype(np.int64), minlength=model.num_experts)
+            if (got > c).any():
+                raise InputError(f"{counts_files[rank]}: key '{key}': the raw ids of {d / f'rank{rank}_raw.safetensors'} "
+                                 "select experts these counts do not hold: the two files are not of the same run")
+            if (got != c).any():
+                lack = max(lack, int((c - got).sum()) // model.top_k)
+                keys += 1
+                first = first or f"key '{key}' of rank {rank}: {ids.shape[0]} raw tokens, {int(c.sum()) // model.top_k} counted"
+        tokens += lack
+    if not keys:
+        return {"tokens": 0, "note": None}
+    return {"tokens": tokens, "note": (f"the raw ids hold {tokens:,} tokens fewer than the counts beside them in "
+                                       f"{keys:,} (iteration, layer, rank) keys, the first {first}: TensorRT-LLM's "
+                                       "raw record keeps only the last call of a layer per iteration (a chunked "
+                                       "MoE forward); the trace holds the recorded tokens, the counts (--out "
+                                       "x.npz) hold all")}
 
 
 def _complete_batches(order: list, batches: dict, layers: list[int], files: dict[int, Path]) -> tuple[list, dict]:

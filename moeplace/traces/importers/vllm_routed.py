@@ -11,6 +11,14 @@ Read in vLLM's source (github vllm-project/vllm, stored copies of 2026):
   ``np.load(io.BytesIO(base64.b64decode(s)))``), shape ``(num_tokens - 1, num_layers, num_experts_per_tok)``
   over prompt *and* generated tokens (the last sampled token was never forwarded), dtype uint8/uint16/int32.
   ``prompt_token_ids`` / ``token_ids`` carry the token ids when requested.
+- vLLM 0.34 (``vllm/sampling_params.py``, ``vllm/distributed/aux_output_connector/worker.py``): the request
+  field ``routed_experts_prompt_start`` (default 0, at most the prompt length) makes the server skip that
+  many prompt tokens: the worker's emit cursor starts there, so the array holds the rows of tokens
+  ``start .. prompt + generated - 2``, ``prompt + generated - 1 - start`` rows. The response does not echo the
+  field; a collector that sets it saves it on the record (top-level ``routed_experts_prompt_start``, as the
+  collector in docs/traces.md does). The row count is checked against that invariant whenever the generated
+  length is known (``token_ids``, or ``usage.completion_tokens`` with one choice) and a mismatch is refused,
+  never relabelled: rows short by ``s`` tokens are what a start of ``s`` gives, and the error says so.
 - Earlier releases put the generated tokens' routing on the choice as nested lists ``[tokens, layers, k]``
   and the prompt's on the response as ``prompt_routed_experts`` (seen in responses saved from vLLM 0.21,
   ``system_fingerprint`` ``vllm-0.21.0-...``; that protocol version is not among the stored source copies).
@@ -131,9 +139,10 @@ def _tokens(arr: np.ndarray, model: ModelSpec, path: Path, where: str, field: st
     return ids.reshape(n, L, model.top_k)
 
 
-def _prompt(resp: dict, path: Path, where: str, model: ModelSpec) -> tuple[list | None, int, np.ndarray | None]:
+def _prompt(resp: dict, path: Path, where: str, model: ModelSpec) -> tuple[list | None, int, np.ndarray | None, int]:
     """A response's prompt: its token ids (or None), its length (from the ids, ``usage.prompt_tokens`` or
-    the prompt's routing) and its routing ``[n, L, k]`` when the response carries it apart (0.21 form)."""
+    the prompt's routing), its routing ``[n, L, k]`` when the response carries it apart (0.21 form) and the
+    ``routed_experts_prompt_start`` the request set (0 when the record does not say)."""
     prompt_ids = _int_list(resp.get("prompt_token_ids"), path, where, "prompt_token_ids")
     usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
     n_prompt = len(prompt_ids) if prompt_ids is not None else usage.get("prompt_tokens")
@@ -151,14 +160,33 @@ def _prompt(resp: dict, path: Path, where: str, model: ModelSpec) -> tuple[list 
     if prompt_arr is not None and prompt_arr.shape[0] != n_prompt:
         raise InputError(f"{path}: {where}: field 'prompt_routed_experts' has {prompt_arr.shape[0]} tokens, "
                          f"the prompt {n_prompt}")
-    return prompt_ids, n_prompt, prompt_arr
+    start = resp.get("routed_experts_prompt_start", 0)
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= n_prompt:
+        raise InputError(f"{path}: {where}: field 'routed_experts_prompt_start' is {start!r}, expected an integer "
+                         f"from 0 to the prompt length {n_prompt} (vLLM's own bounds)")
+    if start and prompt_arr is not None:
+        raise InputError(f"{path}: {where}: field 'routed_experts_prompt_start' is set on a response in the "
+                         "vLLM 0.21 form (prompt_routed_experts), which has no such field")
+    return prompt_ids, n_prompt, prompt_arr, start
 
 
-def _choice_tokens(choice, c: int, prompt: tuple, path: Path, where: str,
-                   model: ModelSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+def _generated(choice: dict, gen_ids: list | None, resp: dict, n_choices: int) -> int | None:
+    """How many tokens a choice generated: its ``token_ids``, or ``usage.completion_tokens`` when the
+    response has one choice (the usage sums over choices); None when neither says."""
+    if gen_ids is not None:
+        return len(gen_ids)
+    usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
+    n = usage.get("completion_tokens")
+    if n_choices == 1 and isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+        return n
+    return None
+
+
+def _choice_tokens(choice, c: int, prompt: tuple, path: Path, where: str, model: ModelSpec,
+                   resp: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Choice ``c``'s routed tokens: positions, phases, ids ``[n, L, k]`` and token ids (or None). The
     prompt's rows come with the first choice only."""
-    prompt_ids, n_prompt, prompt_arr = prompt
+    prompt_ids, n_prompt, prompt_arr, start = prompt
     cw = f"{where}: choice {c}"
     if not isinstance(choice, dict):
         raise InputError(f"{path}: {cw}: expected a JSON object")
@@ -168,12 +196,24 @@ def _choice_tokens(choice, c: int, prompt: tuple, path: Path, where: str,
                          "--enable-return-routed-experts)")
     arr = _tokens(_decode(value, path, cw, "routed_experts"), model, path, cw, "routed_experts")
     gen_ids = _int_list(choice.get("token_ids"), path, cw, "token_ids")
-    if isinstance(value, str):  # main: prompt + generated[:-1] in one array
-        if arr.shape[0] < n_prompt:
-            raise InputError(f"{path}: {cw}: field 'routed_experts' has {arr.shape[0]} tokens, fewer than "
-                             f"the {n_prompt} prompt tokens")
-        pos = np.arange(arr.shape[0], dtype=np.int32)
-        keep = slice(None) if c == 0 else slice(n_prompt, None)
+    if isinstance(value, str):  # main: tokens start .. prompt + generated - 2 in one array
+        n_rows = arr.shape[0]
+        n_gen = _generated(choice, gen_ids, resp, len(resp["choices"]))
+        skip = f" - routed_experts_prompt_start {start}" if start else ""
+        if n_gen is not None and n_rows != max(n_prompt + n_gen - 1 - start, 0):
+            want = max(n_prompt + n_gen - 1 - start, 0)
+            hint = ""
+            if start == 0 and 0 < want - n_rows <= n_prompt:
+                hint = (f"; {want - n_rows} rows short is what a request with routed_experts_prompt_start="
+                        f"{want - n_rows} returns: save that request field on the record")
+            raise InputError(f"{path}: {cw}: field 'routed_experts' has {n_rows} rows, vLLM returns prompt "
+                             f"{n_prompt} + generated {n_gen} - 1{skip} = {want}; refusing rather than "
+                             f"mislabelling tokens{hint}")
+        if n_rows < n_prompt - start:
+            raise InputError(f"{path}: {cw}: field 'routed_experts' has {n_rows} rows, fewer than the "
+                             f"{n_prompt - start} prompt tokens it covers (prompt {n_prompt}{skip})")
+        pos = np.arange(start, start + n_rows, dtype=np.int32)
+        keep = slice(None) if c == 0 else slice(n_prompt - start, None)
     else:  # 0.21: generated tokens here, the prompt's in prompt_routed_experts
         pos = np.arange(n_prompt, n_prompt + arr.shape[0], dtype=np.int32)
         if c == 0 and prompt_arr is not None:
@@ -210,7 +250,7 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, **_: object) -
                                  "response)")
             prompt = _prompt(resp, path, where, model)
             for c, choice in enumerate(choices):
-                pos, phase, arr, tok = _choice_tokens(choice, c, prompt, path, where, model)
+                pos, phase, arr, tok = _choice_tokens(choice, c, prompt, path, where, model, resp)
                 if arr.shape[0]:
                     seqs.append((len(request_ids), pos, phase, arr, tok))
                 request_ids.append(f"{resp.get('id', where)}#{c}")

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from moeplace.foundation.files import raise_on_sigterm
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.progress import bar
 from moeplace.traces.format import TraceWriter
 from moeplace.traces.synth.calibration import build_design
 from moeplace.traces.synth.config import SYNTH_VERSION, SynthConfig
@@ -176,7 +177,9 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
     are the same."""
 
     t0 = time.perf_counter()
-    design = build_design(model, cfg)
+    with bar(None, "synth: solve the generator's parameters", "step") as pb:
+        design = build_design(model, cfg)
+        pb.update(1)
     t_plan = time.perf_counter() - t0
     provenance = {"kind": "synthetic", "generator": f"moeplace.synth/{SYNTH_VERSION}",
                   "config": asdict(cfg), "domains": list(design.domains), "solved": design.report}
@@ -191,10 +194,12 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
         wp = _WriterProcess(Path(out), model, cfg, provenance, sink,
                             min(cfg.num_tokens, cfg.chunk_tokens + cfg.max_batch_tokens))
         try:
-            for b in synth_chunks(design):
-                wp.send(b)
-                num_tokens += len(b["slot"])
-                requests.update(np.unique(b["request_id"]).tolist())
+            with bar(cfg.num_tokens, "synth", "tok") as pb:
+                for b in synth_chunks(design):
+                    wp.send(b)
+                    num_tokens += len(b["slot"])
+                    pb.update(len(b["slot"]))
+                    requests.update(np.unique(b["request_id"]).tolist())
             wp.close()
         except BaseException:
             wp.abort()
@@ -203,13 +208,15 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
             wp.release()
     else:
         with TraceWriter(out, model, provenance, gate_weights=cfg.gate_weights, token_id=True,
-                         domain=True) as writer, ThreadPoolExecutor(max_workers=1) as pool:
+                         domain=True) as writer, ThreadPoolExecutor(max_workers=1) as pool, \
+                bar(cfg.num_tokens, "synth", "tok") as pb:
             pending = None
             for b in synth_chunks(design):
                 if pending is not None:
                     pending.result()  # at most one batch in flight: memory stays at two batches
                 pending = pool.submit(sink.write, writer, b)
                 num_tokens += len(b["slot"])
+                pb.update(len(b["slot"]))
                 requests.update(np.unique(b["request_id"]).tolist())
             if pending is not None:
                 pending.result()
