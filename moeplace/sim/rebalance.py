@@ -252,6 +252,11 @@ class Rebalancer:
         # the transfer in flight, whose sharing of the links with the all-to-all can make it later
         self.pending: tuple[float, Placement] | None = None
         self.transfer: Transfer | None = None
+        # loads observed before the run (RebalanceConfig.observed): the window starts with them and the
+        # first decision comes at the first iteration
+        self.primed = cfg.observed is not None
+        if self.primed:
+            self.blocks.append(np.asarray(cfg.observed, dtype=np.float64))
         names = policy_names()
         want = cfg.policy
         if want == "auto":
@@ -304,8 +309,9 @@ class Rebalancer:
             pool.router.set_placement(self.pending[1])
             self.pending = None
             self.transfer = None
-        if pool.iteration % self.cfg.every or self.pending is not None:
+        if (pool.iteration % self.cfg.every and not self.primed) or self.pending is not None:
             return 0.0
+        self.primed = False
         loads = self.window_loads()
         if loads is None or loads.sum() == 0:
             return 0.0
