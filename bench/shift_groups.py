@@ -12,13 +12,14 @@ lies in ``mean_range`` and the realized worst in ``worst_range``, and how wide e
 Data (made here, deterministic, under bench/results/ which git ignores):
 
 - ``synthetic``: ``place trace synth`` of Qwen3-30B-A3B's shape (48 MoE layers x 128 experts, top-8),
-  6 domains, each phase one domain; each domain's requests split by request id parity into two inputs (the
+  6 domains, each phase one domain, short requests (prompt median 128, output 64, so every domain
+  has a few hundred); each domain's requests split by request id parity into two inputs (the
   two "languages": the same domain, other requests); 16 GPUs = 4 x 4, R = 16.
 - ``captured``: ``place trace capture`` of a small random-weight Qwen3-MoE (4 MoE layers x 64 experts,
   top-4), six prompt domains, each domain's prompt templates split in two halves (two related inputs: e.g.
   Python vs C for code); 8 GPUs = 2 x 4, R = 8.
 
-    .venv/bin/python bench/shift_groups.py [--tokens 36000] [--time-limit 2] [--policies eplb,robust]
+    .venv/bin/python bench/shift_groups.py [--tokens 48000] [--time-limit 2] [--policies eplb,robust]
         [--skip-captured] [--skip-synthetic]
 
 Prints the table and writes ``bench/results/shift_groups.json``.
@@ -75,7 +76,8 @@ def synthetic_inputs(tokens: int) -> tuple[list[list[Path]], object]:
     path = RESULTS / f"qwen-groups-{tokens}"
     if not path.exists():
         print(f"synthesizing {tokens} tokens -> {path}", flush=True)
-        synthesize(model, SynthConfig(num_tokens=tokens, seed=5, num_domains=6, drift=1.0, drift_phases=6), path)
+        synthesize(model, SynthConfig(num_tokens=tokens, seed=5, num_domains=6, drift=1.0, drift_phases=6,
+                                      prompt_median=128, output_median=64), path)
     table = pq.read_table(path)
     out = []
     for dom in sorted(set(table.column("domain").to_pylist())):
@@ -124,9 +126,11 @@ def captured_inputs() -> list[list[Path]]:
     return out
 
 
-def run_direction(pairs, plan_doms, test_doms, cluster, R, window_tokens, policies, time_limit) -> dict:
+def run_direction(pairs, plan_doms, test_doms, cluster, R, window_tokens, policies, time_limit, grouping) -> dict:
     plan_paths = [p for d in plan_doms for p in pairs[d]]
     loads = routing_windows(plan_paths, window_tokens=window_tokens)
+    if grouping == "given":  # what --group NAME=PATH,PATH does: each domain's two inputs are one group
+        loads.provenance["input_groups"] = [p.name[:-2] for p in plan_paths]
     _, groups, method = scenarios(loads)
     tests = [routing_windows(pairs[d], window_tokens=window_tokens) for d in test_doms]
     rows = {}
@@ -157,11 +161,14 @@ def run_direction(pairs, plan_doms, test_doms, cluster, R, window_tokens, polici
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=36000)
+    ap.add_argument("--tokens", type=int, default=48000)
     ap.add_argument("--time-limit", type=float, default=2.0, help="seconds per moeplace comparison")
     ap.add_argument("--policies", default="eplb,robust")
     ap.add_argument("--skip-captured", action="store_true")
     ap.add_argument("--skip-synthetic", action="store_true")
+    ap.add_argument("--grouping", default="given,auto",
+                    help="given: each domain's two inputs as one group (--group); auto: place optimize's default "
+                         "grouping by load similarity")
     args = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     policies = args.policies.split(",")
@@ -175,15 +182,16 @@ def main() -> int:
     for name, pairs, cluster, R, wt in data:
         doms = [p[0].name[:-2] for p in pairs]
         result[name] = {"domains": doms, "directions": {}}
-        for a, b in ((range(0, 3), range(3, 6)), (range(3, 6), range(0, 3))):
-            key = f"plan {'+'.join(doms[i] for i in a)} -> unseen {'+'.join(doms[i] for i in b)}"
-            print(f"{name}: {key}", flush=True)
-            out = run_direction(pairs, list(a), list(b), cluster, R, wt, policies, args.time_limit)
-            print(f"    groups found: {', '.join(out['groups'])}", flush=True)
-            result[name]["directions"][key] = out
+        for grouping in args.grouping.split(","):
+            for a, b in ((range(3), range(3, 6)), (range(3, 6), range(3))):
+                key = f"{grouping}: plan {'+'.join(doms[i] for i in a)} -> unseen {'+'.join(doms[i] for i in b)}"
+                print(f"{name}: {key}", flush=True)
+                out = run_direction(pairs, list(a), list(b), cluster, R, wt, policies, args.time_limit, grouping)
+                print(f"    groups: {', '.join(out['groups'])}", flush=True)
+                result[name]["directions"][key] = out
     result["loadavg_end"] = os.getloadavg()[0]
     write_text_atomic(RESULTS / "shift_groups.json", json.dumps(result, indent=1) + "\n")
-    print("\n| data | direction | policy | estimate mean [range] | realized mean | estimate worst [range] | "
+    print("\n| data | grouping: direction | policy | estimate mean [range] | realized mean | estimate worst [range] | "
           "realized worst | inside |")
     print("|---|---|---|---|---|---|---|---|")
     for name, *_ in data:

@@ -319,13 +319,14 @@ def test_shift_layers_every_layer_when_it_fits_the_budget_else_a_sample(small):
 
 
 def test_shift_ranges_widen_with_the_spread_over_folds_and_the_layer_sample():
-    from moeplace.placement.compare import shift_ranges, t80
+    from moeplace.placement.compare import SHIFT_MIN_HALF_WIDTH, shift_ranges, t80
 
     mr, wr, h = shift_ranges([0.6, 0.7, 0.8], 0.0)
     assert h == pytest.approx(t80(2) * 0.1 * np.sqrt(1 + 1 / 3))
     assert mr == pytest.approx([0.7 - h, 0.7 + h]) and wr == pytest.approx([0.6 - h, 0.6 + h])
     assert shift_ranges([0.6, 0.7, 0.8], 0.01)[2] == pytest.approx(h + 0.02)
-    assert shift_ranges([0.7, 0.7, 0.7], 0.0)[0] == pytest.approx([0.7, 0.7])
+    # folds that agree by chance still leave the least half-width
+    assert shift_ranges([0.7, 0.7, 0.7], 0.0)[0] == pytest.approx([0.7 - SHIFT_MIN_HALF_WIDTH, 0.7 + SHIFT_MIN_HALF_WIDTH])
     assert shift_ranges([0.5], 0.0)[0] == [0.0, 1.0]  # one fold: no spread to go by
 
 

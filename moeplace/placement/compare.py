@@ -375,6 +375,11 @@ def _plan(fn, name: str, loads: Loads, windows: np.ndarray, samples: np.ndarray 
 
 SHIFT_BUDGET_S = 60.0  # the shift estimate plans every layer when that is expected to take at most this long
 SHIFT_MIN_LAYERS = 3
+# Least half-width of a shift range (before the layer-sample term): the folds' spread rests on a handful of
+# groups and can come out near zero by chance (three synthetic domains within 0.01 of each other, the unseen
+# ones 0.02 lower: bench/shift_groups.py); 0.03 is about the smallest per-domain error of the estimate on the
+# project's leave-one-domain-out data (bench/shift_lodo.py: 0.016-0.078 per held-out domain).
+SHIFT_MIN_HALF_WIDTH = 0.03
 # two-sided 80 % Student-t quantiles t_{0.90, df} for df = 1..10 (above: the normal's 1.2816)
 T80 = (3.0777, 1.8856, 1.6377, 1.5332, 1.4759, 1.4398, 1.4149, 1.3968, 1.3830, 1.3722)
 
@@ -421,14 +426,15 @@ def fold_seconds(plan_s: float, ids: np.ndarray, side_by_side: bool) -> float:
 def shift_ranges(per: list[float], layer_se: float) -> tuple[list[float], list[float], float]:
     """``(mean_range, worst_range, half_width)`` of the shift estimate from the per-fold balancedness
     ``per`` (one number per left-out scenario group) and the layer sample's standard error: the mean and
-    the worst group each +- ``t80(D-1) * s * sqrt(1 + 1/D) + 2 * layer_se`` — an 80 % prediction interval
-    for one more group like the D left out (``s``: their standard deviation) plus two standard errors of
-    the layer sample; clipped to [0, 1]. With one fold the spread is unknown: [0, 1]."""
+    the worst group each +- ``max(t80(D-1) * s * sqrt(1 + 1/D), SHIFT_MIN_HALF_WIDTH) + 2 * layer_se`` —
+    an 80 % prediction interval for one more group like the D left out (``s``: their standard deviation),
+    at least ``SHIFT_MIN_HALF_WIDTH``, plus two standard errors of the layer sample; clipped to [0, 1].
+    With one fold the spread is unknown: [0, 1]."""
     D = len(per)
     m, w = float(np.mean(per)), float(np.min(per))
     if D < 2:
         return [0.0, 1.0], [0.0, 1.0], 1.0
-    h = t80(D - 1) * float(np.std(per, ddof=1)) * math.sqrt(1 + 1 / D) + 2 * layer_se
+    h = max(t80(D - 1) * float(np.std(per, ddof=1)) * math.sqrt(1 + 1 / D), SHIFT_MIN_HALF_WIDTH) + 2 * layer_se
     clip = lambda x: min(1.0, max(0.0, x))
     return [clip(m - h), clip(m + h)], [clip(w - h), clip(w + h)], h
 
