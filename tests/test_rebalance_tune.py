@@ -63,7 +63,7 @@ def test_place_rebalance_prints_launch_flags_gain_interval_and_static_alternativ
     for d in res["engines"].values():
         b = d["best"]
         assert b["gain_lo"] <= b["gain"] <= b["gain_hi"] and b["flags"].startswith("--enable-eplb")
-        assert b["output_tok_s"] == max(r["output_tok_s"] for r in d["rows"])
+        assert b["tok_s"] == max(r["tok_s"] for r in d["rows"]) and b["tok_s"] > 0
     rc = main(["rebalance", path, "--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--concurrency",
                "8", "--duration", "0.05", "--quick", "--engine", "vllm"])
     out = capsys.readouterr().out
@@ -71,7 +71,7 @@ def test_place_rebalance_prints_launch_flags_gain_interval_and_static_alternativ
     assert "over static (80 % interval" in out
 
 
-@pytest.mark.parametrize("bad", [["--splits", "0"], ["--engine", "tgi"]])
+@pytest.mark.parametrize("bad", [["--splits", "0"], ["--splits", "1"], ["--engine", "tgi"]])
 def test_place_rebalance_rejects_bad_flags(tmp_path, capsys, bad):
     path = write_trace(tmp_path / "t", mini_model(num_experts=16), num_requests=6, prompt=16, output=4)
     assert main(["rebalance", path, *bad]) == 2

@@ -198,7 +198,8 @@ def test_unseen_runs_never_score_a_rebalancer_on_what_it_observed(tmp_path):
     for sp in out["splits"]:
         assert sp["duration_s"] < 0.05  # cut to the time the scored part's tokens fill
         assert sp["eplb"]["rebalances"] == 1  # the primed decision, at the first iteration
-    assert gain_interval([0.1]) == (0.1, 0.1, 0.1)
+    with pytest.raises(InputError, match="at least|>= 2"):
+        unseen_runs(trace, pl, cluster, cfg, None, {"eplb": rb}, splits=1)
     m_, lo, hi = gain_interval([-0.01, 0.03, 0.01])
     assert lo < 0 < hi and verdict([{"config": "static"}, {"config": "x", "gain": m_, "gain_lo": lo,
                                                            "gain_hi": hi}]).startswith("no clear winner")

@@ -7,7 +7,8 @@ window starts out holding block ``j``'s expert loads (what it observed; it decid
 iteration) and the run routes block ``j + 1`` only, never longer than that block lasts (its duration is
 cut to the simulated seconds the block's tokens fill at the static run's token rate), so no token is
 routed twice and none the window held before is scored. The static placement runs on the same block with
-the same seed. Each split gives one gain (output tokens/s over static, minus 1); their mean with an 80 %
+the same seed. Each split gives one gain (tokens/s over static, minus 1; tokens = prompt tokens prefilled plus
+tokens decoded); their mean with an 80 %
 Student-t interval over the splits is the expected gain, and an interval that spans zero is "no clear
 winner".
 """
@@ -25,6 +26,8 @@ from moeplace.sim.runner import simulate
 from moeplace.sim.workload import TraceTokens
 
 FILL = 0.9  # share of a block's tokens a scored run may route (start-up routes fewer per second)
+PROBE_S = 10.0  # simulated seconds of the run that measures the token rate (steady state after its warm-up)
+MIN_SPLITS = 2  # an interval needs two gains at least
 
 
 def request_blocks(trace: TraceTokens, n: int) -> list[tuple[int, int]]:
@@ -55,6 +58,33 @@ def routed_rate(summary: dict) -> float:
     return float(summary.get("input_tok_s", 0.0)) + float(summary.get("output_tok_s", 0.0))
 
 
+def scored_config(scored: TraceTokens, placements, cluster, config: SimConfig, profile) -> SimConfig:
+    """``config`` with its duration cut to the simulated seconds ``scored``'s tokens fill (``FILL`` of them,
+    at the token rate a ``PROBE_S`` run of the first placement measures), so no token is routed twice."""
+    probe_cfg = dataclasses.replace(config, duration=min(config.duration, PROBE_S), warmup=None)
+    rate = routed_rate(simulate(scored, placements[:1], cluster, probe_cfg, profile)[0].summary)
+    duration = config.duration
+    if rate > 0 and FILL * scored.num_tokens / rate < duration:
+        duration = FILL * scored.num_tokens / rate
+    return cut(config, duration)
+
+
+def cut(config: SimConfig, duration: float) -> SimConfig:
+    """``config`` run for ``duration`` simulated seconds; a run cut short (to the time its scored part
+    lasts) is measured from its start (no warm-up: static and online start alike, and a warm-up would
+    leave little of a short run)."""
+    if duration >= config.duration:
+        return config
+    return dataclasses.replace(config, duration=duration, warmup=0.0)
+
+
+def tok_s(summary: dict) -> float:
+    """The score: tokens processed per simulated second, prompt tokens prefilled plus tokens decoded (a
+    run of a fraction of a second may end before the first output token; every token crosses the MoE
+    layers the placement balances)."""
+    return routed_rate(summary)
+
+
 def gain_interval(gains: list[float]) -> tuple[float, float, float]:
     """``(mean, lo, hi)``: the mean gain over splits with an 80 % Student-t interval (one split: no
     interval, ``lo = hi = mean``)."""
@@ -72,23 +102,17 @@ def unseen_runs(trace: TraceTokens, placement, cluster, config: SimConfig, profi
     module docstring). Returns ``{"splits": [{"observe": [a, b], "score": [a, b], "duration_s",
     "static": summary-row, name: row, ...}], "rows": [per config: mean figures and ``gain``, ``gain_lo``,
     ``gain_hi``]}``."""
-    if splits < 1:
-        raise InputError(f"--recommend-splits must be >= 1, got {splits}")
+    if splits < MIN_SPLITS:
+        raise InputError(f"--recommend-splits must be >= {MIN_SPLITS} (an interval needs two gains), got {splits}")
     blocks = request_blocks(trace, splits + 1)
     per_split = []
     for j in range(splits):
         (oa, ob), (sa, sb) = blocks[j], blocks[j + 1]
         observed = trace_part(trace, oa, ob).expert_counts().astype(np.float64)
         scored = trace_part(trace, sa, sb)
-        probe = simulate(scored, [("static", placement)], cluster, config, profile)[0].summary
-        rate = routed_rate(probe)
-        duration = config.duration
-        if rate > 0 and FILL * scored.num_tokens / rate < duration:
-            duration = FILL * scored.num_tokens / rate
-        warm = None if config.warmup is None else config.warmup * duration / config.duration
-        cfg = dataclasses.replace(config, duration=duration, warmup=warm)
-        static = probe if duration == config.duration else simulate(scored, [("static", placement)], cluster, cfg, profile)[0].summary
-        split = {"observe": [oa, ob], "score": [sa, sb], "duration_s": duration, "scored_tokens": scored.num_tokens,
+        cfg = scored_config(scored, [("static", placement)], cluster, config, profile)
+        static = simulate(scored, [("static", placement)], cluster, cfg, profile)[0].summary
+        split = {"observe": [oa, ob], "score": [sa, sb], "duration_s": cfg.duration, "scored_tokens": scored.num_tokens,
                  "static": _row(static)}
         for name, rb in configs.items():
             rb = dataclasses.replace(rb, observed=observed)
@@ -103,7 +127,8 @@ def unseen_runs(trace: TraceTokens, placement, cluster, config: SimConfig, profi
 
 def _row(summary: dict) -> dict:
     hist = summary.get("rebalance_history", [])
-    return {"output_tok_s": float(summary["output_tok_s"]), "straggler_share": float(summary["straggler_share"]),
+    return {"tok_s": tok_s(summary), "output_tok_s": float(summary["output_tok_s"]),
+            "iterations": int(summary.get("iterations", 0)), "straggler_share": float(summary["straggler_share"]),
             "rebalances": int(summary.get("rebalances", 0)), "stall_s": float(summary.get("stall_s", 0.0)),
             "decision_s": float(sum(h["decision_s"] for h in hist)),
             "transfer_s": float(sum(h["transfer_s"] for h in hist)),
@@ -115,9 +140,9 @@ def _mean_row(name: str, rows: list[dict], static: list[dict] | None) -> dict:
     out = {"config": name}
     for k in rows[0]:
         v = float(np.mean([r[k] for r in rows]))
-        out[k] = round(v) if k == "rebalances" else v
+        out[k] = round(v) if k in ("rebalances", "iterations") else v
     if static is not None:
-        gains = [r["output_tok_s"] / s["output_tok_s"] - 1 if s["output_tok_s"] > 0 else 0.0
+        gains = [r["tok_s"] / s["tok_s"] - 1 if s["tok_s"] > 0 else 0.0
                  for r, s in zip(rows, static)]
         out["gains"] = gains
         out["gain"], out["gain_lo"], out["gain_hi"] = gain_interval(gains)
@@ -129,7 +154,7 @@ def verdict(rows: list[dict]) -> str:
     above zero, static when every rebalancer's lies below, else "no clear winner"."""
     online = [r for r in rows if "gain" in r]
     best = max(online, key=lambda r: r["gain"])
-    span = f"{best['gain']:+.1%} output tok/s over static, 80 % interval {best['gain_lo']:+.1%} to {best['gain_hi']:+.1%}"
+    span = f"{best['gain']:+.1%} tok/s over static, 80 % interval {best['gain_lo']:+.1%} to {best['gain_hi']:+.1%}"
     if best["gain_lo"] > 0:
         return f"online rebalancing: {best['config']} ({span})"
     if all(r["gain_hi"] < 0 for r in online):

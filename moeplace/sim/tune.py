@@ -37,7 +37,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.placement.export.trtllm import TRTLLM_LB_ARCHITECTURES, architecture
 from moeplace.placement.policies import PlacementProblem, get_policy
 from moeplace.sim.config import RebalanceConfig, SimConfig
-from moeplace.sim.online import FILL, gain_interval, request_blocks, routed_rate, trace_part
+from moeplace.sim.online import MIN_SPLITS, gain_interval, request_blocks, scored_config, tok_s, trace_part
 from moeplace.sim.runner import simulate
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
@@ -120,10 +120,10 @@ def tune(trace, cluster, config: SimConfig, profile, engines: list[str], splits:
          progress=None) -> dict:
     """Search each engine's settings (:func:`engine_settings`) on ``trace``; see the module docstring.
     Returns ``{"engines": {engine: {"best": row, "rows": [...], "static": {...}} | {"unavailable": why}},
-    "splits": [...]}``; a row: ``label``, ``flags``, ``output_tok_s`` (mean), ``gain`` / ``gain_lo`` /
+    "splits": [...]}``; a row: ``label``, ``flags``, ``tok_s`` (mean tokens/s), ``gain`` / ``gain_lo`` /
     ``gain_hi`` over its static alternative, ``decision_s``, ``transfer_s``, ``stall_s``, ``rebalances``."""
-    if splits < 1:
-        raise InputError(f"--splits must be >= 1, got {splits}")
+    if splits < MIN_SPLITS:
+        raise InputError(f"--splits must be >= {MIN_SPLITS} (an interval needs two gains), got {splits}")
     model = trace.model
     blocks = request_blocks(trace, splits + 1)
     parts = []
@@ -144,14 +144,9 @@ def tune(trace, cluster, config: SimConfig, profile, engines: list[str], splits:
 
     def cfg_for(j: int, rule: str) -> SimConfig:
         if j not in durations:
-            probe = simulate(parts[j][1], [("probe", plan(max(0, (-model.num_experts) % cluster.num_gpus), j))],
-                             cluster, config, profile)[0].summary
-            rate = routed_rate(probe)
-            d = config.duration
-            if rate > 0 and FILL * parts[j][1].num_tokens / rate < d:
-                d = FILL * parts[j][1].num_tokens / rate
-            durations[j] = dataclasses.replace(config, duration=d,
-                                               warmup=None if config.warmup is None else config.warmup * d / config.duration)
+            r0 = engine_settings(engines[0], model.num_experts, model.num_moe_layers, cluster.num_gpus, quick)[0]
+            durations[j] = scored_config(parts[j][1], [("probe", plan(r0.num_redundant, j))], cluster, config,
+                                         profile)
         c = durations[j]
         return dataclasses.replace(c, engine=dataclasses.replace(c.engine, replica_rule=rule))
 
@@ -182,19 +177,19 @@ def tune(trace, cluster, config: SimConfig, profile, engines: list[str], splits:
                                     dataclasses.replace(cfg_for(j, s.rule), rebalance=rb), profile)[0].summary
                 runs.append(summ)
                 bases.append(base)
-            gains = [r["output_tok_s"] / b["output_tok_s"] - 1 if b["output_tok_s"] > 0 else 0.0
-                     for r, b in zip(runs, bases)]
+            gains = [tok_s(r) / tok_s(b) - 1 if tok_s(b) > 0 else 0.0 for r, b in zip(runs, bases)]
             g, lo, hi = gain_interval(gains)
             hist = [h for r in runs for h in r.get("rebalance_history", [])]
             rows.append({"label": s.label(), "flags": s.flags(), "params": s.params, "num_redundant": s.num_redundant,
-                         "output_tok_s": float(np.mean([r["output_tok_s"] for r in runs])),
-                         "static_tok_s": float(np.mean([b["output_tok_s"] for b in bases])),
+                         "tok_s": float(np.mean([tok_s(r) for r in runs])),
+                         "static_tok_s": float(np.mean([tok_s(b) for b in bases])),
+                         "iterations": float(np.mean([r.get("iterations", 0) for r in runs])),
                          "gains": gains, "gain": g, "gain_lo": lo, "gain_hi": hi,
                          "rebalances": float(np.mean([r.get("rebalances", 0) for r in runs])),
                          "decision_s": float(sum(h["decision_s"] for h in hist)) / splits,
                          "transfer_s": float(sum(h["transfer_s"] for h in hist)) / splits,
                          "stall_s": float(np.mean([r.get("stall_s", 0.0) for r in runs]))})
-        best = max(rows, key=lambda x: x["output_tok_s"])
+        best = max(rows, key=lambda x: x["tok_s"])
         result["engines"][engine] = {"best": best, "rows": rows}
     result["durations_s"] = [durations[j].duration for j in sorted(durations)]
     return result
@@ -211,10 +206,16 @@ def format_tune(res: dict) -> list[str]:
         verdict = ("gain is clear" if b["gain_lo"] > 0 else "loses to static" if b["gain_hi"] < 0
                    else "no clear winner over static")
         lines.append(f"{name}: best of {len(d['rows'])} settings: {b['flags']}")
-        lines.append(f"  {b['output_tok_s']:,.0f} output tok/s, {b['gain']:+.1%} over static (80 % interval "
+        lines.append(f"  {b['tok_s']:,.0f} tok/s, {b['gain']:+.1%} over static (80 % interval "
                      f"{b['gain_lo']:+.1%} to {b['gain_hi']:+.1%}: {verdict}); {b['rebalances']:.1f} rebalances per "
                      f"run, decision {b['decision_s']:.2f} s, transfer {b['transfer_s']:.2f} s, stall {b['stall_s']:.2f} s")
         lines.append(f"  static alternative: the same {b['num_redundant']} redundant slots, EPLB planned once on the "
-                     f"observed traffic and kept: {b['static_tok_s']:,.0f} output tok/s (place optimize plans one to "
+                     f"observed traffic and kept: {b['static_tok_s']:,.0f} tok/s (place optimize plans one to "
                      "export)")
+        least = min(r["params"].get("step_interval", r["params"].get("eplb_rebalance_num_iterations", 10**9))
+                    for r in d["rows"])
+        if b["iterations"] < least:
+            lines.append(f"  note: a scored run lasts {b['iterations']:.0f} iterations, fewer than any candidate's "
+                         f"interval ({least}): only the decision at the part boundary counts; a longer trace tells "
+                         "the intervals apart")
     return lines

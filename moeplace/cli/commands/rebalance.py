@@ -34,7 +34,8 @@ def register(sub) -> None:
     p.add_argument("--duration", type=flags.seconds, default=600.0,
                    help="simulated seconds at most per run (each run is cut to the time its scored part lasts)")
     p.add_argument("--splits", type=flags.positive_int, default=2,
-                   help="parts each candidate observes and is then scored after (default 2: an interval over 2)")
+                   help="parts each candidate observes and is then scored after (default 2, the least that gives "
+                        "an interval)")
     p.add_argument("--max-trace-tokens", type=flags.positive_int, default=100_000)
     p.add_argument("--quick", action="store_true", help="each engine's defaults and one alternative only")
     p.add_argument("--seed", type=flags.seed, default=0)

@@ -111,7 +111,7 @@ def register(sub) -> None:
                         "a static placement suffices")
     r.add_argument("--recommend-splits", type=flags.positive_int, default=3, metavar="N",
                    help="--recommend: the routed tokens are cut into N+1 parts in time; each rebalancer observes "
-                        "part j and is scored on part j+1, which it never saw (default 3: an interval over 3)")
+                        "part j and is scored on part j+1, which it never saw (default 3: an interval over 3; at least 2)")
     r.add_argument("--recommend-moves", type=flags.nonneg_int, default=16, metavar="K",
                    help="moeplace migration budget per layer for --recommend (default 16)")
     r.add_argument("--recommend-time", type=flags.seconds, default=10.0, metavar="S",
@@ -288,14 +288,15 @@ def format_recommendation(rec: dict) -> str:
     head = (f"static vs online rebalancing for {rec['placement']} on traffic the rebalancer had not observed "
             "(decision = the policy's measured time):")
     w = max(len(r["config"]) for r in rec["rows"])
-    lines = [head, (f"  {'':{w}s}  output tok/s  gain (80 % interval)   straggler  rebalances  stall s  decision s  "
+    lines = [head, (f"  {'':{w}s}         tok/s  gain (80 % interval)   straggler  rebalances  stall s  decision s  "
                     "transfer s  a2a slowdown s")]
     for r in rec["rows"]:
         gain = (f"{r['gain']:+6.1%} ({r['gain_lo']:+.1%}, {r['gain_hi']:+.1%})" if "gain" in r else "")
-        lines.append(f"  {r['config']:{w}s}  {r['output_tok_s']:12,.0f}  {gain:21s}  {r['straggler_share']:9.1%}  "
+        lines.append(f"  {r['config']:{w}s}  {r['tok_s']:12,.0f}  {gain:21s}  {r['straggler_share']:9.1%}  "
                      f"{r['rebalances']:10d}  {r['stall_s']:7.2f}  {r['decision_s']:10.2f}  {r['transfer_s']:10.2f}  "
                      f"{r['a2a_slowdown_s']:14.2f}")
-    lines.append(f"  (means over the splits: {rec['method']}; stall: every rank waits for a blocking rebalance; a2a "
+    lines.append(f"  (means over the splits: {rec['method']}; tok/s: prompt tokens prefilled + tokens decoded per "
+                 "simulated s, from the start of each run; stall: every rank waits for a blocking rebalance; a2a "
                  "slowdown: what async transfers, sharing the links, added to the steps they overlapped; transfer: "
                  "with free links)")
     lines.append(f"recommendation: {rec['verdict']}")
