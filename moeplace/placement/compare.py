@@ -358,11 +358,6 @@ def _check_objective(names, options: dict[str, Any], planning_samples: np.ndarra
 def _plan(fn, name: str, loads: Loads, windows: np.ndarray, samples: np.ndarray | None, cluster: ClusterSpec,
           num_redundant: int, engine: str, seed: int, time_limit: float | None,
           options: dict[str, Any]) -> tuple[Placement, float]:
-    options = dict(options)
-    if options.get("dilate") is not None or options.get("spread") == "auto":
-        # the scenario groups of the planning windows themselves (computed from them alone), as the shift
-        # estimate would form them: the scenario set --dilate widens, the folds --spread auto scores
-        options["scenarios"] = scenarios(loads.select(windows))[0]
     problem = PlacementProblem(loads=loads.counts[windows].astype(np.float64), model=loads.model, cluster=cluster,
                                num_redundant=num_redundant, engine=engine, seed=seed, time_limit=time_limit,
                                samples=samples, options=options)
@@ -443,8 +438,8 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
                    seed: int, time_limit: float | None, options: dict[str, Any],
                    ids: np.ndarray, method: str, layers: np.ndarray | None = None) -> dict[str, Any]:
     """Leave-one-scenario-out: for every scenario group ``s`` of ``ids`` (int ``[W]``), plan ``fn`` on the
-    other groups' windows with exactly the settings of the main plan (its options, the groups of the
-    training windows as its scenarios, and with a traffic objective the training windows' token sample)
+    other groups' windows with exactly the settings of the main plan (its options, and with a traffic
+    objective the training windows' token sample)
     and score it on ``s``'s windows, on the MoE layers ``layers`` (default: all; see
     :func:`shift_layers`). Returns ``{"mean": mean over groups of the left-out balancedness, "worst": the
     lowest, "mean_range", "worst_range": [lo, hi] (:func:`shift_ranges`), "method": ...,
@@ -470,7 +465,7 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
     jobs = []
     for sc in folds:
         train = np.flatnonzero(ids != sc)
-        fo = {**opts, "scenarios": np.unique(ids[train], return_inverse=True)[1]}
+        fo = dict(opts)
         samples = loads.samples_in(train) if traffic else None
         if traffic and (samples is None or not len(samples)):
             fo["objective"] = "balance"  # no token sample of the training windows: nothing to refine on
@@ -550,10 +545,6 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     ids, sc_names, method = scenarios(planning) if shift else (None, [], None)
     if shift and len(sc_names) < 2:
         ids, method = None, None
-    whole = False
-    if ids is not None:
-        # --dilate / --spread auto pick one value from every layer together: a layer's plan is then not its own
-        whole = "auto" in (options.get("dilate"), options.get("spread")) and shift_sample == "auto"
     active_layers = int((planning.counts.sum(axis=(0, 2)) > 0).sum())
     notes = []
     if single:
@@ -605,7 +596,7 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
                 if limit <= 0:
                     notes.append(f"{name}: shift estimate skipped: time limit")
                     continue
-            sampled = shift_layers(planning, ids, "all" if whole else shift_sample,
+            sampled = shift_layers(planning, ids, shift_sample,
                                    fold_seconds(done[name][1], ids, is_anytime(name)))
             how = method
             if sampled.size < active_layers:

@@ -37,6 +37,11 @@ from moeplace.placement.record import Placement
 from moeplace.sim.config import RebalanceConfig
 
 
+# Time limit of a moeplace re-plan when online rebalancing (--recommend's default): a migration-budgeted K3
+# re-plan at 32 GPUs decides within 2 s with it, Python and process start-up included (bench/replan.py)
+REPLAN_TIME_LIMIT = 1.5
+
+
 def _cpu_seconds() -> float:
     """CPU seconds of this process and of its finished (waited-for) children, user + system."""
     t = os.times()  # children: clock-tick resolution, fine for the optimizer's seconds-long workers

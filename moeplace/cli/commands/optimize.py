@@ -77,21 +77,6 @@ def register(sub) -> None:
     add_force(p)
     g = p.add_argument_group("optimizer options (used by the moeplace policy)")
     g.add_argument("--robust", action="store_true", help="maximize the worst planning window, not the mean")
-    g.add_argument("--envelope", action="store_true",
-                   help="with --robust: also plan for the windows' envelope (every expert at its highest share "
-                        "in any window), a hedge for workloads unlike any planning window")
-    g.add_argument("--dilate", type=flags.number_or(flags.float_range(1.0), "jackknife", "auto"), default=None,
-                   metavar="A|jackknife|auto",
-                   help="with --robust: widen the scenarios about their centroid, each scenario group's offset "
-                        "scaled by A (groups: input files, else domain tags, else 4 runs of windows) — a "
-                        "hedge for workloads unlike every planning one; jackknife: A = D/(D-1) for D groups, "
-                        "how far a group sits from the others' centroid; auto: jackknife or 1, chosen by "
-                        "leave-one-group-out on the planning windows")
-    g.add_argument("--spread", type=flags.number_or(flags.nonneg_float, "auto"), default=None, metavar="K|auto",
-                   help="with --robust: also plan for the windows' mean moved K standard deviations both ways "
-                        "along the top principal directions of their variation (mean + K sd per GPU on those "
-                        "directions: experts that rise together are split, replicas follow upside); auto: "
-                        "0 or sqrt(2 ln G), chosen by leave-one-group-out on the planning windows")
     g.add_argument("--objective", choices=("balance", "traffic", "balance+traffic"), default="balance")
     g.add_argument("--traffic-weight", type=flags.nonneg_float, default=None)
     g.add_argument("--pareto", action="store_true", help="print the balance-vs-traffic frontier")
@@ -134,17 +119,7 @@ def run(args) -> int:
     if (E + R) % cluster.num_gpus:
         raise InputError(f"--redundant {R}: {E} experts + {R} = {E + R} slots is not a multiple of --gpus "
                          f"{cluster.num_gpus}; use e.g. --redundant {default_redundant(E, cluster.num_gpus)}")
-    if args.envelope and not args.robust:
-        raise InputError("--envelope needs --robust (it adds a scenario to the robust plan)")
-    if args.dilate is not None and not args.robust:
-        raise InputError("--dilate needs --robust (it widens the robust plan's scenarios)")
-    if args.spread is not None and not args.robust:
-        raise InputError("--spread needs --robust (it adds scenarios to the robust plan)")
-    if args.spread == "auto" and args.dilate == "auto":
-        raise InputError("--dilate auto and --spread auto cannot be combined (choose one hedge to tune)")
-    options = {"robust": args.robust, "envelope": args.envelope or None, "dilate": args.dilate,
-               "spread": args.spread,
-               "objective": args.objective,
+    options = {"robust": args.robust, "objective": args.objective,
                "traffic_weight": args.traffic_weight, "pareto": args.pareto, "from": args.from_placement, "max_moves": args.max_moves,
                "workers": args.workers}
     cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, engine=args.engine,
@@ -216,15 +191,8 @@ def _print_moeplace_extras(cmp) -> None:
         if r.policy != "moeplace" or not summary:
             continue
         config = r.placement.provenance.get("params", {}).get("config", {})
-        what = (("the worst of the planning windows and their envelope" if config.get("envelope")
-                 else "the worst planning window") if config.get("robust")
+        what = ("the worst planning window" if config.get("robust")
                 else "the sum of the planning windows (not each window)")
-        if config.get("robust") and (config.get("dilate") or 1.0) > 1.0:
-            what = what.replace("planning windows", "widened planning windows").replace(
-                "planning window", "widened planning window") + f" (offsets x{config['dilate']:.2f})"
-        if config.get("robust") and (config.get("spread") or 0.0) > 0.0:
-            what += (f" and the windows' mean moved +-{config['spread']:.2f} sd along the top principal directions of "
-                     "their variation")
         print(f"moeplace: on {what}, which it optimizes, max/mean is within {summary['max_gap']:.3%} "
               f"(worst layer; mean {summary['mean_gap']:.3%}) of a proven lower bound for any placement "
               "with this slot budget")

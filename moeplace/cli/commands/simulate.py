@@ -20,7 +20,7 @@ from moeplace.sim.calibration import load_profile
 from moeplace.sim.config import SimConfig, parse_mtp
 from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.online import unseen_runs, verdict
-from moeplace.sim.rebalance import recommend_configs
+from moeplace.sim.rebalance import REPLAN_TIME_LIMIT, recommend_configs
 from moeplace.sim.results import format_table, summaries_doc, write_chrome_trace, write_outputs
 from moeplace.sim.runner import resolve_placement, resolved_config, simulate
 from moeplace.sim.workload import load_trace_tokens
@@ -114,8 +114,9 @@ def register(sub) -> None:
                         "part j and is scored on part j+1, which it never saw (default 3: an interval over 3; at least 2)")
     r.add_argument("--recommend-moves", type=flags.nonneg_int, default=16, metavar="K",
                    help="moeplace migration budget per layer for --recommend (default 16)")
-    r.add_argument("--recommend-time", type=flags.seconds, default=10.0, metavar="S",
-                   help="moeplace decision time limit per rebalance for --recommend (default 10 s)")
+    r.add_argument("--recommend-time", type=flags.seconds, default=REPLAN_TIME_LIMIT, metavar="S",
+                   help=f"moeplace decision time limit per rebalance for --recommend (default {REPLAN_TIME_LIMIT:g} s; "
+                        "the decision's measured time is charged)")
     r.add_argument("--route-all", action="store_true",
                    help="route on the whole trace even when a placement was planned on its first part "
                         "(default: route on the held-out part only)")
