@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
-from _timing import cpu_seconds, loadavg, write_result  # before any project import: sets sys.path
-
-import time
-
 import numpy as np
+from _timing import cpu_seconds, loadavg, write_result  # before any project import: sets sys.path
 
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.model import load_model
