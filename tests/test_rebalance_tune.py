@@ -57,6 +57,7 @@ def test_place_rebalance_prints_launch_flags_gain_interval_and_static_alternativ
                "8", "--duration", "0.05", "--quick", "--engine", "vllm", "--engine", "sglang", "--json"])
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
+    assert res["format"] == "moeplace.rebalance-report/1"
     assert set(res["engines"]) == {"vllm", "sglang"} and len(res["splits"]) == 2
     for sp in res["splits"]:
         assert sp["observe"][1] == sp["score"][0]  # scored on the part after the one it observed
@@ -64,9 +65,11 @@ def test_place_rebalance_prints_launch_flags_gain_interval_and_static_alternativ
         b = d["best"]
         assert b["gain_lo"] <= b["gain"] <= b["gain_hi"] and b["flags"].startswith("--enable-eplb")
         assert b["tok_s"] == max(r["tok_s"] for r in d["rows"]) and b["tok_s"] > 0
+    report = tmp_path / "rb.json"
     rc = main(["rebalance", path, "--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--concurrency",
-               "8", "--duration", "0.05", "--quick", "--engine", "vllm"])
+               "8", "--duration", "0.05", "--quick", "--engine", "vllm", "--report", str(report)])
     out = capsys.readouterr().out
+    assert json.loads(report.read_text())["engines"]["vllm"]["best"]["flags"] in out
     assert rc == 0 and "vLLM: best of" in out and "--eplb-config" in out and "static alternative" in out
     assert "over static (80 % interval" in out
 

@@ -300,6 +300,7 @@ KINDS: dict[str, OutputKind] = {k.name: k for k in (
     OutputKind("Chrome trace", False, _is_chrome_trace),
     OutputKind("demo run directory", True, _is_run_dir),
     OutputKind("sweep directory", True, _is_sweep_dir),
+    OutputKind("rebalance report", False, _artifact("rebalance-report")),
 )}
 
 

@@ -72,6 +72,7 @@ FORMATS: dict[str, ArtifactFormat] = {f.kind: f for f in (
     ArtifactFormat("run", (1,), True, "place demo --out DIR (the .moeplace-run marker)"),
     ArtifactFormat("synth-summary", (1,), True, "place trace synth --json"),
     ArtifactFormat("model-facts", (1,), True, "place model show --json"),
+    ArtifactFormat("rebalance-report", (1,), False, "place rebalance --report / --json"),
 )}
 
 _TAG = re.compile(r"moeplace\.([a-z][a-z0-9-]*)/(\d+)")

@@ -11,6 +11,7 @@ from moeplace.cli.commands import add_force
 from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.files import Outputs, write_text_atomic
+from moeplace.foundation.formats import tagged
 from moeplace.sim.tune import ENGINE_NAMES, format_tune, tune
 from moeplace.sim.workload import load_trace_tokens
 
@@ -56,7 +57,7 @@ def run(args) -> int:
     engines = args.engine or list(ENGINE_NAMES)
     progress = (lambda s: print(f"  {s}", file=sys.stderr, flush=True)) if sys.stderr.isatty() else None
     res = tune(trace, cluster, config, None, engines, args.splits, args.quick, progress)
-    res["trace"] = args.trace
+    res = tagged("rebalance-report", {"trace": args.trace, **res})
     if args.report:
         outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(res, indent=1) + "\n"))
     if args.json:
