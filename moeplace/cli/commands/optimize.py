@@ -211,12 +211,13 @@ def shift_advice(result, out: str, inputs: list[str]) -> str:
     sh = result.shift
     seen = (f"{result.held_out.balancedness:.4f} on the held-out windows of this input but "
             if result.held_out is not None else "")
-    rng = ""
+    mean = f"{sh['mean']:.4f}"
+    worst = f"{sh['worst']:.4f}"
     if "mean_range" in sh:
-        rng = (f" (range {sh['mean_range'][0]:.2f}-{sh['mean_range'][1]:.2f}; worst "
-               f"{sh['worst_range'][0]:.2f}-{sh['worst_range'][1]:.2f})")
+        mean += f" (range {sh['mean_range'][0]:.2f}-{sh['mean_range'][1]:.2f})"
+        worst += f" ({sh['worst_range'][0]:.2f}-{sh['worst_range'][1]:.2f})"
     weak = " The estimate is weak: fewer than 3 unrelated workloads to leave out." if "; weak:" in sh["method"] else ""
-    return (f"what to expect: the written {result.policy} placement keeps {seen}about {sh['mean']:.4f} (worst "
-            f"{sh['worst']:.4f}){rng} on traffic unlike the planning data.{weak} If the production mix differs, "
-            "plan on every workload you have (all as inputs, --plan-fraction 1; --robust to hedge) "
-            f"and check online rebalancing: place simulate {inputs[0]} --placement {out} --recommend")
+    return (f"what to expect: the written {result.policy} placement keeps {seen}about {mean}, worst {worst}, on "
+            f"traffic unlike the planning data.{weak} If the production mix differs, plan on every workload you have "
+            "(all as inputs, --plan-fraction 1; --robust to hedge) and check online rebalancing: place simulate "
+            f"{inputs[0]} --placement {out} --recommend, or tune the engine's own: place rebalance {inputs[0]}")
