@@ -1,5 +1,7 @@
 """Online rebalancing: moved experts, the weight-transfer stall, the move budget, and a drifting trace
 re-placed during the run."""
+import itertools
+
 import numpy as np
 import pytest
 from simkit import build, linear_placement, mini_model, write_trace
@@ -185,7 +187,7 @@ def test_unseen_runs_never_score_a_rebalancer_on_what_it_observed(tmp_path):
                                           hot_shift=5))
     blocks = request_blocks(trace, 4)
     assert blocks[0][0] == 0 and blocks[-1][1] == trace.num_requests
-    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(blocks))
     part = trace_part(trace, *blocks[1])
     assert part.num_tokens == trace.req_offset[blocks[1][1]] - trace.req_offset[blocks[1][0]]
     assert np.array_equal(part.expert_ids[0], trace.expert_ids[trace.req_offset[blocks[1][0]]])

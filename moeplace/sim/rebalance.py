@@ -36,9 +36,9 @@ from moeplace.placement.policies import PlacementProblem, get_policy, policy_nam
 from moeplace.placement.record import Placement
 from moeplace.sim.config import RebalanceConfig
 
-
-# Time limit of a moeplace re-plan when online rebalancing (--recommend's default): a migration-budgeted K3
-# re-plan at 32 GPUs decides within 2 s with it, Python and process start-up included (bench/replan.py)
+# Time limit of a moeplace re-plan when online rebalancing (--recommend's default): below 2 s the optimizer
+# plans every layer in-process, and a migration-budgeted K3 re-plan at 32 GPUs decides within 2 s with it
+# (bench/replan.py: 1.70 s wall at load average ~13 on 2 cores, 0.24 s of CPU)
 REPLAN_TIME_LIMIT = 1.5
 
 
