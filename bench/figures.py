@@ -622,7 +622,9 @@ def evaluate_defaults() -> str:
             f"carries {ratio['moeplace']:.2f}x.\n")
 
 
-REC_ROW = re.compile(r"^  (?P<config>\S.*?)\s{2,}(?P<tok>[\d,]+)\s+[\d.]+%\s+(?P<n>\d+)\s+(?P<stall>[\d.]+)\s")
+# a row of the table: config, tok/s, [gain (interval),] straggler %, rebalances, stall s
+REC_ROW = re.compile(r"^  (?P<config>\S.*?)\s{2,}(?P<tok>[\d,]+)\s+(?:[+-][\d.]+%\s+\([^)]*\)\s+)?[\d.]+%\s+"
+                     r"(?P<n>\d+)\s+(?P<stall>[\d.]+)\s")
 
 
 def recommend() -> str:

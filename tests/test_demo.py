@@ -11,9 +11,9 @@ def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(run), "--traces", str(traces)]) == 0
     out = capsys.readouterr().out
     stages = [line for line in out.splitlines() if line.startswith("== ")]
-    assert len(stages) == 7 and stages[-1].startswith("== 7. simulate")
-    # the run ends with the side-by-side simulation table
-    tail = out[out.index("== 7. simulate"):]
+    assert len(stages) == 8 and stages[-2].startswith("== 7. simulate") and stages[-1].startswith("== 8. tune")
+    # the side-by-side simulation table
+    tail = out[out.index("== 7. simulate"):out.index("== 8. tune")]
     assert "placement-moeplace" in tail and "placement-eplb" in tail and "placement-linear" in tail
     assert "straggler total (s)" in tail
     # the launch lines realize the layout the memory plan (stage 3) certified: attention TP8 x DP4 on 32 GPUs
@@ -24,6 +24,12 @@ def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     vllm = out[out.index("== 6. export"):out.index("== 7. simulate")]
     assert "--tensor-parallel-size 8" in vllm and "--data-parallel-size 4" in vllm
     assert "--enable-expert-parallel" in vllm
+    # then the engine's own rebalancer, tuned: its launch flags, the gain over static with its interval
+    tuned = out[out.index("== 8. tune"):]
+    assert "vLLM: best of" in tuned and "--enable-eplb --eplb-config" in tuned and "80 % interval" in tuned
+    assert "static alternative" in tuned
+    reb = json.loads((run / "rebalance.json").read_text())
+    assert reb["engines"]["vllm"]["best"]["gain_lo"] <= reb["engines"]["vllm"]["best"]["gain_hi"]
     for rel in ("loads.npz", "plan.json", "placement.json", "comparison.json", "sim/summary.json",
                 "export/sglang-expert-location.json", "export/vllm-expert-map.json"):
         assert (run / rel).is_file(), rel

@@ -185,7 +185,8 @@ def test_shift_estimate_by_input_file_and_plan_fraction_one(small, tmp_path, cap
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["held_out_windows"] == [] and d["rows"][0]["held_out"] is None
     sh = d["shift"]["eplb"]
-    assert sh["method"] == "leave-one-input-file-out" and set(sh) >= {"mean", "worst", "method"}
+    assert sh["method"].startswith("leave-one-input-file-out; weak: 2 scenario groups")
+    assert set(sh) >= {"mean", "worst", "method", "mean_range", "worst_range"}
     # by hand: plan EPLB on one file, score on the other
     loads = routing_windows([a, b])
     cluster = make_cluster(8, "h200", 4)
@@ -200,7 +201,8 @@ def test_shift_estimate_by_input_file_and_plan_fraction_one(small, tmp_path, cap
                "--plan-fraction", "1", "--no-out"])
     out = capsys.readouterr().out
     assert "shift mean" in out and "nothing held out" in out and "leave-one-input-file-out" in out
-    assert f"what to expect: eplb keeps about {sh['mean']:.4f}" in out and "--recommend" in out
+    assert f"what to expect: the written eplb placement keeps about {sh['mean']:.4f}" in out and "--recommend" in out
+    assert "The estimate is weak" in out
 
 
 def test_scenarios_fall_back_to_window_groups(small):
@@ -215,12 +217,12 @@ def test_domain_tag_scenarios_from_mixed_windows_are_labelled_optimistic(small):
     mixed = replace(base, provenance={**tags, "window_domain_share": [1.0, 0.6, 0.55, 0.9]})
     ids, names, method = scenarios(pure)
     assert ids.tolist() == [0, 0, 1, 1] and names == ["code", "chat"]
-    assert method == "leave-one-domain-tag-out"
+    assert method.startswith("leave-one-domain-tag-out; weak: 2 scenario groups") and "optimistic" not in method
     ids, names, method = scenarios(mixed)
     assert ids.tolist() == [0, 0, 1, 1] and method.startswith("leave-one-domain-tag-out; optimistic")
     assert "76%" in method  # the mean dominant share the label reports
     # selecting planning windows keeps each window's share with it
-    assert scenarios(mixed.select(np.array([0, 3])))[2] == "leave-one-domain-tag-out"
+    assert "optimistic" not in scenarios(mixed.select(np.array([0, 3])))[2]
 
 
 def test_a_drifting_tagged_trace_records_how_pure_its_windows_are(small, tmp_path):
@@ -251,11 +253,13 @@ def test_simulate_routes_on_what_the_placement_did_not_plan_on(tmp_path, capsys)
     assert routing["from_token"] == 0 and "in-sample" in routing["note"]
 
 
-def test_envelope_needs_robust(small, tmp_path, capsys):
+def test_removed_hedge_flags_are_refused(small, tmp_path, capsys):
     path = tmp_path / "l.npz"
     _loads(small).save(path)
-    assert main(["optimize", str(path), "--gpus", "8", "--gpus-per-node", "4", "--envelope", "--no-out"]) == 2
-    assert "--envelope needs --robust" in capsys.readouterr().err
+    for flag in (["--envelope"], ["--dilate", "auto"], ["--spread", "2"]):
+        assert main(["optimize", str(path), "--gpus", "8", "--gpus-per-node", "4", "--robust", *flag,
+                     "--no-out"]) == 2
+        assert "unrecognized arguments" in capsys.readouterr().err
 
 
 def test_shift_estimate_uses_the_planning_windows_only(small):
@@ -298,25 +302,94 @@ def test_shift_estimate_on_a_layer_sample_is_the_full_plans_figure_on_those_laye
     assert full["layers"] == [0, 1, 2, 3] and full["layer_sample_se"] == 0 and "MoE layers" not in full["method"]
 
 
-def test_shift_layers_sample_sized_to_the_main_plans_work(small):
-    from moeplace.placement.compare import SHIFT_MIN_LAYERS, SHIFT_WORK, shift_layers
+def test_shift_layers_every_layer_when_it_fits_the_budget_else_a_sample(small):
+    from moeplace.placement.compare import SHIFT_BUDGET_S, SHIFT_MIN_LAYERS, fold_seconds, shift_layers
 
     big = replace(small, num_layers=93, moe_layers=tuple(range(1, 93)), attention=("kda",) * 93)
     counts = np.ones((13, 92, E), np.int64)
     counts[:, 5] = 0  # a layer without tokens is never sampled
     planning = Loads(counts, big, 100, (), {})
     ids = np.array([0, 0, 0, 1, 1, 1, 1, 2, 0, 2, 3, 3, 3])  # 4 scenarios: each plan sees 3/4 of the windows
-    lay = shift_layers(planning, ids)
-    assert lay.size == max(SHIFT_MIN_LAYERS, round(SHIFT_WORK * 91 * 13 / 39)) and 5 not in lay
-    assert lay[0] == 0 and lay[-1] == 91 and np.all(np.diff(lay) > 20)  # spread over depth
+    # folds' work: 3 main plans' worth (4 folds x 3/4 of the windows), one after another
+    assert fold_seconds(10.0, ids, side_by_side=False) == pytest.approx(30.0)
+    assert shift_layers(planning, ids, "auto", 30.0).size == 91  # within the minute: every layer
+    lay = shift_layers(planning, ids, "auto", 4 * SHIFT_BUDGET_S)  # 4 minutes for all: a quarter of them
+    assert lay.size == 91 // 4 and 5 not in lay and lay.size >= SHIFT_MIN_LAYERS
+    assert lay[0] == 0 and lay[-1] == 91 and np.all(np.diff(lay) >= 3)  # spread over depth
+    assert shift_layers(planning, ids, "auto", 1e6).size == SHIFT_MIN_LAYERS
     assert shift_layers(planning, ids, "all").size == 91 and shift_layers(planning, ids, 200).size == 91
 
 
-def test_shift_estimate_skips_the_traffic_refinement_and_says_so(small):
-    loads = _loads(small, windows=8, per_window=100)
-    cmp = compare_policies(loads, make_cluster(8, "h200", 4), num_redundant=8, policies=["moeplace"], shift=True,
-                           options={"objective": "traffic", "workers": 1})
-    sh = cmp.results[0].shift
-    assert "traffic refinement skipped" in sh["method"] and "on " not in sh["method"].split(";")[0]
-    main_plan = cmp.results[0].placement.provenance["params"]["config"]
-    assert main_plan["objective"] == "traffic"  # the written placement still plans for traffic
+def test_shift_ranges_widen_with_the_spread_over_folds_and_the_layer_sample():
+    from moeplace.placement.compare import SHIFT_MIN_HALF_WIDTH, shift_ranges, t80
+
+    mr, wr, h = shift_ranges([0.6, 0.7, 0.8], 0.0)
+    assert h == pytest.approx(t80(2) * 0.1 * np.sqrt(1 + 1 / 3))
+    assert mr == pytest.approx([0.7 - h, 0.7 + h]) and wr == pytest.approx([0.6 - h, 0.6 + h])
+    assert shift_ranges([0.6, 0.7, 0.8], 0.01)[2] == pytest.approx(h + 0.02)
+    # folds that agree by chance still leave the least half-width
+    assert shift_ranges([0.7, 0.7, 0.7], 0.0)[0] == pytest.approx([0.7 - SHIFT_MIN_HALF_WIDTH, 0.7 + SHIFT_MIN_HALF_WIDTH])
+    assert shift_ranges([0.5], 0.0)[0] == [0.0, 1.0]  # one fold: no spread to go by
+
+
+def test_shift_folds_plan_with_the_written_placements_settings(small):
+    """Each fold is planned as the main plan is: its options (a traffic objective included, with the
+    training windows' token sample, none of the left-out one's) and the training windows' groups as
+    scenarios — not a balance-only plan or another scenario split."""
+    from moeplace.placement.compare import shift_estimate
+
+    loads = _loads(small, windows=6, per_window=50)
+    ids = np.array([0, 0, 1, 1, 2, 2])
+    seen = []
+
+    def spy(problem):
+        seen.append(problem)
+        return get_policy("eplb")(problem)
+
+    sh = shift_estimate(spy, "spy", loads, make_cluster(8, "h200", 4), num_redundant=8, engine="vllm", seed=0,
+                        time_limit=None, options={"objective": "traffic", "robust": True, "pareto": True},
+                        ids=ids, method="m")
+    assert len(seen) == 3
+    for sc, pr in zip(range(3), seen):
+        assert pr.options["objective"] == "traffic" and pr.options["robust"] and not pr.options["pareto"]
+        train = np.flatnonzero(ids != sc)
+        assert len(pr.samples) == 200 and np.array_equal(pr.samples, loads.samples_in(train))
+    assert set(sh) >= {"mean_range", "worst_range"} and sh["mean_range"][0] <= sh["mean"] <= sh["mean_range"][1]
+
+
+def test_related_inputs_are_grouped_and_left_out_together(small):
+    from moeplace.placement.compare import group_inputs
+
+    rng = np.random.default_rng(0)
+    base = [rng.dirichlet(np.ones(E) * 0.3, size=L) * 1e5 for _ in range(3)]
+    # two "languages" of each of three datasets: the same experts hot, a little noise
+    per = [b * rng.uniform(0.9, 1.1, size=b.shape) for b in base for _ in range(2)]
+    assert group_inputs(per) == [0, 0, 1, 1, 2, 2]
+    assert group_inputs(per[::2]) == [0, 1, 2]  # unrelated datasets stay apart
+    assert group_inputs(per[:2]) == [0, 1]  # two inputs: nothing to compare their distance to
+    # through the shift estimate's scenarios: 6 input files, 3 groups of 2
+    counts = np.stack([np.round(x).astype(np.int64) for x in per])
+    loads = Loads(counts, small, 0, (), {"inputs": [f"d{i // 2}-{'ab'[i % 2]}.npz" for i in range(6)],
+                                         "window_inputs": list(range(6))})
+    ids, names, method = scenarios(loads)
+    assert ids.tolist() == [0, 0, 1, 1, 2, 2] and names == ["d0-a.npz+d0-b.npz", "d1-a.npz+d1-b.npz",
+                                                           "d2-a.npz+d2-b.npz"]
+    assert method.startswith("leave-one-input-group-out (inputs grouped by the similarity") and "weak" not in method
+    given = replace(loads, provenance={**loads.provenance, "input_groups": ["x", "y", "y", "x", "z", "z"]})
+    ids, names, method = scenarios(given)
+    assert ids.tolist() == [0, 1, 1, 0, 2, 2] and names == ["x", "y", "z"] and "as given (--group)" in method
+
+
+def test_optimize_group_flag(small, tmp_path, capsys):
+    ld = _loads(small, windows=6, per_window=50)
+    paths = []
+    for i in range(3):
+        paths.append(tmp_path / f"p{i}.npz")
+        ld.select([2 * i, 2 * i + 1]).save(paths[-1])
+    rc = main(["optimize", str(paths[0]), "--group", f"late={paths[1]},{paths[2]}", "--gpus", "8",
+               "--gpus-per-node", "4", "--policy", "eplb", "--plan-fraction", "1", "--json", "--no-out"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["shift_scenarios"] == ["p0.npz", "late"]
+    assert "as given (--group)" in d["shift"]["eplb"]["method"] and "weak" in d["shift"]["eplb"]["method"]
+    assert main(["optimize", str(paths[0]), "--group", "bad", "--no-out"]) == 2
+    assert "--group 'bad': expected NAME=PATH" in capsys.readouterr().err

@@ -133,19 +133,3 @@ def test_greedy_start_for_layers_is_deterministic():
     wn = normalize_scenarios(rng.lognormal(0, 1, size=(2, 200)), 8)
     assert np.array_equal(greedy_layer(wn, 208, 8), greedy_layer(wn, 208, 8))
 
-
-def test_robust_envelope_adds_each_experts_highest_share_as_a_scenario():
-    from moeplace.placement.optimizer.layer import scenario_loads
-
-    loads = np.array([[3.0, 1, 1, 1], [1, 1, 3, 1]])
-    plain = scenario_loads(loads, OptimizerConfig(robust=True), 2)
-    env = scenario_loads(loads, OptimizerConfig(robust=True, envelope=True), 2)
-    assert plain.shape == (2, 4) and env.shape == (3, 4)
-    np.testing.assert_allclose(env[:2], plain)
-    # experts 0 and 2 are each hot in one window: the envelope has both hot at once, rows sum to G
-    np.testing.assert_allclose(env[2], [0.75, 0.25, 0.75, 0.25])
-    # a placement with experts 0 and 2 on one GPU is fine for every window's worst case but not the envelope
-    together, apart = np.array([0, 2, 1, 3]), np.array([0, 1, 2, 3])
-    assert LayerState(plain, together, 2).value() == pytest.approx(LayerState(plain, apart, 2).value())
-    assert LayerState(env, together, 2).value() > LayerState(env, apart, 2).value()
-

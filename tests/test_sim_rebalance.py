@@ -1,10 +1,14 @@
 """Online rebalancing: moved experts, the weight-transfer stall, the move budget, and a drifting trace
 re-placed during the run."""
+import itertools
+
 import numpy as np
 import pytest
 from simkit import build, linear_placement, mini_model, write_trace
 
+from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import InputError
+from moeplace.placement.policies import PlacementProblem, get_policy
 from moeplace.placement.record import Placement
 from moeplace.sim.config import (
     CostConfig,
@@ -163,9 +167,52 @@ def test_simulate_recommend_compares_static_with_the_engines_rebalancers(tmp_pat
     names = [r["config"] for r in rec["rows"]]
     assert names[0] == "static" and any("vLLM EPLB" in n for n in names) and any("SGLang" in n for n in names)
     assert any("moeplace migration" in n for n in names)
-    best = max(rec["rows"][1:], key=lambda r: r["output_tok_s"])
-    gain = best["output_tok_s"] / rec["rows"][0]["output_tok_s"] - 1
-    assert ("static placement suffices" in rec["verdict"]) == (gain < rec["min_gain"])
+    # every rebalancer observed one part of the routed tokens and was scored on the next, 3 times
+    assert len(rec["splits"]) == 3
+    for sp in rec["splits"]:
+        assert sp["observe"][1] == sp["score"][0] and sp["score"][1] > sp["score"][0]
+    best = max(rec["rows"][1:], key=lambda r: r["gain"])
+    assert best["gain_lo"] <= best["gain"] <= best["gain_hi"] and len(best["gains"]) == 3
+    if best["gain_lo"] > 0:
+        assert rec["verdict"].startswith("online rebalancing")
+    elif all(r["gain_hi"] < 0 for r in rec["rows"][1:]):
+        assert rec["verdict"].startswith("a static placement")
+    else:
+        assert rec["verdict"].startswith("no clear winner")
+
+
+def test_unseen_runs_never_score_a_rebalancer_on_what_it_observed(tmp_path):
+    """The rebalancer's window starts with the observed part's loads and decides at once; the scored run
+    routes the next part only, no longer than it lasts (no token routed twice)."""
+    import dataclasses
+
+    from moeplace.sim.online import gain_interval, request_blocks, trace_part, unseen_runs, verdict
+    from moeplace.sim.workload import load_trace_tokens
+
+    m = mini_model(num_experts=16)
+    trace = load_trace_tokens(write_trace(tmp_path / "t", m, num_requests=12, prompt=64, output=16, skew=1.5,
+                                          hot_shift=5))
+    blocks = request_blocks(trace, 4)
+    assert blocks[0][0] == 0 and blocks[-1][1] == trace.num_requests
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(blocks))
+    part = trace_part(trace, *blocks[1])
+    assert part.num_tokens == trace.req_offset[blocks[1][1]] - trace.req_offset[blocks[1][0]]
+    assert np.array_equal(part.expert_ids[0], trace.expert_ids[trace.req_offset[blocks[1][0]]])
+    cluster = make_cluster(4, "h200", 2)
+    pl = get_policy("linear")(PlacementProblem(np.ones((1, m.num_moe_layers, 16)), m, cluster, 4))
+    cfg = SimConfig(duration=5.0, seed=0, engine=EngineConfig(attention_tp=2),
+                    workload=WorkloadConfig(concurrency=8))
+    rb = RebalanceConfig(every=10**6, window=100, policy="eplb")  # decides only once: from what it observed
+    out = unseen_runs(trace, pl, cluster, cfg, None, {"eplb": rb}, splits=2)
+    for sp in out["splits"]:
+        assert sp["duration_s"] < 5.0  # cut to the time the scored part's tokens fill
+        assert sp["eplb"]["rebalances"] == 1  # the primed decision, at the first iteration
+    with pytest.raises(InputError, match="at least|>= 2"):
+        unseen_runs(trace, pl, cluster, cfg, None, {"eplb": rb}, splits=1)
+    m_, lo, hi = gain_interval([-0.01, 0.03, 0.01])
+    assert lo < 0 < hi and verdict([{"config": "static"}, {"config": "x", "gain": m_, "gain_lo": lo,
+                                                           "gain_hi": hi}]).startswith("no clear winner")
+    assert dataclasses.replace(rb, observed=np.ones(3)) == rb  # the observed loads are no part of the settings
 
 
 def test_transfer_shares_the_links_fairly_by_hand():

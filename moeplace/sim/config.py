@@ -294,6 +294,9 @@ class RebalanceConfig:
     time_limit: float | None = None
     asynchronous: bool = False
     decision_s: float | None = None  # None: the policy's measured time; a number: that (what-ifs)
+    # float [L, E] expert loads the window holds before the run (what the rebalancer observed earlier); it
+    # decides from them at the first iteration. None: the window starts empty (sim.online uses this)
+    observed: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.window < 1 or self.moves < 0:

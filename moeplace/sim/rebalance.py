@@ -37,6 +37,11 @@ from moeplace.placement.record import Placement
 from moeplace.placement.rules import get_rule
 from moeplace.sim.config import RebalanceConfig
 
+# Time limit of a moeplace re-plan when online rebalancing (--recommend's default): below 2 s the optimizer
+# plans every layer in-process, and a migration-budgeted K3 re-plan at 32 GPUs decides within 2 s with it
+# (bench/replan.py: 1.70 s wall at load average ~13 on 2 cores, 0.24 s of CPU)
+REPLAN_TIME_LIMIT = 1.5
+
 
 def _cpu_seconds() -> float:
     """CPU seconds of this process and of its finished (waited-for) children, user + system."""
@@ -256,6 +261,11 @@ class Rebalancer:
         # the transfer in flight, whose sharing of the links with the all-to-all can make it later
         self.pending: tuple[float, Placement] | None = None
         self.transfer: Transfer | None = None
+        # loads observed before the run (RebalanceConfig.observed): the window starts with them and the
+        # first decision comes at the first iteration
+        self.primed = cfg.observed is not None
+        if self.primed:
+            self.blocks.append(np.asarray(cfg.observed, dtype=np.float64))
         names = policy_names()
         want = cfg.policy
         if want == "auto":
@@ -308,8 +318,9 @@ class Rebalancer:
             pool.router.set_placement(self.pending[1])
             self.pending = None
             self.transfer = None
-        if pool.iteration % self.cfg.every or self.pending is not None:
+        if (pool.iteration % self.cfg.every and not self.primed) or self.pending is not None:
             return 0.0
+        self.primed = False
         loads = self.window_loads()
         if loads is None or loads.sum() == 0:
             return 0.0

@@ -37,8 +37,13 @@ def register(sub) -> None:
                        description="Plans on the first --plan-fraction of the windows, scores on the rest "
                                    "(nothing of the rest, token sample included, is seen by planning); then "
                                    "estimates balancedness under workload shift by leave-one-scenario-out.")
-    p.add_argument("inputs", nargs="+", metavar="TRACES_OR_LOADS",
+    p.add_argument("inputs", nargs="*", metavar="TRACES_OR_LOADS",
                    help="trace files/directories or Loads .npz files (windows are concatenated)")
+    p.add_argument("--group", action="append", default=None, metavar="NAME=PATH[,PATH...]",
+                   help="related inputs (e.g. one dataset in two languages) that the shift estimate leaves out "
+                        "together; repeatable; paths not among the inputs are added to them, inputs in no "
+                        "group are groups of their own. Default: inputs are grouped by the similarity of "
+                        "their expert loads (docs/placement.md)")
     p.add_argument("--gpus", type=flags.positive_int, default=32, help="GPUs (= EP ranks), default 32")
     p.add_argument("--gpus-per-node", type=flags.positive_int, default=None, help="default: the GPU preset's node size")
     p.add_argument("--gpu", default="h200", help=f"GPU preset ({', '.join(gpu_preset_names())})")
@@ -79,21 +84,6 @@ def register(sub) -> None:
     add_progress(p)
     g = p.add_argument_group("optimizer options (used by the moeplace policy)")
     g.add_argument("--robust", action="store_true", help="maximize the worst planning window, not the mean")
-    g.add_argument("--envelope", action="store_true",
-                   help="with --robust: also plan for the windows' envelope (every expert at its highest share "
-                        "in any window), a hedge for workloads unlike any planning window")
-    g.add_argument("--dilate", type=flags.number_or(flags.float_range(1.0), "jackknife", "auto"), default=None,
-                   metavar="A|jackknife|auto",
-                   help="with --robust: widen the scenarios about their centroid, each scenario group's offset "
-                        "scaled by A (groups: input files, else domain tags, else 4 runs of windows) — a "
-                        "hedge for workloads unlike every planning one; jackknife: A = D/(D-1) for D groups, "
-                        "how far a group sits from the others' centroid; auto: jackknife or 1, chosen by "
-                        "leave-one-group-out on the planning windows")
-    g.add_argument("--spread", type=flags.number_or(flags.nonneg_float, "auto"), default=None, metavar="K|auto",
-                   help="with --robust: also plan for the windows' mean moved K standard deviations both ways "
-                        "along the top principal directions of their variation (mean + K sd per GPU on those "
-                        "directions: experts that rise together are split, replicas follow upside); auto: "
-                        "0 or sqrt(2 ln G), chosen by leave-one-group-out on the planning windows")
     g.add_argument("--objective", choices=("balance", "traffic", "balance+traffic"), default="balance")
     g.add_argument("--traffic-weight", type=flags.nonneg_float, default=None)
     g.add_argument("--pareto", action="store_true", help="print the balance-vs-traffic frontier")
@@ -110,6 +100,13 @@ def run(args) -> int:
     if args.window_tokens < 1:
         raise InputError(f"--window-tokens must be >= 1, got {args.window_tokens}")
     names = args.policy or policy_names()
+    groups = parse_groups(args.group or [])
+    for paths in groups.values():
+        for path in paths:
+            if not any(_same(path, x) for x in args.inputs):
+                args.inputs.append(path)
+    if not args.inputs:
+        raise InputError("no traces or Loads files given (positional TRACES_OR_LOADS or --group NAME=PATH)")
     outs = Outputs(inputs=[*args.inputs, args.from_placement, args.model], force=args.force)
     if not args.no_out:
         outs.add(args.out, PLACEMENT_JSON)
@@ -118,6 +115,9 @@ def run(args) -> int:
         outs.add(Path(args.save_all) / f"placement-{name}.json", PLACEMENT_JSON, "--save-all")
     model = load_model(args.model) if args.model else None
     loads = routing_windows(args.inputs, model=model, window_tokens=args.window_tokens)
+    if groups:
+        loads.provenance["input_groups"] = [next((g for g, paths in groups.items() if any(_same(x, q) for q in paths)),
+                                                 Path(x).name) for x in args.inputs]
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
     E = loads.model.num_experts
     R = default_redundant(E, cluster.num_gpus) if args.redundant is None else args.redundant
@@ -126,17 +126,7 @@ def run(args) -> int:
     if (E + R) % cluster.num_gpus:
         raise InputError(f"--redundant {R}: {E} experts + {R} = {E + R} slots is not a multiple of --gpus "
                          f"{cluster.num_gpus}; use e.g. --redundant {default_redundant(E, cluster.num_gpus)}")
-    if args.envelope and not args.robust:
-        raise InputError("--envelope needs --robust (it adds a scenario to the robust plan)")
-    if args.dilate is not None and not args.robust:
-        raise InputError("--dilate needs --robust (it widens the robust plan's scenarios)")
-    if args.spread is not None and not args.robust:
-        raise InputError("--spread needs --robust (it adds scenarios to the robust plan)")
-    if args.spread == "auto" and args.dilate == "auto":
-        raise InputError("--dilate auto and --spread auto cannot be combined (choose one hedge to tune)")
-    options = {"robust": args.robust, "envelope": args.envelope or None, "dilate": args.dilate,
-               "spread": args.spread,
-               "objective": args.objective,
+    options = {"robust": args.robust, "objective": args.objective,
                "traffic_weight": args.traffic_weight, "pareto": args.pareto, "from": args.from_placement, "max_moves": args.max_moves,
                "workers": args.workers}
     cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, engine=args.engine,
@@ -175,6 +165,29 @@ def run(args) -> int:
     return 0
 
 
+def parse_groups(specs: list[str]) -> dict[str, list[str]]:
+    """``--group NAME=PATH[,PATH...]`` values -> ``{name: [paths]}``; one-line errors for a malformed
+    value, a repeated name or a path in two groups."""
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        name, sep, rest = spec.partition("=")
+        paths = [x for x in rest.split(",") if x]
+        if not sep or not name.strip() or not paths:
+            raise InputError(f"--group {spec!r}: expected NAME=PATH[,PATH...]")
+        if name in out:
+            raise InputError(f"--group {name}: given twice (list all its paths in one --group)")
+        for q in paths:
+            for other, held in out.items():
+                if any(_same(q, x) for x in held):
+                    raise InputError(f"--group {name}: {q} is already in group {other}")
+        out[name] = paths
+    return out
+
+
+def _same(a: str, b: str) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
 def _shift_layers(text: str) -> int | str:
     """``all`` or a whole number >= 1."""
     return "all" if text.lower() == "all" else flags.positive_int(text)
@@ -188,15 +201,8 @@ def _print_moeplace_extras(cmp) -> None:
         if r.policy != "moeplace" or not summary:
             continue
         config = r.placement.provenance.get("params", {}).get("config", {})
-        what = (("the worst of the planning windows and their envelope" if config.get("envelope")
-                 else "the worst planning window") if config.get("robust")
+        what = ("the worst planning window" if config.get("robust")
                 else "the sum of the planning windows (not each window)")
-        if config.get("robust") and (config.get("dilate") or 1.0) > 1.0:
-            what = what.replace("planning windows", "widened planning windows").replace(
-                "planning window", "widened planning window") + f" (offsets x{config['dilate']:.2f})"
-        if config.get("robust") and (config.get("spread") or 0.0) > 0.0:
-            what += (f" and the windows' mean moved +-{config['spread']:.2f} sd along the top principal directions of "
-                     "their variation")
         print(f"moeplace: on {what}, which it optimizes, max/mean is within {summary['max_gap']:.3%} "
               f"(worst layer; mean {summary['mean_gap']:.3%}) of a proven lower bound for any placement "
               "with this slot budget")
@@ -209,11 +215,19 @@ def _print_moeplace_extras(cmp) -> None:
 
 
 def shift_advice(result, out: str, inputs: list[str]) -> str:
-    """What to do about workload shift, for the written policy: its held-out figure against the shift
-    estimate, and the commands that hedge and that check online rebalancing."""
+    """What to do about workload shift, for the written placement: its held-out figure against the shift
+    estimate (planned with the written placement's own settings) and its range, and the commands that
+    check online rebalancing."""
+    sh = result.shift
     seen = (f"{result.held_out.balancedness:.4f} on the held-out windows of this input but "
             if result.held_out is not None else "")
-    return (f"what to expect: {result.policy} keeps {seen}about {result.shift['mean']:.4f} (worst "
-            f"{result.shift['worst']:.4f}) on traffic unlike the planning data. If the production mix differs, "
-            "plan on every workload you have (all as inputs, --plan-fraction 1; --robust to hedge) "
-            f"and check online rebalancing: place simulate {inputs[0]} --placement {out} --recommend")
+    mean = f"{sh['mean']:.4f}"
+    worst = f"{sh['worst']:.4f}"
+    if "mean_range" in sh:
+        mean += f" (range {sh['mean_range'][0]:.2f}-{sh['mean_range'][1]:.2f})"
+        worst += f" ({sh['worst_range'][0]:.2f}-{sh['worst_range'][1]:.2f})"
+    weak = " The estimate is weak: fewer than 3 unrelated workloads to leave out." if "; weak:" in sh["method"] else ""
+    return (f"what to expect: the written {result.policy} placement keeps {seen}about {mean}, worst {worst}, on "
+            f"traffic unlike the planning data.{weak} If the production mix differs, plan on every workload you have "
+            "(all as inputs, --plan-fraction 1; --robust to hedge) and check online rebalancing: place simulate "
+            f"{inputs[0]} --placement {out} --recommend, or tune the engine's own: place rebalance {inputs[0]}")

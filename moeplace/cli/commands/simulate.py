@@ -21,7 +21,8 @@ from moeplace.placement.record import load_placement
 from moeplace.sim.calibration import load_profile
 from moeplace.sim.config import SimConfig, parse_mtp
 from moeplace.sim.fidelity import fidelity_doc, run_context
-from moeplace.sim.rebalance import recommend_configs
+from moeplace.sim.online import unseen_runs, verdict
+from moeplace.sim.rebalance import REPLAN_TIME_LIMIT, recommend_configs
 from moeplace.sim.results import (
     CHROME_TRACE,
     SIM_OUTPUT,
@@ -123,10 +124,14 @@ def register(sub) -> None:
                    help="also simulate the first placement under vLLM's EPLB (window 1000, every 3000, async), "
                         "SGLang's EPLB (every 1000, blocking) and moeplace's migration mode, and say whether "
                         "a static placement suffices")
+    r.add_argument("--recommend-splits", type=flags.positive_int, default=3, metavar="N",
+                   help="--recommend: the routed tokens are cut into N+1 parts in time; each rebalancer observes "
+                        "part j and is scored on part j+1, which it never saw (default 3: an interval over 3; at least 2)")
     r.add_argument("--recommend-moves", type=flags.nonneg_int, default=16, metavar="K",
                    help="moeplace migration budget per layer for --recommend (default 16)")
-    r.add_argument("--recommend-time", type=flags.seconds, default=10.0, metavar="S",
-                   help="moeplace decision time limit per rebalance for --recommend (default 10 s)")
+    r.add_argument("--recommend-time", type=flags.seconds, default=REPLAN_TIME_LIMIT, metavar="S",
+                   help=f"moeplace decision time limit per rebalance for --recommend (default {REPLAN_TIME_LIMIT:g} s; "
+                        "the decision's measured time is charged)")
     r.add_argument("--route-all", action="store_true",
                    help="route on the whole trace even when a placement was planned on its first part "
                         "(default: route on the held-out part only)")
@@ -205,8 +210,8 @@ def run(args) -> int:
     if args.recommend:
         if config.rebalance is not None:
             raise InputError("--recommend compares its own rebalancers with a static placement; drop --rebalance")
-        rec = recommend(trace, placements[0], cluster, config, profile, results[0].summary, args.recommend_moves,
-                        args.recommend_time)
+        rec = recommend(trace, placements[0], cluster, config, profile, args.recommend_moves,
+                        args.recommend_time, args.recommend_splits)
         results[0].summary["recommendation"] = rec
     named = [lab for lab, spec in zip(labels, args.placement) if not _is_file(spec)]
     if named:
@@ -290,47 +295,32 @@ def held_out_start(trace: str, specs: list[str]) -> tuple[int, list[str]]:
     return start, names
 
 
-RECOMMEND_MIN_GAIN = 0.02  # an online rebalancer must beat the static placement by 2 % output tok/s
-
-
-def recommend(trace, placement, cluster, config, profile, static: dict, moves: int, time_limit: float) -> dict:
-    """Simulate ``placement`` (label, Placement) under each of :func:`sim.rebalance.recommend_configs` on
-    the same workload and seed as the static run ``static`` (its summary) and recommend: static unless a
-    rebalancer gains at least ``RECOMMEND_MIN_GAIN`` output tokens/s, after its weight transfers and its
-    measured decision time."""
-    rows = [{"config": "static", "output_tok_s": static["output_tok_s"], "straggler_share": static["straggler_share"],
-             "rebalances": 0, "stall_s": 0.0, "decision_s": 0.0, "transfer_s": 0.0, "a2a_slowdown_s": 0.0}]
-    for name, rb in recommend_configs(moves, time_limit).items():
-        r = simulate(trace, [placement], cluster, dataclasses.replace(config, rebalance=rb), profile)[0]
-        hist = r.summary.get("rebalance_history", [])
-        rows.append({"config": name, "output_tok_s": r.summary["output_tok_s"],
-                     "straggler_share": r.summary["straggler_share"], "rebalances": r.summary["rebalances"],
-                     "stall_s": r.summary["stall_s"], "decision_s": float(sum(h["decision_s"] for h in hist)),
-                     "transfer_s": float(sum(h["transfer_s"] for h in hist)),
-                     # async transfers share the links with the all-to-all: the steps they overlap slow down
-                     "a2a_slowdown_s": float(sum(h.get("a2a_slowdown_s", 0.0) for h in hist))})
-    best = max(rows[1:], key=lambda x: x["output_tok_s"])
-    base = rows[0]["output_tok_s"]
-    gain = best["output_tok_s"] / base - 1 if base > 0 else 0.0
-    if gain >= RECOMMEND_MIN_GAIN:
-        verdict = f"online rebalancing: {best['config']} (+{gain:.1%} output tok/s over static)"
-    else:
-        verdict = (f"a static placement suffices: the best rebalancer ({best['config']}) changes output tok/s by "
-                   f"{gain:+.1%}, under the {RECOMMEND_MIN_GAIN:.0%} that would pay for running one")
-    return {"placement": placement[0], "rows": rows, "verdict": verdict, "min_gain": RECOMMEND_MIN_GAIN}
+def recommend(trace, placement, cluster, config, profile, moves: int, time_limit: float, splits: int = 3) -> dict:
+    """Simulate ``placement`` (label, Placement) static and under each of
+    :func:`sim.rebalance.recommend_configs`, scoring every rebalancer only on routing it has not observed
+    (:func:`sim.online.unseen_runs`: it observes one part of the routed tokens and is scored on the next,
+    ``splits`` times), and recommend from the gains' interval (:func:`sim.online.verdict`)."""
+    out = unseen_runs(trace, placement[1], cluster, config, profile, recommend_configs(moves, time_limit), splits)
+    return {"placement": placement[0], "rows": out["rows"], "splits": out["splits"], "verdict": verdict(out["rows"]),
+            "method": (f"each rebalancer's window starts with the loads of one part of the routed tokens and is scored "
+                       f"on the next part, which it never saw ({splits} splits of {trace.path}; runs no longer than "
+                       "the scored part lasts); interval: 80 % Student-t over the splits")}
 
 
 def format_recommendation(rec: dict) -> str:
-    head = (f"static vs online rebalancing for {rec['placement']} (same workload; decision = the policy's "
-            "measured time):")
+    head = (f"static vs online rebalancing for {rec['placement']} on traffic the rebalancer had not observed "
+            "(decision = the policy's measured time):")
     w = max(len(r["config"]) for r in rec["rows"])
-    lines = [head, (f"  {'':{w}s}  output tok/s  straggler  rebalances  stall s  decision s  transfer s  "
-                    "a2a slowdown s")]
+    lines = [head, (f"  {'':{w}s}         tok/s  gain (80 % interval)   straggler  rebalances  stall s  decision s  "
+                    "transfer s  a2a slowdown s")]
     for r in rec["rows"]:
-        lines.append(f"  {r['config']:{w}s}  {r['output_tok_s']:12,.0f}  {r['straggler_share']:9.1%}  "
+        gain = (f"{r['gain']:+6.1%} ({r['gain_lo']:+.1%}, {r['gain_hi']:+.1%})" if "gain" in r else "")
+        lines.append(f"  {r['config']:{w}s}  {r['tok_s']:12,.0f}  {gain:21s}  {r['straggler_share']:9.1%}  "
                      f"{r['rebalances']:10d}  {r['stall_s']:7.2f}  {r['decision_s']:10.2f}  {r['transfer_s']:10.2f}  "
                      f"{r['a2a_slowdown_s']:14.2f}")
-    lines.append("  (stall: every rank waits for a blocking rebalance; a2a slowdown: what async transfers, sharing "
-                 "the links, added to the steps they overlapped; transfer: with free links)")
+    lines.append(f"  (means over the splits: {rec['method']}; tok/s: prompt tokens prefilled + tokens decoded per "
+                 "simulated s, from the start of each run; stall: every rank waits for a blocking rebalance; a2a "
+                 "slowdown: what async transfers, sharing the links, added to the steps they overlapped; transfer: "
+                 "with free links)")
     lines.append(f"recommendation: {rec['verdict']}")
     return "\n".join(lines)

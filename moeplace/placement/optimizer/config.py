@@ -13,18 +13,7 @@ OBJECTIVES = ("balance", "traffic", "balance+traffic")
 class OptimizerConfig:
     """Knobs of one optimizer run.
 
-    ``robust``: plan for the worst planning window (scenario) instead of their sum; ``envelope`` (with
-    ``robust``): also for the windows' envelope (every expert at its highest share in any window), a
-    hedge for workloads unlike any planning window (see :func:`placement.optimizer.layer.scenario_loads`).
-    ``dilate`` (with ``robust``, >= 1): widen the scenario set about its centre — each window keeps its own
-    noise but its scenario group's offset from the groups' centroid is scaled by ``dilate`` (1 = the
-    windows as they are; ``D / (D - 1)`` for D groups is the jackknife scale: each group as seen from the
-    others' centroid, which is how far an unseen workload sits from the planning centroid). ``spread`` (with
-    ``robust``, >= 0): also plan for the windows' mean moved ``spread`` standard deviations along each of
-    the top principal directions of the windows' variation, both ways — a GPU's worst over these rows is
-    its mean load plus ``spread`` times its load's spread along those directions (``x_g^T Sigma x_g``), so
-    experts that rise and fall together are split across GPUs and replicated by their upside (see
-    :func:`placement.optimizer.layer.spread_rows`); 0 = off. ``cvar``: with
+    ``robust``: plan for the worst planning window (scenario) instead of their sum. ``cvar``: with
     ``robust``, minimize the mean of the worst ``ceil(cvar * W)`` scenarios' max/mean instead of the single
     worst (``cvar = 0`` means the worst). ``objective``/``traffic_weight``/``balance_floor``: the traffic
     objective (remote nodes per token) subject to balancedness >= ``balance_floor`` (default: the balance
@@ -41,9 +30,6 @@ class OptimizerConfig:
 
     engine: str = "vllm"
     robust: bool = False
-    envelope: bool = False
-    dilate: float = 1.0
-    spread: float = 0.0
     cvar: float = 0.0
     objective: str = "balance"
     traffic_weight: float = 1.0
@@ -68,10 +54,6 @@ class OptimizerConfig:
         get_rule(self.engine)  # an unknown rule is an InputError naming the nearest one
         if self.objective not in OBJECTIVES:
             raise InputError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        if not self.dilate >= 1.0:
-            raise InputError(f"--dilate must be >= 1 (1 = the scenarios as they are), got {self.dilate}")
-        if not self.spread >= 0.0:
-            raise InputError(f"--spread must be >= 0 (0 = off), got {self.spread}")
         if not 0.0 <= self.cvar < 1.0:
             raise InputError(f"cvar must be in [0, 1), got {self.cvar}")
         if self.traffic_weight < 0:

@@ -66,100 +66,27 @@ class LayerResult:
         return d
 
 
-def scenario_loads(loads_we: np.ndarray, cfg: OptimizerConfig, num_gpus: int,
-                   groups: np.ndarray | None = None) -> np.ndarray:
-    """The scenarios a layer is planned for: their sum, or (``robust``) every window plus, with
-    ``envelope``, one more: each expert at its highest share in any window (renormalized). The worst
-    case over the windows' mixtures is always one of the windows (a GPU's load is linear in the mix), so
-    mixtures add nothing; the envelope lies outside them — experts hot in different windows all hot at
-    once, as an unseen workload may have them — so it keeps such experts replicated and apart.
-
-    ``dilate`` > 1 with ``groups`` (int ``[W]``, each window's scenario group: input file, domain, ...)
-    widens the set instead of adding to it: window ``w`` of group ``d`` becomes
-    ``share_w + (dilate - 1) * (share_d - centroid)`` (shares of each group's sum, centroid = their mean;
-    clipped at 0, renormalized), so the groups' spread is scaled by ``dilate`` about its centre and each
-    window keeps its own noise. A workload unlike every group sits farther from the centroid than the
-    groups do (by ``D / (D - 1)`` on average over the group left out, the jackknife scale), so a
-    plan for the groups as they are is too optimistic about it. With fewer than 2 groups it does nothing.
-
-    ``spread`` > 0 adds the rows of :func:`spread_rows` (after ``dilate``, before the envelope)."""
+def scenario_loads(loads_we: np.ndarray, cfg: OptimizerConfig, num_gpus: int) -> np.ndarray:
+    """The scenarios a layer is planned for: their sum, or (``robust``) every window. The worst case over
+    the windows' mixtures is always one of the windows (a GPU's load is linear in the mix), so mixtures add
+    nothing. (Hedges that added scenarios beyond the windows — their envelope, the scenario set widened
+    about its centroid, the mean moved along the windows' principal directions — were removed: none beat
+    plain ``robust`` on unseen workloads by more than repeat-run noise; docs/placement.md.)"""
     loads = np.asarray(loads_we, dtype=np.float64)
     if not cfg.robust:
         return normalize_scenarios(loads.sum(axis=0, keepdims=True), num_gpus)
-    if cfg.dilate > 1.0 and groups is not None:
-        loads = dilate_windows(loads, np.asarray(groups), cfg.dilate)
-    wn = normalize_scenarios(loads, num_gpus)
-    if cfg.spread > 0 and wn.shape[0] >= 2:
-        wn = np.vstack([wn, spread_rows(wn, cfg.spread)])
-    if cfg.envelope and wn.shape[0] >= 2:
-        env = wn.max(axis=0)
-        wn = np.vstack([wn, env * (num_gpus / env.sum())])
-    return wn
-
-
-SPREAD_AXES = 8  # principal directions of the windows' variation that --spread plans along (at most)
-
-
-def spread_rows(wn: np.ndarray, k: float, axes: int = SPREAD_AXES) -> np.ndarray:
-    """Scenarios for a variance-aware plan: the windows' mean ``m`` moved ``k`` standard deviations along
-    each of the top ``axes`` principal directions ``v_i`` of the windows' variation, both ways:
-    ``m +- k * sqrt(lambda_i) * v_i`` (``lambda_i``: the windows' variance along ``v_i``; rows clipped at 0
-    and renormalized to the windows' total, ``[2 * axes', E]``, ``axes'`` = the directions with variance).
-
-    Why: for a placement with per-GPU expert fractions ``x_g`` (``1 / count`` for the experts it holds),
-    the worst of these rows on GPU ``g`` is ``x_g . m + k * max_i sqrt(lambda_i) |x_g . v_i|`` — its mean
-    load plus ``k`` times the largest of its load's standard deviations along those directions, a
-    lower approximation of ``k * sqrt(x_g^T Sigma x_g)`` (``Sigma``: the windows' covariance). So a plan
-    for them is a ``mean + k * sd`` plan on the directions the planning data varies most in: experts whose
-    loads rise together are kept apart, and replica counts follow an expert's upside (``m + k * sd``), not
-    its mean. Windows and their mixtures alone cannot ask for that: a GPU's load is linear in the mix, so
-    the worst mixture is a window. ``wn``: normalized windows ``[W, E]`` (rows sum to G)."""
-    wn = np.asarray(wn, dtype=np.float64)
-    W = wn.shape[0]
-    m = wn.mean(axis=0)
-    total = float(m.sum())
-    _, s, vt = np.linalg.svd(wn - m, full_matrices=False)
-    sd = s / np.sqrt(W)                              # the windows' standard deviation along each direction
-    keep = sd > 1e-9 * max(total, 1e-300)
-    rows = []
-    for sd_i, v in zip(sd[keep][:axes], vt[keep][:axes]):
-        for sign in (1.0, -1.0):
-            r = np.clip(m + sign * k * sd_i * v, 0.0, None)
-            rows.append(r * (total / r.sum()))
-    return np.array(rows).reshape(-1, wn.shape[1])
-
-
-def dilate_windows(loads_we: np.ndarray, groups: np.ndarray, factor: float) -> np.ndarray:
-    """Windows ``[W, E]`` (token counts) with their group's offset from the groups' centroid scaled by
-    ``factor`` (see :func:`scenario_loads`); returns shares ``[W, E]`` (rows sum to 1, empty rows stay 0).
-    ``groups``: int ``[W]``. Groups without tokens are ignored; fewer than 2 groups with tokens: shares
-    unchanged."""
-    loads = np.asarray(loads_we, dtype=np.float64)
-    tot = loads.sum(axis=1, keepdims=True)
-    shares = np.divide(loads, tot, out=np.zeros_like(loads), where=tot > 0)
-    names = [g for g in np.unique(groups) if loads[groups == g].sum() > 0]
-    if len(names) < 2:
-        return shares
-    gsh = {g: loads[groups == g].sum(axis=0) / loads[groups == g].sum() for g in names}
-    centroid = np.mean(list(gsh.values()), axis=0)
-    out = shares.copy()
-    for w in np.flatnonzero(tot[:, 0] > 0):
-        if groups[w] in gsh:
-            row = np.clip(shares[w] + (factor - 1.0) * (gsh[groups[w]] - centroid), 0.0, None)
-            out[w] = row / row.sum() if row.sum() > 0 else shares[w]
-    return out
+    return normalize_scenarios(loads, num_gpus)
 
 
 def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int, gpus_per_node: int,
                 cfg: OptimizerConfig, deadline: float, samples_nk: np.ndarray | None = None,
-                origin: np.ndarray | None = None, groups: np.ndarray | None = None) -> LayerResult:
+                origin: np.ndarray | None = None) -> LayerResult:
     """Optimize MoE layer ``layer``. ``loads_we``: token counts ``[W, E]`` of the planning windows;
-    ``groups``: int ``[W]`` scenario group of each window (``dilate``);
     ``samples_nk``: expert ids ``[N, k]`` of sampled tokens (traffic objective); ``origin``: the current
     ``phy2log`` row ``[P]`` for a migration budget. ``deadline``: ``time.time()`` by which to return."""
     t0 = time.time()
     mono_deadline = time.monotonic() + max(0.0, deadline - t0)
-    wn = scenario_loads(loads_we, cfg, num_gpus, groups)
+    wn = scenario_loads(loads_we, cfg, num_gpus)
     rule = get_rule(cfg.engine)
     # The even-split bound holds for the even-split rules only (vLLM, TensorRT-LLM); SGLang and the ideal
     # split can split unevenly (total / G).

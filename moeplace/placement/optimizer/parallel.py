@@ -26,9 +26,9 @@ MIN_PARALLEL = 2.0  # a budget below this (seconds) is not worth starting worker
 
 
 def _job(args) -> LayerResult:
-    layer, loads_we, P, G, gpn, cfg, deadline, budget, samples, origin, groups = args
+    layer, loads_we, P, G, gpn, cfg, deadline, budget, samples, origin = args
     mine = min(deadline, time.time() + budget)
-    return solve_layer(layer, loads_we, P, G, gpn, cfg, mine, samples, origin, groups)
+    return solve_layer(layer, loads_we, P, G, gpn, cfg, mine, samples, origin)
 
 
 def _context():
@@ -41,11 +41,10 @@ def _context():
 
 def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_per_node: int,
                     cfg: OptimizerConfig, samples_nlk: np.ndarray | None = None,
-                    origin_lp: np.ndarray | None = None, groups: np.ndarray | None = None,
+                    origin_lp: np.ndarray | None = None,
                     layer_ids: np.ndarray | None = None) -> list[LayerResult]:
     """Solve every layer. ``loads_wle``: ``[W, L, E]``; ``samples_nlk``: ``[N, L, k]`` or None;
-    ``origin_lp``: current ``phy2log [L, P]`` or None; ``groups``: int ``[W]`` scenario group of each
-    window (``cfg.dilate``) or None; ``layer_ids``: int ``[L]``, the MoE layer each column is (default
+    ``origin_lp``: current ``phy2log [L, P]`` or None; ``layer_ids``: int ``[L]``, the MoE layer each column is (default
     ``0..L-1``) — a layer's search is seeded by its id, so planning some layers of a model gives each
     exactly the placement planning them all does. Returns one :class:`LayerResult` per layer, in column
     order, each with its id."""
@@ -63,7 +62,7 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
     budget = max(0.05, (limit - overhead - 0.5) * workers / L * 0.9)
     jobs = [(int(ids[l]), loads_wle[:, l, :], num_slots, num_gpus, gpus_per_node, cfg, deadline - 0.3, budget,
              None if samples_nlk is None else samples_nlk[:, l, :],
-             None if origin_lp is None else origin_lp[l], groups) for l in range(L)]
+             None if origin_lp is None else origin_lp[l]) for l in range(L)]
     results: dict[int, LayerResult] = {}  # by column
     pb = bar(L, "layers solved", "layer")
     if workers == 1:
@@ -91,7 +90,7 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
     pb.close()
     for l in range(L):  # fallback: the greedy start for any layer that did not come back
         if l not in results:
-            wn = scenario_loads(loads_wle[:, l, :], cfg, num_gpus, groups)
+            wn = scenario_loads(loads_wle[:, l, :], cfg, num_gpus)
             p2l = origin_lp[l] if origin_lp is not None else greedy_layer(wn, num_slots, num_gpus)
             v = LayerState(wn, p2l, num_gpus, cfg.cvar).value()
             results[l] = LayerResult(int(ids[l]), p2l, v, count_bound(wn, num_slots, num_gpus), v, 0.0,

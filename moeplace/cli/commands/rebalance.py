@@ -1,0 +1,75 @@
+"""``place rebalance TRACE --gpus 32``: tune each serving engine's own online rebalancer (vLLM's EPLB, SGLang's
+EPLB, TensorRT-LLM's load balancer) on the routing of TRACE and print the best settings as launch flags, with
+the gain over a static placement and its interval. The work is :func:`moeplace.sim.tune.tune`."""
+from __future__ import annotations
+
+import json
+import sys
+
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force
+from moeplace.cli.sim_settings import SimSettings, build_sim_config
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.files import OutputKind, Outputs, register_kind, tagged_artifact, write_text_atomic
+from moeplace.foundation.formats import tagged
+from moeplace.sim.tune import ENGINE_NAMES, format_tune, tune
+from moeplace.sim.workload import load_trace_tokens
+
+REBALANCE_REPORT = register_kind(OutputKind("rebalance report", False, tagged_artifact("rebalance-report")))
+
+
+def register(sub) -> None:
+    p = sub.add_parser("rebalance", help="tune the engines' own online rebalancers on a trace (launch flags)",
+                       description="Searches vLLM's --eplb-config, SGLang's EPLB flags and TensorRT-LLM's load "
+                                   "balancer on the routing of TRACE, each scored only on routing it has not "
+                                   "observed, and prints the best settings as launch flags with the gain over "
+                                   "a static placement.")
+    p.add_argument("trace", help="routing trace (Parquet file or directory)")
+    p.add_argument("--gpus", type=flags.positive_int, default=32)
+    p.add_argument("--gpu", default="h200", help="GPU preset")
+    p.add_argument("--gpus-per-node", type=flags.positive_int, default=None)
+    p.add_argument("--engine", action="append", choices=tuple(ENGINE_NAMES), default=None,
+                   help="engine to tune (repeatable; default all three)")
+    p.add_argument("--attention-tp", type=flags.positive_int, default=8)
+    p.add_argument("--concurrency", type=flags.positive_int, default=256)
+    p.add_argument("--context-mix", default=None, help="prompt lengths, e.g. 2k:0.9,16k:0.1 (default: the trace's)")
+    p.add_argument("--output-len", type=flags.positive_int, default=512)
+    p.add_argument("--duration", type=flags.seconds, default=600.0,
+                   help="simulated seconds at most per run (each run is cut to the time its scored part lasts)")
+    p.add_argument("--splits", type=flags.positive_int, default=2,
+                   help="parts each candidate observes and is then scored after (default 2, the least that gives "
+                        "an interval)")
+    p.add_argument("--max-trace-tokens", type=flags.positive_int, default=100_000)
+    p.add_argument("--quick", action="store_true", help="each engine's defaults and one alternative only")
+    p.add_argument("--seed", type=flags.seed, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--report", default=None, metavar="FILE", help="also write the result as JSON")
+    add_force(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    outs = Outputs(inputs=[args.trace], force=args.force)
+    outs.add(args.report, REBALANCE_REPORT, "--report")
+    cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
+    trace = load_trace_tokens(args.trace, args.max_trace_tokens)
+    settings = SimSettings(attention_tp=args.attention_tp, concurrency=args.concurrency, context_mix=args.context_mix,
+                           output_len=args.output_len, duration=args.duration, seed=args.seed)
+    config = build_sim_config(settings, trace.model.max_context)
+    engines = args.engine or list(ENGINE_NAMES)
+    progress = (lambda s: print(f"  {s}", file=sys.stderr, flush=True)) if sys.stderr.isatty() else None
+    res = tune(trace, cluster, config, None, engines, args.splits, args.quick, progress)
+    res = tagged("rebalance-report", {"trace": args.trace, **res})
+    if args.report:
+        outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(res, indent=1) + "\n"))
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(f"online rebalancers for {trace.model.name} on {cluster.name} ({cluster.num_gpus} GPUs), "
+              f"{args.concurrency} concurrent requests; each candidate observes one part of {args.trace} and is "
+              f"scored on the next ({args.splits} splits, runs of {min(res['durations_s'] or [0]):.2f}-"
+              f"{max(res['durations_s'] or [0]):.2f} simulated s); decision time measured, weight transfer charged:")
+        for line in format_tune(res):
+            print(line)
+    outs.finish()
+    return 0
