@@ -29,6 +29,10 @@ source, configuration, figure and every assumption made. Each case carries ``spl
    summarized: on how many shared cases moeplace is at least as close to the published figure, and for each
    case where it is not, the time per output token each side implies. ``--peer-only`` re-joins a newer
    peer file into the results without running anything.
+5. The measured cost source: every end-to-end case again with ``--cost-model measured`` (aiconfigurator's
+   tables for the case's GPU and engine, sim/measured.py; the fitted constants still price what no table
+   holds and the fixed overheads), stored per case as ``"measured"`` and summarized over the validation
+   cases it covers. ``--measured-only`` adds it to an existing results file without refitting.
 
 The defaults of :class:`sim.config.CostConfig` marked *fitted* are this fit's result; the script says
 when they drift from a fresh fit.
@@ -288,6 +292,92 @@ def sim_metric(case: dict, cfg, quick: bool) -> tuple[float, dict]:
                               "mean_decode_seqs", "mean_batch_tokens", "warmup_s", "duration_s", "wall_s",
                               "straggler_share", "mean_imbalance")}
     return _from_summary(case, s), keep
+
+
+# the serving engine of each source whose aiconfigurator tables price a measured run (others: own engines)
+ENGINE_OF_SOURCE = {"NVIDIA": "trtllm", "LMSYS/SGLang": "sglang", "Mooncake/SGLang (Moonshot)": "sglang"}
+
+
+def measured_metric(case: dict, cfg, quick: bool) -> dict:
+    """The same simulation with ``--cost-model measured`` (aiconfigurator's tables, sim/measured.py) under the
+    case's engine: ``{"simulated", "error", "roofline_terms"}``, or ``{"covered": False, "why"}``."""
+    from moeplace.foundation.errors import InputError
+    from moeplace.sim.config import SimConfig
+    from moeplace.sim.runner import simulate
+
+    if case["kind"] not in E2E:
+        return {"covered": False, "why": "kernel-table case"}
+    engine_name = ENGINE_OF_SOURCE.get(case["source"]["org"])
+    if engine_name is None:
+        return {"covered": False, "why": f"no tables for {case['source']['org']}'s own engine"}
+    trace, placement, cluster, engine, wl, duration = case_setup(case, quick)
+    warmup = 0.1 * duration if case["kind"] == "serve" else None
+    config = SimConfig(duration=duration, mode="stat", seed=0, engine=engine, cost=cfg, workload=wl, warmup=warmup,
+                       kv_tokens_per_rank=case_kv_tokens(case, trace, cluster, engine), cost_model="measured",
+                       cost_engine=engine_name)
+    try:
+        res = simulate(trace, [(case["id"], placement)], cluster, config)[0]
+    except InputError as exc:
+        return {"covered": False, "why": str(exc).removeprefix("--cost-model measured: ")}
+    s = dict(res.summary)
+    s["prefill_tok_s_per_gpu"] = s["prefill_tok_s"] / s["num_gpus"]
+    v = _from_summary(case, s)
+    terms = s["cost_model"]["terms"]
+    return {"simulated": v, "error": v / case["published"] - 1, "tables": s["cost_model"]["tables"],
+            "experts": terms.get("experts"),
+            "roofline_terms": sorted(t for t, src in terms.items() if src.startswith("roofline")),
+            "tpot_p50_s": s["tpot_p50_s"]}
+
+
+def measured_summary(rows: list[dict]) -> dict:
+    """Median and max |error| of the measured cost source over the validation cases it covers, beside the
+    roofline's on the same cases."""
+    cov = [r for r in rows if r["split"] == "validation" and "simulated" in (r.get("measured") or {})]
+    if not cov:
+        return {"validation_cases": 0}
+    m = [abs(r["measured"]["error"]) for r in cov]
+    roof = [abs(r["error"]) for r in cov]
+    return {"validation_cases": len(cov), "median_abs_error": float(np.median(m)), "max_abs_error": float(np.max(m)),
+            "roofline_median_abs_error": float(np.median(roof)), "roofline_max_abs_error": float(np.max(roof)),
+            "cases": [r["id"] for r in cov]}
+
+
+def measured_text(ms: dict) -> str:
+    if not ms["validation_cases"]:
+        return "measured cost source: no validation case covered"
+    return (f"measured cost source (aiconfigurator tables, --cost-model measured): {ms['validation_cases']} validation "
+            f"cases covered, median |error| {ms['median_abs_error']:.1%}, max {ms['max_abs_error']:.1%} (roofline on "
+            f"the same cases: median {ms['roofline_median_abs_error']:.1%}, max {ms['roofline_max_abs_error']:.1%})")
+
+
+def measured_only(results: str | Path, cases_path: str | Path, quick: bool) -> int:
+    """``--measured-only``: add the measured cost source's figure of every case to a results file, with the
+    constants it was written with; the roofline figures and the fit are left as they are."""
+    from moeplace.foundation.files import read_json, write_text_atomic
+    from moeplace.sim.config import CostConfig
+
+    res = read_json(results)
+    if not isinstance(res, dict) or not isinstance(res.get("cases"), list):
+        print(f"error: {results}: field 'cases' missing, expected bench/fidelity.py results", file=sys.stderr)
+        return 2
+    cfg = CostConfig(**res["cost_config"]) if res.get("cost_config") else CostConfig()
+    cases = {c["id"]: c for c in load_cases(Path(cases_path))}
+    for row in res["cases"]:
+        if row["id"] in cases:
+            row["measured"] = measured_metric(cases[row["id"]], cfg, quick)
+            print_measured(row)
+    res["measured_summary"] = measured_summary(res["cases"])
+    print(measured_text(res["measured_summary"]))
+    write_text_atomic(results, json.dumps(res, indent=1, default=float) + "\n")
+    print(f"wrote {results}")
+    return 0
+
+
+def print_measured(row: dict) -> None:
+    m = row.get("measured") or {}
+    if "simulated" in m:
+        print(f"      measured {fmt(m['simulated']):>9s}  {m['error']:+7.1%}  (roofline for "
+              f"{', '.join(m['roofline_terms']) or 'nothing'})", flush=True)
 
 
 class Steady:
@@ -687,11 +777,20 @@ def main() -> int:
                     help="aiconfigurator's estimates (bench/peer_aiconfigurator.py); left out when absent")
     ap.add_argument("--peer-only", action="store_true",
                     help="only join --peer into the results file (--out), running nothing")
+    ap.add_argument("--measured-only", action="store_true",
+                    help="only add the measured cost source's figures (--cost-model measured) to the results file "
+                         "(--out), with its constants; nothing refitted")
     args = ap.parse_args()
     from moeplace.foundation.errors import MoeplaceError
     from moeplace.foundation.files import write_text_atomic
     from moeplace.sim.config import CostConfig
 
+    if args.measured_only:
+        try:
+            return measured_only(args.out, args.cases, args.quick)
+        except MoeplaceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.summary_only or args.peer_only:
         try:
             return summary_only(args.out) if args.summary_only else peer_only(args.out, args.peer)
@@ -741,6 +840,8 @@ def main() -> int:
         cell = peer_cell(row)
         print(f"  {c['split'][:3]} {c['id']:36s} {c['metric']:22s} published {fmt(c['published']):>9s}  "
               f"simulated {fmt(sim):>9s}  {err:+7.1%}" + (f"  aiconfigurator {cell}" if cell else ""), flush=True)
+        row["measured"] = measured_metric(c, cfg, args.quick)
+        print_measured(row)
         if args.breakdown and breakdown:
             print("      " + breakdown_text(breakdown), flush=True)
     summary = {s: summarize_split(rows, s) for s in ("calibration", "validation")}
@@ -758,13 +859,16 @@ def main() -> int:
                   f"max {v['max_abs_error']:.1%}")
     print(f"validation target (median <= 15 %, max <= 35 %, throughput and latency): "
           f"{'met' if meets else 'NOT met'}")
+    measured = measured_summary(rows)
+    print(measured_text(measured))
     peer_summary = join_peer(rows, peer)
     if peer_summary is None:
         print(f"peer: {args.peer} absent, no aiconfigurator column (bench/peer_aiconfigurator.py writes it)")
     else:
         for line in peer_text(peer_summary):
             print(line)
-    out = {"cases": rows, "summary": summary, "target_met": meets, "peer_summary": peer_summary, "fit": info,
+    out = {"cases": rows, "summary": summary, "target_met": meets, "measured_summary": measured,
+           "peer_summary": peer_summary, "fit": info,
            "cost_config": dataclasses.asdict(cfg), "quick": args.quick,
            "note": "end-to-end cases: discrete-event simulation, stat mode, steady state after the warm-up; "
                    "kernel cases: the cost model's formulas"}

@@ -72,3 +72,16 @@ def test_peer_mapping_follows_the_case_file():
     assert peer.call_of(cases["deepseek-day6-decode-ep144"]) == (None, "no H800 tables in aiconfigurator")
     kw, _ = peer.call_of(cases["lmsys-h100-prefill-ep32-4k"])
     assert kw["mode"] == "static_ctx" and kw["batch_size"] == 4 and kw["backend_name"] == "sglang"
+
+
+def test_committed_results_carry_the_measured_source_per_case_and_its_summary():
+    fid = load_bench("fidelity", "bench_fidelity_measured")
+    res = json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())
+    e2e = [r for r in res["cases"] if r["kind"] in fid.E2E]
+    assert all("measured" in r for r in e2e)
+    covered = [r for r in e2e if "simulated" in r["measured"]]
+    assert covered and all(r["measured"]["error"] == pytest.approx(r["measured"]["simulated"] / r["published"] - 1)
+                           for r in covered)
+    # the engine's tables by the source's organisation: no tables for DeepSeek's or RTP-LLM's own engines
+    assert all(fid.ENGINE_OF_SOURCE.get(r["source"]["org"]) for r in covered)
+    assert res["measured_summary"] == json.loads(json.dumps(fid.measured_summary(res["cases"])))

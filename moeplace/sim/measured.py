@@ -57,6 +57,8 @@ SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "b300": "
 GEMM_QUANT = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block128": "fp8_block", "nvfp4": "nvfp4"}
 MOE_QUANT = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block128": "fp8_block", "nvfp4": "nvfp4",
              "mxfp4": "w4a16_mxfp4"}
+# compute dtype of each MoE quant mode (its peak bounds what a table row can mean): W4A16 runs BF16 math
+MOE_COMPUTE = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4", "w4a16_mxfp4": "bf16"}
 TOKENS = np.unique(np.round(np.geomspace(1, 65536, 25))).astype(int)  # token grid of the 1-D curves
 ROWS = np.unique(np.round(np.geomspace(1, 4096, 25))).astype(int)  # rows per expert of the experts curve
 DEC_BATCH = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
@@ -66,6 +68,7 @@ PRE_PREFIX = np.array([0, 1024, 4096, 16384, 65536])
 EP_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MESSAGE_BYTES = np.geomspace(2 ** 12, 2 ** 31, 20)  # collective message grid
 _COMM_ELEMS = 1024  # elements per "token" of the NCCL op when building byte curves (BF16: 2 KiB)
+_PROBE_TOKENS = 8192  # token count at which two EP sizes of the MoE table are compared
 _CURVES = ("_experts", "_proj", "_trunk", "_head", "_mla_dec", "_mla_pre", "_allreduce", "_gather")
 _BUILT: dict[tuple, tuple[dict, dict]] = {}
 
@@ -294,29 +297,52 @@ class MeasuredCostModel(CostModel):
         eps = sorted((e for e in EP_SIZES if m.num_experts % e == 0),
                      key=lambda e: (abs(np.log(e / max(G, 1))), -e))
         E, k = m.num_experts, m.top_k
-        errors = []
-        for ep in eps:
-            op = self.tables.ops.MoE("moe", 1, m.expert_hidden_size, m.moe_intermediate_size, k, E, self.moe_tp, ep,
-                                     quant, "balanced", 1)
-            n_loc = E // ep
+
+        def op(ep):
+            return self.tables.ops.MoE("moe", 1, m.expert_hidden_size, m.moe_intermediate_size, k, E, self.moe_tp, ep,
+                                       quant, "balanced", 1)
+
+        ep, errors = None, []
+        for e in eps:  # the EP size nearest the pool's that the table holds
             try:
-                ys, srcs = [], set()
-                for rows in ROWS:  # every local expert touched at `rows` rows: x k / ep = n_loc rows
-                    x = max(1, round(rows * E / k))
-                    t, src = self.tables.query([op], context=False, x=x)
-                    ys.append(t / n_loc)
-                    srcs.add(src)
-            except Exception as exc:  # noqa: BLE001 - the table lacks this EP size: try the next
-                errors.append(f"EP{ep}: {type(exc).__name__}")
+                self.tables.query([op(e)], x=_PROBE_TOKENS)
+            except Exception as exc:  # noqa: BLE001 - the table lacks this EP size
+                errors.append(f"EP{e}: {type(exc).__name__}")
                 continue
-            self.terms["experts"] = (f"{self.tables.name} ({'+'.join(sorted(srcs))}), MoE table {qname} at EP{ep} "
-                                     f"TP{self.moe_tp}, per touched expert; each GPU at its own tokens and touched "
-                                     "experts")
-            return Curve(ROWS.astype(np.float64), np.maximum(np.array(ys), 1e-9), "experts")
-        self.terms["experts"] = (f"roofline: {self.tables.name} holds no MoE table for {E} experts top-{k} "
-                                 f"{m.expert_hidden_size}x{m.moe_intermediate_size} {qname} TP{self.moe_tp} "
-                                 f"({', '.join(errors[:3])})")
-        return None
+            ep = e
+            break
+        if ep is None:
+            self.terms["experts"] = (f"roofline: {self.tables.name} holds no MoE table for {E} experts top-{k} "
+                                     f"{m.expert_hidden_size}x{m.moe_intermediate_size} {qname} TP{self.moe_tp} "
+                                     f"({', '.join(errors[:3])})")
+            return None
+        n_loc = E // ep
+        # What the table's token count means differs between collectors: the pool's tokens (the table's GPU
+        # serves x k / ep selections) or the tokens reaching the GPU (x k selections over its E / ep local
+        # experts); the readings differ by ep x in speed. Rule: the faster reading that does not make the GPU
+        # beat its own peak FLOP rate at the largest row count (a grouped GEMM there is compute bound).
+        peak = self.gpu.flops(MOE_COMPUTE.get(qname, m.expert_dtype))
+        best = None
+        for per_gpu in (True, False):
+            ys, srcs = [], set()
+            for rows in ROWS:  # every local expert touched at `rows` rows each
+                x = max(1, round(rows * n_loc / k if per_gpu else rows * E / k))
+                t, src = self.tables.query([op(ep)], x=x)
+                ys.append(t / n_loc)
+                srcs.add(src)
+            rate = self.expert_flops_per_token * ROWS[-1] / ys[-1]
+            if rate <= peak and (best is None or rate > best[0]):
+                best = (rate, per_gpu, ys, srcs)
+        if best is None:
+            self.terms["experts"] = (f"roofline: {self.tables.name}'s MoE table {qname} at EP{ep} implies more than "
+                                     "the GPU's peak FLOP rate under either reading of its token count")
+            return None
+        _, per_gpu, ys, srcs = best
+        meaning = "tokens reaching the GPU" if per_gpu else "the pool's tokens"
+        self.terms["experts"] = (f"{self.tables.name} ({'+'.join(sorted(srcs))}), MoE table {qname} at EP{ep} "
+                                 f"TP{self.moe_tp} (its token count read as {meaning}), per touched expert; each "
+                                 "GPU at its own tokens and touched experts")
+        return Curve(ROWS.astype(np.float64), np.maximum(np.array(ys), 1e-9), "experts")
 
     def _mla_grids(self) -> tuple[Grid2 | None, Grid2 | None]:
         heads = max(1, self.model.mla.num_heads // self.tp)
