@@ -79,7 +79,7 @@ def test_uncovered_runs_and_terms_fall_back_to_the_roofline_labelled():
     cost = MeasuredCostModel(k3, cl, tables, CostConfig(), attention_tp=8)
     assert cost.terms["experts"].startswith("aiconfigurator h200_sxm/vllm")
     assert cost.terms["mla_decode"].startswith("roofline: aiconfigurator h200_sxm/vllm")
-    assert cost.terms["kda_core"].startswith("roofline")
+    assert cost.terms["kda_decode"].startswith("aiconfigurator h200_sxm/vllm")
     w = RankWork.zeros(4)
     w.tokens[:] = w.sampled[:] = w.dec_seqs[:] = 16
     w.dec_ctx[:] = 16 * 4096

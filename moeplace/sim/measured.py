@@ -24,12 +24,14 @@ What each table prices (queried once per cost model on a grid, then interpolated
 - ``mla_decode`` / ``mla_prefill``: the generation / context MLA tables at the rank's batch and mean context
   (decode: decoding sequences at mean keys per query token; prefill: per chunk at its mean length and
   prefix, times the chunks).
+- ``kda_decode`` / ``kda_prefill``: the KDA table (SGLang, vLLM) with the kernels aiconfigurator's Kimi K3
+  model runs per engine: conv update + recurrence per decoding sequence count; conv + chunked scan per chunk.
 - ``allreduce``: the custom all-reduce table over the attention TP group (tokens x hidden, BF16).
 - ``allgather``: NCCL all-gather + reduce-scatter tables over the EP group (TensorRT-LLM's MoE under
   attention DP), at the bytes :meth:`sim.cost.CostModel.allgather_bytes` / ``copy_bytes("combine")`` move.
 
 Roofline (labelled so) everywhere else: DeepEP all-to-all (the tables hold no per-GPU-load all-to-all),
-the KDA and GQA attention cores, collectives across nodes, weight/KV transfers, and any op the tables do not
+the GQA attention core, collectives across nodes, weight/KV transfers, and any op the tables do not
 hold for this GPU, engine, shape or dtype (the MoE table is keyed by the exact expert shape). The fixed
 overheads (kernel gaps, iteration overhead, eager launches) are :class:`sim.config.CostConfig`'s.
 Measured kernel times are isolated kernel benchmarks: ``sustained_efficiency`` is not applied to them.
@@ -65,11 +67,14 @@ DEC_BATCH = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
 DEC_CTX = np.array([64, 256, 1024, 4096, 16384, 65536, 131072])
 PRE_LEN = np.array([16, 64, 256, 1024, 4096, 16384])
 PRE_PREFIX = np.array([0, 1024, 4096, 16384, 65536])
+KDA_BATCH = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
+KDA_CHUNK = np.array([16, 64, 256, 1024, 4096, 16384])
 EP_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MESSAGE_BYTES = np.geomspace(2 ** 12, 2 ** 31, 20)  # collective message grid
 _COMM_ELEMS = 1024  # elements per "token" of the NCCL op when building byte curves (BF16: 2 KiB)
 _PROBE_TOKENS = 8192  # token count at which two EP sizes of the MoE table are compared
-_CURVES = ("_experts", "_proj", "_trunk", "_head", "_mla_dec", "_mla_pre", "_allreduce", "_gather")
+_CURVES = ("_experts", "_proj", "_trunk", "_head", "_mla_dec", "_mla_pre", "_kda_dec", "_kda_pre", "_allreduce",
+           "_gather")
 _BUILT: dict[tuple, tuple[dict, dict]] = {}
 
 
@@ -216,12 +221,11 @@ class MeasuredCostModel(CostModel):
         self._head = self._gemm_curve("lm_head", [tables.ops.GEMM("lm_head", 1, max(1, model.vocab_size // self.tp),
                                                                    model.hidden_size, q.GEMMQuantMode.bfloat16)])
         self._mla_dec, self._mla_pre = self._mla_grids() if self.kind_counts["mla"] else (None, None)
+        self._kda_dec, self._kda_pre = self._kda_curves() if self.kind_counts["kda"] else (None, None)
         self._allreduce = self._allreduce_curve() if self.tp > 1 else None
         self._gather = self._gather_curves()
         if not self.pure_tp and self.a2a_mode != "allgather":
             self.terms["dispatch/combine"] = "roofline: no per-GPU-load all-to-all table (DeepEP kernels)"
-        if self.kind_counts["kda"]:
-            self.terms["kda_core"] = "roofline: KDA recurrence not wired to aiconfigurator's KDA table"
         if self.kind_counts["gqa"]:
             self.terms["gqa_core"] = "roofline"
         self.terms["transfers"] = "roofline"
@@ -370,6 +374,34 @@ class MeasuredCostModel(CostModel):
 
         return self._measure("mla_decode", dec), self._measure("mla_prefill", pre)
 
+    def _kda_curves(self) -> tuple[Curve | None, Curve | None]:
+        """KDA's kernels from the KDA table (the engine's own kernels, as aiconfigurator's Kimi K3 model picks
+        them): decode per decoding sequence count, prefill per chunk of a given length."""
+        c, ops = self.model.kda, self.tables.ops
+        h, nk = self.model.hidden_size, max(1, c.num_heads // self.tp)
+        vllm = self.tables.framework == "vllm"
+
+        def kernels(names, phase):
+            return [ops.KDAKernel(f"kda_{n}", 1, n, phase, h, nk, c.head_dim, nk, c.head_dim, c.conv_kernel)
+                    for n in names]
+
+        dec_ops = kernels(["fused_kda_decode"] if vllm else ["causal_conv1d_update", "fused_recurrent_kda_packed_decode"],
+                          "generation")
+        pre_ops = kernels(["causal_conv1d_fn_qkv3", "flashkda_fwd" if vllm else "chunk_kda"], "context")
+
+        def curve(term, op_list, grid, context):
+            def build():
+                ys, srcs = [], set()
+                for v in grid:
+                    t, src = (self.tables.query(op_list, context=True, batch=1, s=int(v)) if context
+                              else self.tables.query(op_list, context=False, batch=int(v), s=1))
+                    ys.append(t)
+                    srcs.add(src)
+                return Curve(grid.astype(np.float64), np.maximum(np.array(ys), 1e-9), term), "+".join(sorted(srcs))
+            return self._measure(term, build)
+
+        return curve("kda_decode", dec_ops, KDA_BATCH, False), curve("kda_prefill", pre_ops, KDA_CHUNK, True)
+
     def _allreduce_curve(self) -> Curve | None:
         op = self.tables.ops.CustomAllReduce("allreduce", 1, self.model.hidden_size, self.tp)
 
@@ -434,6 +466,14 @@ class MeasuredCostModel(CostModel):
                             - chunk, 0.0)
         pre = np.where(w.pre_seqs > 0, w.pre_seqs * self._mla_pre(np.maximum(chunk, 1.0), prefix), 0.0)
         return self._projections("mla", w, 4) + dec + pre
+
+    def kda_time(self, w: RankWork):
+        if self._kda_dec is None or self._kda_pre is None:
+            return super().kda_time(w)
+        dec = np.where(w.dec_seqs > 0, self._kda_dec(np.maximum(w.dec_seqs, 1.0)), 0.0)
+        chunk = np.divide(w.pre_tokens, w.pre_seqs, out=np.zeros_like(w.pre_tokens), where=w.pre_seqs > 0)
+        pre = np.where(w.pre_seqs > 0, w.pre_seqs * self._kda_pre(np.maximum(chunk, 1.0)), 0.0)
+        return self._projections("kda", w, 4) + dec + pre
 
     def trunk_time(self, w: RankWork, moe: bool):
         curve = self._trunk[moe]
