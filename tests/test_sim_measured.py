@@ -101,3 +101,15 @@ def test_simulate_says_which_source_priced_the_run(tmp_path, capsys):
     assert main([*common, "--cost-model", "measured"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("place: error: --cost-model measured:") and "MoE table" in err[0]
+
+
+def test_without_aiconfigurator_auto_runs_the_roofline_and_says_why(monkeypatch):
+    from moeplace.sim import measured
+
+    monkeypatch.setattr(measured, "package_version", lambda: None)
+    args = (load_model("deepseek-v3"), make_cluster(8, "h200"), CostConfig(), ENGINE)
+    cost = make_cost_model(*args, cost_model="auto", framework="trtllm")
+    assert type(cost) is CostModel
+    assert cost.cost_source == {"source": "roofline", "requested": "auto", "why": "aiconfigurator-core is not installed"}
+    with pytest.raises(InputError, match="^--cost-model measured: aiconfigurator-core is not installed$"):
+        make_cost_model(*args, cost_model="measured", framework="trtllm")
