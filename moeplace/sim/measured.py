@@ -13,10 +13,11 @@ What each table prices (queried once per cost model on a grid, then interpolated
 
 - ``experts`` (the trace-driven part stays moeplace's): the MoE op's table on the model's expert shape and
   dtype, balanced routing, at the pool's EP size (else the nearest EP size the table holds), with the run's
-  MoE TP. The table's GPU serves ``E / ep`` local experts at ``x k / ep`` selections; with every local
-  expert touched, ``T(x) / (E / ep)`` is one touched expert's time at ``m = x k / E`` rows. Each GPU of the
-  simulation is then charged ``touched x t(tokens / touched)``: its own token count and its own
-  distinct-expert count from the routing, not the table's fixed token distribution.
+  MoE TP. The table's GPU serves ``E / ep`` local experts at ``x k / ep`` selections (or ``x k``: the
+  collectors differ; the faster reading that keeps the GPU under its peak FLOP rate is used, and named);
+  with every local expert touched, ``T(x) / (E / ep)`` is one touched expert's time at that many rows per
+  expert. Each GPU of the simulation is then charged ``touched x t(tokens / touched)``: its own token count
+  and its own distinct-expert count from the routing, not the table's fixed token distribution.
 - ``projections:<kind>``, ``trunk:moe`` / ``trunk:dense``, ``lm_head``: the GEMM table at the layer's real
   shapes (MLA: fused q_a/kv_a down-projection, q_b, kv_b, o; the dense MLP and shared experts as gate+up and
   down; the router; LatentMoE's down/up projections), TP-split as the roofline splits them; KDA and GQA
