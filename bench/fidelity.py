@@ -2,6 +2,7 @@
 
     python bench/fidelity.py [--cases bench/fidelity_cases.yaml] [--quick] [--no-fit] [--breakdown]
     python bench/fidelity.py --summary-only
+    python bench/fidelity.py --peer-only
 
 The cases (bench/fidelity_cases.yaml) are published kernel tables (DeepGEMM, DeepEP) and end-to-end
 deployments (DeepSeek, LMSYS/SGLang, Mooncake, Alibaba RTP-LLM, NVIDIA TensorRT-LLM), each with its
@@ -21,6 +22,17 @@ source, configuration, figure and every assumption made. Each case carries ``spl
    writing that file also writes the validation summary ``place simulate`` prints under its tables
    (sim/fidelity_summary.json, :func:`sim.fidelity.summarize_cases`). ``--summary-only`` rewrites that
    summary from the results file without running anything.
+4. The peer: NVIDIA aiconfigurator's own estimate of every case it supports, written by
+   bench/peer_aiconfigurator.py (run where aiconfigurator is installed) to
+   bench/results/peer_aiconfigurator.json, is joined per case as ``"peer": {"aiconfigurator":
+   {"simulated": ..., "error": ...}}`` (or why it is not supported), printed beside moeplace's figure, and
+   summarized: on how many shared cases moeplace is at least as close to the published figure, and for each
+   case where it is not, the time per output token each side implies. ``--peer-only`` re-joins a newer
+   peer file into the results without running anything.
+5. The measured cost source: every end-to-end case again with ``--cost-model measured`` (aiconfigurator's
+   tables for the case's GPU and engine, sim/measured.py; the fitted constants still price what no table
+   holds and the fixed overheads), stored per case as ``"measured"`` and summarized over the validation
+   cases it covers. ``--measured-only`` adds it to an existing results file without refitting.
 
 The defaults of :class:`sim.config.CostConfig` marked *fitted* are this fit's result; the script says
 when they drift from a fresh fit.
@@ -42,6 +54,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 CASES = ROOT / "bench" / "fidelity_cases.yaml"
+PEER = RESULTS / "peer_aiconfigurator.json"
 sys.path.insert(0, str(ROOT))
 
 # Fitted constants: (CostConfig field, lower bound, upper bound). Everything else in CostConfig is a
@@ -285,6 +298,92 @@ def sim_metric(case: dict, cfg, quick: bool) -> tuple[float, dict]:
     return _from_summary(case, s), keep
 
 
+# the serving engine of each source whose aiconfigurator tables price a measured run (others: own engines)
+ENGINE_OF_SOURCE = {"NVIDIA": "trtllm", "LMSYS/SGLang": "sglang", "Mooncake/SGLang (Moonshot)": "sglang"}
+
+
+def measured_metric(case: dict, cfg, quick: bool) -> dict:
+    """The same simulation with ``--cost-model measured`` (aiconfigurator's tables, sim/measured.py) under the
+    case's engine: ``{"simulated", "error", "roofline_terms"}``, or ``{"covered": False, "why"}``."""
+    from moeplace.foundation.errors import InputError
+    from moeplace.sim.config import SimConfig
+    from moeplace.sim.runner import simulate
+
+    if case["kind"] not in E2E:
+        return {"covered": False, "why": "kernel-table case"}
+    engine_name = ENGINE_OF_SOURCE.get(case["source"]["org"])
+    if engine_name is None:
+        return {"covered": False, "why": f"no tables for {case['source']['org']}'s own engine"}
+    trace, placement, cluster, engine, wl, duration = case_setup(case, quick)
+    warmup = 0.1 * duration if case["kind"] == "serve" else None
+    config = SimConfig(duration=duration, mode="stat", seed=0, engine=engine, cost=cfg, workload=wl, warmup=warmup,
+                       kv_tokens_per_rank=case_kv_tokens(case, trace, cluster, engine), cost_model="measured",
+                       cost_engine=engine_name)
+    try:
+        res = simulate(trace, [(case["id"], placement)], cluster, config)[0]
+    except InputError as exc:
+        return {"covered": False, "why": str(exc).removeprefix("--cost-model measured: ")}
+    s = dict(res.summary)
+    s["prefill_tok_s_per_gpu"] = s["prefill_tok_s"] / s["num_gpus"]
+    v = _from_summary(case, s)
+    terms = s["cost_model"]["terms"]
+    return {"simulated": v, "error": v / case["published"] - 1, "tables": s["cost_model"]["tables"],
+            "experts": terms.get("experts"),
+            "roofline_terms": sorted(t for t, src in terms.items() if src.startswith("roofline")),
+            "tpot_p50_s": s["tpot_p50_s"]}
+
+
+def measured_summary(rows: list[dict]) -> dict:
+    """Median and max |error| of the measured cost source over the validation cases it covers, beside the
+    roofline's on the same cases."""
+    cov = [r for r in rows if r["split"] == "validation" and "simulated" in (r.get("measured") or {})]
+    if not cov:
+        return {"validation_cases": 0}
+    m = [abs(r["measured"]["error"]) for r in cov]
+    roof = [abs(r["error"]) for r in cov]
+    return {"validation_cases": len(cov), "median_abs_error": float(np.median(m)), "max_abs_error": float(np.max(m)),
+            "roofline_median_abs_error": float(np.median(roof)), "roofline_max_abs_error": float(np.max(roof)),
+            "cases": [r["id"] for r in cov]}
+
+
+def measured_text(ms: dict) -> str:
+    if not ms["validation_cases"]:
+        return "measured cost source: no validation case covered"
+    return (f"measured cost source (aiconfigurator tables, --cost-model measured): {ms['validation_cases']} validation "
+            f"cases covered, median |error| {ms['median_abs_error']:.1%}, max {ms['max_abs_error']:.1%} (roofline on "
+            f"the same cases: median {ms['roofline_median_abs_error']:.1%}, max {ms['roofline_max_abs_error']:.1%})")
+
+
+def measured_only(results: str | Path, cases_path: str | Path, quick: bool) -> int:
+    """``--measured-only``: add the measured cost source's figure of every case to a results file, with the
+    constants it was written with; the roofline figures and the fit are left as they are."""
+    from moeplace.foundation.files import read_json, write_text_atomic
+    from moeplace.sim.config import CostConfig
+
+    res = read_json(results)
+    if not isinstance(res, dict) or not isinstance(res.get("cases"), list):
+        print(f"error: {results}: field 'cases' missing, expected bench/fidelity.py results", file=sys.stderr)
+        return 2
+    cfg = CostConfig(**res["cost_config"]) if res.get("cost_config") else CostConfig()
+    cases = {c["id"]: c for c in load_cases(Path(cases_path))}
+    for row in res["cases"]:
+        if row["id"] in cases:
+            row["measured"] = measured_metric(cases[row["id"]], cfg, quick)
+            print_measured(row)
+    res["measured_summary"] = measured_summary(res["cases"])
+    print(measured_text(res["measured_summary"]))
+    write_text_atomic(results, json.dumps(res, indent=1, default=float) + "\n")
+    print(f"wrote {results}")
+    return 0
+
+
+def print_measured(row: dict) -> None:
+    m = row.get("measured") or {}
+    if "simulated" in m:
+        print(f"      measured {fmt(m['simulated']):>9s}  {m['error']:+7.1%}  (roofline for "
+              f"{', '.join(m['roofline_terms']) or 'nothing'})", flush=True)
+
+
 class Steady:
     """One steady-state engine iteration of an end-to-end case (the fit's fast evaluator): the
     published batch on every rank, routed by the statistical router, costed by the cost model."""
@@ -407,6 +506,137 @@ def fit(cases: list[dict], quick: bool) -> tuple[object, dict]:
     return cfg, info
 
 
+# ---------------------------------------------------------------------------- the peer
+def load_peer(path: str | Path) -> dict | None:
+    """bench/peer_aiconfigurator.py's records, or None when that file is absent (the peer column is then
+    left out, and the run says so)."""
+    from moeplace.foundation.files import read_json
+
+    if not Path(path).exists():
+        return None
+    peer = read_json(path)
+    if not isinstance(peer, dict) or not isinstance(peer.get("cases"), list):
+        from moeplace.foundation.errors import InputError
+        raise InputError(f"{path}: field 'cases' missing, expected bench/peer_aiconfigurator.py output")
+    return peer
+
+
+def _tpot_ms(row: dict, per_user: float | None, per_gpu: float | None) -> float | None:
+    """Seconds per output token of one sequence implied by a per-user speed, or by a per-GPU output rate at
+    the case's batch per rank (co-located and decode runs: every sequence of the batch decodes)."""
+    if per_user:
+        return 1e3 / per_user
+    c = row["config_full"]
+    if per_gpu and "batch_per_rank" in c:
+        return 1e3 * c["batch_per_rank"] / (per_gpu * c.get("attention_tp", 1))
+    return None
+
+
+def _per_gpu(metric: str, v: float) -> float | None:
+    return {"output_tok_s_per_gpu": v, "output_tok_s_per_node": v / 8}.get(metric)
+
+
+def peer_why(row: dict, rec: dict) -> str:
+    """One phrase for a case where the peer is closer: the time per output token each side implies (or,
+    for prefill, the prompt throughput each side reaches)."""
+    m = row["metric"]
+    if m == "input_tok_s_per_node":
+        return (f"prefill: moeplace {row['simulated']:,.0f}, aiconfigurator {rec['simulated']:,.0f}, "
+                f"published {row['published']:,.0f} tok/s per node")
+    user = m == "per_user_tok_s"
+    pub = _tpot_ms(row, row["published"] if user else None, _per_gpu(m, row["published"]))
+    ours = (row.get("tpot_simulated_s") or 0) * 1e3 or (row.get("detail", {}).get("tpot_p50_s") or 0) * 1e3 or \
+        _tpot_ms(row, row["simulated"] if user else None, _per_gpu(m, row["simulated"]))
+    theirs = (rec.get("result") or {}).get("tpot")
+    if not (pub and ours and theirs):
+        return "no per-token time to compare"
+    side = "too fast" if row["error"] > 0 else "too slow"
+    return (f"TPOT {ours:.1f} ms ({side}) vs aiconfigurator's {theirs:.1f} ms; the published figure implies "
+            f"{pub:.1f} ms")
+
+
+def join_peer(rows: list[dict], peer: dict | None) -> dict | None:
+    """Attach the peer's record to each case row (``row["peer"]["aiconfigurator"]``) and summarize the
+    shared cases: how many moeplace is at least as close on (all, and validation only), and why not on
+    the others."""
+    if peer is None:
+        return None
+    by_id = {r["id"]: r for r in peer["cases"]}
+    shared, behind = [], []
+    for row in rows:
+        rec = by_id.get(row["id"])
+        if rec is None or row["kind"] not in E2E:
+            row.pop("peer", None)
+            continue
+        if not rec.get("supported"):
+            row["peer"] = {"aiconfigurator": {"supported": False, "reason": rec.get("reason", "")}}
+            continue
+        entry = {"simulated": rec["simulated"], "error": rec["simulated"] / row["published"] - 1,
+                 "backend_version": rec.get("backend_version"), "notes": rec.get("notes", [])}
+        row["peer"] = {"aiconfigurator": entry}
+        shared.append(row)
+        if abs(row["error"]) > abs(entry["error"]):
+            entry["why_closer"] = peer_why(row, rec)
+            behind.append({"id": row["id"], "split": row["split"], "moeplace_error": row["error"],
+                           "aiconfigurator_error": entry["error"], "why": entry["why_closer"]})
+    val = [r for r in shared if r["split"] == "validation"]
+    ids = {b["id"] for b in behind}
+    return {"peer": "aiconfigurator", "version": peer.get("version"), "shared_cases": len(shared),
+            "moeplace_at_least_as_close": len(shared) - len(ids),
+            "validation_shared_cases": len(val),
+            "validation_moeplace_at_least_as_close": sum(r["id"] not in ids for r in val),
+            "median_abs_error": {
+                "moeplace": float(np.median([abs(r["error"]) for r in shared])) if shared else None,
+                "aiconfigurator": float(np.median([abs(r["peer"]["aiconfigurator"]["error"]) for r in shared]))
+                if shared else None},
+            "peer_closer": behind}
+
+
+def peer_text(ps: dict) -> list[str]:
+    """The printed summary of :func:`join_peer`."""
+    if not ps["shared_cases"]:
+        return [f"peer {ps['peer']} {ps['version']}: no case of this table it supports"]
+    lines = [(f"peer {ps['peer']} {ps['version']}: {ps['shared_cases']} shared cases; moeplace at least as close "
+             f"to the published figure on {ps['moeplace_at_least_as_close']} of {ps['shared_cases']} "
+             f"({ps['validation_moeplace_at_least_as_close']} of {ps['validation_shared_cases']} validation); "
+             f"median |error| moeplace {ps['median_abs_error']['moeplace']:.1%}, aiconfigurator "
+             f"{ps['median_abs_error']['aiconfigurator']:.1%} on the shared cases")]
+    for b in ps["peer_closer"]:
+        lines.append(f"  aiconfigurator closer on {b['id']} ({b['moeplace_error']:+.1%} vs "
+                     f"{b['aiconfigurator_error']:+.1%}): {b['why']}")
+    return lines
+
+
+def peer_cell(row: dict) -> str:
+    rec = (row.get("peer") or {}).get("aiconfigurator")
+    if not rec:
+        return ""
+    if not rec.get("supported", True):
+        return "n/a"
+    return f"{fmt(rec['simulated'])} ({rec['error']:+.1%})"
+
+
+def peer_only(results: str | Path, peer_path: str | Path) -> int:
+    """``--peer-only``: join the peer file into an existing results file, nothing simulated."""
+    from moeplace.foundation.files import read_json, write_text_atomic
+
+    res = read_json(results)
+    if not isinstance(res, dict) or not isinstance(res.get("cases"), list):
+        print(f"error: {results}: field 'cases' missing, expected bench/fidelity.py results", file=sys.stderr)
+        return 2
+    peer = load_peer(peer_path)
+    if peer is None:
+        print(f"error: {peer_path}: no peer results (run bench/peer_aiconfigurator.py where aiconfigurator is "
+              "installed)", file=sys.stderr)
+        return 2
+    res["peer_summary"] = join_peer(res["cases"], peer)
+    for line in peer_text(res["peer_summary"]):
+        print(line)
+    write_text_atomic(results, json.dumps(res, indent=1, default=float) + "\n")
+    print(f"wrote {results}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- report
 def fmt(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.1f}"
@@ -483,12 +713,12 @@ def summarize_split(rows: list[dict], split: str) -> dict:
 
 def markdown(rows: list[dict], summary: dict) -> str:
     """The table docs/simulate.md shows (one row per case)."""
-    lines = ["| split | case | source | configuration | metric | published | simulated | error |",
-             "|---|---|---|---|---|---:|---:|---:|"]
+    lines = ["| split | case | source | configuration | metric | published | simulated | error | aiconfigurator |",
+             "|---|---|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['split']} | {r['id']} | [{r['source']['org']}]({r['source']['url']}) | {r['gpu']}, "
                      f"{r['config']} | {r['metric']} | {fmt(r['published'])} | {fmt(r['simulated'])} | "
-                     f"{r['error']:+.1%} |")
+                     f"{r['error']:+.1%} | {peer_cell(r)} |")
     lines.append("")
     for s, groups in summary.items():
         for g, v in groups.items():
@@ -547,19 +777,33 @@ def main() -> int:
                     help="also print each end-to-end case's steady-iteration breakdown (every run stores it)")
     ap.add_argument("--summary-only", action="store_true",
                     help="only rewrite sim/fidelity_summary.json from the results file (--out), running nothing")
+    ap.add_argument("--peer", default=str(PEER),
+                    help="aiconfigurator's estimates (bench/peer_aiconfigurator.py); left out when absent")
+    ap.add_argument("--peer-only", action="store_true",
+                    help="only join --peer into the results file (--out), running nothing")
+    ap.add_argument("--measured-only", action="store_true",
+                    help="only add the measured cost source's figures (--cost-model measured) to the results file "
+                         "(--out), with its constants; nothing refitted")
     args = ap.parse_args()
     from moeplace.foundation.errors import MoeplaceError
     from moeplace.foundation.files import write_text_atomic
     from moeplace.sim.config import CostConfig
 
-    if args.summary_only:
+    if args.measured_only:
         try:
-            return summary_only(args.out)
+            return measured_only(args.out, args.cases, args.quick)
+        except MoeplaceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    if args.summary_only or args.peer_only:
+        try:
+            return summary_only(args.out) if args.summary_only else peer_only(args.out, args.peer)
         except MoeplaceError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     try:
         cases = load_cases(Path(args.cases))
+        peer = load_peer(args.peer)
     except MoeplaceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -596,8 +840,12 @@ def main() -> int:
                "seconds": time.perf_counter() - t0,
                **tpot}
         rows.append(row)
+        join_peer([row], peer)
+        cell = peer_cell(row)
         print(f"  {c['split'][:3]} {c['id']:36s} {c['metric']:22s} published {fmt(c['published']):>9s}  "
-              f"simulated {fmt(sim):>9s}  {err:+7.1%}", flush=True)
+              f"simulated {fmt(sim):>9s}  {err:+7.1%}" + (f"  aiconfigurator {cell}" if cell else ""), flush=True)
+        row["measured"] = measured_metric(c, cfg, args.quick)
+        print_measured(row)
         if args.breakdown and breakdown:
             print("      " + breakdown_text(breakdown), flush=True)
     summary = {s: summarize_split(rows, s) for s in ("calibration", "validation")}
@@ -621,7 +869,16 @@ def main() -> int:
             if g["cases"] else ""))
     print(f"validation target (median <= 15 %, max <= 35 %, throughput and latency): "
           f"{'met' if meets else 'NOT met'}")
-    out = {"cases": rows, "summary": summary, "target_met": meets, "fit": info,
+    measured = measured_summary(rows)
+    print(measured_text(measured))
+    peer_summary = join_peer(rows, peer)
+    if peer_summary is None:
+        print(f"peer: {args.peer} absent, no aiconfigurator column (bench/peer_aiconfigurator.py writes it)")
+    else:
+        for line in peer_text(peer_summary):
+            print(line)
+    out = {"cases": rows, "summary": summary, "target_met": meets, "measured_summary": measured,
+           "peer_summary": peer_summary, "fit": info,
            "cost_config": dataclasses.asdict(cfg), "quick": args.quick,
            "note": "end-to-end cases: discrete-event simulation, stat mode, steady state after the warm-up; "
                    "kernel cases: the cost model's formulas"}

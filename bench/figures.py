@@ -659,13 +659,17 @@ def fidelity_constants() -> str:
 def fidelity_cases() -> str:
     """docs/simulate.md: one row per published case, calibration first, and the per-split summary."""
     res = _results("fidelity")
-    lines = ["| split | case | source | configuration | metric | published | simulated | error | TPOT error |",
-             "|---|---|---|---|---|---:|---:|---:|---:|"]
+    lines = [("| split | case | source | configuration | metric | published | simulated | error | TPOT error "
+             "| measured (error) | aiconfigurator (error) |"),
+             "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in res["cases"]:
         tpot = f"{r['tpot_error']:+.1%}" if "tpot_error" in r else ""
+        peer = (r.get("peer") or {}).get("aiconfigurator")
+        peer_cell = "" if not peer else ("n/a" if not peer.get("supported", True) else
+                                         f"{_fmt_figure(peer['simulated'])} ({peer['error']:+.1%})")
         lines.append(f"| {r['split']} | {r['id']} | [{r['source']['org']}]({r['source']['url']}) | {r['gpu']}, "
                      f"{r['config']} | {r['metric']} | {_fmt_figure(r['published'])} | "
-                     f"{_fmt_figure(r['simulated'])} | {r['error']:+.1%} | {tpot} |")
+                     f"{_fmt_figure(r['simulated'])} | {r['error']:+.1%} | {tpot} | {_measured_cell(r)} | {peer_cell} |")
     lines += ["", "| split | metrics | cases | median abs error | max abs error |", "|---|---|---:|---:|---:|"]
     for split, groups in res["summary"].items():
         for group, v in groups.items():
@@ -678,7 +682,34 @@ def fidelity_cases() -> str:
     for name, g in summarize_cases(res["cases"])["regimes"].items():
         lines.append(f"| {name} | {g['cases']} | " + (f"{g['median_abs_error']:.1%} | {g['worst_case']} "
                                                        f"{g['worst_error']:+.1%} |" if g["cases"] else "- | - |"))
+    ms = res.get("measured_summary")
+    if ms and ms.get("validation_cases"):
+        lines += ["", (f"Measured column: the same simulation with `--cost-model measured` (aiconfigurator's tables for "
+                       f"the case's GPU and engine; n/a: not covered, the reason in the results file): "
+                       f"{ms['validation_cases']} validation cases covered, median abs error "
+                       f"{ms['median_abs_error']:.1%}, max {ms['max_abs_error']:.1%} (the roofline on the same "
+                       f"cases: median {ms['roofline_median_abs_error']:.1%}, max {ms['roofline_max_abs_error']:.1%}).")]
+    ps = res.get("peer_summary")
+    if ps and ps["shared_cases"]:
+        lines += ["", (f"The peer, {ps['peer']} {ps['version']} (bench/peer_aiconfigurator.py; n/a: a case it does "
+                  f"not support, the reason in the results file): {ps['shared_cases']} shared cases, moeplace at "
+                  f"least as close to the published figure on {ps['moeplace_at_least_as_close']} of them "
+                  f"({ps['validation_moeplace_at_least_as_close']} of {ps['validation_shared_cases']} validation "
+                  f"cases); median abs error on the shared cases moeplace "
+                  f"{ps['median_abs_error']['moeplace']:.1%}, aiconfigurator "
+                  f"{ps['median_abs_error']['aiconfigurator']:.1%}. Where aiconfigurator is closer:"), ""]
+        lines += [f"- {b['id']} ({b['moeplace_error']:+.1%} vs {b['aiconfigurator_error']:+.1%}): {b['why']}"
+                  for b in ps["peer_closer"]]
     return "\n".join(lines) + "\n"
+
+
+def _measured_cell(r: dict) -> str:
+    m = r.get("measured")
+    if not m:
+        return ""
+    if "simulated" not in m:
+        return "n/a"
+    return f"{_fmt_figure(m['simulated'])} ({m['error']:+.1%})"
 
 
 def fidelity_label() -> str:

@@ -29,7 +29,8 @@ class SimSettings:
     requests arrive at ``rate`` (``rate_end``, ``burstiness`` as the process needs). Prompt lengths:
     fixed ``isl``/``osl`` (with ``random_range_ratio``), else ``context_mix`` (a string such as
     ``8k:0.7,128k:0.3``, outputs of mean ``output_len``), else the trace's own. Run: ``rebalance`` is a
-    ``--rebalance`` string or ``None`` for a static placement.
+    ``--rebalance`` string or ``None`` for a static placement; ``cost_model`` / ``cost_engine`` as
+    ``--cost-model`` / ``--cost-engine`` (measured kernel costs where aiconfigurator's tables cover the run).
     """
 
     # engine
@@ -75,6 +76,8 @@ class SimSettings:
     seed: int = 0
     rebalance: str | None = None
     warmup: float | None = None
+    cost_model: str = "roofline"
+    cost_engine: str | None = None
 
 
 def build_sim_config(s: SimSettings, max_context: int | None, *, mix_what: str = "--context-mix") -> SimConfig:
@@ -93,7 +96,8 @@ def build_sim_config(s: SimSettings, max_context: int | None, *, mix_what: str =
                           prefill_gpus=s.prefill_gpus, phase=s.phase)
     return SimConfig(duration=s.duration, mode=s.mode, seed=s.seed, engine=engine, cost=CostConfig(),
                      workload=_workload(s, max_context, mix_what),
-                     rebalance=parse_rebalance(s.rebalance) if s.rebalance else None, warmup=s.warmup)
+                     rebalance=parse_rebalance(s.rebalance) if s.rebalance else None, warmup=s.warmup,
+                     cost_model=s.cost_model, cost_engine=s.cost_engine)
 
 
 def _lengths(s: SimSettings, max_context: int | None, mix_what: str) -> LengthMix | None:

@@ -12,6 +12,8 @@ from moeplace.placement.dispatch import ENGINE_RULES
 
 ARRIVALS = ("poisson", "gamma", "ramp", "closed")
 MODES = ("replay", "stat")
+COST_MODELS = ("auto", "measured", "roofline")
+COST_ENGINES = ("trtllm", "sglang", "vllm")
 PREEMPTION = ("recompute", "swap")
 A2A_MODES = ("auto", "normal", "low_latency", "allgather")
 PHASES = ("both", "prefill", "decode")
@@ -321,8 +323,17 @@ class SimConfig:
     # Throughput and latency are measured after this many simulated seconds (closed-loop start-up and
     # first prefills excluded); None = 20 % of the duration.
     warmup: float | None = None
+    # Kernel costs: "roofline" (sim.cost), "measured" (aiconfigurator's silicon tables, sim.measured) or
+    # "auto" (measured where the tables cover the run); cost_engine: the serving engine whose tables price
+    # it (trtllm | sglang | vllm; None = the replica rule's engine).
+    cost_model: str = "roofline"
+    cost_engine: str | None = None
 
     def __post_init__(self) -> None:
+        if self.cost_model not in COST_MODELS:
+            _bad("simulate", f"--cost-model '{self.cost_model}' unknown (expected one of {COST_MODELS})")
+        if self.cost_engine is not None and self.cost_engine not in COST_ENGINES:
+            _bad("simulate", f"--cost-engine '{self.cost_engine}' unknown (expected one of {COST_ENGINES})")
         if not self.duration > 0:
             _bad("simulate", f"--duration must be > 0, got {self.duration}")
         if self.warmup is not None and not 0 <= self.warmup < self.duration:

@@ -48,6 +48,7 @@ from moeplace.sim.calibration import Profile
 from moeplace.sim.config import SimConfig
 from moeplace.sim.cost import CostModel, RankWork
 from moeplace.sim.events import Event, EventQueue
+from moeplace.sim.measured import make_cost_model
 from moeplace.sim.rebalance import Rebalancer
 from moeplace.sim.results import Recorder, SimResult
 from moeplace.sim.routing import make_router, src_gpus
@@ -444,7 +445,8 @@ class Simulation:
         self._next_arrival = 0
 
     def make_cost(self, cluster: ClusterSpec, profile: Profile | None) -> CostModel:
-        return CostModel.for_engine(self.model, cluster, self.config.cost, self.config.engine, profile)
+        c = self.config
+        return make_cost_model(self.model, cluster, c.cost, c.engine, profile, c.cost_model, c.cost_engine)
 
     # ------------------------------------------------------------------ request lifecycle
     def entry_pool(self) -> Pool:

@@ -16,6 +16,7 @@ from moeplace.foundation.files import OutputKind, atomic_path, read_json, regist
 from moeplace.foundation.formats import check, tag, tagged
 from moeplace.sim.chrome_trace import LAYER_ITERATIONS, iteration_events, request_events
 from moeplace.sim.fidelity import fidelity_doc
+from moeplace.sim.measured import cost_source
 
 
 class Recorder:
@@ -159,6 +160,7 @@ def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) 
         "prefill_tok_s": rec.prefill_tokens_done / window,
         "input_tok_s": rec.prompt_tokens_done / window,
         "num_gpus": sim.num_gpus,
+        "cost_model": cost_source(sim.cost),
         "output_tok_s_per_gpu": out_tok_s / sim.num_gpus,
         "input_tok_s_per_gpu": rec.prompt_tokens_done / window / sim.num_gpus,
         "per_user_tok_s": per_user,

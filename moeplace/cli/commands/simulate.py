@@ -19,8 +19,9 @@ from moeplace.foundation.progress import wanted
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.placement.record import load_placement
 from moeplace.sim.calibration import load_profile
-from moeplace.sim.config import SimConfig, parse_mtp
+from moeplace.sim.config import COST_ENGINES, COST_MODELS, SimConfig, parse_mtp
 from moeplace.sim.fidelity import fidelity_doc, run_context
+from moeplace.sim.measured import cost_source_line
 from moeplace.sim.online import unseen_runs, verdict
 from moeplace.sim.rebalance import REPLAN_TIME_LIMIT, recommend_configs
 from moeplace.sim.results import (
@@ -119,6 +120,14 @@ def register(sub) -> None:
                    "latency (default 20%% of --duration)")
     r.add_argument("--mode", choices=("replay", "stat"), default="stat")
     r.add_argument("--profile", default=None, help="calibration profile JSON (kernels/)")
+    r.add_argument("--cost-model", choices=COST_MODELS, default="roofline",
+                   help="kernel costs: roofline (default) = the fitted roofline; measured = NVIDIA "
+                        "aiconfigurator's silicon tables (by GPU and engine release; roofline for what they do "
+                        "not hold); auto = measured where the tables cover the GPU, engine and expert shape/dtype. "
+                        "The roofline is the default because it is closer to the published deployments today "
+                        "(bench/fidelity.py's measured column)")
+    r.add_argument("--cost-engine", choices=COST_ENGINES, default=None,
+                   help="serving engine whose tables price the run (default: --engine's)")
     r.add_argument("--rebalance", default=None, metavar="every=N,window=W,moves=K[,policy=P,time=S,async=1]")
     r.add_argument("--recommend", action="store_true",
                    help="also simulate the first placement under vLLM's EPLB (window 1000, every 3000, async), "
@@ -231,6 +240,7 @@ def run(args) -> int:
               + (f"{args.rate:g} req/s {args.arrival}" if args.rate is not None else
                  f"{config.workload.concurrency} concurrent requests")
               + f"; steady state after {config.warmup_s:g} s warm-up")
+        print(cost_source_line(results[0].summary["cost_model"]))
         print(format_table(results))
         print(fidelity_doc(run)["note"])
         if rec is not None:
@@ -270,7 +280,8 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
         rate_end=args.rate_end, burstiness=args.burstiness, context_mix=args.context_mix,
         output_len=args.output_len, isl=args.isl, osl=args.osl, random_range_ratio=args.random_range_ratio,
         max_requests=args.max_requests,
-        duration=args.duration, mode=args.mode, seed=args.seed, rebalance=args.rebalance, warmup=args.warmup)
+        duration=args.duration, mode=args.mode, seed=args.seed, rebalance=args.rebalance, warmup=args.warmup,
+        cost_model=args.cost_model, cost_engine=args.cost_engine)
     return build_sim_config(settings, max_context)
 
 

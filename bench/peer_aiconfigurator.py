@@ -1,0 +1,218 @@
+"""The peer: NVIDIA aiconfigurator's own estimate of every end-to-end fidelity case it supports.
+
+    pip install 'aiconfigurator>=0.12,<0.13'      # the full package (its CLI/API); moeplace itself is not needed
+    python bench/peer_aiconfigurator.py [--cases bench/fidelity_cases.yaml] [--out bench/results/peer_aiconfigurator.json]
+
+aiconfigurator (Apache-2.0, PyPI ``aiconfigurator``; its silicon tables in ``aiconfigurator-core``) estimates a
+deployment from per-operation latencies measured on H100/H200/B200/B300/GB200/GB300 for TensorRT-LLM,
+SGLang and vLLM releases. This script gives it each case of bench/fidelity_cases.yaml exactly as the case
+states the deployment (GPU, engine, model, parallelism, batch, lengths, dtypes, MTP, KV memory fraction)
+through its public API (``aiconfigurator.cli.api.cli_estimate``), reads the figure the case publishes from
+its result, and writes one record per case: the estimate and the call that produced it, or why the case is
+not supported. It imports nothing from moeplace, so it runs in any environment where aiconfigurator is
+installed; bench/fidelity.py joins the records into bench/results/fidelity.json as each case's
+``"peer": {"aiconfigurator": {"simulated": ..., "error": ...}}``.
+
+Mapping (one rule for every case, nothing chosen per case):
+
+- GPU: h100 -> h100_sxm, h200 -> h200_sxm, b200 -> b200_sxm, b300 -> b300_sxm, gb200-nvl72 -> gb200,
+  gb300-nvl72 -> gb300; aiconfigurator has no H800 tables (H800 cases: not supported).
+- Engine: the case's source organisation: NVIDIA -> trtllm; LMSYS/SGLang and Mooncake/SGLang -> sglang;
+  DeepSeek's and Alibaba RTP-LLM's own engines have no tables (not supported). The engine's current release
+  in aiconfigurator's tables (its ``current`` slot).
+- Model: DeepSeek-V3 cases on TensorRT-LLM run DeepSeek-R1 (the posts' model; same architecture), the rest
+  DeepSeek-V3; Kimi K2 -> Kimi-K2-Instruct (from the HuggingFace config aiconfigurator ships, through a
+  local model directory: nothing is downloaded). ``expert_dtype: nvfp4`` -> MoE quant nvfp4; the KV cache
+  dtype as the case states it (FP8 unless it says bf16); attention and dense GEMM dtypes as aiconfigurator
+  infers them for the model on that GPU (it has no context-MLA FP8 table for every system).
+- Parallelism: TP = the case's attention TP, attention DP = GPUs / TP, MoE TP = the case's moe_tp,
+  MoE EP = GPUs / moe_tp.
+- Kind: ``serve`` -> ``agg`` (in-flight batching with the case's batch per rank and max batched tokens as
+  the context-token budget, its KV memory fraction), figure ``tokens/s/gpu``; ``decode`` -> ``static_gen``
+  at the case's batch per rank (figure ``tokens/s/user`` or ``tokens/s/gpu``, x 8 per node); ``prefill``
+  -> ``static_ctx`` with ``tokens_per_rank / isl`` prompts per rank (figure: prompt tokens per second per
+  GPU from ``ttft``, x 8 per node). MTP: ``nextn`` drafts with the expected accepted drafts per step
+  (sum over positions of the product of the conditional acceptances).
+- Not modelled by aiconfigurator and recorded as a note: two-batch overlap (TBO/DBO), routing skew and
+  redundant experts (its MoE tables assume a fixed token distribution).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = ROOT / "bench" / "fidelity_cases.yaml"
+OUT = ROOT / "bench" / "results" / "peer_aiconfigurator.json"
+E2E = ("prefill", "decode", "serve")
+SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "b300": "b300_sxm",
+           "gb200-nvl72": "gb200", "gb300-nvl72": "gb300"}
+BACKENDS = {"NVIDIA": "trtllm", "LMSYS/SGLang": "sglang", "Mooncake/SGLang (Moonshot)": "sglang"}
+PER_NODE = 8  # the sources' "node" is an 8-GPU server
+
+
+def model_path(case: dict, backend: str) -> str:
+    if case["model"] == "deepseek-v3":
+        return "deepseek-ai/DeepSeek-R1" if backend == "trtllm" else "deepseek-ai/DeepSeek-V3"
+    return {"kimi-k2": "moonshotai/Kimi-K2-Instruct", "kimi-k3": "moonshotai/Kimi-K3"}[case["model"]]
+
+
+def local_model(hf_id: str, root: Path) -> str:
+    """``hf_id`` itself when aiconfigurator resolves it offline, else a local model directory holding the
+    ``config.json`` aiconfigurator ships for it (its model_configs), so that no download is attempted."""
+    from aiconfigurator_core.sdk.utils import DefaultHFModels, _get_model_config_path
+
+    if hf_id in DefaultHFModels:
+        return hf_id
+    shipped = Path(_get_model_config_path()) / f"{hf_id.replace('/', '--')}_config.json"
+    if not shipped.exists():
+        return hf_id
+    d = root / hf_id.replace("/", "--")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(shipped.read_text())
+    return str(d)
+
+
+def accepted_drafts(mtp) -> tuple[int, float]:
+    """(draft tokens, expected accepted drafts per step) of the case's ``mtp: [d, acceptance]``."""
+    if not mtp:
+        return 0, 0.0
+    d, acc = int(mtp[0]), mtp[1]
+    per = [float(a) for a in acc] if isinstance(acc, (list, tuple)) else [float(acc)] * d
+    total, p = 0.0, 1.0
+    for a in per[:d]:
+        p *= a
+        total += p
+    return d, total
+
+
+def call_of(case: dict) -> tuple[dict | None, str | None]:
+    """The ``cli_estimate`` keyword arguments of a case, or (None, why it is not supported)."""
+    if case["kind"] not in E2E:
+        return None, "kernel-table case (aiconfigurator estimates deployments)"
+    system = SYSTEMS.get(case["gpu"])
+    if system is None:
+        return None, f"no {case['gpu'].upper()} tables in aiconfigurator"
+    backend = BACKENDS.get(case["source"]["org"])
+    if backend is None:
+        return None, f"no tables for {case['source']['org']}'s own engine"
+    c = case["config"]
+    tp = int(c.get("attention_tp", 1))
+    moe_tp = int(c.get("moe_tp", 1))
+    gpus = int(c["gpus"])
+    kw = {"model_path": model_path(case, backend), "system_name": system, "backend_name": backend,
+          "tp_size": tp, "attention_dp_size": gpus // tp, "moe_tp_size": moe_tp, "moe_ep_size": gpus // moe_tp,
+          "kvcache_quant_mode": "bfloat16" if c.get("kv_dtype", "fp8") == "bf16" else "fp8",
+          "isl": int(c["isl"])}
+    if c.get("expert_dtype") == "nvfp4":
+        kw["moe_quant_mode"] = "nvfp4"
+    d, accepted = accepted_drafts(c.get("mtp"))
+    if d:
+        kw.update(nextn=d, nextn_accepted=accepted)
+    if case["kind"] == "serve":
+        kw.update(mode="agg", osl=int(c["osl"]), batch_size=int(c["batch_per_rank"]),
+                  ctx_tokens=int(c["max_batched_tokens"]))
+        if "kv_cache_free_gpu_mem_fraction" in c:
+            kw["free_gpu_memory_fraction"] = float(c["kv_cache_free_gpu_mem_fraction"])
+    elif case["kind"] == "decode":
+        kw.update(mode="static_gen", osl=int(c["osl"]), batch_size=int(c["batch_per_rank"]))
+    else:
+        kw.update(mode="static_ctx", osl=2, batch_size=max(1, int(c["tokens_per_rank"]) // int(c["isl"])))
+    return kw, None
+
+
+def figure(case: dict, kw: dict, raw: dict) -> float:
+    """The case's published metric from aiconfigurator's result dict."""
+    metric = case["metric"]
+    if metric == "per_user_tok_s":
+        return float(raw["tokens/s/user"])
+    if metric == "input_tok_s_per_node":
+        prompts = float(raw["global_bs"])
+        per_gpu = prompts * kw["isl"] / (float(raw["ttft"]) / 1e3) / float(raw["num_total_gpus"])
+        return per_gpu * PER_NODE
+    per_gpu = float(raw["tokens/s/gpu"])
+    return per_gpu * PER_NODE if metric == "output_tok_s_per_node" else per_gpu
+
+
+def notes_of(case: dict) -> list[str]:
+    c = case["config"]
+    out = []
+    if c.get("dbo"):
+        out.append("two-batch overlap not modelled")
+    if int(c.get("redundant", 0)):
+        out.append("redundant experts / EPLB not modelled (fixed token distribution)")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=str(CASES))
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args()
+    import yaml
+
+    try:
+        import aiconfigurator
+        from aiconfigurator.cli.api import cli_estimate
+    except ImportError as exc:
+        print(f"error: aiconfigurator is not installed ({exc}); pip install 'aiconfigurator>=0.12,<0.13'",
+              file=sys.stderr)
+        return 2
+    logging.disable(logging.WARNING)
+    version = getattr(aiconfigurator, "__version__", None)
+    if version is None:
+        from importlib.metadata import version as _v
+        version = _v("aiconfigurator")
+    cases = yaml.safe_load(Path(args.cases).read_text())
+    models = Path(tempfile.mkdtemp(prefix="peer-aiconfigurator-"))
+    records = []
+    for case in cases:
+        kw, why = call_of(case)
+        rec = {"id": case["id"], "split": case["split"], "metric": case["metric"], "published": case["published"]}
+        if kw is None:
+            rec.update(supported=False, reason=why)
+            if case["kind"] in E2E:
+                print(f"  {case['id']:36s} not supported: {why}", flush=True)
+            records.append(rec)
+            continue
+        t0 = time.perf_counter()
+        try:
+            res = cli_estimate(**{**kw, "model_path": local_model(kw["model_path"], models)})
+            value = figure(case, kw, res.raw)
+        except Exception as exc:  # noqa: BLE001 - the peer's own refusal (OOM, missing table, parallelism)
+            msg = " ".join(str(exc).split())[:300]
+            rec.update(supported=False, reason=f"aiconfigurator raised {type(exc).__name__}: {msg}", call=kw)
+            print(f"  {case['id']:36s} not supported: {rec['reason'][:120]}", flush=True)
+            records.append(rec)
+            continue
+        err = value / case["published"] - 1
+        rec.update(supported=True, simulated=value, error=err, call=kw, notes=notes_of(case),
+                   backend_version=res.backend_version, kv_cache_warning=res.kv_cache_warning,
+                   result={k: res.raw.get(k) for k in ("ttft", "tpot", "tokens/s/gpu", "tokens/s/user", "bs",
+                                                       "global_bs", "num_total_gpus", "parallel", "gemm",
+                                                       "kvcache", "fmha", "moe", "memory")},
+                   seconds=time.perf_counter() - t0)
+        records.append(rec)
+        print(f"  {case['id']:36s} {case['metric']:22s} published {case['published']:>9,.1f}  "
+              f"aiconfigurator {value:>9,.1f}  {err:+7.1%}", flush=True)
+    shutil.rmtree(models, ignore_errors=True)
+    out = {"peer": "aiconfigurator", "version": version, "api": "aiconfigurator.cli.api.cli_estimate",
+           "database_mode": "SILICON", "cases": records}
+    path = Path(args.out)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(out, indent=1) + "\n")
+    os.replace(tmp, path)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
