@@ -9,7 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split
-from moeplace.sim.config import CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadConfig, parse_rebalance
+from moeplace.sim.config import (
+    CostConfig,
+    EngineConfig,
+    LengthMix,
+    SimConfig,
+    WorkloadConfig,
+    check_resources,
+    parse_rebalance,
+)
 
 
 @dataclass(frozen=True)
@@ -83,9 +91,11 @@ def build_sim_config(s: SimSettings, max_context: int | None, *, mix_what: str =
                           mtp_acceptance=s.mtp_acceptance, prefix_hit=s.prefix_hit, moe_tp=s.moe_tp,
                           attention_dtype=s.attention_dtype, dp_balance=s.dp_balance, admission=s.admission,
                           prefill_gpus=s.prefill_gpus, phase=s.phase)
-    return SimConfig(duration=s.duration, mode=s.mode, seed=s.seed, engine=engine, cost=CostConfig(),
-                     workload=_workload(s, max_context, mix_what),
-                     rebalance=parse_rebalance(s.rebalance) if s.rebalance else None, warmup=s.warmup)
+    config = SimConfig(duration=s.duration, mode=s.mode, seed=s.seed, engine=engine, cost=CostConfig(),
+                       workload=_workload(s, max_context, mix_what),
+                       rebalance=parse_rebalance(s.rebalance) if s.rebalance else None, warmup=s.warmup)
+    check_resources(config)  # before any work: flags and sweep points meet the same estimate
+    return config
 
 
 def _lengths(s: SimSettings, max_context: int | None, mix_what: str) -> LengthMix | None:

@@ -21,9 +21,16 @@ import numpy as np
 
 from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.limits import placement_estimate, require_memory
 from moeplace.foundation.model import ModelSpec
 from moeplace.placement.evaluate import Metrics, evaluate
-from moeplace.placement.policies import PlacementProblem, TimeLimitReached, get_policy, is_anytime, policy_names
+from moeplace.placement.policies import (
+    PlacementProblem,
+    TimeLimitReached,
+    get_policy,
+    is_anytime,
+    policy_names,
+)
 from moeplace.placement.record import Placement
 from moeplace.traces.loads import Loads, is_loads_file, load_loads
 from moeplace.traces.stats import compute_stats
@@ -401,6 +408,10 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     options = dict(options or {})
     names = policies or policy_names()
     fns = {n: get_policy(n) for n in names}  # fails early on an unknown name
+    # every placement is kept for the table: refuse what cannot fit before planning any (docs/design.md)
+    m = loads.model
+    require_memory(placement_estimate(m.num_moe_layers, m.num_experts, cluster.num_gpus, num_redundant,
+                                      num_placements=len(fns), engine=engine))
     if deadline is None and time_limit is not None:
         deadline = time.monotonic() + time_limit
     planning_idx, held_idx, single = split_windows(loads.num_windows, plan_fraction)

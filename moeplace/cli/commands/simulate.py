@@ -7,13 +7,13 @@ import json
 import sys
 from pathlib import Path
 
+from moeplace.cli import flags
+from moeplace.cli.commands import add_force
+from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
 from moeplace.foundation.model import load_model
-from moeplace.cli import flags
-from moeplace.cli.commands import add_force
-from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.placement.record import load_placement
 from moeplace.sim.calibration import load_profile
@@ -129,6 +129,9 @@ def run(args) -> int:
     outs.add(args.out, "simulation output directory")
     outs.add(args.chrome_trace, "Chrome trace", "--chrome-trace")
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
+    # the run's bounds and memory estimate before the trace is read (the model's context only narrows
+    # the length checks, redone below)
+    simulation_config(args, None)
     from_token, planned = held_out_start(args.traces, args.placement)
     if args.route_all:
         from_token = 0

@@ -47,6 +47,7 @@ import yaml
 
 from moeplace.foundation.cluster import gpu_preset_names
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
 from moeplace.foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
@@ -426,6 +427,10 @@ def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate:
     d = _num(sp, "simulate.duration", simulate["duration"], float, 0)
     if not d > 0:
         raise _err(sp, "simulate.duration", f"must be > 0 simulated seconds, got {d}")
+    try:
+        check_sim_duration(d, "simulate.duration")  # the ceiling --duration meets (docs/design.md)
+    except InputError as exc:
+        raise InputError(f"{sp}: {exc}") from None
     if simulate["mode"] not in ("stat", "replay"):
         raise _err(sp, "simulate.mode", f"expected stat or replay, got {simulate['mode']!r}")
     _num(sp, "simulate.max_trace_tokens", simulate["max_trace_tokens"], int, 1)

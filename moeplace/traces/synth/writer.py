@@ -17,7 +17,7 @@ from moeplace.foundation.files import raise_on_sigterm
 from moeplace.foundation.model import ModelSpec
 from moeplace.traces.format import TraceWriter
 from moeplace.traces.synth.calibration import build_design
-from moeplace.traces.synth.config import SYNTH_VERSION, SynthConfig
+from moeplace.traces.synth.config import SYNTH_VERSION, SynthConfig, check_resources
 from moeplace.traces.synth.requests import synth_chunks
 
 
@@ -175,6 +175,7 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
     exists) on the other core while the next batch is sampled, else on a thread. Either way the files
     are the same."""
 
+    check_resources(cfg, model.num_moe_layers, model.top_k, out)
     t0 = time.perf_counter()
     design = build_design(model, cfg)
     t_plan = time.perf_counter() - t0
