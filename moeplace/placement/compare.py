@@ -402,7 +402,8 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     ``time_limit``: seconds for the whole comparison, planning and scoring every policy, counted from this
     call, or ``deadline`` (a ``time.monotonic()`` instant: a command's start plus its limit). Policies that
     cannot stop early (EPLB) run first with what is left; anytime policies (``moeplace``) then share the
-    rest, less the time scoring takes; the shift estimate gets what remains after that. A policy the limit
+    rest, less the time scoring takes (a fixed-cost policy reserves only its own scoring: a short limit still
+    runs the cheap baselines); the shift estimate gets what remains after that. A policy the limit
     leaves no time for, or that runs past it, is left out of the results and named in ``notes`` ("eplb
     skipped: time limit"), as is every stage an anytime policy skipped or cut short."""
     options = dict(options or {})
@@ -458,7 +459,9 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     eval_cost = EVAL_GUESS
     order = sorted(names, key=is_anytime)  # stable: fixed-cost policies first, anytime ones last
     for i, name in enumerate(order):
-        limit = share(name, order[i:], len(order[i:]) * eval_cost)
+        # a fixed-cost policy (the baselines: milliseconds to a second) reserves only its own scoring, so a
+        # short limit still runs them; anytime policies reserve the scoring of every policy left
+        limit = share(name, order[i:], (len(order[i:]) if is_anytime(name) else 1) * eval_cost)
         if limit is not None and limit <= 0:
             notes.append(f"{name} skipped: time limit (no time left to run it)")
             continue
