@@ -202,8 +202,9 @@ def display(path) -> str:
 
 # ---------------------------------------------------------------------------- claiming a new path
 # Paths check_output found absent and may not replace (no --force): they are claimed atomically when
-# written. Absolute paths of this process (a command is one process).
-_MUST_BE_NEW: set[str] = set()
+# written. Absolute path -> checks not yet followed by their write, in this process (a command is one
+# process; the count keeps two writers in one process, e.g. threads, from releasing each other's claim).
+_MUST_BE_NEW: dict[str, int] = {}
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 
@@ -289,9 +290,13 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
         os.umask(umask)
         tmp.chmod((0o777 if directory else 0o666) & ~umask)
         key = os.path.abspath(path)
-        if key in _MUST_BE_NEW:
-            (_claim_dir if directory else _claim_file)(tmp, path)
-            _MUST_BE_NEW.discard(key)  # ours now: a later write in this run replaces its own output
+        if _MUST_BE_NEW.get(key):
+            try:
+                (_claim_dir if directory else _claim_file)(tmp, path)
+            finally:  # claimed (ours now: a later write in this run replaces it) or lost: the check is used
+                _MUST_BE_NEW[key] -= 1
+                if not _MUST_BE_NEW[key]:
+                    del _MUST_BE_NEW[key]
         elif directory and path.is_dir() and not path.is_symlink():
             old = tmp.with_name(tmp.name + "-old")
             path.rename(old)
@@ -590,8 +595,11 @@ def _check_output(p: Path, text: str, what: str, k: OutputKind, inputs: Iterable
             if not (force or replace_own):
                 raise InputError(f"{what}: exists (a {k.name} from an earlier run); pass --force to replace it")
     _writable_ancestor(p.absolute(), what)
+    key = os.path.abspath(p)
     if not (force or replace_own):  # absent, or an empty directory: claimed atomically when written
-        _MUST_BE_NEW.add(os.path.abspath(p))
+        _MUST_BE_NEW[key] = _MUST_BE_NEW.get(key, 0) + 1
+    else:  # this run may replace it (a claim an earlier command of this process left, e.g. in a forked
+        _MUST_BE_NEW.pop(key, None)  # writer, is void)
     return p
 
 
