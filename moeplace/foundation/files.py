@@ -276,6 +276,8 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        if exc.errno not in _WRITE_ERRNOS:  # e.g. a file in the way: the caller's error, as it is
+            raise
         raise WriteFailed(exc.errno, exc.strerror or str(exc), str(path)) from None
     clean_stale_temps(path)
     tmp = temp_sibling(path)
