@@ -233,6 +233,24 @@ def test_polars_disk_full_becomes_write_failed(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_demo_on_a_full_disk_is_one_line_and_leaves_no_run_directory(work, capsys, monkeypatch):
+    from moeplace.foundation.files import RUN_MARKER
+
+    real = Path.write_text
+
+    def full(self, *a, **k):
+        if self.name == RUN_MARKER:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    before = snapshot(work)
+    res = run_place(["demo", "--quick", "--out", "run", "--traces", "tr"], capsys)
+    lines = res.err.strip().splitlines()
+    assert res.rc == 1 and len(lines) == 1 and "No space left on device" in lines[0], res.err
+    assert_untouched(work, before)
+
+
 def _invalid_point_spec(work: Path) -> Path:
     # 3 GPUs on nodes of 2: the plan stage marks the point invalid, its row is written at once (no workers)
     spec = work / "s.yaml"

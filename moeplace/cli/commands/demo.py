@@ -15,7 +15,14 @@ from moeplace.cli import flags
 from moeplace.cli.main import main
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import MoeplaceError
-from moeplace.foundation.files import RUN_MARKER, Outputs, clean_stale_temps, remove_path, temp_sibling
+from moeplace.foundation.files import (
+    RUN_MARKER,
+    Outputs,
+    WriteFailed,
+    clean_stale_temps,
+    remove_path,
+    temp_sibling,
+)
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.model import load_model
@@ -97,8 +104,11 @@ def _run_in(out: Path, pipeline) -> int:
         old = temp_sibling(out, "-old")
         out.rename(old)
     try:
-        out.mkdir(parents=True)
-        (out / RUN_MARKER).write_text(json.dumps(tagged("run", {"written_by": "place demo"})) + "\n")
+        try:
+            out.mkdir(parents=True)
+            (out / RUN_MARKER).write_text(json.dumps(tagged("run", {"written_by": "place demo"})) + "\n")
+        except OSError as exc:  # a full or read-only disk: one line (the stages' writes say so themselves)
+            raise WriteFailed(exc.errno, exc.strerror or str(exc), str(out / RUN_MARKER)) from None
         rc = pipeline()
     except BaseException:
         remove_path(out)
