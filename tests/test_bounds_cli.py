@@ -144,6 +144,14 @@ def test_sweep_spec_meets_the_same_ceilings(work):
             load_spec(work / "s2.yaml")
 
 
+def test_yaml_1e12_is_a_string_and_said_so(work):
+    # YAML 1.1 (PyYAML) reads 1e12 without a dot as a string: refused as what it is, not a TypeError
+    base = "model: model.json\nworkloads:\n  - name: w\n    synth: {num_tokens: 1e12}\naxes:\n  gpus: 4\n"
+    (work / "s3.yaml").write_text(base)
+    with pytest.raises(InputError, match=r"num_tokens': expected a whole number, got '1e12'"):
+        load_spec(work / "s3.yaml")
+
+
 def test_one_check_for_flags_and_specs():
     with pytest.raises(InputError, match="--tokens"):
         SynthConfig(num_tokens=10**12)

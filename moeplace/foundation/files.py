@@ -179,9 +179,12 @@ def _write_failure(exc: BaseException, path: Path) -> OSError | None:
     that quote the errno."""
     if isinstance(exc, WriteFailed):
         return None
+    if isinstance(exc, OSError) and exc.errno is None:  # a library's IOError quoting the errno, or nothing
+        m = _OS_ERROR.search(str(exc))
+        if m and int(m.group(1)) in _WRITE_ERRNOS:
+            return OSError(int(m.group(1)), os.strerror(int(m.group(1))))
+        return None
     if isinstance(exc, OSError):
-        if exc.errno is None:
-            return None
         if exc.filename is not None:
             return exc if _names_output(exc.filename, path) else None
         return exc if exc.errno in _WRITE_ERRNOS else None

@@ -60,6 +60,10 @@ class SynthConfig:
         def bad(field: str, msg: str) -> None:
             raise InputError(f"synth config: field '{field}': {msg}")
 
+        for name in ("num_tokens", "drift_phases"):  # the two sizes bounded below (a spec may give '1e12')
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                bad(name, f"expected a whole number, got {v!r}")
         if self.num_tokens < 1:
             bad("num_tokens", f"must be >= 1, got {self.num_tokens}")
         if not 0 <= self.seed <= 2**31 - 1:
