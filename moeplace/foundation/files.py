@@ -167,7 +167,7 @@ class OutputExists(WriteFailed):
     """The output appeared while this run worked (another run wrote it): it is left as it is."""
 
 
-_CLAIMED_BY_OTHER = "created by another run while this one worked; left as it is (pass --force to replace it)"
+_CLAIMED_BY_OTHER = "created by another run while this one worked, left as it is: pass --force to replace it"
 # what file systems say when the disk or the quota is full, or writing is no longer possible
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.ENAMETOOLONG}
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (polars) quote an errno
