@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from simkit import linear_placement, mini_model, write_trace
 
+from moeplace.cli.main import main
 from moeplace.foundation import files
 from moeplace.foundation.files import TEMP_MARK, Outputs, check_output, clean_stale_temps
-from moeplace.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8",
