@@ -29,6 +29,7 @@ from moeplace.placement.policies import (
     TimeLimitReached,
     get_policy,
     is_anytime,
+    is_quick,
     policy_names,
 )
 from moeplace.placement.record import Placement
@@ -401,9 +402,9 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
 
     ``time_limit``: seconds for the whole comparison, planning and scoring every policy, counted from this
     call, or ``deadline`` (a ``time.monotonic()`` instant: a command's start plus its limit). Policies that
-    cannot stop early (EPLB) run first with what is left; anytime policies (``moeplace``) then share the
-    rest, less the time scoring takes (a fixed-cost policy reserves only its own scoring: a short limit still
-    runs the cheap baselines); the shift estimate gets what remains after that. A policy the limit
+    cannot stop early run first (the one-pass baselines, then EPLB) with what is left, each reserving only
+    its own scoring, so a short limit still runs the cheap ones; anytime policies (``moeplace``) then share
+    the rest, less the time scoring takes; the shift estimate gets what remains after that. A policy the limit
     leaves no time for, or that runs past it, is left out of the results and named in ``notes`` ("eplb
     skipped: time limit"), as is every stage an anytime policy skipped or cut short."""
     options = dict(options or {})
@@ -457,7 +458,8 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
 
     done: dict[str, tuple] = {}
     eval_cost = EVAL_GUESS
-    order = sorted(names, key=is_anytime)  # stable: fixed-cost policies first, anytime ones last
+    # stable: one-pass baselines first, then the other fixed-cost policies, anytime ones last
+    order = sorted(names, key=lambda n: (is_anytime(n), not is_quick(n)))
     for i, name in enumerate(order):
         # a fixed-cost policy (the baselines: milliseconds to a second) reserves only its own scoring, so a
         # short limit still runs them; anytime policies reserve the scoring of every policy left
