@@ -239,7 +239,15 @@ def test_write_failure_after_the_work_still_prints_the_results(work, monkeypatch
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src))
         return real_replace(src, dst)
 
+    real_link = os.link
+
+    def disk_full_link(src, dst):  # a new output is claimed by link(2) (files.atomic_path)
+        if Path(dst).name in ("p.json", "r.json"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src))
+        return real_link(src, dst)
+
     monkeypatch.setattr(files.os, "replace", disk_full)
+    monkeypatch.setattr(files.os, "link", disk_full_link)
     rc = main(["optimize", "loads.npz", "--gpus", "4", "--policy", "linear", "--policy", "eplb", "--out", "p.json",
                "--report", "r.json", "--save-all", "all"])
     out, err = capsys.readouterr()
@@ -386,6 +394,7 @@ def test_simulation_results_printed_when_its_directory_cannot_be_written(work, m
         return real_replace(src, dst)
 
     monkeypatch.setattr(files.os, "replace", disk_full)
+    monkeypatch.setattr(files.os, "rename", disk_full)  # a new directory is claimed by rename(2)
     rc = main(["simulate", "trace", "--placement", "placement.json", *SIM, "--out", "sim", "--chrome-trace", "c.json"])
     out, err = capsys.readouterr()
     assert rc == 1 and "placement" in out and "metric" in out  # the side-by-side table

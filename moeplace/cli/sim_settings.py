@@ -15,6 +15,7 @@ from moeplace.sim.config import (
     LengthMix,
     SimConfig,
     WorkloadConfig,
+    check_resources,
     parse_rebalance,
 )
 
@@ -94,10 +95,12 @@ def build_sim_config(s: SimSettings, max_context: int | None, *, mix_what: str =
                           mtp_acceptance=s.mtp_acceptance, prefix_hit=s.prefix_hit, moe_tp=s.moe_tp,
                           attention_dtype=s.attention_dtype, dp_balance=s.dp_balance, admission=s.admission,
                           prefill_gpus=s.prefill_gpus, phase=s.phase)
-    return SimConfig(duration=s.duration, mode=s.mode, seed=s.seed, engine=engine, cost=CostConfig(),
-                     workload=_workload(s, max_context, mix_what),
-                     rebalance=parse_rebalance(s.rebalance) if s.rebalance else None, warmup=s.warmup,
-                     cost_model=s.cost_model, cost_engine=s.cost_engine)
+    config = SimConfig(duration=s.duration, mode=s.mode, seed=s.seed, engine=engine, cost=CostConfig(),
+                       workload=_workload(s, max_context, mix_what),
+                       rebalance=parse_rebalance(s.rebalance) if s.rebalance else None, warmup=s.warmup,
+                       cost_model=s.cost_model, cost_engine=s.cost_engine)
+    check_resources(config)  # before any work: flags and sweep points meet the same estimate
+    return config
 
 
 def _lengths(s: SimSettings, max_context: int | None, mix_what: str) -> LengthMix | None:

@@ -12,11 +12,20 @@ The rules (README "Outputs"):
 - temporaries are ``.<name>.moeplace-tmp-<pid>-<hex>`` next to the destination; one left by a killed
   run (its process no longer exists) is removed, with a note, by the next run writing there;
 - a write that fails after the work (disk full, permissions changed meanwhile) does not lose the
-  results: the command prints them and then says which outputs could not be written (exit 1).
+  results: the command prints them and then says which outputs could not be written (exit 1); a failed
+  write leaves neither its temporary nor a partial output (:class:`WriteFailed`: one line, also for the
+  file-system errors that Parquet writers report as their own exceptions);
+- a path that did not exist when it was checked and may not be replaced (no ``--force``) is claimed in
+  one atomic step when written (:func:`atomic_path`): of two runs writing it at once, exactly one
+  succeeds and the other says so, instead of the later silently replacing the earlier;
+- a path the file system cannot hold (a name over its length limit) or that is not UTF-8 (the Parquet
+  and JSON writers need UTF-8 names) is refused before any work.
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import re
@@ -90,6 +99,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def remove_empty_tree(p: Path) -> bool:
+    """Remove ``p`` if it holds nothing but empty directories (what a run that failed before writing
+    anything leaves); ``True`` when it is gone. A file anywhere under it keeps it."""
+    try:
+        for d, _dirs, files in os.walk(p, topdown=False):
+            if files:
+                return False
+            os.rmdir(d)
+    except OSError:
+        return False
+    return not p.exists()
+
+
 def remove_path(p: Path) -> None:
     """Delete a file or a directory tree (callers own it: a temporary, a run directory they made)."""
     if p.is_dir() and not p.is_symlink():
@@ -129,6 +151,117 @@ def clean_stale_temps(dest: str | os.PathLike, *, report: bool = True) -> list[P
     return removed
 
 
+# ---------------------------------------------------------------------------- write failures
+class WriteFailed(OSError, MoeplaceError):
+    """Writing an output failed (disk full, file system read-only, a name too long...): nothing was left
+    at ``filename``, and the temporary is gone. An ``OSError`` (callers that collect failed writes keep
+    doing so, :class:`Outputs`) and a user error (one line, exit 1, where nothing collects it)."""
+
+    exit_code = 1
+
+    def __str__(self) -> str:
+        return f"could not write {display(self.filename)} ({self.strerror}); nothing was written there"
+
+
+class OutputExists(WriteFailed):
+    """The output appeared while this run worked (another run wrote it): it is left as it is."""
+
+
+_CLAIMED_BY_OTHER = "created by another run while this one worked, left as it is: pass --force to replace it"
+# what file systems say when the disk or the quota is full, or writing is no longer possible
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.ENAMETOOLONG}
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (polars) quote an errno
+
+
+def _write_failure(exc: BaseException, path: Path) -> OSError | None:
+    """``exc`` as the OSError of a failed write of ``path``, or ``None`` when it is something else (an
+    error naming another file, e.g. an input; a bug). Polars reports I/O errors as its own exceptions
+    that quote the errno."""
+    if isinstance(exc, WriteFailed):
+        return None
+    if isinstance(exc, OSError) and exc.errno is None:  # a library's IOError quoting the errno, or nothing
+        m = _OS_ERROR.search(str(exc))
+        if m and int(m.group(1)) in _WRITE_ERRNOS:
+            return OSError(int(m.group(1)), os.strerror(int(m.group(1))))
+        return None
+    if isinstance(exc, OSError):
+        if exc.filename is not None:
+            return exc if _names_output(exc.filename, path) else None
+        return exc if exc.errno in _WRITE_ERRNOS else None
+    m = _OS_ERROR.search(str(exc)) if type(exc).__module__.split(".")[0] in ("polars", "pyarrow") else None
+    if m and int(m.group(1)) in _WRITE_ERRNOS:
+        n = int(m.group(1))
+        return OSError(n, os.strerror(n))
+    return None
+
+
+def display(path) -> str:
+    """A path as text that any terminal and log can take: a byte that is not UTF-8 shown as ``\\xff``."""
+    text = os.fspath(path) if path is not None else "?"
+    if isinstance(text, bytes):
+        return text.decode("utf-8", "backslashreplace")
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+# ---------------------------------------------------------------------------- claiming a new path
+# Paths check_output found absent and may not replace (no --force): they are claimed atomically when
+# written. Absolute path -> checks not yet followed by their write, in this process (a command is one
+# process; the count keeps two writers in one process, e.g. threads, from releasing each other's claim).
+_MUST_BE_NEW: dict[str, int] = {}
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+
+
+def _renameat2():
+    """glibc's ``renameat2`` (Linux >= 3.15, glibc >= 2.28), or ``None``."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _claim_file(tmp: Path, path: Path) -> None:
+    """Move the finished temporary ``tmp`` to ``path`` only if ``path`` does not exist, in one step:
+    ``link(2)`` fails with EEXIST when it does (then the temporary is unlinked). On a file system without
+    hard links, ``renameat2(RENAME_NOREPLACE)``; where neither exists, an existence check right before
+    ``rename(2)`` (a window of microseconds instead of the whole run)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise OutputExists(errno.EEXIST, _CLAIMED_BY_OTHER, str(path)) from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+            raise
+        fn = _renameat2()
+        if fn is not None:
+            if fn(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(path), _RENAME_NOREPLACE) == 0:
+                return
+            e = ctypes.get_errno()
+            if e == errno.EEXIST:
+                raise OutputExists(errno.EEXIST, _CLAIMED_BY_OTHER, str(path)) from None
+            if e not in (errno.EINVAL, errno.ENOSYS):
+                raise OSError(e, os.strerror(e), str(path)) from None
+        if os.path.lexists(path):
+            raise OutputExists(errno.EEXIST, _CLAIMED_BY_OTHER, str(path)) from None
+        os.rename(tmp, path)
+        return
+    tmp.unlink()
+
+
+def _claim_dir(tmp: Path, path: Path) -> None:
+    """``rename(2)`` of a directory onto an existing one fails unless that one is empty (ENOTEMPTY or
+    EEXIST), and an empty directory holds nothing to lose: the rename itself is the atomic claim."""
+    try:
+        os.rename(tmp, path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise OutputExists(errno.EEXIST, _CLAIMED_BY_OTHER, str(path)) from None
+        raise
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, directory: bool = False):
     """Yield a temporary sibling of ``path`` (:func:`temp_sibling`); on success rename it onto ``path``,
@@ -137,10 +270,18 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
     With ``directory=True`` the temporary is a directory and an existing directory at ``path`` is
     replaced as a whole (the old one is removed only after the new one is in place). Whether ``path``
     may be replaced at all is the caller's decision (:func:`check_output`); this function only makes
-    the replacement atomic.
+    the replacement atomic. A path :func:`check_output` found absent and may not replace is claimed
+    atomically instead (:func:`_claim_file`, :func:`_claim_dir`): if another run wrote it meanwhile,
+    :class:`OutputExists` and that run's output stays. A write that fails for want of space (or of a
+    writable file system) raises :class:`WriteFailed`, naming ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno not in _WRITE_ERRNOS:  # e.g. a file in the way: the caller's error, as it is
+            raise
+        raise WriteFailed(exc.errno, exc.strerror or str(exc), str(path)) from None
     clean_stale_temps(path)
     tmp = temp_sibling(path)
     try:
@@ -153,7 +294,15 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod((0o777 if directory else 0o666) & ~umask)
-        if directory and path.is_dir() and not path.is_symlink():
+        key = os.path.abspath(path)
+        if _MUST_BE_NEW.get(key):
+            try:
+                (_claim_dir if directory else _claim_file)(tmp, path)
+            finally:  # claimed (ours now: a later write in this run replaces it) or lost: the check is used
+                _MUST_BE_NEW[key] -= 1
+                if not _MUST_BE_NEW[key]:
+                    del _MUST_BE_NEW[key]
+        elif directory and path.is_dir() and not path.is_symlink():
             old = tmp.with_name(tmp.name + "-old")
             path.rename(old)
             try:
@@ -164,6 +313,11 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
             remove_path(old)
         else:
             os.replace(tmp, path)
+    except Exception as exc:
+        err = _write_failure(exc, path)
+        if err is None:
+            raise
+        raise WriteFailed(err.errno, err.strerror or str(err), str(path)) from exc
     finally:
         if tmp.exists() or tmp.is_symlink():
             remove_path(tmp)
@@ -295,10 +449,47 @@ def check_output(path: str | os.PathLike, *, kind: OutputKind | str, inputs: Ite
     """
     k = output_kind(kind) if isinstance(kind, str) else kind
     text = os.fspath(path)
-    what = f"{flag} {text}"
+    what = f"{flag} {display(text)}"
     if not text.strip():
         raise InputError(f"{flag}: empty path")
-    p = Path(text)
+    _check_name(text, what)
+    try:
+        return _check_output(Path(text), text, what, k, inputs, force, flag, replace_own)
+    except OSError as exc:  # a path the file system refuses to look up (a loop of links, permissions)
+        raise InputError(f"{what}: cannot be used ({exc.strerror or exc})") from None
+
+
+def _check_name(text: str, what: str) -> None:
+    """The path is UTF-8 (Parquet and JSON writers need it: a byte that is not would fail after the
+    work) and each of its names fits the file system's limit (``NAME_MAX``, 255 bytes on Linux file
+    systems; ``PATH_MAX`` for the whole)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start].encode("utf-8", "surrogateescape")
+        raise InputError(f"{what}: the path is not UTF-8 (byte 0x{bad[0]:02x}); the Parquet and JSON "
+                         "writers need UTF-8 names, choose another") from None
+    full = os.path.abspath(text)
+    base = Path(full).parent
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    try:
+        name_max = os.pathconf(base, "PC_NAME_MAX")
+        path_max = os.pathconf(base, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for name in Path(full).parts[1:]:
+        n = len(os.fsencode(name))
+        if n > name_max:
+            raise InputError(f"{what}: a name in it is {n} bytes long, more than the {name_max} the file "
+                             "system allows; choose a shorter one")
+    if len(os.fsencode(full)) >= path_max:
+        raise InputError(f"{what}: the path is {len(os.fsencode(full))} bytes long, more than the "
+                         f"{path_max - 1} the file system allows; choose a shorter one")
+
+
+def _check_output(p: Path, text: str, what: str, k: OutputKind, inputs: Iterable, force: bool, flag: str,
+                  replace_own: bool) -> Path:
     real = p.resolve()
     cwd = Path.cwd().resolve()
     if _inside(cwd, real):
@@ -337,6 +528,11 @@ def check_output(path: str | os.PathLike, *, kind: OutputKind | str, inputs: Ite
             if not (force or replace_own):
                 raise InputError(f"{what}: exists (a {k.name} from an earlier run); pass --force to replace it")
     _writable_ancestor(p.absolute(), what)
+    key = os.path.abspath(p)
+    if not (force or replace_own):  # absent, or an empty directory: claimed atomically when written
+        _MUST_BE_NEW[key] = _MUST_BE_NEW.get(key, 0) + 1
+    else:  # this run may replace it (a claim an earlier command of this process left, e.g. in a forked
+        _MUST_BE_NEW.pop(key, None)  # writer, is void)
     return p
 
 
@@ -394,7 +590,7 @@ class Outputs:
 
     def finish(self) -> None:
         if self.failed:
-            where_ = "; ".join(f"{p} ({why})" for p, why in self.failed)
+            where_ = "; ".join(f"{display(p)} ({why})" for p, why in self.failed)
             raise OutputError(f"could not write {where_}; the results above were not saved there")
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.limits import placement_estimate, require_memory
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import bar, track
 from moeplace.placement.evaluate import Metrics, evaluate
@@ -29,6 +30,7 @@ from moeplace.placement.policies import (
     TimeLimitReached,
     get_policy,
     is_anytime,
+    is_quick,
     policy_names,
 )
 from moeplace.placement.record import Placement
@@ -531,13 +533,18 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
 
     ``time_limit``: seconds for the whole comparison, planning and scoring every policy, counted from this
     call, or ``deadline`` (a ``time.monotonic()`` instant: a command's start plus its limit). Policies that
-    cannot stop early (EPLB) run first with what is left; anytime policies (``moeplace``) then share the
-    rest, less the time scoring takes; the shift estimate gets what remains after that. A policy the limit
+    cannot stop early run first (the one-pass baselines, then EPLB) with what is left, each reserving only
+    its own scoring, so a short limit still runs the cheap ones; anytime policies (``moeplace``) then share
+    the rest, less the time scoring takes; the shift estimate gets what remains after that. A policy the limit
     leaves no time for, or that runs past it, is left out of the results and named in ``notes`` ("eplb
     skipped: time limit"), as is every stage an anytime policy skipped or cut short."""
     options = dict(options or {})
     names = policies or policy_names()
     fns = {n: get_policy(n) for n in names}  # fails early on an unknown name
+    # every placement is kept for the table: refuse what cannot fit before planning any (docs/design.md)
+    m = loads.model
+    require_memory(placement_estimate(m.num_moe_layers, m.num_experts, cluster.num_gpus, num_redundant,
+                                      num_placements=len(fns), engine=engine))
     if deadline is None and time_limit is not None:
         deadline = time.monotonic() + time_limit
     planning_idx, held_idx, single = split_windows(loads.num_windows, plan_fraction)
@@ -572,12 +579,15 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
 
     done: dict[str, tuple] = {}
     eval_cost = EVAL_GUESS
-    order = sorted(names, key=is_anytime)  # stable: fixed-cost policies first, anytime ones last
+    # stable: one-pass baselines first, then the other fixed-cost policies, anytime ones last
+    order = sorted(names, key=lambda n: (is_anytime(n), not is_quick(n)))
     pb = bar(len(order), "policies", "policy")
     for i, name in enumerate(order):
         pb.set_description(f"policy {name}", refresh=False)
         pb.update(0 if i == 0 else 1)
-        limit = share(name, order[i:], len(order[i:]) * eval_cost)
+        # a fixed-cost policy (the baselines: milliseconds to a second) reserves only its own scoring, so a
+        # short limit still runs them; anytime policies reserve the scoring of every policy left
+        limit = share(name, order[i:], (len(order[i:]) if is_anytime(name) else 1) * eval_cost)
         if limit is not None and limit <= 0:
             notes.append(f"{name} skipped: time limit (no time left to run it)")
             continue

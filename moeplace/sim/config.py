@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from moeplace.foundation import limits
 from moeplace.foundation.errors import InputError
 from moeplace.placement.dispatch import ENGINE_RULES
 
@@ -342,6 +343,13 @@ class SimConfig:
             _bad("simulate", f"--seed must be in [0, 2147483647], got {self.seed}")
         if self.mode not in MODES:
             _bad("simulate", f"--mode '{self.mode}' unknown (expected one of {MODES})")
+        # ceilings (docs/design.md, Resource bounds); the memory estimate is resource_estimate's (it reads
+        # what the machine has, which a config does not)
+        limits.check_sim_duration(self.duration)
+        wl = self.workload
+        limits.check_sim_requests(limits.expected_requests(
+            arrival=wl.arrival, concurrency=wl.concurrency, rate=wl.rate, rate_end=wl.rate_end,
+            duration=self.duration, max_requests=wl.max_requests), _requests_what(self))
 
     @property
     def warmup_s(self) -> float:
@@ -349,6 +357,26 @@ class SimConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _requests_what(config: SimConfig) -> str:
+    wl = config.workload
+    if wl.arrival == "closed":
+        return f"--concurrency {limits.fmt_count(wl.concurrency)}"
+    return f"--rate {limits.fmt_count(wl.rate)} x --duration {limits.fmt_count(config.duration)}"
+
+
+def resource_estimate(config: SimConfig) -> limits.Estimate:
+    """What one run of ``config`` needs (:func:`moeplace.foundation.limits.simulation_estimate`)."""
+    wl = config.workload
+    return limits.simulation_estimate(arrival=wl.arrival, concurrency=wl.concurrency, rate=wl.rate,
+                                      rate_end=wl.rate_end, duration=config.duration,
+                                      max_requests=wl.max_requests, what=_requests_what(config))
+
+
+def check_resources(config: SimConfig) -> None:
+    """Refuse ``config`` when one run needs more memory than this machine has available."""
+    limits.require_memory(resource_estimate(config))
 
 
 # ---------------------------------------------------------------------------- parsing helpers

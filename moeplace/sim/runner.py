@@ -10,10 +10,11 @@ import numpy as np
 
 from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.limits import placement_estimate, require_memory
 from moeplace.placement.policies import PlacementProblem, get_policy, policy_names
 from moeplace.placement.record import Placement, check_compatible, load_placement
 from moeplace.sim.calibration import Profile
-from moeplace.sim.config import SimConfig
+from moeplace.sim.config import SimConfig, check_resources
 from moeplace.sim.engine import Simulation
 from moeplace.sim.memory import override_pools, plan_pools
 from moeplace.sim.results import SimResult
@@ -34,6 +35,8 @@ def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_r
     names = policy_names()
     if spec not in names:
         raise InputError(f"--placement '{spec}': no such file and not a policy (policies: {', '.join(names)})")
+    require_memory(placement_estimate(trace.model.num_moe_layers, trace.model.num_experts, cluster.num_gpus,
+                                      num_redundant or 0, engine=engine))
     loads = trace.expert_counts()[None].astype(np.float64)
     problem = PlacementProblem(loads=loads, model=trace.model, cluster=cluster, num_redundant=num_redundant or 0,
                                engine=engine, seed=seed)
@@ -45,6 +48,7 @@ def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluste
              progress: bool = False, prefill: list[tuple[Placement, ClusterSpec]] | None = None) -> list[SimResult]:
     """Run ``config`` once per placement (same seed, so the same arrivals and lengths). ``prefill``: per
     placement, the prefill pool's own placement and cluster (disaggregated with ``prefill_gpus``)."""
+    check_resources(config)
     out = []
     for i, (label, placement) in enumerate(placements):
         pools, _ = plan_pools(trace.model, cluster, config.engine, placement.num_redundant)

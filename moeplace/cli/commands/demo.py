@@ -17,6 +17,7 @@ from moeplace.foundation.errors import MoeplaceError
 from moeplace.foundation.files import (
     OutputKind,
     Outputs,
+    WriteFailed,
     clean_stale_temps,
     register_kind,
     remove_path,
@@ -24,10 +25,11 @@ from moeplace.foundation.files import (
     temp_sibling,
 )
 from moeplace.foundation.formats import tagged
+from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.model import load_model
 from moeplace.placement.compare import default_redundant
 from moeplace.traces.format import TRACE_DIRECTORY
-from moeplace.traces.synth import SYNTH_VERSION
+from moeplace.traces.synth import SYNTH_VERSION, SynthConfig
 from moeplace.traces.validate import read_trace_meta, validate_trace
 
 RUN_MARKER = ".moeplace-run"  # the tagged file that marks a directory `place demo` made
@@ -51,12 +53,15 @@ def register(sub) -> None:
                    help="where the default trace is synthesized, outside the run directory so later runs reuse "
                         "it (default: data/k3-default; reused when it exists and validates; a "
                         "moeplace trace of other settings is replaced, any other existing path refused)")
-    p.add_argument("--tokens", type=flags.positive_int, default=100_000, help="tokens of the synthetic trace (default 100000)")
+    p.add_argument("--tokens", type=flags.positive_int, default=None,
+                   help="tokens of the synthetic trace (default 100000; 20000 with --quick)")
     p.add_argument("--gpus", type=flags.positive_int, default=32)
     p.add_argument("--gpu", default="h200")
-    p.add_argument("--duration", type=flags.seconds, default=600.0, help="simulated seconds (default 600)")
+    p.add_argument("--duration", type=flags.seconds, default=None,
+                   help="simulated seconds (default 600; 60 with --quick)")
     p.add_argument("--seed", type=flags.seed, default=0)
-    p.add_argument("--quick", action="store_true", help="small trace and short simulation (a smoke run)")
+    p.add_argument("--quick", action="store_true", help="small trace and short simulation (a smoke run; "
+                   "--tokens and --duration, when given, still apply)")
     p.set_defaults(func=run)
 
 
@@ -89,8 +94,12 @@ def run(args) -> int:
     traces = Path(args.traces)
     # everything a stage could refuse late is checked before the run directory is touched
     make_cluster(args.gpus, args.gpu)
-    if args.duration <= 0:
-        raise MoeplaceError(f"--duration must be > 0, got {args.duration}")
+    tokens, duration = demo_sizes(args)
+    if duration <= 0:
+        raise MoeplaceError(f"--duration must be > 0, got {duration}")
+    # the bounds the stages would meet (docs/design.md, Resource bounds), before anything is written
+    SynthConfig(num_tokens=tokens, seed=args.seed)
+    check_sim_duration(duration)
     outs = Outputs()
     outs.add(out, RUN_DIRECTORY, replace_own=True)
     outs.add(traces, TRACE_DIRECTORY, "--traces", replace_own=True)
@@ -107,8 +116,11 @@ def _run_in(out: Path, pipeline) -> int:
         old = temp_sibling(out, "-old")
         out.rename(old)
     try:
-        out.mkdir(parents=True)
-        (out / RUN_MARKER).write_text(json.dumps(tagged("run", {"written_by": "place demo"})) + "\n")
+        try:
+            out.mkdir(parents=True)
+            (out / RUN_MARKER).write_text(json.dumps(tagged("run", {"written_by": "place demo"})) + "\n")
+        except OSError as exc:  # a full or read-only disk: one line (the stages' writes say so themselves)
+            raise WriteFailed(exc.errno, exc.strerror or str(exc), str(out / RUN_MARKER)) from None
         rc = pipeline()
     except BaseException:
         remove_path(out)
@@ -120,9 +132,15 @@ def _run_in(out: Path, pipeline) -> int:
     return rc
 
 
+def demo_sizes(args) -> tuple[int, float]:
+    """Trace tokens and simulated seconds: what was given, else the defaults (smaller with ``--quick``)."""
+    tokens = args.tokens if args.tokens is not None else (20_000 if args.quick else 100_000)
+    duration = args.duration if args.duration is not None else (60.0 if args.quick else 600.0)
+    return tokens, duration
+
+
 def _pipeline(args, out: Path, traces: Path) -> int:
-    tokens = 20_000 if args.quick else args.tokens
-    duration = 60.0 if args.quick else args.duration
+    tokens, duration = demo_sizes(args)
     gpus = str(args.gpus)
     # attention TP within a node and DP across nodes: the layout `place simulate` models by default
     tp = min(8, args.gpus)

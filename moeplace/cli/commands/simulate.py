@@ -160,6 +160,9 @@ def run(args) -> int:
     outs.add(args.out, SIM_OUTPUT)
     outs.add(args.chrome_trace, CHROME_TRACE, "--chrome-trace")
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
+    # the run's bounds and memory estimate before the trace is read (the model's context only narrows
+    # the length checks, redone below)
+    simulation_config(args, None)
     from_token, planned = held_out_start(args.traces, args.placement)
     if args.route_all:
         from_token = 0

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from moeplace.cli import flags
 from moeplace.cli.sweep import format_frontier, load_spec, run_sweep
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import check_output
+from moeplace.foundation.files import OutputError, WriteFailed, check_output, display, remove_empty_tree
 from moeplace.sim.frontier import SWEEP_DIRECTORY
 
 
@@ -49,8 +50,16 @@ def run(args) -> int:
     if not args.out:
         check_output(out, kind=SWEEP_DIRECTORY, inputs=[args.spec], replace_own=True)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    res = run_sweep(spec, out, backend="local" if args.local else "ray", ray_address=args.ray,
-                    workers=args.workers, log=log)
+    existed = Path(out).exists()
+    try:
+        res = run_sweep(spec, out, backend="local" if args.local else "ray", ray_address=args.ray,
+                        workers=args.workers, log=log)
+    except WriteFailed as exc:  # disk full, file system gone read-only: no point is half-written
+        if not existed and remove_empty_tree(Path(out)):
+            raise OutputError(f"{exc}; the sweep wrote nothing, {out} was removed") from None
+        parts = len(list((Path(out) / "points").glob("*.parquet")))
+        raise OutputError(f"{exc}; {parts} finished point(s) are kept in {display(out)}: free space and run "
+                          "the same command again to resume from them") from None
     if args.json:
         print(json.dumps(res.report, indent=1, default=str))
         return 0

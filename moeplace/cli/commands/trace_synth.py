@@ -6,12 +6,12 @@ import json
 
 from moeplace.cli import flags
 from moeplace.cli.commands import add_force, add_model, add_progress
-from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
 from moeplace.traces.format import TRACE_DIRECTORY
 from moeplace.traces.synth import SynthConfig, synthesize
+from moeplace.traces.synth.config import check_resources
 
 GROUP = "trace"
 
@@ -94,8 +94,7 @@ def run(args) -> int:
     outs.add(args.out, TRACE_DIRECTORY)
     model = load_model(args.model)
     cfg = config_from_args(args)
-    if args.tokens > 10**10:
-        raise InputError(f"--tokens {args.tokens}: more than 10^10 tokens is not a trace this tool can write")
+    check_resources(cfg, model.num_moe_layers, model.top_k, args.out)  # before any work (also in synthesize)
     done = {}
     # the trace is the work: a failed write (disk full) has no results to print, only the reason
     if not outs.write(args.out, lambda: done.update(s=synthesize(model, cfg, args.out))):

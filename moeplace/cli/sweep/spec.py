@@ -47,6 +47,7 @@ import yaml
 
 from moeplace.foundation.cluster import gpu_preset_names
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
 from moeplace.foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
@@ -272,9 +273,11 @@ def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None)
             if not isinstance(synth, dict):
                 raise _err(path, f"{f}.synth", "expected a mapping of traces.synth.SynthConfig fields")
             try:
-                build(SynthConfig, f"{f}.synth", synth)  # the generator's own fields and types
+                build(SynthConfig, f"{f}.synth", synth)  # the generator's own fields, types and ceilings
             except InputError as exc:
-                raise InputError(f"{path}: {exc}") from None
+                msg = str(exc)  # a key or type error names its field; the config's own range checks do not
+                raise InputError(f"{path}: {msg}" if msg.startswith(f"{f}.synth") else
+                                 f"{path}: {f}.synth: {msg}") from None
         arrival = w.get("arrival", "poisson" if "rate" in w else "closed")
         if arrival not in ARRIVALS:
             raise _err(path, f"{f}.arrival", f"expected one of {', '.join(ARRIVALS)}, got {arrival!r}")
@@ -433,6 +436,10 @@ def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate:
     d = _num(sp, "simulate.duration", simulate["duration"], float, 0)
     if not d > 0:
         raise _err(sp, "simulate.duration", f"must be > 0 simulated seconds, got {d}")
+    try:
+        check_sim_duration(d, "simulate.duration")  # the ceiling --duration meets (docs/design.md)
+    except InputError as exc:
+        raise InputError(f"{sp}: {exc}") from None
     if simulate["mode"] not in ("stat", "replay"):
         raise _err(sp, "simulate.mode", f"expected stat or replay, got {simulate['mode']!r}")
     _num(sp, "simulate.max_trace_tokens", simulate["max_trace_tokens"], int, 1)

@@ -115,16 +115,20 @@ def check_options(where: str, raw: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         raw = {k: v for k, v in raw.items() if v is not None}
     return parse_keys(where, raw, option_types(), what="option")
+_QUICK: set[str] = set()
 
 
-def register_policy(name: str, anytime: bool = False) -> Callable[[PolicyFn], PolicyFn]:
-    """``anytime``: the policy honours ``problem.time_limit`` by returning its best placement so far."""
+def register_policy(name: str, anytime: bool = False, quick: bool = False) -> Callable[[PolicyFn], PolicyFn]:
+    """``anytime``: the policy honours ``problem.time_limit`` by returning its best placement so far.
+    ``quick``: it plans in one pass over the slots, no search (a time limit runs it first)."""
     def deco(fn: PolicyFn) -> PolicyFn:
         if name in _REGISTRY:
             raise RuntimeError(f"policy '{name}' registered twice")
         _REGISTRY[name] = fn
         if anytime:
             _ANYTIME.add(name)
+        if quick:
+            _QUICK.add(name)
         return fn
     return deco
 
@@ -132,6 +136,11 @@ def register_policy(name: str, anytime: bool = False) -> Callable[[PolicyFn], Po
 def is_anytime(name: str) -> bool:
     _load_all()
     return name in _ANYTIME
+
+
+def is_quick(name: str) -> bool:
+    _load_all()
+    return name in _QUICK
 
 
 def _load_all() -> None:

@@ -26,7 +26,7 @@ def linear_phy2log(num_layers: int, num_experts: int, num_redundant: int) -> np.
     return np.tile(vllm_initial_map(num_experts, num_redundant), (num_layers, 1))
 
 
-@register_policy("linear")
+@register_policy("linear", quick=True)
 def linear(problem: PlacementProblem) -> Placement:
     m = problem.model
     return problem.placement(linear_phy2log(m.num_moe_layers, m.num_experts, problem.num_redundant), "linear")

@@ -29,7 +29,7 @@ def round_robin_phy2log(num_layers: int, num_experts: int, num_redundant: int, n
     return np.tile(init[order], (num_layers, 1))
 
 
-@register_policy("round_robin")
+@register_policy("round_robin", quick=True)
 def round_robin(problem: PlacementProblem) -> Placement:
     m, G = problem.model, problem.cluster.num_gpus
     p2l = round_robin_phy2log(m.num_moe_layers, m.num_experts, problem.num_redundant, G)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moeplace.foundation import limits
 from moeplace.foundation.errors import InputError
 
 DOMAIN_NAMES = ("chat", "code", "math", "writing", "multilingual", "agentic", "science", "legal")
@@ -55,10 +56,14 @@ class SynthConfig:
     gate_weights: bool = False
     chunk_tokens: int = 8192
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # no I/O: the memory and disk estimates are check_resources'
         def bad(field: str, msg: str) -> None:
             raise InputError(f"synth config: field '{field}': {msg}")
 
+        for name in ("num_tokens", "drift_phases"):  # the two sizes bounded below (a spec may give '1e12')
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                bad(name, f"expected a whole number, got {v!r}")
         if self.num_tokens < 1:
             bad("num_tokens", f"must be >= 1, got {self.num_tokens}")
         if not 0 <= self.seed <= 2**31 - 1:
@@ -77,6 +82,11 @@ class SynthConfig:
             bad("drift", f"must be in [0, 1], got {self.drift}")
         if self.drift_phases < 1:
             bad("drift_phases", f"must be >= 1, got {self.drift_phases}")
+        # ceilings (docs/design.md, Resource bounds): checked here, so flags and sweep specs meet the same ones
+        limits.check_synth_tokens(self.num_tokens, "synth config: field 'num_tokens' (--tokens)")
+        limits.require_at_most("synth config: field 'drift_phases' (--drift-phases)", self.drift_phases,
+                               self.num_tokens, "phases", "a drift phase holds at least one token: at most "
+                               "num_tokens phases")
         for name in ("affinity", "token_effect", "theme"):
             if not 0 <= getattr(self, name) < 1:
                 bad(name, f"must be in [0, 1), got {getattr(self, name)}")
@@ -96,3 +106,17 @@ class SynthConfig:
             bad("arrival_rate", f"must be > 0, got {self.arrival_rate}")
         if not 0 <= self.long_fraction <= 1:
             bad("long_fraction", f"must be in [0, 1], got {self.long_fraction}")
+
+
+def check_resources(cfg: SynthConfig, num_layers: int, top_k: int, out=None) -> None:
+    """Refuse, before any work, a trace whose generation needs more memory than this machine has
+    available or (``out`` given) more disk than its file system has free (:mod:`moeplace.foundation.limits`:
+    :func:`~moeplace.foundation.limits.synth_estimate`, :func:`~moeplace.foundation.limits.synth_disk_bytes`)."""
+    est = limits.synth_estimate(num_tokens=cfg.num_tokens, drift_phases=cfg.drift_phases,
+                                num_domains=cfg.num_domains, num_layers=num_layers, top_k=top_k,
+                                what=f"--drift-phases {cfg.drift_phases}")
+    limits.require_memory(est)
+    if out is not None:
+        sel = float(cfg.num_tokens) * num_layers * top_k
+        limits.require_disk(f"--tokens {cfg.num_tokens}", out, limits.synth_disk_bytes(cfg.num_tokens, num_layers, top_k),
+                            f"{sel:,.0f} selections x {limits.SYNTH_MIN_DISK_BYTES_PER_SELECTION} B", est.seconds)

@@ -18,7 +18,7 @@ from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import bar
 from moeplace.traces.format import TraceWriter
 from moeplace.traces.synth.calibration import build_design
-from moeplace.traces.synth.config import SYNTH_VERSION, SynthConfig
+from moeplace.traces.synth.config import SYNTH_VERSION, SynthConfig, check_resources
 from moeplace.traces.synth.requests import synth_chunks
 
 
@@ -176,6 +176,7 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
     exists) on the other core while the next batch is sampled, else on a thread. Either way the files
     are the same."""
 
+    check_resources(cfg, model.num_moe_layers, model.top_k, out)
     t0 = time.perf_counter()
     with bar(None, "synth: solve the generator's parameters", "step") as pb:
         design = build_design(model, cfg)
