@@ -318,10 +318,14 @@ class CostModel:
     def for_engine(cls, model: ModelSpec, cluster: ClusterSpec, cfg: CostConfig | None, engine: EngineConfig,
                    profile: Profile | None = None) -> CostModel:
         """The cost model of one engine configuration (its parallelism, dtypes, kernels and graphs)."""
-        e = engine
-        return cls(model, cluster, cfg, e.attention_tp, e.kv_dtype, profile, attention_dtype=e.attention_dtype,
-                   moe_tp=e.moe_tp, a2a_mode=e.a2a_mode, cuda_graph_max_bs=e.cuda_graph_max_bs,
-                   kernels_per_layer=e.kernels_per_layer, kernel_build=e.kernel_build)
+        return cls(model, cluster, cfg, profile=profile, **cls.engine_kwargs(engine))
+
+    @staticmethod
+    def engine_kwargs(e: EngineConfig) -> dict:
+        """The constructor's keywords an engine configuration sets (one list for every cost model)."""
+        return {"attention_tp": e.attention_tp, "kv_dtype": e.kv_dtype, "attention_dtype": e.attention_dtype,
+                "moe_tp": e.moe_tp, "a2a_mode": e.a2a_mode, "cuda_graph_max_bs": e.cuda_graph_max_bs,
+                "kernels_per_layer": e.kernels_per_layer, "kernel_build": e.kernel_build}
 
     def gemm_time(self, flops_per_row, rows, groups, bytes_, peak: float, kernels: int = 1):
         """``kernels`` GEMM kernels over ``rows`` rows split into ``groups`` weight matrices (arrays of any

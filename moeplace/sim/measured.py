@@ -515,9 +515,7 @@ def make_cost_model(model: ModelSpec, cluster: ClusterSpec, cfg: CostConfig | No
     if cost_model not in COST_MODELS:
         raise InputError(f"--cost-model '{cost_model}' unknown (expected one of {COST_MODELS})")
     e = engine
-    kw = {"attention_tp": e.attention_tp, "kv_dtype": e.kv_dtype, "profile": profile,
-          "attention_dtype": e.attention_dtype, "moe_tp": e.moe_tp, "a2a_mode": e.a2a_mode,
-          "cuda_graph_max_bs": e.cuda_graph_max_bs, "kernels_per_layer": e.kernels_per_layer}
+    kw = {"profile": profile, **CostModel.engine_kwargs(e)}
     if cost_model == "roofline":
         cost = CostModel(model, cluster, cfg, **kw)
         cost.cost_source = {"source": "roofline", "requested": cost_model}
