@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Iterator
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import atomic_path
 from moeplace.foundation.model import ModelSpec, format_ranges
@@ -22,27 +24,28 @@ except ImportError:  # pragma: no cover - orjson is a dependency, but keep worki
 
 
 def jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
-    """``(line number, object)`` for every non-blank line; a line that is not a JSON object is an error."""
+    """``(line number, object)`` for every non-blank line; a line that is not a JSON object is an error
+    (nesting, huge integers and special files as :mod:`moeplace.foundation.reading` refuses them)."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed by the with below; open errors need their own message
-    except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc})") from None
-    with fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = _fast_loads(line)
-            except ValueError:
-                # orjson rejects NaN/Infinity, which Python's json.dumps writes: let the stdlib decide so
-                # such values reach the field checks and get their precise message
-                try:
-                    obj = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    raise InputError(f"{path}: line {lineno}: not valid JSON ({exc})") from None
-            if not isinstance(obj, dict):
-                raise InputError(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
+        lines = reading.json_lines(path)
+        first = next(lines, None)
+    except FileNotFoundError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if first is None:
+        return
+    for lineno, line in itertools.chain([first], lines):
+        try:
+            obj = _fast_loads(line)
+        except ValueError:
+            # orjson rejects NaN/Infinity, which Python's json.dumps writes, integers beyond 64 bits and
+            # nesting past 1024: let the stdlib decide so such values reach the field checks and get their
+            # precise message
+            obj = None
+        if obj is None or reading.may_be_too_deep(line) and reading.too_deep(obj):
+            obj = reading.parse_json(line, f"{path}: line {lineno}")
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj
 
 
 def require(obj: dict, key: str, path: Path, where: str, types, what: str):

@@ -20,13 +20,13 @@ not logged), ``position`` the generated-token index, ``step`` the order of token
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
 
 import numpy as np
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
 from moeplace.traces.importers import ImportResult
@@ -107,10 +107,7 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, **_: object) -
     files = _files(srcs)
     queries = []
     for path, domain in files:
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{path}: not readable JSON ({exc})") from None
+        doc = reading.read_json(path)
         arr = _parse(doc, path, model)
         n, L = arr.shape[:2]
         ids = expert_id_matrix(arr.reshape(n * L, arr.shape[2]), path, "query", "expert ids", model.num_experts,

@@ -35,7 +35,6 @@ otherwise. A model whose top-k exceeds the recorder's 8 columns cannot be import
 
 from __future__ import annotations
 
-import json
 import pickle
 import sys
 import time
@@ -44,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec, format_ranges
 from moeplace.traces.importers import ImportResult
@@ -65,11 +65,9 @@ DECODE_MODES = (FORWARD_MODE_DECODE, FORWARD_MODE_TARGET_VERIFY)
 
 def _load_dump(path: Path) -> dict:
     if path.suffix == ".json":
-        try:
-            obj = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: not valid JSON ({exc})") from None
+        obj = reading.read_json(path, unreadable="not valid JSON")
     else:
+        reading.require_regular(path)  # torch.load would block on a FIFO
         import torch  # ~5 s to import; only .pt dumps need it (JSON dumps never load it)
 
         try:

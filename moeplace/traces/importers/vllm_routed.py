@@ -33,16 +33,21 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
 from moeplace.traces.importers import ImportResult
-from moeplace.traces.importers._common import expert_id_matrix, jsonl_records, moe_layer_axis, write_validated_trace
+from moeplace.traces.importers._common import (
+    expert_id_matrix,
+    jsonl_records,
+    moe_layer_axis,
+    write_validated_trace,
+)
 
 _INT_DTYPES = {"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"}
 
@@ -53,10 +58,7 @@ def _responses(path: Path):
         for lineno, obj in jsonl_records(path):
             yield f"line {lineno}", obj
         return
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})") from None
+    data = reading.read_json(path)
     items = data if isinstance(data, list) else [data]
     for i, obj in enumerate(items):
         if not isinstance(obj, dict):
