@@ -36,6 +36,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import atomic_path
 from moeplace.foundation.model import ModelSpec
@@ -185,17 +186,21 @@ class TraceWriter:
 # ---------------------------------------------------------------------------- reading
 def trace_files(path: str | Path) -> list[Path]:
     """The Parquet files of a trace: the file itself, or every ``*.parquet`` under a directory (sorted,
-    hidden temporaries skipped)."""
+    hidden temporaries skipped); each a regular file (:func:`moeplace.foundation.reading.require_regular`)."""
     p = Path(path)
-    if p.is_file():
-        return [p]
     if p.is_dir():
         files = sorted(f for f in p.rglob("*.parquet")
                        if not any(part.startswith(".") for part in f.relative_to(p).parts))
         if not files:
             raise InputError(f"{p}: no .parquet trace files in this directory")
-        return files
-    raise InputError(f"{p}: no such file or directory")
+    else:
+        files = [p]
+    for f in files:  # a FIFO, device or socket named like a part file is refused, never opened
+        try:
+            reading.require_regular(f, "a trace part" if f != p else "")
+        except FileNotFoundError:
+            raise InputError(f"{f}: no such file or directory") from None
+    return files
 
 
 def read_trace_meta(path: str | Path) -> tuple[ModelSpec, dict[str, Any]]:

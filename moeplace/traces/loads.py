@@ -17,12 +17,17 @@ from typing import Any
 
 import numpy as np
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import atomic_path
 from moeplace.foundation.formats import check, tag
 from moeplace.foundation.model import ModelSpec
 
 LOADS_FORMAT = tag("loads")
+# Expert selections one window of one MoE layer may hold when windows are not token-sized (engine dumps):
+# 2^48 (2.8e14) is over a thousand times a day of a 1,000-GPU deployment at a million tokens per second,
+# top-16 (1.4e12); a larger count is corruption (a 2^62 count used to be taken as traffic).
+MAX_WINDOW_SELECTIONS = 1 << 48
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +66,7 @@ class Loads:
             w, li, e = (int(x[0]) for x in np.nonzero(c < 0))
             raise InputError(f"field 'counts' is {int(c[w, li, e])} at window {w}, MoE layer {li}, expert {e}: "
                              "counts must be non-negative")
+        self._check_possible()
         if self.labels and len(self.labels) != c.shape[0]:
             raise InputError(f"field 'labels' has {len(self.labels)} labels for {c.shape[0]} windows")
         s = self.samples
@@ -76,6 +82,27 @@ class Loads:
                 raise InputError("field 'sample_windows' must have one entry per sampled token")
             if sw.size and (sw.min() < 0 or sw.max() >= c.shape[0]):
                 raise InputError(f"field 'sample_windows' must hold window indices in [0, {c.shape[0]})")
+
+    def _check_possible(self) -> None:
+        """Counts no routing can produce are refused: in one window and MoE layer the experts' counts sum to
+        the selections made there, at most ``window_tokens x top_k`` (a token cut by the window boundary
+        counted once more), or, when windows are not token-sized, :data:`MAX_WINDOW_SELECTIONS`."""
+        c = self.counts
+        if not c.size:
+            return
+        sums = c.sum(axis=2, dtype=np.float64)  # [W, L]; float: int64 sums of corrupt counts would wrap
+        k = self.model.top_k
+        if self.window_tokens > 0:
+            cap, why = (self.window_tokens + 1) * k, (f"{self.window_tokens:,} tokens per window x top-{k} "
+                                                       "selections")
+        else:
+            cap, why = MAX_WINDOW_SELECTIONS, "the ceiling on selections per window (2^48)"
+        over = sums > cap
+        if over.any():
+            w, li = (int(x[0]) for x in np.nonzero(over))
+            raise InputError(f"field 'counts': window {w}, MoE layer {self.model.moe_layers[li]} counts "
+                             f"{sums[w, li]:.4g} expert selections, more than {why} allow ({cap:,}); "
+                             "corrupt or mis-typed counts?")
 
     @property
     def num_windows(self) -> int:
@@ -122,8 +149,8 @@ class Loads:
 
 
 def is_loads_file(path: str | Path) -> bool:
-    p = Path(path)
-    return p.is_file() and p.suffix == ".npz"
+    p = Path(path)  # a FIFO or device named x.npz counts, so that load_loads refuses it in one line
+    return p.suffix == ".npz" and p.exists() and not p.is_dir()
 
 
 def load_loads(path: str | Path) -> Loads:
@@ -132,6 +159,10 @@ def load_loads(path: str | Path) -> Loads:
     provenance, ``samples`` expert ids or -1). The only way a Loads file enters a command; any problem is
     an :class:`InputError` naming the file and the field."""
     p = Path(path)
+    try:
+        reading.require_regular(p)  # np.load would block on a FIFO named like a Loads file
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such Loads file") from None
     try:
         with np.load(p, allow_pickle=False) as z:
             if not hasattr(z, "files") or "counts" not in z.files or "meta" not in z.files:
@@ -145,10 +176,7 @@ def load_loads(path: str | Path) -> Loads:
     if meta_arr.shape != () or meta_arr.dtype.kind not in "US":
         raise InputError(f"{p}: field 'meta' is a {meta_arr.dtype} array of shape {list(meta_arr.shape)}, "
                          "expected one JSON string")
-    try:
-        meta = json.loads(str(meta_arr))
-    except ValueError as exc:
-        raise InputError(f"{p}: field 'meta' is not valid JSON ({exc})") from None
+    meta = reading.parse_json(str(meta_arr), f"{p}: field 'meta'")
     if not isinstance(meta, dict):
         raise InputError(f"{p}: field 'meta' is a JSON {type(meta).__name__}, expected an object")
     check(meta, "loads", str(p))

@@ -43,8 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from moeplace.foundation import reading
 from moeplace.foundation.cluster import gpu_preset_names
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.memory.config import MemoryConfig
@@ -180,34 +179,29 @@ def _err(path: str, fld: str, msg: str) -> InputError:
 
 
 def read_spec_file(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a ``.yaml``/``.yml`` or ``.toml`` spec (syntax errors name file and line)."""
+    """The raw mapping of a ``.yaml``/``.yml`` or ``.toml`` spec (syntax errors name file and line; a
+    FIFO or device, nesting, huge integers and duplicate YAML keys are refused: ``foundation.reading``)."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: no such sweep spec file")
+    if p.suffix not in (".yaml", ".yml", ".toml"):
+        if not p.exists():
+            raise InputError(f"{p}: no such sweep spec file")
+        raise InputError(f"{p}: a sweep spec must be .yaml, .yml or .toml")
     try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read the sweep spec ({exc.strerror or exc})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputError(f"{p}: line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
-                         f"{exc.start})") from None
+        text = reading.read_text(p, "a sweep spec")
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such sweep spec file") from None
     if p.suffix in (".yaml", ".yml"):
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = f"line {mark.line + 1}: " if mark is not None else ""
-            raise InputError(f"{p}: {line}not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
-    elif p.suffix == ".toml":
+        raw = reading.parse_yaml(text, str(p))
+    else:
         try:
             raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise InputError(f"{p}: not valid TOML ({exc})") from None
-    else:
-        raise InputError(f"{p}: a sweep spec must be .yaml, .yml or .toml")
+        except (RecursionError, ValueError) as exc:  # tomllib recurses; int() of 5,000 digits
+            raise InputError(f"{p}: not a usable TOML spec: "
+                             f"{'nested too deeply' if isinstance(exc, RecursionError) else exc}") from None
+        if reading.too_deep(raw):
+            raise InputError(f"{p}: arrays/tables nested more than {reading.MAX_DEPTH} levels deep")
     if not isinstance(raw, dict):
         raise InputError(f"{p}: expected a mapping at the top level (keys {', '.join(sorted(TOP_KEYS))})")
     return raw
