@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import check_output
 from moeplace.cli import flags
 from moeplace.cli.sweep import format_frontier, load_spec, run_sweep
+
+
+EXIT_NOTHING_FINISHED = 3  # as `place plan` when nothing fits: the inputs were valid, no deployment came out
 
 
 def register(sub) -> None:
@@ -46,13 +50,17 @@ def run(args) -> int:
     spec = load_spec(args.spec)
     out = args.out or f"runs/sweep-{spec.name}"
     if not args.out:
+        root = Path("runs").resolve()
+        if Path(out).resolve().parent != root:  # a name from the spec's file name: confined to runs/ too
+            raise InputError(f"{args.spec}: the sweep name {spec.name!r} would write outside runs/ ({out}); "
+                             "set field 'name' or give --out")
         check_output(out, kind="sweep directory", inputs=[args.spec], replace_own=True)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     res = run_sweep(spec, out, backend="local" if args.local else "ray", ray_address=args.ray,
                     workers=args.workers, log=log)
     if args.json:
         print(json.dumps(res.report, indent=1, default=str))
-        return 0
+        return _none_finished(args.spec, res.table)
     print(format_frontier(res.report))
     print(res.report["fidelity"]["note"])
     for name, launch in res.report["recommended_launch"].items():
@@ -66,4 +74,17 @@ def run(args) -> int:
     print(f"\ntable {res.table_path} ({res.table.height} rows), frontier {res.frontier_path}; "
           f"{res.num_run} point(s) run, {res.num_resumed} resumed, {res.num_optimized} optimize task(s), "
           f"{res.num_placements_reused} cached placement(s); {res.backend}, {res.wall_s:.1f} s")
-    return 0
+    return _none_finished(args.spec, res.table)
+
+
+def _none_finished(spec_path: str, table) -> int:
+    """0 when some point finished; else one line saying why none did, and :data:`EXIT_NOTHING_FINISHED`
+    (a sweep whose every point is invalid, infeasible or failed is not a success)."""
+    if table.height == 0 or (table["status"] == "ok").any():
+        return 0
+    counts = table["status"].value_counts(sort=True)
+    tally = ", ".join(f"{n} {s}" for s, n in counts.iter_rows())
+    first = table.sort("index").row(0, named=True) if "index" in table.columns else table.row(0, named=True)
+    print(f"place: error: {spec_path}: no point of the sweep finished ({tally}); the first, #{first.get('index')}: "
+          f"{first['status']} at {first.get('stage')}: {first.get('reason')}", file=sys.stderr)
+    return EXIT_NOTHING_FINISHED

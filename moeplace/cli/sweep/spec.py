@@ -291,6 +291,24 @@ def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None)
     return tuple(out)
 
 
+def _check_trace_models(path: str, workloads: tuple[Workload, ...], model: ModelSpec) -> None:
+    """Each workload trace routes the spec's model: a trace of another model would make every point fail
+    or plan the wrong model (it used to end as a sweep of infeasible points and exit 0). Read from the
+    trace's footers only (the gate's file-level checks)."""
+    from moeplace.traces.format import read_trace_meta  # pyarrow: only specs with a trace pay for it
+
+    for i, w in enumerate(workloads):
+        if w.trace is None:
+            continue
+        tm, _ = read_trace_meta(w.trace)
+        shape = (tuple(tm.moe_layers), tm.num_experts, tm.top_k)
+        if shape != (tuple(model.moe_layers), model.num_experts, model.top_k):
+            raise _err(path, f"workloads[{i}].trace",
+                       f"{w.trace} routes model '{tm.name}' ({tm.num_moe_layers} MoE layers x {tm.num_experts} "
+                       f"experts, top-{tm.top_k}), but the spec's model is '{model.name}' ({model.num_moe_layers} "
+                       f"x {model.num_experts}, top-{model.top_k}): set field 'model' to the trace's model")
+
+
 def _check_axis_value(path: str, fld: str, axis: str, v: Any, workloads: tuple[str, ...]) -> Any:
     kinds = AXES[axis]
     if isinstance(v, bool) or not isinstance(v, kinds):
@@ -333,6 +351,7 @@ def load_spec(path: str | Path) -> SweepSpec:
         raise _err(sp, "model", str(exc)) from None
     seed = _num(sp, "seed", raw.get("seed", 0), int, 0)
     workloads = _workloads(sp, raw, p.resolve().parent, model.max_context)
+    _check_trace_models(sp, workloads, model)
     wnames = tuple(w.name for w in workloads)
     axes_raw = raw.get("axes") or {}
     if not isinstance(axes_raw, dict):
@@ -368,6 +387,11 @@ def load_spec(path: str | Path) -> SweepSpec:
     objective = _section(sp, raw, "objective", OBJECTIVE_KEYS)
     _check_settings(sp, plan, engine, optimize, simulate, objective, model.max_context)
     name = raw.get("name") or p.stem
+    # the name becomes runs/sweep-<name>: one path component, so it can never reach outside runs/
+    if "name" in raw and not (isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", name)
+                              and name not in (".", "..")):
+        raise _err(sp, "name", f"expected a name of letters, digits, '-', '_', '.' (it names the output "
+                               f"directory runs/sweep-<name>), got {str(name)[:60]!r}")
     return SweepSpec(path=sp, name=str(name), model=model, seed=seed, workloads=workloads, axes=axes,
                      extra_points=tuple(dict(x) for x in extra), plan=plan, engine=engine, optimize=optimize,
                      simulate=simulate, objective=objective)

@@ -166,6 +166,10 @@ def import_counts(d: Path, files: dict[int, Path], model: ModelSpec, out: Path |
             raise InputError(f"{files[rank]}: key '{it}_{layer}' missing (every rank records every iteration and "
                              "MoE layer of the range)")
     counts = np.stack([acc[it] for it in its])
+    if not counts.any():
+        raise InputError(f"{d}: every count in the rank*.safetensors files is zero ({len(its)} iteration(s) x "
+                         f"{len(layers)} MoE layer(s), {len(files)} rank(s)): no routing was recorded (was "
+                         "EXPERT_STATISTIC_ITER_RANGE over iterations with traffic?); refusing to write empty Loads")
     prov = {"kind": "imported", "format": "trtllm-stats", "sources": [str(p) for p in files.values()],
             "ranks": len(files), "iterations": [its[0], its[-1] + 1], "layers_covered": layers,
             "mtp_layers_skipped": tally["skipped"]}
