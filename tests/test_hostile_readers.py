@@ -297,8 +297,9 @@ def test_sweep_refuses_a_trace_of_another_model_and_fails_when_nothing_finished(
     spec = _sweep_spec(tmp_path, TINY, base / "t.parquet")  # TP 8 (the default) does not divide 2 GPUs
     res = run_place(["sweep", spec, "--local", "--quiet", "--out", tmp_path / "sw2"], capsys)
     errors = [x for x in res.err.splitlines() if x.startswith("place: error:")]
-    assert res.rc == 3 and errors == [f"place: error: {spec}: no point of the sweep finished (1 invalid); the "
-                                      "first, #0: invalid at plan: --tp 8 does not divide 2 GPUs"], res.err
+    want = (f"place: error: {spec}: no point of the sweep finished (1 invalid); the first, #0: invalid at plan: "
+            "--tp 8 does not divide 2 GPUs")
+    assert res.rc == 3 and errors == [want], res.err
 
 
 @pytest.mark.parametrize("name", ["a/../../escaped", "../x", "..", "/abs", 7])
