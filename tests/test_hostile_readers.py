@@ -265,10 +265,12 @@ def test_impossible_loads_counts_are_refused(base, tmp_path, capsys, tiny):
     line = assert_refused(run_place(["optimize", path, "--gpus", "2", "--gpus-per-node", "2", "--no-out",
                                      "--policy", "eplb"], capsys), "l.npz")
     assert "field 'counts': window 0, MoE layer 1 counts 4.612e+18 expert selections, more than the ceiling" in line
-    counts[0, 0, 0] = 1000  # a window of 100 tokens, top-2: at most 202 selections per layer
-    with pytest.raises(InputError, match=r"more than 100 tokens per window x top-2 selections allow \(202\)"):
-        Loads(counts, tiny, 100)
-    Loads(counts, tiny, 500)  # possible: 1000 <= 501 x 2
+    counts[0, 0, 0] = 1000  # a file of windows of 100 tokens, top-2: at most 202 selections per layer
+    meta["window_tokens"] = 100
+    np.savez(path, counts=counts, meta=np.array(json.dumps(meta)))
+    line = assert_refused(run_place(["evaluate", base / "pl.json", path], capsys), "l.npz")
+    assert "MoE layer 1 counts 1000 expert selections, more than 100 tokens per window x top-2 allow (202)" in line
+    Loads(counts, tiny, 500).check_window_tokens()  # possible: 1000 <= 501 x 2
 
 
 def test_synth_says_which_targets_it_did_not_reach(base, tmp_path, capsys):

@@ -24,10 +24,10 @@ from moeplace.foundation.formats import check, tag
 from moeplace.foundation.model import ModelSpec
 
 LOADS_FORMAT = tag("loads")
-# Expert selections one window of one MoE layer may hold when windows are not token-sized (engine dumps):
-# 2^48 (2.8e14) is over a thousand times a day of a 1,000-GPU deployment at a million tokens per second,
-# top-16 (1.4e12); a larger count is corruption (a 2^62 count used to be taken as traffic).
-MAX_WINDOW_SELECTIONS = 1 << 48
+# Expert selections one window of one MoE layer may hold: 2^53 (9.0e15), the largest count float64 (in which
+# the planners compute) holds exactly, and thousands of times a year of a 1,000-GPU deployment at a million
+# tokens per second, top-16 (5e14); a larger count is corruption (a 2^62 count used to be taken as traffic).
+MAX_WINDOW_SELECTIONS = 1 << 53
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,24 +85,33 @@ class Loads:
 
     def _check_possible(self) -> None:
         """Counts no routing can produce are refused: in one window and MoE layer the experts' counts sum to
-        the selections made there, at most ``window_tokens x top_k`` (a token cut by the window boundary
-        counted once more), or, when windows are not token-sized, :data:`MAX_WINDOW_SELECTIONS`."""
+        the selections made there, at most :data:`MAX_WINDOW_SELECTIONS`."""
         c = self.counts
         if not c.size:
             return
         sums = c.sum(axis=2, dtype=np.float64)  # [W, L]; float: int64 sums of corrupt counts would wrap
+        over = sums > MAX_WINDOW_SELECTIONS
+        if over.any():
+            w, li = (int(x[0]) for x in np.nonzero(over))
+            raise InputError(f"field 'counts': window {w}, MoE layer {self.model.moe_layers[li]} counts "
+                             f"{sums[w, li]:.4g} expert selections, more than the ceiling of 2^53 per window and "
+                             "layer (corrupt or mis-typed counts?)")
+
+    def check_window_tokens(self) -> None:
+        """A file that says its windows hold ``window_tokens`` tokens holds at most ``window_tokens x top_k``
+        selections per window and MoE layer (a token cut by the window boundary counted once more): more is
+        impossible, so the file is corrupt (the Loads gate runs this on every file it reads)."""
+        if self.window_tokens <= 0 or not self.counts.size:
+            return
         k = self.model.top_k
-        if self.window_tokens > 0:
-            cap, why = (self.window_tokens + 1) * k, (f"{self.window_tokens:,} tokens per window x top-{k} "
-                                                       "selections")
-        else:
-            cap, why = MAX_WINDOW_SELECTIONS, "the ceiling on selections per window (2^48)"
+        cap = (self.window_tokens + 1) * k
+        sums = self.counts.sum(axis=2, dtype=np.float64)
         over = sums > cap
         if over.any():
             w, li = (int(x[0]) for x in np.nonzero(over))
             raise InputError(f"field 'counts': window {w}, MoE layer {self.model.moe_layers[li]} counts "
-                             f"{sums[w, li]:.4g} expert selections, more than {why} allow ({cap:,}); "
-                             "corrupt or mis-typed counts?")
+                             f"{sums[w, li]:.4g} expert selections, more than {self.window_tokens:,} tokens per "
+                             f"window x top-{k} allow ({cap:,}); corrupt or mis-typed counts?")
 
     @property
     def num_windows(self) -> int:
@@ -209,8 +218,10 @@ def load_loads(path: str | Path) -> Loads:
     if sample_windows is not None and sample_windows.dtype.kind not in "iu":
         raise InputError(f"{p}: field 'sample_windows' has dtype {sample_windows.dtype}, expected integers")
     try:
-        return Loads(counts.astype(np.int64), model, wt, tuple(labels), prov,
-                     None if samples is None else samples.astype(np.int32),
-                     None if samples is None or sample_windows is None else sample_windows.astype(np.int64))
+        loads = Loads(counts.astype(np.int64), model, wt, tuple(labels), prov,
+                      None if samples is None else samples.astype(np.int32),
+                      None if samples is None or sample_windows is None else sample_windows.astype(np.int64))
+        loads.check_window_tokens()
+        return loads
     except InputError as exc:
         raise InputError(f"{p}: {exc}") from None
