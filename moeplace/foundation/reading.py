@@ -162,6 +162,14 @@ def _int_digits() -> int:
     return get() if get else 4300
 
 
+def check_depth(obj: Any, where: str) -> Any:
+    """``obj`` itself, or the depth :class:`InputError` when it nests past :data:`MAX_DEPTH` (for a
+    document a caller parsed itself)."""
+    if too_deep(obj):
+        raise _deep(where)
+    return obj
+
+
 def _checked(obj: Any, text: str | bytes, where: str) -> Any:
     if may_be_too_deep(text) and too_deep(obj):
         raise _deep(where)

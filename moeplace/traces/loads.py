@@ -185,7 +185,13 @@ def load_loads(path: str | Path) -> Loads:
     if meta_arr.shape != () or meta_arr.dtype.kind not in "US":
         raise InputError(f"{p}: field 'meta' is a {meta_arr.dtype} array of shape {list(meta_arr.shape)}, "
                          "expected one JSON string")
-    meta = reading.parse_json(str(meta_arr), f"{p}: field 'meta'")
+    try:
+        meta = json.loads(str(meta_arr))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{p}: field 'meta' is not valid JSON ({exc})") from None
+    except (RecursionError, ValueError):  # nesting, or an integer past Python's int-string limit
+        meta = reading.parse_json(str(meta_arr), f"{p}: field 'meta'")  # raises, worded
+    reading.check_depth(meta, f"{p}: field 'meta'")
     if not isinstance(meta, dict):
         raise InputError(f"{p}: field 'meta' is a JSON {type(meta).__name__}, expected an object")
     check(meta, "loads", str(p))
