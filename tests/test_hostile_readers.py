@@ -421,3 +421,27 @@ def test_sglang_forward_mode_garbage_is_one_line(tmp_path, capsys, mode):
     line = assert_refused(run_place(["trace", "import", "--format", "sglang", f, "--model", TINY, "--out",
                                      tmp_path / "o"], capsys), "dump.json", "record 0", "field 'forward_mode'")
     assert "expected SGLang's ForwardMode" in line
+
+
+ROUTING_READERS = {
+    "validate": lambda base, src: ["trace", "validate", src],
+    "stats": lambda base, src: ["trace", "stats", src],
+    "evaluate": lambda base, src: ["evaluate", base / "pl.json", src],
+    "optimize": lambda base, src: ["optimize", src, "--gpus", "2", "--gpus-per-node", "2", "--no-out", "--policy",
+                                   "eplb"],
+}
+
+
+@pytest.mark.parametrize("reader", sorted(ROUTING_READERS))
+def test_a_fifo_among_trace_parts_or_as_loads_is_refused_unopened(base, tmp_path, capsys, reader):
+    d = tmp_path / "trace"
+    d.mkdir()
+    write_columns(d / "part-00000.parquet", load_model(TINY), trace_columns())
+    os.mkfifo(d / "part-00001.parquet")
+    os.mkfifo(tmp_path / "loads.npz")
+    sources = [(d, "part-00001.parquet")] + ([(tmp_path / "loads.npz", "loads.npz")]
+                                              if reader in ("evaluate", "optimize") else [])
+    for src, name in sources:
+        with no_hang():
+            line = assert_refused(run_place(ROUTING_READERS[reader](base, src), capsys), name)
+        assert "is a FIFO (named pipe), not a regular file" in line
