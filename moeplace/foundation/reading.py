@@ -113,6 +113,10 @@ def is_int(v: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------- structure
+_CONTAINERS = (list, dict, tuple, set)  # what json and YAML's safe loader build (tuples: !!omap / !!pairs)
+_CONTAINER_SET = frozenset(_CONTAINERS)
+
+
 def may_be_too_deep(text: str | bytes) -> bool:
     """Whether JSON ``text`` holds enough brackets to nest past :data:`MAX_DEPTH` (a C-speed count
     that spares the walk of :func:`too_deep` for almost every file)."""
@@ -122,22 +126,24 @@ def may_be_too_deep(text: str | bytes) -> bool:
 
 
 def too_deep(obj: Any, limit: int = MAX_DEPTH) -> bool:
-    """``obj`` nests lists/dicts more than ``limit`` levels (iterative: never recurses itself; a container
-    shared by YAML aliases is walked again only when reached deeper, so a self-referencing one ends at the
-    limit)."""
-    if not isinstance(obj, list | dict):
-        return False
-    seen: dict[int, int] = {}
-    stack = [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if d > limit:
+    """``obj`` nests lists/dicts more than ``limit`` levels. Walked level by level, never recursively; a
+    container reached twice in one level (YAML aliases) is walked once, so a self-referencing one ends at
+    the limit and a "billion laughs" document costs its distinct containers only."""
+    level = [obj] if isinstance(obj, _CONTAINERS) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
             return True
-        if seen.get(id(o), 0) >= d:
-            continue
-        seen[id(o)] = d
-        items = o.values() if isinstance(o, dict) else o
-        stack.extend((x, d + 1) for x in items if isinstance(x, list | dict))
+        nxt: dict[int, Any] = {}
+        for o in level:
+            items = o.values() if isinstance(o, dict) else o
+            if _CONTAINER_SET.isdisjoint(map(type, items)):  # numbers and strings only (C speed)
+                continue
+            for x in items:
+                if isinstance(x, _CONTAINERS):
+                    nxt[id(x)] = x
+        level = list(nxt.values())
     return False
 
 
