@@ -79,6 +79,12 @@ READERS = {
     "import-placement sglang": ("sg.json", "json", lambda w: [
         "import-placement", w / "sg.json", "--format", "sglang", "--model", TINY, "--gpus", "2", "--out",
         w / "p.json"]),
+    "import-placement vllm-expert-map": ("map.json", "json", lambda w: [
+        "import-placement", w / "map.json", "--format", "vllm-expert-map", "--model", TINY, "--gpus", "2", "--out",
+        w / "p.json"]),
+    "import-placement vllm-ascend": ("asc.json", "json", lambda w: [
+        "import-placement", w / "asc.json", "--format", "vllm-ascend", "--model", TINY, "--gpus", "2", "--out",
+        w / "p.json"]),
     "import-placement vllm-jsonl": ("v.jsonl", "jsonl", lambda w: [
         "import-placement", w / "v.jsonl", "--format", "vllm-jsonl", "--model", TINY, "--gpus", "2", "--out",
         w / "p.json"]),
