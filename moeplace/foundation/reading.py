@@ -20,8 +20,10 @@ checks; :func:`is_int` is the one test they share.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,7 +110,6 @@ def read_text(path: str | os.PathLike, what: str = "") -> str:
 
 def is_int(v: Any) -> bool:
     """An integer that is not a bool (``True`` is an ``int`` in Python, never an id or a count here)."""
-    import numbers
     return isinstance(v, numbers.Integral) and not isinstance(v, bool) and type(v).__name__ != "bool_"
 
 
@@ -163,7 +164,6 @@ def _deep(where: str) -> InputError:
 
 
 def _int_digits() -> int:
-    import sys
     get = getattr(sys, "get_int_max_str_digits", None)
     return get() if get else 4300
 
@@ -228,7 +228,7 @@ class _DuplicateKey(Exception):
 
 
 def _unique_key_loader():
-    import yaml
+    import yaml  # PyYAML: ~20 ms to import, and most commands read no YAML
 
     class UniqueKeyLoader(yaml.SafeLoader):
         """The safe loader, refusing a mapping that holds one key twice."""
@@ -260,7 +260,7 @@ _LOADER = None
 def parse_yaml(text: str, where: str, what: str = "valid YAML") -> Any:
     """Parse YAML text with the safe loader, duplicate keys refused; any problem is one
     :class:`InputError` ``"<where>: line N: ..."``."""
-    import yaml
+    import yaml  # PyYAML: ~20 ms to import, and most commands read no YAML
 
     global _LOADER
     if _LOADER is None:
