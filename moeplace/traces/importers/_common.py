@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 from collections.abc import Iterator
@@ -24,28 +23,26 @@ except ImportError:  # pragma: no cover - orjson is a dependency, but keep worki
 
 
 def jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
-    """``(line number, object)`` for every non-blank line; a line that is not a JSON object is an error
-    (nesting, huge integers and special files as :mod:`moeplace.foundation.reading` refuses them)."""
+    """``(line number, object)`` for every non-blank line; a line that is not a JSON object is an error."""
     try:
-        lines = reading.json_lines(path)
-        first = next(lines, None)
-    except FileNotFoundError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if first is None:
-        return
-    for lineno, line in itertools.chain([first], lines):
-        try:
-            obj = _fast_loads(line)
-        except ValueError:
-            # orjson rejects NaN/Infinity, which Python's json.dumps writes, integers beyond 64 bits and
-            # nesting past 1024: let the stdlib decide so such values reach the field checks and get their
-            # precise message
-            obj = None
-        if obj is None or reading.may_be_too_deep(line) and reading.too_deep(obj):
-            obj = reading.parse_json(line, f"{path}: line {lineno}")
-        if not isinstance(obj, dict):
-            raise InputError(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}")
-        yield lineno, obj
+        fh = reading.open_regular(path)  # a FIFO, device or socket is refused, never opened
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc})") from None
+    with fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = _fast_loads(line)
+            except ValueError:
+                # orjson rejects NaN/Infinity, which Python's json.dumps writes: let the stdlib decide so
+                # such values reach the field checks and get their precise message
+                obj = reading.parse_json(line, f"{path}: line {lineno}")  # depth and huge integers too
+            if reading.may_be_too_deep(line):
+                reading.check_depth(obj, f"{path}: line {lineno}")
+            if not isinstance(obj, dict):
+                raise InputError(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield lineno, obj
 
 
 def require(obj: dict, key: str, path: Path, where: str, types, what: str):
