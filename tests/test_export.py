@@ -222,7 +222,7 @@ def test_vllm_jsonl_last_mapping_wins_and_checks_fields(dsv3, tmp_path):
     with pytest.raises(InputError, match=r"lacks MoE layers \['17'\]"):
         import_placement(f, "vllm-jsonl", dsv3, num_gpus=8)
     f.write_text("{not json\n")
-    with pytest.raises(InputError, match="line 1: invalid JSON"):
+    with pytest.raises(InputError, match="line 1: not valid JSON"):
         import_placement(f, "vllm-jsonl", dsv3, num_gpus=8)
 
 

@@ -265,28 +265,26 @@ def test_step_order_and_token_rows_across_row_groups_and_workers(tiny, tmp_path)
         f"{f0.name}, with other rows between: a token's rows must be consecutive")
 
 
-def test_tokens_cut_by_row_groups_and_traces_of_some_layers_pass(tiny, tmp_path):
-    """Complete tokens whose rows straddle row groups, and a trace holding MoE layers 1 and 3 only (every
-    token in both), pass the gate in-process, on workers and in validate; one token without its layer-3
-    row in such a trace is 1 of 2 layers."""
+def test_tokens_cut_by_row_groups_pass_and_a_trace_missing_a_layer_is_refused_by_every_reader(tiny, tmp_path):
+    """Complete tokens whose rows straddle row groups pass the gate in-process, on workers and in validate;
+    a trace holding MoE layers 1 and 3 only (every token in both) of a model declaring 1-3 is refused by
+    every reader with the same line (it used to pass, and stats printed skew n/a for the layer)."""
     c = columns(12)
     f = write(tmp_path / "cut.parquet", tiny, c, row_group_size=5)
     assert validate_report(f).ok
     assert compute_stats(f, workers=2).num_tokens == 12
     c = {k: v[c["layer"] != 2] for k, v in columns(12).items()}
     f = write(tmp_path / "some.parquet", tiny, c, row_group_size=5)
-    rep = validate_report(f)
-    assert rep.ok and rep.num_tokens == 12
-    assert compute_stats(f, workers=2).num_tokens == 12
-    check_trace(f)
-    f = write(tmp_path / "short.parquet", tiny, {k: v[:-1] for k, v in c.items()}, row_group_size=5)
-    want = (f"{f}: row 22: field 'layer': token (request 1, position 5, step 11) has rows in 1 of the 2 MoE layers "
-            "the trace holds (1,3); a token needs one row in each")
+    want = (f"{f}: field 'layer': no rows for MoE layer 2 (1 of the 3 the model declares: 1-3); a trace holds "
+            "every MoE layer of its model (a capture that missed a layer is incomplete)")
     assert [str(p) for p in validate_report(f).problems] == [want]
     for workers in (1, 2):
         with pytest.raises(InputError) as e:
             compute_stats(f, workers=workers)
         assert str(e.value) == want
+    with pytest.raises(InputError) as e:
+        check_trace(f)
+    assert str(e.value) == want
 
 
 def test_listing_limit_never_changes_the_verdict(tiny, tmp_path):

@@ -23,12 +23,20 @@ from moeplace.traces.validate import read_trace_meta, validate_report
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny-moe-config.json"
+# the same with 3 decoder layers (MoE layers 1-2): the model of tests/data/vllm_routes.jsonl, which logs
+# two MoE layers (a trace holds every MoE layer of its model, so a log of two is a trace of this one)
+TINY2 = DATA / "tiny-moe-2layers-config.json"
 
 
 @pytest.fixture(scope="module")
 def tiny():
     # 4 decoder layers, layer 0 dense, MoE layers 1..3, 8 experts, top-2
     return load_model(TINY)
+
+
+@pytest.fixture(scope="module")
+def tiny2():
+    return load_model(TINY2)
 
 
 def rows(path) -> list[dict]:
@@ -384,9 +392,9 @@ def test_sglang_per_token_errors(tiny, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- vllm-jsonl
-def test_vllm_jsonl_drops_warmup_and_aligns_layers(tiny, tmp_path):
+def test_vllm_jsonl_drops_warmup_and_aligns_layers(tiny2, tmp_path):
     out = tmp_path / "trace"
-    res = import_source("vllm-jsonl", [DATA / "vllm_routes.jsonl"], tiny, out)
+    res = import_source("vllm-jsonl", [DATA / "vllm_routes.jsonl"], tiny2, out)
     s = res.summary
     assert (s["records_read"], s["warmup_rows_dropped"], s["rows_written"], s["tokens"]) == (46, 36, 10, 5)
     assert s["layers_covered"] == [1, 2] and s["layer_numbering"] == "moe"
@@ -403,11 +411,11 @@ def test_vllm_jsonl_drops_warmup_and_aligns_layers(tiny, tmp_path):
     ]
     assert got[-1] == (1, 1, 4, 2, [2, 6], [0.5, 0.5])
     # without warm-up detection every row is kept
-    res0 = import_source("vllm-jsonl", [DATA / "vllm_routes.jsonl"], tiny, tmp_path / "all", warmup_min_run=0)
+    res0 = import_source("vllm-jsonl", [DATA / "vllm_routes.jsonl"], tiny2, tmp_path / "all", warmup_min_run=0)
     assert res0.summary["rows_written"] == 46 and res0.summary["warmup_rows_dropped"] == 0
 
 
-def test_vllm_jsonl_repeated_token_idx_joined_by_occurrence(tiny, tmp_path):
+def test_vllm_jsonl_repeated_token_idx_joined_by_occurrence(tiny2, tmp_path):
     """The public logger restarts token_idx per batch under one req_id: the n-th (req, token_idx) at one
     layer joins the n-th at the other layer."""
     lines = [json.dumps({"type": "meta", "model_id": "tiny-moe", "top_k": 2})]
@@ -431,7 +439,7 @@ def test_vllm_jsonl_repeated_token_idx_joined_by_occurrence(tiny, tmp_path):
                 )
     src = tmp_path / "log.jsonl"
     src.write_text("\n".join(lines) + "\n")
-    import_source("vllm-jsonl", [src], tiny, tmp_path / "t")
+    import_source("vllm-jsonl", [src], tiny2, tmp_path / "t")
     got = [(r["step"], r["layer"], r["expert_ids"]) for r in rows(tmp_path / "t")]
     assert got == [
         (0, 1, [0, 1]),
@@ -458,13 +466,13 @@ def test_layer_numbering_detection(tiny, k3):
         detect_numbering(np.array([0]), tiny, "decoder")
 
 
-def test_vllm_jsonl_decoder_numbered_log(tiny, tmp_path):
+def test_vllm_jsonl_decoder_numbered_log(tiny2, tmp_path):
     src = tmp_path / "dec.jsonl"
     text = (DATA / "vllm_routes.jsonl").read_text()
-    text = text.replace('"layer": 1,', '"layer": 3,').replace('"layer": 0,', '"layer": 2,')
-    src.write_text(text.replace('"layers_logged": [0, 1]', '"layers_logged": [2, 3]'))
-    res = import_source("vllm-jsonl", [src], tiny, tmp_path / "t")
-    assert res.summary["layer_numbering"] == "decoder" and res.summary["layers_covered"] == [2, 3]
+    text = text.replace('"layer": 1,', '"layer": 2,').replace('"layer": 0,', '"layer": 1,')
+    src.write_text(text.replace('"layers_logged": [0, 1]', '"layers_logged": [1, 2]'))
+    res = import_source("vllm-jsonl", [src], tiny2, tmp_path / "t")
+    assert res.summary["layer_numbering"] == "decoder" and res.summary["layers_covered"] == [1, 2]
 
 
 def test_warmup_mask_runs_per_layer():
@@ -612,7 +620,7 @@ def test_cli_import_and_errors(tmp_path, capsys):
                 "--out",
                 str(tmp_path / "t"),
                 "--model",
-                str(TINY),
+                str(TINY2),
             ]
         )
         == 0
@@ -676,7 +684,7 @@ def test_place_trace_stats_accepts_imported_trace(tmp_path, capsys):
                 "--out",
                 str(out),
                 "--model",
-                str(TINY),
+                str(TINY2),
             ]
         )
         == 0
@@ -720,20 +728,20 @@ def test_vllm_jsonl_nan_weight_reported_as_field_problem(tiny, tmp_path):
     )
 
 
-def test_vllm_jsonl_chunked_parse_matches_and_keeps_line_numbers(tiny, tmp_path, monkeypatch):
+def test_vllm_jsonl_chunked_parse_matches_and_keeps_line_numbers(tiny2, tmp_path, monkeypatch):
     """Rows move to numpy every FLUSH_ROWS rows: the result must not depend on it, nor the line numbers."""
     import moeplace.traces.importers.vllm_jsonl as vj
 
-    import_source("vllm-jsonl", [DATA / "vllm_routes.jsonl"], tiny, tmp_path / "one")
+    import_source("vllm-jsonl", [DATA / "vllm_routes.jsonl"], tiny2, tmp_path / "one")
     monkeypatch.setattr(vj, "FLUSH_ROWS", 7)
-    import_source("vllm-jsonl", [DATA / "vllm_routes.jsonl"], tiny, tmp_path / "chunked")
+    import_source("vllm-jsonl", [DATA / "vllm_routes.jsonl"], tiny2, tmp_path / "chunked")
     assert rows(tmp_path / "one") == rows(tmp_path / "chunked")
     src = tmp_path / "bad.jsonl"
     lines = (DATA / "vllm_routes.jsonl").read_text().splitlines()
     lines[40] = json.dumps({**json.loads(lines[40]), "topk_ids": [8, 1]})
     src.write_text("\n".join(lines) + "\n")
     with pytest.raises(InputError) as exc:
-        import_source("vllm-jsonl", [src], tiny, tmp_path / "t")
+        import_source("vllm-jsonl", [src], tiny2, tmp_path / "t")
     assert str(exc.value) == f"{src}: line 41: field 'topk_ids': expert 8 outside 0..7 (model 'tiny-moe')"
 
 
@@ -810,12 +818,16 @@ def test_vllm_jsonl_fractional_ids_and_huge_positions_are_errors(tiny, tmp_path)
 
 
 def test_vllm_eplb_loads_stay_exact_and_never_overflow(tiny, tmp_path):
-    big = 2**60 + 1  # not representable as float64: a float bincount would round it
+    big = 2**53 - 1  # the largest count a Loads holds (float64-exact); beyond is refused as corrupt
     load = [[big] + [0] * 7] + [[1] * 8] * 2
     src = tmp_path / "eplb.jsonl"
     src.write_text(_eplb_line(expert_load=load) + "\n")
     res = import_source("vllm-eplb", [src], tiny, None)
     assert int(res.loads.counts[0, 0, 0]) == big
+    load = [[2**60 + 1] + [0] * 7] + [[1] * 8] * 2
+    src.write_text(_eplb_line(expert_load=load) + "\n")
+    with pytest.raises(InputError, match=r"MoE layer 1 counts 1\.153e\+18 expert selections, more than the ceiling"):
+        import_source("vllm-eplb", [src], tiny, None)
     src.write_text("\n".join(_eplb_line(expert_load=load, step=s) for s in range(9)) + "\n")
     with pytest.raises(InputError, match=rf"^{src}: line 8: field 'expert_load': the counts sum to 9\.223e\+18"):
         import_source("vllm-eplb", [src], tiny, None)

@@ -411,7 +411,7 @@ def test_flame_errors(tiny, tmp_path):
     pq.write_table(pa.table({"token_id": pa.array([1, 2], pa.int32())}), root2 / "samples" / "000.parquet")
     with pytest.raises(InputError, match="2 token rows, fewer than the 4 rows"):
         import_source("flame-moe", [root2], tiny, tmp_path / "t")
-    root3, _, _ = _flame(tmp_path / "c", n_samples=(3,), iters=(10,), layer_names=("layer_02",))
+    root3, _, _ = _flame(tmp_path / "c", n_samples=(3,), iters=(10,))
     bad = pa.table({"scores": pa.array([[0.5, 0.2]] * 3, pa.list_(pa.float16(), 2)),
                     "indices": pa.array([[0, 1], [2, 3], [5, 8]], pa.list_(pa.int16(), 2))})
     pq.write_table(bad, root3 / "actives" / "iter_0010" / "layer_02.parquet")

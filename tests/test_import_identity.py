@@ -1,5 +1,6 @@
 """Token identity of imported engine logs: batch boundaries of a constant req_id, one run's per-layer
-files joined (separate runs refused), partial layer coverage replayed, and one token count everywhere."""
+files joined (separate runs refused), partial layer coverage refused (a trace holds every MoE layer), and one
+token count everywhere."""
 from __future__ import annotations
 
 import json
@@ -51,11 +52,15 @@ def test_constant_req_id_with_restarting_token_idx_replays(tiny, tmp_path):
 def test_one_runs_per_layer_files_are_joined(tiny, tmp_path):
     a = _log(tmp_path / "l0.jsonl", [4, 4], [0], seed=1)
     b = _log(tmp_path / "l1.jsonl", [4, 4], [1], seed=2)
-    res = import_source("vllm-jsonl", [a, b], tiny, tmp_path / "t", warmup_min_run=0)
-    assert res.summary["tokens"] == 8 and res.summary["sessions_joined"] == 2
-    assert res.summary["layers_covered"] == [1, 2]
+    c = _log(tmp_path / "l2.jsonl", [4, 4], [2], seed=3)
+    # two of the three layers' files: not a trace of the model (every MoE layer is needed)
+    with pytest.raises(InputError, match=r"the log holds MoE layer\(s\) 1-2 of the 3 model 'tiny-moe' declares"):
+        import_source("vllm-jsonl", [a, b], tiny, tmp_path / "t", warmup_min_run=0)
+    res = import_source("vllm-jsonl", [a, b, c], tiny, tmp_path / "t", warmup_min_run=0)
+    assert res.summary["tokens"] == 8 and res.summary["sessions_joined"] == 3
+    assert res.summary["layers_covered"] == [1, 2, 3]
     tr = read_token_routing(tmp_path / "t")
-    assert tr.num_tokens == 8 and tr.present.tolist() == [True, True, False]
+    assert tr.num_tokens == 8 and tr.present is None
     # token 0's experts at both layers come from the first rows of each file
     first = [json.loads(x) for x in Path(a).read_text().splitlines()[1:2]] + \
             [json.loads(x) for x in Path(b).read_text().splitlines()[1:2]]
@@ -85,18 +90,21 @@ def test_layers_that_do_not_line_up_are_refused(tiny, tmp_path):
 
 
 def test_every_command_counts_the_same_tokens(tiny, tmp_path, capsys):
-    src = _log(tmp_path / "log.jsonl", [50, 30, 40, 60], [0, 2])  # partial coverage: 2 of 3 MoE layers
+    src = _log(tmp_path / "part.jsonl", [50, 30, 40, 60], [0, 2])  # partial coverage: 2 of 3 MoE layers
+    with pytest.raises(InputError, match=r"MoE layer\(s\) 1,3 of the 3 .*; 2 missing\): a trace holds every MoE"):
+        import_source("vllm-jsonl", [src], tiny, tmp_path / "t", warmup_min_run=0)
+    src = _log(tmp_path / "log.jsonl", [50, 30, 40, 60], [0, 1, 2])
     res = import_source("vllm-jsonl", [src], tiny, tmp_path / "t", warmup_min_run=0)
     st = compute_stats(tmp_path / "t", window_tokens=45)
     assert res.summary["tokens"] == st.num_tokens == 180
-    assert st.loads.num_windows == 4  # windows are 45 tokens of 2 rows each, not 45 x 3 rows
+    assert st.loads.num_windows == 4  # windows are 45 tokens of 3 rows each
     assert main(["optimize", str(tmp_path / "t"), "--gpus", "4", "--gpus-per-node", "2", "--window-tokens",
                  "45", "--policy", "eplb", "--no-out", "--no-shift"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"\b180 tokens in 4 windows", out) and "scored on 2 of 3 MoE layers" in out
+    assert re.search(r"\b180 tokens in 4 windows", out)
     assert main(["optimize", str(tmp_path / "t"), "--gpus", "4", "--gpus-per-node", "2", "--window-tokens",
                  "45", "--policy", "eplb", "--out", str(tmp_path / "pl.json"), "--no-shift"]) == 0
     capsys.readouterr()
     assert main(["evaluate", str(tmp_path / "pl.json"), str(tmp_path / "t")]) == 0  # replays the import
     out = capsys.readouterr().out
-    assert "180 tokens" in out and "scored on 2 of 3 MoE layers" in out
+    assert "180 tokens" in out

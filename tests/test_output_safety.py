@@ -380,7 +380,7 @@ def test_sigterm_during_import_removes_the_temporary(tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(TraceWriter, "write", write_then_terminated)
     rc = main(["trace", "import", "--format", "vllm-jsonl", str(data / "vllm_routes.jsonl"), "--model",
-               str(data / "tiny-moe-config.json"), "--out", str(tmp_path / "t")])
+               str(data / "tiny-moe-2layers-config.json"), "--out", str(tmp_path / "t")])
     assert rc == 143 and capsys.readouterr().err.strip() == "place: terminated"
     assert list(tmp_path.iterdir()) == []
 

@@ -154,6 +154,10 @@ def test_step_decreasing_within_and_across_row_groups(tiny, tmp_path):
     c["layer"][:] = 1  # only the steps are wrong
     c["step"] = np.array([0, 0, 5, 3, 3, 3], dtype=np.int64)
     f = write(tmp_path / "bad.parquet", tiny, c, row_group_size=3)
+
+    def messages(path):  # the trace's missing layers 2-3 are the last problem listed, and not this test's
+        return [m for m in globals()["messages"](path) if "no rows for MoE layer" not in m]
+
     assert messages(f) == [
         (
             f"{f}: row 3: field 'step': step 3 decreases from step 5 (the row before); "

@@ -12,12 +12,10 @@ a record's ``inputs`` are shown for information and never read.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.settings import nearest
 
@@ -38,13 +36,9 @@ def _options(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 def _read(path: str) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: no such --config file")
-    try:
-        text = p.read_text(encoding="utf-8")
-        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError, RecursionError) as exc:
-        raise InputError(f"{p}: not a readable YAML/JSON --config file ({type(exc).__name__})") from None
+    missing = "no such --config file"
+    # the one hardened reader: regular files only, no deep nesting or huge integers, unique YAML keys
+    raw = reading.read_json(p, missing) if p.suffix == ".json" else reading.read_yaml(p, missing)
     if not isinstance(raw, dict):
         raise InputError(f"{p}: a --config file is a mapping of flag -> value")
     for holder in (raw, raw.get("provenance") if isinstance(raw.get("provenance"), dict) else None):

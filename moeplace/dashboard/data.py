@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,12 +40,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import streamlit as st
 
+from moeplace.foundation import reading
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.formats import check, kind_of
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.planner import plan_memory
 from moeplace.foundation.model import load_model, preset_names
+from moeplace.foundation.reading import is_regular
 from moeplace.placement.compare import compare_policies, routing_windows
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.export import export_placement, format_names, get_format
@@ -108,6 +111,16 @@ class RunIndex:
                     or self.sweeps)
 
 
+def _special(p: Path) -> str | None:
+    """What a non-regular file is (``"a FIFO (named pipe)"``...), None for a regular file, a directory
+    (os.walk lists a link to one among the files) or a path that vanished."""
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISDIR(mode) else reading.special_kind(mode)
+
+
 def stamp(path: str | Path) -> tuple:
     """A cache key for the current contents of a file or directory tree: (relative name, size, mtime)
     of every file, so a rewritten artifact invalidates its cached load."""
@@ -133,6 +146,8 @@ def stamp(path: str | Path) -> tuple:
 
 
 def _is_trace_parquet(path: Path) -> bool:
+    if not is_regular(path):  # a FIFO named part-00000.parquet would block the scan forever
+        return False
     try:
         meta = pq.read_schema(path).metadata or {}
     except (pa.ArrowException, OSError):
@@ -142,28 +157,35 @@ def _is_trace_parquet(path: Path) -> bool:
 
 
 def _json_kind(path: Path) -> str | None:
+    return _json_peek(path)[0]
+
+
+def _json_peek(path: Path) -> tuple[str | None, str | None]:
+    """``(group, problem)`` of a JSON file: its :data:`_SHOWN` group (None: not shown), or
+    ``("unreadable", the one-line problem)``; a FIFO, device or socket is never opened."""
     try:
-        s = path.stat()
-    except OSError:
-        return "unreadable"
+        s = reading.require_regular(path)
+    except (OSError, InputError) as exc:
+        return "unreadable", str(exc) if isinstance(exc, InputError) else f"{path}: {exc.strerror or exc}"
     return _json_kind_of(str(path), s.st_size, s.st_mtime_ns)
 
 
 @st.cache_data(show_spinner=False, max_entries=512)
-def _json_kind_of(path: str, size: int, mtime_ns: int) -> str | None:
+def _json_kind_of(path: str, size: int, mtime_ns: int) -> tuple[str | None, str | None]:
     """Group of a JSON artifact by its format tag (cached per size and mtime: pages rescan on every rerun)."""
     if size > _MAX_JSON_PEEK:
-        return None
+        return None, None
     try:
-        d = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return "unreadable"
-    return _SHOWN.get(kind_of(d))
+        d = reading.read_json(path)
+    except InputError as exc:
+        return "unreadable", str(exc)
+    return _SHOWN.get(kind_of(d)), None
 
 
 def _is_sweep_table(path: Path) -> bool:
     """A ``place sweep`` result table (``moeplace.sweep.store.SCHEMA``: a point hash and a status per row)."""
-
+    if not is_regular(path):
+        return False
     try:
         names = set(pq.read_schema(path).names)
     except (pa.ArrowException, OSError):
@@ -192,7 +214,13 @@ def scan_run_dir(root: str | Path) -> RunIndex:
     for dirpath, dirnames, filenames in os.walk(root):
         d = Path(dirpath)
         dirnames[:] = sorted(x for x in dirnames if not x.startswith(".") and x not in _SKIP_DIRS)
-        files = sorted(f for f in filenames if not f.startswith("."))
+        files = []
+        for f in sorted(f for f in filenames if not f.startswith(".")):
+            kind = _special(d / f)
+            if kind is None:
+                files.append(f)
+            else:  # never opened: a FIFO would block the scan until a writer appears
+                notes.append(f"{d / f}: is {kind}, not a regular file; skipped")
         if SUMMARY_FILE in files and any(f.endswith(TIMESERIES_SUFFIX) for f in files):
             found["sims"].append(d)
             dirnames[:] = []
@@ -215,9 +243,9 @@ def scan_run_dir(root: str | Path) -> RunIndex:
             if f.endswith(".npz"):
                 found["loads"].append(p)
             elif f.endswith(".json"):
-                kind = _json_kind(p)
+                kind, problem = _json_peek(p)
                 if kind == "unreadable":
-                    notes.append(f"{p}: not readable JSON; skipped")
+                    notes.append(f"{problem}; skipped")
                 elif kind is not None and kind != "frontier":  # a frontier outside its sweep directory
                     found[kind + "s"].append(p)
     # place simulate records the trace it replayed; the demo may keep the trace outside the run dir.
@@ -344,10 +372,7 @@ def distinct_placements(paths) -> tuple[list[PlacementFile], list[tuple[Path, Ex
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _json(path: str, stamp_: tuple) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})") from None
+    return reading.read_json(path)
 
 
 def read_artifact(path, kind: str) -> Any:
@@ -356,6 +381,32 @@ def read_artifact(path, kind: str) -> Any:
     stamp_ = stamp(path)
     d = _json(str(path), stamp_)
     check(d, kind, str(path))
+    return d
+
+
+def read_comparison(path) -> dict:
+    """A ``place optimize --report`` comparison, its table checked: ``rows`` a list of objects, each with
+    a ``policy`` and a ``plan`` object (what the Placement page shows); anything else is an
+    :class:`InputError` naming the file and the field, shown on the page (never a silently hidden file)."""
+    d = read_artifact(path, "comparison")
+    if not isinstance(d, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    rows = d.get("rows")
+    if not isinstance(rows, list):
+        raise InputError(f"{path}: field 'rows' is {type(rows).__name__ if rows is not None else 'missing'}, "
+                         "expected a list of policy rows")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise InputError(f"{path}: field 'rows[{i}]' is a {type(r).__name__}, expected an object")
+        if not isinstance(r.get("policy"), str):
+            raise InputError(f"{path}: field 'rows[{i}].policy' missing or not a string")
+        for key in ("plan", "held_out"):
+            if r.get(key) is not None and not isinstance(r[key], dict):
+                raise InputError(f"{path}: field 'rows[{i}].{key}' is a {type(r[key]).__name__}, expected an "
+                                 "object")
+    for key in ("shift",):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise InputError(f"{path}: field '{key}' is a {type(d[key]).__name__}, expected an object")
     return d
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import json
 import os
 import re
 import secrets
@@ -38,7 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from moeplace.foundation import formats
+from moeplace.foundation import formats, reading
 from moeplace.foundation.errors import InputError, MoeplaceError
 
 TEMP_MARK = ".moeplace-tmp-"
@@ -362,9 +361,9 @@ def output_kind(name: str) -> OutputKind:
 
 
 def _json(path: Path, max_bytes: int = 1 << 30):
-    if path.stat().st_size > max_bytes:
+    if reading.require_regular(path).st_size > max_bytes:  # a FIFO is never opened (it would block)
         return None
-    return json.loads(path.read_text())
+    return reading.read_json(path)
 
 
 def tagged_artifact(kind: str, *legacy_keys: str) -> Callable[[Path], bool]:
@@ -596,15 +595,10 @@ class Outputs:
 
 def read_json(path: str | os.PathLike, missing: str = "no such file", unreadable: str = "not readable JSON"):
     """Parse a JSON file; a missing or unreadable file is an :class:`InputError` naming it, with the
-    caller's wording (``"<path>: <missing>"``, ``"<path>: <unreadable> (<parser error>)"``)."""
-
-    p = Path(path)
-    try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{p}: {missing}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{p}: {unreadable} ({exc})") from None
+    caller's wording (``"<path>: <missing>"``, ``"<path>: <unreadable> (<parser error>)"``). A FIFO,
+    device or socket, nesting past :data:`~moeplace.foundation.reading.MAX_DEPTH` and huge integers are
+    refused too (:func:`moeplace.foundation.reading.read_json`)."""
+    return reading.read_json(path, missing, unreadable)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

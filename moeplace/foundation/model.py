@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 
 # Bytes per parameter of each weight format, scales included.
@@ -390,10 +391,7 @@ def load_model(name_or_path: str | Path | None = None) -> ModelSpec:
     path = Path(name)
     if not path.exists():
         raise InputError(f"model '{name}': not a preset ({', '.join(preset_names())}) and no such file")
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not a readable JSON model config ({exc})") from None
+    d = reading.read_json(path, unreadable="not a readable JSON model config")
     if not isinstance(d, dict):
         raise InputError(f"{path}: expected a JSON object")
     # Each format says what it is: every config.json transformers writes carries its 'model_type'; our
@@ -410,7 +408,7 @@ def load_model(name_or_path: str | Path | None = None) -> ModelSpec:
 
 def spec_from_json(text: str) -> ModelSpec:
     """Inverse of :meth:`ModelSpec.to_json` (used for trace/Loads metadata)."""
-    return ModelSpec.from_dict(json.loads(text))
+    return ModelSpec.from_dict(reading.parse_json(text, "model spec"))
 
 
 # ---------------------------------------------------------------------------- Hugging Face configs

@@ -38,7 +38,6 @@ Without ``out`` the rows stay in memory: ``rec.arrays()``.
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec, from_hf_config
 from moeplace.foundation.progress import track
@@ -432,12 +432,7 @@ def load_hf_config(path: Path):
 
     from transformers import AutoConfig  # optional: the [capture] extra
 
-    try:
-        d = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read config ({exc.strerror or exc})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not a JSON config ({exc})") from None
+    d = reading.read_json(path, "cannot read config (no such file)", "not a JSON config")
     if not isinstance(d, dict) or "model_type" not in d:
         raise InputError(f"{path}: field 'model_type' missing: not a Hugging Face config.json")
     mt = _MODEL_TYPE_ALIASES.get(str(d["model_type"]), str(d["model_type"]))

@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, atomic_path, register_kind
 from moeplace.foundation.model import ModelSpec
@@ -189,17 +190,21 @@ class TraceWriter:
 # ---------------------------------------------------------------------------- reading
 def trace_files(path: str | Path) -> list[Path]:
     """The Parquet files of a trace: the file itself, or every ``*.parquet`` under a directory (sorted,
-    hidden temporaries skipped)."""
+    hidden temporaries skipped); each a regular file (:func:`moeplace.foundation.reading.require_regular`)."""
     p = Path(path)
-    if p.is_file():
-        return [p]
     if p.is_dir():
         files = sorted(f for f in p.rglob("*.parquet")
                        if not any(part.startswith(".") for part in f.relative_to(p).parts))
         if not files:
             raise InputError(f"{p}: no .parquet trace files in this directory")
-        return files
-    raise InputError(f"{p}: no such file or directory")
+    else:
+        files = [p]
+    for f in files:  # a FIFO, device or socket named like a part file is refused, never opened
+        try:
+            reading.require_regular(f, "a trace part" if f != p else "")
+        except FileNotFoundError:
+            raise InputError(f"{f}: no such file or directory") from None
+    return files
 
 
 # ---------------------------------------------------------------------------- the trace as an output kind

@@ -17,13 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from moeplace.foundation import formats
+from moeplace.foundation import formats, reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, atomic_path, register_kind
 from moeplace.foundation.formats import check, tag
 from moeplace.foundation.model import ModelSpec
 
 LOADS_FORMAT = tag("loads")
+# Expert selections one window of one MoE layer may hold: 2^53 (9.0e15), the largest count float64 (in which
+# the planners compute) holds exactly, and thousands of times a year of a 1,000-GPU deployment at a million
+# tokens per second, top-16 (5e14); a larger count is corruption (a 2^62 count used to be taken as traffic).
+MAX_WINDOW_SELECTIONS = 1 << 53
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,6 +66,7 @@ class Loads:
             w, li, e = (int(x[0]) for x in np.nonzero(c < 0))
             raise InputError(f"field 'counts' is {int(c[w, li, e])} at window {w}, MoE layer {li}, expert {e}: "
                              "counts must be non-negative")
+        self._check_possible()
         if self.labels and len(self.labels) != c.shape[0]:
             raise InputError(f"field 'labels' has {len(self.labels)} labels for {c.shape[0]} windows")
         s = self.samples
@@ -77,6 +82,36 @@ class Loads:
                 raise InputError("field 'sample_windows' must have one entry per sampled token")
             if sw.size and (sw.min() < 0 or sw.max() >= c.shape[0]):
                 raise InputError(f"field 'sample_windows' must hold window indices in [0, {c.shape[0]})")
+
+    def _check_possible(self) -> None:
+        """Counts no routing can produce are refused: in one window and MoE layer the experts' counts sum to
+        the selections made there, at most :data:`MAX_WINDOW_SELECTIONS`."""
+        c = self.counts
+        if not c.size:
+            return
+        sums = c.sum(axis=2, dtype=np.float64)  # [W, L]; float: int64 sums of corrupt counts would wrap
+        over = sums > MAX_WINDOW_SELECTIONS
+        if over.any():
+            w, li = (int(x[0]) for x in np.nonzero(over))
+            raise InputError(f"field 'counts': window {w}, MoE layer {self.model.moe_layers[li]} counts "
+                             f"{sums[w, li]:.4g} expert selections, more than the ceiling of 2^53 per window and "
+                             "layer (corrupt or mis-typed counts?)")
+
+    def check_window_tokens(self) -> None:
+        """A file that says its windows hold ``window_tokens`` tokens holds at most ``window_tokens x top_k``
+        selections per window and MoE layer (a token cut by the window boundary counted once more): more is
+        impossible, so the file is corrupt (the Loads gate runs this on every file it reads)."""
+        if self.window_tokens <= 0 or not self.counts.size:
+            return
+        k = self.model.top_k
+        cap = (self.window_tokens + 1) * k
+        sums = self.counts.sum(axis=2, dtype=np.float64)
+        over = sums > cap
+        if over.any():
+            w, li = (int(x[0]) for x in np.nonzero(over))
+            raise InputError(f"field 'counts': window {w}, MoE layer {self.model.moe_layers[li]} counts "
+                             f"{sums[w, li]:.4g} expert selections, more than {self.window_tokens:,} tokens per "
+                             f"window x top-{k} allow ({cap:,}); corrupt or mis-typed counts?")
 
     @property
     def num_windows(self) -> int:
@@ -123,8 +158,8 @@ class Loads:
 
 
 def is_loads_file(path: str | Path) -> bool:
-    p = Path(path)
-    return p.is_file() and p.suffix == ".npz"
+    p = Path(path)  # a FIFO or device named x.npz counts, so that load_loads refuses it in one line
+    return p.suffix == ".npz" and p.exists() and not p.is_dir()
 
 
 def load_loads(path: str | Path) -> Loads:
@@ -133,6 +168,10 @@ def load_loads(path: str | Path) -> Loads:
     provenance, ``samples`` expert ids or -1). The only way a Loads file enters a command; any problem is
     an :class:`InputError` naming the file and the field."""
     p = Path(path)
+    try:
+        reading.require_regular(p)  # np.load would block on a FIFO named like a Loads file
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such Loads file") from None
     try:
         with np.load(p, allow_pickle=False) as z:
             if not hasattr(z, "files") or "counts" not in z.files or "meta" not in z.files:
@@ -148,8 +187,11 @@ def load_loads(path: str | Path) -> Loads:
                          "expected one JSON string")
     try:
         meta = json.loads(str(meta_arr))
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise InputError(f"{p}: field 'meta' is not valid JSON ({exc})") from None
+    except (RecursionError, ValueError):  # nesting, or an integer past Python's int-string limit
+        meta = reading.parse_json(str(meta_arr), f"{p}: field 'meta'")  # raises, worded
+    reading.check_depth(meta, f"{p}: field 'meta'")
     if not isinstance(meta, dict):
         raise InputError(f"{p}: field 'meta' is a JSON {type(meta).__name__}, expected an object")
     check(meta, "loads", str(p))
@@ -182,9 +224,11 @@ def load_loads(path: str | Path) -> Loads:
     if sample_windows is not None and sample_windows.dtype.kind not in "iu":
         raise InputError(f"{p}: field 'sample_windows' has dtype {sample_windows.dtype}, expected integers")
     try:
-        return Loads(counts.astype(np.int64), model, wt, tuple(labels), prov,
-                     None if samples is None else samples.astype(np.int32),
-                     None if samples is None or sample_windows is None else sample_windows.astype(np.int64))
+        loads = Loads(counts.astype(np.int64), model, wt, tuple(labels), prov,
+                      None if samples is None else samples.astype(np.int32),
+                      None if samples is None or sample_windows is None else sample_windows.astype(np.int64))
+        loads.check_window_tokens()
+        return loads
     except InputError as exc:
         raise InputError(f"{p}: {exc}") from None
 

@@ -23,7 +23,8 @@ order of :func:`traces.format.trace_files`): ``step`` never decreases, the rows 
 (``step``, ``request_id``, ``position``) — are consecutive with strictly ascending MoE layers, so a token
 never has two rows for one layer; after the last row group (:meth:`RowOrder.finish`): a
 (``request_id``, ``position``) appears in one step only, and every token has a row in every MoE layer the
-trace holds (a trace may hold some of the model's MoE layers only, but then every token holds the same ones).
+trace holds, and the trace holds every MoE layer its model declares (a layer without rows is refused: it would
+read as a model without that layer).
 
 Every problem is one line naming the file, the row (or row group) and the field. The checks live in
 ``gate/report`` (problems, sinks, the report), ``gate/files`` (file level), ``gate/rows`` (one row group)

@@ -16,6 +16,8 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputError, WriteFailed, check_output, display, remove_empty_tree
 from moeplace.sim.frontier import SWEEP_DIRECTORY
 
+EXIT_NOTHING_FINISHED = 3  # as `place plan` when nothing fits: the inputs were valid, no deployment came out
+
 
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="design-space search: plan, optimize, simulate every point of a spec",
@@ -62,7 +64,7 @@ def run(args) -> int:
                           "the same command again to resume from them") from None
     if args.json:
         print(json.dumps(res.report, indent=1, default=str))
-        return 0
+        return _none_finished(args.spec, res.table)
     print(format_frontier(res.report))
     print(res.report["fidelity"]["note"])
     for name, launch in res.report["recommended_launch"].items():
@@ -76,4 +78,17 @@ def run(args) -> int:
     print(f"\ntable {res.table_path} ({res.table.height} rows), frontier {res.frontier_path}; "
           f"{res.num_run} point(s) run, {res.num_resumed} resumed, {res.num_optimized} optimize task(s), "
           f"{res.num_placements_reused} cached placement(s); {res.backend}, {res.wall_s:.1f} s")
-    return 0
+    return _none_finished(args.spec, res.table)
+
+
+def _none_finished(spec_path: str, table) -> int:
+    """0 when some point finished; else one line saying why none did, and :data:`EXIT_NOTHING_FINISHED`
+    (a sweep whose every point is invalid, infeasible or failed is not a success)."""
+    if table.height == 0 or (table["status"] == "ok").any():
+        return 0
+    counts = table["status"].value_counts(sort=True)
+    tally = ", ".join(f"{n} {s}" for s, n in counts.iter_rows())
+    first = table.sort("index").row(0, named=True) if "index" in table.columns else table.row(0, named=True)
+    print(f"place: error: {spec_path}: no point of the sweep finished ({tally}); the first, #{first.get('index')}: "
+          f"{first['status']} at {first.get('stage')}: {first.get('reason')}", file=sys.stderr)
+    return EXIT_NOTHING_FINISHED

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 from moeplace.cli import flags
 from moeplace.cli.commands import add_force, add_model, add_progress
@@ -100,6 +101,8 @@ def run(args) -> int:
     if not outs.write(args.out, lambda: done.update(s=synthesize(model, cfg, args.out))):
         outs.finish()
     s = done["s"]
+    for note in s["solved"].get("unreached", []):  # a target the generator cannot reach, with what it reached
+        print(f"place: warning: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(tagged("synth-summary", {**s, "config": dataclasses.asdict(cfg)}), indent=1))
         return 0

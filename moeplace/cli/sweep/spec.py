@@ -43,8 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from moeplace.foundation import reading
 from moeplace.foundation.cluster import gpu_preset_names
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.limits import check_sim_duration
@@ -189,34 +188,29 @@ def _unknown(path: str, parent: str, key: str, choices, what: str = "key") -> In
 
 
 def read_spec_file(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a ``.yaml``/``.yml`` or ``.toml`` spec (syntax errors name file and line)."""
+    """The raw mapping of a ``.yaml``/``.yml`` or ``.toml`` spec (syntax errors name file and line; a
+    FIFO or device, nesting, huge integers and duplicate YAML keys are refused: ``foundation.reading``)."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: no such sweep spec file")
+    if p.suffix not in (".yaml", ".yml", ".toml"):
+        if not p.exists():
+            raise InputError(f"{p}: no such sweep spec file")
+        raise InputError(f"{p}: a sweep spec must be .yaml, .yml or .toml")
     try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read the sweep spec ({exc.strerror or exc})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputError(f"{p}: line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
-                         f"{exc.start})") from None
+        text = reading.read_text(p, "a sweep spec")
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such sweep spec file") from None
     if p.suffix in (".yaml", ".yml"):
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = f"line {mark.line + 1}: " if mark is not None else ""
-            raise InputError(f"{p}: {line}not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
-    elif p.suffix == ".toml":
+        raw = reading.parse_yaml(text, str(p))
+    else:
         try:
             raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise InputError(f"{p}: not valid TOML ({exc})") from None
-    else:
-        raise InputError(f"{p}: a sweep spec must be .yaml, .yml or .toml")
+        except (RecursionError, ValueError) as exc:  # tomllib recurses; int() of 5,000 digits
+            raise InputError(f"{p}: not a usable TOML spec: "
+                             f"{'nested too deeply' if isinstance(exc, RecursionError) else exc}") from None
+        if reading.too_deep(raw):
+            raise InputError(f"{p}: arrays/tables nested more than {reading.MAX_DEPTH} levels deep")
     if not isinstance(raw, dict):
         raise InputError(f"{p}: expected a mapping at the top level (keys {', '.join(sorted(TOP_KEYS))})")
     return raw
@@ -305,6 +299,24 @@ def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None)
     return tuple(out)
 
 
+def _check_trace_models(path: str, workloads: tuple[Workload, ...], model: ModelSpec) -> None:
+    """Each workload trace routes the spec's model: a trace of another model would make every point fail
+    or plan the wrong model (it used to end as a sweep of infeasible points and exit 0). Read from the
+    trace's footers only (the gate's file-level checks)."""
+    from moeplace.traces.validate import read_trace_meta  # pyarrow: only specs with a trace pay for it
+
+    for i, w in enumerate(workloads):
+        if w.trace is None:
+            continue
+        tm, _ = read_trace_meta(w.trace)
+        shape = (tuple(tm.moe_layers), tm.num_experts, tm.top_k)
+        if shape != (tuple(model.moe_layers), model.num_experts, model.top_k):
+            raise _err(path, f"workloads[{i}].trace",
+                       f"{w.trace} routes model '{tm.name}' ({tm.num_moe_layers} MoE layers x {tm.num_experts} "
+                       f"experts, top-{tm.top_k}), but the spec's model is '{model.name}' ({model.num_moe_layers} "
+                       f"x {model.num_experts}, top-{model.top_k}): set field 'model' to the trace's model")
+
+
 def _check_axis_value(path: str, fld: str, axis: str, v: Any, workloads: tuple[str, ...]) -> Any:
     kinds = AXES[axis]
     if isinstance(v, bool) or not isinstance(v, kinds):
@@ -347,6 +359,7 @@ def load_spec(path: str | Path) -> SweepSpec:
         raise _err(sp, "model", str(exc)) from None
     seed = _num(sp, "seed", raw.get("seed", 0), int, 0)
     workloads = _workloads(sp, raw, p.resolve().parent, model.max_context)
+    _check_trace_models(sp, workloads, model)
     wnames = tuple(w.name for w in workloads)
     axes_raw = raw.get("axes") or {}
     if not isinstance(axes_raw, dict):
@@ -382,6 +395,11 @@ def load_spec(path: str | Path) -> SweepSpec:
     objective = _section(sp, raw, "objective", OBJECTIVE_KEYS)
     _check_settings(sp, plan, engine, optimize, simulate, objective, model.max_context)
     name = raw.get("name") or p.stem
+    # the name becomes runs/sweep-<name>: one path component, so it can never reach outside runs/
+    if "name" in raw and not (isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", name)
+                              and name not in (".", "..")):
+        raise _err(sp, "name", f"expected a name of letters, digits, '-', '_', '.' (it names the output "
+                               f"directory runs/sweep-<name>), got {str(name)[:60]!r}")
     return SweepSpec(path=sp, name=str(name), model=model, seed=seed, workloads=workloads, axes=axes,
                      extra_points=tuple(dict(x) for x in extra), plan=plan, engine=engine, optimize=optimize,
                      simulate=simulate, objective=objective)

@@ -175,9 +175,11 @@ with st.expander("Run `place optimize` here (small settings)", expanded=not cand
             known[lab] = (data.Unseen("held-out", held_w, "planned on the windows before them") if held_w else
                           data.Unseen("in-sample", (), "planned on every window"))
 
+for note in idx.notes:  # files the scan skipped (unreadable JSON, FIFOs): said here too, never hidden
+    st.warning(note)
 for cpath in idx.comparisons:
-    cmp_d = ui.load(data.read_artifact, cpath, "comparison", stop=False)
-    if isinstance(cmp_d, dict) and isinstance(cmp_d.get("rows"), list):
+    cmp_d = ui.load(data.read_comparison, cpath, stop=False)  # a broken one is shown as its one-line problem
+    if cmp_d is not None:
         with st.expander(f"`place optimize` comparison: {data.rel(cpath, root)}"):
             shifts = cmp_d.get("shift") or {}
             st.dataframe([_comparison_row(r, shifts.get(r.get("policy")) if shifts else None)

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import write_text_atomic
 from moeplace.foundation.model import ModelSpec
@@ -162,15 +163,9 @@ def write_bare(placement: Placement, model: ModelSpec, out: Path, **_: object) -
 
 
 def _load_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot be read ({exc})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"{path}: not valid YAML ({first})") from None
+    """The safe loader through :func:`moeplace.foundation.reading.read_yaml`: duplicate keys, nesting and
+    huge integers are refused (PyYAML alone keeps the last of two keys)."""
+    return reading.read_yaml(path)
 
 
 def _int(v: Any, path: Path, where: str) -> int:
@@ -196,8 +191,16 @@ def read_balancer(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_n
             raise InputError(f"{path}: field 'moe_config.load_balancer' is a path ({lb}); import that file instead")
         if not isinstance(lb, dict):
             raise InputError(f"{path}: field 'moe_config.load_balancer' must be a mapping, got {type(lb).__name__}")
-        if num_gpus is None and "moe_expert_parallel_size" in doc:
-            num_gpus = _int(doc["moe_expert_parallel_size"], path, "field 'moe_expert_parallel_size'")
+        if "moe_expert_parallel_size" in doc:
+            # TensorRT-LLM runs the file with this EP size: a --gpus that disagrees, or a value that is not an
+            # integer (a quoted '8'), is an error, never silently overridden
+            ep = _int(doc["moe_expert_parallel_size"], path, "field 'moe_expert_parallel_size'")
+            if ep < 1:
+                raise InputError(f"{path}: field 'moe_expert_parallel_size' is {ep}, expected >= 1")
+            if num_gpus is not None and num_gpus != ep:
+                raise InputError(f"{path}: field 'moe_expert_parallel_size' is {ep}, but --gpus is {num_gpus}: "
+                                 "the engine runs this file on its own EP size (drop --gpus or fix the file)")
+            num_gpus = ep
     unknown = set(lb) - LB_KEYS
     if unknown:
         raise InputError(f"{path}: field '{field}{min(unknown)}' is not a MoeLoadBalancerConfig field "

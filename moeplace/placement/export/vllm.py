@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json, write_text_atomic
 from moeplace.foundation.model import ModelSpec
@@ -144,10 +145,7 @@ def write_jsonl(placement: Placement, model: ModelSpec, out: Path, loads: Loads 
 def read_jsonl(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_node: int | None) -> Placement:
     record, num_ranks = None, None
     for no, line in _lines(path):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: line {no}: invalid JSON ({exc})") from None
+        rec = reading.parse_json(line, f"{path}: line {no}")
         if not isinstance(rec, dict):
             raise InputError(f"{path}: line {no}: expected a JSON object, got {type(rec).__name__}")
         if rec.get("record_type") == "eplb_initial_mapping":
@@ -189,10 +187,7 @@ def read_load_stats(path: Path, model: ModelSpec) -> Loads:
     counts, labels = [], []
     L, E = model.num_moe_layers, model.num_experts
     for no, line in _lines(path):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: line {no}: invalid JSON ({exc})") from None
+        rec = reading.parse_json(line, f"{path}: line {no}")
         if not isinstance(rec, dict) or rec.get("record_type") != "eplb_load_stats":
             continue
         try:
@@ -226,11 +221,9 @@ MAINLINE_NOTE = ("mainline vLLM does not load this file yet: it needs PR {pr} (e
 
 def _lines(path: Path):
     try:
-        text = path.read_text()
+        text = reading.read_text(path)  # a regular file only; not UTF-8 is an error naming the line
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not readable ({exc})") from None
     for no, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             yield no, line

@@ -5,7 +5,6 @@ is a :class:`Trace`: the files' row groups and usable columns, which the row che
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec, spec_from_json
 from moeplace.traces.format import (
@@ -138,12 +138,12 @@ def _file_model(sink, path: Path, meta: dict) -> tuple[ModelSpec, dict] | None:
         return None
     try:
         model = spec_from_json(meta[META_MODEL].decode())
-    except (ValueError, UnicodeDecodeError, InputError, TypeError, KeyError, AttributeError) as exc:
+    except (ValueError, UnicodeDecodeError, InputError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         sink.add("metadata", path, None, None, f"metadata 'moeplace.model' is not a valid model spec ({exc})")
         return None
     try:
-        prov = json.loads(meta.get(META_PROVENANCE, b"{}").decode())
-    except (ValueError, UnicodeDecodeError) as exc:
+        prov = reading.parse_json(meta.get(META_PROVENANCE, b"{}").decode(), "its text")
+    except (InputError, UnicodeDecodeError) as exc:
         sink.add("metadata", path, None, None, f"metadata 'moeplace.provenance' is not a JSON object ({exc})")
         return None
     if not isinstance(prov, dict):

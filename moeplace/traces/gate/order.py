@@ -1,8 +1,8 @@
 """The gate's checks that span row groups and files (``traces.validate``), fed every row group's order
 facts in trace order: ``step`` never decreases; the rows of one token — a (``step``, ``request_id``,
 ``position``) — are consecutive with strictly ascending MoE layers; after the last row group, a
-(``request_id``, ``position``) appears in one step only and every token has a row in every MoE layer the
-trace holds."""
+(``request_id``, ``position``) appears in one step only, every token has a row in every MoE layer the
+trace holds, and the trace holds every MoE layer its model declares."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ class RowOrder:
     """The checks that span row groups and files, fed every row group's :class:`RowGroup` ``edge`` in trace
     order (:meth:`feed`): ``step`` never decreases; a token's rows are consecutive with ascending layers.
     Problems go to ``sink`` in row order, step order first — as :func:`check_row_group` defers them.
-    :meth:`finish` checks what needs the whole trace: one step per token, one row per held MoE layer."""
+    :meth:`finish` checks what needs the whole trace: one step per token, one row per held MoE layer, and
+    rows in every MoE layer the model declares."""
 
     def __init__(self, sink) -> None:
         self.sink = sink
@@ -83,7 +84,23 @@ class RowOrder:
         run_start = np.maximum.accumulate(np.where(new, np.arange(len(k)), 0))
         self._twice(hits, order, run_start, keys, steps, rows, src)
         self._incomplete(order, new, k, lens, keys, steps, rows, src)
+        first_file = self.runs[0][3]
         self.runs = []
+        self._missing_layers(first_file)
+
+    def _missing_layers(self, path: str) -> None:
+        """Every MoE layer the model declares has rows: a trace missing one would be read as a model without
+        it (no skew, no load, no traffic for that layer) by every reader alike."""
+        if self.layer_rows is None:
+            return
+        missing = [self.moe_layers[i] for i in np.flatnonzero(self.layer_rows == 0)]
+        if missing:
+            m = len(self.moe_layers)
+            self.sink.add("missing_layer", path, None, "layer",
+                          f"no rows for MoE layer{'s' if len(missing) > 1 else ''} {format_ranges(missing)} "
+                          f"({len(missing)} of the {m} the model declares: {format_ranges(list(self.moe_layers))}); "
+                          "a trace holds every MoE layer of its model (a capture that missed a layer is "
+                          "incomplete)")
 
     def _twice(self, hits, order, run_start, keys, steps, rows, src) -> None:
         """One problem per (token, later step) of a token seen in two steps."""

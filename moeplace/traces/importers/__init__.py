@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
 from moeplace.traces.loads import Loads
@@ -66,7 +67,11 @@ def import_source(
     if not srcs:
         raise InputError("no input files given")
     for s in srcs:
-        if not (Path(s).is_file() or (fmt in DIR_FORMATS and Path(s).is_dir())):
-            raise InputError(f"{s}: no such file" + (" or directory" if fmt in DIR_FORMATS else ""))
+        if fmt in DIR_FORMATS and Path(s).is_dir():
+            continue
+        try:
+            reading.require_regular(s)  # a FIFO, device or socket is refused, never opened
+        except FileNotFoundError:
+            raise InputError(f"{s}: no such file" + (" or directory" if fmt in DIR_FORMATS else "")) from None
     mod = importlib.import_module(f"{__name__}.{FORMATS[fmt]}")
     return mod.import_([Path(s) for s in srcs], model, None if out is None else Path(out), **options)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import atomic_path
 from moeplace.foundation.model import ModelSpec, format_ranges
@@ -25,7 +26,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency, but keep worki
 def jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
     """``(line number, object)`` for every non-blank line; a line that is not a JSON object is an error."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed by the with below; open errors need their own message
+        fh = reading.open_regular(path)  # a FIFO, device or socket is refused, never opened
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc})") from None
     try:
@@ -42,10 +43,9 @@ def jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
             except ValueError:
                 # orjson rejects NaN/Infinity, which Python's json.dumps writes: let the stdlib decide so
                 # such values reach the field checks and get their precise message
-                try:
-                    obj = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    raise InputError(f"{path}: line {lineno}: not valid JSON ({exc})") from None
+                obj = reading.parse_json(line, f"{path}: line {lineno}")  # depth and huge integers too
+            if reading.may_be_too_deep(line):
+                reading.check_depth(obj, f"{path}: line {lineno}")
             if not isinstance(obj, dict):
                 raise InputError(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}")
             yield lineno, obj

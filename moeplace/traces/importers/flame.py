@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import bar
@@ -43,6 +44,7 @@ CHUNK = 1 << 16
 
 
 def _open(path: Path) -> pq.ParquetFile:
+    reading.require_regular(path)  # a FIFO named like a layer file is refused, never opened
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
@@ -182,7 +184,11 @@ def _inputs(it_dir: Path, samples_dir: Path, model: ModelSpec) -> tuple[dict[int
     for p in sorted(it_dir.iterdir()):
         m = _LAYER.match(p.name)
         if not m:
-            continue
+            if p.name.startswith("."):
+                continue
+            # a layer file named otherwise would be a layer silently missing from the trace
+            raise InputError(f"{p}: not a FLAME-MoE layer file name (expected layer_NN.parquet, NN the 1-based "
+                             "transformer layer); rename or remove it")
         dec = int(m.group(1)) - 1
         if dec not in model.moe_layers:
             raise InputError(f"{p}: layer_{m.group(1)} is decoder layer {dec} (0-based), not an MoE layer of "
@@ -190,6 +196,11 @@ def _inputs(it_dir: Path, samples_dir: Path, model: ModelSpec) -> tuple[dict[int
         layer_files[dec] = p
     if not layer_files:
         raise InputError(f"{it_dir}: no layer_NN.parquet files")
+    missing = [d for d in model.moe_layers if d not in layer_files]
+    if missing:
+        raise InputError(f"{it_dir}: no layer_{missing[0] + 1:02d}.parquet: MoE layer {missing[0]} of "
+                         f"'{model.name}' is missing ({len(missing)} of {model.num_moe_layers} MoE layers have no "
+                         "file); a trace holds every MoE layer of its model")
     samples = sorted(samples_dir.glob("*.parquet")) if samples_dir.is_dir() else []
     if not samples:
         raise InputError(f"{samples_dir}: no samples/*.parquet files (token ids aligned with the actives rows)")
@@ -201,8 +212,10 @@ def _inputs(it_dir: Path, samples_dir: Path, model: ModelSpec) -> tuple[dict[int
         raise InputError(f"{layer_files[d]}: {n_rows[d]} rows, but {layer_files[layers[0]]} has "
                          f"{n_rows[layers[0]]}: the layers of one capture align row by row")
     total = n_rows[layers[0]]
-    if n_samples < total:
-        raise InputError(f"{samples_dir}: {n_samples} token rows, fewer than the {total} rows of the actives files")
+    if n_samples != total:
+        raise InputError(f"{samples_dir}: {n_samples} token rows, {'fewer' if n_samples < total else 'more'} than "
+                         f"the {total} rows of the actives files (row i of every layer file is the token of row i "
+                         "of the samples: they must match)")
     return layer_files, samples, total
 
 

@@ -20,13 +20,13 @@ not logged), ``position`` the generated-token index, ``step`` the order of token
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
 
 import numpy as np
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import track
@@ -50,22 +50,42 @@ def _files(srcs: list[Path]) -> list[tuple[Path, str | None]]:
     return out
 
 
+def _first_bool(value) -> list[int] | None:
+    """The index of the first ``true``/``false`` in nested lists (numpy would read it as 1/0), or None."""
+    stack = [(value, [])]
+    while stack:
+        v, at = stack.pop()
+        for i, x in enumerate(v):
+            if isinstance(x, bool):
+                return [*at, i]
+        stack.extend((x, [*at, i]) for i, x in reversed(list(enumerate(v))) if isinstance(x, list))
+    return None
+
+
 def _int_array(value, path: Path, what: str, ndim: int) -> np.ndarray | None:
-    """``value`` as an integer array of ``ndim`` dimensions, or None if it is not one."""
+    """``value`` as an integer array of ``ndim`` dimensions, or None if it is not one; a boolean among
+    the ids is an error (``true`` is not expert 1)."""
     if not isinstance(value, list) or not value:
         return None
     try:
         arr = np.asarray(value)
     except ValueError:
         return None
-    if arr.ndim != ndim or arr.dtype == object or arr.dtype.kind not in "iu":
+    if arr.ndim != ndim or arr.dtype == object or arr.dtype.kind not in "iub":
         return None
+    at = _first_bool(value)  # numpy reads [1, true] as [1, 1] and [true, false] as booleans
+    if at is not None:
+        x = value
+        for i in at:
+            x = x[i]
+        raise InputError(f"{path}: field '{what}': {''.join(f'[{i}]' for i in at)} is {str(x).lower()}, expected "
+                         "an integer expert id (JSON true/false are not ids)")
     return arr
 
 
 def _parse(doc, path: Path, model: ModelSpec) -> np.ndarray:
     """``[tokens, MoE layers, k]`` expert ids of one query file."""
-    arr = _int_array(doc, path, "document", 3)
+    arr = _int_array(doc, path, "(top level)", 3)
     if arr is not None:
         return moe_layer_axis(arr, model, path, "document", "(top level)")
     if not isinstance(doc, dict):
@@ -108,10 +128,7 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, **_: object) -
     files = _files(srcs)
     queries = []
     for path, domain in track(files, "read queries", "file"):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{path}: not readable JSON ({exc})") from None
+        doc = reading.read_json(path)
         arr = _parse(doc, path, model)
         n, L = arr.shape[:2]
         ids = expert_id_matrix(arr.reshape(n * L, arr.shape[2]), path, "query", "expert ids", model.num_experts,

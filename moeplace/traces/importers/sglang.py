@@ -18,8 +18,8 @@ steps, which are dropped and counted. Each kept step is one window of the result
 ``expert_distribution_recorder_{time}_{rank}.pt`` = ``{"records": [...], "last_physical_to_logical_map":
 int tensor [num_layers, num_physical]}``, one record per forward pass: ``forward_pass_id``, ``rank``,
 ``input_ids`` and ``positions`` (lists, one per token), ``extend_seq_lens`` (tokens per sequence in an
-extend pass), ``forward_mode`` (SGLang ``ForwardMode``: 1 EXTEND, 2 DECODE, 3 MIXED, 4 IDLE,
-5 TARGET_VERIFY, ...) and ``topk_ids_of_layer`` (int32 ``[num_layers, num_tokens, 8]``: *physical* expert
+extend pass), ``forward_mode`` (``forward_mode.value`` of SGLang's ``ForwardMode``: 1 EXTEND, 2 DECODE,
+3 MIXED, 4 IDLE, 5 TARGET_VERIFY, ...; a member name such as ``"extend"`` is read too, anything else refused) and ``topk_ids_of_layer`` (int32 ``[num_layers, num_tokens, 8]``: *physical* expert
 ids, ``-1`` where nothing was recorded; SGLang sizes the last axis with a fixed ``_TOP_K_NUM = 8``).
 Physical ids are mapped to logical ones with the file's ``last_physical_to_logical_map`` (the map at dump
 time: if EPLB rebalanced during recording, earlier passes are mapped with the later map; SGLang keeps no
@@ -35,7 +35,6 @@ otherwise. A model whose top-k exceeds the recorder's 8 columns cannot be import
 
 from __future__ import annotations
 
-import json
 import pickle
 import sys
 import time
@@ -44,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec, format_ranges
 from moeplace.foundation.progress import track
@@ -66,11 +66,9 @@ DECODE_MODES = (FORWARD_MODE_DECODE, FORWARD_MODE_TARGET_VERIFY)
 
 def _load_dump(path: Path) -> dict:
     if path.suffix == ".json":
-        try:
-            obj = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: not valid JSON ({exc})") from None
+        obj = reading.read_json(path, unreadable="not valid JSON")
     else:
+        reading.require_regular(path)  # torch.load would block on a FIFO
         import torch  # ~5 s to import; only .pt dumps need it (JSON dumps never load it)
 
         try:
@@ -248,7 +246,7 @@ def _record_rows(
     if layers.size == 0:
         return None, next_request, covered
     logical = _logical_ids(ids, layers, layer_p2l, path, where, model)
-    mode = int(rec.get("forward_mode", 0) or 0)
+    mode = _forward_mode(rec, path, where)
     request = next_request + _sequence_of_token(rec, mode, n, path, where)
     lc = layers.size
     cols = {
@@ -349,6 +347,33 @@ def _logical_ids(ids: np.ndarray, layers: np.ndarray, layer_p2l: np.ndarray, pat
             "'last_physical_to_logical_map' does not fit this record (EPLB rebalanced during recording?)"
         )
     return logical
+
+
+# SGLang's ForwardMode (python/sglang/srt/model_executor/forward_batch_info.py, an IntEnum of auto() values):
+# the recorder stores ``forward_batch.forward_mode.value``; a dump converted to JSON by hand may carry the
+# member's name instead ("EXTEND", "extend", "ForwardMode.DECODE"), read here by the same table.
+FORWARD_MODE_NAMES = {"EXTEND": 1, "DECODE": 2, "MIXED": 3, "IDLE": 4, "TARGET_VERIFY": 5, "DRAFT_EXTEND": 6}
+
+
+def _forward_mode(rec: dict, path: Path, where: str) -> int:
+    """A record's ``forward_mode`` as SGLang's integer value (absent or null: 0, read as a prefill pass); a
+    member name is accepted, anything else is an error naming the record and the field."""
+    v = rec.get("forward_mode")
+    if v is None:
+        return 0
+    if isinstance(v, str):
+        name = v.strip().upper().removeprefix("FORWARDMODE.")
+        if name in FORWARD_MODE_NAMES:
+            return FORWARD_MODE_NAMES[name]
+        raise InputError(f"{path}: {where}: field 'forward_mode' is {v[:40]!r}, expected SGLang's ForwardMode value "
+                         f"(an integer) or name ({', '.join(n.lower() for n in FORWARD_MODE_NAMES)})")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= int(v) <= INT32_MAX:
+        raise InputError(f"{path}: {where}: field 'forward_mode' is {str(v)[:40]!r}, expected SGLang's ForwardMode "
+                         "value (a non-negative integer) or name")
+    return int(v)
 
 
 def _sequence_of_token(rec: dict, mode: int, n: int, path: Path, where: str) -> np.ndarray:

@@ -44,7 +44,6 @@ a dense decoder layer is an error. Errors name the file and the key.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -53,6 +52,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import track
@@ -81,12 +81,7 @@ def _dump_files(d: Path) -> tuple[dict[int, Path], dict[int, Path]]:
 
 def _meta(d: Path, model: ModelSpec) -> dict:
     path = d / "meta_info.json"
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: missing (TensorRT-LLM's rank 0 writes it next to rank*.safetensors)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})") from None
+    meta = reading.read_json(path, "missing (TensorRT-LLM's rank 0 writes it next to rank*.safetensors)")
     if not isinstance(meta, dict):
         raise InputError(f"{path}: expected a JSON object with num_experts and num_experts_per_token")
     for key, want in (("num_experts", model.num_experts), ("num_experts_per_token", model.top_k)):
@@ -102,6 +97,7 @@ def _meta(d: Path, model: ModelSpec) -> dict:
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
+    reading.require_regular(path)  # never open a FIFO, device or socket named like a dump
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, TypeError) as exc:
@@ -180,6 +176,10 @@ def import_counts(d: Path, files: dict[int, Path], model: ModelSpec, out: Path |
             raise InputError(f"{files[rank]}: key '{it}_{layer}' missing (every rank records every iteration and "
                              "MoE layer of the range)")
     counts = np.stack([acc[it] for it in its])
+    if not counts.any():
+        raise InputError(f"{d}: every count in the rank*.safetensors files is zero ({len(its)} iteration(s) x "
+                         f"{len(layers)} MoE layer(s), {len(files)} rank(s)): no routing was recorded (was "
+                         "EXPERT_STATISTIC_ITER_RANGE over iterations with traffic?); refusing to write empty Loads")
     prov = {"kind": "imported", "format": "trtllm-stats", "sources": [str(p) for p in files.values()],
             "ranks": len(files), "iterations": [its[0], its[-1] + 1], "layers_covered": layers,
             "mtp_layers_skipped": tally["skipped"]}

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.model import ModelSpec, format_ranges
 from moeplace.traces.importers import ImportResult
 from moeplace.traces.importers._common import INT32_MAX, jsonl_records, write_validated_trace
 
@@ -343,6 +343,12 @@ def import_(
     tokens = _token_identity(log, kept)
     final = np.lexsort((kept.dec_layer, tokens.step))
     covered = sorted(int(x) for x in np.unique(kept.dec_layer))
+    if covered != list(model.moe_layers):
+        missing = [d for d in model.moe_layers if d not in covered]
+        raise InputError(f"{', '.join(map(str, srcs))}: the log holds MoE layer(s) {format_ranges(covered)} of the "
+                         f"{model.num_moe_layers} model '{model.name}' declares ({format_ranges(list(model.moe_layers))}"
+                         f"; {format_ranges(missing)} missing): a trace holds every MoE layer of its model (log every "
+                         "layer: the logger's layers_logged)")
     chunk = 1 << 20
 
     def write(w):

@@ -41,12 +41,12 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
+from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
 from moeplace.traces.importers import ImportResult
@@ -66,10 +66,7 @@ def _responses(path: Path):
         for lineno, obj in jsonl_records(path):
             yield f"line {lineno}", obj
         return
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})") from None
+    data = reading.read_json(path)
     items = data if isinstance(data, list) else [data]
     for i, obj in enumerate(items):
         if not isinstance(obj, dict):

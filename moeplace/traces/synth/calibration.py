@@ -55,8 +55,31 @@ def build_design(model: ModelSpec, cfg: SynthConfig) -> SynthDesign:
     _, design, scale, cv_scale, pilot, pilot_cv = best
     copy_prob, achieved = calibrate_copy(design)
     report = dict(design.report, skew_scale=scale, cv_scale=cv_scale, pilot_skew=pilot, pilot_cv=pilot_cv,
-                  copy_prob=copy_prob, pilot_locality=achieved)
+                  copy_prob=copy_prob, pilot_locality=achieved,
+                  unreached=unreached_targets(model, cfg, pilot, pilot_cv, achieved))
     return SynthDesign(**{**design.__dict__, "copy_prob": copy_prob, "report": report})
+
+
+UNREACHED_TOL = 0.10  # relative miss of the pilot's skew or CV that is reported as a target not reached
+LOCALITY_TOL = 0.02  # absolute miss of the pilot's consecutive-token overlap reported likewise
+
+
+def unreached_targets(model: ModelSpec, cfg: SynthConfig, skew: float, cv: float, locality: float) -> list[str]:
+    """One sentence per target the pilot batch did not reach, with what it reached (the command prints
+    them as warnings): never a silent miss such as ``--skew 1000`` ending at 14."""
+    out = []
+    ceiling = model.num_experts / model.top_k  # one expert in every token's top-k
+    if cfg.skew > 1.0 and abs(skew / cfg.skew - 1.0) > UNREACHED_TOL:
+        why = (f"no layer's skew can pass num_experts / top_k = {ceiling:g}, and distinct top-k flattens the "
+               "hottest experts before that" if cfg.skew > skew else "the popularity design cannot get flatter")
+        out.append(f"--skew {cfg.skew:g} not reached: the pilot batch's median layer skew is {skew:.2f} ({why})")
+    if cfg.cv is not None and cv > 0 and abs(cv / cfg.cv - 1.0) > 2 * UNREACHED_TOL:
+        out.append(f"--cv {cfg.cv:g} not reached: the pilot batch's median layer CV is {cv:.2f} (the skew target "
+                   "and distinct top-k bound it)")
+    if cfg.locality is not None and abs(locality - cfg.locality) > LOCALITY_TOL:
+        out.append(f"--locality {cfg.locality:g} not reached: the pilot batch's consecutive-token overlap is "
+                   f"{locality:.3f} ({'copying at most 95% of draws' if locality < cfg.locality else 'the overlap without copying'})")
+    return out
 
 
 def _pilot_skew_cv(design: SynthDesign, tokens: int = 4096) -> tuple[float, float]:

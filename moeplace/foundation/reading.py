@@ -1,0 +1,291 @@
+"""Reading user files safely, in one place: every JSON, JSONL and YAML reader of moeplace goes through here.
+
+A file a command reads may be hostile or broken; whatever its structure, the command answers with one line
+(:class:`~moeplace.foundation.errors.InputError`) naming the file, never a traceback and never a hang:
+
+- only regular files are opened: a FIFO, a device or a socket named like an input (``placement.json``,
+  ``part-00000.parquet``) is refused before ``open`` (:func:`require_regular`; opening a FIFO for reading
+  blocks until a writer appears, forever in a directory scan), and checked again on the open descriptor;
+- nesting deeper than :data:`MAX_DEPTH` levels is refused (no moeplace or engine format nests more than a
+  handful; the parsers' own limit is Python's recursion limit, which raises ``RecursionError``, and a
+  structure just under it breaks numpy, which stops at 64 dimensions);
+- an integer literal longer than Python's int-string limit (4300 digits) is refused (``ValueError`` from
+  the parser), as is a file that is not UTF-8, not JSON or not YAML;
+- YAML mapping keys must be unique (PyYAML keeps the last of two silently; here it is an error naming the
+  key and both lines), and YAML is read with the safe loader only.
+
+Field types (a ``true`` where an integer goes, ``bool`` being an ``int`` subclass) are each reader's own
+checks; :func:`is_int` is the one test they share.
+"""
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from moeplace.foundation.errors import InputError
+
+MAX_DEPTH = 64  # levels of nested arrays/objects a file may hold (numpy's own limit on dimensions)
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def special_kind(mode: int) -> str | None:
+    """What a non-regular file is (``"a FIFO (named pipe)"``, ...), or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def require_regular(path: str | os.PathLike, what: str = "") -> os.stat_result:
+    """``os.stat(path)`` of a regular file (links followed); anything else is an :class:`InputError`
+    ``"<path>: is a FIFO (named pipe), not a regular file; ..."``. A missing file raises
+    :class:`FileNotFoundError` (the caller words that), other stat failures an :class:`InputError`."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
+        raise InputError(f"{os.fspath(path)}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    kind = special_kind(st.st_mode)
+    if kind is not None:
+        raise InputError(f"{os.fspath(path)}: is {kind}, not a regular file{' (' + what + ')' if what else ''}; "
+                         "refusing to read it")
+    return st
+
+
+def is_regular(path: str | os.PathLike) -> bool:
+    """``path`` is a regular file (links followed); False for anything else, missing included. For scans
+    that skip what they cannot read."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def open_regular(path: str | os.PathLike, what: str = ""):
+    """A binary file object for a regular file: :func:`require_regular`, then opened without blocking (a
+    FIFO swapped in between the two is refused on the descriptor, never waited on)."""
+    require_regular(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise InputError(f"{os.fspath(path)}: cannot be read ({exc.strerror or exc})") from None
+    kind = special_kind(os.fstat(fd).st_mode)
+    if kind is not None:
+        os.close(fd)
+        raise InputError(f"{os.fspath(path)}: is {kind}, not a regular file; refusing to read it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(path: str | os.PathLike, what: str = "") -> bytes:
+    """The bytes of a regular file (see :func:`open_regular`)."""
+    with open_regular(path, what) as fh:
+        try:
+            return fh.read()
+        except OSError as exc:
+            raise InputError(f"{os.fspath(path)}: cannot be read ({exc.strerror or exc})") from None
+
+
+def read_text(path: str | os.PathLike, what: str = "") -> str:
+    """The UTF-8 text of a regular file; bytes that are not UTF-8 are an :class:`InputError` naming the
+    line."""
+    data = read_bytes(path, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InputError(f"{os.fspath(path)}: line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at "
+                         f"offset {exc.start})") from None
+
+
+def is_int(v: Any) -> bool:
+    """An integer that is not a bool (``True`` is an ``int`` in Python, never an id or a count here)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and type(v).__name__ != "bool_"
+
+
+# ---------------------------------------------------------------------------- structure
+_CONTAINERS = (list, dict, tuple, set)  # what json and YAML's safe loader build (tuples: !!omap / !!pairs)
+_CONTAINER_SET = frozenset(_CONTAINERS)
+
+
+def may_be_too_deep(text: str | bytes) -> bool:
+    """Whether JSON ``text`` holds enough brackets to nest past :data:`MAX_DEPTH` (a C-speed count
+    that spares the walk of :func:`too_deep` for almost every file)."""
+    if isinstance(text, str):
+        return text.count("[") + text.count("{") > MAX_DEPTH
+    return text.count(b"[") + text.count(b"{") > MAX_DEPTH
+
+
+def too_deep(obj: Any, limit: int = MAX_DEPTH) -> bool:
+    """``obj`` nests lists/dicts more than ``limit`` levels. Walked level by level, never recursively; a
+    container reached twice in one level (YAML aliases) is walked once, so a self-referencing one ends at
+    the limit and a "billion laughs" document costs its distinct containers only."""
+    level = [obj] if isinstance(obj, _CONTAINERS) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        nxt: dict[int, Any] = {}
+        for o in level:
+            items = o.values() if isinstance(o, dict) else o
+            if _CONTAINER_SET.isdisjoint(map(type, items)):  # numbers and strings only (C speed)
+                continue
+            for x in items:
+                if isinstance(x, _CONTAINERS):
+                    nxt[id(x)] = x
+        level = list(nxt.values())
+    return False
+
+
+def _structure_error(where: str, exc: BaseException, what: str) -> InputError:
+    if isinstance(exc, RecursionError):
+        return _deep(where)
+    text = str(exc)
+    if "integer string conversion" in text or "int_max_str_digits" in text:
+        return InputError(f"{where}: holds an integer of more than {_int_digits()} digits; no field moeplace "
+                          "reads holds one (corrupt file?)")
+    return InputError(f"{where}: not {what} ({text.splitlines()[0] if text else type(exc).__name__})")
+
+
+def _deep(where: str) -> InputError:
+    return InputError(f"{where}: arrays/objects nested more than {MAX_DEPTH} levels deep; no file moeplace reads "
+                      "nests that deep (corrupt file?)")
+
+
+def _int_digits() -> int:
+    get = getattr(sys, "get_int_max_str_digits", None)
+    return get() if get else 4300
+
+
+def check_depth(obj: Any, where: str) -> Any:
+    """``obj`` itself, or the depth :class:`InputError` when it nests past :data:`MAX_DEPTH` (for a
+    document a caller parsed itself)."""
+    if too_deep(obj):
+        raise _deep(where)
+    return obj
+
+
+def _checked(obj: Any, text: str | bytes, where: str) -> Any:
+    if may_be_too_deep(text) and too_deep(obj):
+        raise _deep(where)
+    return obj
+
+
+# ---------------------------------------------------------------------------- JSON
+def parse_json(text: str | bytes, where: str, what: str = "valid JSON") -> Any:
+    """Parse JSON text; any problem (syntax, depth, a huge integer, bad UTF-8) is one :class:`InputError`
+    ``"<where>: ..."``."""
+    try:
+        obj = json.loads(text)
+    except (RecursionError, ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise _structure_error(where, exc, what) from None
+    return _checked(obj, text, where)
+
+
+def read_json(path: str | os.PathLike, missing: str = "no such file", unreadable: str = "not readable JSON",
+              what: str = "") -> Any:
+    """Parse a JSON file (a regular file only: see the module docstring); a missing file is
+    ``"<path>: <missing>"``, anything else unusable ``"<path>: <unreadable> (<why>)"`` or the depth / size
+    line."""
+    p = Path(path)
+    try:
+        data = read_bytes(p, what)
+    except FileNotFoundError:
+        raise InputError(f"{p}: {missing}") from None
+    try:
+        obj = json.loads(data)
+    except RecursionError as exc:
+        raise _structure_error(str(p), exc, unreadable) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        if "integer string conversion" in str(exc):
+            raise _structure_error(str(p), exc, unreadable) from None
+        raise InputError(f"{p}: {unreadable} ({exc})") from None
+    return _checked(obj, data, str(p))
+
+
+def json_lines(path: str | os.PathLike, what: str = "") -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of a regular file, blank lines skipped."""
+    with open_regular(path, what) as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if line.strip():
+                yield lineno, line
+
+
+# ---------------------------------------------------------------------------- YAML
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_key_loader():
+    import yaml  # PyYAML: ~20 ms to import, and most commands read no YAML
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """The safe loader, refusing a mapping that holds one key twice."""
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, Any] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # '<<' merges, it is not a key
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.get(key)
+                    except TypeError:  # an unhashable key: the base loader words it
+                        break
+                    if first is not None:
+                        raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key '{key}' appears twice in "
+                                            f"one mapping (first at line {first.line + 1}); YAML keys must be "
+                                            "unique")
+                    seen[key] = key_node.start_mark
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
+_LOADER = None
+
+
+def parse_yaml(text: str, where: str, what: str = "valid YAML") -> Any:
+    """Parse YAML text with the safe loader, duplicate keys refused; any problem is one
+    :class:`InputError` ``"<where>: line N: ..."``."""
+    import yaml  # PyYAML: ~20 ms to import, and most commands read no YAML
+
+    global _LOADER
+    if _LOADER is None:
+        _LOADER = _unique_key_loader()
+    try:
+        obj = yaml.load(text, Loader=_LOADER)  # a SafeLoader subclass
+    except _DuplicateKey as exc:
+        raise InputError(f"{where}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{where}: {line}not {what} ({problem})") from None
+    except (RecursionError, ValueError, TypeError, OverflowError) as exc:
+        raise _structure_error(where, exc, what) from None
+    if too_deep(obj):  # always walked: indentation and aliases nest without brackets
+        raise _deep(where)
+    return obj
+
+
+def read_yaml(path: str | os.PathLike, missing: str = "no such file", what: str = "valid YAML") -> Any:
+    """A YAML file (a regular file only), parsed by :func:`parse_yaml`."""
+    p = Path(path)
+    try:
+        text = read_text(p)
+    except FileNotFoundError:
+        raise InputError(f"{p}: {missing}") from None
+    return parse_yaml(text, str(p), what)
