@@ -282,10 +282,9 @@ def launch_spec(placement: Placement, model: ModelSpec, fmt: str, file_path: str
     if fmt not in ENGINE_OF_FORMAT:
         raise InputError(f"--format '{fmt}' unknown (expected one of {', '.join(ENGINE_OF_FORMAT)})")
     engine = ENGINE_OF_FORMAT[fmt]
-    if opts.vllm_pr is not None or opts.vllm_static is not None:
-        if engine != "vllm":
-            raise InputError(f"--vllm-pr/--vllm-static choose how vLLM serves the placement; --format {fmt} is "
-                             f"for {engine}")
+    if (opts.vllm_pr is not None or opts.vllm_static is not None) and engine != "vllm":
+        raise InputError(f"--vllm-pr/--vllm-static choose how vLLM serves the placement; --format {fmt} is "
+                         f"for {engine}")
     if opts.engine_version is not None and engine not in ENGINE_NAMES:
         raise InputError(f"--engine-version: the {engine} command is not checked against a recorded release "
                          f"(checked engines: {', '.join(ENGINE_NAMES.values())})")
@@ -443,7 +442,10 @@ def trtllm_options(placement: Placement, opts: FlagOptions) -> dict[str, Any]:
 
 def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
             max_len: int, tp: int, dp: int) -> Launch:
-    from moeplace.placement.export.trtllm import dump_yaml, support_warnings  # the format modules import this one
+    from moeplace.placement.export.trtllm import (  # the format modules import this one
+        dump_yaml,
+        support_warnings,
+    )
 
     G, gpn = placement.num_gpus, placement.gpus_per_node
     nodes = G // gpn
