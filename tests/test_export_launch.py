@@ -113,8 +113,8 @@ def test_vllm_mainline_runs_online_eplb_and_pr_keys_need_the_opt_in(dsv3, tmp_pa
     assert cfg["initial_mapping_path"] == str((tmp_path / "m.jsonl").resolve()) and cfg["disable_online_rebalancing"]
     assert "PR #41141" in pr.text()
     # the released parser rejects exactly those keys: the recorded list says so
-    assert check_args("vllm", "0.34.0", argv) == ["vLLM 0.34.0: --eplb-config has no key disable_online_rebalancing, "
-                                                  "initial_mapping_path"]
+    assert check_args("vllm", "0.34.0", argv) == [("vLLM 0.34.0: --eplb-config has no key disable_online_rebalancing, "
+                                                  "initial_mapping_path")]
     with pytest.raises(InputError, match="--vllm-pr 49572 loads --format vllm-expert-map"):
         launch_spec(pl, dsv3, "vllm-jsonl", tmp_path / "m.jsonl", FlagOptions(tp=8, dp=2, vllm_pr=49572))
     with pytest.raises(InputError, match="--vllm-pr/--vllm-static choose how vLLM"):
@@ -157,13 +157,12 @@ def _expand(argv, rank=1):
     return out
 
 
-def test_vllm_own_parser_accepts_the_printed_commands(dsv3, tmp_path, monkeypatch):
+def test_vllm_own_parser_accepts_the_printed_commands(dsv3, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")  # the parser builds a DeviceConfig; no GPU here
     cli_args = pytest.importorskip("vllm.entrypoints.common.cli_args")
+    import vllm
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    import vllm
 
     if vllm.__version__ not in checked_versions("vllm"):
         pytest.skip(f"vllm {vllm.__version__} is not a checked release")
@@ -181,8 +180,10 @@ def test_vllm_own_parser_accepts_the_printed_commands(dsv3, tmp_path, monkeypatc
     # and it rejects the open PR's keys, which is why they sit behind --vllm-pr
     pr = launch_spec(placement(dsv3, 16, 32), dsv3, "vllm-jsonl", tmp_path / "m.jsonl",
                      FlagOptions(tp=8, dp=2, vllm_pr=41141))
-    with pytest.raises(Exception, match="initial_mapping_path"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # argparse exits 2, as `vllm serve` does
         EngineArgs.from_cli_args(parser.parse_args(_expand(pr.argv())[2:]))
+    assert "initial_mapping_path" in capsys.readouterr().err
 
 
 def test_sglang_own_parser_accepts_the_printed_commands(dsv3, tmp_path):
@@ -228,7 +229,7 @@ def test_slurm_and_shell_scripts_parse_and_start_every_node(tmp_path, pj, fmt, c
     subprocess.run(["bash", "-n", str(sbatch)], check=True)
     assert "#SBATCH --nodes=2" in text and "srun --nodes=2 --ntasks-per-node=1" in text
     assert "fits" in text.splitlines()[2]  # the memory plan's verdict
-    assert re.search(r"^#SBATCH", text, re.M).start() < text.index("set -euo")  # sbatch reads headers first
+    assert re.search(r"^#SBATCH", text, re.MULTILINE).start() < text.index("set -euo")  # sbatch reads headers first
     assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     if fmt == "sglang":
         assert f"--init-expert-location {out.resolve()}" in text and "--node-rank $NODE_RANK" in text
