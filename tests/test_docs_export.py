@@ -91,7 +91,7 @@ def demo_run(tmp_path, monkeypatch):
 def _run(cmd: dict, capsys) -> None:
     capsys.readouterr()
     rc = main(list(cmd["argv"]))
-    out, err = capsys.readouterr()
+    err = capsys.readouterr().err
     where = f"docs/export.md:{cmd['line']}: place {shlex.join(cmd['argv'])}"
     if cmd["error"] is None:
         assert rc == 0, f"{where} exited {rc}: {err.strip()}"
