@@ -230,7 +230,7 @@ def test_slurm_and_shell_scripts_parse_and_start_every_node(tmp_path, pj, fmt, c
     assert "#SBATCH --nodes=2" in text and "srun --nodes=2 --ntasks-per-node=1" in text
     assert "fits" in text.splitlines()[2]  # the memory plan's verdict
     assert re.search(r"^#SBATCH", text, re.MULTILINE).start() < text.index("set -euo")  # sbatch reads headers first
-    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text and "MASTER_ADDR=${HOSTS[0]}" in text
     if fmt == "sglang":
         assert f"--init-expert-location {out.resolve()}" in text and "--node-rank $NODE_RANK" in text
     else:
@@ -294,3 +294,33 @@ def test_export_json_lists_files_warnings_and_launch_arguments(tmp_path, pj, cap
     argv = doc["launch"]["argv"]
     assert argv[argv.index("--init-expert-location") + 1] == str(out.resolve())
     assert doc["memory_plan"]["fits"] and doc["launch"]["nodes"] == 2 and isinstance(doc["warnings"], list)
+
+
+def _fake_bin(tmp_path: Path) -> Path:
+    """``vllm`` / ``python`` that print their arguments, ``scontrol`` that names two hosts, ``srun`` that
+    runs its command as node 1 -- enough to run the written scripts here."""
+    b = tmp_path / "bin"
+    b.mkdir()
+    for name in ("vllm", "python"):
+        (b / name).write_text('#!/bin/bash\nprintf "%s\\n" "$@"\n')
+    (b / "scontrol").write_text('#!/bin/bash\nprintf "node-a\\nnode-b\\n"\n')
+    (b / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nSLURM_NODEID=1 exec "$@"\n')
+    for f in b.iterdir():
+        f.chmod(0o755)
+    return b
+
+
+@pytest.mark.parametrize("target", ["shell", "slurm"])
+def test_scripts_start_node_1_with_the_worker_command(tmp_path, pj, target, dsv3):
+    import os
+
+    _, script = _export(tmp_path, pj, "vllm-expert-map", target)
+    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}"}
+    # shell: the user sets both; slurm: sbatch sets the node list, the script finds the head in it
+    env.update({"NODE_RANK": "1", "MASTER_ADDR": "node-a"} if target == "shell" else {"SLURM_JOB_NODELIST": "node-[a-b]"})
+    p = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True)
+    got = p.stdout.splitlines()
+    want = launch_spec(placement(dsv3, 16, 32), dsv3, "vllm-expert-map", tmp_path / "map.json",
+                       FlagOptions(tp=8, dp=2)).argv(worker=True)
+    assert got == [a.replace("$MASTER_ADDR", "node-a").replace("$((NODE_RANK*1))", "1") for a in want[1:]]
+    assert got[got.index("--data-parallel-address") + 1] == "node-a" and got[-2:] == ["--data-parallel-start-rank", "1"]

@@ -94,7 +94,9 @@ def slurm_script(launch: Launch, memory: str, job_name: str) -> str:
              f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={n}", "#SBATCH --ntasks-per-node=1",
              f"#SBATCH --gpus-per-node={gpn}", "#SBATCH --exclusive",
              "set -euo pipefail",
-             'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+             # all hosts read, then the first taken: `| head -n 1` under pipefail can fail on SIGPIPE
+             'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+             'MASTER_ADDR=${HOSTS[0]}',
              "export MASTER_ADDR",
              "node_main() {",
              "  NODE_RANK=$SLURM_NODEID",
