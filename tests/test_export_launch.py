@@ -270,6 +270,16 @@ def test_k8s_manifest_mounts_the_file_where_the_command_reads_it(tmp_path, pj, d
     _, lws = list(yaml.safe_load_all(vm.read_text()))
     worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"][0]
     assert "--headless" in worker and "initial_expert_map_path" in worker and "/etc/moeplace/map.json" in worker
+    # what the worker pod's container runs: node 1 of the group, the leader's address from LeaderWorkerSet
+    import os
+
+    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}", "LWS_WORKER_INDEX": "1",
+           "LWS_LEADER_ADDRESS": "moeplace-deepseek-v3-0.moeplace-deepseek-v3"}
+    got = subprocess.run(["bash", "-c", worker], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert got[got.index("--data-parallel-address") + 1] == "moeplace-deepseek-v3-0.moeplace-deepseek-v3"
+    assert got[-3:] == ["--headless", "--data-parallel-start-rank", "1"]
+    cfg = json.loads(got[got.index("--eplb-config") + 1])
+    assert cfg["initial_expert_map_path"] == "/etc/moeplace/map.json"
 
 
 def test_target_needs_an_engine_it_knows_and_flags(tmp_path, pj, capsys):
