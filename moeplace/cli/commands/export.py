@@ -66,7 +66,7 @@ def register(sub) -> None:
                    help="vLLM / SGLang release the command is for: only options its own parser accepts are "
                         f"printed (checked: vLLM {', '.join(checked_versions('vllm'))}, SGLang "
                         f"{', '.join(checked_versions('sglang'))}; default the newest)")
-    g.add_argument("--vllm-pr", type=int, default=None, choices=sorted(VLLM_PRS),
+    g.add_argument("--vllm-pr", default=None, choices=[str(n) for n in sorted(VLLM_PRS)],
                    help="print the --eplb-config keys of this open vLLM PR, which loads the file (49572: "
                         "vllm-expert-map, 41141: vllm-jsonl); released vLLM rejects them, so without this flag "
                         "the vLLM command runs vLLM's own online EPLB")
@@ -131,7 +131,8 @@ def run(args) -> int:
                            max_model_len=args.max_model_len, gpu=args.gpu, online_eplb=args.online_eplb,
                            eplb_window=args.eplb_window, eplb_interval=args.eplb_interval, tp=args.tp, dp=args.dp,
                            moe_backend=args.moe_backend, engine_version=args.engine_version,
-                           vllm_pr=args.vllm_pr, vllm_static=args.vllm_static)
+                           vllm_pr=int(args.vllm_pr) if args.vllm_pr else None,
+                           vllm_static=args.vllm_static)
         # the plan runs before the file is written: a refused layout leaves nothing behind
         opts, plan = check_layout(placement, model, opts, args.plan)
         if ENGINE_OF_FORMAT[args.format] == "trtllm":
