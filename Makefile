@@ -12,14 +12,14 @@ OUT    ?= run
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# torch first, pinned: the CPU wheel of 2.13.0 lies on disk; an unpinned resolve pulls a CUDA build.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(PIP) torch==2.13.0
-	$(PIP) -e '.[capture,dashboard,sweep]'
+# torch through the extras, pinned by constraints.txt: the CPU wheel of 2.13.0 lies on disk; an unpinned
+# resolve pulls a CUDA build. (The core install, `pip install moeplace`, needs no torch.)
+$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -c constraints.txt -e '.[capture,kernels,dashboard,sweep]'
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	$(PIP) -e '.[test]'
+$(VENV)/.installed-test: pyproject.toml constraints.txt $(VENV)/.installed
+	$(PIP) -c constraints.txt -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed

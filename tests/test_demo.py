@@ -20,7 +20,7 @@ def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     plan = json.loads((run / "plan.json").read_text())["layout"]
     assert (plan["tp"], plan["dp"], plan["num_redundant"]) == (8, 4, 32)  # the placement's 32 redundant slots
     sglang = out[out.index("== 5. export"):out.index("== 6. export")]
-    assert "--tp-size 32" in sglang and "--dp-size 4" in sglang and "--enable-dp-attention" in sglang
+    assert "--tp-size 32" in sglang and "--attn-dp-size 4" in sglang and "--enable-dp-attention" not in sglang
     vllm = out[out.index("== 6. export"):out.index("== 7. simulate")]
     assert "--tensor-parallel-size 8" in vllm and "--data-parallel-size 4" in vllm
     assert "--enable-expert-parallel" in vllm

@@ -329,15 +329,19 @@ def test_vllm_flags_pick_backend_by_topology(k3, tmp_path):
     assert "--data-parallel-address" not in args
     assert _flag(args, "--kv-cache-dtype") == "auto" and _flag(args, "--max-model-len") == "32768"
     cfg = json.loads(_flag(args, "--eplb-config"))
-    assert cfg["num_redundant_experts"] == 0 and cfg["initial_expert_map_path"].endswith("m.json")
+    # released vLLM loads no file: its own online EPLB with the recommended settings, and no PR key
+    assert cfg == {"window_size": 1000, "step_interval": 3000, "num_redundant_experts": 0, "use_async": True}
+    mapped = _command_args(launch_command(one_node, k3, "vllm-expert-map", tmp_path / "m.json",
+                                          FlagOptions(dp=8, vllm_pr=49572)))
+    assert json.loads(_flag(mapped, "--eplb-config"))["initial_expert_map_path"].endswith("m.json")
     four = vllm_default(k3, 32, 32)
-    text = launch_command(four, k3, "vllm-jsonl", tmp_path / "m.jsonl", FlagOptions(tp=1, dp=32))
+    text = launch_command(four, k3, "vllm-jsonl", tmp_path / "m.jsonl", FlagOptions(tp=1, dp=32, vllm_pr=41141))
     args = _command_args(text)
     assert _flag(args, "--all2all-backend") == "deepep_v2" and _flag(args, "--data-parallel-size") == "32"
     cfg = json.loads(_flag(args, "--eplb-config"))
     assert cfg == {"num_redundant_experts": 32, "window_size": 1000, "step_interval": 3000,
                    "initial_mapping_path": str((tmp_path / "m.jsonl").resolve()), "disable_online_rebalancing": True}
-    assert "Hopper" in text and "#50647" in text  # K3 caveats on H200
+    assert "Hopper" in text and "#50647" in text and "PR #41141" in text  # K3 caveats on H200; the PR named
 
 
 def test_ascend_flags_pass_redundancy(dsv3, tmp_path):

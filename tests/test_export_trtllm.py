@@ -131,15 +131,15 @@ def test_flags_realize_the_attention_layout(tmp_path):
     opts, plan = check_layout(pl, k3, FlagOptions(tp=8, dp=4))
     assert (opts.tp, opts.dp) == (8, 4) and plan.fits and plan.layout.ep == 32
     sg = _cmd(launch_command(pl, k3, "sglang", tmp_path / "s.json", opts))
-    assert (_flag(sg, "--tp-size"), _flag(sg, "--dp-size"), _flag(sg, "--ep-size")) == ("32", "4", "32")
-    assert "--enable-dp-attention" in sg
+    assert (_flag(sg, "--tp-size"), _flag(sg, "--attn-dp-size"), _flag(sg, "--ep-size")) == ("32", "4", "32")
+    assert "--enable-dp-attention" not in sg and "--dp-size" not in sg  # deprecated spelling in SGLang 0.5.23
     vl = _cmd(launch_command(pl, k3, "vllm-jsonl", tmp_path / "v.jsonl", opts))
     assert (_flag(vl, "--tensor-parallel-size"), _flag(vl, "--data-parallel-size")) == ("8", "4")
     assert _flag(vl, "--data-parallel-size-local") == "1" and "--enable-expert-parallel" in vl
     assert json.loads(_flag(vl, "--eplb-config"))["num_redundant_experts"] == 32
     # plain TP: no DP-attention flags at all
     sg1 = _cmd(launch_command(pl, k3, "sglang", tmp_path / "s.json", FlagOptions(tp=32, dp=1)))
-    assert "--dp-size" not in sg1 and "--enable-dp-attention" not in sg1
+    assert "--attn-dp-size" not in sg1 and "--enable-dp-attention" not in sg1
     with pytest.raises(InputError, match="cannot be expressed"):
         launch_command(pl, k3, "trtllm", tmp_path / "t.yaml", opts)
     with pytest.raises(InputError, match=r"--tp 8 x --dp 2 = 16"):
@@ -192,7 +192,7 @@ def test_cli_layout_from_a_plan_report(tmp_path, capsys):
     out = tmp_path / "s.json"
     assert main(["export", str(pj), "--format", "sglang", "--out", str(out), "--flags", "--plan", str(good)]) == 0
     cmd = _cmd(capsys.readouterr().out)
-    assert (_flag(cmd, "--tp-size"), _flag(cmd, "--dp-size")) == ("32", "4")
+    assert (_flag(cmd, "--tp-size"), _flag(cmd, "--attn-dp-size")) == ("32", "4")
     out2 = tmp_path / "s2.json"
     assert main(["export", str(pj), "--format", "sglang", "--out", str(out2), "--flags", "--plan", str(bad)]) == 2
     err = capsys.readouterr().err
@@ -201,3 +201,16 @@ def test_cli_layout_from_a_plan_report(tmp_path, capsys):
     assert main(["plan", "--model", "kimi-k3", "--gpus", "32", "--tp", "8", "--dp", "4", "--report", str(r0)]) == 0
     assert main(["export", str(pj), "--format", "sglang", "--out", str(out2), "--flags", "--plan", str(r0)]) == 2
     assert "--redundant 32" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("planned, warned", [("vllm", True), ("trtllm", False), (None, False)])
+def test_export_says_when_the_placement_was_optimized_for_another_rule(dsv3, tmp_path, capsys, planned, warned):
+    pl = placement(dsv3, 8, 32)
+    if planned is not None:
+        pl.provenance["engine"] = planned
+    pl.save(tmp_path / "p.json")
+    assert main(["export", str(tmp_path / "p.json"), "--format", "trtllm", "--out", str(tmp_path / "lb.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert ("optimized for the vLLM replica rule (--engine vllm); TensorRT-LLM routes tokens with its own" in err
+            ) == warned
+    assert ("re-run place optimize with --engine trtllm" in err) == warned

@@ -302,6 +302,11 @@ def test_frontier_json_and_recommended_launch(local_run):
     assert Path(launch["engine_file"]).exists() and Path(launch["placement"]).exists()
     assert "--data-parallel-size 8" in launch["command"]
     assert Path(launch["launch_script"]).read_text() == launch["command"]
+    # the same printer as `place export --flags`: only options the newest checked vLLM release accepts
+    from moeplace.placement.export.engines import check_args, command_argv
+
+    (argv,) = command_argv(launch["command"])
+    assert argv[:2] == ["vllm", "serve"] and check_args("vllm", "0.34.0", argv) == []
     assert rep["fidelity"]["validation_cases"] > 0 and rep["fidelity"]["note"].startswith("absolute figures")
 
 

@@ -4,20 +4,23 @@ and print the launch command that realizes the attention layout. With ``--flags`
 that layout first; a layout that does not fit is refused (exit 2) before anything is written."""
 from __future__ import annotations
 
+import json
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from moeplace.cli import flags
 from moeplace.cli.commands import add_force
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import OutputKind, Outputs
+from moeplace.foundation.files import OutputKind, Outputs, write_text_atomic
 from moeplace.foundation.model import load_model
-from moeplace.placement.export import export_placement, format_names, get_format
+from moeplace.placement.export import deploy, export_placement, format_names, get_format
+from moeplace.placement.export.engines import VLLM_PRS, checked_versions
 from moeplace.placement.export.flags import (
     ENGINE_OF_FORMAT,
     FlagOptions,
     check_layout,
-    launch_command,
+    launch_spec,
+    rule_mismatch,
     trtllm_options,
 )
 from moeplace.placement.record import check_compatible, load_placement
@@ -60,6 +63,25 @@ def register(sub) -> None:
                         "--eplb-rebalance-num-iterations)")
     g.add_argument("--moe-backend", default="WIDEEP",
                    help="TensorRT-LLM moe_config.backend (WIDEEP, CUTLASS, TRTLLM, ...; default WIDEEP)")
+    g.add_argument("--engine-version", default=None, metavar="V",
+                   help="vLLM / SGLang release the command is for: only options its own parser accepts are "
+                        f"printed (checked: vLLM {', '.join(checked_versions('vllm'))}, SGLang "
+                        f"{', '.join(checked_versions('sglang'))}; default the newest)")
+    g.add_argument("--vllm-pr", default=None, choices=[str(n) for n in sorted(VLLM_PRS)],
+                   help="print the --eplb-config keys of this open vLLM PR, which loads the file (49572: "
+                        "vllm-expert-map, 41141: vllm-jsonl); released vLLM rejects them, so without this flag "
+                        "the vLLM command runs vLLM's own online EPLB")
+    g.add_argument("--vllm-static", default=None, choices=["linear", "round_robin"],
+                   help="vLLM without EPLB: --expert-placement-strategy linear|round_robin (no replicas)")
+    g.add_argument("--target", default=None, choices=deploy.TARGETS,
+                   help="also write the launch as a file: a shell script, a Slurm batch script or a Kubernetes "
+                        "LeaderWorkerSet manifest (SGLang and vLLM formats)")
+    g.add_argument("--launch-out", default=None, metavar="PATH",
+                   help="where --target writes (default: --out with .launch.sh / .sbatch / .lws.yaml)")
+    g.add_argument("--image", default=None,
+                   help="container image for --target k8s (default: the engine's published image of the version)")
+    p.add_argument("--json", action="store_true",
+                   help="print what was written, the warnings and the launch arguments as JSON")
     p.set_defaults(func=run)
 
 
@@ -93,37 +115,97 @@ def run(args) -> int:
     check_compatible(placement, model, what=args.placement)
     outs = Outputs(inputs=[args.placement, args.loads, args.model, args.plan], force=args.force)
     outs.add(args.out, engine_file_kind(args.format, model, placement.num_gpus, placement.gpus_per_node))
-    if not args.flags and (args.tp or args.dp or args.plan):
-        raise InputError("--tp/--dp/--plan choose the launch layout: add --flags")
-    opts = plan = command = None
+    launch_choices = (args.tp or args.dp or args.plan or args.target or args.launch_out or args.engine_version
+                      or args.vllm_pr or args.vllm_static or args.image)
+    if not args.flags and launch_choices:
+        raise InputError("--tp/--dp/--plan/--engine-version/--vllm-pr/--vllm-static/--target/--launch-out/--image "
+                         "choose the launch: add --flags")
+    if (args.launch_out or args.image) and not args.target:
+        raise InputError("--launch-out/--image go with --target shell|slurm|k8s")
+    if args.image and args.target != "k8s":
+        raise InputError("--image is for --target k8s")
+    opts = plan = launch = target_launch = None
+    launch_out = None
     extra: dict = {}
     if args.flags:
         opts = FlagOptions(model_path=args.model_path, kv_cache_dtype=args.kv_cache_dtype,
                            max_model_len=args.max_model_len, gpu=args.gpu, online_eplb=args.online_eplb,
                            eplb_window=args.eplb_window, eplb_interval=args.eplb_interval, tp=args.tp, dp=args.dp,
-                           moe_backend=args.moe_backend)
+                           moe_backend=args.moe_backend, engine_version=args.engine_version,
+                           vllm_pr=int(args.vllm_pr) if args.vllm_pr else None,
+                           vllm_static=args.vllm_static)
         # the plan runs before the file is written: a refused layout leaves nothing behind
         opts, plan = check_layout(placement, model, opts, args.plan)
         if ENGINE_OF_FORMAT[args.format] == "trtllm":
             layout_keys = trtllm_options(placement, opts)  # refuses a layout TensorRT-LLM cannot express
             extra = layout_keys if args.format == "trtllm" else {}
-        command = launch_command(placement, model, args.format, args.out, opts)  # its checks too, before writing
+        launch = launch_spec(placement, model, args.format, args.out, opts)  # its checks too, before writing
+        if args.target:
+            target_launch = launch
+            if args.target == "k8s":  # the command loads the file where the ConfigMap is mounted
+                target_launch = launch_spec(placement, model, args.format,
+                                            PurePosixPath(deploy.MOUNT_DIR) / Path(args.out).name, opts)
+            deploy.render(args.target, target_launch, "check", name="x", file_name=Path(args.out).name,
+                          file_bytes=b"", image=args.image)  # refuses an engine/target mismatch before writing
+            launch_out = args.launch_out or str(Path(args.out).with_suffix("")) + deploy.default_suffix(args.target)
+            outs.add(launch_out, OutputKind(f"{args.target} launch file", False, deploy.is_launch_file),
+                     flag="--launch-out")
     loads = read_loads(args.loads, args.window_tokens) if args.loads else None
     warnings = None
 
     def write():
         nonlocal warnings
         warnings = export_placement(placement, model, args.format, args.out, loads=loads, **extra)
+        mismatch = rule_mismatch(placement, args.format)
+        if mismatch:
+            warnings = [mismatch, *warnings]
 
-    if not outs.write(args.out, write):
+    f = get_format(args.format)
+    memory = None
+    if args.flags:
+        memory = (f"memory plan: {plan.layout.describe()} on {placement.num_gpus} x {plan.cluster.gpu.name} fits; "
+                  f"{plan.concurrency} sequences of {plan.context:,} tokens")
+    wrote = []
+    if outs.write(args.out, write):
+        wrote.append(args.out)
+        if launch_out is not None:
+            text = deploy.render(args.target, target_launch, memory, name=f"moeplace-{model.name}",
+                                 file_name=Path(args.out).name, file_bytes=Path(args.out).read_bytes(),
+                                 image=args.image)
+
+            def write_launch():
+                write_text_atomic(launch_out, text)
+                if args.target != "k8s":
+                    Path(launch_out).chmod(0o755)
+
+            if outs.write(launch_out, write_launch):
+                wrote.append(launch_out)
+    if args.json:
+        doc = {"wrote": wrote, "format": args.format, "engine": f.engine, "model": model.name,
+               "layers": placement.num_layers, "slots": placement.num_slots, "redundant": placement.num_redundant,
+               "gpus": placement.num_gpus, "warnings": warnings or []}
+        if args.flags:
+            doc["memory_plan"] = {"fits": True, "layout": plan.layout.describe(), "gpu": plan.cluster.gpu.name,
+                                  "concurrency": plan.concurrency, "context": plan.context}
+            doc["launch"] = {"engine": launch.engine, "engine_version": launch.version, "nodes": launch.nodes,
+                             "gpus_per_node": launch.gpus_per_node, "argv": launch.argv(),
+                             "worker_argv": launch.argv(worker=True) if launch.worker_extra else None,
+                             "notes": [n.lstrip("# ") for n in launch.notes], "command": launch.text()}
+            if launch_out is not None:
+                doc["launch_file"] = {"target": args.target, "path": launch_out}
+        print(json.dumps(doc, indent=1))
         outs.finish()
+        return 0
+    outs.finish()
     for w in warnings:
         print(f"place: warning: {w}", file=sys.stderr)
-    f = get_format(args.format)
     print(f"wrote {args.out} ({args.format}, {f.engine}): {model.name}, {placement.num_layers} MoE layers, "
           f"{placement.num_slots} slots ({placement.num_redundant} redundant) on {placement.num_gpus} GPUs")
     if args.flags:
-        print(f"memory plan: {plan.layout.describe()} on {placement.num_gpus} x {plan.cluster.gpu.name} fits; "
-              f"{plan.concurrency} sequences of {plan.context:,} tokens")
-        print(command, end="")
+        print(memory)
+        print(launch.text(), end="")
+        if launch_out is not None:
+            where = {"shell": "run it on each node with NODE_RANK and MASTER_ADDR set",
+                     "slurm": "submit it with sbatch", "k8s": "apply it with kubectl apply -f"}[args.target]
+            print(f"wrote {launch_out} ({args.target}, {launch.nodes} node(s)): {where}")
     return 0

@@ -8,9 +8,9 @@ on that layout and refuses one that does not fit, with the plan's reason.
 Flag names are the engines' own (checked in their argument parsers):
 
 - SGLang (0.5.23 wheel, ``srt/arg_groups/fields/{model,parallel,exec_}.py``): ``--model-path``,
-  ``--trust-remote-code``, ``--tp-size`` (all GPUs of the instance), ``--dp-size N --enable-dp-attention``
-  (attention DP; ``--tp-size / --dp-size`` GPUs per attention TP group; ``--attn-dp-size`` is the newer
-  spelling), ``--ep-size``, ``--nnodes``, ``--node-rank``, ``--dist-init-addr``,
+  ``--trust-remote-code``, ``--tp-size`` (all GPUs of the instance), ``--attn-dp-size N`` (attention DP;
+  ``--tp-size / N`` GPUs per attention TP group; 0.5.23 marks the older ``--dp-size N
+  --enable-dp-attention`` deprecated), ``--ep-size``, ``--nnodes``, ``--node-rank``, ``--dist-init-addr``,
   ``--moe-a2a-backend {none,deepep,flashinfer,deepep_v2,...}``, ``--deepep-mode``,
   ``--ep-num-redundant-experts``, ``--ep-dispatch-algorithm {static,dynamic,fake,lp}``,
   ``--init-expert-location``, ``--enable-eplb``, ``--eplb-rebalance-num-iterations`` (default 1000),
@@ -20,9 +20,14 @@ Flag names are the engines' own (checked in their argument parsers):
   ``--data-parallel-rpc-port``, ``--data-parallel-start-rank``, ``--headless``, ``--enable-expert-parallel``
   (EP size = TP x DP), ``--all2all-backend {allgather_reducescatter,deepep_high_throughput,
   deepep_low_latency,deepep_v2,flashinfer_nvlink_one_sided,...}``, ``--enable-eplb``, ``--eplb-config JSON``
-  (``window_size`` 1000, ``step_interval`` 3000, ``num_redundant_experts``), ``--expert-placement-strategy``,
-  ``--kv-cache-dtype {auto,fp8,...}``, ``--max-model-len``; the file keys come from the open PRs
-  (``initial_expert_map_path`` #49572; ``initial_mapping_path`` and ``disable_online_rebalancing`` #41141).
+  (``EPLBConfig``: ``window_size`` 1000, ``step_interval`` 3000, ``num_redundant_experts``, ``use_async``;
+  :func:`engines.recommended_eplb_config`), ``--expert-placement-strategy {linear,round_robin}``,
+  ``--kv-cache-dtype {auto,fp8,...}``, ``--max-model-len``. Released vLLM (0.34.0) loads no placement file:
+  the file keys come from the open PRs (``initial_expert_map_path`` #49572; ``initial_mapping_path`` and
+  ``disable_online_rebalancing`` #41141) and are printed only with ``--vllm-pr N``.
+
+The vLLM and SGLang commands are checked against the option lists recorded from those releases' own
+parsers (``engines.py``, ``engine_options/``): a command naming an option the release lacks is an error.
 - vllm-ascend: ``--additional-config '{"eplb_config": {"expert_map_path": ..., "num_redundant_experts": R}}'``.
 - TensorRT-LLM (``tensorrt_llm/commands/serve.py``): ``trtllm-serve MODEL --backend pytorch --tp_size
   --ep_size --gpus_per_node --max_seq_len --trust_remote_code --extra_llm_api_options FILE`` (alias
@@ -51,7 +56,16 @@ from moeplace.foundation.formats import check
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.planner import plan_memory
 from moeplace.foundation.model import ModelSpec
+from moeplace.placement.export.engines import (
+    ENGINE_NAMES,
+    VLLM_PRS,
+    accepts,
+    check_args,
+    recommended_eplb_config,
+    resolve_version,
+)
 from moeplace.placement.record import Placement
+from moeplace.placement.rules import get_rule
 
 # Hugging Face ids for the presets; override with --model-path. The K3 id follows Moonshot's naming and
 # is not verified here (no network access to the Hub).
@@ -67,6 +81,27 @@ ENGINE_OF_FORMAT = {
     "vllm-expert-map": "vllm", "vllm-jsonl": "vllm", "vllm-ascend": "vllm-ascend",
     "trtllm": "trtllm", "trtllm-lb": "trtllm",
 }
+# the replica rule (placement.rules) each export target's engine routes tokens with; vllm-ascend's own
+# dispatch is not modelled, so it has none
+REPLICA_RULE_OF_TARGET = {"sglang": "sglang", "vllm": "vllm", "trtllm": "trtllm"}
+
+
+def rule_mismatch(placement: Placement, fmt: str) -> str | None:
+    """A warning when ``placement`` was optimized for another replica rule than the one the engine of
+    export format ``fmt`` routes tokens with (the balance it was planned for is not what that engine gives)."""
+    planned = placement.provenance.get("engine")
+    target = REPLICA_RULE_OF_TARGET.get(ENGINE_OF_FORMAT.get(fmt, ""))
+    if not planned or target is None:
+        return None
+    try:
+        planned_rule, target_rule = get_rule(planned), get_rule(target)
+    except InputError:
+        return None  # an unknown name in an imported placement's provenance: nothing to compare
+    if planned_rule.name == target_rule.name:
+        return None
+    return (f"this placement was optimized for the {planned_rule.engine} replica rule (--engine {planned_rule.name}); "
+            f"{target_rule.engine} routes tokens with its own, so the balance it was planned for is not what "
+            f"{target_rule.engine} gives: re-run place optimize with --engine {target_rule.name}")
 
 
 @dataclass(frozen=True)
@@ -87,6 +122,9 @@ class FlagOptions:
     dp: int | None = None
     moe_backend: str = "WIDEEP"
     master_addr: str = "$MASTER_ADDR"
+    engine_version: str | None = None  # vLLM / SGLang release to print for (default: the newest checked)
+    vllm_pr: int | None = None  # opt in to an open vLLM PR's placement-file keys (49572 or 41141)
+    vllm_static: str | None = None  # vLLM without EPLB: --expert-placement-strategy linear | round_robin
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("bf16", "fp8"):
@@ -99,6 +137,13 @@ class FlagOptions:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise InputError(f"--{name} must be >= 1, got {v}")
+        if self.vllm_pr is not None and self.vllm_pr not in VLLM_PRS:
+            raise InputError(f"--vllm-pr {self.vllm_pr}: expected one of {', '.join(map(str, VLLM_PRS))} (the open "
+                             "vLLM PRs that load a placement file)")
+        if self.vllm_static not in (None, "linear", "round_robin"):
+            raise InputError(f"--vllm-static must be linear or round_robin, got '{self.vllm_static}'")
+        if self.vllm_static is not None and (self.vllm_pr is not None or self.online_eplb):
+            raise InputError("--vllm-static serves vLLM without EPLB: it does not go with --vllm-pr or --online-eplb")
 
 
 def _gpu_kind(placement: Placement, opts: FlagOptions) -> str:
@@ -200,30 +245,100 @@ def _layout(placement: Placement, opts: FlagOptions) -> tuple[int, int]:
     return tp, dp
 
 
-def launch_command(placement: Placement, model: ModelSpec, fmt: str, file_path: str | Path,
-                   opts: FlagOptions) -> str:
-    """A shell command (with ``#`` comment lines) that serves ``model`` with ``placement`` loaded from
-    ``file_path`` (exported in ``fmt``) on ``placement.num_gpus`` GPUs with attention TP ``opts.tp`` x DP
-    ``opts.dp``. Run :func:`check_layout` first: this function checks the arithmetic, not the memory."""
+@dataclass
+class Launch:
+    """A launch, structured: what :func:`launch_command` prints and the deployment writers
+    (``placement.export.deploy``) turn into a script or a manifest.
+
+    ``head``: the node-0 command as shell words grouped per option (``"--tp-size 32"``), with ``$NODE_RANK``
+    / ``$MASTER_ADDR`` where nodes differ; ``worker_extra``: what nodes 1.. add (vLLM's ``--headless``;
+    ``None`` when every node runs ``head``). ``version``: the checked engine release it was checked
+    against (``None``: not checked). ``trailer``: text printed after the command (TensorRT-LLM's YAML)."""
+
+    engine: str
+    version: str | None
+    notes: list[str]
+    layout: str
+    where: str
+    head: list[str]
+    nodes: int
+    gpus_per_node: int
+    file_path: str
+    model_path: str
+    worker_extra: list[str] | None = None
+    trailer: str = ""
+    allow_eplb_keys: tuple[str, ...] = ()
+
+    def argv(self, worker: bool = False) -> list[str]:
+        """The command as shell words (node 0, or with ``worker`` another node)."""
+        return shlex.split(" ".join(self.head + (self.worker_extra or [] if worker else [])))
+
+    def worker_line(self) -> str:
+        return " ".join(self.head + (self.worker_extra or []))
+
+    def problems(self) -> list[str]:
+        """What the checked release's recorded parser options say about the command(s)."""
+        if self.version is None:
+            return []
+        out = check_args(self.engine, self.version, self.argv(), self.allow_eplb_keys)
+        if self.worker_extra:
+            out += [p for p in check_args(self.engine, self.version, self.argv(True), self.allow_eplb_keys)
+                    if p not in out]
+        return out
+
+    def text(self) -> str:
+        lines = self.notes + [self.layout, self.where, _join(self.head)]
+        if self.worker_extra:
+            lines.append(f"# nodes 1..{self.nodes - 1}: the same command plus {' '.join(self.worker_extra)}")
+        out = "\n".join(lines) + "\n"
+        return out + ("\n" + self.trailer.rstrip("\n") + "\n" if self.trailer else "")
+
+
+def launch_spec(placement: Placement, model: ModelSpec, fmt: str, file_path: str | Path,
+                opts: FlagOptions) -> Launch:
+    """The :class:`Launch` that serves ``model`` with ``placement`` loaded from ``file_path`` (exported in
+    ``fmt``) on ``placement.num_gpus`` GPUs with attention TP ``opts.tp`` x DP ``opts.dp``. For vLLM and
+    SGLang the command is checked against the recorded options of ``opts.engine_version`` (default: the
+    newest checked release) and an option it lacks is an error. Run :func:`check_layout` first: this
+    function checks the arithmetic, not the memory."""
     if fmt not in ENGINE_OF_FORMAT:
         raise InputError(f"--format '{fmt}' unknown (expected one of {', '.join(ENGINE_OF_FORMAT)})")
     engine = ENGINE_OF_FORMAT[fmt]
+    if (opts.vllm_pr is not None or opts.vllm_static is not None) and engine != "vllm":
+        raise InputError(f"--vllm-pr/--vllm-static choose how vLLM serves the placement; --format {fmt} is "
+                         f"for {engine}")
+    if opts.engine_version is not None and engine not in ENGINE_NAMES:
+        raise InputError(f"--engine-version: the {engine} command is not checked against a recorded release "
+                         f"(checked engines: {', '.join(ENGINE_NAMES.values())})")
     path = str(Path(file_path).resolve())
     tp, dp = _layout(placement, opts)
     model_path = opts.model_path or MODEL_PATHS.get(model.name, model.source or model.name)
     max_len = opts.max_model_len or model.max_context
     if engine == "sglang":
-        return _sglang(placement, model, fmt, path, opts, model_path, max_len, tp, dp)
-    if engine == "trtllm":
-        return _trtllm(placement, model, fmt, path, opts, model_path, max_len, tp, dp)
-    return _vllm(placement, model, fmt, path, opts, model_path, max_len, tp, dp, engine)
+        launch = _sglang(placement, model, fmt, path, opts, model_path, max_len, tp, dp)
+    elif engine == "trtllm":
+        launch = _trtllm(placement, model, fmt, path, opts, model_path, max_len, tp, dp)
+    else:
+        launch = _vllm(placement, model, fmt, path, opts, model_path, max_len, tp, dp, engine)
+    problems = launch.problems()
+    if problems:
+        raise InputError(f"the {ENGINE_NAMES[engine]} command would not parse: {'; '.join(problems)}")
+    return launch
+
+
+def launch_command(placement: Placement, model: ModelSpec, fmt: str, file_path: str | Path,
+                   opts: FlagOptions) -> str:
+    """:func:`launch_spec` as the text ``place export --flags`` prints: ``#`` comment lines, then the
+    command (``\\``-continued)."""
+    return launch_spec(placement, model, fmt, file_path, opts).text()
 
 
 def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
-          max_len: int, tp: int, dp: int, engine: str) -> str:
+          max_len: int, tp: int, dp: int, engine: str) -> Launch:
     G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
     nodes = G // gpn
     notes: list[str] = []
+    version = resolve_version("vllm", opts.engine_version) if engine == "vllm" else None
     if gpn % tp and tp % gpn:
         raise InputError(f"--tp {tp} and the {gpn} GPUs per node: one must divide the other (a TP group fills "
                          "whole nodes or packs into one)")
@@ -235,7 +350,7 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
     if engine == "vllm" and gpu in ("h100", "h200") and model.name == "kimi-k3":
         notes.append("# vLLM's K3 recipe marks DEP unsupported on Hopper (H100/H200): it runs TP with "
                      "--moe-backend marlin --max-model-len 32768 there")
-    if engine == "vllm" and model.name == "kimi-k3":
+    if engine == "vllm" and model.name == "kimi-k3" and opts.vllm_static is None:
         notes.append("# vLLM EPLB for Kimi K3 needs PR #50647 (open at the time of writing)")
     a2a = "flashinfer_nvlink_one_sided" if nodes == 1 else "deepep_v2"
     kv = "fp8" if opts.kv_cache_dtype == "fp8" else "auto"
@@ -244,19 +359,27 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
     if nodes > 1:
         head += [f"--data-parallel-address {opts.master_addr}", "--data-parallel-rpc-port 13345"]
     head += ["--enable-expert-parallel", f"--all2all-backend {a2a}"]
+    allow: tuple[str, ...] = ()
+    name = Path(path).name
     if engine == "vllm-ascend":
         eplb = {"expert_map_path": path, "num_redundant_experts": R}
         head += [f"--additional-config {shlex.quote(json.dumps({'eplb_config': eplb}))}"]
         head = [h for h in head if not h.startswith("--all2all-backend")]  # Ascend picks its own (HCCL MC2)
         notes.append("# vllm-ascend: static expert_map_path is Model Runner V1 only; scheduled for removal in "
                      "v0.25.1")
-    else:
-        cfg: dict = {"num_redundant_experts": R, "window_size": opts.eplb_window,
-                     "step_interval": opts.eplb_interval}
+    elif opts.vllm_static is not None:
+        notes.append(f"# vLLM {version} cannot load {name}; without EPLB it places the experts itself "
+                     f"(--expert-placement-strategy {opts.vllm_static}, no replicas)")
+        if R:
+            notes.append(f"# the placement's {R} redundant slots per layer are not realized without EPLB")
+        head += [f"--expert-placement-strategy {opts.vllm_static}"]
+    elif opts.vllm_pr is not None:
+        pr_fmt, allow = VLLM_PRS[opts.vllm_pr]
+        if fmt != pr_fmt:
+            raise InputError(f"--vllm-pr {opts.vllm_pr} loads --format {pr_fmt} files, not {fmt}")
+        cfg: dict = {"num_redundant_experts": R, "window_size": opts.eplb_window, "step_interval": opts.eplb_interval}
         if fmt == "vllm-expert-map":
             cfg["initial_expert_map_path"] = path
-            notes.append("# needs vLLM PR #49572 (eplb_config.initial_expert_map_path); mainline vLLM has no such "
-                         "key")
             if not opts.online_eplb:
                 notes.append("# #49572 (per its description) adds no switch to stop online EPLB: it re-plans every "
                              "step_interval steps; raise --eplb-interval to keep this layout longer")
@@ -264,10 +387,17 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
             cfg["initial_mapping_path"] = path
             if not opts.online_eplb:
                 cfg["disable_online_rebalancing"] = True
-            notes.append("# needs vLLM PR #41141 (eplb_config.initial_mapping_path, disable_online_rebalancing); "
-                         "mainline vLLM has no such keys")
         if opts.online_eplb:
             cfg["log_balancedness"] = True
+        notes.append(f"# needs a vLLM build with the open PR #{opts.vllm_pr} (eplb_config.{', '.join(allow)}): "
+                     f"vLLM {version}'s parser rejects {'these keys' if len(allow) > 1 else 'this key'}")
+        head += ["--enable-eplb", f"--eplb-config {shlex.quote(json.dumps(cfg, separators=(',', ':')))}"]
+    else:
+        cfg = recommended_eplb_config(R, version, window_size=opts.eplb_window, step_interval=opts.eplb_interval)
+        pr = next(n for n, (f, _) in VLLM_PRS.items() if f == fmt)
+        notes.append(f"# vLLM {version} cannot load {name} (the open PR #{pr} adds that: --vllm-pr {pr} prints "
+                     "its keys); this command runs vLLM's own online EPLB, which starts from its default layout "
+                     f"with {R} redundant experts per layer and re-plans every {cfg['step_interval']} steps")
         head += ["--enable-eplb", f"--eplb-config {shlex.quote(json.dumps(cfg, separators=(',', ':')))}"]
     if engine == "vllm-ascend" and kv == "fp8":
         notes.append("# vllm-ascend: KV-cache dtype left at the model default (fp8 KV support differs on NPUs)")
@@ -275,28 +405,29 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
     else:
         head += [f"--kv-cache-dtype {kv}", f"--max-model-len {max_len}"]
     where = f"# head node (node 0 of {nodes})" if nodes > 1 else f"# one node, {G} GPUs"
-    lines = notes + [f"# attention TP{tp} x DP{dp}, EP{G}", where, _join(head)]
-    if nodes > 1:
-        lines.append(f"# nodes 1..{nodes - 1}: the same command plus --headless --data-parallel-start-rank "
-                     f"$((NODE_RANK * {dp_local}))")
-    return "\n".join(lines) + "\n"
+    worker = ["--headless", f"--data-parallel-start-rank $((NODE_RANK*{dp_local}))"] if nodes > 1 else None
+    return Launch("vllm", version, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, head, nodes, gpn, path,
+                  model_path, worker, allow_eplb_keys=allow)
 
 
 def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
-            max_len: int, tp: int, dp: int) -> str:
+            max_len: int, tp: int, dp: int) -> Launch:
     G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
     nodes = G // gpn
     from moeplace.placement.export.sglang import support_warnings  # the format modules import this one
 
+    version = resolve_version("sglang", opts.engine_version)
     notes = [f"# WARNING: {w}" for w in support_warnings(model)]
     a2a = "flashinfer" if gpn >= 72 else "deepep"
     kv = "fp8_e4m3" if opts.kv_cache_dtype == "fp8" else "bf16"
-    # SGLang's --tp-size is the instance's GPU count; with DP attention each of --dp-size ranks runs
-    # attention TP over tp-size / dp-size GPUs
+    # SGLang's --tp-size is the instance's GPU count; with DP attention each of the attention-DP ranks
+    # runs attention TP over tp-size / dp GPUs. 0.5.23 spells that --attn-dp-size D (its parser marks the
+    # older --dp-size D --enable-dp-attention deprecated: --dp-size now means whole-model replicas).
     cmd = [f"python -m sglang.launch_server --model-path {shlex.quote(model_path)}", "--trust-remote-code",
            f"--tp-size {tp * dp}"]
     if dp > 1:
-        cmd += [f"--dp-size {dp}", "--enable-dp-attention"]
+        cmd += ([f"--attn-dp-size {dp}"] if accepts("sglang", version, "--attn-dp-size")
+                else [f"--dp-size {dp}", "--enable-dp-attention"])
     cmd.append(f"--ep-size {G}")
     if nodes > 1:
         cmd += [f"--nnodes {nodes}", "--node-rank $NODE_RANK", f"--dist-init-addr {opts.master_addr}:5000"]
@@ -310,8 +441,9 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
     if opts.online_eplb:
         cmd += ["--enable-eplb", f"--eplb-rebalance-num-iterations {opts.eplb_interval}"]
     cmd += [f"--kv-cache-dtype {kv}", f"--context-length {max_len}"]
-    head = f"# run on each of the {nodes} nodes with NODE_RANK=0..{nodes - 1}" if nodes > 1 else f"# one node, {G} GPUs"
-    return "\n".join(notes + [f"# attention TP{tp} x DP{dp}, EP{G}", head, _join(cmd)]) + "\n"
+    where = f"# run on each of the {nodes} nodes with NODE_RANK=0..{nodes - 1}" if nodes > 1 else f"# one node, {G} GPUs"
+    return Launch("sglang", version, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, cmd, nodes, gpn, path,
+                  model_path)
 
 
 def trtllm_attention_dp(tp: int, dp: int) -> bool:
@@ -331,7 +463,7 @@ def trtllm_options(placement: Placement, opts: FlagOptions) -> dict[str, Any]:
 
 
 def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
-            max_len: int, tp: int, dp: int) -> str:
+            max_len: int, tp: int, dp: int) -> Launch:
     from moeplace.placement.export.trtllm import (  # the format modules import this one
         dump_yaml,
         support_warnings,
@@ -366,5 +498,5 @@ def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
     else:
         where = f"# one node, {G} GPUs"
     yaml_text = dump_yaml(options, f"extra LLM-API options: attention {'DP' if adp else 'TP'} over {G} ranks")
-    return "\n".join(notes + [f"# attention TP{tp} x DP{dp}, EP{G}", where, _join(cmd), "",
-                               yaml_text.rstrip("\n")]) + "\n"
+    return Launch("trtllm", None, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, cmd, nodes, gpn, path,
+                  model_path, trailer=yaml_text)

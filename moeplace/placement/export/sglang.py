@@ -106,8 +106,19 @@ def write_json(placement: Placement, model: ModelSpec, out: Path, **_: object) -
     return support_warnings(model)
 
 
+def _torch(path: Path):
+    """torch, imported on first use (~5 s; only the .pt forms need it). The core install has no torch: say
+    how to get it instead of a traceback."""
+    try:
+        import torch
+    except ModuleNotFoundError:
+        raise InputError(f"{path}: the .pt form needs torch, which this install lacks (pip install "
+                         "'moeplace[capture]', or torch itself); the .json form needs no torch") from None
+    return torch
+
+
 def write_pt(placement: Placement, model: ModelSpec, out: Path, **_: object) -> list[str]:
-    import torch  # ~5 s to import; only the .pt format needs it
+    torch = _torch(out)
 
     full = full_phy2log(placement, model)
     _validate(placement, model, full)
@@ -119,7 +130,7 @@ def write_pt(placement: Placement, model: ModelSpec, out: Path, **_: object) -> 
 def _load_dict(path: Path) -> dict:
     try:
         if str(path).endswith(".pt"):
-            import torch  # ~5 s to import; only .pt files need it
+            torch = _torch(path)
 
             if not path.is_file():
                 raise FileNotFoundError(path)
@@ -178,8 +189,7 @@ def write_logical_count(placement: Placement, model: ModelSpec, out: Path, loads
         raise InputError(f"--loads: loads are of model '{loads.model.name}', the placement of '{model.name}'")
     counts = full_logical_count(loads, model)
     if str(out).endswith(".pt"):
-        import torch  # ~5 s to import; only the .pt format needs it
-
+        torch = _torch(out)
         with atomic_path(out) as tmp:
             torch.save({KEY_COUNT: torch.from_numpy(counts)}, tmp)
     else:

@@ -1,0 +1,336 @@
+"""Launch commands the released engines accept, and the deployment files written from them.
+
+Every vLLM / SGLang command ``place export --flags`` can print is checked against the option list recorded
+from that release's own parser (``moeplace/placement/export/engine_options/*.json``, read here directly,
+not through the code under test), and against the live parser when the engine is importable (skipped
+otherwise). The Slurm / shell scripts are checked with ``bash -n``, the Kubernetes manifest with
+``yaml.safe_load_all``."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from moeplace.cli.main import main
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.model import load_model
+from moeplace.placement.export import deploy
+from moeplace.placement.export.engines import (
+    VLLM_PRS,
+    check_args,
+    checked_versions,
+    recommended_eplb_config,
+    resolve_version,
+)
+from moeplace.placement.export.flags import FlagOptions, launch_spec
+from moeplace.placement.record import Placement
+
+
+def recorded(engine: str, version: str) -> dict:
+    f = resources.files("moeplace.placement.export").joinpath("engine_options", f"{engine}-{version}.json")
+    return json.loads(f.read_text())
+
+
+def placement(model, G, R, gpn=8, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(model.num_moe_layers):
+        row = np.concatenate([np.arange(model.num_experts), rng.integers(0, model.num_experts, R)])
+        rng.shuffle(row)
+        rows.append(row)
+    return Placement.from_phy2log(np.array(rows), model, G, gpn, {"cluster": {"gpu": "h200"}})
+
+
+@pytest.fixture(scope="module")
+def dsv3():
+    return load_model("deepseek-v3")
+
+
+FILE = {"sglang": "loc.json", "vllm-expert-map": "map.json", "vllm-jsonl": "map.jsonl"}
+# (format, GPUs, tp, dp, options): one node and two nodes, attention TP and DP, every vLLM mode
+CASES = [
+    ("sglang", 8, 8, 1, {}), ("sglang", 16, 8, 2, {}), ("sglang", 16, 1, 16, {"online_eplb": True}),
+    ("vllm-expert-map", 8, 1, 8, {}), ("vllm-expert-map", 16, 8, 2, {}), ("vllm-jsonl", 16, 1, 16, {}),
+    ("vllm-jsonl", 16, 8, 2, {"vllm_static": "round_robin"}), ("vllm-expert-map", 16, 8, 2, {"eplb_interval": 500}),
+]
+
+
+def _all_launches(dsv3, tmp_path):
+    for fmt, G, tp, dp, extra in CASES:
+        pl = placement(dsv3, G, 32 if G == 16 else 8)
+        yield fmt, launch_spec(pl, dsv3, fmt, tmp_path / FILE[fmt], FlagOptions(tp=tp, dp=dp, **extra))
+
+
+def _options_of(argv):
+    return [a.split("=", 1)[0] for a in argv if a.startswith("--")]
+
+
+def test_every_printed_command_uses_only_recorded_options(dsv3, tmp_path):
+    seen = set()
+    for fmt, launch in _all_launches(dsv3, tmp_path):
+        rec = recorded(launch.engine, launch.version)
+        for argv in [launch.argv()] + ([launch.argv(worker=True)] if launch.worker_extra else []):
+            for opt in _options_of(argv):
+                assert opt in rec["options"], (fmt, opt)
+                assert opt not in rec["deprecated"], (fmt, opt)
+                seen.add((launch.engine, opt))
+            if launch.engine == "vllm" and "--eplb-config" in argv:
+                cfg = json.loads(argv[argv.index("--eplb-config") + 1])
+                assert set(cfg) <= set(rec["eplb_config_keys"]), cfg  # no open-PR key without --vllm-pr
+            for opt, choices in rec["choices"].items():
+                if opt in argv:
+                    assert argv[argv.index(opt) + 1] in choices, (opt, argv[argv.index(opt) + 1])
+    # the cases reach the flags that matter (multi-node vLLM workers, SGLang attention DP)
+    assert {("vllm", "--headless"), ("vllm", "--data-parallel-start-rank"), ("sglang", "--attn-dp-size"),
+            ("vllm", "--expert-placement-strategy"), ("sglang", "--enable-eplb")} <= seen
+
+
+def test_sglang_uses_attn_dp_size_not_the_deprecated_flag(dsv3, tmp_path):
+    rec = recorded("sglang", "0.5.23")
+    assert "--enable-dp-attention" in rec["deprecated"] and "--attn-dp-size" in rec["options"]
+    launch = launch_spec(placement(dsv3, 16, 32), dsv3, "sglang", tmp_path / "s.json", FlagOptions(tp=8, dp=2))
+    argv = launch.argv()
+    assert argv[argv.index("--attn-dp-size") + 1] == "2" and argv[argv.index("--tp-size") + 1] == "16"
+    assert "--dp-size" not in argv and "--enable-dp-attention" not in argv
+
+
+def test_vllm_mainline_runs_online_eplb_and_pr_keys_need_the_opt_in(dsv3, tmp_path):
+    pl = placement(dsv3, 16, 32)
+    main_line = launch_spec(pl, dsv3, "vllm-jsonl", tmp_path / "m.jsonl", FlagOptions(tp=8, dp=2))
+    argv = main_line.argv()
+    assert json.loads(argv[argv.index("--eplb-config") + 1]) == recommended_eplb_config(32)
+    assert "--vllm-pr 41141" in main_line.text()  # the note names the opt-in
+    pr = launch_spec(pl, dsv3, "vllm-jsonl", tmp_path / "m.jsonl", FlagOptions(tp=8, dp=2, vllm_pr=41141))
+    argv = pr.argv()
+    cfg = json.loads(argv[argv.index("--eplb-config") + 1])
+    assert cfg["initial_mapping_path"] == str((tmp_path / "m.jsonl").resolve()) and cfg["disable_online_rebalancing"]
+    assert "PR #41141" in pr.text()
+    # the released parser rejects exactly those keys: the recorded list says so
+    assert check_args("vllm", "0.34.0", argv) == [("vLLM 0.34.0: --eplb-config has no key disable_online_rebalancing, "
+                                                  "initial_mapping_path")]
+    with pytest.raises(InputError, match="--vllm-pr 49572 loads --format vllm-expert-map"):
+        launch_spec(pl, dsv3, "vllm-jsonl", tmp_path / "m.jsonl", FlagOptions(tp=8, dp=2, vllm_pr=49572))
+    with pytest.raises(InputError, match="--vllm-pr/--vllm-static choose how vLLM"):
+        launch_spec(pl, dsv3, "sglang", tmp_path / "s.json", FlagOptions(tp=8, dp=2, vllm_pr=41141))
+    assert set(VLLM_PRS) == {49572, 41141}
+
+
+def test_check_args_reports_what_the_release_rejects():
+    assert check_args("sglang", "0.5.23", ["python", "-m", "sglang.launch_server", "--tp-size", "8"]) == []
+    probs = check_args("sglang", "0.5.23", ["--tp-size", "8", "--dp-size", "2", "--enable-dp-attention",
+                                             "--moe-a2a-backend", "nccl", "--no-such-flag"])
+    assert probs == ["SGLang 0.5.23 marks --enable-dp-attention deprecated",
+                     "SGLang 0.5.23: --moe-a2a-backend nccl is not one of its choices",
+                     "SGLang 0.5.23 has no option --no-such-flag"]
+    assert check_args("vllm", "0.34.0", ["--all2all-backend=deepep_v2", "--data-parallel-address", "$MASTER_ADDR"]) == []
+
+
+def test_engine_version_defaults_to_the_newest_checked_and_refuses_others():
+    assert resolve_version("vllm", None) == checked_versions("vllm")[-1] == "0.34.0"
+    assert resolve_version("sglang", "v0.5.23") == "0.5.23"
+    with pytest.raises(InputError, match=r"vLLM 0.10.0 was not checked \(checked: 0.34.0"):
+        resolve_version("vllm", "0.10.0")
+
+
+def test_recommended_eplb_config_has_documented_defaults():
+    assert recommended_eplb_config(32) == {"window_size": 1000, "step_interval": 3000, "num_redundant_experts": 32,
+                                           "use_async": True}
+    assert recommended_eplb_config(0, window_size=200, step_interval=600)["step_interval"] == 600
+    with pytest.raises(InputError):
+        recommended_eplb_config(-1)
+
+
+# ----------------------------------------------------------------------- the engines' own parsers
+def _expand(argv, rank=1):
+    """The words a shell would pass on node ``rank`` (MASTER_ADDR a literal address)."""
+    out = []
+    for a in argv:
+        a = re.sub(r"\$\(\(NODE_RANK\*(\d+)\)\)", lambda m: str(rank * int(m.group(1))), a)
+        out.append(a.replace("$NODE_RANK", str(rank)).replace("$MASTER_ADDR", "10.0.0.1"))
+    return out
+
+
+def test_vllm_own_parser_accepts_the_printed_commands(dsv3, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")  # the parser builds a DeviceConfig; no GPU here
+    cli_args = pytest.importorskip("vllm.entrypoints.common.cli_args")
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    if vllm.__version__ not in checked_versions("vllm"):
+        pytest.skip(f"vllm {vllm.__version__} is not a checked release")
+    parser = cli_args.make_arg_parser(FlexibleArgumentParser())
+    n = 0
+    for _, launch in _all_launches(dsv3, tmp_path):
+        if launch.engine != "vllm":
+            continue
+        for argv in [launch.argv()] + ([launch.argv(worker=True)] if launch.worker_extra else []):
+            args = parser.parse_args(_expand(argv)[2:])  # after `vllm serve`
+            engine_args = EngineArgs.from_cli_args(args)
+            assert engine_args.enable_expert_parallel
+            n += 1
+    assert n >= 5
+    # and it rejects the open PR's keys, which is why they sit behind --vllm-pr
+    pr = launch_spec(placement(dsv3, 16, 32), dsv3, "vllm-jsonl", tmp_path / "m.jsonl",
+                     FlagOptions(tp=8, dp=2, vllm_pr=41141))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # argparse exits 2, as `vllm serve` does
+        EngineArgs.from_cli_args(parser.parse_args(_expand(pr.argv())[2:]))
+    assert "initial_mapping_path" in capsys.readouterr().err
+
+
+def test_sglang_own_parser_accepts_the_printed_commands(dsv3, tmp_path):
+    server_args = pytest.importorskip("sglang.srt.server_args")
+    import argparse
+    from importlib.metadata import version
+
+    if version("sglang") not in checked_versions("sglang"):
+        pytest.skip(f"sglang {version('sglang')} is not a checked release")
+    n = 0
+    for _, launch in _all_launches(dsv3, tmp_path):
+        if launch.engine != "sglang":
+            continue
+        parser = argparse.ArgumentParser()
+        server_args.ServerArgs.add_cli_args(parser)
+        args = parser.parse_args(_expand(launch.argv())[3:])  # after `python -m sglang.launch_server`
+        sa = server_args.ServerArgs.from_cli_args(args)
+        assert sa.ep_size == launch.nodes * launch.gpus_per_node and not sa.enable_dp_attention
+        n += 1
+    assert n == 3
+
+
+# ----------------------------------------------------------------------- deployment files
+def _export(tmp_path, pj, fmt, target, *extra):
+    out = tmp_path / FILE[fmt]
+    launch_out = tmp_path / f"launch-{fmt}{deploy.default_suffix(target)}"
+    assert main(["export", str(pj), "--format", fmt, "--out", str(out), "--flags", "--tp", "8", "--dp", "2",
+                 "--target", target, "--launch-out", str(launch_out), *extra]) == 0
+    return out, launch_out
+
+
+@pytest.fixture(scope="module")
+def pj(tmp_path_factory, dsv3):
+    p = tmp_path_factory.mktemp("pl") / "pl.json"
+    placement(dsv3, 16, 32).save(p)
+    return p
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "vllm-expert-map"])
+def test_slurm_and_shell_scripts_parse_and_start_every_node(tmp_path, pj, fmt, capsys):
+    out, sbatch = _export(tmp_path, pj, fmt, "slurm")
+    text = sbatch.read_text()
+    subprocess.run(["bash", "-n", str(sbatch)], check=True)
+    assert "#SBATCH --nodes=2" in text and "srun --nodes=2 --ntasks-per-node=1" in text
+    assert "fits" in text.splitlines()[2]  # the memory plan's verdict
+    assert re.search(r"^#SBATCH", text, re.MULTILINE).start() < text.index("set -euo")  # sbatch reads headers first
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text and "MASTER_ADDR=${HOSTS[0]}" in text
+    if fmt == "sglang":
+        assert f"--init-expert-location {out.resolve()}" in text and "--node-rank $NODE_RANK" in text
+    else:
+        assert "--headless" in text and "--vllm-pr 49572" in text
+    _, sh = _export(tmp_path, pj, fmt, "shell", "--force")
+    subprocess.run(["bash", "-n", str(sh)], check=True)
+    assert sh.stat().st_mode & 0o100 and "${NODE_RANK:?" in sh.read_text()
+    # a rerun replaces its own file; a file it did not write is refused
+    foreign = tmp_path / "mine.sh"
+    foreign.write_text("#!/bin/sh\necho mine\n")
+    capsys.readouterr()
+    assert main(["export", str(pj), "--format", fmt, "--out", str(out), "--force", "--flags", "--tp", "8",
+                 "--dp", "2", "--target", "shell", "--launch-out", str(foreign)]) != 0
+    assert foreign.read_text() == "#!/bin/sh\necho mine\n"
+
+
+def test_k8s_manifest_mounts_the_file_where_the_command_reads_it(tmp_path, pj, dsv3):
+    out, manifest = _export(tmp_path, pj, "sglang", "k8s")
+    cm, lws = list(yaml.safe_load_all(manifest.read_text()))
+    assert cm["kind"] == "ConfigMap" and cm["data"]["loc.json"] == out.read_text()
+    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1" and lws["kind"] == "LeaderWorkerSet"
+    spec = lws["spec"]["leaderWorkerTemplate"]
+    assert spec["size"] == 2 and "fits" in lws["metadata"]["annotations"]["moeplace/memory-plan"]
+    for role in ("leaderTemplate", "workerTemplate"):
+        pod = spec[role]["spec"]
+        c = pod["containers"][0]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "placement")
+        vol = next(v for v in pod["volumes"] if v["name"] == "placement")
+        assert vol["configMap"]["name"] == cm["metadata"]["name"]
+        words = shlex.split(c["args"][0].splitlines()[1])
+        path = words[words.index("--init-expert-location") + 1]
+        assert Path(path).parent == Path(mount["mountPath"]) and Path(path).name in cm["data"]
+        assert "LWS_LEADER_ADDRESS" in c["args"][0]
+    # vLLM: the workers run headless
+    _, vm = _export(tmp_path, pj, "vllm-expert-map", "k8s", "--vllm-pr", "49572")
+    _, lws = list(yaml.safe_load_all(vm.read_text()))
+    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"][0]
+    assert "--headless" in worker and "initial_expert_map_path" in worker and "/etc/moeplace/map.json" in worker
+    # what the worker pod's container runs: node 1 of the group, the leader's address from LeaderWorkerSet
+    import os
+
+    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}", "LWS_WORKER_INDEX": "1",
+           "LWS_LEADER_ADDRESS": "moeplace-deepseek-v3-0.moeplace-deepseek-v3"}
+    got = subprocess.run(["bash", "-c", worker], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert got[got.index("--data-parallel-address") + 1] == "moeplace-deepseek-v3-0.moeplace-deepseek-v3"
+    assert got[-3:] == ["--headless", "--data-parallel-start-rank", "1"]
+    cfg = json.loads(got[got.index("--eplb-config") + 1])
+    assert cfg["initial_expert_map_path"] == "/etc/moeplace/map.json"
+
+
+def test_target_needs_an_engine_it_knows_and_flags(tmp_path, pj, capsys):
+    assert main(["export", str(pj), "--format", "trtllm", "--out", str(tmp_path / "t.yaml"), "--flags",
+                 "--dp", "16", "--target", "slurm"]) == 2
+    assert "SGLang and vLLM formats" in capsys.readouterr().err and not (tmp_path / "t.yaml").exists()
+    assert main(["export", str(pj), "--format", "sglang", "--out", str(tmp_path / "s.json"), "--target", "k8s"]) == 2
+    assert "add --flags" in capsys.readouterr().err
+    assert main(["export", str(pj), "--format", "sglang", "--out", str(tmp_path / "s.json"), "--flags", "--tp", "8",
+                 "--engine-version", "0.4.0"]) == 2
+    assert "SGLang 0.4.0 was not checked" in capsys.readouterr().err
+
+
+def test_export_json_lists_files_warnings_and_launch_arguments(tmp_path, pj, capsys):
+    out = tmp_path / "s.json"
+    capsys.readouterr()
+    assert main(["export", str(pj), "--format", "sglang", "--out", str(out), "--flags", "--tp", "8", "--dp", "2",
+                 "--target", "slurm", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["wrote"] == [str(out), str(tmp_path / "s.sbatch")]
+    assert doc["launch"]["engine"] == "sglang" and doc["launch"]["engine_version"] == "0.5.23"
+    argv = doc["launch"]["argv"]
+    assert argv[argv.index("--init-expert-location") + 1] == str(out.resolve())
+    assert doc["memory_plan"]["fits"] and doc["launch"]["nodes"] == 2 and isinstance(doc["warnings"], list)
+
+
+def _fake_bin(tmp_path: Path) -> Path:
+    """``vllm`` / ``python`` that print their arguments, ``scontrol`` that names two hosts, ``srun`` that
+    runs its command as node 1 -- enough to run the written scripts here."""
+    b = tmp_path / "bin"
+    b.mkdir()
+    for name in ("vllm", "python"):
+        (b / name).write_text('#!/bin/bash\nprintf "%s\\n" "$@"\n')
+    (b / "scontrol").write_text('#!/bin/bash\nprintf "node-a\\nnode-b\\n"\n')
+    (b / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nSLURM_NODEID=1 exec "$@"\n')
+    for f in b.iterdir():
+        f.chmod(0o755)
+    return b
+
+
+@pytest.mark.parametrize("target", ["shell", "slurm"])
+def test_scripts_start_node_1_with_the_worker_command(tmp_path, pj, target, dsv3):
+    import os
+
+    _, script = _export(tmp_path, pj, "vllm-expert-map", target)
+    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}"}
+    # shell: the user sets both; slurm: sbatch sets the node list, the script finds the head in it
+    env.update({"NODE_RANK": "1", "MASTER_ADDR": "node-a"} if target == "shell" else {"SLURM_JOB_NODELIST": "node-[a-b]"})
+    p = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True)
+    got = p.stdout.splitlines()
+    want = launch_spec(placement(dsv3, 16, 32), dsv3, "vllm-expert-map", tmp_path / "map.json",
+                       FlagOptions(tp=8, dp=2)).argv(worker=True)
+    assert got == [a.replace("$MASTER_ADDR", "node-a").replace("$((NODE_RANK*1))", "1") for a in want[1:]]
+    assert got[got.index("--data-parallel-address") + 1] == "node-a" and got[-2:] == ["--data-parallel-start-rank", "1"]
