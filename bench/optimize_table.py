@@ -29,7 +29,9 @@ def main() -> int:
 
     from moeplace.foundation.cluster import make_cluster
     from moeplace.foundation.model import load_model
-    from moeplace.placement.compare import compare_policies, format_table, routing_windows
+    from moeplace.placement.compare import compare_policies
+    from moeplace.placement.report import format_table
+    from moeplace.placement.windows import routing_windows
     from moeplace.traces.synth import SynthConfig, synthesize
 
     trace = Path(args.trace)

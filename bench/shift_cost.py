@@ -18,7 +18,8 @@ from _timing import ROOT, loadavg, rel, timed, write_result
 sys.path.insert(0, str(ROOT))
 
 from moeplace.foundation.cluster import make_cluster
-from moeplace.placement.compare import compare_policies, default_redundant, routing_windows
+from moeplace.placement.compare import compare_policies
+from moeplace.placement.windows import default_redundant, routing_windows
 
 
 def main() -> None:

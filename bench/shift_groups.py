@@ -5,7 +5,7 @@ production traffic is other datasets. Six domains, each in two related inputs (1
 domains (six inputs, ``--plan-fraction 1``), score the placement on the other three ("realized unseen":
 mean over the three domains' balancedness, and the worst of them); then the other direction. The inputs
 are grouped the way ``place optimize`` does without ``--group`` (by the similarity of their expert loads,
-:func:`moeplace.placement.compare.group_inputs`); the estimate is leave-one-group-out over the planning
+:func:`moeplace.placement.shift.group_inputs`); the estimate is leave-one-group-out over the planning
 groups, every layer (or a sample with its error, as ``place optimize`` decides). Checked: the realized mean
 lies in ``mean_range`` and the realized worst in ``worst_range``, and how wide each range is.
 
@@ -43,8 +43,10 @@ sys.path.insert(0, str(ROOT))
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.files import atomic_path, write_text_atomic
 from moeplace.foundation.model import load_model
-from moeplace.placement.compare import compare_policies, routing_windows, scenarios
+from moeplace.placement.compare import compare_policies
 from moeplace.placement.evaluate import evaluate
+from moeplace.placement.shift import scenarios
+from moeplace.placement.windows import routing_windows
 from moeplace.traces.synth import SynthConfig, synthesize
 
 RESULTS = ROOT / "bench" / "results"

@@ -55,8 +55,10 @@ sys.path.insert(0, str(ROOT))
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.files import atomic_path, write_text_atomic
 from moeplace.foundation.model import load_model
-from moeplace.placement.compare import compare_policies, routing_windows, scenarios
+from moeplace.placement.compare import compare_policies
 from moeplace.placement.evaluate import evaluate
+from moeplace.placement.shift import scenarios
+from moeplace.placement.windows import routing_windows
 from moeplace.sim.workload import load_trace_tokens
 from moeplace.traces.synth import SynthConfig, synthesize
 

@@ -15,7 +15,8 @@ from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.memory import MemoryConfig, plan_memory
 from moeplace.foundation.model import ModelSpec
-from moeplace.placement.compare import compare_policies, routing_windows
+from moeplace.placement.compare import compare_policies
+from moeplace.placement.windows import routing_windows
 from moeplace.traces.synth import SynthConfig, synthesize
 
 NUM_GPUS = 16  # two nodes of 8 H200

@@ -68,7 +68,7 @@ def _loads_file(tmp_path, model, windows=4, seed=0):
     counts = rng.poisson(rng.gamma(0.5, 30.0, (1, model.num_moe_layers, model.num_experts)),
                          (windows, model.num_moe_layers, model.num_experts))
     path = tmp_path / "loads.npz"
-    Loads(counts.astype(np.int64), model, 100, tuple(f"w{i}" for i in range(windows))).save(path)
+    Loads(counts.astype(np.int64), model, 1000, tuple(f"w{i}" for i in range(windows))).save(path)
     return path
 
 

@@ -483,7 +483,7 @@ def test_unseen_windows_follow_the_planning_record(run_dir, tmp_path):
     Loads file that does not say what it summarizes cannot be told apart (nothing counts as held out);
     another trace was never seen (every window)."""
     from moeplace.dashboard.data import unseen_windows
-    from moeplace.placement.compare import routing_windows
+    from moeplace.placement.windows import routing_windows
     from moeplace.traces.loads import Loads
 
     run = copy_run(run_dir, tmp_path)

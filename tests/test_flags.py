@@ -15,9 +15,9 @@ from moeplace.cli.main import build_parser, main
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.memory import GiB, MemoryConfig, parse_context_mix
-from moeplace.placement.compare import routing_windows
 from moeplace.placement.policies import PlacementProblem
 from moeplace.placement.record import check_compatible, load_placement
+from moeplace.placement.windows import routing_windows
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,12 @@ import pytest
 
 from moeplace.cli.main import main
 from moeplace.foundation.cluster import make_cluster
-from moeplace.placement.compare import compare_policies, routing_windows, scenarios, split_samples
+from moeplace.placement.compare import compare_policies
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.policies import PlacementProblem, get_policy
 from moeplace.placement.record import Placement
+from moeplace.placement.shift import scenarios
+from moeplace.placement.windows import routing_windows, split_samples
 from moeplace.traces.loads import Loads
 from moeplace.traces.scan import Sampler
 from moeplace.traces.stats import trace_loads
@@ -303,7 +305,7 @@ def test_shift_estimate_on_a_layer_sample_is_the_full_plans_figure_on_those_laye
 
 
 def test_shift_layers_every_layer_when_it_fits_the_budget_else_a_sample(small):
-    from moeplace.placement.compare import SHIFT_BUDGET_S, SHIFT_MIN_LAYERS, fold_seconds, shift_layers
+    from moeplace.placement.shift import SHIFT_BUDGET_S, SHIFT_MIN_LAYERS, fold_seconds, shift_layers
 
     big = replace(small, num_layers=93, moe_layers=tuple(range(1, 93)), attention=("kda",) * 93)
     counts = np.ones((13, 92, E), np.int64)
@@ -321,7 +323,7 @@ def test_shift_layers_every_layer_when_it_fits_the_budget_else_a_sample(small):
 
 
 def test_shift_ranges_widen_with_the_spread_over_folds_and_the_layer_sample():
-    from moeplace.placement.compare import SHIFT_MIN_HALF_WIDTH, shift_ranges, t80
+    from moeplace.placement.shift import SHIFT_MIN_HALF_WIDTH, shift_ranges, t80
 
     mr, wr, h = shift_ranges([0.6, 0.7, 0.8], 0.0)
     assert h == pytest.approx(t80(2) * 0.1 * np.sqrt(1 + 1 / 3))
@@ -336,7 +338,7 @@ def test_shift_folds_plan_with_the_written_placements_settings(small):
     """Each fold is planned as the main plan is: its options (a traffic objective included, with the
     training windows' token sample, none of the left-out one's) and the training windows' groups as
     scenarios — not a balance-only plan or another scenario split."""
-    from moeplace.placement.compare import shift_estimate
+    from moeplace.placement.shift import shift_estimate
 
     loads = _loads(small, windows=6, per_window=50)
     ids = np.array([0, 0, 1, 1, 2, 2])
@@ -358,7 +360,7 @@ def test_shift_folds_plan_with_the_written_placements_settings(small):
 
 
 def test_related_inputs_are_grouped_and_left_out_together(small):
-    from moeplace.placement.compare import group_inputs
+    from moeplace.placement.shift import group_inputs
 
     rng = np.random.default_rng(0)
     base = [rng.dirichlet(np.ones(E) * 0.3, size=L) * 1e5 for _ in range(3)]

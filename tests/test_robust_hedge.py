@@ -12,7 +12,8 @@ from benchkit import load_bench
 
 import moeplace.placement.policies.moeplace as planner_module
 from moeplace.foundation.cluster import make_cluster
-from moeplace.placement.compare import compare_policies, scenarios
+from moeplace.placement.compare import compare_policies
+from moeplace.placement.shift import scenarios
 from moeplace.traces.loads import Loads
 
 E, L, K = 16, 2, 2

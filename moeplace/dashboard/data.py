@@ -48,7 +48,7 @@ from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.planner import plan_memory
 from moeplace.foundation.model import load_model, preset_names
 from moeplace.foundation.reading import is_regular
-from moeplace.placement.compare import compare_policies, routing_windows
+from moeplace.placement.compare import compare_policies
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.export import export_placement, format_names, get_format
 from moeplace.placement.export.flags import (
@@ -59,6 +59,7 @@ from moeplace.placement.export.flags import (
     trtllm_options,
 )
 from moeplace.placement.record import load_placement
+from moeplace.placement.windows import routing_windows
 from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.frontier import FRONTIER_FILE, LEGACY_VERSION, SWEEP_TABLE
 from moeplace.sim.results import (
@@ -323,7 +324,7 @@ trace_stats = _stamped(_trace_stats)
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _routing_loads(path: str, stamp_: tuple, window_tokens: int):
-    """Per-window expert counts of a Loads ``.npz`` (``placement.compare.routing_windows``, the reader
+    """Per-window expert counts of a Loads ``.npz`` (``placement.windows.routing_windows``, the reader
     ``place optimize`` uses)."""
     return routing_windows([path], window_tokens=window_tokens)
 

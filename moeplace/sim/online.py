@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.placement.compare import t80
+from moeplace.placement.shift import t80
 from moeplace.sim.config import RebalanceConfig, SimConfig
 from moeplace.sim.runner import simulate
 from moeplace.sim.workload import TraceTokens

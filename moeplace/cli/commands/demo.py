@@ -27,7 +27,7 @@ from moeplace.foundation.files import (
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.model import load_model
-from moeplace.placement.compare import default_redundant
+from moeplace.placement.windows import default_redundant
 from moeplace.traces.format import TRACE_DIRECTORY
 from moeplace.traces.synth import SYNTH_VERSION, SynthConfig
 from moeplace.traces.validate import read_trace_meta, validate_trace

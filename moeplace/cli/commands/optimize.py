@@ -16,17 +16,12 @@ from moeplace.foundation.errors import InputError, MoeplaceError
 from moeplace.foundation.files import OutputKind, Outputs, register_kind, tagged_artifact, write_text_atomic
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
-from moeplace.placement.compare import (
-    DEFAULT_WINDOW_TOKENS,
-    compare_policies,
-    default_redundant,
-    format_shift,
-    format_table,
-    routing_windows,
-)
+from moeplace.placement.compare import compare_policies
 from moeplace.placement.dispatch import ENGINES
 from moeplace.placement.policies import policy_names
 from moeplace.placement.record import PLACEMENT_JSON
+from moeplace.placement.report import format_shift, format_table
+from moeplace.placement.windows import DEFAULT_WINDOW_TOKENS, default_redundant, routing_windows
 
 COMPARISON_REPORT = register_kind(OutputKind("comparison report", False, tagged_artifact(
     "comparison", "engine", "cluster", "rows", "written")))  # --report, the --json document

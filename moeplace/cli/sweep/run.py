@@ -47,10 +47,10 @@ from moeplace.cli.sweep.store import ResultStore, make_row
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json, write_text_atomic
 from moeplace.foundation.formats import check, tagged
-from moeplace.placement.compare import routing_windows
 from moeplace.placement.export import export_placement
 from moeplace.placement.export.flags import FlagOptions, launch_command
 from moeplace.placement.record import Placement, load_placement
+from moeplace.placement.windows import routing_windows
 from moeplace.sim.config import SimConfig
 from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.frontier import FRONTIER_FILE, SWEEP_RECOMMENDED, SWEEP_TABLE, frontier_report

@@ -13,9 +13,9 @@ import streamlit as st
 
 from moeplace.dashboard import data, ui
 from moeplace.foundation.cluster import gpu_preset_names
-from moeplace.placement.compare import DEFAULT_WINDOW_TOKENS, default_redundant
 from moeplace.placement.dispatch import ENGINES
 from moeplace.placement.policies import policy_names
+from moeplace.placement.windows import DEFAULT_WINDOW_TOKENS, default_redundant
 
 
 def _traffic(summary: dict, key: str, scale: float = 1.0) -> str | None:

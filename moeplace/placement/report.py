@@ -1,0 +1,85 @@
+"""The comparison as people read it: the table ``place optimize`` prints, the shift-estimate lines and the
+notes on what the time limit cut."""
+from __future__ import annotations
+
+from moeplace.placement.compare import Comparison, duplicate_layers
+from moeplace.placement.evaluate import Metrics
+from moeplace.placement.windows import window_span
+
+
+def _traffic_cells(m: Metrics) -> tuple[str, str]:
+    """nodes/tok and remote-node KiB/tok cells; ``~`` marks the independence estimate (no token sample)."""
+    est = "~" if not m.traffic_method.startswith(("token sample", "exact")) else ""
+    return f"{est}{m.remote_per_token['node']:.3f}", f"{est}{m.dispatch_bytes_per_token['node'] / 1024:.0f}"
+
+
+def format_table(cmp: Comparison) -> str:
+    """The text table ``place optimize`` prints."""
+    has_held = cmp.held_windows.size > 0
+    if has_held:
+        head = ["policy", "time s", "plan bal", "held bal", "held worst", "held max/mean", "held nodes/tok",
+                "held KiB/tok", "dup GPUs"]
+    else:
+        head = ["policy", "time s", "plan bal", "shift mean", "shift worst", "plan nodes/tok", "plan KiB/tok",
+                "dup GPUs"]
+    rows = []
+    for r in cmp.results:
+        p, h = r.planning, r.held_out
+        dup = str(duplicate_layers(r.placement, p))
+        if has_held:
+            rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", f"{h.balancedness:.4f}",
+                         f"{h.worst_window_balancedness:.4f}", f"{h.max_over_mean:.4f}", *_traffic_cells(h), dup])
+        else:
+            sm = f"{r.shift['mean']:.4f}" if r.shift else "-"
+            sw = f"{r.shift['worst']:.4f}" if r.shift else "-"
+            rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", sm, sw, *_traffic_cells(p), dup])
+    widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
+    c = cmp.cluster
+    span = (f"plan windows {window_span(cmp.planning_windows)}, held-out windows {window_span(cmp.held_windows)}" if has_held
+            else f"planned on every window ({window_span(cmp.planning_windows)}), nothing held out")
+    layers = (f"; scored on {cmp.scored_layers} of {cmp.moe_layers} MoE layers (the others have no tokens)"
+              if cmp.scored_layers < cmp.moe_layers else "")
+    tokens = f"{cmp.tokens:,} tokens in {cmp.planning_windows.size + cmp.held_windows.size} windows; " if cmp.tokens else ""
+    lines = [(f"engine {cmp.engine}, {c.name} ({c.num_gpus} GPUs), {cmp.num_redundant} redundant slots; "
+              f"{tokens}{span}{layers}"), fmt(head), fmt(["-" * w for w in widths])]
+    lines += [fmt(r) for r in rows]
+    sampled = (f"{cmp.held_sample_tokens} sampled held-out tokens" if has_held
+               else f"{cmp.planning_sample_tokens} sampled planning tokens (in-sample)")
+    lines.append("bal = mean/max tokens per GPU per layer, averaged over layers with tokens (SGLang form); "
+                 "worst = lowest window; nodes/tok = other nodes a token is sent to per MoE layer and "
+                 "KiB/tok = the bytes those sends carry per token over all MoE layers (one send per remote "
+                 f"node, DeepEP-style), replayed on {sampled}"
+                 "; ~ = estimate (no token sample: k selections taken as independent draws); dup GPUs = "
+                 "layers with two replicas of one expert on one GPU")
+    lines += [f"note: {n}" for n in cmp.notes]
+    return "\n".join(lines)
+
+
+def format_shift(cmp: Comparison) -> list[str]:
+    """Lines under the table: per policy, the balancedness to expect on traffic unlike the planning data,
+    with its range (spread over the left-out groups plus the layer sample's error)."""
+    rows = [r for r in cmp.results if r.shift]
+    if not rows:
+        return []
+    base, *details = cmp.shift_method.split("; ")
+    out = [(f"shift estimate ({base} over {len(cmp.shift_scenarios)} scenarios of the planning "
+            f"data: {', '.join(cmp.shift_scenarios)}; plan on the rest with the same settings, score on the one "
+            f"left out{''.join('; ' + d for d in details)}) — balancedness to expect on traffic unlike the "
+            "planning data (range: 80 % prediction interval from the spread over the left-out groups, plus 2 "
+            "standard errors of the layer sample):")]
+    for r in rows:
+        sh = r.shift
+        se = sh.get("layer_sample_se") or 0.0
+        err = f" (± {se:.4f} from the layer sample)" if se else ""
+        extra = sh["method"][len(cmp.shift_method):].lstrip("; ") if sh["method"].startswith(cmp.shift_method) else ""
+        rng = ""
+        if "mean_range" in sh:
+            rng = (f" [{sh['mean_range'][0]:.3f}, {sh['mean_range'][1]:.3f}]")
+        wr = f" [{sh['worst_range'][0]:.3f}, {sh['worst_range'][1]:.3f}]" if "worst_range" in sh else ""
+        out.append(f"  {r.policy}: mean {sh['mean']:.4f}{rng}{err}, worst scenario {sh['worst']:.4f}{wr}"
+                   + (f" ({extra})" if extra else ""))
+    return out
+
+
