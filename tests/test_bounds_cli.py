@@ -49,7 +49,7 @@ def inputs(tmp_path_factory):
     (root / "model.json").write_text(json.dumps(m.to_dict()))
     k3 = load_model("kimi-k3")
     counts = np.random.default_rng(0).integers(0, 50, size=(2, k3.num_moe_layers, k3.num_experts))
-    Loads(counts=counts, model=k3, window_tokens=1000, labels=("a", "b")).save(root / "k3.npz")
+    Loads(counts=counts, model=k3, window_tokens=4096, labels=("a", "b")).save(root / "k3.npz")
     return root
 
 

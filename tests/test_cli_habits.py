@@ -139,7 +139,7 @@ def _small_loads(k3, tmp_path) -> Path:
     rng = np.random.default_rng(0)
     counts = rng.poisson(rng.gamma(0.5, 30.0, (1, 3, 30)), (4, 3, 30)).astype(np.int64)
     path = tmp_path / "loads.npz"
-    Loads(counts, model, 100, tuple(f"w{i}" for i in range(4))).save(path)
+    Loads(counts, model, 1000, tuple(f"w{i}" for i in range(4))).save(path)
     return path
 
 

@@ -110,7 +110,7 @@ def _torch(path: Path):
     """torch, imported on first use (~5 s; only the .pt forms need it). The core install has no torch: say
     how to get it instead of a traceback."""
     try:
-        import torch
+        import torch  # ~5 s, and optional (the [capture] extra): only the .pt forms need it
     except ModuleNotFoundError:
         raise InputError(f"{path}: the .pt form needs torch, which this install lacks (pip install "
                          "'moeplace[capture]', or torch itself); the .json form needs no torch") from None
