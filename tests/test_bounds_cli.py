@@ -115,12 +115,12 @@ def test_synth_tokens_refused_by_free_disk(work, capsys, monkeypatch):
     (["--rate", "100000", "--duration", "1000"], ["--rate 100000 x --duration 1000", "GiB of memory"]),
 ])
 def test_simulate_refuses_before_reading_the_trace(work, capsys, monkeypatch, flags, names):
-    from moeplace.cli.commands import simulate
+    from moeplace.sim import runner
 
     def never(*a, **k):
         raise AssertionError("the trace was read before the bounds were checked")
 
-    monkeypatch.setattr(simulate, "load_trace_tokens", never)
+    monkeypatch.setattr(runner, "load_trace_tokens", never)  # what place simulate reads the trace with
     sim = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--no-progress"]
     refused(["simulate", "trace", "--placement", "placement.json", *sim, *flags], capsys, work, *names)
 

@@ -1,5 +1,7 @@
-"""One library call behind ``place simulate``: resolve the placements, build the pools from the plan
-model, run one simulation per placement on the same workload and seed, collect the results."""
+"""The library calls behind ``place simulate``: :func:`prepare_run` reads the trace (its held-out part when
+the placements were planned on the rest) and resolves the placements; :func:`simulate` builds the pools from
+the plan model, runs one simulation per placement on the same workload and seed and collects the results.
+The CLI parses flags into a :class:`RunInputs` and a :class:`SimConfig`, then calls these two."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +13,7 @@ import numpy as np
 from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.limits import placement_estimate, require_memory
+from moeplace.foundation.model import load_model
 from moeplace.placement.policies import PlacementProblem, get_policy, policy_names
 from moeplace.placement.record import Placement, check_compatible, load_placement
 from moeplace.sim.calibration import Profile
@@ -18,7 +21,115 @@ from moeplace.sim.config import SimConfig, check_resources
 from moeplace.sim.engine import Simulation
 from moeplace.sim.memory import override_pools, plan_pools
 from moeplace.sim.results import SimResult
-from moeplace.sim.workload import TraceTokens
+from moeplace.sim.workload import TraceTokens, load_trace_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInputs:
+    """What one run reads, as the user named it: the trace, the placements (JSON files or policy names
+    computed on the trace), and the overrides of the trace's model. ``max_trace_tokens``: tokens of the
+    trace to load (``None``: all); ``route_all``: route the whole trace even where a placement was planned
+    on part of it; ``prefill_gpus``: a disaggregated prefill pool of that many GPUs (policy names only)."""
+
+    trace: str
+    placements: tuple[str, ...]
+    max_trace_tokens: int | None = None
+    route_all: bool = False
+    model: str | None = None
+    expert_dtype: str | None = None
+    weight_dtype: str | None = None
+    num_redundant: int | None = None
+    engine: str = "vllm"
+    seed: int = 0
+    prefill_gpus: int | None = None
+
+
+@dataclasses.dataclass
+class PreparedRun:
+    """The trace to route, the resolved ``(label, placement)`` pairs (labels unique), the prefill pools'
+    placements, the first routed token and the sentence that says which part of the trace is routed."""
+
+    trace: TraceTokens
+    placements: list[tuple[str, Placement]]
+    prefill: list[tuple[Placement, ClusterSpec]] | None
+    from_token: int
+    routing_note: str
+
+
+def is_placement_file(spec: str) -> bool:
+    """``spec`` names a placement file (rather than a policy to compute on the trace)."""
+    return Path(spec).suffix == ".json" or Path(spec).exists()
+
+
+def held_out_start(trace: str, specs: tuple[str, ...] | list[str]) -> tuple[int, list[str]]:
+    """The first token (file order) of ``trace`` that none of the placement files in ``specs`` was planned
+    on (their provenance's ``planned_on``), and the names of those planned on this trace; ``(0, [])``
+    when none was."""
+    start, names = 0, []
+    here = Path(trace).resolve()
+    for spec in specs:
+        if not is_placement_file(spec) or not Path(spec).is_file():
+            continue
+        on = load_placement(Path(spec)).provenance.get("planned_on") or {}
+        inputs = on.get("inputs", [])
+        if len(inputs) == 1 and Path(inputs[0]).resolve() == here and "held_out_from_token" in on:
+            start = max(start, int(on["held_out_from_token"]))
+            names.append(Path(spec).stem)
+    return start, names
+
+
+def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None) -> PreparedRun:
+    """Read what ``inputs`` names for a run on ``cluster``: the trace (from the first token no placement
+    file was planned on, unless ``route_all``), with the model overrides applied; every placement resolved
+    (:func:`resolve_placement`; repeated labels numbered); the prefill pool's placements on
+    ``make_cluster(prefill_gpus)`` when there is one."""
+    from_token, planned = held_out_start(inputs.trace, inputs.placements)
+    if inputs.route_all:
+        from_token = 0
+    trace = load_trace_tokens(inputs.trace, inputs.max_trace_tokens, from_token)
+    if from_token:
+        note = (f"routing on the held-out part of {inputs.trace}: requests starting at or after token "
+                f"{from_token} ({', '.join(planned)} planned on the tokens before; --route-all routes "
+                "on the whole trace)")
+    elif planned:
+        note = (f"routing on the whole of {inputs.trace}, including the tokens {', '.join(planned)} "
+                "planned on (--route-all): in-sample")
+    else:
+        note = f"routing on {inputs.trace}"
+    if inputs.expert_dtype or inputs.weight_dtype:
+        try:
+            m2 = dataclasses.replace(trace.model, expert_dtype=inputs.expert_dtype or trace.model.expert_dtype,
+                                     weight_dtype=inputs.weight_dtype or trace.model.weight_dtype)
+        except InputError as exc:
+            raise InputError(f"--expert-dtype/--weight-dtype: {exc}") from None
+        trace = dataclasses.replace(trace, model=m2)
+    if inputs.model:
+        m = load_model(inputs.model)
+        if m.moe_layers != trace.model.moe_layers or m.num_experts != trace.model.num_experts \
+                or m.top_k != trace.model.top_k:
+            raise InputError(f"--model {inputs.model}: {m.num_moe_layers} MoE layers x {m.num_experts} experts top-"
+                             f"{m.top_k} does not match the trace's '{trace.model.name}'")
+        trace = dataclasses.replace(trace, model=m)
+    placements = [resolve_placement(s, trace, cluster, inputs.num_redundant, inputs.engine, inputs.seed)
+                  for s in inputs.placements]
+    labels = [lab for lab, _ in placements]
+    for i, lab in enumerate(labels):  # keep labels unique in the table and file names
+        if labels.count(lab) > 1:
+            placements[i] = (f"{lab}#{i + 1}", placements[i][1])
+    prefill = None
+    if inputs.prefill_gpus is not None:
+        p_cluster = make_cluster(inputs.prefill_gpus)
+        prefill = []
+        for spec in inputs.placements:
+            if spec.endswith(".json"):
+                raise InputError(f"--placement {spec}: with --prefill-gpus give a policy name (each pool gets its "
+                                 "own placement for its GPU count)")
+            prefill.append((resolve_placement(spec, trace, p_cluster, inputs.num_redundant, inputs.engine,
+                                              inputs.seed)[1], p_cluster))
+    named = [lab for lab, spec in zip(labels, inputs.placements) if not is_placement_file(spec)]
+    if named:
+        note += f"; {', '.join(named)} planned here on the routed tokens themselves (in-sample)"
+    return PreparedRun(trace, placements, prefill, from_token, note)
 
 
 def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_redundant: int | None, engine: str,

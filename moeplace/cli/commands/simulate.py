@@ -2,10 +2,8 @@
 (sim/) on a routing trace for one or more placements and print them side by side."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
-from pathlib import Path
 
 from moeplace.cli import flags
 from moeplace.cli.commands import NO_PROGRESS_HELP, add_force
@@ -14,10 +12,8 @@ from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
-from moeplace.foundation.model import load_model
 from moeplace.foundation.progress import wanted
 from moeplace.placement.dispatch import ENGINE_RULES
-from moeplace.placement.record import load_placement
 from moeplace.sim.calibration import load_profile
 from moeplace.sim.config import COST_ENGINES, COST_MODELS, SimConfig, parse_mtp
 from moeplace.sim.fidelity import fidelity_doc, run_context
@@ -32,8 +28,7 @@ from moeplace.sim.results import (
     write_chrome_trace,
     write_outputs,
 )
-from moeplace.sim.runner import resolve_placement, resolved_config, simulate
-from moeplace.sim.workload import load_trace_tokens
+from moeplace.sim.runner import RunInputs, prepare_run, resolved_config, simulate
 
 
 def register(sub) -> None:
@@ -163,54 +158,17 @@ def run(args) -> int:
     # the run's bounds and memory estimate before the trace is read (the model's context only narrows
     # the length checks, redone below)
     simulation_config(args, None)
-    from_token, planned = held_out_start(args.traces, args.placement)
-    if args.route_all:
-        from_token = 0
-    trace = load_trace_tokens(args.traces, args.max_trace_tokens, from_token)
-    if from_token:
-        routing_note = (f"routing on the held-out part of {args.traces}: requests starting at or after token "
-                        f"{from_token} ({', '.join(planned)} planned on the tokens before; --route-all routes "
-                        "on the whole trace)")
-    elif planned:
-        routing_note = (f"routing on the whole of {args.traces}, including the tokens {', '.join(planned)} "
-                        "planned on (--route-all): in-sample")
-    else:
-        routing_note = f"routing on {args.traces}"
-    if args.expert_dtype or args.weight_dtype:
-        try:
-            m2 = dataclasses.replace(trace.model, expert_dtype=args.expert_dtype or trace.model.expert_dtype,
-                                     weight_dtype=args.weight_dtype or trace.model.weight_dtype)
-        except InputError as exc:
-            raise InputError(f"--expert-dtype/--weight-dtype: {exc}") from None
-        trace = dataclasses.replace(trace, model=m2)
-    if args.model:
-        m = load_model(args.model)
-        if m.moe_layers != trace.model.moe_layers or m.num_experts != trace.model.num_experts \
-                or m.top_k != trace.model.top_k:
-            raise InputError(f"--model {args.model}: {m.num_moe_layers} MoE layers x {m.num_experts} experts top-"
-                             f"{m.top_k} does not match the trace's '{trace.model.name}'")
-        trace = dataclasses.replace(trace, model=m)
+    prep = prepare_run(RunInputs(
+        trace=args.traces, placements=tuple(args.placement), max_trace_tokens=args.max_trace_tokens,
+        route_all=args.route_all, model=args.model, expert_dtype=args.expert_dtype, weight_dtype=args.weight_dtype,
+        num_redundant=args.redundant, engine=args.engine, seed=args.seed, prefill_gpus=args.prefill_gpus),
+        cluster, make_cluster=lambda g: make_cluster(g, args.gpu, args.gpus_per_node))
+    trace, placements = prep.trace, prep.placements
     config = simulation_config(args, trace.model.max_context)
     profile = load_profile(args.profile) if args.profile else None
-    placements = [resolve_placement(s, trace, cluster, args.redundant, args.engine, args.seed)
-                  for s in args.placement]
-    labels = [lab for lab, _ in placements]
-    for i, lab in enumerate(labels):  # keep labels unique in the table and file names
-        if labels.count(lab) > 1:
-            placements[i] = (f"{lab}#{i + 1}", placements[i][1])
-    prefill = None
-    if args.prefill_gpus is not None:
-        p_cluster = make_cluster(args.prefill_gpus, args.gpu, args.gpus_per_node)
-        prefill = []
-        for spec in args.placement:
-            if spec.endswith(".json"):
-                raise InputError(f"--placement {spec}: with --prefill-gpus give a policy name (each pool gets its "
-                                 "own placement for its GPU count)")
-            prefill.append((resolve_placement(spec, trace, p_cluster, args.redundant, args.engine, args.seed)[1],
-                            p_cluster))
     progress = wanted(args.no_progress)
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
-                       progress=progress, prefill=prefill)
+                       progress=progress, prefill=prep.prefill)
     run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name)
     if args.out:
         resolved = {**resolved_config(config, cluster, trace, placements, profile),
@@ -225,11 +183,9 @@ def run(args) -> int:
         rec = recommend(trace, placements[0], cluster, config, profile, args.recommend_moves,
                         args.recommend_time, args.recommend_splits)
         results[0].summary["recommendation"] = rec
-    named = [lab for lab, spec in zip(labels, args.placement) if not _is_file(spec)]
-    if named:
-        routing_note += f"; {', '.join(named)} planned here on the routed tokens themselves (in-sample)"
+    routing_note = prep.routing_note
     for r in results:
-        r.summary["routing"] = {"from_token": from_token, "note": routing_note}
+        r.summary["routing"] = {"from_token": prep.from_token, "note": routing_note}
     for r in results:
         if r.summary.get("trace_note"):
             print(f"warning: {r.label}: {r.summary['trace_note']}", file=sys.stderr)
@@ -286,27 +242,6 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
         duration=args.duration, mode=args.mode, seed=args.seed, rebalance=args.rebalance, warmup=args.warmup,
         cost_model=args.cost_model, cost_engine=args.cost_engine)
     return build_sim_config(settings, max_context)
-
-
-def _is_file(spec: str) -> bool:
-    return Path(spec).suffix == ".json" or Path(spec).exists()
-
-
-def held_out_start(trace: str, specs: list[str]) -> tuple[int, list[str]]:
-    """The first token (file order) of ``trace`` that none of the placement files in ``specs`` was planned
-    on (their provenance's ``planned_on``), and the names of those planned on this trace; ``(0, [])``
-    when none was."""
-    start, names = 0, []
-    here = Path(trace).resolve()
-    for spec in specs:
-        if not _is_file(spec) or not Path(spec).is_file():
-            continue
-        on = load_placement(Path(spec)).provenance.get("planned_on") or {}
-        inputs = on.get("inputs", [])
-        if len(inputs) == 1 and Path(inputs[0]).resolve() == here and "held_out_from_token" in on:
-            start = max(start, int(on["held_out_from_token"]))
-            names.append(Path(spec).stem)
-    return start, names
 
 
 def recommend(trace, placement, cluster, config, profile, moves: int, time_limit: float, splits: int = 3) -> dict:
