@@ -531,7 +531,7 @@ def test_placement_page_shows_each_engines_launch_command_from_the_export_librar
     from moeplace.dashboard import data
     from moeplace.foundation.errors import InputError
     from moeplace.placement.export import format_names
-    from moeplace.placement.export.flags import ENGINE_OF_FORMAT, FlagOptions, check_layout, launch_command
+    from moeplace.placement.export.flags import TARGET_OF_FORMAT, FlagOptions, check_layout, launch_command
 
     at = open_page(run_dir, "placement")
     at.selectbox(key="pl_download").set_value("moeplace").run()
@@ -543,7 +543,7 @@ def test_placement_page_shows_each_engines_launch_command_from_the_export_librar
     codes = [c.value for c in at.code]
     shown = 0
     for fmt in format_names():
-        if fmt not in ENGINE_OF_FORMAT:
+        if fmt not in TARGET_OF_FORMAT:
             continue
         try:
             want = launch_command(p, model, fmt, export_dir / data.export_name(p, fmt), opts)

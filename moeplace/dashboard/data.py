@@ -52,7 +52,7 @@ from moeplace.placement.compare import compare_policies
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.export import export_placement, format_names, get_format
 from moeplace.placement.export.flags import (
-    ENGINE_OF_FORMAT,
+    TARGET_OF_FORMAT,
     FlagOptions,
     check_layout,
     launch_command,
@@ -572,7 +572,7 @@ def launch_for(placement_, model, fmt: str, file_path: str) -> Launch:
     """The launch command of ``placement_`` exported in ``fmt`` to ``file_path``, from the export library
     (``placement.export.flags``: ``check_layout`` runs the memory plan on the default attention layout
     for the placement's GPUs, then ``launch_command``), as ``place export --flags`` makes it."""
-    engine = ENGINE_OF_FORMAT.get(fmt)
+    engine = TARGET_OF_FORMAT.get(fmt)
     if engine is None:
         return Launch(fmt, get_format(fmt).engine, file_path, error=f"no launch command for format {fmt}")
     try:

@@ -16,7 +16,7 @@ from moeplace.foundation.model import load_model
 from moeplace.placement.export import deploy, export_placement, format_names, get_format
 from moeplace.placement.export.engines import VLLM_PRS, checked_versions
 from moeplace.placement.export.flags import (
-    ENGINE_OF_FORMAT,
+    TARGET_OF_FORMAT,
     FlagOptions,
     check_layout,
     launch_spec,
@@ -136,7 +136,7 @@ def run(args) -> int:
                            vllm_static=args.vllm_static)
         # the plan runs before the file is written: a refused layout leaves nothing behind
         opts, plan = check_layout(placement, model, opts, args.plan)
-        if ENGINE_OF_FORMAT[args.format] == "trtllm":
+        if TARGET_OF_FORMAT[args.format] == "trtllm":
             layout_keys = trtllm_options(placement, opts)  # refuses a layout TensorRT-LLM cannot express
             extra = layout_keys if args.format == "trtllm" else {}
         launch = launch_spec(placement, model, args.format, args.out, opts)  # its checks too, before writing

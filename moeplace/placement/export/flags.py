@@ -76,7 +76,9 @@ MODEL_PATHS = {
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
 }
 
-ENGINE_OF_FORMAT = {
+# the engine each export format targets (the export *target*; the replica rule it routes with is
+# REPLICA_RULE_OF_TARGET below)
+TARGET_OF_FORMAT = {
     "sglang": "sglang", "sglang-pt": "sglang", "sglang-logical-count": "sglang",
     "vllm-expert-map": "vllm", "vllm-jsonl": "vllm", "vllm-ascend": "vllm-ascend",
     "trtllm": "trtllm", "trtllm-lb": "trtllm",
@@ -90,7 +92,7 @@ def rule_mismatch(placement: Placement, fmt: str) -> str | None:
     """A warning when ``placement`` was optimized for another replica rule than the one the engine of
     export format ``fmt`` routes tokens with (the balance it was planned for is not what that engine gives)."""
     planned = placement.provenance.get("engine")
-    target = REPLICA_RULE_OF_TARGET.get(ENGINE_OF_FORMAT.get(fmt, ""))
+    target = REPLICA_RULE_OF_TARGET.get(TARGET_OF_FORMAT.get(fmt, ""))
     if not planned or target is None:
         return None
     try:
@@ -301,9 +303,9 @@ def launch_spec(placement: Placement, model: ModelSpec, fmt: str, file_path: str
     SGLang the command is checked against the recorded options of ``opts.engine_version`` (default: the
     newest checked release) and an option it lacks is an error. Run :func:`check_layout` first: this
     function checks the arithmetic, not the memory."""
-    if fmt not in ENGINE_OF_FORMAT:
-        raise InputError(f"--format '{fmt}' unknown (expected one of {', '.join(ENGINE_OF_FORMAT)})")
-    engine = ENGINE_OF_FORMAT[fmt]
+    if fmt not in TARGET_OF_FORMAT:
+        raise InputError(f"--format '{fmt}' unknown (expected one of {', '.join(TARGET_OF_FORMAT)})")
+    engine = TARGET_OF_FORMAT[fmt]
     if (opts.vllm_pr is not None or opts.vllm_static is not None) and engine != "vllm":
         raise InputError(f"--vllm-pr/--vllm-static choose how vLLM serves the placement; --format {fmt} is "
                          f"for {engine}")
