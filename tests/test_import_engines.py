@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -485,3 +486,14 @@ def test_cli_summaries_and_option_errors(tiny, tmp_path, capsys):
                  "--out", str(tmp_path / "x.npz")]) == 2
     assert "produces a trace directory" in capsys.readouterr().err
     assert not (tmp_path / "l2.npz").exists() and not (tmp_path / "x.npz").exists()
+
+
+def test_sglang_pt_dump_without_torch_is_one_line(tmp_path, monkeypatch):
+    """The core install has no torch: a .pt dump says how to get it instead of a traceback."""
+    from moeplace.traces.importers.sglang import _load_dump
+
+    dump = tmp_path / "expert_distribution_recorder_0.pt"
+    dump.write_bytes(b"not read")
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ModuleNotFoundError
+    with pytest.raises(InputError, match=r"\.pt dump needs torch, which this install lacks"):
+        _load_dump(dump)

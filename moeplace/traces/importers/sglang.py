@@ -69,7 +69,11 @@ def _load_dump(path: Path) -> dict:
         obj = reading.read_json(path, unreadable="not valid JSON")
     else:
         reading.require_regular(path)  # torch.load would block on a FIFO
-        import torch  # ~5 s to import; only .pt dumps need it (JSON dumps never load it)
+        try:
+            import torch  # ~5 s to import, and optional (the [capture] extra): only .pt dumps need it
+        except ModuleNotFoundError:
+            raise InputError(f"{path}: reading SGLang's .pt dump needs torch, which this install lacks (pip install "
+                             "'moeplace[capture]', or torch itself); its JSON dumps need no torch") from None
 
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
