@@ -78,11 +78,12 @@ def held_out_start(trace: str, specs: tuple[str, ...] | list[str]) -> tuple[int,
     return start, names
 
 
-def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None) -> PreparedRun:
+def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, check=None) -> PreparedRun:
     """Read what ``inputs`` names for a run on ``cluster``: the trace (from the first token no placement
     file was planned on, unless ``route_all``), with the model overrides applied; every placement resolved
     (:func:`resolve_placement`; repeated labels numbered); the prefill pool's placements on
-    ``make_cluster(prefill_gpus)`` when there is one."""
+    ``make_cluster(prefill_gpus)`` when there is one. ``check(trace)``: the caller's checks that need the
+    trace's model (its settings against the model's context), run before any placement is computed."""
     from_token, planned = held_out_start(inputs.trace, inputs.placements)
     if inputs.route_all:
         from_token = 0
@@ -110,6 +111,8 @@ def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None) -
             raise InputError(f"--model {inputs.model}: {m.num_moe_layers} MoE layers x {m.num_experts} experts top-"
                              f"{m.top_k} does not match the trace's '{trace.model.name}'")
         trace = dataclasses.replace(trace, model=m)
+    if check is not None:
+        check(trace)
     placements = [resolve_placement(s, trace, cluster, inputs.num_redundant, inputs.engine, inputs.seed)
                   for s in inputs.placements]
     labels = [lab for lab, _ in placements]

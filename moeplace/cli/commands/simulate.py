@@ -162,7 +162,8 @@ def run(args) -> int:
         trace=args.traces, placements=tuple(args.placement), max_trace_tokens=args.max_trace_tokens,
         route_all=args.route_all, model=args.model, expert_dtype=args.expert_dtype, weight_dtype=args.weight_dtype,
         num_redundant=args.redundant, engine=args.engine, seed=args.seed, prefill_gpus=args.prefill_gpus),
-        cluster, make_cluster=lambda g: make_cluster(g, args.gpu, args.gpus_per_node))
+        cluster, make_cluster=lambda g: make_cluster(g, args.gpu, args.gpus_per_node),
+        check=lambda t: simulation_config(args, t.model.max_context))  # the settings, before any placement
     trace, placements = prep.trace, prep.placements
     config = simulation_config(args, trace.model.max_context)
     profile = load_profile(args.profile) if args.profile else None
