@@ -27,6 +27,7 @@ Prints the table and writes ``bench/results/shift_groups.json``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -96,21 +97,22 @@ def synthetic_inputs(tokens: int) -> tuple[list[list[Path]], object]:
     return out, model
 
 
+def _shift_lodo():
+    """bench/shift_lodo.py, loaded by path (bench/ is kept off sys.path here, see above)."""
+    spec = importlib.util.spec_from_file_location("bench_shift_lodo", ROOT / "bench" / "shift_lodo.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def captured_inputs() -> list[list[Path]]:
-    import transformers
 
     from moeplace.traces.capture import CaptureConfig, run_capture
 
     base = RESULTS / "captured-groups"
     base.mkdir(parents=True, exist_ok=True)
     cfg_path = base / "config.json"
-    if not cfg_path.exists():
-        cfg = transformers.AutoConfig.for_model(
-            "qwen3_moe", vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, max_position_embeddings=512, intermediate_size=96, num_hidden_layers=4,
-            num_experts=64, num_experts_per_tok=4, moe_intermediate_size=16, norm_topk_prob=True,
-            pad_token_id=0, bos_token_id=1, eos_token_id=2)
-        cfg.to_json_file(str(cfg_path))
+    _shift_lodo().write_tiny_moe_config(cfg_path)  # the same tiny model as the leave-one-domain-out bench
     out = []
     for dom, templates in PROMPTS.items():
         pair = []

@@ -108,17 +108,11 @@ def synthetic_loads(tokens: int, window_tokens: int, split: str = "domain"):  # 
     return routing_windows(paths, window_tokens=window_tokens), paths
 
 
-def captured_loads(window_tokens: int, seed: int = 0):  # -> (Loads, one trace path per domain)
-    """The four domains' captured traces; ``seed`` seeds the random weights (and sampling): another seed is
-    another model, routing the same prompts differently."""
+def write_tiny_moe_config(cfg_path: Path) -> None:
+    """The tiny Qwen3-MoE config.json (64 experts, top-4, 4 layers; random weights) the captured benches run,
+    unless ``cfg_path`` already holds it."""
     import transformers  # optional: the [capture] extra
 
-    from moeplace.traces.capture import CaptureConfig, run_capture
-
-    base = RESULTS / "captured-lodo"
-    cfg_path = base / "config.json"
-    runs = base if seed == 0 else RESULTS / f"captured-lodo-seed{seed}"
-    base.mkdir(parents=True, exist_ok=True)
     if not cfg_path.exists():
         cfg = transformers.AutoConfig.for_model(
             "qwen3_moe", vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -126,6 +120,19 @@ def captured_loads(window_tokens: int, seed: int = 0):  # -> (Loads, one trace p
             num_experts=64, num_experts_per_tok=4, moe_intermediate_size=16, norm_topk_prob=True,
             pad_token_id=0, bos_token_id=1, eos_token_id=2)
         cfg.to_json_file(str(cfg_path))
+
+
+def captured_loads(window_tokens: int, seed: int = 0):  # -> (Loads, one trace path per domain)
+    """The four domains' captured traces; ``seed`` seeds the random weights (and sampling): another seed is
+    another model, routing the same prompts differently."""
+
+    from moeplace.traces.capture import CaptureConfig, run_capture
+
+    base = RESULTS / "captured-lodo"
+    cfg_path = base / "config.json"
+    runs = base if seed == 0 else RESULTS / f"captured-lodo-seed{seed}"
+    base.mkdir(parents=True, exist_ok=True)
+    write_tiny_moe_config(cfg_path)
     paths = []
     for dom, templates in DOMAIN_PROMPTS.items():
         out = runs / dom
