@@ -2,6 +2,7 @@
 optionally through a forked writer process that reads shared-memory buffers."""
 from __future__ import annotations
 
+import contextlib
 import mmap
 import multiprocessing as mp
 import time
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from moeplace.foundation.files import raise_on_sigterm
+from moeplace.foundation.files import clean_stale_temps, raise_on_sigterm
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import bar
 from moeplace.traces.format import TraceWriter
@@ -63,6 +64,7 @@ class _WriterProcess:
 
     def __init__(self, out: Path, model: ModelSpec, cfg: SynthConfig, provenance: dict[str, Any],
                  sink: _TraceSink, max_tokens: int) -> None:
+        self.out = out
         self.shape_per_token = (model.num_moe_layers, model.top_k)
         self.slot_elems = max_tokens * model.num_moe_layers * model.top_k
         self.shm = mmap.mmap(-1, self.num_slots * self.slot_elems * 2)  # anonymous, shared with the fork
@@ -84,24 +86,25 @@ class _WriterProcess:
             with TraceWriter(out, model, provenance, gate_weights=cfg.gate_weights, token_id=True,
                              domain=True) as writer:
                 while True:
-                    msg = conn.recv()
+                    msg = conn.recv()  # EOF: the parent aborted (or died) and closed its end
                     if msg[0] == "close":
                         break
-                    if msg[0] == "abort":
-                        raise _Aborted
                     _, slot, n, cols = msg
                     cols["experts"] = self.ring[slot, : n * self.shape_per_token[0] * self.shape_per_token[1]
                                                 ].reshape(n, *self.shape_per_token)
                     sink.write(writer, cols)
                     conn.send(("ack", slot))
             conn.send(("done", None))
-        except _Aborted:
-            pass
+        except EOFError:
+            pass  # the temporary is gone already (TraceWriter's exit ran); nobody is left to tell
         except BaseException as exc:  # noqa: BLE001  (any failure goes to the parent, which raises it)
             try:
                 conn.send(("error", exc))
+            except OSError:
+                pass  # the parent is gone
             except Exception:  # noqa: BLE001  (an exception that does not pickle)
-                conn.send(("error", RuntimeError(f"trace writer failed: {exc!r}")))
+                with contextlib.suppress(OSError):
+                    conn.send(("error", RuntimeError(f"trace writer failed: {exc!r}")))
         finally:
             conn.close()
 
@@ -146,23 +149,21 @@ class _WriterProcess:
         self.proc.join()
 
     def abort(self) -> None:
-        try:
-            self.conn.send(("abort",))
-        except OSError:
-            pass
+        """Stop the writer and have it remove its temporary. The parent closes its end of the pipe rather
+        than sending a message: a SIGTERM can interrupt :meth:`send` half-way through a batch, and a
+        message appended to half a message would never be read, while EOF always is. A writer that does
+        not finish in 30 s is killed and its temporary removed here."""
+        self.conn.close()
         self.proc.join(timeout=30)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join()
+            clean_stale_temps(self.out, report=False)
 
     def release(self) -> None:
         self.conn.close()
         del self.ring
         self.shm.close()
-
-
-class _Aborted(Exception):
-    pass
 
 
 def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_process: bool | None = None
