@@ -59,8 +59,18 @@ def _stretch(x: np.ndarray, beta: float) -> np.ndarray:
 
 def _stretched_shapes(log_sigma: np.ndarray, xs: np.ndarray) -> np.ndarray:
     """:func:`_shapes` of an already stretched ``xs`` (bisections over sigma stretch once)."""
-    w = np.exp(np.exp(log_sigma).astype(np.float32)[:, None, None] * xs)
-    return w / w.sum(axis=-1, keepdims=True)
+    a = np.exp(log_sigma).astype(np.float32)[:, None, None] * xs
+    with np.errstate(over="ignore"):
+        w = np.exp(a)
+    total = w.sum(axis=-1, keepdims=True)
+    bad = ~(np.isfinite(total[..., 0]) & (total[..., 0] > 0))
+    if bad.any():  # exp over- or underflowed (a bisection probing an extreme sigma): shift by the row maximum
+        big = np.finfo(np.float32).max / 4  # sigma itself may overflow: inf * 0 -> 0, +-inf -> +-big
+        ab = np.nan_to_num(a[bad], nan=0.0, posinf=big, neginf=-big)
+        shifted = ab - ab.max(axis=-1, keepdims=True)
+        w[bad] = np.exp(shifted)
+        total[bad] = w[bad].sum(axis=-1, keepdims=True)
+    return w / total
 
 
 def mean_domain_correlation(pi: np.ndarray) -> float:
