@@ -186,8 +186,14 @@ def stray_command_lines(path: Path) -> list[str]:
 # ------------------------------------------------------------------------------------ checking commands
 @cache
 def _parser() -> argparse.ArgumentParser:
+    """``place``'s parser, taking flags only as spelled in full (a doc's ``--max-trace-token`` would pass
+    the CLI as an abbreviation, and keep passing after a rename to ``--max-trace-tokens-x``)."""
     from moeplace.cli.main import build_parser
-    return build_parser()
+    todo = [build_parser()]
+    for p in todo:
+        p.allow_abbrev = False
+        todo += [c for a in p._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices.values()]
+    return todo[0]
 
 
 def parse_problem(argv: list[str]) -> str | None:
@@ -247,8 +253,12 @@ def make_problem(cmd: Command) -> str | None:
 
 def run_place(cmd: Command, capsys) -> None:
     """Run a ``place`` command with the CLI's ``main`` in the working directory; assert the exit code
-    (and the error) the doc shows."""
+    (and the error) the doc shows. A command the doc shows succeeding must also parse with its flags
+    spelled in full."""
     from moeplace.cli.main import main
+    if cmd.error is None:
+        problem = parse_problem(cmd.argv[1:])
+        assert problem is None, f"{cmd.where}\n{problem}"
     capsys.readouterr()
     rc = main(list(cmd.argv[1:]))
     err = capsys.readouterr().err
