@@ -177,9 +177,9 @@ def stray_command_lines(path: Path) -> list[str]:
         if b.tag == "python":
             continue
         for k, ln in enumerate(b.lines):
-            if ln.startswith(("$ place ", "place ")) and (b.doc, b.line + 1 + k) not in found:
-                if not (b.lines[k - 1].endswith("\\") if k else False):
-                    stray.append(f"{b.doc}:{b.line + 1 + k}: {ln}")
+            continued = k > 0 and b.lines[k - 1].endswith("\\")
+            if ln.startswith(("$ place ", "place ")) and (b.doc, b.line + 1 + k) not in found and not continued:
+                stray.append(f"{b.doc}:{b.line + 1 + k}: {ln}")
     return stray
 
 
@@ -247,7 +247,7 @@ def engine_problems(cmd: Command) -> list[str] | None:
 
 def make_problem(cmd: Command) -> str | None:
     """``make -n TARGET`` in the repository: None when make knows every target."""
-    r = subprocess.run(["make", "-n", *cmd.argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(["make", "-n", *cmd.argv[1:]], check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
     return None if r.returncode == 0 else r.stderr.strip()
 
 

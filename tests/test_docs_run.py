@@ -25,11 +25,20 @@ import shutil
 
 import numpy as np
 import pytest
-
 from dockit import (
-    DOCS, ROOT, blocks, commands, doc_name, engine_problems, make_problem, parse_problem, run_place,
-    stray_command_lines, synopsis_problems,
+    DOCS,
+    ROOT,
+    blocks,
+    commands,
+    doc_name,
+    engine_problems,
+    make_problem,
+    parse_problem,
+    run_place,
+    stray_command_lines,
+    synopsis_problems,
 )
+
 from moeplace.cli.main import main
 from moeplace.foundation.model import load_model
 from moeplace.placement.record import Placement, load_placement
