@@ -1,6 +1,6 @@
 """The commands of README.md and docs/*.md, read from their fenced blocks (tests/test_docs_run.py runs them).
 
-A fenced block holds commands when its lines start with a ``$ `` prompt (then only those lines are
+A fenced block (indented in a list item or not) holds commands when its lines start with a ``$ `` prompt (then only those lines are
 commands; the rest is output), or, without prompts, when it is tagged ``bash``/``sh``/``shell``/``console``
 or a line starts with ``place `` or ``make ``: then every line is a command. ``\\``-continued lines are
 joined, ``#`` comments dropped. Any other block (output, tables, diagrams, JSON, ``python``) holds none.
@@ -99,14 +99,16 @@ def blocks(path: Path) -> list[Block]:
             if pending:
                 raise ValueError(f"{doc_name(path)}:{pending[0] + 1}: doc-test marker marks no block")
             pending = (i, m.group(1), m.group(2))
-        elif line.startswith("```"):
+        elif line.lstrip().startswith("```"):  # a fence, indented in a list item or not
             if pending and i - pending[0] > MARK_REACH:
                 raise ValueError(f"{doc_name(path)}:{pending[0] + 1}: doc-test marker is {i - pending[0]} lines "
                                  f"above the next block (at most {MARK_REACH})")
+            indent = len(line) - len(line.lstrip())
             j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
+            while j < len(lines) and not lines[j].lstrip().startswith("```"):
                 j += 1
-            out.append(Block(doc_name(path), i + 1, line[3:].strip(), lines[i + 1:j],
+            body = [ln[indent:] if not ln[:indent].strip() else ln.lstrip() for ln in lines[i + 1:j]]
+            out.append(Block(doc_name(path), i + 1, line.strip()[3:].strip(), body,
                              pending[1] if pending else None, pending[2] if pending else None))
             pending = None
             i = j

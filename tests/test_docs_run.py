@@ -164,11 +164,13 @@ def test_reader_rules_on_a_sample(tmp_path):
         "# exit code 3\n$ place export a.json --out b.json\nplace: error: no such file\n```\n"
         "```\noutput only\n```\n"
         "<!-- doc-test: hardware (a GPU) -->\n\n```bash\n# comment\ncurl -X POST http://x\nplace kernels verify\n```\n"
-        "```python\nplace = 1\n```\n")
+        "```python\nplace = 1\n```\n"
+        "1. in a list:\n\n   ```bash\n   place model show kimi-k3\n   ```\n")
     cmds = commands(doc)
     assert [(c.line, c.argv[:2], c.mark, c.rc, c.error) for c in cmds] == [
         (2, ["place", "plan"], None, 3, None), (6, ["place", "export"], None, 2, "no such file"),
-        (16, ["curl", "-X"], "hardware", 0, None), (17, ["place", "kernels"], "hardware", 0, None)]
+        (16, ["curl", "-X"], "hardware", 0, None), (17, ["place", "kernels"], "hardware", 0, None),
+        (25, ["place", "model"], None, 0, None)]
     assert cmds[0].argv[-2:] == ["--context", "128k"]
     doc.write_text("<!-- doc-test: slow -->\n\n\n\n\n\n```\nplace model show kimi-k3\n```\n")
     with pytest.raises(ValueError, match="lines above the next block"):
