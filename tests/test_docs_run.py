@@ -220,7 +220,8 @@ SLOW = [d for d in ALL if any(c.mark == "slow" for c in ALL[d])]
 @pytest.mark.parametrize("doc", SLOW)
 def test_doc_commands_run_verbatim_with_slow_ones(doc, tmp_path, monkeypatch, capsys, k3_trace):
     """The doc's unmarked and slow commands, in order, at the doc's sizes (README.md: the whole demo on
-    100,000 tokens, ~10 minutes on 2 cores; docs/sweep.md: the example sweep twice, ~3 minutes)."""
+    100,000 tokens, 21 minutes on 2 cores at load average ~5; docs/sweep.md: the example sweep twice, 3.5
+    minutes)."""
     cmds = _runs(doc, slow=True)
     _make_standins(tmp_path, cmds, k3_trace)
     monkeypatch.chdir(tmp_path)
