@@ -81,7 +81,7 @@ E2E = ("prefill", "decode", "serve")
 # the serving engine a case ran (``engine``; without it, its source organisation's, ENGINE_OF_SOURCE)
 ENGINES = ("sglang", "trtllm", "vllm")
 METRICS = ("tflops", "bottleneck_gb_s", "latency_us", "input_tok_s_per_node", "input_tok_s_per_gpu",
-           "output_tok_s_per_node", "output_tok_s_per_gpu", "per_user_tok_s", "total_tok_s")
+           "output_tok_s_per_node", "output_tok_s_per_gpu", "per_user_tok_s", "output_tok_s", "total_tok_s")
 
 
 # ---------------------------------------------------------------------------- cases
@@ -283,9 +283,10 @@ def case_kv_tokens(case: dict, trace, cluster, engine) -> int | None:
 def _from_summary(case: dict, s: dict) -> float:
     per_node = 8  # the sources' "node" is an 8-GPU server
     # prefill: prompt tokens computed per second, counted per iteration (no prefix hits in these cases)
-    # total_tok_s: prompt and output tokens of the whole deployment (the case's GPUs)
+    # output_tok_s / total_tok_s: output (and prompt) tokens of the whole deployment (the case's GPUs)
     return {"input_tok_s_per_node": s["prefill_tok_s_per_gpu"] * per_node,
             "input_tok_s_per_gpu": s["prefill_tok_s_per_gpu"],
+            "output_tok_s": s["output_tok_s_per_gpu"] * case["config"]["gpus"],
             "total_tok_s": (s["prefill_tok_s_per_gpu"] + s["output_tok_s_per_gpu"]) * case["config"]["gpus"],
             "output_tok_s_per_node": s["output_tok_s_per_gpu"] * per_node,
             "output_tok_s_per_gpu": s["output_tok_s_per_gpu"],

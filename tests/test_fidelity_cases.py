@@ -115,6 +115,7 @@ def test_total_and_per_gpu_prompt_metrics():
     total = {"metric": "total_tok_s", "config": {"gpus": 8}}
     assert fid._from_summary(total, s) == 8 * 1050.0
     assert fid._from_summary({"metric": "input_tok_s_per_gpu", "config": {"gpus": 8}}, s) == 1000.0
+    assert fid._from_summary({"metric": "output_tok_s", "config": {"gpus": 8}}, s) == 400.0
     assert fid._from_summary({"metric": "input_tok_s_per_node", "config": {"gpus": 8}}, s) == 8000.0
     case = next(c for c in fid.load_cases(fid.CASES) if c["config"].get("kv_tokens"))
     assert fid.case_kv_tokens(case, None, None, None) == case["config"]["kv_tokens"]
