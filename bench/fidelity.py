@@ -3,6 +3,7 @@
     python bench/fidelity.py [--cases bench/fidelity_cases.yaml] [--quick] [--no-fit] [--breakdown]
     python bench/fidelity.py --summary-only
     python bench/fidelity.py --peer-only
+    python bench/fidelity.py --cited-overhead-range   # iteration_overhead_s within RTP-LLM's measured range
 
 The cases (bench/fidelity_cases.yaml) are published kernel tables (DeepGEMM, DeepEP) and end-to-end
 deployments (DeepSeek, LMSYS/SGLang, Mooncake, Alibaba RTP-LLM, NVIDIA TensorRT-LLM), each with its
