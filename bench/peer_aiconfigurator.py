@@ -100,7 +100,7 @@ def call_of(case: dict) -> tuple[dict | None, str | None]:
     system = SYSTEMS.get(case["gpu"])
     if system is None:
         return None, f"no {case['gpu'].upper()} tables in aiconfigurator"
-    backend = BACKENDS.get(case["source"]["org"])
+    backend = case.get("engine") or BACKENDS.get(case["source"]["org"])  # the case's engine field first
     if backend is None:
         return None, f"no tables for {case['source']['org']}'s own engine"
     c = case["config"]

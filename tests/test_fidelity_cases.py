@@ -64,3 +64,58 @@ def test_breakdown_composes_the_steady_iteration():
     c = case["config"]
     per_node = 8 * c["batch_per_rank"] * steady.engine.mtp_tokens_per_step() / ((b["iteration_ms"] + b["drafting_ms"]) / 1e3)
     assert np.isclose(steady.metric(CostConfig()), per_node, rtol=1e-9)
+
+
+def test_validation_coverage():
+    """Issue 27's coverage floor on the case table itself: >= 30 validation cases from >= 6 source
+    organisations, >= 3 models (a Kimi K2/K3-class one among them), all three engines, GPUs of three
+    generations (Hopper, Blackwell, Blackwell Ultra)."""
+    fid = _fidelity()
+    val = [c for c in fid.load_cases(fid.CASES) if c["split"] == "validation"]
+    assert len(val) >= 30
+    assert len({c["source"]["org"] for c in val}) >= 6
+    models = {c["model"] for c in val}
+    assert len(models) >= 3 and models & {"kimi-k2", "kimi-k3"}
+    assert {fid.case_engine(c) for c in val} >= set(fid.ENGINES)
+    gens = {"hopper": {"h100", "h200", "h800"}, "blackwell": {"b200", "gb200-nvl72"},
+            "blackwell-ultra": {"b300", "gb300-nvl72"}}
+    gpus = {c["gpu"] for c in val}
+    assert all(gpus & g for g in gens.values()), gpus
+
+
+def test_engine_and_metric_fields_are_checked(tmp_path):
+    """A case's ``engine`` names one of the three engines and its ``metric`` one the script computes; a
+    wrong value is one line naming the case and field."""
+    import pytest
+
+    from moeplace.foundation.errors import InputError
+
+    fid = _fidelity()
+    for c in fid.load_cases(fid.CASES):
+        assert c["metric"] in fid.METRICS
+        if c["kind"] in fid.E2E and c["source"]["org"] not in ("DeepSeek", "Alibaba RTP-LLM"):
+            assert fid.case_engine(c) in fid.ENGINES, c["id"]
+    case = ("- id: x\n  source: {{org: o, title: t, url: u}}\n  split: validation\n  kind: serve\n  gpu: h200\n"
+            "  model: deepseek-v3\n  engine: {engine}\n  config: {{gpus: 8}}\n  metric: {metric}\n  published: 1\n"
+            "  assumptions: []\n")
+    bad = tmp_path / "cases.yaml"
+    bad.write_text(case.format(engine="tgi", metric="output_tok_s_per_gpu"))
+    with pytest.raises(InputError, match=r"case 1 \(x\): field 'engine' must be one of"):
+        fid.load_cases(bad)
+    bad.write_text(case.format(engine="vllm", metric="tok_s"))
+    with pytest.raises(InputError, match=r"case 1 \(x\): field 'metric' must be one of"):
+        fid.load_cases(bad)
+
+
+def test_total_and_per_gpu_prompt_metrics():
+    """``total_tok_s`` is the deployment's prompt plus output tokens per second; ``input_tok_s_per_gpu`` the
+    prompt tokens one GPU computes; a stated ``kv_tokens`` is the KV pool the simulation gets."""
+    fid = _fidelity()
+    s = {"prefill_tok_s_per_gpu": 1000.0, "output_tok_s_per_gpu": 50.0, "per_user_tok_s": None}
+    total = {"metric": "total_tok_s", "config": {"gpus": 8}}
+    assert fid._from_summary(total, s) == 8 * 1050.0
+    assert fid._from_summary({"metric": "input_tok_s_per_gpu", "config": {"gpus": 8}}, s) == 1000.0
+    assert fid._from_summary({"metric": "output_tok_s", "config": {"gpus": 8}}, s) == 400.0
+    assert fid._from_summary({"metric": "input_tok_s_per_node", "config": {"gpus": 8}}, s) == 8000.0
+    case = next(c for c in fid.load_cases(fid.CASES) if c["config"].get("kv_tokens"))
+    assert fid.case_kv_tokens(case, None, None, None) == case["config"]["kv_tokens"]

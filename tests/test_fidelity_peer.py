@@ -82,6 +82,8 @@ def test_committed_results_carry_the_measured_source_per_case_and_its_summary():
     covered = [r for r in e2e if "simulated" in r["measured"]]
     assert covered and all(r["measured"]["error"] == pytest.approx(r["measured"]["simulated"] / r["published"] - 1)
                            for r in covered)
-    # the engine's tables by the source's organisation: no tables for DeepSeek's or RTP-LLM's own engines
-    assert all(fid.ENGINE_OF_SOURCE.get(r["source"]["org"]) for r in covered)
+    # the engine's tables by the case's engine (its field, else its source's organisation): no tables for
+    # DeepSeek's or RTP-LLM's own engines
+    assert all(fid.case_engine(r) for r in covered)
+    assert not any(r["source"]["org"] in ("DeepSeek", "Alibaba RTP-LLM") for r in covered)
     assert res["measured_summary"] == json.loads(json.dumps(fid.measured_summary(res["cases"])))
