@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.limits import placement_estimate, require_memory
 from moeplace.foundation.model import load_model
+from moeplace.foundation.settings import Range
 from moeplace.placement.policies import PlacementProblem, get_policy, policy_names
 from moeplace.placement.record import Placement, check_compatible, load_placement
 from moeplace.sim.calibration import Profile
@@ -33,7 +34,7 @@ class RunInputs:
 
     trace: str
     placements: tuple[str, ...]
-    max_trace_tokens: int | None = None
+    max_trace_tokens: Annotated[int, Range(1)] | None = None
     route_all: bool = False
     model: str | None = None
     expert_dtype: str | None = None

@@ -228,7 +228,7 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
     settings = SimSettings(
         attention_tp=args.attention_tp, engine=args.engine, kv_dtype=args.kv_dtype,
         max_batched_tokens=args.max_batched_tokens, max_seqs=args.max_seqs,
-        chunked_prefill=not args.no_chunked_prefill, disaggregated=args.disaggregated, dbo=args.dbo,
+        chunked_prefill=not args.no_chunked_prefill, disaggregated=args.disaggregated, dual_batch_overlap=args.dbo,
         preemption=args.preemption, pool_split=args.pool_split, gpu_memory_utilization=args.gpu_memory_utilization,
         deepep_mode=args.deepep_mode, cuda_graph_max_bs=args.cuda_graph_max_bs,
         kernels_per_layer=args.kernels_per_layer, kernel_build=args.kernel_build, mtp_draft=mtp_draft,

@@ -32,7 +32,7 @@ from typing import Any
 
 import polars as pl
 
-from moeplace.cli.sim_settings import SimSettings, build_sim_config
+from moeplace.cli.sim_settings import build_sim_config
 from moeplace.cli.sweep.spec import (
     Point,
     SweepSpec,
@@ -221,27 +221,14 @@ def object_store_bytes(spec: SweepSpec) -> int:
 
 
 def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
-    """The :class:`sim.config.SimConfig` of one point, through the mapping ``place simulate`` uses (raises
-    InputError naming the spec and the point on bad values)."""
+    """The :class:`sim.config.SimConfig` of one point: the spec's shared :class:`SimSettings`, the point's
+    axes and its workload's arrivals, through the mapping ``place simulate`` uses (raises InputError
+    naming the spec and the point on bad values)."""
     w = spec.workload(point.workload)
-    e, s = spec.engine, spec.simulate
     try:
-        settings = SimSettings(
-            attention_tp=attention_tp, engine=point.engine, kv_dtype=point.kv_dtype,
-            max_batched_tokens=int(e["max_batched_tokens"]), max_seqs=int(e["max_seqs"]),
-            chunked_prefill=e["chunked_prefill"], dbo=e["dual_batch_overlap"], preemption=e["preemption"],
-            pool_split=str(e["pool_split"]), gpu_memory_utilization=float(e["gpu_memory_utilization"]),
-            deepep_mode=e["deepep_mode"], cuda_graph_max_bs=int(e["cuda_graph_max_bs"]),
-            kernels_per_layer=None if e["kernels_per_layer"] is None else float(e["kernels_per_layer"]),
-            mtp_draft=int(e["mtp_draft"]), mtp_acceptance=float(e["mtp_acceptance"]),
-            prefix_hit=float(e["prefix_hit"]), moe_tp=int(e["moe_tp"]), attention_dtype=e["attention_dtype"],
-            dp_balance=e["dp_balance"],
-            arrival=w.arrival, concurrency=w.concurrency, rate=w.rate, rate_end=w.rate_end,
-            burstiness=w.burstiness, context_mix=str(w.context_mix) if w.context_mix else None,
-            output_len=w.output_len, max_requests=w.max_requests,
-            duration=float(s["duration"]), mode=s["mode"], seed=spec.seed,
-            rebalance=None if point.rebalance == "static" else point.rebalance,
-            warmup=None if e["warmup"] is None else float(e["warmup"]))
+        settings = dataclasses.replace(
+            spec.settings, attention_tp=attention_tp, engine=point.engine, kv_dtype=point.kv_dtype,
+            rebalance=None if point.rebalance == "static" else point.rebalance, **w.settings)
         config = build_sim_config(settings, spec.model.max_context, mix_what=f"workload {w.name}: context_mix")
     except InputError as exc:
         raise InputError(f"{spec.path}: point #{point.index} ({point.label()}): {exc}") from None

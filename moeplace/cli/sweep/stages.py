@@ -45,7 +45,7 @@ def plan_point(spec: SweepSpec, point: Point) -> tuple[dict[str, Any], Layout | 
         row["num_redundant"] = point.num_redundant
         cluster = point_cluster(point)
         row.update(nodes=cluster.num_nodes, gpus_per_node=cluster.gpus_per_node)
-        config = replace(base_memory_config(spec.plan, spec.engine), tp=point.tp, ep=point.ep,
+        config = replace(base_memory_config(spec.plan, spec.settings), tp=point.tp, ep=point.ep,
                          num_redundant=point.num_redundant, kv_dtype=point.kv_dtype)
         plan = plan_memory(spec.model, cluster, config, suggest=False)
     except InputError as exc:
