@@ -55,8 +55,8 @@ from moeplace.placement.export.flags import (
     TARGET_OF_FORMAT,
     FlagOptions,
     check_layout,
+    format_options,
     launch_command,
-    trtllm_options,
 )
 from moeplace.placement.record import load_placement
 from moeplace.placement.windows import routing_windows
@@ -497,14 +497,14 @@ def unseen_windows(placement_, loads, routing_path, root) -> Unseen:
 
 @st.cache_data(show_spinner=False, max_entries=64,
                hash_funcs={"moeplace.placement.record.Placement": lambda p: (p.fingerprint(), p.model_name)})
-def evaluate_placement(placement_, routing_key: tuple, _loads, engine: str):
+def evaluate_placement(placement_, routing_key: tuple, _loads, rule: str):
     """``placement.evaluate.evaluate`` of one placement on Loads (``routing_key`` identifies ``_loads``
     in the cache: trace path, stamp, window size and window selection)."""
-    return evaluate(placement_, _loads, engine, model=_loads.model)
+    return evaluate(placement_, _loads, rule, model=_loads.model)
 
 
 def run_comparison(loads, *, gpus: int, gpu: str, gpus_per_node: int | None, num_redundant: int,
-                   policies: list[str], engine: str, plan_fraction: float, seed: int, time_limit: float | None,
+                   policies: list[str], rule: str, plan_fraction: float, seed: int, time_limit: float | None,
                    options: dict[str, Any] | None = None, progress=None):
     """``placement.compare.compare_policies`` — what ``place optimize`` runs — one policy at a time so
     the page can show progress (``progress(i, n, name)`` is called before each policy). Returns the
@@ -514,7 +514,7 @@ def run_comparison(loads, *, gpus: int, gpu: str, gpus_per_node: int | None, num
     for i, name in enumerate(policies):
         if progress is not None:
             progress(i, len(policies), name)
-        last = compare_policies(loads, cluster, num_redundant=num_redundant, policies=[name], engine=engine,
+        last = compare_policies(loads, cluster, num_redundant=num_redundant, policies=[name], rule=rule,
                                 plan_fraction=plan_fraction, seed=seed, time_limit=time_limit,
                                 options=options)
         results += last.results
@@ -577,10 +577,7 @@ def launch_for(placement_, model, fmt: str, file_path: str) -> Launch:
         return Launch(fmt, get_format(fmt).engine, file_path, error=f"no launch command for format {fmt}")
     try:
         opts, plan = check_layout(placement_, model, FlagOptions())
-        extra = {}
-        if engine == "trtllm":
-            keys = trtllm_options(placement_, opts)  # refuses a layout TensorRT-LLM cannot express
-            extra = keys if fmt == "trtllm" else {}
+        extra = format_options(placement_, fmt, opts)  # refuses a layout the target cannot express
         command = launch_command(placement_, model, fmt, file_path, opts)
     except InputError as exc:
         return Launch(fmt, engine, file_path, error=str(exc))

@@ -17,6 +17,7 @@ from moeplace.foundation.model import load_model
 from moeplace.foundation.settings import Range
 from moeplace.placement.policies import PlacementProblem, get_policy, policy_names
 from moeplace.placement.record import Placement, check_compatible, load_placement
+from moeplace.placement.rules import get_rule
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import SimConfig, check_resources
 from moeplace.sim.engine import Simulation
@@ -40,7 +41,7 @@ class RunInputs:
     expert_dtype: str | None = None
     weight_dtype: str | None = None
     num_redundant: int | None = None
-    engine: str = "vllm"
+    rule: str = "vllm"
     seed: int = 0
     prefill_gpus: int | None = None
 
@@ -114,7 +115,7 @@ def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, c
         trace = dataclasses.replace(trace, model=m)
     if check is not None:
         check(trace)
-    placements = [resolve_placement(s, trace, cluster, inputs.num_redundant, inputs.engine, inputs.seed)
+    placements = [resolve_placement(s, trace, cluster, inputs.num_redundant, inputs.rule, inputs.seed)
                   for s in inputs.placements]
     labels = [lab for lab, _ in placements]
     for i, lab in enumerate(labels):  # keep labels unique in the table and file names
@@ -128,7 +129,7 @@ def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, c
             if spec.endswith(".json"):
                 raise InputError(f"--placement {spec}: with --prefill-gpus give a policy name (each pool gets its "
                                  "own placement for its GPU count)")
-            prefill.append((resolve_placement(spec, trace, p_cluster, inputs.num_redundant, inputs.engine,
+            prefill.append((resolve_placement(spec, trace, p_cluster, inputs.num_redundant, inputs.rule,
                                               inputs.seed)[1], p_cluster))
     named = [lab for lab, spec in zip(labels, inputs.placements) if not is_placement_file(spec)]
     if named:
@@ -136,7 +137,7 @@ def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, c
     return PreparedRun(trace, placements, prefill, from_token, note)
 
 
-def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_redundant: int | None, engine: str,
+def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_redundant: int | None, rule: str,
                       seed: int) -> tuple[str, Placement]:
     """``spec`` is a placement JSON file, or a policy name computed here on the trace's expert loads
     (all of its tokens as one window) with ``num_redundant`` slots (``None``: 0). A file must have been
@@ -150,11 +151,13 @@ def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_r
     names = policy_names()
     if spec not in names:
         raise InputError(f"--placement '{spec}': no such file and not a policy (policies: {', '.join(names)})")
-    require_memory(placement_estimate(trace.model.num_moe_layers, trace.model.num_experts, cluster.num_gpus,
-                                      num_redundant or 0, engine=engine))
+    m = trace.model
+    require_memory(placement_estimate(m.num_moe_layers, m.num_experts, cluster.num_gpus, num_redundant or 0,
+                                      rule=get_rule(rule).planning_memory(m.num_moe_layers, m.num_experts,
+                                                                          cluster.num_gpus)))
     loads = trace.expert_counts()[None].astype(np.float64)
     problem = PlacementProblem(loads=loads, model=trace.model, cluster=cluster, num_redundant=num_redundant or 0,
-                               engine=engine, seed=seed)
+                               rule=rule, seed=seed)
     return spec, get_policy(spec)(problem)
 
 

@@ -161,7 +161,7 @@ def run(args) -> int:
     prep = prepare_run(RunInputs(
         trace=args.traces, placements=tuple(args.placement), max_trace_tokens=args.max_trace_tokens,
         route_all=args.route_all, model=args.model, expert_dtype=args.expert_dtype, weight_dtype=args.weight_dtype,
-        num_redundant=args.redundant, engine=args.engine, seed=args.seed, prefill_gpus=args.prefill_gpus),
+        num_redundant=args.redundant, rule=args.engine, seed=args.seed, prefill_gpus=args.prefill_gpus),
         cluster, make_cluster=lambda g: make_cluster(g, args.gpu, args.gpus_per_node),
         check=lambda t: simulation_config(args, t.model.max_context))  # the settings, before any placement
     trace, placements = prep.trace, prep.placements

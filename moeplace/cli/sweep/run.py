@@ -48,7 +48,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json, write_text_atomic
 from moeplace.foundation.formats import check, tagged
 from moeplace.placement.export import export_placement
-from moeplace.placement.export.flags import FlagOptions, launch_command
+from moeplace.placement.export.flags import FlagOptions, format_options, launch_command, recommended_format
 from moeplace.placement.record import Placement, load_placement
 from moeplace.placement.windows import routing_windows
 from moeplace.sim.config import SimConfig
@@ -462,11 +462,9 @@ def read_scores(path: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- recommendation -> launch flags
-ENGINE_FORMAT = {"vllm": ("vllm-jsonl", "expert-map.jsonl"), "sglang": ("sglang", "expert-location.json")}
-
-
 def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultStore) -> dict[str, Any]:
-    """Per workload with a recommendation: export its placement as the engine's file into
+    """Per workload with a recommendation: export its placement as the file of the engine whose replica
+    rule it was optimized for (:func:`placement.export.flags.recommended_format`) into
     ``OUT/recommended/<workload>/`` and build the launch command (:mod:`placement.export.flags`)."""
     out: dict[str, Any] = {}
     for name, w in report["workloads"].items():
@@ -477,11 +475,12 @@ def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultSto
         if not src.exists():
             out[name] = {"error": f"{src}: the placement of the recommended point is missing from the cache"}
             continue
+        exported = recommended_format(best["engine"])
+        if exported is None:
+            out[name] = {"error": f"no serving engine loads a placement for the {best['engine']} replica rule"}
+            continue
+        fmt, fname = exported
         placement = load_placement(src)
-        fmt, fname = ENGINE_FORMAT[best["engine"]]
-        d = store.out / SWEEP_RECOMMENDED / name
-        placement.save(d / "placement.json")
-        warnings = export_placement(placement, spec.model, fmt, d / fname)
         rb = best["rebalance"]
         every = window = None
         if rb != "static":
@@ -491,6 +490,14 @@ def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultSto
                            max_model_len=best["plan_context"],
                            gpu=best["gpu"], online_eplb=rb != "static", eplb_window=window or 1000,
                            eplb_interval=every or 3000, tp=best["tp"], dp=best["dp"])
+        d = store.out / SWEEP_RECOMMENDED / name
+        try:
+            extra = format_options(placement, fmt, opts)  # a layout the engine cannot express is refused
+        except InputError as exc:
+            out[name] = {"error": f"point #{best['index']}: {exc}"}
+            continue
+        placement.save(d / "placement.json")
+        warnings = export_placement(placement, spec.model, fmt, d / fname, **extra)
         cmd = launch_command(placement, spec.model, fmt, d / fname, opts)
         notes = []
         if best["kv_dtype"] not in ("fp8", "bf16"):

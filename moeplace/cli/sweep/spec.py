@@ -43,10 +43,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation import reading
 from moeplace.foundation.cluster import gpu_preset_names
 from moeplace.foundation.errors import InputError
-from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
 from moeplace.foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model

@@ -76,7 +76,7 @@ def _failure(stage: str, exc: BaseException) -> dict[str, Any]:
 
 
 def optimize_task(loads: Loads, gpu: str, gpus: int, gpus_per_node: int | None, num_redundant: int,
-                  policy: str, engine: str, seed: int, optimize: dict[str, Any]) -> dict[str, Any]:
+                  policy: str, rule: str, seed: int, optimize: dict[str, Any]) -> dict[str, Any]:
     """Plan ``policy`` on the first ``plan_fraction`` of the windows of ``loads`` and score it there and
     on the held-out windows (:func:`placement.compare.compare_policies`). Returns ``{"status": "ok",
     "placement": Placement, "scores": {...}, "seconds": s}`` or a failure ``{"status", "stage",
@@ -86,7 +86,7 @@ def optimize_task(loads: Loads, gpu: str, gpus: int, gpus_per_node: int | None, 
         cluster = make_cluster(gpus, gpu, gpus_per_node)
         # One process per task already: the optimizer's own process pool would oversubscribe the cores.
         options = {"workers": 1, **optimize.get("options", {})}
-        cmp = compare_policies(loads, cluster, num_redundant=num_redundant, policies=[policy], engine=engine,
+        cmp = compare_policies(loads, cluster, num_redundant=num_redundant, policies=[policy], rule=rule,
                                plan_fraction=float(optimize["plan_fraction"]), seed=seed,
                                time_limit=optimize.get("time_limit"), options=options)
     except Exception as exc:  # noqa: BLE001 - reported in the point's row, the sweep goes on
