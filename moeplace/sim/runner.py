@@ -80,12 +80,10 @@ def held_out_start(trace: str, specs: tuple[str, ...] | list[str]) -> tuple[int,
     return start, names
 
 
-def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, check=None) -> PreparedRun:
-    """Read what ``inputs`` names for a run on ``cluster``: the trace (from the first token no placement
-    file was planned on, unless ``route_all``), with the model overrides applied; every placement resolved
-    (:func:`resolve_placement`; repeated labels numbered); the prefill pool's placements on
-    ``make_cluster(prefill_gpus)`` when there is one. ``check(trace)``: the caller's checks that need the
-    trace's model (its settings against the model's context), run before any placement is computed."""
+def read_trace(inputs: RunInputs) -> tuple[TraceTokens, int, str]:
+    """The trace ``inputs`` names, as a run routes it: from the first token no placement file was planned
+    on (unless ``route_all``), at most ``max_trace_tokens`` tokens, with the model overrides applied.
+    Returns ``(trace, first routed token, the sentence that says which part is routed)``."""
     from_token, planned = held_out_start(inputs.trace, inputs.placements)
     if inputs.route_all:
         from_token = 0
@@ -113,6 +111,15 @@ def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, c
             raise InputError(f"--model {inputs.model}: {m.num_moe_layers} MoE layers x {m.num_experts} experts top-"
                              f"{m.top_k} does not match the trace's '{trace.model.name}'")
         trace = dataclasses.replace(trace, model=m)
+    return trace, from_token, note
+
+
+def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, check=None) -> PreparedRun:
+    """Read what ``inputs`` names for a run on ``cluster``: the trace (:func:`read_trace`); every placement
+    resolved (:func:`resolve_placement`; repeated labels numbered); the prefill pool's placements on
+    ``make_cluster(prefill_gpus)`` when there is one. ``check(trace)``: the caller's checks that need the
+    trace's model (its settings against the model's context), run before any placement is computed."""
+    trace, from_token, note = read_trace(inputs)
     if check is not None:
         check(trace)
     placements = [resolve_placement(s, trace, cluster, inputs.num_redundant, inputs.rule, inputs.seed)

@@ -42,7 +42,7 @@ from moeplace.cli.sweep.spec import (
     point_hash,
     workload_fingerprint,
 )
-from moeplace.cli.sweep.stages import optimize_task, plan_point, simulate_task
+from moeplace.cli.sweep.stages import optimize_task, plan_point, point_trace, simulate_task
 from moeplace.cli.sweep.store import ResultStore, make_row
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json, write_text_atomic
@@ -54,7 +54,6 @@ from moeplace.placement.windows import routing_windows
 from moeplace.sim.config import SimConfig
 from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.frontier import FRONTIER_FILE, SWEEP_RECOMMENDED, SWEEP_TABLE, frontier_report
-from moeplace.sim.workload import load_trace_tokens
 from moeplace.traces.loads import Loads, load_loads
 from moeplace.traces.synth import SynthConfig, synthesize
 
@@ -125,7 +124,7 @@ class RayExecutor:
         return self.ray.put(obj)
 
     def trace_handle(self, path: str, max_tokens: int) -> Any:
-        return self.ray.put(load_trace_tokens(path, max_tokens))  # once; workers read it zero-copy
+        return self.ray.put(point_trace(path, max_tokens))  # once; workers read it zero-copy
 
     def submit(self, fn: Callable, *args: Any) -> Any:
         if fn not in self._remote:
@@ -150,9 +149,8 @@ def _ray_runtime_env() -> dict[str, Any]:
     installed there); ``MOEPLACE_RAY_SHIP_CODE=0`` when moeplace is installed on the cluster."""
     if os.environ.get("MOEPLACE_RAY_SHIP_CODE", "1") == "0":
         return {}
-    # Located, not imported: the tasks run moeplace.sweep.stages, which reaches every layer below it.
-    return {"py_modules": [importlib.util.find_spec(name).submodule_search_locations[0]
-                           for name in ("foundation", "traces", "placement", "sim", "moeplace")]}
+    # Located, not imported: the tasks run moeplace.cli.sweep.stages, which reaches every layer below it.
+    return {"py_modules": [importlib.util.find_spec("moeplace").submodule_search_locations[0]]}
 
 
 class _TaskQueue:

@@ -47,6 +47,7 @@ from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation import reading
 from moeplace.foundation.cluster import gpu_preset_names
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
 from moeplace.foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
@@ -416,6 +417,10 @@ def load_spec(path: str | Path) -> SweepSpec:
     engine = {k: v for k, v in engine.items() if k in given or k not in _NEW_ENGINE_FIELDS}
     optimize = _section(sp, raw, "optimize", OPTIMIZE_KEYS)
     sim_typed, simulate = _settings_section(sp, raw, "simulate", _SIMULATE_TYPES)
+    try:
+        check_sim_duration(sim_typed["duration"], "simulate.duration")  # the ceiling --duration meets
+    except InputError as exc:
+        raise InputError(f"{sp}: {exc}") from None
     if sim_typed["max_trace_tokens"] is None:
         raise _err(sp, "simulate.max_trace_tokens", "expected a whole number (tokens of the trace to route)")
     objective = _section(sp, raw, "objective", OBJECTIVE_KEYS)

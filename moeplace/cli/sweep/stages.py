@@ -21,8 +21,8 @@ from moeplace.foundation.memory.config import Layout
 from moeplace.foundation.memory.planner import plan_memory
 from moeplace.placement.compare import compare_policies
 from moeplace.placement.record import Placement
-from moeplace.sim.runner import simulate
-from moeplace.sim.workload import load_trace_tokens
+from moeplace.sim.runner import RunInputs, read_trace, simulate
+from moeplace.sim.workload import TraceTokens
 from moeplace.traces.loads import Loads
 
 
@@ -104,10 +104,17 @@ def optimize_task(loads: Loads, gpu: str, gpus: int, gpus_per_node: int | None, 
 
 
 # ---------------------------------------------------------------------------- simulate
+def point_trace(path: str, max_tokens: int) -> TraceTokens:
+    """What a point routes, read as ``place simulate`` reads it (:func:`sim.runner.read_trace`): the
+    workload's trace, its first ``max_tokens`` tokens. The point's placement is an object, not a file, so
+    no part is held out here (the optimize stage scores it on its held-out windows)."""
+    return read_trace(RunInputs(trace=path, placements=(), max_trace_tokens=max_tokens))[0]
+
+
 @functools.lru_cache(maxsize=2)
-def _trace_tokens(path: str, max_tokens: int):
+def _trace_tokens(path: str, max_tokens: int) -> TraceTokens:
     """A worker's copy of a trace's tokens (read once per process; local mode passes paths)."""
-    return load_trace_tokens(path, max_tokens)
+    return point_trace(path, max_tokens)
 
 
 def simulate_task(trace: Any, placement: Placement, gpu: str, gpus: int, gpus_per_node: int | None,
