@@ -392,7 +392,7 @@ def test_engine_deployment_shapes_reach_the_simulator_and_bad_values_name_the_fi
     ("engine: {chunked_prefill: 1}\n", "field 'engine.chunked_prefill': expected true or false, got 1"),
     ("engine: {admission: always}\n", "field 'engine.admission': expected one of on_demand, reserve"),
     ("simulate: {duraton: 2}\n", "field 'simulate.duraton': unknown key; did you mean 'duration'?"),
-    ("simulate: {mode: fast}\n", "field 'simulate.mode': expected one of replay, stat, got 'fast'"),
+    ("simulate: {mode: stats}\n", "field 'simulate.mode': expected one of replay, stat, got 'stats'; did you mean 'stat'?"),
     ("simulate: {max_trace_tokens: 0}\n", "field 'simulate.max_trace_tokens': must be >= 1, got 0"),
     ("simulate: {max_trace_tokens: null}\n", "field 'simulate.max_trace_tokens': expected a whole number"),
 ])

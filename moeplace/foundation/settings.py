@@ -130,7 +130,11 @@ def coerce(where: str, key: str, value: Any, tp: Any) -> Any:
             if isinstance(r, Range) and v is not None and not isinstance(v, tuple) and not r.holds(v):
                 raise InputError(f"{where + '.' if where else ''}{key}: must be {r.describe()}, got {value!r}")
         return v
-    raise InputError(f"{where + '.' if where else ''}{key}: expected {_describe(tp)}, got {value!r}")
+    choices = [str(c) for a in _alternatives(tp) if typing.get_origin(_unannotated(a)[0]) is Literal
+               for c in typing.get_args(_unannotated(a)[0])]
+    near = nearest(value, choices) if choices and isinstance(value, str) else None
+    hint = f"; did you mean '{near}'?" if near else ""
+    raise InputError(f"{where + '.' if where else ''}{key}: expected {_describe(tp)}, got {value!r}{hint}")
 
 
 def parse_keys(where: str, raw: Any, types_: Mapping[str, Any], what: str = "key") -> dict[str, Any]:
