@@ -64,13 +64,11 @@ from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.frontier import FRONTIER_FILE, LEGACY_VERSION, SWEEP_TABLE
 from moeplace.sim.results import (
     CONFIG_FILE,
-    REQUESTS_SUFFIX,
     ROWS,
     SUMMARY_FILE,
     TIMESERIES_SUFFIX,
-    file_label,  # the file-name rule write_outputs uses
+    read_outputs,
     read_sim_config,
-    read_summaries,
 )
 from moeplace.traces.format import META_MODEL, PART_PREFIX, trace_files
 from moeplace.traces.loads import is_loads_file, load_loads
@@ -670,21 +668,7 @@ class SimRun:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _sim_run(path: str, stamp_: tuple) -> SimRun:
-    d = Path(path)
-    summaries = read_summaries(d / SUMMARY_FILE)
-    config = read_sim_config(d / CONFIG_FILE) if (d / CONFIG_FILE).exists() else {}
-    reqs, ts = {}, {}
-    for s in summaries:
-        lab = s["label"]
-        for suffix, into in ((REQUESTS_SUFFIX, reqs), (TIMESERIES_SUFFIX, ts)):
-            f = d / f"{file_label(lab)}{suffix}"
-            if not f.exists():
-                raise InputError(f"{f}: missing (summary.json lists placement '{lab}')")
-            try:
-                into[lab] = pl.read_parquet(f)
-            except Exception as exc:  # noqa: BLE001  polars raises several types for damaged files
-                raise InputError(f"{f}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
-    return SimRun(str(d), config, summaries, reqs, ts)
+    return SimRun(path, *read_outputs(path))  # what place simulate --out wrote, read by its writer's module
 
 
 sim_run = _stamped(_sim_run)
