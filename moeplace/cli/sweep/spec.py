@@ -102,8 +102,7 @@ ENGINE_FIELDS = tuple(f for f in _SETTINGS if f not in _NOT_ENGINE)  # warmup in
 # written before resumes
 _NEW_ENGINE_FIELDS = ("kernel_build", "admission", "phase")
 SWEEP_DEFAULTS: dict[str, Any] = {"duration": 5.0, "max_trace_tokens": 20000, "concurrency": 64}
-_SIMULATE_TYPES = {"duration": _SETTINGS["duration"], "mode": _SETTINGS["mode"],
-                   "max_trace_tokens": field_types(RunInputs)["max_trace_tokens"]}
+_SIMULATE_TYPES = {k: _SETTINGS.get(k) or field_types(RunInputs)[k] for k in SIMULATE_FIELDS}
 TOP_KEYS = {"name", "model", "seed", "workloads", "axes", "points", "plan", "engine", "optimize", "simulate",
             "objective"}
 
