@@ -530,12 +530,11 @@ def export_bytes(placement_, model, fmt: str, loads=None, extra: dict | None = N
     """One export format of a placement as bytes (written by ``placement.export.export_placement`` to a
     temporary file). ``extra``: format options (TensorRT-LLM's layout keys, :func:`launch_for`). Returns
     (bytes, file name, warnings); raises InputError when the engine's checks reject the placement."""
-    f = get_format(fmt)
     name = export_name(placement_, fmt)
     with tempfile.TemporaryDirectory(prefix="moeplace-dash-") as tmp:
         out = Path(tmp) / name
-        opts = {"loads": loads} if (f.kind == "loads" or fmt == "vllm-jsonl") and loads is not None else {}
-        warnings = export_placement(placement_, model, fmt, out, **opts, **(extra or {}))
+        # as place export calls it: the formats that take the routing's loads use them, the others ignore them
+        warnings = export_placement(placement_, model, fmt, out, loads=loads, **(extra or {}))
         return out.read_bytes(), name, list(warnings or [])
 
 
