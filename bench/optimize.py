@@ -85,7 +85,7 @@ def group_loads(ids: np.ndarray, groups: np.ndarray, num_groups: int, E: int) ->
 
 
 def plan(policy: str, loads, model, cluster, R, seed=0, samples=None, time_limit=None, **options):
-    prob = PlacementProblem(np.asarray(loads, dtype=np.float64), model, cluster, R, engine=options.pop("engine", "vllm"),
+    prob = PlacementProblem(np.asarray(loads, dtype=np.float64), model, cluster, R, rule=options.pop("engine", "vllm"),
                             seed=seed, time_limit=time_limit, samples=samples, options=options)
     with timed() as t:
         pl = get_policy(policy)(prob)

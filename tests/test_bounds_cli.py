@@ -148,8 +148,9 @@ def test_sweep_spec_meets_the_same_ceilings(work):
 def test_sweep_point_meets_the_concurrency_ceiling_before_any_task(work, capsys):
     (work / "s.yaml").write_text("model: model.json\nworkloads:\n  - name: w\n    trace: trace\n"
                                  "    concurrency: 1000000000\naxes:\n  gpus: 4\n  gpus_per_node: 2\n  tp: 2\n")
-    refused(["sweep", "s.yaml", "--local", "--workers", "1", "--quiet", "--out", "sw"], capsys, work, "s.yaml", "point #0",
-            "--concurrency 1000000000", "ceiling")
+    # refused as the spec is read: its workloads' settings go through SimConfig's checks
+    refused(["sweep", "s.yaml", "--local", "--workers", "1", "--quiet", "--out", "sw"], capsys, work, "s.yaml",
+            "workload 'w'", "--concurrency 1000000000", "ceiling")
 
 
 def test_yaml_1e12_is_a_string_and_said_so(work):

@@ -334,3 +334,21 @@ def test_scripts_start_node_1_with_the_worker_command(tmp_path, pj, target, dsv3
                        FlagOptions(tp=8, dp=2)).argv(worker=True)
     assert got == [a.replace("$MASTER_ADDR", "node-a").replace("$((NODE_RANK*1))", "1") for a in want[1:]]
     assert got[got.index("--data-parallel-address") + 1] == "node-a" and got[-2:] == ["--data-parallel-start-rank", "1"]
+
+
+def test_format_options_are_the_layout_keys_of_the_trtllm_yaml_only():
+    """The one place export and the dashboard get a format's layout options: TensorRT-LLM's YAML keys for
+    --format trtllm; the same layout check for trtllm-lb, no keys; nothing for the other targets."""
+    from moeplace.placement.export.flags import format_options
+
+    model = load_model("qwen3-30b-a3b")
+    pl = Placement.from_phy2log(np.tile(np.arange(model.num_experts), (model.num_moe_layers, 1)), model, 8, 8)
+    opts = FlagOptions(tp=1, dp=8)
+    assert format_options(pl, "trtllm", opts) == {"attention_dp": True, "moe_backend": "WIDEEP",
+                                                  "kv_cache_dtype": "fp8"}
+    assert format_options(pl, "trtllm-lb", opts) == {}
+    assert format_options(pl, "sglang", opts) == {} and format_options(pl, "vllm-jsonl", opts) == {}
+    with pytest.raises(InputError, match="cannot be expressed"):
+        format_options(pl, "trtllm-lb", FlagOptions(tp=2, dp=4))
+    with pytest.raises(InputError, match="--format 'nosuch' unknown"):
+        format_options(pl, "nosuch", opts)

@@ -348,7 +348,7 @@ def test_shift_folds_plan_with_the_written_placements_settings(small):
         seen.append(problem)
         return get_policy("eplb")(problem)
 
-    sh = shift_estimate(spy, "spy", loads, make_cluster(8, "h200", 4), num_redundant=8, engine="vllm", seed=0,
+    sh = shift_estimate(spy, "spy", loads, make_cluster(8, "h200", 4), num_redundant=8, rule="vllm", seed=0,
                         time_limit=None, options={"objective": "traffic", "robust": True, "pareto": True},
                         ids=ids, method="m")
     assert len(seen) == 3

@@ -45,19 +45,19 @@ def test_grouped_expert_forward_matches_per_slot_loop():
 
 
 CASES_2 = [
-    VerifyCase(num_experts=8, num_redundant=0, tokens_per_rank=(6, 9), engine="vllm", seed=1),
-    VerifyCase(num_experts=8, num_redundant=4, tokens_per_rank=(11, 5), engine="vllm", seed=2),
-    VerifyCase(num_experts=8, num_redundant=4, tokens_per_rank=(7, 13), engine="sglang", seed=3),
-    VerifyCase(num_experts=8, num_redundant=2, tokens_per_rank=(0, 9), engine="vllm", seed=4),  # empty rank
+    VerifyCase(num_experts=8, num_redundant=0, tokens_per_rank=(6, 9), rule="vllm", seed=1),
+    VerifyCase(num_experts=8, num_redundant=4, tokens_per_rank=(11, 5), rule="vllm", seed=2),
+    VerifyCase(num_experts=8, num_redundant=4, tokens_per_rank=(7, 13), rule="sglang", seed=3),
+    VerifyCase(num_experts=8, num_redundant=2, tokens_per_rank=(0, 9), rule="vllm", seed=4),  # empty rank
     VerifyCase(num_experts=10, num_redundant=2, top_k=3, tokens_per_rank=(8, 8), unused_experts=4,
-               engine="sglang", seed=5),  # experts nobody chose
+               rule="sglang", seed=5),  # experts nobody chose
 ]
 CASES_4 = [
-    VerifyCase(num_experts=12, num_redundant=4, top_k=3, tokens_per_rank=(9, 0, 14, 5), engine="vllm", seed=11),
-    VerifyCase(num_experts=12, num_redundant=8, top_k=2, tokens_per_rank=(6, 10, 3, 12), engine="sglang",
+    VerifyCase(num_experts=12, num_redundant=4, top_k=3, tokens_per_rank=(9, 0, 14, 5), rule="vllm", seed=11),
+    VerifyCase(num_experts=12, num_redundant=8, top_k=2, tokens_per_rank=(6, 10, 3, 12), rule="sglang",
                seed=12),
     VerifyCase(num_experts=16, num_redundant=0, top_k=4, tokens_per_rank=(10, 10, 10, 10), unused_experts=5,
-               engine="vllm", seed=13),
+               rule="vllm", seed=13),
 ]
 
 

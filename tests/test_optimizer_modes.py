@@ -105,7 +105,7 @@ def test_sglang_places_replicas_on_distinct_nodes():
     rng = np.random.default_rng(15)
     E, G, gpn, R = 96, 16, 4, 16                            # 4 nodes
     loads = rng.lognormal(0, 1.5, size=(1, E)) * 100
-    res = solve_layer(0, loads, E + R, G, gpn, OptimizerConfig(engine="sglang"), time.time() + 20)
+    res = solve_layer(0, loads, E + R, G, gpn, OptimizerConfig(rule="sglang"), time.time() + 20)
     check_layer(res.p2l, E, G)
     S = (E + R) // G
     node_of_slot = np.arange(E + R) // (S * gpn)

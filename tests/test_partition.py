@@ -101,7 +101,7 @@ def test_traffic_objective_finds_the_themes_a_balanced_start_cannot(themed_layer
     held_res = TrafficModel(held, res.p2l, G, gpn).span()
     assert held_res < 0.85 * held_base  # on tokens it was not planned on
     # SGLang's node rule rules the partition start out; the swap search alone gets much less
-    sg = solve_layer(0, loads, P, G, gpn, OptimizerConfig(objective="traffic", engine="sglang",
+    sg = solve_layer(0, loads, P, G, gpn, OptimizerConfig(objective="traffic", rule="sglang",
                                                           balance_floor=floor - 0.05),
                      time.time() + 60, samples_nk=plan_tokens)
     assert sg.traffic_start == "balance"

@@ -90,3 +90,29 @@ def test_trtllm_is_an_even_split_over_many_tokens(placement):
     want = expected_gpu_loads(placement, loads, "trtllm")
     assert np.allclose(got, want, rtol=0.02)
     assert get_rule("trtllm").even_split and not get_rule("sglang").even_split
+
+
+def test_each_rule_owns_its_planning_memory():
+    """placement_estimate adds what the rule says: SGLang's per-placement dispatch map, the ideal split's
+    holder table once; the even-split rules nothing."""
+    from moeplace.foundation.limits import placement_estimate
+
+    L, E, G, R, n = 4, 64, 16, 16, 3
+    base = placement_estimate(L, E, G, R, num_placements=n).bytes
+    for name in rule_names():
+        est = placement_estimate(L, E, G, R, num_placements=n, rule=get_rule(name).planning_memory(L, E, G))
+        extra = {"sglang": n * 4.0 * G * L * E, "ideal": float(L * E * G)}.get(name, 0.0)
+        assert est.bytes == base + extra, name
+        assert ("SGLang dispatch map" in est.detail) == (name == "sglang")
+
+
+def test_every_engine_rule_has_an_export_target_the_sweep_recommends():
+    from moeplace.placement.export import get_format
+    from moeplace.placement.export.flags import EXPORT_TARGETS, TARGET_OF_FORMAT, recommended_format
+
+    for rule in ENGINE_RULES:  # what a sweep's engine axis takes
+        fmt, fname = recommended_format(rule)
+        assert EXPORT_TARGETS[TARGET_OF_FORMAT[fmt]].replica_rule == rule
+        assert any(fname.endswith(s) for s in get_format(fmt).suffixes)
+    assert recommended_format("ideal") is None  # no engine routes with the LP optimum
+    assert {t.replica_rule for t in EXPORT_TARGETS.values()} - {None} <= set(rule_names())

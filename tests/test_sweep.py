@@ -384,3 +384,47 @@ def test_engine_deployment_shapes_reach_the_simulator_and_bad_values_name_the_fi
         spec_with("engine: {prefix_hit: 1.5}\n")
     with pytest.raises(InputError, match="engine.deepep_mode"):
         spec_with("engine: {deepep_mode: fast}\n")
+
+
+@pytest.mark.parametrize("section,needle", [
+    ("engine: {max_seqs: lots}\n", "field 'engine.max_seqs': expected a whole number, got 'lots'"),
+    ("engine: {max_seq: 8}\n", "field 'engine.max_seq': unknown key; did you mean 'max_seqs'?"),
+    ("engine: {chunked_prefill: 1}\n", "field 'engine.chunked_prefill': expected true or false, got 1"),
+    ("engine: {admission: always}\n", "field 'engine.admission': expected one of on_demand, reserve"),
+    ("simulate: {duraton: 2}\n", "field 'simulate.duraton': unknown key; did you mean 'duration'?"),
+    ("simulate: {mode: stats}\n", "field 'simulate.mode': expected one of replay, stat, got 'stats'; did you mean 'stat'?"),
+    ("simulate: {max_trace_tokens: 0}\n", "field 'simulate.max_trace_tokens': must be >= 1, got 0"),
+    ("simulate: {max_trace_tokens: null}\n", "field 'simulate.max_trace_tokens': expected a whole number"),
+])
+def test_simulation_sections_are_checked_against_sim_settings(tmp_path, section, needle):
+    """The engine and simulate sections are SimSettings fields (cli.sim_settings): an unknown key names the
+    nearest, a wrong type or value names the key, before any work."""
+    p = tmp_path / "s.yaml"
+    p.write_text("name: t\nmodel: qwen3-30b-a3b\nworkloads:\n  - {name: w, synth: {num_tokens: 2000}}\n"
+                 "axes: {gpus: [8]}\n" + section)
+    with pytest.raises(InputError) as info:
+        load_spec(p)
+    assert str(info.value).startswith(f"{p}: ") and needle in str(info.value)
+
+
+def test_workload_settings_are_sim_settings_and_new_engine_keys_reach_the_simulator(tmp_path):
+    from moeplace.cli.sim_settings import SimSettings
+    from moeplace.cli.sweep.run import sim_config
+    from moeplace.cli.sweep.spec import ENGINE_FIELDS, WORKLOAD_FIELDS
+    from moeplace.foundation.settings import field_types
+
+    assert set(ENGINE_FIELDS) | set(WORKLOAD_FIELDS) <= set(field_types(SimSettings))
+    base = ("name: t\nmodel: qwen3-30b-a3b\nworkloads:\n  - {name: w, synth: {num_tokens: 2000}, %s}\n"
+            "axes: {gpus: [8], engine: trtllm}\n")
+    p = tmp_path / "s.yaml"
+    p.write_text(base % "rate: 2" + "engine: {admission: reserve, kernel_build: fused}\n")
+    spec = load_spec(p)
+    cfg = sim_config(spec, expand_points(spec)[0], 1)
+    assert (cfg.engine.admission, cfg.engine.kernel_build, cfg.engine.replica_rule) == ("reserve", "fused", "trtllm")
+    assert (cfg.workload.arrival, cfg.workload.rate) == ("poisson", 2.0)
+    p.write_text(base % "concurrency: 0")
+    with pytest.raises(InputError, match=r"field 'workloads\[0\].concurrency': must be >= 1, got 0"):
+        load_spec(p)
+    p.write_text(base % "arrival: poison, rate: 2")
+    with pytest.raises(InputError, match=r"field 'workloads\[0\].arrival': expected one of closed, poisson"):
+        load_spec(p)

@@ -7,9 +7,18 @@ configuration. Each caller keeps only its own naming of the settings and its own
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split
+from moeplace.foundation.settings import Range
+from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.sim.config import (
+    A2A_MODES,
+    ADMISSION,
+    DP_BALANCE,
+    MODES,
+    PHASES,
+    PREEMPTION,
     CostConfig,
     EngineConfig,
     LengthMix,
@@ -19,10 +28,17 @@ from moeplace.sim.config import (
     parse_rebalance,
 )
 
+Count = Annotated[int, Range(1)]  # a whole number >= 1
+NonNeg = Annotated[int, Range(0)]
+Share = Annotated[float, Range(0, 1)]  # a probability
+
 
 @dataclass(frozen=True)
 class SimSettings:
     """The settings of one simulation, named after ``place simulate``'s flags; defaults are its defaults.
+    Each field's type says what a user may give (``Literal`` choices, ``Range`` bounds): a ``place sweep``
+    spec's engine, simulate and workload sections are checked against these fields
+    (:func:`moeplace.foundation.settings.parse_keys`), the flags by their own parsers.
 
     Engine: ``engine`` is the replica-choice rule; ``pool_split`` as ``--pool-split`` takes it
     (``shared``, ``ratio[:R]``, ``slots:N``); ``mtp_draft`` / ``mtp_acceptance`` the two halves of
@@ -35,48 +51,48 @@ class SimSettings:
     """
 
     # engine
-    attention_tp: int = 8
-    engine: str = "vllm"
-    kv_dtype: str = "fp8"
-    max_batched_tokens: int = 8192
-    max_seqs: int = 256
+    attention_tp: Count = 8
+    engine: Literal[ENGINE_RULES] = "vllm"
+    kv_dtype: Literal["bf16", "fp8"] = "fp8"
+    max_batched_tokens: Count = 8192
+    max_seqs: Count = 256
     chunked_prefill: bool = True
     disaggregated: bool = False
-    dbo: bool = False
-    preemption: str = "recompute"
+    dual_batch_overlap: bool = False
+    preemption: Literal[PREEMPTION] = "recompute"
     pool_split: str = "shared"
-    gpu_memory_utilization: float = 0.9
-    deepep_mode: str = "auto"
-    cuda_graph_max_bs: int = 512
-    kernels_per_layer: float | None = None
-    kernel_build: str = "unfused"
-    mtp_draft: int = 0
-    mtp_acceptance: float | tuple[float, ...] = 0.0
-    prefix_hit: float = 0.0
-    moe_tp: int = 1
-    attention_dtype: str = "bf16"
-    dp_balance: str = "round_robin"
-    admission: str = "on_demand"
-    prefill_gpus: int | None = None
-    phase: str = "both"
+    gpu_memory_utilization: Annotated[float, Range(0, 1, lo_open=True)] = 0.9
+    deepep_mode: Literal[A2A_MODES] = "auto"
+    cuda_graph_max_bs: NonNeg = 512
+    kernels_per_layer: Annotated[float, Range(0)] | None = None
+    kernel_build: Literal["unfused", "fused"] = "unfused"
+    mtp_draft: NonNeg = 0
+    mtp_acceptance: Share | tuple[Share, ...] = 0.0
+    prefix_hit: Annotated[float, Range(0, 1, hi_open=True)] = 0.0
+    moe_tp: Count = 1
+    attention_dtype: Literal["bf16", "fp8"] = "bf16"
+    dp_balance: Literal[DP_BALANCE] = "round_robin"
+    admission: Literal[ADMISSION] = "on_demand"
+    prefill_gpus: Count | None = None
+    phase: Literal[PHASES] = "both"
     # workload
-    arrival: str = "closed"
-    concurrency: int = 256
-    rate: float | None = None
-    rate_end: float | None = None
-    burstiness: float = 2.0
+    arrival: Literal["closed", "poisson", "gamma", "ramp"] = "closed"
+    concurrency: Count = 256
+    rate: Annotated[float, Range(0)] | None = None
+    rate_end: Annotated[float, Range(0)] | None = None
+    burstiness: Annotated[float, Range(0)] = 2.0
     context_mix: str | None = None
-    output_len: int = 512
-    isl: int | None = None
-    osl: int | None = None
-    random_range_ratio: float = 0.0
-    max_requests: int | None = None
+    output_len: Count = 512
+    isl: Count | None = None
+    osl: Count | None = None
+    random_range_ratio: Annotated[float, Range(0, 1, hi_open=True)] = 0.0
+    max_requests: Count | None = None
     # run
-    duration: float = 600.0
-    mode: str = "stat"
-    seed: int = 0
+    duration: Annotated[float, Range(0, lo_open=True)] = 600.0
+    mode: Literal[MODES] = "stat"
+    seed: Annotated[int, Range(0, 2**31 - 1)] = 0
     rebalance: str | None = None
-    warmup: float | None = None
+    warmup: Annotated[float, Range(0)] | None = None
     cost_model: str = "roofline"
     cost_engine: str | None = None
 
@@ -87,7 +103,7 @@ def build_sim_config(s: SimSettings, max_context: int | None, *, mix_what: str =
     split, param = parse_pool_split(s.pool_split)
     engine = EngineConfig(attention_tp=s.attention_tp, max_batched_tokens=s.max_batched_tokens,
                           max_seqs=s.max_seqs, chunked_prefill=s.chunked_prefill, disaggregated=s.disaggregated,
-                          dual_batch_overlap=s.dbo, replica_rule=s.engine, kv_dtype=s.kv_dtype,
+                          dual_batch_overlap=s.dual_batch_overlap, replica_rule=s.engine, kv_dtype=s.kv_dtype,
                           preemption=s.preemption, gpu_memory_utilization=s.gpu_memory_utilization,
                           pool_split=split, pool_param=param, a2a_mode=s.deepep_mode,
                           cuda_graph_max_bs=s.cuda_graph_max_bs, kernels_per_layer=s.kernels_per_layer,

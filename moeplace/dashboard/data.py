@@ -55,8 +55,8 @@ from moeplace.placement.export.flags import (
     TARGET_OF_FORMAT,
     FlagOptions,
     check_layout,
+    format_options,
     launch_command,
-    trtllm_options,
 )
 from moeplace.placement.record import load_placement
 from moeplace.placement.windows import routing_windows
@@ -64,13 +64,11 @@ from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.frontier import FRONTIER_FILE, LEGACY_VERSION, SWEEP_TABLE
 from moeplace.sim.results import (
     CONFIG_FILE,
-    REQUESTS_SUFFIX,
     ROWS,
     SUMMARY_FILE,
     TIMESERIES_SUFFIX,
-    file_label,  # the file-name rule write_outputs uses
+    read_outputs,
     read_sim_config,
-    read_summaries,
 )
 from moeplace.traces.format import META_MODEL, PART_PREFIX, trace_files
 from moeplace.traces.loads import is_loads_file, load_loads
@@ -497,14 +495,14 @@ def unseen_windows(placement_, loads, routing_path, root) -> Unseen:
 
 @st.cache_data(show_spinner=False, max_entries=64,
                hash_funcs={"moeplace.placement.record.Placement": lambda p: (p.fingerprint(), p.model_name)})
-def evaluate_placement(placement_, routing_key: tuple, _loads, engine: str):
+def evaluate_placement(placement_, routing_key: tuple, _loads, rule: str):
     """``placement.evaluate.evaluate`` of one placement on Loads (``routing_key`` identifies ``_loads``
     in the cache: trace path, stamp, window size and window selection)."""
-    return evaluate(placement_, _loads, engine, model=_loads.model)
+    return evaluate(placement_, _loads, rule, model=_loads.model)
 
 
 def run_comparison(loads, *, gpus: int, gpu: str, gpus_per_node: int | None, num_redundant: int,
-                   policies: list[str], engine: str, plan_fraction: float, seed: int, time_limit: float | None,
+                   policies: list[str], rule: str, plan_fraction: float, seed: int, time_limit: float | None,
                    options: dict[str, Any] | None = None, progress=None):
     """``placement.compare.compare_policies`` — what ``place optimize`` runs — one policy at a time so
     the page can show progress (``progress(i, n, name)`` is called before each policy). Returns the
@@ -514,7 +512,7 @@ def run_comparison(loads, *, gpus: int, gpu: str, gpus_per_node: int | None, num
     for i, name in enumerate(policies):
         if progress is not None:
             progress(i, len(policies), name)
-        last = compare_policies(loads, cluster, num_redundant=num_redundant, policies=[name], engine=engine,
+        last = compare_policies(loads, cluster, num_redundant=num_redundant, policies=[name], rule=rule,
                                 plan_fraction=plan_fraction, seed=seed, time_limit=time_limit,
                                 options=options)
         results += last.results
@@ -532,12 +530,11 @@ def export_bytes(placement_, model, fmt: str, loads=None, extra: dict | None = N
     """One export format of a placement as bytes (written by ``placement.export.export_placement`` to a
     temporary file). ``extra``: format options (TensorRT-LLM's layout keys, :func:`launch_for`). Returns
     (bytes, file name, warnings); raises InputError when the engine's checks reject the placement."""
-    f = get_format(fmt)
     name = export_name(placement_, fmt)
     with tempfile.TemporaryDirectory(prefix="moeplace-dash-") as tmp:
         out = Path(tmp) / name
-        opts = {"loads": loads} if (f.kind == "loads" or fmt == "vllm-jsonl") and loads is not None else {}
-        warnings = export_placement(placement_, model, fmt, out, **opts, **(extra or {}))
+        # as place export calls it: the formats that take the routing's loads use them, the others ignore them
+        warnings = export_placement(placement_, model, fmt, out, loads=loads, **(extra or {}))
         return out.read_bytes(), name, list(warnings or [])
 
 
@@ -577,10 +574,7 @@ def launch_for(placement_, model, fmt: str, file_path: str) -> Launch:
         return Launch(fmt, get_format(fmt).engine, file_path, error=f"no launch command for format {fmt}")
     try:
         opts, plan = check_layout(placement_, model, FlagOptions())
-        extra = {}
-        if engine == "trtllm":
-            keys = trtllm_options(placement_, opts)  # refuses a layout TensorRT-LLM cannot express
-            extra = keys if fmt == "trtllm" else {}
+        extra = format_options(placement_, fmt, opts)  # refuses a layout the target cannot express
         command = launch_command(placement_, model, fmt, file_path, opts)
     except InputError as exc:
         return Launch(fmt, engine, file_path, error=str(exc))
@@ -673,21 +667,7 @@ class SimRun:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _sim_run(path: str, stamp_: tuple) -> SimRun:
-    d = Path(path)
-    summaries = read_summaries(d / SUMMARY_FILE)
-    config = read_sim_config(d / CONFIG_FILE) if (d / CONFIG_FILE).exists() else {}
-    reqs, ts = {}, {}
-    for s in summaries:
-        lab = s["label"]
-        for suffix, into in ((REQUESTS_SUFFIX, reqs), (TIMESERIES_SUFFIX, ts)):
-            f = d / f"{file_label(lab)}{suffix}"
-            if not f.exists():
-                raise InputError(f"{f}: missing (summary.json lists placement '{lab}')")
-            try:
-                into[lab] = pl.read_parquet(f)
-            except Exception as exc:  # noqa: BLE001  polars raises several types for damaged files
-                raise InputError(f"{f}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
-    return SimRun(str(d), config, summaries, reqs, ts)
+    return SimRun(path, *read_outputs(path))  # what place simulate --out wrote, read by its writer's module
 
 
 sim_run = _stamped(_sim_run)

@@ -138,10 +138,23 @@ def check_synth_tokens(num_tokens: float, what: str = "--tokens") -> None:
 
 
 # ---------------------------------------------------------------------------- estimates
+@dataclass(frozen=True)
+class RuleMemory:
+    """What a replica rule adds to planning and scoring placements (``placement.rules``' own figure):
+    ``per_placement`` bytes for each placement kept, ``once`` bytes for the whole comparison, and the
+    words that say of what (appended to the estimate's detail)."""
+
+    per_placement: float = 0.0
+    once: float = 0.0
+    what: str = ""
+
+
 def placement_estimate(num_layers: int, num_experts: int, num_gpus: int, num_redundant: int, *,
-                       num_placements: int = 1, engine: str = "vllm", what: str | None = None) -> Estimate:
+                       num_placements: int = 1, rule: RuleMemory | None = None,
+                       what: str | None = None) -> Estimate:
     """Peak memory of planning and scoring ``num_placements`` placements of ``L`` MoE layers, ``E``
-    experts, ``G`` GPUs and ``R`` redundant slots (``P = E + R`` slots per layer).
+    experts, ``G`` GPUs and ``R`` redundant slots (``P = E + R`` slots per layer); ``rule``: what the replica
+    rule adds (its ``planning_memory``).
 
     Every placement kept for the comparison holds its replica map ``log2phy`` (int32 ``[L, E, R + 1]``,
     padded to the most replicas an expert can have, as vLLM pads it) and its ``phy2log`` (int64
@@ -158,13 +171,9 @@ def placement_estimate(num_layers: int, num_experts: int, num_gpus: int, num_red
     n = max(1, num_placements)
     per = 4.0 * L * E * (R + 1) + 8.0 * L * P
     b = n * per + 48.0 * L * P
-    extra = ""
-    if engine == "sglang":
-        b += n * 4.0 * G * L * E
-        extra = f" and its SGLang dispatch map ({G:,} ranks x {L} x {E} x 4 B)"
-    elif engine == "ideal":
-        b += float(L) * E * G
-        extra = f"; the ideal split's [{L}, {E}, {G:,}] holder table"
+    rule = rule or RuleMemory()
+    b += n * rule.per_placement + rule.once
+    extra = rule.what
     each = "one placement" if n == 1 else f"{n} placements (one per policy), each"
     detail = (f"{each} with a replica map of {L} layers x {E} experts x {R + 1:,} replica columns x 4 B"
               f"{extra}")

@@ -52,7 +52,7 @@ class BenchConfig:
     num_experts: int = 32
     top_k: int = 4
     num_redundant: int = 0
-    engine: str = "vllm"
+    engine: str = "vllm"  # the replica rule (the key recorded in the result's provenance)
     train_tokens: tuple[int, ...] = (64, 256, 1024)
     test_tokens: tuple[int, ...] = (128, 512)
     train_skews: tuple[float, ...] = (0.0,)
@@ -148,7 +148,7 @@ def bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
             dist.barrier()
             t = StepTimes()
             t0 = time.perf_counter()
-            ep_moe_forward(x, ids, w, placement, 0, lw_gu, lw_d, engine=cfg.engine, times=t)
+            ep_moe_forward(x, ids, w, placement, 0, lw_gu, lw_d, rule=cfg.engine, times=t)
             total = time.perf_counter() - t0
             if it >= cfg.warmup:
                 reps.append([t.dispatch, t.experts, t.combine, total, t.rows_received])

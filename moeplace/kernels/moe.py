@@ -118,11 +118,11 @@ def local_weights(placement: Placement, layer: int, rank: int, w_gate_up: torch.
 
 def ep_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                    placement: Placement, layer: int, local_w_gate_up: torch.Tensor, local_w_down: torch.Tensor,
-                   *, engine: str = "vllm", dispatch_map: np.ndarray | None = None, group=None,
+                   *, rule: str = "vllm", dispatch_map: np.ndarray | None = None, group=None,
                    times: StepTimes | None = None) -> torch.Tensor:
     """One expert-parallel MoE layer for this rank's ``n`` local tokens; returns ``[n, h]``.
 
-    1. dispatch: choose the physical replica of each (token, expert) by the engine's rule
+    1. dispatch: choose the physical replica of each (token, expert) by the engine's replica rule ``rule``
        (:func:`placement.dispatch.choose_slots`), counting-sort by destination, exchange counts, then
        rows and their local slot ids with ``all_to_all_single`` (variable splits);
     2. experts: grouped GEMMs over the received rows, grouped by local slot;
@@ -137,7 +137,7 @@ def ep_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
     t0 = time.perf_counter()
 
     # --- dispatch
-    slots_np = choose_slots(placement, layer, topk_ids.cpu().numpy(), engine, src_gpu=rank,
+    slots_np = choose_slots(placement, layer, topk_ids.cpu().numpy(), rule, src_gpu=rank,
                             dispatch_map=dispatch_map)
     slots = torch.as_tensor(np.asarray(slots_np), dtype=torch.int64, device=device)
     perm = sort_by_destination(slots, P, world)

@@ -26,7 +26,7 @@ class VerifyCase:
     intermediate: int = 8
     num_redundant: int = 0
     tokens_per_rank: tuple[int, ...] = (5, 7)
-    engine: str = "vllm"
+    rule: str = "vllm"  # the replica rule
     unused_experts: int = 0  # the last ``unused_experts`` experts are never chosen by any token
     seed: int = 0
     dtype: str = "float32"
@@ -65,11 +65,11 @@ def verify_rank(rank: int, world_size: int, cases: list[VerifyCase]) -> list[dic
     for case in cases:
         per_rank, w_gate_up, w_down = case_data(case)
         placement = random_placement(case, world_size)
-        dmap = get_rule(case.engine, seed=case.seed).dispatch_state(placement)
+        dmap = get_rule(case.rule, seed=case.seed).dispatch_state(placement)
         x, ids, w = per_rank[rank]
         lw_gu, lw_d = local_weights(placement, 0, rank, w_gate_up, w_down)
         times = StepTimes()
-        y = ep_moe_forward(x, ids, w, placement, 0, lw_gu, lw_d, engine=case.engine, dispatch_map=dmap,
+        y = ep_moe_forward(x, ids, w, placement, 0, lw_gu, lw_d, rule=case.rule, dispatch_map=dmap,
                            times=times)
         ref = reference_moe(x, ids, w, w_gate_up, w_down)
         err = float((y - ref).abs().max()) if len(x) else 0.0

@@ -27,6 +27,7 @@ from moeplace.placement.policies import (
     policy_names,
 )
 from moeplace.placement.record import Placement
+from moeplace.placement.rules import get_rule
 from moeplace.placement.shift import (
     _plan,
     fold_seconds,
@@ -70,7 +71,7 @@ class Comparison:
     planning_windows: np.ndarray
     held_windows: np.ndarray
     single_window: bool
-    engine: str
+    rule: str
     cluster: ClusterSpec
     num_redundant: int
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -83,7 +84,7 @@ class Comparison:
     tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"engine": self.engine, "cluster": self.cluster.to_dict(), "num_redundant": self.num_redundant,
+        d = {"engine": self.rule, "cluster": self.cluster.to_dict(), "num_redundant": self.num_redundant,
              "plan_windows": self.planning_windows.tolist(), "held_out_windows": self.held_windows.tolist(),
              "single_window": self.single_window, "notes": list(self.notes),
              "scored_layers": self.scored_layers, "moe_layers": self.moe_layers, "tokens": self.tokens,
@@ -107,11 +108,11 @@ EVAL_GUESS = 0.2  # seconds to score one policy, reserved before any scoring has
 
 
 def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
-                     policies: list[str] | None = None, engine: str = "vllm", plan_fraction: float = 0.5,
+                     policies: list[str] | None = None, rule: str = "vllm", plan_fraction: float = 0.5,
                      seed: int = 0, time_limit: float | None = None, options: dict[str, Any] | None = None,
                      samples: np.ndarray | None = None, shift: bool = False,
                      deadline: float | None = None, shift_sample: int | str = "auto") -> Comparison:
-    """Plan each policy on the planning windows, score it (``evaluate``, Loads-level, ``engine`` rule)
+    """Plan each policy on the planning windows, score it (``evaluate``, Loads-level, ``rule``)
     on the planning and on the held-out windows. ``policies``: registry names (default: all).
     The token sample is split by window: policies plan on the planning windows' tokens only and the
     held-out traffic columns replay the held-out windows' tokens only. ``samples`` overrides the
@@ -134,7 +135,9 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     # every placement is kept for the table: refuse what cannot fit before planning any (docs/design.md)
     m = loads.model
     require_memory(placement_estimate(m.num_moe_layers, m.num_experts, cluster.num_gpus, num_redundant,
-                                      num_placements=len(fns), engine=engine))
+                                      num_placements=len(fns),
+                                      rule=get_rule(rule).planning_memory(m.num_moe_layers, m.num_experts,
+                                                                          cluster.num_gpus)))
     if deadline is None and time_limit is not None:
         deadline = time.monotonic() + time_limit
     planning_idx, held_idx, single = split_windows(loads.num_windows, plan_fraction)
@@ -183,14 +186,14 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
             continue
         try:
             placement, dt = _plan(fns[name], name, loads, planning_idx, planning_samples, cluster, num_redundant,
-                                  engine, seed, limit, options)
+                                  rule, seed, limit, options)
         except TimeLimitReached:
             notes.append(f"{name} skipped: time limit (not finished after {limit:.2f} s)")
             continue
         placement.provenance["planned_on"] = planned_on(loads, planning_idx)
         t1 = time.perf_counter()
-        m_planning = evaluate(placement, planning_counts, engine, model=loads.model, cluster=cluster, samples=planning_samples)
-        m_held = (evaluate(placement, held, engine, model=loads.model, cluster=cluster, samples=held_samples)
+        m_planning = evaluate(placement, planning_counts, rule, model=loads.model, cluster=cluster, samples=planning_samples)
+        m_held = (evaluate(placement, held, rule, model=loads.model, cluster=cluster, samples=held_samples)
                   if held_idx.size else None)
         eval_cost = max(eval_cost, time.perf_counter() - t1)
         done[name] = (placement, dt, m_planning, m_held)
@@ -216,13 +219,13 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
                         f"{fold_seconds(done[name][1], ids, is_anytime(name)):.0f} s)")
             try:
                 shifts[name] = shift_estimate(fns[name], name, planning, cluster, num_redundant=num_redundant,
-                                              engine=engine, seed=seed, time_limit=limit, options=options,
+                                              rule=rule, seed=seed, time_limit=limit, options=options,
                                               ids=ids, method=how, layers=sampled)
             except TimeLimitReached:
                 notes.append(f"{name}: shift estimate skipped: time limit")
     results = [PolicyResult(n, *done[n], shifts.get(n)) for n in names if n in done]
     scored = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
-    return Comparison(results, planning_idx, held_idx, single, engine, cluster, num_redundant, tuple(notes),
+    return Comparison(results, planning_idx, held_idx, single, rule, cluster, num_redundant, tuple(notes),
                       scored, loads.model.num_moe_layers, method, tuple(sc_names) if ids is not None else (),
                       0 if planning_samples is None else len(planning_samples),
                       0 if held_samples is None else len(held_samples), loads_tokens(loads))

@@ -176,7 +176,7 @@ class Metrics:
     """Scores of one placement on one routing under one engine rule. Arrays are float64; ``W`` windows
     (or steps of the token-level routing), ``L`` MoE layers, ``G`` GPUs. See the module docstring."""
 
-    engine: str
+    rule: str
     source: str  # "loads" | "tokens"
     gpu_loads: np.ndarray  # [W, L, G] tokens (selections) per GPU
     bound_placement: np.ndarray  # [W, L] lower bound on the busiest GPU, this placement and rule
@@ -302,7 +302,7 @@ class Metrics:
     def summary(self) -> dict[str, Any]:
         """Scalars only (what a table row shows)."""
         return {
-            "engine": self.engine,
+            "engine": self.rule,
             "source": self.source,
             "num_windows": int(self.gpu_loads.shape[0]),
             "tokens": self.num_tokens,
@@ -399,11 +399,11 @@ class _Scored:
     batch_balancedness: np.ndarray | None = None
 
 
-def evaluate(placement: Placement, routing, engine: str | ReplicaRule = "vllm", *, model: ModelSpec | None = None,
+def evaluate(placement: Placement, routing, rule: str | ReplicaRule = "vllm", *, model: ModelSpec | None = None,
              cluster: ClusterSpec | None = None, batch_tokens: int | None = None, seed: int = 42,
              dispatch_dtype: str = "bf16", sglang_variant: str = "mainline",
              vllm_rule: str = "hash", samples: np.ndarray | None = None, what: str = "placement") -> Metrics:
-    """Score ``placement`` on ``routing`` under the replica rule ``engine`` (a registered name:
+    """Score ``placement`` on ``routing`` under the replica rule ``rule`` (a registered name:
     ``vllm`` | ``sglang`` | ``trtllm`` | ``ideal``, or a :class:`ReplicaRule`).
 
     ``routing``: Loads / ``.npz`` path / array ``[W, L, E]`` or ``[L, E]`` (per-window metrics), or a
@@ -418,7 +418,7 @@ def evaluate(placement: Placement, routing, engine: str | ReplicaRule = "vllm", 
     only way co-located experts show up as fewer remote sends. ``what`` names the placement in errors
     (its file): a placement made for another model or cluster is refused.
     """
-    rule = get_rule(engine, seed=seed, vllm_rule=vllm_rule, sglang_variant=sglang_variant)
+    rule = get_rule(rule, seed=seed, vllm_rule=vllm_rule, sglang_variant=sglang_variant)
     if samples is None and isinstance(routing, Loads):
         samples = routing.samples
     elif samples is None and isinstance(routing, (str, Path)) and is_loads_file(routing):
@@ -536,7 +536,7 @@ def _metrics(placement: Placement, m: ModelSpec, rule: ReplicaRule, kind: str, s
     bound_b = np.stack([rule.budget_bound(loads[w], G, placement.num_slots) for w in range(loads.shape[0])])
     L_moe = m.num_moe_layers
     return Metrics(
-        engine=rule.name, source=kind, gpu_loads=scored.gpu_loads, bound_placement=bound_p, bound_budget=bound_b,
+        rule=rule.name, source=kind, gpu_loads=scored.gpu_loads, bound_placement=bound_p, bound_budget=bound_b,
         num_nodes=placement.num_nodes, cross_node_share=float(scored.cross),
         remote_per_token={key: float(v) for key, v in scored.remote.items()},
         dispatch_bytes_per_token={key: float(v) * L_moe * send_bytes for key, v in scored.remote.items()},

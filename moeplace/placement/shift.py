@@ -161,10 +161,10 @@ def _weak(n: int) -> str:
 
 
 def _plan(fn, name: str, loads: Loads, windows: np.ndarray, samples: np.ndarray | None, cluster: ClusterSpec,
-          num_redundant: int, engine: str, seed: int, time_limit: float | None,
+          num_redundant: int, rule: str, seed: int, time_limit: float | None,
           options: dict[str, Any]) -> tuple[Placement, float]:
     problem = PlacementProblem(loads=loads.counts[windows].astype(np.float64), model=loads.model, cluster=cluster,
-                               num_redundant=num_redundant, engine=engine, seed=seed, time_limit=time_limit,
+                               num_redundant=num_redundant, rule=rule, seed=seed, time_limit=time_limit,
                                samples=samples, options=options)
     t0 = time.perf_counter()
     placement = fn(problem)
@@ -239,7 +239,7 @@ def shift_ranges(per: list[float], layer_se: float) -> tuple[list[float], list[f
     return [clip(m - h), clip(m + h)], [clip(w - h), clip(w + h)], h
 
 
-def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_redundant: int, engine: str,
+def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_redundant: int, rule: str,
                    seed: int, time_limit: float | None, options: dict[str, Any],
                    ids: np.ndarray, method: str, layers: np.ndarray | None = None) -> dict[str, Any]:
     """Leave-one-scenario-out: for every scenario group ``s`` of ``ids`` (int ``[W]``), plan ``fn`` on the
@@ -275,7 +275,7 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
         if traffic and (samples is None or not len(samples)):
             fo["objective"] = "balance"  # no token sample of the training windows: nothing to refine on
         jobs.append((fn, name, PlacementProblem(loads=counts[train], model=loads.model, cluster=cluster,
-                                                num_redundant=num_redundant, engine=engine, seed=seed,
+                                                num_redundant=num_redundant, rule=rule, seed=seed,
                                                 time_limit=time_limit, samples=samples, options=fo),
                      counts[ids == sc]))
     if pool:
@@ -305,7 +305,7 @@ def _fold(job) -> tuple[float, np.ndarray]:
     fn, name, problem, test = job
     placement = fn(problem)
     placement.check_model(problem.model, f"policy '{name}'")
-    m = evaluate(placement, test, problem.engine, model=problem.model, cluster=problem.cluster)
+    m = evaluate(placement, test, problem.rule, model=problem.model, cluster=problem.cluster)
     return m.balancedness, m.layer_balancedness
 
 

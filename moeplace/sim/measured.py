@@ -88,6 +88,14 @@ def package_version() -> str | None:
         return None
 
 
+# KDA kernels by aiconfigurator framework, as its Kimi K3 model picks them: (decode, prefill) kernel names;
+# None: the other frameworks' (FLA's chunked kernels)
+KDA_KERNELS: dict[str | None, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "vllm": (("fused_kda_decode",), ("causal_conv1d_fn_qkv3", "flashkda_fwd")),
+    None: (("causal_conv1d_update", "fused_recurrent_kda_packed_decode"), ("causal_conv1d_fn_qkv3", "chunk_kda")),
+}
+
+
 @dataclass
 class Curve:
     """Seconds at increasing ``x`` (> 0), interpolated log-log; below the grid the first value (kernels
@@ -380,15 +388,14 @@ class MeasuredCostModel(CostModel):
         them): decode per decoding sequence count, prefill per chunk of a given length."""
         c, ops = self.model.kda, self.tables.ops
         h, nk = self.model.hidden_size, max(1, c.num_heads // self.tp)
-        vllm = self.tables.framework == "vllm"
+        dec_names, pre_names = KDA_KERNELS.get(self.tables.framework, KDA_KERNELS[None])
 
         def kernels(names, phase):
             return [ops.KDAKernel(f"kda_{n}", 1, n, phase, h, nk, c.head_dim, nk, c.head_dim, c.conv_kernel)
                     for n in names]
 
-        dec_ops = kernels(["fused_kda_decode"] if vllm else ["causal_conv1d_update", "fused_recurrent_kda_packed_decode"],
-                          "generation")
-        pre_ops = kernels(["causal_conv1d_fn_qkv3", "flashkda_fwd" if vllm else "chunk_kda"], "context")
+        dec_ops = kernels(dec_names, "generation")
+        pre_ops = kernels(pre_names, "context")
 
         def curve(term, op_list, grid, context):
             def build():

@@ -217,13 +217,13 @@ def relabel_min_moves(old: Placement, new: Placement) -> Placement:
     return Placement(out.reshape(L, G * S), G, n, old.model_name, E, old.moe_layers, dict(new.provenance))
 
 
-def limit_moves(old: Placement, new: Placement, loads_LE: np.ndarray, engine: str, max_moves: int) -> Placement:
+def limit_moves(old: Placement, new: Placement, loads_LE: np.ndarray, rule: str, max_moves: int) -> Placement:
     """Take ``new``'s layout only for the layers that gain most (drop of the most loaded GPU's expected
     tokens) per moved expert, until ``max_moves`` moves are used; the other layers keep ``old``."""
     if max_moves <= 0:
         return new
     mv = moved_experts(old, new).sum(axis=(1, 2))  # [L]
-    rule = get_rule(engine)
+    rule = get_rule(rule)
     gain = expected_gpu_loads(old, loads_LE, rule).max(axis=1) - expected_gpu_loads(new, loads_LE, rule).max(axis=1)
     order = np.argsort(-(gain / np.maximum(mv, 1)), kind="stable")
     p2l = old.phy2log.copy()
@@ -330,7 +330,7 @@ class Rebalancer:
         if self.policy == "moeplace":  # the optimizer's migration mode: at most K moves from `old`
             options = {"from": old, "max_moves": self.cfg.moves or None}
         problem = PlacementProblem(loads=loads[None], model=sim.model, cluster=sim.cluster,
-                                   num_redundant=old.num_redundant, engine=sim.config.engine.replica_rule,
+                                   num_redundant=old.num_redundant, rule=sim.config.engine.replica_rule,
                                    seed=sim.config.seed, time_limit=self.cfg.time_limit, options=options)
         t0, c0 = time.perf_counter(), _cpu_seconds()
         new = get_policy(self.policy)(problem)

@@ -336,6 +336,29 @@ def read_sim_config(path: str | Path) -> dict[str, Any]:
     return d
 
 
+def read_outputs(out: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, pl.DataFrame],
+                                           dict[str, pl.DataFrame]]:
+    """What :func:`write_outputs` wrote into ``out``: ``(resolved config ({} when there is none),
+    summaries, per-request frames, time-series frames)``, the frames by placement label. A missing or
+    unreadable file is an :class:`InputError` naming it."""
+    d = Path(out)
+    summaries = read_summaries(d / SUMMARY_FILE)
+    config = read_sim_config(d / CONFIG_FILE) if (d / CONFIG_FILE).exists() else {}
+    reqs: dict[str, pl.DataFrame] = {}
+    ts: dict[str, pl.DataFrame] = {}
+    for s in summaries:
+        lab = s["label"]
+        for suffix, into in ((REQUESTS_SUFFIX, reqs), (TIMESERIES_SUFFIX, ts)):
+            f = d / f"{file_label(lab)}{suffix}"
+            if not f.exists():
+                raise InputError(f"{f}: missing ({SUMMARY_FILE} lists placement '{lab}')")
+            try:
+                into[lab] = pl.read_parquet(f)
+            except Exception as exc:  # noqa: BLE001  polars raises several types for damaged files
+                raise InputError(f"{f}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    return config, summaries, reqs, ts
+
+
 # ---------------------------------------------------------------------------- the table
 def _fmt(v, unit: str) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
@@ -14,8 +14,10 @@ from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.limits import placement_estimate, require_memory
 from moeplace.foundation.model import load_model
+from moeplace.foundation.settings import Range
 from moeplace.placement.policies import PlacementProblem, get_policy, policy_names
 from moeplace.placement.record import Placement, check_compatible, load_placement
+from moeplace.placement.rules import get_rule
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import SimConfig, check_resources
 from moeplace.sim.engine import Simulation
@@ -33,13 +35,13 @@ class RunInputs:
 
     trace: str
     placements: tuple[str, ...]
-    max_trace_tokens: int | None = None
+    max_trace_tokens: Annotated[int, Range(1)] | None = None
     route_all: bool = False
     model: str | None = None
     expert_dtype: str | None = None
     weight_dtype: str | None = None
     num_redundant: int | None = None
-    engine: str = "vllm"
+    rule: str = "vllm"
     seed: int = 0
     prefill_gpus: int | None = None
 
@@ -78,12 +80,10 @@ def held_out_start(trace: str, specs: tuple[str, ...] | list[str]) -> tuple[int,
     return start, names
 
 
-def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, check=None) -> PreparedRun:
-    """Read what ``inputs`` names for a run on ``cluster``: the trace (from the first token no placement
-    file was planned on, unless ``route_all``), with the model overrides applied; every placement resolved
-    (:func:`resolve_placement`; repeated labels numbered); the prefill pool's placements on
-    ``make_cluster(prefill_gpus)`` when there is one. ``check(trace)``: the caller's checks that need the
-    trace's model (its settings against the model's context), run before any placement is computed."""
+def read_trace(inputs: RunInputs) -> tuple[TraceTokens, int, str]:
+    """The trace ``inputs`` names, as a run routes it: from the first token no placement file was planned
+    on (unless ``route_all``), at most ``max_trace_tokens`` tokens, with the model overrides applied.
+    Returns ``(trace, first routed token, the sentence that says which part is routed)``."""
     from_token, planned = held_out_start(inputs.trace, inputs.placements)
     if inputs.route_all:
         from_token = 0
@@ -111,9 +111,18 @@ def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, c
             raise InputError(f"--model {inputs.model}: {m.num_moe_layers} MoE layers x {m.num_experts} experts top-"
                              f"{m.top_k} does not match the trace's '{trace.model.name}'")
         trace = dataclasses.replace(trace, model=m)
+    return trace, from_token, note
+
+
+def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, check=None) -> PreparedRun:
+    """Read what ``inputs`` names for a run on ``cluster``: the trace (:func:`read_trace`); every placement
+    resolved (:func:`resolve_placement`; repeated labels numbered); the prefill pool's placements on
+    ``make_cluster(prefill_gpus)`` when there is one. ``check(trace)``: the caller's checks that need the
+    trace's model (its settings against the model's context), run before any placement is computed."""
+    trace, from_token, note = read_trace(inputs)
     if check is not None:
         check(trace)
-    placements = [resolve_placement(s, trace, cluster, inputs.num_redundant, inputs.engine, inputs.seed)
+    placements = [resolve_placement(s, trace, cluster, inputs.num_redundant, inputs.rule, inputs.seed)
                   for s in inputs.placements]
     labels = [lab for lab, _ in placements]
     for i, lab in enumerate(labels):  # keep labels unique in the table and file names
@@ -127,7 +136,7 @@ def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, c
             if spec.endswith(".json"):
                 raise InputError(f"--placement {spec}: with --prefill-gpus give a policy name (each pool gets its "
                                  "own placement for its GPU count)")
-            prefill.append((resolve_placement(spec, trace, p_cluster, inputs.num_redundant, inputs.engine,
+            prefill.append((resolve_placement(spec, trace, p_cluster, inputs.num_redundant, inputs.rule,
                                               inputs.seed)[1], p_cluster))
     named = [lab for lab, spec in zip(labels, inputs.placements) if not is_placement_file(spec)]
     if named:
@@ -135,7 +144,7 @@ def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, c
     return PreparedRun(trace, placements, prefill, from_token, note)
 
 
-def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_redundant: int | None, engine: str,
+def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_redundant: int | None, rule: str,
                       seed: int) -> tuple[str, Placement]:
     """``spec`` is a placement JSON file, or a policy name computed here on the trace's expert loads
     (all of its tokens as one window) with ``num_redundant`` slots (``None``: 0). A file must have been
@@ -149,11 +158,13 @@ def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_r
     names = policy_names()
     if spec not in names:
         raise InputError(f"--placement '{spec}': no such file and not a policy (policies: {', '.join(names)})")
-    require_memory(placement_estimate(trace.model.num_moe_layers, trace.model.num_experts, cluster.num_gpus,
-                                      num_redundant or 0, engine=engine))
+    m = trace.model
+    require_memory(placement_estimate(m.num_moe_layers, m.num_experts, cluster.num_gpus, num_redundant or 0,
+                                      rule=get_rule(rule).planning_memory(m.num_moe_layers, m.num_experts,
+                                                                          cluster.num_gpus)))
     loads = trace.expert_counts()[None].astype(np.float64)
     problem = PlacementProblem(loads=loads, model=trace.model, cluster=cluster, num_redundant=num_redundant or 0,
-                               engine=engine, seed=seed)
+                               rule=rule, seed=seed)
     return spec, get_policy(spec)(problem)
 
 

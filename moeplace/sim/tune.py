@@ -40,14 +40,12 @@ from moeplace.sim.config import RebalanceConfig, SimConfig
 from moeplace.sim.online import MIN_SPLITS, gain_interval, request_blocks, scored_config, tok_s, trace_part
 from moeplace.sim.runner import simulate
 
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
-
 
 @dataclass(frozen=True)
 class Setting:
     """One engine configuration: its own parameter names and values, and how the simulator runs it."""
 
-    engine: str  # vllm | sglang | trtllm
+    engine: str  # the name of its OnlineRebalancer: vllm | sglang | trtllm
     params: dict = field(hash=False)
     num_redundant: int
     rule: str  # the simulator's replica rule: vllm (even split) | sglang (static dispatch map)
@@ -55,21 +53,97 @@ class Setting:
 
     def flags(self) -> str:
         """Launch flags the released engine accepts."""
-        p = self.params
-        if self.engine == "vllm":
-            cfg = {"num_redundant_experts": p["num_redundant_experts"], "window_size": p["window_size"],
-                   "step_interval": p["step_interval"], "use_async": p["use_async"]}
-            return f"--enable-eplb --eplb-config '{json.dumps(cfg, separators=(',', ':'))}'"
-        if self.engine == "sglang":
-            return (f"--enable-eplb --ep-num-redundant-experts {p['ep_num_redundant_experts']} "
-                    f"--eplb-rebalance-num-iterations {p['eplb_rebalance_num_iterations']} "
-                    f"--ep-dispatch-algorithm {p['ep_dispatch_algorithm']}")
+        return REBALANCERS[self.engine].flags(self.params)
+
+    def label(self) -> str:
+        return f"{ENGINE_NAMES[self.engine]} " + ", ".join(f"{k}={v}" for k, v in self.params.items())
+
+
+class OnlineRebalancer:
+    """One engine's online rebalancer, as ``place rebalance`` searches it (one subclass per engine, found in
+    :data:`REBALANCERS`): its candidate settings, their launch flags, and the models it cannot serve."""
+
+    name: str  # the --engine value
+    title: str  # the engine, for sentences
+
+    def candidates(self, rs: list[int], num_experts: int, num_layers: int, quick: bool) -> list[Setting]:
+        """The settings searched for redundant-slot counts ``rs``."""
+        raise NotImplementedError
+
+    def flags(self, params: dict) -> str:
+        raise NotImplementedError
+
+    def unavailable(self, model) -> str | None:
+        """Why the rebalancer cannot serve ``model`` (None when it can)."""
+        return None
+
+
+class _VllmEplb(OnlineRebalancer):
+    name, title = "vllm", "vLLM"
+
+    def candidates(self, rs, num_experts, num_layers, quick):
+        return [Setting("vllm", {"num_redundant_experts": r, "window_size": window, "step_interval": interval,
+                                 "use_async": use_async}, r, "vllm",
+                        RebalanceConfig(every=interval, window=window, policy="eplb", asynchronous=use_async))
+                for r in rs
+                for window, interval in ([(1000, 3000)] if quick else [(1000, 3000), (100, 300), (1000, 1000)])
+                for use_async in (True, False)]
+
+    def flags(self, p):
+        cfg = {"num_redundant_experts": p["num_redundant_experts"], "window_size": p["window_size"],
+               "step_interval": p["step_interval"], "use_async": p["use_async"]}
+        return f"--enable-eplb --eplb-config '{json.dumps(cfg, separators=(',', ':'))}'"
+
+
+class _SglangEplb(OnlineRebalancer):
+    name, title = "sglang", "SGLang"
+
+    def candidates(self, rs, num_experts, num_layers, quick):
+        return [Setting("sglang", {"ep_num_redundant_experts": r, "eplb_rebalance_num_iterations": every,
+                                   "ep_dispatch_algorithm": algo}, r,
+                        "sglang" if algo == "static" else "vllm",  # dynamic: an even split over the replicas
+                        RebalanceConfig(every=every, window=every, policy="eplb"))
+                for r in rs for every in ([1000] if quick else [1000, 100]) for algo in ("static", "dynamic")]
+
+    def flags(self, p):
+        return (f"--enable-eplb --ep-num-redundant-experts {p['ep_num_redundant_experts']} "
+                f"--eplb-rebalance-num-iterations {p['eplb_rebalance_num_iterations']} "
+                f"--ep-dispatch-algorithm {p['ep_dispatch_algorithm']}")
+
+
+class _TrtllmLoadBalancer(OnlineRebalancer):
+    name, title = "trtllm", "TensorRT-LLM"
+
+    def candidates(self, rs, num_experts, num_layers, quick):
+        out = []
+        for r in rs:
+            for u in ([0, 1] if quick else [0, 1, 4]):
+                every = math.ceil(num_layers / u) if u else 0
+                out.append(Setting("trtllm", {"num_slots": num_experts + r, "layer_updates_per_iter": u}, r, "vllm",
+                                   RebalanceConfig(every=every, window=every, policy="eplb", asynchronous=True)
+                                   if u else None))
+        return out
+
+    def flags(self, p):
         lb = f"{{num_slots: {p['num_slots']}, layer_updates_per_iter: {p['layer_updates_per_iter']}}}"
         return ("--extra_llm_api_options lb.yaml  # lb.yaml: enable_attention_dp: true, moe_config: {backend: "
                 f"WIDEEP, load_balancer: {lb}}}")
 
-    def label(self) -> str:
-        return f"{ENGINE_NAMES[self.engine]} " + ", ".join(f"{k}={v}" for k, v in self.params.items())
+    def unavailable(self, model):
+        if architecture(model) not in TRTLLM_LB_ARCHITECTURES:
+            return (f"TensorRT-LLM's load balancer leaves {model.name} ({architecture(model) or model.hf_model_type}) "
+                    f"out: it builds one only for {', '.join(TRTLLM_LB_ARCHITECTURES)}")
+        return None
+
+
+REBALANCERS: dict[str, OnlineRebalancer] = {r.name: r for r in (_VllmEplb(), _SglangEplb(), _TrtllmLoadBalancer())}
+ENGINE_NAMES = {name: r.title for name, r in REBALANCERS.items()}
+
+
+def _rebalancer(engine: str) -> OnlineRebalancer:
+    if engine not in REBALANCERS:
+        raise InputError(f"--engine {engine}: expected one of {', '.join(REBALANCERS)}")
+    return REBALANCERS[engine]
 
 
 def engine_settings(engine: str, num_experts: int, num_layers: int, num_gpus: int, quick: bool = False
@@ -79,41 +153,12 @@ def engine_settings(engine: str, num_experts: int, num_layers: int, num_gpus: in
     and one alternative each."""
     r0 = (-num_experts) % num_gpus
     rs = [r0 + num_gpus] if quick else sorted({r0, r0 + num_gpus})
-    out = []
-    if engine == "vllm":
-        for r in rs:
-            for window, interval in ([(1000, 3000)] if quick else [(1000, 3000), (100, 300), (1000, 1000)]):
-                for use_async in (True, False):
-                    out.append(Setting("vllm", {"num_redundant_experts": r, "window_size": window,
-                                                "step_interval": interval, "use_async": use_async}, r, "vllm",
-                                       RebalanceConfig(every=interval, window=window, policy="eplb",
-                                                       asynchronous=use_async)))
-    elif engine == "sglang":
-        for r in rs:
-            for every in ([1000] if quick else [1000, 100]):
-                for algo in ("static", "dynamic"):
-                    out.append(Setting("sglang", {"ep_num_redundant_experts": r, "eplb_rebalance_num_iterations": every,
-                                                  "ep_dispatch_algorithm": algo}, r,
-                                       "sglang" if algo == "static" else "vllm",
-                                       RebalanceConfig(every=every, window=every, policy="eplb")))
-    elif engine == "trtllm":
-        for r in rs:
-            for u in ([0, 1] if quick else [0, 1, 4]):
-                every = math.ceil(num_layers / u) if u else 0
-                out.append(Setting("trtllm", {"num_slots": num_experts + r, "layer_updates_per_iter": u}, r, "vllm",
-                                   RebalanceConfig(every=every, window=every, policy="eplb", asynchronous=True)
-                                   if u else None))
-    else:
-        raise InputError(f"--engine {engine}: expected one of {', '.join(ENGINE_NAMES)}")
-    return out
+    return _rebalancer(engine).candidates(rs, num_experts, num_layers, quick)
 
 
 def unavailable(engine: str, model) -> str | None:
     """Why ``engine``'s online rebalancer cannot serve ``model`` (None when it can)."""
-    if engine == "trtllm" and architecture(model) not in TRTLLM_LB_ARCHITECTURES:
-        return (f"TensorRT-LLM's load balancer leaves {model.name} ({architecture(model) or model.hf_model_type}) out: "
-                f"it builds one only for {', '.join(TRTLLM_LB_ARCHITECTURES)}")
-    return None
+    return _rebalancer(engine).unavailable(model)
 
 
 def tune(trace, cluster, config: SimConfig, profile, engines: list[str], splits: int = 2, quick: bool = False,

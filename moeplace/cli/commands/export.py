@@ -16,12 +16,11 @@ from moeplace.foundation.model import load_model
 from moeplace.placement.export import deploy, export_placement, format_names, get_format
 from moeplace.placement.export.engines import VLLM_PRS, checked_versions
 from moeplace.placement.export.flags import (
-    TARGET_OF_FORMAT,
     FlagOptions,
     check_layout,
+    format_options,
     launch_spec,
     rule_mismatch,
-    trtllm_options,
 )
 from moeplace.placement.record import check_compatible, load_placement
 from moeplace.traces.loads import Loads, is_loads_file, load_loads
@@ -136,9 +135,7 @@ def run(args) -> int:
                            vllm_static=args.vllm_static)
         # the plan runs before the file is written: a refused layout leaves nothing behind
         opts, plan = check_layout(placement, model, opts, args.plan)
-        if TARGET_OF_FORMAT[args.format] == "trtllm":
-            layout_keys = trtllm_options(placement, opts)  # refuses a layout TensorRT-LLM cannot express
-            extra = layout_keys if args.format == "trtllm" else {}
+        extra = format_options(placement, args.format, opts)  # refuses a layout the target cannot express
         launch = launch_spec(placement, model, args.format, args.out, opts)  # its checks too, before writing
         if args.target:
             target_launch = launch

@@ -102,7 +102,7 @@ def verify(args) -> int:
         raise InputError(f"--world-size must be >= 1, got {args.world_size}")
     W = args.world_size
     cases = [VerifyCase(num_experts=4 * W, num_redundant=W, top_k=3, tokens_per_rank=tuple(7 + 3 * r for r in range(W)),
-                        engine=engine, seed=s) for s, engine in enumerate(("vllm", "sglang"))]
+                        rule=rule, seed=s) for s, rule in enumerate(("vllm", "sglang"))]
     cases.append(VerifyCase(num_experts=4 * W, num_redundant=0, top_k=2,
                             tokens_per_rank=(0,) + tuple(9 for _ in range(W - 1)), unused_experts=2, seed=7))
     results = run_distributed(verify_rank, W, cases, backend=args.backend)

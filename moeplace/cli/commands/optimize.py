@@ -124,7 +124,7 @@ def run(args) -> int:
     options = {"robust": args.robust, "objective": args.objective,
                "traffic_weight": args.traffic_weight, "pareto": args.pareto, "from": args.from_placement, "max_moves": args.max_moves,
                "workers": args.workers}
-    cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, engine=args.engine,
+    cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, rule=args.engine,
                            plan_fraction=args.plan_fraction, seed=args.seed, deadline=deadline,
                            options=options, shift=not args.no_shift, shift_sample=args.shift_layers or "auto")
     chosen = args.policy[0] if args.policy else ("moeplace" if "moeplace" in names else "eplb")

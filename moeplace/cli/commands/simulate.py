@@ -161,7 +161,7 @@ def run(args) -> int:
     prep = prepare_run(RunInputs(
         trace=args.traces, placements=tuple(args.placement), max_trace_tokens=args.max_trace_tokens,
         route_all=args.route_all, model=args.model, expert_dtype=args.expert_dtype, weight_dtype=args.weight_dtype,
-        num_redundant=args.redundant, engine=args.engine, seed=args.seed, prefill_gpus=args.prefill_gpus),
+        num_redundant=args.redundant, rule=args.engine, seed=args.seed, prefill_gpus=args.prefill_gpus),
         cluster, make_cluster=lambda g: make_cluster(g, args.gpu, args.gpus_per_node),
         check=lambda t: simulation_config(args, t.model.max_context))  # the settings, before any placement
     trace, placements = prep.trace, prep.placements
@@ -228,7 +228,7 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
     settings = SimSettings(
         attention_tp=args.attention_tp, engine=args.engine, kv_dtype=args.kv_dtype,
         max_batched_tokens=args.max_batched_tokens, max_seqs=args.max_seqs,
-        chunked_prefill=not args.no_chunked_prefill, disaggregated=args.disaggregated, dbo=args.dbo,
+        chunked_prefill=not args.no_chunked_prefill, disaggregated=args.disaggregated, dual_batch_overlap=args.dbo,
         preemption=args.preemption, pool_split=args.pool_split, gpu_memory_utilization=args.gpu_memory_utilization,
         deepep_mode=args.deepep_mode, cuda_graph_max_bs=args.cuda_graph_max_bs,
         kernels_per_layer=args.kernels_per_layer, kernel_build=args.kernel_build, mtp_draft=mtp_draft,

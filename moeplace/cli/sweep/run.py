@@ -32,7 +32,7 @@ from typing import Any
 
 import polars as pl
 
-from moeplace.cli.sim_settings import SimSettings, build_sim_config
+from moeplace.cli.sim_settings import build_sim_config
 from moeplace.cli.sweep.spec import (
     Point,
     SweepSpec,
@@ -42,19 +42,18 @@ from moeplace.cli.sweep.spec import (
     point_hash,
     workload_fingerprint,
 )
-from moeplace.cli.sweep.stages import optimize_task, plan_point, simulate_task
+from moeplace.cli.sweep.stages import optimize_task, plan_point, point_trace, simulate_task
 from moeplace.cli.sweep.store import ResultStore, make_row
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json, write_text_atomic
 from moeplace.foundation.formats import check, tagged
 from moeplace.placement.export import export_placement
-from moeplace.placement.export.flags import FlagOptions, launch_command
+from moeplace.placement.export.flags import FlagOptions, format_options, launch_command, recommended_format
 from moeplace.placement.record import Placement, load_placement
 from moeplace.placement.windows import routing_windows
 from moeplace.sim.config import SimConfig
 from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.frontier import FRONTIER_FILE, SWEEP_RECOMMENDED, SWEEP_TABLE, frontier_report
-from moeplace.sim.workload import load_trace_tokens
 from moeplace.traces.loads import Loads, load_loads
 from moeplace.traces.synth import SynthConfig, synthesize
 
@@ -125,7 +124,7 @@ class RayExecutor:
         return self.ray.put(obj)
 
     def trace_handle(self, path: str, max_tokens: int) -> Any:
-        return self.ray.put(load_trace_tokens(path, max_tokens))  # once; workers read it zero-copy
+        return self.ray.put(point_trace(path, max_tokens))  # once; workers read it zero-copy
 
     def submit(self, fn: Callable, *args: Any) -> Any:
         if fn not in self._remote:
@@ -150,9 +149,8 @@ def _ray_runtime_env() -> dict[str, Any]:
     installed there); ``MOEPLACE_RAY_SHIP_CODE=0`` when moeplace is installed on the cluster."""
     if os.environ.get("MOEPLACE_RAY_SHIP_CODE", "1") == "0":
         return {}
-    # Located, not imported: the tasks run moeplace.sweep.stages, which reaches every layer below it.
-    return {"py_modules": [importlib.util.find_spec(name).submodule_search_locations[0]
-                           for name in ("foundation", "traces", "placement", "sim", "moeplace")]}
+    # Located, not imported: the tasks run moeplace.cli.sweep.stages, which reaches every layer below it.
+    return {"py_modules": [importlib.util.find_spec("moeplace").submodule_search_locations[0]]}
 
 
 class _TaskQueue:
@@ -221,27 +219,14 @@ def object_store_bytes(spec: SweepSpec) -> int:
 
 
 def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
-    """The :class:`sim.config.SimConfig` of one point, through the mapping ``place simulate`` uses (raises
-    InputError naming the spec and the point on bad values)."""
+    """The :class:`sim.config.SimConfig` of one point: the spec's shared :class:`SimSettings`, the point's
+    axes and its workload's arrivals, through the mapping ``place simulate`` uses (raises InputError
+    naming the spec and the point on bad values)."""
     w = spec.workload(point.workload)
-    e, s = spec.engine, spec.simulate
     try:
-        settings = SimSettings(
-            attention_tp=attention_tp, engine=point.engine, kv_dtype=point.kv_dtype,
-            max_batched_tokens=int(e["max_batched_tokens"]), max_seqs=int(e["max_seqs"]),
-            chunked_prefill=e["chunked_prefill"], dbo=e["dual_batch_overlap"], preemption=e["preemption"],
-            pool_split=str(e["pool_split"]), gpu_memory_utilization=float(e["gpu_memory_utilization"]),
-            deepep_mode=e["deepep_mode"], cuda_graph_max_bs=int(e["cuda_graph_max_bs"]),
-            kernels_per_layer=None if e["kernels_per_layer"] is None else float(e["kernels_per_layer"]),
-            mtp_draft=int(e["mtp_draft"]), mtp_acceptance=float(e["mtp_acceptance"]),
-            prefix_hit=float(e["prefix_hit"]), moe_tp=int(e["moe_tp"]), attention_dtype=e["attention_dtype"],
-            dp_balance=e["dp_balance"],
-            arrival=w.arrival, concurrency=w.concurrency, rate=w.rate, rate_end=w.rate_end,
-            burstiness=w.burstiness, context_mix=str(w.context_mix) if w.context_mix else None,
-            output_len=w.output_len, max_requests=w.max_requests,
-            duration=float(s["duration"]), mode=s["mode"], seed=spec.seed,
-            rebalance=None if point.rebalance == "static" else point.rebalance,
-            warmup=None if e["warmup"] is None else float(e["warmup"]))
+        settings = dataclasses.replace(
+            spec.settings, attention_tp=attention_tp, engine=point.engine, kv_dtype=point.kv_dtype,
+            rebalance=None if point.rebalance == "static" else point.rebalance, **w.settings)
         config = build_sim_config(settings, spec.model.max_context, mix_what=f"workload {w.name}: context_mix")
     except InputError as exc:
         raise InputError(f"{spec.path}: point #{point.index} ({point.label()}): {exc}") from None
@@ -475,11 +460,9 @@ def read_scores(path: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- recommendation -> launch flags
-ENGINE_FORMAT = {"vllm": ("vllm-jsonl", "expert-map.jsonl"), "sglang": ("sglang", "expert-location.json")}
-
-
 def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultStore) -> dict[str, Any]:
-    """Per workload with a recommendation: export its placement as the engine's file into
+    """Per workload with a recommendation: export its placement as the file of the engine whose replica
+    rule it was optimized for (:func:`placement.export.flags.recommended_format`) into
     ``OUT/recommended/<workload>/`` and build the launch command (:mod:`placement.export.flags`)."""
     out: dict[str, Any] = {}
     for name, w in report["workloads"].items():
@@ -490,11 +473,12 @@ def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultSto
         if not src.exists():
             out[name] = {"error": f"{src}: the placement of the recommended point is missing from the cache"}
             continue
+        exported = recommended_format(best["engine"])
+        if exported is None:
+            out[name] = {"error": f"no serving engine loads a placement for the {best['engine']} replica rule"}
+            continue
+        fmt, fname = exported
         placement = load_placement(src)
-        fmt, fname = ENGINE_FORMAT[best["engine"]]
-        d = store.out / SWEEP_RECOMMENDED / name
-        placement.save(d / "placement.json")
-        warnings = export_placement(placement, spec.model, fmt, d / fname)
         rb = best["rebalance"]
         every = window = None
         if rb != "static":
@@ -504,6 +488,14 @@ def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultSto
                            max_model_len=best["plan_context"],
                            gpu=best["gpu"], online_eplb=rb != "static", eplb_window=window or 1000,
                            eplb_interval=every or 3000, tp=best["tp"], dp=best["dp"])
+        d = store.out / SWEEP_RECOMMENDED / name
+        try:
+            extra = format_options(placement, fmt, opts)  # a layout the engine cannot express is refused
+        except InputError as exc:
+            out[name] = {"error": f"point #{best['index']}: {exc}"}
+            continue
+        placement.save(d / "placement.json")
+        warnings = export_placement(placement, spec.model, fmt, d / fname, **extra)
         cmd = launch_command(placement, spec.model, fmt, d / fname, opts)
         notes = []
         if best["kv_dtype"] not in ("fp8", "bf16"):

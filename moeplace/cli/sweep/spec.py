@@ -27,7 +27,7 @@ Example (``examples/sweep-k3.yaml`` is the full one)::
     points:                                    # extra points; unnamed axes take the axis' first value
       - {gpus: 32, kv_dtype: bf16}
     plan: {context: 128k, min_seqs: 1}         # foundation.memory.config.MemoryConfig knobs (see PLAN_KEYS)
-    engine: {max_batched_tokens: 8192, max_seqs: 256}
+    engine: {max_batched_tokens: 8192, max_seqs: 256}  # cli.sim_settings.SimSettings fields (ENGINE_FIELDS)
     optimize: {plan_fraction: 0.5, window_tokens: 4096, options: {lns_rounds: 0}}
     simulate: {duration: 3.0, mode: stat, max_trace_tokens: 20000}
     objective: {tpot_p99_ms: 100}              # service-level limits for the recommendation
@@ -39,10 +39,11 @@ import itertools
 import json
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation import reading
 from moeplace.foundation.cluster import gpu_preset_names
 from moeplace.foundation.errors import InputError
@@ -50,9 +51,10 @@ from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
 from moeplace.foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
-from moeplace.foundation.settings import build, nearest
+from moeplace.foundation.settings import build, field_types, nearest, parse_keys
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.placement.policies import check_options, policy_names
+from moeplace.sim.runner import RunInputs
 from moeplace.traces.synth import SYNTH_VERSION, SynthConfig
 
 SWEEP_VERSION = 1  # part of every point hash: bump when a stage's meaning changes
@@ -76,22 +78,31 @@ AXIS_DEFAULTS: dict[str, Any] = {"gpu": "h200", "gpus": 32, "gpus_per_node": Non
                                  "redundant": "1/gpu", "policy": "eplb", "rebalance": "static",
                                  "kv_dtype": "fp8", "engine": "vllm"}
 
-# spec section -> allowed keys and their default values
+# spec section -> allowed keys and their default values (the sweep's own sections)
 PLAN_KEYS: dict[str, Any] = {"context": "128k", "context_mix": None, "min_seqs": 1, "dense_tp": None,
                              "dcp": 1, "state_slots": 1, "page_size": 64, "other_reserve_gib": 1.0}
-ENGINE_KEYS: dict[str, Any] = {"max_batched_tokens": 8192, "max_seqs": 256, "gpu_memory_utilization": 0.9,
-                               "pool_split": "shared", "chunked_prefill": True, "dual_batch_overlap": False,
-                               "preemption": "recompute", "mtp_draft": 0, "mtp_acceptance": 0.0,
-                               "prefix_hit": 0.0, "moe_tp": 1, "dp_balance": "round_robin", "deepep_mode": "auto",
-                               "attention_dtype": "bf16", "cuda_graph_max_bs": 512, "kernels_per_layer": None,
-                               "warmup": None}
 OPTIMIZE_KEYS: dict[str, Any] = {"plan_fraction": 0.5, "window_tokens": 4096, "time_limit": None,
                                  "options": {}}
-SIMULATE_KEYS: dict[str, Any] = {"duration": 5.0, "mode": "stat", "max_trace_tokens": 20000}
 OBJECTIVE_KEYS: dict[str, Any] = {"tpot_p99_ms": None, "ttft_p99_ms": None, "min_output_tok_s": None}
-WORKLOAD_KEYS = {"name", "trace", "synth", "arrival", "concurrency", "rate", "rate_end", "burstiness",
-                 "context_mix", "output_len", "max_requests"}
-ARRIVALS = ("closed", "poisson", "gamma", "ramp")
+
+# The engine, simulate and workload sections are settings of one simulation: fields of
+# cli.sim_settings.SimSettings (what `place simulate` takes as flags), checked against its types, choices
+# and ranges and built into it, with its defaults unless SWEEP_DEFAULTS says otherwise. The axes set
+# attention_tp (tp), engine, kv_dtype and rebalance; the spec's seed is the run's. A disaggregated run
+# needs a prefill pool placement per point, which a sweep does not make.
+_SETTINGS = field_types(SimSettings)
+_BY_AXIS = {"attention_tp", "engine", "kv_dtype", "rebalance", "seed"}
+WORKLOAD_FIELDS = ("arrival", "concurrency", "rate", "rate_end", "burstiness", "context_mix", "output_len",
+                   "max_requests")
+SIMULATE_FIELDS = ("duration", "mode", "max_trace_tokens")  # max_trace_tokens: sim.runner.RunInputs'
+_NOT_ENGINE = {*_BY_AXIS, *WORKLOAD_FIELDS, "duration", "mode", "disaggregated", "prefill_gpus", "isl", "osl",
+               "random_range_ratio", "cost_model", "cost_engine"}
+ENGINE_FIELDS = tuple(f for f in _SETTINGS if f not in _NOT_ENGINE)  # warmup included
+# engine fields a sweep spec takes since this release: in a point's hash only when given, so that a sweep
+# written before resumes
+_NEW_ENGINE_FIELDS = ("kernel_build", "admission", "phase")
+SWEEP_DEFAULTS: dict[str, Any] = {"duration": 5.0, "max_trace_tokens": 20000, "concurrency": 64}
+_SIMULATE_TYPES = {k: _SETTINGS.get(k) or field_types(RunInputs)[k] for k in SIMULATE_FIELDS}
 TOP_KEYS = {"name", "model", "seed", "workloads", "axes", "points", "plan", "engine", "optimize", "simulate",
             "objective"}
 
@@ -102,19 +113,13 @@ _REBALANCE = re.compile(r"[a-z_]+=[^,]+(,[a-z_]+=[^,]+)*")  # the full check is 
 @dataclass(frozen=True)
 class Workload:
     """One workload: a trace directory/file (``trace``) or synthetic-trace parameters (``synth``, the
-    fields of :class:`traces.synth.SynthConfig`), and how requests arrive at the simulated cluster."""
+    fields of :class:`traces.synth.SynthConfig`), and how requests arrive at the simulated cluster
+    (``settings``: every :data:`WORKLOAD_FIELDS` field of :class:`SimSettings`)."""
 
     name: str
     trace: str | None = None
     synth: dict[str, Any] | None = None
-    arrival: str = "closed"
-    concurrency: int = 64
-    rate: float | None = None
-    rate_end: float | None = None
-    burstiness: float = 2.0
-    context_mix: str | None = None
-    output_len: int = 512
-    max_requests: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,10 @@ class Point:
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """A validated spec. ``path``: the spec file (relative trace paths were resolved against it)."""
+    """A validated spec. ``path``: the spec file (relative trace paths were resolved against it).
+    ``settings``: the :class:`SimSettings` every point shares (engine and simulate sections, seed); the
+    ``engine`` / ``simulate`` mappings are those sections as given over their defaults (what a point's
+    hash holds)."""
 
     path: str
     name: str
@@ -170,6 +178,7 @@ class SweepSpec:
     optimize: dict[str, Any] = field(default_factory=dict)
     simulate: dict[str, Any] = field(default_factory=dict)
     objective: dict[str, Any] = field(default_factory=dict)
+    settings: SimSettings = field(default_factory=SimSettings)
 
     def workload(self, name: str) -> Workload:
         return next(w for w in self.workloads if w.name == name)
@@ -226,6 +235,26 @@ def _section(path: str, raw: dict, name: str, keys: dict[str, Any]) -> dict[str,
     return {**keys, **sec}
 
 
+def _in_spec(path: str, exc: InputError) -> InputError:
+    """``"engine.max_seqs: must be >= 1"`` (:mod:`foundation.settings`) as this module words it."""
+    fld, _, msg = str(exc).partition(": ")
+    return _err(path, fld, msg)
+
+
+def _settings_section(path: str, raw: dict, name: str, types: dict[str, Any]
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A section of :class:`SimSettings` fields, checked (unknown key -> nearest; type, choice, range).
+    Returns the values as typed and as given (what point hashes hold), each over the defaults (the
+    spec's own where :data:`SWEEP_DEFAULTS` has one)."""
+    sec = raw.get(name) or {}
+    try:
+        typed = parse_keys(name, sec, types)
+    except InputError as exc:
+        raise _in_spec(path, exc) from None
+    defaults = {k: SWEEP_DEFAULTS.get(k, getattr(SimSettings, k, None)) for k in types}
+    return {**defaults, **typed}, {**defaults, **sec}
+
+
 def _num(path: str, fld: str, v: Any, kind: type, lo: float | None = None, allow_none: bool = False) -> Any:
     if v is None and allow_none:
         return None
@@ -247,9 +276,9 @@ def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None)
         f = f"workloads[{i}]"
         if not isinstance(w, dict):
             raise _err(path, f, "expected a mapping")
-        unknown = sorted(set(w) - WORKLOAD_KEYS)
+        unknown = sorted(set(w) - {"name", "trace", "synth", *WORKLOAD_FIELDS})
         if unknown:
-            raise _unknown(path, f, unknown[0], WORKLOAD_KEYS)
+            raise _unknown(path, f, unknown[0], {"name", "trace", "synth", *WORKLOAD_FIELDS})
         name = w.get("name", f"w{i}")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {name!r}")
@@ -272,26 +301,19 @@ def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None)
                 msg = str(exc)  # a key or type error names its field; the config's own range checks do not
                 raise InputError(f"{path}: {msg}" if msg.startswith(f"{f}.synth") else
                                  f"{path}: {f}.synth: {msg}") from None
-        arrival = w.get("arrival", "poisson" if "rate" in w else "closed")
-        if arrival not in ARRIVALS:
-            raise _err(path, f"{f}.arrival", f"expected one of {', '.join(ARRIVALS)}, got {arrival!r}")
-        if arrival != "closed" and "rate" not in w:
-            raise _err(path, f"{f}.rate", f"arrival '{arrival}' needs rate: requests per second")
-        mix = w.get("context_mix")
+        settings, _ = _settings_section(path, {f: {k: v for k, v in w.items() if k in WORKLOAD_FIELDS}}, f,
+                                        {k: _SETTINGS[k] for k in WORKLOAD_FIELDS})
+        if "arrival" not in w:
+            settings["arrival"] = "poisson" if "rate" in w else "closed"
+        if settings["arrival"] != "closed" and "rate" not in w:
+            raise _err(path, f"{f}.rate", f"arrival '{settings['arrival']}' needs rate: requests per second")
+        mix = settings["context_mix"]
         if mix is not None:
             try:
-                parse_context_mix(str(mix), max_context, "context_mix")
+                parse_context_mix(mix, max_context, "context_mix")
             except InputError as exc:
                 raise _err(path, f"{f}.context_mix", str(exc)) from None
-        out.append(Workload(
-            name=name, trace=trace, synth=synth, arrival=arrival,
-            concurrency=_num(path, f"{f}.concurrency", w.get("concurrency", 64), int, 1),
-            rate=_num(path, f"{f}.rate", w.get("rate"), float, 0, allow_none=True),
-            rate_end=_num(path, f"{f}.rate_end", w.get("rate_end"), float, 0, allow_none=True),
-            burstiness=_num(path, f"{f}.burstiness", w.get("burstiness", 2.0), float, 0),
-            context_mix=None if mix is None else str(mix),
-            output_len=_num(path, f"{f}.output_len", w.get("output_len", 512), int, 1),
-            max_requests=_num(path, f"{f}.max_requests", w.get("max_requests"), int, 1, allow_none=True)))
+        out.append(Workload(name=name, trace=trace, synth=synth, settings=settings))
     names = [w.name for w in out]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
@@ -389,11 +411,26 @@ def load_spec(path: str | Path) -> SweepSpec:
         for k, v in pt.items():
             _check_axis_value(sp, f"points[{i}].{k}", k, v, wnames)
     plan = _section(sp, raw, "plan", PLAN_KEYS)
-    engine = _section(sp, raw, "engine", ENGINE_KEYS)
+    engine_typed, engine = _settings_section(sp, raw, "engine", {k: _SETTINGS[k] for k in ENGINE_FIELDS})
+    given = raw.get("engine") or {}
+    engine = {k: v for k, v in engine.items() if k in given or k not in _NEW_ENGINE_FIELDS}
     optimize = _section(sp, raw, "optimize", OPTIMIZE_KEYS)
-    simulate = _section(sp, raw, "simulate", SIMULATE_KEYS)
+    sim_typed, simulate = _settings_section(sp, raw, "simulate", _SIMULATE_TYPES)
+    try:
+        check_sim_duration(sim_typed["duration"], "simulate.duration")  # the ceiling --duration meets
+    except InputError as exc:
+        raise InputError(f"{sp}: {exc}") from None
+    if sim_typed["max_trace_tokens"] is None:
+        raise _err(sp, "simulate.max_trace_tokens", "expected a whole number (tokens of the trace to route)")
     objective = _section(sp, raw, "objective", OBJECTIVE_KEYS)
-    _check_settings(sp, plan, engine, optimize, simulate, objective, model.max_context)
+    settings = SimSettings(seed=seed, duration=sim_typed["duration"], mode=sim_typed["mode"], **engine_typed)
+    _check_settings(sp, plan, settings, optimize, objective, model.max_context)
+    for i, w in enumerate(workloads):  # every simulation setting through SimConfig's checks, before any work
+        try:
+            build_sim_config(replace(settings, **w.settings), model.max_context,
+                             mix_what=f"workloads[{i}].context_mix")
+        except InputError as exc:
+            raise InputError(f"{sp}: workload '{w.name}': {exc}") from None
     name = raw.get("name") or p.stem
     # the name becomes runs/sweep-<name>: one path component, so it can never reach outside runs/
     if "name" in raw and not (isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", name)
@@ -402,46 +439,26 @@ def load_spec(path: str | Path) -> SweepSpec:
                                f"directory runs/sweep-<name>), got {str(name)[:60]!r}")
     return SweepSpec(path=sp, name=str(name), model=model, seed=seed, workloads=workloads, axes=axes,
                      extra_points=tuple(dict(x) for x in extra), plan=plan, engine=engine, optimize=optimize,
-                     simulate=simulate, objective=objective)
+                     simulate=simulate, objective=objective, settings=settings)
 
 
-def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate: dict,
-                    objective: dict, max_context: int | None = None) -> None:
-    """Type and range checks of the shared settings (the stage configs repeat them per point)."""
+def _check_settings(sp: str, plan: dict, settings: SimSettings, optimize: dict, objective: dict,
+                    max_context: int | None = None) -> None:
+    """Type and range checks of the sweep's own sections (the simulation settings were checked against
+    :class:`SimSettings` as they were read), and the memory plan's knobs every point shares."""
     for k in ("min_seqs", "dcp", "state_slots", "page_size"):
         _num(sp, f"plan.{k}", plan[k], int, 1)
     _num(sp, "plan.dense_tp", plan["dense_tp"], int, 1, allow_none=True)
     _num(sp, "plan.other_reserve_gib", plan["other_reserve_gib"], float, 0)
-    for k in ("max_batched_tokens", "max_seqs"):
-        _num(sp, f"engine.{k}", engine[k], int, 1)
-    _num(sp, "engine.gpu_memory_utilization", engine["gpu_memory_utilization"], float, 0)
     try:
         if plan["context"] is not None:
             parse_tokens(plan["context"], "plan.context")
         if plan["context_mix"] is not None:
             parse_context_mix(str(plan["context_mix"]), max_context, "plan.context_mix")
-        parse_pool_split(str(engine["pool_split"]))
-        base_memory_config(plan, engine)
+        parse_pool_split(settings.pool_split)
+        base_memory_config(plan, settings)
     except InputError as exc:
         raise InputError(f"{sp}: {exc}") from None
-    for k in ("chunked_prefill", "dual_batch_overlap"):
-        if not isinstance(engine[k], bool):
-            raise _err(sp, f"engine.{k}", f"expected true or false, got {engine[k]!r}")
-    if engine["preemption"] not in ("recompute", "swap"):
-        raise _err(sp, "engine.preemption", f"expected recompute or swap, got {engine['preemption']!r}")
-    _num(sp, "engine.mtp_draft", engine["mtp_draft"], int, 0)
-    _num(sp, "engine.moe_tp", engine["moe_tp"], int, 1)
-    _num(sp, "engine.cuda_graph_max_bs", engine["cuda_graph_max_bs"], int, 0)
-    _num(sp, "engine.warmup", engine["warmup"], float, 0, allow_none=True)
-    _num(sp, "engine.kernels_per_layer", engine["kernels_per_layer"], float, 0, allow_none=True)
-    for k in ("mtp_acceptance", "prefix_hit"):
-        v = _num(sp, f"engine.{k}", engine[k], float, 0)
-        if not v <= 1:
-            raise _err(sp, f"engine.{k}", f"must be in [0, 1], got {v}")
-    for k, allowed in (("dp_balance", ("round_robin", "tokens")), ("attention_dtype", ("bf16", "fp8")),
-                       ("deepep_mode", ("auto", "normal", "low_latency", "allgather"))):
-        if engine[k] not in allowed:
-            raise _err(sp, f"engine.{k}", f"expected one of {', '.join(allowed)}, got {engine[k]!r}")
     f = _num(sp, "optimize.plan_fraction", optimize["plan_fraction"], float, 0)
     if not 0 < f <= 1:
         raise _err(sp, "optimize.plan_fraction", f"must be in (0, 1], got {f}")
@@ -451,29 +468,19 @@ def _check_settings(sp: str, plan: dict, engine: dict, optimize: dict, simulate:
         check_options("optimize.options", optimize["options"])  # the policies' own option table
     except InputError as exc:
         raise InputError(f"{sp}: {exc}") from None
-    d = _num(sp, "simulate.duration", simulate["duration"], float, 0)
-    if not d > 0:
-        raise _err(sp, "simulate.duration", f"must be > 0 simulated seconds, got {d}")
-    try:
-        check_sim_duration(d, "simulate.duration")  # the ceiling --duration meets (docs/design.md)
-    except InputError as exc:
-        raise InputError(f"{sp}: {exc}") from None
-    if simulate["mode"] not in ("stat", "replay"):
-        raise _err(sp, "simulate.mode", f"expected stat or replay, got {simulate['mode']!r}")
-    _num(sp, "simulate.max_trace_tokens", simulate["max_trace_tokens"], int, 1)
     for k in OBJECTIVE_KEYS:
         _num(sp, f"objective.{k}", objective[k], float, 0, allow_none=True)
 
 
-def base_memory_config(plan: dict[str, Any], engine: dict[str, Any]) -> MemoryConfig:
+def base_memory_config(plan: dict[str, Any], settings: SimSettings) -> MemoryConfig:
     """The :class:`MemoryConfig` knobs every point shares (layout, R and KV dtype come from the point)."""
-    rule, param = parse_pool_split(str(engine["pool_split"]))
+    rule, param = parse_pool_split(settings.pool_split)
     return MemoryConfig(
         dense_tp=plan["dense_tp"], dcp=plan["dcp"],
         context=None if plan["context"] is None else parse_tokens(plan["context"], "plan.context"),
         context_mix=parse_context_mix(str(plan["context_mix"])) if plan["context_mix"] else None,
-        gpu_memory_utilization=float(engine["gpu_memory_utilization"]),
-        max_batched_tokens=int(engine["max_batched_tokens"]), max_num_seqs=int(engine["max_seqs"]),
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        max_batched_tokens=settings.max_batched_tokens, max_num_seqs=settings.max_seqs,
         state_slots_per_seq=plan["state_slots"], pool_split=rule, pool_param=param,
         page_size=plan["page_size"],
         other_reserve_bytes=float(plan["other_reserve_gib"]) * 2**30, min_concurrency=plan["min_seqs"])
@@ -525,9 +532,8 @@ def optimize_key(spec: SweepSpec, point: Point, workload_fp: str) -> str:
 
 def point_hash(spec: SweepSpec, point: Point, workload_fp: str) -> str:
     """Everything the point's row depends on (not its index, not the spec's name or path)."""
-    w = asdict(spec.workload(point.workload))
-    w.pop("name")
-    w.pop("trace")
+    wl = spec.workload(point.workload)
+    w = {"synth": wl.synth, **wl.settings}
     return _digest({"v": SWEEP_VERSION, "model": spec.model.to_dict(), "seed": spec.seed,
                     "axes": point.axes(),
                     "workload": {**w, "fingerprint": workload_fp}, "plan": spec.plan, "engine": spec.engine,

@@ -21,8 +21,8 @@ from moeplace.foundation.memory.config import Layout
 from moeplace.foundation.memory.planner import plan_memory
 from moeplace.placement.compare import compare_policies
 from moeplace.placement.record import Placement
-from moeplace.sim.runner import simulate
-from moeplace.sim.workload import load_trace_tokens
+from moeplace.sim.runner import RunInputs, read_trace, simulate
+from moeplace.sim.workload import TraceTokens
 from moeplace.traces.loads import Loads
 
 
@@ -45,7 +45,7 @@ def plan_point(spec: SweepSpec, point: Point) -> tuple[dict[str, Any], Layout | 
         row["num_redundant"] = point.num_redundant
         cluster = point_cluster(point)
         row.update(nodes=cluster.num_nodes, gpus_per_node=cluster.gpus_per_node)
-        config = replace(base_memory_config(spec.plan, spec.engine), tp=point.tp, ep=point.ep,
+        config = replace(base_memory_config(spec.plan, spec.settings), tp=point.tp, ep=point.ep,
                          num_redundant=point.num_redundant, kv_dtype=point.kv_dtype)
         plan = plan_memory(spec.model, cluster, config, suggest=False)
     except InputError as exc:
@@ -76,7 +76,7 @@ def _failure(stage: str, exc: BaseException) -> dict[str, Any]:
 
 
 def optimize_task(loads: Loads, gpu: str, gpus: int, gpus_per_node: int | None, num_redundant: int,
-                  policy: str, engine: str, seed: int, optimize: dict[str, Any]) -> dict[str, Any]:
+                  policy: str, rule: str, seed: int, optimize: dict[str, Any]) -> dict[str, Any]:
     """Plan ``policy`` on the first ``plan_fraction`` of the windows of ``loads`` and score it there and
     on the held-out windows (:func:`placement.compare.compare_policies`). Returns ``{"status": "ok",
     "placement": Placement, "scores": {...}, "seconds": s}`` or a failure ``{"status", "stage",
@@ -86,7 +86,7 @@ def optimize_task(loads: Loads, gpu: str, gpus: int, gpus_per_node: int | None, 
         cluster = make_cluster(gpus, gpu, gpus_per_node)
         # One process per task already: the optimizer's own process pool would oversubscribe the cores.
         options = {"workers": 1, **optimize.get("options", {})}
-        cmp = compare_policies(loads, cluster, num_redundant=num_redundant, policies=[policy], engine=engine,
+        cmp = compare_policies(loads, cluster, num_redundant=num_redundant, policies=[policy], rule=rule,
                                plan_fraction=float(optimize["plan_fraction"]), seed=seed,
                                time_limit=optimize.get("time_limit"), options=options)
     except Exception as exc:  # noqa: BLE001 - reported in the point's row, the sweep goes on
@@ -104,10 +104,17 @@ def optimize_task(loads: Loads, gpu: str, gpus: int, gpus_per_node: int | None, 
 
 
 # ---------------------------------------------------------------------------- simulate
+def point_trace(path: str, max_tokens: int) -> TraceTokens:
+    """What a point routes, read as ``place simulate`` reads it (:func:`sim.runner.read_trace`): the
+    workload's trace, its first ``max_tokens`` tokens. The point's placement is an object, not a file, so
+    no part is held out here (the optimize stage scores it on its held-out windows)."""
+    return read_trace(RunInputs(trace=path, placements=(), max_trace_tokens=max_tokens))[0]
+
+
 @functools.lru_cache(maxsize=2)
-def _trace_tokens(path: str, max_tokens: int):
+def _trace_tokens(path: str, max_tokens: int) -> TraceTokens:
     """A worker's copy of a trace's tokens (read once per process; local mode passes paths)."""
-    return load_trace_tokens(path, max_tokens)
+    return point_trace(path, max_tokens)
 
 
 def simulate_task(trace: Any, placement: Placement, gpu: str, gpus: int, gpus_per_node: int | None,

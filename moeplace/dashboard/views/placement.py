@@ -83,7 +83,7 @@ with c1:
     routing_path = ui.pick_path("Routing (trace or Loads) to score on", routing_paths, root, key="pl_routing")
 window_tokens = int(c2.number_input("Window tokens", min_value=256, value=DEFAULT_WINDOW_TOKENS, step=1024,
                                     key="pl_window", help="tokens per Loads window when reading a trace"))
-engine = c3.selectbox("Replica rule", ENGINES, key="pl_engine",
+rule = c3.selectbox("Replica rule", ENGINES, key="pl_engine",
                       help="vllm: even split over replicas; sglang: local replica first; ideal: fractional")
 if routing_path is None:
     st.stop()
@@ -159,7 +159,7 @@ with st.expander("Run `place optimize` here (small settings)", expanded=not cand
         with ui.shown_errors("optimize"):
             results, cmp = data.run_comparison(
                 loads, gpus=gpus, gpu=gpu_kind, gpus_per_node=None, num_redundant=redundant, policies=pols,
-                engine=engine, plan_fraction=plan_fraction, seed=seed,
+                rule=rule, plan_fraction=plan_fraction, seed=seed,
                 time_limit=time_limit, options={"pareto": pareto, "objective": objective}, progress=progress)
             st.session_state["opt_results"] = {
                 "key": routing_key[:3], "comparison": cmp.to_dict(), "held_windows": cmp.held_windows.tolist(),
@@ -222,7 +222,7 @@ with st.spinner("Scoring placements (evaluate)..."):
             if overlap and seen.kind == "unknown":
                 what += " (planning data unknown)"
         sub = loads.select(np.asarray(wins))
-        m = ui.load(data.evaluate_placement, p, (*routing_key, wins), sub, engine, what=label, stop=False)
+        m = ui.load(data.evaluate_placement, p, (*routing_key, wins), sub, rule, what=label, stop=False)
         if m is not None:
             metrics[label], scored_on[label], scored_loads[label] = m, what, sub
 for line in skipped:
@@ -255,7 +255,7 @@ st.subheader("Scores")
 first = next(iter(metrics.values()))
 layers_note = (f" Scored on {first.scored_layers} of {model.num_moe_layers} MoE layers (the others have no tokens)."
                if first.scored_layers < model.num_moe_layers else "")
-st.caption(f"evaluate(), {engine} rule. balancedness = mean/max tokens per GPU per layer, averaged over layers "
+st.caption(f"evaluate(), {rule} rule. balancedness = mean/max tokens per GPU per layer, averaged over layers "
            "with tokens; worst window = the lowest window; nodes/token = other nodes a token is sent to per MoE "
            "layer and KiB/token the bytes those sends carry per token over all MoE layers (one send per remote "
            "node, DeepEP-style); ~ = estimate (no token sample of those windows: k selections taken as "

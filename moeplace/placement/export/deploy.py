@@ -48,7 +48,7 @@ def is_launch_file(path: str | Path) -> bool:
 def _check(launch: Launch, target: str) -> None:
     if target not in TARGETS:
         raise InputError(f"--target must be one of {', '.join(TARGETS)}, got '{target}'")
-    if launch.engine not in ("vllm", "sglang") or launch.version is None:
+    if launch.version is None:  # only the vLLM and SGLang commands are checked against a release
         raise InputError(f"--target {target}: launch files are written for the SGLang and vLLM formats "
                          "(the others print their command only)")
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -76,23 +77,19 @@ MODEL_PATHS = {
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
 }
 
-# the engine each export format targets (the export *target*; the replica rule it routes with is
-# REPLICA_RULE_OF_TARGET below)
+# the engine each export format targets (the export *target*, one :class:`ExportTarget` in EXPORT_TARGETS below)
 TARGET_OF_FORMAT = {
     "sglang": "sglang", "sglang-pt": "sglang", "sglang-logical-count": "sglang",
     "vllm-expert-map": "vllm", "vllm-jsonl": "vllm", "vllm-ascend": "vllm-ascend",
     "trtllm": "trtllm", "trtllm-lb": "trtllm",
 }
-# the replica rule (placement.rules) each export target's engine routes tokens with; vllm-ascend's own
-# dispatch is not modelled, so it has none
-REPLICA_RULE_OF_TARGET = {"sglang": "sglang", "vllm": "vllm", "trtllm": "trtllm"}
 
 
 def rule_mismatch(placement: Placement, fmt: str) -> str | None:
     """A warning when ``placement`` was optimized for another replica rule than the one the engine of
     export format ``fmt`` routes tokens with (the balance it was planned for is not what that engine gives)."""
-    planned = placement.provenance.get("engine")
-    target = REPLICA_RULE_OF_TARGET.get(TARGET_OF_FORMAT.get(fmt, ""))
+    planned = placement.provenance.get("engine")  # the file's key for the rule it was optimized for
+    target = EXPORT_TARGETS[TARGET_OF_FORMAT[fmt]].replica_rule if fmt in TARGET_OF_FORMAT else None
     if not planned or target is None:
         return None
     try:
@@ -303,29 +300,46 @@ def launch_spec(placement: Placement, model: ModelSpec, fmt: str, file_path: str
     SGLang the command is checked against the recorded options of ``opts.engine_version`` (default: the
     newest checked release) and an option it lacks is an error. Run :func:`check_layout` first: this
     function checks the arithmetic, not the memory."""
-    if fmt not in TARGET_OF_FORMAT:
-        raise InputError(f"--format '{fmt}' unknown (expected one of {', '.join(TARGET_OF_FORMAT)})")
-    engine = TARGET_OF_FORMAT[fmt]
-    if (opts.vllm_pr is not None or opts.vllm_static is not None) and engine != "vllm":
+    target = EXPORT_TARGETS[target_of(fmt)]
+    if (opts.vllm_pr is not None or opts.vllm_static is not None) and not target.vllm_options:
         raise InputError(f"--vllm-pr/--vllm-static choose how vLLM serves the placement; --format {fmt} is "
-                         f"for {engine}")
-    if opts.engine_version is not None and engine not in ENGINE_NAMES:
-        raise InputError(f"--engine-version: the {engine} command is not checked against a recorded release "
+                         f"for {target.name}")
+    if opts.engine_version is not None and target.name not in ENGINE_NAMES:
+        raise InputError(f"--engine-version: the {target.name} command is not checked against a recorded release "
                          f"(checked engines: {', '.join(ENGINE_NAMES.values())})")
     path = str(Path(file_path).resolve())
     tp, dp = _layout(placement, opts)
     model_path = opts.model_path or MODEL_PATHS.get(model.name, model.source or model.name)
     max_len = opts.max_model_len or model.max_context
-    if engine == "sglang":
-        launch = _sglang(placement, model, fmt, path, opts, model_path, max_len, tp, dp)
-    elif engine == "trtllm":
-        launch = _trtllm(placement, model, fmt, path, opts, model_path, max_len, tp, dp)
-    else:
-        launch = _vllm(placement, model, fmt, path, opts, model_path, max_len, tp, dp, engine)
+    launch = target.launch(placement, model, fmt, path, opts, model_path, max_len, tp, dp)
     problems = launch.problems()
     if problems:
-        raise InputError(f"the {ENGINE_NAMES[engine]} command would not parse: {'; '.join(problems)}")
+        raise InputError(f"the {ENGINE_NAMES[launch.engine]} command would not parse: {'; '.join(problems)}")
     return launch
+
+
+def target_of(fmt: str) -> str:
+    """The export target (engine) of format ``fmt``."""
+    if fmt not in TARGET_OF_FORMAT:
+        raise InputError(f"--format '{fmt}' unknown (expected one of {', '.join(TARGET_OF_FORMAT)})")
+    return TARGET_OF_FORMAT[fmt]
+
+
+def format_options(placement: Placement, fmt: str, opts: FlagOptions) -> dict[str, Any]:
+    """The export options the launch layout ``opts`` implies for format ``fmt`` (TensorRT-LLM's YAML
+    layout keys for ``trtllm``); raises :class:`InputError` for a layout the target cannot express.
+    Empty for the other formats."""
+    target = EXPORT_TARGETS[target_of(fmt)]
+    if target.layout_options is None:
+        return {}
+    keys = target.layout_options(placement, opts)
+    return keys if fmt in target.layout_formats else {}
+
+
+def recommended_format(rule: str) -> tuple[str, str] | None:
+    """``(format, file name)`` a placement optimized for replica rule ``rule`` is served from (the engine
+    whose rule it is, its preferred format); ``None`` when no export target routes with that rule."""
+    return next((t.recommended for t in EXPORT_TARGETS.values() if t.replica_rule == rule and t.recommended), None)
 
 
 def launch_command(placement: Placement, model: ModelSpec, fmt: str, file_path: str | Path,
@@ -336,11 +350,11 @@ def launch_command(placement: Placement, model: ModelSpec, fmt: str, file_path: 
 
 
 def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
-          max_len: int, tp: int, dp: int, engine: str) -> Launch:
+          max_len: int, tp: int, dp: int, ascend: bool = False) -> Launch:
     G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
     nodes = G // gpn
     notes: list[str] = []
-    version = resolve_version("vllm", opts.engine_version) if engine == "vllm" else None
+    version = None if ascend else resolve_version("vllm", opts.engine_version)
     if gpn % tp and tp % gpn:
         raise InputError(f"--tp {tp} and the {gpn} GPUs per node: one must divide the other (a TP group fills "
                          "whole nodes or packs into one)")
@@ -349,10 +363,10 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
         notes.append(f"# each DP rank's TP{tp} group spans {tp // gpn} nodes: vLLM needs its multi-node TP "
                      "launcher (Ray) for that; the command below is the single-process-per-node form")
     gpu = _gpu_kind(placement, opts)
-    if engine == "vllm" and gpu in ("h100", "h200") and model.name == "kimi-k3":
+    if not ascend and gpu in ("h100", "h200") and model.name == "kimi-k3":
         notes.append("# vLLM's K3 recipe marks DEP unsupported on Hopper (H100/H200): it runs TP with "
                      "--moe-backend marlin --max-model-len 32768 there")
-    if engine == "vllm" and model.name == "kimi-k3" and opts.vllm_static is None:
+    if not ascend and model.name == "kimi-k3" and opts.vllm_static is None:
         notes.append("# vLLM EPLB for Kimi K3 needs PR #50647 (open at the time of writing)")
     a2a = "flashinfer_nvlink_one_sided" if nodes == 1 else "deepep_v2"
     kv = "fp8" if opts.kv_cache_dtype == "fp8" else "auto"
@@ -363,7 +377,7 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
     head += ["--enable-expert-parallel", f"--all2all-backend {a2a}"]
     allow: tuple[str, ...] = ()
     name = Path(path).name
-    if engine == "vllm-ascend":
+    if ascend:
         eplb = {"expert_map_path": path, "num_redundant_experts": R}
         head += [f"--additional-config {shlex.quote(json.dumps({'eplb_config': eplb}))}"]
         head = [h for h in head if not h.startswith("--all2all-backend")]  # Ascend picks its own (HCCL MC2)
@@ -401,7 +415,7 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
                      "its keys); this command runs vLLM's own online EPLB, which starts from its default layout "
                      f"with {R} redundant experts per layer and re-plans every {cfg['step_interval']} steps")
         head += ["--enable-eplb", f"--eplb-config {shlex.quote(json.dumps(cfg, separators=(',', ':')))}"]
-    if engine == "vllm-ascend" and kv == "fp8":
+    if ascend and kv == "fp8":
         notes.append("# vllm-ascend: KV-cache dtype left at the model default (fp8 KV support differs on NPUs)")
         head += [f"--max-model-len {max_len}"]
     else:
@@ -502,3 +516,34 @@ def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
     yaml_text = dump_yaml(options, f"extra LLM-API options: attention {'DP' if adp else 'TP'} over {G} ranks")
     return Launch("trtllm", None, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, cmd, nodes, gpn, path,
                   model_path, trailer=yaml_text)
+
+
+def _vllm_ascend(*args: Any) -> Launch:
+    return _vllm(*args, ascend=True)
+
+
+@dataclass(frozen=True)
+class ExportTarget:
+    """An engine that loads exported placements: ``launch`` builds its command (``(placement, model, fmt,
+    path, opts, model_path, max_len, tp, dp) -> Launch``); ``replica_rule`` is the :mod:`placement.rules`
+    rule it routes tokens with (``None``: not modelled); ``vllm_options``: it takes ``--vllm-pr`` /
+    ``--vllm-static``; ``layout_options(placement, opts)``: the export options the launch layout implies,
+    for ``layout_formats``; ``recommended``: the ``(format, file name)`` ``place sweep`` exports its
+    recommended placement as."""
+
+    name: str
+    launch: Callable[..., Launch]
+    replica_rule: str | None = None
+    vllm_options: bool = False
+    layout_options: Callable[[Placement, FlagOptions], dict[str, Any]] | None = None
+    layout_formats: tuple[str, ...] = ()
+    recommended: tuple[str, str] | None = None
+
+
+EXPORT_TARGETS: dict[str, ExportTarget] = {t.name: t for t in (
+    ExportTarget("vllm", _vllm, "vllm", vllm_options=True, recommended=("vllm-jsonl", "expert-map.jsonl")),
+    ExportTarget("vllm-ascend", _vllm_ascend),  # its own dispatch is not modelled
+    ExportTarget("sglang", _sglang, "sglang", recommended=("sglang", "expert-location.json")),
+    ExportTarget("trtllm", _trtllm, "trtllm", layout_options=trtllm_options, layout_formats=("trtllm",),
+                 recommended=("trtllm", "extra-llm-api-options.yaml")),
+)}

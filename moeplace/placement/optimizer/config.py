@@ -28,7 +28,7 @@ class OptimizerConfig:
     balances each window, which is what held-out traffic rewards. ``gap_tol``: stop searching a layer once within this relative gap of its bound. ``time_limit``: hard wall-clock budget of the whole run, seconds. ``workers``: processes for layers.
     """
 
-    engine: str = "vllm"
+    rule: str = "vllm"
     robust: bool = False
     cvar: float = 0.0
     objective: str = "balance"
@@ -51,7 +51,7 @@ class OptimizerConfig:
     max_traffic_samples: int = 8192
 
     def __post_init__(self) -> None:
-        get_rule(self.engine)  # an unknown rule is an InputError naming the nearest one
+        get_rule(self.rule)  # an unknown rule is an InputError naming the nearest one
         if self.objective not in OBJECTIVES:
             raise InputError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if not 0.0 <= self.cvar < 1.0:

@@ -87,7 +87,7 @@ def solve_layer(layer: int, loads_we: np.ndarray, num_slots: int, num_gpus: int,
     t0 = time.time()
     mono_deadline = time.monotonic() + max(0.0, deadline - t0)
     wn = scenario_loads(loads_we, cfg, num_gpus)
-    rule = get_rule(cfg.engine)
+    rule = get_rule(cfg.rule)
     # The even-split bound holds for the even-split rules only (vLLM, TensorRT-LLM); SGLang and the ideal
     # split can split unevenly (total / G).
     bound = count_bound(wn, num_slots, num_gpus) if rule.even_split else 1.0

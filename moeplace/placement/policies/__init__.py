@@ -31,7 +31,7 @@ class PlacementProblem:
     ``loads``: float ``[W, L, E]`` token counts of the planning windows (scenarios); policies that do not
     care about windows use ``loads.sum(0)``. ``samples``: optional int ``[N, L, k]`` expert ids of sampled
     tokens (for co-activation / traffic objectives; ``L`` over MoE layers). ``num_redundant``: R, so the
-    slot budget is ``P = E + R`` (must be divisible by the GPU count). ``engine``: the replica-choice rule
+    slot budget is ``P = E + R`` (must be divisible by the GPU count). ``rule``: the replica-choice rule
     the placement will be served under (``vllm``, ``sglang``, ``ideal``).
     """
 
@@ -39,7 +39,7 @@ class PlacementProblem:
     model: ModelSpec
     cluster: ClusterSpec
     num_redundant: int = 0
-    engine: str = "vllm"
+    rule: str = "vllm"
     seed: int = 0
     time_limit: float | None = None
     samples: np.ndarray | None = None
@@ -68,7 +68,7 @@ class PlacementProblem:
 
     def placement(self, phy2log: np.ndarray, policy: str, **params: Any) -> Placement:
         """Wrap a policy's ``phy2log`` into a validated :class:`Placement` with provenance."""
-        prov = {"policy": policy, "engine": self.engine, "num_redundant": self.num_redundant, "seed": self.seed,
+        prov = {"policy": policy, "engine": self.rule, "num_redundant": self.num_redundant, "seed": self.seed,
                 "params": params, "cluster": self.cluster.to_dict()}
         return Placement.from_phy2log(phy2log, self.model, self.cluster.num_gpus, self.cluster.gpus_per_node, prov)
 

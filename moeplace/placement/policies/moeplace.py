@@ -1,6 +1,6 @@
 """The ``moeplace`` policy: the optimizer of ``placement/optimizer`` behind the policy registry.
 
-Reads its knobs from ``PlacementProblem`` (engine, seed, time_limit) and ``problem.options`` (what
+Reads its knobs from ``PlacementProblem`` (rule, seed, time_limit) and ``problem.options`` (what
 ``place optimize`` passes): ``robust`` (bool), ``cvar`` (float), ``objective``
 (``balance|traffic|balance+traffic``), ``traffic_weight``, ``balance_floor``, ``pareto`` (bool),
 ``from`` (a Placement or a path to one; the migration origin), ``max_moves``, ``workers``,
@@ -25,7 +25,7 @@ from moeplace.placement.optimizer.layer import PARETO_SLACKS
 from moeplace.placement.policies import PlacementProblem, check_options, declare_options, register_policy
 from moeplace.placement.record import Placement, check_compatible, load_placement
 
-_FROM_PROBLEM = {"engine", "seed", "time_limit"}  # the problem's own fields, not options
+_FROM_PROBLEM = {"rule", "seed", "time_limit"}  # the problem's own fields, not options
 _OPTION_KEYS = {f.name for f in fields(OptimizerConfig)} - _FROM_PROBLEM
 declare_options({
     **{k: t for k, t in field_types(OptimizerConfig).items() if k in _OPTION_KEYS},
@@ -35,12 +35,12 @@ declare_options({
 
 
 def config_from_problem(problem: PlacementProblem) -> OptimizerConfig:
-    """The optimizer's config: engine / seed / time limit from the problem, the rest from its options
+    """The optimizer's config: rule / seed / time limit from the problem, the rest from its options
     (checked by :func:`check_options`: an unknown key or a wrongly typed value is an error; ``None`` is
     unset)."""
     opts = check_options("options", problem.options)
     kw = {k: opts[k] for k in _OPTION_KEYS if k in opts}
-    return OptimizerConfig(engine=problem.engine, seed=int(problem.seed), time_limit=problem.time_limit, **kw)
+    return OptimizerConfig(rule=problem.rule, seed=int(problem.seed), time_limit=problem.time_limit, **kw)
 
 
 def migration_origin(problem: PlacementProblem) -> np.ndarray | None:

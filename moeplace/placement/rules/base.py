@@ -18,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.limits import RuleMemory
 from moeplace.placement.bounds import even_split_bound, minmax_replica_counts, splittable_bound
 from moeplace.placement.record import Placement
 
@@ -106,6 +107,11 @@ class ReplicaRule(ABC):
         share = np.divide(gpu_loads, total[:, None], out=np.zeros_like(gpu_loads), where=total[:, None] > 0)
         L, G = gpu_loads.shape
         return np.broadcast_to(share[:, None, :], (L, G, G))
+
+    def planning_memory(self, num_layers: int, num_experts: int, num_gpus: int) -> RuleMemory:
+        """What the rule adds to the memory of planning and scoring placements
+        (:func:`~moeplace.foundation.limits.placement_estimate`). Default: nothing."""
+        return RuleMemory()
 
     # ------------------------------------------------------------------------------ bounds
     def placement_bound(self, placement: Placement, loads_LE: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.limits import RuleMemory
 from moeplace.placement.bounds import splittable_bound
 from moeplace.placement.record import Placement
 from moeplace.placement.rules.base import ReplicaRule, register
@@ -108,6 +109,10 @@ class IdealRule(ReplicaRule):
 
     def expected_gpu_loads(self, placement, loads_LE, state=None, *, seed_averaged=False):
         return ideal_gpu_loads(placement, loads_LE)[0]
+
+    def planning_memory(self, num_layers, num_experts, num_gpus):
+        L, E, G = num_layers, num_experts, num_gpus  # the split LP's bool [L, E, G] holder table
+        return RuleMemory(once=float(L) * E * G, what=f"; the ideal split's [{L}, {E}, {G:,}] holder table")
 
     def placement_bound(self, placement, loads_LE):
         return ideal_gpu_loads(placement, loads_LE)[1]

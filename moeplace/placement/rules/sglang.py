@@ -33,6 +33,7 @@ from functools import lru_cache
 import numpy as np
 
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.limits import RuleMemory
 from moeplace.placement.bounds import splittable_bound
 from moeplace.placement.record import Placement
 from moeplace.placement.rules.base import ReplicaRule, register
@@ -209,6 +210,11 @@ class SglangRule(ReplicaRule):
             q[l] = np.bincount(key.ravel(), weights=np.broadcast_to(w[l], dest.shape).ravel(),
                                minlength=G * G).reshape(G, G)
         return np.divide(q, total[:, None, None], out=np.zeros_like(q), where=total[:, None, None] > 0)
+
+    def planning_memory(self, num_layers, num_experts, num_gpus):
+        L, E, G = num_layers, num_experts, num_gpus  # each placement caches its dispatch map, int32 [G, L, E]
+        return RuleMemory(per_placement=4.0 * G * L * E,
+                          what=f" and its SGLang dispatch map ({G:,} ranks x {L} x {E} x 4 B)")
 
     def placement_bound(self, placement, loads_LE):
         return ideal_gpu_loads(placement, loads_LE)[1]
