@@ -17,18 +17,20 @@ Mapping (one rule for every case, nothing chosen per case):
 
 - GPU: h100 -> h100_sxm, h200 -> h200_sxm, b200 -> b200_sxm, b300 -> b300_sxm, gb200-nvl72 -> gb200,
   gb300-nvl72 -> gb300; aiconfigurator has no H800 tables (H800 cases: not supported).
-- Engine: the case's source organisation: NVIDIA -> trtllm; LMSYS/SGLang and Mooncake/SGLang -> sglang;
+- Engine: the case's ``engine`` field, else its source organisation: NVIDIA -> trtllm; LMSYS/SGLang and Mooncake/SGLang -> sglang;
   DeepSeek's and Alibaba RTP-LLM's own engines have no tables (not supported). The engine's current release
   in aiconfigurator's tables (its ``current`` slot).
 - Model: DeepSeek-V3 cases on TensorRT-LLM run DeepSeek-R1 (the posts' model; same architecture), the rest
-  DeepSeek-V3; Kimi K2 -> Kimi-K2-Instruct (from the HuggingFace config aiconfigurator ships, through a
+  DeepSeek-V3; Qwen3-30B-A3B -> Qwen/Qwen3-30B-A3B; Kimi K2 -> Kimi-K2-Instruct (from the HuggingFace config aiconfigurator ships, through a
   local model directory: nothing is downloaded). ``expert_dtype: nvfp4`` -> MoE quant nvfp4; the KV cache
   dtype as the case states it (FP8 unless it says bf16); attention and dense GEMM dtypes as aiconfigurator
   infers them for the model on that GPU (it has no context-MLA FP8 table for every system).
 - Parallelism: TP = the case's attention TP, attention DP = GPUs / TP, MoE TP = the case's moe_tp,
   MoE EP = GPUs / moe_tp.
-- Kind: ``serve`` -> ``agg`` (in-flight batching with the case's batch per rank and max batched tokens as
-  the context-token budget, its KV memory fraction), figure ``tokens/s/gpu``; ``decode`` -> ``static_gen``
+- Kind: ``serve`` -> ``agg`` (in-flight batching with the case's batch per rank, or its concurrency's share
+  of each rank when that is smaller, and max batched tokens as the context-token budget, its KV memory
+  fraction), figure ``tokens/s/gpu`` (x GPUs for a whole deployment's ``output_tok_s``, or ``tokens/s/user``
+  x concurrency when fewer requests run than the ranks hold; ``total_tok_s`` adds the prompt tokens); ``decode`` -> ``static_gen``
   at the case's batch per rank (figure ``tokens/s/user`` or ``tokens/s/gpu``, x 8 per node); ``prefill``
   -> ``static_ctx`` with ``tokens_per_rank / isl`` prompts per rank (figure: prompt tokens per second per
   GPU from ``ttft``, x 8 per node). MTP: ``nextn`` drafts with the expected accepted drafts per step
@@ -61,7 +63,8 @@ PER_NODE = 8  # the sources' "node" is an 8-GPU server
 def model_path(case: dict, backend: str) -> str:
     if case["model"] == "deepseek-v3":
         return "deepseek-ai/DeepSeek-R1" if backend == "trtllm" else "deepseek-ai/DeepSeek-V3"
-    return {"kimi-k2": "moonshotai/Kimi-K2-Instruct", "kimi-k3": "moonshotai/Kimi-K3"}[case["model"]]
+    return {"kimi-k2": "moonshotai/Kimi-K2-Instruct", "kimi-k3": "moonshotai/Kimi-K3",
+            "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B"}[case["model"]]
 
 
 def local_model(hf_id: str, root: Path) -> str:
@@ -117,8 +120,9 @@ def call_of(case: dict) -> tuple[dict | None, str | None]:
     if d:
         kw.update(nextn=d, nextn_accepted=accepted)
     if case["kind"] == "serve":
-        kw.update(mode="agg", osl=int(c["osl"]), batch_size=int(c["batch_per_rank"]),
-                  ctx_tokens=int(c["max_batched_tokens"]))
+        # a closed loop of fewer requests than the ranks' slots: each rank holds its share (rounded up)
+        per_rank = min(int(c["batch_per_rank"]), -(-int(c.get("concurrency", 1 << 62)) // (gpus // tp)))
+        kw.update(mode="agg", osl=int(c["osl"]), batch_size=per_rank, ctx_tokens=int(c["max_batched_tokens"]))
         if "kv_cache_free_gpu_mem_fraction" in c:
             kw["free_gpu_memory_fraction"] = float(c["kv_cache_free_gpu_mem_fraction"])
     elif case["kind"] == "decode":
@@ -133,11 +137,19 @@ def figure(case: dict, kw: dict, raw: dict) -> float:
     metric = case["metric"]
     if metric == "per_user_tok_s":
         return float(raw["tokens/s/user"])
-    if metric == "input_tok_s_per_node":
+    if metric in ("input_tok_s_per_node", "input_tok_s_per_gpu"):
         prompts = float(raw["global_bs"])
         per_gpu = prompts * kw["isl"] / (float(raw["ttft"]) / 1e3) / float(raw["num_total_gpus"])
-        return per_gpu * PER_NODE
+        return per_gpu * PER_NODE if metric == "input_tok_s_per_node" else per_gpu
     per_gpu = float(raw["tokens/s/gpu"])
+    c = case["config"]
+    if metric in ("output_tok_s", "total_tok_s"):  # the whole deployment's tokens
+        users = int(c.get("concurrency", 1 << 62))
+        out = per_gpu * int(c["gpus"])
+        if users < kw["batch_size"] * kw["attention_dp_size"]:  # fewer requests than the ranks hold
+            out = float(raw["tokens/s/user"]) * users
+        # total: prompt and output tokens, every request brings isl prompt tokens per osl output tokens
+        return out if metric == "output_tok_s" else out * (kw["isl"] + kw["osl"]) / kw["osl"]
     return per_gpu * PER_NODE if metric == "output_tok_s_per_node" else per_gpu
 
 
