@@ -43,7 +43,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from moeplace.placement.dispatch import token_slots
+from moeplace.foundation.errors import InputError
+from moeplace.placement.dispatch import batch_layout
 from moeplace.placement.record import Placement
 from moeplace.placement.rules import ReplicaRule, get_rule
 from moeplace.sim.cost import MoeWork
@@ -163,35 +164,84 @@ class ReplayRouter:
     def set_placement(self, placement: Placement) -> None:
         self.placement = placement
         self.dmap = self.rule.dispatch_state(placement)
-        self._slot_gpu = placement.slot_gpu.astype(np.int16)  # small dtype: the gather is per selection
+        L, G, P, E = placement.num_layers, placement.num_gpus, placement.num_slots, placement.num_experts
+        # Per-selection tables, indexed by the (layer, expert) key l * E + e or the (layer, slot) key l * P + s.
+        # An expert with one replica has one slot whatever the rule, so a layer without replicas maps
+        # each key to ``log2phy[l, e, 0]``; only layers with replicas ask the rule (per token).
+        self._single = (placement.logcnt == 1).all(axis=1)  # [L] layers without replicated experts
+        self._key_off = (np.arange(L, dtype=np.int32) * E)[None, :, None]
+        self._gslot = (np.arange(L, dtype=np.int64)[:, None] * P + placement.log2phy[:, :, 0]).ravel()
+        self._gslot_gpu = np.tile(placement.slot_gpu, L).astype(np.int16)  # GPU of each (layer, slot) key
+        self._gslot_bit = None
+        if G <= 64:  # destination sets as one bitmask word per (token, layer)
+            dt = np.uint32 if G <= 32 else np.uint64
+            self._gslot_bit = np.left_shift(dt(1), self._gslot_gpu.astype(dt))
 
     def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator | None = None,
               want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
         placement = self.placement
         L, G, P, E = placement.num_layers, placement.num_gpus, placement.num_slots, placement.num_experts
-        tokens = np.zeros((L, G))
+        if not self.rule.per_token:
+            raise InputError(f"engine '{self.rule.name}' has no per-token slot choice")
         slot_hits = np.zeros(L * P, dtype=np.int64)
         nv = np.zeros((L, G))
         nic = np.zeros((L, G))
         counts = np.zeros(L * E, dtype=np.int64) if want_counts else None
         T = self.trace.num_tokens
-        for a in range(0, len(rows), self.CHUNK):
+        for a in range(0, len(rows), self.CHUNK):  # a chunk is one batch to the rule (its positions restart)
             r = np.asarray(rows[a:a + self.CHUNK]) % T
             self._count(r)
-            s = np.asarray(src[a:a + self.CHUNK])
+            s = np.asarray(src[a:a + self.CHUNK], dtype=np.int64)
             ids = self.trace.expert_ids[r]  # [n, L, k]
-            slots = token_slots(placement, ids, self.rule, src_gpu=s, dispatch_map=self.dmap)
-            slot_hits += np.bincount((np.arange(L)[None, :, None] * P + slots).ravel(), minlength=L * P)
-            gpu = self._slot_gpu[slots]
-            _, c_nv, c_nic = link_copies(gpu, s, placement.gpus_per_node, G)
+            key = ids + self._key_off  # (layer, expert) keys, int32
+            gkey = self._gslot.take(key)  # (layer, slot) keys [n, L, k]
+            if not self._single.all():  # layers with replicas: the rule's per-token choice (token_slots)
+                step, pos = batch_layout(s, G, None)
+                for l in np.flatnonzero(~self._single):
+                    gkey[:, l, :] = l * P + self.rule.batch_slots(
+                        placement, int(l), ids[:, l, :].astype(np.int64), src_gpu=s, pos_in_batch=pos,
+                        batch_id=step, state=self.dmap)
+            slot_hits += np.bincount(gkey.ravel(), minlength=L * P)
+            if self._gslot_bit is not None:
+                c_nv, c_nic = _link_copies_word(_or_last(self._gslot_bit.take(gkey)), s, placement.gpus_per_node, G)
+            else:
+                _, c_nv, c_nic = link_copies(self._gslot_gpu.take(gkey), s, placement.gpus_per_node, G)
             nv += c_nv
             nic += c_nic
             if counts is not None:
-                counts += np.bincount((np.arange(L)[None, :, None] * E + ids).ravel(), minlength=L * E)
+                counts += np.bincount(key.ravel(), minlength=L * E)
         hits = slot_hits.reshape(L, G, P // G)
         tokens = hits.sum(axis=2).astype(np.float64)
         touched = (hits > 0).sum(axis=2).astype(np.float64)
         return MoeWork(tokens, touched, nv, nic), (counts.reshape(L, E) if counts is not None else None)
+
+
+def _or_last(x: np.ndarray) -> np.ndarray:
+    """Bitwise OR over the last axis (halving: a few whole-array operations instead of one per element)."""
+    while x.shape[-1] > 1:
+        h = x.shape[-1] // 2
+        y = x[..., :h] | x[..., h:2 * h]
+        if x.shape[-1] % 2:
+            y[..., 0] |= x[..., 2 * h]
+        x = y
+    return x[..., 0]
+
+
+def _link_copies_word(bits: np.ndarray, src: np.ndarray, gpus_per_node: int, num_gpus: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`link_copies`' NVLink and NIC copies ``[L, G]`` from each (token, layer)'s destination GPUs
+    as one bitmask word ``bits`` (uint32 or uint64 ``[n, L]``, G <= 64) and the tokens' source GPUs."""
+    n, L = bits.shape
+    own, node = _source_masks(num_gpus, gpus_per_node)
+    dt = bits.dtype.type
+    o, nd = own[0, src].astype(dt)[:, None], node[0, src].astype(dt)[:, None]
+    nb = bits.dtype.itemsize
+    out = []
+    for b in (bits & nd & ~o, bits & ~nd):
+        unpacked = np.unpackbits(b.view(np.uint8).reshape(n, L, nb), axis=2, bitorder="little")
+        # n <= ReplayRouter.CHUNK < 2**16 tokens: the per-bit sums fit uint16
+        out.append(unpacked.sum(axis=0, dtype=np.uint16 if n < 65536 else np.int64)[:, :num_gpus].astype(np.float64))
+    return out[0], out[1]
 
 
 def slot_shares(placement: Placement, freq_LE: np.ndarray, engine: str | ReplicaRule, seed: int = 42,
