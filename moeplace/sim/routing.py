@@ -140,7 +140,8 @@ class ReplayRouter:
 
     mode = "replay"
     needs_rows = True
-    CHUNK = 16384  # tokens per vectorized block (bounds memory at ~1 GB for K3)
+    CHUNK = 16384  # tokens per batch given to the replica rule (its in-batch positions restart per chunk)
+    BLOCK = 256  # tokens per vectorized step of the counting (its arrays stay in cache)
 
     def __init__(self, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42) -> None:
         self.trace = trace
@@ -170,12 +171,16 @@ class ReplayRouter:
         # each key to ``log2phy[l, e, 0]``; only layers with replicas ask the rule (per token).
         self._single = (placement.logcnt == 1).all(axis=1)  # [L] layers without replicated experts
         self._key_off = (np.arange(L, dtype=np.int32) * E)[None, :, None]
+        self._key_off_k = self._key_off.reshape(1, 1, L)
         self._gslot = (np.arange(L, dtype=np.int64)[:, None] * P + placement.log2phy[:, :, 0]).ravel()
         self._gslot_gpu = np.tile(placement.slot_gpu, L).astype(np.int16)  # GPU of each (layer, slot) key
         self._gslot_bit = None
         if G <= 64:  # destination sets as one bitmask word per (token, layer)
             dt = np.uint32 if G <= 32 else np.uint64
             self._gslot_bit = np.left_shift(dt(1), self._gslot_gpu.astype(dt))
+        # the same by (layer, expert) key, for layers without replicas
+        self._egpu = self._gslot_gpu[self._gslot]
+        self._ebit = None if self._gslot_bit is None else self._gslot_bit[self._gslot]
 
     def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator | None = None,
               want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
@@ -183,48 +188,65 @@ class ReplayRouter:
         L, G, P, E = placement.num_layers, placement.num_gpus, placement.num_slots, placement.num_experts
         if not self.rule.per_token:
             raise InputError(f"engine '{self.rule.name}' has no per-token slot choice")
+        single = bool(self._single.all())
         slot_hits = np.zeros(L * P, dtype=np.int64)
-        nv = np.zeros((L, G))
-        nic = np.zeros((L, G))
-        counts = np.zeros(L * E, dtype=np.int64) if want_counts else None
+        expert_hits = np.zeros(L * E, dtype=np.int64) if single or want_counts else None
+        nv = np.zeros((L, G), dtype=np.int64)
+        nic = np.zeros((L, G), dtype=np.int64)
         T = self.trace.num_tokens
+        B = self.BLOCK
         for a in range(0, len(rows), self.CHUNK):  # a chunk is one batch to the rule (its positions restart)
             r = np.asarray(rows[a:a + self.CHUNK]) % T
             self._count(r)
             s = np.asarray(src[a:a + self.CHUNK], dtype=np.int64)
-            ids = self.trace.expert_ids[r]  # [n, L, k]
-            key = ids + self._key_off  # (layer, expert) keys, int32
-            gkey = self._gslot.take(key)  # (layer, slot) keys [n, L, k]
-            if not self._single.all():  # layers with replicas: the rule's per-token choice (token_slots)
+            gkey = None
+            if not single:  # layers with replicas: the rule's per-token choice (as token_slots makes it)
+                ids = self.trace.expert_ids[r]
+                gkey = self._gslot.take(ids + self._key_off)
                 step, pos = batch_layout(s, G, None)
                 for l in np.flatnonzero(~self._single):
                     gkey[:, l, :] = l * P + self.rule.batch_slots(
                         placement, int(l), ids[:, l, :].astype(np.int64), src_gpu=s, pos_in_batch=pos,
                         batch_id=step, state=self.dmap)
-            slot_hits += np.bincount(gkey.ravel(), minlength=L * P)
-            if self._gslot_bit is not None:
-                c_nv, c_nic = _link_copies_word(_or_last(self._gslot_bit.take(gkey)), s, placement.gpus_per_node, G)
-            else:
-                _, c_nv, c_nic = link_copies(self._gslot_gpu.take(gkey), s, placement.gpus_per_node, G)
-            nv += c_nv
-            nic += c_nic
-            if counts is not None:
-                counts += np.bincount(key.ravel(), minlength=L * E)
+            for c in range(0, len(r), B):  # blocks small enough to stay in cache; every count adds up
+                sb = s[c:c + B]
+                if gkey is None or expert_hits is not None:
+                    # (layer, expert) keys, k-major [k, n, L]: the OR over k runs on whole contiguous planes
+                    key = self.trace.expert_ids[r[c:c + B]].transpose(2, 0, 1) + self._key_off_k
+                    expert_hits += np.bincount(key.ravel(), minlength=L * E)
+                if gkey is None:  # one slot per expert: tables by (layer, expert) key
+                    dest = key
+                    bit_of, gpu_of = self._ebit, self._egpu
+                else:
+                    dest = gkey[c:c + B].transpose(2, 0, 1)
+                    slot_hits += np.bincount(dest.ravel(), minlength=L * P)
+                    bit_of, gpu_of = self._gslot_bit, self._gslot_gpu
+                if bit_of is not None:
+                    c_nv, c_nic = _link_copies_word(_or_first(bit_of.take(dest)), sb, placement.gpus_per_node, G)
+                else:
+                    _, c_nv, c_nic = link_copies(gpu_of.take(dest).transpose(1, 2, 0), sb, placement.gpus_per_node, G)
+                    c_nv, c_nic = c_nv.astype(np.int64), c_nic.astype(np.int64)
+                nv += c_nv
+                nic += c_nic
+        if single:
+            slot_hits[self._gslot] = expert_hits
         hits = slot_hits.reshape(L, G, P // G)
         tokens = hits.sum(axis=2).astype(np.float64)
         touched = (hits > 0).sum(axis=2).astype(np.float64)
-        return MoeWork(tokens, touched, nv, nic), (counts.reshape(L, E) if counts is not None else None)
+        counts = expert_hits.reshape(L, E) if want_counts else None
+        return MoeWork(tokens, touched, nv.astype(np.float64), nic.astype(np.float64)), counts
 
 
-def _or_last(x: np.ndarray) -> np.ndarray:
-    """Bitwise OR over the last axis (halving: a few whole-array operations instead of one per element)."""
-    while x.shape[-1] > 1:
-        h = x.shape[-1] // 2
-        y = x[..., :h] | x[..., h:2 * h]
-        if x.shape[-1] % 2:
-            y[..., 0] |= x[..., 2 * h]
-        x = y
-    return x[..., 0]
+def _or_first(x: np.ndarray) -> np.ndarray:
+    """Bitwise OR over the first axis, in place (halving: a few whole-plane operations)."""
+    m = x.shape[0]
+    while m > 1:
+        h = m // 2
+        np.bitwise_or(x[:h], x[h:2 * h], out=x[:h])
+        if m % 2:
+            x[0] |= x[2 * h]
+        m = h
+    return x[0]
 
 
 def _link_copies_word(bits: np.ndarray, src: np.ndarray, gpus_per_node: int, num_gpus: int
@@ -239,8 +261,8 @@ def _link_copies_word(bits: np.ndarray, src: np.ndarray, gpus_per_node: int, num
     out = []
     for b in (bits & nd & ~o, bits & ~nd):
         unpacked = np.unpackbits(b.view(np.uint8).reshape(n, L, nb), axis=2, bitorder="little")
-        # n <= ReplayRouter.CHUNK < 2**16 tokens: the per-bit sums fit uint16
-        out.append(unpacked.sum(axis=0, dtype=np.uint16 if n < 65536 else np.int64)[:, :num_gpus].astype(np.float64))
+        # per-bit sums in the narrowest exact dtype (a wide accumulator is several times slower)
+        out.append(unpacked.sum(axis=0, dtype=np.uint16 if n < 2**16 else np.int64)[:, :num_gpus])
     return out[0], out[1]
 
 
