@@ -186,7 +186,7 @@ class ReplayRouter:
               want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
         placement = self.placement
         L, G, P, E = placement.num_layers, placement.num_gpus, placement.num_slots, placement.num_experts
-        if not self.rule.per_token:
+        if len(rows) and not self.rule.per_token:  # as token_slots says it
             raise InputError(f"engine '{self.rule.name}' has no per-token slot choice")
         single = bool(self._single.all())
         slot_hits = np.zeros(L * P, dtype=np.int64)
