@@ -178,7 +178,6 @@ def sim_speed() -> str:
                      f"{x['wall_s_per_sim_s']:.3f}", f"{x['iterations']:,}",
                      f"{x['mean_decode_seqs']:,.0f} / {x['decode_slots']:,}"))
     h, rp, t = r["headline"], r["replay"], r["targets"]
-    big = r["gpu_scaling"][-1]
     quick = (" (`--quick`: a tenth of the full bench's simulated times, so the targets, set for the full "
              "run, are not judged)") if r.get("quick") else ""
     text = (f"`python bench/sim.py{' --quick' if r.get('quick') else ''}` on a {r['trace']['tokens']:,}-token "
@@ -189,12 +188,28 @@ def sim_speed() -> str:
              f"{t['batches_full']:.0%} busy take {h['sim_wall_s']:.1f} s wall ({h['cpu_s']:.1f} s CPU)")
     if not r.get("quick"):
         text += (f": target <= {t['stat_target_wall_s']:g} s {_met(t['stat_meets_target'])}; wall s per simulated "
-                 f"s {t['stat_wall_s_per_sim_s_32']:.3f} at 32 GPUs and {t['stat_wall_s_per_sim_s_1024']:.3f} at "
-                 f"{big['gpus']:,} (targets <= 0.05: {_met(t['stat_wall_s_per_sim_s_32'] <= 0.05)}, <= 0.2: "
-                 f"{_met(t['stat_wall_s_per_sim_s_1024'] <= 0.2)})")
-    text += (f". Replay routes every token exactly: {rp['tokens_per_cpu_s']:,.0f} tokens per CPU second on K3, "
-             f"{t['replay_slowdown_vs_stat']:.0f}x slower than stat per simulated second on the closed loop's "
-             f"prefill burst.\n")
+                 f"s {t['stat_wall_s_per_sim_s_32']:.3f} at 32 GPUs (target <= 0.05: "
+                 f"{_met(t['stat_wall_s_per_sim_s_32'] <= 0.05)})")
+    text += (f". Replay routes every token exactly: {rp['tokens_per_cpu_s']:,.0f} tokens per CPU second on K3 in "
+             f"the closed loop's prefill burst, {t['replay_slowdown_vs_stat']:.0f}x slower than stat per simulated "
+             f"second there.\n")
+    steady = r.get("steady")
+    if steady:
+        text += ("\nSteady state, the targets (replay <= 1.0 wall s per simulated s at 32 GPUs, stat <= 0.2 at 1,024; "
+                 "from the first simulated second whose iteration fills 90 % of the decode slots to the run's end):\n\n")
+        rows = []
+        for x in steady.values():
+            judged = x["window_ok"]
+            rows.append((x["mode"], f"{x['gpus']:,}", f"{x['steady_from_s']:.0f}-{x['steady_from_s'] + x['steady_sim_s']:.0f}",
+                         f"{x['steady_iterations']:,}", f"{x['mean_batch_tokens']:,.0f}",
+                         f"{x['wall_s_per_sim_s']:.3f}", f"{x['cpu_s_per_sim_s']:.3f}",
+                         f"{x['ms_per_iteration']:.1f} / {x['cpu_ms_per_iteration']:.1f}", f"{x['loadavg_mean']:.1f}",
+                         f"<= {x['target_wall_s_per_sim_s']:g}",
+                         (f"wall {_met(x['meets_target_wall'])}, CPU {_met(x['meets_target_cpu'])}" if judged
+                          else "not judged (window < 600 s)")))
+        text += _table(["mode", "GPUs", "steady simulated s", "iterations", "tokens / iteration",
+                        "wall s per simulated s", "CPU s per simulated s", "ms per iteration (wall / CPU)",
+                        "load average", "target", "verdict"], rows)
     return text
 
 

@@ -174,6 +174,28 @@ def test_identical_seeds_give_identical_results(tmp_path):
     assert not a.requests.equals(c.requests)
 
 
+@pytest.mark.parametrize("mode", ["stat", "replay"])
+def test_on_advance_sees_every_event_time_and_changes_nothing(tmp_path, mode):
+    """``simulate(on_advance=...)`` (bench/sim.py times the steady state with it) is called with the simulated
+    time after every event, in order, within the run; the results are those of a run without it."""
+    from moeplace.sim.runner import simulate
+    from moeplace.sim.workload import load_trace_tokens
+
+    m = mini_model()
+    trace = load_trace_tokens(write_trace(tmp_path / "t", m, num_requests=6, prompt=40, output=20))
+    pl = linear_placement(m, 4, 4)
+    cfg = SimConfig(cost=EXACT, duration=0.05, mode=mode, engine=EngineConfig(attention_tp=2, max_seqs=8),
+                    workload=WorkloadConfig(arrival="closed", concurrency=8,
+                                            lengths=LengthMix(components=((64, 1.0),), output_mean=16)))
+    cluster = make_cluster(4, "h200")
+    seen = []
+    a = simulate(trace, [("a", pl)], cluster, cfg, on_advance=seen.append)[0]
+    b = simulate(trace, [("a", pl)], cluster, cfg)[0]
+    assert a.timeseries.equals(b.timeseries) and a.requests.equals(b.requests)
+    assert len(seen) > a.summary["iterations"] and seen == sorted(seen) and 0 <= seen[0] and seen[-1] <= 0.05
+    assert set(a.timeseries["time"].to_list()) <= set(seen)
+
+
 def test_disaggregated_pools_hand_the_kv_cache_over_the_nic(tmp_path):
     m = mini_model()
     path = write_fixed_trace(tmp_path / "t", m, [0, 5, 10, 15], num_requests=1, prompt=20, output=3)

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from simkit import mini_model, write_trace
 
-from moeplace.placement.dispatch import token_gpu_loads
+from moeplace.placement.dispatch import token_gpu_loads, token_slots
 from moeplace.placement.record import Placement
+from moeplace.placement.rules import get_rule
 from moeplace.sim.routing import ReplayRouter, StatRouter, link_copies, link_copies_ref, src_gpus
 from moeplace.sim.workload import load_trace_tokens
 
@@ -60,6 +61,63 @@ def test_replay_equals_the_dispatch_rule(tmp_path, engine):
     assert np.all((work.touched > 0) == (work.tokens > 0)) and work.touched.max() <= pl.slots_per_gpu
     # copies never exceed selections; cross-node copies only exist across nodes
     assert np.all(work.nvlink + work.nic <= work.tokens)
+
+
+def _replay_reference(tt, pl, engine, rows, src, chunk):
+    """Replay's counts selection by selection: ``token_slots`` per chunk of ``chunk`` tokens (one batch to the
+    rule), slot hits by ``bincount``, copies by the sorting reference."""
+    L, G, P, E = pl.num_layers, pl.num_gpus, pl.num_slots, pl.num_experts
+    hits, nv, nic = np.zeros(L * P, dtype=np.int64), np.zeros((L, G)), np.zeros((L, G))
+    counts = np.zeros(L * E, dtype=np.int64)
+    for a in range(0, len(rows), chunk):
+        r, s = rows[a:a + chunk] % tt.num_tokens, src[a:a + chunk]
+        ids = tt.expert_ids[r]
+        slots = token_slots(pl, ids, engine, src_gpu=s, dispatch_map=get_rule(engine, seed=42).dispatch_state(pl))
+        hits += np.bincount((np.arange(L)[None, :, None] * P + slots).ravel(), minlength=L * P)
+        _, c_nv, c_nic = link_copies_ref(pl.slot_gpu[slots], s, pl.gpus_per_node, G)
+        nv, nic = nv + c_nv, nic + c_nic
+        counts += np.bincount((np.arange(L)[None, :, None] * E + ids).ravel(), minlength=L * E)
+    h = hits.reshape(L, G, P // G)
+    return h.sum(axis=2), (h > 0).sum(axis=2), nv, nic, counts.reshape(L, E)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+@pytest.mark.parametrize("G, per_node, redundant", [(4, 2, True), (8, 4, False), (16, 4, False), (16, 4, True)])
+def test_replay_counts_equal_the_selection_by_selection_reference(tmp_path, engine, G, per_node, redundant):
+    """The vectorized replay (tables by expert, blocks of tokens, one bitmask word per token and layer) gives
+    exactly the counts of routing every selection through the rule, across chunk and block boundaries,
+    with and without replicas; above 64 GPUs (no bitmask word) likewise."""
+    m = mini_model(num_experts=64)
+    tt = load_trace_tokens(write_trace(tmp_path / "t", m, num_requests=12, prompt=60, output=20, skew=1.2))
+    if redundant:
+        pl = redundant_placement(m, G, per_node, seed=G)
+    else:  # one slot per expert, shuffled
+        rng = np.random.default_rng(G)
+        pl = Placement.from_phy2log(np.stack([rng.permutation(64) for _ in range(m.num_moe_layers)]), m, G, per_node)
+    rng = np.random.default_rng(1)
+    rows = rng.integers(0, 2 * tt.num_tokens, 700)
+    src = src_gpus(np.sort(rng.integers(0, G // 2, len(rows))), 2)
+    router = ReplayRouter(tt, pl, engine)
+    router.CHUNK, router.BLOCK = 300, 64  # several chunks (rule batches) and blocks per chunk
+    work, counts = router.route(rows, src, want_counts=True)
+    tokens, touched, nv, nic, ref_counts = _replay_reference(tt, pl, engine, rows, src, 300)
+    for got, want in ((work.tokens, tokens), (work.touched, touched), (work.nvlink, nv), (work.nic, nic),
+                      (counts, ref_counts)):
+        np.testing.assert_array_equal(got, want)
+    assert router.routed_tokens == len(rows)
+
+
+def test_replay_without_bitmask_words_above_64_gpus(tmp_path):
+    m = mini_model(num_experts=128)
+    tt = load_trace_tokens(write_trace(tmp_path / "t", m, num_requests=6, prompt=40, output=10, skew=1.0))
+    rng = np.random.default_rng(3)
+    pl = Placement.from_phy2log(np.stack([rng.permutation(128) for _ in range(m.num_moe_layers)]), m, 128, 8)
+    rows = np.arange(tt.num_tokens)
+    src = src_gpus(np.sort(rng.integers(0, 16, len(rows))), 8)
+    work, _ = ReplayRouter(tt, pl, "vllm").route(rows, src)
+    tokens, touched, nv, nic, _ = _replay_reference(tt, pl, "vllm", rows, src, ReplayRouter.CHUNK)
+    for got, want in ((work.tokens, tokens), (work.touched, touched), (work.nvlink, nv), (work.nic, nic)):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time as wallclock
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,7 +71,8 @@ class Rank:
 @dataclass
 class _Batch:
     """One iteration being formed: the work per rank, its prefill chunks ``(request, rank, tokens)`` and
-    decoding sequences ``(request, rank)``; with exact routing, the trace rows of its tokens and their ranks."""
+    decoding sequences ``(rank, [request, ...])`` (per rank, in rank order); with exact routing, the trace
+    rows of its tokens and their ranks."""
 
     work: RankWork
     exact: bool
@@ -102,7 +104,7 @@ class Pool:
         self.iteration = 0
         self.stall = 0.0  # seconds added to the next iteration (swap traffic, weight moves)
         self.batch: list = []  # prefill chunks of the iteration in flight: (request, rank, tokens)
-        self.decoding: list = []  # decoding sequences of the iteration in flight: (request, rank)
+        self.decoding: list = []  # decoding sequences of the iteration in flight: (rank, [request, ...])
         self.rebalancer = None
         self.next_rank = 0
         self.last_dt = 0.0
@@ -197,17 +199,26 @@ class Pool:
             used = self._make_room(r, now, rank.used)
             rank.used = self._admit(r, now, used)
             prefilling = []
-            n_dec = ctx_sum = 0
-            for q in rank.running:
-                if q.ctx < q.prefill_target:
-                    prefilling.append(q)
-                elif decode_here and q.generated < q.output_len:
-                    b.decoding.append((q, r))
-                    if b.exact:  # decode_row(q, q.ctx), inlined: this loop runs for every decoding sequence
-                        b.dec_rows.append(q.row_base + q.n_pre + (q.ctx - q.prompt_len) % q.n_dec if q.n_dec
-                                          else decode_row(q, q.ctx))
-                    n_dec += 1
-                    ctx_sum += q.ctx
+            ctx_sum = 0
+            if decode_here:  # this loop runs for every running sequence: locals only
+                dec = []
+                pre_append, dec_append = prefilling.append, dec.append
+                for q in rank.running:
+                    c = q.ctx
+                    if c < q.prefill_target:
+                        pre_append(q)
+                    elif q.generated < q.output_len:
+                        dec_append(q)
+                        ctx_sum += c
+                if dec:
+                    b.decoding.append((r, dec))
+                    if b.exact:  # decode_row(q, q.ctx), inlined
+                        b.dec_rows += [q.row_base + q.n_pre + (q.ctx - q.prompt_len) % q.n_dec if q.n_dec
+                                       else decode_row(q, q.ctx) for q in dec]
+                n_dec = len(dec)
+            else:
+                prefilling = [q for q in rank.running if q.ctx < q.prefill_target]
+                n_dec = 0
             ctx_sum += n_dec  # each decode token attends to its own key too
             if b.exact:
                 b.dec_rank += [r] * (n_dec * per_seq)
@@ -283,26 +294,48 @@ class Pool:
         paged = self.pools.dcp == 1
         max_len = self.pools.max_model_len  # a sequence stops at the model's context, as engines cap it
         e = sim.config.engine
-        if e.mtp_draft and self.decoding:
+        n_decoding = sum(len(qs) for _, qs in self.decoding)
+        if e.mtp_draft and n_decoding:
             # leading accepted drafts per sequence: the first rejection ends the run
             acc = np.asarray(e.mtp_position_acceptance())
-            ok = sim.rng.random((len(self.decoding), e.mtp_draft)) < acc[None, :]
+            ok = sim.rng.random((n_decoding, e.mtp_draft)) < acc[None, :]
             gains = (1 + np.cumprod(ok, axis=1).sum(axis=1)).tolist()
         else:
             gains = None
-        for i, (q, r) in enumerate(self.decoding):
-            g = 1 if gains is None else min(gains[i], q.output_len - q.generated, max_len - 1 - q.ctx)
-            g = max(g, 1)
-            q.ctx += g
-            q.generated += g
-            made += g
-            need = q.ctx + 1
-            if self.scheduler.grows and (not paged or need > q.kv):
-                after = kv(need)
-                ranks[r].used += after - q.kv
-                q.kv = after
-            if q.generated >= q.output_len or need >= max_len:  # need = the sequence's tokens now
-                rank = ranks[r]
+        grows = self.scheduler.grows
+        i = 0
+        for r, qs in self.decoding:  # this loop runs for every decoding sequence: locals only
+            rank = ranks[r]
+            done = []
+            used = 0  # change of the rank's KV slots
+            if gains is None:  # one token each
+                for q in qs:
+                    need = q.ctx + 2  # the sequence's tokens after this step, + 1
+                    q.ctx = need - 1
+                    q.generated += 1
+                    if grows and (not paged or need > q.kv):
+                        after = kv(need)
+                        used += after - q.kv
+                        q.kv = after
+                    if q.generated >= q.output_len or need >= max_len:  # need = the sequence's tokens now
+                        done.append(q)
+                made += len(qs)
+            else:
+                for q in qs:
+                    g = max(min(gains[i], q.output_len - q.generated, max_len - 1 - q.ctx), 1)
+                    i += 1
+                    q.ctx += g
+                    q.generated += g
+                    made += g
+                    need = q.ctx + 1
+                    if grows and (not paged or need > q.kv):
+                        after = kv(need)
+                        used += after - q.kv
+                        q.kv = after
+                    if q.generated >= q.output_len or need >= max_len:
+                        done.append(q)
+            rank.used += used
+            for q in done:
                 rank.running.remove(q)
                 rank.used -= q.kv
                 events += sim.finish(q, now)
@@ -333,7 +366,7 @@ class Pool:
                 rank.running.remove(q)
                 rank.used -= after
                 events += sim.finish(q, now)
-        sim.recorder.tokens_done(now, made, prefilled, decoded, len(self.decoding), self.last_dt)
+        sim.recorder.tokens_done(now, made, prefilled, decoded, n_decoding, self.last_dt)
         self.batch = []
         self.decoding = []
         self.busy = False
@@ -401,7 +434,8 @@ class Simulation:
     def __init__(self, config: SimConfig, trace: TraceTokens, placement: Placement, cluster: ClusterSpec,
                  pools: CachePools, profile: Profile | None = None, label: str = "",
                  chrome: bool = False, progress: bool = False,
-                 prefill: tuple[Placement, ClusterSpec, CachePools] | None = None) -> None:
+                 prefill: tuple[Placement, ClusterSpec, CachePools] | None = None,
+                 on_advance: Callable[[float], None] | None = None) -> None:
         placement.check_model(trace.model, "placement")
         if placement.num_gpus != cluster.num_gpus:
             raise InputError(f"placement {label or ''}: made for {placement.num_gpus} GPUs, the cluster has "
@@ -413,6 +447,7 @@ class Simulation:
         self.pools = pools
         self.label = label
         self.progress = progress
+        self.on_advance = on_advance  # called with the simulated time after each event (timing, progress)
         e = config.engine
         self.num_ranks = cluster.num_gpus // e.attention_tp
         self.cost = self.make_cost(cluster, profile)
@@ -565,7 +600,15 @@ class Simulation:
                 bar.update(s - shown[0])
                 shown[0] = s
 
-        self.queue.run(handlers, until=dur, on_advance=advance if bar is not None else None)
+        hook = self.on_advance
+        if bar is not None and hook is not None:
+            def both(now: float) -> None:
+                advance(now)
+                hook(now)
+            hook = both
+        elif bar is not None:
+            hook = advance
+        self.queue.run(handlers, until=dur, on_advance=hook)
         if bar is not None:
             bar.close()
         wall = wallclock.perf_counter() - t0

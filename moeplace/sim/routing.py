@@ -43,7 +43,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from moeplace.placement.dispatch import token_slots
+from moeplace.foundation.errors import InputError
+from moeplace.placement.dispatch import batch_layout
 from moeplace.placement.record import Placement
 from moeplace.placement.rules import ReplicaRule, get_rule
 from moeplace.sim.cost import MoeWork
@@ -139,7 +140,8 @@ class ReplayRouter:
 
     mode = "replay"
     needs_rows = True
-    CHUNK = 16384  # tokens per vectorized block (bounds memory at ~1 GB for K3)
+    CHUNK = 16384  # tokens per batch given to the replica rule (its in-batch positions restart per chunk)
+    BLOCK = 256  # tokens per vectorized step of the counting (its arrays stay in cache)
 
     def __init__(self, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42) -> None:
         self.trace = trace
@@ -163,35 +165,105 @@ class ReplayRouter:
     def set_placement(self, placement: Placement) -> None:
         self.placement = placement
         self.dmap = self.rule.dispatch_state(placement)
-        self._slot_gpu = placement.slot_gpu.astype(np.int16)  # small dtype: the gather is per selection
+        L, G, P, E = placement.num_layers, placement.num_gpus, placement.num_slots, placement.num_experts
+        # Per-selection tables, indexed by the (layer, expert) key l * E + e or the (layer, slot) key l * P + s.
+        # An expert with one replica has one slot whatever the rule, so a layer without replicas maps
+        # each key to ``log2phy[l, e, 0]``; only layers with replicas ask the rule (per token).
+        self._single = (placement.logcnt == 1).all(axis=1)  # [L] layers without replicated experts
+        self._key_off = (np.arange(L, dtype=np.int32) * E)[None, :, None]
+        self._key_off_k = self._key_off.reshape(1, 1, L)
+        self._gslot = (np.arange(L, dtype=np.int64)[:, None] * P + placement.log2phy[:, :, 0]).ravel()
+        self._gslot_gpu = np.tile(placement.slot_gpu, L).astype(np.int16)  # GPU of each (layer, slot) key
+        self._gslot_bit = None
+        if G <= 64:  # destination sets as one bitmask word per (token, layer)
+            dt = np.uint32 if G <= 32 else np.uint64
+            self._gslot_bit = np.left_shift(dt(1), self._gslot_gpu.astype(dt))
+        # the same by (layer, expert) key, for layers without replicas
+        self._egpu = self._gslot_gpu[self._gslot]
+        self._ebit = None if self._gslot_bit is None else self._gslot_bit[self._gslot]
 
     def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator | None = None,
               want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
         placement = self.placement
         L, G, P, E = placement.num_layers, placement.num_gpus, placement.num_slots, placement.num_experts
-        tokens = np.zeros((L, G))
+        if len(rows) and not self.rule.per_token:  # as token_slots says it
+            raise InputError(f"engine '{self.rule.name}' has no per-token slot choice")
+        single = bool(self._single.all())
         slot_hits = np.zeros(L * P, dtype=np.int64)
-        nv = np.zeros((L, G))
-        nic = np.zeros((L, G))
-        counts = np.zeros(L * E, dtype=np.int64) if want_counts else None
+        expert_hits = np.zeros(L * E, dtype=np.int64) if single or want_counts else None
+        nv = np.zeros((L, G), dtype=np.int64)
+        nic = np.zeros((L, G), dtype=np.int64)
         T = self.trace.num_tokens
-        for a in range(0, len(rows), self.CHUNK):
+        B = self.BLOCK
+        for a in range(0, len(rows), self.CHUNK):  # a chunk is one batch to the rule (its positions restart)
             r = np.asarray(rows[a:a + self.CHUNK]) % T
             self._count(r)
-            s = np.asarray(src[a:a + self.CHUNK])
-            ids = self.trace.expert_ids[r]  # [n, L, k]
-            slots = token_slots(placement, ids, self.rule, src_gpu=s, dispatch_map=self.dmap)
-            slot_hits += np.bincount((np.arange(L)[None, :, None] * P + slots).ravel(), minlength=L * P)
-            gpu = self._slot_gpu[slots]
-            _, c_nv, c_nic = link_copies(gpu, s, placement.gpus_per_node, G)
-            nv += c_nv
-            nic += c_nic
-            if counts is not None:
-                counts += np.bincount((np.arange(L)[None, :, None] * E + ids).ravel(), minlength=L * E)
+            s = np.asarray(src[a:a + self.CHUNK], dtype=np.int64)
+            gkey = None
+            if not single:  # layers with replicas: the rule's per-token choice (as token_slots makes it)
+                ids = self.trace.expert_ids[r]
+                gkey = self._gslot.take(ids + self._key_off)
+                step, pos = batch_layout(s, G, None)
+                for l in np.flatnonzero(~self._single):
+                    gkey[:, l, :] = l * P + self.rule.batch_slots(
+                        placement, int(l), ids[:, l, :].astype(np.int64), src_gpu=s, pos_in_batch=pos,
+                        batch_id=step, state=self.dmap)
+            for c in range(0, len(r), B):  # blocks small enough to stay in cache; every count adds up
+                sb = s[c:c + B]
+                if gkey is None or expert_hits is not None:
+                    # (layer, expert) keys, k-major [k, n, L]: the OR over k runs on whole contiguous planes
+                    key = self.trace.expert_ids[r[c:c + B]].transpose(2, 0, 1) + self._key_off_k
+                    expert_hits += np.bincount(key.ravel(), minlength=L * E)
+                if gkey is None:  # one slot per expert: tables by (layer, expert) key
+                    dest = key
+                    bit_of, gpu_of = self._ebit, self._egpu
+                else:
+                    dest = gkey[c:c + B].transpose(2, 0, 1)
+                    slot_hits += np.bincount(dest.ravel(), minlength=L * P)
+                    bit_of, gpu_of = self._gslot_bit, self._gslot_gpu
+                if bit_of is not None:
+                    c_nv, c_nic = _link_copies_word(_or_first(bit_of.take(dest)), sb, placement.gpus_per_node, G)
+                else:
+                    _, c_nv, c_nic = link_copies(gpu_of.take(dest).transpose(1, 2, 0), sb, placement.gpus_per_node, G)
+                    c_nv, c_nic = c_nv.astype(np.int64), c_nic.astype(np.int64)
+                nv += c_nv
+                nic += c_nic
+        if single:
+            slot_hits[self._gslot] = expert_hits
         hits = slot_hits.reshape(L, G, P // G)
         tokens = hits.sum(axis=2).astype(np.float64)
         touched = (hits > 0).sum(axis=2).astype(np.float64)
-        return MoeWork(tokens, touched, nv, nic), (counts.reshape(L, E) if counts is not None else None)
+        counts = expert_hits.reshape(L, E) if want_counts else None
+        return MoeWork(tokens, touched, nv.astype(np.float64), nic.astype(np.float64)), counts
+
+
+def _or_first(x: np.ndarray) -> np.ndarray:
+    """Bitwise OR over the first axis, in place (halving: a few whole-plane operations)."""
+    m = x.shape[0]
+    while m > 1:
+        h = m // 2
+        np.bitwise_or(x[:h], x[h:2 * h], out=x[:h])
+        if m % 2:
+            x[0] |= x[2 * h]
+        m = h
+    return x[0]
+
+
+def _link_copies_word(bits: np.ndarray, src: np.ndarray, gpus_per_node: int, num_gpus: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`link_copies`' NVLink and NIC copies ``[L, G]`` from each (token, layer)'s destination GPUs
+    as one bitmask word ``bits`` (uint32 or uint64 ``[n, L]``, G <= 64) and the tokens' source GPUs."""
+    n, L = bits.shape
+    own, node = _source_masks(num_gpus, gpus_per_node)
+    dt = bits.dtype.type
+    o, nd = own[0, src].astype(dt)[:, None], node[0, src].astype(dt)[:, None]
+    nb = bits.dtype.itemsize
+    out = []
+    for b in (bits & nd & ~o, bits & ~nd):
+        unpacked = np.unpackbits(b.view(np.uint8).reshape(n, L, nb), axis=2, bitorder="little")
+        # per-bit sums in the narrowest exact dtype (a wide accumulator is several times slower)
+        out.append(unpacked.sum(axis=0, dtype=np.uint16 if n < 2**16 else np.int64)[:, :num_gpus])
+    return out[0], out[1]
 
 
 def slot_shares(placement: Placement, freq_LE: np.ndarray, engine: str | ReplicaRule, seed: int = 42,

@@ -5,6 +5,7 @@ The CLI parses flags into a :class:`RunInputs` and a :class:`SimConfig`, then ca
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -170,9 +171,12 @@ def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_r
 
 def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluster: ClusterSpec,
              config: SimConfig, profile: Profile | None = None, chrome: bool = False,
-             progress: bool = False, prefill: list[tuple[Placement, ClusterSpec]] | None = None) -> list[SimResult]:
+             progress: bool = False, prefill: list[tuple[Placement, ClusterSpec]] | None = None,
+             on_advance: Callable[[float], None] | None = None) -> list[SimResult]:
     """Run ``config`` once per placement (same seed, so the same arrivals and lengths). ``prefill``: per
-    placement, the prefill pool's own placement and cluster (disaggregated with ``prefill_gpus``)."""
+    placement, the prefill pool's own placement and cluster (disaggregated with ``prefill_gpus``).
+    ``on_advance(now)``: called with the simulated time after every event of every run (bench/sim.py
+    times the steady state with it)."""
     check_resources(config)
     out = []
     for i, (label, placement) in enumerate(placements):
@@ -185,7 +189,7 @@ def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluste
             pre = (p_placement, p_cluster,
                    override_pools(p_pools, config.kv_tokens_per_rank, config.state_slots_per_rank))
         sim = Simulation(config, trace, placement, cluster, pools, profile=profile, label=label, chrome=chrome,
-                         progress=progress, prefill=pre)
+                         progress=progress, prefill=pre, on_advance=on_advance)
         res = sim.run()
         res.summary["placement"] = {"label": label, "num_gpus": placement.num_gpus,
                                     "num_slots": placement.num_slots,
