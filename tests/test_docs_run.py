@@ -202,15 +202,20 @@ def test_doc_marked_commands_parse(doc):
 FAST = [d for d in ALL if _runs(d, False)]
 
 
-@pytest.mark.parametrize("doc", FAST)
-def test_doc_commands_run_verbatim(doc, tmp_path, monkeypatch, capsys, k3_trace):
-    cmds = _runs(doc, slow=False)
+def _run_doc(doc, slow, tmp_path, monkeypatch, capsys, k3_trace):
+    """The doc's commands (with its slow ones when ``slow``) in order in one directory, then its checks."""
+    cmds = _runs(doc, slow=slow)
     _make_standins(tmp_path, cmds, k3_trace)
     monkeypatch.chdir(tmp_path)
     for c in cmds:
         run_place(c, capsys)
     if doc in AFTER:
         AFTER[doc](tmp_path)
+
+
+@pytest.mark.parametrize("doc", FAST)
+def test_doc_commands_run_verbatim(doc, tmp_path, monkeypatch, capsys, k3_trace):
+    _run_doc(doc, False, tmp_path, monkeypatch, capsys, k3_trace)
 
 
 SLOW = [d for d in ALL if any(c.mark == "slow" for c in ALL[d])]
@@ -222,13 +227,7 @@ def test_doc_commands_run_verbatim_with_slow_ones(doc, tmp_path, monkeypatch, ca
     """The doc's unmarked and slow commands, in order, at the doc's sizes (README.md: the whole demo on
     100,000 tokens, 21 minutes on 2 cores at load average ~5; docs/sweep.md: the example sweep twice, 3.5
     minutes)."""
-    cmds = _runs(doc, slow=True)
-    _make_standins(tmp_path, cmds, k3_trace)
-    monkeypatch.chdir(tmp_path)
-    for c in cmds:
-        run_place(c, capsys)
-    if doc in AFTER:
-        AFTER[doc](tmp_path)
+    _run_doc(doc, True, tmp_path, monkeypatch, capsys, k3_trace)
 
 
 def _python_blocks():
