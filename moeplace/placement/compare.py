@@ -82,6 +82,7 @@ class Comparison:
     planning_sample_tokens: int = 0
     held_sample_tokens: int = 0
     tokens: int = 0
+    layers_label: str = ""  # "5 of 24 layers" when the input holds some of the model's MoE layers only
 
     def to_dict(self) -> dict[str, Any]:
         d = {"engine": self.rule, "cluster": self.cluster.to_dict(), "num_redundant": self.num_redundant,
@@ -90,6 +91,8 @@ class Comparison:
              "scored_layers": self.scored_layers, "moe_layers": self.moe_layers, "tokens": self.tokens,
              "sample_tokens": {"plan": self.planning_sample_tokens, "held_out": self.held_sample_tokens},
              "rows": [r.row() for r in self.results]}
+        if self.layers_label:
+            d["layers"] = self.layers_label
         if self.shift_method is not None:
             d["shift"] = {r.policy: r.shift for r in self.results if r.shift is not None}
             d["shift_scenarios"] = list(self.shift_scenarios)
@@ -228,7 +231,8 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     return Comparison(results, planning_idx, held_idx, single, rule, cluster, num_redundant, tuple(notes),
                       scored, loads.model.num_moe_layers, method, tuple(sc_names) if ids is not None else (),
                       0 if planning_samples is None else len(planning_samples),
-                      0 if held_samples is None else len(held_samples), loads_tokens(loads))
+                      0 if held_samples is None else len(held_samples), loads_tokens(loads),
+                      loads.model.layers_label)
 
 
 def time_limit_lines(placement: Placement) -> list[str]:

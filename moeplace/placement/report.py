@@ -42,8 +42,10 @@ def format_table(cmp: Comparison) -> str:
     layers = (f"; scored on {cmp.scored_layers} of {cmp.moe_layers} MoE layers (the others have no tokens)"
               if cmp.scored_layers < cmp.moe_layers else "")
     tokens = f"{cmp.tokens:,} tokens in {cmp.planning_windows.size + cmp.held_windows.size} windows; " if cmp.tokens else ""
+    held = (f"{cmp.layers_label} (the MoE layers the input holds; every figure is over those only); "
+            if cmp.layers_label else "")
     lines = [(f"engine {cmp.rule}, {c.name} ({c.num_gpus} GPUs), {cmp.num_redundant} redundant slots; "
-              f"{tokens}{span}{layers}"), fmt(head), fmt(["-" * w for w in widths])]
+              f"{held}{tokens}{span}{layers}"), fmt(head), fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in rows]
     sampled = (f"{cmp.held_sample_tokens} sampled held-out tokens" if has_held
                else f"{cmp.planning_sample_tokens} sampled planning tokens (in-sample)")

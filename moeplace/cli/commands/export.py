@@ -12,7 +12,7 @@ from moeplace.cli import flags
 from moeplace.cli.commands import add_force
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, Outputs, write_text_atomic
-from moeplace.foundation.model import load_model
+from moeplace.foundation.model import format_ranges, load_model
 from moeplace.placement.export import deploy, export_placement, format_names, get_format
 from moeplace.placement.export.engines import VLLM_PRS, checked_versions
 from moeplace.placement.export.flags import (
@@ -110,6 +110,14 @@ def engine_file_kind(fmt: str, model, num_gpus: int, gpus_per_node: int) -> Outp
 
 def run(args) -> int:
     placement = load_placement(args.placement)
+    if placement.layers_label:
+        # Every engine format maps every MoE layer (vLLM/SGLang/TensorRT-LLM index a full [layers, slots]
+        # table); the layers the log did not hold have no traffic to plan on, and filling them with a
+        # default layout would ship a placement nobody planned. Refused, saying what to do.
+        raise InputError(f"{args.placement}: planned on {placement.layers_label} (MoE layers "
+                         f"{format_ranges(placement.moe_layers)}, the ones its routing log held); an engine "
+                         "placement file needs every MoE layer, so a partial placement is not exported: log every "
+                         "layer (or the engine's own statistics, which cover all) and plan on that")
     model = load_model(args.model or placement.model_name)
     check_compatible(placement, model, what=args.placement)
     outs = Outputs(inputs=[args.placement, args.loads, args.model, args.plan], force=args.force)

@@ -59,7 +59,8 @@ def run(args) -> int:
     engines = args.engine or list(ENGINE_NAMES)
     progress = (lambda s: print(f"  {s}", file=sys.stderr, flush=True)) if sys.stderr.isatty() else None
     res = tune(trace, cluster, config, None, engines, args.splits, args.quick, progress)
-    res = tagged("rebalance-report", {"trace": args.trace, **res})
+    res = tagged("rebalance-report", {"trace": args.trace, **res,
+                                      **({"layers": trace.layers_note} if trace.layers_note else {})})
     if args.report:
         outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(res, indent=1) + "\n"))
     if args.json:
@@ -69,6 +70,8 @@ def run(args) -> int:
               f"{args.concurrency} concurrent requests; each candidate observes one part of {args.trace} and is "
               f"scored on the next ({args.splits} splits, runs of {min(res['durations_s'] or [0]):.2f}-"
               f"{max(res['durations_s'] or [0]):.2f} simulated s); decision time measured, weight transfer charged:")
+        if trace.layers_note:
+            print(f"note: {trace.layers_note}")
         for line in format_tune(res):
             print(line)
     outs.finish()
