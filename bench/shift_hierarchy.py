@@ -161,8 +161,8 @@ def run_direction(pairs, plan, test, cluster, R, policies, time_limit) -> dict:
                              options={"workers": 1, **opts}, shift=True).results[0]
         real = [evaluate(r.placement, t.counts.astype(np.float64), model=t.model).balancedness for t in tests]
         rm, rw = float(np.mean(real)), float(np.min(real))
-        kw = dict(num_redundant=R, rule="vllm", seed=0, time_limit=None if lim is None else lim / 3,
-                  options={"workers": 1, **opts}, layers=np.array(r.shift["layers"]))
+        kw = {"num_redundant": R, "rule": "vllm", "seed": 0, "time_limit": None if lim is None else lim / 3,
+              "options": {"workers": 1, **opts}, "layers": np.array(r.shift["layers"])}
         fn = get_policy(policy)
         before = shift_estimate(fn, policy, loads, cluster, ids=old, method="threshold grouping", **kw)
         grp = shift_estimate(fn, policy, loads, cluster, ids=given, method="--group", **kw)
@@ -212,9 +212,9 @@ def main() -> int:
     for info in result["data"].values():
         for rows in info["directions"].values():
             for x in rows.values():
-                for how in tally:
-                    tally[how][0] += int(x[how]["mean_inside"]) + int(x[how]["worst_inside"])
-                    tally[how][1] += 2
+                for how, t in tally.items():
+                    t[0] += int(x[how]["mean_inside"]) + int(x[how]["worst_inside"])
+                    t[1] += 2
     result["inside"] = {how: f"{a} of {n}" for how, (a, n) in tally.items()}
     result["loadavg_end"] = os.getloadavg()[0]
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -155,11 +155,11 @@ def _input_scenarios(loads: Loads, tags: list[int]) -> tuple[list[Any], list[str
             return keys, names, "leave-one-input-file-out", []
         return keys, names, "leave-one-input-group-out", []
     sizes = [max(g) + 1 for g in levels]
-    how = (f"spanning {len(levels)} groupings of related inputs, {sizes[0]} to {sizes[-1]} groups: the levels of "
-           "average-linkage clustering on the total-variation distance of per-layer expert shares; figures at "
-           "the coarsest (named here), ranges over every grouping — which inputs are related cannot be told "
-           "from their loads alone; --group names the groups and narrows the ranges")
-    return keys, names, f"leave-one-input-group-out ({how})", [window_keys(g) for g in levels]
+    how = (f"spanning {len(levels)} groupings of related inputs ({sizes[0]} to {sizes[-1]} groups, the levels of "
+           "average-linkage clustering on the total-variation distance of per-layer expert shares): the figures "
+           "at the coarsest, the ranges over every grouping, since which inputs are related cannot be told from "
+           "their loads alone (--group names the groups and narrows the ranges)")
+    return keys, names, f"leave-one-input-group-out, {how}", [window_keys(g) for g in levels]
 
 
 def scenario_groupings(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndarray, list[str], str,
@@ -327,7 +327,7 @@ def _wide_reason(levels: list[dict[str, Any]], key: str, width: float) -> str:
                      "narrows it")
     if spread > 0.05 or not parts:
         parts.append(f"the left-out groups differ by up to {spread:.3f} from each other (the planning workloads are "
-                     f"that unlike each other) over {min(lv['groups'] for lv in levels)} or more folds")
+                     "that unlike each other; more unrelated workloads narrow it)")
     return f"{key.split('_')[0]} range {width:.2f} wide: " + "; ".join(parts)
 
 
