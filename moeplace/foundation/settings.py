@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -103,7 +104,11 @@ def _plain(where: str, key: str, value: Any, alt: Any) -> Any:
     if alt is int:
         return value if isinstance(value, int) and not isinstance(value, bool) else _NO
     if alt is float:
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else _NO
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return _NO
+        if not math.isfinite(value):  # YAML's .inf / .nan: no setting is infinite ("no limit" is null)
+            raise InputError(f"{where + '.' if where else ''}{key}: expected a finite number, got {value!r}")
+        return float(value)
     if alt is str:
         return value if isinstance(value, str) else _NO
     if alt is Any:
