@@ -205,6 +205,11 @@ def load_placement(path: str | Path) -> Placement:
         p2l = np.asarray(None)
     if p2l.ndim != 2 or p2l.dtype.kind not in "iu" or p2l.size == 0:  # ragged, floats, bools, huge ints
         raise InputError(f"{p}: field 'phy2log' must be a [layers][slots] matrix of expert ids (whole numbers)")
+    for layer, row in enumerate(d["phy2log"]):  # numpy reads [0, true, 2] as [0, 1, 2]: a bool is no id
+        if any(type(x) is bool for x in row):
+            slot = next(i for i, x in enumerate(row) if type(x) is bool)
+            raise InputError(f"{p}: field 'phy2log': layer {layer} slot {slot}: expected an expert id (a whole "
+                             f"number), got {str(row[slot]).lower()}")
     try:
         placement = Placement(p2l.astype(np.int64), whole("num_gpus", d["num_gpus"]),
                               whole("gpus_per_node", d["gpus_per_node"]), d["model"],
