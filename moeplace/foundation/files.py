@@ -476,6 +476,9 @@ def check_output(path: str | os.PathLike, *, kind: OutputKind | str, inputs: Ite
     if not text.strip():
         raise InputError(f"{flag}: empty path")
     _check_name(text, what)
+    if not k.directory and text.endswith((os.sep, "/")):  # Path() drops the slash: p.json/ would write p.json
+        raise InputError(f"{what}: ends with '/', which names a directory, but the {k.name} is a file; drop the "
+                         "'/'")
     try:
         return _check_output(Path(text), text, what, k, inputs, force, flag, replace_own)
     except OSError as exc:  # a path the file system refuses to look up (a loop of links, permissions)
