@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import reprlib
 import stat
 import sys
 from collections.abc import Iterator
@@ -36,16 +37,18 @@ from moeplace.foundation.errors import InputError
 MAX_DEPTH = 64  # levels of nested arrays/objects a file may hold (numpy's own limit on dimensions)
 MAX_ALIAS_NODES = 100_000  # nodes YAML aliases may add to a document once expanded (specs use a few)
 QUOTE = 60  # characters of a value from a file that an error message quotes
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxtuple, _REPR.maxset = 3, 8, 6, 8, 6
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = QUOTE
 
 
 def quote(value: Any, limit: int = QUOTE) -> str:
-    """``repr(value)`` cut to ``limit`` characters (``...`` marks the cut): what an error message may quote
-    of a value read from a file, whatever its size. A container is not formatted as a whole (a YAML alias
-    tree would be expanded by ``repr``): only its type and length."""
-    if isinstance(value, (dict, list, tuple, set)):
-        return f"a {type(value).__name__} of {len(value)} items"
-    text = repr(value) if not isinstance(value, str) or len(value) <= limit * 4 else repr(value[:limit * 4])
+    """``repr(value)`` of at most about ``limit`` characters: what an error message may quote of a value read
+    from a file, whatever its size. Containers are shown to a few items and levels only (``reprlib``), so a
+    YAML alias tree is never expanded; a small value reads as its plain ``repr``."""
+    text = _REPR.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))

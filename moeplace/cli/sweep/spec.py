@@ -285,7 +285,7 @@ def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None)
             raise _unknown(path, f, unknown[0], {"name", "trace", "synth", *WORKLOAD_FIELDS})
         name = w.get("name", f"w{i}")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-            raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {name!r}")
+            raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {quote(name)}")
         if ("trace" in w) == ("synth" in w):
             raise _err(path, f, "give exactly one of trace: (a trace file/directory) or synth: (parameters)")
         trace = synth = None
@@ -347,7 +347,7 @@ def _check_axis_value(path: str, fld: str, axis: str, v: Any, workloads: tuple[s
     kinds = AXES[axis]
     if isinstance(v, bool) or not isinstance(v, kinds):
         want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-        raise _err(path, fld, f"expected {want}, got {v!r}")
+        raise _err(path, fld, f"expected {want}, got {quote(v)}")
     if axis == "workload" and v not in workloads:
         raise _err(path, fld, f"no workload named '{v}' (workloads: {', '.join(workloads)})")
     if axis == "gpu" and v not in gpu_preset_names():
@@ -358,16 +358,16 @@ def _check_axis_value(path: str, fld: str, axis: str, v: Any, workloads: tuple[s
         if isinstance(v, int) and v < 0:
             raise _err(path, fld, f"must be >= 0, got {v}")
         if isinstance(v, str) and not _PER_GPU.match(v):
-            raise _err(path, fld, f"expected a slot count or 'N/gpu' (N slots per GPU), got {v!r}")
+            raise _err(path, fld, f"expected a slot count or 'N/gpu' (N slots per GPU), got {quote(v)}")
     if axis == "policy" and v not in policy_names():
         raise _err(path, fld, f"unknown policy '{v}' (expected one of {', '.join(policy_names())})")
     if axis == "kv_dtype" and v not in KV_DTYPE_BYTES:
-        raise _err(path, fld, f"expected one of {', '.join(KV_DTYPE_BYTES)}, got {v!r}")
+        raise _err(path, fld, f"expected one of {', '.join(KV_DTYPE_BYTES)}, got {quote(v)}")
     if axis == "engine" and v not in ENGINE_RULES:
         raise _err(path, fld, f"expected one of {', '.join(ENGINE_RULES)} (the simulator's replica rules), "
-                              f"got {v!r}")
+                              f"got {quote(v)}")
     if axis == "rebalance" and v != "static" and not _REBALANCE.fullmatch(v.strip()):
-        raise _err(path, fld, f"expected 'static' or every=N,window=W,moves=K[,policy=P], got {v!r}")
+        raise _err(path, fld, f"expected 'static' or every=N,window=W,moves=K[,policy=P], got {quote(v)}")
     return v
 
 
