@@ -163,27 +163,24 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError:
         return fail("the current directory no longer exists (deleted while the shell was in it?); cd to an "
                     "existing directory", 2)
-    parser = build_parser()
+    # SIGTERM and SIGHUP unwind like Ctrl-C, so temporaries and child processes are cleaned up on every exit
+    # path (start-up included: a signal while the commands are imported is one line too)
+    raise_on_sigterm()
+    _PARSE_ERROR.clear()
     try:
+        parser = build_parser()
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a bad flag (2, its one line already printed)
-        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
-        if code and wants_json and _PARSE_ERROR:
-            print(json.dumps({"ok": False, "error": _PARSE_ERROR[0], "exit_code": code}))
-        return code
-    try:
         args = apply_config(parser, argv, args)  # --config FILE: the file's flags, the command line's win
-    except SystemExit as exc:
+    except SystemExit as exc:  # --help (0) or a bad flag (2, its one line already printed)
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
         if code and wants_json and _PARSE_ERROR:
             print(json.dumps({"ok": False, "error": _PARSE_ERROR[0], "exit_code": code}))
         return code
     except MoeplaceError as exc:
         return fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt as exc:
+        return _stopped(exc, fail, None)
     wants_json = bool(getattr(args, "json", False))
-    # SIGTERM and SIGHUP unwind like Ctrl-C, so temporaries and child processes are cleaned up on every exit
-    # path
-    raise_on_sigterm()
     real = sys.stdout
     out = _Stdout(real)
     sys.stdout = out
@@ -195,14 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except MoeplaceError as exc:
         return fail(str(exc), exc.exit_code, out)
-    except (Terminated, KeyboardInterrupt) as exc:
-        # not an error of the input: `place: interrupted` / `place: terminated (SIGHUP)`, no "error:"
-        what, code = "interrupted", 130
-        if isinstance(exc, Terminated):
-            hup = exc.signum == getattr(signal, "SIGHUP", None)
-            what, code = "terminated" + (" (SIGHUP)" if hup else ""), 128 + exc.signum
-        print(f"place: {what}", file=sys.stderr)
-        return fail(what, code, out, line=False)
+    except KeyboardInterrupt as exc:  # Terminated (SIGTERM, SIGHUP) included
+        return _stopped(exc, fail, out)
     except BrokenPipeError:  # `place ... | head`: the reader has what it wanted
         _discard_stdout(real)
         return 0
@@ -217,6 +208,20 @@ def main(argv: list[str] | None = None) -> int:
         return fail(line, 1, out)
     finally:
         sys.stdout = real
+
+
+def _stopped(exc: KeyboardInterrupt, fail, out: _Stdout | None) -> int:
+    """A stop signal is not an error of the input: ``place: interrupted`` / ``place: terminated
+    (SIGHUP)`` on stderr, no ``error:``; exit 128 + the signal, as a shell reports it."""
+    what, code = "interrupted", 130
+    if isinstance(exc, Terminated):
+        hup = exc.signum == getattr(signal, "SIGHUP", None)
+        what, code = "terminated" + (" (SIGHUP)" if hup else ""), 128 + exc.signum
+    try:
+        print(f"place: {what}", file=sys.stderr)
+    except (OSError, AttributeError):
+        pass
+    return fail(what, code, out, line=False)
 
 
 if __name__ == "__main__":
