@@ -140,6 +140,22 @@ def test_sglang_pt_on_a_full_disk_is_one_line_and_leaves_nothing(w, capsys, monk
     assert_untouched(w, before)
 
 
+def test_json_failure_after_results_is_still_one_object(w, capsys, monkeypatch):
+    """--json and a write that fails after the results were printed: the command's object carries ok false,
+    the error and the exit code (a script reads one object, never two)."""
+    pytest.importorskip("torch")
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    res = run_place(["export", "placement.json", "--format", "sglang-pt", "--model", "model.json", "--out",
+                     "p.pt", "--json"], capsys)
+    doc = json.loads(res.out)
+    assert res.rc == 1 and doc["ok"] is False and doc["exit_code"] == 1 and doc["format"] == "sglang-pt"
+    assert doc["error"].startswith("could not write p.pt (No space left on device)")
+
+
 class _FullDevice(io.TextIOWrapper):
     """A text stream whose device is full (what ``> /dev/full`` gives)."""
 

@@ -4,8 +4,8 @@ Every user error (:class:`foundation.errors.MoeplaceError`) becomes one line on 
 no traceback reaches the user for bad input. So do the failures of the surroundings a command cannot
 help: standard output closed, full or unable to encode a character, the current directory deleted, the
 open-file limit reached, a stop signal (SIGINT, SIGTERM, SIGHUP). With ``--json`` a failure also prints
-one JSON object on stdout, ``{"ok": false, "error": ..., "exit_code": ...}``, unless the command already
-printed its own (a result printed before an output could not be written).
+one JSON object on stdout, ``{"ok": false, "error": ..., "exit_code": ...}`` (added to the command's own
+object when it had printed one: results printed before an output could not be written).
 """
 from __future__ import annotations
 
@@ -58,18 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Stdout:
-    """``sys.stdout`` during a command, remembering whether anything was written (then a ``--json``
-    failure object would be a second object on stdout) and whether a write to it failed (then the
-    failure is standard output's, and nothing more can be printed there)."""
+    """``sys.stdout`` during a command. It remembers whether a write to it failed (then the failure is
+    standard output's, and nothing more can be printed there). With ``--json`` it holds what the command
+    prints until the end: on success that is printed as it was; on failure the command's object (results
+    printed before an output could not be written) gets ``ok``, ``error`` and ``exit_code`` added, so
+    stdout still holds exactly one JSON object."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, hold: bool = False) -> None:
         self._stream = stream
-        self.wrote = False
+        self._held: list[str] | None = [] if hold else None
         self.failed: OSError | None = None
 
     def write(self, text: str) -> int:
-        if text:
-            self.wrote = True
+        if self._held is not None:
+            self._held.append(text)
+            return len(text)
         try:
             return self._stream.write(text)
         except OSError as exc:
@@ -77,11 +80,30 @@ class _Stdout:
             raise
 
     def flush(self) -> None:
+        if self._held is not None:
+            return
         try:
             self._stream.flush()
         except OSError as exc:
             self.failed = exc
             raise
+
+    def release(self) -> None:
+        """Print what was held (the command succeeded)."""
+        text, self._held = "".join(self._held or ()), None
+        if text:
+            self.write(text)
+        self.flush()
+
+    def take_object(self) -> dict:
+        """The JSON object the command printed so far (``{}`` if none, or not one object); nothing is held
+        any more."""
+        text, self._held = "".join(self._held or ()), None
+        try:
+            doc = json.loads(text) if text.strip() else {}
+        except ValueError:
+            return {}
+        return doc if isinstance(doc, dict) else {}
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
@@ -142,14 +164,18 @@ def main(argv: list[str] | None = None) -> int:
         _safe_encoding(stderr)
 
     def fail(message: str, code: int, out: _Stdout | None = None, line: bool = True) -> int:
+        message = " ".join(message.split("\n"))
         if line and stderr is not None:
             try:
-                print("place: error: " + " ".join(message.split("\n")), file=stderr)
+                print("place: error: " + message, file=stderr)
             except OSError:
                 pass
-        if wants_json and (out is None or (not out.wrote and out.failed is None)) and sys.stdout is not None:
+        if wants_json and (out is None or out.failed is None) and sys.stdout is not None:
+            doc = out.take_object() if out is not None else {}
+            doc.update({"ok": False, "error": message, "exit_code": code})
             try:
-                print(json.dumps({"ok": False, "error": " ".join(message.split("\n")), "exit_code": code}))
+                print(json.dumps(doc, indent=1 if len(doc) > 3 else None, default=str),
+                      file=out._stream if out is not None else sys.stdout)
             except OSError:
                 pass
         return code
@@ -182,13 +208,13 @@ def main(argv: list[str] | None = None) -> int:
         return _stopped(exc, fail, None)
     wants_json = bool(getattr(args, "json", False))
     real = sys.stdout
-    out = _Stdout(real)
+    out = _Stdout(real, hold=wants_json)
     sys.stdout = out
     try:
         # commands with --no-progress draw bars on stderr for their long steps (foundation.progress)
         with progress.enabled(hasattr(args, "no_progress") and progress.wanted(args.no_progress)):
             code = int(args.func(args) or 0)
-        out.flush()  # a full standard output fails here, inside the command, not at exit
+        out.release()  # a full standard output fails here, inside the command, not at exit
         return code
     except MoeplaceError as exc:
         return fail(str(exc), exc.exit_code, out)

@@ -224,19 +224,18 @@ def loads(text: str | bytes) -> Any:
     return json.loads(text, object_pairs_hook=_unique_pairs)
 
 
-_KEY_TOKEN = None
-
-
 def has_duplicate_keys(obj: Any, text: str | bytes) -> bool:
-    """Whether ``text`` (which a parser that keeps the last of two keys turned into ``obj``) held a key twice
-    in one object: the parsed keys are fewer than the ``"...":`` tokens of the text only then, or when a
-    string value holds such a token, which the caller settles with :func:`loads`."""
-    global _KEY_TOKEN
-    import re
-    if _KEY_TOKEN is None:
-        _KEY_TOKEN = (re.compile(r'"\s*:'), re.compile(rb'"\s*:'))
-    tokens = len((_KEY_TOKEN[1] if isinstance(text, bytes) else _KEY_TOKEN[0]).findall(text))
-    keys, level = 0, [obj]
+    """Whether ``text`` (which a parser that keeps the last of two keys turned into ``obj``) may have held
+    a key twice in one object: the parsed keys are fewer than the ``":`` tokens of the text only then, or
+    when a string holds such a token; the caller settles it with :func:`loads`. Costs two C-speed counts
+    for a flat object (an engine log's line)."""
+    colon, spaced = ('":', '" :') if isinstance(text, str) else (b'":', b'" :')
+    tokens = text.count(colon) + text.count(spaced)
+    keys = len(obj) if isinstance(obj, dict) else 0
+    if keys >= tokens:
+        return False
+    level = [obj]
+    keys = 0
     while level and keys < tokens:
         nxt = []
         for o in level:
