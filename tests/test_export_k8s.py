@@ -188,6 +188,10 @@ def test_init_container_rebuilds_the_exported_file_and_refuses_foreign_parts(k3,
 def test_small_files_stay_one_readable_configmap_and_huge_ones_are_refused(tmp_path, pj, dsv3_launch):
     cm = objects(export(tmp_path, pj, "sglang"))[0]
     assert cm["data"]["loc.json"] == (tmp_path / "loc.json").read_text()
+    # bytes that are not UTF-8 (SGLang's .pt form): binaryData, still one ConfigMap, still schema-valid
+    pt = b"PK\x03\x04\x80\xff" * 100
+    cm = next(yaml.safe_load_all(deploy.k8s_manifest(dsv3_launch, "m", "n", "loc.json", pt)))
+    assert base64.b64decode(cm["binaryData"]["loc.json"]) == pt and schema_errors(cm) == []
     # ~3.2 MiB of incompressible bytes (a .pt form): more than MAX_PARTS ConfigMaps' worth
     blob = np.random.default_rng(0).bytes(deploy.PART_BYTES * deploy.MAX_PARTS + 1)
     with pytest.raises(InputError, match="needs more than 16 ConfigMaps; use --target shell/slurm"):

@@ -3,8 +3,8 @@
 Every vLLM / SGLang command ``place export --flags`` can print is checked against the option list recorded
 from that release's own parser (``moeplace/placement/export/engine_options/*.json``, read here directly,
 not through the code under test), and against the live parser when the engine is importable (skipped
-otherwise). The Slurm / shell scripts are checked with ``bash -n``, the Kubernetes manifest with
-``yaml.safe_load_all``."""
+otherwise). The Slurm / shell scripts are checked with ``bash -n`` and run with a stand-in engine, the
+Kubernetes manifest read with ``yaml.safe_load_all`` (its schemas and sizes: tests/test_export_k8s.py)."""
 from __future__ import annotations
 
 import json
