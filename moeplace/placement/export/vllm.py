@@ -40,6 +40,7 @@ from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json, write_text_atomic
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.reading import quote
 from moeplace.placement.export import ExportFormat, check_matrix, check_rows, register_format, resolve_gpus
 from moeplace.placement.record import Placement
 from moeplace.traces.importers._common import INT64_MAX, exact_ints
@@ -157,11 +158,11 @@ def read_jsonl(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_node
         raise InputError(f"{path}: no eplb_initial_mapping record (field 'record_type')")
     at = f"{path}: line {rec_line}"
     if record.get("version") != 1:
-        raise InputError(f"{at}: field 'version' is {record.get('version')!r}, expected 1")
+        raise InputError(f"{at}: field 'version' is {quote(record.get('version'))}, expected 1")
     P, R = record.get("num_slots"), record.get("num_redundant_experts")
     E = model.num_experts
     if not isinstance(P, int) or not isinstance(R, int) or P != E + R or R < 0:
-        raise InputError(f"{at}: fields 'num_slots' {P!r} and 'num_redundant_experts' {R!r} must satisfy "
+        raise InputError(f"{at}: fields 'num_slots' {quote(P)} and 'num_redundant_experts' {quote(R)} must satisfy "
                          f"num_slots = {E} logical experts + num_redundant_experts")
     assign = record.get("initial_global_assignments")
     if not isinstance(assign, dict):
