@@ -116,3 +116,16 @@ def test_simulator_routes_every_layer_from_the_nearest_held_one(trace, qwen):
     near = stand_in_layers(check_trace(trace).model)
     assert near[[0, 2, 3, 8, 9, 23]].tolist() == [0, 0, 1, 1, 2, 4]
     np.testing.assert_array_equal(tt.expert_ids[:, 8], tt.expert_ids[:, 5])
+
+
+@pytest.mark.parametrize("bad", ["5-3", "0,0", "x", "3,1"])
+def test_layers_flag_refuses_bad_lists(bad, tmp_path, capsys):
+    rc = main(["trace", "import", "--format", "vllm-jsonl", str(LOG), "--model", str(QWEN), "--out",
+               str(tmp_path / "t"), "--layers", bad])
+    assert rc == 2 and "argument --layers" in capsys.readouterr().err and not (tmp_path / "t").exists()
+
+
+def test_layers_flag_is_for_vllm_jsonl_only(tmp_path, capsys):
+    rc = main(["trace", "import", "--format", "vllm-eplb", str(DATA / "vllm_eplb.jsonl"), "--model", "kimi-k3",
+               "--out", str(tmp_path / "l.npz"), "--layers", "1-3"])
+    assert rc == 2 and "--layers applies to --format vllm-jsonl only" in capsys.readouterr().err
