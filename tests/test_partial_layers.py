@@ -97,7 +97,9 @@ def test_evaluate_scores_the_held_layers_and_export_refuses(trace, qwen, tmp_pat
     rows = np.asarray(stand_in_layers(check_trace(trace).model))
     full = type(whole)(whole.phy2log[rows], 4, 4, whole.model_name, 60, qwen.moe_layers, {"policy": "test"})
     full.save(tmp_path / "full.json")
-    assert main(["evaluate", str(tmp_path / "full.json"), str(trace), "--model", str(QWEN), "--json"]) == 0
+    other = tmp_path / "config.json"  # the model from another path: its spec's source differs, its shape not
+    other.write_text(QWEN.read_text())
+    assert main(["evaluate", str(tmp_path / "full.json"), str(trace), "--model", str(other), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["layers"] == "5 of 24 layers" and doc["moe_layers"] == 5
     # an engine file needs every MoE layer: a partial placement is refused, nothing written

@@ -431,7 +431,8 @@ def evaluate(placement: Placement, routing, rule: str | ReplicaRule = "vllm", *,
     if rmodel is not None and rmodel.is_partial:
         # routing of some layers only: a placement of the whole model is scored on those layers
         placement = placement.held(rmodel, what=what)
-        m = rmodel if m.whole() == rmodel.whole() else m
+        if not m.is_partial and m.moe_layers == rmodel.model_moe_layers:
+            m = m.restrict(rmodel.moe_layers)  # --model's settings, on the layers the routing holds
     check_compatible(placement, m, cluster, what=what)
     if rmodel is not None and rmodel is not m:
         check_compatible(placement, rmodel, what=what)
