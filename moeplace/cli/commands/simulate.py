@@ -16,6 +16,7 @@ from moeplace.foundation.progress import wanted
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.sim.calibration import load_profile
 from moeplace.sim.config import COST_ENGINES, COST_MODELS, SimConfig, parse_mtp
+from moeplace.sim.inputs import parse_phases
 from moeplace.sim.fidelity import fidelity_doc, run_context
 from moeplace.sim.measured import cost_source_line
 from moeplace.sim.online import unseen_runs, verdict
@@ -33,7 +34,13 @@ from moeplace.sim.runner import RunInputs, prepare_run, resolved_config, simulat
 
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="simulate serving on a cluster: throughput, latency, straggler cost")
-    p.add_argument("traces", help="routing trace (Parquet file or directory)")
+    p.add_argument("traces", nargs="?", default=None,
+                   help="routing trace (Parquet file or directory) or Loads .npz (place trace stats --out, an "
+                        "engine dump's import): Loads are routed from their per-window expert distributions")
+    p.add_argument("--phases", default=None, metavar="SRC:SECONDS[,SRC:SECONDS...]",
+                   help="instead of TRACES: inputs (traces or Loads) replayed one after the other for the given "
+                        "simulated seconds each, e.g. morning.npz:600,evening.npz:900 (--duration defaults to "
+                        "their sum)")
     p.add_argument("--placement", action="append", metavar="FILE|POLICY",
                    help="placement JSON (Placement.save) or a policy name computed on the trace; repeatable "
                    "(required, on the command line or in --config)")
@@ -110,7 +117,9 @@ def register(sub) -> None:
     e.add_argument("--phase", choices=("both", "prefill", "decode"), default="both",
                    help="benchmark one phase alone: prefill (1-token outputs) or decode (prompt KV given)")
     r = p.add_argument_group("run")
-    r.add_argument("--duration", type=flags.seconds, default=600.0, help="simulated seconds")
+    r.add_argument("--duration", type=flags.seconds, default=None,
+                   help="simulated seconds (default 600, or the --phases' sum; past the last phase its last window "
+                        "goes on)")
     r.add_argument("--warmup", type=flags.nonneg_float, default=None, help="simulated seconds excluded from throughput and "
                    "latency (default 20%% of --duration)")
     r.add_argument("--mode", choices=("replay", "stat"), default="stat")
@@ -151,7 +160,14 @@ def register(sub) -> None:
 def run(args) -> int:
     if not args.placement:
         raise InputError("--placement FILE|POLICY is required (on the command line or in --config)")
-    outs = Outputs(inputs=[args.traces, *args.placement, args.profile, args.model], force=args.force)
+    phases = parse_phases(args.phases) if args.phases else ()
+    if (args.traces is None) == (not phases):
+        raise InputError("give TRACES (a trace or a Loads .npz) or --phases SRC:SECONDS,... (one of the two)")
+    if args.duration is None:  # the phases' seconds, else 600
+        args.duration = float(sum(ph.seconds for ph in phases)) if phases else 600.0
+    source = args.traces or f"--phases {args.phases}"
+    outs = Outputs(inputs=[args.traces, *(ph.source for ph in phases), *args.placement, args.profile, args.model],
+                   force=args.force)
     outs.add(args.out, SIM_OUTPUT)
     outs.add(args.chrome_trace, CHROME_TRACE, "--chrome-trace")
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
@@ -159,7 +175,7 @@ def run(args) -> int:
     # the length checks, redone below)
     simulation_config(args, None)
     prep = prepare_run(RunInputs(
-        trace=args.traces, placements=tuple(args.placement), max_trace_tokens=args.max_trace_tokens,
+        trace=source, phases=phases, duration=args.duration, placements=tuple(args.placement), max_trace_tokens=args.max_trace_tokens,
         route_all=args.route_all, model=args.model, expert_dtype=args.expert_dtype, weight_dtype=args.weight_dtype,
         num_redundant=args.redundant, rule=args.engine, seed=args.seed, prefill_gpus=args.prefill_gpus),
         cluster, make_cluster=lambda g: make_cluster(g, args.gpu, args.gpus_per_node),
