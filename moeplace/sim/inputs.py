@@ -18,12 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.sim.routing import STAT_WINDOW_TOKENS
 from moeplace.sim.timeline import Timeline, phase_timeline, token_windows
 from moeplace.sim.workload import TraceTokens, load_trace_tokens
 from moeplace.traces.loads import is_loads_file, load_loads
 
 LOADS_PROMPT, LOADS_OUTPUT = 2048, 512  # request lengths of a Loads input without --context-mix
+# tokens per window a trace is first cut into (sim.timeline.merge_windows then merges them until the
+# sampling noise is low enough)
+BASE_WINDOW_TOKENS = 256
 DRAWN_TOKENS = 1024  # tokens drawn from Loads that keep no sample (the link copies per selection)
 _REQ_ROWS = 128  # rows per drawn request template (96 prompt + 32 output rows stand for the lengths)
 
@@ -89,8 +91,8 @@ def _read_one(source: str, max_tokens: int | None, seed: int) -> tuple[TraceToke
     if not Path(source).exists():
         raise InputError(f"{source}: no such trace or Loads file")
     trace = load_trace_tokens(source, max_tokens)
-    counts = token_windows(trace.expert_ids, trace.model.num_experts, STAT_WINDOW_TOKENS)
-    weights = np.diff(np.minimum(np.arange(counts.shape[0] + 1) * STAT_WINDOW_TOKENS, trace.num_tokens)).astype(float)
+    counts = token_windows(trace.expert_ids, trace.model.num_experts, BASE_WINDOW_TOKENS)
+    weights = np.diff(np.minimum(np.arange(counts.shape[0] + 1) * BASE_WINDOW_TOKENS, trace.num_tokens)).astype(float)
     return trace, counts, weights, False
 
 
@@ -157,3 +159,15 @@ def drawn_tokens(loads, path: str, seed: int) -> TraceTokens:
     return TraceTokens(ids, offset, np.full(n_req, LOADS_PROMPT, dtype=np.int64),
                        np.full(n_req, LOADS_OUTPUT, dtype=np.int64), np.full(n_req, pre, dtype=np.int64),
                        np.arange(n_req, dtype=np.int64), m, str(path))
+
+
+def workload_of(trace: TraceTokens, fixed_time: bool = False, what: str | None = None) -> Workload:
+    """The :class:`Workload` of an already read trace: its own timeline when it has one (Loads or phases),
+    else its token windows in time order."""
+    tl = trace.timeline
+    if tl is None:
+        counts = token_windows(trace.expert_ids, trace.model.num_experts, BASE_WINDOW_TOKENS)
+        weights = np.diff(np.minimum(np.arange(counts.shape[0] + 1) * BASE_WINDOW_TOKENS,
+                                     trace.num_tokens)).astype(float)
+        tl = phase_timeline([(trace.path, counts, weights, float(weights.sum()))], False)
+    return Workload(trace, tl, fixed_time, tl.drawn, what or trace.path)

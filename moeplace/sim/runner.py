@@ -22,9 +22,9 @@ from moeplace.placement.rules import get_rule
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import SimConfig, check_resources
 from moeplace.sim.engine import Simulation
+from moeplace.sim.inputs import read_workload
 from moeplace.sim.memory import override_pools, plan_pools
 from moeplace.sim.results import SimResult
-from moeplace.sim.inputs import read_workload
 from moeplace.sim.workload import TraceTokens, load_trace_tokens
 from moeplace.traces.loads import is_loads_file
 

@@ -92,7 +92,7 @@ def merge_windows(counts: np.ndarray, min_per_expert: float = MIN_PER_EXPERT) ->
     """Ranges ``[a, b)`` of consecutive windows of ``counts`` ``[W, L, E]`` merged until each holds at least
     ``min_per_expert`` selections per expert on average (per layer, the least-filled layer decides); a short
     tail joins the range before it."""
-    W, L, E = counts.shape
+    W, _, E = counts.shape
     per = counts.sum(axis=2).min(axis=1) / E  # [W] mean selections per expert, least-filled layer
     out, a, acc = [], 0, 0.0
     for w in range(W):

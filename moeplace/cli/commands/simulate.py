@@ -16,10 +16,10 @@ from moeplace.foundation.progress import wanted
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.sim.calibration import load_profile
 from moeplace.sim.config import COST_ENGINES, COST_MODELS, SimConfig, parse_mtp
-from moeplace.sim.inputs import parse_phases
 from moeplace.sim.fidelity import fidelity_doc, run_context
+from moeplace.sim.inputs import parse_phases, workload_of
 from moeplace.sim.measured import cost_source_line
-from moeplace.sim.online import unseen_runs, verdict
+from moeplace.sim.online import DEFAULT_BUDGET_S, Candidate, compare, verdict
 from moeplace.sim.rebalance import REPLAN_TIME_LIMIT, recommend_configs
 from moeplace.sim.results import (
     CHROME_TRACE,
@@ -137,9 +137,13 @@ def register(sub) -> None:
                    help="also simulate the first placement under vLLM's EPLB (window 1000, every 3000, async), "
                         "SGLang's EPLB (every 1000, blocking) and moeplace's migration mode, and say whether "
                         "a static placement suffices")
-    r.add_argument("--recommend-splits", type=flags.positive_int, default=3, metavar="N",
-                   help="--recommend: the routed tokens are cut into N+1 parts in time; each rebalancer observes "
-                        "part j and is scored on part j+1, which it never saw (default 3: an interval over 3; at least 2)")
+    r.add_argument("--recommend-splits", type=flags.positive_int, default=1, metavar="N",
+                   help="--recommend: the input is cut into N+1 parts in time; each rebalancer observes part j "
+                        "and is scored on part j+1, which it never saw (default 1)")
+    r.add_argument("--recommend-budget", type=flags.seconds, default=DEFAULT_BUDGET_S, metavar="S",
+                   help="--recommend: wall seconds the comparison may take (default %(default)g); each "
+                        "rebalancer is simulated for 5 of its intervals after warm-up, and a comparison that "
+                        "would take longer is refused, saying what to change")
     r.add_argument("--recommend-moves", type=flags.nonneg_int, default=16, metavar="K",
                    help="moeplace migration budget per layer for --recommend (default 16)")
     r.add_argument("--recommend-time", type=flags.seconds, default=REPLAN_TIME_LIMIT, metavar="S",
@@ -197,8 +201,8 @@ def run(args) -> int:
     if args.recommend:
         if config.rebalance is not None:
             raise InputError("--recommend compares its own rebalancers with a static placement; drop --rebalance")
-        rec = recommend(trace, placements[0], cluster, config, profile, args.recommend_moves,
-                        args.recommend_time, args.recommend_splits)
+        rec = recommend(workload_of(trace, bool(phases), source), placements[0], cluster, config, profile,
+                        args.recommend_moves, args.recommend_time, args.recommend_splits, args.recommend_budget)
         results[0].summary["recommendation"] = rec
     routing_note = prep.routing_note
     for r in results:
@@ -261,32 +265,41 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
     return build_sim_config(settings, max_context)
 
 
-def recommend(trace, placement, cluster, config, profile, moves: int, time_limit: float, splits: int = 3) -> dict:
+def recommend(wl, placement, cluster, config, profile, moves: int, time_limit: float, splits: int = 1,
+              budget_s: float = DEFAULT_BUDGET_S) -> dict:
     """Simulate ``placement`` (label, Placement) static and under each of
-    :func:`sim.rebalance.recommend_configs`, scoring every rebalancer only on routing it has not observed
-    (:func:`sim.online.unseen_runs`: it observes one part of the routed tokens and is scored on the next,
-    ``splits`` times), and recommend from the gains' interval (:func:`sim.online.verdict`)."""
-    out = unseen_runs(trace, placement[1], cluster, config, profile, recommend_configs(moves, time_limit), splits)
-    return {"placement": placement[0], "rows": out["rows"], "splits": out["splits"], "verdict": verdict(out["rows"]),
-            "method": (f"each rebalancer's window starts with the loads of one part of the routed tokens and is scored "
-                       f"on the next part, which it never saw ({splits} splits of {trace.path}; runs no longer than "
-                       "the scored part lasts); interval: 80 % Student-t over the splits")}
+    :func:`sim.rebalance.recommend_configs` on the workload ``wl`` (:class:`sim.inputs.Workload`), each for at
+    least five of its rebalance intervals after warm-up on routing it had not observed
+    (:func:`sim.online.compare`), and recommend from the gains' interval (:func:`sim.online.verdict`)."""
+    rule = config.engine.replica_rule
+    cands = [Candidate("static", None, placement[1].num_redundant, rule)]
+    cands += [Candidate(name, rb, placement[1].num_redundant, rule) for name, rb in
+              recommend_configs(moves, time_limit).items()]
+    out = compare(wl, cands, lambda r, observed, j: placement[1], cluster, config, profile, splits, budget_s)
+    out["placement"] = placement[0]
+    out["verdict"] = verdict(out["rows"])
+    return out
 
 
 def format_recommendation(rec: dict) -> str:
+    hz = rec["horizon"]
     head = (f"static vs online rebalancing for {rec['placement']} on traffic the rebalancer had not observed "
-            "(decision = the policy's measured time):")
-    w = max(len(r["config"]) for r in rec["rows"])
+            f"({rec['routing']}; stat mode, {hz['duration_s']:,.0f} simulated s per run = {hz['warmup_s']:.0f} s "
+            f"warm-up + at least 5 x {hz['longest_interval']} iterations x {hz['iter_s'] * 1e3:.0f} ms measured by a "
+            "pilot run; decision = the policy's measured time):")
+    w = max(len(r["name"]) for r in rec["rows"])
     lines = [head, (f"  {'':{w}s}         tok/s  gain (80 % interval)   straggler  rebalances  stall s  decision s  "
                     "transfer s  a2a slowdown s")]
     for r in rec["rows"]:
-        gain = (f"{r['gain']:+6.1%} ({r['gain_lo']:+.1%}, {r['gain_hi']:+.1%})" if "gain" in r else "")
-        lines.append(f"  {r['config']:{w}s}  {r['tok_s']:12,.0f}  {gain:21s}  {r['straggler_share']:9.1%}  "
+        gain = (f"{r['gain']:+6.1%} ({r['gain_lo']:+.1%}, {r['gain_hi']:+.1%})" if r["online"] else "")
+        lines.append(f"  {r['name']:{w}s}  {r['tok_s']:12,.0f}  {gain:21s}  {r['straggler_share']:9.1%}  "
                      f"{r['rebalances']:10d}  {r['stall_s']:7.2f}  {r['decision_s']:10.2f}  {r['transfer_s']:10.2f}  "
                      f"{r['a2a_slowdown_s']:14.2f}")
-    lines.append(f"  (means over the splits: {rec['method']}; tok/s: prompt tokens prefilled + tokens decoded per "
-                 "simulated s, from the start of each run; stall: every rank waits for a blocking rebalance; a2a "
-                 "slowdown: what async transfers, sharing the links, added to the steps they overlapped; transfer: "
-                 "with free links)")
+        if r.get("why_unranked"):
+            lines.append(f"    not ranked: {r['why_unranked']}")
+    lines.append(f"  (tok/s: prompt tokens prefilled + tokens decoded per simulated s after the warm-up, means over "
+                 f"the splits; rebalances: after the warm-up; gain interval: {rec['interval']}; stall: every rank "
+                 "waits for a blocking rebalance; a2a slowdown: what async transfers, sharing the links, added to "
+                 "the steps they overlapped; transfer: with free links)")
     lines.append(f"recommendation: {rec['verdict']}")
     return "\n".join(lines)
