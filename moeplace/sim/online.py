@@ -9,7 +9,7 @@ shorter than that only ever sees the first decision. Here every candidate is sim
    ``j < splits`` the static placement (and the rebalancer's starting one) is what was planned before, the
    rebalancer's window starts with part ``j``'s loads (what it observed; it decides at the first iteration)
    and the run is scored on part ``j + 1``, which it never saw before it is routed.
-2. A pilot run (:data:`PILOT_S` simulated s of the static placement) measures the iteration time and the
+2. A pilot run (:data:`PILOT_FIRST_S`, else :data:`PILOT_S` simulated s of the static placement) measures the iteration time and the
    warm-up (until the first request completes: the batch has reached its mix of prefill and decode) and the
    wall time per iteration. The horizon is ``warm-up + INTERVALS x the longest interval x the iteration
    time x MARGIN``, and part ``j + 1``'s windows are spread over it (phases keep their own seconds). The
@@ -44,7 +44,8 @@ from moeplace.sim.runner import simulate
 INTERVALS = 5  # rebalance intervals every ranked candidate is simulated for, after the warm-up
 MARGIN = 1.3  # headroom on the horizon (blocking stalls and slower steps stretch an interval)
 BATCHES = 10  # batches of the steady window per split (batch means)
-PILOT_S = 120.0  # simulated seconds of the pilot run
+PILOT_S = 120.0  # simulated seconds of the pilot run at most
+PILOT_FIRST_S = 10.0  # ... and of its first try
 MIN_SPLITS = 1
 DEFAULT_BUDGET_S = 900.0  # wall seconds a comparison may take by default
 
@@ -104,7 +105,7 @@ def _degenerate(label: str, summary: dict, ts, warmup: float, end: float, config
 
 def compare(wl: Workload, candidates: list[Candidate], start: Callable[[int, np.ndarray, int], object],
             cluster, config: SimConfig, profile, splits: int = 1, budget_s: float = DEFAULT_BUDGET_S,
-            progress=None) -> dict:
+            progress=None, pilot_s: float = PILOT_S) -> dict:
     """Score ``candidates`` against their static alternative (same slots and rule, placement held) on the
     horizon the module docstring describes. ``start(num_redundant, observed [L, E], split)``: the placement a
     run starts from (and the static one keeps). Returns ``{"horizon": {...}, "splits": [...], "rows": [...],
@@ -122,7 +123,7 @@ def compare(wl: Workload, candidates: list[Candidate], start: Callable[[int, np.
         parts.append((tl.counts[oa:ob].sum(axis=0), tl.part(sa, sb), [oa, ob], [sa, sb]))
     base = dataclasses.replace(config, mode="stat", rebalance=None)
     first = candidates[0]
-    hz = _plan(wl, parts, candidates, start, cluster, base, profile, budget_s)
+    hz = _plan(wl, parts, candidates, start, cluster, base, profile, budget_s, pilot_s)
     cfg = dataclasses.replace(base, duration=hz.duration_s, warmup=hz.warmup_s)
     statics: dict = {}
     per_split = []
@@ -197,21 +198,26 @@ def _measure(r, hz: Horizon) -> dict:
 
 
 def _plan(wl: Workload, parts, candidates: list[Candidate], start, cluster, config: SimConfig, profile,
-          budget_s: float) -> Horizon:
+          budget_s: float, pilot_s: float = PILOT_S) -> Horizon:
     """The pilot run and the horizon (module docstring, step 2); refuses when the wall-time estimate exceeds
     ``budget_s``."""
     observed, scored = parts[0][0], parts[0][1]
     c0 = candidates[0]
     placement = start(c0.num_redundant, observed, 0)
-    pilot_s = min(PILOT_S, scored.duration_s) if wl.fixed_time else PILOT_S
-    trace = dataclasses.replace(wl.trace, timeline=scored if wl.fixed_time else scored.stretched(pilot_s))
-    pcfg = dataclasses.replace(config, duration=pilot_s, warmup=0.0,
-                               engine=dataclasses.replace(config.engine, replica_rule=c0.rule))
-    t0 = time.perf_counter()
-    r = simulate(trace, [("pilot", placement)], cluster, pcfg, profile)[0]
-    wall = time.perf_counter() - t0
-    ts, reqs = r.timeseries, r.requests
-    finished = reqs["finished_s"].drop_nulls()
+    # a short pilot first; a longer one only when no request completed in it (long requests)
+    for p_s in (min(PILOT_FIRST_S, pilot_s), pilot_s):
+        p_s = min(p_s, scored.duration_s) if wl.fixed_time else p_s
+        trace = dataclasses.replace(wl.trace, timeline=scored if wl.fixed_time else scored.stretched(p_s))
+        pcfg = dataclasses.replace(config, duration=p_s, warmup=0.0,
+                                   engine=dataclasses.replace(config.engine, replica_rule=c0.rule))
+        t0 = time.perf_counter()
+        r = simulate(trace, [("pilot", placement)], cluster, pcfg, profile)[0]
+        wall = time.perf_counter() - t0
+        ts, reqs = r.timeseries, r.requests
+        finished = reqs["finished_s"].drop_nulls()
+        if finished.len() and ts.filter(ts["time"] >= float(finished.min())).height >= 10:
+            break
+    pilot_s = p_s
     if ts.height == 0 or finished.len() == 0:
         _degenerate(f"pilot run ({pilot_s:g} simulated s of the static placement)", r.summary, ts, 0.0, pilot_s,
                     pcfg)

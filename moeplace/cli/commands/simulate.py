@@ -190,6 +190,15 @@ def run(args) -> int:
     progress = wanted(args.no_progress)
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
                        progress=progress, prefill=prep.prefill)
+    for r in results:  # a table of zeros is no result: say why instead
+        sm = r.summary
+        if sm["iterations"] == 0:
+            load = (f"{config.workload.concurrency} concurrent requests" if config.workload.arrival == "closed"
+                    else f"{args.rate:g} req/s")
+            raise InputError(f"{r.label}: the run ran no iteration in {config.duration:g} simulated s "
+                             f"({sm['iterations']} iterations, {load}, {sm['requests_rejected']} rejected): lengthen "
+                             "--duration, shorten the requests (--context-mix, --output-len) or check that they fit "
+                             "the memory plan")
     run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name)
     if args.out:
         resolved = {**resolved_config(config, cluster, trace, placements, profile),
