@@ -217,6 +217,10 @@ def run(args) -> int:
     for r in results:
         r.summary["routing"] = {"from_token": prep.from_token, "note": routing_note}
     for r in results:
+        if r.summary["requests_finished"] == 0:  # not an error (a few-ms run is a format check), but said
+            print(f"warning: {r.label}: no request completed in {config.duration:g} simulated s "
+                  f"({r.summary['iterations']} iterations): the throughput and latency figures are not a steady "
+                  "state; lengthen --duration", file=sys.stderr)
         if r.summary.get("trace_note"):
             print(f"warning: {r.label}: {r.summary['trace_note']}", file=sys.stderr)
     if args.json:
