@@ -110,3 +110,33 @@ def test_simulate_takes_loads_and_phases(tmp_path, capsys):
     assert "SRC:SECONDS" in capsys.readouterr().err or True
     assert main(["simulate", str(loads), *common, "--mode", "replay"]) == 2
     assert "use --mode stat" in capsys.readouterr().err
+
+
+def test_optimize_advice_on_loads_names_only_commands_that_take_them(tmp_path, capsys):
+    """The advice under `place optimize` on Loads input suggests `place simulate LOADS --recommend` and
+    `place rebalance LOADS`; both read the file (several inputs: as --phases)."""
+    import shlex as sh
+
+    from moeplace.cli.main import build_parser
+    from moeplace.sim.inputs import parse_phases, read_workload
+
+    m = mini_model(num_experts=16)
+    loads = []
+    for i in range(2):
+        t = write_trace(tmp_path / f"t{i}", m, num_requests=16, prompt=48, output=12, skew=1.5, seed=i)
+        loads.append(tmp_path / f"l{i}.npz")
+        assert main(["trace", "stats", t, "--out", str(loads[-1]), "--window-tokens", "128"]) == 0
+    for inputs in (loads[:1], loads):
+        capsys.readouterr()
+        assert main(["optimize", *map(str, inputs), "--gpus", "4", "--gpus-per-node", "2", "--policy", "eplb",
+                     "--out", str(tmp_path / "p.json"), "--force"]) == 0
+        out = capsys.readouterr().out
+        advice = out[out.index("check online rebalancing: ") + len("check online rebalancing: "):].splitlines()[0]
+        cmds = [c.strip() for c in advice.split(", or tune the engine's own: ")]
+        assert cmds[0].startswith("place simulate") and "--recommend" in cmds[0]
+        assert cmds[1].startswith("place rebalance")
+        for c in cmds:
+            args = build_parser().parse_args(sh.split(c)[1:])
+            src = args.traces if args.command == "simulate" else args.trace
+            wl = read_workload(src, parse_phases(args.phases) if args.phases else ())
+            assert wl.drawn and wl.timeline.num_windows >= 1
