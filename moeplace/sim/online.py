@@ -248,8 +248,9 @@ def _plan(wl: Workload, parts, candidates: list[Candidate], start, cluster, conf
             f"the comparison needs about {estimate / 60:.0f} min of wall time ({runs} runs of {duration:,.0f} "
             f"simulated s = {INTERVALS} x {longest} iterations x {iter_s * 1e3:.0f} ms + {warmup:.0f} s warm-up; "
             f"{wall_per_iter * 1e3:.1f} ms wall per iteration; {decisions:,.0f} rebalance decisions), more than "
-            f"--budget {budget_s / 60:g} min: raise --budget, compare fewer settings (--quick, one --engine, "
-            "--splits 1), or shorten the requests (--context-mix) so that iterations are shorter")
+            f"--budget {budget_s / 60:g} min: raise --budget, compare fewer settings (--quick, one --engine"
+            + (", --splits 1" if len(parts) > 1 else "") + "), or shorten the requests (--context-mix) so that "
+            "iterations are shorter")
     return Horizon(iter_s, warmup, float(duration), wall_per_iter, int(longest), float(estimate), runs)
 
 
