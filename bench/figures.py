@@ -739,8 +739,8 @@ def replan_quality() -> str:
     (bench/replan_quality.py)."""
     r = _results("replan_quality")
     s = r["summary"]
-    lines = ["| re-plan | balancedness on the next window | gain over none | experts moved | gain per 1,000 moved "
-             "| decision s (median, charged) |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [("| re-plan | balancedness on the next window | gain over none | experts moved | gain per 1,000 moved "
+              "| decision s (median, charged) |"), "|---|---:|---:|---:|---:|---:|"]
     names = {"none": "none (static)", "eplb": "EPLB (vLLM's re-plan), GPUs renumbered to keep experts",
              "moeplace": f"moeplace migration, <= {r['moves']} moves/layer"}
     for k, v in s.items():
