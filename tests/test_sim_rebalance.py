@@ -200,7 +200,7 @@ def test_compare_runs_each_candidate_five_intervals_and_ranks_only_those(tmp_pat
     assert "short" not in verdict([rows["static"], e, short])
     assert verdict([rows["static"], short]).startswith("none")
     m_, lo, hi = gain_interval([-0.01, 0.03, 0.01])
-    assert lo < m_ == pytest.approx(0.01) < hi and lo < 0
+    assert lo < 0 < m_ < hi and m_ == pytest.approx(0.01)
 
 
 def test_budget_refusal_and_degenerate_runs_are_errors(tmp_path):

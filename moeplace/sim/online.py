@@ -71,6 +71,15 @@ class Horizon:
     longest_interval: int
     estimate_wall_s: float
     runs: int
+    fixed: bool = False  # the phases fixed the horizon (their own seconds)
+
+    def describe(self) -> str:
+        """The horizon in words, for the commands' header lines."""
+        if self.fixed:
+            return (f"runs of the scored phases' {self.duration_s:,.0f} simulated s ({self.warmup_s:.3g} s warm-up; "
+                    f"iterations of {self.iter_s * 1e3:.0f} ms measured by a pilot run)")
+        return (f"runs of {self.duration_s:,.0f} simulated s = {self.warmup_s:.3g} s warm-up + at least "
+                f"{INTERVALS} x {self.longest_interval} iterations x {self.iter_s * 1e3:.0f} ms (a pilot run)")
 
 
 def steady_tokens(ts, warmup: float, end: float, batches: int) -> np.ndarray:
@@ -174,7 +183,7 @@ def compare(wl: Workload, candidates: list[Candidate], start: Callable[[int, np.
                                    f"({c.rebalance.every} iterations) outlasts the horizon; lengthen it "
                                    + ("(longer --phases)" if wl.fixed_time else "(--intervals)"))
         rows.append(row)
-    return {"horizon": dataclasses.asdict(hz), "splits": [{k: v for k, v in s.items() if k != "runs"}
+    return {"horizon": {**dataclasses.asdict(hz), "text": hz.describe()}, "splits": [{k: v for k, v in s.items() if k != "runs"}
                                                         for s in per_split],
             "rows": rows, "first": first.name, "input": wl.what, "routing": wl.note(),
             "interval": (f"80 % batch-means interval: {BATCHES} batches of "
@@ -251,7 +260,8 @@ def _plan(wl: Workload, parts, candidates: list[Candidate], start, cluster, conf
             f"--budget {budget_s / 60:g} min: raise --budget, compare fewer settings (--quick, one --engine"
             + (", --splits 1" if len(parts) > 1 else "") + "), or shorten the requests (--context-mix) so that "
             "iterations are shorter")
-    return Horizon(iter_s, warmup, float(duration), wall_per_iter, int(longest), float(estimate), runs)
+    return Horizon(iter_s, warmup, float(duration), wall_per_iter, int(longest), float(estimate), runs,
+                   wl.fixed_time)
 
 
 def verdict(rows: list[dict]) -> str:

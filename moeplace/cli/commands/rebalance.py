@@ -79,9 +79,8 @@ def run(args) -> int:
         if hz is not None:
             print(f"online rebalancers for {wl.trace.model.name} on {cluster.name} ({cluster.num_gpus} GPUs), "
                   f"{args.concurrency} concurrent requests; {res['routing']}; each candidate observes one part and "
-                  f"is scored on the next ({args.splits} split(s)), stat mode, runs of {hz['duration_s']:,.0f} "
-                  f"simulated s = {hz['warmup_s']:.0f} s warm-up + at least 5 x {hz['longest_interval']} iterations "
-                  f"x {hz['iter_s'] * 1e3:.0f} ms (pilot run); decision time measured, weight transfer charged:")
+                  f"is scored on the next ({args.splits} split(s)), stat mode, {hz['text']}; decision time "
+                  "measured, weight transfer charged:")
         for line in format_tune(res):
             print(line)
         if hz is not None:

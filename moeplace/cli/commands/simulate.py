@@ -297,9 +297,7 @@ def recommend(wl, placement, cluster, config, profile, moves: int, time_limit: f
 def format_recommendation(rec: dict) -> str:
     hz = rec["horizon"]
     head = (f"static vs online rebalancing for {rec['placement']} on traffic the rebalancer had not observed "
-            f"({rec['routing']}; stat mode, {hz['duration_s']:,.0f} simulated s per run = {hz['warmup_s']:.0f} s "
-            f"warm-up + at least 5 x {hz['longest_interval']} iterations x {hz['iter_s'] * 1e3:.0f} ms measured by a "
-            "pilot run; decision = the policy's measured time):")
+            f"({rec['routing']}; stat mode, {hz['text']}; decision = the policy's measured time):")
     w = max(len(r["name"]) for r in rec["rows"])
     lines = [head, (f"  {'':{w}s}         tok/s  gain (80 % interval)   straggler  rebalances  stall s  decision s  "
                     "transfer s  a2a slowdown s")]
