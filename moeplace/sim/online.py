@@ -165,8 +165,9 @@ def compare(wl: Workload, candidates: list[Candidate], start: Callable[[int, np.
     for c in candidates:
         runs = [s["runs"][c.name] for s in per_split]
         bases = [statics[((c.num_redundant, c.rule), j)] for j in range(splits)]
-        gains = np.concatenate([r["batch_tokens"] / np.maximum(b["batch_tokens"], 1e-300) - 1
-                                for r, b in zip(runs, bases)])
+        # batches where the static run processed tokens (a batch can only be empty at a run's very end)
+        gains = np.concatenate([r["batch_tokens"][b["batch_tokens"] > 0] / b["batch_tokens"][b["batch_tokens"] > 0]
+                                - 1 for r, b in zip(runs, bases)])
         g, lo, hi = gain_interval(gains)
         online = c.rebalance is not None
         reb = min(r["rebalances_steady"] for r in runs)
