@@ -197,8 +197,13 @@ def expert_id_matrix(value, path: Path, where: str, field: str, num_experts: int
 
 def moe_layer_axis(arr: np.ndarray, model: ModelSpec, path: Path, where: str, field: str) -> np.ndarray:
     """``arr[tokens, layers, k]`` with the layer axis cut to the model's MoE layers: the axis holds every
-    decoder layer (``num_layers``; dense rows are dropped) or the MoE layers only (``num_moe_layers``)."""
+    decoder layer (``num_layers``; dense rows are dropped) or the MoE layers only (``num_moe_layers``).
+    The top-k axis is checked here too, so that an error names the array's shape as the input holds it
+    (not the ``[tokens x layers, k]`` the callers reshape it to)."""
     n = arr.shape[1]
+    if arr.shape[2] != model.top_k:
+        raise InputError(f"{path}: {where}: field '{field}': shape {list(arr.shape)}, expected [tokens, layers, "
+                         f"{model.top_k}] (the model's top-k is {model.top_k})")
     if n == model.num_layers:
         return arr[:, list(model.moe_layers)]
     if n == model.num_moe_layers:
