@@ -197,6 +197,6 @@ def _pipeline(args, out: Path, traces: Path) -> int:
     _stage(args.place, "8. tune the engines' own online rebalancers on the trace (launch flags, gain over static)",
            ["rebalance", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--quick", *engines, "--max-trace-tokens",
             "20000", "--concurrency", "64", "--context-mix", "512:1", "--output-len", "512", "--seed", str(args.seed),
-            "--budget", "1800", "--report", str(out / "rebalance.json")])
+            "--budget", "7200", "--report", str(out / "rebalance.json")])
     print(f"\nDone. Explore the run: place dashboard {out}")
     return 0
