@@ -308,7 +308,7 @@ def format_recommendation(rec: dict) -> str:
                      f"{r['a2a_slowdown_s']:14.2f}")
         if r.get("why_unranked"):
             lines.append(f"    not ranked: {r['why_unranked']}")
-    lines.append(f"  (tok/s: prompt tokens prefilled + tokens decoded per simulated s after the warm-up, means over "
+    lines.append(f"  (tok/s: tokens processed per simulated s after the warm-up, prompt chunks + decode steps, means over "
                  f"the splits; rebalances: after the warm-up; gain interval: {rec['interval']}; stall: every rank "
                  "waits for a blocking rebalance; a2a slowdown: what async transfers, sharing the links, added to "
                  "the steps they overlapped; transfer: with free links)")
