@@ -179,7 +179,8 @@ def run(args) -> int:
     # the length checks, redone below)
     simulation_config(args, None)
     prep = prepare_run(RunInputs(
-        trace=source, phases=phases, duration=args.duration, placements=tuple(args.placement), max_trace_tokens=args.max_trace_tokens,
+        trace=source, phases=phases, duration=args.duration, placements=tuple(args.placement),
+        max_trace_tokens=args.max_trace_tokens,
         route_all=args.route_all, model=args.model, expert_dtype=args.expert_dtype, weight_dtype=args.weight_dtype,
         num_redundant=args.redundant, rule=args.engine, seed=args.seed, prefill_gpus=args.prefill_gpus),
         cluster, make_cluster=lambda g: make_cluster(g, args.gpu, args.gpus_per_node),
@@ -196,7 +197,7 @@ def run(args) -> int:
             load = (f"{config.workload.concurrency} concurrent requests" if config.workload.arrival == "closed"
                     else f"{args.rate:g} req/s")
             raise InputError(f"{r.label}: the run ran no iteration in {config.duration:g} simulated s "
-                             f"({sm['iterations']} iterations, {load}, {sm['requests_rejected']} rejected): lengthen "
+                             f"({load}, {sm['requests_rejected']} rejected): lengthen "
                              "--duration, shorten the requests (--context-mix, --output-len) or check that they fit "
                              "the memory plan")
     run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name)
@@ -273,7 +274,7 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
         rate_end=args.rate_end, burstiness=args.burstiness, context_mix=args.context_mix,
         output_len=args.output_len, isl=args.isl, osl=args.osl, random_range_ratio=args.random_range_ratio,
         max_requests=args.max_requests,
-        duration=args.duration, mode=args.mode, seed=args.seed, rebalance=args.rebalance, warmup=args.warmup,
+        duration=600.0 if args.duration is None else args.duration, mode=args.mode, seed=args.seed, rebalance=args.rebalance, warmup=args.warmup,
         cost_model=args.cost_model, cost_engine=args.cost_engine)
     return build_sim_config(settings, max_context)
 
