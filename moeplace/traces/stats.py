@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from moeplace.foundation import limits
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, register_kind, tagged_artifact
+from moeplace.foundation.limits import fmt_count
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import bar
 from moeplace.traces.loads import Loads
@@ -147,6 +149,10 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     extra = ("domain",) if "domain" in trace.columns else ()
     sampler = Sampler(sample_tokens, total_rows // rows_per_token, seed)
     num_workers = pass_workers(workers, len(jobs), total_rows * k)
+    # the counts grow with the window count (a tiny --window-tokens): refused before any is allocated
+    limits.require_memory(limits.stats_estimate(
+        num_windows=num_windows, num_layers=num_layers, num_experts=num_experts, workers=num_workers,
+        what=f"--window-tokens {window_tokens} ({fmt_count(num_windows)} windows of {path})"))
     shared = None
     if num_workers > 1:
         # anonymous shared memory, inherited by the forked workers: counts never travel through pipes
