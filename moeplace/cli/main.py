@@ -12,7 +12,7 @@ import sys
 
 from moeplace.cli import commands
 from moeplace.cli.run_config import apply_config
-from moeplace.foundation import progress
+from moeplace.foundation import limits, progress
 from moeplace.foundation.errors import MoeplaceError
 from moeplace.foundation.files import Terminated, raise_on_sigterm
 
@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     except MoeplaceError as exc:
         print("place: error: " + " ".join(str(exc).split("\n")), file=sys.stderr)
         return exc.exit_code
+    except MemoryError as exc:  # an allocation no estimate foresaw (the estimates refuse what they know of)
+        print("place: error: " + limits.out_of_memory_line(exc), file=sys.stderr)
+        return 1
     except Terminated:
         print("place: terminated", file=sys.stderr)
         return 143

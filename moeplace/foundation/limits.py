@@ -231,6 +231,16 @@ def _bound_words(avail: int) -> str:
     return h[1] if h is not None and h[0] == avail else "this machine has available"
 
 
+def out_of_memory_line(exc: BaseException) -> str:
+    """The one line for an allocation that failed although no estimate refused it (``exc``: the
+    MemoryError, or the ``ENOMEM`` text a library reported), with what bounds this process's memory."""
+    h = memory_headroom()
+    bound = f"; now {fmt_bytes(h[0])} {h[1]}" if h is not None else ""
+    said = " ".join(str(exc).split())[:200]
+    return (f"out of memory ({said or type(exc).__name__}){bound}; use a smaller input or setting, or raise the "
+            "limit (ulimit -v, the container's memory)")
+
+
 def require_at_most(what: str, value: float, ceiling: float, unit: str, why: str) -> None:
     """Refuse ``value`` above the documented ``ceiling`` (one line naming ``what``; ``why`` says what the
     ceiling protects). NaN is refused too."""
@@ -352,18 +362,24 @@ def check_sim_requests(n: float, what: str) -> None:
                          f"{SIM_REQUEST_BYTES} B each; docs/design.md, Resource bounds)")
 
 
-def stats_estimate(*, num_windows: int, num_layers: int, num_experts: int, workers: int,
+STATS_BASE_BYTES = 250e6  # the pass's decode buffers and token sample (peak RSS 380-520 MB measured, ~150 of it imports)
+
+
+def stats_estimate(*, num_windows: int, num_layers: int, num_experts: int, workers: int, mapped_bytes: float,
                    what: str) -> Estimate:
     """Peak memory of the streaming pass over a trace (``traces.stats``): the expert counts, int64
     ``[W, L, E]`` for ``W`` windows, once per worker (shared memory) plus the merged counts and one
-    worker's partial, and a window label (~100 B) per window::
+    worker's partial, a window label (~100 B) per window, the decode buffers (:data:`STATS_BASE_BYTES`) and
+    the largest file, which is memory-mapped (``mapped_bytes``: address space, not resident memory)::
 
-        bytes = 8 W L E (workers + 2) + 100 W
+        bytes = 8 W L E (workers + 2) + 100 W + 250 MB + mapped
     """
     W, L, E = float(num_windows), num_layers, num_experts
     copies = max(1, workers) + 2
-    return Estimate(what, 8.0 * W * L * E * copies + 100.0 * W,
-                    f"{fmt_count(W)} windows x {L} layers x {E} experts x 8 B, {copies} copies")
+    counts = 8.0 * W * L * E * copies + 100.0 * W
+    return Estimate(what, counts + STATS_BASE_BYTES + mapped_bytes,
+                    f"{fmt_count(W)} windows x {L} layers x {E} experts x 8 B, {copies} copies, the decode "
+                    f"buffers and a {fmt_bytes(mapped_bytes)} file mapped")
 
 
 def synth_estimate(*, num_tokens: int, drift_phases: int, num_domains: int, num_layers: int, top_k: int,

@@ -177,7 +177,7 @@ def load_loads(path: str | Path) -> Loads:
     declared = reading.npz_declared(p)
     need = reading.npz_bytes(declared)
     if "counts" in declared:
-        shape, dtype = declared["counts"]
+        shape, _dtype = declared["counts"]
         if len(shape) != 3:
             raise InputError(f"{p}: field 'counts' declares shape {_short_shape(shape)}, expected 3 dimensions "
                              "(windows, layers, experts)")

@@ -118,6 +118,13 @@ class TraceStats:
         }
 
 
+def _size(f: Path) -> int:
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0
+
+
 def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                   sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0,
                   workers: int | None = None, loads_only: bool = False) -> TraceStats | Loads:
@@ -152,7 +159,9 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     # the counts grow with the window count (a tiny --window-tokens): refused before any is allocated
     limits.require_memory(limits.stats_estimate(
         num_windows=num_windows, num_layers=num_layers, num_experts=num_experts, workers=num_workers,
-        what=f"--window-tokens {window_tokens} ({fmt_count(num_windows)} windows of {path})"))
+        mapped_bytes=max((_size(f) for f in files), default=0),
+        what=f"{path} at --window-tokens {window_tokens} ({fmt_count(num_windows)} windows)"),
+        advice="choose a larger --window-tokens, or raise the memory limit")
     shared = None
     if num_workers > 1:
         # anonymous shared memory, inherited by the forked workers: counts never travel through pipes
