@@ -29,6 +29,8 @@ from moeplace.foundation.errors import InputError
 MAX_SYNTH_TOKENS = 10**10  # a synthetic trace: ~1.5e13 selections for K3, weeks of generation, terabytes
 MAX_SIM_SECONDS = 86_400.0  # one simulated day; a serving benchmark runs minutes
 MAX_SIM_REQUESTS = 10**8  # requests one simulation may create (closed: concurrency; open: rate x duration)
+MAX_GPUS = 1 << 20  # GPUs in one cluster (10x the largest built); layouts and searches grow with the count
+MAX_SWEEP_POINTS = 10_000  # sweep points run without --max-points (each is a full optimize/simulate run)
 MEMORY_SHARE = 0.9  # share of the available memory a command may plan to use
 
 # ---------------------------------------------------------------------------- measured per-item sizes
@@ -247,6 +249,13 @@ def require_at_most(what: str, value: float, ceiling: float, unit: str, why: str
     if not value <= ceiling:
         raise InputError(f"{what} {fmt_count(value)}: more than the ceiling of {fmt_count(ceiling)} {unit} "
                          f"({why}; docs/design.md, Resource bounds)")
+
+
+def check_gpus(num_gpus: float, what: str = "--gpus") -> None:
+    """At most :data:`MAX_GPUS` GPUs: every layout, placement and suggestion search grows with the count
+    (``place plan --gpus 10^9`` spent 37 s before its first error)."""
+    require_at_most(what, num_gpus, MAX_GPUS, "GPUs",
+                    "more than any cluster built; layouts and searches grow with the GPU count")
 
 
 def check_sim_duration(duration: float, what: str = "--duration") -> None:
