@@ -30,7 +30,9 @@ MAX_SYNTH_TOKENS = 10**10  # a synthetic trace: ~1.5e13 selections for K3, weeks
 MAX_SIM_SECONDS = 86_400.0  # one simulated day; a serving benchmark runs minutes
 MAX_SIM_REQUESTS = 10**8  # requests one simulation may create (closed: concurrency; open: rate x duration)
 MAX_GPUS = 1 << 20  # GPUs in one cluster (10x the largest built); layouts and searches grow with the count
-MAX_SWEEP_POINTS = 10_000  # sweep points run without --max-points (each is a full optimize/simulate run)
+MAX_SWEEP_POINTS = 1_000  # sweep points run without --max-points (each is a full optimize/simulate run)
+# a sweep point's cost, per worker: examples/sweep-k3.yaml ran 20 points in 76 s on 2 workers (docs/sweep.md)
+SWEEP_POINT_SECONDS = 7.6
 MEMORY_SHARE = 0.9  # share of the available memory a command may plan to use
 
 # ---------------------------------------------------------------------------- measured per-item sizes

@@ -16,7 +16,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
-from moeplace.foundation.errors import InputError
+from moeplace.foundation.errors import InputError, short_repr
 
 
 def nearest(name: str, choices: Iterable[str]) -> str | None:
@@ -128,13 +128,13 @@ def coerce(where: str, key: str, value: Any, tp: Any) -> Any:
             continue
         for r in (*meta, *alt_meta):
             if isinstance(r, Range) and v is not None and not isinstance(v, tuple) and not r.holds(v):
-                raise InputError(f"{where + '.' if where else ''}{key}: must be {r.describe()}, got {value!r}")
+                raise InputError(f"{where + '.' if where else ''}{key}: must be {r.describe()}, got {short_repr(value)}")
         return v
     choices = [str(c) for a in _alternatives(tp) if typing.get_origin(_unannotated(a)[0]) is Literal
                for c in typing.get_args(_unannotated(a)[0])]
     near = nearest(value, choices) if choices and isinstance(value, str) else None
     hint = f"; did you mean '{near}'?" if near else ""
-    raise InputError(f"{where + '.' if where else ''}{key}: expected {_describe(tp)}, got {value!r}{hint}")
+    raise InputError(f"{where + '.' if where else ''}{key}: expected {_describe(tp)}, got {short_repr(value)}{hint}")
 
 
 def parse_keys(where: str, raw: Any, types_: Mapping[str, Any], what: str = "key") -> dict[str, Any]:

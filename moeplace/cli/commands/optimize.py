@@ -13,7 +13,14 @@ from moeplace.cli.commands import add_force, add_progress
 from moeplace.cli.run_config import add_config, settings_record
 from moeplace.foundation.cluster import gpu_preset_names, make_cluster
 from moeplace.foundation.errors import InputError, MoeplaceError
-from moeplace.foundation.files import OutputKind, Outputs, register_kind, tagged_artifact, write_text_atomic
+from moeplace.foundation.files import (
+    OutputKind,
+    Outputs,
+    atomic_path,
+    register_kind,
+    tagged_artifact,
+    write_text_atomic,
+)
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
 from moeplace.placement.compare import compare_policies
@@ -137,9 +144,7 @@ def run(args) -> int:
     result.placement.provenance["settings"] = settings
     wrote = not args.no_out and outs.write(args.out, lambda: result.placement.save(args.out))
     if args.save_all:
-        for r in cmp.results:
-            path = Path(args.save_all) / f"placement-{r.policy}.json"
-            outs.write(path, lambda r=r, path=path: r.placement.save(path))
+        _save_all(outs, Path(args.save_all), cmp.results)
     d = tagged("comparison", cmp.to_dict())
     d["written"] = {"policy": chosen, "path": args.out} if wrote else None
     d["settings"] = settings
@@ -158,6 +163,25 @@ def run(args) -> int:
             print(f"wrote {args.out} (policy {chosen})")
     outs.finish()
     return 0
+
+
+def _save_all(outs: Outputs, d: Path, results) -> None:
+    """``--save-all DIR``: every policy's placement. A new directory appears whole or not at all (its
+    files are written into a temporary sibling that is renamed to ``DIR`` when all are there: a full disk
+    leaves nothing, not an empty or half-filled directory); into an existing one each file is written
+    atomically on its own."""
+    if d.is_dir():
+        for r in results:
+            path = d / f"placement-{r.policy}.json"
+            outs.write(path, lambda r=r, path=path: r.placement.save(path))
+        return
+
+    def write_dir() -> None:
+        with atomic_path(d, directory=True) as tmp:
+            for r in results:
+                r.placement.save(tmp / f"placement-{r.policy}.json")
+
+    outs.write(d, write_dir)
 
 
 def parse_groups(specs: list[str]) -> dict[str, list[str]]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
@@ -44,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from moeplace.cli.sim_settings import SimSettings, build_sim_config
-from moeplace.foundation import reading
+from moeplace.foundation import limits, reading
 from moeplace.foundation.cluster import gpu_preset_names
-from moeplace.foundation.errors import InputError
+from moeplace.foundation.errors import InputError, short_repr
 from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
@@ -191,6 +192,7 @@ def _err(path: str, fld: str, msg: str) -> InputError:
 
 def _unknown(path: str, parent: str, key: str, choices, what: str = "key") -> InputError:
     """An unknown key of the mapping at ``parent``, with the nearest valid one (or the list)."""
+    key = key if isinstance(key, str) and len(key) <= 80 else short_repr(key)
     near = nearest(key, choices)
     hint = f"; did you mean '{near}'?" if near else f" (expected one of {', '.join(sorted(choices))})"
     return _err(path, f"{parent}.{key}" if parent else key, f"unknown {what}{hint}")
@@ -261,7 +263,7 @@ def _num(path: str, fld: str, v: Any, kind: type, lo: float | None = None, allow
     ok = isinstance(v, kind) and not isinstance(v, bool) or (kind is float and isinstance(v, int)
                                                               and not isinstance(v, bool))
     if not ok:
-        raise _err(path, fld, f"expected {'a whole number' if kind is int else 'a number'}, got {v!r}")
+        raise _err(path, fld, f"expected {'a whole number' if kind is int else 'a number'}, got {short_repr(v)}")
     if lo is not None and v < lo:
         raise _err(path, fld, f"must be >= {lo}, got {v}")
     return kind(v)
@@ -281,7 +283,7 @@ def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None)
             raise _unknown(path, f, unknown[0], {"name", "trace", "synth", *WORKLOAD_FIELDS})
         name = w.get("name", f"w{i}")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-            raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {name!r}")
+            raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {short_repr(name)}")
         if ("trace" in w) == ("synth" in w):
             raise _err(path, f, "give exactly one of trace: (a trace file/directory) or synth: (parameters)")
         trace = synth = None
@@ -343,27 +345,27 @@ def _check_axis_value(path: str, fld: str, axis: str, v: Any, workloads: tuple[s
     kinds = AXES[axis]
     if isinstance(v, bool) or not isinstance(v, kinds):
         want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-        raise _err(path, fld, f"expected {want}, got {v!r}")
+        raise _err(path, fld, f"expected {want}, got {short_repr(v)}")
     if axis == "workload" and v not in workloads:
-        raise _err(path, fld, f"no workload named '{v}' (workloads: {', '.join(workloads)})")
+        raise _err(path, fld, f"no workload named {short_repr(v)} (workloads: {', '.join(workloads)})")
     if axis == "gpu" and v not in gpu_preset_names():
-        raise _err(path, fld, f"GPU '{v}' unknown (expected one of {', '.join(gpu_preset_names())})")
+        raise _err(path, fld, f"GPU {short_repr(v)} unknown (expected one of {', '.join(gpu_preset_names())})")
     if axis in ("gpus", "gpus_per_node", "tp", "ep") and v is not None and v < 1:
         raise _err(path, fld, f"must be >= 1, got {v}")
     if axis == "redundant":
         if isinstance(v, int) and v < 0:
             raise _err(path, fld, f"must be >= 0, got {v}")
         if isinstance(v, str) and not _PER_GPU.match(v):
-            raise _err(path, fld, f"expected a slot count or 'N/gpu' (N slots per GPU), got {v!r}")
+            raise _err(path, fld, f"expected a slot count or 'N/gpu' (N slots per GPU), got {short_repr(v)}")
     if axis == "policy" and v not in policy_names():
-        raise _err(path, fld, f"unknown policy '{v}' (expected one of {', '.join(policy_names())})")
+        raise _err(path, fld, f"unknown policy {short_repr(v)} (expected one of {', '.join(policy_names())})")
     if axis == "kv_dtype" and v not in KV_DTYPE_BYTES:
-        raise _err(path, fld, f"expected one of {', '.join(KV_DTYPE_BYTES)}, got {v!r}")
+        raise _err(path, fld, f"expected one of {', '.join(KV_DTYPE_BYTES)}, got {short_repr(v)}")
     if axis == "engine" and v not in ENGINE_RULES:
         raise _err(path, fld, f"expected one of {', '.join(ENGINE_RULES)} (the simulator's replica rules), "
-                              f"got {v!r}")
+                              f"got {short_repr(v)}")
     if axis == "rebalance" and v != "static" and not _REBALANCE.fullmatch(v.strip()):
-        raise _err(path, fld, f"expected 'static' or every=N,window=W,moves=K[,policy=P], got {v!r}")
+        raise _err(path, fld, f"expected 'static' or every=N,window=W,moves=K[,policy=P], got {short_repr(v)}")
     return v
 
 
@@ -436,7 +438,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     if "name" in raw and not (isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", name)
                               and name not in (".", "..")):
         raise _err(sp, "name", f"expected a name of letters, digits, '-', '_', '.' (it names the output "
-                               f"directory runs/sweep-<name>), got {str(name)[:60]!r}")
+                               f"directory runs/sweep-<name>), got {short_repr(name, 60)}")
     return SweepSpec(path=sp, name=str(name), model=model, seed=seed, workloads=workloads, axes=axes,
                      extra_points=tuple(dict(x) for x in extra), plan=plan, engine=engine, optimize=optimize,
                      simulate=simulate, objective=objective, settings=settings)
@@ -487,6 +489,37 @@ def base_memory_config(plan: dict[str, Any], settings: SimSettings) -> MemoryCon
 
 
 # ---------------------------------------------------------------------------- points
+def count_points(spec: SweepSpec) -> int:
+    """Points :func:`expand_points` yields at most (the grid's product plus the explicit points, before
+    duplicates are dropped), computed without expanding anything."""
+    return math.prod(len(spec.axes[a]) for a in AXES) + len(spec.extra_points)
+
+
+def points_seconds(n: int, workers: int) -> float:
+    """Wall seconds ``n`` points take on ``workers`` workers, estimated from the measured
+    :data:`limits.SWEEP_POINT_SECONDS` per point and worker (points that share a placement cost less,
+    infeasible ones almost nothing: an estimate, not a bound)."""
+    return n * limits.SWEEP_POINT_SECONDS / max(1, workers)
+
+
+def check_points(spec: SweepSpec, max_points: int | None = None, workers: int = 1) -> int:
+    """Refuse a spec of more than ``max_points`` points (default :data:`limits.MAX_SWEEP_POINTS`) before
+    any is expanded or run, naming the axes that make the grid; returns the count. Each point is a full
+    plan + optimize + simulation (seconds to minutes), and the expansion itself holds every point in
+    memory (a grid of 2.5 x 10^8 points took gigabytes before the first ran)."""
+    ceiling = limits.MAX_SWEEP_POINTS if max_points is None else max_points
+    n = count_points(spec)
+    if n <= ceiling:
+        return n
+    sizes = " x ".join(f"{len(spec.axes[a]):,} {a}" for a in AXES if len(spec.axes[a]) > 1) or "1"
+    extra = f" plus {len(spec.extra_points):,} explicit points" if spec.extra_points else ""
+    took = limits.fmt_seconds(points_seconds(n, workers))
+    raise InputError(f"{spec.path}: {n:,} points (axes {sizes}{extra}), more than the ceiling of {ceiling:,}: "
+                     f"each point is a full plan, optimize and simulation, about {took} in all on {workers} "
+                     f"worker(s) (an estimate: {limits.SWEEP_POINT_SECONDS} s per point and worker measured); "
+                     "shrink the axes, or pass --max-points N to run that many")
+
+
 def expand_points(spec: SweepSpec) -> list[Point]:
     """The grid (cartesian product of the axes, in ``AXES`` order, the last axis varying fastest), then
     the explicit points (axes they do not name take the axis' first value); duplicates are dropped
