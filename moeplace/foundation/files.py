@@ -589,7 +589,8 @@ def _check_output(p: Path, text: str, what: str, k: OutputKind, inputs: Iterable
             raise InputError(f"{what}: is an existing file, not a {k.name}; refusing to replace it")
         if not k.directory and p.is_dir():
             raise InputError(f"{what}: is an existing directory; give a file name for the {k.name}")
-        empty_dir = k.directory and not any(p.iterdir())
+        # a directory holding only a run's lock (exclusive_lock: that run is starting) holds no output
+        empty_dir = k.directory and not any(x.name != LOCK_NAME for x in p.iterdir())
         if not empty_dir:
             if not _recognised(k, p):
                 raise InputError(f"{what}: exists and is not a {k.name} written by moeplace; refusing to "

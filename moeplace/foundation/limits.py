@@ -155,12 +155,12 @@ def _stat_field(path: str, name: bytes) -> int:
     return 0
 
 
-def _cgroup_headroom() -> int | None:
+def _cgroup_headroom(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
     """What this process's memory cgroup leaves: its limit less its usage, the reclaimable page cache
     (``inactive_file``) not counted as used. cgroup v2 (``memory.max`` / ``memory.current``) first, then
     v1 (``memory.limit_in_bytes`` / ``memory.usage_in_bytes``); ``None`` without a limit."""
     try:
-        with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as fh:
+        with open(proc, encoding="utf-8", errors="replace") as fh:
             lines = fh.read().splitlines()
     except OSError:
         return None
@@ -168,10 +168,10 @@ def _cgroup_headroom() -> int | None:
     v1 = next((ln.split(":", 2)[2] for ln in lines if ":memory:" in ln or ln.split(":")[1:2] == ["memory"]), None)
     candidates = []
     if v2 is not None:
-        for d in (f"/sys/fs/cgroup{v2.rstrip('/')}", "/sys/fs/cgroup"):
+        for d in (f"{root}{v2.rstrip('/')}", root):
             candidates.append((f"{d}/memory.max", f"{d}/memory.current", f"{d}/memory.stat", b"inactive_file"))
     if v1 is not None:
-        for d in (f"/sys/fs/cgroup/memory{v1.rstrip('/')}", "/sys/fs/cgroup/memory"):
+        for d in (f"{root}/memory{v1.rstrip('/')}", f"{root}/memory"):
             candidates.append((f"{d}/memory.limit_in_bytes", f"{d}/memory.usage_in_bytes", f"{d}/memory.stat",
                                b"total_inactive_file"))
     for limit_f, usage_f, stat_f, inactive in candidates:

@@ -318,7 +318,7 @@ def npz_declared(path: str | os.PathLike) -> dict[str, tuple[tuple[int, ...], An
                             shape, _fortran, dtype = np.lib.format._read_array_header(m, version)
                         else:
                             shape, _fortran, dtype = read_header(m)
-                except (ValueError, OSError, EOFError, SyntaxError, TypeError, KeyError) as exc:
+                except Exception as exc:  # noqa: BLE001  (numpy's header parser raises tokenize's and ast's errors too)
                     raise InputError(f"{os.fspath(path)}: array '{name[:80]}': not a readable .npy header "
                                      f"({str(exc)[:200]})") from None
                 out[name] = (tuple(int(d) for d in shape), dtype)
