@@ -314,8 +314,8 @@ def placement_estimate(num_layers: int, num_experts: int, num_gpus: int, num_red
     b += n * rule.per_placement + rule.once
     W = max(0, int(num_windows))
     b += 8.0 * W * L * G * (n + 1) + 8.0 * W * L * E
-    extra = rule.what + (f", and scoring {W:,} windows ({W:,} x {L} x {G:,} GPU loads x 8 B per placement)"
-                         if W else "")
+    extra = rule.what + (f", and scoring {W:,} window{'s' if W != 1 else ''} ({W:,} x {L} x {G:,} GPU loads x 8 B "
+                         "per placement)" if W else "")
     each = "one placement" if n == 1 else f"{n} placements (one per policy), each"
     detail = (f"{each} with a replica map of {L} layers x {E} experts x {R + 1:,} replica columns x 4 B"
               f"{extra}")
