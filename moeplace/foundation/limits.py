@@ -389,7 +389,8 @@ def stats_estimate(*, num_windows: int, num_layers: int, num_experts: int, worke
     copies = max(1, workers) + 2
     counts = 8.0 * W * L * E * copies + 100.0 * W
     return Estimate(what, counts + STATS_BASE_BYTES + mapped_bytes,
-                    f"{fmt_count(W)} windows x {L} layers x {E} experts x 8 B, {copies} copies, the decode "
+                    f"{fmt_count(W)} window{'s' if W != 1 else ''} x {L} layers x {E} experts x 8 B, {copies} "
+                    "copies, the decode "
                     f"buffers and a {fmt_bytes(mapped_bytes)} file mapped")
 
 

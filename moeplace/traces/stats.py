@@ -157,11 +157,15 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     sampler = Sampler(sample_tokens, total_rows // rows_per_token, seed)
     num_workers = pass_workers(workers, len(jobs), total_rows * k)
     # the counts grow with the window count (a tiny --window-tokens): refused before any is allocated
-    limits.require_memory(limits.stats_estimate(
+    est = limits.stats_estimate(
         num_windows=num_windows, num_layers=num_layers, num_experts=num_experts, workers=num_workers,
         mapped_bytes=max((_size(f) for f in files), default=0),
-        what=f"{path} at --window-tokens {window_tokens} ({fmt_count(num_windows)} windows)"),
-        advice="choose a larger --window-tokens, or raise the memory limit")
+        what=f"{path} at --window-tokens {window_tokens} ({fmt_count(num_windows)} "
+             f"window{'s' if num_windows != 1 else ''})")
+    # the decode buffers do not shrink with larger windows: then only a higher limit helps
+    counts_dominate = est.bytes > 2 * limits.STATS_BASE_BYTES
+    limits.require_memory(est, advice="choose a larger --window-tokens, or raise the memory limit"
+                          if counts_dominate else "raise the memory limit (ulimit -v, the container's memory)")
     shared = None
     if num_workers > 1:
         # anonymous shared memory, inherited by the forked workers: counts never travel through pipes
