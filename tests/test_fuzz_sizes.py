@@ -250,20 +250,21 @@ def test_sweep_grid_is_counted_before_expansion(work, capsys):
 
 
 def test_sweep_of_many_explicit_points_needs_max_points(work, capsys):
-    pts = "".join(f"  - {{gpus: {g}}}\n" for g in range(1, 10_001))
+    """The finding had 10,000 (they started at once); past the ceiling of 1,000 they need --max-points."""
+    pts = "".join(f"  - {{gpus: {g}}}\n" for g in range(2, 1_002))
     spec = _spec(work, "  gpus: 1\n", pts)
     line = refused(["sweep", str(spec), "--local", "--workers", "2", "--out", "o"], capsys, work,
-                   "10,001 points", "10,000 explicit points", "hours", "--max-points")
-    assert "on 2 worker(s)" in line
-    assert check_points(load_spec(spec), max_points=20_000) == 10_001
+                   "1,001 points", "a grid of 1 point plus 1,000 explicit points", "hours", "--max-points")
+    assert "on 2 worker(s)" in line and not (work / "o").exists()
+    assert check_points(load_spec(spec), max_points=2_000) == 1_001
 
 
 def test_sweep_error_quotes_a_bounded_value(work, capsys):
     """An alias tree under an axis: the error quotes at most a short prefix (it formatted all of it)."""
-    bomb = "  - &a0 [1, 2, 3, 4, 5, 6, 7, 8, 9]\n" + "".join(
-        f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
+    tree = ", ".join(["&a0 [1, 2, 3, 4, 5, 6, 7, 8, 9]"] + [
+        f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)])  # 9^9 leaves: gigabytes as a repr
     spec = work / "bomb.yaml"
-    spec.write_text(SMALL_SPEC.read_text().split("axes:")[0] + "lol:\n" + bomb + "axes:\n  gpus: [*a8]\n")
+    spec.write_text(SMALL_SPEC.read_text().split("axes:")[0] + f"axes:\n  gpus: [[{tree}]]\n")
     line = refused(["sweep", str(spec), "--local", "--out", "o"], capsys, work, "bomb.yaml")
     assert len(line) < 400
 

@@ -511,10 +511,11 @@ def check_points(spec: SweepSpec, max_points: int | None = None, workers: int = 
     n = count_points(spec)
     if n <= ceiling:
         return n
-    sizes = " x ".join(f"{len(spec.axes[a]):,} {a}" for a in AXES if len(spec.axes[a]) > 1) or "1"
+    sizes = " x ".join(f"{len(spec.axes[a]):,} {a}" for a in AXES if len(spec.axes[a]) > 1)
+    grid = f"axes {sizes}" if sizes else "a grid of 1 point"
     extra = f" plus {len(spec.extra_points):,} explicit points" if spec.extra_points else ""
     took = limits.fmt_seconds(points_seconds(n, workers))
-    raise InputError(f"{spec.path}: {n:,} points (axes {sizes}{extra}), more than the ceiling of {ceiling:,}: "
+    raise InputError(f"{spec.path}: {n:,} points ({grid}{extra}), more than the ceiling of {ceiling:,}: "
                      f"each point is a full plan, optimize and simulation, about {took} in all on {workers} "
                      f"worker(s) (an estimate: {limits.SWEEP_POINT_SECONDS} s per point and worker measured); "
                      "shrink the axes, or pass --max-points N to run that many")
