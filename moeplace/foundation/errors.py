@@ -23,25 +23,6 @@ class InputError(MoeplaceError):
     """
 
 
-_SHORT = None
-
-
-def short_repr(value, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters, computed without walking all of ``value``: a YAML alias
-    tree ("billion laughs") reprs to gigabytes, and an error message quotes only what a user can read
-    (:mod:`reprlib`: a few items per level, a few levels deep, long strings and numbers cut)."""
-    global _SHORT
-    if _SHORT is None:
-        import reprlib
-
-        r = reprlib.Repr()
-        r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 3, 4, 4, 4, 4
-        r.maxstring, r.maxother, r.maxlong = limit, limit, 40
-        _SHORT = r
-    text = _SHORT.repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def where(path=None, row=None, field=None) -> str:
     """Format the location prefix of an error message: ``file.parquet: row 12: field 'expert_ids': ``."""
     parts = []
