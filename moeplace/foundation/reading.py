@@ -399,7 +399,7 @@ def read_yaml(path: str | os.PathLike, missing: str = "no such file", what: str 
 
 
 # ---------------------------------------------------------------------------- .npz
-def npz_declared(path: str | os.PathLike) -> dict[str, tuple[tuple[int, ...], Any]]:
+def npz_declared(path: str | os.PathLike, what: str = ".npz file") -> dict[str, tuple[tuple[int, ...], Any]]:
     """What each array of an ``.npz`` says it holds, read from the ``.npy`` headers inside the zip without
     reading (or inflating) any data: ``{name: (shape, dtype)}``. A compressed ``.npz`` of zeros declaring
     ``(10^7, 48, 128)`` is a few MB on disk and 458 GiB once loaded; callers check the declared sizes
@@ -430,7 +430,7 @@ def npz_declared(path: str | os.PathLike) -> dict[str, tuple[tuple[int, ...], An
                                      f"({str(exc)[:200]})") from None
                 out[name] = (tuple(int(d) for d in shape), dtype)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        raise InputError(f"{os.fspath(path)}: not a readable .npz file ({str(exc)[:200]})") from None
+        raise InputError(f"{os.fspath(path)}: not a readable {what} ({str(exc)[:200]})") from None
     return out
 
 

@@ -174,7 +174,7 @@ def load_loads(path: str | Path) -> Loads:
         raise InputError(f"{p}: no such Loads file") from None
     # the shapes the headers declare, checked before any array is read: a compressed file of a few MB
     # can declare hundreds of GiB (the counts are also copied once, to int64)
-    declared = reading.npz_declared(p)
+    declared = reading.npz_declared(p, "Loads .npz file")
     need = reading.npz_bytes(declared)
     if "counts" in declared:
         shape, _dtype = declared["counts"]
