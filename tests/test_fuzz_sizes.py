@@ -354,8 +354,8 @@ def test_save_all_on_a_full_disk_leaves_nothing(work, capsys, monkeypatch):
     res = run_place(["optimize", "trace", "--gpus", "4", "--gpus-per-node", "2", "--policy", "linear",
                      "--policy", "eplb", "--no-shift", "--no-out", "--save-all", "all/placements"], capsys)
     assert res.rc == 1 and "could not write all/placements" in res.err and "Traceback" not in res.err
-    assert_untouched(work, before, "all")  # the parent it needed may remain, empty
-    assert not (work / "all" / "placements").exists()
+    assert_untouched(work, before)  # neither the directory nor the parent made for it remains
+    assert not (work / "all").exists()
 
 
 def test_save_all_writes_a_new_directory_whole(work, capsys):

@@ -299,14 +299,18 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
     writable file system) raises :class:`WriteFailed`, naming ``path``.
     """
     path = Path(path)
+    # the directories made for it are removed again if the write fails (deepest first, only when empty)
+    made = [a for a in (path.parent, *path.parent.parents) if not os.path.lexists(a)]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        _remove_made(made)
         if exc.errno not in _WRITE_ERRNOS:  # e.g. a file in the way: the caller's error, as it is
             raise
         raise WriteFailed(exc.errno, exc.strerror or str(exc), str(path)) from None
     clean_stale_temps(path)
     tmp = temp_sibling(path)
+    done = False
     try:
         if directory:
             tmp.mkdir()
@@ -336,6 +340,7 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
             remove_path(old)
         else:
             os.replace(tmp, path)
+        done = True
     except Exception as exc:
         err = _write_failure(exc, path)
         if err is None:
@@ -344,6 +349,18 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
     finally:
         if tmp.exists() or tmp.is_symlink():
             remove_path(tmp)
+        if not done:
+            _remove_made(made)
+
+
+def _remove_made(made: list[Path]) -> None:
+    """``rmdir`` the directories in ``made`` (deepest first) while they are empty: what a failed write made
+    for its output and nothing else put there."""
+    for d in made:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
 
 
 # ---------------------------------------------------------------------------- one writer per directory
