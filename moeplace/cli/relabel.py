@@ -1,0 +1,75 @@
+"""``place export PLACEMENT --format checkpoint --model-path SRC --out DST [--layout contiguous|round_robin]
+[--copy]``: write a relabelled copy of a safetensors checkpoint whose engine layout is the placement
+(docs/export.md "A relabelled checkpoint")."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import Outputs
+from moeplace.placement.export.checkpoint import RELABELLED_CHECKPOINT, plan, scan, write_checkpoint
+from moeplace.placement.record import load_placement
+from moeplace.placement.relabel import LAYOUTS, get_layout
+
+FORMAT = "checkpoint"
+
+
+def add_arguments(p) -> None:
+    g = p.add_argument_group("relabelled checkpoint (with --format checkpoint; --model-path is the source)")
+    g.add_argument("--layout", default=None, choices=list(LAYOUTS),
+                   help="the engine's fixed expert order: contiguous blocks per EP rank (vLLM linear, SGLang, "
+                        "TensorRT-LLM; the default) or vLLM's round_robin")
+    how = g.add_mutually_exclusive_group()
+    how.add_argument("--link", dest="link", action="store_true", default=True,
+                     help="hard-link the shards no expert moves in (default; copied where linking fails)")
+    how.add_argument("--copy", dest="link", action="store_false", help="copy them byte for byte instead")
+
+
+def run(args) -> int:
+    if not args.model_path:
+        raise InputError("--format checkpoint needs --model-path SRC (the safetensors checkpoint to relabel)")
+    if args.flags or args.loads:
+        raise InputError("--format checkpoint writes a checkpoint: --flags / --loads do not apply")
+    args.layout = args.layout or "contiguous"
+    placement = load_placement(args.placement)
+    src = Path(args.model_path)
+    outs = Outputs(inputs=[args.placement, src], force=args.force)
+    outs.add(args.out, RELABELLED_CHECKPOINT)
+    ck = scan(src)
+    p = plan(ck, placement, get_layout(args.layout), placement_name=args.placement)
+    total = sum((src / s).stat().st_size for s in ck.shards)
+    rewrite = sum(1 for v in p.pieces.values() if v is not None)
+    print(f"relabelling {src}: {len(ck.shards)} shard(s), {total / 1e6:,.1f} MB; {rewrite} to rewrite, "
+          f"{len(ck.shards) - rewrite} to {'link' if args.link else 'copy'}", file=sys.stderr)
+    manifest = {}
+
+    def write():
+        manifest.update(write_checkpoint(ck, p, placement, Path(args.placement), args.out, link=args.link,
+                                         progress=lambda s: print(s, file=sys.stderr)))
+
+    ok = outs.write(args.out, write)
+    outs.finish()
+    if not ok:
+        return 1
+    mbs = manifest["rewritten_bytes"] / 1e6 / max(manifest["seconds"], 1e-9)
+    doc = {"wrote": args.out, "format": FORMAT, "layout": args.layout, "model": placement.model_name,
+           "layers": placement.num_layers, "experts": placement.num_experts, "gpus": placement.num_gpus,
+           "tensors_relabelled": manifest["tensors_relabelled"],
+           "shards": {k: v["how"] for k, v in manifest["shards"].items()},
+           "untouched_moe_layers": manifest["untouched_moe_layers"], "seconds": round(manifest["seconds"], 3),
+           "rewritten_mb_per_s": round(mbs, 1), "manifest": str(Path(args.out) / "moeplace-relabel.json")}
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    c = manifest["tensors_relabelled"]
+    print(f"wrote {args.out} (relabelled checkpoint, {args.layout} layout): {placement.model_name}, "
+          f"{placement.num_layers} MoE layers x {placement.num_experts} experts on {placement.num_gpus} GPUs; "
+          f"{c['expert']} per-expert, {c['stacked']} stacked, {c['router']} router and {c['bias']} bias tensors; "
+          f"{manifest['seconds']:.2f} s ({mbs:,.0f} MB/s rewritten)")
+    if manifest["untouched_moe_layers"]:
+        print(f"  left as they are: expert tensors of decoder layers {manifest['untouched_moe_layers']} "
+              "(not MoE layers of the placement, e.g. a multi-token-prediction layer)")
+    print(f"  serve DST as the model as it is; the manifest maps its expert ids back: {doc['manifest']}")
+    return 0
