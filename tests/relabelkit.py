@@ -15,7 +15,7 @@ GPUS = 4
 def configs():
     import transformers as tf
 
-    common = dict(vocab_size=64, hidden_size=16, num_attention_heads=2, tie_word_embeddings=False)
+    common = {"vocab_size": 64, "hidden_size": 16, "num_attention_heads": 2, "tie_word_embeddings": False}
     return {
         "mixtral": (tf.MixtralConfig(**common, intermediate_size=8, num_hidden_layers=2, num_key_value_heads=1,
                                      num_local_experts=E, num_experts_per_tok=2), tf.MixtralForCausalLM),
@@ -89,7 +89,7 @@ def routed(model, ids) -> tuple[object, dict]:
     hooks = []
     for i, layer in enumerate(model.model.layers):
         gate = getattr(getattr(layer, "mlp", None), "gate", None)
-        if gate is None or not hasattr(getattr(layer, "mlp"), "experts"):
+        if gate is None or not hasattr(layer.mlp, "experts"):
             continue
         hooks.append(gate.register_forward_hook(lambda m, a, o, i=i: got.__setitem__(i, o[2].clone())))
     with torch.no_grad():

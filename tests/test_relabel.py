@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+import relabelkit as kit
 
 from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
@@ -20,8 +21,6 @@ from moeplace.placement.relabel import (
     inverse,
     permutations,
 )
-
-import relabelkit as kit
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
