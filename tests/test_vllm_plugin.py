@@ -31,7 +31,7 @@ def _tensors(d):
     out = {}
     for f in sorted(d.glob("*.safetensors")):
         with safe_open(str(f), "pt") as h:
-            out.update({k: h.get_tensor(k) for k in h})
+            out.update({k: h.get_tensor(k) for k in h.keys()})  # noqa: SIM118 (not iterable)
     return out
 
 
