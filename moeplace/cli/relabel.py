@@ -7,11 +7,13 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
 from moeplace.placement.export.checkpoint import RELABELLED_CHECKPOINT, plan, scan, write_checkpoint
-from moeplace.placement.record import load_placement
-from moeplace.placement.relabel import LAYOUTS, get_layout
+from moeplace.placement.record import Placement, load_placement
+from moeplace.placement.relabel import LAYOUTS, get_layout, read_relabel
 
 FORMAT = "checkpoint"
 
@@ -73,3 +75,41 @@ def run(args) -> int:
               "(not MoE layers of the placement, e.g. a multi-token-prediction layer)")
     print(f"  serve DST as the model as it is; the manifest maps its expert ids back: {doc['manifest']}")
     return 0
+
+
+# ---------------------------------------------------------------------------- statistics in original ids
+def add_manifest_arguments(p) -> None:
+    """``--relabel-manifest`` of the commands that read statistics from a deployment (trace import,
+    import-placement): map the engine's expert ids back to the original model's."""
+    p.add_argument("--relabel-manifest", default=None, metavar="M",
+                   help="the deployment served a relabelled model: M is its moeplace-relabel.json (or the placement "
+                        "JSON given to the vLLM plugin); expert ids are mapped back to the original model's, so "
+                        "re-planning never mixes id spaces")
+    p.add_argument("--relabel-layout", default=None, choices=list(LAYOUTS),
+                   help="with a placement JSON as --relabel-manifest: vLLM's --expert-placement-strategy layout "
+                        "(default contiguous = linear); a manifest records its own")
+
+
+def manifest_map(args, model) -> np.ndarray | None:
+    """``new2old [L, E]`` named by ``--relabel-manifest`` for ``model``, or ``None`` when not given."""
+    if args.relabel_manifest is None:
+        if args.relabel_layout is not None:
+            raise InputError("--relabel-layout goes with --relabel-manifest")
+        return None
+    layout = get_layout(args.relabel_layout) if args.relabel_layout else None
+    rel, facts = read_relabel(args.relabel_manifest, layout)
+    if facts["kind"] == "manifest" and layout is not None:
+        raise InputError("--relabel-layout: the manifest records its own layout")
+    if (rel.num_experts, tuple(rel.moe_layers)) != (model.num_experts, tuple(model.moe_layers)):
+        raise InputError(f"{args.relabel_manifest}: made for '{facts['model']}' ({rel.num_experts} experts, "
+                         f"{len(rel.moe_layers)} MoE layers); --model '{model.name}' has {model.num_experts} experts "
+                         f"and {model.num_moe_layers} MoE layers")
+    return rel.new2old
+
+
+def placement_to_original(placement: Placement, new2old: np.ndarray, source: str) -> Placement:
+    """An engine placement dump (its logical ids are the relabelled ones) in the original ids."""
+    p2l = new2old[np.arange(placement.num_layers)[:, None], placement.phy2log]
+    return Placement(p2l, placement.num_gpus, placement.gpus_per_node, placement.model_name,
+                     placement.num_experts, placement.moe_layers,
+                     {**placement.provenance, "relabelled_ids_mapped": source})
