@@ -24,7 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.placement.record import Placement
+from moeplace.foundation.files import read_json
+from moeplace.foundation.formats import check, kind_of
+from moeplace.placement.record import Placement, load_placement
 
 
 # ---------------------------------------------------------------------------- layouts
@@ -242,10 +244,6 @@ def read_relabel(path: str, layout: Layout | None = None) -> tuple[Relabel, dict
     layout) or a placement JSON (its permutation under ``layout``, contiguous by default). Returns the
     :class:`Relabel` and the file's facts (``model``, ``num_experts``, ``moe_layers``, ``num_gpus``,
     ``kind``)."""
-    from moeplace.foundation.files import read_json
-    from moeplace.foundation.formats import check, kind_of
-    from moeplace.placement.record import load_placement
-
     doc = read_json(path, "no such placement or relabel manifest", "not a readable JSON")
     if kind_of(doc) == "placement":
         placement = load_placement(path)

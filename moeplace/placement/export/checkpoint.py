@@ -33,7 +33,7 @@ import numpy as np
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, atomic_path, register_kind
-from moeplace.foundation.formats import tagged
+from moeplace.foundation.formats import kind_of, tagged
 from moeplace.foundation.model import from_hf_config
 from moeplace.foundation.reading import read_json
 from moeplace.placement.record import Placement
@@ -316,8 +316,6 @@ def _write_shard(ck: Checkpoint, shard: str, pieces: list[Piece], dst: Path) -> 
 
 
 def _is_relabelled(path: Path) -> bool:
-    from moeplace.foundation.formats import kind_of
-
     return path.is_dir() and kind_of(read_json(path / MANIFEST)) == "relabel-manifest"
 
 

@@ -103,7 +103,7 @@ def relabel_weights(weights: Iterable[tuple[str, Any]], rel: Relabel,
     tensors renamed (``experts.{old}`` -> ``experts.{old2new}``; with ``local``, only those whose new id is
     in it), router rows / stacked experts / per-expert biases gathered along dim 0 by ``new2old``. Tensors
     are torch tensors (vLLM's); a third tuple element (vLLM's per-weight extras) passes through."""
-    import torch
+    import torch  # the tensors vLLM yields are torch's (vLLM brings it); moeplace's core install has none
 
     E = rel.num_experts
     for item in weights:
@@ -124,8 +124,8 @@ def relabel_weights(weights: Iterable[tuple[str, Any]], rel: Relabel,
 
 
 def _facts(model_config) -> EngineFacts:
-    import vllm
-    from vllm.config import get_current_vllm_config
+    import vllm  # optional: only inside vLLM's processes
+    from vllm.config import get_current_vllm_config  # optional, as above
 
     par = get_current_vllm_config().parallel_config
     ep = par.data_parallel_size * par.tensor_parallel_size * getattr(par, "prefill_context_parallel_size", 1)
@@ -140,14 +140,14 @@ def register() -> None:
     path = os.environ.get(ENV)
     if not path:
         return
-    import vllm
+    import vllm  # optional: only inside vLLM's processes (this runs only when MOEPLACE_PLACEMENT is set)
 
     check_version(vllm.__version__)
     try:
         read_relabel(path)  # a missing or unreadable file fails here, in every process, before any loading
     except InputError as exc:
         raise PluginRefused(f"moeplace: {ENV}: {exc}") from None
-    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader  # optional, as above
 
     if getattr(DefaultModelLoader.get_all_weights, "_moeplace", False):
         return  # vLLM may load general plugins more than once per process
