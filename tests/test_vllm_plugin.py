@@ -125,3 +125,21 @@ def test_source_ids_cover_every_layer():
 
     rel = Relabel(np.array([[3, 2, 1, 0], [0, 1, 2, 3]]), (1, 2), CONTIGUOUS)
     assert source_ids(rel, {0}) == {3, 0}
+
+
+def test_wrapper_permutes_stacked_experts_like_the_writer(tmp_path, capsys):
+    """Fused ``experts.gate_up_proj [E, 2I, H]`` / ``down_proj`` tensors: rows gathered by new2old, by the
+    plugin as by the writer (whose --json summary counts them)."""
+    src = tmp_path / "src"
+    kit.build("qwen3_moe", src, stacked=True)
+    kit.placement("qwen3_moe", seed=9).save(tmp_path / "p.json")
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "p.json"), "--format", "checkpoint", "--model-path", str(src),
+                 "--out", str(tmp_path / "dst"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["tensors_relabelled"] == {"expert": 0, "stacked": 4, "router": 2, "bias": 0}
+    assert doc["shards"] == {"model.safetensors": "rewritten"}
+    rel = resolve(str(tmp_path / "p.json"), _facts(src))
+    got = dict(relabel_weights(_tensors(src).items(), rel))
+    want = _tensors(tmp_path / "dst")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
