@@ -187,3 +187,22 @@ def test_optimizer_keeps_routing_groups_and_the_plan_relabels_exactly(tmp_path):
     assert diff <= 1e-6 and mapped
     # with replicas --keep-groups refuses up front, before any planning
     assert main([*args, "--redundant", "4", "--keep-groups"]) == 2
+
+
+def test_damaged_checkpoints_are_one_line_errors(tmp_path, capsys):
+    src = tmp_path / "src"
+    kit.build("olmoe", src)
+    capsys.readouterr()
+    p = kit.placement("olmoe")
+    shard = src / "model.safetensors"
+    data = shard.read_bytes()
+    for damage, msg in ((data[: len(data) // 2], "data_offsets beyond the file"), (b"\x05", "not a safetensors file"),
+                        (b"\xff" * 8 + data[8:], "not a safetensors file")):
+        shard.write_bytes(damage)
+        assert _export(p, src, tmp_path / "dst") == 2
+        err = capsys.readouterr().err
+        assert msg in err and "model.safetensors" in err and len(err.strip().splitlines()) == 1, err
+    shard.unlink()
+    assert _export(p, src, tmp_path / "dst") == 2
+    assert "0 .safetensors files" in capsys.readouterr().err
+    assert not (tmp_path / "dst").exists()
