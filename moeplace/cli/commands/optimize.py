@@ -94,6 +94,10 @@ def register(sub) -> None:
     g.add_argument("--max-moves", type=flags.nonneg_int, default=None,
                    help="experts moved per layer at most (with --from)")
     g.add_argument("--workers", type=flags.positive_int, default=None, help="parallel worker processes")
+    g.add_argument("--keep-groups", action="store_true",
+                   help="keep the model's routing groups (DeepSeek-V3 n_group) whole on contiguous blocks of "
+                        "slots, with --redundant 0: a placement `place export --format checkpoint` can serve "
+                        "exactly under group-limited top-k")
     p.set_defaults(func=run)
 
 
@@ -128,7 +132,16 @@ def run(args) -> int:
     if (E + R) % cluster.num_gpus:
         raise InputError(f"--redundant {R}: {E} experts + {R} = {E + R} slots is not a multiple of --gpus "
                          f"{cluster.num_gpus}; use e.g. --redundant {default_redundant(E, cluster.num_gpus)}")
-    options = {"robust": args.robust, "objective": args.objective,
+    keep = None
+    if args.keep_groups:
+        m = loads.model
+        if m.n_group <= 1 or m.topk_group >= m.n_group:
+            raise InputError(f"--keep-groups: model '{m.name}' routes without group limits (n_group {m.n_group}, "
+                             f"topk_group {m.topk_group}); every replica-free placement relabels exactly")
+        if R:
+            raise InputError(f"--keep-groups plans a replica-free placement: add --redundant 0 (not {R})")
+        keep = m.n_group
+    options = {"keep_groups": keep, "robust": args.robust, "objective": args.objective,
                "traffic_weight": args.traffic_weight, "pareto": args.pareto, "from": args.from_placement, "max_moves": args.max_moves,
                "workers": args.workers}
     cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, rule=args.engine,
@@ -162,6 +175,11 @@ def run(args) -> int:
             where = args.out if wrote else (str(saved) if saved is not None and saved.exists() else None)
             print(shift_advice(result, where, args.inputs))
         _print_moeplace_extras(cmp)
+        if R:  # the one plan every engine can serve today, as a relabelled checkpoint (docs/export.md)
+            print(f"replica-free: these plans use {R} redundant slots per layer, which an engine must load as a "
+                  "placement; for a relabelled checkpoint any engine serves (place export --format checkpoint) "
+                  "plan with --redundant 0" + (" --keep-groups" if loads.model.n_group > 1
+                                                and loads.model.topk_group < loads.model.n_group else ""))
         if wrote:
             print(f"wrote {args.out} (policy {chosen})")
     outs.finish()
