@@ -361,7 +361,7 @@ def _check_aliases(root, where: str) -> None:
     """Refuse a YAML node graph whose aliases expand it by more than :data:`MAX_ALIAS_NODES` nodes. Sizes
     are counted once per distinct node (memoised, iteratively), so the check costs the document's own size
     even for a "billion laughs" tree of 10**9 expanded nodes."""
-    import yaml
+    import yaml  # PyYAML: ~20 ms to import, and most commands read no YAML
 
     size: dict[int, int] = {}
     started: set[int] = set()
