@@ -407,7 +407,7 @@ def npz_declared(path: str | os.PathLike, what: str = ".npz file") -> dict[str, 
     ``.npy`` header is an :class:`InputError` naming the file and the array."""
     import zipfile
 
-    import numpy as np
+    import numpy as np  # only the .npz readers need numpy; the JSON/YAML readers here stay light
 
     out: dict[str, tuple[tuple[int, ...], Any]] = {}
     try:
