@@ -40,6 +40,8 @@ def jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
                 continue
             try:
                 obj = _fast_loads(line)
+                if reading.has_duplicate_keys(obj, line):  # orjson keeps the last of two keys: let the
+                    obj = reading.parse_json(line, f"{path}: line {lineno}")  # stdlib reader decide
             except ValueError:
                 # orjson rejects NaN/Infinity, which Python's json.dumps writes: let the stdlib decide so
                 # such values reach the field checks and get their precise message
