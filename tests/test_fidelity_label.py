@@ -204,11 +204,13 @@ def test_simulate_prints_and_writes_each_figure_with_its_range(trace_dir, capsys
     f, summ = doc["fidelity"], doc["summaries"][0]
     lo_hi = sim_fidelity.regime_range(f, f["run"]["regime"])
     keys = list(summ)
-    for key in ("output_tok_s", "output_tok_s_per_gpu", "tpot_p50_s"):
+    figures = [k for k in (*sim_fidelity.THROUGHPUT_FIGURES, *sim_fidelity.TIME_FIGURES) if summ.get(k) is not None]
+    assert "output_tok_s" in figures
+    for key in figures:
         assert keys[keys.index(key) + 1] == f"{key}_range"
         if lo_hi is None:
             assert summ[f"{key}_range"] is None
-        elif key == "tpot_p50_s":
+        elif key in sim_fidelity.TIME_FIGURES:
             assert summ[f"{key}_range"] == pytest.approx([summ[key] * (1 + lo_hi[0]), summ[key] * (1 + lo_hi[1])])
         else:
             assert summ[f"{key}_range"] == pytest.approx([summ[key] / (1 + lo_hi[1]), summ[key] / (1 + lo_hi[0])])
