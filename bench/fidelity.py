@@ -1,42 +1,33 @@
-"""Simulator fidelity against published real-hardware results: one global calibration, honestly split.
+"""Simulator fidelity against published real-hardware results: the split, and grouped cross-validation.
 
-    python bench/fidelity.py [--cases bench/fidelity_cases.yaml] [--quick] [--no-fit] [--breakdown]
-    python bench/fidelity.py --summary-only
-    python bench/fidelity.py --peer-only
+    python bench/fidelity.py [--cases bench/fidelity_cases.yaml] [--quick] [--no-fit] [--no-cv] [--breakdown]
+    python bench/fidelity.py --cv-only | --peer-only | --summary-only | --measured-only   # on --out's file
     python bench/fidelity.py --cited-overhead-range   # iteration_overhead_s within RTP-LLM's measured range
 
-The cases (bench/fidelity_cases.yaml) are published kernel tables (DeepGEMM, DeepEP) and end-to-end
-deployments (DeepSeek, LMSYS/SGLang, Mooncake, Alibaba RTP-LLM, NVIDIA TensorRT-LLM), each with its
-source, configuration, figure and every assumption made. Each case carries ``split: calibration`` or
-``split: validation``, fixed before any fitting.
+The cases (bench/fidelity_cases.yaml, read and checked by bench/fidelity_harness.py) are published kernel
+tables (DeepGEMM, DeepEP) and end-to-end deployments (DeepSeek, LMSYS/SGLang, Mooncake, Alibaba RTP-LLM,
+NVIDIA TensorRT-LLM, SGLang, vLLM), each with its source, configuration, figure, every assumption made,
+its ``split`` (calibration / validation, fixed before any fitting), its deployment ``group`` (one table,
+one build, one blog's sweep) and its ``regime`` (the label's rule).
 
-1. Fit: the cost model's free constants (:data:`FIT`, efficiency-curve constants and fixed overheads)
-   are fitted ONCE, by ``scipy.optimize.least_squares`` on the log-ratio simulated / published of the
-   calibration cases only. Kernel cases are evaluated on the cost model's formulas; end-to-end
-   calibration cases on a steady-state iteration (:func:`steady_metric`: one engine iteration of the
-   published batch through the same cost model and the statistical router).
-2. Evaluate: with the fitted constants, kernel cases again on the formulas, end-to-end cases by the
-   discrete-event simulator itself (``sim.runner.simulate``, stat mode, steady state after a 20 %
-   warm-up), exactly as ``place simulate`` runs them.
-3. Report: per case the source, configuration, published and simulated figure, error and split; per
-   split the median and maximum |error|. Written to bench/results/fidelity.json (committed); a full run
-   writing that file also writes the validation summary ``place simulate`` prints under its tables
-   (sim/fidelity_summary.json, :func:`sim.fidelity.summarize_cases`). ``--summary-only`` rewrites that
-   summary from the results file without running anything.
-4. The peer: NVIDIA aiconfigurator's own estimate of every case it supports, written by
-   bench/peer_aiconfigurator.py (run where aiconfigurator is installed) to
-   bench/results/peer_aiconfigurator.json, is joined per case as ``"peer": {"aiconfigurator":
-   {"simulated": ..., "error": ...}}`` (or why it is not supported), printed beside moeplace's figure, and
-   summarized: on how many shared cases moeplace is at least as close to the published figure, and for each
-   case where it is not, the time per output token each side implies. ``--peer-only`` re-joins a newer
-   peer file into the results without running anything.
-5. The measured cost source: every end-to-end case again with ``--cost-model measured`` (aiconfigurator's
-   tables for the case's GPU and engine, sim/measured.py; the fitted constants still price what no table
-   holds and the fixed overheads), stored per case as ``"measured"`` and summarized over the validation
-   cases it covers. ``--measured-only`` adds it to an existing results file without refitting.
-
-The defaults of :class:`sim.config.CostConfig` marked *fitted* are this fit's result; the script says
-when they drift from a fresh fit.
+1. Split fit: the cost model's free constants (harness.FIT) fitted by ``scipy.optimize.least_squares`` on
+   the log-ratio simulated / published of the calibration cases only (kernel cases on the cost model's
+   formulas, end-to-end cases on one steady engine iteration, harness.Steady). They are the CostConfig
+   defaults; the script says when they drift from a fresh fit.
+2. Evaluate: every case with the split's constants; end-to-end cases by the discrete-event simulator
+   itself (stat mode, steady state after the warm-up), exactly as ``place simulate`` runs them.
+3. Grouped cross-validation (:func:`cross_validate`, the figure the docs and the label quote): per group,
+   the constants fitted on every case outside it and the group's cases predicted as in 2.
+4. Report: per case the split's and the cross-validated error; per split, per regime and overall the
+   median and maximum |error|. Written to bench/results/fidelity.json (committed); a full run writing that
+   file also writes the summary ``place simulate`` prints and takes its ranges from
+   (sim/fidelity_summary.json, :func:`sim.fidelity.summarize_cases`).
+5. The peer (bench/fidelity_peer.py): NVIDIA aiconfigurator's own estimate of every case it supports
+   (bench/peer_aiconfigurator.py -> bench/results/peer_aiconfigurator.json) joined per case and tallied:
+   per case on the split's errors, and fairly, by independent deployment (group) on cross-validated
+   errors (``peer_summary.independent``).
+6. The measured cost source: every end-to-end case again with ``--cost-model measured`` (aiconfigurator's
+   tables for the case's GPU and engine), stored per case as ``"measured"``.
 """
 from __future__ import annotations
 
