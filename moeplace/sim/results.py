@@ -435,8 +435,8 @@ def format_table(results: list[SimResult], run: dict[str, Any] | None = None) ->
                 cell = _fmt(v, unit)
             if f"{key}_range" in rng:
                 lo_hi = rng[f"{key}_range"]
-                cell += (" [no case resembles this run]" if lo_hi is None else
-                         f" [{_fmt(lo_hi[0], 'ms' if unit == 'ms' else 'n')}-{_fmt(lo_hi[1], 'ms' if unit == 'ms' else 'n')}]")
+                ends = None if lo_hi is None else [f"{x:.1f}" if unit == "n1" else _fmt(x, unit) for x in lo_hi]
+                cell += " [no case resembles this run]" if ends is None else f" [{ends[0]}-{ends[1]}]"
             vals.append(cell)
         rows.append([name] + vals)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
