@@ -7,6 +7,7 @@ GB300 NVL72).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 from importlib import resources
@@ -15,6 +16,7 @@ from pathlib import Path
 import networkx as nx
 
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.reading import quote
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,14 @@ def load_gpu(name: str) -> GPUSpec:
             raise InputError(f"{name}: missing field(s) {missing}")
         for f in GPU_FIELDS[:-1]:
             if f in d and not (isinstance(d[f], (int, float)) and not isinstance(d[f], bool)):
-                raise InputError(f"{name}: field '{f}' must be a number, got {d[f]!r}")
+                raise InputError(f"{name}: field '{f}' must be a number, got {quote(d[f])}")
+            # Infinity / NaN (Python's JSON reads both) would turn into NaN sizes and times downstream
+            if f in d and not (math.isfinite(d[f]) and (d[f] >= 0 if f.endswith("latency") or f == "flops_fp4"
+                                                        else d[f] > 0)):
+                want = ">= 0" if f.endswith("latency") or f == "flops_fp4" else "> 0"
+                raise InputError(f"{name}: field '{f}' must be a finite number {want}, got {d[f]!r}")
         if "gpus_per_node" in d and (not isinstance(d["gpus_per_node"], int) or isinstance(d["gpus_per_node"], bool)):
-            raise InputError(f"{name}: field 'gpus_per_node' must be an integer, got {d['gpus_per_node']!r}")
+            raise InputError(f"{name}: field 'gpus_per_node' must be an integer, got {quote(d['gpus_per_node'])}")
         kw = {f: d[f] for f in GPU_FIELDS if f in d}
         kw.setdefault("flops_fp4", 0.0)
         return GPUSpec(name=str(d.get("name") or Path(name).stem), **kw)

@@ -46,13 +46,24 @@ _NAME_KEEP = 120
 
 
 # ---------------------------------------------------------------------------- SIGTERM -> exception
+# The signals that end a run politely: SIGTERM (a service manager, kill) and SIGHUP (the terminal or the
+# ssh session closed). Both unwind like Ctrl-C, so no temporary survives either.
+STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
+
+
 class Terminated(KeyboardInterrupt):
-    """SIGTERM turned into an exception in the main thread, so that every ``finally`` and
-    ``except BaseException`` cleanup (temporaries, child processes) runs as it does for Ctrl-C."""
+    """SIGTERM or SIGHUP turned into an exception in the main thread, so that every ``finally`` and
+    ``except BaseException`` cleanup (temporaries, child processes) runs as it does for Ctrl-C.
+    ``signum`` is the signal (the CLI exits 128 + it, as a shell reports a process it ended)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def raise_on_sigterm() -> None:
-    """Make SIGTERM raise :class:`Terminated` in this process (a no-op outside the main thread).
+    """Make SIGTERM and SIGHUP (:data:`STOP_SIGNALS`) raise :class:`Terminated` in this process (a no-op
+    outside the main thread). A SIGHUP that was ignored when the process started (``nohup``) stays ignored.
 
     A process forked later inherits the handler but not the promise: there it restores the default and
     re-sends the signal, so a pool worker that the pool terminates dies as before; a child that cleans up
@@ -64,15 +75,28 @@ def raise_on_sigterm() -> None:
 
     def handler(signum, frame):
         if os.getpid() != owner:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
             return
-        if fired:  # a second SIGTERM while cleaning up: let the cleanup finish
+        if fired:  # a second signal while cleaning up: let the cleanup finish
             return
         fired.append(True)
-        raise Terminated()
+        raise Terminated(signum)
 
-    signal.signal(signal.SIGTERM, handler)
+    for sig in STOP_SIGNALS:
+        if sig != signal.SIGTERM and signal.getsignal(sig) is signal.SIG_IGN:
+            continue  # nohup: the user asked for the run to survive the hang-up
+        signal.signal(sig, handler)
+
+
+def worker_signals() -> None:
+    """The ``initializer`` of a process pool whose workers only compute (no file of theirs to clean up):
+    SIGTERM and SIGHUP end a worker at once, even inside a long C++ call (a CP-SAT solve) where a Python
+    handler would wait for the call to return, and SIGINT is left to the parent, which stops its pool (a
+    Ctrl-C reaches the whole process group; the parent's unwinding terminates the workers)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # ---------------------------------------------------------------------------- temporaries
@@ -452,10 +476,15 @@ def check_output(path: str | os.PathLike, *, kind: OutputKind | str, inputs: Ite
     if not text.strip():
         raise InputError(f"{flag}: empty path")
     _check_name(text, what)
+    if not k.directory and text.endswith((os.sep, "/")):  # Path() drops the slash: p.json/ would write p.json
+        raise InputError(f"{what}: ends with '/', which names a directory, but the {k.name} is a file; drop the "
+                         "'/'")
     try:
         return _check_output(Path(text), text, what, k, inputs, force, flag, replace_own)
     except OSError as exc:  # a path the file system refuses to look up (a loop of links, permissions)
         raise InputError(f"{what}: cannot be used ({exc.strerror or exc})") from None
+    except RuntimeError:  # Path.resolve on a loop of symbolic links (Python < 3.13)
+        raise InputError(f"{what}: cannot be used (a loop of symbolic links)") from None
 
 
 def _check_name(text: str, what: str) -> None:
@@ -469,8 +498,11 @@ def _check_name(text: str, what: str) -> None:
         raise InputError(f"{what}: the path is not UTF-8 (byte 0x{bad[0]:02x}); the Parquet and JSON "
                          "writers need UTF-8 names, choose another") from None
     full = os.path.abspath(text)
+    if len(os.fsencode(full)) >= 4096:  # Linux's PATH_MAX: the lookups below fail past it (ENAMETOOLONG)
+        raise InputError(f"{what}: the path is {len(os.fsencode(full))} bytes long, more than the 4095 the "
+                         "file system allows; choose a shorter one")
     base = Path(full).parent
-    while not base.exists() and base != base.parent:
+    while not os.path.lexists(base) and base != base.parent:
         base = base.parent
     try:
         name_max = os.pathconf(base, "PC_NAME_MAX")

@@ -186,7 +186,7 @@ def load_loads(path: str | Path) -> Loads:
         raise InputError(f"{p}: field 'meta' is a {meta_arr.dtype} array of shape {list(meta_arr.shape)}, "
                          "expected one JSON string")
     try:
-        meta = json.loads(str(meta_arr))
+        meta = reading.loads(str(meta_arr))  # a key given twice refused too
     except json.JSONDecodeError as exc:
         raise InputError(f"{p}: field 'meta' is not valid JSON ({exc})") from None
     except (RecursionError, ValueError):  # nesting, or an integer past Python's int-string limit

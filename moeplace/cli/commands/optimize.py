@@ -152,7 +152,10 @@ def run(args) -> int:
         for line in format_shift(cmp):
             print(line)
         if result.shift:
-            print(shift_advice(result, args.out if not args.no_out else "PLACEMENT.json", args.inputs))
+            # the file the line talks about: --out, else --save-all's copy, else none (said so)
+            saved = Path(args.save_all) / f"placement-{chosen}.json" if args.save_all else None
+            where = args.out if wrote else (str(saved) if saved is not None and saved.exists() else None)
+            print(shift_advice(result, where, args.inputs))
         _print_moeplace_extras(cmp)
         if wrote:
             print(f"wrote {args.out} (policy {chosen})")
@@ -209,10 +212,10 @@ def _print_moeplace_extras(cmp) -> None:
                   f"{pt['balancedness']:.4f}, nodes per token {pt['nodes_per_token']:.3f}")
 
 
-def shift_advice(result, out: str, inputs: list[str]) -> str:
-    """What to do about workload shift, for the written placement: its held-out figure against the shift
-    estimate (planned with the written placement's own settings) and its range, and the commands that
-    check online rebalancing."""
+def shift_advice(result, out: str | None, inputs: list[str]) -> str:
+    """What to do about workload shift, for the chosen placement: its held-out figure against the shift
+    estimate (planned with the placement's own settings) and its range, and the commands that check online
+    rebalancing. ``out``: where that placement was written (``None``: nowhere, ``--no-out``)."""
     sh = result.shift
     seen = (f"{result.held_out.balancedness:.4f} on the held-out windows of this input but "
             if result.held_out is not None else "")
@@ -222,7 +225,10 @@ def shift_advice(result, out: str, inputs: list[str]) -> str:
         mean += f" (range {sh['mean_range'][0]:.2f}-{sh['mean_range'][1]:.2f})"
         worst += f" ({sh['worst_range'][0]:.2f}-{sh['worst_range'][1]:.2f})"
     weak = " The estimate is weak: fewer than 3 unrelated workloads to leave out." if "; weak:" in sh["method"] else ""
-    return (f"what to expect: the written {result.policy} placement keeps {seen}about {mean}, worst {worst}, on "
+    which = (f"the {result.policy} placement written to {out}" if out is not None
+             else f"the {result.policy} placement (not written: --no-out)")
+    placement = out if out is not None else "PLACEMENT.json (rerun without --no-out to write it)"
+    return (f"what to expect: {which} keeps {seen}about {mean}, worst {worst}, on "
             f"traffic unlike the planning data.{weak} If the production mix differs, plan on every workload you have "
             "(all as inputs, --plan-fraction 1; --robust to hedge) and check online rebalancing: place simulate "
-            f"{inputs[0]} --placement {out} --recommend, or tune the engine's own: place rebalance {inputs[0]}")
+            f"{inputs[0]} --placement {placement} --recommend, or tune the engine's own: place rebalance {inputs[0]}")

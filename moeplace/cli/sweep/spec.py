@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
@@ -51,6 +52,7 @@ from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
 from moeplace.foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
+from moeplace.foundation.reading import quote
 from moeplace.foundation.settings import build, field_types, nearest, parse_keys
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.placement.policies import check_options, policy_names
@@ -261,7 +263,9 @@ def _num(path: str, fld: str, v: Any, kind: type, lo: float | None = None, allow
     ok = isinstance(v, kind) and not isinstance(v, bool) or (kind is float and isinstance(v, int)
                                                               and not isinstance(v, bool))
     if not ok:
-        raise _err(path, fld, f"expected {'a whole number' if kind is int else 'a number'}, got {v!r}")
+        raise _err(path, fld, f"expected {'a whole number' if kind is int else 'a number'}, got {quote(v)}")
+    if not math.isfinite(v):  # .inf / .nan: "no limit" is null, and a NaN limit is met by nothing
+        raise _err(path, fld, f"expected a finite number, got {v!r}")
     if lo is not None and v < lo:
         raise _err(path, fld, f"must be >= {lo}, got {v}")
     return kind(v)
@@ -281,7 +285,7 @@ def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None)
             raise _unknown(path, f, unknown[0], {"name", "trace", "synth", *WORKLOAD_FIELDS})
         name = w.get("name", f"w{i}")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-            raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {name!r}")
+            raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {quote(name)}")
         if ("trace" in w) == ("synth" in w):
             raise _err(path, f, "give exactly one of trace: (a trace file/directory) or synth: (parameters)")
         trace = synth = None
@@ -343,7 +347,7 @@ def _check_axis_value(path: str, fld: str, axis: str, v: Any, workloads: tuple[s
     kinds = AXES[axis]
     if isinstance(v, bool) or not isinstance(v, kinds):
         want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-        raise _err(path, fld, f"expected {want}, got {v!r}")
+        raise _err(path, fld, f"expected {want}, got {quote(v)}")
     if axis == "workload" and v not in workloads:
         raise _err(path, fld, f"no workload named '{v}' (workloads: {', '.join(workloads)})")
     if axis == "gpu" and v not in gpu_preset_names():
@@ -354,17 +358,36 @@ def _check_axis_value(path: str, fld: str, axis: str, v: Any, workloads: tuple[s
         if isinstance(v, int) and v < 0:
             raise _err(path, fld, f"must be >= 0, got {v}")
         if isinstance(v, str) and not _PER_GPU.match(v):
-            raise _err(path, fld, f"expected a slot count or 'N/gpu' (N slots per GPU), got {v!r}")
+            raise _err(path, fld, f"expected a slot count or 'N/gpu' (N slots per GPU), got {quote(v)}")
     if axis == "policy" and v not in policy_names():
         raise _err(path, fld, f"unknown policy '{v}' (expected one of {', '.join(policy_names())})")
     if axis == "kv_dtype" and v not in KV_DTYPE_BYTES:
-        raise _err(path, fld, f"expected one of {', '.join(KV_DTYPE_BYTES)}, got {v!r}")
+        raise _err(path, fld, f"expected one of {', '.join(KV_DTYPE_BYTES)}, got {quote(v)}")
     if axis == "engine" and v not in ENGINE_RULES:
         raise _err(path, fld, f"expected one of {', '.join(ENGINE_RULES)} (the simulator's replica rules), "
-                              f"got {v!r}")
+                              f"got {quote(v)}")
     if axis == "rebalance" and v != "static" and not _REBALANCE.fullmatch(v.strip()):
-        raise _err(path, fld, f"expected 'static' or every=N,window=W,moves=K[,policy=P], got {v!r}")
+        raise _err(path, fld, f"expected 'static' or every=N,window=W,moves=K[,policy=P], got {quote(v)}")
     return v
+
+
+def _check_redundant(sp: str, axes: dict[str, tuple[Any, ...]], extra: list, num_experts: int) -> None:
+    """Redundant slots within reason for the model: ``N/gpu`` at most one copy of every expert per GPU
+    (N <= E), a count at most that on the largest cluster of the spec. A larger value only makes arrays
+    that overflow (a point file of 4e9 slots was written before it failed)."""
+    most_gpus = max([g for g in axes["gpus"] if g is not None]
+                    + [pt["gpus"] for pt in extra if isinstance(pt.get("gpus"), int)] or [1])
+    values = [(f"axes.redundant[{i}]", v) for i, v in enumerate(axes["redundant"])]
+    values += [(f"points[{i}].redundant", pt["redundant"]) for i, pt in enumerate(extra) if "redundant" in pt]
+    for fld, v in values:
+        if isinstance(v, str):
+            n = int(_PER_GPU.match(v).group(1))
+            if n > num_experts:
+                raise _err(sp, fld, f"{quote(v)}: more redundant slots per GPU than the model's {num_experts} "
+                                    "experts (at most one extra copy of every expert per GPU)")
+        elif v > num_experts * most_gpus:
+            raise _err(sp, fld, f"{v}: more redundant slots than {num_experts} experts x {most_gpus} GPUs (the "
+                                "spec's largest cluster)")
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -410,6 +433,7 @@ def load_spec(path: str | Path) -> SweepSpec:
             raise _unknown(sp, f"points[{i}]", bad[0], AXES, "axis")
         for k, v in pt.items():
             _check_axis_value(sp, f"points[{i}].{k}", k, v, wnames)
+    _check_redundant(sp, axes, extra, model.num_experts)
     plan = _section(sp, raw, "plan", PLAN_KEYS)
     engine_typed, engine = _settings_section(sp, raw, "engine", {k: _SETTINGS[k] for k in ENGINE_FIELDS})
     given = raw.get("engine") or {}

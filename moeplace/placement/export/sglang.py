@@ -34,6 +34,7 @@ SGLang silently serves the trivial layout. In 0.5.23 ``KimiK3ForConditionalGener
 """
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import zipfile
@@ -42,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import atomic_path, read_json, write_text_atomic
+from moeplace.foundation.files import read_json, write_bytes_atomic, write_text_atomic
 from moeplace.foundation.model import ModelSpec
 from moeplace.placement.export import ExportFormat, check_matrix, check_rows, register_format, resolve_gpus
 from moeplace.placement.record import Placement
@@ -122,9 +123,17 @@ def write_pt(placement: Placement, model: ModelSpec, out: Path, **_: object) -> 
 
     full = full_phy2log(placement, model)
     _validate(placement, model, full)
-    with atomic_path(out) as tmp:
-        torch.save({KEY_MAP: torch.from_numpy(full)}, tmp)
+    _save_pt(torch, {KEY_MAP: torch.from_numpy(full)}, out)
     return support_warnings(model)
+
+
+def _save_pt(torch, obj: dict, out: Path) -> None:
+    """``torch.save`` into memory, then the bytes written atomically: a full disk is then Python's
+    ``OSError`` (one line naming ``out``, nothing left), not torch's ``inline_container`` RuntimeError.
+    The files are small (one int64 tensor of layers x slots)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    write_bytes_atomic(out, buf.getvalue())
 
 
 def _load_dict(path: Path) -> dict:
@@ -190,8 +199,7 @@ def write_logical_count(placement: Placement, model: ModelSpec, out: Path, loads
     counts = full_logical_count(loads, model)
     if str(out).endswith(".pt"):
         torch = _torch(out)
-        with atomic_path(out) as tmp:
-            torch.save({KEY_COUNT: torch.from_numpy(counts)}, tmp)
+        _save_pt(torch, {KEY_COUNT: torch.from_numpy(counts)}, out)
     else:
         steps = [_rows_json_inner(w) for w in counts.tolist()]
         write_text_atomic(out, f'{{"{KEY_COUNT}": [\n' + ",\n".join(steps) + "\n]}\n")

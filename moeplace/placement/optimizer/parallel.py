@@ -14,6 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 import numpy as np
 
+from moeplace.foundation.files import worker_signals
 from moeplace.foundation.progress import bar
 from moeplace.placement.optimizer.config import OptimizerConfig
 from moeplace.placement.optimizer.greedy import count_bound, greedy_layer
@@ -70,7 +71,7 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
             results[l] = _job(j)
             pb.update(1)
     else:
-        ex = ProcessPoolExecutor(max_workers=workers, mp_context=_context())
+        ex = ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=worker_signals)
         try:
             futs = {ex.submit(_job, j): l for l, j in enumerate(jobs)}
             pending = set(futs)
