@@ -315,7 +315,14 @@ def test_frontier_json_and_recommended_launch(local_run):
 
     (argv,) = command_argv(launch["command"])
     assert argv[:2] == ["vllm", "serve"] and check_args("vllm", "0.34.0", argv) == []
-    assert rep["fidelity"]["validation_cases"] > 0 and rep["fidelity"]["note"].startswith("absolute figures")
+    assert rep["fidelity"]["cases"] > 0 and rep["fidelity"]["note"].startswith("absolute figures")
+    # every simulated point: its regime, and its throughput and TPOT with the range of that regime's cases
+    from moeplace.sim.fidelity import figure_ranges
+
+    for r in w["points"]:
+        assert r["regime"] in rep["fidelity"]["regimes"]
+        want = figure_ranges(rep["fidelity"], {"regime": r["regime"]}, r)
+        assert {k: r[k] for k in want} == want and "output_tok_s_range" in want and "tpot_p99_s_range" in want
 
 
 def test_ray_sweep_matches_local(small, local_run, tmp_path):

@@ -125,6 +125,18 @@ def frontier_report(table: pl.DataFrame, objective: dict[str, Any]) -> dict[str,
     return out
 
 
+def range_text(r: dict[str, Any]) -> str:
+    """A frontier row's ranges (``output_tok_s_range``, ``tpot_p99_s_range``: sim.fidelity.figure_ranges),
+    or what stands in their place."""
+    if "output_tok_s_range" not in r:
+        return "-"
+    out, tpot = r["output_tok_s_range"], r.get("tpot_p99_s_range")
+    if out is None:
+        return f"no case resembles this run ({r.get('regime')})"
+    text = f"{out[0]:,.0f}-{out[1]:,.0f}"
+    return text + (f"; {tpot[0] * 1e3:.1f}-{tpot[1] * 1e3:.1f}ms" if tpot else "")
+
+
 def format_frontier(report: dict[str, Any]) -> str:
     """The text the CLI prints: one frontier table per workload and its recommendation."""
     lines = []
@@ -133,7 +145,7 @@ def format_frontier(report: dict[str, Any]) -> str:
         lines.append(f"workload {name}: {counts}; Pareto frontier (GPUs vs output tok/s vs p99 TPOT):")
         head = (f"  {'#':>3} {'GPUs':>5} {'gpu':<12} {'TP':>3} {'DP':>3} {'R':>4} {'policy':<10} "
                 f"{'rebal':<7} {'KV':<5} {'engine':<7} {'out tok/s':>10} {'tok/s/GPU':>10} {'TPOT p99':>9} "
-                f"{'TTFT p99':>9}")
+                f"{'TTFT p99':>9}  range (out tok/s; TPOT p99)")
         lines.append(head)
         for r in w["frontier"]:
             ttft = "-" if r["ttft_p99_s"] is None else f"{r['ttft_p99_s'] * 1e3:.0f}ms"
@@ -141,7 +153,7 @@ def format_frontier(report: dict[str, Any]) -> str:
                          f"{r['num_redundant']:>4} {r['policy']:<10} "
                          f"{'static' if r['rebalance'] == 'static' else 'online':<7} {r['kv_dtype']:<5} "
                          f"{r['engine']:<7} {r['output_tok_s']:>10,.0f} {r['output_tok_s_per_gpu']:>10,.1f} "
-                         f"{r['tpot_p99_s'] * 1e3:>7.1f}ms {ttft:>9}")
+                         f"{r['tpot_p99_s'] * 1e3:>7.1f}ms {ttft:>9}  {range_text(r)}")
         if not w["frontier"]:
             lines.append("  (empty)")
         if w["ok_without_tpot"]:

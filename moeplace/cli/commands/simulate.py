@@ -235,7 +235,7 @@ def run(args) -> int:
                  f"{config.workload.concurrency} concurrent requests")
               + f"; steady state after {config.warmup_s:g} s warm-up")
         print(cost_source_line(results[0].summary["cost_model"]))
-        print(format_table(results))
+        print(format_table(results, run))
         print(fidelity_doc(run)["note"])
         if rec is not None:
             print(format_recommendation(rec))
