@@ -664,39 +664,79 @@ def _fmt_figure(v: float) -> str:
 
 
 def fidelity_constants() -> str:
-    """docs/simulate.md: the constants the one global fit chose (bench/fidelity.py)."""
-    params = _results("fidelity")["fit"]["params"]
-    lines = ["| fitted constant | value |", "|---|---|"]
-    lines += [f"| `{name}` | {value:.4g} |" for name, value in params.items()]
+    """docs/simulate.md: the fitted constants: the split fit (the CostConfig defaults), the fit on every case,
+    and their range over the grouped cross-validation's folds (each fitted without one group), within the
+    fit's bounds (bench/fidelity.py)."""
+    res = _results("fidelity")
+    params, cv = res["fit"]["params"], res.get("cv") or {}
+    folds = list((cv.get("folds") or {}).values())
+    full = (cv.get("full_fit") or {}).get("params") or {}
+    lines = ["| fitted constant | bounds | split fit (the default) | fit on all cases | range over the CV folds |",
+             "|---|---|---|---|---|"]
+    for name, value in params.items():
+        lo, hi = res["fit"]["bounds"][name]
+        vals = [f["params"][name] for f in folds]
+        rng = f"{min(vals):.4g} - {max(vals):.4g}" if vals else "-"
+        lines.append(f"| `{name}` | {lo:.4g} - {hi:.4g} | {value:.4g} | {full.get(name, float('nan')):.4g} | {rng} |")
+    return "\n".join(lines) + "\n"
+
+
+def fidelity_cv() -> str:
+    """docs/simulate.md: the grouped cross-validation (bench/fidelity.py): end-to-end cases, per regime,
+    kernel tables, TPOT; and the peer tally by independent deployment."""
+    res = _results("fidelity")
+    cv = res["cv"]
+    lines = ["| grouped cross-validation | cases | groups | median abs error | max abs error | worst case |",
+             "|---|---:|---:|---:|---:|---|"]
+
+    def row(name, s):
+        if not s["cases"]:
+            return f"| {name} | 0 | 0 | - | - | - |"
+        return (f"| {name} | {s['cases']} | {s['groups']} | {s['median']:.1%} | {s['max']:.1%} | "
+                f"{s['worst_case']} {s['worst_error']:+.1%} |")
+    lines.append(row("**end-to-end, all**", cv))
+    lines += [row(f"regime: {k}", v) for k, v in cv["by_regime"].items()]
+    lines += [row("TPOT of the decode cases", cv["tpot"]), row("kernel tables", cv["kernel_tables"])]
+    t = cv["target"]
+    lines += ["", f"Target (median <= {t['median']:.0%}, max <= {t['max']:.0%} over the end-to-end cases): "
+              + ("met." if cv["target_met"] else
+                 f"**not met** — median {cv['median']:.1%} ({cv['median'] - t['median']:+.1%} over), max "
+                 f"{cv['max']:.1%} ({cv['max'] - t['max']:+.1%} over).")]
+    ind = (res.get("peer_summary") or {}).get("independent")
+    if ind:
+        lines += ["", (f"The peer by independent deployment (one vote per case group, moeplace's cross-validated "
+                       f"error against aiconfigurator's own): moeplace at least as close on "
+                       f"{ind['moeplace_as_close']} of {ind['deployments']}; median over the groups of the "
+                       f"median abs error moeplace {ind['median_abs_error']['moeplace']:.1%}, aiconfigurator "
+                       f"{ind['median_abs_error']['aiconfigurator']:.1%}."), "",
+                  "| deployment group | cases | moeplace (CV) | aiconfigurator |", "|---|---:|---:|---:|"]
+        lines += [f"| {d['group']} | {len(d['cases'])} | {d['moeplace_cv_median_abs_error']:.1%} | "
+                  f"{d['aiconfigurator_median_abs_error']:.1%}{'' if d['moeplace_as_close'] else ' (closer)'} |"
+                  for d in ind["by_deployment"]]
     return "\n".join(lines) + "\n"
 
 
 def fidelity_cases() -> str:
     """docs/simulate.md: one row per published case, calibration first, and the per-split summary."""
     res = _results("fidelity")
-    lines = [("| split | case | source | configuration | metric | published | simulated | error | TPOT error "
-             "| measured (error) | aiconfigurator (error) |"),
-             "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [("| split | group | case | source | configuration | metric | published | simulated | error | CV error "
+             "| TPOT error | measured (error) | aiconfigurator (error) |"),
+             "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["cases"]:
         tpot = f"{r['tpot_error']:+.1%}" if "tpot_error" in r else ""
         peer = (r.get("peer") or {}).get("aiconfigurator")
         peer_cell = "" if not peer else ("n/a" if not peer.get("supported", True) else
                                          f"{_fmt_figure(peer['simulated'])} ({peer['error']:+.1%})")
-        lines.append(f"| {r['split']} | {r['id']} | [{r['source']['org']}]({r['source']['url']}) | {r['gpu']}, "
-                     f"{r['config']} | {r['metric']} | {_fmt_figure(r['published'])} | "
-                     f"{_fmt_figure(r['simulated'])} | {r['error']:+.1%} | {tpot} | {_measured_cell(r)} | {peer_cell} |")
+        cv = "" if r.get("cv_error") is None else f"{r['cv_error']:+.1%}"
+        lines.append(f"| {r['split']} | {r.get('group', '')} | {r['id']} | [{r['source']['org']}]({r['source']['url']}) "
+                     f"| {r['gpu']}, {r['config']} | {r['metric']} | {_fmt_figure(r['published'])} | "
+                     f"{_fmt_figure(r['simulated'])} | {r['error']:+.1%} | {cv} | {tpot} | {_measured_cell(r)} | "
+                     f"{peer_cell} |")
     lines += ["", "| split | metrics | cases | median abs error | max abs error |", "|---|---|---:|---:|---:|"]
     for split, groups in res["summary"].items():
         for group, v in groups.items():
             lines.append(f"| {split} | {group} | {v['cases']} | {v['median_abs_error']:.1%} | "
                          f"{v['max_abs_error']:.1%} |")
-    from moeplace.sim.fidelity import summarize_cases
-
-    lines += ["", "| validation regime (the label's rule) | cases | median abs error | worst case |",
-              "|---|---:|---:|---|"]
-    for name, g in summarize_cases(res["cases"])["regimes"].items():
-        lines.append(f"| {name} | {g['cases']} | " + (f"{g['median_abs_error']:.1%} | {g['worst_case']} "
-                                                       f"{g['worst_error']:+.1%} |" if g["cases"] else "- | - |"))
     ms = res.get("measured_summary")
     if ms and ms.get("validation_cases"):
         lines += ["", (f"Measured column: the same simulation with `--cost-model measured` (aiconfigurator's tables for "
@@ -707,7 +747,9 @@ def fidelity_cases() -> str:
     ps = res.get("peer_summary")
     if ps and ps["shared_cases"]:
         lines += ["", (f"The peer, {ps['peer']} {ps['version']} (bench/peer_aiconfigurator.py; n/a: a case it does "
-                  f"not support, the reason in the results file): {ps['shared_cases']} shared cases, moeplace at "
+                  f"not support, the reason in the results file), counted per case on the split's errors (not the "
+                  f"fair count: correlated rows count one by one, calibration margins are fitted; the fair one, by "
+                  f"deployment on cross-validated errors, is above): {ps['shared_cases']} shared cases, moeplace at "
                   f"least as close to the published figure on {ps['moeplace_at_least_as_close']} of them "
                   f"({ps['validation_moeplace_at_least_as_close']} of {ps['validation_shared_cases']} validation "
                   f"cases); median abs error on the shared cases moeplace "
@@ -734,14 +776,37 @@ def fidelity_label() -> str:
     return f"```\n{fidelity_note(summarize_cases(_results('fidelity')['cases']))}\n```\n"
 
 
-RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
+def replan_quality() -> str:
+    """docs/simulate.md: balancedness gained per expert moved, moeplace's bounded re-plan vs EPLB vs none
+    (bench/replan_quality.py)."""
+    r = _results("replan_quality")
+    s = r["summary"]
+    lines = [("| re-plan | balancedness on the next window | gain over none | experts moved | gain per 1,000 moved "
+              "| decision s (median, charged) |"), "|---|---:|---:|---:|---:|---:|"]
+    names = {"none": "none (static)", "eplb": "EPLB (vLLM's re-plan), GPUs renumbered to keep experts",
+             "moeplace": f"moeplace migration, <= {r['moves']} moves/layer"}
+    for k, v in s.items():
+        per = "–" if v["gain_per_1000_moved"] is None else f"{v['gain_per_1000_moved']:+.4f}"
+        lines.append(f"| {names[k]} | {v['mean_balancedness']:.4f} | {v['gain_over_none']:+.4f} | "
+                     f"{v['experts_moved']:,} | {per} | {v['decision_charged_median_s']:.2f} |")
+    e, m = s["eplb"], s["moeplace"]
+    return ("\n".join(lines) + f"\n\n(`python bench/replan_quality.py`: Kimi K3 at {r['gpus']} H200, "
+            f"{r['redundant']} redundant slots, a {r['tokens']:,}-token synthetic trace in {r['windows']} windows, "
+            f"{len(r['steps'])} re-plans, each observing window t - 1 and scored on window t; load average "
+            f"{r['loadavg_start'][0]:.1f} on 2 shared cores.) EPLB gains {e['gain_over_none']:+.4f} balancedness but "
+            f"moves {e['experts_moved'] / len(r['steps']):,.0f} expert copies per re-plan; the bounded re-plan gains "
+            f"{m['gain_over_none']:+.4f} moving {m['experts_moved'] / len(r['steps']):,.0f}: "
+            f"{m['gain_per_1000_moved'] / e['gain_per_1000_moved']:.0f}x the balancedness per expert moved.\n")
+
+
+RENDERERS = {"replan-quality": replan_quality, "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
              "trace-stats": trace_stats, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
              "demo-transcript": demo_transcript, "demo-summary": demo_summary, "demo-optimize": demo_optimize,
              "demo-simulate": demo_simulate, "sim-speed": sim_speed, "kernels": kernels,
              "optimize-table": optimize_table, "optimize": optimize, "evaluate-defaults": evaluate_defaults,
              "long-context": long_context, "traffic": traffic, "recommend": recommend, "sweep": sweep,
-             "fidelity-constants": fidelity_constants, "fidelity-cases": fidelity_cases,
+             "fidelity-constants": fidelity_constants, "fidelity-cases": fidelity_cases, "fidelity-cv": fidelity_cv,
              "fidelity-label": fidelity_label}
 
 

@@ -35,6 +35,11 @@ Mapping (one rule for every case, nothing chosen per case):
   -> ``static_ctx`` with ``tokens_per_rank / isl`` prompts per rank (figure: prompt tokens per second per
   GPU from ``ttft``, x 8 per node). MTP: ``nextn`` drafts with the expected accepted drafts per step
   (sum over positions of the product of the conditional acceptances).
+- A batch that does not fit: where aiconfigurator reports OOM at the case's batch per rank (it sizes
+  memory more conservatively than the engine did; trtllm-bench's ``max_batch_size`` is a cap, not what
+  runs), the largest batch that fits, found by bisection between 1 and the case's batch (one rule for every
+  case), is run instead and recorded (``batch_reduced_from``). A model that does not fit at batch 1 stays
+  not supported.
 - Not modelled by aiconfigurator and recorded as a note: two-batch overlap (TBO/DBO), routing skew and
   redundant experts (its MoE tables assume a fixed token distribution).
 """
@@ -153,6 +158,35 @@ def figure(case: dict, kw: dict, raw: dict) -> float:
     return per_gpu * PER_NODE if metric == "output_tok_s_per_node" else per_gpu
 
 
+def _oom(exc: Exception) -> bool:
+    return "OOM" in str(exc)
+
+
+def estimate_fitting(estimate, kw: dict):
+    """``(kw, result, None)`` of ``estimate(**kw)``; where that is OOM at ``batch_size`` > 1, the largest
+    batch that fits (bisection; what an engine's memory cap would leave running) as ``(kw with that batch,
+    its result, the case's batch)``. Other errors, and OOM at batch 1, propagate."""
+    try:
+        return kw, estimate(**kw), None
+    except Exception as exc:
+        if not _oom(exc) or kw.get("batch_size", 1) <= 1:
+            raise
+        first = exc
+    lo, hi, best = 1, int(kw["batch_size"]) - 1, None  # the largest fitting batch in [lo, hi]
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        try:
+            best = ({**kw, "batch_size": mid}, estimate(**{**kw, "batch_size": mid}))
+            lo = mid + 1
+        except Exception as exc:
+            if not _oom(exc):
+                raise
+            hi = mid - 1
+    if best is None:
+        raise first
+    return best[0], best[1], int(kw["batch_size"])
+
+
 def notes_of(case: dict) -> list[str]:
     c = case["config"]
     out = []
@@ -196,7 +230,7 @@ def main() -> int:
             continue
         t0 = time.perf_counter()
         try:
-            res = cli_estimate(**{**kw, "model_path": local_model(kw["model_path"], models)})
+            kw, res, reduced = estimate_fitting(cli_estimate, {**kw, "model_path": local_model(kw["model_path"], models)})
             value = figure(case, kw, res.raw)
         except Exception as exc:  # noqa: BLE001 - the peer's own refusal (OOM, missing table, parallelism)
             msg = " ".join(str(exc).split())[:300]
@@ -205,7 +239,10 @@ def main() -> int:
             records.append(rec)
             continue
         err = value / case["published"] - 1
-        rec.update(supported=True, simulated=value, error=err, call=kw, notes=notes_of(case),
+        if reduced:
+            rec["batch_reduced_from"] = reduced
+        rec.update(supported=True, simulated=value, error=err, call=kw,
+                   notes=notes_of(case) + ([f"batch {kw['batch_size']} per rank (OOM at {reduced})"] if reduced else []),
                    backend_version=res.backend_version, kv_cache_warning=res.kv_cache_warning,
                    result={k: res.raw.get(k) for k in ("ttft", "tpot", "tokens/s/gpu", "tokens/s/user", "bs",
                                                        "global_bs", "num_total_gpus", "parallel", "gemm",

@@ -3,9 +3,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from moeplace.cli.main import main
 
 
+# slow: stage 8 simulates every rebalancer for >= 5 of its intervals (vLLM: 3,000 steps) after warm-up,
+# minutes of simulation (a comparison shorter than the interval only ever saw the first decision)
+@pytest.mark.slow
 def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     run, traces = tmp_path / "run", tmp_path / "traces"
     assert main(["demo", "--quick", "--out", str(run), "--traces", str(traces)]) == 0
@@ -26,10 +31,12 @@ def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     assert "--enable-expert-parallel" in vllm
     # then the engine's own rebalancer, tuned: its launch flags, the gain over static with its interval
     tuned = out[out.index("== 8. tune"):]
-    assert "vLLM: best of" in tuned and "--enable-eplb --eplb-config" in tuned and "80 % interval" in tuned
+    assert "vLLM: best of" in tuned and "--enable-eplb --eplb-config" in tuned and "80 % batch-means interval" in tuned
+    assert "rebalances after warm-up" in tuned
     assert "static alternative" in tuned
     reb = json.loads((run / "rebalance.json").read_text())
     assert reb["engines"]["vllm"]["best"]["gain_lo"] <= reb["engines"]["vllm"]["best"]["gain_hi"]
+    assert reb["engines"]["vllm"]["best"]["rebalances"] >= 5
     for rel in ("loads.npz", "plan.json", "placement.json", "comparison.json", "sim/summary.json",
                 "export/sglang-expert-location.json", "export/vllm-expert-map.json"):
         assert (run / rel).is_file(), rel

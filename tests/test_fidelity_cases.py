@@ -95,8 +95,9 @@ def test_engine_and_metric_fields_are_checked(tmp_path):
         assert c["metric"] in fid.METRICS
         if c["kind"] in fid.E2E and c["source"]["org"] not in ("DeepSeek", "Alibaba RTP-LLM"):
             assert fid.case_engine(c) in fid.ENGINES, c["id"]
-    case = ("- id: x\n  source: {{org: o, title: t, url: u}}\n  split: validation\n  kind: serve\n  gpu: h200\n"
-            "  model: deepseek-v3\n  engine: {engine}\n  config: {{gpus: 8}}\n  metric: {metric}\n  published: 1\n"
+    case = ("- id: x\n  source: {{org: o, title: t, url: u}}\n  split: validation\n  group: g\n"
+            "  regime: mid-batch decode\n  kind: serve\n  gpu: h200\n"
+            "  model: deepseek-v3\n  engine: {engine}\n  config: {{gpus: 8, batch_per_rank: 8}}\n  metric: {metric}\n  published: 1\n"
             "  assumptions: []\n")
     bad = tmp_path / "cases.yaml"
     bad.write_text(case.format(engine="tgi", metric="output_tok_s_per_gpu"))
@@ -119,3 +120,78 @@ def test_total_and_per_gpu_prompt_metrics():
     assert fid._from_summary({"metric": "input_tok_s_per_node", "config": {"gpus": 8}}, s) == 8000.0
     case = next(c for c in fid.load_cases(fid.CASES) if c["config"].get("kv_tokens"))
     assert fid.case_kv_tokens(case, None, None, None) == case["config"]["kv_tokens"]
+
+
+def test_group_and_regime_fields_are_checked(tmp_path):
+    """Every case names its deployment group and its regime; the regime must be the label's rule over the
+    case's configuration (``kernel`` for kernel tables), one line naming the case and field otherwise."""
+    import pytest
+    import yaml
+
+    from moeplace.foundation.errors import InputError
+
+    fid = _fidelity()
+    cases = fid.load_cases(fid.CASES)
+    assert all(c["group"] and c["regime"] for c in cases)
+    raw = yaml.safe_load(fid.CASES.read_text())
+    bad = tmp_path / "cases.yaml"
+    wrong = next(c for c in raw if c["id"] == "trtllm-b200-min-latency")
+    bad.write_text(yaml.safe_dump([{**wrong, "regime": "max-throughput"}]))
+    with pytest.raises(InputError, match=r"case 1 \(trtllm-b200-min-latency\): field 'regime' must be "
+                                         r"'single-user latency'"):
+        fid.load_cases(bad)
+    bad.write_text(yaml.safe_dump([{k: v for k, v in wrong.items() if k != "group"}]))
+    with pytest.raises(InputError, match=r"case 1 \(trtllm-b200-min-latency\): missing field 'group'"):
+        fid.load_cases(bad)
+
+
+def test_committed_cross_validation_is_its_rows_summary():
+    """bench/results/fidelity.json's ``cv`` is cv_summary of its own rows; every case carries its group and
+    its cross-validated figure, one fold per group holding exactly that group's cases."""
+    fid = _fidelity()
+    cases = fid.load_cases(fid.CASES)
+    res = json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())
+    rows, cv = res["cases"], res["cv"]
+    assert [r["group"] for r in rows] == [c["group"] for c in cases]
+    for r in rows:
+        assert r["cv_error"] == r["cv_simulated"] / r["published"] - 1, r["id"]
+    want = json.loads(json.dumps(fid.cv_summary(rows)))
+    assert {k: cv[k] for k in want} == want
+    groups = list(dict.fromkeys(c["group"] for c in cases))
+    assert list(cv["folds"]) == groups  # one fold per group, kernel tables' too
+    assert cv["groups"] == len({c["group"] for c in cases if c["kind"] in fid.E2E})  # the headline's groups
+    for g, fold in cv["folds"].items():
+        assert fold["cases"] == [c["id"] for c in cases if c["group"] == g]
+
+
+def test_cross_validation_never_fits_on_the_group_it_predicts(monkeypatch):
+    """Each fold's fit sees every case outside the held-out group and none inside it (the kernel tables
+    here: no simulation), and the held-out cases are predicted with that fold's constants."""
+    from moeplace.sim.config import CostConfig
+
+    fid = _fidelity()
+    cases = [c for c in fid.load_cases(fid.CASES) if c["kind"] == "gemm"]
+    cfg = CostConfig()
+    rows = [{"id": c["id"], "kind": c["kind"], "group": c["group"], "published": c["published"],
+             "simulated": fid.kernel_metric(c, cfg), "error": 0.0, "split": c["split"], "metric": c["metric"]}
+            for c in cases]
+    seen, fitted = [], {}
+    real_fit = fid.fit
+
+    def recording_fit(fit_cases, quick, **kw):
+        out = real_fit(fit_cases, True, **kw)
+        seen.append([c["id"] for c in fit_cases])
+        fitted[tuple(seen[-1])] = out[0]
+        return out
+
+    monkeypatch.setattr(fid, "fit", recording_fit)
+    cv = fid.cross_validate(cases, rows, cfg, quick=True, log=lambda *_: None)
+    groups = list(dict.fromkeys(c["group"] for c in cases))
+    assert seen[0] == [c["id"] for c in cases]  # the start of every fold: the fit on all cases
+    for g, ids in zip(groups, seen[1:], strict=True):
+        assert ids == [c["id"] for c in cases if c["group"] != g]
+        fold_cfg = fitted[tuple(ids)]
+        for c, r in zip(cases, rows):
+            if c["group"] == g:
+                assert r["cv_simulated"] == fid.kernel_metric(c, fold_cfg)
+    assert cv["kernel_tables"]["cases"] == len(cases) and cv["cases"] == 0

@@ -23,17 +23,20 @@ def _bench_fidelity():
 
 
 def _expected() -> dict:
-    """The validation figures, straight from the committed per-case rows."""
+    """The label's figures, straight from the committed per-case rows: the end-to-end cases' grouped
+    cross-validation errors."""
     rows = [r for r in json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())["cases"]
-            if r["split"] == "validation"]
-    thr = [(r["id"], r["error"]) for r in rows if r["metric"] not in ("per_user_tok_s", "latency_us")]
-    tpot = [(r["id"], r["tpot_error"]) for r in rows if "tpot_error" in r]
+            if r["kind"] in ("prefill", "decode", "serve")]
+    assert all(r.get("cv_error") is not None for r in rows)
+    thr = [(r["id"], r["cv_error"]) for r in rows if r["metric"] not in ("per_user_tok_s", "latency_us")]
+    tpot = [(r["id"], r["cv_tpot_error"]) for r in rows if "cv_tpot_error" in r]
     worst_thr = max(thr, key=lambda p: abs(p[1]))
     worst_tpot = max(tpot, key=lambda p: abs(p[1]))
-    return {"n": len(rows), "thr_cases": len(thr), "thr_median": float(np.median([abs(e) for _, e in thr])),
+    return {"n": len(rows), "groups": len({r["group"] for r in rows}), "thr_cases": len(thr),
+            "thr_median": float(np.median([abs(e) for _, e in thr])),
             "thr_worst": worst_thr, "tpot_cases": len(tpot),
             "tpot_median": float(np.median([abs(e) for _, e in tpot])), "tpot_worst": worst_tpot,
-            "far": sorted((r["id"], r["error"]) for r in rows if abs(r["error"]) > 0.35)}
+            "far": sorted((r["id"], r["cv_error"]) for r in rows if abs(r["cv_error"]) > 0.35)}
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +56,14 @@ def test_printed_label_carries_the_validation_errors_of_the_committed_cases(trac
     assert lines[label - 1].startswith("iterations")  # directly under the table's last row
     text = lines[label]
     e = _expected()
-    assert f"on {e['n']} published deployments" in text
-    assert f"throughput was off by a median {e['thr_median']:.0%} (worst {e['thr_worst'][1]:+.0%}, too fast" in text
+    assert f"on {e['n']} published deployments in {e['groups']} groups" in text
+    assert "grouped cross-validation" in text
+    way = "fast" if e["thr_worst"][1] > 0 else "slow"
+    assert f"throughput was off by a median {e['thr_median']:.0%} (worst {e['thr_worst'][1]:+.0%}, too {way}" in text
     assert e["thr_worst"][0] in text
     assert f"{len(e['far'])} of {e['n']} cases beyond 35%" in text
-    assert f"TPOT by a median {e['tpot_median']:.0%} (worst {e['tpot_worst'][1]:+.0%}, too slow)" in text
+    way = "slow" if e["tpot_worst"][1] > 0 else "fast"
+    assert f"TPOT by a median {e['tpot_median']:.0%} (worst {e['tpot_worst'][1]:+.0%}, too {way})" in text
     assert "compare placements by their ratios" in text
 
 
@@ -66,7 +72,7 @@ def test_json_carries_the_same_figures_and_keeps_its_summaries(trace_dir, capsys
     doc = json.loads(capsys.readouterr().out)
     assert doc["format"] == "moeplace.sim-summary/1" and [s["label"] for s in doc["summaries"]] == ["linear"]
     f, e = doc["fidelity"], _expected()
-    assert f["validation_cases"] == e["n"] and f["provenance"] == "bench/fidelity.py, validation split"
+    assert f["cases"] == e["n"] and f["groups"] == e["groups"] and f["provenance"] == sim_fidelity.PROVENANCE
     assert f["throughput"]["cases"] == e["thr_cases"] and f["tpot"]["cases"] == e["tpot_cases"]
     assert f["throughput"]["median_abs_error"] == pytest.approx(e["thr_median"], rel=1e-12)
     assert f["tpot"]["median_abs_error"] == pytest.approx(e["tpot_median"], rel=1e-12)
@@ -79,7 +85,7 @@ def test_json_carries_the_same_figures_and_keeps_its_summaries(trace_dir, capsys
 
 
 def test_note_reads_the_signs_and_says_what_was_never_checked():
-    s = {"provenance": "p", "validation_cases": 3, "ttft_cases": 0, "far_off_threshold": 0.35, "far_off": [],
+    s = {"provenance": "p", "cases": 3, "groups": 2, "ttft_cases": 0, "far_off_threshold": 0.35, "far_off": [],
          "throughput": {"cases": 2, "median_abs_error": 0.1, "worst_error": -0.2, "worst_case": "a", "worst_org": "O"},
          "tpot": {"cases": 1, "median_abs_error": 0.05, "worst_error": -0.05, "worst_case": "b", "worst_org": "O"}}
     note = sim_fidelity.fidelity_note(s)
@@ -122,7 +128,9 @@ def test_only_a_full_run_writing_the_committed_results_rewrites_the_summary(tmp_
     rows = json.loads((results / "fidelity.json").read_text())["cases"]
     written = json.loads(summary.read_text())
     assert written == json.loads(json.dumps(sim_fidelity.summarize_cases(rows)))
-    assert written["validation_cases"] == 1 and written["throughput"]["worst_case"] == rows[1]["id"]
+    # --no-fit: no cross-validation, so the validation split stands in, and the provenance says so
+    assert written["cases"] == 1 and written["throughput"]["worst_case"] == rows[1]["id"]
+    assert written["provenance"] == sim_fidelity.PROVENANCE_SPLIT
     assert written["throughput"]["worst_error"] == pytest.approx(rows[1]["error"], rel=1e-12)
     summary.unlink()
     monkeypatch.setattr(sys, "argv", ["fidelity.py", "--summary-only"])
@@ -146,23 +154,70 @@ def test_regime_rule_over_the_run_settings():
 
 
 def test_note_names_the_regime_its_error_and_what_no_case_covers(trace_dir, capsys):
-    s = {"provenance": "p", "validation_cases": 3, "ttft_cases": 1, "far_off_threshold": 0.35, "far_off": [],
+    s = {"provenance": "p", "cases": 3, "groups": 2, "ttft_cases": 1, "far_off_threshold": 0.35, "far_off": [],
          "throughput": {"cases": 2, "median_abs_error": 0.1, "worst_error": -0.2, "worst_case": "a", "worst_org": "O"},
          "tpot": {"cases": 0}, "models": ["deepseek-v3"], "gpus": ["b200", "h100"],
          "regimes": {"single-user latency": {"cases": 2, "median_abs_error": 0.12, "worst_error": -0.2,
                                              "worst_case": "a", "worst_org": "O", "models": ["deepseek-v3"],
                                              "gpus": ["b200"]},
                      "mid-batch decode": {"cases": 0, "models": [], "gpus": []}}}
+    s["regimes"]["single-user latency"].update(groups=2, errors=[-0.2, 0.05])
     note = sim_fidelity.fidelity_note(s, {"regime": "single-user latency", "model": "kimi-k3", "gpu": "gb300-nvl72"})
     assert "this run is single-user latency: there the median was 12% over 2 cases" in note
-    assert "no validation case runs kimi-k3 (only deepseek-v3)" in note and "none on gb300-nvl72" in note
+    assert "errors from -20% to +5%" in note
+    assert "no case runs kimi-k3 (only deepseek-v3)" in note and "none on gb300-nvl72" in note
     note = sim_fidelity.fidelity_note(s, {"regime": "mid-batch decode", "model": "deepseek-v3", "gpu": "h100"})
-    assert "no validation case in that regime" in note and "runs" not in note and "none on" not in note
+    assert "no case resembles this run" in note and "runs" not in note and "none on" not in note
     # place simulate: 8 sequences over 2 TP2 ranks (4 each) is single-user latency; 32 is mid-batch decode
     assert main(["simulate", trace_dir, *COMMON, "--json"]) == 0
     f = json.loads(capsys.readouterr().out)["fidelity"]
     assert f["run"]["regime"] == "single-user latency" and f["run"]["model"] == "mini-k3"
     assert "this run is single-user latency: there the median was" in f["note"]
-    assert "no validation case runs mini-k3" in f["note"]
+    assert "no case runs mini-k3" in f["note"]
     assert main(["simulate", trace_dir, *COMMON, "--concurrency", "64", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fidelity"]["run"]["regime"] == "mid-batch decode"
+
+
+def test_ranges_come_from_the_regime_errors_and_vanish_where_no_case_resembles_the_run():
+    """A throughput S under signed errors e in [lo, hi] lies in [S / (1 + hi), S / (1 + lo)]; a per-token
+    time in [S (1 + lo), S (1 + hi)]; one group's cases give no range, nor does an empty regime."""
+    reg = {"cases": 3, "groups": 2, "errors": [-0.2, 0.1, 0.25], "median_abs_error": 0.2}
+    s = {"regimes": {"max-throughput": reg, "mid-batch decode": {**reg, "groups": 1},
+                     "prefill-heavy": {"cases": 0}}, "min_groups_for_range": 2}
+    summary = {"output_tok_s": 1000.0, "tpot_p99_s": 0.05, "ttft_p99_s": 1.0, "per_user_tok_s": None}
+    r = sim_fidelity.figure_ranges(s, {"regime": "max-throughput"}, summary)
+    assert r["output_tok_s_range"] == pytest.approx([1000 / 1.25, 1000 / 0.8])
+    assert r["tpot_p99_s_range"] == pytest.approx([0.05 * 0.8, 0.05 * 1.25])
+    assert "ttft_p99_s_range" not in r and "per_user_tok_s_range" not in r  # TTFT never checked; no figure
+    for name in ("mid-batch decode", "prefill-heavy", None):
+        assert sim_fidelity.figure_ranges(s, {"regime": name}, summary) == {
+            "output_tok_s_range": None, "tpot_p99_s_range": None}
+    assert list(sim_fidelity.with_ranges(summary, s, {"regime": "max-throughput"})) == [
+        "output_tok_s", "output_tok_s_range", "tpot_p99_s", "tpot_p99_s_range", "ttft_p99_s", "per_user_tok_s"]
+
+
+def test_simulate_prints_and_writes_each_figure_with_its_range(trace_dir, capsys):
+    """place simulate: every throughput and per-token time of --json has its range beside it, from the
+    committed summary's errors of the run's regime; the printed table carries the same ranges."""
+    assert main(["simulate", trace_dir, *COMMON, "--concurrency", "64", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    f, summ = doc["fidelity"], doc["summaries"][0]
+    lo_hi = sim_fidelity.regime_range(f, f["run"]["regime"])
+    keys = list(summ)
+    figures = [k for k in (*sim_fidelity.THROUGHPUT_FIGURES, *sim_fidelity.TIME_FIGURES) if summ.get(k) is not None]
+    assert "output_tok_s" in figures
+    for key in figures:
+        assert keys[keys.index(key) + 1] == f"{key}_range"
+        if lo_hi is None:
+            assert summ[f"{key}_range"] is None
+        elif key in sim_fidelity.TIME_FIGURES:
+            assert summ[f"{key}_range"] == pytest.approx([summ[key] * (1 + lo_hi[0]), summ[key] * (1 + lo_hi[1])])
+        else:
+            assert summ[f"{key}_range"] == pytest.approx([summ[key] / (1 + lo_hi[1]), summ[key] / (1 + lo_hi[0])])
+    assert main(["simulate", trace_dir, *COMMON, "--concurrency", "64"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("output tok/s "))
+    if lo_hi is None:
+        assert row.endswith("[no case resembles this run]")
+    else:
+        lo, hi = summ["output_tok_s_range"]
+        assert row.endswith(f"[{lo:,.0f}-{hi:,.0f}]")

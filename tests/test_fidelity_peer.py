@@ -87,3 +87,47 @@ def test_committed_results_carry_the_measured_source_per_case_and_its_summary():
     assert all(fid.case_engine(r) for r in covered)
     assert not any(r["source"]["org"] in ("DeepSeek", "Alibaba RTP-LLM") for r in covered)
     assert res["measured_summary"] == json.loads(json.dumps(fid.measured_summary(res["cases"])))
+
+
+def test_independent_tally_counts_one_vote_per_group_on_cross_validated_errors():
+    """The fair count: correlated rows of one group give one vote (their medians), moeplace's side is its
+    cross-validated error (not the split's, where a calibration case's margin is fitted), and a case
+    without a cross-validated figure is not counted."""
+    fid = load_bench("fidelity", "bench_fidelity_peer_tally")
+    rows = [_row(f"t{i}", "decode", "per_user_tok_s", 100.0, 100.0) for i in range(4)]
+    rows.append(_row("x", "decode", "per_user_tok_s", 100.0, 100.0))
+    for r, g, cv in zip(rows, ["table", "table", "table", "blog", "blog"], [0.05, 0.10, 0.50, 0.40, None]):
+        r["group"], r["cv_error"] = g, cv
+    rows[4]["cv_error"] = None
+    peer = {"version": "0.12.0", "cases": [
+        {"id": r["id"], "supported": True, "simulated": s, "result": {}}
+        for r, s in zip(rows, [120.0, 120.0, 120.0, 110.0, 101.0])]}  # peer errors 20, 20, 20, 10, 1 %
+    s = fid.join_peer(rows, peer)
+    ind = s["independent"]
+    assert ind["deployments"] == 2 and ind["moeplace_as_close"] == 1
+    by = {d["group"]: d for d in ind["by_deployment"]}
+    assert by["table"]["moeplace_cv_median_abs_error"] == pytest.approx(0.10) and by["table"]["moeplace_as_close"]
+    assert by["blog"]["cases"] == ["t3"] and not by["blog"]["moeplace_as_close"]  # x has no CV figure
+    assert "1 of 2" in "\n".join(fid.peer_text(s))
+    # the split's per-case count is still there, and says something else: every row at 0 % error
+    assert s["moeplace_at_least_as_close"] == 5
+
+
+def test_peer_takes_the_largest_batch_that_fits_where_the_case_batch_is_oom():
+    """bench/peer_aiconfigurator.py: an OOM at the case's batch bisects to the largest batch that fits and
+    records the case's; another error, or OOM at batch 1, is the peer's refusal."""
+    peer = load_bench("peer_aiconfigurator", "bench_peer_aiconfigurator_oom")
+
+    def estimate(batch_size, **_):
+        if batch_size > 1000:
+            raise RuntimeError("OOM: the model does not fit")
+        return {"bs": batch_size}
+
+    kw, res, reduced = peer.estimate_fitting(estimate, {"batch_size": 1792, "mode": "agg"})
+    assert (kw["batch_size"], res["bs"], reduced) == (1000, 1000, 1792)
+    kw, res, reduced = peer.estimate_fitting(estimate, {"batch_size": 512})
+    assert reduced is None and res["bs"] == 512
+    with pytest.raises(RuntimeError, match="OOM"):
+        peer.estimate_fitting(lambda **_: (_ for _ in ()).throw(RuntimeError("OOM: no")), {"batch_size": 64})
+    with pytest.raises(ValueError):
+        peer.estimate_fitting(lambda **_: (_ for _ in ()).throw(ValueError("no table")), {"batch_size": 64})

@@ -85,6 +85,21 @@ def test_kda_decode_reads_and_writes_the_state_once_per_sequence():
     assert cm2.kda_time(w)[0] == pytest.approx((p + state * 3) / H200_BW)
 
 
+def test_kda_prefill_core_runs_at_the_published_kda_rate_not_the_gqa_estimate():
+    """KDA's chunked core is priced at ``kda_flops_efficiency`` (FlashKDA's published H20 rate), GQA's at
+    ``flops_efficiency``: changing one moves only its own layer kind."""
+    m = mini_model()
+    w = work(tokens=65536, pre_tokens=65536, pre_seqs=1, sampled=1, pre_pairs=65536 * 65537 / 2, pre_ctx=65536)
+    c = m.kda
+    core = 65536 * (3 * 2.0 * c.num_heads * c.head_dim ** 2 + 2 * 2.0 * c.num_heads * c.head_dim * 64)
+    base = CostModel(m, make_cluster(8, "h200"), EXACT.replace(kda_flops_efficiency=0.5))
+    slow = CostModel(m, make_cluster(8, "h200"), EXACT.replace(kda_flops_efficiency=0.25))
+    assert slow.kda_time(w)[0] - base.kda_time(w)[0] == pytest.approx(core / (0.25 * H200_BF16) - core / (0.5 * H200_BF16))
+    other = CostModel(m, make_cluster(8, "h200"), EXACT.replace(kda_flops_efficiency=0.5, flops_efficiency=0.25))
+    assert other.kda_time(w)[0] == pytest.approx(base.kda_time(w)[0])
+    assert CostConfig().kda_flops_efficiency == 0.27
+
+
 def test_step_time_composition_and_dual_batch_overlap():
     m = mini_model()
     cm = CostModel(m, make_cluster(4, "h200"), EXACT)

@@ -20,7 +20,7 @@ import sys
 
 from moeplace.cli import commands
 from moeplace.cli.run_config import apply_config
-from moeplace.foundation import progress
+from moeplace.foundation import limits, progress
 from moeplace.foundation.errors import MoeplaceError
 from moeplace.foundation.files import Terminated, display, raise_on_sigterm
 
@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except MoeplaceError as exc:
         return fail(str(exc), exc.exit_code, out)
+    except MemoryError as exc:  # an allocation no estimate foresaw (the estimates refuse what they know of)
+        return fail(limits.out_of_memory_line(exc), 1, out)
     except KeyboardInterrupt as exc:  # Terminated (SIGTERM, SIGHUP) included
         return _stopped(exc, fail, out)
     except BrokenPipeError:  # `place ... | head`: the reader has what it wanted

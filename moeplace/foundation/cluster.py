@@ -15,6 +15,7 @@ from pathlib import Path
 
 import networkx as nx
 
+from moeplace.foundation import limits
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.reading import quote
 
@@ -109,6 +110,7 @@ class ClusterSpec:
         if self.num_nodes < 1 or self.gpus_per_node < 1:
             raise InputError(f"cluster needs >= 1 node and >= 1 GPU per node, got {self.num_nodes} x "
                              f"{self.gpus_per_node}")
+        limits.check_gpus(self.num_nodes * self.gpus_per_node, "cluster GPUs")
 
     @property
     def num_gpus(self) -> int:
@@ -177,6 +179,7 @@ def make_cluster(gpus: int = 32, gpu: str = "h200", gpus_per_node: int | None = 
     per_node = spec.gpus_per_node if gpus_per_node is None else gpus_per_node
     if gpus < 1:
         raise InputError(f"--gpus must be >= 1, got {gpus}")
+    limits.check_gpus(gpus)
     if gpus < per_node and gpus_per_node is None:
         per_node = gpus
     if gpus % per_node:

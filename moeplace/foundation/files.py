@@ -299,14 +299,18 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
     writable file system) raises :class:`WriteFailed`, naming ``path``.
     """
     path = Path(path)
+    # the directories made for it are removed again if the write fails (deepest first, only when empty)
+    made = [a for a in (path.parent, *path.parent.parents) if not os.path.lexists(a)]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        _remove_made(made)
         if exc.errno not in _WRITE_ERRNOS:  # e.g. a file in the way: the caller's error, as it is
             raise
         raise WriteFailed(exc.errno, exc.strerror or str(exc), str(path)) from None
     clean_stale_temps(path)
     tmp = temp_sibling(path)
+    done = False
     try:
         if directory:
             tmp.mkdir()
@@ -336,6 +340,7 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
             remove_path(old)
         else:
             os.replace(tmp, path)
+        done = True
     except Exception as exc:
         err = _write_failure(exc, path)
         if err is None:
@@ -344,6 +349,88 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
     finally:
         if tmp.exists() or tmp.is_symlink():
             remove_path(tmp)
+        if not done:
+            _remove_made(made)
+
+
+def _remove_made(made: list[Path]) -> None:
+    """``rmdir`` the directories in ``made`` (deepest first) while they are empty: what a failed write made
+    for its output and nothing else put there."""
+    for d in made:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
+
+
+# ---------------------------------------------------------------------------- one writer per directory
+LOCK_NAME = ".moeplace-lock"
+
+
+class LockHeld(MoeplaceError):
+    """Another live run holds the directory's lock (exit 1: nothing is wrong with the input)."""
+
+    exit_code = 1
+
+
+@contextlib.contextmanager
+def exclusive_lock(directory: str | os.PathLike, what: str = "--out"):
+    """Hold ``directory/.moeplace-lock`` for the block: one run at a time writes a directory that runs
+    resume into (a sweep's ``--out``). The directory is created when absent (and removed again on exit
+    if the block left it empty).
+
+    The lock is ``flock(2)`` on that file, which the kernel releases when its holder dies however it dies,
+    so a lock left by a killed run is simply taken (with a note naming the dead process); the file holds
+    the holder's pid and start time, which the refusal quotes. After locking, the file is checked to be the
+    one at the path (a holder that finished unlinks it; a run that opened it before then retries)."""
+    import fcntl
+    import time
+
+    d = Path(directory)
+    made = False
+    try:
+        d.parent.mkdir(parents=True, exist_ok=True)
+        d.mkdir()
+        made = True
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise WriteFailed(exc.errno, exc.strerror or str(exc), str(d)) from None
+    lock = d / LOCK_NAME
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise InputError(f"{what} {display(d)}: cannot create its lock file ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            held = os.read(fd, 200).decode("utf-8", "replace").split()
+            os.close(fd)
+            who = (f"process {held[0]}" + (f", started {held[1]}" if len(held) > 1 else "")) if held else "another run"
+            raise LockHeld(f"{what} {display(d)}: another run ({who}) is writing there; wait for it to finish "
+                           f"or give another {what}") from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder finished and removed it meanwhile: lock the new one
+    try:
+        before = os.read(fd, 200).decode("utf-8", "replace").split()
+        if before and before[0].isdigit() and int(before[0]) != os.getpid() and not _pid_alive(int(before[0])):
+            print(f"place: note: {display(d)}: took over the lock left by process {before[0]}, which is no longer "
+                  "running", file=sys.stderr)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode(), 0)
+        yield d
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+        os.close(fd)
+        if made:
+            remove_empty_tree(d)
 
 
 # ---------------------------------------------------------------------------- what is our own output
@@ -551,7 +638,8 @@ def _check_output(p: Path, text: str, what: str, k: OutputKind, inputs: Iterable
             raise InputError(f"{what}: is an existing file, not a {k.name}; refusing to replace it")
         if not k.directory and p.is_dir():
             raise InputError(f"{what}: is an existing directory; give a file name for the {k.name}")
-        empty_dir = k.directory and not any(p.iterdir())
+        # a directory holding only a run's lock (exclusive_lock: that run is starting) holds no output
+        empty_dir = k.directory and not any(x.name != LOCK_NAME for x in p.iterdir())
         if not empty_dir:
             if not _recognised(k, p):
                 raise InputError(f"{what}: exists and is not a {k.name} written by moeplace; refusing to "

@@ -361,7 +361,7 @@ def _check_aliases(root, where: str) -> None:
     """Refuse a YAML node graph whose aliases expand it by more than :data:`MAX_ALIAS_NODES` nodes. Sizes
     are counted once per distinct node (memoised, iteratively), so the check costs the document's own size
     even for a "billion laughs" tree of 10**9 expanded nodes."""
-    import yaml
+    import yaml  # PyYAML: ~20 ms to import, and most commands read no YAML
 
     size: dict[int, int] = {}
     started: set[int] = set()
@@ -396,3 +396,51 @@ def read_yaml(path: str | os.PathLike, missing: str = "no such file", what: str 
     except FileNotFoundError:
         raise InputError(f"{p}: {missing}") from None
     return parse_yaml(text, str(p), what)
+
+
+# ---------------------------------------------------------------------------- .npz
+def npz_declared(path: str | os.PathLike, what: str = ".npz file") -> dict[str, tuple[tuple[int, ...], Any]]:
+    """What each array of an ``.npz`` says it holds, read from the ``.npy`` headers inside the zip without
+    reading (or inflating) any data: ``{name: (shape, dtype)}``. A compressed ``.npz`` of zeros declaring
+    ``(10^7, 48, 128)`` is a few MB on disk and 458 GiB once loaded; callers check the declared sizes
+    (:func:`npz_bytes`) against the memory they may use before ``np.load``. A member that is not a readable
+    ``.npy`` header is an :class:`InputError` naming the file and the array."""
+    import zipfile
+
+    import numpy as np  # only the .npz readers need numpy; the JSON/YAML readers here stay light
+
+    out: dict[str, tuple[tuple[int, ...], Any]] = {}
+    try:
+        with open_regular(path) as fh, zipfile.ZipFile(fh) as z:
+            for info in z.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                name = info.filename[:-4]
+                try:
+                    with z.open(info) as m:
+                        version = np.lib.format.read_magic(m)
+                        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                        if read_header is None:  # format 3.0 (utf-8 field names): no public reader
+                            shape, _fortran, dtype = np.lib.format._read_array_header(m, version)
+                        else:
+                            shape, _fortran, dtype = read_header(m)
+                except Exception as exc:  # noqa: BLE001  (numpy's header parser raises tokenize's and ast's errors too)
+                    raise InputError(f"{os.fspath(path)}: array '{name[:80]}': not a readable .npy header "
+                                     f"({str(exc)[:200]})") from None
+                out[name] = (tuple(int(d) for d in shape), dtype)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise InputError(f"{os.fspath(path)}: not a readable {what} ({str(exc)[:200]})") from None
+    return out
+
+
+def npz_bytes(declared: dict[str, tuple[tuple[int, ...], Any]]) -> float:
+    """Bytes the arrays of :func:`npz_declared` take once loaded (a float: a hostile shape overflows int64)."""
+    total = 0.0
+    for shape, dtype in declared.values():
+        n = 1.0
+        for d in shape:
+            n *= max(0, d)
+        total += n * max(1, getattr(dtype, "itemsize", 1) or 1)
+    return total
+

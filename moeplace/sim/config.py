@@ -157,7 +157,12 @@ class CostConfig:
     # sustained load, SMs shared with communication kernels, the elementwise kernels between GEMMs);
     # kernel microbenchmarks (DeepGEMM's tables) run at 1
     sustained_efficiency: float = 0.683
-    flops_efficiency: float = 0.8  # non-GEMM compute (KDA recurrences, GQA) at its kernels' achieved rate
+    flops_efficiency: float = 0.8  # GQA core attention compute: an estimate (no published table priced here)
+    # KDA's chunked/recurrent core at its published kernel rate: MoonshotAI FlashKDA's H20 benchmark
+    # (BENCHMARK_H20.md, T=8192, D=128, fixed length) runs H=96 in 2.62 ms and H=64 in 1.62 ms, i.e. 39-42
+    # TFLOPS by this model's KDA FLOP count (sim.cost.CostModel.kda_time), 0.27-0.29 of H20's 148 BF16
+    # TFLOPS (fla's Triton chunk_kda: 4.51 / 2.96 ms, 0.15-0.16); the lower FlashKDA figure
+    kda_flops_efficiency: float = 0.27
     hbm_efficiency: float = 0.856  # fitted: DeepGEMM M=64 rows (weight-read bound), HBM bytes per peak
     link_efficiency: float = 0.677  # fitted: NVLink share DeepEP normal kernels reach (153-158 GB/s on H800)
     nic_efficiency: float = 0.888  # fitted: RDMA share DeepEP normal kernels reach (43-58 GB/s of 50)
@@ -188,7 +193,7 @@ class CostConfig:
     ZERO_OK = ("gemm_m0", "gemm_kernel_s", "ll_latency_s", "normal_latency_s", "allreduce_latency_s",
                "collective_table",
                "kernels_per_layer", "graph_gap_s", "launch_s", "iteration_overhead_s", "comm_sm_share")
-    FRACTIONS = ("sustained_efficiency", "flops_efficiency", "hbm_efficiency", "link_efficiency", "nic_efficiency", "gemm_efficiency",
+    FRACTIONS = ("sustained_efficiency", "flops_efficiency", "kda_flops_efficiency", "hbm_efficiency", "link_efficiency", "nic_efficiency", "gemm_efficiency",
                  "ll_efficiency", "mla_decode_flops_efficiency", "mla_decode_hbm_efficiency",
                  "prefill_attention_efficiency")
 

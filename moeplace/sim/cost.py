@@ -14,7 +14,8 @@ are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.C
   else at the FP8 rate (GPUSpec.flops decides).
 - Attention cores: MLA decode in the absorbed form at FlashMLA's published rates (580 TFLOPS compute
   bound, 3,000 GB/s memory bound, H800), prefill at a FlashAttention-3 share of peak; KDA's chunked
-  prefill and recurrent decode and GQA as rooflines at ``flops_efficiency``.
+  prefill and recurrent decode at ``kda_flops_efficiency`` (FlashKDA's published H20 rate) and GQA at
+  ``flops_efficiency``, as rooflines.
 - Tensor-parallel attention/dense parts (``attention_tp`` > 1): two all-reduces per layer (attention
   output, MLP/MoE output), at the measured time of their message size (:data:`COLLECTIVE_TABLES`:
   TensorRT-LLM's custom all-reduce on 8 x H200 / B200 by message size; the roofline
@@ -292,6 +293,7 @@ class CostModel:
         self.peak_trunk = g.flops(model.weight_dtype) * c.gemm_efficiency * s
         self.peak_expert = g.flops(model.expert_dtype) * c.gemm_efficiency * s
         self.peak_other = g.flops(model.weight_dtype) * c.flops_efficiency * s
+        self.peak_kda = g.flops(model.weight_dtype) * c.kda_flops_efficiency * s
         self.peak_attn_dec = g.flops(attention_dtype) * c.mla_decode_flops_efficiency * s
         self.hbm_attn_dec = g.hbm_bw * c.mla_decode_hbm_efficiency
         self.peak_attn_pre = g.flops(attention_dtype) * c.prefill_attention_efficiency * s
@@ -474,7 +476,7 @@ class CostModel:
         hdd = c.num_heads * c.head_dim * c.head_dim / tp
         flops = (w.tokens * 3 * 2.0 * hdd + w.pre_tokens * 2 * 2.0 * c.num_heads * c.head_dim * KDA_CHUNK / tp)
         bytes_ = 2 * self._kda_state_layer * (w.dec_seqs + w.pre_seqs)
-        return self._projections("kda", w, 4) + roofline(flops, bytes_, self.peak_other, self.hbm_bw)
+        return self._projections("kda", w, 4) + roofline(flops, bytes_, self.peak_kda, self.hbm_bw)
 
     def gqa_time(self, w: RankWork):
         """One GQA layer on each rank ``[D]``: projections plus 4 x heads x head_dim FLOPs per (query, key)

@@ -20,7 +20,10 @@ import numpy as np
 from moeplace.foundation.files import read_json
 
 SUMMARY_PATH = Path(__file__).with_name("fidelity_summary.json")
-PROVENANCE = "bench/fidelity.py, validation split"
+PROVENANCE = "bench/fidelity.py, grouped cross-validation: each case predicted by constants fitted without its group"
+PROVENANCE_SPLIT = "bench/fidelity.py, validation split"
+E2E_KINDS = ("prefill", "decode", "serve")  # end-to-end cases (the rest: kernel tables)
+MIN_GROUPS = 2  # a regime gives a range only from the cases of at least this many groups
 # metrics where larger is not more throughput: per-user decode speed and kernel latency (bench/fidelity.py
 # groups its cases the same way)
 LATENCY_METRICS = ("per_user_tok_s", "latency_us")
@@ -58,7 +61,7 @@ def case_regime(row: dict) -> str | None:
     cases."""
     c = row.get("config_full") or {}
     kind = row.get("kind")
-    if kind not in ("prefill", "decode", "serve"):
+    if kind not in E2E_KINDS:
         return None
     phase = {"serve": "both"}.get(kind, kind)
     seqs = c.get("batch_per_rank", c.get("tokens_per_rank", 0) / max(c.get("isl", 1), 1))
@@ -84,43 +87,97 @@ def run_context(config, num_gpus: int, model: str, gpu: str) -> dict[str, Any]:
 
 
 def _group(pairs: list[tuple[dict, float]]) -> dict[str, Any]:
-    """``pairs``: (case row, signed error). Count, median |error|, and the case of the largest |error|."""
+    """``pairs``: (case row, signed error). Count, groups, median |error|, the case of the largest |error|,
+    and every signed error (sorted: what a run's range is made of)."""
     if not pairs:
         return {"cases": 0}
     row, worst = max(pairs, key=lambda p: abs(p[1]))
-    return {"cases": len(pairs), "median_abs_error": float(np.median([abs(e) for _, e in pairs])),
-            "worst_error": float(worst), "worst_case": row["id"], "worst_org": row["source"]["org"]}
+    return {"cases": len(pairs), "groups": len({r.get("group") or r["id"] for r, _ in pairs}),
+            "median_abs_error": float(np.median([abs(e) for _, e in pairs])),
+            "worst_error": float(worst), "worst_case": row["id"], "worst_org": row["source"]["org"],
+            "errors": sorted(float(e) for _, e in pairs)}
 
 
 def summarize_cases(rows: list[dict]) -> dict[str, Any]:
-    """The label's figures from ``bench/fidelity.py``'s per-case rows (each with ``id``, ``split``,
-    ``metric``, ``source.org``, ``error`` and, for decode cases, ``tpot_error``); validation split only.
-    ``throughput``: cases whose metric is a throughput (not in :data:`LATENCY_METRICS`); ``tpot``: cases
-    with a TPOT comparison; ``ttft_cases``: cases with a published TTFT; ``far_off``: the validation cases
-    whose |error| exceeds :data:`FAR_OFF`, largest first."""
-    val = [r for r in rows if r["split"] == "validation"]
-    far = sorted((r for r in val if abs(r["error"]) > FAR_OFF), key=lambda r: -abs(r["error"]))
+    """The label's figures from ``bench/fidelity.py``'s per-case rows (each with ``id``, ``group``,
+    ``kind``, ``metric``, ``source.org``, and the grouped cross-validation's ``cv_error`` and, for decode
+    cases, ``cv_tpot_error``): the end-to-end cases (deployments; kernel tables are component benchmarks)
+    each predicted by constants fitted without its group. Rows without ``cv_error`` (a run without the
+    cross-validation) fall back to the validation split's ``error`` / ``tpot_error``, and say so in
+    ``provenance``. ``throughput``: cases whose metric is a throughput (not in :data:`LATENCY_METRICS`);
+    ``tpot``: cases with a TPOT comparison; ``ttft_cases``: cases with a published TTFT; ``far_off``: the
+    cases whose |error| exceeds :data:`FAR_OFF`, largest first; ``regimes``: per regime, with every signed
+    error (what :func:`figure_ranges` makes a run's range of)."""
+    cv = any(r.get("cv_error") is not None for r in rows)
+    if cv:
+        val = [r for r in rows if r.get("cv_error") is not None and r.get("kind") in E2E_KINDS]
+        err, tpot = "cv_error", "cv_tpot_error"
+    else:
+        val = [r for r in rows if r["split"] == "validation"]
+        err, tpot = "error", "tpot_error"
+    far = sorted((r for r in val if abs(r[err]) > FAR_OFF), key=lambda r: -abs(r[err]))
     by_regime = {}
     for name in REGIMES:
         rs = [r for r in val if case_regime(r) == name]
-        by_regime[name] = {**_group([(r, r["error"]) for r in rs]),
+        by_regime[name] = {**_group([(r, r[err]) for r in rs]),
                            "models": sorted({r["model"] for r in rs if r.get("model")}),
                            "gpus": sorted({r["gpu"] for r in rs})}
     return {
-        "provenance": PROVENANCE,
+        "provenance": PROVENANCE if cv else PROVENANCE_SPLIT,
         "error": "simulated / published - 1 (throughput: + is faster than published; TPOT: + is slower)",
-        "validation_cases": len(val),
-        "throughput": _group([(r, r["error"]) for r in val if r["metric"] not in LATENCY_METRICS]),
-        "tpot": _group([(r, r["tpot_error"]) for r in val if "tpot_error" in r]),
+        "cases": len(val),
+        "groups": len({r.get("group") or r["id"] for r in val}),
+        "throughput": _group([(r, r[err]) for r in val if r["metric"] not in LATENCY_METRICS]),
+        "tpot": _group([(r, r[tpot]) for r in val if tpot in r]),
         "ttft_cases": sum("ttft" in r["metric"] for r in val),
         "far_off_threshold": FAR_OFF,
-        "far_off": [{"id": r["id"], "org": r["source"]["org"], "metric": r["metric"], "error": float(r["error"])}
+        "far_off": [{"id": r["id"], "org": r["source"]["org"], "metric": r["metric"], "error": float(r[err])}
                     for r in far],
-        # per regime (REGIMES, the rule in regime()): median |error| of each case's own metric
+        # per regime (REGIMES, the rule in regime()): each case's own metric
         "regimes": by_regime,
+        "min_groups_for_range": MIN_GROUPS,
         "models": sorted({r["model"] for r in val if r.get("model")}),
         "gpus": sorted({r["gpu"] for r in val}),
     }
+
+
+# the figures of a run's summary that get a range (figure_ranges): throughputs (a simulated S against a
+# signed error e means a real S / (1 + e)) and per-token times (a real S x (1 + e)); TTFT is not among
+# them: no case publishes one
+THROUGHPUT_FIGURES = ("output_tok_s", "output_tok_s_per_gpu", "input_tok_s", "input_tok_s_per_gpu", "prefill_tok_s",
+                      "per_user_tok_s")
+TIME_FIGURES = ("tpot_p50_s", "tpot_p99_s", "itl_s")
+
+
+def regime_range(s: dict[str, Any], regime_name: str | None) -> tuple[float, float] | None:
+    """(smallest, largest) signed error of the regime's cases, or None where fewer than
+    :data:`MIN_GROUPS` groups' cases resemble the run (one deployment's errors are no spread)."""
+    reg = (s.get("regimes") or {}).get(regime_name) if regime_name else None
+    if not reg or not reg.get("cases") or reg.get("groups", 0) < s.get("min_groups_for_range", MIN_GROUPS):
+        return None
+    e = reg["errors"]
+    return e[0], e[-1]
+
+
+def figure_ranges(s: dict[str, Any], run: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any]:
+    """``{"<figure>_range": [lo, hi] | None}`` for each throughput and per-token time of a run's
+    ``summary`` (:data:`THROUGHPUT_FIGURES`, :data:`TIME_FIGURES`): where the real figure would lie had
+    the simulator erred as it did, over the cases of the run's regime, between its most optimistic and its
+    most pessimistic case (a throughput S: [S / (1 + largest), S / (1 + smallest)]; a time, the
+    reverse). None for every figure where no case resembles the run (:func:`regime_range`)."""
+    rr = regime_range(s, (run or {}).get("regime"))
+    out: dict[str, Any] = {}
+    for key in THROUGHPUT_FIGURES + TIME_FIGURES:
+        v = summary.get(key)
+        if v is None or (isinstance(v, float) and not np.isfinite(v)):
+            continue
+        if rr is None:
+            out[f"{key}_range"] = None
+        elif key in THROUGHPUT_FIGURES:
+            out[f"{key}_range"] = [float(v) / (1 + rr[1]), float(v) / (1 + rr[0])]
+        else:
+            out[f"{key}_range"] = [float(v) * (1 + rr[0]), float(v) * (1 + rr[1])]
+    return out
 
 
 def load_summary(path: str | Path = SUMMARY_PATH) -> dict[str, Any]:
@@ -134,34 +191,52 @@ def _way(error: float, faster: bool) -> str:
     return f"{error:+.0%}, too {'fast' if faster else 'slow'}"
 
 
+def with_ranges(summary: dict[str, Any], s: dict[str, Any], run: dict[str, Any] | None) -> dict[str, Any]:
+    """``summary`` with each :func:`figure_ranges` entry right after its figure (``output_tok_s``,
+    ``output_tok_s_range``, ...)."""
+    ranges = figure_ranges(s, run, summary)
+    out: dict[str, Any] = {}
+    for k, v in summary.items():
+        out[k] = v
+        if f"{k}_range" in ranges:
+            out[f"{k}_range"] = ranges[f"{k}_range"]
+    return out
+
+
 def regime_note(s: dict[str, Any], run: dict[str, Any]) -> str:
-    """The run's regime and the validation error there, and what no validation case covers (its model,
-    its GPU; none in its regime)."""
+    """The run's regime and the error there (its range, or that no case resembles the run), and what no
+    case covers (its model, its GPU)."""
     r = run.get("regime")
     reg = (s.get("regimes") or {}).get(r) if r else None
     parts = []
     if r and reg is not None:
-        if reg["cases"]:
-            parts.append(f"this run is {r}: there the median was {reg['median_abs_error']:.0%} over "
-                         f"{reg['cases']} cases ({', '.join(reg['models'])} on {', '.join(reg['gpus'])})")
+        if not reg["cases"]:
+            parts.append(f"this run is {r}: no case resembles this run (none in that regime)")
         else:
-            parts.append(f"this run is {r}: no validation case in that regime")
+            rr = regime_range(s, r)
+            where = f"{reg['cases']} cases ({', '.join(reg['models'])} on {', '.join(reg['gpus'])})"
+            if rr is None:
+                parts.append(f"this run is {r}: no case resembles this run closely enough for a range (only one "
+                             f"deployment group there: {where}, median {reg['median_abs_error']:.0%})")
+            else:
+                parts.append(f"this run is {r}: there the median was {reg['median_abs_error']:.0%} over {where} "
+                             f"in {reg['groups']} groups, errors from {rr[0]:+.0%} to {rr[1]:+.0%} (the ranges)")
     models, gpus = s.get("models") or [], s.get("gpus") or []
     if run.get("model") and models and run["model"] not in models:
-        parts.append(f"no validation case runs {run['model']} (only {', '.join(models)})")
+        parts.append(f"no case runs {run['model']} (only {', '.join(models)})")
     if run.get("gpu") and gpus and run["gpu"] not in gpus:
         parts.append(f"none on {run['gpu']} (only {', '.join(gpus)})")
     return "; ".join(parts)
 
 
 def fidelity_note(s: dict[str, Any], run: dict[str, Any] | None = None) -> str:
-    """One line: absolute figures are estimates, how far they were off in validation, compare by ratios;
-    with ``run`` (:func:`run_context`) also the run's regime, its validation error and what is not
-    covered (:func:`regime_note`)."""
+    """One line: absolute figures are estimates, how far they were off on held-out published deployments,
+    compare by ratios; with ``run`` (:func:`run_context`) also the run's regime, its error there and what
+    is not covered (:func:`regime_note`)."""
     parts = []
     t, p = s["throughput"], s["tpot"]
     if t["cases"]:
-        far = (f"; {len(s['far_off'])} of {s['validation_cases']} cases beyond {s['far_off_threshold']:.0%}"
+        far = (f"; {len(s['far_off'])} of {s['cases']} cases beyond {s['far_off_threshold']:.0%}"
                if s["far_off"] else "")
         parts.append(f"simulated throughput was off by a median {t['median_abs_error']:.0%} (worst "
                      f"{_way(t['worst_error'], t['worst_error'] > 0)}: {t['worst_org']} {t['worst_case']}{far})")
@@ -170,7 +245,7 @@ def fidelity_note(s: dict[str, Any], run: dict[str, Any] | None = None) -> str:
     if not s["ttft_cases"]:
         parts.append("TTFT never checked")
     extra = regime_note(s, run) if run else ""
-    return (f"absolute figures are model estimates: on {s['validation_cases']} published deployments "
+    return (f"absolute figures are model estimates: on {s['cases']} published deployments in {s['groups']} groups "
             f"({s['provenance']}) {', '.join(parts)}; " + (f"{extra}; " if extra else "")
             + "compare placements by their ratios within one run")
 

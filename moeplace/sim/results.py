@@ -15,7 +15,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, atomic_path, read_json, register_kind, write_text_atomic
 from moeplace.foundation.formats import check, tag, tagged
 from moeplace.sim.chrome_trace import LAYER_ITERATIONS, iteration_events, request_events
-from moeplace.sim.fidelity import fidelity_doc
+from moeplace.sim.fidelity import fidelity_doc, figure_ranges, load_summary, with_ranges
 from moeplace.sim.measured import cost_source
 
 
@@ -202,6 +202,13 @@ def routing_coverage(sim) -> dict[str, Any]:
     routed = sum(p.router.routed_tokens for p in sim.pools_list)
     repeated = sum(p.router.repeated_tokens for p in sim.pools_list)
     T = sim.trace.num_tokens
+    tl = getattr(sim.trace, "timeline", None)
+    if tl is not None:  # drawn from distributions over time (sim.timeline): no trace token is walked
+        how = ("the expert loads (per-window distributions, no per-token routes)" if tl.drawn
+               else "the input's per-window expert distributions")
+        return {"trace_tokens": T, "routed_tokens": routed, "routing_repeat_share": 0.0, "trace_note": None,
+                "routing_source": (f"routes drawn from {how}, {tl.num_windows} windows over {tl.duration_s:g} "
+                                   "simulated s: an estimate")}
     out: dict[str, Any] = {"trace_tokens": T, "routed_tokens": routed, "trace_passes": routed / T,
                            "routing_repeat_share": repeated / routed if routed else 0.0}
     firsts = [(p.router, p.rebalancer.routed_at_first) for p in sim.pools_list
@@ -242,8 +249,11 @@ def summaries_doc(results: list[SimResult], run: dict[str, Any] | None = None,
     "fidelity", "settings"}`` (``summary.json``, and what ``place simulate --json`` prints); ``fidelity``: how
     far the simulator's absolute figures were from published deployments, for the run's context ``run``
     (:func:`sim.fidelity.fidelity_doc`); ``settings``: the run's resolved flags, when a command line made it
-    (what ``--config`` reads back)."""
-    doc = {"summaries": [r.summary for r in results], "fidelity": fidelity_doc(run)}
+    (what ``--config`` reads back). Each throughput and per-token time of a summary has its range beside it
+    (``output_tok_s_range: [lo, hi]``, :func:`sim.fidelity.figure_ranges`; null where no published case
+    resembles the run)."""
+    fid = fidelity_doc(run)
+    doc = {"summaries": [with_ranges(r.summary, fid, run) for r in results], "fidelity": fid}
     if settings is not None:
         doc["settings"] = settings
     return tagged("sim-summary", doc)
@@ -412,20 +422,29 @@ ROWS = [
 OPTIONAL_ROWS = {"rebalances", "moved_bytes", "stall_s", "trace_passes", "routing_repeat_share"}
 
 
-def format_table(results: list[SimResult]) -> str:
-    """Placements side by side: one column each, one metric per row."""
+def format_table(results: list[SimResult], run: dict[str, Any] | None = None) -> str:
+    """Placements side by side: one column each, one metric per row; with ``run`` (the label's run
+    context, :func:`sim.fidelity.run_context`) each throughput and per-token time followed by its range
+    (:func:`sim.fidelity.figure_ranges`: ``[lo-hi]``, or ``[no case resembles this run]``)."""
+    fid = load_summary() if run is not None else None
+    ranges = [figure_ranges(fid, run, r.summary) if fid else {} for r in results]
     head = ["metric"] + [r.label for r in results]
     rows = [head]
     for name, key, unit in ROWS:
         if key in OPTIONAL_ROWS and not any(r.summary.get(key) for r in results):
             continue
         vals = []
-        for r in results:
+        for r, rng in zip(results, ranges):
             v = r.summary.get(key)
             if unit in ("n3", "n1") and v is not None:
-                vals.append(f"{v:.{unit[1]}f}")
+                cell = f"{v:.{unit[1]}f}"
             else:
-                vals.append(_fmt(v, unit))
+                cell = _fmt(v, unit)
+            if f"{key}_range" in rng:
+                lo_hi = rng[f"{key}_range"]
+                ends = None if lo_hi is None else [f"{x:.1f}" if unit == "n1" else _fmt(x, unit) for x in lo_hi]
+                cell += " [no case resembles this run]" if ends is None else f" [{ends[0]}-{ends[1]}]"
+            vals.append(cell)
         rows.append([name] + vals)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -41,6 +42,9 @@ class TraceTokens:
     request_ids: np.ndarray
     model: ModelSpec
     path: str
+    # expert distributions over simulated time (sim.timeline.Timeline) the statistical router draws from
+    # instead of walking the tokens: Loads input, --phases, a comparison's long horizon; None: the tokens
+    timeline: Any = None
     # a trace of some MoE layers only: how the other layers were routed (see :func:`stand_in_layers`)
     layers_note: str = ""
 
@@ -133,7 +137,7 @@ def load_trace_tokens(path: str | Path, max_tokens: int | None = None, from_toke
                 "each other MoE layer replays its nearest held layer's routing (an estimate)")
         model = model.whole()
     return TraceTokens(ids, offset, prompt, np.maximum(output, tokens - pre_rows), pre_rows,
-                       per_req["request_id"].to_numpy().astype(np.int64), model, str(path), note)
+                       per_req["request_id"].to_numpy().astype(np.int64), model, str(path), layers_note=note)
 
 
 def stand_in_layers(model: ModelSpec) -> np.ndarray:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path, PurePosixPath
 
 from moeplace.cli import flags
+from moeplace.cli import relabel as export_checkpoint
 from moeplace.cli.commands import add_force
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, Outputs, write_text_atomic
@@ -32,9 +33,11 @@ def register(sub) -> None:
     p = sub.add_parser("export", help="write a placement as a file SGLang / vLLM / vllm-ascend / TensorRT-LLM loads",
                        description=__doc__)
     p.add_argument("placement", help="placement JSON (written by `place optimize` / `place import-placement`)")
-    p.add_argument("--format", required=True, choices=format_names(), help="engine file format")
+    p.add_argument("--format", required=True, choices=[*format_names(), export_checkpoint.FORMAT],
+                   help="engine file format, or checkpoint: a relabelled copy of --model-path")
     p.add_argument("--out", required=True,
-                   help="output file (suffix as the engine requires: .json, .pt, .jsonl, .yaml)")
+                   help="output file (suffix as the engine requires: .json, .pt, .jsonl, .yaml; a directory for "
+                        "--format checkpoint)")
     p.add_argument("--model", default=None,
                    help="model preset or config.json (default: the model named in the placement)")
     p.add_argument("--loads", default=None,
@@ -45,13 +48,15 @@ def register(sub) -> None:
     p.add_argument("--flags", action="store_true",
                    help="print the launch command (checked against the memory plan) that goes with the file")
     add_force(p)
+    export_checkpoint.add_arguments(p)
     g = p.add_argument_group("launch flags (with --flags)")
     g.add_argument("--tp", type=flags.positive_int, default=None,
                    help="attention tensor-parallel size per DP rank (default: GPUs / --dp, or the plan's default)")
     g.add_argument("--dp", type=flags.positive_int, default=None, help="attention data-parallel ranks (default: GPUs / --tp)")
     g.add_argument("--plan", default=None, metavar="PLAN_JSON",
                    help="take the layout (and GPU kind, KV dtype, context) from a `place plan --report` file")
-    g.add_argument("--model-path", default=None, help="checkpoint path or HF id in the command")
+    g.add_argument("--model-path", default=None, help="checkpoint path or HF id in the command (--format checkpoint: the "
+                        "source checkpoint directory)")
     g.add_argument("--kv-cache-dtype", default="fp8", choices=["fp8", "bf16"])
     g.add_argument("--max-model-len", type=flags.positive_int, default=None, help="default: the model's max context")
     g.add_argument("--gpu", default=None, help="GPU kind (default: from the placement's cluster, else h200)")
@@ -143,7 +148,15 @@ def engine_file_kind(fmt: str, model, num_gpus: int, gpus_per_node: int) -> Outp
     return OutputKind(f"{fmt} file", False, recognise)
 
 
+# formats that write a directory from a source checkpoint rather than an engine file from the placement
+DIRECTORY_FORMATS = {export_checkpoint.FORMAT: export_checkpoint.run}
+
+
 def run(args) -> int:
+    if args.format in DIRECTORY_FORMATS:
+        return DIRECTORY_FORMATS[args.format](args)
+    if args.layout is not None or not args.link:
+        raise InputError("--layout / --copy go with --format checkpoint")
     placement = load_placement(args.placement)
     if placement.layers_label:
         # Every engine format maps every MoE layer (vLLM/SGLang/TensorRT-LLM index a full [layers, slots]

@@ -48,7 +48,17 @@ def fmt(v, unit: str) -> str:
             "int": f"{int(v):,}", "x": f"{v:.3f}", "n3": f"{v:.3f}"}.get(unit, f"{v:,.0f}")
 
 
-table = [{"metric": name, **{lab: fmt(summ[lab].get(key), unit) for lab in labels}}
+def cell(s: dict, key: str, unit: str) -> str:
+    """The figure as place simulate prints it, with its range (summary.json's ``<key>_range``: from the
+    published cases of the run's regime) where the summary has one."""
+    text = fmt(s.get(key), unit)
+    if f"{key}_range" in s:
+        rng = s[f"{key}_range"]
+        text += " [no case resembles this run]" if rng is None else f" [{fmt(rng[0], unit)}-{fmt(rng[1], unit)}]"
+    return text
+
+
+table = [{"metric": name, **{lab: cell(summ[lab], key, unit) for lab in labels}}
          for name, key, unit in data.sim_table_rows()]
 st.dataframe(table, hide_index=True)
 ui.accuracy_note()

@@ -11,6 +11,7 @@ import polars as pl
 import streamlit as st
 
 from moeplace.dashboard import data, ui
+from moeplace.sim.frontier import range_text
 
 st.title("Sweep")
 st.caption("Design-space search: plan, optimize and simulate every deployment of a sweep spec; the Pareto "
@@ -72,6 +73,8 @@ def as_table(rows: list[dict]) -> pl.DataFrame:
     for head, key, unit in COLUMNS:
         vals = [r.get(key) for r in rows]
         out[head] = [None if v is None else v * 1e3 for v in vals] if unit == "ms" else vals
+    # each point's ranges from the published cases of its regime (frontier.json's *_range fields)
+    out["range (out tok/s; TPOT p99)"] = [range_text(r) for r in rows]
     return pl.DataFrame(out, strict=False)
 
 
