@@ -131,3 +131,13 @@ def test_layers_flag_is_for_vllm_jsonl_only(tmp_path, capsys):
     rc = main(["trace", "import", "--format", "vllm-eplb", str(DATA / "vllm_eplb.jsonl"), "--model", "kimi-k3",
                "--out", str(tmp_path / "l.npz"), "--layers", "1-3"])
     assert rc == 2 and "--layers applies to --format vllm-jsonl only" in capsys.readouterr().err
+
+
+def test_partial_loads_drive_the_simulator_on_every_layer(trace, qwen, tmp_path, capsys):
+    from moeplace.sim.inputs import read_workload
+
+    assert main(["trace", "stats", str(trace), "--out", str(tmp_path / "q5.npz")]) == 0
+    capsys.readouterr()
+    wl = read_workload(str(tmp_path / "q5.npz"), (), None, 0)
+    assert wl.trace.model == qwen and wl.trace.expert_ids.shape[1] == 24
+    assert "5 of 24 layers" in wl.trace.layers_note and "estimate" in wl.trace.layers_note
