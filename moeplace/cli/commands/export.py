@@ -132,7 +132,7 @@ def run(args) -> int:
                            eplb_window=args.eplb_window, eplb_interval=args.eplb_interval, tp=args.tp, dp=args.dp,
                            moe_backend=args.moe_backend, engine_version=args.engine_version,
                            vllm_pr=int(args.vllm_pr) if args.vllm_pr else None,
-                           vllm_static=args.vllm_static)
+                           vllm_static=args.vllm_static, placement_path=args.placement)
         # the plan runs before the file is written: a refused layout leaves nothing behind
         opts, plan = check_layout(placement, model, opts, args.plan)
         extra = format_options(placement, args.format, opts)  # refuses a layout the target cannot express
@@ -185,7 +185,8 @@ def run(args) -> int:
             doc["memory_plan"] = {"fits": True, "layout": plan.layout.describe(), "gpu": plan.cluster.gpu.name,
                                   "concurrency": plan.concurrency, "context": plan.context}
             doc["launch"] = {"engine": launch.engine, "engine_version": launch.version, "nodes": launch.nodes,
-                             "gpus_per_node": launch.gpus_per_node, "argv": launch.argv(),
+                             "gpus_per_node": launch.gpus_per_node, "env": launch.env,
+                             "applies_placement": launch.applies_placement, "argv": launch.argv(),
                              "worker_argv": launch.argv(worker=True) if launch.worker_extra else None,
                              "notes": [n.lstrip("# ") for n in launch.notes], "command": launch.text()}
             if launch_out is not None:

@@ -145,7 +145,7 @@ class EngineRelease:
             raise InputError(f"feature '{feature}' unknown (expected one of {', '.join(FEATURES)})")
         mt = model.hf_model_type or model.name
         ok, why = self.rules[feature].judge(mt)
-        arch = ARCHITECTURE_OF_MODEL_TYPE.get(mt, mt)
+        arch = ARCHITECTURE_OF_MODEL_TYPE.get(mt, mt or "an unknown architecture")
         return Cell(self.name, self.version, mt, feature, ok, why.format(model=model.name, arch=arch),
                     self.rules[feature].how)
 
@@ -219,10 +219,10 @@ def _trtllm(version: str = "main (2026 source)") -> EngineRelease:
         "plugin": ByArchitecture(frozenset(), "", otherwise="moeplace has no TensorRT-LLM load-time plugin"),
         "placement_file": ByArchitecture(_TRTLLM_LB_MODEL_TYPES, "TensorRT-LLM reads moe_config.load_balancer."
                                          "initial_global_assignments (needs attention DP)", excluded,
-                                         how="--format trtllm: moe_config.load_balancer"),
+                                         how="--format trtllm: moe_config.load_balancer", otherwise=lb_no),
         "online_eplb": ByArchitecture(_TRTLLM_LB_MODEL_TYPES, "TensorRT-LLM: moe_config.load_balancer."
                                       "layer_updates_per_iter > 0 (needs attention DP)", excluded,
-                                      how="moe_config.load_balancer.layer_updates_per_iter"),
+                                      how="moe_config.load_balancer.layer_updates_per_iter", otherwise=lb_no),
         "stats_dump": ByArchitecture(_TRTLLM_LB_MODEL_TYPES, "TensorRT-LLM: EXPERT_STATISTIC_ITER_RANGE + "
                                      "EXPERT_STATISTIC_PATH dump per-iteration expert counts",
                                      how="place trace import --format trtllm-stats", why_unchecked=serves),
@@ -268,7 +268,10 @@ def serving_route(engine_name: str, model: ModelSpec, num_redundant: int) -> Cel
     e = engine(engine_name)
     for f in ("placement_file", "plugin", "checkpoint"):
         c = e.cell(model, f)
-        if c.supported and (FEATURES[f].replicas or num_redundant == 0):
+        # an unchecked architecture keeps the placement file (the exporters' checks stand); the replica-free
+        # routes are offered only where checked
+        ok = c.supported is not False if f == "placement_file" else c.supported is True
+        if ok and (FEATURES[f].replicas or num_redundant == 0):
             return c
     return None
 
@@ -331,6 +334,20 @@ def advice(model: ModelSpec, num_redundant: int, engines: list[str] | None = Non
             lines.append(f"{e.title} {e.version} for {model.name} ({what}): it serves this placement through the "
                          f"{title} ({route.how})")
     return lines
+
+
+def file_warnings(engine_name: str, model: ModelSpec, num_redundant: int, placement: str = "PLACEMENT") -> list[str]:
+    """What ``place export`` says about a placement file of ``engine_name`` for ``model``: nothing when the
+    engine applies it; else the table's reason and the route that does serve the placement."""
+    c = cell(engine_name, "placement_file", model)
+    if c.supported is not False:
+        return []
+    route = serving_route(engine_name, model, num_redundant)
+    if route is not None:
+        tail = f"this replica-free placement is served through the {FEATURES[route.feature].title} ({route.how})"
+    else:
+        tail = offer(engine_name, model, placement) or cell(engine_name, "checkpoint", model).reason
+    return [f"{c.reason}: the file is what the loader reads, but it changes nothing for {model.name}; {tail}"]
 
 
 def to_json(models: list[ModelSpec], engines: list[str] | None = None) -> dict[str, Any]:
