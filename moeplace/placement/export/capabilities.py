@@ -229,11 +229,11 @@ def _trtllm(version: str = "main (2026 source)") -> EngineRelease:
     })
 
 
-def _vllm_ascend(version: str = "v0.25.0") -> EngineRelease:
+def _vllm_ascend(version: str = "(its EPLB docs; no release checked)") -> EngineRelease:
     unchecked = "not checked for vllm-ascend"
     return EngineRelease("vllm-ascend", "vllm-ascend", version, {
         "checkpoint": ByArchitecture(frozenset(), "", why_unchecked=unchecked),
-        "plugin": ByArchitecture(frozenset(), "", why_unchecked="the moeplace plugin is checked on vLLM for NVIDIA only"),
+        "plugin": ByArchitecture(frozenset(), "", otherwise="the moeplace plugin is checked on vLLM for NVIDIA GPUs only"),
         "placement_file": ByArchitecture(None, "vllm-ascend reads additional_config.eplb_config.expert_map_path "
                                          "(Model Runner V1 only; scheduled for removal in v0.25.1)",
                                          how="--format vllm-ascend"),
