@@ -25,8 +25,8 @@ from moeplace.placement.export import capabilities, deploy
 from moeplace.placement.export.engines import (
     VLLM_PRS,
     check_args,
-    command_argv,
     checked_versions,
+    command_argv,
     recommended_eplb_config,
     resolve_version,
 )

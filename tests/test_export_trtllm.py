@@ -1,7 +1,6 @@
 """TensorRT-LLM load-balancer export/import, and launch flags that realize a checked attention layout."""
 from __future__ import annotations
 
-import json
 import shlex
 
 import numpy as np

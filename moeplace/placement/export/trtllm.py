@@ -54,7 +54,6 @@ from moeplace.foundation.model import ModelSpec
 from moeplace.placement.export import ExportFormat, check_matrix, register_format, resolve_gpus
 from moeplace.placement.export.capabilities import (  # the architecture facts live in the capability table
     ARCHITECTURE_OF_MODEL_TYPE,
-    TRTLLM_LB_ARCHITECTURES,
     cell,
     file_warnings,
 )
