@@ -228,6 +228,56 @@ def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan
     return replace(opts, tp=lay.tp, dp=lay.dp, gpu=opts.gpu or cluster.gpu.name), plan
 
 
+def matching_plan(placement: Placement, plan_reports: list[str | Path]) -> tuple[Path | None, list[str]]:
+    """The first ``place plan --report`` file of ``plan_reports`` made for ``placement`` (its GPU count and
+    redundant slots), and why each one before it was passed over. ``(None, reasons)`` when none is."""
+    reasons = []
+    for path in plan_reports:
+        try:
+            config, cluster_d = memory_config_from_report(path)
+        except InputError as exc:
+            reasons.append(str(exc))
+            continue
+        if cluster_d.get("num_gpus") != placement.num_gpus:
+            reasons.append(f"{path}: a plan for {cluster_d.get('num_gpus')} GPUs, the placement spreads over "
+                           f"{placement.num_gpus}")
+        elif config.num_redundant != placement.num_redundant:
+            reasons.append(f"{path}: a plan with {config.num_redundant} redundant experts per layer, the placement "
+                           f"has {placement.num_redundant}")
+        else:
+            return Path(path), reasons
+    return None, reasons
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What ``place export --flags`` prints and the dashboard shows for one format: the options with the
+    layout resolved, the memory plan that certified it, the export options that layout implies
+    (TensorRT-LLM's YAML keys) and the :class:`Launch`."""
+
+    opts: FlagOptions
+    plan: Any  # foundation.memory.plan.MemoryPlan
+    extra: dict[str, Any]
+    launch: Launch
+
+    def memory_line(self) -> str:
+        p = self.plan
+        return (f"memory plan: {p.layout.describe()} on {p.cluster.num_gpus} x {p.cluster.gpu.name} fits; "
+                f"{p.concurrency} sequences of {p.context:,} tokens")
+
+
+def build_launch(placement: Placement, model: ModelSpec, fmt: str, file_path: str | Path, opts: FlagOptions,
+                 plan_report: str | Path | None = None) -> LaunchPlan:
+    """The launch of ``placement`` exported in ``fmt`` to ``file_path``: the memory plan on the layout of
+    ``opts`` or of ``plan_report`` (:func:`check_layout`), the layout's export options
+    (:func:`format_options`) and the command (:func:`launch_spec`, checked against the engine release's
+    recorded parser and the capability table). Raises :class:`InputError` when the plan, the engine or
+    the parser refuses. The one function behind ``place export --flags`` and the dashboard's launch tabs."""
+    opts, plan = check_layout(placement, model, opts, plan_report)
+    extra = format_options(placement, fmt, opts)  # refuses a layout the target cannot express
+    return LaunchPlan(opts, plan, extra, launch_spec(placement, model, fmt, file_path, opts))
+
+
 def _join(lines: list[str]) -> str:
     return " \\\n  ".join(lines)
 
