@@ -496,9 +496,10 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
             raise InputError("the vLLM command loads the placement through the moeplace plugin, which reads the "
                              "placement JSON: its path is needed (place export passes PLACEMENT)")
         env[capabilities.PLUGIN_ENV] = str(Path(opts.placement_path).resolve())
-        notes.append(f"# vLLM {version} cannot load {name} ({capabilities.cell('vllm', 'placement_file', model).reason}); "
-                     f"this replica-free placement is applied while vLLM loads the weights: {capabilities.PLUGIN_INSTALL} "
-                     f"(the moeplace vllm.general_plugins entry point), switched on by {capabilities.PLUGIN_ENV}")
+        notes.append(f"# {name} is for an open PR: {capabilities.cell('vllm', 'placement_file', model).reason}. "
+                     f"This replica-free placement is applied while vLLM loads the weights instead: "
+                     f"{capabilities.PLUGIN_INSTALL} (the moeplace vllm.general_plugins entry point); "
+                     f"{capabilities.PLUGIN_ENV} names the placement JSON")
         if opts.online_eplb:
             if eplb_ok:
                 cfg = recommended_eplb_config(0, version, window_size=opts.eplb_window, step_interval=opts.eplb_interval)
@@ -521,7 +522,7 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
         notes += _table_notes("vllm", model, ("placement_file", "online_eplb"))
         alt = capabilities.offer("vllm", model, opts.placement_path or "PLACEMENT")
         notes.append(f"# this command serves vLLM's default layout, not this placement with {R} redundant slots per "
-                     f"layer" + (f": to serve one, {alt}" if alt else ""))
+                     f"layer" + (f"; instead {alt}" if alt else ""))
         applies = False
     if ascend and kv == "fp8":
         notes.append("# vllm-ascend: KV-cache dtype left at the model default (fp8 KV support differs on NPUs)")
