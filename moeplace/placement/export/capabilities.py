@@ -31,7 +31,6 @@ from typing import Any
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
-from moeplace.placement.export.engines import engine_options
 
 PLUGIN_ENV = "MOEPLACE_PLACEMENT"  # the vLLM plugin reads the placement JSON named here
 PLUGIN_INSTALL = "pip install 'moeplace[vllm]'"  # the extra that declares the vllm.general_plugins entry point
@@ -148,10 +147,6 @@ class EngineRelease:
         arch = ARCHITECTURE_OF_MODEL_TYPE.get(mt, mt or "an unknown architecture")
         return Cell(self.name, self.version, mt, feature, ok, why.format(model=model.name, arch=arch),
                     self.rules[feature].how)
-
-
-def _vllm_eplb_keys(version: str) -> str:
-    return ", ".join(engine_options("vllm", version).get("eplb_config_keys", ()))
 
 
 def _vllm(version: str = "0.34.0") -> EngineRelease:
