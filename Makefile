@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= run
 
-.PHONY: demo dashboard test test-slow bench figures install install-test clean
+.PHONY: demo dashboard test test-slow check-engines bench figures install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,21 @@ test: $(VENV)/.installed-test
 test-slow: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m "slow"
 
+# The vLLM load-time plugin inside released vLLM's own loader, on CPU (tests/test_vllm_engine.py says how
+# far that goes). A separate environment: vLLM 0.34.0 --no-deps plus what its imported modules need.
+ENGINES_VENV ?= .venv-engines
+EPIP := $(ENGINES_VENV)/bin/python -m pip install --quiet --disable-pip-version-check
+
+$(ENGINES_VENV)/.installed: pyproject.toml constraints.txt engines-requirements.txt
+	$(PYTHON) -m venv $(ENGINES_VENV)
+	$(EPIP) -c constraints.txt -e '.[capture]' -r engines-requirements.txt
+	$(EPIP) --no-deps vllm==0.34.0
+	touch $@
+
+check-engines: $(ENGINES_VENV)/.installed
+	$(ENGINES_VENV)/bin/python -c "import vllm; assert vllm.__version__ == '0.34.0', vllm.__version__"
+	$(ENGINES_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py tests/test_vllm_plugin.py
+
 bench: $(VENV)/.installed
 	$(BIN)/python bench/trace_stats.py
 
@@ -48,4 +63,4 @@ figures: $(VENV)/.installed
 	$(BIN)/python bench/figures.py
 
 clean:
-	rm -rf $(VENV) $(OUT) data/k3-default
+	rm -rf $(VENV) $(ENGINES_VENV) $(OUT) data/k3-default

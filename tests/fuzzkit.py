@@ -146,7 +146,7 @@ def write_columns(path: Path, model, cols: dict) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from moeplace.traces.format import arrow_schema, file_metadata
+    from moeplace.traces.format import WRITE_CHECKSUMS, arrow_schema, file_metadata
     arrays = {}
     for name, v in cols.items():
         if name == "expert_ids":
@@ -156,5 +156,5 @@ def write_columns(path: Path, model, cols: dict) -> Path:
             arrays[name] = pa.array(v)
     schema = pa.schema([f for f in arrow_schema(model.top_k) if f.name in arrays])
     table = pa.table(arrays).select(schema.names).cast(schema)
-    pq.write_table(table.replace_schema_metadata(file_metadata(model, {"kind": "synthetic"})), path)
+    pq.write_table(table.replace_schema_metadata(file_metadata(model, {"kind": "synthetic"})), path, **WRITE_CHECKSUMS)
     return path

@@ -3,8 +3,8 @@
 Every vLLM / SGLang command ``place export --flags`` can print is checked against the option list recorded
 from that release's own parser (``moeplace/placement/export/engine_options/*.json``, read here directly,
 not through the code under test), and against the live parser when the engine is importable (skipped
-otherwise). The Slurm / shell scripts are checked with ``bash -n``, the Kubernetes manifest with
-``yaml.safe_load_all``."""
+otherwise). The Slurm / shell scripts are checked with ``bash -n`` and run with a stand-in engine, the
+Kubernetes manifest read with ``yaml.safe_load_all`` (its schemas and sizes: tests/test_export_k8s.py)."""
 from __future__ import annotations
 
 import json
@@ -238,7 +238,7 @@ def test_slurm_and_shell_scripts_parse_and_start_every_node(tmp_path, pj, fmt, c
         assert "--headless" in text and "--vllm-pr 49572" in text
     _, sh = _export(tmp_path, pj, fmt, "shell", "--force")
     subprocess.run(["bash", "-n", str(sh)], check=True)
-    assert sh.stat().st_mode & 0o100 and "${NODE_RANK:?" in sh.read_text()
+    assert sh.stat().st_mode & 0o100
     # a rerun replaces its own file; a file it did not write is refused
     foreign = tmp_path / "mine.sh"
     foreign.write_text("#!/bin/sh\necho mine\n")
@@ -250,7 +250,7 @@ def test_slurm_and_shell_scripts_parse_and_start_every_node(tmp_path, pj, fmt, c
 
 def test_k8s_manifest_mounts_the_file_where_the_command_reads_it(tmp_path, pj, dsv3):
     out, manifest = _export(tmp_path, pj, "sglang", "k8s")
-    cm, lws = list(yaml.safe_load_all(manifest.read_text()))
+    cm, lws, _ = list(yaml.safe_load_all(manifest.read_text()))
     assert cm["kind"] == "ConfigMap" and cm["data"]["loc.json"] == out.read_text()
     assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1" and lws["kind"] == "LeaderWorkerSet"
     spec = lws["spec"]["leaderWorkerTemplate"]
@@ -268,16 +268,16 @@ def test_k8s_manifest_mounts_the_file_where_the_command_reads_it(tmp_path, pj, d
         assert "LWS_LEADER_ADDRESS" in c["args"][0]
     # vLLM: the workers run headless
     _, vm = _export(tmp_path, pj, "vllm-expert-map", "k8s", "--vllm-pr", "49572")
-    _, lws = list(yaml.safe_load_all(vm.read_text()))
+    _, lws, _ = list(yaml.safe_load_all(vm.read_text()))
     worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"][0]
     assert "--headless" in worker and "initial_expert_map_path" in worker and "/etc/moeplace/map.json" in worker
     # what the worker pod's container runs: node 1 of the group, the leader's address from LeaderWorkerSet
     import os
 
     env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}", "LWS_WORKER_INDEX": "1",
-           "LWS_LEADER_ADDRESS": "moeplace-deepseek-v3-0.moeplace-deepseek-v3"}
+           "LWS_LEADER_ADDRESS": "moeplace-deepseek-v3-vllm-0.moeplace-deepseek-v3-vllm"}
     got = subprocess.run(["bash", "-c", worker], env=env, capture_output=True, text=True, check=True).stdout.split()
-    assert got[got.index("--data-parallel-address") + 1] == "moeplace-deepseek-v3-0.moeplace-deepseek-v3"
+    assert got[got.index("--data-parallel-address") + 1] == "moeplace-deepseek-v3-vllm-0.moeplace-deepseek-v3-vllm"
     assert got[-3:] == ["--headless", "--data-parallel-start-rank", "1"]
     cfg = json.loads(got[got.index("--eplb-config") + 1])
     assert cfg["initial_expert_map_path"] == "/etc/moeplace/map.json"
@@ -319,6 +319,24 @@ def _fake_bin(tmp_path: Path) -> Path:
     for f in b.iterdir():
         f.chmod(0o755)
     return b
+
+
+@pytest.mark.parametrize("env,message", [
+    ({}, "set NODE_RANK to this node's index, 0..1"),
+    ({"NODE_RANK": "1"}, "set MASTER_ADDR to the head node address"),  # was swallowed by an apostrophe
+    ({"NODE_RANK": "2", "MASTER_ADDR": "node-a"}, "set NODE_RANK to this node's index, 0..1"),
+    ({"NODE_RANK": "x; rm -rf /", "MASTER_ADDR": "node-a"}, "set NODE_RANK to this node's index, 0..1"),
+])
+def test_shell_script_refuses_to_start_without_node_rank_and_master_addr(tmp_path, pj, env, message):
+    """The checks run, in a fake PATH where the engine only prints: nothing starts, one line, exit 2."""
+    import os
+
+    _, script = _export(tmp_path, pj, "vllm-expert-map", "shell")
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    base = {k: v for k, v in os.environ.items() if k not in ("NODE_RANK", "MASTER_ADDR")}
+    p = subprocess.run(["bash", str(script)], env={**base, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}", **env},
+                       capture_output=True, text=True, check=False)
+    assert (p.returncode, p.stdout, p.stderr) == (2, "", f"launch: {message}\n")
 
 
 @pytest.mark.parametrize("target", ["shell", "slurm"])

@@ -17,7 +17,7 @@ from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
 from moeplace.placement.record import Placement
-from moeplace.traces.format import META_FORMAT, TraceWriter, arrow_schema, file_metadata
+from moeplace.traces.format import META_FORMAT, WRITE_CHECKSUMS, TraceWriter, arrow_schema, file_metadata
 from moeplace.traces.loads import LOADS_FORMAT, Loads, load_loads
 from moeplace.traces.stats import compute_stats
 from moeplace.traces.validate import check_trace, open_trace, validate_report
@@ -52,7 +52,7 @@ def write(path: Path, model, cols: dict, *, meta: dict | None = None, row_group_
     table = pa.table(arrays).select(schema.names).cast(schema)
     md = file_metadata(model, {"kind": "synthetic"})
     md.update(meta or {})
-    pq.write_table(table.replace_schema_metadata(md), path, row_group_size=row_group_size)
+    pq.write_table(table.replace_schema_metadata(md), path, row_group_size=row_group_size, **WRITE_CHECKSUMS)
     return path
 
 

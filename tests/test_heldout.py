@@ -203,8 +203,21 @@ def test_shift_estimate_by_input_file_and_plan_fraction_one(small, tmp_path, cap
                "--plan-fraction", "1", "--no-out"])
     out = capsys.readouterr().out
     assert "shift mean" in out and "nothing held out" in out and "leave-one-input-file-out" in out
-    assert f"what to expect: the written eplb placement keeps about {sh['mean']:.4f}" in out and "--recommend" in out
+    # nothing was written (--no-out): the line says so, and names no file as the written placement
+    assert f"what to expect: the eplb placement (not written: --no-out) keeps about {sh['mean']:.4f}" in out
+    assert "--placement PLACEMENT.json (rerun without --no-out to write it) --recommend" in out
     assert "The estimate is weak" in out
+    written = tmp_path / "pl.json"
+    rc = main(["optimize", str(a), str(b), "--gpus", "8", "--gpus-per-node", "4", "--policy", "eplb",
+               "--policy", "linear", "--plan-fraction", "1", "--out", str(written)])
+    out = capsys.readouterr().out
+    assert f"what to expect: the eplb placement written to {written} keeps about" in out
+    assert f"--placement {written} --recommend" in out
+    rc = main(["optimize", str(a), str(b), "--gpus", "8", "--gpus-per-node", "4", "--policy", "linear",
+               "--policy", "eplb", "--plan-fraction", "1", "--no-out", "--save-all", str(tmp_path / "all")])
+    out = capsys.readouterr().out
+    saved = tmp_path / "all" / "placement-linear.json"
+    assert rc == 0 and f"the linear placement written to {saved} keeps" in out and f"--placement {saved}" in out
 
 
 def test_scenarios_fall_back_to_window_groups(small):

@@ -495,5 +495,18 @@ def test_sglang_pt_dump_without_torch_is_one_line(tmp_path, monkeypatch):
     dump = tmp_path / "expert_distribution_recorder_0.pt"
     dump.write_bytes(b"not read")
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ModuleNotFoundError
-    with pytest.raises(InputError, match=r"\.pt dump needs torch, which this install lacks"):
+    with pytest.raises(InputError, match=r"\.pt dump needs torch, which this install lacks") as e:
         _load_dump(dump)
+    assert "JSON" not in str(e.value)  # SGLang writes no JSON dumps: no way around torch to offer
+
+
+def test_top_k_mismatch_names_the_shape_the_file_holds(tiny, tmp_path):
+    """[tokens, layers, k] with the wrong k: the message quotes the array as written ([3, 4, 3]), not
+    the [tokens x MoE layers, k] it is reshaped to inside ([9, 3])."""
+    rng = np.random.default_rng(6)
+    a = np.concatenate([_routes(rng, 3), np.full((3, 4, 1), 7, dtype=np.int16)], axis=2)  # k = 3, top-k 2
+    (tmp_path / "k3.json").write_text(json.dumps(a.tolist()))
+    with pytest.raises(InputError, match=r"k3.json: document: field '\(top level\)': shape \[3, 4, 3\], expected "
+                                         r"\[tokens, layers, 2\]"):
+        import_source("moe-selection-json", [tmp_path / "k3.json"], tiny, tmp_path / "t")
+    assert not (tmp_path / "t").exists()

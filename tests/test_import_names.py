@@ -33,6 +33,13 @@ def test_the_wheel_has_one_top_level_package(tmp_path):
     for data in ("moeplace/foundation/presets/gpus.json", "moeplace/sim/fidelity_summary.json"):
         assert data in names, data
     assert any(n.startswith("moeplace/foundation/presets/models/") and n.endswith(".json") for n in names)
+    # the vLLM load-time plugin is declared where vLLM's load_general_plugins looks for it
+    (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(ep).decode()
+    group = text.split("[vllm.general_plugins]", 1)[1].split("[", 1)[0]
+    assert "moeplace = moeplace.placement.export.vllm_plugin:register" in group, text
+    (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    assert "Provides-Extra: vllm" in zipfile.ZipFile(wheel).read(meta).decode()
 
 
 def test_installed_moeplace_claims_only_its_own_name():

@@ -13,7 +13,7 @@ import pytest
 from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
-from moeplace.traces.format import TraceWriter, arrow_schema, file_metadata
+from moeplace.traces.format import WRITE_CHECKSUMS, TraceWriter, arrow_schema, file_metadata
 from moeplace.traces.validate import check_trace, validate_report, validate_trace
 
 DATA = Path(__file__).parent / "data"
@@ -63,7 +63,7 @@ def write(
         table = table.select(schema.names).cast(schema)
     md = file_metadata(model, {"kind": "synthetic"}) if meta else {}
     table = table.replace_schema_metadata(md)
-    pq.write_table(table, path, row_group_size=row_group_size)
+    pq.write_table(table, path, row_group_size=row_group_size, **(WRITE_CHECKSUMS if meta else {}))
     return path
 
 

@@ -43,7 +43,12 @@ def _read(path: str) -> dict[str, Any]:
         raise InputError(f"{p}: a --config file is a mapping of flag -> value")
     for holder in (raw, raw.get("provenance") if isinstance(raw.get("provenance"), dict) else None):
         if holder is not None and isinstance(holder.get("settings"), dict) and "flags" in holder["settings"]:
-            return holder["settings"]["flags"]  # a record a previous run wrote
+            flags = holder["settings"]["flags"]  # a record a previous run wrote
+            if not isinstance(flags, dict):
+                where = "settings.flags" if holder is raw else "provenance.settings.flags"
+                raise InputError(f"{p}: field '{where}': expected a mapping of flag -> value, got "
+                                 f"{reading.quote(flags)}")
+            return flags
     return raw
 
 
@@ -51,7 +56,7 @@ def _value(path: str, key: str, action: argparse.Action, v: Any) -> Any:
     """``v`` through the flag's own parser (its ``type`` and ``choices``)."""
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
         if not isinstance(v, bool):
-            raise InputError(f"{path}: {key}: expected true or false, got {v!r}")
+            raise InputError(f"{path}: {key}: expected true or false, got {reading.quote(v)}")
         return v
     many = isinstance(action, argparse._AppendAction) or action.nargs in ("+", "*")
     items = v if isinstance(v, list) else [v]
@@ -59,9 +64,8 @@ def _value(path: str, key: str, action: argparse.Action, v: Any) -> Any:
         raise InputError(f"{path}: {key}: expected one value, got a list")
     out = []
     for x in items:
-        if x is None:
-            out.append(None)
-            continue
+        if x is None:  # a null inside a list (a null value as a whole is "not given": config_defaults)
+            raise InputError(f"{path}: {key}: expected a value, got null")
         if isinstance(x, (dict, list)):
             raise InputError(f"{path}: {key}: expected a value, got {type(x).__name__}")
         text = str(x).lower() if isinstance(x, bool) else str(x)
@@ -70,9 +74,18 @@ def _value(path: str, key: str, action: argparse.Action, v: Any) -> Any:
         except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
             raise InputError(f"{path}: {key}: {exc}") from None
         if action.choices is not None and y not in action.choices:
-            raise InputError(f"{path}: {key}: expected one of {', '.join(map(str, action.choices))}, got {x!r}")
+            raise InputError(f"{path}: {key}: expected one of {', '.join(map(str, action.choices))}, got "
+                             f"{reading.quote(x)}")
         out.append(y)
     return out if many else out[0]
+
+
+def _takes_none(action: argparse.Action) -> bool:
+    """The flag's parser turns the word ``none`` into ``None`` (a knob that can be switched off)."""
+    try:
+        return action.type is not None and action.type("none") is None
+    except (argparse.ArgumentTypeError, ValueError, TypeError):
+        return False
 
 
 def config_defaults(path: str, p: argparse.ArgumentParser) -> dict[str, Any]:
@@ -86,7 +99,11 @@ def config_defaults(path: str, p: argparse.ArgumentParser) -> dict[str, Any]:
         if dest is None:
             near = nearest(str(key).replace("-", "_"), by_name)
             hint = f"; did you mean '{near}'?" if near else ""
-            raise InputError(f"{path}: {key}: unknown flag of 'place {p.prog.split(' ', 1)[-1]}'{hint}")
+            raise InputError(f"{path}: {str(key)[:reading.QUOTE]}: unknown flag of 'place {p.prog.split(' ', 1)[-1]}'{hint}")
+        if v is None:  # null: the flag's "off" word where it has one (--cv none), else not given: its default
+            if _takes_none(opts[dest]):
+                out[dest] = None
+            continue
         out[dest] = _value(path, str(key), opts[dest], v)
     return out
 

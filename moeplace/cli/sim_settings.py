@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.memory.inputs import format_tokens, parse_context_mix, parse_pool_split
 from moeplace.foundation.settings import Range
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.sim.config import (
@@ -119,8 +120,26 @@ def build_sim_config(s: SimSettings, max_context: int | None, *, mix_what: str =
     return config
 
 
+def _check_lengths(s: SimSettings, max_context: int | None, mix_what: str) -> None:
+    """Fixed lengths and the mean output length within the model's maximum context, as the context mix's
+    lengths are (an engine refuses a prompt plus output past ``max_model_len``; a simulation of one would
+    report numbers no server produces)."""
+    if not max_context:
+        return
+    limit = f"the model's maximum context {format_tokens(max_context)} ({max_context:,} tokens)"
+    if s.isl is not None:
+        for name, v in (("isl", s.isl), ("osl", s.osl)):
+            if v is not None and v > max_context:
+                raise InputError(f"--{name} {v:,}: exceeds {limit}")
+        if s.osl is not None and s.isl + s.osl > max_context:
+            raise InputError(f"--isl {s.isl:,} + --osl {s.osl:,} = {s.isl + s.osl:,} tokens: exceeds {limit}")
+    elif s.context_mix and s.output_len > max_context:
+        raise InputError(f"--output-len {s.output_len:,}: exceeds {limit} (with {mix_what})")
+
+
 def _lengths(s: SimSettings, max_context: int | None, mix_what: str) -> LengthMix | None:
     """Prompt and output lengths: fixed benchmark lengths, a context mix, or ``None`` (the trace's)."""
+    _check_lengths(s, max_context, mix_what)
     if s.isl is not None:
         return LengthMix(components=((s.isl, 1.0),), sigma=0.0, output_mean=s.osl, output_sigma=0.0,
                          max_len=LengthMix.cap_for(max_context), range_ratio=s.random_range_ratio)

@@ -7,6 +7,7 @@ GB300 NVL72).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 from importlib import resources
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import networkx as nx
 
+from moeplace.foundation import limits
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.reading import quote
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,14 @@ def load_gpu(name: str) -> GPUSpec:
             raise InputError(f"{name}: missing field(s) {missing}")
         for f in GPU_FIELDS[:-1]:
             if f in d and not (isinstance(d[f], (int, float)) and not isinstance(d[f], bool)):
-                raise InputError(f"{name}: field '{f}' must be a number, got {d[f]!r}")
+                raise InputError(f"{name}: field '{f}' must be a number, got {quote(d[f])}")
+            # Infinity / NaN (Python's JSON reads both) would turn into NaN sizes and times downstream
+            if f in d and not (math.isfinite(d[f]) and (d[f] >= 0 if f.endswith("latency") or f == "flops_fp4"
+                                                        else d[f] > 0)):
+                want = ">= 0" if f.endswith("latency") or f == "flops_fp4" else "> 0"
+                raise InputError(f"{name}: field '{f}' must be a finite number {want}, got {d[f]!r}")
         if "gpus_per_node" in d and (not isinstance(d["gpus_per_node"], int) or isinstance(d["gpus_per_node"], bool)):
-            raise InputError(f"{name}: field 'gpus_per_node' must be an integer, got {d['gpus_per_node']!r}")
+            raise InputError(f"{name}: field 'gpus_per_node' must be an integer, got {quote(d['gpus_per_node'])}")
         kw = {f: d[f] for f in GPU_FIELDS if f in d}
         kw.setdefault("flops_fp4", 0.0)
         return GPUSpec(name=str(d.get("name") or Path(name).stem), **kw)
@@ -102,6 +110,7 @@ class ClusterSpec:
         if self.num_nodes < 1 or self.gpus_per_node < 1:
             raise InputError(f"cluster needs >= 1 node and >= 1 GPU per node, got {self.num_nodes} x "
                              f"{self.gpus_per_node}")
+        limits.check_gpus(self.num_nodes * self.gpus_per_node, "cluster GPUs")
 
     @property
     def num_gpus(self) -> int:
@@ -170,6 +179,7 @@ def make_cluster(gpus: int = 32, gpu: str = "h200", gpus_per_node: int | None = 
     per_node = spec.gpus_per_node if gpus_per_node is None else gpus_per_node
     if gpus < 1:
         raise InputError(f"--gpus must be >= 1, got {gpus}")
+    limits.check_gpus(gpus)
     if gpus < per_node and gpus_per_node is None:
         per_node = gpus
     if gpus % per_node:

@@ -46,13 +46,24 @@ _NAME_KEEP = 120
 
 
 # ---------------------------------------------------------------------------- SIGTERM -> exception
+# The signals that end a run politely: SIGTERM (a service manager, kill) and SIGHUP (the terminal or the
+# ssh session closed). Both unwind like Ctrl-C, so no temporary survives either.
+STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
+
+
 class Terminated(KeyboardInterrupt):
-    """SIGTERM turned into an exception in the main thread, so that every ``finally`` and
-    ``except BaseException`` cleanup (temporaries, child processes) runs as it does for Ctrl-C."""
+    """SIGTERM or SIGHUP turned into an exception in the main thread, so that every ``finally`` and
+    ``except BaseException`` cleanup (temporaries, child processes) runs as it does for Ctrl-C.
+    ``signum`` is the signal (the CLI exits 128 + it, as a shell reports a process it ended)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def raise_on_sigterm() -> None:
-    """Make SIGTERM raise :class:`Terminated` in this process (a no-op outside the main thread).
+    """Make SIGTERM and SIGHUP (:data:`STOP_SIGNALS`) raise :class:`Terminated` in this process (a no-op
+    outside the main thread). A SIGHUP that was ignored when the process started (``nohup``) stays ignored.
 
     A process forked later inherits the handler but not the promise: there it restores the default and
     re-sends the signal, so a pool worker that the pool terminates dies as before; a child that cleans up
@@ -64,15 +75,28 @@ def raise_on_sigterm() -> None:
 
     def handler(signum, frame):
         if os.getpid() != owner:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
             return
-        if fired:  # a second SIGTERM while cleaning up: let the cleanup finish
+        if fired:  # a second signal while cleaning up: let the cleanup finish
             return
         fired.append(True)
-        raise Terminated()
+        raise Terminated(signum)
 
-    signal.signal(signal.SIGTERM, handler)
+    for sig in STOP_SIGNALS:
+        if sig != signal.SIGTERM and signal.getsignal(sig) is signal.SIG_IGN:
+            continue  # nohup: the user asked for the run to survive the hang-up
+        signal.signal(sig, handler)
+
+
+def worker_signals() -> None:
+    """The ``initializer`` of a process pool whose workers only compute (no file of theirs to clean up):
+    SIGTERM and SIGHUP end a worker at once, even inside a long C++ call (a CP-SAT solve) where a Python
+    handler would wait for the call to return, and SIGINT is left to the parent, which stops its pool (a
+    Ctrl-C reaches the whole process group; the parent's unwinding terminates the workers)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # ---------------------------------------------------------------------------- temporaries
@@ -275,14 +299,18 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
     writable file system) raises :class:`WriteFailed`, naming ``path``.
     """
     path = Path(path)
+    # the directories made for it are removed again if the write fails (deepest first, only when empty)
+    made = [a for a in (path.parent, *path.parent.parents) if not os.path.lexists(a)]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        _remove_made(made)
         if exc.errno not in _WRITE_ERRNOS:  # e.g. a file in the way: the caller's error, as it is
             raise
         raise WriteFailed(exc.errno, exc.strerror or str(exc), str(path)) from None
     clean_stale_temps(path)
     tmp = temp_sibling(path)
+    done = False
     try:
         if directory:
             tmp.mkdir()
@@ -312,6 +340,7 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
             remove_path(old)
         else:
             os.replace(tmp, path)
+        done = True
     except Exception as exc:
         err = _write_failure(exc, path)
         if err is None:
@@ -320,6 +349,88 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False):
     finally:
         if tmp.exists() or tmp.is_symlink():
             remove_path(tmp)
+        if not done:
+            _remove_made(made)
+
+
+def _remove_made(made: list[Path]) -> None:
+    """``rmdir`` the directories in ``made`` (deepest first) while they are empty: what a failed write made
+    for its output and nothing else put there."""
+    for d in made:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
+
+
+# ---------------------------------------------------------------------------- one writer per directory
+LOCK_NAME = ".moeplace-lock"
+
+
+class LockHeld(MoeplaceError):
+    """Another live run holds the directory's lock (exit 1: nothing is wrong with the input)."""
+
+    exit_code = 1
+
+
+@contextlib.contextmanager
+def exclusive_lock(directory: str | os.PathLike, what: str = "--out"):
+    """Hold ``directory/.moeplace-lock`` for the block: one run at a time writes a directory that runs
+    resume into (a sweep's ``--out``). The directory is created when absent (and removed again on exit
+    if the block left it empty).
+
+    The lock is ``flock(2)`` on that file, which the kernel releases when its holder dies however it dies,
+    so a lock left by a killed run is simply taken (with a note naming the dead process); the file holds
+    the holder's pid and start time, which the refusal quotes. After locking, the file is checked to be the
+    one at the path (a holder that finished unlinks it; a run that opened it before then retries)."""
+    import fcntl
+    import time
+
+    d = Path(directory)
+    made = False
+    try:
+        d.parent.mkdir(parents=True, exist_ok=True)
+        d.mkdir()
+        made = True
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise WriteFailed(exc.errno, exc.strerror or str(exc), str(d)) from None
+    lock = d / LOCK_NAME
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise InputError(f"{what} {display(d)}: cannot create its lock file ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            held = os.read(fd, 200).decode("utf-8", "replace").split()
+            os.close(fd)
+            who = (f"process {held[0]}" + (f", started {held[1]}" if len(held) > 1 else "")) if held else "another run"
+            raise LockHeld(f"{what} {display(d)}: another run ({who}) is writing there; wait for it to finish "
+                           f"or give another {what}") from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder finished and removed it meanwhile: lock the new one
+    try:
+        before = os.read(fd, 200).decode("utf-8", "replace").split()
+        if before and before[0].isdigit() and int(before[0]) != os.getpid() and not _pid_alive(int(before[0])):
+            print(f"place: note: {display(d)}: took over the lock left by process {before[0]}, which is no longer "
+                  "running", file=sys.stderr)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode(), 0)
+        yield d
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+        os.close(fd)
+        if made:
+            remove_empty_tree(d)
 
 
 # ---------------------------------------------------------------------------- what is our own output
@@ -452,10 +563,15 @@ def check_output(path: str | os.PathLike, *, kind: OutputKind | str, inputs: Ite
     if not text.strip():
         raise InputError(f"{flag}: empty path")
     _check_name(text, what)
+    if not k.directory and text.endswith((os.sep, "/")):  # Path() drops the slash: p.json/ would write p.json
+        raise InputError(f"{what}: ends with '/', which names a directory, but the {k.name} is a file; drop the "
+                         "'/'")
     try:
         return _check_output(Path(text), text, what, k, inputs, force, flag, replace_own)
     except OSError as exc:  # a path the file system refuses to look up (a loop of links, permissions)
         raise InputError(f"{what}: cannot be used ({exc.strerror or exc})") from None
+    except RuntimeError:  # Path.resolve on a loop of symbolic links (Python < 3.13)
+        raise InputError(f"{what}: cannot be used (a loop of symbolic links)") from None
 
 
 def _check_name(text: str, what: str) -> None:
@@ -469,8 +585,11 @@ def _check_name(text: str, what: str) -> None:
         raise InputError(f"{what}: the path is not UTF-8 (byte 0x{bad[0]:02x}); the Parquet and JSON "
                          "writers need UTF-8 names, choose another") from None
     full = os.path.abspath(text)
+    if len(os.fsencode(full)) >= 4096:  # Linux's PATH_MAX: the lookups below fail past it (ENAMETOOLONG)
+        raise InputError(f"{what}: the path is {len(os.fsencode(full))} bytes long, more than the 4095 the "
+                         "file system allows; choose a shorter one")
     base = Path(full).parent
-    while not base.exists() and base != base.parent:
+    while not os.path.lexists(base) and base != base.parent:
         base = base.parent
     try:
         name_max = os.pathconf(base, "PC_NAME_MAX")
@@ -519,7 +638,8 @@ def _check_output(p: Path, text: str, what: str, k: OutputKind, inputs: Iterable
             raise InputError(f"{what}: is an existing file, not a {k.name}; refusing to replace it")
         if not k.directory and p.is_dir():
             raise InputError(f"{what}: is an existing directory; give a file name for the {k.name}")
-        empty_dir = k.directory and not any(p.iterdir())
+        # a directory holding only a run's lock (exclusive_lock: that run is starting) holds no output
+        empty_dir = k.directory and not any(x.name != LOCK_NAME for x in p.iterdir())
         if not empty_dir:
             if not _recognised(k, p):
                 raise InputError(f"{what}: exists and is not a {k.name} written by moeplace; refusing to "

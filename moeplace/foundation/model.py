@@ -18,6 +18,7 @@ from typing import Any
 
 from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.reading import quote
 
 # Bytes per parameter of each weight format, scales included.
 #   mxfp4: 4-bit E2M1 values, one E8M0 (1-byte) scale per group of 32   -> 4.25 bits
@@ -58,18 +59,18 @@ def check_field_types(obj: Any, where: str, ranges: bool = True) -> None:
         base = ann.split("|")[0].strip()
         if base == "int":
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise InputError(f"{where}: field '{f.name}' must be a whole number, got {v!r}")
+                raise InputError(f"{where}: field '{f.name}' must be a whole number, got {quote(v)}")
             if not -2**62 < v < 2**62:  # beyond any count this tool meets; keeps numpy int64 arithmetic exact
-                raise InputError(f"{where}: field '{f.name}' is out of range, got {v!r}")
+                raise InputError(f"{where}: field '{f.name}' is out of range, got {quote(v)}")
             if ranges and v < (1 if f.name in _POSITIVE else 0):
                 raise InputError(f"{where}: field '{f.name}' must be >= {1 if f.name in _POSITIVE else 0}, "
                                  f"got {v}")
         elif base == "float" and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)):
-            raise InputError(f"{where}: field '{f.name}' must be a finite number, got {v!r}")
+            raise InputError(f"{where}: field '{f.name}' must be a finite number, got {quote(v)}")
         elif base == "bool" and not isinstance(v, bool):
-            raise InputError(f"{where}: field '{f.name}' must be true or false, got {v!r}")
+            raise InputError(f"{where}: field '{f.name}' must be true or false, got {quote(v)}")
         elif base == "str" and not isinstance(v, str):
-            raise InputError(f"{where}: field '{f.name}' must be a string, got {v!r}")
+            raise InputError(f"{where}: field '{f.name}' must be a string, got {quote(v)}")
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class KDAConfig:
         check_field_types(self, "model spec: kda")
         for name in ("state_dtype", "conv_state_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
-                raise InputError(f"model spec: kda: field '{name}' is {getattr(self, name)!r}, expected one of "
+                raise InputError(f"model spec: kda: field '{name}' is {quote(getattr(self, name))}, expected one of "
                                  f"{sorted(DTYPE_BYTES)}")
 
 

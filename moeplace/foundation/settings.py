@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.reading import quote
 
 
 def nearest(name: str, choices: Iterable[str]) -> str | None:
@@ -103,7 +105,11 @@ def _plain(where: str, key: str, value: Any, alt: Any) -> Any:
     if alt is int:
         return value if isinstance(value, int) and not isinstance(value, bool) else _NO
     if alt is float:
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else _NO
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return _NO
+        if not math.isfinite(value):  # YAML's .inf / .nan: no setting is infinite ("no limit" is null)
+            raise InputError(f"{where + '.' if where else ''}{key}: expected a finite number, got {quote(value)}")
+        return float(value)
     if alt is str:
         return value if isinstance(value, str) else _NO
     if alt is Any:
@@ -128,13 +134,13 @@ def coerce(where: str, key: str, value: Any, tp: Any) -> Any:
             continue
         for r in (*meta, *alt_meta):
             if isinstance(r, Range) and v is not None and not isinstance(v, tuple) and not r.holds(v):
-                raise InputError(f"{where + '.' if where else ''}{key}: must be {r.describe()}, got {value!r}")
+                raise InputError(f"{where + '.' if where else ''}{key}: must be {r.describe()}, got {quote(value)}")
         return v
     choices = [str(c) for a in _alternatives(tp) if typing.get_origin(_unannotated(a)[0]) is Literal
                for c in typing.get_args(_unannotated(a)[0])]
     near = nearest(value, choices) if choices and isinstance(value, str) else None
     hint = f"; did you mean '{near}'?" if near else ""
-    raise InputError(f"{where + '.' if where else ''}{key}: expected {_describe(tp)}, got {value!r}{hint}")
+    raise InputError(f"{where + '.' if where else ''}{key}: expected {_describe(tp)}, got {quote(value)}{hint}")
 
 
 def parse_keys(where: str, raw: Any, types_: Mapping[str, Any], what: str = "key") -> dict[str, Any]:

@@ -135,7 +135,7 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     # every placement is kept for the table: refuse what cannot fit before planning any (docs/design.md)
     m = loads.model
     require_memory(placement_estimate(m.num_moe_layers, m.num_experts, cluster.num_gpus, num_redundant,
-                                      num_placements=len(fns),
+                                      num_placements=len(fns), num_windows=loads.num_windows,
                                       rule=get_rule(rule).planning_memory(m.num_moe_layers, m.num_experts,
                                                                           cluster.num_gpus)))
     if deadline is None and time_limit is not None:

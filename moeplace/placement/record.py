@@ -21,6 +21,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, read_json, register_kind, tagged_artifact, write_text_atomic
 from moeplace.foundation.formats import check, tag
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.reading import quote
 
 PLACEMENT_FORMAT = tag("placement")
 
@@ -190,21 +191,26 @@ def load_placement(path: str | Path) -> Placement:
 
     def whole(key: str, v) -> int:  # JSON 1.5 or true is not a GPU count: no silent int()
         if isinstance(v, bool) or not isinstance(v, int):
-            raise InputError(f"{p}: field '{key}' must be a whole number, got {v!r}")
+            raise InputError(f"{p}: field '{key}' must be a whole number, got {quote(v)}")
         return v
 
     if not isinstance(d["model"], str):
-        raise InputError(f"{p}: field 'model' must be the model's name, got {d['model']!r}")
+        raise InputError(f"{p}: field 'model' must be the model's name, got {quote(d['model'])}")
     if not isinstance(d["moe_layers"], list):
-        raise InputError(f"{p}: field 'moe_layers' must be a list of layer indices, got {d['moe_layers']!r}")
+        raise InputError(f"{p}: field 'moe_layers' must be a list of layer indices, got {quote(d['moe_layers'])}")
     if not isinstance(d.get("provenance", {}), dict):
-        raise InputError(f"{p}: field 'provenance' must be an object, got {d['provenance']!r}")
+        raise InputError(f"{p}: field 'provenance' must be an object, got {quote(d['provenance'])}")
     try:
         p2l = np.asarray(d["phy2log"])
     except (TypeError, ValueError, OverflowError):
         p2l = np.asarray(None)
     if p2l.ndim != 2 or p2l.dtype.kind not in "iu" or p2l.size == 0:  # ragged, floats, bools, huge ints
         raise InputError(f"{p}: field 'phy2log' must be a [layers][slots] matrix of expert ids (whole numbers)")
+    for layer, row in enumerate(d["phy2log"]):  # numpy reads [0, true, 2] as [0, 1, 2]: a bool is no id
+        if any(type(x) is bool for x in row):
+            slot = next(i for i, x in enumerate(row) if type(x) is bool)
+            raise InputError(f"{p}: field 'phy2log': layer {layer} slot {slot}: expected an expert id (a whole "
+                             f"number), got {str(row[slot]).lower()}")
     try:
         placement = Placement(p2l.astype(np.int64), whole("num_gpus", d["num_gpus"]),
                               whole("gpus_per_node", d["gpus_per_node"]), d["model"],
@@ -213,7 +219,7 @@ def load_placement(path: str | Path) -> Placement:
     except InputError as exc:
         raise InputError(f"{p}: {exc}") from None
     if "num_slots" in d and d["num_slots"] != placement.num_slots:  # hand-edited: header and matrix disagree
-        raise InputError(f"{p}: field 'num_slots' is {d['num_slots']!r} but phy2log has {placement.num_slots} "
+        raise InputError(f"{p}: field 'num_slots' is {quote(d['num_slots'])} but phy2log has {placement.num_slots} "
                          "slots per layer")
     return placement
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import worker_signals
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.policies import (
     PlacementProblem,
@@ -281,8 +282,15 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
     if pool:
         methods = mp.get_all_start_methods()
         ctx = mp.get_context("fork" if "fork" in methods else "spawn")
-        with ProcessPoolExecutor(max_workers=min(folds.size, cpus), mp_context=ctx) as ex:
+        ex = ProcessPoolExecutor(max_workers=min(folds.size, cpus), mp_context=ctx, initializer=worker_signals)
+        try:
             done = list(ex.map(_fold, jobs))
+        except BaseException:  # Ctrl-C, SIGTERM: stop the folds now (``with`` would wait for every one)
+            for p in list((getattr(ex, "_processes", None) or {}).values()):
+                p.terminate()
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
+        ex.shutdown()
     else:
         done = [_fold(j) for j in jobs]
     per = [b for b, _ in done]

@@ -50,6 +50,8 @@ def traffic_from_loads(placement: Placement, w: np.ndarray, rule: ReplicaRule, k
     gpn = placement.gpus_per_node
     node = np.arange(G) // gpn
     total = w.sum(axis=1)  # [L]
+    if not rule.source_dependent_shares:
+        return _traffic_same_sources(placement, w, gpu_loads, k, node, total)
     # q[l, s, g]: share of rank s's selections that land on GPU g
     q = rule.source_shares(placement, w, gpu_loads, dmap)
     same_node = node[:, None] == node[None, :]
@@ -68,6 +70,32 @@ def traffic_from_loads(placement: Placement, w: np.ndarray, rule: ReplicaRule, k
     nodes = (touch_n * other_node[None]).sum(axis=2).mean(axis=1)
     sel_remote = (q * remote[None]).sum(axis=2).mean(axis=1) * k
     n_has = max(int(has.sum()), 1)  # per token per layer: over the layers with tokens only
+    return cross, {"node": float(nodes[has].sum() / n_has), "gpu": float(gpus[has].sum() / n_has),
+                   "expert": float(sel_remote[has].sum() / n_has)}
+
+
+def _traffic_same_sources(placement: Placement, w: np.ndarray, gpu_loads: np.ndarray, k: int,
+                           node: np.ndarray, total: np.ndarray) -> tuple[float, dict[str, float]]:
+    """:func:`traffic_from_loads` for a rule whose shares do not depend on the source rank
+    (``q[l, s, g] = share[l, g]`` for every ``s``): the same sums in ``[L, G]`` and ``[L, nodes]`` instead of
+    ``[L, G, G]`` (which is 7 TB at 100,000 GPUs). With ``m(g)`` the ranks on ``g``'s node: a selection of
+    any rank lands on ``g`` with ``share[l, g]``, and ``G - m(g)`` of the ``G`` ranks are on another node;
+    each rank is remote to all GPUs but itself, so the mean over ranks of ``sum_{g != s}`` is
+    ``(1 - 1/G) sum_g``."""
+    G, N = placement.num_gpus, placement.num_nodes
+    share = np.divide(gpu_loads, total[:, None], out=np.zeros_like(gpu_loads, dtype=np.float64),
+                      where=total[:, None] > 0)                      # [L, G]
+    node_size = np.bincount(node, minlength=N).astype(np.float64)    # [N]
+    per_layer_cross = (share * (G - node_size[node])[None, :]).sum(axis=1) / G
+    cross = float((per_layer_cross * total).sum() / total.sum()) if total.sum() > 0 else 0.0
+    touch = 1.0 - (1.0 - share) ** k
+    gpus = touch.sum(axis=1) - touch.sum(axis=1) / G                  # mean over s of sum_{g != s}
+    qn = np.stack([share[:, node == n_].sum(axis=1) for n_ in range(N)], axis=1)  # [L, N]
+    touch_n = 1.0 - (1.0 - qn) ** k
+    nodes = (touch_n * (G - node_size)[None, :]).sum(axis=1) / G      # mean over s of sum_{n != node(s)}
+    sel_remote = (share.sum(axis=1) - share.sum(axis=1) / G) * k
+    has = total > 0
+    n_has = max(int(has.sum()), 1)
     return cross, {"node": float(nodes[has].sum() / n_has), "gpu": float(gpus[has].sum() / n_has),
                    "expert": float(sel_remote[has].sum() / n_has)}
 

@@ -3,6 +3,7 @@ the resolved configuration next to its outputs (``config.json``)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +103,10 @@ class EngineConfig:
             _bad(w, f"dp_balance '{self.dp_balance}' unknown (expected one of {DP_BALANCE})")
         if self.attention_dtype not in ("bf16", "fp8"):
             _bad(w, f"attention_dtype must be bf16 or fp8, got '{self.attention_dtype}'")
+        if self.mtp_draft > MTP_MAX_DRAFT:
+            _bad(w, f"--mtp: {self.mtp_draft} draft tokens per step: more than {MTP_MAX_DRAFT} (MTP and EAGLE "
+                    "drafts run a few tokens ahead; every draft token is verified in each step, so throughput "
+                    "falls towards 0)")
         acc = self.mtp_acceptance
         per_pos = isinstance(acc, tuple)
         if (self.mtp_draft < 0 or not all(0 <= a <= 1 for a in (acc if per_pos else (acc,)))
@@ -304,8 +309,10 @@ class RebalanceConfig:
     def __post_init__(self) -> None:
         if self.every < 1 or self.window < 1 or self.moves < 0:
             _bad("--rebalance", f"every and window must be >= 1 and moves >= 0, got {self}")
-        if self.decision_s is not None and not self.decision_s >= 0:
-            _bad("--rebalance", f"decision must be >= 0 seconds, got {self.decision_s}")
+        if self.decision_s is not None and not (self.decision_s >= 0 and math.isfinite(self.decision_s)):
+            _bad("--rebalance", f"decision must be a finite number >= 0 seconds, got {self.decision_s}")
+        if self.time_limit is not None and not (self.time_limit > 0 and math.isfinite(self.time_limit)):
+            _bad("--rebalance", f"time must be a finite number > 0 seconds, got {self.time_limit}")
 
 
 @dataclass(frozen=True)
@@ -391,6 +398,9 @@ def parse_tokens(text: str, what: str = "length") -> int:
     return int(float(m.group(1)) * _SUFFIX[m.group(2).lower()])
 
 
+MTP_MAX_DRAFT = 16  # draft tokens per step: engines' MTP / EAGLE configurations use 1 to ~8
+
+
 def parse_mtp(text: str) -> tuple[int, float | tuple[float, ...]]:
     """``"1:0.85"`` -> (1 draft token, acceptance 0.85); ``"3:0.92,0.72,0.36"`` -> (3, per-position
     conditional acceptances)."""
@@ -410,6 +420,9 @@ def parse_rebalance(text: str) -> RebalanceConfig:
         if "=" not in part:
             raise InputError(f"--rebalance: '{part}' is not KEY=VALUE (expected every=N,window=W,moves=K)")
         k, v = part.split("=", 1)
+        if k.strip() in kv:  # every=10,every=20: which one was meant is not ours to guess
+            raise InputError(f"--rebalance: key '{k.strip()[:60]}' given twice ({kv[k.strip()][:60]} and "
+                             f"{v.strip()[:60]})")
         kv[k.strip()] = v.strip()
     unknown = set(kv) - {"every", "window", "moves", "policy", "time", "async", "decision"}
     if unknown:

@@ -46,6 +46,13 @@ FORMAT_VERSION = "1"
 META_FORMAT = b"moeplace.format"
 META_MODEL = b"moeplace.model"
 META_PROVENANCE = b"moeplace.provenance"
+# Parquet's own page checksums (CRC-32 of each page as written, in its header): written into every page,
+# verified by every reader of a trace (the gate decodes every row through pyarrow with verification
+# before any reader, polars included, uses a row; polars itself does not verify them). The key marks
+# files that carry them, so a file without (an earlier release's) is told apart from one that has them.
+META_CHECKSUMS = b"moeplace.page_checksums"
+WRITE_CHECKSUMS = {"write_page_checksum": True}
+READ_CHECKSUMS = {"page_checksum_verification": True}
 
 PHASE_PREFILL = 0
 PHASE_DECODE = 1
@@ -81,6 +88,7 @@ def file_metadata(model: ModelSpec, provenance: dict[str, Any]) -> dict[bytes, b
         META_FORMAT: FORMAT_VERSION.encode(),
         META_MODEL: model.to_json().encode(),
         META_PROVENANCE: json.dumps(provenance, sort_keys=True).encode(),
+        META_CHECKSUMS: b"crc32",
     }
 
 
@@ -174,7 +182,7 @@ class TraceWriter:
             if self._writer is None:
                 path = self._tmp / f"{PART_PREFIX}{self._num_files:05d}.parquet"
                 self._writer = pq.ParquetWriter(path, self.schema, compression=self.compression,
-                                                compression_level=self.compression_level)
+                                                compression_level=self.compression_level, **WRITE_CHECKSUMS)
                 self._num_files += 1
                 self._file_rows = 0
             take = min(n - start, self.rows_per_file - self._file_rows)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from moeplace.foundation import formats, reading
+from moeplace.foundation import formats, limits, reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, atomic_path, register_kind
 from moeplace.foundation.formats import check, tag
@@ -172,6 +172,20 @@ def load_loads(path: str | Path) -> Loads:
         reading.require_regular(p)  # np.load would block on a FIFO named like a Loads file
     except FileNotFoundError:
         raise InputError(f"{p}: no such Loads file") from None
+    # the shapes the headers declare, checked before any array is read: a compressed file of a few MB
+    # can declare hundreds of GiB (the counts are also copied once, to int64)
+    declared = reading.npz_declared(p, "Loads .npz file")
+    need = reading.npz_bytes(declared)
+    if "counts" in declared:
+        shape, _dtype = declared["counts"]
+        if len(shape) != 3:
+            raise InputError(f"{p}: field 'counts' declares shape {_short_shape(shape)}, expected 3 dimensions "
+                             "(windows, layers, experts)")
+        need += 8.0 * float(np.prod([float(d) for d in shape]))
+    limits.require_memory(limits.Estimate(
+        str(p), need, "the arrays its .npy headers declare: "
+        + ", ".join(f"'{k[:40]}' {_short_shape(v[0])}" for k, v in list(declared.items())[:6])),
+        advice="refusing to load it (a corrupt or hostile header?)")
     try:
         with np.load(p, allow_pickle=False) as z:
             if not hasattr(z, "files") or "counts" not in z.files or "meta" not in z.files:
@@ -186,7 +200,7 @@ def load_loads(path: str | Path) -> Loads:
         raise InputError(f"{p}: field 'meta' is a {meta_arr.dtype} array of shape {list(meta_arr.shape)}, "
                          "expected one JSON string")
     try:
-        meta = json.loads(str(meta_arr))
+        meta = reading.loads(str(meta_arr))  # a key given twice refused too
     except json.JSONDecodeError as exc:
         raise InputError(f"{p}: field 'meta' is not valid JSON ({exc})") from None
     except (RecursionError, ValueError):  # nesting, or an integer past Python's int-string limit
@@ -231,6 +245,12 @@ def load_loads(path: str | Path) -> Loads:
         return loads
     except InputError as exc:
         raise InputError(f"{p}: {exc}") from None
+
+
+def _short_shape(shape: tuple[int, ...]) -> str:
+    """A declared shape for a message, at most 8 dimensions shown (a header may declare thousands)."""
+    dims = ", ".join(f"{d:,}" for d in shape[:8])
+    return f"({dims}{', ...' if len(shape) > 8 else ''})"
 
 
 def _is_loads(p: Path) -> bool:

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
+from moeplace.traces.format import READ_CHECKSUMS
 from moeplace.traces.validate import (
     Detect,
     ProblemFound,
@@ -41,6 +42,7 @@ from moeplace.traces.validate import (
     check_lists,
     check_row_group,
     corrupt_group,
+    open_failure,
     read_columns,
 )
 
@@ -203,9 +205,9 @@ def _open_file(f: Path, opened: dict[Path, pq.ParquetFile]) -> pq.ParquetFile:
         try:
             dict_cols = ["domain"] if "domain" in pq.read_schema(f).names else None
             # memory-mapped: pages are decoded straight from the page cache (no read() copies)
-            pf = pq.ParquetFile(f, read_dictionary=dict_cols, memory_map=True)
+            pf = pq.ParquetFile(f, read_dictionary=dict_cols, memory_map=True, **READ_CHECKSUMS)
         except (pa.ArrowException, OSError, ValueError) as exc:
-            raise InputError(f"{f}: not a readable Parquet file: truncated or corrupt ({exc})") from None
+            raise InputError(f"{f}: {open_failure(exc)}") from None
         opened[f] = pf
     return pf
 

@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from moeplace.foundation import limits
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, register_kind, tagged_artifact
+from moeplace.foundation.limits import fmt_count
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import bar
 from moeplace.traces.loads import Loads
@@ -116,6 +118,13 @@ class TraceStats:
         }
 
 
+def _size(f: Path) -> int:
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0
+
+
 def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                   sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0,
                   workers: int | None = None, loads_only: bool = False) -> TraceStats | Loads:
@@ -147,6 +156,16 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     extra = ("domain",) if "domain" in trace.columns else ()
     sampler = Sampler(sample_tokens, total_rows // rows_per_token, seed)
     num_workers = pass_workers(workers, len(jobs), total_rows * k)
+    # the counts grow with the window count (a tiny --window-tokens): refused before any is allocated
+    est = limits.stats_estimate(
+        num_windows=num_windows, num_layers=num_layers, num_experts=num_experts, workers=num_workers,
+        mapped_bytes=max((_size(f) for f in files), default=0),
+        what=f"{path} at --window-tokens {window_tokens} ({fmt_count(num_windows)} "
+             f"window{'s' if num_windows != 1 else ''})")
+    # the decode buffers do not shrink with larger windows: then only a higher limit helps
+    counts_dominate = est.bytes > 2 * limits.STATS_BASE_BYTES
+    limits.require_memory(est, advice="choose a larger --window-tokens, or raise the memory limit"
+                          if counts_dominate else "raise the memory limit (ulimit -v, the container's memory)")
     shared = None
     if num_workers > 1:
         # anonymous shared memory, inherited by the forked workers: counts never travel through pipes

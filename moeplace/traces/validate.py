@@ -42,8 +42,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moeplace.foundation.model import ModelSpec
-from moeplace.traces.format import trace_files
-from moeplace.traces.gate.files import Trace, TraceFile, open_files, open_trace
+from moeplace.traces.format import READ_CHECKSUMS, trace_files
+from moeplace.traces.gate.files import Trace, TraceFile, open_failure, open_files, open_trace
 from moeplace.traces.gate.order import RowOrder
 from moeplace.traces.gate.report import (
     DEFAULT_MAX_PER_KIND,
@@ -61,6 +61,7 @@ from moeplace.traces.gate.rows import (
     check_lists,
     check_row_group,
     corrupt_group,
+    decode_failure,
     read_columns,
     repeated_expert_rows,
 )
@@ -68,7 +69,7 @@ from moeplace.traces.gate.rows import (
 __all__ = [
     "DEFAULT_MAX_PER_KIND", "MAX_POSITION", "MAX_REQUEST_ID", "Detect", "Problem", "ProblemFound", "Raise",
     "RowGroup", "RowOrder", "Trace", "TraceFile", "ValidationReport", "check_lists", "check_row_group",
-    "check_trace", "corrupt_group", "open_trace", "read_columns", "repeated_expert_rows", "validate_report",
+    "check_trace", "corrupt_group", "open_failure", "open_trace", "read_columns", "repeated_expert_rows", "validate_report",
     "validate_trace",
 ]
 
@@ -80,15 +81,15 @@ def _check_rows(sink, trace: Trace, report: ValidationReport | None = None) -> N
     where_before = "the row before"
     for fi, tf in enumerate(trace.files):
         try:
-            pf = pq.ParquetFile(tf.path)
+            pf = pq.ParquetFile(tf.path, **READ_CHECKSUMS)
         except (pa.ArrowException, OSError, ValueError) as exc:
-            sink.add("corrupt", tf.path, None, None, f"not a readable Parquet file: truncated or corrupt ({exc})")
+            sink.add("corrupt", tf.path, None, None, open_failure(exc))
             continue
         for rg in range(pf.num_row_groups):
             try:
                 table = pf.read_row_group(rg, columns=read_columns(trace, fi, rg, pf))
             except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
-                sink.add("corrupt", tf.path, f"row group {rg}", None, f"cannot be decoded: corrupt data ({exc})")
+                sink.add("corrupt", tf.path, f"row group {rg}", None, decode_failure(exc))
                 continue
             group = check_row_group(sink, trace, fi, rg, table)
             order.feed(group.edge, where_before)

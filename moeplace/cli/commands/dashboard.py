@@ -13,6 +13,7 @@ from pathlib import Path
 from moeplace import dashboard
 from moeplace.cli import flags
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import STOP_SIGNALS
 
 
 def register(sub) -> None:
@@ -51,8 +52,10 @@ def run(args) -> int:
     cmd, env = streamlit_command(run_dir, args.port, args.address, args.headless)
     print(f"place dashboard: serving {run_dir} at http://{args.address}:{args.port}/ (Ctrl-C stops it)", flush=True)
     proc = subprocess.Popen(cmd, env=env)
-    # A SIGTERM to `place` (a service manager, a test) stops the server too, not only this wrapper.
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
+    # A SIGTERM or SIGHUP to `place` (a service manager, a test, a closed terminal) stops the server too, not
+    # only this wrapper (a SIGHUP that nohup ignores stays ignored).
+    previous = {sig: signal.signal(sig, lambda signum, frame: proc.send_signal(signum)) for sig in STOP_SIGNALS
+                if sig == signal.SIGTERM or signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         return proc.wait()
     except KeyboardInterrupt:  # Ctrl-C reached both; let streamlit finish shutting down
@@ -62,4 +65,5 @@ def run(args) -> int:
             proc.kill()
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

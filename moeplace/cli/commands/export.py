@@ -4,11 +4,13 @@ and print the launch command that realizes the attention layout. With ``--flags`
 that layout first; a layout that does not fit is refused (exit 2) before anything is written."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path, PurePosixPath
 
 from moeplace.cli import flags
+from moeplace.cli import relabel as export_checkpoint
 from moeplace.cli.commands import add_force
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, Outputs, write_text_atomic
@@ -25,9 +27,11 @@ def register(sub) -> None:
     p = sub.add_parser("export", help="write a placement as a file SGLang / vLLM / vllm-ascend / TensorRT-LLM loads",
                        description=__doc__)
     p.add_argument("placement", help="placement JSON (written by `place optimize` / `place import-placement`)")
-    p.add_argument("--format", required=True, choices=format_names(), help="engine file format")
+    p.add_argument("--format", required=True, choices=[*format_names(), export_checkpoint.FORMAT],
+                   help="engine file format, or checkpoint: a relabelled copy of --model-path")
     p.add_argument("--out", required=True,
-                   help="output file (suffix as the engine requires: .json, .pt, .jsonl, .yaml)")
+                   help="output file (suffix as the engine requires: .json, .pt, .jsonl, .yaml; a directory for "
+                        "--format checkpoint)")
     p.add_argument("--model", default=None,
                    help="model preset or config.json (default: the model named in the placement)")
     p.add_argument("--loads", default=None,
@@ -38,13 +42,15 @@ def register(sub) -> None:
     p.add_argument("--flags", action="store_true",
                    help="print the launch command (checked against the memory plan) that goes with the file")
     add_force(p)
+    export_checkpoint.add_arguments(p)
     g = p.add_argument_group("launch flags (with --flags)")
     g.add_argument("--tp", type=flags.positive_int, default=None,
                    help="attention tensor-parallel size per DP rank (default: GPUs / --dp, or the plan's default)")
     g.add_argument("--dp", type=flags.positive_int, default=None, help="attention data-parallel ranks (default: GPUs / --tp)")
     g.add_argument("--plan", default=None, metavar="PLAN_JSON",
                    help="take the layout (and GPU kind, KV dtype, context) from a `place plan --report` file")
-    g.add_argument("--model-path", default=None, help="checkpoint path or HF id in the command")
+    g.add_argument("--model-path", default=None, help="checkpoint path or HF id in the command (--format checkpoint: the "
+                        "source checkpoint directory)")
     g.add_argument("--kv-cache-dtype", default="fp8", choices=["fp8", "bf16"])
     g.add_argument("--max-model-len", type=flags.positive_int, default=None, help="default: the model's max context")
     g.add_argument("--gpu", default=None, help="GPU kind (default: from the placement's cluster, else h200)")
@@ -71,11 +77,45 @@ def register(sub) -> None:
                         "LeaderWorkerSet manifest (SGLang and vLLM formats)")
     g.add_argument("--launch-out", default=None, metavar="PATH",
                    help="where --target writes (default: --out with .launch.sh / .sbatch / .lws.yaml)")
-    g.add_argument("--image", default=None,
-                   help="container image for --target k8s (default: the engine's published image of the version)")
+    k = p.add_argument_group("Kubernetes pods (with --target k8s; docs/export.md#kubernetes)")
+    k.add_argument("--image", default=None,
+                   help="container image (default: the engine's published image of the version)")
+    k.add_argument("--k8s-rdma", default=None, metavar="RESOURCE[=N]|none|auto",
+                   help="RDMA resource each pod requests (default auto: rdma/ib=1 when the group has more than one "
+                        "pod, none for one)")
+    k.add_argument("--k8s-host-network", default=None, action=argparse.BooleanOptionalAction,
+                   help="run the pods on the nodes' network (default: on for more than one pod)")
+    k.add_argument("--k8s-ipc-lock", default=None, action=argparse.BooleanOptionalAction,
+                   help="add the IPC_LOCK capability RDMA needs to pin memory (default: on for more than one pod)")
+    k.add_argument("--k8s-shm-size", default=None, metavar="QUANTITY",
+                   help="size limit of the in-memory /dev/shm (default: none)")
+    k.add_argument("--k8s-weights", default=None, metavar="pvc:CLAIM|host:/PATH|none",
+                   help="volume with the model weights (default pvc:model-weights)")
+    k.add_argument("--k8s-weights-mount", default=None, metavar="PATH",
+                   help="where the weights volume is mounted; HF_HOME is PATH/huggingface (default /models)")
+    k.add_argument("--k8s-hf-secret", default=None, metavar="NAME[:KEY]|none",
+                   help="Secret holding HF_TOKEN for gated weights (default hf-token:token, optional)")
     p.add_argument("--json", action="store_true",
                    help="print what was written, the warnings and the launch arguments as JSON")
     p.set_defaults(func=run)
+
+
+K8S_FLAGS = ("image", "k8s_rdma", "k8s_host_network", "k8s_ipc_lock", "k8s_shm_size", "k8s_weights",
+             "k8s_weights_mount", "k8s_hf_secret")
+
+
+def k8s_options(args) -> deploy.K8sOptions:
+    """The pods' options: the defaults of :class:`deploy.K8sOptions` where a flag is not given."""
+    d = deploy.K8sOptions()
+    return deploy.K8sOptions(
+        rdma=d.rdma if args.k8s_rdma is None else deploy.parse_rdma(args.k8s_rdma),
+        host_network=d.host_network if args.k8s_host_network is None else args.k8s_host_network,
+        ipc_lock=d.ipc_lock if args.k8s_ipc_lock is None else args.k8s_ipc_lock,
+        shm_size=args.k8s_shm_size and deploy.parse_quantity(args.k8s_shm_size, "--k8s-shm-size"),
+        weights=d.weights if args.k8s_weights is None else deploy.parse_weights(args.k8s_weights),
+        weights_mount=d.weights_mount if args.k8s_weights_mount is None else deploy.parse_mount(args.k8s_weights_mount),
+        hf_secret=d.hf_secret if args.k8s_hf_secret is None else deploy.parse_secret(args.k8s_hf_secret),
+        image=args.image)
 
 
 def read_loads(path: str, window_tokens: int) -> Loads:
@@ -102,21 +142,31 @@ def engine_file_kind(fmt: str, model, num_gpus: int, gpus_per_node: int) -> Outp
     return OutputKind(f"{fmt} file", False, recognise)
 
 
+# formats that write a directory from a source checkpoint rather than an engine file from the placement
+DIRECTORY_FORMATS = {export_checkpoint.FORMAT: export_checkpoint.run}
+
+
 def run(args) -> int:
+    if args.format in DIRECTORY_FORMATS:
+        return DIRECTORY_FORMATS[args.format](args)
+    if args.layout is not None or not args.link:
+        raise InputError("--layout / --copy go with --format checkpoint")
     placement = load_placement(args.placement)
     model = load_model(args.model or placement.model_name)
     check_compatible(placement, model, what=args.placement)
     outs = Outputs(inputs=[args.placement, args.loads, args.model, args.plan], force=args.force)
     outs.add(args.out, engine_file_kind(args.format, model, placement.num_gpus, placement.gpus_per_node))
+    pod_flags = [f"--{k.replace('_', '-')}" for k in K8S_FLAGS if getattr(args, k) is not None]
     launch_choices = (args.tp or args.dp or args.plan or args.target or args.launch_out or args.engine_version
-                      or args.vllm_pr or args.vllm_static or args.image)
+                      or args.vllm_pr or args.vllm_static or pod_flags)
     if not args.flags and launch_choices:
         raise InputError("--tp/--dp/--plan/--engine-version/--vllm-pr/--vllm-static/--target/--launch-out/--image "
                          "choose the launch: add --flags")
-    if (args.launch_out or args.image) and not args.target:
-        raise InputError("--launch-out/--image go with --target shell|slurm|k8s")
-    if args.image and args.target != "k8s":
-        raise InputError("--image is for --target k8s")
+    if (args.launch_out or pod_flags) and not args.target:
+        raise InputError("--launch-out/--image/--k8s-* go with --target shell|slurm|k8s")
+    if pod_flags and args.target != "k8s":
+        raise InputError(f"{pod_flags[0]} is for --target k8s")
+    k8s = k8s_options(args) if args.target == "k8s" else None
     opts = plan = launch = target_launch = None
     launch_out = None
     extra: dict = {}
@@ -136,7 +186,7 @@ def run(args) -> int:
                 target_launch = launch_spec(placement, model, args.format,
                                             PurePosixPath(deploy.MOUNT_DIR) / Path(args.out).name, opts)
             deploy.render(args.target, target_launch, "check", name="x", file_name=Path(args.out).name,
-                          file_bytes=b"", image=args.image)  # refuses an engine/target mismatch before writing
+                          file_bytes=b"", k8s=k8s)  # refuses an engine/target mismatch before writing
             launch_out = args.launch_out or str(Path(args.out).with_suffix("")) + deploy.default_suffix(args.target)
             outs.add(launch_out, OutputKind(f"{args.target} launch file", False, deploy.is_launch_file),
                      flag="--launch-out")
@@ -158,9 +208,9 @@ def run(args) -> int:
     if outs.write(args.out, write):
         wrote.append(args.out)
         if launch_out is not None:
-            text = deploy.render(args.target, target_launch, memory, name=f"moeplace-{model.name}",
-                                 file_name=Path(args.out).name, file_bytes=Path(args.out).read_bytes(),
-                                 image=args.image)
+            # the engine in the name: an SGLang and a vLLM deployment of one model can share a namespace
+            text = deploy.render(args.target, target_launch, memory, name=f"moeplace-{model.name}-{launch.engine}",
+                                 file_name=Path(args.out).name, file_bytes=Path(args.out).read_bytes(), k8s=k8s)
 
             def write_launch():
                 write_text_atomic(launch_out, text)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from moeplace.cli import flags
+from moeplace.cli import flags, relabel
 from moeplace.cli.commands import add_force, add_json, add_model
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
@@ -17,6 +17,7 @@ from moeplace.placement.export import format_names, get_format, import_loads, im
 from moeplace.placement.export.vllm import read_load_stats
 from moeplace.placement.record import PLACEMENT_JSON
 from moeplace.traces.loads import LOADS_FILE
+from moeplace.traces.relabel import loads_to_original
 
 
 def register(sub) -> None:
@@ -31,6 +32,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="placement JSON (or Loads .npz for sglang-logical-count)")
     add_force(p)
     add_json(p, "what was written (path, kind) and what it holds (layers, slots, GPUs or windows, selections)")
+    relabel.add_manifest_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -38,16 +40,21 @@ def run(args) -> int:
     outs = Outputs(inputs=[args.file, args.model], force=args.force)
     outs.add(args.out, LOADS_FILE if args.out.endswith(".npz") else PLACEMENT_JSON)
     model = load_model(args.model)
+    new2old = relabel.manifest_map(args, model)
     if get_format(args.format).kind == "loads":
         if not args.out.endswith(".npz"):
             raise InputError(f"--out {args.out}: --format {args.format} holds expert loads; write them to a .npz")
         loads = import_loads(args.file, args.format, model)
+        if new2old is not None:
+            loads = loads_to_original(loads, new2old, args.relabel_manifest)
         outs.write(args.out, lambda: loads.save(args.out))
         outs.finish()
         return _done(args, model, loads=loads, text=f"wrote {args.out}: loads of {model.name}, "
                      f"{loads.num_windows} windows, {int(loads.counts.sum())} expert selections")
     if args.format == "vllm-jsonl" and args.out.endswith(".npz"):
         loads = read_load_stats(Path(args.file), model)
+        if new2old is not None:
+            loads = loads_to_original(loads, new2old, args.relabel_manifest)
         outs.write(args.out, lambda: loads.save(args.out))
         outs.finish()
         return _done(args, model, loads=loads, text=f"wrote {args.out}: loads of {model.name} from "
@@ -55,6 +62,8 @@ def run(args) -> int:
     if not args.out.endswith(".json"):
         raise InputError(f"--out {args.out}: a placement is written as .json")
     placement = import_placement(args.file, args.format, model, args.gpus, args.gpus_per_node)
+    if new2old is not None:
+        placement = relabel.placement_to_original(placement, new2old, args.relabel_manifest)
     outs.write(args.out, lambda: placement.save(args.out))
     outs.finish()
     return _done(args, model, placement=placement, text=(

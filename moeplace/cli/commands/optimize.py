@@ -13,7 +13,14 @@ from moeplace.cli.commands import add_force, add_progress
 from moeplace.cli.run_config import add_config, settings_record
 from moeplace.foundation.cluster import gpu_preset_names, make_cluster
 from moeplace.foundation.errors import InputError, MoeplaceError
-from moeplace.foundation.files import OutputKind, Outputs, register_kind, tagged_artifact, write_text_atomic
+from moeplace.foundation.files import (
+    OutputKind,
+    Outputs,
+    atomic_path,
+    register_kind,
+    tagged_artifact,
+    write_text_atomic,
+)
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
 from moeplace.placement.compare import compare_policies
@@ -88,6 +95,10 @@ def register(sub) -> None:
     g.add_argument("--max-moves", type=flags.nonneg_int, default=None,
                    help="experts moved per layer at most (with --from)")
     g.add_argument("--workers", type=flags.positive_int, default=None, help="parallel worker processes")
+    g.add_argument("--keep-groups", action="store_true",
+                   help="keep the model's routing groups (DeepSeek-V3 n_group) whole on contiguous blocks of "
+                        "slots, with --redundant 0: a placement `place export --format checkpoint` can serve "
+                        "exactly under group-limited top-k")
     p.set_defaults(func=run)
 
 
@@ -122,7 +133,16 @@ def run(args) -> int:
     if (E + R) % cluster.num_gpus:
         raise InputError(f"--redundant {R}: {E} experts + {R} = {E + R} slots is not a multiple of --gpus "
                          f"{cluster.num_gpus}; use e.g. --redundant {default_redundant(E, cluster.num_gpus)}")
-    options = {"robust": args.robust, "objective": args.objective,
+    keep = None
+    if args.keep_groups:
+        m = loads.model
+        if m.n_group <= 1 or m.topk_group >= m.n_group:
+            raise InputError(f"--keep-groups: model '{m.name}' routes without group limits (n_group {m.n_group}, "
+                             f"topk_group {m.topk_group}); every replica-free placement relabels exactly")
+        if R:
+            raise InputError(f"--keep-groups plans a replica-free placement: add --redundant 0 (not {R})")
+        keep = m.n_group
+    options = {"keep_groups": keep, "robust": args.robust, "objective": args.objective,
                "traffic_weight": args.traffic_weight, "pareto": args.pareto, "from": args.from_placement, "max_moves": args.max_moves,
                "workers": args.workers}
     cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, rule=args.engine,
@@ -138,9 +158,7 @@ def run(args) -> int:
     result.placement.provenance["settings"] = settings
     wrote = not args.no_out and outs.write(args.out, lambda: result.placement.save(args.out))
     if args.save_all:
-        for r in cmp.results:
-            path = Path(args.save_all) / f"placement-{r.policy}.json"
-            outs.write(path, lambda r=r, path=path: r.placement.save(path))
+        _save_all(outs, Path(args.save_all), cmp.results)
     d = tagged("comparison", cmp.to_dict())
     d["written"] = {"policy": chosen, "path": args.out} if wrote else None
     d["settings"] = settings
@@ -153,14 +171,41 @@ def run(args) -> int:
         for line in format_shift(cmp):
             print(line)
         if result.shift:
-            print(shift_advice(result, args.out if not args.no_out else "PLACEMENT.json", args.inputs))
+            # the file the line talks about: --out, else --save-all's copy, else none (said so)
+            saved = Path(args.save_all) / f"placement-{chosen}.json" if args.save_all else None
+            where = args.out if wrote else (str(saved) if saved is not None and saved.exists() else None)
+            print(shift_advice(result, where, args.inputs))
         _print_moeplace_extras(cmp)
+        if R:  # the one plan every engine can serve today, as a relabelled checkpoint (docs/export.md)
+            print(f"replica-free: these plans use {R} redundant slots per layer, which an engine must load as a "
+                  "placement; for a relabelled checkpoint any engine serves (place export --format checkpoint) "
+                  "plan with --redundant 0" + (" --keep-groups" if loads.model.n_group > 1
+                                                and loads.model.topk_group < loads.model.n_group else ""))
         if wrote:
             print(f"wrote {args.out} (policy {chosen})")
         for line in capabilities.advice(loads.model, R):  # what the engines lack to serve it, and the route offered
             print(f"serving: {line}")
     outs.finish()
     return 0
+
+
+def _save_all(outs: Outputs, d: Path, results) -> None:
+    """``--save-all DIR``: every policy's placement. A new directory appears whole or not at all (its
+    files are written into a temporary sibling that is renamed to ``DIR`` when all are there: a full disk
+    leaves nothing, not an empty or half-filled directory); into an existing one each file is written
+    atomically on its own."""
+    if d.is_dir():
+        for r in results:
+            path = d / f"placement-{r.policy}.json"
+            outs.write(path, lambda r=r, path=path: r.placement.save(path))
+        return
+
+    def write_dir() -> None:
+        with atomic_path(d, directory=True) as tmp:
+            for r in results:
+                r.placement.save(tmp / f"placement-{r.policy}.json")
+
+    outs.write(d, write_dir)
 
 
 def parse_groups(specs: list[str]) -> dict[str, list[str]]:
@@ -212,10 +257,10 @@ def _print_moeplace_extras(cmp) -> None:
                   f"{pt['balancedness']:.4f}, nodes per token {pt['nodes_per_token']:.3f}")
 
 
-def shift_advice(result, out: str, inputs: list[str]) -> str:
-    """What to do about workload shift, for the written placement: its held-out figure against the shift
-    estimate (planned with the written placement's own settings) and its range, and the commands that
-    check online rebalancing."""
+def shift_advice(result, out: str | None, inputs: list[str]) -> str:
+    """What to do about workload shift, for the chosen placement: its held-out figure against the shift
+    estimate (planned with the placement's own settings) and its range, and the commands that check online
+    rebalancing. ``out``: where that placement was written (``None``: nowhere, ``--no-out``)."""
     sh = result.shift
     seen = (f"{result.held_out.balancedness:.4f} on the held-out windows of this input but "
             if result.held_out is not None else "")
@@ -225,7 +270,10 @@ def shift_advice(result, out: str, inputs: list[str]) -> str:
         mean += f" (range {sh['mean_range'][0]:.2f}-{sh['mean_range'][1]:.2f})"
         worst += f" ({sh['worst_range'][0]:.2f}-{sh['worst_range'][1]:.2f})"
     weak = " The estimate is weak: fewer than 3 unrelated workloads to leave out." if "; weak:" in sh["method"] else ""
-    return (f"what to expect: the written {result.policy} placement keeps {seen}about {mean}, worst {worst}, on "
+    which = (f"the {result.policy} placement written to {out}" if out is not None
+             else f"the {result.policy} placement (not written: --no-out)")
+    placement = out if out is not None else "PLACEMENT.json (rerun without --no-out to write it)"
+    return (f"what to expect: {which} keeps {seen}about {mean}, worst {worst}, on "
             f"traffic unlike the planning data.{weak} If the production mix differs, plan on every workload you have "
             "(all as inputs, --plan-fraction 1; --robust to hedge) and check online rebalancing: place simulate "
-            f"{inputs[0]} --placement {out} --recommend, or tune the engine's own: place rebalance {inputs[0]}")
+            f"{inputs[0]} --placement {placement} --recommend, or tune the engine's own: place rebalance {inputs[0]}")

@@ -7,13 +7,23 @@ The work is :func:`moeplace.sweep.run_sweep`."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 from moeplace.cli import flags
 from moeplace.cli.sweep import format_frontier, load_spec, run_sweep
+from moeplace.cli.sweep.spec import check_points
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import OutputError, WriteFailed, check_output, display, remove_empty_tree
+from moeplace.foundation.files import (
+    OutputError,
+    WriteFailed,
+    check_output,
+    display,
+    exclusive_lock,
+    remove_empty_tree,
+)
+from moeplace.foundation.limits import MAX_SWEEP_POINTS
 from moeplace.sim.frontier import SWEEP_DIRECTORY
 
 EXIT_NOTHING_FINISHED = 3  # as `place plan` when nothing fits: the inputs were valid, no deployment came out
@@ -36,6 +46,9 @@ def register(sub) -> None:
                    "one is resumed when it is a sweep directory and refused otherwise")
     p.add_argument("--workers", type=flags.positive_int, default=None,
                    help="worker processes / local Ray CPUs (default: the number of cores)")
+    p.add_argument("--max-points", type=flags.positive_int, default=None, metavar="N",
+                   help=f"run a spec of up to N points (default {MAX_SWEEP_POINTS:,}: more are refused before "
+                        "any runs, with an estimate of the time they take)")
     p.add_argument("--quiet", action="store_true", help="no per-point progress lines on stderr")
     p.add_argument("--json", action="store_true", help="print the frontier report as JSON instead of text")
     p.set_defaults(func=run)
@@ -52,10 +65,13 @@ def run(args) -> int:
     if not args.out:
         check_output(out, kind=SWEEP_DIRECTORY, inputs=[args.spec], replace_own=True)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    check_points(spec, args.max_points, args.workers or os.cpu_count() or 1)  # before the directory is made
     existed = Path(out).exists()
     try:
-        res = run_sweep(spec, out, backend="local" if args.local else "ray", ray_address=args.ray,
-                        workers=args.workers, log=log)
+        # one sweep at a time per --out: a second one says who holds it (the first would redo its points)
+        with exclusive_lock(out):
+            res = run_sweep(spec, out, backend="local" if args.local else "ray", ray_address=args.ray,
+                            workers=args.workers, log=log, max_points=args.max_points)
     except WriteFailed as exc:  # disk full, file system gone read-only: no point is half-written
         if not existed and remove_empty_tree(Path(out)):
             raise OutputError(f"{exc}; the sweep wrote nothing, {out} was removed") from None

@@ -7,16 +7,17 @@ import json
 import sys
 from pathlib import Path
 
-from moeplace.cli import flags
+from moeplace.cli import flags, relabel
 from moeplace.cli.commands import add_force, add_json, add_model, add_progress
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import Outputs
+from moeplace.foundation.files import Outputs, remove_path, temp_sibling
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import format_ranges, load_model
 from moeplace.traces.format import TRACE_DIRECTORY
 from moeplace.traces.importers import FORMATS, import_source
 from moeplace.traces.importers.vllm_jsonl import DEFAULT_WARMUP_MIN_RUN, NUMBERINGS
 from moeplace.traces.loads import LOADS_FILE
+from moeplace.traces.relabel import loads_to_original, trace_to_original
 
 GROUP = "trace"
 
@@ -67,6 +68,7 @@ def register(sub) -> None:
                    help="flame-moe: keep the first N tokens (a capture holds 52M)")
     add_json(p, "what was written (path, kind), the warnings and the import's figures")
     add_progress(p)
+    relabel.add_manifest_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -90,7 +92,27 @@ def run(args) -> int:
     outs = Outputs(inputs=[*args.srcs, args.model], force=args.force)
     outs.add(out, LOADS_FILE if loads_out else TRACE_DIRECTORY)
     done = {}
-    if not outs.write(out, lambda: done.update(r=import_source(args.format, args.srcs, model, out, **options))):
+    new2old = relabel.manifest_map(args, model)
+
+    def write():
+        if new2old is None:
+            done.update(r=import_source(args.format, args.srcs, model, out, **options))
+        elif loads_out:  # engine ids -> original ids before anything is saved
+            r = import_source(args.format, args.srcs, model, None, **options)
+            r.loads = loads_to_original(r.loads, new2old, args.relabel_manifest)
+            r.loads.save(out)
+            done.update(r=r)
+        else:  # the importer's own validated trace, then the same rows with the original ids
+            stage = temp_sibling(out, "-engine-ids")
+            try:
+                r = import_source(args.format, args.srcs, model, stage, **options)
+                trace_to_original(stage, out, new2old, model, args.relabel_manifest)
+            finally:
+                remove_path(stage)
+            r.trace = out
+            done.update(r=r)
+
+    if not outs.write(out, write):
         outs.finish()
     notes = done["r"].summary.get("notes", [])
     for note in notes:  # data the import left out, said where it is not missed

@@ -12,7 +12,7 @@ from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
 from moeplace.traces.format import TRACE_DIRECTORY
 from moeplace.traces.synth import SynthConfig, synthesize
-from moeplace.traces.synth.config import check_resources
+from moeplace.traces.synth.config import DEFAULT_DRIFT_PHASES, check_resources
 
 GROUP = "trace"
 
@@ -50,7 +50,8 @@ def register(sub) -> None:
                    help=f"mean correlation of two domains' per-layer loads, 0..1 (default {d.domain_correlation})")
     g.add_argument("--drift", type=flags.probability, default=d.drift,
                    help=f"0: constant even domain mix; 1: each phase a single domain (default {d.drift})")
-    g.add_argument("--drift-phases", type=flags.positive_int, default=d.drift_phases, help=f"(default {d.drift_phases})")
+    g.add_argument("--drift-phases", type=flags.positive_int, default=None,
+                   help=f"(default {DEFAULT_DRIFT_PHASES}, or one per token for a trace of fewer tokens)")
     g.add_argument("--affinity", type=flags.float_range(0.0, 1.0, hi_open=True), default=d.affinity,
                    help=f"probability a slot follows its previous-layer expert's successors (default {d.affinity})")
     g.add_argument("--token-effect", type=flags.float_range(0.0, 1.0, hi_open=True), default=d.token_effect,

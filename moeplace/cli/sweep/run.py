@@ -37,9 +37,11 @@ from moeplace.cli.sweep.spec import (
     Point,
     SweepSpec,
     Workload,
+    check_points,
     expand_points,
     optimize_key,
     point_hash,
+    points_seconds,
     workload_fingerprint,
 )
 from moeplace.cli.sweep.stages import optimize_task, plan_point, point_trace, simulate_task
@@ -47,6 +49,7 @@ from moeplace.cli.sweep.store import ResultStore, make_row
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json, write_text_atomic
 from moeplace.foundation.formats import check, tagged
+from moeplace.foundation.limits import fmt_seconds
 from moeplace.placement.export import capabilities, export_placement
 from moeplace.placement.export.flags import FlagOptions, format_options, launch_spec, recommended_format
 from moeplace.placement.record import Placement, load_placement
@@ -275,17 +278,21 @@ Item = tuple[Point, str, dict[str, Any], SimConfig]  # a point to run: point, ha
 
 def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_address: str | None = None,
               workers: int | None = None, log: Log | None = None,
-              on_row: Callable[[dict[str, Any]], None] | None = None) -> SweepOutcome:
+              on_row: Callable[[dict[str, Any]], None] | None = None,
+              max_points: int | None = None) -> SweepOutcome:
     """Evaluate every point of ``spec`` into ``out`` (see :mod:`moeplace.sweep.store` for the layout).
 
     ``backend``: ``"ray"`` (``ray_address`` ``None``: start a local instance of ``workers`` CPUs; an
     address or ``"auto"``: attach) or ``"local"`` (a pool of ``workers`` processes). Finished points found
-    in ``out`` are not recomputed. ``on_row`` sees every row as it is written (progress, tests)."""
+    in ``out`` are not recomputed. ``on_row`` sees every row as it is written (progress, tests).
+    ``max_points``: the most points run (default :data:`limits.MAX_SWEEP_POINTS`; more are refused before
+    any is expanded)."""
     if backend not in ("ray", "local"):
         raise ValueError(f"backend must be ray or local, got {backend!r}")
     log = log or (lambda msg: None)
     t_start = time.perf_counter()
     workers = max(1, workers or os.cpu_count() or 1)
+    check_points(spec, max_points, workers)
     store = ResultStore(out)
     points = expand_points(spec)
     fps = {w.name: workload_fingerprint(spec, w) for w in spec.workloads}
@@ -295,7 +302,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
         raise InputError(f"{spec.path}: two points hash alike (the same deployment listed twice)")
     finished = store.finished()
     todo = [(p, h) for p, h in zip(points, hashes, strict=True) if h not in finished]
-    log(f"{spec.name}: {len(points)} points, {len(points) - len(todo)} already finished in {store.out}")
+    log(f"{spec.name}: {len(points)} points, {len(points) - len(todo)} already finished in {store.out}; about "
+        f"{fmt_seconds(points_seconds(len(todo), workers))} for the rest on {workers} worker(s) (an estimate)")
     emit = _row_writer(store, len(points), len(points) - len(todo), log, on_row)
 
     groups: dict[str, list[Item]] = {}

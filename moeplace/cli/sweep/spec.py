@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
@@ -44,13 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from moeplace.cli.sim_settings import SimSettings, build_sim_config
-from moeplace.foundation import reading
+from moeplace.foundation import limits, reading
 from moeplace.foundation.cluster import gpu_preset_names
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.inputs import parse_context_mix, parse_pool_split, parse_tokens
 from moeplace.foundation.model import DEFAULT_MODEL, KV_DTYPE_BYTES, ModelSpec, load_model
+from moeplace.foundation.reading import quote
 from moeplace.foundation.settings import build, field_types, nearest, parse_keys
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.placement.policies import check_options, policy_names
@@ -191,6 +193,7 @@ def _err(path: str, fld: str, msg: str) -> InputError:
 
 def _unknown(path: str, parent: str, key: str, choices, what: str = "key") -> InputError:
     """An unknown key of the mapping at ``parent``, with the nearest valid one (or the list)."""
+    key = key if isinstance(key, str) and len(key) <= 80 else quote(key)
     near = nearest(key, choices)
     hint = f"; did you mean '{near}'?" if near else f" (expected one of {', '.join(sorted(choices))})"
     return _err(path, f"{parent}.{key}" if parent else key, f"unknown {what}{hint}")
@@ -261,7 +264,9 @@ def _num(path: str, fld: str, v: Any, kind: type, lo: float | None = None, allow
     ok = isinstance(v, kind) and not isinstance(v, bool) or (kind is float and isinstance(v, int)
                                                               and not isinstance(v, bool))
     if not ok:
-        raise _err(path, fld, f"expected {'a whole number' if kind is int else 'a number'}, got {v!r}")
+        raise _err(path, fld, f"expected {'a whole number' if kind is int else 'a number'}, got {quote(v)}")
+    if not math.isfinite(v):  # .inf / .nan: "no limit" is null, and a NaN limit is met by nothing
+        raise _err(path, fld, f"expected a finite number, got {v!r}")
     if lo is not None and v < lo:
         raise _err(path, fld, f"must be >= {lo}, got {v}")
     return kind(v)
@@ -281,7 +286,7 @@ def _workloads(path: str, raw: dict, base: Path, max_context: int | None = None)
             raise _unknown(path, f, unknown[0], {"name", "trace", "synth", *WORKLOAD_FIELDS})
         name = w.get("name", f"w{i}")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-            raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {name!r}")
+            raise _err(path, f"{f}.name", f"expected a name of letters, digits, '-', '_', '.', got {quote(name)}")
         if ("trace" in w) == ("synth" in w):
             raise _err(path, f, "give exactly one of trace: (a trace file/directory) or synth: (parameters)")
         trace = synth = None
@@ -343,28 +348,47 @@ def _check_axis_value(path: str, fld: str, axis: str, v: Any, workloads: tuple[s
     kinds = AXES[axis]
     if isinstance(v, bool) or not isinstance(v, kinds):
         want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-        raise _err(path, fld, f"expected {want}, got {v!r}")
+        raise _err(path, fld, f"expected {want}, got {quote(v)}")
     if axis == "workload" and v not in workloads:
-        raise _err(path, fld, f"no workload named '{v}' (workloads: {', '.join(workloads)})")
+        raise _err(path, fld, f"no workload named {quote(v)} (workloads: {', '.join(workloads)})")
     if axis == "gpu" and v not in gpu_preset_names():
-        raise _err(path, fld, f"GPU '{v}' unknown (expected one of {', '.join(gpu_preset_names())})")
+        raise _err(path, fld, f"GPU {quote(v)} unknown (expected one of {', '.join(gpu_preset_names())})")
     if axis in ("gpus", "gpus_per_node", "tp", "ep") and v is not None and v < 1:
         raise _err(path, fld, f"must be >= 1, got {v}")
     if axis == "redundant":
         if isinstance(v, int) and v < 0:
             raise _err(path, fld, f"must be >= 0, got {v}")
         if isinstance(v, str) and not _PER_GPU.match(v):
-            raise _err(path, fld, f"expected a slot count or 'N/gpu' (N slots per GPU), got {v!r}")
+            raise _err(path, fld, f"expected a slot count or 'N/gpu' (N slots per GPU), got {quote(v)}")
     if axis == "policy" and v not in policy_names():
-        raise _err(path, fld, f"unknown policy '{v}' (expected one of {', '.join(policy_names())})")
+        raise _err(path, fld, f"unknown policy {quote(v)} (expected one of {', '.join(policy_names())})")
     if axis == "kv_dtype" and v not in KV_DTYPE_BYTES:
-        raise _err(path, fld, f"expected one of {', '.join(KV_DTYPE_BYTES)}, got {v!r}")
+        raise _err(path, fld, f"expected one of {', '.join(KV_DTYPE_BYTES)}, got {quote(v)}")
     if axis == "engine" and v not in ENGINE_RULES:
         raise _err(path, fld, f"expected one of {', '.join(ENGINE_RULES)} (the simulator's replica rules), "
-                              f"got {v!r}")
+                              f"got {quote(v)}")
     if axis == "rebalance" and v != "static" and not _REBALANCE.fullmatch(v.strip()):
-        raise _err(path, fld, f"expected 'static' or every=N,window=W,moves=K[,policy=P], got {v!r}")
+        raise _err(path, fld, f"expected 'static' or every=N,window=W,moves=K[,policy=P], got {quote(v)}")
     return v
+
+
+def _check_redundant(sp: str, axes: dict[str, tuple[Any, ...]], extra: list, num_experts: int) -> None:
+    """Redundant slots within reason for the model: ``N/gpu`` at most one copy of every expert per GPU
+    (N <= E), a count at most that on the largest cluster of the spec. A larger value only makes arrays
+    that overflow (a point file of 4e9 slots was written before it failed)."""
+    most_gpus = max([g for g in axes["gpus"] if g is not None]
+                    + [pt["gpus"] for pt in extra if isinstance(pt.get("gpus"), int)] or [1])
+    values = [(f"axes.redundant[{i}]", v) for i, v in enumerate(axes["redundant"])]
+    values += [(f"points[{i}].redundant", pt["redundant"]) for i, pt in enumerate(extra) if "redundant" in pt]
+    for fld, v in values:
+        if isinstance(v, str):
+            n = int(_PER_GPU.match(v).group(1))
+            if n > num_experts:
+                raise _err(sp, fld, f"{quote(v)}: more redundant slots per GPU than the model's {num_experts} "
+                                    "experts (at most one extra copy of every expert per GPU)")
+        elif v > num_experts * most_gpus:
+            raise _err(sp, fld, f"{v}: more redundant slots than {num_experts} experts x {most_gpus} GPUs (the "
+                                "spec's largest cluster)")
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -410,6 +434,7 @@ def load_spec(path: str | Path) -> SweepSpec:
             raise _unknown(sp, f"points[{i}]", bad[0], AXES, "axis")
         for k, v in pt.items():
             _check_axis_value(sp, f"points[{i}].{k}", k, v, wnames)
+    _check_redundant(sp, axes, extra, model.num_experts)
     plan = _section(sp, raw, "plan", PLAN_KEYS)
     engine_typed, engine = _settings_section(sp, raw, "engine", {k: _SETTINGS[k] for k in ENGINE_FIELDS})
     given = raw.get("engine") or {}
@@ -436,7 +461,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     if "name" in raw and not (isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", name)
                               and name not in (".", "..")):
         raise _err(sp, "name", f"expected a name of letters, digits, '-', '_', '.' (it names the output "
-                               f"directory runs/sweep-<name>), got {str(name)[:60]!r}")
+                               f"directory runs/sweep-<name>), got {quote(name, 60)}")
     return SweepSpec(path=sp, name=str(name), model=model, seed=seed, workloads=workloads, axes=axes,
                      extra_points=tuple(dict(x) for x in extra), plan=plan, engine=engine, optimize=optimize,
                      simulate=simulate, objective=objective, settings=settings)
@@ -487,6 +512,38 @@ def base_memory_config(plan: dict[str, Any], settings: SimSettings) -> MemoryCon
 
 
 # ---------------------------------------------------------------------------- points
+def count_points(spec: SweepSpec) -> int:
+    """Points :func:`expand_points` yields at most (the grid's product plus the explicit points, before
+    duplicates are dropped), computed without expanding anything."""
+    return math.prod(len(spec.axes[a]) for a in AXES) + len(spec.extra_points)
+
+
+def points_seconds(n: int, workers: int) -> float:
+    """Wall seconds ``n`` points take on ``workers`` workers, estimated from the measured
+    :data:`limits.SWEEP_POINT_SECONDS` per point and worker (points that share a placement cost less,
+    infeasible ones almost nothing: an estimate, not a bound)."""
+    return n * limits.SWEEP_POINT_SECONDS / max(1, workers)
+
+
+def check_points(spec: SweepSpec, max_points: int | None = None, workers: int = 1) -> int:
+    """Refuse a spec of more than ``max_points`` points (default :data:`limits.MAX_SWEEP_POINTS`) before
+    any is expanded or run, naming the axes that make the grid; returns the count. Each point is a full
+    plan + optimize + simulation (seconds to minutes), and the expansion itself holds every point in
+    memory (a grid of 2.5 x 10^8 points took gigabytes before the first ran)."""
+    ceiling = limits.MAX_SWEEP_POINTS if max_points is None else max_points
+    n = count_points(spec)
+    if n <= ceiling:
+        return n
+    sizes = " x ".join(f"{len(spec.axes[a]):,} {a}" for a in AXES if len(spec.axes[a]) > 1)
+    grid = f"axes {sizes}" if sizes else "a grid of 1 point"
+    extra = f" plus {len(spec.extra_points):,} explicit points" if spec.extra_points else ""
+    took = limits.fmt_seconds(points_seconds(n, workers))
+    raise InputError(f"{spec.path}: {n:,} points ({grid}{extra}), more than the ceiling of {ceiling:,}: "
+                     f"each point is a full plan, optimize and simulation, about {took} in all on {workers} "
+                     f"worker(s) (an estimate: {limits.SWEEP_POINT_SECONDS} s per point and worker measured); "
+                     "shrink the axes, or pass --max-points N to run that many")
+
+
 def expand_points(spec: SweepSpec) -> list[Point]:
     """The grid (cartesian product of the axes, in ``AXES`` order, the last axis varying fastest), then
     the explicit points (axes they do not name take the axis' first value); duplicates are dropped

@@ -8,7 +8,7 @@ length does it hold?
 Conventions (one engine instance spans all ``W = cluster.num_gpus`` GPUs; SGLang's layout):
 
 * **Attention** runs as ``dp`` data-parallel ranks of ``tp`` GPUs each (``tp * dp == W``; ``dp == 1`` is
-  plain TP, ``tp == 1`` is SGLang ``--enable-dp-attention`` / vLLM DP with TP 1). Head-split projections
+  plain TP, ``tp == 1`` is SGLang ``--attn-dp-size W`` / vLLM DP with TP 1). Head-split projections
   are sharded ``/tp``; the low-rank down-projections that run before the head split (MLA ``q_a``,
   ``kv_a``; KDA ``f_a`` and, without a full-rank gate, ``g_a``) are replicated on every GPU, as the engines
   use ``ReplicatedLinear`` for them. GQA K/V projections shard down to one KV head per GPU and replicate

@@ -3,9 +3,12 @@
 layouts) and :func:`cache_pools` (the pools a simulator admits against)."""
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import replace
 from typing import Any
 
+from moeplace.foundation import limits
 from moeplace.foundation.cluster import ClusterSpec, make_cluster
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.memory.components import MemoryLine, a2a_buffer_bytes, activation_bytes, weight_lines
@@ -117,25 +120,28 @@ def suggest_changes(model: ModelSpec, cluster: ClusterSpec, config: MemoryConfig
 
     if KV_DTYPE_BYTES[config.kv_dtype] > KV_DTYPE_BYTES["fp8"] and model.kv_bytes_per_token("bf16") > 0:
         add("fp8 KV", "--kv-dtype fp8", cluster, _with_layout(config, lay, kv_dtype="fp8"))
+    # every search below re-plans at most MAX_TRIES candidates, and walks only valid ones (the valid
+    # redundant counts, the divisors of W): the cost is bounded whatever the sizes
     if lay.num_redundant:
-        for r in range(lay.num_redundant - 1, -1, -1):
-            if (E + r) % lay.ep == 0 and add("fewer redundant", f"--redundant {r}", cluster,
-                                             _with_layout(config, lay, num_redundant=r)):
+        first = lay.num_redundant - 1 - (E + lay.num_redundant - 1) % lay.ep  # largest valid r below R
+        for r in itertools.islice(range(first, -1, -lay.ep), MAX_TRIES):
+            if add("fewer redundant", f"--redundant {r}", cluster, _with_layout(config, lay, num_redundant=r)):
                 break
-    for ep in range(lay.ep + 1, W + 1):
-        if W % ep == 0:
-            r = next_valid_redundant(E, ep, lay.num_redundant)
-            note = f" --redundant {r}" if r != lay.num_redundant else ""
-            if add("larger EP", f"--ep {ep}{note}", cluster, _with_layout(config, lay, ep=ep, num_redundant=r)):
-                break
-    for tp in range(lay.tp + 1, W + 1):
-        if W % tp == 0 and tp % lay.dcp == 0:
+    divs = _divisors(W)
+    for ep in itertools.islice((d for d in divs if d > lay.ep), MAX_TRIES):
+        r = next_valid_redundant(E, ep, lay.num_redundant)
+        note = f" --redundant {r}" if r != lay.num_redundant else ""
+        if add("larger EP", f"--ep {ep}{note}", cluster, _with_layout(config, lay, ep=ep, num_redundant=r)):
+            break
+    for tp in itertools.islice((d for d in divs if d > lay.tp), MAX_TRIES):
+        if tp % lay.dcp == 0:
             dense_tp = tp if config.dense_tp is None else lay.dense_tp
             if add("larger attention TP", f"--tp {tp} --dp {W // tp}", cluster,
                    _with_layout(config, lay, tp=tp, dp=W // tp, dense_tp=dense_tp)):
                 break
     step = min(cluster.gpus_per_node, W)
-    for W2 in range(W + step, max_gpus_factor * W + 1, step):
+    tries = 0
+    for W2 in range(W + step, min(max_gpus_factor * W, limits.MAX_GPUS) + 1, step):
         if W2 % lay.tp:
             continue
         ep2 = lay.ep * W2 // W if (lay.ep * W2) % W == 0 else W2
@@ -146,10 +152,22 @@ def suggest_changes(model: ModelSpec, cluster: ClusterSpec, config: MemoryConfig
         cl = ClusterSpec(gpu=cluster.gpu, num_nodes=W2 // per_node, gpus_per_node=per_node)
         dense_tp = lay.dense_tp if W2 % lay.dense_tp == 0 else lay.tp
         note = f" --redundant {r}" if r != lay.num_redundant else ""
+        tries += 1
+        if tries > MAX_TRIES:
+            break
         if add("more GPUs", f"--gpus {W2} --tp {lay.tp} --dp {W2 // lay.tp} --ep {ep2}{note}", cl,
                _with_layout(config, lay, dp=W2 // lay.tp, ep=ep2, num_redundant=r, dense_tp=dense_tp)):
             break
     return found
+
+
+MAX_TRIES = 64  # candidate plans one suggestion search re-plans at most
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending (trial division to sqrt(n): n is at most limits.MAX_GPUS)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small) | {n // d for d in small})
 
 
 # ---------------------------------------------------------------------------- sweep

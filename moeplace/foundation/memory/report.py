@@ -138,7 +138,7 @@ def render_plan(plan: MemoryPlan) -> str:
             out += [f"  also fits: {x.change}  ({x.kind}; {x.concurrency} concurrent)" for x in plan.suggestions[1:]]
         else:
             out.append("smallest change: none found (searched fp8 KV, fewer redundant, larger EP, larger TP, "
-                       "up to 8x the GPUs)")
+                       "up to 8x the GPUs; at most 64 candidates each)")
     return "\n".join(out)
 
 

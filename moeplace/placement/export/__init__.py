@@ -32,6 +32,7 @@ import numpy as np
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.reading import quote
 from moeplace.placement.record import Placement
 from moeplace.traces.loads import Loads
 
@@ -163,7 +164,7 @@ def check_rows(path: Path, rows: Any, num_rows: int, num_experts: int, what: str
         for s, v in enumerate(row):
             if isinstance(v, bool) or not isinstance(v, int | np.integer) or not -2**63 <= v < 2**63:
                 raise InputError(f"{path}: {names[i]}: slot {s}: field '{what}': expected an integer expert id, "
-                                 f"got {v!r}")
+                                 f"got {quote(v)}")
         if width is None:
             width = len(row)
         elif len(row) != width:

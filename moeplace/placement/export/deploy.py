@@ -6,20 +6,36 @@ release's recorded options) and carries the memory plan's verdict for the layout
 also an annotation). Where nodes differ they read two variables: ``NODE_RANK`` (0 on the head node) and
 ``MASTER_ADDR`` (the head node's address):
 
-- ``shell``: the user sets both on each node and runs the script there.
+- ``shell``: the user sets both on each node and runs the script there; it refuses to start (exit 2, one
+  line) when either is unset or ``NODE_RANK`` is not a node index.
 - ``slurm``: an ``sbatch`` script, one ``srun`` task per node; ``NODE_RANK`` = ``$SLURM_NODEID``,
   ``MASTER_ADDR`` = the first host of ``$SLURM_JOB_NODELIST``. The placement file must be on a file system
   every node sees, at the path in the command.
-- ``k8s``: a ConfigMap holding the placement file and a ``leaderworkerset.x-k8s.io/v1`` LeaderWorkerSet of
-  one group of ``nodes`` pods (the leader is node 0); the ConfigMap is mounted at :data:`MOUNT_DIR`, where
-  the command looks for the file; ``NODE_RANK`` = ``$LWS_WORKER_INDEX`` and ``MASTER_ADDR`` =
-  ``$LWS_LEADER_ADDRESS`` (both set by the LeaderWorkerSet controller in every container).
+- ``k8s``: the placement file in ConfigMap(s), a ``leaderworkerset.x-k8s.io/v1`` LeaderWorkerSet of one
+  group of ``nodes`` pods (the leader is node 0) and a Service in front of the leader's HTTP port. The file
+  is at :data:`MOUNT_DIR` in every pod, where the command looks for it; ``NODE_RANK`` = ``$LWS_WORKER_INDEX``
+  and ``MASTER_ADDR`` = ``$LWS_LEADER_ADDRESS`` (both set by the LeaderWorkerSet controller). What the pods
+  get beside the GPUs (RDMA devices, ``IPC_LOCK``, host network, shared memory, a weights volume, the
+  Hugging Face token) is a :class:`K8sOptions`, every field overridable from the command line.
+
+Kubernetes size limits (the API server's validation; :func:`apply_problems` checks every object against
+them before anything is written): an object's annotations, keys and values together, at most
+:data:`ANNOTATIONS_LIMIT` bytes -- and ``kubectl apply`` (client-side) copies the whole object into its
+``kubectl.kubernetes.io/last-applied-configuration`` annotation, so each object must serialize within that;
+a ConfigMap's data at most :data:`CONFIGMAP_LIMIT` bytes. A placement file whose ConfigMap would break
+them (Kimi K3's SGLang file is 335 kB) is gzipped and split over ConfigMaps of binary parts that an init
+container joins, checks against the file's SHA-256 and writes to an ``emptyDir`` at :data:`MOUNT_DIR`.
 """
 from __future__ import annotations
 
 import base64
+import copy
+import gzip
+import hashlib
+import json
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -29,10 +45,26 @@ from moeplace.placement.export.flags import Launch, _join
 
 TARGETS = ("shell", "slurm", "k8s")
 MARKER = "# moeplace launch:"  # first comment line of every file written here (how a rewrite recognises it)
-MOUNT_DIR = "/etc/moeplace"  # where the k8s manifest mounts the placement file
-CONFIGMAP_LIMIT = 1024 * 1024  # Kubernetes refuses a ConfigMap over 1 MiB
+MOUNT_DIR = "/etc/moeplace"  # where the k8s pods find the placement file
+PARTS_DIR = "/etc/moeplace-parts"  # where the init container finds the gzipped parts of a large one
+# Kubernetes' limits (apimachinery ValidateAnnotations: TotalAnnotationSizeLimitB = 256 KiB over the sum of
+# key and value lengths; core ValidateConfigMap: data plus binaryData at most MaxSecretSize = 1 MiB)
+ANNOTATIONS_LIMIT = 256 * 1024
+CONFIGMAP_LIMIT = 1024 * 1024
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+PART_BYTES = 3 * ((ANNOTATIONS_LIMIT - 8192) // 4)  # raw bytes per part: base64 (4/3) + the object < limit
+MAX_PARTS = 16  # ~3 MiB of gzip; beyond that a ConfigMap is the wrong carrier (shared storage is)
 IMAGES = {"vllm": "vllm/vllm-openai:v{version}", "sglang": "lmsysorg/sglang:v{version}"}
 PORTS = {"vllm": 8000, "sglang": 30000}  # the engines' default HTTP ports
+
+# Joins the parts (sorted by name), gunzips, checks the digest, writes the file: argv = parts dir, file,
+# sha256. Python because both engines' images have it; a mismatch (parts from another export) stops the pod.
+UNPACK = ("import gzip, hashlib, pathlib, sys\n"
+          "parts, out, digest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]\n"
+          "data = gzip.decompress(b''.join(p.read_bytes() for p in sorted(parts.glob('part-*'))))\n"
+          "if hashlib.sha256(data).hexdigest() != digest:\n"
+          "    sys.exit(f'{out.name}: the ConfigMap parts are not the exported file (sha256 differs)')\n"
+          "out.write_bytes(data)\n")
 
 
 def default_suffix(target: str) -> str:
@@ -55,8 +87,8 @@ def _check(launch: Launch, target: str) -> None:
 
 
 def _node_body(launch: Launch, indent: str) -> list[str]:
-    """The shell lines that start this node's engine process (``NODE_RANK`` chooses head or worker);
-    the launch's environment (the vLLM plugin's switch) is exported first."""
+    """The shell lines that start this node's engine process (``NODE_RANK`` chooses head or worker); the
+    launch's environment (the vLLM plugin's switch, ``MOEPLACE_PLACEMENT``) is exported first."""
     env = [f"{indent}export {k}={shlex.quote(v)}" for k, v in launch.env.items()]
     return env + _exec_lines(launch, indent)
 
@@ -79,6 +111,23 @@ def _header(launch: Launch, target: str, memory: str) -> list[str]:
             f"# {memory}", *launch.notes, launch.layout]
 
 
+def _refuse(message: str) -> str:
+    """A shell command printing ``message`` to stderr and exiting 2 (the message quoted as one word)."""
+    return f"{{ printf '%s\\n' {shlex.quote('launch: ' + message)} >&2; exit 2; }}"
+
+
+def _node_checks(nodes: int) -> list[str]:
+    """Lines that stop the script before the engine starts unless ``NODE_RANK`` is an index 0..nodes-1 and
+    ``MASTER_ADDR`` is set. Plain ``if``/``case`` with quoted messages: prose inside ``${VAR:?...}`` is
+    parsed as shell words (an apostrophe there opens a quote)."""
+    bad_rank = _refuse(f"set NODE_RANK to this node's index, 0..{nodes - 1}")
+    return ['case "${NODE_RANK:-}" in',
+            f"  ''|*[!0-9]*) {bad_rank} ;;",
+            "esac",
+            f'[ "$NODE_RANK" -lt {nodes} ] || {bad_rank}',
+            f'[ -n "${{MASTER_ADDR:-}}" ] || {_refuse("set MASTER_ADDR to the head node address")}']
+
+
 def shell_script(launch: Launch, memory: str) -> str:
     _check(launch, "shell")
     lines = ["#!/usr/bin/env bash", *_header(launch, "shell", memory)]
@@ -87,8 +136,7 @@ def shell_script(launch: Launch, memory: str) -> str:
                      "MASTER_ADDR = the head node's address")
     lines.append("set -euo pipefail")
     if launch.nodes > 1:
-        lines += [f': "${{NODE_RANK:?set NODE_RANK to this node\'s index, 0..{launch.nodes - 1}}}"',
-                  ': "${MASTER_ADDR:?set MASTER_ADDR to the head node\'s address}"']
+        lines += _node_checks(launch.nodes)
     lines += _node_body(launch, "")
     return "\n".join(lines) + "\n"
 
@@ -120,10 +168,232 @@ def k8s_name(text: str) -> str:
     return name or "moeplace"
 
 
+# ----------------------------------------------------------------------- what the pods get beside the GPUs
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_RESOURCE = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+
+
+@dataclass(frozen=True)
+class Rdma:
+    """An extended resource that gives a pod the nodes' RDMA NICs (name as the cluster's device plugin
+    registers it: ``rdma/ib``, ``rdma/rdma_shared_device_a``, ``nvidia.com/hostdev``, ...)."""
+
+    resource: str = "rdma/ib"
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class PvcWeights:
+    """Model weights on a PersistentVolumeClaim (ReadWriteMany or ReadOnlyMany: every pod mounts it)."""
+
+    claim: str
+
+    def volume(self) -> dict:
+        return {"persistentVolumeClaim": {"claimName": self.claim}}
+
+    def describe(self) -> str:
+        return f"PersistentVolumeClaim {self.claim}"
+
+
+@dataclass(frozen=True)
+class HostPathWeights:
+    """Model weights in a directory present on every node (a local disk or a node-mounted file system)."""
+
+    path: str
+
+    def volume(self) -> dict:
+        return {"hostPath": {"path": self.path, "type": "Directory"}}
+
+    def describe(self) -> str:
+        return f"host directory {self.path}"
+
+
+WEIGHT_SOURCES = {"pvc": PvcWeights, "host": HostPathWeights}
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """``HF_TOKEN`` from key ``key`` of Secret ``name`` (optional: a public model needs none)."""
+
+    name: str = "hf-token"
+    key: str = "token"
+
+
+AUTO = "auto"  # RDMA, host network and IPC_LOCK: on for a multi-node group, off for one pod
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    """What the LeaderWorkerSet pods get beside the GPUs (``place export --target k8s`` flags in brackets).
+
+    ``rdma`` [``--k8s-rdma``]: the RDMA resource each pod requests (DeepEP / NCCL between nodes), ``None``
+    none; ``host_network`` [``--k8s-host-network``]: the pods use the nodes' network (the RDMA NICs and
+    their addresses as the engines' all-to-all and NCCL expect them; with ``dnsPolicy:
+    ClusterFirstWithHostNet`` so the leader's name still resolves); ``ipc_lock`` [``--k8s-ipc-lock``]: the
+    ``IPC_LOCK`` capability (RDMA pins memory). Each :data:`AUTO`: on when the group has more than one pod.
+    ``shm_size`` [``--k8s-shm-size``]: the memory-backed ``/dev/shm`` (``None``: no size limit);
+    ``weights`` [``--k8s-weights``]: the volume mounted at ``weights_mount`` [``--k8s-weights-mount``] in
+    every pod, with ``HF_HOME`` inside it so a Hugging Face id downloads there once (``None``: none);
+    ``hf_secret`` [``--k8s-hf-secret``]: ``HF_TOKEN`` for gated weights; ``image`` [``--image``]: the
+    container (default: the engine's published image of the checked release)."""
+
+    rdma: Rdma | None | str = AUTO
+    host_network: bool | str = AUTO
+    ipc_lock: bool | str = AUTO
+    shm_size: str | None = None
+    weights: PvcWeights | HostPathWeights | None = PvcWeights("model-weights")
+    weights_mount: str = "/models"
+    hf_secret: SecretRef | None = SecretRef()
+    image: str | None = None
+
+    def resolved(self, nodes: int) -> K8sOptions:
+        """The options with every :data:`AUTO` decided for a group of ``nodes`` pods."""
+        multi = nodes > 1
+        return K8sOptions(rdma=(Rdma() if multi else None) if self.rdma == AUTO else self.rdma,
+                          host_network=multi if self.host_network == AUTO else self.host_network,
+                          ipc_lock=multi if self.ipc_lock == AUTO else self.ipc_lock, shm_size=self.shm_size,
+                          weights=self.weights, weights_mount=self.weights_mount, hf_secret=self.hf_secret,
+                          image=self.image)
+
+
+def parse_rdma(text: str) -> Rdma | None | str:
+    """``--k8s-rdma``: ``auto``, ``none`` or ``RESOURCE[=COUNT]``."""
+    if text in (AUTO, "none"):
+        return None if text == "none" else AUTO
+    name, sep, count = text.partition("=")
+    if not _RESOURCE.match(name) or (sep and not count.isdigit()) or (sep and int(count) < 1):
+        raise InputError(f"--k8s-rdma {text!r}: expected auto, none or RESOURCE[=COUNT] (a resource name such as "
+                         "rdma/ib, a count >= 1)")
+    return Rdma(name, int(count) if sep else 1)
+
+
+def parse_weights(text: str) -> PvcWeights | HostPathWeights | None:
+    """``--k8s-weights``: ``pvc:CLAIM``, ``host:/ABSOLUTE/PATH`` or ``none``."""
+    if text == "none":
+        return None
+    kind, sep, value = text.partition(":")
+    source = WEIGHT_SOURCES.get(kind)
+    ok = source is PvcWeights and _DNS_SUBDOMAIN.match(value) or source is HostPathWeights and value.startswith("/")
+    if not sep or not ok:
+        raise InputError(f"--k8s-weights {text!r}: expected pvc:CLAIM_NAME (a lower-case DNS name), "
+                         "host:/ABSOLUTE/PATH or none")
+    return source(value)
+
+
+def parse_secret(text: str) -> SecretRef | None:
+    """``--k8s-hf-secret``: ``NAME[:KEY]`` or ``none``."""
+    if text == "none":
+        return None
+    name, sep, key = text.partition(":")
+    if not _DNS_SUBDOMAIN.match(name) or (sep and not _SECRET_KEY.match(key)):
+        raise InputError(f"--k8s-hf-secret {text!r}: expected NAME[:KEY] (a Secret name, a key of "
+                         "letters, digits, '-', '_', '.') or none")
+    return SecretRef(name, key if sep else "token")
+
+
+def parse_quantity(text: str, flag: str) -> str:
+    if not _QUANTITY.match(text):
+        raise InputError(f"{flag} {text!r}: expected a Kubernetes quantity such as 64Gi or 500Mi")
+    return text
+
+
+def parse_mount(text: str) -> str:
+    if not text.startswith("/") or text.rstrip("/") in ("", MOUNT_DIR, PARTS_DIR, "/dev/shm") or ":" in text:
+        raise InputError(f"--k8s-weights-mount {text!r}: expected an absolute path other than /, /dev/shm and "
+                         f"{MOUNT_DIR}")
+    return text.rstrip("/")
+
+
+# ----------------------------------------------------------------------- sizes Kubernetes accepts
+def last_applied(obj: dict) -> str:
+    """What ``kubectl apply`` (client-side) stores in ``kubectl.kubernetes.io/last-applied-configuration``:
+    the object as compact JSON, as Go's encoder writes it (map keys sorted, ``<``, ``>``, ``&`` escaped as
+    ``\\u003c`` ..., a newline at the end)."""
+    meta = dict(obj.get("metadata", {}))
+    meta["annotations"] = {k: v for k, v in meta.get("annotations", {}).items() if k != LAST_APPLIED}
+    if not meta["annotations"]:
+        del meta["annotations"]
+    text = json.dumps({**obj, "metadata": meta}, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026") + "\n"
+
+
+def apply_sizes(obj: dict) -> dict[str, int]:
+    """``annotations``: bytes of the object's annotations once ``kubectl apply`` has added its own (keys and
+    values, UTF-8); ``configmap_data`` (ConfigMaps): bytes of data and binaryData (keys and decoded values)."""
+    notes = {**obj.get("metadata", {}).get("annotations", {}), LAST_APPLIED: last_applied(obj)}
+    out = {"annotations": sum(len(k.encode()) + len(v.encode()) for k, v in notes.items())}
+    if obj.get("kind") == "ConfigMap":
+        data = sum(len(k.encode()) + len(v.encode()) for k, v in obj.get("data", {}).items())
+        binary = sum(len(k.encode()) + len(base64.b64decode(v)) for k, v in obj.get("binaryData", {}).items())
+        out["configmap_data"] = data + binary
+    return out
+
+
+def apply_problems(obj: dict) -> list[str]:
+    """Why the API server would refuse ``obj`` under ``kubectl apply`` (empty: it accepts the sizes)."""
+    sizes = apply_sizes(obj)
+    what = f"{obj.get('kind')} {obj.get('metadata', {}).get('name')}"
+    out = []
+    if sizes["annotations"] > ANNOTATIONS_LIMIT:
+        out.append(f"{what}: annotations with kubectl's last-applied copy are {sizes['annotations']:,} bytes, "
+                   f"over Kubernetes' {ANNOTATIONS_LIMIT:,}")
+    if sizes.get("configmap_data", 0) > CONFIGMAP_LIMIT:
+        out.append(f"{what}: {sizes['configmap_data']:,} bytes of data, over Kubernetes' {CONFIGMAP_LIMIT:,}")
+    return out
+
+
+# ----------------------------------------------------------------------- the manifest
+@dataclass(frozen=True)
+class _Carrier:
+    """How the placement file reaches the pods: ConfigMap objects, the pod volumes that show them, and the
+    init container (if any) that rebuilds the file at ``MOUNT_DIR``."""
+
+    configmaps: list[dict]
+    volumes: list[dict]
+    init: list[dict]
+
+
+def _carrier(name: str, app: dict, file_name: str, file_bytes: bytes, image: str) -> _Carrier:
+    """One ConfigMap holding the file as it is when its objects pass :func:`apply_problems`; else the file
+    gzipped in :data:`PART_BYTES` parts over ConfigMaps ``NAME-placement-0..``, joined by an init container."""
+    try:
+        cm: dict = {"data": {file_name: file_bytes.decode("utf-8")}}
+    except UnicodeDecodeError:  # SGLang's .pt form
+        cm = {"binaryData": {file_name: base64.b64encode(file_bytes).decode("ascii")}}
+    whole = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-placement", "labels": app},
+             **cm}
+    if not apply_problems(whole):
+        return _Carrier([whole], [{"name": "placement", "configMap": {"name": f"{name}-placement"}}], [])
+    packed = gzip.compress(file_bytes, mtime=0)  # mtime 0: the same file gives the same manifest
+    parts = [packed[i:i + PART_BYTES] for i in range(0, len(packed), PART_BYTES)]
+    if len(parts) > MAX_PARTS:
+        raise InputError(f"{file_name}: {len(file_bytes) / 2**20:.1f} MiB ({len(packed) / 2**20:.1f} MiB gzipped) "
+                         f"needs more than {MAX_PARTS} ConfigMaps; use --target shell/slurm with the file on "
+                         "shared storage")
+    digest = hashlib.sha256(file_bytes).hexdigest()
+    maps = [{"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": f"{name}-placement-{i}", "labels": app,
+                          "annotations": {"moeplace/part": f"{i + 1} of {len(parts)} of {file_name}.gz",
+                                          "moeplace/sha256": digest}},
+             "binaryData": {f"part-{i:03d}": base64.b64encode(part).decode("ascii")}}
+            for i, part in enumerate(parts)]
+    volumes = [{"name": "placement", "emptyDir": {}},
+               {"name": "placement-parts", "projected": {"sources": [
+                   {"configMap": {"name": m["metadata"]["name"]}} for m in maps]}}]
+    init = [{"name": "unpack-placement", "image": image,
+             "command": ["python3", "-c", UNPACK, PARTS_DIR, f"{MOUNT_DIR}/{file_name}", digest],
+             "volumeMounts": [{"name": "placement-parts", "mountPath": PARTS_DIR, "readOnly": True},
+                              {"name": "placement", "mountPath": MOUNT_DIR}]}]
+    return _Carrier(maps, volumes, init)
+
+
 def k8s_manifest(launch: Launch, memory: str, name: str, file_name: str, file_bytes: bytes,
-                 image: str | None = None) -> str:
-    """A ConfigMap with the placement file plus a LeaderWorkerSet running ``launch`` (YAML, two documents).
-    ``launch`` must have been built with the file at ``MOUNT_DIR/file_name``."""
+                 options: K8sOptions | None = None) -> str:
+    """The placement file's ConfigMap(s), a LeaderWorkerSet running ``launch`` and a Service in front of
+    the leader (YAML documents). ``launch`` must have been built with the file at ``MOUNT_DIR/file_name``.
+    Every object passes :func:`apply_problems` (else a one-line InputError)."""
     _check(launch, "k8s")
     if launch.env:  # the vLLM plugin reads the placement JSON, which the ConfigMap does not carry
         raise InputError(f"--target k8s: this command loads the placement through the moeplace plugin "
@@ -132,56 +402,90 @@ def k8s_manifest(launch: Launch, memory: str, name: str, file_name: str, file_by
     expected = f"{MOUNT_DIR}/{file_name}"
     if launch.file_path != expected:
         raise InputError(f"--target k8s: the command must load the placement from {expected} (where the "
-                         f"ConfigMap is mounted), not {launch.file_path}")
-    if len(file_bytes) > CONFIGMAP_LIMIT:
-        raise InputError(f"{file_name}: {len(file_bytes) / 2**20:.1f} MiB is over Kubernetes' 1 MiB ConfigMap "
-                         "limit; use --target shell/slurm with the file on shared storage")
+                         f"file is mounted), not {launch.file_path}")
+    opts = (options or K8sOptions()).resolved(launch.nodes)
     name = k8s_name(name)
-    image = image or IMAGES[launch.engine].format(version=launch.version)
-    try:
-        cm: dict = {"data": {file_name: file_bytes.decode("utf-8")}}
-    except UnicodeDecodeError:  # SGLang's .pt form
-        cm = {"binaryData": {file_name: base64.b64encode(file_bytes).decode("ascii")}}
-    configmap = {"apiVersion": "v1", "kind": "ConfigMap",
-                 "metadata": {"name": f"{name}-placement", "labels": {"app": name}}, **cm}
+    app = {"app": name}
+    image = opts.image or IMAGES[launch.engine].format(version=launch.version)
+    carrier = _carrier(name, app, file_name, file_bytes, image)
     env_line = "export NODE_RANK=$LWS_WORKER_INDEX MASTER_ADDR=$LWS_LEADER_ADDRESS"
+    port = PORTS[launch.engine]
+    limits: dict = {"nvidia.com/gpu": launch.gpus_per_node}
+    if opts.rdma is not None:
+        limits[opts.rdma.resource] = opts.rdma.count
+    env = []
+    if opts.hf_secret is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": opts.hf_secret.name, "key": opts.hf_secret.key, "optional": True}}})
+    mounts = [{"name": "placement", "mountPath": MOUNT_DIR, "readOnly": True},
+              {"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes = [*carrier.volumes, {"name": "dshm", "emptyDir": {"medium": "Memory", **(
+        {"sizeLimit": opts.shm_size} if opts.shm_size else {})}}]
+    if opts.weights is not None:
+        env.append({"name": "HF_HOME", "value": f"{opts.weights_mount}/huggingface"})
+        mounts.append({"name": "weights", "mountPath": opts.weights_mount})
+        volumes.append({"name": "weights", **opts.weights.volume()})
 
     def pod(role: str, worker: bool) -> dict:
         cmd = " ".join(launch.head + (launch.worker_extra or [] if worker else []))
-        script = f"{env_line}\nexec {cmd}\n"
-        return {"metadata": {"labels": {"app": name, "role": role}},
-                "spec": {"containers": [{
-                    "name": launch.engine, "image": image, "command": ["/bin/bash", "-c"], "args": [script],
-                    "ports": [{"containerPort": PORTS[launch.engine]}] if not worker else [],
-                    "resources": {"limits": {"nvidia.com/gpu": launch.gpus_per_node},
-                                  "requests": {"nvidia.com/gpu": launch.gpus_per_node}},
-                    "volumeMounts": [{"name": "placement", "mountPath": MOUNT_DIR, "readOnly": True},
-                                     {"name": "dshm", "mountPath": "/dev/shm"}]}],
-                    "volumes": [{"name": "placement", "configMap": {"name": f"{name}-placement"}},
-                                {"name": "dshm", "emptyDir": {"medium": "Memory"}}]}}
+        container = {"name": launch.engine, "image": image, "command": ["/bin/bash", "-c"],
+                     "args": [f"{env_line}\nexec {cmd}\n"],
+                     **({"env": env} if env else {}),
+                     **({"ports": [{"containerPort": port, "name": "http"}]} if not worker else {}),
+                     "resources": {"limits": dict(limits), "requests": dict(limits)},
+                     **({"securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}} if opts.ipc_lock else {}),
+                     "volumeMounts": mounts}
+        spec: dict = {}
+        if opts.host_network:
+            spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
+        if carrier.init:
+            spec["initContainers"] = carrier.init
+        spec.update(containers=[container], volumes=volumes)
+        # copies: shared dicts would come out of yaml.safe_dump as anchors and aliases
+        return copy.deepcopy({"metadata": {"labels": {**app, "role": role}}, "spec": spec})
 
     lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-           "metadata": {"name": name, "labels": {"app": name},
+           "metadata": {"name": name, "labels": app,
                         "annotations": {"moeplace/memory-plan": memory,
                                         "moeplace/engine": f"{launch.engine} {launch.version}",
                                         "moeplace/layout": launch.layout.lstrip("# ")}},
            "spec": {"replicas": 1, "leaderWorkerTemplate": {
                "size": launch.nodes, "restartPolicy": "RecreateGroupOnPodRestart",
                "leaderTemplate": pod("leader", False), "workerTemplate": pod("worker", True)}}}
+    # the LeaderWorkerSet's own headless Service is named NAME (LWS_LEADER_ADDRESS); this one serves clients
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"{name}-api", "labels": app},
+               "spec": {"selector": {"leaderworkerset.sigs.k8s.io/name": name, "role": "leader"},
+                        "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}]}}
+    objects = [*carrier.configmaps, lws, service]
+    problems = [p for o in objects for p in apply_problems(o)]
+    if problems:
+        raise InputError(f"--target k8s: {problems[0]}")
+    net = ("host network" if opts.host_network else "pod network") + (
+        f", {opts.rdma.count} x {opts.rdma.resource}" if opts.rdma else ", no RDMA resource") + (
+        ", IPC_LOCK" if opts.ipc_lock else "")
+    carried = (f"# the placement file: ConfigMap {name}-placement" if not carrier.init else
+               f"# the placement file: gzipped over {len(carrier.configmaps)} ConfigMap(s) {name}-placement-N, "
+               "joined by the init container")
     head = [(f"{MARKER} {launch.engine} {launch.version}, {launch.nodes} pod(s) x {launch.gpus_per_node} GPUs "
             "(place export --target k8s; needs the LeaderWorkerSet controller)"), f"# {memory}", *launch.notes,
-            launch.layout, f"# image {image}: the engine's published container (--image overrides)"]
-    docs = [yaml.safe_dump(d, sort_keys=False, width=120) for d in (configmap, lws)]
+            launch.layout, f"# image {image}: the engine's published container (--image overrides)",
+            f"# pods: {net}; /dev/shm in memory" + (f" ({opts.shm_size})" if opts.shm_size else ""),
+            (f"# weights: {opts.weights.describe()} at {opts.weights_mount} (HF_HOME inside)" if opts.weights
+             else "# weights: no volume (--k8s-weights)"),
+            (f"# HF_TOKEN: Secret {opts.hf_secret.name}, key {opts.hf_secret.key} (optional)" if opts.hf_secret
+             else "# HF_TOKEN: none"),
+            carried, f"# client traffic: Service {name}-api port {port}",
+            "# every object is within Kubernetes' size limits for kubectl apply (client- or server-side)"]
+    docs = [yaml.safe_dump(d, sort_keys=False, width=120) for d in objects]
     return "\n".join(head) + "\n" + "---\n".join(docs)
 
 
 def render(target: str, launch: Launch, memory: str, *, name: str, file_name: str, file_bytes: bytes | None,
-           image: str | None = None) -> str:
+           k8s: K8sOptions | None = None) -> str:
     if target == "shell":
         return shell_script(launch, memory)
     if target == "slurm":
         return slurm_script(launch, memory, k8s_name(name))
     if file_bytes is None:
         raise InputError("--target k8s needs the exported file's bytes")
-    return k8s_manifest(launch, memory, name, file_name, file_bytes, image)
-
+    return k8s_manifest(launch, memory, name, file_name, file_bytes, k8s)

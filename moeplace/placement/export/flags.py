@@ -57,6 +57,7 @@ from moeplace.foundation.formats import check
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.planner import plan_memory
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.reading import quote
 from moeplace.placement.export import capabilities
 from moeplace.placement.export.engines import (
     ENGINE_NAMES,
@@ -203,7 +204,7 @@ def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan
                   else cluster_d.get("gpu") or _gpu_kind(placement, opts) or "h200")
         gpn = cluster_d.get("gpus_per_node")
         if gpn is not None and (isinstance(gpn, bool) or not isinstance(gpn, int)):
-            raise InputError(f"--plan {plan_report}: field 'cluster.gpus_per_node' must be a whole number, got {gpn!r}")
+            raise InputError(f"--plan {plan_report}: field 'cluster.gpus_per_node' must be a whole number, got {quote(gpn)}")
         try:
             cluster = make_cluster(G, gpu, gpn or placement.gpus_per_node)
         except InputError as exc:

@@ -35,6 +35,7 @@ capability table (``capabilities.py``), which holds the list of architectures SG
 """
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import zipfile
@@ -43,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import atomic_path, read_json, write_text_atomic
+from moeplace.foundation.files import read_json, write_bytes_atomic, write_text_atomic
 from moeplace.foundation.model import ModelSpec
 from moeplace.placement.export import ExportFormat, check_matrix, check_rows, register_format, resolve_gpus
 from moeplace.placement.export.capabilities import file_warnings
@@ -113,9 +114,17 @@ def write_pt(placement: Placement, model: ModelSpec, out: Path, **_: object) -> 
 
     full = full_phy2log(placement, model)
     _validate(placement, model, full)
-    with atomic_path(out) as tmp:
-        torch.save({KEY_MAP: torch.from_numpy(full)}, tmp)
+    _save_pt(torch, {KEY_MAP: torch.from_numpy(full)}, out)
     return support_warnings(model, placement.num_redundant)
+
+
+def _save_pt(torch, obj: dict, out: Path) -> None:
+    """``torch.save`` into memory, then the bytes written atomically: a full disk is then Python's
+    ``OSError`` (one line naming ``out``, nothing left), not torch's ``inline_container`` RuntimeError.
+    The files are small (one int64 tensor of layers x slots)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    write_bytes_atomic(out, buf.getvalue())
 
 
 def _load_dict(path: Path) -> dict:
@@ -181,8 +190,7 @@ def write_logical_count(placement: Placement, model: ModelSpec, out: Path, loads
     counts = full_logical_count(loads, model)
     if str(out).endswith(".pt"):
         torch = _torch(out)
-        with atomic_path(out) as tmp:
-            torch.save({KEY_COUNT: torch.from_numpy(counts)}, tmp)
+        _save_pt(torch, {KEY_COUNT: torch.from_numpy(counts)}, out)
     else:
         steps = [_rows_json_inner(w) for w in counts.tolist()]
         write_text_atomic(out, f'{{"{KEY_COUNT}": [\n' + ",\n".join(steps) + "\n]}\n")

@@ -51,6 +51,7 @@ from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import write_text_atomic
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.reading import quote
 from moeplace.placement.export import ExportFormat, check_matrix, register_format, resolve_gpus
 from moeplace.placement.export.capabilities import (  # the architecture facts live in the capability table
     ARCHITECTURE_OF_MODEL_TYPE,
@@ -164,7 +165,7 @@ def _load_yaml(path: Path) -> Any:
 
 def _int(v: Any, path: Path, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int | np.integer):
-        raise InputError(f"{path}: {where}: expected an integer, got {v!r}")
+        raise InputError(f"{path}: {where}: expected an integer, got {quote(v)}")
     return int(v)
 
 
@@ -217,9 +218,9 @@ def read_balancer(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_n
         try:
             layer = int(k)
         except (TypeError, ValueError):
-            raise InputError(f"{path}: field '{field}initial_global_assignments': key {k!r} is not a layer index") from None
+            raise InputError(f"{path}: field '{field}initial_global_assignments': key {quote(k)} is not a layer index") from None
         if isinstance(k, bool) or str(layer) != str(k).strip():
-            raise InputError(f"{path}: field '{field}initial_global_assignments': key {k!r} is not a layer index")
+            raise InputError(f"{path}: field '{field}initial_global_assignments': key {quote(k)} is not a layer index")
         if layer not in model.moe_layers:
             raise InputError(f"{path}: field '{field}initial_global_assignments': layer {layer} is not an MoE layer of "
                              f"{model.name} (keys are decoder-layer indices {model.moe_layers[0]}..{model.moe_layers[-1]})")

@@ -40,9 +40,11 @@ from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json, write_text_atomic
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.reading import quote
 from moeplace.placement.export import ExportFormat, check_matrix, check_rows, register_format, resolve_gpus
 from moeplace.placement.export.capabilities import file_warnings
 from moeplace.placement.record import Placement
+from moeplace.traces.importers._common import INT64_MAX, exact_ints
 from moeplace.traces.loads import Loads
 
 MAX_EXPERT_REDUNDANCY = 1023  # vllm/distributed/eplb/eplb_state.py: EplbState.add_model
@@ -157,11 +159,11 @@ def read_jsonl(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_node
         raise InputError(f"{path}: no eplb_initial_mapping record (field 'record_type')")
     at = f"{path}: line {rec_line}"
     if record.get("version") != 1:
-        raise InputError(f"{at}: field 'version' is {record.get('version')!r}, expected 1")
+        raise InputError(f"{at}: field 'version' is {quote(record.get('version'))}, expected 1")
     P, R = record.get("num_slots"), record.get("num_redundant_experts")
     E = model.num_experts
     if not isinstance(P, int) or not isinstance(R, int) or P != E + R or R < 0:
-        raise InputError(f"{at}: fields 'num_slots' {P!r} and 'num_redundant_experts' {R!r} must satisfy "
+        raise InputError(f"{at}: fields 'num_slots' {quote(P)} and 'num_redundant_experts' {quote(R)} must satisfy "
                          f"num_slots = {E} logical experts + num_redundant_experts")
     assign = record.get("initial_global_assignments")
     if not isinstance(assign, dict):
@@ -191,14 +193,15 @@ def read_load_stats(path: Path, model: ModelSpec) -> Loads:
         rec = reading.parse_json(line, f"{path}: line {no}")
         if not isinstance(rec, dict) or rec.get("record_type") != "eplb_load_stats":
             continue
-        try:
-            load = np.asarray(rec["expert_load"], dtype=np.int64)
-            p2l = np.asarray(rec["p2l_map"], dtype=np.int64)
-        except KeyError as exc:
-            raise InputError(f"{path}: line {no}: field {exc} missing") from None
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"{path}: line {no}: fields 'expert_load'/'p2l_map' are not integer matrices ({exc})") \
-                from None
+        missing = next((k for k in ("expert_load", "p2l_map") if k not in rec), None)
+        if missing is not None:
+            raise InputError(f"{path}: line {no}: field '{missing}' missing")
+        # exact: a load of 1.5 or NaN, or an id of 2.7, is refused (numpy's int64 cast would truncate it)
+        load = exact_ints(rec["expert_load"], f"{path}: line {no}: field 'expert_load'", 0, INT64_MAX)
+        p2l = exact_ints(rec["p2l_map"], f"{path}: line {no}: field 'p2l_map'", 0, INT64_MAX)
+        step = rec.get("step", len(labels))
+        if not reading.is_int(step):
+            raise InputError(f"{path}: line {no}: field 'step' must be a whole number, got {reading.quote(step)}")
         if load.shape != p2l.shape or load.ndim != 2 or load.shape[0] != L:
             raise InputError(f"{path}: line {no}: fields 'expert_load' {load.shape} and 'p2l_map' {p2l.shape} must "
                              f"both be [{L} MoE layers, slots]")
@@ -206,7 +209,7 @@ def read_load_stats(path: Path, model: ModelSpec) -> Loads:
         c = np.zeros((L, E), dtype=np.int64)
         np.add.at(c, (np.arange(L)[:, None].repeat(p2l.shape[1], 1), p2l), load)
         counts.append(c)
-        labels.append(f"step {rec.get('step', len(labels))}")
+        labels.append(f"step {step}")
     if not counts:
         raise InputError(f"{path}: no eplb_load_stats records")
     return Loads(np.stack(counts), model, 0, tuple(labels), {"imported_from": str(path), "format": "vllm-jsonl"})

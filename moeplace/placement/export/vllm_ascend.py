@@ -33,6 +33,7 @@ import numpy as np
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json, write_text_atomic
 from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.reading import quote
 from moeplace.placement.export import ExportFormat, check_matrix, register_format
 from moeplace.placement.record import Placement
 
@@ -87,7 +88,7 @@ def read(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_node: int 
     L = model.num_moe_layers
     if d["moe_layer_count"] != L or not isinstance(d["layer_list"], list) or len(d["layer_list"]) != L:
         n = len(d["layer_list"]) if isinstance(d["layer_list"], list) else None
-        raise InputError(f"{path}: field 'moe_layer_count' is {d['moe_layer_count']!r} with {n} entries in "
+        raise InputError(f"{path}: field 'moe_layer_count' is {quote(d['moe_layer_count'])} with {n} entries in "
                          f"'layer_list', expected {L} (model '{model.name}' MoE layers)")
     rows, G, width = [], None, None
     for l, layer in enumerate(d["layer_list"]):
@@ -96,20 +97,20 @@ def read(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_node: int 
             raise InputError(f"{at}: field 'device_list' missing or not a list")
         # vllm-ascend reads entries by position; an id that disagrees means the file is not what it says.
         if layer.get("layer_id", l) != l:
-            raise InputError(f"{at}: field 'layer_id' is {layer['layer_id']!r} but vllm-ascend uses the list "
+            raise InputError(f"{at}: field 'layer_id' is {quote(layer['layer_id'])} but vllm-ascend uses the list "
                              f"position {l}")
         devs = layer["device_list"]
         if G is None:
             G = len(devs)
         if len(devs) != G or layer.get("device_count", G) != G:
             raise InputError(f"{at}: field 'device_list' has {len(devs)} devices (device_count "
-                             f"{layer.get('device_count')!r}), expected {G} as in layer 0")
+                             f"{quote(layer.get('device_count'))}), expected {G} as in layer 0")
         row = []
         for g, dev in enumerate(devs):
             if not isinstance(dev, dict) or not isinstance(dev.get("device_expert"), list):
                 raise InputError(f"{at}: device_list[{g}]: field 'device_expert' missing or not a list")
             if dev.get("device_id", g) != g:
-                raise InputError(f"{at}: device_list[{g}]: field 'device_id' is {dev['device_id']!r} but "
+                raise InputError(f"{at}: device_list[{g}]: field 'device_id' is {quote(dev['device_id'])} but "
                                  f"vllm-ascend uses the list position {g}")
             ex = dev["device_expert"]
             if width is None:
@@ -120,7 +121,7 @@ def read(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_node: int 
             for v in ex:
                 if isinstance(v, bool) or not isinstance(v, int):
                     raise InputError(f"{at}: device_list[{g}]: field 'device_expert': expected integer expert "
-                                     f"ids, got {v!r}")
+                                     f"ids, got {quote(v)}")
             if len(set(ex)) != len(ex):
                 raise InputError(f"{at}: device_list[{g}]: field 'device_expert' lists an expert twice; "
                                  "vllm-ascend cannot serve two replicas on one device")

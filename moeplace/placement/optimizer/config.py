@@ -25,7 +25,9 @@ class OptimizerConfig:
     ``hedge`` (without ``robust``, given >= 2 planning windows): after planning the windows' sum, spend
     up to ``hedge_iters`` moves improving the worst single window while the sum stays within ``hedge_tol``
     (relative) of what was reached — many placements balance the sum equally well; pick one that also
-    balances each window, which is what held-out traffic rewards. ``gap_tol``: stop searching a layer once within this relative gap of its bound. ``time_limit``: hard wall-clock budget of the whole run, seconds. ``workers``: processes for layers.
+    balances each window, which is what held-out traffic rewards. ``keep_groups``: routing groups
+    (``n_group``) kept whole on contiguous blocks of slots, replica-free, so a relabelled checkpoint serves
+    the plan exactly under group-limited top-k (:mod:`.groups`; 1 = no constraint). ``gap_tol``: stop searching a layer once within this relative gap of its bound. ``time_limit``: hard wall-clock budget of the whole run, seconds. ``workers``: processes for layers.
     """
 
     rule: str = "vllm"
@@ -49,6 +51,7 @@ class OptimizerConfig:
     workers: int = 0
     seed: int = 0
     max_traffic_samples: int = 8192
+    keep_groups: int = 1
 
     def __post_init__(self) -> None:
         get_rule(self.rule)  # an unknown rule is an InputError naming the nearest one
@@ -68,5 +71,10 @@ class OptimizerConfig:
             raise InputError("lns_rounds must be >= 0, lns_gpus >= 2 and lns_dtime > 0")
         if self.seed < 0:
             raise InputError(f"--seed must be >= 0, got {self.seed}")
+        if self.keep_groups < 1:
+            raise InputError(f"keep_groups must be >= 1, got {self.keep_groups}")
+        if self.keep_groups > 1 and (self.objective != "balance" or self.max_moves is not None):
+            raise InputError("--keep-groups plans for balance from scratch: --objective traffic / --max-moves "
+                             "do not apply")
         if self.workers < 0:
             raise InputError(f"--workers must be >= 0 (0 = one per core), got {self.workers}")

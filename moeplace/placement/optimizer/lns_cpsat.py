@@ -23,6 +23,10 @@ def _params(solver: cp_model.CpSolver, seed: int, dtime: float, wall: float) -> 
     solver.parameters.max_deterministic_time = float(dtime)
     solver.parameters.max_time_in_seconds = max(0.01, float(wall))
     solver.parameters.log_search_progress = False
+    # CP-SAT's own SIGINT handler stops one search and lets the run go on: Ctrl-C would end a neighbourhood,
+    # not the command. Python's handler keeps it: the KeyboardInterrupt arrives when this short solve
+    # returns, as SIGTERM's does.
+    solver.parameters.catch_sigint_signal = False
 
 
 def solve_neighbourhood(st: LayerState, gpus: np.ndarray, seed: int, dtime: float, wall: float) -> bool:

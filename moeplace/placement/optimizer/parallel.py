@@ -14,9 +14,11 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 import numpy as np
 
+from moeplace.foundation.files import worker_signals
 from moeplace.foundation.progress import bar
 from moeplace.placement.optimizer.config import OptimizerConfig
 from moeplace.placement.optimizer.greedy import count_bound, greedy_layer
+from moeplace.placement.optimizer.groups import solve_grouped_layer
 from moeplace.placement.optimizer.layer import LayerResult, scenario_loads, solve_layer
 from moeplace.placement.optimizer.local_search import LayerState
 
@@ -28,6 +30,8 @@ MIN_PARALLEL = 2.0  # a budget below this (seconds) is not worth starting worker
 def _job(args) -> LayerResult:
     layer, loads_we, P, G, gpn, cfg, deadline, budget, samples, origin = args
     mine = min(deadline, time.time() + budget)
+    if cfg.keep_groups > 1:
+        return solve_grouped_layer(layer, loads_we, P, G, gpn, cfg, mine)
     return solve_layer(layer, loads_we, P, G, gpn, cfg, mine, samples, origin)
 
 
@@ -70,7 +74,7 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
             results[l] = _job(j)
             pb.update(1)
     else:
-        ex = ProcessPoolExecutor(max_workers=workers, mp_context=_context())
+        ex = ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=worker_signals)
         try:
             futs = {ex.submit(_job, j): l for l, j in enumerate(jobs)}
             pending = set(futs)
@@ -91,7 +95,12 @@ def optimize_layers(loads_wle: np.ndarray, num_slots: int, num_gpus: int, gpus_p
     for l in range(L):  # fallback: the greedy start for any layer that did not come back
         if l not in results:
             wn = scenario_loads(loads_wle[:, l, :], cfg, num_gpus)
-            p2l = origin_lp[l] if origin_lp is not None else greedy_layer(wn, num_slots, num_gpus)
+            if origin_lp is not None:
+                p2l = origin_lp[l]
+            elif cfg.keep_groups > 1:  # the model's own order keeps its routing groups whole
+                p2l = np.arange(num_slots, dtype=np.int64)
+            else:
+                p2l = greedy_layer(wn, num_slots, num_gpus)
             v = LayerState(wn, p2l, num_gpus, cfg.cvar).value()
             results[l] = LayerResult(int(ids[l]), p2l, v, count_bound(wn, num_slots, num_gpus), v, 0.0,
                                      skipped=["layer search (greedy start kept)"])

@@ -36,6 +36,9 @@ class ReplicaRule(ABC):
     engine: ClassVar[str]
     #: a real engine's per-token choice (the simulator replays it); ``False`` for a fractional split
     per_token: ClassVar[bool] = True
+    # whether :meth:`source_shares` depends on the source rank (a ``[L, G, G]`` array; otherwise the
+    # traffic sums run on ``[L, G]``: placement.traffic)
+    source_dependent_shares: ClassVar[bool] = False
     #: over many tokens every replica of an expert carries ``load / replica_count`` (so the even-split
     #: bounds hold and the optimizer's exact counts+placement model describes the rule)
     even_split: ClassVar[bool] = True

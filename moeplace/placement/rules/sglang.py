@@ -159,6 +159,8 @@ def sglang_mean_fractions(placement: Placement, *, variant: str = "mainline") ->
 class SglangRule(ReplicaRule):
     """SGLang: a token on rank ``g`` always goes to the dispatch map's slot ``map[g, l, e]``."""
 
+    source_dependent_shares = True
+
     name = "sglang"
     listing_order = 1
     engine = "SGLang"
@@ -213,8 +215,11 @@ class SglangRule(ReplicaRule):
 
     def planning_memory(self, num_layers, num_experts, num_gpus):
         L, E, G = num_layers, num_experts, num_gpus  # each placement caches its dispatch map, int32 [G, L, E]
-        return RuleMemory(per_placement=4.0 * G * L * E,
-                          what=f" and its SGLang dispatch map ({G:,} ranks x {L} x {E} x 4 B)")
+        # scoring from Loads also holds the source shares q, float64 [L, G, G], and about three
+        # temporaries of that shape (placement.traffic.traffic_from_loads)
+        return RuleMemory(per_placement=4.0 * G * L * E, once=4 * 8.0 * L * G * G,
+                          what=f" and its SGLang dispatch map ({G:,} ranks x {L} x {E} x 4 B), and the source "
+                               f"shares of scoring ({L} x {G:,} x {G:,} x 8 B, four copies)")
 
     def placement_bound(self, placement, loads_LE):
         return ideal_gpu_loads(placement, loads_LE)[1]

@@ -5,6 +5,7 @@ is a :class:`Trace`: the files' row groups and usable columns, which the row che
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,11 @@ import pyarrow.parquet as pq
 
 from moeplace.foundation import reading
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import display
 from moeplace.foundation.model import ModelSpec, spec_from_json
 from moeplace.traces.format import (
     FORMAT_VERSION,
+    META_CHECKSUMS,
     META_FORMAT,
     META_MODEL,
     META_PROVENANCE,
@@ -37,6 +40,7 @@ class TraceFile:
     path: Path
     row_groups: tuple[int, ...]
     columns: frozenset[str]
+    checksums: bool = True  # its pages carry CRC-32 checksums (the footer's moeplace.page_checksums says so)
 
     @property
     def num_rows(self) -> int:
@@ -166,7 +170,7 @@ def open_files(sink, path: str | Path) -> Trace | None:
             md = pq.read_metadata(f)
             schema = md.schema.to_arrow_schema()
         except (pa.ArrowException, OSError, ValueError) as exc:
-            sink.add("corrupt", f, None, None, f"not a readable Parquet file: truncated or corrupt ({exc})")
+            sink.add("corrupt", f, None, None, open_failure(exc))
             unreadable = True
             continue
         got = _file_model(sink, f, schema.metadata or {})
@@ -184,7 +188,8 @@ def open_files(sink, path: str | Path) -> Trace | None:
             unreadable = True
             continue
         usable = _schema_columns(sink, f, schema, ref[0])
-        tf = TraceFile(f, tuple(md.row_group(i).num_rows for i in range(md.num_row_groups)), frozenset(usable))
+        tf = TraceFile(f, tuple(md.row_group(i).num_rows for i in range(md.num_row_groups)), frozenset(usable),
+                       META_CHECKSUMS in (schema.metadata or {}))
         optional = [c for c in OPTIONAL_COLUMNS if c in schema.names]
         if first_optional is None:
             first_optional = (optional, f)
@@ -196,9 +201,37 @@ def open_files(sink, path: str | Path) -> Trace | None:
     if ref is None:
         return None
     trace = Trace(Path(path), ref[0], ref[1], tuple(opened))
+    _note_unchecked(trace)
     if trace.num_rows == 0 and not unreadable:
         sink.add("empty", path, None, None, "the trace has no rows (nothing to compute on)")
     return trace
+
+
+def open_failure(exc: BaseException) -> str:
+    """Why a Parquet file did not open, in words; running out of memory (a memory map refused under
+    ``ulimit -v``) is not corruption: it propagates as :class:`MemoryError` (the CLI words it)."""
+    text = str(exc)
+    if "Cannot allocate memory" in text or isinstance(exc, MemoryError):
+        raise MemoryError(text)
+    return f"not a readable Parquet file: truncated or corrupt ({text})"
+
+
+_NOTED: set[Path] = set()  # traces already noted as carrying no checksums, in this process
+
+
+def _note_unchecked(trace: Trace) -> None:
+    """A trace written before page checksums (an earlier moeplace, or another tool) is read as before, with
+    one note per trace and process: its bytes cannot be verified, so a flipped byte inside a page may
+    decode as data (the row checks still catch values out of range)."""
+    bare = [tf.path for tf in trace.files if not tf.checksums]
+    key = Path(trace.path).absolute()
+    if not bare or key in _NOTED:
+        return
+    _NOTED.add(key)
+    more = f" and {len(bare) - 1} more of its files" if len(bare) > 1 else ""
+    print(f"place: note: {display(bare[0])}{more}: written without page checksums (an earlier "
+          "moeplace version?): corrupted bytes inside its pages cannot be detected; re-import or re-synthesize "
+          "the trace to get them (docs/traces.md, Checksums)", file=sys.stderr)
 
 
 def open_trace(path: str | Path) -> Trace:

@@ -41,7 +41,18 @@ def _may_hold_nulls(md: pq.FileMetaData, rg: int, name: str) -> bool:
 
 def corrupt_group(path: Path, rg: int, exc: Exception) -> str:
     """The line for a row group that does not decode (one wording for every reader)."""
-    return str(Problem("corrupt", str(path), f"row group {rg}", None, f"cannot be decoded: corrupt data ({exc})"))
+    return str(Problem("corrupt", str(path), f"row group {rg}", None, decode_failure(exc)))
+
+
+def decode_failure(exc: BaseException) -> str:
+    """Why a row group did not decode, in words: a page checksum that does not match says the bytes changed
+    after they were written (format.READ_CHECKSUMS); running out of memory is not corruption."""
+    text = str(exc)
+    if "CRC checksum" in text or "page integrity" in text:
+        return f"page checksum mismatch: its bytes changed after they were written (corrupt data; {text})"
+    if "Cannot allocate memory" in text or isinstance(exc, MemoryError):
+        raise MemoryError(text)
+    return f"cannot be decoded: corrupt data ({text})"
 
 
 def read_columns(trace: Trace, fi: int, rg: int, pf: pq.ParquetFile, extra=()) -> list[str]:

@@ -40,6 +40,8 @@ def jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
                 continue
             try:
                 obj = _fast_loads(line)
+                if reading.has_duplicate_keys(obj, line):  # orjson keeps the last of two keys: let the
+                    obj = reading.parse_json(line, f"{path}: line {lineno}")  # stdlib reader decide
             except ValueError:
                 # orjson rejects NaN/Infinity, which Python's json.dumps writes: let the stdlib decide so
                 # such values reach the field checks and get their precise message
@@ -197,8 +199,13 @@ def expert_id_matrix(value, path: Path, where: str, field: str, num_experts: int
 
 def moe_layer_axis(arr: np.ndarray, model: ModelSpec, path: Path, where: str, field: str) -> np.ndarray:
     """``arr[tokens, layers, k]`` with the layer axis cut to the model's MoE layers: the axis holds every
-    decoder layer (``num_layers``; dense rows are dropped) or the MoE layers only (``num_moe_layers``)."""
+    decoder layer (``num_layers``; dense rows are dropped) or the MoE layers only (``num_moe_layers``).
+    The top-k axis is checked here too, so that an error names the array's shape as the input holds it
+    (not the ``[tokens x layers, k]`` the callers reshape it to)."""
     n = arr.shape[1]
+    if arr.shape[2] != model.top_k:
+        raise InputError(f"{path}: {where}: field '{field}': shape {list(arr.shape)}, expected [tokens, layers, "
+                         f"{model.top_k}] (the model's top-k is {model.top_k})")
     if n == model.num_layers:
         return arr[:, list(model.moe_layers)]
     if n == model.num_moe_layers:

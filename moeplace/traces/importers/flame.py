@@ -54,7 +54,12 @@ def _open(path: Path) -> pq.ParquetFile:
 def _resolve(src: Path, iteration: int | None) -> tuple[Path, Path]:
     """``(iteration directory, samples directory)``."""
     if (src / "actives").is_dir():
-        iters = {int(m.group(1)): p for p in (src / "actives").iterdir() if (m := _ITER.match(p.name)) and p.is_dir()}
+        dirs = [p for p in (src / "actives").iterdir() if p.name.startswith("iter_") and p.is_dir()]
+        odd = sorted(p.name for p in dirs if not _ITER.match(p.name))
+        if odd:  # skipping it would pick another iteration without a word (the latest of the rest)
+            raise InputError(f"{src / 'actives'}: directory '{odd[0][:60]}' is not iter_NNNN (a number after "
+                             "iter_); rename or remove it")
+        iters = {int(_ITER.match(p.name).group(1)): p for p in dirs}
         if not iters:
             raise InputError(f"{src / 'actives'}: no iter_NNNN directories")
         if iteration is None:

@@ -6,7 +6,8 @@ Turn the recorder on with ``--expert-distribution-recorder-mode stat|per_token``
 
 ``stat`` mode (``_StatAccumulator.dump``): rank 0 writes ``expert_distribution_recorder_{time}.pt`` =
 ``{"rank": int, "logical_count": int32 tensor [steps, num_layers, num_logical_experts],
-"average_utilization_rate_over_window": float | None}``; the same dict as ``.json`` (lists) is accepted,
+"average_utilization_rate_over_window": float | None}`` (SGLang 0.5.23 writes its dumps only as ``.pt``,
+so importing them needs torch); the same dict converted to ``.json`` (lists) is accepted too,
 and so is a 2-D ``logical_count`` ``[num_layers, experts]`` (SGLang's ``--init-expert-location`` form).
 SGLang's ``num_layers`` is the config's ``num_hidden_layers``: dense layers are included (their rows stay
 zero), so the importer keeps the model's MoE layers; a ``logical_count`` that already has exactly
@@ -72,8 +73,9 @@ def _load_dump(path: Path) -> dict:
         try:
             import torch  # ~5 s to import, and optional (the [capture] extra): only .pt dumps need it
         except ModuleNotFoundError:
+            # SGLang (0.5.23) writes its recorder dumps only as .pt: torch is the way to read them
             raise InputError(f"{path}: reading SGLang's .pt dump needs torch, which this install lacks (pip install "
-                             "'moeplace[capture]', or torch itself); its JSON dumps need no torch") from None
+                             "'moeplace[capture]', or torch itself)") from None
 
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)

@@ -10,6 +10,7 @@ DOMAIN_NAMES = ("chat", "code", "math", "writing", "multilingual", "agentic", "s
 U_BITS = 16
 U_SIZE = 1 << U_BITS
 SYNTH_VERSION = 2
+DEFAULT_DRIFT_PHASES = 4  # phases of the domain mix when none are given (at most one per token)
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class SynthConfig:
     num_domains: int = 5
     domain_correlation: float = 0.5  # mean Pearson correlation of two domains' per-layer loads
     drift: float = 0.6  # 0: constant even mix; 1: each phase is a single domain
-    drift_phases: int = 4
+    drift_phases: int | None = None  # None: DEFAULT_DRIFT_PHASES, fewer for a trace of fewer tokens
     # structure on top of the popularity
     affinity: float = 0.45  # probability a slot follows the inter-layer coupling from its layer l-1 expert
     token_effect: float = 0.15  # probability a slot comes from the token id's preferred experts
@@ -60,6 +61,10 @@ class SynthConfig:
         def bad(field: str, msg: str) -> None:
             raise InputError(f"synth config: field '{field}': {msg}")
 
+        if self.drift_phases is None and isinstance(self.num_tokens, int) and not isinstance(self.num_tokens, bool):
+            # the default adapts: a 3-token trace has 3 phases (a phase holds at least one token); given
+            # phases are checked against the tokens below
+            object.__setattr__(self, "drift_phases", max(1, min(DEFAULT_DRIFT_PHASES, self.num_tokens)))
         for name in ("num_tokens", "drift_phases"):  # the two sizes bounded below (a spec may give '1e12')
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -1,0 +1,276 @@
+"""Expert relabelling: serve a replica-free placement with any engine by renumbering each MoE layer's experts.
+
+Every engine puts a layer's experts on its EP ranks in a fixed order: contiguous blocks (rank ``r`` holds ids
+``r*E/G .. (r+1)*E/G - 1``; vLLM ``linear``, SGLang, TensorRT-LLM) or vLLM's ``round_robin`` (rank ``r`` holds
+``r, r+G, r+2G, ...``). Renaming expert ``old`` to ``new`` in one layer -- its weights, and in the same order
+its router's output rows and any per-expert bias (``e_score_correction_bias``) -- changes no output of the
+model: the router scores the same experts with the same numbers, top-k picks the same experts under new
+names, and each new name holds the old expert's weights. So a placement whose ``phy2log`` is a permutation
+per layer is realized by an engine's fixed layout on a relabelled checkpoint.
+
+One module answers "which id goes where" for everyone (the checkpoint writer, the vLLM load-time plugin and
+the statistics importers): :func:`permutations` gives ``new2old [L, E]`` (engine id -> original id),
+:func:`classify` maps a checkpoint tensor name to its MoE layer, expert and role. Pure functions, no torch.
+
+Routing groups: DeepSeek-V3's group-limited top-k scores groups of ``E / n_group`` consecutive ids and keeps
+the best ``topk_group`` groups. A renaming is exact there only if it maps each group onto one group as a
+whole (:func:`check_groups`); the optimizer plans under that constraint with ``--keep-groups``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from moeplace.foundation.errors import InputError
+from moeplace.foundation.files import read_json
+from moeplace.foundation.formats import check, kind_of
+from moeplace.placement.record import Placement, load_placement
+
+
+# ---------------------------------------------------------------------------- layouts
+@dataclass(frozen=True)
+class Layout:
+    """An engine's fixed order of expert ids over EP ranks. ``slot_ids(P, G)`` is the engine id at each
+    placement slot ``p`` (GPU ``p // (P/G)``, local position ``p % (P/G)``), ``[P]`` int64."""
+
+    name: str
+    engines: str  # who uses it (for messages and docs)
+    interleaved: bool  # rank r holds ids r, r+G, ... (else a contiguous block)
+
+    def slot_ids(self, num_slots: int, num_gpus: int) -> np.ndarray:
+        p = np.arange(num_slots, dtype=np.int64)
+        if not self.interleaved:
+            return p
+        per = num_slots // num_gpus
+        return (p % per) * num_gpus + p // per  # local position i on GPU g is id g + i*G
+
+
+CONTIGUOUS = Layout("contiguous", "vLLM --expert-placement-strategy linear (default), SGLang, TensorRT-LLM", False)
+ROUND_ROBIN = Layout("round_robin", "vLLM --expert-placement-strategy round_robin", True)
+LAYOUTS = {lay.name: lay for lay in (CONTIGUOUS, ROUND_ROBIN)}
+# vLLM's own names for them (ParallelConfig.expert_placement_strategy)
+VLLM_STRATEGY = {"linear": CONTIGUOUS, "round_robin": ROUND_ROBIN}
+
+
+def get_layout(name: str) -> Layout:
+    if name not in LAYOUTS:
+        raise InputError(f"--layout must be one of {', '.join(LAYOUTS)}, got {name!r}")
+    return LAYOUTS[name]
+
+
+# ---------------------------------------------------------------------------- permutations
+def replicas_reason(placement: Placement) -> str | None:
+    """Why ``placement`` cannot be served as a relabelled model (``None`` when it can): a renaming moves
+    experts, it cannot copy one into two slots."""
+    if placement.num_redundant:
+        return (f"the placement has {placement.num_redundant} redundant slots per layer ({placement.num_slots} "
+                f"slots for {placement.num_experts} experts); a relabelled checkpoint holds each expert once: "
+                "plan with --redundant 0")
+    return None
+
+
+def permutations(placement: Placement, layout: Layout) -> np.ndarray:
+    """``new2old`` int64 ``[L, E]``: the original expert id that engine id ``n`` of MoE layer ``l`` must hold
+    so that ``layout`` over ``placement.num_gpus`` ranks puts on every GPU exactly the experts the placement
+    gives it (in slot order). Raises :class:`InputError` for a placement with replicas."""
+    why = replicas_reason(placement)
+    if why:
+        raise InputError(why)
+    ids = layout.slot_ids(placement.num_slots, placement.num_gpus)
+    new2old = np.empty(placement.phy2log.shape, dtype=np.int64)
+    new2old[:, ids] = placement.phy2log
+    return new2old
+
+
+def inverse(new2old: np.ndarray) -> np.ndarray:
+    """``old2new [L, E]`` of a ``new2old [L, E]`` permutation."""
+    L, E = new2old.shape
+    old2new = np.empty_like(new2old)
+    old2new[np.arange(L)[:, None], new2old] = np.arange(E)[None, :]
+    return old2new
+
+
+def check_permutations(new2old: np.ndarray, num_experts: int, where: str) -> None:
+    """Each row of ``new2old`` is a permutation of ``0..E-1`` (a hand-edited manifest may not be)."""
+    if new2old.ndim != 2 or new2old.shape[1] != num_experts:
+        raise InputError(f"{where}: permutation must be [layers][{num_experts}], got shape {new2old.shape}")
+    ok = (np.sort(new2old, axis=1) == np.arange(num_experts)[None, :]).all(axis=1)
+    if not ok.all():
+        raise InputError(f"{where}: layer {int(np.argmin(ok))}: not a permutation of 0..{num_experts - 1}")
+
+
+def group_breaks(new2old: np.ndarray, n_group: int) -> tuple[int, int] | None:
+    """``(layer, new group)`` of the first routing group that the renaming does not map onto one original
+    group as a whole; ``None`` when every group stays whole (``n_group`` groups of ``E / n_group``
+    consecutive ids, as DeepSeek-V3's group-limited top-k scores them)."""
+    L, E = new2old.shape
+    if n_group <= 1:
+        return None
+    size = E // n_group
+    groups = (new2old // size).reshape(L, n_group, size)
+    mixed = (groups != groups[:, :, :1]).any(axis=2)
+    if not mixed.any():
+        return None
+    layer, grp = np.argwhere(mixed)[0]
+    return int(layer), int(grp)
+
+
+def check_groups(new2old: np.ndarray, n_group: int, topk_group: int, where: str) -> None:
+    """Refuse a renaming that splits a routing group: with group-limited top-k the router would pick other
+    experts than the original model (the group scores change)."""
+    if n_group <= 1 or topk_group >= n_group:
+        return  # every group is always kept: ids may move freely
+    E = new2old.shape[1]
+    if E % n_group:
+        raise InputError(f"{where}: {E} experts do not split into n_group={n_group} routing groups")
+    bad = group_breaks(new2old, n_group)
+    if bad:
+        layer, grp = bad
+        size = E // n_group
+        got = sorted({int(x) // size for x in new2old[layer, grp * size:(grp + 1) * size]})
+        raise InputError(
+            f"{where}: MoE layer {layer}: engine ids {grp * size}-{(grp + 1) * size - 1} (routing group {grp} of "
+            f"{n_group}, top-{topk_group} groups) would hold experts of original groups {got}; group-limited "
+            "routing is exact only when each group moves as a whole: plan with `place optimize --keep-groups`")
+
+
+# ---------------------------------------------------------------------------- checkpoint tensor names
+@dataclass(frozen=True)
+class ExpertTensor:
+    """What a checkpoint tensor is to the relabelling. ``layer``: decoder layer index from the name;
+    ``expert``: the id in the name (per-expert tensors) or ``None``; ``role``: ``expert`` (one expert's
+    tensor: renamed), ``stacked`` (all experts along dim 0: rows permuted), ``router`` (router output rows
+    along dim 0) or ``bias`` (a per-expert vector such as ``e_score_correction_bias``)."""
+
+    layer: int
+    expert: int | None
+    role: str
+    head: str  # name up to and including "experts." (per-expert) -- for renaming
+    tail: str  # the rest after the id (".w1.weight_packed")
+
+    def renamed(self, new_id: int) -> str:
+        return f"{self.head}{new_id}{self.tail}"
+
+
+# The MoE block's attribute names across the supported layouts: DeepSeek-V3 / Kimi K2 / K3, Qwen3-MoE and
+# OLMoE ("mlp"), Mixtral ("block_sparse_moe"), Llama-4 style ("feed_forward"). Any prefix before "layers."
+# (``model.``, ``language_model.model.``) is kept.
+_BLOCK = r"(?P<pre>(?:^|.*\.)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.)"
+_PER_EXPERT = re.compile(_BLOCK + r"(?P<x>experts\.)(?P<id>\d+)(?P<tail>\..+)$")
+_STACKED = re.compile(_BLOCK + r"experts\.(?P<rest>[A-Za-z_][\w.]*)$")
+_ROUTER = re.compile(_BLOCK + r"(?:gate|router)\.(?P<rest>weight|bias|e_score_correction_bias)$")
+_BIAS = re.compile(_BLOCK + r"(?:experts\.)?e_score_correction_bias$")
+
+
+def classify(name: str) -> ExpertTensor | None:
+    """The relabelling role of checkpoint tensor ``name``; ``None`` for everything the renaming leaves
+    alone (attention, norms, embeddings, shared experts, dense MLPs). Covers per-expert tensors with any
+    suffix (``experts.7.w1.weight``, ``experts.7.gate_proj.weight``, K3's ``experts.7.w1.weight_packed`` /
+    ``weight_scale``), stacked ones (``experts.gate_up_proj`` ``[E, ...]``), router rows (``gate.weight``
+    ``[E, H]``, ``gate.bias``) and per-expert biases (``gate.e_score_correction_bias``)."""
+    m = _PER_EXPERT.match(name)
+    if m:
+        return ExpertTensor(int(m["layer"]), int(m["id"]), "expert", m["pre"] + m["x"], m["tail"])
+    m = _ROUTER.match(name)
+    if m:
+        role = "bias" if m["rest"] == "e_score_correction_bias" else "router"
+        return ExpertTensor(int(m["layer"]), None, role, name, "")
+    m = _BIAS.match(name)
+    if m:
+        return ExpertTensor(int(m["layer"]), None, "bias", name, "")
+    m = _STACKED.match(name)
+    if m:
+        return ExpertTensor(int(m["layer"]), None, "stacked", name, "")
+    return None
+
+
+@dataclass(frozen=True)
+class Relabel:
+    """A renaming of experts ready to apply to tensor names: ``new2old [L, E]`` over the MoE decoder layers
+    ``moe_layers`` (in order). Built from a placement (:func:`from_placement`) or read from a manifest."""
+
+    new2old: np.ndarray
+    moe_layers: tuple[int, ...]
+    layout: Layout
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", {d: i for i, d in enumerate(self.moe_layers)})
+        object.__setattr__(self, "old2new", inverse(self.new2old))
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.new2old.shape[1])
+
+    def moe_index(self, decoder_layer: int) -> int | None:
+        """Index into ``new2old`` of a decoder layer; ``None`` for a layer outside the plan (DeepSeek-V3's
+        multi-token-prediction layer 61 is not one of the 58 MoE layers engines place: left as it is)."""
+        return self._index.get(decoder_layer)
+
+    def source_name(self, t: ExpertTensor) -> str | None:
+        """For a per-expert tensor of the relabelled checkpoint, the source tensor it holds; ``None`` when
+        its layer is not relabelled."""
+        i = self.moe_index(t.layer)
+        return None if i is None or t.expert is None else t.renamed(int(self.new2old[i, t.expert]))
+
+    def target_name(self, t: ExpertTensor) -> str | None:
+        """For a per-expert tensor of the source checkpoint, its name in the relabelled one."""
+        i = self.moe_index(t.layer)
+        return None if i is None or t.expert is None else t.renamed(int(self.old2new[i, t.expert]))
+
+    def rows(self, t: ExpertTensor) -> np.ndarray | None:
+        """``new2old`` of ``t``'s layer for a tensor whose dim 0 runs over experts (stacked, router, bias):
+        row ``n`` of the relabelled tensor is row ``rows[n]`` of the source. ``None`` when not relabelled."""
+        i = self.moe_index(t.layer)
+        return None if i is None or t.role == "expert" else self.new2old[i]
+
+
+def from_placement(placement: Placement, layout: Layout) -> Relabel:
+    return Relabel(permutations(placement, layout), tuple(placement.moe_layers), layout)
+
+
+def to_original(new2old_row: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Engine (relabelled) expert ids -> original ids for one layer: ``new2old_row[ids]`` (``-1`` padding,
+    as routing records use it, stays ``-1``)."""
+    ids = np.asarray(ids)
+    out = new2old_row[np.clip(ids, 0, None)]
+    return np.where(ids < 0, ids, out)
+
+
+# ---------------------------------------------------------------------------- reading what names a renaming
+def read_relabel(path: str, layout: Layout | None = None) -> tuple[Relabel, dict]:
+    """The renaming a file names: a relabel manifest (``moeplace-relabel.json``: its own permutation and
+    layout) or a placement JSON (its permutation under ``layout``, contiguous by default). Returns the
+    :class:`Relabel` and the file's facts (``model``, ``num_experts``, ``moe_layers``, ``num_gpus``,
+    ``kind``)."""
+    doc = read_json(path, "no such placement or relabel manifest", "not a readable JSON")
+    if kind_of(doc) == "placement":
+        placement = load_placement(path)
+        lay = layout or CONTIGUOUS
+        try:
+            rel = from_placement(placement, lay)
+        except InputError as exc:
+            raise InputError(f"{path}: {exc}") from None
+        return rel, {"kind": "placement", "model": placement.model_name, "num_experts": placement.num_experts,
+                     "moe_layers": list(placement.moe_layers), "num_gpus": placement.num_gpus}
+    check(doc, "relabel-manifest", str(path), hint="or a placement JSON")
+    for key in ("new2old", "layout", "num_experts", "moe_layers", "num_gpus", "model"):
+        if key not in doc:
+            raise InputError(f"{path}: field '{key}' missing")
+    if doc["layout"] not in LAYOUTS:
+        raise InputError(f"{path}: field 'layout' is {doc['layout']!r}, expected one of {', '.join(LAYOUTS)}")
+    lay = LAYOUTS[doc["layout"]]
+    if layout is not None and layout != lay:
+        raise InputError(f"{path}: the manifest's layout is {lay.name}, the engine's is {layout.name}")
+    try:
+        new2old = np.asarray(doc["new2old"], dtype=np.int64)
+        moe_layers = tuple(int(x) for x in doc["moe_layers"])
+        E = int(doc["num_experts"])
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"{path}: fields 'new2old' / 'moe_layers' / 'num_experts' must be whole numbers") from None
+    check_permutations(new2old, E, str(path))
+    if new2old.shape[0] != len(moe_layers):
+        raise InputError(f"{path}: 'new2old' has {new2old.shape[0]} layers, 'moe_layers' {len(moe_layers)}")
+    facts = {k: doc[k] for k in ("model", "num_experts", "moe_layers", "num_gpus")}
+    return Relabel(new2old, moe_layers, lay), {"kind": "manifest", **facts}
