@@ -178,6 +178,14 @@ def test_vllm_own_parser_accepts_the_printed_commands(dsv3, tmp_path, monkeypatc
             assert engine_args.enable_expert_parallel
             n += 1
     assert n >= 5
+    # the K3 command that switches the load-time relabelling on (its environment is not an argument)
+    k3 = load_model("kimi-k3")
+    plugin = launch_spec(placement(k3, 32, 0), k3, "vllm-expert-map", tmp_path / "k3.json",
+                         FlagOptions(tp=8, dp=4, placement_path=str(tmp_path / "p.json")))
+    assert plugin.env and plugin.argv()[:2] == ["vllm", "serve"]
+    for argv in (plugin.argv(), plugin.argv(worker=True)):
+        engine_args = EngineArgs.from_cli_args(parser.parse_args(_expand(argv)[2:]))
+        assert engine_args.enable_expert_parallel and not engine_args.enable_eplb
     # and it rejects the open PR's keys, which is why they sit behind --vllm-pr
     pr = launch_spec(placement(dsv3, 16, 32), dsv3, "vllm-jsonl", tmp_path / "m.jsonl",
                      FlagOptions(tp=8, dp=2, vllm_pr=41141))
