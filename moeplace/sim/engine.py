@@ -174,7 +174,7 @@ class Pool:
         b = self._form_batch(now)
         if b is None:
             return []
-        moe, counts = self._route(b)
+        moe, counts = self._route(b, now)
         dt, st, stall = self._cost(now, b, moe)
         self.last_dt = dt
         self.busy = True
@@ -243,7 +243,7 @@ class Pool:
         work.sampled += work.dec_seqs * per_seq
         return b
 
-    def _route(self, b: _Batch):
+    def _route(self, b: _Batch, now: float):
         """The batch's MoE work per layer and GPU from the router (and expert counts for a rebalancer)."""
         sim = self.sim
         cfg = sim.config.engine
@@ -260,7 +260,7 @@ class Pool:
             rows, ranks = rows[order], ranks[order]
             out = self.router.route(rows, src_gpus(ranks, cfg.attention_tp), sim.rng, want_counts=want)
         else:
-            out = self.router.route_count(int(b.work.tokens.sum()), sim.rng, want_counts=want)
+            out = self.router.route_count(int(b.work.tokens.sum()), sim.rng, want_counts=want, now=now)
         sim.route_wall += wallclock.perf_counter() - t0
         return out
 

@@ -42,7 +42,11 @@ OBJECTIVES = ("gpus", "output_tok_s", "tpot_p99_s")
 FRONTIER_COLUMNS = ("index", "point_hash", "label", "workload", "gpu", "gpus", "nodes", "gpus_per_node", "tp",
                     "dp", "ep", "num_redundant", "policy", "rebalance", "kv_dtype", "engine", "output_tok_s",
                     "output_tok_s_per_gpu", "tpot_p50_s", "tpot_p99_s", "ttft_p99_s", "requests_finished",
-                    "held_out_balancedness", "placement_fingerprint", "optimize_key", "plan_context")
+                    "held_out_balancedness", "placement_fingerprint", "optimize_key", "plan_context",
+                    "rebalances")
+# An online point is recommended only when its rebalancer acted: at least this many rebalances in its run
+# (a run shorter than a few intervals scores the starting placement, not the rebalancer)
+MIN_REBALANCES = 5
 
 
 def pareto_mask(gpus: np.ndarray, throughput: np.ndarray, tpot: np.ndarray) -> np.ndarray:
@@ -75,16 +79,24 @@ def meets(row: dict[str, Any], objective: dict[str, Any]) -> list[str]:
 
 
 def recommend(frontier: list[dict[str, Any]], objective: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """``(row, why)``: the frontier row to deploy, or ``None`` and why none qualifies."""
-    ok = [r for r in frontier if not meets(r, objective)]
+    """``(row, why)``: the frontier row to deploy, or ``None`` and why none qualifies. An online point
+    (``rebalance`` other than ``static``) whose run performed fewer than :data:`MIN_REBALANCES` rebalances
+    is never recommended (its figure is the starting placement's, not the rebalancer's)."""
+    idle = [r for r in frontier if r.get("rebalance", "static") != "static"
+            and (r.get("rebalances") or 0) < MIN_REBALANCES]
+    note = (f"; {len(idle)} online point(s) left out: fewer than {MIN_REBALANCES} rebalances in the run "
+            "(lengthen simulate.duration to at least 5 rebalance intervals)" if idle else "")
+    ok = [r for r in frontier if not meets(r, objective) and r not in idle]
     if not ok:
         if not frontier:
             return None, "no point finished its simulation with a p99 TPOT"
+        if len(idle) == len(frontier):
+            return None, "no frontier point qualifies" + note
         first = "; ".join(meets(frontier[0], objective))
-        return None, f"no frontier point meets the objective (first point: {first})"
+        return None, f"no frontier point meets the objective (first point: {first})" + note
     best = min(ok, key=lambda r: (-r["output_tok_s_per_gpu"], r["gpus"], r["tpot_p99_s"], r["index"]))
     limits = ", ".join(f"{k} {v:g}" for k, v in objective.items() if v is not None)
-    why = "highest output tok/s per GPU on the frontier" + (f" meeting {limits}" if limits else "")
+    why = "highest output tok/s per GPU on the frontier" + (f" meeting {limits}" if limits else "") + note
     return best, why
 
 

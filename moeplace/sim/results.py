@@ -202,6 +202,13 @@ def routing_coverage(sim) -> dict[str, Any]:
     routed = sum(p.router.routed_tokens for p in sim.pools_list)
     repeated = sum(p.router.repeated_tokens for p in sim.pools_list)
     T = sim.trace.num_tokens
+    tl = getattr(sim.trace, "timeline", None)
+    if tl is not None:  # drawn from distributions over time (sim.timeline): no trace token is walked
+        how = ("the expert loads (per-window distributions, no per-token routes)" if tl.drawn
+               else "the input's per-window expert distributions")
+        return {"trace_tokens": T, "routed_tokens": routed, "routing_repeat_share": 0.0, "trace_note": None,
+                "routing_source": (f"routes drawn from {how}, {tl.num_windows} windows over {tl.duration_s:g} "
+                                   "simulated s: an estimate")}
     out: dict[str, Any] = {"trace_tokens": T, "routed_tokens": routed, "trace_passes": routed / T,
                            "routing_repeat_share": repeated / routed if routed else 0.0}
     firsts = [(p.router, p.rebalancer.routed_at_first) for p in sim.pools_list

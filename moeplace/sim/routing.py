@@ -292,16 +292,26 @@ class StatRouter:
         self.seed = seed
         self.attention_tp = attention_tp
         self.fit_tokens = fit_tokens
-        counts = trace.expert_counts().astype(np.float64)
-        self.freq = counts / counts.sum(axis=1, keepdims=True)  # [L, E] the whole trace
-        T = trace.num_tokens
-        ends = np.append(np.arange(window_tokens, T, window_tokens), T)
-        if len(ends) > 1 and T - ends[-2] < window_tokens // 2:  # a short tail joins the window before
-            ends = np.delete(ends, -2)
-        self.window_end = ends
-        self.window_start = np.append(0, ends[:-1])
-        self.freq_w = np.stack([_window_freq(trace, int(a), int(b), self.freq)
-                                for a, b in zip(self.window_start, ends)])
+        self.timeline = getattr(trace, "timeline", None)
+        if self.timeline is not None:  # windows over simulated time (sim.timeline): drawn by the clock
+            tl = self.timeline
+            self.freq_w = tl.freq()
+            tot = tl.counts.sum(axis=0)
+            self.freq = tot / np.maximum(tot.sum(axis=1, keepdims=True), 1e-300)
+            # the windows' traffic as positions on a line, so the whole-timeline mixture weighs them alike
+            self.window_end = np.cumsum(np.maximum(tl.weights, 1e-12))
+            self.window_start = np.append(0.0, self.window_end[:-1])
+        else:
+            counts = trace.expert_counts().astype(np.float64)
+            self.freq = counts / counts.sum(axis=1, keepdims=True)  # [L, E] the whole trace
+            T = trace.num_tokens
+            ends = np.append(np.arange(window_tokens, T, window_tokens), T)
+            if len(ends) > 1 and T - ends[-2] < window_tokens // 2:  # a short tail joins the window before
+                ends = np.delete(ends, -2)
+            self.window_end = ends
+            self.window_start = np.append(0, ends[:-1])
+            self.freq_w = np.stack([_window_freq(trace, int(a), int(b), self.freq)
+                                    for a, b in zip(self.window_start, ends)])
         self.cursor = 0  # trace tokens routed so far (the position in the trace's time line)
         self.set_placement(placement)
 
@@ -311,7 +321,10 @@ class StatRouter:
 
     @property
     def repeated_tokens(self) -> int:
-        """Tokens routed past the first pass over the trace (its windows' distributions again)."""
+        """Tokens routed past the first pass over the trace (its windows' distributions again); none on a
+        timeline (every token is drawn from the distribution of its simulated second)."""
+        if self.timeline is not None:
+            return 0
         return max(0, int(self.cursor) - self.trace.num_tokens)
 
     @property
@@ -327,7 +340,7 @@ class StatRouter:
         gq = self.slot_q_w.reshape(-1, L, G, P // G).sum(axis=3)
         self.gpu_q_w = gq / gq.sum(axis=2, keepdims=True)
         # each array's whole-trace mixture (window length-weighted), flattened, for spans of whole passes
-        share = (self.window_end - self.window_start) / self.trace.num_tokens
+        share = (self.window_end - self.window_start) / float(self.window_end[-1])
         self._whole = {name: np.einsum("w,wx->x", share, getattr(self, name).reshape(len(share), -1))
                        for name in ("freq_w", "gpu_q_w", "slot_q_w")}
         # Copies per selection by link, per layer, from replaying an evenly spread sample of the trace.
@@ -381,20 +394,30 @@ class StatRouter:
         return (out / n).reshape(arr.shape[1:])
 
     def route(self, rows: np.ndarray, src: np.ndarray, rng: np.random.Generator,
-              want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
+              want_counts: bool = False, now: float = 0.0) -> tuple[MoeWork, np.ndarray | None]:
         """Same interface as :meth:`ReplayRouter.route`; only the number of tokens matters."""
-        return self.route_count(len(rows), rng, want_counts)
+        return self.route_count(len(rows), rng, want_counts, now)
 
     def route_count(self, num_tokens: int, rng: np.random.Generator,
-                    want_counts: bool = False) -> tuple[MoeWork, np.ndarray | None]:
+                    want_counts: bool = False, now: float = 0.0) -> tuple[MoeWork, np.ndarray | None]:
         """:class:`MoeWork` of an iteration of ``num_tokens`` tokens (and expected expert counts
         ``[L, E]`` when ``want_counts``), drawn from the windows its tokens span (token-weighted);
-        advances the time line."""
-        cycles, cover = self._span(num_tokens)
+        advances the time line. On a timeline (:mod:`sim.timeline`): drawn from the window of the
+        simulated second ``now`` the iteration starts at."""
         n = max(int(num_tokens), 1)
-        self.cursor += num_tokens
         k = self.trace.model.top_k
         num_sel = num_tokens * k
+        if self.timeline is not None:
+            w = self.timeline.window_at(now)
+            self.cursor += num_tokens
+            gpu_q, slot_q = self.gpu_q_w[w], self.slot_q_w[w]
+            tokens = rng.multinomial(num_sel, gpu_q).astype(np.float64)
+            touched = self.expected_touched(tokens, gpu_q, slot_q, k, num_tokens)
+            counts = num_sel * self.freq_w[w] if want_counts else None
+            return (MoeWork(tokens, touched, tokens * self.nv_ratio[:, None], tokens * self.nic_ratio[:, None]),
+                    counts)
+        cycles, cover = self._span(num_tokens)
+        self.cursor += num_tokens
         gpu_q, slot_q = self._mixed("gpu_q_w", cycles, cover, n), self._mixed("slot_q_w", cycles, cover, n)
         tokens = rng.multinomial(num_sel, gpu_q).astype(np.float64)  # [L, G]
         touched = self.expected_touched(tokens, gpu_q, slot_q, k, num_tokens)
@@ -439,6 +462,10 @@ def _window_freq(trace: TraceTokens, a: int, b: int, fallback: np.ndarray) -> np
 def make_router(mode: str, trace: TraceTokens, placement: Placement, engine: str, seed: int = 42,
                 attention_tp: int = 1):
     if mode == "replay":
+        if getattr(trace, "timeline", None) is not None:
+            raise InputError(f"{trace.path}: --mode replay routes recorded tokens; this workload is expert "
+                             "distributions over time (Loads input, --phases, or a comparison's long horizon): "
+                             "use --mode stat")
         return ReplayRouter(trace, placement, engine, seed)
     return StatRouter(trace, placement, engine, seed, attention_tp)
 

@@ -22,9 +22,11 @@ from moeplace.placement.rules import get_rule
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import SimConfig, check_resources
 from moeplace.sim.engine import Simulation
+from moeplace.sim.inputs import read_workload
 from moeplace.sim.memory import override_pools, plan_pools
 from moeplace.sim.results import SimResult
 from moeplace.sim.workload import TraceTokens, load_trace_tokens
+from moeplace.traces.loads import is_loads_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,10 @@ class RunInputs:
     rule: str = "vllm"
     seed: int = 0
     prefill_gpus: int | None = None
+    # phases (sim.inputs.Phase) instead of ``trace``; a Loads input or phases are routed from their expert
+    # distributions over simulated time, spread over ``duration`` when the phases do not fix it
+    phases: tuple = ()
+    duration: float | None = None
 
 
 @dataclasses.dataclass
@@ -85,11 +91,20 @@ def read_trace(inputs: RunInputs) -> tuple[TraceTokens, int, str]:
     """The trace ``inputs`` names, as a run routes it: from the first token no placement file was planned
     on (unless ``route_all``), at most ``max_trace_tokens`` tokens, with the model overrides applied.
     Returns ``(trace, first routed token, the sentence that says which part is routed)``."""
-    from_token, planned = held_out_start(inputs.trace, inputs.placements)
-    if inputs.route_all:
-        from_token = 0
-    trace = load_trace_tokens(inputs.trace, inputs.max_trace_tokens, from_token)
-    if from_token:
+    if inputs.phases or is_loads_file(inputs.trace):
+        wl = read_workload(None if inputs.phases else inputs.trace, inputs.phases, inputs.max_trace_tokens,
+                           inputs.seed)
+        trace, from_token, note = wl.on_timeline(inputs.duration), 0, wl.note()
+        planned = []
+    else:
+        from_token, planned = held_out_start(inputs.trace, inputs.placements)
+        if inputs.route_all:
+            from_token = 0
+        trace = load_trace_tokens(inputs.trace, inputs.max_trace_tokens, from_token)
+        note = ""
+    if note:
+        pass
+    elif from_token:
         note = (f"routing on the held-out part of {inputs.trace}: requests starting at or after token "
                 f"{from_token} ({', '.join(planned)} planned on the tokens before; --route-all routes "
                 "on the whole trace)")

@@ -30,7 +30,6 @@ are charged as :mod:`sim.rebalance` charges them.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -41,8 +40,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.placement.export import capabilities
 from moeplace.placement.policies import PlacementProblem, get_policy
 from moeplace.sim.config import RebalanceConfig, SimConfig
-from moeplace.sim.online import MIN_SPLITS, gain_interval, request_blocks, scored_config, tok_s, trace_part
-from moeplace.sim.runner import simulate
+from moeplace.sim.online import DEFAULT_BUDGET_S, INTERVALS, Candidate, compare
 
 
 @dataclass(frozen=True)
@@ -165,82 +163,55 @@ def unavailable(engine: str, model) -> str | None:
     return _rebalancer(engine).unavailable(model)
 
 
-def tune(trace, cluster, config: SimConfig, profile, engines: list[str], splits: int = 2, quick: bool = False,
-         progress=None) -> dict:
-    """Search each engine's settings (:func:`engine_settings`) on ``trace``; see the module docstring.
-    Returns ``{"engines": {engine: {"best": row, "rows": [...], "static": {...}} | {"unavailable": why}},
-    "splits": [...]}``; a row: ``label``, ``flags``, ``tok_s`` (mean tokens/s), ``gain`` / ``gain_lo`` /
-    ``gain_hi`` over its static alternative, ``decision_s``, ``transfer_s``, ``stall_s``, ``rebalances``."""
-    if splits < MIN_SPLITS:
-        raise InputError(f"--splits must be >= {MIN_SPLITS} (an interval needs two gains), got {splits}")
-    model = trace.model
-    blocks = request_blocks(trace, splits + 1)
-    parts = []
-    for j in range(splits):
-        (oa, ob), (sa, sb) = blocks[j], blocks[j + 1]
-        parts.append((trace_part(trace, oa, ob).expert_counts().astype(np.float64), trace_part(trace, sa, sb),
-                      [oa, ob], [sa, sb]))
-    start: dict = {}  # (R, split) -> EPLB placement of the observed part
-    statics: dict = {}  # (R, rule, split) -> static summary
-    durations: dict = {}  # split -> cfg with the duration cut to the scored part
+def tune(wl, cluster, config: SimConfig, profile, engines: list[str], splits: int = 1, quick: bool = False,
+         progress=None, budget_s: float = DEFAULT_BUDGET_S) -> dict:
+    """Search each engine's settings (:func:`engine_settings`) on the workload ``wl``
+    (:class:`sim.inputs.Workload`) with :func:`sim.online.compare`: each candidate runs at least five of its
+    own rebalance intervals after warm-up, from the EPLB placement of the part it observed, and is scored
+    against that placement held static. Returns ``{"engines": {engine: {"best": row | None, "rows": [...],
+    "why_no_best"?} | {"unavailable": why}}, "horizon", "splits", "interval", "routing"}``; a row: ``label``,
+    ``flags``, ``tok_s``, ``static_tok_s``, ``gain`` / ``gain_lo`` / ``gain_hi`` over its static alternative,
+    ``rebalances`` (after warm-up), ``ranked``, ``decision_s``, ``transfer_s``, ``stall_s``."""
+    model = wl.trace.model
+    plans: dict = {}  # (R, split) -> EPLB placement of the observed part
 
-    def plan(r: int, j: int):
-        if (r, j) not in start:
-            observed = parts[j][0]
-            start[(r, j)] = get_policy("eplb")(PlacementProblem(loads=observed[None], model=model, cluster=cluster,
+    def start(r: int, observed: np.ndarray, j: int):
+        if (r, j) not in plans:
+            plans[(r, j)] = get_policy("eplb")(PlacementProblem(loads=observed[None], model=model, cluster=cluster,
                                                                 num_redundant=r, seed=config.seed))
-        return start[(r, j)]
+        return plans[(r, j)]
 
-    def cfg_for(j: int, rule: str) -> SimConfig:
-        if j not in durations:
-            r0 = engine_settings(engines[0], model.num_experts, model.num_moe_layers, cluster.num_gpus, quick)[0]
-            durations[j] = scored_config(parts[j][1], [("probe", plan(r0.num_redundant, j))], cluster, config,
-                                         profile)
-        c = durations[j]
-        return dataclasses.replace(c, engine=dataclasses.replace(c.engine, replica_rule=rule))
-
-    def static(r: int, rule: str, j: int) -> dict:
-        if (r, rule, j) not in statics:
-            statics[(r, rule, j)] = simulate(parts[j][1], [("static", plan(r, j))], cluster, cfg_for(j, rule),
-                                             profile)[0].summary
-        return statics[(r, rule, j)]
-
-    result: dict = {"engines": {}, "splits": [{"observe": p[2], "score": p[3]} for p in parts]}
+    result: dict = {"engines": {}}
+    settings: dict[str, Setting] = {}
     for engine in engines:
         why = unavailable(engine, model)
         if why:
             result["engines"][engine] = {"unavailable": why}
             continue
-        rows = []
         for s in engine_settings(engine, model.num_experts, model.num_moe_layers, cluster.num_gpus, quick):
-            if progress:
-                progress(s.label())
-            runs, bases = [], []
-            for j in range(splits):
-                base = static(s.num_redundant, s.rule, j)
-                if s.rebalance is None:
-                    summ = base
-                else:
-                    rb = dataclasses.replace(s.rebalance, observed=parts[j][0])
-                    summ = simulate(parts[j][1], [("online", plan(s.num_redundant, j))], cluster,
-                                    dataclasses.replace(cfg_for(j, s.rule), rebalance=rb), profile)[0].summary
-                runs.append(summ)
-                bases.append(base)
-            gains = [tok_s(r) / tok_s(b) - 1 if tok_s(b) > 0 else 0.0 for r, b in zip(runs, bases)]
-            g, lo, hi = gain_interval(gains)
-            hist = [h for r in runs for h in r.get("rebalance_history", [])]
-            rows.append({"label": s.label(), "flags": s.flags(), "params": s.params, "num_redundant": s.num_redundant,
-                         "tok_s": float(np.mean([tok_s(r) for r in runs])),
-                         "static_tok_s": float(np.mean([tok_s(b) for b in bases])),
-                         "iterations": float(np.mean([r.get("iterations", 0) for r in runs])),
-                         "gains": gains, "gain": g, "gain_lo": lo, "gain_hi": hi,
-                         "rebalances": float(np.mean([r.get("rebalances", 0) for r in runs])),
-                         "decision_s": float(sum(h["decision_s"] for h in hist)) / splits,
-                         "transfer_s": float(sum(h["transfer_s"] for h in hist)) / splits,
-                         "stall_s": float(np.mean([r.get("stall_s", 0.0) for r in runs]))})
-        best = max(rows, key=lambda x: x["tok_s"])
-        result["engines"][engine] = {"best": best, "rows": rows}
-    result["durations_s"] = [durations[j].duration for j in sorted(durations)]
+            settings[s.label()] = s
+    if not settings:
+        return {**result, "horizon": None, "splits": [], "rows": []}
+    cands = [Candidate(label, s.rebalance, s.num_redundant, s.rule) for label, s in settings.items()]
+    out = compare(wl, cands, start, cluster, config, profile, splits, budget_s, progress)
+    by_label = {r["name"]: r for r in out["rows"]}
+    for engine in engines:
+        if engine in result["engines"]:
+            continue
+        rows = []
+        for label, s in settings.items():
+            if s.engine != engine:
+                continue
+            r = by_label[label]
+            rows.append({**r, "label": label, "flags": s.flags(), "params": s.params})
+        ranked = [r for r in rows if r["ranked"]]
+        best = max(ranked, key=lambda x: x["tok_s"]) if ranked else None
+        d = {"best": best, "rows": rows}
+        if best is None:
+            d["why_no_best"] = (f"no setting performed {INTERVALS} rebalances after the warm-up on this horizon, so "
+                                "none is ranked (a setting that never rebalanced is not an online rebalancer)")
+        result["engines"][engine] = d
+    result.update({k: out[k] for k in ("horizon", "splits", "interval", "routing", "input")})
     return result
 
 
@@ -252,19 +223,22 @@ def format_tune(res: dict) -> list[str]:
             lines.append(f"{name}: not available — {d['unavailable']}")
             continue
         b = d["best"]
-        verdict = ("gain is clear" if b["gain_lo"] > 0 else "loses to static" if b["gain_hi"] < 0
-                   else "no clear winner over static")
-        lines.append(f"{name}: best of {len(d['rows'])} settings: {b['flags']}")
-        lines.append(f"  {b['tok_s']:,.0f} tok/s, {b['gain']:+.1%} over static (80 % interval "
-                     f"{b['gain_lo']:+.1%} to {b['gain_hi']:+.1%}: {verdict}); {b['rebalances']:.1f} rebalances per "
-                     f"run, decision {b['decision_s']:.2f} s, transfer {b['transfer_s']:.2f} s, stall {b['stall_s']:.2f} s")
-        lines.append(f"  static alternative: the same {b['num_redundant']} redundant slots, EPLB planned once on the "
-                     f"observed traffic and kept: {b['static_tok_s']:,.0f} tok/s (place optimize plans one to "
-                     "export)")
-        least = min(r["params"].get("step_interval", r["params"].get("eplb_rebalance_num_iterations", 10**9))
-                    for r in d["rows"])
-        if b["iterations"] < least:
-            lines.append(f"  note: a scored run lasts {b['iterations']:.0f} iterations, fewer than any candidate's "
-                         f"interval ({least}): only the decision at the part boundary counts; a longer trace tells "
-                         "the intervals apart")
+        if b is None:
+            lines.append(f"{name}: no best setting — {d['why_no_best']}")
+        else:
+            verdict = ("gain is clear" if b["gain_lo"] > 0 else "loses to static" if b["gain_hi"] < 0
+                       else "no clear winner over static")
+            lines.append(f"{name}: best of {sum(r['ranked'] for r in d['rows'])} ranked settings: {b['flags']}")
+            lines.append(f"  {b['tok_s']:,.0f} tok/s, {b['gain']:+.1%} over static (80 % batch-means interval "
+                         f"{b['gain_lo']:+.1%} to {b['gain_hi']:+.1%}: {verdict}); {b['rebalances']} rebalances "
+                         f"after warm-up, decision {b['decision_s']:.2f} s, transfer {b['transfer_s']:.2f} s, "
+                         f"stall {b['stall_s']:.2f} s")
+            lines.append(f"  static alternative: the same {b['num_redundant']} redundant slots, EPLB planned once on "
+                         f"the observed traffic and kept: {b['static_tok_s']:,.0f} tok/s (place optimize plans one "
+                         "to export)")
+        lines.append("  every setting: tok/s, gain over static (80 % batch-means interval), rebalances after warm-up")
+        for r in sorted(d["rows"], key=lambda x: -x["tok_s"]):
+            tag = "" if r["ranked"] else ("  static" if not r["online"] else f"  not ranked: {r['why_unranked']}")
+            lines.append(f"    {r['tok_s']:10,.0f}  {r['gain']:+6.1%} ({r['gain_lo']:+.1%}, {r['gain_hi']:+.1%})  "
+                         f"{r['rebalances']:4d}  {r['label']}{tag}")
     return lines

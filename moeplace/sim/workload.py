@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -41,6 +42,9 @@ class TraceTokens:
     request_ids: np.ndarray
     model: ModelSpec
     path: str
+    # expert distributions over simulated time (sim.timeline.Timeline) the statistical router draws from
+    # instead of walking the tokens: Loads input, --phases, a comparison's long horizon; None: the tokens
+    timeline: Any = None
 
     @property
     def num_tokens(self) -> int:

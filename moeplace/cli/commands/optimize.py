@@ -269,6 +269,9 @@ def shift_advice(result, out: str | None, inputs: list[str]) -> str:
     if "mean_range" in sh:
         mean += f" (range {sh['mean_range'][0]:.2f}-{sh['mean_range'][1]:.2f})"
         worst += f" ({sh['worst_range'][0]:.2f}-{sh['worst_range'][1]:.2f})"
+    # both commands take a trace or a Loads file; several inputs become phases (an hour each: the user's mix
+    # sets the real durations)
+    workload = inputs[0] if len(inputs) == 1 else "--phases " + ",".join(f"{i}:3600" for i in inputs)
     weak = " The estimate is weak: fewer than 3 unrelated workloads to leave out." if "; weak:" in sh["method"] else ""
     which = (f"the {result.policy} placement written to {out}" if out is not None
              else f"the {result.policy} placement (not written: --no-out)")
@@ -276,4 +279,4 @@ def shift_advice(result, out: str | None, inputs: list[str]) -> str:
     return (f"what to expect: {which} keeps {seen}about {mean}, worst {worst}, on "
             f"traffic unlike the planning data.{weak} If the production mix differs, plan on every workload you have "
             "(all as inputs, --plan-fraction 1; --robust to hedge) and check online rebalancing: place simulate "
-            f"{inputs[0]} --placement {placement} --recommend, or tune the engine's own: place rebalance {inputs[0]}")
+            f"{workload} --placement {placement} --recommend, or tune the engine's own: place rebalance {workload}")

@@ -12,8 +12,9 @@ from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.files import OutputKind, Outputs, register_kind, tagged_artifact, write_text_atomic
 from moeplace.foundation.formats import tagged
+from moeplace.sim.inputs import parse_phases, read_workload
+from moeplace.sim.online import DEFAULT_BUDGET_S
 from moeplace.sim.tune import ENGINE_NAMES, format_tune, tune
-from moeplace.sim.workload import load_trace_tokens
 
 REBALANCE_REPORT = register_kind(OutputKind("rebalance report", False, tagged_artifact("rebalance-report")))
 
@@ -24,7 +25,13 @@ def register(sub) -> None:
                                    "balancer on the routing of TRACE, each scored only on routing it has not "
                                    "observed, and prints the best settings as launch flags with the gain over "
                                    "a static placement.")
-    p.add_argument("trace", help="routing trace (Parquet file or directory)")
+    p.add_argument("trace", nargs="?", default=None,
+                   help="routing trace (Parquet file or directory) or Loads .npz (place trace stats --out, an "
+                        "engine dump's import)")
+    p.add_argument("--phases", default=None, metavar="SRC:SECONDS[,SRC:SECONDS...]",
+                   help="instead of TRACE: inputs (traces or Loads) one after the other for the given simulated "
+                        "seconds each, e.g. morning.npz:600,evening.npz:900; the first part is observed, the rest "
+                        "scored at the phases' own durations")
     p.add_argument("--gpus", type=flags.positive_int, default=32)
     p.add_argument("--gpu", default="h200", help="GPU preset")
     p.add_argument("--gpus-per-node", type=flags.positive_int, default=None)
@@ -34,11 +41,13 @@ def register(sub) -> None:
     p.add_argument("--concurrency", type=flags.positive_int, default=256)
     p.add_argument("--context-mix", default=None, help="prompt lengths, e.g. 2k:0.9,16k:0.1 (default: the trace's)")
     p.add_argument("--output-len", type=flags.positive_int, default=512)
-    p.add_argument("--duration", type=flags.seconds, default=600.0,
-                   help="simulated seconds at most per run (each run is cut to the time its scored part lasts)")
-    p.add_argument("--splits", type=flags.positive_int, default=2,
-                   help="parts each candidate observes and is then scored after (default 2, the least that gives "
-                        "an interval)")
+    p.add_argument("--splits", type=flags.positive_int, default=1,
+                   help="parts each candidate observes and is then scored after (default 1: observe the first "
+                        "half, score the second)")
+    p.add_argument("--budget", type=flags.seconds, default=DEFAULT_BUDGET_S,
+                   help="wall seconds the search may take (default %(default)g): every candidate is simulated for "
+                        "5 of its rebalance intervals after warm-up, and a search that would take longer is refused "
+                        "with what to change")
     p.add_argument("--max-trace-tokens", type=flags.positive_int, default=100_000)
     p.add_argument("--quick", action="store_true", help="each engine's defaults and one alternative only")
     p.add_argument("--seed", type=flags.seed, default=0)
@@ -49,27 +58,32 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    outs = Outputs(inputs=[args.trace], force=args.force)
+    phases = parse_phases(args.phases) if args.phases else ()
+    outs = Outputs(inputs=[args.trace, *(ph.source for ph in phases)], force=args.force)
     outs.add(args.report, REBALANCE_REPORT, "--report")
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
-    trace = load_trace_tokens(args.trace, args.max_trace_tokens)
+    wl = read_workload(args.trace, phases, args.max_trace_tokens, args.seed)
     settings = SimSettings(attention_tp=args.attention_tp, concurrency=args.concurrency, context_mix=args.context_mix,
-                           output_len=args.output_len, duration=args.duration, seed=args.seed)
-    config = build_sim_config(settings, trace.model.max_context)
+                           output_len=args.output_len, seed=args.seed)
+    config = build_sim_config(settings, wl.trace.model.max_context)
     engines = args.engine or list(ENGINE_NAMES)
     progress = (lambda s: print(f"  {s}", file=sys.stderr, flush=True)) if sys.stderr.isatty() else None
-    res = tune(trace, cluster, config, None, engines, args.splits, args.quick, progress)
-    res = tagged("rebalance-report", {"trace": args.trace, **res})
+    res = tune(wl, cluster, config, None, engines, args.splits, args.quick, progress, args.budget)
+    res = tagged("rebalance-report", {"trace": args.trace or f"--phases {args.phases}", **res})
     if args.report:
         outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(res, indent=1) + "\n"))
     if args.json:
         print(json.dumps(res, indent=1))
     else:
-        print(f"online rebalancers for {trace.model.name} on {cluster.name} ({cluster.num_gpus} GPUs), "
-              f"{args.concurrency} concurrent requests; each candidate observes one part of {args.trace} and is "
-              f"scored on the next ({args.splits} splits, runs of {min(res['durations_s'] or [0]):.2f}-"
-              f"{max(res['durations_s'] or [0]):.2f} simulated s); decision time measured, weight transfer charged:")
+        hz = res["horizon"]
+        if hz is not None:
+            print(f"online rebalancers for {wl.trace.model.name} on {cluster.name} ({cluster.num_gpus} GPUs), "
+                  f"{args.concurrency} concurrent requests; {res['routing']}; each candidate observes one part and "
+                  f"is scored on the next ({args.splits} split(s)), stat mode, {hz['text']}; decision time "
+                  "measured, weight transfer charged:")
         for line in format_tune(res):
             print(line)
+        if hz is not None:
+            print(f"(interval: {res['interval']})")
     outs.finish()
     return 0

@@ -17,8 +17,9 @@ from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.sim.calibration import load_profile
 from moeplace.sim.config import COST_ENGINES, COST_MODELS, SimConfig, parse_mtp
 from moeplace.sim.fidelity import fidelity_doc, run_context
+from moeplace.sim.inputs import parse_phases, workload_of
 from moeplace.sim.measured import cost_source_line
-from moeplace.sim.online import unseen_runs, verdict
+from moeplace.sim.online import DEFAULT_BUDGET_S, Candidate, compare, verdict
 from moeplace.sim.rebalance import REPLAN_TIME_LIMIT, recommend_configs
 from moeplace.sim.results import (
     CHROME_TRACE,
@@ -33,7 +34,13 @@ from moeplace.sim.runner import RunInputs, prepare_run, resolved_config, simulat
 
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="simulate serving on a cluster: throughput, latency, straggler cost")
-    p.add_argument("traces", help="routing trace (Parquet file or directory)")
+    p.add_argument("traces", nargs="?", default=None,
+                   help="routing trace (Parquet file or directory) or Loads .npz (place trace stats --out, an "
+                        "engine dump's import): Loads are routed from their per-window expert distributions")
+    p.add_argument("--phases", default=None, metavar="SRC:SECONDS[,SRC:SECONDS...]",
+                   help="instead of TRACES: inputs (traces or Loads) replayed one after the other for the given "
+                        "simulated seconds each, e.g. morning.npz:600,evening.npz:900 (--duration defaults to "
+                        "their sum)")
     p.add_argument("--placement", action="append", metavar="FILE|POLICY",
                    help="placement JSON (Placement.save) or a policy name computed on the trace; repeatable "
                    "(required, on the command line or in --config)")
@@ -110,7 +117,9 @@ def register(sub) -> None:
     e.add_argument("--phase", choices=("both", "prefill", "decode"), default="both",
                    help="benchmark one phase alone: prefill (1-token outputs) or decode (prompt KV given)")
     r = p.add_argument_group("run")
-    r.add_argument("--duration", type=flags.seconds, default=600.0, help="simulated seconds")
+    r.add_argument("--duration", type=flags.seconds, default=None,
+                   help="simulated seconds (default 600, or the --phases' sum; past the last phase its last window "
+                        "goes on)")
     r.add_argument("--warmup", type=flags.nonneg_float, default=None, help="simulated seconds excluded from throughput and "
                    "latency (default 20%% of --duration)")
     r.add_argument("--mode", choices=("replay", "stat"), default="stat")
@@ -128,9 +137,13 @@ def register(sub) -> None:
                    help="also simulate the first placement under vLLM's EPLB (window 1000, every 3000, async), "
                         "SGLang's EPLB (every 1000, blocking) and moeplace's migration mode, and say whether "
                         "a static placement suffices")
-    r.add_argument("--recommend-splits", type=flags.positive_int, default=3, metavar="N",
-                   help="--recommend: the routed tokens are cut into N+1 parts in time; each rebalancer observes "
-                        "part j and is scored on part j+1, which it never saw (default 3: an interval over 3; at least 2)")
+    r.add_argument("--recommend-splits", type=flags.positive_int, default=1, metavar="N",
+                   help="--recommend: the input is cut into N+1 parts in time; each rebalancer observes part j "
+                        "and is scored on part j+1, which it never saw (default 1)")
+    r.add_argument("--recommend-budget", type=flags.seconds, default=DEFAULT_BUDGET_S, metavar="S",
+                   help="--recommend: wall seconds the comparison may take (default %(default)g); each "
+                        "rebalancer is simulated for 5 of its intervals after warm-up, and a comparison that "
+                        "would take longer is refused, saying what to change")
     r.add_argument("--recommend-moves", type=flags.nonneg_int, default=16, metavar="K",
                    help="moeplace migration budget per layer for --recommend (default 16)")
     r.add_argument("--recommend-time", type=flags.seconds, default=REPLAN_TIME_LIMIT, metavar="S",
@@ -151,7 +164,14 @@ def register(sub) -> None:
 def run(args) -> int:
     if not args.placement:
         raise InputError("--placement FILE|POLICY is required (on the command line or in --config)")
-    outs = Outputs(inputs=[args.traces, *args.placement, args.profile, args.model], force=args.force)
+    phases = parse_phases(args.phases) if args.phases else ()
+    if (args.traces is None) == (not phases):
+        raise InputError("give TRACES (a trace or a Loads .npz) or --phases SRC:SECONDS,... (one of the two)")
+    if args.duration is None:  # the phases' seconds, else 600
+        args.duration = float(sum(ph.seconds for ph in phases)) if phases else 600.0
+    source = args.traces or f"--phases {args.phases}"
+    outs = Outputs(inputs=[args.traces, *(ph.source for ph in phases), *args.placement, args.profile, args.model],
+                   force=args.force)
     outs.add(args.out, SIM_OUTPUT)
     outs.add(args.chrome_trace, CHROME_TRACE, "--chrome-trace")
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
@@ -159,7 +179,8 @@ def run(args) -> int:
     # the length checks, redone below)
     simulation_config(args, None)
     prep = prepare_run(RunInputs(
-        trace=args.traces, placements=tuple(args.placement), max_trace_tokens=args.max_trace_tokens,
+        trace=source, phases=phases, duration=args.duration, placements=tuple(args.placement),
+        max_trace_tokens=args.max_trace_tokens,
         route_all=args.route_all, model=args.model, expert_dtype=args.expert_dtype, weight_dtype=args.weight_dtype,
         num_redundant=args.redundant, rule=args.engine, seed=args.seed, prefill_gpus=args.prefill_gpus),
         cluster, make_cluster=lambda g: make_cluster(g, args.gpu, args.gpus_per_node),
@@ -170,6 +191,15 @@ def run(args) -> int:
     progress = wanted(args.no_progress)
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
                        progress=progress, prefill=prep.prefill)
+    for r in results:  # a table of zeros is no result: say why instead
+        sm = r.summary
+        if sm["iterations"] == 0:
+            load = (f"{config.workload.concurrency} concurrent requests" if config.workload.arrival == "closed"
+                    else f"{args.rate:g} req/s")
+            raise InputError(f"{r.label}: the run ran no iteration in {config.duration:g} simulated s "
+                             f"({load}, {sm['requests_rejected']} rejected): lengthen "
+                             "--duration, shorten the requests (--context-mix, --output-len) or check that they fit "
+                             "the memory plan")
     run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name)
     if args.out:
         resolved = {**resolved_config(config, cluster, trace, placements, profile),
@@ -181,13 +211,17 @@ def run(args) -> int:
     if args.recommend:
         if config.rebalance is not None:
             raise InputError("--recommend compares its own rebalancers with a static placement; drop --rebalance")
-        rec = recommend(trace, placements[0], cluster, config, profile, args.recommend_moves,
-                        args.recommend_time, args.recommend_splits)
+        rec = recommend(workload_of(trace, bool(phases), source), placements[0], cluster, config, profile,
+                        args.recommend_moves, args.recommend_time, args.recommend_splits, args.recommend_budget)
         results[0].summary["recommendation"] = rec
     routing_note = prep.routing_note
     for r in results:
         r.summary["routing"] = {"from_token": prep.from_token, "note": routing_note}
     for r in results:
+        if r.summary["requests_finished"] == 0:  # not an error (a few-ms run is a format check), but said
+            print(f"warning: {r.label}: no request completed in {config.duration:g} simulated s "
+                  f"({r.summary['iterations']} iterations): the throughput and latency figures are not a steady "
+                  "state; lengthen --duration", file=sys.stderr)
         if r.summary.get("trace_note"):
             print(f"warning: {r.label}: {r.summary['trace_note']}", file=sys.stderr)
     if args.json:
@@ -240,37 +274,44 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
         rate_end=args.rate_end, burstiness=args.burstiness, context_mix=args.context_mix,
         output_len=args.output_len, isl=args.isl, osl=args.osl, random_range_ratio=args.random_range_ratio,
         max_requests=args.max_requests,
-        duration=args.duration, mode=args.mode, seed=args.seed, rebalance=args.rebalance, warmup=args.warmup,
+        duration=600.0 if args.duration is None else args.duration, mode=args.mode, seed=args.seed, rebalance=args.rebalance, warmup=args.warmup,
         cost_model=args.cost_model, cost_engine=args.cost_engine)
     return build_sim_config(settings, max_context)
 
 
-def recommend(trace, placement, cluster, config, profile, moves: int, time_limit: float, splits: int = 3) -> dict:
+def recommend(wl, placement, cluster, config, profile, moves: int, time_limit: float, splits: int = 1,
+              budget_s: float = DEFAULT_BUDGET_S) -> dict:
     """Simulate ``placement`` (label, Placement) static and under each of
-    :func:`sim.rebalance.recommend_configs`, scoring every rebalancer only on routing it has not observed
-    (:func:`sim.online.unseen_runs`: it observes one part of the routed tokens and is scored on the next,
-    ``splits`` times), and recommend from the gains' interval (:func:`sim.online.verdict`)."""
-    out = unseen_runs(trace, placement[1], cluster, config, profile, recommend_configs(moves, time_limit), splits)
-    return {"placement": placement[0], "rows": out["rows"], "splits": out["splits"], "verdict": verdict(out["rows"]),
-            "method": (f"each rebalancer's window starts with the loads of one part of the routed tokens and is scored "
-                       f"on the next part, which it never saw ({splits} splits of {trace.path}; runs no longer than "
-                       "the scored part lasts); interval: 80 % Student-t over the splits")}
+    :func:`sim.rebalance.recommend_configs` on the workload ``wl`` (:class:`sim.inputs.Workload`), each for at
+    least five of its rebalance intervals after warm-up on routing it had not observed
+    (:func:`sim.online.compare`), and recommend from the gains' interval (:func:`sim.online.verdict`)."""
+    rule = config.engine.replica_rule
+    cands = [Candidate("static", None, placement[1].num_redundant, rule)]
+    cands += [Candidate(name, rb, placement[1].num_redundant, rule) for name, rb in
+              recommend_configs(moves, time_limit).items()]
+    out = compare(wl, cands, lambda r, observed, j: placement[1], cluster, config, profile, splits, budget_s)
+    out["placement"] = placement[0]
+    out["verdict"] = verdict(out["rows"])
+    return out
 
 
 def format_recommendation(rec: dict) -> str:
+    hz = rec["horizon"]
     head = (f"static vs online rebalancing for {rec['placement']} on traffic the rebalancer had not observed "
-            "(decision = the policy's measured time):")
-    w = max(len(r["config"]) for r in rec["rows"])
+            f"({rec['routing']}; stat mode, {hz['text']}; decision = the policy's measured time):")
+    w = max(len(r["name"]) for r in rec["rows"])
     lines = [head, (f"  {'':{w}s}         tok/s  gain (80 % interval)   straggler  rebalances  stall s  decision s  "
                     "transfer s  a2a slowdown s")]
     for r in rec["rows"]:
-        gain = (f"{r['gain']:+6.1%} ({r['gain_lo']:+.1%}, {r['gain_hi']:+.1%})" if "gain" in r else "")
-        lines.append(f"  {r['config']:{w}s}  {r['tok_s']:12,.0f}  {gain:21s}  {r['straggler_share']:9.1%}  "
+        gain = (f"{r['gain']:+6.1%} ({r['gain_lo']:+.1%}, {r['gain_hi']:+.1%})" if r["online"] else "")
+        lines.append(f"  {r['name']:{w}s}  {r['tok_s']:12,.0f}  {gain:21s}  {r['straggler_share']:9.1%}  "
                      f"{r['rebalances']:10d}  {r['stall_s']:7.2f}  {r['decision_s']:10.2f}  {r['transfer_s']:10.2f}  "
                      f"{r['a2a_slowdown_s']:14.2f}")
-    lines.append(f"  (means over the splits: {rec['method']}; tok/s: prompt tokens prefilled + tokens decoded per "
-                 "simulated s, from the start of each run; stall: every rank waits for a blocking rebalance; a2a "
-                 "slowdown: what async transfers, sharing the links, added to the steps they overlapped; transfer: "
-                 "with free links)")
+        if r.get("why_unranked"):
+            lines.append(f"    not ranked: {r['why_unranked']}")
+    lines.append(f"  (tok/s: tokens processed per simulated s after the warm-up, prompt chunks + decode steps, means over "
+                 f"the splits; rebalances: after the warm-up; gain interval: {rec['interval']}; stall: every rank "
+                 "waits for a blocking rebalance; a2a slowdown: what async transfers, sharing the links, added to "
+                 "the steps they overlapped; transfer: with free links)")
     lines.append(f"recommendation: {rec['verdict']}")
     return "\n".join(lines)
