@@ -78,6 +78,8 @@ def _loads(d, trace):
 STANDINS = {  # path a doc reads -> how to make a small one
     "data/k3-default": lambda d, trace: shutil.copytree(trace(), d / "data" / "k3-default"),
     "run/placement.json": lambda d, trace: _placement(load_model("kimi-k3"), 32, 32, d / "run" / "placement.json"),
+    "run/placement-r0.json":
+        lambda d, trace: _placement(load_model("kimi-k3"), 32, 0, d / "run" / "placement-r0.json"),
     "run/placements": _k3_placements,
     "run/loads.npz": _loads,
     "run/dsv3/placement.json":

@@ -24,8 +24,8 @@ def test_settings_are_the_engines_own_flags():
     assert {s.num_redundant for s in vllm} == {0, 32}  # 896 divides over 32 GPUs; and one more slot per GPU
     for s in vllm:
         words = shlex.split(s.flags())
-        assert words[0] == "--enable-eplb" and words[1] == "--eplb-config"
-        cfg = json.loads(words[2])
+        assert words[:3] == ["--enable-expert-parallel", "--enable-eplb", "--eplb-config"]  # EPLB requires EP
+        cfg = json.loads(words[3])
         assert set(cfg) <= VLLM_EPLB_FIELDS and (896 + cfg["num_redundant_experts"]) % 32 == 0
         assert s.rebalance.every == cfg["step_interval"] and s.rebalance.window == cfg["window_size"]
         assert s.rebalance.asynchronous == cfg["use_async"]
@@ -44,10 +44,15 @@ def test_settings_are_the_engines_own_flags():
     assert len(engine_settings("vllm", 896, 92, 32, quick=True)) < len(vllm)
 
 
-def test_trtllm_balancer_is_reported_unavailable_for_k3(k3):
-    assert "leaves" in unavailable("trtllm", k3)
+def test_rebalancers_that_do_nothing_for_k3_are_reported_from_the_capability_table(k3):
+    assert "load balancer excludes KimiK3ForConditionalGeneration" in unavailable("trtllm", k3)
     assert unavailable("trtllm", load_model("qwen3-30b-a3b")) is None
-    assert unavailable("vllm", k3) is None
+    # vLLM 0.34.0 and SGLang 0.5.23 accept the flags and change nothing for K3: said, with the route instead
+    vllm = unavailable("vllm", k3)
+    assert "does not wire K3 into EPLB" in vllm and "#50647" in vllm and "MOEPLACE_PLACEMENT" in vllm
+    sglang = unavailable("sglang", k3)
+    assert "kimi_k3.py lacks get_model_config_for_expert_location" in sglang and "--format checkpoint" in sglang
+    assert unavailable("vllm", load_model("deepseek-v3")) is None and unavailable("sglang", load_model("deepseek-v3")) is None
 
 
 @pytest.mark.slow
@@ -64,7 +69,7 @@ def test_place_rebalance_prints_launch_flags_gain_interval_and_static_alternativ
         assert sp["observe_windows"][1] == sp["score_windows"][0]  # scored on the part after the one it observed
     for d in res["engines"].values():
         b = d["best"]
-        assert b["gain_lo"] <= b["gain"] <= b["gain_hi"] and b["flags"].startswith("--enable-eplb")
+        assert b["gain_lo"] <= b["gain"] <= b["gain_hi"] and b["flags"].startswith(("--enable-eplb", "--enable-expert-parallel"))
         assert b["rebalances"] >= 5 and all(r["rebalances"] >= 5 for r in d["rows"] if r["ranked"])
         assert b["tok_s"] == max(r["tok_s"] for r in d["rows"] if r["ranked"]) and b["tok_s"] > 0
     # the same from the trace's Loads (place trace stats --out): routes drawn from its windows
