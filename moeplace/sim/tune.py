@@ -164,14 +164,18 @@ def unavailable(engine: str, model) -> str | None:
 
 
 def tune(wl, cluster, config: SimConfig, profile, engines: list[str], splits: int = 1, quick: bool = False,
-         progress=None, budget_s: float = DEFAULT_BUDGET_S) -> dict:
+         progress=None, budget_s: float = DEFAULT_BUDGET_S, what_if: bool = False) -> dict:
     """Search each engine's settings (:func:`engine_settings`) on the workload ``wl``
     (:class:`sim.inputs.Workload`) with :func:`sim.online.compare`: each candidate runs at least five of its
     own rebalance intervals after warm-up, from the EPLB placement of the part it observed, and is scored
     against that placement held static. Returns ``{"engines": {engine: {"best": row | None, "rows": [...],
     "why_no_best"?} | {"unavailable": why}}, "horizon", "splits", "interval", "routing"}``; a row: ``label``,
     ``flags``, ``tok_s``, ``static_tok_s``, ``gain`` / ``gain_lo`` / ``gain_hi`` over its static alternative,
-    ``rebalances`` (after warm-up), ``ranked``, ``decision_s``, ``transfer_s``, ``stall_s``."""
+    ``rebalances`` (after warm-up), ``ranked``, ``decision_s``, ``transfer_s``, ``stall_s``.
+
+    ``what_if``: an engine whose rebalancer does not serve the model in the checked release (the capability
+    table) is simulated all the same, as it would behave once it does; its entry keeps the reason under
+    ``"what_if"`` so no caller can mistake it for something the engine does today."""
     model = wl.trace.model
     plans: dict = {}  # (R, split) -> EPLB placement of the observed part
 
@@ -183,11 +187,14 @@ def tune(wl, cluster, config: SimConfig, profile, engines: list[str], splits: in
 
     result: dict = {"engines": {}}
     settings: dict[str, Setting] = {}
+    what_ifs: dict[str, str] = {}
     for engine in engines:
         why = unavailable(engine, model)
-        if why:
+        if why and not what_if:
             result["engines"][engine] = {"unavailable": why}
             continue
+        if why:
+            what_ifs[engine] = why
         for s in engine_settings(engine, model.num_experts, model.num_moe_layers, cluster.num_gpus, quick):
             settings[s.label()] = s
     if not settings:
@@ -206,7 +213,7 @@ def tune(wl, cluster, config: SimConfig, profile, engines: list[str], splits: in
             rows.append({**r, "label": label, "flags": s.flags(), "params": s.params})
         ranked = [r for r in rows if r["ranked"]]
         best = max(ranked, key=lambda x: x["tok_s"]) if ranked else None
-        d = {"best": best, "rows": rows}
+        d = {"best": best, "rows": rows} | ({"what_if": what_ifs[engine]} if engine in what_ifs else {})
         if best is None:
             d["why_no_best"] = (f"no setting performed {INTERVALS} rebalances after the warm-up on this horizon, so "
                                 "none is ranked (a setting that never rebalanced is not an online rebalancer)")
@@ -222,6 +229,8 @@ def format_tune(res: dict) -> list[str]:
         if "unavailable" in d:
             lines.append(f"{name}: not available — {d['unavailable']}")
             continue
+        if "what_if" in d:
+            lines.append(f"{name} (what-if, not served today: {d['what_if']}):")
         b = d["best"]
         if b is None:
             lines.append(f"{name}: no best setting — {d['why_no_best']}")
