@@ -158,3 +158,29 @@ def write_columns(path: Path, model, cols: dict) -> Path:
     table = pa.table(arrays).select(schema.names).cast(schema)
     pq.write_table(table.replace_schema_metadata(file_metadata(model, {"kind": "synthetic"})), path, **WRITE_CHECKSUMS)
     return path
+
+
+def size_inputs(root: Path) -> Path:
+    """The inputs the size and bound cases start from: a tiny trace, its linear placement and model spec, and
+    a two-window K3 Loads file (``k3.npz``)."""
+    import numpy as np
+
+    from moeplace.foundation.model import load_model
+    from moeplace.traces.loads import Loads
+
+    m = mini_model()
+    write_trace(root / "trace", m, num_requests=4, prompt=16, output=4)
+    linear_placement(m, 4, 2).save(root / "placement.json")
+    (root / "model.json").write_text(json.dumps(m.to_dict()))
+    k3 = load_model("kimi-k3")
+    counts = np.random.default_rng(0).integers(0, 50, size=(2, k3.num_moe_layers, k3.num_experts))
+    Loads(counts=counts, model=k3, window_tokens=4096, labels=("a", "b")).save(root / "k3.npz")
+    return root
+
+
+def work_copy(inputs: Path, tmp_path: Path, monkeypatch) -> Path:
+    """A fresh copy of ``inputs`` to work in (the current directory), so no case sees another's outputs."""
+    w = tmp_path / "w"
+    shutil.copytree(inputs, w)
+    monkeypatch.chdir(w)
+    return w

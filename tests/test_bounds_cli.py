@@ -9,7 +9,6 @@ on the machine)."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import threading
 from pathlib import Path
@@ -17,14 +16,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from fuzzkit import SIM, assert_refused, assert_untouched, run_place, snapshot
-from simkit import linear_placement, mini_model, write_trace
+from fuzzkit import SIM, assert_refused, assert_untouched, run_place, size_inputs, snapshot, work_copy
+from simkit import mini_model
 
 from moeplace.cli.sweep.spec import load_spec
 from moeplace.foundation import files, limits
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import TEMP_MARK, OutputExists, atomic_path, check_output
-from moeplace.foundation.model import load_model
 from moeplace.placement.compare import compare_policies
 from moeplace.traces.loads import Loads
 from moeplace.traces.synth import SynthConfig
@@ -42,25 +40,12 @@ def sixteen_gib(monkeypatch):
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bounds")
-    m = mini_model()
-    write_trace(root / "trace", m, num_requests=4, prompt=16, output=4)
-    linear_placement(m, 4, 2).save(root / "placement.json")
-    (root / "model.json").write_text(json.dumps(m.to_dict()))
-    k3 = load_model("kimi-k3")
-    counts = np.random.default_rng(0).integers(0, 50, size=(2, k3.num_moe_layers, k3.num_experts))
-    Loads(counts=counts, model=k3, window_tokens=4096, labels=("a", "b")).save(root / "k3.npz")
-    return root
+    return size_inputs(tmp_path_factory.mktemp("bounds"))
 
 
 @pytest.fixture
 def work(inputs, tmp_path, monkeypatch):
-    import shutil
-
-    w = tmp_path / "w"
-    shutil.copytree(inputs, w)
-    monkeypatch.chdir(w)
-    return w
+    return work_copy(inputs, tmp_path, monkeypatch)
 
 
 def refused(argv, capsys, work, *names) -> str:

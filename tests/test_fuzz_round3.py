@@ -441,6 +441,7 @@ JSON_FAILURES = [
     ["trace", "capture", "--hf-config", "model.json", "--prompts", "model.json", "--max-new-tokens", "2",
      "--out", "placement.json"],  # refused before torch is imported
     ["model", "show", "missing"],
+    ["engines", "--model", "missing.json"],
     ["plan", "--gpus", "x"],  # a bad flag: argparse's line
 ]
 

@@ -22,18 +22,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from fuzzkit import assert_refused, assert_untouched, run_place, snapshot
-from simkit import linear_placement, mini_model, write_trace
+from fuzzkit import assert_refused, assert_untouched, run_place, size_inputs, snapshot, work_copy
+from simkit import linear_placement, mini_model
 
 from moeplace.cli.sweep.spec import check_points, count_points, load_spec
 from moeplace.foundation import files, limits
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import LOCK_NAME, exclusive_lock
-from moeplace.foundation.model import load_model
 from moeplace.placement import traffic
 from moeplace.placement.rules import get_rule
 from moeplace.traces.format import META_CHECKSUMS
-from moeplace.traces.loads import Loads
 
 GIB = 2**30
 ROOT = Path(__file__).parent.parent
@@ -42,25 +40,12 @@ SMALL_SPEC = Path(__file__).parent / "data" / "sweep-small.yaml"
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sizes")
-    m = mini_model()
-    write_trace(root / "trace", m, num_requests=4, prompt=16, output=4)
-    linear_placement(m, 4, 2).save(root / "placement.json")
-    (root / "model.json").write_text(json.dumps(m.to_dict()))
-    k3 = load_model("kimi-k3")
-    counts = np.random.default_rng(0).integers(0, 50, size=(2, k3.num_moe_layers, k3.num_experts))
-    Loads(counts=counts, model=k3, window_tokens=4096, labels=("a", "b")).save(root / "k3.npz")
-    return root
+    return size_inputs(tmp_path_factory.mktemp("sizes"))
 
 
 @pytest.fixture
 def work(inputs, tmp_path, monkeypatch):
-    import shutil
-
-    w = tmp_path / "w"
-    shutil.copytree(inputs, w)
-    monkeypatch.chdir(w)
-    return w
+    return work_copy(inputs, tmp_path, monkeypatch)
 
 
 def refused(argv, capsys, root, *names) -> str:
