@@ -53,7 +53,8 @@ $(ENGINES_VENV)/.installed: pyproject.toml constraints.txt engines-requirements.
 
 check-engines: $(ENGINES_VENV)/.installed
 	$(ENGINES_VENV)/bin/python -c "import vllm; assert vllm.__version__ == '0.34.0', vllm.__version__"
-	$(ENGINES_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py tests/test_vllm_plugin.py
+	$(ENGINES_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py tests/test_vllm_plugin.py \
+		tests/test_export_launch.py
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/trace_stats.py

@@ -66,6 +66,10 @@ def make_run_dir(root: Path, *, tokens: int = 6000) -> Path:
     (root / "comparison.json").write_text(json.dumps(tagged("comparison", cmp.to_dict()), indent=1))
     plan = plan_memory(model, cluster, MemoryConfig(context=1 << 17))
     (root / "plan.json").write_text(json.dumps(tagged("memory-plan", plan.to_dict()), indent=1))
+    # the plan made for the placements (their GPUs and redundant slots), attention TP4 x DP4 where the default
+    # layout is TP8 x DP2: the dashboard's launch commands follow it (plan.json, without the slots, is passed over)
+    serve = plan_memory(model, cluster, MemoryConfig(context=1 << 17, tp=4, dp=4, num_redundant=NUM_REDUNDANT))
+    (root / "serve-plan.json").write_text(json.dumps(tagged("memory-plan", serve.to_dict()), indent=1))
     _place("simulate", str(root / "traces"), "--placement", str(root / "placements" / "moeplace.json"),
            "--placement", str(root / "placements" / "linear.json"), "--gpus", str(NUM_GPUS), "--attention-tp", "8",
            "--concurrency", "16", "--duration", "0.25", "--max-seqs", "32", "--out", str(root / "sim"), "--no-progress")

@@ -62,7 +62,7 @@ def test_overview_counts_the_artifacts(run_dir):
     no_failures(at)
     assert at.title[0].value == "moeplace"
     counts = {m.label: m.value for m in at.metric}
-    assert counts == {"Traces": "1", "Placements": "3", "Comparisons": "1", "Plans": "1", "Simulations": "1",
+    assert counts == {"Traces": "1", "Placements": "3", "Comparisons": "1", "Plans": "2", "Simulations": "1",
                       "Loads": "0", "Sweeps": "1"}
     paths = set(at.dataframe[0].value["path"])
     assert {"traces", "placements/moeplace.json", "comparison.json", "plan.json", "sim"} <= paths
@@ -348,7 +348,8 @@ def test_scan_finds_artifacts_by_content_and_follows_the_simulated_trace(run_dir
     idx = scan_run_dir(run)
     assert idx.traces == (outside,)
     assert [p.name for p in idx.placements] == ["eplb.json", "linear.json", "moeplace.json"]
-    assert [p.name for p in idx.comparisons] == ["comparison.json"] and [p.name for p in idx.plans] == ["plan.json"]
+    assert [p.name for p in idx.comparisons] == ["comparison.json"] and [p.name for p in idx.plans] == ["plan.json",
+                                                                                                  "serve-plan.json"]
     assert [p.name for p in idx.sims] == ["sim"] and idx.loads == ()
     # the sweep directory, and nothing from its cache/ (its own traces and placements) among the run's artifacts
     assert idx.sweeps == (run / SWEEP_DIR,)
@@ -528,32 +529,67 @@ def test_accuracy_note_under_every_simulated_figure(run_dir):
 
 
 def test_placement_page_shows_each_engines_launch_command_from_the_export_library(run_dir):
+    """Each tab's command is what `place export --flags --plan serve-plan.json` prints (the run's plan for
+    this placement: TP4 x DP4, not the default TP8 x DP2), and passes the recorded parser of the engine
+    release as the CLI's does."""
+    from importlib import resources
+
     from moeplace.dashboard import data
     from moeplace.foundation.errors import InputError
     from moeplace.placement.export import format_names
-    from moeplace.placement.export.flags import TARGET_OF_FORMAT, FlagOptions, check_layout, launch_command
+    from moeplace.placement.export.engines import command_argv
+    from moeplace.placement.export.flags import TARGET_OF_FORMAT, FlagOptions, build_launch
 
     at = open_page(run_dir, "placement")
     at.selectbox(key="pl_download").set_value("moeplace").run()
     no_failures(at)
     p = load_placement(run_dir / "placements" / "moeplace.json")
     model = compute_stats(run_dir / "traces").model
-    opts, plan = check_layout(p, model, FlagOptions())
     export_dir = Path(run_dir).resolve() / "export"
     codes = [c.value for c in at.code]
-    shown = 0
+    shown = {}
     for fmt in format_names():
         if fmt not in TARGET_OF_FORMAT:
             continue
         try:
-            want = launch_command(p, model, fmt, export_dir / data.export_name(p, fmt), opts)
+            built = build_launch(p, model, fmt, export_dir / data.export_name(p, fmt),
+                                 FlagOptions(placement_path=str(export_dir / "placement.json")),
+                                 run_dir / "serve-plan.json")
         except InputError as exc:  # the engine refuses this layout: the page says why instead
             assert any(i.value == f"No launch command: {exc}" for i in at.info), fmt
         else:
-            assert want.rstrip("\n") in codes, fmt
-            shown += 1
-    assert shown >= 3 and any("--ep-size 16" in c for c in codes) and any("vllm serve" in c for c in codes)
-    assert any(f"memory plan: {plan.layout.describe()}" in c.value for c in at.caption)
+            assert built.launch.text().rstrip("\n") in codes, fmt
+            shown[fmt] = built.launch
+    assert {"sglang", "vllm-expert-map", "vllm-jsonl"} <= set(shown)
+    for fmt, launch in shown.items():
+        assert "# attention TP4 x DP4, EP16" in launch.text(), fmt  # the plan's layout, not the default
+        if launch.version is None:
+            continue
+        rec = json.loads(resources.files("moeplace.placement.export").joinpath(
+            "engine_options", f"{launch.engine}-{launch.version}.json").read_text())
+        (argv,) = command_argv(launch.text())
+        for argv_ in (argv, launch.argv(worker=True)):
+            opts = [a for a in argv_ if a.startswith("--")]
+            assert opts and all(o in rec["options"] and o not in rec["deprecated"] for o in opts), (fmt, opts)
+    vl = shown["vllm-expert-map"].argv(worker=True)
+    assert vl[vl.index("--data-parallel-size") + 1] == "4" and "--enable-expert-parallel" in vl
+    assert vl[vl.index("--data-parallel-size-local") + 1] == "2"
+    assert vl[vl.index("--data-parallel-start-rank") + 1] == "$((NODE_RANK*2))"  # node 1 holds DP ranks 2, 3
+    # TensorRT-LLM runs attention all-TP or all-DP: TP4 x DP4 gets the reason, never a command with ADP off
+    assert any(i.value.startswith("No launch command:") and "cannot be expressed" in i.value for i in at.info)
+    assert not any("trtllm-serve" in c for c in codes)
+    assert any("memory plan: " in c.value and "(serve-plan.json)" in c.value for c in at.caption)
+
+
+def test_placement_page_refuses_to_launch_without_a_plan_for_the_placement(run_dir, tmp_path):
+    run = copy_run(run_dir, tmp_path)
+    (run / "serve-plan.json").unlink()  # plan.json stays: a plan without the placement's redundant slots
+    at = open_page(run, "placement")
+    at.selectbox(key="pl_download").set_value("moeplace").run()
+    no_failures(at)
+    assert not any("vllm serve" in c.value or "sglang.launch_server" in c.value for c in at.code)
+    assert any("no memory plan of this run is for this placement" in i.value and "--redundant 16" in i.value
+               and "a plan with 0 redundant experts per layer" in i.value for i in at.info)
 
 
 def test_the_same_placement_in_two_files_is_listed_once(run_dir, tmp_path):

@@ -11,7 +11,7 @@ The commands are read from the docs' fenced blocks by tests/dockit.py (its docst
 A command neither run nor marked fails the test. Files a doc's commands read that none of the commands
 being run writes are made small here ("stand-ins", listed in ``STANDINS``): the K3 trace of ``make demo``
 (``data/k3-default``: 3,000 synthetic tokens instead of 100,000), valid but unplanned placements, Loads of
-two random windows, the repository's ``examples/``. The docs' figures come from the real runs
+two random windows, the repository's ``examples/`` and ``tests/data/``. The docs' figures come from the real runs
 (bench/figures.py); these tests check that the commands themselves work as written.
 """
 from __future__ import annotations
@@ -78,11 +78,14 @@ def _loads(d, trace):
 STANDINS = {  # path a doc reads -> how to make a small one
     "data/k3-default": lambda d, trace: shutil.copytree(trace(), d / "data" / "k3-default"),
     "run/placement.json": lambda d, trace: _placement(load_model("kimi-k3"), 32, 32, d / "run" / "placement.json"),
+    "run/placement-r0.json":
+        lambda d, trace: _placement(load_model("kimi-k3"), 32, 0, d / "run" / "placement-r0.json"),
     "run/placements": _k3_placements,
     "run/loads.npz": _loads,
     "run/dsv3/placement.json":
         lambda d, trace: _placement(load_model("deepseek-v3"), 16, 32, d / "run" / "dsv3" / "placement.json"),
     "examples": lambda d, trace: shutil.copytree(ROOT / "examples", d / "examples"),
+    "tests/data": lambda d, trace: shutil.copytree(ROOT / "tests" / "data", d / "tests" / "data"),
 }
 
 

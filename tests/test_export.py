@@ -160,7 +160,8 @@ def test_sglang_export_refuses_wrong_suffix_and_warns_for_k3(k3, dsv3, tmp_path)
     assert not (tmp_path / "loc.txt").exists()
     assert export_placement(pl, dsv3, "sglang", tmp_path / "a.json") == []
     warn = export_placement(vllm_default(k3, 32, 0), k3, "sglang", tmp_path / "k3.json")
-    assert len(warn) == 1 and "ignores --init-expert-location" in warn[0]
+    assert len(warn) == 1 and "--init-expert-location is ignored" in warn[0]
+    assert "kimi_k3.py lacks get_model_config_for_expert_location" in warn[0] and "--format checkpoint" in warn[0]
 
 
 def test_logical_count_round_trip_json_and_pt(dsv3, tmp_path):
@@ -323,14 +324,19 @@ def test_sglang_flags_match_the_placement(dsv3, tmp_path):
 def test_vllm_flags_pick_backend_by_topology(k3, tmp_path):
     one_node = Placement.from_phy2log(vllm_default(k3, 8, 0).phy2log, k3, 8, 8, {})
     args = _command_args(launch_command(one_node, k3, "vllm-expert-map", tmp_path / "m.json",
-                                        FlagOptions(kv_cache_dtype="bf16", max_model_len=32768, dp=8)))
-    assert args[:2] == ["vllm", "serve"]
+                                        FlagOptions(kv_cache_dtype="bf16", max_model_len=32768, dp=8,
+                                                    placement_path=str(tmp_path / "p.json"))))
+    # released vLLM loads no file; a replica-free placement goes through the moeplace plugin
+    assert args[:3] == [f"MOEPLACE_PLACEMENT={(tmp_path / 'p.json').resolve()}", "vllm", "serve"]
     assert _flag(args, "--all2all-backend") == "flashinfer_nvlink_one_sided"
-    assert "--data-parallel-address" not in args
+    assert "--data-parallel-address" not in args and "--enable-eplb" not in args
     assert _flag(args, "--kv-cache-dtype") == "auto" and _flag(args, "--max-model-len") == "32768"
+    # with replicas on a model vLLM's EPLB serves: its own online EPLB with the recommended settings, no PR key
+    dsv3 = load_model("deepseek-v3")
+    args = _command_args(launch_command(vllm_default(dsv3, 8, 8), dsv3, "vllm-expert-map", tmp_path / "m.json",
+                                        FlagOptions(dp=8)))
     cfg = json.loads(_flag(args, "--eplb-config"))
-    # released vLLM loads no file: its own online EPLB with the recommended settings, and no PR key
-    assert cfg == {"window_size": 1000, "step_interval": 3000, "num_redundant_experts": 0, "use_async": True}
+    assert cfg == {"window_size": 1000, "step_interval": 3000, "num_redundant_experts": 8, "use_async": True}
     mapped = _command_args(launch_command(one_node, k3, "vllm-expert-map", tmp_path / "m.json",
                                           FlagOptions(dp=8, vllm_pr=49572)))
     assert json.loads(_flag(mapped, "--eplb-config"))["initial_expert_map_path"].endswith("m.json")

@@ -21,11 +21,12 @@ import yaml
 from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
-from moeplace.placement.export import deploy
+from moeplace.placement.export import capabilities, deploy
 from moeplace.placement.export.engines import (
     VLLM_PRS,
     check_args,
     checked_versions,
+    command_argv,
     recommended_eplb_config,
     resolve_version,
 )
@@ -177,6 +178,14 @@ def test_vllm_own_parser_accepts_the_printed_commands(dsv3, tmp_path, monkeypatc
             assert engine_args.enable_expert_parallel
             n += 1
     assert n >= 5
+    # the K3 command that switches the load-time relabelling on (its environment is not an argument)
+    k3 = load_model("kimi-k3")
+    plugin = launch_spec(placement(k3, 32, 0), k3, "vllm-expert-map", tmp_path / "k3.json",
+                         FlagOptions(tp=8, dp=4, placement_path=str(tmp_path / "p.json")))
+    assert plugin.env and plugin.argv()[:2] == ["vllm", "serve"]
+    for argv in (plugin.argv(), plugin.argv(worker=True)):
+        engine_args = EngineArgs.from_cli_args(parser.parse_args(_expand(argv)[2:]))
+        assert engine_args.enable_expert_parallel and not engine_args.enable_eplb
     # and it rejects the open PR's keys, which is why they sit behind --vllm-pr
     pr = launch_spec(placement(dsv3, 16, 32), dsv3, "vllm-jsonl", tmp_path / "m.jsonl",
                      FlagOptions(tp=8, dp=2, vllm_pr=41141))
@@ -370,3 +379,97 @@ def test_format_options_are_the_layout_keys_of_the_trtllm_yaml_only():
         format_options(pl, "trtllm-lb", FlagOptions(tp=2, dp=4))
     with pytest.raises(InputError, match="--format 'nosuch' unknown"):
         format_options(pl, "nosuch", opts)
+
+
+# ----------------------------------------------------------------------- Kimi K3: what each engine lacks
+def _check_recorded(argv: list[str], engine: str = "vllm", version: str = "0.34.0") -> None:
+    """``argv`` against the recorded option table, read here directly (options, choices, EPLB keys)."""
+    rec = recorded(engine, version)
+    i = next(k for k, a in enumerate(argv) if a.startswith("--"))
+    for k in range(i, len(argv)):
+        a = argv[k]
+        if a.startswith("--"):
+            assert a in rec["options"] and a not in rec["deprecated"], a
+            if a in rec["choices"]:
+                assert argv[k + 1] in rec["choices"][a], (a, argv[k + 1])
+            if a == "--eplb-config":
+                assert set(json.loads(argv[k + 1])) <= set(rec["eplb_config_keys"])
+        else:
+            assert argv[k - 1] in rec["takes_value"], a  # a value, never a stray word
+
+
+def test_k3_vllm_command_switches_the_load_time_relabelling_on(tmp_path, capsys):
+    k3 = load_model("kimi-k3")
+    pj = tmp_path / "k3.json"
+    placement(k3, 32, 0).save(pj)
+    capsys.readouterr()
+    assert main(["export", str(pj), "--format", "vllm-expert-map", "--out", str(tmp_path / "map.json"), "--flags",
+                 "--tp", "8", "--dp", "4", "--json"]) == 0
+    launch = json.loads(capsys.readouterr().out)["launch"]
+    assert launch["env"] == {"MOEPLACE_PLACEMENT": str(pj.resolve())} and launch["applies_placement"]
+    assert launch["engine_version"] == "0.34.0"
+    for argv in (launch["argv"], launch["worker_argv"]):
+        assert argv[:2] == ["vllm", "serve"] and "--enable-expert-parallel" in argv
+        assert "--enable-eplb" not in argv  # EPLB wires no K3 layer in 0.34.0: not printed
+        _check_recorded(_expand(argv))
+    notes = " ".join(launch["notes"])
+    assert "pip install 'moeplace[vllm]'" in notes and "MOEPLACE_PLACEMENT" in notes
+    assert "loads no expert map" in notes and "#49572" in notes
+    # the printed text sets the variable on the command itself, and still parses as one command
+    (words,) = command_argv(launch["command"])
+    assert words[0] == f"MOEPLACE_PLACEMENT={pj.resolve()}" and words[1:] == launch["argv"]
+
+
+def test_k3_placement_with_replicas_says_what_each_engine_lacks(tmp_path):
+    k3 = load_model("kimi-k3")
+    pl = placement(k3, 32, 32)
+    opts = FlagOptions(tp=8, dp=4, placement_path=str(tmp_path / "k3.json"))
+    vl = launch_spec(pl, k3, "vllm-expert-map", tmp_path / "m.json", opts)
+    assert not vl.applies_placement and not vl.env and "--enable-eplb" not in vl.argv()
+    text = vl.text()
+    assert "does not wire K3 into EPLB" in text and "#50647" in text and "--redundant 0" in text
+    assert "MOEPLACE_PLACEMENT" in text and "--format checkpoint" in text
+    _check_recorded(_expand(vl.argv()))
+    sg = launch_spec(pl, k3, "sglang", tmp_path / "s.json", opts)
+    assert not sg.applies_placement
+    assert "kimi_k3.py lacks get_model_config_for_expert_location" in sg.text() and "--format checkpoint" in sg.text()
+    _check_recorded(_expand(sg.argv()), "sglang", "0.5.23")
+    # the capability table says the same thing the commands say
+    assert capabilities.cell("vllm", "online_eplb", k3).supported is False
+    assert capabilities.cell("sglang", "placement_file", k3).supported is False
+    assert capabilities.cell("trtllm", "placement_file", k3).supported is False
+    assert capabilities.cell("vllm", "plugin", k3).supported and capabilities.cell("sglang", "checkpoint", k3).supported
+
+
+def test_vllm_tp_spanning_nodes_uses_the_multi_node_launcher_not_dp_ranks(dsv3, tmp_path):
+    pl = placement(dsv3, 32, 32)
+    lw = launch_spec(pl, dsv3, "vllm-expert-map", tmp_path / "m.json", FlagOptions(tp=32, dp=1))
+    head, worker = lw.argv(), lw.argv(worker=True)
+    assert "--data-parallel-start-rank" not in worker and "--data-parallel-size" not in head
+    assert head[head.index("--nnodes") + 1] == "4" and head[head.index("--node-rank") + 1] == "$NODE_RANK"
+    assert worker[-1] == "--headless"
+    _check_recorded(_expand(head))
+    _check_recorded(_expand(worker))
+    # DP ranks within nodes: node n starts at DP rank n * ranks-per-node, and the ranks add up to the DP size
+    lw = launch_spec(pl, dsv3, "vllm-expert-map", tmp_path / "m.json", FlagOptions(tp=8, dp=4))
+    for rank in range(1, 4):
+        w = _expand(lw.argv(worker=True), rank)
+        assert int(w[w.index("--data-parallel-start-rank") + 1]) == rank
+        assert int(w[w.index("--data-parallel-size-local") + 1]) * 4 == int(w[w.index("--data-parallel-size") + 1])
+    with pytest.raises(InputError, match="spans 2 nodes"):
+        launch_spec(pl, dsv3, "vllm-expert-map", tmp_path / "m.json", FlagOptions(tp=16, dp=2))
+
+
+def test_plugin_launch_files_export_the_switch_and_k8s_refuses_it(tmp_path, capsys):
+    k3 = load_model("kimi-k3")
+    pj = tmp_path / "k3.json"
+    placement(k3, 32, 0).save(pj)
+    script = tmp_path / "run.sh"
+    assert main(["export", str(pj), "--format", "vllm-expert-map", "--out", str(tmp_path / "map.json"), "--flags",
+                 "--tp", "8", "--dp", "4", "--target", "shell", "--launch-out", str(script)]) == 0
+    assert f"export MOEPLACE_PLACEMENT={pj.resolve()}" in script.read_text()
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    capsys.readouterr()
+    assert main(["export", str(pj), "--format", "vllm-expert-map", "--out", str(tmp_path / "m2.json"), "--flags",
+                 "--tp", "8", "--dp", "4", "--target", "k8s"]) == 2
+    assert "does not mount" in capsys.readouterr().err and not (tmp_path / "m2.json").exists()

@@ -389,10 +389,55 @@ def test_related_inputs_are_grouped_and_left_out_together(small):
     ids, names, method = scenarios(loads)
     assert ids.tolist() == [0, 0, 1, 1, 2, 2] and names == ["d0-a.npz+d0-b.npz", "d1-a.npz+d1-b.npz",
                                                            "d2-a.npz+d2-b.npz"]
-    assert method.startswith("leave-one-input-group-out (inputs grouped by the similarity") and "weak" not in method
+    assert method.startswith("leave-one-input-group-out, spanning 4 groupings of related inputs (6 to 3 groups")
+    assert "(--group names the groups and narrows the ranges)" in method and "weak" not in method
+    assert "; " not in method  # the report splits a method's details at "; "
+    # the groupings spanned: each input its own group first, then merges, down to 3 groups (the pairs)
+    from moeplace.placement.shift import scenario_groupings
+    *_, groupings = scenario_groupings(loads)
+    assert [int(g.max()) + 1 for g in groupings] == [6, 5, 4, 3]
+    assert groupings[0].tolist() == list(range(6)) and groupings[-1].tolist() == ids.tolist()
     given = replace(loads, provenance={**loads.provenance, "input_groups": ["x", "y", "y", "x", "z", "z"]})
     ids, names, method = scenarios(given)
     assert ids.tolist() == [0, 1, 1, 0, 2, 2] and names == ["x", "y", "z"] and "as given (--group)" in method
+    assert scenario_groupings(given)[3] == []  # --group: one grouping, nothing spanned
+
+
+def test_default_shift_range_spans_the_groupings(small):
+    """Without --group the estimate plans each distinct left-out group once over every grouping and prints
+    the union of the groupings' ranges, the figures of the coarsest; a range wider than 0.30 says why."""
+    from moeplace.placement.shift import WIDE_RANGE, fold_windows, shift_estimate, shift_ranges
+
+    loads = _loads(small, windows=6, per_window=50)
+    groupings = [np.arange(6), np.array([0, 0, 1, 2, 3, 4]), np.array([0, 0, 1, 1, 2, 3]),
+                 np.array([0, 0, 1, 1, 2, 2])]
+    assert len(fold_windows(groupings[-1], groupings)) == 6 + 3  # the singles, then the three pairs once each
+    calls = []
+
+    def spy(problem):
+        calls.append(problem.loads.shape[0])
+        return get_policy("eplb")(problem)
+
+    sh = shift_estimate(spy, "spy", loads, make_cluster(8, "h200", 4), num_redundant=8, rule="vllm", seed=0,
+                        time_limit=None, options={}, ids=groupings[-1], method="m", groupings=groupings)
+    assert sorted(calls) == [4, 4, 4, 5, 5, 5, 5, 5, 5]
+    levels = sh["groupings"]
+    assert [lv["groups"] for lv in levels] == [6, 5, 4, 3]
+    assert sh["mean"] == levels[-1]["mean"] and sh["per_scenario"] == levels[-1]["per_scenario"]
+    for key in ("mean_range", "worst_range"):
+        assert sh[key][0] == min(lv[key][0] for lv in levels) and sh[key][1] == max(lv[key][1] for lv in levels)
+        for lv in levels:  # each grouping's own range, from its own folds
+            assert lv[key] == shift_ranges(lv["per_scenario"], sh["layer_sample_se"])[0 if key == "mean_range" else 1]
+    wide = max(sh["mean_range"][1] - sh["mean_range"][0], sh["worst_range"][1] - sh["worst_range"][0]) > WIDE_RANGE
+    assert ("wide" in sh) == wide
+    # why a wide range is wide: groupings that disagree point at --group; folds that differ say so
+    from moeplace.placement.shift import _wide_reason
+    fine = {"groups": 6, "mean": 0.70, "worst": 0.66, "per_scenario": [0.66, 0.68, 0.70, 0.71, 0.72, 0.73]}
+    coarse = {"groups": 3, "mean": 0.55, "worst": 0.45, "per_scenario": [0.45, 0.55, 0.65]}
+    why = _wide_reason([fine, coarse], "mean_range", 0.41)
+    assert why.startswith("mean range 0.41 wide: the groupings of related inputs disagree (mean 0.700 with 6 groups, "
+                          "0.550 with 3)") and "--group" in why and "differ by up to 0.200" in why
+    assert "groupings" not in _wide_reason([coarse], "worst_range", 0.35)
 
 
 def test_optimize_group_flag(small, tmp_path, capsys):

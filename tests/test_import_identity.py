@@ -16,6 +16,7 @@ from moeplace.foundation.model import load_model
 from moeplace.placement.evaluate import read_token_routing
 from moeplace.traces.importers import import_source
 from moeplace.traces.stats import compute_stats
+from moeplace.traces.validate import check_trace
 
 TINY = Path(__file__).parent / "data" / "tiny-moe-config.json"
 
@@ -25,11 +26,13 @@ def tiny():
     return load_model(TINY)  # MoE layers 1..3 (ordinals 0..2), 8 experts, top-2
 
 
-def _log(path, batches, layers, seed=0, req="r0", meta=True):
+def _log(path, batches, layers, seed=0, req="r0", meta=True, declare=True):
     """A logger-style JSONL: one fixed req_id, token_idx restarting at 0 in every batch (``batches``: the
-    batch sizes), each batch logged layer by layer. Returns the path."""
+    batch sizes), each batch logged layer by layer; ``declare``: the meta line lists ``layers_logged``.
+    Returns the path."""
     rng = np.random.default_rng(seed)
-    lines = [json.dumps({"type": "meta", "model_id": "tiny-moe", "top_k": 2, "layers_logged": layers})] if meta else []
+    head = {"type": "meta", "model_id": "tiny-moe", "top_k": 2, **({"layers_logged": layers} if declare else {})}
+    lines = [json.dumps(head)] if meta else []
     for size in batches:
         for layer in layers:
             for t in range(size):
@@ -53,9 +56,10 @@ def test_one_runs_per_layer_files_are_joined(tiny, tmp_path):
     a = _log(tmp_path / "l0.jsonl", [4, 4], [0], seed=1)
     b = _log(tmp_path / "l1.jsonl", [4, 4], [1], seed=2)
     c = _log(tmp_path / "l2.jsonl", [4, 4], [2], seed=3)
-    # two of the three layers' files: not a trace of the model (every MoE layer is needed)
-    with pytest.raises(InputError, match=r"the log holds MoE layer\(s\) 1-2 of the 3 model 'tiny-moe' declares"):
-        import_source("vllm-jsonl", [a, b], tiny, tmp_path / "t", warmup_min_run=0)
+    # two of the three layers' files: a trace of those two, declared by the files' layers_logged
+    res = import_source("vllm-jsonl", [a, b], tiny, tmp_path / "two", warmup_min_run=0)
+    assert res.summary["layers_covered"] == [1, 2] and res.summary["model_moe_layers"] == 3
+    assert check_trace(tmp_path / "two").model.layers_label == "2 of 3 layers"
     res = import_source("vllm-jsonl", [a, b, c], tiny, tmp_path / "t", warmup_min_run=0)
     assert res.summary["tokens"] == 8 and res.summary["sessions_joined"] == 3
     assert res.summary["layers_covered"] == [1, 2, 3]
@@ -91,8 +95,13 @@ def test_layers_that_do_not_line_up_are_refused(tiny, tmp_path):
 
 def test_every_command_counts_the_same_tokens(tiny, tmp_path, capsys):
     src = _log(tmp_path / "part.jsonl", [50, 30, 40, 60], [0, 2])  # partial coverage: 2 of 3 MoE layers
-    with pytest.raises(InputError, match=r"MoE layer\(s\) 1,3 of the 3 .*; 2 missing\): a trace holds every MoE"):
-        import_source("vllm-jsonl", [src], tiny, tmp_path / "t", warmup_min_run=0)
+    undeclared = _log(tmp_path / "undeclared.jsonl", [50, 30, 40, 60], [0, 2], declare=False)
+    with pytest.raises(InputError, match=r"does not declare the layers it holds .* no rows for 2 \(it holds 1,3\): "
+                                         "declare the layers a partial log holds with --layers"):
+        import_source("vllm-jsonl", [undeclared], tiny, tmp_path / "t", warmup_min_run=0)
+    res = import_source("vllm-jsonl", [src], tiny, tmp_path / "part", warmup_min_run=0)  # declared: imported
+    st = compute_stats(tmp_path / "part", window_tokens=45)
+    assert res.summary["tokens"] == st.num_tokens == 180 and st.loads.counts.shape[1] == 2
     src = _log(tmp_path / "log.jsonl", [50, 30, 40, 60], [0, 1, 2])
     res = import_source("vllm-jsonl", [src], tiny, tmp_path / "t", warmup_min_run=0)
     st = compute_stats(tmp_path / "t", window_tokens=45)

@@ -314,7 +314,10 @@ def test_frontier_json_and_recommended_launch(local_run):
     from moeplace.placement.export.engines import check_args, command_argv
 
     (argv,) = command_argv(launch["command"])
+    if argv[0].startswith("MOEPLACE_PLACEMENT="):  # a replica-free placement: loaded through the vLLM plugin
+        assert argv.pop(0) == f"MOEPLACE_PLACEMENT={Path(launch['placement']).resolve()}" and launch["applies_placement"]
     assert argv[:2] == ["vllm", "serve"] and check_args("vllm", "0.34.0", argv) == []
+    assert "--enable-expert-parallel" in argv
     assert rep["fidelity"]["cases"] > 0 and rep["fidelity"]["note"].startswith("absolute figures")
     # every simulated point: its regime, and its throughput and TPOT with the range of that regime's cases
     from moeplace.sim.fidelity import figure_ranges

@@ -117,3 +117,21 @@ def optional(parse: Callable[[str], float], *off: str) -> Callable[[str], float 
 
     wrapped.__name__ = parse.__name__
     return wrapped
+
+
+def layer_list(text: str) -> tuple[int, ...]:
+    """Decoder-layer indices as ``0-4,7,11-12`` (the form every layer list is printed in): ascending,
+    no duplicates."""
+    out: list[int] = []
+    for part in text.split(","):
+        a, sep, b = part.strip().partition("-")
+        try:
+            lo, hi = int(a), int(b) if sep else int(a)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected layers like 0-4,7 (decoder-layer indices), got {text!r}") from None
+        if lo < 0 or hi < lo:
+            raise argparse.ArgumentTypeError(f"expected ascending ranges of layers >= 0 like 0-4,7, got {text!r}")
+        out.extend(range(lo, hi + 1))
+    if out != sorted(set(out)):
+        raise argparse.ArgumentTypeError(f"expected each layer once, in ascending order, got {text!r}")
+    return tuple(out)

@@ -51,13 +51,7 @@ from moeplace.foundation.reading import is_regular
 from moeplace.placement.compare import compare_policies
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.export import export_placement, format_names, get_format
-from moeplace.placement.export.flags import (
-    TARGET_OF_FORMAT,
-    FlagOptions,
-    check_layout,
-    format_options,
-    launch_command,
-)
+from moeplace.placement.export.flags import TARGET_OF_FORMAT, FlagOptions, build_launch, matching_plan
 from moeplace.placement.record import load_placement
 from moeplace.placement.windows import routing_windows
 from moeplace.sim.fidelity import fidelity_doc
@@ -549,10 +543,10 @@ def export_file(placement_, model, fmt: str, routing_key: tuple, _loads,
 
 @dataclass(frozen=True)
 class Launch:
-    """What ``place export --flags`` prints for one format: the launch command that loads the exported
-    file from ``file_path``, the memory plan's verdict line, and the format options the export needs for
-    that layout (TensorRT-LLM's ``extra`` keys). ``error``: why there is no command (the plan or the
-    engine refuses the layout)."""
+    """What ``place export --flags --plan PLAN`` prints for one format: the launch command that loads the
+    exported file from ``file_path``, the memory plan's verdict line, and the format options the export
+    needs for that layout (TensorRT-LLM's ``extra`` keys). ``error``: why there is no command (no plan of
+    the run is for this placement, or the plan or the engine refuses the layout)."""
 
     fmt: str
     engine: str
@@ -565,22 +559,30 @@ class Launch:
 
 @st.cache_data(show_spinner=False, max_entries=64,
                hash_funcs={"moeplace.placement.record.Placement": lambda p: (p.fingerprint(), p.model_name)})
-def launch_for(placement_, model, fmt: str, file_path: str) -> Launch:
-    """The launch command of ``placement_`` exported in ``fmt`` to ``file_path``, from the export library
-    (``placement.export.flags``: ``check_layout`` runs the memory plan on the default attention layout
-    for the placement's GPUs, then ``launch_command``), as ``place export --flags`` makes it."""
+def launch_for(placement_, model, fmt: str, file_path: str, plans: tuple[str, ...], placement_path: str,
+               stamps: tuple = ()) -> Launch:
+    """The launch command of ``placement_`` exported in ``fmt`` to ``file_path``, as ``place export --flags
+    --plan PLAN`` makes it (``placement.export.flags.build_launch``: the memory plan, the capability table,
+    the engine release's recorded parser): the layout is the one of the run's ``place plan --report`` file
+    made for this placement (``plans``, first match), never a default. ``placement_path``: where the
+    placement JSON is read from (the vLLM plugin's ``MOEPLACE_PLACEMENT``). ``stamps``: the plan files'
+    stamps, so a rewritten plan is re-read."""
     engine = TARGET_OF_FORMAT.get(fmt)
     if engine is None:
         return Launch(fmt, get_format(fmt).engine, file_path, error=f"no launch command for format {fmt}")
+    plan_path, passed = matching_plan(placement_, list(plans))
+    if plan_path is None:
+        why = f" ({'; '.join(passed)})" if passed else ""
+        return Launch(fmt, engine, file_path,
+                      error=(f"no memory plan of this run is for this placement{why}: the command realizes a planned "
+                             f"layout, so plan one: place plan --gpus {placement_.num_gpus} --redundant "
+                             f"{placement_.num_redundant} --tp T --dp D --report PLAN.json in the run directory"))
     try:
-        opts, plan = check_layout(placement_, model, FlagOptions())
-        extra = format_options(placement_, fmt, opts)  # refuses a layout the target cannot express
-        command = launch_command(placement_, model, fmt, file_path, opts)
+        built = build_launch(placement_, model, fmt, file_path, FlagOptions(placement_path=placement_path), plan_path)
     except InputError as exc:
         return Launch(fmt, engine, file_path, error=str(exc))
-    plan_line = (f"memory plan: {plan.layout.describe()} on {placement_.num_gpus} x {plan.cluster.gpu.name} fits; "
-                 f"{plan.concurrency} sequences of {plan.context:,} tokens")
-    return Launch(fmt, engine, file_path, command, plan_line, tuple(sorted(extra.items())))
+    return Launch(fmt, engine, file_path, built.launch.text(), f"{built.memory_line()} ({plan_path.name})",
+                  tuple(sorted(built.extra.items())))
 
 
 def placement_json_bytes(placement_) -> bytes:

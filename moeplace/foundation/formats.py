@@ -77,6 +77,7 @@ FORMATS: dict[str, ArtifactFormat] = {f.kind: f for f in (
     ArtifactFormat("placement-import", (1,), False, "place import-placement --json"),
     ArtifactFormat("capture-summary", (1,), False, "place trace capture --json"),
     ArtifactFormat("rebalance-report", (1,), False, "place rebalance --report / --json"),
+    ArtifactFormat("engine-capabilities", (1,), False, "place engines --json"),
     ArtifactFormat("relabel-manifest", (1,), False, "place export --format checkpoint (moeplace-relabel.json)"),
 )}
 

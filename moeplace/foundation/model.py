@@ -129,6 +129,12 @@ class ModelSpec:
     Layer indices are 0-based decoder-layer indices, as in Hugging Face module names
     (``model.layers.{i}``). ``moe_layers`` lists the layers with a routed-expert block; the rest have a
     dense MLP of width ``dense_intermediate_size``.
+
+    A spec may describe the part of a model a trace holds (a routing log of some MoE layers only):
+    ``moe_layers`` are then the held layers and ``declared_moe_layers`` all MoE layers the model declares
+    (``()`` when ``moe_layers`` are all of them). Routing readers work on ``moe_layers``; weights, memory
+    and the dense layers count the model's own (:attr:`model_moe_layers`). :meth:`restrict` makes such a
+    spec, :meth:`whole` gives the model back, :attr:`layers_label` says "5 of 24 layers".
     """
 
     name: str
@@ -157,6 +163,7 @@ class ModelSpec:
     vision_params: int = 0
     hf_model_type: str = ""
     source: str = ""  # where this spec came from (preset name or config path)
+    declared_moe_layers: tuple[int, ...] = ()  # the model's MoE layers when moe_layers holds a subset
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -172,6 +179,13 @@ class ModelSpec:
             bad("moe_layers must be strictly increasing")
         if self.moe_layers[0] < 0 or self.moe_layers[-1] >= self.num_layers:
             bad(f"moe_layers must lie in [0, {self.num_layers})")
+        if self.declared_moe_layers:
+            d = self.declared_moe_layers
+            if list(d) != sorted(set(d)) or d[0] < 0 or d[-1] >= self.num_layers:
+                bad(f"declared_moe_layers must be strictly increasing in [0, {self.num_layers})")
+            if not set(self.moe_layers) < set(d):
+                bad(f"moe_layers {format_ranges(self.moe_layers)} must be a proper subset of declared_moe_layers "
+                    f"{format_ranges(d)}")
         if not (1 <= self.top_k <= self.num_experts):
             bad(f"top_k must be in [1, num_experts={self.num_experts}], got {self.top_k}")
         if self.num_experts > 65535:
@@ -195,8 +209,44 @@ class ModelSpec:
         return len(self.moe_layers)
 
     @property
+    def model_moe_layers(self) -> tuple[int, ...]:
+        """Every MoE layer of the model, held or not (``moe_layers`` when the spec is not partial)."""
+        return self.declared_moe_layers or self.moe_layers
+
+    @property
+    def is_partial(self) -> bool:
+        """True when the spec holds some of the model's MoE layers only (a partial routing log)."""
+        return bool(self.declared_moe_layers)
+
+    @property
+    def layers_label(self) -> str:
+        """``"5 of 24 layers"`` for a partial spec (every result computed on one says so), else ``""``."""
+        if not self.is_partial:
+            return ""
+        return f"{self.num_moe_layers} of {len(self.declared_moe_layers)} layers"
+
+    def restrict(self, layers) -> ModelSpec:
+        """This model restricted to the MoE (decoder) ``layers`` a trace holds; all of them gives the whole
+        model. A layer that is not an MoE layer of the model is an :class:`InputError`."""
+        held = tuple(sorted({int(x) for x in layers}))
+        full = self.model_moe_layers
+        outside = [x for x in held if x not in full]
+        if outside or not held:
+            raise InputError(f"layers {format_ranges(outside) if outside else '(none)'}: not MoE layers of model "
+                             f"'{self.name}' (its MoE layers: {format_ranges(full)})")
+        if held == full:
+            return self.whole()
+        return dataclasses.replace(self, moe_layers=held, declared_moe_layers=full)
+
+    def whole(self) -> ModelSpec:
+        """The whole model (every MoE layer it declares)."""
+        if not self.is_partial:
+            return self
+        return dataclasses.replace(self, moe_layers=self.declared_moe_layers, declared_moe_layers=())
+
+    @property
     def dense_layers(self) -> tuple[int, ...]:
-        moe = set(self.moe_layers)
+        moe = set(self.model_moe_layers)
         return tuple(i for i in range(self.num_layers) if i not in moe)
 
     def layers_of(self, kind: str) -> tuple[int, ...]:
@@ -247,9 +297,9 @@ class ModelSpec:
         raise InputError(f"unknown attention kind '{kind}'")
 
     def param_breakdown(self) -> dict[str, int]:
-        """Parameter counts by component (whole model)."""
+        """Parameter counts by component (whole model, held MoE layers or not)."""
         h = self.hidden_size
-        n_moe = self.num_moe_layers
+        n_moe = len(self.model_moe_layers)
         latent = 2 * h * self.expert_hidden_size if self.expert_hidden_size != h else 0
         return {
             "routed_experts": n_moe * self.num_experts * self.params_per_routed_expert,
@@ -270,7 +320,7 @@ class ModelSpec:
     def active_params(self) -> int:
         """Parameters one text token touches: top-k routed experts plus everything dense."""
         b = self.param_breakdown()
-        routed_active = self.num_moe_layers * self.top_k * self.params_per_routed_expert
+        routed_active = len(self.model_moe_layers) * self.top_k * self.params_per_routed_expert
         return total_minus(b, ("routed_experts", "vision")) + routed_active
 
     @property
@@ -318,6 +368,9 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["moe_layers"] = list(self.moe_layers)
+        d["declared_moe_layers"] = list(self.declared_moe_layers)
+        if not self.declared_moe_layers:  # files of whole models stay as they were
+            del d["declared_moe_layers"]
         d["attention"] = list(self.attention)
         return d
 
@@ -329,6 +382,7 @@ class ModelSpec:
         d = dict(d)
         try:
             d["moe_layers"] = tuple(int(x) for x in d["moe_layers"])
+            d["declared_moe_layers"] = tuple(int(x) for x in d.get("declared_moe_layers") or ())
             att = d["attention"]
             if isinstance(att, dict):  # compact form: {"default": kind, "mla": [layers], ...}
                 kinds = [att.get("default", "")] * int(d["num_layers"])

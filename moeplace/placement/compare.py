@@ -31,7 +31,8 @@ from moeplace.placement.rules import get_rule
 from moeplace.placement.shift import (
     _plan,
     fold_seconds,
-    scenarios,
+    fold_windows,
+    scenario_groupings,
     shift_estimate,
     shift_layers,
 )
@@ -82,6 +83,7 @@ class Comparison:
     planning_sample_tokens: int = 0
     held_sample_tokens: int = 0
     tokens: int = 0
+    layers_label: str = ""  # "5 of 24 layers" when the input holds some of the model's MoE layers only
 
     def to_dict(self) -> dict[str, Any]:
         d = {"engine": self.rule, "cluster": self.cluster.to_dict(), "num_redundant": self.num_redundant,
@@ -90,6 +92,8 @@ class Comparison:
              "scored_layers": self.scored_layers, "moe_layers": self.moe_layers, "tokens": self.tokens,
              "sample_tokens": {"plan": self.planning_sample_tokens, "held_out": self.held_sample_tokens},
              "rows": [r.row() for r in self.results]}
+        if self.layers_label:
+            d["layers"] = self.layers_label
         if self.shift_method is not None:
             d["shift"] = {r.policy: r.shift for r in self.results if r.shift is not None}
             d["shift_scenarios"] = list(self.shift_scenarios)
@@ -149,7 +153,7 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     held = loads.counts[held_idx].astype(np.float64)
     # the estimate comes from the planning windows alone, so it is a prediction the held-out columns check
     planning = loads.select(planning_idx)
-    ids, sc_names, method = scenarios(planning) if shift else (None, [], None)
+    ids, sc_names, method, groupings = scenario_groupings(planning) if shift else (None, [], None, [])
     if shift and len(sc_names) < 2:
         ids, method = None, None
     active_layers = int((planning.counts.sum(axis=(0, 2)) > 0).sum())
@@ -203,7 +207,7 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     if ids is not None:
         todo = [n for n in order if n in done]
         for i, name in enumerate(track(todo, "shift estimate", "policy")):
-            folds = len(np.unique(ids))
+            folds = len(fold_windows(ids, groupings))
             limit = share(name, todo[i:], 0.0)
             if limit is not None:
                 limit /= folds
@@ -211,16 +215,16 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
                     notes.append(f"{name}: shift estimate skipped: time limit")
                     continue
             sampled = shift_layers(planning, ids, shift_sample,
-                                   fold_seconds(done[name][1], ids, is_anytime(name)))
+                                   fold_seconds(done[name][1], ids, is_anytime(name), groupings))
             how = method
             if sampled.size < active_layers:
                 how += (f"; on {sampled.size} of {active_layers} MoE layers, evenly spaced (each placed as a plan "
                         f"of every layer places it; every layer would take about "
-                        f"{fold_seconds(done[name][1], ids, is_anytime(name)):.0f} s)")
+                        f"{fold_seconds(done[name][1], ids, is_anytime(name), groupings):.0f} s)")
             try:
                 shifts[name] = shift_estimate(fns[name], name, planning, cluster, num_redundant=num_redundant,
                                               rule=rule, seed=seed, time_limit=limit, options=options,
-                                              ids=ids, method=how, layers=sampled)
+                                              ids=ids, method=how, layers=sampled, groupings=groupings or None)
             except TimeLimitReached:
                 notes.append(f"{name}: shift estimate skipped: time limit")
     results = [PolicyResult(n, *done[n], shifts.get(n)) for n in names if n in done]
@@ -228,7 +232,8 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     return Comparison(results, planning_idx, held_idx, single, rule, cluster, num_redundant, tuple(notes),
                       scored, loads.model.num_moe_layers, method, tuple(sc_names) if ids is not None else (),
                       0 if planning_samples is None else len(planning_samples),
-                      0 if held_samples is None else len(held_samples), loads_tokens(loads))
+                      0 if held_samples is None else len(held_samples), loads_tokens(loads),
+                      loads.model.layers_label)
 
 
 def time_limit_lines(placement: Placement) -> list[str]:

@@ -192,6 +192,7 @@ class Metrics:
     batch_tokens: int | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     top_k: int = 0
+    layers_label: str = ""  # "5 of 24 layers": the routing holds some of the model's MoE layers only
 
     @property
     def num_tokens(self) -> int:
@@ -308,6 +309,7 @@ class Metrics:
             "tokens": self.num_tokens,
             "scored_layers": self.scored_layers,
             "moe_layers": int(self.gpu_loads.shape[1]),
+            **({"layers": self.layers_label} if self.layers_label else {}),
             "balancedness": self.balancedness,
             "worst_window_balancedness": self.worst_window_balancedness,
             "ratio_of_sums": self.ratio_of_sums,
@@ -426,6 +428,11 @@ def evaluate(placement: Placement, routing, rule: str | ReplicaRule = "vllm", *,
     kind, data, rmodel, labels = _as_routing(routing, model)
     m = model or rmodel
     m = _model_for(placement, m)
+    if rmodel is not None and rmodel.is_partial:
+        # routing of some layers only: a placement of the whole model is scored on those layers
+        placement = placement.held(rmodel, what=what)
+        if not m.is_partial and m.moe_layers == rmodel.model_moe_layers:
+            m = m.restrict(rmodel.moe_layers)  # --model's settings, on the layers the routing holds
     check_compatible(placement, m, cluster, what=what)
     if rmodel is not None and rmodel is not m:
         check_compatible(placement, rmodel, what=what)
@@ -534,13 +541,13 @@ def _metrics(placement: Placement, m: ModelSpec, rule: ReplicaRule, kind: str, s
     G = placement.num_gpus
     bound_p = np.stack([rule.placement_bound(placement, loads[w]) for w in range(loads.shape[0])])
     bound_b = np.stack([rule.budget_bound(loads[w], G, placement.num_slots) for w in range(loads.shape[0])])
-    L_moe = m.num_moe_layers
+    L_moe = m.num_moe_layers  # the layers scored (held); the weights count every MoE layer of the model
     return Metrics(
         rule=rule.name, source=kind, gpu_loads=scored.gpu_loads, bound_placement=bound_p, bound_budget=bound_b,
         num_nodes=placement.num_nodes, cross_node_share=float(scored.cross),
         remote_per_token={key: float(v) for key, v in scored.remote.items()},
         dispatch_bytes_per_token={key: float(v) * L_moe * send_bytes for key, v in scored.remote.items()},
         traffic_method=scored.traffic_method,
-        expert_bytes_per_gpu=float(placement.slots_per_gpu * m.bytes_per_routed_expert * L_moe),
+        expert_bytes_per_gpu=float(placement.slots_per_gpu * m.bytes_per_routed_expert * len(m.model_moe_layers)),
         labels=tuple(labels), batch_balancedness=scored.batch_balancedness, batch_tokens=batch_tokens,
-        notes=scored.notes, top_k=m.top_k)
+        notes=scored.notes, top_k=m.top_k, layers_label=m.layers_label)

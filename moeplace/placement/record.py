@@ -20,7 +20,7 @@ import numpy as np
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, read_json, register_kind, tagged_artifact, write_text_atomic
 from moeplace.foundation.formats import check, tag
-from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.model import ModelSpec, format_ranges
 from moeplace.foundation.reading import quote
 
 PLACEMENT_FORMAT = tag("placement")
@@ -125,6 +125,30 @@ class Placement:
         """The placement was made for ``model``: same name, expert count and MoE layers."""
         check_compatible(self, model, what=what)
 
+    def held(self, model: ModelSpec, *, what: str = "placement") -> Placement:
+        """This placement on the MoE layers ``model`` holds (a spec restricted to a partial trace's layers,
+        :meth:`ModelSpec.restrict`): the rows of those layers when it covers more of them (a placement of
+        the whole model scored on a log of 5 of its layers); itself when it covers exactly those."""
+        held = tuple(model.moe_layers)
+        if held == tuple(self.moe_layers) or model.name != self.model_name:
+            return self
+        missing = [d for d in held if d not in self.moe_layers]
+        if missing:
+            raise InputError(f"{what}: covers MoE layers {format_ranges(self.moe_layers)}, but the routing holds "
+                             f"{format_ranges(held)} ({model.layers_label or 'every MoE layer'}): no placement for "
+                             f"layer{'s' if len(missing) > 1 else ''} {format_ranges(missing)}")
+        rows = [self.moe_layers.index(d) for d in held]
+        return Placement(self.phy2log[rows], self.num_gpus, self.gpus_per_node, self.model_name, self.num_experts,
+                         held, dict(self.provenance))
+
+    @property
+    def layers_label(self) -> str:
+        """``"5 of 24 layers"`` for a placement planned on a log of some MoE layers only, else ``""``."""
+        total = self.provenance.get("model_moe_layers")
+        if isinstance(total, list) and len(total) > self.num_layers:
+            return f"{self.num_layers} of {len(total)} layers"
+        return ""
+
     def fingerprint(self) -> str:
         h = hashlib.sha256(self.phy2log.tobytes())
         h.update(f"{self.num_gpus}/{self.gpus_per_node}".encode())
@@ -134,8 +158,12 @@ class Placement:
     @classmethod
     def from_phy2log(cls, phy2log: np.ndarray, model: ModelSpec, num_gpus: int, gpus_per_node: int,
                      provenance: dict[str, Any] | None = None) -> Placement:
+        prov = dict(provenance or {})
+        if model.is_partial:  # planned on some MoE layers only: the file says which of how many
+            prov["model_moe_layers"] = list(model.model_moe_layers)
+            prov["layers"] = model.layers_label
         return cls(np.asarray(phy2log), num_gpus, gpus_per_node, model.name, model.num_experts,
-                   tuple(model.moe_layers), dict(provenance or {}))
+                   tuple(model.moe_layers), prov)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -166,6 +194,12 @@ def check_compatible(placement: Placement, model: ModelSpec | None = None, clust
     if model is not None:
         shape_ok = (model.num_experts == placement.num_experts
                     and tuple(model.moe_layers) == tuple(placement.moe_layers))
+        if not shape_ok and model.name == placement.model_name and placement.layers_label \
+                and tuple(model.model_moe_layers) == tuple(placement.provenance["model_moe_layers"]):
+            raise InputError(
+                f"{what}: planned on {placement.layers_label} of model '{model.name}' (MoE layers "
+                f"{format_ranges(placement.moe_layers)}, the layers its routing log held), but these inputs need "
+                f"{model.layers_label or 'every MoE layer'} ({format_ranges(model.moe_layers)})")
         if not shape_ok or model.name != placement.model_name:
             raise InputError(
                 f"{what}: made for model '{placement.model_name}' ({placement.num_experts} experts, "

@@ -42,8 +42,10 @@ def format_table(cmp: Comparison) -> str:
     layers = (f"; scored on {cmp.scored_layers} of {cmp.moe_layers} MoE layers (the others have no tokens)"
               if cmp.scored_layers < cmp.moe_layers else "")
     tokens = f"{cmp.tokens:,} tokens in {cmp.planning_windows.size + cmp.held_windows.size} windows; " if cmp.tokens else ""
+    held = (f"{cmp.layers_label} (the MoE layers the input holds; every figure is over those only); "
+            if cmp.layers_label else "")
     lines = [(f"engine {cmp.rule}, {c.name} ({c.num_gpus} GPUs), {cmp.num_redundant} redundant slots; "
-              f"{tokens}{span}{layers}"), fmt(head), fmt(["-" * w for w in widths])]
+              f"{held}{tokens}{span}{layers}"), fmt(head), fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in rows]
     sampled = (f"{cmp.held_sample_tokens} sampled held-out tokens" if has_held
                else f"{cmp.planning_sample_tokens} sampled planning tokens (in-sample)")
@@ -64,11 +66,15 @@ def format_shift(cmp: Comparison) -> list[str]:
     if not rows:
         return []
     base, *details = cmp.shift_method.split("; ")
+    spans = any("groupings" in r.shift for r in rows)
+    rng_how = ("range: over every grouping, each an 80 % prediction interval from the spread over its left-out "
+               "groups, plus 2 standard errors of the layer sample" if spans else
+               "range: 80 % prediction interval from the spread over the left-out groups, plus 2 "
+               "standard errors of the layer sample")
     out = [(f"shift estimate ({base} over {len(cmp.shift_scenarios)} scenarios of the planning "
             f"data: {', '.join(cmp.shift_scenarios)}; plan on the rest with the same settings, score on the one "
             f"left out{''.join('; ' + d for d in details)}) — balancedness to expect on traffic unlike the "
-            "planning data (range: 80 % prediction interval from the spread over the left-out groups, plus 2 "
-            "standard errors of the layer sample):")]
+            f"planning data ({rng_how}):")]
     for r in rows:
         sh = r.shift
         se = sh.get("layer_sample_se") or 0.0
@@ -79,7 +85,7 @@ def format_shift(cmp: Comparison) -> list[str]:
             rng = (f" [{sh['mean_range'][0]:.3f}, {sh['mean_range'][1]:.3f}]")
         wr = f" [{sh['worst_range'][0]:.3f}, {sh['worst_range'][1]:.3f}]" if "worst_range" in sh else ""
         out.append(f"  {r.policy}: mean {sh['mean']:.4f}{rng}{err}, worst scenario {sh['worst']:.4f}{wr}"
-                   + (f" ({extra})" if extra else ""))
+                   + (f" ({extra})" if extra else "") + (f"; {sh['wide']}" if sh.get("wide") else ""))
     return out
 
 

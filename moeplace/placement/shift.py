@@ -55,20 +55,25 @@ def load_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(0.5 * np.abs(pa - pb).sum(-1).mean())
 
 
-def group_inputs(per_input: list[np.ndarray], rel: float = GROUP_DISTANCE) -> list[int]:
-    """Group related inputs (``[L, E]`` counts each) so the shift estimate leaves them out together:
-    average-linkage agglomerative clustering on :func:`load_distance` — the closest two groups (mean
-    distance over their members' pairs) merge while that distance is under ``rel`` x the median distance
-    between all pairs of inputs. Returns each input's group (0, 1, ... in order of first input). Two
-    inputs never merge (the median is their own distance): with nothing to compare them to, they count as
-    unrelated."""
+def _labels(clusters: list[list[int]], n: int) -> list[int]:
+    """Each of ``n`` inputs' group, groups numbered in order of their first input."""
+    out = [0] * n
+    for g, members in enumerate(sorted(clusters, key=min)):
+        for i in members:
+            out[i] = g
+    return out
+
+
+def input_dendrogram(per_input: list[np.ndarray]) -> list[tuple[list[int], float]]:
+    """Average-linkage agglomerative clustering of inputs (``[L, E]`` counts each) on :func:`load_distance`:
+    every level of the hierarchy, finest first — ``(group per input, distance of the merge that made this
+    level)``, from each input its own group (distance 0) down to one group. A level merges the closest two
+    groups of the one before (mean distance over their members' pairs)."""
     n = len(per_input)
-    if n < 3:
-        return list(range(n))
     d = np.array([[load_distance(per_input[i], per_input[j]) if i != j else 0.0 for j in range(n)]
                   for i in range(n)])
-    cut = rel * float(np.median(d[np.triu_indices(n, 1)]))
     clusters = [[i] for i in range(n)]
+    levels = [(_labels(clusters, n), 0.0)]
     while len(clusters) > 1:
         best, pair = None, None
         for a in range(len(clusters)):
@@ -76,23 +81,56 @@ def group_inputs(per_input: list[np.ndarray], rel: float = GROUP_DISTANCE) -> li
                 x = float(d[np.ix_(clusters[a], clusters[b])].mean())
                 if best is None or x < best:
                     best, pair = x, (a, b)
-        if best >= cut:
-            break
         a, b = pair
         clusters[a] = sorted(clusters[a] + clusters.pop(b))
-    clusters.sort(key=min)
-    out = [0] * n
-    for g, members in enumerate(clusters):
-        for i in members:
-            out[i] = g
+        levels.append((_labels(clusters, n), best))
+    return levels
+
+
+def group_inputs(per_input: list[np.ndarray], rel: float = GROUP_DISTANCE) -> list[int]:
+    """Group related inputs (``[L, E]`` counts each) so the shift estimate leaves them out together: the
+    level of :func:`input_dendrogram` reached by merging while the merge distance is under ``rel`` x the
+    median distance between all pairs of inputs. Returns each input's group (0, 1, ... in order of first
+    input). Two inputs never merge (the median is their own distance): with nothing to compare them to,
+    they count as unrelated."""
+    n = len(per_input)
+    if n < 3:
+        return list(range(n))
+    d = [load_distance(per_input[i], per_input[j]) for i in range(n) for j in range(i + 1, n)]
+    cut = rel * float(np.median(d))
+    out = list(range(n))
+    for labels, dist in input_dendrogram(per_input)[1:]:
+        if dist >= cut:
+            break
+        out = labels
     return out
 
 
-def _input_scenarios(loads: Loads, tags: list[int]) -> tuple[list[Any], list[str], str]:
-    """Each window's scenario key, the scenario names and the method for windows tagged by input
-    (``tags``: input index per window): the groups ``--group`` named (provenance ``input_groups``, a group
-    name per input), else :func:`group_inputs` by load similarity; an input per scenario when no two are
-    related."""
+def input_groupings(per_input: list[np.ndarray], max_groups: int = MAX_SCENARIOS,
+                    min_groups: int = WEAK_GROUPS) -> list[list[int]]:
+    """The plausible groupings of related inputs the default shift estimate spans (finest first): every
+    level of :func:`input_dendrogram` with at most ``max_groups`` and at least ``min_groups`` groups (fewer
+    leave too few folds for a spread); with ``min_groups`` inputs or fewer, down to 2 groups (the estimate
+    then says it is weak).
+
+    Why several: which inputs are "related" (the same dataset in two languages, two datasets of one
+    task) decides how much of a left-out group the other folds have already seen, and the expert loads
+    alone cannot tell a language pair from two datasets (on real routing both sit 0.25-0.40 apart).
+    Unseen production traffic may be a relative of a planning input (the fine levels predict that) or a
+    new dataset (the coarse levels); spanning the levels covers both, and ``--group`` says which."""
+    n = len(per_input)
+    if n <= 2:
+        return [list(range(n))]
+    lo = min_groups if n > min_groups else 2
+    return [lab for lab, _ in input_dendrogram(per_input) if lo <= max(lab) + 1 <= max_groups]
+
+
+def _input_scenarios(loads: Loads, tags: list[int]) -> tuple[list[Any], list[str], str, list[list[Any]]]:
+    """Each window's scenario key, the scenario names, the method and the other groupings the estimate
+    spans (each a key per window, finest first; empty when there is one grouping) for windows tagged by
+    input (``tags``: input index per window): the groups ``--group`` named (provenance ``input_groups``, a
+    group name per input: the one grouping), else the plausible groupings of :func:`input_groupings`, the
+    scenarios named by the coarsest of them; an input per scenario when no two are related."""
     prov = loads.provenance
     files = prov.get("inputs", [])
     present = list(dict.fromkeys(tags))
@@ -100,29 +138,35 @@ def _input_scenarios(loads: Loads, tags: list[int]) -> tuple[list[Any], list[str
     given = prov.get("input_groups")
     if given is not None and len(given) == len(files):
         key = {i: str(given[i]) for i in present}
-        how = "groups as given (--group)"
-    else:
-        per = [loads.counts[[w for w, t in enumerate(tags) if t == i]].sum(axis=0).astype(np.float64)
-               for i in present]
-        g = group_inputs(per)
+        keys = [key[t] for t in tags]
+        return keys, list(dict.fromkeys(keys)), "leave-one-input-group-out (groups as given (--group))", []
+    per = [loads.counts[[w for w, t in enumerate(tags) if t == i]].sum(axis=0).astype(np.float64)
+           for i in present]
+
+    def window_keys(g: list[int]) -> list[str]:
         members = {k: [fname[present[j]] for j in range(len(present)) if g[j] == k] for k in set(g)}
         key = {i: "+".join(members[g[j]]) for j, i in enumerate(present)}
-        how = (f"inputs grouped by the similarity of their expert loads: average-linkage clustering on the "
-               f"total-variation distance of per-layer expert shares, merging while under {GROUP_DISTANCE:g} x "
-               "the median distance between inputs")
-    keys = [key[t] for t in tags]
+        return [key[t] for t in tags]
+
+    levels = input_groupings(per)
+    keys = window_keys(levels[-1])
     names = list(dict.fromkeys(keys))
-    if len(names) == len(present) and given is None:  # every input its own scenario
-        return keys, names, "leave-one-input-file-out"
-    return keys, names, f"leave-one-input-group-out ({how})"
+    if len(levels) == 1:
+        if len(names) == len(present):  # every input its own scenario
+            return keys, names, "leave-one-input-file-out", []
+        return keys, names, "leave-one-input-group-out", []
+    sizes = [max(g) + 1 for g in levels]
+    how = (f"spanning {len(levels)} groupings of related inputs ({sizes[0]} to {sizes[-1]} groups, the levels of "
+           "average-linkage clustering on the total-variation distance of per-layer expert shares): the figures "
+           "at the coarsest, the ranges over every grouping, since which inputs are related cannot be told from "
+           "their loads alone (--group names the groups and narrows the ranges)")
+    return keys, names, f"leave-one-input-group-out, {how}", [window_keys(g) for g in levels]
 
 
-def scenarios(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndarray, list[str], str]:
-    """Each window's scenario for the leave-one-scenario-out estimate: ``(ids int [W], names, method)``.
-    A scenario is a group of related input files (several inputs: :func:`_input_scenarios`), else a
-    domain tag (a trace's dominant domain per window, when it has >= 2), else one of ``WINDOW_GROUPS``
-    contiguous groups of windows. More than ``max_scenarios`` groups or domains are merged round-robin
-    into that many. With fewer than ``WEAK_GROUPS`` scenarios the method says the estimate is weak."""
+def scenario_groupings(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndarray, list[str], str,
+                                                                                     list[np.ndarray]]:
+    """:func:`scenarios` plus the groupings the estimate spans: int ``[W]`` scenario ids per grouping, finest
+    first, the last one the returned ids (empty: one grouping, the returned ids)."""
     W = loads.num_windows
     prov = loads.provenance
     for key, what in (("window_inputs", "input file"), ("window_domains", "domain tag")):
@@ -131,8 +175,9 @@ def scenarios(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndar
             continue
         if len(set(tags)) < 2:
             continue
+        alt: list[list[Any]] = []
         if key == "window_inputs":
-            tags, shown, method = _input_scenarios(loads, list(tags))
+            tags, shown, method, alt = _input_scenarios(loads, list(tags))
             names = list(shown)
         else:
             names = list(dict.fromkeys(tags))
@@ -142,16 +187,30 @@ def scenarios(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndar
         if len(names) > max_scenarios:
             ids %= max_scenarios
             shown = ["+".join(shown[j::max_scenarios]) for j in range(max_scenarios)]
+        groupings = []
+        for keys in alt:
+            order = list(dict.fromkeys(keys))
+            groupings.append(np.array([order.index(k) for k in keys], np.int64))
         share = prov.get("window_domain_share") if key == "window_domains" else None
         if share is not None and len(share) == W and float(np.mean(share)) < PURE_WINDOW_SHARE:
             method += (f"; optimistic: windows mix domains (a window's dominant tag holds {np.mean(share):.0%} of "
                        "its tokens on average), so the left-out tag's traffic is partly in the planning "
                        "scenarios; one input per workload gives a clean estimate")
-        return ids, shown, method + _weak(len(shown))
+        return ids, shown, method + _weak(len(shown)), groupings
     n = min(WINDOW_GROUPS, W)
     ids = (np.arange(W) * n) // W
     names = [window_span(np.flatnonzero(ids == g), "window") for g in range(n)]
-    return ids, names, f"leave-one-window-group-out ({n} contiguous groups)" + _weak(n)
+    return ids, names, f"leave-one-window-group-out ({n} contiguous groups)" + _weak(n), []
+
+
+def scenarios(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndarray, list[str], str]:
+    """Each window's scenario for the leave-one-scenario-out estimate: ``(ids int [W], names, method)``.
+    A scenario is a group of related input files (several inputs: :func:`_input_scenarios`; without
+    ``--group`` the coarsest of the groupings the estimate spans, see :func:`scenario_groupings`), else a
+    domain tag (a trace's dominant domain per window, when it has >= 2), else one of ``WINDOW_GROUPS``
+    contiguous groups of windows. More than ``max_scenarios`` groups or domains are merged round-robin
+    into that many. With fewer than ``WEAK_GROUPS`` scenarios the method says the estimate is weak."""
+    return scenario_groupings(loads, max_scenarios)[:3]
 
 
 def _weak(n: int) -> str:
@@ -214,13 +273,15 @@ def shift_layers(planning: Loads, ids: np.ndarray, layers: int | str = "auto",
     return active[np.unique(np.round(np.linspace(0, active.size - 1, k)).astype(np.int64))]
 
 
-def fold_seconds(plan_s: float, ids: np.ndarray, side_by_side: bool) -> float:
-    """Expected seconds of the shift estimate's folds over every layer, from the main plan's ``plan_s``:
-    each fold plans on the other scenarios' windows (time taken as proportional to windows); anytime
-    policies run their folds side by side, one process per core."""
+def fold_seconds(plan_s: float, ids: np.ndarray, side_by_side: bool,
+                 groupings: list[np.ndarray] | None = None) -> float:
+    """Expected seconds of the shift estimate's folds (:func:`fold_windows` of ``ids`` and ``groupings``)
+    over every layer, from the main plan's ``plan_s``: each fold plans on the other windows (time taken as
+    proportional to windows); anytime policies run their folds side by side, one process per core."""
     W = ids.size
-    work = sum((W - int((ids == sc).sum())) / W for sc in np.unique(ids)) * plan_s
-    lanes = min(np.unique(ids).size, os.cpu_count() or 1) if side_by_side else 1
+    folds = fold_windows(ids, groupings)
+    work = sum((W - w.size) / W for w in folds) * plan_s
+    lanes = min(len(folds), os.cpu_count() or 1) if side_by_side else 1
     return work / lanes
 
 
@@ -240,17 +301,53 @@ def shift_ranges(per: list[float], layer_se: float) -> tuple[list[float], list[f
     return [clip(m - h), clip(m + h)], [clip(w - h), clip(w + h)], h
 
 
+WIDE_RANGE = 0.30  # a printed range wider than this says why
+
+
+def fold_windows(ids: np.ndarray, groupings: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    """The distinct left-out window sets of the groupings (``ids`` and each of ``groupings``, int ``[W]``
+    scenario ids): one fold per group, a group shared by two groupings (the same windows) planned once."""
+    seen: dict[tuple[int, ...], np.ndarray] = {}
+    for g in [*(groupings or []), ids]:
+        for sc in np.unique(g):
+            w = np.flatnonzero(g == sc)
+            seen.setdefault(tuple(w.tolist()), w)
+    return list(seen.values())
+
+
+def _wide_reason(levels: list[dict[str, Any]], key: str, width: float) -> str:
+    """Why a range is wider than :data:`WIDE_RANGE`: the groupings disagree, the left-out groups of one
+    grouping differ, or both (``levels``: each grouping's figures, finest first)."""
+    fig = "mean" if key == "mean_range" else "worst"
+    pts = [lv[fig] for lv in levels]
+    spread = max(max(lv["per_scenario"]) - min(lv["per_scenario"]) for lv in levels)
+    parts = []
+    if len(levels) > 1 and max(pts) - min(pts) > 0.05:
+        parts.append(f"the groupings of related inputs disagree ({fig} {pts[0]:.3f} with {levels[0]['groups']} "
+                     f"groups, {pts[-1]:.3f} with {levels[-1]['groups']}): --group names the related inputs and "
+                     "narrows it")
+    if spread > 0.05 or not parts:
+        parts.append(f"the left-out groups differ by up to {spread:.3f} from each other (the planning workloads are "
+                     "that unlike each other; more unrelated workloads narrow it)")
+    return f"{key.split('_')[0]} range {width:.2f} wide: " + "; ".join(parts)
+
+
 def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_redundant: int, rule: str,
                    seed: int, time_limit: float | None, options: dict[str, Any],
-                   ids: np.ndarray, method: str, layers: np.ndarray | None = None) -> dict[str, Any]:
+                   ids: np.ndarray, method: str, layers: np.ndarray | None = None,
+                   groupings: list[np.ndarray] | None = None) -> dict[str, Any]:
     """Leave-one-scenario-out: for every scenario group ``s`` of ``ids`` (int ``[W]``), plan ``fn`` on the
     other groups' windows with exactly the settings of the main plan (its options, and with a traffic
     objective the training windows' token sample)
     and score it on ``s``'s windows, on the MoE layers ``layers`` (default: all; see
-    :func:`shift_layers`). Returns ``{"mean": mean over groups of the left-out balancedness, "worst": the
-    lowest, "mean_range", "worst_range": [lo, hi] (:func:`shift_ranges`), "method": ...,
-    "per_scenario": [...], "layers": [...], "layer_sample_se": standard error of "mean" from sampling
-    layers (0 with every layer)}`` — what to expect on traffic unlike the planning data."""
+    :func:`shift_layers`). ``groupings``: other plausible groupings of the windows (int ``[W]`` each, finest
+    first; :func:`scenario_groupings`) whose folds are planned too (a group two groupings share, once).
+    Returns ``{"mean": mean over groups of the left-out balancedness (grouping ``ids``), "worst": the
+    lowest, "mean_range", "worst_range": [lo, hi] (:func:`shift_ranges` of every grouping, their union),
+    "method": ..., "per_scenario": [...], "layers": [...], "layer_sample_se": standard error of "mean" from
+    sampling layers (0 with every layer), "groupings": each grouping's figures (with ``groupings``),
+    "wide": why a range is wider than WIDE_RANGE (when one is)}`` — what to expect on traffic unlike the
+    planning data."""
     counts = loads.counts.astype(np.float64)
     L = counts.shape[1]
     if layers is not None and len(layers) < L:
@@ -260,17 +357,18 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
         counts = counts * keep[None, :, None]
     opts = {**options, "pareto": None}  # the frontier is a report: it does not change the placement
     traffic = (options.get("objective") or "balance") != "balance"
-    folds = np.unique(ids)
+    folds = fold_windows(ids, groupings)
     cpus = os.cpu_count() or 1
     # An anytime policy (the optimizer) costs seconds per layer: its folds run side by side, one process
     # each, every fold's layers in that process (same placements: a layer's plan does not depend on the
     # process it runs in), instead of one fold after another, each spreading a few layers over the cores.
-    pool = is_anytime(name) and folds.size > 1 and cpus > 1 and opts.get("workers") in (None, 0)
+    pool = is_anytime(name) and len(folds) > 1 and cpus > 1 and opts.get("workers") in (None, 0)
     if pool:
         opts["workers"] = 1
     jobs = []
-    for sc in folds:
-        train = np.flatnonzero(ids != sc)
+    W = counts.shape[0]
+    for out in folds:
+        train = np.setdiff1d(np.arange(W), out)
         fo = dict(opts)
         samples = loads.samples_in(train) if traffic else None
         if traffic and (samples is None or not len(samples)):
@@ -278,11 +376,11 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
         jobs.append((fn, name, PlacementProblem(loads=counts[train], model=loads.model, cluster=cluster,
                                                 num_redundant=num_redundant, rule=rule, seed=seed,
                                                 time_limit=time_limit, samples=samples, options=fo),
-                     counts[ids == sc]))
+                     counts[out]))
     if pool:
         methods = mp.get_all_start_methods()
         ctx = mp.get_context("fork" if "fork" in methods else "spawn")
-        ex = ProcessPoolExecutor(max_workers=min(folds.size, cpus), mp_context=ctx, initializer=worker_signals)
+        ex = ProcessPoolExecutor(max_workers=min(len(folds), cpus), mp_context=ctx, initializer=worker_signals)
         try:
             done = list(ex.map(_fold, jobs))
         except BaseException:  # Ctrl-C, SIGTERM: stop the folds now (``with`` would wait for every one)
@@ -293,18 +391,41 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
         ex.shutdown()
     else:
         done = [_fold(j) for j in jobs]
-    per = [b for b, _ in done]
-    per_layer = [lb for _, lb in done]
+    result = {tuple(w.tolist()): d for w, d in zip(folds, done)}
+
+    def of(g: np.ndarray) -> list[tuple[float, np.ndarray]]:
+        return [result[tuple(np.flatnonzero(g == sc).tolist())] for sc in np.unique(g)]
+
+    main = of(ids)
+    per = [b for b, _ in main]
+    per_layer = [lb for _, lb in main]
     scored = np.flatnonzero(counts.sum(axis=(0, 2)) > 0)
     active = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
     u = np.nanmean(np.array(per_layer)[:, scored], axis=0)  # per layer, over the left-out scenarios
     k = u.size
     se = (float(np.std(u, ddof=1) / math.sqrt(k) * math.sqrt(1 - k / active)) if 1 < k < active else 0.0)
     mean_range, worst_range, _ = shift_ranges(per, se)
-    return {"mean": float(np.mean(per)), "worst": float(np.min(per)), "mean_range": mean_range,
-            "worst_range": worst_range, "method": method,
-            "per_scenario": [float(x) for x in per], "layers": [int(x) for x in scored],
-            "layer_sample_se": se}
+    out: dict[str, Any] = {"mean": float(np.mean(per)), "worst": float(np.min(per)), "mean_range": mean_range,
+                           "worst_range": worst_range, "method": method,
+                           "per_scenario": [float(x) for x in per], "layers": [int(x) for x in scored],
+                           "layer_sample_se": se}
+    levels = []
+    for g in (groupings or [ids]):
+        pg = [b for b, _ in of(g)]
+        mr, wr, _ = shift_ranges(pg, se)
+        levels.append({"groups": int(np.unique(g).size), "mean": float(np.mean(pg)), "worst": float(np.min(pg)),
+                       "mean_range": mr, "worst_range": wr, "per_scenario": [float(x) for x in pg]})
+    if groupings:
+        # the union of every plausible grouping's range: the estimate cannot know which grouping is right
+        out["mean_range"] = [min(lv["mean_range"][0] for lv in levels), max(lv["mean_range"][1] for lv in levels)]
+        out["worst_range"] = [min(lv["worst_range"][0] for lv in levels),
+                              max(lv["worst_range"][1] for lv in levels)]
+        out["groupings"] = levels
+    key = max(("mean_range", "worst_range"), key=lambda x: out[x][1] - out[x][0])
+    width = out[key][1] - out[key][0]
+    if width > WIDE_RANGE:
+        out["wide"] = _wide_reason(levels, key, width)
+    return out
 
 
 def _fold(job) -> tuple[float, np.ndarray]:

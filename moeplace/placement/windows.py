@@ -55,6 +55,8 @@ def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
         seen[rp] = str(src)
         ld = load_loads(p) if is_loads_file(p) else trace_to_loads(p, window_tokens)
         if model is not None:
+            if ld.model.is_partial and model.moe_layers == ld.model.model_moe_layers:
+                model = model.restrict(ld.model.moe_layers)  # a log of some layers of this very model
             if (model.num_moe_layers, model.num_experts) != ld.counts.shape[1:]:
                 raise InputError(f"{p}: has {ld.counts.shape[1]} MoE layers x {ld.counts.shape[2]} experts "
                                  "but "

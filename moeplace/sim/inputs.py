@@ -19,8 +19,8 @@ import numpy as np
 
 from moeplace.foundation.errors import InputError
 from moeplace.sim.timeline import Timeline, phase_timeline, token_windows
-from moeplace.sim.workload import TraceTokens, load_trace_tokens
-from moeplace.traces.loads import is_loads_file, load_loads
+from moeplace.sim.workload import TraceTokens, load_trace_tokens, stand_in_layers
+from moeplace.traces.loads import Loads, is_loads_file, load_loads
 
 LOADS_PROMPT, LOADS_OUTPUT = 2048, 512  # request lengths of a Loads input without --context-mix
 # tokens per window a trace is first cut into (sim.timeline.merge_windows then merges them until the
@@ -84,10 +84,18 @@ def _read_one(source: str, max_tokens: int | None, seed: int) -> tuple[TraceToke
     """``(tokens, counts [W, L, E], weights [W] tokens per window, drawn)`` of one input."""
     if is_loads_file(source):
         loads = load_loads(source)
+        note = ""
+        if loads.model.is_partial:  # every MoE layer runs: the others take the nearest held layer's counts
+            idx = stand_in_layers(loads.model)
+            note = (f"routing of {loads.model.layers_label} (the MoE layers {source} holds); each other MoE layer "
+                    "replays its nearest held layer's loads (an estimate)")
+            loads = Loads(loads.counts[:, idx], loads.model.whole(), loads.window_tokens, loads.labels,
+                          loads.provenance, None if loads.samples is None else loads.samples[:, idx],
+                          loads.sample_windows)
         m = loads.model
         counts = loads.counts.astype(np.float64)
         weights = counts.sum(axis=2).mean(axis=1) / m.top_k  # tokens each window stands for
-        return drawn_tokens(loads, source, seed), counts, weights, True
+        return dataclasses.replace(drawn_tokens(loads, source, seed), layers_note=note), counts, weights, True
     if not Path(source).exists():
         raise InputError(f"{source}: no such trace or Loads file")
     trace = load_trace_tokens(source, max_tokens)

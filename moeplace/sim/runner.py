@@ -25,7 +25,7 @@ from moeplace.sim.engine import Simulation
 from moeplace.sim.inputs import read_workload
 from moeplace.sim.memory import override_pools, plan_pools
 from moeplace.sim.results import SimResult
-from moeplace.sim.workload import TraceTokens, load_trace_tokens
+from moeplace.sim.workload import TraceTokens, load_trace_tokens, stand_in_layers
 from moeplace.traces.loads import is_loads_file
 
 
@@ -127,6 +127,8 @@ def read_trace(inputs: RunInputs) -> tuple[TraceTokens, int, str]:
             raise InputError(f"--model {inputs.model}: {m.num_moe_layers} MoE layers x {m.num_experts} experts top-"
                              f"{m.top_k} does not match the trace's '{trace.model.name}'")
         trace = dataclasses.replace(trace, model=m)
+    if trace.layers_note:
+        note += f"; {trace.layers_note}"
     return trace, from_token, note
 
 
@@ -169,6 +171,14 @@ def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_r
     p = Path(spec)
     if p.suffix == ".json" or p.exists():
         placement = load_placement(p)
+        if placement.layers_label and trace.layers_note and placement.model_name == trace.model.name \
+                and list(trace.model.moe_layers) == placement.provenance["model_moe_layers"]:
+            # planned on the same kind of partial log: each other layer takes its nearest held layer's row,
+            # as its routing does (workload.stand_in_layers)
+            part = trace.model.restrict(placement.moe_layers)
+            placement = Placement(placement.phy2log[stand_in_layers(part)], placement.num_gpus,
+                                  placement.gpus_per_node, placement.model_name, placement.num_experts,
+                                  tuple(trace.model.moe_layers), dict(placement.provenance))
         check_compatible(placement, trace.model, cluster, num_redundant=num_redundant, what=str(p))
         return p.stem, placement
     names = policy_names()

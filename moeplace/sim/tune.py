@@ -15,8 +15,12 @@ Each engine's real settings, with the names and flag spellings of its released p
 - TensorRT-LLM (``MoeLoadBalancerConfig`` in ``llmapi/llm_args.py``, set through ``moe_config.load_balancer``
   of ``--extra_llm_api_options``): ``num_slots`` (E + R) and ``layer_updates_per_iter`` (0: static; u > 0:
   u layers re-placed per iteration in the background, modelled here as a whole re-placement every
-  ceil(L / u) iterations from the loads of those iterations, asynchronous). Only for the architectures its
-  balancer knows (others silently keep the trivial layout: reported, not simulated).
+  ceil(L / u) iterations from the loads of those iterations, asynchronous).
+
+An engine whose rebalancer does nothing for the model (the capability table's online-EPLB cell,
+``placement/export/capabilities.py``: vLLM 0.34.0 and SGLang 0.5.23 for Kimi K3, TensorRT-LLM for the
+architectures its balancer leaves out) is reported with the reason and the route it offers instead, not
+simulated: its flags would be accepted and change nothing.
 
 Every candidate is scored as :mod:`sim.online` scores ``--recommend``: the rebalancer's window holds one part of
 the routed tokens, the run routes the next part only. The rebalancer starts from the placement its engine's
@@ -33,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.placement.export.trtllm import TRTLLM_LB_ARCHITECTURES, architecture
+from moeplace.placement.export import capabilities
 from moeplace.placement.policies import PlacementProblem, get_policy
 from moeplace.sim.config import RebalanceConfig, SimConfig
 from moeplace.sim.online import DEFAULT_BUDGET_S, INTERVALS, Candidate, compare
@@ -72,8 +76,13 @@ class OnlineRebalancer:
         raise NotImplementedError
 
     def unavailable(self, model) -> str | None:
-        """Why the rebalancer cannot serve ``model`` (None when it can)."""
-        return None
+        """Why the rebalancer cannot serve ``model`` (None when it can): the capability table's online-EPLB
+        cell, with the replica-free route the engine offers instead."""
+        c = capabilities.cell(self.name, "online_eplb", model)
+        if c.supported is not False:  # supported, or an architecture the table has not checked
+            return None
+        alt = capabilities.offer(self.name, model)
+        return c.reason + (f"; instead {alt}" if alt else "")
 
 
 class _VllmEplb(OnlineRebalancer):
@@ -90,7 +99,8 @@ class _VllmEplb(OnlineRebalancer):
     def flags(self, p):
         cfg = {"num_redundant_experts": p["num_redundant_experts"], "window_size": p["window_size"],
                "step_interval": p["step_interval"], "use_async": p["use_async"]}
-        return f"--enable-eplb --eplb-config '{json.dumps(cfg, separators=(',', ':'))}'"
+        # --enable-expert-parallel: vLLM 0.34.0 ParallelConfig: "enable_expert_parallel must be True to use EPLB"
+        return f"--enable-expert-parallel --enable-eplb --eplb-config '{json.dumps(cfg, separators=(',', ':'))}'"
 
 
 class _SglangEplb(OnlineRebalancer):
@@ -127,12 +137,6 @@ class _TrtllmLoadBalancer(OnlineRebalancer):
         return ("--extra_llm_api_options lb.yaml  # lb.yaml: enable_attention_dp: true, moe_config: {backend: "
                 f"WIDEEP, load_balancer: {lb}}}")
 
-    def unavailable(self, model):
-        if architecture(model) not in TRTLLM_LB_ARCHITECTURES:
-            return (f"TensorRT-LLM's load balancer leaves {model.name} ({architecture(model) or model.hf_model_type}) "
-                    f"out: it builds one only for {', '.join(TRTLLM_LB_ARCHITECTURES)}")
-        return None
-
 
 REBALANCERS: dict[str, OnlineRebalancer] = {r.name: r for r in (_VllmEplb(), _SglangEplb(), _TrtllmLoadBalancer())}
 ENGINE_NAMES = {name: r.title for name, r in REBALANCERS.items()}
@@ -160,14 +164,18 @@ def unavailable(engine: str, model) -> str | None:
 
 
 def tune(wl, cluster, config: SimConfig, profile, engines: list[str], splits: int = 1, quick: bool = False,
-         progress=None, budget_s: float = DEFAULT_BUDGET_S) -> dict:
+         progress=None, budget_s: float = DEFAULT_BUDGET_S, what_if: bool = False) -> dict:
     """Search each engine's settings (:func:`engine_settings`) on the workload ``wl``
     (:class:`sim.inputs.Workload`) with :func:`sim.online.compare`: each candidate runs at least five of its
     own rebalance intervals after warm-up, from the EPLB placement of the part it observed, and is scored
     against that placement held static. Returns ``{"engines": {engine: {"best": row | None, "rows": [...],
     "why_no_best"?} | {"unavailable": why}}, "horizon", "splits", "interval", "routing"}``; a row: ``label``,
     ``flags``, ``tok_s``, ``static_tok_s``, ``gain`` / ``gain_lo`` / ``gain_hi`` over its static alternative,
-    ``rebalances`` (after warm-up), ``ranked``, ``decision_s``, ``transfer_s``, ``stall_s``."""
+    ``rebalances`` (after warm-up), ``ranked``, ``decision_s``, ``transfer_s``, ``stall_s``.
+
+    ``what_if``: an engine whose rebalancer does not serve the model in the checked release (the capability
+    table) is simulated all the same, as it would behave once it does; its entry keeps the reason under
+    ``"what_if"`` so no caller can mistake it for something the engine does today."""
     model = wl.trace.model
     plans: dict = {}  # (R, split) -> EPLB placement of the observed part
 
@@ -179,11 +187,14 @@ def tune(wl, cluster, config: SimConfig, profile, engines: list[str], splits: in
 
     result: dict = {"engines": {}}
     settings: dict[str, Setting] = {}
+    what_ifs: dict[str, str] = {}
     for engine in engines:
         why = unavailable(engine, model)
-        if why:
+        if why and not what_if:
             result["engines"][engine] = {"unavailable": why}
             continue
+        if why:
+            what_ifs[engine] = why
         for s in engine_settings(engine, model.num_experts, model.num_moe_layers, cluster.num_gpus, quick):
             settings[s.label()] = s
     if not settings:
@@ -202,7 +213,7 @@ def tune(wl, cluster, config: SimConfig, profile, engines: list[str], splits: in
             rows.append({**r, "label": label, "flags": s.flags(), "params": s.params})
         ranked = [r for r in rows if r["ranked"]]
         best = max(ranked, key=lambda x: x["tok_s"]) if ranked else None
-        d = {"best": best, "rows": rows}
+        d = {"best": best, "rows": rows} | ({"what_if": what_ifs[engine]} if engine in what_ifs else {})
         if best is None:
             d["why_no_best"] = (f"no setting performed {INTERVALS} rebalances after the warm-up on this horizon, so "
                                 "none is ranked (a setting that never rebalanced is not an online rebalancer)")
@@ -218,6 +229,8 @@ def format_tune(res: dict) -> list[str]:
         if "unavailable" in d:
             lines.append(f"{name}: not available — {d['unavailable']}")
             continue
+        if "what_if" in d:
+            lines.append(f"{name} (what-if, not served today: {d['what_if']}):")
         b = d["best"]
         if b is None:
             lines.append(f"{name}: no best setting — {d['why_no_best']}")

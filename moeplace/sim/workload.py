@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.model import ModelSpec
+from moeplace.foundation.model import ModelSpec, format_ranges
 from moeplace.sim.config import LengthMix, WorkloadConfig
 from moeplace.traces.format import PHASE_PREFILL
 from moeplace.traces.validate import check_trace
@@ -45,6 +45,8 @@ class TraceTokens:
     # expert distributions over simulated time (sim.timeline.Timeline) the statistical router draws from
     # instead of walking the tokens: Loads input, --phases, a comparison's long horizon; None: the tokens
     timeline: Any = None
+    # a trace of some MoE layers only: how the other layers were routed (see :func:`stand_in_layers`)
+    layers_note: str = ""
 
     @property
     def num_tokens(self) -> int:
@@ -125,8 +127,27 @@ def load_trace_tokens(path: str | Path, max_tokens: int | None = None, from_toke
     first_dec = per_req["first_decode"].fill_null(0).to_numpy().astype(np.int64)
     prompt = np.maximum(np.where(has_dec, first_dec, last_pre + 1), pre_rows)
     output = np.where(has_dec, last_dec - prompt + 1, 0)
+    note = ""
+    if model.is_partial:
+        # An iteration runs every MoE layer of the model: the layers the log did not hold take the routing of
+        # the nearest held one (an estimate, said so), rather than being simulated as free or dense.
+        held_label = model.layers_label
+        ids = ids[:, stand_in_layers(model), :]
+        note = (f"routing of {held_label} (the MoE layers the trace holds, {format_ranges(model.moe_layers)}); "
+                "each other MoE layer replays its nearest held layer's routing (an estimate)")
+        model = model.whole()
     return TraceTokens(ids, offset, prompt, np.maximum(output, tokens - pre_rows), pre_rows,
-                       per_req["request_id"].to_numpy().astype(np.int64), model, str(path))
+                       per_req["request_id"].to_numpy().astype(np.int64), model, str(path), layers_note=note)
+
+
+def stand_in_layers(model: ModelSpec) -> np.ndarray:
+    """For a spec of some MoE layers (:attr:`ModelSpec.is_partial`): int ``[M]``, for each of the model's M
+    MoE layers the index (into ``model.moe_layers``) of the nearest held layer by decoder depth (the
+    shallower one on a tie). Routing statistics drift smoothly with depth, so the nearest layer is the
+    best available stand-in."""
+    held = np.asarray(model.moe_layers)
+    full = np.asarray(model.model_moe_layers)
+    return np.abs(full[:, None] - held[None, :]).argmin(axis=1)
 
 
 # ---------------------------------------------------------------------------- requests

@@ -90,6 +90,7 @@ class TraceStats:
         samples = self.loads.samples
         return {
             "path": self.path, "model": self.model.name, "rows": self.num_rows, "tokens": self.num_tokens,
+            **({"layers": self.model.layers_label} if self.model.is_partial else {}),
             "selections": self.num_selections, "requests": self.num_requests,
             "windows": self.loads.num_windows, "window_tokens": self.loads.window_tokens,
             "domains": list(self.domains),

@@ -189,12 +189,13 @@ def _pipeline(args, out: Path, traces: Path) -> int:
     if not sys.stderr.isatty():
         sim_argv.append("--no-progress")
     _stage(args.place, "7. simulate serving with each placement (straggler cost in seconds and tokens/s)", sim_argv)
-    # What a K3 team can set today: the engines' own online rebalancers, tuned on the trace (each candidate
-    # scored on routing its window has not seen, for >= 5 of its rebalance intervals after warm-up). Short
-    # prompts and few requests in flight keep the iterations short; the smallest search (--quick) and a
-    # larger wall budget keep the step affordable.
+    # The engines' own online rebalancers, tuned on the trace (each candidate scored on routing its window has
+    # not seen, for >= 5 of its rebalance intervals after warm-up) where the capability table says they act on
+    # the model; for K3 none does in the checked releases, and the step says what each lacks and which
+    # replica-free route serves a placement instead. Short prompts and few requests in flight keep the
+    # iterations short; the smallest search (--quick) and a larger wall budget keep the step affordable.
     engines = ["--engine", "vllm"] if args.quick else ["--engine", "vllm", "--engine", "sglang", "--engine", "trtllm"]
-    _stage(args.place, "8. tune the engines' own online rebalancers on the trace (launch flags, gain over static)",
+    _stage(args.place, "8. the engines' own online rebalancers: tuned where they act on the model, else what they lack",
            ["rebalance", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--quick", *engines, "--max-trace-tokens",
             "20000", "--concurrency", "64", "--context-mix", "512:1", "--output-len", "512", "--seed", str(args.seed),
             "--budget", "7200", "--report", str(out / "rebalance.json")])

@@ -56,7 +56,8 @@ def run(args) -> int:
                       f"{placement.num_gpus} GPUs, {placement.num_slots} slots, "
                       f"{placement.num_redundant} redundant)")),
         ("routing", (f"{args.routing} ({s['source']}, {s['tokens']:,} tokens, {s['num_windows']} window(s); "
-                     f"scored on {s['scored_layers']} of {s['moe_layers']} MoE layers)")),
+                     + (f"scored on {s['layers']} (the MoE layers it holds))" if "layers" in s else
+                        f"scored on {s['scored_layers']} of {s['moe_layers']} MoE layers)"))),
         ("engine", args.engine),
         ("balancedness", (f"{s['balancedness']:.4f} mean, {s['worst_window_balancedness']:.4f} worst window; "
                          f"ratio-of-sums {s['ratio_of_sums']:.4f}; max/mean {s['max_over_mean']:.4f}")),
@@ -69,7 +70,7 @@ def run(args) -> int:
          + f" ({s['traffic_method']})"),
         ("dispatch / token", ", ".join(f"{v / 1e6:.3f} MB per-{k}"
                                        for k, v in s["dispatch_bytes_per_token"].items())
-         + f" ({args.dispatch_dtype}, all MoE layers)"),
+         + f" ({args.dispatch_dtype}, " + (f"the {s['layers']} held)" if "layers" in s else "all MoE layers)")),
         ("expert weights / GPU", f"{s['expert_bytes_per_gpu'] / GB:.2f} GB"),
     ]
     if s["batch"]:

@@ -14,16 +14,10 @@ from moeplace.cli import relabel as export_checkpoint
 from moeplace.cli.commands import add_force
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, Outputs, write_text_atomic
-from moeplace.foundation.model import load_model
+from moeplace.foundation.model import format_ranges, load_model
 from moeplace.placement.export import deploy, export_placement, format_names, get_format
 from moeplace.placement.export.engines import VLLM_PRS, checked_versions
-from moeplace.placement.export.flags import (
-    FlagOptions,
-    check_layout,
-    format_options,
-    launch_spec,
-    rule_mismatch,
-)
+from moeplace.placement.export.flags import FlagOptions, build_launch, launch_spec, rule_mismatch
 from moeplace.placement.record import check_compatible, load_placement
 from moeplace.traces.loads import Loads, is_loads_file, load_loads
 from moeplace.traces.stats import trace_loads
@@ -158,6 +152,14 @@ def run(args) -> int:
     if args.layout is not None or not args.link:
         raise InputError("--layout / --copy go with --format checkpoint")
     placement = load_placement(args.placement)
+    if placement.layers_label:
+        # Every engine format maps every MoE layer (vLLM/SGLang/TensorRT-LLM index a full [layers, slots]
+        # table); the layers the log did not hold have no traffic to plan on, and filling them with a
+        # default layout would ship a placement nobody planned. Refused, saying what to do.
+        raise InputError(f"{args.placement}: planned on {placement.layers_label} (MoE layers "
+                         f"{format_ranges(placement.moe_layers)}, the ones its routing log held); an engine "
+                         "placement file needs every MoE layer, so a partial placement is not exported: log every "
+                         "layer (or the engine's own statistics, which cover all) and plan on that")
     model = load_model(args.model or placement.model_name)
     check_compatible(placement, model, what=args.placement)
     outs = Outputs(inputs=[args.placement, args.loads, args.model, args.plan], force=args.force)
@@ -182,11 +184,10 @@ def run(args) -> int:
                            eplb_window=args.eplb_window, eplb_interval=args.eplb_interval, tp=args.tp, dp=args.dp,
                            moe_backend=args.moe_backend, engine_version=args.engine_version,
                            vllm_pr=int(args.vllm_pr) if args.vllm_pr else None,
-                           vllm_static=args.vllm_static)
+                           vllm_static=args.vllm_static, placement_path=args.placement)
         # the plan runs before the file is written: a refused layout leaves nothing behind
-        opts, plan = check_layout(placement, model, opts, args.plan)
-        extra = format_options(placement, args.format, opts)  # refuses a layout the target cannot express
-        launch = launch_spec(placement, model, args.format, args.out, opts)  # its checks too, before writing
+        built = build_launch(placement, model, args.format, args.out, opts, args.plan)
+        opts, plan, extra, launch = built.opts, built.plan, built.extra, built.launch
         if args.target:
             target_launch = launch
             if args.target == "k8s":  # the command loads the file where the ConfigMap is mounted
@@ -210,8 +211,7 @@ def run(args) -> int:
     f = get_format(args.format)
     memory = None
     if args.flags:
-        memory = (f"memory plan: {plan.layout.describe()} on {placement.num_gpus} x {plan.cluster.gpu.name} fits; "
-                  f"{plan.concurrency} sequences of {plan.context:,} tokens")
+        memory = built.memory_line()
     wrote = []
     if outs.write(args.out, write):
         wrote.append(args.out)
@@ -235,7 +235,8 @@ def run(args) -> int:
             doc["memory_plan"] = {"fits": True, "layout": plan.layout.describe(), "gpu": plan.cluster.gpu.name,
                                   "concurrency": plan.concurrency, "context": plan.context}
             doc["launch"] = {"engine": launch.engine, "engine_version": launch.version, "nodes": launch.nodes,
-                             "gpus_per_node": launch.gpus_per_node, "argv": launch.argv(),
+                             "gpus_per_node": launch.gpus_per_node, "env": launch.env,
+                             "applies_placement": launch.applies_placement, "argv": launch.argv(),
                              "worker_argv": launch.argv(worker=True) if launch.worker_extra else None,
                              "notes": [n.lstrip("# ") for n in launch.notes], "command": launch.text()}
             if launch_out is not None:

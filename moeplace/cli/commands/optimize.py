@@ -25,6 +25,7 @@ from moeplace.foundation.formats import tagged
 from moeplace.foundation.model import load_model
 from moeplace.placement.compare import compare_policies
 from moeplace.placement.dispatch import ENGINES
+from moeplace.placement.export import capabilities
 from moeplace.placement.policies import policy_names
 from moeplace.placement.record import PLACEMENT_JSON
 from moeplace.placement.report import format_shift, format_table
@@ -182,6 +183,8 @@ def run(args) -> int:
                                                 and loads.model.topk_group < loads.model.n_group else ""))
         if wrote:
             print(f"wrote {args.out} (policy {chosen})")
+        for line in capabilities.advice(loads.model, R):  # what the engines lack to serve it, and the route offered
+            print(f"serving: {line}")
     outs.finish()
     return 0
 

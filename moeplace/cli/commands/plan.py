@@ -19,6 +19,7 @@ from moeplace.foundation.memory.inputs import GiB, parse_context_mix, parse_pool
 from moeplace.foundation.memory.planner import default_sweep_gpus, plan_memory, sweep_plans
 from moeplace.foundation.memory.report import render_plan, render_sweep
 from moeplace.foundation.model import DEFAULT_MODEL, load_model
+from moeplace.placement.export import capabilities
 
 PLAN_REPORT = register_kind(OutputKind("plan report", False, tagged_artifact(
     "memory-plan", "model", "cluster", "per_gpu", "pools")))  # --report, the --json document
@@ -111,6 +112,8 @@ def run(args) -> int:
         print(report)
     else:
         print(render_plan(plan))
+        for line in capabilities.advice(model, plan.layout.num_redundant):  # the engines that will not apply it
+            print(f"serving: {line}")
     outs.finish()
     return 0 if plan.fits else EXIT_DOES_NOT_FIT
 

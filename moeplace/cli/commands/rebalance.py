@@ -50,6 +50,9 @@ def register(sub) -> None:
                         "with what to change")
     p.add_argument("--max-trace-tokens", type=flags.positive_int, default=100_000)
     p.add_argument("--quick", action="store_true", help="each engine's defaults and one alternative only")
+    p.add_argument("--what-if", action="store_true",
+                   help="also simulate an engine whose rebalancer does not serve this model in its checked release "
+                        "(`place engines`), as it would behave once it does; labelled what-if in every output")
     p.add_argument("--seed", type=flags.seed, default=0)
     p.add_argument("--json", action="store_true")
     p.add_argument("--report", default=None, metavar="FILE", help="also write the result as JSON")
@@ -68,8 +71,11 @@ def run(args) -> int:
     config = build_sim_config(settings, wl.trace.model.max_context)
     engines = args.engine or list(ENGINE_NAMES)
     progress = (lambda s: print(f"  {s}", file=sys.stderr, flush=True)) if sys.stderr.isatty() else None
-    res = tune(wl, cluster, config, None, engines, args.splits, args.quick, progress, args.budget)
-    res = tagged("rebalance-report", {"trace": args.trace or f"--phases {args.phases}", **res})
+    res = tune(wl, cluster, config, None, engines, args.splits, args.quick, progress, args.budget,
+               what_if=args.what_if)
+    note = wl.trace.layers_note
+    res = tagged("rebalance-report", {"trace": args.trace or f"--phases {args.phases}", **res,
+                                      **({"layers": note} if note else {})})
     if args.report:
         outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(res, indent=1) + "\n"))
     if args.json:
@@ -81,6 +87,8 @@ def run(args) -> int:
                   f"{args.concurrency} concurrent requests; {res['routing']}; each candidate observes one part and "
                   f"is scored on the next ({args.splits} split(s)), stat mode, {hz['text']}; decision time "
                   "measured, weight transfer charged:")
+        if note:
+            print(f"note: {note}")
         for line in format_tune(res):
             print(line)
         if hz is not None:

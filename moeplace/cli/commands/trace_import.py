@@ -62,6 +62,9 @@ def register(sub) -> None:
         help="vllm-jsonl: drop runs of at least this many identical consecutive rows of one layer "
         f"(engine warm-up); 0 keeps all (default {DEFAULT_WARMUP_MIN_RUN})",
     )
+    p.add_argument("--layers", type=flags.layer_list, default=None, metavar="LAYERS",
+                   help="vllm-jsonl: the MoE layers the log holds, as decoder-layer indices (e.g. 0,5,11,17,23 or "
+                   "0-4); a log of some layers only must declare them (this, or its meta record's layers_logged)")
     p.add_argument("--iteration", type=flags.nonneg_int, default=None,
                    help="flame-moe: training checkpoint (actives/iter_N; default the latest)")
     p.add_argument("--max-tokens", type=flags.positive_int, default=None,
@@ -77,9 +80,12 @@ def run(args) -> int:
     out = Path(args.out)
     options = {}
     if args.format == "vllm-jsonl":
-        options = {"layer_numbering": args.layer_numbering, "warmup_min_run": args.warmup_min_run}
+        options = {"layer_numbering": args.layer_numbering, "warmup_min_run": args.warmup_min_run,
+                   "layers": args.layers}
         if args.warmup_min_run < 0:
             raise InputError(f"--warmup-min-run must be >= 0, got {args.warmup_min_run}")
+    elif args.layers is not None:
+        raise InputError("--layers applies to --format vllm-jsonl only (the other formats say which layers they hold)")
     if args.format == "flame-moe":
         options = {"iteration": args.iteration, "max_tokens": args.max_tokens}
     elif args.iteration is not None or args.max_tokens is not None:
@@ -158,7 +164,9 @@ def format_summary(s: dict, out: Path, model_name: str) -> str:
     if "layer_numbering" in s:
         lines.append(f"  layer numbering        {s['layer_numbering']}")
     cov = s.get("layers_covered", [])
-    lines.append(f"  layers covered         {len(cov)}: {format_ranges(cov)}")
+    of = f" of {s['model_moe_layers']}" if s.get("model_moe_layers", len(cov)) != len(cov) else ""
+    lines.append(f"  layers covered         {len(cov)}{of}: {format_ranges(cov)}"
+                 + (f" (declared by {s['layers_declared_by']})" if of else ""))
     lines.append(f"  throughput             {s['records_per_s']:,.0f} records/s ({s['seconds']:.2f} s)")
     return "\n".join(lines)
 

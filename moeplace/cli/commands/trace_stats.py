@@ -41,7 +41,8 @@ def table(s: dict) -> str:
         return "n/a" if x is None else format(x, fmt)
 
     rows = [
-        ("trace", f"{s['path']}  (model {s['model']})"),
+        ("trace", f"{s['path']}  (model {s['model']}"
+                  + (f"; {s['layers']}: every figure is over the MoE layers it holds)" if "layers" in s else ")")),
         ("tokens", f"{s['tokens']:,} ({s['rows']:,} rows, {s['selections']:,} expert selections)"),
         ("requests", f"{s['requests']:,}"),
         ("domains", ", ".join(s["domains"]) or "none tagged"),
@@ -50,7 +51,8 @@ def table(s: dict) -> str:
                             f"CV median {num(s['cv_median'], '.2f')}")),
         ("drift", (f"consecutive windows: correlation {num(s['drift_corr_mean'], '.3f')}, "
                   f"JS divergence {num(s['drift_js_mean'], '.4f')}")),
-        ("affinity lift", (f"{num(s['affinity_lift_mean'], '.2f')} x popularity (next-layer top-k prediction); "
+        ("affinity lift", (f"{num(s['affinity_lift_mean'], '.2f')} x popularity (next-"
+                          f"{'held-' if 'layers' in s else ''}layer top-k prediction); "
                           f"top-20% pairs cover {num(s['affinity_top20_coverage_mean'], '.1%')} "
                           f"(permuted {num(s['affinity_top20_coverage_permuted_mean'], '.1%')})")),
         ("locality", (f"top-k overlap of consecutive tokens {num(s['locality'], '.3f')} "

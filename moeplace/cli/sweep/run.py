@@ -50,8 +50,8 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json, write_text_atomic
 from moeplace.foundation.formats import check, tagged
 from moeplace.foundation.limits import fmt_seconds
-from moeplace.placement.export import export_placement
-from moeplace.placement.export.flags import FlagOptions, format_options, launch_command, recommended_format
+from moeplace.placement.export import capabilities, export_placement
+from moeplace.placement.export.flags import FlagOptions, format_options, launch_spec, recommended_format
 from moeplace.placement.record import Placement, load_placement
 from moeplace.placement.windows import routing_windows
 from moeplace.sim.config import SimConfig
@@ -511,6 +511,7 @@ def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultSto
                            gpu=best["gpu"], online_eplb=rb != "static", eplb_window=window or 1000,
                            eplb_interval=every or 3000, tp=best["tp"], dp=best["dp"])
         d = store.out / SWEEP_RECOMMENDED / name
+        opts = dataclasses.replace(opts, placement_path=str(d / "placement.json"))  # what the vLLM plugin reads
         try:
             extra = format_options(placement, fmt, opts)  # a layout the engine cannot express is refused
         except InputError as exc:
@@ -518,7 +519,10 @@ def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultSto
             continue
         placement.save(d / "placement.json")
         warnings = export_placement(placement, spec.model, fmt, d / fname, **extra)
-        cmd = launch_command(placement, spec.model, fmt, d / fname, opts)
+        launch = launch_spec(placement, spec.model, fmt, d / fname, opts)
+        cmd = launch.text()
+        # what the engines lack for this model, from the capability table (the same lines place optimize prints)
+        warnings = [*warnings, *(w for w in capabilities.advice(spec.model, placement.num_redundant) if w not in warnings)]
         notes = []
         if best["kv_dtype"] not in ("fp8", "bf16"):
             notes.append(f"# simulated with KV {best['kv_dtype']}; the engines' flag takes fp8 or bf16/auto")
@@ -526,5 +530,6 @@ def recommended_launch(spec: SweepSpec, report: dict[str, Any], store: ResultSto
         write_text_atomic(d / "launch.sh", cmd)
         out[name] = {"point": best["index"], "label": best["label"], "format": fmt,
                      "placement": str(d / "placement.json"), "engine_file": str(d / fname),
-                     "launch_script": str(d / "launch.sh"), "command": cmd, "warnings": warnings}
+                     "launch_script": str(d / "launch.sh"), "command": cmd, "warnings": warnings,
+                     "applies_placement": launch.applies_placement}
     return out

@@ -361,14 +361,18 @@ st.download_button("placement JSON", data.placement_json_bytes(p), file_name="pl
                    mime="application/json", key="dl_json")
 export_dir = ui.run_dir().expanduser().resolve() / "export"
 st.caption(f"For each engine: the file it loads and the command that serves {model.name} with it, as `place export "
-           f"--flags` prints them (attention layout from the memory plan for {p.num_gpus} GPUs). The commands read "
-           f"the file from `{export_dir}`: save the download there, or change the path in the command.")
+           f"--flags --plan PLAN` prints them (attention layout from the run's memory plan for {p.num_gpus} GPUs and "
+           f"{p.num_redundant} redundant slots; what each engine lacks from `place engines`). The commands read "
+           f"the files from `{export_dir}` (the placement JSON as placement.json): save the downloads there, or "
+           "change the paths in the command.")
+plans = tuple(str(x) for x in idx.plans)
 exports = data.export_formats()
 tabs = st.tabs([f"{fmt} ({eng})" for fmt, eng, _, _ in exports])
 for tab, (fmt, eng, kind, summ) in zip(tabs, exports):
     with tab:
         fname = data.export_name(p, fmt)
-        launch = data.launch_for(p, model, fmt, str(export_dir / fname))
+        launch = data.launch_for(p, model, fmt, str(export_dir / fname), plans, str(export_dir / "placement.json"),
+                                 tuple(data.stamp(x) for x in plans))
         try:
             blob, fname, warns = data.export_file(p, model, fmt, routing_key, loads, launch.extra)
         except Exception as exc:  # noqa: BLE001  the engine's own checks reject this placement

@@ -61,7 +61,7 @@ def weight_lines(model: ModelSpec, lay: Layout) -> list[MemoryLine]:
     b = model.param_breakdown()
     wb = DTYPE_BYTES[model.weight_dtype]
     eb = model.bytes_per_routed_expert
-    L = model.num_moe_layers
+    L = len(model.model_moe_layers)  # weights: every MoE layer, held in a trace or not
     E, R = model.num_experts, lay.num_redundant
     out = []
     per_gpu = E / lay.ep / lay.moe_tp

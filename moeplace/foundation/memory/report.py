@@ -49,7 +49,7 @@ def misfit_reasons(model: ModelSpec, plan: MemoryPlan, used_bytes: float) -> lis
     hbm, budget, context, max_ctx = plan.hbm_bytes, plan.budget_bytes, plan.context, plan.max_context
     n_ctx, n_mix = plan.concurrency_per_rank, plan.mix_concurrency_per_rank
     reasons = []
-    total_weights = model.checkpoint_bytes + (lay.num_redundant * model.num_moe_layers * model.bytes_per_routed_expert)
+    total_weights = model.checkpoint_bytes + (lay.num_redundant * len(model.model_moe_layers) * model.bytes_per_routed_expert)
     if total_weights > cluster.num_gpus * hbm:
         reasons.append(f"the model's weights ({total_weights / 1e12:.2f} TB) exceed the HBM of {cluster.num_gpus} x "
                        f"{hbm / 1e9:.0f} GB = {cluster.num_gpus * hbm / 1e12:.2f} TB")

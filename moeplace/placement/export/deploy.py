@@ -87,7 +87,13 @@ def _check(launch: Launch, target: str) -> None:
 
 
 def _node_body(launch: Launch, indent: str) -> list[str]:
-    """The shell lines that start this node's engine process (``NODE_RANK`` chooses head or worker)."""
+    """The shell lines that start this node's engine process (``NODE_RANK`` chooses head or worker); the
+    launch's environment (the vLLM plugin's switch, ``MOEPLACE_PLACEMENT``) is exported first."""
+    env = [f"{indent}export {k}={shlex.quote(v)}" for k, v in launch.env.items()]
+    return env + _exec_lines(launch, indent)
+
+
+def _exec_lines(launch: Launch, indent: str) -> list[str]:
     head = _join(launch.head).replace("\n", "\n" + indent)
     if launch.nodes == 1 or not launch.worker_extra:
         return [indent + "exec " + head]
@@ -389,6 +395,10 @@ def k8s_manifest(launch: Launch, memory: str, name: str, file_name: str, file_by
     the leader (YAML documents). ``launch`` must have been built with the file at ``MOUNT_DIR/file_name``.
     Every object passes :func:`apply_problems` (else a one-line InputError)."""
     _check(launch, "k8s")
+    if launch.env:  # the vLLM plugin reads the placement JSON, which the ConfigMap does not carry
+        raise InputError(f"--target k8s: this command loads the placement through the moeplace plugin "
+                         f"({', '.join(launch.env)}), whose placement JSON the manifest does not mount; use --target "
+                         "shell/slurm with the file on shared storage")
     expected = f"{MOUNT_DIR}/{file_name}"
     if launch.file_path != expected:
         raise InputError(f"--target k8s: the command must load the placement from {expected} (where the "

@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.planner import plan_memory
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.reading import quote
+from moeplace.placement.export import capabilities
 from moeplace.placement.export.engines import (
     ENGINE_NAMES,
     VLLM_PRS,
@@ -125,6 +126,7 @@ class FlagOptions:
     engine_version: str | None = None  # vLLM / SGLang release to print for (default: the newest checked)
     vllm_pr: int | None = None  # opt in to an open vLLM PR's placement-file keys (49572 or 41141)
     vllm_static: str | None = None  # vLLM without EPLB: --expert-placement-strategy linear | round_robin
+    placement_path: str | None = None  # the placement JSON itself: what the vLLM plugin reads (MOEPLACE_PLACEMENT)
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("bf16", "fp8"):
@@ -227,6 +229,56 @@ def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan
     return replace(opts, tp=lay.tp, dp=lay.dp, gpu=opts.gpu or cluster.gpu.name), plan
 
 
+def matching_plan(placement: Placement, plan_reports: list[str | Path]) -> tuple[Path | None, list[str]]:
+    """The first ``place plan --report`` file of ``plan_reports`` made for ``placement`` (its GPU count and
+    redundant slots), and why each one before it was passed over. ``(None, reasons)`` when none is."""
+    reasons = []
+    for path in plan_reports:
+        try:
+            config, cluster_d = memory_config_from_report(path)
+        except InputError as exc:
+            reasons.append(str(exc))
+            continue
+        if cluster_d.get("num_gpus") != placement.num_gpus:
+            reasons.append(f"{path}: a plan for {cluster_d.get('num_gpus')} GPUs, the placement spreads over "
+                           f"{placement.num_gpus}")
+        elif config.num_redundant != placement.num_redundant:
+            reasons.append(f"{path}: a plan with {config.num_redundant} redundant experts per layer, the placement "
+                           f"has {placement.num_redundant}")
+        else:
+            return Path(path), reasons
+    return None, reasons
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What ``place export --flags`` prints and the dashboard shows for one format: the options with the
+    layout resolved, the memory plan that certified it, the export options that layout implies
+    (TensorRT-LLM's YAML keys) and the :class:`Launch`."""
+
+    opts: FlagOptions
+    plan: Any  # foundation.memory.plan.MemoryPlan
+    extra: dict[str, Any]
+    launch: Launch
+
+    def memory_line(self) -> str:
+        p = self.plan
+        return (f"memory plan: {p.layout.describe()} on {p.cluster.num_gpus} x {p.cluster.gpu.name} fits; "
+                f"{p.concurrency} sequences of {p.context:,} tokens")
+
+
+def build_launch(placement: Placement, model: ModelSpec, fmt: str, file_path: str | Path, opts: FlagOptions,
+                 plan_report: str | Path | None = None) -> LaunchPlan:
+    """The launch of ``placement`` exported in ``fmt`` to ``file_path``: the memory plan on the layout of
+    ``opts`` or of ``plan_report`` (:func:`check_layout`), the layout's export options
+    (:func:`format_options`) and the command (:func:`launch_spec`, checked against the engine release's
+    recorded parser and the capability table). Raises :class:`InputError` when the plan, the engine or
+    the parser refuses. The one function behind ``place export --flags`` and the dashboard's launch tabs."""
+    opts, plan = check_layout(placement, model, opts, plan_report)
+    extra = format_options(placement, fmt, opts)  # refuses a layout the target cannot express
+    return LaunchPlan(opts, plan, extra, launch_spec(placement, model, fmt, file_path, opts))
+
+
 def _join(lines: list[str]) -> str:
     return " \\\n  ".join(lines)
 
@@ -268,6 +320,12 @@ class Launch:
     worker_extra: list[str] | None = None
     trailer: str = ""
     allow_eplb_keys: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # set for the engine process (the vLLM plugin's switch)
+    applies_placement: bool = True  # False: the command serves the engine's own layout (the notes say why)
+
+    def env_prefix(self) -> str:
+        """``K=V `` words that go before the command (empty without ``env``)."""
+        return "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())
 
     def argv(self, worker: bool = False) -> list[str]:
         """The command as shell words (node 0, or with ``worker`` another node)."""
@@ -287,7 +345,7 @@ class Launch:
         return out
 
     def text(self) -> str:
-        lines = self.notes + [self.layout, self.where, _join(self.head)]
+        lines = self.notes + [self.layout, self.where, self.env_prefix() + _join(self.head)]
         if self.worker_extra:
             lines.append(f"# nodes 1..{self.nodes - 1}: the same command plus {' '.join(self.worker_extra)}")
         out = "\n".join(lines) + "\n"
@@ -350,34 +408,57 @@ def launch_command(placement: Placement, model: ModelSpec, fmt: str, file_path: 
     return launch_spec(placement, model, fmt, file_path, opts).text()
 
 
+def _table_notes(engine: str, model: ModelSpec, features: tuple[str, ...]) -> list[str]:
+    """``# WARNING`` lines for the ``features`` the capability table says ``engine`` lacks for ``model``."""
+    return [f"# WARNING: {c.reason}" for c in capabilities.lacks(engine, model, features)]
+
+
+def _vllm_nodes(tp: int, dp: int, gpn: int, nodes: int, master_addr: str) -> tuple[list[str], list[str] | None, int]:
+    """vLLM's multi-node flags for attention TP ``tp`` x DP ``dp`` on ``nodes`` nodes of ``gpn`` GPUs: the
+    head's extra flags, what nodes 1.. add, and the DP ranks per node. DP ranks that fit in a node:
+    ``--data-parallel-size-local`` ranks per node, node ``n`` starting at DP rank ``n * local``
+    (``--headless`` workers). A TP group spanning nodes (``tp > gpn``) runs under vLLM's multi-node
+    launcher (``--nnodes``/``--node-rank``/``--master-addr``, ParallelConfig of 0.34.0), one DP rank;
+    with more DP ranks the node-to-rank mapping is not checked here and the layout is refused."""
+    if gpn % tp and tp % gpn:
+        raise InputError(f"--tp {tp} and the {gpn} GPUs per node: one must divide the other (a TP group fills "
+                         "whole nodes or packs into one)")
+    if tp <= gpn:
+        local = gpn // tp
+        head = [f"--data-parallel-size {dp}", f"--data-parallel-size-local {local}"]
+        if nodes == 1:
+            return head, None, local
+        return (head + [f"--data-parallel-address {master_addr}", "--data-parallel-rpc-port 13345"],
+                ["--headless", f"--data-parallel-start-rank $((NODE_RANK*{local}))"], local)
+    if dp > 1:
+        raise InputError(f"attention TP{tp} x DP{dp}: each DP rank's TP group spans {tp // gpn} nodes; vLLM's "
+                         "multi-node TP under data parallelism is not printed here: use --tp "
+                         f"{gpn} or less (e.g. --tp {gpn} --dp {tp * dp // gpn}), or DP 1")
+    return ([f"--nnodes {nodes}", "--node-rank $NODE_RANK", f"--master-addr {master_addr}"], ["--headless"], 0)
+
+
 def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
           max_len: int, tp: int, dp: int, ascend: bool = False) -> Launch:
     G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
     nodes = G // gpn
     notes: list[str] = []
     version = None if ascend else resolve_version("vllm", opts.engine_version)
-    if gpn % tp and tp % gpn:
-        raise InputError(f"--tp {tp} and the {gpn} GPUs per node: one must divide the other (a TP group fills "
-                         "whole nodes or packs into one)")
-    dp_local = max(1, gpn // tp)
-    if tp > gpn:
-        notes.append(f"# each DP rank's TP{tp} group spans {tp // gpn} nodes: vLLM needs its multi-node TP "
-                     "launcher (Ray) for that; the command below is the single-process-per-node form")
+    node_flags, worker, _ = _vllm_nodes(tp, dp, gpn, nodes, opts.master_addr)
     gpu = _gpu_kind(placement, opts)
     if not ascend and gpu in ("h100", "h200") and model.name == "kimi-k3":
         notes.append("# vLLM's K3 recipe marks DEP unsupported on Hopper (H100/H200): it runs TP with "
                      "--moe-backend marlin --max-model-len 32768 there")
-    if not ascend and model.name == "kimi-k3" and opts.vllm_static is None:
-        notes.append("# vLLM EPLB for Kimi K3 needs PR #50647 (open at the time of writing)")
     a2a = "flashinfer_nvlink_one_sided" if nodes == 1 else "deepep_v2"
     kv = "fp8" if opts.kv_cache_dtype == "fp8" else "auto"
+    # --enable-expert-parallel: EP over all TP x DP ranks (EPLB requires it; vLLM's ParallelConfig asserts)
     head = [f"vllm serve {shlex.quote(model_path)}", "--trust-remote-code",
-            f"--tensor-parallel-size {tp}", f"--data-parallel-size {dp}", f"--data-parallel-size-local {dp_local}"]
-    if nodes > 1:
-        head += [f"--data-parallel-address {opts.master_addr}", "--data-parallel-rpc-port 13345"]
-    head += ["--enable-expert-parallel", f"--all2all-backend {a2a}"]
+            f"--tensor-parallel-size {tp}", *node_flags, "--enable-expert-parallel", f"--all2all-backend {a2a}"]
     allow: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    applies = True
     name = Path(path).name
+    eplb_ok = ascend or capabilities.cell("vllm", "online_eplb", model).supported is not False
+    plugin = not ascend and capabilities.cell("vllm", "plugin", model).supported
     if ascend:
         eplb = {"expert_map_path": path, "num_redundant_experts": R}
         head += [f"--additional-config {shlex.quote(json.dumps({'eplb_config': eplb}))}"]
@@ -390,6 +471,7 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
         if R:
             notes.append(f"# the placement's {R} redundant slots per layer are not realized without EPLB")
         head += [f"--expert-placement-strategy {opts.vllm_static}"]
+        applies = False
     elif opts.vllm_pr is not None:
         pr_fmt, allow = VLLM_PRS[opts.vllm_pr]
         if fmt != pr_fmt:
@@ -408,23 +490,49 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
             cfg["log_balancedness"] = True
         notes.append(f"# needs a vLLM build with the open PR #{opts.vllm_pr} (eplb_config.{', '.join(allow)}): "
                      f"vLLM {version}'s parser rejects {'these keys' if len(allow) > 1 else 'this key'}")
+        notes += _table_notes("vllm", model, ("online_eplb",))  # the PR loads the map through EPLB
         head += ["--enable-eplb", f"--eplb-config {shlex.quote(json.dumps(cfg, separators=(',', ':')))}"]
-    else:
+    elif R == 0 and plugin:
+        if opts.placement_path is None:
+            raise InputError("the vLLM command loads the placement through the moeplace plugin, which reads the "
+                             "placement JSON: its path is needed (place export passes PLACEMENT)")
+        env[capabilities.PLUGIN_ENV] = str(Path(opts.placement_path).resolve())
+        notes.append(f"# {name} is for an open PR: {capabilities.cell('vllm', 'placement_file', model).reason}. "
+                     f"This replica-free placement is applied while vLLM loads the weights instead: "
+                     f"{capabilities.PLUGIN_INSTALL} (the moeplace vllm.general_plugins entry point); "
+                     f"{capabilities.PLUGIN_ENV} names the placement JSON")
+        if opts.online_eplb:
+            if eplb_ok:
+                cfg = recommended_eplb_config(0, version, window_size=opts.eplb_window, step_interval=opts.eplb_interval)
+                head += ["--enable-eplb", f"--eplb-config {shlex.quote(json.dumps(cfg, separators=(',', ':')))}"]
+                notes.append(f"# online EPLB starts from this layout and re-plans every {cfg['step_interval']} steps")
+            else:
+                notes += _table_notes("vllm", model, ("online_eplb",))
+    elif eplb_ok:
         cfg = recommended_eplb_config(R, version, window_size=opts.eplb_window, step_interval=opts.eplb_interval)
         pr = next(n for n, (f, _) in VLLM_PRS.items() if f == fmt)
         notes.append(f"# vLLM {version} cannot load {name} (the open PR #{pr} adds that: --vllm-pr {pr} prints "
                      "its keys); this command runs vLLM's own online EPLB, which starts from its default layout "
                      f"with {R} redundant experts per layer and re-plans every {cfg['step_interval']} steps")
+        alt = capabilities.offer("vllm", model, opts.placement_path or "PLACEMENT")
+        if alt:
+            notes.append(f"# to serve a moeplace placement on vLLM {version}: {alt}")
         head += ["--enable-eplb", f"--eplb-config {shlex.quote(json.dumps(cfg, separators=(',', ':')))}"]
+        applies = False
+    else:  # neither a map nor EPLB reaches this model's experts: serve the default layout, and say so
+        notes += _table_notes("vllm", model, ("placement_file", "online_eplb"))
+        alt = capabilities.offer("vllm", model, opts.placement_path or "PLACEMENT")
+        notes.append(f"# this command serves vLLM's default layout, not this placement with {R} redundant slots per "
+                     f"layer" + (f"; instead {alt}" if alt else ""))
+        applies = False
     if ascend and kv == "fp8":
         notes.append("# vllm-ascend: KV-cache dtype left at the model default (fp8 KV support differs on NPUs)")
         head += [f"--max-model-len {max_len}"]
     else:
         head += [f"--kv-cache-dtype {kv}", f"--max-model-len {max_len}"]
     where = f"# head node (node 0 of {nodes})" if nodes > 1 else f"# one node, {G} GPUs"
-    worker = ["--headless", f"--data-parallel-start-rank $((NODE_RANK*{dp_local}))"] if nodes > 1 else None
     return Launch("vllm", version, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, head, nodes, gpn, path,
-                  model_path, worker, allow_eplb_keys=allow)
+                  model_path, worker, allow_eplb_keys=allow, env=env, applies_placement=applies)
 
 
 def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
@@ -434,7 +542,9 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
     from moeplace.placement.export.sglang import support_warnings  # the format modules import this one
 
     version = resolve_version("sglang", opts.engine_version)
-    notes = [f"# WARNING: {w}" for w in support_warnings(model)]
+    notes = [f"# WARNING: {w}" for w in support_warnings(model, R)]
+    if opts.online_eplb:
+        notes += _table_notes("sglang", model, ("online_eplb",))
     a2a = "flashinfer" if gpn >= 72 else "deepep"
     kv = "fp8_e4m3" if opts.kv_cache_dtype == "fp8" else "bf16"
     # SGLang's --tp-size is the instance's GPU count; with DP attention each of the attention-DP ranks
@@ -460,7 +570,8 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
     cmd += [f"--kv-cache-dtype {kv}", f"--context-length {max_len}"]
     where = f"# run on each of the {nodes} nodes with NODE_RANK=0..{nodes - 1}" if nodes > 1 else f"# one node, {G} GPUs"
     return Launch("sglang", version, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, cmd, nodes, gpn, path,
-                  model_path)
+                  model_path,
+                  applies_placement=capabilities.cell("sglang", "placement_file", model).supported is not False)
 
 
 def trtllm_attention_dp(tp: int, dp: int) -> bool:
@@ -489,7 +600,13 @@ def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
     G, gpn = placement.num_gpus, placement.gpus_per_node
     nodes = G // gpn
     adp = trtllm_attention_dp(tp, dp)
-    notes = [f"# WARNING: {w}" for w in support_warnings(model, attention_dp=adp, ep_size=G)]
+    if capabilities.cell("trtllm", "placement_file", model).supported is not False and not adp:
+        # the file is applied for this architecture, and then MoE._init_load_balancer asserts attention DP
+        raise InputError(f"TensorRT-LLM's load balancer needs attention DP over all {G} ranks (MoE._init_load_balancer "
+                         f"asserts 'Load Balancer should be only used with ADP and EP > 1'); attention TP{tp} x DP{dp} "
+                         f"has it off: use --tp 1 --dp {G}")
+    notes = [f"# WARNING: {w}" for w in support_warnings(model, attention_dp=adp, ep_size=G,
+                                                         num_redundant=placement.num_redundant)]
     options: dict[str, Any] = {"enable_attention_dp": adp,
                                "kv_cache_config": {"dtype": "fp8" if opts.kv_cache_dtype == "fp8" else "auto"},
                                "moe_config": {"backend": opts.moe_backend.upper(),
@@ -516,7 +633,8 @@ def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
         where = f"# one node, {G} GPUs"
     yaml_text = dump_yaml(options, f"extra LLM-API options: attention {'DP' if adp else 'TP'} over {G} ranks")
     return Launch("trtllm", None, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, cmd, nodes, gpn, path,
-                  model_path, trailer=yaml_text)
+                  model_path, trailer=yaml_text,
+                  applies_placement=capabilities.cell("trtllm", "placement_file", model).supported is not False)
 
 
 def _vllm_ascend(*args: Any) -> Launch:

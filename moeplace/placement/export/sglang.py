@@ -30,7 +30,8 @@ Model support: ``ModelConfigForExpertLocation.from_model_config`` returns ``None
 no ``get_model_config_for_expert_location``; then ``init_by_mapping`` / ``init_by_eplb`` return ``None`` and
 SGLang silently serves the trivial layout. In 0.5.23 ``KimiK3ForConditionalGeneration`` /
 ``KimiK3LinearForCausalLM`` (models/kimi_k3.py) lack it and build their MoE without
-``ep_num_redundant_experts`` - the file is ignored for Kimi K3. The exporter warns about that.
+``ep_num_redundant_experts`` - the file is ignored for Kimi K3. The exporter warns about that, from the
+capability table (``capabilities.py``), which holds the list of architectures SGLang reads the file for.
 """
 from __future__ import annotations
 
@@ -46,26 +47,16 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json, write_bytes_atomic, write_text_atomic
 from moeplace.foundation.model import ModelSpec
 from moeplace.placement.export import ExportFormat, check_matrix, check_rows, register_format, resolve_gpus
+from moeplace.placement.export.capabilities import file_warnings
 from moeplace.placement.record import Placement
 from moeplace.traces.loads import Loads
 
 KEY_MAP = "physical_to_logical_map"
 KEY_COUNT = "logical_count"
 
-# hf_model_type -> whether SGLang (0.5.23) reads --init-expert-location for that architecture (see above).
-SGLANG_EXPERT_LOCATION = {
-    "deepseek_v2": True, "deepseek_v3": True, "kimi_k2": True, "kimi_k25": True, "qwen2_moe": True,
-    "qwen3_moe": True, "glm4_moe": True, "kimi_k3": False, "kimi_linear": False,
-}
-
-
-def support_warnings(model: ModelSpec) -> list[str]:
-    if SGLANG_EXPERT_LOCATION.get(model.hf_model_type) is False:
-        return [(f"SGLang 0.5.23 ignores --init-expert-location for {model.name} ({model.hf_model_type}): its model "
-                "class has no get_model_config_for_expert_location and allocates no redundant experts, so the "
-                "engine silently keeps the trivial layout. The file is correct for SGLang's loader; it takes "
-                "effect once SGLang adds expert-location support for this architecture.")]
-    return []
+def support_warnings(model: ModelSpec, num_redundant: int = 1) -> list[str]:
+    """Why SGLang would not apply an ``--init-expert-location`` file for ``model`` (the capability table)."""
+    return file_warnings("sglang", model, num_redundant)
 
 
 def full_phy2log(placement: Placement, model: ModelSpec) -> np.ndarray:
@@ -104,7 +95,7 @@ def write_json(placement: Placement, model: ModelSpec, out: Path, **_: object) -
     full = full_phy2log(placement, model)
     _validate(placement, model, full)
     write_text_atomic(out, _rows_json(KEY_MAP, full.tolist()))
-    return support_warnings(model)
+    return support_warnings(model, placement.num_redundant)
 
 
 def _torch(path: Path):
@@ -124,7 +115,7 @@ def write_pt(placement: Placement, model: ModelSpec, out: Path, **_: object) -> 
     full = full_phy2log(placement, model)
     _validate(placement, model, full)
     _save_pt(torch, {KEY_MAP: torch.from_numpy(full)}, out)
-    return support_warnings(model)
+    return support_warnings(model, placement.num_redundant)
 
 
 def _save_pt(torch, obj: dict, out: Path) -> None:
@@ -203,7 +194,7 @@ def write_logical_count(placement: Placement, model: ModelSpec, out: Path, loads
     else:
         steps = [_rows_json_inner(w) for w in counts.tolist()]
         write_text_atomic(out, f'{{"{KEY_COUNT}": [\n' + ",\n".join(steps) + "\n]}\n")
-    warnings = support_warnings(model)
+    warnings = support_warnings(model, placement.num_redundant)
     warnings.append(f"logical_count: SGLang runs its own EPLB on these loads at start-up with "
                     f"--ep-num-redundant-experts {placement.num_redundant} and ep_size {placement.num_gpus}; "
                     "the placement itself is not in this file")

@@ -53,18 +53,13 @@ from moeplace.foundation.files import write_text_atomic
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.reading import quote
 from moeplace.placement.export import ExportFormat, check_matrix, register_format, resolve_gpus
+from moeplace.placement.export.capabilities import (  # the architecture facts live in the capability table
+    ARCHITECTURE_OF_MODEL_TYPE,
+    cell,
+    file_warnings,
+)
 from moeplace.placement.record import Placement
 
-# moe_load_balancer.py: moe_model_arch_list (the architectures whose MoE layers join the balancer)
-TRTLLM_LB_ARCHITECTURES = ("DeepseekV3ForCausalLM", "MixtralForCausalLM", "Llama4ForConditionalGeneration",
-                           "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-# HF model_type -> config.json "architectures"[0] (the published checkpoints' configs; Kimi K2 ships the
-# DeepSeek-V3 architecture class, Kimi K3 its own)
-ARCHITECTURE_OF_MODEL_TYPE = {
-    "deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM", "mixtral": "MixtralForCausalLM", "llama4": "Llama4ForConditionalGeneration",
-    "kimi_k3": "KimiK3ForConditionalGeneration", "kimi_linear": "KimiLinearForCausalLM", "olmoe": "OlmoeForCausalLM",
-}
 # create_moe.py: backends that accept a load balancer
 LB_BACKENDS = ("WIDEEP", "CUTLASS", "TRTLLM", "CUTEDSL", "DEEPGEMM", "DENSEGEMM")
 LB_KEYS = {"num_slots", "initial_global_assignments", "layer_updates_per_iter"}
@@ -74,15 +69,13 @@ def architecture(model: ModelSpec) -> str | None:
     return ARCHITECTURE_OF_MODEL_TYPE.get(model.hf_model_type)
 
 
-def support_warnings(model: ModelSpec, *, attention_dp: bool | None = None, ep_size: int | None = None) -> list[str]:
-    """Why TensorRT-LLM would not apply the load-balancer section (empty when it would)."""
-    out = []
-    arch = architecture(model)
-    if arch not in TRTLLM_LB_ARCHITECTURES:
-        out.append(f"TensorRT-LLM silently ignores moe_config.load_balancer for {model.name} "
-                   f"({arch or model.hf_model_type or 'unknown architecture'}): maybe_create_moe_load_balancer only "
-                   f"builds a balancer for {', '.join(TRTLLM_LB_ARCHITECTURES)}; the engine keeps the trivial "
-                   "layout. The file is correct for the loader and takes effect once the architecture is added.")
+def support_warnings(model: ModelSpec, *, attention_dp: bool | None = None, ep_size: int | None = None,
+                     num_redundant: int = 1) -> list[str]:
+    """Why TensorRT-LLM would not apply the load-balancer section (empty when it would): the architecture
+    (the capability table), attention DP off, or EP size 1."""
+    out = file_warnings("trtllm", model, num_redundant)
+    if not cell("trtllm", "placement_file", model).supported:
+        return out  # no balancer is built for this architecture: its layout conditions do not arise
     if attention_dp is False:
         out.append("TensorRT-LLM applies the load balancer only with attention DP (enable_attention_dp: true): "
                    "MoE._init_load_balancer asserts 'Load Balancer should be only used with ADP and EP > 1' "
@@ -154,13 +147,14 @@ def write_extra_options(placement: Placement, model: ModelSpec, out: Path, *, at
     doc = extra_options(placement, model, attention_dp=attention_dp, moe_backend=moe_backend,
                         kv_cache_dtype=kv_cache_dtype)
     write_text_atomic(out, dump_yaml(doc, _header(placement, model, "trtllm-serve --extra_llm_api_options")))
-    return support_warnings(model, attention_dp=attention_dp, ep_size=placement.num_gpus)
+    return support_warnings(model, attention_dp=attention_dp, ep_size=placement.num_gpus,
+                            num_redundant=placement.num_redundant)
 
 
 def write_bare(placement: Placement, model: ModelSpec, out: Path, **_: object) -> list[str]:
     write_text_atomic(out, dump_yaml(balancer_dict(placement, model),
                                      _header(placement, model, "moe_config.load_balancer: <this file>")))
-    return support_warnings(model, ep_size=placement.num_gpus)
+    return support_warnings(model, ep_size=placement.num_gpus, num_redundant=placement.num_redundant)
 
 
 def _load_yaml(path: Path) -> Any:

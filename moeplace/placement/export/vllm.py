@@ -42,6 +42,7 @@ from moeplace.foundation.files import read_json, write_text_atomic
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.reading import quote
 from moeplace.placement.export import ExportFormat, check_matrix, check_rows, register_format, resolve_gpus
+from moeplace.placement.export.capabilities import file_warnings
 from moeplace.placement.record import Placement
 from moeplace.traces.importers._common import INT64_MAX, exact_ints
 from moeplace.traces.loads import Loads
@@ -69,7 +70,7 @@ def write_expert_map(placement: Placement, model: ModelSpec, out: Path, **_: obj
     _validate(placement, model)
     rows = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in placement.phy2log.tolist())
     write_text_atomic(out, f"[\n  {rows}\n]\n")
-    return [MAINLINE_NOTE.format(pr="#49572", key="initial_expert_map_path")]
+    return _mainline_warnings(placement, model, "#49572", "initial_expert_map_path")
 
 
 def read_expert_map(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_node: int | None) -> Placement:
@@ -141,7 +142,7 @@ def write_jsonl(placement: Placement, model: ModelSpec, out: Path, loads: Loads 
     # vLLM takes the LAST eplb_initial_mapping record of the file, so the mapping goes last.
     lines.append(json.dumps(mapping_record(placement), separators=(",", ":")))
     write_text_atomic(out, "\n".join(lines) + "\n")
-    return [MAINLINE_NOTE.format(pr="#41141", key="initial_mapping_path")]
+    return _mainline_warnings(placement, model, "#41141", "initial_mapping_path")
 
 
 def read_jsonl(path: Path, model: ModelSpec, num_gpus: int | None, gpus_per_node: int | None) -> Placement:
@@ -215,11 +216,11 @@ def read_load_stats(path: Path, model: ModelSpec) -> Loads:
 
 
 # ---------------------------------------------------------------------------- helpers
-MAINLINE_NOTE = ("mainline vLLM does not load this file yet: it needs PR {pr} (eplb_config.{key}); mainline starts "
-                 "EPLB from [0..E-1] + [i % E] and re-plans online (--enable-eplb), or uses "
-                 "--expert-placement-strategy linear|round_robin")
-
-
+def _mainline_warnings(placement: Placement, model: ModelSpec, pr: str, key: str) -> list[str]:
+    """The capability table's word on a vLLM placement file (released vLLM loads none), naming the PR this
+    file is for and the route that does serve the placement (plugin, checkpoint or vLLM's own EPLB)."""
+    return [f"{w} (this file is for the open PR {pr}: eplb_config.{key})"
+            for w in file_warnings("vllm", model, placement.num_redundant)]
 
 
 def _lines(path: Path):

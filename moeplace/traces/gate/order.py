@@ -33,6 +33,7 @@ class RowOrder:
         # rows per MoE layer of the model so far: the layers the trace holds are those with rows
         self.layer_rows: np.ndarray | None = None
         self.moe_layers: tuple[int, ...] = ()
+        self.partial = False  # the trace declares the layers it holds (then a missing one is missing still)
 
     def feed(self, edge: Edge, where_before: str) -> None:
         """Check ``edge`` against what came before. ``where_before`` words the row before its first row
@@ -59,6 +60,7 @@ class RowOrder:
         if edge.layer_rows is not None:
             self.layer_rows = edge.layer_rows.copy() if self.layer_rows is None else self.layer_rows + edge.layer_rows
             self.moe_layers = edge.moe_layers
+            self.partial = edge.partial
         self.prev = edge
 
     def finish(self) -> None:
@@ -90,7 +92,8 @@ class RowOrder:
 
     def _missing_layers(self, path: str) -> None:
         """Every MoE layer the model declares has rows: a trace missing one would be read as a model without
-        it (no skew, no load, no traffic for that layer) by every reader alike."""
+        it (no skew, no load, no traffic for that layer) by every reader alike. A trace of some layers only
+        declares them (its model spec's ``declared_moe_layers``); then ``moe_layers`` are the held ones."""
         if self.layer_rows is None:
             return
         missing = [self.moe_layers[i] for i in np.flatnonzero(self.layer_rows == 0)]
@@ -98,9 +101,9 @@ class RowOrder:
             m = len(self.moe_layers)
             self.sink.add("missing_layer", path, None, "layer",
                           f"no rows for MoE layer{'s' if len(missing) > 1 else ''} {format_ranges(missing)} "
-                          f"({len(missing)} of the {m} the model declares: {format_ranges(list(self.moe_layers))}); "
-                          "a trace holds every MoE layer of its model (a capture that missed a layer is "
-                          "incomplete)")
+                          f"({len(missing)} of the {m} the {'trace declares it holds' if self.partial else 'model declares'}: "
+                          f"{format_ranges(list(self.moe_layers))}); a trace holds every MoE layer of its model or "
+                          "declares the ones it holds (a capture that missed a layer is incomplete)")
 
     def _twice(self, hits, order, run_start, keys, steps, rows, src) -> None:
         """One problem per (token, later step) of a token seen in two steps."""

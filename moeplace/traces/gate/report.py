@@ -65,7 +65,8 @@ class ValidationReport:
     def summary(self) -> str:
         m = self.model
         model = (
-            f"model '{m.name}': {m.num_moe_layers} MoE layers x {m.num_experts} experts, top-{m.top_k}"
+            f"model '{m.name}': {m.num_moe_layers}{' of ' + str(len(m.model_moe_layers)) if m.is_partial else ''} "
+            f"MoE layers x {m.num_experts} experts, top-{m.top_k}"
             if m is not None
             else "no model"
         )

@@ -178,6 +178,7 @@ class Edge:
     # rows per MoE layer of the model (int64 ``[L]``; None when the group has no order facts)
     layer_rows: np.ndarray | None = None
     moe_layers: tuple[int, ...] = ()
+    partial: bool = False  # the trace declares the MoE layers it holds (some of its model's)
 
 
 def _token_rows(edge: Edge, step, rid, pos, layer, moe: np.ndarray) -> None:
@@ -316,8 +317,10 @@ def _check_layers(at: _At, table: pa.Table, model: ModelSpec, present: bool) -> 
     li = _layer_index(model)[layer]
     bad = li < 0
     if bad.any():
-        at.rows("layer", bad, "layer", lambda i: (f"layer {layer[i]} is not an MoE layer of model '{model.name}' "
-                                                  f"(MoE layers: {format_ranges(model.moe_layers)})"))
+        held = (f"not among the {model.layers_label} the trace declares it holds ({format_ranges(model.moe_layers)})"
+                if model.is_partial else f"not an MoE layer of model '{model.name}' (MoE layers: "
+                f"{format_ranges(model.moe_layers)})")
+        at.rows("layer", bad, "layer", lambda i: f"layer {layer[i]} is {held}")
     return layer, li
 
 
@@ -364,6 +367,7 @@ def _order_facts(edge: Edge, step, rid, pos, layer, li, model: ModelSpec) -> Non
     L = model.num_moe_layers
     edge.layer_rows = np.bincount(li if moe.all() else li[moe], minlength=L).astype(np.int64, copy=False)
     edge.moe_layers = tuple(model.moe_layers)
+    edge.partial = model.is_partial
     down = np.flatnonzero(step[1:] < step[:-1]) + 1
     if down.size:
         edge.step_total = int(down.size)

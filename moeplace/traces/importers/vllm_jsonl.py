@@ -31,8 +31,11 @@ request ids are qualified by session). Handling of what real logs look like:
   disjoint layer sets are one run's per-layer logs only if they saw the same tokens (the same
   (``req_id``, ``token_idx``) stream): then they are joined into one session; otherwise the import is
   refused (the rows of separate runs are different tokens and cannot be joined into one).
-- **Partial coverage.** Logs that cover some MoE layers only are accepted (every token has a row at every
-  covered layer); the summary and the trace's provenance list the layers.
+- **Partial coverage.** Logs that cover some MoE layers only are accepted when they declare those layers
+  (the meta records' ``layers_logged``, or ``layers`` from ``--layers``): the trace's model spec is the
+  model restricted to them (``ModelSpec.restrict``), so every reader works on those layers and labels its
+  results "N of M layers". A log that does not declare its layers must hold all of them; a declared layer
+  without rows is a gap and refused.
 
 What the log does not say is not invented: ``position`` is the logged ``token_idx``, ``phase`` is 0 (the log
 does not distinguish prefill from decode), ``request_id`` numbers (session, ``req_id``, batch) triples.
@@ -329,7 +332,13 @@ def import_(
     *,
     layer_numbering: str = "auto",
     warmup_min_run: int = DEFAULT_WARMUP_MIN_RUN,
+    layers: tuple[int, ...] | None = None,
 ) -> ImportResult:
+    """Import the logs ``srcs`` of ``model`` into the trace directory ``out``. ``layers``: the MoE layers the
+    log holds (decoder-layer indices), declared by the user; otherwise the meta records' ``layers_logged``
+    declare them. A log of some MoE layers only is imported when they are declared (its trace's model is
+    ``model.restrict(layers)``: every reader works on those layers and says "N of M layers"); an
+    undeclared gap is refused."""
     t0 = time.perf_counter()
     if out is None:
         raise InputError("vllm-jsonl logs become a trace: give --out DIR")
@@ -343,12 +352,8 @@ def import_(
     tokens = _token_identity(log, kept)
     final = np.lexsort((kept.dec_layer, tokens.step))
     covered = sorted(int(x) for x in np.unique(kept.dec_layer))
-    if covered != list(model.moe_layers):
-        missing = [d for d in model.moe_layers if d not in covered]
-        raise InputError(f"{', '.join(map(str, srcs))}: the log holds MoE layer(s) {format_ranges(covered)} of the "
-                         f"{model.num_moe_layers} model '{model.name}' declares ({format_ranges(list(model.moe_layers))}"
-                         f"; {format_ranges(missing)} missing): a trace holds every MoE layer of its model (log every "
-                         "layer: the logger's layers_logged)")
+    held, declared_by = _held_layers(log, srcs, model, kept, covered, layers)
+    model = model.restrict(held)
     chunk = 1 << 20
 
     def write(w):
@@ -368,7 +373,7 @@ def import_(
         "kind": "imported", "format": "vllm-jsonl", "sources": [str(s) for s in srcs],
         "model_ids": sorted(set(log.model_ids)), "layer_numbering": kept.numbering,
         "layer_numbering_ambiguous": kept.ambiguous, "warmup_rows_dropped": kept.num_warmup,
-        "warmup_min_run": warmup_min_run, "layers_covered": covered,
+        "warmup_min_run": warmup_min_run, "layers_covered": covered, "layers_declared_by": declared_by,
         "phase": "unknown in the log; all rows marked prefill (0)",
         "token_identity": (f"{tokens.num_streams} logged (session, req_id) streams cut at token_idx restarts into "
                            f"{tokens.num_batches} batches, one request_id each"
@@ -382,10 +387,57 @@ def import_(
         "format": "vllm-jsonl", "records_read": n, "meta_records": log.num_meta,
         "other_records_skipped": log.num_other, "warmup_rows_dropped": kept.num_warmup, "rows_written": rows,
         "tokens": tokens.num_tokens, "requests": tokens.num_batches, "sessions_joined": tokens.sessions_joined,
-        "layers_covered": covered, "layer_numbering": kept.numbering + (ambiguous if kept.ambiguous else ""),
+        "layers_covered": covered, "model_moe_layers": len(model.model_moe_layers), "layers_declared_by": declared_by,
+        "layer_numbering": kept.numbering + (ambiguous if kept.ambiguous else ""),
         "seconds": secs, "records_per_s": n / secs if secs > 0 else 0.0,
     }
     return ImportResult("trace", trace=out, summary=summary)
+
+
+def _held_layers(log: _Log, srcs: list[Path], model: ModelSpec, kept: _Kept, covered: list[int],
+                 layers: tuple[int, ...] | None) -> tuple[list[int], str]:
+    """The MoE layers (decoder indices) the import holds and who declared them: ``layers`` (``--layers``),
+    else the meta records' ``layers_logged`` (in the log's numbering), else every MoE layer of the model.
+    Each declared layer must have rows (a declared layer without rows is a gap) and rows must lie in
+    declared layers."""
+    where = ", ".join(map(str, srcs))
+    full = list(model.moe_layers)
+    if layers is not None:
+        declared, by = sorted(layers), "--layers"
+        outside = [x for x in declared if x not in full]
+        if outside:
+            raise InputError(f"--layers {format_ranges(declared)}: {format_ranges(outside)} not MoE layers of model "
+                             f"'{model.name}' (its MoE layers: {format_ranges(full)})")
+        extra = [x for x in covered if x not in declared]
+        if extra:
+            i = int(np.flatnonzero(np.isin(kept.dec_layer, extra))[0])
+            raise InputError(f"{log.where_row(int(kept.row[i]))}: field 'layer' is decoder layer {extra[0]}, not "
+                             f"among the layers --layers declares ({format_ranges(declared)})")
+    elif log.layers_logged is not None:
+        logged = sorted(log.layers_logged)
+        if kept.numbering == "moe":
+            bad = [x for x in logged if not 0 <= x < len(full)]
+            declared = [full[x] for x in logged if 0 <= x < len(full)]
+        else:
+            bad = [x for x in logged if x not in full]
+            declared = [x for x in logged if x in full]
+        if bad:
+            raise InputError(f"{where}: the meta record's layers_logged {format_ranges(logged)} names "
+                             f"{format_ranges(bad)}, not MoE layers of model '{model.name}' in {kept.numbering} "
+                             f"numbering (wrong --model or --layer-numbering?)")
+        by = "the log's layers_logged"
+    else:
+        declared, by = full, ""
+    missing = [d for d in declared if d not in covered]
+    if missing:
+        what = (f"declares MoE layers {format_ranges(declared)} ({by})" if by else
+                f"does not declare the layers it holds (no layers_logged in its meta records, no --layers), so "
+                f"it must hold all {len(full)} of model '{model.name}' ({format_ranges(full)})")
+        raise InputError(f"{where}: the log {what} but has no rows for {format_ranges(missing)} (it holds "
+                         f"{format_ranges(covered)}): "
+                         + ("declare the layers a partial log holds with --layers" if not by else
+                            "a trace holds every layer it declares"))
+    return declared, by
 
 
 def _read(srcs: list[Path], model: ModelSpec) -> _Log:
