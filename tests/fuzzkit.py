@@ -71,7 +71,7 @@ def assert_untouched(root: Path, before: dict, *allowed_new: str) -> None:
 
 # ------------------------------------------------------------------ valid inputs of every kind
 GPUS = ["--gpus", "4", "--gpus-per-node", "2"]
-SIM = [*GPUS, "--attention-tp", "2", "--duration", "0.002", "--concurrency", "4", "--no-progress"]
+SIM = [*GPUS, "--attention-tp", "2", "--duration", "0.1", "--concurrency", "4", "--no-progress"]
 
 
 def make_inputs(root: Path) -> dict[str, Path]:

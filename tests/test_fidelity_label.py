@@ -45,7 +45,7 @@ def trace_dir(tmp_path_factory):
     return write_trace(d / "trace", mini_model(), num_requests=6, prompt=32, output=8, skew=1.2)
 
 
-COMMON = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--duration", "0.003",
+COMMON = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--duration", "0.1",
           "--concurrency", "8", "--no-progress", "--placement", "linear"]
 
 

@@ -24,7 +24,7 @@ from moeplace.foundation.files import check_output
 from moeplace.placement.record import PLACEMENT_JSON
 
 GPUS = ["--gpus", "4", "--gpus-per-node", "2"]
-SIM = [*GPUS, "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8", "--no-progress"]
+SIM = [*GPUS, "--attention-tp", "2", "--duration", "0.1", "--concurrency", "8", "--no-progress"]
 PROFILE = {"format": formats.tag("calibration"), "device": "cpu", "dtype": "bf16", "world_size": 2,
            "ops": {"expert_gemm": {"x": "tokens_per_expert", "points": [[1, 2e-5], [64, 3e-5]]}}}
 

@@ -183,7 +183,7 @@ def _every_reader_agrees_with_validate(tiny_inputs, tmp_path, capsys, cols) -> N
         "optimize": ["optimize", path, "--gpus", "2", "--gpus-per-node", "2", "--no-out", "--policy", "eplb"],
         "evaluate": ["evaluate", w / "placement.json", path],
         "simulate": ["simulate", path, "--placement", w / "placement.json", "--gpus", "2", "--gpus-per-node", "2",
-                     "--attention-tp", "1", "--duration", "0.002", "--concurrency", "2", "--no-progress"],
+                     "--attention-tp", "1", "--duration", "0.1", "--concurrency", "2", "--no-progress"],
     }
     for name, argv in readers.items():
         res = run_place(argv, capsys)

@@ -308,7 +308,7 @@ def test_flipped_bytes_in_pages_are_an_error_naming_the_file(work, capsys, flips
     for argv in (["trace", "validate", "trace"], ["trace", "stats", "trace"],
                  ["evaluate", "placement.json", "trace"],
                  ["simulate", "trace", "--placement", "placement.json", "--gpus", "4", "--gpus-per-node", "2",
-                  "--attention-tp", "2", "--duration", "0.002", "--concurrency", "4", "--no-progress"]):
+                  "--attention-tp", "2", "--duration", "0.1", "--concurrency", "4", "--no-progress"]):
         res = run_place(argv, capsys)
         assert res.rc == 2, (argv, res.rc, res.err[-500:])
         line = res.err.strip().splitlines()[-1]

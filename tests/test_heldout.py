@@ -259,7 +259,7 @@ def test_simulate_routes_on_what_the_placement_did_not_plan_on(tmp_path, capsys)
                  "--policy", "eplb", "--save-all", str(d), "--no-out", "--no-shift"]) == 0
     capsys.readouterr()
     sim = ["simulate", trace, "--placement", str(d / "placement-eplb.json"), "--gpus", "4", "--gpus-per-node",
-           "2", "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8", "--no-progress", "--json"]
+           "2", "--attention-tp", "2", "--duration", "0.1", "--concurrency", "8", "--no-progress", "--json"]
     assert main(sim) == 0
     routing = json.loads(capsys.readouterr().out)["summaries"][0]["routing"]
     assert routing["from_token"] == 500 and "held-out part" in routing["note"]

@@ -25,7 +25,7 @@ from moeplace.placement.record import PLACEMENT_JSON
 from moeplace.traces.format import TRACE_DIRECTORY
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--duration", "0.003", "--concurrency", "8",
+SIM = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--duration", "0.1", "--concurrency", "8",
        "--no-progress"]
 
 

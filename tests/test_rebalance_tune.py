@@ -103,7 +103,7 @@ def test_simulate_takes_loads_and_phases(tmp_path, capsys):
     assert main(["trace", "stats", a, "--out", str(loads), "--window-tokens", "64"]) == 0
     capsys.readouterr()
     common = ["--placement", "linear", "--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2",
-              "--concurrency", "8", "--no-progress"]
+              "--concurrency", "8", "--isl", "32", "--osl", "8", "--no-progress"]
     assert main(["simulate", str(loads), *common, "--duration", "0.5", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     s = doc["summaries"][0]

@@ -27,7 +27,7 @@ def test_config_file_flags_override_and_record_replays(trace_dir, tmp_path, caps
     pfile = tmp_path / "lin.json"
     linear_placement(mini_model(), 4, 2).save(pfile)
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({"gpus": 4, "gpus-per-node": 2, "attention_tp": 2, "duration": 0.003,
+    cfg.write_text(yaml.safe_dump({"gpus": 4, "gpus-per-node": 2, "attention_tp": 2, "duration": 0.1,
                                    "concurrency": 8, "max-seqs": 16, "placement": [str(pfile)],
                                    "no_progress": True, "mode": "replay"}))
     out = tmp_path / "a"

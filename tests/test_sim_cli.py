@@ -14,7 +14,7 @@ def trace_dir(tmp_path_factory):
     return write_trace(d / "trace", mini_model(), num_requests=6, prompt=32, output=8, skew=1.2)
 
 
-COMMON = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--duration", "0.003",
+COMMON = ["--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2", "--duration", "0.1",
           "--concurrency", "8", "--no-progress"]
 
 
@@ -58,8 +58,25 @@ def test_json_and_identical_placements_get_distinct_labels(trace_dir, capsys):
     assert a == b  # same placement, same seed: same run
 
 
+def test_a_run_that_completes_no_request_is_refused_before_any_output(trace_dir, tmp_path, capsys):
+    """3 simulated ms is one iteration: no request finishes, so the table would be zeros; it is an error that
+    says why and what to change, and neither --out nor --chrome-trace is written."""
+    out, chrome = tmp_path / "out", tmp_path / "trace.json"
+    short = [x if x != "0.1" else "0.003" for x in COMMON]
+    rc = main(["simulate", trace_dir, "--placement", "linear", *short, "--out", str(out), "--chrome-trace", str(chrome)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("place: error: linear: the run completed no request in 0.003 simulated s (1 iterations")
+    for hint in ("--duration", "--context-mix", "--output-len", "--concurrency", "--max-trace-tokens"):
+        assert hint in err, hint
+    assert not out.exists() and not chrome.exists()
+    # the same workload long enough to finish requests runs
+    assert main(["simulate", trace_dir, "--placement", "linear", *COMMON, "--out", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["summaries"][0]["requests_finished"] > 0
+
+
 def opts(**over):
-    d = {"--gpus": "4", "--gpus-per-node": "2", "--attention-tp": "2", "--duration": "0.003", "--concurrency": "8"}
+    d = {"--gpus": "4", "--gpus-per-node": "2", "--attention-tp": "2", "--duration": "0.1", "--concurrency": "8"}
     d.update(over)
     return [x for kv in d.items() for x in kv] + ["--no-progress"]
 

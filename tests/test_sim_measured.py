@@ -91,7 +91,7 @@ def test_uncovered_runs_and_terms_fall_back_to_the_roofline_labelled():
 def test_simulate_says_which_source_priced_the_run(tmp_path, capsys):
     trace = write_trace(tmp_path / "trace", mini_model(), num_requests=4, prompt=16, output=4)
     common = ["simulate", trace, "--placement", "linear", "--gpus", "4", "--gpus-per-node", "2", "--attention-tp", "2",
-              "--duration", "0.003", "--concurrency", "4", "--no-progress", "--json"]
+              "--duration", "0.1", "--concurrency", "4", "--no-progress", "--json"]
     assert main(common) == 0  # the default: the roofline
     assert json.loads(capsys.readouterr().out)["summaries"][0]["cost_model"]["source"] == "roofline"
     assert main([*common, "--cost-model", "auto"]) == 0  # the mini model's expert shape is in no table

@@ -191,15 +191,17 @@ def run(args) -> int:
     progress = wanted(args.no_progress)
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
                        progress=progress, prefill=prep.prefill)
-    for r in results:  # a table of zeros is no result: say why instead
+    for r in results:  # a table of zeros is no result: say why instead, before any output is written
         sm = r.summary
-        if sm["iterations"] == 0:
-            load = (f"{config.workload.concurrency} concurrent requests" if config.workload.arrival == "closed"
-                    else f"{args.rate:g} req/s")
-            raise InputError(f"{r.label}: the run ran no iteration in {config.duration:g} simulated s "
-                             f"({load}, {sm['requests_rejected']} rejected): lengthen "
-                             "--duration, shorten the requests (--context-mix, --output-len) or check that they fit "
-                             "the memory plan")
+        if sm["requests_finished"] == 0:
+            wl = config.workload
+            load = (f"{wl.concurrency} concurrent requests" if wl.arrival == "closed" else f"{wl.rate:g} req/s")
+            fit = ", check that they fit the memory plan" if sm["iterations"] == 0 else ""
+            raise InputError(f"{r.label}: the run completed no request in {config.duration:g} simulated s "
+                             f"({sm['iterations']} iterations, {load}, {sm['requests_rejected']} rejected): "
+                             "lengthen --duration, shorten the requests (--context-mix, --output-len)"
+                             f"{fit}, or check that the trace can supply the workload (--concurrency, "
+                             "--max-trace-tokens)")
     run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name)
     if args.out:
         resolved = {**resolved_config(config, cluster, trace, placements, profile),
@@ -218,10 +220,6 @@ def run(args) -> int:
     for r in results:
         r.summary["routing"] = {"from_token": prep.from_token, "note": routing_note}
     for r in results:
-        if r.summary["requests_finished"] == 0:  # not an error (a few-ms run is a format check), but said
-            print(f"warning: {r.label}: no request completed in {config.duration:g} simulated s "
-                  f"({r.summary['iterations']} iterations): the throughput and latency figures are not a steady "
-                  "state; lengthen --duration", file=sys.stderr)
         if r.summary.get("trace_note"):
             print(f"warning: {r.label}: {r.summary['trace_note']}", file=sys.stderr)
     if args.json:
