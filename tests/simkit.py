@@ -91,3 +91,15 @@ def write_fixed_trace(path, model: ModelSpec, experts_per_token, num_requests: i
             w.write(request_id=np.full(T * L, r), position=pos, phase=(pos >= prompt).astype(np.uint8),
                     step=r * T + pos, layer=np.tile(np.array(model.moe_layers), T), expert_ids=ids)
     return str(path)
+
+
+def random_placement(model: ModelSpec, num_gpus: int, num_redundant: int, gpus_per_node: int = 8,
+                     seed: int = 0) -> Placement:
+    """Every expert once plus ``num_redundant`` random replicas per layer, shuffled over the slots."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(model.num_moe_layers):
+        row = np.concatenate([np.arange(model.num_experts), rng.integers(0, model.num_experts, num_redundant)])
+        rng.shuffle(row)
+        rows.append(row)
+    return Placement.from_phy2log(np.array(rows), model, num_gpus, gpus_per_node, {"cluster": {"gpu": "h200"}})

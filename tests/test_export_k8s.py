@@ -20,12 +20,12 @@ import jsonschema
 import numpy as np
 import pytest
 import yaml
+from simkit import random_placement as placement
 
 from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
 from moeplace.placement.export import deploy
-from moeplace.placement.record import Placement
 
 DATA = Path(__file__).parent / "data" / "k8s"
 CORE = json.loads((DATA / "core-v1.34-strict.schema.json").read_text())
@@ -65,16 +65,6 @@ def schema_errors(obj: dict) -> list[str]:
     else:
         errs = list(_core(CORE_KINDS[obj["kind"]]).iter_errors(obj))
     return [f"{obj['kind']} {'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errs]
-
-
-def placement(model, G, R, seed=0):
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(model.num_moe_layers):
-        row = np.concatenate([np.arange(model.num_experts), rng.integers(0, model.num_experts, R)])
-        rng.shuffle(row)
-        rows.append(row)
-    return Placement.from_phy2log(np.array(rows), model, G, 8, {"cluster": {"gpu": "h200"}})
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from simkit import random_placement as placement
 
 from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
@@ -37,16 +38,6 @@ from moeplace.placement.record import Placement
 def recorded(engine: str, version: str) -> dict:
     f = resources.files("moeplace.placement.export").joinpath("engine_options", f"{engine}-{version}.json")
     return json.loads(f.read_text())
-
-
-def placement(model, G, R, gpn=8, seed=0):
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(model.num_moe_layers):
-        row = np.concatenate([np.arange(model.num_experts), rng.integers(0, model.num_experts, R)])
-        rng.shuffle(row)
-        rows.append(row)
-    return Placement.from_phy2log(np.array(rows), model, G, gpn, {"cluster": {"gpu": "h200"}})
 
 
 @pytest.fixture(scope="module")
