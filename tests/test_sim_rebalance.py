@@ -161,7 +161,7 @@ def test_simulate_recommend_compares_static_with_the_engines_rebalancers(tmp_pat
     m = mini_model(num_experts=16)
     path = write_trace(tmp_path / "t", m, num_requests=40, prompt=64, output=16, skew=1.5, hot_shift=5)
     rc = main(["simulate", path, "--placement", "linear", "--gpus", "4", "--gpus-per-node", "2",
-               "--attention-tp", "2", "--duration", "0.05", "--concurrency", "8", "--no-progress", "--recommend",
+               "--attention-tp", "2", "--duration", "0.2", "--concurrency", "8", "--no-progress", "--recommend",
                "--recommend-time", "1", "--json"])
     assert rc == 0
     rec = json.loads(capsys.readouterr().out)["summaries"][0]["recommendation"]

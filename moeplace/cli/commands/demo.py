@@ -181,8 +181,11 @@ def _pipeline(args, out: Path, traces: Path) -> int:
     # Prompt lengths from a chat-like mixture (routing still from the trace): the trace's own long-context
     # tail (a 1M-token prompt) would set the pace of every step and hide the placements' differences;
     # docs/simulate.md shows that scenario on its own.
+    # --quick's short run completes requests only if they are short: 1,024-token answers need ~1,000 decode
+    # steps, more than a minute of simulated K3 serving holds (a run that completes nothing is refused)
+    output_len = "64" if args.quick and args.duration is None else "1024"
     sim_argv = ["simulate", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--duration", str(duration),
-                "--concurrency", "1024", "--context-mix", "2k:0.9,16k:0.1", "--output-len", "1024",
+                "--concurrency", "1024", "--context-mix", "2k:0.9,16k:0.1", "--output-len", output_len,
                 "--out", str(out / "sim"), "--seed", str(args.seed)]
     for policy in ("moeplace", "eplb", "linear"):
         sim_argv += ["--placement", str(out / "placements" / f"placement-{policy}.json")]
