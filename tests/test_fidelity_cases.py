@@ -195,3 +195,13 @@ def test_cross_validation_never_fits_on_the_group_it_predicts(monkeypatch):
             if c["group"] == g:
                 assert r["cv_simulated"] == fid.kernel_metric(c, fold_cfg)
     assert cv["kernel_tables"]["cases"] == len(cases) and cv["cases"] == 0
+
+
+def test_loading_a_bench_script_leaves_sys_path_alone():
+    """bench/kernels.py must never answer ``import kernels`` (transformers probes Hugging Face's library of
+    that name) in a test process that loaded a bench script before."""
+    import sys
+
+    before = list(sys.path)
+    load_bench("fidelity", "bench_fidelity_path_check")
+    assert sys.path == before
