@@ -423,21 +423,15 @@ def main() -> int:
     from moeplace.foundation.files import write_text_atomic
     from moeplace.sim.config import CostConfig
 
-    if args.measured_only:
+    # one step on an existing results file, instead of the whole run
+    steps = [(args.measured_only, lambda: measured_only(args.out, args.cases, args.quick)),
+             (args.cv_only, lambda: cv_only(args.out, args.cases, args.quick)),
+             (args.summary_only, lambda: summary_only(args.out)),
+             (args.peer_only, lambda: peer_only(args.out, args.peer))]
+    step = next((run for chosen, run in steps if chosen), None)
+    if step is not None:
         try:
-            return measured_only(args.out, args.cases, args.quick)
-        except MoeplaceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    if args.cv_only:
-        try:
-            return cv_only(args.out, args.cases, args.quick)
-        except MoeplaceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    if args.summary_only or args.peer_only:
-        try:
-            return summary_only(args.out) if args.summary_only else peer_only(args.out, args.peer)
+            return step()
         except MoeplaceError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
