@@ -43,3 +43,15 @@ GROUP_HELP = {
     "model": "model presets and Hugging Face configs",
     "kernels": "real expert-parallel dispatch/combine kernels (torch.distributed)",
 }
+
+
+INPUT_HELP = ("routing trace (Parquet file or directory) or Loads .npz (place trace stats --out, an engine dump's "
+              "import)")
+
+
+def add_workload_input(p, name: str, loads_note: str, phases_note: str) -> None:
+    """The input of a serving simulation: a trace or Loads file as ``name``, or ``--phases`` instead."""
+    p.add_argument(name, nargs="?", default=None, help=INPUT_HELP + loads_note)
+    p.add_argument("--phases", default=None, metavar="SRC:SECONDS[,SRC:SECONDS...]",
+                   help=f"instead of {name.upper()}: inputs (traces or Loads) one after the other for the given "
+                        f"simulated seconds each, e.g. morning.npz:600,evening.npz:900{phases_note}")

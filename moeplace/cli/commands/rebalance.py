@@ -7,7 +7,7 @@ import json
 import sys
 
 from moeplace.cli import flags
-from moeplace.cli.commands import add_force
+from moeplace.cli.commands import add_force, add_workload_input
 from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.files import OutputKind, Outputs, register_kind, tagged_artifact, write_text_atomic
@@ -25,13 +25,7 @@ def register(sub) -> None:
                                    "balancer on the routing of TRACE, each scored only on routing it has not "
                                    "observed, and prints the best settings as launch flags with the gain over "
                                    "a static placement.")
-    p.add_argument("trace", nargs="?", default=None,
-                   help="routing trace (Parquet file or directory) or Loads .npz (place trace stats --out, an "
-                        "engine dump's import)")
-    p.add_argument("--phases", default=None, metavar="SRC:SECONDS[,SRC:SECONDS...]",
-                   help="instead of TRACE: inputs (traces or Loads) one after the other for the given simulated "
-                        "seconds each, e.g. morning.npz:600,evening.npz:900; the first part is observed, the rest "
-                        "scored at the phases' own durations")
+    add_workload_input(p, "trace", "", "; the first part is observed, the rest scored at the phases' own durations")
     p.add_argument("--gpus", type=flags.positive_int, default=32)
     p.add_argument("--gpu", default="h200", help="GPU preset")
     p.add_argument("--gpus-per-node", type=flags.positive_int, default=None)

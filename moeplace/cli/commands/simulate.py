@@ -6,7 +6,7 @@ import json
 import sys
 
 from moeplace.cli import flags
-from moeplace.cli.commands import NO_PROGRESS_HELP, add_force
+from moeplace.cli.commands import NO_PROGRESS_HELP, add_force, add_workload_input
 from moeplace.cli.run_config import add_config, settings_record
 from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation.cluster import make_cluster
@@ -34,13 +34,8 @@ from moeplace.sim.runner import RunInputs, prepare_run, resolved_config, simulat
 
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="simulate serving on a cluster: throughput, latency, straggler cost")
-    p.add_argument("traces", nargs="?", default=None,
-                   help="routing trace (Parquet file or directory) or Loads .npz (place trace stats --out, an "
-                        "engine dump's import): Loads are routed from their per-window expert distributions")
-    p.add_argument("--phases", default=None, metavar="SRC:SECONDS[,SRC:SECONDS...]",
-                   help="instead of TRACES: inputs (traces or Loads) replayed one after the other for the given "
-                        "simulated seconds each, e.g. morning.npz:600,evening.npz:900 (--duration defaults to "
-                        "their sum)")
+    add_workload_input(p, "traces", ": Loads are routed from their per-window expert distributions",
+                       " (--duration defaults to their sum)")
     p.add_argument("--placement", action="append", metavar="FILE|POLICY",
                    help="placement JSON (Placement.save) or a policy name computed on the trace; repeatable "
                    "(required, on the command line or in --config)")
