@@ -2,7 +2,6 @@
 
     python bench/fidelity.py [--cases bench/fidelity_cases.yaml] [--quick] [--no-fit] [--no-cv] [--breakdown]
     python bench/fidelity.py --cv-only | --peer-only | --summary-only | --measured-only   # on --out's file
-    python bench/fidelity.py --cited-overhead-range   # iteration_overhead_s within RTP-LLM's measured range
 
 The cases (bench/fidelity_cases.yaml, read and checked by bench/fidelity_harness.py) are published kernel
 tables (DeepGEMM, DeepEP) and end-to-end deployments (DeepSeek, LMSYS/SGLang, Mooncake, Alibaba RTP-LLM,
@@ -45,7 +44,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness and the 
 import fidelity_harness as harness
 from fidelity_harness import (  # noqa: F401  (names the tests read from this script)
     CASES,
-    CITED_OVERHEAD_RANGE,
     E2E,
     ENGINES,
     METRICS,
@@ -409,16 +407,7 @@ def main() -> int:
     ap.add_argument("--measured-only", action="store_true",
                     help="only add the measured cost source's figures (--cost-model measured) to the results file "
                          "(--out), with its constants; nothing refitted")
-    ap.add_argument("--cited-overhead-range", action="store_true",
-                    help="fit iteration_overhead_s within CITED_OVERHEAD_RANGE (RTP-LLM's measured host overhead per "
-                         "step) instead of 0-20 ms; results go to bench/results/fidelity_cited_overhead.json unless "
-                         "--out says otherwise")
     args = ap.parse_args()
-    if args.cited_overhead_range:
-        harness.FIT = tuple((n, *CITED_OVERHEAD_RANGE) if n == "iteration_overhead_s" else (n, lo, hi)
-                            for n, lo, hi in harness.FIT)
-        if Path(args.out).resolve() == (RESULTS / "fidelity.json").resolve():
-            args.out = str(RESULTS / "fidelity_cited_overhead.json")
     from moeplace.foundation.errors import MoeplaceError
     from moeplace.foundation.files import write_text_atomic
     from moeplace.sim.config import CostConfig

@@ -383,3 +383,86 @@ def test_kernel_gaps_by_layer_kind_and_engine_build(k3):
     assert st.total == pytest.approx(bare.total + want)
     with pytest.raises(InputError):
         CostModel(m, make_cluster(4, "h200"), cfg, kernel_build="turbo")
+
+
+def test_a_latency_bound_layer_takes_at_least_its_kernels_times_the_floor():
+    """Every kernel of a decode layer takes at least ``kernel_floor_s`` on the device: a tiny layer's time is
+    its kernel count x the floor (plus the gaps); a layer whose work outlasts that is not changed."""
+    m = mini_model()
+    zero, dec = _small_decode(m)
+    cfg = CostConfig.roofline(graph_gap_s=1e-6, kernel_floor_s=5e-6)
+    cm = CostModel(m, make_cluster(4, "h200"), cfg)
+    bare = CostModel(m, make_cluster(4, "h200"), EXACT).step_time(dec, zero)
+    st = cm.step_time(dec, zero)
+    k = cm.layer_kernels()
+    assert np.all(bare.layer < k * 5e-6)  # the small decode is latency-bound in every layer
+    assert st.layer == pytest.approx(k * 5e-6 + k * 1e-6)
+    # a heavy layer's GPU work stays as it was: only the gaps are added
+    heavy = RankWork(*(getattr(dec, f) * 4000 for f in ("tokens", "sampled", "dec_seqs", "dec_ctx", "pre_tokens",
+                                                         "pre_seqs", "pre_pairs", "pre_ctx")))
+    hb = CostModel(m, make_cluster(4, "h200"), EXACT, cuda_graph_max_bs=0).step_time(heavy, zero)
+    hs = CostModel(m, make_cluster(4, "h200"), cfg.replace(launch_s=0.0, kernel_floor_s=2e-6),
+                   cuda_graph_max_bs=0).step_time(heavy, zero)
+    assert np.all(hb.layer > k * 2e-6)
+    assert hs.layer == pytest.approx(hb.layer + k * 1e-6)
+
+
+def test_mtp_drafts_pay_their_layer_head_and_small_kernels_at_the_floor():
+    """Each draft step: the mean MoE layer, the LM head and MTP_KERNELS['draft'] latency-bound kernels;
+    once per iteration MTP_KERNELS['step'] more (counted from TensorRT-LLM's one-model MTP)."""
+    from moeplace.sim.cost import MTP_KERNELS
+
+    m = mini_model()
+    zero, dec = _small_decode(m)
+    cfg = CostConfig.roofline(graph_gap_s=1e-6, kernel_floor_s=4e-6)
+    cm = CostModel(m, make_cluster(4, "h200"), cfg)
+    st = cm.step_time(dec, zero)
+    head = float(np.max(cm.lm_head_time(dec)))
+    layer = float(np.mean(st.layer[1:]))  # layers 1-3 are the MoE layers
+    per = 5e-6
+    assert cm.draft_time(st, dec, 3) == pytest.approx(3 * (layer + head + MTP_KERNELS["draft"] * per)
+                                                      + MTP_KERNELS["step"] * per)
+    assert cm.draft_time(st, dec, 0) == 0.0
+    assert MTP_KERNELS["draft"] > 0 and MTP_KERNELS["step"] > 0
+
+
+def test_fp4_gemms_at_the_published_fp4_over_fp8_gain_weight_only_int4_at_bf16(k3):
+    """FP4 expert GEMMs on a GPU with FP4 tensor cores run at fp4_gemm_speedup x its FP8 rate (the published
+    FP4 grouped GEMMs gain <= 15 % over FP8, not the 2x of the peaks); without FP4 tensor cores at the FP8
+    rate; INT4 weight-only experts (W4A16) at the BF16 rate; attention cores at the attention dtype's."""
+    b200 = CostModel(k3, make_cluster(8, "b200"), EXACT.replace(fp4_gemm_speedup=1.15))
+    assert b200.gemm_flops("mxfp4") == pytest.approx(4.5e15 * 1.15)
+    assert b200.gemm_flops("nvfp4") == pytest.approx(4.5e15 * 1.15)
+    assert b200.gemm_flops("fp8") == pytest.approx(4.5e15)
+    assert b200.gemm_flops("int4_g32") == pytest.approx(2.25e15)
+    h200 = CostModel(k3, make_cluster(8, "h200"), EXACT)
+    assert h200.gemm_flops("mxfp4") == pytest.approx(H200_FP8)  # no FP4 tensor cores: W4A8 at the FP8 rate
+    assert h200.gemm_flops("int4_g32") == pytest.approx(H200_BF16)
+    # compute-bound experts follow it: 100k selections over 29 experts on the B200
+    want = 100_000 * 6 * 3584 * 3072 / (4.5e15 * 1.15)
+    assert b200.expert_time(100_000, 29) == pytest.approx(want, rel=1e-12)
+    # an NVFP4-weight model's attention core still runs at the BF16 rate
+    import dataclasses
+
+    fp4w = dataclasses.replace(k3, weight_dtype="nvfp4")
+    a = CostModel(fp4w, make_cluster(8, "b200"), EXACT.replace(fp4_gemm_speedup=1.15))
+    assert a.peak_other == pytest.approx(2.25e15) and a.peak_kda == pytest.approx(2.25e15 * EXACT.kda_flops_efficiency)
+    assert a.peak_trunk == pytest.approx(4.5e15 * 1.15)
+    # the pure roofline keeps the FP4 peak
+    assert CostModel(fp4w, make_cluster(8, "b200"), EXACT).peak_trunk == pytest.approx(9e15)
+
+
+def test_programmatic_dependent_launch_hides_part_of_each_gap_in_the_fused_build():
+    """TensorRT-LLM's fused min-latency build runs with PDL: each kernel's gap is graph_gap_s less the
+    ~0.5 us tech blog 1 measures PDL to save; the unfused builds pay the whole gap."""
+    from moeplace.sim.cost import PDL_GAP_SAVING_S
+
+    m = mini_model()
+    cfg = CostConfig.roofline(graph_gap_s=2e-6)
+    unfused = CostModel(m, make_cluster(4, "h200"), cfg)
+    fused = CostModel(m, make_cluster(4, "h200"), cfg, kernel_build="fused")
+    assert unfused.kernel_gap_s() == pytest.approx(2e-6)
+    assert fused.kernel_gap_s() == pytest.approx(2e-6 - PDL_GAP_SAVING_S["fused"])
+    assert fused.kernel_gaps_s() == pytest.approx(fused.layer_kernels() * (2e-6 - 0.5e-6))
+    # never below zero
+    assert CostModel(m, make_cluster(4, "h200"), cfg.replace(graph_gap_s=1e-7), kernel_build="fused").kernel_gap_s() == 0.0

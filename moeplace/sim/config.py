@@ -156,21 +156,21 @@ class CostConfig:
     # fitted: share of the isolated-kernel compute rate sustained while serving (power-capped clocks under
     # sustained load, SMs shared with communication kernels, the elementwise kernels between GEMMs);
     # kernel microbenchmarks (DeepGEMM's tables) run at 1
-    sustained_efficiency: float = 0.683
+    sustained_efficiency: float = 0.563
     flops_efficiency: float = 0.8  # GQA core attention compute: an estimate (no published table priced here)
     # KDA's chunked/recurrent core at its published kernel rate: MoonshotAI FlashKDA's H20 benchmark
     # (BENCHMARK_H20.md, T=8192, D=128, fixed length) runs H=96 in 2.62 ms and H=64 in 1.62 ms, i.e. 39-42
     # TFLOPS by this model's KDA FLOP count (sim.cost.CostModel.kda_time), 0.27-0.29 of H20's 148 BF16
     # TFLOPS (fla's Triton chunk_kda: 4.51 / 2.96 ms, 0.15-0.16); the lower FlashKDA figure
     kda_flops_efficiency: float = 0.27
-    hbm_efficiency: float = 0.856  # fitted: DeepGEMM M=64 rows (weight-read bound), HBM bytes per peak
-    link_efficiency: float = 0.677  # fitted: NVLink share DeepEP normal kernels reach (153-158 GB/s on H800)
+    hbm_efficiency: float = 0.5  # fitted: DeepGEMM M=64 rows (weight-read bound), HBM bytes per peak
+    link_efficiency: float = 0.686  # fitted: NVLink share DeepEP normal kernels reach (153-158 GB/s on H800)
     nic_efficiency: float = 0.888  # fitted: RDMA share DeepEP normal kernels reach (43-58 GB/s of 50)
-    gemm_efficiency: float = 0.650  # fitted: large-m grouped GEMM FLOP share (DeepGEMM contiguous 1,297/1,979)
-    gemm_m0: float = 87.5  # fitted: rows of tile fill per weight matrix (efficiency m / (m + m0))
-    gemm_kernel_s: float = 3.78e-6  # fitted: fixed time per GEMM kernel (launch, pipeline fill, tail)
-    ll_latency_s: float = 18.3e-6  # fitted: DeepEP low-latency dispatch/combine fixed time (per call)
-    ll_efficiency: float = 0.855  # fitted: RDMA share low-latency kernels reach (39-48 GB/s of 50 at EP32+)
+    gemm_efficiency: float = 0.741  # fitted: large-m grouped GEMM FLOP share (DeepGEMM contiguous 1,297/1,979)
+    gemm_m0: float = 307.1  # fitted: rows of tile fill per weight matrix (efficiency m / (m + m0))
+    gemm_kernel_s: float = 0.0  # fitted: fixed time per GEMM kernel (launch, pipeline fill, tail)
+    ll_latency_s: float = 4.12e-05  # fitted: DeepEP low-latency dispatch/combine fixed time (per call)
+    ll_efficiency: float = 1.0  # fitted: RDMA share low-latency kernels reach (39-48 GB/s of 50 at EP32+)
     normal_latency_s: float = 40e-6  # DeepEP normal mode: CPU-side layout notify before the copies
     allreduce_latency_s: float = 10e-6  # TP all-reduce fixed time on NVLink (roofline form only)
     # 1: all-reduce / all-gather / reduce-scatter inside an NVLink domain at their measured times by message
@@ -179,9 +179,23 @@ class CostConfig:
     # kernels of every decoder layer (0: by layer kind and engine build, sim.cost.KERNEL_BUILDS)
     kernels_per_layer: float = 0.0
     # fitted within 1-2 us: device-side gap per kernel (graph replay or eager; see bench/fidelity.py FIT)
-    graph_gap_s: float = 2.0e-6
+    graph_gap_s: float = 2e-06
     launch_s: float = 5e-6  # per-kernel CPU launch time of an eager (non-graph) iteration
-    iteration_overhead_s: float = 8.37e-3  # fitted: scheduler, sampling and host sync per iteration
+    # fitted within 2-9 us: the device time of a latency-bound kernel, so a decode layer takes at least its
+    # kernels x this (batch 1 is latency-bound in every kernel); the published range is the measured durations
+    # of the small kernels of a DeepSeek-R1 decode step on B200 (FP4 quantize 2.1 us, v_proj 4.1, dense FP4
+    # GEMM 8.4, MoE finalize 7.3: SemiAnalysis InferenceX issue 863's trace analysis)
+    kernel_floor_s: float = 7.89e-06
+    # FP4 (NVFP4 / MXFP4) GEMMs on a GPU with FP4 tensor cores run at this x its FP8 rate, not at its FP4 peak
+    # (2x FP8): NVIDIA TransformerEngine issue 2281 measures NVFP4 grouped GEMMs on B200 at most 15 % faster
+    # than MXFP8 on DeepSeek-V3 shapes; torchao PR 4798 +13.8 % for NVFP4 over MXFP8 on a 671B MoE at
+    # M = 131,072 on GB300; FlashInfer PR 5301's fused NVFP4 MoE reaches 2,318 TFLOPS at 512 tokens per expert
+    # on B300 (0.52 of its 4.5 PFLOPS FP8 peak)
+    fp4_gemm_speedup: float = 1.15
+    # fitted within 0.2-1.5 ms: host scheduling, sampling and synchronisation exposed per iteration; Alibaba
+    # RTP-LLM's DeepSeek report measures ~1.5 ms of host time between forward steps, < 200 us its target at
+    # batch 128 once made lightweight (the overlap schedulers of SGLang / TensorRT-LLM / vLLM hide most of it)
+    iteration_overhead_s: float = 0.0015
     comm_sm_share: float = 24 / 132  # SMs DeepEP normal kernels hold while overlapped (set_num_sms(24))
     mla_decode_flops_efficiency: float = 580 / 989  # FlashMLA: 580 TFLOPS BF16 on H800 (compute bound)
     mla_decode_hbm_efficiency: float = 3000 / 3350  # FlashMLA: 3,000 GB/s on H800 (memory bound)
@@ -192,7 +206,7 @@ class CostConfig:
 
     ZERO_OK = ("gemm_m0", "gemm_kernel_s", "ll_latency_s", "normal_latency_s", "allreduce_latency_s",
                "collective_table",
-               "kernels_per_layer", "graph_gap_s", "launch_s", "iteration_overhead_s", "comm_sm_share")
+               "kernels_per_layer", "graph_gap_s", "launch_s", "kernel_floor_s", "iteration_overhead_s", "comm_sm_share")
     FRACTIONS = ("sustained_efficiency", "flops_efficiency", "kda_flops_efficiency", "hbm_efficiency", "link_efficiency", "nic_efficiency", "gemm_efficiency",
                  "ll_efficiency", "mla_decode_flops_efficiency", "mla_decode_hbm_efficiency",
                  "prefill_attention_efficiency")
@@ -218,6 +232,7 @@ class CostConfig:
         """The pure roofline: every efficiency 1, no fixed overheads, no SM sharing (hand-checkable)."""
         base = {f: 1.0 for f in cls.FRACTIONS}
         base.update({f: 0.0 for f in cls.ZERO_OK})
+        base["fp4_gemm_speedup"] = 1e9  # FP4 GEMMs at the FP4 peak
         base.update(kw)
         return cls(**base)
 

@@ -65,7 +65,9 @@ from moeplace.foundation.model import DTYPE_BYTES, KV_DTYPE_BYTES, ModelSpec
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import CostConfig, EngineConfig
 
-KDA_CHUNK = 64  # chunk length of KDA's chunked (WY) prefill algorithm
+KDA_CHUNK = 64
+FP4_DTYPES = ("mxfp4", "nvfp4", "fp4")
+WEIGHT_ONLY_DTYPES = ("int4_g32",)  # chunk length of KDA's chunked (WY) prefill algorithm
 
 # Collectives inside one NVLink domain, measured: (bytes, microseconds) of one collective on 8 GPUs by
 # message size (an all-reduce's buffer, an all-gather's output, a reduce-scatter's input), as NVIDIA
@@ -130,6 +132,19 @@ KERNEL_BUILDS = {
     "unfused": {"mla": 12, "kda": 18, "gqa": 6, "moe": 12, "mlp": 5, "norm": 2},
     "fused": {"mla": 8, "kda": 18, "gqa": 4, "moe": 3, "mlp": 3, "norm": 2},
 }
+# Gap per kernel that programmatic dependent launch hides, by build: TensorRT-LLM's fused min-latency build
+# runs with PDL (TRTLLM_ENABLE_PDL=1); tech blog 1's optimisation table measures "Enable PDL" at 168 -> 173
+# tokens/s per user on DeepSeek-R1 (8 x B200, MTP 3, 2.82 tokens per step): 16.8 -> 16.3 ms per step,
+# 0.49 ms over the step's ~900 kernels (61 layers x 13, three MTP drafts), ~0.5 us each
+PDL_GAP_SAVING_S = {"fused": 0.5e-6}
+# Kernels MTP adds besides its decoder layer and LM head, counted from TensorRT-LLM's one-model MTP (v0.19,
+# the build of tech blog 1's MTP table; tensorrt_llm/_torch/speculative/mtp.py MTPEagleWorker and
+# models/modeling_deepseekv3.py DeepseekV3MTP, https://github.com/NVIDIA/TensorRT-LLM), one kernel per launch
+# at batch 1: per draft step the embedding, enorm, hnorm, concat, eh_proj, a standalone input norm, the
+# last-token gather (3), the LM head's all-gather and copy (2), the float cast, argmax + cast (2) and the
+# position / hidden-state / KV-length updates (6): 21; once per iteration the acceptance (3-4) and the
+# drafts' input set-up and restore (~18): 21. Inside the CUDA graph, like the rest of the step.
+MTP_KERNELS = {"draft": 21, "step": 21}
 # bus bytes per message byte of a collective over n GPUs (nccl-tests' busbw convention)
 _BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
         "reduce_scatter": lambda n: (n - 1) / n}
@@ -290,10 +305,11 @@ class CostModel:
         g = self.gpu
         self.hbm_bw = g.hbm_bw * c.hbm_efficiency
         s = c.sustained_efficiency
-        self.peak_trunk = g.flops(model.weight_dtype) * c.gemm_efficiency * s
-        self.peak_expert = g.flops(model.expert_dtype) * c.gemm_efficiency * s
-        self.peak_other = g.flops(model.weight_dtype) * c.flops_efficiency * s
-        self.peak_kda = g.flops(model.weight_dtype) * c.kda_flops_efficiency * s
+        self.peak_trunk = self.gemm_flops(model.weight_dtype) * c.gemm_efficiency * s
+        self.peak_expert = self.gemm_flops(model.expert_dtype) * c.gemm_efficiency * s
+        # attention cores compute in the attention dtype (BF16 or FP8), whatever format the weights are in
+        self.peak_other = g.flops(attention_dtype) * c.flops_efficiency * s
+        self.peak_kda = g.flops(attention_dtype) * c.kda_flops_efficiency * s
         self.peak_attn_dec = g.flops(attention_dtype) * c.mla_decode_flops_efficiency * s
         self.hbm_attn_dec = g.hbm_bw * c.mla_decode_hbm_efficiency
         self.peak_attn_pre = g.flops(attention_dtype) * c.prefill_attention_efficiency * s
@@ -533,6 +549,18 @@ class CostModel:
         grp = (moe.tokens.reshape(L, G // t_, t_).sum(axis=2), moe.touched.reshape(L, G // t_, t_).sum(axis=2))
         return np.repeat(self.expert_time(*grp, shard=t_), t_, axis=1)
 
+    def gemm_flops(self, dtype: str) -> float:
+        """Tensor-core FLOP/s of a GEMM on ``dtype`` weights: FP4 formats on a GPU with FP4 tensor cores
+        run at ``fp4_gemm_speedup`` times its FP8 rate, not at its FP4 peak (the published FP4 MoE and
+        grouped GEMMs gain 12-15 % over FP8, :class:`CostConfig`); others at ``GPUSpec.flops``."""
+        g = self.gpu
+        if dtype in WEIGHT_ONLY_DTYPES:
+            return g.flops_bf16
+        f = g.flops(dtype)
+        if dtype in FP4_DTYPES and g.flops_fp4:
+            return min(f, g.flops_fp8 * self.cfg.fp4_gemm_speedup)
+        return f
+
     def tep_copies(self, moe: MoeWork) -> tuple[np.ndarray, np.ndarray]:
         """Token copies each GPU receives (and sends back) in the all-to-all ``[L, G]`` by link: with TEP
         (``moe_tp`` t > 1) a copy bound for an expert goes to every GPU of its group of t (each holds 1/t
@@ -557,9 +585,14 @@ class CostModel:
                             for kind, moe in zip(self.model.attention, self._is_moe)], dtype=np.float64)
         return per * (2 if dual_batch_overlap else 1)
 
+    def kernel_gap_s(self) -> float:
+        """The device-side gap before each kernel: ``graph_gap_s``, less what programmatic dependent launch
+        hides in a build that enables it (:data:`PDL_GAP_SAVING_S`)."""
+        return max(self.cfg.graph_gap_s - PDL_GAP_SAVING_S.get(self.kernel_build, 0.0), 0.0)
+
     def kernel_gaps_s(self, dual_batch_overlap: bool = False) -> float:
         """Device-side gaps between the kernels of one decoder layer."""
-        return self.layer_kernels(dual_batch_overlap) * self.cfg.graph_gap_s
+        return self.layer_kernels(dual_batch_overlap) * self.kernel_gap_s()
 
     def moe_layer_times(self, moe: MoeWork, mode: str = "low_latency",
                         link_share=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -632,6 +665,8 @@ class CostModel:
                 fill = float(np.mean(np.minimum(comp, com))) / 2
         else:
             layer[self._is_moe] += experts + comm
+        if c.kernel_floor_s > 0:
+            layer = np.maximum(layer, self.layer_kernels(dual_batch_overlap) * c.kernel_floor_s)
         gpu_layer = layer
         # the device-side gap between dependent kernels is paid with or without a graph (a graph removes
         # the CPU launches, not the GPU's own kernel-to-kernel latency: RTP-LLM's DeepSeek report measures
@@ -656,7 +691,11 @@ class CostModel:
             return 0.0
         moe_layers = st.layer[self._is_moe] if self._is_moe.any() else st.layer
         head = float(np.max(self.lm_head_time(w)))
-        return draft * (float(np.mean(moe_layers)) + head)
+        # the small kernels MTP adds (:data:`MTP_KERNELS`) are latency-bound: each takes the kernel floor
+        # plus its gap
+        per_kernel = self.cfg.kernel_floor_s + self.kernel_gap_s()
+        return (draft * (float(np.mean(moe_layers)) + head + MTP_KERNELS["draft"] * per_kernel)
+                + MTP_KERNELS["step"] * per_kernel)
 
     # ------------------------------------------------------------------ memory movement
     def transfer_time(self, bytes_: float, same_node: bool = False) -> float:
