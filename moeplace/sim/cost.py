@@ -37,11 +37,18 @@ are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.C
   size (their GEMMs at half the tokens per expert); in steady state a layer takes
   ``max(2 C_half / (1 - s), 2 M_half)`` (compute C, communication M; ``s`` the SM share normal-mode
   kernels hold while overlapped), plus one pipeline fill ``min(C_half, M_half)`` per iteration.
-- Fixed overheads: per iteration (scheduler, sampling, host sync) and per layer: every layer leaves
-  ``kernels x graph_gap`` of device-side gaps between its kernels (graph replay or not; the kernels by
-  layer kind and engine build, :data:`KERNEL_BUILDS`); an eager iteration also cannot run a layer faster
-  than the CPU launches its kernels (``max(gpu + gaps, kernels x launch)``). Decode-only iterations up to the engine's graph
-  batch size replay graphs; prefill and mixed ones run eager.
+- The step at small batch: every kernel of a layer (counted by layer kind and engine build,
+  :data:`KERNEL_BUILDS`) takes at least ``kernel_floor`` on the device (a latency-bound kernel: launch,
+  DRAM round trips, tail), so a layer takes ``max(gpu, kernels x kernel_floor)``; each kernel is preceded
+  by a device-side gap (``graph_gap``, less what programmatic dependent launch hides in a build that
+  enables it, :data:`PDL_GAP_SAVING_S`), graph replay or not; an eager iteration also cannot run a layer
+  faster than the CPU launches its kernels (``max(gpu + gaps, kernels x launch)``); per iteration the host
+  time the engine leaves exposed (scheduler, sampling, sync). MTP drafts add their layer, LM head and the
+  small kernels MTP runs (:data:`MTP_KERNELS`). Decode-only iterations up to the engine's graph batch size
+  replay graphs; prefill and mixed ones run eager.
+- GEMM rates by the weights' format: FP4 on a GPU with FP4 tensor cores at ``fp4_gemm_speedup`` x its
+  FP8 rate (published FP4 grouped GEMMs gain ~15 % over FP8, not the 2x of the peaks), INT4 weight-only
+  (W4A16) at the BF16 rate; attention cores at the attention dtype's rate.
 
 One engine iteration (:func:`CostModel.step_time`) is, layer by layer (every attention-DP rank and every
 EP rank meet at each MoE layer's all-to-all, so each layer takes its slowest rank's time)::
