@@ -41,7 +41,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness and the peer, beside this script
-import fidelity_harness as harness
 from fidelity_harness import (  # noqa: F401  (names the tests read from this script)
     CASES,
     E2E,
