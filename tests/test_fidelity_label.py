@@ -221,3 +221,39 @@ def test_simulate_prints_and_writes_each_figure_with_its_range(trace_dir, capsys
     else:
         lo, hi = summ["output_tok_s_range"]
         assert row.endswith(f"[{lo:,.0f}-{hi:,.0f}]")
+
+
+def test_a_run_priced_by_another_cost_source_prints_no_range_and_says_why():
+    """The published cases checked the roofline cost model: a run priced by a calibration profile or
+    aiconfigurator's measured tables gets no range (their errors do not apply), and the note says why."""
+    reg = {"cases": 3, "groups": 2, "errors": [-0.2, 0.1, 0.25], "median_abs_error": 0.2,
+           "models": ["deepseek-v3"], "gpus": ["h200"]}
+    s = {"regimes": {"max-throughput": reg}, "min_groups_for_range": 2}
+    summary = {"output_tok_s": 1000.0, "tpot_p99_s": 0.05}
+    assert sim_fidelity.figure_ranges(s, {"regime": "max-throughput", "cost": "roofline"}, summary)
+    for cost in ("profile", "measured"):
+        run = {"regime": "max-throughput", "cost": cost}
+        assert sim_fidelity.figure_ranges(s, run, summary) == {}
+        assert list(sim_fidelity.with_ranges(summary, s, run)) == ["output_tok_s", "tpot_p99_s"]
+        note = sim_fidelity.regime_note(s, run)
+        assert "no range is printed" in note and "errors from" not in note
+
+
+def test_simulate_with_a_calibration_profile_prints_no_roofline_range(trace_dir, tmp_path, capsys):
+    """place simulate --profile: the cost line names the profile, the table has no [lo-hi] cells, --json
+    no *_range keys, and the label says the published errors do not apply."""
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({
+        "format": "moeplace.calibration/1", "device": "cpu", "dtype": "fp32",
+        "ops": {"expert_gemm": {"x": "tokens_per_expert", "hidden": 512, "intermediate": 512,
+                                "points": [[1, 1e-5], [100, 2e-5], [1000, 1.1e-4]]}}}))
+    assert main(["simulate", trace_dir, *COMMON, "--concurrency", "64", "--profile", str(prof)]) == 0
+    out = capsys.readouterr().out
+    assert f"corrected by the calibration profile {prof} (cpu, expert_gemm)" in out
+    row = next(line for line in out.splitlines() if line.startswith("output tok/s "))
+    assert "[" not in row
+    assert "priced by a calibration profile" in out and "no range is printed" in out
+    assert main(["simulate", trace_dir, *COMMON, "--concurrency", "64", "--profile", str(prof), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["fidelity"]["run"]["cost"] == "profile"
+    assert not any(k.endswith("_range") for k in doc["summaries"][0])

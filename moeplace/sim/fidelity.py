@@ -42,6 +42,9 @@ MAX_THROUGHPUT_MIN_SEQS = 128
 PREFILL_HEAVY_RATIO = 8.0
 
 
+ROOFLINE = "roofline"  # the cost source the published cases checked (sim.config.SimConfig.cost_model)
+
+
 def regime(phase: str, disaggregated: bool, seqs_per_rank: float, prompt_len: float | None = None,
            output_len: float | None = None) -> str:
     """The regime of a run (the rule above): ``phase`` both | prefill | decode; ``seqs_per_rank`` the
@@ -68,10 +71,12 @@ def case_regime(row: dict) -> str | None:
     return regime(phase, False, float(seqs), c.get("isl"), c.get("osl"))
 
 
-def run_context(config, num_gpus: int, model: str, gpu: str) -> dict[str, Any]:
-    """What the label needs of a run (``config``: a ``sim.config.SimConfig``): its regime, model and GPU.
-    Sequences per rank: the engine's ``max_seqs``, or fewer when a closed loop's concurrency spread over
-    the ranks is smaller; lengths from the length mix (None with the trace's own lengths)."""
+def run_context(config, num_gpus: int, model: str, gpu: str, profile: bool = False) -> dict[str, Any]:
+    """What the label needs of a run (``config``: a ``sim.config.SimConfig``): its regime, model, GPU and
+    cost source (``cost``: ``roofline``, the cost model the published cases were checked with; ``profile``
+    with a calibration profile; else ``config.cost_model``). Sequences per rank: the engine's ``max_seqs``,
+    or fewer when a closed loop's concurrency spread over the ranks is smaller; lengths from the length mix
+    (None with the trace's own lengths)."""
     e, w = config.engine, config.workload
     ranks = max(num_gpus // e.attention_tp, 1)
     seqs = float(e.max_seqs)
@@ -83,7 +88,7 @@ def run_context(config, num_gpus: int, model: str, gpu: str) -> dict[str, Any]:
         prompt = sum(n * wt for n, wt in comps) / sum(wt for _, wt in comps)
         output = float(w.lengths.output_mean)
     return {"regime": regime(e.phase, e.disaggregated, seqs, prompt, output), "model": model, "gpu": gpu,
-            "seqs_per_rank": seqs}
+            "seqs_per_rank": seqs, "cost": "profile" if profile else getattr(config, "cost_model", ROOFLINE)}
 
 
 def _group(pairs: list[tuple[dict, float]]) -> dict[str, Any]:
@@ -164,7 +169,10 @@ def figure_ranges(s: dict[str, Any], run: dict[str, Any] | None, summary: dict[s
     ``summary`` (:data:`THROUGHPUT_FIGURES`, :data:`TIME_FIGURES`): where the real figure would lie had
     the simulator erred as it did, over the cases of the run's regime, between its most optimistic and its
     most pessimistic case (a throughput S: [S / (1 + largest), S / (1 + smallest)]; a time, the
-    reverse). None for every figure where no case resembles the run (:func:`regime_range`)."""
+    reverse). None for every figure where no case resembles the run (:func:`regime_range`). No range at all
+    for a run priced by another cost source than the roofline model the cases checked (:func:`other_cost`)."""
+    if other_cost(run):
+        return {}
     rr = regime_range(s, (run or {}).get("regime"))
     out: dict[str, Any] = {}
     for key in THROUGHPUT_FIGURES + TIME_FIGURES:
@@ -203,12 +211,25 @@ def with_ranges(summary: dict[str, Any], s: dict[str, Any], run: dict[str, Any] 
     return out
 
 
+def other_cost(run: dict[str, Any] | None) -> str | None:
+    """The run's cost source when it is not the roofline model the published cases checked (a calibration
+    profile, aiconfigurator's measured tables), else None."""
+    cost = (run or {}).get("cost", ROOFLINE)
+    return None if cost == ROOFLINE else cost
+
+
 def regime_note(s: dict[str, Any], run: dict[str, Any]) -> str:
     """The run's regime and the error there (its range, or that no case resembles the run), and what no
     case covers (its model, its GPU)."""
     r = run.get("regime")
     reg = (s.get("regimes") or {}).get(r) if r else None
     parts = []
+    cost = other_cost(run)
+    if cost:
+        what = "a calibration profile" if cost == "profile" else f"the {cost} cost source"
+        parts.append(f"this run is priced by {what}, not the roofline cost model the published cases checked: "
+                     "their errors do not apply, so no range is printed")
+        reg = None
     if r and reg is not None:
         if not reg["cases"]:
             parts.append(f"this run is {r}: no case resembles this run (none in that regime)")

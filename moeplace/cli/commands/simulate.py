@@ -197,7 +197,9 @@ def run(args) -> int:
                              "lengthen --duration, shorten the requests (--context-mix, --output-len)"
                              f"{fit}, or check that the trace can supply the workload (--concurrency, "
                              "--max-trace-tokens)")
-    run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name)
+    run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name, profile=profile is not None)
+    if profile is None:  # "auto" prices by the tables only where they cover the run
+        run["cost"] = results[0].summary["cost_model"]["source"]
     if args.out:
         resolved = {**resolved_config(config, cluster, trace, placements, profile),
                     "settings": settings_record(args, {"traces": args.traces})}
@@ -227,7 +229,9 @@ def run(args) -> int:
               + (f"{args.rate:g} req/s {args.arrival}" if args.rate is not None else
                  f"{config.workload.concurrency} concurrent requests")
               + f"; steady state after {config.warmup_s:g} s warm-up")
-        print(cost_source_line(results[0].summary["cost_model"]))
+        print(cost_source_line(results[0].summary["cost_model"])
+              + (f"; corrected by the calibration profile {args.profile} ({profile.device}, {', '.join(sorted(profile.ops))})"
+                 if profile is not None else ""))
         print(format_table(results, run))
         print(fidelity_doc(run)["note"])
         if rec is not None:
