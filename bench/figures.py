@@ -651,11 +651,13 @@ def recommend() -> str:
     rows = [m for line in lines[start + 1:] if (m := REC_ROW.match(line))]
     base = float(rows[0]["tok"].replace(",", ""))
     parts = [f"{m['config']} rebalances {m['n']} time{'s' if m['n'] != '1' else ''} ({m['stall']} s of stall) and "
-             f"changes output tok/s by {_change(float(m['tok'].replace(',', '')), base)}" for m in rows[1:]]
-    summary = run["summary"][0]
+             f"changes tok/s by {_change(float(m['tok'].replace(',', '')), base)}" for m in rows[1:]]
+    # the comparison's own runs (the protocol sizes them to let every rebalancer act), not the table's run
+    runs = re.search(r"runs of ([\d,.]+) simulated s", lines[start])
+    within = (f"In the comparison's own runs ({runs[1]} simulated s each, on traffic the rebalancers had not "
+              f"observed{_source(run)})" if runs else f"In the comparison's runs{_source(run)}")
     return (f"```\n$ {run['command']}\n{lines[0]}\n...\n" + "\n".join(lines[start:]) + "\n```\n\n"
-            f"Within {summary['duration_s']:g} simulated s ({summary['iterations']:,} iterations of the static "
-            f"run{_source(run)}): " + "; ".join(parts) + ".\n")
+            f"{within}: " + "; ".join(parts) + ".\n")
 
 
 # ---------------------------------------------------------------------------- fidelity
