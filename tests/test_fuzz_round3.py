@@ -380,11 +380,17 @@ def test_synth_explicit_phases_still_checked(w, capsys):
 
 
 # ------------------------------------------------------------------ signals
+def _default_stop_signals() -> None:
+    # SIGINT as an interactive shell leaves it (a background job of a script would ignore it), SIGHUP as a
+    # terminal's job has it (a suite run under nohup would pass its ignored SIGHUP on, which the CLI keeps)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _start(argv, cwd):
-    # SIGINT as an interactive shell leaves it (a background job of a script would ignore it)
     return subprocess.Popen([sys.executable, "-m", "moeplace.cli", *map(str, argv)], cwd=cwd, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+                            preexec_fn=_default_stop_signals)  # noqa: PLW1509
 
 
 def test_sighup_during_synth_cleans_up_like_sigterm(tmp_path, base):
