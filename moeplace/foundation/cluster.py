@@ -19,6 +19,9 @@ from moeplace.foundation import limits
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.reading import quote
 
+FP4_FORMATS = ("mxfp4", "nvfp4", "fp4")  # 4-bit floats with block scales: FP4 tensor cores on Blackwell
+WEIGHT_ONLY_FORMATS = ("int4_g32",)  # INT4 weights, BF16 activations (Marlin-style W4A16 kernels)
+
 
 @dataclass(frozen=True)
 class GPUSpec:
@@ -45,8 +48,12 @@ class GPUSpec:
             raise InputError(f"GPU '{self.name}': gpus_per_node must be >= 1")
 
     def flops(self, dtype: str) -> float:
-        """Dense tensor-core FLOP/s for GEMMs whose inputs are ``dtype`` (weights' compute format)."""
-        if dtype in ("mxfp4", "nvfp4", "fp4", "int4_g32"):
+        """Dense tensor-core FLOP/s for GEMMs whose inputs are ``dtype`` (weights' compute format): FP4
+        formats on FP4 tensor cores where the GPU has them (else FP8, W4A8); weight-only formats
+        (:data:`WEIGHT_ONLY_FORMATS`, W4A16) dequantize to BF16 and run at the BF16 rate."""
+        if dtype in WEIGHT_ONLY_FORMATS:
+            return self.flops_bf16
+        if dtype in FP4_FORMATS:
             return self.flops_fp4 or self.flops_fp8
         if dtype.startswith("fp8"):
             return self.flops_fp8

@@ -169,8 +169,8 @@ class CostConfig:
     nic_efficiency: float = 0.888  # fitted: RDMA share DeepEP normal kernels reach (43-58 GB/s of 50)
     gemm_efficiency: float = 0.657  # fitted: large-m grouped GEMM FLOP share (DeepGEMM contiguous 1,297/1,979)
     gemm_m0: float = 93.9  # fitted: rows of tile fill per weight matrix (efficiency m / (m + m0))
-    gemm_kernel_s: float = 3.81e-06  # fitted: fixed time per GEMM kernel (launch, pipeline fill, tail)
-    ll_latency_s: float = 1.83e-05  # fitted: DeepEP low-latency dispatch/combine fixed time (per call)
+    gemm_kernel_s: float = 3.81e-6  # fitted: fixed time per GEMM kernel (launch, pipeline fill, tail)
+    ll_latency_s: float = 18.3e-6  # fitted: DeepEP low-latency dispatch/combine fixed time (per call)
     ll_efficiency: float = 0.855  # fitted: RDMA share low-latency kernels reach (39-48 GB/s of 50 at EP32+)
     normal_latency_s: float = 40e-6  # DeepEP normal mode: CPU-side layout notify before the copies
     allreduce_latency_s: float = 10e-6  # TP all-reduce fixed time on NVLink (roofline form only)
@@ -180,13 +180,13 @@ class CostConfig:
     # kernels of every decoder layer (0: by layer kind and engine build, sim.cost.KERNEL_BUILDS)
     kernels_per_layer: float = 0.0
     # fitted within 1-2 us: device-side gap per kernel (graph replay or eager; see bench/fidelity.py FIT)
-    graph_gap_s: float = 2e-06
+    graph_gap_s: float = 2.0e-6
     launch_s: float = 5e-6  # per-kernel CPU launch time of an eager (non-graph) iteration
     # fitted within 2-9 us: the device time of a latency-bound kernel, so a decode layer takes at least its
     # kernels x this (batch 1 is latency-bound in every kernel); the published range is the measured durations
     # of the small kernels of a DeepSeek-R1 decode step on B200 (FP4 quantize 2.1 us, v_proj 4.1, dense FP4
     # GEMM 8.4, MoE finalize 7.3: SemiAnalysis InferenceX issue 863's trace analysis)
-    kernel_floor_s: float = 7.39e-06
+    kernel_floor_s: float = 7.39e-6
     # FP4 (NVFP4 / MXFP4) GEMMs on a GPU with FP4 tensor cores run at this x its FP8 rate, not at its FP4 peak
     # (2x FP8): NVIDIA TransformerEngine issue 2281 measures NVFP4 grouped GEMMs on B200 at most 15 % faster
     # than MXFP8 on DeepSeek-V3 shapes; torchao PR 4798 +13.8 % for NVFP4 over MXFP8 on a 671B MoE at
@@ -196,7 +196,7 @@ class CostConfig:
     # fitted within 0.2-1.5 ms: host scheduling, sampling and synchronisation exposed per iteration; Alibaba
     # RTP-LLM's DeepSeek report measures ~1.5 ms of host time between forward steps, < 200 us its target at
     # batch 128 once made lightweight (the overlap schedulers of SGLang / TensorRT-LLM / vLLM hide most of it)
-    iteration_overhead_s: float = 0.0015
+    iteration_overhead_s: float = 1.5e-3
     comm_sm_share: float = 24 / 132  # SMs DeepEP normal kernels hold while overlapped (set_num_sms(24))
     mla_decode_flops_efficiency: float = 580 / 989  # FlashMLA: 580 TFLOPS BF16 on H800 (compute bound)
     mla_decode_hbm_efficiency: float = 3000 / 3350  # FlashMLA: 3,000 GB/s on H800 (memory bound)

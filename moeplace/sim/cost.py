@@ -66,15 +66,13 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from moeplace.foundation.cluster import ClusterSpec, GPUSpec
+from moeplace.foundation.cluster import FP4_FORMATS, ClusterSpec, GPUSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import DTYPE_BYTES, KV_DTYPE_BYTES, ModelSpec
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import CostConfig, EngineConfig
 
-KDA_CHUNK = 64
-FP4_DTYPES = ("mxfp4", "nvfp4", "fp4")
-WEIGHT_ONLY_DTYPES = ("int4_g32",)  # chunk length of KDA's chunked (WY) prefill algorithm
+KDA_CHUNK = 64  # chunk length of KDA's chunked (WY) prefill algorithm
 
 # Collectives inside one NVLink domain, measured: (bytes, microseconds) of one collective on 8 GPUs by
 # message size (an all-reduce's buffer, an all-gather's output, a reduce-scatter's input), as NVIDIA
@@ -337,6 +335,12 @@ class CostModel:
         self._keys = sorted({(k, i in moe) for i, k in enumerate(model.attention)})
         self._layer_key = np.array([self._keys.index((k, i in moe)) for i, k in enumerate(model.attention)])
         self._is_moe = np.array([i in moe for i in range(model.num_layers)])
+        if self.kernels_per_layer > 0:
+            self._layer_kernels = np.full(model.num_layers, self.kernels_per_layer)
+        else:
+            b = KERNEL_BUILDS[kernel_build]
+            self._layer_kernels = np.array([b[kind] + b["moe" if m else "mlp"] + b["norm"]
+                                            for kind, m in zip(model.attention, self._is_moe)], dtype=np.float64)
 
     # ------------------------------------------------------------------ GEMMs
     @classmethod
@@ -557,14 +561,12 @@ class CostModel:
         return np.repeat(self.expert_time(*grp, shard=t_), t_, axis=1)
 
     def gemm_flops(self, dtype: str) -> float:
-        """Tensor-core FLOP/s of a GEMM on ``dtype`` weights: FP4 formats on a GPU with FP4 tensor cores
-        run at ``fp4_gemm_speedup`` times its FP8 rate, not at its FP4 peak (the published FP4 MoE and
-        grouped GEMMs gain 12-15 % over FP8, :class:`CostConfig`); others at ``GPUSpec.flops``."""
+        """Tensor-core FLOP/s of a GEMM on ``dtype`` weights (``GPUSpec.flops``), except that FP4 formats on
+        a GPU with FP4 tensor cores run at ``fp4_gemm_speedup`` times its FP8 rate, not at its FP4 peak (the
+        published FP4 MoE and grouped GEMMs gain 12-15 % over FP8, :class:`CostConfig`)."""
         g = self.gpu
-        if dtype in WEIGHT_ONLY_DTYPES:
-            return g.flops_bf16
         f = g.flops(dtype)
-        if dtype in FP4_DTYPES and g.flops_fp4:
+        if dtype in FP4_FORMATS and g.flops_fp4:
             return min(f, g.flops_fp8 * self.cfg.fp4_gemm_speedup)
         return f
 
@@ -584,13 +586,7 @@ class CostModel:
         block's and the two norms' in this build (:data:`KERNEL_BUILDS`; a KDA layer runs KDA's, not
         MLA's), or ``kernels_per_layer`` for every layer when set; two micro-batches run every kernel
         twice."""
-        if self.kernels_per_layer > 0:
-            per = np.full(self.model.num_layers, self.kernels_per_layer)
-        else:
-            b = KERNEL_BUILDS[self.kernel_build]
-            per = np.array([b[kind] + b["moe" if moe else "mlp"] + b["norm"]
-                            for kind, moe in zip(self.model.attention, self._is_moe)], dtype=np.float64)
-        return per * (2 if dual_batch_overlap else 1)
+        return self._layer_kernels * (2 if dual_batch_overlap else 1)
 
     def kernel_gap_s(self) -> float:
         """The device-side gap before each kernel: ``graph_gap_s``, less what programmatic dependent launch
@@ -672,16 +668,17 @@ class CostModel:
                 fill = float(np.mean(np.minimum(comp, com))) / 2
         else:
             layer[self._is_moe] += experts + comm
-        if c.kernel_floor_s > 0:
-            layer = np.maximum(layer, self.layer_kernels(dual_batch_overlap) * c.kernel_floor_s)
+        kernels = self.layer_kernels(dual_batch_overlap)
+        # a latency-bound layer (batch 1) takes at least its kernels x the kernel floor
+        layer = np.maximum(layer, kernels * c.kernel_floor_s)
         gpu_layer = layer
         # the device-side gap between dependent kernels is paid with or without a graph (a graph removes
         # the CPU launches, not the GPU's own kernel-to-kernel latency: RTP-LLM's DeepSeek report measures
         # ~2 ms of device launch overhead per step with C++ launches far ahead of the GPU); an eager layer
         # also cannot run faster than the CPU launches its kernels
-        layer = layer + self.kernel_gaps_s(dual_batch_overlap)
+        layer = layer + kernels * self.kernel_gap_s()
         if not graph:
-            layer = np.maximum(layer, self.layer_kernels(dual_batch_overlap) * c.launch_s)
+            layer = np.maximum(layer, kernels * c.launch_s)
         head = float(np.max(self.lm_head_time(w))) if w.sampled.any() else 0.0
         overhead = float((layer - gpu_layer).sum()) + c.iteration_overhead_s
         total = float(layer.sum()) + head + fill + c.iteration_overhead_s

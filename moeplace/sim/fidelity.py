@@ -71,12 +71,13 @@ def case_regime(row: dict) -> str | None:
     return regime(phase, False, float(seqs), c.get("isl"), c.get("osl"))
 
 
-def run_context(config, num_gpus: int, model: str, gpu: str, profile: bool = False) -> dict[str, Any]:
+def run_context(config, num_gpus: int, model: str, gpu: str, cost: str | None = None) -> dict[str, Any]:
     """What the label needs of a run (``config``: a ``sim.config.SimConfig``): its regime, model, GPU and
-    cost source (``cost``: ``roofline``, the cost model the published cases were checked with; ``profile``
-    with a calibration profile; else ``config.cost_model``). Sequences per rank: the engine's ``max_seqs``,
-    or fewer when a closed loop's concurrency spread over the ranks is smaller; lengths from the length mix
-    (None with the trace's own lengths)."""
+    cost source (``cost``: what priced the run when known, e.g. ``profile`` or the source a ``measured``
+    / ``auto`` run ended with; else ``config.cost_model``; ``roofline`` is the cost model the published
+    cases checked). Sequences per rank: the engine's ``max_seqs``, or fewer when a closed loop's
+    concurrency spread over the ranks is smaller; lengths from the length mix (None with the trace's own
+    lengths)."""
     e, w = config.engine, config.workload
     ranks = max(num_gpus // e.attention_tp, 1)
     seqs = float(e.max_seqs)
@@ -88,7 +89,7 @@ def run_context(config, num_gpus: int, model: str, gpu: str, profile: bool = Fal
         prompt = sum(n * wt for n, wt in comps) / sum(wt for _, wt in comps)
         output = float(w.lengths.output_mean)
     return {"regime": regime(e.phase, e.disaggregated, seqs, prompt, output), "model": model, "gpu": gpu,
-            "seqs_per_rank": seqs, "cost": "profile" if profile else getattr(config, "cost_model", ROOFLINE)}
+            "seqs_per_rank": seqs, "cost": cost or config.cost_model}
 
 
 def _group(pairs: list[tuple[dict, float]]) -> dict[str, Any]:
@@ -229,8 +230,7 @@ def regime_note(s: dict[str, Any], run: dict[str, Any]) -> str:
         what = "a calibration profile" if cost == "profile" else f"the {cost} cost source"
         parts.append(f"this run is priced by {what}, not the roofline cost model the published cases checked: "
                      "their errors do not apply, so no range is printed")
-        reg = None
-    if r and reg is not None:
+    elif r and reg is not None:
         if not reg["cases"]:
             parts.append(f"this run is {r}: no case resembles this run (none in that regime)")
         else:

@@ -197,9 +197,9 @@ def run(args) -> int:
                              "lengthen --duration, shorten the requests (--context-mix, --output-len)"
                              f"{fit}, or check that the trace can supply the workload (--concurrency, "
                              "--max-trace-tokens)")
-    run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name, profile=profile is not None)
-    if profile is None:  # "auto" prices by the tables only where they cover the run
-        run["cost"] = results[0].summary["cost_model"]["source"]
+    # what priced the run: "auto" ends on the measured tables only where they cover it
+    run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name,
+                      cost="profile" if profile is not None else results[0].summary["cost_model"]["source"])
     if args.out:
         resolved = {**resolved_config(config, cluster, trace, placements, profile),
                     "settings": settings_record(args, {"traces": args.traces})}
