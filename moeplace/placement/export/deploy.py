@@ -41,6 +41,7 @@ from pathlib import Path
 import yaml
 
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.reading import quote
 from moeplace.placement.export.flags import Launch, _join
 
 TARGETS = ("shell", "slurm", "k8s")
@@ -67,6 +68,82 @@ UNPACK = ("import gzip, hashlib, pathlib, sys\n"
           "out.write_bytes(data)\n")
 
 
+# Characters no value may carry into a launch file: C0 and C1 controls and DEL (a newline ends a ``#`` comment
+# or an ``#SBATCH`` header and starts a shell command; a carriage return hides text on a terminal), and the
+# Unicode line and paragraph separators that YAML (and some editors) read as line breaks.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# ConfigMap keys (Kubernetes IsConfigMapKey): the placement file's name is one, and part of the mount path
+_CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+# A container image reference, as the distribution/reference grammar reads it: [DOMAIN[:PORT]/]PATH[:TAG][@DIGEST];
+# the first component is a registry domain only when it holds '.' or ':' or is localhost, and every path
+# component is lower case
+_DOMAIN = re.compile(r"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+                     r"(?::[0-9]+)?$")
+_PATH_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_DIGEST = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$")
+
+
+def check_value(value: str, what: str) -> str:
+    """``value`` unchanged, or an :class:`InputError` naming ``what`` (a flag) when it holds a character no
+    launch file may carry (:data:`_CONTROL`: a newline in a path would end the comment or ``#SBATCH`` line
+    it is written on and run the rest as a command)."""
+    m = _CONTROL.search(value)
+    if m:
+        raise InputError(f"{what} {quote(value)}: holds a control character ({m.group()!r} at position "
+                         f"{m.start()}), which a launch file cannot carry safely (a line break would end a comment "
+                         "or header line and run the rest); choose a name without one")
+    return value
+
+
+def comment(text: str) -> str:
+    """``text`` as ONE comment line: ``# `` prefixed unless it starts with ``#``; any control character or line
+    separator in it (from a file's own fields: a GPU spec's name, a placement's provenance) written as its
+    escape, so nothing after it can become a line of its own."""
+    safe = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    return safe if safe.startswith("#") else "# " + safe
+
+
+def check_image(image: str) -> str:
+    """``--image``: a container image reference (``[registry[:port]/]name[:tag][@digest]``)."""
+    check_value(image, "--image")
+    if len(image) > 4096 or not _is_image(image):
+        raise InputError(f"--image {quote(image)}: not a container image reference (expected "
+                         "[REGISTRY[:PORT]/]NAME[:TAG][@DIGEST], e.g. vllm/vllm-openai:v0.34.0)")
+    return image
+
+
+def _is_image(ref: str) -> bool:
+    name, _, digest = ref.partition("@")
+    if digest and not _DIGEST.match(digest):
+        return False
+    parts = name.split("/")
+    last, colon, tag = parts[-1].partition(":")
+    if colon and not _TAG.match(tag):
+        return False
+    parts[-1] = last
+    domain = len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0] == "localhost")
+    if domain and not _DOMAIN.match(parts.pop(0)):
+        return False
+    return all(_PATH_COMPONENT.match(c) for c in parts)
+
+
+def check_launch(launch: Launch, target: str, file_name: str | None = None) -> None:
+    """Every value of ``launch`` a ``target`` file carries is one the file can hold: no control characters in
+    the placement file's path (``--out``), the model path (``--model-path``), the environment or any word of
+    the command; under ``k8s`` the file name is a ConfigMap key. Raises :class:`InputError` naming the flag."""
+    check_value(launch.file_path, "--out")
+    check_value(launch.model_path, "--model-path")
+    for k, v in launch.env.items():
+        check_value(k, "the engine environment's name")
+        check_value(v, f"{k} (the placement JSON given to export)")
+    for word in [*launch.head, *(launch.worker_extra or [])]:
+        check_value(word, "a word of the launch command")
+    if target == "k8s" and file_name is not None and not _CONFIGMAP_KEY.match(file_name):
+        raise InputError(f"--out {quote(file_name)}: --target k8s carries the file in a ConfigMap under its name, "
+                         "which Kubernetes allows only letters, digits, '-', '_' and '.' (at most 253); rename it")
+
+
 def default_suffix(target: str) -> str:
     return {"shell": ".launch.sh", "slurm": ".sbatch", "k8s": ".lws.yaml"}[target]
 
@@ -84,6 +161,7 @@ def _check(launch: Launch, target: str) -> None:
     if launch.version is None:  # only the vLLM and SGLang commands are checked against a release
         raise InputError(f"--target {target}: launch files are written for the SGLang and vLLM formats "
                          "(the others print their command only)")
+    check_launch(launch, target)
 
 
 def _node_body(launch: Launch, indent: str) -> list[str]:
@@ -106,9 +184,10 @@ def _exec_lines(launch: Launch, indent: str) -> list[str]:
 
 
 def _header(launch: Launch, target: str, memory: str) -> list[str]:
-    return [(f"{MARKER} {launch.engine} {launch.version}, {launch.nodes} node(s) x {launch.gpus_per_node} GPUs "
-            f"(place export --target {target})"),
-            f"# {memory}", *launch.notes, launch.layout]
+    """The comment lines every launch file starts with (each one line, whatever its values hold)."""
+    first = (f"{MARKER} {launch.engine} {launch.version}, {launch.nodes} node(s) x {launch.gpus_per_node} GPUs "
+             f"(place export --target {target})")
+    return [comment(line) for line in (first, memory, *launch.notes, launch.layout)]
 
 
 def _refuse(message: str) -> str:
@@ -145,8 +224,8 @@ def slurm_script(launch: Launch, memory: str, job_name: str) -> str:
     _check(launch, "slurm")
     n, gpn = launch.nodes, launch.gpus_per_node
     lines = ["#!/bin/bash", *_header(launch, "slurm", memory),
-             f"# the placement file must be readable on every node at {launch.file_path}",
-             f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={n}", "#SBATCH --ntasks-per-node=1",
+             comment(f"the placement file must be readable on every node at {launch.file_path}"),
+             f"#SBATCH --job-name={k8s_name(job_name)}", f"#SBATCH --nodes={n}", "#SBATCH --ntasks-per-node=1",
              f"#SBATCH --gpus-per-node={gpn}", "#SBATCH --exclusive",
              "set -euo pipefail",
              # all hosts read, then the first taken: `| head -n 1` under pipefail can fail on SIGPIPE
@@ -163,8 +242,13 @@ def slurm_script(launch: Launch, memory: str, job_name: str) -> str:
 
 
 def k8s_name(text: str) -> str:
-    """An RFC 1123 name (lower case, digits, '-'; at most 52 characters, leaving room for suffixes)."""
-    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:52].strip("-")
+    """An RFC 1123 label that also starts with a letter (RFC 1035, as Service names must): lower case,
+    digits, '-'; at most 52 characters, leaving room for the suffixes the objects add (``-placement-15``,
+    ``-api``). Any other character of ``text`` becomes '-'."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    if name and not name[0].isalpha():
+        name = "m-" + name
+    name = name[:52].strip("-")
     return name or "moeplace"
 
 
@@ -275,6 +359,7 @@ def parse_weights(text: str) -> PvcWeights | HostPathWeights | None:
         return None
     kind, sep, value = text.partition(":")
     source = WEIGHT_SOURCES.get(kind)
+    check_value(text, "--k8s-weights")
     ok = source is PvcWeights and _DNS_SUBDOMAIN.match(value) or source is HostPathWeights and value.startswith("/")
     if not sep or not ok:
         raise InputError(f"--k8s-weights {text!r}: expected pvc:CLAIM_NAME (a lower-case DNS name), "
@@ -300,6 +385,7 @@ def parse_quantity(text: str, flag: str) -> str:
 
 
 def parse_mount(text: str) -> str:
+    check_value(text, "--k8s-weights-mount")
     if not text.startswith("/") or text.rstrip("/") in ("", MOUNT_DIR, PARTS_DIR, "/dev/shm") or ":" in text:
         raise InputError(f"--k8s-weights-mount {text!r}: expected an absolute path other than /, /dev/shm and "
                          f"{MOUNT_DIR}")
@@ -395,6 +481,7 @@ def k8s_manifest(launch: Launch, memory: str, name: str, file_name: str, file_by
     the leader (YAML documents). ``launch`` must have been built with the file at ``MOUNT_DIR/file_name``.
     Every object passes :func:`apply_problems` (else a one-line InputError)."""
     _check(launch, "k8s")
+    check_launch(launch, "k8s", file_name)
     if launch.env:  # the vLLM plugin reads the placement JSON, which the ConfigMap does not carry
         raise InputError(f"--target k8s: this command loads the placement through the moeplace plugin "
                          f"({', '.join(launch.env)}), whose placement JSON the manifest does not mount; use --target "
@@ -406,7 +493,7 @@ def k8s_manifest(launch: Launch, memory: str, name: str, file_name: str, file_by
     opts = (options or K8sOptions()).resolved(launch.nodes)
     name = k8s_name(name)
     app = {"app": name}
-    image = opts.image or IMAGES[launch.engine].format(version=launch.version)
+    image = check_image(opts.image) if opts.image else IMAGES[launch.engine].format(version=launch.version)
     carrier = _carrier(name, app, file_name, file_bytes, image)
     env_line = "export NODE_RANK=$LWS_WORKER_INDEX MASTER_ADDR=$LWS_LEADER_ADDRESS"
     port = PORTS[launch.engine]
@@ -467,17 +554,19 @@ def k8s_manifest(launch: Launch, memory: str, name: str, file_name: str, file_by
                f"# the placement file: gzipped over {len(carrier.configmaps)} ConfigMap(s) {name}-placement-N, "
                "joined by the init container")
     head = [(f"{MARKER} {launch.engine} {launch.version}, {launch.nodes} pod(s) x {launch.gpus_per_node} GPUs "
-            "(place export --target k8s; needs the LeaderWorkerSet controller)"), f"# {memory}", *launch.notes,
-            launch.layout, f"# image {image}: the engine's published container (--image overrides)",
-            f"# pods: {net}; /dev/shm in memory" + (f" ({opts.shm_size})" if opts.shm_size else ""),
-            (f"# weights: {opts.weights.describe()} at {opts.weights_mount} (HF_HOME inside)" if opts.weights
-             else "# weights: no volume (--k8s-weights)"),
-            (f"# HF_TOKEN: Secret {opts.hf_secret.name}, key {opts.hf_secret.key} (optional)" if opts.hf_secret
-             else "# HF_TOKEN: none"),
-            carried, f"# client traffic: Service {name}-api port {port}",
-            "# every object is within Kubernetes' size limits for kubectl apply (client- or server-side)"]
+            "(place export --target k8s; needs the LeaderWorkerSet controller)"), memory, *launch.notes,
+            launch.layout, f"image {image}: " + ("--image" if opts.image else "the engine's published container "
+                                                 "(--image overrides)"),
+            f"pods: {net}; /dev/shm in memory" + (f" ({opts.shm_size})" if opts.shm_size else ""),
+            (f"weights: {opts.weights.describe()} at {opts.weights_mount} (HF_HOME inside)" if opts.weights
+             else "weights: no volume (--k8s-weights)"),
+            (f"HF_TOKEN: Secret {opts.hf_secret.name}, key {opts.hf_secret.key} (optional)" if opts.hf_secret
+             else "HF_TOKEN: none"),
+            carried, f"client traffic: Service {name}-api port {port}",
+            "every object is within Kubernetes' size limits for kubectl apply (client- or server-side)"]
+    # every value below the comments is a YAML scalar that safe_dump quotes by YAML's own rules
     docs = [yaml.safe_dump(d, sort_keys=False, width=120) for d in objects]
-    return "\n".join(head) + "\n" + "---\n".join(docs)
+    return "\n".join(comment(line) for line in head) + "\n" + "---\n".join(docs)
 
 
 def render(target: str, launch: Launch, memory: str, *, name: str, file_name: str, file_bytes: bytes | None,
