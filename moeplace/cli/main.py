@@ -18,7 +18,7 @@ import pkgutil
 import signal
 import sys
 
-from moeplace.cli import commands
+from moeplace.cli import commands, paths
 from moeplace.cli.run_config import apply_config
 from moeplace.foundation import limits, progress
 from moeplace.foundation.errors import MoeplaceError
@@ -137,7 +137,9 @@ _ENVIRONMENT_ERRNOS = {errno.EMFILE: "raise the limit (ulimit -n 4096) or use fe
                        errno.ENFILE: "the system's open-file table is full; close other programs or retry",
                        errno.ENOSPC: "free space and run it again", errno.EDQUOT: "free space and run it again",
                        errno.EROFS: "write somewhere writable", errno.EIO: "check the device",
-                       errno.ENOMEM: "free memory or give the command less to do"}
+                       errno.ENOMEM: "free memory or give the command less to do",
+                       # a path inside a file the command read (the command line's are checked by cli.paths)
+                       errno.ENAMETOOLONG: "a name in the path is longer than the file system allows; shorten it"}
 
 
 def _environment_error(exc: OSError) -> str | None:
@@ -196,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        paths.check_args(parser, args, only={"config"})  # the one path read before the others are known
         args = apply_config(parser, argv, args)  # --config FILE: the file's flags, the command line's win
+        paths.check_args(parser, args)  # every path the command reads: length, kind, presence
     except SystemExit as exc:  # --help (0) or a bad flag (2, its one line already printed)
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
         if code and wants_json and _PARSE_ERROR:

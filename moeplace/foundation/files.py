@@ -584,6 +584,15 @@ def _check_name(text: str, what: str) -> None:
         bad = text[exc.start].encode("utf-8", "surrogateescape")
         raise InputError(f"{what}: the path is not UTF-8 (byte 0x{bad[0]:02x}); the Parquet and JSON "
                          "writers need UTF-8 names, choose another") from None
+    check_path_length(text, what)
+
+
+def check_path_length(text: str, what: str) -> None:
+    """Each name in the path ``text`` fits the file system's ``NAME_MAX`` (255 bytes on Linux file systems)
+    and the whole its ``PATH_MAX``, and it holds no NUL byte: what every lookup needs, checked before one
+    fails with ``ENAMETOOLONG`` (an input's as much as an output's). ``what`` names it in the message."""
+    if "\x00" in text:
+        raise InputError(f"{what}: the path holds a NUL byte, which no file name can")
     full = os.path.abspath(text)
     if len(os.fsencode(full)) >= 4096:  # Linux's PATH_MAX: the lookups below fail past it (ENAMETOOLONG)
         raise InputError(f"{what}: the path is {len(os.fsencode(full))} bytes long, more than the 4095 the "
