@@ -4,6 +4,7 @@ input. Not a test file."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,13 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
     out: dict[str, bytes | None] = {}
     for p in sorted(root.rglob("*")):
         rel = str(p.relative_to(root))
-        out[rel] = None if p.is_dir() else p.read_bytes()
+        if p.is_dir():
+            out[rel] = None
+        elif p.is_file() or not p.exists():  # a dangling link: its target's name
+            out[rel] = p.read_bytes() if p.is_file() else os.readlink(p).encode()
+        else:  # a FIFO or a device (a case's hostile input) is never opened: its kind and identity
+            st = p.stat()
+            out[rel] = f"special {st.st_mode:o} {st.st_ino}".encode()
     return out
 
 

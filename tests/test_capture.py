@@ -357,7 +357,7 @@ def test_cli_capture_with_local_weights_matches_in_process_capture(tmp_path):
 
 
 @pytest.mark.parametrize("case,needle", [
-    ("missing_prompts", "cannot read prompts"),
+    ("missing_prompts", "no such prompts file"),
     ("empty_prompts", "no prompts"),
     ("bad_model_type", "field 'model_type'"),
     ("dense_model", "model_type 'llama' is not supported"),

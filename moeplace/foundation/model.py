@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from moeplace.foundation import reading
+from moeplace.foundation.checkpoint_files import DEEPSEEK_TYPES, check_hf_config
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.reading import quote
 
@@ -497,6 +498,8 @@ def _from_hf_config(cfg: dict[str, Any], *, source: str, name: str | None) -> Mo
         cfg = {**cfg["text_config"]}
         cfg.setdefault("quantization_config", outer.get("quantization_config"))
     mt = str(cfg.get("model_type", ""))
+    if mt in DEEPSEEK_TYPES or mt in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"):
+        check_hf_config(cfg, source)  # types and ranges, before anything is built per layer
     g = lambda *n, **kw: _get(cfg, *n, path=source, **kw)
     L = int(g("num_hidden_layers"))
     hidden = int(g("hidden_size"))
@@ -511,7 +514,7 @@ def _from_hf_config(cfg: dict[str, Any], *, source: str, name: str | None) -> Mo
         expert_dtype = "int4_g32"
 
     mla = kda = gqa = None
-    if mt in ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_linear", "kimi_k3"):
+    if mt in DEEPSEEK_TYPES:
         E = int(g("n_routed_experts", "num_experts"))
         k = int(g("num_experts_per_tok", "num_experts_per_token"))
         first_dense = int(g("first_k_dense_replace", default=0, required=False))

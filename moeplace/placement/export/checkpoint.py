@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import shutil
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from moeplace.foundation.checkpoint_files import check_not_relabelled, read_safetensors_header, require_file
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, atomic_path, register_kind
 from moeplace.foundation.formats import kind_of, tagged
@@ -48,7 +48,6 @@ from moeplace.placement.relabel import (
 
 MANIFEST = "moeplace-relabel.json"
 CHUNK = 64 << 20  # bytes copied at a time: bounds the memory of a rewrite whatever the tensor size
-MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
 
 
 @dataclass(frozen=True)
@@ -80,25 +79,11 @@ class Checkpoint:
 
 
 def read_header(path: Path) -> tuple[int, dict[str, Any]]:
-    """``(data_start, header)`` of a safetensors file (8-byte little-endian header length, JSON header)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise InputError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > MAX_HEADER:
-                raise InputError(f"{path}: not a safetensors file (header length {n} over {MAX_HEADER})")
-            text = f.read(n)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        head = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not a safetensors file (header is not JSON: {exc})") from None
-    if not isinstance(head, dict):
-        raise InputError(f"{path}: not a safetensors file (header is not a JSON object)")
-    return 8 + n, head
+    """``(data_start, header)`` of a safetensors file (8-byte little-endian header length, JSON header),
+    checked as the safetensors library checks it before anything is copied
+    (:func:`moeplace.foundation.checkpoint_files.read_safetensors_header`)."""
+    start, head, _ = read_safetensors_header(path)
+    return start, head
 
 
 def scan(root: str | Path) -> Checkpoint:
@@ -106,9 +91,9 @@ def scan(root: str | Path) -> Checkpoint:
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"--model-path {root}: not a directory (a safetensors checkpoint directory expected)")
+    check_not_relabelled(root, MANIFEST)  # as the vLLM plugin refuses one
     cfg_path = root / "config.json"
-    if not cfg_path.is_file():
-        raise InputError(f"{cfg_path}: no such file (the checkpoint's config.json says which model it is)")
+    require_file(cfg_path, "the checkpoint's config.json, which says which model it is")
     config = read_json(cfg_path, unreadable="not a readable config.json")
     indexes = sorted(p.name for p in root.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
@@ -131,21 +116,11 @@ def scan(root: str | Path) -> Checkpoint:
         path = root / s
         if "/" in s or s.startswith("."):
             raise InputError(f"{root / index}: shard name {s!r} is not a file in the checkpoint directory")
-        if not path.is_file():
-            raise InputError(f"{path}: no such shard (named in {index})")
-        start, head = read_header(path)
+        require_file(path, f"a shard named in {index}" if index else "the checkpoint's one shard")
+        start, head, checked = read_safetensors_header(path)  # every tensor checked before a byte moves
         ck.data_start[s] = start
-        size = path.stat().st_size
-        for name, t in head.items():
-            if name == "__metadata__":
-                continue
-            try:
-                a, b = (int(x) for x in t["data_offsets"])
-                info = TensorInfo(s, str(t["dtype"]), tuple(int(x) for x in t["shape"]), start + a, start + b)
-            except (KeyError, TypeError, ValueError):
-                raise InputError(f"{path}: tensor {name}: header entry is not dtype/shape/data_offsets") from None
-            if not start <= info.start <= info.end <= size:
-                raise InputError(f"{path}: tensor {name}: data_offsets beyond the file ({size} bytes)")
+        for name, t in checked.items():
+            info = TensorInfo(s, t.dtype, t.shape, t.start, t.end)
             if name in ck.tensors:
                 raise InputError(f"{path}: tensor {name} also in {ck.tensors[name].shard}")
             ck.tensors[name] = info
