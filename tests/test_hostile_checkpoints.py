@@ -122,11 +122,12 @@ DAMAGED = _damaged()
 
 
 def _library_loads(path: Path) -> list:
-    """Every tensor of ``path`` as the safetensors library loads it."""
+    """The shape of every tensor of ``path`` as the safetensors library reads it (opening validates the whole
+    header against the file; numpy has no bfloat16 to load the data into)."""
     safetensors = pytest.importorskip("safetensors")
     with safetensors.safe_open(str(path), "np") as f:
         names = f.keys()
-        return [f.get_tensor(k) for k in names]
+        return [f.get_slice(k).get_shape() for k in names]
 
 
 @pytest.fixture
