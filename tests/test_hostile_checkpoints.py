@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fuzzkit import assert_refused, run_place, snapshot
+from fuzzkit import assert_refused, make_inputs, run_place, snapshot
 
 from moeplace.foundation.checkpoint_files import MAX_LAYERS, read_safetensors_header
 from moeplace.foundation.errors import InputError
+from moeplace.foundation.formats import tag
 from moeplace.foundation.model import from_hf_config
 from moeplace.placement.record import Placement
 
@@ -247,3 +248,76 @@ def test_a_billion_layers_is_refused_by_the_ceiling_not_by_memory(tmp_path, caps
     cfg.write_text(json.dumps({**CONFIG, "num_hidden_layers": 10**9}))
     line = assert_refused(run_place(["model", "show", cfg], capsys), "config.json", "num_hidden_layers")
     assert "1..65,536" in line
+
+
+# ----------------------------------------------------------------------- relabel manifests
+@pytest.fixture(scope="module")
+def engine_inputs(tmp_path_factory):
+    """An SGLang file exported from a placement of the 16-expert, 3-MoE-layer mini model (fuzzkit)."""
+    root = tmp_path_factory.mktemp("manifest") / "in"
+    make_inputs(root)
+    return root
+
+
+def _manifest(root: Path, **fields) -> Path:
+    rng = np.random.default_rng(0)
+    doc = {"format": tag("relabel-manifest"), "model": "mini-k3", "layout": "contiguous", "num_experts": 16,
+           "moe_layers": [1, 2, 3], "num_gpus": 4, "gpus_per_node": 2,
+           "new2old": [rng.permutation(16).tolist() for _ in range(3)]}
+    for k, v in fields.items():
+        if k == "cell":
+            doc["new2old"][1][5] = v
+        else:
+            doc[k] = v
+    p = root / "m.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def _import(root: Path, manifest: Path, capsys):
+    return run_place(["import-placement", root / "sglang.json", "--format", "sglang", "--model", root / "model.json",
+                      "--gpus", "4", "--gpus-per-node", "2", "--out", root / "back.json", "--relabel-manifest",
+                      manifest], capsys)
+
+
+def test_a_good_manifest_maps_the_ids_back(engine_inputs, tmp_path, capsys):
+    import shutil
+    root = tmp_path / "in"
+    shutil.copytree(engine_inputs, root)
+    assert _import(root, _manifest(root), capsys).rc == 0
+
+
+@pytest.mark.parametrize("fields,says", [
+    ({"cell": 0.5}, "layer 1 position 5: expected an expert id"), ({"cell": True}, "layer 1 position 5"),
+    ({"cell": False}, "layer 1 position 5"), ({"cell": "3"}, "layer 1 position 5"),
+    ({"num_gpus": 0}, "'num_gpus' must be a whole number >= 1"), ({"num_gpus": 3}, "does not divide the 16 experts"),
+    ({"num_gpus": 4.0}, "'num_gpus' must be a whole number"), ({"num_experts": True}, "'num_experts'"),
+    ({"gpus_per_node": 3}, "'gpus_per_node' is 3"), ({"moe_layers": [1, 1, 3]}, "strictly increasing"),
+    ({"moe_layers": [1, 2.0, 3]}, "moe_layers[1]"), ({"new2old": [[0] * 16] * 3}, "not a permutation"),
+    ({"new2old": [list(range(16))] * 2}, "one row per MoE layer (3)"),
+    ({"model": "other-model"}, "made for model 'other-model'"),
+    ({"moe_layers": [0, 1, 2]}, "made for MoE layers 0-2 of 'mini-k3', but --model 'mini-k3' has MoE layers 1-3"),
+])
+def test_manifest_fields_checked_as_strictly_as_a_placement(engine_inputs, tmp_path, capsys, fields, says):
+    import shutil
+    root = tmp_path / "in"
+    shutil.copytree(engine_inputs, root)
+    m = _manifest(root, **fields)
+    before = snapshot(root)
+    line = assert_refused(_import(root, m, capsys), "m.json")
+    assert says in line, line
+    assert snapshot(root) == before
+
+
+def test_a_partial_placement_as_manifest_says_planned_on_n_of_m_layers(engine_inputs, tmp_path, capsys):
+    import shutil
+
+    from moeplace.placement.record import load_placement
+    root = tmp_path / "in"
+    shutil.copytree(engine_inputs, root)
+    full = load_placement(root / "placement.json")
+    partial = Placement(full.phy2log[:2], full.num_gpus, full.gpus_per_node, full.model_name, full.num_experts,
+                        (1, 2), {"model_moe_layers": [1, 2, 3], "layers": "2 of 3 layers"})
+    partial.save(root / "partial.json")
+    line = assert_refused(_import(root, root / "partial.json", capsys), "partial.json")
+    assert "planned on 2 of 3 layers" in line and "MoE layers 1-2" in line and "MoE layers 1-3" in line, line

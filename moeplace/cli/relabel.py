@@ -11,9 +11,10 @@ import numpy as np
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
+from moeplace.foundation.model import format_ranges
 from moeplace.placement.export.checkpoint import RELABELLED_CHECKPOINT, plan, scan, write_checkpoint
 from moeplace.placement.record import Placement, load_placement
-from moeplace.placement.relabel import LAYOUTS, get_layout, read_relabel
+from moeplace.placement.relabel import LAYOUTS, check_for_model, get_layout, read_relabel
 
 FORMAT = "checkpoint"
 
@@ -36,6 +37,10 @@ def run(args) -> int:
         raise InputError("--format checkpoint writes a checkpoint: --flags / --loads do not apply")
     args.layout = args.layout or "contiguous"
     placement = load_placement(args.placement)
+    if placement.layers_label:  # the checkpoint holds every MoE layer; the renaming would cover some
+        raise InputError(f"{args.placement}: planned on {placement.layers_label} (MoE layers "
+                         f"{format_ranges(placement.moe_layers)}, the ones its routing log held); a relabelled "
+                         "checkpoint renames the experts of every MoE layer: plan on a log of every layer")
     src = Path(args.model_path)
     outs = Outputs(inputs=[args.placement, src], force=args.force)
     outs.add(args.out, RELABELLED_CHECKPOINT)
@@ -100,10 +105,7 @@ def manifest_map(args, model) -> np.ndarray | None:
     rel, facts = read_relabel(args.relabel_manifest, layout)
     if facts["kind"] == "manifest" and layout is not None:
         raise InputError("--relabel-layout: the manifest records its own layout")
-    if (rel.num_experts, tuple(rel.moe_layers)) != (model.num_experts, tuple(model.moe_layers)):
-        raise InputError(f"{args.relabel_manifest}: made for '{facts['model']}' ({rel.num_experts} experts, "
-                         f"{len(rel.moe_layers)} MoE layers); --model '{model.name}' has {model.num_experts} experts "
-                         f"and {model.num_moe_layers} MoE layers")
+    check_for_model(facts, model, f"--relabel-manifest {args.relabel_manifest}", f"--model '{model.name}'")
     return rel.new2old
 
 

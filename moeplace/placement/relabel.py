@@ -26,6 +26,8 @@ import numpy as np
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json
 from moeplace.foundation.formats import check, kind_of
+from moeplace.foundation.model import ModelSpec, format_ranges
+from moeplace.foundation.reading import is_int, quote
 from moeplace.placement.record import Placement, load_placement
 
 
@@ -253,24 +255,84 @@ def read_relabel(path: str, layout: Layout | None = None) -> tuple[Relabel, dict
         except InputError as exc:
             raise InputError(f"{path}: {exc}") from None
         return rel, {"kind": "placement", "model": placement.model_name, "num_experts": placement.num_experts,
-                     "moe_layers": list(placement.moe_layers), "num_gpus": placement.num_gpus}
+                     "moe_layers": list(placement.moe_layers), "num_gpus": placement.num_gpus,
+                     "layers": placement.layers_label}
     check(doc, "relabel-manifest", str(path), hint="or a placement JSON")
     for key in ("new2old", "layout", "num_experts", "moe_layers", "num_gpus", "model"):
         if key not in doc:
             raise InputError(f"{path}: field '{key}' missing")
     if doc["layout"] not in LAYOUTS:
-        raise InputError(f"{path}: field 'layout' is {doc['layout']!r}, expected one of {', '.join(LAYOUTS)}")
+        raise InputError(f"{path}: field 'layout' is {quote(doc['layout'])}, expected one of {', '.join(LAYOUTS)}")
     lay = LAYOUTS[doc["layout"]]
     if layout is not None and layout != lay:
         raise InputError(f"{path}: the manifest's layout is {lay.name}, the engine's is {layout.name}")
-    try:
-        new2old = np.asarray(doc["new2old"], dtype=np.int64)
-        moe_layers = tuple(int(x) for x in doc["moe_layers"])
-        E = int(doc["num_experts"])
-    except (TypeError, ValueError, OverflowError):
-        raise InputError(f"{path}: fields 'new2old' / 'moe_layers' / 'num_experts' must be whole numbers") from None
+    new2old, moe_layers, E, G = _manifest_numbers(doc, str(path))
     check_permutations(new2old, E, str(path))
-    if new2old.shape[0] != len(moe_layers):
-        raise InputError(f"{path}: 'new2old' has {new2old.shape[0]} layers, 'moe_layers' {len(moe_layers)}")
-    facts = {k: doc[k] for k in ("model", "num_experts", "moe_layers", "num_gpus")}
+    facts = {"model": doc["model"], "num_experts": E, "moe_layers": list(moe_layers), "num_gpus": G}
     return Relabel(new2old, moe_layers, lay), {"kind": "manifest", **facts}
+
+
+def _manifest_numbers(doc: dict, path: str) -> tuple[np.ndarray, tuple[int, ...], int, int]:
+    """``(new2old, moe_layers, num_experts, num_gpus)`` of a manifest, checked as strictly as a placement's
+    fields: whole numbers (never a bool or a float such as 0.5), the layers strictly increasing, one
+    permutation row per layer, GPUs that divide the experts (a renaming holds each expert once)."""
+    def whole(key: str, v, lo: int = 0) -> int:
+        if not is_int(v) or v < lo:
+            raise InputError(f"{path}: field '{key}' must be a whole number >= {lo}, got {quote(v)}")
+        return int(v)
+
+    if not isinstance(doc["model"], str) or not doc["model"]:
+        raise InputError(f"{path}: field 'model' must be the model's name, got {quote(doc['model'])}")
+    E = whole("num_experts", doc["num_experts"], 1)
+    G = whole("num_gpus", doc["num_gpus"], 1)
+    if E % G:
+        raise InputError(f"{path}: field 'num_gpus' is {G}, which does not divide the {E} experts (a relabelled "
+                         "model holds each expert once, the same number on every GPU)")
+    if "gpus_per_node" in doc:
+        gpn = whole("gpus_per_node", doc["gpus_per_node"], 1)
+        if G % gpn:
+            raise InputError(f"{path}: field 'gpus_per_node' is {gpn}, which does not divide num_gpus {G}")
+    layers = doc["moe_layers"]
+    if not isinstance(layers, list) or not layers:
+        raise InputError(f"{path}: field 'moe_layers' must be a list of decoder-layer indices, got {quote(layers)}")
+    moe_layers = tuple(whole(f"moe_layers[{i}]", x) for i, x in enumerate(layers))
+    if list(moe_layers) != sorted(set(moe_layers)):
+        raise InputError(f"{path}: field 'moe_layers' must be strictly increasing, got {quote(layers)}")
+    rows = doc["new2old"]
+    if not isinstance(rows, list) or len(rows) != len(moe_layers):
+        got = f"{len(rows)} rows" if isinstance(rows, list) else quote(rows)
+        raise InputError(f"{path}: field 'new2old' must hold one row per MoE layer ({len(moe_layers)}), got {got}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != E:
+            raise InputError(f"{path}: field 'new2old': layer {i} must be a list of {E} expert ids, got "
+                             f"{quote(row)}")
+        bad = next((j for j, x in enumerate(row) if not is_int(x)), None)
+        if bad is not None:
+            raise InputError(f"{path}: field 'new2old': layer {i} position {bad}: expected an expert id (a whole "
+                             f"number), got {quote(row[bad])}")
+    return np.asarray(rows, dtype=np.int64), moe_layers, E, G
+
+
+def check_for_model(facts: dict, model: ModelSpec, where: str, against: str) -> None:
+    """The renaming :func:`read_relabel` read (``facts``) was made for ``model``: the same name, expert count
+    and MoE layers, as a placement is checked against the inputs it goes with. ``where`` names the file,
+    ``against`` what ``model`` came from (``--model 'kimi-k3'``). A placement planned on a log of some MoE
+    layers says so and names both sets of layer ids."""
+    layers, E = tuple(facts["moe_layers"]), int(facts["num_experts"])
+    want = tuple(model.moe_layers)
+    if facts.get("layers") and layers != want:  # a placement planned on some MoE layers only
+        raise InputError(f"{where}: planned on {facts['layers']} of model '{facts['model']}' (MoE layers "
+                         f"{format_ranges(layers)}, the ones its routing log held), but {against} has MoE layers "
+                         f"{format_ranges(want)}: a renaming planned on some layers cannot map the others; plan on "
+                         "a log of every MoE layer")
+    if E != model.num_experts or layers != want:
+        if E == model.num_experts and len(layers) == len(want):
+            raise InputError(f"{where}: made for MoE layers {format_ranges(layers)} of '{facts['model']}', but "
+                             f"{against} has MoE layers {format_ranges(want)} (the same count, other layers)")
+        raise InputError(f"{where}: made for '{facts['model']}' ({E} experts, {len(layers)} MoE layers: "
+                         f"{format_ranges(layers)}); {against} has {model.num_experts} experts and "
+                         f"{model.num_moe_layers} MoE layers ({format_ranges(want)})")
+    if facts["model"] != model.name:
+        raise InputError(f"{where}: made for model '{facts['model']}', but {against} is model '{model.name}' (the "
+                         f"same shape, {E} experts x {len(layers)} MoE layers, is not the same model: its experts "
+                         "are others); give the model the renaming was made for")
