@@ -177,7 +177,7 @@ def test_compare_runs_each_candidate_five_intervals_and_ranks_only_those(tmp_pat
     """Every candidate runs >= 5 of its own intervals after the pilot-measured warm-up; the interval is over
     batch means; a candidate short of 5 rebalances is never called best."""
     from moeplace.sim.inputs import read_workload
-    from moeplace.sim.online import BATCHES, INTERVALS, Candidate, compare, gain_interval, verdict
+    from moeplace.sim.online import BATCHES, INTERVALS, Candidate, compare, ratio_gain, verdict
 
     m = mini_model(num_experts=16)
     wl = read_workload(write_trace(tmp_path / "t", m, num_requests=40, prompt=64, output=16, skew=1.5,
@@ -191,7 +191,9 @@ def test_compare_runs_each_candidate_five_intervals_and_ranks_only_those(tmp_pat
     out = compare(wl, cands, lambda r, observed, j: pl, cluster, cfg, None, splits=1, pilot_s=2.0)
     rows = {r["name"]: r for r in out["rows"]}
     e = rows["eplb"]
-    assert e["rebalances"] >= INTERVALS and e["ranked"] and len(e["gains"]) == BATCHES
+    assert e["rebalances"] >= INTERVALS and e["ranked"] and len(e["batch_tokens"]) == BATCHES
+    # one definition of gain: the ratio of the totals the tok/s columns show
+    assert e["gain"] == pytest.approx(e["tok_s"] / e["static_tok_s"] - 1, rel=1e-9, abs=1e-12)
     assert e["gain_lo"] <= e["gain"] <= e["gain_hi"] and not rows["static"]["ranked"]
     hz = out["horizon"]
     assert hz["duration_s"] >= hz["warmup_s"] + INTERVALS * 40 * hz["iter_s"]
@@ -199,7 +201,7 @@ def test_compare_runs_each_candidate_five_intervals_and_ranks_only_those(tmp_pat
     short = {**e, "name": "short", "ranked": False, "tok_s": e["tok_s"] * 2}
     assert "short" not in verdict([rows["static"], e, short])
     assert verdict([rows["static"], short]).startswith("none")
-    m_, lo, hi = gain_interval([-0.01, 0.03, 0.01])
+    m_, lo, hi = ratio_gain(np.array([99.0, 103.0, 101.0]), np.array([100.0, 100.0, 100.0]))
     assert lo < 0 < m_ < hi and m_ == pytest.approx(0.01)
 
 

@@ -71,6 +71,8 @@ def test_tokens_drawn_from_loads_follow_their_distribution_and_phases_parse():
     share = np.bincount(ids.ravel(), minlength=16)[:4] / ids.size
     assert share[0] > share[1] > share[3] and t.prompt_len[0] == 2048 and t.output_len[0] == 512
     assert [(p.source, p.seconds) for p in parse_phases("a.npz:600, b:900.5")] == [("a.npz", 600.0), ("b", 900.5)]
-    for bad in ("a.npz", "a.npz:0", "a.npz:x", ":5"):
+    # no seconds at all: each phase lasts in proportion to its traffic; some of each is refused
+    assert [(p.source, p.seconds) for p in parse_phases("a.npz,b")] == [("a.npz", None), ("b", None)]
+    for bad in ("a.npz:0", "a.npz:x", ":5", "a.npz,b:60", "a.npz,,b"):
         with pytest.raises(InputError, match="--phases"):
             parse_phases(bad)

@@ -28,6 +28,9 @@ LOADS_PROMPT, LOADS_OUTPUT = 2048, 512  # request lengths of a Loads input witho
 BASE_WINDOW_TOKENS = 256
 DRAWN_TOKENS = 1024  # tokens drawn from Loads that keep no sample (the link copies per selection)
 _REQ_ROWS = 128  # rows per drawn request template (96 prompt + 32 output rows stand for the lengths)
+# --phases entries at most: each is a part of the timeline and of the run's description; a source named by
+# several entries is read once (read_workload)
+MAX_PHASES = 100
 
 
 @dataclass(frozen=True)
@@ -39,11 +42,23 @@ class Phase:
 
 
 def parse_phases(text: str) -> tuple[Phase, ...]:
-    """``--phases SRC:SECONDS[,SRC:SECONDS...]`` (each SRC a trace or a Loads ``.npz``)."""
+    """``--phases SRC:SECONDS[,SRC:SECONDS...]`` (each SRC a trace or a Loads ``.npz``), or ``SRC[,SRC...]``
+    with no seconds at all (the inputs one after the other, each lasting in proportion to its traffic, over
+    the run's duration, or the horizon a comparison chooses, as one input's windows do); at most
+    :data:`MAX_PHASES` entries."""
+    items = text.split(",")
+    if len(items) > MAX_PHASES:
+        raise InputError(f"--phases: {len(items):,} entries, more than the ceiling of {MAX_PHASES} (a day in "
+                         "quarter hours is 96): give fewer, longer phases")
     out = []
-    for item in text.split(","):
+    for item in items:
         src, sep, sec = item.strip().rpartition(":")
-        if not sep or not src:
+        if not sep:  # no seconds: the phase lasts in proportion to its traffic
+            if not sec:
+                raise InputError(f"--phases: an empty entry in '{text}' (expected SRC:SECONDS,... or SRC,...)")
+            out.append(Phase(sec, None))
+            continue
+        if not src:
             raise InputError(f"--phases: '{item.strip()}' is not SRC:SECONDS (e.g. morning.npz:600)")
         try:
             s = float(sec)
@@ -52,6 +67,10 @@ def parse_phases(text: str) -> tuple[Phase, ...]:
         if not np.isfinite(s) or s <= 0:
             raise InputError(f"--phases: '{item.strip()}': the seconds must be > 0, got {sec}")
         out.append(Phase(src, s))
+    timed = {ph.seconds is not None for ph in out}
+    if len(timed) > 1:
+        raise InputError("--phases: give every entry its seconds (SRC:SECONDS) or none (SRC: the inputs last in "
+                         "proportion to their traffic), not some of each")
     return tuple(out)
 
 
@@ -110,9 +129,12 @@ def read_workload(source: str | None, phases: tuple[Phase, ...] = (), max_tokens
     if (source is None) == (not phases):
         raise InputError("give a trace or Loads file, or --phases SRC:SECONDS,... (one of the two)")
     items = phases or (Phase(source, None),)
+    read: dict[str, tuple] = {}  # a source named by several phases is read once, its arrays shared
     parts = []
     for ph in items:
-        parts.append((ph, *_read_one(ph.source, max_tokens, seed)))
+        if ph.source not in read:
+            read[ph.source] = _read_one(ph.source, max_tokens, seed)
+        parts.append((ph, *read[ph.source]))
     m0 = parts[0][1].model
     for ph, tr, *_ in parts[1:]:
         m = tr.model
@@ -120,11 +142,15 @@ def read_workload(source: str | None, phases: tuple[Phase, ...] = (), max_tokens
             raise InputError(f"--phases: {ph.source} is {m.name} ({m.num_moe_layers} MoE layers x {m.num_experts} "
                              f"experts top-{m.top_k}); {parts[0][0].source} is {m0.name}: phases must share a model")
     drawn = any(p[4] for p in parts)
-    fixed = bool(phases)
+    fixed = bool(phases) and phases[0].seconds is not None  # entries without seconds: by traffic, as one input
     tl = phase_timeline([(ph.source, c, w, ph.seconds if fixed else float(w.sum())) for ph, _, c, w, _ in parts],
                         drawn)
-    trace = parts[0][1] if len(parts) == 1 else concat_tokens([p[1] for p in parts], ",".join(p[0].source for p in parts))
+    # the tokens (request templates, the link-copy sample) of each distinct source once
+    sources = list(read)
+    trace = read[sources[0]][0] if len(sources) == 1 else concat_tokens([read[s][0] for s in sources],
+                                                                        ",".join(sources))
     what = (f"{len(parts)} phases ({', '.join(f'{p.source} {p.seconds:g} s' for p in items)})" if fixed
+            else f"{len(parts)} phases ({', '.join(p.source for p in items)}; each by its traffic)" if phases
             else items[0].source)
     return Workload(trace, tl, fixed, drawn, what)
 

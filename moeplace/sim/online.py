@@ -16,10 +16,11 @@ shorter than that only ever sees the first decision. Here every candidate is sim
    statistical router is the cheaper mode that affords it; when the estimated wall time exceeds the budget
    the comparison is refused, saying what to change.
 3. Every run is measured after the warm-up; the steady window is cut into :data:`BATCHES` batches of equal
-   simulated time per split, and each batch gives one gain (tokens processed in the batch over the static
-   run's in the same batch, same seed and traffic, minus 1). The figure is their mean with an 80 %
-   Student-t *batch-means* interval over all batches of all splits (consecutive batches are correlated, so
-   the interval is approximate).
+   simulated time per split. The gain is ONE figure, the ratio of the same totals the tok/s column shows:
+   tokens the online run processed over the static run's (same seed and traffic, all batches of all
+   splits), minus 1 -- so a row whose tok/s is 2 % below static shows -2 %. Its 80 % Student-t interval is
+   the ratio estimator's over the batches (residuals ``x_i - R y_i``; consecutive batches are correlated, so
+   the interval is approximate) (:func:`ratio_gain`).
 4. A candidate that performed fewer than :data:`INTERVALS` rebalances after the warm-up (in some split) is
    reported but not ranked; one that never rebalanced is never called best.
 5. A run that completes no request, or processes no token after its warm-up, is an error, not a zero.
@@ -39,6 +40,7 @@ from moeplace.placement.policies import PlacementProblem, get_policy
 from moeplace.placement.shift import t80
 from moeplace.sim.config import RebalanceConfig, SimConfig
 from moeplace.sim.inputs import Workload
+from moeplace.sim.memory import plan_pools
 from moeplace.sim.runner import simulate
 
 INTERVALS = 5  # rebalance intervals every ranked candidate is simulated for, after the warm-up
@@ -93,14 +95,30 @@ def steady_tokens(ts, warmup: float, end: float, batches: int) -> np.ndarray:
     return np.bincount(idx[ok], weights=tok[ok], minlength=batches)
 
 
-def gain_interval(gains: list[float] | np.ndarray) -> tuple[float, float, float]:
-    """``(mean, lo, hi)``: the mean with an 80 % Student-t interval (one value: ``lo = hi = mean``)."""
-    g = np.asarray(gains, dtype=np.float64)
-    m = float(g.mean())
-    if g.size < 2:
-        return m, m, m
-    h = t80(g.size - 1) * float(g.std(ddof=1)) / math.sqrt(g.size)
-    return m, m - h, m + h
+def ratio_gain(online: np.ndarray, static: np.ndarray) -> tuple[float, float, float]:
+    """``(gain, lo, hi)``: ``sum(online) / sum(static) - 1`` over paired batches (tokens per batch of the online
+    and the static run) -- the ratio of the totals, the same the tok/s columns give -- with an 80 %
+    Student-t interval from the ratio estimator's standard error, ``sqrt(sum((x - R y)^2) / (n - 1) / n) /
+    mean(y)`` (one batch: ``lo = hi = gain``)."""
+    x, y = np.asarray(online, dtype=np.float64), np.asarray(static, dtype=np.float64)
+    total = float(y.sum())
+    if total <= 0:
+        raise InputError("the static run processed no token after its warm-up: nothing to compare against")
+    r = float(x.sum()) / total
+    n = x.size
+    if n < 2:
+        return r - 1, r - 1, r - 1
+    se = math.sqrt(float(((x - r * y) ** 2).sum()) / (n - 1) / n) / (total / n)
+    h = t80(n - 1) * se
+    return r - 1, r - 1 - h, r - 1 + h
+
+
+def check_deployments(model, candidates: list[Candidate], cluster, config: SimConfig) -> None:
+    """Every candidate's deployment before anything is read into parts or simulated: attention TP over the
+    GPUs and the memory plan with its redundant slots (one line naming the cause: the GPU count, not a
+    symptom found later)."""
+    for r in sorted({c.num_redundant for c in candidates}):
+        plan_pools(model, cluster, config.engine, r)
 
 
 def _degenerate(label: str, summary: dict, ts, warmup: float, end: float, config: SimConfig) -> None:
@@ -114,7 +132,7 @@ def _degenerate(label: str, summary: dict, ts, warmup: float, end: float, config
 
 def compare(wl: Workload, candidates: list[Candidate], start: Callable[[int, np.ndarray, int], object],
             cluster, config: SimConfig, profile, splits: int = 1, budget_s: float = DEFAULT_BUDGET_S,
-            progress=None, pilot_s: float = PILOT_S) -> dict:
+            progress=None, pilot_s: float = PILOT_S, splits_flag: str = "--splits") -> dict:
     """Score ``candidates`` against their static alternative (same slots and rule, placement held) on the
     horizon the module docstring describes. ``start(num_redundant, observed [L, E], split)``: the placement a
     run starts from (and the static one keeps). Returns ``{"horizon": {...}, "splits": [...], "rows": [...],
@@ -123,9 +141,10 @@ def compare(wl: Workload, candidates: list[Candidate], start: Callable[[int, np.
     ``rebalances_total``, ``ranked``, ``decision_s``, ``transfer_s``, ``stall_s``, ``a2a_slowdown_s``,
     ``straggler_share``, ``iterations``."""
     if splits < MIN_SPLITS:
-        raise InputError(f"--splits must be >= {MIN_SPLITS}, got {splits}")
+        raise InputError(f"{splits_flag} must be >= {MIN_SPLITS}, got {splits}")
+    check_deployments(wl.trace.model, candidates, cluster, config)
     tl = wl.timeline
-    blocks = tl.blocks(splits + 1, wl.what)
+    blocks = tl.blocks(splits + 1, wl.what, splits_flag)
     parts = []
     for j in range(splits):
         (oa, ob), (sa, sb) = blocks[j], blocks[j + 1]
@@ -165,16 +184,16 @@ def compare(wl: Workload, candidates: list[Candidate], start: Callable[[int, np.
     for c in candidates:
         runs = [s["runs"][c.name] for s in per_split]
         bases = [statics[((c.num_redundant, c.rule), j)] for j in range(splits)]
-        # batches where the static run processed tokens (a batch can only be empty at a run's very end)
-        gains = np.concatenate([r["batch_tokens"][b["batch_tokens"] > 0] / b["batch_tokens"][b["batch_tokens"] > 0]
-                                - 1 for r, b in zip(runs, bases)])
-        g, lo, hi = gain_interval(gains)
+        online_batches = np.concatenate([r["batch_tokens"] for r in runs])
+        static_batches = np.concatenate([b["batch_tokens"] for b in bases])
+        g, lo, hi = ratio_gain(online_batches, static_batches)
         online = c.rebalance is not None
         reb = min(r["rebalances_steady"] for r in runs)
         row = {"name": c.name, "num_redundant": c.num_redundant, "rule": c.rule, "online": online,
                "tok_s": float(np.mean([r["tok_s"] for r in runs])),
                "static_tok_s": float(np.mean([b["tok_s"] for b in bases])),
-               "gains": gains.tolist(), "gain": g, "gain_lo": lo, "gain_hi": hi,
+               "batch_tokens": online_batches.tolist(), "static_batch_tokens": static_batches.tolist(),
+               "gain": g, "gain_lo": lo, "gain_hi": hi,
                "rebalances": int(reb), "rebalances_total": int(min(r["rebalances"] for r in runs)),
                "ranked": online and reb >= INTERVALS}
         for k in ("decision_s", "transfer_s", "stall_s", "a2a_slowdown_s", "straggler_share", "iterations"):
@@ -187,10 +206,9 @@ def compare(wl: Workload, candidates: list[Candidate], start: Callable[[int, np.
     return {"horizon": {**dataclasses.asdict(hz), "text": hz.describe()}, "splits": [{k: v for k, v in s.items() if k != "runs"}
                                                         for s in per_split],
             "rows": rows, "first": first.name, "input": wl.what, "routing": wl.note(),
-            "interval": (f"80 % batch-means interval: {BATCHES} batches of "
-                         f"{(hz.duration_s - hz.warmup_s) / BATCHES:.0f} simulated s per split x {splits} "
-                         "split(s), each batch's tokens over the static run's in the same batch (batches are "
-                         "correlated in time: approximate)")}
+            "interval": (f"gain = tokens over the static run's, the ratio of the tok/s columns; 80 % interval of "
+                         f"that ratio over {BATCHES} batches of {(hz.duration_s - hz.warmup_s) / BATCHES:.0f} simulated "
+                         f"s per split x {splits} split(s) (batches are correlated in time: approximate)")}
 
 
 def _measure(r, hz: Horizon) -> dict:
@@ -274,7 +292,7 @@ def verdict(rows: list[dict]) -> str:
         return ("none: no rebalancer performed enough rebalances on the horizon to be ranked (see each row); "
                 "static is the choice this run can support")
     best = max(online, key=lambda r: r["tok_s"])
-    span = f"{best['gain']:+.1%} tok/s over static, 80 % batch-means interval {best['gain_lo']:+.1%} to {best['gain_hi']:+.1%}"
+    span = f"{best['gain']:+.1%} tok/s over static, 80 % interval {best['gain_lo']:+.1%} to {best['gain_hi']:+.1%}"
     if best["gain_lo"] > 0:
         return f"online rebalancing: {best['name']} ({span})"
     if all(r["gain_hi"] < 0 for r in online):

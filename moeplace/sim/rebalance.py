@@ -49,15 +49,17 @@ def _cpu_seconds() -> float:
     return time.process_time() + t.children_user + t.children_system
 
 
-def recommend_configs(moves: int, time_limit: float | None) -> dict[str, RebalanceConfig]:
-    """The online rebalancers to compare with a static placement: the engines' own (their defaults) and
-    moeplace's migration-budget mode (``moves`` slots per layer, ``time_limit`` per decision)."""
+def recommend_configs(moves: int, time_limit: float | None) -> dict[str, tuple[str | None, RebalanceConfig]]:
+    """The online rebalancers to compare with a static placement, name -> (the engine whose own rebalancer it
+    is, as ``place rebalance --engine`` names it; ``None`` for moeplace's mode, the config): the engines'
+    own (their defaults) and moeplace's migration-budget mode (``moves`` slots per layer, ``time_limit`` per
+    decision). An engine's is compared only where the capability table says it serves the model."""
     return {
-        "vLLM EPLB (window 1000, every 3000, async)": RebalanceConfig(every=3000, window=1000, policy="eplb",
-                                                                      asynchronous=True),
-        "SGLang EPLB (every 1000, blocking)": RebalanceConfig(every=1000, window=1000, policy="eplb"),
-        f"moeplace migration ({moves} moves/layer, every 3000, async)": RebalanceConfig(
-            every=3000, window=1000, moves=moves, policy="moeplace", time_limit=time_limit, asynchronous=True),
+        "vLLM EPLB (window 1000, every 3000, async)": ("vllm", RebalanceConfig(every=3000, window=1000,
+                                                                              policy="eplb", asynchronous=True)),
+        "SGLang EPLB (every 1000, blocking)": ("sglang", RebalanceConfig(every=1000, window=1000, policy="eplb")),
+        f"moeplace migration ({moves} moves/layer, every 3000, async)": (None, RebalanceConfig(
+            every=3000, window=1000, moves=moves, policy="moeplace", time_limit=time_limit, asynchronous=True)),
     }
 
 

@@ -251,9 +251,12 @@ def summaries_doc(results: list[SimResult], run: dict[str, Any] | None = None,
     (:func:`sim.fidelity.fidelity_doc`); ``settings``: the run's resolved flags, when a command line made it
     (what ``--config`` reads back). Each throughput and per-token time of a summary has its range beside it
     (``output_tok_s_range: [lo, hi]``, :func:`sim.fidelity.figure_ranges`; null where no published case
-    resembles the run)."""
+    resembles the run); a figure that has no value because what it measures never ran is null and named
+    under ``not_simulated`` with the reason (:func:`not_simulated`)."""
     fid = fidelity_doc(run)
-    doc = {"summaries": [with_ranges(r.summary, fid, run) for r in results], "fidelity": fid}
+    doc = {"summaries": [{**with_ranges(r.summary, fid, run),
+                          **({"not_simulated": ns} if (ns := not_simulated(r.summary)) else {})} for r in results],
+           "fidelity": fid}
     if settings is not None:
         doc["settings"] = settings
     return tagged("sim-summary", doc)
@@ -422,6 +425,22 @@ ROWS = [
 OPTIONAL_ROWS = {"rebalances", "moved_bytes", "stall_s", "trace_passes", "routing_repeat_share"}
 
 
+# figures that exist only when a request produced a second output token (a decode step timed)
+DECODE_FIGURES = ("per_user_tok_s", "tpot_p50_s", "tpot_p99_s")
+
+
+def not_simulated(summary: dict[str, Any]) -> dict[str, str]:
+    """Figures of a run's summary that have no value because what they measure never ran, with the reason
+    (``place simulate`` prints it under the table and puts it in ``--json``): a prefill-only run (``--phase
+    prefill``, or outputs of one token) times no decode step, so TPOT and decode tok/s per user are not
+    simulated figures of zero or of anything."""
+    if all(summary.get(k) is None for k in DECODE_FIGURES) and summary.get("requests_finished"):
+        why = ("not simulated: no finished request produced a second output token (a prefill-only run: --phase "
+               "prefill or 1-token outputs), so no decode step was timed")
+        return {k: why for k in DECODE_FIGURES}
+    return {}
+
+
 def format_table(results: list[SimResult], run: dict[str, Any] | None = None) -> str:
     """Placements side by side: one column each, one metric per row; with ``run`` (the label's run
     context, :func:`sim.fidelity.run_context`) each throughput and per-token time followed by its range
@@ -452,4 +471,10 @@ def format_table(results: list[SimResult], run: dict[str, Any] | None = None) ->
         lines.append("  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)))
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
+    for r in results:
+        missing = not_simulated(r.summary)
+        if missing:
+            names = [name for name, key, _ in ROWS if key in missing]
+            who = f"{r.label}: " if len(results) > 1 else ""
+            lines.append(f"{who}{', '.join(names)} '-' = {next(iter(missing.values()))}")
     return "\n".join(lines)

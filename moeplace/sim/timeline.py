@@ -73,12 +73,15 @@ class Timeline:
         start = float(self.ends_s[a - 1]) if a else 0.0
         return Timeline(self.counts[a:b], self.ends_s[a:b] - start, self.weights[a:b], self.labels[a:b], self.drawn)
 
-    def blocks(self, n: int, what: str) -> list[tuple[int, int]]:
-        """``n`` contiguous window ranges ``[a, b)`` of about equal traffic (``weights``), time order."""
+    def blocks(self, n: int, what: str, splits_flag: str = "--splits") -> list[tuple[int, int]]:
+        """``n`` contiguous window ranges ``[a, b)`` of about equal traffic (``weights``), time order.
+        ``splits_flag``: the flag that chose ``n - 1`` splits, for the message when the input is too short."""
         W = self.num_windows
         if W < n:
+            fewer = f"fewer {splits_flag} (it is {n - 1}), or " if n > 2 else ""
             raise InputError(f"{what}: {W} window(s) of at least {MIN_PER_EXPERT} selections per expert cannot be "
-                             f"cut into {n} parts (use fewer --splits, or a longer input)")
+                             f"cut into {n} parts (one observed, one scored{' per split' if n > 2 else ''}): use "
+                             f"{fewer}a longer input")
         cum = np.cumsum(self.weights)
         cuts = [0]
         for i in range(1, n):

@@ -238,16 +238,17 @@ def format_tune(res: dict) -> list[str]:
             verdict = ("gain is clear" if b["gain_lo"] > 0 else "loses to static" if b["gain_hi"] < 0
                        else "no clear winner over static")
             lines.append(f"{name}: best of {sum(r['ranked'] for r in d['rows'])} ranked settings: {b['flags']}")
-            lines.append(f"  {b['tok_s']:,.0f} tok/s, {b['gain']:+.1%} over static (80 % batch-means interval "
+            lines.append(f"  {b['tok_s']:,.0f} tok/s, {b['gain']:+.1%} over static (80 % interval "
                          f"{b['gain_lo']:+.1%} to {b['gain_hi']:+.1%}: {verdict}); {b['rebalances']} rebalances "
                          f"after warm-up, decision {b['decision_s']:.2f} s, transfer {b['transfer_s']:.2f} s, "
                          f"stall {b['stall_s']:.2f} s")
             lines.append(f"  static alternative: the same {b['num_redundant']} redundant slots, EPLB planned once on "
                          f"the observed traffic and kept: {b['static_tok_s']:,.0f} tok/s (place optimize plans one "
                          "to export)")
-        lines.append("  every setting: tok/s, gain over static (80 % batch-means interval), rebalances after warm-up")
+        lines.append("  every setting: tok/s, its static alternative's tok/s (the same redundant slots and replica rule), "
+                     "gain = their ratio - 1 (80 % interval), rebalances after warm-up")
         for r in sorted(d["rows"], key=lambda x: -x["tok_s"]):
             tag = "" if r["ranked"] else ("  static" if not r["online"] else f"  not ranked: {r['why_unranked']}")
-            lines.append(f"    {r['tok_s']:10,.0f}  {r['gain']:+6.1%} ({r['gain_lo']:+.1%}, {r['gain_hi']:+.1%})  "
-                         f"{r['rebalances']:4d}  {r['label']}{tag}")
+            lines.append(f"    {r['tok_s']:10,.0f}  {r['static_tok_s']:10,.0f}  {r['gain']:+6.1%} ({r['gain_lo']:+.1%}, "
+                         f"{r['gain_hi']:+.1%})  {r['rebalances']:4d}  {r['label']}{tag}")
     return lines

@@ -54,4 +54,6 @@ def add_workload_input(p, name: str, loads_note: str, phases_note: str) -> None:
     p.add_argument(name, nargs="?", default=None, help=INPUT_HELP + loads_note)
     p.add_argument("--phases", default=None, metavar="SRC:SECONDS[,SRC:SECONDS...]",
                    help=f"instead of {name.upper()}: inputs (traces or Loads) one after the other for the given "
-                        f"simulated seconds each, e.g. morning.npz:600,evening.npz:900{phases_note}")
+                        f"simulated seconds each, e.g. morning.npz:600,evening.npz:900{phases_note}; without "
+                        "seconds (morning.npz,evening.npz) each lasts in proportion to its traffic, as one "
+                        "input's windows do (at most 100 entries; a file named twice is read once)")

@@ -269,9 +269,10 @@ def shift_advice(result, out: str | None, inputs: list[str]) -> str:
     if "mean_range" in sh:
         mean += f" (range {sh['mean_range'][0]:.2f}-{sh['mean_range'][1]:.2f})"
         worst += f" ({sh['worst_range'][0]:.2f}-{sh['worst_range'][1]:.2f})"
-    # both commands take a trace or a Loads file; several inputs become phases (an hour each: the user's mix
-    # sets the real durations)
-    workload = inputs[0] if len(inputs) == 1 else "--phases " + ",".join(f"{i}:3600" for i in inputs)
+    # both commands take a trace or a Loads file; several inputs become phases without seconds: each lasts in
+    # proportion to its traffic over the horizon the comparison chooses, as one input's windows do (fixed
+    # seconds, an hour each, fixed the horizon too: 734 minutes of simulation for K3, over the default budget)
+    workload = inputs[0] if len(inputs) == 1 else "--phases " + ",".join(inputs)
     weak = " The estimate is weak: fewer than 3 unrelated workloads to leave out." if "; weak:" in sh["method"] else ""
     which = (f"the {result.policy} placement written to {out}" if out is not None
              else f"the {result.policy} placement (not written: --no-out)")

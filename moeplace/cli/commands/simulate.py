@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 from moeplace.cli import flags
 from moeplace.cli.commands import NO_PROGRESS_HELP, add_force, add_workload_input
@@ -19,7 +21,7 @@ from moeplace.sim.config import COST_ENGINES, COST_MODELS, SimConfig, parse_mtp
 from moeplace.sim.fidelity import fidelity_doc, run_context
 from moeplace.sim.inputs import parse_phases, workload_of
 from moeplace.sim.measured import cost_source_line
-from moeplace.sim.online import DEFAULT_BUDGET_S, Candidate, compare, verdict
+from moeplace.sim.online import DEFAULT_BUDGET_S, Candidate, check_deployments, compare, verdict
 from moeplace.sim.rebalance import REPLAN_TIME_LIMIT, recommend_configs
 from moeplace.sim.results import (
     CHROME_TRACE,
@@ -30,6 +32,7 @@ from moeplace.sim.results import (
     write_outputs,
 )
 from moeplace.sim.runner import RunInputs, prepare_run, resolved_config, simulate
+from moeplace.sim.tune import unavailable
 
 
 def register(sub) -> None:
@@ -162,8 +165,9 @@ def run(args) -> int:
     phases = parse_phases(args.phases) if args.phases else ()
     if (args.traces is None) == (not phases):
         raise InputError("give TRACES (a trace or a Loads .npz) or --phases SRC:SECONDS,... (one of the two)")
-    if args.duration is None:  # the phases' seconds, else 600
-        args.duration = float(sum(ph.seconds for ph in phases)) if phases else 600.0
+    timed = bool(phases) and phases[0].seconds is not None  # the phases fix the time (else: by traffic)
+    if args.duration is None:  # the phases' seconds (when they give them), else 600
+        args.duration = float(sum(ph.seconds for ph in phases)) if timed else 600.0
     source = args.traces or f"--phases {args.phases}"
     outs = Outputs(inputs=[args.traces, *(ph.source for ph in phases), *args.placement, args.profile, args.model],
                    force=args.force)
@@ -182,6 +186,10 @@ def run(args) -> int:
         check=lambda t: simulation_config(args, t.model.max_context))  # the settings, before any placement
     trace, placements = prep.trace, prep.placements
     config = simulation_config(args, trace.model.max_context)
+    rec_plan = None
+    if args.recommend:  # what --recommend would refuse is refused before anything is simulated
+        rec_plan = recommend_plan(workload_of(trace, timed, source), placements[0], cluster, config,
+                                  args.recommend_moves, args.recommend_time, args.recommend_splits)
     profile = load_profile(args.profile) if args.profile else None
     progress = wanted(args.no_progress)
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
@@ -207,11 +215,8 @@ def run(args) -> int:
     if args.chrome_trace:
         outs.write(args.chrome_trace, lambda: write_chrome_trace(args.chrome_trace, results))
     rec = None
-    if args.recommend:
-        if config.rebalance is not None:
-            raise InputError("--recommend compares its own rebalancers with a static placement; drop --rebalance")
-        rec = recommend(workload_of(trace, bool(phases), source), placements[0], cluster, config, profile,
-                        args.recommend_moves, args.recommend_time, args.recommend_splits, args.recommend_budget)
+    if rec_plan is not None:
+        rec = recommend(rec_plan, cluster, config, profile, args.recommend_splits, args.recommend_budget)
         results[0].summary["recommendation"] = rec
     routing_note = prep.routing_note
     for r in results:
@@ -276,19 +281,52 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
     return build_sim_config(settings, max_context)
 
 
-def recommend(wl, placement, cluster, config, profile, moves: int, time_limit: float, splits: int = 1,
+@dataclass(frozen=True)
+class RecommendPlan:
+    """What ``--recommend`` compares, settled before any simulation: the workload, the placement (label,
+    Placement), the candidates (static first) and the rebalancers left out, with the capability table's
+    reason (an engine's own rebalancer that does nothing for this model in its checked release)."""
+
+    wl: Any
+    placement: tuple[str, Any]
+    candidates: list[Candidate]
+    left_out: list[dict[str, str]]
+
+
+def recommend_plan(wl, placement, cluster, config, moves: int, time_limit: float, splits: int) -> RecommendPlan:
+    """The comparison :func:`recommend` runs, after every check that needs no simulation: no ``--rebalance``
+    next to it, the engines' rebalancers the capability table says serve the model (the same facts
+    ``place rebalance`` reads: :func:`sim.tune.unavailable`), an input long enough to cut into the parts the
+    splits need, and each candidate's deployment (the GPU count, attention TP, the memory plan)."""
+    if config.rebalance is not None:
+        raise InputError("--recommend compares its own rebalancers with a static placement; drop --rebalance")
+    rule, model = config.engine.replica_rule, wl.trace.model
+    R = placement[1].num_redundant
+    cands, left_out = [Candidate("static", None, R, rule)], []
+    for name, (engine, rb) in recommend_configs(moves, time_limit).items():
+        why = unavailable(engine, model) if engine is not None else None
+        if why:
+            left_out.append({"name": name, "engine": engine, "why": why})
+        else:
+            cands.append(Candidate(name, rb, R, rule))
+    check_deployments(model, cands, cluster, config)
+    if splits < 1:
+        raise InputError(f"--recommend-splits must be >= 1, got {splits}")
+    wl.timeline.blocks(splits + 1, wl.what, "--recommend-splits")
+    return RecommendPlan(wl, placement, cands, left_out)
+
+
+def recommend(plan: RecommendPlan, cluster, config, profile, splits: int = 1,
               budget_s: float = DEFAULT_BUDGET_S) -> dict:
-    """Simulate ``placement`` (label, Placement) static and under each of
-    :func:`sim.rebalance.recommend_configs` on the workload ``wl`` (:class:`sim.inputs.Workload`), each for at
+    """Simulate the plan's placement static and under each of its candidates on its workload, each for at
     least five of its rebalance intervals after warm-up on routing it had not observed
     (:func:`sim.online.compare`), and recommend from the gains' interval (:func:`sim.online.verdict`)."""
-    rule = config.engine.replica_rule
-    cands = [Candidate("static", None, placement[1].num_redundant, rule)]
-    cands += [Candidate(name, rb, placement[1].num_redundant, rule) for name, rb in
-              recommend_configs(moves, time_limit).items()]
-    out = compare(wl, cands, lambda r, observed, j: placement[1], cluster, config, profile, splits, budget_s)
+    placement = plan.placement
+    out = compare(plan.wl, plan.candidates, lambda r, observed, j: placement[1], cluster, config, profile, splits,
+                  budget_s, splits_flag="--recommend-splits")
     out["placement"] = placement[0]
     out["verdict"] = verdict(out["rows"])
+    out["not_simulated"] = plan.left_out
     return out
 
 
@@ -306,8 +344,10 @@ def format_recommendation(rec: dict) -> str:
                      f"{r['a2a_slowdown_s']:14.2f}")
         if r.get("why_unranked"):
             lines.append(f"    not ranked: {r['why_unranked']}")
+    for left in rec.get("not_simulated", []):
+        lines.append(f"  {left['name']}: not simulated -- {left['why']}")
     lines.append(f"  (tok/s: tokens processed per simulated s after the warm-up, prompt chunks + decode steps, means over "
-                 f"the splits; rebalances: after the warm-up; gain interval: {rec['interval']}; stall: every rank "
+                 f"the splits; rebalances: after the warm-up; {rec['interval']}; stall: every rank "
                  "waits for a blocking rebalance; a2a slowdown: what async transfers, sharing the links, added to "
                  "the steps they overlapped; transfer: with free links)")
     lines.append(f"recommendation: {rec['verdict']}")
