@@ -16,10 +16,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from moeplace.foundation import reading
-from moeplace.foundation.checkpoint_files import DEEPSEEK_TYPES, check_hf_config
+from moeplace.foundation import formats, reading
+from moeplace.foundation.checkpoint_files import DEEPSEEK_TYPES, MAX_LAYERS, check_hf_config
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.reading import quote
+from moeplace.foundation.reading import is_int, quote
 
 # Bytes per parameter of each weight format, scales included.
 #   mxfp4: 4-bit E2M1 values, one E8M0 (1-byte) scale per group of 32   -> 4.25 bits
@@ -172,8 +172,8 @@ class ModelSpec:
             raise InputError(f"model spec '{self.name}': {msg}")
 
         check_field_types(self, f"model spec '{self.name}'")
-        if self.num_layers <= 0:
-            bad(f"num_layers must be positive, got {self.num_layers}")
+        if not 0 < self.num_layers <= MAX_LAYERS:  # a trace's layer column is uint16
+            bad(f"num_layers must be 1..{MAX_LAYERS:,}, got {self.num_layers}")
         if not self.moe_layers:
             bad("no MoE layers")
         if list(self.moe_layers) != sorted(set(self.moe_layers)):
@@ -381,6 +381,14 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: str = "") -> ModelSpec:
         d = dict(d)
+        where = f"model spec {source or d.get('name', '?')}"
+        missing = [k for k in ("name", "num_layers", "moe_layers", "attention") if k not in d]
+        if missing:
+            raise InputError(f"{where}: field '{missing[0]}' missing (a model spec as place model show --json writes "
+                             "it, or a Hugging Face config.json with its model_type)")
+        if not is_int(d["num_layers"]) or not 1 <= d["num_layers"] <= MAX_LAYERS:  # before any per-layer list
+            raise InputError(f"{where}: field 'num_layers' must be a whole number 1..{MAX_LAYERS:,}, got "
+                             f"{quote(d['num_layers'])}")
         try:
             d["moe_layers"] = tuple(int(x) for x in d["moe_layers"])
             d["declared_moe_layers"] = tuple(int(x) for x in d.get("declared_moe_layers") or ())
@@ -440,6 +448,8 @@ DEFAULT_MODEL = "kimi-k3"
 
 def load_model(name_or_path: str | Path | None = None) -> ModelSpec:
     """A preset by name (``kimi-k3``), our own spec JSON, or a Hugging Face ``config.json``."""
+    if name_or_path is not None and not str(name_or_path):
+        raise InputError(f"model '': empty; give a preset ({', '.join(preset_names())}) or a config.json")
     name = str(name_or_path or DEFAULT_MODEL)
     if name in preset_names():
         text = _model_presets().joinpath(f"{name}.json").read_text()
@@ -450,6 +460,11 @@ def load_model(name_or_path: str | Path | None = None) -> ModelSpec:
     d = reading.read_json(path, unreadable="not a readable JSON model config")
     if not isinstance(d, dict):
         raise InputError(f"{path}: expected a JSON object")
+    kind = formats.kind_of(d)
+    if kind is not None:  # a moeplace artifact (a placement JSON, a plan report) given where a model goes
+        raise InputError(f"{path}: is a {formats.PREFIX}{kind} file ({formats.FORMATS[kind].written_by}), not a "
+                         f"model: give a preset ({', '.join(preset_names())}), a Hugging Face config.json or a "
+                         "model spec JSON (a preset's fields)")
     # Each format says what it is: every config.json transformers writes carries its 'model_type'; our
     # spec (a preset's format) has no such field. No guessing from which other keys a file holds.
     if "model_type" not in d:

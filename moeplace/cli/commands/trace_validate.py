@@ -50,7 +50,12 @@ def run(args) -> int:
         for line in report.lines():
             print("place: error: " + " ".join(line.split("\n")), file=sys.stderr)  # one line per problem
     if args.json:
-        print(json.dumps(tagged("trace-validation", {"ok": not bad, "traces": docs}), indent=1))
+        doc = {"ok": not bad, "traces": docs}
+        if bad:  # the error contract of every command's --json: the first problem, the exit code
+            first = next((d["problems"][0]["line"] for d in docs if not d["ok"] and d["problems"]),
+                         "the trace is not valid")
+            doc.update(error=" ".join(first.split("\n")), exit_code=2)
+        print(json.dumps(tagged("trace-validation", doc), indent=1))
     return 2 if bad else 0
 
 
