@@ -4,6 +4,8 @@ chosen policy's placement. The work is :func:`placement.compare.compare_policies
 from __future__ import annotations
 
 import json
+import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -174,7 +176,11 @@ def run(args) -> int:
             # the file the line talks about: --out, else --save-all's copy, else none (said so)
             saved = Path(args.save_all) / f"placement-{chosen}.json" if args.save_all else None
             where = args.out if wrote else (str(saved) if saved is not None and saved.exists() else None)
-            print(shift_advice(result, where, args.inputs))
+            # the commands' defaults are 32 GPUs and attention TP 8: the advice names the cluster planned for
+            tp = math.gcd(8, cluster.num_gpus)
+            on = (f"--gpus {cluster.num_gpus} --gpus-per-node {cluster.gpus_per_node} --gpu {shlex.quote(args.gpu)}"
+                  + (f" --attention-tp {tp}" if tp != 8 else ""))
+            print(shift_advice(result, where, args.inputs, on))
         _print_moeplace_extras(cmp)
         if R:  # the one plan every engine can serve today, as a relabelled checkpoint (docs/export.md)
             print(f"replica-free: these plans use {R} redundant slots per layer, which an engine must load as a "
@@ -257,10 +263,11 @@ def _print_moeplace_extras(cmp) -> None:
                   f"{pt['balancedness']:.4f}, nodes per token {pt['nodes_per_token']:.3f}")
 
 
-def shift_advice(result, out: str | None, inputs: list[str]) -> str:
+def shift_advice(result, out: str | None, inputs: list[str], cluster_flags: str = "") -> str:
     """What to do about workload shift, for the chosen placement: its held-out figure against the shift
     estimate (planned with the placement's own settings) and its range, and the commands that check online
-    rebalancing. ``out``: where that placement was written (``None``: nowhere, ``--no-out``)."""
+    rebalancing, with ``cluster_flags`` (the flags that make those commands run on the cluster planned for).
+    ``out``: where that placement was written (``None``: nowhere, ``--no-out``)."""
     sh = result.shift
     seen = (f"{result.held_out.balancedness:.4f} on the held-out windows of this input but "
             if result.held_out is not None else "")
@@ -272,12 +279,13 @@ def shift_advice(result, out: str | None, inputs: list[str]) -> str:
     # both commands take a trace or a Loads file; several inputs become phases without seconds: each lasts in
     # proportion to its traffic over the horizon the comparison chooses, as one input's windows do (fixed
     # seconds, an hour each, fixed the horizon too: 734 minutes of simulation for K3, over the default budget)
-    workload = inputs[0] if len(inputs) == 1 else "--phases " + ",".join(inputs)
+    workload = shlex.quote(inputs[0]) if len(inputs) == 1 else "--phases " + shlex.quote(",".join(inputs))
+    workload += f" {cluster_flags}" if cluster_flags else ""
     weak = " The estimate is weak: fewer than 3 unrelated workloads to leave out." if "; weak:" in sh["method"] else ""
     which = (f"the {result.policy} placement written to {out}" if out is not None
              else f"the {result.policy} placement (not written: --no-out)")
-    placement = out if out is not None else "PLACEMENT.json (rerun without --no-out to write it)"
+    placement = shlex.quote(out) if out is not None else "PLACEMENT.json (rerun without --no-out to write it)"
     return (f"what to expect: {which} keeps {seen}about {mean}, worst {worst}, on "
             f"traffic unlike the planning data.{weak} If the production mix differs, plan on every workload you have "
             "(all as inputs, --plan-fraction 1; --robust to hedge) and check online rebalancing: place simulate "
-            f"{workload} --placement {placement} --recommend, or tune the engine's own: place rebalance {workload}")
+            f"{workload} --placement {placement} --recommend, or tune the engine's own: place rebalance {workload} --quick")
