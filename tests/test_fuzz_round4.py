@@ -170,7 +170,7 @@ def test_optimize_advice_names_a_horizon_the_comparison_chooses(w, capsys, monke
     real = online._plan
 
     def plan_then_stop(*a, **k):
-        raise _Planned(real(*a[:-2], float("inf"), *a[-1:]))  # the horizon, whatever the budget
+        raise _Planned(real(*a[:-2], float("inf"), 2.0))  # the horizon, whatever the budget (a short pilot)
 
     monkeypatch.setattr(online, "_plan", plan_then_stop)
     with pytest.raises(_Planned) as planned:

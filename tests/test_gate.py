@@ -390,7 +390,7 @@ def test_model_config_errors_name_the_file(tiny, tmp_path, capsys):
         "own_type": ({**own, "hidden_size": "big"}, ("model spec 'tiny-moe': field 'hidden_size' must be a whole number, "
                                                     "got 'big'")),
         "own_range": ({**own, "top_k": 99}, "model spec 'tiny-moe': top_k must be in [1, num_experts=8], got 99"),
-        "hf_type": ({**hf, "hidden_size": "big"}, "not a usable Hugging Face MoE config (ValueError: "),
+        "hf_type": ({**hf, "hidden_size": "big"}, "field 'hidden_size' must be a whole number, got 'big'"),
     }
     for name, (d, msg) in cases.items():
         p = tmp_path / f"{name}.json"
