@@ -14,10 +14,12 @@ from the GPU and model). At small ``N`` the activation term dominates (the busie
 experts); as ``N`` grows every slot is active every step, the activation term is the same for every
 placement and token balance decides.
 
-Search: replica counts first (each of the ``R`` redundant slots goes to the expert whose extra replica
-lowers the layer's lower bound ``max(total / G, max slot cost)`` the most, at most one replica per GPU), then
-the slots onto GPUs (``P / G`` each, no two replicas of an expert on one GPU) largest cost first into the
-cheapest GPU with room, then pairwise swaps between the busiest GPU and the others while one lowers it.
+Search: replica counts first, two ways (each of the ``R`` redundant slots to the expert whose extra replica
+lowers the layer's lower bound ``max(total / G, max slot cost)`` the most, ties to the smallest added cost; or
+to the costliest slot's expert, EPLB's rule on this cost, which packs better when token time matters; at most
+one replica per GPU either way), then the slots onto GPUs (``P / G`` each, no two replicas of an expert on one
+GPU; replicas first, then largest cost first into the cheapest GPU with room), then pairwise swaps between the
+busiest GPU and the others while one lowers it; of the two, the lower busiest GPU is kept.
 It minimises the maximum of expectations, not the expected maximum (which also depends on the variance);
 ``place optimize --phase decode`` scores every policy on the expected maximum measured on held-out decode
 steps. Anytime: with a time limit, layers left when it runs out keep their greedy assignment (counted in
@@ -49,9 +51,12 @@ def slot_cost(p: np.ndarray, c: np.ndarray, n: int, tau: float) -> np.ndarray:
     return -np.expm1(n * np.log1p(-np.minimum(q, 1 - 1e-12))) + tau * n * q
 
 
-def replica_counts(p: np.ndarray, num_slots: int, num_gpus: int, n: int, tau: float) -> np.ndarray:
+def replica_counts(p: np.ndarray, num_slots: int, num_gpus: int, n: int, tau: float,
+                   split_costliest: bool = False) -> np.ndarray:
     """Replicas per expert ``[E]`` (sum ``num_slots``, each in ``[1, num_gpus]``): each extra slot to the
-    expert whose replica lowers ``max(total / G, max slot cost)`` the most (ties: the costliest slot)."""
+    expert whose replica lowers ``max(total / G, max slot cost)`` the most (ties: the smallest added cost, then
+    the costliest slot); with ``split_costliest``, to the costliest slot's expert (EPLB's rule on this cost),
+    which gives the packing smaller items at a larger total."""
     E = p.shape[0]
     c = np.ones(E, dtype=np.int64)
     cost = slot_cost(p, c, n, tau)
@@ -65,7 +70,11 @@ def replica_counts(p: np.ndarray, num_slots: int, num_gpus: int, n: int, tau: fl
         new_max = np.maximum(new_max, np.where(np.arange(E) == top[0], 0.0, nxt))
         bound = np.maximum(new_total / num_gpus, new_max)
         bound = np.where(c >= num_gpus, np.inf, bound)
-        e = int(np.lexsort((-cost, bound))[0])
+        if split_costliest:
+            bound = np.where(c >= num_gpus, np.inf, -cost)
+        # the lowest bound; among equals the smallest added cost (a replica of an expert every step activates
+        # adds a whole weight read and lowers nothing), then the costliest slot
+        e = int(np.lexsort((-cost, new_total, bound))[0])
         c[e] += 1
         cost[e] = nxt[e]
     return c
@@ -78,15 +87,16 @@ def assign(slot_expert: np.ndarray, slot_costs: np.ndarray, num_gpus: int, deadl
     the deadline stopped the swaps."""
     P = slot_expert.shape[0]
     S = P // num_gpus
-    order = np.argsort(-slot_costs, kind="stable")
+    # the replicas of replicated experts first (each needs a GPU of its own: placing them while every GPU has
+    # room always succeeds), then the rest, costliest first into the cheapest GPU with room
+    multi = np.bincount(slot_expert)[slot_expert] > 1
+    order = np.lexsort((-slot_costs, ~multi))
     members = [[] for _ in range(num_gpus)]
     held = [set() for _ in range(num_gpus)]
     load = np.zeros(num_gpus)
     for i in order:
         e = int(slot_expert[i])
         ok = [g for g in range(num_gpus) if len(members[g]) < S and e not in held[g]]
-        if not ok:  # only GPUs that already hold e have room: take the lightest of them
-            ok = [g for g in range(num_gpus) if len(members[g]) < S]
         g = min(ok, key=lambda x: (load[x], x))
         members[g].append(int(i))
         held[g].add(e)
@@ -145,14 +155,21 @@ def decode_policy(problem: PlacementProblem):
     for li in range(loads.shape[0]):
         tokens = loads[li].sum() / k
         p = loads[li] / tokens if tokens > 0 else np.full(E, k / E)
-        c = replica_counts(p, P, G, n, tau)
-        slot_expert = np.repeat(np.arange(E), c)
-        costs = slot_cost(p[slot_expert], c[slot_expert].astype(np.float64), n, tau)
-        p2l[li], cut = assign(slot_expert, costs, G, deadline)
+        best = None
+        # two replica counts (see replica_counts), each packed; the one whose busiest GPU costs less is kept
+        for split in (False, True) if P > E else (False,):
+            c = replica_counts(p, P, G, n, tau, split_costliest=split)
+            slot_expert = np.repeat(np.arange(E), c)
+            costs = slot_cost(p[slot_expert], c[slot_expert].astype(np.float64), n, tau)
+            row, cut = assign(slot_expert, costs, G, deadline)
+            got = _max_gpu_cost(row, p, n, tau, G)
+            if best is None or got < best[0] - 1e-12:
+                best = (got, row, costs, cut)
+        _, p2l[li], costs, cut = best
         cut_layers += cut
         # the gap to this replica count's bound max(total / G, costliest slot) on the busiest GPU
         lb = max(costs.sum() / G, costs.max())
-        bound_gap.append(_max_gpu_cost(p2l[li], p, n, tau, G) / lb - 1 if lb > 0 else 0.0)
+        bound_gap.append(best[0] / lb - 1 if lb > 0 else 0.0)
     summary: dict[str, Any] = {"objective": "max over GPUs of expected (activated slots + tau x tokens) per step",
                                "decode_step_tokens": int(n), "token_weight": tau, "t_read_s": read_s,
                                "t_token_s": token_s, "max_gap": float(max(bound_gap, default=0.0)),
