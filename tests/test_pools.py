@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 import yaml
 from simkit import mini_model, random_placement, write_trace
@@ -21,6 +22,8 @@ from moeplace.placement.export.engines import check_args
 from moeplace.placement.policies import PlacementProblem, get_policy, policy_names
 from moeplace.placement.policies.decode import _max_gpu_cost, decode_weights
 from moeplace.placement.record import Placement
+from moeplace.sim.config import EngineConfig, LengthMix, SimConfig, WorkloadConfig
+from moeplace.sim.runner import RunInputs, pool_setups, prepare_run, simulate
 from moeplace.traces.format import TraceWriter
 from moeplace.traces.phases import phase_knowledge
 
@@ -191,7 +194,6 @@ def test_optimize_phase_decode_scores_every_policy(mini_trace, tmp_path, capsys)
     assert on["phase"] == "decode"
     # the first held-out token, in the trace's own order, is a decode token
     first = on["held_out_from_token"]
-    import polars as pl
     df = pl.read_parquet(Path(trace) / "*.parquet")
     L = model.num_moe_layers
     assert df["phase"][first * L] == 1 and (df["phase"][: first * L] == 0).sum() > 0
@@ -228,9 +230,6 @@ def test_phase_knowledge_of_sources():
 
 # ---------------------------------------------------------------------------- simulate --pools
 def test_simulate_pools_runs_each_pool_as_deployed(mini_trace, capsys):
-    from moeplace.sim.runner import RunInputs, prepare_run, simulate
-    from moeplace.cli.commands.simulate import simulation_config  # noqa: F401  (the CLI path is run below)
-
     model, trace = mini_trace
     words = ["prefill:gpus=2,tp=2,ep=2", "decode:gpus=4,dp=4,ep=4,batch=8"]
     argv = ["simulate", trace, "--pools", *words, "--placement", "linear", "--placement",
@@ -244,8 +243,6 @@ def test_simulate_pools_runs_each_pool_as_deployed(mini_trace, capsys):
     assert "eplb|moeplace-decode" in out and "(6 GPUs in all)" in out
     # the hand-off bytes: every handed-off request moved its prompt's KV + state as the decode pool holds it
     dep = parse_pools(words)
-    from moeplace.sim.config import EngineConfig, LengthMix, SimConfig, WorkloadConfig
-
     cfg = SimConfig(duration=4, engine=EngineConfig(disaggregated=True), workload=WorkloadConfig(
         concurrency=8, lengths=LengthMix(components=((64, 1.0),), sigma=0.0, output_mean=16, output_sigma=0.0)))
     prep = prepare_run(RunInputs(trace=trace, placements=("linear",), route_all=True, pools=dep),
@@ -256,7 +253,6 @@ def test_simulate_pools_runs_each_pool_as_deployed(mini_trace, capsys):
     assert s["num_gpus"] == 6 and s["output_tok_s_per_gpu"] == pytest.approx(s["output_tok_s"] / 6)
     moved = res.requests.filter(res.requests["kv_transfer_s"].is_not_null())
     assert moved.height > 0
-    from moeplace.sim.runner import pool_setups
     dec = pool_setups(prep.trace, dep, prep.pool_placements[0], cfg, "h200")[1]
     per_req = dec.pools.kv_tokens(64) * dec.pools.kv_bytes_per_token + dec.pools.state_bytes_per_seq
     assert s["kv_transfer_bytes"] == pytest.approx(moved.height * per_req * pool_layout(model, dep.decode).tp)
@@ -303,7 +299,7 @@ def test_export_pools_prints_one_checked_command_per_pool(k3_pool_files, fmt, ca
             assert cfg == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
             assert "--enable-expert-parallel" in argv
             assert argv[argv.index("--tensor-parallel-size") + 1] == ("8" if role == "prefill" else "1")
-            assert launch["env"]["MOEPLACE_PLACEMENT"].endswith(("pre.json" if role == "prefill" else "dec.json"))
+            assert launch["env"]["MOEPLACE_PLACEMENT"].endswith("pre.json" if role == "prefill" else "dec.json")
 
 
 def test_export_pools_launch_files_start_both_pools(k3_pool_files, capsys):
@@ -313,13 +309,14 @@ def test_export_pools_launch_files_start_both_pools(k3_pool_files, capsys):
     assert main([*base, "--out", str(d / "s.json"), "--target", "slurm"]) == 0
     text = (d / "s.sbatch").read_text()
     assert "#SBATCH hetjob" in text and "srun --het-group=0" in text and "srun --het-group=1" in text
-    assert subprocess.run(["bash", "-n", str(d / "s.sbatch")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(d / "s.sbatch")], check=False).returncode == 0
     assert main([*base, "--out", str(d / "k.json"), "--target", "k8s"]) == 0
     objs = list(yaml.safe_load_all((d / "k.lws.yaml").read_text()))
     lws = [o["metadata"]["name"] for o in objs if o["kind"] == "LeaderWorkerSet"]
     assert lws == ["moeplace-kimi-k3-sglang-prefill", "moeplace-kimi-k3-sglang-decode"]
     assert main([*base, "--out", str(d / "h.json"), "--target", "shell"]) == 0
-    r = subprocess.run(["bash", str(d / "h.launch.sh")], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    r = subprocess.run(["bash", str(d / "h.launch.sh")], capture_output=True, text=True, check=False,
+                       env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "set POOL to prefill or decode" in r.stderr
     capsys.readouterr()
 
