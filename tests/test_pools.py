@@ -327,3 +327,34 @@ def test_export_pools_refuses_a_placement_of_another_size(k3_pool_files, capsys)
                  "--out", str(d / "x.json"), "--flags"]) == 2
     assert "the prefill pool has 8" in capsys.readouterr().err
     assert not (d / "x.prefill.json").exists() and not (d / "x.decode.json").exists()
+
+
+# ---------------------------------------------------------------------------- dashboard
+def test_dashboard_shows_the_two_pools_side_by_side(mini_trace, tmp_path, capsys):
+    from streamlit.testing.v1 import AppTest  # the dashboard extra; imported where this test needs it
+
+    _, trace = mini_trace
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main(["simulate", trace, "--pools", "prefill:gpus=2,tp=2,ep=2", "decode:gpus=4,dp=4,ep=4,batch=8",
+                 "--placement", "linear", "--isl", "64", "--osl", "16", "--concurrency", "8", "--duration", "4",
+                 "--route-all", "--no-progress", "--out", str(run / "sim")]) == 0
+    capsys.readouterr()
+    summary = json.loads((run / "sim" / "summary.json").read_text())["summaries"][0]
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "moeplace" / "dashboard" / "app.py"),
+                           default_timeout=120)
+    at.session_state["run_dir"] = str(run)
+    at.run()
+    at.switch_page("views/simulate.py").run()
+    assert not at.exception and not at.error
+    assert any(h.value == "Pools side by side" for h in at.subheader)
+    pools = at.dataframe[1].value
+    assert list(pools.columns) == ["figure", "prefill", "decode"]
+    row = lambda name: pools[pools["figure"] == name].iloc[0]
+    assert row("GPUs")["prefill"] == "2" and row("GPUs")["decode"] == "4"
+    assert row("attention TP x DP")["prefill"] == "TP2 x DP1" and row("attention TP x DP")["decode"] == "TP1 x DP4"
+    assert row("TPOT p50 (ms)")["decode"] == f"{summary['decode_pool_tpot_p50_s'] * 1e3:.1f}"
+    assert row("TPOT p50 (ms)")["prefill"] == "" and row("prefill tok/s")["decode"] == ""
+    # the per-pool rows of the main table are there for this run, as place simulate prints them
+    main_table = at.dataframe[0].value
+    assert "decode pool: TPOT p50 (ms)" in set(main_table["metric"])
