@@ -831,8 +831,7 @@ def pools() -> str:
         out.append(f"Decode pool DEP{d['gpus']}, {what}: {t['decode_planning']:,} planning and {t['decode_held_out']:,} "
                    f"held-out decode tokens ({t['requests_held_out']:,} held-out requests); act = slots the busiest "
                    "GPU reads per held-out step" + ("; TPOT: `place simulate --phase decode` on GB300, replay routing "
-                   "of the held-out requests, the decode batch it reached" if sim else "") + ":
-")
+                   "of the held-out requests, the decode batch it reached" if sim else "") + ":\n")
         out.append(_table(head, rows))
         pre = r[name]["prefill"]
         prow = []

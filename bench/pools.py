@@ -15,9 +15,10 @@ a GPU holds 16 of them as a K3 GPU holds 56) at 4, 16, 64 and 256 running sequen
 optimizer on the planning decode tokens, **shared** (moeplace's token-balance optimizer on the planning tokens
 of both phases: the one placement a co-located deployment would use), and **moeplace-decode** planned for each
 batch. Figures on held-out decode steps (``placement.decode``): the slots the busiest GPU reads per step
-(``act max``), its max / mean over GPUs, and tokens per GPU max / mean. For K3, each decode placement's
-simulated decode-pool TPOT (``place simulate --phase decode``, replay routing of the held-out requests, GB300,
-the roofline cost model, whose expert time counts the distinct experts each GPU reads).
+(``act max``), its max / mean over GPUs, and tokens per GPU max / mean. For K3, the simulated decode-pool
+TPOT of moeplace-decode, EPLB, shared and ``linear`` (``place simulate --phase decode``, replay routing of the
+held-out requests, GB300, the roofline cost model, whose expert time counts the distinct experts each GPU
+reads).
 
 Prefill pool: TEP8 on one GB300 NVLink domain (balance) and TP8 x DP2 on 2 x 8 H200 (balance and cross-node
 bytes): per-pool (moeplace on the planning prompt tokens), shared, EPLB, ``linear``; scored on the held-out
@@ -51,7 +52,7 @@ from moeplace.placement.policies import PlacementProblem, get_policy
 BATCHES = (4, 16, 64, 256)
 DECODE_GPUS = 16
 RULE = "vllm"
-SIM_POLICIES = ("moeplace-decode", "eplb", "shared")
+SIM_POLICIES = ("moeplace-decode", "eplb", "shared", "linear")
 
 
 def _place(argv: list[str]) -> str:
