@@ -801,7 +801,52 @@ def replan_quality() -> str:
             f"{m['gain_per_1000_moved'] / e['gain_per_1000_moved']:.0f}x the balancedness per expert moved.\n")
 
 
-RENDERERS = {"replan-quality": replan_quality, "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
+def pools() -> str:
+    """docs/placement.md: per-pool placements against EPLB, the engines' defaults and one shared placement:
+    the decode figure (and simulated TPOT) at 4-256 sequences per DP rank, the prefill pool's balance and
+    bytes (bench/pools.py)."""
+    r = _results("pools")
+    out = []
+    for name, what in (("k3", "K3-shaped synthetic trace (8 of 92 MoE layers)"),
+                       ("captured", "tiny random OLMoE-style model captured on CPU (64 experts, top-8)")):
+        d = r[name]["decode"]
+        sim = any("sim" in e for e in d["batches"].values())
+        head = ["seqs / DP rank", "policy", "act max", "vs EPLB", "act max/mean", "tok max/mean"]
+        head += ["TPOT p50 ms", "vs EPLB", "decode batch"] if sim else []
+        rows = []
+        for b, e in d["batches"].items():
+            ref = e["rows"]["eplb"]["active_max"]
+            srows = e.get("sim", {}).get("rows", {})
+            for pol, x in e["rows"].items():
+                cells = [b, pol, f"{x['active_max']:.2f}", f"{x['active_max'] / ref - 1:+.1%}",
+                         f"{x['active_max_over_mean']:.4f}", f"{x['token_max_over_mean']:.4f}"]
+                if sim:
+                    t = srows.get(pol)
+                    base = srows.get("eplb", {}).get("tpot_p50_s")
+                    cells += ([f"{t['tpot_p50_s'] * 1e3:.2f}", f"{t['tpot_p50_s'] / base - 1:+.1%}",
+                               f"{t['mean_decode_seqs']:.0f} of {d['gpus'] * int(b)}"]
+                              if t and t.get("tpot_p50_s") and base else ["", "", ""])
+                rows.append(cells)
+        t = d["tokens"]
+        out.append(f"Decode pool DEP{d['gpus']}, {what}: {t['decode_planning']:,} planning and {t['decode_held_out']:,} "
+                   f"held-out decode tokens ({t['requests_held_out']:,} held-out requests); act = slots the busiest "
+                   "GPU reads per held-out step" + ("; TPOT: `place simulate --phase decode` on GB300, replay routing "
+                   "of the held-out requests, the decode batch it reached" if sim else "") + ":\n")
+        out.append(_table(head, rows))
+        pre = r[name]["prefill"]
+        prow = []
+        for label, pols in pre["pools"].items():
+            for pol, x in pols.items():
+                prow.append([label, pol, f"{x['balancedness']:.4f}", f"{x['max_over_mean']:.4f}",
+                             f"{x['nodes_per_token']:.3f}", f"{x['remote_node_kib_per_token']:.1f}"])
+        out.append(f"\nPrefill pool, same input ({pre['tokens']['prefill_held_out']:,} held-out prompt tokens):\n")
+        out.append(_table(["pool", "policy", "balancedness", "max/mean", "nodes/tok", "KiB/tok"], prow))
+        out.append("")
+    return ("\n".join(out) + f"\n(`python bench/pools.py`, vLLM's replica rule; {r['wall_s'] / 60:.0f} min on 2 shared "
+            f"cores at load average {r['loadavg'][0]:.1f}.)\n")
+
+
+RENDERERS = {"pools": pools, "replan-quality": replan_quality, "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
              "trace-stats": trace_stats, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
              "demo-transcript": demo_transcript, "demo-summary": demo_summary, "demo-optimize": demo_optimize,

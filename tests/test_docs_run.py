@@ -81,6 +81,11 @@ STANDINS = {  # path a doc reads -> how to make a small one
     "run/placement-r0.json":
         lambda d, trace: _placement(load_model("kimi-k3"), 32, 0, d / "run" / "placement-r0.json"),
     "run/placements": _k3_placements,
+    # a disaggregated K3 deployment's two pools (docs/export.md): TEP8 prefill, DEP16 decode on GB300
+    "run/placement-prefill.json":
+        lambda d, trace: _placement(load_model("kimi-k3"), 8, 0, d / "run" / "placement-prefill.json"),
+    "run/placement-decode.json":
+        lambda d, trace: _placement(load_model("kimi-k3"), 16, 0, d / "run" / "placement-decode.json", gpn=16),
     "run/loads.npz": _loads,
     "run/dsv3/placement.json":
         lambda d, trace: _placement(load_model("deepseek-v3"), 16, 32, d / "run" / "dsv3" / "placement.json"),
@@ -93,7 +98,9 @@ def _make_standins(d, cmds, trace) -> list[str]:
     """The stand-ins the commands read and none of them writes."""
     made = []
     for path, make in STANDINS.items():
-        read = any(a == path or a.startswith(path + "/") for c in cmds for a in c.argv)
+        # an argument may name several paths (prefill=A.json,decode=B.json)
+        read = any(a == path or a.startswith(path + "/") for c in cmds for arg in c.argv
+                   for a in re.split(r"[=,]", arg))
         written = any(path == w or path.startswith(w.rstrip("/") + "/") for c in cmds for w in c.writes())
         if read and not written:
             make(d, trace)

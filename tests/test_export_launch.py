@@ -206,6 +206,68 @@ def test_sglang_own_parser_accepts_the_printed_commands(dsv3, tmp_path):
     assert n == 3
 
 
+def _pool_launches(tmp_path, fmt):
+    """Each pool's launch of a K3 deployment (TEP8 prefill -> DEP16 decode on GB300, and the H200 variant
+    TP8 x DP2 prefill -> TP8 x DP4 decode) exported in ``fmt``, as ``place export --pools --flags`` builds it."""
+    k3 = load_model("kimi-k3")
+    for gpu, pools in (("gb300-nvl72", ((8, 8, 1, 256), (16, 1, 16, 64))), ("h200", ((16, 8, 2, 256), (32, 8, 4, 16)))):
+        for role, (G, tp, dp, batch) in zip(("prefill", "decode"), pools):
+            pl = placement(k3, G, 0, gpus_per_node=min(G, 72 if gpu.startswith("gb") else 8))
+            yield role, launch_spec(pl, k3, fmt, tmp_path / f"{role}.json", FlagOptions(
+                tp=tp, dp=dp, gpu=gpu, pool=role, max_seqs=batch, max_batched_tokens=8192,
+                model_path=f"/ckpt/k3-{role}", placement_path=str(tmp_path / f"{role}-placement.json")))
+
+
+def test_vllm_own_parser_accepts_the_pool_commands(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    cli_args = pytest.importorskip("vllm.entrypoints.common.cli_args")
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    if vllm.__version__ not in checked_versions("vllm"):
+        pytest.skip(f"vllm {vllm.__version__} is not a checked release")
+    parser = cli_args.make_arg_parser(FlexibleArgumentParser())
+    n = 0
+    for role, launch in _pool_launches(tmp_path, "vllm-expert-map"):
+        for argv in [launch.argv()] + ([launch.argv(worker=True)] if launch.worker_extra else []):
+            args = parser.parse_args(_expand(argv)[2:])
+            ea = EngineArgs.from_cli_args(args)
+            assert ea.enable_expert_parallel and ea.kv_transfer_config.kv_connector == "NixlConnector"
+            assert ea.kv_transfer_config.kv_role == "kv_both" and args.model_tag == f"/ckpt/k3-{role}"
+            assert ea.max_num_seqs == (256 if role == "prefill" else launch_seqs(launch))
+            n += 1
+    assert n >= 4
+
+
+def launch_seqs(launch):
+    argv = launch.argv()
+    return int(argv[argv.index("--max-num-seqs") + 1])
+
+
+def test_sglang_own_parser_accepts_the_pool_commands(tmp_path):
+    server_args = pytest.importorskip("sglang.srt.server_args")
+    import argparse
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("sglang")
+    except PackageNotFoundError:  # the wheel's source on the path (unpacked), not installed
+        from sglang.version import __version__ as v
+    if v not in checked_versions("sglang"):
+        pytest.skip(f"sglang {v} is not a checked release")
+    n = 0
+    for role, launch in _pool_launches(tmp_path, "sglang"):
+        parser = argparse.ArgumentParser()
+        server_args.ServerArgs.add_cli_args(parser)
+        args = parser.parse_args(_expand(launch.argv())[3:])
+        sa = server_args.ServerArgs.from_cli_args(args)
+        assert sa.disaggregation_mode == role and sa.disaggregation_transfer_backend == "nixl"
+        assert sa.model_path == f"/ckpt/k3-{role}" and sa.ep_size == launch.nodes * launch.gpus_per_node
+        n += 1
+    assert n == 4
+
+
 # ----------------------------------------------------------------------- deployment files
 def _export(tmp_path, pj, fmt, target, *extra):
     out = tmp_path / FILE[fmt]

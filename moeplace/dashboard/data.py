@@ -58,6 +58,7 @@ from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.frontier import FRONTIER_FILE, LEGACY_VERSION, SWEEP_TABLE
 from moeplace.sim.results import (
     CONFIG_FILE,
+    POOL_ROWS,
     ROWS,
     SUMMARY_FILE,
     TIMESERIES_SUFFIX,
@@ -675,9 +676,51 @@ def _sim_run(path: str, stamp_: tuple) -> SimRun:
 sim_run = _stamped(_sim_run)
 
 
-def sim_table_rows() -> list[tuple[str, str, str]]:
-    """(name, summary key, unit) of the rows ``place simulate`` prints."""
-    return list(ROWS)
+def sim_table_rows(summaries: list[dict[str, Any]] | None = None) -> list[tuple[str, str, str]]:
+    """(name, summary key, unit) of the rows ``place simulate`` prints; the per-pool rows only when one of
+    ``summaries`` is a deployment's (``place simulate --pools``), as the command prints them."""
+    pools = summaries is None or any("pool_figures" in s for s in summaries)
+    return [r for r in ROWS if pools or r[1] not in POOL_ROWS]
+
+
+# (row, prefill pool key, decode pool key, unit) of the pools side by side; None: not that pool's figure
+POOL_SIDE_BY_SIDE = (
+    ("GPUs", "gpus", "gpus", "int"),
+    ("attention TP x DP", "layout", "layout", "text"),
+    ("running sequences / tokens per DP rank", "limits", "limits", "text"),
+    ("prefill tok/s", "prefill_pool_tok_s", None, "n"),
+    ("prefill tok/s per GPU", "prefill_pool_tok_s_per_gpu", None, "n"),
+    ("TTFT p50 (ms)", "prefill_pool_ttft_p50_s", None, "ms"),
+    ("TTFT p99 (ms)", "prefill_pool_ttft_p99_s", None, "ms"),
+    ("KV hand-off p50 / p99 (ms)", None, "handoff", "text"),
+    ("TPOT p50 (ms)", None, "decode_pool_tpot_p50_s", "ms"),
+    ("TPOT p99 (ms)", None, "decode_pool_tpot_p99_s", "ms"),
+    ("decode tok/s per GPU", None, "decode_pool_tok_s_per_gpu", "n"),
+    ("busy", "prefill_pool_busy", "decode_pool_busy", "%"),
+)
+
+
+def pool_side_by_side(summary: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A deployment run's pools side by side (``place simulate --pools``): one row per figure, a column per
+    pool, the values as the summary holds them (``None``: not that pool's figure); ``None`` for a run without
+    pools."""
+    figs = summary.get("pool_figures")
+    if not isinstance(figs, dict) or set(figs) != {"prefill", "decode"}:
+        return None
+    derived = {}
+    for role, f in figs.items():
+        derived[role] = {"gpus": f.get("gpus"), "layout": f"TP{f.get('attention_tp')} x DP{f.get('dp')}",
+                         "limits": f"{f.get('max_seqs')} / {f.get('max_batched_tokens')}"}
+    p50, p99 = summary.get("kv_transfer_p50_s"), summary.get("kv_transfer_p99_s")
+    derived["decode"]["handoff"] = (f"{p50 * 1e3:.1f} / {p99 * 1e3:.1f} over {figs['decode'].get('kv_link')}"
+                                    if p50 is not None and p99 is not None else None)
+    rows = []
+    for name, pre_key, dec_key, unit in POOL_SIDE_BY_SIDE:
+        row: dict[str, Any] = {"figure": name, "unit": unit}
+        for role, key in (("prefill", pre_key), ("decode", dec_key)):
+            row[role] = None if key is None else derived[role].get(key, summary.get(key))
+        rows.append(row)
+    return rows
 
 
 # ---------------------------------------------------------------------------- sweep

@@ -61,6 +61,7 @@ FORMATS: dict[str, ArtifactFormat] = {f.kind: f for f in (
     ArtifactFormat("trace-stats", (1,), True, "place trace stats --out x.json / --json"),
     ArtifactFormat("memory-plan", (1,), True, "place plan --report / --json"),
     ArtifactFormat("memory-plan-sweep", (1,), True, "place plan --sweep --json"),
+    ArtifactFormat("deployment-plan", (1,), False, "place plan --pools --report / --json"),
     ArtifactFormat("comparison", (1,), True, "place optimize --report / --json"),
     ArtifactFormat("metrics", (1,), True, "place evaluate --json"),
     ArtifactFormat("sim-summary", (1,), True, "place simulate --out DIR (summary.json) / --json"),

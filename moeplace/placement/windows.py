@@ -5,6 +5,7 @@ planned on."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,14 @@ def trace_to_loads(path: str | Path, window_tokens: int) -> Loads:
 
 
 def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
-                    window_tokens: int = DEFAULT_WINDOW_TOKENS) -> Loads:
+                    window_tokens: int = DEFAULT_WINDOW_TOKENS,
+                    read: Callable[[Path, int], Loads] | None = None) -> Loads:
     """Read traces and/or Loads files into one Loads (windows concatenated in input order).
     ``model`` overrides the model recorded in the inputs (it must have the same shape). The provenance
     records each window's input (``window_inputs``) and, where every input has them, domain tags
-    (``window_domains``); the token sample keeps each token's window."""
+    (``window_domains``); the token sample keeps each token's window. ``read(path, window_tokens)``: how
+    an input becomes Loads (default: a Loads file as it is, a trace by :func:`trace_to_loads`; ``place
+    optimize --phase`` reads one phase's tokens)."""
     if not inputs:
         raise InputError("no traces or Loads files given")
     parts: list[Loads] = []
@@ -53,7 +57,10 @@ def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
                 raise InputError(f"{src}: the same routing as {first} (given twice); held-out windows would "
                                  "repeat planning windows")
         seen[rp] = str(src)
-        ld = load_loads(p) if is_loads_file(p) else trace_to_loads(p, window_tokens)
+        if read is not None:
+            ld = read(p, window_tokens)
+        else:
+            ld = load_loads(p) if is_loads_file(p) else trace_to_loads(p, window_tokens)
         if model is not None:
             if ld.model.is_partial and model.moe_layers == ld.model.model_moe_layers:
                 model = model.restrict(ld.model.moe_layers)  # a log of some layers of this very model

@@ -69,6 +69,9 @@ class EngineConfig:
     admission: str = "on_demand"
     prefill_gpus: int | None = None  # disaggregated: GPUs of the prefill pool (None = same as decode)
     phase: str = "both"  # benchmark one phase alone: "prefill" (1-token outputs) or "decode" (KV given)
+    # disaggregated pools (--pools): the link the KV cache crosses from prefill to decode, "rdma" (NIXL over
+    # the decode GPUs' NICs) or "nvlink" (both pools in one NVLink domain)
+    kv_link: str = "rdma"
     # the engine build whose kernels per layer kind pay the per-kernel gap (sim.cost.KERNEL_BUILDS):
     # "unfused" (FP8 block-scale DeepSeek paths of TensorRT-LLM / SGLang / vLLM) or "fused" (TensorRT-LLM's
     # NVFP4 min-latency build: all-reduce + norm + quantize, fused GEMMs, fused MoE)
@@ -97,6 +100,8 @@ class EngineConfig:
             _bad(w, f"a2a_mode '{self.a2a_mode}' unknown (expected one of {A2A_MODES})")
         if self.phase not in PHASES:
             _bad(w, f"phase '{self.phase}' unknown (expected one of {PHASES})")
+        if self.kv_link not in ("rdma", "nvlink"):
+            _bad(w, f"kv_link '{self.kv_link}' unknown (expected rdma or nvlink)")
         if self.admission not in ADMISSION:
             _bad(w, f"admission '{self.admission}' unknown (expected one of {ADMISSION})")
         if self.dp_balance not in DP_BALANCE:

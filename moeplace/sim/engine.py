@@ -46,7 +46,7 @@ from moeplace.foundation.memory.pools import CachePools
 from moeplace.foundation.progress import bar as progress_bar
 from moeplace.placement.record import Placement
 from moeplace.sim.calibration import Profile
-from moeplace.sim.config import SimConfig
+from moeplace.sim.config import EngineConfig, SimConfig
 from moeplace.sim.cost import CostModel, RankWork
 from moeplace.sim.events import Event, EventQueue
 from moeplace.sim.measured import make_cost_model
@@ -84,21 +84,38 @@ class _Batch:
     pre_rank: list = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class PoolSetup:
+    """One pool of a deployment run (``place simulate --pools``): its role (``prefill`` | ``decode``), placement,
+    cluster, cache pools (from its own memory plan) and engine settings (its attention TP, MoE TP, batching
+    limits; the run's other settings)."""
+
+    role: str
+    placement: Placement
+    cluster: ClusterSpec
+    pools: CachePools
+    engine: EngineConfig
+
+
 class Pool:
     """One EP group (all placement GPUs) running engine iterations (the simulation's real state)."""
 
     def __init__(self, name: str, role: str, sim: Simulation, placement: Placement, cost: CostModel | None = None,
-                 pools: CachePools | None = None) -> None:
+                 pools: CachePools | None = None, engine: EngineConfig | None = None) -> None:
         self.name = name
         self.role = role  # "both" | "prefill" | "decode"
         self.sim = sim
         self.placement = placement
         self.cost = cost or sim.cost
         self.pools = pools or sim.pools
+        # the pool's own attention layout and batching limits (a deployment's pools differ); the run's otherwise
+        self.engine = engine or sim.config.engine
         self.num_gpus = placement.num_gpus
-        self.ranks = [Rank() for _ in range(placement.num_gpus // sim.config.engine.attention_tp)]
-        self.router = make_router(sim.config.mode, sim.trace, placement, sim.config.engine.replica_rule,
-                                  sim.config.seed, sim.config.engine.attention_tp)
+        self.ranks = [Rank() for _ in range(placement.num_gpus // self.engine.attention_tp)]
+        self.router = make_router(sim.config.mode, sim.trace, placement, self.engine.replica_rule,
+                                  sim.config.seed, self.engine.attention_tp)
+        self.link_free = [0.0] * len(self.ranks)  # when each rank's inbound KV link is free (deployment runs)
+        self.inbound = [0] * len(self.ranks)  # KV hand-offs on their way to each rank
         self.busy = False
         self.wake_pending = False
         self.iteration = 0
@@ -109,7 +126,7 @@ class Pool:
         self.next_rank = 0
         self.last_dt = 0.0
         # the engine's batching rules: what a sequence holds, whether it grows, which prefill chunks join
-        self.scheduler = make_scheduler(sim.config.engine, self.pools)
+        self.scheduler = make_scheduler(self.engine, self.pools)
 
     # ------------------------------------------------------------------ memory checks
     def _kv(self, n):
@@ -143,7 +160,7 @@ class Pool:
                     q.queue_time = now - q.arrival
                 if q.swapped:  # swap back in: the KV and state cross the host link again
                     q.swapped = False
-                    self.stall += self.sim.swap_time(q)
+                    self.stall += self.sim.swap_time(q, self)
         return used
 
     def _make_room(self, r: int, now: float, used: int) -> int:
@@ -190,7 +207,7 @@ class Pool:
         """Admission, preemption and batching on every rank (the scheduler's rules): the iteration's work
         per rank, its prefill chunks and decoding sequences and, for exact routing, the trace rows of its
         tokens by rank. ``None`` when no rank has anything to run."""
-        cfg = self.sim.config.engine
+        cfg = self.engine
         b = _Batch(RankWork.zeros(len(self.ranks)), exact=self.router.needs_rows)
         decode_here = self.role != "prefill"
         per_seq = 1 + cfg.mtp_draft  # tokens each decoding sequence verifies per step
@@ -246,7 +263,7 @@ class Pool:
     def _route(self, b: _Batch, now: float):
         """The batch's MoE work per layer and GPU from the router (and expert counts for a rebalancer)."""
         sim = self.sim
-        cfg = sim.config.engine
+        cfg = self.engine
         want = self.rebalancer is not None and self.rebalancer.wants_counts
         t0 = wallclock.perf_counter()
         if b.exact:
@@ -267,7 +284,7 @@ class Pool:
     def _cost(self, now: float, b: _Batch, moe):
         """The iteration's seconds (with the stall carried in from swaps and weight moves), its step-time
         breakdown and that stall."""
-        cfg = self.sim.config.engine
+        cfg = self.engine
         st = self._step_time(b.work, moe, cfg)
         shared = self.rebalancer.link_share(now, st.total) if self.rebalancer is not None else None
         if shared is not None:  # an async weight transfer shares the links with this step's all-to-all
@@ -293,7 +310,7 @@ class Pool:
         # passes the slots it holds, so the plan's kv_tokens is asked only then.
         paged = self.pools.dcp == 1
         max_len = self.pools.max_model_len  # a sequence stops at the model's context, as engines cap it
-        e = sim.config.engine
+        e = self.engine
         n_decoding = sum(len(qs) for _, qs in self.decoding)
         if e.mtp_draft and n_decoding:
             # leading accepted drafts per sequence: the first rejection ends the run
@@ -366,7 +383,7 @@ class Pool:
                 rank.running.remove(q)
                 rank.used -= after
                 events += sim.finish(q, now)
-        sim.recorder.tokens_done(now, made, prefilled, decoded, n_decoding, self.last_dt)
+        sim.recorder.tokens_done(now, made, prefilled, decoded, n_decoding, self.last_dt, pool=self.name)
         self.batch = []
         self.decoding = []
         self.busy = False
@@ -387,21 +404,26 @@ class Pool:
         self.wake_pending = False
         return self.maybe_start(now)
 
-    def enqueue(self, q: Request, now: float) -> list[Event]:
-        """A new request joins a DP rank's waiting queue: round robin over ranks (a DP load balancer that
-        cannot tell requests apart), or with ``dp_balance="tokens"`` the rank with the fewest outstanding
-        tokens (prompt tokens still to prefill plus decoding sequences), as engines' prefill balancers do
-        (SGLang --load-balance-method minimum_tokens; DeepSeek's prefill load balancer)."""
-        if self.sim.config.engine.dp_balance == "tokens" and len(self.ranks) > 1:
+    def pick_rank(self) -> int:
+        """The DP rank a new request goes to (see :meth:`enqueue`); hand-offs still on their way count."""
+        if self.engine.dp_balance == "tokens" and len(self.ranks) > 1:
             # prompt tokens still to prefill plus one per sequence held (decode work)
-            loads = [rk.pending + len(rk.running) + len(rk.waiting) for rk in self.ranks]
+            loads = [rk.pending + len(rk.running) + len(rk.waiting) + self.inbound[i] for i, rk in enumerate(self.ranks)]
             n = len(self.ranks)
             r = min(range(n), key=lambda i: (loads[(self.next_rank + i) % n], i))
             r = (self.next_rank + r) % n
             self.next_rank = (r + 1) % n
-        else:
-            r = self.next_rank
-            self.next_rank = (self.next_rank + 1) % len(self.ranks)
+            return r
+        r = self.next_rank
+        self.next_rank = (self.next_rank + 1) % len(self.ranks)
+        return r
+
+    def enqueue(self, q: Request, now: float, rank: int | None = None) -> list[Event]:
+        """A new request joins a DP rank's waiting queue: round robin over ranks (a DP load balancer that
+        cannot tell requests apart), or with ``dp_balance="tokens"`` the rank with the fewest outstanding
+        tokens (prompt tokens still to prefill plus decoding sequences), as engines' prefill balancers do
+        (SGLang --load-balance-method minimum_tokens; DeepSeek's prefill load balancer)."""
+        r = self.pick_rank() if rank is None else rank
         q.rank = r
         q.pool = self.name
         self.ranks[r].waiting.append(q)
@@ -435,7 +457,8 @@ class Simulation:
                  pools: CachePools, profile: Profile | None = None, label: str = "",
                  chrome: bool = False, progress: bool = False,
                  prefill: tuple[Placement, ClusterSpec, CachePools] | None = None,
-                 on_advance: Callable[[float], None] | None = None) -> None:
+                 on_advance: Callable[[float], None] | None = None,
+                 deployment: tuple[PoolSetup, ...] | None = None) -> None:
         placement.check_model(trace.model, "placement")
         if placement.num_gpus != cluster.num_gpus:
             raise InputError(f"placement {label or ''}: made for {placement.num_gpus} GPUs, the cluster has "
@@ -456,7 +479,18 @@ class Simulation:
         self.queue = EventQueue()
         self.recorder = Recorder(self, chrome=chrome)
         self.route_wall = 0.0
-        if e.phase == "decode":
+        self.deployment = deployment is not None
+        if deployment is not None:  # a prefill and a decode pool, each with its own layout (place simulate --pools)
+            self.pools_list = []
+            for ps in deployment:
+                ps.placement.check_model(trace.model, f"{ps.role} placement")
+                if ps.placement.num_gpus != ps.cluster.num_gpus:
+                    raise InputError(f"{ps.role} placement: made for {ps.placement.num_gpus} GPUs, the {ps.role} pool "
+                                     f"has {ps.cluster.num_gpus} (--pools)")
+                self.pools_list.append(Pool(ps.role, ps.role, self, ps.placement,
+                                            self.make_cost(ps.cluster, profile, ps.engine), ps.pools, ps.engine))
+            self.cost = self.pools_list[-1].cost
+        elif e.phase == "decode":
             self.pools_list = [Pool("decode", "decode", self, placement)]
         elif e.disaggregated and e.phase == "both":
             if prefill is not None:
@@ -479,9 +513,9 @@ class Simulation:
         self._arrivals: np.ndarray | None = None
         self._next_arrival = 0
 
-    def make_cost(self, cluster: ClusterSpec, profile: Profile | None) -> CostModel:
+    def make_cost(self, cluster: ClusterSpec, profile: Profile | None, engine: EngineConfig | None = None) -> CostModel:
         c = self.config
-        return make_cost_model(self.model, cluster, c.cost, c.engine, profile, c.cost_model, c.cost_engine)
+        return make_cost_model(self.model, cluster, c.cost, engine or c.engine, profile, c.cost_model, c.cost_engine)
 
     # ------------------------------------------------------------------ request lifecycle
     def entry_pool(self) -> Pool:
@@ -536,7 +570,7 @@ class Simulation:
         self.recorder.preemptions += 1
         if self.config.engine.preemption == "swap":
             q.swapped = True
-            pool.stall += self.swap_time(q)
+            pool.stall += self.swap_time(q, pool)
             pool.ranks[r].swapped.appendleft(q)
         else:  # recompute: everything so far becomes a prompt to prefill again
             q.prefill_target = q.prompt_len + max(q.generated - 1, 0)  # == q.ctx
@@ -544,22 +578,48 @@ class Simulation:
             pool.ranks[r].waiting.appendleft(q)
             pool.ranks[r].pending += q.prefill_target
 
-    def swap_time(self, q: Request) -> float:
-        p = self.pools
+    def swap_time(self, q: Request, pool: Pool | None = None) -> float:
+        p = self.pools if pool is None else pool.pools
         b = p.kv_tokens(max(q.ctx, 1)) * p.kv_bytes_per_token + p.state_bytes_per_seq
         return b / self.config.engine.swap_bw
 
     def handoff(self, q: Request, now: float) -> Event:
         """Disaggregated: ship the KV cache and state from the prefill to the decode pool over the NIC
         (every GPU of the TP group sends its copy in parallel)."""
+        if self.deployment:
+            return self.deployment_handoff(q, now)
         p = self.pools
         b = p.kv_tokens(q.ctx) * p.kv_bytes_per_token + p.state_bytes_per_seq
         dt = self.cost.transfer_time(b, same_node=False)
         self.recorder.transfer_bytes += b * self.config.engine.attention_tp * 1.0
         return Event(now + dt, "transfer_done", q)
 
+    def deployment_handoff(self, q: Request, now: float) -> Event:
+        """A deployment's hand-off (NIXL): the decode DP rank is chosen now; each of its ``attention_tp`` GPUs
+        pulls its share, laid out as the decode pool holds it (the MLA latent of every cached token at the
+        decode pool's KV dtype, replicated on its TP ranks unless DCP shards it; its share of the KDA state),
+        whatever the prefill pool's layout (the cache does not depend on expert ids or the prefill TP). One
+        GPU receives ``kv_tokens(ctx) x bytes/token + state`` over the ``kv_link`` (its NIC for ``rdma``,
+        NVLink for ``nvlink``); hand-offs into one rank queue on its link, first come first served."""
+        dec = self.pools_list[1]
+        r = dec.pick_rank()
+        dec.inbound[r] += 1
+        p = dec.pools
+        b = p.kv_tokens(q.ctx) * p.kv_bytes_per_token + p.state_bytes_per_seq
+        dt = dec.cost.transfer_time(b, same_node=dec.engine.kv_link == "nvlink")
+        start = max(now, dec.link_free[r])
+        dec.link_free[r] = start + dt
+        self.recorder.transfer_bytes += b * dec.engine.attention_tp
+        q.transfer_s = start + dt - now
+        q.rank = r
+        return Event(start + dt, "transfer_done", q)
+
     def on_transfer(self, ev: Event) -> list[Event]:
-        return self.pools_list[1].enqueue(ev.data, ev.time)
+        dec = self.pools_list[1]
+        if self.deployment:
+            dec.inbound[ev.data.rank] -= 1
+            return dec.enqueue(ev.data, ev.time, rank=ev.data.rank)
+        return dec.enqueue(ev.data, ev.time)
 
     def on_iteration_end(self, ev: Event) -> list[Event]:
         return ev.data.finish_iteration(ev.time)

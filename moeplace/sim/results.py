@@ -33,6 +33,8 @@ class Recorder:
         self.prompt_tokens_done = 0  # prompts (cache hits included) whose first token came in the window
         self.decode_tokens_done = 0  # tokens made by decoding sequences in the window
         self.decode_seq_time = 0.0  # sum over the window's decode iterations of sequences x duration
+        # per pool (a deployment's prefill and decode pools): tokens prefilled and decoded, busy seconds
+        self.by_pool: dict[str, dict[str, float]] = {}
         self.warmup = sim.config.warmup_s
         self.series: dict[str, list] = {k: [] for k in (
             "time", "pool", "iteration", "duration", "decode_seqs", "prefill_tokens", "batch_tokens",
@@ -68,12 +70,18 @@ class Recorder:
         return self.warmup <= now <= self.sim.config.duration
 
     def tokens_done(self, now: float, output: int, prefill: int, decoded: int = 0, decode_seqs: int = 0,
-                    dt: float = 0.0) -> None:
+                    dt: float = 0.0, pool: str | None = None) -> None:
         if self.in_window(now):
             self.output_tokens_done += output
             self.prefill_tokens_done += prefill
             self.decode_tokens_done += decoded
             self.decode_seq_time += decode_seqs * dt
+            if pool is not None:
+                c = self.by_pool.setdefault(pool, {"prefill": 0.0, "decoded": 0.0, "output": 0.0, "busy": 0.0})
+                c["prefill"] += prefill
+                c["decoded"] += decoded
+                c["output"] += output
+                c["busy"] += dt
 
     def prompt_done(self, now: float, prompt_tokens: int) -> None:
         if self.in_window(now):
@@ -109,16 +117,18 @@ def request_frame(requests: list) -> pl.DataFrame:
         "finished_s": [q.finished if not q.rejected else nan for q in requests],
         "preemptions": [q.preemptions for q in requests],
         "rejected": [q.rejected for q in requests],
+        "kv_transfer_s": [q.transfer_s for q in requests],
     }
     df = pl.DataFrame(rows, schema_overrides={"pool": pl.String, "queue_s": pl.Float64,
                                               "first_token_s": pl.Float64, "finished_s": pl.Float64,
-                                              "arrival_s": pl.Float64})
+                                              "arrival_s": pl.Float64, "kv_transfer_s": pl.Float64})
     return df.with_columns(
         ttft_s=pl.col("first_token_s") - pl.col("arrival_s"),
         tpot_s=pl.when(pl.col("output_tokens") > 1)
         .then((pl.col("finished_s") - pl.col("first_token_s")) / (pl.col("output_tokens") - 1))
         .otherwise(None),
-    ).with_columns(pl.col(c).fill_nan(None) for c in ("queue_s", "first_token_s", "finished_s", "ttft_s", "tpot_s"))
+    ).with_columns(pl.col(c).fill_nan(None) for c in ("queue_s", "first_token_s", "finished_s", "ttft_s", "tpot_s",
+                                                      "kv_transfer_s"))
 
 
 def _pct(s: pl.Series, q: float) -> float | None:
@@ -190,7 +200,39 @@ def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) 
         "state_peak": float(ts["state_occupancy"].max()) if ts.height else 0.0,
         "rebalances": sum(p.rebalancer.count for p in sim.pools_list if p.rebalancer is not None),
         "moved_bytes": sum(p.rebalancer.moved_bytes for p in sim.pools_list if p.rebalancer is not None),
+        **(pool_figures(rec, lat, window) if getattr(sim, "deployment", False) else {}),
     }
+
+
+def pool_figures(rec: Recorder, lat: pl.DataFrame, window: float) -> dict[str, Any]:
+    """A deployment's per-pool figures (flat keys, so they are table rows like the others): the prefill
+    pool's prompt tokens per second (and per GPU), its busy share and TTFT (arrival to the first token, which
+    the prefill pool makes); the KV hand-off (prefill end to the decode rank holding the cache, queueing on the
+    link included); the decode pool's TPOT, its decode tokens per second per GPU and busy share. Also, under
+    ``pool_figures``, each pool's GPUs, layout and counters."""
+    sim = rec.sim
+    pre, dec = sim.pools_list[0], sim.pools_list[-1]
+    cp = rec.by_pool.get(pre.name, {})
+    cd = rec.by_pool.get(dec.name, {})
+    out = {
+        "prefill_pool_tok_s": cp.get("prefill", 0.0) / window,
+        "prefill_pool_tok_s_per_gpu": cp.get("prefill", 0.0) / window / pre.num_gpus,
+        "prefill_pool_busy": cp.get("busy", 0.0) / window,
+        "prefill_pool_ttft_p50_s": _pct(lat["ttft_s"], 50),
+        "prefill_pool_ttft_p99_s": _pct(lat["ttft_s"], 99),
+        "kv_transfer_p50_s": _pct(lat["kv_transfer_s"], 50),
+        "kv_transfer_p99_s": _pct(lat["kv_transfer_s"], 99),
+        "decode_pool_tpot_p50_s": _pct(lat["tpot_s"], 50),
+        "decode_pool_tpot_p99_s": _pct(lat["tpot_s"], 99),
+        "decode_pool_tok_s_per_gpu": cd.get("decoded", 0.0) / window / dec.num_gpus,
+        "decode_pool_busy": cd.get("busy", 0.0) / window,
+    }
+    out["pool_figures"] = {p.name: {"gpus": p.num_gpus, "attention_tp": p.engine.attention_tp,
+                                    "dp": len(p.ranks), "moe_tp": p.engine.moe_tp,
+                                    "max_batched_tokens": p.engine.max_batched_tokens, "max_seqs": p.engine.max_seqs,
+                                    "kv_link": p.engine.kv_link, **rec.by_pool.get(p.name, {})}
+                           for p in sim.pools_list}
+    return out
 
 
 def routing_coverage(sim) -> dict[str, Any]:
@@ -394,6 +436,18 @@ def _fmt(v, unit: str) -> str:
 ROWS = [
     ("output tok/s", "output_tok_s", "n"),
     ("output tok/s per GPU", "output_tok_s_per_gpu", "n"),
+    # a deployment's pools (place simulate --pools): each pool's own figures
+    ("prefill pool: prefill tok/s", "prefill_pool_tok_s", "n"),
+    ("prefill pool: prefill tok/s per GPU", "prefill_pool_tok_s_per_gpu", "n"),
+    ("prefill pool: TTFT p50 (ms)", "prefill_pool_ttft_p50_s", "ms"),
+    ("prefill pool: TTFT p99 (ms)", "prefill_pool_ttft_p99_s", "ms"),
+    ("prefill pool: busy", "prefill_pool_busy", "%"),
+    ("KV hand-off p50 (ms)", "kv_transfer_p50_s", "ms"),
+    ("KV hand-off p99 (ms)", "kv_transfer_p99_s", "ms"),
+    ("decode pool: TPOT p50 (ms)", "decode_pool_tpot_p50_s", "ms"),
+    ("decode pool: TPOT p99 (ms)", "decode_pool_tpot_p99_s", "ms"),
+    ("decode pool: decode tok/s per GPU", "decode_pool_tok_s_per_gpu", "n"),
+    ("decode pool: busy", "decode_pool_busy", "%"),
     ("decode tok/s per user", "per_user_tok_s", "n1"),
     ("prefill tok/s", "prefill_tok_s", "n"),
     ("TTFT p50 (ms)", "ttft_p50_s", "ms"),
@@ -423,6 +477,8 @@ ROWS = [
 ]
 # shown only when some placement has them (routing repeats: only a run that outlived its trace)
 OPTIONAL_ROWS = {"rebalances", "moved_bytes", "stall_s", "trace_passes", "routing_repeat_share"}
+# shown only for a deployment's runs (their summaries carry them)
+POOL_ROWS = {key for _, key, _ in ROWS if key.startswith(("prefill_pool_", "decode_pool_", "kv_transfer_"))}
 
 
 # figures that exist only when a request produced a second output token (a decode step timed)
@@ -451,6 +507,8 @@ def format_table(results: list[SimResult], run: dict[str, Any] | None = None) ->
     rows = [head]
     for name, key, unit in ROWS:
         if key in OPTIONAL_ROWS and not any(r.summary.get(key) for r in results):
+            continue
+        if key in POOL_ROWS and all(key not in r.summary for r in results):
             continue
         vals = []
         for r, rng in zip(results, ranges):

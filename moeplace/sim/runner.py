@@ -14,6 +14,7 @@ import numpy as np
 from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.limits import placement_estimate, require_memory
+from moeplace.foundation.memory.planner import pool_cluster, pool_layout
 from moeplace.foundation.model import load_model
 from moeplace.foundation.settings import Range
 from moeplace.placement.policies import PlacementProblem, get_policy, policy_names
@@ -21,7 +22,7 @@ from moeplace.placement.record import Placement, check_compatible, load_placemen
 from moeplace.placement.rules import get_rule
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import SimConfig, check_resources
-from moeplace.sim.engine import Simulation
+from moeplace.sim.engine import PoolSetup, Simulation
 from moeplace.sim.inputs import read_workload
 from moeplace.sim.memory import override_pools, plan_pools
 from moeplace.sim.results import SimResult
@@ -51,6 +52,11 @@ class RunInputs:
     # distributions over simulated time, spread over ``duration`` when the phases do not fix it
     phases: tuple = ()
     duration: float | None = None
+    # a deployment's pools (place simulate --pools): each placement spec is resolved once per pool, on the
+    # pool's own GPUs ("prefill=A,decode=B" names one per pool)
+    pools: Any = None  # foundation.deployment.Deployment
+    gpu: str = "h200"
+    gpus_per_node: int | None = None
 
 
 @dataclasses.dataclass
@@ -63,6 +69,8 @@ class PreparedRun:
     prefill: list[tuple[Placement, ClusterSpec]] | None
     from_token: int
     routing_note: str
+    # with --pools: per label, the prefill and the decode pool's placements
+    pool_placements: list[tuple[Placement, Placement]] | None = None
 
 
 def is_placement_file(spec: str) -> bool:
@@ -97,7 +105,9 @@ def read_trace(inputs: RunInputs) -> tuple[TraceTokens, int, str]:
         trace, from_token, note = wl.on_timeline(inputs.duration), 0, wl.note()
         planned = []
     else:
-        from_token, planned = held_out_start(inputs.trace, inputs.placements)
+        specs = ([x for spec in inputs.placements for x in _pool_specs(spec).values()] if inputs.pools is not None
+                 else inputs.placements)
+        from_token, planned = held_out_start(inputs.trace, specs)
         if inputs.route_all:
             from_token = 0
         trace = load_trace_tokens(inputs.trace, inputs.max_trace_tokens, from_token)
@@ -135,11 +145,23 @@ def read_trace(inputs: RunInputs) -> tuple[TraceTokens, int, str]:
 def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, check=None) -> PreparedRun:
     """Read what ``inputs`` names for a run on ``cluster``: the trace (:func:`read_trace`); every placement
     resolved (:func:`resolve_placement`; repeated labels numbered); the prefill pool's placements on
-    ``make_cluster(prefill_gpus)`` when there is one. ``check(trace)``: the caller's checks that need the
-    trace's model (its settings against the model's context), run before any placement is computed."""
+    ``make_cluster(prefill_gpus)`` when there is one; with ``inputs.pools``, every spec once per pool
+    (:func:`resolve_pool_placements`). ``check(trace)``: the caller's checks that need the trace's model
+    (its settings against the model's context), run before any placement is computed."""
     trace, from_token, note = read_trace(inputs)
     if check is not None:
         check(trace)
+    if inputs.pools is not None:
+        pairs = [resolve_pool_placements(s, trace, inputs) for s in inputs.placements]
+        labels = [_pool_label(s) for s in inputs.placements]
+        for i, lab in enumerate(labels):
+            if labels.count(lab) > 1:
+                labels[i] = f"{lab}#{i + 1}"
+        named = [s for s in inputs.placements if not all(is_placement_file(x) for x in _pool_specs(s).values())]
+        if named:
+            note += f"; {', '.join(named)} planned here on the routed tokens themselves (in-sample)"
+        return PreparedRun(trace, [(lab, dec) for lab, (_, dec) in zip(labels, pairs)], None, from_token, note,
+                           pool_placements=pairs)
     placements = [resolve_placement(s, trace, cluster, inputs.num_redundant, inputs.rule, inputs.seed)
                   for s in inputs.placements]
     labels = [lab for lab, _ in placements]
@@ -162,8 +184,51 @@ def prepare_run(inputs: RunInputs, cluster: ClusterSpec, *, make_cluster=None, c
     return PreparedRun(trace, placements, prefill, from_token, note)
 
 
+def _pool_specs(spec: str) -> dict[str, str]:
+    """``"prefill=A.json,decode=B.json"`` -> one spec per pool; any other spec is both pools'."""
+    if "=" not in spec:
+        return {"prefill": spec, "decode": spec}
+    out: dict[str, str] = {}
+    for part in spec.split(","):
+        role, eq, what = part.partition("=")
+        role = role.strip()
+        if not eq or role not in ("prefill", "decode") or not what.strip() or role in out:
+            raise InputError(f"--placement {spec}: with --pools give FILE|POLICY for both pools, or "
+                             "prefill=FILE|POLICY,decode=FILE|POLICY")
+        out[role] = what.strip()
+    if set(out) != {"prefill", "decode"}:
+        raise InputError(f"--placement {spec}: name a placement for both pools (prefill=...,decode=...)")
+    return out
+
+
+def _pool_label(spec: str) -> str:
+    s = _pool_specs(spec)
+    if s["prefill"] == s["decode"]:
+        return Path(s["prefill"]).stem if is_placement_file(s["prefill"]) else s["prefill"]
+    return "|".join(Path(x).stem if is_placement_file(x) else x for x in (s["prefill"], s["decode"]))
+
+
+def resolve_pool_placements(spec: str, trace: TraceTokens, inputs: RunInputs) -> tuple[Placement, Placement]:
+    """The prefill and decode pools' placements of one ``--placement`` spec with ``--pools``: a file must be
+    made for its pool's GPUs; a policy name is planned on the trace for each pool's GPU count and redundant
+    slots (``moeplace-decode`` for the decode pool's step: its DP ranks x batch)."""
+    dep = inputs.pools
+    out = []
+    for role, what in _pool_specs(spec).items():
+        pool = dep.pool(role)
+        cl = pool_cluster(pool, dep.gpu_kind(inputs.gpu), dep.gpus_per_node or inputs.gpus_per_node)
+        opts = {"decode_step_tokens": pool_layout(trace.model, pool).dp * pool.max_seqs} if role == "decode" else {}
+        try:
+            out.append(resolve_placement(what, trace, cl, pool.redundant, inputs.rule, inputs.seed, options=opts,
+                                         phase=role)[1])
+        except InputError as exc:
+            raise InputError(f"--pools {role}: {exc}") from None
+    return out[0], out[1]
+
+
 def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_redundant: int | None, rule: str,
-                      seed: int) -> tuple[str, Placement]:
+                      seed: int, options: dict[str, Any] | None = None,
+                      phase: str | None = None) -> tuple[str, Placement]:
     """``spec`` is a placement JSON file, or a policy name computed here on the trace's expert loads
     (all of its tokens as one window) with ``num_redundant`` slots (``None``: 0). A file must have been
     made for the trace's model and ``cluster`` (and, when given, ``num_redundant``). Returns
@@ -181,7 +246,7 @@ def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_r
                                   tuple(trace.model.moe_layers), dict(placement.provenance))
         check_compatible(placement, trace.model, cluster, num_redundant=num_redundant, what=str(p))
         return p.stem, placement
-    names = policy_names()
+    names = policy_names(phase)
     if spec not in names:
         raise InputError(f"--placement '{spec}': no such file and not a policy (policies: {', '.join(names)})")
     m = trace.model
@@ -190,19 +255,48 @@ def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_r
                                                                           cluster.num_gpus)))
     loads = trace.expert_counts()[None].astype(np.float64)
     problem = PlacementProblem(loads=loads, model=trace.model, cluster=cluster, num_redundant=num_redundant or 0,
-                               rule=rule, seed=seed)
+                               rule=rule, seed=seed, options=dict(options or {}))
     return spec, get_policy(spec)(problem)
+
+
+def pool_setups(trace: TraceTokens, deployment: Any, pair: tuple[Placement, Placement], config: SimConfig,
+                gpu: str, gpus_per_node: int | None = None) -> tuple[PoolSetup, PoolSetup]:
+    """The prefill and decode pools of a deployment run: each on its own cluster, with its own attention
+    layout (from its memory plan), batching limits and cache pools (:func:`plan_pools` on its layout)."""
+    out = []
+    for pool, placement in zip(deployment.pools, pair):
+        lay = pool_layout(trace.model, pool)
+        if lay.moe_tp > 1:
+            raise InputError(f"--pools {pool.role}: ep {lay.ep} < gpus {pool.gpus}: the simulator's placements spread "
+                             "experts over all of a pool's GPUs; give ep = gpus")
+        cl = pool_cluster(pool, deployment.gpu_kind(gpu), deployment.gpus_per_node or gpus_per_node)
+        engine = dataclasses.replace(config.engine, attention_tp=lay.tp, max_batched_tokens=pool.max_batched_tokens,
+                                     max_seqs=pool.max_seqs, disaggregated=True, prefill_gpus=None,
+                                     kv_link=deployment.kv_link, phase="both")
+        try:
+            cache, _ = plan_pools(trace.model, cl, engine, placement.num_redundant)
+        except InputError as exc:
+            raise InputError(f"--pools {pool.role}: {exc}") from None
+        cache = override_pools(cache, config.kv_tokens_per_rank, config.state_slots_per_rank)
+        out.append(PoolSetup(pool.role, placement, cl, cache, engine))
+    return out[0], out[1]
 
 
 def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluster: ClusterSpec,
              config: SimConfig, profile: Profile | None = None, chrome: bool = False,
              progress: bool = False, prefill: list[tuple[Placement, ClusterSpec]] | None = None,
-             on_advance: Callable[[float], None] | None = None) -> list[SimResult]:
+             on_advance: Callable[[float], None] | None = None, deployment: Any = None,
+             pool_placements: list[tuple[Placement, Placement]] | None = None, gpu: str = "h200",
+             gpus_per_node: int | None = None) -> list[SimResult]:
     """Run ``config`` once per placement (same seed, so the same arrivals and lengths). ``prefill``: per
     placement, the prefill pool's own placement and cluster (disaggregated with ``prefill_gpus``).
     ``on_advance(now)``: called with the simulated time after every event of every run (bench/sim.py
     times the steady state with it)."""
     check_resources(config)
+    if deployment is not None:
+        return [_simulate_deployment(trace, label, deployment, pair, config, profile, chrome, progress, on_advance,
+                                     gpu, gpus_per_node)
+                for (label, _), pair in zip(placements, pool_placements)]
     out = []
     for i, (label, placement) in enumerate(placements):
         pools, _ = plan_pools(trace.model, cluster, config.engine, placement.num_redundant)
@@ -228,6 +322,32 @@ def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluste
             res.summary["rebalance_history"] = [h for p in sim.pools_list if p.rebalancer for h in p.rebalancer.history]
         out.append(res)
     return out
+
+
+def _simulate_deployment(trace, label, deployment, pair, config, profile, chrome, progress, on_advance, gpu,
+                         gpus_per_node) -> SimResult:
+    setups = pool_setups(trace, deployment, pair, config, gpu, gpus_per_node)
+    dec = setups[1]
+    sim = Simulation(config, trace, dec.placement, dec.cluster, dec.pools, profile=profile, label=label, chrome=chrome,
+                     progress=progress, on_advance=on_advance, deployment=setups)
+    res = sim.run()
+    res.summary["deployment"] = deployment.to_dict()
+    res.summary["placement"] = {"label": label, "num_gpus": sum(ps.placement.num_gpus for ps in setups),
+                                "num_slots": dec.placement.num_slots, "policy": dec.placement.provenance.get("policy"),
+                                "fingerprint": dec.placement.fingerprint(),
+                                "pools": {ps.role: {"num_gpus": ps.placement.num_gpus, "num_slots": ps.placement.num_slots,
+                                                    "policy": ps.placement.provenance.get("policy"),
+                                                    "fingerprint": ps.placement.fingerprint()} for ps in setups}}
+    res.summary["pools"] = {"shared": dec.pools.shared, "pool_bytes": dec.pools.pool_bytes,
+                            "kv_token_capacity": dec.pools.kv_token_capacity, "state_slots": dec.pools.state_slots,
+                            "kv_bytes_per_token": dec.pools.kv_bytes_per_token,
+                            "state_bytes_per_seq": dec.pools.state_bytes_per_seq,
+                            "by_pool": {ps.role: {"pool_bytes": ps.pools.pool_bytes,
+                                                  "kv_token_capacity": ps.pools.kv_token_capacity,
+                                                  "state_slots": ps.pools.state_slots} for ps in setups}}
+    if any(p.rebalancer is not None for p in sim.pools_list):
+        res.summary["rebalance_history"] = [h for p in sim.pools_list if p.rebalancer for h in p.rebalancer.history]
+    return res
 
 
 def resolved_config(config: SimConfig, cluster: ClusterSpec, trace: TraceTokens, placements, profile) -> dict[str, Any]:

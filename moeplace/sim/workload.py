@@ -178,6 +178,7 @@ class Request:
         "row_base",
         "swapped",
         "template",
+        "transfer_s",
     )
 
     def __init__(self, id: int, arrival: float, prompt_len: int, output_len: int, row_base: int,
@@ -206,6 +207,7 @@ class Request:
         self.prefill_target = prompt_len  # tokens to prefill (grows after a recompute preemption)
         self.ctx = 0  # tokens whose KV is in the cache
         self.kv = 0  # per-GPU KV token slots held for the next step while running (engine bookkeeping)
+        self.transfer_s = float("nan")  # disaggregated: prefill -> decode KV hand-off, queueing on the link included
 
 
 class RequestSource:

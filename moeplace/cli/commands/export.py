@@ -12,8 +12,10 @@ from pathlib import Path, PurePosixPath
 from moeplace.cli import flags
 from moeplace.cli import relabel as export_checkpoint
 from moeplace.cli.commands import add_force
+from moeplace.foundation.deployment import parse_pools, pools_help
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, Outputs, write_text_atomic
+from moeplace.foundation.memory.planner import pool_layout
 from moeplace.foundation.model import format_ranges, load_model
 from moeplace.placement.export import deploy, export_placement, format_names, get_format
 from moeplace.placement.export.engines import VLLM_PRS, checked_versions
@@ -95,6 +97,11 @@ def register(sub) -> None:
                    help="where the weights volume is mounted; HF_HOME is PATH/huggingface (default /models)")
     k.add_argument("--k8s-hf-secret", default=None, metavar="NAME[:KEY]|none",
                    help="Secret holding HF_TOKEN for gated weights (default hf-token:token, optional)")
+    p.add_argument("--pools", nargs="+", default=None, metavar="ROLE:KEY=V,...|FILE",
+                   help=pools_help("with --flags: one command per pool (PLACEMENT is prefill=FILE,decode=FILE, or "
+                                   "one FILE for both; --model-path likewise per pool, e.g. each pool's relabelled "
+                                   "checkpoint); the engine files go to --out with .prefill / .decode before the "
+                                   "suffix; --target writes one launch file that starts both pools"))
     p.add_argument("--json", action="store_true",
                    help="print what was written, the warnings and the launch arguments as JSON")
     p.set_defaults(func=run)
@@ -147,6 +154,8 @@ DIRECTORY_FORMATS = {export_checkpoint.FORMAT: export_checkpoint.run}
 
 
 def run(args) -> int:
+    if args.pools:
+        return run_pools(args)
     if args.format in DIRECTORY_FORMATS:
         return DIRECTORY_FORMATS[args.format](args)
     if args.layout is not None or not args.link:
@@ -256,4 +265,131 @@ def run(args) -> int:
             where = {"shell": "run it on each node with NODE_RANK and MASTER_ADDR set",
                      "slurm": "submit it with sbatch", "k8s": "apply it with kubectl apply -f"}[args.target]
             print(f"wrote {launch_out} ({args.target}, {launch.nodes} node(s)): {where}")
+    return 0
+
+
+def _per_pool(text: str | None, what: str) -> dict[str, str | None]:
+    """``prefill=A,decode=B`` -> one value per pool; a plain value is both pools'; ``None`` stays ``None``."""
+    if text is None or "=" not in text:
+        return {"prefill": text, "decode": text}
+    out: dict[str, str | None] = {}
+    for part in text.split(","):
+        role, eq, value = part.partition("=")
+        role = role.strip()
+        if not eq or role not in ("prefill", "decode") or role in out or not value.strip():
+            raise InputError(f"{what} {text!r}: expected prefill=...,decode=... (or one value for both pools)")
+        out[role] = value.strip()
+    if set(out) != {"prefill", "decode"}:
+        raise InputError(f"{what} {text!r}: give both pools (prefill=...,decode=...)")
+    return out
+
+
+def pool_out(out: str, role: str) -> str:
+    """``loc.json`` -> ``loc.prefill.json``: a pool's engine file next to ``--out``."""
+    p = Path(out)
+    return str(p.with_name(f"{p.stem}.{role}{p.suffix}"))
+
+
+def run_pools(args) -> int:
+    """``--pools --flags``: each pool's placement exported to its own engine file and its command printed
+    (each checked against its memory plan and the engine release's parser), and with ``--target`` one launch
+    file that starts both pools."""
+    if not args.flags:
+        raise InputError("--pools prints each pool's launch command: add --flags")
+    if args.format in DIRECTORY_FORMATS:
+        raise InputError("--pools with --format checkpoint: write each pool's relabelled checkpoint with its own "
+                         "`place export POOL.json --format checkpoint`, then give them as --model-path "
+                         "prefill=DIR,decode=DIR with an engine format")
+    if args.tp or args.dp or args.plan:
+        raise InputError("--tp/--dp/--plan: with --pools each pool's layout comes from its pool word")
+    if args.target == "k8s":
+        pass  # checked per pool by the renderer (the plugin's placement JSON is not mounted)
+    dep = parse_pools(args.pools)
+    files = _per_pool(args.placement, "PLACEMENT")
+    paths = _per_pool(args.model_path, "--model-path")
+    placements = {role: load_placement(f) for role, f in files.items()}
+    model = load_model(args.model or placements["decode"].model_name)
+    outs = Outputs(inputs=[*files.values(), args.loads, args.model], force=args.force)
+    k8s = k8s_options(args) if args.target == "k8s" else None
+    pools = []
+    for pool in dep.pools:
+        pl = placements[pool.role]
+        check_compatible(pl, model, what=files[pool.role])
+        if pl.num_gpus != pool.gpus:
+            raise InputError(f"{files[pool.role]}: a placement for {pl.num_gpus} GPUs, the {pool.role} pool has {pool.gpus} "
+                             "(plan it with place optimize --phase " + pool.role + " --pools ...)")
+        lay = pool_layout(model, pool)
+        out = pool_out(args.out, pool.role)
+        opts = FlagOptions(model_path=paths[pool.role], kv_cache_dtype=args.kv_cache_dtype,
+                           max_model_len=args.max_model_len, gpu=dep.gpu or args.gpu, online_eplb=args.online_eplb,
+                           eplb_window=args.eplb_window, eplb_interval=args.eplb_interval, tp=lay.tp, dp=lay.dp,
+                           moe_backend=args.moe_backend, engine_version=args.engine_version,
+                           vllm_pr=int(args.vllm_pr) if args.vllm_pr else None, vllm_static=args.vllm_static,
+                           placement_path=files[pool.role], pool=pool.role, max_seqs=pool.max_seqs,
+                           max_batched_tokens=pool.max_batched_tokens)
+        try:
+            built = build_launch(pl, model, args.format, out, opts)
+            if built.launch.engine not in deploy.PORTS:
+                raise InputError(f"--format {args.format}: disaggregated pools are launched for vLLM and SGLang (the "
+                                 "NIXL connector / --disaggregation-mode); the other formats print no pool command")
+            launch = built.launch
+            if args.target == "k8s":
+                launch = launch_spec(pl, model, args.format, PurePosixPath(deploy.MOUNT_DIR) / Path(out).name,
+                                     built.opts)
+        except InputError as exc:
+            raise InputError(f"--pools {pool.role}: {exc}") from None
+        launch.layout = f"# {pool.role} pool: " + launch.layout.lstrip("# ")
+        built.launch.layout = launch.layout
+        outs.add(out, engine_file_kind(args.format, model, pl.num_gpus, pl.gpus_per_node), flag="--out")
+        pools.append((pool, pl, out, built, launch))
+    launch_out = None
+    if args.target:
+        launch_out = args.launch_out or str(Path(args.out).with_suffix("")) + deploy.default_suffix(args.target)
+        outs.add(launch_out, OutputKind(f"{args.target} launch file", False, deploy.is_launch_file), flag="--launch-out")
+    loads = read_loads(args.loads, args.window_tokens) if args.loads else None
+    wrote, warnings = [], []
+    for pool, pl, out, built, _ in pools:
+        def write(pl=pl, out=out, built=built, role=pool.role):
+            w = export_placement(pl, model, args.format, out, loads=loads, **built.extra)
+            mismatch = rule_mismatch(pl, args.format)
+            warnings.extend(f"{role}: {x}" for x in ([mismatch] if mismatch else []) + list(w))
+        if outs.write(out, write):
+            wrote.append(out)
+    if launch_out is not None and len(wrote) == len(pools):
+        text = deploy.render_pools(args.target, [(pool.role, launch, built.memory_line(), Path(out).name,
+                                                  Path(out).read_bytes()) for pool, _, out, built, launch in pools],
+                                   name=f"moeplace-{model.name}-{pools[0][3].launch.engine}", k8s=k8s)
+
+        def write_launch():
+            write_text_atomic(launch_out, text)
+            if args.target != "k8s":
+                Path(launch_out).chmod(0o755)
+
+        if outs.write(launch_out, write_launch):
+            wrote.append(launch_out)
+    outs.finish()
+    if args.json:
+        print(json.dumps({"wrote": wrote, "format": args.format, "model": model.name, "deployment": dep.to_dict(),
+                          "warnings": warnings, "pools": {
+                              pool.role: {"placement": files[pool.role], "file": out, "gpus": pl.num_gpus,
+                                          "memory_plan": {"fits": True, "layout": built.plan.layout.describe(),
+                                                          "concurrency": built.plan.concurrency},
+                                          "launch": {"engine": built.launch.engine, "engine_version": built.launch.version,
+                                                     "nodes": built.launch.nodes, "env": built.launch.env,
+                                                     "argv": built.launch.argv(),
+                                                     "worker_argv": (built.launch.argv(worker=True)
+                                                                     if built.launch.worker_extra else None),
+                                                     "command": built.launch.text()}}
+                              for pool, pl, out, built, _ in pools}}, indent=1))
+        return 0
+    for w in warnings:
+        print(f"place: warning: {w}", file=sys.stderr)
+    for pool, pl, out, built, _ in pools:
+        print(f"== {pool.role} pool: wrote {out} ({args.format}): {pl.num_slots} slots on {pl.num_gpus} GPUs ==")
+        print(built.memory_line())
+        print(built.launch.text(), end="")
+    print(f"KV cache from prefill to decode over {dep.kv_link} (NIXL); the placements differ per pool, the KV cache does "
+          "not depend on expert ids")
+    if launch_out is not None and launch_out in wrote:
+        print(f"wrote {launch_out} ({args.target}): both pools")
     return 0

@@ -14,6 +14,7 @@ from moeplace.cli import flags
 from moeplace.cli.commands import add_force, add_progress
 from moeplace.cli.run_config import add_config, settings_record
 from moeplace.foundation.cluster import gpu_preset_names, make_cluster
+from moeplace.foundation.deployment import parse_pools, pools_help
 from moeplace.foundation.errors import InputError, MoeplaceError
 from moeplace.foundation.files import (
     OutputKind,
@@ -24,14 +25,17 @@ from moeplace.foundation.files import (
     write_text_atomic,
 )
 from moeplace.foundation.formats import tagged
+from moeplace.foundation.memory.planner import pool_layout
 from moeplace.foundation.model import load_model
 from moeplace.placement.compare import compare_policies
 from moeplace.placement.dispatch import ENGINES
 from moeplace.placement.export import capabilities
+from moeplace.placement.phase import DecodePool, compare_phase, format_decode
 from moeplace.placement.policies import policy_names
 from moeplace.placement.record import PLACEMENT_JSON
 from moeplace.placement.report import format_shift, format_table
 from moeplace.placement.windows import DEFAULT_WINDOW_TOKENS, default_redundant, routing_windows
+from moeplace.traces.validate import read_trace_meta
 
 COMPARISON_REPORT = register_kind(OutputKind("comparison report", False, tagged_artifact(
     "comparison", "engine", "cluster", "rows", "written")))  # --report, the --json document
@@ -87,6 +91,22 @@ def register(sub) -> None:
     add_force(p)
     add_config(p)
     add_progress(p)
+    ph = p.add_argument_group("per-phase traffic (disaggregated pools)")
+    ph.add_argument("--phase", choices=("prefill", "decode"), default=None,
+                    help="plan on the trace's prompt (prefill) or generated (decode) tokens only; decode also scores "
+                         "every policy on held-out decode steps (the slots the busiest GPU reads per step) and adds "
+                         "the moeplace-decode policy, which plans on that figure")
+    ph.add_argument("--pools", nargs="+", default=None, metavar="ROLE:KEY=V,...|FILE",
+                    help=pools_help("--phase takes the GPU count, redundant slots, attention layout and batch of its "
+                                    "pool from it"))
+    ph.add_argument("--batch", type=flags.positive_int, default=None,
+                    help="--phase decode: running sequences per attention-DP rank (default: the decode pool's, else "
+                         f"{DEFAULT_DECODE_BATCH})")
+    ph.add_argument("--attention-tp", type=flags.positive_int, default=None,
+                    help="--phase decode: GPUs per attention-DP rank (default: the decode pool's, else 1: DP over all "
+                         "GPUs)")
+    ph.add_argument("--max-trace-tokens", type=flags.positive_int, default=100_000,
+                    help="--phase: tokens of the phase read from each trace (memory: tokens x MoE layers x top-k x 2 B)")
     g = p.add_argument_group("optimizer options (used by the moeplace policy)")
     g.add_argument("--robust", action="store_true", help="maximize the worst planning window, not the mean")
     g.add_argument("--objective", choices=("balance", "traffic", "balance+traffic"), default="balance")
@@ -108,7 +128,9 @@ def run(args) -> int:
     deadline = None if args.time_limit is None else time.monotonic() + args.time_limit
     if args.window_tokens < 1:
         raise InputError(f"--window-tokens must be >= 1, got {args.window_tokens}")
-    names = args.policy or policy_names()
+    if args.phase is None and (args.pools or args.batch or args.attention_tp):
+        raise InputError("--pools/--batch/--attention-tp choose the pool a --phase plans for: add --phase prefill|decode")
+    names = args.policy or policy_names(args.phase)
     groups = parse_groups(args.group or [])
     for paths in groups.values():
         for path in paths:
@@ -123,6 +145,8 @@ def run(args) -> int:
     for name in dict.fromkeys(names) if args.save_all else ():
         outs.add(Path(args.save_all) / f"placement-{name}.json", PLACEMENT_JSON, "--save-all")
     model = load_model(args.model) if args.model else None
+    if args.phase:
+        return run_phase(args, names, model, outs, deadline)
     loads = routing_windows(args.inputs, model=model, window_tokens=args.window_tokens)
     if groups:
         loads.provenance["input_groups"] = [next((g for g, paths in groups.items() if any(_same(x, q) for q in paths)),
@@ -191,6 +215,81 @@ def run(args) -> int:
             print(f"wrote {args.out} (policy {chosen})")
         for line in capabilities.advice(loads.model, R):  # what the engines lack to serve it, and the route offered
             print(f"serving: {line}")
+    outs.finish()
+    return 0
+
+
+DEFAULT_DECODE_BATCH = 64  # running sequences per DP rank when neither --batch nor a decode pool says
+
+
+def run_phase(args, names: list[str], model, outs: Outputs, deadline: float | None) -> int:
+    """``--phase``: plan on one phase's tokens (:func:`placement.phase.compare_phase`), print the table and,
+    for decode, every policy's decode figure; write the chosen placement."""
+    if args.group or args.from_placement or args.keep_groups:
+        raise InputError("--group/--from/--keep-groups are not taken with --phase")
+    read_model = model or read_trace_meta(args.inputs[0])[0]
+    gpus, gpu, redundant, batch, tp = args.gpus, args.gpu, args.redundant, args.batch, args.attention_tp
+    dp = None
+    if args.pools:
+        dep = parse_pools(args.pools)
+        pool = dep.pool(args.phase)
+        if pool.moe_tp_size > 1:
+            raise InputError(f"--pools {pool.role}: ep {pool.ep_size} < gpus {pool.gpus} (MoE TP {pool.moe_tp_size}): "
+                             "placements here spread experts over EP ranks of one GPU each; plan with ep = gpus")
+        lay = pool_layout(read_model, pool)
+        gpus, gpu = pool.gpus, dep.gpu_kind(args.gpu)
+        redundant = pool.redundant if redundant is None else redundant
+        batch = batch or pool.max_seqs
+        tp, dp = tp or lay.tp, lay.dp if tp is None else pool.gpus // tp
+    cluster = make_cluster(gpus, gpu, args.gpus_per_node)
+    E = read_model.num_experts
+    R = default_redundant(E, cluster.num_gpus) if redundant is None else redundant
+    if (E + R) % cluster.num_gpus:
+        raise InputError(f"--redundant {R}: {E} experts + {R} = {E + R} slots is not a multiple of {cluster.num_gpus} "
+                         f"GPUs; use e.g. --redundant {default_redundant(E, cluster.num_gpus)}")
+    tp = tp or 1
+    if cluster.num_gpus % tp:
+        raise InputError(f"--attention-tp {tp} does not divide the {cluster.num_gpus} GPUs")
+    pool_d = DecodePool(dp or cluster.num_gpus // tp, batch or DEFAULT_DECODE_BATCH, tp) if args.phase == "decode" else None
+    options = {"robust": args.robust, "objective": args.objective, "traffic_weight": args.traffic_weight,
+               "pareto": args.pareto, "max_moves": args.max_moves, "workers": args.workers}
+    pc = compare_phase(args.inputs, args.phase, cluster, num_redundant=R, policies=names, rule=args.engine,
+                       plan_fraction=args.plan_fraction, seed=args.seed, options=options, model=model,
+                       window_tokens=args.window_tokens, max_tokens=args.max_trace_tokens, pool=pool_d,
+                       shift=not args.no_shift, deadline=deadline, shift_sample=args.shift_layers or "auto")
+    cmp = pc.comparison
+    chosen = args.policy[0] if args.policy else next(
+        (n for n in ("moeplace-decode" if args.phase == "decode" else "moeplace", "moeplace", "eplb") if n in names),
+        names[0])
+    result = next((r for r in cmp.results if r.policy == chosen), None)
+    if result is None:
+        print(format_table(cmp), file=sys.stderr)
+        raise MoeplaceError(f"--time-limit: policy '{chosen}' did not finish, nothing written (raise --time-limit or "
+                            "choose another --policy)")
+    settings = settings_record(args, {"inputs": args.inputs})
+    result.placement.provenance["settings"] = settings
+    wrote = not args.no_out and outs.write(args.out, lambda: result.placement.save(args.out))
+    if args.save_all:
+        _save_all(outs, Path(args.save_all), cmp.results)
+    d = tagged("comparison", cmp.to_dict())
+    d.update(pc.to_dict())
+    d["written"] = {"policy": chosen, "path": args.out} if wrote else None
+    d["settings"] = settings
+    if args.report:
+        outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(d, indent=1) + "\n"))
+    if args.json:
+        print(json.dumps(d, indent=1))
+    else:
+        print(f"phase {args.phase}: planned on the {args.phase} tokens only"
+              + (f"; {pc.note}" if pc.note else ""))
+        print(format_table(cmp))
+        for line in format_decode(pc):
+            print(line)
+        for line in format_shift(cmp):
+            print(line)
+        _print_moeplace_extras(cmp)
+        if wrote:
+            print(f"wrote {args.out} (policy {chosen}, {args.phase} pool)")
     outs.finish()
     return 0
 

@@ -7,22 +7,32 @@ fits), 2 for bad input.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from moeplace.cli import flags
 from moeplace.cli.commands import add_force
 from moeplace.foundation.cluster import gpu_preset_names, load_gpu, make_cluster
+from moeplace.foundation.deployment import parse_pools, pools_help
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, Outputs, register_kind, tagged_artifact, write_text_atomic
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.memory.config import MemoryConfig
 from moeplace.foundation.memory.inputs import GiB, parse_context_mix, parse_pool_split, parse_tokens
-from moeplace.foundation.memory.planner import default_sweep_gpus, plan_memory, sweep_plans
-from moeplace.foundation.memory.report import render_plan, render_sweep
+from moeplace.foundation.memory.planner import (
+    default_sweep_gpus,
+    plan_deployment,
+    plan_memory,
+    pool_changes,
+    sweep_plans,
+)
+from moeplace.foundation.memory.report import render_plan, render_pool_summary, render_sweep
 from moeplace.foundation.model import DEFAULT_MODEL, load_model
 from moeplace.placement.export import capabilities
 
 PLAN_REPORT = register_kind(OutputKind("plan report", False, tagged_artifact(
     "memory-plan", "model", "cluster", "per_gpu", "pools")))  # --report, the --json document
+POOLS_REPORT = register_kind(OutputKind("deployment plan report", False, tagged_artifact(
+    "deployment-plan", "model", "deployment", "pools")))  # --pools --report, its --json document
 
 EXIT_DOES_NOT_FIT = 3
 
@@ -69,6 +79,9 @@ def register(sub) -> None:
                    help="GiB per GPU for CUDA graphs / NCCL / slack (default 1)")
     p.add_argument("--min-seqs", type=flags.positive_int, default=1,
                    help="concurrent sequences at --context required to call it a fit (default 1)")
+    p.add_argument("--pools", nargs="+", default=None, metavar="ROLE:KEY=V,...|FILE",
+                   help=pools_help("each pool is planned on its own GPUs (prefill holds the KV of what it prefills, "
+                                   "decode the KV of batch running sequences per DP rank)"))
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--report", metavar="FILE", default=None, help="also write the plan JSON to FILE")
     add_force(p)
@@ -98,9 +111,11 @@ def run(args) -> int:
     if args.sweep and args.report:
         raise InputError("--report writes one plan; with --sweep print the table as JSON with --json")
     outs = Outputs(inputs=[args.model], force=args.force)
-    outs.add(args.report, PLAN_REPORT, "--report")
+    outs.add(args.report, POOLS_REPORT if args.pools else PLAN_REPORT, "--report")
     model = load_model(args.model)
     config = build_config(args, model.max_context)
+    if args.pools:
+        return run_pools(args, model, config, outs)
     if args.sweep:
         return run_sweep(args, model, config)
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
@@ -135,3 +150,42 @@ def run_sweep(args, model, config: MemoryConfig) -> int:
         print(render_sweep(rows, model_name=model.name, gpu=args.gpu, kv_dtype=config.kv_dtype,
                            context=config.context or model.max_context))
     return 0 if any(r.plan is not None and r.plan.fits for r in rows) else EXIT_DOES_NOT_FIT
+
+
+# the flags a pool word sets for its own pool (given with --pools they would be ambiguous)
+_POOL_FLAGS = (("gpus", 32, "--gpus"), ("tp", None, "--tp"), ("dp", None, "--dp"), ("ep", None, "--ep"),
+               ("dense_tp", None, "--dense-tp"), ("redundant", 0, "--redundant"), ("sweep", False, "--sweep"),
+               ("max_batched_tokens", "8k", "--max-batched-tokens"), ("max_num_seqs", 1024, "--max-num-seqs"))
+
+
+def run_pools(args, model, config: MemoryConfig, outs: Outputs) -> int:
+    """``--pools``: each pool planned on its own GPUs, the breakdowns, then the pools side by side with
+    each misfit's smallest change. Exit 3 when a pool does not fit."""
+    for dest, default, flag in _POOL_FLAGS:
+        if getattr(args, dest) != default:
+            raise InputError(f"{flag} goes in the pool words with --pools (gpus=, tp=, dp=, ep=, dense_tp=, redundant=, "
+                             "tokens=, batch=)")
+    dep = parse_pools(args.pools).with_gpu(None, args.gpus_per_node)
+    rows = plan_deployment(model, dep, config, args.gpu)
+    changes = {pool.role: pool_changes(pool, plan) for pool, plan in rows}
+    doc = tagged("deployment-plan", {"model": model.name, "deployment": dep.to_dict(), "gpu": dep.gpu_kind(args.gpu),
+                                     "pools": {pool.role: {**plan.to_dict(), "changes": changes[pool.role]}
+                                               for pool, plan in rows},
+                                     "fits": all(plan.fits for _, plan in rows)})
+    report = json.dumps(doc, indent=1)
+    if args.report:
+        outs.write(args.report, lambda: write_text_atomic(args.report, report + "\n"))
+    if args.json:
+        print(report)
+    else:
+        for pool, plan in rows:  # each misfit's changes follow as pool words, after the summary
+            print(f"== {pool.role} pool ==")
+            print(render_plan(replace(plan, suggestions=())).replace(
+                "smallest change: none found", f"smallest change: see '{pool.role}:' below; none found", 1))
+            print()
+        print(render_pool_summary(rows, changes))
+        R = max(plan.layout.num_redundant for _, plan in rows)
+        for line in capabilities.advice(model, R):
+            print(f"serving: {line}")
+    outs.finish()
+    return 0 if all(plan.fits for _, plan in rows) else EXIT_DOES_NOT_FIT

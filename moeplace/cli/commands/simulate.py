@@ -2,6 +2,7 @@
 (sim/) on a routing trace for one or more placements and print them side by side."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -12,8 +13,10 @@ from moeplace.cli.commands import NO_PROGRESS_HELP, add_force, add_workload_inpu
 from moeplace.cli.run_config import add_config, settings_record
 from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.deployment import parse_pools, pools_help
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
+from moeplace.foundation.memory.planner import pool_cluster, pool_layout
 from moeplace.foundation.progress import wanted
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.sim.calibration import load_profile
@@ -55,6 +58,10 @@ def register(sub) -> None:
                         "this many when given")
     c.add_argument("--prefill-gpus", type=flags.positive_int, default=None, help="with --disaggregated: GPUs of the prefill "
                    "pool (its own placement from the policy); --gpus is the decode pool")
+    c.add_argument("--pools", nargs="+", default=None, metavar="ROLE:KEY=V,...|FILE",
+                   help=pools_help("simulates the two pools as deployed: each its own GPUs, attention layout, "
+                                   "batching limits and placement (--placement FILE|POLICY for both, or "
+                                   "prefill=FILE|POLICY,decode=FILE|POLICY), the KV cache handed over the kv_link"))
     c.add_argument("--expert-dtype", default=None, help="override the model's routed-expert dtype (e.g. nvfp4)")
     c.add_argument("--weight-dtype", default=None, help="override the model's dense-weight dtype (e.g. fp8)")
     w = p.add_argument_group("workload")
@@ -173,7 +180,9 @@ def run(args) -> int:
                    force=args.force)
     outs.add(args.out, SIM_OUTPUT)
     outs.add(args.chrome_trace, CHROME_TRACE, "--chrome-trace")
-    cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
+    dep = pools_deployment(args)
+    cluster = (make_cluster(args.gpus, args.gpu, args.gpus_per_node) if dep is None else
+               pool_cluster(dep.decode, dep.gpu_kind(args.gpu), dep.gpus_per_node or args.gpus_per_node))
     # the run's bounds and memory estimate before the trace is read (the model's context only narrows
     # the length checks, redone below)
     simulation_config(args, None)
@@ -181,11 +190,17 @@ def run(args) -> int:
         trace=source, phases=phases, duration=args.duration, placements=tuple(args.placement),
         max_trace_tokens=args.max_trace_tokens,
         route_all=args.route_all, model=args.model, expert_dtype=args.expert_dtype, weight_dtype=args.weight_dtype,
-        num_redundant=args.redundant, rule=args.engine, seed=args.seed, prefill_gpus=args.prefill_gpus),
+        num_redundant=args.redundant, rule=args.engine, seed=args.seed, prefill_gpus=args.prefill_gpus,
+        pools=dep, gpu=args.gpu, gpus_per_node=args.gpus_per_node),
         cluster, make_cluster=lambda g: make_cluster(g, args.gpu, args.gpus_per_node),
         check=lambda t: simulation_config(args, t.model.max_context))  # the settings, before any placement
     trace, placements = prep.trace, prep.placements
     config = simulation_config(args, trace.model.max_context)
+    if dep is not None:  # the run's engine settings as the decode pool has them (each pool gets its own)
+        lay = pool_layout(trace.model, dep.decode)
+        config = dataclasses.replace(config, engine=dataclasses.replace(
+            config.engine, disaggregated=True, attention_tp=lay.tp, max_seqs=dep.decode.max_seqs,
+            max_batched_tokens=dep.decode.max_batched_tokens, kv_link=dep.kv_link))
     rec_plan = None
     if args.recommend:  # what --recommend would refuse is refused before anything is simulated
         rec_plan = recommend_plan(workload_of(trace, timed, source), placements[0], cluster, config,
@@ -193,7 +208,8 @@ def run(args) -> int:
     profile = load_profile(args.profile) if args.profile else None
     progress = wanted(args.no_progress)
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
-                       progress=progress, prefill=prep.prefill)
+                       progress=progress, prefill=prep.prefill, deployment=dep, pool_placements=prep.pool_placements,
+                       gpu=args.gpu, gpus_per_node=args.gpus_per_node)
     for r in results:  # a table of zeros is no result: say why instead, before any output is written
         sm = r.summary
         if sm["requests_finished"] == 0:
@@ -228,8 +244,11 @@ def run(args) -> int:
         print(json.dumps(summaries_doc(results, run, settings_record(args, {"traces": args.traces})), indent=1))
     else:
         print(routing_note)
-        print(f"{trace.model.name} on {cluster.name} ({results[0].summary['num_gpus']} GPUs in all), "
-              f"attention TP{config.engine.attention_tp}, "
+        where = (f"{cluster.name}, attention TP{config.engine.attention_tp}" if dep is None else
+                 "; ".join(f"{p.role} pool {pool_cluster(p, dep.gpu_kind(args.gpu), dep.gpus_per_node).name}, "
+                           f"{pool_layout(trace.model, p).describe()}, {p.max_seqs} seqs / {p.max_batched_tokens} "
+                           "tokens per DP rank" for p in dep.pools) + f"; KV over {dep.kv_link}")
+        print(f"{trace.model.name} on {where} ({results[0].summary['num_gpus']} GPUs in all), "
               f"{args.engine} replica rule, {args.mode} mode, {args.duration:g} simulated s, "
               + (f"{args.rate:g} req/s {args.arrival}" if args.rate is not None else
                  f"{config.workload.concurrency} concurrent requests")
@@ -245,6 +264,24 @@ def run(args) -> int:
         print(f"wall time: {walls}", file=sys.stderr)
     outs.finish()
     return 0
+
+
+# flags a pool word sets for its own pool (ambiguous next to --pools)
+_POOL_FLAGS = (("gpus", 32, "--gpus"), ("attention_tp", 8, "--attention-tp"), ("max_seqs", 256, "--max-seqs"),
+               ("max_batched_tokens", 8192, "--max-batched-tokens"), ("moe_tp", 1, "--moe-tp"),
+               ("disaggregated", False, "--disaggregated"), ("prefill_gpus", None, "--prefill-gpus"),
+               ("phase", "both", "--phase"), ("redundant", None, "--redundant"), ("recommend", False, "--recommend"))
+
+
+def pools_deployment(args):
+    """The ``--pools`` deployment (``None`` without it); the flags its pool words set are refused next to it."""
+    if not args.pools:
+        return None
+    for dest, default, flag in _POOL_FLAGS:
+        if getattr(args, dest) != default:
+            raise InputError(f"{flag} does not go with --pools (the pool words set gpus, tp/dp, ep, redundant, "
+                             "batch and tokens per pool; the deployment is disaggregated)")
+    return parse_pools(args.pools)
 
 
 def simulation_config(args, max_context: int | None) -> SimConfig:

@@ -59,9 +59,25 @@ def cell(s: dict, key: str, unit: str) -> str:
 
 
 table = [{"metric": name, **{lab: cell(summ[lab], key, unit) for lab in labels}}
-         for name, key, unit in data.sim_table_rows()]
+         for name, key, unit in data.sim_table_rows([summ[lab] for lab in labels])]
 st.dataframe(table, hide_index=True)
 ui.accuracy_note()
+
+# -- a disaggregated deployment (place simulate --pools): its two pools side by side, per placement
+pooled = [(lab, data.pool_side_by_side(summ[lab])) for lab in labels]
+pooled = [(lab, rows) for lab, rows in pooled if rows]
+if pooled:
+    st.subheader("Pools side by side")
+    st.caption("Each pool as deployed: its own GPUs, attention layout, batching limits and placement; the KV cache "
+               "handed from prefill to decode over the deployment's link. TTFT is the prefill pool's (arrival to "
+               "the first token), TPOT the decode pool's (the hand-off and decode queueing included).")
+    for col, (lab, rows) in zip(st.columns(len(pooled)), pooled):
+        with col:
+            st.markdown(f"**{lab}**")
+            st.dataframe([{"figure": r["figure"],
+                           **{role: (r[role] if r["unit"] == "text" or r[role] is None else fmt(r[role], r["unit"]))
+                              if r[role] is not None else "" for role in ("prefill", "decode")}}
+                          for r in rows], hide_index=True)
 best = max(labels, key=lambda lab: summ[lab].get("output_tok_s") or 0)
 cols = st.columns(len(labels))
 for col, lab in zip(cols, labels):

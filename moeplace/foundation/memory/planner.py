@@ -10,6 +10,7 @@ from typing import Any
 
 from moeplace.foundation import limits
 from moeplace.foundation.cluster import ClusterSpec, make_cluster
+from moeplace.foundation.deployment import Deployment, PoolSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.memory.components import MemoryLine, a2a_buffer_bytes, activation_bytes, weight_lines
 from moeplace.foundation.memory.config import Layout, MemoryConfig, next_valid_redundant, resolve_layout
@@ -219,3 +220,87 @@ def default_sweep_gpus(num_gpus: int, gpus_per_node: int) -> list[int]:
         if w >= 1 and (w < gpus_per_node or w % gpus_per_node == 0) and w not in out:
             out.append(w)
     return out
+
+
+# ---------------------------------------------------------------------------- disaggregated pools
+def pool_layout(model: ModelSpec, pool: PoolSpec) -> Layout:
+    """The resolved layout of one pool (attention TP x DP as given, else as :func:`resolve_layout` picks
+    it for the pool's GPU count)."""
+    try:
+        return resolve_layout(model, pool.gpus, _pool_base(pool, MemoryConfig()))
+    except InputError as exc:
+        raise InputError(f"--pools {pool.role}: {exc}") from None
+
+
+def _pool_base(pool: PoolSpec, config: MemoryConfig) -> MemoryConfig:
+    return replace(config, tp=pool.tp, dp=pool.dp, ep=pool.ep_size, dense_tp=pool.dense_tp,
+                   num_redundant=pool.redundant, max_batched_tokens=pool.max_batched_tokens,
+                   max_num_seqs=pool.max_seqs)
+
+
+def pool_config(model: ModelSpec, pool: PoolSpec, config: MemoryConfig) -> MemoryConfig:
+    """The plan config of one pool of a deployment: its layout and batching limits over ``config`` (the
+    command's context, KV dtype, memory share). The prefill pool holds the KV of the sequences it prefills
+    until they move to decode: ``config.min_concurrency`` of them (default one) must fit. The decode pool
+    holds the KV of every running sequence: with ``batch`` given, ``batch`` per attention-DP rank must fit
+    at the context (else ``config.min_concurrency``)."""
+    need = config.min_concurrency
+    if pool.role == "decode" and pool.batch is not None:
+        need = max(need, pool.batch * pool_layout(model, pool).dp)
+    return replace(_pool_base(pool, config), min_concurrency=need)
+
+
+def pool_cluster(pool: PoolSpec, gpu: str, gpus_per_node: int | None) -> ClusterSpec:
+    """The pool's own cluster: its GPUs in nodes of ``gpus_per_node`` (default: the GPU preset's; a pool
+    smaller than one node is one node of its size)."""
+    per_node = gpus_per_node if gpus_per_node is not None and pool.gpus >= gpus_per_node else None
+    try:
+        return make_cluster(pool.gpus, gpu, per_node)
+    except InputError as exc:
+        raise InputError(f"--pools {pool.role}: {exc}") from None
+
+
+def plan_deployment(model: ModelSpec, deployment: Deployment, config: MemoryConfig, gpu: str,
+                    *, suggest: bool = True) -> list[tuple[PoolSpec, MemoryPlan]]:
+    """Plan the memory of each pool of ``deployment`` (:func:`pool_config`) on its own GPUs; a pool that
+    does not fit carries the smallest changes that make it fit (:func:`suggest_changes`). ``gpu``: the GPU
+    kind when the deployment names none."""
+    out = []
+    for pool in deployment.pools:
+        cluster = pool_cluster(pool, deployment.gpu_kind(gpu), deployment.gpus_per_node)
+        try:
+            plan = plan_memory(model, cluster, pool_config(model, pool, config), suggest=suggest)
+        except InputError as exc:
+            raise InputError(f"--pools {pool.role}: {exc}") from None
+        out.append((pool, plan))
+    return out
+
+
+def pool_change(pool: PoolSpec, s: Suggestion) -> str:
+    """A suggestion for one pool as what a user changes: the pool word that applies it
+    (``decode:gpus=32,tp=1,dp=32,ep=32``), or the command flag when it is not the pool's (``--kv-dtype fp8``,
+    ``--context``)."""
+    if s.kind in ("fp8 KV", "model max context"):
+        return s.change
+    c = s.config
+    word = f"{pool.role}:gpus={s.gpus},tp={c.tp},dp={c.dp},ep={c.ep}"
+    if c.num_redundant:
+        word += f",redundant={c.num_redundant}"
+    if c.dense_tp is not None and c.dense_tp != c.tp:
+        word += f",dense_tp={c.dense_tp}"
+    for key in ("batch", "tokens"):
+        if getattr(pool, key) is not None:
+            word += f",{key}={getattr(pool, key)}"
+    return word
+
+
+def pool_changes(pool: PoolSpec, plan: MemoryPlan) -> list[str]:
+    """The changes that make a pool fit, smallest first, as users write them: a decode pool whose running
+    sequences do not fit first gets the batch that does (``batch=N``: the same GPUs), then the plan's own
+    suggestions (:func:`pool_change`)."""
+    out = []
+    n = plan.concurrency_per_rank
+    if pool.role == "decode" and pool.batch is not None and 1 <= n < pool.batch and plan.free_bytes > 0:
+        word = f"{pool.role}:" + ",".join(f"{k}={v}" for k, v in pool.to_dict().items() if k not in ("role", "batch") and not (k == "redundant" and v == 0))
+        out.append(f"{word},batch={n}  (fewer running sequences per DP rank: {n} fit)")
+    return out + [f"{pool_change(pool, s)}  ({s.kind}; then {s.concurrency} concurrent)" for s in plan.suggestions]

@@ -3,6 +3,8 @@ while planning), and the printed report of a plan or a sweep (what ``place plan`
 lives in the other modules; this one only words its results."""
 from __future__ import annotations
 
+from typing import Any
+
 from moeplace.foundation.memory.components import MemoryLine
 from moeplace.foundation.memory.config import Layout, MemoryConfig
 from moeplace.foundation.memory.inputs import GiB, KiB, MiB, format_tokens
@@ -158,4 +160,27 @@ def render_sweep(rows: list[SweepRow], *, model_name: str, gpu: str, kv_dtype: s
         out.append(f"{r.gpus:>5} {p.layout.tp:>4} {p.layout.dp:>4} {p.layout.ep:>4} {p.layout.num_redundant:>4} "
                    f"{p.weight_bytes / 1e9:>8.1f} {p.reserve_bytes / 1e9:>8.1f} {p.free_bytes / 1e9:>8.1f} "
                    f"{p.concurrency:>10} {p.concurrency_ceiling:>9} {p.max_context:>11,}  {verdict}")
+    return "\n".join(out)
+
+
+def render_pool_summary(rows: list[tuple[Any, MemoryPlan]], changes: dict[str, list[str]]) -> str:
+    """The pools of a deployment side by side, one line each (``rows``: ``(PoolSpec, MemoryPlan)``), then
+    per pool that does not fit its reason and the smallest change (``changes``: the pool's suggestions as
+    the pool words or flags that apply them, smallest first)."""
+    out = ["pools side by side (per GPU; the breakdowns above):",
+           (f"  {'pool':<8} {'GPUs':>5} {'layout':<52} {'weights GB':>10} {'reserve GB':>10} {'free GB':>8} "
+           f"{'seqs@ctx':>9} {'need':>6}  verdict")]
+    for pool, p in rows:
+        out.append(f"  {pool.role:<8} {p.cluster.num_gpus:>5} {p.layout.describe():<52} "
+                   f"{p.weight_bytes / 1e9:>10.1f} {p.reserve_bytes / 1e9:>10.1f} {p.free_bytes / 1e9:>8.1f} "
+                   f"{p.concurrency:>9} {p.config.min_concurrency:>6}  {'fits' if p.fits else 'DOES NOT FIT'}")
+    for pool, p in rows:
+        if p.fits:
+            continue
+        out.append(f"{pool.role}: {p.reasons[0]}")
+        found = changes.get(pool.role) or []
+        out.append(f"{pool.role}: smallest change: {found[0]}" if found else
+                   f"{pool.role}: smallest change: none found (searched fp8 KV, fewer redundant, larger EP, larger "
+                   "TP, up to 8x the GPUs)")
+        out += [f"{pool.role}:   also fits: {x}" for x in found[1:]]
     return "\n".join(out)

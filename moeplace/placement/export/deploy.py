@@ -578,3 +578,66 @@ def render(target: str, launch: Launch, memory: str, *, name: str, file_name: st
     if file_bytes is None:
         raise InputError("--target k8s needs the exported file's bytes")
     return k8s_manifest(launch, memory, name, file_name, file_bytes, k8s)
+
+
+
+# ----------------------------------------------------------------------- a disaggregated deployment's pools
+def render_pools(target: str, pools: list[tuple[str, Launch, str, str, bytes]], *, name: str,
+                 k8s: K8sOptions | None = None) -> str:
+    """One launch file that starts every pool of a disaggregated deployment. ``pools``: ``(role, launch,
+    memory line, file name, file bytes)`` per pool, prefill first.
+
+    - ``shell``: ``POOL`` (``prefill`` | ``decode``) chooses the pool, then ``NODE_RANK`` / ``MASTER_ADDR``
+      the node within it, as for one pool.
+    - ``slurm``: a heterogeneous job, one component per pool (``#SBATCH hetjob``); each pool's nodes start
+      under ``srun --het-group=N`` with ``NODE_RANK`` = ``$SLURM_NODEID`` within the step and ``MASTER_ADDR``
+      = the first host of its component (``$SLURM_JOB_NODELIST_HET_GROUP_N``).
+    - ``k8s``: each pool's ConfigMap(s), LeaderWorkerSet and Service, named ``NAME-prefill`` / ``NAME-decode``.
+    """
+    for _, launch, *_ in pools:
+        _check(launch, target)
+    roles = [r for r, *_ in pools]
+    if target == "k8s":
+        docs = [k8s_manifest(launch, memory, f"{name}-{role}", file_name, file_bytes, k8s)
+                for role, launch, memory, file_name, file_bytes in pools]
+        return "---\n".join(d if d.endswith("\n") else d + "\n" for d in docs)
+    head = [f"{MARKER} disaggregated {', '.join(roles)} pools (place export --pools --target {target})"]
+    for role, launch, memory, *_ in pools:
+        head += [f"# {role}: " + _header(launch, target, memory)[0][len(MARKER) + 1:], f"# {role}: {memory}",
+                 *launch.notes, launch.layout]
+    if target == "shell":
+        lines = ["#!/usr/bin/env bash", *head,
+                 (f"# run on every node of each pool: POOL={'|'.join(roles)}, NODE_RANK = the node's index in its "
+                  "pool (0 = its head), MASTER_ADDR = its pool's head node"),
+                 "set -euo pipefail",
+                 'case "${POOL:-}" in']
+        for role, launch, *_ in pools:
+            lines.append(f"  {role})")
+            if launch.nodes > 1:
+                lines += ["    " + x for x in _node_checks(launch.nodes)]
+            lines += _node_body(launch, "    ")
+            lines.append("    ;;")
+        lines += [f"  *) {_refuse('set POOL to ' + ' or '.join(roles))} ;;", "esac"]
+        return "\n".join(lines) + "\n"
+    if target != "slurm":
+        raise InputError(f"--target must be one of {', '.join(TARGETS)}, got '{target}'")
+    lines = ["#!/bin/bash", *head]
+    for i, (role, launch, *_) in enumerate(pools):
+        if i:
+            lines.append("#SBATCH hetjob")
+        lines += ([f"#SBATCH --job-name={k8s_name(name)}"] if not i else []) + [
+                  f"#SBATCH --nodes={launch.nodes}", "#SBATCH --ntasks-per-node=1",
+                  f"#SBATCH --gpus-per-node={launch.gpus_per_node}", "#SBATCH --exclusive"]
+    lines.append("set -euo pipefail")
+    for i, (role, launch, *_) in enumerate(pools):
+        lines += [f"# {role}: component {i}; the placement file must be readable on its nodes at {launch.file_path}",
+                  f"{role}_main() {{",
+                  f'  mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_{i}")',
+                  '  export MASTER_ADDR=${HOSTS[0]}',
+                  "  NODE_RANK=$SLURM_NODEID",
+                  *_node_body(launch, "  "),
+                  "}",
+                  f"export -f {role}_main",
+                  f"srun --het-group={i} --nodes={launch.nodes} --ntasks-per-node=1 bash -c {role}_main &"]
+    lines.append("wait")
+    return "\n".join(lines) + "\n"

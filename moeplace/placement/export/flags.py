@@ -127,6 +127,11 @@ class FlagOptions:
     vllm_pr: int | None = None  # opt in to an open vLLM PR's placement-file keys (49572 or 41141)
     vllm_static: str | None = None  # vLLM without EPLB: --expert-placement-strategy linear | round_robin
     placement_path: str | None = None  # the placement JSON itself: what the vLLM plugin reads (MOEPLACE_PLACEMENT)
+    # a pool of a disaggregated deployment (place export --pools): "prefill" | "decode" (None: co-located), its
+    # running-sequence and per-forward token limits per DP rank (None: the engine's defaults)
+    pool: str | None = None
+    max_seqs: int | None = None
+    max_batched_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("bf16", "fp8"):
@@ -144,6 +149,12 @@ class FlagOptions:
                              "vLLM PRs that load a placement file)")
         if self.vllm_static not in (None, "linear", "round_robin"):
             raise InputError(f"--vllm-static must be linear or round_robin, got '{self.vllm_static}'")
+        if self.pool not in (None, "prefill", "decode"):
+            raise InputError(f"pool must be prefill or decode, got '{self.pool}'")
+        for name in ("max_seqs", "max_batched_tokens"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise InputError(f"{name} must be >= 1, got {v}")
         if self.vllm_static is not None and (self.vllm_pr is not None or self.online_eplb):
             raise InputError("--vllm-static serves vLLM without EPLB: it does not go with --vllm-pr or --online-eplb")
 
@@ -525,6 +536,9 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
         notes.append(f"# this command serves vLLM's default layout, not this placement with {R} redundant slots per "
                      f"layer" + (f"; instead {alt}" if alt else ""))
         applies = False
+    if opts.pool is not None and not ascend:
+        head += _vllm_pool_flags(opts)
+        notes.append(_POOL_NOTES["vllm"][opts.pool])
     if ascend and kv == "fp8":
         notes.append("# vllm-ascend: KV-cache dtype left at the model default (fp8 KV support differs on NPUs)")
         head += [f"--max-model-len {max_len}"]
@@ -567,11 +581,50 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
         notes.append("# SGLang runs its EPLB on the logical_count at start-up (--eplb-algorithm auto)")
     if opts.online_eplb:
         cmd += ["--enable-eplb", f"--eplb-rebalance-num-iterations {opts.eplb_interval}"]
+    if opts.pool is not None:
+        cmd += [f"--disaggregation-mode {opts.pool}", f"--disaggregation-transfer-backend {SGLANG_TRANSFER}"]
+        # both are the instance's totals, which SGLang divides over its attention-DP ranks (0.5.23:
+        # kv_cache_configurator max_running_requests // attn_dp_size, parallel_hook chunked_prefill_size //
+        # attn_dp_size); the pool's limits are per DP rank, as vLLM's --max-num-seqs is
+        cmd += [f"--max-running-requests {opts.max_seqs * dp}"] if opts.max_seqs else []
+        cmd += [f"--chunked-prefill-size {opts.max_batched_tokens * dp}"] if opts.max_batched_tokens else []
+        notes.append(_POOL_NOTES["sglang"][opts.pool])
     cmd += [f"--kv-cache-dtype {kv}", f"--context-length {max_len}"]
     where = f"# run on each of the {nodes} nodes with NODE_RANK=0..{nodes - 1}" if nodes > 1 else f"# one node, {G} GPUs"
     return Launch("sglang", version, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, cmd, nodes, gpn, path,
                   model_path,
                   applies_placement=capabilities.cell("sglang", "placement_file", model).supported is not False)
+
+
+# Disaggregated pools. vLLM (0.34.0, vllm/config/kv_transfer.py KVTransferConfig): the NIXL connector moves the
+# KV cache; both instances run it as "kv_both" (its usage guide) and a proxy sends each request to the prefill
+# instance first and then to the decode instance, which pulls the cache. SGLang (0.5.23): --disaggregation-mode
+# prefill|decode with --disaggregation-transfer-backend nixl (its choices: mooncake, nixl, ...), and its router
+# in PD mode in front.
+VLLM_KV_TRANSFER = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+SGLANG_TRANSFER = "nixl"
+_POOL_NOTES = {
+    "vllm": {"prefill": "# prefill pool: a disaggregation proxy sends each request here first (max_tokens 1), then to "
+                        "the decode pool, which pulls the KV cache over NIXL (vLLM's disaggregated-serving proxy "
+                        "example, llm-d or Dynamo route it)",
+             "decode": "# decode pool: requests arrive through the disaggregation proxy with the prefill instance's "
+                       "KV handle; NIXL pulls the cache (UCX over the NICs, or NVLink within one domain)"},
+    "sglang": {"prefill": "# prefill pool: route with SGLang's router in PD mode (sglang-router package: "
+                          "--pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode URL; not checked here)",
+               "decode": "# decode pool: the router in PD mode pairs each request with a prefill instance; the KV "
+                         "cache arrives over NIXL"},
+}
+
+
+def _vllm_pool_flags(opts: FlagOptions) -> list[str]:
+    """The flags that make a vLLM instance one pool of a disaggregated deployment."""
+    cfg = json.dumps(VLLM_KV_TRANSFER, separators=(",", ":"))
+    out = [f"--kv-transfer-config {shlex.quote(cfg)}"]
+    if opts.max_seqs:
+        out.append(f"--max-num-seqs {opts.max_seqs}")
+    if opts.max_batched_tokens:
+        out.append(f"--max-num-batched-tokens {opts.max_batched_tokens}")
+    return out
 
 
 def trtllm_attention_dp(tp: int, dp: int) -> bool:

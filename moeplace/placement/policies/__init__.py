@@ -116,11 +116,14 @@ def check_options(where: str, raw: Any) -> dict[str, Any]:
         raw = {k: v for k, v in raw.items() if v is not None}
     return parse_keys(where, raw, option_types(), what="option")
 _QUICK: set[str] = set()
+_PHASE: dict[str, str] = {}  # policies that plan for one phase's traffic only (and need its options)
 
 
-def register_policy(name: str, anytime: bool = False, quick: bool = False) -> Callable[[PolicyFn], PolicyFn]:
+def register_policy(name: str, anytime: bool = False, quick: bool = False,
+                    phase: str | None = None) -> Callable[[PolicyFn], PolicyFn]:
     """``anytime``: the policy honours ``problem.time_limit`` by returning its best placement so far.
-    ``quick``: it plans in one pass over the slots, no search (a time limit runs it first)."""
+    ``quick``: it plans in one pass over the slots, no search (a time limit runs it first). ``phase``: the
+    policy plans one phase's traffic (``"decode"``) and is listed only for it (:func:`policy_names`)."""
     def deco(fn: PolicyFn) -> PolicyFn:
         if name in _REGISTRY:
             raise RuntimeError(f"policy '{name}' registered twice")
@@ -129,6 +132,8 @@ def register_policy(name: str, anytime: bool = False, quick: bool = False) -> Ca
             _ANYTIME.add(name)
         if quick:
             _QUICK.add(name)
+        if phase is not None:
+            _PHASE[name] = phase
         return fn
     return deco
 
@@ -149,9 +154,17 @@ def _load_all() -> None:
             importlib.import_module(f"{__name__}.{info.name}")
 
 
-def policy_names() -> list[str]:
+def policy_names(phase: str | None = None) -> list[str]:
+    """The registered policies for traffic of ``phase`` (``None``: any traffic; a policy registered for
+    one phase is listed only for that phase)."""
     _load_all()
-    return list(_REGISTRY)
+    return [n for n in _REGISTRY if _PHASE.get(n, phase) == phase]
+
+
+def policy_phase(name: str) -> str | None:
+    """The phase a policy plans for (``None``: any traffic)."""
+    _load_all()
+    return _PHASE.get(name)
 
 
 def get_policy(name: str) -> PolicyFn:

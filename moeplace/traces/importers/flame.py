@@ -37,6 +37,7 @@ from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import bar
 from moeplace.traces.importers import ImportResult
 from moeplace.traces.importers._common import expert_id_matrix, write_validated_trace
+from moeplace.traces.phases import PHASES_KNOWN
 
 _ITER = re.compile(r"^iter_(\d+)$")
 _LAYER = re.compile(r"^layer_(\d+)\.parquet$")
@@ -174,7 +175,8 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, *, iteration: 
             "iteration": int(_ITER.match(it_dir.name).group(1)) if _ITER.match(it_dir.name) else None,
             "layers_covered": layers, "layer_numbering": "layer_NN is 1-based: decoder layer NN-1",
             "tokens": total, "request_id": "samples file index (pretraining batches carry no requests)",
-            "phase": "training forward pass; all rows marked prefill (0)"}
+            "phase": "training forward pass: every token is a prompt token, all rows prefill (0)",
+            PHASES_KNOWN: True}
     rows = write_validated_trace(out, model, prov, write, gate_weights=True, token_id=True)
     secs = time.perf_counter() - t0
     summary = {"format": "flame-moe", "records_read": total * L, "rows_written": rows, "tokens": total,

@@ -32,6 +32,7 @@ from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import track
 from moeplace.traces.importers import ImportResult
 from moeplace.traces.importers._common import expert_id_matrix, moe_layer_axis, write_validated_trace
+from moeplace.traces.phases import PHASES_KNOWN
 
 _LAYER_KEY = re.compile(r"^(?:layer[_-]?)?(\d+)$")
 
@@ -156,6 +157,7 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, **_: object) -
     prov = {"kind": "imported", "format": "moe-selection-json", "sources": [str(s) for s in srcs],
             "queries": [str(p) for p, _ in files],
             "phase": "generated tokens only (the dataset logs no prompt routing); all rows decode (1)",
+            PHASES_KNOWN: True,
             "schema": "assumed [tokens][layers][top_k] per query (gated dataset; see traces/importers/moe_selection.py)"}
     rows = write_validated_trace(out, model, prov, write, domain=with_domain)
     secs = time.perf_counter() - t0

@@ -59,6 +59,7 @@ from moeplace.traces.importers._common import (
     write_validated_trace,
 )
 from moeplace.traces.loads import Loads
+from moeplace.traces.phases import PHASES_KNOWN
 
 FORWARD_MODE_DECODE = 2
 FORWARD_MODE_TARGET_VERIFY = 5
@@ -196,6 +197,7 @@ def _import_stat(
         "format": "sglang",
         "mode": "stat",
         "sources": [str(p) for p, _ in dumps],
+        "phase": "per-step expert counts of every pass: prefill and decode together", PHASES_KNOWN: False,
         "steps_read": steps_read,
         "zero_steps_dropped": dropped,
     }
@@ -521,6 +523,8 @@ def _import_per_token(
         "mode": "per_token",
         "sources": [str(p) for p, _ in dumps],
         "request_id": "per (rank, forward pass, sequence); SGLang records no request ids",
+        "phase": "each pass's forward mode: DECODE / TARGET_VERIFY passes decode (1), the others prefill (0)",
+        PHASES_KNOWN: True,
         "layers_covered": held,
         "incomplete_tokens_dropped": tally["tokens"],
         "incomplete_passes_dropped": tally["passes"],

@@ -64,6 +64,7 @@ from moeplace.traces.importers._common import (
     write_validated_trace,
 )
 from moeplace.traces.loads import Loads
+from moeplace.traces.phases import PHASES_KNOWN
 
 _RANK_FILE = re.compile(r"^rank(\d+)(_raw)?\.safetensors$")
 _KEY = re.compile(r"^(\d+)_(\d+)$")
@@ -182,7 +183,8 @@ def import_counts(d: Path, files: dict[int, Path], model: ModelSpec, out: Path |
                          "EXPERT_STATISTIC_ITER_RANGE over iterations with traffic?); refusing to write empty Loads")
     prov = {"kind": "imported", "format": "trtllm-stats", "sources": [str(p) for p in files.values()],
             "ranks": len(files), "iterations": [its[0], its[-1] + 1], "layers_covered": layers,
-            "mtp_layers_skipped": tally["skipped"]}
+            "mtp_layers_skipped": tally["skipped"],
+            "phase": "expert counts per iteration: prefill and decode together", PHASES_KNOWN: False}
     loads = Loads(counts, model, 0, tuple(f"iteration {it}" for it in its), prov)
     if out is not None:
         loads.save(out)
@@ -238,7 +240,7 @@ def import_raw(d: Path, files: dict[int, Path], model: ModelSpec, out: Path) -> 
             "mtp_layers_skipped": tally["skipped"], "incomplete_tokens_dropped": dropped["tokens"],
             "incomplete_batches_dropped": dropped["batches"], "raw_tokens_short_of_counts": short["tokens"],
             "request_id": "one pseudo-request per (iteration, rank) batch: TensorRT-LLM records no request ids",
-            "phase": "unknown in the dump; all rows marked prefill (0)"}
+            "phase": "unknown in the dump; all rows marked prefill (0)", PHASES_KNOWN: False}
     rows = write_validated_trace(out, model, prov, write)
     secs = time.perf_counter() - t0
     summary = {"format": "trtllm-stats", "mode": "raw", "records_read": tally["records"], "rows_written": rows,

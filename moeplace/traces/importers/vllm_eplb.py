@@ -25,6 +25,7 @@ from moeplace.foundation.model import ModelSpec
 from moeplace.traces.importers import ImportResult
 from moeplace.traces.importers._common import check_total, int_matrix, jsonl_records, require
 from moeplace.traces.loads import Loads
+from moeplace.traces.phases import PHASES_KNOWN
 
 RECORD_TYPE = "eplb_load_stats"
 SUPPORTED_VERSIONS = (1,)
@@ -157,6 +158,7 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None) -> ImportResul
     prov = {
         "kind": "imported",
         "format": "vllm-eplb",
+        "phase": "expert loads of every step: prefill and decode together", PHASES_KNOWN: False,
         "sources": [str(s) for s in srcs],
         "records": num_records,
         "idle_records_dropped": num_idle,

@@ -55,6 +55,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec, format_ranges
 from moeplace.traces.importers import ImportResult
 from moeplace.traces.importers._common import INT32_MAX, jsonl_records, write_validated_trace
+from moeplace.traces.phases import PHASES_KNOWN
 
 DEFAULT_WARMUP_MIN_RUN = 16
 NUMBERINGS = ("auto", "moe", "decoder")
@@ -374,7 +375,7 @@ def import_(
         "model_ids": sorted(set(log.model_ids)), "layer_numbering": kept.numbering,
         "layer_numbering_ambiguous": kept.ambiguous, "warmup_rows_dropped": kept.num_warmup,
         "warmup_min_run": warmup_min_run, "layers_covered": covered, "layers_declared_by": declared_by,
-        "phase": "unknown in the log; all rows marked prefill (0)",
+        "phase": "unknown in the log; all rows marked prefill (0)", PHASES_KNOWN: False,
         "token_identity": (f"{tokens.num_streams} logged (session, req_id) streams cut at token_idx restarts into "
                            f"{tokens.num_batches} batches, one request_id each"
                            + (f"; {tokens.sessions_joined} per-layer sessions of one run joined"

@@ -56,6 +56,7 @@ from moeplace.traces.importers._common import (
     moe_layer_axis,
     write_validated_trace,
 )
+from moeplace.traces.phases import PHASES_KNOWN
 
 _INT_DTYPES = {"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"}
 
@@ -271,7 +272,8 @@ def import_(srcs: list[Path], model: ModelSpec, out: Path | None, **_: object) -
             step0 += n
 
     prov = {"kind": "imported", "format": "vllm-routed-experts", "sources": [str(s) for s in srcs],
-            "requests": request_ids, "step": "token order as listed (requests one after another)"}
+            "requests": request_ids, "step": "token order as listed (requests one after another)",
+            "phase": "the array's prompt rows prefill (0), its generated rows decode (1)", PHASES_KNOWN: True}
     rows = write_validated_trace(out, model, prov, write, token_id=with_tokens)
     secs = time.perf_counter() - t0
     summary = {"format": "vllm-routed-experts", "records_read": responses, "requests": len(request_ids),
