@@ -105,6 +105,13 @@ ARGV = {
     ("trace import", "relabel_manifest"): ["trace", "import", "--format", "sglang", "sglang.json", "--out",
                                            "l.npz", "--model", "model.json", "--relabel-manifest", "{X}"],
     ("trace stats", "path"): ["trace", "stats", "{X}"],
+    ("plan", "pools"): ["plan", "--model", "model.json", "--pools", "{X}"],
+    ("optimize", "pools"): ["optimize", "trace", "--phase", "decode", "--pools", "{X}", "--policy", "linear",
+                            "--out", "p2.json"],
+    ("simulate", "pools"): ["simulate", "trace", "--placement", "linear", "--pools", "{X}", "--duration", "0.1",
+                            "--concurrency", "4", "--no-progress"],
+    ("export", "pools"): ["export", "placement.json", "--format", "vllm-expert-map", "--out", "o.json", "--model",
+                          "model.json", "--flags", "--pools", "{X}"],
     ("trace synth", "model"): ["trace", "synth", "--model", "{X}", "--tokens", "8", "--out", "syn"],
     ("trace validate", "paths"): ["trace", "validate", "{X}"],
 }

@@ -29,8 +29,8 @@ from moeplace.foundation.reading import special_kind
 from moeplace.placement.policies import policy_names
 from moeplace.sim.inputs import parse_phases
 
-FILE, DIR, TREE, NAME_OR_FILE, NAME_OR_DIR, PHASES, GROUPS = (
-    "file", "dir", "tree", "name-or-file", "name-or-dir", "phases", "groups")
+FILE, DIR, TREE, NAME_OR_FILE, NAME_OR_DIR, PHASES, GROUPS, POOLS = (
+    "file", "dir", "tree", "name-or-file", "name-or-dir", "phases", "groups", "pools")
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,14 @@ class PathArg:
     """``kind``: ``file`` (a regular file), ``dir`` (a directory), ``tree`` (either: a trace is a Parquet
     file or a directory of them), ``name-or-file`` / ``name-or-dir`` (a preset, policy or Hugging Face id,
     else a path of that kind), ``phases`` (``SRC:SECONDS,...``, each SRC a tree), ``groups``
-    (``NAME=PATH[,PATH...]``). ``noun``: what the command reads there; given, a missing path is refused here
+    (``NAME=PATH[,PATH...]``), ``pools`` (``--pools``: pool words ``ROLE:key=value,...``, or one YAML/JSON
+    file). ``per_pool``: the value may be ``prefill=A,decode=B`` (``export --pools``), each a path of ``kind``.
+    ``noun``: what the command reads there; given, a missing path is refused here
     as ``no such <noun>`` (else the command's reader words it)."""
 
     kind: str
     noun: str | None = None
+    per_pool: bool = False
 
 
 _TRACE = PathArg(TREE)  # a trace file/directory or a Loads .npz: the readers say which they looked for
@@ -59,11 +62,12 @@ PATH_ARGS: dict[tuple[str, str], PathArg] = {
     ("evaluate", "placement"): _PLACEMENT,
     ("evaluate", "routing"): _TRACE,
     ("evaluate", "model"): _MODEL,
-    ("export", "placement"): _PLACEMENT,
+    ("export", "placement"): PathArg(FILE, per_pool=True),  # one placement JSON, or one per --pools pool
     ("export", "model"): _MODEL,
     ("export", "loads"): _TRACE,
     ("export", "plan"): PathArg(FILE),
-    ("export", "model_path"): PathArg(NAME_OR_DIR),  # an HF id in the command, or the checkpoint directory
+    ("export", "model_path"): PathArg(NAME_OR_DIR, per_pool=True),  # an HF id, or the checkpoint directory
+    ("export", "pools"): PathArg(POOLS),
     ("export", "gpu"): _GPU,
     ("import-placement", "file"): PathArg(FILE),
     ("import-placement", "model"): _MODEL,
@@ -75,8 +79,10 @@ PATH_ARGS: dict[tuple[str, str], PathArg] = {
     ("optimize", "model"): _MODEL,
     ("optimize", "config"): PathArg(FILE),
     ("optimize", "from_placement"): _PLACEMENT,
+    ("optimize", "pools"): PathArg(POOLS),
     ("plan", "model"): _MODEL,
     ("plan", "gpu"): _GPU,
+    ("plan", "pools"): PathArg(POOLS),
     ("rebalance", "trace"): _TRACE,
     ("rebalance", "phases"): PathArg(PHASES),
     ("rebalance", "gpu"): _GPU,
@@ -87,6 +93,7 @@ PATH_ARGS: dict[tuple[str, str], PathArg] = {
     ("simulate", "gpu"): _GPU,
     ("simulate", "model"): _MODEL,
     ("simulate", "profile"): PathArg(FILE),
+    ("simulate", "pools"): PathArg(POOLS),
     ("sweep", "spec"): PathArg(FILE),
     ("trace capture", "hf_config"): PathArg(FILE, "Hugging Face config.json"),
     ("trace capture", "prompts"): PathArg(FILE, "prompts file"),
@@ -120,7 +127,7 @@ NOT_PATHS = {
     "kernels bench": {"world_size", "backend", "hidden", "intermediate", "experts", "top_k", "redundant", "dtype",
                       "train_tokens", "test_tokens", "test_skews", "reps", "seed"},
     "kernels verify": {"world_size", "backend"},
-    "optimize": {"gpus", "gpus_per_node", "redundant", "policy", "engine", "plan_fraction", "shift_layers",
+    "optimize": {"phase", "batch", "attention_tp", "max_trace_tokens", "gpus", "gpus_per_node", "redundant", "policy", "engine", "plan_fraction", "shift_layers",
                  "window_tokens", "seed", "time_limit", "objective", "traffic_weight", "max_moves", "workers"},
     "plan": {"gpus", "gpus_per_node", "tp", "dp", "ep", "dense_tp", "redundant", "dcp", "context", "context_mix",
              "kv_dtype", "gpu_memory_utilization", "max_batched_tokens", "max_num_seqs", "state_slots",
@@ -197,7 +204,15 @@ def _where(flag: str | None, value: str) -> str:
 
 def _items(arg: PathArg, value: str, flag: str | None):
     """``(path, where)`` of every path in one argument value."""
-    if arg.kind == PHASES:
+    if arg.kind == POOLS:
+        if ":" not in value:  # a pool word names its role before a colon; anything else is the file
+            yield value, _where(flag, value)
+    elif arg.per_pool and "=" in value:
+        for part in value.split(","):
+            role, _, p = part.partition("=")
+            if p:
+                yield p, f"{flag or 'PLACEMENT'} {display(role)}={display(p)}"
+    elif arg.kind == PHASES:
         for ph in parse_phases(value):
             yield ph.source, f"{flag} entry {display(ph.source)}"
     elif arg.kind == GROUPS:
@@ -226,11 +241,16 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, only: 
                 raise InputError(f"{flag or dest}: empty, a path{' or a name' if names else ''} is expected")
             if v in names:
                 continue
-            if arg.kind in (NAME_OR_FILE, NAME_OR_DIR) and not _looks_like_path(v, arg):
+            split = arg.per_pool and "=" in str(v)
+            if arg.kind in (NAME_OR_FILE, NAME_OR_DIR) and not split and not _looks_like_path(v, arg):
                 check_path_length(v, _where(flag, v))  # a name: only what a lookup of it needs
                 continue
             for path, where in _items(arg, str(v), flag):
-                inner = PathArg(TREE, None) if arg.kind in (PHASES, GROUPS) else arg
+                if split and arg.kind == NAME_OR_DIR and not _looks_like_path(path, arg):
+                    check_path_length(path, where)
+                    continue
+                inner = (PathArg(TREE, None) if arg.kind in (PHASES, GROUPS) else PathArg(FILE) if arg.kind == POOLS
+                         else arg)
                 check_path(path, where, inner)
 
 
