@@ -1,9 +1,11 @@
 """``place export PLACEMENT --format checkpoint --model-path SRC --out DST [--layout contiguous|round_robin]
-[--copy]``: write a relabelled copy of a safetensors checkpoint whose engine layout is the placement
-(docs/export.md "A relabelled checkpoint")."""
+[--copy] [--dry-run] [--hash]``: write a relabelled copy of a safetensors checkpoint whose engine layout is the
+placement; ``place export --verify DST``: prove one against its source (docs/export.md "A relabelled
+checkpoint")."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -11,7 +13,16 @@ import numpy as np
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
-from moeplace.placement.export.checkpoint import RELABELLED_CHECKPOINT, plan, scan, write_checkpoint
+from moeplace.placement.export.checkpoint import (
+    MANIFEST,
+    RELABELLED_CHECKPOINT,
+    check_space,
+    needs,
+    plan,
+    scan,
+    write_checkpoint,
+)
+from moeplace.placement.export.verify import verify
 from moeplace.placement.record import Placement, load_placement
 from moeplace.placement.relabel import LAYOUTS, get_layout, read_relabel
 
@@ -25,15 +36,26 @@ def add_arguments(p) -> None:
                         "TensorRT-LLM; the default) or vLLM's round_robin")
     how = g.add_mutually_exclusive_group()
     how.add_argument("--link", dest="link", action="store_true", default=True,
-                     help="hard-link the shards no expert moves in (default; copied where linking fails)")
-    how.add_argument("--copy", dest="link", action="store_false", help="copy them byte for byte instead")
+                     help="hard-link the shards nothing in changes (default; copied where linking fails)")
+    how.add_argument("--copy", dest="link", action="store_false", help="copy them instead (reflinked where the "
+                     "file system shares blocks)")
+    g.add_argument("--dry-run", action="store_true",
+                   help="check everything and print the bytes to write and to link (reflink), and the space free "
+                        "on DST's file system; write nothing")
+    g.add_argument("--hash", dest="full_hash", action="store_true",
+                   help="also record the sha256 of every source byte in the manifest (read in parallel with the "
+                        "copy; the source's identity is otherwise its shards' sizes and header sha256)")
+    g.add_argument("--verify", metavar="DST", default=None,
+                   help="prove the relabelled checkpoint DST against its source (the manifest's, or --model-path) "
+                        "and manifest, byte for byte, without torch; exit 1 at the first mismatch (PLACEMENT, if "
+                        "given, must be the manifest's permutation)")
 
 
 def run(args) -> int:
     if not args.model_path:
         raise InputError("--format checkpoint needs --model-path SRC (the safetensors checkpoint to relabel)")
-    if args.flags or args.loads:
-        raise InputError("--format checkpoint writes a checkpoint: --flags / --loads do not apply")
+    if args.loads:
+        raise InputError("--format checkpoint writes a checkpoint: --loads does not apply")
     args.layout = args.layout or "contiguous"
     placement = load_placement(args.placement)
     src = Path(args.model_path)
@@ -41,39 +63,76 @@ def run(args) -> int:
     outs.add(args.out, RELABELLED_CHECKPOINT)
     ck = scan(src)
     p = plan(ck, placement, get_layout(args.layout), placement_name=args.placement)
-    total = sum((src / s).stat().st_size for s in ck.shards)
-    rewrite = sum(1 for v in p.pieces.values() if v is not None)
-    print(f"relabelling {src}: {len(ck.shards)} shard(s), {total / 1e6:,.1f} MB; {rewrite} to rewrite, "
-          f"{len(ck.shards) - rewrite} to {'link' if args.link else 'copy'}", file=sys.stderr)
+    space = needs(ck, p, args.out, args.link)
+    rewrite = sum(1 for s in ck.shards if p.changed(s))
+    total = ck.total_bytes
+    if args.dry_run:
+        doc = {"dry_run": True, "source": str(src), "out": args.out, "layout": args.layout, "shards": len(ck.shards),
+               "shards_rewritten": rewrite, "checkpoint_bytes": total, "write_bytes": space.write,
+               "reflink_bytes": space.reflink, "hardlink_bytes": space.hardlink, "free_bytes": space.free,
+               "reflinks": space.reflinks, "tensors_relabelled": p.counts,
+               "quantization_config_renamed": p.quantization is not None}
+        if args.json:
+            print(json.dumps(doc, indent=1))
+        else:
+            print(f"dry run: relabelling {src} ({len(ck.shards)} shard(s), {total / 1e9:,.2f} GB, {rewrite} with "
+                  f"renamed tensors) into {args.out} takes {space.line()}")
+        check_space(space, args.out)
+        return 0
+    print(f"relabelling {src}: {len(ck.shards)} shard(s), {total / 1e6:,.1f} MB; {rewrite} with renamed tensors, "
+          f"{len(ck.shards) - rewrite} to {'link' if args.link else 'copy'}; {space.line()}", file=sys.stderr)
     manifest = {}
 
     def write():
         manifest.update(write_checkpoint(ck, p, placement, Path(args.placement), args.out, link=args.link,
+                                         full_hash=args.full_hash, space=space,
                                          progress=lambda s: print(s, file=sys.stderr)))
 
     ok = outs.write(args.out, write)
     outs.finish()
     if not ok:
         return 1
-    mbs = manifest["rewritten_bytes"] / 1e6 / max(manifest["seconds"], 1e-9)
+    secs = max(manifest["seconds"], 1e-9)
     doc = {"wrote": args.out, "format": FORMAT, "layout": args.layout, "model": placement.model_name,
            "layers": placement.num_layers, "experts": placement.num_experts, "gpus": placement.num_gpus,
            "tensors_relabelled": manifest["tensors_relabelled"],
            "shards": {k: v["how"] for k, v in manifest["shards"].items()},
            "untouched_moe_layers": manifest["untouched_moe_layers"], "seconds": round(manifest["seconds"], 3),
-           "rewritten_mb_per_s": round(mbs, 1), "manifest": str(Path(args.out) / "moeplace-relabel.json")}
+           "checkpoint_mb_per_s": round(total / 1e6 / secs, 1), "written_bytes": manifest["written_bytes"],
+           "reflinked_bytes": manifest["reflinked_bytes"],
+           "quantization_config_renamed": manifest["quantization_config_renamed"],
+           "manifest": str(Path(args.out) / MANIFEST)}
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
     c = manifest["tensors_relabelled"]
     print(f"wrote {args.out} (relabelled checkpoint, {args.layout} layout): {placement.model_name}, "
           f"{placement.num_layers} MoE layers x {placement.num_experts} experts on {placement.num_gpus} GPUs; "
-          f"{c['expert']} per-expert, {c['stacked']} stacked, {c['router']} router and {c['bias']} bias tensors; "
-          f"{manifest['seconds']:.2f} s ({mbs:,.0f} MB/s rewritten)")
+          f"{c['expert']} per-expert tensors renamed, {c['stacked']} stacked, {c['router']} router and {c['bias']} "
+          f"bias tensors permuted; {manifest['seconds']:.2f} s ({total / 1e6 / secs:,.0f} MB/s of checkpoint; "
+          f"{manifest['written_bytes'] / 1e6:,.1f} MB written, {manifest['reflinked_bytes'] / 1e6:,.1f} MB shared "
+          "by reflink)")
+    if manifest["quantization_config_renamed"]:
+        print("  config.json: quantization_config entries that name experts renamed through the permutation")
     if manifest["untouched_moe_layers"]:
         print(f"  left as they are: expert tensors of decoder layers {manifest['untouched_moe_layers']} "
               "(not MoE layers of the placement, e.g. a multi-token-prediction layer)")
-    print(f"  serve DST as the model as it is; the manifest maps its expert ids back: {doc['manifest']}")
+    print(f"  check it before serving: place export --verify {shlex.quote(args.out)}")
+    return 0
+
+
+def run_verify(args) -> int:
+    """``place export --verify DST [PLACEMENT] [--model-path SRC]``."""
+    placement = load_placement(args.placement) if args.placement else None
+    res = verify(args.verify, args.model_path, placement, args.placement or "placement",
+                 progress=None if args.json else (lambda s: print(s, file=sys.stderr)))
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    c = res["tensors"]
+    print(f"verified {args.verify} against {res['source']} ({res['layout']} layout): {c['expert']:,} per-expert "
+          f"tensors hold their source expert's bytes, {c['rows']:,} router / bias / stacked tensors hold the "
+          f"permuted rows, {c['other']:,} others identical; {res['bytes'] / 1e9:,.2f} GB in {res['seconds']:.1f} s")
     return 0
 
 

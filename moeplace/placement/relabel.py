@@ -274,3 +274,85 @@ def read_relabel(path: str, layout: Layout | None = None) -> tuple[Relabel, dict
         raise InputError(f"{path}: 'new2old' has {new2old.shape[0]} layers, 'moe_layers' {len(moe_layers)}")
     facts = {k: doc[k] for k in ("model", "num_experts", "moe_layers", "num_gpus")}
     return Relabel(new2old, moe_layers, lay), {"kind": "manifest", **facts}
+
+
+# ---------------------------------------------------------------------------- per-expert quantization entries
+def quantization_config(config: dict) -> dict | None:
+    """The ``quantization_config`` of a Hugging Face ``config.json`` (top level, or a multimodal model's
+    ``text_config``, as Kimi K3 nests it); ``None`` when there is none."""
+    for holder in (config, config.get("text_config")):
+        if isinstance(holder, dict) and isinstance(holder.get("quantization_config"), dict):
+            return holder["quantization_config"]
+    return None
+
+
+def _name_lists(q: dict) -> list[tuple[str, list]]:
+    """``(where, list)`` of every list of module names in a compressed-tensors style ``quantization_config``
+    (``ignore``, ``config_groups.*.targets``; also ``modules_to_not_convert`` of other quantizers)."""
+    out = []
+    for key in ("ignore", "modules_to_not_convert"):
+        if isinstance(q.get(key), list):
+            out.append((key, q[key]))
+    groups = q.get("config_groups")
+    if isinstance(groups, dict):
+        for g, spec in groups.items():
+            if isinstance(spec, dict) and isinstance(spec.get("targets"), list):
+                out.append((f"config_groups.{g}.targets", spec["targets"]))
+    return out
+
+
+def relabel_quantization(q: dict, rel: Relabel, modules: dict[int, list[tuple[int, str]]], where: str
+                         ) -> tuple[dict, int]:
+    """``q`` with every entry that names one expert's module renamed through ``rel`` (an exact name
+    ``...layers.5.mlp.experts.17.w1`` becomes ``...experts.{old2new[17]}.w1``), and the number renamed.
+    A regular expression (``re:...``) cannot be renamed: it is kept when the set of expert modules it
+    matches in every relabelled layer is the same after the renaming (``re:.*experts.*``, or all ``w1``
+    modules), and refused (:class:`InputError`) when it picks out some experts and not their new names.
+    ``modules``: per decoder layer, ``(expert id, module name)`` of the checkpoint's per-expert modules."""
+    import copy
+
+    out = copy.deepcopy(q)
+    renamed = 0
+    for key, names in _name_lists(out):
+        for i, entry in enumerate(names):
+            if not isinstance(entry, str):
+                continue
+            if entry.startswith("re:"):
+                bad = _regex_moves(entry[3:], rel, modules)
+                if bad:
+                    raise InputError(f"{where}: quantization_config.{key}[{i}] {entry!r} names some experts of MoE "
+                                     f"layer {bad[0]} ({bad[1]}) but not what they are renamed to; a pattern "
+                                     "cannot be renamed: list those modules by name")
+                continue
+            t = classify(entry)
+            if t is None or t.expert is None or rel.moe_index(t.layer) is None:
+                continue
+            if t.expert >= rel.num_experts:
+                raise InputError(f"{where}: quantization_config.{key}[{i}] {entry!r}: expert id {t.expert} out of "
+                                 f"range [0, {rel.num_experts})")
+            new = rel.target_name(t)
+            if new != entry:
+                names[i] = new
+                renamed += 1
+    return out, renamed
+
+
+def _regex_moves(pattern: str, rel: Relabel, modules: dict[int, list[tuple[int, str]]]) -> tuple[int, str] | None:
+    """``(layer, module)`` of the first per-expert module that ``pattern`` matches while its renamed
+    counterpart does not (or the reverse); ``None`` when the renaming maps the matched set onto itself."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        raise InputError(f"quantization_config: pattern {pattern!r} is not a regular expression ({exc})") from None
+    for layer, mods in modules.items():
+        i = rel.moe_index(layer)
+        if i is None:
+            continue
+        hit = {(e, name[name.index(f"experts.{e}.") + len(f"experts.{e}."):]) for e, name in mods if rx.match(name)}
+        if not hit:
+            continue
+        moved = {(int(rel.old2new[i, e]), tail) for e, tail in hit}
+        if moved != hit:
+            e, tail = sorted(hit ^ moved)[0]
+            return layer, f"experts.{e}.{tail}"
+    return None

@@ -2,22 +2,31 @@
 checkpoint whose engine layout (contiguous blocks, or vLLM ``round_robin``) is the placement
 (:mod:`moeplace.placement.relabel` says why this is exact and which id goes where).
 
-The copy keeps every tensor name, dtype and shape, and every shard's header byte for byte: only data moves.
-DST's ``...experts.{n}.<suffix>`` holds the bytes of SRC's ``...experts.{new2old[n]}.<suffix>`` (wherever in
-SRC's shards it lies: packed weights and their scales alike), and a tensor whose dim 0 runs over the experts
-(stacked ``experts.gate_up_proj [E, ...]``, the router's ``gate.weight [E, H]``, ``e_score_correction_bias
-[E]``) has its rows gathered by ``new2old``. So ``model.safetensors.index.json`` stays valid as it is, the
-writer needs no torch and reads any dtype (fp8, packed int4, mxfp4 blocks): it copies byte ranges.
+A relabelling is a renaming. DST's shard ``s`` holds SRC's shard ``s`` byte for byte from its data section
+on; only its header changes: ``...experts.{old}.<suffix>`` is called ``...experts.{old2new[old]}.<suffix>``
+(same dtype, shape and byte range: packed weights and every scale move with their expert by construction),
+and ``__metadata__`` gains :data:`METADATA_KEY` naming the relabelling (so a weight cache keyed on the
+headers tells DST from SRC). ``model.safetensors.index.json`` maps each renamed tensor to the shard its bytes
+are in. The only data that changes: tensors whose dim 0 runs over the experts -- the router's ``gate.weight
+[E, H]``, ``e_score_correction_bias [E]`` and stacked experts ``experts.gate_up_proj [E, ...]`` -- have their
+rows gathered by ``new2old``, written in place over the copied data.
 
-Memory stays bounded (a chunk of at most :data:`CHUNK` bytes at a time); a shard none of whose tensors moves
-is hard-linked (same file system) or copied byte for byte (``link=False``). Everything is written into a
-temporary directory next to DST, which is renamed onto DST only when complete, with the manifest
-``moeplace-relabel.json`` recording the permutation, the layout and the sha256 of the placement and of every
-source shard.
+So a shard's data section is copied as one sequential range: ``FICLONERANGE`` (a reflink: XFS, btrfs share
+the blocks and DST costs almost no space) where the file system shares blocks, else ``copy_file_range``
+(in the kernel), else a bounded read/write loop. The new header is padded with spaces to the source
+header's length (or the next multiple of :data:`BLOCK` bytes beyond it) so the data section keeps its
+offset within a block, which a reflink needs. A shard nothing in it changes is hard-linked (same file
+system) or copied. Free space is checked before anything is written (:func:`needs`).
+
+Everything is written into a temporary directory next to DST, which is renamed onto DST only when complete,
+with the manifest ``moeplace-relabel.json``: the permutation, the layout, the placement's sha256, and per
+source shard its size and header sha256 (the source's identity; ``full_hash`` adds the sha256 of every byte,
+computed in parallel with the copy). :mod:`moeplace.placement.export.verify` proves DST against SRC.
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -25,6 +34,7 @@ import shutil
 import struct
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,23 +42,27 @@ from typing import Any
 import numpy as np
 
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import OutputKind, atomic_path, register_kind
+from moeplace.foundation.files import TEMP_MARK, OutputKind, atomic_path, register_kind
 from moeplace.foundation.formats import kind_of, tagged
 from moeplace.foundation.model import from_hf_config
 from moeplace.foundation.reading import read_json
 from moeplace.placement.record import Placement
 from moeplace.placement.relabel import (
-    ExpertTensor,
     Layout,
     Relabel,
     check_groups,
     classify,
     from_placement,
+    quantization_config,
+    relabel_quantization,
 )
 
 MANIFEST = "moeplace-relabel.json"
-CHUNK = 64 << 20  # bytes copied at a time: bounds the memory of a rewrite whatever the tensor size
+METADATA_KEY = "moeplace.relabel"  # the __metadata__ entry of every rewritten shard
+CHUNK = 64 << 20  # bytes copied / compared at a time: bounds memory whatever the tensor size
 MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
+BLOCK = 4096  # file-system block: a reflinked range starts at the same offset within a block in both files
+FICLONERANGE = 0x4020940D  # linux/fs.h _IOW(0x94, 13, struct file_clone_range)
 
 
 @dataclass(frozen=True)
@@ -66,21 +80,47 @@ class TensorInfo:
         return self.end - self.start
 
 
+@dataclass(frozen=True)
+class ShardHeader:
+    """What a shard's header says beyond its tensors: its length (JSON bytes), its sha256 (with the 8 length
+    bytes), the file size, ``__metadata__`` and the header's tensor order."""
+
+    length: int
+    sha256: str
+    size: int
+    metadata: dict[str, Any] | None
+    names: tuple[str, ...]
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.length
+
+
 @dataclass
 class Checkpoint:
     """A safetensors checkpoint directory: its shards (file names, in order), every tensor, the index file
-    (``None`` for a single file) and ``config.json``."""
+    (``None`` for a single file), its parsed document and ``config.json``."""
 
     root: Path
     shards: list[str]
     tensors: dict[str, TensorInfo]
     index: str | None
     config: dict[str, Any]
-    data_start: dict[str, int] = field(default_factory=dict)
+    headers: dict[str, ShardHeader] = field(default_factory=dict)
+    index_doc: dict[str, Any] | None = None
+
+    @property
+    def data_start(self) -> dict[str, int]:
+        return {s: h.data_start for s, h in self.headers.items()}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(h.size for h in self.headers.values())
 
 
-def read_header(path: Path) -> tuple[int, dict[str, Any]]:
-    """``(data_start, header)`` of a safetensors file (8-byte little-endian header length, JSON header)."""
+def read_header(path: Path) -> tuple[int, dict[str, Any], str]:
+    """``(data_start, header, sha256 of the length and header bytes)`` of a safetensors file (8-byte
+    little-endian header length, JSON header). The one place a header is parsed."""
     try:
         with open(path, "rb") as f:
             raw = f.read(8)
@@ -92,27 +132,32 @@ def read_header(path: Path) -> tuple[int, dict[str, Any]]:
             text = f.read(n)
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(text) != n:
+        raise InputError(f"{path}: not a safetensors file (header of {n} bytes, file ends after {len(text)})")
     try:
         head = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not a safetensors file (header is not JSON: {exc})") from None
     if not isinstance(head, dict):
         raise InputError(f"{path}: not a safetensors file (header is not a JSON object)")
-    return 8 + n, head
+    return 8 + n, head, hashlib.sha256(raw + text).hexdigest()
 
 
-def scan(root: str | Path) -> Checkpoint:
+def scan(root: str | Path, what: str = "--model-path") -> Checkpoint:
     """Read every shard's header (no tensor data) of the checkpoint in ``root``."""
     root = Path(root)
     if not root.is_dir():
-        raise InputError(f"--model-path {root}: not a directory (a safetensors checkpoint directory expected)")
+        raise InputError(f"{what} {root}: not a directory (a safetensors checkpoint directory expected)")
     cfg_path = root / "config.json"
     if not cfg_path.is_file():
         raise InputError(f"{cfg_path}: no such file (the checkpoint's config.json says which model it is)")
     config = read_json(cfg_path, unreadable="not a readable config.json")
+    if not isinstance(config, dict):
+        raise InputError(f"{cfg_path}: not a JSON object")
     indexes = sorted(p.name for p in root.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
         raise InputError(f"{root}: {len(indexes)} safetensors index files ({', '.join(indexes)}); expected one")
+    doc = None
     if indexes:
         index = indexes[0]
         doc = read_json(root / index, unreadable="not a readable safetensors index")
@@ -126,16 +171,18 @@ def scan(root: str | Path) -> Checkpoint:
         if len(shards) != 1:
             raise InputError(f"{root}: {len(shards)} .safetensors files and no model.safetensors.index.json; "
                              "expected one file or an index")
-    ck = Checkpoint(root, shards, {}, index, config)
+    ck = Checkpoint(root, shards, {}, index, config, index_doc=doc)
     for s in shards:
         path = root / s
         if "/" in s or s.startswith("."):
             raise InputError(f"{root / index}: shard name {s!r} is not a file in the checkpoint directory")
         if not path.is_file():
             raise InputError(f"{path}: no such shard (named in {index})")
-        start, head = read_header(path)
-        ck.data_start[s] = start
+        start, head, digest = read_header(path)
         size = path.stat().st_size
+        meta = head.get("__metadata__")
+        if meta is not None and not isinstance(meta, dict):
+            raise InputError(f"{path}: header entry __metadata__ is not a JSON object")
         for name, t in head.items():
             if name == "__metadata__":
                 continue
@@ -149,6 +196,8 @@ def scan(root: str | Path) -> Checkpoint:
             if name in ck.tensors:
                 raise InputError(f"{path}: tensor {name} also in {ck.tensors[name].shard}")
             ck.tensors[name] = info
+        ck.headers[s] = ShardHeader(start - 8, digest, size, meta,
+                                    tuple(k for k in head if k != "__metadata__"))
         if index is not None:
             missing = [n for n, v in wm.items() if v == s and n not in head]
             if missing:
@@ -158,38 +207,89 @@ def scan(root: str | Path) -> Checkpoint:
 
 # ---------------------------------------------------------------------------- the plan
 @dataclass(frozen=True)
-class Piece:
-    """A byte range of DST's data: ``length`` bytes from SRC's ``shard`` at ``offset``."""
+class RowPatch:
+    """A tensor of a relabelled layer whose dim 0 runs over the experts: DST's row ``n`` is SRC's row
+    ``rows[n]`` (the router, a per-expert bias, stacked experts)."""
 
-    shard: str
-    offset: int
-    length: int
+    name: str
+    info: TensorInfo
+    rows: np.ndarray
+
+
+@dataclass
+class ShardPlan:
+    """How DST's shard is made: ``header`` the new header bytes (padded) and ``patches`` the row gathers
+    written over the copied data; ``header is None``: nothing changes (linked or copied as it is)."""
+
+    header: bytes | None = None
+    patches: list[RowPatch] = field(default_factory=list)
+    renamed: int = 0
 
 
 @dataclass
 class Plan:
-    """What DST's shards hold: per shard, the ordered pieces of its data section (``None``: unchanged)."""
+    """The relabelling of one checkpoint: per shard what changes, the new index, the new quantization config
+    (``None``: unchanged) and what was counted."""
 
     relabel: Relabel
-    pieces: dict[str, list[Piece] | None]
+    shards: dict[str, ShardPlan]
+    weight_map: dict[str, str] | None
+    quantization: dict[str, Any] | None
     counts: dict[str, int]
     untouched_layers: list[int]
     n_group: int
     topk_group: int
+    tag: str
+
+    def changed(self, shard: str) -> bool:
+        return self.shards[shard].header is not None
 
 
-def _rows(info: TensorInfo, rows: np.ndarray, name: str, E: int) -> list[Piece]:
+def _check_rows(info: TensorInfo, name: str, E: int) -> None:
     if not info.shape or info.shape[0] != E or info.nbytes % E:
         raise InputError(f"tensor {name} ({info.shard}): shape {list(info.shape)}, expected {E} expert rows "
                          "along dim 0 to permute")
-    size = info.nbytes // E
-    return [Piece(info.shard, info.start + int(r) * size, size) for r in rows]
+
+
+def relabel_tag(placement: Placement, layout: Layout, new2old: np.ndarray) -> str:
+    """The ``__metadata__`` value naming a relabelling: layout, placement fingerprint, permutation hash."""
+    digest = hashlib.sha256(np.ascontiguousarray(new2old, dtype=np.int64).tobytes()).hexdigest()[:16]
+    return f"layout={layout.name};placement={placement.fingerprint()};new2old={digest}"
+
+
+def new_header(head: ShardHeader, ck: Checkpoint, shard: str, rename: dict[str, str], tag: str) -> bytes:
+    """The header JSON of DST's ``shard``: SRC's entries in SRC's order under their new names, offsets
+    unchanged, ``__metadata__`` with :data:`METADATA_KEY`; padded with spaces to SRC's header length, or to
+    that plus whole blocks when it is longer, so the data section keeps its offset within a block."""
+    start = head.data_start
+    entries: dict[str, Any] = {"__metadata__": {**(head.metadata or {}), METADATA_KEY: tag}}
+    for n in head.names:
+        t = ck.tensors[n]
+        entries[rename.get(n, n)] = {"dtype": t.dtype, "shape": list(t.shape),
+                                     "data_offsets": [t.start - start, t.end - start]}
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    length = head.length
+    if len(text) > length:
+        length += -(-(len(text) - length) // BLOCK) * BLOCK
+    return text + b" " * (length - len(text))
+
+
+def expert_modules(ck: Checkpoint, layers: set[int]) -> dict[int, list[tuple[int, str]]]:
+    """Per decoder layer of ``layers``: ``(expert id, module name)`` of each per-expert module (a tensor
+    name without its last component), what ``quantization_config`` entries name."""
+    out: dict[int, dict[str, int]] = {}
+    for name in ck.tensors:
+        t = classify(name)
+        if t is not None and t.expert is not None and t.layer in layers:
+            out.setdefault(t.layer, {})[name.rsplit(".", 1)[0]] = t.expert
+    return {d: [(e, m) for m, e in mods.items()] for d, mods in out.items()}
 
 
 def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name: str = "placement") -> Plan:
-    """Check the checkpoint against the placement and say which bytes go where. Refuses (one line) a
-    placement with replicas, a model whose expert count or MoE layers differ, a renaming that splits a
-    routing group, and a checkpoint whose expert tensors do not line up."""
+    """Check the checkpoint against the placement and say what changes. Refuses (one line) a placement with
+    replicas, a model whose expert count or MoE layers differ, a renaming that splits a routing group, a
+    checkpoint whose expert tensors do not line up, and a ``quantization_config`` pattern that names some
+    experts only."""
     spec = from_hf_config(ck.config, source=str(ck.root / "config.json"))
     if spec.num_experts != placement.num_experts or tuple(spec.moe_layers) != tuple(placement.moe_layers):
         raise InputError(f"{placement_name}: made for '{placement.model_name}' ({placement.num_experts} experts, "
@@ -201,9 +301,10 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
     counts = {"expert": 0, "stacked": 0, "router": 0, "bias": 0}
     seen: set[int] = set()
     untouched: set[int] = set()
-    changed: dict[str, dict[str, list[Piece]]] = {}
+    rename: dict[str, str] = {}
+    patches: dict[str, list[RowPatch]] = {}
     for name, info in ck.tensors.items():
-        t: ExpertTensor | None = classify(name)
+        t = classify(name)
         if t is None:
             continue
         if relabel.moe_index(t.layer) is None:
@@ -213,47 +314,161 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
         if t.role == "expert":
             if t.expert >= E:
                 raise InputError(f"tensor {name} ({info.shard}): expert id {t.expert} out of range [0, {E})")
-            src_name = relabel.source_name(t)
-            src = ck.tensors.get(src_name)
-            if src is None or (src.dtype, src.shape) != (info.dtype, info.shape):
-                got = "missing" if src is None else f"{src.dtype} {list(src.shape)}"
-                raise InputError(f"tensor {name} ({info.dtype} {list(info.shape)}) would take {src_name}: {got}; "
-                                 "experts of one layer must have the same tensors")
-            pieces = [Piece(src.shard, src.start, src.nbytes)]
-            moved = src_name != name
+            # every expert of a layer has the same tensors: the one this name's bytes will be called is there
+            new = relabel.target_name(t)
+            other = ck.tensors.get(new)
+            if other is None or (other.dtype, other.shape) != (info.dtype, info.shape):
+                got = "missing" if other is None else f"{other.dtype} {list(other.shape)}"
+                raise InputError(f"tensor {name} ({info.dtype} {list(info.shape)}) is renamed {new}, which the "
+                                 f"checkpoint has as {got}; experts of one layer must have the same tensors")
+            if new != name:
+                rename[name] = new
         elif t.role == "stacked" and not info.shape:
             continue  # one scalar shared by all experts (a per-tensor scale): nothing to permute
         else:
+            _check_rows(info, name, E)
             rows = relabel.rows(t)
-            pieces = _rows(info, rows, name, E)
-            moved = bool((rows != np.arange(E)).any())
+            if (rows != np.arange(E)).any():
+                patches.setdefault(info.shard, []).append(RowPatch(name, info, rows))
         counts[t.role] += 1
-        if moved:
-            changed.setdefault(info.shard, {})[name] = pieces
     missing = [d for d in placement.moe_layers if d not in seen]
     if missing:
         raise InputError(f"{ck.root}: no expert tensors found for MoE layer {missing[0]} (layers.{missing[0]}."
                          "mlp.experts.* / block_sparse_moe.experts.*); not a checkpoint layout this export knows")
-    by_shard: dict[str, list[tuple[int, str]]] = {}
-    for n, i in ck.tensors.items():  # once, not once per shard: K3 holds ~0.5 M expert tensors
-        if i.shard in changed:
-            by_shard.setdefault(i.shard, []).append((i.start, n))
-    out: dict[str, list[Piece] | None] = {}
+    quant = None
+    q = quantization_config(ck.config)
+    if q is not None:
+        moved = {d for i, d in enumerate(relabel.moe_layers) if (relabel.new2old[i] != np.arange(E)).any()}
+        new_q, n = relabel_quantization(q, relabel, expert_modules(ck, moved), str(ck.root / "config.json"))
+        quant = new_q if n else None
+    tag = relabel_tag(placement, layout, relabel.new2old)
+    by_shard: dict[str, int] = {}
+    for n in rename:
+        by_shard[ck.tensors[n].shard] = by_shard.get(ck.tensors[n].shard, 0) + 1
+    shards = {}
     for s in ck.shards:
-        if s not in changed:
-            out[s] = None
+        if s not in by_shard and s not in patches:
+            shards[s] = ShardPlan()
             continue
-        ps: list[Piece] = []
-        order = sorted(by_shard[s])
-        pos = ck.data_start[s]
-        for start, n in order:
-            if start > pos:  # bytes between tensors (none in files safetensors writes): kept
-                ps.append(Piece(s, pos, start - pos))
-            info = ck.tensors[n]
-            ps.extend(changed[s].get(n, [Piece(s, info.start, info.nbytes)]))
-            pos = max(pos, info.end)
-        out[s] = ps
-    return Plan(relabel, out, counts, sorted(untouched), spec.n_group, spec.topk_group)
+        shards[s] = ShardPlan(new_header(ck.headers[s], ck, s, rename, tag), patches.get(s, []), by_shard.get(s, 0))
+    wm = None
+    if ck.index is not None:
+        wm = {rename.get(k, k): v for k, v in ck.index_doc["weight_map"].items()}
+        wm = dict(sorted(wm.items()))
+    return Plan(relabel, shards, wm, quant, counts, sorted(untouched), spec.n_group, spec.topk_group, tag)
+
+
+# ---------------------------------------------------------------------------- space
+@dataclass(frozen=True)
+class Needs:
+    """What writing DST takes: ``write`` bytes newly written, ``reflink`` bytes shared with SRC by reflink,
+    ``hardlink`` bytes of shards hard-linked; ``free`` bytes free on DST's file system; ``reflinks``: the
+    probe found that DST's file system shares blocks with SRC's."""
+
+    write: int
+    reflink: int
+    hardlink: int
+    free: int
+    reflinks: bool
+
+    def line(self) -> str:
+        gb = lambda b: f"{b / 1e9:,.2f} GB"
+        share = (f"{gb(self.reflink)} to link (reflink: the file system shares SRC's blocks)" if self.reflinks
+                 else "0 to link (no reflink between SRC and DST: every data byte is copied)")
+        hard = f", {gb(self.hardlink)} hard-linked (unchanged shards)" if self.hardlink else ""
+        return f"{gb(self.write)} to write, {share}{hard}; {gb(self.free)} free on DST's file system"
+
+
+def _existing_dir(p: Path) -> Path:
+    p = p.resolve()
+    while not p.is_dir():
+        p = p.parent
+    return p
+
+
+def _clone(src_fd: int, dst_fd: int, src_off: int, length: int, dst_off: int) -> bool:
+    """Reflink ``length`` bytes (FICLONERANGE); ``False`` where the file system does not share blocks."""
+    try:
+        fcntl.ioctl(dst_fd, FICLONERANGE, struct.pack("qQQQ", src_fd, src_off, length, dst_off))
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF,
+                         errno.EPERM, errno.EISDIR):
+            return False
+        raise
+
+
+def probe_reflink(src_file: Path, dst_dir: Path) -> bool:
+    """Whether a file in ``dst_dir`` can share ``src_file``'s blocks: one block cloned into a temporary
+    file there (removed at once)."""
+    if src_file.stat().st_size < BLOCK:
+        return False
+    probe = dst_dir / f".probe{TEMP_MARK}{os.getpid()}-reflink"
+    try:
+        fd_in = os.open(src_file, os.O_RDONLY)
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            os.close(fd_in)
+            return False
+        try:
+            return _clone(fd_in, fd, 0, BLOCK, 0)
+        finally:
+            os.close(fd)
+            os.close(fd_in)
+            os.unlink(probe)
+    except OSError:
+        return False
+
+
+def _aligned(src_off: int, dst_off: int, length: int) -> tuple[int, int, int]:
+    """``(head, bulk, tail)`` bytes of a range: ``bulk`` whole blocks that a reflink can share (both offsets
+    at the same place within a block), ``head``/``tail`` copied."""
+    if (src_off - dst_off) % BLOCK:
+        return length, 0, 0
+    head = min(length, (-src_off) % BLOCK)
+    bulk = (length - head) // BLOCK * BLOCK
+    return head, bulk, length - head - bulk
+
+
+def needs(ck: Checkpoint, p: Plan, dst: str | Path, link: bool = True) -> Needs:
+    """Bytes to write and to link for DST, from the plan and a reflink probe on DST's file system, and the
+    space free there. Writes nothing but the probe's one-block temporary file."""
+    where = _existing_dir(Path(dst).parent)
+    st = os.statvfs(where)
+    free = st.f_bavail * st.f_frsize
+    first = ck.root / ck.shards[0]
+    reflinks = os.stat(where).st_dev == os.stat(first).st_dev and probe_reflink(Path(os.path.realpath(first)), where)
+    same_fs = os.stat(where).st_dev == os.stat(first).st_dev
+    write = shared = hard = 0
+    for s in ck.shards:
+        h = ck.headers[s]
+        sp = p.shards[s]
+        if sp.header is None:
+            if link and same_fs:
+                hard += h.size
+                continue
+            head, bulk, tail = _aligned(0, 0, h.size) if reflinks else (h.size, 0, 0)
+            write += head + tail
+            shared += bulk
+            continue
+        data = h.size - h.data_start
+        d_start = 8 + len(sp.header)
+        head, bulk, tail = _aligned(h.data_start, d_start, data) if reflinks else (data, 0, 0)
+        patched = sum(x.info.nbytes for x in sp.patches)
+        write += d_start + head + tail + (patched if reflinks else 0)
+        shared += max(0, bulk - (patched if reflinks else 0))
+    # the index, config and the other small files are copied
+    for f in ck.root.iterdir():
+        if f.is_file() and f.name not in ck.headers:
+            write += f.stat().st_size
+    return Needs(write, shared, hard, free, reflinks)
+
+
+def check_space(n: Needs, dst: str | Path) -> None:
+    if n.write + (1 << 20) > n.free:
+        raise InputError(f"--out {dst}: the relabelled checkpoint needs {n.write / 1e9:,.2f} GB of new data "
+                         f"but its file system has {n.free / 1e9:,.2f} GB free ({n.line()})")
 
 
 # ---------------------------------------------------------------------------- writing
@@ -267,22 +482,9 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> st
     return h.hexdigest()
 
 
-def _link_or_copy(src: Path, dst: Path, link: bool) -> str:
-    real = Path(os.path.realpath(src))  # a Hugging Face cache snapshot holds symlinks into blobs/
-    if link:
-        try:
-            os.link(real, dst)
-            return "linked"
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-                raise
-    shutil.copyfile(real, dst)
-    return "copied"
-
-
-def _copy_range(src_fd: int, dst_fd: int, offset: int, length: int, path: Path) -> None:
-    """Append ``length`` bytes of ``src_fd`` at ``offset`` to ``dst_fd``: in the kernel (copy_file_range,
-    no pass through this process) where the file system allows, else through a bounded buffer."""
+def _copy(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, path: Path) -> None:
+    """``length`` bytes of ``src_fd`` at ``src_off`` to ``dst_fd`` at ``dst_off``: in the kernel
+    (copy_file_range) where the file system allows, else through a bounded buffer."""
     done = 0
     fast = hasattr(os, "copy_file_range")
     while done < length:
@@ -290,33 +492,91 @@ def _copy_range(src_fd: int, dst_fd: int, offset: int, length: int, path: Path) 
         got = 0
         if fast:
             try:
-                got = os.copy_file_range(src_fd, dst_fd, n, offset + done)
+                got = os.copy_file_range(src_fd, dst_fd, n, src_off + done, dst_off + done)
             except OSError as exc:
                 if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise
                 fast = False
         if not fast:
-            buf = os.pread(src_fd, n, offset + done)
-            got = os.write(dst_fd, buf) if buf else 0
+            buf = os.pread(src_fd, n, src_off + done)
+            got = os.pwrite(dst_fd, buf, dst_off + done) if buf else 0
         if got <= 0:
             raise InputError(f"{path}: shorter than its header says (changed while read?)")
         done += got
 
 
-def _write_shard(ck: Checkpoint, shard: str, pieces: list[Piece], dst: Path) -> None:
-    """Write DST's ``shard``: SRC's header bytes as they are, then ``pieces`` in order."""
-    handles: dict[str, int] = {}
-    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+def copy_region(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, path: Path,
+                reflink: bool) -> int:
+    """Copy one sequential range; with ``reflink`` its whole blocks are shared (FICLONERANGE) and the rest
+    copied. Returns the bytes shared."""
+    head, bulk, tail = _aligned(src_off, dst_off, length) if reflink else (length, 0, 0)
+    if bulk and not _clone(src_fd, dst_fd, src_off + head, bulk, dst_off + head):
+        head, bulk, tail = length, 0, 0
+    if head:
+        _copy(src_fd, dst_fd, src_off, dst_off, head, path)
+    if tail:
+        _copy(src_fd, dst_fd, src_off + head + bulk, dst_off + head + bulk, tail, path)
+    return bulk
+
+
+def _gather_rows(src_fd: int, dst_fd: int, patch: RowPatch, src_start: int, dst_start: int) -> int:
+    """Write DST's rows of ``patch`` (SRC's rows in ``new2old`` order) over the copied data."""
+    info = patch.info
+    E = len(patch.rows)
+    size = info.nbytes // E
+    at = info.start - src_start + dst_start
+    if info.nbytes <= CHUNK:
+        raw = np.frombuffer(os.pread(src_fd, info.nbytes, info.start), dtype=np.uint8)
+        if raw.size != info.nbytes:
+            raise InputError(f"tensor {patch.name}: the shard is shorter than its header says")
+        os.pwrite(dst_fd, raw.reshape(E, size)[patch.rows].tobytes(), at)
+    else:
+        for n, r in enumerate(patch.rows):
+            for off in range(0, size, CHUNK):
+                k = min(CHUNK, size - off)
+                os.pwrite(dst_fd, os.pread(src_fd, k, info.start + int(r) * size + off), at + n * size + off)
+    return info.nbytes
+
+
+def _write_shard(ck: Checkpoint, shard: str, sp: ShardPlan, dst: Path, reflink: bool) -> tuple[int, int]:
+    """DST's ``shard``: the new header, SRC's data section as one range, the row gathers over it.
+    Returns ``(bytes written, bytes shared by reflink)``."""
+    h = ck.headers[shard]
+    src = Path(os.path.realpath(ck.root / shard))
+    fd_in = os.open(src, os.O_RDONLY)
+    out = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        for p in [Piece(shard, 0, ck.data_start[shard]), *pieces]:
-            fd = handles.get(p.shard)
-            if fd is None:
-                fd = handles[p.shard] = os.open(ck.root / p.shard, os.O_RDONLY)
-            _copy_range(fd, out, p.offset, p.length, ck.root / p.shard)
+        head = struct.pack("<Q", len(sp.header)) + sp.header
+        d_start = len(head)
+        shared = copy_region(fd_in, out, h.data_start, d_start, h.size - h.data_start, src, reflink)
+        os.pwrite(out, head, 0)
+        patched = sum(_gather_rows(fd_in, out, x, h.data_start, d_start) for x in sp.patches)
+        return d_start + (h.size - h.data_start - shared) + (patched if shared else 0), max(0, shared - patched)
     finally:
         os.close(out)
-        for fd in handles.values():
-            os.close(fd)
+        os.close(fd_in)
+
+
+def _link_or_copy(src: Path, dst: Path, link: bool, reflink: bool) -> tuple[str, int, int]:
+    """``(how, bytes written, bytes shared)`` of an unchanged shard: hard link, else a copy (reflinked
+    where the file system shares blocks)."""
+    real = Path(os.path.realpath(src))  # a Hugging Face cache snapshot holds symlinks into blobs/
+    if link:
+        try:
+            os.link(real, dst)
+            return "linked", 0, 0
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+                raise
+    size = real.stat().st_size
+    fd_in = os.open(real, os.O_RDONLY)
+    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        shared = copy_region(fd_in, out, 0, 0, size, real, reflink)
+    finally:
+        os.close(out)
+        os.close(fd_in)
+    return "copied", size - shared, shared
 
 
 def _is_relabelled(path: Path) -> bool:
@@ -327,64 +587,109 @@ RELABELLED_CHECKPOINT = register_kind(OutputKind("relabelled checkpoint", True, 
 
 
 def write_checkpoint(ck: Checkpoint, p: Plan, placement: Placement, placement_path: Path, dst: str | Path, *,
-                     link: bool = True, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     link: bool = True, full_hash: bool = False, space: Needs | None = None,
+                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write the relabelled checkpoint to ``dst`` (atomically: a temporary sibling renamed at the end) and
-    return its manifest. ``progress`` receives one line per shard."""
+    return its manifest. ``space``: :func:`needs` of this write (computed and checked when not given);
+    ``full_hash``: also record the sha256 of every source byte (hashed on other threads while the copy
+    runs). ``progress`` receives one line per shard."""
     say = progress or (lambda s: None)
+    space = space or needs(ck, p, dst, link)
+    check_space(space, dst)
     t0 = time.perf_counter()
     written: dict[str, dict[str, Any]] = {}
-    sources: dict[str, dict[str, Any]] = {}
-    moved = 0
-    with atomic_path(dst, directory=True) as tmp:
-        for i, s in enumerate(ck.shards, 1):
-            t1 = time.perf_counter()
-            size = (ck.root / s).stat().st_size
-            src_sha = sha256_file(ck.root / s)
-            sources[s] = {"bytes": size, "sha256": src_sha}
-            pieces = p.pieces[s]
-            if pieces is None:
-                how = _link_or_copy(ck.root / s, tmp / s, link)
-                written[s] = {"how": how, "sha256": src_sha}
-            else:
-                _write_shard(ck, s, pieces, tmp / s)
-                moved += size
-                written[s] = {"how": "rewritten"}  # its bytes follow from the source's and new2old
-            dt = time.perf_counter() - t1
-            say(f"[{i}/{len(ck.shards)}] {s}: {written[s]['how']}, {size / 1e6:,.1f} MB in {dt:.2f} s "
-                f"({size / 1e6 / max(dt, 1e-9):,.0f} MB/s, source sha256 included)")
-        others = []
-        for d, dirs, files in os.walk(ck.root):
-            dirs[:] = [x for x in dirs if not x.startswith(".")]
-            rel = Path(d).relative_to(ck.root)
-            for fn in files:
-                if fn.startswith(".") or (rel == Path(".") and (fn in ck.shards or fn == MANIFEST)):
-                    continue
-                (tmp / rel).mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(os.path.realpath(Path(d) / fn), tmp / rel / fn)  # config, tokenizer, index
-                others.append(str(rel / fn))
-        manifest = tagged("relabel-manifest", {
-            "model": placement.model_name,
-            "hf_model_type": str(ck.config.get("model_type", "")),
-            "layout": p.relabel.layout.name,
-            "num_experts": placement.num_experts,
-            "moe_layers": list(placement.moe_layers),
-            "num_gpus": placement.num_gpus,
-            "gpus_per_node": placement.gpus_per_node,
-            "n_group": p.n_group,
-            "topk_group": p.topk_group,
-            "placement": {"file": placement_path.name, "sha256": sha256_file(placement_path),
-                          "fingerprint": placement.fingerprint()},
-            "tensors_relabelled": p.counts,
-            "untouched_moe_layers": p.untouched_layers,
-            "source_shards": sources,
-            "shards": written,
-            "copied_files": sorted(others),
-            "new2old": p.relabel.new2old.tolist(),
-        })
-        rows = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in manifest.pop("new2old"))
-        head = json.dumps(manifest, indent=1)[:-2]
-        (tmp / MANIFEST).write_text(f'{head},\n "new2old": [\n  {rows}\n ]\n}}\n')
+    total_w = total_s = 0
+    pool = ThreadPoolExecutor(max_workers=2) if full_hash else None
+    hashes = {s: pool.submit(sha256_file, Path(os.path.realpath(ck.root / s))) for s in ck.shards} if pool else {}
+    try:
+        with atomic_path(dst, directory=True) as tmp:
+            for i, s in enumerate(ck.shards, 1):
+                t1 = time.perf_counter()
+                h = ck.headers[s]
+                sp = p.shards[s]
+                if sp.header is None:
+                    how, w, sh = _link_or_copy(ck.root / s, tmp / s, link, space.reflinks)
+                    written[s] = {"how": how, "bytes": h.size, "header_sha256": h.sha256}
+                else:
+                    w, sh = _write_shard(ck, s, sp, tmp / s, space.reflinks)
+                    how = "rewritten"
+                    written[s] = {"how": how, "bytes": 8 + len(sp.header) + h.size - h.data_start,
+                                  "header_sha256": hashlib.sha256(struct.pack("<Q", len(sp.header))
+                                                                  + sp.header).hexdigest(),
+                                  "renamed_tensors": sp.renamed, "permuted_tensors": len(sp.patches)}
+                total_w += w
+                total_s += sh
+                dt = time.perf_counter() - t1
+                say(f"[{i}/{len(ck.shards)}] {s}: {how}, {h.size / 1e6:,.1f} MB in {dt:.2f} s "
+                    f"({h.size / 1e6 / max(dt, 1e-9):,.0f} MB/s; {w / 1e6:,.1f} MB written, {sh / 1e6:,.1f} MB "
+                    "shared by reflink)")
+            others = _copy_others(ck, p, tmp)
+            sources = {s: {"bytes": ck.headers[s].size, "header_sha256": ck.headers[s].sha256} for s in ck.shards}
+            for s, fut in hashes.items():
+                sources[s]["sha256"] = fut.result()
+            manifest = tagged("relabel-manifest", {
+                "model": placement.model_name,
+                "hf_model_type": str(ck.config.get("model_type", "")),
+                "layout": p.relabel.layout.name,
+                "num_experts": placement.num_experts,
+                "moe_layers": list(placement.moe_layers),
+                "num_gpus": placement.num_gpus,
+                "gpus_per_node": placement.gpus_per_node,
+                "n_group": p.n_group,
+                "topk_group": p.topk_group,
+                "placement": {"file": placement_path.name, "sha256": sha256_file(placement_path),
+                              "fingerprint": placement.fingerprint()},
+                "relabel_tag": p.tag,
+                "source": {"path": str(ck.root.resolve()), "identity": "size + header sha256"
+                           + (" + sha256 of every byte" if full_hash else "")},
+                "tensors_relabelled": p.counts,
+                "untouched_moe_layers": p.untouched_layers,
+                "quantization_config_renamed": p.quantization is not None,
+                "source_shards": sources,
+                "shards": written,
+                "copied_files": sorted(others),
+                "new2old": p.relabel.new2old.tolist(),
+            })
+            rows = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in manifest.pop("new2old"))
+            head = json.dumps(manifest, indent=1)[:-2]
+            (tmp / MANIFEST).write_text(f'{head},\n "new2old": [\n  {rows}\n ]\n}}\n')
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     manifest["new2old"] = p.relabel.new2old.tolist()
     manifest["seconds"] = time.perf_counter() - t0
-    manifest["rewritten_bytes"] = moved
+    manifest["written_bytes"] = total_w
+    manifest["reflinked_bytes"] = total_s
     return manifest
+
+
+def _copy_others(ck: Checkpoint, p: Plan, tmp: Path) -> list[str]:
+    """Config, tokenizer, index and the rest: copied, the index and a renamed quantization_config rewritten."""
+    others = []
+    for d, dirs, files in os.walk(ck.root):
+        dirs[:] = [x for x in dirs if not x.startswith(".")]
+        rel = Path(d).relative_to(ck.root)
+        for fn in files:
+            if fn.startswith(".") or (rel == Path(".") and (fn in ck.headers or fn == MANIFEST)):
+                continue
+            (tmp / rel).mkdir(parents=True, exist_ok=True)
+            if rel == Path(".") and fn == ck.index:
+                doc = dict(ck.index_doc)
+                doc["weight_map"] = p.weight_map
+                (tmp / fn).write_text(json.dumps(doc, indent=2) + "\n")
+            elif rel == Path(".") and fn == "config.json" and p.quantization is not None:
+                (tmp / fn).write_text(json.dumps(with_quantization(ck.config, p.quantization), indent=2) + "\n")
+            else:
+                shutil.copyfile(os.path.realpath(Path(d) / fn), tmp / rel / fn)
+            others.append(str(rel / fn))
+    return others
+
+
+def with_quantization(config: dict[str, Any], q: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with its ``quantization_config`` (top level or ``text_config``) replaced by ``q``."""
+    out = dict(config)
+    if isinstance(out.get("quantization_config"), dict):
+        out["quantization_config"] = q
+    else:
+        out["text_config"] = {**out["text_config"], "quantization_config": q}
+    return out

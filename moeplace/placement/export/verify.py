@@ -1,0 +1,191 @@
+"""``place export --verify DST``: prove a relabelled checkpoint against its source and its manifest, byte for
+byte, without torch (the checks a user runs before serving DST).
+
+From DST's ``moeplace-relabel.json`` (its permutation ``new2old``, layout and MoE layers) and SRC (the
+manifest's source path, or ``--model-path``):
+
+- SRC is the checkpoint the relabelling read: every shard's size and header sha256 as recorded;
+- DST names exactly SRC's tensors, each with the dtype and shape of the tensor it must hold;
+- every per-expert tensor of every relabelled MoE layer (weights and every scale, any suffix) holds the
+  bytes of SRC's ``experts.{new2old[n]}`` tensor of the same suffix;
+- every tensor whose dim 0 runs over the experts (router rows, per-expert biases, stacked experts) holds
+  SRC's rows in ``new2old`` order;
+- every other tensor is SRC's, byte for byte; ``config.json`` is SRC's (its ``quantization_config`` entries
+  that name experts renamed through the permutation), the other files too;
+- with a placement: the manifest's permutation is that placement's under the manifest's layout.
+
+The first mismatch ends the check (:class:`VerifyFailed`, exit 1), naming the tensor and the shard.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moeplace.foundation.errors import InputError, MoeplaceError
+from moeplace.foundation.reading import read_json
+from moeplace.placement.export.checkpoint import CHUNK, MANIFEST, Checkpoint, expert_modules, scan, with_quantization
+from moeplace.placement.record import Placement
+from moeplace.placement.relabel import (
+    Relabel,
+    classify,
+    permutations,
+    quantization_config,
+    read_relabel,
+    relabel_quantization,
+)
+
+
+class VerifyFailed(MoeplaceError):
+    """DST is not SRC relabelled as its manifest says; the message names the first difference."""
+
+    exit_code = 1
+
+
+class _Files:
+    """Read-only memory maps of a checkpoint's shards, as uint8 arrays (opened on first use)."""
+
+    def __init__(self, ck: Checkpoint) -> None:
+        self.ck = ck
+        self.maps: dict[str, tuple[mmap.mmap, np.ndarray]] = {}
+
+    def view(self, shard: str) -> np.ndarray:
+        if shard not in self.maps:
+            with open(os.path.realpath(self.ck.root / shard), "rb") as f:
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else None
+            arr = np.frombuffer(m, dtype=np.uint8) if m is not None else np.zeros(0, np.uint8)
+            self.maps[shard] = (m, arr)
+        return self.maps[shard][1]
+
+    def close(self) -> None:
+        self.maps.clear()  # the arrays hold the maps: dropped together
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.size != b.size:
+        return False
+    return all(np.array_equal(a[i:i + CHUNK], b[i:i + CHUNK]) for i in range(0, a.size, CHUNK))
+
+
+def _manifest(dst: Path) -> tuple[dict[str, Any], Relabel]:
+    path = dst / MANIFEST
+    if not path.is_file():
+        raise InputError(f"{dst}: no {MANIFEST} (not a relabelled checkpoint `place export --format checkpoint` "
+                         "wrote)")
+    rel, _facts = read_relabel(str(path))
+    return read_json(path), rel
+
+
+def verify(dst: str | Path, src: str | Path | None = None, placement: Placement | None = None,
+           placement_name: str = "placement", progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Check DST against SRC and its manifest (see the module docstring); raises :class:`VerifyFailed` at
+    the first difference, :class:`InputError` for a missing or unreadable input. Returns what was checked."""
+    say = progress or (lambda s: None)
+    t0 = time.perf_counter()
+    dst = Path(dst)
+    doc, rel = _manifest(dst)
+    if src is None:
+        src = (doc.get("source") or {}).get("path")
+        if not src:
+            raise InputError(f"{dst / MANIFEST}: names no source checkpoint; give it with --model-path SRC")
+    s_ck = scan(src)
+    d_ck = scan(dst, "--verify")
+    fail = lambda msg: VerifyFailed(f"{dst}: {msg}")
+    # SRC is the checkpoint the relabelling read
+    for s, rec in (doc.get("source_shards") or {}).items():
+        h = s_ck.headers.get(s)
+        if h is None:
+            raise fail(f"source shard {s} (in the manifest) is not in {src}")
+        if (h.size, h.sha256) != (rec.get("bytes"), rec.get("header_sha256", h.sha256)):
+            raise fail(f"{Path(src) / s} is not the shard the relabelling read (size or header sha256 differ "
+                       "from the manifest's)")
+    if placement is not None:
+        want = permutations(placement, rel.layout)
+        if want.shape != rel.new2old.shape or (want != rel.new2old).any():
+            raise fail(f"the manifest's permutation is not {placement_name}'s under the {rel.layout.name} layout")
+    if set(d_ck.tensors) != set(s_ck.tensors):
+        extra = sorted(set(d_ck.tensors) - set(s_ck.tensors))
+        gone = sorted(set(s_ck.tensors) - set(d_ck.tensors))
+        raise fail(f"tensor {(extra or gone)[0]} is {'in DST but not in SRC' if extra else 'in SRC but not in DST'}")
+    E = rel.num_experts
+    ident = np.arange(E)
+    sf, df = _Files(s_ck), _Files(d_ck)
+    counts = {"expert": 0, "rows": 0, "other": 0}
+    nbytes = 0
+    try:
+        for k, shard in enumerate(d_ck.shards, 1):
+            dv = df.view(shard)
+            names = sorted((n for n, i in d_ck.tensors.items() if i.shard == shard), key=lambda n: d_ck.tensors[n].start)
+            for name in names:
+                d = d_ck.tensors[name]
+                t = classify(name)
+                li = None if t is None else rel.moe_index(t.layer)
+                src_name, rows = name, None
+                if li is not None and t.role == "expert":
+                    if t.expert >= E:
+                        raise fail(f"tensor {name} ({shard}): expert id {t.expert} out of range [0, {E})")
+                    src_name = t.renamed(int(rel.new2old[li, t.expert]))
+                elif li is not None and d.shape:
+                    rows = rel.new2old[li]
+                s = s_ck.tensors.get(src_name)
+                if s is None or (s.dtype, s.shape) != (d.dtype, d.shape):
+                    got = "missing" if s is None else f"{s.dtype} {list(s.shape)}"
+                    raise fail(f"tensor {name} ({shard}) is {d.dtype} {list(d.shape)}, but {src_name} in SRC is {got}")
+                a = dv[d.start:d.end]
+                b = sf.view(s.shard)[s.start:s.end]
+                if rows is not None and (rows != ident).any():
+                    if d.shape[0] != E or d.nbytes % E:
+                        raise fail(f"tensor {name} ({shard}): shape {list(d.shape)}, expected {E} expert rows")
+                    size = d.nbytes // E
+                    bad = next((n for n in range(E) if not _equal(a[n * size:(n + 1) * size],
+                                                                  b[int(rows[n]) * size:(int(rows[n]) + 1) * size])),
+                               None)
+                    if bad is not None:
+                        raise fail(f"tensor {name} ({shard}): row {bad} is not SRC's row {int(rows[bad])} "
+                                   f"(the router / bias rows must follow the experts)")
+                    counts["rows"] += 1
+                    nbytes += d.nbytes
+                    continue
+                elif not _equal(a, b):
+                    if src_name != name:
+                        raise fail(f"tensor {name} ({shard}) does not hold the bytes of SRC's {src_name} "
+                                   f"({s.shard}): expert {t.expert} of layer {t.layer} must be original expert "
+                                   f"{int(rel.new2old[li, t.expert])}")
+                    raise fail(f"tensor {name} ({shard}) differs from SRC's ({s.shard})")
+                else:
+                    counts["expert" if li is not None and t.role == "expert" else
+                           "rows" if rows is not None else "other"] += 1
+                nbytes += d.nbytes
+            say(f"[{k}/{len(d_ck.shards)}] {shard}: {len(names):,} tensors match")
+    finally:
+        sf.close()
+        df.close()
+    _check_files(s_ck, d_ck, rel, doc, fail)
+    return {"verified": str(dst), "source": str(src), "tensors": counts, "bytes": nbytes,
+            "layout": rel.layout.name, "seconds": time.perf_counter() - t0}
+
+
+def _check_files(s_ck: Checkpoint, d_ck: Checkpoint, rel: Relabel, doc: dict[str, Any], fail) -> None:
+    """config.json as SRC's (quantization entries renamed), every other copied file byte for byte."""
+    want = s_ck.config
+    q = quantization_config(s_ck.config)
+    if q is not None:
+        E = rel.num_experts
+        moved = {d for i, d in enumerate(rel.moe_layers) if (rel.new2old[i] != np.arange(E)).any()}
+        new_q, n = relabel_quantization(q, rel, expert_modules(s_ck, moved), str(s_ck.root / "config.json"))
+        if n:
+            want = with_quantization(s_ck.config, new_q)
+    if json.loads(json.dumps(want)) != d_ck.config:
+        raise fail("config.json is not SRC's (with the quantization_config entries that name experts renamed)")
+    for rel_name in doc.get("copied_files") or []:
+        if rel_name in ("config.json", s_ck.index):
+            continue
+        a, b = s_ck.root / rel_name, d_ck.root / rel_name
+        if not b.is_file() or (a.is_file() and a.read_bytes() != b.read_bytes()):
+            raise fail(f"{rel_name} is not SRC's")
