@@ -49,28 +49,29 @@ class VerifyFailed(MoeplaceError):
 
 
 class _Files:
-    """Read-only memory maps of a checkpoint's shards, as uint8 arrays (opened on first use)."""
+    """Read-only memory maps of a checkpoint's shards (opened on first use)."""
 
     def __init__(self, ck: Checkpoint) -> None:
         self.ck = ck
-        self.maps: dict[str, tuple[mmap.mmap, np.ndarray]] = {}
+        self.maps: dict[str, mmap.mmap | bytes] = {}
 
-    def view(self, shard: str) -> np.ndarray:
+    def view(self, shard: str) -> mmap.mmap | bytes:
         if shard not in self.maps:
             with open(os.path.realpath(self.ck.root / shard), "rb") as f:
-                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else None
-            arr = np.frombuffer(m, dtype=np.uint8) if m is not None else np.zeros(0, np.uint8)
-            self.maps[shard] = (m, arr)
-        return self.maps[shard][1]
+                size = os.fstat(f.fileno()).st_size
+                self.maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        return self.maps[shard]
 
     def close(self) -> None:
-        self.maps.clear()  # the arrays hold the maps: dropped together
+        for m in self.maps.values():
+            if isinstance(m, mmap.mmap):
+                m.close()
+        self.maps.clear()
 
 
-def _equal(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.size != b.size:
-        return False
-    return all(np.array_equal(a[i:i + CHUNK], b[i:i + CHUNK]) for i in range(0, a.size, CHUNK))
+def _equal(a, a0: int, b, b0: int, n: int) -> bool:
+    """``a[a0:a0+n] == b[b0:b0+n]`` for memory maps, compared :data:`CHUNK` bytes at a time."""
+    return all(a[a0 + i:a0 + min(n, i + CHUNK)] == b[b0 + i:b0 + min(n, i + CHUNK)] for i in range(0, n, CHUNK))
 
 
 def _manifest(dst: Path) -> tuple[dict[str, Any], Relabel]:
@@ -119,9 +120,12 @@ def verify(dst: str | Path, src: str | Path | None = None, placement: Placement 
     counts = {"expert": 0, "rows": 0, "other": 0}
     nbytes = 0
     try:
+        by_shard: dict[str, list[tuple[int, str]]] = {s: [] for s in d_ck.shards}
+        for n, i in d_ck.tensors.items():
+            by_shard[i.shard].append((i.start, n))
         for k, shard in enumerate(d_ck.shards, 1):
             dv = df.view(shard)
-            names = sorted((n for n, i in d_ck.tensors.items() if i.shard == shard), key=lambda n: d_ck.tensors[n].start)
+            names = [n for _, n in sorted(by_shard[shard])]  # in file order: DST is read sequentially
             for name in names:
                 d = d_ck.tensors[name]
                 t = classify(name)
@@ -137,22 +141,20 @@ def verify(dst: str | Path, src: str | Path | None = None, placement: Placement 
                 if s is None or (s.dtype, s.shape) != (d.dtype, d.shape):
                     got = "missing" if s is None else f"{s.dtype} {list(s.shape)}"
                     raise fail(f"tensor {name} ({shard}) is {d.dtype} {list(d.shape)}, but {src_name} in SRC is {got}")
-                a = dv[d.start:d.end]
-                b = sf.view(s.shard)[s.start:s.end]
+                sv = sf.view(s.shard)
                 if rows is not None and (rows != ident).any():
                     if d.shape[0] != E or d.nbytes % E:
                         raise fail(f"tensor {name} ({shard}): shape {list(d.shape)}, expected {E} expert rows")
                     size = d.nbytes // E
-                    bad = next((n for n in range(E) if not _equal(a[n * size:(n + 1) * size],
-                                                                  b[int(rows[n]) * size:(int(rows[n]) + 1) * size])),
-                               None)
+                    bad = next((n for n in range(E)
+                                if not _equal(dv, d.start + n * size, sv, s.start + int(rows[n]) * size, size)), None)
                     if bad is not None:
                         raise fail(f"tensor {name} ({shard}): row {bad} is not SRC's row {int(rows[bad])} "
                                    f"(the router / bias rows must follow the experts)")
                     counts["rows"] += 1
                     nbytes += d.nbytes
                     continue
-                elif not _equal(a, b):
+                elif not _equal(dv, d.start, sv, s.start, d.nbytes):
                     if src_name != name:
                         raise fail(f"tensor {name} ({shard}) does not hold the bytes of SRC's {src_name} "
                                    f"({s.shard}): expert {t.expert} of layer {t.layer} must be original expert "
@@ -178,7 +180,7 @@ def _check_files(s_ck: Checkpoint, d_ck: Checkpoint, rel: Relabel, doc: dict[str
     if q is not None:
         E = rel.num_experts
         moved = {d for i, d in enumerate(rel.moe_layers) if (rel.new2old[i] != np.arange(E)).any()}
-        new_q, n = relabel_quantization(q, rel, expert_modules(s_ck, moved), str(s_ck.root / "config.json"))
+        new_q, n = relabel_quantization(q, rel, lambda: expert_modules(s_ck, moved), str(s_ck.root / "config.json"))
         if n:
             want = with_quantization(s_ck.config, new_q)
     if json.loads(json.dumps(want)) != d_ck.config:
