@@ -51,7 +51,7 @@ def _size_for(gb: float, layers: int, experts: int) -> tuple[int, int]:
     per_value = 0.5 + 1 / 32
     hi = gb * 1e9 / (layers * experts * 3 * per_value)  # hidden/2 * inter values per projection
     inter = 128
-    hidden = max(64, int(round(2 * hi / inter / 64)) * 64)
+    hidden = max(64, round(2 * hi / inter / 64) * 64)
     return hidden, inter
 
 
@@ -108,11 +108,11 @@ def _mount_xfs(img: Path, mnt: Path, gb: float) -> str | None:
         return "mkfs.xfs not installed (apt-get install xfsprogs)"
     with open(img, "wb") as f:
         f.truncate(int((2.4 * gb + 1) * 1e9))
-    r = subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)], capture_output=True, text=True)
+    r = subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)], check=False, capture_output=True, text=True)
     if r.returncode:
         return f"mkfs.xfs failed: {r.stderr.strip()}"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=False, capture_output=True, text=True)
     if r.returncode:
         return f"mount -o loop failed: {r.stderr.strip() or r.returncode} (a sandbox without loop devices or root)"
     return None

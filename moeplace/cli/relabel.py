@@ -13,6 +13,7 @@ import numpy as np
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
+from moeplace.foundation.model import load_model
 from moeplace.placement.export.checkpoint import (
     MANIFEST,
     RELABELLED_CHECKPOINT,
@@ -22,6 +23,7 @@ from moeplace.placement.export.checkpoint import (
     scan,
     write_checkpoint,
 )
+from moeplace.placement.export.flags import FlagOptions, relabelled_launches
 from moeplace.placement.export.verify import verify
 from moeplace.placement.record import Placement, load_placement
 from moeplace.placement.relabel import LAYOUTS, get_layout, read_relabel
@@ -61,8 +63,9 @@ def run(args) -> int:
     src = Path(args.model_path)
     outs = Outputs(inputs=[args.placement, src], force=args.force)
     outs.add(args.out, RELABELLED_CHECKPOINT)
-    ck = scan(src)
+    ck = scan(src, full=False)
     p = plan(ck, placement, get_layout(args.layout), placement_name=args.placement)
+    mem, launches = _launches(args, placement, src)  # before writing: a refused layout leaves nothing
     space = needs(ck, p, args.out, args.link)
     rewrite = sum(1 for s in ck.shards if p.changed(s))
     total = ck.total_bytes
@@ -102,6 +105,11 @@ def run(args) -> int:
            "reflinked_bytes": manifest["reflinked_bytes"],
            "quantization_config_renamed": manifest["quantization_config_renamed"],
            "manifest": str(Path(args.out) / MANIFEST)}
+    if launches:
+        doc["memory_plan"] = {"layout": mem.layout.describe(), "gpu": mem.cluster.gpu.name,
+                              "concurrency": mem.concurrency, "context": mem.context}
+        doc["launches"] = [{"engine": x.engine, "engine_version": x.version, "env": x.env, "argv": x.argv(),
+                            "model_path": x.model_path, "command": x.text()} for x in launches]
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
@@ -118,7 +126,33 @@ def run(args) -> int:
         print(f"  left as they are: expert tensors of decoder layers {manifest['untouched_moe_layers']} "
               "(not MoE layers of the placement, e.g. a multi-token-prediction layer)")
     print(f"  check it before serving: place export --verify {shlex.quote(args.out)}")
+    if launches:
+        print(f"memory plan: {mem.layout.describe()} on {mem.cluster.num_gpus} x {mem.cluster.gpu.name} fits; "
+              f"{mem.concurrency} sequences of {mem.context:,} tokens")
+        for x in launches:
+            what = ("the original checkpoint through the load-time plugin" if x.env
+                    else f"the relabelled checkpoint on {ENGINE_TITLES[x.engine]}")
+            print(f"# --- {what}")
+            print(x.text(), end="")
     return 0
+
+
+ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def _launches(args, placement, src: Path):
+    """``--flags``: the memory plan and the launches that serve DST (and SRC through the plugin)."""
+    if not args.flags:
+        if args.tp or args.dp or args.plan:
+            raise InputError("--tp/--dp/--plan choose the launch: add --flags")
+        return None, []
+    if args.vllm_pr or args.vllm_static or args.online_eplb or args.target:
+        raise InputError("--format checkpoint --flags prints the engines' own layout on the relabelled checkpoint "
+                         "(and the plugin on SRC): --vllm-pr / --vllm-static / --online-eplb / --target do not apply")
+    model = load_model(args.model or placement.model_name)
+    opts = FlagOptions(kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len, gpu=args.gpu,
+                       tp=args.tp, dp=args.dp, engine_version=args.engine_version, placement_path=args.placement)
+    return relabelled_launches(placement, model, src, args.out, opts, args.plan)
 
 
 def run_verify(args) -> int:

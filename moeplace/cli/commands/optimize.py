@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from moeplace.cli import flags
@@ -51,8 +52,10 @@ def register(sub) -> None:
     p.add_argument("--gpus-per-node", type=flags.positive_int, default=None, help="default: the GPU preset's node size")
     p.add_argument("--gpu", default="h200", help=f"GPU preset ({', '.join(gpu_preset_names())})")
     p.add_argument("--redundant", type=flags.nonneg_int, default=None,
-                   help="redundant slots R (E + R must be a multiple of --gpus); default: the smallest R >= "
-                        "0 that makes E + R divisible, plus one slot per GPU when that is 0 (K3 on 32: 32)")
+                   help="redundant slots R (E + R must be a multiple of --gpus); default: 0 for a model the "
+                        "engines serve only replica-free (place engines: K3 today; a second row shows what "
+                        "replicas would add), else the smallest R >= 0 that makes E + R divisible, plus one slot "
+                        "per GPU when that is 0")
     p.add_argument("--policy", action="append", default=None,
                    help="policy to run (repeatable; default: all registered). The first one is written "
                         "to --out (default written: moeplace if registered, else eplb)")
@@ -127,7 +130,7 @@ def run(args) -> int:
                                                  Path(x).name) for x in args.inputs]
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
     E = loads.model.num_experts
-    R = default_redundant(E, cluster.num_gpus) if args.redundant is None else args.redundant
+    R, replica_row = planned_redundant(loads.model, cluster.num_gpus, args.redundant)
     if R < 0:
         raise InputError(f"--redundant must be >= 0, got {R}")
     if (E + R) % cluster.num_gpus:
@@ -149,6 +152,8 @@ def run(args) -> int:
                            plan_fraction=args.plan_fraction, seed=args.seed, deadline=deadline,
                            options=options, shift=not args.no_shift, shift_sample=args.shift_layers or "auto")
     chosen = args.policy[0] if args.policy else ("moeplace" if "moeplace" in names else "eplb")
+    if replica_row and any(r.policy == chosen for r in cmp.results):
+        cmp = with_replica_row(cmp, loads, cluster, chosen, replica_row, args, options, deadline)
     result = next((r for r in cmp.results if r.policy == chosen), None)
     if result is None:  # the limit left out the policy to write: say so instead of writing another
         print(format_table(cmp), file=sys.stderr)
@@ -183,10 +188,39 @@ def run(args) -> int:
                                                 and loads.model.topk_group < loads.model.n_group else ""))
         if wrote:
             print(f"wrote {args.out} (policy {chosen})")
-        for line in capabilities.advice(loads.model, R):  # what the engines lack to serve it, and the route offered
-            print(f"serving: {line}")
+        # how each engine serves what was written: one line per engine (place engines --reasons: the reasons)
+        for line in capabilities.serving_lines(loads.model, R, result.placement):
+            print(line)
     outs.finish()
     return 0
+
+
+def planned_redundant(model, num_gpus: int, given: int | None) -> tuple[int, int]:
+    """``(R, replica_row)``: the redundant slots to plan with and, when the default is the replica-free plan
+    because the engines serve the model no other way (the capability table; K3 today), the slots of the
+    second row that shows what replicas would add (0: no such row)."""
+    usual = default_redundant(model.num_experts, num_gpus)
+    if given is not None:
+        return given, 0
+    if model.num_experts % num_gpus == 0 and capabilities.replica_free_only(model):
+        return 0, usual
+    return usual, 0
+
+
+def with_replica_row(cmp, loads, cluster, policy: str, slots: int, args, options, deadline):
+    """``cmp`` with a second row for ``policy``: the same plan with ``slots`` redundant slots per layer,
+    planned and scored on the same windows (what replicas would add; no engine serves it for the model)."""
+    if deadline is not None and deadline - time.monotonic() <= 0:
+        return replace(cmp, notes=(*cmp.notes, f"{policy} +{slots} replicas: skipped (time limit)"))
+    alt = compare_policies(loads, cluster, num_redundant=slots, policies=[policy], rule=args.engine,
+                           plan_fraction=args.plan_fraction, seed=args.seed, deadline=deadline,
+                           options={**options, "keep_groups": None}, shift=False)
+    if not alt.results:
+        return replace(cmp, notes=(*cmp.notes, *alt.notes))
+    label = f"{policy} +{slots} replicas"
+    why = (f"{label}: the same policy with {slots} redundant slots per layer, planned and scored on the same "
+           f"windows -- what replicas would add; no engine serves it for {loads.model.name} (serving lines below)")
+    return replace(cmp, replica_rows=((label, alt.results[0], slots),), notes=(*cmp.notes, why))
 
 
 def _save_all(outs: Outputs, d: Path, results) -> None:

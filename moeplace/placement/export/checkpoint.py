@@ -30,6 +30,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import time
@@ -83,14 +84,13 @@ class TensorInfo(NamedTuple):
 
 @dataclass(frozen=True)
 class ShardHeader:
-    """What a shard's header says beyond its tensors: its length (JSON bytes), its sha256 (with the 8 length
-    bytes), the file size, ``__metadata__`` and the header's tensor order."""
+    """A shard's header: its length (JSON bytes), its sha256 (with the 8 length bytes), the file size and
+    the JSON text itself (``text``: kept by a light scan, which the relabelling works on)."""
 
     length: int
     sha256: str
     size: int
-    metadata: dict[str, Any] | None
-    names: tuple[str, ...]
+    text: bytes = b""
 
     @property
     def data_start(self) -> int:
@@ -99,8 +99,8 @@ class ShardHeader:
 
 @dataclass
 class Checkpoint:
-    """A safetensors checkpoint directory: its shards (file names, in order), every tensor, the index file
-    (``None`` for a single file), its parsed document and ``config.json``."""
+    """A safetensors checkpoint directory: its shards (file names, in order), every tensor (a full scan;
+    empty after a light one), the index file (``None`` for a single file) and ``config.json``."""
 
     root: Path
     shards: list[str]
@@ -108,20 +108,15 @@ class Checkpoint:
     index: str | None
     config: dict[str, Any]
     headers: dict[str, ShardHeader] = field(default_factory=dict)
-    index_doc: dict[str, Any] | None = None
-
-    @property
-    def data_start(self) -> dict[str, int]:
-        return {s: h.data_start for s, h in self.headers.items()}
 
     @property
     def total_bytes(self) -> int:
         return sum(h.size for h in self.headers.values())
 
 
-def read_header(path: Path) -> tuple[int, dict[str, Any], str]:
-    """``(data_start, header, sha256 of the length and header bytes)`` of a safetensors file (8-byte
-    little-endian header length, JSON header). The one place a header is parsed."""
+def read_header_bytes(path: Path) -> tuple[int, bytes, str]:
+    """``(header length, JSON header bytes, sha256 of the length and header bytes)`` of a safetensors file
+    (8-byte little-endian header length, then the header)."""
     try:
         with open(path, "rb") as f:
             raw = f.read(8)
@@ -135,17 +130,30 @@ def read_header(path: Path) -> tuple[int, dict[str, Any], str]:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
     if len(text) != n:
         raise InputError(f"{path}: not a safetensors file (header of {n} bytes, file ends after {len(text)})")
+    return n, text, hashlib.sha256(raw + text).hexdigest()
+
+
+def read_header(path: Path) -> tuple[int, dict[str, Any], str]:
+    """``(data_start, header, sha256 of the length and header bytes)`` of a safetensors file. The one place
+    a header is parsed."""
+    n, text, digest = read_header_bytes(path)
+    return 8 + n, parse_header(text, path), digest
+
+
+def parse_header(text: bytes, path: Path) -> dict[str, Any]:
     try:
         head = orjson.loads(text)  # K3's headers are ~90 MB of JSON in all: orjson parses them ~5x faster
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not a safetensors file (header is not JSON: {exc})") from None
     if not isinstance(head, dict):
         raise InputError(f"{path}: not a safetensors file (header is not a JSON object)")
-    return 8 + n, head, hashlib.sha256(raw + text).hexdigest()
+    return head
 
 
-def scan(root: str | Path, what: str = "--model-path") -> Checkpoint:
-    """Read every shard's header (no tensor data) of the checkpoint in ``root``."""
+def scan(root: str | Path, what: str = "--model-path", *, full: bool = True) -> Checkpoint:
+    """Read every shard's header (no tensor data) of the checkpoint in ``root``: with ``full`` every tensor
+    (dtype, shape, byte range; what verifying reads), else only each header's text (what relabelling
+    rewrites: K3's 0.7 M tensors are not turned into objects)."""
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"{what} {root}: not a directory (a safetensors checkpoint directory expected)")
@@ -158,16 +166,10 @@ def scan(root: str | Path, what: str = "--model-path") -> Checkpoint:
     indexes = sorted(p.name for p in root.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
         raise InputError(f"{root}: {len(indexes)} safetensors index files ({', '.join(indexes)}); expected one")
-    doc = None
+    wm = None
     if indexes:
         index = indexes[0]
-        try:  # ~50 MB for K3 (0.7 M names): orjson
-            doc = orjson.loads((root / index).read_bytes())
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{root / index}: not a readable safetensors index ({exc})") from None
-        wm = doc.get("weight_map") if isinstance(doc, dict) else None
-        if not isinstance(wm, dict) or not wm:
-            raise InputError(f"{root / index}: field 'weight_map' missing or empty")
+        wm = read_index(root / index)
         shards = list(dict.fromkeys(str(v) for v in wm.values()))
     else:
         index = None
@@ -175,40 +177,56 @@ def scan(root: str | Path, what: str = "--model-path") -> Checkpoint:
         if len(shards) != 1:
             raise InputError(f"{root}: {len(shards)} .safetensors files and no model.safetensors.index.json; "
                              "expected one file or an index")
-    ck = Checkpoint(root, shards, {}, index, config, index_doc=doc)
+    ck = Checkpoint(root, shards, {}, index, config)
     for s in shards:
         path = root / s
         if "/" in s or s.startswith("."):
             raise InputError(f"{root / index}: shard name {s!r} is not a file in the checkpoint directory")
         if not path.is_file():
             raise InputError(f"{path}: no such shard (named in {index})")
-        start, head, digest = read_header(path)
+        n, text, digest = read_header_bytes(path)
         size = path.stat().st_size
-        meta = head.get("__metadata__")
-        if meta is not None and not isinstance(meta, dict):
-            raise InputError(f"{path}: header entry __metadata__ is not a JSON object")
-        tensors = ck.tensors
-        for name, t in head.items():
-            if name == "__metadata__":
-                continue
-            try:
-                a, b = t["data_offsets"]
-                info = TensorInfo(s, str(t["dtype"]), tuple(map(int, t["shape"])), start + int(a), start + int(b))
-            except (KeyError, TypeError, ValueError):
-                raise InputError(f"{path}: tensor {name}: header entry is not dtype/shape/data_offsets") from None
-            if not start <= info.start <= info.end <= size:
-                raise InputError(f"{path}: tensor {name}: data_offsets beyond the file ({size} bytes)")
-            if name in tensors:
-                raise InputError(f"{path}: tensor {name} also in {tensors[name].shard}")
-            tensors[name] = info
-        head.pop("__metadata__", None)
-        ck.headers[s] = ShardHeader(start - 8, digest, size, meta, tuple(head))
-    if index is not None:
+        ck.headers[s] = ShardHeader(n, digest, size, b"" if full else text)
+        if full:
+            _tensors(ck, s, parse_header(text, path), 8 + n, size, path)
+    if index is not None and full:
         for n, v in wm.items():
             got = ck.tensors.get(n)
             if got is None or got.shard != str(v):
                 raise InputError(f"{root / index}: tensor {n} is mapped to {v}, which does not hold it")
     return ck
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    """The ``weight_map`` of a ``model.safetensors.index.json`` (~50 MB for K3: orjson)."""
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable safetensors index ({exc})") from None
+    wm = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(wm, dict) or not wm:
+        raise InputError(f"{path}: field 'weight_map' missing or empty")
+    return wm
+
+
+def _tensors(ck: Checkpoint, s: str, head: dict[str, Any], start: int, size: int, path: Path) -> None:
+    meta = head.get("__metadata__")
+    if meta is not None and not isinstance(meta, dict):
+        raise InputError(f"{path}: header entry __metadata__ is not a JSON object")
+    tensors = ck.tensors
+    for name, t in head.items():
+        if name == "__metadata__":
+            continue
+        try:
+            a, b = t["data_offsets"]
+            info = TensorInfo(s, str(t["dtype"]), tuple(map(int, t["shape"])), start + int(a), start + int(b))
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{path}: tensor {name}: header entry is not dtype/shape/data_offsets") from None
+        if not start <= info.start <= info.end <= size:
+            raise InputError(f"{path}: tensor {name}: data_offsets beyond the file ({size} bytes)")
+        if name in tensors:
+            raise InputError(f"{path}: tensor {name} also in {tensors[name].shard}")
+        tensors[name] = info
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -234,12 +252,12 @@ class ShardPlan:
 
 @dataclass
 class Plan:
-    """The relabelling of one checkpoint: per shard what changes, the new index, the new quantization config
-    (``None``: unchanged) and what was counted."""
+    """The relabelling of one checkpoint: per shard what changes, the new index text (``None``: no index),
+    the new quantization config (``None``: unchanged) and what was counted."""
 
     relabel: Relabel
     shards: dict[str, ShardPlan]
-    weight_map: dict[str, str] | None
+    index_text: bytes | None
     quantization: dict[str, Any] | None
     counts: dict[str, int]
     untouched_layers: list[int]
@@ -251,51 +269,183 @@ class Plan:
         return self.shards[shard].header is not None
 
 
-def _check_rows(info: TensorInfo, name: str, E: int) -> None:
-    if not info.shape or info.shape[0] != E or info.nbytes % E:
-        raise InputError(f"tensor {name} ({info.shard}): shape {list(info.shape)}, expected {E} expert rows "
-                         "along dim 0 to permute")
-
-
 def relabel_tag(placement: Placement, layout: Layout, new2old: np.ndarray) -> str:
     """The ``__metadata__`` value naming a relabelling: layout, placement fingerprint, permutation hash."""
     digest = hashlib.sha256(np.ascontiguousarray(new2old, dtype=np.int64).tobytes()).hexdigest()[:16]
     return f"layout={layout.name};placement={placement.fingerprint()};new2old={digest}"
 
 
-def new_header(head: ShardHeader, ck: Checkpoint, shard: str, rename: dict[str, str], tag: str) -> bytes:
-    """The header JSON of DST's ``shard``: SRC's entries in SRC's order under their new names, offsets
-    unchanged, ``__metadata__`` with :data:`METADATA_KEY`; padded with spaces to SRC's header length, or to
-    that plus whole blocks when it is longer, so the data section keeps its offset within a block. The
-    header is read again (one shard's at a time in memory) and must be the one scanned."""
-    _, entries, digest = read_header(ck.root / shard)
-    if digest != head.sha256:
-        raise InputError(f"{ck.root / shard}: the header changed while the checkpoint was read")
-    entries = {rename.get(k, k): v for k, v in entries.items()}
-    entries["__metadata__"] = {**(head.metadata or {}), METADATA_KEY: tag}
-    text = orjson.dumps(entries)
-    length = head.length
+# A JSON object key that is one expert's tensor, in a header or index with no escapes (a backslash sends
+# the text to the parsed path): the same names as relabel.classify's per-expert pattern.
+_KEY = re.compile(rb'"((?:[^"\\]*\.)?layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.)(\d+)(\.[^"\\]+)"'
+                  rb'(?=\s*:)')
+# the keys whose rows follow the experts: router, per-expert bias, stacked experts (their entries are parsed)
+_ROWS_KEY = re.compile(rb'"([^"\\]*layers\.\d+\.(?:mlp|block_sparse_moe|feed_forward)\.(?!experts\.\d)'
+                       rb'(?:(?:gate|router|experts)\.)?[A-Za-z_][^"\\]*)"\s*:\s*(\{[^{}]*\})')
+
+
+class _Renamer:
+    """Renames per-expert keys in header / index text through a :class:`Relabel`, counting per layer the
+    tensors each expert suffix has (every expert of a layer must have the same ones)."""
+
+    def __init__(self, rel: Relabel, E: int) -> None:
+        self.E = E
+        # decoder layer (as the name spells it) -> old id (as spelled) -> new id: no int() per tensor
+        self.ids = {str(d).encode(): {str(e).encode(): str(n).encode() for e, n in enumerate(rel.old2new[i])}
+                    for i, d in enumerate(rel.moe_layers)}
+        self.moves = {str(d).encode(): {str(e).encode() for e in np.flatnonzero(rel.old2new[i] != np.arange(E))}
+                      for i, d in enumerate(rel.moe_layers)}
+        self.seen: dict[bytes, dict[bytes, int]] = {}  # layer -> tail -> tensors
+        self.heads: dict[bytes, bytes] = {}  # layer -> the names' head up to the id ("...layers.5.mlp.experts.")
+        self.untouched: set[int] = set()
+        self.renamed = 0
+        self.changed = 0  # tensors whose id changes
+        self.count = True
+
+    def new_id(self, head: bytes, layer: bytes, e: bytes, tail: bytes) -> bytes | None:
+        """The new id of expert ``e``'s tensor ``tail`` in decoder layer ``layer`` (``None``: not relabelled)."""
+        ids = self.ids.get(layer)
+        if ids is None:
+            self.untouched.add(int(layer))
+            return None
+        new = ids.get(e)
+        if new is None:  # out of range, or spelled with leading zeros
+            raise InputError(f"tensor {(head + e + tail).decode()}: expert id {e.decode()} is not one of the "
+                             f"layer's {self.E} ids 0..{self.E - 1}")
+        if self.count:
+            tails = self.seen.get(layer)
+            if tails is None:
+                tails = self.seen[layer] = {}
+                self.heads[layer] = head
+            tails[tail] = tails.get(tail, 0) + 1
+            self.renamed += 1
+            if e in self.moves[layer]:
+                self.changed += 1
+        return new
+
+    def __call__(self, m: re.Match) -> bytes:
+        head, layer, e, tail = m.groups()
+        new = self.new_id(head, layer, e, tail)
+        return m[0] if new is None else b'"' + head + new + tail + b'"'
+
+    def name(self, k: str) -> str:
+        """The same renaming on a parsed name (headers and indexes with escapes)."""
+        t = classify(k)
+        if t is None or t.role != "expert":
+            return k
+        new = self.new_id(t.head.encode(), str(t.layer).encode(), str(t.expert).encode(), t.tail.encode())
+        return k if new is None else t.head + new.decode() + t.tail
+
+
+def _modules(ren: _Renamer, layers: set[int]) -> dict[int, list[tuple[int, str]]]:
+    """Per decoder layer of ``layers``: ``(expert id, module name)`` of every per-expert module (a tensor name
+    without its last component: what a ``quantization_config`` pattern is matched against). Every expert of
+    a layer has the same tensors (:func:`plan` checked), so they are spelled from the layer's name head and
+    suffixes."""
+    out = {}
+    for layer, tails in ren.seen.items():
+        d = int(layer)
+        if d not in layers:
+            continue
+        head = ren.heads[layer].decode()
+        mods = sorted({t.rsplit(b".", 1)[0].decode() for t in tails})
+        out[d] = [(e, f"{head}{e}{m}") for e in range(ren.E) for m in mods]
+    return out
+
+
+def _rename(text: bytes, path: Path, ren: _Renamer) -> bytes:
+    """Header text with every per-expert key renamed: in the text where it has no escapes, else parsed."""
+    if b"\\" not in text:
+        return _KEY.sub(ren, text)
+    return orjson.dumps({ren.name(k): v for k, v in parse_header(text, path).items()})
+
+
+def _with_tag(text: bytes, tag: str, path: Path) -> bytes:
+    """``text`` with ``__metadata__`` holding :data:`METADATA_KEY` = ``tag``."""
+    entry = orjson.dumps(METADATA_KEY) + b":" + orjson.dumps(tag)
+    stripped = text.strip()
+    if b"\\" not in text and orjson.dumps(METADATA_KEY) not in text:
+        if stripped.startswith(b'{"__metadata__":{'):
+            rest = stripped[len(b'{"__metadata__":{'):]
+            return b'{"__metadata__":{' + entry + (b"" if rest.lstrip().startswith(b"}") else b",") + rest
+        if b'"__metadata__"' not in text and stripped.startswith(b"{"):
+            rest = stripped[1:]
+            return b'{"__metadata__":{' + entry + b"}" + (b"" if rest.lstrip().startswith(b"}") else b",") + rest
+    head = parse_header(text, path)
+    meta = head.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: header entry __metadata__ is not a JSON object")
+    return orjson.dumps({"__metadata__": {**meta, METADATA_KEY: tag}, **head})
+
+
+_END = re.compile(rb'"data_offsets"\s*:\s*\[\s*\d+\s*,\s*(\d+)\s*\]')
+
+
+def _check_data_end(h: ShardHeader, path: Path) -> None:
+    """The file holds every byte its header's tensors end at (its data section is copied as one range)."""
+    ends = _END.findall(h.text)
+    end = max(map(int, ends)) if ends else 0
+    if h.data_start + end > h.size:
+        raise InputError(f"{path}: data_offsets beyond the file ({h.size} bytes; the header's tensors end at "
+                         f"{h.data_start + end})")
+
+
+def _pad(text: bytes, length: int) -> bytes:
+    """``text`` padded with spaces to ``length``, or to ``length`` plus whole blocks when it is longer, so the
+    data section keeps its offset within a block."""
     if len(text) > length:
         length += -(-(len(text) - length) // BLOCK) * BLOCK
     return text + b" " * (length - len(text))
 
 
-def expert_modules(ck: Checkpoint, layers: set[int]) -> dict[int, list[tuple[int, str]]]:
-    """Per decoder layer of ``layers``: ``(expert id, module name)`` of each per-expert module (a tensor
-    name without its last component), what ``quantization_config`` entries name."""
-    out: dict[int, dict[str, int]] = {}
-    for name in ck.tensors:
+def _row_entries(text: bytes, path: Path):
+    """``(name, entry)`` of the header's keys under an MoE block that are not one expert's (router, biases,
+    stacked experts, shared experts), the entries parsed one at a time."""
+    if b"\\" in text:
+        yield from ((k, v) for k, v in parse_header(text, path).items() if ".experts." not in k or classify(k) is None
+                    or classify(k).role != "expert")
+        return
+    for m in _ROWS_KEY.finditer(text):
+        try:
+            yield m[1].decode(), orjson.loads(m[2])
+        except ValueError:
+            raise InputError(f"{path}: tensor {m[1].decode()}: header entry is not JSON") from None
+
+
+def _row_patches(text: bytes, path: Path, s: str, start: int, size: int, rel: Relabel, E: int, stacked: set[int]
+                 ) -> tuple[list[RowPatch], dict[str, int]]:
+    """The row gathers of one shard (and, into ``stacked``, the layers whose experts are stacked tensors)."""
+    patches: list[RowPatch] = []
+    counts = {"stacked": 0, "router": 0, "bias": 0}
+    for name, entry in _row_entries(text, path):
         t = classify(name)
-        if t is not None and t.expert is not None and t.layer in layers:
-            out.setdefault(t.layer, {})[name.rsplit(".", 1)[0]] = t.expert
-    return {d: [(e, m) for m, e in mods.items()] for d, mods in out.items()}
+        if t is None or t.role == "expert" or rel.moe_index(t.layer) is None:
+            continue
+        try:
+            a, b = entry["data_offsets"]
+            info = TensorInfo(s, str(entry["dtype"]), tuple(map(int, entry["shape"])), start + int(a), start + int(b))
+        except (ValueError, KeyError, TypeError):
+            raise InputError(f"{path}: tensor {name}: header entry is not dtype/shape/data_offsets") from None
+        if t.role == "stacked" and not info.shape:
+            continue  # one scalar shared by all experts (a per-tensor scale): nothing to permute
+        if not info.shape or info.shape[0] != E or info.nbytes % E or not start <= info.start <= info.end <= size:
+            raise InputError(f"tensor {name} ({s}): shape {list(info.shape)}, expected {E} expert rows along dim 0 "
+                             "to permute, within the file")
+        counts[t.role] += 1
+        if t.role == "stacked":
+            stacked.add(t.layer)
+        rows = rel.rows(t)
+        if (rows != np.arange(E)).any():
+            patches.append(RowPatch(name, info, rows))
+    return patches, counts
 
 
 def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name: str = "placement") -> Plan:
-    """Check the checkpoint against the placement and say what changes. Refuses (one line) a placement with
-    replicas, a model whose expert count or MoE layers differ, a renaming that splits a routing group, a
-    checkpoint whose expert tensors do not line up, and a ``quantization_config`` pattern that names some
-    experts only."""
+    """Check the checkpoint (a light :func:`scan`) against the placement and say what changes: each header's
+    per-expert names renamed in its text, the rows to gather. Refuses (one line) a placement with replicas, a
+    model whose expert count or MoE layers differ, a renaming that splits a routing group, a checkpoint whose
+    experts of one layer do not all have the same tensors, and a ``quantization_config`` pattern that names
+    some experts only."""
     spec = from_hf_config(ck.config, source=str(ck.root / "config.json"))
     if spec.num_experts != placement.num_experts or tuple(spec.moe_layers) != tuple(placement.moe_layers):
         raise InputError(f"{placement_name}: made for '{placement.model_name}' ({placement.num_experts} experts, "
@@ -304,64 +454,68 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
     relabel = from_placement(placement, layout)  # refuses replicas
     check_groups(relabel.new2old, spec.n_group, spec.topk_group, placement_name)
     E = placement.num_experts
-    counts = {"expert": 0, "stacked": 0, "router": 0, "bias": 0}
-    seen: set[int] = set()
-    untouched: set[int] = set()
-    rename: dict[str, str] = {}
-    patches: dict[str, list[RowPatch]] = {}
-    for name, info in ck.tensors.items():
-        t = classify(name)
-        if t is None:
-            continue
-        if relabel.moe_index(t.layer) is None:
-            untouched.add(t.layer)
-            continue
-        seen.add(t.layer)
-        if t.role == "expert":
-            if t.expert >= E:
-                raise InputError(f"tensor {name} ({info.shard}): expert id {t.expert} out of range [0, {E})")
-            # every expert of a layer has the same tensors: the one this name's bytes will be called is there
-            new = relabel.target_name(t)
-            other = ck.tensors.get(new)
-            if other is None or (other.dtype, other.shape) != (info.dtype, info.shape):
-                got = "missing" if other is None else f"{other.dtype} {list(other.shape)}"
-                raise InputError(f"tensor {name} ({info.dtype} {list(info.shape)}) is renamed {new}, which the "
-                                 f"checkpoint has as {got}; experts of one layer must have the same tensors")
-            if new != name:
-                rename[name] = new
-        elif t.role == "stacked" and not info.shape:
-            continue  # one scalar shared by all experts (a per-tensor scale): nothing to permute
-        else:
-            _check_rows(info, name, E)
-            rows = relabel.rows(t)
-            if (rows != np.arange(E)).any():
-                patches.setdefault(info.shard, []).append(RowPatch(name, info, rows))
-        counts[t.role] += 1
-    missing = [d for d in placement.moe_layers if d not in seen]
-    if missing:
-        raise InputError(f"{ck.root}: no expert tensors found for MoE layer {missing[0]} (layers.{missing[0]}."
-                         "mlp.experts.* / block_sparse_moe.experts.*); not a checkpoint layout this export knows")
-    quant = None
     q = quantization_config(ck.config)
-    if q is not None:
-        moved = {d for i, d in enumerate(relabel.moe_layers) if (relabel.new2old[i] != np.arange(E)).any()}
-        new_q, n = relabel_quantization(q, relabel, lambda: expert_modules(ck, moved), str(ck.root / "config.json"))
-        quant = new_q if n else None
+    ren = _Renamer(relabel, E)
     tag = relabel_tag(placement, layout, relabel.new2old)
-    by_shard: dict[str, int] = {}
-    for n in rename:
-        by_shard[ck.tensors[n].shard] = by_shard.get(ck.tensors[n].shard, 0) + 1
+    counts = {"expert": 0, "stacked": 0, "router": 0, "bias": 0}
     shards = {}
+    stacked: set[int] = set()
     for s in ck.shards:
-        if s not in by_shard and s not in patches:
+        h = ck.headers[s]
+        path = ck.root / s
+        if not h.text:
+            raise InputError(f"{path}: planned from a full scan; relabelling reads the header text (scan(full=False))")
+        _check_data_end(h, path)
+        before = ren.changed
+        text = _rename(h.text, path, ren)
+        patches, c = _row_patches(h.text, path, s, h.data_start, h.size, relabel, E, stacked)
+        for k, v in c.items():
+            counts[k] += v
+        n = ren.changed - before
+        if n == 0 and not patches:
             shards[s] = ShardPlan()
             continue
-        shards[s] = ShardPlan(new_header(ck.headers[s], ck, s, rename, tag), patches.get(s, []), by_shard.get(s, 0))
-    wm = None
+        shards[s] = ShardPlan(_pad(_with_tag(text, tag, path), h.length), patches, n)
+    counts["expert"] = ren.renamed
+    for i, d in enumerate(placement.moe_layers):
+        tails = ren.seen.get(str(d).encode())
+        if not tails and d in stacked:
+            continue
+        if not tails:
+            raise InputError(f"{ck.root}: no expert tensors found for MoE layer {d} (layers.{d}.mlp.experts.* / "
+                             "block_sparse_moe.experts.*); not a checkpoint layout this export knows")
+        short = next(((t, k) for t, k in tails.items() if k != E), None)
+        if short is not None:
+            raise InputError(f"{ck.root}: MoE layer {d}: {short[1]} of {E} experts have a tensor "
+                             f"experts.N{short[0].decode()}; every expert of a layer must have the same tensors")
+    quant = None
+    if q is not None:
+        moved = {d for i, d in enumerate(relabel.moe_layers) if (relabel.new2old[i] != np.arange(E)).any()}
+        new_q, n = relabel_quantization(q, relabel, lambda: _modules(ren, moved), str(ck.root / "config.json"))
+        quant = new_q if n else None
+    index_text = None
     if ck.index is not None:
-        wm = {rename.get(k, k): v for k, v in ck.index_doc["weight_map"].items()}
-        wm = dict(sorted(wm.items()))
-    return Plan(relabel, shards, wm, quant, counts, sorted(untouched), spec.n_group, spec.topk_group, tag)
+        raw = (ck.root / ck.index).read_bytes()
+        ren.count = False
+        if b"\\" not in raw:
+            index_text = _KEY.sub(ren, raw)
+        else:
+            doc = orjson.loads(raw)
+            doc["weight_map"] = {ren.name(k): v for k, v in read_index(ck.root / ck.index).items()}
+            index_text = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+    return Plan(relabel, shards, index_text, quant, counts, sorted(ren.untouched), spec.n_group, spec.topk_group, tag)
+
+
+def expert_modules(ck: Checkpoint, layers: set[int]) -> dict[int, list[tuple[int, str]]]:
+    """Per decoder layer of ``layers``: ``(expert id, module name)`` of each per-expert module (a tensor
+    name without its last component) of a fully scanned checkpoint, what ``quantization_config`` entries
+    name."""
+    out: dict[int, dict[str, int]] = {}
+    for name in ck.tensors:
+        t = classify(name)
+        if t is not None and t.expert is not None and t.layer in layers:
+            out.setdefault(t.layer, {})[name.rsplit(".", 1)[0]] = t.expert
+    return {d: [(e, m) for m, e in mods.items()] for d, mods in out.items()}
 
 
 # ---------------------------------------------------------------------------- space
@@ -680,9 +834,7 @@ def _copy_others(ck: Checkpoint, p: Plan, tmp: Path) -> list[str]:
                 continue
             (tmp / rel).mkdir(parents=True, exist_ok=True)
             if rel == Path(".") and fn == ck.index:
-                doc = dict(ck.index_doc)
-                doc["weight_map"] = p.weight_map
-                (tmp / fn).write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+                (tmp / fn).write_bytes(p.index_text)
             elif rel == Path(".") and fn == "config.json" and p.quantization is not None:
                 (tmp / fn).write_text(json.dumps(with_quantization(ck.config, p.quantization), indent=2) + "\n")
             else:

@@ -66,7 +66,7 @@ def _tensors(model: ModelSpec, layer: int, hidden: int, inter: int) -> list[tupl
 _SIZE = {"BF16": 2, "F32": 4, "U8": 1, "I64": 8}
 
 
-def write_k3_like(root: str | Path, model: ModelSpec, *, hidden: int = 64, inter: int = 32, shards: int = 8,
+def write_k3_like(root: str | Path, model: ModelSpec, *, hidden: int = 16, inter: int = 8, shards: int = 8,
                   seed: int = 0) -> int:
     """Write the checkpoint into the new directory ``root``; returns the bytes of its shards. ``hidden`` /
     ``inter`` set the tensors' sizes (the byte size scales with ``hidden * inter``; K3's tensor count and
@@ -74,8 +74,8 @@ def write_k3_like(root: str | Path, model: ModelSpec, *, hidden: int = 64, inter
     are."""
     root = Path(root)
     root.mkdir(parents=True)
-    if hidden % 64 or inter % 32:
-        raise ValueError("hidden must be a multiple of 64 and inter of 32 (FP4 pairs, 32-value scale blocks)")
+    if hidden % 4 or hidden < 4 or inter % 2 or inter < 2:
+        raise ValueError("hidden must be a multiple of 4 and inter of 2 (the latent width hidden/2 packs FP4 pairs)")
     rng = np.random.default_rng(seed)
     layers = list(range(model.num_layers))
     per = -(-len(layers) // shards)

@@ -30,7 +30,14 @@ import numpy as np
 
 from moeplace.foundation.errors import InputError, MoeplaceError
 from moeplace.foundation.reading import read_json
-from moeplace.placement.export.checkpoint import CHUNK, MANIFEST, Checkpoint, expert_modules, scan, with_quantization
+from moeplace.placement.export.checkpoint import (
+    CHUNK,
+    MANIFEST,
+    Checkpoint,
+    expert_modules,
+    scan,
+    with_quantization,
+)
 from moeplace.placement.record import Placement
 from moeplace.placement.relabel import (
     Relabel,
