@@ -122,7 +122,7 @@ def test_verify_fails_on_router_rows_a_changed_source_and_another_placement(src,
     with pytest.raises(VerifyFailed, match="gate.weight .*row 0 is not SRC's row"):
         verify(dst)
     # SRC is not the checkpoint the relabelling read
-    s = sorted(src.glob("*.safetensors"))[0]
+    s = min(src.glob("*.safetensors"))
     with open(s, "ab") as f:
         f.write(b"\0" * 8)
     with pytest.raises(VerifyFailed, match="not the shard the relabelling read"):

@@ -398,6 +398,6 @@ def _regex_moves(pattern: str, rel: Relabel, modules: dict[int, list[tuple[int, 
             continue
         moved = {(int(rel.old2new[i, e]), tail) for e, tail in hit}
         if moved != hit:
-            e, tail = sorted(hit ^ moved)[0]
+            e, tail = min(hit ^ moved)
             return layer, f"experts.{e}.{tail}"
     return None

@@ -169,8 +169,11 @@ def scan(root: str | Path, what: str = "--model-path", *, full: bool = True) -> 
     wm = None
     if indexes:
         index = indexes[0]
-        wm = read_index(root / index)
-        shards = list(dict.fromkeys(str(v) for v in wm.values()))
+        if full:
+            wm = read_index(root / index)
+            shards = list(dict.fromkeys(str(v) for v in wm.values()))
+        else:
+            shards = index_shards(root / index)
     else:
         index = None
         shards = sorted(p.name for p in root.glob("*.safetensors"))
@@ -195,6 +198,46 @@ def scan(root: str | Path, what: str = "--model-path", *, full: bool = True) -> 
             if got is None or got.shard != str(v):
                 raise InputError(f"{root / index}: tensor {n} is mapped to {v}, which does not hold it")
     return ck
+
+
+_INDEX_VALUE = re.compile(rb'"\s*:\s*"([^"\\]*)"')  # a string-valued entry of the index: name -> shard
+_WEIGHT_MAP = re.compile(rb'(?:\s*"[^"\\]*"\s*:\s*"[^"\\]*"\s*,?)*\s*\}')  # the rest of the weight_map object
+_NAMES = re.compile(rb'"([^"\\]+)"\s*:\s*\{')  # the tensor entries of a header (and __metadata__)
+
+
+def index_shards(path: Path) -> list[str]:
+    """The shards a ``model.safetensors.index.json`` names, in order, read from its text (K3's index names
+    0.7 M tensors; a text with escapes is parsed)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if b"\\" in raw or b'"weight_map"' not in raw:
+        return list(dict.fromkeys(str(v) for v in read_index(path).values()))
+    start = raw.index(b"{", raw.index(b'"weight_map"')) + 1
+    m = _WEIGHT_MAP.match(raw, start)
+    if m is None:
+        return list(dict.fromkeys(str(v) for v in read_index(path).values()))
+    shards = list(dict.fromkeys(v.decode() for v in _INDEX_VALUE.findall(raw, start, m.end())))
+    if not shards:
+        raise InputError(f"{path}: field 'weight_map' missing or empty")
+    return shards
+
+
+def new_index(raw: bytes, path: Path, texts: dict[str, bytes], ren: _Renamer) -> bytes:
+    """DST's index: SRC's with its ``weight_map`` listing every tensor of each shard's (renamed) header text
+    under that shard, in header order; parsed and renamed where the text has escapes."""
+    if b"\\" not in raw and b'"weight_map"' in raw:
+        start = raw.index(b"{", raw.index(b'"weight_map"')) + 1
+        m = _WEIGHT_MAP.match(raw, start)
+        if m is not None and not any(b"\\" in t for t in texts.values()):
+            body = b",\n".join(b'    "' + n + b'": "' + s.encode() + b'"' for s, t in texts.items()
+                               for n in _NAMES.findall(t) if n != b"__metadata__")
+            return raw[:start] + b"\n" + body + b"\n  }" + raw[m.end():]
+    doc = orjson.loads(raw)
+    ren.count = False
+    doc["weight_map"] = {ren.name(k): v for k, v in read_index(path).items()}
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2)
 
 
 def read_index(path: Path) -> dict[str, Any]:
@@ -459,6 +502,7 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
     tag = relabel_tag(placement, layout, relabel.new2old)
     counts = {"expert": 0, "stacked": 0, "router": 0, "bias": 0}
     shards = {}
+    texts: dict[str, bytes] = {}  # each shard's header text, renamed: what DST's index lists
     stacked: set[int] = set()
     for s in ck.shards:
         h = ck.headers[s]
@@ -472,6 +516,7 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
         for k, v in c.items():
             counts[k] += v
         n = ren.changed - before
+        texts[s] = text
         if n == 0 and not patches:
             shards[s] = ShardPlan()
             continue
@@ -495,14 +540,7 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
         quant = new_q if n else None
     index_text = None
     if ck.index is not None:
-        raw = (ck.root / ck.index).read_bytes()
-        ren.count = False
-        if b"\\" not in raw:
-            index_text = _KEY.sub(ren, raw)
-        else:
-            doc = orjson.loads(raw)
-            doc["weight_map"] = {ren.name(k): v for k, v in read_index(ck.root / ck.index).items()}
-            index_text = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+        index_text = new_index((ck.root / ck.index).read_bytes(), ck.root / ck.index, texts, ren)
     return Plan(relabel, shards, index_text, quant, counts, sorted(ren.untouched), spec.n_group, spec.topk_group, tag)
 
 

@@ -590,9 +590,9 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
     if opts.serve == "plugin":
         raise InputError("moeplace has no SGLang load-time plugin: serve the relabelled checkpoint")
     relabelled = opts.serve == "checkpoint"
-    notes = (["# the relabelled checkpoint: SGLang's own layout (physical expert p on EP rank p // (E/G)) is the "
-              "placement; no --init-expert-location"] if relabelled
-             else [f"# WARNING: {w}" for w in support_warnings(model, R)])
+    own = ("# the relabelled checkpoint: SGLang's own layout (physical expert p on EP rank p // (E/G)) is the "
+           "placement; no --init-expert-location")
+    notes = [own] if relabelled else [f"# WARNING: {w}" for w in support_warnings(model, R)]
     if opts.online_eplb:
         notes += _table_notes("sglang", model, ("online_eplb",))
     a2a = "flashinfer" if gpn >= 72 else "deepep"
