@@ -25,6 +25,7 @@ from moeplace.placement.export.checkpoint import (
 )
 from moeplace.placement.export.flags import FlagOptions, relabelled_launches
 from moeplace.placement.export.verify import verify
+from moeplace.placement.export.vllm_plugin import check_logs
 from moeplace.placement.record import Placement, load_placement
 from moeplace.placement.relabel import LAYOUTS, get_layout, read_relabel
 
@@ -51,6 +52,10 @@ def add_arguments(p) -> None:
                    help="prove the relabelled checkpoint DST against its source (the manifest's, or --model-path) "
                         "and manifest, byte for byte, without torch; exit 1 at the first mismatch (PLACEMENT, if "
                         "given, must be the manifest's permutation)")
+    g.add_argument("--check-logs", nargs="+", metavar="LOG", default=None,
+                   help="read the vLLM logs of a deployment served through the moeplace plugin and check that every "
+                        "EP rank applied the same placement (PLACEMENT, if given, that one); exit 1 on a mixed or "
+                        "partly relabelled deployment")
 
 
 def run(args) -> int:
@@ -153,6 +158,31 @@ def _launches(args, placement, src: Path):
     opts = FlagOptions(kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len, gpu=args.gpu,
                        tp=args.tp, dp=args.dp, engine_version=args.engine_version, placement_path=args.placement)
     return relabelled_launches(placement, model, src, args.out, opts, args.plan)
+
+
+def run_check_logs(args) -> int:
+    """``place export --check-logs LOG... [PLACEMENT]``."""
+    texts = {}
+    for path in args.check_logs:
+        try:
+            texts[path] = Path(path).read_text(errors="replace")
+        except OSError as exc:
+            raise InputError(f"--check-logs {path}: cannot read ({exc.strerror})") from None
+    fp = load_placement(args.placement).fingerprint() if args.placement else None
+    res = check_logs(texts, fp)
+    kinds = sorted(set(res.applied.values()))
+    if args.json:
+        print(json.dumps({"lines": res.lines, "ranks": len(res.applied),
+                          "placements": [{"fingerprint": a, "new2old": b, "layout": c} for a, b, c in kinds],
+                          "problems": res.problems}, indent=1))
+    elif not res.problems:
+        fp0, h, lay = kinds[0]
+        print(f"every EP rank ({len(res.applied)}) applied placement {fp0} (new2old {h}, layout {lay}); "
+              f"{res.lines} plugin line(s) in {len(texts)} log(s)")
+    else:
+        for p in res.problems:
+            print(f"place: {p}", file=sys.stderr)
+    return 1 if res.problems else 0
 
 
 def run_verify(args) -> int:

@@ -149,6 +149,11 @@ DIRECTORY_FORMATS = {export_checkpoint.FORMAT: export_checkpoint.run}
 
 
 def run(args) -> int:
+    if args.check_logs is not None:
+        if args.verify is not None or args.format or args.out or args.flags:
+            raise InputError("--check-logs LOG... reads a deployment's logs: --verify / --format / --out / --flags "
+                             "do not go with it")
+        return export_checkpoint.run_check_logs(args)
     if args.verify is not None:
         if args.format not in (None, export_checkpoint.FORMAT) or args.out or args.flags:
             raise InputError("--verify DST checks a relabelled checkpoint: --out / --flags / another --format do "

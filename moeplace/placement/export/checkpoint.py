@@ -889,3 +889,30 @@ def with_quantization(config: dict[str, Any], q: dict[str, Any]) -> dict[str, An
     else:
         out["text_config"] = {**out["text_config"], "quantization_config": q}
     return out
+
+
+# ---------------------------------------------------------------------------- what the vLLM plugin asks
+def relabelled_reason(root: str | Path) -> str | None:
+    """Why the checkpoint in ``root`` is already relabelled (its manifest, or a shard header naming a
+    relabelling in ``__metadata__``); ``None`` when it is not."""
+    root = Path(root)
+    if (root / MANIFEST).is_file():
+        return f"{root} is already a relabelled checkpoint ({MANIFEST})"
+    for shard in sorted(root.glob("*.safetensors"))[:1]:
+        _, text, _ = read_header_bytes(shard)
+        if orjson.dumps(METADATA_KEY) in text:
+            return (f"{root} is already a relabelled checkpoint ({shard.name}'s __metadata__ names a relabelling: "
+                    f"{METADATA_KEY})")
+    return None
+
+
+def expert_module_names(root: str | Path, rel: Relabel) -> dict[int, list[tuple[int, str]]]:
+    """Per relabelled decoder layer that moves: ``(expert id, module name)`` of every per-expert module of the
+    checkpoint in ``root`` (what ``quantization_config`` entries are matched against), read off its headers."""
+    ck = scan(root, full=False)
+    ren = _Renamer(rel, rel.num_experts)
+    for s in ck.shards:
+        _rename(ck.headers[s].text, ck.root / s, ren)
+    E = rel.num_experts
+    moved = {d for i, d in enumerate(rel.moe_layers) if (rel.new2old[i] != np.arange(E)).any()}
+    return _modules(ren, moved)
