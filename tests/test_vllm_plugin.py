@@ -161,7 +161,7 @@ def test_the_filter_reads_per_layer_only_the_rank_s_source_experts():
     for i, d in enumerate(layers[:5]):
         ids = f.ids_for(f"language_model.model.layers.{d}.mlp.experts.0.w1.weight_packed")
         assert ids == {int(x) for x in rel.new2old[i, sorted(local)]} and len(ids) == 28
-        name = lambda e: f"language_model.model.layers.{d}.mlp.experts.{e}.w1.weight_packed"
+        name = lambda e, d=d: f"language_model.model.layers.{d}.mlp.experts.{e}.w1.weight_packed"
         read = [e for e in range(896) if not skip_like_vllm(name(e), f.ids_for(name(e)))]
         assert len(read) == 28  # per layer: the rank's own 28 source experts
     assert f.ids_for("model.layers.0.self_attn.q_proj.weight") is f
