@@ -166,8 +166,10 @@ def test_vllm_meets_the_refusals_and_the_ray_variable(ckpt, monkeypatch):
     # EPLB with redundant experts: vLLM's real ParallelConfig / EPLBConfig
     from vllm.config import ModelConfig, ParallelConfig, set_current_vllm_config
 
-    par = ParallelConfig(enable_expert_parallel=True, data_parallel_size=kit.GPUS, enable_eplb=True,
-                         eplb_config={"num_redundant_experts": 4})
+    # (vLLM refuses to build an EPLB config off CUDA/ROCm/XPU: the real objects, switched on after validation)
+    par = ParallelConfig(enable_expert_parallel=True, data_parallel_size=kit.GPUS)
+    object.__setattr__(par, "enable_eplb", True)
+    object.__setattr__(par.eplb_config, "num_redundant_experts", 4)
     with set_current_vllm_config(SimpleNamespace(parallel_config=par)), \
             pytest.raises(PluginRefused, match="--enable-eplb with 4 redundant experts"):
         dict(loader(LoadConfig()).get_all_weights(ModelConfig(model=str(ckpt / "src")), SimpleNamespace()))

@@ -446,6 +446,8 @@ def load_model(name_or_path: str | Path | None = None) -> ModelSpec:
     path = Path(name)
     if not path.exists():
         raise InputError(f"model '{name}': not a preset ({', '.join(preset_names())}) and no such file")
+    if path.is_dir() and (path / "config.json").is_file():  # a checkpoint directory: its config.json
+        path = path / "config.json"
     d = reading.read_json(path, unreadable="not a readable JSON model config")
     if not isinstance(d, dict):
         raise InputError(f"{path}: expected a JSON object")
@@ -454,7 +456,9 @@ def load_model(name_or_path: str | Path | None = None) -> ModelSpec:
     if "model_type" not in d:
         return ModelSpec.from_dict(d, source=str(path))
     try:
-        return from_hf_config(d, source=str(path))
+        # named by its file (what this function reads back): a placement or trace planned from it then names
+        # a model every later stage, export included, can load -- not the config's model_type or repo id
+        return from_hf_config(d, source=str(path), name=str(path.resolve()))
     except InputError as exc:  # every message names the file it is about
         raise InputError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
     except (TypeError, ValueError, KeyError, IndexError) as exc:  # a field of the wrong type or shape

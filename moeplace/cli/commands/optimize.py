@@ -29,6 +29,7 @@ from moeplace.placement.dispatch import ENGINES
 from moeplace.placement.export import capabilities
 from moeplace.placement.policies import policy_names
 from moeplace.placement.record import PLACEMENT_JSON
+from moeplace.placement.relabel import CONTIGUOUS, group_breaks, permutations
 from moeplace.placement.report import format_shift, format_table
 from moeplace.placement.windows import DEFAULT_WINDOW_TOKENS, default_redundant, routing_windows
 
@@ -180,7 +181,10 @@ def run(args) -> int:
             saved = Path(args.save_all) / f"placement-{chosen}.json" if args.save_all else None
             where = args.out if wrote else (str(saved) if saved is not None and saved.exists() else None)
             print(shift_advice(result, where, args.inputs))
-        _print_moeplace_extras(cmp)
+        _print_moeplace_extras(cmp, keep)
+        if keep:
+            for line in keep_groups_lines(cmp, keep):
+                print(line)
         if R:  # the one plan every engine can serve today, as a relabelled checkpoint (docs/export.md)
             print(f"replica-free: these plans use {R} redundant slots per layer, which an engine must load as a "
                   "placement; for a relabelled checkpoint any engine serves (place export --format checkpoint) "
@@ -270,7 +274,21 @@ def _shift_layers(text: str) -> int | str:
     return "all" if text.lower() == "all" else flags.positive_int(text)
 
 
-def _print_moeplace_extras(cmp) -> None:
+def keep_groups_lines(cmp, n_group: int) -> list[str]:
+    """Under ``--keep-groups``: which rows keep the routing groups whole (servable by relabelling) and which are
+    the unconstrained baselines they are (the table scores every row as it was planned)."""
+    split = [r.policy for r in cmp.results if r.placement.num_redundant == 0
+             and group_breaks(permutations(r.placement, CONTIGUOUS), n_group) is not None]
+    kept = [r.policy for r in cmp.results if r.policy not in split]
+    if not split:
+        return [f"--keep-groups: every row keeps the {n_group} routing groups whole"]
+    line = (f"--keep-groups: {', '.join(kept) or 'no row'} keep the {n_group} routing groups whole; "
+            f"{', '.join(split)} split them -- unconstrained baselines, scored as planned, which no relabelling "
+            "serves exactly under group-limited routing")
+    return [line]
+
+
+def _print_moeplace_extras(cmp, keep_groups: int | None = None) -> None:
     """The optimizer's own report (from the placement's provenance): its gap to its proven bound on what
     it optimizes, its in-sample traffic figures and the --pareto frontier."""
     for r in cmp.results:
@@ -280,9 +298,11 @@ def _print_moeplace_extras(cmp) -> None:
         config = r.placement.provenance.get("params", {}).get("config", {})
         what = ("the worst planning window" if config.get("robust")
                 else "the sum of the planning windows (not each window)")
+        within = (" -- the bound ignores the routing groups, so under --keep-groups the gap includes what keeping "
+                  "them costs" if keep_groups else "")
         print(f"moeplace: on {what}, which it optimizes, max/mean is within {summary['max_gap']:.3%} "
               f"(worst layer; mean {summary['mean_gap']:.3%}) of a proven lower bound for any placement "
-              "with this slot budget")
+              f"with this slot budget{within}")
         if "nodes_per_token_after" in summary:
             print(f"moeplace: nodes touched per token of its planning sample (in-sample) "
                   f"{summary['nodes_per_token_before']:.3f} -> {summary['nodes_per_token_after']:.3f}")

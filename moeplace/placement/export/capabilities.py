@@ -169,7 +169,11 @@ def _vllm(version: str = "0.34.0") -> EngineRelease:
                                        "kimi_k25": f"vLLM {version}: kimi_k25.py does not implement MixtureOfExperts"},
                                       how="--enable-expert-parallel --enable-eplb --eplb-config JSON"),
         "stats_dump": ByArchitecture(None, f"vLLM {version}: --enable-return-routed-experts returns each request's "
-                                     "routed experts (RoutedExpertsCapturer in the shared fused-MoE layer)",
+                                     "routed experts (bind_routed_experts_capturer, routed_experts_capturer.py: "
+                                     "through FusedMoE's router, and under --moe-backend deep_gemm_mega_moe, the "
+                                     "backend of vLLM's K3 recipe, through DeepGemmMegaMoEExperts, which has no "
+                                     "FusedMoE router but is a RoutedExpertsCaptureSource that captures its logical "
+                                     "top-k ids)",
                                      how="place trace import --format vllm-routed-experts"),
     })
 
