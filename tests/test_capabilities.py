@@ -108,7 +108,9 @@ def test_export_launch_and_rebalance_agree_with_the_table(name, tmp_path):
     assert sg.applies_placement == bool(capabilities.cell("sglang", "placement_file", model).supported)
     # the replica-free placement: vLLM applies it through the plugin for every model
     free = launch_spec(_placement(model, G, 0), model, "vllm-expert-map", tmp_path / "v0.json", opts)
-    assert free.applies_placement and free.env == {"MOEPLACE_PLACEMENT": str((tmp_path / "p.json").resolve())}
+    # (with several DP ranks the variable goes to Ray's DP actors too)
+    assert free.applies_placement and free.env == {"MOEPLACE_PLACEMENT": str((tmp_path / "p.json").resolve()),
+                                                   "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "MOEPLACE_PLACEMENT"}
 
 
 def test_plan_and_optimize_print_what_each_engine_lacks_for_k3(capsys):
