@@ -61,3 +61,31 @@ def test_an_explicit_redundant_and_other_models_keep_their_plan(k3_loads, tmp_pa
     assert planned_redundant(load_model("kimi-k3"), 32, None) == (0, 32)
     assert planned_redundant(load_model("deepseek-v3"), 32, None) == (32, 0)  # SGLang applies its file
     assert planned_redundant(load_model("kimi-k3"), 48, None)[1] == 0  # 896 on 48 GPUs: slots must be added
+
+
+def test_a_plan_that_splits_routing_groups_is_not_said_to_be_served(tmp_path, capsys):
+    """Group-limited DeepSeek-V3 routing: a replica-free plan that splits a group is served by no relabelling --
+    the serving lines say so (plan with --keep-groups), where they used to offer the plugin; under
+    --keep-groups a line says which rows keep the groups and that the bound ignores them."""
+    from dataclasses import replace
+
+    ds = load_model("deepseek-v3")
+    small = replace(ds, name="ds-small", num_layers=5, moe_layers=(3, 4), num_experts=16, n_group=4, topk_group=2,
+                    attention=("mla",) * 5)
+    rng = np.random.default_rng(2)
+    counts = np.stack([rng.multinomial(4000, rng.dirichlet(np.full(16, 0.3)), size=2) for _ in range(4)])
+    Loads(counts=counts, model=small, window_tokens=500, labels=tuple("abcd")).save(tmp_path / "l.npz")
+    base = ["optimize", str(tmp_path / "l.npz"), "--gpus", "4", "--gpus-per-node", "4", "--redundant", "0",
+            "--no-shift", "--workers", "1", "--seed", "1"]
+    assert main([*base, "--policy", "eplb", "--out", str(tmp_path / "e.json")]) == 0
+    out = capsys.readouterr().out
+    vllm = next(line for line in out.splitlines() if line.startswith("  vLLM"))
+    assert "not served -- the plan splits DeepSeek-style routing groups" in vllm and "--keep-groups" in vllm
+    assert "load-time plugin" not in vllm
+    assert main([*base, "--policy", "moeplace", "--policy", "eplb", "--keep-groups", "--out",
+                 str(tmp_path / "m.json")]) == 0
+    out = capsys.readouterr().out
+    vllm = next(line for line in out.splitlines() if line.startswith("  vLLM"))
+    assert "load-time plugin" in vllm and "not served" not in vllm
+    assert "--keep-groups: moeplace keep the 4 routing groups whole; eplb split them" in out
+    assert "the bound ignores the routing groups" in out
