@@ -393,7 +393,7 @@ def _regex_moves(pattern: str, rel: Relabel, modules: dict[int, list[tuple[int, 
         i = rel.moe_index(layer)
         if i is None:
             continue
-        hit = {(e, name[name.index(f"experts.{e}.") + len(f"experts.{e}."):]) for e, name in mods if rx.match(name)}
+        hit = {(e, name[name.index(f"experts.{e}.") + len(f"experts.{e}."):]) for e, name in _matching(rx, mods)}
         if not hit:
             continue
         moved = {(int(rel.old2new[i, e]), tail) for e, tail in hit}
@@ -401,3 +401,25 @@ def _regex_moves(pattern: str, rel: Relabel, modules: dict[int, list[tuple[int, 
             e, tail = min(hit ^ moved)
             return layer, f"experts.{e}.{tail}"
     return None
+
+
+# what in a pattern could match across a newline or anchor at the text's ends: such patterns are matched
+# name by name, the others against all names at once
+_MULTILINE_UNSAFE = re.compile(r"\\[AZszSWDn]|\[\^|\(\?[a-zA-Z]*s|\\x0[aA]|\\012")
+
+
+def _matching(rx: re.Pattern, mods: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The ``(expert, module)`` pairs whose module ``rx.match``es: one scan of all names joined by newlines
+    (a zero-width lookahead at each line start) where the pattern cannot see past a line, each candidate
+    then confirmed on its own; name by name otherwise."""
+    if _MULTILINE_UNSAFE.search(rx.pattern) or rx.flags & re.DOTALL:
+        return [(e, m) for e, m in mods if rx.match(m)]
+    text = "\n".join(m for _, m in mods)
+    starts = {}
+    pos = 0
+    for k, (_, m) in enumerate(mods):
+        starts[pos] = k
+        pos += len(m) + 1
+    joined = re.compile(f"^(?=(?:{rx.pattern}))", rx.flags | re.MULTILINE)
+    cand = [mods[starts[m.start()]] for m in joined.finditer(text) if m.start() in starts]
+    return [(e, m) for e, m in cand if rx.match(m)]
