@@ -177,3 +177,13 @@ def test_copy_region_shares_blocks_where_it_can_and_copies_where_it_cannot(tmp_p
     assert shared in (0, 2 * ck.BLOCK)
     assert ck._aligned(100, 100 + ck.BLOCK, 3 * ck.BLOCK) == (ck.BLOCK - 100, 2 * ck.BLOCK, 100)
     assert ck._aligned(100, 101, 3 * ck.BLOCK) == (3 * ck.BLOCK, 0, 0)  # different offsets in the block: no reflink
+
+
+def test_round_robin_is_refused_where_vllm_would_place_linearly(src, tmp_path, capsys):
+    """vLLM 0.34.0 lays out a model with one expert group (K3, Qwen3) linearly whatever the strategy: a
+    round_robin relabelling would serve another layout than the placement's, so it is refused."""
+    p = _placement(tmp_path)
+    capsys.readouterr()
+    assert _export(p, src, tmp_path / "dst", "--layout", "round_robin") == 2
+    err = capsys.readouterr().err
+    assert "one expert group" in err and "--layout contiguous" in err and not (tmp_path / "dst").exists()

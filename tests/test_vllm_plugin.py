@@ -45,10 +45,10 @@ def _facts(src, **kw):
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    """DeepSeek-V3 (routing groups, sharded) relabelled contiguously; Qwen3-MoE (no groups: a group-keeping
-    placement under contiguous ids is not one under round_robin's interleaved ids) relabelled round_robin."""
+    """DeepSeek-V3 (routing groups, sharded) relabelled contiguously; DeepSeek-V3 whose tokens keep every group
+    (any renaming exact; several groups, so vLLM lays it out round-robin where asked) relabelled round_robin."""
     root = tmp_path_factory.mktemp("plugin")
-    for kind, layout, sub in (("deepseek_v3", "contiguous", ""), ("qwen3_moe", "round_robin", "rr/")):
+    for kind, layout, sub in (("deepseek_v3", "contiguous", ""), ("deepseek_v3_rr", "round_robin", "rr/")):
         src = root / sub / "src"
         kit.build(kind, src, shard="20KB")
         p = kit.placement(kind, seed=5, groups=4 if kind == "deepseek_v3" else 1)

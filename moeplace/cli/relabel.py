@@ -52,6 +52,9 @@ def add_arguments(p) -> None:
                    help="prove the relabelled checkpoint DST against its source (the manifest's, or --model-path) "
                         "and manifest, byte for byte, without torch; exit 1 at the first mismatch (PLACEMENT, if "
                         "given, must be the manifest's permutation)")
+    g.add_argument("--pool", default=None, metavar="NAME",
+                   help="the serving pool this relabelled checkpoint is for (a prefill / decode deployment serves "
+                        "each pool its own placement); recorded in the manifest")
     g.add_argument("--check-logs", nargs="+", metavar="LOG", default=None,
                    help="read the vLLM logs of a deployment served through the moeplace plugin and check that every "
                         "EP rank applied the same placement (PLACEMENT, if given, that one); exit 1 on a mixed or "
@@ -93,7 +96,7 @@ def run(args) -> int:
 
     def write():
         manifest.update(write_checkpoint(ck, p, placement, Path(args.placement), args.out, link=args.link,
-                                         full_hash=args.full_hash, space=space,
+                                         full_hash=args.full_hash, space=space, pool=args.pool,
                                          progress=lambda s: print(s, file=sys.stderr)))
 
     ok = outs.write(args.out, write)

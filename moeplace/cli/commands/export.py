@@ -163,8 +163,8 @@ def run(args) -> int:
         raise InputError("place export needs PLACEMENT, --format and --out (or --verify DST)")
     if args.format in DIRECTORY_FORMATS:
         return DIRECTORY_FORMATS[args.format](args)
-    if args.layout is not None or not args.link or args.dry_run or args.full_hash:
-        raise InputError("--layout / --copy / --dry-run / --hash go with --format checkpoint")
+    if args.layout is not None or not args.link or args.dry_run or args.full_hash or args.pool:
+        raise InputError("--layout / --copy / --dry-run / --hash / --pool go with --format checkpoint")
     placement = load_placement(args.placement)
     if placement.layers_label:
         # Every engine format maps every MoE layer (vLLM/SGLang/TensorRT-LLM index a full [layers, slots]

@@ -551,6 +551,11 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
                          f"{spec.hf_model_type} with {spec.num_experts} experts and {spec.num_moe_layers} MoE layers")
     relabel = from_placement(placement, layout)  # refuses replicas
     check_groups(relabel.new2old, spec.n_group, spec.topk_group, placement_name)
+    if layout.interleaved and spec.n_group <= 1:
+        raise InputError(f"--layout {layout.name}: vLLM 0.34.0 places the experts of a model with one expert group "
+                         "linearly whatever --expert-placement-strategy says (determine_expert_placement_strategy), "
+                         f"so a {layout.name} relabelling of {spec.hf_model_type} would not be the placement: use "
+                         "--layout contiguous")
     E = placement.num_experts
     q = quantization_config(ck.config)
     ren = _Renamer(relabel, E)
@@ -838,7 +843,7 @@ RELABELLED_CHECKPOINT = register_kind(OutputKind("relabelled checkpoint", True, 
 
 
 def write_checkpoint(ck: Checkpoint, p: Plan, placement: Placement, placement_path: Path, dst: str | Path, *,
-                     link: bool = True, full_hash: bool = False, space: Needs | None = None,
+                     link: bool = True, full_hash: bool = False, space: Needs | None = None, pool: str | None = None,
                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write the relabelled checkpoint to ``dst`` (atomically: a temporary sibling renamed at the end) and
     return its manifest. ``space``: :func:`needs` of this write (computed and checked when not given);
@@ -891,6 +896,7 @@ def write_checkpoint(ck: Checkpoint, p: Plan, placement: Placement, placement_pa
                 "placement": {"file": placement_path.name, "sha256": sha256_file(placement_path),
                               "fingerprint": placement.fingerprint()},
                 "relabel_tag": p.tag,
+                "pool": pool,  # the serving pool (prefill / decode) this checkpoint is for; None: the whole deployment
                 "source": {"path": str(ck.root.resolve()), "identity": "size + header sha256"
                            + (" + sha256 of every byte" if full_hash else "")},
                 "tensors_relabelled": p.counts,
