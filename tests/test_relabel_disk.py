@@ -187,3 +187,22 @@ def test_round_robin_is_refused_where_vllm_would_place_linearly(src, tmp_path, c
     assert _export(p, src, tmp_path / "dst", "--layout", "round_robin") == 2
     err = capsys.readouterr().err
     assert "one expert group" in err and "--layout contiguous" in err and not (tmp_path / "dst").exists()
+
+
+def test_flags_print_the_launches_that_serve_the_relabelled_checkpoint(src, tmp_path, capsys):
+    p = _placement(tmp_path)
+    capsys.readouterr()
+    assert _export(p, src, tmp_path / "dst", "--flags", "--tp", "2", "--dp", "2", "--gpu", "h100",
+                   "--model", str(src / "config.json"), "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    by = {(x["engine"], bool(x["env"])): x for x in doc["launches"]}
+    dst, source = str((tmp_path / "dst").resolve()), str(src.resolve())
+    vllm, sglang, plugin = by[("vllm", False)], by[("sglang", False)], by[("vllm", True)]
+    assert vllm["argv"][:3] == ["vllm", "serve", dst] and "--enable-expert-parallel" in vllm["argv"]
+    assert "--expert-placement-strategy" not in vllm["argv"] and "--enable-eplb" not in vllm["argv"]
+    assert sglang["model_path"] == dst and "--init-expert-location" not in sglang["argv"]
+    assert plugin["argv"][:3] == ["vllm", "serve", source]
+    assert plugin["env"] == {"MOEPLACE_PLACEMENT": str(p.resolve()), "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "MOEPLACE_PLACEMENT"}
+    # a layout the memory plan or the engines refuse leaves nothing behind
+    assert _export(p, src, tmp_path / "dst2", "--flags", "--tp", "3", "--model", str(src / "config.json")) == 2
+    assert not (tmp_path / "dst2").exists()

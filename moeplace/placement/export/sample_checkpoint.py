@@ -17,6 +17,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from moeplace.foundation.model import ModelSpec
 
@@ -95,7 +96,7 @@ def write_k3_like(root: str | Path, model: ModelSpec, *, hidden: int = 16, inter
                     shapes.append((pos, (hidden // 2, inter) if ".w2." in name else (inter, hidden // 2)))
                 pos += n
                 weight_map[name] = fn
-        text = json.dumps(entries, separators=(",", ":")).encode()
+        text = orjson.dumps(entries)  # 0.7 M entries for K3: orjson
         text += b" " * (-len(text) % 8)
         data = bytearray(rng.bytes(pos))
         for off, (rows, cols) in shapes:  # weight_shape holds the unpacked [rows, cols], not noise
@@ -105,7 +106,8 @@ def write_k3_like(root: str | Path, model: ModelSpec, *, hidden: int = 16, inter
             f.write(text)
             f.write(data)
         total += 8 + len(text) + pos
-    (root / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n")
+    (root / "model.safetensors.index.json").write_bytes(orjson.dumps(
+        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+        option=orjson.OPT_INDENT_2) + b"\n")
     (root / "config.json").write_text(json.dumps(_config(model, hidden, inter), indent=2) + "\n")
     return sum(os.path.getsize(root / f"model-{s + 1:05d}-of-{n_files:05d}.safetensors") for s in range(n_files))
