@@ -602,18 +602,6 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
     return Plan(relabel, shards, index_text, quant, counts, sorted(ren.untouched), spec.n_group, spec.topk_group, tag)
 
 
-def expert_modules(ck: Checkpoint, layers: set[int]) -> dict[int, list[tuple[int, str]]]:
-    """Per decoder layer of ``layers``: ``(expert id, module name)`` of each per-expert module (a tensor
-    name without its last component) of a fully scanned checkpoint, what ``quantization_config`` entries
-    name."""
-    out: dict[int, dict[str, int]] = {}
-    for name in ck.tensors:
-        t = classify(name)
-        if t is not None and t.expert is not None and t.layer in layers:
-            out.setdefault(t.layer, {})[name.rsplit(".", 1)[0]] = t.expert
-    return {d: [(e, m) for m, e in mods.items()] for d, mods in out.items()}
-
-
 # ---------------------------------------------------------------------------- space
 @dataclass(frozen=True)
 class Needs:

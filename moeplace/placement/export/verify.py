@@ -34,7 +34,7 @@ from moeplace.placement.export.checkpoint import (
     CHUNK,
     MANIFEST,
     Checkpoint,
-    expert_modules,
+    expert_module_names,
     scan,
     with_quantization,
 )
@@ -79,6 +79,23 @@ class _Files:
 def _equal(a, a0: int, b, b0: int, n: int) -> bool:
     """``a[a0:a0+n] == b[b0:b0+n]`` for memory maps, compared :data:`CHUNK` bytes at a time."""
     return all(a[a0 + i:a0 + min(n, i + CHUNK)] == b[b0 + i:b0 + min(n, i + CHUNK)] for i in range(0, n, CHUNK))
+
+
+def _flush(run: list, dv, sf: _Files, shard: str, fail) -> None:
+    """Compare a run of DST tensors whose sources are consecutive as one range; where it differs, find and
+    name the first tensor that does. Empties ``run``."""
+    if not run:
+        return
+    d0, s0, d1 = run[0][2], run[0][3], run[-1][2]
+    if not _equal(dv, d0.start, sf.view(s0.shard), s0.start, d1.end - d0.start):
+        for name, src, d, s in run:
+            if not _equal(dv, d.start, sf.view(s.shard), s.start, d.nbytes):
+                if src != name:
+                    t = classify(name)
+                    raise fail(f"tensor {name} ({shard}) does not hold the bytes of SRC's {src} ({s.shard}): expert "
+                               f"{t.expert} of layer {t.layer} must be original expert {classify(src).expert}")
+                raise fail(f"tensor {name} ({shard}) differs from SRC's ({s.shard})")
+    run.clear()
 
 
 def _manifest(dst: Path) -> tuple[dict[str, Any], Relabel]:
@@ -133,6 +150,11 @@ def verify(dst: str | Path, src: str | Path | None = None, placement: Placement 
         for k, shard in enumerate(d_ck.shards, 1):
             dv = df.view(shard)
             names = [n for _, n in sorted(by_shard[shard])]  # in file order: DST is read sequentially
+            # byte comparisons of consecutive tensors whose sources are consecutive too are merged into one
+            # range (a relabelling by renaming leaves whole shards so): few, large compares; a range that
+            # differs is then searched tensor by tensor for the first one to name
+            run: list[tuple[str, str, Any, Any]] = []  # (name, source name, DST info, SRC info)
+
             for name in names:
                 d = d_ck.tensors[name]
                 t = classify(name)
@@ -148,29 +170,26 @@ def verify(dst: str | Path, src: str | Path | None = None, placement: Placement 
                 if s is None or (s.dtype, s.shape) != (d.dtype, d.shape):
                     got = "missing" if s is None else f"{s.dtype} {list(s.shape)}"
                     raise fail(f"tensor {name} ({shard}) is {d.dtype} {list(d.shape)}, but {src_name} in SRC is {got}")
-                sv = sf.view(s.shard)
+                nbytes += d.nbytes
                 if rows is not None and (rows != ident).any():
+                    _flush(run, dv, sf, shard, fail)
                     if d.shape[0] != E or d.nbytes % E:
                         raise fail(f"tensor {name} ({shard}): shape {list(d.shape)}, expected {E} expert rows")
                     size = d.nbytes // E
+                    sv = sf.view(s.shard)
                     bad = next((n for n in range(E)
                                 if not _equal(dv, d.start + n * size, sv, s.start + int(rows[n]) * size, size)), None)
                     if bad is not None:
                         raise fail(f"tensor {name} ({shard}): row {bad} is not SRC's row {int(rows[bad])} "
                                    f"(the router / bias rows must follow the experts)")
                     counts["rows"] += 1
-                    nbytes += d.nbytes
                     continue
-                elif not _equal(dv, d.start, sv, s.start, d.nbytes):
-                    if src_name != name:
-                        raise fail(f"tensor {name} ({shard}) does not hold the bytes of SRC's {src_name} "
-                                   f"({s.shard}): expert {t.expert} of layer {t.layer} must be original expert "
-                                   f"{int(rel.new2old[li, t.expert])}")
-                    raise fail(f"tensor {name} ({shard}) differs from SRC's ({s.shard})")
-                else:
-                    counts["expert" if li is not None and t.role == "expert" else
-                           "rows" if rows is not None else "other"] += 1
-                nbytes += d.nbytes
+                counts["expert" if li is not None and t.role == "expert" else
+                       "rows" if rows is not None else "other"] += 1
+                if run and not (run[-1][3].shard == s.shard and run[-1][3].end == s.start and run[-1][2].end == d.start):
+                    _flush(run, dv, sf, shard, fail)
+                run.append((name, src_name, d, s))
+            _flush(run, dv, sf, shard, fail)
             say(f"[{k}/{len(d_ck.shards)}] {shard}: {len(names):,} tensors match")
     finally:
         sf.close()
@@ -185,9 +204,8 @@ def _check_files(s_ck: Checkpoint, d_ck: Checkpoint, rel: Relabel, doc: dict[str
     want = s_ck.config
     q = quantization_config(s_ck.config)
     if q is not None:
-        E = rel.num_experts
-        moved = {d for i, d in enumerate(rel.moe_layers) if (rel.new2old[i] != np.arange(E)).any()}
-        new_q, n = relabel_quantization(q, rel, lambda: expert_modules(s_ck, moved), str(s_ck.root / "config.json"))
+        new_q, n = relabel_quantization(q, rel, lambda: expert_module_names(s_ck.root, rel),
+                                        str(s_ck.root / "config.json"))
         if n:
             want = with_quantization(s_ck.config, new_q)
     if json.loads(json.dumps(want)) != d_ck.config:
