@@ -323,7 +323,8 @@ def register() -> None:
         local = getattr(self, "local_expert_ids", None)
         rank = None
         if local is not None:  # vLLM computed them for the requested strategy: the effective layout's instead
-            rank = rank_of(local, rel.num_experts, facts.ep_size, facts.strategy)
+            # (under EPLB vLLM's filter splits the slots linearly: compute_eplb_local_expert_ids)
+            rank = rank_of(local, rel.num_experts, facts.ep_size, "linear" if facts.eplb else facts.strategy)
             self.local_expert_ids = LayerFilter(rel, rank_experts(rel, facts.ep_size, rank))
         else:
             rank = _ep_rank()
