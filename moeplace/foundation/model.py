@@ -456,9 +456,7 @@ def load_model(name_or_path: str | Path | None = None) -> ModelSpec:
     if "model_type" not in d:
         return ModelSpec.from_dict(d, source=str(path))
     try:
-        # named by its file (what this function reads back): a placement or trace planned from it then names
-        # a model every later stage, export included, can load -- not the config's model_type or repo id
-        return from_hf_config(d, source=str(path), name=str(path.resolve()))
+        return from_hf_config(d, source=str(path))
     except InputError as exc:  # every message names the file it is about
         raise InputError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
     except (TypeError, ValueError, KeyError, IndexError) as exc:  # a field of the wrong type or shape
