@@ -514,15 +514,20 @@ def demo_summary() -> str:
     fits = "fits" if pl["fits"] else "does not fit"
     return (
         f"K3 {fits} on {cl['num_nodes']} x {cl['gpus_per_node']} {cl['gpu'].upper()} (attention TP{lay['tp']} x "
-        f"DP{lay['dp']}, EP{lay['ep']}, with the placement's {lay['num_redundant']} redundant slots) with "
+        f"DP{lay['dp']}, EP{lay['ep']}, "
+        + (f"with the placement's {lay['num_redundant']} redundant slots" if lay["num_redundant"]
+           else "replica-free, the plan K3's engines can serve")
+        + ") with "
         f"{pl['cache_pool_bytes'] / 1e9:.0f} GB per GPU left for caches, and {CEILING[pl['concurrency_ceiling']]} "
         f"is the ceiling: {pl['concurrency']} concurrent {_context(pl['context'])}-token sequences, "
         f"{pl['mix_concurrency']} at the 8k/128k/1M mix. On the held-out part of the trace (windows "
         f"{held[0]}-{held[-1]}, never seen by planning, token sample included), vLLM's `linear` layout leaves the "
         f"hottest GPU with {li['held_max_over_mean']:.2f}x the mean GPU's tokens at every MoE layer (balancedness "
         f"{li['held_balancedness']:.2f}); DeepSeek's EPLB reaches {ep['held_balancedness']:.2f} (worst window "
-        f"{ep['held_worst']:.2f}, and two replicas of one expert on one GPU in {ep['duplicate_on_gpu_layers']} "
-        f"layers); the moeplace placement {mo['held_balancedness']:.2f} (worst {mo['held_worst']:.2f}). On traffic "
+        f"{ep['held_worst']:.2f}"
+        + (f", and two replicas of one expert on one GPU in {ep['duplicate_on_gpu_layers']} layers"
+           if ep["duplicate_on_gpu_layers"] else "")
+        + f"); the moeplace placement {mo['held_balancedness']:.2f} (worst {mo['held_worst']:.2f}). On traffic "
         f"*unlike* the planning data expect less: planned on all but one of the planning part's {n_dom} domains "
         f"and scored on the one left out, moeplace keeps {mo['shift_mean']:.2f} (worst domain "
         f"{mo['shift_worst']:.2f}), EPLB {ep['shift_mean']:.2f}, `linear` {li['shift_mean']:.2f} — the shift "
