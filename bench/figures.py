@@ -514,15 +514,20 @@ def demo_summary() -> str:
     fits = "fits" if pl["fits"] else "does not fit"
     return (
         f"K3 {fits} on {cl['num_nodes']} x {cl['gpus_per_node']} {cl['gpu'].upper()} (attention TP{lay['tp']} x "
-        f"DP{lay['dp']}, EP{lay['ep']}, with the placement's {lay['num_redundant']} redundant slots) with "
+        f"DP{lay['dp']}, EP{lay['ep']}, "
+        + (f"with the placement's {lay['num_redundant']} redundant slots" if lay["num_redundant"]
+           else "replica-free, the plan K3's engines can serve")
+        + ") with "
         f"{pl['cache_pool_bytes'] / 1e9:.0f} GB per GPU left for caches, and {CEILING[pl['concurrency_ceiling']]} "
         f"is the ceiling: {pl['concurrency']} concurrent {_context(pl['context'])}-token sequences, "
         f"{pl['mix_concurrency']} at the 8k/128k/1M mix. On the held-out part of the trace (windows "
         f"{held[0]}-{held[-1]}, never seen by planning, token sample included), vLLM's `linear` layout leaves the "
         f"hottest GPU with {li['held_max_over_mean']:.2f}x the mean GPU's tokens at every MoE layer (balancedness "
         f"{li['held_balancedness']:.2f}); DeepSeek's EPLB reaches {ep['held_balancedness']:.2f} (worst window "
-        f"{ep['held_worst']:.2f}, and two replicas of one expert on one GPU in {ep['duplicate_on_gpu_layers']} "
-        f"layers); the moeplace placement {mo['held_balancedness']:.2f} (worst {mo['held_worst']:.2f}). On traffic "
+        f"{ep['held_worst']:.2f}"
+        + (f", and two replicas of one expert on one GPU in {ep['duplicate_on_gpu_layers']} layers"
+           if ep["duplicate_on_gpu_layers"] else "")
+        + f"); the moeplace placement {mo['held_balancedness']:.2f} (worst {mo['held_worst']:.2f}). On traffic "
         f"*unlike* the planning data expect less: planned on all but one of the planning part's {n_dom} domains "
         f"and scored on the one left out, moeplace keeps {mo['shift_mean']:.2f} (worst domain "
         f"{mo['shift_worst']:.2f}), EPLB {ep['shift_mean']:.2f}, `linear` {li['shift_mean']:.2f} — the shift "
@@ -846,7 +851,36 @@ def pools() -> str:
             f"cores at load average {r['loadavg'][0]:.1f}.)\n")
 
 
-RENDERERS = {"pools": pools, "replan-quality": replan_quality, "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
+def relabel_speed() -> str:
+    """docs/export.md: relabelling against cp, the reflink share and the K3 projections (bench/relabel.py)."""
+    r = _results("relabel")
+    d, x, p = r["disk"], r["reflink"], r["projected_k3_s"]
+    mins = lambda s: f"{s / 60:,.0f} min" if s >= 600 else f"{s / 60:.1f} min"
+    text = (f"`python bench/relabel.py` (a K3-shaped checkpoint: {r['tensors']:,} tensors, K3's names, in "
+            f"{r['shards']} shards, {r['checkpoint_bytes'] / 1e9:.2f} GB, on one disk of 2 shared cores at load "
+            f"average {r['load_average']:.1f}; medians of {r['repeats']} repeats, each run from an evicted source to "
+            f"an fsynced copy): relabelling took {d['median_relabel_s']:.0f} s against {d['median_cp_s']:.0f} s for "
+            f"`cp -r` of the same checkpoint -- ratio {d['median_ratio']:.2f}, target <= 1.1 {_met(r['ratio_met'])}; "
+            f"{d['median_fixed_s']:.0f} s of it is the fixed cost of reading and planning K3's headers (a "
+            f"`--dry-run`: {d['median_fixed_cpu_s']:.1f} CPU s, which the loaded machine stretched; it does not shrink "
+            f"with the bytes) -- with that part at its CPU time the ratio would be about "
+            f"{d['estimated_ratio_fixed_at_cpu_time']:.2f} (an estimate). ")
+    if "newly_allocated_share" in x:
+        text += (f"On a loop-mounted XFS image with reflink it newly allocated {x['newly_allocated_share']:.2%} of "
+                 f"the checkpoint's bytes (target <= 2 % {_met(r['reflink_met'])}), nearly all of it the headers and "
+                 f"the index ({(x['header_bytes'] + x['index_bytes']) / 1e6:,.0f} MB: K3's names, which do not "
+                 f"shrink with the bytes); at K3's 1.56 TB about {x['projected_k3_share']:.3%} (an estimate: those "
+                 "plus K3's router rows). ")
+    else:
+        text += f"The reflink measurement did not run: {x.get('blocked', x.get('skipped'))}. "
+    text += (f"Projected for K3's 1.56 TB: {mins(p['this_disk'])} on this disk (`cp`: {mins(p['this_disk_cp'])}), "
+             f"{mins(p['nvme_3gb_s'])} on a 3 GB/s NVMe"
+             + (f", {mins(p['nvme_3gb_s_reflink'])} there with reflink" if p.get("nvme_3gb_s_reflink") else "")
+             + ".\n")
+    return text
+
+
+RENDERERS = {"pools": pools, "relabel-speed": relabel_speed, "replan-quality": replan_quality, "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
              "trace-stats": trace_stats, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
              "demo-transcript": demo_transcript, "demo-summary": demo_summary, "demo-optimize": demo_optimize,

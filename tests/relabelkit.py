@@ -30,6 +30,13 @@ def configs():
                                             n_routed_experts=E, num_experts_per_tok=2, n_group=4, topk_group=2,
                                             n_shared_experts=1, q_lora_rank=8, kv_lora_rank=8, qk_nope_head_dim=4,
                                             qk_rope_head_dim=4, v_head_dim=4), tf.DeepseekV3ForCausalLM),
+        # expert groups every token keeps (topk_group = n_group): any renaming is exact, and vLLM 0.34.0 lays
+        # such a model out round-robin where asked (several groups): the round_robin layout's test model
+        "deepseek_v3_rr": (tf.DeepseekV3Config(**common, intermediate_size=16, moe_intermediate_size=8,
+                                               num_hidden_layers=3, first_k_dense_replace=1, num_key_value_heads=2,
+                                               n_routed_experts=E, num_experts_per_tok=2, n_group=4, topk_group=4,
+                                               n_shared_experts=1, q_lora_rank=8, kv_lora_rank=8, qk_nope_head_dim=4,
+                                               qk_rope_head_dim=4, v_head_dim=4), tf.DeepseekV3ForCausalLM),
     }
 
 

@@ -108,15 +108,24 @@ def test_export_launch_and_rebalance_agree_with_the_table(name, tmp_path):
     assert sg.applies_placement == bool(capabilities.cell("sglang", "placement_file", model).supported)
     # the replica-free placement: vLLM applies it through the plugin for every model
     free = launch_spec(_placement(model, G, 0), model, "vllm-expert-map", tmp_path / "v0.json", opts)
-    assert free.applies_placement and free.env == {"MOEPLACE_PLACEMENT": str((tmp_path / "p.json").resolve())}
+    # (with several DP ranks the variable goes to Ray's DP actors too)
+    assert free.applies_placement and free.env == {"MOEPLACE_PLACEMENT": str((tmp_path / "p.json").resolve()),
+                                                   "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "MOEPLACE_PLACEMENT"}
 
 
 def test_plan_and_optimize_print_what_each_engine_lacks_for_k3(capsys):
+    """One line per engine, once: `place plan` with replicas K3's engines cannot apply names each engine's
+    route (a replica-free plan) and what it lacks; a replica-free plan prints nothing there."""
     assert main(["plan", "--model", "kimi-k3", "--gpus", "32", "--tp", "8", "--dp", "4", "--redundant", "32"]) == 0
-    serving = [line for line in capsys.readouterr().out.splitlines() if line.startswith("serving: ")]
+    out = capsys.readouterr().out.splitlines()
     k3 = load_model("kimi-k3")
-    assert serving == [f"serving: {line}" for line in capabilities.advice(k3, 32)]
-    assert [s.split()[1] for s in serving] == ["vLLM", "SGLang", "TensorRT-LLM"]
-    assert "--redundant 0" in serving[0] and "MOEPLACE_PLACEMENT" in serving[0] and "--format checkpoint" in serving[1]
-    # a model every engine applies a file for with replicas: only vLLM (no release loads a map) is named
-    assert [line.split()[0] for line in capabilities.advice(load_model("deepseek-v3"), 32)] == ["vLLM"]
+    i = next(i for i, line in enumerate(out) if line.startswith("serving a kimi-k3 placement"))
+    assert out[i:i + 4] == capabilities.serving_lines(k3, 32)
+    assert [s.split()[0] for s in out[i + 1:i + 4]] == ["vLLM", "SGLang", "TensorRT-LLM"]
+    assert "--redundant 0" in out[i + 1] and "load-time plugin" in out[i + 1] and "relabelled checkpoint" in out[i + 2]
+    assert "no placement file or online EPLB for kimi-k3" in out[i + 2]
+    assert main(["plan", "--model", "kimi-k3", "--gpus", "32", "--tp", "8", "--dp", "4"]) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("serving")]
+    # the table decides which models are planned replica-free by default
+    assert capabilities.replica_free_only(k3)
+    assert not any(capabilities.replica_free_only(load_model(m)) for m in ("deepseek-v3", "qwen3-30b-a3b", "kimi-k2"))

@@ -352,8 +352,19 @@ def test_cli_capture_with_local_weights_matches_in_process_capture(tmp_path):
     df = scan_trace(out).collect()
     assert df["expert_ids"].to_numpy().tolist() == a["expert_ids"].tolist()
     np.testing.assert_allclose(np.stack(df["gate_weights"].to_numpy()), a["gate_weights"], rtol=1e-6)
-    _, prov = read_trace_meta(out)
+    spec, prov = read_trace_meta(out)
     assert prov["weights"] == str(ckpt)
+    # the trace's model is its config file, so a placement planned on it exports to every engine format
+    assert spec.name == str((ckpt / "config.json").resolve())
+    assert main(["optimize", str(out), "--gpus", "4", "--gpus-per-node", "4", "--redundant", "0", "--policy",
+                 "linear", "--no-shift", "--out", str(tmp_path / "p.json")]) == 0
+    for fmt, suffix in (("sglang", ".json"), ("sglang-pt", ".pt"), ("vllm-expert-map", ".json"),
+                        ("vllm-jsonl", ".jsonl"), ("vllm-ascend", ".json"), ("trtllm", ".yaml"), ("trtllm-lb", ".yaml")):
+        assert main(["export", str(tmp_path / "p.json"), "--format", fmt, "--out", str(tmp_path / f"x-{fmt}{suffix}")]) == 0, fmt
+    # and a placement whose model names a checkpoint directory (traces captured before) reads its config.json
+    from moeplace.foundation.model import load_model
+
+    assert load_model(str(ckpt)).num_experts == spec.num_experts
 
 
 @pytest.mark.parametrize("case,needle", [

@@ -8,8 +8,8 @@ import pytest
 from moeplace.cli.main import main
 
 
-# slow: stage 8 simulates every rebalancer for >= 5 of its intervals (vLLM: 3,000 steps) after warm-up,
-# minutes of simulation (a comparison shorter than the interval only ever saw the first decision)
+# slow: a K3 trace synthesized, planned with its shift estimate, simulated; K3's 742,165 tensor names relabelled
+# and verified (minutes on 2 cores)
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     run, traces = tmp_path / "run", tmp_path / "traces"
@@ -21,29 +21,34 @@ def test_demo_runs_every_stage_and_writes_the_run(tmp_path, capsys):
     tail = out[out.index("== 7. simulate"):out.index("== 8. ")]
     assert "placement-moeplace" in tail and "placement-eplb" in tail and "placement-linear" in tail
     assert "straggler total (s)" in tail
-    # the launch lines realize the layout the memory plan (stage 3) certified: attention TP8 x DP4 on 32 GPUs
+    # K3's engines serve only a replica-free placement: the plan certifies that one, the table shows what
+    # replicas would add in a labelled row
     plan = json.loads((run / "plan.json").read_text())["layout"]
-    assert (plan["tp"], plan["dp"], plan["num_redundant"]) == (8, 4, 32)  # the placement's 32 redundant slots
-    sglang = out[out.index("== 5. export"):out.index("== 6. export")]
-    assert "--tp-size 32" in sglang and "--attn-dp-size 4" in sglang and "--enable-dp-attention" not in sglang
-    vllm = out[out.index("== 6. export"):out.index("== 7. simulate")]
-    assert "--tensor-parallel-size 8" in vllm and "--data-parallel-size 4" in vllm
-    assert "--enable-expert-parallel" in vllm
-    # K3 with 32 redundant slots: vLLM 0.34.0 applies neither the map nor EPLB, so no --enable-eplb that would
-    # change nothing; the command says so and offers the replica-free routes
-    assert "--eplb-config" not in vllm and "does not wire K3 into EPLB" in vllm and "MOEPLACE_PLACEMENT" in vllm
-    assert "kimi_k3.py lacks get_model_config_for_expert_location" in sglang and "--format checkpoint" in sglang
-    # then the engine's own rebalancer: for K3 it does nothing in the checked release, said with the reason
-    tuned = out[out.index("== 8. "):]
-    assert "vLLM: not available" in tuned and "#50647" in tuned and "--enable-eplb --eplb-config" not in tuned
-    reb = json.loads((run / "rebalance.json").read_text())
-    assert "does not wire K3 into EPLB" in reb["engines"]["vllm"]["unavailable"]
+    assert (plan["tp"], plan["dp"], plan["num_redundant"]) == (8, 4, 0)
+    opt = out[out.index("== 4. "):out.index("== 5. ")]
+    assert "0 redundant slots" in opt.splitlines()[2] and "moeplace +32 replicas" in opt
+    cmp = json.loads((run / "comparison.json").read_text())
+    assert cmp["num_redundant"] == 0 and cmp["replica_rows"][0]["num_redundant"] == 32
+    # every serving fact once: one line per engine, the long reasons left to place engines --reasons
+    assert out.count("serving a kimi-k3 placement") == 1 and out.count("  vLLM 0.34.0: ") == 1
+    assert "does not wire K3 into EPLB" not in out and "lacks get_model_config_for_expert_location" not in out
+    # the relabelled K3-shaped checkpoint, its launches (the layout stage 3 certified), verified
+    dep = out[out.index("== 5. "):out.index("== 6. ")]
+    assert "741888 per-expert tensors renamed" in dep
+    vllm, sglang = dep[dep.index("vllm serve"):], dep[dep.index("python -m sglang.launch_server"):]
+    assert "--tensor-parallel-size 8" in vllm and "--data-parallel-size 4" in vllm and "--enable-expert-parallel" in vllm
+    assert "--tp-size 32" in sglang and "--attn-dp-size 4" in sglang and "--init-expert-location" not in sglang
+    assert f"vllm serve {run.resolve() / 'k3-relabelled'}" in dep
+    assert "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=MOEPLACE_PLACEMENT" in dep and f"{run.resolve() / 'k3-checkpoint'}" in dep
+    assert "verified " in out[out.index("== 6. "):out.index("== 7. ")]
+    # no engine's online rebalancer acts on K3: nothing tuned, no long reasons repeated
+    assert "nothing to tune" in out[out.index("== 8. "):] and not (run / "rebalance.json").exists()
     for rel in ("loads.npz", "plan.json", "placement.json", "comparison.json", "sim/summary.json",
-                "export/sglang-expert-location.json", "export/vllm-expert-map.json"):
+                "k3-relabelled/moeplace-relabel.json"):
         assert (run / rel).is_file(), rel
-    cmp = {r["policy"]: r for r in json.loads((run / "comparison.json").read_text())["rows"]}
-    assert set(cmp) >= {"linear", "round_robin", "eplb", "moeplace"}
-    held = {p: r["held_out"]["balancedness"] for p, r in cmp.items()}
+    rows = {r["policy"]: r for r in cmp["rows"]}
+    assert set(rows) >= {"linear", "round_robin", "eplb", "moeplace"}
+    held = {p: r["held_out"]["balancedness"] for p, r in rows.items()}
     # on traffic it did not plan on, the optimizer's placement beats vLLM's static layouts and EPLB
     assert held["moeplace"] > held["eplb"] > held["linear"]
     sims = {s["placement"]["policy"]: s for s in json.loads((run / "sim" / "summary.json").read_text())["summaries"]}

@@ -327,7 +327,9 @@ def test_vllm_flags_pick_backend_by_topology(k3, tmp_path):
                                         FlagOptions(kv_cache_dtype="bf16", max_model_len=32768, dp=8,
                                                     placement_path=str(tmp_path / "p.json"))))
     # released vLLM loads no file; a replica-free placement goes through the moeplace plugin
-    assert args[:3] == [f"MOEPLACE_PLACEMENT={(tmp_path / 'p.json').resolve()}", "vllm", "serve"]
+    # (8 DP ranks: the variable is passed on to Ray DP actors too)
+    assert args[:4] == [f"MOEPLACE_PLACEMENT={(tmp_path / 'p.json').resolve()}",
+                        "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=MOEPLACE_PLACEMENT", "vllm", "serve"]
     assert _flag(args, "--all2all-backend") == "flashinfer_nvlink_one_sided"
     assert "--data-parallel-address" not in args and "--enable-eplb" not in args
     assert _flag(args, "--kv-cache-dtype") == "auto" and _flag(args, "--max-model-len") == "32768"

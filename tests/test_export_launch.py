@@ -459,7 +459,8 @@ def test_k3_vllm_command_switches_the_load_time_relabelling_on(tmp_path, capsys)
     assert main(["export", str(pj), "--format", "vllm-expert-map", "--out", str(tmp_path / "map.json"), "--flags",
                  "--tp", "8", "--dp", "4", "--json"]) == 0
     launch = json.loads(capsys.readouterr().out)["launch"]
-    assert launch["env"] == {"MOEPLACE_PLACEMENT": str(pj.resolve())} and launch["applies_placement"]
+    assert launch["env"] == {"MOEPLACE_PLACEMENT": str(pj.resolve()),
+                             "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "MOEPLACE_PLACEMENT"} and launch["applies_placement"]
     assert launch["engine_version"] == "0.34.0"
     for argv in (launch["argv"], launch["worker_argv"]):
         assert argv[:2] == ["vllm", "serve"] and "--enable-expert-parallel" in argv
@@ -470,7 +471,8 @@ def test_k3_vllm_command_switches_the_load_time_relabelling_on(tmp_path, capsys)
     assert "loads no expert map" in notes and "#49572" in notes
     # the printed text sets the variable on the command itself, and still parses as one command
     (words,) = command_argv(launch["command"])
-    assert words[0] == f"MOEPLACE_PLACEMENT={pj.resolve()}" and words[1:] == launch["argv"]
+    assert words[0] == f"MOEPLACE_PLACEMENT={pj.resolve()}" and words[2:] == launch["argv"]
+    assert words[1] == "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=MOEPLACE_PLACEMENT"  # Ray DP actors get it too
 
 
 def test_k3_placement_with_replicas_says_what_each_engine_lacks(tmp_path):

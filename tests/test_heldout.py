@@ -182,8 +182,9 @@ def test_shift_estimate_by_input_file_and_plan_fraction_one(small, tmp_path, cap
     ld = _loads(small)
     ld.select([0, 1]).save(a)
     ld.select([2, 3]).save(b)
+    # (--redundant 8: a K3-shaped model is planned replica-free by default; the hand check below plans with 8)
     rc = main(["optimize", str(a), str(b), "--gpus", "8", "--gpus-per-node", "4", "--policy", "eplb",
-               "--policy", "linear", "--plan-fraction", "1", "--json", "--no-out"])
+               "--policy", "linear", "--plan-fraction", "1", "--json", "--no-out", "--redundant", "8"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["held_out_windows"] == [] and d["rows"][0]["held_out"] is None
     sh = d["shift"]["eplb"]
@@ -200,7 +201,7 @@ def test_shift_estimate_by_input_file_and_plan_fraction_one(small, tmp_path, cap
     # in-sample it looks better than under shift: the estimate is not the planning figure
     assert d["rows"][0]["plan"]["balancedness"] > sh["worst"]
     rc = main(["optimize", str(a), str(b), "--gpus", "8", "--gpus-per-node", "4", "--policy", "eplb",
-               "--plan-fraction", "1", "--no-out"])
+               "--plan-fraction", "1", "--no-out", "--redundant", "8"])
     out = capsys.readouterr().out
     assert "shift mean" in out and "nothing held out" in out and "leave-one-input-file-out" in out
     # nothing was written (--no-out): the line says so, and names no file as the written placement
@@ -209,7 +210,7 @@ def test_shift_estimate_by_input_file_and_plan_fraction_one(small, tmp_path, cap
     assert "The estimate is weak" in out
     written = tmp_path / "pl.json"
     rc = main(["optimize", str(a), str(b), "--gpus", "8", "--gpus-per-node", "4", "--policy", "eplb",
-               "--policy", "linear", "--plan-fraction", "1", "--out", str(written)])
+               "--policy", "linear", "--plan-fraction", "1", "--out", str(written), "--redundant", "8"])
     out = capsys.readouterr().out
     assert f"what to expect: the eplb placement written to {written} keeps about" in out
     assert f"--placement {written} --recommend" in out

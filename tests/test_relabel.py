@@ -62,8 +62,9 @@ def test_relabelled_checkpoint_is_the_same_model(tmp_path, kind, how):
     assert mapped
     man = json.loads((dst / "moeplace-relabel.json").read_text())
     for s, rec in man["source_shards"].items():
-        assert len(rec["sha256"]) == 64 and rec["bytes"] == (src / s).stat().st_size
+        assert len(rec["header_sha256"]) == 64 and rec["bytes"] == (src / s).stat().st_size
     assert (dst / "config.json").read_bytes() == (src / "config.json").read_bytes()
+    assert main(["export", "--verify", str(dst)]) == 0
 
 
 def test_round_robin_layout_puts_the_placement_on_vllm_ranks():

@@ -316,6 +316,8 @@ def test_frontier_json_and_recommended_launch(local_run):
     (argv,) = command_argv(launch["command"])
     if argv[0].startswith("MOEPLACE_PLACEMENT="):  # a replica-free placement: loaded through the vLLM plugin
         assert argv.pop(0) == f"MOEPLACE_PLACEMENT={Path(launch['placement']).resolve()}" and launch["applies_placement"]
+        if argv[0].startswith("VLLM_RAY_EXTRA_ENV_VARS_TO_COPY="):  # several DP ranks: Ray's actors get it too
+            assert argv.pop(0) == "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=MOEPLACE_PLACEMENT"
     assert argv[:2] == ["vllm", "serve"] and check_args("vllm", "0.34.0", argv) == []
     assert "--enable-expert-parallel" in argv
     assert rep["fidelity"]["cases"] > 0 and rep["fidelity"]["note"].startswith("absolute figures")

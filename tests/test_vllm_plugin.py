@@ -45,10 +45,10 @@ def _facts(src, **kw):
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    """DeepSeek-V3 (routing groups, sharded) relabelled contiguously; Qwen3-MoE (no groups: a group-keeping
-    placement under contiguous ids is not one under round_robin's interleaved ids) relabelled round_robin."""
+    """DeepSeek-V3 (routing groups, sharded) relabelled contiguously; DeepSeek-V3 whose tokens keep every group
+    (any renaming exact; several groups, so vLLM lays it out round-robin where asked) relabelled round_robin."""
     root = tmp_path_factory.mktemp("plugin")
-    for kind, layout, sub in (("deepseek_v3", "contiguous", ""), ("qwen3_moe", "round_robin", "rr/")):
+    for kind, layout, sub in (("deepseek_v3", "contiguous", ""), ("deepseek_v3_rr", "round_robin", "rr/")):
         src = root / sub / "src"
         kit.build(kind, src, shard="20KB")
         p = kit.placement(kind, seed=5, groups=4 if kind == "deepseek_v3" else 1)
@@ -143,3 +143,88 @@ def test_wrapper_permutes_stacked_experts_like_the_writer(tmp_path, capsys):
     got = dict(relabel_weights(_tensors(src).items(), rel))
     want = _tensors(tmp_path / "dst")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_the_filter_reads_per_layer_only_the_rank_s_source_experts():
+    """K3 on EP32: a rank's 28 engine ids per layer come from 28 source ids per layer; the union over 92 layers
+    (what vLLM's filter held before) is nearly every expert."""
+    from moeplace.placement.export.vllm_plugin import LayerFilter, rank_experts, skip_like_vllm
+    from moeplace.placement.relabel import CONTIGUOUS, Relabel
+
+    rng = np.random.default_rng(0)
+    layers = tuple(range(1, 93))
+    rel = Relabel(np.stack([rng.permutation(896) for _ in layers]), layers, CONTIGUOUS)
+    local = rank_experts(rel, 32, 5)
+    assert local == set(range(140, 168))
+    f = LayerFilter(rel, local)
+    assert len(f) > 800  # the union: what reading by id alone would let through
+    for i, d in enumerate(layers[:5]):
+        ids = f.ids_for(f"language_model.model.layers.{d}.mlp.experts.0.w1.weight_packed")
+        assert ids == {int(x) for x in rel.new2old[i, sorted(local)]} and len(ids) == 28
+        name = lambda e, d=d: f"language_model.model.layers.{d}.mlp.experts.{e}.w1.weight_packed"
+        read = [e for e in range(896) if not skip_like_vllm(name(e), f.ids_for(name(e)))]
+        assert len(read) == 28  # per layer: the rank's own 28 source experts
+    assert f.ids_for("model.layers.0.self_attn.q_proj.weight") is f
+    assert f.ids_for("model.layers.99.mlp.experts.3.w1.weight") == local  # a layer outside the placement
+    # vLLM's rule: only heavy tensors are skipped; every expert's scales pass (some backends need them all)
+    assert skip_like_vllm("x.layers.1.mlp.experts.7.w1.weight_packed", {1})
+    assert not skip_like_vllm("x.layers.1.mlp.experts.7.w1.weight_scale", {1})
+
+
+def test_the_layout_vllm_uses_and_the_new_refusals(ds, tmp_path):
+    src, p = ds / "src", str(ds / "p.json")
+    # vLLM asked for round_robin places experts linearly (DeepSeek-V3 has groups, but e.g. an all-to-all kernel
+    # without round-robin tables): a placement JSON is relabelled for the layout vLLM uses
+    rel = resolve(p, _facts(src, strategy="round_robin", effective="linear"))
+    assert rel.layout.name == "contiguous"
+    with pytest.raises(PluginRefused, match="places experts linear: determine_expert_placement_strategy"):
+        resolve(str(ds / "rr" / "round_robin" / "moeplace-relabel.json"),
+                _facts(ds / "rr" / "src", strategy="round_robin", effective="linear"))
+    with pytest.raises(PluginRefused, match="--enable-eplb with 8 redundant experts"):
+        resolve(p, _facts(src, eplb=True, redundant=8))
+    resolve(p, _facts(src, eplb=True, redundant=0))  # EPLB without redundant experts starts from this layout
+    with pytest.raises(PluginRefused, match="loads through RunaiModelStreamerLoader, which the plugin does not wrap"):
+        resolve(p, _facts(src, loader="RunaiModelStreamerLoader"))
+    # a relabelled copy without its manifest: its shards' __metadata__ still say so
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(ds / "contiguous", bare)
+    (bare / "moeplace-relabel.json").unlink()
+    with pytest.raises(PluginRefused, match="already a relabelled checkpoint .*__metadata__ names a relabelling"):
+        resolve(p, _facts(src, model_dir=str(bare)))
+    # quantization entries that name an expert the renaming moves: too late to rename them at load
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {},
+                                  "ignore": ["model.layers.1.mlp.experts.0.gate_proj"]}
+    with pytest.raises(PluginRefused, match="names 1 expert module"):
+        resolve(p, _facts(src, hf_config=cfg))
+    cfg["quantization_config"]["ignore"] = ["re:.*experts\\.(0|1)\\..*"]
+    with pytest.raises(PluginRefused, match="names some experts of MoE layer"):
+        resolve(p, _facts(src, hf_config=cfg))
+    cfg["quantization_config"]["ignore"] = ["re:.*shared_experts.*", "lm_head"]
+    resolve(p, _facts(src, hf_config=cfg))  # entries no renaming changes
+
+
+def test_check_logs_finds_a_mixed_deployment(tmp_path, capsys):
+    from moeplace.placement.export.vllm_plugin import applied_line, check_logs
+    from moeplace.placement.relabel import CONTIGUOUS, Relabel
+
+    rel = Relabel(np.stack([np.random.default_rng(1).permutation(8)]), (1,), CONTIGUOUS)
+    good = {f"r{r}": f"INFO 12-06 vllm.moeplace: {applied_line(rel, 'fp1', r, 4, 2)}\n" for r in range(4)}
+    assert check_logs(good).problems == []
+    assert check_logs(good, "fp1").problems == [] and check_logs(good, "fp2").problems
+    missing = dict(good)
+    del missing["r2"]
+    assert "1 of 4 EP ranks logged no placement (ranks 2)" in check_logs(missing).problems[0]
+    other = {**good, "r3": applied_line(Relabel(np.arange(8)[None], (1,), CONTIGUOUS), "fp1", 3, 4, 2)}
+    assert "different placements" in check_logs(other).problems[0]
+    assert "relabelled nothing" in check_logs({"x": "no plugin here"}).problems[0]
+    for name, text in missing.items():
+        (tmp_path / name).write_text(text)
+    logs = [str(tmp_path / n) for n in missing]
+    assert main(["export", "--check-logs", *logs]) == 1
+    assert "a mixed model" in capsys.readouterr().err
+    (tmp_path / "r2").write_text(good["r2"])
+    assert main(["export", "--check-logs", *logs, str(tmp_path / "r2")]) == 0
+    assert "every EP rank (4) applied placement fp1" in capsys.readouterr().out

@@ -1,18 +1,33 @@
 """``place export PLACEMENT --format checkpoint --model-path SRC --out DST [--layout contiguous|round_robin]
-[--copy]``: write a relabelled copy of a safetensors checkpoint whose engine layout is the placement
-(docs/export.md "A relabelled checkpoint")."""
+[--copy] [--dry-run] [--hash]``: write a relabelled copy of a safetensors checkpoint whose engine layout is the
+placement; ``place export --verify DST``: prove one against its source (docs/export.md "A relabelled
+checkpoint")."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from moeplace.foundation.checkpoint_files import check_not_relabelled
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import Outputs
-from moeplace.foundation.model import format_ranges
-from moeplace.placement.export.checkpoint import RELABELLED_CHECKPOINT, plan, scan, write_checkpoint
+from moeplace.foundation.model import format_ranges, load_model
+from moeplace.placement.export.checkpoint import (
+    MANIFEST,
+    RELABELLED_CHECKPOINT,
+    check_space,
+    needs,
+    plan,
+    relabelled_reason,
+    scan,
+    write_checkpoint,
+)
+from moeplace.placement.export.flags import FlagOptions, relabelled_launches
+from moeplace.placement.export.verify import verify
+from moeplace.placement.export.vllm_plugin import check_logs
 from moeplace.placement.record import Placement, load_placement
 from moeplace.placement.relabel import LAYOUTS, check_for_model, get_layout, read_relabel
 
@@ -26,15 +41,33 @@ def add_arguments(p) -> None:
                         "TensorRT-LLM; the default) or vLLM's round_robin")
     how = g.add_mutually_exclusive_group()
     how.add_argument("--link", dest="link", action="store_true", default=True,
-                     help="hard-link the shards no expert moves in (default; copied where linking fails)")
-    how.add_argument("--copy", dest="link", action="store_false", help="copy them byte for byte instead")
+                     help="hard-link the shards nothing in changes (default; copied where linking fails)")
+    how.add_argument("--copy", dest="link", action="store_false", help="copy them instead (reflinked where the "
+                     "file system shares blocks)")
+    g.add_argument("--dry-run", action="store_true",
+                   help="check everything and print the bytes to write and to link (reflink), and the space free "
+                        "on DST's file system; write nothing")
+    g.add_argument("--hash", dest="full_hash", action="store_true",
+                   help="also record the sha256 of every source byte in the manifest (read in parallel with the "
+                        "copy; the source's identity is otherwise its shards' sizes and header sha256)")
+    g.add_argument("--verify", metavar="DST", default=None,
+                   help="prove the relabelled checkpoint DST against its source (the manifest's, or --model-path) "
+                        "and manifest, byte for byte, without torch; exit 1 at the first mismatch (PLACEMENT, if "
+                        "given, must be the manifest's permutation)")
+    g.add_argument("--pool", default=None, metavar="NAME",
+                   help="the serving pool this relabelled checkpoint is for (a prefill / decode deployment serves "
+                        "each pool its own placement); recorded in the manifest")
+    g.add_argument("--check-logs", nargs="+", metavar="LOG", default=None,
+                   help="read the vLLM logs of a deployment served through the moeplace plugin and check that every "
+                        "EP rank applied the same placement (PLACEMENT, if given, that one); exit 1 on a mixed or "
+                        "partly relabelled deployment")
 
 
 def run(args) -> int:
     if not args.model_path:
         raise InputError("--format checkpoint needs --model-path SRC (the safetensors checkpoint to relabel)")
-    if args.flags or args.loads:
-        raise InputError("--format checkpoint writes a checkpoint: --flags / --loads do not apply")
+    if args.loads:
+        raise InputError("--format checkpoint writes a checkpoint: --loads does not apply")
     args.layout = args.layout or "contiguous"
     placement = load_placement(args.placement)
     if placement.layers_label:  # the checkpoint holds every MoE layer; the renaming would cover some
@@ -44,41 +77,141 @@ def run(args) -> int:
     src = Path(args.model_path)
     outs = Outputs(inputs=[args.placement, src], force=args.force)
     outs.add(args.out, RELABELLED_CHECKPOINT)
-    ck = scan(src)
+    if src.is_dir():  # a relabelled source is refused, as the vLLM plugin refuses one (before any header is read)
+        check_not_relabelled(src, MANIFEST)
+        why = relabelled_reason(src)
+        if why:
+            raise InputError(f"--model-path {why}: its expert ids are not the model's own, and relabelling it again "
+                             "would lose that mapping: relabel the original checkpoint instead, or serve it as it is")
+    ck = scan(src, full=False)
     p = plan(ck, placement, get_layout(args.layout), placement_name=args.placement)
-    total = sum((src / s).stat().st_size for s in ck.shards)
-    rewrite = sum(1 for v in p.pieces.values() if v is not None)
-    print(f"relabelling {src}: {len(ck.shards)} shard(s), {total / 1e6:,.1f} MB; {rewrite} to rewrite, "
-          f"{len(ck.shards) - rewrite} to {'link' if args.link else 'copy'}", file=sys.stderr)
+    mem, launches = _launches(args, placement, src)  # before writing: a refused layout leaves nothing
+    space = needs(ck, p, args.out, args.link)
+    rewrite = sum(1 for s in ck.shards if p.changed(s))
+    total = ck.total_bytes
+    if args.dry_run:
+        doc = {"dry_run": True, "source": str(src), "out": args.out, "layout": args.layout, "shards": len(ck.shards),
+               "shards_rewritten": rewrite, "checkpoint_bytes": total, "write_bytes": space.write,
+               "reflink_bytes": space.reflink, "hardlink_bytes": space.hardlink, "free_bytes": space.free,
+               "reflinks": space.reflinks, "tensors_relabelled": p.counts,
+               "quantization_config_renamed": p.quantization is not None}
+        if args.json:
+            print(json.dumps(doc, indent=1))
+        else:
+            print(f"dry run: relabelling {src} ({len(ck.shards)} shard(s), {total / 1e9:,.2f} GB, {rewrite} with "
+                  f"renamed tensors) into {args.out} takes {space.line()}")
+        check_space(space, args.out)
+        return 0
+    print(f"relabelling {src}: {len(ck.shards)} shard(s), {total / 1e6:,.1f} MB; {rewrite} with renamed tensors, "
+          f"{len(ck.shards) - rewrite} to {'link' if args.link else 'copy'}; {space.line()}", file=sys.stderr)
     manifest = {}
 
     def write():
         manifest.update(write_checkpoint(ck, p, placement, Path(args.placement), args.out, link=args.link,
+                                         full_hash=args.full_hash, space=space, pool=args.pool,
                                          progress=lambda s: print(s, file=sys.stderr)))
 
     ok = outs.write(args.out, write)
     outs.finish()
     if not ok:
         return 1
-    mbs = manifest["rewritten_bytes"] / 1e6 / max(manifest["seconds"], 1e-9)
+    secs = max(manifest["seconds"], 1e-9)
     doc = {"wrote": args.out, "format": FORMAT, "layout": args.layout, "model": placement.model_name,
            "layers": placement.num_layers, "experts": placement.num_experts, "gpus": placement.num_gpus,
            "tensors_relabelled": manifest["tensors_relabelled"],
            "shards": {k: v["how"] for k, v in manifest["shards"].items()},
            "untouched_moe_layers": manifest["untouched_moe_layers"], "seconds": round(manifest["seconds"], 3),
-           "rewritten_mb_per_s": round(mbs, 1), "manifest": str(Path(args.out) / "moeplace-relabel.json")}
+           "checkpoint_mb_per_s": round(total / 1e6 / secs, 1), "written_bytes": manifest["written_bytes"],
+           "reflinked_bytes": manifest["reflinked_bytes"],
+           "quantization_config_renamed": manifest["quantization_config_renamed"],
+           "manifest": str(Path(args.out) / MANIFEST)}
+    if launches:
+        doc["memory_plan"] = {"layout": mem.layout.describe(), "gpu": mem.cluster.gpu.name,
+                              "concurrency": mem.concurrency, "context": mem.context}
+        doc["launches"] = [{"engine": x.engine, "engine_version": x.version, "env": x.env, "argv": x.argv(),
+                            "model_path": x.model_path, "command": x.text()} for x in launches]
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
     c = manifest["tensors_relabelled"]
     print(f"wrote {args.out} (relabelled checkpoint, {args.layout} layout): {placement.model_name}, "
           f"{placement.num_layers} MoE layers x {placement.num_experts} experts on {placement.num_gpus} GPUs; "
-          f"{c['expert']} per-expert, {c['stacked']} stacked, {c['router']} router and {c['bias']} bias tensors; "
-          f"{manifest['seconds']:.2f} s ({mbs:,.0f} MB/s rewritten)")
+          f"{c['expert']} per-expert tensors renamed, {c['stacked']} stacked, {c['router']} router and {c['bias']} "
+          f"bias tensors permuted; {manifest['seconds']:.2f} s ({total / 1e6 / secs:,.0f} MB/s of checkpoint; "
+          f"{manifest['written_bytes'] / 1e6:,.1f} MB written, {manifest['reflinked_bytes'] / 1e6:,.1f} MB shared "
+          "by reflink)")
+    if manifest["quantization_config_renamed"]:
+        print("  config.json: quantization_config entries that name experts renamed through the permutation")
     if manifest["untouched_moe_layers"]:
         print(f"  left as they are: expert tensors of decoder layers {manifest['untouched_moe_layers']} "
               "(not MoE layers of the placement, e.g. a multi-token-prediction layer)")
-    print(f"  serve DST as the model as it is; the manifest maps its expert ids back: {doc['manifest']}")
+    print(f"  check it before serving: place export --verify {shlex.quote(args.out)}")
+    if launches:
+        print(f"memory plan: {mem.layout.describe()} on {mem.cluster.num_gpus} x {mem.cluster.gpu.name} fits; "
+              f"{mem.concurrency} sequences of {mem.context:,} tokens")
+        for x in launches:
+            what = ("the original checkpoint through the load-time plugin" if x.env
+                    else f"the relabelled checkpoint on {ENGINE_TITLES[x.engine]}")
+            print(f"# --- {what}")
+            print(x.text(), end="")
+    return 0
+
+
+ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def _launches(args, placement, src: Path):
+    """``--flags``: the memory plan and the launches that serve DST (and SRC through the plugin)."""
+    if not args.flags:
+        if args.tp or args.dp or args.plan:
+            raise InputError("--tp/--dp/--plan choose the launch: add --flags")
+        return None, []
+    if args.vllm_pr or args.vllm_static or args.online_eplb or args.target:
+        raise InputError("--format checkpoint --flags prints the engines' own layout on the relabelled checkpoint "
+                         "(and the plugin on SRC): --vllm-pr / --vllm-static / --online-eplb / --target do not apply")
+    model = load_model(args.model or placement.model_name)
+    opts = FlagOptions(kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len, gpu=args.gpu,
+                       tp=args.tp, dp=args.dp, engine_version=args.engine_version, placement_path=args.placement)
+    return relabelled_launches(placement, model, src, args.out, opts, args.plan)
+
+
+def run_check_logs(args) -> int:
+    """``place export --check-logs LOG... [PLACEMENT]``."""
+    texts = {}
+    for path in args.check_logs:
+        try:
+            texts[path] = Path(path).read_text(errors="replace")
+        except OSError as exc:
+            raise InputError(f"--check-logs {path}: cannot read ({exc.strerror})") from None
+    fp = load_placement(args.placement).fingerprint() if args.placement else None
+    res = check_logs(texts, fp)
+    kinds = sorted(set(res.applied.values()))
+    if args.json:
+        print(json.dumps({"lines": res.lines, "ranks": len(res.applied),
+                          "placements": [{"fingerprint": a, "new2old": b, "layout": c} for a, b, c in kinds],
+                          "problems": res.problems}, indent=1))
+    elif not res.problems:
+        fp0, h, lay = kinds[0]
+        print(f"every EP rank ({len(res.applied)}) applied placement {fp0} (new2old {h}, layout {lay}); "
+              f"{res.lines} plugin line(s) in {len(texts)} log(s)")
+    else:
+        for p in res.problems:
+            print(f"place: {p}", file=sys.stderr)
+    return 1 if res.problems else 0
+
+
+def run_verify(args) -> int:
+    """``place export --verify DST [PLACEMENT] [--model-path SRC]``."""
+    placement = load_placement(args.placement) if args.placement else None
+    res = verify(args.verify, args.model_path, placement, args.placement or "placement",
+                 progress=None if args.json else (lambda s: print(s, file=sys.stderr)))
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    c = res["tensors"]
+    print(f"verified {args.verify} against {res['source']} ({res['layout']} layout): {c['expert']:,} per-expert "
+          f"tensors hold their source expert's bytes, {c['rows']:,} router / bias / stacked tensors hold the "
+          f"permuted rows, {c['other']:,} others identical; {res['bytes'] / 1e9:,.2f} GB in {res['seconds']:.1f} s")
     return 0
 
 

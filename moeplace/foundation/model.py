@@ -457,6 +457,8 @@ def load_model(name_or_path: str | Path | None = None) -> ModelSpec:
     path = Path(name)
     if not path.exists():
         raise InputError(f"model '{name}': not a preset ({', '.join(preset_names())}) and no such file")
+    if path.is_dir() and (path / "config.json").is_file():  # a checkpoint directory: its config.json
+        path = path / "config.json"
     d = reading.read_json(path, unreadable="not a readable JSON model config")
     if not isinstance(d, dict):
         raise InputError(f"{path}: expected a JSON object")

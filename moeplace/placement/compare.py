@@ -84,6 +84,9 @@ class Comparison:
     held_sample_tokens: int = 0
     tokens: int = 0
     layers_label: str = ""  # "5 of 24 layers" when the input holds some of the model's MoE layers only
+    # (label, result, redundant slots): the written policy planned with other slots, shown under the table
+    # (place optimize's "what replicas would add" row for a model the engines serve only replica-free)
+    replica_rows: tuple[tuple[str, PolicyResult, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = {"engine": self.rule, "cluster": self.cluster.to_dict(), "num_redundant": self.num_redundant,
@@ -94,6 +97,9 @@ class Comparison:
              "rows": [r.row() for r in self.results]}
         if self.layers_label:
             d["layers"] = self.layers_label
+        if self.replica_rows:
+            d["replica_rows"] = [{**r.row(), "label": label, "num_redundant": slots}
+                                 for label, r, slots in self.replica_rows]
         if self.shift_method is not None:
             d["shift"] = {r.policy: r.shift for r in self.results if r.shift is not None}
             d["shift_scenarios"] = list(self.shift_scenarios)

@@ -200,7 +200,10 @@ def check_compatible(placement: Placement, model: ModelSpec | None = None, clust
                 f"{what}: planned on {placement.layers_label} of model '{model.name}' (MoE layers "
                 f"{format_ranges(placement.moe_layers)}, the layers its routing log held), but these inputs need "
                 f"{model.layers_label or 'every MoE layer'} ({format_ranges(model.moe_layers)})")
-        if not shape_ok or model.name != placement.model_name:
+        # a placement names its model by a preset or by the config file it was planned from (a captured
+        # trace's model is its config.json): a model loaded from that file is the same model
+        same = model.name == placement.model_name or (bool(model.source) and model.source == placement.model_name)
+        if not shape_ok or not same:
             raise InputError(
                 f"{what}: made for model '{placement.model_name}' ({placement.num_experts} experts, "
                 f"{len(placement.moe_layers)} MoE layers) but the other inputs are of model '{model.name}' "

@@ -18,8 +18,11 @@ whole (:func:`check_groups`); the optimizer plans under that constraint with ``-
 """
 from __future__ import annotations
 
+import copy
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -139,12 +142,12 @@ def check_groups(new2old: np.ndarray, n_group: int, topk_group: int, where: str)
 
 
 # ---------------------------------------------------------------------------- checkpoint tensor names
-@dataclass(frozen=True)
-class ExpertTensor:
+class ExpertTensor(NamedTuple):
     """What a checkpoint tensor is to the relabelling. ``layer``: decoder layer index from the name;
     ``expert``: the id in the name (per-expert tensors) or ``None``; ``role``: ``expert`` (one expert's
     tensor: renamed), ``stacked`` (all experts along dim 0: rows permuted), ``router`` (router output rows
-    along dim 0) or ``bias`` (a per-expert vector such as ``e_score_correction_bias``)."""
+    along dim 0) or ``bias`` (a per-expert vector such as ``e_score_correction_bias``). A named tuple: K3
+    has ~0.7 M expert tensors."""
 
     layer: int
     expert: int | None
@@ -161,6 +164,10 @@ class ExpertTensor:
 # (``model.``, ``language_model.model.``) is kept.
 _BLOCK = r"(?P<pre>(?:^|.*\.)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.)"
 _PER_EXPERT = re.compile(_BLOCK + r"(?P<x>experts\.)(?P<id>\d+)(?P<tail>\..+)$")
+_EXPERT_PREFIX = re.compile(_BLOCK + r"experts\.")
+_PREFIX_LAYER: dict[str, int | None] = {}  # "...layers.5.mlp.experts." -> 5 (None: not an MoE block's)
+_EXPERT_PREFIX = re.compile(_BLOCK + r"experts\.")
+_PREFIX_LAYER: dict[str, int | None] = {}  # "...layers.5.mlp.experts." -> 5 (None: not an MoE block's)
 _STACKED = re.compile(_BLOCK + r"experts\.(?P<rest>[A-Za-z_][\w.]*)$")
 _ROUTER = re.compile(_BLOCK + r"(?:gate|router)\.(?P<rest>weight|bias|e_score_correction_bias)$")
 _BIAS = re.compile(_BLOCK + r"(?:experts\.)?e_score_correction_bias$")
@@ -172,6 +179,38 @@ def classify(name: str) -> ExpertTensor | None:
     suffix (``experts.7.w1.weight``, ``experts.7.gate_proj.weight``, K3's ``experts.7.w1.weight_packed`` /
     ``weight_scale``), stacked ones (``experts.gate_up_proj`` ``[E, ...]``), router rows (``gate.weight``
     ``[E, H]``, ``gate.bias``) and per-expert biases (``gate.e_score_correction_bias``)."""
+    i = name.find(".experts.")
+    if i >= 0:  # the fast path (K3 has ~0.7 M per-expert names): the prefix is checked once per layer
+        j = i + 9
+        k = name.find(".", j)
+        if k > j and name[j:k].isascii() and name[j:k].isdigit():
+            head = name[:j]
+            layer = _PREFIX_LAYER.get(head, -1)
+            if layer == -1:
+                m = _EXPERT_PREFIX.fullmatch(head)
+                layer = int(m["layer"]) if m else None
+                if len(_PREFIX_LAYER) > 65536:
+                    _PREFIX_LAYER.clear()
+                _PREFIX_LAYER[head] = layer
+            if layer is not None and k + 1 < len(name):
+                return ExpertTensor(layer, int(name[j:k]), "expert", head, name[k:])
+    i = name.find(".experts.")
+    if i >= 0:  # the fast path (K3 has ~0.7 M per-expert names): the prefix is checked once per layer
+        j = i + 9
+        k = name.find(".", j)
+        if k > j and name[j:k].isascii() and name[j:k].isdigit():
+            head = name[:j]
+            layer = _PREFIX_LAYER.get(head, -1)
+            if layer == -1:
+                m = _EXPERT_PREFIX.fullmatch(head)
+                layer = int(m["layer"]) if m else None
+                if len(_PREFIX_LAYER) > 65536:
+                    _PREFIX_LAYER.clear()
+                _PREFIX_LAYER[head] = layer
+            if layer is not None and k + 1 < len(name):
+                return ExpertTensor(layer, int(name[j:k]), "expert", head, name[k:])
+    if "experts" not in name and "gate" not in name and "router" not in name and "bias" not in name:
+        return None  # attention, norms, embeddings: no regex
     m = _PER_EXPERT.match(name)
     if m:
         return ExpertTensor(int(m["layer"]), int(m["id"]), "expert", m["pre"] + m["x"], m["tail"])
@@ -336,3 +375,113 @@ def check_for_model(facts: dict, model: ModelSpec, where: str, against: str) -> 
         raise InputError(f"{where}: made for model '{facts['model']}', but {against} is model '{model.name}' (the "
                          f"same shape, {E} experts x {len(layers)} MoE layers, is not the same model: its experts "
                          "are others); give the model the renaming was made for")
+
+
+# ---------------------------------------------------------------------------- per-expert quantization entries
+def quantization_config(config: dict) -> dict | None:
+    """The ``quantization_config`` of a Hugging Face ``config.json`` (top level, or a multimodal model's
+    ``text_config``, as Kimi K3 nests it); ``None`` when there is none."""
+    for holder in (config, config.get("text_config")):
+        if isinstance(holder, dict) and isinstance(holder.get("quantization_config"), dict):
+            return holder["quantization_config"]
+    return None
+
+
+def _name_lists(q: dict) -> list[tuple[str, list]]:
+    """``(where, list)`` of every list of module names in a compressed-tensors style ``quantization_config``
+    (``ignore``, ``config_groups.*.targets``; also ``modules_to_not_convert`` of other quantizers)."""
+    out = []
+    for key in ("ignore", "modules_to_not_convert"):
+        if isinstance(q.get(key), list):
+            out.append((key, q[key]))
+    groups = q.get("config_groups")
+    if isinstance(groups, dict):
+        for g, spec in groups.items():
+            if isinstance(spec, dict) and isinstance(spec.get("targets"), list):
+                out.append((f"config_groups.{g}.targets", spec["targets"]))
+    return out
+
+
+def relabel_quantization(q: dict, rel: Relabel, modules: Callable[[], dict[int, list[tuple[int, str]]]],
+                         where: str) -> tuple[dict, int]:
+    """``q`` with every entry that names one expert's module renamed through ``rel`` (an exact name
+    ``...layers.5.mlp.experts.17.w1`` becomes ``...experts.{old2new[17]}.w1``), and the number renamed.
+    A regular expression (``re:...``) cannot be renamed: it is kept when the set of expert modules it
+    matches in every relabelled layer is the same after the renaming (``re:.*experts.*``, or all ``w1``
+    modules), and refused (:class:`InputError`) when it picks out some experts and not their new names.
+    ``modules()``: per decoder layer, ``(expert id, module name)`` of the checkpoint's per-expert modules
+    (called once, only when a pattern is to be checked)."""
+    out = copy.deepcopy(q)
+    renamed = 0
+    mods: list = []
+
+    def get_modules():
+        if not mods:
+            mods.append(modules())
+        return mods[0]
+
+    for key, names in _name_lists(out):
+        for i, entry in enumerate(names):
+            if not isinstance(entry, str):
+                continue
+            if entry.startswith("re:"):
+                bad = _regex_moves(entry[3:], rel, get_modules())
+                if bad:
+                    raise InputError(f"{where}: quantization_config.{key}[{i}] {entry!r} names some experts of MoE "
+                                     f"layer {bad[0]} ({bad[1]}) but not what they are renamed to; a pattern "
+                                     "cannot be renamed: list those modules by name")
+                continue
+            t = classify(entry)
+            if t is None or t.expert is None or rel.moe_index(t.layer) is None:
+                continue
+            if t.expert >= rel.num_experts:
+                raise InputError(f"{where}: quantization_config.{key}[{i}] {entry!r}: expert id {t.expert} out of "
+                                 f"range [0, {rel.num_experts})")
+            new = rel.target_name(t)
+            if new != entry:
+                names[i] = new
+                renamed += 1
+    return out, renamed
+
+
+def _regex_moves(pattern: str, rel: Relabel, modules: dict[int, list[tuple[int, str]]]) -> tuple[int, str] | None:
+    """``(layer, module)`` of the first per-expert module that ``pattern`` matches while its renamed
+    counterpart does not (or the reverse); ``None`` when the renaming maps the matched set onto itself."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        raise InputError(f"quantization_config: pattern {pattern!r} is not a regular expression ({exc})") from None
+    for layer, mods in modules.items():
+        i = rel.moe_index(layer)
+        if i is None:
+            continue
+        hit = {(e, name[name.index(f"experts.{e}.") + len(f"experts.{e}."):]) for e, name in _matching(rx, mods)}
+        if not hit:
+            continue
+        moved = {(int(rel.old2new[i, e]), tail) for e, tail in hit}
+        if moved != hit:
+            e, tail = min(hit ^ moved)
+            return layer, f"experts.{e}.{tail}"
+    return None
+
+
+# what in a pattern could match across a newline or anchor at the text's ends: such patterns are matched
+# name by name, the others against all names at once
+_MULTILINE_UNSAFE = re.compile(r"\\[AZszSWDn]|\[\^|\(\?[a-zA-Z]*s|\\x0[aA]|\\012")
+
+
+def _matching(rx: re.Pattern, mods: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The ``(expert, module)`` pairs whose module ``rx.match``es: one scan of all names joined by newlines
+    (a zero-width lookahead at each line start) where the pattern cannot see past a line, each candidate
+    then confirmed on its own; name by name otherwise."""
+    if _MULTILINE_UNSAFE.search(rx.pattern) or rx.flags & re.DOTALL:
+        return [(e, m) for e, m in mods if rx.match(m)]
+    text = "\n".join(m for _, m in mods)
+    starts = {}
+    pos = 0
+    for k, (_, m) in enumerate(mods):
+        starts[pos] = k
+        pos += len(m) + 1
+    joined = re.compile(f"^(?=(?:{rx.pattern}))", rx.flags | re.MULTILINE)
+    cand = [mods[starts[m.start()]] for m in joined.finditer(text) if m.start() in starts]
+    return [(e, m) for e, m in cand if rx.match(m)]

@@ -23,16 +23,16 @@ def format_table(cmp: Comparison) -> str:
         head = ["policy", "time s", "plan bal", "shift mean", "shift worst", "plan nodes/tok", "plan KiB/tok",
                 "dup GPUs"]
     rows = []
-    for r in cmp.results:
+    for label, r in [(r.policy, r) for r in cmp.results] + [(label, r) for label, r, _ in cmp.replica_rows]:
         p, h = r.planning, r.held_out
         dup = str(duplicate_layers(r.placement, p))
         if has_held:
-            rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", f"{h.balancedness:.4f}",
+            rows.append([label, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", f"{h.balancedness:.4f}",
                          f"{h.worst_window_balancedness:.4f}", f"{h.max_over_mean:.4f}", *_traffic_cells(h), dup])
         else:
             sm = f"{r.shift['mean']:.4f}" if r.shift else "-"
             sw = f"{r.shift['worst']:.4f}" if r.shift else "-"
-            rows.append([r.policy, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", sm, sw, *_traffic_cells(p), dup])
+            rows.append([label, f"{r.seconds:.2f}", f"{p.balancedness:.4f}", sm, sw, *_traffic_cells(p), dup])
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                   for i, (c, w) in enumerate(zip(cells, widths)))

@@ -531,7 +531,9 @@ def run_capture(cfg: CaptureConfig) -> CaptureResult:
     except (OSError, ValueError, RuntimeError, AssertionError) as exc:  # torch asserts on a missing device
         raise InputError(f"{cfg.weights or cfg.hf_config}: cannot build the model on '{cfg.device}' ({exc})"
                          ) from None
-    spec = model_spec_of(model, source=str(cfg.hf_config))
+    # the trace's model is its config file (what load_model reads back): every later stage, export included,
+    # resolves it -- not the weights directory transformers records as the config's name_or_path
+    spec = model_spec_of(model, name=str(Path(cfg.hf_config).resolve()), source=str(cfg.hf_config))
     tokenizer, tok_desc = _tokenizer_for(cfg, int(config.vocab_size))
     encoded = [tokenizer.encode(p) for p in prompts]
     for i, e in enumerate(encoded):

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from moeplace.cli import flags
+from moeplace.cli.commands.optimize import planned_redundant
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import MoeplaceError
 from moeplace.foundation.files import (
@@ -27,7 +28,8 @@ from moeplace.foundation.files import (
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.model import load_model
-from moeplace.placement.windows import default_redundant
+from moeplace.placement.export.capabilities import SERVING_ENGINES, cell
+from moeplace.placement.export.sample_checkpoint import write_k3_like
 from moeplace.traces.format import TRACE_DIRECTORY
 from moeplace.traces.synth import SYNTH_VERSION, SynthConfig
 from moeplace.traces.validate import read_trace_meta, validate_trace
@@ -65,14 +67,44 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _stage(place, title: str, argv: list[str], ok_codes=(0,)) -> int:
-    print(f"\n== {title}\n$ place {shlex.join(argv)}", flush=True)
+def _stage(place, title: str, argv: list[str], ok_codes=(0,), before=None) -> int:
+    """Print the stage's title and command and run it; ``before`` (a callable) runs between the two."""
+    print(f"\n== {title}", flush=True)
     t0 = time.perf_counter()
+    if before is not None:
+        before()
+    print(f"$ place {shlex.join(argv)}", flush=True)
     rc = place(argv)
     print(f"({time.perf_counter() - t0:.1f} s)", flush=True)
     if rc not in ok_codes:
         raise MoeplaceError(f"demo stopped: `place {shlex.join(argv)}` exited with {rc}")
     return rc
+
+
+SAMPLE_CHECKPOINT = "k3-checkpoint"  # the demo's stand-in for the K3 weights (inside the run directory)
+RELABELLED = "k3-relabelled"
+
+
+def _deploy_relabelled(args, out: Path, model, launches: bool) -> None:
+    """Stages 5 and 6 of a replica-free plan: a small checkpoint in K3's shape, relabelled as the placement
+    with the launches that serve it (the relabelled checkpoint on vLLM and SGLang, the original through the
+    plugin), then verified byte for byte."""
+    src = out / SAMPLE_CHECKPOINT
+
+    def make() -> None:
+        t0 = time.perf_counter()
+        write_k3_like(src, model)
+        print(f"(made {src}: the demo's stand-in for the K3 weights -- K3's tensor names and MXFP4 layout at every "
+              f"MoE layer and expert, tiny random tensors; {time.perf_counter() - t0:.1f} s)", flush=True)
+        if not launches:
+            print("(the memory plan does not fit this cluster: the relabelled checkpoint comes without launch flags)")
+
+    layout = ["--flags", "--plan", str(out / "plan.json")] if launches else []
+    _stage(args.place, "5. relabel a small K3-shaped checkpoint as the placement; the launches that serve it",
+           ["export", str(out / "placement.json"), "--format", "checkpoint", "--model-path", str(src), "--out",
+            str(out / RELABELLED), *layout], before=make)
+    _stage(args.place, "6. prove the relabelled checkpoint against its source before serving it",
+           ["export", "--verify", str(out / RELABELLED)])
 
 
 def _valid_trace(path: Path, tokens: int, seed: int) -> bool:
@@ -156,9 +188,10 @@ def _pipeline(args, out: Path, traces: Path) -> int:
                 "--seed", str(args.seed), *(["--force"] if traces.exists() else [])])
     _stage(args.place, "2. trace statistics (Loads per window, skew, drift, affinity)",
            ["trace", "stats", str(traces), "--out", str(out / "loads.npz")])
-    # planned with the redundant slots the placement will have (place optimize's default), so the plan
-    # certifies the deployment the launch lines below start
-    redundant = default_redundant(load_model("kimi-k3").num_experts, args.gpus)
+    # planned with the redundant slots the placement will have (place optimize's default: none for K3, whose
+    # engines serve only a replica-free placement), so the plan certifies the deployment the launches start
+    model = load_model("kimi-k3")
+    redundant, _ = planned_redundant(model, args.gpus, None)
     plan_rc = _stage(args.place, "3. memory plan: does K3 fit, and how many sequences at which context",
                      ["plan", "--model", "kimi-k3", "--gpus", gpus, "--gpu", args.gpu, "--tp", str(tp), "--dp",
                       str(args.gpus // tp), "--redundant", str(redundant), "--context-mix",
@@ -167,17 +200,13 @@ def _pipeline(args, out: Path, traces: Path) -> int:
            ["optimize", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--out", str(out / "placement.json"),
             "--save-all", str(out / "placements"), "--report", str(out / "comparison.json"),
             "--seed", str(args.seed)])
-    # the launch lines realize the layout step 3 certified (the export re-runs that plan and refuses a
-    # layout that does not fit); a layout that did not fit gets no launch lines
-    layout = ["--flags", "--plan", str(out / "plan.json")] if plan_rc == 0 else []
-    if not layout:
-        print("\n(the memory plan does not fit this cluster: the exports below come without launch flags)")
-    _stage(args.place, "5. export the moeplace placement for SGLang, with its launch flags",
-           ["export", str(out / "placement.json"), "--format", "sglang", "--out",
-            str(out / "export" / "sglang-expert-location.json"), *layout])
-    _stage(args.place, "6. export for vLLM (eplb_config.initial_expert_map_path, vLLM PR #49572), with its launch flags",
-           ["export", str(out / "placement.json"), "--format", "vllm-expert-map", "--out",
-            str(out / "export" / "vllm-expert-map.json"), *layout])
+    if redundant == 0:
+        _deploy_relabelled(args, out, model, plan_rc == 0)
+    else:  # a model an engine applies a placement file for: that file and its launch
+        layout = ["--flags", "--plan", str(out / "plan.json")] if plan_rc == 0 else []
+        _stage(args.place, "5. export the moeplace placement for SGLang, with its launch flags",
+               ["export", str(out / "placement.json"), "--format", "sglang", "--out",
+                str(out / "export" / "sglang-expert-location.json"), *layout])
     # Prompt lengths from a chat-like mixture (routing still from the trace): the trace's own long-context
     # tail (a 1M-token prompt) would set the pace of every step and hide the placements' differences;
     # docs/simulate.md shows that scenario on its own.
@@ -194,13 +223,19 @@ def _pipeline(args, out: Path, traces: Path) -> int:
     _stage(args.place, "7. simulate serving with each placement (straggler cost in seconds and tokens/s)", sim_argv)
     # The engines' own online rebalancers, tuned on the trace (each candidate scored on routing its window has
     # not seen, for >= 5 of its rebalance intervals after warm-up) where the capability table says they act on
-    # the model; for K3 none does in the checked releases, and the step says what each lacks and which
-    # replica-free route serves a placement instead. Short prompts and few requests in flight keep the
-    # iterations short; the smallest search (--quick) and a larger wall budget keep the step affordable.
-    engines = ["--engine", "vllm"] if args.quick else ["--engine", "vllm", "--engine", "sglang", "--engine", "trtllm"]
-    _stage(args.place, "8. the engines' own online rebalancers: tuned where they act on the model, else what they lack",
-           ["rebalance", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--quick", *engines, "--max-trace-tokens",
-            "20000", "--concurrency", "64", "--context-mix", "512:1", "--output-len", "512", "--seed", str(args.seed),
-            "--budget", "7200", "--report", str(out / "rebalance.json")])
+    # the model (for K3 none does in the checked releases: stage 4's serving lines said so, once). Short prompts
+    # and few requests in flight keep the iterations short; the smallest search (--quick) and a larger wall
+    # budget keep the step affordable.
+    acting = [e for e in (["vllm"] if args.quick else list(SERVING_ENGINES))
+              if cell(e, "online_eplb", model).supported is not False]
+    if not acting:
+        print(f"\n== 8. the engines' own online rebalancers: none acts on {model.name} in the checked releases "
+              "(stage 4's serving lines), nothing to tune")
+    else:
+        _stage(args.place, "8. the engines' own online rebalancers, tuned on the trace",
+               ["rebalance", str(traces), "--gpus", gpus, "--gpu", args.gpu, "--quick",
+                *[x for e in acting for x in ("--engine", e)], "--max-trace-tokens", "20000", "--concurrency", "64",
+                "--context-mix", "512:1", "--output-len", "512", "--seed", str(args.seed), "--budget", "7200",
+                "--report", str(out / "rebalance.json")])
     print(f"\nDone. Explore the run: place dashboard {out}")
     return 0

@@ -28,10 +28,12 @@ from moeplace.traces.stats import trace_loads
 def register(sub) -> None:
     p = sub.add_parser("export", help="write a placement as a file SGLang / vLLM / vllm-ascend / TensorRT-LLM loads",
                        description=__doc__)
-    p.add_argument("placement", help="placement JSON (written by `place optimize` / `place import-placement`)")
-    p.add_argument("--format", required=True, choices=[*format_names(), export_checkpoint.FORMAT],
-                   help="engine file format, or checkpoint: a relabelled copy of --model-path")
-    p.add_argument("--out", required=True,
+    p.add_argument("placement", nargs="?", default=None,
+                   help="placement JSON (written by `place optimize` / `place import-placement`)")
+    p.add_argument("--format", default=None, choices=[*format_names(), export_checkpoint.FORMAT],
+                   help="engine file format, or checkpoint: a relabelled copy of --model-path (required but "
+                        "with --verify)")
+    p.add_argument("--out", default=None,
                    help="output file (suffix as the engine requires: .json, .pt, .jsonl, .yaml; a directory for "
                         "--format checkpoint)")
     p.add_argument("--model", default=None,
@@ -154,12 +156,27 @@ DIRECTORY_FORMATS = {export_checkpoint.FORMAT: export_checkpoint.run}
 
 
 def run(args) -> int:
+    if args.check_logs is not None:
+        if args.verify is not None or args.format or args.out or args.flags:
+            raise InputError("--check-logs LOG... reads a deployment's logs: --verify / --format / --out / --flags "
+                             "do not go with it")
+        return export_checkpoint.run_check_logs(args)
+    if args.verify is not None:
+        if args.format not in (None, export_checkpoint.FORMAT) or args.out or args.flags:
+            raise InputError("--verify DST checks a relabelled checkpoint: --out / --flags / another --format do "
+                             "not go with it")
+        return export_checkpoint.run_verify(args)
     if args.pools:
+        if args.placement is None or args.format is None or args.out is None:
+            raise InputError("place export --pools needs PLACEMENT (one file, or prefill=A,decode=B), --format and "
+                             "--out")
         return run_pools(args)
+    if args.placement is None or args.format is None or args.out is None:
+        raise InputError("place export needs PLACEMENT, --format and --out (or --verify DST)")
     if args.format in DIRECTORY_FORMATS:
         return DIRECTORY_FORMATS[args.format](args)
-    if args.layout is not None or not args.link:
-        raise InputError("--layout / --copy go with --format checkpoint")
+    if args.layout is not None or not args.link or args.dry_run or args.full_hash or args.pool:
+        raise InputError("--layout / --copy / --dry-run / --hash / --pool go with --format checkpoint")
     placement = load_placement(args.placement)
     if placement.layers_label:
         # Every engine format maps every MoE layer (vLLM/SGLang/TensorRT-LLM index a full [layers, slots]

@@ -8,6 +8,7 @@ import math
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from moeplace.cli import flags
@@ -33,6 +34,7 @@ from moeplace.placement.export import capabilities
 from moeplace.placement.phase import DecodePool, compare_phase, format_decode
 from moeplace.placement.policies import policy_names
 from moeplace.placement.record import PLACEMENT_JSON
+from moeplace.placement.relabel import CONTIGUOUS, group_breaks, permutations
 from moeplace.placement.report import format_shift, format_table
 from moeplace.placement.windows import DEFAULT_WINDOW_TOKENS, default_redundant, routing_windows
 from moeplace.traces.validate import read_trace_meta
@@ -57,8 +59,10 @@ def register(sub) -> None:
     p.add_argument("--gpus-per-node", type=flags.positive_int, default=None, help="default: the GPU preset's node size")
     p.add_argument("--gpu", default="h200", help=f"GPU preset ({', '.join(gpu_preset_names())})")
     p.add_argument("--redundant", type=flags.nonneg_int, default=None,
-                   help="redundant slots R (E + R must be a multiple of --gpus); default: the smallest R >= "
-                        "0 that makes E + R divisible, plus one slot per GPU when that is 0 (K3 on 32: 32)")
+                   help="redundant slots R (E + R must be a multiple of --gpus); default: 0 for a model the "
+                        "engines serve only replica-free (place engines: K3 today; a second row shows what "
+                        "replicas would add), else the smallest R >= 0 that makes E + R divisible, plus one slot "
+                        "per GPU when that is 0")
     p.add_argument("--policy", action="append", default=None,
                    help="policy to run (repeatable; default: all registered). The first one is written "
                         "to --out (default written: moeplace if registered, else eplb)")
@@ -153,7 +157,7 @@ def run(args) -> int:
                                                  Path(x).name) for x in args.inputs]
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
     E = loads.model.num_experts
-    R = default_redundant(E, cluster.num_gpus) if args.redundant is None else args.redundant
+    R, replica_row = planned_redundant(loads.model, cluster.num_gpus, args.redundant)
     if R < 0:
         raise InputError(f"--redundant must be >= 0, got {R}")
     if (E + R) % cluster.num_gpus:
@@ -175,6 +179,8 @@ def run(args) -> int:
                            plan_fraction=args.plan_fraction, seed=args.seed, deadline=deadline,
                            options=options, shift=not args.no_shift, shift_sample=args.shift_layers or "auto")
     chosen = args.policy[0] if args.policy else ("moeplace" if "moeplace" in names else "eplb")
+    if replica_row and any(r.policy == chosen for r in cmp.results):
+        cmp = with_replica_row(cmp, loads, cluster, chosen, replica_row, args, options, deadline)
     result = next((r for r in cmp.results if r.policy == chosen), None)
     if result is None:  # the limit left out the policy to write: say so instead of writing another
         print(format_table(cmp), file=sys.stderr)
@@ -205,7 +211,10 @@ def run(args) -> int:
             on = (f"--gpus {cluster.num_gpus} --gpus-per-node {cluster.gpus_per_node} --gpu {shlex.quote(args.gpu)}"
                   + (f" --attention-tp {tp}" if tp != 8 else ""))
             print(shift_advice(result, where, args.inputs, on))
-        _print_moeplace_extras(cmp)
+        _print_moeplace_extras(cmp, keep)
+        if keep:
+            for line in keep_groups_lines(cmp, keep):
+                print(line)
         if R:  # the one plan every engine can serve today, as a relabelled checkpoint (docs/export.md)
             print(f"replica-free: these plans use {R} redundant slots per layer, which an engine must load as a "
                   "placement; for a relabelled checkpoint any engine serves (place export --format checkpoint) "
@@ -213,8 +222,9 @@ def run(args) -> int:
                                                 and loads.model.topk_group < loads.model.n_group else ""))
         if wrote:
             print(f"wrote {args.out} (policy {chosen})")
-        for line in capabilities.advice(loads.model, R):  # what the engines lack to serve it, and the route offered
-            print(f"serving: {line}")
+        # how each engine serves what was written: one line per engine (place engines --reasons: the reasons)
+        for line in capabilities.serving_lines(loads.model, R, result.placement):
+            print(line)
     outs.finish()
     return 0
 
@@ -243,7 +253,7 @@ def run_phase(args, names: list[str], model, outs: Outputs, deadline: float | No
         tp, dp = tp or lay.tp, lay.dp if tp is None else pool.gpus // tp
     cluster = make_cluster(gpus, gpu, args.gpus_per_node)
     E = read_model.num_experts
-    R = default_redundant(E, cluster.num_gpus) if redundant is None else redundant
+    R = planned_redundant(read_model, cluster.num_gpus, redundant)[0]  # replica-free where engines serve only that
     if (E + R) % cluster.num_gpus:
         raise InputError(f"--redundant {R}: {E} experts + {R} = {E + R} slots is not a multiple of {cluster.num_gpus} "
                          f"GPUs; use e.g. --redundant {default_redundant(E, cluster.num_gpus)}")
@@ -294,6 +304,34 @@ def run_phase(args, names: list[str], model, outs: Outputs, deadline: float | No
     return 0
 
 
+def planned_redundant(model, num_gpus: int, given: int | None) -> tuple[int, int]:
+    """``(R, replica_row)``: the redundant slots to plan with and, when the default is the replica-free plan
+    because the engines serve the model no other way (the capability table; K3 today), the slots of the
+    second row that shows what replicas would add (0: no such row)."""
+    usual = default_redundant(model.num_experts, num_gpus)
+    if given is not None:
+        return given, 0
+    if model.num_experts % num_gpus == 0 and capabilities.replica_free_only(model):
+        return 0, usual
+    return usual, 0
+
+
+def with_replica_row(cmp, loads, cluster, policy: str, slots: int, args, options, deadline):
+    """``cmp`` with a second row for ``policy``: the same plan with ``slots`` redundant slots per layer,
+    planned and scored on the same windows (what replicas would add; no engine serves it for the model)."""
+    if deadline is not None and deadline - time.monotonic() <= 0:
+        return replace(cmp, notes=(*cmp.notes, f"{policy} +{slots} replicas: skipped (time limit)"))
+    alt = compare_policies(loads, cluster, num_redundant=slots, policies=[policy], rule=args.engine,
+                           plan_fraction=args.plan_fraction, seed=args.seed, deadline=deadline,
+                           options={**options, "keep_groups": None}, shift=False)
+    if not alt.results:
+        return replace(cmp, notes=(*cmp.notes, *alt.notes))
+    label = f"{policy} +{slots} replicas"
+    why = (f"{label}: the same policy with {slots} redundant slots per layer, planned and scored on the same "
+           f"windows -- what replicas would add; no engine serves it for {loads.model.name} (serving lines below)")
+    return replace(cmp, replica_rows=((label, alt.results[0], slots),), notes=(*cmp.notes, why))
+
+
 def _save_all(outs: Outputs, d: Path, results) -> None:
     """``--save-all DIR``: every policy's placement. A new directory appears whole or not at all (its
     files are written into a temporary sibling that is renamed to ``DIR`` when all are there: a full disk
@@ -341,7 +379,21 @@ def _shift_layers(text: str) -> int | str:
     return "all" if text.lower() == "all" else flags.positive_int(text)
 
 
-def _print_moeplace_extras(cmp) -> None:
+def keep_groups_lines(cmp, n_group: int) -> list[str]:
+    """Under ``--keep-groups``: which rows keep the routing groups whole (servable by relabelling) and which are
+    the unconstrained baselines they are (the table scores every row as it was planned)."""
+    split = [r.policy for r in cmp.results if r.placement.num_redundant == 0
+             and group_breaks(permutations(r.placement, CONTIGUOUS), n_group) is not None]
+    kept = [r.policy for r in cmp.results if r.policy not in split]
+    if not split:
+        return [f"--keep-groups: every row keeps the {n_group} routing groups whole"]
+    line = (f"--keep-groups: {', '.join(kept) or 'no row'} keep the {n_group} routing groups whole; "
+            f"{', '.join(split)} split them -- unconstrained baselines, scored as planned, which no relabelling "
+            "serves exactly under group-limited routing")
+    return [line]
+
+
+def _print_moeplace_extras(cmp, keep_groups: int | None = None) -> None:
     """The optimizer's own report (from the placement's provenance): its gap to its proven bound on what
     it optimizes, its in-sample traffic figures and the --pareto frontier."""
     for r in cmp.results:
@@ -351,9 +403,11 @@ def _print_moeplace_extras(cmp) -> None:
         config = r.placement.provenance.get("params", {}).get("config", {})
         what = ("the worst planning window" if config.get("robust")
                 else "the sum of the planning windows (not each window)")
+        within = (" -- the bound ignores the routing groups, so under --keep-groups the gap includes what keeping "
+                  "them costs" if keep_groups else "")
         print(f"moeplace: on {what}, which it optimizes, max/mean is within {summary['max_gap']:.3%} "
               f"(worst layer; mean {summary['mean_gap']:.3%}) of a proven lower bound for any placement "
-              "with this slot budget")
+              f"with this slot budget{within}")
         if "nodes_per_token_after" in summary:
             print(f"moeplace: nodes touched per token of its planning sample (in-sample) "
                   f"{summary['nodes_per_token_before']:.3f} -> {summary['nodes_per_token_after']:.3f}")

@@ -127,8 +127,12 @@ def run(args) -> int:
         print(report)
     else:
         print(render_plan(plan))
-        for line in capabilities.advice(model, plan.layout.num_redundant):  # the engines that will not apply it
-            print(f"serving: {line}")
+        R = plan.layout.num_redundant
+        # redundant slots only some engines apply: how each serves them, once (a replica-free plan is the
+        # placement's question: place optimize says how it is served)
+        if R and any(capabilities.serving_route(e, model, R) is None for e in capabilities.SERVING_ENGINES):
+            for line in capabilities.serving_lines(model, R):
+                print(line)
     outs.finish()
     return 0 if plan.fits else EXIT_DOES_NOT_FIT
 

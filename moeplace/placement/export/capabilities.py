@@ -31,6 +31,7 @@ from typing import Any
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
+from moeplace.placement.relabel import CONTIGUOUS, group_breaks, permutations
 
 PLUGIN_ENV = "MOEPLACE_PLACEMENT"  # the vLLM plugin reads the placement JSON named here
 PLUGIN_INSTALL = "pip install 'moeplace[vllm]'"  # the extra that declares the vllm.general_plugins entry point
@@ -168,7 +169,11 @@ def _vllm(version: str = "0.34.0") -> EngineRelease:
                                        "kimi_k25": f"vLLM {version}: kimi_k25.py does not implement MixtureOfExperts"},
                                       how="--enable-expert-parallel --enable-eplb --eplb-config JSON"),
         "stats_dump": ByArchitecture(None, f"vLLM {version}: --enable-return-routed-experts returns each request's "
-                                     "routed experts (RoutedExpertsCapturer in the shared fused-MoE layer)",
+                                     "routed experts (bind_routed_experts_capturer, routed_experts_capturer.py: "
+                                     "through FusedMoE's router, and under --moe-backend deep_gemm_mega_moe, the "
+                                     "backend of vLLM's K3 recipe, through DeepGemmMegaMoEExperts, which has no "
+                                     "FusedMoE router but is a RoutedExpertsCaptureSource that captures its logical "
+                                     "top-k ids)",
                                      how="place trace import --format vllm-routed-experts"),
     })
 
@@ -356,3 +361,66 @@ def to_json(models: list[ModelSpec], engines: list[str] | None = None) -> dict[s
             "models": {m.name: m.hf_model_type for m in models},
             "cells": [dict(c.to_dict(), model=m.name) for n in names for m in models
                       for c in [ENGINES[n].cell(m, f) for f in FEATURES]]}
+
+
+# --------------------------------------------------------------------------------------- the deployable plan
+SERVING_ENGINES = ("vllm", "sglang", "trtllm")  # the engines whose serving the plan commands report
+
+
+def replica_free_only(model: ModelSpec, engines: tuple[str, ...] = SERVING_ENGINES) -> bool:
+    """Whether the engines can serve ``model`` only with a replica-free placement (a relabelled checkpoint or
+    the plugin) and none applies redundant slots (no placement file reaches the model): then a plan with
+    replicas is one nobody can deploy, and ``place optimize`` plans without them by default (K3 today)."""
+    with_replicas = any(serving_route(e, model, 1) is not None for e in engines)
+    without = any(serving_route(e, model, 0) is not None for e in engines)
+    return without and not with_replicas
+
+
+def _groups_split(model: ModelSpec, placement: Any) -> bool:
+    """A replica-free ``placement`` of a group-limited model (DeepSeek-V3's n_group / topk_group) that splits a
+    routing group under the contiguous layout: no relabelling serves it exactly."""
+    if placement is None or placement.num_redundant or model.n_group <= 1 or model.topk_group >= model.n_group:
+        return False
+    return group_breaks(permutations(placement, CONTIGUOUS), model.n_group) is not None
+
+
+def _short(titles: list[str]) -> str:
+    return " or ".join(titles)
+
+
+def serving_lines(model: ModelSpec, num_redundant: int, placement: Any = None,
+                  engines: tuple[str, ...] = SERVING_ENGINES) -> list[str]:
+    """How each engine serves a ``model`` placement with ``num_redundant`` redundant slots per layer: a header
+    line, then one line per engine (the route, or that it has none, and what the table says it lacks for the
+    model); ``place engines --reasons`` has every reason. With ``placement``, a group-limited model's
+    replica-free plan is checked first: one that splits a routing group is served by no relabelling."""
+    split = _groups_split(model, placement)
+    head = (f"serving a {model.name} placement with {num_redundant} redundant slots per layer (reasons: place "
+            f"engines --model {model.name} --reasons):")
+    lines = [head]
+    for name in engines:
+        e = ENGINES[name]
+        missing = [FEATURES[c.feature].title for c in lacks(name, model)]
+        lack = f"; no {' or '.join(missing)} for {model.name}" if missing else ""
+        route = serving_route(name, model, num_redundant)
+        if route is not None and route.feature != "placement_file" and split:
+            lines.append(f"  {e.title} {e.version}: not served -- the plan splits DeepSeek-style routing groups "
+                         f"(n_group {model.n_group}, top-{model.topk_group} groups), which no relabelling keeps "
+                         f"exact: plan with --keep-groups{lack}")
+            continue
+        if route is None:
+            alts = alternatives(name, model)
+            if num_redundant and alts:
+                how = f"not with replicas; a replica-free plan (--redundant 0) through the {_short([FEATURES[c.feature].title for c in alts])}"
+            else:
+                unchecked = [FEATURES[c.feature].title for c in (e.cell(model, "plugin"), e.cell(model, "checkpoint"))
+                             if c.supported is None]
+                how = "no route" + (f" ({_short(unchecked)} not checked)" if unchecked else "")
+            lines.append(f"  {e.title} {e.version}: {how}{lack}")
+            continue
+        if route.feature == "placement_file":
+            lines.append(f"  {e.title} {e.version}: the {FEATURES[route.feature].title} ({route.how}){lack}")
+            continue
+        titles = [FEATURES[c.feature].title for c in alternatives(name, model)]
+        lines.append(f"  {e.title} {e.version}: the {_short(titles)}{lack}")
+    return lines

@@ -2,57 +2,77 @@
 checkpoint whose engine layout (contiguous blocks, or vLLM ``round_robin``) is the placement
 (:mod:`moeplace.placement.relabel` says why this is exact and which id goes where).
 
-The copy keeps every tensor name, dtype and shape, and every shard's header byte for byte: only data moves.
-DST's ``...experts.{n}.<suffix>`` holds the bytes of SRC's ``...experts.{new2old[n]}.<suffix>`` (wherever in
-SRC's shards it lies: packed weights and their scales alike), and a tensor whose dim 0 runs over the experts
-(stacked ``experts.gate_up_proj [E, ...]``, the router's ``gate.weight [E, H]``, ``e_score_correction_bias
-[E]``) has its rows gathered by ``new2old``. So ``model.safetensors.index.json`` stays valid as it is, the
-writer needs no torch and reads any dtype (fp8, packed int4, mxfp4 blocks): it copies byte ranges.
+A relabelling is a renaming. DST's shard ``s`` holds SRC's shard ``s`` byte for byte from its data section
+on; only its header changes: ``...experts.{old}.<suffix>`` is called ``...experts.{old2new[old]}.<suffix>``
+(same dtype, shape and byte range: packed weights and every scale move with their expert by construction),
+and ``__metadata__`` gains :data:`METADATA_KEY` naming the relabelling (so a weight cache keyed on the
+headers tells DST from SRC). ``model.safetensors.index.json`` maps each renamed tensor to the shard its bytes
+are in. The only data that changes: tensors whose dim 0 runs over the experts -- the router's ``gate.weight
+[E, H]``, ``e_score_correction_bias [E]`` and stacked experts ``experts.gate_up_proj [E, ...]`` -- have their
+rows gathered by ``new2old``, written in place over the copied data.
 
-Memory stays bounded (a chunk of at most :data:`CHUNK` bytes at a time); a shard none of whose tensors moves
-is hard-linked (same file system) or copied byte for byte (``link=False``). Everything is written into a
-temporary directory next to DST, which is renamed onto DST only when complete, with the manifest
-``moeplace-relabel.json`` recording the permutation, the layout and the sha256 of the placement and of every
-source shard.
+So a shard's data section is copied as one sequential range: ``FICLONERANGE`` (a reflink: XFS, btrfs share
+the blocks and DST costs almost no space) where the file system shares blocks, else ``copy_file_range``
+(in the kernel), else a bounded read/write loop. The new header is padded with spaces to the source
+header's length (or the next multiple of :data:`BLOCK` bytes beyond it) so the data section keeps its
+offset within a block, which a reflink needs. A shard nothing in it changes is hard-linked (same file
+system) or copied. Free space is checked before anything is written (:func:`needs`).
+
+Everything is written into a temporary directory next to DST, which is renamed onto DST only when complete,
+with the manifest ``moeplace-relabel.json``: the permutation, the layout, the placement's sha256, and per
+source shard its size and header sha256 (the source's identity; ``full_hash`` adds the sha256 of every byte,
+computed in parallel with the copy). :mod:`moeplace.placement.export.verify` proves DST against SRC.
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
+import operator
 import os
+import re
 import shutil
+import struct
 import time
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+import orjson
 
-from moeplace.foundation.checkpoint_files import check_not_relabelled, read_safetensors_header, require_file
+from moeplace.foundation import reading
+from moeplace.foundation.checkpoint_files import MAX_HEADER, check_header, require_file
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.files import OutputKind, atomic_path, register_kind
+from moeplace.foundation.files import TEMP_MARK, OutputKind, atomic_path, register_kind
 from moeplace.foundation.formats import kind_of, tagged
 from moeplace.foundation.model import from_hf_config
 from moeplace.foundation.reading import read_json
 from moeplace.placement.record import Placement
 from moeplace.placement.relabel import (
-    ExpertTensor,
     Layout,
     Relabel,
     check_groups,
     classify,
     from_placement,
+    quantization_config,
+    relabel_quantization,
 )
 
 MANIFEST = "moeplace-relabel.json"
-CHUNK = 64 << 20  # bytes copied at a time: bounds the memory of a rewrite whatever the tensor size
+METADATA_KEY = "moeplace.relabel"  # the __metadata__ entry of every rewritten shard
+CHUNK = 64 << 20  # bytes copied / compared at a time: bounds memory whatever the tensor size
+BLOCK = 4096  # file-system block: a reflinked range starts at the same offset within a block in both files
+FICLONERANGE = 0x4020940D  # linux/fs.h _IOW(0x94, 13, struct file_clone_range)
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor of a safetensors file: absolute byte range ``[start, end)`` in ``shard``."""
+class TensorInfo(NamedTuple):
+    """One tensor of a safetensors file: absolute byte range ``[start, end)`` in ``shard`` (a named tuple:
+    K3 has ~0.7 M of them)."""
 
     shard: str
     dtype: str
@@ -65,46 +85,117 @@ class TensorInfo:
         return self.end - self.start
 
 
+@dataclass(frozen=True)
+class ShardHeader:
+    """A shard's header: its length (JSON bytes), its sha256 (with the 8 length bytes), the file size and
+    the JSON text itself (``text``: kept by a light scan, which the relabelling works on)."""
+
+    length: int
+    sha256: str
+    size: int
+    text: bytes = b""
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.length
+
+
 @dataclass
 class Checkpoint:
-    """A safetensors checkpoint directory: its shards (file names, in order), every tensor, the index file
-    (``None`` for a single file) and ``config.json``."""
+    """A safetensors checkpoint directory: its shards (file names, in order), every tensor (a full scan;
+    empty after a light one), the index file (``None`` for a single file) and ``config.json``."""
 
     root: Path
     shards: list[str]
     tensors: dict[str, TensorInfo]
     index: str | None
     config: dict[str, Any]
-    data_start: dict[str, int] = field(default_factory=dict)
+    headers: dict[str, ShardHeader] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(h.size for h in self.headers.values())
 
 
-def read_header(path: Path) -> tuple[int, dict[str, Any]]:
-    """``(data_start, header)`` of a safetensors file (8-byte little-endian header length, JSON header),
-    checked as the safetensors library checks it before anything is copied
-    (:func:`moeplace.foundation.checkpoint_files.read_safetensors_header`)."""
-    start, head, _ = read_safetensors_header(path)
-    return start, head
+def read_header_bytes(path: Path) -> tuple[int, bytes, str]:
+    """``(header length, JSON header bytes, sha256 of the length and header bytes)`` of a safetensors file
+    (8-byte little-endian header length, then the header): a regular file (not a FIFO, a device or a
+    directory), a length within safetensors' limit and within the file."""
+    try:
+        with reading.open_regular(path, "a safetensors shard") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise InputError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > MAX_HEADER:
+                raise InputError(f"{path}: not a safetensors file (header length {n:,} bytes, over safetensors' "
+                                 f"limit of {MAX_HEADER:,})")
+            if 8 + n > size:
+                raise InputError(f"{path}: not a safetensors file (header length {n:,} bytes, but the file holds "
+                                 f"{size - 8:,} after the length)")
+            text = f.read(n)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such safetensors file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(text) != n:
+        raise InputError(f"{path}: shorter than its header length says (changed while read?)")
+    return n, text, hashlib.sha256(raw + text).hexdigest()
 
 
-def scan(root: str | Path) -> Checkpoint:
-    """Read every shard's header (no tensor data) of the checkpoint in ``root``."""
+def read_header(path: Path) -> tuple[int, dict[str, Any], str]:
+    """``(data_start, header, sha256 of the length and header bytes)`` of a safetensors file, checked as the
+    safetensors library checks it (:func:`moeplace.foundation.checkpoint_files.check_header`). The one place
+    a header is parsed."""
+    n, text, digest = read_header_bytes(path)
+    head = parse_header(text, path)
+    check_header(head, path, 8 + n, path.stat().st_size)
+    return 8 + n, head, digest
+
+
+def parse_header(text: bytes, path: Path) -> dict[str, Any]:
+    """The JSON header, parsed by orjson (K3's headers are ~90 MB of JSON in all: ~5x faster than the
+    standard library). What orjson refuses is worded by the strict reader (depth, duplicate keys, numbers);
+    a key given twice, which orjson would silently collapse, is refused too: every tensor entry holds one
+    ``"data_offsets"``, so fewer tensors than that key's occurrences means a name was repeated."""
+    if not text.lstrip(b" ").startswith(b"{"):
+        raise InputError(f"{path}: not a safetensors file (the header is not a JSON object)")
+    try:
+        head = orjson.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        head = reading.parse_json(text, f"{path}: header", "a safetensors header (JSON)")  # words the problem
+    if not isinstance(head, dict):
+        raise InputError(f"{path}: not a safetensors file (the header is not a JSON object)")
+    if len(head) - ("__metadata__" in head) < text.count(b'"data_offsets"'):
+        reading.parse_json(text, f"{path}: header", "a safetensors header (JSON)")  # names the repeated key
+        raise InputError(f"{path}: header: a tensor name or field is given twice")
+    return head
+
+
+def scan(root: str | Path, what: str = "--model-path", *, full: bool = True) -> Checkpoint:
+    """Read every shard's header (no tensor data) of the checkpoint in ``root``: with ``full`` every tensor
+    (dtype, shape, byte range; what verifying reads), else only each header's text (what relabelling
+    rewrites: K3's 0.7 M tensors are not turned into objects)."""
     root = Path(root)
     if not root.is_dir():
-        raise InputError(f"--model-path {root}: not a directory (a safetensors checkpoint directory expected)")
-    check_not_relabelled(root, MANIFEST)  # as the vLLM plugin refuses one
+        raise InputError(f"{what} {root}: not a directory (a safetensors checkpoint directory expected)")
     cfg_path = root / "config.json"
     require_file(cfg_path, "the checkpoint's config.json, which says which model it is")
     config = read_json(cfg_path, unreadable="not a readable config.json")
+    if not isinstance(config, dict):
+        raise InputError(f"{cfg_path}: not a JSON object")
     indexes = sorted(p.name for p in root.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
         raise InputError(f"{root}: {len(indexes)} safetensors index files ({', '.join(indexes)}); expected one")
+    wm = None
     if indexes:
         index = indexes[0]
-        doc = read_json(root / index, unreadable="not a readable safetensors index")
-        wm = doc.get("weight_map") if isinstance(doc, dict) else None
-        if not isinstance(wm, dict) or not wm:
-            raise InputError(f"{root / index}: field 'weight_map' missing or empty")
-        shards = list(dict.fromkeys(str(v) for v in wm.values()))
+        if full:
+            wm = read_index(root / index)
+            shards = list(dict.fromkeys(str(v) for v in wm.values()))
+        else:
+            shards = index_shards(root / index)
     else:
         index = None
         shards = sorted(p.name for p in root.glob("*.safetensors"))
@@ -117,54 +208,350 @@ def scan(root: str | Path) -> Checkpoint:
         if "/" in s or s.startswith("."):
             raise InputError(f"{root / index}: shard name {s!r} is not a file in the checkpoint directory")
         require_file(path, f"a shard named in {index}" if index else "the checkpoint's one shard")
-        start, head, checked = read_safetensors_header(path)  # every tensor checked before a byte moves
-        ck.data_start[s] = start
-        for name, t in checked.items():
-            info = TensorInfo(s, t.dtype, t.shape, t.start, t.end)
-            if name in ck.tensors:
-                raise InputError(f"{path}: tensor {name} also in {ck.tensors[name].shard}")
-            ck.tensors[name] = info
+        n, text, digest = read_header_bytes(path)
+        size = path.stat().st_size
+        head = parse_header(text, path)
+        checked = check_header(head, path, 8 + n, size)  # every tensor checked before a byte moves
+        ck.headers[s] = ShardHeader(n, digest, size, b"" if full else text)
+        if full:
+            for name, h in checked.items():
+                if name in ck.tensors:
+                    raise InputError(f"{path}: tensor {name} also in {ck.tensors[name].shard}")
+                ck.tensors[name] = TensorInfo(s, h.dtype, h.shape, h.start, h.end)
         if index is not None:
-            missing = [n for n, v in wm.items() if v == s and n not in head]
+            missing = [x for x, v in wm.items() if v == s and x not in head]
             if missing:
                 raise InputError(f"{root / index}: tensor {missing[0]} is mapped to {s}, which does not hold it")
+    if index is not None and full:
+        for x, v in wm.items():
+            got = ck.tensors.get(x)
+            if got is None or got.shard != str(v):
+                raise InputError(f"{root / index}: tensor {x} is mapped to {v}, which does not hold it")
     return ck
+
+
+_INDEX_VALUE = re.compile(rb'"\s*:\s*"([^"\\]*)"')  # a string-valued entry of the index: name -> shard
+_WEIGHT_MAP = re.compile(rb'(?:\s*"[^"\\]*"\s*:\s*"[^"\\]*"\s*,?)*\s*\}')  # the rest of the weight_map object
+
+
+def index_shards(path: Path) -> list[str]:
+    """The shards a ``model.safetensors.index.json`` names, in order, read from its text (K3's index names
+    0.7 M tensors; a text with escapes is parsed)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if b"\\" in raw or b'"weight_map"' not in raw:
+        return list(dict.fromkeys(str(v) for v in read_index(path).values()))
+    start = raw.index(b"{", raw.index(b'"weight_map"')) + 1
+    m = _WEIGHT_MAP.match(raw, start)
+    if m is None:
+        return list(dict.fromkeys(str(v) for v in read_index(path).values()))
+    shards = list(dict.fromkeys(v.decode() for v in _INDEX_VALUE.findall(raw, start, m.end())))
+    if not shards:
+        raise InputError(f"{path}: field 'weight_map' missing or empty")
+    return shards
+
+
+def new_index(raw: bytes, path: Path, ren: _Renamer) -> bytes:
+    """DST's index: SRC's with every per-expert name renamed as in the headers (its shard stays: the bytes did
+    not move); parsed and renamed where the text has escapes."""
+    ren.count = False
+    if b"\\" not in raw:
+        return ren.rename_text(raw)
+    doc = orjson.loads(raw)
+    doc["weight_map"] = {ren.name(k): v for k, v in read_index(path).items()}
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    """The ``weight_map`` of a ``model.safetensors.index.json`` (~50 MB for K3: orjson)."""
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable safetensors index ({exc})") from None
+    wm = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(wm, dict) or not wm:
+        raise InputError(f"{path}: field 'weight_map' missing or empty")
+    return wm
 
 
 # ---------------------------------------------------------------------------- the plan
 @dataclass(frozen=True)
-class Piece:
-    """A byte range of DST's data: ``length`` bytes from SRC's ``shard`` at ``offset``."""
+class RowPatch:
+    """A tensor of a relabelled layer whose dim 0 runs over the experts: DST's row ``n`` is SRC's row
+    ``rows[n]`` (the router, a per-expert bias, stacked experts)."""
 
-    shard: str
-    offset: int
-    length: int
+    name: str
+    info: TensorInfo
+    rows: np.ndarray
+
+
+@dataclass
+class ShardPlan:
+    """How DST's shard is made: ``header`` the new header bytes (padded) and ``patches`` the row gathers
+    written over the copied data; ``header is None``: nothing changes (linked or copied as it is)."""
+
+    header: bytes | None = None
+    patches: list[RowPatch] = field(default_factory=list)
+    renamed: int = 0
 
 
 @dataclass
 class Plan:
-    """What DST's shards hold: per shard, the ordered pieces of its data section (``None``: unchanged)."""
+    """The relabelling of one checkpoint: per shard what changes, the new index text (``None``: no index),
+    the new quantization config (``None``: unchanged) and what was counted."""
 
     relabel: Relabel
-    pieces: dict[str, list[Piece] | None]
+    shards: dict[str, ShardPlan]
+    index_text: bytes | None
+    quantization: dict[str, Any] | None
     counts: dict[str, int]
     untouched_layers: list[int]
     n_group: int
     topk_group: int
+    tag: str
+
+    def changed(self, shard: str) -> bool:
+        return self.shards[shard].header is not None
 
 
-def _rows(info: TensorInfo, rows: np.ndarray, name: str, E: int) -> list[Piece]:
-    if not info.shape or info.shape[0] != E or info.nbytes % E:
-        raise InputError(f"tensor {name} ({info.shard}): shape {list(info.shape)}, expected {E} expert rows "
-                         "along dim 0 to permute")
-    size = info.nbytes // E
-    return [Piece(info.shard, info.start + int(r) * size, size) for r in rows]
+def relabel_tag(placement: Placement, layout: Layout, new2old: np.ndarray) -> str:
+    """The ``__metadata__`` value naming a relabelling: layout, placement fingerprint, permutation hash."""
+    digest = hashlib.sha256(np.ascontiguousarray(new2old, dtype=np.int64).tobytes()).hexdigest()[:16]
+    return f"layout={layout.name};placement={placement.fingerprint()};new2old={digest}"
+
+
+# A JSON object key that is one expert's tensor, in a header or index with no escapes (a backslash sends
+# the text to the parsed path): the same names as relabel.classify's per-expert pattern. Its three groups
+# cover the whole key, quotes included, so re.split keeps every byte: text, '"head', 'id', 'tail"', text, ...
+_KEY = re.compile(rb'("(?:[^".\\]*+\.)*?layers\.\d+\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.)(\d+)(\.[^"\\]+")'
+                  rb'(?=\s*:)')
+_HEAD = re.compile(rb'"(?:[^"\\]*\.)?layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.')
+# where a key whose rows follow the experts may be (router, per-expert bias, stacked experts): found by
+# these markers, then the key around each is read and its entry parsed (a few per layer, not 0.7 M)
+_ROWS_MARKS = (re.compile(rb"\.gate\."), re.compile(rb"\.router\."), re.compile(rb"e_score_correction_bias"),
+               re.compile(rb"\.experts\.[A-Za-z_]"))  # each with a literal prefix: scanned at memory speed
+
+
+class _Tables(dict):
+    """name head (``"...layers.5.mlp.experts.``, quote included) -> old id -> new id, all as spelled bytes;
+    a head of a layer outside the relabelling maps every id to itself."""
+
+    def __init__(self, ren: _Renamer) -> None:
+        super().__init__()
+        self.ren = ren
+
+    def __missing__(self, head: bytes) -> dict[bytes, bytes]:
+        layer = _HEAD.match(head)[1]
+        tab = self.ren.ids.get(layer)
+        if tab is None:
+            self.ren.untouched.add(int(layer))
+            tab = _Identity()
+        self[head] = tab
+        return tab
+
+
+class _Identity(dict):
+    def __missing__(self, key: bytes) -> bytes:
+        return key
+
+
+class _Renamer:
+    """Renames per-expert keys in header / index text through a :class:`Relabel`, counting per layer the
+    tensors each expert suffix has (every expert of a layer must have the same ones)."""
+
+    def __init__(self, rel: Relabel, E: int) -> None:
+        self.E = E
+        # decoder layer (as the name spells it) -> old id (as spelled) -> new id: no int() per tensor
+        self.ids = {str(d).encode(): {str(e).encode(): str(n).encode() for e, n in enumerate(rel.old2new[i])}
+                    for i, d in enumerate(rel.moe_layers)}
+        self.seen: dict[bytes, dict[bytes, int]] = {}  # layer -> tail -> tensors
+        self.heads: dict[bytes, bytes] = {}  # layer -> the names' head up to the id ("...layers.5.mlp.experts.")
+        self.untouched: set[int] = set()
+        self.renamed = 0
+        self.changed = 0  # tensors whose id changes
+        self.count = True
+        self.tables = _Tables(self)
+
+    def rename_text(self, text: bytes) -> bytes:
+        """``text`` (no escapes) with every per-expert key renamed: one re.split, then list operations per key
+        (K3's 0.7 M keys: no Python call per key)."""
+        parts = _KEY.split(text)
+        heads, ids = parts[1::4], parts[2::4]
+        tables = self.tables
+        tabs = [tables[h] for h in heads]
+        try:
+            new = [t[i] for t, i in zip(tabs, ids)]
+        except KeyError:  # an id out of range (or spelled with leading zeros): the slow path names it
+            for h, i, tail in zip(heads, ids, parts[3::4]):
+                self.new_id(h[1:], _HEAD.match(h)[1], i, tail[:-1])
+            raise
+        if self.count:
+            counts = Counter(zip(heads, parts[3::4]))
+            for (h, tail), k in counts.items():
+                layer = _HEAD.match(h)[1]
+                if layer not in self.ids:
+                    continue
+                tails = self.seen.get(layer)
+                if tails is None:
+                    tails = self.seen[layer] = {}
+                    self.heads[layer] = h[1:]
+                tails[tail[:-1]] = tails.get(tail[:-1], 0) + k
+                self.renamed += k
+            self.changed += sum(map(operator.ne, ids, new))
+        parts[2::4] = new
+        return b"".join(parts)
+
+    def new_id(self, head: bytes, layer: bytes, e: bytes, tail: bytes) -> bytes | None:
+        """The new id of expert ``e``'s tensor ``tail`` in decoder layer ``layer`` (``None``: not relabelled)."""
+        ids = self.ids.get(layer)
+        if ids is None:
+            self.untouched.add(int(layer))
+            return None
+        new = ids.get(e)
+        if new is None:  # out of range, or spelled with leading zeros
+            raise InputError(f"tensor {(head + e + tail).decode()}: expert id {e.decode()} is not one of the "
+                             f"layer's {self.E} ids 0..{self.E - 1}")
+        if self.count:
+            tails = self.seen.get(layer)
+            if tails is None:
+                tails = self.seen[layer] = {}
+                self.heads[layer] = head
+            tails[tail] = tails.get(tail, 0) + 1
+            self.renamed += 1
+            self.changed += new != e
+        return new
+
+    def name(self, k: str) -> str:
+        """The same renaming on a parsed name (headers and indexes with escapes)."""
+        t = classify(k)
+        if t is None or t.role != "expert":
+            return k
+        new = self.new_id(t.head.encode(), str(t.layer).encode(), str(t.expert).encode(), t.tail.encode())
+        return k if new is None else t.head + new.decode() + t.tail
+
+
+def _modules(ren: _Renamer, layers: set[int]) -> dict[int, list[tuple[int, str]]]:
+    """Per decoder layer of ``layers``: ``(expert id, module name)`` of every per-expert module (a tensor name
+    without its last component: what a ``quantization_config`` pattern is matched against). Every expert of
+    a layer has the same tensors (:func:`plan` checked), so they are spelled from the layer's name head and
+    suffixes."""
+    out = {}
+    for layer, tails in ren.seen.items():
+        d = int(layer)
+        if d not in layers:
+            continue
+        head = ren.heads[layer].decode()
+        mods = sorted({t.rsplit(b".", 1)[0].decode() for t in tails})
+        out[d] = [(e, f"{head}{e}{m}") for e in range(ren.E) for m in mods]
+    return out
+
+
+def _rename(text: bytes, path: Path, ren: _Renamer) -> bytes:
+    """Header text with every per-expert key renamed: in the text where it has no escapes, else parsed."""
+    if b"\\" not in text:
+        return ren.rename_text(text)
+    return orjson.dumps({ren.name(k): v for k, v in parse_header(text, path).items()})
+
+
+def _with_tag(text: bytes, tag: str, path: Path) -> bytes:
+    """``text`` with ``__metadata__`` holding :data:`METADATA_KEY` = ``tag``."""
+    entry = orjson.dumps(METADATA_KEY) + b":" + orjson.dumps(tag)
+    stripped = text.strip()
+    if b"\\" not in text and orjson.dumps(METADATA_KEY) not in text:
+        if stripped.startswith(b'{"__metadata__":{'):
+            rest = stripped[len(b'{"__metadata__":{'):]
+            return b'{"__metadata__":{' + entry + (b"" if rest.lstrip().startswith(b"}") else b",") + rest
+        if b'"__metadata__"' not in text and stripped.startswith(b"{"):
+            rest = stripped[1:]
+            return b'{"__metadata__":{' + entry + b"}" + (b"" if rest.lstrip().startswith(b"}") else b",") + rest
+    head = parse_header(text, path)
+    meta = head.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: header entry __metadata__ is not a JSON object")
+    return orjson.dumps({"__metadata__": {**meta, METADATA_KEY: tag}, **head})
+
+
+_END = re.compile(rb'"data_offsets"\s*:\s*\[\s*\d+\s*,\s*(\d+)\s*\]')
+
+
+def _check_data_end(h: ShardHeader, path: Path) -> None:
+    """The file holds every byte its header's tensors end at (its data section is copied as one range)."""
+    ends = _END.findall(h.text)
+    end = max(map(int, ends)) if ends else 0
+    if h.data_start + end > h.size:
+        raise InputError(f"{path}: data_offsets beyond the file ({h.size} bytes; the header's tensors end at "
+                         f"{h.data_start + end})")
+
+
+def _pad(text: bytes, length: int) -> bytes:
+    """``text`` padded with spaces to ``length``, or to ``length`` plus whole blocks when it is longer, so the
+    data section keeps its offset within a block."""
+    if len(text) > length:
+        length += -(-(len(text) - length) // BLOCK) * BLOCK
+    return text + b" " * (length - len(text))
+
+
+def _row_entries(text: bytes, path: Path):
+    """``(name, entry)`` of the header's keys whose rows may follow the experts (router, per-expert bias,
+    stacked experts; :func:`_row_patches` classifies them), the entries parsed one at a time."""
+    if b"\\" in text:
+        yield from ((k, v) for k, v in parse_header(text, path).items() if isinstance(v, dict)
+                    and any(rx.search(k.encode()) for rx in _ROWS_MARKS))
+        return
+    done: set[int] = set()
+    for m in (m for rx in _ROWS_MARKS for m in rx.finditer(text)):
+        start = text.rfind(b'"', 0, m.start())
+        end = text.find(b'"', m.end())
+        if start < 0 or end < 0 or start in done:
+            continue
+        done.add(start)
+        colon = text[end + 1:end + 64].lstrip()
+        if not colon.startswith(b":"):
+            continue  # a value (dtype), not a key
+        brace = text.find(b"{", end)
+        close = text.find(b"}", brace)
+        try:
+            yield text[start + 1:end].decode(), orjson.loads(text[brace:close + 1])
+        except ValueError:
+            raise InputError(f"{path}: tensor {text[start + 1:end].decode()}: header entry is not JSON") from None
+
+
+def _row_patches(text: bytes, path: Path, s: str, start: int, size: int, rel: Relabel, E: int, stacked: set[int]
+                 ) -> tuple[list[RowPatch], dict[str, int]]:
+    """The row gathers of one shard (and, into ``stacked``, the layers whose experts are stacked tensors)."""
+    patches: list[RowPatch] = []
+    counts = {"stacked": 0, "router": 0, "bias": 0}
+    for name, entry in _row_entries(text, path):
+        t = classify(name)
+        if t is None or t.role == "expert" or rel.moe_index(t.layer) is None:
+            continue
+        try:
+            a, b = entry["data_offsets"]
+            info = TensorInfo(s, str(entry["dtype"]), tuple(map(int, entry["shape"])), start + int(a), start + int(b))
+        except (ValueError, KeyError, TypeError):
+            raise InputError(f"{path}: tensor {name}: header entry is not dtype/shape/data_offsets") from None
+        if t.role == "stacked" and not info.shape:
+            continue  # one scalar shared by all experts (a per-tensor scale): nothing to permute
+        if not info.shape or info.shape[0] != E or info.nbytes % E or not start <= info.start <= info.end <= size:
+            raise InputError(f"tensor {name} ({s}): shape {list(info.shape)}, expected {E} expert rows along dim 0 "
+                             "to permute, within the file")
+        counts[t.role] += 1
+        if t.role == "stacked":
+            stacked.add(t.layer)
+        rows = rel.rows(t)
+        if (rows != np.arange(E)).any():
+            patches.append(RowPatch(name, info, rows))
+    return patches, counts
 
 
 def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name: str = "placement") -> Plan:
-    """Check the checkpoint against the placement and say which bytes go where. Refuses (one line) a
-    placement with replicas, a model whose expert count or MoE layers differ, a renaming that splits a
-    routing group, and a checkpoint whose expert tensors do not line up."""
+    """Check the checkpoint (a light :func:`scan`) against the placement and say what changes: each header's
+    per-expert names renamed in its text, the rows to gather. Refuses (one line) a placement with replicas, a
+    model whose expert count or MoE layers differ, a renaming that splits a routing group, a checkpoint whose
+    experts of one layer do not all have the same tensors, and a ``quantization_config`` pattern that names
+    some experts only."""
     spec = from_hf_config(ck.config, source=str(ck.root / "config.json"))
     if spec.num_experts != placement.num_experts or tuple(spec.moe_layers) != tuple(placement.moe_layers):
         raise InputError(f"{placement_name}: made for '{placement.model_name}' ({placement.num_experts} experts, "
@@ -172,63 +559,168 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
                          f"{spec.hf_model_type} with {spec.num_experts} experts and {spec.num_moe_layers} MoE layers")
     relabel = from_placement(placement, layout)  # refuses replicas
     check_groups(relabel.new2old, spec.n_group, spec.topk_group, placement_name)
+    if layout.interleaved and spec.n_group <= 1:
+        raise InputError(f"--layout {layout.name}: vLLM 0.34.0 places the experts of a model with one expert group "
+                         "linearly whatever --expert-placement-strategy says (determine_expert_placement_strategy), "
+                         f"so a {layout.name} relabelling of {spec.hf_model_type} would not be the placement: use "
+                         "--layout contiguous")
     E = placement.num_experts
+    q = quantization_config(ck.config)
+    ren = _Renamer(relabel, E)
+    tag = relabel_tag(placement, layout, relabel.new2old)
     counts = {"expert": 0, "stacked": 0, "router": 0, "bias": 0}
-    seen: set[int] = set()
-    untouched: set[int] = set()
-    changed: dict[str, dict[str, list[Piece]]] = {}
-    for name, info in ck.tensors.items():
-        t: ExpertTensor | None = classify(name)
-        if t is None:
-            continue
-        if relabel.moe_index(t.layer) is None:
-            untouched.add(t.layer)
-            continue
-        seen.add(t.layer)
-        if t.role == "expert":
-            if t.expert >= E:
-                raise InputError(f"tensor {name} ({info.shard}): expert id {t.expert} out of range [0, {E})")
-            src_name = relabel.source_name(t)
-            src = ck.tensors.get(src_name)
-            if src is None or (src.dtype, src.shape) != (info.dtype, info.shape):
-                got = "missing" if src is None else f"{src.dtype} {list(src.shape)}"
-                raise InputError(f"tensor {name} ({info.dtype} {list(info.shape)}) would take {src_name}: {got}; "
-                                 "experts of one layer must have the same tensors")
-            pieces = [Piece(src.shard, src.start, src.nbytes)]
-            moved = src_name != name
-        elif t.role == "stacked" and not info.shape:
-            continue  # one scalar shared by all experts (a per-tensor scale): nothing to permute
-        else:
-            rows = relabel.rows(t)
-            pieces = _rows(info, rows, name, E)
-            moved = bool((rows != np.arange(E)).any())
-        counts[t.role] += 1
-        if moved:
-            changed.setdefault(info.shard, {})[name] = pieces
-    missing = [d for d in placement.moe_layers if d not in seen]
-    if missing:
-        raise InputError(f"{ck.root}: no expert tensors found for MoE layer {missing[0]} (layers.{missing[0]}."
-                         "mlp.experts.* / block_sparse_moe.experts.*); not a checkpoint layout this export knows")
-    by_shard: dict[str, list[tuple[int, str]]] = {}
-    for n, i in ck.tensors.items():  # once, not once per shard: K3 holds ~0.5 M expert tensors
-        if i.shard in changed:
-            by_shard.setdefault(i.shard, []).append((i.start, n))
-    out: dict[str, list[Piece] | None] = {}
+    shards = {}
+    stacked: set[int] = set()
     for s in ck.shards:
-        if s not in changed:
-            out[s] = None
+        h = ck.headers[s]
+        path = ck.root / s
+        if not h.text:
+            raise InputError(f"{path}: planned from a full scan; relabelling reads the header text (scan(full=False))")
+        _check_data_end(h, path)
+        before = ren.changed
+        text = _rename(h.text, path, ren)
+        patches, c = _row_patches(h.text, path, s, h.data_start, h.size, relabel, E, stacked)
+        for k, v in c.items():
+            counts[k] += v
+        n = ren.changed - before
+        if n == 0 and not patches:
+            shards[s] = ShardPlan()
             continue
-        ps: list[Piece] = []
-        order = sorted(by_shard[s])
-        pos = ck.data_start[s]
-        for start, n in order:
-            if start > pos:  # bytes between tensors (none in files safetensors writes): kept
-                ps.append(Piece(s, pos, start - pos))
-            info = ck.tensors[n]
-            ps.extend(changed[s].get(n, [Piece(s, info.start, info.nbytes)]))
-            pos = max(pos, info.end)
-        out[s] = ps
-    return Plan(relabel, out, counts, sorted(untouched), spec.n_group, spec.topk_group)
+        shards[s] = ShardPlan(_pad(_with_tag(text, tag, path), h.length), patches, n)
+    counts["expert"] = ren.renamed
+    for i, d in enumerate(placement.moe_layers):
+        tails = ren.seen.get(str(d).encode())
+        if not tails and d in stacked:
+            continue
+        if not tails:
+            raise InputError(f"{ck.root}: no expert tensors found for MoE layer {d} (layers.{d}.mlp.experts.* / "
+                             "block_sparse_moe.experts.*); not a checkpoint layout this export knows")
+        short = next(((t, k) for t, k in tails.items() if k != E), None)
+        if short is not None:
+            raise InputError(f"{ck.root}: MoE layer {d}: {short[1]} of {E} experts have a tensor "
+                             f"experts.N{short[0].decode()}; every expert of a layer must have the same tensors")
+    quant = None
+    if q is not None:
+        moved = {d for i, d in enumerate(relabel.moe_layers) if (relabel.new2old[i] != np.arange(E)).any()}
+        new_q, n = relabel_quantization(q, relabel, lambda: _modules(ren, moved), str(ck.root / "config.json"))
+        quant = new_q if n else None
+    index_text = None
+    if ck.index is not None:
+        index_text = new_index((ck.root / ck.index).read_bytes(), ck.root / ck.index, ren)
+    return Plan(relabel, shards, index_text, quant, counts, sorted(ren.untouched), spec.n_group, spec.topk_group, tag)
+
+
+# ---------------------------------------------------------------------------- space
+@dataclass(frozen=True)
+class Needs:
+    """What writing DST takes: ``write`` bytes newly written, ``reflink`` bytes shared with SRC by reflink,
+    ``hardlink`` bytes of shards hard-linked; ``free`` bytes free on DST's file system; ``reflinks``: the
+    probe found that DST's file system shares blocks with SRC's."""
+
+    write: int
+    reflink: int
+    hardlink: int
+    free: int
+    reflinks: bool
+
+    def line(self) -> str:
+        gb = lambda b: f"{b / 1e9:,.2f} GB"
+        share = (f"{gb(self.reflink)} to link (reflink: the file system shares SRC's blocks)" if self.reflinks
+                 else "0 to link (no reflink between SRC and DST: every data byte is copied)")
+        hard = f", {gb(self.hardlink)} hard-linked (unchanged shards)" if self.hardlink else ""
+        return f"{gb(self.write)} to write, {share}{hard}; {gb(self.free)} free on DST's file system"
+
+
+def _existing_dir(p: Path) -> Path:
+    p = p.resolve()
+    while not p.is_dir():
+        p = p.parent
+    return p
+
+
+def _clone(src_fd: int, dst_fd: int, src_off: int, length: int, dst_off: int) -> bool:
+    """Reflink ``length`` bytes (FICLONERANGE); ``False`` where the file system does not share blocks."""
+    try:
+        fcntl.ioctl(dst_fd, FICLONERANGE, struct.pack("qQQQ", src_fd, src_off, length, dst_off))
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF,
+                         errno.EPERM, errno.EISDIR):
+            return False
+        raise
+
+
+def probe_reflink(src_file: Path, dst_dir: Path) -> bool:
+    """Whether a file in ``dst_dir`` can share ``src_file``'s blocks: one block cloned into a temporary
+    file there (removed at once)."""
+    if src_file.stat().st_size < BLOCK:
+        return False
+    probe = dst_dir / f".probe{TEMP_MARK}{os.getpid()}-reflink"
+    try:
+        fd_in = os.open(src_file, os.O_RDONLY)
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            os.close(fd_in)
+            return False
+        try:
+            return _clone(fd_in, fd, 0, BLOCK, 0)
+        finally:
+            os.close(fd)
+            os.close(fd_in)
+            os.unlink(probe)
+    except OSError:
+        return False
+
+
+def _aligned(src_off: int, dst_off: int, length: int) -> tuple[int, int, int]:
+    """``(head, bulk, tail)`` bytes of a range: ``bulk`` whole blocks that a reflink can share (both offsets
+    at the same place within a block), ``head``/``tail`` copied."""
+    if (src_off - dst_off) % BLOCK:
+        return length, 0, 0
+    head = min(length, (-src_off) % BLOCK)
+    bulk = (length - head) // BLOCK * BLOCK
+    return head, bulk, length - head - bulk
+
+
+def needs(ck: Checkpoint, p: Plan, dst: str | Path, link: bool = True) -> Needs:
+    """Bytes to write and to link for DST, from the plan and a reflink probe on DST's file system, and the
+    space free there. Writes nothing but the probe's one-block temporary file."""
+    where = _existing_dir(Path(dst).parent)
+    st = os.statvfs(where)
+    free = st.f_bavail * st.f_frsize
+    first = ck.root / ck.shards[0]
+    reflinks = os.stat(where).st_dev == os.stat(first).st_dev and probe_reflink(Path(os.path.realpath(first)), where)
+    same_fs = os.stat(where).st_dev == os.stat(first).st_dev
+    write = shared = hard = 0
+    for s in ck.shards:
+        h = ck.headers[s]
+        sp = p.shards[s]
+        if sp.header is None:
+            if link and same_fs:
+                hard += h.size
+                continue
+            head, bulk, tail = _aligned(0, 0, h.size) if reflinks else (h.size, 0, 0)
+            write += head + tail
+            shared += bulk
+            continue
+        data = h.size - h.data_start
+        d_start = 8 + len(sp.header)
+        head, bulk, tail = _aligned(h.data_start, d_start, data) if reflinks else (data, 0, 0)
+        patched = sum(x.info.nbytes for x in sp.patches)
+        write += d_start + head + tail + (patched if reflinks else 0)
+        shared += max(0, bulk - (patched if reflinks else 0))
+    # the index, config and the other small files are copied
+    for f in ck.root.iterdir():
+        if f.is_file() and f.name not in ck.headers:
+            write += f.stat().st_size
+    return Needs(write, shared, hard, free, reflinks)
+
+
+def check_space(n: Needs, dst: str | Path) -> None:
+    if n.write + (1 << 20) > n.free:
+        raise InputError(f"--out {dst}: the relabelled checkpoint needs {n.write / 1e9:,.2f} GB of new data "
+                         f"but its file system has {n.free / 1e9:,.2f} GB free ({n.line()})")
 
 
 # ---------------------------------------------------------------------------- writing
@@ -242,22 +734,9 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> st
     return h.hexdigest()
 
 
-def _link_or_copy(src: Path, dst: Path, link: bool) -> str:
-    real = Path(os.path.realpath(src))  # a Hugging Face cache snapshot holds symlinks into blobs/
-    if link:
-        try:
-            os.link(real, dst)
-            return "linked"
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-                raise
-    shutil.copyfile(real, dst)
-    return "copied"
-
-
-def _copy_range(src_fd: int, dst_fd: int, offset: int, length: int, path: Path) -> None:
-    """Append ``length`` bytes of ``src_fd`` at ``offset`` to ``dst_fd``: in the kernel (copy_file_range,
-    no pass through this process) where the file system allows, else through a bounded buffer."""
+def _copy(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, path: Path) -> None:
+    """``length`` bytes of ``src_fd`` at ``src_off`` to ``dst_fd`` at ``dst_off``: in the kernel
+    (copy_file_range) where the file system allows, else through a bounded buffer."""
     done = 0
     fast = hasattr(os, "copy_file_range")
     while done < length:
@@ -265,33 +744,91 @@ def _copy_range(src_fd: int, dst_fd: int, offset: int, length: int, path: Path) 
         got = 0
         if fast:
             try:
-                got = os.copy_file_range(src_fd, dst_fd, n, offset + done)
+                got = os.copy_file_range(src_fd, dst_fd, n, src_off + done, dst_off + done)
             except OSError as exc:
                 if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise
                 fast = False
         if not fast:
-            buf = os.pread(src_fd, n, offset + done)
-            got = os.write(dst_fd, buf) if buf else 0
+            buf = os.pread(src_fd, n, src_off + done)
+            got = os.pwrite(dst_fd, buf, dst_off + done) if buf else 0
         if got <= 0:
             raise InputError(f"{path}: shorter than its header says (changed while read?)")
         done += got
 
 
-def _write_shard(ck: Checkpoint, shard: str, pieces: list[Piece], dst: Path) -> None:
-    """Write DST's ``shard``: SRC's header bytes as they are, then ``pieces`` in order."""
-    handles: dict[str, int] = {}
-    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+def copy_region(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, path: Path,
+                reflink: bool) -> int:
+    """Copy one sequential range; with ``reflink`` its whole blocks are shared (FICLONERANGE) and the rest
+    copied. Returns the bytes shared."""
+    head, bulk, tail = _aligned(src_off, dst_off, length) if reflink else (length, 0, 0)
+    if bulk and not _clone(src_fd, dst_fd, src_off + head, bulk, dst_off + head):
+        head, bulk, tail = length, 0, 0
+    if head:
+        _copy(src_fd, dst_fd, src_off, dst_off, head, path)
+    if tail:
+        _copy(src_fd, dst_fd, src_off + head + bulk, dst_off + head + bulk, tail, path)
+    return bulk
+
+
+def _gather_rows(src_fd: int, dst_fd: int, patch: RowPatch, src_start: int, dst_start: int) -> int:
+    """Write DST's rows of ``patch`` (SRC's rows in ``new2old`` order) over the copied data."""
+    info = patch.info
+    E = len(patch.rows)
+    size = info.nbytes // E
+    at = info.start - src_start + dst_start
+    if info.nbytes <= CHUNK:
+        raw = np.frombuffer(os.pread(src_fd, info.nbytes, info.start), dtype=np.uint8)
+        if raw.size != info.nbytes:
+            raise InputError(f"tensor {patch.name}: the shard is shorter than its header says")
+        os.pwrite(dst_fd, raw.reshape(E, size)[patch.rows].tobytes(), at)
+    else:
+        for n, r in enumerate(patch.rows):
+            for off in range(0, size, CHUNK):
+                k = min(CHUNK, size - off)
+                os.pwrite(dst_fd, os.pread(src_fd, k, info.start + int(r) * size + off), at + n * size + off)
+    return info.nbytes
+
+
+def _write_shard(ck: Checkpoint, shard: str, sp: ShardPlan, dst: Path, reflink: bool) -> tuple[int, int]:
+    """DST's ``shard``: the new header, SRC's data section as one range, the row gathers over it.
+    Returns ``(bytes written, bytes shared by reflink)``."""
+    h = ck.headers[shard]
+    src = Path(os.path.realpath(ck.root / shard))
+    fd_in = os.open(src, os.O_RDONLY)
+    out = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        for p in [Piece(shard, 0, ck.data_start[shard]), *pieces]:
-            fd = handles.get(p.shard)
-            if fd is None:
-                fd = handles[p.shard] = os.open(ck.root / p.shard, os.O_RDONLY)
-            _copy_range(fd, out, p.offset, p.length, ck.root / p.shard)
+        head = struct.pack("<Q", len(sp.header)) + sp.header
+        d_start = len(head)
+        shared = copy_region(fd_in, out, h.data_start, d_start, h.size - h.data_start, src, reflink)
+        os.pwrite(out, head, 0)
+        patched = sum(_gather_rows(fd_in, out, x, h.data_start, d_start) for x in sp.patches)
+        return d_start + (h.size - h.data_start - shared) + (patched if shared else 0), max(0, shared - patched)
     finally:
         os.close(out)
-        for fd in handles.values():
-            os.close(fd)
+        os.close(fd_in)
+
+
+def _link_or_copy(src: Path, dst: Path, link: bool, reflink: bool) -> tuple[str, int, int]:
+    """``(how, bytes written, bytes shared)`` of an unchanged shard: hard link, else a copy (reflinked
+    where the file system shares blocks)."""
+    real = Path(os.path.realpath(src))  # a Hugging Face cache snapshot holds symlinks into blobs/
+    if link:
+        try:
+            os.link(real, dst)
+            return "linked", 0, 0
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+                raise
+    size = real.stat().st_size
+    fd_in = os.open(real, os.O_RDONLY)
+    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        shared = copy_region(fd_in, out, 0, 0, size, real, reflink)
+    finally:
+        os.close(out)
+        os.close(fd_in)
+    return "copied", size - shared, shared
 
 
 def _is_relabelled(path: Path) -> bool:
@@ -302,64 +839,135 @@ RELABELLED_CHECKPOINT = register_kind(OutputKind("relabelled checkpoint", True, 
 
 
 def write_checkpoint(ck: Checkpoint, p: Plan, placement: Placement, placement_path: Path, dst: str | Path, *,
-                     link: bool = True, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     link: bool = True, full_hash: bool = False, space: Needs | None = None, pool: str | None = None,
+                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write the relabelled checkpoint to ``dst`` (atomically: a temporary sibling renamed at the end) and
-    return its manifest. ``progress`` receives one line per shard."""
+    return its manifest. ``space``: :func:`needs` of this write (computed and checked when not given);
+    ``full_hash``: also record the sha256 of every source byte (hashed on other threads while the copy
+    runs). ``progress`` receives one line per shard."""
     say = progress or (lambda s: None)
+    space = space or needs(ck, p, dst, link)
+    check_space(space, dst)
     t0 = time.perf_counter()
     written: dict[str, dict[str, Any]] = {}
-    sources: dict[str, dict[str, Any]] = {}
-    moved = 0
-    with atomic_path(dst, directory=True) as tmp:
-        for i, s in enumerate(ck.shards, 1):
-            t1 = time.perf_counter()
-            size = (ck.root / s).stat().st_size
-            src_sha = sha256_file(ck.root / s)
-            sources[s] = {"bytes": size, "sha256": src_sha}
-            pieces = p.pieces[s]
-            if pieces is None:
-                how = _link_or_copy(ck.root / s, tmp / s, link)
-                written[s] = {"how": how, "sha256": src_sha}
-            else:
-                _write_shard(ck, s, pieces, tmp / s)
-                moved += size
-                written[s] = {"how": "rewritten"}  # its bytes follow from the source's and new2old
-            dt = time.perf_counter() - t1
-            say(f"[{i}/{len(ck.shards)}] {s}: {written[s]['how']}, {size / 1e6:,.1f} MB in {dt:.2f} s "
-                f"({size / 1e6 / max(dt, 1e-9):,.0f} MB/s, source sha256 included)")
-        others = []
-        for d, dirs, files in os.walk(ck.root):
-            dirs[:] = [x for x in dirs if not x.startswith(".")]
-            rel = Path(d).relative_to(ck.root)
-            for fn in files:
-                if fn.startswith(".") or (rel == Path(".") and (fn in ck.shards or fn == MANIFEST)):
-                    continue
-                (tmp / rel).mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(os.path.realpath(Path(d) / fn), tmp / rel / fn)  # config, tokenizer, index
-                others.append(str(rel / fn))
-        manifest = tagged("relabel-manifest", {
-            "model": placement.model_name,
-            "hf_model_type": str(ck.config.get("model_type", "")),
-            "layout": p.relabel.layout.name,
-            "num_experts": placement.num_experts,
-            "moe_layers": list(placement.moe_layers),
-            "num_gpus": placement.num_gpus,
-            "gpus_per_node": placement.gpus_per_node,
-            "n_group": p.n_group,
-            "topk_group": p.topk_group,
-            "placement": {"file": placement_path.name, "sha256": sha256_file(placement_path),
-                          "fingerprint": placement.fingerprint()},
-            "tensors_relabelled": p.counts,
-            "untouched_moe_layers": p.untouched_layers,
-            "source_shards": sources,
-            "shards": written,
-            "copied_files": sorted(others),
-            "new2old": p.relabel.new2old.tolist(),
-        })
-        rows = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in manifest.pop("new2old"))
-        head = json.dumps(manifest, indent=1)[:-2]
-        (tmp / MANIFEST).write_text(f'{head},\n "new2old": [\n  {rows}\n ]\n}}\n')
+    total_w = total_s = 0
+    pool = ThreadPoolExecutor(max_workers=2) if full_hash else None
+    hashes = {s: pool.submit(sha256_file, Path(os.path.realpath(ck.root / s))) for s in ck.shards} if pool else {}
+    try:
+        with atomic_path(dst, directory=True) as tmp:
+            for i, s in enumerate(ck.shards, 1):
+                t1 = time.perf_counter()
+                h = ck.headers[s]
+                sp = p.shards[s]
+                if sp.header is None:
+                    how, w, sh = _link_or_copy(ck.root / s, tmp / s, link, space.reflinks)
+                    written[s] = {"how": how, "bytes": h.size, "header_sha256": h.sha256}
+                else:
+                    w, sh = _write_shard(ck, s, sp, tmp / s, space.reflinks)
+                    how = "rewritten"
+                    written[s] = {"how": how, "bytes": 8 + len(sp.header) + h.size - h.data_start,
+                                  "header_sha256": hashlib.sha256(struct.pack("<Q", len(sp.header))
+                                                                  + sp.header).hexdigest(),
+                                  "renamed_tensors": sp.renamed, "permuted_tensors": len(sp.patches)}
+                total_w += w
+                total_s += sh
+                dt = time.perf_counter() - t1
+                say(f"[{i}/{len(ck.shards)}] {s}: {how}, {h.size / 1e6:,.1f} MB in {dt:.2f} s "
+                    f"({h.size / 1e6 / max(dt, 1e-9):,.0f} MB/s; {w / 1e6:,.1f} MB written, {sh / 1e6:,.1f} MB "
+                    "shared by reflink)")
+            others = _copy_others(ck, p, tmp)
+            sources = {s: {"bytes": ck.headers[s].size, "header_sha256": ck.headers[s].sha256} for s in ck.shards}
+            for s, fut in hashes.items():
+                sources[s]["sha256"] = fut.result()
+            manifest = tagged("relabel-manifest", {
+                "model": placement.model_name,
+                "hf_model_type": str(ck.config.get("model_type", "")),
+                "layout": p.relabel.layout.name,
+                "num_experts": placement.num_experts,
+                "moe_layers": list(placement.moe_layers),
+                "num_gpus": placement.num_gpus,
+                "gpus_per_node": placement.gpus_per_node,
+                "n_group": p.n_group,
+                "topk_group": p.topk_group,
+                "placement": {"file": placement_path.name, "sha256": sha256_file(placement_path),
+                              "fingerprint": placement.fingerprint()},
+                "relabel_tag": p.tag,
+                "pool": pool,  # the serving pool (prefill / decode) this checkpoint is for; None: the whole deployment
+                "source": {"path": str(ck.root.resolve()), "identity": "size + header sha256"
+                           + (" + sha256 of every byte" if full_hash else "")},
+                "tensors_relabelled": p.counts,
+                "untouched_moe_layers": p.untouched_layers,
+                "quantization_config_renamed": p.quantization is not None,
+                "source_shards": sources,
+                "shards": written,
+                "copied_files": sorted(others),
+                "new2old": p.relabel.new2old.tolist(),
+            })
+            rows = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in manifest.pop("new2old"))
+            head = json.dumps(manifest, indent=1)[:-2]
+            (tmp / MANIFEST).write_text(f'{head},\n "new2old": [\n  {rows}\n ]\n}}\n')
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     manifest["new2old"] = p.relabel.new2old.tolist()
     manifest["seconds"] = time.perf_counter() - t0
-    manifest["rewritten_bytes"] = moved
+    manifest["written_bytes"] = total_w
+    manifest["reflinked_bytes"] = total_s
     return manifest
+
+
+def _copy_others(ck: Checkpoint, p: Plan, tmp: Path) -> list[str]:
+    """Config, tokenizer, index and the rest: copied, the index and a renamed quantization_config rewritten."""
+    others = []
+    for d, dirs, files in os.walk(ck.root):
+        dirs[:] = [x for x in dirs if not x.startswith(".")]
+        rel = Path(d).relative_to(ck.root)
+        for fn in files:
+            if fn.startswith(".") or (rel == Path(".") and (fn in ck.headers or fn == MANIFEST)):
+                continue
+            (tmp / rel).mkdir(parents=True, exist_ok=True)
+            if rel == Path(".") and fn == ck.index:
+                (tmp / fn).write_bytes(p.index_text)
+            elif rel == Path(".") and fn == "config.json" and p.quantization is not None:
+                (tmp / fn).write_text(json.dumps(with_quantization(ck.config, p.quantization), indent=2) + "\n")
+            else:
+                shutil.copyfile(os.path.realpath(Path(d) / fn), tmp / rel / fn)
+            others.append(str(rel / fn))
+    return others
+
+
+def with_quantization(config: dict[str, Any], q: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with its ``quantization_config`` (top level or ``text_config``) replaced by ``q``."""
+    out = dict(config)
+    if isinstance(out.get("quantization_config"), dict):
+        out["quantization_config"] = q
+    else:
+        out["text_config"] = {**out["text_config"], "quantization_config": q}
+    return out
+
+
+# ---------------------------------------------------------------------------- what the vLLM plugin asks
+def relabelled_reason(root: str | Path) -> str | None:
+    """Why the checkpoint in ``root`` is already relabelled (its manifest, or a shard header naming a
+    relabelling in ``__metadata__``); ``None`` when it is not."""
+    root = Path(root)
+    if (root / MANIFEST).is_file():
+        return f"{root} is already a relabelled checkpoint ({MANIFEST})"
+    for shard in sorted(root.glob("*.safetensors"))[:1]:
+        _, text, _ = read_header_bytes(shard)
+        if orjson.dumps(METADATA_KEY) in text:
+            return (f"{root} is already a relabelled checkpoint ({shard.name}'s __metadata__ names a relabelling: "
+                    f"{METADATA_KEY})")
+    return None
+
+
+def expert_module_names(root: str | Path, rel: Relabel) -> dict[int, list[tuple[int, str]]]:
+    """Per relabelled decoder layer that moves: ``(expert id, module name)`` of every per-expert module of the
+    checkpoint in ``root`` (what ``quantization_config`` entries are matched against), read off its headers."""
+    ck = scan(root, full=False)
+    ren = _Renamer(rel, rel.num_experts)
+    for s in ck.shards:
+        _rename(ck.headers[s].text, ck.root / s, ren)
+    E = rel.num_experts
+    moved = {d for i, d in enumerate(rel.moe_layers) if (rel.new2old[i] != np.arange(E)).any()}
+    return _modules(ren, moved)

@@ -132,6 +132,7 @@ class FlagOptions:
     pool: str | None = None
     max_seqs: int | None = None
     max_batched_tokens: int | None = None
+    serve: str | None = None  # "checkpoint": a relabelled checkpoint (no file); "plugin": the vLLM plugin on SRC
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("bf16", "fp8"):
@@ -157,6 +158,11 @@ class FlagOptions:
                 raise InputError(f"{name} must be >= 1, got {v}")
         if self.vllm_static is not None and (self.vllm_pr is not None or self.online_eplb):
             raise InputError("--vllm-static serves vLLM without EPLB: it does not go with --vllm-pr or --online-eplb")
+        if self.serve not in (None, "checkpoint", "plugin"):
+            raise InputError(f"serve must be checkpoint or plugin, got '{self.serve}'")
+        if self.serve is not None and (self.vllm_pr is not None or self.vllm_static is not None or self.online_eplb):
+            raise InputError("a relabelled checkpoint (or the plugin) is served in the engine's own layout: "
+                             "--vllm-pr / --vllm-static / --online-eplb do not go with it")
 
 
 def _gpu_kind(placement: Placement, opts: FlagOptions) -> str:
@@ -419,6 +425,35 @@ def launch_command(placement: Placement, model: ModelSpec, fmt: str, file_path: 
     return launch_spec(placement, model, fmt, file_path, opts).text()
 
 
+def plugin_env(placement_path: str, dp: int, nodes: int) -> dict[str, str]:
+    """The environment of a vLLM launched with the moeplace plugin: ``MOEPLACE_PLACEMENT``, and where several
+    DP engine cores may run (DP > 1 or several nodes: ``--data-parallel-backend ray`` is one flag away)
+    ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=MOEPLACE_PLACEMENT``: vLLM's Ray actors get only ``VLLM_*`` / ``HF_*``
+    ... variables (vllm/ray/ray_env.py), so without it some ranks would load the original layout."""
+    env = {capabilities.PLUGIN_ENV: str(Path(placement_path).resolve())}
+    if dp > 1 or nodes > 1:
+        env[RAY_ENV_COPY] = capabilities.PLUGIN_ENV
+    return env
+
+
+RAY_ENV_COPY = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
+
+
+def relabelled_launches(placement: Placement, model: ModelSpec, src: str | Path, dst: str | Path,
+                        opts: FlagOptions, plan_report: str | Path | None = None) -> tuple[Any, list[Launch]]:
+    """The memory plan and the launches that serve a relabelled checkpoint: vLLM and SGLang on ``dst`` (their
+    own layout is the placement) and, where the capability table has the plugin, vLLM on the original ``src``
+    through it. Refuses (:class:`InputError`) a layout the plan or an engine's parser refuses."""
+    opts, plan = check_layout(placement, model, opts, plan_report)
+    out = []
+    for engine, fmt, serve, path in (("vllm", "vllm-expert-map", "checkpoint", dst), ("sglang", "sglang", "checkpoint", dst),
+                                     ("vllm", "vllm-expert-map", "plugin", src)):
+        if capabilities.cell(engine, serve, model).supported is not True:
+            continue
+        out.append(launch_spec(placement, model, fmt, path, replace(opts, serve=serve, model_path=str(Path(path).resolve()))))
+    return plan, out
+
+
 def _table_notes(engine: str, model: ModelSpec, features: tuple[str, ...]) -> list[str]:
     """``# WARNING`` lines for the ``features`` the capability table says ``engine`` lacks for ``model``."""
     return [f"# WARNING: {c.reason}" for c in capabilities.lacks(engine, model, features)]
@@ -470,7 +505,12 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
     name = Path(path).name
     eplb_ok = ascend or capabilities.cell("vllm", "online_eplb", model).supported is not False
     plugin = not ascend and capabilities.cell("vllm", "plugin", model).supported
-    if ascend:
+    if opts.serve == "checkpoint":
+        if R:
+            raise InputError(f"a relabelled checkpoint holds each expert once; the placement has {R} redundant slots")
+        notes.append(f"# the relabelled checkpoint: vLLM's own layout (--expert-placement-strategy linear, the "
+                     f"default) is the placement; no plugin, no placement file, no {capabilities.PLUGIN_ENV}")
+    elif ascend:
         eplb = {"expert_map_path": path, "num_redundant_experts": R}
         head += [f"--additional-config {shlex.quote(json.dumps({'eplb_config': eplb}))}"]
         head = [h for h in head if not h.startswith("--all2all-backend")]  # Ascend picks its own (HCCL MC2)
@@ -503,15 +543,20 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
                      f"vLLM {version}'s parser rejects {'these keys' if len(allow) > 1 else 'this key'}")
         notes += _table_notes("vllm", model, ("online_eplb",))  # the PR loads the map through EPLB
         head += ["--enable-eplb", f"--eplb-config {shlex.quote(json.dumps(cfg, separators=(',', ':')))}"]
-    elif R == 0 and plugin:
+    elif R == 0 and plugin or opts.serve == "plugin":
         if opts.placement_path is None:
             raise InputError("the vLLM command loads the placement through the moeplace plugin, which reads the "
                              "placement JSON: its path is needed (place export passes PLACEMENT)")
-        env[capabilities.PLUGIN_ENV] = str(Path(opts.placement_path).resolve())
-        notes.append(f"# {name} is for an open PR: {capabilities.cell('vllm', 'placement_file', model).reason}. "
-                     f"This replica-free placement is applied while vLLM loads the weights instead: "
-                     f"{capabilities.PLUGIN_INSTALL} (the moeplace vllm.general_plugins entry point); "
-                     f"{capabilities.PLUGIN_ENV} names the placement JSON")
+        env.update(plugin_env(opts.placement_path, dp, nodes))
+        if opts.serve == "plugin":
+            notes.append(f"# the original checkpoint, relabelled while vLLM loads it: {capabilities.PLUGIN_INSTALL} "
+                         f"(the moeplace vllm.general_plugins entry point); {capabilities.PLUGIN_ENV} names the "
+                         "placement JSON; every rank logs the placement hash it applied (place export --check-logs)")
+        else:
+            notes.append(f"# {name} is for an open PR: {capabilities.cell('vllm', 'placement_file', model).reason}. "
+                         f"This replica-free placement is applied while vLLM loads the weights instead: "
+                         f"{capabilities.PLUGIN_INSTALL} (the moeplace vllm.general_plugins entry point); "
+                         f"{capabilities.PLUGIN_ENV} names the placement JSON")
         if opts.online_eplb:
             if eplb_ok:
                 cfg = recommended_eplb_config(0, version, window_size=opts.eplb_window, step_interval=opts.eplb_interval)
@@ -556,7 +601,12 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
     from moeplace.placement.export.sglang import support_warnings  # the format modules import this one
 
     version = resolve_version("sglang", opts.engine_version)
-    notes = [f"# WARNING: {w}" for w in support_warnings(model, R)]
+    if opts.serve == "plugin":
+        raise InputError("moeplace has no SGLang load-time plugin: serve the relabelled checkpoint")
+    relabelled = opts.serve == "checkpoint"
+    own = ("# the relabelled checkpoint: SGLang's own layout (physical expert p on EP rank p // (E/G)) is the "
+           "placement; no --init-expert-location")
+    notes = [own] if relabelled else [f"# WARNING: {w}" for w in support_warnings(model, R)]
     if opts.online_eplb:
         notes += _table_notes("sglang", model, ("online_eplb",))
     a2a = "flashinfer" if gpn >= 72 else "deepep"
@@ -575,8 +625,9 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
     cmd += [f"--moe-a2a-backend {a2a}"]
     if a2a == "deepep":
         cmd.append("--deepep-mode auto")
-    cmd += [f"--ep-num-redundant-experts {R}", "--ep-dispatch-algorithm static",
-            f"--init-expert-location {shlex.quote(path)}"]
+    if not relabelled:
+        cmd += [f"--ep-num-redundant-experts {R}", "--ep-dispatch-algorithm static",
+                f"--init-expert-location {shlex.quote(path)}"]
     if fmt == "sglang-logical-count":
         notes.append("# SGLang runs its EPLB on the logical_count at start-up (--eplb-algorithm auto)")
     if opts.online_eplb:
@@ -592,8 +643,8 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
     cmd += [f"--kv-cache-dtype {kv}", f"--context-length {max_len}"]
     where = f"# run on each of the {nodes} nodes with NODE_RANK=0..{nodes - 1}" if nodes > 1 else f"# one node, {G} GPUs"
     return Launch("sglang", version, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, cmd, nodes, gpn, path,
-                  model_path,
-                  applies_placement=capabilities.cell("sglang", "placement_file", model).supported is not False)
+                  model_path, applies_placement=relabelled or capabilities.cell("sglang", "placement_file",
+                                                                                 model).supported is not False)
 
 
 # Disaggregated pools. vLLM (0.34.0, vllm/config/kv_transfer.py KVTransferConfig): the NIXL connector moves the
