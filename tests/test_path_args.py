@@ -105,6 +105,8 @@ ARGV = {
     ("trace import", "relabel_manifest"): ["trace", "import", "--format", "sglang", "sglang.json", "--out",
                                            "l.npz", "--model", "model.json", "--relabel-manifest", "{X}"],
     ("trace stats", "path"): ["trace", "stats", "{X}"],
+    ("export", "verify"): ["export", "--verify", "{X}"],
+    ("export", "check_logs"): ["export", "--check-logs", "{X}"],
     ("plan", "pools"): ["plan", "--model", "model.json", "--pools", "{X}"],
     ("optimize", "pools"): ["optimize", "trace", "--phase", "decode", "--pools", "{X}", "--policy", "linear",
                             "--out", "p2.json"],

@@ -68,6 +68,8 @@ PATH_ARGS: dict[tuple[str, str], PathArg] = {
     ("export", "plan"): PathArg(FILE),
     ("export", "model_path"): PathArg(NAME_OR_DIR, per_pool=True),  # an HF id, or the checkpoint directory
     ("export", "pools"): PathArg(POOLS),
+    ("export", "verify"): PathArg(DIR, "relabelled checkpoint directory"),
+    ("export", "check_logs"): PathArg(FILE, "log file"),
     ("export", "gpu"): _GPU,
     ("import-placement", "file"): PathArg(FILE),
     ("import-placement", "model"): _MODEL,
@@ -120,7 +122,7 @@ NOT_PATHS = {
     "demo": {"tokens", "gpus", "duration", "seed"},
     "engines": {"engine"},
     "evaluate": {"engine", "batch_tokens", "dispatch_dtype", "seed", "vllm_rule", "sglang_variant"},
-    "export": {"format", "window_tokens", "layout", "tp", "dp", "kv_cache_dtype", "max_model_len", "eplb_window",
+    "export": {"pool", "format", "window_tokens", "layout", "tp", "dp", "kv_cache_dtype", "max_model_len", "eplb_window",
                "eplb_interval", "moe_backend", "engine_version", "vllm_pr", "vllm_static", "target", "image",
                "k8s_rdma", "k8s_shm_size", "k8s_weights", "k8s_weights_mount", "k8s_hf_secret"},
     "import-placement": {"format", "gpus", "gpus_per_node", "relabel_layout"},

@@ -77,13 +77,13 @@ def run(args) -> int:
     src = Path(args.model_path)
     outs = Outputs(inputs=[args.placement, src], force=args.force)
     outs.add(args.out, RELABELLED_CHECKPOINT)
-    if src.is_dir():  # a relabelled source is refused, as the vLLM plugin refuses one (before any header is read)
+    if src.is_dir():  # a relabelled source is refused, as the vLLM plugin refuses one
         check_not_relabelled(src, MANIFEST)
-        why = relabelled_reason(src)
-        if why:
-            raise InputError(f"--model-path {why}: its expert ids are not the model's own, and relabelling it again "
-                             "would lose that mapping: relabel the original checkpoint instead, or serve it as it is")
     ck = scan(src, full=False)
+    why = relabelled_reason(src)  # a DST whose manifest is gone still names the relabelling in its headers
+    if why:
+        raise InputError(f"--model-path {why}: its expert ids are not the model's own, and relabelling it again "
+                         "would lose that mapping: relabel the original checkpoint instead, or serve it as it is")
     p = plan(ck, placement, get_layout(args.layout), placement_name=args.placement)
     mem, launches = _launches(args, placement, src)  # before writing: a refused layout leaves nothing
     space = needs(ck, p, args.out, args.link)

@@ -35,6 +35,7 @@ from moeplace.placement.export.checkpoint import (
     MANIFEST,
     Checkpoint,
     expert_module_names,
+    read_header_bytes,
     scan,
     with_quantization,
 )
@@ -119,17 +120,19 @@ def verify(dst: str | Path, src: str | Path | None = None, placement: Placement 
         src = (doc.get("source") or {}).get("path")
         if not src:
             raise InputError(f"{dst / MANIFEST}: names no source checkpoint; give it with --model-path SRC")
+    fail = lambda msg: VerifyFailed(f"{dst}: {msg}")
+    # SRC is the checkpoint the relabelling read (before its headers are checked: a changed shard is a
+    # mismatch to report as such, not only a damaged file)
+    for s, rec in (doc.get("source_shards") or {}).items():
+        path = Path(src) / s
+        if "/" in s or s.startswith(".") or not path.is_file():
+            raise fail(f"source shard {s} (in the manifest) is not in {src}")
+        _, _, sha = read_header_bytes(path)
+        if (path.stat().st_size, sha) != (rec.get("bytes"), rec.get("header_sha256", sha)):
+            raise fail(f"{path} is not the shard the relabelling read (size or header sha256 differ "
+                       "from the manifest's)")
     s_ck = scan(src)
     d_ck = scan(dst, "--verify")
-    fail = lambda msg: VerifyFailed(f"{dst}: {msg}")
-    # SRC is the checkpoint the relabelling read
-    for s, rec in (doc.get("source_shards") or {}).items():
-        h = s_ck.headers.get(s)
-        if h is None:
-            raise fail(f"source shard {s} (in the manifest) is not in {src}")
-        if (h.size, h.sha256) != (rec.get("bytes"), rec.get("header_sha256", h.sha256)):
-            raise fail(f"{Path(src) / s} is not the shard the relabelling read (size or header sha256 differ "
-                       "from the manifest's)")
     if placement is not None:
         want = permutations(placement, rel.layout)
         if want.shape != rel.new2old.shape or (want != rel.new2old).any():
