@@ -314,3 +314,32 @@ def test_extreme_skew_still_gives_distinct_topk(qwen):
     assert ((widths > 0).sum(axis=-1) < qwen.top_k).any()  # the case this test is about
     ex = np.sort(b["experts"].astype(np.int64), axis=-1)
     assert (np.diff(ex, axis=-1) > 0).all()
+
+
+def test_small_k3_style_config_without_a_context_length(tmp_path, capsys):
+    """A Hugging Face-style kimi_k3 config with few layers and experts and no max_position_embeddings (issue
+    41: a traceback at 3,000 tokens, no end at 10,000): the context counts as unknown (1 M tokens, as the
+    simulator takes it), so every request adds tokens and the budget is spent exactly."""
+    import json
+
+    from moeplace.cli.main import main
+    from moeplace.traces.validate import trace_num_rows
+
+    cfg = {"model_type": "kimi_k3", "num_hidden_layers": 4, "first_k_dense_replace": 1, "hidden_size": 64,
+           "intermediate_size": 128, "vocab_size": 1000, "n_routed_experts": 16, "num_experts_per_tok": 4,
+           "moe_intermediate_size": 16, "n_shared_experts": 1, "num_attention_heads": 4, "q_lora_rank": 16,
+           "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+           "linear_attn_config": {"kda_layers": [1, 3], "num_heads": 4, "head_dim": 8}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = load_model(str(tmp_path / "config.json"))
+    assert model.max_context == 0 and model.num_moe_layers == 3
+    out = tmp_path / "tr"
+    assert main(["trace", "synth", "--model", str(tmp_path / "config.json"), "--tokens", "3000",
+                 "--out", str(out)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert trace_num_rows(out) == 3000 * 3
+    # 10,000 tokens: the request stream ends (it used to add requests of no tokens forever)
+    c = SynthConfig(num_tokens=10_000, seed=0)
+    batches = list(engine_batches(c, model, drift_anchor_mixes(c, np.random.default_rng(0)), np.random.default_rng(0)))
+    pos = np.concatenate([b["position"] for b in batches])
+    assert len(pos) == 10_000 and pos.min() >= 0

@@ -15,6 +15,16 @@ from moeplace.traces.synth.config import SynthConfig
 from moeplace.traces.synth.popularity import mix_at
 from moeplace.traces.synth.sampler import ExpertSampler, SynthDesign, zipf_ranks
 
+# A config without max_position_embeddings (max_context 0: unknown) is drawn against a 1 M-token context,
+# the length the simulator assumes for it too; a context shorter than 2 tokens leaves no room for a prompt
+# token and an output token, so it is taken as 2.
+UNKNOWN_CONTEXT = 1 << 20
+
+
+def context_tokens(model: ModelSpec) -> int:
+    """The context lengths are drawn under: the model's, or :data:`UNKNOWN_CONTEXT` when it states none."""
+    return max(model.max_context or UNKNOWN_CONTEXT, 2)
+
 
 @dataclass
 class _Request:
@@ -34,7 +44,7 @@ def _request_stream(cfg: SynthConfig, model: ModelSpec, anchors: np.ndarray, rng
     """Requests in arrival order until the token budget (represented tokens) is spent exactly."""
     budget = cfg.num_tokens
     used, t, rid = 0, 0.0, 0
-    max_ctx = model.max_context
+    max_ctx = context_tokens(model)  # prompt in [1, max_ctx - 1], output >= 1: every request adds a token
     while used < budget:
         t += rng.exponential(1.0 / cfg.arrival_rate)
         if rng.random() < cfg.long_fraction:  # Pareto tail of long-context prompts
