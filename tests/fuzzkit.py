@@ -147,11 +147,11 @@ def write_columns(path: Path, model, cols: dict) -> Path:
     import pyarrow.parquet as pq
 
     from moeplace.traces.format import WRITE_CHECKSUMS, arrow_schema, file_metadata
+    from tracekit import id_arrays
     arrays = {}
     for name, v in cols.items():
         if name == "expert_ids":
-            v = np.asarray(v)
-            arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
+            arrays.update(id_arrays(v, 2))
         else:
             arrays[name] = pa.array(v)
     schema = pa.schema([f for f in arrow_schema(model.top_k) if f.name in arrays])

@@ -18,6 +18,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
 from moeplace.placement.record import Placement
 from moeplace.traces.format import META_FORMAT, WRITE_CHECKSUMS, TraceWriter, arrow_schema, file_metadata
+from tracekit import id_arrays
 from moeplace.traces.loads import LOADS_FORMAT, Loads, load_loads
 from moeplace.traces.stats import compute_stats
 from moeplace.traces.validate import check_trace, open_trace, validate_report
@@ -38,19 +39,23 @@ def columns(tokens: int = 8) -> dict:
     return cols
 
 
-def write(path: Path, model, cols: dict, *, meta: dict | None = None, row_group_size=None) -> Path:
+def write(path: Path, model, cols: dict, *, meta: dict | None = None, row_group_size=None, version: int = 2) -> Path:
+    """A one-file trace of ``cols`` (``expert_ids`` as [n, k] in any order, or a list array with nulls) laid
+    out as trace format ``version`` stores it (tracekit)."""
     arrays = {}
     for name, v in cols.items():
-        if isinstance(v, pa.Array):
+        if name == "expert_ids":
+            arrays.update(id_arrays(v, version))
+        elif isinstance(v, pa.Array):
             arrays[name] = v
-        elif name in ("expert_ids", "gate_weights"):
+        elif name == "gate_weights":
             v = np.asarray(v)
             arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
         else:
             arrays[name] = pa.array(v)
-    schema = pa.schema([f.with_nullable(True) for f in arrow_schema(model.top_k, gate_weights=True)])
+    schema = pa.schema([f.with_nullable(True) for f in arrow_schema(model.top_k, gate_weights=True, version=version)])
     table = pa.table(arrays).select(schema.names).cast(schema)
-    md = file_metadata(model, {"kind": "synthetic"})
+    md = file_metadata(model, {"kind": "synthetic"}, version)
     md.update(meta or {})
     pq.write_table(table.replace_schema_metadata(md), path, row_group_size=row_group_size, **WRITE_CHECKSUMS)
     return path
@@ -122,8 +127,8 @@ BAD_ROWS = {
                          ("row 9: field 'layer': token (request 1, position 1, step 3) has rows in 2 of the 3 MoE "
                           "layers the trace holds (1-3); a token needs one row in each")),
     "format_version": (lambda c: c, {META_FORMAT: b"7"},
-                       ("metadata 'moeplace.format' is version '7'; this moeplace reads trace format version "
-                       "'1' only")),
+                       ("metadata 'moeplace.format' is version '7'; this moeplace reads moeplace.trace version "
+                        "1, 2 (written by a newer moeplace?)")),
 }
 
 

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
-from moeplace.traces.format import READ_CHECKSUMS
+from moeplace.traces.format import ID_PLANES, READ_CHECKSUMS, decode_expert_ids, id_planes
 from moeplace.traces.validate import (
     Detect,
     ProblemFound,
@@ -41,6 +41,7 @@ from moeplace.traces.validate import (
     Trace,
     check_lists,
     check_row_group,
+    check_weights,
     corrupt_group,
     open_failure,
     read_columns,
@@ -240,8 +241,159 @@ BATCH_ROWS = 1 << 16  # rows per decoded batch of the list columns: their buffer
 
 
 def _reduce_group(spec: PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -> _Partial:
-    """Decode row group ``j`` of the pass, run the gate's row checks on it (``traces.validate``: the first
-    problem raises) and reduce it to a :class:`_Partial`; ``opened`` caches the pass's open files.
+    """Decode row group ``j`` of the pass, run the gate's row checks on it and reduce it to a
+    :class:`_Partial` (``opened`` caches the pass's open files): the byte planes of format version 2
+    through :func:`_reduce_planes`, version 1's lists through :func:`_reduce_lists`. Either fast path only
+    *detects* a problem; then the row group is decoded and checked whole by the gate's reporting sink,
+    which raises its first problem in the gate's order (:func:`_reduce_checked`)."""
+    fi = spec.jobs[j][0]
+    pf = _open_file(spec.trace.files[fi].path, opened)
+    try:
+        if spec.trace.files[fi].version >= 2:
+            return _reduce_planes(spec, j, pf)
+        return _reduce_lists(spec, j, pf)
+    except (ProblemFound, pa.ArrowException, OSError, ValueError, KeyError):
+        return _reduce_checked(spec, j, pf)
+
+
+CHUNK_ROWS = 1 << 13  # rows per count step of the planes: their int64 keys (1 MB for top-16) stay in L2
+_PATTERN: dict[int, np.ndarray] = {}  # per process: MoE-layer index of trace row r = pattern[r % L]
+_KERNEL_BUFFERS: dict[str, np.ndarray] = {}  # per process: the chunk's keys and deltas, reused
+
+
+def _layer_pattern(num_layers: int, n: int) -> np.ndarray:
+    """int32 ``[>= n + L]``: ``0, 1, ..., L-1, 0, 1, ...`` (cached, grown on demand)."""
+    p = _PATTERN.get(num_layers)
+    if p is None or len(p) < n + num_layers:
+        p = _PATTERN[num_layers] = np.tile(np.arange(num_layers, dtype=np.int32), -(-(n + num_layers) // num_layers))
+    return p
+
+
+def _buffer(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+    b = _KERNEL_BUFFERS.get(name)
+    size = int(np.prod(shape))
+    if b is None or b.size < size or b.dtype != dtype:
+        b = _KERNEL_BUFFERS[name] = np.empty(size, dtype)
+    return b[:size].reshape(shape)
+
+
+def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
+    """The fast path of a version-2 row group: one read of the columns the pass needs, the gate's checks
+    of the per-row columns (:func:`check_row_group`, a :class:`Detect` sink), then the expert ids counted
+    straight from their byte planes, ``CHUNK_ROWS`` rows at a time: per chunk the sorted ids' running sum
+    over the k deltas builds the (window, layer, expert) keys slot by slot (contiguous int64 rows: the
+    transposed keys), one bincount adds them up, and the same pass detects a repeated expert (a zero
+    delta after the first) and an id past num_experts (a row whose deltas sum to E or more).
+
+    A valid trace holds whole tokens of one row per MoE layer, layers ascending, so the MoE-layer index of
+    trace row ``r`` is ``r mod L``: checked row by row against that pattern (any other layer sequence is
+    a problem the gate words), which makes the layer part of each key a slice of one cached array."""
+    fi, rg, row0 = spec.jobs[j]
+    trace = spec.trace
+    model = spec.model
+    num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
+    table = pf.read_row_group(rg, columns=read_columns(trace, fi, rg, pf, spec.extra_columns), use_threads=False)
+    group = check_row_group(Detect(), trace, fi, rg, table, lists=False)
+    if "expert_ids" not in trace.files[fi].columns:
+        raise ProblemFound("expert_ids")
+    check_weights(Detect(), trace, fi, rg, table)
+    n = group.n
+    planes = [table.column(c) for c in ID_PLANES]
+    if any(c.null_count for c in planes):
+        raise ProblemFound("null")
+    lo, hi = id_planes(planes[0], planes[1], k)
+    rpw = spec.rows_per_window
+    w0 = row0 // rpw
+    if n == 0:
+        return _Partial(w0, np.zeros((0, num_layers, num_experts), np.int64), np.zeros(0, np.int64), [], None,
+                        None, group.edge)
+    pattern = _layer_pattern(num_layers, n)
+    phase = row0 % num_layers
+    if not np.array_equal(group.layer_idx, pattern[phase:phase + n]):
+        raise ProblemFound("layer")
+    w1 = (row0 + n - 1) // rpw
+    bins_per_window = num_layers * num_experts
+    counts = np.zeros((w1 - w0 + 1) * bins_per_window, np.int64)
+    base_all = _buffer("base", (num_layers + CHUNK_ROWS,), np.int64)
+    np.multiply(pattern[:num_layers + CHUNK_ROWS], num_experts, out=base_all)
+    keys = _buffer("keys", (k, CHUNK_ROWS), np.int64)
+    d16 = _buffer("d16", (CHUNK_ROWS, k), np.uint16)
+    top = _buffer("top", (CHUNK_ROWS,), np.int64)
+    s = 0
+    while s < n:
+        w = (row0 + s) // rpw
+        e = min(n, s + CHUNK_ROWS, (w + 1) * rpw - row0)  # a chunk stays in one window
+        m = e - s
+        lo_c, hi_c = lo[s:e], hi[s:e]
+        if k > 1 and not lo_c[:, 1:].all():  # a zero low byte after the first: a repeat unless its high byte is set
+            if ((lo_c[:, 1:] == 0) & (hi_c[:, 1:] == 0)).any():
+                raise ProblemFound("duplicate_expert")
+        if hi_c.any():
+            d = d16[:m]
+            np.left_shift(hi_c, 8, out=d, dtype=np.uint16)
+            d |= lo_c
+        else:
+            d = lo_c
+        o = keys[:, :m]
+        p = (phase + s) % num_layers
+        base = base_all[p:p + m]
+        np.add(base, (w - w0) * bins_per_window, out=o[0])
+        o[0] += d[:, 0]
+        for i in range(1, k):
+            np.add(o[i - 1], d[:, i], out=o[i])
+        np.subtract(o[k - 1], base, out=top[:m])  # the row's largest id (deltas summed)
+        if int(top[:m].max()) - (w - w0) * bins_per_window >= num_experts:
+            raise ProblemFound("expert_range")
+        counts += np.bincount(o.reshape(-1), minlength=len(counts))
+        s = e
+    counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts)
+    if spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
+        spec.shared_counts[_WORKER_SLOT[0], w0:w1 + 1] += counts
+        counts = None
+    edge = group.edge
+    runs = edge.run_rows
+    run_rid = edge.run_keys >> 24
+    requests = np.unique(run_rid)
+    sample = None
+    if spec.sample_tokens > 0 and len(runs):
+        # one hash per token run (all rows of a token share it), then the rows of the chosen runs
+        run_pos = edge.run_keys & ((1 << 24) - 1)
+        h = _token_hash(run_rid, run_pos >> 1, spec.seed)
+        sel = np.flatnonzero(h <= np.uint64(spec.sample_threshold))
+        if len(sel):
+            lens = edge.run_lens[sel]
+            rows = np.repeat(runs[sel], lens) + (np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens))
+            ex = decode_expert_ids(lo[rows], hi[rows]).astype(np.uint16)
+            sample = (np.repeat(h[sel], lens), np.repeat(run_rid[sel], lens), np.repeat(run_pos[sel], lens),
+                      group.layer_idx[rows].astype(np.int16), ex, (row0 + rows) // rpw)
+    names, per = _domain_rows(spec, table, row0, n)
+    return _Partial(w0, counts, requests, names, per, sample, edge)
+
+
+def _domain_rows(spec: PassSpec, table: pa.Table, row0: int, n: int) -> tuple[list[str], np.ndarray | None]:
+    """The domain names of a row group (dictionary order) and its rows per (name, window)."""
+    if "domain" not in spec.extra_columns:
+        return [], None
+    dcol = table.column("domain").combine_chunks()
+    if isinstance(dcol, pa.DictionaryArray):
+        codes = dcol.indices.to_numpy(zero_copy_only=False)
+        names = dcol.dictionary.to_pylist()
+    else:
+        enc = dcol.dictionary_encode()
+        codes, names = enc.indices.to_numpy(zero_copy_only=False), enc.dictionary.to_pylist()
+    rpw = spec.rows_per_window
+    w0, w1 = row0 // rpw, (row0 + n - 1) // rpw
+    if w0 == w1:
+        per = np.zeros((len(names), spec.num_windows), np.int64)
+        per[:, w0] = np.bincount(codes, minlength=len(names))
+        return names, per
+    win_rows = np.arange(row0, row0 + n, dtype=np.int64) // rpw
+    gd = codes.astype(np.int64) * spec.num_windows + win_rows
+    return names, np.bincount(gd, minlength=len(names) * spec.num_windows).reshape(-1, spec.num_windows)
+
+
+def _reduce_lists(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
+    """The fast path of a version-1 row group (expert ids as lists in the router's order).
 
     The list columns (16 values a row: ~90 % of the bytes) are decoded in batches of ``BATCH_ROWS`` rows,
     checked and counted batch by batch: the decoder's buffers and the count's index stay in cache and are
@@ -250,26 +402,22 @@ def _reduce_group(spec: PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) ->
     raises the gate's first problem in the gate's order (:func:`_reduce_checked`)."""
     fi, rg, _ = spec.jobs[j]
     trace = spec.trace
-    pf = _open_file(trace.files[fi].path, opened)
     cols = read_columns(trace, fi, rg, pf, spec.extra_columns)
     lists = [c for c in cols if c in LIST_COLUMNS]
-    try:
-        table = pf.read_row_group(rg, columns=[c for c in cols if c not in LIST_COLUMNS], use_threads=False)
-        group = check_row_group(Detect(), trace, fi, rg, table, lists=False)
-        if "expert_ids" not in lists:
-            raise ProblemFound("expert_ids")
+    table = pf.read_row_group(rg, columns=[c for c in cols if c not in LIST_COLUMNS], use_threads=False)
+    group = check_row_group(Detect(), trace, fi, rg, table, lists=False)
+    if "expert_ids" not in lists:
+        raise ProblemFound("expert_ids")
 
-        def batches() -> Iterator[np.ndarray]:
-            row = 0
-            for batch in pf.iter_batches(BATCH_ROWS, row_groups=[rg], columns=lists, use_threads=False):
-                yield check_lists(Detect(), trace, fi, rg, batch, row)
-                row += batch.num_rows
-            if row != group.n:
-                raise ProblemFound("corrupt")
+    def batches() -> Iterator[np.ndarray]:
+        row = 0
+        for batch in pf.iter_batches(BATCH_ROWS, row_groups=[rg], columns=lists, use_threads=False):
+            yield check_lists(Detect(), trace, fi, rg, batch, row)
+            row += batch.num_rows
+        if row != group.n:
+            raise ProblemFound("corrupt")
 
-        return _reduce_rows(spec, j, table, group, batches())
-    except (ProblemFound, pa.ArrowException, OSError, ValueError, KeyError):
-        return _reduce_checked(spec, j, pf)
+    return _reduce_rows(spec, j, table, group, batches())
 
 
 def _reduce_checked(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
@@ -329,19 +477,7 @@ def _reduce_rows(spec: PassSpec, j: int, table: pa.Table, group: RowGroup, exper
         counts = None
     runs = np.flatnonzero(rid[1:] != rid[:-1]) + 1
     requests = np.unique(rid[np.concatenate([[0], runs])])
-    names: list[str] = []
-    per = None
-    if "domain" in spec.extra_columns:
-        dcol = table.column("domain").combine_chunks()
-        if isinstance(dcol, pa.DictionaryArray):
-            codes = dcol.indices.to_numpy(zero_copy_only=False)
-            names = dcol.dictionary.to_pylist()
-        else:
-            enc = dcol.dictionary_encode()
-            codes, names = enc.indices.to_numpy(zero_copy_only=False), enc.dictionary.to_pylist()
-        win_rows = np.arange(row0, row0 + n, dtype=np.int64) // rpw
-        gd = codes.astype(np.int64) * spec.num_windows + win_rows
-        per = np.bincount(gd, minlength=len(names) * spec.num_windows).reshape(-1, spec.num_windows)
+    names, per = _domain_rows(spec, table, row0, n)
     return _Partial(w0, counts, requests, names, per, sample, group.edge)
 
 

@@ -37,12 +37,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moeplace.foundation.model import ModelSpec
-from moeplace.traces.format import READ_CHECKSUMS, trace_files
+from moeplace.traces.format import READ_CHECKSUMS, decode_expert_ids, id_planes, trace_files
 from moeplace.traces.gate.files import Trace, TraceFile, open_failure, open_files, open_trace
 from moeplace.traces.gate.order import RowOrder
 from moeplace.traces.gate.report import (
@@ -60,6 +61,7 @@ from moeplace.traces.gate.rows import (
     RowGroup,
     check_lists,
     check_row_group,
+    check_weights,
     corrupt_group,
     decode_failure,
     read_columns,
@@ -69,7 +71,9 @@ from moeplace.traces.gate.rows import (
 __all__ = [
     "DEFAULT_MAX_PER_KIND", "MAX_POSITION", "MAX_REQUEST_ID", "Detect", "Problem", "ProblemFound", "Raise",
     "RowGroup", "RowOrder", "Trace", "TraceFile", "ValidationReport", "check_lists", "check_row_group",
-    "check_trace", "corrupt_group", "open_failure", "open_trace", "read_columns", "repeated_expert_rows", "validate_report",
+    "check_weights",
+    "check_trace", "corrupt_group", "open_failure", "open_trace", "read_columns", "read_expert_ids",
+    "repeated_expert_rows", "validate_report",
     "validate_trace",
 ]
 
@@ -145,6 +149,39 @@ def scan_trace(path: str | Path) -> pl.LazyFrame:
     (``check_trace``: every row is checked before any is handed out)."""
     trace = check_trace(path)
     return pl.scan_parquet([str(f) for f in trace.file_paths])
+
+
+def read_expert_ids(trace: Trace, rows: np.ndarray | None = None) -> np.ndarray:
+    """The expert ids uint16 ``[n, k]`` of a trace that passed the gate (:func:`check_trace`), each row's
+    ids ascending (the logical ``expert_ids`` column of either format version), in trace order — the
+    row order of ``pl.scan_parquet`` over ``trace.file_paths`` — or only the rows ``rows`` (ascending trace
+    row indices; memory then follows them, not the trace). Reads the id columns only."""
+    k = trace.model.top_k
+    parts: list[np.ndarray] = []
+    row0 = 0
+    for tf in trace.files:
+        pf = pq.ParquetFile(tf.path, memory_map=True, **READ_CHECKSUMS)
+        cols = tf.physical(["expert_ids"])
+        for rg, n in enumerate(tf.row_groups):
+            take = None
+            if rows is not None:
+                a, b = np.searchsorted(rows, [row0, row0 + n])
+                take = rows[a:b] - row0
+            row0 += n
+            if take is not None and not take.size:
+                continue
+            t = pf.read_row_group(rg, columns=cols, use_threads=False)
+            if tf.version >= 2:
+                lo, hi = id_planes(t.column(cols[0]), t.column(cols[1]), k)
+                if take is not None:
+                    lo, hi = lo[take], hi[take]
+                ids = decode_expert_ids(lo, hi).astype(np.uint16)
+            else:
+                c = t.column("expert_ids").combine_chunks()
+                ids = c.values.slice(c.offset * k, len(c) * k).to_numpy(zero_copy_only=False).reshape(-1, k)
+                ids = np.sort(ids if take is None else ids[take], axis=1).astype(np.uint16, copy=False)
+            parts.append(ids)
+    return np.concatenate(parts) if parts else np.zeros((0, k), np.uint16)
 
 
 def trace_num_rows(path: str | Path) -> int:
