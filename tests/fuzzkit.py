@@ -142,12 +142,11 @@ def trace_columns(tokens: int = 8) -> dict:
 
 def write_columns(path: Path, model, cols: dict) -> Path:
     """A one-file trace of ``cols`` with the model's metadata, written as given (no checks)."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from tracekit import id_arrays
 
     from moeplace.traces.format import WRITE_CHECKSUMS, arrow_schema, file_metadata
-    from tracekit import id_arrays
     arrays = {}
     for name, v in cols.items():
         if name == "expert_ids":

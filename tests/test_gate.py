@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fuzzkit import trace_columns
+from tracekit import id_arrays
 
 from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
 from moeplace.placement.record import Placement
 from moeplace.traces.format import META_FORMAT, WRITE_CHECKSUMS, TraceWriter, arrow_schema, file_metadata
-from tracekit import id_arrays
 from moeplace.traces.loads import LOADS_FORMAT, Loads, load_loads
 from moeplace.traces.stats import compute_stats
 from moeplace.traces.validate import check_trace, open_trace, validate_report

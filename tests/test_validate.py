@@ -9,12 +9,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tracekit import VERSIONS, id_arrays
 
 from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
 from moeplace.traces.format import WRITE_CHECKSUMS, TraceWriter, arrow_schema, file_metadata
-from tracekit import VERSIONS, id_arrays
 from moeplace.traces.validate import check_trace, validate_report, validate_trace
 
 DATA = Path(__file__).parent / "data"

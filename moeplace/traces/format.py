@@ -167,6 +167,18 @@ def decode_expert_ids(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.cumsum(ids, axis=1, out=ids)
 
 
+def polars_expert_ids(k: int):
+    """A polars expression: the ``expert_ids`` (``array[u16, k]``, ascending) of a version-2 frame, decoded
+    from its byte planes (a user's view of a trace in polars; ``traces.validate.scan_trace`` adds it)."""
+    import polars as pl  # local: the writers and the stats pass never need polars
+
+    def plane(name: str):
+        return pl.col(name).bin.reinterpret(dtype=pl.Array(pl.UInt8, k)).cast(pl.Array(pl.UInt16, k))
+
+    deltas = plane(ID_PLANES[0]) + plane(ID_PLANES[1]) * 256
+    return deltas.arr.eval(pl.element().cum_sum()).cast(pl.Array(pl.UInt16, k)).alias("expert_ids")
+
+
 def file_version(metadata: dict | None) -> int:
     """The trace format version a file's footer metadata states (1 for an unparsable value: the gate has
     refused such files before any reader gets here)."""

@@ -325,9 +325,9 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
         e = min(n, s + CHUNK_ROWS, (w + 1) * rpw - row0)  # a chunk stays in one window
         m = e - s
         lo_c, hi_c = lo[s:e], hi[s:e]
-        if k > 1 and not lo_c[:, 1:].all():  # a zero low byte after the first: a repeat unless its high byte is set
-            if ((lo_c[:, 1:] == 0) & (hi_c[:, 1:] == 0)).any():
-                raise ProblemFound("duplicate_expert")
+        # a zero low byte after the first: a repeated expert unless its high byte is set
+        if k > 1 and not lo_c[:, 1:].all() and ((lo_c[:, 1:] == 0) & (hi_c[:, 1:] == 0)).any():
+            raise ProblemFound("duplicate_expert")
         if hi_c.any():
             d = d16[:m]
             np.left_shift(hi_c, 8, out=d, dtype=np.uint16)

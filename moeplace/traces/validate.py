@@ -43,7 +43,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moeplace.foundation.model import ModelSpec
-from moeplace.traces.format import READ_CHECKSUMS, decode_expert_ids, id_planes, trace_files
+from moeplace.traces.format import (
+    ID_PLANES,
+    READ_CHECKSUMS,
+    decode_expert_ids,
+    id_planes,
+    polars_expert_ids,
+    trace_files,
+)
 from moeplace.traces.gate.files import Trace, TraceFile, open_failure, open_files, open_trace
 from moeplace.traces.gate.order import RowOrder
 from moeplace.traces.gate.report import (
@@ -69,11 +76,29 @@ from moeplace.traces.gate.rows import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_PER_KIND", "MAX_POSITION", "MAX_REQUEST_ID", "Detect", "Problem", "ProblemFound", "Raise",
-    "RowGroup", "RowOrder", "Trace", "TraceFile", "ValidationReport", "check_lists", "check_row_group",
+    "DEFAULT_MAX_PER_KIND",
+    "MAX_POSITION",
+    "MAX_REQUEST_ID",
+    "Detect",
+    "Problem",
+    "ProblemFound",
+    "Raise",
+    "RowGroup",
+    "RowOrder",
+    "Trace",
+    "TraceFile",
+    "ValidationReport",
+    "check_lists",
+    "check_row_group",
+    "check_trace",
     "check_weights",
-    "check_trace", "corrupt_group", "open_failure", "open_trace", "read_columns", "read_expert_ids",
-    "repeated_expert_rows", "validate_report",
+    "corrupt_group",
+    "open_failure",
+    "open_trace",
+    "read_columns",
+    "read_expert_ids",
+    "repeated_expert_rows",
+    "validate_report",
     "validate_trace",
 ]
 
@@ -146,9 +171,24 @@ def read_trace_meta(path: str | Path) -> tuple[ModelSpec, dict[str, Any]]:
 
 def scan_trace(path: str | Path) -> pl.LazyFrame:
     """Lazy polars frame over all rows of a trace (file or directory) that passed the whole gate
-    (``check_trace``: every row is checked before any is handed out)."""
+    (``check_trace``: every row is checked before any is handed out), with the logical columns of the
+    format: ``expert_ids`` (``array[u16, k]``) decoded from the byte planes of version-2 files (each row's
+    ids ascending; version-1 files as they were written, in the router's order)."""
     trace = check_trace(path)
-    return pl.scan_parquet([str(f) for f in trace.file_paths])
+    k = trace.model.top_k
+
+    def logical(lf: pl.LazyFrame) -> pl.LazyFrame:
+        names = lf.collect_schema().names()
+        return lf.with_columns(polars_expert_ids(k)).select(
+            ["expert_ids" if c == ID_PLANES[0] else c for c in names if c != ID_PLANES[1]])
+
+    versions = {tf.version for tf in trace.files}
+    if len(versions) == 1:
+        lf = pl.scan_parquet([str(f) for f in trace.file_paths])
+        return logical(lf) if versions.pop() >= 2 else lf
+    # files of both versions (a directory that gathered an old and a new trace): one frame per file, in order
+    return pl.concat([logical(pl.scan_parquet(str(tf.path))) if tf.version >= 2 else pl.scan_parquet(str(tf.path))
+                      for tf in trace.files], how="diagonal_relaxed")
 
 
 def read_expert_ids(trace: Trace, rows: np.ndarray | None = None) -> np.ndarray:
