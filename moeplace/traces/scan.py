@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
-from moeplace.traces.format import ID_PLANES, READ_CHECKSUMS, decode_expert_ids, id_planes
+from moeplace.traces.format import ID_PLANES, READ_CHECKSUMS, id_planes
 from moeplace.traces.validate import (
     Detect,
     ProblemFound,
@@ -256,7 +256,7 @@ def _reduce_group(spec: PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) ->
         return _reduce_checked(spec, j, pf)
 
 
-CHUNK_ROWS = 1 << 13  # rows per count step of the planes: their int64 keys (1 MB for top-16) stay in L2
+CHUNK_ROWS = 1 << 14  # rows per count step of the planes: their int64 keys (2 MB for top-16) stay in L2
 _PATTERN: dict[int, np.ndarray] = {}  # per process: MoE-layer index of trace row r = pattern[r % L]
 _KERNEL_BUFFERS: dict[str, np.ndarray] = {}  # per process: the chunk's keys and deltas, reused
 
@@ -325,24 +325,28 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
         e = min(n, s + CHUNK_ROWS, (w + 1) * rpw - row0)  # a chunk stays in one window
         m = e - s
         lo_c, hi_c = lo[s:e], hi[s:e]
-        # a zero low byte after the first: a repeated expert unless its high byte is set
-        if k > 1 and not lo_c[:, 1:].all() and ((lo_c[:, 1:] == 0) & (hi_c[:, 1:] == 0)).any():
-            raise ProblemFound("duplicate_expert")
-        if hi_c.any():
+        if hi_c.any():  # the deltas: low bytes, plus the high bytes where a delta reaches 256
             d = d16[:m]
             np.left_shift(hi_c, 8, out=d, dtype=np.uint16)
             d |= lo_c
         else:
             d = lo_c
+        # a zero delta after the first is a repeated expert: more zeros in the chunk than in its first column
+        if k > 1 and d.size - np.count_nonzero(d) != m - np.count_nonzero(d[:, 0]):
+            raise ProblemFound("duplicate_expert")
         o = keys[:, :m]
         p = (phase + s) % num_layers
         base = base_all[p:p + m]
-        np.add(base, (w - w0) * bins_per_window, out=o[0])
-        o[0] += d[:, 0]
+        if w == w0:
+            np.add(base, d[:, 0], out=o[0])
+        else:
+            np.add(base, (w - w0) * bins_per_window, out=o[0])
+            o[0] += d[:, 0]
         for i in range(1, k):
             np.add(o[i - 1], d[:, i], out=o[i])
-        np.subtract(o[k - 1], base, out=top[:m])  # the row's largest id (deltas summed)
-        if int(top[:m].max()) - (w - w0) * bins_per_window >= num_experts:
+        # the row's largest id is its last (the deltas summed): below num_experts
+        np.add(base, (w - w0) * bins_per_window + num_experts, out=top[:m])
+        if not np.less(o[k - 1], top[:m]).all():
             raise ProblemFound("expert_range")
         counts += np.bincount(o.reshape(-1), minlength=len(counts))
         s = e
@@ -362,8 +366,14 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
         sel = np.flatnonzero(h <= np.uint64(spec.sample_threshold))
         if len(sel):
             lens = edge.run_lens[sel]
-            rows = np.repeat(runs[sel], lens) + (np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens))
-            ex = decode_expert_ids(lo[rows], hi[rows]).astype(np.uint16)
+            rows = np.arange(int(lens.sum())) + np.repeat(runs[sel] - (np.cumsum(lens) - lens), lens)
+            # the rows passed the range check above: their ids sum to < num_experts, no wrap in uint16
+            ex = lo[rows].astype(np.uint16)
+            hi_rows = hi[rows]
+            if hi_rows.any():
+                ex |= hi_rows.astype(np.uint16) << 8
+            for i in range(1, k):  # the running sum over the deltas, slot by slot
+                ex[:, i] += ex[:, i - 1]
             sample = (np.repeat(h[sel], lens), np.repeat(run_rid[sel], lens), np.repeat(run_pos[sel], lens),
                       group.layer_idx[rows].astype(np.int16), ex, (row0 + rows) // rpw)
     names, per = _domain_rows(spec, table, row0, n)
