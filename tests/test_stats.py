@@ -49,6 +49,7 @@ def test_loads_equal_direct_count(qwen, small_trace, chunk_rows, monkeypatch):
     """Also with counting chunks smaller than a row group (777 rows: chunks straddle layers/windows)."""
     if chunk_rows is not None:
         monkeypatch.setattr("moeplace.traces.scan.COUNT_CHUNK_ROWS", chunk_rows)
+        monkeypatch.setattr("moeplace.traces.scan.CHUNK_ROWS", chunk_rows)
     path, mem = small_trace
     st = compute_stats(path, window_tokens=1000, sample_tokens=500, seed=1, workers=1)
     L, E = qwen.num_moe_layers, qwen.num_experts
@@ -313,3 +314,36 @@ def test_skew_and_cv_match_the_former_formula_on_shared_measures():
         old = (c.max(axis=-1) / c.mean(axis=-1), c.std(axis=-1) / c.mean(axis=-1))
     for new, ref in zip(skew_and_cv(counts), old):
         np.testing.assert_array_equal(new, ref)
+
+
+def test_format_versions_give_the_same_statistics(qwen, small_trace, tmp_path):
+    """The same tokens written in trace format 1 (lists in the router's order, as earlier releases wrote)
+    and 2 (sorted deltas in byte planes): identical Loads, token sample (as sets) and statistics, with one
+    worker or two; version 2 is the smaller file."""
+    from moeplace.traces.format import TraceWriter
+
+    _, mem = small_trace
+    L = qwen.num_moe_layers
+    n = len(mem["request_id"])
+    sizes = {}
+    for version in (1, 2):
+        with TraceWriter(tmp_path / f"v{version}", qwen, {"kind": "synthetic"}, domain=True,
+                         row_group_rows=20_000, version=version) as w:
+            w.write(request_id=np.repeat(mem["request_id"], L), position=np.repeat(mem["position"], L),
+                    phase=np.repeat(mem["phase"], L), step=np.repeat(mem["step"], L),
+                    layer=np.tile(np.asarray(qwen.moe_layers, np.uint16), n),
+                    expert_ids=mem["experts"].reshape(n * L, -1),
+                    domain=np.repeat(np.array(["chat", "code"])[mem["domain"] % 2], L))
+        sizes[version] = sum(f.stat().st_size for f in (tmp_path / f"v{version}").glob("*.parquet"))
+    runs = [compute_stats(tmp_path / f"v{v}", window_tokens=700, sample_tokens=300, seed=3, workers=w)
+            for v in (1, 2) for w in (1, 2)]
+    a = runs[0]
+    for b in runs[1:]:
+        assert np.array_equal(a.loads.counts, b.loads.counts)
+        assert np.array_equal(np.sort(a.loads.samples, axis=2), np.sort(b.loads.samples, axis=2))
+        assert np.array_equal(a.loads.sample_windows, b.loads.sample_windows)
+        sa, sb = a.summary(), b.summary()
+        for key in ("tokens", "requests", "skew_median", "cv_median", "drift_corr_mean", "affinity_lift_mean",
+                    "locality", "domains"):
+            assert sa[key] == sb[key], key
+    assert sizes[2] < 0.9 * sizes[1]
