@@ -347,3 +347,35 @@ def test_format_versions_give_the_same_statistics(qwen, small_trace, tmp_path):
                     "locality", "domains"):
             assert sa[key] == sb[key], key
     assert sizes[2] < 0.9 * sizes[1]
+
+
+@pytest.mark.slow  # a local Ray instance starts in ~10 s on 2 loaded cores
+def test_ray_reduction_equals_the_local_one(qwen, small_trace, tmp_path, capsys):
+    """`place trace stats --ray local`: the row groups reduced as Ray tasks on a local cluster give the
+    single-process Loads (counts, token sample, windows) and statistics exactly; a trace the gate refuses is
+    refused there with the gate's own line."""
+    pytest.importorskip("ray")
+    import shutil
+
+    from moeplace.cli.main import main
+    from moeplace.traces.loads import load_loads
+
+    path, _ = small_trace
+    assert main(["trace", "stats", str(path), "--workers", "1", "--out", str(tmp_path / "one.npz")]) == 0
+    assert main(["trace", "stats", str(path), "--ray", "local", "--workers", "2", "--out",
+                 str(tmp_path / "ray.npz")]) == 0
+    one, on_ray = load_loads(tmp_path / "one.npz"), load_loads(tmp_path / "ray.npz")
+    assert np.array_equal(one.counts, on_ray.counts) and np.array_equal(one.samples, on_ray.samples)
+    assert np.array_equal(one.sample_windows, on_ray.sample_windows) and one.labels == on_ray.labels
+    capsys.readouterr()
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    f = min(bad.glob("*.parquet"))
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside a page: its checksum no longer matches
+    f.write_bytes(bytes(data))
+    assert main(["trace", "validate", str(bad)]) == 2
+    first = capsys.readouterr().err.strip().splitlines()[-1]
+    assert main(["trace", "stats", str(bad), "--ray", "local", "--workers", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == first and str(f) in err and "checksum" in err

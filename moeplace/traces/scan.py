@@ -15,6 +15,7 @@ their request neighbour, which gives the temporal-locality statistic (top-k over
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -534,6 +535,82 @@ def partials(spec: PassSpec, pool: ProcessPoolExecutor | None, workers: int) -> 
             yield part
     finally:
         _PASSES.pop(pass_id, None)
+
+
+# ---------------------------------------------------------------------------- row groups on a Ray cluster
+def _reduce_jobs(spec: PassSpec, js: list[int]) -> list[_Partial]:
+    """A Ray task: the partials of jobs ``js`` (consecutive row groups), reduced where the task runs."""
+    opened: dict[Path, pq.ParquetFile] = {}
+    return [_reduce_group(spec, j, opened) for j in js]
+
+
+class RayReducer:
+    """The row groups of a pass as Ray tasks (one per ``group_jobs`` consecutive row groups), on a cluster
+    this process attached to or a local instance it started (``address`` None or ``"local"``: shut down
+    again by :meth:`close`). Every node reads the trace at the same path (a shared file system). The tasks
+    run the same reduction as the local workers and the partials merge here in trace order, so the result
+    is the single-process one; at most ``2 x`` the cluster's CPUs tasks are in flight, so memory stays
+    bounded by row groups on every node."""
+
+    def __init__(self, address: str | None, num_cpus: int | None = None, group_jobs: int = 1) -> None:
+        try:
+            import ray  # optional: the [sweep] extra
+        except ImportError:
+            raise InputError("--ray needs Ray: pip install 'moeplace[sweep]'") from None
+        self.ray = ray
+        self.group_jobs = max(1, group_jobs)
+        self.started = address in (None, "local")
+        kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False}
+        try:
+            if self.started:
+                ray.init(num_cpus=num_cpus, **kw)
+            else:
+                ray.init(address=address, runtime_env=_ray_runtime_env(), **kw)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise InputError(f"--ray {address or 'local'}: cannot start or attach to Ray: {exc}") from None
+        self.capacity = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._task = ray.remote(num_cpus=1, max_retries=1)(_reduce_jobs)
+
+    def partials(self, spec: PassSpec) -> Iterator[_Partial]:
+        """The partials of every job of ``spec`` in job order."""
+        ray = self.ray
+        spec_ref = ray.put(spec)
+        n = len(spec.jobs)
+        groups = [list(range(a, min(n, a + self.group_jobs))) for a in range(0, n, self.group_jobs)]
+        ahead = 2 * self.capacity
+        refs = deque(self._task.remote(spec_ref, g) for g in groups[:ahead])
+        for i in range(len(groups)):
+            try:
+                parts = ray.get(refs.popleft())
+            except ray.exceptions.RayTaskError as exc:  # the task's own error (the gate's line), raised here
+                raise (exc.cause if isinstance(exc.cause, BaseException) else exc) from None
+            if i + ahead < len(groups):
+                refs.append(self._task.remote(spec_ref, groups[i + ahead]))
+            yield from parts
+
+    def close(self) -> None:
+        self.ray.shutdown()  # stops the instance it started; only disconnects from an attached cluster
+
+
+@contextmanager
+def ray_reducer(address: str | None, num_cpus: int | None):
+    """A :class:`RayReducer` for ``address`` (closed at the end), or None when ``address`` is None."""
+    if address is None:
+        yield None
+        return
+    reducer = RayReducer(address, num_cpus)
+    try:
+        yield reducer
+    finally:
+        reducer.close()
+
+
+def _ray_runtime_env() -> dict[str, Any]:
+    """Ship this checkout's moeplace to an attached cluster's workers (their third-party packages must be
+    installed there); ``MOEPLACE_RAY_SHIP_CODE=0`` when moeplace is installed on the cluster."""
+    if os.environ.get("MOEPLACE_RAY_SHIP_CODE", "1") == "0":
+        return {}
+    return {"py_modules": [str(Path(__file__).resolve().parents[1])]}
 
 
 @contextmanager
