@@ -216,13 +216,15 @@ def _file_bytes(path) -> dict[str, bytes]:
 
 def test_writer_process_writes_the_same_files(tmp_path, qwen):
     """Parquet encoding in the forked writer process gives byte-identical files to writing in-process,
-    run after run (same seed), over many batches; the rows are the sampled tokens."""
+    run after run (same seed), over many batches, whatever the number of sampling workers (a pipeline of
+    layer ranges: 1, 3); the rows are the sampled tokens."""
     from moeplace.traces.validate import scan_trace
 
     cfg = SynthConfig(num_tokens=2500, seed=13, chunk_tokens=512, **SHORT)
-    a = synthesize(qwen, cfg, tmp_path / "a", writer_process=True)
+    a = synthesize(qwen, cfg, tmp_path / "a", writer_process=True, workers=1)
     b = synthesize(qwen, cfg, tmp_path / "b", writer_process=False)
-    c = synthesize(qwen, cfg, tmp_path / "c", writer_process=True)
+    c = synthesize(qwen, cfg, tmp_path / "c", writer_process=True, workers=3)
+    assert (a["sample_workers"], b["sample_workers"], c["sample_workers"]) == (1, 1, 3)
     fa = _file_bytes(tmp_path / "a")
     assert len(fa) == 1 and fa == _file_bytes(tmp_path / "b") == _file_bytes(tmp_path / "c")
     assert a["rows"] == b["rows"] == c["rows"] == 2500 * qwen.num_moe_layers
@@ -256,9 +258,25 @@ def test_writer_process_failures_leave_nothing(tmp_path, qwen, monkeypatch):
 
     monkeypatch.setattr(synth_mod, "synth_chunks", failing_chunks)
     with pytest.raises(RuntimeError, match="sampler failed"):
-        synthesize(qwen, cfg, tmp_path / "out", writer_process=True)
+        synthesize(qwen, cfg, tmp_path / "out", writer_process=True, workers=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
     assert not [p for p in mp.active_children() if p.name == "moeplace-synth-writer"]
+
+    # a sampling worker of the layer pipeline fails at its second chunk: the same
+    import moeplace.traces.synth.pipeline as pipe_mod  # the workers call sample_chunk from there
+
+    real = pipe_mod.sample_chunk
+
+    def failing_sample(sampler, seed, chunk, *a):
+        if chunk == 1 and sampler.layers.start > 0:
+            raise RuntimeError("worker failed")
+        return real(sampler, seed, chunk, *a)
+
+    monkeypatch.setattr(pipe_mod, "sample_chunk", failing_sample)
+    with pytest.raises(RuntimeError, match="worker failed"):
+        synthesize(qwen, cfg, tmp_path / "out", writer_process=True, workers=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    assert not [p for p in mp.active_children() if p.name.startswith("moeplace-synth")]
 
 
 def _modal_theme_share(design, experts: np.ndarray, layers) -> float:
