@@ -158,6 +158,7 @@ class PassSpec:
     seed: int
     # [workers, windows, L, E] in shared memory: worker i adds its row groups' counts into [i] (no transfer)
     shared_counts: np.ndarray | None = None
+    count: bool = True  # False: the gate's checks only (check_pass), no Loads
 
 
 @dataclass
@@ -349,7 +350,8 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
         np.add(base, (w - w0) * bins_per_window + num_experts, out=top[:m])
         if not np.less(o[k - 1], top[:m]).all():
             raise ProblemFound("expert_range")
-        counts += np.bincount(o.reshape(-1), minlength=len(counts))
+        if spec.count:
+            counts += np.bincount(o.reshape(-1), minlength=len(counts))
         s = e
     counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts)
     if spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
@@ -535,6 +537,31 @@ def partials(spec: PassSpec, pool: ProcessPoolExecutor | None, workers: int) -> 
             yield part
     finally:
         _PASSES.pop(pass_id, None)
+
+
+def check_pass(trace: Trace, workers: int | None = None) -> int:
+    """The gate's row checks of every row group of ``trace`` (past :func:`~traces.validate.open_trace`) on
+    the stats pass's fast path, on every core, then the checks across row groups in trace order; raises
+    the gate's first problem as an :class:`InputError` (the line ``place trace validate`` prints first).
+    Returns the tokens (rows of the best-covered MoE layer). Nothing is counted: a few % of the stats
+    pass's time goes to the keys the range check needs."""
+    from moeplace.traces.validate import RowOrder  # function-local: traces.validate imports this module
+
+    jobs = trace.row_groups()
+    model = trace.model
+    num_workers = pass_workers(workers, len(jobs), trace.num_rows * model.top_k)
+    spec = PassSpec(trace=trace, jobs=tuple(jobs), extra_columns=(), model=model,
+                    rows_per_window=max(trace.num_rows, 1), num_windows=1, sample_tokens=0, sample_threshold=0,
+                    seed=0, count=False)
+    order = RowOrder(Raise())
+    files = trace.file_paths
+    with worker_pool(num_workers, len(jobs)) as pool:
+        for j, part in enumerate(partials(spec, pool, num_workers)):
+            fi, rg, _ = jobs[j]
+            order.feed(part.edge, f"the last row of {files[fi - 1].name}" if rg == 0 and fi > 0 else "the row before")
+        tokens = int(order.layer_rows.max(initial=0)) if order.layer_rows is not None else 0
+        order.finish()
+    return tokens
 
 
 # ---------------------------------------------------------------------------- row groups on a Ray cluster

@@ -42,6 +42,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
 from moeplace.traces.format import (
     ID_PLANES,
@@ -131,9 +132,12 @@ def _check_rows(sink, trace: Trace, report: ValidationReport | None = None) -> N
 
 def check_trace(path: str | Path) -> Trace:
     """The gate, rows included: :func:`open_trace` plus every row group's checks; raises
-    :class:`InputError` with the first problem (the line ``place trace validate`` prints first)."""
+    :class:`InputError` with the first problem (the line ``place trace validate`` prints first). The rows
+    are checked on the stats pass's fast path, on every core (:func:`traces.scan.check_pass`)."""
+    from moeplace.traces.scan import check_pass  # function-local: traces.scan imports this module
+
     trace = open_trace(path)
-    _check_rows(Raise(), trace)
+    check_pass(trace)
     return trace
 
 
@@ -152,6 +156,16 @@ def validate_report(path: str | Path, *, max_per_kind: int = DEFAULT_MAX_PER_KIN
         return report
     report.model = trace.model
     report.num_rows = trace.num_rows
+    if report.ok:
+        # a valid trace (the common case) is proven on every core by the stats pass's checks; a problem
+        # found there sends the trace through the listing pass below, which finds every one
+        from moeplace.traces.scan import check_pass  # function-local: traces.scan imports this module
+
+        try:
+            report.num_tokens = check_pass(trace)
+            return report
+        except InputError:
+            pass
     _check_rows(sink, trace, report)
     return report
 
