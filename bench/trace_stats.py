@@ -98,6 +98,57 @@ def row_group_bytes(trace: str) -> float:
     return best / 1e6
 
 
+def encodings(trace: str, rows: int = 1 << 20) -> list[dict]:
+    """The expert ids of the trace's first ``rows`` rows written in each candidate encoding (zstd level 1,
+    page checksums): bytes per selection and the CPU seconds pyarrow takes to decode them (median of 5)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from moeplace.traces.format import encode_expert_ids
+    from moeplace.traces.validate import open_trace, read_expert_ids
+
+    tr = open_trace(trace)
+    k = tr.model.top_k
+    ids = read_expert_ids(tr, np.arange(min(rows, tr.num_rows)))  # sorted sets
+    n = len(ids)
+    lo, hi, _ = encode_expert_ids(ids)
+    deltas = lo.astype(np.uint16) | (hi.astype(np.uint16) << 8)
+    shuffled = np.take_along_axis(ids, np.argsort(np.random.default_rng(0).random(ids.shape), axis=1), axis=1)
+
+    def lists(a):
+        return pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), k)
+
+    def planes():
+        return {c: pa.FixedSizeBinaryArray.from_buffers(pa.binary(k), n, [None, pa.py_buffer(p)])
+                for c, p in (("expert_delta_lo", lo), ("expert_delta_hi", hi))}
+
+    cases = [
+        ("version 1: ids in the router's order (here shuffled), list<uint16>, dictionary", {"e": lists(shuffled)}, {}),
+        ("sorted ids, list<uint16>, dictionary", {"e": lists(ids)}, {}),
+        ("sorted deltas, list<uint16>, dictionary", {"e": lists(deltas)}, {}),
+        ("sorted deltas, list<uint16>, byte-stream split", {"e": lists(deltas)},
+         {"use_dictionary": False, "use_byte_stream_split": True}),
+        ("version 2: sorted deltas, two byte planes", planes(), {"use_dictionary": False}),
+    ]
+    out = []
+    tmp = RESULTS / "encodings.parquet"
+    for name, cols, kw in cases:
+        pq.write_table(pa.table(cols), tmp, compression="zstd", compression_level=1, write_page_checksum=True,
+                       row_group_size=rows, **kw)
+        size = tmp.stat().st_size
+        pf = pq.ParquetFile(tmp, memory_map=True, page_checksum_verification=True)
+        secs = []
+        for _ in range(5):
+            c0 = cpu_seconds()
+            pf.read_row_group(0, use_threads=False)
+            secs.append(cpu_seconds() - c0)
+        out.append({"encoding": name, "bytes_per_selection": size / (n * k),
+                    "decode_selections_per_cpu_s": n * k / med(secs)})
+    tmp.unlink()
+    return out
+
+
 def med(xs) -> float:
     return float(statistics.median(xs))
 
@@ -144,7 +195,7 @@ def main() -> int:
                                    "bincount_wall_s": bc[-1][0]})
         runs["stats_1worker"].append({**run_child(trace, "stats", workers=1), "bincount_wall_s": bc[-1][0]})
     del ids
-    bincount = {"wall_s_median": med(w for w, _ in bc), "cpu_s_median": med(c for _, c in bc)}
+    bincount = {"wall_s_median": med(w for w, _ in bc), "cpu_s_median": med(c for _, c in bc), "runs": len(bc)}
     bincount["selections_per_s"] = sel / bincount["wall_s_median"]
     bincount["selections_per_cpu_s"] = sel / bincount["cpu_s_median"]
     readers = {}
@@ -163,6 +214,10 @@ def main() -> int:
             **({"workers": rs[0]["workers"]} if "workers" in rs[0] else {}),
         }
     rg_mb = row_group_bytes(trace)
+    try:
+        encs = encodings(trace)
+    except ImportError:  # an earlier release (the "before" figures) has no byte planes to compare
+        encs = []
     result = {
         "model": "kimi-k3", "tokens": summary["tokens"], "selections": sel, "requests": summary["requests"],
         "trace": rel(trace), "synthesized": made, "repeats": args.repeats, "cores": os.cpu_count(),
@@ -171,7 +226,7 @@ def main() -> int:
         "bincount": bincount, "readers": readers,
         "realized": {k: summary[k] for k in ("skew_median", "cv_median", "affinity_lift_mean", "locality",
                                               "drift_corr_mean", "windows")},
-        "stats_main_process_peak_rss_mb": peak_rss_mb(),
+        "stats_main_process_peak_rss_mb": peak_rss_mb(), "encodings": encs,
         "targets": {"ratio": 0.5, "bytes_per_selection": 1.0},
     }
     write_result("trace_stats", result)
@@ -187,6 +242,9 @@ def main() -> int:
               f"of {args.repeats}: {', '.join(f'{x:.2f}' for x in r['ratios'])}); {r['selections_per_cpu_s'] / 1e6:.0f} "
               f"M per CPU-s ({r['cpu_ratio_per_core']:.2f} x bincount with every worker on its own core); peak RSS "
               f"{r['peak_rss_mb']:.0f} MB, workers {r['worker_peak_rss_mb']:.0f} MB (row group {rg_mb:.0f} MB decoded)")
+    for e in encs:
+        print(f"  {e['encoding']}: {e['bytes_per_selection']:.3f} B/selection, decoded at "
+              f"{e['decode_selections_per_cpu_s'] / 1e6:.0f} M selections per CPU-s")
     return 0
 
 

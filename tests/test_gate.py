@@ -406,3 +406,50 @@ def test_model_config_errors_name_the_file(tiny, tmp_path, capsys):
         assert main(["model", "show", str(p)]) == 2
         err = capsys.readouterr().err
         assert err.strip() == f"place: error: {e.value}" and "Traceback" not in err
+
+
+def test_token_runs_spilled_to_disk_give_the_same_problems(tiny, tmp_path, monkeypatch):
+    """The checks across row groups keep every token run (one step per token, every held layer per token);
+    past a memory budget the runs go to sorted temporary files and are merged by ranges of tokens at the
+    end: the same problems in the same order (tokens in two steps, incomplete tokens, both at once, many
+    of them past the listing limit), the same verdict on a valid trace, and no temporary file left."""
+    import tempfile
+
+    import moeplace.traces.gate.order as order_mod
+
+    n = 120  # tokens: two requests, one step each
+    c = columns(n)
+    bad = {k: v.copy() for k, v in c.items()}
+    bad["position"][30 * 3:31 * 3] = 3  # token 30 (request 0, position 15) again at position 1 of request 0
+    bad = _drop_row(200)(_drop_row(151)(_drop_row(40)(bad)))  # three tokens lose a layer row
+    twice = {k: v.copy() for k, v in c.items()}
+    twice["position"][::6] = 0  # request 0's tokens all at position 0: 19 of them in a later step
+    cases = {"valid": c, "mixed": bad, "twice": twice}
+    seen = {}
+    spills = []
+    real_spill = order_mod._RunStore._spill
+
+    def counted(store):
+        spills.append(1)
+        return real_spill(store)
+
+    for spill in (None, 200):  # bytes: every few row groups spill
+        if spill is not None:
+            monkeypatch.setattr(order_mod, "SPILL_BYTES", spill)
+            monkeypatch.setattr(order_mod, "RANGE_RUNS", 16)
+            monkeypatch.setattr(order_mod._RunStore, "_spill", counted)
+        for name, cols in cases.items():
+            d = tmp_path / f"{name}-{spill}"
+            d.mkdir()
+            write(d / "part-00000.parquet", tiny, cols, row_group_size=9)
+            rep = validate_report(d, max_per_kind=7)
+            lines = [str(p).replace(str(d), "T") for p in rep.problems]
+            seen.setdefault(name, []).append((rep.ok, rep.total, lines, dict(rep.suppressed)))
+    assert seen["valid"][0][0] and seen["valid"][0] == seen["valid"][1]
+    for name in ("mixed", "twice"):
+        assert not seen[name][0][0] and seen[name][0] == seen[name][1], name
+    assert any("was already in step" in x for x in seen["mixed"][0][2])
+    assert any("has rows in 2 of the 3" in x for x in seen["mixed"][0][2])
+    assert seen["twice"][0][1] > 7  # more than listed: the counts agree too
+    assert len(spills) > 10  # the second round did go through the files
+    assert not list(Path(tempfile.gettempdir()).glob("moeplace-gate-runs-*"))

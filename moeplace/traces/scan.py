@@ -34,17 +34,15 @@ import pyarrow.parquet as pq
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
 from moeplace.traces.format import ID_PLANES, READ_CHECKSUMS, id_planes
-from moeplace.traces.validate import (
-    Detect,
-    ProblemFound,
-    Raise,
+from moeplace.traces.gate.files import Trace, open_failure
+from moeplace.traces.gate.order import RowOrder
+from moeplace.traces.gate.report import Detect, ProblemFound, Raise
+from moeplace.traces.gate.rows import (
     RowGroup,
-    Trace,
     check_lists,
     check_row_group,
     check_weights,
     corrupt_group,
-    open_failure,
     read_columns,
 )
 
@@ -545,8 +543,6 @@ def check_pass(trace: Trace, workers: int | None = None) -> int:
     the gate's first problem as an :class:`InputError` (the line ``place trace validate`` prints first).
     Returns the tokens (rows of the best-covered MoE layer). Nothing is counted: a few % of the stats
     pass's time goes to the keys the range check needs."""
-    from moeplace.traces.validate import RowOrder  # function-local: traces.validate imports this module
-
     jobs = trace.row_groups()
     model = trace.model
     num_workers = pass_workers(workers, len(jobs), trace.num_rows * model.top_k)

@@ -75,6 +75,7 @@ from moeplace.traces.gate.rows import (
     read_columns,
     repeated_expert_rows,
 )
+from moeplace.traces.scan import check_pass
 
 __all__ = [
     "DEFAULT_MAX_PER_KIND",
@@ -134,8 +135,6 @@ def check_trace(path: str | Path) -> Trace:
     """The gate, rows included: :func:`open_trace` plus every row group's checks; raises
     :class:`InputError` with the first problem (the line ``place trace validate`` prints first). The rows
     are checked on the stats pass's fast path, on every core (:func:`traces.scan.check_pass`)."""
-    from moeplace.traces.scan import check_pass  # function-local: traces.scan imports this module
-
     trace = open_trace(path)
     check_pass(trace)
     return trace
@@ -159,8 +158,6 @@ def validate_report(path: str | Path, *, max_per_kind: int = DEFAULT_MAX_PER_KIN
     if report.ok:
         # a valid trace (the common case) is proven on every core by the stats pass's checks; a problem
         # found there sends the trace through the listing pass below, which finds every one
-        from moeplace.traces.scan import check_pass  # function-local: traces.scan imports this module
-
         try:
             report.num_tokens = check_pass(trace)
             return report
