@@ -130,15 +130,18 @@ def encode_expert_ids(ids: np.ndarray, weights: np.ndarray | None = None
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``ids`` uint16 ``[n, k]`` (any order within a row) -> the byte planes ``(lo, hi)`` uint8 ``[n, k]``
     of the sorted rows' deltas, and ``weights`` ``[n, k]`` put in the same order (None stays None)."""
+    ids = np.asarray(ids, np.uint16)
     if weights is None:
         srt = np.sort(ids, axis=1)
     else:
         order = np.argsort(ids, axis=1, kind="stable")
         srt = np.take_along_axis(ids, order, axis=1)
         weights = np.take_along_axis(weights, order, axis=1)
-    d = srt.copy()
+    d = np.empty_like(srt)
+    d[:, :1] = srt[:, :1]
     np.subtract(srt[:, 1:], srt[:, :-1], out=d[:, 1:])
-    return (d & 0xFF).astype(np.uint8), (d >> 8).astype(np.uint8), weights
+    planes = d.astype("<u2", copy=False).view(np.uint8).reshape(*d.shape, 2)  # little-endian: low byte first
+    return np.ascontiguousarray(planes[..., 0]), np.ascontiguousarray(planes[..., 1]), weights
 
 
 def id_planes(lo: pa.Array, hi: pa.Array, k: int) -> tuple[np.ndarray, np.ndarray]:
