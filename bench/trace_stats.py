@@ -44,28 +44,41 @@ def drop_cache(trace: str) -> None:
             os.close(fd)
 
 
+def own_peak_rss_mb() -> float:
+    """This process's peak RSS since it started its program (``VmHWM``: unlike ``ru_maxrss`` it does not
+    carry the parent's footprint across the fork and exec that started it)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return peak_rss_mb()
+
+
 def child(trace: str, reader: str, cold: bool, workers: int | None) -> dict:
     """One timed pass of ``reader`` (in a child process: its own peak RSS and its workers')."""
     import resource
 
+    from moeplace.traces import scan
     from moeplace.traces.stats import compute_stats, trace_loads
-    from moeplace.traces.validate import check_trace
+    from moeplace.traces.validate import check_trace, open_trace
+
+    tr = open_trace(trace)
+    procs = scan.pass_workers(workers, len(tr.row_groups()), tr.num_rows * tr.model.top_k)
+    if reader == "validate" and not hasattr(scan, "check_pass"):
+        procs = 1  # an earlier release validates in one process
 
     if cold:
         drop_cache(trace)
     c0, w0 = cpu_seconds(), time.perf_counter()
     if reader == "stats":
-        st = compute_stats(trace, workers=workers)
-        extra = {"workers": st.extra["workers"], "skew_median": float(st.summary()["skew_median"])}
+        compute_stats(trace, workers=workers)
     elif reader == "loads":
         trace_loads(trace, workers=workers)
-        extra = {}
     else:
         check_trace(trace)
-        extra = {}
     wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
-    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb(),
-            "worker_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, **extra}
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": own_peak_rss_mb(), "workers": procs,
+            "worker_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 
 
 def run_child(trace: str, reader: str, cold: bool = False, workers: int | None = None) -> dict:
@@ -207,11 +220,10 @@ def main() -> int:
             "selections_per_s": sel / med(r["wall_s"] for r in rs),
             "selections_per_cpu_s": sel / med(r["cpu_s"] for r in rs),
             # CPU time against the bincount's: the wall ratio a quiet machine gives with every core free
-            "cpu_ratio_per_core": (bincount["cpu_s_median"] / med(r["cpu_s"] for r in rs))
-                                  * (rs[0].get("workers") or args.workers or os.cpu_count()),
+            "cpu_ratio_per_core": (bincount["cpu_s_median"] / med(r["cpu_s"] for r in rs)) * rs[0]["workers"],
             "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
             "worker_peak_rss_mb": max(r["worker_peak_rss_mb"] for r in rs),
-            **({"workers": rs[0]["workers"]} if "workers" in rs[0] else {}),
+            "workers": rs[0]["workers"],
         }
     rg_mb = row_group_bytes(trace)
     try:
