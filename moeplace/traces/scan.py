@@ -351,8 +351,8 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
         if spec.count:
             counts += np.bincount(o.reshape(-1), minlength=len(counts))
         s = e
-    counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts)
-    if spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
+    counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts) if spec.count else None
+    if counts is not None and spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
         spec.shared_counts[_WORKER_SLOT[0], w0:w1 + 1] += counts
         counts = None
     edge = group.edge
