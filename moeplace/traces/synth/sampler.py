@@ -56,7 +56,7 @@ class ExpertSampler:
     """Draws the top-k of batches of tokens, layer by layer. State: the last token's experts of every
     running request (the copy source across batches) and reusable scratch space."""
 
-    block_tokens = 2048  # rows per inner block: keeps the working arrays in cache
+    block_tokens = 4096  # tokens per inner block: the working arrays stay in L2 (2048 cost ~8 % more per selection)
 
     def __init__(self, design: SynthDesign, rng: np.random.Generator | None, num_slots: int, copy_prob: float,
                  layers: range | None = None) -> None:
