@@ -257,6 +257,7 @@ def _reduce_group(spec: PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) ->
 
 
 CHUNK_ROWS = 1 << 14  # rows per count step of the planes: their int64 keys (2 MB for top-16) stay in L2
+PLANE_BATCH_ROWS = 1 << 16  # rows per decoded batch of the byte planes (2 MB for top-16)
 _PATTERN: dict[int, np.ndarray] = {}  # per process: MoE-layer index of trace row r = pattern[r % L]
 _KERNEL_BUFFERS: dict[str, np.ndarray] = {}  # per process: the chunk's keys and deltas, reused
 
@@ -292,16 +293,13 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
     trace = spec.trace
     model = spec.model
     num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
-    table = pf.read_row_group(rg, columns=read_columns(trace, fi, rg, pf, spec.extra_columns), use_threads=False)
+    cols = read_columns(trace, fi, rg, pf, spec.extra_columns)
+    table = pf.read_row_group(rg, columns=[c for c in cols if c not in ID_PLANES], use_threads=False)
     group = check_row_group(Detect(), trace, fi, rg, table, lists=False)
     if "expert_ids" not in trace.files[fi].columns:
         raise ProblemFound("expert_ids")
     check_weights(Detect(), trace, fi, rg, table)
     n = group.n
-    planes = [table.column(c) for c in ID_PLANES]
-    if any(c.null_count for c in planes):
-        raise ProblemFound("null")
-    lo, hi = id_planes(planes[0], planes[1], k)
     rpw = spec.rows_per_window
     w0 = row0 // rpw
     if n == 0:
@@ -319,64 +317,87 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
     keys = _buffer("keys", (k, CHUNK_ROWS), np.int64)
     d16 = _buffer("d16", (CHUNK_ROWS, k), np.uint16)
     top = _buffer("top", (CHUNK_ROWS,), np.int64)
-    s = 0
-    while s < n:
-        w = (row0 + s) // rpw
-        e = min(n, s + CHUNK_ROWS, (w + 1) * rpw - row0)  # a chunk stays in one window
-        m = e - s
-        lo_c, hi_c = lo[s:e], hi[s:e]
-        if hi_c.any():  # the deltas: low bytes, plus the high bytes where a delta reaches 256
-            d = d16[:m]
-            np.left_shift(hi_c, 8, out=d, dtype=np.uint16)
-            d |= lo_c
-        else:
-            d = lo_c
-        # a zero delta after the first is a repeated expert: more zeros in the chunk than in its first column
-        if k > 1 and d.size - np.count_nonzero(d) != m - np.count_nonzero(d[:, 0]):
-            raise ProblemFound("duplicate_expert")
-        o = keys[:, :m]
-        p = (phase + s) % num_layers
-        base = base_all[p:p + m]
-        if w == w0:
-            np.add(base, d[:, 0], out=o[0])
-        else:
-            np.add(base, (w - w0) * bins_per_window, out=o[0])
-            o[0] += d[:, 0]
-        for i in range(1, k):
-            np.add(o[i - 1], d[:, i], out=o[i])
-        # the row's largest id is its last (the deltas summed): below num_experts
-        np.add(base, (w - w0) * bins_per_window + num_experts, out=top[:m])
-        if not np.less(o[k - 1], top[:m]).all():
-            raise ProblemFound("expert_range")
-        if spec.count:
-            counts += np.bincount(o.reshape(-1), minlength=len(counts))
-        s = e
-    counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts) if spec.count else None
-    if counts is not None and spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
-        spec.shared_counts[_WORKER_SLOT[0], w0:w1 + 1] += counts
-        counts = None
+    # the sampled tokens' rows (one hash per token run: all rows of a token share it), taken batch by batch
     edge = group.edge
     runs = edge.run_rows
     run_rid = edge.run_keys >> 24
-    requests = np.unique(run_rid)
-    sample = None
+    rows = sel = lens = h = run_pos = None
     if spec.sample_tokens > 0 and len(runs):
-        # one hash per token run (all rows of a token share it), then the rows of the chosen runs
         run_pos = edge.run_keys & ((1 << 24) - 1)
         h = _token_hash(run_rid, run_pos >> 1, spec.seed)
         sel = np.flatnonzero(h <= np.uint64(spec.sample_threshold))
         if len(sel):
             lens = edge.run_lens[sel]
             rows = np.arange(int(lens.sum())) + np.repeat(runs[sel] - (np.cumsum(lens) - lens), lens)
-            # the rows passed the range check above: their ids sum to < num_experts, no wrap in uint16
-            ex = lo[rows].astype(np.uint16)
-            hi_rows = hi[rows]
-            if hi_rows.any():
-                ex |= hi_rows.astype(np.uint16) << 8
-            for i in range(1, k):  # the running sum over the deltas, slot by slot
-                ex[:, i] += ex[:, i - 1]
-            sample = (np.repeat(h[sel], lens), np.repeat(run_rid[sel], lens), np.repeat(run_pos[sel], lens),
-                      group.layer_idx[rows].astype(np.int16), ex, (row0 + rows) // rpw)
+    sampled: list[np.ndarray] = []
+    b0 = 0
+    # the planes in batches of PLANE_BATCH_ROWS rows: the decoded buffers stay in cache and are reused
+    # (a whole group's planes, ~30 MB for K3, would stream through memory, which two workers share)
+    for batch in pf.iter_batches(PLANE_BATCH_ROWS, row_groups=[rg], columns=list(ID_PLANES), use_threads=False):
+        planes = [batch.column(c) for c in ID_PLANES]
+        if any(c.null_count for c in planes):
+            raise ProblemFound("null")
+        lo, hi = id_planes(planes[0], planes[1], k)
+        b1 = b0 + len(lo)
+        if b1 > n:
+            raise ProblemFound("corrupt")
+        s = 0
+        while s < len(lo):
+            g = b0 + s  # the chunk's first row in the row group
+            w = (row0 + g) // rpw
+            e = min(len(lo), s + CHUNK_ROWS, (w + 1) * rpw - row0 - b0)  # a chunk stays in one window
+            m = e - s
+            lo_c, hi_c = lo[s:e], hi[s:e]
+            if hi_c.any():  # the deltas: low bytes, plus the high bytes where a delta reaches 256
+                d = d16[:m]
+                np.left_shift(hi_c, 8, out=d, dtype=np.uint16)
+                d |= lo_c
+            else:
+                d = lo_c
+            # a zero delta after the first is a repeated expert: more zeros in the chunk than in its first column
+            if k > 1 and d.size - np.count_nonzero(d) != m - np.count_nonzero(d[:, 0]):
+                raise ProblemFound("duplicate_expert")
+            o = keys[:, :m]
+            p = (phase + g) % num_layers
+            base = base_all[p:p + m]
+            if w == w0:
+                np.add(base, d[:, 0], out=o[0])
+            else:
+                np.add(base, (w - w0) * bins_per_window, out=o[0])
+                o[0] += d[:, 0]
+            for i in range(1, k):
+                np.add(o[i - 1], d[:, i], out=o[i])
+            # the row's largest id is its last (the deltas summed): below num_experts
+            np.add(base, (w - w0) * bins_per_window + num_experts, out=top[:m])
+            if not np.less(o[k - 1], top[:m]).all():
+                raise ProblemFound("expert_range")
+            if spec.count:
+                counts += np.bincount(o.reshape(-1), minlength=len(counts))
+            s = e
+        if rows is not None:
+            a, b = np.searchsorted(rows, [b0, b1])
+            if b > a:
+                r = rows[a:b] - b0
+                # the rows passed the range check above: their ids sum to < num_experts, no wrap in uint16
+                ex = lo[r].astype(np.uint16)
+                hi_rows = hi[r]
+                if hi_rows.any():
+                    ex |= hi_rows.astype(np.uint16) << 8
+                for i in range(1, k):  # the running sum over the deltas, slot by slot
+                    ex[:, i] += ex[:, i - 1]
+                sampled.append(ex)
+        b0 = b1
+    if b0 != n:  # a reader that yields fewer rows than the group holds: nothing to count on
+        raise ProblemFound("corrupt")
+    counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts) if spec.count else None
+    if counts is not None and spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
+        spec.shared_counts[_WORKER_SLOT[0], w0:w1 + 1] += counts
+        counts = None
+    requests = np.unique(run_rid)
+    sample = None
+    if rows is not None:
+        sample = (np.repeat(h[sel], lens), np.repeat(run_rid[sel], lens), np.repeat(run_pos[sel], lens),
+                  group.layer_idx[rows].astype(np.int16), np.concatenate(sampled), (row0 + rows) // rpw)
     names, per = _domain_rows(spec, table, row0, n)
     return _Partial(w0, counts, requests, names, per, sample, edge)
 
