@@ -206,7 +206,9 @@ def test_batched_statistics_pass_stops_with_the_validate_line(kind, tiny, tmp_pa
     still stops at validate's first line."""
     path, _ = bad_trace(kind, tiny, tmp_path)
     expected = str(validate_report(path).first)
-    monkeypatch.setattr("moeplace.traces.scan.BATCH_ROWS", 3)
+    monkeypatch.setattr("moeplace.traces.scan.BATCH_ROWS", 3)  # version 1's lists
+    monkeypatch.setattr("moeplace.traces.scan.PLANE_BATCH_ROWS", 3)  # version 2's byte planes
+    monkeypatch.setattr("moeplace.traces.scan.CHUNK_ROWS", 2)
     for workers in (1, 2):
         with pytest.raises(InputError) as e:
             compute_stats(path, workers=workers)
@@ -223,6 +225,7 @@ def test_batched_statistics_pass_keeps_the_order_of_kinds(tiny, tmp_path, monkey
     expected = f"{f}: row 7: field 'expert_ids': expert id 9 >= num_experts 8 of model 'tiny-moe'"
     assert str(validate_report(d).first) == expected
     monkeypatch.setattr("moeplace.traces.scan.BATCH_ROWS", 3)
+    monkeypatch.setattr("moeplace.traces.scan.PLANE_BATCH_ROWS", 3)
     with pytest.raises(InputError) as e:
         compute_stats(d, workers=1)
     assert str(e.value) == expected

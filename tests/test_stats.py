@@ -50,6 +50,7 @@ def test_loads_equal_direct_count(qwen, small_trace, chunk_rows, monkeypatch):
     if chunk_rows is not None:
         monkeypatch.setattr("moeplace.traces.scan.COUNT_CHUNK_ROWS", chunk_rows)
         monkeypatch.setattr("moeplace.traces.scan.CHUNK_ROWS", chunk_rows)
+        monkeypatch.setattr("moeplace.traces.scan.PLANE_BATCH_ROWS", 2 * chunk_rows + 5)  # batches straddle too
     path, mem = small_trace
     st = compute_stats(path, window_tokens=1000, sample_tokens=500, seed=1, workers=1)
     L, E = qwen.num_moe_layers, qwen.num_experts
