@@ -104,34 +104,60 @@ def _met(ok: bool) -> str:
 
 # ---------------------------------------------------------------------------- trace pipeline
 def trace_stats() -> str:
-    """docs/traces.md: synthesis and stats ingestion speed, bytes per selection, peak RSS (bench/trace_stats.py)."""
+    """docs/traces.md: reading a K3 trace (stats, Loads, validation) against np.bincount in the same run,
+    warm and cold; bytes per selection; peak memory per row group (bench/trace_stats.py)."""
     r = _results("trace_stats")
-    sy, st = r["synth"], r["stats"]
-    t = r["targets"]
-    passes = ", ".join(f"{st['selections'] / w / 1e6:.1f}" for w in st["wall_s"])
-    rows = [
-        ("trace", f"{sy['tokens']:,} K3 tokens, {sy['selections'] / 1e6:,.0f} M selections, {sy['requests']:,} requests"),
-        ("bytes on disk", (f"{sy['bytes_per_selection']:.3f} B/selection (target <= {t['bytes_per_selection']:g}: "
-                          f"{_met(sy['bytes_per_selection'] <= t['bytes_per_selection'])})")),
-        ("synthesis", (f"{sy['selections_per_s'] / 1e6:.1f} M selections/s = {sy['wall_s']:.1f} s wall, "
-                      f"{sy['plan_s']:.1f} s of it planning; {sy['selections_per_cpu_s'] / 1e6:.1f} M per CPU-second "
-                      f"(target {t['synth_selections_per_s'] / 1e6:g} M/s: "
-                      f"{_met(sy['selections_per_s'] >= t['synth_selections_per_s'])})")),
-        ("stats ingestion", (f"{st['selections_per_s'] / 1e6:.1f} M selections/s = {st['wall_s_median']:.2f} s, the "
-                            f"median of {len(st['wall_s'])} passes ({passes} M/s); {st['workers']} worker processes; "
-                            f"{st['selections_per_cpu_s'] / 1e6:.1f} M per CPU-second (target "
-                            f"{t['stats_selections_per_s'] / 1e6:g} M/s: "
-                            f"{_met(st['selections_per_s'] >= t['stats_selections_per_s'])})")),
-        ("peak RSS", (f"synth {sy['peak_rss_mb']:,.0f} MB + writer {sy['writer_peak_rss_mb']:,.0f} MB; stats main "
-                     f"process {st['peak_rss_mb']:,.0f} MB, each worker <= {st['worker_peak_rss_mb']:,.0f} MB")),
-        ("realized statistics", (f"skew median {st['skew_median']:.2f}, CV {st['cv_median']:.2f}, affinity lift "
-                                f"{st['affinity_lift_mean']:.2f}, locality {st['locality']:.3f}, window drift corr "
-                                f"{st['drift_corr_mean']:.2f}")),
-    ]
-    head = (f"`python bench/trace_stats.py --tokens {r['tokens']}` on {r['cores']} cores, load average "
-            f"{r['loadavg_before'][0]:.1f} before and {r['loadavg_after'][0]:.1f} after "
+    b, rd, t = r["bincount"], r["readers"], r["targets"]
+    names = {"stats": "`place trace stats` (all statistics)", "loads": "Loads only (the optimizer's read)",
+             "validate": "validation (`check_trace`, the gate)", "stats_cold": "statistics, cold page cache",
+             "stats_1worker": "statistics, 1 worker"}
+    rows = [(names[k], f"{v['selections_per_s'] / 1e6:,.1f}", f"**{v['ratio_median']:.2f}**",
+             ", ".join(f"{x:.2f}" for x in v["ratios"]), f"{v['selections_per_cpu_s'] / 1e6:,.0f}",
+             f"{v['cpu_ratio_per_core']:.2f}", f"{max(v['peak_rss_mb'], v['worker_peak_rss_mb']):,.0f}")
+            for k, v in rd.items()]
+    head = (f"`python bench/trace_stats.py --tokens {r['tokens']}`: a {r['tokens']:,}-token K3 trace "
+            f"({r['selections'] / 1e6:,.0f} M selections), {r['bytes'] / 1e6:,.1f} MB = "
+            f"**{r['bytes_per_selection']:.3f} B/selection** (target <= {t['bytes_per_selection']:g}: "
+            f"{_met(r['bytes_per_selection'] <= t['bytes_per_selection'])}); `np.bincount` over "
+            f"{r['selections'] / 1e6:,.0f} M int64 ids in the same run: {b['selections_per_s'] / 1e6:,.0f} M/s wall, "
+            f"{b['selections_per_cpu_s'] / 1e6:,.0f} M per CPU-second (median of {b['runs']}); "
+            f"{r['cores']} cores shared with other work, load average {r['loadavg_before'][0]:.1f} before and "
+            f"{r['loadavg_after'][0]:.1f} after; the largest row group decodes to {r['row_group_decoded_mb']:,.0f} MB "
             f"(`bench/results/trace_stats.json`):\n\n")
-    return head + _table(["figure", "value"], rows)
+    table = _table(["read", "M selections/s (wall)", "x bincount (median)", "x bincount per repeat",
+                    "M per CPU-s", "x bincount, CPU-time on free cores", "peak RSS per process (MB)"], rows)
+    enc = _table(["expert ids of the trace's first 1 M rows as", "B/selection", "decoded, M selections per CPU-s"],
+                 [(e["encoding"], f"{e['bytes_per_selection']:.3f}", f"{e['decode_selections_per_cpu_s'] / 1e6:,.0f}")
+                  for e in r["encodings"]])
+    return head + table + "\n" + enc
+
+
+def trace_synth() -> str:
+    """docs/traces.md: `place trace synth` on K3 with 1 and N sampling workers against np.bincount in the
+    same run; the same bytes whatever the workers (bench/trace_synth.py)."""
+    r = _results("trace_synth")
+    b, t = r["bincount"], r["targets"]
+    rows = []
+    for w, v in r["workers"].items():
+        rows.append((w, f"{v['selections_per_s'] / 1e6:,.1f}", f"{_median(v['plan_s']):.1f}",
+                     f"{v['selections_per_s_after_plan'] / 1e6:,.1f}", f"{v['ratio_median']:.3f}",
+                     f"{v['selections_per_cpu_s'] / 1e6:,.1f}",
+                     _met(v["selections_per_s"] >= t["selections_per_s"])))
+    head = (f"`python bench/trace_synth.py --tokens {r['tokens']}` (K3, {r['selections'] / 1e6:,.0f} M selections, "
+            f"median of {r['repeats']} runs per worker count; `np.bincount` of as many int64 ids in the same run: "
+            f"{b['selections_per_s'] / 1e6:,.0f} M/s; {r['cores']} shared cores, load average "
+            f"{r['loadavg_before'][0]:.1f} before and {r['loadavg_after'][0]:.1f} after); the files are "
+            f"{'byte-identical' if r['same_bytes_across_workers'] else '**not** identical'} across worker counts, "
+            f"{r['bytes_per_selection']:.3f} B/selection (`bench/results/trace_synth.json`):\n\n")
+    return head + _table(["sampling workers", "M selections/s (whole command)", "planning s",
+                          "M selections/s after planning", "x bincount", "M per CPU-s",
+                          f"target {t['selections_per_s'] / 1e6:g} M/s"], rows)
+
+
+def _median(xs) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def _table(head: list[str], rows) -> str:
@@ -880,8 +906,9 @@ def relabel_speed() -> str:
     return text
 
 
-RENDERERS = {"pools": pools, "relabel-speed": relabel_speed, "replan-quality": replan_quality, "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
-             "trace-stats": trace_stats, "import-throughput": import_throughput,
+RENDERERS = {"pools": pools, "relabel-speed": relabel_speed, "replan-quality": replan_quality,
+             "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
+             "trace-stats": trace_stats, "trace-synth": trace_synth, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
              "demo-transcript": demo_transcript, "demo-summary": demo_summary, "demo-optimize": demo_optimize,
              "demo-simulate": demo_simulate, "sim-speed": sim_speed, "kernels": kernels,

@@ -149,16 +149,15 @@ def trace_columns(tokens: int = 8) -> dict:
 
 def write_columns(path: Path, model, cols: dict) -> Path:
     """A one-file trace of ``cols`` with the model's metadata, written as given (no checks)."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from tracekit import id_arrays
 
     from moeplace.traces.format import WRITE_CHECKSUMS, arrow_schema, file_metadata
     arrays = {}
     for name, v in cols.items():
         if name == "expert_ids":
-            v = np.asarray(v)
-            arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
+            arrays.update(id_arrays(v, 2))
         else:
             arrays[name] = pa.array(v)
     schema = pa.schema([f for f in arrow_schema(model.top_k) if f.name in arrays])

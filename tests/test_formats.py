@@ -116,7 +116,7 @@ def test_check_accepts_its_kind_and_refuses_others_in_one_line(kind):
     with pytest.raises(InputError) as e:
         formats.check({"format": f"moeplace.{kind}/99"}, kind, "x.json")
     assert str(e.value) == (f"x.json: field 'format' is 'moeplace.{kind}/99': version 99 unknown, expected "
-                            f"moeplace.{kind} version {f.version} (written by a newer moeplace?)")
+                            f"moeplace.{kind} version {', '.join(map(str, f.versions))} (written by a newer moeplace?)")
     for foreign in ("vllm-eplb", f"moeplace.{kind}", "moeplace.nothing/1", 7, None):
         with pytest.raises(InputError, match=rf"^x\.json: field 'format' is .*, expected a moeplace\.{kind} file$"):
             formats.check({"format": foreign}, kind, "x.json")

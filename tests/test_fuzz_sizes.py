@@ -292,7 +292,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over(work, capsys):
 def _pages(trace: Path) -> tuple[Path, int, int]:
     f = min(trace.glob("*.parquet"))
     rg = pq.read_metadata(f).row_group(0)
-    col = next(rg.column(i) for i in range(rg.num_columns) if rg.column(i).path_in_schema.startswith("expert_ids"))
+    col = next(rg.column(i) for i in range(rg.num_columns) if rg.column(i).path_in_schema == "expert_delta_lo")
     return f, col.data_page_offset, col.total_compressed_size
 
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fuzzkit import trace_columns
+from tracekit import id_arrays
 
 from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
@@ -38,19 +39,23 @@ def columns(tokens: int = 8) -> dict:
     return cols
 
 
-def write(path: Path, model, cols: dict, *, meta: dict | None = None, row_group_size=None) -> Path:
+def write(path: Path, model, cols: dict, *, meta: dict | None = None, row_group_size=None, version: int = 2) -> Path:
+    """A one-file trace of ``cols`` (``expert_ids`` as [n, k] in any order, or a list array with nulls) laid
+    out as trace format ``version`` stores it (tracekit)."""
     arrays = {}
     for name, v in cols.items():
-        if isinstance(v, pa.Array):
+        if name == "expert_ids":
+            arrays.update(id_arrays(v, version))
+        elif isinstance(v, pa.Array):
             arrays[name] = v
-        elif name in ("expert_ids", "gate_weights"):
+        elif name == "gate_weights":
             v = np.asarray(v)
             arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
         else:
             arrays[name] = pa.array(v)
-    schema = pa.schema([f.with_nullable(True) for f in arrow_schema(model.top_k, gate_weights=True)])
+    schema = pa.schema([f.with_nullable(True) for f in arrow_schema(model.top_k, gate_weights=True, version=version)])
     table = pa.table(arrays).select(schema.names).cast(schema)
-    md = file_metadata(model, {"kind": "synthetic"})
+    md = file_metadata(model, {"kind": "synthetic"}, version)
     md.update(meta or {})
     pq.write_table(table.replace_schema_metadata(md), path, row_group_size=row_group_size, **WRITE_CHECKSUMS)
     return path
@@ -122,8 +127,8 @@ BAD_ROWS = {
                          ("row 9: field 'layer': token (request 1, position 1, step 3) has rows in 2 of the 3 MoE "
                           "layers the trace holds (1-3); a token needs one row in each")),
     "format_version": (lambda c: c, {META_FORMAT: b"7"},
-                       ("metadata 'moeplace.format' is version '7'; this moeplace reads trace format version "
-                       "'1' only")),
+                       ("metadata 'moeplace.format' is version '7'; this moeplace reads moeplace.trace version "
+                        "1, 2 (written by a newer moeplace?)")),
 }
 
 
@@ -201,7 +206,9 @@ def test_batched_statistics_pass_stops_with_the_validate_line(kind, tiny, tmp_pa
     still stops at validate's first line."""
     path, _ = bad_trace(kind, tiny, tmp_path)
     expected = str(validate_report(path).first)
-    monkeypatch.setattr("moeplace.traces.scan.BATCH_ROWS", 3)
+    monkeypatch.setattr("moeplace.traces.scan.BATCH_ROWS", 3)  # version 1's lists
+    monkeypatch.setattr("moeplace.traces.scan.PLANE_BATCH_ROWS", 3)  # version 2's byte planes
+    monkeypatch.setattr("moeplace.traces.scan.CHUNK_ROWS", 2)
     for workers in (1, 2):
         with pytest.raises(InputError) as e:
             compute_stats(path, workers=workers)
@@ -218,6 +225,7 @@ def test_batched_statistics_pass_keeps_the_order_of_kinds(tiny, tmp_path, monkey
     expected = f"{f}: row 7: field 'expert_ids': expert id 9 >= num_experts 8 of model 'tiny-moe'"
     assert str(validate_report(d).first) == expected
     monkeypatch.setattr("moeplace.traces.scan.BATCH_ROWS", 3)
+    monkeypatch.setattr("moeplace.traces.scan.PLANE_BATCH_ROWS", 3)
     with pytest.raises(InputError) as e:
         compute_stats(d, workers=1)
     assert str(e.value) == expected
@@ -401,3 +409,50 @@ def test_model_config_errors_name_the_file(tiny, tmp_path, capsys):
         assert main(["model", "show", str(p)]) == 2
         err = capsys.readouterr().err
         assert err.strip() == f"place: error: {e.value}" and "Traceback" not in err
+
+
+def test_token_runs_spilled_to_disk_give_the_same_problems(tiny, tmp_path, monkeypatch):
+    """The checks across row groups keep every token run (one step per token, every held layer per token);
+    past a memory budget the runs go to sorted temporary files and are merged by ranges of tokens at the
+    end: the same problems in the same order (tokens in two steps, incomplete tokens, both at once, many
+    of them past the listing limit), the same verdict on a valid trace, and no temporary file left."""
+    import tempfile
+
+    import moeplace.traces.gate.order as order_mod
+
+    n = 120  # tokens: two requests, one step each
+    c = columns(n)
+    bad = {k: v.copy() for k, v in c.items()}
+    bad["position"][30 * 3:31 * 3] = 3  # token 30 (request 0, position 15) again at position 1 of request 0
+    bad = _drop_row(200)(_drop_row(151)(_drop_row(40)(bad)))  # three tokens lose a layer row
+    twice = {k: v.copy() for k, v in c.items()}
+    twice["position"][::6] = 0  # request 0's tokens all at position 0: 19 of them in a later step
+    cases = {"valid": c, "mixed": bad, "twice": twice}
+    seen = {}
+    spills = []
+    real_spill = order_mod._RunStore._spill
+
+    def counted(store):
+        spills.append(1)
+        return real_spill(store)
+
+    for spill in (None, 200):  # bytes: every few row groups spill
+        if spill is not None:
+            monkeypatch.setattr(order_mod, "SPILL_BYTES", spill)
+            monkeypatch.setattr(order_mod, "RANGE_RUNS", 16)
+            monkeypatch.setattr(order_mod._RunStore, "_spill", counted)
+        for name, cols in cases.items():
+            d = tmp_path / f"{name}-{spill}"
+            d.mkdir()
+            write(d / "part-00000.parquet", tiny, cols, row_group_size=9)
+            rep = validate_report(d, max_per_kind=7)
+            lines = [str(p).replace(str(d), "T") for p in rep.problems]
+            seen.setdefault(name, []).append((rep.ok, rep.total, lines, dict(rep.suppressed)))
+    assert seen["valid"][0][0] and seen["valid"][0] == seen["valid"][1]
+    for name in ("mixed", "twice"):
+        assert not seen[name][0][0] and seen[name][0] == seen[name][1], name
+    assert any("was already in step" in x for x in seen["mixed"][0][2])
+    assert any("has rows in 2 of the 3" in x for x in seen["mixed"][0][2])
+    assert seen["twice"][0][1] > 7  # more than listed: the counts agree too
+    assert len(spills) > 10  # the second round did go through the files
+    assert not list(Path(tempfile.gettempdir()).glob("moeplace-gate-runs-*"))

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pytest
 import torch
 
@@ -19,7 +18,7 @@ from moeplace.foundation.model import load_model
 from moeplace.traces.importers import import_source
 from moeplace.traces.importers.vllm_jsonl import detect_numbering, warmup_mask
 from moeplace.traces.loads import load_loads
-from moeplace.traces.validate import read_trace_meta, validate_report
+from moeplace.traces.validate import read_trace_meta, scan_trace, validate_report
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny-moe-config.json"
@@ -40,7 +39,8 @@ def tiny2():
 
 
 def rows(path) -> list[dict]:
-    return pl.read_parquet(str(path)).to_dicts()
+    """A trace's rows as written, the expert ids decoded (each token's top-k a set, ascending)."""
+    return scan_trace(path).collect().to_dicts()
 
 
 # ------------------------------------------------------------------------------------------ vllm-eplb
@@ -306,7 +306,7 @@ def test_sglang_per_token_to_trace(tiny, tmp_path):
     assert got == [
         # pass 0, rank 0: sequences 0 (2 tokens) and 1; physical 8/9 mapped to logical 0/1
         (0, 0, 0, 0, 1, [0, 2], 11),
-        (0, 0, 0, 0, 2, [7, 1], 11),
+        (0, 0, 0, 0, 2, [1, 7], 11),  # a token's experts as a set, ascending (the router's order is not kept)
         (0, 0, 0, 0, 3, [4, 5], 11),
         (0, 0, 1, 0, 1, [3, 4], 12),
         (0, 0, 1, 0, 2, [0, 1], 12),
@@ -316,7 +316,7 @@ def test_sglang_per_token_to_trace(tiny, tmp_path):
         (0, 1, 0, 0, 3, [0, 3], 13),
         # pass 0, rank 1
         (0, 2, 0, 0, 1, [0, 1], 21),
-        (0, 2, 0, 0, 2, [2, 0], 21),
+        (0, 2, 0, 0, 2, [0, 2], 21),
         (0, 2, 0, 0, 3, [3, 4], 21),
         # pass 1, rank 0 (decode, layer 3 not recorded): its two tokens have no row in layer 3, dropped
     ]
@@ -449,7 +449,7 @@ def test_vllm_jsonl_repeated_token_idx_joined_by_occurrence(tiny2, tmp_path):
         (2, 1, [1, 2]),
         (2, 2, [5, 6]),
         (3, 1, [3, 4]),
-        (3, 2, [7, 0]),
+        (3, 2, [0, 7]),  # logged [7, 0]: a trace keeps the top-k as a set, ascending
     ]
 
 

@@ -22,7 +22,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import load_model
 from moeplace.traces.importers import import_source
 from moeplace.traces.loads import load_loads
-from moeplace.traces.validate import read_trace_meta, validate_report
+from moeplace.traces.validate import read_trace_meta, scan_trace, validate_report
 
 TINY = Path(__file__).parent / "data" / "tiny-moe-config.json"
 
@@ -34,7 +34,8 @@ def tiny():
 
 
 def rows(path) -> pl.DataFrame:
-    return pl.read_parquet(str(path)).sort(["step", "layer"])
+    """A trace's rows, the expert ids decoded: each token's top-k a set, ascending (compare with np.sort)."""
+    return scan_trace(path).collect().sort(["step", "layer"])
 
 
 # ------------------------------------------------------------------------------------ trtllm-stats
@@ -80,7 +81,7 @@ def test_trtllm_raw_ids_become_a_trace_matching_the_counts(tiny, tmp_path):
     b = df.filter((pl.col("step") == 101) & (pl.col("request_id") == 3)).sort(["position", "layer"])
     assert b["layer"].to_list()[:3] == [1, 2, 3] and b["position"].max() == 4
     got = np.array(b.filter(pl.col("layer") == 2)["expert_ids"].to_list())
-    assert got.tolist() == ids[(101, 2, 1)].tolist()
+    assert got.tolist() == np.sort(ids[(101, 2, 1)], axis=-1).tolist()
     assert set(df["phase"].unique().to_list()) == {0}
     # the same directory into Loads agrees with the trace's own counts
     import_source("trtllm-stats", [d], tiny, tmp_path / "l.npz")
@@ -224,7 +225,7 @@ def test_trtllm_raw_writer_mirror_imports_and_says_what_chunking_lost(tiny, tmp_
     assert sorted(df["step"].unique().to_list()) == [5, 6, 7]
     assert res.summary["tokens"] == 3 + 4 + 3 + 3 + 3 + 4  # (6, 1) kept its last chunk of 3 tokens
     b = df.filter((pl.col("step") == 6) & (pl.col("request_id") == 3) & (pl.col("layer") == 2)).sort("position")
-    assert np.array(b["expert_ids"].to_list()).tolist() == last_chunk[(6, 1)][1].tolist()
+    assert np.array(b["expert_ids"].to_list()).tolist() == np.sort(last_chunk[(6, 1)][1], axis=-1).tolist()
     assert res.summary["raw_tokens_short_of_counts"] == 2  # the first chunk's 2 tokens, in all 3 MoE layers
     assert res.summary["notes"][0].startswith("the raw ids hold 2 tokens fewer than the counts beside them in 3 "
                                               "(iteration, layer, rank) keys, the first key '6_1' of rank 1: "
@@ -269,7 +270,7 @@ def test_vllm_routed_main_form_prompt_and_generated(tiny, tmp_path):
     assert tok["phase"].to_list() == [0, 0, 0, 1, 1, 1]
     assert tok["token_id"].to_list() == [11, 12, 13, 21, 22, 23]
     got = np.array(df.filter(pl.col("layer") == 3).sort("position")["expert_ids"].to_list())
-    assert got.tolist() == arr[:, 3].tolist()
+    assert got.tolist() == np.sort(arr[:, 3], axis=-1).tolist()
 
 
 def test_vllm_routed_lists_with_prompt_routed_experts_and_dict_form(tiny, tmp_path):
@@ -287,7 +288,7 @@ def test_vllm_routed_lists_with_prompt_routed_experts_and_dict_form(tiny, tmp_pa
     df = rows(tmp_path / "t")
     a = df.filter((pl.col("request_id") == 0) & (pl.col("layer") == 2)).sort("position")
     assert a["position"].to_list() == [0, 1, 2, 3, 4] and a["phase"].to_list() == [0, 0, 1, 1, 1]
-    assert np.array(a["expert_ids"].to_list()).tolist() == np.concatenate([p1, g1])[:, 1].tolist()
+    assert np.array(a["expert_ids"].to_list()).tolist() == np.sort(np.concatenate([p1, g1])[:, 1], axis=-1).tolist()
     b = df.filter((pl.col("request_id") == 1) & (pl.col("layer") == 1)).sort("position")
     assert b["position"].to_list() == [5, 6] and b["phase"].to_list() == [1, 1]
     assert "token_id" not in df.columns
@@ -314,7 +315,7 @@ def test_vllm_routed_prompt_start_skips_prompt_rows(tiny, tmp_path):
     assert tok["position"].to_list() == list(range(2, 17))
     assert tok["phase"].to_list() == [0] * 12 + [1] * 3  # prompt tokens 2..13, generated 14..16
     assert tok["token_id"].to_list() == ids[2:17]
-    assert np.array(tok["expert_ids"].to_list()).tolist() == arr[:, 2].tolist()
+    assert np.array(tok["expert_ids"].to_list()).tolist() == np.sort(arr[:, 2], axis=-1).tolist()
 
 
 def test_vllm_routed_row_count_invariant_refuses(tiny, tmp_path):
@@ -393,15 +394,17 @@ def test_flame_rows_align_with_samples_and_layers_shift_by_one(tiny, tmp_path):
     df = rows(tmp_path / "t")
     assert df.height == 8 * 3 and res.summary["tokens"] == 8
     l2 = df.filter(pl.col("layer") == 2).sort("step")  # layer_03.parquet = decoder layer 2
-    assert np.array(l2["expert_ids"].to_list()).tolist() == truth[(20, "layer_03")][0].tolist()
-    assert np.allclose(np.array(l2["gate_weights"].to_list()), truth[(20, "layer_03")][1].astype(np.float32))
+    assert np.array(l2["expert_ids"].to_list()).tolist() == np.sort(truth[(20, "layer_03")][0], axis=-1).tolist()
+    by_id = np.argsort(truth[(20, "layer_03")][0], axis=-1, kind="stable")  # weights stay with their experts
+    assert np.allclose(np.array(l2["gate_weights"].to_list()),
+                       np.take_along_axis(truth[(20, "layer_03")][1].astype(np.float32), by_id, axis=-1))
     assert l2["token_id"].to_list() == tok.tolist()
     assert l2["request_id"].to_list() == [0] * 5 + [1] * 3 and l2["position"].to_list() == [0, 1, 2, 3, 4, 0, 1, 2]
     import_source("flame-moe", [root / "actives" / "iter_0010"], tiny, tmp_path / "t10", max_tokens=6)
     df10 = rows(tmp_path / "t10")
     assert df10.height == 6 * 3
     got = np.array(df10.filter(pl.col("layer") == 1).sort("step")["expert_ids"].to_list())
-    assert got.tolist() == truth[(10, "layer_02")][0][:6].tolist()
+    assert got.tolist() == np.sort(truth[(10, "layer_02")][0][:6], axis=-1).tolist()
 
 
 def test_flame_errors(tiny, tmp_path):
@@ -444,7 +447,7 @@ def test_moe_selection_json_tree_with_domains(tiny, tmp_path, capsys):
     assert df.filter(pl.col("request_id") == 0)["domain"].unique().to_list() == ["hellaswag/misc"]
     r1 = df.filter((pl.col("request_id") == 1) & (pl.col("layer") == 2)).sort("position")
     assert r1["domain"].unique().to_list() == ["mmlu/math"]
-    assert np.array(r1["expert_ids"].to_list()).tolist() == a[:, 2].tolist()
+    assert np.array(r1["expert_ids"].to_list()).tolist() == np.sort(a[:, 2], axis=-1).tolist()
 
 
 def test_moe_selection_keyed_layers_and_errors(tiny, tmp_path):
@@ -454,7 +457,7 @@ def test_moe_selection_keyed_layers_and_errors(tiny, tmp_path):
     (tmp_path / "k.json").write_text(json.dumps(keyed))
     import_source("moe-selection-json", [tmp_path / "k.json"], tiny, tmp_path / "t")
     df = rows(tmp_path / "t")
-    assert np.array(df.filter(pl.col("layer") == 3).sort("position")["expert_ids"].to_list()).tolist() == a[:, 3].tolist()
+    assert np.array(df.filter(pl.col("layer") == 3).sort("position")["expert_ids"].to_list()).tolist() == np.sort(a[:, 3], axis=-1).tolist()
     (tmp_path / "two.json").write_text(json.dumps({"x": a.tolist(), "y": a.tolist()}))
     with pytest.raises(InputError, match="exactly one field .* found 'x', 'y'"):
         import_source("moe-selection-json", [tmp_path / "two.json"], tiny, tmp_path / "t2")

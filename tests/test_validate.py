@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tracekit import VERSIONS, id_arrays
 
 from moeplace.cli.main import main
 from moeplace.foundation.errors import InputError
@@ -46,22 +47,27 @@ def write(
     schema: pa.Schema | None = None,
     meta=True,
     row_group_size: int | None = None,
+    version: int = 2,
 ) -> Path:
+    """A one-file trace of ``cols`` (``expert_ids`` as [n, k] in any order) laid out as trace format
+    ``version`` stores it (tracekit)."""
     k = model.top_k
     arrays = {}
     for name, v in cols.items():
-        if isinstance(v, pa.Array):
+        if name == "expert_ids" and not (isinstance(v, pa.Array) and schema is False):
+            arrays.update(id_arrays(v, version))
+        elif isinstance(v, pa.Array):
             arrays[name] = v
-        elif name in ("expert_ids", "gate_weights"):
+        elif name == "gate_weights":
             v = np.asarray(v)
             arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
         else:
             arrays[name] = pa.array(v)
     table = pa.table(arrays)
     if schema is None:  # cast to the contract's schema; schema=False keeps the columns as given
-        schema = arrow_schema(k, gate_weights="gate_weights" in arrays)
+        schema = arrow_schema(k, gate_weights="gate_weights" in arrays, version=version)
         table = table.select(schema.names).cast(schema)
-    md = file_metadata(model, {"kind": "synthetic"}) if meta else {}
+    md = file_metadata(model, {"kind": "synthetic"}, version) if meta else {}
     table = table.replace_schema_metadata(md)
     pq.write_table(table, path, row_group_size=row_group_size, **(WRITE_CHECKSUMS if meta else {}))
     return path
@@ -118,14 +124,20 @@ def test_repeated_expert(tiny, tmp_path):
     assert messages(f) == [f"{f}: row 2: field 'expert_ids': expert 5 repeated in one token's top-2 [5, 5]"]
 
 
-def test_wrong_k(tiny, tmp_path):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_wrong_k(tiny, tmp_path, version):
     c = good_columns()
     c["expert_ids"] = np.array([[0, 1, 2]] * 6, dtype=np.uint16)
     c.pop("gate_weights")
-    f = write(tmp_path / "bad.parquet", tiny, c, schema=False)
-    assert messages(f) == [
-        (f"{f}: field 'expert_ids': lists of 3 per row, expected k = 2 (top_k of model 'tiny-moe')")
-    ]
+    f = write(tmp_path / "bad.parquet", tiny, c, schema=False, version=version)
+    if version == 1:
+        assert messages(f) == [
+            (f"{f}: field 'expert_ids': lists of 3 per row, expected k = 2 (top_k of model 'tiny-moe')")
+        ]
+    else:  # the byte planes of version 2: k bytes a row each
+        assert messages(f) == [
+            f"{f}: field '{name}': 3 bytes per row, expected k = 2 (top_k of model 'tiny-moe')"
+            for name in ("expert_delta_lo", "expert_delta_hi")]
 
 
 def test_dense_layer(tiny, tmp_path):

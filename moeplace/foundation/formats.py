@@ -80,6 +80,9 @@ FORMATS: dict[str, ArtifactFormat] = {f.kind: f for f in (
     ArtifactFormat("rebalance-report", (1,), False, "place rebalance --report / --json"),
     ArtifactFormat("engine-capabilities", (1,), False, "place engines --json"),
     ArtifactFormat("relabel-manifest", (1,), False, "place export --format checkpoint (moeplace-relabel.json)"),
+    # a routing trace's Parquet files carry the bare version in their footer ('moeplace.format': b"2"), read
+    # through check_version; 1 stored each token's top-k in the router's order, 2 as sorted id deltas
+    ArtifactFormat("trace", (1, 2), False, "place trace synth / import / capture (Parquet metadata 'moeplace.format')"),
 )}
 
 _TAG = re.compile(r"moeplace\.([a-z][a-z0-9-]*)/(\d+)")
@@ -132,6 +135,19 @@ def check(doc: Any, kind: str, source: str, hint: str = "") -> int:
         raise InputError(f"{source}: field '{FIELD}' is {value!r}: version {p[1]} unknown, expected {f.name} "
                          f"version {', '.join(map(str, f.versions))}{newer}")
     return p[1]
+
+
+def check_version(kind: str, value: str, source: str, field: str) -> int:
+    """The version a file of ``kind`` states as a bare number in ``field`` (a Parquet footer's
+    ``moeplace.format``), which must be one this release reads; anything else raises a one-line
+    :class:`InputError` worded as :func:`check` words a tag."""
+    f = FORMATS[kind]
+    v = int(value) if value.isdigit() and len(value) < 10 else None
+    if v is None or v not in f.versions:
+        newer = " (written by a newer moeplace?)" if v is not None and v > f.version else ""
+        raise InputError(f"{source + ': ' if source else ''}metadata '{field}' is version {value[:40]!r}; this "
+                         f"moeplace reads {f.name} version {', '.join(map(str, f.versions))}{newer}")
+    return v
 
 
 def _json_type(v: Any) -> str:

@@ -49,7 +49,7 @@ from moeplace.placement.rules import ReplicaRule, get_rule
 from moeplace.placement.rules.ideal import check_loads
 from moeplace.placement.traffic import TRAFFIC_MODES, sample_traffic, traffic_from_dest, traffic_from_loads
 from moeplace.traces.loads import Loads, is_loads_file, load_loads
-from moeplace.traces.validate import check_trace
+from moeplace.traces.validate import check_trace, read_expert_ids
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def index_trace(path: str | Path):
     lay2idx = np.full(65536, -1, dtype=np.int64)
     lay2idx[list(model.moe_layers)] = np.arange(L)
     lf = pl.scan_parquet([str(f) for f in trace.file_paths])
-    df = lf.select("request_id", "position", "layer", "expert_ids").collect()
+    df = lf.select("request_id", "position", "layer").collect()
     if df.height == 0:
         raise InputError(f"{path}: the trace has no rows")
     held = set(np.unique(df["layer"].to_numpy()).tolist())
@@ -145,10 +145,8 @@ def index_trace(path: str | Path):
         raise InputError(f"{path}: row {i}: token (request_id {row_key[i] >> 24}, "
                          f"position {row_key[i] & 0xFFFFFF}) "
                          f"has no row in MoE layer {first_layer}")
-    ids = df.get_column("expert_ids").to_numpy()
-    if ids.ndim != 2:
-        ids = np.stack(ids)
-    return model, prov, ids.astype(np.uint16, copy=False), layer_idx, by_key[j], tok_key >> 24
+    ids = read_expert_ids(trace)  # trace order, the frame's row order
+    return model, prov, ids, layer_idx, by_key[j], tok_key >> 24
 
 
 def read_token_routing(path: str | Path) -> TokenRouting:

@@ -19,7 +19,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec, format_ranges
 from moeplace.sim.config import LengthMix, WorkloadConfig
 from moeplace.traces.format import PHASE_PREFILL
-from moeplace.traces.validate import check_trace
+from moeplace.traces.validate import check_trace, read_expert_ids
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,7 +73,7 @@ def load_trace_tokens(path: str | Path, max_tokens: int | None = None, from_toke
     trace = check_trace(path)  # the gate: every row checked before any is used
     model, files = trace.model, trace.file_paths
     L = model.num_moe_layers
-    lf = pl.scan_parquet([str(f) for f in files])
+    lf = pl.scan_parquet([str(f) for f in files]).with_row_index("trace_row")  # expert ids come by row
     if from_token > 0:
         first_row = (lf.select("request_id").with_row_index("row").group_by("request_id")
                      .agg(pl.col("row").min().alias("first_row")))
@@ -102,7 +102,7 @@ def load_trace_tokens(path: str | Path, max_tokens: int | None = None, from_toke
         per_req = per_req.head(keep)
         tokens = tokens[:keep]
     order = per_req.select("request_id").with_row_index("req_order")
-    df = (lf.select("request_id", "position", "layer", "expert_ids")
+    df = (lf.select("trace_row", "request_id", "position", "layer")
           .join(order.lazy(), on="request_id", how="inner")
           .sort(["req_order", "position", "layer"]).collect())
     n = df.height
@@ -114,7 +114,11 @@ def load_trace_tokens(path: str | Path, max_tokens: int | None = None, from_toke
         raise InputError(f"{files[0]}: request {df['request_id'][row]} position {df['position'][row]}: field 'layer': "
                          f"expected one row for each MoE layer {list(model.moe_layers)[:4]}...; got "
                          f"{layers[wrong[0]].tolist()[:4]}...")
-    ids = df["expert_ids"].to_numpy().reshape(n // L, L, model.top_k).astype(np.uint16, copy=False)
+    rows = df["trace_row"].to_numpy().astype(np.int64)
+    by_row = np.argsort(rows)
+    ids = np.empty((n, model.top_k), np.uint16)
+    ids[by_row] = read_expert_ids(trace, rows[by_row])  # the id columns of these rows only
+    ids = ids.reshape(n // L, L, model.top_k)
     if int(ids.max(initial=0)) >= model.num_experts:
         raise InputError(f"{files[0]}: field 'expert_ids': id {int(ids.max())} >= num_experts {model.num_experts}")
     offset = np.zeros(len(tokens) + 1, dtype=np.int64)

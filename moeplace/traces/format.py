@@ -1,21 +1,36 @@
-"""The routing-trace format (docs/design.md "Contracts").
+"""The routing-trace format (docs/design.md "Contracts"; docs/traces.md "The trace format").
 
 A trace is one Parquet file or a directory tree of them (``part-*.parquet``), read lazily with polars.
 One row per (token, MoE layer):
 
-==============  ========================  ==================================================================
-column          type                      meaning
-==============  ========================  ==================================================================
-request_id      int64                     request the token belongs to
-position        int32                     token position within its request (0-based)
-phase           uint8                     0 = prefill, 1 = decode (decode step = position - prompt length)
-step            int64                     ordering step (engine iteration / arrival order); non-decreasing
-layer           uint16                    decoder-layer index (0-based, HF numbering); must be an MoE layer
-expert_ids      fixed_size_list<uint16>   the top-k logical expert ids, in the router's order (k = top_k)
-gate_weights    fixed_size_list<float32>  optional: the gate weights of those experts
-token_id        int32                     optional: vocabulary id of the token
-domain          string                    optional: workload domain tag
-==============  ========================  ==================================================================
+===============  ========================  ==================================================================
+column           type                      meaning
+===============  ========================  ==================================================================
+request_id       int64                     request the token belongs to
+position         int32                     token position within its request (0-based)
+phase            uint8                     0 = prefill (prompt), 1 = decode (generated; step = position - prompt length)
+step             int64                     ordering step (engine iteration / arrival order); non-decreasing
+layer            uint16                    decoder-layer index (0-based, HF numbering); must be an MoE layer
+expert_delta_lo  fixed_size_binary[k]      the token's top-k expert ids as a set, ascending: byte j is the low
+expert_delta_hi  fixed_size_binary[k]      / high byte of ``id_j - id_{j-1}`` (``id_{-1} = 0``); see below
+gate_weights     fixed_size_list<float32>  optional: the gate weights of those experts, in the same order
+token_id         int32                     optional: vocabulary id of the token
+domain           string                    optional: workload domain tag
+===============  ========================  ==================================================================
+
+**Expert ids (format version 2).** A row's k expert ids are stored sorted, as deltas: ``d_0 = id_0``,
+``d_j = id_j - id_{j-1}`` (>= 1 for distinct experts; a 0 is a repeated expert, which the gate refuses),
+each delta a little-endian uint16 split into two byte planes (``expert_delta_lo[j] = d_j & 255``,
+``expert_delta_hi[j] = d_j >> 8``): the low plane carries the information (K3: about 7.2 bits a delta), the
+high plane is almost all zeros and compresses to almost nothing, and both decode as fixed-width arrays
+straight into numpy (:func:`id_planes`, :func:`decode_expert_ids`). The router's order of the top-k is not
+kept (nothing in moeplace reads it: loads, co-activation and dispatch are sets); gate weights move with
+their experts, so the order by weight is still there. The logical column is ``expert_ids`` (uint16
+``[n, k]``, ascending) in every reader and message. Format version 1 (still read) stored
+``expert_ids fixed_size_list<uint16>[k]`` in the router's order.
+
+Encodings: the per-token columns (repeated on the token's L rows) dictionary- and run-length-encoded, the
+byte planes plain; every page zstd-compressed (level 1) and CRC-32-checksummed.
 
 A token is a ``(step, request_id, position)``; its MoE-layer rows are consecutive, layers ascending, so
 it never has two rows for one layer, and it has a row in every MoE layer the trace holds (a trace may hold
@@ -42,7 +57,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, atomic_path, register_kind
 from moeplace.foundation.model import ModelSpec
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # what the writer writes; the gate reads every version formats.FORMATS["trace"] lists
 META_FORMAT = b"moeplace.format"
 META_MODEL = b"moeplace.model"
 META_PROVENANCE = b"moeplace.provenance"
@@ -60,19 +75,36 @@ PHASE_DECODE = 1
 PART_PREFIX = "part-"  # the TraceWriter's files: part-00000.parquet, part-00001.parquet, ...
 PART_NAME = re.compile(re.escape(PART_PREFIX) + r"\d+\.parquet$")
 
+# logical columns: ``expert_ids`` is stored as the two byte planes ID_PLANES from version 2 on
 REQUIRED_COLUMNS = ("request_id", "position", "phase", "step", "layer", "expert_ids")
 OPTIONAL_COLUMNS = ("gate_weights", "token_id", "domain")
+ID_PLANES = ("expert_delta_lo", "expert_delta_hi")
+
+
+def id_columns(version: int) -> tuple[str, ...]:
+    """The Parquet columns that hold ``expert_ids`` in a file of trace format ``version``."""
+    return ID_PLANES if version >= 2 else ("expert_ids",)
+
+
+def physical_columns(columns, version: int) -> list[str]:
+    """``columns`` (logical names) as the Parquet columns of a file of ``version``, in order."""
+    out: list[str] = []
+    for c in columns:
+        out.extend(id_columns(version) if c == "expert_ids" else (c,))
+    return out
 
 
 def arrow_schema(top_k: int, *, gate_weights: bool = False, token_id: bool = False,
-                 domain: bool = False) -> pa.Schema:
+                 domain: bool = False, version: int = int(FORMAT_VERSION)) -> pa.Schema:
+    ids = ([pa.field(c, pa.binary(top_k), nullable=False) for c in ID_PLANES] if version >= 2
+           else [pa.field("expert_ids", pa.list_(pa.uint16(), top_k), nullable=False)])
     fields = [
         pa.field("request_id", pa.int64(), nullable=False),
         pa.field("position", pa.int32(), nullable=False),
         pa.field("phase", pa.uint8(), nullable=False),
         pa.field("step", pa.int64(), nullable=False),
         pa.field("layer", pa.uint16(), nullable=False),
-        pa.field("expert_ids", pa.list_(pa.uint16(), top_k), nullable=False),
+        *ids,
     ]
     if gate_weights:
         fields.append(pa.field("gate_weights", pa.list_(pa.float32(), top_k), nullable=False))
@@ -83,13 +115,90 @@ def arrow_schema(top_k: int, *, gate_weights: bool = False, token_id: bool = Fal
     return pa.schema(fields)
 
 
-def file_metadata(model: ModelSpec, provenance: dict[str, Any]) -> dict[bytes, bytes]:
+def file_metadata(model: ModelSpec, provenance: dict[str, Any], version: int = int(FORMAT_VERSION)
+                  ) -> dict[bytes, bytes]:
     return {
-        META_FORMAT: FORMAT_VERSION.encode(),
+        META_FORMAT: str(version).encode(),
         META_MODEL: model.to_json().encode(),
         META_PROVENANCE: json.dumps(provenance, sort_keys=True).encode(),
         META_CHECKSUMS: b"crc32",
     }
+
+
+# ---------------------------------------------------------------------------- expert ids as byte planes
+def encode_expert_ids(ids: np.ndarray, weights: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``ids`` uint16 ``[n, k]`` (any order within a row) -> the byte planes ``(lo, hi)`` uint8 ``[n, k]``
+    of the sorted rows' deltas, and ``weights`` ``[n, k]`` put in the same order (None stays None)."""
+    ids = np.asarray(ids, np.uint16)
+    if weights is None:
+        srt = np.sort(ids, axis=1)
+    else:
+        order = np.argsort(ids, axis=1, kind="stable")
+        srt = np.take_along_axis(ids, order, axis=1)
+        weights = np.take_along_axis(weights, order, axis=1)
+    d = np.empty_like(srt)
+    d[:, :1] = srt[:, :1]
+    np.subtract(srt[:, 1:], srt[:, :-1], out=d[:, 1:])
+    planes = d.astype("<u2", copy=False).view(np.uint8).reshape(*d.shape, 2)  # little-endian: low byte first
+    return np.ascontiguousarray(planes[..., 0]), np.ascontiguousarray(planes[..., 1]), weights
+
+
+def id_planes(lo: pa.Array, hi: pa.Array, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The byte planes of ``expert_delta_lo`` / ``expert_delta_hi`` (``fixed_size_binary[k]`` arrays) as
+    uint8 ``[n, k]`` numpy views (no copy; a null row's bytes are whatever the buffer holds: check nulls
+    first)."""
+    return _plane(lo, k), _plane(hi, k)
+
+
+def _plane(a: pa.Array, k: int) -> np.ndarray:
+    if isinstance(a, pa.ChunkedArray):
+        a = a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
+    n = len(a)
+    buf = a.buffers()[1]
+    if buf is None or n == 0:
+        return np.zeros((n, k), np.uint8)
+    return np.frombuffer(buf, np.uint8, count=n * k, offset=a.offset * k).reshape(n, k)
+
+
+def decode_expert_ids(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Sorted expert ids int64 ``[n, k]`` from the byte planes (int64: the deltas of a corrupt row can sum
+    past uint16, which the gate reports as an id out of range rather than wrapping it)."""
+    ids = lo.astype(np.int64)
+    if hi.any():
+        ids |= hi.astype(np.int64) << 8
+    return np.cumsum(ids, axis=1, out=ids)
+
+
+def polars_expert_ids(k: int):
+    """A polars expression: the ``expert_ids`` (``array[u16, k]``, ascending) of a version-2 frame, decoded
+    from its byte planes (a user's view of a trace in polars; ``traces.validate.scan_trace`` adds it)."""
+    import polars as pl  # local: the writers and the stats pass never need polars
+
+    def plane(name: str):
+        return pl.col(name).bin.reinterpret(dtype=pl.Array(pl.UInt8, k)).cast(pl.Array(pl.UInt16, k))
+
+    deltas = plane(ID_PLANES[0]) + plane(ID_PLANES[1]) * 256
+    return deltas.arr.eval(pl.element().cum_sum()).cast(pl.Array(pl.UInt16, k)).alias("expert_ids")
+
+
+def file_version(metadata: dict | None) -> int:
+    """The trace format version a file's footer metadata states (1 for an unparsable value: the gate has
+    refused such files before any reader gets here)."""
+    v = (metadata or {}).get(META_FORMAT, b"1")
+    return int(v) if v.isdigit() else 1
+
+
+def batch_expert_ids(batch: pa.RecordBatch | pa.Table, version: int, k: int) -> np.ndarray:
+    """The expert ids int64 ``[n, k]`` of decoded rows of a file of ``version`` (no checks: for readers
+    behind the gate); version 2 rows ascending, version 1 rows in the file's order."""
+    if version >= 2:
+        return decode_expert_ids(*id_planes(batch.column(ID_PLANES[0]), batch.column(ID_PLANES[1]), k))
+    col = batch.column("expert_ids")
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    return col.values.slice(col.offset * k, len(col) * k).to_numpy(zero_copy_only=False).astype(
+        np.int64).reshape(-1, k)
 
 
 class TraceWriter:
@@ -103,11 +212,16 @@ class TraceWriter:
     def __init__(self, out: str | Path, model: ModelSpec, provenance: dict[str, Any], *,
                  gate_weights: bool = False, token_id: bool = False, domain: bool = False,
                  rows_per_file: int = 8_000_000, row_group_rows: int = 1 << 20,
-                 compression: str = "zstd", compression_level: int | None = 1) -> None:
+                 compression: str = "zstd", compression_level: int | None = 1,
+                 version: int = int(FORMAT_VERSION)) -> None:
         self.out = Path(out)
         self.model = model
+        self.version = version  # 1 only to write traces as earlier releases did (tests of old traces)
         self.schema = arrow_schema(model.top_k, gate_weights=gate_weights, token_id=token_id,
-                                   domain=domain).with_metadata(file_metadata(model, provenance))
+                                   domain=domain, version=version).with_metadata(
+                                       file_metadata(model, provenance, version))
+        # dictionary (and run-length) encoding for the per-token columns; the byte planes are plain
+        self._dictionary = [f.name for f in self.schema if f.name not in ID_PLANES]
         self.rows_per_file = rows_per_file
         self.row_group_rows = row_group_rows
         self.compression = compression
@@ -166,12 +280,18 @@ class TraceWriter:
             "phase": pa.array(self._exact("phase", phase, np.uint8)),
             "step": pa.array(self._exact("step", step, np.int64)),
             "layer": pa.array(self._exact("layer", layer, np.uint16)),
-            "expert_ids": pa.FixedSizeListArray.from_arrays(pa.array(expert_ids.reshape(-1)), k),
         }
         names = self.schema.names
-        if "gate_weights" in names:
-            gw = np.ascontiguousarray(gate_weights, dtype=np.float32).reshape(-1)
-            cols["gate_weights"] = pa.FixedSizeListArray.from_arrays(pa.array(gw), k)
+        gw = (np.ascontiguousarray(gate_weights, dtype=np.float32).reshape(n, k) if "gate_weights" in names
+              else None)
+        if self.version >= 2:
+            lo, hi, gw = encode_expert_ids(expert_ids, gw)
+            for name, plane in zip(ID_PLANES, (lo, hi)):
+                cols[name] = pa.FixedSizeBinaryArray.from_buffers(pa.binary(k), n, [None, pa.py_buffer(plane)])
+        else:
+            cols["expert_ids"] = pa.FixedSizeListArray.from_arrays(pa.array(expert_ids.reshape(-1)), k)
+        if gw is not None:
+            cols["gate_weights"] = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(gw).reshape(-1)), k)
         if "token_id" in names:
             cols["token_id"] = pa.array(self._exact("token_id", token_id, np.int32))
         if "domain" in names:
@@ -182,7 +302,8 @@ class TraceWriter:
             if self._writer is None:
                 path = self._tmp / f"{PART_PREFIX}{self._num_files:05d}.parquet"
                 self._writer = pq.ParquetWriter(path, self.schema, compression=self.compression,
-                                                compression_level=self.compression_level, **WRITE_CHECKSUMS)
+                                                compression_level=self.compression_level,
+                                                use_dictionary=self._dictionary, **WRITE_CHECKSUMS)
                 self._num_files += 1
                 self._file_rows = 0
             take = min(n - start, self.rows_per_file - self._file_rows)

@@ -21,7 +21,18 @@ import pyarrow.parquet as pq
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import atomic_path
 from moeplace.foundation.model import ModelSpec
-from moeplace.traces.format import META_PROVENANCE, trace_files
+from moeplace.traces.format import (
+    FORMAT_VERSION,
+    ID_PLANES,
+    META_FORMAT,
+    META_PROVENANCE,
+    WRITE_CHECKSUMS,
+    arrow_schema,
+    batch_expert_ids,
+    encode_expert_ids,
+    file_version,
+    trace_files,
+)
 from moeplace.traces.loads import Loads
 
 
@@ -55,36 +66,51 @@ def loads_to_original(loads: Loads, new2old: np.ndarray, source: str = "") -> Lo
 
 def trace_to_original(src: str | Path, out: str | Path, new2old: np.ndarray, model: ModelSpec,
                       source: str = "", batch_rows: int = 1 << 20) -> int:
-    """Rewrite the trace at ``src`` (engine ids) to ``out`` (original ids), streaming row groups; every
-    column but ``expert_ids`` is copied as it is; each file's provenance records the mapping. Atomic;
-    returns the rows written."""
+    """Rewrite the trace at ``src`` (engine ids) to ``out`` (original ids), streaming row batches; the
+    expert ids are mapped (and, in the current trace format, sorted again with their gate weights), every
+    other column is copied as it is; each file's provenance records the mapping. Written in the current
+    trace format with page checksums whatever the version of ``src``. Atomic; returns the rows written."""
     m = check_map(new2old, model, source or "relabelling")
     lut = np.full((max(model.moe_layers) + 1, model.num_experts), -1, dtype=np.int64)
     lut[list(model.moe_layers)] = m
+    k = model.top_k
     rows = 0
     with atomic_path(out, directory=True) as tmp:
         for f in trace_files(src):
             pf = pq.ParquetFile(f)
             meta = dict(pf.schema_arrow.metadata or {})
+            version = file_version(meta)
             prov = json.loads(meta.get(META_PROVENANCE, b"{}") or b"{}")
             prov["relabelled_ids_mapped"] = source or True
-            meta[META_PROVENANCE] = json.dumps(prov).encode()
-            schema = pf.schema_arrow.with_metadata(meta)
+            names = pf.schema_arrow.names
+            schema = arrow_schema(k, **{c: c in names for c in ("gate_weights", "token_id", "domain")})
+            meta.update({META_PROVENANCE: json.dumps(prov).encode(), META_FORMAT: FORMAT_VERSION.encode()})
+            schema = schema.with_metadata(meta)
             rel = f.relative_to(src) if Path(src).is_dir() else Path(f.name)
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            with pq.ParquetWriter(tmp / rel, schema, compression="zstd", compression_level=1) as w:
+            with pq.ParquetWriter(tmp / rel, schema, compression="zstd", compression_level=1,
+                                  use_dictionary=[n for n in schema.names if n not in ID_PLANES],
+                                  **WRITE_CHECKSUMS) as w:
                 for batch in pf.iter_batches(batch_size=batch_rows):
+                    n = batch.num_rows
                     layer = batch.column("layer").to_numpy().astype(np.int64)
-                    col = batch.column("expert_ids")
-                    k = col.type.list_size
-                    ids = col.values.to_numpy().astype(np.int64).reshape(-1, k)
+                    ids = batch_expert_ids(batch, version, k)
                     mapped = lut[layer[:, None], ids]
                     if (mapped < 0).any():
                         r = int(np.argwhere(mapped < 0)[0][0])
                         raise InputError(f"{f}: row {rows + r}: layer {int(layer[r])} is not an MoE layer of "
                                          f"'{model.name}'")
-                    arr = pa.FixedSizeListArray.from_arrays(pa.array(mapped.reshape(-1).astype(np.uint16)), k)
-                    cols = [arr if n == "expert_ids" else batch.column(n) for n in batch.schema.names]
-                    w.write_table(pa.Table.from_arrays(cols, schema=schema))
-                    rows += batch.num_rows
+                    gw = None
+                    if "gate_weights" in names:
+                        g = batch.column("gate_weights")
+                        gw = g.values.slice(g.offset * k, n * k).to_numpy(zero_copy_only=False).reshape(n, k)
+                    lo, hi, gw = encode_expert_ids(mapped.astype(np.uint16), gw)
+                    cols = {c: batch.column(c) for c in names if c not in ("expert_ids", *ID_PLANES, "gate_weights")}
+                    for c, plane in zip(ID_PLANES, (lo, hi)):
+                        cols[c] = pa.FixedSizeBinaryArray.from_buffers(pa.binary(k), n, [None, pa.py_buffer(plane)])
+                    if gw is not None:
+                        cols["gate_weights"] = pa.FixedSizeListArray.from_arrays(
+                            pa.array(np.ascontiguousarray(gw, np.float32).reshape(-1)), k)
+                    w.write_table(pa.Table.from_arrays([cols[c] for c in schema.names], schema=schema))
+                    rows += n
     return rows

@@ -15,6 +15,7 @@ their request neighbour, which gives the temporal-locality statistic (top-k over
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -32,17 +33,16 @@ import pyarrow.parquet as pq
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
-from moeplace.traces.format import READ_CHECKSUMS
-from moeplace.traces.validate import (
-    Detect,
-    ProblemFound,
-    Raise,
+from moeplace.traces.format import ID_PLANES, READ_CHECKSUMS, id_planes
+from moeplace.traces.gate.files import Trace, open_failure
+from moeplace.traces.gate.order import RowOrder
+from moeplace.traces.gate.report import Detect, ProblemFound, Raise
+from moeplace.traces.gate.rows import (
     RowGroup,
-    Trace,
     check_lists,
     check_row_group,
+    check_weights,
     corrupt_group,
-    open_failure,
     read_columns,
 )
 
@@ -156,6 +156,7 @@ class PassSpec:
     seed: int
     # [workers, windows, L, E] in shared memory: worker i adds its row groups' counts into [i] (no transfer)
     shared_counts: np.ndarray | None = None
+    count: bool = True  # False: the gate's checks only (check_pass), no Loads
 
 
 @dataclass
@@ -240,8 +241,191 @@ BATCH_ROWS = 1 << 16  # rows per decoded batch of the list columns: their buffer
 
 
 def _reduce_group(spec: PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) -> _Partial:
-    """Decode row group ``j`` of the pass, run the gate's row checks on it (``traces.validate``: the first
-    problem raises) and reduce it to a :class:`_Partial`; ``opened`` caches the pass's open files.
+    """Decode row group ``j`` of the pass, run the gate's row checks on it and reduce it to a
+    :class:`_Partial` (``opened`` caches the pass's open files): the byte planes of format version 2
+    through :func:`_reduce_planes`, version 1's lists through :func:`_reduce_lists`. Either fast path only
+    *detects* a problem; then the row group is decoded and checked whole by the gate's reporting sink,
+    which raises its first problem in the gate's order (:func:`_reduce_checked`)."""
+    fi = spec.jobs[j][0]
+    pf = _open_file(spec.trace.files[fi].path, opened)
+    try:
+        if spec.trace.files[fi].version >= 2:
+            return _reduce_planes(spec, j, pf)
+        return _reduce_lists(spec, j, pf)
+    except (ProblemFound, pa.ArrowException, OSError, ValueError, KeyError):
+        return _reduce_checked(spec, j, pf)
+
+
+CHUNK_ROWS = 1 << 14  # rows per count step of the planes: their int64 keys (2 MB for top-16) stay in L2
+PLANE_BATCH_ROWS = 1 << 16  # rows per decoded batch of the byte planes (2 MB for top-16)
+_PATTERN: dict[int, np.ndarray] = {}  # per process: MoE-layer index of trace row r = pattern[r % L]
+_KERNEL_BUFFERS: dict[str, np.ndarray] = {}  # per process: the chunk's keys and deltas, reused
+
+
+def _layer_pattern(num_layers: int, n: int) -> np.ndarray:
+    """int32 ``[>= n + L]``: ``0, 1, ..., L-1, 0, 1, ...`` (cached, grown on demand)."""
+    p = _PATTERN.get(num_layers)
+    if p is None or len(p) < n + num_layers:
+        p = _PATTERN[num_layers] = np.tile(np.arange(num_layers, dtype=np.int32), -(-(n + num_layers) // num_layers))
+    return p
+
+
+def _buffer(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+    b = _KERNEL_BUFFERS.get(name)
+    size = int(np.prod(shape))
+    if b is None or b.size < size or b.dtype != dtype:
+        b = _KERNEL_BUFFERS[name] = np.empty(size, dtype)
+    return b[:size].reshape(shape)
+
+
+def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
+    """The fast path of a version-2 row group: one read of the columns the pass needs, the gate's checks
+    of the per-row columns (:func:`check_row_group`, a :class:`Detect` sink), then the expert ids counted
+    straight from their byte planes, ``CHUNK_ROWS`` rows at a time: per chunk the sorted ids' running sum
+    over the k deltas builds the (window, layer, expert) keys slot by slot (contiguous int64 rows: the
+    transposed keys), one bincount adds them up, and the same pass detects a repeated expert (a zero
+    delta after the first) and an id past num_experts (a row whose deltas sum to E or more).
+
+    A valid trace holds whole tokens of one row per MoE layer, layers ascending, so the MoE-layer index of
+    trace row ``r`` is ``r mod L``: checked row by row against that pattern (any other layer sequence is
+    a problem the gate words), which makes the layer part of each key a slice of one cached array."""
+    fi, rg, row0 = spec.jobs[j]
+    trace = spec.trace
+    model = spec.model
+    num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
+    cols = read_columns(trace, fi, rg, pf, spec.extra_columns)
+    table = pf.read_row_group(rg, columns=[c for c in cols if c not in ID_PLANES], use_threads=False)
+    group = check_row_group(Detect(), trace, fi, rg, table, lists=False)
+    if "expert_ids" not in trace.files[fi].columns:
+        raise ProblemFound("expert_ids")
+    check_weights(Detect(), trace, fi, rg, table)
+    n = group.n
+    rpw = spec.rows_per_window
+    w0 = row0 // rpw
+    if n == 0:
+        return _Partial(w0, np.zeros((0, num_layers, num_experts), np.int64), np.zeros(0, np.int64), [], None,
+                        None, group.edge)
+    pattern = _layer_pattern(num_layers, n)
+    phase = row0 % num_layers
+    if not np.array_equal(group.layer_idx, pattern[phase:phase + n]):
+        raise ProblemFound("layer")
+    w1 = (row0 + n - 1) // rpw
+    bins_per_window = num_layers * num_experts
+    counts = np.zeros((w1 - w0 + 1) * bins_per_window, np.int64)
+    base_all = _buffer("base", (num_layers + CHUNK_ROWS,), np.int64)
+    np.multiply(pattern[:num_layers + CHUNK_ROWS], num_experts, out=base_all)
+    keys = _buffer("keys", (k, CHUNK_ROWS), np.int64)
+    d16 = _buffer("d16", (CHUNK_ROWS, k), np.uint16)
+    top = _buffer("top", (CHUNK_ROWS,), np.int64)
+    # the sampled tokens' rows (one hash per token run: all rows of a token share it), taken batch by batch
+    edge = group.edge
+    runs = edge.run_rows
+    run_rid = edge.run_keys >> 24
+    rows = sel = lens = h = run_pos = None
+    if spec.sample_tokens > 0 and len(runs):
+        run_pos = edge.run_keys & ((1 << 24) - 1)
+        h = _token_hash(run_rid, run_pos >> 1, spec.seed)
+        sel = np.flatnonzero(h <= np.uint64(spec.sample_threshold))
+        if len(sel):
+            lens = edge.run_lens[sel]
+            rows = np.arange(int(lens.sum())) + np.repeat(runs[sel] - (np.cumsum(lens) - lens), lens)
+    sampled: list[np.ndarray] = []
+    b0 = 0
+    # the planes in batches of PLANE_BATCH_ROWS rows: the decoded buffers stay in cache and are reused
+    # (a whole group's planes, ~30 MB for K3, would stream through memory, which two workers share)
+    for batch in pf.iter_batches(PLANE_BATCH_ROWS, row_groups=[rg], columns=list(ID_PLANES), use_threads=False):
+        planes = [batch.column(c) for c in ID_PLANES]
+        if any(c.null_count for c in planes):
+            raise ProblemFound("null")
+        lo, hi = id_planes(planes[0], planes[1], k)
+        b1 = b0 + len(lo)
+        if b1 > n:
+            raise ProblemFound("corrupt")
+        s = 0
+        while s < len(lo):
+            g = b0 + s  # the chunk's first row in the row group
+            w = (row0 + g) // rpw
+            e = min(len(lo), s + CHUNK_ROWS, (w + 1) * rpw - row0 - b0)  # a chunk stays in one window
+            m = e - s
+            lo_c, hi_c = lo[s:e], hi[s:e]
+            if hi_c.any():  # the deltas: low bytes, plus the high bytes where a delta reaches 256
+                d = d16[:m]
+                np.left_shift(hi_c, 8, out=d, dtype=np.uint16)
+                d |= lo_c
+            else:
+                d = lo_c
+            # a zero delta after the first is a repeated expert: more zeros in the chunk than in its first column
+            if k > 1 and d.size - np.count_nonzero(d) != m - np.count_nonzero(d[:, 0]):
+                raise ProblemFound("duplicate_expert")
+            o = keys[:, :m]
+            p = (phase + g) % num_layers
+            base = base_all[p:p + m]
+            if w == w0:
+                np.add(base, d[:, 0], out=o[0])
+            else:
+                np.add(base, (w - w0) * bins_per_window, out=o[0])
+                o[0] += d[:, 0]
+            for i in range(1, k):
+                np.add(o[i - 1], d[:, i], out=o[i])
+            # the row's largest id is its last (the deltas summed): below num_experts
+            np.add(base, (w - w0) * bins_per_window + num_experts, out=top[:m])
+            if not np.less(o[k - 1], top[:m]).all():
+                raise ProblemFound("expert_range")
+            if spec.count:
+                counts += np.bincount(o.reshape(-1), minlength=len(counts))
+            s = e
+        if rows is not None:
+            a, b = np.searchsorted(rows, [b0, b1])
+            if b > a:
+                r = rows[a:b] - b0
+                # the rows passed the range check above: their ids sum to < num_experts, no wrap in uint16
+                ex = lo[r].astype(np.uint16)
+                hi_rows = hi[r]
+                if hi_rows.any():
+                    ex |= hi_rows.astype(np.uint16) << 8
+                for i in range(1, k):  # the running sum over the deltas, slot by slot
+                    ex[:, i] += ex[:, i - 1]
+                sampled.append(ex)
+        b0 = b1
+    if b0 != n:  # a reader that yields fewer rows than the group holds: nothing to count on
+        raise ProblemFound("corrupt")
+    counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts) if spec.count else None
+    if counts is not None and spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
+        spec.shared_counts[_WORKER_SLOT[0], w0:w1 + 1] += counts
+        counts = None
+    requests = np.unique(run_rid)
+    sample = None
+    if rows is not None:
+        sample = (np.repeat(h[sel], lens), np.repeat(run_rid[sel], lens), np.repeat(run_pos[sel], lens),
+                  group.layer_idx[rows].astype(np.int16), np.concatenate(sampled), (row0 + rows) // rpw)
+    names, per = _domain_rows(spec, table, row0, n)
+    return _Partial(w0, counts, requests, names, per, sample, edge)
+
+
+def _domain_rows(spec: PassSpec, table: pa.Table, row0: int, n: int) -> tuple[list[str], np.ndarray | None]:
+    """The domain names of a row group (dictionary order) and its rows per (name, window)."""
+    if "domain" not in spec.extra_columns:
+        return [], None
+    dcol = table.column("domain").combine_chunks()
+    if isinstance(dcol, pa.DictionaryArray):
+        codes = dcol.indices.to_numpy(zero_copy_only=False)
+        names = dcol.dictionary.to_pylist()
+    else:
+        enc = dcol.dictionary_encode()
+        codes, names = enc.indices.to_numpy(zero_copy_only=False), enc.dictionary.to_pylist()
+    rpw = spec.rows_per_window
+    w0, w1 = row0 // rpw, (row0 + n - 1) // rpw
+    if w0 == w1:
+        per = np.zeros((len(names), spec.num_windows), np.int64)
+        per[:, w0] = np.bincount(codes, minlength=len(names))
+        return names, per
+    win_rows = np.arange(row0, row0 + n, dtype=np.int64) // rpw
+    gd = codes.astype(np.int64) * spec.num_windows + win_rows
+    return names, np.bincount(gd, minlength=len(names) * spec.num_windows).reshape(-1, spec.num_windows)
+
+
+def _reduce_lists(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
+    """The fast path of a version-1 row group (expert ids as lists in the router's order).
 
     The list columns (16 values a row: ~90 % of the bytes) are decoded in batches of ``BATCH_ROWS`` rows,
     checked and counted batch by batch: the decoder's buffers and the count's index stay in cache and are
@@ -250,26 +434,22 @@ def _reduce_group(spec: PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) ->
     raises the gate's first problem in the gate's order (:func:`_reduce_checked`)."""
     fi, rg, _ = spec.jobs[j]
     trace = spec.trace
-    pf = _open_file(trace.files[fi].path, opened)
     cols = read_columns(trace, fi, rg, pf, spec.extra_columns)
     lists = [c for c in cols if c in LIST_COLUMNS]
-    try:
-        table = pf.read_row_group(rg, columns=[c for c in cols if c not in LIST_COLUMNS], use_threads=False)
-        group = check_row_group(Detect(), trace, fi, rg, table, lists=False)
-        if "expert_ids" not in lists:
-            raise ProblemFound("expert_ids")
+    table = pf.read_row_group(rg, columns=[c for c in cols if c not in LIST_COLUMNS], use_threads=False)
+    group = check_row_group(Detect(), trace, fi, rg, table, lists=False)
+    if "expert_ids" not in lists:
+        raise ProblemFound("expert_ids")
 
-        def batches() -> Iterator[np.ndarray]:
-            row = 0
-            for batch in pf.iter_batches(BATCH_ROWS, row_groups=[rg], columns=lists, use_threads=False):
-                yield check_lists(Detect(), trace, fi, rg, batch, row)
-                row += batch.num_rows
-            if row != group.n:
-                raise ProblemFound("corrupt")
+    def batches() -> Iterator[np.ndarray]:
+        row = 0
+        for batch in pf.iter_batches(BATCH_ROWS, row_groups=[rg], columns=lists, use_threads=False):
+            yield check_lists(Detect(), trace, fi, rg, batch, row)
+            row += batch.num_rows
+        if row != group.n:
+            raise ProblemFound("corrupt")
 
-        return _reduce_rows(spec, j, table, group, batches())
-    except (ProblemFound, pa.ArrowException, OSError, ValueError, KeyError):
-        return _reduce_checked(spec, j, pf)
+    return _reduce_rows(spec, j, table, group, batches())
 
 
 def _reduce_checked(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
@@ -329,19 +509,7 @@ def _reduce_rows(spec: PassSpec, j: int, table: pa.Table, group: RowGroup, exper
         counts = None
     runs = np.flatnonzero(rid[1:] != rid[:-1]) + 1
     requests = np.unique(rid[np.concatenate([[0], runs])])
-    names: list[str] = []
-    per = None
-    if "domain" in spec.extra_columns:
-        dcol = table.column("domain").combine_chunks()
-        if isinstance(dcol, pa.DictionaryArray):
-            codes = dcol.indices.to_numpy(zero_copy_only=False)
-            names = dcol.dictionary.to_pylist()
-        else:
-            enc = dcol.dictionary_encode()
-            codes, names = enc.indices.to_numpy(zero_copy_only=False), enc.dictionary.to_pylist()
-        win_rows = np.arange(row0, row0 + n, dtype=np.int64) // rpw
-        gd = codes.astype(np.int64) * spec.num_windows + win_rows
-        per = np.bincount(gd, minlength=len(names) * spec.num_windows).reshape(-1, spec.num_windows)
+    names, per = _domain_rows(spec, table, row0, n)
     return _Partial(w0, counts, requests, names, per, sample, group.edge)
 
 
@@ -388,6 +556,105 @@ def partials(spec: PassSpec, pool: ProcessPoolExecutor | None, workers: int) -> 
             yield part
     finally:
         _PASSES.pop(pass_id, None)
+
+
+def check_pass(trace: Trace, workers: int | None = None) -> int:
+    """The gate's row checks of every row group of ``trace`` (past :func:`~traces.validate.open_trace`) on
+    the stats pass's fast path, on every core, then the checks across row groups in trace order; raises
+    the gate's first problem as an :class:`InputError` (the line ``place trace validate`` prints first).
+    Returns the tokens (rows of the best-covered MoE layer). Nothing is counted: a few % of the stats
+    pass's time goes to the keys the range check needs."""
+    jobs = trace.row_groups()
+    model = trace.model
+    num_workers = pass_workers(workers, len(jobs), trace.num_rows * model.top_k)
+    spec = PassSpec(trace=trace, jobs=tuple(jobs), extra_columns=(), model=model,
+                    rows_per_window=max(trace.num_rows, 1), num_windows=1, sample_tokens=0, sample_threshold=0,
+                    seed=0, count=False)
+    order = RowOrder(Raise())
+    files = trace.file_paths
+    with worker_pool(num_workers, len(jobs)) as pool:
+        for j, part in enumerate(partials(spec, pool, num_workers)):
+            fi, rg, _ = jobs[j]
+            order.feed(part.edge, f"the last row of {files[fi - 1].name}" if rg == 0 and fi > 0 else "the row before")
+        tokens = int(order.layer_rows.max(initial=0)) if order.layer_rows is not None else 0
+        order.finish()
+    return tokens
+
+
+# ---------------------------------------------------------------------------- row groups on a Ray cluster
+def _reduce_jobs(spec: PassSpec, js: list[int]) -> list[_Partial]:
+    """A Ray task: the partials of jobs ``js`` (consecutive row groups), reduced where the task runs."""
+    opened: dict[Path, pq.ParquetFile] = {}
+    return [_reduce_group(spec, j, opened) for j in js]
+
+
+class RayReducer:
+    """The row groups of a pass as Ray tasks (one per ``group_jobs`` consecutive row groups), on a cluster
+    this process attached to or a local instance it started (``address`` None or ``"local"``: shut down
+    again by :meth:`close`). Every node reads the trace at the same path (a shared file system). The tasks
+    run the same reduction as the local workers and the partials merge here in trace order, so the result
+    is the single-process one; at most ``2 x`` the cluster's CPUs tasks are in flight, so memory stays
+    bounded by row groups on every node."""
+
+    def __init__(self, address: str | None, num_cpus: int | None = None, group_jobs: int = 1) -> None:
+        try:
+            import ray  # optional: the [sweep] extra
+        except ImportError:
+            raise InputError("--ray needs Ray: pip install 'moeplace[sweep]'") from None
+        self.ray = ray
+        self.group_jobs = max(1, group_jobs)
+        self.started = address in (None, "local")
+        kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False}
+        try:
+            if self.started:
+                ray.init(num_cpus=num_cpus, **kw)
+            else:
+                ray.init(address=address, runtime_env=_ray_runtime_env(), **kw)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise InputError(f"--ray {address or 'local'}: cannot start or attach to Ray: {exc}") from None
+        self.capacity = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._task = ray.remote(num_cpus=1, max_retries=1)(_reduce_jobs)
+
+    def partials(self, spec: PassSpec) -> Iterator[_Partial]:
+        """The partials of every job of ``spec`` in job order."""
+        ray = self.ray
+        spec_ref = ray.put(spec)
+        n = len(spec.jobs)
+        groups = [list(range(a, min(n, a + self.group_jobs))) for a in range(0, n, self.group_jobs)]
+        ahead = 2 * self.capacity
+        refs = deque(self._task.remote(spec_ref, g) for g in groups[:ahead])
+        for i in range(len(groups)):
+            try:
+                parts = ray.get(refs.popleft())
+            except ray.exceptions.RayTaskError as exc:  # the task's own error (the gate's line), raised here
+                raise (exc.cause if isinstance(exc.cause, BaseException) else exc) from None
+            if i + ahead < len(groups):
+                refs.append(self._task.remote(spec_ref, groups[i + ahead]))
+            yield from parts
+
+    def close(self) -> None:
+        self.ray.shutdown()  # stops the instance it started; only disconnects from an attached cluster
+
+
+@contextmanager
+def ray_reducer(address: str | None, num_cpus: int | None):
+    """A :class:`RayReducer` for ``address`` (closed at the end), or None when ``address`` is None."""
+    if address is None:
+        yield None
+        return
+    reducer = RayReducer(address, num_cpus)
+    try:
+        yield reducer
+    finally:
+        reducer.close()
+
+
+def _ray_runtime_env() -> dict[str, Any]:
+    """Ship this checkout's moeplace to an attached cluster's workers (their third-party packages must be
+    installed there); ``MOEPLACE_RAY_SHIP_CODE=0`` when moeplace is installed on the cluster."""
+    if os.environ.get("MOEPLACE_RAY_SHIP_CODE", "1") == "0":
+        return {}
+    return {"py_modules": [str(Path(__file__).resolve().parents[1])]}
 
 
 @contextmanager

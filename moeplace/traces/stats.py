@@ -38,7 +38,7 @@ from moeplace.traces.measures import (  # noqa: F401  (affinity_lift, pair_count
     top_share,
     window_drift,
 )
-from moeplace.traces.scan import PassSpec, Sampler, partials, pass_workers, worker_pool
+from moeplace.traces.scan import PassSpec, Sampler, partials, pass_workers, ray_reducer, worker_pool
 from moeplace.traces.validate import Raise, RowOrder, open_trace
 
 DEFAULT_WINDOW_TOKENS = 4096
@@ -128,12 +128,15 @@ def _size(f: Path) -> int:
 
 def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                   sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0,
-                  workers: int | None = None, loads_only: bool = False) -> TraceStats | Loads:
+                  workers: int | None = None, loads_only: bool = False, ray: str | None = None
+                  ) -> TraceStats | Loads:
     """One streaming pass over the trace at ``path`` (file or directory). See the module docstring.
 
     ``workers``: processes that decode and reduce row groups (forked; 1 = in this process; default: one
     per core for traces of >= 16 M selections). The result does not depend on it: partials merge in trace
-    order. ``loads_only``: return just the :class:`Loads` (counts, token sample and, in its provenance,
+    order. ``ray``: reduce the row groups as Ray tasks instead (``"local"``: a local instance of
+    ``workers`` CPUs, else the address of a running cluster whose nodes read ``path`` at the same path;
+    :class:`traces.scan.RayReducer`): the same result. ``loads_only``: return just the :class:`Loads` (counts, token sample and, in its provenance,
     each window's dominant domain ``window_domains`` when the trace has domains), skipping the statistics
     (affinity, locality, drift), which cost more than the pass on small traces."""
     t0 = time.perf_counter()
@@ -142,9 +145,8 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     if sample_tokens < 0:
         raise InputError(f"--sample-tokens must be >= 0, got {sample_tokens}")
     trace = open_trace(path)  # the gate: file-level checks here, row checks on every decoded row group
-    files = trace.file_paths
     model, provenance = trace.model, trace.provenance
-    num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
+    num_layers = model.num_moe_layers
     # a log of some MoE layers only (an import records which) has that many rows per token
     covered = provenance.get("layers_covered") if isinstance(provenance, dict) else None
     rows_per_token = num_layers
@@ -156,102 +158,110 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
     num_windows = -(-total_rows // rows_per_window)
     extra = ("domain",) if "domain" in trace.columns else ()
     sampler = Sampler(sample_tokens, total_rows // rows_per_token, seed)
-    num_workers = pass_workers(workers, len(jobs), total_rows * k)
-    # the counts grow with the window count (a tiny --window-tokens): refused before any is allocated
-    est = limits.stats_estimate(
-        num_windows=num_windows, num_layers=num_layers, num_experts=num_experts, workers=num_workers,
-        mapped_bytes=max((_size(f) for f in files), default=0),
-        what=f"{path} at --window-tokens {window_tokens} ({fmt_count(num_windows)} "
-             f"window{'s' if num_windows != 1 else ''})")
-    # the decode buffers do not shrink with larger windows: then only a higher limit helps
-    counts_dominate = est.bytes > 2 * limits.STATS_BASE_BYTES
-    limits.require_memory(est, advice="choose a larger --window-tokens, or raise the memory limit"
-                          if counts_dominate else "raise the memory limit (ulimit -v, the container's memory)")
-    shared = None
-    if num_workers > 1:
-        # anonymous shared memory, inherited by the forked workers: counts never travel through pipes
-        shared = mmap.mmap(-1, num_workers * num_windows * num_layers * num_experts * 8)
-    spec = PassSpec(trace=trace, jobs=tuple(jobs), extra_columns=extra, model=model,
-                     rows_per_window=rows_per_window, num_windows=num_windows, sample_tokens=sample_tokens,
-                     sample_threshold=int(sampler.threshold), seed=seed,
-                     shared_counts=None if shared is None else np.frombuffer(shared, np.int64).reshape(
-                         num_workers, num_windows, num_layers, num_experts))
+    with ray_reducer(ray, workers) as reducer:
+        files = trace.file_paths
+        num_layers, num_experts, k = model.num_moe_layers, model.num_experts, model.top_k
+        num_workers = reducer.capacity if reducer is not None else pass_workers(workers, len(jobs), total_rows * k)
+        # the counts grow with the window count (a tiny --window-tokens): refused before any is allocated
+        est = limits.stats_estimate(
+            num_windows=num_windows, num_layers=num_layers, num_experts=num_experts,
+            workers=1 if reducer is not None else num_workers,  # Ray tasks hold their counts on their nodes
+            mapped_bytes=max((_size(f) for f in files), default=0),
+            what=f"{path} at --window-tokens {window_tokens} ({fmt_count(num_windows)} "
+                 f"window{'s' if num_windows != 1 else ''})")
+        # the decode buffers do not shrink with larger windows: then only a higher limit helps
+        counts_dominate = est.bytes > 2 * limits.STATS_BASE_BYTES
+        limits.require_memory(est, advice="choose a larger --window-tokens, or raise the memory limit"
+                              if counts_dominate else "raise the memory limit (ulimit -v, the container's memory)")
+        shared = None
+        if num_workers > 1 and reducer is None:
+            # anonymous shared memory, inherited by the forked workers: counts never travel through pipes
+            shared = mmap.mmap(-1, num_workers * num_windows * num_layers * num_experts * 8)
+        spec = PassSpec(trace=trace, jobs=tuple(jobs), extra_columns=extra, model=model,
+                         rows_per_window=rows_per_window, num_windows=num_windows, sample_tokens=sample_tokens,
+                         sample_threshold=int(sampler.threshold), seed=seed,
+                         shared_counts=None if shared is None else np.frombuffer(shared, np.int64).reshape(
+                             num_workers, num_windows, num_layers, num_experts))
 
-    counts = np.zeros((num_windows, num_layers, num_experts), np.int64)
-    domain_ids: dict[str, int] = {}
-    domain_rows: list[np.ndarray] = []  # per domain: rows per window
-    requests: set[int] = set()
-    order = RowOrder(Raise())
-    with worker_pool(num_workers, len(jobs)) as pool, bar(len(jobs), "stats pass", "row group") as pb:
-        for j, part in enumerate(partials(spec, pool, num_workers)):
-            pb.update(1)
-            fi, rg, _ = jobs[j]
-            order.feed(part.edge, f"the last row of {files[fi - 1].name}" if rg == 0 and fi > 0 else "the row before")
-            if part.counts is not None:
-                counts[part.w0:part.w0 + len(part.counts)] += part.counts
-            requests.update(part.requests.tolist())
-            if part.domain_rows is not None:
-                # domains numbered by first appearance in trace order, as the rows come
-                for name, rows in zip(part.domain_names, part.domain_rows):
-                    d = domain_ids.setdefault(name, len(domain_ids))
-                    if d == len(domain_rows):
-                        domain_rows.append(np.zeros(num_windows, np.int64))
-                    domain_rows[d] += rows
-            sampler.add_candidates(part.sample)
-        order.finish()
-        pb.close()
+        counts = np.zeros((num_windows, num_layers, num_experts), np.int64)
+        domain_ids: dict[str, int] = {}
+        domain_rows: list[np.ndarray] = []  # per domain: rows per window
+        requests: set[int] = set()
+        order = RowOrder(Raise())
+        local = 1 if reducer is not None else num_workers
+        with worker_pool(local, len(jobs)) as pool, bar(len(jobs), "stats pass", "row group") as pb:
+            parts = reducer.partials(spec) if reducer is not None else partials(spec, pool, num_workers)
+            for j, part in enumerate(parts):
+                pb.update(1)
+                fi, rg, _ = jobs[j]
+                order.feed(part.edge, f"the last row of {files[fi - 1].name}" if rg == 0 and fi > 0 else "the row before")
+                if part.counts is not None:
+                    counts[part.w0:part.w0 + len(part.counts)] += part.counts
+                requests.update(part.requests.tolist())
+                if part.domain_rows is not None:
+                    # domains numbered by first appearance in trace order, as the rows come
+                    for name, rows in zip(part.domain_names, part.domain_rows):
+                        d = domain_ids.setdefault(name, len(domain_ids))
+                        if d == len(domain_rows):
+                            domain_rows.append(np.zeros(num_windows, np.int64))
+                        domain_rows[d] += rows
+                sampler.add_candidates(part.sample)
+            order.finish()
+            pb.close()
 
-        if spec.shared_counts is not None:
-            counts += spec.shared_counts.sum(axis=0)
-            spec = None  # release the shared memory
-        samples, s_rid, s_pos, s_win = sampler.result(num_layers, k)
-        # the affinity pairs (the costly statistic) on the workers while this process does the rest
-        aff_jobs = affinity_jobs(samples, seed)
-        aff_args = [(samples[:, li:li + 2], num_experts, train, test, perm, i < AFFINITY_COVERAGE_PAIRS)
-                    for i, (li, train, test, perm) in enumerate(aff_jobs)]
-        aff_futures = [pool.submit(affinity_pair, *a) for a in aff_args] if pool is not None else None
-        rows_per_layer = counts.sum(axis=(0, 2)) // k
-        num_tokens = int(rows_per_layer.max())
-        window_rows = np.minimum(rows_per_window, total_rows - np.arange(num_windows) * rows_per_window)
-        labels = tuple(f"tokens {w * window_tokens}-{w * window_tokens + int(r) // rows_per_token}"
-                       for w, r in enumerate(window_rows))
-        loads = Loads(counts, model, window_tokens, labels,
-                      {"kind": "trace", "path": str(path), "trace": provenance}, samples, s_win)
-        if loads_only:  # the statistics below cost more than the pass itself on small traces
-            if domain_rows:  # each window's dominant domain: the scenarios of the shift estimate
-                names = sorted(domain_ids, key=domain_ids.get)
-                per = np.stack(domain_rows, axis=1)  # [W, D] rows per window per domain
-                dom = [names[int(i)] for i in per.argmax(axis=1)]
-                # how pure each window is: the dominant tag's share of its rows (a window that mixes domains
-                # puts every domain's tokens into every scenario built from these tags)
-                share = [round(float(x), 4) for x in per.max(axis=1) / np.maximum(per.sum(axis=1), 1)]
-                loads = Loads(counts, model, window_tokens, labels,
-                              {**loads.provenance, "window_domains": dom, "window_domain_share": share},
-                              samples, s_win)
-            return loads
-        skew, cv = skew_and_cv(counts.sum(axis=0))
-        locality, n_pairs = token_locality(samples, s_rid, s_pos)
-        # here, not on a worker: shipping the counts (~32 MB for 200k K3 tokens) costs more than this
-        corr, js = window_drift(counts)
-        aff_results = ([f.result() for f in aff_futures] if aff_futures is not None
-                       else [affinity_pair(*a) for a in aff_args])
-    pairs, lift, cov, cov_ind = affinity_arrays(aff_jobs, aff_results)
-    domains = tuple(sorted(domain_ids, key=domain_ids.get))
-    domain_tokens = (np.stack(domain_rows, axis=1) / rows_per_token if domain_rows
-                     else np.zeros((num_windows, 0)))
-    disk = sum(f.stat().st_size for f in files)
-    return TraceStats(path=str(path), loads=loads, num_rows=total_rows, num_tokens=num_tokens,
-                      num_requests=len(requests), domains=domains, domain_tokens=domain_tokens,
-                      layer_skew=skew, layer_cv=cv, drift_corr=corr, drift_js=js, affinity_pairs=pairs,
-                      affinity_lift=lift, affinity_coverage=cov, affinity_coverage_shuffled=cov_ind,
-                      locality=locality, locality_pairs=n_pairs, bytes_on_disk=disk,
-                      seconds=time.perf_counter() - t0, extra={"workers": num_workers})
+            if spec.shared_counts is not None:
+                counts += spec.shared_counts.sum(axis=0)
+                spec = None  # release the shared memory
+            samples, s_rid, s_pos, s_win = sampler.result(num_layers, k)
+            # the affinity pairs (the costly statistic) on the workers while this process does the rest
+            aff_jobs = affinity_jobs(samples, seed)
+            aff_args = [(samples[:, li:li + 2], num_experts, train, test, perm, i < AFFINITY_COVERAGE_PAIRS)
+                        for i, (li, train, test, perm) in enumerate(aff_jobs)]
+            aff_futures = [pool.submit(affinity_pair, *a) for a in aff_args] if pool is not None else None
+            rows_per_layer = counts.sum(axis=(0, 2)) // k
+            num_tokens = int(rows_per_layer.max())
+            window_rows = np.minimum(rows_per_window, total_rows - np.arange(num_windows) * rows_per_window)
+            labels = tuple(f"tokens {w * window_tokens}-{w * window_tokens + int(r) // rows_per_token}"
+                           for w, r in enumerate(window_rows))
+            loads = Loads(counts, model, window_tokens, labels,
+                          {"kind": "trace", "path": str(path), "trace": provenance}, samples, s_win)
+            if loads_only:  # the statistics below cost more than the pass itself on small traces
+                if domain_rows:  # each window's dominant domain: the scenarios of the shift estimate
+                    names = sorted(domain_ids, key=domain_ids.get)
+                    per = np.stack(domain_rows, axis=1)  # [W, D] rows per window per domain
+                    dom = [names[int(i)] for i in per.argmax(axis=1)]
+                    # how pure each window is: the dominant tag's share of its rows (a window that mixes domains
+                    # puts every domain's tokens into every scenario built from these tags)
+                    share = [round(float(x), 4) for x in per.max(axis=1) / np.maximum(per.sum(axis=1), 1)]
+                    loads = Loads(counts, model, window_tokens, labels,
+                                  {**loads.provenance, "window_domains": dom, "window_domain_share": share},
+                                  samples, s_win)
+                return loads
+            skew, cv = skew_and_cv(counts.sum(axis=0))
+            locality, n_pairs = token_locality(samples, s_rid, s_pos)
+            # here, not on a worker: shipping the counts (~32 MB for 200k K3 tokens) costs more than this
+            corr, js = window_drift(counts)
+            aff_results = ([f.result() for f in aff_futures] if aff_futures is not None
+                           else [affinity_pair(*a) for a in aff_args])
+        pairs, lift, cov, cov_ind = affinity_arrays(aff_jobs, aff_results)
+        domains = tuple(sorted(domain_ids, key=domain_ids.get))
+        domain_tokens = (np.stack(domain_rows, axis=1) / rows_per_token if domain_rows
+                         else np.zeros((num_windows, 0)))
+        disk = sum(f.stat().st_size for f in files)
+        return TraceStats(path=str(path), loads=loads, num_rows=total_rows, num_tokens=num_tokens,
+                          num_requests=len(requests), domains=domains, domain_tokens=domain_tokens,
+                          layer_skew=skew, layer_cv=cv, drift_corr=corr, drift_js=js, affinity_pairs=pairs,
+                          affinity_lift=lift, affinity_coverage=cov, affinity_coverage_shuffled=cov_ind,
+                          locality=locality, locality_pairs=n_pairs, bytes_on_disk=disk,
+                          seconds=time.perf_counter() - t0,
+                          extra={"workers": num_workers, **({"ray_cpus": num_workers} if reducer is not None else {})})
 
 
 def trace_loads(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
-                sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0, workers: int | None = None) -> Loads:
+                sample_tokens: int = DEFAULT_SAMPLE_TOKENS, seed: int = 0, workers: int | None = None,
+                ray: str | None = None) -> Loads:
     """The Loads ``[windows, L, E]`` of a trace (with the token sample), by one streaming pass."""
-    return compute_stats(path, window_tokens, sample_tokens, seed, workers, loads_only=True)
+    return compute_stats(path, window_tokens, sample_tokens, seed, workers, loads_only=True, ray=ray)
 
 
 TRACE_STATS = register_kind(OutputKind("trace statistics JSON", False, tagged_artifact(

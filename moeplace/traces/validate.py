@@ -37,12 +37,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
-from moeplace.traces.format import READ_CHECKSUMS, trace_files
+from moeplace.traces.format import (
+    ID_PLANES,
+    READ_CHECKSUMS,
+    decode_expert_ids,
+    id_planes,
+    polars_expert_ids,
+    trace_files,
+)
 from moeplace.traces.gate.files import Trace, TraceFile, open_failure, open_files, open_trace
 from moeplace.traces.gate.order import RowOrder
 from moeplace.traces.gate.report import (
@@ -60,16 +69,38 @@ from moeplace.traces.gate.rows import (
     RowGroup,
     check_lists,
     check_row_group,
+    check_weights,
     corrupt_group,
     decode_failure,
     read_columns,
     repeated_expert_rows,
 )
+from moeplace.traces.scan import check_pass
 
 __all__ = [
-    "DEFAULT_MAX_PER_KIND", "MAX_POSITION", "MAX_REQUEST_ID", "Detect", "Problem", "ProblemFound", "Raise",
-    "RowGroup", "RowOrder", "Trace", "TraceFile", "ValidationReport", "check_lists", "check_row_group",
-    "check_trace", "corrupt_group", "open_failure", "open_trace", "read_columns", "repeated_expert_rows", "validate_report",
+    "DEFAULT_MAX_PER_KIND",
+    "MAX_POSITION",
+    "MAX_REQUEST_ID",
+    "Detect",
+    "Problem",
+    "ProblemFound",
+    "Raise",
+    "RowGroup",
+    "RowOrder",
+    "Trace",
+    "TraceFile",
+    "ValidationReport",
+    "check_lists",
+    "check_row_group",
+    "check_trace",
+    "check_weights",
+    "corrupt_group",
+    "open_failure",
+    "open_trace",
+    "read_columns",
+    "read_expert_ids",
+    "repeated_expert_rows",
+    "validate_report",
     "validate_trace",
 ]
 
@@ -102,9 +133,10 @@ def _check_rows(sink, trace: Trace, report: ValidationReport | None = None) -> N
 
 def check_trace(path: str | Path) -> Trace:
     """The gate, rows included: :func:`open_trace` plus every row group's checks; raises
-    :class:`InputError` with the first problem (the line ``place trace validate`` prints first)."""
+    :class:`InputError` with the first problem (the line ``place trace validate`` prints first). The rows
+    are checked on the stats pass's fast path, on every core (:func:`traces.scan.check_pass`)."""
     trace = open_trace(path)
-    _check_rows(Raise(), trace)
+    check_pass(trace)
     return trace
 
 
@@ -123,6 +155,14 @@ def validate_report(path: str | Path, *, max_per_kind: int = DEFAULT_MAX_PER_KIN
         return report
     report.model = trace.model
     report.num_rows = trace.num_rows
+    if report.ok:
+        # a valid trace (the common case) is proven on every core by the stats pass's checks; a problem
+        # found there sends the trace through the listing pass below, which finds every one
+        try:
+            report.num_tokens = check_pass(trace)
+            return report
+        except InputError:
+            pass
     _check_rows(sink, trace, report)
     return report
 
@@ -142,9 +182,57 @@ def read_trace_meta(path: str | Path) -> tuple[ModelSpec, dict[str, Any]]:
 
 def scan_trace(path: str | Path) -> pl.LazyFrame:
     """Lazy polars frame over all rows of a trace (file or directory) that passed the whole gate
-    (``check_trace``: every row is checked before any is handed out)."""
+    (``check_trace``: every row is checked before any is handed out), with the logical columns of the
+    format: ``expert_ids`` (``array[u16, k]``) decoded from the byte planes of version-2 files (each row's
+    ids ascending; version-1 files as they were written, in the router's order)."""
     trace = check_trace(path)
-    return pl.scan_parquet([str(f) for f in trace.file_paths])
+    k = trace.model.top_k
+
+    def logical(lf: pl.LazyFrame) -> pl.LazyFrame:
+        names = lf.collect_schema().names()
+        return lf.with_columns(polars_expert_ids(k)).select(
+            ["expert_ids" if c == ID_PLANES[0] else c for c in names if c != ID_PLANES[1]])
+
+    versions = {tf.version for tf in trace.files}
+    if len(versions) == 1:
+        lf = pl.scan_parquet([str(f) for f in trace.file_paths])
+        return logical(lf) if versions.pop() >= 2 else lf
+    # files of both versions (a directory that gathered an old and a new trace): one frame per file, in order
+    return pl.concat([logical(pl.scan_parquet(str(tf.path))) if tf.version >= 2 else pl.scan_parquet(str(tf.path))
+                      for tf in trace.files], how="diagonal_relaxed")
+
+
+def read_expert_ids(trace: Trace, rows: np.ndarray | None = None) -> np.ndarray:
+    """The expert ids uint16 ``[n, k]`` of a trace that passed the gate (:func:`check_trace`), each row's
+    ids ascending (the logical ``expert_ids`` column of either format version), in trace order — the
+    row order of ``pl.scan_parquet`` over ``trace.file_paths`` — or only the rows ``rows`` (ascending trace
+    row indices; memory then follows them, not the trace). Reads the id columns only."""
+    k = trace.model.top_k
+    parts: list[np.ndarray] = []
+    row0 = 0
+    for tf in trace.files:
+        pf = pq.ParquetFile(tf.path, memory_map=True, **READ_CHECKSUMS)
+        cols = tf.physical(["expert_ids"])
+        for rg, n in enumerate(tf.row_groups):
+            take = None
+            if rows is not None:
+                a, b = np.searchsorted(rows, [row0, row0 + n])
+                take = rows[a:b] - row0
+            row0 += n
+            if take is not None and not take.size:
+                continue
+            t = pf.read_row_group(rg, columns=cols, use_threads=False)
+            if tf.version >= 2:
+                lo, hi = id_planes(t.column(cols[0]), t.column(cols[1]), k)
+                if take is not None:
+                    lo, hi = lo[take], hi[take]
+                ids = decode_expert_ids(lo, hi).astype(np.uint16)
+            else:
+                c = t.column("expert_ids").combine_chunks()
+                ids = c.values.slice(c.offset * k, len(c) * k).to_numpy(zero_copy_only=False).reshape(-1, k)
+                ids = np.sort(ids if take is None else ids[take], axis=1).astype(np.uint16, copy=False)
+            parts.append(ids)
+    return np.concatenate(parts) if parts else np.zeros((0, k), np.uint16)
 
 
 def trace_num_rows(path: str | Path) -> int:

@@ -28,7 +28,12 @@ def register(sub) -> None:
                    help=f"tokens kept for co-activation objectives (default {DEFAULT_SAMPLE_TOKENS})")
     p.add_argument("--seed", type=flags.seed, default=0, help="seed of the token sample")
     p.add_argument("--workers", type=flags.positive_int, default=None,
-                   help="reader processes (default: one per core for large traces; results are identical)")
+                   help="reader processes (default: one per core for large traces; results are identical); "
+                        "with --ray local: the local Ray instance's CPUs")
+    p.add_argument("--ray", default=None, metavar="ADDRESS|local",
+                   help="reduce the row groups as tasks on a Ray cluster (ray.init(address=...); every node reads "
+                        "PATH at the same path, e.g. a shared file system) or, with 'local', on a local Ray "
+                        "instance; the Loads and statistics are the single-process ones")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--out", metavar="FILE", help="write Loads (.npz) or the statistics (.json)")
     add_force(p)
@@ -77,7 +82,7 @@ def run(args) -> int:
     outs = Outputs(inputs=[args.path], force=args.force)
     outs.add(out, LOADS_FILE if out is not None and out.suffix == ".npz" else TRACE_STATS)
     st = compute_stats(args.path, window_tokens=args.window_tokens, sample_tokens=args.sample_tokens,
-                       seed=args.seed, workers=args.workers)
+                       seed=args.seed, workers=args.workers, ray=args.ray)
     s = st.summary()
     if out is not None and out.suffix == ".npz":
         outs.write(out, lambda: st.loads.save(out))

@@ -37,6 +37,9 @@ def register(sub) -> None:
     add_force(p)
     add_progress(p)
     p.add_argument("--seed", type=flags.seed, default=d.seed)
+    p.add_argument("--workers", type=flags.positive_int, default=None,
+                   help="sampling processes, each drawing a range of the MoE layers (default: one per core); "
+                        "the trace is the same bytes whatever the number")
     g = p.add_argument_group("routing statistics (targets)")
     g.add_argument("--skew", type=flags.float_range(1.0), default=d.skew,
                    help=f"median over layers of the trace's per-layer max/mean expert load (default {d.skew}; "
@@ -99,7 +102,7 @@ def run(args) -> int:
     check_resources(cfg, model.num_moe_layers, model.top_k, args.out)  # before any work (also in synthesize)
     done = {}
     # the trace is the work: a failed write (disk full) has no results to print, only the reason
-    if not outs.write(args.out, lambda: done.update(s=synthesize(model, cfg, args.out))):
+    if not outs.write(args.out, lambda: done.update(s=synthesize(model, cfg, args.out, workers=args.workers))):
         outs.finish()
     s = done["s"]
     for note in s["solved"].get("unreached", []):  # a target the generator cannot reach, with what it reached

@@ -13,18 +13,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moeplace.foundation import reading
+from moeplace.foundation import formats, reading
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import display
 from moeplace.foundation.model import ModelSpec, spec_from_json
 from moeplace.traces.format import (
-    FORMAT_VERSION,
+    ID_PLANES,
     META_CHECKSUMS,
     META_FORMAT,
     META_MODEL,
     META_PROVENANCE,
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
+    id_columns,
+    physical_columns,
     trace_files,
 )
 from moeplace.traces.gate.report import Raise
@@ -35,16 +37,22 @@ _STRING_TYPES = (pa.string(), pa.large_string())
 @dataclass(frozen=True)
 class TraceFile:
     """One Parquet file of a trace: its row-group sizes and the contract columns it holds with the right
-    types (``columns``)."""
+    types (``columns``: logical names, ``expert_ids`` for the columns that hold the ids in its ``version``
+    of the format, traces.format)."""
 
     path: Path
     row_groups: tuple[int, ...]
     columns: frozenset[str]
     checksums: bool = True  # its pages carry CRC-32 checksums (the footer's moeplace.page_checksums says so)
+    version: int = 2  # its trace format version (1: expert_ids lists in the router's order; 2: byte planes)
 
     @property
     def num_rows(self) -> int:
         return sum(self.row_groups)
+
+    def physical(self, columns) -> list[str]:
+        """``columns`` (logical names) as this file's Parquet columns."""
+        return physical_columns(columns, self.version)
 
 
 @dataclass(frozen=True)
@@ -79,19 +87,22 @@ class Trace:
         return out
 
 
-def _expected_types(model: ModelSpec) -> dict[str, tuple[str, Any]]:
+def _expected_types(model: ModelSpec, version: int) -> dict[str, tuple[str, Any]]:
     k = model.top_k
 
     def fixed_list(value_type):
         return lambda t: pa.types.is_fixed_size_list(t) and t.list_size == k and t.value_type == value_type
 
+    ids = ({c: (f"fixed_size_binary[{k}]", lambda t: pa.types.is_fixed_size_binary(t) and t.byte_width == k)
+            for c in ID_PLANES} if version >= 2
+           else {"expert_ids": (f"fixed_size_list<uint16>[{k}]", fixed_list(pa.uint16()))})
     return {
         "request_id": ("int64", lambda t: t == pa.int64()),
         "position": ("int32", lambda t: t == pa.int32()),
         "phase": ("uint8", lambda t: t == pa.uint8()),
         "step": ("int64", lambda t: t == pa.int64()),
         "layer": ("uint16", lambda t: t == pa.uint16()),
-        "expert_ids": (f"fixed_size_list<uint16>[{k}]", fixed_list(pa.uint16())),
+        **ids,
         "gate_weights": (f"fixed_size_list<float32>[{k}]", fixed_list(pa.float32())),
         "token_id": ("int32", lambda t: t == pa.int32()),
         "domain": (
@@ -101,11 +112,11 @@ def _expected_types(model: ModelSpec) -> dict[str, tuple[str, Any]]:
     }
 
 
-def _schema_columns(sink, path: Path, schema: pa.Schema, model: ModelSpec) -> set[str]:
-    """Check names and types; return the columns that are usable for row checks."""
-    expected = _expected_types(model)
+def _schema_columns(sink, path: Path, schema: pa.Schema, model: ModelSpec, version: int) -> set[str]:
+    """Check names and types; return the (logical) columns that are usable for row checks."""
+    expected = _expected_types(model, version)
     usable = set()
-    for name in REQUIRED_COLUMNS:
+    for name in physical_columns(REQUIRED_COLUMNS, version):
         if schema.get_field_index(name) < 0:
             sink.add("missing_column", path, None, name, f"required column missing (expected {expected[name][0]})")
     for name, (text, ok) in expected.items():
@@ -118,27 +129,37 @@ def _schema_columns(sink, path: Path, schema: pa.Schema, model: ModelSpec) -> se
         elif name in ("expert_ids", "gate_weights") and pa.types.is_fixed_size_list(t) and t.list_size != model.top_k:
             sink.add("wrong_k", path, None, name,
                      f"lists of {t.list_size} per row, expected k = {model.top_k} (top_k of model '{model.name}')")
+        elif name in ID_PLANES and pa.types.is_fixed_size_binary(t):
+            sink.add("wrong_k", path, None, name,
+                     f"{t.byte_width} bytes per row, expected k = {model.top_k} (top_k of model '{model.name}')")
         else:
             sink.add("column_type", path, None, name, f"type {t}, expected {text}")
+    ids = id_columns(version)
+    if ids != ("expert_ids",):
+        usable.discard("expert_ids")  # a version-1 column in a version-2 file is not the ids
+        if all(c in usable for c in ids):
+            usable.add("expert_ids")
+        usable.difference_update(ids)
     return usable
 
 
-def _file_model(sink, path: Path, meta: dict) -> tuple[ModelSpec, dict] | None:
-    """Model and provenance from one file's key-value metadata (after checking the format version)."""
+def _file_model(sink, path: Path, meta: dict) -> tuple[ModelSpec, dict, int] | None:
+    """Model, provenance and trace format version from one file's key-value metadata (the version checked
+    by foundation.formats' rules: one this release reads)."""
     version = meta.get(META_FORMAT)
     if META_MODEL not in meta:
         sink.add("metadata", path, None, None,
                  "metadata 'moeplace.model' missing: not a moeplace trace (import it with `place trace import`)")
         return None
     if version is None:
+        versions = ", ".join(map(str, formats.FORMATS["trace"].versions))
         sink.add("metadata", path, None, None,
-                 f"metadata 'moeplace.format' missing (expected trace format version {FORMAT_VERSION})")
+                 f"metadata 'moeplace.format' missing (expected trace format version {versions})")
         return None
-    if version != FORMAT_VERSION.encode():
-        shown = version.decode(errors="replace")[:40]
-        sink.add("metadata", path, None, None,
-                 f"metadata 'moeplace.format' is version {shown!r}; this moeplace reads trace format version "
-                 f"{FORMAT_VERSION!r} only")
+    try:
+        v = formats.check_version("trace", version.decode(errors="replace"), "", "moeplace.format")
+    except InputError as exc:
+        sink.add("metadata", path, None, None, str(exc))
         return None
     try:
         model = spec_from_json(meta[META_MODEL].decode())
@@ -154,7 +175,7 @@ def _file_model(sink, path: Path, meta: dict) -> tuple[ModelSpec, dict] | None:
         sink.add("metadata", path, None, None,
                  f"metadata 'moeplace.provenance' is a JSON {type(prov).__name__}, expected an object")
         return None
-    return model, prov
+    return model, prov, v
 
 
 def open_files(sink, path: str | Path) -> Trace | None:
@@ -177,7 +198,7 @@ def open_files(sink, path: str | Path) -> Trace | None:
         if got is None:
             unreadable = True
             continue
-        model, prov = got
+        model, prov, version = got
         if ref is None:
             ref = (model, prov, f)
         elif model != ref[0]:
@@ -187,9 +208,9 @@ def open_files(sink, path: str | Path) -> Trace | None:
                      "one trace directory holds one model")
             unreadable = True
             continue
-        usable = _schema_columns(sink, f, schema, ref[0])
+        usable = _schema_columns(sink, f, schema, ref[0], version)
         tf = TraceFile(f, tuple(md.row_group(i).num_rows for i in range(md.num_row_groups)), frozenset(usable),
-                       META_CHECKSUMS in (schema.metadata or {}))
+                       META_CHECKSUMS in (schema.metadata or {}), version)
         optional = [c for c in OPTIONAL_COLUMNS if c in schema.names]
         if first_optional is None:
             first_optional = (optional, f)

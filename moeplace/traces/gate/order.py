@@ -21,15 +21,16 @@ class RowOrder:
     :meth:`finish` checks what needs the whole trace: one step per token, one row per held MoE layer, and
     rows in every MoE layer the model declares."""
 
-    def __init__(self, sink) -> None:
+    def __init__(self, sink, spill_bytes: int | None = None) -> None:
         self.sink = sink
         self.prev: Edge | None = None
         self.prev_where = ""
         self.open_step: int | None = None
         # tokens of the open step seen in earlier row groups: request ids, positions, first row, file
         self.open_tokens: list[tuple[np.ndarray, np.ndarray, np.ndarray, str]] = []
-        # every token run so far: packed (request_id, position), step, trace row, file, rows; for :meth:`finish`
-        self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray, str, np.ndarray]] = []
+        # every token run so far (packed (request_id, position), step, trace row, file, rows), for
+        # :meth:`finish`: in memory, past ``spill_bytes`` in sorted temporary files
+        self.store = _RunStore(spill_bytes)
         # rows per MoE layer of the model so far: the layers the trace holds are those with rows
         self.layer_rows: np.ndarray | None = None
         self.moe_layers: tuple[int, ...] = ()
@@ -56,7 +57,7 @@ class RowOrder:
             self.open_step = edge.last[0]
             self.open_tokens = [tail]
         if edge.run_keys.size:
-            self.runs.append((edge.run_keys, edge.run_steps, edge.run_rows + edge.row0, edge.path, edge.run_lens))
+            self.store.add(edge.run_keys, edge.run_steps, edge.run_rows + edge.row0, edge.path, edge.run_lens)
         if edge.layer_rows is not None:
             self.layer_rows = edge.layer_rows.copy() if self.layer_rows is None else self.layer_rows + edge.layer_rows
             self.moe_layers = edge.moe_layers
@@ -68,27 +69,27 @@ class RowOrder:
         names one token wherever it appears (the replay in ``place evaluate`` and the simulator rely on it),
         reported at the later step's first row; then every token has a row in each MoE layer the trace
         holds (those rows are consecutive and ascending, so counting them suffices), reported at the
-        token's first row in trace order."""
-        if not self.runs:
-            return
-        keys = np.concatenate([r[0] for r in self.runs])
-        steps = np.concatenate([r[1] for r in self.runs])
-        rows = np.concatenate([r[2] for r in self.runs])
-        lens = np.concatenate([r[4] for r in self.runs])
-        src = np.concatenate([np.full(len(r[0]), j) for j, r in enumerate(self.runs)])
-        order = np.lexsort((np.arange(len(keys)), steps, keys))
-        k, st = keys[order], steps[order]
-        twice = (k[1:] == k[:-1]) & (st[1:] != st[:-1])
-        hits = np.flatnonzero(twice)
-        # the first run of each (token, step): a token cut by a row-group boundary is two runs
-        new = np.ones(len(k), bool)
-        new[1:] = (k[1:] != k[:-1]) | (st[1:] != st[:-1])
-        run_start = np.maximum.accumulate(np.where(new, np.arange(len(k)), 0))
-        self._twice(hits, order, run_start, keys, steps, rows, src)
-        self._incomplete(order, new, k, lens, keys, steps, rows, src)
-        first_file = self.runs[0][3]
-        self.runs = []
-        self._missing_layers(first_file)
+        token's first row in trace order. Token runs spilled to disk (:class:`_RunStore`) are merged by
+        ranges of tokens: the same problems, in the same order, in bounded memory."""
+        try:
+            if self.store.num_runs:
+                held = int((self.layer_rows > 0).sum()) if self.layer_rows is not None else 0
+                incomplete: list[tuple] = []
+                total_short = 0
+                for arrays in self.store.ranges():
+                    self._twice(arrays)
+                    found, n = self._incomplete(arrays, held)
+                    incomplete = sorted(incomplete + found)[:MAX_DEFERRED]
+                    total_short += n
+                if self.layer_rows is not None:
+                    self._report_incomplete(incomplete, total_short, held)
+                first_file = self.store.paths[0]
+            else:
+                first_file = None
+        finally:
+            self.store.close()
+        if first_file is not None:
+            self._missing_layers(first_file)
 
     def _missing_layers(self, path: str) -> None:
         """Every MoE layer the model declares has rows: a trace missing one would be read as a model without
@@ -105,48 +106,69 @@ class RowOrder:
                           f"{format_ranges(list(self.moe_layers))}); a trace holds every MoE layer of its model or "
                           "declares the ones it holds (a capture that missed a layer is incomplete)")
 
-    def _twice(self, hits, order, run_start, keys, steps, rows, src) -> None:
-        """One problem per (token, later step) of a token seen in two steps."""
+    def _twice(self, a: dict[str, np.ndarray]) -> None:
+        """One problem per (token, later step) of a token seen in two steps (``a``: runs sorted by token,
+        step and trace order), in token order."""
+        k, st = a["keys"], a["steps"]
+        if len(k) < 2:
+            return
+        new = np.ones(len(k), bool)
+        new[1:] = (k[1:] != k[:-1]) | (st[1:] != st[:-1])
+        run_start = np.maximum.accumulate(np.where(new, np.arange(len(k)), 0))
+        hits = np.flatnonzero((k[1:] == k[:-1]) & (st[1:] != st[:-1]))
+        paths = self.store.paths
         seen: set[tuple[int, int]] = set()
         for h in hits.tolist():
-            a, b = int(order[run_start[h]]), int(order[h + 1])
-            if (int(keys[b]), int(steps[b])) in seen:
+            i, j = int(run_start[h]), h + 1  # the earlier step's first run, the later step's
+            key, step = int(k[j]), int(st[j])
+            if (key, step) in seen:
                 continue
-            seen.add((int(keys[b]), int(steps[b])))
-            rid, pos = int(keys[b]) >> 24, int(keys[b]) & ((1 << 24) - 1)
-            first = f"row {int(rows[a])}" + ("" if self.runs[src[a]][3] == self.runs[src[b]][3] else f" of {Path(self.runs[src[a]][3]).name}")
-            self.sink.add("token_twice", self.runs[src[b]][3], int(rows[b]), "position",
-                          f"token (request {rid}, position {pos}) in step {int(steps[b])} was already in step "
-                          f"{int(steps[a])} ({first}): a (request_id, position) is one token, processed in "
+            seen.add((key, step))
+            rid, pos = key >> 24, key & ((1 << 24) - 1)
+            pa_, pb = paths[int(a["src"][i])], paths[int(a["src"][j])]
+            first = f"row {int(a['rows'][i])}" + ("" if pa_ == pb else f" of {Path(pa_).name}")
+            self.sink.add("token_twice", pb, int(a["rows"][j]), "position",
+                          f"token (request {rid}, position {pos}) in step {step} was already in step "
+                          f"{int(st[i])} ({first}): a (request_id, position) is one token, processed in "
                           "one step")
 
-    def _incomplete(self, order, new, k, lens, keys, steps, rows, src) -> None:
-        """Tokens with fewer rows than the MoE layers the trace holds (runs of one (token, step) summed:
-        a token cut by a row-group boundary is whole again). A token also seen in another step is reported
-        as that, not again as this."""
-        if self.layer_rows is None:
-            return
-        held = np.flatnonzero(self.layer_rows > 0)
-        m = int(held.size)
+    def _incomplete(self, a: dict[str, np.ndarray], held: int) -> tuple[list[tuple], int]:
+        """Tokens of ``a`` (runs sorted by token, step, trace order) with fewer rows than the ``held`` MoE
+        layers (runs of one (token, step) summed: a token cut by a row-group boundary is whole again); a
+        token also seen in another step is reported as that, not again as this. Returns the first
+        ``MAX_DEFERRED`` in trace order as ``(run index, key, step, row, src, rows)`` and how many there are."""
+        k, st = a["keys"], a["steps"]
+        if not len(k) or self.layer_rows is None:
+            return [], 0
+        new = np.ones(len(k), bool)
+        new[1:] = (k[1:] != k[:-1]) | (st[1:] != st[:-1])
         first = np.flatnonzero(new)
-        total = np.add.reduceat(lens[order], first) if first.size else first
-        short = total < m
+        total = np.add.reduceat(a["lens"].astype(np.int64), first)
+        short = total < held
         if not short.any():
-            return
+            return [], 0
         key_new = np.ones(len(k), bool)
         key_new[1:] = k[1:] != k[:-1]
         key_of = (np.cumsum(key_new) - 1)[first]
         short &= np.bincount(key_of)[key_of] == 1
-        at = np.sort(order[first[short]])  # trace order: the runs are numbered in it
-        n_at = np.zeros(len(keys), np.int64)
-        n_at[order[first]] = total
-        layers = format_ranges([self.moe_layers[i] for i in held])
-        for i in at[:MAX_DEFERRED].tolist():
-            rid, pos = int(keys[i]) >> 24, int(keys[i]) & ((1 << 24) - 1)
-            self.sink.add("incomplete_token", self.runs[src[i]][3], int(rows[i]), "layer",
-                          f"token (request {rid}, position {pos}, step {int(steps[i])}) has rows in {int(n_at[i])} "
-                          f"of the {m} MoE layers the trace holds ({layers}); a token needs one row in each")
-        self.sink.more("incomplete_token", at.size - min(at.size, MAX_DEFERRED))
+        at = first[short]
+        at = at[np.argsort(a["idx"][at], kind="stable")][:MAX_DEFERRED]
+        tot = total[short][np.argsort(a["idx"][first[short]], kind="stable")][:MAX_DEFERRED]
+        found = [(int(a["idx"][i]), int(k[i]), int(st[i]), int(a["rows"][i]), int(a["src"][i]), int(t))
+                 for i, t in zip(at.tolist(), tot.tolist())]
+        return found, int(short.sum())
+
+    def _report_incomplete(self, found: list[tuple], total: int, held: int) -> None:
+        if not total:
+            return
+        held_layers = np.flatnonzero(self.layer_rows > 0)
+        layers = format_ranges([self.moe_layers[i] for i in held_layers])
+        for _idx, key, step, row, src, n in found:
+            rid, pos = key >> 24, key & ((1 << 24) - 1)
+            self.sink.add("incomplete_token", self.store.paths[src], row, "layer",
+                          f"token (request {rid}, position {pos}, step {step}) has rows in {n} "
+                          f"of the {held} MoE layers the trace holds ({layers}); a token needs one row in each")
+        self.sink.more("incomplete_token", total - len(found))
 
     def _steps(self, edge: Edge, where_before: str) -> None:
         """Step order: the boundary row, then the group's own decreases, in row order."""
@@ -193,3 +215,97 @@ class RowOrder:
             probs.append((int(hs[i]), "row_order", "position",
                           resume_message(int(hr[i]), int(hp[i]), edge.first[0], first)))
         return probs
+
+
+SPILL_BYTES = 64 << 20  # token runs held in memory (40 B each) before they go to a sorted temporary file
+RANGE_RUNS = 1 << 21  # runs per merged range of tokens at finish (their arrays: ~80 MB)
+
+
+class _RunStore:
+    """Every token run of a trace (packed (request_id, position), step, trace row, rows, file, run index)
+    for :meth:`RowOrder.finish`: in memory while they take less than ``spill_bytes``, then sorted by
+    (token, step, run index) into temporary ``.npy`` files (a trace larger than memory is checked in
+    bounded memory: 40 bytes a token on disk instead). :meth:`ranges` gives them back sorted, one range of
+    tokens at a time, each token whole in one range."""
+
+    FIELDS = ("keys", "steps", "rows", "lens", "src", "idx")
+
+    def __init__(self, spill_bytes: int | None = None) -> None:
+        self.spill_bytes = SPILL_BYTES if spill_bytes is None else spill_bytes
+        self.paths: list[str] = []
+        self._path_index: dict[str, int] = {}
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.held = 0
+        self.num_runs = 0
+        self.chunks: list[dict[str, np.ndarray]] = []
+        self.dir: str | None = None
+        self._cleanup = None
+
+    def add(self, keys, steps, rows, path: str, lens) -> None:
+        src = self._path_index.setdefault(path, len(self.paths))
+        if src == len(self.paths):
+            self.paths.append(path)
+        n = len(keys)
+        self.parts.append((keys.astype(np.int64, copy=False), steps.astype(np.int64, copy=False),
+                           rows.astype(np.int64, copy=False), lens.astype(np.uint32), np.full(n, src, np.uint32),
+                           np.arange(self.num_runs, self.num_runs + n, dtype=np.int64)))
+        self.num_runs += n
+        self.held += n
+        if self.held * 40 > self.spill_bytes:
+            self._spill()
+
+    def _sorted_parts(self) -> dict[str, np.ndarray]:
+        cols = {f: np.concatenate([p[i] for p in self.parts]) for i, f in enumerate(self.FIELDS)}
+        order = np.lexsort((cols["idx"], cols["steps"], cols["keys"]))
+        return {f: c[order] for f, c in cols.items()}
+
+    def _spill(self) -> None:
+        import shutil  # function-local: only a trace past spill_bytes writes temporary files
+        import tempfile  # function-local: as above
+        import weakref  # function-local: as above
+
+        if self.dir is None:
+            self.dir = tempfile.mkdtemp(prefix="moeplace-gate-runs-")
+            self._cleanup = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        arrays = self._sorted_parts()
+        i = len(self.chunks)
+        chunk = {}
+        for f, a in arrays.items():
+            path = f"{self.dir}/{i}-{f}.npy"
+            np.save(path, a)
+            chunk[f] = np.load(path, mmap_mode="r")
+        self.chunks.append(chunk)
+        self.parts, self.held = [], 0
+
+    def ranges(self):
+        """The runs sorted by (token, step, run index), in ranges of tokens (dicts of arrays)."""
+        if not self.chunks:
+            if self.parts:
+                yield self._sorted_parts()
+            return
+        if self.parts:
+            self._spill()
+        # range boundaries from every chunk's keys at regular steps: ~RANGE_RUNS runs per range
+        step = max(1, RANGE_RUNS // (2 * len(self.chunks)))
+        marks = np.unique(np.concatenate([np.asarray(c["keys"][::step]) for c in self.chunks]))
+        bounds = [*marks[len(self.chunks)::len(self.chunks)].tolist(), None]
+        lo = None
+        for hi in bounds:
+            parts = []
+            for c in self.chunks:
+                k = c["keys"]
+                a = 0 if lo is None else int(np.searchsorted(k, lo))
+                b = len(k) if hi is None else int(np.searchsorted(k, hi))
+                if b > a:
+                    parts.append({f: np.asarray(c[f][a:b]) for f in self.FIELDS})
+            lo = hi
+            if not parts:
+                continue
+            cols = {f: np.concatenate([p[f] for p in parts]) for f in self.FIELDS}
+            order = np.lexsort((cols["idx"], cols["steps"], cols["keys"]))
+            yield {f: c[order] for f, c in cols.items()}
+
+    def close(self) -> None:
+        self.parts, self.chunks = [], []
+        if self._cleanup is not None:
+            self._cleanup()

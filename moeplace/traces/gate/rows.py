@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moeplace.foundation.model import ModelSpec, format_ranges
-from moeplace.traces.gate.files import Trace
+from moeplace.traces.format import ID_PLANES, decode_expert_ids, id_planes
+from moeplace.traces.gate.files import Trace, TraceFile
 from moeplace.traces.gate.report import Problem
 
 # a token is packed as request_id << 24 | position by the readers that replay tokens: 2^24 positions is
@@ -59,13 +60,20 @@ def read_columns(trace: Trace, fi: int, rg: int, pf: pq.ParquetFile, extra=()) -
     """Columns a reader decodes for row group ``rg`` of file ``fi``: what the row checks need (``token_id``
     only when the footer statistics say it may hold nulls: it has no other check and no reader of rows
     needs it) plus ``extra``."""
-    cols = trace.files[fi].columns
+    tf = trace.files[fi]
+    cols = tf.columns
     need = [c for c in ("request_id", "position", "phase", "step", "layer", "expert_ids", "gate_weights",
                         "domain") if c in cols]
     for c in ("token_id",):
         if c in cols and (c in extra or _may_hold_nulls(pf.metadata, rg, c)):
             need.append(c)
-    return need
+    return tf.physical(need)
+
+
+def present_columns(tf: TraceFile, table: pa.Table | pa.RecordBatch) -> set[str]:
+    """The logical columns of ``tf`` that ``table`` (decoded from it) holds."""
+    names = set(table.column_names)
+    return {c for c in tf.columns if all(p in names for p in tf.physical([c]))}
 
 
 def _plain(table: pa.Table, name: str, dtype) -> np.ndarray:
@@ -264,13 +272,13 @@ def check_row_group(sink, trace: Trace, fi: int, rg: int, table: pa.Table, lists
     tf = trace.files[fi]
     at = _At(sink, tf.path, sum(tf.row_groups[:rg]))  # rows are numbered within their file
     n = table.num_rows
-    present = tf.columns & set(table.column_names)
+    present = present_columns(tf, table)
     for name in ("request_id", "position", "phase", "step", "layer", "token_id", "domain"):
         if name in present and table.column(name).null_count:
             nulls = np.asarray(table.column(name).is_null().to_numpy(zero_copy_only=False))
             at.rows("null", nulls, name, lambda i: "null value (the column must be complete)")
     layer, li = _check_layers(at, table, model, "layer" in present)
-    ids = _check_lists(at, table, model, present) if lists else None
+    ids = _check_lists(at, table, model, present, tf.version) if lists else None
     if "phase" in present and n:
         phase = _plain(table, "phase", np.uint8)
         if int(phase.max()) > 1:
@@ -298,11 +306,21 @@ def check_lists(sink, trace: Trace, fi: int, rg: int, batch: pa.RecordBatch | pa
     tf = trace.files[fi]
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     at = _At(sink, tf.path, sum(tf.row_groups[:rg]) + row)
-    return _check_lists(at, table, trace.model, tf.columns & set(table.column_names))
+    return _check_lists(at, table, trace.model, present_columns(tf, table), tf.version)
 
 
-def _check_lists(at: _At, table: pa.Table, model: ModelSpec, present) -> np.ndarray:
-    ids = _check_experts(at, table, model, "expert_ids" in present)
+def check_weights(sink, trace: Trace, fi: int, rg: int, table: pa.Table) -> None:
+    """The gate weights' checks on row group ``rg`` of file ``fi`` (when it has them), into ``sink``."""
+    tf = trace.files[fi]
+    if "gate_weights" in tf.columns:
+        _check_weights(_At(sink, tf.path, sum(tf.row_groups[:rg])), table, trace.model.top_k)
+
+
+def _check_lists(at: _At, table: pa.Table, model: ModelSpec, present, version: int = 2) -> np.ndarray:
+    if version >= 2:
+        ids = _check_planes(at, table, model, "expert_ids" in present)
+    else:
+        ids = _check_experts(at, table, model, "expert_ids" in present)
     if "gate_weights" in present:
         _check_weights(at, table, model.top_k)
     return ids
@@ -343,6 +361,44 @@ def _check_experts(at: _At, table: pa.Table, model: ModelSpec, present: bool) ->
             return f"expert {int(s[1:][s[1:] == s[:-1]][0])} repeated in one token's top-{k} {ids[i].tolist()}"
         at.rows("duplicate_expert", dup, "expert_ids", dup_msg)
     return ids
+
+
+def _check_planes(at: _At, table: pa.Table, model: ModelSpec, present: bool) -> np.ndarray:
+    """Expert ids ``[n, k]`` uint16 (ascending) from the byte planes of format version 2: no nulls, in
+    range (the row's last id, its largest, below num_experts), no expert twice (a zero delta after the
+    first). Reported as ``expert_ids``, the logical column, with the row's decoded ids."""
+    k, num_experts = model.top_k, model.num_experts
+    n = table.num_rows
+    if not present:
+        return np.tile(np.arange(k, dtype=np.uint16), (n, 1))
+    cols = [table.column(c) for c in ID_PLANES]
+    cols = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in cols]
+    nulls = None
+    if cols[0].null_count or cols[1].null_count:
+        nulls = np.asarray(cols[0].is_null().to_numpy(zero_copy_only=False)) | np.asarray(
+            cols[1].is_null().to_numpy(zero_copy_only=False))
+    lo, hi = id_planes(cols[0], cols[1], k)
+    if nulls is not None:
+        lo, hi = lo.copy(), hi.copy()
+        # null rows (reported as such) get distinct in-range ids: no follow-on problems
+        lo[nulls], hi[nulls] = np.minimum(1, np.arange(k)), 0
+        at.rows("null", nulls, "expert_ids", lambda i: "null value (every row needs its top-k expert ids)")
+    ids = decode_expert_ids(lo, hi)
+    if n and int(ids[:, -1].max()) >= num_experts:
+        too_big = ids >= num_experts
+        at.rows("expert_range", too_big.any(axis=1), "expert_ids", lambda i: (
+            f"expert id {int(ids[i][too_big[i]][0])} >= num_experts {num_experts} of model '{model.name}'"))
+    if k > 1 and n:
+        zero = lo[:, 1:] == 0
+        if zero.any():
+            zero &= hi[:, 1:] == 0
+            dup = zero.any(axis=1)
+            if dup.any():
+                def dup_msg(i: int) -> str:
+                    s = ids[i]
+                    return f"expert {int(s[1:][s[1:] == s[:-1]][0])} repeated in one token's top-{k} {s.tolist()}"
+                at.rows("duplicate_expert", dup, "expert_ids", dup_msg)
+    return np.minimum(ids, 65535).astype(np.uint16)
 
 
 def _check_weights(at: _At, table: pa.Table, k: int) -> None:

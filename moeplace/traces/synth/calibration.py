@@ -31,9 +31,10 @@ def build_design(model: ModelSpec, cfg: SynthConfig) -> SynthDesign:
     experts (more so when themes concentrate a token's draws on a group): a pilot batch measures the
     realized median skew, and the design is solved again aiming higher by the measured ratio (up to
     ``SKEW_ROUNDS`` designs, until the pilot is within ``SKEW_TOL`` of the target)."""
-    scale, cv_scale, last, best = 1.0, 1.0, None, None
+    scale, cv_scale, last, best, goals = 1.0, 1.0, None, None, None
     for _ in range(SKEW_ROUNDS):
-        design = _build_design(model, cfg, scale, cv_scale)
+        design = _build_design(model, cfg, scale, cv_scale, goals)
+        goals = tuple(design.report["goals"])  # the next design's corrections start from these
         pilot, pilot_cv = _pilot_skew_cv(design)
         miss = abs(pilot / cfg.skew - 1.0) + (0.0 if cfg.cv is None else abs(pilot_cv / cfg.cv - 1.0) / 2)
         if best is None or miss < best[0]:
@@ -101,7 +102,8 @@ def _pilot_skew_cv(design: SynthDesign, tokens: int = 4096) -> tuple[float, floa
     return float(np.median(counts[np.arange(L), design.design_top] / mean)), float(np.median(cv))
 
 
-def _build_design(model: ModelSpec, cfg: SynthConfig, skew_scale: float, cv_scale: float) -> SynthDesign:
+def _build_design(model: ModelSpec, cfg: SynthConfig, skew_scale: float, cv_scale: float,
+                  goals: tuple[float, float] | None = None) -> SynthDesign:
     rng = np.random.default_rng([cfg.seed, 0x5EED])
     num_layers, num_experts, num_domains = model.num_moe_layers, model.num_experts, cfg.num_domains
     T = num_themes(model, cfg)
@@ -112,7 +114,7 @@ def _build_design(model: ModelSpec, cfg: SynthConfig, skew_scale: float, cv_scal
     # circle position i of layer l holds expert order[l, i]: a random order, so successors are random
     order = np.argsort(rng.random((num_layers, num_experts)), axis=1)
     pi_c, grid_shift, report, total = design_popularity(model, cfg, rng, average_mix(anchors), skew_scale,
-                                                        cv_scale)
+                                                        cv_scale, goals)
     # the designed hottest expert of each layer (the skew pilot measures what sampling leaves of it)
     design_top = order[np.arange(num_layers), total.argmax(axis=1)]
     # blocks 0..D-1: each domain's base layout; block D: the shared uniform grid (affinity source)

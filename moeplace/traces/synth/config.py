@@ -9,7 +9,7 @@ from moeplace.foundation.errors import InputError
 DOMAIN_NAMES = ("chat", "code", "math", "writing", "multilingual", "agentic", "science", "legal")
 U_BITS = 16
 U_SIZE = 1 << U_BITS
-SYNTH_VERSION = 2
+SYNTH_VERSION = 3  # 3: every chunk and MoE layer draws from its own stream (any number of workers, one trace)
 DEFAULT_DRIFT_PHASES = 4  # phases of the domain mix when none are given (at most one per token)
 
 

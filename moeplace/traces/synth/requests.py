@@ -15,6 +15,16 @@ from moeplace.traces.synth.config import SynthConfig
 from moeplace.traces.synth.popularity import mix_at
 from moeplace.traces.synth.sampler import ExpertSampler, SynthDesign, zipf_ranks
 
+# A config without max_position_embeddings (max_context 0: unknown) is drawn against a 1 M-token context,
+# the length the simulator assumes for it too; a context shorter than 2 tokens leaves no room for a prompt
+# token and an output token, so it is taken as 2.
+UNKNOWN_CONTEXT = 1 << 20
+
+
+def context_tokens(model: ModelSpec) -> int:
+    """The context lengths are drawn under: the model's, or :data:`UNKNOWN_CONTEXT` when it states none."""
+    return max(model.max_context or UNKNOWN_CONTEXT, 2)
+
 
 @dataclass
 class _Request:
@@ -34,7 +44,7 @@ def _request_stream(cfg: SynthConfig, model: ModelSpec, anchors: np.ndarray, rng
     """Requests in arrival order until the token budget (represented tokens) is spent exactly."""
     budget = cfg.num_tokens
     used, t, rid = 0, 0.0, 0
-    max_ctx = model.max_context
+    max_ctx = context_tokens(model)  # prompt in [1, max_ctx - 1], output >= 1: every request adds a token
     while used < budget:
         t += rng.exponential(1.0 / cfg.arrival_rate)
         if rng.random() < cfg.long_fraction:  # Pareto tail of long-context prompts
@@ -126,15 +136,26 @@ def _concat_batches(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarra
     return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
 
 
-def synth_chunks(design: SynthDesign) -> Iterator[dict[str, np.ndarray]]:
-    """Token batches of the synthetic trace in step order: the engine-loop arrays plus ``token_id``
-    int32 [n] and ``experts`` uint16 ``[n, L, k]`` (and ``gate_weights`` float32 ``[n, L, k]`` when
-    configured)."""
+def chunk_streams(seed: int, chunk: int, layers: range) -> tuple[list[np.random.Generator], np.random.Generator]:
+    """The random streams of one chunk of tokens: one per MoE layer in ``layers`` (every draw of that
+    layer: sources, points, re-drawn duplicates) and one for the tokens' themes. Keyed by (seed, chunk,
+    layer), so whichever process draws a layer, the trace is the same (generator version 3)."""
+    def stream(*key: int) -> np.random.Generator:
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0xE4, chunk, *key])))
+
+    return [stream(li) for li in layers], stream(1 << 16)
+
+
+def chunk_tokens(design: SynthDesign) -> Iterator[dict[str, np.ndarray]]:
+    """The token batches of the synthetic trace in step order, without their experts: the engine-loop
+    arrays plus ``prev`` (the copy source of :meth:`ExpertSampler.sample`), ``rank`` (Zipf rank),
+    ``token_id`` int32 [n] (and ``gate_weights`` float32 ``[n, L, k]`` when configured). A chunk holds
+    at least ``chunk_tokens`` tokens and less than one more engine iteration."""
     cfg, model = design.config, design.model
     rng = np.random.default_rng([cfg.seed, 0x7A11])
-    sampler = ExpertSampler(design, np.random.default_rng([cfg.seed, 0xE4]), cfg.max_running, design.copy_prob)
     buf: list[dict[str, np.ndarray]] = []
     buffered = 0
+    shape = (model.num_moe_layers, model.top_k)
 
     def flush() -> dict[str, np.ndarray]:
         b = _concat_batches(buf)
@@ -145,12 +166,12 @@ def synth_chunks(design: SynthDesign) -> Iterator[dict[str, np.ndarray]]:
         same[1:] = b["request_id"][order[1:]] == b["request_id"][order[:-1]]
         prev = np.where(b["seq"] > 0, b["slot"], -1)
         prev[order[1:][same[1:]]] = cfg.max_running + order[:-1][same[1:]]
-        ranks = zipf_ranks(design.tok_cdf, rng, n)
-        b["experts"] = sampler.sample(b["domain"], ranks, prev, b["slot"])
-        b["token_id"] = design.rank2token[ranks]
+        b["prev"] = prev
+        b["rank"] = zipf_ranks(design.tok_cdf, rng, n)
+        b["token_id"] = design.rank2token[b["rank"]]
         if cfg.gate_weights:
             # sigmoid router, renormalized top-k: weights in the router's (descending) order
-            g = -np.sort(-rng.exponential(1.0, b["experts"].shape).astype(np.float32), axis=-1)
+            g = -np.sort(-rng.exponential(1.0, (n, *shape)).astype(np.float32), axis=-1)
             b["gate_weights"] = g / g.sum(axis=-1, keepdims=True)
         return b
 
@@ -162,3 +183,20 @@ def synth_chunks(design: SynthDesign) -> Iterator[dict[str, np.ndarray]]:
             buf, buffered = [], 0
     if buf:
         yield flush()
+
+
+def sample_chunk(sampler: ExpertSampler, seed: int, chunk: int, b: dict[str, np.ndarray],
+                 prev_layer: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """The experts of chunk ``chunk`` (tokens ``b`` of :func:`chunk_tokens`) at ``sampler``'s layers."""
+    rngs, theme_rng = chunk_streams(seed, chunk, sampler.layers)
+    return sampler.sample(b["domain"], b["rank"], b["prev"], b["slot"], rngs, theme_rng, prev_layer, out)
+
+
+def synth_chunks(design: SynthDesign) -> Iterator[dict[str, np.ndarray]]:
+    """Token batches of the synthetic trace in step order (:func:`chunk_tokens`) with ``experts`` uint16
+    ``[n, L, k]``, sampled in this process (``traces.synth.pipeline`` draws the same on several)."""
+    cfg = design.config
+    sampler = ExpertSampler(design, None, cfg.max_running, design.copy_prob)
+    for c, b in enumerate(chunk_tokens(design)):
+        b["experts"] = sample_chunk(sampler, cfg.seed, c, b)
+        yield b

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import multiprocessing as mp
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -14,13 +15,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import clean_stale_temps, raise_on_sigterm
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import bar
 from moeplace.traces.format import TraceWriter
 from moeplace.traces.synth.calibration import build_design
 from moeplace.traces.synth.config import SYNTH_VERSION, SynthConfig, check_resources
-from moeplace.traces.synth.requests import synth_chunks
+from moeplace.traces.synth.pipeline import RING_SLOTS, LayerPipeline
+from moeplace.traces.synth.requests import chunk_tokens, synth_chunks
 
 
 class _TraceSink:
@@ -57,18 +60,23 @@ class _WriterProcess:
     """The Parquet encoding and compression of a trace on a second core: a forked process owns the
     :class:`TraceWriter` (so the output stays atomic: it renames the finished directory, or deletes it
     when either side fails). Expert ids travel through a shared-memory ring of ``num_slots`` slots
-    (one copy each), the small per-token columns through a pipe; a slot is reused only after the writer
-    acknowledged it, so at most ``num_slots`` batches are in flight."""
+    ``[max_tokens, L, k]`` (its own, one copy each; or ``ring``, the sampling pipeline's, no copy), the
+    small per-token columns through a pipe; a slot is reused only after the writer acknowledged it, so at
+    most ``num_slots`` batches are in flight."""
 
     num_slots = 2
 
     def __init__(self, out: Path, model: ModelSpec, cfg: SynthConfig, provenance: dict[str, Any],
-                 sink: _TraceSink, max_tokens: int) -> None:
+                 sink: _TraceSink, max_tokens: int, ring: np.ndarray | None = None) -> None:
         self.out = out
-        self.shape_per_token = (model.num_moe_layers, model.top_k)
-        self.slot_elems = max_tokens * model.num_moe_layers * model.top_k
-        self.shm = mmap.mmap(-1, self.num_slots * self.slot_elems * 2)  # anonymous, shared with the fork
-        self.ring = np.frombuffer(self.shm, np.uint16).reshape(self.num_slots, self.slot_elems)
+        self.shm = None
+        if ring is None:
+            shape = (self.num_slots, max_tokens, model.num_moe_layers, model.top_k)
+            self.shm = mmap.mmap(-1, int(np.prod(shape)) * 2)  # anonymous, shared with the fork
+            ring = np.frombuffer(self.shm, np.uint16).reshape(shape)
+        else:
+            self.num_slots = ring.shape[0]
+        self.ring = ring
         ctx = mp.get_context("fork")
         self.conn, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(target=self._serve, args=(child, out, model, cfg, provenance, sink),
@@ -77,6 +85,7 @@ class _WriterProcess:
         child.close()
         self.busy = [False] * self.num_slots
         self.next_slot = 0
+        self.written = 0  # batches acknowledged
 
     def _serve(self, conn, out, model, cfg, provenance, sink) -> None:
         """In the child: write every batch received, acknowledging its slot; exit on 'close'."""
@@ -90,8 +99,7 @@ class _WriterProcess:
                     if msg[0] == "close":
                         break
                     _, slot, n, cols = msg
-                    cols["experts"] = self.ring[slot, : n * self.shape_per_token[0] * self.shape_per_token[1]
-                                                ].reshape(n, *self.shape_per_token)
+                    cols["experts"] = self.ring[slot, :n]
                     sink.write(writer, cols)
                     conn.send(("ack", slot))
             conn.send(("done", None))
@@ -130,16 +138,21 @@ class _WriterProcess:
         kind, val = self._recv()
         if kind == "ack":
             self.busy[val] = False
+            self.written += 1
 
     def send(self, b: dict[str, np.ndarray]) -> None:
         slot = self.next_slot
         while self.busy[slot]:
             self._wait()
         ex = b["experts"]
-        self.ring[slot, : ex.size] = ex.reshape(-1)
-        self.busy[slot] = True
-        self._send(("batch", slot, len(ex), {key: b[key] for key in _ROW_KEYS if key in b}))
+        self.ring[slot, :len(ex)] = ex
+        self.send_slot(slot, b)
         self.next_slot = (slot + 1) % self.num_slots
+
+    def send_slot(self, slot: int, b: dict[str, np.ndarray]) -> None:
+        """Write batch ``b`` whose experts lie in ring slot ``slot`` already (the pipeline's ring)."""
+        self.busy[slot] = True
+        self._send(("batch", slot, len(b["slot"]), {key: b[key] for key in _ROW_KEYS if key in b}))
 
     def close(self) -> None:
         """Wait until every batch is written and the directory is in place."""
@@ -163,19 +176,38 @@ class _WriterProcess:
     def release(self) -> None:
         self.conn.close()
         del self.ring
-        self.shm.close()
+        if self.shm is not None:
+            self.shm.close()
 
 
-def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_process: bool | None = None
-               ) -> dict[str, Any]:
+def synth_workers(workers: int | None, cfg: SynthConfig, num_layers: int) -> int:
+    """Sampling processes: ``workers`` if given, else one per usable core when the trace spans several
+    chunks (a pipeline of one chunk has nothing to overlap); 1 where fork is missing or in a daemonic
+    process (a multiprocessing.Pool worker may not have children)."""
+    if workers is not None and workers < 1:
+        raise InputError(f"--workers must be >= 1, got {workers}")
+    if "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:
+        return 1
+    if workers is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            cores = os.cpu_count() or 1
+        workers = cores if cfg.num_tokens >= 2 * cfg.chunk_tokens else 1
+    return max(1, min(workers, num_layers))
+
+
+def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_process: bool | None = None,
+               workers: int | None = None) -> dict[str, Any]:
     """Write a synthetic trace directory ``out`` (atomically; rows token-major: the L MoE-layer rows of a
     token are consecutive, tokens in step order). Returns a summary: tokens, rows, selections,
     requests, seconds, bytes on disk, bytes per selection and the solved knobs.
 
-    Sampling is serial (one random stream: the trace is a function of the seed alone); the Parquet
-    encoding and compression run in a forked writer process (``writer_process``; default: where fork
-    exists) on the other core while the next batch is sampled, else on a thread. Either way the files
-    are the same."""
+    Every (chunk, MoE layer) draws from its own stream, so the trace is a function of the seed alone:
+    ``workers`` sampling processes (:class:`~traces.synth.pipeline.LayerPipeline`, each a range of the
+    layers; default one per core, :func:`synth_workers`) write the same bytes as one. The Parquet encoding
+    and compression run in a forked writer process (``writer_process``; default: where fork exists), else
+    on a thread; the files are the same either way."""
 
     check_resources(cfg, model.num_moe_layers, model.top_k, out)
     t0 = time.perf_counter()
@@ -191,23 +223,39 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
     requests: set[int] = set()
     if writer_process is None:  # a daemonic process (a multiprocessing.Pool worker) may not have children
         writer_process = "fork" in mp.get_all_start_methods() and not mp.current_process().daemon
+    num_workers = synth_workers(workers, cfg, num_layers) if writer_process else 1
+    # a chunk holds at least chunk_tokens and less than one more engine iteration
+    max_tokens = min(cfg.num_tokens, cfg.chunk_tokens + cfg.max_batch_tokens)
+
+    def count(b: dict[str, np.ndarray]) -> None:
+        nonlocal num_tokens
+        num_tokens += len(b["slot"])
+        pb.update(len(b["slot"]))
+        requests.update(np.unique(b["request_id"]).tolist())
+
     if writer_process:
-        # a flushed batch holds at least chunk_tokens and less than one more engine iteration
-        wp = _WriterProcess(Path(out), model, cfg, provenance, sink,
-                            min(cfg.num_tokens, cfg.chunk_tokens + cfg.max_batch_tokens))
+        pipeline = LayerPipeline(design, num_workers, max_tokens, RING_SLOTS) if num_workers > 1 else None
+        wp = None
         try:
+            wp = _WriterProcess(Path(out), model, cfg, provenance, sink, max_tokens,
+                                ring=None if pipeline is None else pipeline.experts)
             with bar(cfg.num_tokens, "synth", "tok") as pb:
-                for b in synth_chunks(design):
-                    wp.send(b)
-                    num_tokens += len(b["slot"])
-                    pb.update(len(b["slot"]))
-                    requests.update(np.unique(b["request_id"]).tolist())
+                if pipeline is None:
+                    for b in synth_chunks(design):
+                        wp.send(b)
+                        count(b)
+                else:
+                    _run_pipeline(design, pipeline, wp, count)
             wp.close()
         except BaseException:
-            wp.abort()
+            if wp is not None:
+                wp.abort()
             raise
         finally:
-            wp.release()
+            if pipeline is not None:
+                pipeline.close()
+            if wp is not None:
+                wp.release()
     else:
         with TraceWriter(out, model, provenance, gate_weights=cfg.gate_weights, token_id=True,
                          domain=True) as writer, ThreadPoolExecutor(max_workers=1) as pool, \
@@ -217,9 +265,7 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
                 if pending is not None:
                     pending.result()  # at most one batch in flight: memory stays at two batches
                 pending = pool.submit(sink.write, writer, b)
-                num_tokens += len(b["slot"])
-                pb.update(len(b["slot"]))
-                requests.update(np.unique(b["request_id"]).tolist())
+                count(b)
             if pending is not None:
                 pending.result()
     seconds = time.perf_counter() - t0
@@ -228,4 +274,35 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
     return {"out": str(out), "tokens": num_tokens, "rows": num_tokens * num_layers, "selections": selections,
             "requests": len(requests), "seconds": seconds, "plan_seconds": t_plan,
             "selections_per_s": selections / seconds, "bytes": disk, "bytes_per_selection": disk / selections,
-            "solved": design.report}
+            "sample_workers": num_workers, "solved": design.report}
+
+
+def _run_pipeline(design, pipeline: LayerPipeline, wp: _WriterProcess, count) -> None:
+    """Chunks through the sampling pipeline into the writer, in order: chunk ``c`` uses ring slot
+    ``c mod slots``, submitted once the slot's previous chunk is written; a drawn chunk goes to the
+    writer at once."""
+    slots = pipeline.num_slots
+    pending: dict[int, dict[str, np.ndarray]] = {}
+    submitted = drawn = 0
+
+    def hand_over() -> None:  # the oldest chunk in the pipeline, drawn, to the writer
+        nonlocal drawn
+        c = pipeline.done()
+        if c != drawn:
+            raise RuntimeError(f"synth pipeline returned chunk {c}, expected {drawn}")
+        b = pending.pop(c)
+        wp.send_slot(c % slots, b)
+        count(b)
+        drawn += 1
+
+    for b in chunk_tokens(design):
+        while submitted - wp.written >= slots:  # the slot's chunk is not written yet
+            if drawn < submitted:
+                hand_over()
+            else:
+                wp._wait()
+        pipeline.submit(submitted, submitted % slots, b)
+        pending[submitted] = b
+        submitted += 1
+    while drawn < submitted:
+        hand_over()

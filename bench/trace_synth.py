@@ -1,0 +1,140 @@
+"""Benchmark of `place trace synth` on Kimi K3 (896 experts, top-16, 92 MoE layers): selections per second
+with 1 and with N sampling workers, against `np.bincount` over as many int64 expert ids timed in the same
+run; the files' bytes compared across the worker counts (they must be equal); bytes per selection.
+Targets: >= 30 M selections/s; <= 1.0 B/selection.
+
+    python bench/trace_synth.py [--tokens 100000] [--repeats 3] [--workers 1 2]
+
+Each repeat synthesizes the trace once per worker count, in a fresh child process (its own peak RSS and CPU
+seconds, the writer and sampling processes included), after a bincount in this process. The figure is the
+whole command's rate (planning included: a fixed ~3 s of CPU for K3 that does not grow with the tokens)
+and, beside it, the sampling-and-writing rate after planning. The machine is often shared: the load
+average is recorded and CPU seconds per selection are reported with the wall figures.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _timing import RESULTS, ROOT, cpu_seconds, loadavg, peak_rss_mb, write_result
+
+
+def own_peak_rss_mb() -> float:
+    """This process's peak RSS since it started its program (``VmHWM``; ``ru_maxrss`` would carry the
+    bench's own footprint across the fork and exec that started the child)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return peak_rss_mb()
+
+
+def child(out: str, tokens: int, seed: int, workers: int) -> dict:
+    import resource
+
+    from moeplace.foundation.model import load_model
+    from moeplace.traces.synth import SynthConfig, synthesize
+
+    model = load_model("kimi-k3")
+    c0 = cpu_seconds()
+    import inspect
+
+    # an earlier release (the "before" figures) samples in one process and takes no workers
+    kw = {"workers": workers} if "workers" in inspect.signature(synthesize).parameters else {}
+    s = synthesize(model, SynthConfig(num_tokens=tokens, seed=seed), out, **kw)
+    files = sorted(Path(out).glob("*.parquet"))
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.read_bytes())
+    return {"wall_s": s["seconds"], "plan_s": s["plan_seconds"], "cpu_s": cpu_seconds() - c0,
+            "selections": s["selections"], "tokens": s["tokens"], "requests": s["requests"], "bytes": s["bytes"],
+            "bytes_per_selection": s["bytes_per_selection"], "sample_workers": s.get("sample_workers", 1),
+            "sha256": digest.hexdigest(), "peak_rss_mb": own_peak_rss_mb(),
+            "children_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+def med(xs) -> float:
+    return float(statistics.median(xs))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=100_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, os.cpu_count() or 1])
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        out, tokens, seed, workers = args.child
+        print(json.dumps(child(out, int(tokens), int(seed), int(workers))))
+        return 0
+
+    import numpy as np
+
+    load0 = loadavg()
+    counts = sorted(set(args.workers))
+    runs: dict[int, list[dict]] = {w: [] for w in counts}
+    ids = None
+    for _ in range(args.repeats):
+        for w in counts:
+            out = RESULTS / f"k3-synth-bench-{w}"
+            shutil.rmtree(out, ignore_errors=True)
+            proc = subprocess.run([sys.executable, __file__, "--child", str(out), str(args.tokens), str(args.seed),
+                                   str(w)], check=True, capture_output=True, text=True, cwd=ROOT)
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            shutil.rmtree(out, ignore_errors=True)
+            if ids is None:
+                ids = np.random.default_rng(0).integers(0, 896, r["selections"])
+            c0, w0 = cpu_seconds(), time.perf_counter()
+            np.bincount(ids, minlength=896)
+            r["bincount_wall_s"], r["bincount_cpu_s"] = time.perf_counter() - w0, cpu_seconds() - c0
+            runs[w].append(r)
+    sel = runs[counts[0]][0]["selections"]
+    digests = {r["sha256"] for rs in runs.values() for r in rs}
+    bincount_wall = med(r["bincount_wall_s"] for rs in runs.values() for r in rs)
+    bincount_cpu = med(r["bincount_cpu_s"] for rs in runs.values() for r in rs)
+    by_workers = {}
+    for w, rs in runs.items():
+        wall, plan = med(r["wall_s"] for r in rs), med(r["plan_s"] for r in rs)
+        by_workers[str(w)] = {
+            "sample_workers": rs[0]["sample_workers"], "wall_s": [r["wall_s"] for r in rs],
+            "plan_s": [r["plan_s"] for r in rs], "cpu_s": [r["cpu_s"] for r in rs],
+            "selections_per_s": sel / wall, "selections_per_s_after_plan": sel / max(wall - plan, 1e-9),
+            "selections_per_cpu_s": sel / med(r["cpu_s"] for r in rs),
+            "ratio_to_bincount": [r["bincount_wall_s"] / r["wall_s"] for r in rs],
+            "ratio_median": med(r["bincount_wall_s"] / r["wall_s"] for r in rs),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+            "children_peak_rss_mb": max(r["children_peak_rss_mb"] for r in rs),
+        }
+    first = runs[counts[0]][0]
+    result = {"model": "kimi-k3", "tokens": first["tokens"], "selections": sel, "requests": first["requests"],
+              "repeats": args.repeats, "cores": os.cpu_count(), "loadavg_before": load0,
+              "loadavg_after": loadavg(), "bytes": first["bytes"], "bytes_per_selection": first["bytes_per_selection"],
+              "same_bytes_across_workers": len(digests) == 1, "sha256": sorted(digests),
+              "bincount": {"wall_s_median": bincount_wall, "cpu_s_median": bincount_cpu,
+                           "selections_per_s": sel / bincount_wall, "selections_per_cpu_s": sel / bincount_cpu},
+              "workers": by_workers, "targets": {"selections_per_s": 30e6, "bytes_per_selection": 1.0}}
+    write_result("trace_synth", result)
+    print(f"K3 synthesis, {first['tokens']:,} tokens = {sel / 1e6:.0f} M selections, {first['requests']} requests; "
+          f"{first['bytes_per_selection']:.3f} B/selection; the same bytes with {', '.join(map(str, counts))} "
+          f"workers: {'yes' if len(digests) == 1 else 'NO'}; load average {load0[0]:.1f} -> {loadavg()[0]:.1f}")
+    print(f"np.bincount of {sel / 1e6:.0f} M int64 ids: {sel / bincount_wall / 1e6:.0f} M/s (median)")
+    for w, r in by_workers.items():
+        print(f"{w} worker(s): {r['selections_per_s'] / 1e6:.1f} M selections/s wall (planning {med(r['plan_s']):.1f} s; "
+              f"{r['selections_per_s_after_plan'] / 1e6:.1f} M/s after it) = {r['ratio_median']:.3f} x bincount; "
+              f"{r['selections_per_cpu_s'] / 1e6:.1f} M per CPU-s; peak RSS {r['peak_rss_mb']:.0f} MB, other "
+              f"processes <= {r['children_peak_rss_mb']:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
