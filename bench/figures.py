@@ -801,7 +801,42 @@ def replan_quality() -> str:
             f"{m['gain_per_1000_moved'] / e['gain_per_1000_moved']:.0f}x the balancedness per expert moved.\n")
 
 
-RENDERERS = {"replan-quality": replan_quality, "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
+def _cov(c: dict | None) -> str:
+    if not c or c["coverage"] is None:
+        return "no range" if c else "–"
+    return f"{c['coverage']:.0%} ({c['inside']}/{c['with_range']}), {c['median_width']:.2f}"
+
+
+def shift_coverage() -> str:
+    """docs/placement.md: coverage and median width of the shift estimate's 80 % ranges, before issue 45's
+    estimate and after it, per mode, policy and kind of new workload (bench/shift_coverage.py)."""
+    after, before = _results("shift_coverage"), _results("shift_coverage_before")
+    keys = list(dict.fromkeys([*after["summary"], *before["summary"]]))
+    lines = ["| inputs | policy | new | before: coverage (inside/ranged), median width | after | after, per data set |",
+             "|---|---|---|---|---|---|"]
+    for key in keys:
+        mode, policy, target = key.split(" | ")
+        a, b = after["summary"].get(key), before["summary"].get(key)
+        per = "; ".join(f"{d} {_cov(v)}" for d, v in (a or {}).get("by_data", {}).items())
+        lines.append(f"| {mode} | {policy} | {'dataset' if target == 'dataset' else 'language'} | {_cov(b)} | "
+                     f"{_cov(a)} | {per} |")
+    rank = []
+    for k, v in after["ranking"].items():
+        rank.append(f"{k.replace(' | ', ', ')}: estimated sign right in {v['sign_right']} of {v['splits']} splits, "
+                    f"range excludes 0 in {v['decisive']} (right in {v['decisive_right']})")
+    rank_b = [f"{k.replace(' | ', ', ')}: {v['sign_right']} of {v['splits']}" for k, v in before["ranking"].items()]
+
+    def how(r: dict) -> str:
+        return (", ".join(f"{d} {n} splits" for d, n in r["splits"].items()) +
+                f"; load average {r['loadavg_start'][0]:.1f} at the start")
+    return ("\n".join(lines) + f"\n\n`python bench/shift_coverage.py` (after: {how(after)}; before: the same "
+            f"bench on the estimate before issue 45, {how(before)}). Each cell: the share of realized figures "
+            "inside their printed range (nominal 80 %), of the points that had a range, and the ranges' median "
+            "width. Moeplace against EPLB, after: " + "; ".join(rank) + ". Before (points only, no range): sign "
+            "right in " + "; ".join(rank_b) + ".\n")
+
+
+RENDERERS = {"shift-coverage": shift_coverage, "replan-quality": replan_quality, "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
              "trace-stats": trace_stats, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,
              "demo-transcript": demo_transcript, "demo-summary": demo_summary, "demo-optimize": demo_optimize,

@@ -340,20 +340,36 @@ def main() -> int:
     ap.add_argument("--runs", default="plain,robust")
     ap.add_argument("--label", default="after", help="what the results describe (before: an older checkout)")
     ap.add_argument("--out", default=None, help="results file (default bench/results/shift_coverage.json)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="summarize the rows of these results files (runs of one data set each, side by side) "
+                         "into one, instead of running")
     args = ap.parse_args()
     load0 = loadavg()
     t0 = time.perf_counter()
-    splits = [s for a, b in PARTITIONS for s in ((a, b), (b, a))][: args.splits]
     rows: list[dict] = []
-    info = {}
-    for name in args.data.split(","):
-        data = DATA[name]()
-        info[name] = {"datasets": data["datasets"], "plan_langs": data["plan_langs"], "new_lang": data["new_lang"],
-                      "gpus": data["cluster"].num_gpus, "redundant": data["R"]}
-        for plan, test in splits:
-            for mode in args.modes.split(","):
-                for run in args.runs.split(","):
-                    rows += run_split(name, data, list(plan), list(test), mode, run)
+    info: dict = {}
+    splits_run: dict = {}
+    label = "issue 45" if NEW else "before issue 45"
+    if args.merge:
+        for f in args.merge:
+            part = json.loads(Path(f).read_text())
+            rows += part["rows"]
+            info.update(part["data"])
+            splits_run.update(part["splits"] if isinstance(part["splits"], dict)
+                              else {d: part["splits"] for d in part["data"]})
+            load0 = part["loadavg_start"]
+            label = part["estimate"]
+    else:
+        splits = [s for a, b in PARTITIONS for s in ((a, b), (b, a))][: args.splits]
+        for name in args.data.split(","):
+            data = DATA[name]()
+            info[name] = {"datasets": data["datasets"], "plan_langs": data["plan_langs"],
+                          "new_lang": data["new_lang"], "gpus": data["cluster"].num_gpus, "redundant": data["R"]}
+            splits_run[name] = len(splits)
+            for plan, test in splits:
+                for mode in args.modes.split(","):
+                    for run in args.runs.split(","):
+                        rows += run_split(name, data, list(plan), list(test), mode, run)
     summary = summarize(rows)
     rank = ranking(rows)
     print(f"\n{args.label}: coverage of the printed ranges (nominal {NOMINAL:.0%}; target "
@@ -372,9 +388,9 @@ def main() -> int:
     for key, c in rank.items():
         print(f"  {key}: sign right in {c['sign_right']} of {c['splits']} splits; range excludes 0 in "
               f"{c['decisive']}, right in {c['decisive_right']}")
-    write_result("shift_coverage", {"label": args.label, "estimate": "issue 45" if NEW else "before issue 45",
+    write_result("shift_coverage", {"label": args.label, "estimate": label,
                                     "loadavg_start": load0, "wall_s": time.perf_counter() - t0,
-                                    "nominal": NOMINAL, "splits": args.splits, "data": info,
+                                    "nominal": NOMINAL, "splits": splits_run, "data": info,
                                     "summary": summary, "ranking": rank, "old_style": old_style(rows),
                                     "rows": rows}, Path(args.out) if args.out else None)
     return 0
