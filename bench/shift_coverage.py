@@ -21,6 +21,9 @@ Data with known structure (made here, deterministic; data files under bench/resu
   shape, 8 of its 48 MoE layers): popularity = shared field + dataset field + language field (+ a small
   interaction), languages 0.27 apart within a dataset. Planning uses languages a and b; language c is the
   "new language". 16 GPUs = 4 x 4, R = 16.
+- ``synthetic-4lang`` (issue 45's estimate only: the one before it has no per-language figure): the same
+  construction in four languages (other seeds), planning on three, so "a new language" gets a range and
+  the fourth language checks it.
 - ``captured``: ``place trace capture`` of a tiny random-weight Qwen3-MoE (4 MoE layers x 64 experts, top-4)
   on six prompt domains (bench/shift_groups.py's prompts) in two "languages": the prompts as written and
   upper-cased (a token shift shared by every domain). 8 GPUs = 2 x 4, R = 8.
@@ -143,6 +146,22 @@ def synthetic_data() -> dict:
             "cluster": make_cluster(16, "h200", 4), "R": 16, "window_tokens": WINDOW_TOKENS}
 
 
+def synthetic_languages_data() -> dict:
+    """The synthetic datasets in four planted languages; planning uses three, so "a new language" has
+    three left-out values (a range) and the fourth language to check it on."""
+    rng = np.random.default_rng(17)
+    base = load_model("qwen3-30b-a3b")
+    model = base.restrict(base.moe_layers[::6])
+    L, E = model.num_moe_layers, model.num_experts
+    logits = 0.9 * rng.normal(size=(L, E))[None] + rng.normal(size=(6, L, E))
+    p = np.exp(logits)
+    p = with_languages(p / p.sum(-1, keepdims=True), 4, seed=19)
+    names, langs = [f"ds{i}" for i in range(6)], ["la", "lb", "lc", "ld"]
+    paths = write_multinomial(p, names, langs, model, RESULTS / "shift_coverage" / "synthetic-4lang", seed=23)
+    return {"paths": paths, "datasets": names, "plan_langs": langs[:3], "new_lang": langs[3],
+            "cluster": make_cluster(16, "h200", 4), "R": 16, "window_tokens": WINDOW_TOKENS}
+
+
 def _bench_module(name: str):
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
@@ -179,7 +198,8 @@ def captured_data() -> dict:
             "cluster": make_cluster(8, "h200", 4), "R": 8, "window_tokens": 128}
 
 
-DATA = {"olmoe": olmoe_data, "synthetic": synthetic_data, "captured": captured_data}
+DATA = {"olmoe": olmoe_data, "synthetic": synthetic_data, "captured": captured_data,
+        "synthetic-4lang": synthetic_languages_data}
 
 
 # ---------------------------------------------------------------------------- what the tool printed
