@@ -228,6 +228,9 @@ def pooled(paths: list[Path], window_tokens: int) -> np.ndarray:
     return routing_windows(paths, window_tokens=window_tokens).counts.astype(np.float64)
 
 
+SHIFT_LAYERS: int | str = "auto"  # --shift-layers (the tool's default: auto)
+
+
 def run_split(name: str, data: dict, plan: list[int], test: list[int], mode: str, run: str) -> list[dict]:
     ds = data["datasets"]
     plan_paths = [data["paths"][(ds[d], lang)] for d in plan for lang in data["plan_langs"]]
@@ -238,7 +241,8 @@ def run_split(name: str, data: dict, plan: list[int], test: list[int], mode: str
         loads.provenance["input_groups"] = [Path(p).name.split("_")[0] for p in plan_paths]
     t0 = time.perf_counter()
     cmp = compare_policies(loads, data["cluster"], num_redundant=data["R"], policies=["eplb", "moeplace"],
-                           plan_fraction=1.0, options={"workers": 1, **RUNS[run]}, shift=True, seed=0)
+                           plan_fraction=1.0, options={"workers": 1, **RUNS[run]}, shift=True, seed=0,
+                           **({} if SHIFT_LAYERS == "auto" else {"shift_sample": SHIFT_LAYERS}))
     seconds = time.perf_counter() - t0
     tests = {"dataset": [(ds[d], pooled([data["paths"][(ds[d], lang)] for lang in data["plan_langs"]],
                                         data["window_tokens"])) for d in test]}
@@ -358,12 +362,16 @@ def main() -> int:
     ap.add_argument("--data", default="olmoe,synthetic,captured")
     ap.add_argument("--modes", default="tagged,untagged")
     ap.add_argument("--runs", default="plain,robust")
+    ap.add_argument("--shift-layers", default="auto", help="the estimate's layers, as place optimize's flag "
+                    "(default auto: the tool's default)")
     ap.add_argument("--label", default="after", help="what the results describe (before: an older checkout)")
     ap.add_argument("--out", default=None, help="results file (default bench/results/shift_coverage.json)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="summarize the rows of these results files (runs of one data set each, side by side) "
                          "into one, instead of running")
     args = ap.parse_args()
+    global SHIFT_LAYERS
+    SHIFT_LAYERS = args.shift_layers if args.shift_layers in ("auto", "all") else int(args.shift_layers)
     load0 = loadavg()
     t0 = time.perf_counter()
     rows: list[dict] = []
@@ -411,6 +419,7 @@ def main() -> int:
     write_result("shift_coverage", {"label": args.label, "estimate": label,
                                     "loadavg_start": load0, "wall_s": time.perf_counter() - t0,
                                     "nominal": NOMINAL, "splits": splits_run, "data": info,
+                                    "shift_layers": SHIFT_LAYERS,
                                     "summary": summary, "ranking": rank, "old_style": old_style(rows),
                                     "rows": rows}, Path(args.out) if args.out else None)
     return 0

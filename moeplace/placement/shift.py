@@ -401,10 +401,18 @@ def _clip(r: dict[str, Any], lo: float, hi: float) -> dict[str, Any]:
     return r
 
 
+def _groups_for(width: float, s: float, se: float, start: int) -> int | None:
+    """Fewest groups (from ``start``, under 200) whose Student-t range at spread ``s`` is at most ``width``."""
+    for n in range(start, 200):
+        if 2 * t80(n - 1) * math.sqrt(s * s * (1 + 1 / n) + se * se) <= width:
+            return n
+    return None
+
+
 def narrower(r: dict[str, Any], key: str) -> str | None:
     """What would narrow a range wider than :data:`WIDE` (or give one where there is none): more values
-    of the tag, by how many, or none — when the left-out groups differ so much that any new one varies
-    by more than that."""
+    of the tag, by how many; every layer instead of a sample; or nothing — when the left-out groups differ
+    so much that any new one varies by more than that."""
     D = len(r["per_group"])
     word = {"cluster": "groups of related inputs", "windows": "inputs"}.get(key, f"{key} values")
     if r.get("range") is None:
@@ -414,16 +422,20 @@ def narrower(r: dict[str, Any], key: str) -> str | None:
     if width <= WIDE:
         return None
     s, se = r.get("spread", 0.0), r.get("layer_sample_se", 0.0)
-    floor = 2 * Z80 * math.sqrt(s * s + se * se)
-    what = f"range {width:.2f} wide: the {D} left-out {word} differ (sd {s:.3f})"
-    if floor > WIDE:
-        return (f"{what}; a new one varies that much however many are planned on (at best {floor:.2f} wide), so "
-                "no estimate from these inputs narrows it below "
-                f"{WIDE:.2f}: check online rebalancing (place simulate --recommend)")
-    for n in range(D + 1, 200):
-        if 2 * t80(n - 1) * math.sqrt(s * s * (1 + 1 / n) + se * se) <= WIDE:
-            return f"{what}; about {n} of them (same spread) would narrow it to {WIDE:.2f}"
-    return what
+    parts = [f"range {width:.2f} wide: the {D} left-out {word} differ (sd {s:.3f})"]
+    if se > 0:
+        parts.append(f"the layer sample adds ± {se:.3f} (every layer, --shift-layers all, removes it at more cost)")
+    if 2 * Z80 * s > WIDE:
+        parts.append(f"a new one varies that much however many are planned on (at best {2 * Z80 * s:.2f} wide), so "
+                     f"no estimate from these inputs narrows it below {WIDE:.2f}: check online rebalancing (place "
+                     "simulate --recommend)")
+        return "; ".join(parts)
+    n = _groups_for(WIDE, s, se, D + 1)
+    if n is not None:
+        parts.append(f"about {n} of them (same spread) would narrow it to {WIDE:.2f}")
+    elif (n := _groups_for(WIDE, s, 0.0, D)) is not None:
+        parts.append(f"every layer and about {n} of them (same spread) would narrow it to {WIDE:.2f}")
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------------------- the estimate
