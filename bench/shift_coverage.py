@@ -26,7 +26,7 @@ Data with known structure (made here, deterministic; data files under bench/resu
   the fourth language checks it.
 - ``captured``: ``place trace capture`` of a tiny random-weight Qwen3-MoE (4 MoE layers x 64 experts, top-4)
   on six prompt domains (bench/shift_groups.py's prompts) in two "languages": the prompts as written and
-  upper-cased (a token shift shared by every domain). 8 GPUs = 2 x 4, R = 8.
+  upper-cased (a token shift shared by every domain); 512-token windows. 8 GPUs = 2 x 4, R = 8.
 
 Every input is a Loads file of windows whose metadata carries its tags (``dataset``, ``lang``). Splits:
 three partitions of the six datasets into 3 + 3, both directions (6 splits per data set; ``--splits``).
@@ -190,12 +190,12 @@ def captured_data() -> dict:
                     txt.write_text("\n".join(how(t.format(i=i)) for i in range(1, 17) for t in templates) + "\n")
                     run_capture(CaptureConfig(hf_config=cfg, prompts=txt, out=trace, max_new_tokens=16,
                                               batch_size=16, seed=0, sample=True, ignore_eos=True))
-                ld = compute_stats(trace, 128, loads_only=True)
+                ld = compute_stats(trace, 512, loads_only=True)
                 Loads(ld.counts, ld.model, ld.window_tokens, ld.labels,
                       {**ld.provenance, "tags": {"dataset": ds, "lang": lang}}).save(npz)
             paths[(ds, lang)] = npz
     return {"paths": paths, "datasets": list(prompts_by_domain), "plan_langs": list(langs), "new_lang": None,
-            "cluster": make_cluster(8, "h200", 4), "R": 8, "window_tokens": 128}
+            "cluster": make_cluster(8, "h200", 4), "R": 8, "window_tokens": 512}
 
 
 DATA = {"olmoe": olmoe_data, "synthetic": synthetic_data, "captured": captured_data,
