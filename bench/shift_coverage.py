@@ -47,10 +47,13 @@ import argparse
 import importlib.util
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _timing, beside this script (also when loaded by path)
 from _timing import RESULTS, ROOT, loadavg, write_result
 
 import moeplace.placement.shift as shift_module
