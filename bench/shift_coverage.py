@@ -25,7 +25,7 @@ Data with known structure (made here, deterministic; data files under bench/resu
   construction in four languages (other seeds), planning on three, so "a new language" gets a range and
   the fourth language checks it.
 - ``captured``: ``place trace capture`` of a tiny random-weight Qwen3-MoE (4 MoE layers x 64 experts, top-4)
-  on six prompt domains (bench/shift_groups.py's prompts) in two "languages": the prompts as written and
+  on six prompt domains in two "languages": the prompts as written and
   upper-cased (a token shift shared by every domain); 512-token windows. 8 GPUs = 2 x 4, R = 8.
 
 Every input is a Loads file of windows whose metadata carries its tags (``dataset``, ``lang``). Splits:
@@ -77,6 +77,23 @@ TWIN_DISTANCE = 0.27  # a dataset's languages apart (total variation), as on the
 WINDOWS, WINDOW_TOKENS = 4, 2048
 PARTITIONS = (((0, 1, 2), (3, 4, 5)), ((0, 2, 4), (1, 3, 5)), ((0, 1, 5), (2, 3, 4)))
 RUNS = {"plain": {}, "robust": {"robust": True}}
+PROMPTS = {  # the captured set's six prompt domains
+    "code": ["def f(x):\n    return x * {i} + 1", "import numpy as np; y = np.zeros(({i}, 3))",
+             "for (int j = 0; j < {i}; ++j) {{ a[j] = b[j]; }}", "SELECT id, name FROM t WHERE k = {i};"],
+    "prose": ["The river ran quietly past the old mill on day {i}.",
+              "Once upon a time there lived a king who had {i} daughters.",
+              "She said that the meeting would start at noon, {i} minutes late.",
+              "Weather today: cloudy with a chance of rain in the afternoon {i}."],
+    "digits": ["{i} {i}7 3.14159 2.71828 1.41421 {i}0", "{i} + {i} = {i}{i}; 17 * 23 = 391",
+               "2026-12-0{i} 12:34:56 +0000 {i}{i}", "0x{i}F 0b1011 0o755 1e-{i}"],
+    "unicode": ["Größe über {i} Äpfel — ça coûte cher", "Привет, как дела? {i} рублей",
+                "東京都 {i} 番地 の 天気 は 晴れ", "αβγ δεζ ηθι {i} κλμ"],
+    "markup": ['{{"id": {i}, "name": "x", "tags": ["a", "b"]}}', '<div class="row"><span>{i}</span></div>',
+               "key_{i}: value\nlist:\n  - a\n  - b", "| col {i} | col b |\n|---|---|"],
+    "chatter": ["hey!! how r u doing today lol {i}", "ok cool see u at {i} then :)",
+                "what do you think about the new phone? {i} stars", "thanks so much, that helped a lot {i}"],
+}
+
 # the estimate of issue 45 reads tags; the one before it does not (its --group is the tagged mode there)
 NEW = hasattr(shift_module, "COVERAGE")
 
@@ -180,7 +197,7 @@ def captured_data() -> dict:
     base.mkdir(parents=True, exist_ok=True)
     cfg = base / "config.json"
     _bench_module("shift_lodo").write_tiny_moe_config(cfg)
-    prompts_by_domain = _bench_module("shift_groups").PROMPTS
+    prompts_by_domain = PROMPTS
     langs = {"as-written": str, "upper": str.upper}
     paths = {}
     for ds, templates in prompts_by_domain.items():
