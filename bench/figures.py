@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -812,14 +813,19 @@ def shift_coverage() -> str:
     estimate and after it, per mode, policy and kind of new workload (bench/shift_coverage.py)."""
     after, before = _results("shift_coverage"), _results("shift_coverage_before")
     keys = list(dict.fromkeys([*after["summary"], *before["summary"]]))
-    lines = ["| inputs | policy | new | before: coverage (inside/ranged), median width | after | after, per data set |",
-             "|---|---|---|---|---|---|"]
+    lines = [("| inputs | policy | new | before: coverage (inside/ranged), median width | after, the same data | "
+              "after, every data set | after, per data set |"), "|---|---|---|---|---|---|---|"]
     for key in keys:
         mode, policy, target = key.split(" | ")
         a, b = after["summary"].get(key), before["summary"].get(key)
+        same = [x for x in after["rows"] if x["target"] != "summary" and x["data"] in before["data"]
+                and f"{x['mode']} | {x['policy']} | {x['target']}" == key and x["range"] is not None]
+        inside = sum(x["inside"] for x in same)
+        same_cell = (f"{inside / len(same):.0%} ({inside}/{len(same)}), "
+                     f"{statistics.median(x['width'] for x in same):.2f}" if same else "–")
         per = "; ".join(f"{d} {_cov(v)}" for d, v in (a or {}).get("by_data", {}).items())
         lines.append(f"| {mode} | {policy} | {'dataset' if target == 'dataset' else 'language'} | {_cov(b)} | "
-                     f"{_cov(a)} | {per} |")
+                     f"{same_cell} | {_cov(a)} | {per} |")
     rank = []
     for k, v in after["ranking"].items():
         rank.append(f"{k.replace(' | ', ', ')}: estimated sign right in {v['sign_right']} of {v['splits']} splits, "
@@ -829,11 +835,15 @@ def shift_coverage() -> str:
     def how(r: dict) -> str:
         return (", ".join(f"{d} {n} splits" for d, n in r["splits"].items()) +
                 f"; load average {r['loadavg_start'][0]:.1f} at the start")
+    every = _results("shift_coverage_all_layers")
+    all_cells = "; ".join(f"{k.split(' | ')[1]} {_cov(v)}" for k, v in every["summary"].items()
+                          if k.startswith("tagged") and k.endswith("dataset"))
     return ("\n".join(lines) + f"\n\n`python bench/shift_coverage.py` (after: {how(after)}; before: the same "
             f"bench on the estimate before issue 45, {how(before)}). Each cell: the share of realized figures "
             "inside their printed range (nominal 80 %), of the points that had a range, and the ranges' median "
             "width. Moeplace against EPLB, after: " + "; ".join(rank) + ". Before (points only, no range): sign "
-            "right in " + "; ".join(rank_b) + ".\n")
+            "right in " + "; ".join(rank_b) + ". The synthetic set with every layer in the estimate "
+            f"(`--shift-layers all`, {how(every)}), tagged, a new dataset: {all_cells}.\n")
 
 
 RENDERERS = {"shift-coverage": shift_coverage, "replan-quality": replan_quality, "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
