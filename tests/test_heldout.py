@@ -471,7 +471,8 @@ def test_tagged_inputs_give_an_estimate_per_tag_and_paired_differences(small, tm
     assert diff["verdict"] in ("ahead", "behind", "no clear winner")
 
 
-def test_optimize_tag_flag_and_per_tag_lines(small, tmp_path, capsys):
+def test_optimize_tag_flag_and_per_tag_lines(small, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MOEPLACE_PROGRESS", "1")  # as on a terminal: the cost line comes first, on stderr
     paths = _tagged(small, tmp_path)
     bare = []
     for p in paths:  # the same routing without tags in the metadata: tagged on the command line
@@ -483,10 +484,12 @@ def test_optimize_tag_flag_and_per_tag_lines(small, tmp_path, capsys):
     rc = main(["optimize", *args, *[t for x in tags for t in ("--tag", x)], "--gpus", "8", "--gpus-per-node", "4",
                "--policy", "eplb", "--policy", "linear", "--plan-fraction", "1", "--no-out"])
     cap = capsys.readouterr()
-    # 5 folds over 4 layers: the least sample, 3 layers, costs more than the main plan, and the line says so
-    assert rc == 0 and ("place optimize: shift estimate: 5 folds x 3 of 4 MoE layers (drawn by --seed 0) = 15 layer "
-                        "plans per policy (2 policies), 3.8x the main plan's 4 (the least sample, 3 layers, costs "
-                        "more)") in cap.err
+    # 5 folds over 4 layers: the least sample, 3 layers, costs more than the main plan, and the line says so;
+    # on stderr before any planning (the first line there), and again above the estimate
+    cost = ("5 folds x 3 of 4 MoE layers (drawn by --seed 0) = 15 layer plans per policy (2 policies), 3.8x the "
+            "main plan's 4 (the least sample, 3 layers, costs more)")
+    assert rc == 0 and f"place optimize: shift estimate: {cost}" in cap.err.splitlines()[0]
+    assert f"(cost: {cost}):" in cap.out
     assert "  a new dataset (leave out each dataset in turn (3 values, from the inputs' tags): d0, d1, d2" in cap.out
     assert "  a new language (leave out each lang in turn (2 values" in cap.out
     assert "    eplb - linear: " in cap.out and "(paired over the same left-out groups)" in cap.out

@@ -12,6 +12,7 @@ from pathlib import Path
 from moeplace.cli import flags
 from moeplace.cli.commands import add_force, add_progress
 from moeplace.cli.run_config import add_config, settings_record
+from moeplace.foundation import progress
 from moeplace.foundation.cluster import gpu_preset_names, make_cluster
 from moeplace.foundation.errors import InputError, MoeplaceError
 from moeplace.foundation.files import (
@@ -158,7 +159,7 @@ def run(args) -> int:
     cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, rule=args.engine,
                            plan_fraction=args.plan_fraction, seed=args.seed, deadline=deadline,
                            options=options, shift=not args.no_shift, shift_sample=args.shift_layers or "auto",
-                           announce=lambda line: print(f"place optimize: {line}", file=sys.stderr, flush=True))
+                           announce=_announce)
     chosen = args.policy[0] if args.policy else ("moeplace" if "moeplace" in names else "eplb")
     result = next((r for r in cmp.results if r.policy == chosen), None)
     if result is None:  # the limit left out the policy to write: say so instead of writing another
@@ -198,6 +199,13 @@ def run(args) -> int:
             print(f"serving: {line}")
     outs.finish()
     return 0
+
+
+def _announce(line: str) -> None:
+    """The shift estimate's cost, before it starts: on stderr beside the progress bars, when they are drawn
+    (a terminal; the same line heads the estimate in the output and is ``shift_cost`` in ``--json``)."""
+    if progress.is_enabled():
+        print(f"place optimize: {line}", file=sys.stderr, flush=True)
 
 
 def _save_all(outs: Outputs, d: Path, results) -> None:
