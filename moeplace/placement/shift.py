@@ -414,10 +414,13 @@ def narrower(r: dict[str, Any], key: str) -> str | None:
     of the tag, by how many; every layer instead of a sample; or nothing — when the left-out groups differ
     so much that any new one varies by more than that."""
     D = len(r["per_group"])
-    word = {"cluster": "groups of related inputs", "windows": "inputs"}.get(key, f"{key} values")
+    word, one = {"cluster": ("groups of related inputs", "group"), "windows": ("runs of windows", "input"),
+                 "dataset": ("datasets", "dataset"), "lang": ("languages", "language"),
+                 "language": ("languages", "language"), "domain": ("domains", "domain"),
+                 "group": ("groups", "group")}.get(key, (f"values of {key}", f"value of {key}"))
     if r.get("range") is None:
         return (f"{D} {word} only: an {COVERAGE:.0%} range needs {MIN_INTERVAL_GROUPS} (plan on inputs of "
-                f"{MIN_INTERVAL_GROUPS - D} more)")
+                f"{MIN_INTERVAL_GROUPS - D} more {one})")
     width = r["range"][1] - r["range"][0]
     if width <= WIDE:
         return None
