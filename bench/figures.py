@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -906,7 +907,51 @@ def relabel_speed() -> str:
     return text
 
 
-RENDERERS = {"pools": pools, "relabel-speed": relabel_speed, "replan-quality": replan_quality,
+def _cov(c: dict | None) -> str:
+    if not c or c["coverage"] is None:
+        return "no range" if c else "–"
+    return f"{c['coverage']:.0%} ({c['inside']}/{c['with_range']}), {c['median_width']:.2f}"
+
+
+def shift_coverage() -> str:
+    """docs/placement.md: coverage and median width of the shift estimate's 80 % ranges, before issue 45's
+    estimate and after it, per mode, policy and kind of new workload (bench/shift_coverage.py)."""
+    after, before = _results("shift_coverage"), _results("shift_coverage_before")
+    keys = list(dict.fromkeys([*after["summary"], *before["summary"]]))
+    lines = [("| inputs | policy | new | before: coverage (inside/ranged), median width | after, the same data | "
+              "after, every data set | after, per data set |"), "|---|---|---|---|---|---|---|"]
+    for key in keys:
+        mode, policy, target = key.split(" | ")
+        a, b = after["summary"].get(key), before["summary"].get(key)
+        same = [x for x in after["rows"] if x["target"] != "summary" and x["data"] in before["data"]
+                and f"{x['mode']} | {x['policy']} | {x['target']}" == key and x["range"] is not None]
+        inside = sum(x["inside"] for x in same)
+        same_cell = (f"{inside / len(same):.0%} ({inside}/{len(same)}), "
+                     f"{statistics.median(x['width'] for x in same):.2f}" if same else "–")
+        per = "; ".join(f"{d} {_cov(v)}" for d, v in (a or {}).get("by_data", {}).items())
+        lines.append(f"| {mode} | {policy} | {'dataset' if target == 'dataset' else 'language'} | {_cov(b)} | "
+                     f"{same_cell} | {_cov(a)} | {per} |")
+    rank = []
+    for k, v in after["ranking"].items():
+        rank.append(f"{k.replace(' | ', ', ')}: estimated sign right in {v['sign_right']} of {v['splits']} splits, "
+                    f"range excludes 0 in {v['decisive']} (right in {v['decisive_right']})")
+    rank_b = [f"{k.replace(' | ', ', ')}: {v['sign_right']} of {v['splits']}" for k, v in before["ranking"].items()]
+
+    def how(r: dict) -> str:
+        return (", ".join(f"{d} {n} splits" for d, n in r["splits"].items()) +
+                f"; load average {r['loadavg_start'][0]:.1f} at the start")
+    every = _results("shift_coverage_all_layers")
+    all_cells = "; ".join(f"{k.split(' | ')[1]} {_cov(v)}" for k, v in every["summary"].items()
+                          if k.startswith("tagged") and k.endswith("dataset"))
+    return ("\n".join(lines) + f"\n\n`python bench/shift_coverage.py` (after: {how(after)}; before: the same "
+            f"bench on the estimate before issue 45, {how(before)}). Each cell: the share of realized figures "
+            "inside their printed range (nominal 80 %), of the points that had a range, and the ranges' median "
+            "width. Moeplace against EPLB, after: " + "; ".join(rank) + ". Before (points only, no range): sign "
+            "right in " + "; ".join(rank_b) + ". The synthetic set with every layer in the estimate "
+            f"(`--shift-layers all`, {how(every)}), tagged, a new dataset: {all_cells}.\n")
+
+
+RENDERERS = {"shift-coverage": shift_coverage, "pools": pools, "relabel-speed": relabel_speed, "replan-quality": replan_quality,
              "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
              "trace-stats": trace_stats, "trace-synth": trace_synth, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,

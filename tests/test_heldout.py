@@ -184,12 +184,16 @@ def test_shift_estimate_by_input_file_and_plan_fraction_one(small, tmp_path, cap
     ld.select([2, 3]).save(b)
     # (--redundant 8: a K3-shaped model is planned replica-free by default; the hand check below plans with 8)
     rc = main(["optimize", str(a), str(b), "--gpus", "8", "--gpus-per-node", "4", "--policy", "eplb",
-               "--policy", "linear", "--plan-fraction", "1", "--json", "--no-out", "--redundant", "8"])
+               "--policy", "linear", "--plan-fraction", "1", "--json", "--no-out", "--redundant", "8", "--shift-layers", "all"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["held_out_windows"] == [] and d["rows"][0]["held_out"] is None
     sh = d["shift"]["eplb"]
-    assert sh["method"].startswith("leave-one-input-file-out; weak: 2 scenario groups")
-    assert set(sh) >= {"mean", "worst", "method", "mean_range", "worst_range"}
+    assert sh["method"].startswith("leave out each input in turn (untagged; 2 inputs: too few to cluster")
+    assert set(sh) >= {"mean", "worst", "method", "mean_range", "by_tag", "versus", "coverage"}
+    # two groups: the spread rests on two numbers, so no range, and the line says what would give one
+    assert sh["mean_range"] is None and sh["by_tag"]["cluster"]["range"] is None
+    assert "an 80% range needs 3" in sh["by_tag"]["cluster"]["narrower"]
+    assert d["shift_groupings"][0]["groups"] == ["a.npz", "b.npz"] and "layer plans per policy" in d["shift_cost"]
     # by hand: plan EPLB on one file, score on the other
     loads = routing_windows([a, b])
     cluster = make_cluster(8, "h200", 4)
@@ -201,13 +205,13 @@ def test_shift_estimate_by_input_file_and_plan_fraction_one(small, tmp_path, cap
     # in-sample it looks better than under shift: the estimate is not the planning figure
     assert d["rows"][0]["plan"]["balancedness"] > sh["worst"]
     rc = main(["optimize", str(a), str(b), "--gpus", "8", "--gpus-per-node", "4", "--policy", "eplb",
-               "--plan-fraction", "1", "--no-out", "--redundant", "8"])
+               "--plan-fraction", "1", "--no-out", "--redundant", "8", "--shift-layers", "all"])
     out = capsys.readouterr().out
-    assert "shift mean" in out and "nothing held out" in out and "leave-one-input-file-out" in out
+    assert "shift mean" in out and "nothing held out" in out and "leave out each input in turn" in out
     # nothing was written (--no-out): the line says so, and names no file as the written placement
     assert f"what to expect: the eplb placement (not written: --no-out) keeps about {sh['mean']:.4f}" in out
     assert "--placement PLACEMENT.json (rerun without --no-out to write it) --recommend" in out
-    assert "The estimate is weak" in out
+    assert "(no range: too few groups to leave out)" in out
     written = tmp_path / "pl.json"
     rc = main(["optimize", str(a), str(b), "--gpus", "8", "--gpus-per-node", "4", "--policy", "eplb",
                "--policy", "linear", "--plan-fraction", "1", "--out", str(written), "--redundant", "8"])
@@ -223,7 +227,7 @@ def test_shift_estimate_by_input_file_and_plan_fraction_one(small, tmp_path, cap
 
 def test_scenarios_fall_back_to_window_groups(small):
     ids, names, method = scenarios(_loads(small, windows=8))
-    assert ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and "window-group" in method and len(names) == 4
+    assert ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and "contiguous runs of windows" in method and len(names) == 4
 
 
 def test_domain_tag_scenarios_from_mixed_windows_are_labelled_optimistic(small):
@@ -233,9 +237,9 @@ def test_domain_tag_scenarios_from_mixed_windows_are_labelled_optimistic(small):
     mixed = replace(base, provenance={**tags, "window_domain_share": [1.0, 0.6, 0.55, 0.9]})
     ids, names, method = scenarios(pure)
     assert ids.tolist() == [0, 0, 1, 1] and names == ["code", "chat"]
-    assert method.startswith("leave-one-domain-tag-out; weak: 2 scenario groups") and "optimistic" not in method
+    assert method.startswith("leave out each domain tag") and "optimistic" not in method
     ids, names, method = scenarios(mixed)
-    assert ids.tolist() == [0, 0, 1, 1] and method.startswith("leave-one-domain-tag-out; optimistic")
+    assert ids.tolist() == [0, 0, 1, 1] and "; optimistic: windows mix domains" in method
     assert "76%" in method  # the mean dominant share the label reports
     # selecting planning windows keeps each window's share with it
     assert "optimistic" not in scenarios(mixed.select(np.array([0, 3])))[2]
@@ -281,7 +285,7 @@ def test_removed_hedge_flags_are_refused(small, tmp_path, capsys):
 def test_shift_estimate_uses_the_planning_windows_only(small):
     loads = _loads(small, windows=8, per_window=100)
     cluster = make_cluster(8, "h200", 4)
-    cmp = compare_policies(loads, cluster, num_redundant=8, policies=["eplb"], shift=True)
+    cmp = compare_policies(loads, cluster, num_redundant=8, policies=["eplb"], shift=True, shift_sample="all")
     assert cmp.planning_windows.tolist() == [0, 1, 2, 3]
     assert cmp.shift_scenarios == ("window 0", "window 1", "window 2", "window 3")
     got = []
@@ -295,64 +299,100 @@ def test_shift_estimate_uses_the_planning_windows_only(small):
 
 @pytest.mark.parametrize("policy", ["eplb", "moeplace"])
 def test_shift_estimate_on_a_layer_sample_is_the_full_plans_figure_on_those_layers(small, policy):
-    """The cheap estimate plans only some layers; every policy places a layer from its own loads, so each
-    sampled layer gets exactly the placement a plan of every layer gives it: the estimate is the full
-    leave-one-out figure averaged over the sampled layers, and the method says it was sampled."""
+    """The cheap estimate plans only some layers, drawn by the seed; every policy places a layer from its
+    own loads, so each sampled layer gets exactly the placement a plan of every layer gives it: the estimate
+    is the full leave-one-out figure averaged over the sampled layers, and its cost line says so."""
+    from moeplace.placement.shift import shift_layers
+
     loads = _loads(small, windows=8, per_window=100)
     cluster = make_cluster(8, "h200", 4)
     cmp = compare_policies(loads, cluster, num_redundant=8, policies=[policy], shift=True, shift_sample=2,
-                           options={"workers": 1})
+                           options={"workers": 1}, seed=3)
     sh = cmp.results[0].shift
-    assert sh["layers"] == [0, 3] and "on 2 of 4 MoE layers" in sh["method"]
+    lay = shift_layers(loads.select(np.arange(4)), 4, 2, seed=3).tolist()
+    assert sh["layers"] == lay and len(lay) == 2 and "2 of 4 MoE layers (drawn by --seed 3)" in cmp.shift_cost
     got = []
     for w in range(4):  # the planning windows 0-3 are the scenarios (window groups of one)
         train = [x for x in range(4) if x != w]
-        pl = get_policy(policy)(PlacementProblem(loads.counts[train].astype(float), small, cluster, 8,
+        pl = get_policy(policy)(PlacementProblem(loads.counts[train].astype(float), small, cluster, 8, seed=3,
                                                  options={"workers": 1}))
         per_layer = evaluate(pl, loads.counts[[w]].astype(float), model=small).layer_balancedness
-        got.append(per_layer[[0, 3]].mean())
+        got.append(per_layer[lay].mean())
     assert sh["mean"] == pytest.approx(np.mean(got)) and sh["worst"] == pytest.approx(min(got))
     assert sh["layer_sample_se"] > 0
+    if policy != "eplb":  # every layer, once (the optimizer takes seconds per layer on a loaded machine)
+        return
     full = compare_policies(loads, cluster, num_redundant=8, policies=[policy], shift=True, shift_sample="all",
-                            options={"workers": 1}).results[0].shift
-    assert full["layers"] == [0, 1, 2, 3] and full["layer_sample_se"] == 0 and "MoE layers" not in full["method"]
+                            options={"workers": 1}, seed=3)
+    assert full.results[0].shift["layers"] == [0, 1, 2, 3] and full.results[0].shift["layer_sample_se"] == 0
+    assert "all 4 MoE layers" in full.shift_cost
 
 
-def test_shift_layers_every_layer_when_it_fits_the_budget_else_a_sample(small):
-    from moeplace.placement.shift import SHIFT_BUDGET_S, SHIFT_MIN_LAYERS, fold_seconds, shift_layers
+def test_shift_layers_by_seed_and_count_within_the_main_plans_work(small):
+    from moeplace.placement.shift import MIN_LAYERS, shift_layers
 
     big = replace(small, num_layers=93, moe_layers=tuple(range(1, 93)), attention=("kda",) * 93)
     counts = np.ones((13, 92, E), np.int64)
     counts[:, 5] = 0  # a layer without tokens is never sampled
     planning = Loads(counts, big, 100, (), {})
-    ids = np.array([0, 0, 0, 1, 1, 1, 1, 2, 0, 2, 3, 3, 3])  # 4 scenarios: each plan sees 3/4 of the windows
-    # folds' work: 3 main plans' worth (4 folds x 3/4 of the windows), one after another
-    assert fold_seconds(10.0, ids, side_by_side=False) == pytest.approx(30.0)
-    assert shift_layers(planning, ids, "auto", 30.0).size == 91  # within the minute: every layer
-    lay = shift_layers(planning, ids, "auto", 4 * SHIFT_BUDGET_S)  # 4 minutes for all: a quarter of them
-    assert lay.size == 91 // 4 and 5 not in lay and lay.size >= SHIFT_MIN_LAYERS
-    assert lay[0] == 0 and lay[-1] == 91 and np.all(np.diff(lay) >= 3)  # spread over depth
-    assert shift_layers(planning, ids, "auto", 1e6).size == SHIFT_MIN_LAYERS
-    assert shift_layers(planning, ids, "all").size == 91 and shift_layers(planning, ids, 200).size == 91
+    lay = shift_layers(planning, 4, "auto", seed=0)  # 4 folds: a quarter of the layers, the main plan's work
+    assert lay.size == 91 // 4 and 5 not in lay and np.all(np.diff(lay) > 0)
+    assert shift_layers(planning, 4, "auto", seed=0).tolist() == lay.tolist()  # the seed decides, nothing else
+    assert shift_layers(planning, 4, "auto", seed=1).tolist() != lay.tolist()
+    assert shift_layers(planning, 1, "auto").size == 91  # one fold: every layer is the main plan's work
+    assert shift_layers(planning, 1000, "auto").size == MIN_LAYERS
+    assert shift_layers(planning, 9, "all").size == 91 and shift_layers(planning, 9, 200).size == 91
+    with pytest.raises(Exception, match="--shift-layers must be >= 1"):
+        shift_layers(planning, 4, 0)
 
 
-def test_shift_ranges_widen_with_the_spread_over_folds_and_the_layer_sample():
-    from moeplace.placement.shift import SHIFT_MIN_HALF_WIDTH, shift_ranges, t80
+def test_prediction_interval_student_t_below_nine_groups_ranks_from_nine():
+    from moeplace.placement.shift import Z80, narrower, prediction_interval, rank_groups_needed, t80
 
-    mr, wr, h = shift_ranges([0.6, 0.7, 0.8], 0.0)
-    assert h == pytest.approx(t80(2) * 0.1 * np.sqrt(1 + 1 / 3))
-    assert mr == pytest.approx([0.7 - h, 0.7 + h]) and wr == pytest.approx([0.6 - h, 0.6 + h])
-    assert shift_ranges([0.6, 0.7, 0.8], 0.01)[2] == pytest.approx(h + 0.02)
-    # folds that agree by chance still leave the least half-width
-    assert shift_ranges([0.7, 0.7, 0.7], 0.0)[0] == pytest.approx([0.7 - SHIFT_MIN_HALF_WIDTH, 0.7 + SHIFT_MIN_HALF_WIDTH])
-    assert shift_ranges([0.5], 0.0)[0] == [0.0, 1.0]  # one fold: no spread to go by
+    assert rank_groups_needed(0.8) == 9 and rank_groups_needed(0.9) == 19
+    r = prediction_interval([0.6, 0.7, 0.8])
+    h = t80(2) * 0.1 * np.sqrt(1 + 1 / 3)
+    assert r["range"] == pytest.approx([0.7 - h, 0.7 + h]) and "Student-t over 3" in r["interval"]
+    r2 = prediction_interval([0.6, 0.7, 0.8], 0.02)
+    assert r2["range"][1] - 0.7 == pytest.approx(t80(2) * np.sqrt(0.01 * (1 + 1 / 3) + 0.0004))
+    assert prediction_interval([0.5, 0.6])["range"] is None  # two numbers: no spread to go by
+    x = [0.50, 0.52, 0.55, 0.57, 0.60, 0.61, 0.63, 0.66, 0.70]
+    r = prediction_interval(x, 0.01)  # 9 groups: the extremes, distribution-free
+    assert r["range"] == pytest.approx([0.50 - Z80 * 0.01, 0.70 + Z80 * 0.01]) and "distribution-free" in r["interval"]
+    r = prediction_interval([*x, *x, 0.58])  # 19: the 2nd lowest and 2nd highest
+    assert r["range"] == pytest.approx([0.50, 0.70])
+    # what would narrow it: more groups when the spread allows it, none when it does not
+    near = prediction_interval([0.58, 0.64, 0.70])
+    assert "about" in narrower(near, "dataset") and "would narrow it to 0.20" in narrower(near, "dataset")
+    far = prediction_interval([0.45, 0.65, 0.85])
+    assert "however many are planned on" in narrower(far, "dataset")
+    assert narrower(prediction_interval([0.70, 0.71, 0.72]), "dataset") is None
+
+
+def _tagged(model, tmp_path, datasets=3, langs=2, per_window=60, windows=2):
+    """One Loads file per (dataset, language), tags in its metadata; each dataset favours its own experts,
+    each language shifts a few more."""
+    rng = np.random.default_rng(1)
+    paths = []
+    for d in range(datasets):
+        for a in range(langs):
+            w = np.ones(E)
+            w[8 * d:8 * d + 4] = 12.0
+            w[30 - a] = 8.0
+            w /= w.sum()
+            counts = np.stack([np.stack([rng.multinomial(per_window * K, w) for _ in range(L)])
+                               for _ in range(windows)])
+            path = tmp_path / f"d{d}_l{a}.npz"
+            Loads(counts.astype(np.int64), model, per_window, (), {"tags": {"dataset": f"d{d}", "lang": f"l{a}"}}
+                  ).save(path)
+            paths.append(path)
+    return paths
 
 
 def test_shift_folds_plan_with_the_written_placements_settings(small):
     """Each fold is planned as the main plan is: its options (a traffic objective included, with the
-    training windows' token sample, none of the left-out one's) and the training windows' groups as
-    scenarios — not a balance-only plan or another scenario split."""
-    from moeplace.placement.shift import shift_estimate
+    training windows' token sample, none of the left-out one's) — not a balance-only plan."""
+    from moeplace.placement.shift import Grouping, shift_estimate
 
     loads = _loads(small, windows=6, per_window=50)
     ids = np.array([0, 0, 1, 1, 2, 2])
@@ -363,82 +403,196 @@ def test_shift_folds_plan_with_the_written_placements_settings(small):
         return get_policy("eplb")(problem)
 
     sh = shift_estimate(spy, "spy", loads, make_cluster(8, "h200", 4), num_redundant=8, rule="vllm", seed=0,
-                        time_limit=None, options={"objective": "traffic", "robust": True, "pareto": True},
-                        ids=ids, method="m")
+                        options={"objective": "traffic", "robust": True, "pareto": True},
+                        groupings=[Grouping("g", "a new g", ids, ["a", "b", "c"], "m")], layers=np.arange(L))
     assert len(seen) == 3
     for sc, pr in zip(range(3), seen):
         assert pr.options["objective"] == "traffic" and pr.options["robust"] and not pr.options["pareto"]
         train = np.flatnonzero(ids != sc)
         assert len(pr.samples) == 200 and np.array_equal(pr.samples, loads.samples_in(train))
-    assert set(sh) >= {"mean_range", "worst_range"} and sh["mean_range"][0] <= sh["mean"] <= sh["mean_range"][1]
+    assert sh["mean_range"][0] <= sh["mean"] <= sh["mean_range"][1] and sh["by_tag"]["g"]["what"] == "a new g"
 
 
-def test_related_inputs_are_grouped_and_left_out_together(small):
-    from moeplace.placement.shift import group_inputs
+def test_related_inputs_are_clustered_and_left_out_together(small):
+    from moeplace.placement.shift import cluster_inputs
 
     rng = np.random.default_rng(0)
     base = [rng.dirichlet(np.ones(E) * 0.3, size=L) * 1e5 for _ in range(3)]
     # two "languages" of each of three datasets: the same experts hot, a little noise
     per = [b * rng.uniform(0.9, 1.1, size=b.shape) for b in base for _ in range(2)]
-    assert group_inputs(per) == [0, 0, 1, 1, 2, 2]
-    assert group_inputs(per[::2]) == [0, 1, 2]  # unrelated datasets stay apart
-    assert group_inputs(per[:2]) == [0, 1]  # two inputs: nothing to compare their distance to
-    # through the shift estimate's scenarios: 6 input files, 3 groups of 2
+    c = cluster_inputs(per)
+    assert c.labels == [0, 0, 1, 1, 2, 2] and c.silhouette > 0.5 and c.same == 1.0 and c.stability == 1.0
+    assert cluster_inputs(per[::2]).labels == [0, 1, 2]  # three inputs: each its own group
+    # unrelated inputs: nothing merges (a merge must separate better than singletons do)
+    spread = [rng.dirichlet(np.ones(E) * 0.3, size=L) * 1e5 for _ in range(5)]
+    assert len(set(cluster_inputs(spread).labels)) >= 3
     counts = np.stack([np.round(x).astype(np.int64) for x in per])
     loads = Loads(counts, small, 0, (), {"inputs": [f"d{i // 2}-{'ab'[i % 2]}.npz" for i in range(6)],
                                          "window_inputs": list(range(6))})
     ids, names, method = scenarios(loads)
     assert ids.tolist() == [0, 0, 1, 1, 2, 2] and names == ["d0-a.npz+d0-b.npz", "d1-a.npz+d1-b.npz",
                                                            "d2-a.npz+d2-b.npz"]
-    assert method.startswith("leave-one-input-group-out, spanning 4 groupings of related inputs (6 to 3 groups")
-    assert "(--group names the groups and narrows the ranges)" in method and "weak" not in method
-    assert "; " not in method  # the report splits a method's details at "; "
-    # the groupings spanned: each input its own group first, then merges, down to 3 groups (the pairs)
-    from moeplace.placement.shift import scenario_groupings
-    *_, groupings = scenario_groupings(loads)
-    assert [int(g.max()) + 1 for g in groupings] == [6, 5, 4, 3]
-    assert groupings[0].tolist() == list(range(6)) and groupings[-1].tolist() == ids.tolist()
+    assert "clustered into 3 groups" in method and "100% of 100 layer resamples find this grouping" in method
+    assert "--tag PATH:dataset=NAME" in method
     given = replace(loads, provenance={**loads.provenance, "input_groups": ["x", "y", "y", "x", "z", "z"]})
     ids, names, method = scenarios(given)
-    assert ids.tolist() == [0, 1, 1, 0, 2, 2] and names == ["x", "y", "z"] and "as given (--group)" in method
-    assert scenario_groupings(given)[3] == []  # --group: one grouping, nothing spanned
+    assert ids.tolist() == [0, 1, 1, 0, 2, 2] and names == ["x", "y", "z"] and "from --group" in method
 
 
-def test_default_shift_range_spans_the_groupings(small):
-    """Without --group the estimate plans each distinct left-out group once over every grouping and prints
-    the union of the groupings' ranges, the figures of the coarsest; a range wider than 0.30 says why."""
-    from moeplace.placement.shift import WIDE_RANGE, fold_windows, shift_estimate, shift_ranges
+def test_tagged_inputs_give_an_estimate_per_tag_and_paired_differences(small, tmp_path):
+    """Tags in the inputs' metadata: each tag's values are left out in turn ("a new dataset", "a new
+    language"); the difference between policies is paired over the same left-out groups."""
+    from moeplace.placement.shift import fold_windows, prediction_interval, shift_groupings
 
-    loads = _loads(small, windows=6, per_window=50)
-    groupings = [np.arange(6), np.array([0, 0, 1, 2, 3, 4]), np.array([0, 0, 1, 1, 2, 3]),
-                 np.array([0, 0, 1, 1, 2, 2])]
-    assert len(fold_windows(groupings[-1], groupings)) == 6 + 3  # the singles, then the three pairs once each
-    calls = []
+    paths = _tagged(small, tmp_path)
+    loads = routing_windows(paths)
+    assert loads.provenance["input_tags"][3] == {"dataset": "d1", "lang": "l1"}
+    groupings, _ = shift_groupings(loads)
+    assert [(g.key, g.what, g.names) for g in groupings] == [
+        ("dataset", "a new dataset", ["d0", "d1", "d2"]), ("lang", "a new language", ["l0", "l1"])]
+    assert len(fold_windows(groupings)) == 5
+    cluster = make_cluster(8, "h200", 4)
+    cmp = compare_policies(loads, cluster, num_redundant=8, policies=["eplb", "linear"], plan_fraction=1.0,
+                           shift=True, shift_sample="all")
+    sh = {r.policy: r.shift for r in cmp.results}
+    ds = sh["eplb"]["by_tag"]["dataset"]
+    got = []
+    for d in range(3):  # by hand: plan EPLB without dataset d (both languages), score on it
+        train = [w for w in range(12) if w // 4 != d]
+        test = [w for w in range(12) if w // 4 == d]
+        pl = get_policy("eplb")(PlacementProblem(loads.counts[train].astype(float), small, cluster, 8))
+        got.append(evaluate(pl, loads.counts[test].astype(float), model=small).balancedness)
+    assert ds["per_group"] == pytest.approx(got) and ds["range"] is not None and sh["eplb"]["mean"] == ds["mean"]
+    assert sh["eplb"]["by_tag"]["lang"]["range"] is None  # two languages: no range, and it says so
+    diff = sh["eplb"]["versus"]["linear"]["dataset"]
+    per = np.array(ds["per_group"]) - np.array(sh["linear"]["by_tag"]["dataset"]["per_group"])
+    assert diff["per_group"] == pytest.approx(per.tolist())
+    assert diff["range"] == pytest.approx(prediction_interval(per.tolist())["range"])
+    assert sh["linear"]["versus"]["eplb"]["dataset"]["mean"] == pytest.approx(-diff["mean"])
+    assert diff["verdict"] in ("ahead", "behind", "no clear winner")
+
+
+def test_optimize_tag_flag_and_per_tag_lines(small, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MOEPLACE_PROGRESS", "1")  # as on a terminal: the cost line comes first, on stderr
+    paths = _tagged(small, tmp_path)
+    bare = []
+    for p in paths:  # the same routing without tags in the metadata: tagged on the command line
+        ld = Loads(routing_windows([p]).counts, small, 60)
+        bare.append(tmp_path / f"bare_{p.name}")
+        ld.save(bare[-1])
+    args = [str(x) for x in bare]
+    tags = [f"{b}:dataset={p.stem.split('_')[0]},lang={p.stem.split('_')[1]}" for b, p in zip(bare, paths)]
+    rc = main(["optimize", *args, *[t for x in tags for t in ("--tag", x)], "--gpus", "8", "--gpus-per-node", "4",
+               "--policy", "eplb", "--policy", "linear", "--plan-fraction", "1", "--no-out"])
+    cap = capsys.readouterr()
+    # 5 folds over 4 layers: the least sample, 3 layers, costs more than the main plan, and the line says so;
+    # on stderr before any planning (the first line there), and again above the estimate
+    cost = ("5 folds x 3 of 4 MoE layers (drawn by --seed 0) = 15 layer plans per policy (2 policies), 3.8x the "
+            "main plan's 4 (the least sample, 3 layers, costs more)")
+    assert rc == 0 and f"place optimize: shift estimate: {cost}" in cap.err.splitlines()[0]
+    assert f"(cost: {cost}):" in cap.out
+    assert "  a new dataset (leave out each dataset in turn (3 values, from the inputs' tags): d0, d1, d2" in cap.out
+    assert "  a new language (leave out each lang in turn (2 values" in cap.out
+    assert "    eplb - linear: " in cap.out and "(paired over the same left-out groups)" in cap.out
+    # the same through the metadata: the same estimate
+    rc = main(["optimize", *map(str, paths), "--gpus", "8", "--gpus-per-node", "4", "--policy", "eplb",
+               "--policy", "linear", "--plan-fraction", "1", "--no-out"])
+    assert capsys.readouterr().out.split("shift estimate")[1].split("what to expect")[0] == \
+        cap.out.split("shift estimate")[1].split("what to expect")[0]
+    # the command line overrides a key of the metadata; every input must carry every key used
+    rc = main(["optimize", *map(str, paths), "--tag", f"{paths[0]}:lang=l9", "--gpus", "8", "--gpus-per-node",
+               "4", "--policy", "eplb", "--plan-fraction", "1", "--no-out", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert d["shift_groupings"][1]["groups"] == ["l9", "l1", "l0"]
+    rc = main(["optimize", *map(str, paths), "--tag", f"{paths[0]}:model=x", "--gpus", "8", "--gpus-per-node", "4",
+               "--policy", "eplb", "--plan-fraction", "1", "--no-out"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "tag 'model': given for 1 of 6 planning inputs; tag every input or none" in err
+    for bad, msg in (("nocolon", "expected PATH:KEY=VALUE"), (f"{paths[0]}:=x", "is not KEY=VALUE"),
+                     (f"{paths[0]}:lang=", "is not KEY=VALUE"), (f"{paths[0]}:a=1,a=2", "has tag 'a' twice")):
+        assert main(["optimize", *map(str, paths), "--tag", bad, "--no-out"]) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_malformed_metadata_tags_are_refused_naming_the_file(small, tmp_path, capsys):
+    path = tmp_path / "x.npz"
+    Loads(np.ones((2, L, E), np.int64), small, 100, (), {"tags": ["dataset", "gsm"]}).save(path)
+    other = tmp_path / "y.npz"
+    Loads(np.ones((2, L, E), np.int64) * 2, small, 100, (), {}).save(other)
+    assert main(["optimize", str(path), str(other), "--gpus", "8", "--gpus-per-node", "4", "--no-out"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: metadata field 'tags' must be an object" in err and "Traceback" not in err
+
+
+class _SlowClock:
+    """A clock on which every reading is ``step`` seconds after the last: a machine as loaded as you like."""
+
+    def __init__(self, step: float):
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+def test_the_estimate_does_not_depend_on_elapsed_time(small, monkeypatch):
+    """Under any timing (here: a clock on which every reading is an hour after the last, so every plan
+    seems to take hours) the same command gives the same estimate: its layers are chosen by seed and count,
+    never by how long the main plan took (before, a slow main plan shrank the layer sample). With a time
+    limit the timing can only omit the estimate (said in a note), never change it."""
+    import types
+
+    import moeplace.placement.compare as compare_mod
+    import moeplace.placement.shift as shift_mod
+
+    big = replace(small, num_layers=13, moe_layers=tuple(range(1, 13)), attention=("kda",) * 13)
+    rng = np.random.default_rng(5)
+    counts = np.stack([np.stack([rng.multinomial(400, rng.dirichlet(np.ones(E) * 0.5)) for _ in range(12)])
+                       for _ in range(8)]).astype(np.int64)
+    loads = Loads(counts, big, 100, (), {})
+    cluster = make_cluster(8, "h200", 4)
+
+    def run(**kw):
+        cmp = compare_policies(loads, cluster, num_redundant=8, policies=["eplb", "linear"], plan_fraction=1.0,
+                               shift=True, **kw)
+        return cmp, {r.policy: r.shift for r in cmp.results}
+
+    _, quiet = run()
+    assert len(quiet["eplb"]["layers"]) == 3  # 4 folds: a quarter of the 12 layers, drawn by --seed 0
+    for seed in (1, 2):  # another seed draws other layers
+        assert run(seed=seed)[1]["eplb"]["layers"] != quiet["eplb"]["layers"]
+    slow = types.SimpleNamespace(perf_counter=_SlowClock(36000.0), monotonic=_SlowClock(3600.0), time=_SlowClock(3600.0))
+    monkeypatch.setattr(compare_mod, "time", slow)
+    monkeypatch.setattr(shift_mod, "time", slow)
+    assert run()[1] == quiet
+    assert run(time_limit=1e7)[1] == quiet  # a limit with room: the same estimate
+    # a limit that cannot hold it: omitted, and said so; never a smaller estimate
+    cmp, limited = run(time_limit=2e4)
+    assert all(v is None for v in limited.values())
+    assert any(n.startswith("linear: shift estimate omitted: it needs about 36000 s") for n in cmp.notes), cmp.notes
+
+
+def test_the_estimates_cost_is_announced_before_any_planning(small):
+    loads = _loads(small, windows=8, per_window=50)
+    events = []
 
     def spy(problem):
-        calls.append(problem.loads.shape[0])
+        events.append("plan")
         return get_policy("eplb")(problem)
 
-    sh = shift_estimate(spy, "spy", loads, make_cluster(8, "h200", 4), num_redundant=8, rule="vllm", seed=0,
-                        time_limit=None, options={}, ids=groupings[-1], method="m", groupings=groupings)
-    assert sorted(calls) == [4, 4, 4, 5, 5, 5, 5, 5, 5]
-    levels = sh["groupings"]
-    assert [lv["groups"] for lv in levels] == [6, 5, 4, 3]
-    assert sh["mean"] == levels[-1]["mean"] and sh["per_scenario"] == levels[-1]["per_scenario"]
-    for key in ("mean_range", "worst_range"):
-        assert sh[key][0] == min(lv[key][0] for lv in levels) and sh[key][1] == max(lv[key][1] for lv in levels)
-        for lv in levels:  # each grouping's own range, from its own folds
-            assert lv[key] == shift_ranges(lv["per_scenario"], sh["layer_sample_se"])[0 if key == "mean_range" else 1]
-    wide = max(sh["mean_range"][1] - sh["mean_range"][0], sh["worst_range"][1] - sh["worst_range"][0]) > WIDE_RANGE
-    assert ("wide" in sh) == wide
-    # why a wide range is wide: groupings that disagree point at --group; folds that differ say so
-    from moeplace.placement.shift import _wide_reason
-    fine = {"groups": 6, "mean": 0.70, "worst": 0.66, "per_scenario": [0.66, 0.68, 0.70, 0.71, 0.72, 0.73]}
-    coarse = {"groups": 3, "mean": 0.55, "worst": 0.45, "per_scenario": [0.45, 0.55, 0.65]}
-    why = _wide_reason([fine, coarse], "mean_range", 0.41)
-    assert why.startswith("mean range 0.41 wide: the groupings of related inputs disagree (mean 0.700 with 6 groups, "
-                          "0.550 with 3)") and "--group" in why and "differ by up to 0.200" in why
-    assert "groupings" not in _wide_reason([coarse], "worst_range", 0.35)
+    from moeplace.placement import compare as compare_mod
+
+    fns = {"eplb": spy}
+    orig = compare_mod.get_policy
+    compare_mod.get_policy = lambda name: fns.get(name) or orig(name)
+    try:
+        cmp = compare_policies(loads, make_cluster(8, "h200", 4), num_redundant=8, policies=["eplb"], shift=True,
+                               announce=lambda line: events.append(line))
+    finally:
+        compare_mod.get_policy = orig
+    assert events[0].startswith("shift estimate: 4 folds x 3 of 4 MoE layers (drawn by --seed 0) = 12 layer plans "
+                                "per policy (1 policy), 3x the main plan's 4")
+    assert events.count("plan") == 1 + 4 and events[0] == f"shift estimate: {cmp.shift_cost}"
 
 
 def test_optimize_group_flag(small, tmp_path, capsys):
@@ -451,6 +605,6 @@ def test_optimize_group_flag(small, tmp_path, capsys):
                "--gpus-per-node", "4", "--policy", "eplb", "--plan-fraction", "1", "--json", "--no-out"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["shift_scenarios"] == ["p0.npz", "late"]
-    assert "as given (--group)" in d["shift"]["eplb"]["method"] and "weak" in d["shift"]["eplb"]["method"]
+    assert "from --group" in d["shift"]["eplb"]["method"] and d["shift"]["eplb"]["mean_range"] is None
     assert main(["optimize", str(paths[0]), "--group", "bad", "--no-out"]) == 2
     assert "--group 'bad': expected NAME=PATH" in capsys.readouterr().err

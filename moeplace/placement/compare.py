@@ -9,6 +9,7 @@ several inputs are concatenated window-wise (labels prefixed with the input's na
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +30,16 @@ from moeplace.placement.policies import (
 from moeplace.placement.record import Placement
 from moeplace.placement.rules import get_rule
 from moeplace.placement.shift import (
+    EstimateCut,
     _plan,
-    fold_seconds,
+    cost_line,
     fold_windows,
-    scenario_groupings,
+    public,
     shift_estimate,
+    shift_groupings,
     shift_layers,
+    time_needed,
+    versus,
 )
 from moeplace.placement.windows import loads_tokens, planned_on, split_samples, split_windows
 from moeplace.traces.loads import Loads
@@ -80,6 +85,8 @@ class Comparison:
     moe_layers: int = 0
     shift_method: str | None = None
     shift_scenarios: tuple[str, ...] = ()
+    shift_groupings: tuple[dict, ...] = ()  # every grouping the estimate left out (the first: the table's)
+    shift_cost: str = ""  # the estimate's work, stated before it ran
     planning_sample_tokens: int = 0
     held_sample_tokens: int = 0
     tokens: int = 0
@@ -103,6 +110,8 @@ class Comparison:
         if self.shift_method is not None:
             d["shift"] = {r.policy: r.shift for r in self.results if r.shift is not None}
             d["shift_scenarios"] = list(self.shift_scenarios)
+            d["shift_groupings"] = list(self.shift_groupings)
+            d["shift_cost"] = self.shift_cost
         return d
 
 
@@ -121,22 +130,26 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
                      policies: list[str] | None = None, rule: str = "vllm", plan_fraction: float = 0.5,
                      seed: int = 0, time_limit: float | None = None, options: dict[str, Any] | None = None,
                      samples: np.ndarray | None = None, shift: bool = False,
-                     deadline: float | None = None, shift_sample: int | str = "auto") -> Comparison:
+                     deadline: float | None = None, shift_sample: int | str = "auto",
+                     announce: Callable[[str], None] | None = None) -> Comparison:
     """Plan each policy on the planning windows, score it (``evaluate``, Loads-level, ``rule``)
     on the planning and on the held-out windows. ``policies``: registry names (default: all).
     The token sample is split by window: policies plan on the planning windows' tokens only and the
     held-out traffic columns replay the held-out windows' tokens only. ``samples`` overrides the
     planning sample (the caller vouches that it holds no held-out token).
-    ``shift``: also run the leave-one-scenario-out estimate (:func:`shift_estimate`, one extra plan per
-    scenario and policy) on the planning windows, on the MoE layers :func:`shift_layers` picks with
-    ``shift_sample`` (``"auto"``: every layer when the folds are expected to take at most
-    ``SHIFT_BUDGET_S``, judged from the policy's own main plan, else a sample that fits it).
+    ``shift``: also run the leave-one-group-out estimate (:func:`shift_estimate`, one extra plan per
+    left-out group and policy) on the planning windows, over the groupings :func:`shift_groupings` finds
+    (tags, else clustering), on the MoE layers :func:`shift_layers` picks with ``shift_sample`` and
+    ``seed`` (``"auto"``: as many as keep its work within the main plan's); ``announce`` gets the
+    estimate's cost before any planning starts. Each policy's estimate carries ``versus``: its paired
+    difference to every other policy estimated.
 
     ``time_limit``: seconds for the whole comparison, planning and scoring every policy, counted from this
     call, or ``deadline`` (a ``time.monotonic()`` instant: a command's start plus its limit). Policies that
     cannot stop early run first (the one-pass baselines, then EPLB) with what is left, each reserving only
     its own scoring, so a short limit still runs the cheap ones; anytime policies (``moeplace``) then share
-    the rest, less the time scoring takes; the shift estimate gets what remains after that. A policy the limit
+    the rest, less the time scoring takes; the shift estimate runs in what remains after that, whole or not
+    at all (a limit that would cut it omits it, named in ``notes``: it never changes what is computed). A policy the limit
     leaves no time for, or that runs past it, is left out of the results and named in ``notes`` ("eplb
     skipped: time limit"), as is every stage an anytime policy skipped or cut short."""
     options = dict(options or {})
@@ -159,17 +172,22 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
     held = loads.counts[held_idx].astype(np.float64)
     # the estimate comes from the planning windows alone, so it is a prediction the held-out columns check
     planning = loads.select(planning_idx)
-    ids, sc_names, method, groupings = scenario_groupings(planning) if shift else (None, [], None, [])
-    if shift and len(sc_names) < 2:
-        ids, method = None, None
+    groupings, shift_notes = shift_groupings(planning, seed) if shift else ([], [])
+    groupings = [g for g in groupings if len(g.names) >= 2]
     active_layers = int((planning.counts.sum(axis=(0, 2)) > 0).sum())
     notes = []
     if single:
         notes.append("only one window: the held-out columns score the planning window itself")
     if sample_note:
         notes.append(sample_note)
-    if shift and ids is None:
+    notes += [f"shift estimate: {n}" for n in shift_notes]
+    if shift and not groupings:
         notes.append("one planning window only: no shift estimate")
+    folds = fold_windows(groupings)
+    sampled = shift_layers(planning, len(folds), shift_sample, seed) if groupings else np.zeros(0, np.int64)
+    cost = cost_line(len(folds), sampled.size, active_layers, seed, len(fns)) if groupings else ""
+    if cost and announce is not None:
+        announce(f"shift estimate: {cost}")
 
     def share(name: str, rest: list[str], reserve: float) -> float | None:
         """Seconds for ``name`` out of what the deadline leaves (``None``: no limit); <= 0: none left."""
@@ -209,35 +227,35 @@ def compare_policies(loads: Loads, cluster: ClusterSpec, *, num_redundant: int,
         done[name] = (placement, dt, m_planning, m_held)
         notes += [f"{name}: {line}" for line in time_limit_lines(placement)]
     pb.close()
-    shifts: dict[str, dict | None] = {}
-    if ids is not None:
+    shifts: dict[str, dict] = {}
+    if groupings:
         todo = [n for n in order if n in done]
-        for i, name in enumerate(track(todo, "shift estimate", "policy")):
-            folds = len(fold_windows(ids, groupings))
-            limit = share(name, todo[i:], 0.0)
-            if limit is not None:
-                limit /= folds
-                if limit <= 0:
-                    notes.append(f"{name}: shift estimate skipped: time limit")
+        for name in track(todo, "shift estimate", "policy"):
+            limit = None
+            if deadline is not None:
+                # the limit decides whether the estimate runs, never what it computes
+                limit = deadline - time.monotonic()
+                need = time_needed(done[name][1], len(folds) * sampled.size, active_layers)
+                if limit <= 0 or need > limit:
+                    notes.append(f"{name}: shift estimate omitted: it needs about {need:.0f} s ({cost}) and the time "
+                                 f"limit leaves {max(0.0, limit):.0f} s; raise --time-limit or lower --shift-layers")
                     continue
-            sampled = shift_layers(planning, ids, shift_sample,
-                                   fold_seconds(done[name][1], ids, is_anytime(name), groupings))
-            how = method
-            if sampled.size < active_layers:
-                how += (f"; on {sampled.size} of {active_layers} MoE layers, evenly spaced (each placed as a plan "
-                        f"of every layer places it; every layer would take about "
-                        f"{fold_seconds(done[name][1], ids, is_anytime(name), groupings):.0f} s)")
             try:
                 shifts[name] = shift_estimate(fns[name], name, planning, cluster, num_redundant=num_redundant,
-                                              rule=rule, seed=seed, time_limit=limit, options=options,
-                                              ids=ids, method=how, layers=sampled, groupings=groupings or None)
-            except TimeLimitReached:
-                notes.append(f"{name}: shift estimate skipped: time limit")
+                                              rule=rule, seed=seed, options=options, groupings=groupings,
+                                              layers=sampled, time_limit=limit)
+            except EstimateCut:
+                notes.append(f"{name}: shift estimate omitted: the time limit would have cut it short (it is "
+                             "computed whole or not at all); raise --time-limit or lower --shift-layers")
+        for name, sh in shifts.items():
+            sh["versus"] = {other: versus(sh, shifts[other], active_layers) for other in shifts if other != name}
+        shifts = {n: public(sh) for n, sh in shifts.items()}
     results = [PolicyResult(n, *done[n], shifts.get(n)) for n in names if n in done]
     scored = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
     return Comparison(results, planning_idx, held_idx, single, rule, cluster, num_redundant, tuple(notes),
-                      scored, loads.model.num_moe_layers, method, tuple(sc_names) if ids is not None else (),
-                      0 if planning_samples is None else len(planning_samples),
+                      scored, loads.model.num_moe_layers, groupings[0].how if groupings else None,
+                      tuple(groupings[0].names) if groupings else (), tuple(g.describe() for g in groupings),
+                      cost, 0 if planning_samples is None else len(planning_samples),
                       0 if held_samples is None else len(held_samples), loads_tokens(loads),
                       loads.model.layers_label)
 

@@ -59,33 +59,45 @@ def format_table(cmp: Comparison) -> str:
     return "\n".join(lines)
 
 
-def format_shift(cmp: Comparison) -> list[str]:
-    """Lines under the table: per policy, the balancedness to expect on traffic unlike the planning data,
-    with its range (spread over the left-out groups plus the layer sample's error)."""
+def _rng(r: dict, signed: bool = False) -> str:
+    f = "+.3f" if signed else ".3f"
+    return "(no range)" if r.get("range") is None else f"[{r['range'][0]:{f}}, {r['range'][1]:{f}}]"
+
+
+def format_shift(cmp: Comparison, chosen: str | None = None) -> list[str]:
+    """Lines under the table: per kind of new workload the inputs say (a tag's values left out in turn,
+    else the grouping found), each policy's balancedness to expect on one such workload with its 80 %
+    prediction interval, the written policy's paired difference to each other policy, and what would
+    narrow a range too wide to plan with. ``chosen``: the policy written (default moeplace, else the
+    first)."""
     rows = [r for r in cmp.results if r.shift]
     if not rows:
         return []
-    base, *details = cmp.shift_method.split("; ")
-    spans = any("groupings" in r.shift for r in rows)
-    rng_how = ("range: over every grouping, each an 80 % prediction interval from the spread over its left-out "
-               "groups, plus 2 standard errors of the layer sample" if spans else
-               "range: 80 % prediction interval from the spread over the left-out groups, plus 2 "
-               "standard errors of the layer sample")
-    out = [(f"shift estimate ({base} over {len(cmp.shift_scenarios)} scenarios of the planning "
-            f"data: {', '.join(cmp.shift_scenarios)}; plan on the rest with the same settings, score on the one "
-            f"left out{''.join('; ' + d for d in details)}) — balancedness to expect on traffic unlike the "
-            f"planning data ({rng_how}):")]
-    for r in rows:
-        sh = r.shift
-        se = sh.get("layer_sample_se") or 0.0
-        err = f" (± {se:.4f} from the layer sample)" if se else ""
-        extra = sh["method"][len(cmp.shift_method):].lstrip("; ") if sh["method"].startswith(cmp.shift_method) else ""
-        rng = ""
-        if "mean_range" in sh:
-            rng = (f" [{sh['mean_range'][0]:.3f}, {sh['mean_range'][1]:.3f}]")
-        wr = f" [{sh['worst_range'][0]:.3f}, {sh['worst_range'][1]:.3f}]" if "worst_range" in sh else ""
-        out.append(f"  {r.policy}: mean {sh['mean']:.4f}{rng}{err}, worst scenario {sh['worst']:.4f}{wr}"
-                   + (f" ({extra})" if extra else "") + (f"; {sh['wide']}" if sh.get("wide") else ""))
+    names = [r.policy for r in rows]
+    chosen = chosen if chosen in names else ("moeplace" if "moeplace" in names else names[0])
+    out = [(f"shift estimate — balancedness to expect on one new workload unlike the planning data; each range "
+           f"an {rows[0].shift.get('coverage', 0.8):.0%} prediction interval for one such workload, from leaving "
+           "out each group of the planning inputs in turn and planning on the rest with the written placement's "
+           f"settings (cost: {cmp.shift_cost}):")]
+    for g in cmp.shift_groupings:
+        key = g["key"]
+        first = rows[0].shift["by_tag"].get(key)
+        if first is None:
+            continue
+        out.append(f"  {g['what']} ({g['how']}: {', '.join(g['groups'])}; range: {first['interval']}):")
+        for r in rows:
+            t = r.shift["by_tag"][key]
+            se = t.get("layer_sample_se") or 0.0
+            err = f", ± {se:.4f} from the layer sample" if se else ""
+            out.append(f"    {r.policy}: {t['mean']:.4f} {_rng(t)} (lowest left out {t['worst']:.4f}{err})")
+        mine = next(r for r in rows if r.policy == chosen).shift
+        for other in names:
+            d = (mine.get("versus", {}).get(other) or {}).get(key)
+            if d is None:
+                continue
+            verdict = {"ahead": f"{chosen} ahead", "behind": f"{other} ahead"}.get(d["verdict"], d["verdict"])
+            out.append(f"    {chosen} - {other}: {d['mean']:+.4f} {_rng(d, signed=True)} (paired over the same "
+                       f"left-out groups): {verdict}")
+        if mine["by_tag"][key].get("narrower"):
+            out.append(f"    {chosen}: {mine['by_tag'][key]['narrower']}")
     return out
-
-

@@ -1,8 +1,23 @@
-"""The shift estimate: what a placement keeps on workloads unlike its planning data. Planning windows are
-grouped into scenarios (inputs grouped by the similarity of their expert loads, else domain tags, else
-contiguous windows); each group is left out in turn, the policy is planned on the rest with the written
-placement's settings and scored on the group it did not see; the spread over folds and the layer-sample
-error give the ranges."""
+"""The shift estimate: what a placement keeps on one new workload unlike its planning data, with an 80 %
+prediction interval, per kind of "new" the inputs can say (docs/placement.md "Shift estimate").
+
+*Groupings* (:func:`shift_groupings`): what is left out together. The inputs' tags (a Loads file's or a
+trace's metadata ``tags`` object, or ``--tag PATH:KEY=VALUE``; ``--group`` is the tag ``group``) give one
+grouping per tag key: leaving out every input with one value of ``dataset`` in turn estimates "a new
+dataset", of ``lang`` "a new language". Without tags the inputs are clustered (average linkage on the
+total-variation distance of their expert shares, the number of groups by the best silhouette) and the
+grouping is printed with its stability under resampling the layers; one tagged trace uses its windows'
+domain tags; a single untagged input, contiguous runs of its windows.
+
+*Estimate* (:func:`shift_estimate`): for each left-out group, the policy is planned on the rest with the
+written placement's settings and scored on the group; the figure for a grouping is the mean over its
+groups, the range an 80 % prediction interval for one more group (:func:`prediction_interval`: the
+left-out groups' order statistics where there are enough of them to give a distribution-free 80 %, else a
+Student-t interval). Paired differences between policies (:func:`versus`) use the same left-out groups.
+
+*Deterministic*: the MoE layers are all of them or a sample chosen by seed and count
+(:func:`shift_layers`), never by elapsed time; a time limit can only omit the estimate, not change it.
+"""
 from __future__ import annotations
 
 import math
@@ -10,6 +25,7 @@ import multiprocessing as mp
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,40 +35,52 @@ from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import worker_signals
 from moeplace.placement.evaluate import evaluate
-from moeplace.placement.policies import (
-    PlacementProblem,
-    is_anytime,
-)
+from moeplace.placement.policies import PlacementProblem, TimeLimitReached, is_anytime
 from moeplace.placement.record import Placement
 from moeplace.placement.windows import window_span
 from moeplace.traces.loads import Loads
 
-# ---------------------------------------------------------------------------- scenarios (shift estimate)
-MAX_SCENARIOS = 8
+COVERAGE = 0.80  # the nominal coverage of every printed range
+# A range wider than this says what would narrow it (the planning target: a range a user can plan with).
+WIDE = 0.20
+MIN_INTERVAL_GROUPS = 3  # fewer left-out groups than this: no range (the spread rests on 1 or 2 numbers)
+MAX_CLUSTERS = 8
 WINDOW_GROUPS = 4
-# Inputs are related (left out together) when the average distance between their expert-load distributions
-# is under this share of the median distance between the inputs (see :func:`group_inputs`).
-GROUP_DISTANCE = 0.5
-WEAK_GROUPS = 3  # fewer scenario groups than this: each fold plans on one group, the estimate is weak
-
+BOOTSTRAP = 100  # layer resamples behind the clustering's stability
+MIN_LAYERS = 3  # a layer sample smaller than this leaves no usable estimate of its own error
 
 # Below this mean dominant-tag share per window, domain-tag scenarios overlap and flatter the shift estimate:
 # on a drifting synthetic trace tagged per window, 96 % of the left-out domain's deviation lay in the planning
 # windows' top variation directions, against 18 % with the same trace split cleanly by each token's domain.
 PURE_WINDOW_SHARE = 0.95
 
+# two-sided 80 % Student-t quantiles t_{0.90, df} for df = 1..30 (above: the normal's 1.2816)
+T80 = (3.0777, 1.8856, 1.6377, 1.5332, 1.4759, 1.4398, 1.4149, 1.3968, 1.3830, 1.3722,
+       1.3634, 1.3562, 1.3502, 1.3450, 1.3406, 1.3368, 1.3334, 1.3304, 1.3277, 1.3253,
+       1.3232, 1.3212, 1.3195, 1.3178, 1.3163, 1.3150, 1.3137, 1.3125, 1.3114, 1.3104)
+Z80 = 1.2816
+
+
+def t80(df: int) -> float:
+    return T80[df - 1] if 1 <= df <= len(T80) else Z80
+
+
+# ---------------------------------------------------------------------------- distances, clustering
+def layer_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per MoE layer, the total-variation distance between two ``[L, E]`` count arrays' expert shares
+    (0 = the same distribution, 1 = disjoint experts); NaN where either has no tokens."""
+    sa, sb = a.sum(-1), b.sum(-1)
+    out = np.full(a.shape[0], np.nan)
+    both = (sa > 0) & (sb > 0)
+    out[both] = 0.5 * np.abs(a[both] / sa[both, None] - b[both] / sb[both, None]).sum(-1)
+    return out
+
 
 def load_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """Distance between two ``[L, E]`` count arrays: the total-variation distance between their expert
-    shares, mean over the layers where both have tokens (0 = the same distribution, 1 = disjoint experts);
-    1 when no layer has tokens in both."""
-    sa, sb = a.sum(-1), b.sum(-1)
-    both = (sa > 0) & (sb > 0)
-    if not both.any():
-        return 1.0
-    pa = a[both] / sa[both, None]
-    pb = b[both] / sb[both, None]
-    return float(0.5 * np.abs(pa - pb).sum(-1).mean())
+    """Distance between two ``[L, E]`` count arrays: :func:`layer_distances`' mean over the layers where
+    both have tokens; 1 when no layer has tokens in both."""
+    d = layer_distances(a, b)
+    return float(np.nanmean(d)) if np.isfinite(d).any() else 1.0
 
 
 def _labels(clusters: list[list[int]], n: int) -> list[int]:
@@ -64,162 +92,356 @@ def _labels(clusters: list[list[int]], n: int) -> list[int]:
     return out
 
 
-def input_dendrogram(per_input: list[np.ndarray]) -> list[tuple[list[int], float]]:
-    """Average-linkage agglomerative clustering of inputs (``[L, E]`` counts each) on :func:`load_distance`:
-    every level of the hierarchy, finest first — ``(group per input, distance of the merge that made this
-    level)``, from each input its own group (distance 0) down to one group. A level merges the closest two
-    groups of the one before (mean distance over their members' pairs)."""
-    n = len(per_input)
-    d = np.array([[load_distance(per_input[i], per_input[j]) if i != j else 0.0 for j in range(n)]
-                  for i in range(n)])
+def linkage_levels(d: np.ndarray) -> list[list[int]]:
+    """Average-linkage agglomerative clustering on the distance matrix ``d`` (``[n, n]``): every level,
+    finest first — the group of each input, from each input its own group down to one group. A level
+    merges the closest two groups of the one before (mean distance over their members' pairs; ties: the
+    first pair in order)."""
+    n = d.shape[0]
     clusters = [[i] for i in range(n)]
-    levels = [(_labels(clusters, n), 0.0)]
+    levels = [_labels(clusters, n)]
     while len(clusters) > 1:
-        best, pair = None, None
+        best, pair = None, (0, 1)
         for a in range(len(clusters)):
             for b in range(a + 1, len(clusters)):
                 x = float(d[np.ix_(clusters[a], clusters[b])].mean())
-                if best is None or x < best:
+                if best is None or x < best - 1e-15:
                     best, pair = x, (a, b)
         a, b = pair
         clusters[a] = sorted(clusters[a] + clusters.pop(b))
-        levels.append((_labels(clusters, n), best))
+        levels.append(_labels(clusters, n))
     return levels
 
 
-def group_inputs(per_input: list[np.ndarray], rel: float = GROUP_DISTANCE) -> list[int]:
-    """Group related inputs (``[L, E]`` counts each) so the shift estimate leaves them out together: the
-    level of :func:`input_dendrogram` reached by merging while the merge distance is under ``rel`` x the
-    median distance between all pairs of inputs. Returns each input's group (0, 1, ... in order of first
-    input). Two inputs never merge (the median is their own distance): with nothing to compare them to,
-    they count as unrelated."""
+def silhouette(d: np.ndarray, labels: list[int]) -> float:
+    """Mean silhouette width (Rousseeuw 1987) of a partition under distances ``d``; an input alone in its
+    group scores 0."""
+    lab = np.asarray(labels)
+    n = lab.size
+    s = np.zeros(n)
+    for i in range(n):
+        own = (lab == lab[i]) & (np.arange(n) != i)
+        if not own.any():
+            continue
+        a = d[i, own].mean()
+        b = min(d[i, lab == g].mean() for g in set(lab.tolist()) if g != lab[i])
+        s[i] = (b - a) / max(a, b) if max(a, b) > 0 else 0.0
+    return float(s.mean())
+
+
+def adjusted_rand(a: list[int], b: list[int]) -> float:
+    """Adjusted Rand index of two partitions (1 = the same, about 0 = as alike as chance)."""
+    a, b = np.asarray(a), np.asarray(b)
+    n = a.size
+    table = np.zeros((a.max() + 1, b.max() + 1))
+    np.add.at(table, (a, b), 1)
+    comb = lambda x: x * (x - 1) / 2
+    idx = comb(table).sum()
+    ra, rb = comb(table.sum(1)).sum(), comb(table.sum(0)).sum()
+    expected = ra * rb / comb(n) if n > 1 else 0.0
+    top = (ra + rb) / 2 - expected
+    return 1.0 if top == 0 else float((idx - expected) / top)
+
+
+def _choose_level(d: np.ndarray, max_groups: int) -> tuple[list[int], float]:
+    """The level of :func:`linkage_levels` with 3..``max_groups`` groups (``n`` inputs: at most n) of the
+    best mean silhouette (ties: fewer groups); an input per group scores 0, so inputs merge only where
+    merging separates them better than not."""
+    n = d.shape[0]
+    best: tuple[list[int], float] | None = None
+    for lab in linkage_levels(d):
+        k = max(lab) + 1
+        if not 3 <= k <= max_groups:
+            continue
+        s = silhouette(d, lab)
+        if best is None or s >= best[1] - 1e-12:
+            best = (lab, s)
+    return best if best is not None else (list(range(n)), 0.0)
+
+
+@dataclass(frozen=True)
+class Clustering:
+    labels: list[int]
+    silhouette: float
+    stability: float  # mean adjusted Rand index of the grouping found on layer resamples
+    same: float  # share of layer resamples that find exactly this grouping
+    resamples: int
+
+
+def cluster_inputs(per_input: list[np.ndarray], seed: int = 0, max_groups: int = MAX_CLUSTERS) -> Clustering:
+    """Group related inputs (``[L, E]`` counts each) when nothing says which are related: average-linkage
+    clustering on :func:`load_distance`, the level with 3 to ``max_groups`` groups of the best silhouette.
+    Its stability: the same choice made on :data:`BOOTSTRAP` resamples of the MoE layers (with
+    replacement, seeded by ``seed``), compared with the grouping found (adjusted Rand index, mean; and the
+    share of resamples finding exactly it). With 3 inputs or fewer each input is its own group."""
     n = len(per_input)
-    if n < 3:
-        return list(range(n))
-    d = [load_distance(per_input[i], per_input[j]) for i in range(n) for j in range(i + 1, n)]
-    cut = rel * float(np.median(d))
-    out = list(range(n))
-    for labels, dist in input_dendrogram(per_input)[1:]:
-        if dist >= cut:
-            break
-        out = labels
-    return out
+    if n <= 3:
+        return Clustering(list(range(n)), 0.0, 1.0, 1.0, 0)
+    per_layer = np.array([[layer_distances(per_input[i], per_input[j]) if i != j else
+                           np.zeros(per_input[0].shape[0]) for j in range(n)] for i in range(n)])  # [n, n, L]
+    ok = np.isfinite(per_layer).all(axis=(0, 1))
+    per_layer = per_layer[:, :, ok] if ok.any() else np.ones((n, n, 1)) - np.eye(n)[:, :, None]
+    labels, sil = _choose_level(per_layer.mean(-1), max_groups)
+    L = per_layer.shape[-1]
+    rng = np.random.default_rng([seed, 45])
+    aris, same = [], 0
+    for _ in range(BOOTSTRAP):
+        lab, _ = _choose_level(per_layer[:, :, rng.integers(0, L, L)].mean(-1), max_groups)
+        aris.append(adjusted_rand(labels, lab))
+        same += lab == labels
+    return Clustering(labels, sil, float(np.mean(aris)), same / BOOTSTRAP, BOOTSTRAP)
 
 
-def input_groupings(per_input: list[np.ndarray], max_groups: int = MAX_SCENARIOS,
-                    min_groups: int = WEAK_GROUPS) -> list[list[int]]:
-    """The plausible groupings of related inputs the default shift estimate spans (finest first): every
-    level of :func:`input_dendrogram` with at most ``max_groups`` and at least ``min_groups`` groups (fewer
-    leave too few folds for a spread); with ``min_groups`` inputs or fewer, down to 2 groups (the estimate
-    then says it is weak).
+# ---------------------------------------------------------------------------- groupings
+@dataclass(frozen=True)
+class Grouping:
+    """One way of leaving out whole groups of planning windows: ``ids`` int ``[W]`` (group per window),
+    the groups' ``names``, the tag ``key`` it comes from, ``what`` a left-out group stands for ("a new
+    dataset") and ``how`` it was found."""
 
-    Why several: which inputs are "related" (the same dataset in two languages, two datasets of one
-    task) decides how much of a left-out group the other folds have already seen, and the expert loads
-    alone cannot tell a language pair from two datasets (on real routing both sit 0.25-0.40 apart).
-    Unseen production traffic may be a relative of a planning input (the fine levels predict that) or a
-    new dataset (the coarse levels); spanning the levels covers both, and ``--group`` says which."""
-    n = len(per_input)
-    if n <= 2:
-        return [list(range(n))]
-    lo = min_groups if n > min_groups else 2
-    return [lab for lab, _ in input_dendrogram(per_input) if lo <= max(lab) + 1 <= max_groups]
+    key: str
+    what: str
+    ids: np.ndarray
+    names: list[str]
+    how: str
+
+    def describe(self) -> dict[str, Any]:
+        return {"key": self.key, "what": self.what, "groups": list(self.names), "how": self.how}
 
 
-def _input_scenarios(loads: Loads, tags: list[int]) -> tuple[list[Any], list[str], str, list[list[Any]]]:
-    """Each window's scenario key, the scenario names, the method and the other groupings the estimate
-    spans (each a key per window, finest first; empty when there is one grouping) for windows tagged by
-    input (``tags``: input index per window): the groups ``--group`` named (provenance ``input_groups``, a
-    group name per input: the one grouping), else the plausible groupings of :func:`input_groupings`, the
-    scenarios named by the coarsest of them; an input per scenario when no two are related."""
+def input_tags(loads: Loads) -> tuple[list[dict[str, str]], list[str]]:
+    """Each input's tags (``provenance["input_tags"]``: from the inputs' metadata and ``--tag``; with
+    ``--group``, the key ``group`` first) and the tag keys in order of first appearance."""
     prov = loads.provenance
     files = prov.get("inputs", [])
-    present = list(dict.fromkeys(tags))
-    fname = {i: Path(files[i]).name if i < len(files) else str(i) for i in present}
+    tags = [dict(t or {}) for t in (prov.get("input_tags") or [{} for _ in files])]
     given = prov.get("input_groups")
     if given is not None and len(given) == len(files):
-        key = {i: str(given[i]) for i in present}
-        keys = [key[t] for t in tags]
-        return keys, list(dict.fromkeys(keys)), "leave-one-input-group-out (groups as given (--group))", []
-    per = [loads.counts[[w for w, t in enumerate(tags) if t == i]].sum(axis=0).astype(np.float64)
-           for i in present]
-
-    def window_keys(g: list[int]) -> list[str]:
-        members = {k: [fname[present[j]] for j in range(len(present)) if g[j] == k] for k in set(g)}
-        key = {i: "+".join(members[g[j]]) for j, i in enumerate(present)}
-        return [key[t] for t in tags]
-
-    levels = input_groupings(per)
-    keys = window_keys(levels[-1])
-    names = list(dict.fromkeys(keys))
-    if len(levels) == 1:
-        if len(names) == len(present):  # every input its own scenario
-            return keys, names, "leave-one-input-file-out", []
-        return keys, names, "leave-one-input-group-out", []
-    sizes = [max(g) + 1 for g in levels]
-    how = (f"spanning {len(levels)} groupings of related inputs ({sizes[0]} to {sizes[-1]} groups, the levels of "
-           "average-linkage clustering on the total-variation distance of per-layer expert shares): the figures "
-           "at the coarsest, the ranges over every grouping, since which inputs are related cannot be told from "
-           "their loads alone (--group names the groups and narrows the ranges)")
-    return keys, names, f"leave-one-input-group-out, {how}", [window_keys(g) for g in levels]
+        tags = [{"group": str(g), **{k: v for k, v in t.items() if k != "group"}} for g, t in zip(given, tags)]
+    keys = list(dict.fromkeys(k for t in tags for k in t))
+    return tags, keys
 
 
-def scenario_groupings(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndarray, list[str], str,
-                                                                                     list[np.ndarray]]:
-    """:func:`scenarios` plus the groupings the estimate spans: int ``[W]`` scenario ids per grouping, finest
-    first, the last one the returned ids (empty: one grouping, the returned ids)."""
+def _what(key: str) -> str:
+    return {"lang": "a new language", "language": "a new language", "group": "a new group of related inputs",
+            "domain": "a new domain"}.get(key, f"a new {key}")
+
+
+def shift_groupings(loads: Loads, seed: int = 0) -> tuple[list[Grouping], list[str]]:
+    """The groupings the estimate leaves out (the first is the one the table's figures quote) and notes
+    about what could not be used. Multiple inputs: one grouping per tag key with at least 2 values
+    (every input must carry every key used); untagged, the clustering of :func:`cluster_inputs`. One
+    input: its windows' domain tags, else :data:`WINDOW_GROUPS` contiguous runs of windows."""
     W = loads.num_windows
     prov = loads.provenance
-    for key, what in (("window_inputs", "input file"), ("window_domains", "domain tag")):
-        tags = prov.get(key)
-        if tags is None or len(tags) != W:
-            continue
-        if len(set(tags)) < 2:
-            continue
-        alt: list[list[Any]] = []
-        if key == "window_inputs":
-            tags, shown, method, alt = _input_scenarios(loads, list(tags))
-            names = list(shown)
+    notes: list[str] = []
+    win_inputs = prov.get("window_inputs")
+    files = prov.get("inputs", [])
+    if win_inputs is not None and len(win_inputs) == W and len(set(win_inputs)) >= 2:
+        present = list(dict.fromkeys(win_inputs))
+        fname = {i: Path(files[i]).name if i < len(files) else str(i) for i in present}
+        tags, keys = input_tags(loads)
+        out = []
+        for key in keys:
+            missing = [fname[i] for i in present if key not in tags[i]]
+            if missing:
+                raise InputError(f"tag '{key}': given for {len(present) - len(missing)} of {len(present)} planning "
+                                 f"inputs; tag every input or none (missing: {', '.join(missing)})")
+            values = {i: str(tags[i][key]) for i in present}
+            names = list(dict.fromkeys(values[i] for i in present))
+            if len(names) < 2:
+                notes.append(f"tag {key}: one value ({names[0]}) among the planning inputs, nothing to leave out")
+                continue
+            ids = np.array([names.index(values[i]) for i in win_inputs], np.int64)
+            src = "--group" if key == "group" else "the inputs' tags"
+            out.append(Grouping(key, _what(key), ids, names,
+                                f"leave out each {key} in turn ({len(names)} values, from {src})"))
+        if out:
+            return out, notes
+        per = [loads.counts[[w for w, t in enumerate(win_inputs) if t == i]].sum(axis=0).astype(np.float64)
+               for i in present]
+        c = cluster_inputs(per, seed)
+        members: dict[int, list[str]] = {}
+        for j, g in enumerate(c.labels):
+            members.setdefault(g, []).append(fname[present[j]])
+        names = ["+".join(members[g]) for g in sorted(members)]
+        ids = np.array([c.labels[present.index(t)] for t in win_inputs], np.int64)
+        if c.resamples == 0:
+            how = (f"leave out each input in turn (untagged; {len(present)} inputs: too few to cluster, each its "
+                   "own group)")
         else:
-            names = list(dict.fromkeys(tags))
-            shown = [str(n) for n in names]
-            method = f"leave-one-{what.replace(' ', '-')}-out"
-        ids = np.array([names.index(t) for t in tags], np.int64)
-        if len(names) > max_scenarios:
-            ids %= max_scenarios
-            shown = ["+".join(shown[j::max_scenarios]) for j in range(max_scenarios)]
-        groupings = []
-        for keys in alt:
-            order = list(dict.fromkeys(keys))
-            groupings.append(np.array([order.index(k) for k in keys], np.int64))
-        share = prov.get("window_domain_share") if key == "window_domains" else None
+            k = len(names)
+            how = (f"untagged: clustered into {k} groups of related inputs (average linkage on the total-variation "
+                   f"distance of per-layer expert shares, {k} groups by the best silhouette {c.silhouette:.2f}); "
+                   f"confidence: {c.same:.0%} of {c.resamples} layer resamples find this grouping (agreement "
+                   f"{c.stability:.2f}, adjusted Rand); if these are not the related inputs, tag them "
+                   "(--tag PATH:dataset=NAME, --group) so whole datasets are left out")
+        return [Grouping("cluster", "a new group of related inputs", ids, names, how)], notes
+    dom = prov.get("window_domains")
+    if dom is not None and len(dom) == W and len(set(dom)) >= 2:
+        names = [str(x) for x in dict.fromkeys(dom)]
+        ids = np.array([names.index(str(x)) for x in dom], np.int64)
+        how = f"leave out each domain tag of the trace's windows in turn ({len(names)} values)"
+        share = prov.get("window_domain_share")
         if share is not None and len(share) == W and float(np.mean(share)) < PURE_WINDOW_SHARE:
-            method += (f"; optimistic: windows mix domains (a window's dominant tag holds {np.mean(share):.0%} of "
-                       "its tokens on average), so the left-out tag's traffic is partly in the planning "
-                       "scenarios; one input per workload gives a clean estimate")
-        return ids, shown, method + _weak(len(shown)), groupings
+            how += (f"; optimistic: windows mix domains (a window's dominant tag holds {np.mean(share):.0%} of "
+                    "its tokens on average), so the left-out tag's traffic is partly in the planning "
+                    "scenarios; one input per workload gives a clean estimate")
+        return [Grouping("domain", "a new domain", ids, names, how)], notes
     n = min(WINDOW_GROUPS, W)
     ids = (np.arange(W) * n) // W
     names = [window_span(np.flatnonzero(ids == g), "window") for g in range(n)]
-    return ids, names, f"leave-one-window-group-out ({n} contiguous groups)" + _weak(n), []
+    return [Grouping("windows", "a later stretch of this input", ids, names,
+                     f"leave out each of {n} contiguous runs of windows in turn (one untagged input)")], notes
 
 
-def scenarios(loads: Loads, max_scenarios: int = MAX_SCENARIOS) -> tuple[np.ndarray, list[str], str]:
-    """Each window's scenario for the leave-one-scenario-out estimate: ``(ids int [W], names, method)``.
-    A scenario is a group of related input files (several inputs: :func:`_input_scenarios`; without
-    ``--group`` the coarsest of the groupings the estimate spans, see :func:`scenario_groupings`), else a
-    domain tag (a trace's dominant domain per window, when it has >= 2), else one of ``WINDOW_GROUPS``
-    contiguous groups of windows. More than ``max_scenarios`` groups or domains are merged round-robin
-    into that many. With fewer than ``WEAK_GROUPS`` scenarios the method says the estimate is weak."""
-    return scenario_groupings(loads, max_scenarios)[:3]
+def scenarios(loads: Loads, seed: int = 0) -> tuple[np.ndarray, list[str], str]:
+    """The first grouping of :func:`shift_groupings`: ``(group per window int [W], names, how)``."""
+    g = shift_groupings(loads, seed)[0][0]
+    return g.ids, list(g.names), g.how
 
 
-def _weak(n: int) -> str:
-    if n >= WEAK_GROUPS:
-        return ""
-    return (f"; weak: {n} scenario groups only (each fold plans on {n - 1} and the spread over folds rests on "
-            f"{n} numbers; give {WEAK_GROUPS} or more unrelated workloads)")
+def fold_windows(groupings: list[Grouping]) -> list[np.ndarray]:
+    """The distinct left-out window sets of the groupings: one fold per group, a group two groupings
+    share (the same windows) planned once."""
+    seen: dict[tuple[int, ...], np.ndarray] = {}
+    for g in groupings:
+        for sc in range(len(g.names)):
+            w = np.flatnonzero(g.ids == sc)
+            seen.setdefault(tuple(w.tolist()), w)
+    return list(seen.values())
 
 
+# ---------------------------------------------------------------------------- layers and cost
+def shift_layers(planning: Loads, num_folds: int, layers: int | str = "auto", seed: int = 0) -> np.ndarray:
+    """The MoE layers (indices, ascending) the estimate plans and scores, from the layers with tokens:
+    ``"all"`` every one; an int that many; ``"auto"`` as many as keep its work (folds x layers) within the
+    main plan's (one plan of every layer), at least :data:`MIN_LAYERS`. A sample is drawn without
+    replacement by ``seed``: the same command picks the same layers on any machine. Every policy places
+    each layer from that layer's loads alone, so a sampled layer gets exactly the placement a plan of all
+    layers gives it; sampling changes which layers the mean runs over (its standard error widens the
+    ranges)."""
+    active = np.flatnonzero(planning.counts.sum(axis=(0, 2)) > 0)
+    if layers == "all":
+        return active
+    if layers == "auto":
+        k = max(min(MIN_LAYERS, active.size), active.size // max(1, num_folds))
+    else:
+        k = int(layers)
+        if k < 1:
+            raise InputError(f"--shift-layers must be >= 1 or 'all', got {layers}")
+    if k >= active.size:
+        return active
+    return np.sort(np.random.default_rng([seed, 4545]).choice(active, size=k, replace=False))
+
+
+def cost_line(num_folds: int, layers: int, active: int, seed: int, policies: int) -> str:
+    """The estimate's work, stated before it starts, against the main plan's."""
+    plans = num_folds * layers
+    sample = (f"all {active} MoE layers" if layers == active
+              else f"{layers} of {active} MoE layers (drawn by --seed {seed})")
+    ratio = plans / max(1, active)
+    return (f"{num_folds} folds x {sample} = {plans} layer plans per policy ({policies} polic"
+            f"{'y' if policies == 1 else 'ies'}), "
+            f"{ratio:.2g}x the main plan's {active}" + ("" if ratio <= 1 else
+                                                       f" (the least sample, {MIN_LAYERS} layers, costs more)"))
+
+
+# ---------------------------------------------------------------------------- intervals
+def rank_groups_needed(coverage: float = COVERAGE) -> int:
+    """Fewest left-out groups whose order statistics give a distribution-free ``coverage`` interval."""
+    a = round((1 - coverage) / 2, 9)
+    n = 2
+    while math.floor(a * (n + 1)) < 1:
+        n += 1
+    return n
+
+
+def prediction_interval(per: list[float], se: float = 0.0) -> dict[str, Any]:
+    """An 80 % prediction interval for one more group's figure from the ``D`` left-out groups' figures
+    ``per`` (and ``se``, the layer sample's standard error of their mean):
+
+    - ``D >= 9``: the order statistics ``[x_(k), x_(D+1-k)]``, ``k = floor(0.1 (D + 1))`` — at least 80 %
+      for any distribution when the new group's figure is exchangeable with the left-out ones' (the
+      rank argument behind split conformal and jackknife+, Barber et al. 2021), widened by ``z · se``;
+    - ``3 <= D < 9``: ``mean ± t_{0.9, D-1} · sqrt(s² (1 + 1/D) + se²)`` — exactly 80 % when the groups'
+      figures are normal (Student-t);
+    - ``D < 3``: none (the spread rests on one or two numbers).
+
+    Clipped to [-1, 1] for differences, [0, 1] otherwise is the caller's business (``clip``)."""
+    x = np.asarray(per, dtype=np.float64)
+    D = x.size
+    m = float(x.mean())
+    out: dict[str, Any] = {"mean": m, "worst": float(x.min()), "per_group": [float(v) for v in x],
+                           "layer_sample_se": float(se), "coverage": COVERAGE}
+    if D < MIN_INTERVAL_GROUPS:
+        out.update(range=None, interval=f"none: {D} left-out group{'s' if D != 1 else ''} (needs "
+                                        f"{MIN_INTERVAL_GROUPS})")
+        return out
+    s = float(x.std(ddof=1))
+    if D >= rank_groups_needed():
+        k = math.floor(round((1 - COVERAGE) / 2, 9) * (D + 1))
+        xs = np.sort(x)
+        lo, hi = float(xs[k - 1]) - Z80 * se, float(xs[D - k]) + Z80 * se
+        how = (f"order statistics {k} and {D + 1 - k} of {D} left-out groups: distribution-free, at least "
+               f"{COVERAGE:.0%} when a new group is like the left-out ones")
+    else:
+        h = t80(D - 1) * math.sqrt(s * s * (1 + 1 / D) + se * se)
+        lo, hi = m - h, m + h
+        how = (f"Student-t over {D} left-out groups: {COVERAGE:.0%} when their figures are normal (with "
+               f"{rank_groups_needed()} or more groups, a distribution-free range)")
+    out.update(range=[lo, hi], interval=how, spread=s)
+    return out
+
+
+def _clip(r: dict[str, Any], lo: float, hi: float) -> dict[str, Any]:
+    if r.get("range") is not None:
+        r["range"] = [min(hi, max(lo, r["range"][0])), min(hi, max(lo, r["range"][1]))]
+        r["width"] = r["range"][1] - r["range"][0]
+    return r
+
+
+def _groups_for(width: float, s: float, se: float, start: int) -> int | None:
+    """Fewest groups (from ``start``, under 200) whose Student-t range at spread ``s`` is at most ``width``."""
+    for n in range(start, 200):
+        if 2 * t80(n - 1) * math.sqrt(s * s * (1 + 1 / n) + se * se) <= width:
+            return n
+    return None
+
+
+def narrower(r: dict[str, Any], key: str) -> str | None:
+    """What would narrow a range wider than :data:`WIDE` (or give one where there is none): more values
+    of the tag, by how many; every layer instead of a sample; or nothing — when the left-out groups differ
+    so much that any new one varies by more than that."""
+    D = len(r["per_group"])
+    word, one = {"cluster": ("groups of related inputs", "group"), "windows": ("runs of windows", "input"),
+                 "dataset": ("datasets", "dataset"), "lang": ("languages", "language"),
+                 "language": ("languages", "language"), "domain": ("domains", "domain"),
+                 "group": ("groups", "group")}.get(key, (f"values of {key}", f"value of {key}"))
+    if r.get("range") is None:
+        return (f"{D} {word} only: an {COVERAGE:.0%} range needs {MIN_INTERVAL_GROUPS} (plan on inputs of "
+                f"{MIN_INTERVAL_GROUPS - D} more {one})")
+    width = r["range"][1] - r["range"][0]
+    if width <= WIDE:
+        return None
+    s, se = r.get("spread", 0.0), r.get("layer_sample_se", 0.0)
+    parts = [f"range {width:.2f} wide: the {D} left-out {word} differ (sd {s:.3f})"]
+    if se > 0:
+        parts.append(f"the layer sample adds ± {se:.3f} (every layer, --shift-layers all, removes it at more cost)")
+    if 2 * Z80 * s > WIDE:
+        parts.append(f"a new one varies that much however many are planned on (at best {2 * Z80 * s:.2f} wide), so "
+                     f"no estimate from these inputs narrows it below {WIDE:.2f}: check online rebalancing (place "
+                     "simulate --recommend)")
+        return "; ".join(parts)
+    n = _groups_for(WIDE, s, se, D + 1)
+    if n is not None:
+        parts.append(f"about {n} of them (same spread) would narrow it to {WIDE:.2f}")
+    elif (n := _groups_for(WIDE, s, 0.0, D)) is not None:
+        parts.append(f"every layer and about {n} of them (same spread) would narrow it to {WIDE:.2f}")
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------- the estimate
 def _plan(fn, name: str, loads: Loads, windows: np.ndarray, samples: np.ndarray | None, cluster: ClusterSpec,
           num_redundant: int, rule: str, seed: int, time_limit: float | None,
           options: dict[str, Any]) -> tuple[Placement, float]:
@@ -233,140 +455,76 @@ def _plan(fn, name: str, loads: Loads, windows: np.ndarray, samples: np.ndarray 
     return placement, dt
 
 
-SHIFT_BUDGET_S = 60.0  # the shift estimate plans every layer when that is expected to take at most this long
-SHIFT_MIN_LAYERS = 3
-# Least half-width of a shift range (before the layer-sample term): the folds' spread rests on a handful of
-# groups and can come out near zero by chance (three synthetic domains within 0.01 of each other, the unseen
-# ones 0.02 lower: bench/shift_groups.py); 0.03 is about the smallest per-domain error of the estimate on the
-# project's leave-one-domain-out data (bench/shift_lodo.py: 0.016-0.078 per held-out domain).
-SHIFT_MIN_HALF_WIDTH = 0.03
-# two-sided 80 % Student-t quantiles t_{0.90, df} for df = 1..10 (above: the normal's 1.2816)
-T80 = (3.0777, 1.8856, 1.6377, 1.5332, 1.4759, 1.4398, 1.4149, 1.3968, 1.3830, 1.3722)
+def _fold(job) -> tuple[float, np.ndarray, bool]:
+    """One leave-one-out fold: plan the policy's problem, score it on the left-out windows' counts;
+    (balancedness, per-layer balancedness ``[L]``, whether a time limit changed the plan)."""
+    fn, name, problem, test = job
+    placement = fn(problem)
+    placement.check_model(problem.model, f"policy '{name}'")
+    m = evaluate(placement, test, problem.rule, model=problem.model, cluster=problem.cluster)
+    return m.balancedness, m.layer_balancedness, _time_limited(placement)
 
 
-def t80(df: int) -> float:
-    return T80[df - 1] if 1 <= df <= len(T80) else 1.2816
+def _time_limited(placement: Placement) -> bool:
+    summary = placement.provenance.get("params", {}).get("summary") or {}
+    lim = summary.get("time_limited") or {}
+    return any(lim.get(kind) for kind in ("skipped", "cut"))
 
 
-def shift_layers(planning: Loads, ids: np.ndarray, layers: int | str = "auto",
-                 all_layers_s: float | None = None) -> np.ndarray:
-    """The MoE layers (indices, ascending) the shift estimate plans and scores: evenly spaced over the
-    layers with tokens. ``"all"``: every one; an int: that many; ``"auto"``: every layer when the folds'
-    planning is expected to take at most ``SHIFT_BUDGET_S`` over all layers (``all_layers_s``: that
-    expectation; ``None``: unknown, every layer), else as many as fit that budget, at least
-    ``SHIFT_MIN_LAYERS``. Every policy here places each layer from that layer's loads alone, so a sampled
-    layer gets exactly the placement a plan of all layers gives it; what sampling changes is only which
-    layers the mean runs over (its standard error is reported and widens the ranges)."""
-    active = np.flatnonzero(planning.counts.sum(axis=(0, 2)) > 0)
-    if layers == "all":
-        return active
-    if layers == "auto":
-        if all_layers_s is None or all_layers_s <= SHIFT_BUDGET_S:
-            return active
-        k = max(SHIFT_MIN_LAYERS, int(active.size * SHIFT_BUDGET_S / all_layers_s))
-    else:
-        k = int(layers)
-        if k < 1:
-            raise InputError(f"--shift-layers must be >= 1 or 'all', got {layers}")
-    if k >= active.size:
-        return active
-    return active[np.unique(np.round(np.linspace(0, active.size - 1, k)).astype(np.int64))]
+class EstimateCut(Exception):
+    """The time limit would have cut the estimate short: it is omitted, not computed differently."""
 
 
-def fold_seconds(plan_s: float, ids: np.ndarray, side_by_side: bool,
-                 groupings: list[np.ndarray] | None = None) -> float:
-    """Expected seconds of the shift estimate's folds (:func:`fold_windows` of ``ids`` and ``groupings``)
-    over every layer, from the main plan's ``plan_s``: each fold plans on the other windows (time taken as
-    proportional to windows); anytime policies run their folds side by side, one process per core."""
-    W = ids.size
-    folds = fold_windows(ids, groupings)
-    work = sum((W - w.size) / W for w in folds) * plan_s
-    lanes = min(len(folds), os.cpu_count() or 1) if side_by_side else 1
-    return work / lanes
-
-
-def shift_ranges(per: list[float], layer_se: float) -> tuple[list[float], list[float], float]:
-    """``(mean_range, worst_range, half_width)`` of the shift estimate from the per-fold balancedness
-    ``per`` (one number per left-out scenario group) and the layer sample's standard error: the mean and
-    the worst group each +- ``max(t80(D-1) * s * sqrt(1 + 1/D), SHIFT_MIN_HALF_WIDTH) + 2 * layer_se`` —
-    an 80 % prediction interval for one more group like the D left out (``s``: their standard deviation),
-    at least ``SHIFT_MIN_HALF_WIDTH``, plus two standard errors of the layer sample; clipped to [0, 1].
-    With one fold the spread is unknown: [0, 1]."""
-    D = len(per)
-    m, w = float(np.mean(per)), float(np.min(per))
-    if D < 2:
-        return [0.0, 1.0], [0.0, 1.0], 1.0
-    h = max(t80(D - 1) * float(np.std(per, ddof=1)) * math.sqrt(1 + 1 / D), SHIFT_MIN_HALF_WIDTH) + 2 * layer_se
-    clip = lambda x: min(1.0, max(0.0, x))
-    return [clip(m - h), clip(m + h)], [clip(w - h), clip(w + h)], h
-
-
-WIDE_RANGE = 0.30  # a printed range wider than this says why
-
-
-def fold_windows(ids: np.ndarray, groupings: list[np.ndarray] | None = None) -> list[np.ndarray]:
-    """The distinct left-out window sets of the groupings (``ids`` and each of ``groupings``, int ``[W]``
-    scenario ids): one fold per group, a group shared by two groupings (the same windows) planned once."""
-    seen: dict[tuple[int, ...], np.ndarray] = {}
-    for g in [*(groupings or []), ids]:
-        for sc in np.unique(g):
-            w = np.flatnonzero(g == sc)
-            seen.setdefault(tuple(w.tolist()), w)
-    return list(seen.values())
-
-
-def _wide_reason(levels: list[dict[str, Any]], key: str, width: float) -> str:
-    """Why a range is wider than :data:`WIDE_RANGE`: the groupings disagree, the left-out groups of one
-    grouping differ, or both (``levels``: each grouping's figures, finest first)."""
-    fig = "mean" if key == "mean_range" else "worst"
-    pts = [lv[fig] for lv in levels]
-    spread = max(max(lv["per_scenario"]) - min(lv["per_scenario"]) for lv in levels)
-    parts = []
-    if len(levels) > 1 and max(pts) - min(pts) > 0.05:
-        parts.append(f"the groupings of related inputs disagree ({fig} {pts[0]:.3f} with {levels[0]['groups']} "
-                     f"groups, {pts[-1]:.3f} with {levels[-1]['groups']}): --group names the related inputs and "
-                     "narrows it")
-    if spread > 0.05 or not parts:
-        parts.append(f"the left-out groups differ by up to {spread:.3f} from each other (the planning workloads are "
-                     "that unlike each other; more unrelated workloads narrow it)")
-    return f"{key.split('_')[0]} range {width:.2f} wide: " + "; ".join(parts)
+def _run_folds(jobs: list, parallel: int) -> list[tuple[float, np.ndarray, bool]]:
+    if parallel <= 1:
+        return [_fold(j) for j in jobs]
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+    ex = ProcessPoolExecutor(max_workers=parallel, mp_context=ctx, initializer=worker_signals)
+    try:
+        done = list(ex.map(_fold, jobs))
+    except BaseException:  # Ctrl-C, SIGTERM: stop the folds now (``with`` would wait for every one)
+        for p in list((getattr(ex, "_processes", None) or {}).values()):
+            p.terminate()
+        ex.shutdown(wait=False, cancel_futures=True)
+        raise
+    ex.shutdown()
+    return done
 
 
 def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_redundant: int, rule: str,
-                   seed: int, time_limit: float | None, options: dict[str, Any],
-                   ids: np.ndarray, method: str, layers: np.ndarray | None = None,
-                   groupings: list[np.ndarray] | None = None) -> dict[str, Any]:
-    """Leave-one-scenario-out: for every scenario group ``s`` of ``ids`` (int ``[W]``), plan ``fn`` on the
-    other groups' windows with exactly the settings of the main plan (its options, and with a traffic
-    objective the training windows' token sample)
-    and score it on ``s``'s windows, on the MoE layers ``layers`` (default: all; see
-    :func:`shift_layers`). ``groupings``: other plausible groupings of the windows (int ``[W]`` each, finest
-    first; :func:`scenario_groupings`) whose folds are planned too (a group two groupings share, once).
-    Returns ``{"mean": mean over groups of the left-out balancedness (grouping ``ids``), "worst": the
-    lowest, "mean_range", "worst_range": [lo, hi] (:func:`shift_ranges` of every grouping, their union),
-    "method": ..., "per_scenario": [...], "layers": [...], "layer_sample_se": standard error of "mean" from
-    sampling layers (0 with every layer), "groupings": each grouping's figures (with ``groupings``),
-    "wide": why a range is wider than WIDE_RANGE (when one is)}`` — what to expect on traffic unlike the
-    planning data."""
+                   seed: int, options: dict[str, Any], groupings: list[Grouping], layers: np.ndarray,
+                   time_limit: float | None = None) -> dict[str, Any]:
+    """Leave out each group of every grouping in turn: plan ``fn`` on the other windows with exactly the
+    main plan's settings (its options, and with a traffic objective the training windows' token sample)
+    and score it on the left-out windows, on the MoE layers ``layers`` (:func:`shift_layers`). A group
+    two groupings share is planned once. ``time_limit`` (seconds) bounds the work only: a fold the limit
+    would cut raises :class:`EstimateCut` (the caller omits the estimate).
+
+    Returns ``{"by_tag": {key: {"what", "groups", "how", "mean", "worst", "range": [lo, hi] | None,
+    "interval", "per_group", "layer_sample_se", "coverage", "width", "narrower"}}, "layers": [...],
+    "_layer_scores": {key: [groups, layers] per-layer balancedness}}`` plus the first grouping's figures at
+    the top level (``mean``, ``worst``, ``mean_range``, ``per_scenario``, ``method``, ``layer_sample_se``)."""
     counts = loads.counts.astype(np.float64)
     L = counts.shape[1]
-    if layers is not None and len(layers) < L:
+    layers = np.asarray(layers, dtype=np.int64)
+    if layers.size < L:
         # the other layers carry no tokens: no policy plans on them and no score averages them in
         keep = np.zeros(L, dtype=bool)
-        keep[np.asarray(layers)] = True
+        keep[layers] = True
         counts = counts * keep[None, :, None]
     opts = {**options, "pareto": None}  # the frontier is a report: it does not change the placement
     traffic = (options.get("objective") or "balance") != "balance"
-    folds = fold_windows(ids, groupings)
+    folds = fold_windows(groupings)
     cpus = os.cpu_count() or 1
     # An anytime policy (the optimizer) costs seconds per layer: its folds run side by side, one process
-    # each, every fold's layers in that process (same placements: a layer's plan does not depend on the
-    # process it runs in), instead of one fold after another, each spreading a few layers over the cores.
-    pool = is_anytime(name) and len(folds) > 1 and cpus > 1 and opts.get("workers") in (None, 0)
-    if pool:
+    # each (same placements: a layer's plan does not depend on the process it runs in).
+    parallel = min(len(folds), cpus) if (is_anytime(name) and len(folds) > 1 and cpus > 1
+                                         and opts.get("workers") in (None, 0)) else 1
+    if parallel > 1:
         opts["workers"] = 1
-    jobs = []
     W = counts.shape[0]
+    jobs = []
     for out in folds:
         train = np.setdiff1d(np.arange(W), out)
         fo = dict(opts)
@@ -377,64 +535,67 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
                                                 num_redundant=num_redundant, rule=rule, seed=seed,
                                                 time_limit=time_limit, samples=samples, options=fo),
                      counts[out]))
-    if pool:
-        methods = mp.get_all_start_methods()
-        ctx = mp.get_context("fork" if "fork" in methods else "spawn")
-        ex = ProcessPoolExecutor(max_workers=min(len(folds), cpus), mp_context=ctx, initializer=worker_signals)
-        try:
-            done = list(ex.map(_fold, jobs))
-        except BaseException:  # Ctrl-C, SIGTERM: stop the folds now (``with`` would wait for every one)
-            for p in list((getattr(ex, "_processes", None) or {}).values()):
-                p.terminate()
-            ex.shutdown(wait=False, cancel_futures=True)
-            raise
-        ex.shutdown()
-    else:
-        done = [_fold(j) for j in jobs]
+    try:
+        done = _run_folds(jobs, parallel)
+    except TimeLimitReached as e:
+        raise EstimateCut(str(e)) from None
+    if any(cut for _, _, cut in done):
+        raise EstimateCut("a fold's plan was cut short by the time limit")
     result = {tuple(w.tolist()): d for w, d in zip(folds, done)}
-
-    def of(g: np.ndarray) -> list[tuple[float, np.ndarray]]:
-        return [result[tuple(np.flatnonzero(g == sc).tolist())] for sc in np.unique(g)]
-
-    main = of(ids)
-    per = [b for b, _ in main]
-    per_layer = [lb for _, lb in main]
-    scored = np.flatnonzero(counts.sum(axis=(0, 2)) > 0)
     active = int((loads.counts.sum(axis=(0, 2)) > 0).sum())
-    u = np.nanmean(np.array(per_layer)[:, scored], axis=0)  # per layer, over the left-out scenarios
-    k = u.size
-    se = (float(np.std(u, ddof=1) / math.sqrt(k) * math.sqrt(1 - k / active)) if 1 < k < active else 0.0)
-    mean_range, worst_range, _ = shift_ranges(per, se)
-    out: dict[str, Any] = {"mean": float(np.mean(per)), "worst": float(np.min(per)), "mean_range": mean_range,
-                           "worst_range": worst_range, "method": method,
-                           "per_scenario": [float(x) for x in per], "layers": [int(x) for x in scored],
-                           "layer_sample_se": se}
-    levels = []
-    for g in (groupings or [ids]):
-        pg = [b for b, _ in of(g)]
-        mr, wr, _ = shift_ranges(pg, se)
-        levels.append({"groups": int(np.unique(g).size), "mean": float(np.mean(pg)), "worst": float(np.min(pg)),
-                       "mean_range": mr, "worst_range": wr, "per_scenario": [float(x) for x in pg]})
-    if groupings:
-        # the union of every plausible grouping's range: the estimate cannot know which grouping is right
-        out["mean_range"] = [min(lv["mean_range"][0] for lv in levels), max(lv["mean_range"][1] for lv in levels)]
-        out["worst_range"] = [min(lv["worst_range"][0] for lv in levels),
-                              max(lv["worst_range"][1] for lv in levels)]
-        out["groupings"] = levels
-    key = max(("mean_range", "worst_range"), key=lambda x: out[x][1] - out[x][0])
-    width = out[key][1] - out[key][0]
-    if width > WIDE_RANGE:
-        out["wide"] = _wide_reason(levels, key, width)
+    out: dict[str, Any] = {"by_tag": {}, "layers": [int(x) for x in layers], "_layer_scores": {}}
+    for g in groupings:
+        per_layer = np.array([result[tuple(np.flatnonzero(g.ids == sc).tolist())][1][layers]
+                              for sc in range(len(g.names))])  # [groups, sampled layers]
+        out["_layer_scores"][g.key] = per_layer
+        r = group_figures(per_layer, active)
+        r = _clip(r, 0.0, 1.0)
+        r.update(what=g.what, groups=list(g.names), how=g.how, narrower=narrower(r, g.key))
+        out["by_tag"][g.key] = r
+    first = out["by_tag"][groupings[0].key]
+    out.update(mean=first["mean"], worst=first["worst"], mean_range=first["range"], coverage=COVERAGE,
+               per_scenario=first["per_group"], layer_sample_se=first["layer_sample_se"],
+               method=groupings[0].how)
     return out
 
 
-def _fold(job) -> tuple[float, np.ndarray]:
-    """One leave-one-out fold: plan the policy's problem, score it on the left-out windows' counts;
-    (balancedness, per-layer balancedness ``[L]``)."""
-    fn, name, problem, test = job
-    placement = fn(problem)
-    placement.check_model(problem.model, f"policy '{name}'")
-    m = evaluate(placement, test, problem.rule, model=problem.model, cluster=problem.cluster)
-    return m.balancedness, m.layer_balancedness
+def group_figures(per_layer: np.ndarray, active: int) -> dict[str, Any]:
+    """:func:`prediction_interval` of the left-out groups' figures, each the mean of its row of
+    ``per_layer`` (``[groups, sampled layers]``, NaN where a group has no tokens in a layer), with the
+    layer sample's standard error (simple random sample of ``k`` of ``active`` layers: the per-layer means
+    over groups' spread / sqrt(k), finite-population corrected; 0 with every layer)."""
+    per = np.nanmean(per_layer, axis=1)
+    u = np.nanmean(per_layer, axis=0)
+    k = u.size
+    se = float(np.std(u, ddof=1) / math.sqrt(k) * math.sqrt(1 - k / active)) if 1 < k < active else 0.0
+    return prediction_interval([float(x) for x in per], se)
 
+
+def versus(a: dict[str, Any], b: dict[str, Any], active: int) -> dict[str, dict[str, Any]]:
+    """Policy A minus policy B on each grouping both were estimated on, paired over the same left-out
+    groups and layers: the mean difference and an 80 % prediction interval for the difference on one
+    more group (:func:`prediction_interval` of the per-group differences), with what it says."""
+    out = {}
+    for key, la in a["_layer_scores"].items():
+        lb = b["_layer_scores"].get(key)
+        if lb is None or lb.shape != la.shape:
+            continue
+        r = _clip(group_figures(la - lb, active), -1.0, 1.0)
+        r.pop("worst", None)
+        rng = r.get("range")
+        r["verdict"] = ("too few groups for a range" if rng is None else "ahead" if rng[0] > 0 else "behind" if rng[1] < 0
+                        else "no clear winner")
+        out[key] = r
+    return out
+
+
+def public(sh: dict[str, Any]) -> dict[str, Any]:
+    """The estimate without its working arrays (what ``--json`` carries)."""
+    return {k: v for k, v in sh.items() if not k.startswith("_")}
+
+
+def time_needed(main_seconds: float, plans: int, active: int) -> float:
+    """Rough seconds of an estimate of ``plans`` layer plans from its policy's main plan of ``active``
+    layers (stated when a time limit leaves too little; what is computed never depends on it)."""
+    return main_seconds * plans / max(1, active)
 

@@ -99,12 +99,33 @@ def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
             sample_windows = np.concatenate([ld.sample_windows + o for ld, o in zip(parts, offsets)])
     prov: dict[str, Any] = {"inputs": [str(s) for s in inputs],
                             "window_inputs": [i for i, ld in enumerate(parts) for _ in range(ld.num_windows)]}
+    tags = [input_tags(ld, src) for src, ld in zip(inputs, parts)]
+    if any(tags):
+        prov["input_tags"] = tags
     for key in ("window_domains", "window_domain_share"):
         if all(key in ld.provenance for ld in parts):
             prov[key] = [d for ld in parts for d in ld.provenance[key]]
         elif len(parts) == 1 and parts[0].provenance.get(key):
             prov[key] = list(parts[0].provenance[key])
     return Loads(counts, first, wt, tuple(labels), prov, samples, sample_windows)
+
+
+def input_tags(loads: Loads, src: str | Path) -> dict[str, str]:
+    """An input's tags (what the shift estimate leaves out together: ``{"dataset": "gsm", "lang": "he"}``)
+    from its metadata: a Loads file's ``provenance.tags``, a trace's ``moeplace.provenance`` ``tags``
+    (kept under ``provenance.trace`` when read). Empty when it has none; a malformed one is an error
+    naming the file."""
+    prov = loads.provenance
+    raw = prov.get("tags")
+    if raw is None and isinstance(prov.get("trace"), dict):
+        raw = prov["trace"].get("tags")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, (str, int)) and str(v).strip()
+                                            for k, v in raw.items()):
+        raise InputError(f"{src}: metadata field 'tags' must be an object of tag names to non-empty values "
+                         f"(e.g. {{\"dataset\": \"gsm\", \"lang\": \"he\"}}), got {raw!r:.80}")
+    return {k: str(v) for k, v in raw.items()}
 
 
 def split_windows(num_windows: int, plan_fraction: float) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 from moeplace.cli import flags
 from moeplace.cli.commands import add_force, add_progress
 from moeplace.cli.run_config import add_config, settings_record
+from moeplace.foundation import progress
 from moeplace.foundation.cluster import gpu_preset_names, make_cluster
 from moeplace.foundation.deployment import parse_pools, pools_help
 from moeplace.foundation.errors import InputError, MoeplaceError
@@ -55,6 +57,11 @@ def register(sub) -> None:
                         "together; repeatable; paths not among the inputs are added to them, inputs in no "
                         "group are groups of their own. Default: inputs are grouped by the similarity of "
                         "their expert loads (docs/placement.md)")
+    p.add_argument("--tag", action="append", default=None, metavar="PATH:KEY=VALUE[,KEY=VALUE]",
+                   help="tag an input (e.g. --tag gsm_he.npz:dataset=gsm,lang=he); repeatable; overrides the "
+                        "same key in the input's metadata ('tags'); paths not among the inputs are added. The shift "
+                        "estimate leaves out each value of each tag in turn and reports per tag ('a new dataset', "
+                        "'a new language'); every planning input must carry every key used")
     p.add_argument("--gpus", type=flags.positive_int, default=32, help="GPUs (= EP ranks), default 32")
     p.add_argument("--gpus-per-node", type=flags.positive_int, default=None, help="default: the GPU preset's node size")
     p.add_argument("--gpu", default="h200", help=f"GPU preset ({', '.join(gpu_preset_names())})")
@@ -76,8 +83,8 @@ def register(sub) -> None:
                    help="skip the leave-one-scenario-out shift estimate (one extra plan per scenario and "
                         "policy)")
     p.add_argument("--shift-layers", type=_shift_layers, default=None, metavar="N|all",
-                   help="MoE layers the shift estimate plans and scores, evenly spaced (default: as many as keep "
-                        "its work near a tenth of the main plan's, at least 3; 'all': every layer)")
+                   help="MoE layers the shift estimate plans and scores, a sample drawn by --seed (default: as "
+                        "many as keep its work within the main plan's, at least 3; 'all': every layer)")
     p.add_argument("--window-tokens", type=flags.positive_int, default=DEFAULT_WINDOW_TOKENS,
                    help=f"tokens per window when reading traces (default {DEFAULT_WINDOW_TOKENS})")
     p.add_argument("--seed", type=flags.seed, default=0)
@@ -136,10 +143,10 @@ def run(args) -> int:
         raise InputError("--pools/--batch/--attention-tp choose the pool a --phase plans for: add --phase prefill|decode")
     names = args.policy or policy_names(args.phase)
     groups = parse_groups(args.group or [])
-    for paths in groups.values():
-        for path in paths:
-            if not any(_same(path, x) for x in args.inputs):
-                args.inputs.append(path)
+    tags = parse_tags(args.tag or [])
+    for path in [*(q for paths in groups.values() for q in paths), *tags]:
+        if not any(_same(path, x) for x in args.inputs):
+            args.inputs.append(path)
     if not args.inputs:
         raise InputError("no traces or Loads files given (positional TRACES_OR_LOADS or --group NAME=PATH)")
     outs = Outputs(inputs=[*args.inputs, args.from_placement, args.model], force=args.force)
@@ -155,6 +162,10 @@ def run(args) -> int:
     if groups:
         loads.provenance["input_groups"] = [next((g for g, paths in groups.items() if any(_same(x, q) for q in paths)),
                                                  Path(x).name) for x in args.inputs]
+    if tags:
+        have = loads.provenance.get("input_tags") or [{} for _ in args.inputs]
+        loads.provenance["input_tags"] = [{**own, **next((t for q, t in tags.items() if _same(x, q)), {})}
+                                          for x, own in zip(args.inputs, have)]
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
     E = loads.model.num_experts
     R, replica_row = planned_redundant(loads.model, cluster.num_gpus, args.redundant)
@@ -177,7 +188,8 @@ def run(args) -> int:
                "workers": args.workers}
     cmp = compare_policies(loads, cluster, num_redundant=R, policies=names, rule=args.engine,
                            plan_fraction=args.plan_fraction, seed=args.seed, deadline=deadline,
-                           options=options, shift=not args.no_shift, shift_sample=args.shift_layers or "auto")
+                           options=options, shift=not args.no_shift, shift_sample=args.shift_layers or "auto",
+                           announce=_announce)
     chosen = args.policy[0] if args.policy else ("moeplace" if "moeplace" in names else "eplb")
     if replica_row and any(r.policy == chosen for r in cmp.results):
         cmp = with_replica_row(cmp, loads, cluster, chosen, replica_row, args, options, deadline)
@@ -200,7 +212,7 @@ def run(args) -> int:
         print(json.dumps(d, indent=1))
     else:
         print(format_table(cmp))
-        for line in format_shift(cmp):
+        for line in format_shift(cmp, chosen):
             print(line)
         if result.shift:
             # the file the line talks about: --out, else --save-all's copy, else none (said so)
@@ -332,6 +344,13 @@ def with_replica_row(cmp, loads, cluster, policy: str, slots: int, args, options
     return replace(cmp, replica_rows=((label, alt.results[0], slots),), notes=(*cmp.notes, why))
 
 
+def _announce(line: str) -> None:
+    """The shift estimate's cost, before it starts: on stderr beside the progress bars, when they are drawn
+    (a terminal; the same line heads the estimate in the output and is ``shift_cost`` in ``--json``)."""
+    if progress.is_enabled():
+        print(f"place optimize: {line}", file=sys.stderr, flush=True)
+
+
 def _save_all(outs: Outputs, d: Path, results) -> None:
     """``--save-all DIR``: every policy's placement. A new directory appears whole or not at all (its
     files are written into a temporary sibling that is renamed to ``DIR`` when all are there: a full disk
@@ -367,6 +386,33 @@ def parse_groups(specs: list[str]) -> dict[str, list[str]]:
                 if any(_same(q, x) for x in held):
                     raise InputError(f"--group {name}: {q} is already in group {other}")
         out[name] = paths
+    return out
+
+
+TAG_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+
+
+def parse_tags(specs: list[str]) -> dict[str, dict[str, str]]:
+    """``--tag PATH:KEY=VALUE[,KEY=VALUE]`` values -> ``{path: {key: value}}``; one-line errors for a
+    malformed value, a bad key, an empty value or a key given twice for one path."""
+    out: dict[str, dict[str, str]] = {}
+    for spec in specs:
+        eq = spec.find("=")
+        colon = spec.rfind(":", 0, eq) if eq > 0 else -1
+        path, body = (spec[:colon], spec[colon + 1:]) if colon > 0 else ("", "")
+        if not path or not body:
+            raise InputError(f"--tag {spec!r}: expected PATH:KEY=VALUE[,KEY=VALUE] (e.g. gsm_he.npz:dataset=gsm,lang=he)")
+        same = next((q for q in out if _same(q, path)), path)
+        mine = out.setdefault(same, {})
+        for item in body.split(","):
+            key, sep, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not TAG_KEY.match(key) or not value:
+                raise InputError(f"--tag {spec!r}: {item!r} is not KEY=VALUE (a key of letters, digits, '_', '.', "
+                                 "'-' starting with a letter; a non-empty value)")
+            if key in mine:
+                raise InputError(f"--tag {spec!r}: {path} has tag '{key}' twice ({mine[key]!r} and {value!r})")
+            mine[key] = value
     return out
 
 
@@ -418,27 +464,28 @@ def _print_moeplace_extras(cmp, keep_groups: int | None = None) -> None:
 
 def shift_advice(result, out: str | None, inputs: list[str], cluster_flags: str = "") -> str:
     """What to do about workload shift, for the chosen placement: its held-out figure against the shift
-    estimate (planned with the placement's own settings) and its range, and the commands that check online
-    rebalancing, with ``cluster_flags`` (the flags that make those commands run on the cluster planned for).
-    ``out``: where that placement was written (``None``: nowhere, ``--no-out``)."""
+    estimate of the first grouping (planned with the placement's own settings) and its 80 % range, and the
+    commands that check online rebalancing, with ``cluster_flags`` (the flags that make those commands run on
+    the cluster planned for). ``out``: where that placement was written (``None``: nowhere, ``--no-out``)."""
     sh = result.shift
+    first = next(iter(sh["by_tag"].values()))
     seen = (f"{result.held_out.balancedness:.4f} on the held-out windows of this input but "
             if result.held_out is not None else "")
     mean = f"{sh['mean']:.4f}"
     worst = f"{sh['worst']:.4f}"
-    if "mean_range" in sh:
-        mean += f" (range {sh['mean_range'][0]:.2f}-{sh['mean_range'][1]:.2f})"
-        worst += f" ({sh['worst_range'][0]:.2f}-{sh['worst_range'][1]:.2f})"
+    if sh.get("mean_range") is not None:
+        mean += f" ({sh.get('coverage', 0.8):.0%} range {sh['mean_range'][0]:.2f}-{sh['mean_range'][1]:.2f})"
+    else:
+        mean += " (no range: too few groups to leave out)"
     # both commands take a trace or a Loads file; several inputs become phases without seconds: each lasts in
     # proportion to its traffic over the horizon the comparison chooses, as one input's windows do (fixed
     # seconds, an hour each, fixed the horizon too: 734 minutes of simulation for K3, over the default budget)
     workload = shlex.quote(inputs[0]) if len(inputs) == 1 else "--phases " + shlex.quote(",".join(inputs))
     workload += f" {cluster_flags}" if cluster_flags else ""
-    weak = " The estimate is weak: fewer than 3 unrelated workloads to leave out." if "; weak:" in sh["method"] else ""
     which = (f"the {result.policy} placement written to {out}" if out is not None
              else f"the {result.policy} placement (not written: --no-out)")
     placement = shlex.quote(out) if out is not None else "PLACEMENT.json (rerun without --no-out to write it)"
-    return (f"what to expect: {which} keeps {seen}about {mean}, worst {worst}, on "
-            f"traffic unlike the planning data.{weak} If the production mix differs, plan on every workload you have "
-            "(all as inputs, --plan-fraction 1; --robust to hedge) and check online rebalancing: place simulate "
-            f"{workload} --placement {placement} --recommend, or tune the engine's own: place rebalance {workload} --quick")
+    return (f"what to expect: {which} keeps {seen}about {mean}, worst group {worst}, on {first['what']}. If the "
+            "production mix differs, plan on every workload you have (all as inputs, --plan-fraction 1, tagged; "
+            f"--robust to hedge) and check online rebalancing: place simulate {workload} --placement {placement} "
+            f"--recommend, or tune the engine's own: place rebalance {workload} --quick")
