@@ -73,6 +73,7 @@ ARGV = {
     ("model show", "name"): ["model", "show", "{X}"],
     ("optimize", "inputs"): ["optimize", "{X}", *GPUS, "--policy", "linear", "--out", "p2.json"],
     ("optimize", "group"): ["optimize", "trace", *GPUS, "--policy", "linear", "--out", "p2.json", "--group", "g={X}"],
+    ("optimize", "tag"): ["optimize", "trace", *GPUS, "--policy", "linear", "--out", "p2.json", "--tag", "{X}:lang=en"],
     ("optimize", "gpu"): ["optimize", "trace", *GPUS, "--policy", "linear", "--out", "p2.json", "--gpu", "{X}"],
     ("optimize", "model"): ["optimize", "trace", *GPUS, "--policy", "linear", "--out", "p2.json", "--model", "{X}"],
     ("optimize", "config"): ["optimize", "trace", *GPUS, "--policy", "linear", "--out", "p2.json", "--config", "{X}"],
@@ -160,7 +161,7 @@ def test_hostile_path_is_one_line_naming_the_flag(w, capsys, key):
     before = snapshot(w)
     for kind in KINDS:
         # a tree (a trace is a file or a directory) has no wrong kind of the two
-        if kind == "kind" and arg.kind in (paths.TREE, paths.PHASES, paths.GROUPS):
+        if kind == "kind" and arg.kind in (paths.TREE, paths.PHASES, paths.GROUPS, paths.TAGS):
             continue
         value = _hostile(kind, arg)
         res = run_place([a.replace("{X}", value) for a in ARGV[key]], capsys)

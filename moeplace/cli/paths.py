@@ -29,8 +29,8 @@ from moeplace.foundation.reading import special_kind
 from moeplace.placement.policies import policy_names
 from moeplace.sim.inputs import parse_phases
 
-FILE, DIR, TREE, NAME_OR_FILE, NAME_OR_DIR, PHASES, GROUPS, POOLS = (
-    "file", "dir", "tree", "name-or-file", "name-or-dir", "phases", "groups", "pools")
+FILE, DIR, TREE, NAME_OR_FILE, NAME_OR_DIR, PHASES, GROUPS, POOLS, TAGS = (
+    "file", "dir", "tree", "name-or-file", "name-or-dir", "phases", "groups", "pools", "tags")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ class PathArg:
     """``kind``: ``file`` (a regular file), ``dir`` (a directory), ``tree`` (either: a trace is a Parquet
     file or a directory of them), ``name-or-file`` / ``name-or-dir`` (a preset, policy or Hugging Face id,
     else a path of that kind), ``phases`` (``SRC:SECONDS,...``, each SRC a tree), ``groups``
-    (``NAME=PATH[,PATH...]``), ``pools`` (``--pools``: pool words ``ROLE:key=value,...``, or one YAML/JSON
+    (``NAME=PATH[,PATH...]``), ``tags`` (``PATH:KEY=VALUE[,...]``, the path before the last ':' ahead of the
+    first '='), ``pools`` (``--pools``: pool words ``ROLE:key=value,...``, or one YAML/JSON
     file). ``per_pool``: the value may be ``prefill=A,decode=B`` (``export --pools``), each a path of ``kind``.
     ``noun``: what the command reads there; given, a missing path is refused here
     as ``no such <noun>`` (else the command's reader words it)."""
@@ -77,6 +78,7 @@ PATH_ARGS: dict[tuple[str, str], PathArg] = {
     ("model show", "name"): _MODEL,
     ("optimize", "inputs"): _TRACE,
     ("optimize", "group"): PathArg(GROUPS),
+    ("optimize", "tag"): PathArg(TAGS),
     ("optimize", "gpu"): _GPU,
     ("optimize", "model"): _MODEL,
     ("optimize", "config"): PathArg(FILE),
@@ -148,7 +150,7 @@ NOT_PATHS = {
     "trace capture": {"max_new_tokens", "batch_size", "dtype", "device", "seed", "domain"},
     "trace import": {"format", "layer_numbering", "warmup_min_run", "layers", "iteration", "max_tokens",
                      "relabel_layout"},
-    "trace stats": {"window_tokens", "sample_tokens", "seed", "workers"},
+    "trace stats": {"window_tokens", "sample_tokens", "seed", "workers", "ray"},
     "trace synth": {"tokens", "seed", "skew", "skew_depth_ratio", "cv", "domains", "domain_correlation", "drift",
                     "drift_phases", "affinity", "token_effect", "theme", "themes", "locality", "arrival_rate",
                     "prompt_median", "output_median", "long_fraction", "max_prefill_tokens", "max_decode_tokens"},
@@ -222,6 +224,11 @@ def _items(arg: PathArg, value: str, flag: str | None):
         for p in paths.split(","):
             if p:
                 yield p, f"{flag} {display(value.partition('=')[0])}={display(p)}"
+    elif arg.kind == TAGS:  # the split optimize's parse_tags makes; a value without one is its error to word
+        eq = value.find("=")
+        colon = value.rfind(":", 0, eq) if eq > 0 else -1
+        if colon > 0:
+            yield value[:colon], f"{flag} {display(value[:colon])}"
     else:
         yield value, _where(flag, value)
 
@@ -251,7 +258,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, only: 
                 if split and arg.kind == NAME_OR_DIR and not _looks_like_path(path, arg):
                     check_path_length(path, where)
                     continue
-                inner = (PathArg(TREE, None) if arg.kind in (PHASES, GROUPS) else PathArg(FILE) if arg.kind == POOLS
+                inner = (PathArg(TREE, None) if arg.kind in (PHASES, GROUPS, TAGS) else PathArg(FILE) if arg.kind == POOLS
                          else arg)
                 check_path(path, where, inner)
 
