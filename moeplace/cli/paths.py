@@ -153,7 +153,7 @@ NOT_PATHS = {
     "trace stats": {"window_tokens", "sample_tokens", "seed", "workers", "ray"},
     "trace synth": {"tokens", "seed", "skew", "skew_depth_ratio", "cv", "domains", "domain_correlation", "drift",
                     "drift_phases", "affinity", "token_effect", "theme", "themes", "locality", "arrival_rate",
-                    "prompt_median", "output_median", "long_fraction", "max_prefill_tokens", "max_decode_tokens"},
+                    "prompt_median", "output_median", "long_fraction", "max_prefill_tokens", "max_decode_tokens", "workers"},
     "trace validate": {"max_per_kind"},
 }
 
