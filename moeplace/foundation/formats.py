@@ -79,6 +79,7 @@ FORMATS: dict[str, ArtifactFormat] = {f.kind: f for f in (
     ArtifactFormat("rebalance-report", (1,), False, "place rebalance --report / --json"),
     ArtifactFormat("engine-capabilities", (1,), False, "place engines --json"),
     ArtifactFormat("relabel-manifest", (1,), False, "place export --format checkpoint (moeplace-relabel.json)"),
+    ArtifactFormat("cost-ensemble", (1,), False, "bench/fidelity.py (moeplace/sim/cost_ensemble.json, package data)"),
 )}
 
 _TAG = re.compile(r"moeplace\.([a-z][a-z0-9-]*)/(\d+)")

@@ -357,6 +357,10 @@ class SimConfig:
     # it (trtllm | sglang | vllm; None = the replica rule's engine).
     cost_model: str = "roofline"
     cost_engine: str | None = None
+    # Throughputs and per-token times priced by the shipped ensemble of constants (sim.ensemble: the
+    # members' median with an 80 % interval) when the run uses its reference constants (the defaults) and
+    # the roofline cost model; False: by the constants in ``cost`` alone, without an interval.
+    ensemble: bool = True
 
     def __post_init__(self) -> None:
         if self.cost_model not in COST_MODELS:

@@ -48,6 +48,7 @@ from moeplace.placement.record import Placement
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import SimConfig
 from moeplace.sim.cost import CostModel, RankWork
+from moeplace.sim.ensemble import Ensemble, IterationSample, ensemble_for
 from moeplace.sim.events import Event, EventQueue
 from moeplace.sim.measured import make_cost_model
 from moeplace.sim.rebalance import Rebalancer
@@ -110,6 +111,8 @@ class Pool:
         self.last_dt = 0.0
         # the engine's batching rules: what a sequence holds, whether it grows, which prefill chunks join
         self.scheduler = make_scheduler(sim.config.engine, self.pools)
+        # steady-state iterations kept for re-pricing under every ensemble member (sim.ensemble)
+        self.sample = IterationSample() if sim.sampling else None
 
     # ------------------------------------------------------------------ memory checks
     def _kv(self, n):
@@ -175,7 +178,9 @@ class Pool:
         if b is None:
             return []
         moe, counts = self._route(b, now)
-        dt, st, stall = self._cost(now, b, moe)
+        dt, st, stall, shared = self._cost(now, b, moe)
+        if self.sample is not None and self.sim.recorder.in_window(now):
+            self.sample.offer(b.work, moe, dt, shared)
         self.last_dt = dt
         self.busy = True
         self.batch = b.prefill
@@ -266,7 +271,7 @@ class Pool:
 
     def _cost(self, now: float, b: _Batch, moe):
         """The iteration's seconds (with the stall carried in from swaps and weight moves), its step-time
-        breakdown and that stall."""
+        breakdown, that stall and the link share an async weight transfer took (None without one)."""
         cfg = self.sim.config.engine
         st = self._step_time(b.work, moe, cfg)
         shared = self.rebalancer.link_share(now, st.total) if self.rebalancer is not None else None
@@ -275,7 +280,7 @@ class Pool:
             st = self._step_time(b.work, moe, cfg, shared)
             self.rebalancer.overlapped(now, free, shared, st.total)
         stall, self.stall = self.stall, 0.0
-        return st.total + stall, st, stall
+        return st.total + stall, st, stall, shared
 
     def _step_time(self, work, moe, cfg, link_share=None):
         st = self.cost.step_time(work, moe, cfg.dual_batch_overlap, link_share)
@@ -435,7 +440,7 @@ class Simulation:
                  pools: CachePools, profile: Profile | None = None, label: str = "",
                  chrome: bool = False, progress: bool = False,
                  prefill: tuple[Placement, ClusterSpec, CachePools] | None = None,
-                 on_advance: Callable[[float], None] | None = None) -> None:
+                 on_advance: Callable[[float], None] | None = None, sample: bool = False) -> None:
         placement.check_model(trace.model, "placement")
         if placement.num_gpus != cluster.num_gpus:
             raise InputError(f"placement {label or ''}: made for {placement.num_gpus} GPUs, the cluster has "
@@ -451,6 +456,10 @@ class Simulation:
         e = config.engine
         self.num_ranks = cluster.num_gpus // e.attention_tp
         self.cost = self.make_cost(cluster, profile)
+        # the shipped ensemble prices this run's figures when it runs on the ensemble's reference constants
+        # (sim.ensemble.ensemble_for); its pools then keep iteration samples to re-price (also on request)
+        self.ensemble: Ensemble | None = ensemble_for(config, profile)
+        self.sampling = sample or self.ensemble is not None
         self.rng = np.random.default_rng(config.seed)
         self.source = RequestSource(trace, config.workload.lengths, np.random.default_rng(config.seed + 1))
         self.queue = EventQueue()
