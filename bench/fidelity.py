@@ -49,8 +49,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness and the peer, beside this script
-import fidelity_ensemble as fe  # noqa: E402
-from fidelity_harness import (  # noqa: E402, F401  (names the tests read from this script)
+import fidelity_ensemble as fe
+from fidelity_harness import (  # noqa: F401  (names the tests read from this script)
     CASES,
     E2E,
     ENGINES,
@@ -73,7 +73,7 @@ from fidelity_harness import (  # noqa: E402, F401  (names the tests read from t
     measured_metric,
     sim_metric,
 )
-from fidelity_peer import join_peer, load_peer, peer_cell, peer_text  # noqa: E402
+from fidelity_peer import join_peer, load_peer, peer_cell, peer_text
 
 PEER = RESULTS / "peer_aiconfigurator.json"
 PEER_AISIMULATE = RESULTS / "peer_aisimulate.json"
@@ -228,8 +228,9 @@ def breakdown_text(b: dict) -> str:
 
 def markdown(rows: list[dict]) -> str:
     """The table docs/simulate.md shows (one row per case)."""
-    lines = ["| case | source | published on | configuration | metric | published | ensemble (held out) | error | "
-             "80 % interval | aiconfigurator |", "|---|---|---|---|---|---:|---:|---:|---|---:|"]
+    head = ("| case | source | published on | configuration | metric | published | ensemble (held out) | error | "
+            "80 % interval | aiconfigurator |")
+    lines = [head, "|---|---|---|---|---|---:|---:|---:|---|---:|"]
     for r in rows:
         iv = r.get("interval")
         cell = f"{fmt(iv[0])} - {fmt(iv[1])}" if iv else ""
@@ -479,6 +480,8 @@ def run(args) -> int:
     measured = measured_summary(rows)
     peer_summary = peer_summary_of(rows, peer, aisimulate_status())
     secs["total"] = time.perf_counter() - t_start
+    t = os.times()
+    secs["cpu_total"] = t.user + t.system + t.children_user + t.children_system  # this process and its workers
 
     # 6. print
     print(f"grouped cross-validation of the ensemble (out of bag: each case by the members that never drew its "
@@ -503,7 +506,8 @@ def run(args) -> int:
     print(measured_text(measured))
     for line in peer_text(peer_summary):
         print(line)
-    print(f"cost: {secs['total']:.0f} s wall ({', '.join(f'{k} {v:.0f} s' for k, v in secs.items() if k != 'total')})")
+    print(f"cost: {secs['total']:.0f} s wall, {secs['cpu_total']:.0f} CPU s (load average {os.getloadavg()[0]:.1f}; "
+          + ", ".join(f"{k} {v:.0f} s" for k, v in secs.items() if k not in ("total", "cpu_total")) + ")")
 
     reference = {n: getattr(ref_cfg, n) for n in names}
     out = {"frozen": {"frozen_on": str(frozen["frozen_on"]), "cutoff": str(frozen["cutoff"]),

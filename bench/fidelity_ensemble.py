@@ -21,7 +21,7 @@ import multiprocessing
 import time
 
 import numpy as np
-from fidelity_harness import E2E, FIT, Steady, case_kv_tokens, case_setup, fit, kernel_metric
+from fidelity_harness import E2E, FIT, case_kv_tokens, case_setup, fit, kernel_metric
 
 from moeplace.sim import ensemble as ens_mod
 
@@ -76,7 +76,7 @@ _W: dict = {}  # the worker processes' shared state (set before the fork)
 
 def _fit_member(args):
     i, weights = args
-    cfg, info = fit(_W["cases"], _W["quick"], start=_W["start"], steady=_W["steady"], correction=_W["corr"],
+    _cfg, info = fit(_W["cases"], _W["quick"], start=_W["start"], steady=_W["steady"], correction=_W["corr"],
                     weights=weights)
     return i, [info["params"][n] for n, _, _ in FIT], info["nfev"], info["seconds"], info["residual_rms_log"]
 

@@ -415,15 +415,12 @@ class Steady:
         trace, placement, cluster, engine, _, _ = case_setup(case, quick)
         self.trace, self.cluster, self.engine = trace, cluster, engine
         self.router = StatRouter(trace, placement, "sglang", 0, engine.attention_tp)
+        self._work = None
 
-    def _iteration(self, cfg):
-        """(cost model, rank work, MoE work, step time, iteration seconds with drafting, tokens per
-        decoding sequence per step) of the steady iteration; the router restarts at the trace's start,
-        so every evaluation routes the same tokens."""
-        from moeplace.sim.cost import CostModel, RankWork
-
+    def _batch(self, RankWork):
+        """(rank work, MoE work, tokens per decoding sequence per step) of the steady iteration; the router
+        starts at the trace's start, so it is the same batch however often it is built."""
         c, e = self.case["config"], self.engine
-        cost = CostModel.for_engine(self.trace.model, self.cluster, cfg, e)
         D = self.cluster.num_gpus // e.attention_tp
         w = RankWork.zeros(D)
         if self.case["kind"] == "prefill":
@@ -443,6 +440,19 @@ class Steady:
             gain = e.mtp_tokens_per_step()
         self.router.cursor = 0
         moe, _ = self.router.route_count(int(w.tokens.sum()), np.random.default_rng(0))
+        return w, moe, gain
+
+    def _iteration(self, cfg):
+        """(cost model, rank work, MoE work, step time, iteration seconds with drafting, tokens per
+        decoding sequence per step) of the steady iteration; the router restarts at the trace's start,
+        so every evaluation routes the same tokens."""
+        from moeplace.sim.cost import CostModel, RankWork
+
+        e = self.engine
+        cost = CostModel.for_engine(self.trace.model, self.cluster, cfg, e)
+        if self._work is None:  # the batch and its routing do not depend on the constants: built once
+            self._work = self._batch(RankWork)
+        w, moe, gain = self._work
         st = cost.step_time(w, moe, e.dual_batch_overlap)
         dt = st.total + cost.draft_time(st, w, e.mtp_draft)
         return cost, w, moe, st, dt, gain

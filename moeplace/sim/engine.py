@@ -440,7 +440,8 @@ class Simulation:
                  pools: CachePools, profile: Profile | None = None, label: str = "",
                  chrome: bool = False, progress: bool = False,
                  prefill: tuple[Placement, ClusterSpec, CachePools] | None = None,
-                 on_advance: Callable[[float], None] | None = None, sample: bool = False) -> None:
+                 on_advance: Callable[[float], None] | None = None, sample: bool = False,
+                 ensemble: Ensemble | None = None) -> None:
         placement.check_model(trace.model, "placement")
         if placement.num_gpus != cluster.num_gpus:
             raise InputError(f"placement {label or ''}: made for {placement.num_gpus} GPUs, the cluster has "
@@ -456,9 +457,10 @@ class Simulation:
         e = config.engine
         self.num_ranks = cluster.num_gpus // e.attention_tp
         self.cost = self.make_cost(cluster, profile)
-        # the shipped ensemble prices this run's figures when it runs on the ensemble's reference constants
-        # (sim.ensemble.ensemble_for); its pools then keep iteration samples to re-price (also on request)
-        self.ensemble: Ensemble | None = ensemble_for(config, profile)
+        # the shipped ensemble (or ``ensemble``: another, e.g. reweighted by a calibration) prices this run's
+        # figures when it runs on the ensemble's reference constants (sim.ensemble.ensemble_for); its pools
+        # then keep iteration samples to re-price (also on request)
+        self.ensemble: Ensemble | None = ensemble_for(config, profile, ensemble)
         self.sampling = sample or self.ensemble is not None
         self.rng = np.random.default_rng(config.seed)
         self.source = RequestSource(trace, config.workload.lengths, np.random.default_rng(config.seed + 1))

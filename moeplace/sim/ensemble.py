@@ -183,13 +183,15 @@ def on_reference(cfg: CostConfig, ens: Ensemble) -> bool:
     return all(math.isclose(getattr(cfg, n), v, rel_tol=1e-9, abs_tol=1e-15) for n, v in ens.reference.items())
 
 
-def ensemble_for(config, profile=None) -> Ensemble | None:
-    """The shipped ensemble when it prices a run of ``config`` (a ``sim.config.SimConfig``): ensemble
-    pricing on (``config.ensemble``), the roofline cost model without a calibration profile, and the
-    reference constants in ``config.cost`` (a run on constants of its own is priced by those alone)."""
+def ensemble_for(config, profile=None, ensemble: Ensemble | None = None) -> Ensemble | None:
+    """The ensemble that prices a run of ``config`` (a ``sim.config.SimConfig``): ``ensemble`` when given
+    (e.g. the shipped one reweighted by a calibration), else the shipped one; None unless ensemble pricing
+    is on (``config.ensemble``), the run uses the roofline cost model without a calibration profile, and
+    ``config.cost`` holds the ensemble's reference constants (a run on constants of its own is priced by
+    those alone)."""
     if not config.ensemble or config.cost_model != "roofline" or profile is not None:
         return None
-    ens = load_ensemble()
+    ens = ensemble if ensemble is not None else load_ensemble()
     return ens if on_reference(config.cost, ens) else None
 
 
@@ -243,7 +245,9 @@ def reprice(sample: IterationSample, cost, configs: list[CostConfig], engine, re
     "decode": r_dec [B]}`` (``r = sum dt_m / sum dt_ref``; ``decode`` weights each iteration by its decoding
     sequences; where none decode it equals ``total``). ``cost``: the pool's cost model (its model, cluster
     and engine settings are kept; only the constants change)."""
-    from moeplace.sim.cost import CostModel  # function-local: sim.cost imports nothing of this module, kept lean
+    from moeplace.sim.cost import (
+        CostModel,  # function-local: sim.cost imports nothing of this module, kept lean
+    )
 
     if not sample.items:
         ones = np.ones(len(configs))
@@ -398,7 +402,7 @@ def member_log_speeds(summary: dict, ratios: dict[str, dict], closed: bool) -> d
     return out
 
 
-def apply(summary: dict, sim, ens: Ensemble) -> None:
+def price_run(summary: dict, sim, ens: Ensemble) -> None:
     """Price a finished simulation's figures by the ensemble (``sim`` ran with the ensemble's reference
     constants, its pools holding iteration samples): each throughput / per-token time of ``summary``
     becomes the members' weighted median, with ``<figure>_range`` ([lo, hi], the :data:`LEVEL`

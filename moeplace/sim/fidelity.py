@@ -16,8 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from moeplace.foundation.files import read_json
 from moeplace.sim.ensemble import NEAR
 
@@ -139,7 +137,7 @@ def load_summary(path: str | Path = SUMMARY_PATH) -> dict[str, Any]:
 
 def with_ranges(summary: dict[str, Any]) -> dict[str, Any]:
     """``summary`` with each ``<figure>_range`` right after its figure (``output_tok_s``,
-    ``output_tok_s_range``, ...); the ensemble set them (:func:`sim.ensemble.apply`)."""
+    ``output_tok_s_range``, ...); the ensemble set them (:func:`sim.ensemble.price_run`)."""
     out: dict[str, Any] = {}
     for k, v in summary.items():
         if k.endswith("_range") and k[:-6] in summary:

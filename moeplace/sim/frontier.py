@@ -128,7 +128,7 @@ def frontier_report(table: pl.DataFrame, objective: dict[str, Any]) -> dict[str,
 
 def range_text(r: dict[str, Any]) -> str:
     """A frontier row's 80 % intervals (``output_tok_s_range``, ``tpot_p99_s_range``: the shipped ensemble's,
-    sim.ensemble.apply), or what stands in their place."""
+    sim.ensemble.price_run), or what stands in their place."""
     if "output_tok_s_range" not in r:
         return "-"
     out, tpot = r["output_tok_s_range"], r.get("tpot_p99_s_range")

@@ -252,7 +252,7 @@ def summaries_doc(results: list[SimResult], run: dict[str, Any] | None = None,
     (:func:`sim.fidelity.fidelity_doc`); ``settings``: the run's resolved flags, when a command line made it
     (what ``--config`` reads back). Where the shipped ensemble priced the run, each throughput and per-token
     time of a summary is its members' median with its 80 % interval beside it (``output_tok_s_range:
-    [lo, hi]``, :func:`sim.ensemble.apply`) and ``ensemble`` says how it was priced."""
+    [lo, hi]``, :func:`sim.ensemble.price_run`) and ``ensemble`` says how it was priced."""
     fid = fidelity_doc(run)
     doc = {"summaries": [with_ranges(r.summary) for r in results], "fidelity": fid}
     if settings is not None:
@@ -425,7 +425,7 @@ OPTIONAL_ROWS = {"rebalances", "moved_bytes", "stall_s", "trace_passes", "routin
 
 def format_table(results: list[SimResult], run: dict[str, Any] | None = None) -> str:
     """Placements side by side: one column each, one metric per row; each throughput and per-token time
-    the ensemble priced followed by its 80 % interval ``[lo-hi]`` (:func:`sim.ensemble.apply`). ``run``:
+    the ensemble priced followed by its 80 % interval ``[lo-hi]`` (:func:`sim.ensemble.price_run`). ``run``:
     the label's run context (kept for the callers; the intervals are in the summaries)."""
     ranges = [r.summary for r in results]
     head = ["metric"] + [r.label for r in results]

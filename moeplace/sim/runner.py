@@ -20,9 +20,9 @@ from moeplace.placement.policies import PlacementProblem, get_policy, policy_nam
 from moeplace.placement.record import Placement, check_compatible, load_placement
 from moeplace.placement.rules import get_rule
 from moeplace.sim.calibration import Profile
-from moeplace.sim import ensemble
 from moeplace.sim.config import SimConfig, check_resources
 from moeplace.sim.engine import Simulation
+from moeplace.sim.ensemble import price_run
 from moeplace.sim.inputs import read_workload
 from moeplace.sim.memory import override_pools, plan_pools
 from moeplace.sim.results import SimResult
@@ -198,13 +198,15 @@ def resolve_placement(spec: str, trace: TraceTokens, cluster: ClusterSpec, num_r
 def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluster: ClusterSpec,
              config: SimConfig, profile: Profile | None = None, chrome: bool = False,
              progress: bool = False, prefill: list[tuple[Placement, ClusterSpec]] | None = None,
-             on_advance: Callable[[float], None] | None = None, keep_samples: bool = False) -> list[SimResult]:
+             on_advance: Callable[[float], None] | None = None, keep_samples: bool = False,
+             ensemble=None) -> list[SimResult]:
     """Run ``config`` once per placement (same seed, so the same arrivals and lengths). ``prefill``: per
     placement, the prefill pool's own placement and cluster (disaggregated with ``prefill_gpus``).
     ``on_advance(now)``: called with the simulated time after every event of every run (bench/sim.py
     times the steady state with it). Where the shipped ensemble prices the run (:func:`sim.ensemble.
     ensemble_for`), each throughput and per-token time of a summary is its members' median with its
-    interval (:func:`sim.ensemble.apply`). ``keep_samples``: each result keeps its pools' iteration samples
+    interval (:func:`sim.ensemble.price_run`); ``ensemble``: another :class:`sim.ensemble.Ensemble` in its
+    place (a calibration's reweighting). ``keep_samples``: each result keeps its pools' iteration samples
     (``SimResult.pools``, for re-pricing them under other constants: bench/fidelity.py)."""
     check_resources(config)
     out = []
@@ -218,10 +220,11 @@ def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluste
             pre = (p_placement, p_cluster,
                    override_pools(p_pools, config.kv_tokens_per_rank, config.state_slots_per_rank))
         sim = Simulation(config, trace, placement, cluster, pools, profile=profile, label=label, chrome=chrome,
-                         progress=progress, prefill=pre, on_advance=on_advance, sample=keep_samples)
+                         progress=progress, prefill=pre, on_advance=on_advance, sample=keep_samples,
+                         ensemble=ensemble)
         res = sim.run()
         if sim.ensemble is not None:
-            ensemble.apply(res.summary, sim, sim.ensemble)
+            price_run(res.summary, sim, sim.ensemble)
         if keep_samples:
             res.pools = sim.pools_list
         res.summary["placement"] = {"label": label, "num_gpus": placement.num_gpus,

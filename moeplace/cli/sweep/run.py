@@ -243,7 +243,7 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
 def point_ranges(report: dict[str, Any]) -> None:
     """Each simulated point of ``report`` (its rows, shared by the frontier and the recommendation) gets,
     beside its output throughput and p99 TPOT, the shipped ensemble's 80 % interval (``output_tok_s_range``,
-    ``tpot_p99_s_range``: [lo, hi], from the table's ``*_lo`` / ``*_hi`` columns, sim.ensemble.apply), or
+    ``tpot_p99_s_range``: [lo, hi], from the table's ``*_lo`` / ``*_hi`` columns, sim.ensemble.price_run), or
     None where the ensemble did not price the point (another cost source)."""
     for w in report["workloads"].values():
         for r in w["points"]:
