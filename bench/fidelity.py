@@ -316,6 +316,9 @@ def main() -> int:
                     help="aiconfigurator's estimates (bench/peer_aiconfigurator.py); left out when absent")
     ap.add_argument("--peer-only", action="store_true",
                     help="only join --peer into the results file (--out), running nothing")
+    ap.add_argument("--state", default=None,
+                    help="save the fitted state (reference runs, members, every case's figure per member) to this "
+                         "file, or when it exists report from it without simulating or fitting")
     ap.add_argument("--measured-only", action="store_true",
                     help="only add the measured cost source's figures (--cost-model measured) to the results file "
                          "(--out), with its constants; nothing refitted")
@@ -331,6 +334,81 @@ def main() -> int:
     except MoeplaceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+_G: dict = {}  # what the worker processes read (set before each fork)
+
+
+def _start_metric(c: dict) -> float:
+    return sim_metric(c, _G["cfg"], _G["quick"])[0]
+
+
+def _reference_run(c: dict):
+    return fe.reference_run(c, _G["cfg"], _G["quick"])
+
+
+def _speeds(c: dict) -> dict:
+    return fe.member_speeds(c, _G["runs"].get(c["id"]), _G["configs"], _G["cfg"])
+
+
+def _measured(c: dict) -> dict:
+    return measured_metric(c, _G["cfg"], _G["quick"])
+
+
+def compute(args, cases, before, e2e, frozen, names, B, groups, secs) -> dict:
+    """Steps 1-3: the reference fit, the reference runs, the members and every case's figure under every
+    member (what ``--state`` saves)."""
+    from moeplace.sim.config import CostConfig
+
+    # 1. the fit's correction factors at the start constants, and the reference fit
+    start = CostConfig()
+    t0 = time.perf_counter()
+    steady = {c["id"]: Steady(c, args.quick) for c in e2e}
+    print("event simulation of the end-to-end cases at the start constants (the fit's correction factors) ...",
+          flush=True)
+    pre_e2e = [c for c in e2e if not after_cutoff(c, frozen)]
+    for c in pre_e2e:  # the steady batches, built once here (before the workers fork)
+        steady[c["id"]].metric(start)
+    _G.update(cfg=start, quick=args.quick)
+    sims = fe.parallel_map(_start_metric, pre_e2e, 1)  # in this process: polars (the simulator's results) hangs in forks
+    corr = {c["id"]: sim / steady[c["id"]].metric(start) for c, sim in zip(pre_e2e, sims)}
+    secs["start_runs"] = time.perf_counter() - t0
+    print(f"reference fit on the {len(before)} cases before the cut-off ...", flush=True)
+    ref_cfg, ref_info = fit(before, args.quick, start=start, steady=steady, correction=corr)
+    ref_cfg = rounded(ref_cfg, names)
+    secs["reference_fit"] = ref_info["seconds"]
+    print(f"  rms log error {ref_info['residual_rms_log']:.3f} after {ref_info['nfev']} evaluations "
+          f"({ref_info['seconds']:.0f} s)")
+    for n in names:
+        v, d = getattr(ref_cfg, n), getattr(start, n)
+        print(f"  {n:22s} {v:.4g}" + ("" if math.isclose(v, d, rel_tol=1e-9) else f"   (CostConfig default {d:.4g})"))
+
+    # 2. reference runs, sampled
+    t0 = time.perf_counter()
+    print("reference runs (event simulation with the reference constants, iterations sampled) ...", flush=True)
+    _G.update(cfg=ref_cfg)
+    runs = dict(zip([c["id"] for c in e2e], fe.parallel_map(_reference_run, e2e, 1)))
+    for c in pre_e2e:
+        corr[c["id"]] = runs[c["id"]].simulated / steady[c["id"]].metric(ref_cfg)
+    secs["reference_runs"] = time.perf_counter() - t0
+
+    # 3. the ensemble
+    ez = frozen["ensemble"]
+    bags = fe.bootstrap_bags(groups, B, int(ez["seed"]))
+    print(f"ensemble: {B} members, each a group bootstrap of the {len(groups)} groups before the cut-off, fitted "
+          f"in {args.workers} process(es) from the reference ...", flush=True)
+    params, cost = fe.fit_members(before, groups, bags, ref_cfg, steady, corr, args.quick, args.workers)
+    params = np.array([[float(f"{v:.{SIG}g}") for v in row] for row in params])
+    secs["member_fits"] = cost["seconds"]
+    print(f"  {B} fits in {cost['seconds']:.0f} s wall ({cost['workers']} processes; median "
+          f"{np.median(cost['fit_seconds']):.1f} s and {np.median(cost['evaluations']):.0f} evaluations per fit)")
+    configs = fe.member_configs(params, ref_cfg)
+    t0 = time.perf_counter()
+    _G.update(runs=runs, configs=configs)
+    speeds = dict(zip([c["id"] for c in cases], fe.parallel_map(_speeds, cases, args.workers)))
+    secs["repricing"] = time.perf_counter() - t0
+    return {"runs": runs, "speeds": speeds, "params": params, "bags": bags, "ref_cfg": ref_cfg,
+            "ref_info": ref_info, "cost": cost, "secs": dict(secs)}
 
 
 def run(args) -> int:
@@ -351,54 +429,26 @@ def run(args) -> int:
           f"organisations; structure frozen on {frozen['frozen_on']} (bench/fidelity_frozen.yaml), cut-off "
           f"{frozen['cutoff']}: {len(before)} cases on or before it, {len(after)} after")
 
-    # 1. the fit's correction factors at the start constants, and the reference fit
-    start = CostConfig()
-    t0 = time.perf_counter()
-    steady = {c["id"]: Steady(c, args.quick) for c in e2e}
-    print("event simulation of the end-to-end cases at the start constants (the fit's correction factors) ...",
-          flush=True)
-    corr = {}
-    for c in e2e:
-        if not after_cutoff(c, frozen):
-            sim, _ = sim_metric(c, start, args.quick)
-            corr[c["id"]] = sim / steady[c["id"]].metric(start)
-    secs["start_runs"] = time.perf_counter() - t0
-    print(f"reference fit on the {len(before)} cases before the cut-off ...", flush=True)
-    ref_cfg, ref_info = fit(before, args.quick, start=start, steady=steady, correction=corr)
-    ref_cfg = rounded(ref_cfg, names)
-    secs["reference_fit"] = ref_info["seconds"]
-    print(f"  rms log error {ref_info['residual_rms_log']:.3f} after {ref_info['nfev']} evaluations "
-          f"({ref_info['seconds']:.0f} s)")
-    for n in names:
-        v, d = getattr(ref_cfg, n), getattr(start, n)
-        print(f"  {n:22s} {v:.4g}" + ("" if math.isclose(v, d, rel_tol=1e-9) else f"   (CostConfig default {d:.4g})"))
-
-    # 2. reference runs, sampled
-    t0 = time.perf_counter()
-    print("reference runs (event simulation with the reference constants, iterations sampled) ...", flush=True)
-    runs = {}
-    for c in e2e:
-        runs[c["id"]] = fe.reference_run(c, ref_cfg, args.quick)
-        if not after_cutoff(c, frozen):
-            corr[c["id"]] = runs[c["id"]].simulated / steady[c["id"]].metric(ref_cfg)
-    secs["reference_runs"] = time.perf_counter() - t0
-
-    # 3. the ensemble
     ez = frozen["ensemble"]
     B = 16 if args.quick else int(ez["members"])
     groups = list(dict.fromkeys(c["group"] for c in before))
-    bags = fe.bootstrap_bags(groups, B, int(ez["seed"]))
-    print(f"ensemble: {B} members, each a group bootstrap of the {len(groups)} groups before the cut-off, fitted "
-          f"in {args.workers} process(es) from the reference ...", flush=True)
-    params, cost = fe.fit_members(before, groups, bags, ref_cfg, steady, corr, args.quick, args.workers)
-    params = np.array([[float(f"{v:.{SIG}g}") for v in row] for row in params])
-    secs["member_fits"] = cost["seconds"]
-    print(f"  {B} fits in {cost['seconds']:.0f} s wall ({cost['workers']} processes; median "
-          f"{np.median(cost['fit_seconds']):.1f} s and {np.median(cost['evaluations']):.0f} evaluations per fit)")
-    configs = fe.member_configs(params, ref_cfg)
-    t0 = time.perf_counter()
-    speeds = {c["id"]: fe.member_speeds(c, runs.get(c["id"]), configs, ref_cfg) for c in cases}
-    secs["repricing"] = time.perf_counter() - t0
+    if args.state and Path(args.state).exists():
+        import pickle
+
+        with open(args.state, "rb") as f:
+            st = pickle.load(f)
+        print(f"fitted state read from {args.state} (nothing simulated or fitted)")
+    else:
+        st = compute(args, cases, before, e2e, frozen, names, B, groups, secs)
+        if args.state:
+            import pickle
+
+            with open(args.state, "wb") as f:
+                pickle.dump(st, f)
+    runs, speeds, params, bags, ref_cfg, ref_info, cost = (st[k] for k in (
+        "runs", "speeds", "params", "bags", "ref_cfg", "ref_info", "cost"))
+    secs.update(st["secs"])
+    steady = {c["id"]: Steady(c, args.quick) for c in e2e}
     features = {cid: r.features for cid, r in runs.items()}
 
     # 4. held out
@@ -473,10 +523,10 @@ def run(args) -> int:
                               "the whole ensemble with the shipped interval, scored once")}
     findings = fe.bound_findings(params)
     latency = latency_checks(cases, runs, speeds, ens, features, frozen)
-    measured = {}
-    for row, c in zip(rows, cases):
-        if c["kind"] in E2E:
-            row["measured"] = measured_metric(c, ref_cfg, args.quick)
+    t0 = time.perf_counter()
+    for row, m in zip([r for r in rows if r["kind"] in E2E], fe.parallel_map(_measured, e2e, 1)):
+        row["measured"] = m
+    secs["measured_runs"] = time.perf_counter() - t0
     measured = measured_summary(rows)
     peer_summary = peer_summary_of(rows, peer, aisimulate_status())
     secs["total"] = time.perf_counter() - t_start
@@ -575,22 +625,23 @@ def latency_checks(cases, runs, speeds, ens, features, frozen) -> dict:
                          "error": sim_ms / lat["tpot_p50_ms"] - 1, "interval_ms": [lo, hi],
                          "covered": bool(lo <= lat["tpot_p50_ms"] <= hi), "after_cutoff": a})
         if "ttft_p50_ms" in lat:
-            sim_ms = 1e3 * (run_c.detail.get("ttft_p50_s") or float("nan"))
+            ttft_s = run_c.detail.get("ttft_p50_s")
+            sim_ms = None if ttft_s is None else 1e3 * ttft_s
             rec = {"id": c["id"], "group": c["group"], "published_ms": lat["ttft_p50_ms"], "simulated_ms": sim_ms,
-                   "error": sim_ms / lat["ttft_p50_ms"] - 1, "comparable": bool(lat.get("ttft_comparable", True)),
-                   "after_cutoff": a}
+                   "error": None if sim_ms is None else sim_ms / lat["ttft_p50_ms"] - 1,
+                   "comparable": bool(lat.get("ttft_comparable", True)) and sim_ms is not None, "after_cutoff": a}
             if not rec["comparable"]:
-                rec["why"] = lat.get("why", "")
+                rec["why"] = lat.get("why") or "the run finished no request's first token in its window"
             ttft.append(rec)
 
     def stats(rs):
         rs = [r for r in rs if r.get("comparable", True)]
         if not rs:
-            return {"cases": 0}
-        return {"cases": len(rs), "median_abs_error": float(np.median([abs(r["error"]) for r in rs])),
+            return {"n": 0}
+        return {"n": len(rs), "median_abs_error": float(np.median([abs(r["error"]) for r in rs])),
                 "max_abs_error": float(max(abs(r["error"]) for r in rs)),
                 **({"covered": sum(r["covered"] for r in rs)} if "covered" in rs[0] else {})}
-    return {"tpot": {"cases": tpot, **stats(tpot)}, "ttft": {"cases": ttft, **stats(ttft)},
+    return {"tpot": {**stats(tpot), "cases": tpot}, "ttft": {**stats(ttft), "cases": ttft},
             "basis": "median TPOT / TTFT printed by the source's benchmark (bench_serving / vllm bench serve), "
                      "measured per request, not derived from its throughput",
             "unchecked": ("TPOT and TTFT of every other case (their sources print no per-request latency; a TPOT "
@@ -605,13 +656,16 @@ def latency_text(lat: dict) -> list[str]:
                    f"{r['error']:+7.1%}  [{r['interval_ms'][0]:.1f} - {r['interval_ms'][1]:.1f}]"
                    + ("" if r["covered"] else " MISSED"))
     for r in lat["ttft"]["cases"]:
+        if not r["comparable"]:
+            out.append(f"  TTFT {r['id']:38s} published {r['published_ms']:8.1f} ms  not comparable: {r['why']}")
+            continue
         out.append(f"  TTFT {r['id']:38s} published {r['published_ms']:8.1f} ms  simulated {r['simulated_ms']:8.1f} ms "
-                   f"{r['error']:+7.1%}" + ("" if r["comparable"] else f"  (not comparable: {r['why']})"))
+                   f"{r['error']:+7.1%} (the reference run; no interval)")
     for k in ("tpot", "ttft"):
         s = lat[k]
-        if s["cases"]:
-            out.append(f"  {k.upper()}: {s['cases']} comparable cases, median |error| {s['median_abs_error']:.1%}, max "
-                       f"{s['max_abs_error']:.1%}" + (f"; interval covers {s['covered']}/{s['cases']}" if "covered" in s
+        if s["n"]:
+            out.append(f"  {k.upper()}: {s['n']} comparable cases, median |error| {s['median_abs_error']:.1%}, max "
+                       f"{s['max_abs_error']:.1%}" + (f"; interval covers {s['covered']}/{s['n']}" if "covered" in s
                                                       else ""))
     out.append(f"  unchecked: {lat['unchecked']}")
     return out

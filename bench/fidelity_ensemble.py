@@ -31,14 +31,26 @@ KINDS_OF_RUN = ("prefill", "decode", "serve")
 # ---------------------------------------------------------------------------- reference runs
 @dataclasses.dataclass
 class Run:
-    """An end-to-end case's reference simulation: its figure, the summary's details, the pool that was
-    sampled (role, sample, cost model) and the engine configuration."""
+    """An end-to-end case's reference simulation: its figure, the summary's details, the sampled pool's
+    iteration sample and cost model (its model and cluster: what re-pricing keeps), the engine
+    configuration and the run's observed settings (sim.ensemble.FEATURES)."""
 
     simulated: float
     detail: dict
-    pool: object
+    sample: object
+    cost: object
     engine: object
     features: dict
+
+
+def parallel_map(fn, items: list, workers: int) -> list:
+    """``[fn(x) for x in items]`` in ``workers`` forked processes (in order; one process: in this one). The
+    workers inherit this process's state (synthesized traces, steady evaluators); ``fn`` must not use polars
+    (its thread pool, started in this process, hangs in a fork): the cost model's numpy only."""
+    if workers <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return pool.map(fn, items, chunksize=1)
 
 
 def speed(case: dict, v: float) -> float:
@@ -67,7 +79,16 @@ def reference_run(case: dict, cfg, quick: bool) -> Run:
                               "straggler_share", "mean_imbalance")}
     pool = res.pools[-1]
     feats = ens_mod.sample_features(pool.sample, pool.cost, engine.mtp_draft)
-    return Run(_from_summary(case, s), keep, pool, engine, feats)
+    cost = _CostShape(pool.cost.model, pool.cost.cluster)
+    return Run(_from_summary(case, s), keep, pool.sample, cost, engine, feats)
+
+
+@dataclasses.dataclass
+class _CostShape:
+    """What re-pricing needs of a pool's cost model (sim.ensemble.reprice): its model and cluster."""
+
+    model: object
+    cluster: object
 
 
 # ---------------------------------------------------------------------------- members
@@ -123,7 +144,7 @@ def member_speeds(case: dict, run: Run | None, configs: list, reference) -> dict
     of its time per output token (``"tpot"``, decode-weighted: its log is minus the TPOT's)."""
     if run is None:
         return {"figure": np.log([speed(case, kernel_metric(case, cfg)) for cfg in configs])}
-    r = ens_mod.reprice(run.pool.sample, run.pool.cost, configs, run.engine, reference)
+    r = ens_mod.reprice(run.sample, run.cost, configs, run.engine, reference)
     which = "decode" if case["metric"] == "per_user_tok_s" else "total"
     base = math.log(speed(case, run.simulated))
     out = {"figure": base - np.log(r[which])}

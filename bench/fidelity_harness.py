@@ -65,6 +65,9 @@ def load_frozen(path: Path = FROZEN) -> dict:
         if frozen[k] is None or not math.isclose(float(frozen[k]), float(v)):
             raise InputError(f"{path}: {k} {frozen[k]!r} differs from the code's {v!r} (sim/ensemble.py): the "
                              "structure changed; re-freeze it with a new date")
+    if fz["interval"].get("contains_median") is not True:
+        raise InputError(f"{path}: interval.contains_median must be true (sim.ensemble.speed_interval widens the "
+                         "interval to the median): the structure changed; re-freeze it with a new date")
     if set(fz["interval"].get("scales") or {}) != set(ensemble.FEATURES):
         raise InputError(f"{path}: interval.scales must give one scale per feature {ensemble.FEATURES}")
     return fz

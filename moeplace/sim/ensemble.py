@@ -29,7 +29,9 @@ weights):
    are to the run's (:func:`speed_interval`): for each case i, the median of the members that never saw
    case i's group, plus case i's own held-out residual (published over that out-of-bag median). So the
    interval carries both the members' spread at this run and the error the procedure made on held-out
-   groups near it; the constants that priced the run are the ones its interval was measured with.
+   groups near it (it is not centred on the median: where the model was too slow on the cases near the
+   run, it lies above; it is widened to hold the median where those errors all lean one way); the
+   constants that priced the run are the ones its interval was measured with.
 
 Locality: each case weighs ``exp(-d^2 / 2)`` by its distance over the run's observed settings
 (:data:`FEATURES`, scales fixed in bench/fidelity_frozen.yaml before any case was scored), divided by its
@@ -347,8 +349,10 @@ def speed_interval(ens: Ensemble, z, x: dict[str, float], exclude_group: str | N
     prior = np.array([ens.prior_groups / len(groups) / per_group[c["group"]] for c in cases])
     wts = lw + prior
     a = (1 - ens.level) / 2
-    return Interval(median, weighted_quantile(scores, wts, a), weighted_quantile(scores, wts, 1 - a), near,
-                    int(ok.sum()))
+    # the interval always holds the printed median: where the errors near the run all lean one way it is
+    # widened to it rather than printed beside it
+    lo, hi = weighted_quantile(scores, wts, a), weighted_quantile(scores, wts, 1 - a)
+    return Interval(median, min(lo, median), max(hi, median), near, int(ok.sum()))
 
 
 # ---------------------------------------------------------------------------- a run's figures
