@@ -14,11 +14,12 @@ date and a publication cut-off.
 1. Reference fit: the free constants (harness.FIT) by ``scipy.optimize.least_squares`` on the log-ratio
    simulated / published of every case published before the cut-off (kernel cases on the cost model's
    formulas, end-to-end cases on one steady engine iteration times the factor event simulation / steady
-   iteration at the start constants), rounded to 4 significant digits. They are the CostConfig defaults;
-   the script says when they drift.
+   iteration at the start constants, the CostConfig defaults), rounded to 4 significant digits. They are the
+   CostConfig defaults; the script says when they drift.
 2. Reference runs: every end-to-end case by the discrete-event simulator (stat mode, steady state after
    the warm-up) with the reference constants, exactly as ``place simulate`` runs it, its steady iterations
-   sampled.
+   sampled: step 1's runs when the fit lands on the start (the committed state: one simulation per case),
+   else a second pass.
 3. The ensemble (bench/fidelity_ensemble.py): a group bootstrap of the cases before the cut-off, one fit
    per member (parallel, warm-started at the reference), every case priced by every member (end-to-end:
    its sampled iterations re-priced, as ``place simulate`` prices a run).
@@ -339,10 +340,6 @@ def main() -> int:
 _G: dict = {}  # what the worker processes read (set before each fork)
 
 
-def _start_metric(c: dict) -> float:
-    return sim_metric(c, _G["cfg"], _G["quick"])[0]
-
-
 def _reference_run(c: dict):
     return fe.reference_run(c, _G["cfg"], _G["quick"])
 
@@ -360,18 +357,18 @@ def compute(args, cases, before, e2e, frozen, names, B, groups, secs) -> dict:
     member (what ``--state`` saves)."""
     from moeplace.sim.config import CostConfig
 
-    # 1. the fit's correction factors at the start constants, and the reference fit
+    # 1. the end-to-end cases simulated at the start constants (the CostConfig defaults), iterations sampled:
+    # the fit's correction factors, and the reference runs themselves when the fit lands on the start
     start = CostConfig()
     t0 = time.perf_counter()
     steady = {c["id"]: Steady(c, args.quick) for c in e2e}
-    print("event simulation of the end-to-end cases at the start constants (the fit's correction factors) ...",
-          flush=True)
+    print("event simulation of the end-to-end cases at the start constants (the CostConfig defaults) ...", flush=True)
     pre_e2e = [c for c in e2e if not after_cutoff(c, frozen)]
     for c in pre_e2e:  # the steady batches, built once here (before the workers fork)
         steady[c["id"]].metric(start)
     _G.update(cfg=start, quick=args.quick)
-    sims = fe.parallel_map(_start_metric, pre_e2e, 1)  # in this process: polars (the simulator's results) hangs in forks
-    corr = {c["id"]: sim / steady[c["id"]].metric(start) for c, sim in zip(pre_e2e, sims)}
+    runs = dict(zip([c["id"] for c in e2e], fe.parallel_map(_reference_run, e2e, 1)))  # polars hangs in forks
+    corr = {c["id"]: runs[c["id"]].simulated / steady[c["id"]].metric(start) for c in pre_e2e}
     secs["start_runs"] = time.perf_counter() - t0
     print(f"reference fit on the {len(before)} cases before the cut-off ...", flush=True)
     ref_cfg, ref_info = fit(before, args.quick, start=start, steady=steady, correction=corr)
@@ -383,14 +380,19 @@ def compute(args, cases, before, e2e, frozen, names, B, groups, secs) -> dict:
         v, d = getattr(ref_cfg, n), getattr(start, n)
         print(f"  {n:22s} {v:.4g}" + ("" if math.isclose(v, d, rel_tol=1e-9) else f"   (CostConfig default {d:.4g})"))
 
-    # 2. reference runs, sampled
-    t0 = time.perf_counter()
-    print("reference runs (event simulation with the reference constants, iterations sampled) ...", flush=True)
-    _G.update(cfg=ref_cfg)
-    runs = dict(zip([c["id"] for c in e2e], fe.parallel_map(_reference_run, e2e, 1)))
-    for c in pre_e2e:
-        corr[c["id"]] = runs[c["id"]].simulated / steady[c["id"]].metric(ref_cfg)
-    secs["reference_runs"] = time.perf_counter() - t0
+    # 2. reference runs, sampled: those of step 1 when the reference is the start (the committed defaults
+    # are the committed reference, so a rerun simulates once), else again with the reference constants
+    if all(math.isclose(getattr(ref_cfg, n), getattr(start, n), rel_tol=1e-9) for n in names):
+        print("reference runs: the start's (the reference fit is the CostConfig defaults)")
+        secs["reference_runs"] = 0.0
+    else:
+        t0 = time.perf_counter()
+        print("reference runs (event simulation with the reference constants, iterations sampled) ...", flush=True)
+        _G.update(cfg=ref_cfg)
+        runs = dict(zip([c["id"] for c in e2e], fe.parallel_map(_reference_run, e2e, 1)))
+        for c in pre_e2e:
+            corr[c["id"]] = runs[c["id"]].simulated / steady[c["id"]].metric(ref_cfg)
+        secs["reference_runs"] = time.perf_counter() - t0
 
     # 3. the ensemble
     ez = frozen["ensemble"]

@@ -178,3 +178,17 @@ def test_a_run_on_constants_of_its_own_has_no_interval_and_says_so(trace_dir, ca
     assert E.ensemble_for(SimConfig(ensemble=False)) is None
     assert E.ensemble_for(SimConfig(cost_model="measured")) is None
     assert sim_config.SimConfig().ensemble is True
+
+
+def test_a_member_prices_throughput_by_its_time_ratio_and_an_open_loop_serves_what_it_was_offered():
+    r = {"total": np.array([0.5, 1.0, 1.5, 3.0]), "decode": np.array([1.0, 1.0, 2.0, 2.0])}
+    summary = {"output_tok_s": 100.0, "tpot_p50_s": 0.05, "ttft_p50_s": 1.0, "per_user_tok_s": 20.0}
+    closed = E.member_log_speeds(summary, {"both": {**r, "busy": 0.5}}, closed=True)
+    assert np.allclose(closed["output_tok_s"], -np.log(r["total"]))
+    assert np.allclose(closed["tpot_p50_s"], -np.log(r["decode"])) and "ttft_p50_s" not in closed
+    opened = E.member_log_speeds(summary, {"both": {**r, "busy": 0.5}}, closed=False)
+    # half busy: a faster member serves no more than was offered; a 1.5x slower one still keeps up; 3x does not
+    assert np.allclose(opened["output_tok_s"], [0.0, 0.0, 0.0, np.log(1 / (0.5 * 3.0))])
+    assert np.allclose(opened["per_user_tok_s"], -np.log(r["decode"]))  # per-token speed scales regardless
+    saturated = E.member_log_speeds(summary, {"both": {**r, "busy": 0.99}}, closed=False)
+    assert np.allclose(saturated["output_tok_s"], -np.log(r["total"]))
