@@ -56,6 +56,7 @@ from fidelity_harness import (  # noqa: F401  (names the tests read from this sc
     E2E,
     ENGINES,
     FIT,
+    FROZEN,
     METRICS,
     RESULTS,
     ROOT,
@@ -72,6 +73,7 @@ from fidelity_harness import (  # noqa: F401  (names the tests read from this sc
     load_cases,
     load_frozen,
     measured_metric,
+    publication_date,
     sim_metric,
 )
 from fidelity_peer import join_peer, load_peer, peer_cell, peer_text

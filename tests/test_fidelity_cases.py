@@ -147,7 +147,7 @@ def test_engine_and_metric_fields_are_checked(tmp_path):
         assert c["metric"] in fid.METRICS
         if c["kind"] in fid.E2E and c["source"]["org"] not in ("DeepSeek", "Alibaba RTP-LLM"):
             assert fid.case_engine(c) in fid.ENGINES, c["id"]
-    case = ("- id: x\n  source: {{org: o, title: t, url: u}}\n  split: validation\n  group: g\n"
+    case = ("- id: x\n  source: {{org: o, title: t, url: u}}\n  published_on: '2025-05-05'\n  split: validation\n  group: g\n"
             "  regime: mid-batch decode\n  kind: serve\n  gpu: h200\n"
             "  model: deepseek-v3\n  engine: {engine}\n  config: {{gpus: 8, batch_per_rank: 8}}\n  metric: {metric}\n  published: 1\n"
             "  assumptions: []\n")
@@ -201,7 +201,7 @@ def test_committed_coverage_is_its_rows_summary():
     """bench/results/fidelity.json's ``cv`` and ``coverage`` are the summaries of its own rows (each case's
     held-out figure and whether its interval held the published figure), before the cut-off only."""
     fid = _fidelity()
-    fe = load_bench("fidelity_ensemble", "bench_fidelity_ensemble")
+    fe = fid.fe
     res = json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())
     held = [r for r in res["cases"] if not r["after_cutoff"] and r["kind"] in fid.E2E]
     assert res["cv"]["all"] == json.loads(json.dumps(fe.error_stats([(r, r["cv_error"]) for r in held])))
@@ -219,7 +219,7 @@ def test_out_of_bag_members_never_drew_the_group_they_predict(monkeypatch):
     from moeplace.sim.config import CostConfig
 
     fid = _fidelity()
-    fe = load_bench("fidelity_ensemble", "bench_fidelity_ensemble")
+    fe = fid.fe
     cases = [c for c in fid.load_cases(fid.CASES) if c["kind"] == "gemm"]
     groups = list(dict.fromkeys(c["group"] for c in cases))
     bags = fe.bootstrap_bags(groups, 6, 0)

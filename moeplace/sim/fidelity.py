@@ -42,6 +42,7 @@ PREFILL_HEAVY_RATIO = 8.0
 
 
 ROOFLINE = "roofline"  # the cost source the published cases checked (sim.config.SimConfig.cost_model)
+ENGINE_NAMES = {"sglang": "SGLang", "trtllm": "TensorRT-LLM", "vllm": "vLLM"}
 
 
 def regime(phase: str, disaggregated: bool, seqs_per_rank: float, prompt_len: float | None = None,
@@ -118,7 +119,7 @@ def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
                     for r in far],
         "models": sorted({r["model"] for r in e2e if r.get("model")}),
         "gpus": sorted({r["gpu"] for r in e2e}),
-        "engines": sorted({r["engine"] or r["source"]["org"] for r in e2e}),
+        "engines": sorted({ENGINE_NAMES.get(r["engine"] or "", f"{r['source']['org']}'s own engine") for r in e2e}),
         "published": [dates[0], dates[-1]] if dates else None,
     }
 
