@@ -55,8 +55,9 @@ import numpy as np
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json
-from moeplace.foundation.formats import check
+from moeplace.foundation.formats import check, tagged
 from moeplace.sim.config import CostConfig
+from moeplace.sim.cost import CostModel
 
 ENSEMBLE_PATH = Path(__file__).with_name("cost_ensemble.json")
 LEVEL = 0.8  # nominal coverage of the printed intervals
@@ -125,8 +126,6 @@ class Ensemble:
 def ensemble_doc(names, reference, members, weights, groups, bags, cases, scales, level, provenance,
                  prior_groups: float = PRIOR_GROUPS) -> dict:
     """The ``moeplace.cost-ensemble/1`` document (bench/fidelity.py writes it)."""
-    from moeplace.foundation.formats import tagged  # function-local: only the writer needs it
-
     return tagged("cost-ensemble", {
         "provenance": provenance, "level": level, "prior_groups": prior_groups, "names": list(names),
         "reference": {n: float(reference[n]) for n in names},
@@ -238,7 +237,7 @@ def sample_features(sample: IterationSample, cost, drafts: int) -> dict[str, flo
             "prefill": float((w * pre).sum() / max((w * tok).sum(), 1e-9)),
             "context": math.log2(max(ctx, 1.0)),
             "gpus": math.log2(max(cost.cluster.num_gpus, 1)),
-            "blackwell": 1.0 if cost.gpu.name in BLACKWELL else 0.0,
+            "blackwell": 1.0 if cost.cluster.gpu.name in BLACKWELL else 0.0,
             "drafts": float(drafts)}
 
 
@@ -247,10 +246,6 @@ def reprice(sample: IterationSample, cost, configs: list[CostConfig], engine, re
     "decode": r_dec [B]}`` (``r = sum dt_m / sum dt_ref``; ``decode`` weights each iteration by its decoding
     sequences; where none decode it equals ``total``). ``cost``: the pool's cost model (its model, cluster
     and engine settings are kept; only the constants change)."""
-    from moeplace.sim.cost import (
-        CostModel,  # function-local: sim.cost imports nothing of this module, kept lean
-    )
-
     if not sample.items:
         ones = np.ones(len(configs))
         return {"total": ones, "decode": ones}
