@@ -1,32 +1,40 @@
-"""Simulator fidelity against published real-hardware results: the split, and grouped cross-validation.
+"""Simulator fidelity against published real-hardware results: the shipped ensemble of constants, its
+held-out errors and the coverage of its intervals.
 
-    python bench/fidelity.py [--cases bench/fidelity_cases.yaml] [--quick] [--no-fit] [--no-cv] [--breakdown]
-    python bench/fidelity.py --cv-only | --peer-only | --summary-only | --measured-only   # on --out's file
+    python bench/fidelity.py [--cases bench/fidelity_cases.yaml] [--quick] [--workers 2] [--breakdown]
+    python bench/fidelity.py --peer-only | --summary-only | --measured-only   # on --out's file
 
 The cases (bench/fidelity_cases.yaml, read and checked by bench/fidelity_harness.py) are published kernel
 tables (DeepGEMM, DeepEP) and end-to-end deployments (DeepSeek, LMSYS/SGLang, Mooncake, Alibaba RTP-LLM,
-NVIDIA TensorRT-LLM, SGLang, vLLM), each with its source, configuration, figure, every assumption made,
-its ``split`` (calibration / validation, fixed before any fitting), its deployment ``group`` (one table,
-one build, one blog's sweep) and its ``regime`` (the label's rule).
+NVIDIA TensorRT-LLM, SGLang, vLLM), each with its source, publication date, configuration, figure, every
+assumption made and its deployment ``group`` (one table, one build, one blog's sweep). The structure
+(formulas, fitted constants and bounds, interval settings) is frozen in bench/fidelity_frozen.yaml with a
+date and a publication cut-off.
 
-1. Split fit: the cost model's free constants (harness.FIT) fitted by ``scipy.optimize.least_squares`` on
-   the log-ratio simulated / published of the calibration cases only (kernel cases on the cost model's
-   formulas, end-to-end cases on one steady engine iteration, harness.Steady). They are the CostConfig
-   defaults; the script says when they drift from a fresh fit.
-2. Evaluate: every case with the split's constants; end-to-end cases by the discrete-event simulator
-   itself (stat mode, steady state after the warm-up), exactly as ``place simulate`` runs them.
-3. Grouped cross-validation (:func:`cross_validate`, the figure the docs and the label quote): per group,
-   the constants fitted on every case outside it and the group's cases predicted as in 2.
-4. Report: per case the split's and the cross-validated error; per split, per regime and overall the
-   median and maximum |error|. Written to bench/results/fidelity.json (committed); a full run writing that
-   file also writes the summary ``place simulate`` prints and takes its ranges from
-   (sim/fidelity_summary.json, :func:`sim.fidelity.summarize_cases`).
-5. The peer (bench/fidelity_peer.py): NVIDIA aiconfigurator's own estimate of every case it supports
-   (bench/peer_aiconfigurator.py -> bench/results/peer_aiconfigurator.json) joined per case and tallied:
-   per case on the split's errors, and fairly, by independent deployment (group) on cross-validated
-   errors (``peer_summary.independent``).
-6. The measured cost source: every end-to-end case again with ``--cost-model measured`` (aiconfigurator's
-   tables for the case's GPU and engine), stored per case as ``"measured"``.
+1. Reference fit: the free constants (harness.FIT) by ``scipy.optimize.least_squares`` on the log-ratio
+   simulated / published of every case published before the cut-off (kernel cases on the cost model's
+   formulas, end-to-end cases on one steady engine iteration times the factor event simulation / steady
+   iteration at the start constants, the CostConfig defaults), rounded to 4 significant digits. They are the
+   CostConfig defaults; the script says when they drift.
+2. Reference runs: every end-to-end case by the discrete-event simulator (stat mode, steady state after
+   the warm-up) with the reference constants, exactly as ``place simulate`` runs it, its steady iterations
+   sampled: step 1's runs when the fit lands on the start (the committed state: one simulation per case),
+   else a second pass.
+3. The ensemble (bench/fidelity_ensemble.py): a group bootstrap of the cases before the cut-off, one fit
+   per member (parallel, warm-started at the reference), every case priced by every member (end-to-end:
+   its sampled iterations re-priced, as ``place simulate`` prices a run).
+4. Held out: each case's out-of-bag median (members that never drew its group) is its grouped
+   cross-validation figure; each end-to-end case's 80 % interval is the shipped procedure
+   (sim.ensemble.speed_interval) with its group's members and residuals left out: coverage and median width,
+   overall and by kind of run.
+5. After the cut-off: cases published after it, never used to choose structure nor fitted, priced by the
+   whole ensemble with the shipped intervals: scored once, in their own column.
+6. TTFT / TPOT only on cases that publish them measured per request (``published_latency``).
+7. The measured cost source (``--cost-model measured``) per end-to-end case, and the peers: aiconfigurator
+   0.12 (bench/peer_aiconfigurator.py) joined per case and tallied by independent deployment; aisimulate
+   0.13 where it could be run (``peer_summary``).
+Written to bench/results/fidelity.json; a full run writing that file also writes the shipped ensemble
+(sim/cost_ensemble.json) and the label's summary (sim/fidelity_summary.json).
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,15 +50,19 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness and the peer, beside this script
+import fidelity_ensemble as fe
 from fidelity_harness import (  # noqa: F401  (names the tests read from this script)
     CASES,
     E2E,
     ENGINES,
+    FIT,
+    FROZEN,
     METRICS,
     RESULTS,
     ROOT,
     Steady,
     _from_summary,
+    after_cutoff,
     case_engine,
     case_kv_tokens,
     case_setup,
@@ -58,43 +71,58 @@ from fidelity_harness import (  # noqa: F401  (names the tests read from this sc
     fmt,
     kernel_metric,
     load_cases,
+    load_frozen,
     measured_metric,
+    publication_date,
     sim_metric,
 )
 from fidelity_peer import join_peer, load_peer, peer_cell, peer_text
 
 PEER = RESULTS / "peer_aiconfigurator.json"
+PEER_AISIMULATE = RESULTS / "peer_aisimulate.json"
+SIG = 4  # significant digits of the shipped constants
+
 
 def measured_summary(rows: list[dict]) -> dict:
-    """Median and max |error| of the measured cost source over the validation cases it covers, beside the
-    roofline's on the same cases."""
-    cov = [r for r in rows if r["split"] == "validation" and "simulated" in (r.get("measured") or {})]
+    """Median and max |error| of the measured cost source over the end-to-end cases it covers, beside the
+    ensemble's held-out error on the same cases."""
+    cov = [r for r in rows if "simulated" in (r.get("measured") or {}) and r.get("cv_error") is not None]
     if not cov:
-        return {"validation_cases": 0}
+        return {"cases": 0}
     m = [abs(r["measured"]["error"]) for r in cov]
-    roof = [abs(r["error"]) for r in cov]
-    return {"validation_cases": len(cov), "median_abs_error": float(np.median(m)), "max_abs_error": float(np.max(m)),
-            "roofline_median_abs_error": float(np.median(roof)), "roofline_max_abs_error": float(np.max(roof)),
-            "cases": [r["id"] for r in cov]}
+    ens = [abs(r["cv_error"]) for r in cov]
+    return {"cases": len(cov), "median_abs_error": float(np.median(m)), "max_abs_error": float(np.max(m)),
+            "ensemble_median_abs_error": float(np.median(ens)), "ensemble_max_abs_error": float(np.max(ens)),
+            "ids": [r["id"] for r in cov]}
 
 
 def measured_text(ms: dict) -> str:
-    if not ms["validation_cases"]:
-        return "measured cost source: no validation case covered"
-    return (f"measured cost source (aiconfigurator tables, --cost-model measured): {ms['validation_cases']} validation "
-            f"cases covered, median |error| {ms['median_abs_error']:.1%}, max {ms['max_abs_error']:.1%} (roofline on "
-            f"the same cases: median {ms['roofline_median_abs_error']:.1%}, max {ms['roofline_max_abs_error']:.1%})")
+    if not ms.get("cases"):
+        return "measured cost source: no case covered"
+    return (f"measured cost source (aiconfigurator tables, --cost-model measured, reference constants elsewhere): "
+            f"{ms['cases']} cases covered, median |error| {ms['median_abs_error']:.1%}, max {ms['max_abs_error']:.1%} "
+            f"(the ensemble, held out, on the same cases: median {ms['ensemble_median_abs_error']:.1%}, max "
+            f"{ms['ensemble_max_abs_error']:.1%})")
+
+
+def _read_results(path: str | Path) -> dict | None:
+    from moeplace.foundation.files import read_json
+
+    res = read_json(path)
+    if not isinstance(res, dict) or not isinstance(res.get("cases"), list):
+        print(f"error: {path}: field 'cases' missing, expected bench/fidelity.py results", file=sys.stderr)
+        return None
+    return res
 
 
 def measured_only(results: str | Path, cases_path: str | Path, quick: bool) -> int:
     """``--measured-only``: add the measured cost source's figure of every case to a results file, with the
-    constants it was written with; the roofline figures and the fit are left as they are."""
-    from moeplace.foundation.files import read_json, write_text_atomic
+    constants it was written with; nothing else is refitted."""
+    from moeplace.foundation.files import write_text_atomic
     from moeplace.sim.config import CostConfig
 
-    res = read_json(results)
-    if not isinstance(res, dict) or not isinstance(res.get("cases"), list):
-        print(f"error: {results}: field 'cases' missing, expected bench/fidelity.py results", file=sys.stderr)
+    res = _read_results(results)
+    if res is None:
         return 2
     cfg = CostConfig(**res["cost_config"]) if res.get("cost_config") else CostConfig()
     cases = {c["id"]: c for c in load_cases(Path(cases_path))}
@@ -115,142 +143,46 @@ def print_measured(row: dict) -> None:
         print(f"      measured {fmt(m['simulated']):>9s}  {m['error']:+7.1%}  (roofline for "
               f"{', '.join(m['roofline_terms']) or 'nothing'})", flush=True)
 
-def peer_only(results: str | Path, peer_path: str | Path) -> int:
-    """``--peer-only``: join the peer file into an existing results file, nothing simulated."""
-    from moeplace.foundation.files import read_json, write_text_atomic
 
-    res = read_json(results)
-    if not isinstance(res, dict) or not isinstance(res.get("cases"), list):
-        print(f"error: {results}: field 'cases' missing, expected bench/fidelity.py results", file=sys.stderr)
+def peer_summary_of(rows: list[dict], peer: dict | None, aisim: dict) -> dict | None:
+    """Both peers: aiconfigurator 0.12 joined per case (:func:`fidelity_peer.join_peer`) and aisimulate 0.13
+    (run where it could be installed; else why not)."""
+    ps = join_peer(rows, peer)
+    if ps is None:
+        ps = {"peer": "aiconfigurator", "version": None, "shared_cases": 0, "note": "peer file absent"}
+    ps["aisimulate"] = aisim
+    return ps
+
+
+def aisimulate_status(path: Path = PEER_AISIMULATE) -> dict:
+    """aisimulate 0.13's record: its per-case results when bench/results/peer_aisimulate.json holds them, else
+    why it was not run."""
+    from moeplace.foundation.files import read_json
+
+    if path.exists():
+        return read_json(path)
+    return {"peer": "aisimulate", "version": "0.13.0", "run": False,
+            "why": ("not run: the aisimulate 0.13.0 on the package index is a placeholder source distribution that "
+                    "downloads the real wheel from NVIDIA's own package index at install time, which this "
+                    "project's machines cannot reach (only PyPI); no wheel or installable source snapshot of "
+                    "ai-dynamo/aisimulate was available. aiconfigurator 0.12 (the last release of "
+                    "aiconfigurator-core on PyPI) stays the peer that ran.")}
+
+
+def peer_only(results: str | Path, peer_path: str | Path) -> int:
+    """``--peer-only``: join the peer files into an existing results file, nothing simulated."""
+    from moeplace.foundation.errors import InputError
+    from moeplace.foundation.files import write_text_atomic
+
+    res = _read_results(results)
+    if res is None:
         return 2
     peer = load_peer(peer_path)
     if peer is None:
-        print(f"error: {peer_path}: no peer results (run bench/peer_aiconfigurator.py where aiconfigurator is "
-              "installed)", file=sys.stderr)
-        return 2
-    res["peer_summary"] = join_peer(res["cases"], peer)
+        raise InputError(f"{peer_path}: no peer results (run bench/peer_aiconfigurator.py where aiconfigurator is "
+                         "installed)")
+    res["peer_summary"] = peer_summary_of(res["cases"], peer, aisimulate_status())
     for line in peer_text(res["peer_summary"]):
-        print(line)
-    write_text_atomic(results, json.dumps(res, indent=1, default=float) + "\n")
-    print(f"wrote {results}")
-    return 0
-
-
-# ---------------------------------------------------------------------------- grouped cross-validation
-CV_TARGET = (0.10, 0.30)  # median and max |error| the grouped cross-validation aims at
-
-
-def cross_validate(cases: list[dict], rows: list[dict], start, quick: bool, steady: dict | None = None,
-                   log=print) -> dict:
-    """Grouped cross-validation. For each group (``group``: one table, one build, one blog's sweep): the
-    constants fitted on every case outside it, calibration and validation alike (:func:`harness.fit`), then
-    its cases predicted as the split evaluates them (kernel formulas; the event simulator for end-to-end
-    cases). Each row gets ``group``, ``cv_simulated`` and ``cv_error``; returns :func:`cv_summary` with the
-    fit on all cases and each fold's constants.
-
-    The fits minimize the steady-iteration proxy times the factor event simulation / steady iteration each
-    end-to-end case had in ``rows`` (the split's evaluation): the proxy alone leaves out a co-located
-    case's prefills, the factor puts the simulator's own answer there. Every fold starts from the fit on
-    all cases (itself started from ``start``), which only shortens the search."""
-    by_id = {r["id"]: r for r in rows}
-    steady = {} if steady is None else steady
-    corr = {r["id"]: r["simulated"] / r["steady_state_estimate"] for r in rows
-            if r["kind"] in E2E and r.get("steady_state_estimate")}
-    log(f"grouped cross-validation: fitting on all {len(cases)} cases, then once per group without it ...")
-    full_cfg, full_info = fit(cases, quick, start=start, steady=steady, correction=corr)
-    log(f"  all cases: rms log error {full_info['residual_rms_log']:.3f} ({full_info['seconds']:.0f} s)")
-    groups = list(dict.fromkeys(c["group"] for c in cases))
-    folds = {}
-    for g in groups:
-        held = [c for c in cases if c["group"] == g]
-        cfg, info = fit([c for c in cases if c["group"] != g], quick, start=full_cfg, steady=steady, correction=corr)
-        folds[g] = {"params": info["params"], "residual_rms_log": info["residual_rms_log"], "nfev": info["nfev"],
-                    "seconds": info["seconds"], "cases": [c["id"] for c in held]}
-        for c in held:
-            row = by_id[c["id"]]
-            if c["kind"] in E2E:
-                sim, detail = sim_metric(c, cfg, quick)
-                row.update(tpot_pair(c, sim, detail, prefix="cv_"))
-            else:
-                sim = kernel_metric(c, cfg)
-            row["cv_simulated"], row["cv_error"] = sim, sim / c["published"] - 1
-            log(f"  {g:30s} {c['id']:36s} published {fmt(c['published']):>9s}  cv {fmt(sim):>9s}  "
-                f"{row['cv_error']:+7.1%}  (split {row['error']:+7.1%})")
-    out = cv_summary(rows)
-    out["full_fit"] = {"params": full_info["params"], "residual_rms_log": full_info["residual_rms_log"],
-                       "seconds": full_info["seconds"]}
-    out["folds"] = folds
-    return out
-
-
-def _stats(rows: list[dict], key: str = "cv_error") -> dict:
-    errs = [r[key] for r in rows]
-    if not errs:
-        return {"cases": 0}
-    worst = max(rows, key=lambda r: abs(r[key]))
-    return {"cases": len(errs), "groups": len({r["group"] for r in rows}),
-            "median": float(np.median(np.abs(errs))), "max": float(np.max(np.abs(errs))),
-            "worst_case": worst["id"], "worst_error": float(worst[key])}
-
-
-def cv_summary(rows: list[dict]) -> dict:
-    """``{"groups", "cases", "median", "max", "by_regime", "kernel_tables", "tpot", "target", "target_met"}``:
-    |cross-validated error| over the end-to-end cases (the deployments; kernel tables apart, they are
-    component benchmarks), per regime (sim.fidelity's rule) and of the decode cases' time per output
-    token."""
-    from moeplace.sim.fidelity import case_regime
-
-    done = [r for r in rows if r.get("cv_error") is not None]
-    e2e = [r for r in done if r["kind"] in E2E]
-    by_regime = {}
-    for r in e2e:
-        by_regime.setdefault(case_regime(r), []).append(r)
-    med_max = _stats(e2e)
-    met = bool(e2e) and med_max["median"] <= CV_TARGET[0] and med_max["max"] <= CV_TARGET[1]
-    # "groups", "cases", "median", "max": over the end-to-end cases (kernel tables apart)
-    return {"groups": 0, **med_max,
-            "by_regime": {k: _stats(v) for k, v in sorted(by_regime.items())},
-            "kernel_tables": _stats([r for r in done if r["kind"] not in E2E]),
-            "tpot": _stats([r for r in e2e if "cv_tpot_error" in r], "cv_tpot_error"),
-            "target": {"median": CV_TARGET[0], "max": CV_TARGET[1]}, "target_met": met}
-
-
-def cv_text(cv: dict) -> list[str]:
-    """The printed cross-validation table: overall, per regime, kernel tables, TPOT."""
-    def line(name, s):
-        if not s["cases"]:
-            return f"  {name:22s}  0 cases"
-        return (f"  {name:22s} {s['cases']:2d} cases in {s['groups']:2d} groups: median |error| {s['median']:6.1%}, "
-                f"max {s['max']:6.1%} (worst {s['worst_case']} {s['worst_error']:+.1%})")
-    out = [f"grouped cross-validation ({cv['groups']} groups; each predicted by constants fitted without it):",
-           line("end-to-end, all", cv)]
-    out += [line(k, v) for k, v in cv["by_regime"].items()]
-    out += [line("kernel tables", cv["kernel_tables"]), line("TPOT (decode cases)", cv["tpot"])]
-    t = cv["target"]
-    out.append(f"cross-validation target (median <= {t['median']:.0%}, max <= {t['max']:.0%}, end-to-end): "
-               + ("met" if cv["target_met"] else f"NOT met (median {cv['median']:.1%}, max {cv['max']:.1%})"))
-    return out
-
-
-def cv_only(results: str | Path, cases_path: str | Path, quick: bool) -> int:
-    """``--cv-only``: the grouped cross-validation on an existing results file (its split fit and evaluation
-    as the start and the proxy's factors), written back with the peer tally; the split columns untouched."""
-    from moeplace.foundation.files import read_json, write_text_atomic
-    from moeplace.sim.config import CostConfig
-
-    res = read_json(results)
-    if not isinstance(res, dict) or not isinstance(res.get("cases"), list):
-        print(f"error: {results}: field 'cases' missing, expected bench/fidelity.py results", file=sys.stderr)
-        return 2
-    cases = load_cases(Path(cases_path))
-    if [c["id"] for c in cases] != [r["id"] for r in res["cases"]]:
-        print(f"error: {results}: its cases are not those of {cases_path} (run bench/fidelity.py)", file=sys.stderr)
-        return 2
-    for c, r in zip(cases, res["cases"]):
-        r["group"], r["regime"] = c["group"], c["regime"]
-    start = CostConfig(**res["cost_config"]) if res.get("cost_config") else CostConfig()
-    res["cv"] = cross_validate(cases, res["cases"], start, quick)
-    for line in cv_text(res["cv"]):
         print(line)
     write_text_atomic(results, json.dumps(res, indent=1, default=float) + "\n")
     print(f"wrote {results}")
@@ -297,57 +229,24 @@ def breakdown_text(b: dict) -> str:
     return "; ".join(parts)
 
 
-def tpot_pair(case: dict, sim: float, detail: dict, prefix: str = "") -> dict:
-    """Decode cases: time per output token, published (stated, or implied by the published throughput at
-    the published batch) and simulated (1 / the simulated per-user decode speed); keys ``prefix``ed."""
-    if case["kind"] != "decode" or not detail.get("per_user_tok_s"):
-        return {}
-    c = case["config"]
-    if case["metric"] == "per_user_tok_s":
-        pub = 1.0 / case["published"]
-    else:
-        per_gpu = case["published"] / (8 if case["metric"].endswith("per_node") else 1)
-        pub = c["batch_per_rank"] / (per_gpu * c.get("attention_tp", 1))  # seconds per token of a sequence
-    simulated = 1.0 / detail["per_user_tok_s"]
-    return {f"{prefix}tpot_published_s": pub, f"{prefix}tpot_simulated_s": simulated,
-            f"{prefix}tpot_error": simulated / pub - 1}
-
-
-def summarize_split(rows: list[dict], split: str) -> dict:
-    from moeplace.sim.fidelity import LATENCY_METRICS
-
-    out = {}
-    for group, pred, key in (("throughput", lambda r: r["metric"] not in LATENCY_METRICS, "error"),
-                             ("latency", lambda r: r["metric"] in LATENCY_METRICS, "error"),
-                             ("tpot", lambda r: "tpot_error" in r, "tpot_error"),
-                             ("all", lambda r: True, "error")):
-        errs = [abs(r[key]) for r in rows if r["split"] == split and pred(r)]
-        if errs:
-            out[group] = {"cases": len(errs), "median_abs_error": float(np.median(errs)),
-                          "max_abs_error": float(np.max(errs))}
-    return out
-
-
-def markdown(rows: list[dict], summary: dict) -> str:
+def markdown(rows: list[dict]) -> str:
     """The table docs/simulate.md shows (one row per case)."""
-    lines = ["| split | case | source | configuration | metric | published | simulated | error | aiconfigurator |",
-             "|---|---|---|---|---|---:|---:|---:|---:|"]
+    head = ("| case | source | published on | configuration | metric | published | ensemble (held out) | error | "
+            "80 % interval | aiconfigurator |")
+    lines = [head, "|---|---|---|---|---|---:|---:|---:|---|---:|"]
     for r in rows:
-        lines.append(f"| {r['split']} | {r['id']} | [{r['source']['org']}]({r['source']['url']}) | {r['gpu']}, "
-                     f"{r['config']} | {r['metric']} | {fmt(r['published'])} | {fmt(r['simulated'])} | "
-                     f"{r['error']:+.1%} | {peer_cell(r)} |")
-    lines.append("")
-    for s, groups in summary.items():
-        for g, v in groups.items():
-            lines.append(f"- {s}, {g}: {v['cases']} cases, median |error| {v['median_abs_error']:.1%}, "
-                         f"max {v['max_abs_error']:.1%}")
+        iv = r.get("interval")
+        cell = f"{fmt(iv[0])} - {fmt(iv[1])}" if iv else ""
+        lines.append(f"| {r['id']} | [{r['source']['org']}]({r['source']['url']}) | {r['published_on']} | "
+                     f"{r['gpu']}, {r['config']} | {r['metric']} | {fmt(r['published'])} | {fmt(r['cv_simulated'])} | "
+                     f"{r['cv_error']:+.1%} | {cell} | {peer_cell(r)} |")
     return "\n".join(lines)
 
 
 def summary_target(out: str | Path, quick: bool) -> Path | None:
-    """Where a run's validation summary goes: the package's committed one (sim/fidelity_summary.json) when
-    the run writes the committed results file and is a full run; None otherwise (a --quick smoke run, or
-    results written elsewhere, leave the committed summary as it is)."""
+    """Where a run's label summary goes: the package's committed one (sim/fidelity_summary.json) when the
+    run writes the committed results file and is a full run; None otherwise (a --quick smoke run, or
+    results written elsewhere, leave the committed summary and ensemble as they are)."""
     from moeplace.sim.fidelity import SUMMARY_PATH
 
     if quick or Path(out).resolve() != (RESULTS / "fidelity.json").resolve():
@@ -355,22 +254,19 @@ def summary_target(out: str | Path, quick: bool) -> Path | None:
     return SUMMARY_PATH
 
 
-def write_summary(rows: list[dict], path: Path) -> None:
+def write_summary(res: dict, path: Path) -> None:
     from moeplace.foundation.files import write_text_atomic
-    from moeplace.sim.fidelity import fidelity_note, summarize_cases
+    from moeplace.sim.fidelity import fidelity_note, summarize_results
 
-    s = summarize_cases(rows)
+    s = summarize_results(res)
     write_text_atomic(path, json.dumps(s, indent=1) + "\n")
     print(f"wrote {path}: {fidelity_note(s)}")
 
 
 def summary_only(results: str | Path) -> int:
     """``--summary-only``: the committed summary from a results file of a full run, nothing simulated."""
-    from moeplace.foundation.files import read_json
-
-    res = read_json(results)
-    if not isinstance(res, dict) or not isinstance(res.get("cases"), list):
-        print(f"error: {results}: field 'cases' missing, expected bench/fidelity.py results", file=sys.stderr)
+    res = _read_results(results)
+    if res is None:
         return 2
     if res.get("quick"):
         print(f"error: {results}: a --quick run's results; the summary comes from a full run", file=sys.stderr)
@@ -379,16 +275,41 @@ def summary_only(results: str | Path) -> int:
     if target is None:
         print(f"error: {results}: the summary is written from {RESULTS / 'fidelity.json'} only", file=sys.stderr)
         return 2
-    write_summary(res["cases"], target)
+    write_summary(res, target)
     return 0
+
+
+def rounded(cfg, names) -> object:
+    """``cfg`` with the fitted constants at :data:`SIG` significant digits (the shipped values)."""
+    return cfg.replace(**{n: float(f"{getattr(cfg, n):.{SIG}g}") for n in names})
+
+
+def coverage_text(cov: dict, what: str) -> list[str]:
+    out = []
+    for k, v in cov.items():
+        if not v["cases"]:
+            out.append(f"  {what} {k:8s}:  0 cases")
+            continue
+        out.append(f"  {what} {k:8s}: {v['cases']:2d} cases in {v['groups']:2d} groups: 80 % interval covers "
+                   f"{v['covered']}/{v['cases']} = {v['coverage']:.0%}, median width {v['median_width']:.0%} of the "
+                   f"figure, median nearness {v['median_near']:.2f} groups")
+    return out
+
+
+def err_line(name: str, s: dict) -> str:
+    if not s["cases"]:
+        return f"  {name:26s}  0 cases"
+    return (f"  {name:26s} {s['cases']:2d} cases in {s['groups']:2d} groups: median |error| {s['median']:6.1%}, "
+            f"max {s['max']:6.1%} (worst {s['worst_case']} {s['worst_error']:+.1%})")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=str(CASES))
-    ap.add_argument("--quick", action="store_true", help="shorter simulations and fit (smoke test)")
-    ap.add_argument("--no-fit", action="store_true", help="evaluate the CostConfig defaults as they are")
+    ap.add_argument("--quick", action="store_true", help="shorter simulations, fewer members (smoke test)")
     ap.add_argument("--out", default=str(RESULTS / "fidelity.json"))
+    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                    help="processes fitting the members (default 2)")
     ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     ap.add_argument("--breakdown", action="store_true",
                     help="also print each end-to-end case's steady-iteration breakdown (every run stores it)")
@@ -398,125 +319,360 @@ def main() -> int:
                     help="aiconfigurator's estimates (bench/peer_aiconfigurator.py); left out when absent")
     ap.add_argument("--peer-only", action="store_true",
                     help="only join --peer into the results file (--out), running nothing")
-    ap.add_argument("--no-cv", action="store_true", help="leave out the grouped cross-validation (one fit and "
-                    "one simulation per case more)")
-    ap.add_argument("--cv-only", action="store_true",
-                    help="only run the grouped cross-validation on the results file (--out), its split fit as the "
-                         "start; the split columns left as they are")
+    ap.add_argument("--state", default=None,
+                    help="save the fitted state (reference runs, members, every case's figure per member) to this "
+                         "file, or when it exists report from it without simulating or fitting")
     ap.add_argument("--measured-only", action="store_true",
                     help="only add the measured cost source's figures (--cost-model measured) to the results file "
                          "(--out), with its constants; nothing refitted")
     args = ap.parse_args()
     from moeplace.foundation.errors import MoeplaceError
-    from moeplace.foundation.files import write_text_atomic
-    from moeplace.sim.config import CostConfig
 
-    # one step on an existing results file, instead of the whole run
     steps = [(args.measured_only, lambda: measured_only(args.out, args.cases, args.quick)),
-             (args.cv_only, lambda: cv_only(args.out, args.cases, args.quick)),
              (args.summary_only, lambda: summary_only(args.out)),
              (args.peer_only, lambda: peer_only(args.out, args.peer))]
     step = next((run for chosen, run in steps if chosen), None)
-    if step is not None:
-        try:
-            return step()
-        except MoeplaceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
     try:
-        cases = load_cases(Path(args.cases))
-        peer = load_peer(args.peer)
+        return step() if step is not None else run(args)
     except MoeplaceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    n_cal = sum(c["split"] == "calibration" for c in cases)
-    print(f"{len(cases)} cases: {n_cal} calibration, {len(cases) - n_cal} validation; "
-          f"{len({c['source']['org'] for c in cases})} source organisations")
-    if args.no_fit:
-        cfg, info = CostConfig(), {"params": None}
-    else:
-        print("fitting the global constants on the calibration cases ...", flush=True)
-        cfg, info = fit([c for c in cases if c["split"] == "calibration"], args.quick)
-        print(f"  rms log error {info['residual_rms_log']:.3f} after {info['nfev']} evaluations "
-              f"({info['seconds']:.0f} s)")
-        for n, v in info["params"].items():
-            d = info["defaults"][n]
-            flag = "" if math.isclose(v, d, rel_tol=0.05, abs_tol=1e-9) else f"   (CostConfig default {d:.4g})"
-            print(f"  {n:22s} {v:.4g}{flag}")
-    rows, steadies = [], {}
-    for c in cases:
-        t0 = time.perf_counter()
-        detail = {}
-        if c["kind"] in E2E:
-            sim, detail = sim_metric(c, cfg, args.quick)
-            st = steadies[c["id"]] = Steady(c, args.quick)
-            steady, breakdown = st.metric(cfg), st.breakdown(cfg)
-        else:
-            sim, steady, breakdown = kernel_metric(c, cfg), None, None
-        err = sim / c["published"] - 1
-        tpot = tpot_pair(c, sim, detail)
-        row = {"id": c["id"], "split": c["split"], "group": c["group"], "regime": c["regime"], "kind": c["kind"], "source": c["source"], "gpu": c["gpu"],
-               "model": c.get("model"), "engine": case_engine(c), "config": config_text(c), "config_full": c["config"], "metric": c["metric"],
-               "published": c["published"], "simulated": sim, "steady_state_estimate": steady, "error": err,
-               "assumptions": c["assumptions"], "detail": detail, "breakdown": breakdown,
-               "seconds": time.perf_counter() - t0,
-               **tpot}
-        rows.append(row)
-        join_peer([row], peer)
-        cell = peer_cell(row)
-        print(f"  {c['split'][:3]} {c['id']:36s} {c['metric']:22s} published {fmt(c['published']):>9s}  "
-              f"simulated {fmt(sim):>9s}  {err:+7.1%}" + (f"  aiconfigurator {cell}" if cell else ""), flush=True)
-        row["measured"] = measured_metric(c, cfg, args.quick)
-        print_measured(row)
-        if args.breakdown and breakdown:
-            print("      " + breakdown_text(breakdown), flush=True)
-    summary = {s: summarize_split(rows, s) for s in ("calibration", "validation")}
-    target = summary["validation"].get("all", {})
-    meets = bool(target) and all(
-        g["median_abs_error"] <= 0.15 and g["max_abs_error"] <= 0.35
-        for g in summary["validation"].values())
-    for r in rows:
-        if "tpot_error" in r:
-            print(f"  {r['split'][:3]} {r['id']:36s} TPOT published {r['tpot_published_s'] * 1e3:7.1f} ms  "
-                  f"simulated {r['tpot_simulated_s'] * 1e3:7.1f} ms  {r['tpot_error']:+7.1%}")
-    for s, groups in summary.items():
-        for g, v in groups.items():
-            print(f"{s:11s} {g:10s}: {v['cases']:2d} cases, median |error| {v['median_abs_error']:.1%}, "
-                  f"max {v['max_abs_error']:.1%}")
-    from moeplace.sim.fidelity import summarize_cases
 
-    for name, g in summarize_cases(rows)["regimes"].items():  # the label's regimes (sim.fidelity.regime)
-        print(f"validation {name:20s}: {g['cases']:2d} cases" + (
-            f", median |error| {g['median_abs_error']:.1%}, worst {g['worst_error']:+.1%} ({g['worst_case']})"
-            if g["cases"] else ""))
-    print(f"validation target (median <= 15 %, max <= 35 %, throughput and latency): "
-          f"{'met' if meets else 'NOT met'}")
-    measured = measured_summary(rows)
-    print(measured_text(measured))
-    cv = None
-    if not (args.no_fit or args.no_cv):
-        cv = cross_validate(cases, rows, cfg, args.quick, steady=steadies)
-        for line in cv_text(cv):
-            print(line)
-    peer_summary = join_peer(rows, peer)
-    if peer_summary is None:
-        print(f"peer: {args.peer} absent, no aiconfigurator column (bench/peer_aiconfigurator.py writes it)")
+
+_G: dict = {}  # what the worker processes read (set before each fork)
+
+
+def _reference_run(c: dict):
+    return fe.reference_run(c, _G["cfg"], _G["quick"])
+
+
+def _speeds(c: dict) -> dict:
+    return fe.member_speeds(c, _G["runs"].get(c["id"]), _G["configs"], _G["cfg"])
+
+
+def _measured(c: dict) -> dict:
+    return measured_metric(c, _G["cfg"], _G["quick"])
+
+
+def compute(args, cases, before, e2e, frozen, names, B, groups, secs) -> dict:
+    """Steps 1-3: the reference fit, the reference runs, the members and every case's figure under every
+    member (what ``--state`` saves)."""
+    from moeplace.sim.config import CostConfig
+
+    # 1. the end-to-end cases simulated at the start constants (the CostConfig defaults), iterations sampled:
+    # the fit's correction factors, and the reference runs themselves when the fit lands on the start
+    start = CostConfig()
+    t0 = time.perf_counter()
+    steady = {c["id"]: Steady(c, args.quick) for c in e2e}
+    print("event simulation of the end-to-end cases at the start constants (the CostConfig defaults) ...", flush=True)
+    pre_e2e = [c for c in e2e if not after_cutoff(c, frozen)]
+    for c in pre_e2e:  # the steady batches, built once here (before the workers fork)
+        steady[c["id"]].metric(start)
+    _G.update(cfg=start, quick=args.quick)
+    runs = dict(zip([c["id"] for c in e2e], fe.parallel_map(_reference_run, e2e, 1)))  # polars hangs in forks
+    corr = {c["id"]: runs[c["id"]].simulated / steady[c["id"]].metric(start) for c in pre_e2e}
+    secs["start_runs"] = time.perf_counter() - t0
+    print(f"reference fit on the {len(before)} cases before the cut-off ...", flush=True)
+    ref_cfg, ref_info = fit(before, args.quick, start=start, steady=steady, correction=corr)
+    ref_cfg = rounded(ref_cfg, names)
+    secs["reference_fit"] = ref_info["seconds"]
+    print(f"  rms log error {ref_info['residual_rms_log']:.3f} after {ref_info['nfev']} evaluations "
+          f"({ref_info['seconds']:.0f} s)")
+    for n in names:
+        v, d = getattr(ref_cfg, n), getattr(start, n)
+        print(f"  {n:22s} {v:.4g}" + ("" if math.isclose(v, d, rel_tol=1e-9) else f"   (CostConfig default {d:.4g})"))
+
+    # 2. reference runs, sampled: those of step 1 when the reference is the start (the committed defaults
+    # are the committed reference, so a rerun simulates once), else again with the reference constants
+    if all(math.isclose(getattr(ref_cfg, n), getattr(start, n), rel_tol=1e-9) for n in names):
+        print("reference runs: the start's (the reference fit is the CostConfig defaults)")
+        secs["reference_runs"] = 0.0
     else:
-        for line in peer_text(peer_summary):
-            print(line)
-    out = {"cases": rows, "cv": cv, "summary": summary, "target_met": meets, "measured_summary": measured,
-           "peer_summary": peer_summary, "fit": info,
-           "cost_config": dataclasses.asdict(cfg), "quick": args.quick,
-           "note": "end-to-end cases: discrete-event simulation, stat mode, steady state after the warm-up; "
-                   "kernel cases: the cost model's formulas"}
+        t0 = time.perf_counter()
+        print("reference runs (event simulation with the reference constants, iterations sampled) ...", flush=True)
+        _G.update(cfg=ref_cfg)
+        runs = dict(zip([c["id"] for c in e2e], fe.parallel_map(_reference_run, e2e, 1)))
+        for c in pre_e2e:
+            corr[c["id"]] = runs[c["id"]].simulated / steady[c["id"]].metric(ref_cfg)
+        secs["reference_runs"] = time.perf_counter() - t0
+
+    # 3. the ensemble
+    ez = frozen["ensemble"]
+    bags = fe.bootstrap_bags(groups, B, int(ez["seed"]))
+    print(f"ensemble: {B} members, each a group bootstrap of the {len(groups)} groups before the cut-off, fitted "
+          f"in {args.workers} process(es) from the reference ...", flush=True)
+    params, cost = fe.fit_members(before, groups, bags, ref_cfg, steady, corr, args.quick, args.workers)
+    params = np.array([[float(f"{v:.{SIG}g}") for v in row] for row in params])
+    secs["member_fits"] = cost["seconds"]
+    print(f"  {B} fits in {cost['seconds']:.0f} s wall ({cost['workers']} processes; median "
+          f"{np.median(cost['fit_seconds']):.1f} s and {np.median(cost['evaluations']):.0f} evaluations per fit)")
+    configs = fe.member_configs(params, ref_cfg)
+    t0 = time.perf_counter()
+    _G.update(runs=runs, configs=configs)
+    speeds = dict(zip([c["id"] for c in cases], fe.parallel_map(_speeds, cases, args.workers)))
+    secs["repricing"] = time.perf_counter() - t0
+    return {"runs": runs, "speeds": speeds, "params": params, "bags": bags, "ref_cfg": ref_cfg,
+            "ref_info": ref_info, "cost": cost, "secs": dict(secs)}
+
+
+def run(args) -> int:
+    from moeplace.foundation.files import write_text_atomic
+    from moeplace.sim import ensemble as ens_mod
+    from moeplace.sim.config import CostConfig
+
+    t_start = time.perf_counter()
+    secs: dict[str, float] = {}
+    frozen = load_frozen()
+    cases = load_cases(Path(args.cases))
+    peer = load_peer(args.peer)
+    names = [n for n, _, _ in FIT]
+    before = [c for c in cases if not after_cutoff(c, frozen)]
+    after = [c for c in cases if after_cutoff(c, frozen)]
+    e2e = [c for c in cases if c["kind"] in E2E]
+    print(f"{len(cases)} cases ({len(e2e)} end-to-end) from {len({c['source']['org'] for c in cases})} source "
+          f"organisations; structure frozen on {frozen['frozen_on']} (bench/fidelity_frozen.yaml), cut-off "
+          f"{frozen['cutoff']}: {len(before)} cases on or before it, {len(after)} after")
+
+    ez = frozen["ensemble"]
+    B = 16 if args.quick else int(ez["members"])
+    groups = list(dict.fromkeys(c["group"] for c in before))
+    if args.state and Path(args.state).exists():
+        import pickle
+
+        with open(args.state, "rb") as f:
+            st = pickle.load(f)
+        print(f"fitted state read from {args.state} (nothing simulated or fitted)")
+    else:
+        st = compute(args, cases, before, e2e, frozen, names, B, groups, secs)
+        if args.state:
+            import pickle
+
+            with open(args.state, "wb") as f:
+                pickle.dump(st, f)
+    runs, speeds, params, bags, ref_cfg, ref_info, cost = (st[k] for k in (
+        "runs", "speeds", "params", "bags", "ref_cfg", "ref_info", "cost"))
+    secs.update(st["secs"])
+    steady = {c["id"]: Steady(c, args.quick) for c in e2e}
+    features = {cid: r.features for cid, r in runs.items()}
+
+    # 4. held out
+    it = frozen["interval"]
+    scales, level, prior = dict(it["scales"]), float(it["level"]), float(it["prior_groups"])
+    recs, residuals = fe.held_out(before, speeds, features, groups, bags, scales, level, prior)
+    by_id = dict(zip([c["id"] for c in before], recs))
+    ens = fe.interval_ensemble(groups, bags, residuals, scales, level, prior, params,
+                               {n: getattr(ref_cfg, n) for n in names})
+    rows, cv_pairs, iv_pairs = [], [], []
+    for c in cases:
+        run_c = runs.get(c["id"])
+        pub_speed = fe.speed(c, c["published"])
+        row = {"id": c["id"], "group": c["group"], "kind": c["kind"], "regime": c["regime"], "split": c["split"],
+               "source": c["source"], "published_on": str(c["published_on"]), "after_cutoff": after_cutoff(c, frozen),
+               "gpu": c["gpu"], "model": c.get("model"), "engine": case_engine(c), "config": config_text(c),
+               "config_full": c["config"], "metric": c["metric"], "published": c["published"],
+               "assumptions": c["assumptions"]}
+        if run_c is not None:
+            row["simulated"] = run_c.simulated
+            row["error"] = run_c.simulated / c["published"] - 1
+            row["detail"] = run_c.detail
+            row["features"] = run_c.features
+            row["breakdown"] = steady[c["id"]].breakdown(ref_cfg)
+        else:
+            row["simulated"] = kernel_metric(c, ref_cfg)
+            row["error"] = row["simulated"] / c["published"] - 1
+        z = speeds[c["id"]]["figure"]
+        if c["id"] in by_id:  # before the cut-off: held out = out of bag
+            rec = by_id[c["id"]]
+            held = rec["oob_log_speed"]
+            iv = rec.get("interval")
+        else:  # after the cut-off: no member saw it; the shipped interval
+            held = ens_mod.weighted_quantile(z, np.ones(len(z)), 0.5)
+            iv = ens_mod.speed_interval(ens, z, features[c["id"]]) if c["kind"] in E2E else None
+        row["cv_simulated"] = fe._figure(c, held)
+        row["cv_error"] = row["cv_simulated"] / c["published"] - 1
+        row["members"] = {"p10": fe._figure(c, float(np.quantile(z, 0.1))),
+                          "p90": fe._figure(c, float(np.quantile(z, 0.9)))}
+        if iv is not None:
+            lo, hi = sorted((fe._figure(c, iv.lo), fe._figure(c, iv.hi)))
+            row["interval"] = [lo, hi]
+            row["near"] = iv.near
+            row["covered"] = bool(iv.lo <= math.log(pub_speed) <= iv.hi)
+            iv_pairs.append((c, iv, row["after_cutoff"]))
+        cv_pairs.append((c, row["cv_error"], row["after_cutoff"]))
+        join_peer([row], peer)
+        rows.append(row)
+        cell = peer_cell(row)
+        ivs = f"  [{fmt(row['interval'][0])} - {fmt(row['interval'][1])}]{'' if row['covered'] else ' MISSED'}" \
+            if "interval" in row else ""
+        print(f"  {'after' if row['after_cutoff'] else 'held '} {c['id']:38s} {c['metric']:22s} published "
+              f"{fmt(c['published']):>9s}  ensemble {fmt(row['cv_simulated']):>9s} {row['cv_error']:+7.1%}{ivs}"
+              + (f"  aiconfigurator {cell}" if cell else ""), flush=True)
+        if args.breakdown and row.get("breakdown"):
+            print("      " + breakdown_text(row["breakdown"]), flush=True)
+
+    # 5. the summaries
+    pre_e2e = [(c, e) for c, e, a in cv_pairs if not a and c["kind"] in E2E]
+    cv = {"basis": "each case predicted by the members that never drew its group (out of bag)",
+          "all": fe.error_stats(pre_e2e),
+          "by_kind": {k: fe.error_stats([(c, e) for c, e in pre_e2e if c["kind"] == k]) for k in fe.KINDS_OF_RUN},
+          "kernel_tables": fe.error_stats([(c, e) for c, e, a in cv_pairs if not a and c["kind"] not in E2E])}
+    coverage = fe.coverage_stats([(c, iv) for c, iv, a in iv_pairs if not a])
+    width = {k: v.get("median_width") for k, v in coverage.items()}
+    after_rows = [r for r in rows if r["after_cutoff"]]
+    after_summary = {"cutoff": str(frozen["cutoff"]), "cases": len(after_rows),
+                     "ids": [r["id"] for r in after_rows],
+                     "errors": fe.error_stats([(c, e) for c, e, a in cv_pairs if a]),
+                     "coverage": fe.coverage_stats([(c, iv) for c, iv, a in iv_pairs if a])["all"],
+                     "note": ("published after the cut-off, never used to choose structure nor fitted: each priced by "
+                              "the whole ensemble with the shipped interval, scored once")}
+    findings = fe.bound_findings(params)
+    latency = latency_checks(cases, runs, speeds, ens, features, frozen)
+    t0 = time.perf_counter()
+    for row, m in zip([r for r in rows if r["kind"] in E2E], fe.parallel_map(_measured, e2e, 1)):
+        row["measured"] = m
+    secs["measured_runs"] = time.perf_counter() - t0
+    measured = measured_summary(rows)
+    peer_summary = peer_summary_of(rows, peer, aisimulate_status())
+    secs["total"] = time.perf_counter() - t_start
+    t = os.times()
+    secs["cpu_total"] = t.user + t.system + t.children_user + t.children_system  # this process and its workers
+
+    # 6. print
+    print(f"grouped cross-validation of the ensemble (out of bag: each case by the members that never drew its "
+          f"group; {B} members):")
+    print(err_line("end-to-end, all", cv["all"]))
+    for k, v in cv["by_kind"].items():
+        print(err_line(f"  {k}", v))
+    print(err_line("kernel tables", cv["kernel_tables"]))
+    print("80 % intervals, grouped cross-validation (each case's group left out: its members and its residuals):")
+    for line in coverage_text(coverage, "held out"):
+        print(line)
+    print(f"after the cut-off ({frozen['cutoff']}): {after_summary['cases']} cases"
+          + ("" if not after_rows else ": " + err_line("", after_summary["errors"]).strip()
+             + f"; interval covers {after_summary['coverage'].get('covered', 0)}/{after_summary['coverage']['cases']}"))
+    for line in latency_text(latency):
+        print(line)
+    print("constants across the members (10th-90th percentile; on a bound = within 1 % of its range):")
+    for f in findings:
+        flag = "  <- pushed against a bound in most members (a finding, not a value)" if f["pushed"] else ""
+        print(f"  {f['name']:22s} {f['p10']:.4g} - {f['p90']:.4g} (bounds {f['bounds'][0]:.4g} - {f['bounds'][1]:.4g}; "
+              f"{f['at_lower']} at the lower, {f['at_upper']} at the upper of {f['members']}){flag}")
+    print(measured_text(measured))
+    for line in peer_text(peer_summary):
+        print(line)
+    print(f"cost: {secs['total']:.0f} s wall, {secs['cpu_total']:.0f} CPU s (load average {os.getloadavg()[0]:.1f}; "
+          + ", ".join(f"{k} {v:.0f} s" for k, v in secs.items() if k not in ("total", "cpu_total")) + ")")
+
+    reference = {n: getattr(ref_cfg, n) for n in names}
+    out = {"frozen": {"frozen_on": str(frozen["frozen_on"]), "cutoff": str(frozen["cutoff"]),
+                      "code_commit": frozen.get("code_commit")},
+           "cases": rows, "cv": cv, "coverage": coverage, "width": width, "after_cutoff": after_summary,
+           "latency": latency,
+           "ensemble": {"members": B, "groups": groups, "seed": int(ez["seed"]), "reference": reference,
+                        "reference_fit": {k: ref_info[k] for k in ("residual_rms_log", "nfev", "seconds")},
+                        "bounds": findings, "cost": {**{k: v for k, v in cost.items()}, "seconds_by_step": secs},
+                        "level": level, "scales": scales, "prior_groups": prior,
+                        "sample_iterations": ens_mod.SAMPLE_ITERATIONS},
+           "measured_summary": measured, "peer_summary": peer_summary,
+           "cost_config": dataclasses.asdict(ref_cfg), "quick": args.quick,
+           "note": "end-to-end cases: discrete-event simulation, stat mode, steady state after the warm-up, re-priced "
+                   "per member over a sample of its steady iterations; kernel cases: the cost model's formulas"}
     write_text_atomic(args.out, json.dumps(out, indent=1, default=float) + "\n")
     target = summary_target(args.out, args.quick)
     if target is not None:
-        write_summary(rows, target)
+        doc = ens_mod.ensemble_doc(
+            names, reference, params, np.full(B, 1.0 / B), groups, bags, residuals, scales, level,
+            {"made": f"bench/fidelity.py on {time.strftime('%Y-%m-%d')}",
+             "frozen_on": str(frozen["frozen_on"]), "cutoff": str(frozen["cutoff"]),
+             "method": (f"group bootstrap: {B} members, each {len(groups)} draws with replacement from the "
+                        f"{len(groups)} case groups published on or before the cut-off, one least-squares fit per "
+                        "member started from the reference fit"),
+             "cases": len(before), "seed": int(ez["seed"]),
+             "residuals": "log(published / out-of-bag median) of each end-to-end case, speed-like",
+             "coverage": coverage["all"].get("coverage"), "median_width": coverage["all"].get("median_width")},
+            prior)
+        write_text_atomic(ens_mod.ENSEMBLE_PATH, json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {ens_mod.ENSEMBLE_PATH}")
+        write_summary(out, target)
+        if not all(math.isclose(getattr(CostConfig(), n), v, rel_tol=1e-9) for n, v in reference.items()):
+            print("note: the CostConfig defaults (sim/config.py) differ from the reference fit: set them to "
+                  + ", ".join(f"{n}={v!r}" for n, v in reference.items()))
     if args.markdown:
-        print(markdown(rows, summary))
+        print(markdown(rows))
     print(f"wrote {args.out}")
     return 0
+
+
+def latency_checks(cases, runs, speeds, ens, features, frozen) -> dict:
+    """TTFT and TPOT on the cases that publish them measured per request (``published_latency``): the
+    ensemble's held-out median TPOT (out of bag, or every member after the cut-off) with its interval, and
+    the reference run's median TTFT (not re-priced: its queueing is the reference schedule's). Every other
+    case's TTFT / TPOT is not checked."""
+    from moeplace.sim import ensemble as ens_mod
+
+    gi = {g: i for i, g in enumerate(ens.groups)}
+    tpot, ttft = [], []
+    for c in cases:
+        lat = c.get("published_latency")
+        if not lat or c["id"] not in runs:
+            continue
+        run_c = runs[c["id"]]
+        a = after_cutoff(c, frozen)
+        if "tpot_p50_ms" in lat and "tpot" in speeds[c["id"]]:
+            z = speeds[c["id"]]["tpot"]
+            mask = np.ones(len(z), dtype=bool) if a else fe.oob_mask(ens.bags, gi, c["group"])
+            med = fe.wmedian(z, mask)
+            iv = ens_mod.speed_interval(ens, z, features[c["id"]], exclude_group=None if a else c["group"])
+            sim_ms = 1e3 * math.exp(-med)
+            lo, hi = 1e3 * math.exp(-iv.hi), 1e3 * math.exp(-iv.lo)
+            tpot.append({"id": c["id"], "group": c["group"], "published_ms": lat["tpot_p50_ms"], "simulated_ms": sim_ms,
+                         "error": sim_ms / lat["tpot_p50_ms"] - 1, "interval_ms": [lo, hi],
+                         "covered": bool(lo <= lat["tpot_p50_ms"] <= hi), "after_cutoff": a})
+        if "ttft_p50_ms" in lat:
+            ttft_s = run_c.detail.get("ttft_p50_s")
+            sim_ms = None if ttft_s is None else 1e3 * ttft_s
+            rec = {"id": c["id"], "group": c["group"], "published_ms": lat["ttft_p50_ms"], "simulated_ms": sim_ms,
+                   "error": None if sim_ms is None else sim_ms / lat["ttft_p50_ms"] - 1,
+                   "comparable": bool(lat.get("ttft_comparable", True)) and sim_ms is not None, "after_cutoff": a}
+            if not rec["comparable"]:
+                rec["why"] = lat.get("why") or "the run finished no request's first token in its window"
+            ttft.append(rec)
+
+    def stats(rs):
+        rs = [r for r in rs if r.get("comparable", True)]
+        if not rs:
+            return {"n": 0}
+        return {"n": len(rs), "median_abs_error": float(np.median([abs(r["error"]) for r in rs])),
+                "max_abs_error": float(max(abs(r["error"]) for r in rs)),
+                **({"covered": sum(r["covered"] for r in rs)} if "covered" in rs[0] else {})}
+    return {"tpot": {**stats(tpot), "cases": tpot}, "ttft": {**stats(ttft), "cases": ttft},
+            "basis": "median TPOT / TTFT printed by the source's benchmark (bench_serving / vllm bench serve), "
+                     "measured per request, not derived from its throughput",
+            "unchecked": ("TPOT and TTFT of every other case (their sources print no per-request latency; a TPOT "
+                          "derived from a published throughput is the throughput re-expressed); TTFT has no "
+                          "interval (the ensemble does not re-price queueing); any figure of Kimi K3 itself")}
+
+
+def latency_text(lat: dict) -> list[str]:
+    out = [f"TPOT / TTFT on the cases that publish them per request ({lat['basis']}):"]
+    for r in lat["tpot"]["cases"]:
+        out.append(f"  TPOT {r['id']:38s} published {r['published_ms']:8.1f} ms  ensemble {r['simulated_ms']:8.1f} ms "
+                   f"{r['error']:+7.1%}  [{r['interval_ms'][0]:.1f} - {r['interval_ms'][1]:.1f}]"
+                   + ("" if r["covered"] else " MISSED"))
+    for r in lat["ttft"]["cases"]:
+        if not r["comparable"]:
+            out.append(f"  TTFT {r['id']:38s} published {r['published_ms']:8.1f} ms  not comparable: {r['why']}")
+            continue
+        out.append(f"  TTFT {r['id']:38s} published {r['published_ms']:8.1f} ms  simulated {r['simulated_ms']:8.1f} ms "
+                   f"{r['error']:+7.1%} (the reference run; no interval)")
+    for k in ("tpot", "ttft"):
+        s = lat[k]
+        if s["n"]:
+            out.append(f"  {k.upper()}: {s['n']} comparable cases, median |error| {s['median_abs_error']:.1%}, max "
+                       f"{s['max_abs_error']:.1%}" + (f"; interval covers {s['covered']}/{s['n']}" if "covered" in s
+                                                      else ""))
+    out.append(f"  unchecked: {lat['unchecked']}")
+    return out
 
 
 if __name__ == "__main__":

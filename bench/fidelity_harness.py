@@ -21,30 +21,62 @@ RESULTS = ROOT / "bench" / "results"
 CASES = ROOT / "bench" / "fidelity_cases.yaml"
 sys.path.insert(0, str(ROOT))
 
-# Fitted constants: (CostConfig field, lower bound, upper bound). Everything else in CostConfig is a
-# published constant (docs/simulate.md, "Cost model").
-FIT = (
-    ("sustained_efficiency", 0.3, 1.0),
-    ("hbm_efficiency", 0.5, 1.0),
-    ("link_efficiency", 0.5, 1.0),
-    ("nic_efficiency", 0.5, 1.0),
-    ("gemm_efficiency", 0.3, 1.0),
-    ("gemm_m0", 0.0, 2000.0),
-    ("gemm_kernel_s", 0.0, 50e-6),
-    ("ll_latency_s", 0.0, 300e-6),
-    ("ll_efficiency", 0.3, 1.0),
-    # 1-2 us between graph-replayed kernels: RTP-LLM's DeepSeek report measures ~2 ms of device launch
-    # overhead per step over ~2,400 kernels (0.8 us each) and TensorRT-LLM's PDL gains ~0.5 ms per step
-    # on a 61-layer x 13-kernel step (0.6 us per kernel hidden); the kernel counts per layer kind and build
-    # are read from the engines' code (sim.cost.KERNEL_BUILDS), not fitted
-    ("graph_gap_s", 1e-6, 2e-6),
-    # the batch-1 step (sim.cost.CostModel.step_time): a latency-bound kernel's device time, within the
-    # measured durations of a DeepSeek-R1 decode step's small kernels on B200 (2.1-8.4 us, InferenceX issue
-    # 863), and the host time exposed per iteration, within RTP-LLM's measured host overhead between forward
-    # steps (~1.5 ms; < 200 us once made lightweight: its DeepSeek report, "Framework Overhead")
-    ("kernel_floor_s", 2e-6, 9e-6),
-    ("iteration_overhead_s", 0.2e-3, 1.5e-3),
-)
+FROZEN = ROOT / "bench" / "fidelity_frozen.yaml"
+
+
+def load_frozen(path: Path = FROZEN) -> dict:
+    """The frozen structure (bench/fidelity_frozen.yaml): its date, the publication cut-off, the fitted
+    constants with their bounds, the sourced constants, the ensemble's and the interval's settings. The
+    CostConfig defaults must hold the frozen sourced constants (else the structure changed: a re-freeze)."""
+    import datetime
+
+    import yaml
+
+    from moeplace.foundation.errors import InputError
+    from moeplace.sim.config import CostConfig
+
+    try:
+        fz = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"{path}: not a readable frozen-structure file ({exc})") from None
+    for key in ("frozen_on", "cutoff", "fit", "fixed", "ensemble", "interval"):
+        if not isinstance(fz, dict) or key not in fz:
+            raise InputError(f"{path}: field '{key}' missing")
+    for key in ("frozen_on", "cutoff"):
+        if not isinstance(fz[key], datetime.date):
+            raise InputError(f"{path}: field '{key}' must be a date (YYYY-MM-DD), got {fz[key]!r}")
+    d = CostConfig()
+    for name, v in fz["fixed"].items():
+        if not hasattr(d, name):
+            raise InputError(f"{path}: fixed constant '{name}' is not a CostConfig field")
+        if not math.isclose(getattr(d, name), float(v), rel_tol=1e-9):
+            raise InputError(f"{path}: the code's {name} = {getattr(d, name)!r} differs from the frozen {v!r} "
+                             f"(frozen on {fz['frozen_on']}): the structure changed; re-freeze it with a new date")
+    for f in fz["fit"]:
+        if not hasattr(d, f["name"]) or not f["lo"] < f["hi"]:
+            raise InputError(f"{path}: fitted constant {f!r}: unknown field or empty bounds")
+    from moeplace.sim import ensemble
+
+    code = {"sample_iterations": ensemble.SAMPLE_ITERATIONS, "level": ensemble.LEVEL,
+            "prior_groups": ensemble.PRIOR_GROUPS}
+    frozen = {"sample_iterations": fz["ensemble"].get("sample_iterations"), "level": fz["interval"].get("level"),
+              "prior_groups": fz["interval"].get("prior_groups")}
+    for k, v in code.items():
+        if frozen[k] is None or not math.isclose(float(frozen[k]), float(v)):
+            raise InputError(f"{path}: {k} {frozen[k]!r} differs from the code's {v!r} (sim/ensemble.py): the "
+                             "structure changed; re-freeze it with a new date")
+    if fz["interval"].get("contains_median") is not True:
+        raise InputError(f"{path}: interval.contains_median must be true (sim.ensemble.speed_interval widens the "
+                         "interval to the median): the structure changed; re-freeze it with a new date")
+    if set(fz["interval"].get("scales") or {}) != set(ensemble.FEATURES):
+        raise InputError(f"{path}: interval.scales must give one scale per feature {ensemble.FEATURES}")
+    return fz
+
+
+# Fitted constants: (CostConfig field, lower bound, upper bound), as frozen in bench/fidelity_frozen.yaml
+# (every bound's source is there). Everything else in CostConfig is a published constant
+# (docs/simulate.md, "Cost model").
+FIT = tuple((f["name"], float(f["lo"]), float(f["hi"])) for f in load_frozen()["fit"])
 KINDS = ("gemm", "deepep_normal", "deepep_ll", "prefill", "decode", "serve")
 E2E = ("prefill", "decode", "serve")
 KERNEL = "kernel"  # the regime field of a kernel-table case
@@ -73,7 +105,7 @@ def load_cases(path: Path) -> list[dict]:
         if not isinstance(c, dict):
             raise InputError(f"{where}: expected a mapping")
         for key in ("id", "source", "split", "group", "regime", "kind", "gpu", "config", "metric", "published",
-                    "assumptions"):
+                    "assumptions", "published_on"):
             if key not in c:
                 raise InputError(f"{where}: missing field '{key}'")
         if c["id"] in seen:
@@ -93,6 +125,16 @@ def load_cases(path: Path) -> list[dict]:
             raise InputError(f"{where}: field 'engine' must be one of {ENGINES}, got {c['engine']!r}")
         if c["metric"] not in METRICS:
             raise InputError(f"{where}: field 'metric' must be one of {METRICS}, got {c['metric']!r}")
+        if publication_date(c) is None and str(c["published_on"]) != "unknown":
+            raise InputError(f"{where}: field 'published_on' must be YYYY-MM-DD, YYYY-MM or unknown, got "
+                             f"{c['published_on']!r}")
+        lat = c.get("published_latency")
+        if lat is not None and (not isinstance(lat, dict) or not lat or any(
+                k not in ("ttft_p50_ms", "tpot_p50_ms", "ttft_comparable", "why") for k in lat)
+                or any(not (isinstance(lat[k], (int, float)) and lat[k] > 0) for k in ("ttft_p50_ms", "tpot_p50_ms")
+                       if k in lat)):
+            raise InputError(f"{where}: field 'published_latency' must map ttft_p50_ms / tpot_p50_ms to positive "
+                             "milliseconds")
         if not isinstance(c.get("group"), str) or not c["group"]:
             raise InputError(f"{where}: field 'group' must name the case's deployment group (one table, one build, "
                              "one blog's sweep)")
@@ -100,6 +142,32 @@ def load_cases(path: Path) -> list[dict]:
             raise InputError(f"{where}: field 'regime' must be {regime_of(c)!r} (the rule of sim.fidelity.regime over "
                              f"its configuration), got {c.get('regime')!r}")
     return cases
+
+
+def publication_date(case: dict):
+    """The case's publication date (a month counts as its last day: the latest it can be); None when
+    unknown or not a date."""
+    import calendar
+    import datetime
+
+    v = case.get("published_on")
+    if isinstance(v, datetime.date):
+        return v
+    try:
+        parts = [int(p) for p in str(v).split("-")]
+        if len(parts) == 3:
+            return datetime.date(*parts)
+        if len(parts) == 2:
+            return datetime.date(parts[0], parts[1], calendar.monthrange(parts[0], parts[1])[1])
+    except ValueError:
+        return None
+    return None
+
+
+def after_cutoff(case: dict, frozen: dict) -> bool:
+    """Published after the frozen cut-off (a case of unknown date counts as seen, i.e. before it)."""
+    d = publication_date(case)
+    return d is not None and d > frozen["cutoff"]
 
 
 def regime_of(case: dict) -> str:
@@ -287,7 +355,7 @@ def sim_metric(case: dict, cfg, quick: bool) -> tuple[float, dict]:
     # benchmark runs, so only the first 10 % is left out there (20 % elsewhere)
     warmup = 0.1 * duration if case["kind"] == "serve" else None
     config = SimConfig(duration=duration, mode="stat", seed=0, engine=engine, cost=cfg, workload=wl, warmup=warmup,
-                       kv_tokens_per_rank=case_kv_tokens(case, trace, cluster, engine))
+                       kv_tokens_per_rank=case_kv_tokens(case, trace, cluster, engine), ensemble=False)
     res = simulate(trace, [(case["id"], placement)], cluster, config)[0]
     s = dict(res.summary)
     s["prefill_tok_s_per_gpu"] = s["prefill_tok_s"] / s["num_gpus"]
@@ -324,7 +392,7 @@ def measured_metric(case: dict, cfg, quick: bool) -> dict:
     warmup = 0.1 * duration if case["kind"] == "serve" else None
     config = SimConfig(duration=duration, mode="stat", seed=0, engine=engine, cost=cfg, workload=wl, warmup=warmup,
                        kv_tokens_per_rank=case_kv_tokens(case, trace, cluster, engine), cost_model="measured",
-                       cost_engine=engine_name)
+                       cost_engine=engine_name, ensemble=False)
     try:
         res = simulate(trace, [(case["id"], placement)], cluster, config)[0]
     except InputError as exc:
@@ -350,15 +418,12 @@ class Steady:
         trace, placement, cluster, engine, _, _ = case_setup(case, quick)
         self.trace, self.cluster, self.engine = trace, cluster, engine
         self.router = StatRouter(trace, placement, "sglang", 0, engine.attention_tp)
+        self._work = None
 
-    def _iteration(self, cfg):
-        """(cost model, rank work, MoE work, step time, iteration seconds with drafting, tokens per
-        decoding sequence per step) of the steady iteration; the router restarts at the trace's start,
-        so every evaluation routes the same tokens."""
-        from moeplace.sim.cost import CostModel, RankWork
-
+    def _batch(self, RankWork):
+        """(rank work, MoE work, tokens per decoding sequence per step) of the steady iteration; the router
+        starts at the trace's start, so it is the same batch however often it is built."""
         c, e = self.case["config"], self.engine
-        cost = CostModel.for_engine(self.trace.model, self.cluster, cfg, e)
         D = self.cluster.num_gpus // e.attention_tp
         w = RankWork.zeros(D)
         if self.case["kind"] == "prefill":
@@ -378,6 +443,19 @@ class Steady:
             gain = e.mtp_tokens_per_step()
         self.router.cursor = 0
         moe, _ = self.router.route_count(int(w.tokens.sum()), np.random.default_rng(0))
+        return w, moe, gain
+
+    def _iteration(self, cfg):
+        """(cost model, rank work, MoE work, step time, iteration seconds with drafting, tokens per
+        decoding sequence per step) of the steady iteration; the router restarts at the trace's start,
+        so every evaluation routes the same tokens."""
+        from moeplace.sim.cost import CostModel, RankWork
+
+        e = self.engine
+        cost = CostModel.for_engine(self.trace.model, self.cluster, cfg, e)
+        if self._work is None:  # the batch and its routing do not depend on the constants: built once
+            self._work = self._batch(RankWork)
+        w, moe, gain = self._work
         st = cost.step_time(w, moe, e.dual_batch_overlap)
         dt = st.total + cost.draft_time(st, w, e.mtp_draft)
         return cost, w, moe, st, dt, gain
@@ -427,13 +505,14 @@ class Steady:
 
 # ---------------------------------------------------------------------------- fit
 def fit(cases: list[dict], quick: bool, start=None, steady: dict | None = None,
-        correction: dict[str, float] | None = None) -> tuple[object, dict]:
+        correction: dict[str, float] | None = None, weights: dict[str, float] | None = None) -> tuple[object, dict]:
     """Least squares on log(simulated / published) over ``cases`` (the split fit: the calibration cases;
     a cross-validation fold: every case outside the held-out group). ``start``: the CostConfig the search
     starts from (default the CostConfig defaults); ``steady``: :class:`Steady` evaluators by case id, reused
     between fits; ``correction``: per end-to-end case, the factor event simulation / steady iteration at a
     reference fit (a co-located serving case's steady iteration leaves out its prefills; the factor carries
-    the simulator's own answer into the fit, to first order), 1 where absent."""
+    the simulator's own answer into the fit, to first order), 1 where absent; ``weights``: per case id its
+    weight in the sum of squares (a bootstrap member: how many times its group was drawn), 1 where absent."""
     from scipy.optimize import least_squares
 
     from moeplace.sim.config import CostConfig
@@ -443,6 +522,9 @@ def fit(cases: list[dict], quick: bool, start=None, steady: dict | None = None,
         if c["kind"] in E2E and c["id"] not in steady:
             steady[c["id"]] = Steady(c, quick)
     correction = correction or {}
+    weights = weights or {}
+    cases = [c for c in cases if weights.get(c["id"], 1.0) > 0]
+    root_w = np.sqrt([weights.get(c["id"], 1.0) for c in cases])
     base = CostConfig() if start is None else start
     names = [f for f, _, _ in FIT]
     lo = np.array([b for _, b, _ in FIT])
@@ -459,7 +541,7 @@ def fit(cases: list[dict], quick: bool, start=None, steady: dict | None = None,
             v = steady[c["id"]].metric(cfg) * correction.get(c["id"], 1.0) if c["kind"] in E2E \
                 else kernel_metric(c, cfg)
             out.append(math.log(max(v, 1e-30) / c["published"]))
-        return np.array(out)
+        return np.array(out) * root_w
 
     x0 = np.clip((np.array([getattr(base, n) for n in names]) - lo) / scale, 1e-6, 1 - 1e-6)
     t0 = time.perf_counter()
@@ -468,7 +550,8 @@ def fit(cases: list[dict], quick: bool, start=None, steady: dict | None = None,
     default = CostConfig()
     info = {"params": {n: getattr(cfg, n) for n in names}, "defaults": {n: getattr(default, n) for n in names},
             "bounds": {n: [lo_, hi_] for n, lo_, hi_ in FIT},
-            "calibration_cases": [c["id"] for c in cases], "residual_rms_log": float(np.sqrt(np.mean(sol.fun ** 2))),
+            "calibration_cases": [c["id"] for c in cases],
+            "residual_rms_log": float(np.sqrt(np.sum(sol.fun ** 2) / np.sum(root_w ** 2))),
             "nfev": int(sol.nfev), "seconds": time.perf_counter() - t0, "status": sol.message}
     return cfg, info
 

@@ -51,9 +51,14 @@ def peer_why(row: dict, rec: dict) -> str:
     theirs = (rec.get("result") or {}).get("tpot")
     if not (pub and ours and theirs):
         return "no per-token time to compare"
-    side = "too fast" if row["error"] > 0 else "too slow"
+    side = "too fast" if _ours(row) > 0 else "too slow"
     return (f"TPOT {ours:.1f} ms ({side}) vs aiconfigurator's {theirs:.1f} ms; the published figure implies "
             f"{pub:.1f} ms")
+
+
+def _ours(row: dict) -> float:
+    """moeplace's error on a case: held out (``cv_error``) where the row has it, else the reference run's."""
+    return row["cv_error"] if row.get("cv_error") is not None else row["error"]
 
 
 def join_peer(rows: list[dict], peer: dict | None) -> dict | None:
@@ -76,18 +81,16 @@ def join_peer(rows: list[dict], peer: dict | None) -> dict | None:
                  "backend_version": rec.get("backend_version"), "notes": rec.get("notes", [])}
         row["peer"] = {"aiconfigurator": entry}
         shared.append(row)
-        if abs(row["error"]) > abs(entry["error"]):
+        if abs(_ours(row)) > abs(entry["error"]):
             entry["why_closer"] = peer_why(row, rec)
-            behind.append({"id": row["id"], "split": row["split"], "moeplace_error": row["error"],
+            behind.append({"id": row["id"], "moeplace_error": _ours(row),
                            "aiconfigurator_error": entry["error"], "why": entry["why_closer"]})
-    val = [r for r in shared if r["split"] == "validation"]
     ids = {b["id"] for b in behind}
     return {"peer": "aiconfigurator", "version": peer.get("version"), "shared_cases": len(shared),
+            "basis": "moeplace's held-out (grouped cross-validation) error where the row has one, against the peer's own",
             "moeplace_at_least_as_close": len(shared) - len(ids),
-            "validation_shared_cases": len(val),
-            "validation_moeplace_at_least_as_close": sum(r["id"] not in ids for r in val),
             "median_abs_error": {
-                "moeplace": float(np.median([abs(r["error"]) for r in shared])) if shared else None,
+                "moeplace": float(np.median([abs(_ours(r)) for r in shared])) if shared else None,
                 "aiconfigurator": float(np.median([abs(r["peer"]["aiconfigurator"]["error"]) for r in shared]))
                 if shared else None},
             "peer_closer": behind,
@@ -121,11 +124,15 @@ def independent_tally(shared: list[dict]) -> dict | None:
 
 def peer_text(ps: dict) -> list[str]:
     """The printed summary of :func:`join_peer`."""
+    ais = ps.get("aisimulate")
+    tail = []
+    if ais:
+        tail = [f"peer aisimulate {ais.get('version')}: " + (ais.get("why", "") if not ais.get("run") else
+                                                             ais.get("summary", "run"))]
     if not ps["shared_cases"]:
-        return [f"peer {ps['peer']} {ps['version']}: no case of this table it supports"]
-    lines = [(f"peer {ps['peer']} {ps['version']}: {ps['shared_cases']} shared cases; moeplace at least as close "
-             f"to the published figure on {ps['moeplace_at_least_as_close']} of {ps['shared_cases']} "
-             f"({ps['validation_moeplace_at_least_as_close']} of {ps['validation_shared_cases']} validation); "
+        return [f"peer {ps['peer']} {ps['version']}: no case of this table it supports"] + tail
+    lines = [(f"peer {ps['peer']} {ps['version']}: {ps['shared_cases']} shared cases; moeplace (held out) at least as "
+             f"close to the published figure on {ps['moeplace_at_least_as_close']} of {ps['shared_cases']}; "
              f"median |error| moeplace {ps['median_abs_error']['moeplace']:.1%}, aiconfigurator "
              f"{ps['median_abs_error']['aiconfigurator']:.1%} on the shared cases")]
     ind = ps.get("independent")
@@ -141,7 +148,7 @@ def peer_text(ps: dict) -> list[str]:
     for b in ps["peer_closer"]:
         lines.append(f"  aiconfigurator closer on {b['id']} ({b['moeplace_error']:+.1%} vs "
                      f"{b['aiconfigurator_error']:+.1%}): {b['why']}")
-    return lines
+    return lines + tail
 
 
 def peer_cell(row: dict) -> str:

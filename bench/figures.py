@@ -698,99 +698,113 @@ def _fmt_figure(v: float) -> str:
 
 
 def fidelity_constants() -> str:
-    """docs/simulate.md: the fitted constants: the split fit (the CostConfig defaults), the fit on every case,
-    and their range over the grouped cross-validation's folds (each fitted without one group), within the
-    fit's bounds (bench/fidelity.py)."""
+    """docs/simulate.md: the fitted constants across the shipped ensemble's members (10th-90th percentile,
+    median), the reference fit (the CostConfig defaults), the bounds and how many members sit on one
+    (bench/fidelity.py)."""
     res = _results("fidelity")
-    params, cv = res["fit"]["params"], res.get("cv") or {}
-    folds = list((cv.get("folds") or {}).values())
-    full = (cv.get("full_fit") or {}).get("params") or {}
-    lines = ["| fitted constant | bounds | split fit (the default) | fit on all cases | range over the CV folds |",
-             "|---|---|---|---|---|"]
-    for name, value in params.items():
-        lo, hi = res["fit"]["bounds"][name]
-        vals = [f["params"][name] for f in folds]
-        rng = f"{min(vals):.4g} - {max(vals):.4g}" if vals else "-"
-        lines.append(f"| `{name}` | {lo:.4g} - {hi:.4g} | {value:.4g} | {full.get(name, float('nan')):.4g} | {rng} |")
+    ens = res["ensemble"]
+    lines = [("| fitted constant | bounds | reference (the default) | members: median | 10th - 90th percentile | "
+             "members on a bound |"), "|---|---|---:|---:|---|---|"]
+    for f in ens["bounds"]:
+        lo, hi = f["bounds"]
+        on = f"{f['at_lower']} low, {f['at_upper']} high of {f['members']}" + (" **(pushed)**" if f["pushed"] else "")
+        lines.append(f"| `{f['name']}` | {lo:.4g} - {hi:.4g} | {ens['reference'][f['name']]:.4g} | {f['median']:.4g} | "
+                     f"{f['p10']:.4g} - {f['p90']:.4g} | {on} |")
     return "\n".join(lines) + "\n"
 
 
-def fidelity_cv() -> str:
-    """docs/simulate.md: the grouped cross-validation (bench/fidelity.py): end-to-end cases, per regime,
-    kernel tables, TPOT; and the peer tally by independent deployment."""
-    res = _results("fidelity")
-    cv = res["cv"]
-    lines = ["| grouped cross-validation | cases | groups | median abs error | max abs error | worst case |",
-             "|---|---:|---:|---:|---:|---|"]
+def _err_row(name: str, s: dict) -> str:
+    if not s.get("cases"):
+        return f"| {name} | 0 | 0 | - | - | - |"
+    return (f"| {name} | {s['cases']} | {s['groups']} | {s['median']:.1%} | {s['max']:.1%} | "
+            f"{s['worst_case']} {s['worst_error']:+.1%} |")
 
-    def row(name, s):
-        if not s["cases"]:
-            return f"| {name} | 0 | 0 | - | - | - |"
-        return (f"| {name} | {s['cases']} | {s['groups']} | {s['median']:.1%} | {s['max']:.1%} | "
-                f"{s['worst_case']} {s['worst_error']:+.1%} |")
-    lines.append(row("**end-to-end, all**", cv))
-    lines += [row(f"regime: {k}", v) for k, v in cv["by_regime"].items()]
-    lines += [row("TPOT of the decode cases", cv["tpot"]), row("kernel tables", cv["kernel_tables"])]
-    t = cv["target"]
-    lines += ["", f"Target (median <= {t['median']:.0%}, max <= {t['max']:.0%} over the end-to-end cases): "
-              + ("met." if cv["target_met"] else
-                 f"**not met** — median {cv['median']:.1%} ({cv['median'] - t['median']:+.1%} over), max "
-                 f"{cv['max']:.1%} ({cv['max'] - t['max']:+.1%} over).")]
-    ind = (res.get("peer_summary") or {}).get("independent")
+
+def fidelity_cv() -> str:
+    """docs/simulate.md: the shipped ensemble held out by group (bench/fidelity.py): errors and interval
+    coverage / width, overall and by kind of run; the after-the-cut-off column; TTFT / TPOT on their own
+    cases; both peers."""
+    res = _results("fidelity")
+    cv, cov, ens = res["cv"], res["coverage"], res["ensemble"]
+    lines = ["| held out by group (out of bag) | cases | groups | median abs error | max abs error | worst case |",
+             "|---|---:|---:|---:|---:|---|", _err_row("**end-to-end, all**", cv["all"])]
+    lines += [_err_row(f"kind: {k}", v) for k, v in cv["by_kind"].items()]
+    lines += [_err_row("kernel tables", cv["kernel_tables"]), ""]
+    lines += ["| 80 % interval, held out by group | cases | covered | coverage | median width | median nearness (groups) |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for k, v in cov.items():
+        if v.get("cases"):
+            lines.append(f"| {'**all end-to-end**' if k == 'all' else 'kind: ' + k} | {v['cases']} | {v['covered']} | "
+                         f"{v['coverage']:.0%} | {v['median_width']:.0%} | {v['median_near']:.2f} |")
+    target = "met" if cov["all"].get("cases") and 0.7 <= cov["all"]["coverage"] <= 0.9 else "**not met**"
+    lines += ["", (f"Coverage target (70-90 % of held-out cases inside their nominal 80 % interval): {target}. Width: "
+              "(hi - lo) / median, as figures. Members: "
+              f"{ens['members']}, a group bootstrap of {len(ens['groups'])} groups.")]
+    a = res["after_cutoff"]
+    if a["cases"]:
+        e = a["errors"]
+        lines += ["", (f"After the cut-off ({a['cutoff']}; never used to choose structure nor fitted, scored once): "
+                  f"{a['cases']} case(s) ({', '.join(a['ids'])}): median abs error {e['median']:.1%}, max "
+                  f"{e['max']:.1%}; the interval held {a['coverage'].get('covered', 0)} of {a['coverage']['cases']}.")]
+    else:
+        lines += ["", f"After the cut-off ({a['cutoff']}): no case yet."]
+    lat = res["latency"]
+    lines += ["", "| own-data check | case | published (ms) | ensemble (ms) | error | 80 % interval (ms) |",
+              "|---|---|---:|---:|---:|---|"]
+    for r in lat["tpot"]["cases"]:
+        lines.append(f"| TPOT p50 | {r['id']} | {r['published_ms']:,.1f} | {r['simulated_ms']:,.1f} | {r['error']:+.1%} | "
+                     f"{r['interval_ms'][0]:,.1f} - {r['interval_ms'][1]:,.1f}{'' if r['covered'] else ' (missed)'} |")
+    for r in lat["ttft"]["cases"]:
+        if not r["comparable"]:
+            lines.append(f"| TTFT p50 | {r['id']} | {r['published_ms']:,.1f} | - | not comparable: {r['why']} | - |")
+            continue
+        lines.append(f"| TTFT p50 | {r['id']} | {r['published_ms']:,.1f} | {r['simulated_ms']:,.1f} | {r['error']:+.1%} "
+                     "| none (the reference run) |")
+    lines += ["", f"Unchecked: {lat['unchecked']}."]
+    ps = res.get("peer_summary") or {}
+    ind = ps.get("independent")
     if ind:
-        lines += ["", (f"The peer by independent deployment (one vote per case group, moeplace's cross-validated "
-                       f"error against aiconfigurator's own): moeplace at least as close on "
+        lines += ["", (f"The peer by independent deployment (one vote per case group, moeplace held out against "
+                       f"aiconfigurator {ps['version']}'s own): moeplace at least as close on "
                        f"{ind['moeplace_as_close']} of {ind['deployments']}; median over the groups of the "
                        f"median abs error moeplace {ind['median_abs_error']['moeplace']:.1%}, aiconfigurator "
                        f"{ind['median_abs_error']['aiconfigurator']:.1%}."), "",
-                  "| deployment group | cases | moeplace (CV) | aiconfigurator |", "|---|---:|---:|---:|"]
+                  "| deployment group | cases | moeplace (held out) | aiconfigurator |", "|---|---:|---:|---:|"]
         lines += [f"| {d['group']} | {len(d['cases'])} | {d['moeplace_cv_median_abs_error']:.1%} | "
                   f"{d['aiconfigurator_median_abs_error']:.1%}{'' if d['moeplace_as_close'] else ' (closer)'} |"
                   for d in ind["by_deployment"]]
+    ais = ps.get("aisimulate")
+    if ais:
+        lines += ["", f"aisimulate {ais.get('version')}: " + (ais.get("why", "") if not ais.get("run") else
+                                                             ais.get("summary", ""))]
     return "\n".join(lines) + "\n"
 
 
 def fidelity_cases() -> str:
-    """docs/simulate.md: one row per published case, calibration first, and the per-split summary."""
+    """docs/simulate.md: one row per published case: its publication date, the reference run, the
+    ensemble's held-out figure and interval, the measured cost source and the peer."""
     res = _results("fidelity")
-    lines = [("| split | group | case | source | configuration | metric | published | simulated | error | CV error "
-             "| TPOT error | measured (error) | aiconfigurator (error) |"),
-             "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [("| group | case | source | published on | configuration | metric | published | reference run | "
+              "held out | error | 80 % interval | measured (error) | aiconfigurator (error) |"),
+             "|---|---|---|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
     for r in res["cases"]:
-        tpot = f"{r['tpot_error']:+.1%}" if "tpot_error" in r else ""
         peer = (r.get("peer") or {}).get("aiconfigurator")
         peer_cell = "" if not peer else ("n/a" if not peer.get("supported", True) else
                                          f"{_fmt_figure(peer['simulated'])} ({peer['error']:+.1%})")
-        cv = "" if r.get("cv_error") is None else f"{r['cv_error']:+.1%}"
-        lines.append(f"| {r['split']} | {r.get('group', '')} | {r['id']} | [{r['source']['org']}]({r['source']['url']}) "
+        iv = r.get("interval")
+        ivc = "" if not iv else (f"{_fmt_figure(iv[0])} - {_fmt_figure(iv[1])}" + ("" if r["covered"] else " (missed)"))
+        when = r["published_on"] + (" **(after the cut-off)**" if r["after_cutoff"] else "")
+        lines.append(f"| {r['group']} | {r['id']} | [{r['source']['org']}]({r['source']['url']}) | {when} "
                      f"| {r['gpu']}, {r['config']} | {r['metric']} | {_fmt_figure(r['published'])} | "
-                     f"{_fmt_figure(r['simulated'])} | {r['error']:+.1%} | {cv} | {tpot} | {_measured_cell(r)} | "
-                     f"{peer_cell} |")
-    lines += ["", "| split | metrics | cases | median abs error | max abs error |", "|---|---|---:|---:|---:|"]
-    for split, groups in res["summary"].items():
-        for group, v in groups.items():
-            lines.append(f"| {split} | {group} | {v['cases']} | {v['median_abs_error']:.1%} | "
-                         f"{v['max_abs_error']:.1%} |")
+                     f"{_fmt_figure(r['simulated'])} | {_fmt_figure(r['cv_simulated'])} | {r['cv_error']:+.1%} | {ivc} | "
+                     f"{_measured_cell(r)} | {peer_cell} |")
     ms = res.get("measured_summary")
-    if ms and ms.get("validation_cases"):
+    if ms and ms.get("cases"):
         lines += ["", (f"Measured column: the same simulation with `--cost-model measured` (aiconfigurator's tables for "
-                       f"the case's GPU and engine; n/a: not covered, the reason in the results file): "
-                       f"{ms['validation_cases']} validation cases covered, median abs error "
-                       f"{ms['median_abs_error']:.1%}, max {ms['max_abs_error']:.1%} (the roofline on the same "
-                       f"cases: median {ms['roofline_median_abs_error']:.1%}, max {ms['roofline_max_abs_error']:.1%}).")]
-    ps = res.get("peer_summary")
-    if ps and ps["shared_cases"]:
-        lines += ["", (f"The peer, {ps['peer']} {ps['version']} (bench/peer_aiconfigurator.py; n/a: a case it does "
-                  f"not support, the reason in the results file), counted per case on the split's errors (not the "
-                  f"fair count: correlated rows count one by one, calibration margins are fitted; the fair one, by "
-                  f"deployment on cross-validated errors, is above): {ps['shared_cases']} shared cases, moeplace at "
-                  f"least as close to the published figure on {ps['moeplace_at_least_as_close']} of them "
-                  f"({ps['validation_moeplace_at_least_as_close']} of {ps['validation_shared_cases']} validation "
-                  f"cases); median abs error on the shared cases moeplace "
-                  f"{ps['median_abs_error']['moeplace']:.1%}, aiconfigurator "
-                  f"{ps['median_abs_error']['aiconfigurator']:.1%}. Where aiconfigurator is closer:"), ""]
-        lines += [f"- {b['id']} ({b['moeplace_error']:+.1%} vs {b['aiconfigurator_error']:+.1%}): {b['why']}"
-                  for b in ps["peer_closer"]]
+                       f"the case's GPU and engine, the reference constants elsewhere; n/a: not covered, the reason in "
+                       f"the results file): {ms['cases']} cases covered, median abs error {ms['median_abs_error']:.1%}, "
+                       f"max {ms['max_abs_error']:.1%} (the ensemble held out on the same cases: median "
+                       f"{ms['ensemble_median_abs_error']:.1%}, max {ms['ensemble_max_abs_error']:.1%}).")]
     return "\n".join(lines) + "\n"
 
 
@@ -804,10 +818,10 @@ def _measured_cell(r: dict) -> str:
 
 
 def fidelity_label() -> str:
-    """docs/simulate.md: the line ``place simulate`` prints under its table, from the committed cases."""
-    from moeplace.sim.fidelity import fidelity_note, summarize_cases
+    """docs/simulate.md: the line ``place simulate`` prints under its table, from the committed results."""
+    from moeplace.sim.fidelity import fidelity_note, summarize_results
 
-    return f"```\n{fidelity_note(summarize_cases(_results('fidelity')['cases']))}\n```\n"
+    return f"```\n{fidelity_note(summarize_results(_results('fidelity')))}\n```\n"
 
 
 def replan_quality() -> str:

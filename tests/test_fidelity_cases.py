@@ -15,20 +15,72 @@ def _fidelity():
 
 def test_committed_results_match_the_case_table():
     fid = _fidelity()
-    cases = fid.load_cases(REPO / "bench" / "fidelity_cases.yaml")
-    rows = json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())["cases"]
-    assert [r["id"] for r in rows] == [c["id"] for c in cases]
-    for r, c in zip(rows, cases):
-        assert (r["split"], r["published"], r["config_full"], r["assumptions"]) == (
-            c["split"], c["published"], c["config"], c["assumptions"]), c["id"]
-        assert r["error"] == r["simulated"] / r["published"] - 1
-
-
-def test_validation_cases_never_enter_the_fit():
-    fid = _fidelity()
+    frozen = fid.load_frozen()
     cases = fid.load_cases(REPO / "bench" / "fidelity_cases.yaml")
     res = json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())
-    assert res["fit"]["calibration_cases"] == [c["id"] for c in cases if c["split"] == "calibration"]
+    rows = res["cases"]
+    assert [r["id"] for r in rows] == [c["id"] for c in cases]
+    for r, c in zip(rows, cases):
+        assert (r["split"], r["published"], r["config_full"], r["assumptions"], r["published_on"]) == (
+            c["split"], c["published"], c["config"], c["assumptions"], str(c["published_on"])), c["id"]
+        assert r["after_cutoff"] == fid.after_cutoff(c, frozen)
+        assert r["error"] == r["simulated"] / r["published"] - 1
+        assert r["cv_error"] == r["cv_simulated"] / r["published"] - 1
+    assert res["frozen"] == {"frozen_on": str(frozen["frozen_on"]), "cutoff": str(frozen["cutoff"]),
+                             "code_commit": frozen["code_commit"]}
+
+
+def test_cases_after_the_cutoff_never_enter_the_ensemble():
+    """The shipped ensemble is drawn from, fitted on and its residuals taken from the cases published on or
+    before the frozen cut-off only; a case after it is priced by every member (none saw it)."""
+    from moeplace.sim.ensemble import load_ensemble
+
+    fid = _fidelity()
+    frozen = fid.load_frozen()
+    cases = fid.load_cases(fid.CASES)
+    before = [c for c in cases if not fid.after_cutoff(c, frozen)]
+    ens = load_ensemble()
+    assert list(ens.groups) == list(dict.fromkeys(c["group"] for c in before))
+    assert [c["id"] for c in ens.cases] == [c["id"] for c in before if c["kind"] in fid.E2E]
+    assert ens.provenance["cutoff"] == str(frozen["cutoff"]) == ens.provenance["cutoff"]
+    res = json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())
+    after = [r for r in res["cases"] if r["after_cutoff"]]
+    assert res["after_cutoff"]["ids"] == [r["id"] for r in after]
+    assert res["ensemble"]["groups"] == list(ens.groups) and res["ensemble"]["members"] == ens.size
+
+
+def test_the_frozen_structure_is_checked(tmp_path):
+    """bench/fidelity_frozen.yaml is the structure a run fits and scores: a sourced constant of the code that
+    differs from it, or a missing date, stops the run with one line saying to re-freeze."""
+    import pytest
+    import yaml
+
+    from moeplace.foundation.errors import InputError
+
+    fid = _fidelity()
+    raw = yaml.safe_load(fid.FROZEN.read_text())
+    bad = tmp_path / "frozen.yaml"
+    bad.write_text(yaml.safe_dump({**raw, "fixed": {**raw["fixed"], "fp4_gemm_speedup": 2.0}}))
+    with pytest.raises(InputError, match="fp4_gemm_speedup .* differs from the frozen .* re-freeze"):
+        fid.load_frozen(bad)
+    bad.write_text(yaml.safe_dump({k: v for k, v in raw.items() if k != "cutoff"}))
+    with pytest.raises(InputError, match="field 'cutoff' missing"):
+        fid.load_frozen(bad)
+    bad.write_text(yaml.safe_dump({**raw, "interval": {**raw["interval"], "level": 0.9}}))
+    with pytest.raises(InputError, match="level .* re-freeze"):
+        fid.load_frozen(bad)
+
+
+def test_publication_dates_are_checked_and_split_the_cases():
+    import datetime
+
+    fid = _fidelity()
+    frozen = {"cutoff": datetime.date(2025, 6, 30)}
+    assert fid.publication_date({"published_on": "2025-05"}) == datetime.date(2025, 5, 31)
+    assert not fid.after_cutoff({"published_on": "2025-06-30"}, frozen)
+    assert fid.after_cutoff({"published_on": "2025-07-01"}, frozen)
+    assert not fid.after_cutoff({"published_on": "unknown"}, frozen)  # counts as seen
+    assert all(fid.publication_date(c) or str(c["published_on"]) == "unknown" for c in fid.load_cases(fid.CASES))
 
 
 def test_balanced_routing_is_exactly_balanced():
@@ -95,7 +147,7 @@ def test_engine_and_metric_fields_are_checked(tmp_path):
         assert c["metric"] in fid.METRICS
         if c["kind"] in fid.E2E and c["source"]["org"] not in ("DeepSeek", "Alibaba RTP-LLM"):
             assert fid.case_engine(c) in fid.ENGINES, c["id"]
-    case = ("- id: x\n  source: {{org: o, title: t, url: u}}\n  split: validation\n  group: g\n"
+    case = ("- id: x\n  source: {{org: o, title: t, url: u}}\n  published_on: '2025-05-05'\n  split: validation\n  group: g\n"
             "  regime: mid-batch decode\n  kind: serve\n  gpu: h200\n"
             "  model: deepseek-v3\n  engine: {engine}\n  config: {{gpus: 8, batch_per_rank: 8}}\n  metric: {metric}\n  published: 1\n"
             "  assumptions: []\n")
@@ -145,56 +197,52 @@ def test_group_and_regime_fields_are_checked(tmp_path):
         fid.load_cases(bad)
 
 
-def test_committed_cross_validation_is_its_rows_summary():
-    """bench/results/fidelity.json's ``cv`` is cv_summary of its own rows; every case carries its group and
-    its cross-validated figure, one fold per group holding exactly that group's cases."""
+def test_committed_coverage_is_its_rows_summary():
+    """bench/results/fidelity.json's ``cv`` and ``coverage`` are the summaries of its own rows (each case's
+    held-out figure and whether its interval held the published figure), before the cut-off only."""
     fid = _fidelity()
-    cases = fid.load_cases(fid.CASES)
+    fe = fid.fe
     res = json.loads((REPO / "bench" / "results" / "fidelity.json").read_text())
-    rows, cv = res["cases"], res["cv"]
-    assert [r["group"] for r in rows] == [c["group"] for c in cases]
-    for r in rows:
-        assert r["cv_error"] == r["cv_simulated"] / r["published"] - 1, r["id"]
-    want = json.loads(json.dumps(fid.cv_summary(rows)))
-    assert {k: cv[k] for k in want} == want
-    groups = list(dict.fromkeys(c["group"] for c in cases))
-    assert list(cv["folds"]) == groups  # one fold per group, kernel tables' too
-    assert cv["groups"] == len({c["group"] for c in cases if c["kind"] in fid.E2E})  # the headline's groups
-    for g, fold in cv["folds"].items():
-        assert fold["cases"] == [c["id"] for c in cases if c["group"] == g]
+    held = [r for r in res["cases"] if not r["after_cutoff"] and r["kind"] in fid.E2E]
+    assert res["cv"]["all"] == json.loads(json.dumps(fe.error_stats([(r, r["cv_error"]) for r in held])))
+    cov = res["coverage"]["all"]
+    assert cov["cases"] == len(held) and cov["covered"] == sum(r["covered"] for r in held)
+    for r in held:  # the flag is the interval's own verdict
+        lo, hi = r["interval"]
+        assert r["covered"] == (lo <= r["published"] <= hi), r["id"]
+    assert set(res["width"]) == set(res["coverage"]) and res["width"]["all"] == cov["median_width"]
 
 
-def test_cross_validation_never_fits_on_the_group_it_predicts(monkeypatch):
-    """Each fold's fit sees every case outside the held-out group and none inside it (the kernel tables
-    here: no simulation), and the held-out cases are predicted with that fold's constants."""
+def test_out_of_bag_members_never_drew_the_group_they_predict(monkeypatch):
+    """Each member's fit weighs every case by its group's draws (0: left out), and a case's held-out figure
+    is the median over the members that never drew its group (the kernel tables here: no simulation)."""
     from moeplace.sim.config import CostConfig
 
     fid = _fidelity()
+    fe = fid.fe
     cases = [c for c in fid.load_cases(fid.CASES) if c["kind"] == "gemm"]
-    cfg = CostConfig()
-    rows = [{"id": c["id"], "kind": c["kind"], "group": c["group"], "published": c["published"],
-             "simulated": fid.kernel_metric(c, cfg), "error": 0.0, "split": c["split"], "metric": c["metric"]}
-            for c in cases]
-    seen, fitted = [], {}
-    real_fit = fid.fit
-
-    def recording_fit(fit_cases, quick, **kw):
-        out = real_fit(fit_cases, True, **kw)
-        seen.append([c["id"] for c in fit_cases])
-        fitted[tuple(seen[-1])] = out[0]
-        return out
-
-    monkeypatch.setattr(fid, "fit", recording_fit)
-    cv = fid.cross_validate(cases, rows, cfg, quick=True, log=lambda *_: None)
     groups = list(dict.fromkeys(c["group"] for c in cases))
-    assert seen[0] == [c["id"] for c in cases]  # the start of every fold: the fit on all cases
-    for g, ids in zip(groups, seen[1:], strict=True):
-        assert ids == [c["id"] for c in cases if c["group"] != g]
-        fold_cfg = fitted[tuple(ids)]
-        for c, r in zip(cases, rows):
-            if c["group"] == g:
-                assert r["cv_simulated"] == fid.kernel_metric(c, fold_cfg)
-    assert cv["kernel_tables"]["cases"] == len(cases) and cv["cases"] == 0
+    bags = fe.bootstrap_bags(groups, 6, 0)
+    assert (bags.sum(axis=1) == len(groups)).all()
+    seen = []
+    real_fit = fe.fit
+
+    def recording_fit(fit_cases, quick, weights=None, **kw):
+        seen.append(dict(weights))
+        return real_fit(fit_cases, True, weights=weights, **kw)
+
+    monkeypatch.setattr(fe, "fit", recording_fit)
+    params, _ = fe.fit_members(cases, groups, bags, CostConfig(), {}, {}, True, workers=1, log=lambda *_: None)
+    gi = {g: i for i, g in enumerate(groups)}
+    for b, weights in enumerate(seen):
+        assert weights == {c["id"]: float(bags[b, gi[c["group"]]]) for c in cases}
+    configs = fe.member_configs(params, CostConfig())
+    speeds = {c["id"]: fe.member_speeds(c, None, configs, CostConfig()) for c in cases}
+    recs, residuals = fe.held_out(cases, speeds, {}, groups, bags, {}, 0.8, 1.0)
+    assert residuals == []  # kernel tables give no interval residuals
+    for c, rec in zip(cases, recs):
+        oob = fe.oob_mask(bags, gi, c["group"])
+        assert rec["oob_log_speed"] == fe.wmedian(speeds[c["id"]]["figure"], oob)
 
 
 def test_loading_a_bench_script_leaves_sys_path_alone():

@@ -32,7 +32,7 @@ def test_join_attaches_the_peer_counts_shared_cases_and_says_why_where_it_is_clo
     assert rows[1]["peer"]["aiconfigurator"]["error"] == pytest.approx(0.5)
     assert rows[2]["peer"] == {"aiconfigurator": {"supported": False, "reason": "no H800 tables in aiconfigurator"}}
     assert "peer" not in rows[3]  # kernel tables are not deployments
-    assert s["shared_cases"] == 2 and s["moeplace_at_least_as_close"] == 1
+    assert s["shared_cases"] == 2 and s["moeplace_at_least_as_close"] == 1  # rows without a held-out figure: theirs
     assert [b["id"] for b in s["peer_closer"]] == ["a"]
     why = s["peer_closer"][0]["why"]  # moeplace's TPOT, the peer's, and what the published rate implies
     assert "66.7 ms (too fast)" in why and "90.0 ms" in why and "100.0 ms" in why
@@ -53,9 +53,12 @@ def test_committed_results_carry_the_peer_for_every_case_the_peer_file_supports(
     ps = res["peer_summary"]
     assert ps["shared_cases"] == len(supported)
     closer = {r["id"] for r in res["cases"] if "peer" in r and "simulated" in r["peer"]["aiconfigurator"]
-              and abs(r["peer"]["aiconfigurator"]["error"]) < abs(r["error"])}
+              and abs(r["peer"]["aiconfigurator"]["error"]) < abs(r["cv_error"])}  # moeplace held out
     assert {b["id"] for b in ps["peer_closer"]} == closer
     assert ps["moeplace_at_least_as_close"] == len(supported) - len(closer)
+    # aisimulate 0.13: run, or why not, in the same summary
+    ais = ps["aisimulate"]
+    assert ais["peer"] == "aisimulate" and ais["version"] == "0.13.0" and (ais.get("run") or ais["why"])
 
 
 def test_peer_mapping_follows_the_case_file():
@@ -109,8 +112,8 @@ def test_independent_tally_counts_one_vote_per_group_on_cross_validated_errors()
     assert by["table"]["moeplace_cv_median_abs_error"] == pytest.approx(0.10) and by["table"]["moeplace_as_close"]
     assert by["blog"]["cases"] == ["t3"] and not by["blog"]["moeplace_as_close"]  # x has no CV figure
     assert "1 of 2" in "\n".join(fid.peer_text(s))
-    # the split's per-case count is still there, and says something else: every row at 0 % error
-    assert s["moeplace_at_least_as_close"] == 5
+    # the per-case count is still there, and says something else (rows without a held-out figure count theirs)
+    assert s["moeplace_at_least_as_close"] == 3
 
 
 def test_peer_takes_the_largest_batch_that_fits_where_the_case_batch_is_oom():

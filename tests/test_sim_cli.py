@@ -102,8 +102,8 @@ def test_bad_input_is_one_line_and_exit_code_2(trace_dir, capsys, args, message)
 
 
 def test_benchmark_shapes_and_per_gpu_per_user_figures(trace_dir, tmp_path, capsys):
-    spec = tmp_path / "mygpu.json"  # an H200 with half the HBM bandwidth
-    spec.write_text(json.dumps({"hbm_bytes": 141e9, "hbm_bw": 2.4e12, "flops_bf16": 989e12, "flops_fp8": 1979e12,
+    spec = tmp_path / "mygpu.json"  # an H200 with 1/1000 of its HBM bandwidth (the tiny model is latency-bound)
+    spec.write_text(json.dumps({"hbm_bytes": 141e9, "hbm_bw": 4.8e9, "flops_bf16": 989e12, "flops_fp8": 1979e12,
                                 "nvlink_bw": 450e9, "nvlink_latency": 3e-6, "nic_bw": 50e9, "nic_latency": 8e-6}))
     base = ["--placement", "linear", "--isl", "24", "--osl", "16", "--phase", "decode", "--json",
             *opts(**{"--duration": "0.2"})]

@@ -83,6 +83,7 @@ FORMATS: dict[str, ArtifactFormat] = {f.kind: f for f in (
     # a routing trace's Parquet files carry the bare version in their footer ('moeplace.format': b"2"), read
     # through check_version; 1 stored each token's top-k in the router's order, 2 as sorted id deltas
     ArtifactFormat("trace", (1, 2), False, "place trace synth / import / capture (Parquet metadata 'moeplace.format')"),
+    ArtifactFormat("cost-ensemble", (1,), False, "bench/fidelity.py (moeplace/sim/cost_ensemble.json, package data)"),
 )}
 
 _TAG = re.compile(r"moeplace\.([a-z][a-z0-9-]*)/(\d+)")

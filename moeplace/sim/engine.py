@@ -48,6 +48,7 @@ from moeplace.placement.record import Placement
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import EngineConfig, SimConfig
 from moeplace.sim.cost import CostModel, RankWork
+from moeplace.sim.ensemble import Ensemble, IterationSample, ensemble_for
 from moeplace.sim.events import Event, EventQueue
 from moeplace.sim.measured import make_cost_model
 from moeplace.sim.rebalance import Rebalancer
@@ -127,6 +128,8 @@ class Pool:
         self.last_dt = 0.0
         # the engine's batching rules: what a sequence holds, whether it grows, which prefill chunks join
         self.scheduler = make_scheduler(self.engine, self.pools)
+        # steady-state iterations kept for re-pricing under every ensemble member (sim.ensemble)
+        self.sample = IterationSample() if sim.sampling else None
 
     # ------------------------------------------------------------------ memory checks
     def _kv(self, n):
@@ -192,7 +195,9 @@ class Pool:
         if b is None:
             return []
         moe, counts = self._route(b, now)
-        dt, st, stall = self._cost(now, b, moe)
+        dt, st, stall, shared = self._cost(now, b, moe)
+        if self.sample is not None and self.sim.recorder.in_window(now):
+            self.sample.offer(b.work, moe, dt, shared)
         self.last_dt = dt
         self.busy = True
         self.batch = b.prefill
@@ -283,7 +288,7 @@ class Pool:
 
     def _cost(self, now: float, b: _Batch, moe):
         """The iteration's seconds (with the stall carried in from swaps and weight moves), its step-time
-        breakdown and that stall."""
+        breakdown, that stall and the link share an async weight transfer took (None without one)."""
         cfg = self.engine
         st = self._step_time(b.work, moe, cfg)
         shared = self.rebalancer.link_share(now, st.total) if self.rebalancer is not None else None
@@ -292,7 +297,7 @@ class Pool:
             st = self._step_time(b.work, moe, cfg, shared)
             self.rebalancer.overlapped(now, free, shared, st.total)
         stall, self.stall = self.stall, 0.0
-        return st.total + stall, st, stall
+        return st.total + stall, st, stall, shared
 
     def _step_time(self, work, moe, cfg, link_share=None):
         st = self.cost.step_time(work, moe, cfg.dual_batch_overlap, link_share)
@@ -458,7 +463,8 @@ class Simulation:
                  chrome: bool = False, progress: bool = False,
                  prefill: tuple[Placement, ClusterSpec, CachePools] | None = None,
                  on_advance: Callable[[float], None] | None = None,
-                 deployment: tuple[PoolSetup, ...] | None = None) -> None:
+                 deployment: tuple[PoolSetup, ...] | None = None, sample: bool = False,
+                 ensemble: Ensemble | None = None) -> None:
         placement.check_model(trace.model, "placement")
         if placement.num_gpus != cluster.num_gpus:
             raise InputError(f"placement {label or ''}: made for {placement.num_gpus} GPUs, the cluster has "
@@ -474,6 +480,11 @@ class Simulation:
         e = config.engine
         self.num_ranks = cluster.num_gpus // e.attention_tp
         self.cost = self.make_cost(cluster, profile)
+        # the shipped ensemble (or ``ensemble``: another, e.g. reweighted by a calibration) prices this run's
+        # figures when it runs on the ensemble's reference constants (sim.ensemble.ensemble_for); its pools
+        # then keep iteration samples to re-price (also on request)
+        self.ensemble: Ensemble | None = ensemble_for(config, profile, ensemble)
+        self.sampling = sample or self.ensemble is not None
         self.rng = np.random.default_rng(config.seed)
         self.source = RequestSource(trace, config.workload.lengths, np.random.default_rng(config.seed + 1))
         self.queue = EventQueue()

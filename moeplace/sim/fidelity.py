@@ -1,29 +1,28 @@
 """How far the simulator's absolute figures have been from published real-hardware results: the label
 ``place simulate`` and ``place sweep`` print under their tables.
 
-``bench/fidelity.py`` runs the simulator on published deployments (kernel tables and end-to-end runs,
-each case fixed to a calibration or validation split before the one global fit) and, with its committed
-results, writes :data:`SUMMARY_PATH` (package data) through :func:`summarize_cases`. The commands read
-that file at run time (:func:`load_summary`) and print :func:`fidelity_note`; nothing here reads
-``bench/``.
+``bench/fidelity.py`` prices published deployments (kernel tables and end-to-end runs) with the shipped
+ensemble of constants (:mod:`sim.ensemble`), each case held out by group, and with its committed results
+writes :data:`SUMMARY_PATH` (package data) through :func:`summarize_results`. The commands read that file
+at run time (:func:`load_summary`) and print :func:`fidelity_note`; nothing here reads ``bench/``.
 
 Errors are signed ``simulated / published - 1``: a positive throughput error means the simulator was
-faster than the real deployment (optimistic), a positive TPOT error that it was slower.
+faster than the real deployment (optimistic), a positive TPOT error that it was slower. The regimes below
+name kinds of deployment for the case table (bench/fidelity_cases.yaml's ``regime``); no interval depends
+on them (the intervals weigh published cases by distance, :func:`sim.ensemble.speed_interval`).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from moeplace.foundation.files import read_json
+from moeplace.sim.ensemble import NEAR
 
 SUMMARY_PATH = Path(__file__).with_name("fidelity_summary.json")
-PROVENANCE = "bench/fidelity.py, grouped cross-validation: each case predicted by constants fitted without its group"
-PROVENANCE_SPLIT = "bench/fidelity.py, validation split"
+PROVENANCE = ("bench/fidelity.py: the shipped ensemble, grouped cross-validation (each case priced by the members "
+              "that never drew its group; its interval without its group's residuals)")
 E2E_KINDS = ("prefill", "decode", "serve")  # end-to-end cases (the rest: kernel tables)
-MIN_GROUPS = 2  # a regime gives a range only from the cases of at least this many groups
 # metrics where larger is not more throughput: per-user decode speed and kernel latency (bench/fidelity.py
 # groups its cases the same way)
 LATENCY_METRICS = ("per_user_tok_s", "latency_us")
@@ -43,6 +42,7 @@ PREFILL_HEAVY_RATIO = 8.0
 
 
 ROOFLINE = "roofline"  # the cost source the published cases checked (sim.config.SimConfig.cost_model)
+ENGINE_NAMES = {"sglang": "SGLang", "trtllm": "TensorRT-LLM", "vllm": "vLLM"}
 
 
 def regime(phase: str, disaggregated: bool, seqs_per_rank: float, prompt_len: float | None = None,
@@ -71,122 +71,63 @@ def case_regime(row: dict) -> str | None:
     return regime(phase, False, float(seqs), c.get("isl"), c.get("osl"))
 
 
-def run_context(config, num_gpus: int, model: str, gpu: str, cost: str | None = None) -> dict[str, Any]:
-    """What the label needs of a run (``config``: a ``sim.config.SimConfig``): its regime, model, GPU and
-    cost source (``cost``: what priced the run when known, e.g. ``profile`` or the source a ``measured``
-    / ``auto`` run ended with; else ``config.cost_model``; ``roofline`` is the cost model the published
-    cases checked). Sequences per rank: the engine's ``max_seqs``, or fewer when a closed loop's
-    concurrency spread over the ranks is smaller; lengths from the length mix (None with the trace's own
-    lengths)."""
-    e, w = config.engine, config.workload
-    ranks = max(num_gpus // e.attention_tp, 1)
-    seqs = float(e.max_seqs)
-    if w.arrival == "closed":
-        seqs = min(seqs, w.concurrency / ranks)
-    prompt = output = None
-    if w.lengths is not None:
-        comps = w.lengths.components
-        prompt = sum(n * wt for n, wt in comps) / sum(wt for _, wt in comps)
-        output = float(w.lengths.output_mean)
-    return {"regime": regime(e.phase, e.disaggregated, seqs, prompt, output), "model": model, "gpu": gpu,
-            "seqs_per_rank": seqs, "cost": cost or config.cost_model}
+def run_context(config, num_gpus: int, model: str, gpu: str, cost: str | None = None,
+                summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the label needs of a run (``config``: a ``sim.config.SimConfig``): its model, GPU and cost
+    source (``cost``: what priced the run when known, e.g. ``profile`` or the source a ``measured`` /
+    ``auto`` run ended with; else ``config.cost_model``; ``roofline`` is the cost model the ensemble was
+    fitted for) and, from a result's ``summary``, whether the ensemble priced it and how near published
+    cases are (``near``, :func:`sim.ensemble.speed_interval`)."""
+    ens = (summary or {}).get("ensemble")
+    return {"model": model, "gpu": gpu, "cost": cost or config.cost_model,
+            "ensemble": ens is not None if summary is not None else None,
+            "near": None if not ens else ens.get("near")}
 
 
-def _group(pairs: list[tuple[dict, float]]) -> dict[str, Any]:
-    """``pairs``: (case row, signed error). Count, groups, median |error|, the case of the largest |error|,
-    and every signed error (sorted: what a run's range is made of)."""
-    if not pairs:
-        return {"cases": 0}
-    row, worst = max(pairs, key=lambda p: abs(p[1]))
-    return {"cases": len(pairs), "groups": len({r.get("group") or r["id"] for r, _ in pairs}),
-            "median_abs_error": float(np.median([abs(e) for _, e in pairs])),
-            "worst_error": float(worst), "worst_case": row["id"], "worst_org": row["source"]["org"],
-            "errors": sorted(float(e) for _, e in pairs)}
-
-
-def summarize_cases(rows: list[dict]) -> dict[str, Any]:
-    """The label's figures from ``bench/fidelity.py``'s per-case rows (each with ``id``, ``group``,
-    ``kind``, ``metric``, ``source.org``, and the grouped cross-validation's ``cv_error`` and, for decode
-    cases, ``cv_tpot_error``): the end-to-end cases (deployments; kernel tables are component benchmarks)
-    each predicted by constants fitted without its group. Rows without ``cv_error`` (a run without the
-    cross-validation) fall back to the validation split's ``error`` / ``tpot_error``, and say so in
-    ``provenance``. ``throughput``: cases whose metric is a throughput (not in :data:`LATENCY_METRICS`);
-    ``tpot``: cases with a TPOT comparison; ``ttft_cases``: cases with a published TTFT; ``far_off``: the
-    cases whose |error| exceeds :data:`FAR_OFF`, largest first; ``regimes``: per regime, with every signed
-    error (what :func:`figure_ranges` makes a run's range of)."""
-    cv = any(r.get("cv_error") is not None for r in rows)
-    if cv:
-        val = [r for r in rows if r.get("cv_error") is not None and r.get("kind") in E2E_KINDS]
-        err, tpot = "cv_error", "cv_tpot_error"
-    else:
-        val = [r for r in rows if r["split"] == "validation"]
-        err, tpot = "error", "tpot_error"
-    far = sorted((r for r in val if abs(r[err]) > FAR_OFF), key=lambda r: -abs(r[err]))
-    by_regime = {}
-    for name in REGIMES:
-        rs = [r for r in val if case_regime(r) == name]
-        by_regime[name] = {**_group([(r, r[err]) for r in rs]),
-                           "models": sorted({r["model"] for r in rs if r.get("model")}),
-                           "gpus": sorted({r["gpu"] for r in rs})}
+def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
+    """The label's figures from ``bench/fidelity.py``'s results (its ``cases``, ``cv``, ``coverage``,
+    ``after_cutoff``, ``latency``, ``ensemble``, ``frozen``): how far the shipped ensemble's held-out
+    figures were from the published deployments (grouped cross-validation), how often its 80 % interval held
+    them, what the cases cover (models, GPUs, engines, publication dates) and what they do not."""
+    rows = res["cases"]
+    e2e = [r for r in rows if r.get("kind") in E2E_KINDS and not r.get("after_cutoff")]
+    far = sorted((r for r in e2e if abs(r["cv_error"]) > FAR_OFF), key=lambda r: -abs(r["cv_error"]))
+    dates = sorted(r["published_on"] for r in e2e if r.get("published_on") not in (None, "unknown"))
+    cov = res["coverage"]["all"]
+    lat = res.get("latency") or {}
     return {
-        "provenance": PROVENANCE if cv else PROVENANCE_SPLIT,
-        "error": "simulated / published - 1 (throughput: + is faster than published; TPOT: + is slower)",
-        "cases": len(val),
-        "groups": len({r.get("group") or r["id"] for r in val}),
-        "throughput": _group([(r, r[err]) for r in val if r["metric"] not in LATENCY_METRICS]),
-        "tpot": _group([(r, r[tpot]) for r in val if tpot in r]),
-        "ttft_cases": sum("ttft" in r["metric"] for r in val),
+        "provenance": PROVENANCE,
+        "error": "ensemble median / published - 1 (throughput: + is faster than published; TPOT: + is slower)",
+        "frozen_on": res["frozen"]["frozen_on"], "cutoff": res["frozen"]["cutoff"],
+        "members": res["ensemble"]["members"],
+        "cases": len(e2e), "groups": len({r["group"] for r in e2e}),
+        "median_abs_error": res["cv"]["all"]["median"], "max_abs_error": res["cv"]["all"]["max"],
+        "worst_case": res["cv"]["all"]["worst_case"], "worst_error": res["cv"]["all"]["worst_error"],
+        "worst_org": next(r["source"]["org"] for r in e2e if r["id"] == res["cv"]["all"]["worst_case"]),
+        "coverage": cov.get("coverage"), "covered": cov.get("covered"), "median_width": cov.get("median_width"),
+        "coverage_by_kind": {k: v.get("coverage") for k, v in res["coverage"].items() if k != "all"},
+        "after_cutoff": {"cases": res["after_cutoff"]["cases"],
+                         "median_abs_error": (res["after_cutoff"]["errors"] or {}).get("median"),
+                         "covered": (res["after_cutoff"]["coverage"] or {}).get("covered")},
+        "tpot_cases": (lat.get("tpot") or {}).get("cases_n", len((lat.get("tpot") or {}).get("cases", []))),
+        "tpot_median_abs_error": (lat.get("tpot") or {}).get("median_abs_error"),
+        "ttft_cases": (lat.get("ttft") or {}).get("cases_n", sum(r.get("comparable", True) for r in
+                                                                 (lat.get("ttft") or {}).get("cases", []))),
+        "ttft_median_abs_error": (lat.get("ttft") or {}).get("median_abs_error"),
         "far_off_threshold": FAR_OFF,
-        "far_off": [{"id": r["id"], "org": r["source"]["org"], "metric": r["metric"], "error": float(r[err])}
+        "far_off": [{"id": r["id"], "org": r["source"]["org"], "metric": r["metric"], "error": float(r["cv_error"])}
                     for r in far],
-        # per regime (REGIMES, the rule in regime()): each case's own metric
-        "regimes": by_regime,
-        "min_groups_for_range": MIN_GROUPS,
-        "models": sorted({r["model"] for r in val if r.get("model")}),
-        "gpus": sorted({r["gpu"] for r in val}),
+        "models": sorted({r["model"] for r in e2e if r.get("model")}),
+        "gpus": sorted({r["gpu"] for r in e2e}),
+        "engines": sorted({ENGINE_NAMES.get(r["engine"] or "", f"{r['source']['org']}'s own engine") for r in e2e}),
+        "published": [dates[0], dates[-1]] if dates else None,
     }
 
 
-# the figures of a run's summary that get a range (figure_ranges): throughputs (a simulated S against a
-# signed error e means a real S / (1 + e)) and per-token times (a real S x (1 + e)); TTFT is not among
-# them: no case publishes one
+# the figures of a run's summary that carry an interval (sim.ensemble prices them; TTFT does not)
 THROUGHPUT_FIGURES = ("output_tok_s", "output_tok_s_per_gpu", "input_tok_s", "input_tok_s_per_gpu", "prefill_tok_s",
                       "per_user_tok_s")
 TIME_FIGURES = ("tpot_p50_s", "tpot_p99_s", "itl_s")
-
-
-def regime_range(s: dict[str, Any], regime_name: str | None) -> tuple[float, float] | None:
-    """(smallest, largest) signed error of the regime's cases, or None where fewer than
-    :data:`MIN_GROUPS` groups' cases resemble the run (one deployment's errors are no spread)."""
-    reg = (s.get("regimes") or {}).get(regime_name) if regime_name else None
-    if not reg or not reg.get("cases") or reg.get("groups", 0) < s.get("min_groups_for_range", MIN_GROUPS):
-        return None
-    e = reg["errors"]
-    return e[0], e[-1]
-
-
-def figure_ranges(s: dict[str, Any], run: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any]:
-    """``{"<figure>_range": [lo, hi] | None}`` for each throughput and per-token time of a run's
-    ``summary`` (:data:`THROUGHPUT_FIGURES`, :data:`TIME_FIGURES`): where the real figure would lie had
-    the simulator erred as it did, over the cases of the run's regime, between its most optimistic and its
-    most pessimistic case (a throughput S: [S / (1 + largest), S / (1 + smallest)]; a time, the
-    reverse). None for every figure where no case resembles the run (:func:`regime_range`). No range at all
-    for a run priced by another cost source than the roofline model the cases checked (:func:`other_cost`)."""
-    if other_cost(run):
-        return {}
-    rr = regime_range(s, (run or {}).get("regime"))
-    out: dict[str, Any] = {}
-    for key in THROUGHPUT_FIGURES + TIME_FIGURES:
-        v = summary.get(key)
-        if v is None or (isinstance(v, float) and not np.isfinite(v)):
-            continue
-        if rr is None:
-            out[f"{key}_range"] = None
-        elif key in THROUGHPUT_FIGURES:
-            out[f"{key}_range"] = [float(v) / (1 + rr[1]), float(v) / (1 + rr[0])]
-        else:
-            out[f"{key}_range"] = [float(v) * (1 + rr[0]), float(v) * (1 + rr[1])]
-    return out
 
 
 def load_summary(path: str | Path = SUMMARY_PATH) -> dict[str, Any]:
@@ -195,20 +136,16 @@ def load_summary(path: str | Path = SUMMARY_PATH) -> dict[str, Any]:
                                    "writes it)")
 
 
-def _way(error: float, faster: bool) -> str:
-    """``+96%, too fast``: the signed error and what its sign means for the user."""
-    return f"{error:+.0%}, too {'fast' if faster else 'slow'}"
-
-
-def with_ranges(summary: dict[str, Any], s: dict[str, Any], run: dict[str, Any] | None) -> dict[str, Any]:
-    """``summary`` with each :func:`figure_ranges` entry right after its figure (``output_tok_s``,
-    ``output_tok_s_range``, ...)."""
-    ranges = figure_ranges(s, run, summary)
+def with_ranges(summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary`` with each ``<figure>_range`` right after its figure (``output_tok_s``,
+    ``output_tok_s_range``, ...); the ensemble set them (:func:`sim.ensemble.price_run`)."""
     out: dict[str, Any] = {}
     for k, v in summary.items():
+        if k.endswith("_range") and k[:-6] in summary:
+            continue
         out[k] = v
-        if f"{k}_range" in ranges:
-            out[f"{k}_range"] = ranges[f"{k}_range"]
+        if f"{k}_range" in summary:
+            out[f"{k}_range"] = summary[f"{k}_range"]
     return out
 
 
@@ -219,29 +156,23 @@ def other_cost(run: dict[str, Any] | None) -> str | None:
     return None if cost == ROOFLINE else cost
 
 
-def regime_note(s: dict[str, Any], run: dict[str, Any]) -> str:
-    """The run's regime and the error there (its range, or that no case resembles the run), and what no
+def run_note(s: dict[str, Any], run: dict[str, Any]) -> str:
+    """What the run's intervals rest on (how near published cases are), or why it has none, and what no
     case covers (its model, its GPU)."""
-    r = run.get("regime")
-    reg = (s.get("regimes") or {}).get(r) if r else None
     parts = []
     cost = other_cost(run)
     if cost:
         what = "a calibration profile" if cost == "profile" else f"the {cost} cost source"
-        parts.append(f"this run is priced by {what}, not the roofline cost model the published cases checked: "
-                     "their errors do not apply, so no range is printed")
-    elif r and reg is not None:
-        if not reg["cases"]:
-            parts.append(f"this run is {r}: no case resembles this run (none in that regime)")
+        parts.append(f"this run is priced by {what}, not the roofline cost model the ensemble was fitted for: no "
+                     "interval is printed")
+    elif run.get("ensemble") is False:
+        parts.append("this run is priced by constants of its own, not the shipped ensemble: no interval is printed")
+    elif run.get("near") is not None:
+        if run["near"] < NEAR:
+            parts.append(f"no published case is near this run ({run['near']:.2f} groups' worth): its intervals are "
+                         "the spread over all cases, wide")
         else:
-            rr = regime_range(s, r)
-            where = f"{reg['cases']} cases ({', '.join(reg['models'])} on {', '.join(reg['gpus'])})"
-            if rr is None:
-                parts.append(f"this run is {r}: no case resembles this run closely enough for a range (only one "
-                             f"deployment group there: {where}, median {reg['median_abs_error']:.0%})")
-            else:
-                parts.append(f"this run is {r}: there the median was {reg['median_abs_error']:.0%} over {where} "
-                             f"in {reg['groups']} groups, errors from {rr[0]:+.0%} to {rr[1]:+.0%} (the ranges)")
+            parts.append(f"published cases near this run: {run['near']:.1f} groups' worth")
     models, gpus = s.get("models") or [], s.get("gpus") or []
     if run.get("model") and models and run["model"] not in models:
         parts.append(f"no case runs {run['model']} (only {', '.join(models)})")
@@ -251,29 +182,42 @@ def regime_note(s: dict[str, Any], run: dict[str, Any]) -> str:
 
 
 def fidelity_note(s: dict[str, Any], run: dict[str, Any] | None = None) -> str:
-    """One line: absolute figures are estimates, how far they were off on held-out published deployments,
-    compare by ratios; with ``run`` (:func:`run_context`) also the run's regime, its error there and what
-    is not covered (:func:`regime_note`)."""
-    parts = []
-    t, p = s["throughput"], s["tpot"]
-    if t["cases"]:
-        far = (f"; {len(s['far_off'])} of {s['cases']} cases beyond {s['far_off_threshold']:.0%}"
-               if s["far_off"] else "")
-        parts.append(f"simulated throughput was off by a median {t['median_abs_error']:.0%} (worst "
-                     f"{_way(t['worst_error'], t['worst_error'] > 0)}: {t['worst_org']} {t['worst_case']}{far})")
-    if p["cases"]:
-        parts.append(f"TPOT by a median {p['median_abs_error']:.0%} (worst {_way(p['worst_error'], p['worst_error'] < 0)})")
-    if not s["ttft_cases"]:
+    """The label under every simulate table: what the figures are (the ensemble's median and 80 %
+    interval), how far they were off and how often the interval held on published deployments held out
+    by group (which cases, models, GPUs, engines, dates), what was checked on its own data (TPOT, TTFT) and
+    what never was; with ``run`` (:func:`run_context`) also how near published cases are to this run."""
+    cov = s.get("coverage")
+    scope = (f"{s['cases']} published deployments in {s['groups']} groups ({', '.join(s['models'])} on "
+             f"{', '.join(s['gpus'])}; {', '.join(s['engines'])}"
+             + (f"; published {s['published'][0]} to {s['published'][1]}" if s.get("published") else "") + ")")
+    parts = [f"throughput and TPOT are the median of {s['members']} fitted constant sets [80 % interval: their "
+             f"spread plus the held-out errors of nearby published cases]; on {scope}, held out by group, the "
+             f"median was off by {s['median_abs_error']:.0%} (worst {s['worst_error']:+.0%}: {s['worst_org']} "
+             f"{s['worst_case']})"
+             + (f" and the interval held the published figure in {cov:.0%} of cases (median width "
+                f"{s['median_width']:.0%})" if cov is not None else "")]
+    a = s.get("after_cutoff") or {}
+    if a.get("cases"):
+        parts.append(f"after the {s['cutoff']} cut-off {a['cases']} unseen case(s): median off by "
+                     f"{a['median_abs_error']:.0%}, {a['covered']} inside the interval")
+    else:
+        parts.append(f"no case published after the {s['cutoff']} cut-off yet")
+    if s.get("tpot_cases"):
+        parts.append(f"TPOT checked on {s['tpot_cases']} cases that print it (median off "
+                     f"{s['tpot_median_abs_error']:.0%})")
+    if s.get("ttft_cases"):
+        parts.append(f"TTFT on {s['ttft_cases']} (median off {s['ttft_median_abs_error']:.0%}, no interval)")
+    else:
         parts.append("TTFT never checked")
-    extra = regime_note(s, run) if run else ""
-    return (f"absolute figures are model estimates: on {s['cases']} published deployments in {s['groups']} groups "
-            f"({s['provenance']}) {', '.join(parts)}; " + (f"{extra}; " if extra else "")
+    parts.append(f"not checked: Kimi K3 itself; structure frozen {s['frozen_on']}")
+    extra = run_note(s, run) if run else ""
+    return ("absolute figures are model estimates: " + "; ".join(parts) + "; " + (f"{extra}; " if extra else "")
             + "compare placements by their ratios within one run")
 
 
 def fidelity_doc(run: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``fidelity`` object of the JSON outputs: the committed summary and its :func:`fidelity_note`
-    (with ``run``, :func:`run_context`, the run's regime too)."""
+    (with ``run``, :func:`run_context`, how near published cases are to the run too)."""
     s = load_summary()
     out = {**s, "note": fidelity_note(s, run)}
     if run:

@@ -43,7 +43,8 @@ FRONTIER_COLUMNS = ("index", "point_hash", "label", "workload", "gpu", "gpus", "
                     "dp", "ep", "num_redundant", "policy", "rebalance", "kv_dtype", "engine", "output_tok_s",
                     "output_tok_s_per_gpu", "tpot_p50_s", "tpot_p99_s", "ttft_p99_s", "requests_finished",
                     "held_out_balancedness", "placement_fingerprint", "optimize_key", "plan_context",
-                    "rebalances")
+                    "rebalances", "output_tok_s_lo", "output_tok_s_hi", "tpot_p99_s_lo", "tpot_p99_s_hi",
+                    "ensemble_near")
 # An online point is recommended only when its rebalancer acted: at least this many rebalances in its run
 # (a run shorter than a few intervals scores the starting placement, not the rebalancer)
 MIN_REBALANCES = 5
@@ -126,13 +127,13 @@ def frontier_report(table: pl.DataFrame, objective: dict[str, Any]) -> dict[str,
 
 
 def range_text(r: dict[str, Any]) -> str:
-    """A frontier row's ranges (``output_tok_s_range``, ``tpot_p99_s_range``: sim.fidelity.figure_ranges),
-    or what stands in their place."""
+    """A frontier row's 80 % intervals (``output_tok_s_range``, ``tpot_p99_s_range``: the shipped ensemble's,
+    sim.ensemble.price_run), or what stands in their place."""
     if "output_tok_s_range" not in r:
         return "-"
     out, tpot = r["output_tok_s_range"], r.get("tpot_p99_s_range")
     if out is None:
-        return f"no case resembles this run ({r.get('regime')})"
+        return "no interval (not priced by the ensemble)"
     text = f"{out[0]:,.0f}-{out[1]:,.0f}"
     return text + (f"; {tpot[0] * 1e3:.1f}-{tpot[1] * 1e3:.1f}ms" if tpot else "")
 

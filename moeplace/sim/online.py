@@ -149,7 +149,9 @@ def compare(wl: Workload, candidates: list[Candidate], start: Callable[[int, np.
     for j in range(splits):
         (oa, ob), (sa, sb) = blocks[j], blocks[j + 1]
         parts.append((tl.counts[oa:ob].sum(axis=0), tl.part(sa, sb), [oa, ob], [sa, sb]))
-    base = dataclasses.replace(config, mode="stat", rebalance=None)
+    # comparisons: ratios of runs on the reference constants (the ensemble's median would re-price each run
+    # alike, sim.ensemble; its intervals are not the comparison's)
+    base = dataclasses.replace(config, mode="stat", rebalance=None, ensemble=False)
     first = candidates[0]
     hz = _plan(wl, parts, candidates, start, cluster, base, profile, budget_s, pilot_s)
     cfg = dataclasses.replace(base, duration=hz.duration_s, warmup=hz.warmup_s)
@@ -236,7 +238,7 @@ def _plan(wl: Workload, parts, candidates: list[Candidate], start, cluster, conf
     for p_s in (min(PILOT_FIRST_S, pilot_s), pilot_s):
         p_s = min(p_s, scored.duration_s) if wl.fixed_time else p_s
         trace = dataclasses.replace(wl.trace, timeline=scored if wl.fixed_time else scored.stretched(p_s))
-        pcfg = dataclasses.replace(config, duration=p_s, warmup=0.0,
+        pcfg = dataclasses.replace(config, duration=p_s, warmup=0.0, ensemble=False,
                                    engine=dataclasses.replace(config.engine, replica_rule=c0.rule))
         t0 = time.perf_counter()
         r = simulate(trace, [("pilot", placement)], cluster, pcfg, profile)[0]

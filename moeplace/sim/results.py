@@ -15,7 +15,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import OutputKind, atomic_path, read_json, register_kind, write_text_atomic
 from moeplace.foundation.formats import check, tag, tagged
 from moeplace.sim.chrome_trace import LAYER_ITERATIONS, iteration_events, request_events
-from moeplace.sim.fidelity import fidelity_doc, figure_ranges, load_summary, with_ranges
+from moeplace.sim.fidelity import fidelity_doc, with_ranges
 from moeplace.sim.measured import cost_source
 
 
@@ -278,6 +278,7 @@ class SimResult:
     requests: pl.DataFrame
     timeseries: pl.DataFrame
     chrome_events: list[dict] | None = field(default=None, repr=False)
+    pools: list | None = field(default=None, repr=False)  # the run's pools, with their iteration samples
 
 
 # ---------------------------------------------------------------------------- output
@@ -291,12 +292,13 @@ def summaries_doc(results: list[SimResult], run: dict[str, Any] | None = None,
     "fidelity", "settings"}`` (``summary.json``, and what ``place simulate --json`` prints); ``fidelity``: how
     far the simulator's absolute figures were from published deployments, for the run's context ``run``
     (:func:`sim.fidelity.fidelity_doc`); ``settings``: the run's resolved flags, when a command line made it
-    (what ``--config`` reads back). Each throughput and per-token time of a summary has its range beside it
-    (``output_tok_s_range: [lo, hi]``, :func:`sim.fidelity.figure_ranges`; null where no published case
-    resembles the run); a figure that has no value because what it measures never ran is null and named
-    under ``not_simulated`` with the reason (:func:`not_simulated`)."""
+    (what ``--config`` reads back). Where the shipped ensemble priced the run, each throughput and per-token
+    time of a summary is its members' median with its 80 % interval beside it (``output_tok_s_range:
+    [lo, hi]``, :func:`sim.ensemble.price_run`) and ``ensemble`` says how it was priced; a figure that has no
+    value because what it measures never ran is null and named under ``not_simulated`` with the reason
+    (:func:`not_simulated`)."""
     fid = fidelity_doc(run)
-    doc = {"summaries": [{**with_ranges(r.summary, fid, run),
+    doc = {"summaries": [{**with_ranges(r.summary),
                           **({"not_simulated": ns} if (ns := not_simulated(r.summary)) else {})} for r in results],
            "fidelity": fid}
     if settings is not None:
@@ -498,11 +500,10 @@ def not_simulated(summary: dict[str, Any]) -> dict[str, str]:
 
 
 def format_table(results: list[SimResult], run: dict[str, Any] | None = None) -> str:
-    """Placements side by side: one column each, one metric per row; with ``run`` (the label's run
-    context, :func:`sim.fidelity.run_context`) each throughput and per-token time followed by its range
-    (:func:`sim.fidelity.figure_ranges`: ``[lo-hi]``, or ``[no case resembles this run]``)."""
-    fid = load_summary() if run is not None else None
-    ranges = [figure_ranges(fid, run, r.summary) if fid else {} for r in results]
+    """Placements side by side: one column each, one metric per row; each throughput and per-token time
+    the ensemble priced followed by its 80 % interval ``[lo-hi]`` (:func:`sim.ensemble.price_run`). ``run``:
+    the label's run context (kept for the callers; the intervals are in the summaries)."""
+    ranges = [r.summary for r in results]
     head = ["metric"] + [r.label for r in results]
     rows = [head]
     for name, key, unit in ROWS:
@@ -517,10 +518,9 @@ def format_table(results: list[SimResult], run: dict[str, Any] | None = None) ->
                 cell = f"{v:.{unit[1]}f}"
             else:
                 cell = _fmt(v, unit)
-            if f"{key}_range" in rng:
-                lo_hi = rng[f"{key}_range"]
-                ends = None if lo_hi is None else [f"{x:.1f}" if unit == "n1" else _fmt(x, unit) for x in lo_hi]
-                cell += " [no case resembles this run]" if ends is None else f" [{ends[0]}-{ends[1]}]"
+            if rng.get(f"{key}_range"):
+                ends = [f"{x:.1f}" if unit == "n1" else _fmt(x, unit) for x in rng[f"{key}_range"]]
+                cell += f" [{ends[0]}-{ends[1]}]"
             vals.append(cell)
         rows.append([name] + vals)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]

@@ -23,6 +23,7 @@ from moeplace.placement.rules import get_rule
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import SimConfig, check_resources
 from moeplace.sim.engine import PoolSetup, Simulation
+from moeplace.sim.ensemble import price_run
 from moeplace.sim.inputs import read_workload
 from moeplace.sim.memory import override_pools, plan_pools
 from moeplace.sim.results import SimResult
@@ -287,15 +288,19 @@ def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluste
              progress: bool = False, prefill: list[tuple[Placement, ClusterSpec]] | None = None,
              on_advance: Callable[[float], None] | None = None, deployment: Any = None,
              pool_placements: list[tuple[Placement, Placement]] | None = None, gpu: str = "h200",
-             gpus_per_node: int | None = None) -> list[SimResult]:
+             gpus_per_node: int | None = None, keep_samples: bool = False, ensemble=None) -> list[SimResult]:
     """Run ``config`` once per placement (same seed, so the same arrivals and lengths). ``prefill``: per
     placement, the prefill pool's own placement and cluster (disaggregated with ``prefill_gpus``).
     ``on_advance(now)``: called with the simulated time after every event of every run (bench/sim.py
-    times the steady state with it)."""
+    times the steady state with it). Where the shipped ensemble prices the run (:func:`sim.ensemble.
+    ensemble_for`), each throughput and per-token time of a summary is its members' median with its
+    interval (:func:`sim.ensemble.price_run`); ``ensemble``: another :class:`sim.ensemble.Ensemble` in its
+    place (a calibration's reweighting). ``keep_samples``: each result keeps its pools' iteration samples
+    (``SimResult.pools``, for re-pricing them under other constants: bench/fidelity.py)."""
     check_resources(config)
     if deployment is not None:
         return [_simulate_deployment(trace, label, deployment, pair, config, profile, chrome, progress, on_advance,
-                                     gpu, gpus_per_node)
+                                     gpu, gpus_per_node, keep_samples, ensemble)
                 for (label, _), pair in zip(placements, pool_placements)]
     out = []
     for i, (label, placement) in enumerate(placements):
@@ -308,8 +313,13 @@ def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluste
             pre = (p_placement, p_cluster,
                    override_pools(p_pools, config.kv_tokens_per_rank, config.state_slots_per_rank))
         sim = Simulation(config, trace, placement, cluster, pools, profile=profile, label=label, chrome=chrome,
-                         progress=progress, prefill=pre, on_advance=on_advance)
+                         progress=progress, prefill=pre, on_advance=on_advance, sample=keep_samples,
+                         ensemble=ensemble)
         res = sim.run()
+        if sim.ensemble is not None:
+            price_run(res.summary, sim, sim.ensemble)
+        if keep_samples:
+            res.pools = sim.pools_list
         res.summary["placement"] = {"label": label, "num_gpus": placement.num_gpus,
                                     "num_slots": placement.num_slots,
                                     "policy": placement.provenance.get("policy"),
@@ -325,12 +335,17 @@ def simulate(trace: TraceTokens, placements: list[tuple[str, Placement]], cluste
 
 
 def _simulate_deployment(trace, label, deployment, pair, config, profile, chrome, progress, on_advance, gpu,
-                         gpus_per_node) -> SimResult:
+                         gpus_per_node, keep_samples: bool = False, ensemble=None) -> SimResult:
     setups = pool_setups(trace, deployment, pair, config, gpu, gpus_per_node)
     dec = setups[1]
     sim = Simulation(config, trace, dec.placement, dec.cluster, dec.pools, profile=profile, label=label, chrome=chrome,
-                     progress=progress, on_advance=on_advance, deployment=setups)
+                     progress=progress, on_advance=on_advance, deployment=setups, sample=keep_samples,
+                     ensemble=ensemble)
     res = sim.run()
+    if sim.ensemble is not None:  # each pool's iterations re-priced under its own settings
+        price_run(res.summary, sim, sim.ensemble)
+    if keep_samples:
+        res.pools = sim.pools_list
     res.summary["deployment"] = deployment.to_dict()
     res.summary["placement"] = {"label": label, "num_gpus": sum(ps.placement.num_gpus for ps in setups),
                                 "num_slots": dec.placement.num_slots, "policy": dec.placement.provenance.get("policy"),

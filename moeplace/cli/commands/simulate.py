@@ -223,7 +223,8 @@ def run(args) -> int:
                              "--max-trace-tokens)")
     # what priced the run: "auto" ends on the measured tables only where they cover it
     run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name,
-                      cost="profile" if profile is not None else results[0].summary["cost_model"]["source"])
+                      cost="profile" if profile is not None else results[0].summary["cost_model"]["source"],
+                      summary=results[0].summary)
     if args.out:
         resolved = {**resolved_config(config, cluster, trace, placements, profile),
                     "settings": settings_record(args, {"traces": args.traces})}

@@ -55,7 +55,7 @@ from moeplace.placement.export.flags import FlagOptions, format_options, launch_
 from moeplace.placement.record import Placement, load_placement
 from moeplace.placement.windows import routing_windows
 from moeplace.sim.config import SimConfig
-from moeplace.sim.fidelity import fidelity_doc, figure_ranges, run_context
+from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.frontier import FRONTIER_FILE, SWEEP_RECOMMENDED, SWEEP_TABLE, frontier_report
 from moeplace.traces.loads import Loads, load_loads
 from moeplace.traces.synth import SynthConfig, synthesize
@@ -240,17 +240,16 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
     return config
 
 
-def point_ranges(spec: SweepSpec, points: list[Point], report: dict[str, Any]) -> None:
-    """Each simulated point of ``report`` (its rows, shared by the frontier and the recommendation) gets
-    its ``regime`` (:func:`sim.fidelity.run_context` of its SimConfig) and, beside its throughputs and
-    per-token times, their ranges from the published cases of that regime (``output_tok_s_range``, ...;
-    None where no case resembles the point: :func:`sim.fidelity.figure_ranges`)."""
-    by_index = {p.index: p for p in points}
+def point_ranges(report: dict[str, Any]) -> None:
+    """Each simulated point of ``report`` (its rows, shared by the frontier and the recommendation) gets,
+    beside its output throughput and p99 TPOT, the shipped ensemble's 80 % interval (``output_tok_s_range``,
+    ``tpot_p99_s_range``: [lo, hi], from the table's ``*_lo`` / ``*_hi`` columns, sim.ensemble.price_run), or
+    None where the ensemble did not price the point (another cost source)."""
     for w in report["workloads"].values():
         for r in w["points"]:
-            ctx = run_context(sim_config(spec, by_index[r["index"]], r["tp"]), r["gpus"], spec.model.name, r["gpu"])
-            r["regime"] = ctx["regime"]
-            r.update(figure_ranges(report["fidelity"], ctx, r))
+            for key in ("output_tok_s", "tpot_p99_s"):
+                lo, hi = r.get(f"{key}_lo"), r.get(f"{key}_hi")
+                r[f"{key}_range"] = None if lo is None or hi is None else [lo, hi]
 
 
 def prepare_trace(spec: SweepSpec, w: Workload, fingerprint: str, cache: Path, log: Log) -> str:
@@ -342,7 +341,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
     # covers (the sweep's model, its GPU when it has one; regimes vary by point)
     gpus = sorted({p.gpu for p in points})
     report["fidelity"] = fidelity_doc({"model": spec.model.name, "gpu": gpus[0] if len(gpus) == 1 else None})
-    point_ranges(spec, points, report)
+    point_ranges(report)
     frontier_path = store.out / FRONTIER_FILE
     write_text_atomic(frontier_path, json.dumps(report, indent=1, default=str) + "\n")
     return SweepOutcome(table=table, report=report, num_points=len(points),

@@ -137,4 +137,9 @@ def simulate_task(trace: Any, placement: Placement, gpu: str, gpus: int, gpus_pe
                                   "iterations")}
     out["output_tok_s_per_gpu"] = s["output_tok_s"] / gpus
     out["sim_duration_s"] = s["duration_s"]
+    for key in ("output_tok_s", "tpot_p99_s"):  # the ensemble's intervals (sim.ensemble.price_run), where it priced
+        if s.get(f"{key}_range"):
+            out[f"{key}_lo"], out[f"{key}_hi"] = s[f"{key}_range"]
+    if s.get("ensemble"):
+        out["ensemble_near"] = s["ensemble"]["near"]
     return {"status": "ok", "fields": out, "seconds": time.perf_counter() - t0}

@@ -49,6 +49,9 @@ SCHEMA: dict[str, pl.DataType] = {
     "mean_imbalance": pl.Float64, "straggler_share": pl.Float64, "kv_peak": pl.Float64,
     "rebalances": pl.Int64,
     "moved_bytes": pl.Float64, "iterations": pl.Int64, "sim_duration_s": pl.Float64,
+    # the shipped ensemble's 80 % intervals (sim.ensemble) and how near published cases are
+    "output_tok_s_lo": pl.Float64, "output_tok_s_hi": pl.Float64, "tpot_p99_s_lo": pl.Float64,
+    "tpot_p99_s_hi": pl.Float64, "ensemble_near": pl.Float64,
     # wall-clock seconds (differ between runs; everything above is a function of the spec)
     "wall_optimize_s": pl.Float64, "wall_simulate_s": pl.Float64,
 }

@@ -49,8 +49,9 @@ def fmt(v, unit: str) -> str:
 
 
 def cell(s: dict, key: str, unit: str) -> str:
-    """The figure as place simulate prints it, with its range (summary.json's ``<key>_range``: from the
-    published cases of the run's regime) where the summary has one."""
+    """The figure as place simulate prints it: the shipped ensemble's median with its 80 % interval
+    (summary.json's ``<key>_range``, sim.ensemble.price_run) where the summary has one; an older summary's
+    ``null`` range said that no published case resembled the run."""
     text = fmt(s.get(key), unit)
     if f"{key}_range" in s:
         rng = s[f"{key}_range"]

@@ -73,7 +73,7 @@ def as_table(rows: list[dict]) -> pl.DataFrame:
     for head, key, unit in COLUMNS:
         vals = [r.get(key) for r in rows]
         out[head] = [None if v is None else v * 1e3 for v in vals] if unit == "ms" else vals
-    # each point's ranges from the published cases of its regime (frontier.json's *_range fields)
+    # each point's 80 % intervals from the shipped ensemble (frontier.json's *_range fields)
     out["range (out tok/s; TPOT p99)"] = [range_text(r) for r in rows]
     return pl.DataFrame(out, strict=False)
 
