@@ -38,7 +38,7 @@ from moeplace.placement.rules import get_rule
 from moeplace.traces.format import PHASE_DECODE, PHASE_PREFILL
 from moeplace.traces.loads import Loads, is_loads_file
 from moeplace.traces.phases import phase_knowledge
-from moeplace.traces.validate import check_trace, read_trace_meta
+from moeplace.traces.validate import check_trace, read_expert_ids, read_trace_meta
 
 PHASE_CODES = {"prefill": PHASE_PREFILL, "decode": PHASE_DECODE}
 SAMPLE_TOKENS = 8192  # tokens of the phase kept as the Loads' token sample (traffic objective, scoring)
@@ -91,7 +91,7 @@ def read_phase_tokens(path: str | Path, phase: str, max_tokens: int | None = Non
     L = trace.model.num_moe_layers
     lf = pl.scan_parquet([str(f) for f in trace.file_paths]).with_row_index("row")
     total_rows = lf.select(pl.len()).collect().item()
-    sel = lf.filter(pl.col("phase") == PHASE_CODES[phase]).select("row", "request_id", "position", "expert_ids")
+    sel = lf.filter(pl.col("phase") == PHASE_CODES[phase]).select("row", "request_id", "position")
     if max_tokens is not None:
         sel = sel.head(max_tokens * L)
     df = sel.collect()
@@ -100,7 +100,9 @@ def read_phase_tokens(path: str | Path, phase: str, max_tokens: int | None = Non
         raise InputError(f"{p}: no {phase} tokens (the phase column marks none of its {total_rows // L:,} tokens "
                          f"{phase}; provenance: {why})")
     rows = df["row"].to_numpy()[:n:L].astype(np.int64)
-    ids = df["expert_ids"].to_numpy()[:n].reshape(n // L, L, trace.model.top_k).astype(np.uint16, copy=False)
+    # the id columns of these rows only (either format version: sorted ids, trace.read_expert_ids)
+    all_rows = df["row"].to_numpy()[:n].astype(np.int64)
+    ids = read_expert_ids(trace, all_rows).reshape(n // L, L, trace.model.top_k)
     return PhaseTokens(ids, df["request_id"].to_numpy()[:n:L].astype(np.int64),
                        df["position"].to_numpy()[:n:L].astype(np.int64), rows // L, trace.model, str(p), phase,
                        total_rows // L, truncated=max_tokens is not None and n // L >= max_tokens)
