@@ -269,6 +269,28 @@ def calibrated_ranges(summary: dict[str, Any], interval: dict[str, Any]) -> dict
     return out
 
 
+def calibration_run(cal: Calibration, gpus: int, attention_tp: int, engine: str) -> dict[str, Any]:
+    """What a run's label needs of the calibration that priced it (``run["calibration"]``, JSON-ready)."""
+    return {"label": cal.label(), "source": cal.source, "points": cal.points,
+            "deployment": cal.deployment.describe(), "changes": cal.doc.get("changes", {}).get("what"),
+            "interval": cal.interval, "differs": differences(cal, gpus, attention_tp, engine)}
+
+
+def calibration_note(c: dict[str, Any]) -> str:
+    """The label of a calibrated run: what it was calibrated on, where its interval comes from, and what
+    the run extrapolates over."""
+    iv = c["interval"]
+    cov = iv.get("measured_coverage")
+    note = (f"{c['label']} ({c['source']}): figures priced by the calibrated constants; the ranges are the "
+            f"nominal {iv.get('coverage', COVERAGE):.0%} within-deployment interval ("
+            f"{iv.get('source', 'bench/fidelity_anchored.py')}"
+            + (f"; measured coverage {cov:.0%}" if cov is not None and "coverage measured" not in
+               iv.get("source", "") else "") + ")")
+    if c.get("differs"):
+        note += f"; this run differs from the calibrated deployment in {', '.join(c['differs'])}: extrapolated"
+    return note + "; compare placements by their ratios within one run"
+
+
 # ---------------------------------------------------------------------------- CAL.json
 CAL_KIND = "serving-calibration"
 SERVING_CALIBRATION = register_kind(OutputKind("serving calibration", False, tagged_artifact(CAL_KIND)))

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from moeplace.foundation.files import read_json
+from moeplace.sim.calibrate import calibrated_ranges, calibration_note
 
 SUMMARY_PATH = Path(__file__).with_name("fidelity_summary.json")
 PROVENANCE = "bench/fidelity.py, grouped cross-validation: each case predicted by constants fitted without its group"
@@ -172,6 +173,8 @@ def figure_ranges(s: dict[str, Any], run: dict[str, Any] | None, summary: dict[s
     most pessimistic case (a throughput S: [S / (1 + largest), S / (1 + smallest)]; a time, the
     reverse). None for every figure where no case resembles the run (:func:`regime_range`). No range at all
     for a run priced by another cost source than the roofline model the cases checked (:func:`other_cost`)."""
+    if (run or {}).get("calibration"):  # calibrated on measured points: the within-deployment interval
+        return calibrated_ranges(summary, run["calibration"]["interval"])
     if other_cost(run):
         return {}
     rr = regime_range(s, (run or {}).get("regime"))
@@ -265,6 +268,8 @@ def fidelity_note(s: dict[str, Any], run: dict[str, Any] | None = None) -> str:
         parts.append(f"TPOT by a median {p['median_abs_error']:.0%} (worst {_way(p['worst_error'], p['worst_error'] < 0)})")
     if not s["ttft_cases"]:
         parts.append("TTFT never checked")
+    if run and run.get("calibration"):
+        return calibration_note(run["calibration"])
     extra = regime_note(s, run) if run else ""
     return (f"absolute figures are model estimates: on {s['cases']} published deployments in {s['groups']} groups "
             f"({s['provenance']}) {', '.join(parts)}; " + (f"{extra}; " if extra else "")

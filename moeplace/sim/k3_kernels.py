@@ -1,0 +1,306 @@
+"""Kimi K3's decode step priced through the kernels its engines launch, layer by layer.
+
+The generic step model (sim.cost) floors a small-batch layer at ``kernels x kernel_floor`` with kernel
+counts per layer kind (sim.cost.KERNEL_BUILDS); for K3 that is ~2,825 kernels at a fitted floor, and no
+hardware term binds. Here each kernel K3's engines run is listed from their code, and priced on its own:
+a GEMM at its roofline (its weights read from HBM, its FLOPs; the cost model's GEMM curve), the attention
+cores at theirs, the routed experts and their dispatch / combine at the cost model's expert and
+all-to-all times, a TP all-reduce at its measured time, and every kernel at least the latency-bound
+``kernel_floor``; kernels on a second CUDA stream overlap the main one (the longer branch counts). A
+layer then takes at least the sum along its critical path, and the kernels along it pay the device gap.
+Nothing here was set from a published K3 serving figure.
+
+Sources (decode step, CUDA graph, no speculative decoding), read in the released wheels:
+
+- vLLM 0.34.0, ``vllm/models/kimi_k3/nvidia/`` (the NVIDIA path; ``decode_backend`` "auto", i.e. not the
+  opt-in ``latency_specialized`` CuTe executor):
+  - ``model.py`` ``KimiDecoderLayer``: K3's attention residuals (``attn_res_block_size`` 12 in its config)
+    replace the two RMSNorms: ``_pre_attn_norm`` / ``_post_attn_norm`` each launch ``ops/attn_res.py``'s
+    one Triton kernel.
+  - ``kda.py`` ``KimiK3DeltaAttention.forward``: the q/k/v/g projection on the main stream while the aux
+    stream runs the f_a/beta projection then f_b (``low_latency_gemm.py`` ``run_kda_projection_overlap``);
+    ``_forward``: the native fused KDA decode (``ops.fused_kda_decode``: short conv, gate, beta, recurrence,
+    gated RMSNorm in one kernel; SM90 / SM100 / SM120); ``o_proj``.
+  - ``mla.py`` ``MultiHeadLatentAttention``: the fused q/kv-a projection on the main stream while the aux
+    stream runs the output-gate projection (below 512 tokens); ``fused_q_kv_rmsnorm``; ``q_b_proj``; the
+    ``W_UK`` BMM; ``_decode_concat_cache`` (query concat + latent cache insert, one launch);
+    ``impl.forward_mqa`` (the decode attention); the ``W_UV`` BMM; ``_gate_sigmoid_mul`` (one compiled
+    kernel); ``o_proj``.
+  - ``model.py`` ``KimiMoE`` with ``--moe-backend deep_gemm_mega_moe`` (DEP: expert parallel, attention DP):
+    the router GEMM then ``fused_grouped_topk`` on the main stream while the aux stream runs the LatentMoE
+    down projection (7,168 -> 3,584); ``vllm/model_executor/layers/fused_moe/deep_gemm_mega_moe.py``:
+    ``prepare_megamoe_inputs`` (one Triton kernel) and the MegaMoE kernel (dispatch + grouped GEMMs +
+    combine fused); the shared experts (``KimiMLP``: gate_up GEMM, SiTU-and-mul, down GEMM); the routed
+    output's RMSNorm (``latent_moe_use_norm``) and the up projection (3,584 -> 7,168) with the shared
+    output added in its epilogue (``KimiRoutedOutputTransform``: one ``addmm_``).
+  - TP (attention TP > 1, no MegaMoE): ``latent_moe_runner.py`` ``LatentMoERunner``: the router GEMM and the
+    down projection overlapped as above; the routed experts through FlashInfer's TRT-LLM-Gen MXFP4 MoE
+    (routing, FC1, FC2; the finalize deferred into the tail); the shared experts; the small-batch tail
+    (``_small_batch_tail``: the CuTe DSL operator that all-reduces, normalises and up-projects in one op);
+    the attention's ``o_proj`` all-reduce.
+- SGLang 0.5.23, ``sglang/srt/models/kimi_k3.py`` (TP16 / EP16 on H200 is its K3 cookbook deployment):
+  ``KimiK3DeltaAttention.forward_qkvbfg_fused`` (the fused q/k/v/g GEMM on the main stream, the b/f_a GEMM
+  then f_b on the alt stream), ``layers/attention/linear/kda_backend.py`` ``forward_decode`` (the fused KDA
+  decode ``kda_fused_decode``, gated norm folded in), ``o_proj``; ``KimiK3MoE._forward_fused`` (one front
+  GEMM for shared gate_up + router + latent down, the routed experts, the shared activation + down GEMM
+  + low-SM all-reduce on the alt stream, ``finalize_all_reduce_push_norm``, ``gemm_ag_up_proj``); the
+  layer boundaries' attention-residual ops (``attn_boundary`` / ``ffn_boundary``); MLA as
+  ``DeepseekV2AttentionMLA`` (the vLLM list above, kernel for kernel).
+- FlashKDA / fla: the fused decode is one kernel in both engines; prefill (chunked KDA) is not priced here
+  (this floor applies to decode-only iterations; prefill layers are far above it).
+
+Counts per decoder layer along the critical path (main stream, or the longer branch), decode; "+1" is
+a TP all-reduce, only with attention TP > 1:
+
+========================  ====  ====  =====  =====
+build                     KDA   MLA   MoE    dense
+========================  ====  ====  =====  =====
+vllm-dep (MegaMoE)          4     9     9      3
+vllm-tp (TRT-LLM-Gen)       4     9    8+1    3+1
+sglang                      4     9     6     3+1
+========================  ====  ====  =====  =====
+
+plus 2 attention-residual kernels per layer and, with attention TP > 1, the all-reduce after attention.
+Against the generic counts (KDA 18, MLA 12, MoE 12, dense 5, norms 2): K3's engines run fused kernels
+the generic list does not know. Where a fused operator's internal launches are not in the wheel (FlashInfer's
+TRT-LLM-Gen MoE, SGLang's routed-expert runner) it counts as the kernels named above.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+VLLM = "vllm/models/kimi_k3/nvidia/"
+SGL = "sglang/srt/models/kimi_k3.py"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel launch: ``op`` gemm (reads weight ``weight``, :func:`weights`) | small (latency-bound:
+    norms, top-k, elementwise, staging) | core (an attention core: ``weight`` names mla or kda) | experts
+    (the routed experts; ``share`` of the layer's expert time) | fused_moe (experts + dispatch + combine in
+    one kernel) | allreduce (a TP all-reduce of the hidden rows) ; ``when``: ``tp`` (only with attention TP
+    > 1) or None; ``source``: where the engine launches it."""
+
+    name: str
+    op: str
+    source: str
+    weight: str | None = None
+    share: float = 1.0
+    when: str | None = None
+
+
+def K(name, op, source, weight=None, share=1.0, when=None) -> Kernel:
+    return Kernel(name, op, source, weight, share, when)
+
+
+def par(main: list[Kernel], aux: list[Kernel]) -> tuple[list[Kernel], list[Kernel]]:
+    """Two branches on two CUDA streams between a fork and a join."""
+    return (main, aux)
+
+
+_RES = [K("attn_res (pre-attention)", "small", VLLM + "ops/attn_res.py"),
+        K("attn_res (post-attention)", "small", VLLM + "ops/attn_res.py")]
+_KDA = [par([K("q/k/v/g projection", "gemm", VLLM + "low_latency_gemm.py", "kda_qkvg")],
+            [K("f_a/beta projection", "gemm", VLLM + "low_latency_gemm.py", "kda_fab"),
+             K("f_b projection", "gemm", VLLM + "low_latency_gemm.py", "kda_fb")]),
+        K("fused KDA decode (conv, gate, recurrence, gated norm)", "core", VLLM + "kda.py", "kda"),
+        K("o_proj", "gemm", VLLM + "kda.py", "kda_o")]
+_MLA = [par([K("fused q/kv-a projection", "gemm", VLLM + "mla.py", "mla_qkv_a")],
+            [K("output-gate projection", "gemm", VLLM + "mla.py", "mla_gate")]),
+        K("fused q/kv RMSNorm", "small", VLLM + "mla.py"),
+        K("q_b_proj", "gemm", VLLM + "mla.py", "mla_q_b"),
+        K("W_UK BMM", "gemm", VLLM + "mla.py", "mla_uk"),
+        K("query concat + latent cache insert", "small", VLLM + "ops/fused_mla_key_concat_kv_cache.py"),
+        K("decode attention (forward_mqa)", "core", VLLM + "mla.py", "mla"),
+        K("W_UV BMM", "gemm", VLLM + "mla.py", "mla_uv"),
+        K("sigmoid output gate", "small", VLLM + "mla.py"),
+        K("o_proj", "gemm", VLLM + "mla.py", "mla_o")]
+_TP_AR = [K("o_proj all-reduce", "allreduce", "vllm/distributed (tensor_model_parallel_all_reduce)", when="tp")]
+_SHARED = [K("shared gate_up", "gemm", VLLM + "model.py", "shared_gate_up"),
+           K("SiTU-and-mul", "small", VLLM + "model.py"),
+           K("shared down", "gemm", VLLM + "model.py", "shared_down")]
+_ROUTER = par([K("router GEMM (fp32 logits)", "gemm", VLLM + "model.py", "router"),
+               K("fused_grouped_topk", "small", VLLM + "model.py")],
+              [K("LatentMoE down projection", "gemm", VLLM + "model.py", "latent_down")])
+_MOE_DEP = [_ROUTER,
+            K("prepare_megamoe_inputs", "small", "vllm/model_executor/layers/fused_moe/prepare_megamoe.py"),
+            K("MegaMoE (dispatch + grouped GEMMs + combine)", "fused_moe",
+              "vllm/model_executor/layers/fused_moe/deep_gemm_mega_moe.py"),
+            *_SHARED,
+            K("routed-output RMSNorm", "small", VLLM + "model.py"),
+            K("up projection + shared add (addmm_)", "gemm", VLLM + "model.py", "latent_up")]
+_MOE_TP = [par([K("router GEMM (fp32 logits)", "gemm", VLLM + "model.py", "router")],
+               [K("LatentMoE down projection", "gemm", VLLM + "model.py", "latent_down")]),
+           K("TRT-LLM-Gen routing", "small", VLLM + "latent_moe_runner.py"),
+           K("TRT-LLM-Gen FC1 (gate/up)", "experts", VLLM + "latent_moe_runner.py", share=2 / 3),
+           K("TRT-LLM-Gen FC2 (down)", "experts", VLLM + "latent_moe_runner.py", share=1 / 3),
+           *_SHARED,
+           K("latent tail: all-reduce + RMSNorm + up projection + add", "gemm", VLLM + "latent_moe_runner.py",
+             "latent_up"),
+           K("latent tail all-reduce", "allreduce", VLLM + "ops/cute_dsl/latent_moe_tail/", when="tp")]
+_MOE_SGL = [K("front GEMM (shared gate_up + router + latent down)", "gemm", SGL + " KimiK3MoE._forward_fused",
+              "moe_front"),
+            par([K("top-k", "small", SGL), K("routed FC1", "experts", SGL, share=2 / 3),
+                 K("routed FC2", "experts", SGL, share=1 / 3)],
+                [K("shared activation", "small", SGL), K("shared down", "gemm", SGL, "shared_down"),
+                 K("shared all-reduce (low SM)", "allreduce", SGL + " k3_ar_fusion", when="tp")]),
+            K("finalize + all-reduce + RMSNorm", "allreduce", SGL + " k3_ar_fusion.finalize_all_reduce_push_norm",
+              when="tp"),
+            K("finalize + RMSNorm", "small", SGL, when="dp"),
+            K("up projection with all-gather + add", "gemm", SGL + " k3_ar_fusion.gemm_ag_up_proj", "latent_up")]
+_DENSE = [K("dense gate_up", "gemm", VLLM + "model.py", "dense_gate_up"), K("SiTU-and-mul", "small", VLLM + "model.py"),
+          K("dense down", "gemm", VLLM + "model.py", "dense_down"),
+          K("dense down all-reduce", "allreduce", "vllm/distributed", when="tp")]
+
+BUILDS = {
+    "vllm-dep": {"kda": _KDA, "mla": _MLA, "moe": _MOE_DEP, "mlp": _DENSE, "res": _RES, "attn_ar": _TP_AR},
+    "vllm-tp": {"kda": _KDA, "mla": _MLA, "moe": _MOE_TP, "mlp": _DENSE, "res": _RES, "attn_ar": _TP_AR},
+    "sglang": {"kda": _KDA, "mla": _MLA, "moe": _MOE_SGL, "mlp": _DENSE, "res": _RES, "attn_ar": _TP_AR},
+}
+
+
+def is_k3(model) -> bool:
+    """K3's layer structure: KDA + MLA hybrid attention with LatentMoE (routed experts narrower than the
+    residual), as its config (``kimi_k3``) and the preset have it."""
+    return (model.hf_model_type in ("kimi_k3", "kimi_linear") and model.kda is not None and model.mla is not None
+            and model.expert_hidden_size != model.hidden_size)
+
+
+def build_of(engine: str, attention_tp: int) -> str:
+    """The kernel list of an engine and layout: SGLang's, or vLLM's MegaMoE (attention DP) / TP path."""
+    if engine == "sglang":
+        return "sglang"
+    return "vllm-dep" if attention_tp == 1 else "vllm-tp"
+
+
+def weights(model) -> dict[str, tuple[float, bool]]:
+    """Parameters each GEMM reads, full size, and whether the attention TP group splits them."""
+    h = model.hidden_size
+    k, m = model.kda, model.mla
+    hd = k.num_heads * k.head_dim
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    lat = model.expert_hidden_size
+    sh = model.num_shared_experts * model.shared_intermediate_size
+    return {
+        "kda_qkvg": (4.0 * h * hd, True), "kda_fab": (h * (k.head_dim + k.num_heads), True),
+        "kda_fb": (float(k.head_dim * hd), True), "kda_o": (float(hd * h), True),
+        "mla_qkv_a": (h * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim), False),
+        "mla_gate": (float(h * m.num_heads * m.v_head_dim), True),
+        "mla_q_b": (float(m.q_lora_rank * m.num_heads * qk), True),
+        "mla_uk": (float(m.num_heads * m.qk_nope_head_dim * m.kv_lora_rank), True),
+        "mla_uv": (float(m.num_heads * m.kv_lora_rank * m.v_head_dim), True),
+        "mla_o": (float(m.num_heads * m.v_head_dim * h), True),
+        "router": (float(h * model.num_experts), False), "latent_down": (float(h * lat), False),
+        "latent_up": (float(lat * h), False),
+        "shared_gate_up": (2.0 * h * sh, True), "shared_down": (float(sh * h), True),
+        "moe_front": (2.0 * h * sh + h * model.num_experts + h * lat, True),
+        "dense_gate_up": (2.0 * h * model.dense_intermediate_size, True),
+        "dense_down": (float(model.dense_intermediate_size * h), True),
+    }
+
+
+class K3Kernels:
+    """K3's per-layer kernel lists under one build, priced by a cost model (module docstring)."""
+
+    def __init__(self, model, build: str, attention_tp: int) -> None:
+        self.model, self.build, self.tp = model, build, attention_tp
+        self.lists = BUILDS[build]
+        self.params = weights(model)
+
+    def _active(self, k: Kernel) -> bool:
+        return k.when is None or (k.when == "tp") == (self.tp > 1)
+
+    def layer_list(self, kind: str, moe: bool) -> list:
+        b = self.lists
+        return [*b["res"], *b[kind], *b["attn_ar"], *b["moe" if moe else "mlp"]]
+
+    def _count(self, steps) -> int:
+        n = 0
+        for s in steps:
+            if isinstance(s, tuple):
+                n += max(self._count(s[0]), self._count(s[1]))
+            elif self._active(s):
+                n += 1
+        return n
+
+    def counts(self, attention: list[str], is_moe: np.ndarray) -> np.ndarray:
+        """Kernels along each decoder layer's critical path ``[num_layers]``."""
+        memo = {}
+        out = []
+        for kind, moe in zip(attention, is_moe):
+            key = (kind, bool(moe))
+            if key not in memo:
+                memo[key] = self._count(self.layer_list(kind, bool(moe)))
+            out.append(memo[key])
+        return np.array(out, dtype=np.float64)
+
+    def _kernel_time(self, cost, k: Kernel, w, core: dict, moe_l: tuple) -> np.ndarray:
+        floor = cost.cfg.kernel_floor_s
+        zero = np.zeros_like(w.tokens)
+        if k.op == "small":
+            t = zero
+        elif k.op == "gemm":
+            p, split = self.params[k.weight]
+            p = p / self.tp if split else p
+            t = cost.gemm_time(2.0 * p, w.tokens, 1.0, np.where(w.tokens > 0, p * cost.wbytes, 0.0), cost.peak_trunk, 1)
+        elif k.op == "core":
+            t = core[k.weight]
+        elif k.op == "allreduce":
+            t = cost.allreduce_time(w.tokens)
+        elif k.op == "experts":
+            t = zero + k.share * moe_l[0]
+        elif k.op == "fused_moe":
+            t = zero + moe_l[0] + moe_l[1]
+        else:
+            raise ValueError(f"unknown kernel op {k.op}")
+        return np.where(w.tokens > 0, np.maximum(t, floor), 0.0)
+
+    def _steps_time(self, cost, steps, w, core, moe_l) -> np.ndarray:
+        total = np.zeros_like(w.tokens) + np.zeros_like(moe_l[0])
+        for s in steps:
+            if isinstance(s, tuple):
+                total = total + np.maximum(self._steps_time(cost, s[0], w, core, moe_l),
+                                           self._steps_time(cost, s[1], w, core, moe_l))
+            elif self._active(s):
+                total = total + self._kernel_time(cost, s, w, core, moe_l)
+        return total
+
+    def layer_floor(self, cost, w, experts: np.ndarray, comm: np.ndarray) -> np.ndarray:
+        """Each decoder layer's time priced kernel by kernel along its critical path, the slowest rank's
+        ``[num_layers]``; ``experts`` / ``comm``: the cost model's routed-expert and dispatch + combine times
+        per MoE layer (slowest GPU). One pass per (attention kind, MoE or dense), all its layers at once."""
+        core = {}
+        if cost.kind_counts.get("kda"):
+            core["kda"] = cost.kda_time(w) - cost._projections("kda", w, 4)
+        if cost.kind_counts.get("mla"):
+            core["mla"] = cost.mla_time(w) - cost._projections("mla", w, 4)
+        is_moe = cost._is_moe
+        moe_i = np.cumsum(is_moe) - 1
+        att = np.array(self.model.attention)
+        out = np.zeros(self.model.num_layers)
+        for kind in dict.fromkeys(self.model.attention):
+            for moe in (True, False):
+                idx = np.flatnonzero((att == kind) & (is_moe == moe))
+                if not idx.size:
+                    continue
+                if moe:  # [n, 1]: broadcast against the ranks
+                    ml = (np.asarray(experts)[moe_i[idx]][:, None], np.asarray(comm)[moe_i[idx]][:, None])
+                else:
+                    ml = (np.zeros((idx.size, 1)), np.zeros((idx.size, 1)))
+                t = self._steps_time(cost, self.layer_list(kind, moe), w, core, ml)
+                out[idx] = np.max(np.broadcast_to(t, (idx.size, t.shape[-1])), axis=1)
+        return out
+
+    def table(self) -> list[dict]:
+        """Every kernel of the build's layer kinds, for docs and ``--json`` (name, op, source, stream)."""
+        rows = []
+        for part in ("res", "kda", "mla", "attn_ar", "moe", "mlp"):
+            for s in self.lists[part]:
+                branches = [("main", s[0]), ("aux", s[1])] if isinstance(s, tuple) else [("main", [s])]
+                for stream, ks in branches:
+                    for k in ks:
+                        rows.append({"part": part, "name": k.name, "op": k.op, "stream": stream, "when": k.when,
+                                     "source": k.source})
+        return rows
