@@ -29,10 +29,11 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.reading import is_int, json_lines, parse_json, quote, read_bytes
 
 VLLM, SGLANG, AIPERF = "vllm bench serve", "sglang bench_serving", "aiperf"
-# the fields that tell one tool's result from another's (each tool writes all of its own)
-_SIGNATURE = {VLLM: ("total_token_throughput", "output_throughput"),
-              SGLANG: ("total_throughput", "output_throughput", "random_input_len"),
-              AIPERF: ("output_token_throughput",)}
+# fields only one tool writes, any of which tells its result from the others' (its metrics are then
+# checked field by field, so a damaged file is named by the field it lacks)
+_MARKERS = {AIPERF: ("aiperf_version", "output_token_throughput", "input_config"),
+            SGLANG: ("random_input_len", "total_throughput", "server_info", "sharegpt_output_len"),
+            VLLM: ("total_token_throughput", "endpoint_type", "tokenizer_id", "request_goodput")}
 
 
 @dataclass(frozen=True)
@@ -232,8 +233,8 @@ def tool_of(obj: Any) -> str | None:
     """Which tool wrote a result object, by the fields each writes (None: none of them)."""
     if not isinstance(obj, dict):
         return None
-    for tool, keys in _SIGNATURE.items():
-        if all(k in obj for k in keys):
+    for tool, keys in _MARKERS.items():
+        if any(k in obj for k in keys):
             return tool
     return None
 
@@ -242,9 +243,10 @@ def _from_object(obj: Any, where: str) -> MeasuredPoint:
     tool = tool_of(obj)
     if tool is None:
         got = "a JSON object" if isinstance(obj, dict) else "not a JSON object"
-        raise InputError(f"{where}: {got} without the fields of a vllm bench serve result (output_throughput, "
-                         "total_token_throughput), an sglang bench_serving result (output_throughput, "
-                         "total_throughput, random_input_len) or an AIPerf export (output_token_throughput)")
+        raise InputError(f"{where}: {got} without the fields of a vllm bench serve --save-result file "
+                         "(total_token_throughput, endpoint_type), an sglang bench_serving --output-file line "
+                         "(total_throughput, random_input_len) or an AIPerf export (aiperf_version, "
+                         "output_token_throughput)")
     f = _Fields(obj, where, tool)
     if tool == AIPERF:
         return _aiperf_point(f)

@@ -186,11 +186,14 @@ def refit(member: Member, residuals: Residuals, prior_sd: np.ndarray, sigma: flo
 
     start = np.clip(x0, 1e-6, 1 - 1e-6)
     sol = least_squares(f, start, bounds=(0.0, 1.0), diff_step=1e-3, max_nfev=200)
-    cfg = cfg_of(member.cost, sol.x)
+    # a constant the points do not move keeps its value exactly (the search starts a hair inside the bounds)
+    x = np.where(np.abs(sol.x - x0) > 1e-4, sol.x, x0)
+    cfg = member.cost.replace(**{n: float(lo + x[i] * (hi - lo)) for i, (n, lo, hi) in enumerate(REFIT)
+                                 if x[i] != x0[i]})
     r = np.asarray(residuals(cfg))
     moved = {n: {"from": getattr(member.cost, n), "to": getattr(cfg, n),
-                 "bound": bool(sol.x[i] <= 1e-4 or sol.x[i] >= 1 - 1e-4)}
-             for i, (n, _, _) in enumerate(REFIT) if abs(sol.x[i] - x0[i]) > 1e-4}
+                 "bound": bool(x[i] <= 1e-4 or x[i] >= 1 - 1e-4)}
+             for i, (n, _, _) in enumerate(REFIT) if x[i] != x0[i]}
     return dataclasses.replace(member, cost=cfg), {"moved": moved, "residuals": r.tolist(), "nfev": int(sol.nfev)}
 
 
