@@ -274,9 +274,10 @@ def calibrated_ranges(summary: dict[str, Any], interval: dict[str, Any]) -> dict
 
 def calibration_run(cal: Calibration, gpus: int, attention_tp: int, engine: str) -> dict[str, Any]:
     """What a run's label needs of the calibration that priced it (``run["calibration"]``, JSON-ready)."""
-    return {"label": cal.label(), "source": cal.source, "points": cal.points,
-            "deployment": cal.deployment.describe(), "changes": cal.doc.get("changes", {}).get("what"),
-            "interval": cal.interval, "differs": differences(cal, gpus, attention_tp, engine)}
+    out = {"label": cal.label(), "source": cal.source, "points": cal.points,
+           "deployment": cal.deployment.describe(), "changes": cal.doc.get("changes", {}).get("what"),
+           "interval": cal.interval, "differs": differences(cal, gpus, attention_tp, engine)}
+    return {**out, "note": calibration_note(out)}
 
 
 def calibration_note(c: dict[str, Any]) -> str:

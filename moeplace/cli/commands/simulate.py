@@ -211,6 +211,8 @@ def run(args) -> int:
                       cost="profile" if profile is not None else results[0].summary["cost_model"]["source"])
     if cal is not None:
         run["calibration"] = calibration_run(cal, cluster.num_gpus, config.engine.attention_tp, args.engine)
+        for r in results:  # each summary says what priced it (summary.json, the dashboard)
+            r.summary["calibration"] = run["calibration"]
     if args.out:
         resolved = {**resolved_config(config, cluster, trace, placements, profile),
                     "settings": settings_record(args, {"traces": args.traces})}

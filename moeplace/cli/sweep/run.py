@@ -54,6 +54,7 @@ from moeplace.placement.export import capabilities, export_placement
 from moeplace.placement.export.flags import FlagOptions, format_options, launch_spec, recommended_format
 from moeplace.placement.record import Placement, load_placement
 from moeplace.placement.windows import routing_windows
+from moeplace.sim.calibrate import calibration_run
 from moeplace.sim.config import SimConfig
 from moeplace.sim.fidelity import fidelity_doc, figure_ranges, run_context
 from moeplace.sim.frontier import FRONTIER_FILE, SWEEP_RECOMMENDED, SWEEP_TABLE, frontier_report
@@ -233,6 +234,8 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
         config = build_sim_config(settings, spec.model.max_context, mix_what=f"workload {w.name}: context_mix")
     except InputError as exc:
         raise InputError(f"{spec.path}: point #{point.index} ({point.label()}): {exc}") from None
+    if spec.cost:  # calibrated constants (place sweep --calibration)
+        config = dataclasses.replace(config, cost=config.cost.replace(**spec.cost))
     if config.rebalance is not None and config.rebalance.decision_s is None:
         # a sweep must repeat: the policy's measured decision time varies from run to run, so a point
         # charges the decision only when its rebalance string fixes it (decision=S)
@@ -240,7 +243,7 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
     return config
 
 
-def point_ranges(spec: SweepSpec, points: list[Point], report: dict[str, Any]) -> None:
+def point_ranges(spec: SweepSpec, points: list[Point], report: dict[str, Any], calibration=None) -> None:
     """Each simulated point of ``report`` (its rows, shared by the frontier and the recommendation) gets
     its ``regime`` (:func:`sim.fidelity.run_context` of its SimConfig) and, beside its throughputs and
     per-token times, their ranges from the published cases of that regime (``output_tok_s_range``, ...;
@@ -249,6 +252,8 @@ def point_ranges(spec: SweepSpec, points: list[Point], report: dict[str, Any]) -
     for w in report["workloads"].values():
         for r in w["points"]:
             ctx = run_context(sim_config(spec, by_index[r["index"]], r["tp"]), r["gpus"], spec.model.name, r["gpu"])
+            if calibration is not None:
+                ctx["calibration"] = calibration_run(calibration, r["gpus"], r["tp"], by_index[r["index"]].engine)
             r["regime"] = ctx["regime"]
             r.update(figure_ranges(report["fidelity"], ctx, r))
 
@@ -292,7 +297,7 @@ Item = tuple[Point, str, dict[str, Any], SimConfig]  # a point to run: point, ha
 def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_address: str | None = None,
               workers: int | None = None, log: Log | None = None,
               on_row: Callable[[dict[str, Any]], None] | None = None,
-              max_points: int | None = None) -> SweepOutcome:
+              max_points: int | None = None, calibration=None) -> SweepOutcome:
     """Evaluate every point of ``spec`` into ``out`` (see :mod:`moeplace.sweep.store` for the layout).
 
     ``backend``: ``"ray"`` (``ray_address`` ``None``: start a local instance of ``workers`` CPUs; an
@@ -341,8 +346,12 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
     # its absolute figures are the simulator's: say how far they were off, and what no validation case
     # covers (the sweep's model, its GPU when it has one; regimes vary by point)
     gpus = sorted({p.gpu for p in points})
-    report["fidelity"] = fidelity_doc({"model": spec.model.name, "gpu": gpus[0] if len(gpus) == 1 else None})
-    point_ranges(spec, points, report)
+    ctx = {"model": spec.model.name, "gpu": gpus[0] if len(gpus) == 1 else None}
+    if calibration is not None:
+        ctx["calibration"] = calibration_run(calibration, calibration.deployment.gpus,
+                                             calibration.deployment.attention_tp, calibration.deployment.engine)
+    report["fidelity"] = fidelity_doc(ctx)
+    point_ranges(spec, points, report, calibration)
     frontier_path = store.out / FRONTIER_FILE
     write_text_atomic(frontier_path, json.dumps(report, indent=1, default=str) + "\n")
     return SweepOutcome(table=table, report=report, num_points=len(points),

@@ -61,7 +61,8 @@ def cell(s: dict, key: str, unit: str) -> str:
 table = [{"metric": name, **{lab: cell(summ[lab], key, unit) for lab in labels}}
          for name, key, unit in data.sim_table_rows()]
 st.dataframe(table, hide_index=True)
-ui.accuracy_note()
+# a run priced by a place calibrate file says so, with its within-deployment interval (the ranges above)
+ui.accuracy_note(next((summ[lab]["calibration"]["note"] for lab in labels if summ[lab].get("calibration")), None))
 best = max(labels, key=lambda lab: summ[lab].get("output_tok_s") or 0)
 cols = st.columns(len(labels))
 for col, lab in zip(cols, labels):
