@@ -117,10 +117,20 @@ class Deployment:
     def moe_tp(self) -> int:
         return self.gpus // (self.ep or self.gpus)
 
+    @property
+    def model_name(self) -> str:
+        """The model's own name (a preset's, or the one its config file gives)."""
+        from moeplace.foundation.model import load_model  # reads the preset or config file it names
+
+        try:
+            return load_model(self.model).name
+        except InputError:
+            return self.model
+
     def describe(self) -> str:
         par = f"TP{self.attention_tp}" + (f" DP{self.gpus // self.attention_tp}" if self.attention_tp < self.gpus else "")
         ep = f"EP{self.ep or self.gpus}" if self.moe_tp == 1 else f"TEP{self.moe_tp}"
-        parts = [f"{self.model} on {self.gpus} x {self.gpu}", self.engine, par, ep, f"{self.kv_dtype} KV"]
+        parts = [f"{self.model_name} on {self.gpus} x {self.gpu}", self.engine, par, ep, f"{self.kv_dtype} KV"]
         if self.expert_dtype:
             parts.append(f"{self.expert_dtype} experts")
         if self.mtp:

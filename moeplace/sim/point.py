@@ -75,6 +75,7 @@ class PointModel:
                                                        dep.engine, 0)
         self.router = StatRouter(self.trace, self.placement, dep.engine, 0, dep.attention_tp)
         self.ranks = dep.gpus // dep.attention_tp
+        self._duration: float | None = None
 
     # ------------------------------------------------------------------ the event simulator
     def sim_config(self, cfg: CostConfig) -> SimConfig:
@@ -86,10 +87,17 @@ class PointModel:
             wl = WorkloadConfig(arrival="closed", concurrency=p.concurrency, lengths=lengths)
         else:
             wl = WorkloadConfig(arrival="poisson", rate=p.rate, lengths=lengths)
-        # long enough for many request lifetimes at the measured pace, and at least the benchmark's length
-        life = (p.ttft_s or 0.0) + osl * (p.tpot_s or p.itl_s or 0.02)
-        duration = float(min(max(p.duration_s, 10 * life, 30.0), 600.0))
-        return SimConfig(duration=duration, mode="stat", seed=0, engine=self.engine, cost=cfg, workload=wl)
+        return SimConfig(duration=self.duration, mode="stat", seed=0, engine=self.engine, cost=cfg, workload=wl)
+
+    @property
+    def duration(self) -> float:
+        """Simulated seconds of the point: 20 request lifetimes at the simulator's own pace with the shipped
+        constants (the steady iteration's time per token), between 5 and 600 s -- the same for every
+        constant set, so before and after compare like with like."""
+        if self._duration is None:
+            life = (self.point.ttft_s or 0.0) + self.point.osl * self.steady(CostConfig())["tpot_s"]
+            self._duration = float(min(max(20 * life, 5.0), 600.0))
+        return self._duration
 
     def event(self, cfg: CostConfig) -> dict[str, float | None]:
         """The event simulator's figures at the point: output tok/s of the deployment, median TPOT and TTFT."""
