@@ -261,21 +261,18 @@ def interval_factors(anchored: dict[str, Any]) -> tuple[float, float]:
     return float(q["log_lo"]), float(q["log_hi"])
 
 
-def calibrated_ranges(summary: dict[str, Any], interval: dict[str, Any]) -> dict[str, Any]:
-    """``{"<figure>_range": [lo, hi]}`` for each throughput and per-token time of a calibrated run, from the
-    calibration's within-deployment interval (``interval``: CAL.json's ``interval``)."""
-    from moeplace.sim.fidelity import (  # one list of the figures a range is for
-        THROUGHPUT_FIGURES,
-        TIME_FIGURES,
-    )
-
+def calibrated_ranges(summary: dict[str, Any], interval: dict[str, Any], throughputs: Sequence[str],
+                      times: Sequence[str]) -> dict[str, Any]:
+    """``{"<figure>_range": [lo, hi]}`` for each throughput (``throughputs``) and per-token time (``times``)
+    figure of a calibrated run, from the calibration's within-deployment interval (``interval``: CAL.json's
+    ``interval``)."""
     lo, hi = float(interval["log_lo"]), float(interval["log_hi"])
     out: dict[str, Any] = {}
-    for key in THROUGHPUT_FIGURES + TIME_FIGURES:
+    for key in (*throughputs, *times):
         v = summary.get(key)
         if v is None or (isinstance(v, float) and not math.isfinite(v)):
             continue
-        if key in THROUGHPUT_FIGURES:
+        if key in throughputs:
             out[f"{key}_range"] = [float(v) / math.exp(hi), float(v) / math.exp(lo)]
         else:
             out[f"{key}_range"] = [float(v) * math.exp(lo), float(v) * math.exp(hi)]

@@ -174,7 +174,7 @@ def figure_ranges(s: dict[str, Any], run: dict[str, Any] | None, summary: dict[s
     reverse). None for every figure where no case resembles the run (:func:`regime_range`). No range at all
     for a run priced by another cost source than the roofline model the cases checked (:func:`other_cost`)."""
     if (run or {}).get("calibration"):  # calibrated on measured points: the within-deployment interval
-        return calibrated_ranges(summary, run["calibration"]["interval"])
+        return calibrated_ranges(summary, run["calibration"]["interval"], THROUGHPUT_FIGURES, TIME_FIGURES)
     if other_cost(run):
         return {}
     rr = regime_range(s, (run or {}).get("regime"))
