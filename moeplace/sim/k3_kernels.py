@@ -208,6 +208,20 @@ class K3Kernels:
         self.model, self.build, self.tp = model, build, attention_tp
         self.lists = BUILDS[build]
         self.params = weights(model)
+        self._att = np.array(model.attention)
+        # every GEMM's parameters per GPU (split by the attention TP group where the engine splits them),
+        # priced in one call per iteration
+        self._weight_names = sorted(self.params)
+        self._gemm_params = np.array([self.params[n][0] / (attention_tp if self.params[n][1] else 1)
+                                      for n in self._weight_names])
+        moe = set(model.moe_layers)
+        keys = dict.fromkeys((kind, i in moe) for i, kind in enumerate(model.attention))
+        self._plans = {key: self._plan(*key) for key in keys}
+        # per key: its layers, and (MoE keys) their index among the MoE layers
+        is_moe = np.array([i in moe for i in range(model.num_layers)])
+        moe_i = np.cumsum(is_moe) - 1
+        self._layers = {key: np.flatnonzero((self._att == key[0]) & (is_moe == key[1])) for key in keys}
+        self._moe_rows = {key: moe_i[idx] for key, idx in self._layers.items()}
 
     def _active(self, k: Kernel) -> bool:
         return k.when is None or (k.when == "tp") == (self.tp > 1)
@@ -236,61 +250,87 @@ class K3Kernels:
             out.append(memo[key])
         return np.array(out, dtype=np.float64)
 
-    def _kernel_time(self, cost, k: Kernel, w, core: dict, moe_l: tuple) -> np.ndarray:
-        floor = cost.cfg.kernel_floor_s
-        zero = np.zeros_like(w.tokens)
-        if k.op == "small":
-            t = zero
-        elif k.op == "gemm":
-            p, split = self.params[k.weight]
-            p = p / self.tp if split else p
-            t = cost.gemm_time(2.0 * p, w.tokens, 1.0, np.where(w.tokens > 0, p * cost.wbytes, 0.0), cost.peak_trunk, 1)
-        elif k.op == "core":
-            t = core[k.weight]
-        elif k.op == "allreduce":
-            t = cost.allreduce_time(w.tokens)
-        elif k.op == "experts":
-            t = zero + k.share * moe_l[0]
-        elif k.op == "fused_moe":
-            t = zero + moe_l[0] + moe_l[1]
-        else:
-            raise ValueError(f"unknown kernel op {k.op}")
-        return np.where(w.tokens > 0, np.maximum(t, floor), 0.0)
+    def _plan(self, kind: str, moe: bool) -> dict:
+        """A layer's active kernels in one flat order with what prices each, and the critical path as
+        masks over them: ``seq`` (kernels on the one stream) and ``par`` (per fork, the main and the aux
+        branch)."""
+        kernels, seq, par = [], [], []
+        for step in self.layer_list(kind, moe):
+            if isinstance(step, tuple):
+                branches = []
+                for branch in step:
+                    if any(isinstance(k, tuple) for k in branch):
+                        raise ValueError("nested forks are not supported")
+                    idx = []
+                    for k in branch:
+                        if self._active(k):
+                            idx.append(len(kernels))
+                            kernels.append(k)
+                    branches.append(idx)
+                par.append(branches)
+            elif self._active(step):
+                seq.append(len(kernels))
+                kernels.append(step)
+        n = len(kernels)
 
-    def _steps_time(self, cost, steps, w, core, moe_l) -> np.ndarray:
-        total = np.zeros_like(w.tokens) + np.zeros_like(moe_l[0])
-        for s in steps:
-            if isinstance(s, tuple):
-                total = total + np.maximum(self._steps_time(cost, s[0], w, core, moe_l),
-                                           self._steps_time(cost, s[1], w, core, moe_l))
-            elif self._active(s):
-                total = total + self._kernel_time(cost, s, w, core, moe_l)
-        return total
+        def mask(idx):
+            m = np.zeros(n)
+            m[idx] = 1.0
+            return m
+
+        gemm = [i for i, k in enumerate(kernels) if k.op == "gemm"]
+        # the critical path as one matrix over the kernels: row 0 the sequential ones, then per fork its
+        # main and its aux branch
+        path = np.array([mask(seq), *[mask(b) for m_a in par for b in m_a]])
+        return {"n": n, "path": path, "forks": len(par),
+                "gemm": np.array(gemm, dtype=int),
+                "gemm_src": np.array([self._weight_names.index(kernels[i].weight) for i in gemm], dtype=int),
+                "core": [(i, k.weight) for i, k in enumerate(kernels) if k.op == "core"],
+                "allreduce": np.array([i for i, k in enumerate(kernels) if k.op == "allreduce"], dtype=int),
+                "experts": np.array([i for i, k in enumerate(kernels) if k.op == "experts"], dtype=int),
+                "shares": np.array([k.share for k in kernels if k.op == "experts"], dtype=np.float64),
+                "fused": np.array([i for i, k in enumerate(kernels) if k.op == "fused_moe"], dtype=int)}
 
     def layer_floor(self, cost, w, experts: np.ndarray, comm: np.ndarray) -> np.ndarray:
         """Each decoder layer's time priced kernel by kernel along its critical path, the slowest rank's
         ``[num_layers]``; ``experts`` / ``comm``: the cost model's routed-expert and dispatch + combine times
-        per MoE layer (slowest GPU). One pass per (attention kind, MoE or dense), all its layers at once."""
+        per MoE layer (slowest GPU). Per (attention kind, MoE or dense): every kernel's time ``[kernels,
+        layers, ranks]`` at once, at least the floor, then the sequential kernels summed and each fork's
+        longer branch added."""
+        tok = np.asarray(w.tokens, dtype=np.float64)
+        active = tok > 0
+        floor = cost.cfg.kernel_floor_s
         core = {}
         if cost.kind_counts.get("kda"):
             core["kda"] = cost.kda_time(w) - cost._projections("kda", w, 4)
         if cost.kind_counts.get("mla"):
             core["mla"] = cost.mla_time(w) - cost._projections("mla", w, 4)
-        is_moe = cost._is_moe
-        moe_i = np.cumsum(is_moe) - 1
-        att = np.array(self.model.attention)
+        ar = cost.allreduce_time(tok)
+        p = self._gemm_params[:, None]
+        gemms = cost.gemm_time(2.0 * p, tok[None, :], 1.0, np.where(active, p * cost.wbytes, 0.0), cost.peak_trunk, 1)
         out = np.zeros(self.model.num_layers)
-        for kind in dict.fromkeys(self.model.attention):
-            for moe in (True, False):
-                idx = np.flatnonzero((att == kind) & (is_moe == moe))
-                if not idx.size:
-                    continue
-                if moe:  # [n, 1]: broadcast against the ranks
-                    ml = (np.asarray(experts)[moe_i[idx]][:, None], np.asarray(comm)[moe_i[idx]][:, None])
-                else:
-                    ml = (np.zeros((idx.size, 1)), np.zeros((idx.size, 1)))
-                t = self._steps_time(cost, self.layer_list(kind, moe), w, core, ml)
-                out[idx] = np.max(np.broadcast_to(t, (idx.size, t.shape[-1])), axis=1)
+        for (kind, moe), plan in self._plans.items():
+            idx = self._layers[(kind, moe)]
+            n, D = idx.size, tok.size
+            t = np.zeros((plan["n"], n, D))
+            if plan["gemm"].size:
+                t[plan["gemm"]] = gemms[plan["gemm_src"]][:, None, :]
+            for i, name in plan["core"]:
+                t[i] = core[name]
+            if plan["allreduce"].size:
+                t[plan["allreduce"]] = ar
+            if moe:
+                rows_moe = self._moe_rows[(kind, moe)]
+                e = np.asarray(experts, dtype=np.float64)[rows_moe][:, None]
+                c = np.asarray(comm, dtype=np.float64)[rows_moe][:, None]
+                if plan["experts"].size:
+                    t[plan["experts"]] = plan["shares"][:, None, None] * e[None]
+                if plan["fused"].size:
+                    t[plan["fused"]] = (e + c)[None]
+            t = np.where(active, np.maximum(t, floor), 0.0)
+            rows = (plan["path"] @ t.reshape(plan["n"], -1)).reshape(-1, n, D)
+            total = rows[0] + np.maximum(rows[1::2], rows[2::2]).sum(axis=0) if plan["forks"] else rows[0]
+            out[idx] = total.max(axis=1)
         return out
 
     def table(self) -> list[dict]:
