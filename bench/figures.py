@@ -851,8 +851,15 @@ def k3_step() -> str:
     rows = [[x["deployment"], str(x["batch_per_rank"]), f"{x['before']['step_ms']:.1f}", f"{x['after']['step_ms']:.1f}",
              f"{x['after']['step_ms'] / x['before']['step_ms'] - 1:+.0%}", f"{x['before']['kernels']:,.0f}",
              f"{x['after']['kernels']:,.0f}"] for x in r["rows"]]
-    return _table(["deployment", "batch / rank", "step ms before", "after", "change", "kernels before",
-                   "after"], rows) + "\n"
+    out = _table(["deployment", "batch / rank", "step ms before", "after", "change", "kernels before", "after"], rows)
+    srows = [[str(x["concurrency"]), f"{x['before']['output_tok_s']:,.0f}", f"{x['after']['output_tok_s']:,.0f}",
+              f"{x['after']['output_tok_s'] / x['before']['output_tok_s'] - 1:+.1%}",
+              f"{x['before']['tpot_p50_ms']:.1f}", f"{x['after']['tpot_p50_ms']:.1f}"] for x in r.get("serving", [])]
+    if srows:
+        out += ("\nServing on the README demo's cluster (32 H200, attention TP8, event simulator, ISL 2,048 / OSL 256, "
+                "150 simulated s):\n\n" + _table(["concurrency", "output tok/s before", "after", "change",
+                                                  "TPOT p50 ms before", "after"], srows))
+    return out + "\n"
 
 
 RENDERERS = {"replan-quality": replan_quality, "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
