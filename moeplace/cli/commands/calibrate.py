@@ -92,6 +92,10 @@ def deployment_settings(args) -> tuple[dict, str]:
 
 def run(args) -> int:
     raw, where = deployment_settings(args)
+    if where == "flags" and not {"model", "gpu", "gpus"} <= set(raw):
+        missing = ", ".join(f"--{k}" for k in ("model", "gpu", "gpus") if k not in raw)
+        raise InputError(f"the deployment the results came from: give --deployment YAML, a {DEPLOYMENT_FILE} beside "
+                         f"{args.results[0]}, or {missing}")
     dep = deployment_of(raw, where)
     points = [p for f in args.results for p in read_results(f)]
     outs = Outputs(inputs=[*args.results, args.deployment, args.trace], force=args.force)
