@@ -160,20 +160,24 @@ def tiny_trace(tmp_path_factory):
 def test_calibrate_then_simulate_with_the_calibration(tmp_path, tiny_trace, capsys):
     res = tmp_path / "res"
     res.mkdir()
-    shutil.copy(DATA / "vllm-bench-serve-c4-detailed.json", res)
+    for name in ("vllm-bench-serve-c4-detailed.json", "sglang-bench-serving.jsonl"):
+        shutil.copy(DATA / name, res)
     (res / "deployment.yaml").write_text(f"model: {TINY}\ngpu: h200\ngpus: 2\nattention_tp: 1\nengine: vllm\n")
     cal = tmp_path / "cal.json"
-    rc = main(["calibrate", str(res / "vllm-bench-serve-c4-detailed.json"), "--trace", str(tiny_trace),
-               "--out", str(cal)])
+    rc = main(["calibrate", str(res / "vllm-bench-serve-c4-detailed.json"), str(res / "sglang-bench-serving.jsonl"),
+               "--trace", str(tiny_trace), "--out", str(cal)])
     out = capsys.readouterr().out
-    assert rc == 0 and "calibrated on 1 measured point(s) of tiny-moe" in out
+    assert rc == 0 and "calibrated on 3 measured point(s) of tiny-moe" in out
     doc = json.loads(cal.read_text())
     assert doc["format"] == "moeplace.serving-calibration/1"
     assert doc["changes"]["refit"] == [n for n, _, _ in REFIT] and doc["changes"]["what"] == "refit"
     assert doc["interval"]["log_lo"] < 0 < doc["interval"]["log_hi"]
-    (pt,) = doc["points"]
-    meas, before, after = pt["measured"]["output_tok_s"], pt["before"]["output_tok_s"], pt["after"]["output_tok_s"]
-    assert abs(math.log(after / meas)) < abs(math.log(before / meas))  # moved towards the measurement
+    assert [p["concurrency"] for p in doc["points"]] == [4, 4, 16] and doc["points"][2]["source"].endswith(":2")
+
+    def rms(key):
+        return math.sqrt(sum(math.log(p[key]["output_tok_s"] / p["measured"]["output_tok_s"]) ** 2
+                             for p in doc["points"]) / 3)
+    assert rms("after") < rms("before")  # moved towards the measurements
     for n, lo, hi in REFIT:  # within the bounds
         assert lo - 1e-12 <= doc["members"][0]["constants"][n] <= hi + 1e-12
     sim = ["simulate", str(tiny_trace), "--placement", "linear", "--gpus", "2", "--gpu", "h200", "--attention-tp", "1",
@@ -185,8 +189,8 @@ def test_calibrate_then_simulate_with_the_calibration(tmp_path, tiny_trace, caps
     iv = doc["interval"]
     assert lo == pytest.approx(s["output_tok_s"] / math.exp(iv["log_hi"]))
     assert hi == pytest.approx(s["output_tok_s"] / math.exp(iv["log_lo"]))
-    assert js["fidelity"]["run"]["calibration"]["points"] == 1
-    assert "calibrated on 1 measured point of tiny-moe on 2 x h200" in js["fidelity"]["note"]
+    assert js["fidelity"]["run"]["calibration"]["points"] == 3
+    assert "calibrated on 3 measured points of tiny-moe on 2 x h200" in js["fidelity"]["note"]
     # the same run uncalibrated is priced by other constants
     assert main([*sim, "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)["summaries"][0]
