@@ -94,6 +94,14 @@ def test_unknown_file_and_cli_error_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "cal.json").exists()
 
 
+def test_a_speculative_run_needs_the_deployments_mtp(tmp_path, capsys):
+    p = _edit(tmp_path, "vllm-bench-serve-c16.json", lambda o: o.update(spec_decode_acceptance_length=2.4))
+    rc = main(["calibrate", str(p), "--model", "kimi-k2", "--gpu", "h200", "--gpus", "8", "--out",
+               str(tmp_path / "cal.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "field 'spec_decode_acceptance_length' is 2.40" in err and "mtp" in err
+
+
 def test_deployment_keys_checked_with_the_nearest_valid_one():
     with pytest.raises(InputError, match="attention_tpp: unknown key; did you mean 'attention_tp'"):
         deployment_of({"model": "kimi-k2", "gpu": "h200", "gpus": 8, "attention_tpp": 8}, "dep.yaml")

@@ -98,6 +98,7 @@ def run(args) -> int:
                          f"{args.results[0]}, or {missing}")
     dep = deployment_of(raw, where)
     points = [p for f in args.results for p in read_results(f)]
+    check_speculation(dep, points)
     outs = Outputs(inputs=[*args.results, args.deployment, args.trace], force=args.force)
     outs.add(args.out, SERVING_CALIBRATION)
     anchored = load_anchored()
@@ -127,6 +128,24 @@ def run(args) -> int:
         print(report(doc, args.out))
     outs.finish()
     return 0
+
+
+def check_speculation(dep, points) -> None:
+    """A run that reports a speculative-decoding acceptance length came from a deployment with speculative
+    decoding: the deployment must say so (``mtp``), and its tokens per step should be the run's."""
+    from moeplace.sim.point import engine_config  # the engine of the deployment, as the pricer builds it
+
+    per_step = engine_config(dep).mtp_tokens_per_step()
+    for p in points:
+        field = "spec_decode_acceptance_length" if p.tool.startswith("vllm") else "accept_length"
+        if p.accept_length is None or p.accept_length <= 1.0:
+            continue
+        if not dep.mtp:
+            raise InputError(f"{p.source}: field '{field}' is {p.accept_length:.2f}: the run used speculative "
+                             "decoding; give the deployment's mtp (DRAFT:ACCEPT, as place simulate --mtp)")
+        if abs(per_step / p.accept_length - 1) > 0.1:
+            print(f"place: warning: {p.source}: field '{field}' is {p.accept_length:.2f} tokens per step; the "
+                  f"deployment's mtp {dep.mtp} gives {per_step:.2f}", file=sys.stderr)
 
 
 def _pct(sim, meas) -> str:
