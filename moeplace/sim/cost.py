@@ -45,7 +45,8 @@ are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.C
   faster than the CPU launches its kernels (``max(gpu + gaps, kernels x launch)``); per iteration the host
   time the engine leaves exposed (scheduler, sampling, sync). MTP drafts add their layer, LM head and the
   small kernels MTP runs (:data:`MTP_KERNELS`). Decode-only iterations up to the engine's graph batch size
-  replay graphs; prefill and mixed ones run eager.
+  replay graphs; prefill and mixed ones run eager. Kimi K3 instead runs its engines' own kernel lists, each
+  kernel priced at its own roofline and at least the floor (:mod:`sim.k3_kernels`).
 - GEMM rates by the weights' format: FP4 on a GPU with FP4 tensor cores at ``fp4_gemm_speedup`` x its
   FP8 rate (published FP4 grouped GEMMs gain ~15 % over FP8, not the 2x of the peaks), INT4 weight-only
   (W4A16) at the BF16 rate; attention cores at the attention dtype's rate.
