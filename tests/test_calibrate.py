@@ -207,3 +207,21 @@ def test_calibrate_then_simulate_with_the_calibration(tmp_path, tiny_trace, caps
     rc = main([("b200" if a == "h200" else a) for a in sim] + ["--calibration", str(cal)])
     err = capsys.readouterr().err
     assert rc != 0 and "applies to its own model and GPU only" in err and "Traceback" not in err
+
+
+def test_a_calibrated_sweep_prices_with_the_constants_and_hashes_them():
+    """place sweep --calibration: every point's SimConfig carries the calibrated constants, and a point's
+    hash changes with them (a resumed sweep never reuses a row priced by other constants)."""
+    import dataclasses
+
+    from moeplace.cli.sweep import expand_points, load_spec
+    from moeplace.cli.sweep.run import sim_config
+    from moeplace.cli.sweep.spec import point_hash
+
+    spec = load_spec(Path(__file__).parent / "data" / "sweep-small.yaml")
+    cost = dataclasses.asdict(CostConfig().replace(kernel_floor_s=9e-6, sustained_efficiency=0.5))
+    cal = dataclasses.replace(spec, cost=cost)
+    p = expand_points(spec)[2]
+    assert sim_config(cal, p, 1).cost == CostConfig(**cost)
+    assert sim_config(spec, p, 1).cost == CostConfig()
+    assert point_hash(cal, p, "fp") != point_hash(spec, p, "fp")
