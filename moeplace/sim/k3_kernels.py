@@ -35,7 +35,8 @@ Sources (decode step, CUDA graph, no speculative decoding), read in the released
     output added in its epilogue (``KimiRoutedOutputTransform``: one ``addmm_``).
   - TP (attention TP > 1, no MegaMoE): ``latent_moe_runner.py`` ``LatentMoERunner``: the router GEMM and the
     down projection overlapped as above; the routed experts through FlashInfer's TRT-LLM-Gen MXFP4 MoE
-    (routing, FC1, FC2; the finalize deferred into the tail); the shared experts; the small-batch tail
+    (``vllm/model_executor/layers/fused_moe/experts/trtllm_mxfp4_moe.py`` ``TrtLlmMxfp4ExpertsMonolithic``:
+    ``flashinfer.trtllm_fp4_block_scale_moe``; routing, FC1, FC2; the finalize deferred into the tail); the shared experts; the small-batch tail
     (``_small_batch_tail``: the CuTe DSL operator that all-reduces, normalises and up-projects in one op);
     the attention's ``o_proj`` all-reduce.
 - SGLang 0.5.23, ``sglang/srt/models/kimi_k3.py`` (TP16 / EP16 on H200 is its K3 cookbook deployment):
@@ -131,11 +132,14 @@ _MOE_DEP = [_ROUTER,
             *_SHARED,
             K("routed-output RMSNorm", "small", VLLM + "model.py"),
             K("up projection + shared add (addmm_)", "gemm", VLLM + "model.py", "latent_up")]
+# K3's MXFP4 experts under TP: TrtLlmMxfp4ExpertsMonolithic, i.e. flashinfer.trtllm_fp4_block_scale_moe, its
+# finalize deferred into the latent tail (latent_moe_runner.py)
+_TRTLLM_GEN = "vllm/model_executor/layers/fused_moe/experts/trtllm_mxfp4_moe.py"
 _MOE_TP = [par([K("router GEMM (fp32 logits)", "gemm", VLLM + "model.py", "router")],
                [K("LatentMoE down projection", "gemm", VLLM + "model.py", "latent_down")]),
-           K("TRT-LLM-Gen routing", "small", VLLM + "latent_moe_runner.py"),
-           K("TRT-LLM-Gen FC1 (gate/up)", "experts", VLLM + "latent_moe_runner.py", share=2 / 3),
-           K("TRT-LLM-Gen FC2 (down)", "experts", VLLM + "latent_moe_runner.py", share=1 / 3),
+           K("TRT-LLM-Gen routing", "small", _TRTLLM_GEN),
+           K("TRT-LLM-Gen FC1 (gate/up)", "experts", _TRTLLM_GEN, share=2 / 3),
+           K("TRT-LLM-Gen FC2 (down)", "experts", _TRTLLM_GEN, share=1 / 3),
            *_SHARED,
            K("latent tail: all-reduce + RMSNorm + up projection + add", "gemm", VLLM + "latent_moe_runner.py",
              "latent_up"),
