@@ -38,6 +38,8 @@ def test_vllm_bench_serve_results_as_written():
     assert p.tpot_s == pytest.approx(23.590652865081328e-3) and p.ttft_s == pytest.approx(26.35757049984022e-3)
     (q,) = read_results(DATA / "vllm-bench-serve-c16.json")  # without --save-detailed: lengths from totals
     assert q.concurrency == 16 and q.num_requests == 32 and q.osl == 64
+    a, b = read_results(DATA / "vllm-bench-serve-append.json")  # --append-result: one object per line
+    assert (a.concurrency, b.concurrency, a.isl, b.osl) == (2, 8, 2048, 32) and b.source.endswith(":2")
 
 
 def test_sglang_jsonl_one_run_per_line_and_aiperf_export():

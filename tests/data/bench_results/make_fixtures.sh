@@ -20,6 +20,11 @@ URL=http://127.0.0.1:18943
 "$VENV/bin/vllm" bench serve --backend vllm --base-url $URL --model stub --tokenizer "$WORK/tok" \
   --dataset-name random --random-input-len 1024 --random-output-len 64 --num-prompts 32 --max-concurrency 16 \
   --seed 0 --save-result --result-dir "$WORK" --result-filename vllm-bench-serve-c16.json
+for c in 2 8; do
+  "$VENV/bin/vllm" bench serve --backend vllm --base-url $URL --model stub --tokenizer "$WORK/tok" \
+    --dataset-name random --random-input-len 2048 --random-output-len 32 --num-prompts $((c * 2)) \
+    --max-concurrency $c --seed 0 --append-result --result-dir "$WORK" --result-filename vllm-bench-serve-append.json
+done
 for c in 4 16; do
   "$VENV/bin/python" "$HERE/run_sglang_bench.py" --backend vllm --base-url $URL --model stub --tokenizer "$WORK/tok" \
     --dataset-name random-ids --random-input-len 1024 --random-output-len 64 --random-range-ratio 1.0 \
