@@ -104,6 +104,13 @@ def test_a_speculative_run_needs_the_deployments_mtp(tmp_path, capsys):
     assert rc == 2 and "field 'spec_decode_acceptance_length' is 2.40" in err and "mtp" in err
 
 
+def test_a_trace_of_another_model_is_refused(tmp_path, tiny_trace, capsys):
+    rc = main(["calibrate", str(DATA / "vllm-bench-serve-c16.json"), "--model", "qwen3-30b-a3b", "--gpu", "h200",
+               "--gpus", "8", "--trace", str(tiny_trace), "--out", str(tmp_path / "cal.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "routing of tiny-moe" in err and "qwen3-30b-a3b" in err and "Traceback" not in err
+
+
 def test_deployment_keys_checked_with_the_nearest_valid_one():
     with pytest.raises(InputError, match="attention_tpp: unknown key; did you mean 'attention_tp'"):
         deployment_of({"model": "kimi-k2", "gpu": "h200", "gpus": 8, "attention_tpp": 8}, "dep.yaml")

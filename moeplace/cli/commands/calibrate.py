@@ -116,6 +116,12 @@ def run(args) -> int:
         from moeplace.sim.workload import load_trace_tokens  # a user trace, only when one is given
 
         trace = load_trace_tokens(args.trace)
+        m = deployment_model(dep)
+        got = (trace.model.num_experts, trace.model.top_k, tuple(trace.model.moe_layers))
+        if got != (m.num_experts, m.top_k, tuple(m.moe_layers)):
+            raise InputError(f"--trace {args.trace}: routing of {trace.model.name} ({got[0]} experts, top-{got[1]}, "
+                             f"{len(got[2])} MoE layers), not of the deployment's {m.name} ({m.num_experts} experts, "
+                             f"top-{m.top_k}, {len(m.moe_layers)} MoE layers)")
     else:
         log(f"  synthesizing a stationary {dep.model} routing trace ...")
         trace = synthetic_trace(deployment_model(dep))
