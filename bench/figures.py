@@ -965,6 +965,68 @@ def shift_coverage() -> str:
             f"(`--shift-layers all`, {how(every)}), tagged, a new dataset: {all_cells}.\n")
 
 
+
+# ---------------------------------------------------------------------------- calibration (place calibrate)
+def _share(x: float) -> str:
+    return f"{x * 100:.1f} %"
+
+
+def fidelity_anchored() -> str:
+    """docs/simulate.md: calibrated on the other cases of a published group, each case predicted
+    (bench/fidelity_anchored.py), next to the uncalibrated cross-validated figure and one ratio per group."""
+    r = _results("fidelity_anchored")
+    s = r["summary"]
+    rows = []
+    for part, name in (("end_to_end", "end-to-end"), ("kernel_tables", "kernel tables")):
+        for key, label in (("anchored", "calibrated on the rest of its group (place calibrate)"),
+                           ("uncalibrated", "uncalibrated (grouped cross-validation)"),
+                           ("one_ratio", "one ratio from the rest of its group")):
+            st = s[part][key]
+            if st["cases"]:
+                rows.append([name, label, f"{st['cases']} in {st['groups']}", _share(st["median"]), _share(st["max"]),
+                             f"{st['worst_case']} ({st['worst_error']:+.0%})"])
+    out = _table(["cases", "prediction", "cases in groups", "median abs error", "max", "worst"], rows)
+    c = s["coverage"]
+    out += (f"\nNominal 80 % within-deployment interval: it held the published figure in {c['coverage']:.0%} of "
+            f"{c['cases']} end-to-end cases (median width {c['median_width']:.0%}; each case's interval from the "
+            f"other groups' errors). Target: median <= {s['target']['median']:.0%}, coverage "
+            f"{s['target']['coverage'][0]:.0%}-{s['target']['coverage'][1]:.0%}: "
+            + ("met" if s["target_met"] else "not met") + ". Per group (anchored / uncalibrated median):\n\n")
+    grows = [[g, str(v["anchored"]["cases"]), _share(v["anchored"]["median"]), _share(v["uncalibrated"]["median"]),
+              _share(v["one_ratio"]["median"])] for g, v in s["by_group"].items()]
+    return out + _table(["group", "cases", "anchored", "uncalibrated", "one ratio"], grows) + "\n"
+
+
+def calibrate_example() -> str:
+    """docs/simulate.md: calibrated on one published point, the rest of its table predicted
+    (bench/fidelity_anchored.py --example)."""
+    ex = _results("fidelity_anchored")["example"]
+    rows = [[("**" + r["id"] + "** (calibrated on)") if r["anchor"] else r["id"], f"{r['published']:,.1f}",
+             f"{r['uncalibrated']:,.1f} ({r['uncalibrated_error']:+.1%})",
+             f"{r['calibrated']:,.1f} ({r['calibrated_error']:+.1%})"] for r in ex["rows"]]
+    moved = ", ".join(f"`{n}` {v['from']:.4g} -> {v['to']:.4g}" + (" (bound)" if v["bound"] else "")
+                      for n, v in ex["moved"].items()) or "nothing"
+    return (_table(["case", "published", "uncalibrated", "calibrated on one point"], rows)
+            + f"\nWhat the one point moved: {moved}.\n")
+
+
+def k3_step() -> str:
+    """docs/simulate.md: K3's decode step before and after its own kernel list (bench/k3_step.py)."""
+    r = _results("k3_step")
+    rows = [[x["deployment"], str(x["batch_per_rank"]), f"{x['before']['step_ms']:.1f}", f"{x['after']['step_ms']:.1f}",
+             f"{x['after']['step_ms'] / x['before']['step_ms'] - 1:+.0%}", f"{x['before']['kernels']:,.0f}",
+             f"{x['after']['kernels']:,.0f}"] for x in r["rows"]]
+    out = _table(["deployment", "batch / rank", "step ms before", "after", "change", "kernels before", "after"], rows)
+    srows = [[str(x["concurrency"]), f"{x['before']['output_tok_s']:,.0f}", f"{x['after']['output_tok_s']:,.0f}",
+              f"{x['after']['output_tok_s'] / x['before']['output_tok_s'] - 1:+.1%}",
+              f"{x['before']['tpot_p50_ms']:.1f}", f"{x['after']['tpot_p50_ms']:.1f}"] for x in r.get("serving", [])]
+    if srows:
+        out += ("\nServing on the README demo's cluster (32 H200, attention TP8, event simulator, ISL 2,048 / OSL 256, "
+                "150 simulated s):\n\n" + _table(["concurrency", "output tok/s before", "after", "change",
+                                                  "TPOT p50 ms before", "after"], srows))
+    return out + "\n"
+
+
 RENDERERS = {"shift-coverage": shift_coverage, "pools": pools, "relabel-speed": relabel_speed, "replan-quality": replan_quality,
              "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
              "trace-stats": trace_stats, "trace-synth": trace_synth, "import-throughput": import_throughput,
@@ -974,7 +1036,8 @@ RENDERERS = {"shift-coverage": shift_coverage, "pools": pools, "relabel-speed": 
              "optimize-table": optimize_table, "optimize": optimize, "evaluate-defaults": evaluate_defaults,
              "long-context": long_context, "traffic": traffic, "recommend": recommend, "sweep": sweep,
              "fidelity-constants": fidelity_constants, "fidelity-cases": fidelity_cases, "fidelity-cv": fidelity_cv,
-             "fidelity-label": fidelity_label}
+             "fidelity-label": fidelity_label, "fidelity-anchored": fidelity_anchored,
+             "calibrate-example": calibrate_example, "k3-step": k3_step}
 
 
 def render(text: str) -> str:

@@ -438,6 +438,7 @@ JSON_FAILURES = [
     ["evaluate", "missing.json", "trace"],
     ["optimize", "missing", *GPUS, "--no-out"],
     ["plan", "--model", "missing.json"],
+    ["calibrate", "missing.json", "--model", "kimi-k2", "--gpu", "h200", "--gpus", "8", "--out", "cal.json"],
     ["rebalance", "missing", *GPUS],
     ["simulate", "missing", "--placement", "linear", *SIM],
     ["sweep", "missing.yaml"],

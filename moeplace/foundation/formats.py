@@ -58,6 +58,7 @@ FORMATS: dict[str, ArtifactFormat] = {f.kind: f for f in (
     ArtifactFormat("placement", (1,), False, "place optimize --out/--save-all, place import-placement --out"),
     ArtifactFormat("loads", (1,), False, "place trace stats --out x.npz (the 'meta' array), place trace import"),
     ArtifactFormat("calibration", (1,), False, "place kernels bench --out"),
+    ArtifactFormat("serving-calibration", (1,), False, "place calibrate --out"),
     ArtifactFormat("trace-stats", (1,), True, "place trace stats --out x.json / --json"),
     ArtifactFormat("memory-plan", (1,), True, "place plan --report / --json"),
     ArtifactFormat("memory-plan-sweep", (1,), True, "place plan --sweep --json"),

@@ -45,7 +45,8 @@ are seconds; FLOPs count a multiply-add as 2. Constants are :class:`sim.config.C
   faster than the CPU launches its kernels (``max(gpu + gaps, kernels x launch)``); per iteration the host
   time the engine leaves exposed (scheduler, sampling, sync). MTP drafts add their layer, LM head and the
   small kernels MTP runs (:data:`MTP_KERNELS`). Decode-only iterations up to the engine's graph batch size
-  replay graphs; prefill and mixed ones run eager.
+  replay graphs; prefill and mixed ones run eager. Kimi K3 instead runs its engines' own kernel lists, each
+  kernel priced at its own roofline and at least the floor (:mod:`sim.k3_kernels`).
 - GEMM rates by the weights' format: FP4 on a GPU with FP4 tensor cores at ``fp4_gemm_speedup`` x its
   FP8 rate (published FP4 grouped GEMMs gain ~15 % over FP8, not the 2x of the peaks), INT4 weight-only
   (W4A16) at the BF16 rate; attention cores at the attention dtype's rate.
@@ -71,6 +72,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import DTYPE_BYTES, KV_DTYPE_BYTES, ModelSpec
 from moeplace.sim.calibration import Profile
 from moeplace.sim.config import CostConfig, EngineConfig
+from moeplace.sim.k3_kernels import K3Kernels, build_of, is_k3
 
 KDA_CHUNK = 64  # chunk length of KDA's chunked (WY) prefill algorithm
 
@@ -285,7 +287,7 @@ class CostModel:
                  attention_tp: int = 1, kv_dtype: str = "bf16", profile: Profile | None = None,
                  attention_dtype: str = "bf16", moe_tp: int = 1, a2a_mode: str = "auto",
                  cuda_graph_max_bs: int = 512, kernels_per_layer: float | None = None,
-                 kernel_build: str = "unfused") -> None:
+                 kernel_build: str = "unfused", engine: str = "vllm") -> None:
         self.model = model
         self.cluster = cluster
         self.gpu: GPUSpec = cluster.gpu
@@ -335,8 +337,13 @@ class CostModel:
         self._keys = sorted({(k, i in moe) for i, k in enumerate(model.attention)})
         self._layer_key = np.array([self._keys.index((k, i in moe)) for i, k in enumerate(model.attention)])
         self._is_moe = np.array([i in moe for i in range(model.num_layers)])
+        # Kimi K3: its engines' own kernels, each priced (sim.k3_kernels), unless a count is imposed
+        self._k3 = (K3Kernels(model, build_of(engine, attention_tp), attention_tp)
+                    if is_k3(model) and self.kernels_per_layer == 0 else None)
         if self.kernels_per_layer > 0:
             self._layer_kernels = np.full(model.num_layers, self.kernels_per_layer)
+        elif self._k3 is not None:
+            self._layer_kernels = self._k3.counts(model.attention, self._is_moe)
         else:
             b = KERNEL_BUILDS[kernel_build]
             self._layer_kernels = np.array([b[kind] + b["moe" if m else "mlp"] + b["norm"]
@@ -354,7 +361,7 @@ class CostModel:
         """The constructor's keywords an engine configuration sets (one list for every cost model)."""
         return {"attention_tp": e.attention_tp, "kv_dtype": e.kv_dtype, "attention_dtype": e.attention_dtype,
                 "moe_tp": e.moe_tp, "a2a_mode": e.a2a_mode, "cuda_graph_max_bs": e.cuda_graph_max_bs,
-                "kernels_per_layer": e.kernels_per_layer, "kernel_build": e.kernel_build}
+                "kernels_per_layer": e.kernels_per_layer, "kernel_build": e.kernel_build, "engine": e.replica_rule}
 
     def gemm_time(self, flops_per_row, rows, groups, bytes_, peak: float, kernels: int = 1):
         """``kernels`` GEMM kernels over ``rows`` rows split into ``groups`` weight matrices (arrays of any
@@ -669,8 +676,12 @@ class CostModel:
         else:
             layer[self._is_moe] += experts + comm
         kernels = self.layer_kernels(dual_batch_overlap)
-        # a latency-bound layer (batch 1) takes at least its kernels x the kernel floor
-        layer = np.maximum(layer, kernels * c.kernel_floor_s)
+        # a latency-bound layer (batch 1) takes at least its kernels x the kernel floor; K3's kernels are
+        # priced one by one (each at least the floor)
+        if self._k3 is not None and not dual_batch_overlap:
+            layer = np.maximum(layer, self._k3.layer_floor(self, w, experts, comm))
+        else:
+            layer = np.maximum(layer, kernels * c.kernel_floor_s)
         gpu_layer = layer
         # the device-side gap between dependent kernels is paid with or without a graph (a graph removes
         # the CPU launches, not the GPU's own kernel-to-kernel latency: RTP-LLM's DeepSeek report measures

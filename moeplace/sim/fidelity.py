@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from moeplace.foundation.files import read_json
+from moeplace.sim.calibrate import calibrated_ranges, calibration_note
 from moeplace.sim.ensemble import NEAR
 
 SUMMARY_PATH = Path(__file__).with_name("fidelity_summary.json")
@@ -130,6 +131,13 @@ THROUGHPUT_FIGURES = ("output_tok_s", "output_tok_s_per_gpu", "input_tok_s", "in
 TIME_FIGURES = ("tpot_p50_s", "tpot_p99_s", "itl_s")
 
 
+def calibrated_figure_ranges(summary: dict[str, Any], calibration: dict[str, Any]) -> dict[str, Any]:
+    """``{"<figure>_range": [lo, hi]}`` of a run priced by a ``place calibrate`` file (``calibration``: the
+    run's :func:`sim.calibrate.calibration_run`): its within-deployment interval around each throughput and
+    per-token time (the shipped ensemble does not price such a run: its constants are the calibration's)."""
+    return calibrated_ranges(summary, calibration["interval"], THROUGHPUT_FIGURES, TIME_FIGURES)
+
+
 def load_summary(path: str | Path = SUMMARY_PATH) -> dict[str, Any]:
     """The committed summary (:func:`summarize_cases`'s dict)."""
     return read_json(path, missing="missing (the package's fidelity summary; bench/fidelity.py --summary-only "
@@ -209,6 +217,8 @@ def fidelity_note(s: dict[str, Any], run: dict[str, Any] | None = None) -> str:
         parts.append(f"TTFT on {s['ttft_cases']} (median off {s['ttft_median_abs_error']:.0%}, no interval)")
     else:
         parts.append("TTFT never checked")
+    if run and run.get("calibration"):
+        return calibration_note(run["calibration"])
     parts.append(f"not checked: Kimi K3 itself; structure frozen {s['frozen_on']}")
     extra = run_note(s, run) if run else ""
     return ("absolute figures are model estimates: " + "; ".join(parts) + "; " + (f"{extra}; " if extra else "")

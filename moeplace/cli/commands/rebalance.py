@@ -3,6 +3,7 @@ EPLB, TensorRT-LLM's load balancer) on the routing of TRACE and print the best s
 the gain over a static placement and its interval. The work is :func:`moeplace.sim.tune.tune`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -12,6 +13,7 @@ from moeplace.cli.sim_settings import SimSettings, build_sim_config
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.files import OutputKind, Outputs, register_kind, tagged_artifact, write_text_atomic
 from moeplace.foundation.formats import tagged
+from moeplace.sim.calibrate import calibration_note, calibration_run, check_applies, load_calibration
 from moeplace.sim.inputs import parse_phases, read_workload
 from moeplace.sim.online import DEFAULT_BUDGET_S
 from moeplace.sim.tune import ENGINE_NAMES, format_tune, tune
@@ -49,6 +51,9 @@ def register(sub) -> None:
                         "(`place engines`), as it would behave once it does; labelled what-if in every output")
     p.add_argument("--seed", type=flags.seed, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--calibration", default=None, metavar="CAL.json",
+                   help="price the candidates with the constants place calibrate fitted on your measured points of "
+                        "this model and GPU (the tok/s figures; the gains are ratios either way)")
     p.add_argument("--report", default=None, metavar="FILE", help="also write the result as JSON")
     add_force(p)
     p.set_defaults(func=run)
@@ -56,20 +61,26 @@ def register(sub) -> None:
 
 def run(args) -> int:
     phases = parse_phases(args.phases) if args.phases else ()
-    outs = Outputs(inputs=[args.trace, *(ph.source for ph in phases)], force=args.force)
+    outs = Outputs(inputs=[args.trace, *(ph.source for ph in phases), args.calibration], force=args.force)
     outs.add(args.report, REBALANCE_REPORT, "--report")
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
     wl = read_workload(args.trace, phases, args.max_trace_tokens, args.seed)
     settings = SimSettings(attention_tp=args.attention_tp, concurrency=args.concurrency, context_mix=args.context_mix,
                            output_len=args.output_len, seed=args.seed)
     config = build_sim_config(settings, wl.trace.model.max_context)
+    cal = load_calibration(args.calibration) if args.calibration else None
+    if cal is not None:
+        check_applies(cal, wl.trace.model.name, cluster.gpu.name)
+        config = dataclasses.replace(config, cost=cal.cost)
     engines = args.engine or list(ENGINE_NAMES)
     progress = (lambda s: print(f"  {s}", file=sys.stderr, flush=True)) if sys.stderr.isatty() else None
     res = tune(wl, cluster, config, None, engines, args.splits, args.quick, progress, args.budget,
                what_if=args.what_if)
     note = wl.trace.layers_note
     res = tagged("rebalance-report", {"trace": args.trace or f"--phases {args.phases}", **res,
-                                      **({"layers": note} if note else {})})
+                                      **({"layers": note} if note else {}),
+                                      **({"calibration": calibration_run(cal, cluster.num_gpus, args.attention_tp,
+                                                                         cal.deployment.engine)} if cal else {})})
     if args.report:
         outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(res, indent=1) + "\n"))
     if args.json:
@@ -83,6 +94,8 @@ def run(args) -> int:
                   "measured, weight transfer charged:")
         if note:
             print(f"note: {note}")
+        if cal is not None:
+            print(f"tok/s: {calibration_note(res['calibration'])}")
         for line in format_tune(res):
             print(line)
         if hz is not None:

@@ -19,9 +19,10 @@ from moeplace.foundation.files import Outputs
 from moeplace.foundation.memory.planner import pool_cluster, pool_layout
 from moeplace.foundation.progress import wanted
 from moeplace.placement.dispatch import ENGINE_RULES
+from moeplace.sim.calibrate import Calibration, calibration_run, check_applies, load_calibration
 from moeplace.sim.calibration import load_profile
 from moeplace.sim.config import COST_ENGINES, COST_MODELS, SimConfig, parse_mtp
-from moeplace.sim.fidelity import fidelity_doc, run_context
+from moeplace.sim.fidelity import calibrated_figure_ranges, fidelity_doc, run_context
 from moeplace.sim.inputs import parse_phases, workload_of
 from moeplace.sim.measured import cost_source_line
 from moeplace.sim.online import DEFAULT_BUDGET_S, Candidate, check_deployments, compare, verdict
@@ -129,6 +130,9 @@ def register(sub) -> None:
                    "latency (default 20%% of --duration)")
     r.add_argument("--mode", choices=("replay", "stat"), default="stat")
     r.add_argument("--profile", default=None, help="calibration profile JSON (kernels/)")
+    r.add_argument("--calibration", default=None, metavar="CAL.json",
+                   help="price with the constants place calibrate fitted on your measured points of this model "
+                        "and GPU; the ranges become the within-deployment interval")
     r.add_argument("--cost-model", choices=COST_MODELS, default="roofline",
                    help="kernel costs: roofline (default) = the fitted roofline; measured = NVIDIA "
                         "aiconfigurator's silicon tables (by GPU and engine release; roofline for what they do "
@@ -176,8 +180,9 @@ def run(args) -> int:
     if args.duration is None:  # the phases' seconds (when they give them), else 600
         args.duration = float(sum(ph.seconds for ph in phases)) if timed else 600.0
     source = args.traces or f"--phases {args.phases}"
-    outs = Outputs(inputs=[args.traces, *(ph.source for ph in phases), *args.placement, args.profile, args.model],
-                   force=args.force)
+    outs = Outputs(inputs=[args.traces, *(ph.source for ph in phases), *args.placement, args.profile, args.model,
+                           args.calibration], force=args.force)
+    cal = calibration_of(args)
     outs.add(args.out, SIM_OUTPUT)
     outs.add(args.chrome_trace, CHROME_TRACE, "--chrome-trace")
     dep = pools_deployment(args)
@@ -196,6 +201,9 @@ def run(args) -> int:
         check=lambda t: simulation_config(args, t.model.max_context))  # the settings, before any placement
     trace, placements = prep.trace, prep.placements
     config = simulation_config(args, trace.model.max_context)
+    if cal is not None:
+        check_applies(cal, trace.model.name, cluster.gpu.name)
+        config = dataclasses.replace(config, cost=cal.cost)
     if dep is not None:  # the run's engine settings as the decode pool has them (each pool gets its own)
         lay = pool_layout(trace.model, dep.decode)
         config = dataclasses.replace(config, engine=dataclasses.replace(
@@ -225,6 +233,11 @@ def run(args) -> int:
     run = run_context(config, cluster.num_gpus, trace.model.name, cluster.gpu.name,
                       cost="profile" if profile is not None else results[0].summary["cost_model"]["source"],
                       summary=results[0].summary)
+    if cal is not None:
+        run["calibration"] = calibration_run(cal, cluster.num_gpus, config.engine.attention_tp, args.engine)
+        for r in results:  # each summary says what priced it (summary.json, the dashboard)
+            r.summary["calibration"] = run["calibration"]
+            r.summary.update(calibrated_figure_ranges(r.summary, run["calibration"]))
     if args.out:
         resolved = {**resolved_config(config, cluster, trace, placements, profile),
                     "settings": settings_record(args, {"traces": args.traces})}
@@ -256,7 +269,8 @@ def run(args) -> int:
               + f"; steady state after {config.warmup_s:g} s warm-up")
         print(cost_source_line(results[0].summary["cost_model"])
               + (f"; corrected by the calibration profile {args.profile} ({profile.device}, {', '.join(sorted(profile.ops))})"
-                 if profile is not None else ""))
+                 if profile is not None else "")
+              + (f"; constants calibrated by {args.calibration}" if cal is not None else ""))
         print(format_table(results, run))
         print(fidelity_doc(run)["note"])
         if rec is not None:
@@ -283,6 +297,19 @@ def pools_deployment(args):
             raise InputError(f"{flag} does not go with --pools (the pool words set gpus, tp/dp, ep, redundant, "
                              "batch and tokens per pool; the deployment is disaggregated)")
     return parse_pools(args.pools)
+
+
+def calibration_of(args) -> Calibration | None:
+    """The ``--calibration`` file, read before any work; it calibrates the roofline cost model, so it does
+    not combine with a kernel profile or the measured tables."""
+    if not args.calibration:
+        return None
+    if args.profile:
+        raise InputError("--calibration and --profile are alternatives (a calibration refits the roofline cost "
+                         "model on measured serving points; a profile replaces its kernel times)")
+    if args.cost_model != "roofline":
+        raise InputError(f"--calibration calibrates the roofline cost model; drop --cost-model {args.cost_model}")
+    return load_calibration(args.calibration)
 
 
 def simulation_config(args, max_context: int | None) -> SimConfig:

@@ -6,6 +6,7 @@ deployment's launch command. A rerun with the same ``--out`` resumes: finished p
 The work is :func:`moeplace.sweep.run_sweep`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -13,7 +14,8 @@ from pathlib import Path
 
 from moeplace.cli import flags
 from moeplace.cli.sweep import format_frontier, load_spec, run_sweep
-from moeplace.cli.sweep.spec import check_points
+from moeplace.cli.sweep.spec import check_points, expand_points
+from moeplace.foundation.cluster import load_gpu
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import (
     OutputError,
@@ -24,6 +26,7 @@ from moeplace.foundation.files import (
     remove_empty_tree,
 )
 from moeplace.foundation.limits import MAX_SWEEP_POINTS
+from moeplace.sim.calibrate import check_applies, load_calibration
 from moeplace.sim.frontier import SWEEP_DIRECTORY
 
 EXIT_NOTHING_FINISHED = 3  # as `place plan` when nothing fits: the inputs were valid, no deployment came out
@@ -51,6 +54,9 @@ def register(sub) -> None:
                         "any runs, with an estimate of the time they take)")
     p.add_argument("--quiet", action="store_true", help="no per-point progress lines on stderr")
     p.add_argument("--json", action="store_true", help="print the frontier report as JSON instead of text")
+    p.add_argument("--calibration", default=None, metavar="CAL.json",
+                   help="price every point with the constants place calibrate fitted on your measured points of "
+                        "the spec's model and GPU; ranges become the within-deployment interval")
     p.set_defaults(func=run)
 
 
@@ -61,6 +67,12 @@ def run(args) -> int:
     if args.out:
         check_output(args.out, kind=SWEEP_DIRECTORY, inputs=[args.spec], replace_own=True)
     spec = load_spec(args.spec)
+    cal = None
+    if args.calibration:
+        cal = load_calibration(args.calibration)
+        for gpu in sorted({p.gpu for p in expand_points(spec)}):
+            check_applies(cal, spec.model.name, load_gpu(gpu).name)
+        spec = dataclasses.replace(spec, cost=dataclasses.asdict(cal.cost))
     out = args.out or f"runs/sweep-{spec.name}"
     if not args.out:
         check_output(out, kind=SWEEP_DIRECTORY, inputs=[args.spec], replace_own=True)
@@ -71,7 +83,7 @@ def run(args) -> int:
         # one sweep at a time per --out: a second one says who holds it (the first would redo its points)
         with exclusive_lock(out):
             res = run_sweep(spec, out, backend="local" if args.local else "ray", ray_address=args.ray,
-                            workers=args.workers, log=log, max_points=args.max_points)
+                            workers=args.workers, log=log, max_points=args.max_points, calibration=cal)
     except WriteFailed as exc:  # disk full, file system gone read-only: no point is half-written
         if not existed and remove_empty_tree(Path(out)):
             raise OutputError(f"{exc}; the sweep wrote nothing, {out} was removed") from None

@@ -54,6 +54,7 @@ from moeplace.placement.export import capabilities, export_placement
 from moeplace.placement.export.flags import FlagOptions, format_options, launch_spec, recommended_format
 from moeplace.placement.record import Placement, load_placement
 from moeplace.placement.windows import routing_windows
+from moeplace.sim.calibrate import calibrated_ranges, calibration_run
 from moeplace.sim.config import SimConfig
 from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.frontier import FRONTIER_FILE, SWEEP_RECOMMENDED, SWEEP_TABLE, frontier_report
@@ -233,6 +234,8 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
         config = build_sim_config(settings, spec.model.max_context, mix_what=f"workload {w.name}: context_mix")
     except InputError as exc:
         raise InputError(f"{spec.path}: point #{point.index} ({point.label()}): {exc}") from None
+    if spec.cost:  # calibrated constants (place sweep --calibration)
+        config = dataclasses.replace(config, cost=config.cost.replace(**spec.cost))
     if config.rebalance is not None and config.rebalance.decision_s is None:
         # a sweep must repeat: the policy's measured decision time varies from run to run, so a point
         # charges the decision only when its rebalance string fixes it (decision=S)
@@ -240,13 +243,19 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
     return config
 
 
-def point_ranges(report: dict[str, Any]) -> None:
+def point_ranges(spec: SweepSpec, points: list[Point], report: dict[str, Any], calibration=None) -> None:
     """Each simulated point of ``report`` (its rows, shared by the frontier and the recommendation) gets,
     beside its output throughput and p99 TPOT, the shipped ensemble's 80 % interval (``output_tok_s_range``,
-    ``tpot_p99_s_range``: [lo, hi], from the table's ``*_lo`` / ``*_hi`` columns, sim.ensemble.price_run), or
-    None where the ensemble did not price the point (another cost source)."""
+    ``tpot_p99_s_range``: [lo, hi], from the table's ``*_lo`` / ``*_hi`` columns, sim.ensemble.price_run);
+    with a ``calibration`` (``place sweep --calibration``), the calibration's within-deployment interval
+    instead; None where neither priced the point (another cost source)."""
+    by_index = {p.index: p for p in points}
     for w in report["workloads"].values():
         for r in w["points"]:
+            if calibration is not None:
+                c = calibration_run(calibration, r["gpus"], r["tp"], by_index[r["index"]].engine)
+                r.update(calibrated_ranges(r, c["interval"], ("output_tok_s",), ("tpot_p99_s",)))
+                continue
             for key in ("output_tok_s", "tpot_p99_s"):
                 lo, hi = r.get(f"{key}_lo"), r.get(f"{key}_hi")
                 r[f"{key}_range"] = None if lo is None or hi is None else [lo, hi]
@@ -291,7 +300,7 @@ Item = tuple[Point, str, dict[str, Any], SimConfig]  # a point to run: point, ha
 def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_address: str | None = None,
               workers: int | None = None, log: Log | None = None,
               on_row: Callable[[dict[str, Any]], None] | None = None,
-              max_points: int | None = None) -> SweepOutcome:
+              max_points: int | None = None, calibration=None) -> SweepOutcome:
     """Evaluate every point of ``spec`` into ``out`` (see :mod:`moeplace.sweep.store` for the layout).
 
     ``backend``: ``"ray"`` (``ray_address`` ``None``: start a local instance of ``workers`` CPUs; an
@@ -340,8 +349,12 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
     # its absolute figures are the simulator's: say how far they were off, and what no validation case
     # covers (the sweep's model, its GPU when it has one; regimes vary by point)
     gpus = sorted({p.gpu for p in points})
-    report["fidelity"] = fidelity_doc({"model": spec.model.name, "gpu": gpus[0] if len(gpus) == 1 else None})
-    point_ranges(report)
+    ctx = {"model": spec.model.name, "gpu": gpus[0] if len(gpus) == 1 else None}
+    if calibration is not None:
+        ctx["calibration"] = calibration_run(calibration, calibration.deployment.gpus,
+                                             calibration.deployment.attention_tp, calibration.deployment.engine)
+    report["fidelity"] = fidelity_doc(ctx)
+    point_ranges(spec, points, report, calibration)
     frontier_path = store.out / FRONTIER_FILE
     write_text_atomic(frontier_path, json.dumps(report, indent=1, default=str) + "\n")
     return SweepOutcome(table=table, report=report, num_points=len(points),

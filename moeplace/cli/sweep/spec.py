@@ -181,6 +181,8 @@ class SweepSpec:
     simulate: dict[str, Any] = field(default_factory=dict)
     objective: dict[str, Any] = field(default_factory=dict)
     settings: SimSettings = field(default_factory=SimSettings)
+    # cost-model constants of a ``place calibrate`` file (``--calibration``), none: the shipped ones
+    cost: dict[str, Any] = field(default_factory=dict)
 
     def workload(self, name: str) -> Workload:
         return next(w for w in self.workloads if w.name == name)
@@ -594,4 +596,5 @@ def point_hash(spec: SweepSpec, point: Point, workload_fp: str) -> str:
     return _digest({"v": SWEEP_VERSION, "model": spec.model.to_dict(), "seed": spec.seed,
                     "axes": point.axes(),
                     "workload": {**w, "fingerprint": workload_fp}, "plan": spec.plan, "engine": spec.engine,
-                    "optimize": spec.optimize, "simulate": spec.simulate})
+                    "optimize": spec.optimize, "simulate": spec.simulate,
+                    **({"cost": spec.cost} if spec.cost else {})})

@@ -62,7 +62,8 @@ def cell(s: dict, key: str, unit: str) -> str:
 table = [{"metric": name, **{lab: cell(summ[lab], key, unit) for lab in labels}}
          for name, key, unit in data.sim_table_rows([summ[lab] for lab in labels])]
 st.dataframe(table, hide_index=True)
-ui.accuracy_note()
+# a run priced by a place calibrate file says so, with its within-deployment interval (the ranges above)
+ui.accuracy_note(next((summ[lab]["calibration"]["note"] for lab in labels if summ[lab].get("calibration")), None))
 
 # -- a disaggregated deployment (place simulate --pools): its two pools side by side, per placement
 pooled = [(lab, data.pool_side_by_side(summ[lab])) for lab in labels]

@@ -1,0 +1,204 @@
+"""One measured serving point priced by the simulator under a given constant set: what ``place
+calibrate`` fits the constants on.
+
+:class:`PointModel` sets up the deployment (:class:`sim.calibrate.Deployment`) at the point's load
+(closed loop at its concurrency, or Poisson arrivals at its rate; its mean prompt and output lengths) and
+prices it two ways: :meth:`PointModel.event`, the discrete-event simulator in stat mode (what ``place
+simulate`` prints), and :meth:`PointModel.steady`, one steady decode iteration at the point's batch (the
+fit's fast evaluator). A fit multiplies the steady figure by the ratio event / steady at the starting
+constants (the iteration leaves out the prefills a serving run interleaves; the ratio carries them, to
+first order) and checks the result with the event simulator at the end.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.model import load_model
+from moeplace.sim.bench_results import MeasuredPoint
+from moeplace.sim.calibrate import Deployment
+from moeplace.sim.config import CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadConfig, parse_mtp
+
+TRACE_TOKENS = 16000  # tokens of the synthetic routing trace (stationary: one benchmark's prompt mix)
+
+
+def synthetic_trace(model, tokens: int = TRACE_TOKENS):
+    """A stationary synthetic routing trace of ``model`` (the project's router, drift 0), in memory."""
+    from moeplace.sim.workload import load_trace_tokens  # sim.workload reads traces; import with the trace
+    from moeplace.traces.synth import SynthConfig, synthesize  # the synthesizer: only without a user trace
+
+    tmp = tempfile.mkdtemp(prefix="moeplace-calibrate-")
+    try:
+        synthesize(model, SynthConfig(num_tokens=tokens, drift=0.0), Path(tmp) / "trace")
+        return load_trace_tokens(Path(tmp) / "trace")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def deployment_model(dep: Deployment):
+    m = load_model(dep.model)
+    for f in ("expert_dtype", "weight_dtype"):
+        if getattr(dep, f):
+            m = dataclasses.replace(m, **{f: getattr(dep, f)})
+    return m
+
+
+def engine_config(dep: Deployment) -> EngineConfig:
+    draft, acc = parse_mtp(dep.mtp) if dep.mtp else (0, 0.0)
+    return EngineConfig(attention_tp=dep.attention_tp, max_batched_tokens=dep.max_batched_tokens, max_seqs=dep.max_seqs,
+                        cuda_graph_max_bs=dep.cuda_graph_max_bs, dual_batch_overlap=dep.dbo,
+                        replica_rule=dep.engine, kv_dtype=dep.kv_dtype, attention_dtype=dep.attention_dtype,
+                        a2a_mode=dep.deepep_mode, kernel_build=dep.kernel_build, mtp_draft=draft,
+                        mtp_acceptance=acc, moe_tp=dep.moe_tp)
+
+
+class PointModel:
+    """A measured point's deployment and load, priced under any constant set (module docstring)."""
+
+    def __init__(self, dep: Deployment, point: MeasuredPoint, trace) -> None:
+        from moeplace.sim.routing import StatRouter  # the router is built once per point
+        from moeplace.sim.runner import (
+            resolve_placement,  # the placement policy, as place simulate resolves it
+        )
+
+        self.dep, self.point = dep, point
+        model = deployment_model(dep)
+        self.trace = dataclasses.replace(trace, model=model)
+        self.cluster = make_cluster(dep.gpus, dep.gpu, dep.gpus_per_node)
+        self.engine = engine_config(dep)
+        self.label, self.placement = resolve_placement(dep.placement, self.trace, self.cluster, dep.redundant,
+                                                       dep.engine, 0)
+        self.router = StatRouter(self.trace, self.placement, dep.engine, 0, dep.attention_tp)
+        self.ranks = dep.gpus // dep.attention_tp
+        self._duration: float | None = None
+
+    # ------------------------------------------------------------------ the event simulator
+    def sim_config(self, cfg: CostConfig) -> SimConfig:
+        p = self.point
+        isl, osl = max(1, round(p.isl)), max(1, round(p.osl))
+        lengths = LengthMix(components=((isl, 1.0),), sigma=0.0, output_mean=osl, output_sigma=0.0,
+                            max_len=LengthMix.cap_for(self.trace.model.max_context), range_ratio=p.range_ratio)
+        if p.rate is None:
+            wl = WorkloadConfig(arrival="closed", concurrency=p.concurrency, lengths=lengths)
+        else:
+            wl = WorkloadConfig(arrival="poisson", rate=p.rate, lengths=lengths)
+        return SimConfig(duration=self.duration, mode="stat", seed=0, engine=self.engine, cost=cfg, workload=wl)
+
+    @property
+    def duration(self) -> float:
+        """Simulated seconds of the point: 20 request lifetimes at the simulator's own pace with the shipped
+        constants (the steady iteration's time per token), between 5 and 600 s -- the same for every
+        constant set, so before and after compare like with like."""
+        if self._duration is None:
+            life = (self.point.ttft_s or 0.0) + self.point.osl * self.steady(CostConfig())["tpot_s"]
+            self._duration = float(min(max(20 * life, 5.0), 600.0))
+        return self._duration
+
+    def event(self, cfg: CostConfig) -> dict[str, float | None]:
+        """The event simulator's figures at the point: output tok/s of the deployment, median TPOT and TTFT."""
+        from moeplace.sim.runner import simulate  # the event simulator (heavy): only when a point is priced
+
+        s = simulate(self.trace, [(self.label, self.placement)], self.cluster, self.sim_config(cfg))[0].summary
+        return {"output_tok_s": float(s["output_tok_s"]), "tpot_s": s.get("tpot_p50_s"), "ttft_s": s.get("ttft_p50_s"),
+                "requests_finished": s["requests_finished"]}
+
+    # ------------------------------------------------------------------ one steady decode iteration
+    def batch(self) -> np.ndarray:
+        """Decoding sequences per attention-DP rank at the point's load ``[D]`` (a closed loop's concurrency
+        spread over the ranks, at most the engine's max_seqs)."""
+        D, p = self.ranks, self.point
+        conc = p.concurrency if p.rate is None else max(1, round(p.rate * p.osl * (p.tpot_s or 0.02)))
+        b = np.full(D, conc // D, dtype=np.float64)
+        b[: conc % D] += 1
+        return np.minimum(b, self.engine.max_seqs)
+
+    def steady(self, cfg: CostConfig) -> dict[str, float]:
+        """One decode iteration at the point's batch: output tok/s of the deployment and the time per output
+        token of a sequence."""
+        from moeplace.sim.cost import CostModel, RankWork  # the cost model, priced per constant set
+
+        e, p = self.engine, self.point
+        cost = CostModel.for_engine(self.trace.model, self.cluster, cfg, e)
+        b = self.batch()
+        per = 1 + e.mtp_draft
+        w = RankWork.zeros(self.ranks)
+        ctx = p.isl + p.osl / 2
+        w.dec_seqs[:] = b
+        w.tokens[:] = w.sampled[:] = b * per
+        w.dec_ctx[:] = b * (ctx + 1) * per + b * per * (per - 1) / 2
+        self.router.cursor = 0
+        moe, _ = self.router.route_count(int(w.tokens.sum()), np.random.default_rng(0))
+        st = cost.step_time(w, moe, e.dual_batch_overlap)
+        dt = st.total + cost.draft_time(st, w, e.mtp_draft)
+        gain = e.mtp_tokens_per_step()
+        return {"output_tok_s": float(b.sum()) * gain / dt, "tpot_s": dt / gain}
+
+
+def shipped_members() -> list:
+    """The ensemble a calibration starts from: today the one shipped constant set (``CostConfig()``) as a
+    one-member ensemble. Issue 40's shipped ensemble replaces this with its members and weights."""
+    from moeplace.sim.calibrate import Member  # the ensemble interface
+
+    return [Member(CostConfig(), 1.0, "shipped")]
+
+
+def calibrate_points(dep: Deployment, points: list[MeasuredPoint], trace, members=None, prior_sd=None,
+                     interval: dict | None = None, prior_source: str = "", log=None) -> dict:
+    """Calibrate ``members`` (default :func:`shipped_members`) on the measured ``points`` of ``dep`` and
+    return the CAL.json document: per point its measured figures and the event simulator's before and
+    after; what changed (sim.calibrate.calibrate_members); the calibrated members; the interval."""
+    from moeplace.sim.calibrate import (  # the math
+        FIT_METRICS,
+        calibrate_members,
+        calibration_doc,
+        median_member,
+    )
+
+    log = log or (lambda _msg: None)
+    members = list(members or shipped_members())
+    base = median_member(members).cost
+    models = [PointModel(dep, p, trace) for p in points]
+    before = []
+    obs: list[tuple[int, str, float, float]] = []  # (point, metric, measured, event / steady at the start)
+    for i, (pm, p) in enumerate(zip(models, points)):
+        log(f"  pricing {p.source} at the shipped constants ...")
+        ev = pm.event(base)
+        st = pm.steady(base)
+        before.append(ev)
+        for m in FIT_METRICS:
+            meas = getattr(p, m)
+            if meas and ev.get(m):
+                obs.append((i, m, float(meas), float(ev[m]) / st[m]))
+    if not obs:
+        from moeplace.foundation.errors import InputError  # an input problem, raised where it is found
+
+        raise InputError("no measured figure to calibrate on (each point needs output_throughput and the "
+                         "simulator must complete requests at its load)")
+
+    def residuals(cfg: CostConfig) -> np.ndarray:
+        cache: dict[int, dict] = {}
+        out = []
+        for i, m, meas, corr in obs:
+            if i not in cache:
+                cache[i] = models[i].steady(cfg)
+            out.append(np.log(cache[i][m] * corr / meas))
+        return np.array(out)
+
+    log(f"  calibrating {len(members)} member(s) on {len(obs)} measured figures ...")
+    cal, info = calibrate_members(members, residuals, prior_sd)
+    after_cfg = median_member(cal).cost
+    rows = []
+    for pm, p, ev in zip(models, points, before):
+        log(f"  re-pricing {p.source} calibrated ...")
+        af = pm.event(after_cfg)
+        rows.append({"source": p.source, "tool": p.tool, "concurrency": p.concurrency, "rate": p.rate,
+                     "isl": p.isl, "osl": p.osl, "duration_s": p.duration_s,
+                     "measured": {"output_tok_s": p.output_tok_s, "tpot_s": p.tpot_s, "ttft_s": p.ttft_s,
+                                  "total_tok_s": p.total_tok_s, "accept_length": p.accept_length},
+                     "before": ev, "after": af})
+    return calibration_doc(dep, rows, cal, info, members, interval or {}, prior_source)

@@ -1,0 +1,236 @@
+"""`place calibrate`: the result readers on files the released tools wrote, the deployment settings, the
+calibration math (reweight, refit within bounds), CAL.json, and `place simulate --calibration`."""
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moeplace.cli.main import main
+from moeplace.foundation.errors import InputError
+from moeplace.sim.bench_results import AIPERF, SGLANG, VLLM, read_results
+from moeplace.sim.calibrate import (
+    REFIT,
+    Member,
+    calibrate_members,
+    cfg_of,
+    deployment_of,
+    median_member,
+    refit,
+    reweight,
+    x_of,
+)
+from moeplace.sim.config import CostConfig
+
+DATA = Path(__file__).parent / "data" / "bench_results"
+TINY = Path(__file__).parent / "data" / "tiny-moe-config.json"
+
+
+# ---------------------------------------------------------------------------- readers
+def test_vllm_bench_serve_results_as_written():
+    (p,) = read_results(DATA / "vllm-bench-serve-c4-detailed.json")
+    assert p.tool == VLLM and p.concurrency == 4 and p.rate is None and p.num_requests == 16
+    assert p.isl == 1024 and p.osl == 64 and p.range_ratio == 0.0  # input_lens saved in detail: all 1,024
+    assert p.output_tok_s == pytest.approx(166.5238407621192)
+    assert p.total_tok_s == pytest.approx(2830.905292956026)
+    assert p.tpot_s == pytest.approx(23.590652865081328e-3) and p.ttft_s == pytest.approx(26.35757049984022e-3)
+    (q,) = read_results(DATA / "vllm-bench-serve-c16.json")  # without --save-detailed: lengths from totals
+    assert q.concurrency == 16 and q.num_requests == 32 and q.osl == 64
+    a, b = read_results(DATA / "vllm-bench-serve-append.json")  # --append-result: one object per line
+    assert (a.concurrency, b.concurrency, a.isl, b.osl) == (2, 8, 2048, 32) and b.source.endswith(":2")
+
+
+def test_sglang_jsonl_one_run_per_line_and_aiperf_export():
+    a, b = read_results(DATA / "sglang-bench-serving.jsonl")
+    assert (a.tool, a.concurrency, b.concurrency) == (SGLANG, 4, 16)
+    assert a.source.endswith(":1") and b.source.endswith(":2")
+    assert b.output_tok_s == pytest.approx(539.5085979901457) and b.tpot_s == pytest.approx(29.15348614285341e-3)
+    (c,) = read_results(DATA / "aiperf-c4-profile_export_aiperf.json")
+    assert c.tool == AIPERF and c.concurrency == 4 and c.isl == 1024 and c.osl == 64
+    assert c.output_tok_s == pytest.approx(164.0140339793432)
+    assert c.tpot_s == pytest.approx(23.448332571428573e-3)  # inter_token_latency p50, in ms in the export
+
+
+def _edit(tmp_path, name, fn, lines=False):
+    src = (DATA / name).read_text()
+    if lines:
+        objs = [json.loads(x) for x in src.splitlines() if x.strip()]
+        fn(objs)
+        text = "\n".join(json.dumps(o) for o in objs) + "\n"
+    else:
+        obj = json.loads(src)
+        fn(obj)
+        text = json.dumps(obj)
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("name,edit,lines,want", [
+    ("vllm-bench-serve-c16.json", lambda o: o.pop("output_throughput"), False, "field 'output_throughput'"),
+    ("vllm-bench-serve-c16.json", lambda o: o.update(completed="16"), False, "field 'completed' is '16'"),
+    ("vllm-bench-serve-c16.json", lambda o: o.update(max_concurrency=0), False, "field 'max_concurrency' is 0"),
+    ("sglang-bench-serving.jsonl", lambda os: os[1].update(duration=-1.0), True, ":2: field 'duration'"),
+    ("aiperf-c4-profile_export_aiperf.json", lambda o: o["time_to_first_token"].update(unit="fortnights"), False,
+     "field 'time_to_first_token.unit'"),
+])
+def test_reader_errors_name_file_and_field(tmp_path, name, edit, lines, want):
+    p = _edit(tmp_path, name, edit, lines)
+    with pytest.raises(InputError) as exc:
+        read_results(p)
+    msg = str(exc.value)
+    assert str(p) in msg and want in msg and "\n" not in msg
+
+
+def test_unknown_file_and_cli_error_is_one_line(tmp_path, capsys):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"throughput": 3}))
+    with pytest.raises(InputError, match="vllm bench serve"):
+        read_results(p)
+    rc = main(["calibrate", str(p), "--model", "kimi-k2", "--gpu", "h200", "--gpus", "8", "--out",
+               str(tmp_path / "cal.json")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err and str(p) in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "cal.json").exists()
+
+
+def test_a_speculative_run_needs_the_deployments_mtp(tmp_path, capsys):
+    p = _edit(tmp_path, "vllm-bench-serve-c16.json", lambda o: o.update(spec_decode_acceptance_length=2.4))
+    rc = main(["calibrate", str(p), "--model", "kimi-k2", "--gpu", "h200", "--gpus", "8", "--out",
+               str(tmp_path / "cal.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "field 'spec_decode_acceptance_length' is 2.40" in err and "mtp" in err
+
+
+def test_a_trace_of_another_model_is_refused(tmp_path, tiny_trace, capsys):
+    rc = main(["calibrate", str(DATA / "vllm-bench-serve-c16.json"), "--model", "qwen3-30b-a3b", "--gpu", "h200",
+               "--gpus", "8", "--trace", str(tiny_trace), "--out", str(tmp_path / "cal.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "routing of tiny-moe" in err and "qwen3-30b-a3b" in err and "Traceback" not in err
+
+
+def test_deployment_keys_checked_with_the_nearest_valid_one():
+    with pytest.raises(InputError, match="attention_tpp: unknown key; did you mean 'attention_tp'"):
+        deployment_of({"model": "kimi-k2", "gpu": "h200", "gpus": 8, "attention_tpp": 8}, "dep.yaml")
+    with pytest.raises(InputError, match="attention_dp 4 x attention_tp 8"):
+        deployment_of({"model": "kimi-k2", "gpu": "h200", "gpus": 8, "attention_tp": 8, "attention_dp": 4}, "d")
+    with pytest.raises(InputError, match="'gpus' missing"):
+        deployment_of({"model": "kimi-k2", "gpu": "h200"}, "d")
+    d = deployment_of({"model": "kimi-k2", "gpu": "h200", "gpus": 16, "attention_tp": 8, "ep": 8}, "d")
+    assert d.moe_tp == 2 and "TP8 DP2" in d.describe() and "TEP2" in d.describe()
+
+
+# ---------------------------------------------------------------------------- the math
+def test_refit_bounds_are_the_fits():
+    """What a calibration may change keeps the bounds the global fit uses (bench/fidelity_harness.FIT)."""
+    from benchkit import load_bench
+
+    fit = {n: (lo, hi) for n, lo, hi in load_bench("fidelity_harness").FIT}
+    for n, lo, hi in REFIT:
+        assert fit[n] == (lo, hi), n
+
+
+def _sensitive(target_sust: float):
+    """Residual of one 'measured' figure proportional to the sustained efficiency (a compute-bound point)."""
+    return lambda cfg: np.array([math.log(cfg.sustained_efficiency / target_sust)])
+
+
+def test_refit_moves_the_least_and_explains_the_point():
+    base = Member(CostConfig(), 1.0)
+    m, info = refit(base, _sensitive(0.5), np.full(len(REFIT), 0.25))
+    assert m.cost.sustained_efficiency == pytest.approx(0.5, rel=0.02)  # explained (sigma << prior)
+    assert set(info["moved"]) == {"sustained_efficiency"}  # nothing the point does not see
+    same, info0 = refit(base, _sensitive(CostConfig().sustained_efficiency), np.full(len(REFIT), 0.25))
+    assert same.cost == base.cost and not info0["moved"]
+    # beyond the bound: stops at it and says so
+    low, info_low = refit(base, _sensitive(0.1), np.full(len(REFIT), 0.25))
+    assert low.cost.sustained_efficiency == pytest.approx(0.3) and info_low["moved"]["sustained_efficiency"]["bound"]
+
+
+def test_reweight_prefers_the_member_that_explains_the_point():
+    members = [Member(CostConfig().replace(sustained_efficiency=s), 1 / 3, f"m{s}") for s in (0.4, 0.6, 0.8)]
+    out, info = reweight(members, _sensitive(0.6))
+    w = [m.weight for m in out]
+    assert w[1] > 0.9 and sum(w) == pytest.approx(1.0) and 1.0 <= info["ess"] < 1.3
+    assert median_member(out).name == "m0.6"
+    cal, cinfo = calibrate_members(members, _sensitive(0.6))
+    assert [m.name for m in cal] == ["m0.6"] or cal[0].weight > 0.9  # the unlikely ones dropped
+    assert cinfo["prior_sd"][0] >= 0.05  # the members' own spread
+
+
+def test_x_of_and_cfg_of_round_trip():
+    c = CostConfig()
+    assert cfg_of(c, x_of(c)) == c
+
+
+# ---------------------------------------------------------------------------- the command
+@pytest.fixture(scope="module")
+def tiny_trace(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cal")
+    assert main(["trace", "synth", "--model", str(TINY), "--tokens", "3000", "--out", str(d / "trace"),
+                 "--no-progress"]) == 0
+    return d / "trace"
+
+
+def test_calibrate_then_simulate_with_the_calibration(tmp_path, tiny_trace, capsys):
+    res = tmp_path / "res"
+    res.mkdir()
+    for name in ("vllm-bench-serve-c4-detailed.json", "sglang-bench-serving.jsonl"):
+        shutil.copy(DATA / name, res)
+    (res / "deployment.yaml").write_text(f"model: {TINY}\ngpu: h200\ngpus: 2\nattention_tp: 1\nengine: vllm\n")
+    cal = tmp_path / "cal.json"
+    rc = main(["calibrate", str(res / "vllm-bench-serve-c4-detailed.json"), str(res / "sglang-bench-serving.jsonl"),
+               "--trace", str(tiny_trace), "--out", str(cal)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "calibrated on 3 measured point(s) of tiny-moe" in out
+    doc = json.loads(cal.read_text())
+    assert doc["format"] == "moeplace.serving-calibration/1"
+    assert doc["changes"]["refit"] == [n for n, _, _ in REFIT] and doc["changes"]["what"] == "refit"
+    assert doc["interval"]["log_lo"] < 0 < doc["interval"]["log_hi"]
+    assert [p["concurrency"] for p in doc["points"]] == [4, 4, 16] and doc["points"][2]["source"].endswith(":2")
+
+    def rms(key):
+        return math.sqrt(sum(math.log(p[key]["output_tok_s"] / p["measured"]["output_tok_s"]) ** 2
+                             for p in doc["points"]) / 3)
+    assert rms("after") < rms("before")  # moved towards the measurements
+    for n, lo, hi in REFIT:  # within the bounds
+        assert lo - 1e-12 <= doc["members"][0]["constants"][n] <= hi + 1e-12
+    sim = ["simulate", str(tiny_trace), "--placement", "linear", "--gpus", "2", "--gpu", "h200", "--attention-tp", "1",
+           "--isl", "512", "--osl", "32", "--concurrency", "4", "--duration", "5", "--no-progress"]
+    assert main([*sim, "--calibration", str(cal), "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    s = js["summaries"][0]
+    lo, hi = s["output_tok_s_range"]
+    iv = doc["interval"]
+    assert lo == pytest.approx(s["output_tok_s"] / math.exp(iv["log_hi"]))
+    assert hi == pytest.approx(s["output_tok_s"] / math.exp(iv["log_lo"]))
+    assert js["fidelity"]["run"]["calibration"]["points"] == 3
+    assert "calibrated on 3 measured points of tiny-moe on 2 x h200" in js["fidelity"]["note"]
+    # the same run uncalibrated is priced by other constants
+    assert main([*sim, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["summaries"][0]
+    assert plain["output_tok_s"] != s["output_tok_s"]
+    # another GPU: refused, one line
+    rc = main([("b200" if a == "h200" else a) for a in sim] + ["--calibration", str(cal)])
+    err = capsys.readouterr().err
+    assert rc != 0 and "applies to its own model and GPU only" in err and "Traceback" not in err
+
+
+def test_a_calibrated_sweep_prices_with_the_constants_and_hashes_them():
+    """place sweep --calibration: every point's SimConfig carries the calibrated constants, and a point's
+    hash changes with them (a resumed sweep never reuses a row priced by other constants)."""
+    import dataclasses
+
+    from moeplace.cli.sweep import expand_points, load_spec
+    from moeplace.cli.sweep.run import sim_config
+    from moeplace.cli.sweep.spec import point_hash
+
+    spec = load_spec(Path(__file__).parent / "data" / "sweep-small.yaml")
+    cost = dataclasses.asdict(CostConfig().replace(kernel_floor_s=9e-6, sustained_efficiency=0.5))
+    cal = dataclasses.replace(spec, cost=cost)
+    p = expand_points(spec)[2]
+    assert sim_config(cal, p, 1).cost == CostConfig(**cost)
+    assert sim_config(spec, p, 1).cost == CostConfig()
+    assert point_hash(cal, p, "fp") != point_hash(spec, p, "fp")
