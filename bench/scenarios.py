@@ -27,7 +27,7 @@ from demo import _run_demo
 from moeplace.sim.results import read_summaries
 from moeplace.traces.validate import read_trace_meta
 
-LONG = ["simulate", "data/k3-default", "--placement", "run/placements/placement-eplb.json", "--duration", "300",
+LONG = ["simulate", "data/k3-default", "--placement", "run/placements/placement-eplb.json", "--duration", "900",
         "--concurrency", "256", "--output-len", "512", "--no-progress"]
 SCENARIOS = {  # name -> {label: place argv (the documented command)}
     "long_context": {"8k": [*LONG, "--context-mix", "8k:1"], "1m": [*LONG, "--context-mix", "8k:0.95,1M:0.05"]},
