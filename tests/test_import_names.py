@@ -30,7 +30,11 @@ def test_the_wheel_has_one_top_level_package(tmp_path):
     top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert top == {"moeplace"}, top
     # the package data every stage reads at run time travels with it
-    for data in ("moeplace/foundation/presets/gpus.json", "moeplace/sim/fidelity_summary.json"):
+    # (every data file in the package: a new one missing from [tool.setuptools.package-data] fails here)
+    shipped = sorted(str(f.relative_to(REPO)) for f in (REPO / "moeplace").rglob("*")
+                     if f.is_file() and f.suffix in (".json", ".sh", ".yaml"))
+    assert "moeplace/sim/cost_ensemble.json" in shipped and "moeplace/foundation/presets/gpus.json" in shipped
+    for data in shipped:
         assert data in names, data
     assert any(n.startswith("moeplace/foundation/presets/models/") and n.endswith(".json") for n in names)
     # the vLLM load-time plugin is declared where vLLM's load_general_plugins looks for it
