@@ -58,11 +58,10 @@ class HeaderTensor:
     end: int
 
 
-def read_safetensors_header(path: str | os.PathLike) -> tuple[int, dict[str, Any], dict[str, HeaderTensor]]:
-    """``(data_start, header, tensors)`` of the safetensors file ``path``: the byte where its data starts, the
-    header as parsed and its tensors checked by the rules of the module docstring (an :class:`InputError`
-    naming the file, the tensor and the field otherwise). Reads the 8-byte length and the header only."""
-    p = Path(path)
+def read_header_raw(p: Path) -> tuple[bytes, bytes, int]:
+    """``(the 8-byte length, the header bytes, the file's size)`` of the safetensors file ``p``: a regular file (not a FIFO, a
+    device or a directory), a length within safetensors' limit and within the file; an :class:`InputError`
+    naming the file otherwise."""
     try:
         with reading.open_regular(p, "a safetensors shard") as f:
             size = os.fstat(f.fileno()).st_size
@@ -83,6 +82,16 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[int, dict[str, Any
         raise InputError(f"{p}: cannot be read ({exc.strerror or exc})") from None
     if len(text) != n:
         raise InputError(f"{p}: shorter than its header length says (changed while read?)")
+    return raw, text, size
+
+
+def read_safetensors_header(path: str | os.PathLike) -> tuple[int, dict[str, Any], dict[str, HeaderTensor]]:
+    """``(data_start, header, tensors)`` of the safetensors file ``path``: the byte where its data starts, the
+    header as parsed and its tensors checked by the rules of the module docstring (an :class:`InputError`
+    naming the file, the tensor and the field otherwise). Reads the 8-byte length and the header only."""
+    p = Path(path)
+    _, text, size = read_header_raw(p)
+    n = len(text)
     if not text.lstrip(b" ").startswith(b"{"):
         raise InputError(f"{p}: not a safetensors file (the header is not a JSON object)")
     head = reading.parse_json(text, f"{p}: header", "a safetensors header (JSON)")

@@ -245,14 +245,7 @@ def run(args) -> int:
             # the engine in the name: an SGLang and a vLLM deployment of one model can share a namespace
             text = deploy.render(args.target, target_launch, memory, name=f"moeplace-{model.name}-{launch.engine}",
                                  file_name=Path(args.out).name, file_bytes=Path(args.out).read_bytes(), k8s=k8s)
-
-            def write_launch():
-                write_text_atomic(launch_out, text)
-                if args.target != "k8s":
-                    Path(launch_out).chmod(0o755)
-
-            if outs.write(launch_out, write_launch):
-                wrote.append(launch_out)
+            _write_launch(outs, launch_out, text, args.target, wrote)
     if args.json:
         doc = {"wrote": wrote, "format": args.format, "engine": f.engine, "model": model.name,
                "layers": placement.num_layers, "slots": placement.num_slots, "redundant": placement.num_redundant,
@@ -376,14 +369,7 @@ def run_pools(args) -> int:
         text = deploy.render_pools(args.target, [(pool.role, launch, built.memory_line(), Path(out).name,
                                                   Path(out).read_bytes()) for pool, _, out, built, launch in pools],
                                    name=f"moeplace-{model.name}-{pools[0][3].launch.engine}", k8s=k8s)
-
-        def write_launch():
-            write_text_atomic(launch_out, text)
-            if args.target != "k8s":
-                Path(launch_out).chmod(0o755)
-
-        if outs.write(launch_out, write_launch):
-            wrote.append(launch_out)
+        _write_launch(outs, launch_out, text, args.target, wrote)
     outs.finish()
     if args.json:
         print(json.dumps({"wrote": wrote, "format": args.format, "model": model.name, "deployment": dep.to_dict(),
@@ -410,3 +396,15 @@ def run_pools(args) -> int:
     if launch_out is not None and launch_out in wrote:
         print(f"wrote {launch_out} ({args.target}): both pools")
     return 0
+
+
+def _write_launch(outs, launch_out: str, text: str, target: str, wrote: list[str]) -> None:
+    """The launch file ``launch_out`` (executable unless a Kubernetes manifest), through ``outs``; its path
+    appended to ``wrote`` when written."""
+    def write_launch():
+        write_text_atomic(launch_out, text)
+        if target != "k8s":
+            Path(launch_out).chmod(0o755)
+
+    if outs.write(launch_out, write_launch):
+        wrote.append(launch_out)

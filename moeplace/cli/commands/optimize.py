@@ -198,19 +198,8 @@ def run(args) -> int:
         print(format_table(cmp), file=sys.stderr)
         raise MoeplaceError(f"--time-limit {args.time_limit:g}: policy '{chosen}' did not finish, nothing written "
                             "(raise --time-limit or choose another --policy)")
-    settings = settings_record(args, {"inputs": args.inputs})  # what --config reads back
-    result.placement.provenance["settings"] = settings
-    wrote = not args.no_out and outs.write(args.out, lambda: result.placement.save(args.out))
-    if args.save_all:
-        _save_all(outs, Path(args.save_all), cmp.results)
-    d = tagged("comparison", cmp.to_dict())
-    d["written"] = {"policy": chosen, "path": args.out} if wrote else None
-    d["settings"] = settings
-    if args.report:
-        outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(d, indent=1) + "\n"))
-    if args.json:
-        print(json.dumps(d, indent=1))
-    else:
+    wrote = _write(args, outs, cmp, result, chosen)
+    if not args.json:
         print(format_table(cmp))
         for line in format_shift(cmp, chosen):
             print(line)
@@ -288,26 +277,14 @@ def run_phase(args, names: list[str], model, outs: Outputs, deadline: float | No
         print(format_table(cmp), file=sys.stderr)
         raise MoeplaceError(f"--time-limit: policy '{chosen}' did not finish, nothing written (raise --time-limit or "
                             "choose another --policy)")
-    settings = settings_record(args, {"inputs": args.inputs})
-    result.placement.provenance["settings"] = settings
-    wrote = not args.no_out and outs.write(args.out, lambda: result.placement.save(args.out))
-    if args.save_all:
-        _save_all(outs, Path(args.save_all), cmp.results)
-    d = tagged("comparison", cmp.to_dict())
-    d.update(pc.to_dict())
-    d["written"] = {"policy": chosen, "path": args.out} if wrote else None
-    d["settings"] = settings
-    if args.report:
-        outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(d, indent=1) + "\n"))
-    if args.json:
-        print(json.dumps(d, indent=1))
-    else:
+    wrote = _write(args, outs, cmp, result, chosen, pc.to_dict())
+    if not args.json:
         print(f"phase {args.phase}: planned on the {args.phase} tokens only"
               + (f"; {pc.note}" if pc.note else ""))
         print(format_table(cmp))
         for line in format_decode(pc):
             print(line)
-        for line in format_shift(cmp):
+        for line in format_shift(cmp, chosen):
             print(line)
         _print_moeplace_extras(cmp)
         if wrote:
@@ -342,6 +319,25 @@ def with_replica_row(cmp, loads, cluster, policy: str, slots: int, args, options
     why = (f"{label}: the same policy with {slots} redundant slots per layer, planned and scored on the same "
            f"windows -- what replicas would add; no engine serves it for {loads.model.name} (serving lines below)")
     return replace(cmp, replica_rows=((label, alt.results[0], slots),), notes=(*cmp.notes, why))
+
+
+def _write(args, outs: Outputs, cmp, result, chosen: str, extra: dict | None = None) -> bool:
+    """Write the chosen placement (``--out``, with the settings ``--config`` reads back), ``--save-all`` and the
+    comparison (``--report``; ``--json`` prints it), ``extra`` merged into it; whether ``--out`` was written."""
+    settings = settings_record(args, {"inputs": args.inputs})  # what --config reads back
+    result.placement.provenance["settings"] = settings
+    wrote = not args.no_out and outs.write(args.out, lambda: result.placement.save(args.out))
+    if args.save_all:
+        _save_all(outs, Path(args.save_all), cmp.results)
+    d = tagged("comparison", cmp.to_dict())
+    d.update(extra or {})
+    d["written"] = {"policy": chosen, "path": args.out} if wrote else None
+    d["settings"] = settings
+    if args.report:
+        outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(d, indent=1) + "\n"))
+    if args.json:
+        print(json.dumps(d, indent=1))
+    return wrote
 
 
 def _announce(line: str) -> None:

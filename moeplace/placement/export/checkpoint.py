@@ -46,7 +46,7 @@ import numpy as np
 import orjson
 
 from moeplace.foundation import reading
-from moeplace.foundation.checkpoint_files import MAX_HEADER, check_header, require_file
+from moeplace.foundation.checkpoint_files import check_header, read_header_raw, require_file
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import TEMP_MARK, OutputKind, atomic_path, register_kind
 from moeplace.foundation.formats import kind_of, tagged
@@ -121,27 +121,8 @@ def read_header_bytes(path: Path) -> tuple[int, bytes, str]:
     """``(header length, JSON header bytes, sha256 of the length and header bytes)`` of a safetensors file
     (8-byte little-endian header length, then the header): a regular file (not a FIFO, a device or a
     directory), a length within safetensors' limit and within the file."""
-    try:
-        with reading.open_regular(path, "a safetensors shard") as f:
-            size = os.fstat(f.fileno()).st_size
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise InputError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > MAX_HEADER:
-                raise InputError(f"{path}: not a safetensors file (header length {n:,} bytes, over safetensors' "
-                                 f"limit of {MAX_HEADER:,})")
-            if 8 + n > size:
-                raise InputError(f"{path}: not a safetensors file (header length {n:,} bytes, but the file holds "
-                                 f"{size - 8:,} after the length)")
-            text = f.read(n)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such safetensors file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if len(text) != n:
-        raise InputError(f"{path}: shorter than its header length says (changed while read?)")
-    return n, text, hashlib.sha256(raw + text).hexdigest()
+    raw, text, _ = read_header_raw(path)
+    return len(text), text, hashlib.sha256(raw + text).hexdigest()
 
 
 def read_header(path: Path) -> tuple[int, dict[str, Any], str]:
