@@ -117,6 +117,14 @@ ARGV = {
                           "model.json", "--flags", "--pools", "{X}"],
     ("trace synth", "model"): ["trace", "synth", "--model", "{X}", "--tokens", "8", "--out", "syn"],
     ("trace validate", "paths"): ["trace", "validate", "{X}"],
+    ("calibrate", "results"): ["calibrate", "{X}", "--out", "cal.json", "--model", "model.json", "--gpu", "h200"],
+    ("calibrate", "deployment"): ["calibrate", "model.json", "--out", "cal.json", "--deployment", "{X}"],
+    ("calibrate", "model"): ["calibrate", "model.json", "--out", "cal.json", "--model", "{X}"],
+    ("calibrate", "gpu"): ["calibrate", "model.json", "--out", "cal.json", "--gpu", "{X}"],
+    ("calibrate", "trace"): ["calibrate", "model.json", "--out", "cal.json", "--trace", "{X}"],
+    ("simulate", "calibration"): ["simulate", "trace", "--placement", "linear", *SIM, "--calibration", "{X}"],
+    ("rebalance", "calibration"): ["rebalance", "loads.npz", *GPUS, "--calibration", "{X}"],
+    ("sweep", "calibration"): ["sweep", "spec.yaml", "--out", "sw", "--calibration", "{X}"],
 }
 
 

@@ -57,6 +57,11 @@ _MANIFEST = PathArg(FILE)
 
 # (command, dest) -> what the argument names; a command is its words: "simulate", "trace import"
 PATH_ARGS: dict[tuple[str, str], PathArg] = {
+    ("calibrate", "results"): PathArg(FILE, "benchmark result file"),
+    ("calibrate", "deployment"): PathArg(FILE, "deployment file"),
+    ("calibrate", "model"): PathArg(NAME_OR_FILE, "model config file"),
+    ("calibrate", "gpu"): PathArg(NAME_OR_FILE, "GPU spec file"),
+    ("calibrate", "trace"): PathArg(TREE, "routing trace"),
     ("dashboard", "run_dir"): PathArg(DIR),
     ("demo", "gpu"): _GPU,
     ("engines", "model"): _MODEL,
@@ -98,7 +103,10 @@ PATH_ARGS: dict[tuple[str, str], PathArg] = {
     ("simulate", "model"): _MODEL,
     ("simulate", "profile"): PathArg(FILE),
     ("simulate", "pools"): PathArg(POOLS),
+    ("simulate", "calibration"): PathArg(FILE, "calibration file"),
+    ("rebalance", "calibration"): PathArg(FILE, "calibration file"),
     ("sweep", "spec"): PathArg(FILE),
+    ("sweep", "calibration"): PathArg(FILE, "calibration file"),
     ("trace capture", "hf_config"): PathArg(FILE, "Hugging Face config.json"),
     ("trace capture", "prompts"): PathArg(FILE, "prompts file"),
     ("trace capture", "weights"): PathArg(DIR, "checkpoint directory"),
@@ -112,7 +120,7 @@ PATH_ARGS: dict[tuple[str, str], PathArg] = {
 }
 
 # Outputs: checked (length, kind, what they would replace) by foundation.files.Outputs when claimed
-OUTPUTS = {("demo", "out"), ("demo", "traces"), ("export", "out"), ("export", "launch_out"),
+OUTPUTS = {("calibrate", "out"), ("demo", "out"), ("demo", "traces"), ("export", "out"), ("export", "launch_out"),
            ("import-placement", "out"), ("kernels bench", "out"), ("kernels bench", "report"),
            ("optimize", "out"), ("optimize", "save_all"), ("optimize", "report"), ("plan", "report"),
            ("rebalance", "report"), ("simulate", "out"), ("simulate", "chrome_trace"), ("sweep", "out"),
@@ -120,6 +128,8 @@ OUTPUTS = {("demo", "out"), ("demo", "traces"), ("export", "out"), ("export", "l
 
 # Every other argument that takes a value: numbers, names, choices, specs -- never a path
 NOT_PATHS = {
+    "calibrate": {"gpus", "gpus_per_node", "engine", "attention_tp", "attention_dp", "ep", "expert_dtype",
+                  "weight_dtype", "kv_dtype", "mtp", "max_seqs", "max_batched_tokens", "kernel_build", "placement"},
     "dashboard": {"port", "address"},
     "demo": {"tokens", "gpus", "duration", "seed"},
     "engines": {"engine"},
