@@ -205,8 +205,8 @@ def summarize(rows: list[dict]) -> dict:
 def text(s: dict) -> list[str]:
     def line(name, st):
         if not st["cases"]:
-            return f"  {name:42s}  0 cases"
-        return (f"  {name:42s} {st['cases']:2d} cases in {st['groups']:2d} groups: median |error| {st['median']:6.1%}, "
+            return f"  {name:46s}  0 cases"
+        return (f"  {name:46s} {st['cases']:2d} cases in {st['groups']:2d} groups: median |error| {st['median']:6.1%}, "
                 f"max {st['max']:6.1%} (worst {st['worst_case']} {st['worst_error']:+.1%})")
     head = ("anchored fidelity (each case predicted after calibrating on the other cases of its group, from "
             "constants that never saw the group):")
@@ -285,10 +285,10 @@ def example(cases: list[dict], ens, spec: str, quick: bool) -> dict:
 
 
 def anchored_all(cases: list[dict], ens, quick: bool, example_spec: str | None = EXAMPLE,
-                 chosen: set | None = None, source: str = "the shipped ensemble") -> dict:
+                 chosen: set | None = None, source: str = "the shipped ensemble", report: bool = True) -> dict:
     """Every group with at least two cases (or only ``chosen``) left out case by case from its out-of-bag
-    members of ``ens``; the summary, printed; the worked example (``example_spec``, not with ``chosen``). The
-    results document (what --out holds and bench/fidelity.py's ``anchored`` block)."""
+    members of ``ens``; the summary (printed with ``report``); the worked example (``example_spec``, not with
+    ``chosen``). The results document (what --out holds and bench/fidelity.py's ``anchored`` block)."""
     from moeplace.sim.calibrate import REFIT, SIGMA
 
     t0 = time.perf_counter()
@@ -299,10 +299,16 @@ def anchored_all(cases: list[dict], ens, quick: bool, example_spec: str | None =
     for g, cs in groups.items():
         if len(cs) < 2 or (chosen and g not in chosen):
             continue
-        rows += anchored_group(cs, oob_members(ens, g), quick)
+        try:
+            members = oob_members(ens, g)
+        except ValueError as exc:
+            print(f"  {g}: {exc}; left out", flush=True)
+            continue
+        rows += anchored_group(cs, members, quick)
     summary = summarize(rows)
-    for line in text(summary):
-        print(line)
+    if report:
+        for line in text(summary):
+            print(line)
     ex = None
     if example_spec and not chosen:
         print(f"worked example: calibrated on {example_spec.split(':', 1)[1]} alone, the rest of its group predicted:")

@@ -255,3 +255,21 @@ def test_a_calibrated_sweep_prices_with_the_constants_and_hashes_them():
     assert sim_config(cal, p, 1).cost == CostConfig(**cost)
     assert sim_config(spec, p, 1).cost == CostConfig()
     assert point_hash(cal, p, "fp") != point_hash(spec, p, "fp")
+
+
+def test_anchored_groups_start_from_their_out_of_bag_members():
+    """bench/fidelity_anchored.py: group g starts from the members whose resample never drew g, with their
+    weights renormalized; a group the bootstrap never drew from starts from every member."""
+    from benchkit import load_bench
+
+    fa = load_bench("fidelity_anchored")
+    ens = load_ensemble()
+    g = ens.groups[0]
+    oob = fa.oob_members(ens, g)
+    drew = np.asarray(ens.bags)[:, 0] > 0
+    assert 0 < len(oob) == int((~drew).sum()) < ens.size
+    assert sum(m.weight for m in oob) == pytest.approx(1.0)
+    configs = ens.member_configs(ens.reference_config())
+    assert all(m.cost == configs[int(m.name.split()[1])] and not drew[int(m.name.split()[1])] for m in oob)
+    assert len(fa.oob_members(ens, "a-group-published-after-the-cut-off")) == ens.size
+    assert np.all(fa.prior_widths(oob) >= 0.05)
