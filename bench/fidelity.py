@@ -493,6 +493,7 @@ def run(args) -> int:
     runs, speeds, params, bags, ref_cfg, ref_info, cost = (st[k] for k in (
         "runs", "speeds", "params", "bags", "ref_cfg", "ref_info", "cost"))
     secs.update(st["secs"])
+    _G.update(cfg=ref_cfg, quick=args.quick)  # the measured cost source's runs below (also from a saved state)
     steady = {c["id"]: Steady(c, args.quick) for c in e2e}
     features = {cid: r.features for cid, r in runs.items()}
 
