@@ -305,7 +305,8 @@ def anchored_only(results: str | Path, anchored: str | Path) -> int:
         print(f"error: {anchored}: a --quick or --groups run's results; the anchored block comes from a full run",
               file=sys.stderr)
         return 2
-    res["anchored"] = {**an, "from": str(anchored)}
+    src = Path(anchored).resolve()
+    res["anchored"] = {**an, "from": str(src.relative_to(ROOT)) if src.is_relative_to(ROOT) else src.name}
     print(err_line("end-to-end, uncalibrated", res["cv"]["all"]) + "  (grouped cross-validation, out of bag)")
     for line in fa.text(an["summary"]):
         print(line)
