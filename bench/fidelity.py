@@ -33,8 +33,17 @@ date and a publication cut-off.
 7. The measured cost source (``--cost-model measured``) per end-to-end case, and the peers: aiconfigurator
    0.12 (bench/peer_aiconfigurator.py) joined per case and tallied by independent deployment; aisimulate
    0.13 where it could be run (``peer_summary``).
+8. Anchored (bench/fidelity_anchored.py's steps on this run's ensemble): every group with at least two
+   cases, each case predicted after ``place calibrate``'s reweight + refit on the group's other cases, from
+   the members that never drew the group; median, max and the within-deployment interval's coverage,
+   printed next to the uncalibrated figures (``anchored``).
 Written to bench/results/fidelity.json; a full run writing that file also writes the shipped ensemble
-(sim/cost_ensemble.json) and the label's summary (sim/fidelity_summary.json).
+(sim/cost_ensemble.json), the label's summary (sim/fidelity_summary.json), the anchored results
+(bench/results/fidelity_anchored.json) and the calibration's summary (sim/anchored_summary.json).
+``--state`` keeps step 8 with the fitted state (a state saved without it runs it once and keeps it).
+``--anchored-only`` joins bench/results/fidelity_anchored.json (bench/fidelity_anchored.py's run on the
+shipped ensemble, which is the one a full run of this script wrote) into --out's file and prints it, running
+nothing.
 """
 from __future__ import annotations
 
@@ -50,6 +59,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness and the peer, beside this script
+import fidelity_anchored as fa
 import fidelity_ensemble as fe
 from fidelity_harness import (  # noqa: F401  (names the tests read from this script)
     CASES,
@@ -279,6 +289,32 @@ def summary_only(results: str | Path) -> int:
     return 0
 
 
+def anchored_only(results: str | Path, anchored: str | Path) -> int:
+    """``--anchored-only``: bench/fidelity_anchored.py's results (a full run, on the shipped ensemble) as
+    the results file's ``anchored`` block, printed; nothing simulated."""
+    from moeplace.foundation.files import read_json, write_text_atomic
+
+    res = _read_results(results)
+    if res is None:
+        return 2
+    an = read_json(anchored)
+    if not isinstance(an, dict) or "summary" not in an or "rows" not in an:
+        print(f"error: {anchored}: no anchored results (expected bench/fidelity_anchored.py's output)", file=sys.stderr)
+        return 2
+    if an.get("quick") or an.get("groups_only"):
+        print(f"error: {anchored}: a --quick or --groups run's results; the anchored block comes from a full run",
+              file=sys.stderr)
+        return 2
+    src = Path(anchored).resolve()
+    res["anchored"] = {**an, "from": str(src.relative_to(ROOT)) if src.is_relative_to(ROOT) else src.name}
+    print(err_line("end-to-end, uncalibrated", res["cv"]["all"]) + "  (grouped cross-validation, out of bag)")
+    for line in fa.text(an["summary"]):
+        print(line)
+    write_text_atomic(results, json.dumps(res, indent=1, default=float) + "\n")
+    print(f"wrote {results} (anchored block from {anchored})")
+    return 0
+
+
 def rounded(cfg, names) -> object:
     """``cfg`` with the fitted constants at :data:`SIG` significant digits (the shipped values)."""
     return cfg.replace(**{n: float(f"{getattr(cfg, n):.{SIG}g}") for n in names})
@@ -322,6 +358,11 @@ def main() -> int:
     ap.add_argument("--state", default=None,
                     help="save the fitted state (reference runs, members, every case's figure per member) to this "
                          "file, or when it exists report from it without simulating or fitting")
+    ap.add_argument("--anchored-only", action="store_true",
+                    help="only join the anchored results (bench/fidelity_anchored.py's file, --anchored) into the "
+                         "results file (--out) and print them, running nothing")
+    ap.add_argument("--anchored", default=str(fa.OUT),
+                    help="bench/fidelity_anchored.py's results, for --anchored-only")
     ap.add_argument("--measured-only", action="store_true",
                     help="only add the measured cost source's figures (--cost-model measured) to the results file "
                          "(--out), with its constants; nothing refitted")
@@ -330,7 +371,8 @@ def main() -> int:
 
     steps = [(args.measured_only, lambda: measured_only(args.out, args.cases, args.quick)),
              (args.summary_only, lambda: summary_only(args.out)),
-             (args.peer_only, lambda: peer_only(args.out, args.peer))]
+             (args.peer_only, lambda: peer_only(args.out, args.peer)),
+             (args.anchored_only, lambda: anchored_only(args.out, args.anchored))]
     step = next((run for chosen, run in steps if chosen), None)
     try:
         return step() if step is not None else run(args)
@@ -452,6 +494,7 @@ def run(args) -> int:
     runs, speeds, params, bags, ref_cfg, ref_info, cost = (st[k] for k in (
         "runs", "speeds", "params", "bags", "ref_cfg", "ref_info", "cost"))
     secs.update(st["secs"])
+    _G.update(cfg=ref_cfg, quick=args.quick)  # the measured cost source's runs below (also from a saved state)
     steady = {c["id"]: Steady(c, args.quick) for c in e2e}
     features = {cid: r.features for cid, r in runs.items()}
 
@@ -525,6 +568,20 @@ def run(args) -> int:
                      "coverage": fe.coverage_stats([(c, iv) for c, iv, a in iv_pairs if a])["all"],
                      "note": ("published after the cut-off, never used to choose structure nor fitted: each priced by "
                               "the whole ensemble with the shipped interval, scored once")}
+    # 8. anchored: place calibrate's leave-one-out within each group, from its out-of-bag members
+    if st.get("anchored") is None:
+        print("anchored (each case of a group with >= 2 predicted after place calibrate on the rest of it, from the "
+              "members that never drew the group):", flush=True)
+        t0 = time.perf_counter()
+        st["anchored"] = fa.anchored_all(cases, ens, args.quick, None if args.quick else fa.EXAMPLE,
+                                         source="this run's ensemble", report=False)
+        secs["anchored"] = time.perf_counter() - t0
+        if args.state:  # kept with the fitted state: a re-report prints it without recomputing
+            import pickle
+
+            with open(args.state, "wb") as f:
+                pickle.dump(st, f)
+    anchored = st["anchored"]
     findings = fe.bound_findings(params)
     latency = latency_checks(cases, runs, speeds, ens, features, frozen)
     t0 = time.perf_counter()
@@ -544,6 +601,8 @@ def run(args) -> int:
     for k, v in cv["by_kind"].items():
         print(err_line(f"  {k}", v))
     print(err_line("kernel tables", cv["kernel_tables"]))
+    for line in fa.text(anchored["summary"]):
+        print(line)
     print("80 % intervals, grouped cross-validation (each case's group left out: its members and its residuals):")
     for line in coverage_text(coverage, "held out"):
         print(line)
@@ -573,7 +632,7 @@ def run(args) -> int:
                         "bounds": findings, "cost": {**{k: v for k, v in cost.items()}, "seconds_by_step": secs},
                         "level": level, "scales": scales, "prior_groups": prior,
                         "sample_iterations": ens_mod.SAMPLE_ITERATIONS},
-           "measured_summary": measured, "peer_summary": peer_summary,
+           "measured_summary": measured, "peer_summary": peer_summary, "anchored": anchored,
            "cost_config": dataclasses.asdict(ref_cfg), "quick": args.quick,
            "note": "end-to-end cases: discrete-event simulation, stat mode, steady state after the warm-up, re-priced "
                    "per member over a sample of its steady iterations; kernel cases: the cost model's formulas"}
@@ -594,6 +653,11 @@ def run(args) -> int:
         write_text_atomic(ens_mod.ENSEMBLE_PATH, json.dumps(doc, indent=1) + "\n")
         print(f"wrote {ens_mod.ENSEMBLE_PATH}")
         write_summary(out, target)
+        from moeplace.sim.calibrate import ANCHORED_PATH
+
+        write_text_atomic(fa.OUT, json.dumps(anchored, indent=1, default=float) + "\n")
+        write_text_atomic(ANCHORED_PATH, json.dumps(fa.package_summary(anchored), indent=1) + "\n")
+        print(f"wrote {fa.OUT} and {ANCHORED_PATH}")
         if not all(math.isclose(getattr(CostConfig(), n), v, rel_tol=1e-9) for n, v in reference.items()):
             print("note: the CostConfig defaults (sim/config.py) differ from the reference fit: set them to "
                   + ", ".join(f"{n}={v!r}" for n, v in reference.items()))

@@ -1,30 +1,43 @@
 """Anchored fidelity: how close the simulator gets once calibrated on measured points of the deployment
 itself (``place calibrate``), measured the honest way.
 
-    python bench/fidelity_anchored.py [--quick] [--fidelity bench/results/fidelity.json]
+    python bench/fidelity_anchored.py [--quick] [--ensemble moeplace/sim/cost_ensemble.json]
     python bench/fidelity_anchored.py --summary-only        # rewrite the package summary from --out
 
 For every fidelity group (bench/fidelity_cases.yaml: one table, one build, one blog's sweep) with at least
 two cases, for every case of it:
 
-1. start from the constants of the grouped cross-validation fold that left the whole group out
-   (bench/results/fidelity.json ``cv.folds``): constants that never saw this deployment, as a team's would;
-2. calibrate on the group's other cases exactly as ``place calibrate`` does (sim/calibrate.py: the
-   efficiency and overhead terms refitted, pulled towards the starting values by the prior; end-to-end
-   cases on the steady-iteration proxy times event / steady at the start, kernel tables on their
-   formulas);
-3. predict the left-out case (the event simulator for end-to-end cases) and record its error.
+1. start from the shipped cost-model ensemble's (sim/cost_ensemble.json, bench/fidelity.py's group
+   bootstrap) *out-of-bag* members for the group: the members whose resample never drew it (``bag``
+   without the group), with their weights renormalized -- constants that never saw this deployment, as a
+   team's would. Several members are passed to the calibration (``sim.calibrate.calibrate_members``
+   takes an ensemble), exactly as ``place calibrate`` passes the shipped ones;
+2. calibrate on the group's other cases exactly as ``place calibrate`` does (sim/calibrate.py: every
+   out-of-bag member reweighted by the likelihood of those cases, each that keeps weight refitted -- the
+   efficiency and overhead terms, pulled towards its own values by the prior, whose widths are the
+   out-of-bag members' spread of each constant, at least 0.05; end-to-end cases on the steady-iteration
+   proxy times event / steady at the start, kernel tables on their formulas);
+3. predict the left-out case with the calibrated members' weighted median member (``median_member``: the
+   constant set ``place calibrate`` prices a run by; the event simulator for end-to-end cases) and record
+   its error.
+
+"Uncalibrated" is the same case priced by the out-of-bag members' weighted median member (the start of
+``place calibrate``: its "before"), so it is close to, not equal to, bench/fidelity.py's out-of-bag figure
+(the weighted median of every member's re-priced figure). The structure (sigma, the refitted constants, the
+prior rule) is phase A's, fixed before any case was scored.
 
 The interval a calibrated run prints is the 10th-90th percentile of these log errors (nominal 80 %). Its
 coverage is checked without looking at the case it covers: each end-to-end case's interval is made of the
 anchored errors of the *other* groups' end-to-end cases. Printed and written next to the uncalibrated
-(cross-validated) figures of the same cases, and next to the simplest anchor, one ratio: the left-out
-case's uncalibrated figure times the geometric mean of published / simulated over the group's other cases.
+figures of the same cases, and next to the simplest anchor, one ratio: the left-out case's uncalibrated
+figure times the geometric mean of published / simulated over the group's other cases.
 
 Writes bench/results/fidelity_anchored.json and, from a full run, the package summary that ``place
-calibrate`` reads (moeplace/sim/anchored_summary.json: the interval and the refit's prior widths).
-``--example GROUP:CASE`` also calibrates on that one case and predicts the rest of its group (the worked
-example of docs/simulate.md, "Calibrate on your own benchmark").
+calibrate`` reads (moeplace/sim/anchored_summary.json: the interval, and the whole ensemble's spread as the
+refit's prior widths for a calibration that starts from fewer than 32 members). ``--example GROUP:CASE``
+also calibrates on that one case and predicts the rest of its group (the worked example of
+docs/simulate.md, "Calibrate on your own benchmark"). bench/fidelity.py runs the same steps on the
+ensemble it has just fitted (:func:`anchored_all`).
 """
 from __future__ import annotations
 
@@ -55,21 +68,28 @@ TARGET = {"median": 0.07, "coverage": (0.70, 0.90)}
 EXAMPLE = "trtllm-b200-mtp-table:trtllm-b200-gtc-mtp0"
 
 
-def fold_configs(fid: dict) -> dict:
-    """Per group, the constants of the cross-validation fold that left it out (the split's constants with
-    the fold's fitted ones)."""
-    from moeplace.sim.config import CostConfig
+def oob_members(ens, group: str) -> list:
+    """The ensemble's members that never drew ``group`` (all of them for a group the bootstrap did not draw
+    from), as :class:`sim.calibrate.Member` s: the reference constants with the member's fitted values,
+    weights renormalized to sum 1."""
+    from moeplace.sim.calibrate import Member
 
-    base = CostConfig(**fid["cost_config"])
-    return {g: base.replace(**f["params"]) for g, f in fid["cv"]["folds"].items()}
+    cfgs = ens.member_configs(ens.reference_config())
+    keep = (np.arange(ens.size) if group not in ens.groups
+            else np.flatnonzero(np.asarray(ens.bags)[:, list(ens.groups).index(group)] == 0))
+    if not len(keep):
+        raise ValueError(f"every member of the ensemble drew group {group}: no out-of-bag start")
+    w = np.asarray(ens.weights, dtype=np.float64)[keep]
+    w = w / w.sum()
+    return [Member(cfgs[i], float(wi), f"member {i}") for i, wi in zip(keep, w)]
 
 
-def prior_widths(folds: dict) -> np.ndarray:
-    """How far each refitted constant moves between the cross-validation folds (the standard deviation of
-    its bound-scaled values over the folds, at least 0.05): the refit's prior width."""
+def prior_widths(members: list) -> np.ndarray:
+    """The refit's prior widths: the standard deviation of each refitted constant's bound-scaled value over
+    ``members``, at least 0.05 (what ``calibrate_members`` uses for several members)."""
     from moeplace.sim.calibrate import x_of
 
-    xs = np.array([x_of(c) for c in folds.values()])
+    xs = np.array([x_of(m.cost) for m in members])
     return np.maximum(xs.std(axis=0), 0.05)
 
 
@@ -95,11 +115,14 @@ class Pricer:
         return sim_metric(self.case, cfg, self.quick)[0] if self.e2e else kernel_metric(self.case, cfg)
 
 
-def anchored_group(cases: list[dict], start, prior: np.ndarray, quick: bool, log=print) -> list[dict]:
-    """Leave-one-out within one group (module docstring): a row per case."""
-    from moeplace.sim.calibrate import REFIT, Member, calibrate_members
+def anchored_group(cases: list[dict], members: list, quick: bool, log=print) -> list[dict]:
+    """Leave-one-out within one group (module docstring), from ``members`` (the group's out-of-bag members):
+    a row per case."""
+    from moeplace.sim.calibrate import REFIT, calibrate_members, median_member
 
-    pricers = {c["id"]: Pricer(c, start, quick) for c in cases}
+    start = median_member(members)
+    prior = prior_widths(members)
+    pricers = {c["id"]: Pricer(c, start.cost, quick) for c in cases}
     rows = []
     for held in cases:
         cal = [c for c in cases if c["id"] != held["id"]]
@@ -108,8 +131,10 @@ def anchored_group(cases: list[dict], start, prior: np.ndarray, quick: bool, log
             return np.array([math.log(max(pricers[c["id"]].proxy(cfg), 1e-30) / c["published"]) for c in cal])
 
         t0 = time.perf_counter()
-        members, info = calibrate_members([Member(start, 1.0, f"fold without {held['group']}")], residuals, prior)
-        cfg = members[0].cost
+        calibrated, info = calibrate_members(members, residuals, prior)
+        med = median_member(calibrated)
+        cfg = med.cost
+        fit = next(f for f in info["refit"] if f["member"] == med.name)
         pred = pricers[held["id"]].predict(cfg)
         base = pricers[held["id"]].event
         ratio = math.exp(float(np.mean([math.log(c["published"] / pricers[c["id"]].event) for c in cal])))
@@ -118,13 +143,15 @@ def anchored_group(cases: list[dict], start, prior: np.ndarray, quick: bool, log
                "uncalibrated": base, "uncalibrated_error": base / held["published"] - 1,
                "anchored": pred, "anchored_error": pred / held["published"] - 1,
                "ratio_anchored": base * ratio, "ratio_error": base * ratio / held["published"] - 1,
-               "moved": info["refit"][0]["moved"],
-               "fit_rms_log": float(np.sqrt(np.mean(np.square(info["refit"][0]["residuals"])))),
+               "members": len(members), "start": start.name, "ess": info["reweight"]["ess"],
+               "refitted": len(calibrated), "priced_by": med.name, "moved": fit["moved"],
+               "fit_rms_log": float(np.sqrt(np.mean(np.square(fit["residuals"])))),
+               "prior_sd": [float(v) for v in prior],
                "constants": {n: getattr(cfg, n) for n, _, _ in REFIT}, "seconds": time.perf_counter() - t0}
         rows.append(row)
         log(f"  {held['group']:28s} {held['id']:40s} published {fmt(held['published']):>9s}  uncalibrated "
             f"{row['uncalibrated_error']:+7.1%}  anchored {row['anchored_error']:+7.1%}  (one ratio "
-            f"{row['ratio_error']:+7.1%})", flush=True)
+            f"{row['ratio_error']:+7.1%}; {len(members)} out-of-bag members, ESS {row['ess']:.1f})", flush=True)
     return rows
 
 
@@ -178,15 +205,15 @@ def summarize(rows: list[dict]) -> dict:
 def text(s: dict) -> list[str]:
     def line(name, st):
         if not st["cases"]:
-            return f"  {name:34s}  0 cases"
-        return (f"  {name:34s} {st['cases']:2d} cases in {st['groups']:2d} groups: median |error| {st['median']:6.1%}, "
+            return f"  {name:46s}  0 cases"
+        return (f"  {name:46s} {st['cases']:2d} cases in {st['groups']:2d} groups: median |error| {st['median']:6.1%}, "
                 f"max {st['max']:6.1%} (worst {st['worst_case']} {st['worst_error']:+.1%})")
     head = ("anchored fidelity (each case predicted after calibrating on the other cases of its group, from "
             "constants that never saw the group):")
     out = [head]
     for part, name in (("end_to_end", "end-to-end"), ("kernel_tables", "kernel tables")):
         out.append(line(f"{name}, anchored (place calibrate)", s[part]["anchored"]))
-        out.append(line(f"{name}, uncalibrated (grouped CV)", s[part]["uncalibrated"]))
+        out.append(line(f"{name}, uncalibrated (out-of-bag start)", s[part]["uncalibrated"]))
         out.append(line(f"{name}, one ratio per group", s[part]["one_ratio"]))
     c = s["coverage"]
     if c:
@@ -224,21 +251,23 @@ def package_summary(res: dict) -> dict:
             "one_ratio": s["end_to_end"]["one_ratio"]}
 
 
-def example(cases: list[dict], folds: dict, prior: np.ndarray, spec: str, quick: bool) -> dict:
-    """Calibrate on one case of a group (``GROUP:CASE``) and predict the rest of it."""
-    from moeplace.sim.calibrate import REFIT, Member, calibrate_members
+def example(cases: list[dict], ens, spec: str, quick: bool) -> dict:
+    """Calibrate on one case of a group (``GROUP:CASE``), from the group's out-of-bag members, and predict
+    the rest of it."""
+    from moeplace.sim.calibrate import REFIT, calibrate_members, median_member
 
     group, anchor = spec.split(":", 1)
     grp = [c for c in cases if c["group"] == group]
     if not grp or anchor not in {c["id"] for c in grp}:
         raise SystemExit(f"error: --example {spec}: no case {anchor} in group {group}")
-    start = folds[group]
-    pricers = {c["id"]: Pricer(c, start, quick) for c in grp}
+    members = oob_members(ens, group)
+    start = median_member(members)
+    pricers = {c["id"]: Pricer(c, start.cost, quick) for c in grp}
     a = next(c for c in grp if c["id"] == anchor)
-    members, info = calibrate_members([Member(start, 1.0, "fold")],
-                                      lambda cfg: np.array([math.log(pricers[anchor].proxy(cfg) / a["published"])]),
-                                      prior)
-    cfg = members[0].cost
+    calibrated, info = calibrate_members(
+        members, lambda cfg: np.array([math.log(pricers[anchor].proxy(cfg) / a["published"])]), prior_widths(members))
+    med = median_member(calibrated)
+    cfg = med.cost
     rows = []
     for c in grp:
         pred = pricers[c["id"]].predict(cfg)
@@ -249,15 +278,67 @@ def example(cases: list[dict], folds: dict, prior: np.ndarray, spec: str, quick:
         print(f"  {'anchor ' if c['id'] == anchor else '       '}{c['id']:32s} published {fmt(c['published']):>8s}  "
               f"uncalibrated {fmt(pricers[c['id']].event):>8s} ({rows[-1]['uncalibrated_error']:+6.1%})  calibrated "
               f"{fmt(pred):>8s} ({rows[-1]['calibrated_error']:+6.1%})")
-    return {"group": group, "anchor": anchor, "rows": rows, "moved": info["refit"][0]["moved"],
+    return {"group": group, "anchor": anchor, "rows": rows, "members": len(members), "ess": info["reweight"]["ess"],
+            "refitted": len(calibrated), "priced_by": med.name,
+            "moved": next(f["moved"] for f in info["refit"] if f["member"] == med.name),
             "constants": {n: getattr(cfg, n) for n, _, _ in REFIT}}
 
 
+def anchored_all(cases: list[dict], ens, quick: bool, example_spec: str | None = EXAMPLE,
+                 chosen: set | None = None, source: str = "the shipped ensemble", report: bool = True) -> dict:
+    """Every group with at least two cases (or only ``chosen``) left out case by case from its out-of-bag
+    members of ``ens``; the summary (printed with ``report``); the worked example (``example_spec``, not with
+    ``chosen``). The results document (what --out holds and bench/fidelity.py's ``anchored`` block)."""
+    from moeplace.sim.calibrate import REFIT, SIGMA
+
+    t0 = time.perf_counter()
+    groups: dict[str, list[dict]] = {}
+    for c in cases:
+        groups.setdefault(c["group"], []).append(c)
+    rows = []
+    for g, cs in groups.items():
+        if len(cs) < 2 or (chosen and g not in chosen):
+            continue
+        try:
+            members = oob_members(ens, g)
+        except ValueError as exc:
+            print(f"  {g}: {exc}; left out", flush=True)
+            continue
+        rows += anchored_group(cs, members, quick)
+    summary = summarize(rows)
+    if report:
+        for line in text(summary):
+            print(line)
+    ex = None
+    if example_spec and not chosen:
+        print(f"worked example: calibrated on {example_spec.split(':', 1)[1]} alone, the rest of its group predicted:")
+        ex = example(cases, ens, example_spec, quick)
+    whole = prior_widths(_all_members(ens))  # what place calibrate's prior is (the whole ensemble's spread)
+    return {"rows": rows, "summary": summary, "example": ex,
+            "prior_sd": [float(v) for v in whole],
+            "prior_source": (f"standard deviation of each constant's bound-scaled value over the {ens.size} members of "
+                             f"{source} (at least 0.05); each anchored case used its group's out-of-bag members' "
+                             "spread (rows' prior_sd)"),
+            "start": (f"the out-of-bag members of {source} for each group (bootstrap members that never drew it), "
+                      "reweighted and refitted as place calibrate does; predicted by the weighted median member"),
+            "refit": [n for n, _, _ in REFIT], "sigma": SIGMA, "quick": quick,
+            "groups_only": sorted(chosen) if chosen else None, "seconds": time.perf_counter() - t0}
+
+
+def _all_members(ens) -> list:
+    from moeplace.sim.calibrate import Member
+
+    return [Member(c, 1.0, f"member {i}") for i, c in enumerate(ens.member_configs(ens.reference_config()))]
+
+
 def main() -> int:
+    from moeplace.sim.ensemble import ENSEMBLE_PATH
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=str(CASES))
-    ap.add_argument("--fidelity", default=str(RESULTS / "fidelity.json"),
-                    help="bench/fidelity.py's results: the cross-validation folds' constants")
+    ap.add_argument("--ensemble", default=str(ENSEMBLE_PATH),
+                    help="the cost-model ensemble (bench/fidelity.py writes it): each group starts from its "
+                         "out-of-bag members")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--quick", action="store_true", help="shorter simulations (smoke test; no package summary)")
     ap.add_argument("--groups", default=None, help="only these groups (comma-separated; no package summary)")
@@ -267,7 +348,8 @@ def main() -> int:
     args = ap.parse_args()
     from moeplace.foundation.errors import MoeplaceError
     from moeplace.foundation.files import read_json, write_text_atomic
-    from moeplace.sim.calibrate import ANCHORED_PATH, SIGMA
+    from moeplace.sim.calibrate import ANCHORED_PATH
+    from moeplace.sim.ensemble import load_ensemble
 
     try:
         if args.summary_only:
@@ -276,45 +358,12 @@ def main() -> int:
             print(f"wrote {ANCHORED_PATH.relative_to(ROOT)}")
             return 0
         cases = load_cases(Path(args.cases))
-        fid = read_json(args.fidelity)
-        if not isinstance(fid, dict) or not (fid.get("cv") or {}).get("folds"):
-            print(f"error: {args.fidelity}: no grouped cross-validation folds (run bench/fidelity.py)", file=sys.stderr)
-            return 2
+        ens = load_ensemble(args.ensemble)
     except MoeplaceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    folds = fold_configs(fid)
-    prior = prior_widths(folds)
-    from moeplace.sim.calibrate import REFIT
-
-    print("prior widths (bound-scaled s.d. of each refitted constant over the cross-validation folds): "
-          + ", ".join(f"{n} {v:.2f}" for (n, _, _), v in zip(REFIT, prior)))
-    groups: dict[str, list[dict]] = {}
-    for c in cases:
-        groups.setdefault(c["group"], []).append(c)
     chosen = set(args.groups.split(",")) if args.groups else None
-    t0 = time.perf_counter()
-    rows = []
-    for g, cs in groups.items():
-        if len(cs) < 2 or (chosen and g not in chosen):
-            continue
-        if g not in folds:
-            print(f"  {g}: no cross-validation fold in {args.fidelity}; left out", flush=True)
-            continue
-        rows += anchored_group(cs, folds[g], prior, args.quick)
-    summary = summarize(rows)
-    for line in text(summary):
-        print(line)
-    ex = None
-    if args.example and not chosen:
-        print(f"worked example: calibrated on {args.example.split(':', 1)[1]} alone, the rest of its group predicted:")
-        ex = example(cases, folds, prior, args.example, args.quick)
-    res = {"rows": rows, "summary": summary, "example": ex, "prior_sd": [float(v) for v in prior],
-           "prior_source": "standard deviation of each constant's bound-scaled value over the grouped "
-                           f"cross-validation folds of {Path(args.fidelity).name} (at least 0.05)",
-           "sigma": SIGMA,
-           "quick": args.quick, "groups_only": sorted(chosen) if chosen else None,
-           "seconds": time.perf_counter() - t0}
+    res = anchored_all(cases, ens, args.quick, args.example, chosen, source=Path(args.ensemble).name)
     write_text_atomic(args.out, json.dumps(res, indent=1, default=float) + "\n")
     print(f"wrote {args.out}")
     if not args.quick and not chosen and Path(args.out).resolve() == OUT.resolve():

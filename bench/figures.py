@@ -973,13 +973,14 @@ def _share(x: float) -> str:
 
 def fidelity_anchored() -> str:
     """docs/simulate.md: calibrated on the other cases of a published group, each case predicted
-    (bench/fidelity_anchored.py), next to the uncalibrated cross-validated figure and one ratio per group."""
+    (bench/fidelity_anchored.py, from the group's out-of-bag ensemble members), next to the uncalibrated
+    figure from the same start and one ratio per group."""
     r = _results("fidelity_anchored")
     s = r["summary"]
     rows = []
     for part, name in (("end_to_end", "end-to-end"), ("kernel_tables", "kernel tables")):
         for key, label in (("anchored", "calibrated on the rest of its group (place calibrate)"),
-                           ("uncalibrated", "uncalibrated (grouped cross-validation)"),
+                           ("uncalibrated", "uncalibrated (the out-of-bag members it starts from)"),
                            ("one_ratio", "one ratio from the rest of its group")):
             st = s[part][key]
             if st["cases"]:
@@ -1006,8 +1007,13 @@ def calibrate_example() -> str:
              f"{r['calibrated']:,.1f} ({r['calibrated_error']:+.1%})"] for r in ex["rows"]]
     moved = ", ".join(f"`{n}` {v['from']:.4g} -> {v['to']:.4g}" + (" (bound)" if v["bound"] else "")
                       for n, v in ex["moved"].items()) or "nothing"
+    how = ""
+    if ex.get("members", 1) > 1:
+        how = (f"The group's {ex['members']} out-of-bag members were reweighted by the one point (effective sample "
+               f"size {ex['ess']:.1f}) and the {ex['refitted']} that kept weight refitted; the predictions are "
+               f"priced by the weighted median member ({ex['priced_by']}). ")
     return (_table(["case", "published", "uncalibrated", "calibrated on one point"], rows)
-            + f"\nWhat the one point moved: {moved}.\n")
+            + f"\n{how}What the one point moved in it: {moved}.\n")
 
 
 def k3_step() -> str:

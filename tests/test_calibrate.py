@@ -23,6 +23,8 @@ from moeplace.sim.calibrate import (
     x_of,
 )
 from moeplace.sim.config import CostConfig
+from moeplace.sim.ensemble import load_ensemble
+from moeplace.sim.point import shipped_members
 
 DATA = Path(__file__).parent / "data" / "bench_results"
 TINY = Path(__file__).parent / "data" / "tiny-moe-config.json"
@@ -160,6 +162,20 @@ def test_reweight_prefers_the_member_that_explains_the_point():
     assert cinfo["prior_sd"][0] >= 0.05  # the members' own spread
 
 
+def test_shipped_members_are_the_shipped_ensemble():
+    """A calibration starts from issue 40's ensemble: every member, its constants on the reference's, its
+    weight (normalized)."""
+    ens = load_ensemble()
+    members = shipped_members()
+    assert len(members) == ens.size >= 32
+    assert sum(m.weight for m in members) == pytest.approx(1.0)
+    for m, row in zip(members, ens.members):
+        assert {n: getattr(m.cost, n) for n in ens.names} == pytest.approx(dict(zip(ens.names, map(float, row))))
+    # what no member fits stays the reference's (= CostConfig()'s defaults)
+    assert members[0].cost.replace(**{n: getattr(CostConfig(), n) for n in ens.names}) == CostConfig()
+    assert len({m.cost for m in members}) > 1
+
+
 def test_x_of_and_cfg_of_round_trip():
     c = CostConfig()
     assert cfg_of(c, x_of(c)) == c
@@ -187,7 +203,12 @@ def test_calibrate_then_simulate_with_the_calibration(tmp_path, tiny_trace, caps
     assert rc == 0 and "calibrated on 3 measured point(s) of tiny-moe" in out
     doc = json.loads(cal.read_text())
     assert doc["format"] == "moeplace.serving-calibration/1"
-    assert doc["changes"]["refit"] == [n for n, _, _ in REFIT] and doc["changes"]["what"] == "refit"
+    assert doc["changes"]["refit"] == [n for n, _, _ in REFIT] and doc["changes"]["what"] == "reweight+refit"
+    # the shipped ensemble, reweighted: its members' own spread is the refit's prior
+    ens = load_ensemble()
+    assert len(doc["base_members"]) == ens.size and "spread of the shipped ensemble" in doc["changes"]["prior_source"]
+    assert sum(m["weight"] for m in doc["members"]) == pytest.approx(1.0)
+    assert 1.0 <= doc["changes"]["reweight"]["ess"] <= ens.size
     assert doc["interval"]["log_lo"] < 0 < doc["interval"]["log_hi"]
     assert [p["concurrency"] for p in doc["points"]] == [4, 4, 16] and doc["points"][2]["source"].endswith(":2")
 
@@ -234,3 +255,21 @@ def test_a_calibrated_sweep_prices_with_the_constants_and_hashes_them():
     assert sim_config(cal, p, 1).cost == CostConfig(**cost)
     assert sim_config(spec, p, 1).cost == CostConfig()
     assert point_hash(cal, p, "fp") != point_hash(spec, p, "fp")
+
+
+def test_anchored_groups_start_from_their_out_of_bag_members():
+    """bench/fidelity_anchored.py: group g starts from the members whose resample never drew g, with their
+    weights renormalized; a group the bootstrap never drew from starts from every member."""
+    from benchkit import load_bench
+
+    fa = load_bench("fidelity_anchored")
+    ens = load_ensemble()
+    g = ens.groups[0]
+    oob = fa.oob_members(ens, g)
+    drew = np.asarray(ens.bags)[:, 0] > 0
+    assert 0 < len(oob) == int((~drew).sum()) < ens.size
+    assert sum(m.weight for m in oob) == pytest.approx(1.0)
+    configs = ens.member_configs(ens.reference_config())
+    assert all(m.cost == configs[int(m.name.split()[1])] and not drew[int(m.name.split()[1])] for m in oob)
+    assert len(fa.oob_members(ens, "a-group-published-after-the-cut-off")) == ens.size
+    assert np.all(fa.prior_widths(oob) >= 0.05)

@@ -154,3 +154,35 @@ def test_simulate_with_a_calibration_profile_prints_no_roofline_range(trace_dir,
     doc = json.loads(capsys.readouterr().out)
     assert doc["fidelity"]["run"]["cost"] == "profile"
     assert not any(k.endswith("_range") for k in doc["summaries"][0])
+
+
+def test_anchored_only_joins_a_full_anchored_run_and_prints_it(tmp_path, monkeypatch, capsys):
+    """bench/fidelity.py --anchored-only: bench/fidelity_anchored.py's results become the results file's
+    ``anchored`` block and its figures are printed next to the uncalibrated ones; a --quick or --groups
+    run's anchored results are refused, and the results file is left as it was."""
+    fid = _bench_fidelity()
+    out, an = tmp_path / "fidelity.json", tmp_path / "anchored.json"
+    out.write_text(json.dumps({k: v for k, v in _committed().items() if k != "anchored"}))
+    row = {"id": "a", "group": "g1", "kind": "decode", "published": 100.0, "anchored": 104.0, "uncalibrated": 120.0,
+           "anchored_error": 0.04, "uncalibrated_error": 0.2, "ratio_error": 0.1}
+    rows = [row, {**row, "id": "b", "group": "g2", "anchored": 90.0, "anchored_error": -0.1}]
+    doc = {"rows": rows, "summary": fid.fa.summarize(rows), "quick": True, "groups_only": None}
+    an.write_text(json.dumps(doc))
+    monkeypatch.setattr(sys, "argv", ["fidelity.py", "--anchored-only", "--out", str(out), "--anchored", str(an)])
+    assert fid.main() == 2 and "anchored" not in json.loads(out.read_text())
+    an.write_text(json.dumps({**doc, "quick": False}))
+    capsys.readouterr()
+    assert fid.main() == 0
+    printed = capsys.readouterr().out
+    assert "end-to-end, uncalibrated" in printed and "end-to-end, anchored (place calibrate)" in printed
+    assert "median |error|   7.0%" in printed  # |+4 %| and |-10 %|
+    got = json.loads(out.read_text())["anchored"]
+    assert got["summary"]["end_to_end"]["anchored"]["median"] == pytest.approx(0.07)
+
+
+def test_the_committed_results_carry_the_committed_anchored_figures():
+    """bench/results/fidelity.json's ``anchored`` block is bench/results/fidelity_anchored.json's run (a full
+    bench/fidelity.py run writes both; --anchored-only joins the latter into the former)."""
+    anchored = json.loads((REPO / "bench" / "results" / "fidelity_anchored.json").read_text())
+    block = _committed()["anchored"]
+    assert block["summary"] == anchored["summary"] and not block["quick"] and block["groups_only"] is None

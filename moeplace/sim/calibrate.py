@@ -13,13 +13,15 @@ ensemble of constant sets (:class:`Member`: constants and a weight), in this ord
 2. **Refit** (:func:`refit`): per member, the :data:`REFIT` subset moved to the maximum a posteriori
    values: ``sum_j (r_j / sigma)^2 + sum_k ((x_k - x0_k) / s_k)^2`` minimised within the constants'
    bounds, ``x`` each constant scaled to its bounds (0..1), ``x0`` the member's own value and ``s_k`` the
-   prior width (:data:`PRIOR_SD`: how far the constants move between grouped cross-validation folds, or an
-   ensemble's own spread). One point moves the constants it is most sensitive to, the least distance that
+   prior width (an ensemble's own spread of each constant, at least 0.05; for a single constant set, how
+   far the constants moved between grouped cross-validation folds, or :data:`DEFAULT_PRIOR_SD`). One point moves the constants it is most sensitive to, the least distance that
    explains it; more points pin more of them down.
 
 The members are priced by a function of a constant set (``price(cfg) -> residuals``), so the same code
-calibrates today's one constant set (a one-member ensemble: reweighting is then a no-op and the refit is
-the calibration) and an ensemble of fitted members.
+calibrates one constant set (a one-member ensemble: reweighting is then a no-op and the refit is the
+calibration) and an ensemble of fitted members: ``place calibrate`` starts from the shipped cost-model
+ensemble (sim/ensemble.py, sim/point.shipped_members), reweights all its members and refits every one that
+keeps weight, with the members' own spread as the prior widths.
 
 A calibrated run's interval comes from the within-deployment error: bench/fidelity_anchored.py calibrates
 on all but one case of every published deployment group and predicts the one left out; the 10th and 90th

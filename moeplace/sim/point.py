@@ -140,11 +140,18 @@ class PointModel:
 
 
 def shipped_members() -> list:
-    """The ensemble a calibration starts from: today the one shipped constant set (``CostConfig()``) as a
-    one-member ensemble. Issue 40's shipped ensemble replaces this with its members and weights."""
+    """The ensemble a calibration starts from: the shipped cost-model ensemble (sim/cost_ensemble.json, issue
+    40's group bootstrap), one :class:`sim.calibrate.Member` per bootstrap member -- ``CostConfig()`` (the
+    ensemble's reference constants) with the member's fitted values, its weight (normalized to sum 1) and
+    its index as its name."""
     from moeplace.sim.calibrate import Member  # the ensemble interface
+    from moeplace.sim.ensemble import load_ensemble  # the shipped ensemble (package data)
 
-    return [Member(CostConfig(), 1.0, "shipped")]
+    ens = load_ensemble()
+    w = np.asarray(ens.weights, dtype=np.float64)
+    w = w / w.sum()
+    return [Member(cfg, float(wi), f"member {i}") for i, (cfg, wi) in
+            enumerate(zip(ens.member_configs(ens.reference_config()), w))]
 
 
 def calibrate_points(dep: Deployment, points: list[MeasuredPoint], trace, members=None, prior_sd=None,

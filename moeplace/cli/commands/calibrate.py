@@ -25,6 +25,9 @@ from moeplace.sim.calibrate import (
 )
 
 DEPLOYMENT_FILE = "deployment.yaml"
+# from this many members on, the refit's prior widths are the members' own spread (sim.calibrate.
+# calibrate_members), not the cross-validation folds' widths in the package's anchored summary
+ENSEMBLE_PRIOR_MEMBERS = 32
 # flag -> Deployment field (the flags override the YAML's values)
 FLAGS = {"model": "model", "gpu": "gpu", "gpus": "gpus", "gpus_per_node": "gpus_per_node", "engine": "engine",
          "attention_tp": "attention_tp", "attention_dp": "attention_dp", "ep": "ep", "expert_dtype": "expert_dtype",
@@ -102,14 +105,25 @@ def run(args) -> int:
     outs = Outputs(inputs=[*args.results, args.deployment, args.trace], force=args.force)
     outs.add(args.out, SERVING_CALIBRATION)
     anchored = load_anchored()
-    prior = anchored.get("prior_sd") or {}
-    prior_sd = [float(prior.get(n, 0.25)) for n, _, _ in REFIT]
+    from moeplace.sim.point import (  # the simulator and the shipped ensemble: heavy, only when calibrating
+        calibrate_points,
+        deployment_model,
+        shipped_members,
+        synthetic_trace,
+    )
+
+    members = shipped_members()
+    if len(members) >= ENSEMBLE_PRIOR_MEMBERS:  # an ensemble: the refit's prior is the members' own spread
+        prior_sd, prior_source = None, (f"the spread of the shipped ensemble's {len(members)} members (standard "
+                                        "deviation of each constant's bound-scaled value, at least 0.05)")
+    else:
+        prior = anchored.get("prior_sd") or {}
+        prior_sd = [float(prior.get(n, 0.25)) for n, _, _ in REFIT]
+        prior_source = anchored.get("prior_source", "")
     lo, hi = interval_factors(anchored)
     interval = {"coverage": anchored["interval"]["coverage"], "log_lo": lo, "log_hi": hi,
                 "measured_coverage": anchored["interval"].get("measured_coverage"),
                 "source": anchored["interval"]["source"]}
-    from moeplace.sim.point import calibrate_points, deployment_model, synthetic_trace  # the simulator: heavy
-
     log = (lambda msg: print(msg, file=sys.stderr)) if not args.json else (lambda _m: None)
     log(f"{len(points)} measured point(s) of {dep.describe()}")
     if args.trace:
@@ -125,8 +139,8 @@ def run(args) -> int:
     else:
         log(f"  synthesizing a stationary {dep.model} routing trace ...")
         trace = synthetic_trace(deployment_model(dep))
-    doc = calibrate_points(dep, points, trace, prior_sd=prior_sd, interval=interval,
-                           prior_source=anchored.get("prior_source", ""), log=log)
+    doc = calibrate_points(dep, points, trace, members=members, prior_sd=prior_sd, interval=interval,
+                           prior_source=prior_source, log=log)
     outs.write(args.out, lambda: write_calibration(args.out, doc))
     if args.json:
         print(json.dumps(doc, indent=1, default=float))
@@ -158,6 +172,16 @@ def _pct(sim, meas) -> str:
     return f"{sim / meas - 1:+6.1%}" if sim and meas else "   n/a"
 
 
+def priced_by(doc: dict) -> str:
+    """The name of the calibrated member a run is priced by (sim.calibrate.median_member of CAL.json's
+    members)."""
+    from moeplace.sim.calibrate import Member, median_member  # the ensemble interface
+    from moeplace.sim.config import CostConfig  # the members' constants
+
+    return median_member([Member(CostConfig(**m["constants"]), float(m["weight"]), m["name"])
+                          for m in doc["members"]]).name
+
+
 def report(doc: dict, out: str) -> str:
     lines = [f"calibrated on {len(doc['points'])} measured point(s) of {doc['deployment_text']}",
              f"  {'point':48s} {'measured':>10s} {'before':>8s} {'after':>8s}   TPOT ms measured / before / after"]
@@ -168,9 +192,14 @@ def report(doc: dict, out: str) -> str:
         lines.append(f"  {r['source'][-48:]:48s} {m['output_tok_s']:10,.1f} {_pct(b['output_tok_s'], m['output_tok_s'])} "
                      f"{_pct(a['output_tok_s'], m['output_tok_s'])}   {tp}")
     ch = doc["changes"]
-    moved = {}
-    for f in ch["refit_detail"]:
-        moved.update(f["moved"])
+    fits = ch["refit_detail"]
+    priced = priced_by(doc)
+    moved = next((f["moved"] for f in fits if f["member"] == priced), fits[0]["moved"] if fits else {})
+    if len(doc["base_members"]) > 1:
+        rw = ch["reweight"]
+        lines.append(f"reweighted the {rw['members']} shipped members by the measured figures (effective sample size "
+                     f"{rw['ess']:.1f}); refitted the {len(fits)} that keep weight; runs are priced by {priced} (the "
+                     "weighted median member):")
     lines.append(f"what changed ({ch['what']}; only {', '.join(ch['refit'])} may move, within their bounds, "
                  f"pulled towards the shipped values):")
     for n, v in moved.items():
