@@ -41,6 +41,7 @@ from dockit import (
 
 from moeplace.cli.main import main
 from moeplace.foundation.model import load_model
+from moeplace.placement.export.sample_checkpoint import write_k3_like
 from moeplace.placement.record import Placement, load_placement
 from moeplace.traces.loads import Loads
 
@@ -77,7 +78,10 @@ def _loads(d, trace):
 
 STANDINS = {  # path a doc reads -> how to make a small one
     "data/k3-default": lambda d, trace: shutil.copytree(trace(), d / "data" / "k3-default"),
-    "run/placement.json": lambda d, trace: _placement(load_model("kimi-k3"), 32, 32, d / "run" / "placement.json"),
+    # K3's deployable plan, replica-free, as `place optimize` writes by default (the demo's run/placement.json)
+    "run/placement.json": lambda d, trace: _placement(load_model("kimi-k3"), 32, 0, d / "run" / "placement.json"),
+    # the demo's K3-shaped checkpoint (K3's tensor names, tiny tensors): README's relabel and --verify steps
+    "run/k3-checkpoint": lambda d, trace: write_k3_like(d / "run" / "k3-checkpoint", load_model("kimi-k3")),
     "run/placement-r0.json":
         lambda d, trace: _placement(load_model("kimi-k3"), 32, 0, d / "run" / "placement-r0.json"),
     "run/placements": _k3_placements,
