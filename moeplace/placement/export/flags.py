@@ -530,7 +530,7 @@ def _host_notes(G: int, gpn: int, gph: int) -> list[str]:
         return []
     domains = G // gpn
     where = "all in one NVLink domain" if domains == 1 else f"in {domains} NVLink domains of {gpn}"
-    line = f"# {G // gph} host(s) of {gph} GPUs (compute trays), one engine process each, {where}: a 'node' below is a host"
+    line = f"# {G // gph} hosts of {gph} GPUs (compute trays), one engine process each, {where}: a 'node' below is a host"
     return [line]
 
 
