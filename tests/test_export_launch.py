@@ -511,7 +511,7 @@ def test_vllm_tp_spanning_nodes_uses_the_multi_node_launcher_not_dp_ranks(dsv3, 
         w = _expand(lw.argv(worker=True), rank)
         assert int(w[w.index("--data-parallel-start-rank") + 1]) == rank
         assert int(w[w.index("--data-parallel-size-local") + 1]) * 4 == int(w[w.index("--data-parallel-size") + 1])
-    with pytest.raises(InputError, match="spans 2 nodes"):
+    with pytest.raises(InputError, match="spans 2 hosts"):
         launch_spec(pl, dsv3, "vllm-expert-map", tmp_path / "m.json", FlagOptions(tp=16, dp=2))
 
 

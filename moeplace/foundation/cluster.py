@@ -2,7 +2,9 @@
 between nodes. GPU numbers are data (``foundation/presets/gpus.json``, from docs/design.md Sources §2).
 
 GPU ``g`` lives on node ``g // gpus_per_node``. A "node" is an NVLink domain (8 GPUs on HGX, 72 on
-GB300 NVL72).
+GB300 NVL72): what the cost model and the all-to-all backend choice use. A *host* is one machine, which
+runs one engine process in a multi-node launch: ``gpus_per_host`` GPUs (the whole node on HGX; 4 on an
+NVL72 rack, whose 72 GPUs sit in 18 compute trays). The launch commands and files count hosts.
 """
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ class GPUSpec:
     nvlink_latency: float
     nic_bw: float
     nic_latency: float
-    gpus_per_node: int = 8
+    gpus_per_node: int = 8  # the NVLink domain
     note: str = ""
+    gpus_per_host: int | None = None  # GPUs of one machine (one engine process); None: gpus_per_node
 
     def __post_init__(self) -> None:
         for f in ("hbm_bytes", "hbm_bw", "flops_bf16", "flops_fp8", "nvlink_bw", "nic_bw"):
@@ -46,6 +49,11 @@ class GPUSpec:
                 raise InputError(f"GPU '{self.name}': {f} must be positive")
         if self.gpus_per_node < 1:
             raise InputError(f"GPU '{self.name}': gpus_per_node must be >= 1")
+        if self.gpus_per_host is None:
+            object.__setattr__(self, "gpus_per_host", self.gpus_per_node)
+        elif self.gpus_per_host < 1 or self.gpus_per_node % self.gpus_per_host:
+            raise InputError(f"GPU '{self.name}': gpus_per_host must be >= 1 and divide gpus_per_node "
+                             f"({self.gpus_per_node}), got {self.gpus_per_host}")
 
     def flops(self, dtype: str) -> float:
         """Dense tensor-core FLOP/s for GEMMs whose inputs are ``dtype`` (weights' compute format): FP4
@@ -69,12 +77,16 @@ def _gpu_presets() -> dict[str, dict]:
 
 
 GPU_FIELDS = ("hbm_bytes", "hbm_bw", "flops_bf16", "flops_fp8", "flops_fp4", "nvlink_bw", "nvlink_latency",
-              "nic_bw", "nic_latency", "gpus_per_node", "note")
+              "nic_bw", "nic_latency", "gpus_per_node", "gpus_per_host", "note")
+_WHOLE = ("gpus_per_node", "gpus_per_host")  # GPU counts: integers >= 1
+_OPTIONAL = ("gpus_per_node", "gpus_per_host", "note", "flops_fp4")
 
 
 def load_gpu(name: str) -> GPUSpec:
     """A preset name, or a JSON file with the preset fields (``--gpu spec.json``): bandwidths in bytes/s
-    per direction per GPU, latencies in seconds, dense FLOP/s; ``name`` and ``note`` optional."""
+    per direction per GPU, latencies in seconds, dense FLOP/s; ``name``, ``note``, ``flops_fp4``,
+    ``gpus_per_node`` (the NVLink domain, default 8) and ``gpus_per_host`` (GPUs per machine, default
+    ``gpus_per_node``) optional."""
     presets = _gpu_presets()
     if name in presets:
         return GPUSpec(name=name, **presets[name])
@@ -86,10 +98,19 @@ def load_gpu(name: str) -> GPUSpec:
         unknown = sorted(set(d) - set(GPU_FIELDS) - {"name"})
         if unknown:
             raise InputError(f"{name}: unknown field(s) {unknown} (expected {', '.join(GPU_FIELDS)})")
-        missing = [f for f in GPU_FIELDS if f not in d and f not in ("gpus_per_node", "note", "flops_fp4")]
+        missing = [f for f in GPU_FIELDS if f not in d and f not in _OPTIONAL]
         if missing:
             raise InputError(f"{name}: missing field(s) {missing}")
+        for f in _WHOLE:
+            if f in d and (not isinstance(d[f], int) or isinstance(d[f], bool) or d[f] < 1):
+                raise InputError(f"{name}: field '{f}' must be an integer >= 1, got {quote(d[f])}")
+        per_node = d.get("gpus_per_node", 8)
+        if "gpus_per_host" in d and per_node % d["gpus_per_host"]:
+            raise InputError(f"{name}: field 'gpus_per_host' ({d['gpus_per_host']}) must divide gpus_per_node "
+                             f"({per_node}): a host holds a whole part of the NVLink domain")
         for f in GPU_FIELDS[:-1]:
+            if f in _WHOLE:
+                continue
             if f in d and not (isinstance(d[f], (int, float)) and not isinstance(d[f], bool)):
                 raise InputError(f"{name}: field '{f}' must be a number, got {quote(d[f])}")
             # Infinity / NaN (Python's JSON reads both) would turn into NaN sizes and times downstream
@@ -97,8 +118,6 @@ def load_gpu(name: str) -> GPUSpec:
                                                         else d[f] > 0)):
                 want = ">= 0" if f.endswith("latency") or f == "flops_fp4" else "> 0"
                 raise InputError(f"{name}: field '{f}' must be a finite number {want}, got {d[f]!r}")
-        if "gpus_per_node" in d and (not isinstance(d["gpus_per_node"], int) or isinstance(d["gpus_per_node"], bool)):
-            raise InputError(f"{name}: field 'gpus_per_node' must be an integer, got {quote(d['gpus_per_node'])}")
         kw = {f: d[f] for f in GPU_FIELDS if f in d}
         kw.setdefault("flops_fp4", 0.0)
         return GPUSpec(name=str(d.get("name") or Path(name).stem), **kw)
@@ -126,6 +145,12 @@ class ClusterSpec:
     @property
     def name(self) -> str:
         return f"{self.num_nodes}x{self.gpus_per_node} {self.gpu.name}"
+
+    @property
+    def gpus_per_host(self) -> int:
+        """GPUs per machine (one engine process of a launch): :func:`host_size` of the GPU spec for
+        this cluster's node size."""
+        return host_size(self.gpu, self.gpus_per_node)
 
     def node_of(self, gpu: int) -> int:
         return gpu // self.gpus_per_node
@@ -174,7 +199,20 @@ class ClusterSpec:
         return nx.shortest_path(self.graph, ("gpu", a), ("gpu", b), weight="latency")
 
     def to_dict(self) -> dict:
-        return {"gpu": self.gpu.name, "num_nodes": self.num_nodes, "gpus_per_node": self.gpus_per_node}
+        """Name, nodes, GPUs per node, and ``gpus_per_host`` where a node spans several hosts (NVL72)."""
+        d = {"gpu": self.gpu.name, "num_nodes": self.num_nodes, "gpus_per_node": self.gpus_per_node}
+        if self.gpus_per_host != self.gpus_per_node:
+            d["gpus_per_host"] = self.gpus_per_host
+        return d
+
+
+def host_size(spec: GPUSpec, per_node: int) -> int:
+    """GPUs per host when ``spec``'s node is resized to ``per_node`` GPUs (``--gpus-per-node``): a spec whose
+    host is its whole node (HGX) keeps one host per node; a rack of smaller hosts (NVL72: 4) keeps its host
+    size, or the largest one dividing a node smaller than that."""
+    if spec.gpus_per_host == spec.gpus_per_node:
+        return per_node
+    return math.gcd(spec.gpus_per_host, per_node)
 
 
 def make_cluster(gpus: int = 32, gpu: str = "h200", gpus_per_node: int | None = None) -> ClusterSpec:
@@ -191,4 +229,5 @@ def make_cluster(gpus: int = 32, gpu: str = "h200", gpus_per_node: int | None = 
         per_node = gpus
     if gpus % per_node:
         raise InputError(f"--gpus {gpus} is not a multiple of --gpus-per-node {per_node}")
-    return ClusterSpec(gpu=replace(spec, gpus_per_node=per_node), num_nodes=gpus // per_node, gpus_per_node=per_node)
+    return ClusterSpec(gpu=replace(spec, gpus_per_node=per_node, gpus_per_host=host_size(spec, per_node)),
+                       num_nodes=gpus // per_node, gpus_per_node=per_node)

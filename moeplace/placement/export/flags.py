@@ -40,6 +40,12 @@ parsers (``engines.py``, ``engine_options/``): a command naming an option the re
 All-to-all backend by topology (the engines' deployment guides): one NVLink domain (a single node, or an
 NVL72 rack) -> vLLM ``flashinfer_nvlink_one_sided`` / SGLang ``flashinfer`` on NVL72, ``deepep`` on 8-GPU
 nodes; several nodes over RDMA -> vLLM ``deepep_v2`` / SGLang ``deepep``.
+
+Processes count *hosts*, not NVLink domains (:func:`launch_host_size`): an NVL72 rack is one NVLink domain
+of 18 compute trays of 4 GPUs, each tray a machine running its own engine process. vLLM's
+``--data-parallel-size-local`` / ``--headless`` workers, SGLang's ``--nnodes`` (0.5.23 gives each node
+``--tp-size / --nnodes`` GPUs), TensorRT-LLM's ``--gpus_per_node`` and the Slurm/Kubernetes files of
+``deploy`` all count hosts; the all-to-all backend and the cost model count NVLink domains.
 """
 from __future__ import annotations
 
@@ -50,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from moeplace.foundation.cluster import make_cluster
+from moeplace.foundation.cluster import host_size, load_gpu, make_cluster
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import read_json
 from moeplace.foundation.formats import check
@@ -133,6 +139,8 @@ class FlagOptions:
     max_seqs: int | None = None
     max_batched_tokens: int | None = None
     serve: str | None = None  # "checkpoint": a relabelled checkpoint (no file); "plugin": the vLLM plugin on SRC
+    # GPUs per host (one engine process each); None: from the GPU spec (launch_host_size). check_layout sets it
+    gpus_per_host: int | None = None
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("bf16", "fp8"):
@@ -160,6 +168,8 @@ class FlagOptions:
             raise InputError("--vllm-static serves vLLM without EPLB: it does not go with --vllm-pr or --online-eplb")
         if self.serve not in (None, "checkpoint", "plugin"):
             raise InputError(f"serve must be checkpoint or plugin, got '{self.serve}'")
+        if self.gpus_per_host is not None and self.gpus_per_host < 1:
+            raise InputError(f"gpus_per_host must be >= 1, got {self.gpus_per_host}")
         if self.serve is not None and (self.vllm_pr is not None or self.vllm_static is not None or self.online_eplb):
             raise InputError("a relabelled checkpoint (or the plugin) is served in the engine's own layout: "
                              "--vllm-pr / --vllm-static / --online-eplb do not go with it")
@@ -170,6 +180,33 @@ def _gpu_kind(placement: Placement, opts: FlagOptions) -> str:
         return opts.gpu
     cluster = placement.provenance.get("cluster") if isinstance(placement.provenance, dict) else None
     return str(cluster.get("gpu", "")) if isinstance(cluster, dict) else ""
+
+
+def launch_host_size(placement: Placement, opts: FlagOptions) -> int:
+    """GPUs per host of the launch (one engine process each), from the same GPU spec as the memory plan:
+    ``opts.gpus_per_host`` (what :func:`check_layout` resolved), else the spec of ``--gpu`` (a preset or a
+    JSON file), else the placement's recorded cluster (its ``gpus_per_host``, or its GPU preset's). A
+    placement with no GPU kind runs one host per node, as before hosts were counted. Always divides the
+    placement's ``gpus_per_node`` (an NVL72 NVLink domain of 72 GPUs is 18 hosts of 4)."""
+    gpn = placement.gpus_per_node
+    if opts.gpus_per_host is not None:
+        host = opts.gpus_per_host
+    elif opts.gpu:
+        host = host_size(load_gpu(opts.gpu), gpn)
+    else:
+        cluster = placement.provenance.get("cluster") if isinstance(placement.provenance, dict) else None
+        cluster = cluster if isinstance(cluster, dict) else {}
+        recorded = cluster.get("gpus_per_host")
+        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+            host = recorded
+        else:
+            try:
+                host = host_size(load_gpu(str(cluster["gpu"])), gpn) if cluster.get("gpu") else gpn
+            except InputError:  # a user spec recorded by name only: its node is the host (pass --gpu SPEC.json)
+                host = gpn
+    if gpn % host:
+        raise InputError(f"{host} GPUs per host do not divide the placement's {gpn} GPUs per node (NVLink domain)")
+    return host
 
 
 def memory_config_from_report(path: str | Path) -> tuple[Any, dict[str, Any]]:
@@ -219,6 +256,8 @@ def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan
             raise InputError(f"--plan {plan_report}: the plan has EP {config.ep}, the placement spreads over {G} GPUs")
         gpu = str(cluster_d.get("gpu", {}).get("name") if isinstance(cluster_d.get("gpu"), dict)
                   else cluster_d.get("gpu") or _gpu_kind(placement, opts) or "h200")
+        if opts.gpu and load_gpu(opts.gpu).name == gpu:  # the plan names the spec --gpu gives (a JSON file: by name)
+            gpu = opts.gpu
         gpn = cluster_d.get("gpus_per_node")
         if gpn is not None and (isinstance(gpn, bool) or not isinstance(gpn, int)):
             raise InputError(f"--plan {plan_report}: field 'cluster.gpus_per_node' must be a whole number, got {quote(gpn)}")
@@ -243,7 +282,8 @@ def check_layout(placement: Placement, model: ModelSpec, opts: FlagOptions, plan
             opts = replace(opts, kv_cache_dtype=config.kv_dtype)
         if opts.max_model_len is None and config.context is not None:
             opts = replace(opts, max_model_len=config.context)
-    return replace(opts, tp=lay.tp, dp=lay.dp, gpu=opts.gpu or cluster.gpu.name), plan
+    return replace(opts, tp=lay.tp, dp=lay.dp, gpu=opts.gpu or cluster.gpu.name,
+                   gpus_per_host=cluster.gpus_per_host), plan
 
 
 def matching_plan(placement: Placement, plan_reports: list[str | Path]) -> tuple[Path | None, list[str]]:
@@ -460,15 +500,16 @@ def _table_notes(engine: str, model: ModelSpec, features: tuple[str, ...]) -> li
 
 
 def _vllm_nodes(tp: int, dp: int, gpn: int, nodes: int, master_addr: str) -> tuple[list[str], list[str] | None, int]:
-    """vLLM's multi-node flags for attention TP ``tp`` x DP ``dp`` on ``nodes`` nodes of ``gpn`` GPUs: the
-    head's extra flags, what nodes 1.. add, and the DP ranks per node. DP ranks that fit in a node:
-    ``--data-parallel-size-local`` ranks per node, node ``n`` starting at DP rank ``n * local``
-    (``--headless`` workers). A TP group spanning nodes (``tp > gpn``) runs under vLLM's multi-node
-    launcher (``--nnodes``/``--node-rank``/``--master-addr``, ParallelConfig of 0.34.0), one DP rank;
-    with more DP ranks the node-to-rank mapping is not checked here and the layout is refused."""
+    """vLLM's multi-node flags for attention TP ``tp`` x DP ``dp`` on ``nodes`` hosts of ``gpn`` GPUs (one
+    engine process each: an NVL72 rack is 18 hosts of 4): the head's extra flags, what hosts 1.. add, and
+    the DP ranks per host. DP ranks that fit in a host: ``--data-parallel-size-local`` ranks per host, host
+    ``n`` starting at DP rank ``n * local`` (``--headless`` workers). A TP group spanning hosts
+    (``tp > gpn``) runs under vLLM's multi-node launcher (``--nnodes``/``--node-rank``/``--master-addr``,
+    ParallelConfig of 0.34.0), one DP rank; with more DP ranks the host-to-rank mapping is not checked
+    here and the layout is refused."""
     if gpn % tp and tp % gpn:
-        raise InputError(f"--tp {tp} and the {gpn} GPUs per node: one must divide the other (a TP group fills "
-                         "whole nodes or packs into one)")
+        raise InputError(f"--tp {tp} and the {gpn} GPUs per host: one must divide the other (a TP group fills "
+                         "whole hosts or packs into one)")
     if tp <= gpn:
         local = gpn // tp
         head = [f"--data-parallel-size {dp}", f"--data-parallel-size-local {local}"]
@@ -477,24 +518,35 @@ def _vllm_nodes(tp: int, dp: int, gpn: int, nodes: int, master_addr: str) -> tup
         return (head + [f"--data-parallel-address {master_addr}", "--data-parallel-rpc-port 13345"],
                 ["--headless", f"--data-parallel-start-rank $((NODE_RANK*{local}))"], local)
     if dp > 1:
-        raise InputError(f"attention TP{tp} x DP{dp}: each DP rank's TP group spans {tp // gpn} nodes; vLLM's "
-                         "multi-node TP under data parallelism is not printed here: use --tp "
+        raise InputError(f"attention TP{tp} x DP{dp}: each DP rank's TP group spans {tp // gpn} hosts of {gpn} GPUs; "
+                         "vLLM's multi-host TP under data parallelism is not printed here: use --tp "
                          f"{gpn} or less (e.g. --tp {gpn} --dp {tp * dp // gpn}), or DP 1")
     return ([f"--nnodes {nodes}", "--node-rank $NODE_RANK", f"--master-addr {master_addr}"], ["--headless"], 0)
+
+
+def _host_notes(G: int, gpn: int, gph: int) -> list[str]:
+    """The comment saying how the launch counts hosts where an NVLink domain spans several (NVL72)."""
+    if gph >= gpn:
+        return []
+    domains = G // gpn
+    where = "all in one NVLink domain" if domains == 1 else f"in {domains} NVLink domains of {gpn}"
+    line = f"# {G // gph} hosts of {gph} GPUs (compute trays), one engine process each, {where}: a 'node' below is a host"
+    return [line]
 
 
 def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
           max_len: int, tp: int, dp: int, ascend: bool = False) -> Launch:
     G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
-    nodes = G // gpn
-    notes: list[str] = []
+    gph = launch_host_size(placement, opts)
+    nodes = G // gph  # hosts: one engine process each
+    notes = _host_notes(G, gpn, gph)
     version = None if ascend else resolve_version("vllm", opts.engine_version)
-    node_flags, worker, _ = _vllm_nodes(tp, dp, gpn, nodes, opts.master_addr)
+    node_flags, worker, _ = _vllm_nodes(tp, dp, gph, nodes, opts.master_addr)
     gpu = _gpu_kind(placement, opts)
     if not ascend and gpu in ("h100", "h200") and model.name == "kimi-k3":
         notes.append("# vLLM's K3 recipe marks DEP unsupported on Hopper (H100/H200): it runs TP with "
                      "--moe-backend marlin --max-model-len 32768 there")
-    a2a = "flashinfer_nvlink_one_sided" if nodes == 1 else "deepep_v2"
+    a2a = "flashinfer_nvlink_one_sided" if G <= gpn else "deepep_v2"  # the EP group within one NVLink domain
     kv = "fp8" if opts.kv_cache_dtype == "fp8" else "auto"
     # --enable-expert-parallel: EP over all TP x DP ranks (EPLB requires it; vLLM's ParallelConfig asserts)
     head = [f"vllm serve {shlex.quote(model_path)}", "--trust-remote-code",
@@ -590,14 +642,15 @@ def _vllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: Fla
     else:
         head += [f"--kv-cache-dtype {kv}", f"--max-model-len {max_len}"]
     where = f"# head node (node 0 of {nodes})" if nodes > 1 else f"# one node, {G} GPUs"
-    return Launch("vllm", version, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, head, nodes, gpn, path,
+    return Launch("vllm", version, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, head, nodes, gph, path,
                   model_path, worker, allow_eplb_keys=allow, env=env, applies_placement=applies)
 
 
 def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: FlagOptions, model_path: str,
             max_len: int, tp: int, dp: int) -> Launch:
     G, gpn, R = placement.num_gpus, placement.gpus_per_node, placement.num_redundant
-    nodes = G // gpn
+    gph = launch_host_size(placement, opts)
+    nodes = G // gph  # hosts: SGLang gives each of the --nnodes processes --tp-size / --nnodes GPUs
     from moeplace.placement.export.sglang import support_warnings  # the format modules import this one
 
     version = resolve_version("sglang", opts.engine_version)
@@ -606,10 +659,10 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
     relabelled = opts.serve == "checkpoint"
     own = ("# the relabelled checkpoint: SGLang's own layout (physical expert p on EP rank p // (E/G)) is the "
            "placement; no --init-expert-location")
-    notes = [own] if relabelled else [f"# WARNING: {w}" for w in support_warnings(model, R)]
+    notes = _host_notes(G, gpn, gph) + ([own] if relabelled else [f"# WARNING: {w}" for w in support_warnings(model, R)])
     if opts.online_eplb:
         notes += _table_notes("sglang", model, ("online_eplb",))
-    a2a = "flashinfer" if gpn >= 72 else "deepep"
+    a2a = "flashinfer" if gpn >= 72 else "deepep"  # by the NVLink domain, not the host
     kv = "fp8_e4m3" if opts.kv_cache_dtype == "fp8" else "bf16"
     # SGLang's --tp-size is the instance's GPU count; with DP attention each of the attention-DP ranks
     # runs attention TP over tp-size / dp GPUs. 0.5.23 spells that --attn-dp-size D (its parser marks the
@@ -642,7 +695,7 @@ def _sglang(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
         notes.append(_POOL_NOTES["sglang"][opts.pool])
     cmd += [f"--kv-cache-dtype {kv}", f"--context-length {max_len}"]
     where = f"# run on each of the {nodes} nodes with NODE_RANK=0..{nodes - 1}" if nodes > 1 else f"# one node, {G} GPUs"
-    return Launch("sglang", version, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, cmd, nodes, gpn, path,
+    return Launch("sglang", version, notes, f"# attention TP{tp} x DP{dp}, EP{G}", where, cmd, nodes, gph, path,
                   model_path, applies_placement=relabelled or capabilities.cell("sglang", "placement_file",
                                                                                  model).supported is not False)
 
@@ -701,7 +754,7 @@ def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
         support_warnings,
     )
 
-    G, gpn = placement.num_gpus, placement.gpus_per_node
+    G, gpn = placement.num_gpus, launch_host_size(placement, opts)  # TensorRT-LLM's --gpus_per_node: GPUs per host
     nodes = G // gpn
     adp = trtllm_attention_dp(tp, dp)
     if capabilities.cell("trtllm", "placement_file", model).supported is not False and not adp:
@@ -709,8 +762,9 @@ def _trtllm(placement: Placement, model: ModelSpec, fmt: str, path: str, opts: F
         raise InputError(f"TensorRT-LLM's load balancer needs attention DP over all {G} ranks (MoE._init_load_balancer "
                          f"asserts 'Load Balancer should be only used with ADP and EP > 1'); attention TP{tp} x DP{dp} "
                          f"has it off: use --tp 1 --dp {G}")
-    notes = [f"# WARNING: {w}" for w in support_warnings(model, attention_dp=adp, ep_size=G,
-                                                         num_redundant=placement.num_redundant)]
+    notes = _host_notes(G, placement.gpus_per_node, gpn)
+    notes += [f"# WARNING: {w}" for w in support_warnings(model, attention_dp=adp, ep_size=G,
+                                                          num_redundant=placement.num_redundant)]
     options: dict[str, Any] = {"enable_attention_dp": adp,
                                "kv_cache_config": {"dtype": "fp8" if opts.kv_cache_dtype == "fp8" else "auto"},
                                "moe_config": {"backend": opts.moe_backend.upper(),
