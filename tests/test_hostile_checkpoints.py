@@ -321,3 +321,24 @@ def test_a_partial_placement_as_manifest_says_planned_on_n_of_m_layers(engine_in
     partial.save(root / "partial.json")
     line = assert_refused(_import(root, root / "partial.json", capsys), "partial.json")
     assert "planned on 2 of 3 layers" in line and "MoE layers 1-2" in line and "MoE layers 1-3" in line, line
+
+
+def test_the_fast_check_and_the_entry_by_entry_check_agree(src):
+    """check_header's fast path (no error text built) gives what the entry-by-entry check gives on a good
+    header, and steps aside on every damaged one (which the entry-by-entry check then words)."""
+    from moeplace.foundation import checkpoint_files as cf
+
+    shard = src / "model.safetensors"
+    data_start, head, tensors = read_safetensors_header(shard)
+    size = shard.stat().st_size
+    assert cf._valid_tensors(head, data_start, size) == cf._check_header_entries(head, shard, data_start, size)
+    assert tensors == cf._check_header_entries(head, shard, data_start, size)
+    damaged = [case for case, (header, data, raw, _) in DAMAGED.items()
+               if data is None and raw is None and case != "trailing bytes"]  # the file's damage, not the header's
+    assert len(damaged) >= 10
+    for case in damaged:  # the header's own damage (the file's size is the good one's)
+        assert cf._valid_tensors(DAMAGED[case][0], data_start, size) is None, case
+    shifted = {k: v if k == "__metadata__" else {**v, "data_offsets": [v["data_offsets"][0] + 1,
+                                                                        v["data_offsets"][1] + 1]}
+               for k, v in head.items()}
+    assert cf._valid_tensors(shifted, data_start, size) is None  # a gap before the first tensor
