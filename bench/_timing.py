@@ -48,6 +48,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def own_peak_rss_mb() -> float:
+    """This process's peak RSS since it started its program (``VmHWM``: unlike ``ru_maxrss`` it does not
+    carry the parent's footprint across the fork and exec that started it)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return peak_rss_mb()
+
+
 def children_peak_rss_mb() -> float:
     """Largest peak RSS of the finished child processes, MB."""
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

@@ -21,7 +21,7 @@ import multiprocessing
 import time
 
 import numpy as np
-from fidelity_harness import E2E, FIT, case_kv_tokens, case_setup, fit, kernel_metric
+from fidelity_harness import E2E, FIT, fit, kernel_metric
 
 from moeplace.sim import ensemble as ens_mod
 
@@ -61,22 +61,9 @@ def speed(case: dict, v: float) -> float:
 def reference_run(case: dict, cfg, quick: bool) -> Run:
     """The event simulator on an end-to-end case (stat mode, steady state after the warm-up), its pool's
     steady iterations sampled for re-pricing."""
-    from fidelity_harness import _from_summary
+    from fidelity_harness import _from_summary, sim_run
 
-    from moeplace.sim.config import SimConfig
-    from moeplace.sim.runner import simulate
-
-    trace, placement, cluster, engine, wl, duration = case_setup(case, quick)
-    warmup = 0.1 * duration if case["kind"] == "serve" else None
-    config = SimConfig(duration=duration, mode="stat", seed=0, engine=engine, cost=cfg, workload=wl, warmup=warmup,
-                       kv_tokens_per_rank=case_kv_tokens(case, trace, cluster, engine), ensemble=False)
-    res = simulate(trace, [(case["id"], placement)], cluster, config, keep_samples=True)[0]
-    s = dict(res.summary)
-    s["prefill_tok_s_per_gpu"] = s["prefill_tok_s"] / s["num_gpus"]
-    keep = {k: s[k] for k in ("output_tok_s_per_gpu", "input_tok_s_per_gpu", "per_user_tok_s", "itl_s",
-                              "tpot_p50_s", "ttft_p50_s", "iterations", "requests_rejected", "preemptions",
-                              "mean_decode_seqs", "mean_batch_tokens", "warmup_s", "duration_s", "wall_s",
-                              "straggler_share", "mean_imbalance")}
+    res, s, keep, engine = sim_run(case, cfg, quick, keep_samples=True)
     pool = res.pools[-1]
     feats = ens_mod.sample_features(pool.sample, pool.cost, engine.mtp_draft)
     cost = _CostShape(pool.cost.model, pool.cost.cluster)

@@ -345,8 +345,9 @@ def _from_summary(case: dict, s: dict) -> float:
             "per_user_tok_s": s["per_user_tok_s"] or 0.0}[case["metric"]]
 
 
-def sim_metric(case: dict, cfg, quick: bool) -> tuple[float, dict]:
-    """The discrete-event simulator on the case (stat mode, steady state after the warm-up)."""
+def sim_run(case: dict, cfg, quick: bool, keep_samples: bool = False):
+    """The discrete-event simulator on the case (stat mode, steady state after the warm-up): ``(result,
+    its summary with prefill_tok_s_per_gpu, the figures fidelity.json keeps, engine)``."""
     from moeplace.sim.config import SimConfig
     from moeplace.sim.runner import simulate
 
@@ -356,13 +357,19 @@ def sim_metric(case: dict, cfg, quick: bool) -> tuple[float, dict]:
     warmup = 0.1 * duration if case["kind"] == "serve" else None
     config = SimConfig(duration=duration, mode="stat", seed=0, engine=engine, cost=cfg, workload=wl, warmup=warmup,
                        kv_tokens_per_rank=case_kv_tokens(case, trace, cluster, engine), ensemble=False)
-    res = simulate(trace, [(case["id"], placement)], cluster, config)[0]
+    res = simulate(trace, [(case["id"], placement)], cluster, config, keep_samples=keep_samples)[0]
     s = dict(res.summary)
     s["prefill_tok_s_per_gpu"] = s["prefill_tok_s"] / s["num_gpus"]
     keep = {k: s[k] for k in ("output_tok_s_per_gpu", "input_tok_s_per_gpu", "per_user_tok_s", "itl_s",
                               "tpot_p50_s", "ttft_p50_s", "iterations", "requests_rejected", "preemptions",
                               "mean_decode_seqs", "mean_batch_tokens", "warmup_s", "duration_s", "wall_s",
                               "straggler_share", "mean_imbalance")}
+    return res, s, keep, engine
+
+
+def sim_metric(case: dict, cfg, quick: bool) -> tuple[float, dict]:
+    """The case's figure as the discrete-event simulator gives it (:func:`sim_run`)."""
+    _, s, keep, _ = sim_run(case, cfg, quick)
     return _from_summary(case, s), keep
 
 

@@ -26,7 +26,17 @@ import subprocess
 import sys
 import time
 
-from _timing import RESULTS, ROOT, cpu_seconds, loadavg, peak_rss_mb, rel, write_result
+from _timing import (
+    RESULTS,
+    ROOT,
+    children_peak_rss_mb,
+    cpu_seconds,
+    loadavg,
+    own_peak_rss_mb,
+    peak_rss_mb,
+    rel,
+    write_result,
+)
 
 READERS = ("stats", "loads", "validate")
 
@@ -44,19 +54,8 @@ def drop_cache(trace: str) -> None:
             os.close(fd)
 
 
-def own_peak_rss_mb() -> float:
-    """This process's peak RSS since it started its program (``VmHWM``: unlike ``ru_maxrss`` it does not
-    carry the parent's footprint across the fork and exec that started it)."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return peak_rss_mb()
-
-
 def child(trace: str, reader: str, cold: bool, workers: int | None) -> dict:
     """One timed pass of ``reader`` (in a child process: its own peak RSS and its workers')."""
-    import resource
 
     from moeplace.traces import scan
     from moeplace.traces.stats import compute_stats, trace_loads
@@ -78,7 +77,7 @@ def child(trace: str, reader: str, cold: bool, workers: int | None) -> dict:
         check_trace(trace)
     wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": own_peak_rss_mb(), "workers": procs,
-            "worker_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+            "worker_peak_rss_mb": children_peak_rss_mb()}
 
 
 def run_child(trace: str, reader: str, cold: bool = False, workers: int | None = None) -> dict:

@@ -24,21 +24,18 @@ import sys
 import time
 from pathlib import Path
 
-from _timing import RESULTS, ROOT, cpu_seconds, loadavg, peak_rss_mb, write_result
-
-
-def own_peak_rss_mb() -> float:
-    """This process's peak RSS since it started its program (``VmHWM``; ``ru_maxrss`` would carry the
-    bench's own footprint across the fork and exec that started the child)."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return peak_rss_mb()
+from _timing import (
+    RESULTS,
+    ROOT,
+    children_peak_rss_mb,
+    cpu_seconds,
+    loadavg,
+    own_peak_rss_mb,
+    write_result,
+)
 
 
 def child(out: str, tokens: int, seed: int, workers: int) -> dict:
-    import resource
 
     from moeplace.foundation.model import load_model
     from moeplace.traces.synth import SynthConfig, synthesize
@@ -58,7 +55,7 @@ def child(out: str, tokens: int, seed: int, workers: int) -> dict:
             "selections": s["selections"], "tokens": s["tokens"], "requests": s["requests"], "bytes": s["bytes"],
             "bytes_per_selection": s["bytes_per_selection"], "sample_workers": s.get("sample_workers", 1),
             "sha256": digest.hexdigest(), "peak_rss_mb": own_peak_rss_mb(),
-            "children_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+            "children_peak_rss_mb": children_peak_rss_mb()}
 
 
 def med(xs) -> float:

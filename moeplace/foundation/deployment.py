@@ -90,13 +90,6 @@ class PoolSpec:
     def max_batched_tokens(self) -> int:
         return self.tokens or DEFAULT_TOKENS
 
-    def describe(self) -> str:
-        """``"8 GPUs, TP8, EP8"`` as given (the resolved layout is the memory plan's:
-        ``foundation.memory.planner.pool_layout``)."""
-        att = ", ".join(f"{k.upper()}{getattr(self, k)}" for k in ("tp", "dp") if getattr(self, k) is not None)
-        moe = f"EP{self.ep_size}" + (f" x MoE-TP{self.moe_tp_size}" if self.moe_tp_size > 1 else "")
-        return f"{self.gpus} GPUs, " + (f"attention {att}, " if att else "") + moe
-
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
@@ -140,9 +133,6 @@ class Deployment:
 
     def gpu_kind(self, default: str) -> str:
         return self.gpu or default
-
-    def describe(self) -> str:
-        return "; ".join(f"{p.role}: {p.describe()}" for p in self.pools) + f"; KV over {self.kv_link}"
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"pools": {p.role: {k: v for k, v in p.to_dict().items() if k != "role"}

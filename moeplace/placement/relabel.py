@@ -106,6 +106,13 @@ def check_permutations(new2old: np.ndarray, num_experts: int, where: str) -> Non
         raise InputError(f"{where}: layer {int(np.argmin(ok))}: not a permutation of 0..{num_experts - 1}")
 
 
+def splits_groups(placement: Placement, n_group: int) -> bool:
+    """A replica-free ``placement`` whose contiguous relabelling splits one of ``n_group`` routing groups
+    (:func:`group_breaks`): no relabelling serves it exactly under group-limited routing."""
+    return (not placement.num_redundant
+            and group_breaks(permutations(placement, CONTIGUOUS), n_group) is not None)
+
+
 def group_breaks(new2old: np.ndarray, n_group: int) -> tuple[int, int] | None:
     """``(layer, new group)`` of the first routing group that the renaming does not map onto one original
     group as a whole; ``None`` when every group stays whole (``n_group`` groups of ``E / n_group``
@@ -164,8 +171,6 @@ class ExpertTensor(NamedTuple):
 # (``model.``, ``language_model.model.``) is kept.
 _BLOCK = r"(?P<pre>(?:^|.*\.)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.)"
 _PER_EXPERT = re.compile(_BLOCK + r"(?P<x>experts\.)(?P<id>\d+)(?P<tail>\..+)$")
-_EXPERT_PREFIX = re.compile(_BLOCK + r"experts\.")
-_PREFIX_LAYER: dict[str, int | None] = {}  # "...layers.5.mlp.experts." -> 5 (None: not an MoE block's)
 _EXPERT_PREFIX = re.compile(_BLOCK + r"experts\.")
 _PREFIX_LAYER: dict[str, int | None] = {}  # "...layers.5.mlp.experts." -> 5 (None: not an MoE block's)
 _STACKED = re.compile(_BLOCK + r"experts\.(?P<rest>[A-Za-z_][\w.]*)$")

@@ -591,7 +591,7 @@ class Simulation:
 
     def swap_time(self, q: Request, pool: Pool | None = None) -> float:
         p = self.pools if pool is None else pool.pools
-        b = p.kv_tokens(max(q.ctx, 1)) * p.kv_bytes_per_token + p.state_bytes_per_seq
+        b = p.seq_bytes(max(q.ctx, 1))
         return b / self.config.engine.swap_bw
 
     def handoff(self, q: Request, now: float) -> Event:
@@ -600,7 +600,7 @@ class Simulation:
         if self.deployment:
             return self.deployment_handoff(q, now)
         p = self.pools
-        b = p.kv_tokens(q.ctx) * p.kv_bytes_per_token + p.state_bytes_per_seq
+        b = p.seq_bytes(q.ctx)
         dt = self.cost.transfer_time(b, same_node=False)
         self.recorder.transfer_bytes += b * self.config.engine.attention_tp * 1.0
         return Event(now + dt, "transfer_done", q)
@@ -616,7 +616,7 @@ class Simulation:
         r = dec.pick_rank()
         dec.inbound[r] += 1
         p = dec.pools
-        b = p.kv_tokens(q.ctx) * p.kv_bytes_per_token + p.state_bytes_per_seq
+        b = p.seq_bytes(q.ctx)
         dt = dec.cost.transfer_time(b, same_node=dec.engine.kv_link == "nvlink")
         start = max(now, dec.link_free[r])
         dec.link_free[r] = start + dt

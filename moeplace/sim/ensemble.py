@@ -369,11 +369,10 @@ def pool_ratios(sim, configs: list[CostConfig], reference: CostConfig) -> dict[s
     """Per pool of a finished simulation, :func:`reprice` of its iteration sample, its busy share over the
     steady-state window and its observed settings."""
     out = {}
-    e = sim.config.engine
     window = max(sim.config.duration - sim.recorder.warmup, 1e-9)
     for p in sim.pools_list:
         s = p.sample
-        pe = getattr(p, "engine", None) or e  # a deployment's pools batch by their own settings
+        pe = p.engine  # a deployment's pools batch by their own settings
         r = reprice(s, p.cost, configs, pe, reference)
         busy = sum(it[3] for it in s.items) * (s.seen / max(len(s.items), 1))
         out[p.role] = {**r, "busy": min(busy / window, 1.0), "features": sample_features(s, p.cost, pe.mtp_draft),

@@ -18,7 +18,7 @@ from typing import Any
 
 from moeplace.foundation.files import read_json
 from moeplace.sim.calibrate import calibrated_ranges, calibration_note
-from moeplace.sim.ensemble import NEAR
+from moeplace.sim.ensemble import NEAR, THROUGHPUT_FIGURES, TIME_FIGURES  # the figures that carry an interval
 
 SUMMARY_PATH = Path(__file__).with_name("fidelity_summary.json")
 PROVENANCE = ("bench/fidelity.py: the shipped ensemble, grouped cross-validation (each case priced by the members "
@@ -123,12 +123,6 @@ def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
         "engines": sorted({ENGINE_NAMES.get(r["engine"] or "", f"{r['source']['org']}'s own engine") for r in e2e}),
         "published": [dates[0], dates[-1]] if dates else None,
     }
-
-
-# the figures of a run's summary that carry an interval (sim.ensemble prices them; TTFT does not)
-THROUGHPUT_FIGURES = ("output_tok_s", "output_tok_s_per_gpu", "input_tok_s", "input_tok_s_per_gpu", "prefill_tok_s",
-                      "per_user_tok_s")
-TIME_FIGURES = ("tpot_p50_s", "tpot_p99_s", "itl_s")
 
 
 def calibrated_figure_ranges(summary: dict[str, Any], calibration: dict[str, Any]) -> dict[str, Any]:

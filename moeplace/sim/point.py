@@ -87,7 +87,8 @@ class PointModel:
             wl = WorkloadConfig(arrival="closed", concurrency=p.concurrency, lengths=lengths)
         else:
             wl = WorkloadConfig(arrival="poisson", rate=p.rate, lengths=lengths)
-        return SimConfig(duration=self.duration, mode="stat", seed=0, engine=self.engine, cost=cfg, workload=wl)
+        return SimConfig(duration=self.duration, mode="stat", seed=0, engine=self.engine, cost=cfg, workload=wl,
+                         ensemble=False)  # priced by cfg alone, even when cfg is the ensemble's reference
 
     @property
     def duration(self) -> float:

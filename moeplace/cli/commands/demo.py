@@ -28,8 +28,9 @@ from moeplace.foundation.files import (
 from moeplace.foundation.formats import tagged
 from moeplace.foundation.limits import check_sim_duration
 from moeplace.foundation.model import load_model
-from moeplace.placement.export.capabilities import SERVING_ENGINES, cell
+from moeplace.placement.export.capabilities import SERVING_ENGINES
 from moeplace.placement.export.sample_checkpoint import write_k3_like
+from moeplace.sim.tune import unavailable
 from moeplace.traces.format import TRACE_DIRECTORY
 from moeplace.traces.synth import SYNTH_VERSION, SynthConfig
 from moeplace.traces.validate import read_trace_meta, validate_trace
@@ -227,7 +228,7 @@ def _pipeline(args, out: Path, traces: Path) -> int:
     # and few requests in flight keep the iterations short; the smallest search (--quick) and a larger wall
     # budget keep the step affordable.
     acting = [e for e in (["vllm"] if args.quick else list(SERVING_ENGINES))
-              if cell(e, "online_eplb", model).supported is not False]
+              if unavailable(e, model) is None]
     if not acting:
         print(f"\n== 8. the engines' own online rebalancers: none acts on {model.name} in the checked releases "
               "(stage 4's serving lines), nothing to tune")

@@ -312,8 +312,6 @@ def run_pools(args) -> int:
                          "prefill=DIR,decode=DIR with an engine format")
     if args.tp or args.dp or args.plan:
         raise InputError("--tp/--dp/--plan: with --pools each pool's layout comes from its pool word")
-    if args.target == "k8s":
-        pass  # checked per pool by the renderer (the plugin's placement JSON is not mounted)
     dep = parse_pools(args.pools)
     files = _per_pool(args.placement, "PLACEMENT")
     paths = _per_pool(args.model_path, "--model-path")

@@ -36,7 +36,7 @@ from moeplace.placement.export import capabilities
 from moeplace.placement.phase import DecodePool, compare_phase, format_decode
 from moeplace.placement.policies import policy_names
 from moeplace.placement.record import PLACEMENT_JSON
-from moeplace.placement.relabel import CONTIGUOUS, group_breaks, permutations
+from moeplace.placement.relabel import splits_groups
 from moeplace.placement.report import format_shift, format_table
 from moeplace.placement.windows import DEFAULT_WINDOW_TOKENS, default_redundant, routing_windows
 from moeplace.traces.validate import read_trace_meta
@@ -424,8 +424,7 @@ def _shift_layers(text: str) -> int | str:
 def keep_groups_lines(cmp, n_group: int) -> list[str]:
     """Under ``--keep-groups``: which rows keep the routing groups whole (servable by relabelling) and which are
     the unconstrained baselines they are (the table scores every row as it was planned)."""
-    split = [r.policy for r in cmp.results if r.placement.num_redundant == 0
-             and group_breaks(permutations(r.placement, CONTIGUOUS), n_group) is not None]
+    split = [r.policy for r in cmp.results if splits_groups(r.placement, n_group)]
     kept = [r.policy for r in cmp.results if r.policy not in split]
     if not split:
         return [f"--keep-groups: every row keeps the {n_group} routing groups whole"]

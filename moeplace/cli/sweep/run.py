@@ -243,18 +243,16 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
     return config
 
 
-def point_ranges(spec: SweepSpec, points: list[Point], report: dict[str, Any], calibration=None) -> None:
+def point_ranges(report: dict[str, Any], calibration=None) -> None:
     """Each simulated point of ``report`` (its rows, shared by the frontier and the recommendation) gets,
     beside its output throughput and p99 TPOT, the shipped ensemble's 80 % interval (``output_tok_s_range``,
     ``tpot_p99_s_range``: [lo, hi], from the table's ``*_lo`` / ``*_hi`` columns, sim.ensemble.price_run);
     with a ``calibration`` (``place sweep --calibration``), the calibration's within-deployment interval
     instead; None where neither priced the point (another cost source)."""
-    by_index = {p.index: p for p in points}
     for w in report["workloads"].values():
         for r in w["points"]:
-            if calibration is not None:
-                c = calibration_run(calibration, r["gpus"], r["tp"], by_index[r["index"]].engine)
-                r.update(calibrated_ranges(r, c["interval"], ("output_tok_s",), ("tpot_p99_s",)))
+            if calibration is not None:  # one interval for every point (the label says how each differs)
+                r.update(calibrated_ranges(r, calibration.interval, ("output_tok_s",), ("tpot_p99_s",)))
                 continue
             for key in ("output_tok_s", "tpot_p99_s"):
                 lo, hi = r.get(f"{key}_lo"), r.get(f"{key}_hi")
@@ -354,7 +352,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
         ctx["calibration"] = calibration_run(calibration, calibration.deployment.gpus,
                                              calibration.deployment.attention_tp, calibration.deployment.engine)
     report["fidelity"] = fidelity_doc(ctx)
-    point_ranges(spec, points, report, calibration)
+    point_ranges(report, calibration)
     frontier_path = store.out / FRONTIER_FILE
     write_text_atomic(frontier_path, json.dumps(report, indent=1, default=str) + "\n")
     return SweepOutcome(table=table, report=report, num_points=len(points),

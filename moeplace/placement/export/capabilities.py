@@ -31,9 +31,11 @@ from typing import Any
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
-from moeplace.placement.relabel import CONTIGUOUS, group_breaks, permutations
+from moeplace.placement.relabel import splits_groups
 
 PLUGIN_ENV = "MOEPLACE_PLACEMENT"  # the vLLM plugin reads the placement JSON named here
+# vLLM copies the variables named here into its Ray DP workers (the plugin's PLUGIN_ENV must travel)
+RAY_ENV_COPY = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
 PLUGIN_INSTALL = "pip install 'moeplace[vllm]'"  # the extra that declares the vllm.general_plugins entry point
 
 
@@ -379,9 +381,9 @@ def replica_free_only(model: ModelSpec, engines: tuple[str, ...] = SERVING_ENGIN
 def _groups_split(model: ModelSpec, placement: Any) -> bool:
     """A replica-free ``placement`` of a group-limited model (DeepSeek-V3's n_group / topk_group) that splits a
     routing group under the contiguous layout: no relabelling serves it exactly."""
-    if placement is None or placement.num_redundant or model.n_group <= 1 or model.topk_group >= model.n_group:
+    if placement is None or model.n_group <= 1 or model.topk_group >= model.n_group:
         return False
-    return group_breaks(permutations(placement, CONTIGUOUS), model.n_group) is not None
+    return splits_groups(placement, model.n_group)
 
 
 def _short(titles: list[str]) -> str:

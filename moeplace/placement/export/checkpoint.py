@@ -125,16 +125,6 @@ def read_header_bytes(path: Path) -> tuple[int, bytes, str]:
     return len(text), text, hashlib.sha256(raw + text).hexdigest()
 
 
-def read_header(path: Path) -> tuple[int, dict[str, Any], str]:
-    """``(data_start, header, sha256 of the length and header bytes)`` of a safetensors file, checked as the
-    safetensors library checks it (:func:`moeplace.foundation.checkpoint_files.check_header`). The one place
-    a header is parsed."""
-    n, text, digest = read_header_bytes(path)
-    head = parse_header(text, path)
-    checked_header(head, text, path, 8 + n, path.stat().st_size)
-    return 8 + n, head, digest
-
-
 def checked_header(head: dict[str, Any], text: bytes, path: Path, data_start: int, size: int):
     """:func:`~moeplace.foundation.checkpoint_files.check_header`; a header it refuses is parsed again by the
     strict reader first, so a key given twice (which orjson collapses) is named as such."""
@@ -460,18 +450,6 @@ def _with_tag(text: bytes, tag: str, path: Path) -> bytes:
     return orjson.dumps({"__metadata__": {**meta, METADATA_KEY: tag}, **head})
 
 
-_END = re.compile(rb'"data_offsets"\s*:\s*\[\s*\d+\s*,\s*(\d+)\s*\]')
-
-
-def _check_data_end(h: ShardHeader, path: Path) -> None:
-    """The file holds every byte its header's tensors end at (its data section is copied as one range)."""
-    ends = _END.findall(h.text)
-    end = max(map(int, ends)) if ends else 0
-    if h.data_start + end > h.size:
-        raise InputError(f"{path}: data_offsets beyond the file ({h.size} bytes; the header's tensors end at "
-                         f"{h.data_start + end})")
-
-
 def _pad(text: bytes, length: int) -> bytes:
     """``text`` padded with spaces to ``length``, or to ``length`` plus whole blocks when it is longer, so the
     data section keeps its offset within a block."""
@@ -563,7 +541,6 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
         path = ck.root / s
         if not h.text:
             raise InputError(f"{path}: planned from a full scan; relabelling reads the header text (scan(full=False))")
-        _check_data_end(h, path)
         before = ren.changed
         text = _rename(h.text, path, ren)
         patches, c = _row_patches(h.text, path, s, h.data_start, h.size, relabel, E, stacked)

@@ -472,11 +472,10 @@ def plugin_env(placement_path: str, dp: int, nodes: int) -> dict[str, str]:
     ... variables (vllm/ray/ray_env.py), so without it some ranks would load the original layout."""
     env = {capabilities.PLUGIN_ENV: str(Path(placement_path).resolve())}
     if dp > 1 or nodes > 1:
-        env[RAY_ENV_COPY] = capabilities.PLUGIN_ENV
+        env[capabilities.RAY_ENV_COPY] = capabilities.PLUGIN_ENV
     return env
 
 
-RAY_ENV_COPY = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
 
 
 def relabelled_launches(placement: Placement, model: ModelSpec, src: str | Path, dst: str | Path,

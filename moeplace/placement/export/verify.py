@@ -166,9 +166,9 @@ def verify(dst: str | Path, src: str | Path | None = None, placement: Placement 
                 if li is not None and t.role == "expert":
                     if t.expert >= E:
                         raise fail(f"tensor {name} ({shard}): expert id {t.expert} out of range [0, {E})")
-                    src_name = t.renamed(int(rel.new2old[li, t.expert]))
+                    src_name = rel.source_name(t)
                 elif li is not None and d.shape:
-                    rows = rel.new2old[li]
+                    rows = rel.rows(t)
                 s = s_ck.tensors.get(src_name)
                 if s is None or (s.dtype, s.shape) != (d.dtype, d.shape):
                     got = "missing" if s is None else f"{s.dtype} {list(s.shape)}"

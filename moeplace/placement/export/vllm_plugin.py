@@ -50,6 +50,7 @@ import numpy as np
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import from_hf_config
 from moeplace.foundation.reading import read_json
+from moeplace.placement.export.capabilities import PLUGIN_ENV, RAY_ENV_COPY
 from moeplace.placement.export.checkpoint import expert_module_names, relabelled_reason
 from moeplace.placement.record import load_placement
 from moeplace.placement.relabel import (
@@ -62,8 +63,7 @@ from moeplace.placement.relabel import (
     relabel_quantization,
 )
 
-ENV = "MOEPLACE_PLACEMENT"
-RAY_ENV_COPY = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
+ENV = PLUGIN_ENV
 LOG_TAG = "moeplace-plugin"
 # vLLM releases whose loader this plugin was read against (DefaultModelLoader.get_all_weights, the EP
 # weight filter's local_expert_ids and should_skip_weight, determine_expert_placement_strategy, FusedMoE's

@@ -161,12 +161,6 @@ def policy_names(phase: str | None = None) -> list[str]:
     return [n for n in _REGISTRY if _PHASE.get(n, phase) == phase]
 
 
-def policy_phase(name: str) -> str | None:
-    """The phase a policy plans for (``None``: any traffic)."""
-    _load_all()
-    return _PHASE.get(name)
-
-
 def get_policy(name: str) -> PolicyFn:
     _load_all()
     if name not in _REGISTRY:
