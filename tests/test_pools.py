@@ -237,7 +237,7 @@ def test_simulate_pools_runs_each_pool_as_deployed(mini_trace, capsys):
             "--duration", "4", "--route-all", "--no-progress"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    for row in ("prefill pool: prefill tok/s", "prefill pool: TTFT p50", "decode pool: TPOT p50",
+    for row in ("prefill pool: prefill tok/s", "TTFT p50", "TPOT p50",
                 "decode pool: decode tok/s per GPU", "KV hand-off p50", "output tok/s per GPU"):
         assert row in out, row
     assert "eplb|moeplace-decode" in out and "(6 GPUs in all)" in out
@@ -353,8 +353,26 @@ def test_dashboard_shows_the_two_pools_side_by_side(mini_trace, tmp_path, capsys
     row = lambda name: pools[pools["figure"] == name].iloc[0]
     assert row("GPUs")["prefill"] == "2" and row("GPUs")["decode"] == "4"
     assert row("attention TP x DP")["prefill"] == "TP2 x DP1" and row("attention TP x DP")["decode"] == "TP1 x DP4"
-    assert row("TPOT p50 (ms)")["decode"] == f"{summary['decode_pool_tpot_p50_s'] * 1e3:.1f}"
+    # the run's TPOT (the decode pool's, priced like every figure), not a second, unpriced copy
+    assert row("TPOT p50 (ms)")["decode"] == f"{summary['tpot_p50_s'] * 1e3:.1f}"
     assert row("TPOT p50 (ms)")["prefill"] == "" and row("prefill tok/s")["decode"] == ""
     # the per-pool rows of the main table are there for this run, as place simulate prints them
     main_table = at.dataframe[0].value
-    assert "decode pool: TPOT p50 (ms)" in set(main_table["metric"])
+    assert "decode pool: decode tok/s per GPU" in set(main_table["metric"])
+
+
+def test_optimize_phase_keeps_the_tags_given_on_the_command_line(mini_trace, tmp_path, capsys):
+    """--tag under --phase: the shift estimate leaves out the tag's values (it used to drop them and cluster)."""
+    model, _ = mini_trace
+    traces = [write_trace(tmp_path / f"t{i}", model, num_requests=24, prompt=8, output=24, skew=1.0, seed=i,
+                          hot_shift=3 * i) for i in range(3)]
+    argv = ["optimize", *traces, "--phase", "decode", "--gpus", "4", "--redundant", "0", "--batch", "2",
+            "--window-tokens", "64", "--policy", "linear", "--no-out", "--json"]
+    for i, t in enumerate(traces):
+        argv += ["--tag", f"{t}:dataset=d{i}"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    grouping = doc["shift_groupings"][0]
+    assert grouping["key"] == "dataset" and grouping["what"] == "a new dataset", grouping
+    # the planning windows' inputs (the last input's windows are all held out)
+    assert len(grouping["groups"]) >= 2 and set(grouping["groups"]) <= {"d0", "d1", "d2"}

@@ -72,11 +72,12 @@ def compare_phase(inputs: list[str], phase: str, cluster: ClusterSpec, *, num_re
                   options: dict[str, Any] | None = None, model: ModelSpec | None = None,
                   window_tokens: int = 4096, max_tokens: int | None = None, pool: DecodePool | None = None,
                   shift: bool = False, deadline: float | None = None,
-                  shift_sample: int | str = "auto") -> PhaseComparison:
+                  shift_sample: int | str = "auto", tags: dict[str, dict[str, str]] | None = None) -> PhaseComparison:
     """Plan ``policies`` on the ``phase`` tokens of the traces ``inputs`` (at most ``max_tokens`` of each)
     and score them (:func:`compare_policies`); for decode, also on the held-out decode steps of ``pool``
     (:func:`decode_steps`, :func:`score_decode`). Each placement's ``planned_on`` records the phase and, for
-    one input, the first held-out token in the trace's own order (what ``place simulate`` routes from)."""
+    one input, the first held-out token in the trace's own order (what ``place simulate`` routes from).
+    ``tags``: ``--tag``'s inputs' tags (:func:`routing_windows`), what the shift estimate leaves out."""
     if phase == "decode" and pool is None:
         raise InputError("--phase decode scores on the decode pool's steps: give its batch (and DP ranks)")
     tokens: dict[Path, PhaseTokens] = {}
@@ -92,7 +93,7 @@ def compare_phase(inputs: list[str], phase: str, cluster: ClusterSpec, *, num_re
     options = dict(options or {})
     if phase == "decode":
         options.setdefault("decode_step_tokens", pool.step_tokens)
-    loads = routing_windows(inputs, model=model, window_tokens=window_tokens, read=read)
+    loads = routing_windows(inputs, model=model, window_tokens=window_tokens, read=read, tags=tags)
     cmp = compare_policies(loads, cluster, num_redundant=num_redundant, policies=policies, rule=rule,
                            plan_fraction=plan_fraction, seed=seed, options=options, shift=shift, deadline=deadline,
                            shift_sample=shift_sample)

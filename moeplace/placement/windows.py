@@ -35,13 +35,15 @@ def trace_to_loads(path: str | Path, window_tokens: int) -> Loads:
 
 def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
                     window_tokens: int = DEFAULT_WINDOW_TOKENS,
-                    read: Callable[[Path, int], Loads] | None = None) -> Loads:
+                    read: Callable[[Path, int], Loads] | None = None,
+                    tags: dict[str, dict[str, str]] | None = None) -> Loads:
     """Read traces and/or Loads files into one Loads (windows concatenated in input order).
     ``model`` overrides the model recorded in the inputs (it must have the same shape). The provenance
     records each window's input (``window_inputs``) and, where every input has them, domain tags
     (``window_domains``); the token sample keeps each token's window. ``read(path, window_tokens)``: how
     an input becomes Loads (default: a Loads file as it is, a trace by :func:`trace_to_loads`; ``place
-    optimize --phase`` reads one phase's tokens)."""
+    optimize --phase`` reads one phase's tokens). ``tags``: ``{path: {key: value}}`` given on the command
+    line (``--tag``), over the same keys of that input's own metadata."""
     if not inputs:
         raise InputError("no traces or Loads files given")
     parts: list[Loads] = []
@@ -99,9 +101,10 @@ def routing_windows(inputs: list[str | Path], *, model: ModelSpec | None = None,
             sample_windows = np.concatenate([ld.sample_windows + o for ld, o in zip(parts, offsets)])
     prov: dict[str, Any] = {"inputs": [str(s) for s in inputs],
                             "window_inputs": [i for i, ld in enumerate(parts) for _ in range(ld.num_windows)]}
-    tags = [input_tags(ld, src) for src, ld in zip(inputs, parts)]
-    if any(tags):
-        prov["input_tags"] = tags
+    given = {Path(q).resolve(): t for q, t in (tags or {}).items()}
+    own = [{**input_tags(ld, src), **given.get(Path(src).resolve(), {})} for src, ld in zip(inputs, parts)]
+    if any(own):
+        prov["input_tags"] = own
     for key in ("window_domains", "window_domain_share"):
         if all(key in ld.provenance for ld in parts):
             prov[key] = [d for ld in parts for d in ld.provenance[key]]

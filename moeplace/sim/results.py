@@ -206,10 +206,10 @@ def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) 
 
 def pool_figures(rec: Recorder, lat: pl.DataFrame, window: float) -> dict[str, Any]:
     """A deployment's per-pool figures (flat keys, so they are table rows like the others): the prefill
-    pool's prompt tokens per second (and per GPU), its busy share and TTFT (arrival to the first token, which
-    the prefill pool makes); the KV hand-off (prefill end to the decode rank holding the cache, queueing on the
-    link included); the decode pool's TPOT, its decode tokens per second per GPU and busy share. Also, under
-    ``pool_figures``, each pool's GPUs, layout and counters."""
+    pool's prompt tokens per second (and per GPU) and busy share; the KV hand-off (prefill end to the decode
+    rank holding the cache, queueing on the link included); the decode pool's decode tokens per second per GPU
+    and busy share. The run's TTFT is the prefill pool's and its TPOT the decode pool's (no second copy: the
+    ensemble prices those once). Also, under ``pool_figures``, each pool's GPUs, layout and counters."""
     sim = rec.sim
     pre, dec = sim.pools_list[0], sim.pools_list[-1]
     cp = rec.by_pool.get(pre.name, {})
@@ -218,12 +218,8 @@ def pool_figures(rec: Recorder, lat: pl.DataFrame, window: float) -> dict[str, A
         "prefill_pool_tok_s": cp.get("prefill", 0.0) / window,
         "prefill_pool_tok_s_per_gpu": cp.get("prefill", 0.0) / window / pre.num_gpus,
         "prefill_pool_busy": cp.get("busy", 0.0) / window,
-        "prefill_pool_ttft_p50_s": _pct(lat["ttft_s"], 50),
-        "prefill_pool_ttft_p99_s": _pct(lat["ttft_s"], 99),
         "kv_transfer_p50_s": _pct(lat["kv_transfer_s"], 50),
         "kv_transfer_p99_s": _pct(lat["kv_transfer_s"], 99),
-        "decode_pool_tpot_p50_s": _pct(lat["tpot_s"], 50),
-        "decode_pool_tpot_p99_s": _pct(lat["tpot_s"], 99),
         "decode_pool_tok_s_per_gpu": cd.get("decoded", 0.0) / window / dec.num_gpus,
         "decode_pool_busy": cd.get("busy", 0.0) / window,
     }
@@ -441,13 +437,9 @@ ROWS = [
     # a deployment's pools (place simulate --pools): each pool's own figures
     ("prefill pool: prefill tok/s", "prefill_pool_tok_s", "n"),
     ("prefill pool: prefill tok/s per GPU", "prefill_pool_tok_s_per_gpu", "n"),
-    ("prefill pool: TTFT p50 (ms)", "prefill_pool_ttft_p50_s", "ms"),
-    ("prefill pool: TTFT p99 (ms)", "prefill_pool_ttft_p99_s", "ms"),
     ("prefill pool: busy", "prefill_pool_busy", "%"),
     ("KV hand-off p50 (ms)", "kv_transfer_p50_s", "ms"),
     ("KV hand-off p99 (ms)", "kv_transfer_p99_s", "ms"),
-    ("decode pool: TPOT p50 (ms)", "decode_pool_tpot_p50_s", "ms"),
-    ("decode pool: TPOT p99 (ms)", "decode_pool_tpot_p99_s", "ms"),
     ("decode pool: decode tok/s per GPU", "decode_pool_tok_s_per_gpu", "n"),
     ("decode pool: busy", "decode_pool_busy", "%"),
     ("decode tok/s per user", "per_user_tok_s", "n1"),

@@ -157,15 +157,11 @@ def run(args) -> int:
         outs.add(Path(args.save_all) / f"placement-{name}.json", PLACEMENT_JSON, "--save-all")
     model = load_model(args.model) if args.model else None
     if args.phase:
-        return run_phase(args, names, model, outs, deadline)
-    loads = routing_windows(args.inputs, model=model, window_tokens=args.window_tokens)
+        return run_phase(args, names, model, outs, deadline, tags)
+    loads = routing_windows(args.inputs, model=model, window_tokens=args.window_tokens, tags=tags)
     if groups:
         loads.provenance["input_groups"] = [next((g for g, paths in groups.items() if any(_same(x, q) for q in paths)),
                                                  Path(x).name) for x in args.inputs]
-    if tags:
-        have = loads.provenance.get("input_tags") or [{} for _ in args.inputs]
-        loads.provenance["input_tags"] = [{**own, **next((t for q, t in tags.items() if _same(x, q)), {})}
-                                          for x, own in zip(args.inputs, have)]
     cluster = make_cluster(args.gpus, args.gpu, args.gpus_per_node)
     E = loads.model.num_experts
     R, replica_row = planned_redundant(loads.model, cluster.num_gpus, args.redundant)
@@ -233,7 +229,8 @@ def run(args) -> int:
 DEFAULT_DECODE_BATCH = 64  # running sequences per DP rank when neither --batch nor a decode pool says
 
 
-def run_phase(args, names: list[str], model, outs: Outputs, deadline: float | None) -> int:
+def run_phase(args, names: list[str], model, outs: Outputs, deadline: float | None,
+              tags: dict[str, dict[str, str]] | None = None) -> int:
     """``--phase``: plan on one phase's tokens (:func:`placement.phase.compare_phase`), print the table and,
     for decode, every policy's decode figure; write the chosen placement."""
     if args.group or args.from_placement or args.keep_groups:
@@ -267,7 +264,8 @@ def run_phase(args, names: list[str], model, outs: Outputs, deadline: float | No
     pc = compare_phase(args.inputs, args.phase, cluster, num_redundant=R, policies=names, rule=args.engine,
                        plan_fraction=args.plan_fraction, seed=args.seed, options=options, model=model,
                        window_tokens=args.window_tokens, max_tokens=args.max_trace_tokens, pool=pool_d,
-                       shift=not args.no_shift, deadline=deadline, shift_sample=args.shift_layers or "auto")
+                       shift=not args.no_shift, deadline=deadline, shift_sample=args.shift_layers or "auto",
+                       tags=tags)
     cmp = pc.comparison
     chosen = args.policy[0] if args.policy else next(
         (n for n in ("moeplace-decode" if args.phase == "decode" else "moeplace", "moeplace", "eplb") if n in names),

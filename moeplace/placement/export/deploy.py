@@ -603,8 +603,8 @@ def render_pools(target: str, pools: list[tuple[str, Launch, str, str, bytes]], 
         return "---\n".join(d if d.endswith("\n") else d + "\n" for d in docs)
     head = [f"{MARKER} disaggregated {', '.join(roles)} pools (place export --pools --target {target})"]
     for role, launch, memory, *_ in pools:
-        head += [f"# {role}: " + _header(launch, target, memory)[0][len(MARKER) + 1:], f"# {role}: {memory}",
-                 *launch.notes, launch.layout]
+        first, *rest = _header(launch, target, memory)  # every line escaped as one comment line
+        head += [f"# {role}: " + first[len(MARKER) + 1:], comment(f"{role}: {memory}"), *rest[1:]]
     if target == "shell":
         lines = ["#!/usr/bin/env bash", *head,
                  (f"# run on every node of each pool: POOL={'|'.join(roles)}, NODE_RANK = the node's index in its "
