@@ -258,6 +258,15 @@ def test_simulate_pools_runs_each_pool_as_deployed(mini_trace, capsys):
     assert s["kv_transfer_bytes"] == pytest.approx(moved.height * per_req * pool_layout(model, dep.decode).tp)
     assert s["pool_figures"]["prefill"]["attention_tp"] == 2 and s["pool_figures"]["decode"]["dp"] == 4
     assert s["prefill_pool_tok_s"] > 0 and s["decode_pool_tok_s_per_gpu"] > 0
+    # busy share: each pool's iterations ending in the steady window, counted only from the window's start
+    # (an iteration that straddles the warm-up's end used to count whole, and the share went over 100 %)
+    warm, window = res.summary["warmup_s"], 4 - res.summary["warmup_s"]
+    for pool in ("prefill", "decode"):
+        it = res.timeseries.filter(pl.col("pool") == pool)
+        start, end = it["time"].to_numpy(), (it["time"] + it["duration"]).to_numpy()
+        keep = (end >= warm) & (end <= 4)
+        busy = float(np.sum(end[keep] - np.maximum(start[keep], warm))) / window
+        assert s[f"{pool}_pool_busy"] == pytest.approx(busy) and 0 < s[f"{pool}_pool_busy"] <= 1
 
 
 def test_simulate_pools_refuses_the_flags_the_pools_set(mini_trace, capsys):

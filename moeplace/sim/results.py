@@ -81,7 +81,7 @@ class Recorder:
                 c["prefill"] += prefill
                 c["decoded"] += decoded
                 c["output"] += output
-                c["busy"] += dt
+                c["busy"] += min(dt, now - self.warmup)  # the part of the iteration inside the window
 
     def prompt_done(self, now: float, prompt_tokens: int) -> None:
         if self.in_window(now):
