@@ -234,9 +234,11 @@ def test_simulate_pools_runs_each_pool_as_deployed(mini_trace, capsys):
     words = ["prefill:gpus=2,tp=2,ep=2", "decode:gpus=4,dp=4,ep=4,batch=8"]
     argv = ["simulate", trace, "--pools", *words, "--placement", "linear", "--placement",
             "prefill=eplb,decode=moeplace-decode", "--isl", "64", "--osl", "16", "--concurrency", "8",
-            "--duration", "4", "--route-all", "--no-progress"]
+            "--duration", "4", "--route-all", "--no-progress", "--gpus-per-node", "2"]
     assert main(argv) == 0
     out = capsys.readouterr().out
+    # each pool's cluster as it ran: --gpus-per-node 2 splits the decode pool's 4 GPUs into 2 nodes
+    assert "prefill pool 1x2 h200" in out and "decode pool 2x2 h200" in out
     for row in ("prefill pool: prefill tok/s", "TTFT p50", "TPOT p50",
                 "decode pool: decode tok/s per GPU", "KV hand-off p50", "output tok/s per GPU"):
         assert row in out, row

@@ -217,7 +217,7 @@ def resolve_pool_placements(spec: str, trace: TraceTokens, inputs: RunInputs) ->
     out = []
     for role, what in _pool_specs(spec).items():
         pool = dep.pool(role)
-        cl = pool_cluster(pool, dep.gpu_kind(inputs.gpu), dep.gpus_per_node or inputs.gpus_per_node)
+        cl = pool_cluster(dep, pool, inputs.gpu, inputs.gpus_per_node)
         opts = {"decode_step_tokens": pool_layout(trace.model, pool).dp * pool.max_seqs} if role == "decode" else {}
         try:
             out.append(resolve_placement(what, trace, cl, pool.redundant, inputs.rule, inputs.seed, options=opts,
@@ -270,7 +270,7 @@ def pool_setups(trace: TraceTokens, deployment: Any, pair: tuple[Placement, Plac
         if lay.moe_tp > 1:
             raise InputError(f"--pools {pool.role}: ep {lay.ep} < gpus {pool.gpus}: the simulator's placements spread "
                              "experts over all of a pool's GPUs; give ep = gpus")
-        cl = pool_cluster(pool, deployment.gpu_kind(gpu), deployment.gpus_per_node or gpus_per_node)
+        cl = pool_cluster(deployment, pool, gpu, gpus_per_node)
         engine = dataclasses.replace(config.engine, attention_tp=lay.tp, max_batched_tokens=pool.max_batched_tokens,
                                      max_seqs=pool.max_seqs, disaggregated=True, prefill_gpus=None,
                                      kv_link=deployment.kv_link, phase="both")

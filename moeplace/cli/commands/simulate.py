@@ -187,7 +187,7 @@ def run(args) -> int:
     outs.add(args.chrome_trace, CHROME_TRACE, "--chrome-trace")
     dep = pools_deployment(args)
     cluster = (make_cluster(args.gpus, args.gpu, args.gpus_per_node) if dep is None else
-               pool_cluster(dep.decode, dep.gpu_kind(args.gpu), dep.gpus_per_node or args.gpus_per_node))
+               pool_cluster(dep, dep.decode, args.gpu, args.gpus_per_node))
     # the run's bounds and memory estimate before the trace is read (the model's context only narrows
     # the length checks, redone below)
     simulation_config(args, None)
@@ -259,7 +259,7 @@ def run(args) -> int:
     else:
         print(routing_note)
         where = (f"{cluster.name}, attention TP{config.engine.attention_tp}" if dep is None else
-                 "; ".join(f"{p.role} pool {pool_cluster(p, dep.gpu_kind(args.gpu), dep.gpus_per_node).name}, "
+                 "; ".join(f"{p.role} pool {pool_cluster(dep, p, args.gpu, args.gpus_per_node).name}, "
                            f"{pool_layout(trace.model, p).describe()}, {p.max_seqs} seqs / {p.max_batched_tokens} "
                            "tokens per DP rank" for p in dep.pools) + f"; KV over {dep.kv_link}")
         print(f"{trace.model.name} on {where} ({results[0].summary['num_gpus']} GPUs in all), "

@@ -250,12 +250,14 @@ def pool_config(model: ModelSpec, pool: PoolSpec, config: MemoryConfig) -> Memor
     return replace(_pool_base(pool, config), min_concurrency=need)
 
 
-def pool_cluster(pool: PoolSpec, gpu: str, gpus_per_node: int | None) -> ClusterSpec:
-    """The pool's own cluster: its GPUs in nodes of ``gpus_per_node`` (default: the GPU preset's; a pool
-    smaller than one node is one node of its size)."""
-    per_node = gpus_per_node if gpus_per_node is not None and pool.gpus >= gpus_per_node else None
+def pool_cluster(deployment: Deployment, pool: PoolSpec, gpu: str, gpus_per_node: int | None = None) -> ClusterSpec:
+    """The pool's own cluster: its GPUs, of the deployment's GPU kind (else ``gpu``), in nodes of the
+    deployment's ``gpus_per_node`` (else the ``gpus_per_node`` given, else the GPU preset's; a pool smaller
+    than one node is one node of its size)."""
+    per_node = deployment.gpus_per_node or gpus_per_node
+    per_node = per_node if per_node is not None and pool.gpus >= per_node else None
     try:
-        return make_cluster(pool.gpus, gpu, per_node)
+        return make_cluster(pool.gpus, deployment.gpu_kind(gpu), per_node)
     except InputError as exc:
         raise InputError(f"--pools {pool.role}: {exc}") from None
 
@@ -267,7 +269,7 @@ def plan_deployment(model: ModelSpec, deployment: Deployment, config: MemoryConf
     kind when the deployment names none."""
     out = []
     for pool in deployment.pools:
-        cluster = pool_cluster(pool, deployment.gpu_kind(gpu), deployment.gpus_per_node)
+        cluster = pool_cluster(deployment, pool, gpu)
         try:
             plan = plan_memory(model, cluster, pool_config(model, pool, config), suggest=suggest)
         except InputError as exc:
