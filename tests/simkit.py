@@ -15,7 +15,7 @@ from moeplace.traces.format import TraceWriter
 
 
 def write_trace(path, model: ModelSpec, num_requests: int = 8, prompt: int = 24, output: int = 8,
-                skew: float = 1.0, seed: int = 0, hot_shift: int = 0) -> str:
+                skew: float = 1.0, seed: int = 0, hot_shift: int = 0, tags: dict[str, str] | None = None) -> str:
     """A trace of ``num_requests`` requests of ``prompt`` prefill + ``output`` decode tokens. Expert ids
     per layer from a Zipf-like popularity (``skew`` 0 = uniform); ``hot_shift`` rotates the popular
     experts for the second half of the requests (drift)."""
@@ -24,7 +24,8 @@ def write_trace(path, model: ModelSpec, num_requests: int = 8, prompt: int = 24,
     base = 1.0 / np.arange(1, E + 1) ** skew
     perms = np.stack([rng.permutation(E) for _ in range(L)])
     T = prompt + output
-    with TraceWriter(path, model, {"kind": "synthetic", "generator": "tests/simkit"}) as w:
+    prov = {"kind": "synthetic", "generator": "tests/simkit", **({"tags": tags} if tags else {})}
+    with TraceWriter(path, model, prov) as w:
         step = 0
         for r in range(num_requests):
             shift = hot_shift if r >= num_requests // 2 else 0

@@ -387,3 +387,16 @@ def test_optimize_phase_keeps_the_tags_given_on_the_command_line(mini_trace, tmp
     assert grouping["key"] == "dataset" and grouping["what"] == "a new dataset", grouping
     # the planning windows' inputs (the last input's windows are all held out)
     assert len(grouping["groups"]) >= 2 and set(grouping["groups"]) <= {"d0", "d1", "d2"}
+
+
+def test_optimize_phase_reads_the_tags_in_the_traces_own_metadata(mini_trace, tmp_path, capsys):
+    """A trace's own metadata tags reach the shift estimate under --phase (phase_loads kept no trace
+    provenance, so --phase clustered where the plain path grouped by the tag)."""
+    model, _ = mini_trace
+    traces = [write_trace(tmp_path / f"t{i}", model, num_requests=24, prompt=8, output=24, skew=1.0, seed=i,
+                          hot_shift=3 * i, tags={"dataset": f"d{i}"}) for i in range(3)]
+    assert main(["optimize", *traces, "--phase", "decode", "--gpus", "4", "--redundant", "0", "--batch", "2",
+                 "--window-tokens", "64", "--policy", "linear", "--no-out", "--json"]) == 0
+    grouping = json.loads(capsys.readouterr().out)["shift_groupings"][0]
+    assert grouping["key"] == "dataset" and grouping["what"] == "a new dataset", grouping
+    assert len(grouping["groups"]) >= 2 and set(grouping["groups"]) <= {"d0", "d1", "d2"}

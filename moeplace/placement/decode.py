@@ -24,7 +24,7 @@ of max / mean over GPUs (``act max/mean``), and the tokens-per-GPU max / mean of
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +62,15 @@ class PhaseTokens:
     phase: str
     source_tokens: int
     truncated: bool = False
+    trace_provenance: dict[str, Any] = field(default_factory=dict)  # the trace's own metadata (its tags, ...)
 
     @property
     def num_tokens(self) -> int:
         return int(self.expert_ids.shape[0])
 
     def take(self, idx: np.ndarray) -> PhaseTokens:
-        return PhaseTokens(self.expert_ids[idx], self.request_ids[idx], self.positions[idx], self.file_tokens[idx],
-                           self.model, self.path, self.phase, self.source_tokens, self.truncated)
+        return replace(self, expert_ids=self.expert_ids[idx], request_ids=self.request_ids[idx],
+                       positions=self.positions[idx], file_tokens=self.file_tokens[idx])
 
 
 def read_phase_tokens(path: str | Path, phase: str, max_tokens: int | None = None) -> PhaseTokens:
@@ -105,7 +106,8 @@ def read_phase_tokens(path: str | Path, phase: str, max_tokens: int | None = Non
     ids = read_expert_ids(trace, all_rows).reshape(n // L, L, trace.model.top_k)
     return PhaseTokens(ids, df["request_id"].to_numpy()[:n:L].astype(np.int64),
                        df["position"].to_numpy()[:n:L].astype(np.int64), rows // L, trace.model, str(p), phase,
-                       total_rows // L, truncated=max_tokens is not None and n // L >= max_tokens)
+                       total_rows // L, truncated=max_tokens is not None and n // L >= max_tokens,
+                       trace_provenance=dict(prov))
 
 
 def phase_loads(pt: PhaseTokens, window_tokens: int) -> Loads:
@@ -123,7 +125,7 @@ def phase_loads(pt: PhaseTokens, window_tokens: int) -> Loads:
     pick = np.arange(0, T, step)
     labels = tuple(f"{pt.phase} tokens {w * window_tokens}-{min((w + 1) * window_tokens, T)}" for w in range(W))
     prov: dict[str, Any] = {"inputs": [pt.path], "phase": pt.phase, "phase_tokens": T,
-                            "source_tokens": pt.source_tokens}
+                            "source_tokens": pt.source_tokens, "trace": pt.trace_provenance}
     return Loads(counts, pt.model, window_tokens, labels, prov, pt.expert_ids[pick].astype(np.int32), win[pick])
 
 

@@ -7,7 +7,7 @@ defaults (vLLM ``linear``, ``round_robin``), EPLB, the token-balance optimizer a
 (:mod:`placement.policies.decode`), which plans on that figure."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +85,7 @@ def compare_phase(inputs: list[str], phase: str, cluster: ClusterSpec, *, num_re
     def read(p: Path, wt: int):
         pt = read_phase_tokens(p, phase, max_tokens)
         if model is not None:
-            pt = PhaseTokens(pt.expert_ids, pt.request_ids, pt.positions, pt.file_tokens, model, pt.path, phase,
-                             pt.source_tokens, pt.truncated)
+            pt = replace(pt, model=model)
         tokens[p] = pt
         return phase_loads(pt, wt)
 
