@@ -491,6 +491,10 @@ class CostModel:
         (GEMM curve). Decode core in the absorbed form (per key 2H(2 kv_lora + rope) FLOPs, the latent
         cache read once per sequence) at FlashMLA's rates; prefill core in the expanded form (per (query,
         key) pair 2H(qk_nope + rope + v)) at the prefill-attention share of peak."""
+        return self._projections("mla", w, 4) + self.mla_core(w)
+
+    def mla_core(self, w: RankWork):
+        """:meth:`mla_time` without its projections: the attention core alone ``[D]``."""
         c = self.model.mla
         tp = self.tp
         kv_tok = (c.kv_lora_rank + c.qk_rope_head_dim) * KV_DTYPE_BYTES[self.kv_dtype]
@@ -498,19 +502,23 @@ class CostModel:
         pre_pair = 2.0 * c.num_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) / tp
         dec = roofline(w.dec_ctx * dec_pair, w.dec_ctx * kv_tok, self.peak_attn_dec, self.hbm_attn_dec)
         pre = roofline(w.pre_pairs * pre_pair, w.pre_ctx * kv_tok, self.peak_attn_pre, self.hbm_bw)
-        return self._projections("mla", w, 4) + dec + pre
+        return dec + pre
 
     def kda_time(self, w: RankWork):
         """One KDA layer on each rank ``[D]``. Projections on the GEMM curve; per token the recurrent
         update + readout (3 products with the H x d x d state, 2 FLOPs each); prefill adds the intra-chunk
         attention (2 x 2 x H x d x chunk). The fp32 state (and conv state) is read and written once per
         decoding sequence per step, and once per prefill chunk."""
+        return self._projections("kda", w, 4) + self.kda_core(w)
+
+    def kda_core(self, w: RankWork):
+        """:meth:`kda_time` without its projections: the recurrent core alone ``[D]``."""
         c = self.model.kda
         tp = self.tp
         hdd = c.num_heads * c.head_dim * c.head_dim / tp
         flops = (w.tokens * 3 * 2.0 * hdd + w.pre_tokens * 2 * 2.0 * c.num_heads * c.head_dim * KDA_CHUNK / tp)
         bytes_ = 2 * self._kda_state_layer * (w.dec_seqs + w.pre_seqs)
-        return self._projections("kda", w, 4) + roofline(flops, bytes_, self.peak_kda, self.hbm_bw)
+        return roofline(flops, bytes_, self.peak_kda, self.hbm_bw)
 
     def gqa_time(self, w: RankWork):
         """One GQA layer on each rank ``[D]``: projections plus 4 x heads x head_dim FLOPs per (query, key)
@@ -641,10 +649,17 @@ class CostModel:
         straggler = strag + (comm - (d.sum(axis=1) + c.sum(axis=1)) / G)
         return experts, comm, straggler
 
-    def _attention_layers(self, w: RankWork) -> np.ndarray:
-        """Slowest rank's attention + trunk + TP all-reduces, per decoder layer ``[num_layers]``."""
-        per_kind = {k: self.attention_time(k, w) for k, n in self.kind_counts.items() if n}
-        ar = 2 * self.allreduce_time(w.tokens)
+    def _attention_layers(self, w: RankWork, parts: dict | None = None) -> np.ndarray:
+        """Slowest rank's attention + trunk + TP all-reduces, per decoder layer ``[num_layers]``. ``parts``
+        (a dict) receives the MLA/KDA cores (``"core"``) and one all-reduce (``"allreduce"``) per rank,
+        which K3's kernel pricing reuses."""
+        cores = {k: core(w) for k, core in (("mla", self.mla_core), ("kda", self.kda_core)) if self.kind_counts.get(k)}
+        per_kind = {k: (self._projections(k, w, 4) + cores[k] if k in cores else self.attention_time(k, w))
+                    for k, n in self.kind_counts.items() if n}
+        one = self.allreduce_time(w.tokens)
+        if parts is not None:
+            parts.update(core=cores, allreduce=one)
+        ar = 2 * one
         trunk = {True: self.trunk_time(w, True) + ar, False: self.trunk_time(w, False) + ar}
         # the slowest rank of a layer depends only on (attention kind, MoE or dense): once per key
         key_time = np.array([float(np.max(per_kind[k] + trunk[is_moe])) for k, is_moe in self._keys])
@@ -659,7 +674,8 @@ class CostModel:
         mode = self.mode_of(w)
         graph = bool(self.cuda_graph_max_bs and not w.pre_tokens.any()
                      and float(w.dec_seqs.max(initial=0.0)) <= self.cuda_graph_max_bs)
-        attn = self._attention_layers(w)  # [num_layers]
+        parts: dict = {}
+        attn = self._attention_layers(w, parts)  # [num_layers]
         experts, comm, straggler = self.moe_layer_times(moe, mode, link_share)
         layer = attn.copy()
         fill = 0.0
@@ -679,7 +695,7 @@ class CostModel:
         # a latency-bound layer (batch 1) takes at least its kernels x the kernel floor; K3's kernels are
         # priced one by one (each at least the floor)
         if self._k3 is not None and not dual_batch_overlap:
-            layer = np.maximum(layer, self._k3.layer_floor(self, w, experts, comm))
+            layer = np.maximum(layer, self._k3.layer_floor(self, w, experts, comm, parts))
         else:
             layer = np.maximum(layer, kernels * c.kernel_floor_s)
         gpu_layer = layer

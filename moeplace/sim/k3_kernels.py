@@ -295,21 +295,20 @@ class K3Kernels:
                 "shares": np.array([k.share for k in kernels if k.op == "experts"], dtype=np.float64),
                 "fused": np.array([i for i, k in enumerate(kernels) if k.op == "fused_moe"], dtype=int)}
 
-    def layer_floor(self, cost, w, experts: np.ndarray, comm: np.ndarray) -> np.ndarray:
+    def layer_floor(self, cost, w, experts: np.ndarray, comm: np.ndarray, parts: dict | None = None) -> np.ndarray:
         """Each decoder layer's time priced kernel by kernel along its critical path, the slowest rank's
         ``[num_layers]``; ``experts`` / ``comm``: the cost model's routed-expert and dispatch + combine times
         per MoE layer (slowest GPU). Per (attention kind, MoE or dense): every kernel's time ``[kernels,
         layers, ranks]`` at once, at least the floor, then the sequential kernels summed and each fork's
-        longer branch added."""
+        longer branch added. ``parts``: the attention cores and all-reduce the step already priced
+        (``cost._attention_layers``), else priced here."""
         tok = np.asarray(w.tokens, dtype=np.float64)
         active = tok > 0
         floor = cost.cfg.kernel_floor_s
-        core = {}
-        if cost.kind_counts.get("kda"):
-            core["kda"] = cost.kda_time(w) - cost._projections("kda", w, 4)
-        if cost.kind_counts.get("mla"):
-            core["mla"] = cost.mla_time(w) - cost._projections("mla", w, 4)
-        ar = cost.allreduce_time(tok)
+        if parts is None:
+            parts = {}
+            cost._attention_layers(w, parts)
+        core, ar = parts["core"], parts["allreduce"]
         p = self._gemm_params[:, None]
         gemms = cost.gemm_time(2.0 * p, tok[None, :], 1.0, np.where(active, p * cost.wbytes, 0.0), cost.peak_trunk, 1)
         out = np.zeros(self.model.num_layers)
