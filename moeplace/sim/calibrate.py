@@ -23,10 +23,15 @@ calibration) and an ensemble of fitted members: ``place calibrate`` starts from 
 ensemble (sim/ensemble.py, sim/point.shipped_members), reweights all its members and refits every one that
 keeps weight, with the members' own spread as the prior widths.
 
-A calibrated run's interval comes from the within-deployment error: bench/fidelity_anchored.py calibrates
-on all but one case of every published deployment group and predicts the one left out; the 10th and 90th
-percentiles of those log errors (:data:`ANCHORED_PATH`, package data) make the nominal 80 % interval,
-checked for its coverage there (each case's interval from the other groups' errors).
+A calibrated run is priced like an uncalibrated one, by every member (:func:`calibrated_ensemble`,
+bench/fidelity_frozen.yaml ``calibration``): one event simulation on the calibrated members' weighted median
+member (:func:`median_member`), every calibrated member re-pricing its sampled steady iterations
+(sim.ensemble.price_run), the printed figure their weighted median. Its interval comes from the
+within-deployment error: bench/fidelity_anchored.py calibrates on all but one case of every published
+deployment group and predicts the one left out the same way; those log errors (:data:`ANCHORED_PATH`,
+package data, copied into CAL.json) combined with the members' spread (sim.ensemble.within_interval) make
+the nominal 80 % interval, checked for its coverage there (each case's interval from its own members and
+the other groups' errors).
 """
 from __future__ import annotations
 
@@ -299,8 +304,12 @@ def calibrated_ensemble(members: Sequence[Member], interval: dict[str, Any],
                     {"made": source}, within=within_residuals(interval))
 
 
-def calibration_run(cal: Calibration, gpus: int, attention_tp: int, engine: str) -> dict[str, Any]:
-    """What a run's label needs of the calibration that priced it (``run["calibration"]``, JSON-ready)."""
+def calibration_run(cal: Calibration, gpus: int, attention_tp: int, engine: str,
+                    priced: str = "members") -> dict[str, Any]:
+    """What a run's label needs of the calibration that priced it (``run["calibration"]``, JSON-ready).
+    ``priced``: ``members`` (every calibrated member, :meth:`Calibration.ensemble`) or ``event`` (a
+    comparison by ratios on the event constants alone, as ``place rebalance`` compares uncalibrated
+    candidates on the reference constants)."""
     w = np.array([m.weight for m in cal.members], dtype=np.float64)
     iv = {k: v for k, v in cal.interval.items() if k != "residuals_log"}
     out = {"label": cal.label(), "source": cal.source, "points": cal.points,
@@ -308,7 +317,7 @@ def calibration_run(cal: Calibration, gpus: int, attention_tp: int, engine: str)
            "members": len(cal.members), "ess": float(w.sum() ** 2 / np.sum(w ** 2)),
            "event_constants": median_member(cal.members).name,
            "interval": {**iv, "residuals": len(cal.interval.get("residuals_log") or ())},
-           "differs": differences(cal, gpus, attention_tp, engine)}
+           "differs": differences(cal, gpus, attention_tp, engine), "priced": priced}
     return {**out, "note": calibration_note(out)}
 
 
@@ -318,6 +327,11 @@ def calibration_note(c: dict[str, Any]) -> str:
     iv = c["interval"]
     cov = iv.get("measured_coverage")
     members = c.get("members") or 1
+    if c.get("priced") == "event":
+        return (f"{c['label']} ({c['source']}): each candidate simulated once on the calibrated members' weighted "
+                f"median member ({c.get('event_constants')}), no interval"
+                + (f"; this run differs from the calibrated deployment in {', '.join(c['differs'])}: extrapolated"
+                   if c.get("differs") else "") + "; compare the candidates by their ratios")
     note = (f"{c['label']} ({c['source']}): figures are the weighted median of the {members} calibrated constant "
             f"set{'s' if members != 1 else ''}"
             + (f" (effective {c['ess']:.1f})" if c.get("ess") is not None and members > 1 else "")

@@ -32,6 +32,11 @@ weights):
    groups near it (it is not centred on the median: where the model was too slow on the cases near the
    run, it lies above; it is widened to hold the median where those errors all lean one way); the
    constants that priced the run are the ones its interval was measured with.
+5. A run calibrated by ``place calibrate`` is priced the same way by the calibrated members (sim.calibrate.
+   calibrated_ensemble: the event simulation on their weighted median member, every member with its
+   calibrated weight); its interval is :func:`within_interval`: the members' spread combined with the
+   within-deployment residuals of bench/fidelity_anchored.py (cases left out of their own deployment's
+   calibration), with no nearness weighting.
 
 Locality: each case weighs ``exp(-d^2 / 2)`` by its distance over the run's observed settings
 (:data:`FEATURES`, scales fixed in bench/fidelity_frozen.yaml before any case was scored), divided by its

@@ -225,7 +225,7 @@ def calibrate_points(dep: Deployment, points: list[MeasuredPoint], trace, member
         log(f"  re-pricing {p.source} calibrated (every calibrated member) ...")
         af = pm.event(after_cfg, after_ens)
         rows.append({"source": p.source, "tool": p.tool, "concurrency": p.concurrency, "rate": p.rate,
-                     "isl": p.isl, "osl": p.osl, "duration_s": p.duration_s,
+                     "isl": p.isl, "osl": p.osl, "duration_s": p.duration_s, "simulated_s": pm.duration,
                      "measured": {"output_tok_s": p.output_tok_s, "tpot_s": p.tpot_s, "ttft_s": p.ttft_s,
                                   "total_tok_s": p.total_tok_s, "accept_length": p.accept_length},
                      "before": ev, "after": af, "start_member": st0})
