@@ -57,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness, beside this script
+import fidelity_ensemble as fe
 from fidelity_harness import (
     CASES,
     E2E,
@@ -124,8 +125,6 @@ def priced(case: dict, event_cfg, members: list, quick: bool) -> dict:
     re-prices (fidelity_ensemble.member_speeds), kernel tables by every member's formula. Returns the
     members' log speeds ``z`` and weights ``w``, their weighted median as the case's figure (``figure``),
     and ``single``: the figure of ``event_cfg`` alone (the event simulation itself)."""
-    import fidelity_ensemble as fe
-
     from moeplace.sim.ensemble import weighted_quantile
 
     w = np.array([m.weight for m in members], dtype=np.float64)
@@ -201,8 +200,6 @@ def _stats(rows: list[dict], key: str) -> dict:
 
 def log_error(r: dict, key: str = "anchored") -> float:
     """log(simulated / published) of a row's figure (``key``), speed-like (a latency's inverted)."""
-    import fidelity_ensemble as fe
-
     return math.log(fe.speed(r, r[key]) / fe.speed(r, r["published"]))
 
 

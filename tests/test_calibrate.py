@@ -363,3 +363,32 @@ def test_anchored_groups_start_from_their_out_of_bag_members():
     assert all(m.cost == configs[int(m.name.split()[1])] and not drew[int(m.name.split()[1])] for m in oob)
     assert len(fa.oob_members(ens, "a-group-published-after-the-cut-off")) == ens.size
     assert np.all(fa.prior_widths(oob) >= 0.05)
+
+
+def test_anchored_cases_are_predicted_by_every_calibrated_member_and_covered_as_a_run_is():
+    """bench/fidelity_anchored.py prices a left-out case as a calibrated run is priced (the members'
+    weighted median, not the median member's figure), and checks each case's interval the way
+    sim.ensemble.within_interval makes a run's: its own members' spread plus the other groups' residuals."""
+    from benchkit import load_bench
+
+    fa = load_bench("fidelity_anchored")
+    case = next(c for c in fa.load_cases(fa.CASES) if c["kind"] not in fa.E2E and c["metric"] != "latency_us")
+    members = [Member(CostConfig().replace(gemm_efficiency=g), w, f"m{g}") for g, w in ((0.4, 0.3), (0.6, 0.3),
+                                                                                          (0.9, 0.4))]
+    p = fa.priced(case, members[1].cost, members, quick=True)
+    own = [fa.kernel_metric(case, m.cost) for m in members]
+    # the median of the members' log figures (interpolated between members, as a run's)
+    assert p["figure"] == pytest.approx(math.exp(weighted_quantile(np.log(own), [m.weight for m in members], 0.5)))
+    assert p["single"] == pytest.approx(own[1]) and p["figure"] != pytest.approx(own[1])
+    # coverage: a case is covered when its published figure lies in its members' spread plus the other
+    # groups' residuals; a group's own residuals never enter its interval
+    row = {"metric": "output_tok_s", "kind": "decode", "member_weights": [0.5, 0.5]}
+    rows = [{**row, "id": "a", "group": "g1", "published": 100.0, "anchored": 100.0,
+             "member_log_speeds": [math.log(90.0), math.log(104.0)]},
+            {**row, "id": "b", "group": "g2", "published": 100.0, "anchored": 150.0,
+             "member_log_speeds": [math.log(150.0), math.log(150.0)]}]
+    cov = fa.coverage(rows)
+    a, b = rows
+    assert a["covered"] is False  # b's residual (log 100 / 150) shifts a's members (median 96.7) further below 100
+    assert b["covered"] is False  # a's residual is 0: b's interval is its members' (150), not holding 100
+    assert cov["coverage"] == 0.0 and b["interval_log"] == pytest.approx([math.log(1.5), math.log(1.5)])
