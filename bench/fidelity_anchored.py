@@ -315,11 +315,11 @@ def package_summary(res: dict) -> dict:
                          # every anchored end-to-end case's log(simulated / published): the residuals a
                          # calibrated run's interval combines with its members' spread (sim.ensemble.within_interval)
                          "residuals_log": [float(v) for v in logs], "residual_cases": [r["id"] for r in e2e],
-                         "source": f"bench/fidelity_anchored.py: the calibrated members' spread plus the anchored "
-                                   f"errors of {len(e2e)} published end-to-end cases in "
-                                   f"{len({r['group'] for r in e2e})} groups; coverage measured "
-                                   f"{(s['coverage'] or {}).get('coverage', 0):.0%} (each case's interval from "
-                                   "the other groups)"},
+                         "source": f"bench/fidelity_anchored.py: the anchored errors of {len(e2e)} published "
+                                   f"end-to-end cases in {len({r['group'] for r in e2e})} groups, each left out of "
+                                   "its own group's calibration; coverage measured "
+                                   f"{(s['coverage'] or {}).get('coverage', 0):.0%} (each case's interval from its "
+                                   "own members and the other groups' errors)"},
             "prior_sd": dict(zip([n for n, _, _ in REFIT], res["prior_sd"])),
             "prior_source": res["prior_source"],
             "anchored": s["end_to_end"]["anchored"], "uncalibrated": s["end_to_end"]["uncalibrated"],

@@ -332,10 +332,13 @@ def calibration_note(c: dict[str, Any]) -> str:
                 f"median member ({c.get('event_constants')}), no interval"
                 + (f"; this run differs from the calibrated deployment in {', '.join(c['differs'])}: extrapolated"
                    if c.get("differs") else "") + "; compare the candidates by their ratios")
-    note = (f"{c['label']} ({c['source']}): figures are the weighted median of the {members} calibrated constant "
-            f"set{'s' if members != 1 else ''}"
-            + (f" (effective {c['ess']:.1f})" if c.get("ess") is not None and members > 1 else "")
-            + f"; the ranges are the nominal {iv.get('coverage', COVERAGE):.0%} interval of their spread plus the "
+    priced = (f"figures are the weighted median of the {members} calibrated constant sets"
+              + (f" (effective {c['ess']:.1f})" if c.get("ess") is not None else "")
+              + f"; the ranges are the nominal {iv.get('coverage', COVERAGE):.0%} interval of their spread plus the "
+              if members > 1 else
+              "figures are priced by the one calibrated constant set the reweighting kept (it collapsed to one "
+              f"member); the ranges are the nominal {iv.get('coverage', COVERAGE):.0%} interval of the ")
+    note = (f"{c['label']} ({c['source']}): {priced}"
             f"within-deployment error ({iv.get('source', 'bench/fidelity_anchored.py')}"
             + (f"; measured coverage {cov:.0%}" if cov is not None and "coverage measured" not in
                iv.get("source", "") else "") + ")")

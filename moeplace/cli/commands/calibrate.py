@@ -205,18 +205,20 @@ def report(doc: dict, out: str) -> str:
         rw = ch["reweight"]
         lines.append(f"reweighted the {rw['members']} shipped members by the measured figures (effective sample size "
                      f"{rw['ess']:.1f}" + ("; the reweighting collapsed to about one member" if rw["ess"] < 1.5 else "")
-                     + f"); refitted the {len(fits)} that keep weight; a run is priced by all {len(fits)}, their "
-                     f"weighted median (the event simulation on {priced}, their weighted median member, which "
-                     "every member re-prices); what moved in it:")
-    lines.append(f"what changed ({ch['what']}; only {', '.join(ch['refit'])} may move, within their bounds, "
-                 f"pulled towards the shipped values):")
+                     + (f"); refitted the one that keeps weight ({priced}): a run is priced by it alone"
+                        if len(fits) == 1 else
+                        f"); refitted the {len(fits)} that keep weight: a run is priced by all {len(fits)}, their "
+                        f"weighted median (one event simulation on {priced}, their weighted median member, re-priced "
+                        f"by every one of them)") + ".")
+    lines.append(f"what changed in {priced} ({ch['what']}; only {', '.join(ch['refit'])} may move, within their "
+                 f"bounds, pulled towards the shipped values):")
     for n, v in moved.items():
         lines.append(f"  {n:22s} {v['from']:.4g} -> {v['to']:.4g}" + ("  (at its bound)" if v["bound"] else ""))
     if not moved:
         lines.append("  nothing: the shipped constants already explain the points")
     iv = doc["interval"]
     if iv:
-        lines.append(f"interval of calibrated figures: nominal {iv['coverage']:.0%} from the within-deployment error "
-                     f"({iv['source']})")
+        lines.append(f"interval of calibrated figures: nominal {iv['coverage']:.0%}, the calibrated members' spread plus "
+                     f"the within-deployment error ({iv['source']})")
     lines.append(f"wrote {out}")
     return "\n".join(lines)
