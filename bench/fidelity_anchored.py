@@ -17,24 +17,30 @@ two cases, for every case of it:
    efficiency and overhead terms, pulled towards its own values by the prior, whose widths are the
    out-of-bag members' spread of each constant, at least 0.05; end-to-end cases on the steady-iteration
    proxy times event / steady at the start, kernel tables on their formulas);
-3. predict the left-out case with the calibrated members' weighted median member (``median_member``: the
-   constant set ``place calibrate`` prices a run by; the event simulator for end-to-end cases) and record
-   its error.
+3. predict the left-out case as a run with the calibration is priced (bench/fidelity_frozen.yaml,
+   ``calibration``): one event simulation on the calibrated members' weighted median member, whose sampled
+   steady iterations every calibrated member re-prices; the figure is their weighted median (kernel tables:
+   every member's formula, weighted median), and its error is recorded.
 
-"Uncalibrated" is the same case priced by the out-of-bag members' weighted median member (the start of
-``place calibrate``: its "before"), so it is close to, not equal to, bench/fidelity.py's out-of-bag figure
-(the weighted median of every member's re-priced figure). The structure (sigma, the refitted constants, the
-prior rule) is phase A's, fixed before any case was scored.
+"Uncalibrated" is the same case priced as ``place simulate`` prices it from the out-of-bag members (the
+event simulation on the ensemble's reference constants, every out-of-bag member re-pricing it, their
+weighted median: bench/fidelity.py's out-of-bag figure). The previous rule's figures (phase B: the case
+priced by the calibrated, or the starting, weighted median member alone) are kept beside them
+(``anchored_member``, ``uncalibrated_member``) so the change is visible. The structure (sigma, the refitted
+constants, the prior rule, the weight cut) is phase A's, fixed before any case was scored; the pricing rule
+was fixed on 2026-12-06 before this script ran with it.
 
-The interval a calibrated run prints is the 10th-90th percentile of these log errors (nominal 80 %). Its
-coverage is checked without looking at the case it covers: each end-to-end case's interval is made of the
-anchored errors of the *other* groups' end-to-end cases. Printed and written next to the uncalibrated
-figures of the same cases, and next to the simplest anchor, one ratio: the left-out case's uncalibrated
-figure times the geometric mean of published / simulated over the group's other cases.
+The interval a calibrated run prints (sim.ensemble.within_interval) combines its members' spread with these
+anchored errors: the 10th and 90th weighted percentiles of member figure + residual over every pair. Its
+coverage is checked without looking at the case it covers: each end-to-end case's interval is its own
+calibrated members' spread plus the anchored errors of the *other* groups' end-to-end cases. Printed and
+written next to the uncalibrated figures of the same cases, and next to the simplest anchor, one ratio: the
+left-out case's uncalibrated figure times the geometric mean of published / simulated over the group's other
+cases.
 
 Writes bench/results/fidelity_anchored.json and, from a full run, the package summary that ``place
-calibrate`` reads (moeplace/sim/anchored_summary.json: the interval, and the whole ensemble's spread as the
-refit's prior widths for a calibration that starts from fewer than 32 members). ``--example GROUP:CASE``
+calibrate`` reads (moeplace/sim/anchored_summary.json: the interval's residuals, and the whole ensemble's
+spread as the refit's prior widths for a calibration that starts from fewer than 32 members). ``--example GROUP:CASE``
 also calibrates on that one case and predicts the rest of its group (the worked example of
 docs/simulate.md, "Calibrate on your own benchmark"). bench/fidelity.py runs the same steps on the
 ensemble it has just fitted (:func:`anchored_all`).
@@ -51,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness, beside this script
+import fidelity_ensemble as fe
 from fidelity_harness import (
     CASES,
     E2E,
@@ -111,18 +118,38 @@ class Pricer:
     def proxy(self, cfg) -> float:
         return self.steady.metric(cfg) * self.corr if self.e2e else kernel_metric(self.case, cfg)
 
-    def predict(self, cfg) -> float:
-        return sim_metric(self.case, cfg, self.quick)[0] if self.e2e else kernel_metric(self.case, cfg)
+
+def priced(case: dict, event_cfg, members: list, quick: bool) -> dict:
+    """The case priced as a run is (bench/fidelity_frozen.yaml, ``calibration``; sim.ensemble.price_run):
+    end-to-end cases by one event simulation on ``event_cfg`` whose sampled steady iterations every member
+    re-prices (fidelity_ensemble.member_speeds), kernel tables by every member's formula. Returns the
+    members' log speeds ``z`` and weights ``w``, their weighted median as the case's figure (``figure``),
+    and ``single``: the figure of ``event_cfg`` alone (the event simulation itself)."""
+    from moeplace.sim.ensemble import weighted_quantile
+
+    w = np.array([m.weight for m in members], dtype=np.float64)
+    w = w / w.sum()
+    if case["kind"] in E2E:
+        run = fe.reference_run(case, event_cfg, quick)
+        z = fe.member_speeds(case, run, [m.cost for m in members], event_cfg)["figure"]
+        single = run.simulated
+    else:
+        z = np.log([fe.speed(case, kernel_metric(case, m.cost)) for m in members])
+        single = kernel_metric(case, event_cfg)
+    med = weighted_quantile(z, w, 0.5)
+    return {"z": z, "w": w, "figure": fe.speed(case, math.exp(med)), "single": single}
 
 
-def anchored_group(cases: list[dict], members: list, quick: bool, log=print) -> list[dict]:
-    """Leave-one-out within one group (module docstring), from ``members`` (the group's out-of-bag members):
-    a row per case."""
+def anchored_group(cases: list[dict], members: list, quick: bool, log=print, reference=None) -> list[dict]:
+    """Leave-one-out within one group (module docstring), from ``members`` (the group's out-of-bag members;
+    ``reference``: the ensemble's reference constants, on which an uncalibrated run's event simulation
+    runs): a row per case."""
     from moeplace.sim.calibrate import REFIT, calibrate_members, median_member
 
     start = median_member(members)
     prior = prior_widths(members)
     pricers = {c["id"]: Pricer(c, start.cost, quick) for c in cases}
+    uncal = {c["id"]: priced(c, reference if reference is not None else start.cost, members, quick) for c in cases}
     rows = []
     for held in cases:
         cal = [c for c in cases if c["id"] != held["id"]]
@@ -135,14 +162,20 @@ def anchored_group(cases: list[dict], members: list, quick: bool, log=print) -> 
         med = median_member(calibrated)
         cfg = med.cost
         fit = next(f for f in info["refit"] if f["member"] == med.name)
-        pred = pricers[held["id"]].predict(cfg)
-        base = pricers[held["id"]].event
-        ratio = math.exp(float(np.mean([math.log(c["published"] / pricers[c["id"]].event) for c in cal])))
+        p = priced(held, cfg, calibrated, quick)
+        pred, single = p["figure"], p["single"]
+        base = uncal[held["id"]]["figure"]
+        start_fig = pricers[held["id"]].event
+        ratio = math.exp(float(np.mean([math.log(c["published"] / uncal[c["id"]]["figure"]) for c in cal])))
         row = {"id": held["id"], "group": held["group"], "kind": held["kind"], "metric": held["metric"],
                "published": held["published"], "calibrated_on": [c["id"] for c in cal],
                "uncalibrated": base, "uncalibrated_error": base / held["published"] - 1,
                "anchored": pred, "anchored_error": pred / held["published"] - 1,
+               # the previous rule's figures (phase B): the calibrated / starting weighted median member alone
+               "anchored_member": single, "anchored_member_error": single / held["published"] - 1,
+               "uncalibrated_member": start_fig, "uncalibrated_member_error": start_fig / held["published"] - 1,
                "ratio_anchored": base * ratio, "ratio_error": base * ratio / held["published"] - 1,
+               "member_log_speeds": [float(v) for v in p["z"]], "member_weights": [float(v) for v in p["w"]],
                "members": len(members), "start": start.name, "ess": info["reweight"]["ess"],
                "refitted": len(calibrated), "priced_by": med.name, "moved": fit["moved"],
                "fit_rms_log": float(np.sqrt(np.mean(np.square(fit["residuals"])))),
@@ -150,8 +183,9 @@ def anchored_group(cases: list[dict], members: list, quick: bool, log=print) -> 
                "constants": {n: getattr(cfg, n) for n, _, _ in REFIT}, "seconds": time.perf_counter() - t0}
         rows.append(row)
         log(f"  {held['group']:28s} {held['id']:40s} published {fmt(held['published']):>9s}  uncalibrated "
-            f"{row['uncalibrated_error']:+7.1%}  anchored {row['anchored_error']:+7.1%}  (one ratio "
-            f"{row['ratio_error']:+7.1%}; {len(members)} out-of-bag members, ESS {row['ess']:.1f})", flush=True)
+            f"{row['uncalibrated_error']:+7.1%}  anchored {row['anchored_error']:+7.1%} (median member "
+            f"{row['anchored_member_error']:+7.1%}; one ratio {row['ratio_error']:+7.1%}; {len(members)} out-of-bag "
+            f"members, ESS {row['ess']:.1f}, {len(calibrated)} priced)", flush=True)
     return rows
 
 
@@ -164,32 +198,62 @@ def _stats(rows: list[dict], key: str) -> dict:
             "max": float(np.max(e)), "worst_case": worst["id"], "worst_error": float(worst[key])}
 
 
+def log_error(r: dict, key: str = "anchored") -> float:
+    """log(simulated / published) of a row's figure (``key``), speed-like (a latency's inverted)."""
+    return math.log(fe.speed(r, r[key]) / fe.speed(r, r["published"]))
+
+
 def coverage(rows: list[dict]) -> dict:
-    """The nominal 80 % interval's coverage over the end-to-end cases, each case's interval from the other
-    groups' anchored log errors (10th and 90th percentiles), and its median width."""
-    logs = {r["id"]: math.log(r["anchored"] / r["published"]) for r in rows}
+    """The nominal 80 % interval's coverage over the end-to-end cases, each case's interval made as a
+    calibrated run's is (sim.ensemble.within_interval: its own calibrated members' spread plus the anchored
+    residuals) with the residuals of the *other* groups' end-to-end cases only, and its median width
+    (hi / lo - 1)."""
+    from moeplace.sim.ensemble import within_interval
+
+    resid = {r["id"]: -log_error(r) for r in rows}  # log(published / predicted)
     hits, widths = [], []
     for r in rows:
-        others = [logs[o["id"]] for o in rows if o["group"] != r["group"]]
-        lo, hi = np.quantile(others, [0.1, 0.9])
-        r["interval_log"] = [float(lo), float(hi)]
-        r["covered"] = bool(lo <= logs[r["id"]] <= hi)
+        others = [resid[o["id"]] for o in rows if o["group"] != r["group"]]
+        iv = within_interval(r["member_log_speeds"], r["member_weights"], others, 0.8)
+        y = math.log(r["published"])
+        r["interval_log"] = [iv.lo - math.log(r["published"]), iv.hi - math.log(r["published"])]
+        r["covered"] = bool(iv.lo <= y <= iv.hi)
         hits.append(r["covered"])
-        widths.append(math.exp(hi) / math.exp(lo) - 1)
+        widths.append(math.exp(iv.hi - iv.lo) - 1)
     return {"nominal": 0.8, "coverage": float(np.mean(hits)), "cases": len(rows),
             "median_width": float(np.median(widths)),
-            "note": "each case's interval from the anchored log errors of the other groups' end-to-end cases"}
+            "note": "each case's interval: its calibrated members' spread plus the anchored errors of the other "
+                    "groups' end-to-end cases"}
+
+
+def coverage_member(rows: list[dict]) -> dict:
+    """The previous rule (phase B), measured on the same run: the case priced by the calibrated weighted
+    median member alone, its interval the 10th-90th percentile of the other groups' median-member errors."""
+    logs = {r["id"]: log_error(r, "anchored_member") for r in rows}
+    hits, widths = [], []
+    for r in rows:
+        lo, hi = np.quantile([logs[o["id"]] for o in rows if o["group"] != r["group"]], [0.1, 0.9])
+        hits.append(bool(lo <= logs[r["id"]] <= hi))
+        widths.append(math.exp(hi - lo) - 1)
+    return {"nominal": 0.8, "coverage": float(np.mean(hits)), "cases": len(rows),
+            "median_width": float(np.median(widths)),
+            "note": "the weighted median member alone; each case's interval from the other groups' errors"}
 
 
 def summarize(rows: list[dict]) -> dict:
     e2e = [r for r in rows if r["kind"] in E2E]
     kern = [r for r in rows if r["kind"] not in E2E]
     out = {"end_to_end": {"anchored": _stats(e2e, "anchored_error"), "uncalibrated": _stats(e2e, "uncalibrated_error"),
-                          "one_ratio": _stats(e2e, "ratio_error")},
+                          "one_ratio": _stats(e2e, "ratio_error"),
+                          "anchored_member": _stats(e2e, "anchored_member_error"),
+                          "uncalibrated_member": _stats(e2e, "uncalibrated_member_error")},
            "kernel_tables": {"anchored": _stats(kern, "anchored_error"),
                              "uncalibrated": _stats(kern, "uncalibrated_error"),
-                             "one_ratio": _stats(kern, "ratio_error")},
+                             "one_ratio": _stats(kern, "ratio_error"),
+                             "anchored_member": _stats(kern, "anchored_member_error"),
+                             "uncalibrated_member": _stats(kern, "uncalibrated_member_error")},
            "coverage": coverage(e2e) if len({r["group"] for r in e2e}) > 1 else None,
+           "coverage_member": coverage_member(e2e) if len({r["group"] for r in e2e}) > 1 else None,
            "by_group": {g: {"anchored": _stats([r for r in rows if r["group"] == g], "anchored_error"),
                             "uncalibrated": _stats([r for r in rows if r["group"] == g], "uncalibrated_error"),
                             "one_ratio": _stats([r for r in rows if r["group"] == g], "ratio_error")}
@@ -213,12 +277,19 @@ def text(s: dict) -> list[str]:
     out = [head]
     for part, name in (("end_to_end", "end-to-end"), ("kernel_tables", "kernel tables")):
         out.append(line(f"{name}, anchored (place calibrate)", s[part]["anchored"]))
-        out.append(line(f"{name}, uncalibrated (out-of-bag start)", s[part]["uncalibrated"]))
+        out.append(line(f"{name}, uncalibrated (out-of-bag members)", s[part]["uncalibrated"]))
         out.append(line(f"{name}, one ratio per group", s[part]["one_ratio"]))
+        if s[part].get("anchored_member"):  # the previous rule, same run
+            out.append(line(f"{name}, anchored, median member alone", s[part]["anchored_member"]))
+            out.append(line(f"{name}, uncalibrated, median member alone", s[part]["uncalibrated_member"]))
     c = s["coverage"]
     if c:
         out.append(f"  80 % interval (within-deployment): coverage {c['coverage']:.0%} of {c['cases']} end-to-end cases, "
                    f"median width {c['median_width']:.0%} ({c['note']})")
+    cm = s.get("coverage_member")
+    if cm:
+        out.append(f"  80 % interval, previous rule: coverage {cm['coverage']:.0%}, median width {cm['median_width']:.0%} "
+                   f"({cm['note']})")
     t = s["target"]
     a = s["end_to_end"]["anchored"]
     out.append(f"target (anchored median <= {t['median']:.0%}, coverage {t['coverage'][0]:.0%}-{t['coverage'][1]:.0%}): "
@@ -233,7 +304,7 @@ def package_summary(res: dict) -> dict:
     from moeplace.sim.calibrate import REFIT
 
     e2e = [r for r in res["rows"] if r["kind"] in E2E]
-    logs = [math.log(r["anchored"] / r["published"]) for r in e2e]
+    logs = [log_error(r) for r in e2e]
     lo, hi = np.quantile(logs, [0.1, 0.9])
     s = res["summary"]
     return {"source": "bench/fidelity_anchored.py (leave one case out within each published deployment group, "
@@ -241,10 +312,14 @@ def package_summary(res: dict) -> dict:
             "interval": {"coverage": 0.8, "log_lo": float(lo), "log_hi": float(hi),
                          "measured_coverage": (s["coverage"] or {}).get("coverage"), "cases": len(e2e),
                          "groups": len({r["group"] for r in e2e}),
-                         "source": f"bench/fidelity_anchored.py: 10th-90th percentile of the anchored log errors of "
-                                   f"{len(e2e)} published end-to-end cases in {len({r['group'] for r in e2e})} "
-                                   f"groups; coverage measured {(s['coverage'] or {}).get('coverage', 0):.0%} "
-                                   "(each case's interval from the other groups)"},
+                         # every anchored end-to-end case's log(simulated / published): the residuals a
+                         # calibrated run's interval combines with its members' spread (sim.ensemble.within_interval)
+                         "residuals_log": [float(v) for v in logs], "residual_cases": [r["id"] for r in e2e],
+                         "source": f"bench/fidelity_anchored.py: the anchored errors of {len(e2e)} published "
+                                   f"end-to-end cases in {len({r['group'] for r in e2e})} groups, each left out of "
+                                   "its own group's calibration; coverage measured "
+                                   f"{(s['coverage'] or {}).get('coverage', 0):.0%} (each case's interval from its "
+                                   "own members and the other groups' errors)"},
             "prior_sd": dict(zip([n for n, _, _ in REFIT], res["prior_sd"])),
             "prior_source": res["prior_source"],
             "anchored": s["end_to_end"]["anchored"], "uncalibrated": s["end_to_end"]["uncalibrated"],
@@ -268,16 +343,21 @@ def example(cases: list[dict], ens, spec: str, quick: bool) -> dict:
         members, lambda cfg: np.array([math.log(pricers[anchor].proxy(cfg) / a["published"])]), prior_widths(members))
     med = median_member(calibrated)
     cfg = med.cost
+    ref = ens.reference_config()
     rows = []
     for c in grp:
-        pred = pricers[c["id"]].predict(cfg)
+        un = priced(c, ref, members, quick)  # as place simulate prices it from these members
+        p = priced(c, cfg, calibrated, quick)  # as a run with the calibration is priced
+        base, pred = un["figure"], p["figure"]
         rows.append({"id": c["id"], "config": c["config"], "metric": c["metric"], "published": c["published"],
-                     "uncalibrated": pricers[c["id"]].event, "calibrated": pred, "anchor": c["id"] == anchor,
-                     "uncalibrated_error": pricers[c["id"]].event / c["published"] - 1,
-                     "calibrated_error": pred / c["published"] - 1})
+                     "uncalibrated": base, "calibrated": pred, "anchor": c["id"] == anchor,
+                     "uncalibrated_error": base / c["published"] - 1,
+                     "calibrated_error": pred / c["published"] - 1,
+                     "calibrated_member": p["single"], "uncalibrated_member": pricers[c["id"]].event})
         print(f"  {'anchor ' if c['id'] == anchor else '       '}{c['id']:32s} published {fmt(c['published']):>8s}  "
-              f"uncalibrated {fmt(pricers[c['id']].event):>8s} ({rows[-1]['uncalibrated_error']:+6.1%})  calibrated "
-              f"{fmt(pred):>8s} ({rows[-1]['calibrated_error']:+6.1%})")
+              f"uncalibrated {fmt(base):>8s} ({rows[-1]['uncalibrated_error']:+6.1%})  calibrated "
+              f"{fmt(pred):>8s} ({rows[-1]['calibrated_error']:+6.1%}; median member "
+              f"{p['single'] / c['published'] - 1:+6.1%})")
     return {"group": group, "anchor": anchor, "rows": rows, "members": len(members), "ess": info["reweight"]["ess"],
             "refitted": len(calibrated), "priced_by": med.name,
             "moved": next(f["moved"] for f in info["refit"] if f["member"] == med.name),
@@ -304,7 +384,7 @@ def anchored_all(cases: list[dict], ens, quick: bool, example_spec: str | None =
         except ValueError as exc:
             print(f"  {g}: {exc}; left out", flush=True)
             continue
-        rows += anchored_group(cs, members, quick)
+        rows += anchored_group(cs, members, quick, reference=ens.reference_config())
     summary = summarize(rows)
     if report:
         for line in text(summary):
@@ -320,7 +400,10 @@ def anchored_all(cases: list[dict], ens, quick: bool, example_spec: str | None =
                              f"{source} (at least 0.05); each anchored case used its group's out-of-bag members' "
                              "spread (rows' prior_sd)"),
             "start": (f"the out-of-bag members of {source} for each group (bootstrap members that never drew it), "
-                      "reweighted and refitted as place calibrate does; predicted by the weighted median member"),
+                      "reweighted and refitted as place calibrate does; predicted as a calibrated run is priced: one "
+                      "event simulation on the calibrated weighted median member, every calibrated member "
+                      "re-pricing it, their weighted median (bench/fidelity_frozen.yaml, calibration); "
+                      "uncalibrated: the out-of-bag members priced the same way around the ensemble's reference"),
             "refit": [n for n, _, _ in REFIT], "sigma": SIGMA, "quick": quick,
             "groups_only": sorted(chosen) if chosen else None, "seconds": time.perf_counter() - t0}
 

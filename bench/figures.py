@@ -984,16 +984,21 @@ def fidelity_anchored() -> str:
     for part, name in (("end_to_end", "end-to-end"), ("kernel_tables", "kernel tables")):
         for key, label in (("anchored", "calibrated on the rest of its group (place calibrate)"),
                            ("uncalibrated", "uncalibrated (the out-of-bag members it starts from)"),
-                           ("one_ratio", "one ratio from the rest of its group")):
-            st = s[part][key]
-            if st["cases"]:
+                           ("one_ratio", "one ratio from the rest of its group"),
+                           ("anchored_member", "calibrated, weighted median member alone (the previous rule)")):
+            st = s[part].get(key)
+            if st and st["cases"]:
                 rows.append([name, label, f"{st['cases']} in {st['groups']}", _share(st["median"]), _share(st["max"]),
                              f"{st['worst_case']} ({st['worst_error']:+.0%})"])
     out = _table(["cases", "prediction", "cases in groups", "median abs error", "max", "worst"], rows)
     c = s["coverage"]
+    cm = s.get("coverage_member")
     out += (f"\nNominal 80 % within-deployment interval: it held the published figure in {c['coverage']:.0%} of "
-            f"{c['cases']} end-to-end cases (median width {c['median_width']:.0%}; each case's interval from the "
-            f"other groups' errors). Target: median <= {s['target']['median']:.0%}, coverage "
+            f"{c['cases']} end-to-end cases (median width {c['median_width']:.0%}; each case's interval its own "
+            "calibrated members' spread plus the other groups' errors"
+            + (f"; the previous rule, the median member's figure and the other groups' errors alone: "
+               f"{cm['coverage']:.0%}, width {cm['median_width']:.0%}" if cm else "")
+            + f"). Target: median <= {s['target']['median']:.0%}, coverage "
             f"{s['target']['coverage'][0]:.0%}-{s['target']['coverage'][1]:.0%}: "
             + ("met" if s["target_met"] else "not met") + ". Per group (anchored / uncalibrated median):\n\n")
     grows = [[g, str(v["anchored"]["cases"]), _share(v["anchored"]["median"]), _share(v["uncalibrated"]["median"]),
@@ -1014,7 +1019,9 @@ def calibrate_example() -> str:
     if ex.get("members", 1) > 1:
         how = (f"The group's {ex['members']} out-of-bag members were reweighted by the one point (effective sample "
                f"size {ex['ess']:.1f}) and the {ex['refitted']} that kept weight refitted; the predictions are "
-               f"priced by the weighted median member ({ex['priced_by']}). ")
+               f"their weighted median (one event simulation on their weighted median member, {ex['priced_by']}, "
+               "re-priced by every one of them); uncalibrated: every out-of-bag member, as place simulate prices "
+               "a run. ")
     return (_table(["case", "published", "uncalibrated", "calibrated on one point"], rows)
             + f"\n{how}What the one point moved in it: {moved}.\n")
 

@@ -1,5 +1,6 @@
 """`place calibrate`: the result readers on files the released tools wrote, the deployment settings, the
 calibration math (reweight, refit within bounds), CAL.json, and `place simulate --calibration`."""
+import dataclasses
 import json
 import math
 import shutil
@@ -15,6 +16,7 @@ from moeplace.sim.calibrate import (
     REFIT,
     Member,
     calibrate_members,
+    calibrated_ensemble,
     cfg_of,
     deployment_of,
     median_member,
@@ -23,7 +25,7 @@ from moeplace.sim.calibrate import (
     x_of,
 )
 from moeplace.sim.config import CostConfig
-from moeplace.sim.ensemble import load_ensemble
+from moeplace.sim.ensemble import load_ensemble, speed_interval, weighted_quantile, within_interval
 from moeplace.sim.point import shipped_members
 
 DATA = Path(__file__).parent / "data" / "bench_results"
@@ -181,6 +183,68 @@ def test_x_of_and_cfg_of_round_trip():
     assert cfg_of(c, x_of(c)) == c
 
 
+def test_within_interval_combines_the_members_spread_and_the_residuals():
+    """A calibrated figure's interval: the 10th / 90th weighted percentiles of member + residual over every
+    pair, widened to hold the median (bench/fidelity_frozen.yaml, calibration)."""
+    e = [-0.2, -0.1, 0.0, 0.1, 0.2]
+    one = within_interval([0.0], [1.0], e)  # one member: the residuals alone
+    assert (one.median, one.lo, one.hi) == pytest.approx((0.0, weighted_quantile(e, np.ones(5), 0.1),
+                                                          weighted_quantile(e, np.ones(5), 0.9)))
+    assert one.lo == pytest.approx(-0.2) and one.hi == pytest.approx(0.2) and one.near is None
+    spread = within_interval([-0.3, 0.3], [0.5, 0.5], [0.0])  # no residual error: the members' spread alone
+    assert (spread.median, spread.lo, spread.hi) == pytest.approx((0.0, -0.3, 0.3))
+    both = within_interval([-0.3, 0.3], [0.5, 0.5], [-0.2, 0.2])  # both: wider than either
+    assert both.lo == pytest.approx(-0.5) and both.hi == pytest.approx(0.5)
+    weighted = within_interval([-0.3, 0.3], [0.9, 0.1], [0.0])  # member weights move it
+    assert weighted.median < 0 and weighted.lo == pytest.approx(-0.3) and weighted.hi < 0.3
+    lean = within_interval([0.0], [1.0], [0.1, 0.2])  # the residuals all lean one way: widened to the median
+    assert lean.lo == 0.0 and lean.hi > 0.1
+    # an ensemble that carries residuals uses this interval
+    ens = dataclasses.replace(load_ensemble(), within=(-0.1, 0.1))
+    z = np.linspace(-0.1, 0.1, ens.size)
+    assert speed_interval(ens, z, {}) == within_interval(z, ens.weights, (-0.1, 0.1))
+
+
+def _member_figure(trace, cfg, ensemble=None):
+    """output tok/s of the tiny model on 2 x H200 at concurrency 4 (closed loop), priced by ``cfg`` alone or
+    by ``ensemble`` (whose event constants ``cfg`` are)."""
+    from moeplace.foundation.cluster import make_cluster
+    from moeplace.sim.config import EngineConfig, LengthMix, SimConfig, WorkloadConfig
+    from moeplace.sim.runner import resolve_placement, simulate
+    from moeplace.sim.workload import load_trace_tokens
+
+    tr = load_trace_tokens(trace)
+    cl = make_cluster(2, "h200", None)
+    lab, pl = resolve_placement("linear", tr, cl, 0, "vllm", 0)
+    wl = WorkloadConfig(arrival="closed", concurrency=4, lengths=LengthMix(
+        components=((512, 1.0),), sigma=0.0, output_mean=32, output_sigma=0.0, max_len=4096))
+    config = SimConfig(duration=5, mode="stat", seed=0, engine=EngineConfig(attention_tp=1), cost=cfg, workload=wl,
+                       ensemble=ensemble is not None)
+    return simulate(tr, [(lab, pl)], cl, config, ensemble=ensemble)[0].summary
+
+
+def test_a_calibrated_run_is_the_weighted_median_of_its_members(tiny_trace):
+    """A run with a calibration is priced by every calibrated member (one event simulation on their weighted
+    median member, each member re-pricing it), not by the median member alone: three members whose median
+    member (by constants) is the slowest, so its figure and the members' weighted median differ by far."""
+    members = [Member(CostConfig().replace(iteration_overhead_s=0.2e-3, kernel_floor_s=9e-6), 0.3, "fast host"),
+               Member(CostConfig().replace(iteration_overhead_s=1.5e-3, kernel_floor_s=2e-6), 0.3, "fast kernels"),
+               Member(CostConfig().replace(iteration_overhead_s=1.5e-3, kernel_floor_s=9e-6), 0.4, "slow")]
+    med = median_member(members)
+    assert med.name == "slow"  # the weighted median of each constant
+    ens = calibrated_ensemble(members, {"coverage": 0.8, "residuals_log": [0.0]})
+    s = _member_figure(tiny_trace, med.cost, ens)
+    own = [_member_figure(tiny_trace, m.cost)["output_tok_s"] for m in members]  # each member's own simulation
+    want = weighted_quantile(own, [m.weight for m in members], 0.5)
+    assert s["output_tok_s"] == pytest.approx(want, rel=0.03)  # re-pricing the median member's schedule
+    assert s["output_tok_s"] / own[2] - 1 > 0.15  # far from the median member's own figure
+    assert s["ensemble"]["reference_figures"]["output_tok_s"] == pytest.approx(own[2])  # the event simulation's
+    assert s["ensemble"]["calibrated"] and s["ensemble"]["members"] == 3
+    # residuals of 0: the interval is the members' spread, inside the fastest and slowest member
+    lo, hi = s["output_tok_s_range"]
+    assert min(own) * 0.97 <= lo < s["output_tok_s"] < hi <= max(own) * 1.03
+
+
 # ---------------------------------------------------------------------------- the command
 @pytest.fixture(scope="module")
 def tiny_trace(tmp_path_factory):
@@ -218,32 +282,53 @@ def test_calibrate_then_simulate_with_the_calibration(tmp_path, tiny_trace, caps
     assert rms("after") < rms("before")  # moved towards the measurements
     for n, lo, hi in REFIT:  # within the bounds
         assert lo - 1e-12 <= doc["members"][0]["constants"][n] <= hi + 1e-12
+    # the report's before is what place simulate prints for the point uncalibrated (the shipped ensemble's
+    # median), its after what a run with the calibration prints (the calibrated members' median): the c16 point
+    p16 = doc["points"][2]
     sim = ["simulate", str(tiny_trace), "--placement", "linear", "--gpus", "2", "--gpu", "h200", "--attention-tp", "1",
-           "--isl", "512", "--osl", "32", "--concurrency", "4", "--duration", "5", "--no-progress"]
+           "--isl", str(round(p16["isl"])), "--osl", str(round(p16["osl"])), "--concurrency", "16", "--duration",
+           repr(p16["simulated_s"]), "--kv-dtype", "fp8", "--engine", "vllm", "--no-progress"]
+    assert main([*sim, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["summaries"][0]
+    assert plain["output_tok_s"] == pytest.approx(p16["before"]["output_tok_s"], rel=1e-9)
+    assert plain["ensemble"]["members"] == ens.size
     assert main([*sim, "--calibration", str(cal), "--json"]) == 0
     js = json.loads(capsys.readouterr().out)
     s = js["summaries"][0]
+    assert s["output_tok_s"] == pytest.approx(p16["after"]["output_tok_s"], rel=1e-9)
+    assert s["output_tok_s_range"] == pytest.approx(p16["after"]["output_tok_s_range"], rel=1e-9)
+    assert s["output_tok_s"] != plain["output_tok_s"]  # the same run uncalibrated is priced by other constants
+    # priced by every calibrated member; the interval holds the figure and is the within-deployment one
+    e = s["ensemble"]
+    assert e["calibrated"] and e["members"] == len(doc["members"]) and e["near"] is None
+    assert e["within_cases"] == len(doc["interval"]["residuals_log"]) > 0
     lo, hi = s["output_tok_s_range"]
-    iv = doc["interval"]
-    assert lo == pytest.approx(s["output_tok_s"] / math.exp(iv["log_hi"]))
-    assert hi == pytest.approx(s["output_tok_s"] / math.exp(iv["log_lo"]))
-    assert js["fidelity"]["run"]["calibration"]["points"] == 3
+    assert lo <= s["output_tok_s"] <= hi and lo < hi
+    run = js["fidelity"]["run"]["calibration"]
+    assert run["points"] == 3 and run["members"] == len(doc["members"]) and 1.0 <= run["ess"] <= len(doc["members"])
+    assert run["interval"]["residuals"] == len(doc["interval"]["residuals_log"])
     assert "calibrated on 3 measured points of tiny-moe on 2 x h200" in js["fidelity"]["note"]
-    # the same run uncalibrated is priced by other constants
-    assert main([*sim, "--json"]) == 0
-    plain = json.loads(capsys.readouterr().out)["summaries"][0]
-    assert plain["output_tok_s"] != s["output_tok_s"]
+    assert (f"weighted median of the {len(doc['members'])} calibrated constant sets" if len(doc["members"]) > 1 else
+            "collapsed to one member") in js["fidelity"]["note"]
+    # the report says when the reweighting collapsed to about one member
+    assert ("collapsed to about one member" in out) == (doc["changes"]["reweight"]["ess"] < 1.5)
+    assert "before: as place simulate prints it uncalibrated" in out
     # another GPU: refused, one line
     rc = main([("b200" if a == "h200" else a) for a in sim] + ["--calibration", str(cal)])
     err = capsys.readouterr().err
     assert rc != 0 and "applies to its own model and GPU only" in err and "Traceback" not in err
+    # a CAL.json without the within-deployment residuals (an older place calibrate): one line, not a guess
+    old = json.loads(cal.read_text())
+    del old["interval"]["residuals_log"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    rc = main([*sim, "--calibration", str(tmp_path / "old.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "residuals_log" in err and "run place calibrate again" in err and "Traceback" not in err
 
 
 def test_a_calibrated_sweep_prices_with_the_constants_and_hashes_them():
     """place sweep --calibration: every point's SimConfig carries the calibrated constants, and a point's
     hash changes with them (a resumed sweep never reuses a row priced by other constants)."""
-    import dataclasses
-
     from moeplace.cli.sweep import expand_points, load_spec
     from moeplace.cli.sweep.run import sim_config
     from moeplace.cli.sweep.spec import point_hash
@@ -255,6 +340,12 @@ def test_a_calibrated_sweep_prices_with_the_constants_and_hashes_them():
     assert sim_config(cal, p, 1).cost == CostConfig(**cost)
     assert sim_config(spec, p, 1).cost == CostConfig()
     assert point_hash(cal, p, "fp") != point_hash(spec, p, "fp")
+    # every point is priced by the calibration's members (sim.calibrate.calibrated_ensemble): they are hashed too
+    members = [Member(CostConfig(**cost), 0.6, "a"), Member(CostConfig().replace(kernel_floor_s=9e-6), 0.4, "b")]
+    ens = calibrated_ensemble(members, {"coverage": 0.8, "residuals_log": [0.1, -0.1]})
+    with_ens = dataclasses.replace(cal, ensemble=ens)
+    other = dataclasses.replace(cal, ensemble=ens.reweighted([0.5, 0.5]))
+    assert len({point_hash(with_ens, p, "fp"), point_hash(other, p, "fp"), point_hash(cal, p, "fp")}) == 3
 
 
 def test_anchored_groups_start_from_their_out_of_bag_members():
@@ -273,3 +364,32 @@ def test_anchored_groups_start_from_their_out_of_bag_members():
     assert all(m.cost == configs[int(m.name.split()[1])] and not drew[int(m.name.split()[1])] for m in oob)
     assert len(fa.oob_members(ens, "a-group-published-after-the-cut-off")) == ens.size
     assert np.all(fa.prior_widths(oob) >= 0.05)
+
+
+def test_anchored_cases_are_predicted_by_every_calibrated_member_and_covered_as_a_run_is():
+    """bench/fidelity_anchored.py prices a left-out case as a calibrated run is priced (the members'
+    weighted median, not the median member's figure), and checks each case's interval the way
+    sim.ensemble.within_interval makes a run's: its own members' spread plus the other groups' residuals."""
+    from benchkit import load_bench
+
+    fa = load_bench("fidelity_anchored")
+    case = next(c for c in fa.load_cases(fa.CASES) if c["kind"] not in fa.E2E and c["metric"] != "latency_us")
+    members = [Member(CostConfig().replace(gemm_efficiency=g), w, f"m{g}") for g, w in ((0.4, 0.3), (0.6, 0.3),
+                                                                                          (0.9, 0.4))]
+    p = fa.priced(case, members[1].cost, members, quick=True)
+    own = [fa.kernel_metric(case, m.cost) for m in members]
+    # the median of the members' log figures (interpolated between members, as a run's)
+    assert p["figure"] == pytest.approx(math.exp(weighted_quantile(np.log(own), [m.weight for m in members], 0.5)))
+    assert p["single"] == pytest.approx(own[1]) and p["figure"] != pytest.approx(own[1])
+    # coverage: a case is covered when its published figure lies in its members' spread plus the other
+    # groups' residuals; a group's own residuals never enter its interval
+    row = {"metric": "output_tok_s", "kind": "decode", "member_weights": [0.5, 0.5]}
+    rows = [{**row, "id": "a", "group": "g1", "published": 100.0, "anchored": 100.0,
+             "member_log_speeds": [math.log(90.0), math.log(104.0)]},
+            {**row, "id": "b", "group": "g2", "published": 100.0, "anchored": 150.0,
+             "member_log_speeds": [math.log(150.0), math.log(150.0)]}]
+    cov = fa.coverage(rows)
+    a, b = rows
+    assert a["covered"] is False  # b's residual (log 100 / 150) shifts a's members (median 96.7) further below 100
+    assert b["covered"] is False  # a's residual is 0: b's interval is its members' (150), not holding 100
+    assert cov["coverage"] == 0.0 and b["interval_log"] == pytest.approx([math.log(1.5), math.log(1.5)])

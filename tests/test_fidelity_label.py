@@ -6,6 +6,7 @@ full fidelity run writing the committed results rewrites the package's summary."
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pytest
@@ -163,9 +164,12 @@ def test_anchored_only_joins_a_full_anchored_run_and_prints_it(tmp_path, monkeyp
     fid = _bench_fidelity()
     out, an = tmp_path / "fidelity.json", tmp_path / "anchored.json"
     out.write_text(json.dumps({k: v for k, v in _committed().items() if k != "anchored"}))
-    row = {"id": "a", "group": "g1", "kind": "decode", "published": 100.0, "anchored": 104.0, "uncalibrated": 120.0,
-           "anchored_error": 0.04, "uncalibrated_error": 0.2, "ratio_error": 0.1}
-    rows = [row, {**row, "id": "b", "group": "g2", "anchored": 90.0, "anchored_error": -0.1}]
+    row = {"id": "a", "group": "g1", "kind": "decode", "metric": "output_tok_s", "published": 100.0, "anchored": 104.0,
+           "uncalibrated": 120.0, "anchored_error": 0.04, "uncalibrated_error": 0.2, "ratio_error": 0.1,
+           "anchored_member": 104.0, "anchored_member_error": 0.04, "uncalibrated_member_error": 0.2,
+           "member_log_speeds": [math.log(104.0)], "member_weights": [1.0]}
+    rows = [row, {**row, "id": "b", "group": "g2", "anchored": 90.0, "anchored_error": -0.1, "anchored_member": 90.0,
+                  "anchored_member_error": -0.1, "member_log_speeds": [math.log(90.0)]}]
     doc = {"rows": rows, "summary": fid.fa.summarize(rows), "quick": True, "groups_only": None}
     an.write_text(json.dumps(doc))
     monkeypatch.setattr(sys, "argv", ["fidelity.py", "--anchored-only", "--out", str(out), "--anchored", str(an)])

@@ -23,10 +23,15 @@ calibration) and an ensemble of fitted members: ``place calibrate`` starts from 
 ensemble (sim/ensemble.py, sim/point.shipped_members), reweights all its members and refits every one that
 keeps weight, with the members' own spread as the prior widths.
 
-A calibrated run's interval comes from the within-deployment error: bench/fidelity_anchored.py calibrates
-on all but one case of every published deployment group and predicts the one left out; the 10th and 90th
-percentiles of those log errors (:data:`ANCHORED_PATH`, package data) make the nominal 80 % interval,
-checked for its coverage there (each case's interval from the other groups' errors).
+A calibrated run is priced like an uncalibrated one, by every member (:func:`calibrated_ensemble`,
+bench/fidelity_frozen.yaml ``calibration``): one event simulation on the calibrated members' weighted median
+member (:func:`median_member`), every calibrated member re-pricing its sampled steady iterations
+(sim.ensemble.price_run), the printed figure their weighted median. Its interval comes from the
+within-deployment error: bench/fidelity_anchored.py calibrates on all but one case of every published
+deployment group and predicts the one left out the same way; those log errors (:data:`ANCHORED_PATH`,
+package data, copied into CAL.json) combined with the members' spread (sim.ensemble.within_interval) make
+the nominal 80 % interval, checked for its coverage there (each case's interval from its own members and
+the other groups' errors).
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ from moeplace.foundation.formats import check, tagged
 from moeplace.foundation.settings import Range, build
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.sim.config import CostConfig
+from moeplace.sim.ensemble import LEVEL, Ensemble
 
 # The constants a calibration may change, with their bounds (the bounds of bench/fidelity_harness.py's FIT,
 # which tests/test_calibrate.py checks): efficiency and overhead terms only.
@@ -263,29 +269,55 @@ def interval_factors(anchored: dict[str, Any]) -> tuple[float, float]:
     return float(q["log_lo"]), float(q["log_hi"])
 
 
-def calibrated_ranges(summary: dict[str, Any], interval: dict[str, Any], throughputs: Sequence[str],
-                      times: Sequence[str]) -> dict[str, Any]:
-    """``{"<figure>_range": [lo, hi]}`` for each throughput (``throughputs``) and per-token time (``times``)
-    figure of a calibrated run, from the calibration's within-deployment interval (``interval``: CAL.json's
-    ``interval``)."""
-    lo, hi = float(interval["log_lo"]), float(interval["log_hi"])
-    out: dict[str, Any] = {}
-    for key in (*throughputs, *times):
-        v = summary.get(key)
-        if v is None or (isinstance(v, float) and not math.isfinite(v)):
-            continue
-        if key in throughputs:
-            out[f"{key}_range"] = [float(v) / math.exp(hi), float(v) / math.exp(lo)]
-        else:
-            out[f"{key}_range"] = [float(v) * math.exp(lo), float(v) * math.exp(hi)]
+def within_residuals(interval: dict[str, Any], where: str = "interval") -> tuple[float, ...]:
+    """The within-deployment residuals of a calibration's ``interval`` (CAL.json's, copied from the anchored
+    summary): log(published / anchored prediction) of each anchored end-to-end case (speed-like: + means the
+    calibrated simulator was too slow)."""
+    raw = interval.get("residuals_log")
+    if not isinstance(raw, list) or not raw:
+        raise InputError(f"{where}: field 'residuals_log' missing (the within-deployment errors a calibrated "
+                         "run's interval is made of; written by place calibrate since its runs are priced by "
+                         "every calibrated member): run place calibrate again")
+    try:
+        out = tuple(-float(v) for v in raw)  # stored as log(simulated / published), as log_lo / log_hi
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: field 'residuals_log' must be a list of numbers") from None
+    if not all(math.isfinite(v) for v in out):
+        raise InputError(f"{where}: field 'residuals_log' must hold finite numbers")
     return out
 
 
-def calibration_run(cal: Calibration, gpus: int, attention_tp: int, engine: str) -> dict[str, Any]:
-    """What a run's label needs of the calibration that priced it (``run["calibration"]``, JSON-ready)."""
+def calibrated_ensemble(members: Sequence[Member], interval: dict[str, Any],
+                        source: str = "place calibrate") -> Ensemble:
+    """The calibrated members as the :class:`sim.ensemble.Ensemble` that prices a calibrated run
+    (bench/fidelity_frozen.yaml, ``calibration``): every member with its calibrated weight, the event
+    simulation on their weighted median member (:func:`median_member`, the ensemble's reference), the
+    interval :func:`sim.ensemble.within_interval` of the members' spread and the within-deployment
+    residuals of ``interval``."""
+
+    names = tuple(f.name for f in dataclasses.fields(CostConfig))
+    med = median_member(members).cost
+    w = np.array([m.weight for m in members], dtype=np.float64)
+    rows = np.array([[float(getattr(m.cost, n)) for n in names] for m in members], dtype=np.float64)
+    return Ensemble(names, {n: float(getattr(med, n)) for n in names}, rows, w / w.sum(), (),
+                    np.zeros((len(members), 0), dtype=np.int64), (), {}, float(interval.get("coverage", LEVEL)),
+                    {"made": source}, within=within_residuals(interval))
+
+
+def calibration_run(cal: Calibration, gpus: int, attention_tp: int, engine: str,
+                    priced: str = "members") -> dict[str, Any]:
+    """What a run's label needs of the calibration that priced it (``run["calibration"]``, JSON-ready).
+    ``priced``: ``members`` (every calibrated member, :meth:`Calibration.ensemble`) or ``event`` (a
+    comparison by ratios on the event constants alone, as ``place rebalance`` compares uncalibrated
+    candidates on the reference constants)."""
+    w = np.array([m.weight for m in cal.members], dtype=np.float64)
+    iv = {k: v for k, v in cal.interval.items() if k != "residuals_log"}
     out = {"label": cal.label(), "source": cal.source, "points": cal.points,
            "deployment": cal.deployment.describe(), "changes": cal.doc.get("changes", {}).get("what"),
-           "interval": cal.interval, "differs": differences(cal, gpus, attention_tp, engine)}
+           "members": len(cal.members), "ess": float(w.sum() ** 2 / np.sum(w ** 2)),
+           "event_constants": median_member(cal.members).name,
+           "interval": {**iv, "residuals": len(cal.interval.get("residuals_log") or ())},
+           "differs": differences(cal, gpus, attention_tp, engine), "priced": priced}
     return {**out, "note": calibration_note(out)}
 
 
@@ -294,9 +326,20 @@ def calibration_note(c: dict[str, Any]) -> str:
     the run extrapolates over."""
     iv = c["interval"]
     cov = iv.get("measured_coverage")
-    note = (f"{c['label']} ({c['source']}): figures priced by the calibrated constants; the ranges are the "
-            f"nominal {iv.get('coverage', COVERAGE):.0%} within-deployment interval ("
-            f"{iv.get('source', 'bench/fidelity_anchored.py')}"
+    members = c.get("members") or 1
+    if c.get("priced") == "event":
+        return (f"{c['label']} ({c['source']}): each candidate simulated once on the calibrated members' weighted "
+                f"median member ({c.get('event_constants')}), no interval"
+                + (f"; this run differs from the calibrated deployment in {', '.join(c['differs'])}: extrapolated"
+                   if c.get("differs") else "") + "; compare the candidates by their ratios")
+    priced = (f"figures are the weighted median of the {members} calibrated constant sets"
+              + (f" (effective {c['ess']:.1f})" if c.get("ess") is not None else "")
+              + f"; the ranges are the nominal {iv.get('coverage', COVERAGE):.0%} interval of their spread plus the "
+              if members > 1 else
+              "figures are priced by the one calibrated constant set the reweighting kept (it collapsed to one "
+              f"member); the ranges are the nominal {iv.get('coverage', COVERAGE):.0%} interval of the ")
+    note = (f"{c['label']} ({c['source']}): {priced}"
+            f"within-deployment error ({iv.get('source', 'bench/fidelity_anchored.py')}"
             + (f"; measured coverage {cov:.0%}" if cov is not None and "coverage measured" not in
                iv.get("source", "") else "") + ")")
     if c.get("differs"):
@@ -323,8 +366,13 @@ class Calibration:
 
     @property
     def cost(self) -> CostConfig:
-        """The constants a run is priced by (:func:`median_member`)."""
+        """The constants a calibrated run's event simulation runs on (:func:`median_member`; every member
+        re-prices it: :meth:`ensemble`)."""
         return median_member(self.members).cost
+
+    def ensemble(self):
+        """The ensemble that prices a calibrated run (:func:`calibrated_ensemble`)."""
+        return calibrated_ensemble(self.members, self.interval, f"place calibrate ({self.source})")
 
     def label(self) -> str:
         return f"calibrated on {self.points} measured point{'s' if self.points != 1 else ''} of " \
@@ -369,6 +417,7 @@ def load_calibration(path: str | Path) -> Calibration:
                    for m in doc["members"]]
         interval = doc["interval"]
         float(interval["log_lo"]), float(interval["log_hi"])
+        within_residuals(interval, f"{where}: interval")
         points = len(doc["points"])
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"{where}: field {exc} missing or malformed (expected a place calibrate output)") from None

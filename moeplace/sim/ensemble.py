@@ -32,6 +32,11 @@ weights):
    groups near it (it is not centred on the median: where the model was too slow on the cases near the
    run, it lies above; it is widened to hold the median where those errors all lean one way); the
    constants that priced the run are the ones its interval was measured with.
+5. A run calibrated by ``place calibrate`` is priced the same way by the calibrated members (sim.calibrate.
+   calibrated_ensemble: the event simulation on their weighted median member, every member with its
+   calibrated weight); its interval is :func:`within_interval`: the members' spread combined with the
+   within-deployment residuals of bench/fidelity_anchored.py (cases left out of their own deployment's
+   calibration), with no nearness weighting.
 
 Locality: each case weighs ``exp(-d^2 / 2)`` by its distance over the run's observed settings
 (:data:`FEATURES`, scales fixed in bench/fidelity_frozen.yaml before any case was scored), divided by its
@@ -100,6 +105,10 @@ class Ensemble:
     level: float
     provenance: dict[str, Any]
     prior_groups: float = PRIOR_GROUPS
+    # a calibrated ensemble's within-deployment residuals (log speed, published over predicted: the anchored
+    # errors of bench/fidelity_anchored.py): its intervals are :func:`within_interval`, not the
+    # jackknife+-after-bootstrap over ``cases``
+    within: tuple[float, ...] | None = None
 
     @property
     def size(self) -> int:
@@ -297,13 +306,13 @@ def locality(scales: dict[str, float], x: dict[str, float], cases) -> np.ndarray
 @dataclass(frozen=True)
 class Interval:
     """A figure's ensemble median and interval, in log speed relative to the reference run (+ = faster):
-    ``median``, ``lo``, ``hi``; ``near``: groups' worth of published cases near the run; ``members``: how
-    many members priced it."""
+    ``median``, ``lo``, ``hi``; ``near``: groups' worth of published cases near the run (None for a
+    calibrated ensemble's within-deployment interval); ``members``: how many members priced it."""
 
     median: float
     lo: float
     hi: float
-    near: float
+    near: float | None
     members: int
 
 
@@ -316,6 +325,8 @@ def speed_interval(ens: Ensemble, z, x: dict[str, float], exclude_group: str | N
     and every member that drew it are left out); ``cases``: the residual records (default the
     ensemble's)."""
     z = np.asarray(z, dtype=np.float64)
+    if ens.within is not None and exclude_group is None and cases is None:
+        return within_interval(z, ens.weights, ens.within, ens.level)
     w = ens.weights.copy()
     cases = ens.cases if cases is None else cases
     gi = {g: i for i, g in enumerate(ens.groups)}
@@ -348,6 +359,27 @@ def speed_interval(ens: Ensemble, z, x: dict[str, float], exclude_group: str | N
     # widened to it rather than printed beside it
     lo, hi = weighted_quantile(scores, wts, a), weighted_quantile(scores, wts, 1 - a)
     return Interval(median, min(lo, median), max(hi, median), near, int(ok.sum()))
+
+
+def within_interval(z, weights, residuals, level: float = LEVEL) -> Interval:
+    """A calibrated run's figure and interval (bench/fidelity_frozen.yaml, ``calibration``): the members'
+    weighted median of their log speeds ``z`` ``[B]``, and the ``(1 - level) / 2`` and ``(1 + level) / 2``
+    weighted quantiles of ``z_m + e_j`` over every pair of a member (weight ``w_m``) and a within-deployment
+    residual ``e_j`` (log published / predicted of a case left out of its group's calibration, weight ``1 /
+    J``): the members' spread and the error the calibration made on held-out cases of other deployments,
+    combined. No member of a calibration saw any of those cases, so each member is its own out-of-sample
+    prediction (jackknife+ with every member out of bag for every case). Widened to hold the median."""
+    z = np.asarray(z, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    e = np.asarray(residuals, dtype=np.float64)
+    median = weighted_quantile(z, w, 0.5)
+    if not e.size:
+        return Interval(median, median, median, None, int((w > 0).sum()))
+    scores = (z[:, None] + e[None, :]).ravel()
+    wts = (w[:, None] * np.full(e.size, 1.0 / e.size)[None, :]).ravel()
+    a = (1 - level) / 2
+    lo, hi = weighted_quantile(scores, wts, a), weighted_quantile(scores, wts, 1 - a)
+    return Interval(median, min(lo, median), max(hi, median), None, int((w > 0).sum()))
 
 
 # ---------------------------------------------------------------------------- a run's figures
@@ -433,3 +465,6 @@ def price_run(summary: dict, sim, ens: Ensemble) -> None:
         "sampled_iterations": {k: v["sampled"] for k, v in ratios.items()},
         "iterations": {k: v["iterations"] for k, v in ratios.items()},
         "made": ens.provenance.get("made"), "cases": len(ens.cases)}
+    if ens.within is not None:  # a calibration's members: the interval is the within-deployment one
+        summary["ensemble"].update(calibrated=True, within_cases=len(ens.within),
+                                   effective_members=float(1.0 / np.sum(ens.weights ** 2)))

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from moeplace.foundation.files import read_json
-from moeplace.sim.calibrate import calibrated_ranges, calibration_note
-from moeplace.sim.ensemble import NEAR, THROUGHPUT_FIGURES, TIME_FIGURES  # the figures that carry an interval
+from moeplace.sim.calibrate import calibration_note
+from moeplace.sim.ensemble import NEAR
 
 SUMMARY_PATH = Path(__file__).with_name("fidelity_summary.json")
 PROVENANCE = ("bench/fidelity.py: the shipped ensemble, grouped cross-validation (each case priced by the members "
@@ -123,13 +123,6 @@ def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
         "engines": sorted({ENGINE_NAMES.get(r["engine"] or "", f"{r['source']['org']}'s own engine") for r in e2e}),
         "published": [dates[0], dates[-1]] if dates else None,
     }
-
-
-def calibrated_figure_ranges(summary: dict[str, Any], calibration: dict[str, Any]) -> dict[str, Any]:
-    """``{"<figure>_range": [lo, hi]}`` of a run priced by a ``place calibrate`` file (``calibration``: the
-    run's :func:`sim.calibrate.calibration_run`): its within-deployment interval around each throughput and
-    per-token time (the shipped ensemble does not price such a run: its constants are the calibration's)."""
-    return calibrated_ranges(summary, calibration["interval"], THROUGHPUT_FIGURES, TIME_FIGURES)
 
 
 def load_summary(path: str | Path = SUMMARY_PATH) -> dict[str, Any]:

@@ -78,7 +78,7 @@ class PointModel:
         self._duration: float | None = None
 
     # ------------------------------------------------------------------ the event simulator
-    def sim_config(self, cfg: CostConfig) -> SimConfig:
+    def sim_config(self, cfg: CostConfig, ensemble: bool = False) -> SimConfig:
         p = self.point
         isl, osl = max(1, round(p.isl)), max(1, round(p.osl))
         lengths = LengthMix(components=((isl, 1.0),), sigma=0.0, output_mean=osl, output_sigma=0.0,
@@ -87,8 +87,9 @@ class PointModel:
             wl = WorkloadConfig(arrival="closed", concurrency=p.concurrency, lengths=lengths)
         else:
             wl = WorkloadConfig(arrival="poisson", rate=p.rate, lengths=lengths)
+        # without ``ensemble``, priced by cfg alone, even when cfg is the ensemble's reference
         return SimConfig(duration=self.duration, mode="stat", seed=0, engine=self.engine, cost=cfg, workload=wl,
-                         ensemble=False)  # priced by cfg alone, even when cfg is the ensemble's reference
+                         ensemble=ensemble)
 
     @property
     def duration(self) -> float:
@@ -100,13 +101,23 @@ class PointModel:
             self._duration = float(min(max(20 * life, 5.0), 600.0))
         return self._duration
 
-    def event(self, cfg: CostConfig) -> dict[str, float | None]:
-        """The event simulator's figures at the point: output tok/s of the deployment, median TPOT and TTFT."""
+    def event(self, cfg: CostConfig, ensemble=None) -> dict[str, float | None]:
+        """The event simulator's figures at the point: output tok/s of the deployment, median TPOT and TTFT.
+        With ``ensemble`` (a :class:`sim.ensemble.Ensemble` whose reference is ``cfg``), priced as ``place
+        simulate`` prices a run: every member re-prices the run, the figures are their weighted median, with
+        ``output_tok_s_range`` / ``tpot_s_range`` (the interval) and ``single``: the figures of ``cfg``
+        alone."""
         from moeplace.sim.runner import simulate  # the event simulator (heavy): only when a point is priced
 
-        s = simulate(self.trace, [(self.label, self.placement)], self.cluster, self.sim_config(cfg))[0].summary
-        return {"output_tok_s": float(s["output_tok_s"]), "tpot_s": s.get("tpot_p50_s"), "ttft_s": s.get("ttft_p50_s"),
-                "requests_finished": s["requests_finished"]}
+        config = self.sim_config(cfg, ensemble=ensemble is not None)
+        s = simulate(self.trace, [(self.label, self.placement)], self.cluster, config, ensemble=ensemble)[0].summary
+        out = {"output_tok_s": float(s["output_tok_s"]), "tpot_s": s.get("tpot_p50_s"), "ttft_s": s.get("ttft_p50_s"),
+               "requests_finished": s["requests_finished"]}
+        if ensemble is not None and s.get("ensemble"):
+            ref = s["ensemble"]["reference_figures"]
+            out.update(output_tok_s_range=s.get("output_tok_s_range"), tpot_s_range=s.get("tpot_p50_s_range"),
+                       single={"output_tok_s": ref.get("output_tok_s"), "tpot_s": ref.get("tpot_p50_s")})
+        return out
 
     # ------------------------------------------------------------------ one steady decode iteration
     def batch(self) -> np.ndarray:
@@ -156,28 +167,36 @@ def shipped_members() -> list:
 
 
 def calibrate_points(dep: Deployment, points: list[MeasuredPoint], trace, members=None, prior_sd=None,
-                     interval: dict | None = None, prior_source: str = "", log=None) -> dict:
+                     interval: dict | None = None, prior_source: str = "", log=None, start=None) -> dict:
     """Calibrate ``members`` (default :func:`shipped_members`) on the measured ``points`` of ``dep`` and
-    return the CAL.json document: per point its measured figures and the event simulator's before and
-    after; what changed (sim.calibrate.calibrate_members); the calibrated members; the interval."""
+    return the CAL.json document: per point its measured figures, before (priced as ``place simulate``
+    prices it uncalibrated: ``start``, default the shipped :class:`sim.ensemble.Ensemble`) and after (priced
+    as a run with the calibration is: every calibrated member, sim.calibrate.calibrated_ensemble); what
+    changed (sim.calibrate.calibrate_members); the calibrated members; the interval (``interval``: the
+    within-deployment one, with its residuals)."""
     from moeplace.sim.calibrate import (  # the math
         FIT_METRICS,
         calibrate_members,
+        calibrated_ensemble,
         calibration_doc,
         median_member,
     )
+    from moeplace.sim.ensemble import load_ensemble  # what prices an uncalibrated run
 
     log = log or (lambda _msg: None)
     members = list(members or shipped_members())
+    start = start if start is not None else load_ensemble()
     base = median_member(members).cost
     models = [PointModel(dep, p, trace) for p in points]
-    before = []
+    before, starts = [], []
     obs: list[tuple[int, str, float, float]] = []  # (point, metric, measured, event / steady at the start)
     for i, (pm, p) in enumerate(zip(models, points)):
-        log(f"  pricing {p.source} at the shipped constants ...")
+        log(f"  pricing {p.source} uncalibrated (the shipped ensemble, as place simulate) ...")
+        before.append(pm.event(start.reference_config(), start))
+        # the fit's correction event / steady, at the starting members' weighted median member (phase B's start)
         ev = pm.event(base)
         st = pm.steady(base)
-        before.append(ev)
+        starts.append(ev)
         for m in FIT_METRICS:
             meas = getattr(p, m)
             if meas and ev.get(m):
@@ -199,14 +218,15 @@ def calibrate_points(dep: Deployment, points: list[MeasuredPoint], trace, member
 
     log(f"  calibrating {len(members)} member(s) on {len(obs)} measured figures ...")
     cal, info = calibrate_members(members, residuals, prior_sd)
+    after_ens = calibrated_ensemble(cal, interval or {})
     after_cfg = median_member(cal).cost
     rows = []
-    for pm, p, ev in zip(models, points, before):
-        log(f"  re-pricing {p.source} calibrated ...")
-        af = pm.event(after_cfg)
+    for pm, p, ev, st0 in zip(models, points, before, starts):
+        log(f"  re-pricing {p.source} calibrated (every calibrated member) ...")
+        af = pm.event(after_cfg, after_ens)
         rows.append({"source": p.source, "tool": p.tool, "concurrency": p.concurrency, "rate": p.rate,
-                     "isl": p.isl, "osl": p.osl, "duration_s": p.duration_s,
+                     "isl": p.isl, "osl": p.osl, "duration_s": p.duration_s, "simulated_s": pm.duration,
                      "measured": {"output_tok_s": p.output_tok_s, "tpot_s": p.tpot_s, "ttft_s": p.ttft_s,
                                   "total_tok_s": p.total_tok_s, "accept_length": p.accept_length},
-                     "before": ev, "after": af})
+                     "before": ev, "after": af, "start_member": st0})
     return calibration_doc(dep, rows, cal, info, members, interval or {}, prior_source)

@@ -16,11 +16,13 @@ from moeplace.foundation.reading import read_yaml
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.sim.bench_results import read_results
 from moeplace.sim.calibrate import (
+    ANCHORED_PATH,
     REFIT,
     SERVING_CALIBRATION,
     deployment_of,
     interval_factors,
     load_anchored,
+    within_residuals,
     write_calibration,
 )
 
@@ -123,7 +125,9 @@ def run(args) -> int:
     lo, hi = interval_factors(anchored)
     interval = {"coverage": anchored["interval"]["coverage"], "log_lo": lo, "log_hi": hi,
                 "measured_coverage": anchored["interval"].get("measured_coverage"),
-                "source": anchored["interval"]["source"]}
+                "source": anchored["interval"]["source"],
+                "residuals_log": anchored["interval"].get("residuals_log")}
+    within_residuals(interval, f"{ANCHORED_PATH}: interval")  # the package's summary holds them
     log = (lambda msg: print(msg, file=sys.stderr)) if not args.json else (lambda _m: None)
     log(f"{len(points)} measured point(s) of {dep.describe()}")
     if args.trace:
@@ -173,8 +177,8 @@ def _pct(sim, meas) -> str:
 
 
 def priced_by(doc: dict) -> str:
-    """The name of the calibrated member a run is priced by (sim.calibrate.median_member of CAL.json's
-    members)."""
+    """The name of the calibrated member a run's event simulation runs on (sim.calibrate.median_member of
+    CAL.json's members; every member re-prices it)."""
     from moeplace.sim.calibrate import Member, median_member  # the ensemble interface
     from moeplace.sim.config import CostConfig  # the members' constants
 
@@ -184,6 +188,8 @@ def priced_by(doc: dict) -> str:
 
 def report(doc: dict, out: str) -> str:
     lines = [f"calibrated on {len(doc['points'])} measured point(s) of {doc['deployment_text']}",
+             ("  before: as place simulate prints it uncalibrated (the shipped ensemble's median); after: as a "
+              "run with this calibration prints it (the calibrated members' median)"),
              f"  {'point':48s} {'measured':>10s} {'before':>8s} {'after':>8s}   TPOT ms measured / before / after"]
     for r in doc["points"]:
         m, b, a = r["measured"], r["before"], r["after"]
@@ -198,17 +204,21 @@ def report(doc: dict, out: str) -> str:
     if len(doc["base_members"]) > 1:
         rw = ch["reweight"]
         lines.append(f"reweighted the {rw['members']} shipped members by the measured figures (effective sample size "
-                     f"{rw['ess']:.1f}); refitted the {len(fits)} that keep weight; runs are priced by {priced} (the "
-                     "weighted median member):")
-    lines.append(f"what changed ({ch['what']}; only {', '.join(ch['refit'])} may move, within their bounds, "
-                 f"pulled towards the shipped values):")
+                     f"{rw['ess']:.1f}" + ("; the reweighting collapsed to about one member" if rw["ess"] < 1.5 else "")
+                     + (f"); refitted the one that keeps weight ({priced}): a run is priced by it alone"
+                        if len(fits) == 1 else
+                        f"); refitted the {len(fits)} that keep weight: a run is priced by all {len(fits)}, their "
+                        f"weighted median (one event simulation on {priced}, their weighted median member, re-priced "
+                        f"by every one of them)") + ".")
+    lines.append(f"what changed in {priced} ({ch['what']}; only {', '.join(ch['refit'])} may move, within their "
+                 f"bounds, pulled towards the shipped values):")
     for n, v in moved.items():
         lines.append(f"  {n:22s} {v['from']:.4g} -> {v['to']:.4g}" + ("  (at its bound)" if v["bound"] else ""))
     if not moved:
         lines.append("  nothing: the shipped constants already explain the points")
     iv = doc["interval"]
     if iv:
-        lines.append(f"interval of calibrated figures: nominal {iv['coverage']:.0%} from the within-deployment error "
-                     f"({iv['source']})")
+        lines.append(f"interval of calibrated figures: nominal {iv['coverage']:.0%}, the calibrated members' spread plus "
+                     f"the within-deployment error ({iv['source']})")
     lines.append(f"wrote {out}")
     return "\n".join(lines)

@@ -80,7 +80,7 @@ def run(args) -> int:
     res = tagged("rebalance-report", {"trace": args.trace or f"--phases {args.phases}", **res,
                                       **({"layers": note} if note else {}),
                                       **({"calibration": calibration_run(cal, cluster.num_gpus, args.attention_tp,
-                                                                         cal.deployment.engine)} if cal else {})})
+                                                                         cal.deployment.engine, priced="event")} if cal else {})})
     if args.report:
         outs.write(args.report, lambda: write_text_atomic(args.report, json.dumps(res, indent=1) + "\n"))
     if args.json:

@@ -22,7 +22,7 @@ from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.sim.calibrate import Calibration, calibration_run, check_applies, load_calibration
 from moeplace.sim.calibration import load_profile
 from moeplace.sim.config import COST_ENGINES, COST_MODELS, SimConfig, parse_mtp
-from moeplace.sim.fidelity import calibrated_figure_ranges, fidelity_doc, run_context
+from moeplace.sim.fidelity import fidelity_doc, run_context
 from moeplace.sim.inputs import parse_phases, workload_of
 from moeplace.sim.measured import cost_source_line
 from moeplace.sim.online import DEFAULT_BUDGET_S, Candidate, check_deployments, compare, verdict
@@ -217,7 +217,8 @@ def run(args) -> int:
     progress = wanted(args.no_progress)
     results = simulate(trace, placements, cluster, config, profile, chrome=bool(args.chrome_trace),
                        progress=progress, prefill=prep.prefill, deployment=dep, pool_placements=prep.pool_placements,
-                       gpu=args.gpu, gpus_per_node=args.gpus_per_node)
+                       gpu=args.gpu, gpus_per_node=args.gpus_per_node,
+                       ensemble=None if cal is None else cal.ensemble())  # a calibration's members price it
     for r in results:  # a table of zeros is no result: say why instead, before any output is written
         sm = r.summary
         if sm["requests_finished"] == 0:
@@ -237,7 +238,6 @@ def run(args) -> int:
         run["calibration"] = calibration_run(cal, cluster.num_gpus, config.engine.attention_tp, args.engine)
         for r in results:  # each summary says what priced it (summary.json, the dashboard)
             r.summary["calibration"] = run["calibration"]
-            r.summary.update(calibrated_figure_ranges(r.summary, run["calibration"]))
     if args.out:
         resolved = {**resolved_config(config, cluster, trace, placements, profile),
                     "settings": settings_record(args, {"traces": args.traces})}

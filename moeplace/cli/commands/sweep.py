@@ -72,7 +72,7 @@ def run(args) -> int:
         cal = load_calibration(args.calibration)
         for gpu in sorted({p.gpu for p in expand_points(spec)}):
             check_applies(cal, spec.model.name, load_gpu(gpu).name)
-        spec = dataclasses.replace(spec, cost=dataclasses.asdict(cal.cost))
+        spec = dataclasses.replace(spec, cost=dataclasses.asdict(cal.cost), ensemble=cal.ensemble())
     out = args.out or f"runs/sweep-{spec.name}"
     if not args.out:
         check_output(out, kind=SWEEP_DIRECTORY, inputs=[args.spec], replace_own=True)

@@ -54,7 +54,7 @@ from moeplace.placement.export import capabilities, export_placement
 from moeplace.placement.export.flags import FlagOptions, format_options, launch_spec, recommended_format
 from moeplace.placement.record import Placement, load_placement
 from moeplace.placement.windows import routing_windows
-from moeplace.sim.calibrate import calibrated_ranges, calibration_run
+from moeplace.sim.calibrate import calibration_run
 from moeplace.sim.config import SimConfig
 from moeplace.sim.fidelity import fidelity_doc
 from moeplace.sim.frontier import FRONTIER_FILE, SWEEP_RECOMMENDED, SWEEP_TABLE, frontier_report
@@ -243,17 +243,14 @@ def sim_config(spec: SweepSpec, point: Point, attention_tp: int) -> SimConfig:
     return config
 
 
-def point_ranges(report: dict[str, Any], calibration=None) -> None:
+def point_ranges(report: dict[str, Any]) -> None:
     """Each simulated point of ``report`` (its rows, shared by the frontier and the recommendation) gets,
-    beside its output throughput and p99 TPOT, the shipped ensemble's 80 % interval (``output_tok_s_range``,
-    ``tpot_p99_s_range``: [lo, hi], from the table's ``*_lo`` / ``*_hi`` columns, sim.ensemble.price_run);
-    with a ``calibration`` (``place sweep --calibration``), the calibration's within-deployment interval
-    instead; None where neither priced the point (another cost source)."""
+    beside its output throughput and p99 TPOT, the ensemble's 80 % interval (``output_tok_s_range``,
+    ``tpot_p99_s_range``: [lo, hi], from the table's ``*_lo`` / ``*_hi`` columns, sim.ensemble.price_run:
+    the shipped ensemble's, or with ``place sweep --calibration`` the calibrated members' within-deployment
+    interval); None where neither priced the point (another cost source)."""
     for w in report["workloads"].values():
         for r in w["points"]:
-            if calibration is not None:  # one interval for every point (the label says how each differs)
-                r.update(calibrated_ranges(r, calibration.interval, ("output_tok_s",), ("tpot_p99_s",)))
-                continue
             for key in ("output_tok_s", "tpot_p99_s"):
                 lo, hi = r.get(f"{key}_lo"), r.get(f"{key}_hi")
                 r[f"{key}_range"] = None if lo is None or hi is None else [lo, hi]
@@ -352,7 +349,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, backend: str = "ray", ray_add
         ctx["calibration"] = calibration_run(calibration, calibration.deployment.gpus,
                                              calibration.deployment.attention_tp, calibration.deployment.engine)
     report["fidelity"] = fidelity_doc(ctx)
-    point_ranges(report, calibration)
+    point_ranges(report)
     frontier_path = store.out / FRONTIER_FILE
     write_text_atomic(frontier_path, json.dumps(report, indent=1, default=str) + "\n")
     return SweepOutcome(table=table, report=report, num_points=len(points),
@@ -464,7 +461,7 @@ class _Execution:
         for p, _h, fields, cfg in self.groups[key]:
             base = {**fields, "optimize_key": key, "wall_optimize_s": opt_s, **scores}
             self.queue.add("simulate", base, simulate_task, self.handle_of(p.workload), ref, p.gpu, p.gpus,
-                           p.gpus_per_node, cfg)
+                           p.gpus_per_node, cfg, self.spec.ensemble)
 
     def optimized(self, key: str, res: dict[str, Any]) -> None:
         """An optimize task came back: cache its placement and simulate it, or fail its points."""

@@ -181,8 +181,11 @@ class SweepSpec:
     simulate: dict[str, Any] = field(default_factory=dict)
     objective: dict[str, Any] = field(default_factory=dict)
     settings: SimSettings = field(default_factory=SimSettings)
-    # cost-model constants of a ``place calibrate`` file (``--calibration``), none: the shipped ones
+    # cost-model constants of a ``place calibrate`` file (``--calibration``: the event simulation's, its
+    # weighted median member), none: the shipped ones
     cost: dict[str, Any] = field(default_factory=dict)
+    # the calibrated members that price every point (sim.calibrate.calibrated_ensemble), None: the shipped ones
+    ensemble: Any = None
 
     def workload(self, name: str) -> Workload:
         return next(w for w in self.workloads if w.name == name)
@@ -597,4 +600,11 @@ def point_hash(spec: SweepSpec, point: Point, workload_fp: str) -> str:
                     "axes": point.axes(),
                     "workload": {**w, "fingerprint": workload_fp}, "plan": spec.plan, "engine": spec.engine,
                     "optimize": spec.optimize, "simulate": spec.simulate,
-                    **({"cost": spec.cost} if spec.cost else {})})
+                    **({"cost": spec.cost} if spec.cost else {}),
+                    **({"ensemble": ensemble_digest(spec.ensemble)} if spec.ensemble is not None else {})})
+
+
+def ensemble_digest(ens) -> dict[str, Any]:
+    """What of a calibrated ensemble a point's figures depend on: its members, weights and residuals."""
+    return {"names": list(ens.names), "members": ens.members.tolist(), "weights": ens.weights.tolist(),
+            "within": list(ens.within or ()), "level": ens.level}

@@ -118,16 +118,17 @@ def _trace_tokens(path: str, max_tokens: int) -> TraceTokens:
 
 
 def simulate_task(trace: Any, placement: Placement, gpu: str, gpus: int, gpus_per_node: int | None,
-                  config: Any) -> dict[str, Any]:
+                  config: Any, ensemble: Any = None) -> dict[str, Any]:
     """Run the simulator (:func:`sim.runner.simulate`) for one point. ``trace``: a
     :class:`sim.workload.TraceTokens` (Ray passes it through the object store) or ``(path, max_tokens)``;
-    ``config``: a :class:`sim.config.SimConfig`. Returns the table fields or a failure."""
+    ``config``: a :class:`sim.config.SimConfig`; ``ensemble``: a calibration's members that price it (None:
+    the shipped ensemble). Returns the table fields or a failure."""
     t0 = time.perf_counter()
     try:
         tokens = _trace_tokens(*trace) if isinstance(trace, tuple) else trace
         cluster = make_cluster(gpus, gpu, gpus_per_node)
         label = placement.provenance.get("policy", "placement")
-        res = simulate(tokens, [(label, placement)], cluster, config)[0]
+        res = simulate(tokens, [(label, placement)], cluster, config, ensemble=ensemble)[0]
     except Exception as exc:  # noqa: BLE001 - reported in the point's row, the sweep goes on
         return _failure("simulate", exc)
     s = res.summary
