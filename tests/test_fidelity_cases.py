@@ -280,3 +280,17 @@ def test_event_simulations_in_two_spawned_workers_equal_one_process(monkeypatch)
         return pickle.dumps((r.simulated, {k: v for k, v in r.detail.items() if k != "wall_s"}, r.features,
                              [it[3] for it in r.sample.items]))
     assert [same(r) for r in one] == [same(r) for r in two]
+
+
+def test_a_refit_within_the_tolerance_keeps_its_start():
+    """bench/fidelity.py keeps the start (the CostConfig defaults) as the reference when the refit moves no
+    constant by more than REFERENCE_TOL of its bounds' range, and names every constant that moved further."""
+    from moeplace.sim.config import CostConfig
+
+    fid = _fidelity()
+    name, lo, hi = next(f for f in fid.FIT if f[0] == "hbm_efficiency")
+    start = CostConfig()
+    near = start.replace(hbm_efficiency=start.hbm_efficiency + 0.5 * fid.REFERENCE_TOL * (hi - lo))
+    far = start.replace(hbm_efficiency=start.hbm_efficiency - 2 * fid.REFERENCE_TOL * (hi - lo))
+    assert fid.drift(start, near) == {}
+    assert fid.drift(start, far) == {name: [start.hbm_efficiency, far.hbm_efficiency]}
