@@ -43,7 +43,7 @@ Written to bench/results/fidelity.json; a full run writing that file also writes
 (sim/cost_ensemble.json), the label's summary (sim/fidelity_summary.json), the anchored results
 (bench/results/fidelity_anchored.json) and the calibration's summary (sim/anchored_summary.json);
 ``--ship-dir DIR`` writes those four into DIR instead (compare a run with what is shipped, changing nothing).
-The event simulations (steps 2, 7 and 8) and the member fits run in ``--workers`` processes (default
+The event simulations (steps 1, 2, 7 and 8) and the member fits run in ``--workers`` processes (default
 min(2, cores)); the event simulations in spawned ones (polars' thread pool hangs in a forked child), the
 figures the same with any number of workers.
 ``--state`` keeps step 8 with the fitted state (a state saved without it runs it once and keeps it).
