@@ -14,12 +14,14 @@ date and a publication cut-off.
 1. Reference fit: the free constants (harness.FIT) by ``scipy.optimize.least_squares`` on the log-ratio
    simulated / published of every case published before the cut-off (kernel cases on the cost model's
    formulas, end-to-end cases on one steady engine iteration times the factor event simulation / steady
-   iteration at the start constants, the CostConfig defaults), rounded to 4 significant digits. They are the
-   CostConfig defaults; the script says when they drift.
+   iteration at the start constants, the CostConfig defaults), rounded to 4 significant digits. A fit that
+   moves no constant by more than 1 % of its bounds' range (REFERENCE_TOL) keeps the start as the
+   reference. The reference is the CostConfig defaults; the script says when they would change.
 2. Reference runs: every end-to-end case by the discrete-event simulator (stat mode, steady state after
    the warm-up) with the reference constants, exactly as ``place simulate`` runs it, its steady iterations
-   sampled: step 1's runs when the fit lands on the start (the committed state: one simulation per case),
-   else a second pass.
+   sampled: step 1's runs when the reference is the start (the committed state: one simulation per case),
+   else a second pass, after which the reference is refitted from itself once to say whether a rerun from
+   it (committed) would keep it.
 3. The ensemble (bench/fidelity_ensemble.py): a group bootstrap of the cases before the cut-off, one fit
    per member (parallel, warm-started at the reference), every case priced by every member (end-to-end:
    its sampled iterations re-priced, as ``place simulate`` prices a run).
@@ -39,7 +41,11 @@ date and a publication cut-off.
    printed next to the uncalibrated figures (``anchored``).
 Written to bench/results/fidelity.json; a full run writing that file also writes the shipped ensemble
 (sim/cost_ensemble.json), the label's summary (sim/fidelity_summary.json), the anchored results
-(bench/results/fidelity_anchored.json) and the calibration's summary (sim/anchored_summary.json).
+(bench/results/fidelity_anchored.json) and the calibration's summary (sim/anchored_summary.json);
+``--ship-dir DIR`` writes those four into DIR instead (compare a run with what is shipped, changing nothing).
+The event simulations (steps 1, 2, 7 and 8) and the member fits run in ``--workers`` processes (default
+min(2, cores)); the event simulations in spawned ones (polars' thread pool hangs in a forked child), the
+figures the same with any number of workers.
 ``--state`` keeps step 8 with the fitted state (a state saved without it runs it once and keeps it).
 ``--anchored-only`` joins bench/results/fidelity_anchored.json (bench/fidelity_anchored.py's run on the
 shipped ensemble, which is the one a full run of this script wrote) into --out's file and prints it, running
@@ -48,6 +54,7 @@ nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -91,6 +98,10 @@ from fidelity_peer import join_peer, load_peer, peer_cell, peer_text
 PEER = RESULTS / "peer_aiconfigurator.json"
 PEER_AISIMULATE = RESULTS / "peer_aisimulate.json"
 SIG = 4  # significant digits of the shipped constants
+# a reference fit that moves no constant by more than this share of its bounds' range keeps its start (the
+# CostConfig defaults): the fit from its own correction factors is not a contraction to the last digit, so
+# an exact rule would move the committed constants (and run a second pass of simulations) on every rerun
+REFERENCE_TOL = 0.01
 
 
 def measured_summary(rows: list[dict]) -> dict:
@@ -264,6 +275,28 @@ def summary_target(out: str | Path, quick: bool) -> Path | None:
     return SUMMARY_PATH
 
 
+def shipped_paths(args) -> dict[str, Path] | None:
+    """Where a full run writes what the package ships besides --out: the ensemble (sim/cost_ensemble.json),
+    the label's summary (sim/fidelity_summary.json), the anchored results (bench/results/fidelity_anchored.json)
+    and the calibration's summary (sim/anchored_summary.json). Those committed files when the run writes the
+    committed results file; into ``--ship-dir`` (same names) when given, to compare a run with what is
+    shipped without changing it; else nowhere (None; also for --quick)."""
+    from moeplace.sim.calibrate import ANCHORED_PATH
+    from moeplace.sim.ensemble import ENSEMBLE_PATH
+
+    target = summary_target(args.out, args.quick)
+    paths = {"ensemble": ENSEMBLE_PATH, "summary": target, "anchored": fa.OUT, "anchored_summary": ANCHORED_PATH}
+    if args.quick or (args.ship_dir is None and target is None):
+        return None
+    if args.ship_dir is not None:
+        from moeplace.sim.fidelity import SUMMARY_PATH
+
+        paths["summary"] = SUMMARY_PATH
+        Path(args.ship_dir).mkdir(parents=True, exist_ok=True)
+        return {k: Path(args.ship_dir) / p.name for k, p in paths.items()}
+    return paths
+
+
 def write_summary(res: dict, path: Path) -> None:
     from moeplace.foundation.files import write_text_atomic
     from moeplace.sim.fidelity import fidelity_note, summarize_results
@@ -315,6 +348,13 @@ def anchored_only(results: str | Path, anchored: str | Path) -> int:
     return 0
 
 
+def drift(a, b) -> dict[str, list[float]]:
+    """The fitted constants of ``b`` that differ from ``a``'s by more than :data:`REFERENCE_TOL` of their
+    bounds' range: ``{name: [a, b]}``."""
+    return {n: [getattr(a, n), getattr(b, n)] for n, lo, hi in FIT
+            if abs(getattr(b, n) - getattr(a, n)) > REFERENCE_TOL * (hi - lo)}
+
+
 def rounded(cfg, names) -> object:
     """``cfg`` with the fitted constants at :data:`SIG` significant digits (the shipped values)."""
     return cfg.replace(**{n: float(f"{getattr(cfg, n):.{SIG}g}") for n in names})
@@ -345,7 +385,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="shorter simulations, fewer members (smoke test)")
     ap.add_argument("--out", default=str(RESULTS / "fidelity.json"))
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                    help="processes fitting the members (default 2)")
+                    help="processes for the event simulations and the member fits (default min(2, cores))")
+    ap.add_argument("--ship-dir", default=None,
+                    help="write the files a full run ships (sim/cost_ensemble.json, sim/fidelity_summary.json, "
+                         "sim/anchored_summary.json, bench/results/fidelity_anchored.json) into this folder, "
+                         "same names, instead of the package's (a run to compare with them, changing nothing)")
     ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     ap.add_argument("--breakdown", action="store_true",
                     help="also print each end-to-end case's steady-iteration breakdown (every run stores it)")
@@ -381,7 +425,42 @@ def main() -> int:
         return 2
 
 
-_G: dict = {}  # what the worker processes read (set before each fork)
+class Clock:
+    """Wall and CPU seconds of each step (CPU: this process and its worker processes, counted once they have
+    ended; every pool here ends with its step) and the load average when the run started."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.t0, self.c0 = time.perf_counter(), self.cpu_now()
+        self.load = os.getloadavg()
+
+    @staticmethod
+    def cpu_now() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    @contextlib.contextmanager
+    def step(self, name: str):
+        w, c = time.perf_counter(), self.cpu_now()
+        yield
+        self.wall[name] = time.perf_counter() - w
+        self.cpu[name] = self.cpu_now() - c
+
+    def skip(self, name: str) -> None:
+        self.wall[name] = self.cpu[name] = 0.0
+
+    def totals(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(wall, CPU) seconds by step, with the whole run's as ``total``."""
+        return ({**self.wall, "total": time.perf_counter() - self.t0},
+                {**self.cpu, "total": self.cpu_now() - self.c0})
+
+
+_G: dict = {}  # what the worker processes read (set before each fork; a spawned worker's by _set)
+
+
+def _set(state: dict) -> None:
+    _G.update(state)
 
 
 def _reference_run(c: dict):
@@ -396,65 +475,89 @@ def _measured(c: dict) -> dict:
     return measured_metric(c, _G["cfg"], _G["quick"])
 
 
-def compute(args, cases, before, e2e, frozen, names, B, groups, secs) -> dict:
+def _anchored_group(task: tuple) -> list[dict]:
+    cases, members, quick, reference = task
+    return fa.anchored_group(cases, members, quick, reference=reference)
+
+
+def compute(args, cases, before, e2e, frozen, names, B, groups, clock: Clock) -> tuple[dict, dict]:
     """Steps 1-3: the reference fit, the reference runs, the members and every case's figure under every
-    member (what ``--state`` saves)."""
+    member (what ``--state`` saves), and the steady evaluators (:class:`Steady`, by case id)."""
     from moeplace.sim.config import CostConfig
 
     # 1. the end-to-end cases simulated at the start constants (the CostConfig defaults), iterations sampled:
     # the fit's correction factors, and the reference runs themselves when the fit lands on the start
     start = CostConfig()
-    t0 = time.perf_counter()
-    steady = {c["id"]: Steady(c, args.quick) for c in e2e}
-    print("event simulation of the end-to-end cases at the start constants (the CostConfig defaults) ...", flush=True)
     pre_e2e = [c for c in e2e if not after_cutoff(c, frozen)]
-    for c in pre_e2e:  # the steady batches, built once here (before the workers fork)
-        steady[c["id"]].metric(start)
-    _G.update(cfg=start, quick=args.quick)
-    runs = dict(zip([c["id"] for c in e2e], fe.parallel_map(_reference_run, e2e, 1)))  # polars hangs in forks
+    with clock.step("steady_evaluators"):  # the routing traces synthesized, the placements, the steady batches
+        steady = {c["id"]: Steady(c, args.quick) for c in e2e}
+        for c in pre_e2e:  # the steady batches, built once here (before the workers fork)
+            steady[c["id"]].metric(start)
+    print("event simulation of the end-to-end cases at the start constants (the CostConfig defaults) ...", flush=True)
+    with clock.step("start_runs"):  # in spawned workers (polars' pool, started here, hangs in a forked child)
+        runs = dict(zip([c["id"] for c in e2e], fe.spawn_map(_reference_run, e2e, args.workers, _set,
+                                                             {"cfg": start, "quick": args.quick})))
+    walls = [runs[c["id"]].detail["wall_s"] for c in e2e]  # the later passes hand out the longest runs first
     corr = {c["id"]: runs[c["id"]].simulated / steady[c["id"]].metric(start) for c in pre_e2e}
-    secs["start_runs"] = time.perf_counter() - t0
     print(f"reference fit on the {len(before)} cases before the cut-off ...", flush=True)
-    ref_cfg, ref_info = fit(before, args.quick, start=start, steady=steady, correction=corr)
-    ref_cfg = rounded(ref_cfg, names)
-    secs["reference_fit"] = ref_info["seconds"]
+    with clock.step("reference_fit"):
+        fitted, ref_info = fit(before, args.quick, start=start, steady=steady, correction=corr)
+    fitted = rounded(fitted, names)
     print(f"  rms log error {ref_info['residual_rms_log']:.3f} after {ref_info['nfev']} evaluations "
           f"({ref_info['seconds']:.0f} s)")
     for n in names:
-        v, d = getattr(ref_cfg, n), getattr(start, n)
+        v, d = getattr(fitted, n), getattr(start, n)
         print(f"  {n:22s} {v:.4g}" + ("" if math.isclose(v, d, rel_tol=1e-9) else f"   (CostConfig default {d:.4g})"))
+    moved = drift(start, fitted)
+    ref_info["moved_from_start"] = moved
 
-    # 2. reference runs, sampled: those of step 1 when the reference is the start (the committed defaults
-    # are the committed reference, so a rerun simulates once), else again with the reference constants
-    if all(math.isclose(getattr(ref_cfg, n), getattr(start, n), rel_tol=1e-9) for n in names):
-        print("reference runs: the start's (the reference fit is the CostConfig defaults)")
-        secs["reference_runs"] = 0.0
+    # 2. reference runs, sampled: those of step 1 when the refit stays at the start (within REFERENCE_TOL of
+    # every bound range: the reference is then the start, and a rerun from committed defaults simulates
+    # once), else again with the refitted constants
+    if not moved:
+        print(f"reference: the start (the refit moves no constant by more than {REFERENCE_TOL:.0%} of its bounds' "
+              "range); reference runs: the start's")
+        ref_cfg = run_cfg = start  # the constants the reference runs were simulated with
+        clock.skip("reference_runs")
     else:
-        t0 = time.perf_counter()
-        print("reference runs (event simulation with the reference constants, iterations sampled) ...", flush=True)
-        _G.update(cfg=ref_cfg)
-        runs = dict(zip([c["id"] for c in e2e], fe.parallel_map(_reference_run, e2e, 1)))
+        ref_cfg = fitted
+        print("reference runs (event simulation with the reference constants, iterations sampled; the refit moved "
+              + ", ".join(f"{n} {a:.4g} -> {b:.4g}" for n, (a, b) in moved.items()) + ") ...", flush=True)
+        with clock.step("reference_runs"):
+            runs = dict(zip([c["id"] for c in e2e], fe.spawn_map(_reference_run, e2e, args.workers, _set,
+                                                                 {"cfg": ref_cfg, "quick": args.quick}, walls)))
+        run_cfg = ref_cfg
         for c in pre_e2e:
             corr[c["id"]] = runs[c["id"]].simulated / steady[c["id"]].metric(ref_cfg)
-        secs["reference_runs"] = time.perf_counter() - t0
+        # would the reference, committed as the defaults, be kept by a rerun? Refitted from itself with its own
+        # runs' factors (one step of the fixed-point iteration; reported, not iterated: each step costs a pass)
+        with clock.step("fixed_point_check"):
+            again, again_info = fit(before, args.quick, start=ref_cfg, steady=steady, correction=corr)
+        again_moved = drift(ref_cfg, rounded(again, names))
+        ref_info["refit_from_reference"] = {"stays": not again_moved, "moved": again_moved,
+                                            "residual_rms_log": again_info["residual_rms_log"]}
+        print("  refitted from the reference with its own runs' factors: " + (
+            f"stays within {REFERENCE_TOL:.0%} of every bound range (committed as the CostConfig defaults, a rerun "
+            "keeps them and simulates once)" if not again_moved else
+            "moves again (committed as the defaults, a rerun would move them and simulate twice): "
+            + ", ".join(f"{n} {a:.4g} -> {b:.4g}" for n, (a, b) in again_moved.items())), flush=True)
 
     # 3. the ensemble
     ez = frozen["ensemble"]
     bags = fe.bootstrap_bags(groups, B, int(ez["seed"]))
     print(f"ensemble: {B} members, each a group bootstrap of the {len(groups)} groups before the cut-off, fitted "
           f"in {args.workers} process(es) from the reference ...", flush=True)
-    params, cost = fe.fit_members(before, groups, bags, ref_cfg, steady, corr, args.quick, args.workers)
+    with clock.step("member_fits"):
+        params, cost = fe.fit_members(before, groups, bags, ref_cfg, steady, corr, args.quick, args.workers)
     params = np.array([[float(f"{v:.{SIG}g}") for v in row] for row in params])
-    secs["member_fits"] = cost["seconds"]
     print(f"  {B} fits in {cost['seconds']:.0f} s wall ({cost['workers']} processes; median "
           f"{np.median(cost['fit_seconds']):.1f} s and {np.median(cost['evaluations']):.0f} evaluations per fit)")
     configs = fe.member_configs(params, ref_cfg)
-    t0 = time.perf_counter()
-    _G.update(runs=runs, configs=configs)
-    speeds = dict(zip([c["id"] for c in cases], fe.parallel_map(_speeds, cases, args.workers)))
-    secs["repricing"] = time.perf_counter() - t0
+    _G.update(runs=runs, configs=configs, cfg=run_cfg)
+    with clock.step("repricing"):
+        speeds = dict(zip([c["id"] for c in cases], fe.parallel_map(_speeds, cases, args.workers)))
     return {"runs": runs, "speeds": speeds, "params": params, "bags": bags, "ref_cfg": ref_cfg,
-            "ref_info": ref_info, "cost": cost, "secs": dict(secs)}
+            "ref_info": ref_info, "cost": cost, "secs": dict(clock.wall), "cpu": dict(clock.cpu)}, steady
 
 
 def run(args) -> int:
@@ -462,8 +565,7 @@ def run(args) -> int:
     from moeplace.sim import ensemble as ens_mod
     from moeplace.sim.config import CostConfig
 
-    t_start = time.perf_counter()
-    secs: dict[str, float] = {}
+    clock = Clock()
     frozen = load_frozen()
     cases = load_cases(Path(args.cases))
     peer = load_peer(args.peer)
@@ -484,8 +586,9 @@ def run(args) -> int:
         with open(args.state, "rb") as f:
             st = pickle.load(f)
         print(f"fitted state read from {args.state} (nothing simulated or fitted)")
+        steady = {c["id"]: Steady(c, args.quick) for c in e2e}
     else:
-        st = compute(args, cases, before, e2e, frozen, names, B, groups, secs)
+        st, steady = compute(args, cases, before, e2e, frozen, names, B, groups, clock)
         if args.state:
             import pickle
 
@@ -493,9 +596,8 @@ def run(args) -> int:
                 pickle.dump(st, f)
     runs, speeds, params, bags, ref_cfg, ref_info, cost = (st[k] for k in (
         "runs", "speeds", "params", "bags", "ref_cfg", "ref_info", "cost"))
-    secs.update(st["secs"])
-    _G.update(cfg=ref_cfg, quick=args.quick)  # the measured cost source's runs below (also from a saved state)
-    steady = {c["id"]: Steady(c, args.quick) for c in e2e}
+    clock.wall.update(st["secs"])
+    clock.cpu.update(st.get("cpu", {}))
     features = {cid: r.features for cid, r in runs.items()}
 
     # 4. held out
@@ -572,10 +674,14 @@ def run(args) -> int:
     if st.get("anchored") is None:
         print("anchored (each case of a group with >= 2 predicted after place calibrate on the rest of it, from the "
               "members that never drew the group):", flush=True)
-        t0 = time.perf_counter()
-        st["anchored"] = fa.anchored_all(cases, ens, args.quick, None if args.quick else fa.EXAMPLE,
-                                         source="this run's ensemble", report=False)
-        secs["anchored"] = time.perf_counter() - t0
+        wall = {cid: r.detail["wall_s"] for cid, r in runs.items()}  # longest groups first (orders the work only)
+
+        def map_groups(todo):
+            return fe.spawn_map(_anchored_group, todo, args.workers, _set, {},
+                                [sum(wall.get(c["id"], 0.0) for c in t[0]) for t in todo])
+        with clock.step("anchored"):
+            st["anchored"] = fa.anchored_all(cases, ens, args.quick, None if args.quick else fa.EXAMPLE,
+                                             source="this run's ensemble", report=False, map_groups=map_groups)
         if args.state:  # kept with the fitted state: a re-report prints it without recomputing
             import pickle
 
@@ -584,15 +690,15 @@ def run(args) -> int:
     anchored = st["anchored"]
     findings = fe.bound_findings(params)
     latency = latency_checks(cases, runs, speeds, ens, features, frozen)
-    t0 = time.perf_counter()
-    for row, m in zip([r for r in rows if r["kind"] in E2E], fe.parallel_map(_measured, e2e, 1)):
-        row["measured"] = m
-    secs["measured_runs"] = time.perf_counter() - t0
+    walls = [runs[c["id"]].detail["wall_s"] for c in e2e]  # longest first (orders the work only)
+    with clock.step("measured_runs"):
+        for row, m in zip([r for r in rows if r["kind"] in E2E],
+                          fe.spawn_map(_measured, e2e, args.workers, _set, {"cfg": ref_cfg, "quick": args.quick},
+                                       walls)):
+            row["measured"] = m
     measured = measured_summary(rows)
     peer_summary = peer_summary_of(rows, peer, aisimulate_status())
-    secs["total"] = time.perf_counter() - t_start
-    t = os.times()
-    secs["cpu_total"] = t.user + t.system + t.children_user + t.children_system  # this process and its workers
+    secs, cpu = clock.totals()
 
     # 6. print
     print(f"grouped cross-validation of the ensemble (out of bag: each case by the members that never drew its "
@@ -619,8 +725,9 @@ def run(args) -> int:
     print(measured_text(measured))
     for line in peer_text(peer_summary):
         print(line)
-    print(f"cost: {secs['total']:.0f} s wall, {secs['cpu_total']:.0f} CPU s (load average {os.getloadavg()[0]:.1f}; "
-          + ", ".join(f"{k} {v:.0f} s" for k, v in secs.items() if k not in ("total", "cpu_total")) + ")")
+    print(f"cost: {secs['total']:.0f} s wall, {cpu['total']:.0f} CPU s in {args.workers} worker process(es) (load "
+          f"average {clock.load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} now; by step, wall / CPU: "
+          + ", ".join(f"{k} {v:.0f} / {cpu.get(k, float('nan')):.0f} s" for k, v in secs.items() if k != "total") + ")")
 
     reference = {n: getattr(ref_cfg, n) for n in names}
     out = {"frozen": {"frozen_on": str(frozen["frozen_on"]), "cutoff": str(frozen["cutoff"]),
@@ -628,8 +735,11 @@ def run(args) -> int:
            "cases": rows, "cv": cv, "coverage": coverage, "width": width, "after_cutoff": after_summary,
            "latency": latency,
            "ensemble": {"members": B, "groups": groups, "seed": int(ez["seed"]), "reference": reference,
-                        "reference_fit": {k: ref_info[k] for k in ("residual_rms_log", "nfev", "seconds")},
-                        "bounds": findings, "cost": {**{k: v for k, v in cost.items()}, "seconds_by_step": secs},
+                        "reference_fit": {k: ref_info[k] for k in ("residual_rms_log", "nfev", "seconds", "moved_from_start",
+                                                                  "refit_from_reference") if k in ref_info},
+                        "bounds": findings, "cost": {**{k: v for k, v in cost.items()}, "seconds_by_step": secs,
+                                 "cpu_seconds_by_step": cpu, "run_workers": args.workers,
+                                 "load_average": [clock.load[0], os.getloadavg()[0]]},
                         "level": level, "scales": scales, "prior_groups": prior,
                         "sample_iterations": ens_mod.SAMPLE_ITERATIONS},
            "measured_summary": measured, "peer_summary": peer_summary, "anchored": anchored,
@@ -637,8 +747,8 @@ def run(args) -> int:
            "note": "end-to-end cases: discrete-event simulation, stat mode, steady state after the warm-up, re-priced "
                    "per member over a sample of its steady iterations; kernel cases: the cost model's formulas"}
     write_text_atomic(args.out, json.dumps(out, indent=1, default=float) + "\n")
-    target = summary_target(args.out, args.quick)
-    if target is not None:
+    shipped = shipped_paths(args)
+    if shipped is not None:
         doc = ens_mod.ensemble_doc(
             names, reference, params, np.full(B, 1.0 / B), groups, bags, residuals, scales, level,
             {"made": f"bench/fidelity.py on {time.strftime('%Y-%m-%d')}",
@@ -650,17 +760,17 @@ def run(args) -> int:
              "residuals": "log(published / out-of-bag median) of each end-to-end case, speed-like",
              "coverage": coverage["all"].get("coverage"), "median_width": coverage["all"].get("median_width")},
             prior)
-        write_text_atomic(ens_mod.ENSEMBLE_PATH, json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {ens_mod.ENSEMBLE_PATH}")
-        write_summary(out, target)
-        from moeplace.sim.calibrate import ANCHORED_PATH
-
-        write_text_atomic(fa.OUT, json.dumps(anchored, indent=1, default=float) + "\n")
-        write_text_atomic(ANCHORED_PATH, json.dumps(fa.package_summary(anchored), indent=1) + "\n")
-        print(f"wrote {fa.OUT} and {ANCHORED_PATH}")
-        if not all(math.isclose(getattr(CostConfig(), n), v, rel_tol=1e-9) for n, v in reference.items()):
-            print("note: the CostConfig defaults (sim/config.py) differ from the reference fit: set them to "
-                  + ", ".join(f"{n}={v!r}" for n, v in reference.items()))
+        write_text_atomic(shipped["ensemble"], json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {shipped['ensemble']}")
+        write_summary(out, shipped["summary"])
+        write_text_atomic(shipped["anchored"], json.dumps(anchored, indent=1, default=float) + "\n")
+        write_text_atomic(shipped["anchored_summary"], json.dumps(fa.package_summary(anchored), indent=1) + "\n")
+        print(f"wrote {shipped['anchored']} and {shipped['anchored_summary']}")
+    changed = {n: v for n, v in reference.items() if not math.isclose(getattr(CostConfig(), n), v, rel_tol=1e-9)}
+    if changed:  # said by every run, whatever it wrote: the shipped constants would change
+        print("note: the reference differs from the CostConfig defaults (sim/config.py): "
+              + ", ".join(f"{n} {getattr(CostConfig(), n):.4g} -> {v:.4g}" for n, v in changed.items())
+              + "; shipping this run means setting them to " + ", ".join(f"{n}={v!r}" for n, v in reference.items()))
     if args.markdown:
         print(markdown(rows))
     print(f"wrote {args.out}")

@@ -365,17 +365,20 @@ def example(cases: list[dict], ens, spec: str, quick: bool) -> dict:
 
 
 def anchored_all(cases: list[dict], ens, quick: bool, example_spec: str | None = EXAMPLE,
-                 chosen: set | None = None, source: str = "the shipped ensemble", report: bool = True) -> dict:
+                 chosen: set | None = None, source: str = "the shipped ensemble", report: bool = True,
+                 map_groups=None) -> dict:
     """Every group with at least two cases (or only ``chosen``) left out case by case from its out-of-bag
     members of ``ens``; the summary (printed with ``report``); the worked example (``example_spec``, not with
-    ``chosen``). The results document (what --out holds and bench/fidelity.py's ``anchored`` block)."""
+    ``chosen``). The results document (what --out holds and bench/fidelity.py's ``anchored`` block).
+    ``map_groups``: runs :func:`anchored_group` over a list of ``(cases, members, quick, reference)`` and returns their
+    rows in order (bench/fidelity.py's worker processes); default in this process."""
     from moeplace.sim.calibrate import REFIT, SIGMA
 
     t0 = time.perf_counter()
     groups: dict[str, list[dict]] = {}
     for c in cases:
         groups.setdefault(c["group"], []).append(c)
-    rows = []
+    todo = []
     for g, cs in groups.items():
         if len(cs) < 2 or (chosen and g not in chosen):
             continue
@@ -384,7 +387,9 @@ def anchored_all(cases: list[dict], ens, quick: bool, example_spec: str | None =
         except ValueError as exc:
             print(f"  {g}: {exc}; left out", flush=True)
             continue
-        rows += anchored_group(cs, members, quick, reference=ens.reference_config())
+        todo.append((cs, members, quick, ens.reference_config()))
+    done = map_groups(todo) if map_groups else [anchored_group(c, m, q, reference=r) for c, m, q, r in todo]
+    rows = [r for part in done for r in part]
     summary = summarize(rows)
     if report:
         for line in text(summary):

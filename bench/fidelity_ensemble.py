@@ -53,6 +53,39 @@ def parallel_map(fn, items: list, workers: int) -> list:
         return pool.map(fn, items, chunksize=1)
 
 
+def _install(state: dict) -> None:
+    """A spawned worker's start: the parent's synthesized routing traces (harness ``_TRACES``, so each
+    worker routes exactly the parent's tokens and synthesizes nothing), then ``init(state)``."""
+    import fidelity_harness
+
+    fidelity_harness._TRACES.update(state["traces"])
+    if state["init"] is not None:
+        state["init"](state["state"])
+
+
+def spawn_map(fn, items: list, workers: int, init=None, state: dict | None = None,
+              cost: list[float] | None = None) -> list:
+    """``[fn(x) for x in items]`` in ``workers`` fresh (spawned) processes, for work that uses polars (the
+    event simulator): a spawned worker starts its own interpreter, so it never inherits this process's
+    polars thread pool (which hangs in a forked child). Each worker runs ``init(state)`` once, with this
+    process's synthesized traces installed first (``fn``, ``init`` and ``state`` are pickled: module-level
+    functions and plain data). Items are handed out longest first by ``cost`` (an estimate; it orders the
+    work, never changes a result) and returned in input order. One worker, or one item: in this process,
+    after ``init(state)``."""
+    import fidelity_harness
+
+    if workers <= 1 or len(items) <= 1:
+        if init is not None:
+            init(state)
+        return [fn(x) for x in items]
+    order = sorted(range(len(items)), key=lambda i: -cost[i]) if cost else list(range(len(items)))
+    pack = {"traces": dict(fidelity_harness._TRACES), "init": init, "state": state}
+    with multiprocessing.get_context("spawn").Pool(min(workers, len(items)), initializer=_install,
+                                                   initargs=(pack,)) as pool:
+        done = dict(zip(order, pool.imap(fn, [items[i] for i in order], chunksize=1)))
+    return [done[i] for i in range(len(items))]
+
+
 def speed(case: dict, v: float) -> float:
     """The figure as a speed (a kernel latency inverted), so that + log residual = the simulator was slow."""
     return 1.0 / v if case["metric"] == "latency_us" else v

@@ -7,6 +7,7 @@ bench/fidelity.py runs it (the split, the grouped cross-validation, the report).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import shutil
 import sys
@@ -178,13 +179,21 @@ def regime_of(case: dict) -> str:
 
 
 # ---------------------------------------------------------------------------- kernel cases
-def _kernel_cost(gpu: str, ep: int, cfg):
-    """A cost model for an isolated kernel benchmark: compute at the full isolated rate."""
+@functools.cache
+def _kernel_shape(gpu: str, ep: int):
+    """The model and cluster of an isolated kernel benchmark (frozen data, read once per GPU and EP: a fit
+    prices every kernel case hundreds of times, and reading the presets was a third of its time)."""
     from moeplace.foundation.cluster import make_cluster
     from moeplace.foundation.model import load_model
+
+    return load_model("deepseek-v3"), make_cluster(ep, gpu)
+
+
+def _kernel_cost(gpu: str, ep: int, cfg):
+    """A cost model for an isolated kernel benchmark: compute at the full isolated rate."""
     from moeplace.sim.cost import CostModel
 
-    return CostModel(load_model("deepseek-v3"), make_cluster(ep, gpu), cfg.replace(sustained_efficiency=1.0))
+    return CostModel(*_kernel_shape(gpu, ep), cfg.replace(sustained_efficiency=1.0))
 
 
 def kernel_metric(case: dict, cfg) -> float:

@@ -253,3 +253,44 @@ def test_loading_a_bench_script_leaves_sys_path_alone():
     before = list(sys.path)
     load_bench("fidelity", "bench_fidelity_path_check")
     assert sys.path == before
+
+
+def test_event_simulations_in_two_spawned_workers_equal_one_process(monkeypatch):
+    """bench/fidelity.py runs its event simulations in spawned workers (polars' pool hangs in a fork): with
+    two workers every figure, detail and sampled iteration is the one-process run's, bit for bit, whatever
+    order the work is handed out in (here the last case first)."""
+    import functools
+    import pickle
+
+    from moeplace.sim.config import CostConfig
+
+    fid = _fidelity()
+    fe = fid.fe
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # the spawned workers import the bench modules by name
+    cases = [c for c in fid.load_cases(fid.CASES)
+             if c["kind"] == "prefill" and c["config"].get("routing") == "balanced"][:2]
+    assert len(cases) == 2
+    for c in cases:
+        fid.case_trace(c, quick=True)  # built here; the workers get this process's traces
+    run = functools.partial(fe.reference_run, cfg=CostConfig(), quick=True)
+    one = fe.spawn_map(run, cases, 1)
+    two = fe.spawn_map(run, cases, 2, cost=[0.0, 1.0])
+
+    def same(r):
+        return pickle.dumps((r.simulated, {k: v for k, v in r.detail.items() if k != "wall_s"}, r.features,
+                             [it[3] for it in r.sample.items]))
+    assert [same(r) for r in one] == [same(r) for r in two]
+
+
+def test_a_refit_within_the_tolerance_keeps_its_start():
+    """bench/fidelity.py keeps the start (the CostConfig defaults) as the reference when the refit moves no
+    constant by more than REFERENCE_TOL of its bounds' range, and names every constant that moved further."""
+    from moeplace.sim.config import CostConfig
+
+    fid = _fidelity()
+    name, lo, hi = next(f for f in fid.FIT if f[0] == "hbm_efficiency")
+    start = CostConfig()
+    near = start.replace(hbm_efficiency=start.hbm_efficiency + 0.5 * fid.REFERENCE_TOL * (hi - lo))
+    far = start.replace(hbm_efficiency=start.hbm_efficiency - 2 * fid.REFERENCE_TOL * (hi - lo))
+    assert fid.drift(start, near) == {}
+    assert fid.drift(start, far) == {name: [start.hbm_efficiency, far.hbm_efficiency]}
