@@ -94,9 +94,9 @@ def run(args) -> int:
     bound = None if args.dry_run else space_bound(ck, args.out, planner.relabel)
     if bound is not None and fits(bound):
         # room for every shard rewritten: each is planned while the one before it is copied
-        head = [f"relabelling {src}: {len(ck.shards)} shard(s), {total / 1e6:,.1f} MB, each planned while the one "
-                f"before it is copied; at most {bound.write / 1e9:,.2f} GB to write (every shard rewritten), "
-                f"{bound.free / 1e9:,.2f} GB free on DST's file system"]
+        head = [(f"relabelling {src}: {len(ck.shards)} shard(s), {total / 1e6:,.1f} MB, each planned while the one "
+                 f"before it is copied; at most {bound.write / 1e9:,.2f} GB to write (every shard rewritten), "
+                 f"{bound.free / 1e9:,.2f} GB free on DST's file system")]
 
         def say(line: str) -> None:  # the headline with the first shard written: a refusal before it is one line
             while head:
