@@ -129,6 +129,7 @@ def run(args) -> int:
                       f"renamed tensors) into {args.out} takes {space.line()}")
             check_space(space, args.out)
             return 0
+        check_space(space, args.out)  # before the headline: a refusal is one line
         print(f"relabelling {src}: {len(ck.shards)} shard(s), {total / 1e6:,.1f} MB; {rewrite} with renamed tensors, "
               f"{len(ck.shards) - rewrite} to {'link' if args.link else 'copy'}; {space.line()}", file=sys.stderr)
         manifest = {}
