@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 import threading
 import time
 from collections import Counter
@@ -70,6 +71,7 @@ from moeplace.placement.relabel import (
 MANIFEST = "moeplace-relabel.json"
 METADATA_KEY = "moeplace.relabel"  # the __metadata__ entry of every rewritten shard
 CHUNK = 64 << 20  # bytes copied / compared at a time: bounds memory whatever the tensor size
+KERNEL_CHUNK = 1 << 30  # bytes a copy_file_range call copies (in the kernel: no buffer here, one GIL hand-back)
 BLOCK = 4096  # file-system block: a reflinked range starts at the same offset within a block in both files
 FICLONERANGE = 0x4020940D  # linux/fs.h _IOW(0x94, 13, struct file_clone_range)
 
@@ -812,14 +814,14 @@ class _Stopped(Exception):
 def _copy(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, path: Path,
           stop: threading.Event | None = None) -> None:
     """``length`` bytes of ``src_fd`` at ``src_off`` to ``dst_fd`` at ``dst_off``: in the kernel
-    (copy_file_range) where the file system allows, else through a bounded buffer; :data:`CHUNK` bytes a
-    call, ``stop`` looked at between them (a write abandoned stops within one chunk)."""
+    (copy_file_range, :data:`KERNEL_CHUNK` bytes a call) where the file system allows, else through a
+    buffer of :data:`CHUNK` bytes; ``stop`` looked at between calls (a write abandoned stops within one)."""
     done = 0
     fast = hasattr(os, "copy_file_range")
     while done < length:
         if stop is not None and stop.is_set():
             raise _Stopped
-        n = min(CHUNK, length - done)
+        n = min(KERNEL_CHUNK if fast else CHUNK, length - done)
         got = 0
         if fast:
             try:
@@ -828,6 +830,7 @@ def _copy(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, pat
                 if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise
                 fast = False
+                n = min(CHUNK, n)
         if not fast:
             buf = os.pread(src_fd, n, src_off + done)
             got = os.pwrite(dst_fd, buf, dst_off + done) if buf else 0
@@ -1024,6 +1027,10 @@ def _write(ck: Checkpoint, shards, finish: Callable[[], Plan], placement: Placem
             "shared by reflink)")
         return entry, w, sh
 
+    switch = sys.getswitchinterval()
+    # the writer thread wants the GIL back after each system call; the header work (a Python loop) hands it
+    # over within this interval instead of the default 5 ms
+    sys.setswitchinterval(min(switch, 1e-4))
     try:
         with atomic_path(dst, directory=True) as tmp:
             try:
@@ -1080,6 +1087,7 @@ def _write(ck: Checkpoint, shards, finish: Callable[[], Plan], placement: Placem
             head = json.dumps(manifest, indent=1)[:-2]
             (tmp / MANIFEST).write_text(f'{head},\n "new2old": [\n  {rows}\n ]\n}}\n')
     finally:
+        sys.setswitchinterval(switch)
         if hasher is not None:
             hasher.shutdown(cancel_futures=True)
     manifest["new2old"] = p.relabel.new2old.tolist()
