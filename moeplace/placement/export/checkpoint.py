@@ -268,7 +268,7 @@ def index_shards(path: Path) -> list[str]:
     if (parts[0].strip() or last is None or not after[last].startswith(b"}")
             or set(map(bytes.strip, parts[2:4 * last + 3:4])) != {b":"}):
         return list(dict.fromkeys(str(v) for v in read_index(path).values()))
-    return list(dict.fromkeys(v.decode() for v in parts[3:4 * last + 4:4]))
+    return [v.decode() for v in dict.fromkeys(parts[3:4 * last + 4:4])]
 
 
 def new_index(raw: bytes, path: Path, ren: _Renamer) -> bytes:
