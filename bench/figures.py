@@ -903,7 +903,9 @@ def relabel_speed() -> str:
             f"an fsynced copy): relabelling took {d['median_relabel_s']:.0f} s against {d['median_cp_s']:.0f} s for "
             f"`cp -r` of the same checkpoint -- ratio {d['median_ratio']:.2f}, target <= 1.1 {_met(r['ratio_met'])}. "
             + (f"CPU: {d['median_relabel_cpu_s']:.0f} s for the relabelling, {d['median_cp_cpu_s']:.0f} s for `cp` (the "
-               "copy in the kernel is CPU work on this machine). " if "median_cp_cpu_s" in d else "")
+               "copy in the kernel is CPU work on this machine; the relabelling drops each source shard from the page "
+               "cache once copied, `cp` keeps them, and the kernel's reclaim of memory during the copy is part of "
+               "`cp`'s time here). " if "median_cp_cpu_s" in d else "")
             + f"Reading, checking and planning K3's headers takes {d['median_fixed_s']:.0f} s on its own (a "
             f"`--dry-run`: {d['median_fixed_cpu_s']:.1f} CPU s; it does not shrink with the bytes)"
             + (", which the write runs alongside the copy (each shard planned while the one before it is copied). "
