@@ -3,9 +3,11 @@ layout (moeplace/placement/export/sample_checkpoint.py: per expert w1/w2/w3 weig
 weight_shape, router, bias; compressed-tensors quantization_config) -- no torch."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -206,3 +208,118 @@ def test_flags_print_the_launches_that_serve_the_relabelled_checkpoint(src, tmp_
     # a layout the memory plan or the engines refuse leaves nothing behind
     assert _export(p, src, tmp_path / "dst2", "--flags", "--tp", "3", "--model", str(src / "config.json")) == 2
     assert not (tmp_path / "dst2").exists()
+
+
+# ---------------------------------------------------------------------------- planning while copying
+def _four_shards(tmp_path):
+    """Shard 1 holds the dense layer 0 (nothing in it changes: hard-linked), shards 2-4 one MoE layer each."""
+    write_k3_like(tmp_path / "src4", small_k3(), shards=4)
+    return tmp_path / "src4", sorted(f.name for f in (tmp_path / "src4").glob("*.safetensors"))
+
+
+def _tree(root):
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def _left_behind(where):
+    return [f for f in os.listdir(where) if "moeplace-tmp" in f]
+
+
+def test_planning_while_copying_writes_the_bytes_planning_first_writes(tmp_path, capsys):
+    src, shards = _four_shards(tmp_path)
+    p = _placement(tmp_path)
+    capsys.readouterr()
+    assert _export(p, src, tmp_path / "dst") == 0
+    assert "each planned while the one before it is copied" in capsys.readouterr().err
+    c = ck.scan(src, full=False)
+    pl = load_placement(p)
+    ck.write_checkpoint(c, ck.plan(c, pl, CONTIGUOUS), pl, p, tmp_path / "serial")
+    assert _tree(tmp_path / "dst") == _tree(tmp_path / "serial")  # every shard, the index, config and manifest
+    man = json.loads((tmp_path / "dst" / ck.MANIFEST).read_text())
+    assert [man["shards"][s]["how"] for s in shards] == ["linked", "rewritten", "rewritten", "rewritten"]
+    assert os.stat(tmp_path / "dst" / shards[0]).st_ino == os.stat(src / shards[0]).st_ino
+    verify(tmp_path / "dst")
+
+
+def test_a_problem_found_while_copying_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A damaged third shard is read after the first two were written: the error is the plan-first route's,
+    the temporary directory is gone and DST never appears; a writer that fails stops the planning."""
+    src, shards = _four_shards(tmp_path)
+    pl = load_placement(_placement(tmp_path))
+    data = (src / shards[2]).read_bytes()
+    (src / shards[2]).write_bytes(data[:-100])  # its header whole, its data short
+    with pytest.raises(InputError) as serial:
+        ck.plan(ck.scan(src, full=False), pl, CONTIGUOUS)
+    lines: list[str] = []
+    real = ck.read_shard
+
+    def after_two_written(c, s, **kw):
+        if s == shards[2]:  # the writer has finished shards 1 and 2 before shard 3's header is read
+            for _ in range(1000):
+                if len(lines) >= 2:
+                    break
+                time.sleep(0.01)
+        return real(c, s, **kw)
+
+    monkeypatch.setattr(ck, "read_shard", after_two_written)
+    c, _ = ck.open_checkpoint(src)
+    planner = ck.Planner(c, pl, CONTIGUOUS)
+    bound = ck.space_bound(c, tmp_path / "dst", planner.relabel)
+    with pytest.raises(InputError) as piped:
+        ck.relabel_checkpoint(c, planner, pl, tmp_path / "p.json", tmp_path / "dst", space=bound,
+                              progress=lines.append)
+    assert len(lines) == 2 and str(piped.value) == str(serial.value) and "data_offsets beyond the file" in str(piped.value)
+    assert not (tmp_path / "dst").exists() and not _left_behind(tmp_path)
+    # the writer fails on shard 2: its error, at once, and nothing left
+    (src / shards[2]).write_bytes(data)
+    monkeypatch.setattr(ck, "read_shard", real)
+    real_write = ck._write_shard
+
+    def failing(c, s, *a, **kw):
+        if s == shards[1]:
+            raise OSError(errno.EIO, "Input/output error", str(tmp_path / "dst"))
+        return real_write(c, s, *a, **kw)
+
+    monkeypatch.setattr(ck, "_write_shard", failing)
+    c, _ = ck.open_checkpoint(src)
+    planner = ck.Planner(c, pl, CONTIGUOUS)
+    with pytest.raises(OSError, match="Input/output error"):
+        ck.relabel_checkpoint(c, planner, pl, tmp_path / "p.json", tmp_path / "dst", space=bound)
+    assert not (tmp_path / "dst").exists() and not _left_behind(tmp_path)
+
+
+def test_without_room_for_every_shard_rewritten_the_plan_comes_first(tmp_path, monkeypatch, capsys):
+    """The bound (every shard rewritten) does not fit but the exact figure (a shard hard-linked) does: the
+    plan-first route, with the exact figure, and the same bytes; when neither fits, the same refusal."""
+    src, shards = _four_shards(tmp_path)
+    p = _placement(tmp_path)
+    pl = load_placement(p)
+    c, _ = ck.open_checkpoint(src)
+    bound = ck.space_bound(c, tmp_path / "dst", ck.Planner(c, pl, CONTIGUOUS).relabel)
+    c = ck.scan(src, full=False)
+    exact = ck.needs(c, ck.plan(c, pl, CONTIGUOUS), tmp_path / "dst")
+    assert bound.write >= exact.write + os.path.getsize(src / shards[0])  # the linked shard counted as written
+    monkeypatch.setattr(ck, "_space_facts", lambda *a: ((bound.write + exact.write) // 2 + (1 << 20), False, True))
+    capsys.readouterr()
+    assert _export(p, src, tmp_path / "dst") == 0
+    err = capsys.readouterr().err
+    assert "3 with renamed tensors, 1 to link" in err and "each planned while" not in err
+    ck.write_checkpoint(c, ck.plan(c, pl, CONTIGUOUS), pl, p, tmp_path / "serial")
+    assert _tree(tmp_path / "dst") == _tree(tmp_path / "serial")
+    monkeypatch.setattr(ck, "_space_facts", lambda *a: (exact.write // 2, False, True))
+    assert _export(p, src, tmp_path / "dst2") == 2
+    err = capsys.readouterr().err
+    assert "needs" in err and "GB of new data but its file system has" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "dst2").exists() and not _left_behind(tmp_path)
+
+
+def test_the_space_bound_holds_for_every_shard_rewritten(tmp_path):
+    """The bound checked before planning is at least the exact figure when nothing is linked (--copy)."""
+    src, _ = _four_shards(tmp_path)
+    for seed in (1, 2, 3):
+        pl = load_placement(_placement(tmp_path, seed))
+        c, _ = ck.open_checkpoint(src)
+        bound = ck.space_bound(c, tmp_path / "dst", ck.Planner(c, pl, CONTIGUOUS).relabel)
+        c = ck.scan(src, full=False)
+        exact = ck.needs(c, ck.plan(c, pl, CONTIGUOUS), tmp_path / "dst", link=False)
+        assert exact.write <= bound.write

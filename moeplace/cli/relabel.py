@@ -18,11 +18,15 @@ from moeplace.foundation.model import format_ranges, load_model
 from moeplace.placement.export.checkpoint import (
     MANIFEST,
     RELABELLED_CHECKPOINT,
+    Planner,
     check_space,
+    fits,
     needs,
-    plan,
+    open_checkpoint,
+    read_shard,
+    relabel_checkpoint,
     relabelled_reason,
-    scan,
+    space_bound,
     write_checkpoint,
 )
 from moeplace.placement.export.flags import FlagOptions, relabelled_launches
@@ -79,37 +83,61 @@ def run(args) -> int:
     outs.add(args.out, RELABELLED_CHECKPOINT)
     if src.is_dir():  # a relabelled source is refused, as the vLLM plugin refuses one
         check_not_relabelled(src, MANIFEST)
-    ck = scan(src, full=False)
+    ck, _ = open_checkpoint(src)
     why = relabelled_reason(src)  # a DST whose manifest is gone still names the relabelling in its headers
     if why:
         raise InputError(f"--model-path {why}: its expert ids are not the model's own, and relabelling it again "
                          "would lose that mapping: relabel the original checkpoint instead, or serve it as it is")
-    p = plan(ck, placement, get_layout(args.layout), placement_name=args.placement)
+    planner = Planner(ck, placement, get_layout(args.layout), placement_name=args.placement)
     mem, launches = _launches(args, placement, src)  # before writing: a refused layout leaves nothing
-    space = needs(ck, p, args.out, args.link)
-    rewrite = sum(1 for s in ck.shards if p.changed(s))
-    total = ck.total_bytes
-    if args.dry_run:
-        doc = {"dry_run": True, "source": str(src), "out": args.out, "layout": args.layout, "shards": len(ck.shards),
-               "shards_rewritten": rewrite, "checkpoint_bytes": total, "write_bytes": space.write,
-               "reflink_bytes": space.reflink, "hardlink_bytes": space.hardlink, "free_bytes": space.free,
-               "reflinks": space.reflinks, "tensors_relabelled": p.counts,
-               "quantization_config_renamed": p.quantization is not None}
-        if args.json:
-            print(json.dumps(doc, indent=1))
-        else:
-            print(f"dry run: relabelling {src} ({len(ck.shards)} shard(s), {total / 1e9:,.2f} GB, {rewrite} with "
-                  f"renamed tensors) into {args.out} takes {space.line()}")
-        check_space(space, args.out)
-        return 0
-    print(f"relabelling {src}: {len(ck.shards)} shard(s), {total / 1e6:,.1f} MB; {rewrite} with renamed tensors, "
-          f"{len(ck.shards) - rewrite} to {'link' if args.link else 'copy'}; {space.line()}", file=sys.stderr)
-    manifest = {}
+    total = sum((src / s).stat().st_size for s in ck.shards)
+    bound = None if args.dry_run else space_bound(ck, args.out, planner.relabel)
+    if bound is not None and fits(bound):
+        # room for every shard rewritten: each is planned while the one before it is copied
+        head = [(f"relabelling {src}: {len(ck.shards)} shard(s), {total / 1e6:,.1f} MB, each planned while the one "
+                 f"before it is copied; at most {bound.write / 1e9:,.2f} GB to write (every shard rewritten), "
+                 f"{bound.free / 1e9:,.2f} GB free on DST's file system")]
 
-    def write():
-        manifest.update(write_checkpoint(ck, p, placement, Path(args.placement), args.out, link=args.link,
-                                         full_hash=args.full_hash, space=space, pool=args.pool,
-                                         progress=lambda s: print(s, file=sys.stderr)))
+        def say(line: str) -> None:  # the headline with the first shard written: a refusal before it is one line
+            while head:
+                print(head.pop(), file=sys.stderr)
+            print(line, file=sys.stderr)
+
+        manifest = {}
+
+        def write():
+            manifest.update(relabel_checkpoint(ck, planner, placement, Path(args.placement), args.out,
+                                               link=args.link, full_hash=args.full_hash, space=bound, pool=args.pool,
+                                               progress=say)[1])
+    else:  # plan first: the exact bytes to write and to link (hard links, reflinks) are checked before writing
+        for s in ck.shards:
+            read_shard(ck, s)
+            planner.shard(s)
+        p = planner.finish()
+        space = needs(ck, p, args.out, args.link)
+        rewrite = sum(1 for s in ck.shards if p.changed(s))
+        if args.dry_run:
+            doc = {"dry_run": True, "source": str(src), "out": args.out, "layout": args.layout,
+                   "shards": len(ck.shards), "shards_rewritten": rewrite, "checkpoint_bytes": total,
+                   "write_bytes": space.write, "reflink_bytes": space.reflink, "hardlink_bytes": space.hardlink,
+                   "free_bytes": space.free, "reflinks": space.reflinks, "tensors_relabelled": p.counts,
+                   "quantization_config_renamed": p.quantization is not None}
+            if args.json:
+                print(json.dumps(doc, indent=1))
+            else:
+                print(f"dry run: relabelling {src} ({len(ck.shards)} shard(s), {total / 1e9:,.2f} GB, {rewrite} with "
+                      f"renamed tensors) into {args.out} takes {space.line()}")
+            check_space(space, args.out)
+            return 0
+        check_space(space, args.out)  # before the headline: a refusal is one line
+        print(f"relabelling {src}: {len(ck.shards)} shard(s), {total / 1e6:,.1f} MB; {rewrite} with renamed tensors, "
+              f"{len(ck.shards) - rewrite} to {'link' if args.link else 'copy'}; {space.line()}", file=sys.stderr)
+        manifest = {}
+
+        def write():
+            manifest.update(write_checkpoint(ck, p, placement, Path(args.placement), args.out, link=args.link,
+                                             full_hash=args.full_hash, space=space, pool=args.pool,
+                                             progress=lambda s: print(s, file=sys.stderr)))
 
     ok = outs.write(args.out, write)
     outs.finish()

@@ -102,16 +102,20 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[int, dict[str, Any
     return 8 + n, head, check_header(head, p, 8 + n, size)
 
 
-def check_header(head: dict[str, Any], path: Path, data_start: int, size: int) -> dict[str, HeaderTensor]:
+def check_header(head: dict[str, Any], path: Path, data_start: int, size: int, *, tensors: bool = True
+                 ) -> dict[str, HeaderTensor]:
     """The tensors of a parsed header, after every check of the module docstring. A header that passes
     them all takes :func:`_valid_tensors` (K3's shards hold ~0.7 M tensors: no error text is built, the
-    back-to-back check runs in numpy); anything else is checked entry by entry, which words the problem."""
-    tensors = _valid_tensors(head, data_start, size)
-    return tensors if tensors is not None else _check_header_entries(head, path, data_start, size)
+    back-to-back check runs in numpy); anything else is checked entry by entry, which words the problem.
+    ``tensors=False``: the same checks, an empty dict returned (no object made per tensor)."""
+    got = _valid_tensors(head, data_start, size, build=tensors)
+    return got if got is not None else _check_header_entries(head, path, data_start, size)
 
 
-def _valid_tensors(head: dict[str, Any], data_start: int, size: int) -> dict[str, HeaderTensor] | None:
-    """The tensors of a header every entry of which passes the checks (plain JSON values only), else None."""
+def _valid_tensors(head: dict[str, Any], data_start: int, size: int, *, build: bool = True
+                   ) -> dict[str, HeaderTensor] | None:
+    """The tensors of a header every entry of which passes the checks (plain JSON values only), else None;
+    ``build=False``: an empty dict when every check passes."""
     meta = head.get("__metadata__")
     if meta is not None and not (type(meta) is dict
                                  and all(type(k) is str and type(v) is str for k, v in meta.items())):
@@ -140,7 +144,8 @@ def _valid_tensors(head: dict[str, Any], data_start: int, size: int) -> dict[str
         n *= bits
         if n % 8 or e - b != n // 8:
             return None
-        tensors[name] = HeaderTensor(dtype, tuple(shape), data_start + b, data_start + e)
+        if build:
+            tensors[name] = HeaderTensor(dtype, tuple(shape), data_start + b, data_start + e)
         begins.append(b)
         ends.append(e)
     if not begins:

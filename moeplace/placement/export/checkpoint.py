@@ -25,15 +25,20 @@ computed in parallel with the copy). :mod:`moeplace.placement.export.verify` pro
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import gc
 import hashlib
+import itertools
 import json
 import operator
 import os
 import re
 import shutil
 import struct
+import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -66,6 +71,11 @@ from moeplace.placement.relabel import (
 MANIFEST = "moeplace-relabel.json"
 METADATA_KEY = "moeplace.relabel"  # the __metadata__ entry of every rewritten shard
 CHUNK = 64 << 20  # bytes copied / compared at a time: bounds memory whatever the tensor size
+KERNEL_CHUNK = 1 << 30  # bytes a copy_file_range call copies (in the kernel: no buffer here, one GIL hand-back)
+# the kernel's copy runs from DST offsets that are multiples of this after the first call: page-cache writes
+# from an offset so aligned fill large folios, and the copy costs ~25 % less CPU than from a DST offset one
+# page past it, which a new header (the source's length + a block) makes the usual case (measured on ext4)
+KERNEL_ALIGN = 2 << 20
 BLOCK = 4096  # file-system block: a reflinked range starts at the same offset within a block in both files
 FICLONERANGE = 0x4020940D  # linux/fs.h _IOW(0x94, 13, struct file_clone_range)
 
@@ -125,11 +135,12 @@ def read_header_bytes(path: Path) -> tuple[int, bytes, str]:
     return len(text), text, hashlib.sha256(raw + text).hexdigest()
 
 
-def checked_header(head: dict[str, Any], text: bytes, path: Path, data_start: int, size: int):
-    """:func:`~moeplace.foundation.checkpoint_files.check_header`; a header it refuses is parsed again by the
-    strict reader first, so a key given twice (which orjson collapses) is named as such."""
+def checked_header(head: dict[str, Any], text: bytes, path: Path, data_start: int, size: int, *, tensors: bool = True):
+    """:func:`~moeplace.foundation.checkpoint_files.check_header` (``tensors=False``: the checks only, no
+    tensor returned); a header it refuses is parsed again by the strict reader first, so a key given twice
+    (which orjson collapses) is named as such."""
     try:
-        return check_header(head, path, data_start, size)
+        return check_header(head, path, data_start, size, tensors=tensors)
     except InputError:
         reading.parse_json(text, f"{path}: header", "a safetensors header (JSON)")
         raise
@@ -158,6 +169,21 @@ def scan(root: str | Path, what: str = "--model-path", *, full: bool = True) -> 
     """Read every shard's header (no tensor data) of the checkpoint in ``root``: with ``full`` every tensor
     (dtype, shape, byte range; what verifying reads), else only each header's text (what relabelling
     rewrites: K3's 0.7 M tensors are not turned into objects)."""
+    ck, wm = open_checkpoint(root, what, full=full)
+    for s in ck.shards:
+        read_shard(ck, s, full=full)
+    if wm is not None:
+        for x, v in wm.items():
+            got = ck.tensors.get(x)
+            if got is None or got.shard != str(v):
+                raise InputError(f"{ck.root / ck.index}: tensor {x} is mapped to {v}, which does not hold it")
+    return ck
+
+
+def open_checkpoint(root: str | Path, what: str = "--model-path", *, full: bool = False
+                    ) -> tuple[Checkpoint, dict[str, Any] | None]:
+    """The checkpoint in ``root`` before its headers are read (:func:`read_shard` reads each): its config,
+    index and shards, each a regular file in the directory; with ``full`` also the index's weight map."""
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"{what} {root}: not a directory (a safetensors checkpoint directory expected)")
@@ -183,37 +209,52 @@ def scan(root: str | Path, what: str = "--model-path", *, full: bool = True) -> 
         if len(shards) != 1:
             raise InputError(f"{root}: {len(shards)} .safetensors files and no model.safetensors.index.json; "
                              "expected one file or an index")
-    ck = Checkpoint(root, shards, {}, index, config)
     for s in shards:
-        path = root / s
         if "/" in s or s.startswith("."):
             raise InputError(f"{root / index}: shard name {s!r} is not a file in the checkpoint directory")
-        require_file(path, f"a shard named in {index}" if index else "the checkpoint's one shard")
-        n, text, digest = read_header_bytes(path)
-        size = path.stat().st_size
+        require_file(root / s, f"a shard named in {index}" if index else "the checkpoint's one shard")
+    return Checkpoint(root, shards, {}, index, config), wm
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector paused: a K3 header parses into ~8,000 dicts and lists, none in a cycle,
+    whose allocation would set off collections that walk everything alive (~10 % of the header work)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def read_shard(ck: Checkpoint, s: str, *, full: bool = False) -> ShardHeader:
+    """Read, parse and check shard ``s``'s header into ``ck.headers`` (with ``full`` its tensors into
+    ``ck.tensors``, else the header's text): every tensor checked before a byte of it moves."""
+    path = ck.root / s
+    n, text, digest = read_header_bytes(path)
+    size = path.stat().st_size
+    with _gc_paused():
         head = parse_header(text, path)
-        checked = checked_header(head, text, path, 8 + n, size)  # every tensor checked before a byte moves
-        ck.headers[s] = ShardHeader(n, digest, size, b"" if full else text)
-        if full:
-            for name, h in checked.items():
-                if name in ck.tensors:
-                    raise InputError(f"{path}: tensor {name} also in {ck.tensors[name].shard}")
-                ck.tensors[name] = TensorInfo(s, h.dtype, h.shape, h.start, h.end)
-    if index is not None and full:
-        for x, v in wm.items():
-            got = ck.tensors.get(x)
-            if got is None or got.shard != str(v):
-                raise InputError(f"{root / index}: tensor {x} is mapped to {v}, which does not hold it")
-    return ck
+        checked = checked_header(head, text, path, 8 + n, size, tensors=full)
+        del head
+    h = ck.headers[s] = ShardHeader(n, digest, size, b"" if full else text)
+    if full:
+        for name, x in checked.items():
+            if name in ck.tensors:
+                raise InputError(f"{path}: tensor {name} also in {ck.tensors[name].shard}")
+            ck.tensors[name] = TensorInfo(s, x.dtype, x.shape, x.start, x.end)
+    return h
 
 
-_INDEX_VALUE = re.compile(rb'"\s*:\s*"([^"\\]*)"')  # a string-valued entry of the index: name -> shard
-_WEIGHT_MAP = re.compile(rb'(?:\s*"[^"\\]*"\s*:\s*"[^"\\]*"\s*,?)*\s*\}')  # the rest of the weight_map object
 
 
 def index_shards(path: Path) -> list[str]:
     """The shards a ``model.safetensors.index.json`` names, in order, read from its text (K3's index names
-    0.7 M tensors; a text with escapes is parsed)."""
+    0.7 M tensors; a text with escapes, or a ``weight_map`` not a plain map of names to names, is parsed).
+    With no escapes every ``"`` delimits a string, so the map's text split at them is ``ws, key, ':', value,
+    ',', key, ...`` up to the separator holding its closing brace."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -221,13 +262,13 @@ def index_shards(path: Path) -> list[str]:
     if b"\\" in raw or b'"weight_map"' not in raw:
         return list(dict.fromkeys(str(v) for v in read_index(path).values()))
     start = raw.index(b"{", raw.index(b'"weight_map"')) + 1
-    m = _WEIGHT_MAP.match(raw, start)
-    if m is None:
+    parts = raw[start:].split(b'"')
+    after = list(map(bytes.strip, parts[4::4]))  # what follows each value: ',' but after the last
+    last = next(itertools.compress(itertools.count(), map(b",".__ne__, after)), None)
+    if (parts[0].strip() or last is None or not after[last].startswith(b"}")
+            or set(map(bytes.strip, parts[2:4 * last + 3:4])) != {b":"}):
         return list(dict.fromkeys(str(v) for v in read_index(path).values()))
-    shards = list(dict.fromkeys(v.decode() for v in _INDEX_VALUE.findall(raw, start, m.end())))
-    if not shards:
-        raise InputError(f"{path}: field 'weight_map' missing or empty")
-    return shards
+    return [v.decode() for v in dict.fromkeys(parts[3:4 * last + 4:4])]
 
 
 def new_index(raw: bytes, path: Path, ren: _Renamer) -> bytes:
@@ -517,61 +558,96 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
     model whose expert count or MoE layers differ, a renaming that splits a routing group, a checkpoint whose
     experts of one layer do not all have the same tensors, and a ``quantization_config`` pattern that names
     some experts only."""
-    spec = from_hf_config(ck.config, source=str(ck.root / "config.json"))
-    if spec.num_experts != placement.num_experts or tuple(spec.moe_layers) != tuple(placement.moe_layers):
-        raise InputError(f"{placement_name}: made for '{placement.model_name}' ({placement.num_experts} experts, "
-                         f"{len(placement.moe_layers)} MoE layers) but {ck.root / 'config.json'} is a "
-                         f"{spec.hf_model_type} with {spec.num_experts} experts and {spec.num_moe_layers} MoE layers")
-    relabel = from_placement(placement, layout)  # refuses replicas
-    check_groups(relabel.new2old, spec.n_group, spec.topk_group, placement_name)
-    if layout.interleaved and spec.n_group <= 1:
-        raise InputError(f"--layout {layout.name}: vLLM 0.34.0 places the experts of a model with one expert group "
-                         "linearly whatever --expert-placement-strategy says (determine_expert_placement_strategy), "
-                         f"so a {layout.name} relabelling of {spec.hf_model_type} would not be the placement: use "
-                         "--layout contiguous")
-    E = placement.num_experts
-    q = quantization_config(ck.config)
-    ren = _Renamer(relabel, E)
-    tag = relabel_tag(placement, layout, relabel.new2old)
-    counts = {"expert": 0, "stacked": 0, "router": 0, "bias": 0}
-    shards = {}
-    stacked: set[int] = set()
+    planner = Planner(ck, placement, layout, placement_name=placement_name)
     for s in ck.shards:
+        planner.shard(s)
+    return planner.finish()
+
+
+class Planner:
+    """:func:`plan` one step at a time: what needs only the config and the placement when made (the
+    refusals of a placement with replicas, another model, a split routing group, a layout vLLM would not
+    use), each shard when its header is read (:meth:`shard`), and what spans the shards at the end
+    (:meth:`finish`: every expert of a layer has the same tensors, ``quantization_config``, the index).
+    :func:`relabel_checkpoint` writes a shard while the next is planned."""
+
+    def __init__(self, ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name: str = "placement"
+                 ) -> None:
+        spec = from_hf_config(ck.config, source=str(ck.root / "config.json"))
+        if spec.num_experts != placement.num_experts or tuple(spec.moe_layers) != tuple(placement.moe_layers):
+            raise InputError(f"{placement_name}: made for '{placement.model_name}' ({placement.num_experts} experts, "
+                             f"{len(placement.moe_layers)} MoE layers) but {ck.root / 'config.json'} is a "
+                             f"{spec.hf_model_type} with {spec.num_experts} experts and {spec.num_moe_layers} MoE "
+                             "layers")
+        relabel = from_placement(placement, layout)  # refuses replicas
+        check_groups(relabel.new2old, spec.n_group, spec.topk_group, placement_name)
+        if layout.interleaved and spec.n_group <= 1:
+            raise InputError(f"--layout {layout.name}: vLLM 0.34.0 places the experts of a model with one expert "
+                             "group linearly whatever --expert-placement-strategy says "
+                             f"(determine_expert_placement_strategy), so a {layout.name} relabelling of "
+                             f"{spec.hf_model_type} would not be the placement: use --layout contiguous")
+        self.ck, self.placement, self.spec, self.relabel = ck, placement, spec, relabel
+        self.E = placement.num_experts
+        self.ren = _Renamer(relabel, self.E)
+        self.tag = relabel_tag(placement, layout, relabel.new2old)
+        self.counts = {"expert": 0, "stacked": 0, "router": 0, "bias": 0}
+        self.shards: dict[str, ShardPlan] = {}
+        self.stacked: set[int] = set()
+
+    def shard(self, s: str) -> ShardPlan:
+        """Shard ``s``'s plan (its header read by a light :func:`scan` or :func:`read_shard`)."""
+        with _gc_paused():
+            return self._shard(s)
+
+    def _shard(self, s: str) -> ShardPlan:
+        ck, ren = self.ck, self.ren
         h = ck.headers[s]
         path = ck.root / s
         if not h.text:
             raise InputError(f"{path}: planned from a full scan; relabelling reads the header text (scan(full=False))")
         before = ren.changed
         text = _rename(h.text, path, ren)
-        patches, c = _row_patches(h.text, path, s, h.data_start, h.size, relabel, E, stacked)
+        patches, c = _row_patches(h.text, path, s, h.data_start, h.size, self.relabel, self.E, self.stacked)
         for k, v in c.items():
-            counts[k] += v
+            self.counts[k] += v
         n = ren.changed - before
         if n == 0 and not patches:
-            shards[s] = ShardPlan()
-            continue
-        shards[s] = ShardPlan(_pad(_with_tag(text, tag, path), h.length), patches, n)
-    counts["expert"] = ren.renamed
-    for i, d in enumerate(placement.moe_layers):
-        tails = ren.seen.get(str(d).encode())
-        if not tails and d in stacked:
-            continue
-        if not tails:
-            raise InputError(f"{ck.root}: no expert tensors found for MoE layer {d} (layers.{d}.mlp.experts.* / "
-                             "block_sparse_moe.experts.*); not a checkpoint layout this export knows")
-        short = next(((t, k) for t, k in tails.items() if k != E), None)
-        if short is not None:
-            raise InputError(f"{ck.root}: MoE layer {d}: {short[1]} of {E} experts have a tensor "
-                             f"experts.N{short[0].decode()}; every expert of a layer must have the same tensors")
-    quant = None
-    if q is not None:
-        moved = {d for i, d in enumerate(relabel.moe_layers) if (relabel.new2old[i] != np.arange(E)).any()}
-        new_q, n = relabel_quantization(q, relabel, lambda: _modules(ren, moved), str(ck.root / "config.json"))
-        quant = new_q if n else None
-    index_text = None
-    if ck.index is not None:
-        index_text = new_index((ck.root / ck.index).read_bytes(), ck.root / ck.index, ren)
-    return Plan(relabel, shards, index_text, quant, counts, sorted(ren.untouched), spec.n_group, spec.topk_group, tag)
+            sp = ShardPlan()
+        else:
+            sp = ShardPlan(_pad(_with_tag(text, self.tag, path), h.length), patches, n)
+        self.shards[s] = sp
+        return sp
+
+    def finish(self) -> Plan:
+        """The plan, after the checks that span the shards."""
+        with _gc_paused():
+            return self._finish()
+
+    def _finish(self) -> Plan:
+        ck, ren, E, relabel = self.ck, self.ren, self.E, self.relabel
+        self.counts["expert"] = ren.renamed
+        for d in self.placement.moe_layers:
+            tails = ren.seen.get(str(d).encode())
+            if not tails and d in self.stacked:
+                continue
+            if not tails:
+                raise InputError(f"{ck.root}: no expert tensors found for MoE layer {d} (layers.{d}.mlp.experts.* / "
+                                 "block_sparse_moe.experts.*); not a checkpoint layout this export knows")
+            short = next(((t, k) for t, k in tails.items() if k != E), None)
+            if short is not None:
+                raise InputError(f"{ck.root}: MoE layer {d}: {short[1]} of {E} experts have a tensor "
+                                 f"experts.N{short[0].decode()}; every expert of a layer must have the same tensors")
+        quant = None
+        q = quantization_config(ck.config)
+        if q is not None:
+            moved = {d for i, d in enumerate(relabel.moe_layers) if (relabel.new2old[i] != np.arange(E)).any()}
+            new_q, n = relabel_quantization(q, relabel, lambda: _modules(ren, moved), str(ck.root / "config.json"))
+            quant = new_q if n else None
+        index_text = None
+        if ck.index is not None:
+            index_text = new_index((ck.root / ck.index).read_bytes(), ck.root / ck.index, ren)
+        return Plan(relabel, self.shards, index_text, quant, self.counts, sorted(ren.untouched), self.spec.n_group,
+                    self.spec.topk_group, self.tag)
 
 
 # ---------------------------------------------------------------------------- space
@@ -650,12 +726,7 @@ def _aligned(src_off: int, dst_off: int, length: int) -> tuple[int, int, int]:
 def needs(ck: Checkpoint, p: Plan, dst: str | Path, link: bool = True) -> Needs:
     """Bytes to write and to link for DST, from the plan and a reflink probe on DST's file system, and the
     space free there. Writes nothing but the probe's one-block temporary file."""
-    where = _existing_dir(Path(dst).parent)
-    st = os.statvfs(where)
-    free = st.f_bavail * st.f_frsize
-    first = ck.root / ck.shards[0]
-    reflinks = os.stat(where).st_dev == os.stat(first).st_dev and probe_reflink(Path(os.path.realpath(first)), where)
-    same_fs = os.stat(where).st_dev == os.stat(first).st_dev
+    free, reflinks, same_fs = _space_facts(ck, dst)
     write = shared = hard = 0
     for s in ck.shards:
         h = ck.headers[s]
@@ -681,8 +752,50 @@ def needs(ck: Checkpoint, p: Plan, dst: str | Path, link: bool = True) -> Needs:
     return Needs(write, shared, hard, free, reflinks)
 
 
+def _space_facts(ck: Checkpoint, dst: str | Path) -> tuple[int, bool, bool]:
+    """``(bytes free on DST's file system, whether it shares SRC's blocks (a reflink probe), whether it is
+    SRC's file system)``."""
+    where = _existing_dir(Path(dst).parent)
+    st = os.statvfs(where)
+    first = ck.root / ck.shards[0]
+    same_fs = os.stat(where).st_dev == os.stat(first).st_dev
+    reflinks = same_fs and probe_reflink(Path(os.path.realpath(first)), where)
+    return st.f_bavail * st.f_frsize, reflinks, same_fs
+
+
+_ENTRY_BOUND = 1024  # bytes: more than the __metadata__ entry naming the relabelling (and its braces) adds
+
+
+def space_bound(ck: Checkpoint, dst: str | Path, relabel: Relabel) -> Needs:
+    """An upper bound on what writing DST takes, known before any header is planned (:func:`open_checkpoint`
+    only): every shard rewritten -- none hard-linked, nothing shared by reflink -- with its header grown by
+    at most its own length (a renamed id is at most 4 digits longer, in an entry of more than 40 bytes), the
+    ``__metadata__`` entry and a block of padding; every other file at most twice its size (an index or
+    config written again, indented); and the manifest (``relabel``: its permutation). Reads each shard's 8-byte header length only."""
+    free, reflinks, _ = _space_facts(ck, dst)
+    write = 0
+    for s in ck.shards:
+        with open(os.path.realpath(ck.root / s), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(8)
+        length = min(struct.unpack("<Q", raw)[0], size) if len(raw) == 8 else size
+        write += size + length + _ENTRY_BOUND + BLOCK
+    for d, dirs, files in os.walk(ck.root):
+        dirs[:] = [x for x in dirs if not x.startswith(".")]
+        top = Path(d) == ck.root
+        for fn in files:
+            if not fn.startswith(".") and not (top and fn in ck.shards):
+                write += 2 * os.stat(os.path.realpath(Path(d) / fn)).st_size + BLOCK
+    write += 1024 * (len(ck.shards) + 64) + 8 * relabel.new2old.size  # the manifest (ids of at most 5 digits)
+    return Needs(write, 0, 0, free, reflinks)
+
+
+def fits(n: Needs) -> bool:
+    return n.write + (1 << 20) <= n.free
+
+
 def check_space(n: Needs, dst: str | Path) -> None:
-    if n.write + (1 << 20) > n.free:
+    if not fits(n):
         raise InputError(f"--out {dst}: the relabelled checkpoint needs {n.write / 1e9:,.2f} GB of new data "
                          f"but its file system has {n.free / 1e9:,.2f} GB free ({n.line()})")
 
@@ -698,13 +811,23 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> st
     return h.hexdigest()
 
 
-def _copy(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, path: Path) -> None:
+class _Stopped(Exception):
+    """The write was abandoned (the planning found a problem, or the command was interrupted)."""
+
+
+def _copy(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, path: Path,
+          stop: threading.Event | None = None) -> None:
     """``length`` bytes of ``src_fd`` at ``src_off`` to ``dst_fd`` at ``dst_off``: in the kernel
-    (copy_file_range) where the file system allows, else through a bounded buffer."""
+    (copy_file_range, :data:`KERNEL_CHUNK` bytes a call) where the file system allows, else through a
+    buffer of :data:`CHUNK` bytes; ``stop`` looked at between calls (a write abandoned stops within one)."""
     done = 0
     fast = hasattr(os, "copy_file_range")
     while done < length:
-        n = min(CHUNK, length - done)
+        if stop is not None and stop.is_set():
+            raise _Stopped
+        n = min(KERNEL_CHUNK if fast else CHUNK, length - done)
+        if fast and (dst_off + done) % KERNEL_ALIGN:
+            n = min(n, -(dst_off + done) % KERNEL_ALIGN)
         got = 0
         if fast:
             try:
@@ -713,6 +836,7 @@ def _copy(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, pat
                 if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise
                 fast = False
+                n = min(CHUNK, n)
         if not fast:
             buf = os.pread(src_fd, n, src_off + done)
             got = os.pwrite(dst_fd, buf, dst_off + done) if buf else 0
@@ -722,17 +846,25 @@ def _copy(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, pat
 
 
 def copy_region(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, path: Path,
-                reflink: bool) -> int:
+                reflink: bool, stop: threading.Event | None = None) -> int:
     """Copy one sequential range; with ``reflink`` its whole blocks are shared (FICLONERANGE) and the rest
     copied. Returns the bytes shared."""
     head, bulk, tail = _aligned(src_off, dst_off, length) if reflink else (length, 0, 0)
     if bulk and not _clone(src_fd, dst_fd, src_off + head, bulk, dst_off + head):
         head, bulk, tail = length, 0, 0
     if head:
-        _copy(src_fd, dst_fd, src_off, dst_off, head, path)
+        _copy(src_fd, dst_fd, src_off, dst_off, head, path, stop)
     if tail:
-        _copy(src_fd, dst_fd, src_off + head + bulk, dst_off + head + bulk, tail, path)
+        _copy(src_fd, dst_fd, src_off + head + bulk, dst_off + head + bulk, tail, path, stop)
     return bulk
+
+
+def _open_source(path: Path) -> int:
+    """``path`` opened for reading in order (the kernel reads ahead further, as ``cp`` asks it to)."""
+    fd = os.open(path, os.O_RDONLY)
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    return fd
 
 
 def _gather_rows(src_fd: int, dst_fd: int, patch: RowPatch, src_start: int, dst_start: int) -> int:
@@ -754,17 +886,22 @@ def _gather_rows(src_fd: int, dst_fd: int, patch: RowPatch, src_start: int, dst_
     return info.nbytes
 
 
-def _write_shard(ck: Checkpoint, shard: str, sp: ShardPlan, dst: Path, reflink: bool) -> tuple[int, int]:
+def _write_shard(ck: Checkpoint, shard: str, sp: ShardPlan, dst: Path, reflink: bool,
+                 stop: threading.Event | None = None) -> tuple[int, int]:
     """DST's ``shard``: the new header, SRC's data section as one range, the row gathers over it.
     Returns ``(bytes written, bytes shared by reflink)``."""
     h = ck.headers[shard]
     src = Path(os.path.realpath(ck.root / shard))
-    fd_in = os.open(src, os.O_RDONLY)
-    out = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    fd_in = _open_source(src)
+    try:
+        out = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    except BaseException:
+        os.close(fd_in)
+        raise
     try:
         head = struct.pack("<Q", len(sp.header)) + sp.header
         d_start = len(head)
-        shared = copy_region(fd_in, out, h.data_start, d_start, h.size - h.data_start, src, reflink)
+        shared = copy_region(fd_in, out, h.data_start, d_start, h.size - h.data_start, src, reflink, stop)
         os.pwrite(out, head, 0)
         patched = sum(_gather_rows(fd_in, out, x, h.data_start, d_start) for x in sp.patches)
         return d_start + (h.size - h.data_start - shared) + (patched if shared else 0), max(0, shared - patched)
@@ -773,7 +910,8 @@ def _write_shard(ck: Checkpoint, shard: str, sp: ShardPlan, dst: Path, reflink: 
         os.close(fd_in)
 
 
-def _link_or_copy(src: Path, dst: Path, link: bool, reflink: bool) -> tuple[str, int, int]:
+def _link_or_copy(src: Path, dst: Path, link: bool, reflink: bool, stop: threading.Event | None = None
+                  ) -> tuple[str, int, int]:
     """``(how, bytes written, bytes shared)`` of an unchanged shard: hard link, else a copy (reflinked
     where the file system shares blocks)."""
     real = Path(os.path.realpath(src))  # a Hugging Face cache snapshot holds symlinks into blobs/
@@ -785,10 +923,14 @@ def _link_or_copy(src: Path, dst: Path, link: bool, reflink: bool) -> tuple[str,
             if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
                 raise
     size = real.stat().st_size
-    fd_in = os.open(real, os.O_RDONLY)
-    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd_in = _open_source(real)
     try:
-        shared = copy_region(fd_in, out, 0, 0, size, real, reflink)
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except BaseException:
+        os.close(fd_in)
+        raise
+    try:
+        shared = copy_region(fd_in, out, 0, 0, size, real, reflink, stop)
     finally:
         os.close(out)
         os.close(fd_in)
@@ -805,40 +947,141 @@ RELABELLED_CHECKPOINT = register_kind(OutputKind("relabelled checkpoint", True, 
 def write_checkpoint(ck: Checkpoint, p: Plan, placement: Placement, placement_path: Path, dst: str | Path, *,
                      link: bool = True, full_hash: bool = False, space: Needs | None = None, pool: str | None = None,
                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Write the relabelled checkpoint to ``dst`` (atomically: a temporary sibling renamed at the end) and
-    return its manifest. ``space``: :func:`needs` of this write (computed and checked when not given);
-    ``full_hash``: also record the sha256 of every source byte (hashed on other threads while the copy
-    runs). ``progress`` receives one line per shard."""
-    say = progress or (lambda s: None)
+    """Write the relabelled checkpoint to ``dst`` from its plan (atomically: a temporary sibling renamed at
+    the end) and return its manifest. ``space``: :func:`needs` of this write (computed and checked when not
+    given); ``full_hash``: also record the sha256 of every source byte (hashed on other threads while the
+    copy runs). ``progress`` receives one line per shard."""
     space = space or needs(ck, p, dst, link)
     check_space(space, dst)
+    shards = ((s, p.shards[s]) for s in ck.shards)
+    return _write(ck, shards, lambda: p, placement, placement_path, dst, link=link, full_hash=full_hash,
+                  reflinks=space.reflinks, pool=pool, progress=progress)
+
+
+def relabel_checkpoint(ck: Checkpoint, planner: Planner, placement: Placement, placement_path: Path,
+                       dst: str | Path, *, link: bool = True, full_hash: bool = False, space: Needs,
+                       pool: str | None = None, progress: Callable[[str], None] | None = None
+                       ) -> tuple[Plan, dict[str, Any]]:
+    """Plan and write at once: each shard's header is read, checked and planned (:func:`read_shard`,
+    :meth:`Planner.shard`) while the shard before it is copied on another thread, so the header work (K3:
+    0.7 M tensors) runs alongside the copy instead of before it. ``ck`` is :func:`open_checkpoint`'s (no
+    header read yet) and ``space`` its :func:`space_bound`, checked here before anything is written. DST's
+    bytes and manifest are :func:`write_checkpoint`'s from :func:`plan`'s plan; a problem the planning finds
+    after writing began (a damaged later shard, experts with differing tensors, a ``quantization_config``
+    pattern that cannot be renamed) is the same one-line error and leaves nothing behind: the temporary
+    directory is removed, DST not touched. Returns the plan and the manifest."""
+    check_space(space, dst)
+    done: list[Plan] = []
+
+    def shards():
+        for s in ck.shards:
+            if s not in ck.headers:
+                read_shard(ck, s)
+            yield s, planner.shard(s)
+
+    def finish() -> Plan:
+        done.append(planner.finish())
+        return done[0]
+
+    manifest = _write(ck, shards(), finish, placement, placement_path, dst, link=link, full_hash=full_hash,
+                      reflinks=space.reflinks, pool=pool, progress=progress)
+    return done[0], manifest
+
+
+def _put_shard(ck: Checkpoint, s: str, sp: ShardPlan, tmp: Path, link: bool, reflinks: bool,
+               stop: threading.Event, drop: bool) -> tuple[dict[str, Any], int, int]:
+    """Write DST's shard ``s`` into ``tmp``: ``(its manifest entry, bytes written, bytes shared)``. ``drop``:
+    then let the kernel drop the source shard's pages from the page cache (:func:`_drop_cached`)."""
+    if stop.is_set():
+        raise _Stopped
+    h = ck.headers[s]
+    if sp.header is None:
+        how, w, sh = _link_or_copy(ck.root / s, tmp / s, link, reflinks, stop)
+        if drop and how == "copied":
+            _drop_cached(ck.root / s)
+        return {"how": how, "bytes": h.size, "header_sha256": h.sha256}, w, sh
+    w, sh = _write_shard(ck, s, sp, tmp / s, reflinks, stop)
+    if drop:
+        _drop_cached(ck.root / s)
+    return ({"how": "rewritten", "bytes": 8 + len(sp.header) + h.size - h.data_start,
+             "header_sha256": hashlib.sha256(struct.pack("<Q", len(sp.header)) + sp.header).hexdigest(),
+             "renamed_tensors": sp.renamed, "permuted_tensors": len(sp.patches)}, w, sh)
+
+
+def _drop_cached(path: Path) -> None:
+    """Ask the kernel to drop ``path``'s clean pages from the page cache (``POSIX_FADV_DONTNEED``; the file is
+    not touched). The relabelling reads each source byte once: kept, a K3-sized source (1.56 TB) would push
+    everything else out of memory, and the kernel's reclaim of those pages while DST is written costs more
+    CPU than the copy itself (bench/relabel.py: without this, twice cp's CPU seconds on this 2-core machine)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    fd = os.open(os.path.realpath(path), os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _write(ck: Checkpoint, shards, finish: Callable[[], Plan], placement: Placement, placement_path: Path,
+           dst: str | Path, *, link: bool, full_hash: bool, reflinks: bool, pool: str | None,
+           progress: Callable[[str], None] | None) -> dict[str, Any]:
+    """Write DST from ``shards`` (``(shard, plan)`` in order, each written on one writer thread as it comes,
+    while the next is produced) and ``finish()`` (the whole plan, after the last shard); the manifest. Each
+    source shard's pages leave the page cache once it is copied (:func:`_drop_cached`), but with
+    ``full_hash``, whose hashing threads read the same bytes on their own schedule."""
+    say = progress or (lambda s: None)
     t0 = time.perf_counter()
-    written: dict[str, dict[str, Any]] = {}
     total_w = total_s = 0
-    pool = ThreadPoolExecutor(max_workers=2) if full_hash else None
-    hashes = {s: pool.submit(sha256_file, Path(os.path.realpath(ck.root / s))) for s in ck.shards} if pool else {}
+    hasher = ThreadPoolExecutor(max_workers=2) if full_hash else None
+    hashes = {s: hasher.submit(sha256_file, Path(os.path.realpath(ck.root / s))) for s in ck.shards} if hasher else {}
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moeplace-relabel")
+    stop = threading.Event()
+    failed: list[BaseException] = []
+    n = len(ck.shards)
+
+    def put(i: int, s: str, sp: ShardPlan):
+        t1 = time.perf_counter()
+        try:
+            entry, w, sh = _put_shard(ck, s, sp, tmp, link, reflinks, stop, not full_hash)
+        except BaseException as exc:
+            stop.set()  # the shards queued after it are not written
+            failed.append(exc)
+            raise
+        dt = time.perf_counter() - t1
+        size = ck.headers[s].size
+        say(f"[{i}/{n}] {s}: {entry['how']}, {size / 1e6:,.1f} MB in {dt:.2f} s "
+            f"({size / 1e6 / max(dt, 1e-9):,.0f} MB/s; {w / 1e6:,.1f} MB written, {sh / 1e6:,.1f} MB "
+            "shared by reflink)")
+        return entry, w, sh
+
+    switch = sys.getswitchinterval()
+    # the writer thread wants the GIL back after each system call; the header work (a Python loop) hands it
+    # over within this interval instead of the default 5 ms
+    sys.setswitchinterval(min(switch, 1e-4))
     try:
         with atomic_path(dst, directory=True) as tmp:
-            for i, s in enumerate(ck.shards, 1):
-                t1 = time.perf_counter()
-                h = ck.headers[s]
-                sp = p.shards[s]
-                if sp.header is None:
-                    how, w, sh = _link_or_copy(ck.root / s, tmp / s, link, space.reflinks)
-                    written[s] = {"how": how, "bytes": h.size, "header_sha256": h.sha256}
-                else:
-                    w, sh = _write_shard(ck, s, sp, tmp / s, space.reflinks)
-                    how = "rewritten"
-                    written[s] = {"how": how, "bytes": 8 + len(sp.header) + h.size - h.data_start,
-                                  "header_sha256": hashlib.sha256(struct.pack("<Q", len(sp.header))
-                                                                  + sp.header).hexdigest(),
-                                  "renamed_tensors": sp.renamed, "permuted_tensors": len(sp.patches)}
-                total_w += w
-                total_s += sh
-                dt = time.perf_counter() - t1
-                say(f"[{i}/{len(ck.shards)}] {s}: {how}, {h.size / 1e6:,.1f} MB in {dt:.2f} s "
-                    f"({h.size / 1e6 / max(dt, 1e-9):,.0f} MB/s; {w / 1e6:,.1f} MB written, {sh / 1e6:,.1f} MB "
-                    "shared by reflink)")
+            try:
+                futures = []
+                for i, (s, sp) in enumerate(shards, 1):
+                    if failed:  # the writer's error, at once: the planning stops
+                        break
+                    futures.append((s, writer.submit(put, i, s, sp)))
+                p = None if failed else finish()
+                written = {}
+                for s, fut in futures:
+                    entry, w, sh = fut.result()  # the first shard that failed raises its error here
+                    written[s] = entry
+                    total_w += w
+                    total_s += sh
+            except BaseException:
+                stop.set()
+                writer.shutdown(wait=True, cancel_futures=True)  # before the temporary directory is removed
+                if failed and not isinstance(failed[0], _Stopped):
+                    raise failed[0] from None
+                raise
+            finally:
+                writer.shutdown(wait=True)
+            assert p is not None
             others = _copy_others(ck, p, tmp)
             sources = {s: {"bytes": ck.headers[s].size, "header_sha256": ck.headers[s].sha256} for s in ck.shards}
             for s, fut in hashes.items():
@@ -871,8 +1114,9 @@ def write_checkpoint(ck: Checkpoint, p: Plan, placement: Placement, placement_pa
             head = json.dumps(manifest, indent=1)[:-2]
             (tmp / MANIFEST).write_text(f'{head},\n "new2old": [\n  {rows}\n ]\n}}\n')
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+        sys.setswitchinterval(switch)
+        if hasher is not None:
+            hasher.shutdown(cancel_futures=True)
     manifest["new2old"] = p.relabel.new2old.tolist()
     manifest["seconds"] = time.perf_counter() - t0
     manifest["written_bytes"] = total_w
