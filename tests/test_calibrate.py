@@ -180,7 +180,13 @@ def test_shipped_members_are_the_shipped_ensemble():
 
 def test_x_of_and_cfg_of_round_trip():
     c = CostConfig()
-    assert cfg_of(c, x_of(c)) == c
+    back = cfg_of(c, x_of(c))
+    # the refitted constants come back to rounding (scaled to their bounds and back), the rest untouched
+    assert {n: getattr(back, n) for n, _, _ in REFIT} == pytest.approx({n: getattr(c, n) for n, _, _ in REFIT},
+                                                                      rel=1e-12, abs=1e-18)
+    assert back.replace(**{n: getattr(c, n) for n, _, _ in REFIT}) == c
+    moved = cfg_of(c, np.full(len(REFIT), 0.5))  # the middle of every bound
+    assert [getattr(moved, n) for n, _, _ in REFIT] == pytest.approx([(lo + hi) / 2 for _, lo, hi in REFIT])
 
 
 def test_within_interval_combines_the_members_spread_and_the_residuals():
