@@ -867,6 +867,23 @@ def _open_source(path: Path) -> int:
     return fd
 
 
+@contextlib.contextmanager
+def _source_and_new(src: Path, dst: Path, flags: int):
+    """``(source fd, new DST fd)``: ``src`` opened as :func:`_open_source`, ``dst`` created (it must not
+    exist) with ``flags``; both closed on the way out, the source also when creating DST fails."""
+    fd_in = _open_source(src)
+    try:
+        out = os.open(dst, flags | os.O_CREAT | os.O_EXCL, 0o644)
+    except BaseException:
+        os.close(fd_in)
+        raise
+    try:
+        yield fd_in, out
+    finally:
+        os.close(out)
+        os.close(fd_in)
+
+
 def _gather_rows(src_fd: int, dst_fd: int, patch: RowPatch, src_start: int, dst_start: int) -> int:
     """Write DST's rows of ``patch`` (SRC's rows in ``new2old`` order) over the copied data."""
     info = patch.info
@@ -892,22 +909,13 @@ def _write_shard(ck: Checkpoint, shard: str, sp: ShardPlan, dst: Path, reflink: 
     Returns ``(bytes written, bytes shared by reflink)``."""
     h = ck.headers[shard]
     src = Path(os.path.realpath(ck.root / shard))
-    fd_in = _open_source(src)
-    try:
-        out = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    except BaseException:
-        os.close(fd_in)
-        raise
-    try:
+    with _source_and_new(src, dst, os.O_RDWR) as (fd_in, out):
         head = struct.pack("<Q", len(sp.header)) + sp.header
         d_start = len(head)
         shared = copy_region(fd_in, out, h.data_start, d_start, h.size - h.data_start, src, reflink, stop)
         os.pwrite(out, head, 0)
         patched = sum(_gather_rows(fd_in, out, x, h.data_start, d_start) for x in sp.patches)
         return d_start + (h.size - h.data_start - shared) + (patched if shared else 0), max(0, shared - patched)
-    finally:
-        os.close(out)
-        os.close(fd_in)
 
 
 def _link_or_copy(src: Path, dst: Path, link: bool, reflink: bool, stop: threading.Event | None = None
@@ -923,17 +931,8 @@ def _link_or_copy(src: Path, dst: Path, link: bool, reflink: bool, stop: threadi
             if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
                 raise
     size = real.stat().st_size
-    fd_in = _open_source(real)
-    try:
-        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except BaseException:
-        os.close(fd_in)
-        raise
-    try:
+    with _source_and_new(real, dst, os.O_WRONLY) as (fd_in, out):
         shared = copy_region(fd_in, out, 0, 0, size, real, reflink, stop)
-    finally:
-        os.close(out)
-        os.close(fd_in)
     return "copied", size - shared, shared
 
 
