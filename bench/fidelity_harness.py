@@ -277,7 +277,7 @@ def case_trace(case: dict, quick: bool):
 def case_setup(case: dict, quick: bool):
     """(trace, placement, cluster, engine config, workload config, duration) of an end-to-end case."""
     from moeplace.foundation.cluster import make_cluster
-    from moeplace.sim.config import EngineConfig, LengthMix, WorkloadConfig
+    from moeplace.sim.config import EngineConfig, LengthMix, WorkloadConfig, prefill_batches_of
     from moeplace.sim.runner import resolve_placement
 
     c = case["config"]
@@ -318,6 +318,7 @@ def case_setup(case: dict, quick: bool):
                           moe_tp=int(c.get("moe_tp", 1)), prefix_hit=float(c.get("prefix_hit", 0.0)),
                           dp_balance="tokens", phase={"serve": "both"}.get(kind, kind),
                           a2a_mode=c.get("moe_comm", "auto"), admission=c.get("admission", "on_demand"),
+                          prefill_batches=prefill_batches_of(case_engine(case) or "", c.get("prefill_batches")),
                           kernel_build=c.get("kernel_build", "unfused"),
                           gpu_memory_utilization=0.9)
     wl = WorkloadConfig(arrival="closed", concurrency=conc, lengths=lengths)

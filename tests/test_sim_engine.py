@@ -314,3 +314,52 @@ def test_reserve_admission_never_preempts_and_admits_only_whole_sequences(tmp_pa
             assert rank.used == pool._used(rank) == 0
     with pytest.raises(InputError, match="admission 'lazy' unknown"):
         EngineConfig(admission="lazy")
+
+
+def _iterations_work(monkeypatch, path, m, prefill_batches):
+    """Per iteration of a 2-request run on one attention-DP rank: (prefill tokens, decoding sequences) of
+    rank 0, and the result. Prompts of 20 tokens against a 16-token budget, so the second prompt's last
+    chunk is left to run while the first request decodes."""
+    from moeplace.sim import engine as sim_engine
+
+    seen = []
+    form = sim_engine.Pool._form_batch
+
+    def spy(self, now):
+        b = form(self, now)
+        if b is not None:
+            seen.append((int(b.work.pre_tokens[0]), int(b.work.dec_seqs[0])))
+        return b
+
+    monkeypatch.setattr(sim_engine.Pool, "_form_batch", spy)
+    cfg = SimConfig(duration=10.0, mode="replay", cost=EXACT,
+                    engine=EngineConfig(attention_tp=4, max_batched_tokens=16, prefill_batches=prefill_batches),
+                    workload=WorkloadConfig(arrival="closed", concurrency=2, max_requests=2))
+    res = build(path, linear_placement(m, 4, 4), cfg, gpus=4).run()
+    monkeypatch.undo()
+    return seen, res
+
+
+def test_separate_prefill_batches_make_a_ranks_decodes_wait_for_its_prefill(tmp_path, monkeypatch):
+    m = mini_model()
+    path = write_trace(tmp_path / "t", m, num_requests=2, prompt=20, output=6)
+    mixed, res_mixed = _iterations_work(monkeypatch, path, m, "mixed")
+    sep, res_sep = _iterations_work(monkeypatch, path, m, "separate")
+    # mixed (vLLM, TensorRT-LLM): the second prompt's last 8 tokens join the first request's decode step;
+    # separate (SGLang's default): they run alone and the first request's decode waits one iteration
+    assert (8, 1) in mixed and all(not (p and d) for p, d in sep)
+    assert [p for p, _ in sep if p] == [16, 16, 8] == [p for p, _ in mixed if p]
+    a_mixed, a_sep = res_mixed.requests.row(0, named=True), res_sep.requests.row(0, named=True)
+    assert a_sep["ttft_s"] == pytest.approx(a_mixed["ttft_s"], rel=1e-12)  # its own prefill is not delayed
+    assert a_sep["finished_s"] > a_mixed["finished_s"] and a_sep["tpot_s"] > a_mixed["tpot_s"]
+    assert res_sep.requests["generated_tokens"].to_list() == [6, 6] == res_mixed.requests["generated_tokens"].to_list()
+    with pytest.raises(InputError, match="prefill_batches 'interleaved' unknown"):
+        EngineConfig(prefill_batches="interleaved")
+
+
+def test_sglang_runs_prefill_batches_alone_unless_told_otherwise():
+    from moeplace.sim.config import prefill_batches_of
+
+    assert prefill_batches_of("sglang") == "separate"
+    assert prefill_batches_of("vllm") == prefill_batches_of("trtllm") == "mixed"
+    assert prefill_batches_of("sglang", "mixed") == "mixed"  # --enable-mixed-chunk

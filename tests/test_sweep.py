@@ -441,6 +441,13 @@ def test_workload_settings_are_sim_settings_and_new_engine_keys_reach_the_simula
     cfg = sim_config(spec, expand_points(spec)[0], 1)
     assert (cfg.engine.admission, cfg.engine.kernel_build, cfg.engine.replica_rule) == ("reserve", "fused", "trtllm")
     assert (cfg.workload.arrival, cfg.workload.rate) == ("poisson", 2.0)
+    assert cfg.engine.prefill_batches == "mixed"  # TensorRT-LLM's in-flight batching
+    p.write_text((base % "rate: 2").replace("engine: trtllm", "engine: sglang"))
+    spec = load_spec(p)
+    assert sim_config(spec, expand_points(spec)[0], 1).engine.prefill_batches == "separate"  # SGLang's default
+    p.write_text((base % "rate: 2").replace("engine: trtllm", "engine: sglang") + "engine: {prefill_batches: mixed}\n")
+    spec = load_spec(p)
+    assert sim_config(spec, expand_points(spec)[0], 1).engine.prefill_batches == "mixed"  # --enable-mixed-chunk
     p.write_text(base % "concurrency: 0")
     with pytest.raises(InputError, match=r"field 'workloads\[0\].concurrency': must be >= 1, got 0"):
         load_spec(p)

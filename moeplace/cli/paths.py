@@ -153,7 +153,7 @@ NOT_PATHS = {
                  "random_range_ratio", "max_requests", "max_trace_tokens", "engine", "attention_tp",
                  "max_batched_tokens", "max_seqs", "kv_dtype", "preemption", "pool_split", "gpu_memory_utilization",
                  "deepep_mode", "cuda_graph_max_bs", "kernel_build", "kernels_per_layer", "mtp", "prefix_hit",
-                 "moe_tp", "attention_dtype", "admission", "dp_balance", "phase", "duration", "warmup", "mode",
+                 "moe_tp", "attention_dtype", "admission", "prefill_batches", "dp_balance", "phase", "duration", "warmup", "mode",
                  "cost_model", "cost_engine", "rebalance", "recommend_splits", "recommend_budget", "recommend_moves",
                  "recommend_time", "seed"},
     "sweep": {"ray", "workers", "max_points"},

@@ -20,6 +20,7 @@ from moeplace.sim.config import (
     MODES,
     PHASES,
     PREEMPTION,
+    PREFILL_BATCHES,
     CostConfig,
     EngineConfig,
     LengthMix,
@@ -27,6 +28,7 @@ from moeplace.sim.config import (
     WorkloadConfig,
     check_resources,
     parse_rebalance,
+    prefill_batches_of,
 )
 
 Count = Annotated[int, Range(1)]  # a whole number >= 1
@@ -74,6 +76,7 @@ class SimSettings:
     attention_dtype: Literal["bf16", "fp8"] = "bf16"
     dp_balance: Literal[DP_BALANCE] = "round_robin"
     admission: Literal[ADMISSION] = "on_demand"
+    prefill_batches: Literal[PREFILL_BATCHES] | None = None  # None: the engine's own (prefill_batches_of)
     prefill_gpus: Count | None = None
     phase: Literal[PHASES] = "both"
     # workload
@@ -111,6 +114,7 @@ def build_sim_config(s: SimSettings, max_context: int | None, *, mix_what: str =
                           kernel_build=s.kernel_build, mtp_draft=s.mtp_draft,
                           mtp_acceptance=s.mtp_acceptance, prefix_hit=s.prefix_hit, moe_tp=s.moe_tp,
                           attention_dtype=s.attention_dtype, dp_balance=s.dp_balance, admission=s.admission,
+                          prefill_batches=prefill_batches_of(s.engine, s.prefill_batches),
                           prefill_gpus=s.prefill_gpus, phase=s.phase)
     config = SimConfig(duration=s.duration, mode=s.mode, seed=s.seed, engine=engine, cost=CostConfig(),
                        workload=_workload(s, max_context, mix_what),

@@ -21,6 +21,16 @@ A2A_MODES = ("auto", "normal", "low_latency", "allgather")
 PHASES = ("both", "prefill", "decode")
 DP_BALANCE = ("round_robin", "tokens")
 ADMISSION = ("on_demand", "reserve")
+# how a rank's prefill work shares an iteration with its decoding sequences (EngineConfig.prefill_batches)
+PREFILL_BATCHES = ("mixed", "separate")
+
+
+def prefill_batches_of(engine: str, given: str | None = None) -> str:
+    """``given``, else the engine's default: SGLang runs prefill batches alone (``separate``: its scheduler
+    runs a prefill batch first whenever one can be formed, and mixes decodes into it only with
+    ``--enable-mixed-chunk``, off by default); vLLM V1 and TensorRT-LLM mix prefill chunks into the decode
+    iteration (``mixed``)."""
+    return given if given is not None else ("separate" if engine == "sglang" else "mixed")
 
 
 def _bad(what: str, msg: str) -> None:
@@ -67,6 +77,11 @@ class EngineConfig:
     # when the pool fills) or "reserve" (TensorRT-LLM GUARANTEED_NO_EVICT, its default: admitted only when
     # the whole prompt + output fits, never preempted)
     admission: str = "on_demand"
+    # "mixed": prefill chunks join the decoding sequences' iteration up to max_batched_tokens (vLLM V1,
+    # TensorRT-LLM in-flight batching, SGLang with --enable-mixed-chunk); "separate": a rank with a prompt to
+    # start runs a prefill-only iteration and its decoding sequences wait for the next one (SGLang's default:
+    # Scheduler.get_next_batch_to_run "runs prefill first if possible", enable_mixed_chunk is off by default)
+    prefill_batches: str = "mixed"
     prefill_gpus: int | None = None  # disaggregated: GPUs of the prefill pool (None = same as decode)
     phase: str = "both"  # benchmark one phase alone: "prefill" (1-token outputs) or "decode" (KV given)
     # disaggregated pools (--pools): the link the KV cache crosses from prefill to decode, "rdma" (NIXL over
@@ -104,6 +119,8 @@ class EngineConfig:
             _bad(w, f"kv_link '{self.kv_link}' unknown (expected rdma or nvlink)")
         if self.admission not in ADMISSION:
             _bad(w, f"admission '{self.admission}' unknown (expected one of {ADMISSION})")
+        if self.prefill_batches not in PREFILL_BATCHES:
+            _bad(w, f"prefill_batches '{self.prefill_batches}' unknown (expected one of {PREFILL_BATCHES})")
         if self.dp_balance not in DP_BALANCE:
             _bad(w, f"dp_balance '{self.dp_balance}' unknown (expected one of {DP_BALANCE})")
         if self.attention_dtype not in ("bf16", "fp8"):

@@ -22,7 +22,15 @@ from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.model import load_model
 from moeplace.sim.bench_results import MeasuredPoint
 from moeplace.sim.calibrate import Deployment
-from moeplace.sim.config import CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadConfig, parse_mtp
+from moeplace.sim.config import (
+    CostConfig,
+    EngineConfig,
+    LengthMix,
+    SimConfig,
+    WorkloadConfig,
+    parse_mtp,
+    prefill_batches_of,
+)
 
 TRACE_TOKENS = 16000  # tokens of the synthetic routing trace (stationary: one benchmark's prompt mix)
 
@@ -54,7 +62,7 @@ def engine_config(dep: Deployment) -> EngineConfig:
                         cuda_graph_max_bs=dep.cuda_graph_max_bs, dual_batch_overlap=dep.dbo,
                         replica_rule=dep.engine, kv_dtype=dep.kv_dtype, attention_dtype=dep.attention_dtype,
                         a2a_mode=dep.deepep_mode, kernel_build=dep.kernel_build, mtp_draft=draft,
-                        mtp_acceptance=acc, moe_tp=dep.moe_tp)
+                        mtp_acceptance=acc, moe_tp=dep.moe_tp, prefill_batches=prefill_batches_of(dep.engine))
 
 
 class PointModel:

@@ -21,7 +21,7 @@ from moeplace.foundation.progress import wanted
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.sim.calibrate import Calibration, calibration_run, check_applies, load_calibration
 from moeplace.sim.calibration import load_profile
-from moeplace.sim.config import COST_ENGINES, COST_MODELS, SimConfig, parse_mtp
+from moeplace.sim.config import COST_ENGINES, COST_MODELS, PREFILL_BATCHES, SimConfig, parse_mtp
 from moeplace.sim.fidelity import fidelity_doc, run_context
 from moeplace.sim.inputs import parse_phases, workload_of
 from moeplace.sim.measured import cost_source_line
@@ -118,6 +118,11 @@ def register(sub) -> None:
     e.add_argument("--admission", choices=("on_demand", "reserve"), default="on_demand",
                    help="KV admission: on_demand (vLLM/SGLang: preempt the newest when the pool fills) or reserve "
                    "(TensorRT-LLM GUARANTEED_NO_EVICT: admit only when prompt + output fit, never preempt)")
+    e.add_argument("--prefill-batches", choices=PREFILL_BATCHES, default=None,
+                   help="how prompts share iterations with decoding: mixed (prefill chunks join the decode "
+                        "iteration: vLLM, TensorRT-LLM, SGLang --enable-mixed-chunk) or separate (a rank with a "
+                        "prompt to start runs a prefill-only iteration, its decodes wait: SGLang's default); "
+                        "default: separate with --engine sglang, else mixed")
     e.add_argument("--dp-balance", choices=("round_robin", "tokens"), default="round_robin",
                    help="new requests to attention-DP ranks: round robin or fewest outstanding tokens")
     e.add_argument("--phase", choices=("both", "prefill", "decode"), default="both",
@@ -335,7 +340,7 @@ def simulation_config(args, max_context: int | None) -> SimConfig:
         kernels_per_layer=args.kernels_per_layer, kernel_build=args.kernel_build, mtp_draft=mtp_draft,
         mtp_acceptance=mtp_acceptance, prefix_hit=args.prefix_hit, moe_tp=args.moe_tp,
         attention_dtype=args.attention_dtype, dp_balance=args.dp_balance, admission=args.admission,
-        prefill_gpus=args.prefill_gpus, phase=args.phase,
+        prefill_batches=args.prefill_batches, prefill_gpus=args.prefill_gpus, phase=args.phase,
         arrival=args.arrival if open_loop else "closed",
         concurrency=256 if args.concurrency is None else args.concurrency, rate=args.rate,
         rate_end=args.rate_end, burstiness=args.burstiness, context_mix=args.context_mix,

@@ -102,7 +102,7 @@ _NOT_ENGINE = {*_BY_AXIS, *WORKLOAD_FIELDS, "duration", "mode", "disaggregated",
 ENGINE_FIELDS = tuple(f for f in _SETTINGS if f not in _NOT_ENGINE)  # warmup included
 # engine fields a sweep spec takes since this release: in a point's hash only when given, so that a sweep
 # written before resumes
-_NEW_ENGINE_FIELDS = ("kernel_build", "admission", "phase")
+_NEW_ENGINE_FIELDS = ("kernel_build", "admission", "phase", "prefill_batches")
 SWEEP_DEFAULTS: dict[str, Any] = {"duration": 5.0, "max_trace_tokens": 20000, "concurrency": 64}
 _SIMULATE_TYPES = {k: _SETTINGS.get(k) or field_types(RunInputs)[k] for k in SIMULATE_FIELDS}
 TOP_KEYS = {"name", "model", "seed", "workloads", "axes", "points", "plan", "engine", "optimize", "simulate",
