@@ -323,3 +323,14 @@ def test_the_space_bound_holds_for_every_shard_rewritten(tmp_path):
         c = ck.scan(src, full=False)
         exact = ck.needs(c, ck.plan(c, pl, CONTIGUOUS), tmp_path / "dst", link=False)
         assert exact.write <= bound.write
+
+
+def test_a_relabelled_copy_without_its_manifest_is_known_by_any_rewritten_shard(tmp_path):
+    """The first shard (the dense layer) is hard-linked, unchanged: only the later ones name the relabelling."""
+    src, shards = _four_shards(tmp_path)
+    assert _export(_placement(tmp_path), src, tmp_path / "dst") == 0
+    assert ck.relabelled_reason(src) is None
+    (tmp_path / "dst" / ck.MANIFEST).unlink()
+    assert ck.METADATA_KEY not in _header(tmp_path / "dst" / shards[0])[1].get("__metadata__", {})
+    why = ck.relabelled_reason(tmp_path / "dst")
+    assert why is not None and f"{shards[1]}'s __metadata__ names a relabelling" in why

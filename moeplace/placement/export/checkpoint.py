@@ -1156,13 +1156,16 @@ def with_quantization(config: dict[str, Any], q: dict[str, Any]) -> dict[str, An
 # ---------------------------------------------------------------------------- what the vLLM plugin asks
 def relabelled_reason(root: str | Path) -> str | None:
     """Why the checkpoint in ``root`` is already relabelled (its manifest, or a shard header naming a
-    relabelling in ``__metadata__``); ``None`` when it is not."""
+    relabelling in ``__metadata__``); ``None`` when it is not. Every shard's header is looked at: a
+    relabelling leaves the shards it did not change as they were (hard links), so the first shard may say
+    nothing."""
     root = Path(root)
     if (root / MANIFEST).is_file():
         return f"{root} is already a relabelled checkpoint ({MANIFEST})"
-    for shard in sorted(root.glob("*.safetensors"))[:1]:
-        _, text, _ = read_header_bytes(shard)
-        if orjson.dumps(METADATA_KEY) in text:
+    key = orjson.dumps(METADATA_KEY)
+    for shard in sorted(root.glob("*.safetensors")):
+        _, text, _ = read_header_raw(shard)
+        if key in text:
             return (f"{root} is already a relabelled checkpoint ({shard.name}'s __metadata__ names a relabelling: "
                     f"{METADATA_KEY})")
     return None
