@@ -306,6 +306,10 @@ def case_setup(case: dict, quick: bool):
     else:
         batch, mbt, conc = int(c["batch_per_rank"]), int(c["max_batched_tokens"]), int(c["concurrency"])
         lengths = LengthMix(components=((c["isl"], 1.0),), output_mean=c["osl"], range_ratio=0.0)
+        if c.get("length_sigma"):  # a dataset's own lengths (ShareGPT): log-normal, the published means kept
+            si, so = (float(v) for v in c["length_sigma"])
+            lengths = LengthMix(components=((max(1, round(c["isl"] * math.exp(-si * si / 2))), 1.0),), sigma=si,
+                                output_mean=c["osl"], output_sigma=so, range_ratio=None)
         duration = float(c.get("duration", 400.0))
     if quick:
         duration = duration / 3
