@@ -161,6 +161,21 @@ def _plane(a: pa.Array, k: int) -> np.ndarray:
     return np.frombuffer(buf, np.uint8, count=n * k, offset=a.offset * k).reshape(n, k)
 
 
+def numpy_values(a: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The values of an Arrow array as numpy: a view of its buffer (no copy) for a fixed-width integer or
+    float array without nulls, else ``to_numpy``'s copy. pyarrow's ``to_numpy`` imports pandas on its first
+    call (~0.2 s), which a stats pass of a demo-sized trace (a few hundred ms) should not pay."""
+    if isinstance(a, pa.ChunkedArray):
+        a = a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
+    t = a.type
+    if a.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)) and not pa.types.is_float16(t):
+        dtype = np.dtype(t.to_pandas_dtype())
+        if len(a) == 0:
+            return np.zeros(0, dtype)
+        return np.frombuffer(a.buffers()[1], dtype, count=len(a), offset=a.offset * dtype.itemsize)
+    return a.to_numpy(zero_copy_only=False)
+
+
 def decode_expert_ids(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Sorted expert ids int64 ``[n, k]`` from the byte planes (int64: the deltas of a corrupt row can sum
     past uint16, which the gate reports as an id out of range rather than wrapping it)."""

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
-from moeplace.traces.format import ID_PLANES, READ_CHECKSUMS, id_planes
+from moeplace.traces.format import ID_PLANES, READ_CHECKSUMS, id_planes, numpy_values
 from moeplace.traces.gate.files import Trace, open_failure
 from moeplace.traces.gate.order import RowOrder
 from moeplace.traces.gate.report import Detect, ProblemFound, Raise
@@ -357,22 +357,20 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
             # a zero delta after the first is a repeated expert: more zeros in the chunk than in its first column
             if k > 1 and d.size - np.count_nonzero(d) != m - np.count_nonzero(d[:, 0]):
                 raise ProblemFound("duplicate_expert")
-            o = keys[:, :m]
+            o = keys[:, :m]  # (layer, expert) keys within the chunk's window
             p = (phase + g) % num_layers
             base = base_all[p:p + m]
-            if w == w0:
-                np.add(base, d[:, 0], out=o[0])
-            else:
-                np.add(base, (w - w0) * bins_per_window, out=o[0])
-                o[0] += d[:, 0]
+            np.add(base, d[:, 0], out=o[0])
             for i in range(1, k):
                 np.add(o[i - 1], d[:, i], out=o[i])
             # the row's largest id is its last (the deltas summed): below num_experts
-            np.add(base, (w - w0) * bins_per_window + num_experts, out=top[:m])
+            np.add(base, num_experts, out=top[:m])
             if not np.less(o[k - 1], top[:m]).all():
                 raise ProblemFound("expert_range")
             if spec.count:
-                counts += np.bincount(o.reshape(-1), minlength=len(counts))
+                # one window's bins (not the row group's: a bincount's output is allocated and added whole)
+                c0 = (w - w0) * bins_per_window
+                counts[c0:c0 + bins_per_window] += np.bincount(o.reshape(-1), minlength=bins_per_window)
             s = e
         if rows is not None:
             a, b = np.searchsorted(rows, [b0, b1])
@@ -408,11 +406,11 @@ def _domain_rows(spec: PassSpec, table: pa.Table, row0: int, n: int) -> tuple[li
         return [], None
     dcol = table.column("domain").combine_chunks()
     if isinstance(dcol, pa.DictionaryArray):
-        codes = dcol.indices.to_numpy(zero_copy_only=False)
+        codes = numpy_values(dcol.indices)
         names = dcol.dictionary.to_pylist()
     else:
         enc = dcol.dictionary_encode()
-        codes, names = enc.indices.to_numpy(zero_copy_only=False), enc.dictionary.to_pylist()
+        codes, names = numpy_values(enc.indices), enc.dictionary.to_pylist()
     rpw = spec.rows_per_window
     w0, w1 = row0 // rpw, (row0 + n - 1) // rpw
     if w0 == w1:
@@ -666,9 +664,6 @@ def worker_pool(workers: int, num_jobs: int):
     if workers <= 1 or num_jobs <= 1:
         yield None
         return
-    # pyarrow imports pandas on the first Arrow -> NumPy conversion (~0.2 s): do it once here, not in
-    # every forked worker
-    pa.array([0], pa.int64()).to_numpy()
     ctx = mp.get_context("fork")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(ctx.Value("i", 0),)) as pool:

@@ -10,12 +10,14 @@ compilation (~1-2 s), later processes load it (~0.4 s with numba's import), once
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from collections.abc import Callable
 
 import numpy as np
 
 _LOOPS: dict[str, Callable | None] = {}
+_LOCK = threading.Lock()
 
 LOW16 = np.uint64(0xFFFF)
 
@@ -153,6 +155,21 @@ def loop(name: str) -> Callable | None:
     call it before forking workers, which then inherit it."""
     if name in _LOOPS:
         return _LOOPS[name]
+    with _LOCK:
+        if name not in _LOOPS:
+            _LOOPS[name] = _load(name)
+    return _LOOPS[name]
+
+
+def preload() -> threading.Thread:
+    """Load every loop on a background thread (numba's import and its cache's load run mostly in LLVM,
+    outside the GIL: they overlap the planning that comes before the first sampler). Returns the thread."""
+    t = threading.Thread(target=lambda: [loop(n) for n in ("dedup", "layer")], name="moeplace-jit", daemon=True)
+    t.start()
+    return t
+
+
+def _load(name: str) -> Callable | None:
     fn = None
     if os.environ.get("MOEPLACE_JIT", "1") != "0":
         try:
@@ -162,15 +179,12 @@ def loop(name: str) -> Callable | None:
         if numba is not None:
             src = {"dedup": _dedup_rounds, "layer": _layer_draws}[name]
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", numba.NumbaWarning)  # e.g. a read-only cache directory
-                    fn = numba.njit(cache=True, nogil=True)(src)
-                    _warm(name, fn)
+                fn = numba.njit(cache=True, nogil=True)(src)
+                _warm(name, fn)
             except Exception as exc:  # noqa: BLE001 (any compiler failure: the numpy code is the reference)
                 warnings.warn(f"moeplace: numba could not compile the sampler's {name} loop ({exc}); "
                               "using numpy", RuntimeWarning, stacklevel=2)
                 fn = None
-    _LOOPS[name] = fn
     return fn
 
 

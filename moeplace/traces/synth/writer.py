@@ -20,6 +20,7 @@ from moeplace.foundation.files import clean_stale_temps, raise_on_sigterm
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import bar
 from moeplace.traces.format import TraceWriter
+from moeplace.traces.synth import jit
 from moeplace.traces.synth.calibration import build_design
 from moeplace.traces.synth.config import SYNTH_VERSION, SynthConfig, check_resources
 from moeplace.traces.synth.pipeline import RING_SLOTS, LayerPipeline
@@ -211,9 +212,11 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
 
     check_resources(cfg, model.num_moe_layers, model.top_k, out)
     t0 = time.perf_counter()
+    loader = jit.preload()  # the compiled loops load while the design is solved (joined before any fork)
     with bar(None, "synth: solve the generator's parameters", "step") as pb:
         design = build_design(model, cfg)
         pb.update(1)
+    loader.join()
     t_plan = time.perf_counter() - t0
     provenance = {"kind": "synthetic", "generator": f"moeplace.synth/{SYNTH_VERSION}",
                   "config": asdict(cfg), "domains": list(design.domains), "solved": design.report}
