@@ -278,6 +278,41 @@ def _buffer(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     return b[:size].reshape(shape)
 
 
+_BYTES_EVEN = np.uint64(0x00FF00FF00FF00FF)
+_LANES_SUM = np.uint64(0x0001000100010001)
+
+
+def _byte_row_sums(plane: np.ndarray) -> np.ndarray:
+    """uint64 ``[m]``: the sum of each row of ``plane`` uint8 ``[m, k]`` (k a multiple of 8), by SWAR on
+    its 8-byte words: even and odd bytes added as four 16-bit lanes, the words of a row added, then the
+    four lanes summed by one multiply into the top lane (every partial sum < 2^16 for k <= 256: no carry
+    between lanes)."""
+    x = plane.view(np.uint64)
+    t = (x & _BYTES_EVEN) + ((x >> np.uint64(8)) & _BYTES_EVEN)
+    acc = t[:, 0].copy()
+    for w in range(1, x.shape[1]):
+        acc += t[:, w]
+    acc *= _LANES_SUM
+    acc >>= np.uint64(48)
+    return acc
+
+
+def _check_chunk(lo: np.ndarray, hi: np.ndarray, num_experts: int) -> None:
+    """The checks of a chunk of byte planes when nothing is counted (``check_pass``): a zero delta after
+    a row's first is a repeated expert; a row's deltas summing to ``num_experts`` or more is an id out of
+    range (the row's last, largest id). The same verdicts as the key-building path, without the keys."""
+    m = len(lo)
+    either = lo | hi
+    if either.size - np.count_nonzero(either) != m - np.count_nonzero(either[:, 0]):
+        raise ProblemFound("duplicate_expert")
+    last = _byte_row_sums(lo)
+    hi64 = hi.view(np.uint64)
+    if hi64.any():
+        last += _byte_row_sums(hi) << np.uint64(8)
+    if not (last < np.uint64(num_experts)).all():
+        raise ProblemFound("expert_range")
+
+
 def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
     """The fast path of a version-2 row group: one read of the columns the pass needs, the gate's checks
     of the per-row columns (:func:`check_row_group`, a :class:`Detect` sink), then the expert ids counted
@@ -305,7 +340,7 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
     if n == 0:
         return _Partial(w0, np.zeros((0, num_layers, num_experts), np.int64), np.zeros(0, np.int64), [], None,
                         None, group.edge)
-    pattern = _layer_pattern(num_layers, n)
+    pattern = _layer_pattern(num_layers, max(n, CHUNK_ROWS))  # base_all below takes L + CHUNK_ROWS of it
     phase = row0 % num_layers
     if not np.array_equal(group.layer_idx, pattern[phase:phase + n]):
         raise ProblemFound("layer")
@@ -348,6 +383,10 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
             e = min(len(lo), s + CHUNK_ROWS, (w + 1) * rpw - row0 - b0)  # a chunk stays in one window
             m = e - s
             lo_c, hi_c = lo[s:e], hi[s:e]
+            if not spec.count and k % 8 == 0:
+                _check_chunk(lo_c, hi_c, num_experts)  # the checks without the keys
+                s = e
+                continue
             if hi_c.any():  # the deltas: low bytes, plus the high bytes where a delta reaches 256
                 d = d16[:m]
                 np.left_shift(hi_c, 8, out=d, dtype=np.uint16)
