@@ -52,7 +52,7 @@ def child(out: str, tokens: int, seed: int, workers: int) -> dict:
     kw = {"workers": workers} if "workers" in inspect.signature(synthesize).parameters else {}
     s = synthesize(model, SynthConfig(num_tokens=tokens, seed=seed), out, **kw)
     try:
-        from moeplace.traces.synth import jit
+        from moeplace.traces import jit
         compiled = jit.loop("dedup") is not None
     except ImportError:  # an earlier release has no compiled loops
         compiled = False

@@ -373,10 +373,10 @@ def test_small_k3_style_config_without_a_context_length(tmp_path, capsys):
     ("qwen3-30b-a3b", {"theme": 0.0, "locality": 0.0}),  # no theme source, no copies
 ])
 def test_compiled_loops_draw_the_same_experts(model_name, kw, monkeypatch):
-    """The numba loops (the [fast] extra, traces.synth.jit) draw exactly the experts of the numpy code,
+    """The numba loops (the [fast] extra, traces.jit) draw exactly the experts of the numpy code,
     from the same streams: a trace's bytes do not depend on whether numba is installed."""
     pytest.importorskip("numba")
-    from moeplace.traces.synth import jit
+    from moeplace.traces import jit
 
     assert jit.loop("layer") is not None and jit.loop("dedup") is not None
     model = load_model(model_name)
@@ -393,7 +393,7 @@ def test_compiled_dedup_matches_numpy_under_heavy_repeats(k3):
     grid after DEDUP_ROUNDS, and more draws than the loop's first buffer holds: the same experts and the
     same stream position as the numpy code."""
     pytest.importorskip("numba")
-    from moeplace.traces.synth import jit
+    from moeplace.traces import jit
     from moeplace.traces.synth.sampler import ExpertSampler
 
     design = build_design(k3, SynthConfig(num_tokens=64, seed=1, **SHORT))

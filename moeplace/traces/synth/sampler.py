@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from moeplace.foundation.model import ModelSpec
-from moeplace.traces.synth import jit
+from moeplace.traces import jit
 from moeplace.traces.synth.config import U_BITS, U_SIZE, SynthConfig
 from moeplace.traces.synth.popularity import num_themes, theme_bounds
 
@@ -234,7 +234,7 @@ class ExpertSampler:
             prev_e = e
 
     def _block_compiled(self, big, b0, nb, dom_key, t_start, t_width, prev, rngs, theme, prev_e) -> None:
-        """The layer loop of :meth:`_block` by the compiled loops (``traces.synth.jit``): the same draws,
+        """The layer loop of :meth:`_block` by the compiled loops (``traces.jit``): the same draws,
         the same experts. ``theme``: the tokens' theme intervals (start, width) when themes are on."""
         design, k, num_slots = self.design, self.k, self.num_slots
         r0 = num_slots + b0
@@ -320,7 +320,7 @@ class ExpertSampler:
         return out
 
     def _dedup_compiled(self, li: int, e: np.ndarray, dom_key, rng: np.random.Generator) -> np.ndarray | None:
-        """:meth:`_dedup` by the compiled loop (``traces.synth.jit``): the same draws from ``rng``'s stream,
+        """:meth:`_dedup` by the compiled loop (``traces.jit``): the same draws from ``rng``'s stream,
         the same experts. The loop takes a buffer of the stream's next draws; the stream is then moved back
         to just past the draws it used (PCG64 ``advance``), or the buffer grows and the loop runs again on
         the original ``e``. None (nothing done) for a stream that ``advance`` would change otherwise."""

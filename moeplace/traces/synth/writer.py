@@ -19,8 +19,8 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import clean_stale_temps, raise_on_sigterm
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import bar
+from moeplace.traces import jit
 from moeplace.traces.format import TraceWriter
-from moeplace.traces.synth import jit
 from moeplace.traces.synth.calibration import build_design
 from moeplace.traces.synth.config import SYNTH_VERSION, SynthConfig, check_resources
 from moeplace.traces.synth.pipeline import RING_SLOTS, LayerPipeline

@@ -1,11 +1,13 @@
-"""Optional compiled loops of the sampler (numba: ``pip install 'moeplace[fast]'``).
+"""Optional compiled loops of the trace generator (numba: ``pip install 'moeplace[fast]'``): the sampler's
+per-layer draws and duplicate re-draws (``traces.synth.sampler``).
 
 Each loop computes exactly what the numpy code it stands in for computes — the same draws consumed from
 the same random streams in the same order, the same experts — so a trace's bytes do not depend on whether
 numba is installed (tests/test_synth.py compares both). Without numba, or with ``MOEPLACE_JIT=0``, the
 numpy code runs. The loops are compiled on first use and kept in numba's on-disk cache (next to this file,
 or numba's per-user cache directory when that is read-only): the first run on a machine pays the
-compilation (~1-2 s), later processes load it (~0.4 s with numba's import), once per ``place trace synth``.
+compilation (~1 s), later processes load them (~0.5 s with numba's import), once per ``place trace synth``.
+(Sorting each row for the writer's byte planes was tried as a loop too: numpy's vectorized sort is faster.)
 """
 from __future__ import annotations
 
@@ -150,7 +152,7 @@ def _layer_draws(raw, e, t_start, t_width, cuts, tok, theme_mode, theme, tb32, t
 
 
 def loop(name: str) -> Callable | None:
-    """The compiled loop ``name`` (``"dedup"``), or None (no numba, ``MOEPLACE_JIT=0``, or it failed to
+    """The compiled loop ``name`` (``"dedup"``, ``"layer"``), or None (no numba, ``MOEPLACE_JIT=0``, or it failed to
     compile: the numpy code runs). Imports numba and compiles / loads the loop on first call per process:
     call it before forking workers, which then inherit it."""
     if name in _LOOPS:
