@@ -138,10 +138,16 @@ def encode_expert_ids(ids: np.ndarray, weights: np.ndarray | None = None
         srt = np.take_along_axis(ids, order, axis=1)
         weights = np.take_along_axis(weights, order, axis=1)
     d = np.empty_like(srt)
-    d[:, :1] = srt[:, :1]
-    np.subtract(srt[:, 1:], srt[:, :-1], out=d[:, 1:])
-    planes = d.astype("<u2", copy=False).view(np.uint8).reshape(*d.shape, 2)  # little-endian: low byte first
-    return np.ascontiguousarray(planes[..., 0]), np.ascontiguousarray(planes[..., 1]), weights
+    if srt.size:
+        # one contiguous subtraction over the flattened rows (a row's first delta, computed across the row
+        # boundary, is then overwritten by its first id): ~4x faster than the row-wise [:, 1:] - [:, :-1]
+        flat, flat_d = srt.reshape(-1), d.reshape(-1)
+        np.subtract(flat[1:], flat[:-1], out=flat_d[1:])
+        d[:, 0] = srt[:, 0]
+    lo, hi = np.empty(d.shape, np.uint8), np.empty(d.shape, np.uint8)
+    np.copyto(lo, d, casting="unsafe")  # the low byte (uint16 -> uint8 keeps it)
+    np.right_shift(d, 8, out=hi, casting="unsafe")
+    return lo, hi, weights
 
 
 def id_planes(lo: pa.Array, hi: pa.Array, k: int) -> tuple[np.ndarray, np.ndarray]:
