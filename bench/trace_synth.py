@@ -53,7 +53,7 @@ def child(out: str, tokens: int, seed: int, workers: int) -> dict:
     s = synthesize(model, SynthConfig(num_tokens=tokens, seed=seed), out, **kw)
     try:
         from moeplace.traces import jit
-        compiled = jit.loop("dedup") is not None
+        compiled = jit.loaded("dedup") is not None  # what this run used
     except ImportError:  # an earlier release has no compiled loops
         compiled = False
     files = sorted(Path(out).glob("*.parquet"))

@@ -381,7 +381,7 @@ def test_compiled_loops_draw_the_same_experts(model_name, kw, monkeypatch):
     assert jit.loop("layer") is not None and jit.loop("dedup") is not None
     model = load_model(model_name)
     _, fast = run(model, num_tokens=1500, seed=5, chunk_tokens=512, **SHORT, **kw)
-    monkeypatch.setattr(jit, "loop", lambda name: None)
+    monkeypatch.setattr(jit, "loaded", lambda name: None)
     _, ref = run(model, num_tokens=1500, seed=5, chunk_tokens=512, **SHORT, **kw)
     assert fast.keys() == ref.keys()
     for key in ref:
@@ -397,8 +397,9 @@ def test_compiled_dedup_matches_numpy_under_heavy_repeats(k3):
     from moeplace.traces.synth.sampler import ExpertSampler
 
     design = build_design(k3, SynthConfig(num_tokens=64, seed=1, **SHORT))
+    assert jit.loop("dedup") is not None
     sampler = ExpertSampler(design, None, 4, 0.0)
-    assert sampler._dedup_loop is jit.loop("dedup")
+    assert sampler._dedup_loop is jit.loaded("dedup")
     table = sampler.table.copy()
     d = design.config.num_domains
     table[0, : d << 16] = np.arange(d << 16) % 3  # the domains' layouts: 3 experts only
@@ -415,3 +416,27 @@ def test_compiled_dedup_matches_numpy_under_heavy_repeats(k3):
         ends.append(rng.bit_generator.random_raw(4))
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(ends[0], ends[1])
     assert (np.diff(np.sort(outs[0], axis=1), axis=1) > 0).all()  # distinct top-k
+
+
+def test_compiled_loops_load_only_for_big_traces(tmp_path, qwen, monkeypatch):
+    """numba's start-up (~0.5 s) is paid only by traces of jit.MIN_SELECTIONS or more: a small synthesis
+    (a simulator point, a test) keeps the numpy code and never imports numba."""
+    import threading
+
+    from moeplace.traces import jit
+
+    calls = []
+
+    def preload():
+        calls.append(1)
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        return t
+
+    monkeypatch.setattr(jit, "preload", preload)
+    cfg = SynthConfig(num_tokens=300, seed=2, **SHORT)
+    synthesize(qwen, cfg, tmp_path / "small", writer_process=False)
+    assert calls == []
+    monkeypatch.setattr(jit, "MIN_SELECTIONS", 300 * qwen.num_moe_layers * qwen.top_k)
+    synthesize(qwen, cfg, tmp_path / "big", writer_process=False)
+    assert calls == [1]

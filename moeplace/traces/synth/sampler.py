@@ -105,8 +105,9 @@ class ExpertSampler:
         self._pair_t = np.empty((self.k, self.block_tokens), np.uint16)
         self._pair_dup = np.empty((self.k, self.block_tokens), bool)
         self._pair_eq = np.empty(max(self.k - 1, 1) * self.block_tokens, bool)
-        self._dedup_loop = jit.loop("dedup")  # None without numba: the numpy code below
-        self._layer_loop = jit.loop("layer") if self._dedup_loop is not None else None
+        # the compiled loops where this process loaded them (synthesize: big enough traces), else numpy
+        self._dedup_loop = jit.loaded("dedup")
+        self._layer_loop = jit.loaded("layer") if self._dedup_loop is not None else None
 
     def sample(self, domain: np.ndarray, token_rank: np.ndarray, prev: np.ndarray, slot: np.ndarray,
                rngs: list[np.random.Generator] | None = None, theme_rng: np.random.Generator | None = None,
