@@ -15,7 +15,7 @@ $(BIN)/python:
 # torch through the extras, pinned by constraints.txt: the CPU wheel of 2.13.0 lies on disk; an unpinned
 # resolve pulls a CUDA build. (The core install, `pip install moeplace`, needs no torch.)
 $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
-	$(PIP) -c constraints.txt -e '.[capture,kernels,dashboard,sweep]'
+	$(PIP) -c constraints.txt -e '.[capture,kernels,dashboard,sweep,fast]'
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml constraints.txt $(VENV)/.installed

@@ -139,16 +139,22 @@ def trace_synth() -> str:
     r = _results("trace_synth")
     b, t = r["bincount"], r["targets"]
     rows = []
-    for w, v in r["workers"].items():
-        rows.append((w, f"{v['selections_per_s'] / 1e6:,.1f}", f"{_median(v['plan_s']):.1f}",
-                     f"{v['selections_per_s_after_plan'] / 1e6:,.1f}", f"{v['ratio_median']:.3f}",
-                     f"{v['selections_per_cpu_s'] / 1e6:,.1f}",
-                     _met(v["selections_per_s"] >= t["selections_per_s"])))
+    compiled = r.get("compiled", False)
+    for key, label in (("workers", "{w}" + (" (compiled loops)" if compiled else "")),
+                       ("first_run", "{w} (first run on a machine: numba compiles)"),
+                       ("numpy_only", "{w} (numpy only, `MOEPLACE_JIT=0`)")):
+        for w, v in r.get(key, {}).items():
+            rows.append((label.format(w=w), f"{v['selections_per_s'] / 1e6:,.1f}", f"{_median(v['plan_s']):.1f}",
+                         f"{v['selections_per_s_after_plan'] / 1e6:,.1f}", f"{v['ratio_median']:.3f}",
+                         f"{v['selections_per_cpu_s'] / 1e6:,.1f}",
+                         _met(v["selections_per_s"] >= t["selections_per_s"])))
     head = (f"`python bench/trace_synth.py --tokens {r['tokens']}` (K3, {r['selections'] / 1e6:,.0f} M selections, "
-            f"median of {r['repeats']} runs per worker count; `np.bincount` of as many int64 ids in the same run: "
+            f"median of {r['repeats']} runs per worker count, one run each for the first-run and numpy rows; "
+            f"`np.bincount` of as many int64 ids in the same run: "
             f"{b['selections_per_s'] / 1e6:,.0f} M/s; {r['cores']} shared cores, load average "
             f"{r['loadavg_before'][0]:.1f} before and {r['loadavg_after'][0]:.1f} after); the files are "
-            f"{'byte-identical' if r['same_bytes_across_workers'] else '**not** identical'} across worker counts, "
+            f"{'byte-identical' if r['same_bytes_across_workers'] else '**not** identical'} across worker counts"
+            f"{' and with or without the compiled loops' if compiled else ''}, "
             f"{r['bytes_per_selection']:.3f} B/selection (`bench/results/trace_synth.json`):\n\n")
     return head + _table(["sampling workers", "M selections/s (whole command)", "planning s",
                           "M selections/s after planning", "x bincount", "M per CPU-s",

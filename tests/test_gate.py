@@ -456,3 +456,41 @@ def test_token_runs_spilled_to_disk_give_the_same_problems(tiny, tmp_path, monke
     assert seen["twice"][0][1] > 7  # more than listed: the counts agree too
     assert len(spills) > 10  # the second round did go through the files
     assert not list(Path(tempfile.gettempdir()).glob("moeplace-gate-runs-*"))
+
+
+def _wide_rows(model, tokens: int = 3) -> dict:
+    """``tokens`` valid K3 tokens (top-16: the check pass's word-wise path): ids with deltas of 256 and more
+    (a zero low byte that is no repeat), expert 0 (a zero first delta) and the last expert."""
+    n = tokens * model.num_moe_layers
+    tok = np.repeat(np.arange(tokens), model.num_moe_layers)
+    ids = np.tile(np.concatenate([[0], np.arange(1, 14) * 20, [512, 768]]).astype(np.uint16), (n, 1))
+    ids[1::2, -1] = model.num_experts - 1
+    return {"request_id": np.zeros(n, np.int64), "position": tok.astype(np.int32), "phase": np.zeros(n, np.uint8),
+            "step": tok.astype(np.int64), "layer": np.tile(np.asarray(model.moe_layers, np.uint16), tokens),
+            "expert_ids": ids}
+
+
+@pytest.mark.parametrize("kind,row,ids,expected", [
+    ("duplicate_expert", 100, (3, 20), "row 100: field 'expert_ids': expert 20 repeated"),
+    ("expert_range", 7, (15, 900), "row 7: field 'expert_ids': expert id 900 >= num_experts 896"),
+])
+def test_wide_topk_checks_without_counting(kind, row, ids, expected, tmp_path, monkeypatch):
+    """`check_trace` on a top-16 trace (word-wise sums of the byte planes, no keys): a valid trace with
+    deltas of 256+ never falls back to the listing gate; a repeat and an id past E (carried by the high
+    byte plane) give the gate's line."""
+    from fuzzkit import write_columns
+
+    from moeplace.traces import scan
+
+    k3 = load_model("kimi-k3")
+    good = write_columns(tmp_path / "good.parquet", k3, _wide_rows(k3))
+    fallback = scan._reduce_checked
+    monkeypatch.setattr(scan, "_reduce_checked", lambda *a: pytest.fail("a valid trace fell back to the gate"))
+    assert check_trace(good).num_rows == 3 * k3.num_moe_layers
+    monkeypatch.setattr(scan, "_reduce_checked", fallback)
+    cols = _wide_rows(k3)
+    cols["expert_ids"][row, ids[0]] = ids[1]
+    bad = write_columns(tmp_path / f"{kind}.parquet", k3, cols)
+    with pytest.raises(InputError) as err:
+        check_trace(bad)
+    assert str(err.value).startswith(f"{bad}: {expected}")

@@ -363,3 +363,80 @@ def test_small_k3_style_config_without_a_context_length(tmp_path, capsys):
     batches = list(engine_batches(c, model, drift_anchor_mixes(c, np.random.default_rng(0)), np.random.default_rng(0)))
     pos = np.concatenate([b["position"] for b in batches])
     assert len(pos) == 10_000 and pos.min() >= 0
+
+
+
+
+@pytest.mark.parametrize("model_name,kw", [
+    ("kimi-k3", {}),  # 8 themes (a power of two), locality on
+    ("qwen3-30b-a3b", {"themes": 3, "gate_weights": True}),  # themes not a power of two
+    ("qwen3-30b-a3b", {"theme": 0.0, "locality": 0.0}),  # no theme source, no copies
+])
+def test_compiled_loops_draw_the_same_experts(model_name, kw, monkeypatch):
+    """The numba loops (the [fast] extra, traces.jit) draw exactly the experts of the numpy code,
+    from the same streams: a trace's bytes do not depend on whether numba is installed."""
+    pytest.importorskip("numba")
+    from moeplace.traces import jit
+
+    assert jit.loop("layer") is not None and jit.loop("dedup") is not None
+    model = load_model(model_name)
+    _, fast = run(model, num_tokens=1500, seed=5, chunk_tokens=512, **SHORT, **kw)
+    monkeypatch.setattr(jit, "loaded", lambda name: None)
+    _, ref = run(model, num_tokens=1500, seed=5, chunk_tokens=512, **SHORT, **kw)
+    assert fast.keys() == ref.keys()
+    for key in ref:
+        assert np.array_equal(fast[key], ref[key]), key
+
+
+def test_compiled_dedup_matches_numpy_under_heavy_repeats(k3):
+    """A layout where most draws repeat (a few experts own the circle): many re-draw rounds, the shared
+    grid after DEDUP_ROUNDS, and more draws than the loop's first buffer holds: the same experts and the
+    same stream position as the numpy code."""
+    pytest.importorskip("numba")
+    from moeplace.traces import jit
+    from moeplace.traces.synth.sampler import ExpertSampler
+
+    design = build_design(k3, SynthConfig(num_tokens=64, seed=1, **SHORT))
+    assert jit.loop("dedup") is not None
+    sampler = ExpertSampler(design, None, 4, 0.0)
+    assert sampler._dedup_loop is jit.loaded("dedup")
+    table = sampler.table.copy()
+    d = design.config.num_domains
+    table[0, : d << 16] = np.arange(d << 16) % 3  # the domains' layouts: 3 experts only
+    sampler.table = table
+    n, k = 3000, k3.top_k  # one block of rows (<= ExpertSampler.block_tokens)
+    e0 = np.random.default_rng(2).integers(0, 3, (n, k)).astype(np.uint16)
+    dom_key = (np.random.default_rng(3).integers(0, d, n).astype(np.uint32) << np.uint32(16))[:, None]
+    outs, ends = [], []
+    for compiled in (True, False):
+        rng = np.random.default_rng(9)
+        sampler._dedup_loop = jit.loop("dedup") if compiled else None
+        e = sampler._dedup(0, e0.copy(), dom_key, sampler._row_key[:n], sampler._slot_ids[:n], rng)
+        outs.append(e)
+        ends.append(rng.bit_generator.random_raw(4))
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(ends[0], ends[1])
+    assert (np.diff(np.sort(outs[0], axis=1), axis=1) > 0).all()  # distinct top-k
+
+
+def test_compiled_loops_load_only_for_big_traces(tmp_path, qwen, monkeypatch):
+    """numba's start-up (~0.5 s) is paid only by traces of jit.MIN_SELECTIONS or more: a small synthesis
+    (a simulator point, a test) keeps the numpy code and never imports numba."""
+    import threading
+
+    from moeplace.traces import jit
+
+    calls = []
+
+    def preload():
+        calls.append(1)
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        return t
+
+    monkeypatch.setattr(jit, "preload", preload)
+    cfg = SynthConfig(num_tokens=300, seed=2, **SHORT)
+    synthesize(qwen, cfg, tmp_path / "small", writer_process=False)
+    assert calls == []
+    monkeypatch.setattr(jit, "MIN_SELECTIONS", 300 * qwen.num_moe_layers * qwen.top_k)
+    synthesize(qwen, cfg, tmp_path / "big", writer_process=False)
+    assert calls == [1]

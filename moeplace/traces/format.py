@@ -138,10 +138,16 @@ def encode_expert_ids(ids: np.ndarray, weights: np.ndarray | None = None
         srt = np.take_along_axis(ids, order, axis=1)
         weights = np.take_along_axis(weights, order, axis=1)
     d = np.empty_like(srt)
-    d[:, :1] = srt[:, :1]
-    np.subtract(srt[:, 1:], srt[:, :-1], out=d[:, 1:])
-    planes = d.astype("<u2", copy=False).view(np.uint8).reshape(*d.shape, 2)  # little-endian: low byte first
-    return np.ascontiguousarray(planes[..., 0]), np.ascontiguousarray(planes[..., 1]), weights
+    if srt.size:
+        # one contiguous subtraction over the flattened rows (a row's first delta, computed across the row
+        # boundary, is then overwritten by its first id): ~4x faster than the row-wise [:, 1:] - [:, :-1]
+        flat, flat_d = srt.reshape(-1), d.reshape(-1)
+        np.subtract(flat[1:], flat[:-1], out=flat_d[1:])
+        d[:, 0] = srt[:, 0]
+    lo, hi = np.empty(d.shape, np.uint8), np.empty(d.shape, np.uint8)
+    np.copyto(lo, d, casting="unsafe")  # the low byte (uint16 -> uint8 keeps it)
+    np.right_shift(d, 8, out=hi, casting="unsafe")
+    return lo, hi, weights
 
 
 def id_planes(lo: pa.Array, hi: pa.Array, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -159,6 +165,21 @@ def _plane(a: pa.Array, k: int) -> np.ndarray:
     if buf is None or n == 0:
         return np.zeros((n, k), np.uint8)
     return np.frombuffer(buf, np.uint8, count=n * k, offset=a.offset * k).reshape(n, k)
+
+
+def numpy_values(a: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The values of an Arrow array as numpy: a view of its buffer (no copy) for a fixed-width integer or
+    float array without nulls, else ``to_numpy``'s copy. pyarrow's ``to_numpy`` imports pandas on its first
+    call (~0.2 s), which a stats pass of a demo-sized trace (a few hundred ms) should not pay."""
+    if isinstance(a, pa.ChunkedArray):
+        a = a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
+    t = a.type
+    if a.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)) and not pa.types.is_float16(t):
+        dtype = np.dtype(t.to_pandas_dtype())
+        if len(a) == 0:
+            return np.zeros(0, dtype)
+        return np.frombuffer(a.buffers()[1], dtype, count=len(a), offset=a.offset * dtype.itemsize)
+    return a.to_numpy(zero_copy_only=False)
 
 
 def decode_expert_ids(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
-from moeplace.traces.format import ID_PLANES, READ_CHECKSUMS, id_planes
+from moeplace.traces.format import ID_PLANES, READ_CHECKSUMS, id_planes, numpy_values
 from moeplace.traces.gate.files import Trace, open_failure
 from moeplace.traces.gate.order import RowOrder
 from moeplace.traces.gate.report import Detect, ProblemFound, Raise
@@ -278,6 +278,41 @@ def _buffer(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     return b[:size].reshape(shape)
 
 
+_BYTES_EVEN = np.uint64(0x00FF00FF00FF00FF)
+_LANES_SUM = np.uint64(0x0001000100010001)
+
+
+def _byte_row_sums(plane: np.ndarray) -> np.ndarray:
+    """uint64 ``[m]``: the sum of each row of ``plane`` uint8 ``[m, k]`` (k a multiple of 8), by SWAR on
+    its 8-byte words: even and odd bytes added as four 16-bit lanes, the words of a row added, then the
+    four lanes summed by one multiply into the top lane (every partial sum < 2^16 for k <= 256: no carry
+    between lanes)."""
+    x = plane.view(np.uint64)
+    t = (x & _BYTES_EVEN) + ((x >> np.uint64(8)) & _BYTES_EVEN)
+    acc = t[:, 0].copy()
+    for w in range(1, x.shape[1]):
+        acc += t[:, w]
+    acc *= _LANES_SUM
+    acc >>= np.uint64(48)
+    return acc
+
+
+def _check_chunk(lo: np.ndarray, hi: np.ndarray, num_experts: int) -> None:
+    """The checks of a chunk of byte planes when nothing is counted (``check_pass``): a zero delta after
+    a row's first is a repeated expert; a row's deltas summing to ``num_experts`` or more is an id out of
+    range (the row's last, largest id). The same verdicts as the key-building path, without the keys."""
+    m = len(lo)
+    either = lo | hi
+    if either.size - np.count_nonzero(either) != m - np.count_nonzero(either[:, 0]):
+        raise ProblemFound("duplicate_expert")
+    last = _byte_row_sums(lo)
+    hi64 = hi.view(np.uint64)
+    if hi64.any():
+        last += _byte_row_sums(hi) << np.uint64(8)
+    if not (last < np.uint64(num_experts)).all():
+        raise ProblemFound("expert_range")
+
+
 def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
     """The fast path of a version-2 row group: one read of the columns the pass needs, the gate's checks
     of the per-row columns (:func:`check_row_group`, a :class:`Detect` sink), then the expert ids counted
@@ -305,7 +340,7 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
     if n == 0:
         return _Partial(w0, np.zeros((0, num_layers, num_experts), np.int64), np.zeros(0, np.int64), [], None,
                         None, group.edge)
-    pattern = _layer_pattern(num_layers, n)
+    pattern = _layer_pattern(num_layers, max(n, CHUNK_ROWS))  # base_all below takes L + CHUNK_ROWS of it
     phase = row0 % num_layers
     if not np.array_equal(group.layer_idx, pattern[phase:phase + n]):
         raise ProblemFound("layer")
@@ -348,6 +383,10 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
             e = min(len(lo), s + CHUNK_ROWS, (w + 1) * rpw - row0 - b0)  # a chunk stays in one window
             m = e - s
             lo_c, hi_c = lo[s:e], hi[s:e]
+            if not spec.count and k % 8 == 0:
+                _check_chunk(lo_c, hi_c, num_experts)  # the checks without the keys
+                s = e
+                continue
             if hi_c.any():  # the deltas: low bytes, plus the high bytes where a delta reaches 256
                 d = d16[:m]
                 np.left_shift(hi_c, 8, out=d, dtype=np.uint16)
@@ -357,22 +396,20 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
             # a zero delta after the first is a repeated expert: more zeros in the chunk than in its first column
             if k > 1 and d.size - np.count_nonzero(d) != m - np.count_nonzero(d[:, 0]):
                 raise ProblemFound("duplicate_expert")
-            o = keys[:, :m]
+            o = keys[:, :m]  # (layer, expert) keys within the chunk's window
             p = (phase + g) % num_layers
             base = base_all[p:p + m]
-            if w == w0:
-                np.add(base, d[:, 0], out=o[0])
-            else:
-                np.add(base, (w - w0) * bins_per_window, out=o[0])
-                o[0] += d[:, 0]
+            np.add(base, d[:, 0], out=o[0])
             for i in range(1, k):
                 np.add(o[i - 1], d[:, i], out=o[i])
             # the row's largest id is its last (the deltas summed): below num_experts
-            np.add(base, (w - w0) * bins_per_window + num_experts, out=top[:m])
+            np.add(base, num_experts, out=top[:m])
             if not np.less(o[k - 1], top[:m]).all():
                 raise ProblemFound("expert_range")
             if spec.count:
-                counts += np.bincount(o.reshape(-1), minlength=len(counts))
+                # one window's bins (not the row group's: a bincount's output is allocated and added whole)
+                c0 = (w - w0) * bins_per_window
+                counts[c0:c0 + bins_per_window] += np.bincount(o.reshape(-1), minlength=bins_per_window)
             s = e
         if rows is not None:
             a, b = np.searchsorted(rows, [b0, b1])
@@ -408,11 +445,11 @@ def _domain_rows(spec: PassSpec, table: pa.Table, row0: int, n: int) -> tuple[li
         return [], None
     dcol = table.column("domain").combine_chunks()
     if isinstance(dcol, pa.DictionaryArray):
-        codes = dcol.indices.to_numpy(zero_copy_only=False)
+        codes = numpy_values(dcol.indices)
         names = dcol.dictionary.to_pylist()
     else:
         enc = dcol.dictionary_encode()
-        codes, names = enc.indices.to_numpy(zero_copy_only=False), enc.dictionary.to_pylist()
+        codes, names = numpy_values(enc.indices), enc.dictionary.to_pylist()
     rpw = spec.rows_per_window
     w0, w1 = row0 // rpw, (row0 + n - 1) // rpw
     if w0 == w1:
@@ -666,9 +703,6 @@ def worker_pool(workers: int, num_jobs: int):
     if workers <= 1 or num_jobs <= 1:
         yield None
         return
-    # pyarrow imports pandas on the first Arrow -> NumPy conversion (~0.2 s): do it once here, not in
-    # every forked worker
-    pa.array([0], pa.int64()).to_numpy()
     ctx = mp.get_context("fork")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(ctx.Value("i", 0),)) as pool:

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moeplace.foundation.model import ModelSpec, format_ranges
-from moeplace.traces.format import ID_PLANES, decode_expert_ids, id_planes
+from moeplace.traces.format import ID_PLANES, decode_expert_ids, id_planes, numpy_values
 from moeplace.traces.gate.files import Trace, TraceFile
 from moeplace.traces.gate.report import Problem
 
@@ -81,7 +81,7 @@ def _plain(table: pa.Table, name: str, dtype) -> np.ndarray:
     a = a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
     if a.null_count:
         a = a.fill_null(0)
-    return np.asarray(a.to_numpy(zero_copy_only=False), dtype=dtype)
+    return np.asarray(numpy_values(a), dtype=dtype)
 
 
 def _fixed_list(table: pa.Table, name: str, k: int, dtype) -> tuple[np.ndarray, np.ndarray | None]:
@@ -99,7 +99,7 @@ def _fixed_list(table: pa.Table, name: str, k: int, dtype) -> tuple[np.ndarray, 
         vn = np.asarray(values.is_null().to_numpy(zero_copy_only=False)).reshape(-1, k).any(axis=1)
         nulls = vn if nulls is None else (nulls | vn)
         values = values.fill_null(0)
-    vals = np.asarray(values.to_numpy(zero_copy_only=False), dtype=dtype).reshape(n, k)
+    vals = np.asarray(numpy_values(values), dtype=dtype).reshape(n, k)
     if nulls is not None:
         vals = vals.copy()
         # null rows (reported as such) get distinct in-range ids / zero weights: no follow-on problems

@@ -201,6 +201,7 @@ class _PopularityDesign:
         # theme groups: consecutive circle positions, each normalized to 1/T of every domain's load
         self.T = num_themes(model, cfg)
         self.groups = theme_groups(num_experts, self.T) if cfg.theme > 0 else None
+        self.group_sizes = None if self.groups is None else np.diff(self.groups)
 
     def field(self, rho: float) -> np.ndarray:
         return (math.sqrt(rho) * self.g + math.sqrt(1 - rho) * self.h).astype(np.float32)
@@ -244,6 +245,7 @@ class _PopularityDesign:
             xl = x[li].astype(np.float64)
             if beta > 0:
                 xl = np.where(xl < COLD_KNEE, COLD_KNEE + (1 + beta) * (xl - COLD_KNEE), xl)
+            xl = xl - xl.max()  # what _layer exponentiates (once per layer, not per bisection step)
             lo, hi = math.log(1e-4), math.log(8.0)
             for _ in range(18):
                 mid = (lo + hi) / 2
@@ -257,13 +259,14 @@ class _PopularityDesign:
                 moved = _transport(q[li], self.grid_shift[li + 1] - self.grid_shift[li])
         return pi, q, log_sigma
 
-    def _layer(self, ls: float, xl: np.ndarray, moved: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """One layer's base popularity ``pi`` at log-sigma ``ls`` and its per-slot distribution ``q``."""
-        p = np.exp(math.exp(ls) * (xl - xl.max()))
+    def _layer(self, ls: float, xc: np.ndarray, moved: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """One layer's base popularity ``pi`` at log-sigma ``ls`` and its per-slot distribution ``q``
+        (``xc``: the layer's field less its maximum)."""
+        p = np.exp(math.exp(ls) * xc)
         if self.groups is None:
             p /= p.sum(axis=1, keepdims=True)
         else:
-            p /= np.add.reduceat(p, self.groups[:-1], axis=1).repeat(np.diff(self.groups), axis=1) * self.T
+            p /= np.add.reduceat(p, self.groups[:-1], axis=1).repeat(self.group_sizes, axis=1) * self.T
         # first MoE layer: no previous expert to follow, the affinity draws fall to the base
         return p, (p if moved is None else self.b * p + self.a * moved)
 

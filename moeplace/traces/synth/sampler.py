@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from moeplace.foundation.model import ModelSpec
+from moeplace.traces import jit
 from moeplace.traces.synth.config import U_BITS, U_SIZE, SynthConfig
 from moeplace.traces.synth.popularity import num_themes, theme_bounds
 
@@ -104,6 +105,9 @@ class ExpertSampler:
         self._pair_t = np.empty((self.k, self.block_tokens), np.uint16)
         self._pair_dup = np.empty((self.k, self.block_tokens), bool)
         self._pair_eq = np.empty(max(self.k - 1, 1) * self.block_tokens, bool)
+        # the compiled loops where this process loaded them (synthesize: big enough traces), else numpy
+        self._dedup_loop = jit.loaded("dedup")
+        self._layer_loop = jit.loaded("layer") if self._dedup_loop is not None else None
 
     def sample(self, domain: np.ndarray, token_rank: np.ndarray, prev: np.ndarray, slot: np.ndarray,
                rngs: list[np.random.Generator] | None = None, theme_rng: np.random.Generator | None = None,
@@ -163,6 +167,10 @@ class ExpertSampler:
         if self.copy_cut:
             big_flat = big.reshape(-1)
             row_stride = num_layers * k
+        if self._layer_loop is not None:
+            self._block_compiled(big, b0, nb, dom_key[:, 0], t_start[:, 0], t_width[:, 0], prev, rngs,
+                                 (th_start[:, 0], th_width[:, 0]) if self.theme_span else None, prev_e)
+            return
         for j, li in enumerate(self.layers):  # j: this sampler's index of MoE layer li
             rng = self.rng if rngs is None else rngs[j]
             table = self.table[li]
@@ -226,6 +234,42 @@ class ExpertSampler:
             big[r0:r0 + nb, j, :] = e
             prev_e = e
 
+    def _block_compiled(self, big, b0, nb, dom_key, t_start, t_width, prev, rngs, theme, prev_e) -> None:
+        """The layer loop of :meth:`_block` by the compiled loops (``traces.jit``): the same draws,
+        the same experts. ``theme``: the tokens' theme intervals (start, width) when themes are on."""
+        design, k, num_slots = self.design, self.k, self.num_slots
+        r0 = num_slots + b0
+        big_flat = big.reshape(-1)
+        row_stride = len(self.layers) * k
+        cuts = np.array([self.copy_cut, self.aff_cut, self.tok_cut, self.aff_span, self.tok_span,
+                         self.theme_span, self.shared_key], np.uint64)
+        if not self.theme_span:
+            mode, th_start, th_width = 0, t_start, t_width  # unused
+        else:
+            mode = 1 if self.theme_bits is not None else 2
+            th_start, th_width = (np.ascontiguousarray(x) for x in theme)
+        theme_k = np.array([self.themes, self.theme_bits or 0, self.theme_keep or 0], np.uint64)
+        copy_src = np.where(prev >= 0, prev, -1) if self.copy_cut else np.full(nb, -1, np.int64)
+        dom_key, t_start, t_width = (np.ascontiguousarray(x) for x in (dom_key, t_start, t_width))
+        if prev_e is not None:
+            prev_e = np.ascontiguousarray(prev_e)
+        no_prev = np.zeros(0, np.uint32)
+        for j, li in enumerate(self.layers):
+            rng = self.rng if rngs is None else rngs[j]
+            table = self.table[li]
+            raw = rng.bit_generator.random_raw(nb * k).view(np.uint32)
+            if nb >= 512:
+                np.bitwise_or.reduce(table.view(np.uint64))  # the cold table pulled in (see _block)
+            e = np.empty((nb, k), np.uint16)
+            tok = np.array([self.token_experts, self.slot_step, design.slot_offset[li, 0]], np.uint64)
+            has_prev = prev_e is not None
+            self._layer_loop(raw, e, t_start, t_width, cuts, tok, mode, theme_k, self.theme_bounds32, th_start,
+                             th_width, prev_e if has_prev else e, self.start_width[li - 1] if has_prev else no_prev,
+                             dom_key, table, copy_src, big_flat, j * k, row_stride, r0)
+            e = self._dedup(li, e, dom_key[:, None], self._row_key[:nb], self._slot_ids[:nb], rng)
+            big[r0:r0 + nb, j, :] = e
+            prev_e = e
+
     def _token_in_theme(self, point: np.ndarray, offset: np.ndarray) -> np.ndarray:
         """u of token draws when themes are on: the preferred points rotate *within* the theme arc that
         holds the token's point on the 2^32 circle (``offset`` scaled to the arc), so a token's preferred
@@ -276,6 +320,28 @@ class ExpertSampler:
             out[r0:r0 + m] = dup.T
         return out
 
+    def _dedup_compiled(self, li: int, e: np.ndarray, dom_key, rng: np.random.Generator) -> np.ndarray | None:
+        """:meth:`_dedup` by the compiled loop (``traces.jit``): the same draws from ``rng``'s stream,
+        the same experts. The loop takes a buffer of the stream's next draws; the stream is then moved back
+        to just past the draws it used (PCG64 ``advance``), or the buffer grows and the loop runs again on
+        the original ``e``. None (nothing done) for a stream that ``advance`` would change otherwise."""
+        bg = rng.bit_generator
+        if not hasattr(bg, "advance") or bg.state.get("has_uint32", 0):
+            return None  # advance() also drops a buffered 32-bit half: keep the numpy path exact
+        key = np.ascontiguousarray(dom_key[:, 0])
+        table = self.table[li]
+        size = max(1024, e.size // 4)
+        e0 = e.copy()
+        while True:
+            raws = bg.random_raw(size)
+            used = self._dedup_loop(e, key, table, self.shared_key, DEDUP_ROUNDS, raws)
+            if used >= 0:
+                bg.advance(used - size)
+                return e
+            bg.advance(-size)
+            e[...] = e0
+            size *= 4
+
     def _dedup(self, li: int, e: np.ndarray, dom_key, row_key, slot_ids, rng: np.random.Generator) -> np.ndarray:
         """Re-draw repeated experts within a row from the base source until every row is distinct.
 
@@ -284,6 +350,10 @@ class ExpertSampler:
         ``DEDUP_ROUNDS`` rounds the rest come from the shared grid (every expert an equal share), so a
         layout with fewer than k experts of non-zero width cannot make this loop forever."""
         k = self.k
+        if self._dedup_loop is not None:
+            done = self._dedup_compiled(li, e, dom_key, rng)
+            if done is not None:
+                return done
         flat = np.flatnonzero(self._duplicates(e, row_key, slot_ids).ravel())
         if not len(flat):
             return e

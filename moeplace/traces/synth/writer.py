@@ -19,6 +19,7 @@ from moeplace.foundation.errors import InputError
 from moeplace.foundation.files import clean_stale_temps, raise_on_sigterm
 from moeplace.foundation.model import ModelSpec
 from moeplace.foundation.progress import bar
+from moeplace.traces import jit
 from moeplace.traces.format import TraceWriter
 from moeplace.traces.synth.calibration import build_design
 from moeplace.traces.synth.config import SYNTH_VERSION, SynthConfig, check_resources
@@ -211,9 +212,15 @@ def synthesize(model: ModelSpec, cfg: SynthConfig, out: str | Path, writer_proce
 
     check_resources(cfg, model.num_moe_layers, model.top_k, out)
     t0 = time.perf_counter()
+    # the compiled loops (numba, when installed) load while the design is solved, for traces big enough to
+    # pay numba's start-up; joined before any fork, so the sampling and writer processes inherit them
+    big = cfg.num_tokens * model.num_moe_layers * model.top_k >= jit.MIN_SELECTIONS
+    loader = jit.preload() if big else None
     with bar(None, "synth: solve the generator's parameters", "step") as pb:
         design = build_design(model, cfg)
         pb.update(1)
+    if loader is not None:
+        loader.join()
     t_plan = time.perf_counter() - t0
     provenance = {"kind": "synthetic", "generator": f"moeplace.synth/{SYNTH_VERSION}",
                   "config": asdict(cfg), "domains": list(design.domains), "solved": design.report}
