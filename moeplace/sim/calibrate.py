@@ -50,7 +50,7 @@ from moeplace.foundation.formats import check, tagged
 from moeplace.foundation.settings import Range, build
 from moeplace.placement.dispatch import ENGINE_RULES
 from moeplace.sim.config import CostConfig
-from moeplace.sim.ensemble import LEVEL, Ensemble
+from moeplace.sim.ensemble import LEVEL, Ensemble, effective_size
 
 # The constants a calibration may change, with their bounds (the bounds of bench/fidelity_harness.py's FIT,
 # which tests/test_calibrate.py checks): efficiency and overhead terms only.
@@ -188,7 +188,7 @@ def reweight(members: Sequence[Member], residuals: Residuals, sigma: float = SIG
     w = np.exp(logw - logw.max())
     w /= w.sum()
     out = [dataclasses.replace(m, weight=float(wi)) for m, wi in zip(members, w)]
-    return out, {"ess": float(1.0 / np.sum(w ** 2)), "members": len(members),
+    return out, {"ess": effective_size(w), "members": len(members),
                  "rms_log_error": [float(np.sqrt(np.mean(ri ** 2))) if ri.size else 0.0 for ri in r]}
 
 
@@ -310,11 +310,10 @@ def calibration_run(cal: Calibration, gpus: int, attention_tp: int, engine: str,
     ``priced``: ``members`` (every calibrated member, :meth:`Calibration.ensemble`) or ``event`` (a
     comparison by ratios on the event constants alone, as ``place rebalance`` compares uncalibrated
     candidates on the reference constants)."""
-    w = np.array([m.weight for m in cal.members], dtype=np.float64)
     iv = {k: v for k, v in cal.interval.items() if k != "residuals_log"}
     out = {"label": cal.label(), "source": cal.source, "points": cal.points,
            "deployment": cal.deployment.describe(), "changes": cal.doc.get("changes", {}).get("what"),
-           "members": len(cal.members), "ess": float(w.sum() ** 2 / np.sum(w ** 2)),
+           "members": len(cal.members), "ess": effective_size([m.weight for m in cal.members]),
            "event_constants": median_member(cal.members).name,
            "interval": {**iv, "residuals": len(cal.interval.get("residuals_log") or ())},
            "differs": differences(cal, gpus, attention_tp, engine), "priced": priced}

@@ -278,6 +278,13 @@ def reprice(sample: IterationSample, cost, configs: list[CostConfig], engine, re
 
 
 # ---------------------------------------------------------------------------- intervals
+def effective_size(weights) -> float:
+    """Kish's effective sample size of ``weights``: ``(sum w)^2 / sum w^2`` (how many members carry the
+    answer; the number of members when the weights are equal)."""
+    w = np.asarray(weights, dtype=np.float64)
+    return float(w.sum() ** 2 / np.sum(w ** 2))
+
+
 def weighted_quantile(values, weights, q: float) -> float:
     """The ``q`` quantile of a weighted sample, interpolated between the points' mid-cumulative weights
     (continuous in the weights and the values)."""
@@ -467,4 +474,4 @@ def price_run(summary: dict, sim, ens: Ensemble) -> None:
         "made": ens.provenance.get("made"), "cases": len(ens.cases)}
     if ens.within is not None:  # a calibration's members: the interval is the within-deployment one
         summary["ensemble"].update(calibrated=True, within_cases=len(ens.within),
-                                   effective_members=float(1.0 / np.sum(ens.weights ** 2)))
+                                   effective_members=effective_size(ens.weights))
