@@ -215,7 +215,6 @@ class Pool:
         cfg = self.engine
         b = _Batch(RankWork.zeros(len(self.ranks)), exact=self.router.needs_rows)
         decode_here = self.role != "prefill"
-        separate = cfg.prefill_batches == "separate"
         per_seq = 1 + cfg.mtp_draft  # tokens each decoding sequence verifies per step
         work = b.work
         for r, rank in enumerate(self.ranks):
@@ -233,8 +232,7 @@ class Pool:
                     elif q.generated < q.output_len:
                         dec_append(q)
                         ctx_sum += c
-                if dec and prefilling and separate and next(
-                        self.scheduler.prefill_chunks(prefilling, cfg.max_batched_tokens), None) is not None:
+                if dec and self.scheduler.decodes_wait(prefilling):
                     dec, ctx_sum = [], 0  # SGLang: a prefill batch runs alone, this rank's decodes wait
                 if dec:
                     b.decoding.append((r, dec))

@@ -8,6 +8,8 @@ join an iteration.
 - :class:`ReserveScheduler` (TensorRT-LLM's ``GUARANTEED_NO_EVICT``, its default): a request is admitted only
   when its whole prompt + output fits, so a running one never grows past what it reserved and is never
   preempted; its prefill chunks follow the same budget rule.
+- Either: with ``prefill_batches="separate"`` (SGLang's default) a rank's decodes wait while its prompt
+  chunks run (:meth:`Scheduler.decodes_wait`).
 
 The pool (:class:`moeplace.sim.engine.Pool`) asks its scheduler, found by ``EngineConfig.admission`` in
 :data:`SCHEDULERS`; adding an engine behaviour is one class here.
@@ -55,6 +57,14 @@ class Scheduler(ABC):
             c = left if not cfg.chunked_prefill else min(left, budget)
             budget -= c
             yield q, c
+
+
+    def decodes_wait(self, prefilling: list) -> bool:
+        """Whether a rank's decoding sequences sit out this iteration for its prompt chunks: with
+        ``prefill_batches="separate"`` (SGLang's default), when a chunk of ``prefilling`` can run — its
+        scheduler runs a prefill batch alone whenever one can be formed."""
+        return (self.engine.prefill_batches == "separate" and bool(prefilling)
+                and next(self.prefill_chunks(prefilling, self.engine.max_batched_tokens), None) is not None)
 
 
 class OnDemandScheduler(Scheduler):
