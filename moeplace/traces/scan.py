@@ -297,13 +297,17 @@ def _byte_row_sums(plane: np.ndarray) -> np.ndarray:
     return acc
 
 
+def _repeats(deltas: np.ndarray) -> bool:
+    """Whether a chunk's sorted-id deltas ``[m, k]`` (or anything zero exactly where they are) repeat an
+    expert: a zero delta after a row's first, i.e. more zeros in the chunk than in its first column."""
+    return deltas.size - np.count_nonzero(deltas) != len(deltas) - np.count_nonzero(deltas[:, 0])
+
+
 def _check_chunk(lo: np.ndarray, hi: np.ndarray, num_experts: int) -> None:
     """The checks of a chunk of byte planes when nothing is counted (``check_pass``): a zero delta after
     a row's first is a repeated expert; a row's deltas summing to ``num_experts`` or more is an id out of
     range (the row's last, largest id). The same verdicts as the key-building path, without the keys."""
-    m = len(lo)
-    either = lo | hi
-    if either.size - np.count_nonzero(either) != m - np.count_nonzero(either[:, 0]):
+    if _repeats(lo | hi):
         raise ProblemFound("duplicate_expert")
     last = _byte_row_sums(lo)
     hi64 = hi.view(np.uint64)
@@ -393,8 +397,7 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
                 d |= lo_c
             else:
                 d = lo_c
-            # a zero delta after the first is a repeated expert: more zeros in the chunk than in its first column
-            if k > 1 and d.size - np.count_nonzero(d) != m - np.count_nonzero(d[:, 0]):
+            if k > 1 and _repeats(d):
                 raise ProblemFound("duplicate_expert")
             o = keys[:, :m]  # (layer, expert) keys within the chunk's window
             p = (phase + g) % num_layers
