@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -780,12 +780,8 @@ def space_bound(ck: Checkpoint, dst: str | Path, relabel: Relabel) -> Needs:
             raw = f.read(8)
         length = min(struct.unpack("<Q", raw)[0], size) if len(raw) == 8 else size
         write += size + length + _ENTRY_BOUND + BLOCK
-    for d, dirs, files in os.walk(ck.root):
-        dirs[:] = [x for x in dirs if not x.startswith(".")]
-        top = Path(d) == ck.root
-        for fn in files:
-            if not fn.startswith(".") and not (top and fn in ck.shards):
-                write += 2 * os.stat(os.path.realpath(Path(d) / fn)).st_size + BLOCK
+    for rel, fn in _other_files(ck):
+        write += 2 * os.stat(os.path.realpath(ck.root / rel / fn)).st_size + BLOCK
     write += 1024 * (len(ck.shards) + 64) + 8 * relabel.new2old.size  # the manifest (ids of at most 5 digits)
     return Needs(write, 0, 0, free, reflinks)
 
@@ -1123,23 +1119,30 @@ def _write(ck: Checkpoint, shards, finish: Callable[[], Plan], placement: Placem
     return manifest
 
 
-def _copy_others(ck: Checkpoint, p: Plan, tmp: Path) -> list[str]:
-    """Config, tokenizer, index and the rest: copied, the index and a renamed quantization_config rewritten."""
-    others = []
+def _other_files(ck: Checkpoint) -> Iterator[tuple[Path, str]]:
+    """``(directory relative to SRC, file name)`` of every file DST gets a copy of besides the shards: config,
+    tokenizer, index and the rest, in subdirectories too; hidden files and directories, SRC's shards and a
+    manifest left out."""
     for d, dirs, files in os.walk(ck.root):
         dirs[:] = [x for x in dirs if not x.startswith(".")]
         rel = Path(d).relative_to(ck.root)
         for fn in files:
-            if fn.startswith(".") or (rel == Path(".") and (fn in ck.headers or fn == MANIFEST)):
-                continue
-            (tmp / rel).mkdir(parents=True, exist_ok=True)
-            if rel == Path(".") and fn == ck.index:
-                (tmp / fn).write_bytes(p.index_text)
-            elif rel == Path(".") and fn == "config.json" and p.quantization is not None:
-                (tmp / fn).write_text(json.dumps(with_quantization(ck.config, p.quantization), indent=2) + "\n")
-            else:
-                shutil.copyfile(os.path.realpath(Path(d) / fn), tmp / rel / fn)
-            others.append(str(rel / fn))
+            if not (fn.startswith(".") or (rel == Path(".") and (fn in ck.shards or fn == MANIFEST))):
+                yield rel, fn
+
+
+def _copy_others(ck: Checkpoint, p: Plan, tmp: Path) -> list[str]:
+    """Config, tokenizer, index and the rest: copied, the index and a renamed quantization_config rewritten."""
+    others = []
+    for rel, fn in _other_files(ck):
+        (tmp / rel).mkdir(parents=True, exist_ok=True)
+        if rel == Path(".") and fn == ck.index:
+            (tmp / fn).write_bytes(p.index_text)
+        elif rel == Path(".") and fn == "config.json" and p.quantization is not None:
+            (tmp / fn).write_text(json.dumps(with_quantization(ck.config, p.quantization), indent=2) + "\n")
+        else:
+            shutil.copyfile(os.path.realpath(ck.root / rel / fn), tmp / rel / fn)
+        others.append(str(rel / fn))
     return others
 
 
