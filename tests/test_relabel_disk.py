@@ -334,3 +334,20 @@ def test_a_relabelled_copy_without_its_manifest_is_known_by_any_rewritten_shard(
     assert ck.METADATA_KEY not in _header(tmp_path / "dst" / shards[0])[1].get("__metadata__", {})
     why = ck.relabelled_reason(tmp_path / "dst")
     assert why is not None and f"{shards[1]}'s __metadata__ names a relabelling" in why
+
+
+def test_the_exact_figure_counts_every_file_the_copy_writes(tmp_path):
+    """A tokenizer in a subdirectory is copied to DST, so the exact figure counts it (it counted the top
+    level only); a hidden file is neither copied nor counted."""
+    src, _ = _four_shards(tmp_path)
+    pl = load_placement(_placement(tmp_path))
+    c = ck.scan(src, full=False)
+    before = ck.needs(c, ck.plan(c, pl, CONTIGUOUS), tmp_path / "dst", link=False).write
+    (src / "tokenizer").mkdir()
+    (src / "tokenizer" / "vocab.txt").write_bytes(b"x" * 300_000)
+    (src / ".cache").write_bytes(b"y" * 50_000)
+    c = ck.scan(src, full=False)
+    assert ck.needs(c, ck.plan(c, pl, CONTIGUOUS), tmp_path / "dst", link=False).write == before + 300_000
+    assert _export(_placement(tmp_path), src, tmp_path / "dst") == 0
+    assert (tmp_path / "dst" / "tokenizer" / "vocab.txt").stat().st_size == 300_000
+    assert not (tmp_path / "dst" / ".cache").exists()

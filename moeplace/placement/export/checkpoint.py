@@ -745,10 +745,9 @@ def needs(ck: Checkpoint, p: Plan, dst: str | Path, link: bool = True) -> Needs:
         patched = sum(x.info.nbytes for x in sp.patches)
         write += d_start + head + tail + (patched if reflinks else 0)
         shared += max(0, bulk - (patched if reflinks else 0))
-    # the index, config and the other small files are copied
-    for f in ck.root.iterdir():
-        if f.is_file() and f.name not in ck.headers:
-            write += f.stat().st_size
+    # the index, config and the other files are copied (subdirectories too: what _copy_others copies)
+    for rel, fn in _other_files(ck):
+        write += os.stat(os.path.realpath(ck.root / rel / fn)).st_size
     return Needs(write, shared, hard, free, reflinks)
 
 
