@@ -23,7 +23,6 @@ from moeplace.placement.export.checkpoint import (
     fits,
     needs,
     open_checkpoint,
-    read_shard,
     relabel_checkpoint,
     relabelled_reason,
     space_bound,
@@ -110,10 +109,7 @@ def run(args) -> int:
                                                link=args.link, full_hash=args.full_hash, space=bound, pool=args.pool,
                                                progress=say)[1])
     else:  # plan first: the exact bytes to write and to link (hard links, reflinks) are checked before writing
-        for s in ck.shards:
-            read_shard(ck, s)
-            planner.shard(s)
-        p = planner.finish()
+        p = planner.plan_all()
         space = needs(ck, p, args.out, args.link)
         rewrite = sum(1 for s in ck.shards if p.changed(s))
         if args.dry_run:

@@ -558,10 +558,7 @@ def plan(ck: Checkpoint, placement: Placement, layout: Layout, *, placement_name
     model whose expert count or MoE layers differ, a renaming that splits a routing group, a checkpoint whose
     experts of one layer do not all have the same tensors, and a ``quantization_config`` pattern that names
     some experts only."""
-    planner = Planner(ck, placement, layout, placement_name=placement_name)
-    for s in ck.shards:
-        planner.shard(s)
-    return planner.finish()
+    return Planner(ck, placement, layout, placement_name=placement_name).plan_all()
 
 
 class Planner:
@@ -617,6 +614,15 @@ class Planner:
             sp = ShardPlan(_pad(_with_tag(text, self.tag, path), h.length), patches, n)
         self.shards[s] = sp
         return sp
+
+    def plan_all(self) -> Plan:
+        """Every shard planned in turn (its header read first where it has not been), then :meth:`finish`:
+        the plan-first route."""
+        for s in self.ck.shards:
+            if s not in self.ck.headers:
+                read_shard(self.ck, s)
+            self.shard(s)
+        return self.finish()
 
     def finish(self) -> Plan:
         """The plan, after the checks that span the shards."""
