@@ -372,6 +372,27 @@ def test_anchored_groups_start_from_their_out_of_bag_members():
     assert np.all(fa.prior_widths(oob) >= 0.05)
 
 
+def test_anchored_leaves_out_cases_published_after_the_cut_off():
+    """bench/fidelity_anchored.py: a group published after the frozen cut-off is scored once in its own
+    column; its anchored errors never become residuals of the interval place calibrate ships, so the
+    anchored pass hands no such group to the calibration (the same group, dated before the cut-off, is)."""
+    from benchkit import load_bench
+
+    fa = load_bench("fidelity_anchored")
+    ens = load_ensemble()
+    group = [c for c in fa.load_cases(fa.CASES) if c["group"] == "trtllm-b200-mtp-table"][:2]
+    late = [{**c, "published_on": "2026-06-01"} for c in group]
+    handed = []
+
+    def capture(todo):
+        handed.extend(cs for cs, _, _, _ in todo)
+        return [[] for _ in todo]
+    fa.anchored_all(late, ens, True, None, report=False, map_groups=capture)
+    assert handed == []
+    fa.anchored_all(group, ens, True, None, report=False, map_groups=capture)
+    assert [[c["id"] for c in cs] for cs in handed] == [[c["id"] for c in group]]
+
+
 def test_anchored_cases_are_predicted_by_every_calibrated_member_and_covered_as_a_run_is():
     """bench/fidelity_anchored.py prices a left-out case as a calibrated run is priced (the members'
     weighted median, not the median member's figure), and checks each case's interval the way
