@@ -125,6 +125,27 @@ def test_admission_matches_the_plan_model_for_1m_token_requests(tmp_path, k3):
                                                                            per_rank - 1)
 
 
+def test_moe_tp_over_every_gpu_plans_no_all_to_all_buffers(k3):
+    """--moe-tp shards each routed expert over that many GPUs, so EP = GPUs / moe_tp: with MoE-TP over
+    every GPU (vLLM's TP without --enable-expert-parallel) there is no expert all-to-all and the plan
+    reserves no DeepEP buffers, which the KV pool gets instead; the weights per GPU are the same."""
+    from moeplace.sim.memory import memory_config  # the planner's view, checked beside the pools
+
+    cluster = make_cluster(32, "h200")
+    ep = EngineConfig(attention_tp=8, max_seqs=64, kv_dtype="bf16")
+    tp = EngineConfig(attention_tp=8, max_seqs=64, kv_dtype="bf16", moe_tp=32)
+    assert memory_config(k3, tp, 32, 0).ep == 1 and memory_config(k3, ep, 32, 0).ep == 32
+    pools_ep, plan_ep = plan_pools(k3, cluster, ep, 0)
+    pools_tp, plan_tp = plan_pools(k3, cluster, tp, 0)
+    lines = {p: {ln.name: ln.bytes for ln in plan.lines} for p, plan in (("ep", plan_ep), ("tp", plan_tp))}
+    assert lines["tp"]["all-to-all buffers"] == 0 < lines["ep"]["all-to-all buffers"]
+    assert lines["tp"]["routed experts"] == pytest.approx(lines["ep"]["routed experts"])
+    assert pools_tp.pool_bytes - pools_ep.pool_bytes == pytest.approx(
+        lines["ep"]["all-to-all buffers"] + lines["ep"]["activations"] - lines["tp"]["activations"], rel=1e-9)
+    with pytest.raises(InputError, match="--moe-tp 3 does not divide the 32 GPUs"):
+        plan_pools(k3, cluster, EngineConfig(attention_tp=8, moe_tp=3), 0)
+
+
 def test_requests_that_can_never_fit_are_rejected(tmp_path):
     m = mini_model(max_context=1000)
     path = write_trace(tmp_path / "t", m, num_requests=2, prompt=4, output=2)

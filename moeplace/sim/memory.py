@@ -16,10 +16,14 @@ from moeplace.sim.config import EngineConfig
 
 
 def memory_config(model: ModelSpec, engine: EngineConfig, num_gpus: int, num_redundant: int) -> MemoryConfig:
-    """The planner's view of this engine: attention TP x DP, EP over all GPUs, the batching limits."""
+    """The planner's view of this engine: attention TP x DP, the routed experts over EP = GPUs / MoE-TP
+    (each expert tensor-sharded over ``moe_tp`` GPUs: MoE-TP over every GPU is EP1, which holds no
+    all-to-all buffers), the batching limits."""
     if num_gpus % engine.attention_tp:
         raise InputError(f"--attention-tp {engine.attention_tp} does not divide the {num_gpus} GPUs")
-    return MemoryConfig(tp=engine.attention_tp, dp=num_gpus // engine.attention_tp, ep=num_gpus,
+    if num_gpus % engine.moe_tp:
+        raise InputError(f"--moe-tp {engine.moe_tp} does not divide the {num_gpus} GPUs")
+    return MemoryConfig(tp=engine.attention_tp, dp=num_gpus // engine.attention_tp, ep=num_gpus // engine.moe_tp,
                       num_redundant=num_redundant, kv_dtype=engine.kv_dtype,
                       gpu_memory_utilization=engine.gpu_memory_utilization,
                       max_batched_tokens=engine.max_batched_tokens, max_num_seqs=engine.max_seqs,
