@@ -326,7 +326,7 @@ def run_split(name: str, data: dict, plan: list[int], test: list[int], mode: str
                              "case": case, "realized": x, "estimate": point, "range": rng,
                              "inside": None if rng is None else bool(rng[0] <= x <= rng[1]),
                              "width": None if rng is None else rng[1] - rng[0], "seconds": seconds,
-                             **_sampled(rng_s, x)})
+                             "data_seed": DATA_SEED, **_sampled(rng_s, x)})
             if r.policy == "moeplace":
                 diff = difference_of(r.shift, "eplb", target, mode)
                 dpoint = diff[0] if diff else r.shift["mean"] - next(
@@ -338,7 +338,7 @@ def run_split(name: str, data: dict, plan: list[int], test: list[int], mode: str
                                  "target": target, "case": case, "realized": a - b, "estimate": dpoint,
                                  "range": drng, "inside": None if drng is None else bool(drng[0] <= a - b <= drng[1]),
                                  "width": None if drng is None else drng[1] - drng[0], "seconds": seconds,
-                                 **_sampled(drng_s, a - b),
+                                 "data_seed": DATA_SEED, **_sampled(drng_s, a - b),
                                  "difference": True})
         if run == "plain" and r.policy == "eplb" or r.policy == "moeplace":
             worst = r.shift.get("worst_range")
@@ -401,7 +401,7 @@ def calibration(rows: list[dict], seed: int = 0) -> dict:
         half = (hi - lo) / 2
         z = (x["realized"] - (lo + hi) / 2) / half if half > 0 else (0.0 if x["inside"] else float("inf"))
         cell = cells.setdefault(f"{x['mode']} | {x['policy']} | {x['target']}", {})
-        cell.setdefault((x["data"], x["split"]), []).append((z, bool(x["inside"])))
+        cell.setdefault((x["data"], x["split"], x.get("data_seed", 0)), []).append((z, bool(x["inside"])))
     rng = np.random.default_rng(seed)
     a = (1 - CHECK_LEVEL) / 2
 
@@ -435,7 +435,7 @@ def ranking(rows: list[dict]) -> dict:
             sel = [x for x in diffs if x["mode"] == mode and x["policy"] == policy]
             by_split: dict = {}
             for x in sel:
-                by_split.setdefault((x["data"], x["split"]), []).append(x)
+                by_split.setdefault((x["data"], x["split"], x.get("data_seed", 0)), []).append(x)
             right = decisive = decisive_right = 0
             for xs in by_split.values():
                 realized = float(np.mean([x["realized"] for x in xs]))
@@ -494,14 +494,18 @@ def main() -> int:
     label = "issue 45" if NEW else "before issue 45"
     wall = 0.0
     measured_on = None
+    seeds: list[int] = []
     if args.merge:
         for f in args.merge:
             part = json.loads(Path(f).read_text())
             wall += part["wall_s"]
-            rows += part["rows"]
+            # a split's rows are one cluster per data draw: fresh draws (--data-seed) reuse the split names
+            rows += [{"data_seed": part.get("data_seed", 0), **x} for x in part["rows"]]
             info.update(part["data"])
-            splits_run.update(part["splits"] if isinstance(part["splits"], dict)
-                              else {d: part["splits"] for d in part["data"]})
+            for d, n in (part["splits"] if isinstance(part["splits"], dict)
+                         else {d: part["splits"] for d in part["data"]}).items():
+                splits_run[d] = splits_run.get(d, 0) + n
+            seeds.append(part.get("data_seed", 0))
             load0 = part["loadavg_start"]
             label = part["estimate"]
             measured_on = part.get("machine")  # the runs' machine (a merge measures nothing itself)
@@ -558,7 +562,9 @@ def main() -> int:
     write_result("shift_coverage", {"label": args.label, "estimate": label,
                                     "loadavg_start": load0, "wall_s": wall or time.perf_counter() - t0,
                                     "nominal": NOMINAL, "splits": splits_run, "data": info,
-                                    "shift_layers": SHIFT_LAYERS, "data_seed": DATA_SEED,
+                                    "shift_layers": SHIFT_LAYERS,
+                                    "data_seed": (seeds[0] if len(set(seeds)) == 1 else sorted(set(seeds)))
+                                    if seeds else DATA_SEED,
                                     "summary": summary, "calibration": calib, "ranking": rank,
                                     **({"summary_as_sampled": summary_s, "calibration_as_sampled": calib_s}
                                        if sampled else {}), "old_style": old_style(rows),
