@@ -937,13 +937,20 @@ def _cov(c: dict | None) -> str:
     return f"{c['coverage']:.0%} ({c['inside']}/{c['with_range']}), {c['median_width']:.2f}"
 
 
+def _seeds(seed) -> str:
+    seeds = seed if isinstance(seed, list) else [seed]
+    return " and ".join(str(x) for x in seeds)
+
+
 def shift_coverage() -> str:
     """docs/placement.md: coverage and median width of the shift estimate's 80 % ranges, before issue 45's
     estimate and after it, per mode, policy and kind of new workload (bench/shift_coverage.py)."""
     after, before = _results("shift_coverage"), _results("shift_coverage_before")
+    fresh = _results("shift_coverage_fresh")
     keys = list(dict.fromkeys([*after["summary"], *before["summary"]]))
     lines = [("| inputs | policy | new | before: coverage (inside/ranged), median width | after, the same data | "
-              "after, every data set | after, per data set |"), "|---|---|---|---|---|---|---|"]
+              "after, every data set | after, per data set | after, fresh data sets (its ranges as sampled) |"),
+             "|---|---|---|---|---|---|---|---|"]
     for key in keys:
         mode, policy, target = key.split(" | ")
         a, b = after["summary"].get(key), before["summary"].get(key)
@@ -953,8 +960,9 @@ def shift_coverage() -> str:
         same_cell = (f"{inside / len(same):.0%} ({inside}/{len(same)}), "
                      f"{statistics.median(x['width'] for x in same):.2f}" if same else "–")
         per = "; ".join(f"{d} {_cov(v)}" for d, v in (a or {}).get("by_data", {}).items())
+        f, fs = fresh["summary"].get(key), fresh.get("summary_as_sampled", {}).get(key)
         lines.append(f"| {mode} | {policy} | {'dataset' if target == 'dataset' else 'language'} | {_cov(b)} | "
-                     f"{same_cell} | {_cov(a)} | {per} |")
+                     f"{same_cell} | {_cov(a)} | {per} | {_cov(f)} ({_cov(fs)}) |")
     rank = []
     for k, v in after["ranking"].items():
         rank.append(f"{k.replace(' | ', ', ')}: estimated sign right in {v['sign_right']} of {v['splits']} splits, "
@@ -972,7 +980,14 @@ def shift_coverage() -> str:
             "inside their printed range (nominal 80 %), of the points that had a range, and the ranges' median "
             "width. Moeplace against EPLB, after: " + "; ".join(rank) + ". Before (points only, no range): sign "
             "right in " + "; ".join(rank_b) + ". The synthetic set with every layer in the estimate "
-            f"(`--shift-layers all`, {how(every)}), tagged, a new dataset: {all_cells}.\n")
+            f"(`--shift-layers all`, {how(every)}), tagged, a new dataset: {all_cells}. Fresh data sets: the "
+            f"same bench with `--data-seed` {_seeds(fresh['data_seed'])} (new draws of every construction, made after "
+            f"the estimate was settled: {how(fresh)}); in brackets the same run's ranges as sampled (the layer "
+            "sample's own noise left in the groups' spread, as the estimate before it). How sure the fresh "
+            "coverage figures are (90 % intervals, splits bootstrapped), tagged, a new dataset: "
+            + "; ".join(f"{k.split(' | ')[1]} {v['coverage']['value']:.0%} [{v['coverage']['interval'][0]:.0%}, "
+                        f"{v['coverage']['interval'][1]:.0%}]" for k, v in fresh["calibration"].items()
+                        if k.startswith("tagged") and k.endswith("dataset")) + ".\n")
 
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import statistics
 import sys
 import time
@@ -140,28 +141,39 @@ def write_multinomial(p: np.ndarray, datasets: list[str], langs: list[str], mode
     return paths
 
 
+DATA_SEED = 0  # --data-seed: 0 the committed data sets; others draw fresh ones of the same construction
+
+
+def _seeded(seed: int) -> int:
+    return seed + 1000 * DATA_SEED
+
+
+def _dir(name: str) -> Path:
+    return RESULTS / "shift_coverage" / (name if DATA_SEED == 0 else f"{name}-seed{DATA_SEED}")
+
+
 def olmoe_data() -> dict:
     d = json.loads(OLMOE_COUNTS.read_text())
     names = sorted(d["domains"])
     counts = np.array([d["domains"][n] for n in names], dtype=np.float64)  # [D, 3, 64]
     model = from_hf_config(OLMOE_CONFIG, source="OLMoE-1B-7B-0924 config").restrict(d["layers"])
-    p = with_languages(counts / counts.sum(-1, keepdims=True), 2, seed=11)
+    p = with_languages(counts / counts.sum(-1, keepdims=True), 2, seed=_seeded(11))
     langs = ["en", "xx"]
-    paths = write_multinomial(p, names, langs, model, RESULTS / "shift_coverage" / "olmoe", seed=3)
+    paths = write_multinomial(p, names, langs, model, _dir("olmoe"), seed=_seeded(3))
     return {"paths": paths, "datasets": names, "plan_langs": langs, "new_lang": None,
             "cluster": make_cluster(8, "h200", 4), "R": 8, "window_tokens": WINDOW_TOKENS}
 
 
 def synthetic_data() -> dict:
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(_seeded(7))
     base = load_model("qwen3-30b-a3b")
     model = base.restrict(base.moe_layers[::6])  # 8 of 48 MoE layers
     L, E = model.num_moe_layers, model.num_experts
     logits = 0.9 * rng.normal(size=(L, E))[None] + rng.normal(size=(6, L, E))
     p = np.exp(logits)
-    p = with_languages(p / p.sum(-1, keepdims=True), 3, seed=13)
+    p = with_languages(p / p.sum(-1, keepdims=True), 3, seed=_seeded(13))
     names, langs = [f"ds{i}" for i in range(6)], ["la", "lb", "lc"]
-    paths = write_multinomial(p, names, langs, model, RESULTS / "shift_coverage" / "synthetic", seed=5)
+    paths = write_multinomial(p, names, langs, model, _dir("synthetic"), seed=_seeded(5))
     return {"paths": paths, "datasets": names, "plan_langs": langs[:2], "new_lang": langs[2],
             "cluster": make_cluster(16, "h200", 4), "R": 16, "window_tokens": WINDOW_TOKENS}
 
@@ -169,15 +181,15 @@ def synthetic_data() -> dict:
 def synthetic_languages_data() -> dict:
     """The synthetic datasets in four planted languages; planning uses three, so "a new language" has
     three left-out values (a range) and the fourth language to check it on."""
-    rng = np.random.default_rng(17)
+    rng = np.random.default_rng(_seeded(17))
     base = load_model("qwen3-30b-a3b")
     model = base.restrict(base.moe_layers[::6])
     L, E = model.num_moe_layers, model.num_experts
     logits = 0.9 * rng.normal(size=(L, E))[None] + rng.normal(size=(6, L, E))
     p = np.exp(logits)
-    p = with_languages(p / p.sum(-1, keepdims=True), 4, seed=19)
+    p = with_languages(p / p.sum(-1, keepdims=True), 4, seed=_seeded(19))
     names, langs = [f"ds{i}" for i in range(6)], ["la", "lb", "lc", "ld"]
-    paths = write_multinomial(p, names, langs, model, RESULTS / "shift_coverage" / "synthetic-4lang", seed=23)
+    paths = write_multinomial(p, names, langs, model, _dir("synthetic-4lang"), seed=_seeded(23))
     return {"paths": paths, "datasets": names, "plan_langs": langs[:3], "new_lang": langs[3],
             "cluster": make_cluster(16, "h200", 4), "R": 16, "window_tokens": WINDOW_TOKENS}
 
@@ -193,7 +205,7 @@ def captured_data() -> dict:
     from moeplace.traces.capture import CaptureConfig, run_capture  # optional: torch (the capture extra)
     from moeplace.traces.stats import compute_stats  # a trace's Loads, then its tags added
 
-    base = RESULTS / "shift_coverage" / "captured"
+    base = _dir("captured")
     base.mkdir(parents=True, exist_ok=True)
     cfg = base / "config.json"
     _bench_module("shift_lodo").write_tiny_moe_config(cfg)
@@ -209,7 +221,7 @@ def captured_data() -> dict:
                     txt = base / f"{ds}_{lang}.txt"
                     txt.write_text("\n".join(how(t.format(i=i)) for i in range(1, 17) for t in templates) + "\n")
                     run_capture(CaptureConfig(hf_config=cfg, prompts=txt, out=trace, max_new_tokens=16,
-                                              batch_size=16, seed=0, sample=True, ignore_eos=True))
+                                              batch_size=16, seed=_seeded(0), sample=True, ignore_eos=True))
                 ld = compute_stats(trace, 512, loads_only=True)
                 Loads(ld.counts, ld.model, ld.window_tokens, ld.labels,
                       {**ld.provenance, "tags": {"dataset": ds, "lang": lang}}).save(npz)
@@ -223,24 +235,40 @@ DATA = {"olmoe": olmoe_data, "synthetic": synthetic_data, "captured": captured_d
 
 
 # ---------------------------------------------------------------------------- what the tool printed
-def estimate_of(sh: dict, target: str, mode: str) -> tuple[float, list[float] | None] | None:
-    """(point, range) the tool printed for ``target`` ("dataset" / "lang")."""
+def as_sampled(t: dict, lo: float, hi: float) -> list[float] | None:
+    """The range the estimate printed before it took the layer sample's own noise out of the groups'
+    spread (its figures as sampled: ``spread_sampled_layers``), from the same run; the printed range where
+    nothing was taken out. Clipped to ``[lo, hi]`` like the printed one."""
+    rng = t.get("range")
+    raw = t.get("spread_sampled_layers")
+    D = len(t.get("per_group") or [])
+    if rng is None or raw is None or D >= shift_module.rank_groups_needed():
+        return rng
+    h = shift_module.t80(D - 1) * math.sqrt(raw * raw * (1 + 1 / D) + t.get("layer_sample_se", 0.0) ** 2)
+    return [min(hi, max(lo, t["mean"] - h)), min(hi, max(lo, t["mean"] + h))]
+
+
+def estimate_of(sh: dict, target: str, mode: str) -> tuple[float, list[float] | None, list[float] | None] | None:
+    """(point, range, range as sampled) the tool printed for ``target`` ("dataset" / "lang")."""
     if NEW and mode == "tagged":
         t = (sh.get("by_tag") or {}).get(target)
-        return None if t is None else (t["mean"], t.get("range"))
+        return None if t is None else (t["mean"], t.get("range"), as_sampled(t, 0.0, 1.0))
     if target != "dataset":  # one estimate only: the tool's own grouping
         return None
-    return sh["mean"], sh.get("mean_range")
+    first = next(iter((sh.get("by_tag") or {}).values()), None) if NEW else None
+    return sh["mean"], sh.get("mean_range"), sh.get("mean_range") if first is None else as_sampled(first, 0.0, 1.0)
 
 
-def difference_of(sh: dict, other: str, target: str, mode: str) -> tuple[float, list[float] | None] | None:
-    """(point, range) of this policy minus ``other`` the tool printed (before: the points' difference)."""
+def difference_of(sh: dict, other: str, target: str, mode: str
+                  ) -> tuple[float, list[float] | None, list[float] | None] | None:
+    """(point, range, range as sampled) of this policy minus ``other`` the tool printed (before: the
+    points' difference)."""
     if not NEW:
         return None
     key = target if mode == "tagged" else None
     for k, v in (sh.get("versus", {}).get(other) or {}).items():
         if key is None or k == key:
-            return v["mean"], v.get("range")
+            return v["mean"], v.get("range"), as_sampled(v, -1.0, 1.0)
     return None
 
 
@@ -249,6 +277,17 @@ def pooled(paths: list[Path], window_tokens: int) -> np.ndarray:
 
 
 SHIFT_LAYERS: int | str = "auto"  # --shift-layers (the tool's default: auto)
+
+
+def _sampled(rng: list[float] | None, x: float) -> dict:
+    return {"range_as_sampled": rng, "inside_as_sampled": None if rng is None else bool(rng[0] <= x <= rng[1]),
+            "width_as_sampled": None if rng is None else rng[1] - rng[0]}
+
+
+def as_sampled_rows(rows: list[dict]) -> list[dict]:
+    """The rows with the ranges as sampled in place of the printed ones (rows without them: as they are)."""
+    return [{**x, "range": x["range_as_sampled"], "inside": x["inside_as_sampled"], "width": x["width_as_sampled"]}
+            if "range_as_sampled" in x else x for x in rows]
 
 
 def run_split(name: str, data: dict, plan: list[int], test: list[int], mode: str, run: str) -> list[dict]:
@@ -281,22 +320,25 @@ def run_split(name: str, data: dict, plan: list[int], test: list[int], mode: str
             est = estimate_of(r.shift, target, mode)
             if est is None:
                 continue
-            point, rng = est
+            point, rng, rng_s = est
             for (case, _), x in zip(cases, real[r.policy][target]):
                 rows.append({"data": name, "split": split, "mode": mode, "policy": policy, "target": target,
                              "case": case, "realized": x, "estimate": point, "range": rng,
                              "inside": None if rng is None else bool(rng[0] <= x <= rng[1]),
-                             "width": None if rng is None else rng[1] - rng[0], "seconds": seconds})
+                             "width": None if rng is None else rng[1] - rng[0], "seconds": seconds,
+                             "data_seed": DATA_SEED, **_sampled(rng_s, x)})
             if r.policy == "moeplace":
                 diff = difference_of(r.shift, "eplb", target, mode)
                 dpoint = diff[0] if diff else r.shift["mean"] - next(
                     (x.shift["mean"] for x in cmp.results if x.policy == "eplb"), float("nan"))
                 drng = diff[1] if diff else None
+                drng_s = diff[2] if diff else None
                 for (case, _), a, b in zip(cases, real["moeplace"][target], real["eplb"][target]):
                     rows.append({"data": name, "split": split, "mode": mode, "policy": f"{policy} - eplb",
                                  "target": target, "case": case, "realized": a - b, "estimate": dpoint,
                                  "range": drng, "inside": None if drng is None else bool(drng[0] <= a - b <= drng[1]),
                                  "width": None if drng is None else drng[1] - drng[0], "seconds": seconds,
+                                 "data_seed": DATA_SEED, **_sampled(drng_s, a - b),
                                  "difference": True})
         if run == "plain" and r.policy == "eplb" or r.policy == "moeplace":
             worst = r.shift.get("worst_range")
@@ -336,6 +378,53 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
+CHECK_LEVEL = 0.90  # the bootstrap interval of each coverage figure (how sure the check itself is)
+CHECK_RESAMPLES = 2000
+
+
+def calibration(rows: list[dict], seed: int = 0) -> dict:
+    """How sure the coverage figures are, per (mode, policy, target) over the points with a range.
+
+    The points of one split share their plan, their range and their planning data, so they are not
+    independent draws: the unit of the bootstrap is the split (``data`` x ``split``), resampled with
+    replacement ``CHECK_RESAMPLES`` times (seeded). Per cell: ``coverage`` and its ``CHECK_LEVEL``
+    interval; ``rms_z``, the root mean square of ``z = (realized - the range's centre) / its half-width``
+    (``|z| <= 1`` exactly when covered; a range that holds 80 % of normal errors has ``rms_z`` 0.78), and
+    ``implied_coverage``, the coverage a normal error of that ``rms_z`` would have: both use how far inside
+    or outside each point lies, not only whether, so they are steadier than the count where misses are few.
+    """
+    cells: dict = {}
+    for x in rows:
+        if x["target"] == "summary" or x.get("range") is None:
+            continue
+        lo, hi = x["range"]
+        half = (hi - lo) / 2
+        z = (x["realized"] - (lo + hi) / 2) / half if half > 0 else (0.0 if x["inside"] else float("inf"))
+        cell = cells.setdefault(f"{x['mode']} | {x['policy']} | {x['target']}", {})
+        cell.setdefault((x["data"], x["split"], x.get("data_seed", 0)), []).append((z, bool(x["inside"])))
+    rng = np.random.default_rng(seed)
+    a = (1 - CHECK_LEVEL) / 2
+
+    def figures(groups: list[list[tuple[float, bool]]]) -> tuple[float, float, float]:
+        z = np.array([v for g in groups for v, _ in g])
+        inside = np.array([i for g in groups for _, i in g])
+        rms = float(np.sqrt(np.mean(z ** 2)))
+        implied = float(math.erf(1 / (rms * math.sqrt(2)))) if rms > 0 else 1.0
+        return float(inside.mean()), rms, implied
+
+    out: dict = {}
+    for key, by_split in sorted(cells.items()):
+        groups = list(by_split.values())
+        point = figures(groups)
+        boot = np.array([figures([groups[i] for i in rng.integers(0, len(groups), len(groups))])
+                         for _ in range(CHECK_RESAMPLES)])
+        lo_q, hi_q = np.quantile(boot, [a, 1 - a], axis=0)
+        out[key] = {"points": sum(len(g) for g in groups), "splits": len(groups), "level": CHECK_LEVEL,
+                    **{name: {"value": point[i], "interval": [float(lo_q[i]), float(hi_q[i])]}
+                       for i, name in enumerate(("coverage", "rms_z", "implied_coverage"))}}
+    return out
+
+
 def ranking(rows: list[dict]) -> dict:
     """Per (mode, run, split): does the estimated moeplace - EPLB difference have the sign of the realized
     mean difference over the new datasets; and where the range excludes 0, is that call right."""
@@ -346,7 +435,7 @@ def ranking(rows: list[dict]) -> dict:
             sel = [x for x in diffs if x["mode"] == mode and x["policy"] == policy]
             by_split: dict = {}
             for x in sel:
-                by_split.setdefault((x["data"], x["split"]), []).append(x)
+                by_split.setdefault((x["data"], x["split"], x.get("data_seed", 0)), []).append(x)
             right = decisive = decisive_right = 0
             for xs in by_split.values():
                 realized = float(np.mean([x["realized"] for x in xs]))
@@ -389,8 +478,13 @@ def main() -> int:
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="summarize the rows of these results files (runs of one data set each, side by side) "
                          "into one, instead of running")
+    ap.add_argument("--data-seed", type=int, default=0,
+                    help="0: the committed data sets; another: fresh ones of the same construction (new seeds: "
+                         "the synthetic fields and windows, OLMoE's language effect and windows, the captured "
+                         "model's sampling), for checking a change to the estimate on data it was not chosen on")
     args = ap.parse_args()
-    global SHIFT_LAYERS
+    global SHIFT_LAYERS, DATA_SEED
+    DATA_SEED = args.data_seed
     SHIFT_LAYERS = args.shift_layers if args.shift_layers in ("auto", "all") else int(args.shift_layers)
     load0 = loadavg()
     t0 = time.perf_counter()
@@ -399,16 +493,22 @@ def main() -> int:
     splits_run: dict = {}
     label = "issue 45" if NEW else "before issue 45"
     wall = 0.0
+    measured_on = None
+    seeds: list[int] = []
     if args.merge:
         for f in args.merge:
             part = json.loads(Path(f).read_text())
             wall += part["wall_s"]
-            rows += part["rows"]
+            # a split's rows are one cluster per data draw: fresh draws (--data-seed) reuse the split names
+            rows += [{"data_seed": part.get("data_seed", 0), **x} for x in part["rows"]]
             info.update(part["data"])
-            splits_run.update(part["splits"] if isinstance(part["splits"], dict)
-                              else {d: part["splits"] for d in part["data"]})
+            for d, n in (part["splits"] if isinstance(part["splits"], dict)
+                         else {d: part["splits"] for d in part["data"]}).items():
+                splits_run[d] = splits_run.get(d, 0) + n
+            seeds.append(part.get("data_seed", 0))
             load0 = part["loadavg_start"]
             label = part["estimate"]
+            measured_on = part.get("machine")  # the runs' machine (a merge measures nothing itself)
     else:
         splits = [s for a, b in PARTITIONS for s in ((a, b), (b, a))][: args.splits]
         for name in args.data.split(","):
@@ -434,6 +534,27 @@ def main() -> int:
                         f"{'-' if v['median_width'] is None else format(v['median_width'], '.2f')}"
                         for d, v in c["by_data"].items())
         print(f"| {mode} | {policy} | {target} | {cov} | {wid} | {per} |")
+    calib = calibration(rows)
+    sampled = any("range_as_sampled" in x for x in rows)
+    calib_s = calibration(as_sampled_rows(rows)) if sampled else {}
+    summary_s = summarize(as_sampled_rows(rows)) if sampled else {}
+    print(f"\nhow sure each coverage figure is ({CHECK_LEVEL:.0%} intervals, the splits bootstrapped; rms z 0.78 and "
+          f"implied coverage {NOMINAL:.0%} for a calibrated range)" + (
+              "; beside it the same run's ranges as sampled (the layer sample's own noise left in the spread, "
+              "as the estimate before did)" if sampled else "") + ":")
+    print("| mode | policy | new | splits | coverage | rms z | implied coverage | median width |"
+          + (" as sampled: coverage, rms z, median width |" if sampled else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if sampled else ""))
+    for key, c in calib.items():
+        f = {n: f"{c[n]['value']:.2f} [{c[n]['interval'][0]:.2f}, {c[n]['interval'][1]:.2f}]"
+             for n in ("coverage", "rms_z", "implied_coverage")}
+        line = (f"| {key} | {c['splits']} | {f['coverage']} | {f['rms_z']} | {f['implied_coverage']} | "
+                f"{summary[key]['median_width']:.3f} |")
+        if key in calib_s:
+            cs = calib_s[key]
+            line += (f" {cs['coverage']['value']:.2f}, {cs['rms_z']['value']:.2f}, "
+                     f"{summary_s[key]['median_width']:.3f} |")
+        print(line)
     print("\nranking moeplace against EPLB (sign of the estimated difference vs the realized mean difference):")
     for key, c in rank.items():
         print(f"  {key}: sign right in {c['sign_right']} of {c['splits']} splits; range excludes 0 in "
@@ -442,8 +563,13 @@ def main() -> int:
                                     "loadavg_start": load0, "wall_s": wall or time.perf_counter() - t0,
                                     "nominal": NOMINAL, "splits": splits_run, "data": info,
                                     "shift_layers": SHIFT_LAYERS,
-                                    "summary": summary, "ranking": rank, "old_style": old_style(rows),
-                                    "rows": rows}, Path(args.out) if args.out else None)
+                                    "data_seed": (seeds[0] if len(set(seeds)) == 1 else sorted(set(seeds)))
+                                    if seeds else DATA_SEED,
+                                    "summary": summary, "calibration": calib, "ranking": rank,
+                                    **({"summary_as_sampled": summary_s, "calibration_as_sampled": calib_s}
+                                       if sampled else {}), "old_style": old_style(rows),
+                                    "rows": rows, **({"machine": measured_on} if measured_on else {})},
+                 Path(args.out) if args.out else None)
     return 0
 
 

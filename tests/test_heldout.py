@@ -369,6 +369,36 @@ def test_prediction_interval_student_t_below_nine_groups_ranks_from_nine():
     assert narrower(prediction_interval([0.70, 0.71, 0.72]), "dataset") is None
 
 
+def test_a_layer_samples_own_noise_leaves_the_groups_spread():
+    """The groups' figures on k sampled layers of L vary by their figures over every layer (what a new
+    group's figure does: the written placement is scored on every layer) plus the layer sample's noise;
+    group_figures takes the noise out (the interaction's ANOVA mean square x (1/k - 1/L)) instead of
+    counting it twice. Over many draws the corrected variance is unbiased; the raw one is not."""
+    from moeplace.placement.shift import group_figures, prediction_interval
+
+    rng = np.random.default_rng(0)
+    D, L, k, sd_g, sd_gl = 3, 8, 3, 0.02, 0.06
+    raw, fixed, truth = [], [], []
+    for _ in range(3000):
+        full = 0.6 + rng.normal(0, sd_g, (D, 1)) + rng.normal(0, 0.03, (1, L)) + rng.normal(0, sd_gl, (D, L))
+        r = group_figures(full[:, rng.choice(L, k, replace=False)], L)
+        raw.append(r["spread_sampled_layers"] ** 2)
+        fixed.append(r["spread"] ** 2)
+        truth.append(full.mean(axis=1).var(ddof=1))  # the groups' spread over every layer
+    # the raw variance is sigma_g^2 + sigma_gl^2 / k, ~1.9x the truth here; the corrected one is unbiased
+    # before it is held at its floor sigma_gl^2 / L (the groups' figures over every layer vary at least by
+    # their own interaction terms' mean), which leaves it above the truth (~1.5x here, the safe side) and
+    # never 0 (a range of the layer sample's se alone)
+    assert np.mean(raw) > 1.7 * np.mean(truth)
+    assert np.mean(truth) < np.mean(fixed) < 0.85 * np.mean(raw)
+    assert min(fixed) > 0
+    # every layer: nothing to take out, the figures' own spread (the interval as before)
+    full = rng.normal(0.6, 0.05, (D, L))
+    r = group_figures(full, L)
+    assert "spread_sampled_layers" not in r and r["layer_sample_se"] == 0
+    assert r["range"] == pytest.approx(prediction_interval(full.mean(axis=1).tolist())["range"])
+
+
 def _tagged(model, tmp_path, datasets=3, langs=2, per_window=60, windows=2):
     """One Loads file per (dataset, language), tags in its metadata; each dataset favours its own experts,
     each language shifts a few more."""

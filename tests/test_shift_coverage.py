@@ -47,3 +47,33 @@ def test_a_ranking_call_is_right_when_its_sign_is_the_realized_mean_differences(
         _row("m - e", True, 0.1, split="s2", realized=0.02, estimate=-0.01, difference=True)]
     r = b.ranking(rows)["tagged | m - e"]
     assert r == {"splits": 2, "sign_right": 1, "decisive": 1, "decisive_right": 1}
+
+
+def test_calibration_bootstraps_whole_splits_and_reads_how_far_inside_each_point_lies():
+    b = load_bench("shift_coverage")
+    # range [0, 1]: centre 0.5, half-width 0.5; realized 0.25 / 0.75 lie at z = -0.5 / +0.5
+    rows = [_row("eplb", True, 1.0, split="s1", realized=0.25), _row("eplb", True, 1.0, split="s1", realized=0.75),
+            _row("eplb", True, 1.0, split="s2", realized=0.75)]
+    rows.append({**_row("eplb", True, 1.0, split="s2", realized=0.25), "data_seed": 7})  # another draw: its own split
+    c = b.calibration(rows)["tagged | eplb | dataset"]
+    assert c["splits"] == 3 and c["points"] == 4 and c["level"] == b.CHECK_LEVEL
+    assert c["coverage"]["value"] == 1.0 and c["rms_z"]["value"] == pytest.approx(0.5)
+    # a normal error of rms 0.5 half-widths lies inside 95.4 % of the time
+    assert c["implied_coverage"]["value"] == pytest.approx(0.9545, abs=1e-4)
+    assert c["rms_z"]["interval"] == pytest.approx([0.5, 0.5])  # every resample is the same here
+    miss = [_row("eplb", False, 0.2, split=f"s{i}", realized=0.9, estimate=0.5) for i in range(3)]
+    m = b.calibration(rows + miss)["tagged | eplb | dataset"]
+    assert m["coverage"]["value"] == pytest.approx(4 / 7)
+    assert m["coverage"]["interval"][0] < 4 / 7 < m["coverage"]["interval"][1]
+
+
+def test_the_range_as_sampled_puts_the_layer_samples_noise_back():
+    b = load_bench("shift_coverage")
+    from moeplace.placement.shift import t80
+
+    t = {"mean": 0.5, "per_group": [0.4, 0.5, 0.6], "range": [0.45, 0.55], "spread_sampled_layers": 0.1,
+         "layer_sample_se": 0.02}
+    h = t80(2) * np.sqrt(0.01 * (1 + 1 / 3) + 0.0004)
+    assert b.as_sampled(t, 0.0, 1.0) == pytest.approx([0.5 - h, 0.5 + h])
+    assert b.as_sampled({**t, "mean": 0.05}, 0.0, 1.0)[0] == 0.0  # clipped like the printed range
+    assert b.as_sampled({k: v for k, v in t.items() if k != "spread_sampled_layers"}, 0.0, 1.0) == [0.45, 0.55]

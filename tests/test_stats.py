@@ -293,6 +293,25 @@ def test_affinity_lift_detects_coupling():
     assert np.all(lift_c > 3)
 
 
+def test_affinity_prediction_breaks_ties_by_expert_id():
+    """Equal scores go to the lower expert id (the set numpy's selection picks among ties depends on its
+    SIMD path, so the lift would differ between machines): checked against a stable sort of every row."""
+    from moeplace.traces.measures import _predict_hits  # a private helper, tested directly
+
+    rng = np.random.default_rng(1)
+    E, k, n = 40, 4, 200
+    counts = rng.integers(0, 3, (E, E))  # few distinct values: most rows tie at the k-th score
+    src = np.stack([rng.choice(E, k, replace=False) for _ in range(n)])
+    score = counts[src].sum(axis=1)  # [n, E]
+    want = np.argsort(-score, axis=1, kind="stable")[:, :k]
+    assert (np.sort(score, axis=1)[:, -k] == np.sort(score, axis=1)[:, -k - 1]).mean() > 0.5  # ties do bind
+    for i in range(n):  # each token predicted alone: 1.0 exactly when its own stable top-k is the answer
+        assert _predict_hits(counts, src[i:i + 1], want[i:i + 1]) == 1.0
+    other = want.copy()
+    other[:, -1] = np.argsort(-score, axis=1, kind="stable")[:, k]  # the first tie left out instead
+    assert _predict_hits(counts, src, other) == pytest.approx(1 - 1 / k)
+
+
 def test_topk_overlap():
     a = np.array([[1, 2, 3, 4]])
     assert topk_overlap(a, np.array([[4, 3, 9, 8]]))[0] == pytest.approx(0.5)

@@ -357,15 +357,21 @@ def rank_groups_needed(coverage: float = COVERAGE) -> int:
     return n
 
 
-def prediction_interval(per: list[float], se: float = 0.0) -> dict[str, Any]:
+def prediction_interval(per: list[float], se: float = 0.0, sample_noise: float = 0.0,
+                        spread_floor: float = 0.0) -> dict[str, Any]:
     """An 80 % prediction interval for one more group's figure from the ``D`` left-out groups' figures
-    ``per`` (and ``se``, the layer sample's standard error of their mean):
+    ``per`` (and ``se``, the layer sample's standard error of their mean; ``sample_noise``, the variance
+    the layer sample adds to each group's figure on its own, which the spread of ``per`` carries and a
+    figure over every layer does not, and ``spread_floor``, the least variance figures over every layer
+    can have: :func:`group_figures`):
 
     - ``D >= 9``: the order statistics ``[x_(k), x_(D+1-k)]``, ``k = floor(0.1 (D + 1))`` — at least 80 %
       for any distribution when the new group's figure is exchangeable with the left-out ones' (the
-      rank argument behind split conformal and jackknife+, Barber et al. 2021), widened by ``z · se``;
+      rank argument behind split conformal and jackknife+, Barber et al. 2021), widened by ``z · se``
+      (``sample_noise`` stays in: the order statistics are of the figures as sampled, a safe side);
     - ``3 <= D < 9``: ``mean ± t_{0.9, D-1} · sqrt(s² (1 + 1/D) + se²)`` — exactly 80 % when the groups'
-      figures are normal (Student-t);
+      figures are normal (Student-t); ``s²`` is the groups' sample variance less ``sample_noise``, at
+      least ``spread_floor`` (the between-group variance of figures over every layer, the ANOVA estimate);
     - ``D < 3``: none (the spread rests on one or two numbers).
 
     Clipped to [-1, 1] for differences, [0, 1] otherwise is the caller's business (``clip``)."""
@@ -378,7 +384,10 @@ def prediction_interval(per: list[float], se: float = 0.0) -> dict[str, Any]:
         out.update(range=None, interval=f"none: {D} left-out group{'s' if D != 1 else ''} (needs "
                                         f"{MIN_INTERVAL_GROUPS})")
         return out
-    s = float(x.std(ddof=1))
+    raw = float(x.std(ddof=1))
+    s = math.sqrt(max(raw * raw - sample_noise, spread_floor, 0.0)) if sample_noise > 0 else raw
+    if sample_noise > 0:
+        out["spread_sampled_layers"] = raw  # before the layer sample's own share is taken out
     if D >= rank_groups_needed():
         k = math.floor(round((1 - COVERAGE) / 2, 9) * (D + 1))
         xs = np.sort(x)
@@ -562,13 +571,30 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
 def group_figures(per_layer: np.ndarray, active: int) -> dict[str, Any]:
     """:func:`prediction_interval` of the left-out groups' figures, each the mean of its row of
     ``per_layer`` (``[groups, sampled layers]``, NaN where a group has no tokens in a layer), with the
-    layer sample's standard error (simple random sample of ``k`` of ``active`` layers: the per-layer means
-    over groups' spread / sqrt(k), finite-population corrected; 0 with every layer)."""
+    layer sample's two errors (simple random sample of ``k`` of ``active`` layers, finite-population
+    corrected; both 0 with every layer):
+
+    - ``se``, the error of the figures' common mean: the per-layer means over groups' spread / sqrt(k);
+    - ``sample_noise``, the variance each group's own figure carries because its ``k`` layers are a
+      sample: ``sigma2_gl (1/k - 1/active)``, with ``sigma2_gl`` the group-by-layer interaction's mean
+      square (two-way ANOVA of ``per_layer``: ``(D-1)(k-1)`` degrees of freedom). The spread of the
+      groups' k-layer figures is the between-group spread of their figures over every layer (what a new
+      group's figure varies by: the written placement is scored on every layer) plus this; it is taken
+      out of the spread, not counted twice. What is left is at least ``sigma2_gl / active``: a group's
+      figure over every layer carries its own interaction terms' mean, so the groups' figures over every
+      layer cannot vary by less (an estimate of 0 would print a range of the layer sample's ``se`` alone).
+      Skipped where a group has no tokens in a sampled layer."""
     per = np.nanmean(per_layer, axis=1)
     u = np.nanmean(per_layer, axis=0)
     k = u.size
+    D = per.size
     se = float(np.std(u, ddof=1) / math.sqrt(k) * math.sqrt(1 - k / active)) if 1 < k < active else 0.0
-    return prediction_interval([float(x) for x in per], se)
+    noise = floor = 0.0
+    if 1 < k < active and D > 1 and np.isfinite(per_layer).all():
+        resid = per_layer - per[:, None] - u[None, :] + per_layer.mean()
+        inter = float((resid ** 2).sum() / ((D - 1) * (k - 1)))
+        noise, floor = inter * (1 / k - 1 / active), inter / active
+    return prediction_interval([float(x) for x in per], se, noise, floor)
 
 
 def versus(a: dict[str, Any], b: dict[str, Any], active: int) -> dict[str, dict[str, Any]]:

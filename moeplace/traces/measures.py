@@ -103,16 +103,24 @@ def pair_counts(src: np.ndarray, dst: np.ndarray, num_experts: int) -> np.ndarra
 
 def _predict_hits(counts: np.ndarray, src: np.ndarray, dst: np.ndarray, block: int = 256) -> float:
     """Mean share of ``dst``'s top-k found among the top-k experts scored by ``sum_{e in src} counts[e]``
-    (``src``/``dst`` int ``[n, k]``, ``counts`` ``[E, E]``)."""
+    (``src``/``dst`` int ``[n, k]``, ``counts`` ``[E, E]``). Ties go to the lower expert id: each score
+    becomes the integer ``score * 2^b + (2^b - 1 - e)`` (``2^b >= E``), so the k largest keys are one set
+    whatever selection algorithm numpy runs on the machine (its SIMD paths order equal scores differently)."""
     k = dst.shape[1]
-    c = counts.astype(np.float32)
+    E = counts.shape[1]
+    shift = max(1, (E - 1).bit_length())
+    top_score = int(counts.max(initial=0)) * src.shape[1]
+    dtype = np.int32 if (top_score + 1) << shift < 2 ** 31 else np.int64
+    c = counts.astype(dtype) << shift  # scores in the high bits, the tie-break in the low ones
+    tie = ((1 << shift) - 1 - np.arange(E)).astype(dtype)
     hits = 0.0
     for b0 in range(0, len(src), block):
         s = src[b0:b0 + block]
         score = c[s[:, 0]]  # sum of the rows of the token's experts, one slot at a time (cache-sized)
         for j in range(1, s.shape[1]):
             score += c[s[:, j]]
-        pred = np.argpartition(-score, k - 1, axis=1)[:, :k]
+        score += tie
+        pred = np.argpartition(score, E - k, axis=1)[:, E - k:]
         hits += topk_overlap(pred, dst[b0:b0 + block]).sum()
     return float(hits / max(len(src), 1))
 
