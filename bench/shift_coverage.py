@@ -237,15 +237,13 @@ DATA = {"olmoe": olmoe_data, "synthetic": synthetic_data, "captured": captured_d
 # ---------------------------------------------------------------------------- what the tool printed
 def as_sampled(t: dict, lo: float, hi: float) -> list[float] | None:
     """The range the estimate printed before it took the layer sample's own noise out of the groups'
-    spread (its figures as sampled: ``spread_sampled_layers``), from the same run; the printed range where
-    nothing was taken out. Clipped to ``[lo, hi]`` like the printed one."""
-    rng = t.get("range")
-    raw = t.get("spread_sampled_layers")
-    D = len(t.get("per_group") or [])
-    if rng is None or raw is None or D >= shift_module.rank_groups_needed():
-        return rng
-    h = shift_module.t80(D - 1) * math.sqrt(raw * raw * (1 + 1 / D) + t.get("layer_sample_se", 0.0) ** 2)
-    return [min(hi, max(lo, t["mean"] - h)), min(hi, max(lo, t["mean"] + h))]
+    spread: the tool's own :func:`~moeplace.placement.shift.prediction_interval` of the same left-out
+    groups' figures with nothing taken out; the printed range where nothing was. Clipped to ``[lo, hi]``
+    like the printed one."""
+    if t.get("range") is None or t.get("spread_sampled_layers") is None:
+        return t.get("range")
+    r = shift_module.prediction_interval(t["per_group"], t.get("layer_sample_se", 0.0))
+    return shift_module._clip(r, lo, hi)["range"]
 
 
 def estimate_of(sh: dict, target: str, mode: str) -> tuple[float, list[float] | None, list[float] | None] | None:
@@ -505,7 +503,8 @@ def main() -> int:
             for d, n in (part["splits"] if isinstance(part["splits"], dict)
                          else {d: part["splits"] for d in part["data"]}).items():
                 splits_run[d] = splits_run.get(d, 0) + n
-            seeds.append(part.get("data_seed", 0))
+            seed = part.get("data_seed", 0)
+            seeds += seed if isinstance(seed, list) else [seed]  # a merged file lists its draws
             load0 = part["loadavg_start"]
             label = part["estimate"]
             measured_on = part.get("machine")  # the runs' machine (a merge measures nothing itself)

@@ -75,5 +75,5 @@ def test_the_range_as_sampled_puts_the_layer_samples_noise_back():
          "layer_sample_se": 0.02}
     h = t80(2) * np.sqrt(0.01 * (1 + 1 / 3) + 0.0004)
     assert b.as_sampled(t, 0.0, 1.0) == pytest.approx([0.5 - h, 0.5 + h])
-    assert b.as_sampled({**t, "mean": 0.05}, 0.0, 1.0)[0] == 0.0  # clipped like the printed range
+    assert b.as_sampled({**t, "per_group": [0.0, 0.05, 0.1]}, 0.0, 1.0)[0] == 0.0  # clipped like the printed range
     assert b.as_sampled({k: v for k, v in t.items() if k != "spread_sampled_layers"}, 0.0, 1.0) == [0.45, 0.55]
