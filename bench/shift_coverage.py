@@ -535,8 +535,9 @@ def main() -> int:
         print(f"| {mode} | {policy} | {target} | {cov} | {wid} | {per} |")
     calib = calibration(rows)
     sampled = any("range_as_sampled" in x for x in rows)
-    calib_s = calibration(as_sampled_rows(rows)) if sampled else {}
-    summary_s = summarize(as_sampled_rows(rows)) if sampled else {}
+    rows_s = as_sampled_rows(rows) if sampled else []
+    calib_s = calibration(rows_s) if sampled else {}
+    summary_s = summarize(rows_s) if sampled else {}
     print(f"\nhow sure each coverage figure is ({CHECK_LEVEL:.0%} intervals, the splits bootstrapped; rms z 0.78 and "
           f"implied coverage {NOMINAL:.0%} for a calibrated range)" + (
               "; beside it the same run's ranges as sampled (the layer sample's own noise left in the spread, "
