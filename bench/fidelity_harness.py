@@ -139,10 +139,67 @@ def load_cases(path: Path) -> list[dict]:
         if not isinstance(c.get("group"), str) or not c["group"]:
             raise InputError(f"{where}: field 'group' must name the case's deployment group (one table, one build, "
                              "one blog's sweep)")
+        check_case_fields(c, where)
         if c.get("regime") != regime_of(c):
             raise InputError(f"{where}: field 'regime' must be {regime_of(c)!r} (the rule of sim.fidelity.regime over "
                              f"its configuration), got {c.get('regime')!r}")
     return cases
+
+
+# end-to-end configuration fields: whole numbers >= 1; ``redundant`` and ``cuda_graph_max_bs`` (0: no CUDA graphs) >= 0
+_E2E_COUNTS = ("gpus", "attention_tp", "moe_tp", "batch_per_rank", "max_batched_tokens", "isl", "osl", "concurrency",
+               "tokens_per_rank", "kv_tokens")
+_E2E_COUNTS0 = ("redundant", "cuda_graph_max_bs")
+_E2E_NEEDS = {"prefill": ("gpus", "isl", "tokens_per_rank"), "decode": ("gpus", "isl", "osl", "batch_per_rank"),
+              "serve": ("gpus", "isl", "osl", "batch_per_rank", "max_batched_tokens", "concurrency")}
+
+
+def check_case_fields(c: dict, where: str) -> None:
+    """The kinds of a case's fields, beyond their presence (:func:`load_cases`): the source's org, title and
+    url are text (the url a web address), the assumptions a list of text (at least one line), the GPU a preset;
+    an end-to-end case's model a preset (its dtypes known to it), its configuration the fields its kind runs
+    on as whole numbers >= 1, the attention-TP size dividing the GPUs, ``duration`` a positive number;
+    ``published_latency`` a mapping of positive milliseconds. One line naming the case and field."""
+    from moeplace.foundation.cluster import gpu_preset_names
+    from moeplace.foundation.errors import InputError
+    from moeplace.foundation.model import DTYPE_BYTES, KV_DTYPE_BYTES, preset_names
+
+    src = c["source"]
+    if not all(isinstance(src[k], str) and src[k].strip() for k in ("org", "title", "url")) \
+            or not src["url"].startswith(("https://", "http://")):
+        raise InputError(f"{where}: field 'source' needs org, title and url as text (url a web address)")
+    if not (isinstance(c["assumptions"], list) and c["assumptions"]
+            and all(isinstance(a, str) and a.strip() for a in c["assumptions"])):
+        raise InputError(f"{where}: field 'assumptions' must be a list of at least one line of text")
+    if c["gpu"] not in gpu_preset_names():
+        raise InputError(f"{where}: field 'gpu' must be a GPU preset {gpu_preset_names()}, got {c['gpu']!r}")
+    cfg = c["config"]
+    if not isinstance(cfg, dict) or not cfg:
+        raise InputError(f"{where}: field 'config' must be a mapping")
+    if c["kind"] not in E2E:
+        return
+    if c["model"] not in preset_names():
+        raise InputError(f"{where}: field 'model' must be a model preset {preset_names()}, got {c['model']!r}")
+    for k in _E2E_NEEDS[c["kind"]]:
+        if k not in cfg:
+            raise InputError(f"{where}: field 'config.{k}' missing (a {c['kind']} case runs on it)")
+    for k in _E2E_COUNTS:
+        if k in cfg and not (isinstance(cfg[k], int) and not isinstance(cfg[k], bool) and cfg[k] >= 1):
+            raise InputError(f"{where}: field 'config.{k}' must be a whole number >= 1, got {cfg[k]!r}")
+    for k in _E2E_COUNTS0:
+        if k in cfg and not (isinstance(cfg[k], int) and not isinstance(cfg[k], bool) and cfg[k] >= 0):
+            raise InputError(f"{where}: field 'config.{k}' must be a whole number >= 0, got {cfg[k]!r}")
+    if cfg["gpus"] % int(cfg.get("attention_tp", 1)):
+        raise InputError(f"{where}: field 'config.attention_tp' ({cfg.get('attention_tp')}) must divide "
+                         f"config.gpus ({cfg['gpus']})")
+    if "duration" in cfg and not (isinstance(cfg["duration"], (int, float)) and cfg["duration"] > 0):
+        raise InputError(f"{where}: field 'config.duration' must be a positive number of seconds")
+    for k in ("expert_dtype", "weight_dtype"):
+        if k in cfg and cfg[k] not in DTYPE_BYTES:
+            raise InputError(f"{where}: field 'config.{k}' must be one of {sorted(DTYPE_BYTES)}, got {cfg[k]!r}")
+    if "kv_dtype" in cfg and cfg["kv_dtype"] not in KV_DTYPE_BYTES:
+        raise InputError(f"{where}: field 'config.kv_dtype' must be one of {sorted(KV_DTYPE_BYTES)}, got "
+                         f"{cfg['kv_dtype']!r}")
 
 
 def publication_date(case: dict):

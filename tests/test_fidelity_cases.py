@@ -160,6 +160,47 @@ def test_engine_and_metric_fields_are_checked(tmp_path):
         fid.load_cases(bad)
 
 
+def test_every_case_has_a_source_a_date_and_fields_of_the_right_kinds(tmp_path):
+    """Every case of the table parses with its source (org, title, web address), a publication date (or
+    ``unknown``: counted as seen), its assumptions as lines of text, a GPU and model preset and the
+    configuration fields its kind runs on as whole numbers; the cases after the cut-off all carry an
+    established date. A field of the wrong kind is one line naming the case and the field."""
+    import pytest
+    import yaml
+
+    from moeplace.foundation.errors import InputError
+
+    fid = _fidelity()
+    frozen = fid.load_frozen()
+    cases = fid.load_cases(fid.CASES)
+    for c in cases:
+        assert c["source"]["url"].startswith("https://") and c["source"]["org"] and c["source"]["title"], c["id"]
+        assert fid.publication_date(c) is not None or str(c["published_on"]) == "unknown", c["id"]
+        assert c["assumptions"] and all(isinstance(a, str) for a in c["assumptions"]), c["id"]
+        if fid.after_cutoff(c, frozen):
+            assert fid.publication_date(c) > frozen["cutoff"] and c["split"] == "validation", c["id"]
+    raw = yaml.safe_load(fid.CASES.read_text())
+    k3 = next(c for c in raw if c["id"] == "vllm-k3-gb300-tp8-bs1")
+    bad = tmp_path / "cases.yaml"
+    for change, match in [
+            ({"config": {**k3["config"], "gpus": "8"}}, r"field 'config.gpus' must be a whole number >= 1, got '8'"),
+            ({"config": {**k3["config"], "attention_tp": 3}}, r"field 'config.attention_tp' \(3\) must divide"),
+            ({"config": {k: v for k, v in k3["config"].items() if k != "osl"}}, r"field 'config.osl' missing"),
+            ({"config": {**k3["config"], "kv_dtype": "fp6"}}, r"field 'config.kv_dtype' must be one of"),
+            ({"config": {**k3["config"], "expert_dtype": "int3"}}, r"field 'config.expert_dtype' must be one of"),
+            ({"config": {**k3["config"], "duration": -1}}, r"field 'config.duration' must be a positive number"),
+            ({"gpu": "h300"}, r"field 'gpu' must be a GPU preset"),
+            ({"model": "kimi-k4"}, r"field 'model' must be a model preset"),
+            ({"source": {**k3["source"], "url": "vllm.ai"}}, r"field 'source' needs org, title and url as text"),
+            ({"assumptions": []}, r"field 'assumptions' must be a list of at least one line"),
+            ({"published_on": "July 2026"}, r"field 'published_on' must be YYYY-MM-DD")]:
+        bad.write_text(yaml.safe_dump([{**k3, **change}]))
+        with pytest.raises(InputError, match=r"case 1 \(vllm-k3-gb300-tp8-bs1\): " + match):
+            fid.load_cases(bad)
+    bad.write_text(yaml.safe_dump([k3]))
+    assert fid.load_cases(bad)[0]["config"] == k3["config"]
+
+
 def test_total_and_per_gpu_prompt_metrics():
     """``total_tok_s`` is the deployment's prompt plus output tokens per second; ``input_tok_s_per_gpu`` the
     prompt tokens one GPU computes; a stated ``kv_tokens`` is the KV pool the simulation gets."""
