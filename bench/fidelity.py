@@ -31,7 +31,8 @@ date and a publication cut-off.
    overall and by kind of run.
 5. After the cut-off: cases published after it, never used to choose structure nor fitted, priced by the
    whole ensemble with the shipped intervals: scored once, in their own column.
-6. TTFT / TPOT only on cases that publish them measured per request (``published_latency``).
+6. TTFT / TPOT only on cases that publish them measured per request (``published_latency``), each with the
+   ensemble median and 80 % interval made as the throughput's (TTFT re-priced over the prompt iterations).
 7. The measured cost source (``--cost-model measured``) per end-to-end case, and the peers: aiconfigurator
    0.12 (bench/peer_aiconfigurator.py) joined per case and tallied by independent deployment; aisimulate
    0.13 where it could be run (``peer_summary``).
@@ -778,13 +779,11 @@ def run(args) -> int:
 
 
 def latency_checks(cases, runs, speeds, ens, features, frozen) -> dict:
-    """TTFT and TPOT on the cases that publish them measured per request (``published_latency``): the
-    ensemble's held-out median TPOT (out of bag, or every member after the cut-off) with its interval, and
-    the reference run's median TTFT (not re-priced: its queueing is the reference schedule's). Every other
-    case's TTFT / TPOT is not checked."""
-    from moeplace.sim import ensemble as ens_mod
-
-    gi = {g: i for i, g in enumerate(ens.groups)}
+    """TTFT and TPOT on the cases that publish them measured per request (``published_latency``), each the
+    same way (:func:`latency_record`): the ensemble's held-out median (out of bag, or every member after the
+    cut-off) with its 80 % interval. A TPOT is re-priced per member over the decode-weighted sampled
+    iterations, a TTFT over the sampled iterations that compute prompt tokens (fidelity_ensemble.ttft_ratio).
+    Every other case's TTFT / TPOT is not checked."""
     tpot, ttft = [], []
     for c in cases:
         lat = c.get("published_latency")
@@ -793,58 +792,86 @@ def latency_checks(cases, runs, speeds, ens, features, frozen) -> dict:
         run_c = runs[c["id"]]
         a = after_cutoff(c, frozen)
         if "tpot_p50_ms" in lat and "tpot" in speeds[c["id"]]:
-            z = speeds[c["id"]]["tpot"]
-            mask = np.ones(len(z), dtype=bool) if a else fe.oob_mask(ens.bags, gi, c["group"])
-            med = fe.wmedian(z, mask)
-            iv = ens_mod.speed_interval(ens, z, features[c["id"]], exclude_group=None if a else c["group"])
-            sim_ms = 1e3 * math.exp(-med)
-            lo, hi = 1e3 * math.exp(-iv.hi), 1e3 * math.exp(-iv.lo)
-            tpot.append({"id": c["id"], "group": c["group"], "published_ms": lat["tpot_p50_ms"], "simulated_ms": sim_ms,
-                         "error": sim_ms / lat["tpot_p50_ms"] - 1, "interval_ms": [lo, hi],
-                         "covered": bool(lo <= lat["tpot_p50_ms"] <= hi), "after_cutoff": a})
+            tpot.append(latency_record(c, lat["tpot_p50_ms"], speeds[c["id"]]["tpot"], ens, features[c["id"]], a))
         if "ttft_p50_ms" in lat:
             ttft_s = run_c.detail.get("ttft_p50_s")
-            sim_ms = None if ttft_s is None else 1e3 * ttft_s
-            rec = {"id": c["id"], "group": c["group"], "published_ms": lat["ttft_p50_ms"], "simulated_ms": sim_ms,
-                   "error": None if sim_ms is None else sim_ms / lat["ttft_p50_ms"] - 1,
-                   "comparable": bool(lat.get("ttft_comparable", True)) and sim_ms is not None, "after_cutoff": a}
+            z = speeds[c["id"]].get("ttft")
+            if ttft_s is not None and z is not None:
+                rec = latency_record(c, lat["ttft_p50_ms"], z, ens, features[c["id"]], a)
+                rec["reference_ms"] = 1e3 * ttft_s
+                rec["prefill_iterations"] = fe.prefill_iterations(run_c)
+            else:  # the run finished no request's first token in its window (or a state saved without TTFT speeds)
+                rec = {"id": c["id"], "group": c["group"], "published_ms": lat["ttft_p50_ms"],
+                       "simulated_ms": None if ttft_s is None else 1e3 * ttft_s, "after_cutoff": a}
+                rec["error"] = None if ttft_s is None else rec["simulated_ms"] / lat["ttft_p50_ms"] - 1
+            rec["comparable"] = bool(lat.get("ttft_comparable", True)) and rec["simulated_ms"] is not None
             if not rec["comparable"]:
                 rec["why"] = lat.get("why") or "the run finished no request's first token in its window"
             ttft.append(rec)
-
-    def stats(rs):
-        rs = [r for r in rs if r.get("comparable", True)]
-        if not rs:
-            return {"n": 0}
-        return {"n": len(rs), "median_abs_error": float(np.median([abs(r["error"]) for r in rs])),
-                "max_abs_error": float(max(abs(r["error"]) for r in rs)),
-                **({"covered": sum(r["covered"] for r in rs)} if "covered" in rs[0] else {})}
-    return {"tpot": {**stats(tpot), "cases": tpot}, "ttft": {**stats(ttft), "cases": ttft},
-            "basis": "median TPOT / TTFT printed by the source's benchmark (bench_serving / vllm bench serve), "
-                     "measured per request, not derived from its throughput",
+    return {"tpot": {**latency_stats(tpot), "cases": tpot}, "ttft": {**latency_stats(ttft), "cases": ttft},
+            "basis": "median TPOT / TTFT printed by the source's benchmark (bench_serving / vllm bench serve / "
+                     "InferenceX), measured per request, not derived from its throughput",
             "unchecked": ("TPOT and TTFT of every other case (their sources print no per-request latency; a TPOT "
-                          "derived from a published throughput is the throughput re-expressed); TTFT has no "
-                          "interval (the ensemble does not re-price queueing); any figure of Kimi K3 itself")}
+                          "derived from a published throughput is the throughput re-expressed); TTFT of every case "
+                          "after the cut-off that prints none; a TTFT's queueing is the reference run's schedule, "
+                          "re-priced by each member's prompt-iteration time (not re-simulated)")}
+
+
+def latency_record(c: dict, published_ms: float, z, ens, x: dict, after: bool) -> dict:
+    """One per-request latency figure (TPOT or TTFT) of a case against its published median: ``z`` ``[B]`` is
+    each member's log speed of it (minus its log time); before the cut-off the members that never drew the
+    case's group give the median and the interval leaves the group out (grouped cross-validation), after it
+    every member and the shipped interval (sim.ensemble.speed_interval, as the case's throughput)."""
+    from moeplace.sim import ensemble as ens_mod
+
+    z = np.asarray(z, dtype=np.float64)
+    gi = {g: i for i, g in enumerate(ens.groups)}
+    mask = np.ones(len(z), dtype=bool) if after else fe.oob_mask(ens.bags, gi, c["group"])
+    med = fe.wmedian(z, mask)
+    iv = ens_mod.speed_interval(ens, z, x, exclude_group=None if after else c["group"])
+    sim_ms = 1e3 * math.exp(-med)
+    lo, hi = 1e3 * math.exp(-iv.hi), 1e3 * math.exp(-iv.lo)
+    return {"id": c["id"], "group": c["group"], "published_ms": published_ms, "simulated_ms": sim_ms,
+            "error": sim_ms / published_ms - 1, "interval_ms": [lo, hi], "covered": bool(lo <= published_ms <= hi),
+            "after_cutoff": after}
+
+
+def latency_stats(rs: list[dict]) -> dict:
+    """Median and max |error| over the comparable records, and how many of those with an interval it covers."""
+    rs = [r for r in rs if r.get("comparable", True)]
+    if not rs:
+        return {"n": 0}
+    out = {"n": len(rs), "median_abs_error": float(np.median([abs(r["error"]) for r in rs])),
+           "max_abs_error": float(max(abs(r["error"]) for r in rs))}
+    with_iv = [r for r in rs if "covered" in r]
+    if with_iv:
+        out.update(covered=int(sum(r["covered"] for r in with_iv)), with_interval=len(with_iv))
+    return out
 
 
 def latency_text(lat: dict) -> list[str]:
     out = [f"TPOT / TTFT on the cases that publish them per request ({lat['basis']}):"]
-    for r in lat["tpot"]["cases"]:
-        out.append(f"  TPOT {r['id']:38s} published {r['published_ms']:8.1f} ms  ensemble {r['simulated_ms']:8.1f} ms "
-                   f"{r['error']:+7.1%}  [{r['interval_ms'][0]:.1f} - {r['interval_ms'][1]:.1f}]"
-                   + ("" if r["covered"] else " MISSED"))
-    for r in lat["ttft"]["cases"]:
-        if not r["comparable"]:
-            out.append(f"  TTFT {r['id']:38s} published {r['published_ms']:8.1f} ms  not comparable: {r['why']}")
-            continue
-        out.append(f"  TTFT {r['id']:38s} published {r['published_ms']:8.1f} ms  simulated {r['simulated_ms']:8.1f} ms "
-                   f"{r['error']:+7.1%} (the reference run; no interval)")
+    for k in ("tpot", "ttft"):
+        for r in lat[k]["cases"]:
+            if not r.get("comparable", True):
+                out.append(f"  {k.upper()} {r['id']:38s} published {r['published_ms']:8.1f} ms  not comparable: "
+                           f"{r['why']}")
+            elif "interval_ms" in r:
+                out.append(f"  {k.upper()} {r['id']:38s} published {r['published_ms']:8.1f} ms  ensemble "
+                           f"{r['simulated_ms']:8.1f} ms {r['error']:+7.1%}  [{r['interval_ms'][0]:.1f} - "
+                           f"{r['interval_ms'][1]:.1f}]" + ("" if r["covered"] else " MISSED")
+                           + ("  (after the cut-off)" if r["after_cutoff"] else ""))
+            else:
+                out.append(f"  {k.upper()} {r['id']:38s} published {r['published_ms']:8.1f} ms  simulated "
+                           f"{r['simulated_ms']:8.1f} ms {r['error']:+7.1%} (the reference run; no interval)")
     for k in ("tpot", "ttft"):
         s = lat[k]
         if s["n"]:
             out.append(f"  {k.upper()}: {s['n']} comparable cases, median |error| {s['median_abs_error']:.1%}, max "
-                       f"{s['max_abs_error']:.1%}" + (f"; interval covers {s['covered']}/{s['n']}" if "covered" in s
-                                                      else ""))
+                       f"{s['max_abs_error']:.1%}" + (f"; interval covers {s['covered']}/{s['with_interval']}"
+                                                      if "covered" in s else ""))
+        else:
+            out.append(f"  {k.upper()}: no comparable case")
     out.append(f"  unchecked: {lat['unchecked']}")
     return out
 

@@ -8,13 +8,16 @@ member, and what the held-out (out-of-bag) predictions say: errors, interval cov
   before the cut-off), with replacement, and fits the constants by least squares with each case weighted by
   its group's draws (harness.fit), started from the reference fit. Members are fitted in worker processes.
 - :func:`member_speeds`: each case's figure under every member (end-to-end: the reference run's sampled
-  iterations re-priced, sim.ensemble.reprice; kernel tables: the cost model's formulas), as log speeds.
+  iterations re-priced, sim.ensemble.reprice; kernel tables: the cost model's formulas), as log speeds; a
+  case that publishes its TTFT also its median TTFT, re-priced over the sampled iterations that compute
+  prompt tokens (:class:`PrefillAwareSample`).
 - :func:`held_out`: per case, the out-of-bag median (the members that never drew its group) and its
   residual; the grouped cross-validation's interval of each case (sim.ensemble.speed_interval with the
   case's group excluded: its members and its residuals); coverage and width, overall and by kind.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing
@@ -91,12 +94,43 @@ def speed(case: dict, v: float) -> float:
     return 1.0 / v if case["metric"] == "latency_us" else v
 
 
+class PrefillAwareSample(ens_mod.IterationSample):
+    """A pool's iteration sample exactly as sim.ensemble.IterationSample keeps it, plus ``prefill``: a second
+    systematic sample (same rule, same size) of the steady iterations that compute prompt tokens, the
+    iterations a request's time to first token is spent in. It only observes: the simulation, and the main
+    sample every figure is re-priced from, are the same with it or without it."""
+
+    def __init__(self, keep: int = ens_mod.SAMPLE_ITERATIONS) -> None:
+        super().__init__(keep)
+        self.prefill = ens_mod.IterationSample(keep)
+
+    def offer(self, work, moe, dt: float, link_share=None) -> None:
+        super().offer(work, moe, dt, link_share)
+        if float(work.pre_tokens.sum()) > 0:
+            self.prefill.offer(work, moe, dt, link_share)
+
+
+@contextlib.contextmanager
+def prefill_sampling():
+    """Within the block the event simulator's pools keep a :class:`PrefillAwareSample` (sim/engine.py makes
+    each pool's sample from its module's ``IterationSample`` name when sampling is on)."""
+    from moeplace.sim import engine  # bench-side hook: the name is swapped for this block only
+
+    saved = engine.IterationSample
+    engine.IterationSample = PrefillAwareSample
+    try:
+        yield
+    finally:
+        engine.IterationSample = saved
+
+
 def reference_run(case: dict, cfg, quick: bool) -> Run:
     """The event simulator on an end-to-end case (stat mode, steady state after the warm-up), its pool's
-    steady iterations sampled for re-pricing."""
+    steady iterations sampled for re-pricing (and, apart, those that compute prompt tokens)."""
     from fidelity_harness import _from_summary, sim_run
 
-    res, s, keep, engine = sim_run(case, cfg, quick, keep_samples=True)
+    with prefill_sampling():
+        res, s, keep, engine = sim_run(case, cfg, quick, keep_samples=True)
     pool = res.pools[-1]
     feats = ens_mod.sample_features(pool.sample, pool.cost, engine.mtp_draft)
     cost = _CostShape(pool.cost.model, pool.cost.cluster)
@@ -161,7 +195,8 @@ def member_configs(params: np.ndarray, base) -> list:
 
 def member_speeds(case: dict, run: Run | None, configs: list, reference) -> dict[str, np.ndarray]:
     """Log speed of the case's figure under every member ``[B]`` (``"figure"``); for end-to-end cases also
-    of its time per output token (``"tpot"``, decode-weighted: its log is minus the TPOT's)."""
+    of its time per output token (``"tpot"``, decode-weighted: its log is minus the TPOT's) and, where the
+    case publishes a TTFT, of its median time to first token (``"ttft"``, :func:`ttft_ratio`)."""
     if run is None:
         return {"figure": np.log([speed(case, kernel_metric(case, cfg)) for cfg in configs])}
     r = ens_mod.reprice(run.sample, run.cost, configs, run.engine, reference)
@@ -170,7 +205,27 @@ def member_speeds(case: dict, run: Run | None, configs: list, reference) -> dict
     out = {"figure": base - np.log(r[which])}
     if run.detail.get("tpot_p50_s"):
         out["tpot"] = -math.log(run.detail["tpot_p50_s"]) - np.log(r["decode"])
+    if run.detail.get("ttft_p50_s") and (case.get("published_latency") or {}).get("ttft_p50_ms"):
+        out["ttft"] = -math.log(run.detail["ttft_p50_s"]) - np.log(ttft_ratio(run, configs, reference, r["total"]))
     return out
+
+
+def prefill_iterations(run: Run) -> int:
+    """How many sampled steady iterations that compute prompt tokens a run's TTFT is re-priced over (0: none
+    sampled, or a run made without :class:`PrefillAwareSample`)."""
+    pre = getattr(run.sample, "prefill", None)
+    return len(pre.items) if pre is not None else 0
+
+
+def ttft_ratio(run: Run, configs: list, reference, fallback: np.ndarray) -> np.ndarray:
+    """Each member's time over the reference's for a request's time to first token ``[B]``: the ratio
+    (sim.ensemble.reprice, ``total``) over the sampled steady iterations that compute prompt tokens, as a
+    per-token time takes the decode-weighted one; the time spent waiting is taken to scale with it (the
+    schedule is the reference run's, as for every re-priced figure). Where no such iteration was sampled,
+    ``fallback`` (the ratio over all sampled iterations)."""
+    if not prefill_iterations(run):
+        return fallback
+    return ens_mod.reprice(run.sample.prefill, run.cost, configs, run.engine, reference)["total"]
 
 
 # ---------------------------------------------------------------------------- held-out analysis

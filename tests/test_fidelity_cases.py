@@ -335,3 +335,89 @@ def test_a_refit_within_the_tolerance_keeps_its_start():
     far = start.replace(hbm_efficiency=start.hbm_efficiency - 2 * fid.REFERENCE_TOL * (hi - lo))
     assert fid.drift(start, near) == {}
     assert fid.drift(start, far) == {name: [start.hbm_efficiency, far.hbm_efficiency]}
+
+
+def _latency_ensemble(residual: float):
+    """Two groups' worth of a tiny ensemble: 4 members (0 and 3 drew g1, 1 and 2 drew g2), one published case
+    per group at the run's own settings, residuals +r (g1) and -r (g2)."""
+    from moeplace.sim.ensemble import FEATURES, Ensemble
+
+    x = {f: 0.0 for f in FEATURES}
+    cases = ({"id": "a", "group": "g1", "kind": "serve", "features": x, "residual": residual},
+             {"id": "b", "group": "g2", "kind": "serve", "features": x, "residual": -residual})
+    ens = Ensemble(("gemm_efficiency",), {}, np.zeros((4, 1)), np.full(4, 0.25), ("g1", "g2"),
+                   np.array([[1, 0], [0, 1], [0, 1], [1, 0]]), cases, {f: 1.0 for f in FEATURES}, 0.8, {}, 1.0)
+    return ens, x
+
+
+def test_a_latency_is_compared_with_its_own_median_and_interval():
+    """A per-request TTFT / TPOT: after the cut-off every member's median and the shipped interval (the members'
+    out-of-bag medians plus each published case's residual: here 200 ms x / 1.25 -> 160 - 250 ms); before it
+    only the members that never drew the case's group (200 ms, not the all-member 350 ms) and an interval
+    with the group left out (its one remaining case: 200 x 1.25, widened to the median: 200 - 250 ms)."""
+    import math
+
+    fid = _fidelity()
+    ens, x = _latency_ensemble(math.log(1.25))
+    z = -np.log(np.full(4, 0.2))  # every member: 200 ms
+    r = fid.latency_record({"id": "new", "group": "g3"}, 240.0, z, ens, x, after=True)
+    assert np.isclose(r["simulated_ms"], 200.0) and np.isclose(r["error"], 200 / 240 - 1)
+    assert np.allclose(r["interval_ms"], [160.0, 250.0]) and r["covered"]
+    assert not fid.latency_record({"id": "new", "group": "g3"}, 300.0, z, ens, x, after=True)["covered"]
+    z = -np.log([0.5, 0.2, 0.2, 0.6])  # members 1 and 2 never drew g1
+    r = fid.latency_record({"id": "a", "group": "g1"}, 260.0, z, ens, x, after=False)
+    assert np.isclose(r["simulated_ms"], 200.0) and np.allclose(r["interval_ms"], [200.0, 250.0]) and not r["covered"]
+
+
+def test_ttft_is_checked_on_the_cases_that_publish_it(monkeypatch):
+    """latency.ttft holds, per case that publishes a TTFT, the ensemble median and interval from its members'
+    TTFT speeds, the reference run's own TTFT and how many prompt iterations re-priced it; a case marked not
+    comparable is listed with its reason and left out of the summary; cases without a published TTFT are not
+    there."""
+    import datetime
+    import math
+    from types import SimpleNamespace
+
+    fid = _fidelity()
+    ens, x = _latency_ensemble(math.log(1.25))
+    cases = [{"id": "t", "group": "g3", "published_on": "2026-07-27", "published_latency": {"ttft_p50_ms": 240.0}},
+             {"id": "q", "group": "g3", "published_on": "2026-07-27",
+              "published_latency": {"ttft_p50_ms": 9000.0, "ttft_comparable": False, "why": "open-loop burst"}},
+             {"id": "d", "group": "g3", "published_on": "2026-07-27", "published_latency": {"tpot_p50_ms": 9.0}}]
+    run = SimpleNamespace(detail={"ttft_p50_s": 0.25, "tpot_p50_s": 0.01},
+                          sample=SimpleNamespace(prefill=SimpleNamespace(items=[0, 1, 2])))
+    z = -np.log(np.full(4, 0.2))
+    speeds = {"t": {"ttft": z}, "q": {"ttft": z}, "d": {"tpot": -np.log(np.full(4, 0.01))}}
+    lat = fid.latency_checks(cases, {c["id"]: run for c in cases}, speeds, ens, {c["id"]: x for c in cases},
+                             {"cutoff": datetime.date(2026, 2, 13)})
+    t, q = lat["ttft"]["cases"]
+    assert t["id"] == "t" and np.isclose(t["simulated_ms"], 200.0) and np.allclose(t["interval_ms"], [160, 250])
+    assert t["covered"] and t["after_cutoff"] and t["reference_ms"] == 250.0 and t["prefill_iterations"] == 3
+    assert not q["comparable"] and q["why"] == "open-loop burst"
+    assert lat["ttft"]["n"] == 1 and lat["ttft"]["covered"] == 1 and np.isclose(lat["ttft"]["median_abs_error"], 40 / 240)
+    assert [r["id"] for r in lat["tpot"]["cases"]] == ["d"] and np.isclose(lat["tpot"]["cases"][0]["simulated_ms"], 10.0)
+    text = "\n".join(fid.latency_text(lat))
+    assert "TTFT t" in text and "[160.0 - 250.0]" in text and "TTFT: 1 comparable cases" in text
+
+
+def test_the_prefill_sample_only_observes():
+    """PrefillAwareSample keeps the pool's sample exactly as sim.ensemble.IterationSample does, and apart the
+    iterations that compute prompt tokens; with none of those sampled a TTFT falls back to the all-iteration
+    ratio."""
+    from types import SimpleNamespace
+
+    from moeplace.sim.cost import RankWork
+    from moeplace.sim.ensemble import IterationSample
+
+    fe = _fidelity().fe
+    plain, aware = IterationSample(keep=4), fe.PrefillAwareSample(keep=4)
+    for i in range(40):
+        w = RankWork.zeros(2)
+        w.pre_tokens[:] = 100.0 if i % 5 == 0 else 0.0
+        for s in (plain, aware):
+            s.offer(w, RankWork.zeros(2), 0.01 * (i + 1))
+    assert [(it[0], it[3]) for it in aware.items] == [(it[0], it[3]) for it in plain.items]
+    assert aware.prefill.seen == 8 and all(float(it[1].pre_tokens.sum()) > 0 for it in aware.prefill.items)
+    run = SimpleNamespace(sample=plain)
+    fallback = np.array([1.1, 0.9])
+    assert fe.prefill_iterations(run) == 0 and fe.ttft_ratio(run, [None, None], None, fallback) is fallback
