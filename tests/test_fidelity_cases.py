@@ -421,3 +421,36 @@ def test_the_prefill_sample_only_observes():
     run = SimpleNamespace(sample=plain)
     fallback = np.array([1.1, 0.9])
     assert fe.prefill_iterations(run) == 0 and fe.ttft_ratio(run, [None, None], None, fallback) is fallback
+
+
+def test_the_prefill_sample_sees_the_prompt_iterations_of_a_real_run(tmp_path):
+    """On the event simulator (a tiny closed-loop run, no published case): under prefill_sampling the pool's
+    sample is a PrefillAwareSample whose prefill part holds only iterations that compute prompt tokens, the
+    run's figures and main sample are those of a run without it, and the simulator's own class is restored."""
+    from simkit import linear_placement, mini_model, write_trace
+
+    from moeplace.foundation.cluster import make_cluster
+    from moeplace.sim import engine as sim_engine
+    from moeplace.sim.config import CostConfig, EngineConfig, LengthMix, SimConfig, WorkloadConfig
+    from moeplace.sim.ensemble import IterationSample
+    from moeplace.sim.runner import simulate
+    from moeplace.sim.workload import load_trace_tokens
+
+    fe = _fidelity().fe
+    m = mini_model()
+    trace = load_trace_tokens(write_trace(tmp_path / "t", m, num_requests=6, prompt=40, output=20))
+    cfg = SimConfig(cost=CostConfig.roofline(), duration=0.05, mode="stat", engine=EngineConfig(attention_tp=2, max_seqs=8),
+                    workload=WorkloadConfig(arrival="closed", concurrency=8,
+                                            lengths=LengthMix(components=((64, 1.0),), output_mean=16)),
+                    ensemble=False)
+    args = (trace, [("a", linear_placement(m, 4, 4))], make_cluster(4, "h200"), cfg)
+    with fe.prefill_sampling():
+        a = simulate(*args, keep_samples=True)[0]
+    assert sim_engine.IterationSample is IterationSample
+    b = simulate(*args, keep_samples=True)[0]
+    sa, sb = a.pools[-1].sample, b.pools[-1].sample
+    assert isinstance(sa, fe.PrefillAwareSample) and type(sb) is IterationSample
+    assert a.summary["output_tok_s"] == b.summary["output_tok_s"] and a.summary["ttft_p50_s"] == b.summary["ttft_p50_s"]
+    assert [(it[0], it[3]) for it in sa.items] == [(it[0], it[3]) for it in sb.items]
+    assert sa.prefill.items and all(float(it[1].pre_tokens.sum()) > 0 for it in sa.prefill.items)
+    assert sa.prefill.seen < sa.seen
