@@ -1067,7 +1067,37 @@ def k3_step() -> str:
     return out + "\n"
 
 
-RENDERERS = {"shift-coverage": shift_coverage, "pools": pools, "relabel-speed": relabel_speed, "replan-quality": replan_quality,
+def memory_fidelity() -> str:
+    """docs/simulate.md: the memory plan's KV pool against published engine start-up pools
+    (bench/memory_fidelity.py), sized from the device-reported GPU memory and from the marketing figure."""
+    r = _results("memory_fidelity")
+    bases = r["bases"]
+    rows = []
+    for c in r["cases"]:
+        pub = c["published"]
+        row = [c["id"], f"{c['engine']}, {c['gpus']} x {c['gpu']}", f"{pub['kv_tokens']:,}"]
+        for b in bases:
+            p = c["planned"][b]
+            row += [f"{p['kv_tokens']:,}", f"{p['kv_tokens_error']:+.1%}"]
+        rows.append(row)
+        if "kv_gib" in pub:
+            row = ["", "pool GiB", f"{pub['kv_gib']:.2f}"]
+            for b in bases:
+                p = c["planned"][b]
+                row += [f"{p['kv_gib']:.2f}", f"{p['kv_gib_error']:+.1%}"]
+            rows.append(row)
+    head = ["case", "engine, GPUs", "published"]
+    for b in bases:
+        head += [f"plan ({'device-reported memory' if b == 'device' else 'marketing memory'})", "error"]
+    out = _table(head, rows)
+    for b in bases:
+        s = r["figures"][b]["kv_tokens"]
+        out += (f"\n{'Device-reported' if b == 'device' else 'Marketing'} memory: {s['n']} case(s), median |error| "
+                f"{s['median_abs']:.1%}, max {s['max_abs']:.1%}, signed median {s['signed_median']:+.1%}.")
+    return out + "\n"
+
+
+RENDERERS = {"memory-fidelity": memory_fidelity, "shift-coverage": shift_coverage, "pools": pools, "relabel-speed": relabel_speed, "replan-quality": replan_quality,
              "rebalance-summary": rebalance_summary, "rebalance-tables": rebalance_tables,
              "trace-stats": trace_stats, "trace-synth": trace_synth, "import-throughput": import_throughput,
              "capture-overhead": capture_overhead, "time-limit": time_limit, "shift-lodo": shift_lodo,

@@ -57,3 +57,22 @@ def test_small_and_bad_clusters():
         make_cluster(8, "a100x")
     with pytest.raises(InputError, match=">= 1"):
         make_cluster(0)
+
+
+def test_device_reported_memory_is_its_own_field(tmp_path):
+    """The marketing capacity stays what it is; the total CUDA reports (what the engines' memory fractions
+    apply to) is a field of its own, optional in a spec file, and the plan sizes from it where it is known."""
+    import json
+
+    h200, gb300 = load_gpu("h200"), load_gpu("gb300-nvl72")
+    assert h200.hbm_bytes == 141e9 and h200.device_memory_bytes == 150.12e9 and h200.memory_bytes == 150.12e9
+    assert gb300.device_memory_bytes is None and gb300.memory_bytes == gb300.hbm_bytes  # not established
+    spec = {k: v for k, v in h200.__dict__.items() if k != "name"}
+    f = tmp_path / "g.json"
+    for value, want in ((100e9, 100e9), (None, None)):  # null (a GPUSpec written back) means not given
+        f.write_text(json.dumps({**spec, "device_memory_bytes": value}))
+        assert load_gpu(str(f)).device_memory_bytes == want
+    for bad in (-1, 0, "150e9"):
+        f.write_text(json.dumps({**spec, "device_memory_bytes": bad}))
+        with pytest.raises(InputError, match="device_memory_bytes"):
+            load_gpu(str(f))

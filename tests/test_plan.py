@@ -22,6 +22,7 @@ from moeplace.foundation.memory import (
     parse_context_mix,
     parse_tokens,
     plan_memory,
+    render_plan,
     resolve_layout,
     sweep_plans,
 )
@@ -114,14 +115,31 @@ def test_lines_add_up_to_the_budget(k3):
     plan = plan_memory(k3, make_cluster(32), MemoryConfig())
     cache = sum(x.bytes for x in plan.lines if x.section == "cache")
     assert plan.weight_bytes + plan.reserve_bytes + cache == pytest.approx(plan.budget_bytes)
-    assert plan.budget_bytes == pytest.approx(0.9 * 141e9)
+    assert plan.budget_bytes == pytest.approx(0.9 * 150.12e9)  # the H200's device-reported 139.81 GiB
+
+
+def test_the_budget_is_a_fraction_of_the_memory_the_device_reports(k3):
+    """vLLM sizes from torch.cuda.mem_get_info()'s total and SGLang from the free memory after start-up:
+    the device-reported figure, not the marketing one; a GPU spec without it falls back to the marketing."""
+    cluster = make_cluster(32, "h200")
+    assert cluster.gpu.hbm_bytes == 141e9 and cluster.gpu.memory_bytes == cluster.gpu.device_memory_bytes == 150.12e9
+    plan = plan_memory(k3, cluster, MemoryConfig(gpu_memory_utilization=0.8))
+    assert plan.hbm_bytes == 150.12e9 and plan.budget_bytes == pytest.approx(0.8 * 150.12e9)
+    marketing = replace(cluster, gpu=replace(cluster.gpu, device_memory_bytes=None))
+    before = plan_memory(k3, marketing, MemoryConfig(gpu_memory_utilization=0.8))
+    assert before.budget_bytes == pytest.approx(0.8 * 141e9)
+    assert plan.free_bytes - before.free_bytes == pytest.approx(0.8 * 9.12e9)  # the reserve does not move
+    assert "as the device reports it (marketing 141 GB)" in render_plan(plan)
+    assert "marketing capacity" in render_plan(before)
+    for name in ("h100", "h800", "h200", "b200", "b300"):  # established from the devices' own reports
+        assert make_cluster(8, name).gpu.device_memory_bytes is not None
 
 
 # ---------------------------------------------------------------------------- K3 facts from the issue
 def test_8_h200_cannot_hold_k3(k3):
     plan = plan_memory(k3, make_cluster(8, "h200"), MemoryConfig(context=8192))
     assert not plan.fits
-    assert "1.56 TB" in plan.reasons[0] and "8 x 141 GB = 1.13 TB" in plan.reasons[0]
+    assert "1.56 TB" in plan.reasons[0] and "8 x 150 GB = 1.20 TB" in plan.reasons[0]
     s = plan.suggestions[0]
     assert s.kind == "more GPUs" and s.gpus > 8
     assert plan_memory(k3, make_cluster(s.gpus, "h200"), s.config, suggest=False).fits
@@ -263,9 +281,11 @@ def test_context_mix_and_max_num_seqs(k3):
 
 
 def test_mix_needs_room_for_its_longest_sequence(k3):
-    # 16 x H200 TP16 holds ~760k tokens: a mix with 5% 1M sequences admits none, although its mean fits
+    # 16 x H200 TP16 at --gpu-memory-utilization 0.85 holds ~785k tokens: a mix with 5% 1M sequences admits
+    # none, although its mean fits
     mix = parse_context_mix("8k:0.95,1M:0.05")
-    plan = plan_memory(k3, make_cluster(16), MemoryConfig(tp=16, context=8192, context_mix=mix), suggest=False)
+    plan = plan_memory(k3, make_cluster(16), MemoryConfig(tp=16, context=8192, context_mix=mix,
+                                                          gpu_memory_utilization=0.85), suggest=False)
     assert plan.concurrency > 0 and plan.max_context < 2**20
     assert plan.mix_concurrency == 0 and not plan.fits
 
@@ -315,7 +335,7 @@ def test_parse_sizes():
 
 
 def test_fp8_is_the_smallest_change_for_1m_on_16_h200(k3):
-    plan = plan_memory(k3, make_cluster(16), MemoryConfig(tp=16, ep=16))
+    plan = plan_memory(k3, make_cluster(16), MemoryConfig(tp=16, ep=16, gpu_memory_utilization=0.85))
     assert not plan.fits and "1M-token sequence" in plan.reasons[0]
     assert plan.suggestions[0].kind == "fp8 KV"
     for s in plan.suggestions:

@@ -85,7 +85,7 @@ def test_plan_h200_variant_fits_and_tep8_on_h200_gets_a_pool_word(capsys):
     assert main(["plan", "--pools", "prefill:gpus=8,tp=8,ep=8", K3_H200[1], "--gpu", "h200", "--context", "32k",
                  "--kv-dtype", "fp8"]) == 3
     out = capsys.readouterr().out
-    assert "prefill: the model's weights (1.56 TB) exceed the HBM of 8 x 141 GB" in out
+    assert "prefill: the model's weights (1.56 TB) exceed the memory of 8 x 150 GB" in out
     assert "prefill: smallest change: prefill:gpus=16" in out
 
 

@@ -112,7 +112,7 @@ rebalance = "static"
 kv_dtype = "fp8"
 [plan]
 context = "32k"
-min_seqs = 8
+min_seqs = 12
 [engine]
 max_batched_tokens = 2048
 max_seqs = 64
@@ -140,7 +140,7 @@ tpot_p99_ms = 1000
     ("gpus: [1, 8]", "gpus: [1, -8]", "field 'axes.gpus[1]': must be >= 1"),
     ("redundant: 0", "redundant: lots", "field 'axes.redundant[0]': expected a slot count or 'N/gpu'"),
     ("duration: 0.5", "duration: 0", "field 'simulate.duration'"),
-    ("min_seqs: 8", "min_seqs: many", "field 'plan.min_seqs': expected a whole number"),
+    ("min_seqs: 12", "min_seqs: many", "field 'plan.min_seqs': expected a whole number"),
     ("  - {gpus: 8, tp: 3}", "  - {gpus: 8, tpp: 3}", "field 'points[1].tpp': unknown axis"),
     ("    concurrency: 16", "    concurency: 16", "field 'workloads[0].concurency': unknown key"),
     ("engine: {max_batched_tokens", "engine: {max_batch", "field 'engine.max_batch': unknown key"),
@@ -211,8 +211,8 @@ def test_optimize_key_is_shared_across_rebalancing_and_kv(small):
 def test_plan_point_statuses(small):
     pts = expand_points(small)
     fields, lay = plan_point(small, pts[0])
-    assert fields["status"] == "infeasible" and "8 required" in fields["reason"]
-    assert fields["plan_concurrency"] < 8 and lay.tp == 1
+    assert fields["status"] == "infeasible" and "12 required" in fields["reason"]
+    assert fields["plan_concurrency"] < 12 and lay.tp == 1
     fields, lay = plan_point(small, pts[5])
     assert fields["status"] == "invalid" and lay is None
     assert "--tp 3 does not divide 8 GPUs" in fields["reason"]
@@ -220,7 +220,7 @@ def test_plan_point_statuses(small):
     assert fields["status"] == "unsupported" and "EP4 x MoE-TP2" in fields["reason"]
     fields, lay = plan_point(small, pts[2])
     assert "status" not in fields and (lay.tp, lay.dp, lay.ep) == (1, 8, 8)
-    assert fields["plan_concurrency"] >= 8 and fields["free_gb_per_gpu"] > 0
+    assert fields["plan_concurrency"] >= 12 and fields["free_gb_per_gpu"] > 0
 
 
 # ---------------------------------------------------------------------------- frontier

@@ -42,11 +42,18 @@ class GPUSpec:
     gpus_per_node: int = 8  # the NVLink domain
     note: str = ""
     gpus_per_host: int | None = None  # GPUs of one machine (one engine process); None: gpus_per_node
+    # the memory CUDA reports to the engines (torch.cuda.mem_get_info's total), which vLLM's
+    # gpu_memory_utilization and SGLang's mem_fraction_static are fractions of; None: not established,
+    # the marketing ``hbm_bytes`` stands in
+    device_memory_bytes: float | None = None
 
     def __post_init__(self) -> None:
         for f in ("hbm_bytes", "hbm_bw", "flops_bf16", "flops_fp8", "nvlink_bw", "nic_bw"):
             if not getattr(self, f) > 0:
                 raise InputError(f"GPU '{self.name}': {f} must be positive")
+        if self.device_memory_bytes is not None and not (math.isfinite(self.device_memory_bytes)
+                                                          and self.device_memory_bytes > 0):
+            raise InputError(f"GPU '{self.name}': device_memory_bytes must be a finite number > 0")
         if self.gpus_per_node < 1:
             raise InputError(f"GPU '{self.name}': gpus_per_node must be >= 1")
         if self.gpus_per_host is None:
@@ -54,6 +61,14 @@ class GPUSpec:
         elif self.gpus_per_host < 1 or self.gpus_per_node % self.gpus_per_host:
             raise InputError(f"GPU '{self.name}': gpus_per_host must be >= 1 and divide gpus_per_node "
                              f"({self.gpus_per_node}), got {self.gpus_per_host}")
+
+    @property
+    def memory_bytes(self) -> float:
+        """Bytes an engine sizes its memory budget from: the device-reported total where it is known
+        (vLLM: ``gpu_memory_utilization`` x ``torch.cuda.mem_get_info()``'s total; SGLang:
+        ``mem_fraction_static`` x the free memory after start-up, the same total less the CUDA context),
+        else the marketing capacity ``hbm_bytes``."""
+        return self.device_memory_bytes if self.device_memory_bytes is not None else self.hbm_bytes
 
     def flops(self, dtype: str) -> float:
         """Dense tensor-core FLOP/s for GEMMs whose inputs are ``dtype`` (weights' compute format): FP4
@@ -77,16 +92,17 @@ def _gpu_presets() -> dict[str, dict]:
 
 
 GPU_FIELDS = ("hbm_bytes", "hbm_bw", "flops_bf16", "flops_fp8", "flops_fp4", "nvlink_bw", "nvlink_latency",
-              "nic_bw", "nic_latency", "gpus_per_node", "gpus_per_host", "note")
+              "nic_bw", "nic_latency", "gpus_per_node", "gpus_per_host", "device_memory_bytes", "note")
 _WHOLE = ("gpus_per_node", "gpus_per_host")  # GPU counts: integers >= 1
-_OPTIONAL = ("gpus_per_node", "gpus_per_host", "note", "flops_fp4")
+_OPTIONAL = ("gpus_per_node", "gpus_per_host", "note", "flops_fp4", "device_memory_bytes")
 
 
 def load_gpu(name: str) -> GPUSpec:
     """A preset name, or a JSON file with the preset fields (``--gpu spec.json``): bandwidths in bytes/s
     per direction per GPU, latencies in seconds, dense FLOP/s; ``name``, ``note``, ``flops_fp4``,
-    ``gpus_per_node`` (the NVLink domain, default 8) and ``gpus_per_host`` (GPUs per machine, default
-    ``gpus_per_node``) optional."""
+    ``gpus_per_node`` (the NVLink domain, default 8), ``gpus_per_host`` (GPUs per machine, default
+    ``gpus_per_node``) and ``device_memory_bytes`` (the total CUDA reports, which the engines' memory
+    fractions apply to; default: ``hbm_bytes``) optional."""
     presets = _gpu_presets()
     if name in presets:
         return GPUSpec(name=name, **presets[name])
@@ -95,6 +111,8 @@ def load_gpu(name: str) -> GPUSpec:
         d = read_json(name, "no such GPU spec file", "not a readable JSON GPU spec")
         if not isinstance(d, dict):
             raise InputError(f"{name}: expected a JSON object with fields {', '.join(GPU_FIELDS)}")
+        if "device_memory_bytes" in d and d["device_memory_bytes"] is None:  # null: not established
+            d = {k: v for k, v in d.items() if k != "device_memory_bytes"}
         unknown = sorted(set(d) - set(GPU_FIELDS) - {"name"})
         if unknown:
             raise InputError(f"{name}: unknown field(s) {unknown} (expected {', '.join(GPU_FIELDS)})")

@@ -94,7 +94,7 @@ rows = [{"part": x.name, "section": x.section, "GB": x.bytes / 1e9, "how": x.how
         for i, x in enumerate(plan.lines)]
 rows.append({"part": "outside --gpu-memory-utilization", "section": "unused",
              "GB": (plan.hbm_bytes - plan.budget_bytes) / 1e9,
-             "how": f"{1 - plan.config.gpu_memory_utilization:.0%} of HBM", "order": len(rows)})
+             "how": f"{1 - plan.config.gpu_memory_utilization:.0%} of the memory the GPU reports", "order": len(rows)})
 mem = pl.DataFrame(rows).with_columns(pl.lit("each GPU").alias("gpu"))
 st.markdown("**Memory per GPU**")
 bar = (alt.Chart(mem.to_pandas()).mark_bar(size=80)

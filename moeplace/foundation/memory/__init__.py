@@ -24,8 +24,11 @@ Conventions (one engine instance spans all ``W = cluster.num_gpus`` GPUs; SGLang
 * **Runtime reserve**: activations for ``max_batched_tokens`` tokens per DP rank (see
   :func:`activation_bytes`), all-to-all buffers (see :func:`a2a_buffer_bytes`: DeepEP normal mode for
   prefill plus the DeepEP low-latency layout for decode) and a fixed ``other_reserve_bytes`` for CUDA
-  graphs / NCCL / allocator slack. The engine may use ``gpu_memory_utilization * HBM``; the rest is the
-  CUDA context's and the fragmentation headroom, as in vLLM and SGLang ``--mem-fraction-static``.
+  graphs / NCCL / allocator slack. The engine may use ``gpu_memory_utilization * M``; the rest is the
+  CUDA context's and the fragmentation headroom, as in vLLM and SGLang ``--mem-fraction-static``. ``M`` is
+  the memory the device reports to CUDA (``GPUSpec.memory_bytes``: vLLM takes ``torch.cuda.mem_get_info()``'s
+  total, SGLang the free memory after start-up), e.g. 139.81 GiB = 150.1 GB on an H200 sold as 141 GB; a
+  GPU spec without ``device_memory_bytes`` falls back to its marketing ``hbm_bytes``.
 * **Caches**: what is left per GPU holds the MLA KV cache and the per-sequence KDA state. The MLA latent
   is replicated on every attention-TP rank unless decode-context-parallel ``dcp`` shards each
   sequence's tokens over ``dcp`` ranks of the TP group (vLLM ``--decode-context-parallel-size``); KV is

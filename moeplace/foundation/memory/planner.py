@@ -33,7 +33,7 @@ def plan_memory(model: ModelSpec, cluster: ClusterSpec, config: MemoryConfig, *,
     context = config.context or model.max_context
     if not context:
         raise InputError(f"model '{model.name}'{' (' + model.source + ')' if model.source else ''} has no maximum context in its spec: give --context")
-    hbm = cluster.gpu.hbm_bytes
+    hbm = cluster.gpu.memory_bytes  # what the device reports: the engines' memory fractions apply to it
     budget = config.gpu_memory_utilization * hbm
     lines = weight_lines(model, lay)
     act, act_how = activation_bytes(model, lay, config)

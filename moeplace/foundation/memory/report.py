@@ -53,7 +53,7 @@ def misfit_reasons(model: ModelSpec, plan: MemoryPlan, used_bytes: float) -> lis
     reasons = []
     total_weights = model.checkpoint_bytes + (lay.num_redundant * len(model.model_moe_layers) * model.bytes_per_routed_expert)
     if total_weights > cluster.num_gpus * hbm:
-        reasons.append(f"the model's weights ({total_weights / 1e12:.2f} TB) exceed the HBM of {cluster.num_gpus} x "
+        reasons.append(f"the model's weights ({total_weights / 1e12:.2f} TB) exceed the memory of {cluster.num_gpus} x "
                        f"{hbm / 1e9:.0f} GB = {cluster.num_gpus * hbm / 1e12:.2f} TB")
     weights = plan.weight_bytes
     if used_bytes > budget:
@@ -94,7 +94,10 @@ def render_plan(plan: MemoryPlan) -> str:
     def row(name: str, nbytes: float, how: str = "") -> None:
         out.append(f"  {name:<31}{nbytes / 1e9:>8.2f}   {how}")
 
-    row("HBM", plan.hbm_bytes)
+    gpu = plan.cluster.gpu
+    row("GPU memory", plan.hbm_bytes,
+        f"as the device reports it (marketing {gpu.hbm_bytes / 1e9:.0f} GB)" if gpu.device_memory_bytes is not None
+        else "marketing capacity (no device-reported total for this GPU)")
     row("usable", plan.budget_bytes, f"--gpu-memory-utilization {c.gpu_memory_utilization:g}")
     for section, total_name in (("weights", "= weights"), ("runtime", "= runtime reserve")):
         for x in plan.lines:
