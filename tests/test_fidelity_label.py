@@ -41,6 +41,31 @@ def test_the_committed_summary_is_its_results_summary():
     assert sim_fidelity.load_summary() == json.loads(json.dumps(sim_fidelity.summarize_results(_committed())))
 
 
+def _k3_phrase(s: dict) -> str:
+    if "kimi-k3" in s["models"]:
+        return "Kimi K3 is among the fitted cases"
+    if "kimi-k3" in s["after_cutoff"]["models"]:
+        return "Kimi K3 itself only on the unseen cases after the cut-off"
+    return "not checked: Kimi K3 itself"
+
+
+def test_note_says_where_kimi_k3_was_checked_and_the_ttft_interval():
+    """The label names K3 as unchecked only when no case runs it, and says so when its only cases are after the
+    cut-off; a TTFT with intervals says how many held."""
+    s = json.loads(json.dumps(sim_fidelity.summarize_results(_committed())))
+    s.update(models=["deepseek-v3"], ttft_cases=3, ttft_median_abs_error=0.5, ttft_covered=1)
+    s["after_cutoff"] = {**s["after_cutoff"], "cases": 2, "median_abs_error": 0.4, "covered": 0, "models": []}
+    assert "not checked: Kimi K3 itself" in sim_fidelity.fidelity_note(s)
+    assert "TTFT on 3 (median off 50%, 1 inside its interval)" in sim_fidelity.fidelity_note(s)
+    s["after_cutoff"]["models"] = ["kimi-k3"]
+    note = sim_fidelity.fidelity_note(s)
+    assert "Kimi K3 itself only on the unseen cases after the cut-off" in note and "not checked: Kimi K3" not in note
+    s["models"] = ["deepseek-v3", "kimi-k3"]
+    assert "Kimi K3 is among the fitted cases" in sim_fidelity.fidelity_note(s)
+    s["ttft_covered"] = None
+    assert "no interval)" in sim_fidelity.fidelity_note(s)
+
+
 def test_printed_label_carries_the_held_out_errors_and_coverage_of_the_committed_cases(trace_dir, capsys):
     assert main(["simulate", trace_dir, *COMMON]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -54,7 +79,8 @@ def test_printed_label_carries_the_held_out_errors_and_coverage_of_the_committed
     assert f"on {len(held)} published deployments in {len({r['group'] for r in held})} groups" in text
     assert f"the median was off by {cv['median']:.0%} (worst {cv['worst_error']:+.0%}" in text and cv["worst_case"] in text
     assert f"held the published figure in {cov['coverage']:.0%} of cases" in text
-    assert "cut-off" in text and "not checked: Kimi K3 itself" in text
+    s = sim_fidelity.summarize_results(res)
+    assert "cut-off" in text and _k3_phrase(s) in text
     assert "no case runs mini-k3" in text
     assert "compare placements by their ratios" in text
 

@@ -28,6 +28,7 @@ E2E_KINDS = ("prefill", "decode", "serve")  # end-to-end cases (the rest: kernel
 # groups its cases the same way)
 LATENCY_METRICS = ("per_user_tok_s", "latency_us")
 FAR_OFF = 0.35  # the validation target's bound on any one case's |error|
+K3 = "kimi-k3"  # the first target: the label says whether any published case runs it
 
 # The run's regime, by a rule over its settings (first match; "per rank" = per attention-DP rank):
 #   prefill-heavy        a prefill pool benchmarked alone (phase prefill), or co-located serving whose
@@ -109,12 +110,14 @@ def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
         "coverage_by_kind": {k: v.get("coverage") for k, v in res["coverage"].items() if k != "all"},
         "after_cutoff": {"cases": res["after_cutoff"]["cases"],
                          "median_abs_error": (res["after_cutoff"]["errors"] or {}).get("median"),
-                         "covered": (res["after_cutoff"]["coverage"] or {}).get("covered")},
+                         "covered": (res["after_cutoff"]["coverage"] or {}).get("covered"),
+                         "models": sorted({r["model"] for r in rows if r.get("after_cutoff") and r.get("model")})},
         "tpot_cases": (lat.get("tpot") or {}).get("cases_n", len((lat.get("tpot") or {}).get("cases", []))),
         "tpot_median_abs_error": (lat.get("tpot") or {}).get("median_abs_error"),
         "ttft_cases": (lat.get("ttft") or {}).get("cases_n", sum(r.get("comparable", True) for r in
                                                                  (lat.get("ttft") or {}).get("cases", []))),
         "ttft_median_abs_error": (lat.get("ttft") or {}).get("median_abs_error"),
+        "ttft_covered": (lat.get("ttft") or {}).get("covered"),
         "far_off_threshold": FAR_OFF,
         "far_off": [{"id": r["id"], "org": r["source"]["org"], "metric": r["metric"], "error": float(r["cv_error"])}
                     for r in far],
@@ -201,12 +204,20 @@ def fidelity_note(s: dict[str, Any], run: dict[str, Any] | None = None) -> str:
         parts.append(f"TPOT checked on {s['tpot_cases']} cases that print it (median off "
                      f"{s['tpot_median_abs_error']:.0%})")
     if s.get("ttft_cases"):
-        parts.append(f"TTFT on {s['ttft_cases']} (median off {s['ttft_median_abs_error']:.0%}, no interval)")
+        inside = s.get("ttft_covered")
+        parts.append(f"TTFT on {s['ttft_cases']} (median off {s['ttft_median_abs_error']:.0%}"
+                     + (f", {inside} inside its interval)" if inside is not None else ", no interval)"))
     else:
         parts.append("TTFT never checked")
     if run and run.get("calibration"):
         return calibration_note(run["calibration"])
-    parts.append(f"not checked: Kimi K3 itself; structure frozen {s['frozen_on']}")
+    if K3 in s.get("models", []):
+        k3 = "Kimi K3 is among the fitted cases"
+    elif K3 in (a.get("models") or []):
+        k3 = "Kimi K3 itself only on the unseen cases after the cut-off"
+    else:
+        k3 = "not checked: Kimi K3 itself"
+    parts.append(f"{k3}; structure frozen {s['frozen_on']}")
     extra = run_note(s, run) if run else ""
     return ("absolute figures are model estimates: " + "; ".join(parts) + "; " + (f"{extra}; " if extra else "")
             + "compare placements by their ratios within one run")
