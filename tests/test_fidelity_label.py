@@ -81,7 +81,7 @@ def test_printed_label_carries_the_held_out_errors_and_coverage_of_the_committed
     assert f"held the published figure in {cov['coverage']:.0%} of cases" in text
     s = sim_fidelity.summarize_results(res)
     assert "cut-off" in text and _k3_phrase(s) in text
-    assert "no case runs mini-k3" in text
+    assert "no fitted case runs mini-k3" in text
     assert "compare placements by their ratios" in text
 
 
@@ -108,10 +108,10 @@ def test_note_says_what_was_checked_and_what_never_was():
         assert m in note
     far = sim_fidelity.fidelity_note(s, {"model": "kimi-k3", "gpu": "gb300-nvl72", "cost": "roofline",
                                           "ensemble": True, "near": 0.1})
-    assert "no published case is near this run" in far and "no case runs kimi-k3" in far
+    assert "no published case is near this run" in far and "no fitted case runs kimi-k3" in far
     near = sim_fidelity.fidelity_note(s, {"model": s["models"][0], "gpu": s["gpus"][0], "cost": "roofline",
                                            "ensemble": True, "near": 2.5})
-    assert "published cases near this run: 2.5 groups' worth" in near and "no case runs" not in near
+    assert "published cases near this run: 2.5 groups' worth" in near and "no fitted case runs" not in near
     own = sim_fidelity.fidelity_note(s, {"cost": "roofline", "ensemble": False})
     assert "constants of its own" in own and "no interval is printed" in own
 

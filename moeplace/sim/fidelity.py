@@ -173,7 +173,7 @@ def run_note(s: dict[str, Any], run: dict[str, Any]) -> str:
             parts.append(f"published cases near this run: {run['near']:.1f} groups' worth")
     models, gpus = s.get("models") or [], s.get("gpus") or []
     if run.get("model") and models and run["model"] not in models:
-        parts.append(f"no case runs {run['model']} (only {', '.join(models)})")
+        parts.append(f"no fitted case runs {run['model']} (only {', '.join(models)})")
     if run.get("gpu") and gpus and run["gpu"] not in gpus:
         parts.append(f"none on {run['gpu']} (only {', '.join(gpus)})")
     return "; ".join(parts)
