@@ -146,10 +146,11 @@ def load_cases(path: Path) -> list[dict]:
     return cases
 
 
-# end-to-end configuration fields: whole numbers >= 1; ``redundant`` and ``cuda_graph_max_bs`` (0: no CUDA graphs) >= 0
-_E2E_COUNTS = ("gpus", "attention_tp", "moe_tp", "batch_per_rank", "max_batched_tokens", "isl", "osl", "concurrency",
-               "tokens_per_rank", "kv_tokens")
-_E2E_COUNTS0 = ("redundant", "cuda_graph_max_bs")
+# end-to-end configuration fields that are whole numbers, each with its least value (0 for ``redundant`` and
+# ``cuda_graph_max_bs``: no redundant slots, no CUDA graphs)
+_E2E_COUNTS = {**dict.fromkeys(("gpus", "attention_tp", "moe_tp", "batch_per_rank", "max_batched_tokens", "isl", "osl",
+                                "concurrency", "tokens_per_rank", "kv_tokens"), 1),
+               "redundant": 0, "cuda_graph_max_bs": 0}
 _E2E_NEEDS = {"prefill": ("gpus", "isl", "tokens_per_rank"), "decode": ("gpus", "isl", "osl", "batch_per_rank"),
               "serve": ("gpus", "isl", "osl", "batch_per_rank", "max_batched_tokens", "concurrency")}
 
@@ -183,12 +184,9 @@ def check_case_fields(c: dict, where: str) -> None:
     for k in _E2E_NEEDS[c["kind"]]:
         if k not in cfg:
             raise InputError(f"{where}: field 'config.{k}' missing (a {c['kind']} case runs on it)")
-    for k in _E2E_COUNTS:
-        if k in cfg and not (isinstance(cfg[k], int) and not isinstance(cfg[k], bool) and cfg[k] >= 1):
-            raise InputError(f"{where}: field 'config.{k}' must be a whole number >= 1, got {cfg[k]!r}")
-    for k in _E2E_COUNTS0:
-        if k in cfg and not (isinstance(cfg[k], int) and not isinstance(cfg[k], bool) and cfg[k] >= 0):
-            raise InputError(f"{where}: field 'config.{k}' must be a whole number >= 0, got {cfg[k]!r}")
+    for k, least in _E2E_COUNTS.items():
+        if k in cfg and not (isinstance(cfg[k], int) and not isinstance(cfg[k], bool) and cfg[k] >= least):
+            raise InputError(f"{where}: field 'config.{k}' must be a whole number >= {least}, got {cfg[k]!r}")
     if cfg["gpus"] % int(cfg.get("attention_tp", 1)):
         raise InputError(f"{where}: field 'config.attention_tp' ({cfg.get('attention_tp')}) must divide "
                          f"config.gpus ({cfg['gpus']})")
@@ -284,15 +282,20 @@ def kernel_metric(case: dict, cfg) -> float:
 _TRACES: dict = {}
 
 
-def case_model(case: dict):
+def preset_model(name: str, settings: dict):
+    """Model preset ``name`` with the checkpoint's quantization where ``settings`` gives it (``expert_dtype``,
+    ``weight_dtype``)."""
     from moeplace.foundation.model import load_model
 
-    m = load_model(case["model"])
-    c = case["config"]
+    m = load_model(name)
     for field in ("expert_dtype", "weight_dtype"):
-        if c.get(field):
-            m = dataclasses.replace(m, **{field: c[field]})
+        if settings.get(field):
+            m = dataclasses.replace(m, **{field: settings[field]})
     return m
+
+
+def case_model(case: dict):
+    return preset_model(case["model"], case["config"])
 
 
 def case_trace(case: dict, quick: bool):

@@ -30,10 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _timing, beside this script
 from _timing import BENCH, loadavg, rel, write_result  # before any project import: sets sys.path
+from fidelity_harness import preset_model
 
 from moeplace.foundation.cluster import make_cluster
 from moeplace.foundation.errors import InputError
-from moeplace.foundation.model import load_model
 from moeplace.sim.config import EngineConfig
 from moeplace.sim.memory import plan_pools
 
@@ -94,11 +94,7 @@ def load_cases(path: Path | str = CASES) -> list[dict]:
 
 def case_model(case: dict):
     """The case's model preset with its checkpoint's quantization (``expert_dtype`` / ``weight_dtype``)."""
-    m = load_model(case["model"])
-    for field in ("expert_dtype", "weight_dtype"):
-        if case.get(field):
-            m = dataclasses.replace(m, **{field: case[field]})
-    return m
+    return preset_model(case["model"], case)
 
 
 def case_engine(case: dict) -> EngineConfig:
@@ -116,7 +112,7 @@ def case_cluster(case: dict, basis: str):
     """The case's cluster; ``basis`` "marketing" sizes from the GPU's marketing capacity (its
     device-reported figure dropped), "device" from what the device reports (the shipped sizing)."""
     cluster = make_cluster(case["gpus"], case["gpu"])
-    if basis == "marketing" and getattr(cluster.gpu, "device_memory_bytes", None) is not None:
+    if basis == "marketing" and cluster.gpu.device_memory_bytes is not None:
         cluster = dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, device_memory_bytes=None))
     return cluster
 
@@ -155,19 +151,17 @@ def summarize(errors: list[float]) -> dict:
 
 
 def score(cases: list[dict], bases: tuple[str, ...]) -> tuple[list[dict], dict]:
-    rows, figures = [], {}
+    """Per case its published pool and, per basis, the plan's with its errors; per basis the summaries."""
+    rows = [{"id": c["id"], "engine": c["engine"], "model": c["model"], "gpu": c["gpu"], "gpus": c["gpus"],
+             "published_on": str(c["published_on"]),
+             "source": c["source"].get("url") if isinstance(c["source"], dict) else c["source"],
+             "published": c["published"], "planned": {}} for c in cases]
+    figures = {}
     for basis in bases:
         tok_err, byte_err = [], []
-        for c in cases:
+        for c, row in zip(cases, rows):
             p = plan_case(c, basis)
             pub = c["published"]
-            row = next((r for r in rows if r["id"] == c["id"]), None)
-            if row is None:
-                row = {"id": c["id"], "engine": c["engine"], "model": c["model"], "gpu": c["gpu"], "gpus": c["gpus"],
-                       "published_on": str(c["published_on"]),
-                       "source": c["source"].get("url") if isinstance(c["source"], dict) else c["source"],
-                       "published": pub, "planned": {}}
-                rows.append(row)
             e_tok = error(p["kv_tokens"], pub["kv_tokens"])
             e_byte = error(p["kv_gib"], pub["kv_gib"]) if "kv_gib" in pub else None
             row["planned"][basis] = {**p, "kv_tokens_error": e_tok, "kv_gib_error": e_byte}
