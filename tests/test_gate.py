@@ -474,14 +474,17 @@ def _wide_rows(model, tokens: int = 3) -> dict:
     ("duplicate_expert", 100, (3, 20), "row 100: field 'expert_ids': expert 20 repeated"),
     ("expert_range", 7, (15, 900), "row 7: field 'expert_ids': expert id 900 >= num_experts 896"),
 ])
-def test_wide_topk_checks_without_counting(kind, row, ids, expected, tmp_path, monkeypatch):
-    """`check_trace` on a top-16 trace (word-wise sums of the byte planes, no keys): a valid trace with
-    deltas of 256+ never falls back to the listing gate; a repeat and an id past E (carried by the high
-    byte plane) give the gate's line."""
+@pytest.mark.parametrize("compiled", [True, False])
+def test_wide_topk_checks_without_counting(kind, row, ids, expected, compiled, tmp_path, monkeypatch):
+    """`check_trace` on a top-16 trace (the compiled loop, or word-wise sums of the byte planes without
+    keys): a valid trace with deltas of 256+ never falls back to the listing gate; a repeat and an id past
+    E (carried by the high byte plane) give the gate's line."""
     from fuzzkit import write_columns
+    from test_stats import planes_loop
 
     from moeplace.traces import scan
 
+    planes_loop(compiled, monkeypatch)
     k3 = load_model("kimi-k3")
     good = write_columns(tmp_path / "good.parquet", k3, _wide_rows(k3))
     fallback = scan._reduce_checked

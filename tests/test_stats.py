@@ -3,6 +3,7 @@ the drift/skew/affinity statistics are right on hand-made inputs, bad traces giv
 from __future__ import annotations
 
 import json
+import os
 import tracemalloc
 
 import numpy as np
@@ -44,9 +45,25 @@ def small_trace(tmp_path_factory, qwen):
     return out, mem
 
 
+def planes_loop(compiled: bool, monkeypatch) -> None:
+    """Run the stats pass with the compiled loop over the byte planes (moeplace/traces/_planes.c) or its
+    numpy version. The compiled one is built by every install with a C compiler: CI requires it."""
+    from moeplace.traces import scan
+
+    if not compiled:
+        monkeypatch.setattr(scan, "PLANES", None)
+    elif scan.PLANES is None:
+        if os.environ.get("CI"):
+            pytest.fail("moeplace.traces._planes was not built by the install (setup.py; a C compiler?)")
+        pytest.skip("moeplace.traces._planes not built here")
+
+
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("chunk_rows", [None, 777])
-def test_loads_equal_direct_count(qwen, small_trace, chunk_rows, monkeypatch):
-    """Also with counting chunks smaller than a row group (777 rows: chunks straddle layers/windows)."""
+def test_loads_equal_direct_count(qwen, small_trace, chunk_rows, compiled, monkeypatch):
+    """Also with counting chunks smaller than a row group (777 rows: chunks straddle layers/windows), and
+    with either loop over the byte planes."""
+    planes_loop(compiled, monkeypatch)
     if chunk_rows is not None:
         monkeypatch.setattr("moeplace.traces.scan.COUNT_CHUNK_ROWS", chunk_rows)
         monkeypatch.setattr("moeplace.traces.scan.CHUNK_ROWS", chunk_rows)
@@ -416,3 +433,55 @@ def test_numpy_values_views_arrow_buffers():
     assert with_null[0] == 1 and np.isnan(with_null[1])
     dom = pa.array(["a", "b", "a"]).dictionary_encode().indices
     assert numpy_values(dom).tolist() == [0, 1, 0]
+
+
+def _planes_of(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The byte planes of sorted ids ``[n, k]`` (format version 2)."""
+    d = np.diff(ids, axis=1, prepend=0).astype(np.uint16)
+    return (d & 255).astype(np.uint8), (d >> 8).astype(np.uint8)
+
+
+@pytest.mark.parametrize("k,num_experts,num_layers", [(16, 896, 7), (8, 300, 5), (3, 70_000 // 2, 2)])
+def test_compiled_planes_count_and_check_like_a_bincount(k, num_experts, num_layers, monkeypatch):
+    """count_planes on rows that start mid-layer and mid-window and cross two window edges, against a
+    bincount of the same (window, layer, expert) keys; then a repeated expert and an id past E in the
+    last row are found with counts given and without."""
+    planes_loop(True, monkeypatch)
+    from moeplace.traces import scan
+
+    rng = np.random.default_rng(k)
+    n, first_row, rpw = 1000, 3 * 400 + 123, 400  # rows 1323..2322: windows 3..5 (edges at rows 1600, 2000)
+    ids = np.sort(np.stack([rng.choice(num_experts, k, replace=False) for _ in range(n)]), axis=1)
+    lo, hi = _planes_of(ids)
+    rows = np.arange(first_row, first_row + n)
+    keys = (((rows // rpw - 3) * num_layers + rows % num_layers)[:, None] * num_experts + ids).ravel()
+    want = np.bincount(keys, minlength=3 * num_layers * num_experts)
+    got = np.zeros_like(want)
+    hi_arg = hi if hi.any() else None
+    assert scan.PLANES.count_planes(lo, hi_arg, k, num_experts, num_layers, first_row, rpw, 3, got) == 0
+    assert np.array_equal(got, want)
+    assert scan.PLANES.count_planes(lo, hi, k, num_experts, num_layers, first_row, rpw, 3, None) == 0
+    repeat = ids.copy()
+    repeat[-1, 1] = repeat[-1, 0]
+    past = ids.copy()
+    past[-1, -1] = num_experts
+    for bad, status in ((repeat, 1), (past, 2)):
+        lo, hi = _planes_of(bad)
+        for counts in (np.zeros_like(want), None):
+            assert scan.PLANES.count_planes(lo, hi, k, num_experts, num_layers, first_row, rpw, 3, counts) == status
+
+
+def test_compiled_planes_refuse_buffers_of_the_wrong_size(monkeypatch):
+    planes_loop(True, monkeypatch)
+    from moeplace.traces import scan
+
+    lo = np.ones((10, 4), np.uint8)
+    f = scan.PLANES.count_planes
+    with pytest.raises(ValueError, match="planes differ"):
+        f(lo, lo[:5], 4, 8, 2, 0, 100, 0, None)
+    with pytest.raises(ValueError, match="whole rows"):
+        f(lo.ravel()[:-1], None, 4, 8, 2, 0, 100, 0, None)
+    with pytest.raises(ValueError, match="past the windows"):
+        f(lo, None, 4, 8, 2, 95, 100, 0, np.zeros(2 * 8, np.int64))  # rows 95..104 reach window 1
+    with pytest.raises(ValueError, match="bad shape"):
+        f(lo, None, 4, 8, 2, 0, 100, 1, None)  # the rows start before the first window counted

@@ -120,8 +120,12 @@ def _predict_hits(counts: np.ndarray, src: np.ndarray, dst: np.ndarray, block: i
         for j in range(1, s.shape[1]):
             score += c[s[:, j]]
         score += tie
-        pred = np.argpartition(score, E - k, axis=1)[:, E - k:]
-        hits += topk_overlap(pred, dst[b0:b0 + block]).sum()
+        # the keys are distinct: the top k are the keys at or above the k-th largest, one partition (no
+        # indices) finds it, and a dst expert is a hit when its key is among them; the per-row shares
+        # are those of topk_overlap(top k, dst), summed in the same order
+        kth = np.partition(score, E - k, axis=1)[:, E - k]
+        found = np.take_along_axis(score, dst[b0:b0 + block], axis=1) >= kth[:, None]
+        hits += (found.sum(axis=1) / k).sum()
     return float(hits / max(len(src), 1))
 
 

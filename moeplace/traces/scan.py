@@ -46,6 +46,24 @@ from moeplace.traces.gate.rows import (
     read_columns,
 )
 
+PLANES_ABI = 1  # the compiled loop's ABI_VERSION this code calls (moeplace/traces/_planes.c)
+
+
+def _compiled_planes():
+    """The compiled loop over the byte planes (``count_planes``, built at install from
+    moeplace/traces/_planes.c when a C compiler is there), or None: not built, built from older source
+    (an editable checkout not rebuilt), or ``MOEPLACE_JIT=0`` (every compiled loop off). The numpy loop
+    of :func:`_reduce_planes` gives the same counts and verdicts (tests/test_stats.py compares them)."""
+    if os.environ.get("MOEPLACE_JIT", "1") == "0":
+        return None
+    try:
+        from moeplace.traces import _planes  # optional: a C extension (setup.py), absent without a compiler
+    except ImportError:
+        return None
+    return _planes if getattr(_planes, "ABI_VERSION", None) == PLANES_ABI else None
+
+
+PLANES = _compiled_planes()
 PARALLEL_MIN_SELECTIONS = 16_000_000  # smaller traces are read in-process (forking costs ~50 ms)
 _PASS_IDS = itertools.count()
 
@@ -380,7 +398,12 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
         b1 = b0 + len(lo)
         if b1 > n:
             raise ProblemFound("corrupt")
-        s = 0
+        if PLANES is not None:  # the compiled loop: checks and counts in one read of the planes
+            status = PLANES.count_planes(lo, hi, k, num_experts, num_layers, row0 + b0, rpw, w0,
+                                         counts if spec.count else None)
+            if status:
+                raise ProblemFound("duplicate_expert" if status == 1 else "expert_range")
+        s = len(lo) if PLANES is not None else 0
         while s < len(lo):
             g = b0 + s  # the chunk's first row in the row group
             w = (row0 + g) // rpw
@@ -459,9 +482,11 @@ def _domain_rows(spec: PassSpec, table: pa.Table, row0: int, n: int) -> tuple[li
         per = np.zeros((len(names), spec.num_windows), np.int64)
         per[:, w0] = np.bincount(codes, minlength=len(names))
         return names, per
-    win_rows = np.arange(row0, row0 + n, dtype=np.int64) // rpw
-    gd = codes.astype(np.int64) * spec.num_windows + win_rows
-    return names, np.bincount(gd, minlength=len(names) * spec.num_windows).reshape(-1, spec.num_windows)
+    per = np.zeros((len(names), spec.num_windows), np.int64)
+    for w in range(w0, w1 + 1):  # one bincount per window's slice of the rows
+        a, b = max(w * rpw - row0, 0), min((w + 1) * rpw - row0, n)
+        per[:, w] = np.bincount(codes[a:b], minlength=len(names))
+    return names, per
 
 
 def _reduce_lists(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:

@@ -1,0 +1,163 @@
+/* The stats pass's inner loop over a trace's expert-id byte planes (moeplace/traces/scan.py,
+ * _reduce_planes), fused: per row, the deltas (low byte | high byte << 8) are summed into the sorted
+ * expert ids, a zero delta after the first is reported as a repeated expert, a row whose largest id
+ * reaches num_experts as an id out of range, and (when counts are given) each id adds one to its
+ * (window, layer, expert) bin. One read of each plane, no intermediate arrays: numpy's version of the same
+ * builds int64 keys slot by slot and bincounts them (several passes over memory per selection).
+ *
+ * Optional: the package falls back to that numpy version when this module was not built (no compiler at
+ * install time) or is older than the Python code (ABI_VERSION). The limited C API (3.11) and the buffer
+ * protocol only: no numpy headers, one build for every Python >= 3.11.
+ */
+#ifndef Py_LIMITED_API
+#define Py_LIMITED_API 0x030B0000
+#endif
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ABI_VERSION 1
+
+static inline uint32_t delta(const uint8_t *l, const uint8_t *h, Py_ssize_t i) {
+    return h ? (uint32_t)l[i] | ((uint32_t)h[i] << 8) : l[i];
+}
+
+/* Whether the n bytes at p are all zero (the high plane of a batch whose deltas are all below 256). */
+static int all_zero(const uint8_t *p, Py_ssize_t n) {
+    uint8_t acc = 0;
+    for (Py_ssize_t i = 0; i < n; i++) acc |= p[i];
+    return acc == 0;
+}
+
+/* Rows [r0, r1) of one window, row r0 at MoE layer layer0 (hp NULL: no high plane), visited layer by
+ * layer: a layer's E bins stay in L1 while its rows pass, where row order would cycle the window's L x E
+ * bins (660 KB for K3) through L2 at every row (measured: ~1.5x the time). A row's ids are counted as
+ * they are summed; an id past num_experts is counted into bin 0 instead (never outside the counts) and the
+ * segment reports it: the caller discards the counts then. */
+static inline int count_segment(const uint8_t *lp, const uint8_t *hp, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t k,
+                                uint32_t num_experts, Py_ssize_t num_layers, Py_ssize_t layer0, int64_t *wbase) {
+    uint32_t zero = 0, over = 0;
+    Py_ssize_t layers = r1 - r0 < num_layers ? r1 - r0 : num_layers;
+    for (Py_ssize_t off = 0; off < layers; off++) {
+        Py_ssize_t layer = layer0 + off;
+        if (layer >= num_layers) layer -= num_layers;
+        int64_t *c = wbase ? wbase + layer * (Py_ssize_t)num_experts : NULL;
+        for (Py_ssize_t r = r0 + off; r < r1; r += num_layers) {
+            const uint8_t *l = lp + r * k;
+            const uint8_t *h = hp ? hp + r * k : NULL;
+            uint32_t id = delta(l, h, 0);
+            if (c) c[id < num_experts ? id : 0]++;
+            for (Py_ssize_t i = 1; i < k; i++) {
+                uint32_t d = delta(l, h, i);
+                zero |= d == 0;  /* a zero delta after the first slot repeats an expert */
+                id += d;
+                if (c) c[id < num_experts ? id : 0]++;
+            }
+            over |= id >= num_experts;  /* the row's last id, its largest */
+        }
+    }
+    return zero ? 1 : over ? 2 : 0;
+}
+
+/* count_planes's loop over n rows, window by window. */
+static inline int count_rows(const uint8_t *lp, const uint8_t *hp, Py_ssize_t n, Py_ssize_t k,
+                             Py_ssize_t num_experts, Py_ssize_t num_layers, Py_ssize_t first_row,
+                             Py_ssize_t rows_per_window, Py_ssize_t first_window, int64_t *cp) {
+    Py_ssize_t bins = num_layers * num_experts;
+    for (Py_ssize_t r = 0; r < n;) {
+        Py_ssize_t row = first_row + r;
+        Py_ssize_t w = row / rows_per_window;
+        Py_ssize_t end = (w + 1) * rows_per_window - first_row;  /* the window's end, in this batch's rows */
+        if (end > n) end = n;
+        int status = count_segment(lp, hp, r, end, k, (uint32_t)num_experts, num_layers, row % num_layers,
+                                   cp ? cp + (w - first_window) * bins : NULL);
+        if (status) return status;
+        r = end;
+    }
+    return 0;
+}
+
+/* count_planes(lo, hi, k, num_experts, num_layers, first_row, rows_per_window, first_window, counts)
+ *
+ * lo, hi: C-contiguous buffers of n * k bytes (n rows of k deltas' low / high bytes; hi may be None:
+ * all high bytes zero). Row r of the buffers is trace row first_row + r; its MoE-layer index is
+ * (first_row + r) % num_layers and its window (first_row + r) / rows_per_window. counts: a writable
+ * C-contiguous int64 buffer of windows * num_layers * num_experts bins, bin (w - first_window, layer,
+ * id), or None to check only. Returns 0 when every row is valid, else 1 (a row repeats an expert; checked
+ * first) or 2 (a row has an id >= num_experts), for the window segment that has the problem: the caller
+ * discards the counts and re-checks the row group in the gate's order. Releases the GIL. */
+static PyObject *count_planes(PyObject *self, PyObject *args) {
+    PyObject *lo_obj, *hi_obj, *counts_obj;
+    Py_ssize_t k, num_experts, num_layers, first_row, rows_per_window, first_window;
+    if (!PyArg_ParseTuple(args, "OOnnnnnnO", &lo_obj, &hi_obj, &k, &num_experts, &num_layers, &first_row,
+                          &rows_per_window, &first_window, &counts_obj))
+        return NULL;
+    if (k < 1 || num_experts < 1 || num_experts > 65536 || num_layers < 1 || first_row < 0 ||
+        rows_per_window < 1 || first_window < 0 || first_row / rows_per_window < first_window) {
+        PyErr_SetString(PyExc_ValueError, "count_planes: bad shape arguments");
+        return NULL;
+    }
+    Py_buffer lo, hi, counts;
+    int have_hi = hi_obj != Py_None, have_counts = counts_obj != Py_None;
+    if (PyObject_GetBuffer(lo_obj, &lo, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (have_hi && PyObject_GetBuffer(hi_obj, &hi, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&lo);
+        return NULL;
+    }
+    if (have_counts && PyObject_GetBuffer(counts_obj, &counts, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&lo);
+        if (have_hi) PyBuffer_Release(&hi);
+        return NULL;
+    }
+    Py_ssize_t n = lo.len / k;
+    const char *bad = NULL;
+    Py_ssize_t bins = num_layers * num_experts;
+    if (lo.len % k) bad = "count_planes: the low plane is not whole rows of k bytes";
+    else if (have_hi && hi.len != lo.len) bad = "count_planes: the planes differ in length";
+    else if (have_counts && (counts.len % (Py_ssize_t)(bins * sizeof(int64_t)) ||
+                             (uintptr_t)counts.buf % sizeof(int64_t)))
+        bad = "count_planes: counts is not whole aligned int64 windows of num_layers x num_experts bins";
+    else if (have_counts && n > 0 &&
+             (first_row + n - 1) / rows_per_window - first_window >=
+                 counts.len / (Py_ssize_t)(bins * sizeof(int64_t)))
+        bad = "count_planes: the rows reach past the windows counts holds";
+    if (bad) {
+        PyBuffer_Release(&lo);
+        if (have_hi) PyBuffer_Release(&hi);
+        if (have_counts) PyBuffer_Release(&counts);
+        PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
+    }
+    const uint8_t *lp = (const uint8_t *)lo.buf;
+    const uint8_t *hp = have_hi ? (const uint8_t *)hi.buf : NULL;
+    int64_t *cp = have_counts ? (int64_t *)counts.buf : NULL;
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    /* two copies of the loop: without the high plane when it is all zero (every delta below 256) */
+    if (hp && !all_zero(hp, lo.len)) status = count_rows(lp, hp, n, k, num_experts, num_layers, first_row, rows_per_window, first_window, cp);
+    else status = count_rows(lp, NULL, n, k, num_experts, num_layers, first_row, rows_per_window, first_window, cp);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&lo);
+    if (have_hi) PyBuffer_Release(&hi);
+    if (have_counts) PyBuffer_Release(&counts);
+    return PyLong_FromLong(status);
+}
+
+static PyMethodDef methods[] = {
+    {"count_planes", count_planes, METH_VARARGS,
+     "count_planes(lo, hi, k, num_experts, num_layers, first_row, rows_per_window, first_window, counts)"
+     " -> 0 (valid), 1 (a repeated expert) or 2 (an id out of range); see moeplace/traces/_planes.c"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__planes(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "ABI_VERSION", ABI_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
