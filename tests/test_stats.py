@@ -457,6 +457,7 @@ def test_compiled_planes_count_and_check_like_a_bincount(k, num_experts, num_lay
     keys = (((rows // rpw - 3) * num_layers + rows % num_layers)[:, None] * num_experts + ids).ravel()
     want = np.bincount(keys, minlength=3 * num_layers * num_experts)
     got = np.zeros_like(want)
+    assert hi.any() == (num_experts > 300)  # the high plane is exercised (top-16 and top-3) and not (top-8)
     hi_arg = hi if hi.any() else None
     assert scan.PLANES.count_planes(lo, hi_arg, k, num_experts, num_layers, first_row, rpw, 3, got) == 0
     assert np.array_equal(got, want)
@@ -469,6 +470,20 @@ def test_compiled_planes_count_and_check_like_a_bincount(k, num_experts, num_lay
         lo, hi = _planes_of(bad)
         for counts in (np.zeros_like(want), None):
             assert scan.PLANES.count_planes(lo, hi, k, num_experts, num_layers, first_row, rpw, 3, counts) == status
+
+
+@pytest.mark.parametrize("k", [16, 8])
+def test_compiled_planes_range_check_does_not_wrap(k, monkeypatch):
+    """Deltas of 0x1001 sum past 65535 (to 65,552 for top-16): an id out of range, not a small one."""
+    planes_loop(True, monkeypatch)
+    from moeplace.traces import scan
+
+    lo = np.full((3, k), 0x01, np.uint8)
+    hi = np.full((3, k), 0x10 if k == 16 else 0x20, np.uint8)  # top-8: 8 x 0x2001 = 65,544
+    lo[:2], hi[:2] = np.arange(1, k + 1), 0  # two valid rows first
+    counts = np.zeros(4 * 65536, np.int64)
+    assert scan.PLANES.count_planes(lo, hi, k, 65536, 4, 0, 1000, 0, counts) == 2
+    assert scan.PLANES.count_planes(lo[:2], hi[:2], k, 65536, 4, 0, 1000, 0, counts) == 0
 
 
 def test_compiled_planes_refuse_buffers_of_the_wrong_size(monkeypatch):

@@ -5,6 +5,8 @@
  * (window, layer, expert) bin. One read of each plane, no intermediate arrays: numpy's version of the same
  * builds int64 keys slot by slot and bincounts them (several passes over memory per selection).
  *
+ * On x86-64 the common top-16 runs on SSE2 (a row is one vector); other k and other CPUs run the scalar loop.
+ *
  * Optional: the package falls back to that numpy version when this module was not built (no compiler at
  * install time) or is older than the Python code (ABI_VERSION). The limited C API (3.11) and the buffer
  * protocol only: no numpy headers, one build for every Python >= 3.11.
@@ -35,6 +37,49 @@ static int all_zero(const uint8_t *p, Py_ssize_t n) {
  * bins (660 KB for K3) through L2 at every row (measured: ~1.5x the time). A row's ids are counted as
  * they are summed; an id past num_experts is counted into bin 0 instead (never outside the counts) and the
  * segment reports it: the caller discards the counts then. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* count_segment for k = 16 with SSE2: a row's 16 deltas are one vector; the repeat check is one compare,
+ * the row's total (for the range check) two sums of absolute differences (exact: the high plane's sum
+ * times 256 plus the low plane's), and the 16 ids the prefix sums of the deltas as 16-bit lanes (exact
+ * for a row that passed the range check: every id is at most its total, below num_experts <= 65536). */
+static int count_segment_16(const uint8_t *lp, const uint8_t *hp, Py_ssize_t r0, Py_ssize_t r1,
+                            uint32_t num_experts, Py_ssize_t num_layers, Py_ssize_t layer0, int64_t *wbase) {
+    const __m128i zero = _mm_setzero_si128();
+    Py_ssize_t layers = r1 - r0 < num_layers ? r1 - r0 : num_layers;
+    for (Py_ssize_t off = 0; off < layers; off++) {
+        Py_ssize_t layer = layer0 + off;
+        if (layer >= num_layers) layer -= num_layers;
+        int64_t *c = wbase ? wbase + layer * (Py_ssize_t)num_experts : NULL;
+        for (Py_ssize_t r = r0 + off; r < r1; r += num_layers) {
+            __m128i lo = _mm_loadu_si128((const __m128i *)(lp + r * 16));
+            __m128i hi = hp ? _mm_loadu_si128((const __m128i *)(hp + r * 16)) : zero;
+            /* a zero delta (both bytes) after the first slot repeats an expert */
+            int zmask = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_or_si128(lo, hi), zero)) & 0xFFFE;
+            __m128i sl = _mm_sad_epu8(lo, zero), sh = _mm_sad_epu8(hi, zero);
+            uint32_t total = (uint32_t)(_mm_cvtsi128_si32(sl) + _mm_extract_epi16(sl, 4)) +
+                             ((uint32_t)(_mm_cvtsi128_si32(sh) + _mm_extract_epi16(sh, 4)) << 8);
+            if (zmask) return 1;
+            if (total >= num_experts) return 2;
+            if (!c) continue;
+            __m128i a = _mm_unpacklo_epi8(lo, hi), b = _mm_unpackhi_epi8(lo, hi);  /* 16-bit deltas */
+            a = _mm_add_epi16(a, _mm_slli_si128(a, 2));
+            b = _mm_add_epi16(b, _mm_slli_si128(b, 2));
+            a = _mm_add_epi16(a, _mm_slli_si128(a, 4));
+            b = _mm_add_epi16(b, _mm_slli_si128(b, 4));
+            a = _mm_add_epi16(a, _mm_slli_si128(a, 8));
+            b = _mm_add_epi16(b, _mm_slli_si128(b, 8));
+            b = _mm_add_epi16(b, _mm_set1_epi16((short)_mm_extract_epi16(a, 7)));
+            uint16_t ids[16];
+            _mm_storeu_si128((__m128i *)ids, a);
+            _mm_storeu_si128((__m128i *)(ids + 8), b);
+            for (int i = 0; i < 16; i++) c[ids[i]]++;
+        }
+    }
+    return 0;
+}
+#endif
+
 static inline int count_segment(const uint8_t *lp, const uint8_t *hp, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t k,
                                 uint32_t num_experts, Py_ssize_t num_layers, Py_ssize_t layer0, int64_t *wbase) {
     uint32_t zero = 0, over = 0;
@@ -70,8 +115,14 @@ static inline int count_rows(const uint8_t *lp, const uint8_t *hp, Py_ssize_t n,
         Py_ssize_t w = row / rows_per_window;
         Py_ssize_t end = (w + 1) * rows_per_window - first_row;  /* the window's end, in this batch's rows */
         if (end > n) end = n;
-        int status = count_segment(lp, hp, r, end, k, (uint32_t)num_experts, num_layers, row % num_layers,
-                                   cp ? cp + (w - first_window) * bins : NULL);
+        int64_t *wbase = cp ? cp + (w - first_window) * bins : NULL;
+        int status;
+#if defined(__SSE2__)
+        if (k == 16)
+            status = count_segment_16(lp, hp, r, end, (uint32_t)num_experts, num_layers, row % num_layers, wbase);
+        else
+#endif
+            status = count_segment(lp, hp, r, end, k, (uint32_t)num_experts, num_layers, row % num_layers, wbase);
         if (status) return status;
         r = end;
     }

@@ -213,11 +213,12 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                 counts += spec.shared_counts.sum(axis=0)
                 spec = None  # release the shared memory
             samples, s_rid, s_pos, s_win = sampler.result(num_layers, k)
-            # the affinity pairs (the costly statistic) on the workers while this process does the rest
-            aff_jobs = affinity_jobs(samples, seed)
-            aff_args = [(samples[:, li:li + 2], num_experts, train, test, perm, i < AFFINITY_COVERAGE_PAIRS)
-                        for i, (li, train, test, perm) in enumerate(aff_jobs)]
-            aff_futures = [pool.submit(affinity_pair, *a) for a in aff_args] if pool is not None else None
+            if not loads_only:
+                # the affinity pairs (the costly statistic) on the workers while this process does the rest
+                aff_jobs = affinity_jobs(samples, seed)
+                aff_args = [(samples[:, li:li + 2], num_experts, train, test, perm, i < AFFINITY_COVERAGE_PAIRS)
+                            for i, (li, train, test, perm) in enumerate(aff_jobs)]
+                aff_futures = [pool.submit(affinity_pair, *a) for a in aff_args] if pool is not None else None
             rows_per_layer = counts.sum(axis=(0, 2)) // k
             num_tokens = int(rows_per_layer.max())
             window_rows = np.minimum(rows_per_window, total_rows - np.arange(num_windows) * rows_per_window)
