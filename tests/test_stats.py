@@ -206,8 +206,8 @@ def _same_stats(a, b) -> None:
         assert sa[key] == sb[key] or (sa[key] != sa[key] and sb[key] != sb[key]), key
 
 
-def test_worker_processes_give_the_in_process_result(qwen, grouped_trace):
-    """Row groups reduced in forked workers merge to exactly the single-process pass: counts, sample,
+def test_worker_threads_give_the_one_thread_result(qwen, grouped_trace):
+    """Row groups reduced on worker threads merge to exactly the one-thread pass: counts, sample,
     domains (in first-appearance order), requests and every statistic."""
     path, mem, domains = grouped_trace
     assert len(list(path.glob("*.parquet"))) == 3

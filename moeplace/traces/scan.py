@@ -1,11 +1,16 @@
 """The streaming pass of :func:`traces.stats.compute_stats`: one read of the Parquet row groups, each
 decoded, checked by the gate (``traces.validate``) and reduced to a partial (its windows' counts,
-requests, domain rows, sample candidates) by one of ``workers`` forked processes — one per core for big
-traces, so decoding and counting run on every core without sharing a GIL — and the partials merge in
-trace order, so the result does not depend on the number of workers. Memory is bounded by a few row
-groups per process, the per-window counts and the sample — never by the trace. Workers inherit the pass
-by fork, add their counts into anonymous shared memory, and tune glibc's allocator through ctypes so
-that freed row-group buffers are reused.
+requests, domain rows, sample candidates) by one of ``workers`` threads — one per core for big traces —
+and the partials merge in trace order, so the result does not depend on the number of workers. Memory is
+bounded by a few row groups per thread, the per-window counts and the sample — never by the trace.
+
+Threads, not processes: the costly steps run without the GIL (pyarrow's decoding and decompression, the
+compiled loop over the expert-id byte planes, numpy's large array operations), and threads share the
+memory-mapped trace, the counts and the partials with no fork, no copy-on-write faults and no pickling
+(measured on 2 cores against forked workers: ~0.2 s less per pass of a 147 M-selection K3 trace). What
+still holds the GIL (the gate's small numpy steps) bounds the speed-up to a few cores; the Ray reduction
+(:class:`RayReducer`) is the way past one machine. Each thread adds its counts into its own slot of the
+pass's per-thread counts, so no two threads write one array.
 
 **Sample**: a token is sampled by a seeded hash of ``(request_id, position // 2)`` — the ``N`` smallest
 hashes win (a bottom-N sketch, one pass, no token count needed up front) — so sampled tokens come with
@@ -17,11 +22,11 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import multiprocessing as mp
 import os
+import threading
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +69,7 @@ def _compiled_planes():
 
 
 PLANES = _compiled_planes()
-PARALLEL_MIN_SELECTIONS = 16_000_000  # smaller traces are read in-process (forking costs ~50 ms)
+PARALLEL_MIN_SELECTIONS = 16_000_000  # smaller traces are read on one thread (a second gains < ~20 ms)
 _PASS_IDS = itertools.count()
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
@@ -118,7 +123,7 @@ class Sampler:
             self.add_candidates(_sample_candidates(rid, pos, li, experts, self.seed, int(self.threshold), win))
 
     def add_candidates(self, part: tuple[np.ndarray, ...] | None) -> None:
-        """Keep rows already selected by :func:`_sample_candidates` (e.g. in a worker process)."""
+        """Keep rows already selected by :func:`_sample_candidates` (e.g. by a worker thread or a Ray task)."""
         if part is not None:
             self.parts.append(part)
             self.kept += len(part[0])
@@ -137,31 +142,32 @@ class Sampler:
             order = np.argsort((rid << 31) | pos, kind="stable")
         else:
             order = np.lexsort((pos, rid))
-        rid, pos, li, ex, h, win = rid[order], pos[order], li[order], ex[order], h[order], win[order]
+        rid, pos = rid[order], pos[order]  # the rows' other fields are read through ``order`` once, below
         new = np.ones(len(rid), bool)
         new[1:] = (rid[1:] != rid[:-1]) | (pos[1:] != pos[:-1])
+        starts = np.flatnonzero(new)
         tok = np.cumsum(new) - 1
-        tok_h = h[new]
+        tok_h = h[order[starts]]
         num_tokens = len(tok_h)
         keep_tok = np.ones(num_tokens, bool)
         if num_tokens > self.n:
             # the N tokens with the smallest unit hashes (a unit = positions 2i, 2i+1 of a request)
-            first = np.lexsort((pos[new], tok_h))[: self.n]
+            first = np.lexsort((pos[starts], tok_h))[: self.n]
             keep_tok[:] = False
             keep_tok[first] = True
         new_id = np.cumsum(keep_tok) - 1
         rows = keep_tok[tok]
+        src = order[rows]  # the kept rows, in the candidates' own order
         out = np.full((int(keep_tok.sum()), num_layers, k), -1, np.int32)
-        out[new_id[tok[rows]], li[rows]] = ex[rows]
-        tok_win = np.full(num_tokens, np.iinfo(np.int64).max)
-        np.minimum.at(tok_win, tok, win)
-        return out, rid[new][keep_tok], pos[new][keep_tok], tok_win[keep_tok]
+        out[new_id[tok[rows]], li[src]] = ex[src]
+        tok_win = np.minimum.reduceat(win[order], starts) if num_tokens else np.zeros(0, np.int64)
+        return out, rid[starts][keep_tok], pos[starts][keep_tok], tok_win[keep_tok]
 
 
-# ---------------------------------------------------------------------------- row groups on forked workers
+# ---------------------------------------------------------------------------- row groups on worker threads
 @dataclass(frozen=True)
 class PassSpec:
-    """What every row-group job of one pass needs (inherited by forked workers, never pickled)."""
+    """What every row-group job of one pass needs (shared by the worker threads; pickled only for Ray)."""
 
     trace: Trace
     jobs: tuple[tuple[int, int, int], ...]  # (file index, row group, first row of the group in the trace)
@@ -172,7 +178,7 @@ class PassSpec:
     sample_tokens: int
     sample_threshold: int
     seed: int
-    # [workers, windows, L, E] in shared memory: worker i adds its row groups' counts into [i] (no transfer)
+    # [workers, windows, L, E]: worker thread i adds its row groups' counts into [i] (None: in the partials)
     shared_counts: np.ndarray | None = None
     count: bool = True  # False: the gate's checks only (check_pass), no Loads
 
@@ -180,7 +186,7 @@ class PassSpec:
 @dataclass
 class _Partial:
     """The reduction of one row group: counts of the windows ``[w0, w0 + len(counts))`` it touches
-    (int64 ``[nw, L, E]``; None when added to the worker's shared counts), its distinct request ids, its domain names (dictionary order) with rows per
+    (int64 ``[nw, L, E]``; None when added to the worker thread's slot of the pass's counts), its distinct request ids, its domain names (dictionary order) with rows per
     (name, window) ``[D_g, num_windows]``, and its sample candidates (hash, request, position, MoE layer
     index, experts) — everything merges by addition / union / concatenation in job order."""
 
@@ -193,29 +199,13 @@ class _Partial:
     edge: Any = None  # the row group's order facts for the gate's cross-group checks (traces.validate)
 
 
-_PASSES: dict[int, PassSpec] = {}  # pass id -> spec; forked workers inherit it
-_WORKER_OPEN: dict[Path, pq.ParquetFile] = {}  # in a forked worker (lives for one pass): files it opened
-_WORKER_SLOT: list[int | None] = [None]  # in a forked worker: its index into the pass's shared counts
+_PASSES: dict[int, PassSpec] = {}  # pass id -> spec, for the worker threads
+_THREAD = threading.local()  # a worker thread's files opened (lives with its pool) and its slot of the counts
 
 
-def _init_worker(counter) -> None:
-    with counter.get_lock():
-        _WORKER_SLOT[0] = counter.value
-        counter.value += 1
-    _keep_freed_memory()
-
-
-def _keep_freed_memory() -> None:
-    """In a (short-lived) worker: let glibc keep freed memory for the next row group's arrays of the same
-    sizes instead of returning it to the OS — each re-fault zeroes fresh (huge) pages again."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not trim the heap top
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: arrays up to 32 MB come from the heap, reused
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
+def _worker_slot() -> int | None:
+    """This worker thread's index into its pass's ``shared_counts`` (None outside a :func:`worker_pool`)."""
+    return getattr(_THREAD, "slot", None)
 
 
 def _open_file(f: Path, opened: dict[Path, pq.ParquetFile]) -> pq.ParquetFile:
@@ -453,8 +443,9 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
     if b0 != n:  # a reader that yields fewer rows than the group holds: nothing to count on
         raise ProblemFound("corrupt")
     counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts) if spec.count else None
-    if counts is not None and spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
-        spec.shared_counts[_WORKER_SLOT[0], w0:w1 + 1] += counts
+    slot = _worker_slot()
+    if counts is not None and spec.shared_counts is not None and slot is not None:
+        spec.shared_counts[slot, w0:w1 + 1] += counts
         counts = None
     requests = np.unique(run_rid)
     sample = None
@@ -569,8 +560,9 @@ def _reduce_rows(spec: PassSpec, j: int, table: pa.Table, group: RowGroup, exper
         raise ProblemFound("corrupt")
     sample = tuple(np.concatenate(x) for x in zip(*samples)) if samples else None
     counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts)
-    if spec.shared_counts is not None and _WORKER_SLOT[0] is not None:
-        spec.shared_counts[_WORKER_SLOT[0], w0:w1 + 1] += counts
+    slot = _worker_slot()
+    if spec.shared_counts is not None and slot is not None:
+        spec.shared_counts[slot, w0:w1 + 1] += counts
         counts = None
     runs = np.flatnonzero(rid[1:] != rid[:-1]) + 1
     requests = np.unique(rid[np.concatenate([[0], runs])])
@@ -579,16 +571,14 @@ def _reduce_rows(spec: PassSpec, j: int, table: pa.Table, group: RowGroup, exper
 
 
 def _reduce_group_by_id(pass_id: int, j: int) -> _Partial:
-    return _reduce_group(_PASSES[pass_id], j, _WORKER_OPEN)
+    return _reduce_group(_PASSES[pass_id], j, _THREAD.opened)
 
 
 def pass_workers(workers: int | None, num_jobs: int, total_selections: int) -> int:
-    """Worker processes of a pass: ``workers`` if given, else one per usable core when the trace is big
-    enough to pay for the forks (>= ~16 M selections), else 1 (in this process)."""
+    """Worker threads of a pass: ``workers`` if given, else one per usable core when the trace is big
+    enough to gain from a second (>= ~16 M selections), else 1 (in this thread)."""
     if workers is not None and workers < 1:
         raise InputError(f"workers must be >= 1, got {workers}")
-    if "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:
-        return 1  # workers inherit the pass by fork; a daemonic process may not have children
     if workers is not None:
         return min(workers, max(num_jobs, 1))
     try:
@@ -600,8 +590,8 @@ def pass_workers(workers: int | None, num_jobs: int, total_selections: int) -> i
     return max(1, min(cores, num_jobs))
 
 
-def partials(spec: PassSpec, pool: ProcessPoolExecutor | None, workers: int) -> Iterator[_Partial]:
-    """The row groups' partials in job (= trace) order: in this process, or from the ``workers`` processes
+def partials(spec: PassSpec, pool: ThreadPoolExecutor | None, workers: int) -> Iterator[_Partial]:
+    """The row groups' partials in job (= trace) order: in this thread, or from the ``workers`` threads
     of ``pool`` with at most ``2 * workers`` results in flight (memory stays bounded by row groups)."""
     num_jobs = len(spec.jobs)
     if pool is None:
@@ -724,14 +714,18 @@ def _ray_runtime_env() -> dict[str, Any]:
 
 @contextmanager
 def worker_pool(workers: int, num_jobs: int):
-    """A pool of ``workers`` forked processes, or None (work in this process). Fork: the workers
-    inherit the pass spec and the imported modules at no cost; each decodes whole row groups on its own
-    core, so decoding and counting no longer share one GIL. Workers start on the first submit, after the
-    pass spec is registered."""
+    """A pool of ``workers`` threads, or None (work in this thread). Each thread keeps the files it
+    opened and its slot ``0 .. workers - 1`` of a pass's per-thread counts for the pool's life."""
     if workers <= 1 or num_jobs <= 1:
         yield None
         return
-    ctx = mp.get_context("fork")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(ctx.Value("i", 0),)) as pool:
+    slots = itertools.count()
+    lock = threading.Lock()
+
+    def start() -> None:
+        with lock:
+            _THREAD.slot = next(slots)
+        _THREAD.opened = {}
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="moeplace-pass", initializer=start) as pool:
         yield pool

@@ -2,7 +2,7 @@
 needs to know about the routing (skew, drift, inter-layer affinity, temporal locality, domain mix) and
 a seeded token sample for co-activation objectives.
 
-One pass over the Parquet row groups, validated as it reads (``traces.scan``: forked workers, a
+One pass over the Parquet row groups, validated as it reads (``traces.scan``: worker threads, a
 bottom-N token sample), then the statistics of the counts and the sample (``traces.measures``).
 **Windows** are by tokens in file (step) order: window ``w`` holds rows
 ``[w * W * L, (w + 1) * W * L)`` (``W`` = window tokens, ``L`` = MoE layers), i.e. exactly ``W`` tokens
@@ -11,7 +11,6 @@ when each token has its ``L`` rows, as ``place trace synth`` and captures write 
 from __future__ import annotations
 
 import math
-import mmap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,7 +131,7 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                   ) -> TraceStats | Loads:
     """One streaming pass over the trace at ``path`` (file or directory). See the module docstring.
 
-    ``workers``: processes that decode and reduce row groups (forked; 1 = in this process; default: one
+    ``workers``: threads that decode and reduce row groups (1 = in this thread; default: one
     per core for traces of >= 16 M selections). The result does not depend on it: partials merge in trace
     order. ``ray``: reduce the row groups as Ray tasks instead (``"local"``: a local instance of
     ``workers`` CPUs, else the address of a running cluster whose nodes read ``path`` at the same path;
@@ -173,15 +172,12 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
         counts_dominate = est.bytes > 2 * limits.STATS_BASE_BYTES
         limits.require_memory(est, advice="choose a larger --window-tokens, or raise the memory limit"
                               if counts_dominate else "raise the memory limit (ulimit -v, the container's memory)")
-        shared = None
-        if num_workers > 1 and reducer is None:
-            # anonymous shared memory, inherited by the forked workers: counts never travel through pipes
-            shared = mmap.mmap(-1, num_workers * num_windows * num_layers * num_experts * 8)
+        # one slot of counts per worker thread: no two threads add into one array
+        shared = (np.zeros((num_workers, num_windows, num_layers, num_experts), np.int64)
+                  if num_workers > 1 and reducer is None else None)
         spec = PassSpec(trace=trace, jobs=tuple(jobs), extra_columns=extra, model=model,
                          rows_per_window=rows_per_window, num_windows=num_windows, sample_tokens=sample_tokens,
-                         sample_threshold=int(sampler.threshold), seed=seed,
-                         shared_counts=None if shared is None else np.frombuffer(shared, np.int64).reshape(
-                             num_workers, num_windows, num_layers, num_experts))
+                         sample_threshold=int(sampler.threshold), seed=seed, shared_counts=shared)
 
         counts = np.zeros((num_windows, num_layers, num_experts), np.int64)
         domain_ids: dict[str, int] = {}
@@ -209,12 +205,13 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
             order.finish()
             pb.close()
 
-            if spec.shared_counts is not None:
-                counts += spec.shared_counts.sum(axis=0)
-                spec = None  # release the shared memory
+            if shared is not None:
+                for slot in shared:
+                    counts += slot
+                spec = shared = None  # release the per-thread counts
             samples, s_rid, s_pos, s_win = sampler.result(num_layers, k)
             if not loads_only:
-                # the affinity pairs (the costly statistic) on the workers while this process does the rest
+                # the affinity pairs (the costly statistic) on the worker threads while this one does the rest
                 aff_jobs = affinity_jobs(samples, seed)
                 aff_args = [(samples[:, li:li + 2], num_experts, train, test, perm, i < AFFINITY_COVERAGE_PAIRS)
                             for i, (li, train, test, perm) in enumerate(aff_jobs)]
@@ -238,10 +235,12 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                                   {**loads.provenance, "window_domains": dom, "window_domain_share": share},
                                   samples, s_win)
                 return loads
+            # the drift and the locality on the worker threads too, behind the affinity pairs
+            rest = ((pool.submit(window_drift, counts), pool.submit(token_locality, samples, s_rid, s_pos))
+                    if pool is not None else None)
             skew, cv = skew_and_cv(counts.sum(axis=0))
-            locality, n_pairs = token_locality(samples, s_rid, s_pos)
-            # here, not on a worker: shipping the counts (~32 MB for 200k K3 tokens) costs more than this
-            corr, js = window_drift(counts)
+            (corr, js), (locality, n_pairs) = ((rest[0].result(), rest[1].result()) if rest is not None
+                                               else (window_drift(counts), token_locality(samples, s_rid, s_pos)))
             aff_results = ([f.result() for f in aff_futures] if aff_futures is not None
                            else [affinity_pair(*a) for a in aff_args])
         pairs, lift, cov, cov_ind = affinity_arrays(aff_jobs, aff_results)
