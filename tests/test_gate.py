@@ -480,11 +480,11 @@ def test_wide_topk_checks_without_counting(kind, row, ids, expected, compiled, t
     keys): a valid trace with deltas of 256+ never falls back to the listing gate; a repeat and an id past
     E (carried by the high byte plane) give the gate's line."""
     from fuzzkit import write_columns
-    from test_stats import planes_loop
+    from test_stats import compiled_loops
 
     from moeplace.traces import scan
 
-    planes_loop(compiled, monkeypatch)
+    compiled_loops(compiled, monkeypatch)
     k3 = load_model("kimi-k3")
     good = write_columns(tmp_path / "good.parquet", k3, _wide_rows(k3))
     fallback = scan._reduce_checked

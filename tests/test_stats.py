@@ -45,17 +45,21 @@ def small_trace(tmp_path_factory, qwen):
     return out, mem
 
 
-def planes_loop(compiled: bool, monkeypatch) -> None:
-    """Run the stats pass with the compiled loop over the byte planes (moeplace/traces/_planes.c) or its
-    numpy version. The compiled one is built by every install with a C compiler: CI requires it."""
-    from moeplace.traces import scan
+def compiled_loops(compiled: bool, monkeypatch):
+    """Run the trace statistics with their C loops (moeplace/traces/_loops.c: the stats pass's loop over
+    the byte planes, the affinity's top-k) or the numpy code they stand in for; returns the C module (or
+    None). Every install with a C compiler builds it: CI requires it."""
+    from moeplace.traces import jit, scan
 
     if not compiled:
         monkeypatch.setattr(scan, "PLANES", None)
-    elif scan.PLANES is None:
+        monkeypatch.setattr(jit, "_NATIVE", [None])
+        return None
+    if jit.native() is None:
         if os.environ.get("CI"):
-            pytest.fail("moeplace.traces._planes was not built by the install (setup.py; a C compiler?)")
-        pytest.skip("moeplace.traces._planes not built here")
+            pytest.fail("moeplace.traces._loops was not built by the install (setup.py; a C compiler?)")
+        pytest.skip("moeplace.traces._loops not built here")
+    return jit.native()
 
 
 @pytest.mark.parametrize("compiled", [True, False])
@@ -63,7 +67,7 @@ def planes_loop(compiled: bool, monkeypatch) -> None:
 def test_loads_equal_direct_count(qwen, small_trace, chunk_rows, compiled, monkeypatch):
     """Also with counting chunks smaller than a row group (777 rows: chunks straddle layers/windows), and
     with either loop over the byte planes."""
-    planes_loop(compiled, monkeypatch)
+    compiled_loops(compiled, monkeypatch)
     if chunk_rows is not None:
         monkeypatch.setattr("moeplace.traces.scan.COUNT_CHUNK_ROWS", chunk_rows)
         monkeypatch.setattr("moeplace.traces.scan.CHUNK_ROWS", chunk_rows)
@@ -206,9 +210,12 @@ def _same_stats(a, b) -> None:
         assert sa[key] == sb[key] or (sa[key] != sa[key] and sb[key] != sb[key]), key
 
 
-def test_worker_threads_give_the_one_thread_result(qwen, grouped_trace):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_worker_threads_give_the_one_thread_result(qwen, grouped_trace, compiled, monkeypatch):
     """Row groups reduced on worker threads merge to exactly the one-thread pass: counts, sample,
-    domains (in first-appearance order), requests and every statistic."""
+    domains (in first-appearance order), requests and every statistic; with either loop over the byte
+    planes (the numpy one keeps its buffers per thread)."""
+    compiled_loops(compiled, monkeypatch)
     path, mem, domains = grouped_trace
     assert len(list(path.glob("*.parquet"))) == 3
     one = compute_stats(path, window_tokens=700, sample_tokens=400, seed=2, workers=1)
@@ -446,9 +453,7 @@ def test_compiled_planes_count_and_check_like_a_bincount(k, num_experts, num_lay
     """count_planes on rows that start mid-layer and mid-window and cross two window edges, against a
     bincount of the same (window, layer, expert) keys; then a repeated expert and an id past E in the
     last row are found with counts given and without."""
-    planes_loop(True, monkeypatch)
-    from moeplace.traces import scan
-
+    loops = compiled_loops(True, monkeypatch)
     rng = np.random.default_rng(k)
     n, first_row, rpw = 1000, 3 * 400 + 123, 400  # rows 1323..2322: windows 3..5 (edges at rows 1600, 2000)
     ids = np.sort(np.stack([rng.choice(num_experts, k, replace=False) for _ in range(n)]), axis=1)
@@ -459,9 +464,9 @@ def test_compiled_planes_count_and_check_like_a_bincount(k, num_experts, num_lay
     got = np.zeros_like(want)
     assert hi.any() == (num_experts > 300)  # the high plane is exercised (top-16 and top-3) and not (top-8)
     hi_arg = hi if hi.any() else None
-    assert scan.PLANES.count_planes(lo, hi_arg, k, num_experts, num_layers, first_row, rpw, 3, got) == 0
+    assert loops.count_planes(lo, hi_arg, k, num_experts, num_layers, first_row, rpw, 3, got) == 0
     assert np.array_equal(got, want)
-    assert scan.PLANES.count_planes(lo, hi, k, num_experts, num_layers, first_row, rpw, 3, None) == 0
+    assert loops.count_planes(lo, hi, k, num_experts, num_layers, first_row, rpw, 3, None) == 0
     repeat = ids.copy()
     repeat[-1, 1] = repeat[-1, 0]
     past = ids.copy()
@@ -469,29 +474,25 @@ def test_compiled_planes_count_and_check_like_a_bincount(k, num_experts, num_lay
     for bad, status in ((repeat, 1), (past, 2)):
         lo, hi = _planes_of(bad)
         for counts in (np.zeros_like(want), None):
-            assert scan.PLANES.count_planes(lo, hi, k, num_experts, num_layers, first_row, rpw, 3, counts) == status
+            assert loops.count_planes(lo, hi, k, num_experts, num_layers, first_row, rpw, 3, counts) == status
 
 
 @pytest.mark.parametrize("k", [16, 8])
 def test_compiled_planes_range_check_does_not_wrap(k, monkeypatch):
     """Deltas of 0x1001 sum past 65535 (to 65,552 for top-16): an id out of range, not a small one."""
-    planes_loop(True, monkeypatch)
-    from moeplace.traces import scan
-
+    loops = compiled_loops(True, monkeypatch)
     lo = np.full((3, k), 0x01, np.uint8)
     hi = np.full((3, k), 0x10 if k == 16 else 0x20, np.uint8)  # top-8: 8 x 0x2001 = 65,544
     lo[:2], hi[:2] = np.arange(1, k + 1), 0  # two valid rows first
     counts = np.zeros(4 * 65536, np.int64)
-    assert scan.PLANES.count_planes(lo, hi, k, 65536, 4, 0, 1000, 0, counts) == 2
-    assert scan.PLANES.count_planes(lo[:2], hi[:2], k, 65536, 4, 0, 1000, 0, counts) == 0
+    assert loops.count_planes(lo, hi, k, 65536, 4, 0, 1000, 0, counts) == 2
+    assert loops.count_planes(lo[:2], hi[:2], k, 65536, 4, 0, 1000, 0, counts) == 0
 
 
 def test_compiled_planes_refuse_buffers_of_the_wrong_size(monkeypatch):
-    planes_loop(True, monkeypatch)
-    from moeplace.traces import scan
-
+    loops = compiled_loops(True, monkeypatch)
     lo = np.ones((10, 4), np.uint8)
-    f = scan.PLANES.count_planes
+    f = loops.count_planes
     with pytest.raises(ValueError, match="planes differ"):
         f(lo, lo[:5], 4, 8, 2, 0, 100, 0, None)
     with pytest.raises(ValueError, match="whole rows"):
@@ -500,3 +501,31 @@ def test_compiled_planes_refuse_buffers_of_the_wrong_size(monkeypatch):
         f(lo, None, 4, 8, 2, 95, 100, 0, np.zeros(2 * 8, np.int64))  # rows 95..104 reach window 1
     with pytest.raises(ValueError, match="bad shape"):
         f(lo, None, 4, 8, 2, 0, 100, 1, None)  # the rows start before the first window counted
+
+
+def test_compiled_topk_hits_equal_the_numpy_shares(monkeypatch):
+    """The affinity's hit rate from the C top-k equals numpy's to the last bit (int32 and int64 keys, a
+    block boundary inside the rows), and bad shapes are refused."""
+    from moeplace.traces.measures import _predict_hits
+
+    loops = compiled_loops(True, monkeypatch)
+    rng = np.random.default_rng(3)
+    E, k, n = 96, 6, 300
+    src = np.sort(np.stack([rng.choice(E, k, replace=False) for _ in range(n)]), axis=1).astype(np.int32)
+    dst = np.sort(np.stack([rng.choice(E, k, replace=False) for _ in range(n)]), axis=1).astype(np.int32)
+    for top in (50, 2**25):  # int32 keys, then counts large enough for int64 keys
+        counts = rng.integers(0, top, (E, E))
+        counts[:, :10] = counts[:, :1]  # equal scores: the tie-break by expert id decides
+        fast = _predict_hits(counts, src, dst, block=128)
+        compiled_loops(False, monkeypatch)
+        slow = _predict_hits(counts, src, dst, block=128)
+        monkeypatch.undo()
+        assert fast == slow and 0 < fast < 1
+    out = np.zeros(n, np.int64)
+    c = np.zeros((E, E), np.int32)
+    with pytest.raises(ValueError, match="one integer type"):
+        loops.topk_hits(c, np.zeros(E, np.int64), src, dst, out)
+    with pytest.raises(ValueError, match="outside"):
+        loops.topk_hits(c, np.zeros(E, np.int32), src + E, dst, out)
+    with pytest.raises(ValueError, match="int64"):
+        loops.topk_hits(c, np.zeros(E, np.int32), src, dst, out[:-1])

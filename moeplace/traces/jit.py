@@ -8,6 +8,10 @@ numpy code runs. The loops are compiled on first use and kept in numba's on-disk
 or numba's per-user cache directory when that is read-only): the first run on a machine pays the
 compilation (~1 s), later processes load them (~0.5 s with numba's import), once per ``place trace synth``.
 (Sorting each row for the writer's byte planes was tried as a loop too: numpy's vectorized sort is faster.)
+
+The trace statistics' loops are C instead (:func:`native`: ``moeplace/traces/_loops.c``, built at install
+where a C compiler is): they run in every ``place trace stats``, validation and optimizer read, where
+numba's ~0.5 s start-up would cost more than the whole pass of a 100,000-token K3 trace.
 """
 from __future__ import annotations
 
@@ -149,6 +153,26 @@ def _layer_draws(raw, e, t_start, t_width, cuts, tok, theme_mode, theme, tb32, t
                 # a copy takes its source's value, settled: its sources are earlier rows
                 x = big_flat[src * row_stride + big_off + c] if src < r0 else e[src - r0, c]
             e[r, c] = x
+
+
+NATIVE_ABI = 1  # the ABI_VERSION of moeplace/traces/_loops.c this code calls
+_NATIVE: list = []
+
+
+def native():
+    """The C loops of the trace statistics (module ``moeplace.traces._loops``: ``count_planes``,
+    ``topk_hits``), or None: not built (no C compiler at install), built from older source (an editable
+    checkout not rebuilt: ``pip install -e .`` again), or ``MOEPLACE_JIT=0`` (every compiled loop off). The
+    numpy code they stand in for gives the same results (tests/test_stats.py compares them)."""
+    if not _NATIVE:
+        mod = None
+        if os.environ.get("MOEPLACE_JIT", "1") != "0":
+            try:
+                from moeplace.traces import _loops as mod  # optional: a C extension (setup.py)
+            except ImportError:
+                mod = None
+        _NATIVE.append(mod if getattr(mod, "ABI_VERSION", None) == NATIVE_ABI else None)
+    return _NATIVE[0]
 
 
 def loop(name: str) -> Callable | None:

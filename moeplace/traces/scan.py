@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from moeplace.foundation.errors import InputError
 from moeplace.foundation.model import ModelSpec
+from moeplace.traces import jit
 from moeplace.traces.format import ID_PLANES, READ_CHECKSUMS, id_planes, numpy_values
 from moeplace.traces.gate.files import Trace, open_failure
 from moeplace.traces.gate.order import RowOrder
@@ -51,24 +52,7 @@ from moeplace.traces.gate.rows import (
     read_columns,
 )
 
-PLANES_ABI = 1  # the compiled loop's ABI_VERSION this code calls (moeplace/traces/_planes.c)
-
-
-def _compiled_planes():
-    """The compiled loop over the byte planes (``count_planes``, built at install from
-    moeplace/traces/_planes.c when a C compiler is there), or None: not built, built from older source
-    (an editable checkout not rebuilt), or ``MOEPLACE_JIT=0`` (every compiled loop off). The numpy loop
-    of :func:`_reduce_planes` gives the same counts and verdicts (tests/test_stats.py compares them)."""
-    if os.environ.get("MOEPLACE_JIT", "1") == "0":
-        return None
-    try:
-        from moeplace.traces import _planes  # optional: a C extension (setup.py), absent without a compiler
-    except ImportError:
-        return None
-    return _planes if getattr(_planes, "ABI_VERSION", None) == PLANES_ABI else None
-
-
-PLANES = _compiled_planes()
+PLANES = jit.native()  # the compiled loop over the byte planes, or None: the numpy loop below
 PARALLEL_MIN_SELECTIONS = 16_000_000  # smaller traces are read on one thread (a second gains < ~20 ms)
 _PASS_IDS = itertools.count()
 
@@ -222,13 +206,13 @@ def _open_file(f: Path, opened: dict[Path, pq.ParquetFile]) -> pq.ParquetFile:
 
 
 COUNT_CHUNK_ROWS = 1 << 13  # rows per bincount: the (row, expert) index of a chunk (1 MB for top-16) stays in L2
-_INDEX_BUFFER = [np.empty(0, np.int64)]  # per process, reused for every chunk
+# per thread, reused for every chunk: the chunk's keys and deltas (never shared: a bincount reads its input
+# twice, for its size and for its counts, and another thread's keys between the two would write past it)
+_BUFFERS = threading.local()
 
 
 def _index_buffer(size: int) -> np.ndarray:
-    if _INDEX_BUFFER[0].size < size:
-        _INDEX_BUFFER[0] = np.empty(size, np.int64)
-    return _INDEX_BUFFER[0][:size]
+    return _buffer("index", (size,), np.int64)
 
 
 def _count(base: np.ndarray, experts: np.ndarray, counts: np.ndarray) -> None:
@@ -266,8 +250,7 @@ def _reduce_group(spec: PassSpec, j: int, opened: dict[Path, pq.ParquetFile]) ->
 
 CHUNK_ROWS = 1 << 14  # rows per count step of the planes: their int64 keys (2 MB for top-16) stay in L2
 PLANE_BATCH_ROWS = 1 << 16  # rows per decoded batch of the byte planes (2 MB for top-16)
-_PATTERN: dict[int, np.ndarray] = {}  # per process: MoE-layer index of trace row r = pattern[r % L]
-_KERNEL_BUFFERS: dict[str, np.ndarray] = {}  # per process: the chunk's keys and deltas, reused
+_PATTERN: dict[int, np.ndarray] = {}  # MoE-layer index of trace row r = pattern[r % L] (read-only once made)
 
 
 def _layer_pattern(num_layers: int, n: int) -> np.ndarray:
@@ -279,10 +262,14 @@ def _layer_pattern(num_layers: int, n: int) -> np.ndarray:
 
 
 def _buffer(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-    b = _KERNEL_BUFFERS.get(name)
+    """This thread's buffer ``name`` (grown on demand), viewed as ``shape``."""
+    bufs = getattr(_BUFFERS, "arrays", None)
+    if bufs is None:
+        bufs = _BUFFERS.arrays = {}
+    b = bufs.get(name)
     size = int(np.prod(shape))
     if b is None or b.size < size or b.dtype != dtype:
-        b = _KERNEL_BUFFERS[name] = np.empty(size, dtype)
+        b = bufs[name] = np.empty(size, dtype)
     return b[:size].reshape(shape)
 
 

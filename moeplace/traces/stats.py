@@ -209,6 +209,8 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                 for slot in shared:
                     counts += slot
                 spec = shared = None  # release the per-thread counts
+            # the drift needs only the counts: on a worker thread while this one merges the sample
+            drift = pool.submit(window_drift, counts) if pool is not None and not loads_only else None
             samples, s_rid, s_pos, s_win = sampler.result(num_layers, k)
             if not loads_only:
                 # the affinity pairs (the costly statistic) on the worker threads while this one does the rest
@@ -235,12 +237,9 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
                                   {**loads.provenance, "window_domains": dom, "window_domain_share": share},
                                   samples, s_win)
                 return loads
-            # the drift and the locality on the worker threads too, behind the affinity pairs
-            rest = ((pool.submit(window_drift, counts), pool.submit(token_locality, samples, s_rid, s_pos))
-                    if pool is not None else None)
             skew, cv = skew_and_cv(counts.sum(axis=0))
-            (corr, js), (locality, n_pairs) = ((rest[0].result(), rest[1].result()) if rest is not None
-                                               else (window_drift(counts), token_locality(samples, s_rid, s_pos)))
+            locality, n_pairs = token_locality(samples, s_rid, s_pos)
+            corr, js = drift.result() if drift is not None else window_drift(counts)
             aff_results = ([f.result() for f in aff_futures] if aff_futures is not None
                            else [affinity_pair(*a) for a in aff_args])
         pairs, lift, cov, cov_ind = affinity_arrays(aff_jobs, aff_results)

@@ -6,6 +6,7 @@ last rows), which :class:`traces.gate.order.RowOrder` checks against the groups 
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,7 +109,8 @@ def _fixed_list(table: pa.Table, name: str, k: int, dtype) -> tuple[np.ndarray, 
 
 
 _DUP_CHUNK = 1 << 14  # rows per block: the transposed block and the comparisons stay in L2
-_DUP_BUFFERS: list[np.ndarray] = []  # per process: transposed ids and the comparison buffer, reused
+# per thread (the stats pass reads row groups on several): transposed ids and the comparison buffer, reused
+_DUP_BUFFERS = threading.local()
 
 
 def repeated_expert_rows(ids: np.ndarray) -> np.ndarray | None:
@@ -119,9 +121,10 @@ def repeated_expert_rows(ids: np.ndarray) -> np.ndarray | None:
     n, k = ids.shape
     if k < 2 or n == 0:
         return None
-    if not _DUP_BUFFERS or _DUP_BUFFERS[0].dtype != ids.dtype or _DUP_BUFFERS[0].shape[0] != k:
-        _DUP_BUFFERS[:] = [np.empty((k, _DUP_CHUNK), ids.dtype), np.empty((k - 1) * _DUP_CHUNK, bool)]
-    tbuf, ebuf = _DUP_BUFFERS
+    bufs = getattr(_DUP_BUFFERS, "arrays", None)
+    if bufs is None or bufs[0].dtype != ids.dtype or bufs[0].shape[0] != k:
+        bufs = _DUP_BUFFERS.arrays = [np.empty((k, _DUP_CHUNK), ids.dtype), np.empty((k - 1) * _DUP_CHUNK, bool)]
+    tbuf, ebuf = bufs
     found = False
     for s0 in range(0, n, _DUP_CHUNK):
         blk = ids[s0:s0 + _DUP_CHUNK]
@@ -443,6 +446,7 @@ def _layer_index(model: ModelSpec) -> np.ndarray:
     key = tuple(model.moe_layers)
     got = _LAYER_INDEX.get(key)
     if got is None:
-        got = _LAYER_INDEX[key] = np.full(65536, -1, np.int32)
+        got = np.full(65536, -1, np.int32)
         got[list(model.moe_layers)] = np.arange(model.num_moe_layers)
+        _LAYER_INDEX[key] = got  # published whole: other threads of a pass read it
     return got

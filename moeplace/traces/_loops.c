@@ -1,4 +1,6 @@
-/* The stats pass's inner loop over a trace's expert-id byte planes (moeplace/traces/scan.py,
+/* Compiled loops of the trace statistics, each giving exactly what the numpy code it stands in for gives.
+ *
+ * count_planes: the stats pass's inner loop over a trace's expert-id byte planes (moeplace/traces/scan.py,
  * _reduce_planes), fused: per row, the deltas (low byte | high byte << 8) are summed into the sorted
  * expert ids, a zero delta after the first is reported as a repeated expert, a row whose largest id
  * reaches num_experts as an id out of range, and (when counts are given) each id adds one to its
@@ -195,16 +197,114 @@ static PyObject *count_planes(PyObject *self, PyObject *args) {
     return PyLong_FromLong(status);
 }
 
+/* The top k of a row's E distinct keys: the keys at or above the k-th largest, found with a min-heap of
+ * the k largest seen so far (most keys fail the first comparison). */
+static inline void sift_down(int64_t *heap, Py_ssize_t k, Py_ssize_t i) {
+    for (;;) {
+        Py_ssize_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < k && heap[l] < heap[m]) m = l;
+        if (r < k && heap[r] < heap[m]) m = r;
+        if (m == i) return;
+        int64_t t = heap[i]; heap[i] = heap[m]; heap[m] = t;
+        i = m;
+    }
+}
+
+#define TOPK_ROWS(T)                                                                                       \
+static void topk_rows_##T(const T *c, const T *tie, const int32_t *src, const int32_t *dst, Py_ssize_t n,  \
+                          Py_ssize_t k, Py_ssize_t E, int64_t *out, T *score, int64_t *heap) {               \
+    for (Py_ssize_t r = 0; r < n; r++) {                                                                   \
+        const int32_t *s = src + r * k, *d = dst + r * k;                                                  \
+        memcpy(score, tie, E * sizeof(T));                                                                 \
+        for (Py_ssize_t j = 0; j < k; j++) {                                                               \
+            const T *row = c + (Py_ssize_t)s[j] * E;                                                       \
+            for (Py_ssize_t e = 0; e < E; e++) score[e] += row[e];                                         \
+        }                                                                                                  \
+        for (Py_ssize_t i = 0; i < k; i++) heap[i] = score[i];                                             \
+        for (Py_ssize_t i = k / 2; i-- > 0;) sift_down(heap, k, i);                                        \
+        for (Py_ssize_t e = k; e < E; e++)                                                                 \
+            if (score[e] > heap[0]) { heap[0] = score[e]; sift_down(heap, k, 0); }                         \
+        int64_t found = 0;                                                                                 \
+        for (Py_ssize_t j = 0; j < k; j++) found += (int64_t)score[d[j]] >= heap[0];                       \
+        out[r] = found;                                                                                    \
+    }                                                                                                      \
+}
+TOPK_ROWS(int32_t)
+TOPK_ROWS(int64_t)
+
+/* topk_hits(c, tie, src, dst, out): per row r of src / dst (int32 [n, k], ids in [0, E)), how many of
+ * dst[r] are among the top k experts by key c[src[r, 0]] + ... + c[src[r, k-1]] + tie (c: int32 or int64
+ * [E, E], tie: [E] of the same type; the keys of a row must be distinct, as measures._predict_hits makes
+ * them). out: int64 [n]. Releases the GIL. */
+static PyObject *topk_hits(PyObject *self, PyObject *args) {
+    PyObject *objs[5];
+    if (!PyArg_ParseTuple(args, "OOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4])) return NULL;
+    Py_buffer b[5];
+    int flags[5] = {PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT,
+                    PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT,
+                    PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE};
+    int got = 0;
+    for (; got < 5; got++)
+        if (PyObject_GetBuffer(objs[got], &b[got], flags[got]) < 0) break;
+    const char *bad = NULL;
+    Py_ssize_t isz = got == 5 ? b[0].itemsize : 0;
+    if (got < 5) bad = "";
+    else if ((isz != 4 && isz != 8) || b[1].itemsize != isz || b[0].ndim != 2 || b[0].shape[0] != b[0].shape[1] ||
+             b[1].ndim != 1 || b[1].shape[0] != b[0].shape[0])
+        bad = "topk_hits: c must be [E, E] and tie [E] of one integer type (int32 or int64)";
+    else if (b[2].itemsize != 4 || b[3].itemsize != 4 || b[2].ndim != 2 || b[3].ndim != 2 ||
+             b[2].shape[0] != b[3].shape[0] || b[2].shape[1] != b[3].shape[1] || b[2].shape[1] > b[0].shape[0])
+        bad = "topk_hits: src and dst must be int32 [n, k] of one shape, k <= E";
+    else if (b[4].itemsize != 8 || b[4].ndim != 1 || b[4].shape[0] != b[2].shape[0])
+        bad = "topk_hits: out must be int64 [n]";
+    Py_ssize_t E = 0, n = 0, k = 0;
+    if (!bad) {
+        E = b[0].shape[0], n = b[2].shape[0], k = b[2].shape[1];
+        const int32_t *ids[2] = {(const int32_t *)b[2].buf, (const int32_t *)b[3].buf};
+        for (int a = 0; a < 2 && !bad; a++)
+            for (Py_ssize_t i = 0; i < n * k; i++)
+                if (ids[a][i] < 0 || ids[a][i] >= E) { bad = "topk_hits: an id outside [0, E)"; break; }
+    }
+    void *score = NULL;
+    int64_t *heap = NULL;
+    if (!bad && k > 0) {
+        score = PyMem_Malloc(E * isz);
+        heap = PyMem_Malloc(k * sizeof(int64_t));
+        if (!score || !heap) bad = "topk_hits: out of memory";
+    }
+    if (!bad && k > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        if (isz == 4)
+            topk_rows_int32_t((const int32_t *)b[0].buf, (const int32_t *)b[1].buf, (const int32_t *)b[2].buf,
+                              (const int32_t *)b[3].buf, n, k, E, (int64_t *)b[4].buf, score, heap);
+        else
+            topk_rows_int64_t((const int64_t *)b[0].buf, (const int64_t *)b[1].buf, (const int32_t *)b[2].buf,
+                              (const int32_t *)b[3].buf, n, k, E, (int64_t *)b[4].buf, score, heap);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_Free(score);
+    PyMem_Free(heap);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    if (bad) {
+        if (*bad) PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"count_planes", count_planes, METH_VARARGS,
      "count_planes(lo, hi, k, num_experts, num_layers, first_row, rows_per_window, first_window, counts)"
      " -> 0 (valid), 1 (a repeated expert) or 2 (an id out of range); see moeplace/traces/_planes.c"},
+    {"topk_hits", topk_hits, METH_VARARGS,
+     "topk_hits(c, tie, src, dst, out): per row, how many dst ids are among the top k by summed key;"
+     " see moeplace/traces/_loops.c"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_loops", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__planes(void) {
+PyMODINIT_FUNC PyInit__loops(void) {
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "ABI_VERSION", ABI_VERSION) < 0) {
         Py_DECREF(m);
