@@ -111,8 +111,8 @@ def trace_stats() -> str:
     b, rd, t = r["bincount"], r["readers"], r["targets"]
     names = {"stats": "`place trace stats` (all statistics)", "loads": "Loads only (the optimizer's read)",
              "validate": "validation (`check_trace`, the gate)", "stats_cold": "statistics, cold page cache",
-             "stats_1worker": "statistics, 1 worker"}
-    rows = [(names[k], f"{v['selections_per_s'] / 1e6:,.1f}", f"**{v['ratio_median']:.2f}**",
+             "stats_1worker": "statistics, 1 thread", "stats_numpy": "statistics, numpy only (`MOEPLACE_JIT=0`)"}
+    rows = [(names[k], f"{v['workers']}", f"{v['selections_per_s'] / 1e6:,.1f}", f"**{v['ratio_median']:.2f}**",
              ", ".join(f"{x:.2f}" for x in v["ratios"]), f"{v['selections_per_cpu_s'] / 1e6:,.0f}",
              f"{v['cpu_ratio_per_core']:.2f}", f"{max(v['peak_rss_mb'], v['worker_peak_rss_mb']):,.0f}")
             for k, v in rd.items()]
@@ -125,8 +125,8 @@ def trace_stats() -> str:
             f"{r['cores']} cores shared with other work, load average {r['loadavg_before'][0]:.1f} before and "
             f"{r['loadavg_after'][0]:.1f} after; the largest row group decodes to {r['row_group_decoded_mb']:,.0f} MB "
             f"(`bench/results/trace_stats.json`):\n\n")
-    table = _table(["read", "M selections/s (wall)", "x bincount (median)", "x bincount per repeat",
-                    "M per CPU-s", "x bincount, CPU-time on free cores", "peak RSS per process (MB)"], rows)
+    table = _table(["read", "threads", "M selections/s (wall)", "x bincount (median)", "x bincount per repeat",
+                    "M per CPU-s", "x bincount, CPU-time on free cores", "peak RSS (MB)"], rows)
     enc = _table(["expert ids of the trace's first 1 M rows as", "B/selection", "decoded, M selections per CPU-s"],
                  [(e["encoding"], f"{e['bytes_per_selection']:.3f}", f"{e['decode_selections_per_cpu_s'] / 1e6:,.0f}")
                   for e in r["encodings"]])

@@ -10,10 +10,11 @@ The trace is synthesized first (or ``--trace`` names one). Each repeat: ``np.bin
 ids in [0, 896) in this process (N = the trace's selections), then one pass of each reader in a fresh child
 process (its own peak RSS; no copy-on-write view of the ids array), warm; then a cold pass after the
 trace's pages are dropped from the page cache (``posix_fadvise(DONTNEED)`` on its files only: other
-processes' cache is left alone). The ratio of a repeat is the bincount's wall seconds over the reader's;
-the figure is the median over repeats. The machine is often shared: the load average is recorded, and CPU
-seconds per selection are reported beside wall figures (a reader on 2 workers against a 1-thread
-bincount: wall ratios fall when other processes hold the cores).
+processes' cache is left alone), a pass on one thread, and a pass without the compiled loops
+(``MOEPLACE_JIT=0``: the numpy code they stand in for). The ratio of a repeat is the bincount's wall seconds
+over the reader's; the figure is the median over repeats. The machine is often shared: the load average is
+recorded, and CPU seconds per selection are reported beside wall figures (a reader on 2 threads against a
+1-thread bincount: wall ratios fall when other processes hold the cores).
 """
 from __future__ import annotations
 
@@ -76,14 +77,16 @@ def child(trace: str, reader: str, cold: bool, workers: int | None) -> dict:
     else:
         check_trace(trace)
     wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
+    compiled = getattr(getattr(scan, "jit", None), "native", lambda: None)() is not None
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": own_peak_rss_mb(), "workers": procs,
-            "worker_peak_rss_mb": children_peak_rss_mb()}
+            "worker_peak_rss_mb": children_peak_rss_mb(), "compiled": compiled}
 
 
-def run_child(trace: str, reader: str, cold: bool = False, workers: int | None = None) -> dict:
+def run_child(trace: str, reader: str, cold: bool = False, workers: int | None = None, numpy: bool = False) -> dict:
     argv = [sys.executable, __file__, "--child", reader, "--trace", trace] + (["--cold"] if cold else []) + (
         ["--workers", str(workers)] if workers else [])
-    out = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=ROOT)
+    env = {**os.environ, "MOEPLACE_JIT": "0"} if numpy else None
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=ROOT, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -172,7 +175,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trace", default=None, help="an existing K3 trace (default: synthesize one)")
     ap.add_argument("--keep", action="store_true", help="keep the synthesized trace")
-    ap.add_argument("--workers", type=int, default=None, help="reader processes (default: the readers' own)")
+    ap.add_argument("--workers", type=int, default=None, help="reader threads (default: the readers' own)")
     ap.add_argument("--child", choices=READERS, help=argparse.SUPPRESS)
     ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -196,7 +199,7 @@ def main() -> int:
     summary = st.summary()
     sel = summary["selections"]
     ids = np.random.default_rng(0).integers(0, 896, sel)  # int64, as many as the trace's selections
-    runs: dict[str, list[dict]] = {r: [] for r in (*READERS, "stats_cold", "stats_1worker")}
+    runs: dict[str, list[dict]] = {r: [] for r in (*READERS, "stats_cold", "stats_1worker", "stats_numpy")}
     bc: list[tuple[float, float]] = []
     for _ in range(args.repeats):
         for reader in READERS:
@@ -206,6 +209,9 @@ def main() -> int:
         runs["stats_cold"].append({**run_child(trace, "stats", cold=True, workers=args.workers),
                                    "bincount_wall_s": bc[-1][0]})
         runs["stats_1worker"].append({**run_child(trace, "stats", workers=1), "bincount_wall_s": bc[-1][0]})
+        bc.append(bincount_seconds(ids))
+        runs["stats_numpy"].append({**run_child(trace, "stats", workers=args.workers, numpy=True),
+                                    "bincount_wall_s": bc[-1][0]})
     del ids
     bincount = {"wall_s_median": med(w for w, _ in bc), "cpu_s_median": med(c for _, c in bc), "runs": len(bc)}
     bincount["selections_per_s"] = sel / bincount["wall_s_median"]
@@ -222,7 +228,7 @@ def main() -> int:
             "cpu_ratio_per_core": (bincount["cpu_s_median"] / med(r["cpu_s"] for r in rs)) * rs[0]["workers"],
             "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
             "worker_peak_rss_mb": max(r["worker_peak_rss_mb"] for r in rs),
-            "workers": rs[0]["workers"],
+            "workers": rs[0]["workers"], "compiled": rs[0].get("compiled", False),
         }
     rg_mb = row_group_bytes(trace)
     try:
@@ -251,8 +257,9 @@ def main() -> int:
     for name, r in readers.items():
         print(f"{name:14s}: {r['selections_per_s'] / 1e6:6.1f} M/s wall = {r['ratio_median']:.2f} x bincount (median "
               f"of {args.repeats}: {', '.join(f'{x:.2f}' for x in r['ratios'])}); {r['selections_per_cpu_s'] / 1e6:.0f} "
-              f"M per CPU-s ({r['cpu_ratio_per_core']:.2f} x bincount with every worker on its own core); peak RSS "
-              f"{r['peak_rss_mb']:.0f} MB, workers {r['worker_peak_rss_mb']:.0f} MB (row group {rg_mb:.0f} MB decoded)")
+              f"M per CPU-s ({r['cpu_ratio_per_core']:.2f} x bincount with every worker on its own core); "
+              f"{r['workers']} thread{'s' if r['workers'] != 1 else ''}, C loops {'on' if r['compiled'] else 'off'}; "
+              f"peak RSS {max(r['peak_rss_mb'], r['worker_peak_rss_mb']):.0f} MB (row group {rg_mb:.0f} MB decoded)")
     for e in encs:
         print(f"  {e['encoding']}: {e['bytes_per_selection']:.3f} B/selection, decoded at "
               f"{e['decode_selections_per_cpu_s'] / 1e6:.0f} M selections per CPU-s")
