@@ -28,7 +28,7 @@ def register(sub) -> None:
                    help=f"tokens kept for co-activation objectives (default {DEFAULT_SAMPLE_TOKENS})")
     p.add_argument("--seed", type=flags.seed, default=0, help="seed of the token sample")
     p.add_argument("--workers", type=flags.positive_int, default=None,
-                   help="reader processes (default: one per core for large traces; results are identical); "
+                   help="reader threads (default: one per core for large traces; results are identical); "
                         "with --ray local: the local Ray instance's CPUs")
     p.add_argument("--ray", default=None, metavar="ADDRESS|local",
                    help="reduce the row groups as tasks on a Ray cluster (ray.init(address=...); every node reads "
