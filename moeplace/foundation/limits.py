@@ -377,20 +377,23 @@ STATS_BASE_BYTES = 250e6  # the pass's decode buffers and token sample (peak RSS
 
 
 def stats_estimate(*, num_windows: int, num_layers: int, num_experts: int, workers: int, mapped_bytes: float,
-                   what: str) -> Estimate:
+                   what: str, group_windows: int | None = None) -> Estimate:
     """Peak memory of the streaming pass over a trace (``traces.stats``): the expert counts, int64
-    ``[W, L, E]`` for ``W`` windows, once per worker (shared memory) plus the merged counts and one
-    worker's partial, a window label (~100 B) per window, the decode buffers (:data:`STATS_BASE_BYTES`) and
-    the largest file, which is memory-mapped (``mapped_bytes``: address space, not resident memory)::
+    ``[W, L, E]`` for ``W`` windows, plus the partial counts of the row groups in flight (up to three per
+    worker thread: one being reduced, two queued), each ``[G, L, E]`` for the ``G`` windows one row group
+    touches (``group_windows``; ``W`` when not given), a window label (~100 B) per window, the decode
+    buffers (:data:`STATS_BASE_BYTES`) and the largest file, which is memory-mapped (``mapped_bytes``:
+    address space, not resident memory)::
 
-        bytes = 8 W L E (workers + 2) + 100 W + 250 MB + mapped
+        bytes = 8 L E (W + 3 workers min(G, W)) + 100 W + 250 MB + mapped
     """
     W, L, E = float(num_windows), num_layers, num_experts
-    copies = max(1, workers) + 2
-    counts = 8.0 * W * L * E * copies + 100.0 * W
+    partial = min(W, float(group_windows if group_windows is not None else W))
+    windows = W + 3 * max(1, workers) * partial
+    counts = 8.0 * L * E * windows + 100.0 * W
     return Estimate(what, counts + STATS_BASE_BYTES + mapped_bytes,
-                    f"{fmt_count(W)} window{'s' if W != 1 else ''} x {L} layers x {E} experts x 8 B, {copies} "
-                    "copies, the decode "
+                    f"{fmt_count(W)} window{'s' if W != 1 else ''} x {L} layers x {E} experts x 8 B, with the "
+                    f"row groups' partial counts in flight {fmt_count(windows)} windows' worth, the decode "
                     f"buffers and a {fmt_bytes(mapped_bytes)} file mapped")
 
 

@@ -9,8 +9,8 @@ compiled loop over the expert-id byte planes, numpy's large array operations), a
 memory-mapped trace, the counts and the partials with no fork, no copy-on-write faults and no pickling
 (measured on 2 cores against forked workers: ~0.2 s less per pass of a 147 M-selection K3 trace). What
 still holds the GIL (the gate's small numpy steps) bounds the speed-up to a few cores; the Ray reduction
-(:class:`RayReducer`) is the way past one machine. Each thread adds its counts into its own slot of the
-pass's per-thread counts, so no two threads write one array.
+(:class:`RayReducer`) is the way past one machine. A partial carries the counts of the windows its row
+group touches; the caller adds them up in trace order, so no two threads ever write one array.
 
 **Sample**: a token is sampled by a seeded hash of ``(request_id, position // 2)`` — the ``N`` smallest
 hashes win (a bottom-N sketch, one pass, no token count needed up front) — so sampled tokens come with
@@ -162,15 +162,13 @@ class PassSpec:
     sample_tokens: int
     sample_threshold: int
     seed: int
-    # [workers, windows, L, E]: worker thread i adds its row groups' counts into [i] (None: in the partials)
-    shared_counts: np.ndarray | None = None
     count: bool = True  # False: the gate's checks only (check_pass), no Loads
 
 
 @dataclass
 class _Partial:
     """The reduction of one row group: counts of the windows ``[w0, w0 + len(counts))`` it touches
-    (int64 ``[nw, L, E]``; None when added to the worker thread's slot of the pass's counts), its distinct request ids, its domain names (dictionary order) with rows per
+    (int64 ``[nw, L, E]``; None when nothing is counted), its distinct request ids, its domain names (dictionary order) with rows per
     (name, window) ``[D_g, num_windows]``, and its sample candidates (hash, request, position, MoE layer
     index, experts) — everything merges by addition / union / concatenation in job order."""
 
@@ -184,12 +182,7 @@ class _Partial:
 
 
 _PASSES: dict[int, PassSpec] = {}  # pass id -> spec, for the worker threads
-_THREAD = threading.local()  # a worker thread's files opened (lives with its pool) and its slot of the counts
-
-
-def _worker_slot() -> int | None:
-    """This worker thread's index into its pass's ``shared_counts`` (None outside a :func:`worker_pool`)."""
-    return getattr(_THREAD, "slot", None)
+_THREAD = threading.local()  # a worker thread's files opened (lives with its pool)
 
 
 def _open_file(f: Path, opened: dict[Path, pq.ParquetFile]) -> pq.ParquetFile:
@@ -430,10 +423,6 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
     if b0 != n:  # a reader that yields fewer rows than the group holds: nothing to count on
         raise ProblemFound("corrupt")
     counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts) if spec.count else None
-    slot = _worker_slot()
-    if counts is not None and spec.shared_counts is not None and slot is not None:
-        spec.shared_counts[slot, w0:w1 + 1] += counts
-        counts = None
     requests = np.unique(run_rid)
     sample = None
     if rows is not None:
@@ -547,10 +536,6 @@ def _reduce_rows(spec: PassSpec, j: int, table: pa.Table, group: RowGroup, exper
         raise ProblemFound("corrupt")
     sample = tuple(np.concatenate(x) for x in zip(*samples)) if samples else None
     counts = counts.reshape(w1 - w0 + 1, num_layers, num_experts)
-    slot = _worker_slot()
-    if spec.shared_counts is not None and slot is not None:
-        spec.shared_counts[slot, w0:w1 + 1] += counts
-        counts = None
     runs = np.flatnonzero(rid[1:] != rid[:-1]) + 1
     requests = np.unique(rid[np.concatenate([[0], runs])])
     names, per = _domain_rows(spec, table, row0, n)
@@ -702,16 +687,12 @@ def _ray_runtime_env() -> dict[str, Any]:
 @contextmanager
 def worker_pool(workers: int, num_jobs: int):
     """A pool of ``workers`` threads, or None (work in this thread). Each thread keeps the files it
-    opened and its slot ``0 .. workers - 1`` of a pass's per-thread counts for the pool's life."""
+    opened for the pool's life."""
     if workers <= 1 or num_jobs <= 1:
         yield None
         return
-    slots = itertools.count()
-    lock = threading.Lock()
 
     def start() -> None:
-        with lock:
-            _THREAD.slot = next(slots)
         _THREAD.opened = {}
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="moeplace-pass", initializer=start) as pool:

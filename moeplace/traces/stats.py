@@ -166,18 +166,16 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
             num_windows=num_windows, num_layers=num_layers, num_experts=num_experts,
             workers=1 if reducer is not None else num_workers,  # Ray tasks hold their counts on their nodes
             mapped_bytes=max((_size(f) for f in files), default=0),
+            group_windows=max((-(-n // rows_per_window) + 1 for f in trace.files for n in f.row_groups), default=1),
             what=f"{path} at --window-tokens {window_tokens} ({fmt_count(num_windows)} "
                  f"window{'s' if num_windows != 1 else ''})")
         # the decode buffers do not shrink with larger windows: then only a higher limit helps
         counts_dominate = est.bytes > 2 * limits.STATS_BASE_BYTES
         limits.require_memory(est, advice="choose a larger --window-tokens, or raise the memory limit"
                               if counts_dominate else "raise the memory limit (ulimit -v, the container's memory)")
-        # one slot of counts per worker thread: no two threads add into one array
-        shared = (np.zeros((num_workers, num_windows, num_layers, num_experts), np.int64)
-                  if num_workers > 1 and reducer is None else None)
         spec = PassSpec(trace=trace, jobs=tuple(jobs), extra_columns=extra, model=model,
                          rows_per_window=rows_per_window, num_windows=num_windows, sample_tokens=sample_tokens,
-                         sample_threshold=int(sampler.threshold), seed=seed, shared_counts=shared)
+                         sample_threshold=int(sampler.threshold), seed=seed)
 
         counts = np.zeros((num_windows, num_layers, num_experts), np.int64)
         domain_ids: dict[str, int] = {}
@@ -205,10 +203,6 @@ def compute_stats(path: str | Path, window_tokens: int = DEFAULT_WINDOW_TOKENS,
             order.finish()
             pb.close()
 
-            if shared is not None:
-                for slot in shared:
-                    counts += slot
-                spec = shared = None  # release the per-thread counts
             # the drift needs only the counts: on a worker thread while this one merges the sample
             drift = pool.submit(window_drift, counts) if pool is not None and not loads_only else None
             samples, s_rid, s_pos, s_win = sampler.result(num_layers, k)
