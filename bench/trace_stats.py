@@ -12,7 +12,9 @@ process (its own peak RSS; no copy-on-write view of the ids array), warm; then a
 trace's pages are dropped from the page cache (``posix_fadvise(DONTNEED)`` on its files only: other
 processes' cache is left alone), a pass on one thread, and a pass without the compiled loops
 (``MOEPLACE_JIT=0``: the numpy code they stand in for). The ratio of a repeat is the bincount's wall seconds
-over the reader's; the figure is the median over repeats. The machine is often shared: the load average is
+over the reader's; the figure is the median over repeats. The child imports what ``place`` imports before it
+times the pass (numpy loads some of its modules on first use: ``numpy.ma`` alone is ~30 ms, which the
+command has paid at start-up). The machine is often shared: the load average is
 recorded, and CPU seconds per selection are reported beside wall figures (a reader on 2 threads against a
 1-thread bincount: wall ratios fall when other processes hold the cores).
 """
@@ -58,6 +60,7 @@ def drop_cache(trace: str) -> None:
 def child(trace: str, reader: str, cold: bool, workers: int | None) -> dict:
     """One timed pass of ``reader`` (in a child process: its own peak RSS and its workers')."""
 
+    import moeplace.cli.main  # noqa: F401  (what `place` imports before any pass: numpy's lazy modules among them)
     from moeplace.traces import scan
     from moeplace.traces.stats import compute_stats, trace_loads
     from moeplace.traces.validate import check_trace, open_trace
