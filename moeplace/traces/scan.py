@@ -7,7 +7,7 @@ bounded by a few row groups per thread, the per-window counts and the sample —
 Threads, not processes: the costly steps run without the GIL (pyarrow's decoding and decompression, the
 compiled loop over the expert-id byte planes, numpy's large array operations), and threads share the
 memory-mapped trace, the counts and the partials with no fork, no copy-on-write faults and no pickling
-(measured on 2 cores against forked workers: ~0.2 s less per pass of a 147 M-selection K3 trace). What
+(measured on 2 cores against forked workers: ~0.2 CPU-s less per pass of a 147 M-selection K3 trace). What
 still holds the GIL (the gate's small numpy steps) bounds the speed-up to a few cores; the Ray reduction
 (:class:`RayReducer`) is the way past one machine. A partial carries the counts of the windows its row
 group touches; the caller adds them up in trace order, so no two threads ever write one array.
