@@ -19,7 +19,6 @@ their request neighbour, which gives the temporal-locality statistic (top-k over
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import os
@@ -54,7 +53,6 @@ from moeplace.traces.gate.rows import (
 
 PLANES = jit.native()  # the compiled loop over the byte planes, or None: the numpy loop below
 PARALLEL_MIN_SELECTIONS = 16_000_000  # smaller traces are read on one thread (a second gains < ~20 ms)
-_PASS_IDS = itertools.count()
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -181,7 +179,6 @@ class _Partial:
     edge: Any = None  # the row group's order facts for the gate's cross-group checks (traces.validate)
 
 
-_PASSES: dict[int, PassSpec] = {}  # pass id -> spec, for the worker threads
 _THREAD = threading.local()  # a worker thread's files opened (lives with its pool)
 
 
@@ -542,8 +539,8 @@ def _reduce_rows(spec: PassSpec, j: int, table: pa.Table, group: RowGroup, exper
     return _Partial(w0, counts, requests, names, per, sample, group.edge)
 
 
-def _reduce_group_by_id(pass_id: int, j: int) -> _Partial:
-    return _reduce_group(_PASSES[pass_id], j, _THREAD.opened)
+def _reduce_on_thread(spec: PassSpec, j: int) -> _Partial:
+    return _reduce_group(spec, j, _THREAD.opened)
 
 
 def pass_workers(workers: int | None, num_jobs: int, total_selections: int) -> int:
@@ -571,18 +568,17 @@ def partials(spec: PassSpec, pool: ThreadPoolExecutor | None, workers: int) -> I
         for j in range(num_jobs):
             yield _reduce_group(spec, j, opened)
         return
-    pass_id = next(_PASS_IDS)
-    _PASSES[pass_id] = spec
+    ahead = 2 * workers
+    futures = deque(pool.submit(_reduce_on_thread, spec, j) for j in range(min(ahead, num_jobs)))
     try:
-        ahead = 2 * workers
-        futures = deque(pool.submit(_reduce_group_by_id, pass_id, j) for j in range(min(ahead, num_jobs)))
         for j in range(num_jobs):
             part = futures.popleft().result()
             if j + ahead < num_jobs:
-                futures.append(pool.submit(_reduce_group_by_id, pass_id, j + ahead))
+                futures.append(pool.submit(_reduce_on_thread, spec, j + ahead))
             yield part
-    finally:
-        _PASSES.pop(pass_id, None)
+    finally:  # an error or an early stop: the row groups not started yet are not read
+        for f in futures:
+            f.cancel()
 
 
 def check_pass(trace: Trace, workers: int | None = None) -> int:
