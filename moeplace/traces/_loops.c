@@ -34,14 +34,9 @@ static int all_zero(const uint8_t *p, Py_ssize_t n) {
     return acc == 0;
 }
 
-/* Rows [r0, r1) of one window, row r0 at MoE layer layer0 (hp NULL: no high plane), visited layer by
- * layer: a layer's E bins stay in L1 while its rows pass, where row order would cycle the window's L x E
- * bins (660 KB for K3) through L2 at every row (measured: ~1.5x the time). A row's ids are counted as
- * they are summed; an id past num_experts is counted into bin 0 instead (never outside the counts) and the
- * segment reports it: the caller discards the counts then. */
 #if defined(__SSE2__)
 #include <emmintrin.h>
-/* count_segment for k = 16 with SSE2: a row's 16 deltas are one vector; the repeat check is one compare,
+/* count_segment (below) for k = 16 with SSE2, the same visiting order: a row's 16 deltas are one vector; the repeat check is one compare,
  * the row's total (for the range check) two sums of absolute differences (exact: the high plane's sum
  * times 256 plus the low plane's), and the 16 ids the prefix sums of the deltas as 16-bit lanes (exact
  * for a row that passed the range check: every id is at most its total, below num_experts <= 65536). */
@@ -82,6 +77,11 @@ static int count_segment_16(const uint8_t *lp, const uint8_t *hp, Py_ssize_t r0,
 }
 #endif
 
+/* Rows [r0, r1) of one window, row r0 at MoE layer layer0 (hp NULL: no high plane), visited layer by
+ * layer: a layer's E bins stay in L1 while its rows pass, where row order would cycle the window's L x E
+ * bins (660 KB for K3) through L2 at every row (measured: ~1.5x the time). A row's ids are counted as
+ * they are summed; an id past num_experts is counted into bin 0 instead (never outside the counts) and the
+ * segment reports it: the caller discards the counts then. */
 static inline int count_segment(const uint8_t *lp, const uint8_t *hp, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t k,
                                 uint32_t num_experts, Py_ssize_t num_layers, Py_ssize_t layer0, int64_t *wbase) {
     uint32_t zero = 0, over = 0;
