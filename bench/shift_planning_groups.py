@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import sys
 import time
@@ -45,7 +46,7 @@ from _timing import loadavg, write_result
 
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.policies import PlacementProblem, get_policy
-from moeplace.placement.shift import group_figures, shift_layers, t80
+from moeplace.placement.shift import _clip, group_figures, prediction_interval, shift_layers, t80
 from moeplace.placement.windows import routing_windows
 
 RUNS = {"eplb": ("eplb", {}), "moeplace": ("moeplace", {}), "moeplace --robust": ("moeplace", {"robust": True})}
@@ -156,7 +157,7 @@ def pooled(results: list[dict]) -> dict:
                 "rms_z": math.sqrt(sum(x["rms_z"] ** 2 * x["points"] for x in reps) / pts),
                 "loo_s2": float(np.mean([x["loo_s2_mean"] for x in reps])),
                 "new_s2": float(np.mean([x["new_s2_mean"] for x in reps if x["new_s2_mean"] is not None]))}
-        for kind in ("every layer", "the tool's sample"):
+        for kind in TOOL_KINDS:
             reps = [r["replay_tool"][kind] for r in sel]
             pts = sum(x["points"] for x in reps)
             cell["replay_tool"] = cell.get("replay_tool", {})
@@ -174,22 +175,59 @@ def tool_layers(L: int, folds: int) -> np.ndarray:
     return shift_layers(loads_like, folds, "auto", 0)
 
 
-def replay_tool(b: dict, layer: dict, D: int, sample: np.ndarray) -> dict:
+def unfloored(per_layer: np.ndarray, active: int) -> dict:
+    """The tool's range (:func:`group_figures`) without its floor on the spread: the groups' spread over
+    the sampled layers less the sample's own noise, truncated at 0 only (not at ``sigma2_gl / active``).
+    Not what the tool prints: the check of where its excess coverage comes from."""
+    x = np.asarray(per_layer, dtype=np.float64)
+    D, k = x.shape
+    per, u = x.mean(axis=1), x.mean(axis=0)
+    if not 1 < k < active:
+        return prediction_interval([float(v) for v in per])
+    se = float(np.std(u, ddof=1) / math.sqrt(k) * math.sqrt(1 - k / active))
+    inter = float(((x - per[:, None] - u[None, :] + x.mean()) ** 2).sum() / ((D - 1) * (k - 1)))
+    return prediction_interval([float(v) for v in per], se, inter * (1 / k - 1 / active), 0.0)
+
+
+def replay_tool(b: dict, layer: dict, D: int, sample: np.ndarray, floor: bool = True,
+                bounds: tuple[float, float] = (0.0, 1.0)) -> dict:
     """The tool's own range (:func:`group_figures`: the layer sample's ``se`` and the sample noise taken
-    out of the spread) on the layers ``sample``, for every planning set of ``D`` datasets, against the
-    written plan's figure over every layer on each dataset it did not see."""
+    out of the spread; clipped to ``bounds`` as the tool clips it) on the layers ``sample``, for every
+    planning set of ``D`` datasets, against the written plan's figure over every layer on each dataset it
+    did not see; ``floor=False``: the same without the floor on the spread (:func:`unfloored`)."""
     inside, z, widths = [], [], []
     L = next(iter(next(iter(layer.values())).values())).size
     for S in (S for S in b if len(S) == D):
         per_layer = np.array([layer[tuple(j for j in S if j != i)][i][sample] for i in S])
-        r = group_figures(per_layer, L)
+        r = _clip(group_figures(per_layer, L) if floor else unfloored(per_layer, L), *bounds)
         lo, hi = r["range"]
         for y in b[S].values():
             inside.append(lo <= y <= hi)
-            z.append((y - (lo + hi) / 2) / ((hi - lo) / 2))
+            z.append((y - (lo + hi) / 2) / ((hi - lo) / 2) if hi > lo else (0.0 if lo == y else math.inf))
             widths.append(hi - lo)
     return {"D": D, "layers": [int(x) for x in sample], "points": len(z), "coverage": float(np.mean(inside)),
             "rms_z": float(np.sqrt(np.mean(np.square(z)))), "median_width": float(np.median(widths))}
+
+
+TOOL_KINDS = ("every layer", "the tool's sample", "the tool's sample, spread not floored")
+
+
+def tool_replays(run: str, b: dict, layer: dict, sample: np.ndarray) -> dict:
+    """The tool's range replayed on every layer, on its own layer sample, and on its sample without the
+    floor on the spread (:func:`replay_tool`)."""
+    L = next(iter(next(iter(layer.values())).values())).size
+    bounds = (-1.0, 1.0) if " - " in run else (0.0, 1.0)  # a difference, or a figure
+    return dict(zip(TOOL_KINDS, (replay_tool(b, layer, 3, np.arange(L), bounds=bounds),
+                                 replay_tool(b, layer, 3, sample, bounds=bounds),
+                                 replay_tool(b, layer, 3, sample, floor=False, bounds=bounds))))
+
+
+def _keyed(r: dict) -> tuple[dict, dict]:
+    """A stored result's figures and per-layer figures, keyed as :func:`figures` keys them."""
+    def key(S: str) -> tuple[int, ...]:
+        return tuple(int(i) for i in S.split(","))
+    return ({key(S): {int(t): y for t, y in v.items()} for S, v in r["figures"].items()},
+            {key(S): {int(t): np.asarray(a) for t, a in v.items()} for S, v in r["layer_figures"].items()})
 
 
 def measure(name: str, seed: int, run: str, data: dict, b: dict, layer: dict, seconds: float) -> dict:
@@ -197,8 +235,7 @@ def measure(name: str, seed: int, run: str, data: dict, b: dict, layer: dict, se
     rep = {D: replay(b, D) for D in (3, 4) if any(len(S) == D for S in b) and any(len(S) == D - 1 for S in b)}
     L = next(iter(next(iter(layer.values())).values())).size
     folds = 3 + len(data["plan_langs"])  # the tagged estimate's folds: three datasets, the languages
-    tool = {"every layer": replay_tool(b, layer, 3, np.arange(L)),
-            "the tool's sample": replay_tool(b, layer, 3, tool_layers(L, folds))}
+    tool = tool_replays(run, b, layer, tool_layers(L, folds))
     print(f"{name} seed {seed} {run} ({seconds:.0f} s): "
           + "; ".join(f"n={n} level {v['level']:.3f} within {v['within'] or 0:.5f} total "
                       f"{v['total'] or 0:.5f}" for n, v in sizes.items()), flush=True)
@@ -223,12 +260,23 @@ def main() -> int:
     ap.add_argument("--policies", default="eplb,moeplace")
     ap.add_argument("--sizes", default="1,2,3,4,5", help="the numbers of planning datasets (of 6) planned on")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="summarize the results of these files (runs of other draws) into one, instead of running")
     args = ap.parse_args()
     load0 = loadavg()
     t0 = time.perf_counter()
     results = []
     sizes = tuple(int(n) for n in args.sizes.split(","))
-    for seed in (int(s) for s in args.data_seeds.split(",")):
+    wall = 0.0
+    for f in args.merge or []:
+        part = json.loads(Path(f).read_text())
+        for r in part["results"]:  # the replays recomputed from the stored figures (this version's kinds)
+            b, layer = _keyed(r)
+            r["replay_tool"] = tool_replays(r["policy"], b, layer, np.asarray(r["replay_tool"]["the tool's sample"]["layers"]))
+            results.append(r)
+        wall += part["wall_s"]
+        load0 = part["loadavg_start"]
+    for seed in ([] if args.merge else (int(s) for s in args.data_seeds.split(","))):
         sc.DATA_SEED = seed
         for name in args.data.split(","):
             data = sc.DATA[name]()
@@ -258,7 +306,7 @@ def main() -> int:
         for D, r in c["replay"].items():
             print(f"     replay D={D}: {r['points']} points, coverage {r['coverage']:.3f}, rms z {r['rms_z']:.2f}, "
                   f"leave-one-out s2 {r['loo_s2']:.5f}, the written plan's s2 on new groups {r['new_s2']:.5f}")
-    write_result("shift_planning_groups", {"loadavg_start": load0, "wall_s": time.perf_counter() - t0,
+    write_result("shift_planning_groups", {"loadavg_start": load0, "wall_s": wall or time.perf_counter() - t0,
                                            "development_data": True, "summary": summary, "results": results},
                  Path(args.out) if args.out else None)
     return 0
