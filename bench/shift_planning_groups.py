@@ -249,8 +249,9 @@ def measure(name: str, seed: int, run: str, data: dict, b: dict, layer: dict, se
     return {"data": name, "data_seed": seed, "policy": run, "by_size": sizes, "replay": rep,
             "replay_tool": tool, "seconds": seconds,
             "figures": {",".join(map(str, S)): v for S, v in b.items()},
+            # per layer only what the replays read: the leave-one-out plans of D = 3 (2 datasets each)
             "layer_figures": {",".join(map(str, S)): {t: [float(x) for x in a] for t, a in v.items()}
-                              for S, v in layer.items()}}
+                              for S, v in layer.items() if len(S) == 2}}
 
 
 def main() -> int:
@@ -272,6 +273,7 @@ def main() -> int:
         part = json.loads(Path(f).read_text())
         for r in part["results"]:  # the replays recomputed from the stored figures (this version's kinds)
             b, layer = _keyed(r)
+            r["layer_figures"] = {S: v for S, v in r["layer_figures"].items() if len(S.split(",")) == 2}
             r["replay_tool"] = tool_replays(r["policy"], b, layer, np.asarray(r["replay_tool"]["the tool's sample"]["layers"]))
             results.append(r)
         wall += part["wall_s"]
