@@ -17,16 +17,24 @@ no layer sample) and scored on every dataset not in ``S``, ``b(S, t)``. Per ``n`
 - ``total``: the variance of ``b(S, t)`` over every ``(S, t)`` (the plan's own variation included, as
   the leave-one-out figures carry it: each comes from a different plan).
 
-And the shift estimate replayed on every layer for every planning set of ``D = 3, 4`` datasets (its
-Student-t interval over the ``D`` leave-one-out figures) against the written plan's figure on each
-dataset it did not see: coverage, the root mean square of the errors over the range's half-width, and
-the ratio of the mean squared error to the variance the range assumes.
+And the shift estimate replayed, for every planning set of ``D = 3`` datasets (``D = 4`` too, every
+layer only, where sizes 3 and 4 were planned), against the written plan's figure on each dataset it did not
+see: coverage, the root mean square of ``z`` (the error over the range's half-width), the median width.
+Three ways (``replay_tool``): on every layer; on the layers the tool's default estimate samples (the
+tagged estimate's folds, ``--seed 0``), exactly as the tool prints it (on fresh draws 2-5 this reproduces
+the printed ranges of ``bench/shift_coverage.py``); and on that sample without the floor on the spread
+(:func:`unfloored`: where the excess coverage comes from, not what the tool prints). The paired
+differences (``moeplace - eplb``) are replayed the same way.
 
     .venv/bin/python bench/shift_planning_groups.py [--data olmoe,synthetic,synthetic-4lang,captured]
-        [--data-seeds 0] [--policies eplb,moeplace] [--out PATH]
+        [--data-seeds 0] [--policies eplb,moeplace] [--sizes 1,2,3,4,5] [--out PATH] [--merge JSON ...]
 
-Writes ``bench/results/shift_planning_groups.json``. Development data: the committed data sets (seed 0)
-and draws already used to judge the estimate; not a fresh check.
+Writes ``bench/results/shift_planning_groups.json`` (committed: EPLB, every size, draws 0, 2-5 and
+101-140); ``shift_planning_groups_moeplace.json`` (EPLB, moeplace and their difference, sizes 2 and 3,
+draws 0 and 2-5) and ``shift_planning_groups_robust.json`` (EPLB and ``moeplace --robust``, the two
+synthetic sets, the same draws) are ``--out`` runs merged by ``--merge``. Development data: the committed
+data sets (seed 0), draws already used to judge the estimate, and draws made for this check; not a fresh
+check of any estimate (seeds 6 and 7 are left unseen for that).
 """
 from __future__ import annotations
 
