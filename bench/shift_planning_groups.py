@@ -23,7 +23,7 @@ see: coverage, the root mean square of ``z`` (the error over the range's half-wi
 Three ways (``replay_tool``): on every layer; on the layers the tool's default estimate samples (the
 tagged estimate's folds, ``--seed 0``), exactly as the tool prints it (on fresh draws 2-5 this reproduces
 the printed ranges of ``bench/shift_coverage.py``); and on that sample without the floor on the spread
-(:func:`unfloored`: where the excess coverage comes from, not what the tool prints). The paired
+(``group_figures(..., floor=False)``: where the excess coverage comes from, not what the tool prints). The paired
 differences (``moeplace - eplb``) are replayed the same way.
 
     .venv/bin/python bench/shift_planning_groups.py [--data olmoe,synthetic,synthetic-4lang,captured]
@@ -54,7 +54,7 @@ from _timing import loadavg, write_result
 
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.policies import PlacementProblem, get_policy
-from moeplace.placement.shift import _clip, group_figures, prediction_interval, shift_layers, t80
+from moeplace.placement.shift import _clip, group_figures, shift_layers, t80
 from moeplace.placement.windows import routing_windows
 
 RUNS = {"eplb": ("eplb", {}), "moeplace": ("moeplace", {}), "moeplace --robust": ("moeplace", {"robust": True})}
@@ -183,31 +183,17 @@ def tool_layers(L: int, folds: int) -> np.ndarray:
     return shift_layers(loads_like, folds, "auto", 0)
 
 
-def unfloored(per_layer: np.ndarray, active: int) -> dict:
-    """The tool's range (:func:`group_figures`) without its floor on the spread: the groups' spread over
-    the sampled layers less the sample's own noise, truncated at 0 only (not at ``sigma2_gl / active``).
-    Not what the tool prints: the check of where its excess coverage comes from."""
-    x = np.asarray(per_layer, dtype=np.float64)
-    D, k = x.shape
-    per, u = x.mean(axis=1), x.mean(axis=0)
-    if not 1 < k < active:
-        return prediction_interval([float(v) for v in per])
-    se = float(np.std(u, ddof=1) / math.sqrt(k) * math.sqrt(1 - k / active))
-    inter = float(((x - per[:, None] - u[None, :] + x.mean()) ** 2).sum() / ((D - 1) * (k - 1)))
-    return prediction_interval([float(v) for v in per], se, inter * (1 / k - 1 / active), 0.0)
-
-
 def replay_tool(b: dict, layer: dict, D: int, sample: np.ndarray, floor: bool = True,
                 bounds: tuple[float, float] = (0.0, 1.0)) -> dict:
     """The tool's own range (:func:`group_figures`: the layer sample's ``se`` and the sample noise taken
     out of the spread; clipped to ``bounds`` as the tool clips it) on the layers ``sample``, for every
     planning set of ``D`` datasets, against the written plan's figure over every layer on each dataset it
-    did not see; ``floor=False``: the same without the floor on the spread (:func:`unfloored`)."""
+    did not see; ``floor=False``: the same without the floor on the spread."""
     inside, z, widths = [], [], []
     L = next(iter(next(iter(layer.values())).values())).size
     for S in (S for S in b if len(S) == D):
         per_layer = np.array([layer[tuple(j for j in S if j != i)][i][sample] for i in S])
-        r = _clip(group_figures(per_layer, L) if floor else unfloored(per_layer, L), *bounds)
+        r = _clip(group_figures(per_layer, L, floor=floor), *bounds)
         lo, hi = r["range"]
         for y in b[S].values():
             inside.append(lo <= y <= hi)

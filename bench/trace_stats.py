@@ -80,7 +80,8 @@ def child(trace: str, reader: str, cold: bool, workers: int | None) -> dict:
     else:
         check_trace(trace)
     wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
-    compiled = getattr(getattr(scan, "jit", None), "native", lambda: None)() is not None
+    native = getattr(scan.jit, "native", None) if hasattr(scan, "jit") else None  # earlier releases: no C loops
+    compiled = native is not None and native() is not None
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": own_peak_rss_mb(), "workers": procs,
             "worker_peak_rss_mb": children_peak_rss_mb(), "compiled": compiled}
 

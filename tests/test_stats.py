@@ -49,10 +49,9 @@ def compiled_loops(compiled: bool, monkeypatch):
     """Run the trace statistics with their C loops (moeplace/traces/_loops.c: the stats pass's loop over
     the byte planes, the affinity's top-k) or the numpy code they stand in for; returns the C module (or
     None). Every install with a C compiler builds it: CI requires it."""
-    from moeplace.traces import jit, scan
+    from moeplace.traces import jit
 
     if not compiled:
-        monkeypatch.setattr(scan, "PLANES", None)
         monkeypatch.setattr(jit, "_NATIVE", [None])
         return None
     if jit.native() is None:

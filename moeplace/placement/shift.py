@@ -568,7 +568,7 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
     return out
 
 
-def group_figures(per_layer: np.ndarray, active: int) -> dict[str, Any]:
+def group_figures(per_layer: np.ndarray, active: int, floor: bool = True) -> dict[str, Any]:
     """:func:`prediction_interval` of the left-out groups' figures, each the mean of its row of
     ``per_layer`` (``[groups, sampled layers]``, NaN where a group has no tokens in a layer), with the
     layer sample's two errors (simple random sample of ``k`` of ``active`` layers, finite-population
@@ -583,18 +583,19 @@ def group_figures(per_layer: np.ndarray, active: int) -> dict[str, Any]:
       out of the spread, not counted twice. What is left is at least ``sigma2_gl / active``: a group's
       figure over every layer carries its own interaction terms' mean, so the groups' figures over every
       layer cannot vary by less (an estimate of 0 would print a range of the layer sample's ``se`` alone).
-      Skipped where a group has no tokens in a sampled layer."""
+      Skipped where a group has no tokens in a sampled layer. ``floor=False`` drops that least spread
+      (not what ``place optimize`` prints: bench/shift_planning_groups.py measures what the floor adds)."""
     per = np.nanmean(per_layer, axis=1)
     u = np.nanmean(per_layer, axis=0)
     k = u.size
     D = per.size
     se = float(np.std(u, ddof=1) / math.sqrt(k) * math.sqrt(1 - k / active)) if 1 < k < active else 0.0
-    noise = floor = 0.0
+    noise = least = 0.0
     if 1 < k < active and D > 1 and np.isfinite(per_layer).all():
         resid = per_layer - per[:, None] - u[None, :] + per_layer.mean()
         inter = float((resid ** 2).sum() / ((D - 1) * (k - 1)))
-        noise, floor = inter * (1 / k - 1 / active), inter / active
-    return prediction_interval([float(x) for x in per], se, noise, floor)
+        noise, least = inter * (1 / k - 1 / active), (inter / active if floor else 0.0)
+    return prediction_interval([float(x) for x in per], se, noise, least)
 
 
 def versus(a: dict[str, Any], b: dict[str, Any], active: int) -> dict[str, dict[str, Any]]:

@@ -34,77 +34,77 @@ static int all_zero(const uint8_t *p, Py_ssize_t n) {
     return acc == 0;
 }
 
+/* One row of count_planes (k ids, h NULL: no high plane): 1 when it repeats an expert, 2 when an id
+ * reaches num_experts, else 0; each id adds one to its bin of c (NULL: check only) as it is summed, an id
+ * past num_experts into bin 0 instead (never outside the counts: the caller discards them on a problem). */
+static inline int count_row(const uint8_t *l, const uint8_t *h, Py_ssize_t k, uint32_t num_experts, int64_t *c) {
+    uint32_t id = delta(l, h, 0), zero = 0;
+    if (c) c[id < num_experts ? id : 0]++;
+    for (Py_ssize_t i = 1; i < k; i++) {
+        uint32_t d = delta(l, h, i);
+        zero |= d == 0;  /* a zero delta after the first slot repeats an expert */
+        id += d;
+        if (c) c[id < num_experts ? id : 0]++;
+    }
+    return zero ? 1 : id >= num_experts ? 2 : 0;  /* the row's last id is its largest */
+}
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
-/* count_segment (below) for k = 16 with SSE2, the same visiting order: a row's 16 deltas are one vector; the repeat check is one compare,
+/* count_row for k = 16 with SSE2: a row's 16 deltas are one vector; the repeat check is one compare,
  * the row's total (for the range check) two sums of absolute differences (exact: the high plane's sum
  * times 256 plus the low plane's), and the 16 ids the prefix sums of the deltas as 16-bit lanes (exact
  * for a row that passed the range check: every id is at most its total, below num_experts <= 65536). */
-static int count_segment_16(const uint8_t *lp, const uint8_t *hp, Py_ssize_t r0, Py_ssize_t r1,
-                            uint32_t num_experts, Py_ssize_t num_layers, Py_ssize_t layer0, int64_t *wbase) {
+static inline int count_row_16(const uint8_t *l, const uint8_t *h, uint32_t num_experts, int64_t *c) {
     const __m128i zero = _mm_setzero_si128();
-    Py_ssize_t layers = r1 - r0 < num_layers ? r1 - r0 : num_layers;
-    for (Py_ssize_t off = 0; off < layers; off++) {
-        Py_ssize_t layer = layer0 + off;
-        if (layer >= num_layers) layer -= num_layers;
-        int64_t *c = wbase ? wbase + layer * (Py_ssize_t)num_experts : NULL;
-        for (Py_ssize_t r = r0 + off; r < r1; r += num_layers) {
-            __m128i lo = _mm_loadu_si128((const __m128i *)(lp + r * 16));
-            __m128i hi = hp ? _mm_loadu_si128((const __m128i *)(hp + r * 16)) : zero;
-            /* a zero delta (both bytes) after the first slot repeats an expert */
-            int zmask = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_or_si128(lo, hi), zero)) & 0xFFFE;
-            __m128i sl = _mm_sad_epu8(lo, zero), sh = _mm_sad_epu8(hi, zero);
-            uint32_t total = (uint32_t)(_mm_cvtsi128_si32(sl) + _mm_extract_epi16(sl, 4)) +
-                             ((uint32_t)(_mm_cvtsi128_si32(sh) + _mm_extract_epi16(sh, 4)) << 8);
-            if (zmask) return 1;
-            if (total >= num_experts) return 2;
-            if (!c) continue;
-            __m128i a = _mm_unpacklo_epi8(lo, hi), b = _mm_unpackhi_epi8(lo, hi);  /* 16-bit deltas */
-            a = _mm_add_epi16(a, _mm_slli_si128(a, 2));
-            b = _mm_add_epi16(b, _mm_slli_si128(b, 2));
-            a = _mm_add_epi16(a, _mm_slli_si128(a, 4));
-            b = _mm_add_epi16(b, _mm_slli_si128(b, 4));
-            a = _mm_add_epi16(a, _mm_slli_si128(a, 8));
-            b = _mm_add_epi16(b, _mm_slli_si128(b, 8));
-            b = _mm_add_epi16(b, _mm_set1_epi16((short)_mm_extract_epi16(a, 7)));
-            uint16_t ids[16];
-            _mm_storeu_si128((__m128i *)ids, a);
-            _mm_storeu_si128((__m128i *)(ids + 8), b);
-            for (int i = 0; i < 16; i++) c[ids[i]]++;
-        }
-    }
+    __m128i lo = _mm_loadu_si128((const __m128i *)l);
+    __m128i hi = h ? _mm_loadu_si128((const __m128i *)h) : zero;
+    /* a zero delta (both bytes) after the first slot repeats an expert */
+    if (_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_or_si128(lo, hi), zero)) & 0xFFFE) return 1;
+    __m128i sl = _mm_sad_epu8(lo, zero), sh = _mm_sad_epu8(hi, zero);
+    uint32_t total = (uint32_t)(_mm_cvtsi128_si32(sl) + _mm_extract_epi16(sl, 4)) +
+                     ((uint32_t)(_mm_cvtsi128_si32(sh) + _mm_extract_epi16(sh, 4)) << 8);
+    if (total >= num_experts) return 2;
+    if (!c) return 0;
+    __m128i a = _mm_unpacklo_epi8(lo, hi), b = _mm_unpackhi_epi8(lo, hi);  /* 16-bit deltas */
+    a = _mm_add_epi16(a, _mm_slli_si128(a, 2));
+    b = _mm_add_epi16(b, _mm_slli_si128(b, 2));
+    a = _mm_add_epi16(a, _mm_slli_si128(a, 4));
+    b = _mm_add_epi16(b, _mm_slli_si128(b, 4));
+    a = _mm_add_epi16(a, _mm_slli_si128(a, 8));
+    b = _mm_add_epi16(b, _mm_slli_si128(b, 8));
+    b = _mm_add_epi16(b, _mm_set1_epi16((short)_mm_extract_epi16(a, 7)));
+    uint16_t ids[16];
+    _mm_storeu_si128((__m128i *)ids, a);
+    _mm_storeu_si128((__m128i *)(ids + 8), b);
+    for (int i = 0; i < 16; i++) c[ids[i]]++;
     return 0;
 }
 #endif
 
-/* Rows [r0, r1) of one window, row r0 at MoE layer layer0 (hp NULL: no high plane), visited layer by
- * layer: a layer's E bins stay in L1 while its rows pass, where row order would cycle the window's L x E
- * bins (660 KB for K3) through L2 at every row (measured: ~1.5x the time). A row's ids are counted as
- * they are summed; an id past num_experts is counted into bin 0 instead (never outside the counts) and the
- * segment reports it: the caller discards the counts then. */
+/* Rows [r0, r1) of one window, row r0 at MoE layer layer0, visited layer by layer: a layer's E bins stay
+ * in L1 while its rows pass, where row order would cycle the window's L x E bins (660 KB for K3) through
+ * L2 at every row (measured: ~1.5x the time). The first problem found is returned. */
 static inline int count_segment(const uint8_t *lp, const uint8_t *hp, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t k,
                                 uint32_t num_experts, Py_ssize_t num_layers, Py_ssize_t layer0, int64_t *wbase) {
-    uint32_t zero = 0, over = 0;
     Py_ssize_t layers = r1 - r0 < num_layers ? r1 - r0 : num_layers;
     for (Py_ssize_t off = 0; off < layers; off++) {
         Py_ssize_t layer = layer0 + off;
         if (layer >= num_layers) layer -= num_layers;
         int64_t *c = wbase ? wbase + layer * (Py_ssize_t)num_experts : NULL;
         for (Py_ssize_t r = r0 + off; r < r1; r += num_layers) {
-            const uint8_t *l = lp + r * k;
             const uint8_t *h = hp ? hp + r * k : NULL;
-            uint32_t id = delta(l, h, 0);
-            if (c) c[id < num_experts ? id : 0]++;
-            for (Py_ssize_t i = 1; i < k; i++) {
-                uint32_t d = delta(l, h, i);
-                zero |= d == 0;  /* a zero delta after the first slot repeats an expert */
-                id += d;
-                if (c) c[id < num_experts ? id : 0]++;
-            }
-            over |= id >= num_experts;  /* the row's last id, its largest */
+            int status;
+#if defined(__SSE2__)
+            if (k == 16)
+                status = count_row_16(lp + r * 16, h, num_experts, c);
+            else
+#endif
+                status = count_row(lp + r * k, h, k, num_experts, c);
+            if (status) return status;
         }
     }
-    return zero ? 1 : over ? 2 : 0;
+    return 0;
 }
 
 /* count_planes's loop over n rows, window by window. */
@@ -117,14 +117,8 @@ static inline int count_rows(const uint8_t *lp, const uint8_t *hp, Py_ssize_t n,
         Py_ssize_t w = row / rows_per_window;
         Py_ssize_t end = (w + 1) * rows_per_window - first_row;  /* the window's end, in this batch's rows */
         if (end > n) end = n;
-        int64_t *wbase = cp ? cp + (w - first_window) * bins : NULL;
-        int status;
-#if defined(__SSE2__)
-        if (k == 16)
-            status = count_segment_16(lp, hp, r, end, (uint32_t)num_experts, num_layers, row % num_layers, wbase);
-        else
-#endif
-            status = count_segment(lp, hp, r, end, k, (uint32_t)num_experts, num_layers, row % num_layers, wbase);
+        int status = count_segment(lp, hp, r, end, k, (uint32_t)num_experts, num_layers, row % num_layers,
+                                   cp ? cp + (w - first_window) * bins : NULL);
         if (status) return status;
         r = end;
     }
@@ -137,9 +131,9 @@ static inline int count_rows(const uint8_t *lp, const uint8_t *hp, Py_ssize_t n,
  * all high bytes zero). Row r of the buffers is trace row first_row + r; its MoE-layer index is
  * (first_row + r) % num_layers and its window (first_row + r) / rows_per_window. counts: a writable
  * C-contiguous int64 buffer of windows * num_layers * num_experts bins, bin (w - first_window, layer,
- * id), or None to check only. Returns 0 when every row is valid, else 1 (a row repeats an expert; checked
- * first) or 2 (a row has an id >= num_experts), for the window segment that has the problem: the caller
- * discards the counts and re-checks the row group in the gate's order. Releases the GIL. */
+ * id), or None to check only. Returns 0 when every row is valid, else the first problem found (in the
+ * visiting order): 1, a row repeats an expert, or 2, a row has an id >= num_experts; the caller discards
+ * the counts and re-checks the row group in the gate's order. Releases the GIL. */
 static PyObject *count_planes(PyObject *self, PyObject *args) {
     PyObject *lo_obj, *hi_obj, *counts_obj;
     Py_ssize_t k, num_experts, num_layers, first_row, rows_per_window, first_window;

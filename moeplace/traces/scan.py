@@ -51,7 +51,6 @@ from moeplace.traces.gate.rows import (
     read_columns,
 )
 
-PLANES = jit.native()  # the compiled loop over the byte planes, or None: the numpy loop below
 PARALLEL_MIN_SELECTIONS = 16_000_000  # smaller traces are read on one thread (a second gains < ~20 ms)
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
@@ -354,6 +353,7 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
             lens = edge.run_lens[sel]
             rows = np.arange(int(lens.sum())) + np.repeat(runs[sel] - (np.cumsum(lens) - lens), lens)
     sampled: list[np.ndarray] = []
+    compiled = jit.native()  # the C loop over the byte planes, or None: the numpy loop below
     b0 = 0
     # the planes in batches of PLANE_BATCH_ROWS rows: the decoded buffers stay in cache and are reused
     # (a whole group's planes, ~30 MB for K3, would stream through memory, which two workers share)
@@ -365,12 +365,12 @@ def _reduce_planes(spec: PassSpec, j: int, pf: pq.ParquetFile) -> _Partial:
         b1 = b0 + len(lo)
         if b1 > n:
             raise ProblemFound("corrupt")
-        if PLANES is not None:  # the compiled loop: checks and counts in one read of the planes
-            status = PLANES.count_planes(lo, hi, k, num_experts, num_layers, row0 + b0, rpw, w0,
+        if compiled is not None:  # the C loop: checks and counts in one read of the planes
+            status = compiled.count_planes(lo, hi, k, num_experts, num_layers, row0 + b0, rpw, w0,
                                          counts if spec.count else None)
             if status:
                 raise ProblemFound("duplicate_expert" if status == 1 else "expert_range")
-        s = len(lo) if PLANES is not None else 0
+        s = len(lo) if compiled is not None else 0
         while s < len(lo):
             g = b0 + s  # the chunk's first row in the row group
             w = (row0 + g) // rpw
