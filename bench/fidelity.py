@@ -96,7 +96,7 @@ from fidelity_harness import (  # noqa: F401  (names the tests read from this sc
     publication_date,
     sim_metric,
 )
-from fidelity_peer import compare_versions, join_peer, load_peer, peer_cell, peer_text
+from fidelity_peer import compare_versions, join_peer, load_peer, peer_cell, peer_text, predict_summary
 
 PEER = RESULTS / "peer_aiconfigurator.json"
 PEER_AISIMULATE = RESULTS / "peer_aisimulate.json"
@@ -171,8 +171,9 @@ def print_measured(row: dict) -> None:
 def peer_summary_of(rows: list[dict], peer: dict | None, aisim: dict) -> dict | None:
     """Both peers: aiconfigurator 0.12 joined per case (:func:`fidelity_peer.join_peer`) and aisimulate 0.13
     (``aisim``: bench/peer_aisimulate.py's file, see :func:`aisimulate_status`): joined the same way, beside
-    its run's own details and the comparison of the two releases on the cases both support
-    (:func:`fidelity_peer.compare_versions`); a record saying why when it was not run."""
+    its run's own details, the comparison of the two releases on the cases both support
+    (:func:`fidelity_peer.compare_versions`) and aisimulate's own ``predict`` on the serving cases
+    (:func:`fidelity_peer.predict_summary`); a record saying why when it was not run."""
     ps = join_peer(rows, peer)
     if ps is None:
         ps = {"peer": "aiconfigurator", "version": None, "shared_cases": 0, "note": "peer file absent"}
@@ -181,6 +182,7 @@ def peer_summary_of(rows: list[dict], peer: dict | None, aisim: dict) -> dict | 
         joined.update({k: aisim[k] for k in ("run", "api", "index", "database_mode") if k in aisim})
         if peer is not None:
             joined["versions"] = compare_versions(rows, peer, aisim)
+        joined["predict"] = predict_summary(rows, aisim)
         aisim = joined
     ps["aisimulate"] = aisim
     return ps

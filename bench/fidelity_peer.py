@@ -140,7 +140,8 @@ DISAGREE = 0.01
 def compare_versions(rows: list[dict], old: dict, new: dict) -> dict:
     """Two releases of the peer (``old``, ``new``: their files, e.g. aiconfigurator 0.12 and aisimulate 0.13)
     on the end-to-end cases of ``rows``: on the cases both support, the median |error| of each and of
-    moeplace (held out), overall and after the publication cut-off; the cases where they disagree (support,
+    moeplace (held out), overall, after the publication cut-off and by kind (serving runs; decode and prefill
+    batches); the cases where they disagree (support,
     or estimates more than :data:`DISAGREE` apart) with each one's figure or reason, and whether the call
     was the same."""
     a, b = old["peer"], new["peer"]
@@ -175,7 +176,56 @@ def compare_versions(rows: list[dict], old: dict, new: dict) -> dict:
     return {"old": f"{a} {old.get('version')}", "new": f"{b} {new.get('version')}", "shared_cases": len(both),
             "same_call": same_calls, "threshold": DISAGREE, "median_abs_error": medians(both),
             "after_cutoff": medians([t for t in both if t[0].get("after_cutoff")]),
+            "by_kind": {"serving": medians([t for t in both if t[0]["kind"] == "serve"]),
+                        "decode and prefill": medians([t for t in both if t[0]["kind"] != "serve"])},
             "disagree": disagree, "not_run_by_both": missing}
+
+
+def predict_summary(rows: list[dict], aisim: dict) -> dict | None:
+    """aisimulate's own ``predict`` (its traffic replay, bench/peer_aisimulate.py's ``"predict"`` per record)
+    on the serving cases it ran, beside its estimate (``cli_estimate``) and moeplace held out on the same
+    cases: medians overall and after the cut-off, and each case's three errors. None when the file has no
+    predict records."""
+    recs = {r["id"]: r for r in aisim["cases"]}
+    ran, refused = [], []
+    for row in rows:
+        pr = (recs.get(row["id"]) or {}).get("predict")
+        if not pr or row["kind"] != "serve":  # predict replays traffic: the serving cases only
+            continue
+        if not pr.get("supported"):
+            refused.append({"id": row["id"], "reason": pr.get("reason", "")})
+            continue
+        est = recs[row["id"]]
+        ran.append({"id": row["id"], "after_cutoff": bool(row.get("after_cutoff")), "moeplace_error": _ours(row),
+                    "estimate_error": est["simulated"] / row["published"] - 1 if est.get("supported") else None,
+                    "predict_error": pr["simulated"] / row["published"] - 1, "predict": pr["simulated"]})
+    if not ran and not refused:
+        return None
+
+    def medians(sel):
+        both = [r for r in sel if r["estimate_error"] is not None]
+        return None if not sel else {
+            "cases": len(sel), "moeplace": float(np.median([abs(r["moeplace_error"]) for r in sel])),
+            "predict": float(np.median([abs(r["predict_error"]) for r in sel])),
+            "estimate": float(np.median([abs(r["estimate_error"]) for r in both])) if both else None}
+    return {"basis": "aisimulate predict (traffic replay) on the serving cases; its estimate and moeplace held out "
+                     "on the same cases", "median_abs_error": medians(ran),
+            "after_cutoff": medians([r for r in ran if r["after_cutoff"]]), "cases": ran, "not_run": refused}
+
+
+def predict_text(pm: dict) -> list[str]:
+    """The printed lines of :func:`predict_summary`."""
+    m = pm["median_abs_error"]
+    if not m:
+        return [f"  aisimulate predict: no serving case ran ({len(pm['not_run'])} refused)"]
+    est = f"{m['estimate']:.1%}" if m["estimate"] is not None else "n/a"
+    lines = [(f"aisimulate predict (its traffic replay) on {m['cases']} serving cases: median |error| moeplace (held out) "
+             f"{m['moeplace']:.1%}, aisimulate estimate {est}, aisimulate predict {m['predict']:.1%}")]
+    ac = pm.get("after_cutoff")
+    if ac:
+        lines.append(f"  after the cut-off ({ac['cases']} of them): moeplace {ac['moeplace']:.1%}, predict {ac['predict']:.1%}")
+    lines += [f"  predict did not run {r['id']}: {r['reason'][:110]}" for r in pm["not_run"]]
+    return lines
 
 
 def peer_lines(ps: dict) -> list[str]:
@@ -211,10 +261,9 @@ def versions_text(v: dict) -> list[str]:
         return [f"{v['old']} vs {v['new']}: no case both support"]
     lines = [(f"{v['old']} vs {v['new']}: {v['shared_cases']} cases both support ({v['same_call']} with the same call); "
              f"median |error| moeplace (held out) {m['moeplace']:.1%}, {a} {m[a]:.1%}, {b} {m[b]:.1%}")]
-    ac = v.get("after_cutoff")
-    if ac:
-        lines.append(f"  after the cut-off ({ac['cases']} of them): moeplace {ac['moeplace']:.1%}, {a} {ac[a]:.1%}, "
-                     f"{b} {ac[b]:.1%}")
+    for label, k in [("after the cut-off", v.get("after_cutoff")), *v.get("by_kind", {}).items()]:
+        if k:
+            lines.append(f"  {label} ({k['cases']} of them): moeplace {k['moeplace']:.1%}, {a} {k[a]:.1%}, {b} {k[b]:.1%}")
     for d in v["disagree"]:  # estimates apart, or supported by one release only
         what = (f"{a} {d[f'{a}_error']:+.1%}, {b} {d[f'{b}_error']:+.1%} ({d['ratio'] - 1:+.1%}"
                 + ("" if d["same_call"] else ", another call") + ")" if "ratio" in d else
@@ -233,8 +282,9 @@ def peer_text(ps: dict) -> list[str]:
     if ais and not ais.get("run"):
         tail = [f"peer aisimulate {ais.get('version')}: {ais.get('why', '')}"]
     elif ais:
-        tail = peer_lines(ais) + [f"  ({ais.get('index', '')})"] + versions_text(ais["versions"]) \
-            if "versions" in ais else peer_lines(ais)
+        tail = peer_lines(ais) + [f"  ({ais.get('index', '')})"] + (
+            versions_text(ais["versions"]) if "versions" in ais else []) + (
+            predict_text(ais["predict"]) if ais.get("predict") else [])
     return peer_lines(ps) + tail
 
 

@@ -822,8 +822,9 @@ def _peer_lines(ps: dict) -> list[str]:
         lines += ["", (f"The two releases ({v['old']}, {v['new']}) on the {v['shared_cases']} cases both support "
                        f"({v['same_call']} with the identical call): median abs error moeplace (held out) "
                        f"{m['moeplace']:.1%}, {old} {m[old]:.1%}, {new} {m[new]:.1%}"
-                       + (f"; after the cut-off ({ac['cases']} cases): moeplace {ac['moeplace']:.1%}, {old} "
-                          f"{ac[old]:.1%}, {new} {ac[new]:.1%}" if ac else "")
+                       + "".join(f"; {label} ({k['cases']} cases): moeplace {k['moeplace']:.1%}, {old} {k[old]:.1%}, "
+                                 f"{new} {k[new]:.1%}"
+                                 for label, k in [("after the cut-off", ac), *v.get("by_kind", {}).items()] if k)
                        + f". Estimates more than {v['threshold']:.0%} apart, or supported by one only:")]
         if v["disagree"]:
             lines += ["", f"| case | {old} | {new} | {new} / {old} |", "|---|---:|---:|---:|"]
@@ -835,7 +836,27 @@ def _peer_lines(ps: dict) -> list[str]:
                     lines.append(f"| {d['id']} | only {d['supported_by']} | | {d['reason'][:80]} |")
         else:
             lines.append("none.")
-    return lines
+    return lines + _predict_lines(ais.get("predict"))
+
+
+def _predict_lines(pm: dict | None) -> list[str]:
+    """fidelity-cv: aisimulate's own ``predict`` (its traffic replay) on the serving cases, beside its
+    estimate and moeplace held out."""
+    if not pm or not pm.get("median_abs_error"):
+        return []
+    m, ac = pm["median_abs_error"], pm.get("after_cutoff")
+    out = ["", (f"aisimulate's own `predict` (a replay of the case's closed loop through its engine, the command its "
+                f"README leads with) on the {m['cases']} serving cases it ran: median abs error moeplace (held out) "
+                f"{m['moeplace']:.1%}, aisimulate's estimate {m['estimate']:.1%}, predict {m['predict']:.1%}"
+                + (f"; after the cut-off ({ac['cases']} cases): moeplace {ac['moeplace']:.1%}, estimate "
+                   f"{ac['estimate']:.1%}, predict {ac['predict']:.1%}" if ac else "")
+                + (f". Not run: {', '.join(r['id'] + ' (' + r['reason'][:60] + ')' for r in pm['not_run'])}."
+                   if pm["not_run"] else ".")),
+           "", "| serving case | moeplace (held out) | aisimulate estimate | aisimulate predict |", "|---|---:|---:|---:|"]
+    out += [f"| {r['id']}{' (after the cut-off)' if r['after_cutoff'] else ''} | {r['moeplace_error']:+.1%} | "
+            f"{'n/a' if r['estimate_error'] is None else format(r['estimate_error'], '+.1%')} | {r['predict_error']:+.1%} |"
+            for r in pm["cases"]]
+    return out
 
 
 def fidelity_peers() -> str:
@@ -850,19 +871,28 @@ def fidelity_peers() -> str:
         return (f"The peer, NVIDIA's aiconfigurator {ps['version']}, on the {ps['shared_cases']} cases it estimates: "
                 f"median abs error moeplace {ps['median_abs_error']['moeplace']:.1%} (held out), aiconfigurator "
                 f"{ps['median_abs_error']['aiconfigurator']:.1%}; aisimulate: {ais.get('why', 'not run')}.\n")
-    ac = v.get("after_cutoff")
-    dev = ais["version"]
-    return (f"Against the peer, NVIDIA's aiconfigurator {ps['version']} and its successor aisimulate {dev} (the "
-            f"newest build installable from PyPI: the 0.13.0 release there is a placeholder that fetches from "
+    subsets = [("published after moeplace's cut-off", v.get("after_cutoff")),
+               *[(f"{k} runs", x) for k, x in v.get("by_kind", {}).items()]]
+    return (f"Against the peer, NVIDIA's aiconfigurator {ps['version']} and its successor aisimulate {ais['version']} "
+            f"(the newest build installable from PyPI: the 0.13.0 release there is a placeholder that fetches from "
             f"NVIDIA's own index), given each case the same way: on the {m['cases']} published deployments both "
             f"estimate, median abs error moeplace {m['moeplace']:.1%} (held out), aiconfigurator "
             f"{m['aiconfigurator']:.1%}, aisimulate {m['aisimulate']:.1%}"
-            + (f"; on the {ac['cases']} of them published after moeplace's cut-off moeplace {ac['moeplace']:.1%}, "
-               f"aiconfigurator {ac['aiconfigurator']:.1%}, aisimulate {ac['aisimulate']:.1%}"
-               + (" (aisimulate is the closest there)" if ac["aisimulate"] < min(ac["moeplace"], ac["aiconfigurator"])
-                  else "") if ac else "")
+            + "".join(f"; on the {x['cases']} {label}, moeplace {x['moeplace']:.1%}, aiconfigurator "
+                      f"{x['aiconfigurator']:.1%}, aisimulate {x['aisimulate']:.1%}"
+                      + (f" ({min(('moeplace', 'aiconfigurator', 'aisimulate'), key=x.get)} the closest)")
+                      for label, x in subsets if x)
+            + _predict_clause(ais.get("predict"))
             + f". {_not_both(_results('fidelity')['cases'])}: [docs/simulate.md]"
             "(docs/simulate.md#fidelity-against-published-results-benchfidelitypy--benchresultsfidelityjson).\n")
+
+
+def _predict_clause(pm: dict | None) -> str:
+    m = (pm or {}).get("median_abs_error")
+    if not m:
+        return ""
+    return (f". aisimulate's own `predict` (its traffic replay) on the {m['cases']} serving cases: median abs error "
+            f"{m['predict']:.1%}, against moeplace's {m['moeplace']:.1%} on the same cases")
 
 
 def _not_both(rows: list[dict]) -> str:

@@ -258,10 +258,13 @@ def write_atomic(path: str | Path, doc: dict) -> None:
     print(f"wrote {path}")
 
 
-def peer_main(doc: str, out: Path, peer: str, load, hint: str, utils: str = "aiconfigurator_core.sdk.utils") -> int:
+def peer_main(doc: str, out: Path, peer: str, load, hint: str, utils: str = "aiconfigurator_core.sdk.utils",
+              after=None) -> int:
     """A peer script's command line (``--cases``, ``--out``, default ``out``): ``load()`` imports the peer and
     returns its ``cli_estimate`` and the fields its file records (version, API), or raises ImportError (then
-    ``hint`` says how to install it); every case through :func:`run_cases`, written by :func:`write_atomic`."""
+    ``hint`` says how to install it); every case through :func:`run_cases`, then ``after(cases, records)``
+    where given (a further run of the same peer that adds to the records and returns fields for the file),
+    written by :func:`write_atomic`."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--cases", default=str(CASES))
     ap.add_argument("--out", default=str(out))
@@ -274,8 +277,10 @@ def peer_main(doc: str, out: Path, peer: str, load, hint: str, utils: str = "aic
         print(f"error: {peer} is not installed ({exc}); {hint}", file=sys.stderr)
         return 2
     logging.disable(logging.WARNING)
-    records = run_cases(yaml.safe_load(Path(args.cases).read_text()), estimate, peer, utils)
-    write_atomic(args.out, {"peer": peer, **fields, "database_mode": "SILICON", "cases": records})
+    cases = yaml.safe_load(Path(args.cases).read_text())
+    records = run_cases(cases, estimate, peer, utils)
+    more = after(cases, records) if after else {}
+    write_atomic(args.out, {"peer": peer, **fields, "database_mode": "SILICON", **more, "cases": records})
     return 0
 
 

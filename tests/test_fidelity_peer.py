@@ -4,6 +4,7 @@ the shared-case count, and the reason given where the peer is closer; and the pe
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,8 @@ def test_committed_results_carry_the_peer_for_every_case_the_peer_file_supports(
         if row["id"] in supported:
             assert row["peer"]["aisimulate"]["simulated"] == supported[row["id"]]["simulated"]
     assert ais["versions"]["shared_cases"] == len(set(supported) & {r["id"] for r in peer["cases"] if r.get("supported")})
+    predicted = {r["id"]: r["predict"]["simulated"] for r in theirs["cases"] if (r.get("predict") or {}).get("supported")}
+    assert predicted and {c["id"]: c["predict"] for c in ais["predict"]["cases"]} == predicted
 
 
 def test_peer_mapping_follows_the_case_file():
@@ -175,6 +178,7 @@ def test_two_releases_of_the_peer_are_compared_on_the_cases_both_support():
                                                                                 pytest.approx(0.20), pytest.approx(0.205))
     ac = v["after_cutoff"]
     assert ac["cases"] == 1 and ac["aisimulate"] == pytest.approx(0.04) and ac["moeplace"] == pytest.approx(0.05)
+    assert v["by_kind"] == {"serving": None, "decode and prefill": m}  # every row here is a decode case
     dis = {d["id"]: d for d in v["disagree"]}
     assert set(dis) == {"b", "c", "e"}  # a: 120.5 / 120 is within 1 %; e: 104 / 110 is not
     assert dis["b"]["ratio"] == pytest.approx(0.5) and not dis["b"]["same_call"]
@@ -217,7 +221,6 @@ def test_aisimulate_runs_the_aiconfigurator_mapping_naming_itself(monkeypatch, t
     """bench/peer_aisimulate.py gives aisimulate the call bench/peer_aiconfigurator.py gives aiconfigurator
     (its functions, imported), records the call by model name, and names itself in every refusal; no
     aisimulate needed: the peer's ``cli_estimate`` and its model-config module are stand-ins."""
-    import sys
     import types
 
     ais = load_bench("peer_aisimulate", "bench_peer_aisimulate")
@@ -248,3 +251,54 @@ def test_aisimulate_runs_the_aiconfigurator_mapping_naming_itself(monkeypatch, t
     assert recs[1]["reason"] == "aisimulate raised KeyError: 'no table for deepseek-ai/DeepSeek-V3'"
     assert recs[1]["call"]["model_path"] == "deepseek-ai/DeepSeek-V3" and not recs[1]["supported"]
     assert recs[2]["reason"] == "no H800 tables in aisimulate" and len(calls) == 2
+
+
+def test_aisimulate_predict_maps_each_serving_case_by_one_rule():
+    """bench/peer_aisimulate.py's predict configuration: the estimate's deployment and resolved dtypes, the case's
+    batch per rank as the sequence cap (not the estimate's OOM-reduced batch), its concurrency, 8 requests per
+    slot; decode cases and cases the estimate refused are not run; the figure from predict's summary."""
+    ais = load_bench("peer_aisimulate", "bench_peer_aisimulate_predict")
+    aic = sys.modules["peer_aiconfigurator"]
+    cases = {c["id"]: c for c in yaml.safe_load((REPO / "bench" / "fidelity_cases.yaml").read_text())}
+    case = cases["trtllm-b200-max-throughput-fp8kv"]
+    kw, _ = aic.call_of(case, "aisimulate")
+    rec = {"supported": True, "call": {**kw, "batch_size": 500}, "backend_version": "1.3.0rc20",
+           "result": {"gemm": "fp8_block", "moe": "nvfp4", "fmha": "bfloat16", "kvcache": "fp8"}}
+    cfg, why = ais.predict_config(case, rec, "/tmp/model")
+    eng, w = cfg["engine"], cfg["engine"]["workers"]["aggregated"]
+    assert why is None and (eng["hardware"], eng["backend"], eng["backend_version"]) == ("b200_sxm", "trtllm", "1.3.0rc20")
+    assert w["parallelism"] == {"tensor": 1, "attention_data": 8, "moe_tensor": 1, "moe_expert": 8}
+    assert w["scheduler"] == {"max_batched_tokens": 2048, "max_sequences": 896}  # the case's cap, not the 500
+    assert w["kv_cache"] == {"capacity": {"memory_fraction": 0.93}} and eng["moe_quant_mode"] == "nvfp4"
+    assert cfg["traffic"] == {"source": {"type": "synthetic", "input_tokens": 1024, "output_tokens": 2048},
+                              "load": {"type": "concurrency", "concurrency": 7168}, "stop": {"requests": 8 * 7168}}
+    decode = cases["trtllm-b200-min-latency"]
+    assert ais.predict_config(decode, rec, "m")[0] is None
+    assert ais.predict_config(case, {"supported": False}, "m") == (None, "the estimate, on the same tables, does "
+                                                                          "not support the case")
+    summary = {"output_throughput_tok_s": 40_000.0, "total_throughput_tok_s": 60_000.0,
+               "median_output_token_throughput_per_user": 12.5}
+    assert ais.predict_figure(case, summary) == pytest.approx(5_000.0)  # per GPU of 8
+    assert ais.predict_figure(cases["vllm-k3-gb300-tp8-bs1"], summary) == 12.5
+    assert ais.predict_figure(cases["vllm-recipe-kimi-k2-thinking-h200-tp8"], summary) == 60_000.0
+
+
+def test_predict_summary_sets_predict_beside_the_estimate_and_moeplace():
+    fid = load_bench("fidelity", "bench_fidelity_predict")
+    rows = [_row(i, "serve", "output_tok_s", 100.0, 100.0) for i in "abce"] + [_row("d", "decode", "per_user_tok_s",
+                                                                                   10.0, 10.0)]
+    for r, cv in zip(rows, [0.1, -0.3, 0.2, 0.0, 0.0]):
+        r["cv_error"], r["after_cutoff"] = cv, r["id"] == "c"
+    aisim = {"peer": "aisimulate", "cases": [
+        {"id": "a", "supported": True, "simulated": 150.0, "predict": {"supported": True, "simulated": 90.0}},
+        {"id": "b", "supported": True, "simulated": 80.0, "predict": {"supported": True, "simulated": 140.0}},
+        {"id": "c", "supported": True, "simulated": 100.0, "predict": {"supported": True, "simulated": 125.0}},
+        {"id": "e", "supported": True, "simulated": 100.0, "predict": {"supported": False, "reason": "no KV budget"}},
+        {"id": "d", "supported": True, "simulated": 10.0, "predict": {"supported": False, "reason": "not a serving run"}}]}
+    pm = fid.predict_summary(rows, aisim)
+    m = pm["median_abs_error"]  # |errors| moeplace .1 .3 .2; estimate .5 .2 0; predict .1 .4 .25
+    assert (m["cases"], m["moeplace"], m["estimate"], m["predict"]) == (3, pytest.approx(0.2), pytest.approx(0.2),
+                                                                        pytest.approx(0.25))
+    assert pm["after_cutoff"]["cases"] == 1 and pm["after_cutoff"]["predict"] == pytest.approx(0.25)
+    assert pm["not_run"] == [{"id": "e", "reason": "no KV budget"}]  # a serving case it refused; d is no serving run
+    assert fid.predict_summary(rows, {"cases": [{"id": "a", "supported": True, "simulated": 1.0}]}) is None
