@@ -850,7 +850,7 @@ def _predict_lines(pm: dict | None) -> list[str]:
                 f"{m['moeplace']:.1%}, aisimulate's estimate {m['estimate']:.1%}, predict {m['predict']:.1%}"
                 + (f"; after the cut-off ({ac['cases']} cases): moeplace {ac['moeplace']:.1%}, estimate "
                    f"{ac['estimate']:.1%}, predict {ac['predict']:.1%}" if ac else "")
-                + (f". Not run: {', '.join(r['id'] + ' (' + r['reason'][:60] + ')' for r in pm['not_run'])}."
+                + (f". Not run: {', '.join(r['id'] + ' (' + r['reason'].split(': ', 1)[-1][:100] + ')' for r in pm['not_run'])}."
                    if pm["not_run"] else ".")),
            "", "| serving case | moeplace (held out) | aisimulate estimate | aisimulate predict |", "|---|---:|---:|---:|"]
     out += [f"| {r['id']}{' (after the cut-off)' if r['after_cutoff'] else ''} | {r['moeplace_error']:+.1%} | "

@@ -274,8 +274,8 @@ def test_aisimulate_predict_maps_each_serving_case_by_one_rule():
                               "load": {"type": "concurrency", "concurrency": 7168}, "stop": {"requests": 8 * 7168}}
     decode = cases["trtllm-b200-min-latency"]
     assert ais.predict_config(decode, rec, "m")[0] is None
-    assert ais.predict_config(case, {"supported": False}, "m") == (None, "the estimate, on the same tables, does "
-                                                                          "not support the case")
+    assert ais.predict_config(case, {"supported": False}, "m") == (None, ("the estimate, on the same tables, does "
+                                                                          "not support the case"))
     summary = {"output_throughput_tok_s": 40_000.0, "total_throughput_tok_s": 60_000.0,
                "median_output_token_throughput_per_user": 12.5}
     assert ais.predict_figure(case, summary) == pytest.approx(5_000.0)  # per GPU of 8
@@ -302,3 +302,19 @@ def test_predict_summary_sets_predict_beside_the_estimate_and_moeplace():
     assert pm["after_cutoff"]["cases"] == 1 and pm["after_cutoff"]["predict"] == pytest.approx(0.25)
     assert pm["not_run"] == [{"id": "e", "reason": "no KV budget"}]  # a serving case it refused; d is no serving run
     assert fid.predict_summary(rows, {"cases": [{"id": "a", "supported": True, "simulated": 1.0}]}) is None
+
+
+def test_peer_only_recomputes_the_committed_peer_summary(tmp_path, capsys):
+    """``bench/fidelity.py --peer-only`` on a copy of the committed results, from the committed peer files,
+    gives back the committed ``peer_summary`` and per-case peer entries (what the README / docs figures show),
+    and touches nothing else."""
+    fid = load_bench("fidelity", "bench_fidelity_peer_only")
+    results = REPO / "bench" / "results"
+    committed = json.loads((results / "fidelity.json").read_text())
+    out = tmp_path / "fidelity.json"
+    stale = {**committed, "peer_summary": None, "cases": [{k: v for k, v in r.items() if k != "peer"}
+                                                           for r in committed["cases"]]}
+    out.write_text(json.dumps(stale))
+    assert fid.peer_only(out, results / "peer_aiconfigurator.json", results / "peer_aisimulate.json") == 0
+    assert json.loads(out.read_text()) == committed
+    assert "aiconfigurator 0.12.0 vs aisimulate 0.13.0" in capsys.readouterr().out
