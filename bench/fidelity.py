@@ -34,8 +34,10 @@ date and a publication cut-off.
 6. TTFT / TPOT only on cases that publish them measured per request (``published_latency``), each with the
    ensemble median and 80 % interval made as the throughput's (TTFT re-priced over the prompt iterations).
 7. The measured cost source (``--cost-model measured``) per end-to-end case, and the peers: aiconfigurator
-   0.12 (bench/peer_aiconfigurator.py) joined per case and tallied by independent deployment; aisimulate
-   0.13 where it could be run (``peer_summary``).
+   0.12 (bench/peer_aiconfigurator.py) and aisimulate 0.13 (bench/peer_aisimulate.py, the same call), each
+   joined per case and tallied by independent deployment, and the two releases compared on the cases both
+   support (``peer_summary``, its ``aisimulate`` and ``aisimulate.versions``). ``--peer-only`` redoes this
+   step alone on an existing results file (the peers run in their own environments, not in this script).
 8. Anchored (bench/fidelity_anchored.py's steps on this run's ensemble): every group with at least two
    cases, each case predicted after ``place calibrate``'s reweight + refit on the group's other cases, from
    the members that never drew the group; median, max and the within-deployment interval's coverage,
@@ -94,7 +96,7 @@ from fidelity_harness import (  # noqa: F401  (names the tests read from this sc
     publication_date,
     sim_metric,
 )
-from fidelity_peer import join_peer, load_peer, peer_cell, peer_text
+from fidelity_peer import compare_versions, join_peer, load_peer, peer_cell, peer_text, predict_summary
 
 PEER = RESULTS / "peer_aiconfigurator.json"
 PEER_AISIMULATE = RESULTS / "peer_aisimulate.json"
@@ -168,30 +170,37 @@ def print_measured(row: dict) -> None:
 
 def peer_summary_of(rows: list[dict], peer: dict | None, aisim: dict) -> dict | None:
     """Both peers: aiconfigurator 0.12 joined per case (:func:`fidelity_peer.join_peer`) and aisimulate 0.13
-    (run where it could be installed; else why not)."""
+    (``aisim``: bench/peer_aisimulate.py's file, see :func:`aisimulate_status`): joined the same way, beside
+    its run's own details, the comparison of the two releases on the cases both support
+    (:func:`fidelity_peer.compare_versions`) and aisimulate's own ``predict`` on the serving cases
+    (:func:`fidelity_peer.predict_summary`); a record saying why when it was not run."""
     ps = join_peer(rows, peer)
     if ps is None:
         ps = {"peer": "aiconfigurator", "version": None, "shared_cases": 0, "note": "peer file absent"}
+    if aisim.get("run") and "cases" in aisim:
+        joined = join_peer(rows, aisim)
+        joined.update({k: aisim[k] for k in ("run", "api", "index", "database_mode") if k in aisim})
+        if peer is not None:
+            joined["versions"] = compare_versions(rows, peer, aisim)
+        joined["predict"] = predict_summary(rows, aisim)
+        aisim = joined
     ps["aisimulate"] = aisim
     return ps
 
 
 def aisimulate_status(path: Path = PEER_AISIMULATE) -> dict:
-    """aisimulate 0.13's record: its per-case results when bench/results/peer_aisimulate.json holds them, else
-    why it was not run."""
+    """aisimulate 0.13's file (bench/peer_aisimulate.py: its per-case records, ``"run": true``) when it
+    exists, else why it was not run."""
     from moeplace.foundation.files import read_json
 
     if path.exists():
         return read_json(path)
-    return {"peer": "aisimulate", "version": "0.13.0", "run": False,
-            "why": ("not run: the aisimulate 0.13.0 on the package index is a placeholder source distribution that "
-                    "downloads the real wheel from NVIDIA's own package index at install time, which this "
-                    "project's machines cannot reach (only PyPI); no wheel or installable source snapshot of "
-                    "ai-dynamo/aisimulate was available. aiconfigurator 0.12 (the last release of "
-                    "aiconfigurator-core on PyPI) stays the peer that ran.")}
+    return {"peer": "aisimulate", "version": None, "run": False,
+            "why": (f"not run: {path} is absent (bench/peer_aisimulate.py writes it, in its own environment: see its "
+                    "docstring)")}
 
 
-def peer_only(results: str | Path, peer_path: str | Path) -> int:
+def peer_only(results: str | Path, peer_path: str | Path, aisimulate_path: str | Path = PEER_AISIMULATE) -> int:
     """``--peer-only``: join the peer files into an existing results file, nothing simulated."""
     from moeplace.foundation.errors import InputError
     from moeplace.foundation.files import write_text_atomic
@@ -203,7 +212,7 @@ def peer_only(results: str | Path, peer_path: str | Path) -> int:
     if peer is None:
         raise InputError(f"{peer_path}: no peer results (run bench/peer_aiconfigurator.py where aiconfigurator is "
                          "installed)")
-    res["peer_summary"] = peer_summary_of(res["cases"], peer, aisimulate_status())
+    res["peer_summary"] = peer_summary_of(res["cases"], peer, aisimulate_status(Path(aisimulate_path)))
     for line in peer_text(res["peer_summary"]):
         print(line)
     write_text_atomic(results, json.dumps(res, indent=1, default=float) + "\n")
@@ -254,14 +263,14 @@ def breakdown_text(b: dict) -> str:
 def markdown(rows: list[dict]) -> str:
     """The table docs/simulate.md shows (one row per case)."""
     head = ("| case | source | published on | configuration | metric | published | ensemble (held out) | error | "
-            "80 % interval | aiconfigurator |")
-    lines = [head, "|---|---|---|---|---|---:|---:|---:|---|---:|"]
+            "80 % interval | aiconfigurator | aisimulate |")
+    lines = [head, "|---|---|---|---|---|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         iv = r.get("interval")
         cell = f"{fmt(iv[0])} - {fmt(iv[1])}" if iv else ""
         lines.append(f"| {r['id']} | [{r['source']['org']}]({r['source']['url']}) | {r['published_on']} | "
                      f"{r['gpu']}, {r['config']} | {r['metric']} | {fmt(r['published'])} | {fmt(r['cv_simulated'])} | "
-                     f"{r['cv_error']:+.1%} | {cell} | {peer_cell(r)} |")
+                     f"{r['cv_error']:+.1%} | {cell} | {peer_cell(r)} | {peer_cell(r, 'aisimulate')} |")
     return "\n".join(lines)
 
 
@@ -398,8 +407,10 @@ def main() -> int:
                     help="only rewrite sim/fidelity_summary.json from the results file (--out), running nothing")
     ap.add_argument("--peer", default=str(PEER),
                     help="aiconfigurator's estimates (bench/peer_aiconfigurator.py); left out when absent")
+    ap.add_argument("--peer-aisimulate", default=str(PEER_AISIMULATE),
+                    help="aisimulate 0.13's estimates (bench/peer_aisimulate.py); the summary says so when absent")
     ap.add_argument("--peer-only", action="store_true",
-                    help="only join --peer into the results file (--out), running nothing")
+                    help="only join --peer and --peer-aisimulate into the results file (--out), running nothing")
     ap.add_argument("--state", default=None,
                     help="save the fitted state (reference runs, members, every case's figure per member) to this "
                          "file, or when it exists report from it without simulating or fitting")
@@ -416,7 +427,7 @@ def main() -> int:
 
     steps = [(args.measured_only, lambda: measured_only(args.out, args.cases, args.quick)),
              (args.summary_only, lambda: summary_only(args.out)),
-             (args.peer_only, lambda: peer_only(args.out, args.peer)),
+             (args.peer_only, lambda: peer_only(args.out, args.peer, args.peer_aisimulate)),
              (args.anchored_only, lambda: anchored_only(args.out, args.anchored))]
     step = next((run for chosen, run in steps if chosen), None)
     try:
@@ -698,7 +709,7 @@ def run(args) -> int:
                                        walls)):
             row["measured"] = m
     measured = measured_summary(rows)
-    peer_summary = peer_summary_of(rows, peer, aisimulate_status())
+    peer_summary = peer_summary_of(rows, peer, aisimulate_status(Path(args.peer_aisimulate)))
     secs, cpu = clock.totals()
 
     # 6. print

@@ -769,23 +769,148 @@ def fidelity_cv() -> str:
                 lines.append(f"| {k.upper()} p50 | {r['id']} | {r['published_ms']:,.1f} | {r['simulated_ms']:,.1f} | "
                              f"{r['error']:+.1%} | none (the reference run) |")
     lines += ["", f"Unchecked: {lat['unchecked']}."]
-    ps = res.get("peer_summary") or {}
+    lines += _peer_lines(res.get("peer_summary") or {})
+    return "\n".join(lines) + "\n"
+
+
+def _peer_lines(ps: dict) -> list[str]:
+    """fidelity-cv's peer part: by independent deployment, moeplace held out against aiconfigurator 0.12 and
+    aisimulate 0.13 (each on the cases it supports), then the two releases compared on the cases both run."""
     ind = ps.get("independent")
+    ais = ps.get("aisimulate") or {}
+    ran = bool(ais.get("run"))
+    lines = []
     if ind:
         lines += ["", (f"The peer by independent deployment (one vote per case group, moeplace held out against "
                        f"aiconfigurator {ps['version']}'s own): moeplace at least as close on "
                        f"{ind['moeplace_as_close']} of {ind['deployments']}; median over the groups of the "
                        f"median abs error moeplace {ind['median_abs_error']['moeplace']:.1%}, aiconfigurator "
-                       f"{ind['median_abs_error']['aiconfigurator']:.1%}."), "",
-                  "| deployment group | cases | moeplace (held out) | aiconfigurator |", "|---|---:|---:|---:|"]
-        lines += [f"| {d['group']} | {len(d['cases'])} | {d['moeplace_cv_median_abs_error']:.1%} | "
-                  f"{d['aiconfigurator_median_abs_error']:.1%}{'' if d['moeplace_as_close'] else ' (closer)'} |"
-                  for d in ind["by_deployment"]]
-    ais = ps.get("aisimulate")
-    if ais:
-        lines += ["", f"aisimulate {ais.get('version')}: " + (ais.get("why", "") if not ais.get("run") else
-                                                             ais.get("summary", ""))]
-    return "\n".join(lines) + "\n"
+                       f"{ind['median_abs_error']['aiconfigurator']:.1%}.")]
+        aind = (ais.get("independent") or {}) if ran else {}
+        if aind:
+            lines.append(f"aisimulate {ais['version']} the same way: moeplace at least as close on "
+                         f"{aind['moeplace_as_close']} of {aind['deployments']}; median over the groups moeplace "
+                         f"{aind['median_abs_error']['moeplace']:.1%}, aisimulate "
+                         f"{aind['median_abs_error']['aisimulate']:.1%}.")
+        theirs = {d["group"]: d for d in aind.get("by_deployment", [])}
+        lines += ["", "| deployment group | cases | moeplace (held out) | aiconfigurator |"
+                  + (" aisimulate |" if ran else ""), "|---|---:|---:|---:|" + ("---:|" if ran else "")]
+        for d in ind["by_deployment"]:
+            t = theirs.get(d["group"])
+            cell = "" if not ran else (" n/a |" if t is None else f" {t['aisimulate_median_abs_error']:.1%}"
+                                       f"{'' if t['moeplace_as_close'] else ' (closer)'}"
+                                       f"{'' if t['cases'] == d['cases'] else ' (' + str(len(t['cases'])) + ' cases)'} |")
+            lines.append(f"| {d['group']} | {len(d['cases'])} | {d['moeplace_cv_median_abs_error']:.1%} | "
+                         f"{d['aiconfigurator_median_abs_error']:.1%}{'' if d['moeplace_as_close'] else ' (closer)'} |"
+                         + cell)
+        lines += [f"| {g} | {len(t['cases'])} | {t['moeplace_cv_median_abs_error']:.1%} | n/a | "
+                  f"{t['aisimulate_median_abs_error']:.1%}{'' if t['moeplace_as_close'] else ' (closer)'} |"
+                  for g, t in theirs.items() if g not in {d["group"] for d in ind["by_deployment"]}]
+    if not ais:
+        return lines
+    if not ran:
+        return lines + ["", f"aisimulate {ais.get('version')}: {ais.get('why', '')}"]
+    lines += ["", (f"aisimulate {ais['version']} ({ais['index']}; called through `{ais['api']}`, the same call as "
+              f"aiconfigurator 0.12's): {ais['shared_cases']} end-to-end cases supported; moeplace (held out) at "
+              f"least as close on {ais['moeplace_at_least_as_close']}; median abs error moeplace "
+              f"{ais['median_abs_error']['moeplace']:.1%}, aisimulate {ais['median_abs_error']['aisimulate']:.1%}.")]
+    v = ais.get("versions")
+    m = (v or {}).get("median_abs_error")
+    if m:
+        old, new = v["old"].split()[0], v["new"].split()[0]
+        ac = v.get("after_cutoff")
+        lines += ["", (f"The two releases ({v['old']}, {v['new']}) on the {v['shared_cases']} cases both support "
+                       f"({v['same_call']} with the identical call): median abs error moeplace (held out) "
+                       f"{m['moeplace']:.1%}, {old} {m[old]:.1%}, {new} {m[new]:.1%}"
+                       + "".join(f"; {label} ({k['cases']} cases): moeplace {k['moeplace']:.1%}, {old} {k[old]:.1%}, "
+                                 f"{new} {k[new]:.1%}"
+                                 for label, k in [("after the cut-off", ac), *v.get("by_kind", {}).items()] if k)
+                       + f". Estimates more than {v['threshold']:.0%} apart, or supported by one only:")]
+        if v["disagree"]:
+            lines += ["", f"| case | {old} | {new} | {new} / {old} |", "|---|---:|---:|---:|"]
+            for d in v["disagree"]:
+                if "ratio" in d:
+                    lines.append(f"| {d['id']} | {d[f'{old}_error']:+.1%} | {d[f'{new}_error']:+.1%} | "
+                                 f"{d['ratio'] - 1:+.1%}{'' if d['same_call'] else ' (another call)'} |")
+                else:
+                    lines.append(f"| {d['id']} | only {d['supported_by']} | | {d['reason'][:80]} |")
+        else:
+            lines.append("none.")
+    return lines + _predict_lines(ais.get("predict"))
+
+
+def _predict_lines(pm: dict | None) -> list[str]:
+    """fidelity-cv: aisimulate's own ``predict`` (its traffic replay) on the serving cases, beside its
+    estimate and moeplace held out."""
+    if not pm or not pm.get("median_abs_error"):
+        return []
+    m, ac = pm["median_abs_error"], pm.get("after_cutoff")
+    out = ["", (f"aisimulate's own `predict` (a replay of the case's closed loop through its engine, the command its "
+                f"README leads with) on the {m['cases']} serving cases it ran: median abs error moeplace (held out) "
+                f"{m['moeplace']:.1%}, aisimulate's estimate {m['estimate']:.1%}, predict {m['predict']:.1%}"
+                + (f"; after the cut-off ({ac['cases']} cases): moeplace {ac['moeplace']:.1%}, estimate "
+                   f"{ac['estimate']:.1%}, predict {ac['predict']:.1%}" if ac else "")
+                + (f". Not run: {', '.join(r['id'] + ' (' + r['reason'].split(': ', 1)[-1][:100] + ')' for r in pm['not_run'])}."
+                   if pm["not_run"] else ".")),
+           "", "| serving case | moeplace (held out) | aisimulate estimate | aisimulate predict |", "|---|---:|---:|---:|"]
+    out += [f"| {r['id']}{' (after the cut-off)' if r['after_cutoff'] else ''} | {r['moeplace_error']:+.1%} | "
+            f"{'n/a' if r['estimate_error'] is None else format(r['estimate_error'], '+.1%')} | {r['predict_error']:+.1%} |"
+            for r in pm["cases"]]
+    return out
+
+
+def fidelity_peers() -> str:
+    """README: the peer in one paragraph: aiconfigurator 0.12 and aisimulate 0.13 against moeplace (held out) on
+    the end-to-end cases both releases estimate, overall and after the cut-off (bench/fidelity.py's
+    ``peer_summary``)."""
+    ps = _results("fidelity")["peer_summary"]
+    ais = ps.get("aisimulate") or {}
+    v = ais.get("versions") or {}
+    m = v.get("median_abs_error")
+    if not (ais.get("run") and m):
+        return (f"The peer, NVIDIA's aiconfigurator {ps['version']}, on the {ps['shared_cases']} cases it estimates: "
+                f"median abs error moeplace {ps['median_abs_error']['moeplace']:.1%} (held out), aiconfigurator "
+                f"{ps['median_abs_error']['aiconfigurator']:.1%}; aisimulate: {ais.get('why', 'not run')}.\n")
+    subsets = [("published after moeplace's cut-off", v.get("after_cutoff")),
+               *[(f"{k} runs", x) for k, x in v.get("by_kind", {}).items()]]
+    return (f"Against the peer, NVIDIA's aiconfigurator {ps['version']} and its successor aisimulate {ais['version']} "
+            f"(the newest build installable from PyPI: the 0.13.0 release there is a placeholder that fetches from "
+            f"NVIDIA's own index), given each case the same way: on the {m['cases']} published deployments both "
+            f"estimate, median abs error moeplace {m['moeplace']:.1%} (held out), aiconfigurator "
+            f"{m['aiconfigurator']:.1%}, aisimulate {m['aisimulate']:.1%}"
+            + "".join(f"; on the {x['cases']} {label}, moeplace {x['moeplace']:.1%}, aiconfigurator "
+                      f"{x['aiconfigurator']:.1%}, aisimulate {x['aisimulate']:.1%}"
+                      + (f" ({min(('moeplace', 'aiconfigurator', 'aisimulate'), key=x.get)} the closest)")
+                      for label, x in subsets if x)
+            + _predict_clause(ais.get("predict"))
+            + f". {_not_both(_results('fidelity')['cases'])}: [docs/simulate.md]"
+            "(docs/simulate.md#fidelity-against-published-results-benchfidelitypy--benchresultsfidelityjson).\n")
+
+
+def _predict_clause(pm: dict | None) -> str:
+    m = (pm or {}).get("median_abs_error")
+    if not m:
+        return ""
+    return (f". aisimulate's own `predict` (its traffic replay) on the {m['cases']} serving cases: median abs error "
+            f"{m['predict']:.1%}, against moeplace's {m['moeplace']:.1%} on the same cases")
+
+
+def _not_both(rows: list[dict]) -> str:
+    """The end-to-end cases the two peer releases do not both estimate, counted by aisimulate's reason."""
+    why: dict[str, int] = {}
+    for r in rows:
+        p = r.get("peer") or {}
+        if r["kind"] in ("prefill", "decode", "serve") and not all("simulated" in p.get(n, {})
+                                                                   for n in ("aiconfigurator", "aisimulate")):
+            reason = p.get("aisimulate", {}).get("reason", "not run")
+            key = ("no H800 tables" if "no H800" in reason else
+                   "cross-node expert parallelism without DeepEP tables" if "Cross-node EP" in reason else
+                   "supported by one release only" if "simulated" in p.get("aisimulate", {}) else
+                   "another missing table")
+            why[key] = why.get(key, 0) + 1
+    n = sum(why.values())
+    return (f"The other {n} end-to-end cases are not estimated by both ("
+            + "; ".join(f"{k}: {v}" for k, v in sorted(why.items(), key=lambda kv: -kv[1])) + ")")
 
 
 def fidelity_cases() -> str:
@@ -793,19 +918,17 @@ def fidelity_cases() -> str:
     ensemble's held-out figure and interval, the measured cost source and the peer."""
     res = _results("fidelity")
     lines = [("| group | case | source | published on | configuration | metric | published | reference run | "
-              "held out | error | 80 % interval | measured (error) | aiconfigurator (error) |"),
-             "|---|---|---|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
+              "held out | error | 80 % interval | measured (error) | aiconfigurator (error) | aisimulate (error) |"),
+             "|---|---|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in res["cases"]:
-        peer = (r.get("peer") or {}).get("aiconfigurator")
-        peer_cell = "" if not peer else ("n/a" if not peer.get("supported", True) else
-                                         f"{_fmt_figure(peer['simulated'])} ({peer['error']:+.1%})")
+        peer_cells = " | ".join(_peer_cell(r, name) for name in ("aiconfigurator", "aisimulate"))
         iv = r.get("interval")
         ivc = "" if not iv else (f"{_fmt_figure(iv[0])} - {_fmt_figure(iv[1])}" + ("" if r["covered"] else " (missed)"))
         when = r["published_on"] + (" **(after the cut-off)**" if r["after_cutoff"] else "")
         lines.append(f"| {r['group']} | {r['id']} | [{r['source']['org']}]({r['source']['url']}) | {when} "
                      f"| {r['gpu']}, {r['config']} | {r['metric']} | {_fmt_figure(r['published'])} | "
                      f"{_fmt_figure(r['simulated'])} | {_fmt_figure(r['cv_simulated'])} | {r['cv_error']:+.1%} | {ivc} | "
-                     f"{_measured_cell(r)} | {peer_cell} |")
+                     f"{_measured_cell(r)} | {peer_cells} |")
     ms = res.get("measured_summary")
     if ms and ms.get("cases"):
         lines += ["", (f"Measured column: the same simulation with `--cost-model measured` (aiconfigurator's tables for "
@@ -814,6 +937,13 @@ def fidelity_cases() -> str:
                        f"max {ms['max_abs_error']:.1%} (the ensemble held out on the same cases: median "
                        f"{ms['ensemble_median_abs_error']:.1%}, max {ms['ensemble_max_abs_error']:.1%}).")]
     return "\n".join(lines) + "\n"
+
+
+def _peer_cell(r: dict, name: str) -> str:
+    peer = (r.get("peer") or {}).get(name)
+    if not peer:
+        return ""
+    return "n/a" if not peer.get("supported", True) else f"{_fmt_figure(peer['simulated'])} ({peer['error']:+.1%})"
 
 
 def _measured_cell(r: dict) -> str:
@@ -1106,7 +1236,7 @@ RENDERERS = {"memory-fidelity": memory_fidelity, "shift-coverage": shift_coverag
              "optimize-table": optimize_table, "optimize": optimize, "evaluate-defaults": evaluate_defaults,
              "long-context": long_context, "traffic": traffic, "recommend": recommend, "sweep": sweep,
              "fidelity-constants": fidelity_constants, "fidelity-cases": fidelity_cases, "fidelity-cv": fidelity_cv,
-             "fidelity-label": fidelity_label, "fidelity-anchored": fidelity_anchored,
+             "fidelity-label": fidelity_label, "fidelity-peers": fidelity_peers, "fidelity-anchored": fidelity_anchored,
              "calibrate-example": calibrate_example, "k3-step": k3_step}
 
 

@@ -46,6 +46,7 @@ Mapping (one rule for every case, nothing chosen per case):
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -72,14 +73,15 @@ def model_path(case: dict, backend: str) -> str:
             "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B"}[case["model"]]
 
 
-def local_model(hf_id: str, root: Path) -> str:
-    """``hf_id`` itself when aiconfigurator resolves it offline, else a local model directory holding the
-    ``config.json`` aiconfigurator ships for it (its model_configs), so that no download is attempted."""
-    from aiconfigurator_core.sdk.utils import DefaultHFModels, _get_model_config_path
-
-    if hf_id in DefaultHFModels:
+def local_model(hf_id: str, root: Path, utils: str = "aiconfigurator_core.sdk.utils") -> str:
+    """``hf_id`` itself when the peer resolves it offline, else a local model directory holding the
+    ``config.json`` the peer ships for it (its model_configs), so that no download is attempted. ``utils``:
+    the peer's module holding ``DefaultHFModels`` and ``_get_model_config_path`` (aisimulate keeps them in
+    ``aisimulate_core.sdk.utils``)."""
+    mod = importlib.import_module(utils)
+    if hf_id in mod.DefaultHFModels:
         return hf_id
-    shipped = Path(_get_model_config_path()) / f"{hf_id.replace('/', '--')}_config.json"
+    shipped = Path(mod._get_model_config_path()) / f"{hf_id.replace('/', '--')}_config.json"
     if not shipped.exists():
         return hf_id
     d = root / hf_id.replace("/", "--")
@@ -101,13 +103,13 @@ def accepted_drafts(mtp) -> tuple[int, float]:
     return d, total
 
 
-def call_of(case: dict) -> tuple[dict | None, str | None]:
-    """The ``cli_estimate`` keyword arguments of a case, or (None, why it is not supported)."""
+def call_of(case: dict, peer: str = "aiconfigurator") -> tuple[dict | None, str | None]:
+    """The ``cli_estimate`` keyword arguments of a case, or (None, why ``peer`` does not support it)."""
     if case["kind"] not in E2E:
-        return None, "kernel-table case (aiconfigurator estimates deployments)"
+        return None, f"kernel-table case ({peer} estimates deployments)"
     system = SYSTEMS.get(case["gpu"])
     if system is None:
-        return None, f"no {case['gpu'].upper()} tables in aiconfigurator"
+        return None, f"no {case['gpu'].upper()} tables in {peer}"
     backend = case.get("engine") or BACKENDS.get(case["source"]["org"])  # the case's engine field first
     if backend is None:
         return None, f"no tables for {case['source']['org']}'s own engine"
@@ -197,70 +199,104 @@ def notes_of(case: dict) -> list[str]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default=str(CASES))
-    ap.add_argument("--out", default=str(OUT))
-    args = ap.parse_args()
-    import yaml
-
-    try:
-        import aiconfigurator
-        from aiconfigurator.cli.api import cli_estimate
-    except ImportError as exc:
-        print(f"error: aiconfigurator is not installed ({exc}); pip install 'aiconfigurator>=0.12,<0.13'",
-              file=sys.stderr)
-        return 2
-    logging.disable(logging.WARNING)
-    version = getattr(aiconfigurator, "__version__", None)
-    if version is None:
-        from importlib.metadata import version as _v
-        version = _v("aiconfigurator")
-    cases = yaml.safe_load(Path(args.cases).read_text())
-    models = Path(tempfile.mkdtemp(prefix="peer-aiconfigurator-"))
+def run_cases(cases: list[dict], estimate, peer: str, utils: str = "aiconfigurator_core.sdk.utils") -> list[dict]:
+    """One record per case: ``estimate`` (the peer's ``cli_estimate``) called as :func:`call_of` maps the case
+    (through :func:`estimate_fitting`), the figure the case publishes (:func:`figure`) and its error, or why
+    the case is not supported. ``peer`` names the peer in the records and the printed lines; ``utils`` is
+    passed to :func:`local_model`."""
+    models = Path(tempfile.mkdtemp(prefix=f"peer-{peer}-"))
     records = []
-    for case in cases:
-        kw, why = call_of(case)
-        rec = {"id": case["id"], "split": case["split"], "metric": case["metric"], "published": case["published"]}
-        if kw is None:
-            rec.update(supported=False, reason=why)
-            if case["kind"] in E2E:
-                print(f"  {case['id']:36s} not supported: {why}", flush=True)
-            records.append(rec)
-            continue
-        t0 = time.perf_counter()
-        try:
-            kw, res, reduced = estimate_fitting(cli_estimate, {**kw, "model_path": local_model(kw["model_path"], models)})
-            value = figure(case, kw, res.raw)
-        except Exception as exc:  # noqa: BLE001 - the peer's own refusal (OOM, missing table, parallelism)
-            msg = " ".join(str(exc).split())[:300]
-            rec.update(supported=False, reason=f"aiconfigurator raised {type(exc).__name__}: {msg}", call=kw)
-            print(f"  {case['id']:36s} not supported: {rec['reason'][:120]}", flush=True)
-            records.append(rec)
-            continue
-        err = value / case["published"] - 1
-        if reduced:
-            rec["batch_reduced_from"] = reduced
-        rec.update(supported=True, simulated=value, error=err, call=kw,
-                   notes=notes_of(case) + ([f"batch {kw['batch_size']} per rank (OOM at {reduced})"] if reduced else []),
-                   backend_version=res.backend_version, kv_cache_warning=res.kv_cache_warning,
-                   result={k: res.raw.get(k) for k in ("ttft", "tpot", "tokens/s/gpu", "tokens/s/user", "bs",
-                                                       "global_bs", "num_total_gpus", "parallel", "gemm",
-                                                       "kvcache", "fmha", "moe", "memory")},
-                   seconds=time.perf_counter() - t0)
-        records.append(rec)
-        print(f"  {case['id']:36s} {case['metric']:22s} published {case['published']:>9,.1f}  "
-              f"aiconfigurator {value:>9,.1f}  {err:+7.1%}", flush=True)
-    shutil.rmtree(models, ignore_errors=True)
-    out = {"peer": "aiconfigurator", "version": version, "api": "aiconfigurator.cli.api.cli_estimate",
-           "database_mode": "SILICON", "cases": records}
-    path = Path(args.out)
+    try:
+        for case in cases:
+            records.append(_record(case, estimate, peer, utils, models))
+    finally:
+        shutil.rmtree(models, ignore_errors=True)
+    return records
+
+
+def _record(case: dict, estimate, peer: str, utils: str, models: Path) -> dict:
+    kw, why = call_of(case, peer)
+    rec = {"id": case["id"], "split": case["split"], "metric": case["metric"], "published": case["published"]}
+    if kw is None:
+        rec.update(supported=False, reason=why)
+        if case["kind"] in E2E:
+            print(f"  {case['id']:36s} not supported: {why}", flush=True)
+        return rec
+    t0 = time.perf_counter()
+    hf_id, local = kw["model_path"], local_model(kw["model_path"], models, utils)
+    try:
+        kw, res, reduced = estimate_fitting(estimate, {**kw, "model_path": local})
+        kw = {**kw, "model_path": hf_id}  # recorded by name: the local folder is this run's temporary copy
+        value = figure(case, kw, res.raw)
+    except Exception as exc:  # noqa: BLE001 - the peer's own refusal (OOM, missing table, parallelism)
+        msg = " ".join(str(exc).replace(local, hf_id).split())[:300]
+        rec.update(supported=False, reason=f"{peer} raised {type(exc).__name__}: {msg}", call=kw)
+        print(f"  {case['id']:36s} not supported: {rec['reason'][:120]}", flush=True)
+        return rec
+    err = value / case["published"] - 1
+    if reduced:
+        rec["batch_reduced_from"] = reduced
+    rec.update(supported=True, simulated=value, error=err, call=kw,
+               notes=notes_of(case) + ([f"batch {kw['batch_size']} per rank (OOM at {reduced})"] if reduced else []),
+               backend_version=res.backend_version, kv_cache_warning=res.kv_cache_warning,
+               result={k: res.raw.get(k) for k in ("ttft", "tpot", "tokens/s/gpu", "tokens/s/user", "bs",
+                                                   "global_bs", "num_total_gpus", "parallel", "gemm",
+                                                   "kvcache", "fmha", "moe", "memory")},
+               seconds=time.perf_counter() - t0)
+    print(f"  {case['id']:36s} {case['metric']:22s} published {case['published']:>9,.1f}  "
+          f"{peer} {value:>9,.1f}  {err:+7.1%}", flush=True)
+    return rec
+
+
+def write_atomic(path: str | Path, doc: dict) -> None:
+    """``doc`` as JSON at ``path``, through a temporary file in the same folder (never half-written)."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(out, indent=1) + "\n")
+        f.write(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, path)
     print(f"wrote {path}")
+
+
+def peer_main(doc: str, out: Path, peer: str, load, hint: str, utils: str = "aiconfigurator_core.sdk.utils",
+              after=None) -> int:
+    """A peer script's command line (``--cases``, ``--out``, default ``out``): ``load()`` imports the peer and
+    returns its ``cli_estimate`` and the fields its file records (version, API), or raises ImportError (then
+    ``hint`` says how to install it); every case through :func:`run_cases`, then ``after(cases, records)``
+    where given (a further run of the same peer that adds to the records and returns fields for the file),
+    written by :func:`write_atomic`."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--cases", default=str(CASES))
+    ap.add_argument("--out", default=str(out))
+    args = ap.parse_args()
+    import yaml  # the script's only dependency besides the peer (every peer environment has it)
+
+    try:
+        estimate, fields = load()
+    except ImportError as exc:
+        print(f"error: {peer} is not installed ({exc}); {hint}", file=sys.stderr)
+        return 2
+    logging.disable(logging.WARNING)
+    cases = yaml.safe_load(Path(args.cases).read_text())
+    records = run_cases(cases, estimate, peer, utils)
+    more = after(cases, records) if after else {}
+    write_atomic(args.out, {"peer": peer, **fields, "database_mode": "SILICON", **more, "cases": records})
     return 0
+
+
+def _load():
+    import aiconfigurator  # the peer: optional, installed in the environment that runs this script
+    from aiconfigurator.cli.api import cli_estimate  # its public API
+
+    version = getattr(aiconfigurator, "__version__", None)
+    if version is None:
+        from importlib.metadata import version as _v  # only where the package does not say its version
+        version = _v("aiconfigurator")
+    return cli_estimate, {"version": version, "api": "aiconfigurator.cli.api.cli_estimate"}
+
+
+def main() -> int:
+    return peer_main(__doc__, OUT, "aiconfigurator", _load, "pip install 'aiconfigurator>=0.12,<0.13'")
 
 
 if __name__ == "__main__":

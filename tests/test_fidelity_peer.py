@@ -4,6 +4,8 @@ the shared-case count, and the reason given where the peer is closer; and the pe
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -56,9 +58,19 @@ def test_committed_results_carry_the_peer_for_every_case_the_peer_file_supports(
               and abs(r["peer"]["aiconfigurator"]["error"]) < abs(r["cv_error"])}  # moeplace held out
     assert {b["id"] for b in ps["peer_closer"]} == closer
     assert ps["moeplace_at_least_as_close"] == len(supported) - len(closer)
-    # aisimulate 0.13: run, or why not, in the same summary
+    # aisimulate 0.13 (its newest build on PyPI), joined the same way from its own file, both releases compared
     ais = ps["aisimulate"]
-    assert ais["peer"] == "aisimulate" and ais["version"] == "0.13.0" and (ais.get("run") or ais["why"])
+    theirs = json.loads((REPO / "bench" / "results" / "peer_aisimulate.json").read_text())
+    assert ais["peer"] == "aisimulate" and ais["run"] and ais["version"] == theirs["version"]
+    assert ais["version"].startswith("0.13.0") and "placeholder" in ais["index"]
+    supported = {r["id"]: r for r in theirs["cases"] if r.get("supported")}
+    assert ais["shared_cases"] == len(supported) > 0
+    for row in res["cases"]:
+        if row["id"] in supported:
+            assert row["peer"]["aisimulate"]["simulated"] == supported[row["id"]]["simulated"]
+    assert ais["versions"]["shared_cases"] == len(set(supported) & {r["id"] for r in peer["cases"] if r.get("supported")})
+    predicted = {r["id"]: r["predict"]["simulated"] for r in theirs["cases"] if (r.get("predict") or {}).get("supported")}
+    assert predicted and {c["id"]: c["predict"] for c in ais["predict"]["cases"]} == predicted
 
 
 def test_peer_mapping_follows_the_case_file():
@@ -134,3 +146,175 @@ def test_peer_takes_the_largest_batch_that_fits_where_the_case_batch_is_oom():
         peer.estimate_fitting(lambda **_: (_ for _ in ()).throw(RuntimeError("OOM: no")), {"batch_size": 64})
     with pytest.raises(ValueError):
         peer.estimate_fitting(lambda **_: (_ for _ in ()).throw(ValueError("no table")), {"batch_size": 64})
+
+
+def _peer_doc(name, version, figures, reasons=()):
+    """A peer file: ``figures`` {id: (simulated, call)}, ``reasons`` {id: why not supported}."""
+    cases = [{"id": i, "supported": True, "simulated": v, "call": call, "result": {}} for i, (v, call) in figures.items()]
+    cases += [{"id": i, "supported": False, "reason": why} for i, why in dict(reasons).items()]
+    return {"peer": name, "version": version, "cases": cases}
+
+
+def test_two_releases_of_the_peer_are_compared_on_the_cases_both_support():
+    """aiconfigurator 0.12 against aisimulate 0.13: medians of each and of moeplace (held out) on the cases
+    both support, overall and after the cut-off; a disagreement is a change of support or estimates more
+    than 1 % apart (hand-computed)."""
+    fid = load_bench("fidelity", "bench_fidelity_versions")
+    rows = [_row(i, "decode", "per_user_tok_s", 100.0, 100.0) for i in "abcdef"]
+    rows.append(_row("k", "gemm", "tflops", 900.0, 800.0))
+    for r, cv in zip(rows, [0.10, -0.20, 0.30, 0.40, 0.05, 0.0, 0.0]):
+        r["cv_error"], r["group"], r["after_cutoff"] = cv, "g" + r["id"], r["id"] == "e"
+    call = {"mode": "static_gen", "batch_size": 8}
+    old = _peer_doc("aiconfigurator", "0.12.0", {"a": (120.0, call), "b": (150.0, call), "c": (90.0, call),
+                                                 "e": (110.0, call), "k": (1.0, call)}, {"d": "no table"})
+    new = _peer_doc("aisimulate", "0.13.0.dev1", {"a": (120.5, call), "b": (75.0, {**call, "batch_size": 4}),
+                                                  "e": (104.0, call), "k": (1.0, call)},
+                    {"c": "aisimulate raised OOM", "d": "no table"})
+    v = fid.compare_versions(rows, old, new)
+    assert v["old"] == "aiconfigurator 0.12.0" and v["new"] == "aisimulate 0.13.0.dev1"
+    assert v["shared_cases"] == 3 and v["same_call"] == 2  # a, b, e; b's call differs
+    m = v["median_abs_error"]  # |errors| a, b, e: moeplace .10 .20 .05; 0.12: .20 .50 .10; 0.13: .205 .25 .04
+    assert (m["cases"], m["moeplace"], m["aiconfigurator"], m["aisimulate"]) == (3, pytest.approx(0.10),
+                                                                                pytest.approx(0.20), pytest.approx(0.205))
+    ac = v["after_cutoff"]
+    assert ac["cases"] == 1 and ac["aisimulate"] == pytest.approx(0.04) and ac["moeplace"] == pytest.approx(0.05)
+    assert v["by_kind"] == {"serving": None, "decode and prefill": m}  # every row here is a decode case
+    dis = {d["id"]: d for d in v["disagree"]}
+    assert set(dis) == {"b", "c", "e"}  # a: 120.5 / 120 is within 1 %; e: 104 / 110 is not
+    assert dis["b"]["ratio"] == pytest.approx(0.5) and not dis["b"]["same_call"]
+    assert dis["b"]["aiconfigurator_error"] == pytest.approx(0.5) and dis["b"]["aisimulate_error"] == pytest.approx(-0.25)
+    assert dis["c"] == {"id": "c", "supported_by": "aiconfigurator", "reason": "aisimulate raised OOM"}
+    assert v["not_run_by_both"] == [{"id": "f", "run_by": []}]
+    text = "\n".join(fid.peer_text({**fid.join_peer(rows, old), "aisimulate": {
+        **fid.join_peer(rows, new), "run": True, "index": "newest build", "versions": v}}))
+    assert "3 cases both support (2 with the same call)" in text and "disagree on c: only aiconfigurator supports it" in text
+
+
+def test_both_peers_join_side_by_side_and_a_missing_file_says_why(tmp_path):
+    """peer_summary_of: each peer's entry on the row (re-joining one keeps the other), aisimulate's summary with
+    its run's details and the comparison; without its file, a record saying why."""
+    fid = load_bench("fidelity", "bench_fidelity_both_peers")
+    rows = [_row("a", "decode", "per_user_tok_s", 100.0, 110.0), _row("b", "decode", "per_user_tok_s", 100.0, 80.0)]
+    for r in rows:
+        r["cv_error"], r["group"] = r["error"], "g"
+    old = _peer_doc("aiconfigurator", "0.12.0", {"a": (130.0, {}), "b": (95.0, {})})
+    new = _peer_doc("aisimulate", "0.13.0.dev1", {"a": (105.0, {})}, {"b": "aisimulate raised KeyError"})
+    ps = fid.peer_summary_of(rows, old, {**new, "run": True, "api": "x.cli_estimate", "index": "placeholder note"})
+    assert rows[0]["peer"]["aiconfigurator"]["error"] == pytest.approx(0.3)
+    assert rows[0]["peer"]["aisimulate"]["error"] == pytest.approx(0.05)
+    assert rows[1]["peer"]["aisimulate"] == {"supported": False, "reason": "aisimulate raised KeyError"}
+    ais = ps["aisimulate"]
+    assert (ais["shared_cases"], ais["moeplace_at_least_as_close"], ais["api"]) == (1, 0, "x.cli_estimate")
+    assert ais["median_abs_error"] == {"moeplace": pytest.approx(0.10), "aisimulate": pytest.approx(0.05)}
+    assert ais["versions"]["shared_cases"] == 1 and ais["versions"]["disagree"][-1]["supported_by"] == "aiconfigurator"
+    assert ps["shared_cases"] == 2 and ps["moeplace_at_least_as_close"] == 1  # b: moeplace -20 %, peer -5 %
+    fid.join_peer(rows, old)  # --peer-only re-joins aiconfigurator: aisimulate's entries stay
+    assert "aisimulate" in rows[0]["peer"] and "aiconfigurator" in rows[1]["peer"]
+    fid.join_peer(rows, {**old, "cases": []})  # a peer that no longer lists a case: its entry goes, the other stays
+    assert set(rows[0]["peer"]) == {"aisimulate"}
+    gone = fid.aisimulate_status(tmp_path / "peer_aisimulate.json")
+    assert gone["run"] is False and "peer_aisimulate.json is absent" in gone["why"]
+    assert fid.peer_summary_of(rows, old, gone)["aisimulate"] is gone
+
+
+def test_aisimulate_runs_the_aiconfigurator_mapping_naming_itself(monkeypatch, tmp_path):
+    """bench/peer_aisimulate.py gives aisimulate the call bench/peer_aiconfigurator.py gives aiconfigurator
+    (its functions, imported), records the call by model name, and names itself in every refusal; no
+    aisimulate needed: the peer's ``cli_estimate`` and its model-config module are stand-ins."""
+    import types
+
+    ais = load_bench("peer_aisimulate", "bench_peer_aisimulate")
+    aic = sys.modules["peer_aiconfigurator"]  # what the aisimulate script imported
+    assert ais.run_cases is aic.run_cases and ais.UTILS == "aisimulate_core.sdk.utils"
+    utils = types.ModuleType("fake_peer_utils")
+    utils.DefaultHFModels = {"deepseek-ai/DeepSeek-R1"}  # resolved by name; DeepSeek-V3 from a shipped config
+    utils._get_model_config_path = lambda: tmp_path
+    (tmp_path / "deepseek-ai--DeepSeek-V3_config.json").write_text('{"architectures": ["DeepseekV3ForCausalLM"]}')
+    monkeypatch.setitem(sys.modules, "fake_peer_utils", utils)
+    cases = {c["id"]: c for c in yaml.safe_load((REPO / "bench" / "fidelity_cases.yaml").read_text())}
+    calls = []
+
+    def estimate(**kw):
+        calls.append(kw)
+        if kw["system_name"] == "h100_sxm":  # the peer sees a local folder holding the shipped config
+            assert (Path(kw["model_path"]) / "config.json").read_text().startswith('{"architectures"')
+            raise KeyError(f"no table for {kw['model_path']}")
+        raw = {"tokens/s/user": 300.0, "tpot": 3.3}
+        return types.SimpleNamespace(raw=raw, backend_version="1.3.0rc20", kv_cache_warning=None)
+
+    picked = [cases[i] for i in ("trtllm-b200-min-latency", "lmsys-h100-prefill-ep32-4k", "deepseek-day6-decode-ep144")]
+    recs = ais.run_cases(picked, estimate, "aisimulate", "fake_peer_utils")
+    want, _ = aic.call_of(picked[0], "aisimulate")
+    assert calls[0] == want and recs[0]["call"] == want  # the mapping's call, unchanged
+    assert recs[0]["simulated"] == 300.0 and recs[0]["error"] == pytest.approx(300.0 / picked[0]["published"] - 1)
+    # recorded by model name, not by the run's temporary folder
+    assert recs[1]["reason"] == "aisimulate raised KeyError: 'no table for deepseek-ai/DeepSeek-V3'"
+    assert recs[1]["call"]["model_path"] == "deepseek-ai/DeepSeek-V3" and not recs[1]["supported"]
+    assert recs[2]["reason"] == "no H800 tables in aisimulate" and len(calls) == 2
+
+
+def test_aisimulate_predict_maps_each_serving_case_by_one_rule():
+    """bench/peer_aisimulate.py's predict configuration: the estimate's deployment and resolved dtypes, the case's
+    batch per rank as the sequence cap (not the estimate's OOM-reduced batch), its concurrency, 8 requests per
+    slot; decode cases and cases the estimate refused are not run; the figure from predict's summary."""
+    ais = load_bench("peer_aisimulate", "bench_peer_aisimulate_predict")
+    aic = sys.modules["peer_aiconfigurator"]
+    cases = {c["id"]: c for c in yaml.safe_load((REPO / "bench" / "fidelity_cases.yaml").read_text())}
+    case = cases["trtllm-b200-max-throughput-fp8kv"]
+    kw, _ = aic.call_of(case, "aisimulate")
+    rec = {"supported": True, "call": {**kw, "batch_size": 500}, "backend_version": "1.3.0rc20",
+           "result": {"gemm": "fp8_block", "moe": "nvfp4", "fmha": "bfloat16", "kvcache": "fp8"}}
+    cfg, why = ais.predict_config(case, rec, "/tmp/model")
+    eng, w = cfg["engine"], cfg["engine"]["workers"]["aggregated"]
+    assert why is None and (eng["hardware"], eng["backend"], eng["backend_version"]) == ("b200_sxm", "trtllm", "1.3.0rc20")
+    assert w["parallelism"] == {"tensor": 1, "attention_data": 8, "moe_tensor": 1, "moe_expert": 8}
+    assert w["scheduler"] == {"max_batched_tokens": 2048, "max_sequences": 896}  # the case's cap, not the 500
+    assert w["kv_cache"] == {"capacity": {"memory_fraction": 0.93}} and eng["moe_quant_mode"] == "nvfp4"
+    assert cfg["traffic"] == {"source": {"type": "synthetic", "input_tokens": 1024, "output_tokens": 2048},
+                              "load": {"type": "concurrency", "concurrency": 7168}, "stop": {"requests": 8 * 7168}}
+    decode = cases["trtllm-b200-min-latency"]
+    assert ais.predict_config(decode, rec, "m")[0] is None
+    assert ais.predict_config(case, {"supported": False}, "m") == (None, ("the estimate, on the same tables, does "
+                                                                          "not support the case"))
+    summary = {"output_throughput_tok_s": 40_000.0, "total_throughput_tok_s": 60_000.0,
+               "median_output_token_throughput_per_user": 12.5}
+    assert ais.predict_figure(case, summary) == pytest.approx(5_000.0)  # per GPU of 8
+    assert ais.predict_figure(cases["vllm-k3-gb300-tp8-bs1"], summary) == 12.5
+    assert ais.predict_figure(cases["vllm-recipe-kimi-k2-thinking-h200-tp8"], summary) == 60_000.0
+
+
+def test_predict_summary_sets_predict_beside_the_estimate_and_moeplace():
+    fid = load_bench("fidelity", "bench_fidelity_predict")
+    rows = [_row(i, "serve", "output_tok_s", 100.0, 100.0) for i in "abce"] + [_row("d", "decode", "per_user_tok_s",
+                                                                                   10.0, 10.0)]
+    for r, cv in zip(rows, [0.1, -0.3, 0.2, 0.0, 0.0]):
+        r["cv_error"], r["after_cutoff"] = cv, r["id"] == "c"
+    aisim = {"peer": "aisimulate", "cases": [
+        {"id": "a", "supported": True, "simulated": 150.0, "predict": {"supported": True, "simulated": 90.0}},
+        {"id": "b", "supported": True, "simulated": 80.0, "predict": {"supported": True, "simulated": 140.0}},
+        {"id": "c", "supported": True, "simulated": 100.0, "predict": {"supported": True, "simulated": 125.0}},
+        {"id": "e", "supported": True, "simulated": 100.0, "predict": {"supported": False, "reason": "no KV budget"}},
+        {"id": "d", "supported": True, "simulated": 10.0, "predict": {"supported": False, "reason": "not a serving run"}}]}
+    pm = fid.predict_summary(rows, aisim)
+    m = pm["median_abs_error"]  # |errors| moeplace .1 .3 .2; estimate .5 .2 0; predict .1 .4 .25
+    assert (m["cases"], m["moeplace"], m["estimate"], m["predict"]) == (3, pytest.approx(0.2), pytest.approx(0.2),
+                                                                        pytest.approx(0.25))
+    assert pm["after_cutoff"]["cases"] == 1 and pm["after_cutoff"]["predict"] == pytest.approx(0.25)
+    assert pm["not_run"] == [{"id": "e", "reason": "no KV budget"}]  # a serving case it refused; d is no serving run
+    assert fid.predict_summary(rows, {"cases": [{"id": "a", "supported": True, "simulated": 1.0}]}) is None
+
+
+def test_peer_only_recomputes_the_committed_peer_summary(tmp_path, capsys):
+    """``bench/fidelity.py --peer-only`` on a copy of the committed results, from the committed peer files,
+    gives back the committed ``peer_summary`` and per-case peer entries (what the README / docs figures show),
+    and touches nothing else."""
+    fid = load_bench("fidelity", "bench_fidelity_peer_only")
+    results = REPO / "bench" / "results"
+    committed = json.loads((results / "fidelity.json").read_text())
+    out = tmp_path / "fidelity.json"
+    stale = {**committed, "peer_summary": None, "cases": [{k: v for k, v in r.items() if k != "peer"}
+                                                           for r in committed["cases"]]}
+    out.write_text(json.dumps(stale))
+    assert fid.peer_only(out, results / "peer_aiconfigurator.json", results / "peer_aisimulate.json") == 0
+    assert json.loads(out.read_text()) == committed
+    assert "aiconfigurator 0.12.0 vs aisimulate 0.13.0" in capsys.readouterr().out
