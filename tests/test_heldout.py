@@ -417,6 +417,34 @@ def test_the_pivot_is_the_mixture_it_states():
     assert h == pytest.approx(t80(D - 1) * np.sqrt(0.01 * (1 + 1 / D)), rel=2e-3)  # no noise: Student-t
 
 
+def test_every_wide_range_says_what_would_narrow_it():
+    """format_shift prints what would narrow a range too wide to plan with for every policy whose range is
+    (the written policy's first), once where the policies' lines agree, and nothing for a narrow range."""
+    from types import SimpleNamespace
+
+    from moeplace.placement.report import format_shift
+    from moeplace.placement.shift import narrower, prediction_interval
+
+    def result(policy, per):
+        r = prediction_interval(per)
+        r.update(narrower=narrower(r, "dataset"))
+        return SimpleNamespace(policy=policy, shift={"by_tag": {"dataset": r}, "coverage": 0.8, "versus": {}})
+
+    g = ({"key": "dataset", "what": "a new dataset", "how": "tags", "groups": ["a", "b", "c"]},)
+    cmp = SimpleNamespace(results=[result("eplb", [0.45, 0.65, 0.85]), result("moeplace", [0.70, 0.71, 0.72])],
+                          shift_groupings=g, shift_cost="3 plans")
+    lines = format_shift(cmp, "moeplace")
+    assert [x.split(":")[0].strip() for x in lines if "wide:" in x] == ["eplb"]  # moeplace's is narrow
+    assert "however many are planned on" in next(x for x in lines if "wide:" in x)
+    cmp.results.append(result("linear", [0.40, 0.55, 0.80]))
+    cmp.results[1] = result("moeplace", [0.58, 0.64, 0.70])
+    wide = [x.split(":")[0].strip() for x in format_shift(cmp, "moeplace") if "wide:" in x]
+    assert wide == ["moeplace", "eplb", "linear"]
+    two = SimpleNamespace(results=[result("eplb", [0.5, 0.6]), result("moeplace", [0.5, 0.6])], shift_groupings=g,
+                          shift_cost="2 plans")
+    assert sum("range needs 3" in x for x in format_shift(two, "moeplace")) == 1  # the same line once
+
+
 def _tagged(model, tmp_path, datasets=3, langs=2, per_window=60, windows=2):
     """One Loads file per (dataset, language), tags in its metadata; each dataset favours its own experts,
     each language shifts a few more."""

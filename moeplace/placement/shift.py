@@ -13,7 +13,8 @@ domain tags; a single untagged input, contiguous runs of its windows.
 written placement's settings and scored on the group; the figure for a grouping is the mean over its
 groups, the range an 80 % prediction interval for one more group (:func:`prediction_interval`: the
 left-out groups' order statistics where there are enough of them to give a distribution-free 80 %, else a
-Student-t interval). Paired differences between policies (:func:`versus`) use the same left-out groups.
+Student-t interval, or on a layer sample a generalized pivot that takes the sample's own noise out:
+:func:`pivot_half_width`). Paired differences between policies (:func:`versus`) use the same left-out groups.
 
 *Deterministic*: the MoE layers are all of them or a sample chosen by seed and count
 (:func:`shift_layers`), never by elapsed time; a time limit can only omit the estimate, not change it.
