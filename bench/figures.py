@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -1075,52 +1074,48 @@ def _seeds(seed) -> str:
 
 
 def shift_coverage() -> str:
-    """docs/placement.md: coverage and median width of the shift estimate's 80 % ranges, before issue 45's
-    estimate and after it, per mode, policy and kind of new workload (bench/shift_coverage.py)."""
-    after, before = _results("shift_coverage"), _results("shift_coverage_before")
-    fresh = _results("shift_coverage_fresh")
-    keys = list(dict.fromkeys([*after["summary"], *before["summary"]]))
-    lines = [("| inputs | policy | new | before: coverage (inside/ranged), median width | after, the same data | "
-              "after, every data set | after, per data set | after, fresh data sets (its ranges as sampled) |"),
-             "|---|---|---|---|---|---|---|---|"]
+    """docs/placement.md: coverage and median width of the shift estimate's 80 % ranges per mode, policy and
+    kind of new workload (bench/shift_coverage.py): before issue 45's estimate, its previous form (the
+    floored spread) on the committed data sets and on fresh draws, and the current one (the pivot) on fresh
+    draws made after it was chosen."""
+    before, prev = _results("shift_coverage_before"), _results("shift_coverage_floored")
+    prev_fresh, now = _results("shift_coverage_fresh"), _results("shift_coverage_fresh67")
+    keys = list(dict.fromkeys([*now["summary"], *before["summary"]]))
+    lines = [("| inputs | policy | new | before issue 45 | previous (floored spread) | previous, fresh draws "
+              f"{_seeds(prev_fresh['data_seed'])} | now (pivot), fresh draws {_seeds(now['data_seed'])} | now, per "
+              "data set |"), "|---|---|---|---|---|---|---|---|"]
     for key in keys:
         mode, policy, target = key.split(" | ")
-        a, b = after["summary"].get(key), before["summary"].get(key)
-        same = [x for x in after["rows"] if x["target"] != "summary" and x["data"] in before["data"]
-                and f"{x['mode']} | {x['policy']} | {x['target']}" == key and x["range"] is not None]
-        inside = sum(x["inside"] for x in same)
-        same_cell = (f"{inside / len(same):.0%} ({inside}/{len(same)}), "
-                     f"{statistics.median(x['width'] for x in same):.2f}" if same else "–")
+        a = now["summary"].get(key)
         per = "; ".join(f"{d} {_cov(v)}" for d, v in (a or {}).get("by_data", {}).items())
-        f, fs = fresh["summary"].get(key), fresh.get("summary_as_sampled", {}).get(key)
-        lines.append(f"| {mode} | {policy} | {'dataset' if target == 'dataset' else 'language'} | {_cov(b)} | "
-                     f"{same_cell} | {_cov(a)} | {per} | {_cov(f)} ({_cov(fs)}) |")
+        lines.append(f"| {mode} | {policy} | {'dataset' if target == 'dataset' else 'language'} | "
+                     f"{_cov(before['summary'].get(key))} | {_cov(prev['summary'].get(key))} | "
+                     f"{_cov(prev_fresh['summary'].get(key))} | {_cov(a)} | {per} |")
     rank = []
-    for k, v in after["ranking"].items():
+    for k, v in now["ranking"].items():
         rank.append(f"{k.replace(' | ', ', ')}: estimated sign right in {v['sign_right']} of {v['splits']} splits, "
                     f"range excludes 0 in {v['decisive']} (right in {v['decisive_right']})")
-    rank_b = [f"{k.replace(' | ', ', ')}: {v['sign_right']} of {v['splits']}" for k, v in before["ranking"].items()]
 
     def how(r: dict) -> str:
         return (", ".join(f"{d} {n} splits" for d, n in r["splits"].items()) +
                 f"; load average {r['loadavg_start'][0]:.1f} at the start")
+
+    def sure(r: dict) -> str:
+        return "; ".join(f"{k.split(' | ')[1]} {v['coverage']['value']:.0%} [{v['coverage']['interval'][0]:.0%}, "
+                         f"{v['coverage']['interval'][1]:.0%}]" for k, v in r["calibration"].items()
+                         if k.startswith("tagged") and k.endswith("dataset"))
     every = _results("shift_coverage_all_layers")
     all_cells = "; ".join(f"{k.split(' | ')[1]} {_cov(v)}" for k, v in every["summary"].items()
                           if k.startswith("tagged") and k.endswith("dataset"))
-    return ("\n".join(lines) + f"\n\n`python bench/shift_coverage.py` (after: {how(after)}; before: the same "
-            f"bench on the estimate before issue 45, {how(before)}). Each cell: the share of realized figures "
-            "inside their printed range (nominal 80 %), of the points that had a range, and the ranges' median "
-            "width. Moeplace against EPLB, after: " + "; ".join(rank) + ". Before (points only, no range): sign "
-            "right in " + "; ".join(rank_b) + ". The synthetic set with every layer in the estimate "
-            f"(`--shift-layers all`, {how(every)}), tagged, a new dataset: {all_cells}. Fresh data sets: the "
-            f"same bench with `--data-seed` {_seeds(fresh['data_seed'])} (new draws of every construction, made after "
-            f"the estimate was settled: {how(fresh)}); in brackets the same run's ranges as sampled (the layer "
-            "sample's own noise left in the groups' spread, as the estimate before it). How sure the fresh "
-            "coverage figures are (90 % intervals, splits bootstrapped), tagged, a new dataset: "
-            + "; ".join(f"{k.split(' | ')[1]} {v['coverage']['value']:.0%} [{v['coverage']['interval'][0]:.0%}, "
-                        f"{v['coverage']['interval'][1]:.0%}]" for k, v in fresh["calibration"].items()
-                        if k.startswith("tagged") and k.endswith("dataset")) + ".\n")
-
+    return ("\n".join(lines) + "\n\n`python bench/shift_coverage.py` on the committed data sets (previous: "
+            f"{how(prev)}; before: the same bench on the estimate before issue 45, {how(before)}) and with "
+            f"`--data-seed` (fresh draws of every construction, each made after the estimate it checks was settled; "
+            f"previous: {how(prev_fresh)}; now: {how(now)}). Each cell: the share of realized figures inside their "
+            "printed range (nominal 80 %), of the points that had a range, and the ranges' median width. How sure "
+            "the fresh coverage figures are (90 % intervals, splits bootstrapped), tagged, a new dataset: now "
+            f"{sure(now)}; previous {sure(prev_fresh)}. Moeplace against EPLB on the fresh draws, now: "
+            + "; ".join(rank) + ". The synthetic set with every layer in the estimate (`--shift-layers all`: no "
+            f"layer sample, the same range before and now; {how(every)}), tagged, a new dataset: {all_cells}.\n")
 
 
 # ---------------------------------------------------------------------------- calibration (place calibrate)

@@ -20,10 +20,11 @@ no layer sample) and scored on every dataset not in ``S``, ``b(S, t)``. Per ``n`
 And the shift estimate replayed, for every planning set of ``D = 3`` datasets (``D = 4`` too, every
 layer only, where sizes 3 and 4 were planned), against the written plan's figure on each dataset it did not
 see: coverage, the root mean square of ``z`` (the error over the range's half-width), the median width.
-Three ways (``replay_tool``): on every layer; on the layers the tool's default estimate samples (the
-tagged estimate's folds, ``--seed 0``), exactly as the tool prints it (on fresh draws 2-5 this reproduces
-the printed ranges of ``bench/shift_coverage.py``); and on that sample without the floor on the spread
-(``group_figures(..., floor=False)``: where the excess coverage comes from, not what the tool prints). The paired
+Four ways (``replay_tool``): on every layer; on the layers the tool's default estimate samples (the
+tagged estimate's folds, ``--seed 0``), exactly as the tool prints it (the pivot of issue 45); and on that
+sample, the estimate before the pivot (:func:`previous_range`, main 6857d12: on fresh draws 2-5 it
+reproduced the printed ranges of ``bench/shift_coverage.py`` exactly) with the floor on its spread and
+without it (where its excess coverage came from). Neither of the last two is what the tool prints. The paired
 differences (``moeplace - eplb``) are replayed the same way.
 
     .venv/bin/python bench/shift_planning_groups.py [--data olmoe,synthetic,synthetic-4lang,captured]
@@ -54,7 +55,7 @@ from _timing import loadavg, write_result
 
 from moeplace.placement.evaluate import evaluate
 from moeplace.placement.policies import PlacementProblem, get_policy
-from moeplace.placement.shift import _clip, group_figures, shift_layers, t80
+from moeplace.placement.shift import _clip, group_figures, layer_sample_of, shift_layers, t80
 from moeplace.placement.windows import routing_windows
 
 RUNS = {"eplb": ("eplb", {}), "moeplace": ("moeplace", {}), "moeplace --robust": ("moeplace", {"robust": True})}
@@ -183,18 +184,31 @@ def tool_layers(L: int, folds: int) -> np.ndarray:
     return shift_layers(loads_like, folds, "auto", 0)
 
 
-def replay_tool(b: dict, layer: dict, D: int, sample: np.ndarray, floor: bool = True,
-                bounds: tuple[float, float] = (0.0, 1.0)) -> dict:
-    """The tool's own range (:func:`group_figures`: the layer sample's ``se`` and the sample noise taken
-    out of the spread; clipped to ``bounds`` as the tool clips it) on the layers ``sample``, for every
-    planning set of ``D`` datasets, against the written plan's figure over every layer on each dataset it
-    did not see; ``floor=False``: the same without the floor on the spread."""
+def previous_range(per_layer: np.ndarray, active: int, floor: bool = True) -> list[float]:
+    """The range the estimate printed before issue 45's pivot (main 6857d12), replayed for the record: the
+    Student-t range over the groups' spread less the sample's noise, held at least at the floor
+    ``sigma2_gl / active`` (``floor=False``: not held, as low as 0). Not what ``place optimize`` prints."""
+    se, sample = layer_sample_of(per_layer, active)
+    per = np.nanmean(per_layer, axis=1)
+    s2 = float(np.var(per, ddof=1))
+    if sample is not None:
+        s2 = max(s2 - sample.noise, sample.interaction / active if floor else 0.0, 0.0)
+    h = t80(per.size - 1) * math.sqrt(s2 * (1 + 1 / per.size) + se * se)
+    return [float(per.mean()) - h, float(per.mean()) + h]
+
+
+def replay_tool(b: dict, layer: dict, D: int, sample: np.ndarray, bounds: tuple[float, float] = (0.0, 1.0),
+                estimate=None) -> dict:
+    """The tool's own range (:func:`group_figures`: the layer sample's ``se`` and its noise taken out of
+    the spread; clipped to ``bounds`` as the tool clips it) on the layers ``sample``, for every planning set
+    of ``D`` datasets, against the written plan's figure over every layer on each dataset it did not see;
+    ``estimate(per_layer, active) -> [lo, hi]`` replays another range instead (:func:`previous_range`)."""
     inside, z, widths = [], [], []
     L = next(iter(next(iter(layer.values())).values())).size
     for S in (S for S in b if len(S) == D):
         per_layer = np.array([layer[tuple(j for j in S if j != i)][i][sample] for i in S])
-        r = _clip(group_figures(per_layer, L, floor=floor), *bounds)
-        lo, hi = r["range"]
+        rng = group_figures(per_layer, L)["range"] if estimate is None else estimate(per_layer, L)
+        lo, hi = _clip({"range": rng}, *bounds)["range"]
         for y in b[S].values():
             inside.append(lo <= y <= hi)
             z.append((y - (lo + hi) / 2) / ((hi - lo) / 2) if hi > lo else (0.0 if lo == y else math.inf))
@@ -203,17 +217,20 @@ def replay_tool(b: dict, layer: dict, D: int, sample: np.ndarray, floor: bool = 
             "rms_z": float(np.sqrt(np.mean(np.square(z)))), "median_width": float(np.median(widths))}
 
 
-TOOL_KINDS = ("every layer", "the tool's sample", "the tool's sample, spread not floored")
+TOOL_KINDS = ("every layer", "the tool's sample", "the tool's sample, before (floored spread)",
+              "the tool's sample, before, spread not floored")
 
 
 def tool_replays(run: str, b: dict, layer: dict, sample: np.ndarray) -> dict:
-    """The tool's range replayed on every layer, on its own layer sample, and on its sample without the
-    floor on the spread (:func:`replay_tool`)."""
+    """The tool's range replayed on every layer and on its own layer sample; and the previous estimate on
+    that sample, with and without the floor on its spread (:func:`replay_tool`, :func:`previous_range`)."""
     L = next(iter(next(iter(layer.values())).values())).size
     bounds = (-1.0, 1.0) if " - " in run else (0.0, 1.0)  # a difference, or a figure
-    return dict(zip(TOOL_KINDS, (replay_tool(b, layer, 3, np.arange(L), bounds=bounds),
-                                 replay_tool(b, layer, 3, sample, bounds=bounds),
-                                 replay_tool(b, layer, 3, sample, floor=False, bounds=bounds))))
+    return dict(zip(TOOL_KINDS, (
+        replay_tool(b, layer, 3, np.arange(L), bounds=bounds),
+        replay_tool(b, layer, 3, sample, bounds=bounds),
+        replay_tool(b, layer, 3, sample, bounds=bounds, estimate=previous_range),
+        replay_tool(b, layer, 3, sample, bounds=bounds, estimate=lambda p, a: previous_range(p, a, floor=False)))))
 
 
 def _keyed(r: dict) -> tuple[dict, dict]:

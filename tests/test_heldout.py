@@ -369,34 +369,80 @@ def test_prediction_interval_student_t_below_nine_groups_ranks_from_nine():
     assert narrower(prediction_interval([0.70, 0.71, 0.72]), "dataset") is None
 
 
-def test_a_layer_samples_own_noise_leaves_the_groups_spread():
+def test_a_layer_samples_range_holds_its_coverage_whatever_the_groups_spread():
     """The groups' figures on k sampled layers of L vary by their figures over every layer (what a new
-    group's figure does: the written placement is scored on every layer) plus the layer sample's noise;
-    group_figures takes the noise out (the interaction's ANOVA mean square x (1/k - 1/L)) instead of
-    counting it twice. Over many draws the corrected variance is unbiased; the raw one is not."""
+    group's figure does: the written placement is scored on every layer) plus the layer sample's noise. The
+    pivot takes the noise out with both mean squares' uncertainty: in the two-way model the range holds a
+    new group's figure over every layer ~80 % of the time both where the groups differ only by their
+    interaction terms (where the earlier floored spread held ~90 %) and where they differ by much more."""
     from moeplace.placement.shift import group_figures, prediction_interval
 
-    rng = np.random.default_rng(0)
-    D, L, k, sd_g, sd_gl = 3, 8, 3, 0.02, 0.06
-    raw, fixed, truth = [], [], []
-    for _ in range(3000):
-        full = 0.6 + rng.normal(0, sd_g, (D, 1)) + rng.normal(0, 0.03, (1, L)) + rng.normal(0, sd_gl, (D, L))
-        r = group_figures(full[:, rng.choice(L, k, replace=False)], L)
-        raw.append(r["spread_sampled_layers"] ** 2)
-        fixed.append(r["spread"] ** 2)
-        truth.append(full.mean(axis=1).var(ddof=1))  # the groups' spread over every layer
-    # the raw variance is sigma_g^2 + sigma_gl^2 / k, ~1.9x the truth here; the corrected one is unbiased
-    # before it is held at its floor sigma_gl^2 / L (the groups' figures over every layer vary at least by
-    # their own interaction terms' mean), which leaves it above the truth (~1.5x here, the safe side) and
-    # never 0 (a range of the layer sample's se alone)
-    assert np.mean(raw) > 1.7 * np.mean(truth)
-    assert np.mean(truth) < np.mean(fixed) < 0.85 * np.mean(raw)
-    assert min(fixed) > 0
-    # every layer: nothing to take out, the figures' own spread (the interval as before)
+    D, L, k, sd_gl = 3, 8, 3, 0.06
+    for sd_g in (0.0, 0.06):
+        rng = np.random.default_rng(0)
+        inside = []
+        for _ in range(600):
+            full = (0.6 + rng.normal(0, sd_g, (D + 1, 1)) + rng.normal(0, 0.03, (1, L))
+                    + rng.normal(0, sd_gl, (D + 1, L)))  # D left-out groups and one new one
+            lo, hi = group_figures(full[:D][:, rng.choice(L, k, replace=False)], L)["range"]
+            inside.append(lo <= full[D].mean() <= hi)
+        assert 0.74 <= np.mean(inside) <= 0.87, (sd_g, np.mean(inside))
+    # every layer: nothing to take out, the figures' own spread (the Student-t range)
     full = rng.normal(0.6, 0.05, (D, L))
     r = group_figures(full, L)
     assert "spread_sampled_layers" not in r and r["layer_sample_se"] == 0
     assert r["range"] == pytest.approx(prediction_interval(full.mean(axis=1).tolist())["range"])
+
+
+def test_the_pivot_is_the_mixture_it_states():
+    """pivot_half_width against a Monte Carlo of its own definition (random chi-square draws instead of the
+    fixed grid); where the groups' figures differ by more than the sample's noise the range is wider than
+    the sample's se alone, and with no interaction it is Student-t's."""
+    from moeplace.placement.shift import LayerSample, pivot_half_width, t80
+
+    rng = np.random.default_rng(3)
+    D, se = 3, 0.01
+    sample = LayerSample(interaction=0.02, df=4, k=3, active=8)  # noise 0.02 (1/3 - 1/8) = 0.0042
+    for between in (0.0004, 0.004, 0.04):
+        h, s = pivot_half_width(between, D, sample, se)
+        n = 400_000
+        V = np.maximum((D - 1) * between / rng.chisquare(D - 1, n) * (1 + 1 / D)
+                       - (1 / 3 - 1 / 8) * 4 * 0.02 / rng.chisquare(4, n), 0.0) + se * se
+        y = rng.standard_normal(n) * np.sqrt(V)
+        assert h == pytest.approx(np.quantile(np.abs(y), 0.8), rel=0.01)
+        # the spread it reports: a Student-t range's as wide (0 where even the se alone gives a wider one)
+        assert t80(D - 1) * np.sqrt(s * s * (1 + 1 / D) + se * se) == pytest.approx(max(h, t80(D - 1) * se))
+    assert pivot_half_width(0.004, D, sample, 0.0)[0] > 0.03  # spread about the noise: a real range, no se
+    h, _ = pivot_half_width(0.01, D, LayerSample(interaction=0.0, df=4, k=3, active=8), 0.0)
+    assert h == pytest.approx(t80(D - 1) * np.sqrt(0.01 * (1 + 1 / D)), rel=2e-3)  # no noise: Student-t
+
+
+def test_every_wide_range_says_what_would_narrow_it():
+    """format_shift prints what would narrow a range too wide to plan with for every policy whose range is
+    (the written policy's first), once where the policies' lines agree, and nothing for a narrow range."""
+    from types import SimpleNamespace
+
+    from moeplace.placement.report import format_shift
+    from moeplace.placement.shift import narrower, prediction_interval
+
+    def result(policy, per):
+        r = prediction_interval(per)
+        r.update(narrower=narrower(r, "dataset"))
+        return SimpleNamespace(policy=policy, shift={"by_tag": {"dataset": r}, "coverage": 0.8, "versus": {}})
+
+    g = ({"key": "dataset", "what": "a new dataset", "how": "tags", "groups": ["a", "b", "c"]},)
+    cmp = SimpleNamespace(results=[result("eplb", [0.45, 0.65, 0.85]), result("moeplace", [0.70, 0.71, 0.72])],
+                          shift_groupings=g, shift_cost="3 plans")
+    lines = format_shift(cmp, "moeplace")
+    assert [x.split(":")[0].strip() for x in lines if "wide:" in x] == ["eplb"]  # moeplace's is narrow
+    assert "however many are planned on" in next(x for x in lines if "wide:" in x)
+    cmp.results.append(result("linear", [0.40, 0.55, 0.80]))
+    cmp.results[1] = result("moeplace", [0.58, 0.64, 0.70])
+    wide = [x.split(":")[0].strip() for x in format_shift(cmp, "moeplace") if "wide:" in x]
+    assert wide == ["moeplace", "eplb", "linear"]
+    two = SimpleNamespace(results=[result("eplb", [0.5, 0.6]), result("moeplace", [0.5, 0.6])], shift_groupings=g,
+                          shift_cost="2 plans")
+    assert sum("range needs 3" in x for x in format_shift(two, "moeplace")) == 1  # the same line once
 
 
 def _tagged(model, tmp_path, datasets=3, langs=2, per_window=60, windows=2):

@@ -58,12 +58,17 @@ def test_tool_layers_are_the_default_estimates_sample():
     assert b.tool_layers(4, 5).size == 3 and b.tool_layers(3, 5).size == 3
 
 
-def test_without_the_floor_the_samples_noise_is_taken_out_alone():
+def test_the_previous_estimate_is_replayed_as_it_printed():
     # 3 groups x 2 sampled of 4 layers; per-group means 0.6, 0.5, 0.55 (variance 0.0025), layer means equal
     # (se 0); interaction mean square 0.04 / 2 = 0.02: noise 0.02 (1/2 - 1/4) = 0.005, floor 0.02 / 4 = 0.005
+    b = load_bench("shift_planning_groups")
     per_layer = np.array([[0.5, 0.7], [0.6, 0.4], [0.55, 0.55]])
-    tool = group_figures(per_layer, 4)
-    assert tool["spread"] == pytest.approx(math.sqrt(0.005))  # 0.0025 - 0.005 < 0: the floor
-    assert tool["range"][1] - tool["range"][0] == pytest.approx(2 * 1.8856 * math.sqrt(0.005 * 4 / 3), rel=1e-4)
-    bare = group_figures(per_layer, 4, floor=False)  # what the bench replays as "spread not floored"
-    assert bare["spread"] == 0.0 and bare["range"] == [pytest.approx(0.55), pytest.approx(0.55)]
+    lo, hi = b.previous_range(per_layer, 4)  # 0.0025 - 0.005 < 0: the floor
+    assert hi - lo == pytest.approx(2 * 1.8856 * math.sqrt(0.005 * 4 / 3), rel=1e-4)
+    assert b.previous_range(per_layer, 4, floor=False) == [pytest.approx(0.55), pytest.approx(0.55)]  # collapsed
+    # the tool's pivot: neither the floor nor a collapse
+    tool = group_figures(per_layer, 4)["range"]
+    assert 0 < tool[1] - tool[0] < hi - lo and sum(tool) / 2 == pytest.approx(0.55)
+    # every layer: all three are the same Student-t range
+    full = np.array([[0.5, 0.7, 0.6, 0.6], [0.6, 0.4, 0.5, 0.5], [0.55, 0.55, 0.5, 0.6]])
+    assert b.previous_range(full, 4) == pytest.approx(group_figures(full, 4)["range"])

@@ -68,8 +68,8 @@ def format_shift(cmp: Comparison, chosen: str | None = None) -> list[str]:
     """Lines under the table: per kind of new workload the inputs say (a tag's values left out in turn,
     else the grouping found), each policy's balancedness to expect on one such workload with its 80 %
     prediction interval, the written policy's paired difference to each other policy, and what would
-    narrow a range too wide to plan with. ``chosen``: the policy written (default moeplace, else the
-    first)."""
+    narrow each range too wide to plan with (every policy's, the written one's first; said once where
+    they agree). ``chosen``: the policy written (default moeplace, else the first)."""
     rows = [r for r in cmp.results if r.shift]
     if not rows:
         return []
@@ -98,6 +98,10 @@ def format_shift(cmp: Comparison, chosen: str | None = None) -> list[str]:
             verdict = {"ahead": f"{chosen} ahead", "behind": f"{other} ahead"}.get(d["verdict"], d["verdict"])
             out.append(f"    {chosen} - {other}: {d['mean']:+.4f} {_rng(d, signed=True)} (paired over the same "
                        f"left-out groups): {verdict}")
-        if mine["by_tag"][key].get("narrower"):
-            out.append(f"    {chosen}: {mine['by_tag'][key]['narrower']}")
+        said = set()  # what would narrow each policy's range, the written one first (once where they agree)
+        for r in sorted(rows, key=lambda r: r.policy != chosen):
+            msg = r.shift["by_tag"][key].get("narrower")
+            if msg and msg not in said:
+                out.append(f"    {r.policy}: {msg}")
+                said.add(msg)
     return out

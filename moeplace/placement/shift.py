@@ -13,7 +13,8 @@ domain tags; a single untagged input, contiguous runs of its windows.
 written placement's settings and scored on the group; the figure for a grouping is the mean over its
 groups, the range an 80 % prediction interval for one more group (:func:`prediction_interval`: the
 left-out groups' order statistics where there are enough of them to give a distribution-free 80 %, else a
-Student-t interval). Paired differences between policies (:func:`versus`) use the same left-out groups.
+Student-t interval, or on a layer sample a generalized pivot that takes the sample's own noise out:
+:func:`pivot_half_width`). Paired differences between policies (:func:`versus`) use the same left-out groups.
 
 *Deterministic*: the MoE layers are all of them or a sample chosen by seed and count
 (:func:`shift_layers`), never by elapsed time; a time limit can only omit the estimate, not change it.
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import optimize, special
 
 from moeplace.foundation.cluster import ClusterSpec
 from moeplace.foundation.errors import InputError
@@ -357,21 +359,74 @@ def rank_groups_needed(coverage: float = COVERAGE) -> int:
     return n
 
 
-def prediction_interval(per: list[float], se: float = 0.0, sample_noise: float = 0.0,
-                        spread_floor: float = 0.0) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LayerSample:
+    """What a layer sample adds to the left-out groups' figures (:func:`group_figures`): ``k`` of ``active``
+    MoE layers; ``interaction``, the group-by-layer interaction's mean square over the sample (two-way ANOVA,
+    ``df = (D - 1)(k - 1)`` degrees of freedom), which estimates ``sigma2_gl``, the variance of one group's
+    figure on one layer about its group and layer means."""
+    interaction: float
+    df: int
+    k: int
+    active: int
+
+    @property
+    def noise(self) -> float:
+        """The variance the sample adds to each group's figure on its own, and a figure over every layer
+        does not carry: ``sigma2_gl (1/k - 1/active)``."""
+        return self.interaction * (1 / self.k - 1 / self.active)
+
+
+PIVOT_GRID = 128  # chi-square quantiles per mean square in the pivot (128 x 128 points: widths within 0.1 %)
+
+
+def pivot_half_width(between: float, D: int, sample: LayerSample, se: float) -> tuple[float, float]:
+    """Half-width of the 80 % range for one more group's figure over every layer from a layer sample, and
+    the spread it implies (the ``s`` of a Student-t range as wide: what :func:`narrower` reasons with): a
+    generalized pivotal quantity (Weerahandi 1993; for a new group's mean in a random-effects model,
+    Krishnamoorthy & Mathew 2009, ch. 6).
+
+    Two-way model of the groups' per-layer figures: group effects of variance ``sigma2_g``, interaction
+    terms of variance ``sigma2_gl``. The groups' k-layer figures vary by ``between`` (``D - 1`` df), whose
+    expectation is ``theta_B = sigma2_g + sigma2_gl / k``; the interaction mean square estimates
+    ``theta_I = sigma2_gl`` (``df`` df). A new group's figure over every layer, less the groups' mean on
+    the sample, varies by ``sigma2_g (1 + 1/D) + sigma2_gl (1/active + 1/(D k)) + se^2``
+    ``= theta_B (1 + 1/D) - theta_I (1/k - 1/active) + se^2``. Each pair of chi-square quantiles
+    ``(U_B, U_I)`` on a fixed grid gives ``theta_B = (D - 1) between / U_B`` and ``theta_I = df
+    interaction / U_I``, so a value of that variance (held at least at ``se^2``); the range is the 10 %
+    and 90 % points of the normal mixture over the grid. Both mean squares' uncertainty enters; nothing is
+    the larger of two noisy estimates, and the range never stops at the sample's ``se`` where the groups'
+    figures differ by more than the sample's noise. With no noise to take out (``theta_I = 0``) it is the
+    Student-t range."""
+    p = (np.arange(PIVOT_GRID) + 0.5) / PIVOT_GRID
+    tb = (D - 1) * between / special.chdtri(D - 1, 1 - p)  # chdtri: the upper-tail inverse
+    ti = sample.df * sample.interaction / special.chdtri(sample.df, 1 - p)
+    V = np.maximum(tb[:, None] * (1 + 1 / D) - (1 / sample.k - 1 / sample.active) * ti[None, :], 0.0) + se * se
+    sd = np.sqrt(V).ravel()
+    top = float(sd.max())
+    if top == 0.0:
+        return 0.0, 0.0
+    sd = np.maximum(sd, 1e-12 * top)  # a point with no variance: at the mean
+    target = (1 + COVERAGE) / 2
+    q = optimize.brentq(lambda q: float(special.ndtr(q / sd).mean()) - target, 0.0, Z80 * top * 1.0001,
+                        xtol=1e-9 * top)
+    return q, math.sqrt(max((q / t80(D - 1)) ** 2 - se * se, 0.0) / (1 + 1 / D))
+
+
+def prediction_interval(per: list[float], se: float = 0.0, sample: LayerSample | None = None) -> dict[str, Any]:
     """An 80 % prediction interval for one more group's figure from the ``D`` left-out groups' figures
-    ``per`` (and ``se``, the layer sample's standard error of their mean; ``sample_noise``, the variance
-    the layer sample adds to each group's figure on its own, which the spread of ``per`` carries and a
-    figure over every layer does not, and ``spread_floor``, the least variance figures over every layer
-    can have: :func:`group_figures`):
+    ``per`` (``se``: the layer sample's standard error of their mean; ``sample``: the layer sample, whose
+    noise the spread of ``per`` carries and a figure over every layer does not: :func:`group_figures`):
 
     - ``D >= 9``: the order statistics ``[x_(k), x_(D+1-k)]``, ``k = floor(0.1 (D + 1))`` — at least 80 %
       for any distribution when the new group's figure is exchangeable with the left-out ones' (the
       rank argument behind split conformal and jackknife+, Barber et al. 2021), widened by ``z · se``
-      (``sample_noise`` stays in: the order statistics are of the figures as sampled, a safe side);
-    - ``3 <= D < 9``: ``mean ± t_{0.9, D-1} · sqrt(s² (1 + 1/D) + se²)`` — exactly 80 % when the groups'
-      figures are normal (Student-t); ``s²`` is the groups' sample variance less ``sample_noise``, at
-      least ``spread_floor`` (the between-group variance of figures over every layer, the ANOVA estimate);
+      (the sample's noise stays in: the order statistics are of the figures as sampled, a safe side);
+    - ``3 <= D < 9``, every layer: ``mean ± t_{0.9, D-1} · sqrt(s² (1 + 1/D) + se²)`` — exactly 80 % when
+      the groups' figures are normal (Student-t);
+    - ``3 <= D < 9``, a layer sample: the generalized pivot of :func:`pivot_half_width` over the groups'
+      spread and the sample's interaction mean square (the same range as Student-t's when the sample
+      adds no noise);
     - ``D < 3``: none (the spread rests on one or two numbers).
 
     Clipped to [-1, 1] for differences, [0, 1] otherwise is the caller's business (``clip``)."""
@@ -385,16 +440,24 @@ def prediction_interval(per: list[float], se: float = 0.0, sample_noise: float =
                                         f"{MIN_INTERVAL_GROUPS})")
         return out
     raw = float(x.std(ddof=1))
-    s = math.sqrt(max(raw * raw - sample_noise, spread_floor, 0.0)) if sample_noise > 0 else raw
-    if sample_noise > 0:
-        out["spread_sampled_layers"] = raw  # before the layer sample's own share is taken out
+    pivot = sample is not None and sample.noise > 0
+    if pivot:
+        out["spread_sampled_layers"] = raw  # the sample's noise still in
     if D >= rank_groups_needed():
         k = math.floor(round((1 - COVERAGE) / 2, 9) * (D + 1))
         xs = np.sort(x)
         lo, hi = float(xs[k - 1]) - Z80 * se, float(xs[D - k]) + Z80 * se
+        s = math.sqrt(max(raw * raw - sample.noise, 0.0)) if pivot else raw
         how = (f"order statistics {k} and {D + 1 - k} of {D} left-out groups: distribution-free, at least "
                f"{COVERAGE:.0%} when a new group is like the left-out ones")
+    elif pivot:
+        h, s = pivot_half_width(raw * raw, D, sample, se)
+        lo, hi = m - h, m + h
+        how = (f"generalized pivot over {D} left-out groups and {sample.k} of {sample.active} layers: "
+               f"{COVERAGE:.0%} when their figures are normal (with {rank_groups_needed()} or more groups, a "
+               "distribution-free range)")
     else:
+        s = raw
         h = t80(D - 1) * math.sqrt(s * s * (1 + 1 / D) + se * se)
         lo, hi = m - h, m + h
         how = (f"Student-t over {D} left-out groups: {COVERAGE:.0%} when their figures are normal (with "
@@ -568,34 +631,34 @@ def shift_estimate(fn, name: str, loads: Loads, cluster: ClusterSpec, *, num_red
     return out
 
 
-def group_figures(per_layer: np.ndarray, active: int, floor: bool = True) -> dict[str, Any]:
-    """:func:`prediction_interval` of the left-out groups' figures, each the mean of its row of
-    ``per_layer`` (``[groups, sampled layers]``, NaN where a group has no tokens in a layer), with the
-    layer sample's two errors (simple random sample of ``k`` of ``active`` layers, finite-population
-    corrected; both 0 with every layer):
+def layer_sample_of(per_layer: np.ndarray, active: int) -> tuple[float, LayerSample | None]:
+    """The layer sample's two errors on the groups' figures (``per_layer``: ``[groups, sampled layers]``,
+    NaN where a group has no tokens in a layer; a simple random sample of ``k`` of ``active`` layers,
+    finite-population corrected; nothing with every layer):
 
     - ``se``, the error of the figures' common mean: the per-layer means over groups' spread / sqrt(k);
-    - ``sample_noise``, the variance each group's own figure carries because its ``k`` layers are a
-      sample: ``sigma2_gl (1/k - 1/active)``, with ``sigma2_gl`` the group-by-layer interaction's mean
-      square (two-way ANOVA of ``per_layer``: ``(D-1)(k-1)`` degrees of freedom). The spread of the
-      groups' k-layer figures is the between-group spread of their figures over every layer (what a new
-      group's figure varies by: the written placement is scored on every layer) plus this; it is taken
-      out of the spread, not counted twice. What is left is at least ``sigma2_gl / active``: a group's
-      figure over every layer carries its own interaction terms' mean, so the groups' figures over every
-      layer cannot vary by less (an estimate of 0 would print a range of the layer sample's ``se`` alone).
-      Skipped where a group has no tokens in a sampled layer. ``floor=False`` drops that least spread
-      (not what ``place optimize`` prints: bench/shift_planning_groups.py measures what the floor adds)."""
+    - the :class:`LayerSample`: the group-by-layer interaction's mean square (two-way ANOVA of
+      ``per_layer``, ``(D-1)(k-1)`` degrees of freedom). None where a group has no tokens in a sampled
+      layer (the figures' own spread is used then, the safe side)."""
     per = np.nanmean(per_layer, axis=1)
     u = np.nanmean(per_layer, axis=0)
-    k = u.size
-    D = per.size
+    k, D = u.size, per.size
     se = float(np.std(u, ddof=1) / math.sqrt(k) * math.sqrt(1 - k / active)) if 1 < k < active else 0.0
-    noise = least = 0.0
-    if 1 < k < active and D > 1 and np.isfinite(per_layer).all():
-        resid = per_layer - per[:, None] - u[None, :] + per_layer.mean()
-        inter = float((resid ** 2).sum() / ((D - 1) * (k - 1)))
-        noise, least = inter * (1 / k - 1 / active), (inter / active if floor else 0.0)
-    return prediction_interval([float(x) for x in per], se, noise, least)
+    if not (1 < k < active and D > 1 and np.isfinite(per_layer).all()):
+        return se, None
+    resid = per_layer - per[:, None] - u[None, :] + per_layer.mean()
+    df = (D - 1) * (k - 1)
+    return se, LayerSample(float((resid ** 2).sum() / df), df, k, active)
+
+
+def group_figures(per_layer: np.ndarray, active: int) -> dict[str, Any]:
+    """:func:`prediction_interval` of the left-out groups' figures, each the mean of its row of
+    ``per_layer`` (``[groups, sampled layers]``), with the layer sample's errors (:func:`layer_sample_of`).
+    The spread of the groups' k-layer figures is the between-group spread of their figures over every
+    layer (what a new group's figure varies by: the written placement is scored on every layer) plus the
+    sample's noise; the range takes the noise out through the pivot instead of counting it twice."""
+    se, sample = layer_sample_of(per_layer, active)
+    return prediction_interval([float(x) for x in np.nanmean(per_layer, axis=1)], se, sample)
 
 
 def versus(a: dict[str, Any], b: dict[str, Any], active: int) -> dict[str, dict[str, Any]]:
