@@ -45,6 +45,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -198,7 +199,7 @@ def previous_range(per_layer: np.ndarray, active: int, floor: bool = True) -> li
 
 
 def replay_tool(b: dict, layer: dict, D: int, sample: np.ndarray, bounds: tuple[float, float] = (0.0, 1.0),
-                estimate=None) -> dict:
+                estimate: Callable[[np.ndarray, int], list[float]] | None = None) -> dict:
     """The tool's own range (:func:`group_figures`: the layer sample's ``se`` and its noise taken out of
     the spread; clipped to ``bounds`` as the tool clips it) on the layers ``sample``, for every planning set
     of ``D`` datasets, against the written plan's figure over every layer on each dataset it did not see;
