@@ -1076,21 +1076,22 @@ def _seeds(seed) -> str:
 def shift_coverage() -> str:
     """docs/placement.md: coverage and median width of the shift estimate's 80 % ranges per mode, policy and
     kind of new workload (bench/shift_coverage.py): before issue 45's estimate, its previous form (the
-    floored spread) on the committed data sets and on fresh draws, and the current one (the pivot) on fresh
-    draws made after it was chosen."""
+    floored spread) and the current one (the pivot), each on the committed data sets and on fresh draws made
+    after it was chosen."""
     before, prev = _results("shift_coverage_before"), _results("shift_coverage_floored")
     prev_fresh, now = _results("shift_coverage_fresh"), _results("shift_coverage_fresh67")
+    now0 = _results("shift_coverage")
     keys = list(dict.fromkeys([*now["summary"], *before["summary"]]))
     lines = [("| inputs | policy | new | before issue 45 | previous (floored spread) | previous, fresh draws "
-              f"{_seeds(prev_fresh['data_seed'])} | now (pivot), fresh draws {_seeds(now['data_seed'])} | now, per "
-              "data set |"), "|---|---|---|---|---|---|---|---|"]
+              f"{_seeds(prev_fresh['data_seed'])} | now (pivot) | now, fresh draws {_seeds(now['data_seed'])} | now, "
+              "fresh, per data set |"), "|---|---|---|---|---|---|---|---|---|"]
     for key in keys:
         mode, policy, target = key.split(" | ")
         a = now["summary"].get(key)
         per = "; ".join(f"{d} {_cov(v)}" for d, v in (a or {}).get("by_data", {}).items())
         lines.append(f"| {mode} | {policy} | {'dataset' if target == 'dataset' else 'language'} | "
                      f"{_cov(before['summary'].get(key))} | {_cov(prev['summary'].get(key))} | "
-                     f"{_cov(prev_fresh['summary'].get(key))} | {_cov(a)} | {per} |")
+                     f"{_cov(prev_fresh['summary'].get(key))} | {_cov(now0['summary'].get(key))} | {_cov(a)} | {per} |")
     rank = []
     for k, v in now["ranking"].items():
         rank.append(f"{k.replace(' | ', ', ')}: estimated sign right in {v['sign_right']} of {v['splits']} splits, "
@@ -1107,8 +1108,8 @@ def shift_coverage() -> str:
     every = _results("shift_coverage_all_layers")
     all_cells = "; ".join(f"{k.split(' | ')[1]} {_cov(v)}" for k, v in every["summary"].items()
                           if k.startswith("tagged") and k.endswith("dataset"))
-    return ("\n".join(lines) + "\n\n`python bench/shift_coverage.py` on the committed data sets (previous: "
-            f"{how(prev)}; before: the same bench on the estimate before issue 45, {how(before)}) and with "
+    return ("\n".join(lines) + f"\n\n`python bench/shift_coverage.py` on the committed data sets (now: {how(now0)}; "
+            f"previous: {how(prev)}; before: the same bench on the estimate before issue 45, {how(before)}) and with "
             f"`--data-seed` (fresh draws of every construction, each made after the estimate it checks was settled; "
             f"previous: {how(prev_fresh)}; now: {how(now)}). Each cell: the share of realized figures inside their "
             "printed range (nominal 80 %), of the points that had a range, and the ranges' median width. How sure "

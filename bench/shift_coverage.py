@@ -37,13 +37,13 @@ Modes: ``tagged`` — the inputs' tags are used (before issue 45's estimate, whi
     .venv/bin/python bench/shift_coverage.py [--splits 6] [--data olmoe,synthetic,captured]
         [--label after] [--out PATH]
 
-Prints the coverage table and writes ``bench/results/shift_coverage.json`` (``--label before`` with
-``PYTHONPATH`` pointing at an older checkout measured that checkout's estimate: the committed
-``shift_coverage_before.json``). Committed (what docs/placement.md's table reads): ``shift_coverage_before.json``;
-``shift_coverage_floored.json`` (the committed data sets) and ``shift_coverage_fresh.json`` (draws 2-5), the
-estimate before its layer-sample pivot (main 6857d12); ``shift_coverage_fresh67.json``, the pivot on fresh
-draws 6 and 7 (``--data-seed``, each to its own ``--out``, then ``--merge``). The pivot was not rerun on the
-committed data sets, which it was chosen beside.
+Prints the coverage table and writes ``bench/results/shift_coverage.json`` (committed: the current
+estimate on the committed data sets; ``--label before`` with ``PYTHONPATH`` pointing at an older checkout
+measured that checkout's estimate: the committed ``shift_coverage_before.json``). Also committed (what
+docs/placement.md's table reads): ``shift_coverage_floored.json`` (the committed data sets) and
+``shift_coverage_fresh.json`` (draws 2-5), the estimate before its layer-sample pivot (main 6857d12);
+``shift_coverage_fresh67.json``, the pivot on fresh draws 6 and 7 (``--data-seed``, each to its own
+``--out``, then ``--merge``).
 """
 from __future__ import annotations
 
