@@ -62,6 +62,11 @@ def _ours(row: dict) -> float:
     return row["cv_error"] if row.get("cv_error") is not None else row["error"]
 
 
+def _theirs(rec: dict, row: dict) -> float:
+    """A peer's error on a case: its figure ``rec["simulated"]`` against the published one."""
+    return rec["simulated"] / row["published"] - 1
+
+
 def _drop(row: dict, name: str) -> None:
     """Remove peer ``name``'s entry from a row (and the row's ``peer`` field once no peer is left)."""
     peers = row.get("peer")
@@ -88,7 +93,7 @@ def join_peer(rows: list[dict], peer: dict | None) -> dict | None:
         if not rec.get("supported"):
             row.setdefault("peer", {})[name] = {"supported": False, "reason": rec.get("reason", "")}
             continue
-        entry = {"simulated": rec["simulated"], "error": rec["simulated"] / row["published"] - 1,
+        entry = {"simulated": rec["simulated"], "error": _theirs(rec, row),
                  "backend_version": rec.get("backend_version"), "notes": rec.get("notes", [])}
         row.setdefault("peer", {})[name] = entry
         shared.append(row)
@@ -160,8 +165,8 @@ def compare_versions(rows: list[dict], old: dict, new: dict) -> dict:
             same_calls += same
             both.append((row, ra, rb))
             if abs(ratio - 1) > DISAGREE:
-                disagree.append({"id": row["id"], f"{a}_error": ra["simulated"] / row["published"] - 1,
-                                 f"{b}_error": rb["simulated"] / row["published"] - 1, "ratio": ratio,
+                disagree.append({"id": row["id"], f"{a}_error": _theirs(ra, row),
+                                 f"{b}_error": _theirs(rb, row), "ratio": ratio,
                                  "same_call": same})
         elif ra.get("supported") or rb.get("supported"):
             disagree.append({"id": row["id"], "supported_by": a if ra.get("supported") else b,
@@ -171,8 +176,8 @@ def compare_versions(rows: list[dict], old: dict, new: dict) -> dict:
         if not sel:
             return None
         return {"cases": len(sel), "moeplace": float(np.median([abs(_ours(r)) for r, _, _ in sel])),
-                a: float(np.median([abs(x["simulated"] / r["published"] - 1) for r, x, _ in sel])),
-                b: float(np.median([abs(y["simulated"] / r["published"] - 1) for r, _, y in sel]))}
+                a: float(np.median([abs(_theirs(x, r)) for r, x, _ in sel])),
+                b: float(np.median([abs(_theirs(y, r)) for r, _, y in sel]))}
     return {"old": f"{a} {old.get('version')}", "new": f"{b} {new.get('version')}", "shared_cases": len(both),
             "same_call": same_calls, "threshold": DISAGREE, "median_abs_error": medians(both),
             "after_cutoff": medians([t for t in both if t[0].get("after_cutoff")]),
@@ -197,8 +202,8 @@ def predict_summary(rows: list[dict], aisim: dict) -> dict | None:
             continue
         est = recs[row["id"]]
         ran.append({"id": row["id"], "after_cutoff": bool(row.get("after_cutoff")), "moeplace_error": _ours(row),
-                    "estimate_error": est["simulated"] / row["published"] - 1 if est.get("supported") else None,
-                    "predict_error": pr["simulated"] / row["published"] - 1, "predict": pr["simulated"]})
+                    "estimate_error": _theirs(est, row) if est.get("supported") else None,
+                    "predict_error": _theirs(pr, row), "predict": pr["simulated"]})
     if not ran and not refused:
         return None
 

@@ -23,6 +23,11 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # before bench/, where sim.py would shadow the sim package
+sys.path.append(str(ROOT / "bench"))  # the fidelity helpers beside this script (after the packages)
+
+from fidelity_harness import E2E
+from fidelity_harness import fmt as _fmt_figure
+from fidelity_peer import peer_cell
 
 from moeplace.sim.results import format_table
 
@@ -698,10 +703,6 @@ def recommend() -> str:
 
 
 # ---------------------------------------------------------------------------- fidelity
-def _fmt_figure(v: float) -> str:
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.1f}"
-
-
 def fidelity_constants() -> str:
     """docs/simulate.md: the fitted constants across the shipped ensemble's members (10th-90th percentile,
     median), the reference fit (the CostConfig defaults), the bounds and how many members sit on one
@@ -899,7 +900,7 @@ def _not_both(rows: list[dict]) -> str:
     why: dict[str, int] = {}
     for r in rows:
         p = r.get("peer") or {}
-        if r["kind"] in ("prefill", "decode", "serve") and not all("simulated" in p.get(n, {})
+        if r["kind"] in E2E and not all("simulated" in p.get(n, {})
                                                                    for n in ("aiconfigurator", "aisimulate")):
             reason = p.get("aisimulate", {}).get("reason", "not run")
             key = ("no H800 tables" if "no H800" in reason else
@@ -920,7 +921,7 @@ def fidelity_cases() -> str:
               "held out | error | 80 % interval | measured (error) | aiconfigurator (error) | aisimulate (error) |"),
              "|---|---|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in res["cases"]:
-        peer_cells = " | ".join(_peer_cell(r, name) for name in ("aiconfigurator", "aisimulate"))
+        peer_cells = " | ".join(peer_cell(r, name) for name in ("aiconfigurator", "aisimulate"))
         iv = r.get("interval")
         ivc = "" if not iv else (f"{_fmt_figure(iv[0])} - {_fmt_figure(iv[1])}" + ("" if r["covered"] else " (missed)"))
         when = r["published_on"] + (" **(after the cut-off)**" if r["after_cutoff"] else "")
@@ -936,13 +937,6 @@ def fidelity_cases() -> str:
                        f"max {ms['max_abs_error']:.1%} (the ensemble held out on the same cases: median "
                        f"{ms['ensemble_median_abs_error']:.1%}, max {ms['ensemble_max_abs_error']:.1%}).")]
     return "\n".join(lines) + "\n"
-
-
-def _peer_cell(r: dict, name: str) -> str:
-    peer = (r.get("peer") or {}).get(name)
-    if not peer:
-        return ""
-    return "n/a" if not peer.get("supported", True) else f"{_fmt_figure(peer['simulated'])} ({peer['error']:+.1%})"
 
 
 def _measured_cell(r: dict) -> str:
