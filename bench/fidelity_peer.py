@@ -8,6 +8,10 @@ from pathlib import Path
 import numpy as np
 from fidelity_harness import E2E, fmt
 
+# the peers' names, as their result files and each row's "peer" field carry them (aiconfigurator 0.12, then its
+# successor aisimulate 0.13)
+PEERS = ("aiconfigurator", "aisimulate")
+
 
 def load_peer(path: str | Path) -> dict | None:
     """bench/peer_aiconfigurator.py's records, or None when that file is absent (the peer column is then

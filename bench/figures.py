@@ -27,7 +27,7 @@ sys.path.append(str(ROOT / "bench"))  # the fidelity helpers beside this script 
 
 from fidelity_harness import E2E
 from fidelity_harness import fmt as _fmt_figure
-from fidelity_peer import peer_cell
+from fidelity_peer import PEERS, peer_cell
 
 from moeplace.sim.results import format_table
 
@@ -900,8 +900,7 @@ def _not_both(rows: list[dict]) -> str:
     why: dict[str, int] = {}
     for r in rows:
         p = r.get("peer") or {}
-        if r["kind"] in E2E and not all("simulated" in p.get(n, {})
-                                                                   for n in ("aiconfigurator", "aisimulate")):
+        if r["kind"] in E2E and not all("simulated" in p.get(n, {}) for n in PEERS):
             reason = p.get("aisimulate", {}).get("reason", "not run")
             key = ("no H800 tables" if "no H800" in reason else
                    "cross-node expert parallelism without DeepEP tables" if "Cross-node EP" in reason else
@@ -921,7 +920,7 @@ def fidelity_cases() -> str:
               "held out | error | 80 % interval | measured (error) | aiconfigurator (error) | aisimulate (error) |"),
              "|---|---|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in res["cases"]:
-        peer_cells = " | ".join(peer_cell(r, name) for name in ("aiconfigurator", "aisimulate"))
+        peer_cells = " | ".join(peer_cell(r, name) for name in PEERS)
         iv = r.get("interval")
         ivc = "" if not iv else (f"{_fmt_figure(iv[0])} - {_fmt_figure(iv[1])}" + ("" if r["covered"] else " (missed)"))
         when = r["published_on"] + (" **(after the cut-off)**" if r["after_cutoff"] else "")
