@@ -2,6 +2,7 @@
 
     pip install 'aiconfigurator>=0.12,<0.13'      # the full package (its CLI/API); moeplace itself is not needed
     python bench/peer_aiconfigurator.py [--cases bench/fidelity_cases.yaml] [--out bench/results/peer_aiconfigurator.json]
+    python bench/peer_aiconfigurator.py --only GROUP_OR_ID,... --merge   # new cases only, the others' records kept
 
 aiconfigurator (Apache-2.0, PyPI ``aiconfigurator``; its silicon tables in ``aiconfigurator-core``) estimates a
 deployment from per-operation latencies measured on H100/H200/B200/B300/GB200/GB300 for TensorRT-LLM,
@@ -268,20 +269,61 @@ def peer_main(doc: str, out: Path, peer: str, load, hint: str, utils: str = "aic
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--cases", default=str(CASES))
     ap.add_argument("--out", default=str(out))
+    ap.add_argument("--only", default=None, metavar="IDS",
+                    help="run only these cases (comma-separated case ids or groups); needs --merge")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the records of --out for the cases not run now (the same peer release only)")
     args = ap.parse_args()
     import yaml  # the script's only dependency besides the peer (every peer environment has it)
 
+    cases = yaml.safe_load(Path(args.cases).read_text())
+    try:
+        run, kept = select_cases(cases, args.only, Path(args.out) if args.merge else None, peer)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         estimate, fields = load()
     except ImportError as exc:
         print(f"error: {peer} is not installed ({exc}); {hint}", file=sys.stderr)
         return 2
+    if kept and kept.get("version") != fields.get("version"):
+        print(f"error: {args.out} holds {peer} {kept.get('version')}, this environment has {fields.get('version')}: "
+              "a merge would mix two releases; rerun every case instead", file=sys.stderr)
+        return 2
     logging.disable(logging.WARNING)
-    cases = yaml.safe_load(Path(args.cases).read_text())
-    records = run_cases(cases, estimate, peer, utils)
-    more = after(cases, records) if after else {}
+    records = run_cases(run, estimate, peer, utils)
+    more = after(run, records) if after else {}
+    if kept:
+        new = {r["id"]: r for r in records}
+        old = {r["id"]: r for r in kept["cases"]}
+        records = [new.get(c["id"]) or old[c["id"]] for c in cases if c["id"] in new or c["id"] in old]
     write_atomic(args.out, {"peer": peer, **fields, "database_mode": "SILICON", **more, "cases": records})
     return 0
+
+
+def select_cases(cases: list[dict], only: str | None, merge: Path | None, peer: str) -> tuple[list[dict], dict]:
+    """The cases to run (``only``: comma-separated ids or groups, every case when None) and, with ``merge``,
+    the existing results file whose other records are kept. A selection must name known cases and, as it
+    leaves records out, come with a merge into an existing file of the same peer."""
+    run = cases
+    if only is not None:
+        want = {w.strip() for w in only.split(",") if w.strip()}
+        known = {c["id"] for c in cases} | {c.get("group") for c in cases}
+        if not want or want - known:
+            raise ValueError(f"--only: unknown case or group {sorted(want - known) or '(none given)'}")
+        run = [c for c in cases if c["id"] in want or c.get("group") in want]
+        if merge is None:
+            raise ValueError("--only leaves cases out of the results file: add --merge")
+    if merge is None:
+        return run, {}
+    try:
+        kept = json.loads(merge.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--merge: cannot read {merge} ({exc})") from None
+    if kept.get("peer") != peer or not isinstance(kept.get("cases"), list):
+        raise ValueError(f"--merge: {merge} is not a {peer} results file")
+    return run, kept
 
 
 def _load():

@@ -4,7 +4,7 @@ fidelity case it supports, through the same call as bench/peer_aiconfigurator.py
     python3.11 -m venv /tmp/aisimulate-venv          # its own environment: a 120 MB wheel pinning jax/flax
     /tmp/aisimulate-venv/bin/pip install aisimulate==0.13.0.dev202610270000000085
     /tmp/aisimulate-venv/bin/python bench/peer_aisimulate.py [--cases bench/fidelity_cases.yaml] \\
-        [--out bench/results/peer_aisimulate.json]
+        [--out bench/results/peer_aisimulate.json] [--only GROUP_OR_ID,... --merge]
     python bench/fidelity.py --peer-only           # joins it (and aiconfigurator 0.12's) into fidelity.json
 
 aiconfigurator's development moved into ai-dynamo/aisimulate (Apache-2.0, PyPI ``aisimulate``);

@@ -318,3 +318,43 @@ def test_peer_only_recomputes_the_committed_peer_summary(tmp_path, capsys):
     assert fid.peer_only(out, results / "peer_aiconfigurator.json", results / "peer_aisimulate.json") == 0
     assert json.loads(out.read_text()) == committed
     assert "aiconfigurator 0.12.0 vs aisimulate 0.13.0" in capsys.readouterr().out
+
+
+def test_peer_run_of_a_few_cases_merges_into_the_results_file_of_the_same_release(monkeypatch, tmp_path, capsys):
+    """``--only ID --merge`` runs the named cases and keeps the file's other records in the case file's order;
+    it refuses a selection without --merge, an unknown id, and a file written by another release of the peer
+    (which it leaves as it was). No peer needed: its ``cli_estimate`` and model-config module are stand-ins."""
+    import types
+
+    aic = load_bench("peer_aiconfigurator", "bench_peer_aiconfigurator_merge")
+    utils = types.ModuleType("fake_merge_utils")
+    utils.DefaultHFModels = {"deepseek-ai/DeepSeek-R1"}
+    utils._get_model_config_path = lambda: tmp_path
+    monkeypatch.setitem(sys.modules, "fake_merge_utils", utils)
+    all_cases = {c["id"]: c for c in yaml.safe_load((REPO / "bench" / "fidelity_cases.yaml").read_text())}
+    ids = ["trtllm-b200-min-latency", "trtllm-b200-gtc-mtp0", "trtllm-b200-gtc-mtp1"]
+    cases_file = tmp_path / "cases.yaml"
+    cases_file.write_text(yaml.safe_dump([all_cases[i] for i in ids]))
+    out = tmp_path / "peer.json"
+    old = {"peer": "aiconfigurator", "version": "0.12.0", "cases": [
+        {"id": i, "published": all_cases[i]["published"], "supported": True, "simulated": 1.0} for i in ids[::-1]]}
+    out.write_text(json.dumps(old))
+
+    def estimate(**kw):
+        return types.SimpleNamespace(raw={"tokens/s/user": 300.0, "tpot": 3.3}, backend_version="1.3.0rc20",
+                                     kv_cache_warning=None)
+
+    def run(*argv, version="0.12.0"):
+        monkeypatch.setattr(sys, "argv", ["peer", "--cases", str(cases_file), "--out", str(out), *argv])
+        return aic.peer_main("doc", out, "aiconfigurator", lambda: (estimate, {"version": version}), "hint",
+                             "fake_merge_utils")
+
+    assert run("--only", ids[1]) == 2 and "add --merge" in capsys.readouterr().err
+    assert run("--only", "no-such-case", "--merge") == 2 and "no-such-case" in capsys.readouterr().err
+    assert run("--only", ids[1], "--merge", version="0.13.0") == 2 and "two releases" in capsys.readouterr().err
+    assert json.loads(out.read_text()) == old  # every refusal leaves the file as it was
+    assert run("--only", ids[1], "--merge") == 0
+    recs = json.loads(out.read_text())["cases"]
+    assert [r["id"] for r in recs] == ids  # the case file's order
+    assert recs[0]["simulated"] == recs[2]["simulated"] == 1.0  # kept
+    assert recs[1]["simulated"] == 300.0 and recs[1]["call"]["system_name"] == "b200_sxm"  # run now
