@@ -31,7 +31,8 @@ date and a publication cut-off.
    overall and by kind of run.
 5. After the cut-off: cases published after it, never used to choose structure nor fitted, priced by the
    whole ensemble with the shipped intervals: scored once, in their own column.
-6. TTFT / TPOT only on cases that publish them measured per request (``published_latency``), each with the
+6. TTFT / TPOT only on cases that publish them measured per request (``published_latency``: the source's median,
+   or its mean where it prints means, against the same statistic of the simulated requests), each with the
    ensemble median and 80 % interval made as the throughput's (TTFT re-priced over the prompt iterations).
 7. The measured cost source (``--cost-model measured``) per end-to-end case, and the peers: aiconfigurator
    0.12 (bench/peer_aiconfigurator.py) and aisimulate 0.13 (bench/peer_aisimulate.py, the same call), each
@@ -90,10 +91,12 @@ from fidelity_harness import (  # noqa: F401  (names the tests read from this sc
     fit,
     fmt,
     kernel_metric,
+    latency_means,
     load_cases,
     load_frozen,
     measured_metric,
     publication_date,
+    published_latency,
     sim_metric,
 )
 from fidelity_peer import compare_versions, join_peer, load_peer, peer_cell, peer_text, predict_summary
@@ -802,26 +805,32 @@ def latency_checks(cases, runs, speeds, ens, features, frozen) -> dict:
             continue
         run_c = runs[c["id"]]
         a = after_cutoff(c, frozen)
-        if "tpot_p50_ms" in lat and "tpot" in speeds[c["id"]]:
-            tpot.append(latency_record(c, lat["tpot_p50_ms"], speeds[c["id"]]["tpot"], ens, features[c["id"]], a))
-        if "ttft_p50_ms" in lat:
-            ttft_s = run_c.detail.get("ttft_p50_s")
+        pub = published_latency(c, "tpot")
+        if pub and "tpot" in speeds[c["id"]]:
+            tpot.append({**latency_record(c, pub[0], speeds[c["id"]]["tpot"], ens, features[c["id"]], a),
+                         "statistic": pub[1]})
+        pub = published_latency(c, "ttft")
+        if pub:
+            ttft_s = run_c.detail.get(f"ttft_{pub[1]}_s")
             z = speeds[c["id"]].get("ttft")
             if ttft_s is not None and z is not None:
-                rec = latency_record(c, lat["ttft_p50_ms"], z, ens, features[c["id"]], a)
+                rec = latency_record(c, pub[0], z, ens, features[c["id"]], a)
                 rec["reference_ms"] = 1e3 * ttft_s
                 rec["prefill_iterations"] = fe.prefill_iterations(run_c)
             else:  # the run finished no request's first token in its window (or a state saved without TTFT speeds)
-                rec = {"id": c["id"], "group": c["group"], "published_ms": lat["ttft_p50_ms"],
+                rec = {"id": c["id"], "group": c["group"], "published_ms": pub[0],
                        "simulated_ms": None if ttft_s is None else 1e3 * ttft_s, "after_cutoff": a}
-                rec["error"] = None if ttft_s is None else rec["simulated_ms"] / lat["ttft_p50_ms"] - 1
+                rec["error"] = None if ttft_s is None else rec["simulated_ms"] / pub[0] - 1
+            rec["statistic"] = pub[1]
             rec["comparable"] = bool(lat.get("ttft_comparable", True)) and rec["simulated_ms"] is not None
             if not rec["comparable"]:
                 rec["why"] = lat.get("why") or "the run finished no request's first token in its window"
             ttft.append(rec)
     return {"tpot": {**latency_stats(tpot), "cases": tpot}, "ttft": {**latency_stats(ttft), "cases": ttft},
-            "basis": "median TPOT / TTFT printed by the source's benchmark (bench_serving / vllm bench serve / "
-                     "InferenceX), measured per request, not derived from its throughput",
+            "basis": "TPOT / TTFT printed by the source's benchmark (bench_serving / vllm bench serve / "
+                     "InferenceX), measured per request, not derived from its throughput: its median, or its mean "
+                     "where the source prints means (InferenceX's tables), against the same statistic of the "
+                     "simulated requests",
             "unchecked": ("TPOT and TTFT of every other case (their sources print no per-request latency; a TPOT "
                           "derived from a published throughput is the throughput re-expressed); TTFT of every case "
                           "after the cut-off that prints none; a TTFT's queueing is the reference run's schedule, "
@@ -829,7 +838,7 @@ def latency_checks(cases, runs, speeds, ens, features, frozen) -> dict:
 
 
 def latency_record(c: dict, published_ms: float, z, ens, x: dict, after: bool) -> dict:
-    """One per-request latency figure (TPOT or TTFT) of a case against its published median: ``z`` ``[B]`` is
+    """One per-request latency figure (TPOT or TTFT) of a case against its published one: ``z`` ``[B]`` is
     each member's log speed of it (minus its log time); before the cut-off the members that never drew the
     case's group give the median and the interval leaves the group out (grouped cross-validation), after it
     every member and the shipped interval (sim.ensemble.speed_interval, as the case's throughput)."""
@@ -868,7 +877,8 @@ def latency_text(lat: dict) -> list[str]:
                 out.append(f"  {k.upper()} {r['id']:38s} published {r['published_ms']:8.1f} ms  not comparable: "
                            f"{r['why']}")
             elif "interval_ms" in r:
-                out.append(f"  {k.upper()} {r['id']:38s} published {r['published_ms']:8.1f} ms  ensemble "
+                out.append(f"  {k.upper()}{'-mean' if r.get('statistic') == 'mean' else ''} {r['id']:38s} "
+                           f"published {r['published_ms']:8.1f} ms  ensemble "
                            f"{r['simulated_ms']:8.1f} ms {r['error']:+7.1%}  [{r['interval_ms'][0]:.1f} - "
                            f"{r['interval_ms'][1]:.1f}]" + ("" if r["covered"] else " MISSED")
                            + ("  (after the cut-off)" if r["after_cutoff"] else ""))

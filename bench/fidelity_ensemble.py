@@ -24,7 +24,7 @@ import multiprocessing
 import time
 
 import numpy as np
-from fidelity_harness import E2E, FIT, fit, kernel_metric
+from fidelity_harness import E2E, FIT, fit, kernel_metric, published_latency
 
 from moeplace.sim import ensemble as ens_mod
 
@@ -203,11 +203,19 @@ def member_speeds(case: dict, run: Run | None, configs: list, reference) -> dict
     which = "decode" if case["metric"] == "per_user_tok_s" else "total"
     base = math.log(speed(case, run.simulated))
     out = {"figure": base - np.log(r[which])}
-    if run.detail.get("tpot_p50_s"):
-        out["tpot"] = -math.log(run.detail["tpot_p50_s"]) - np.log(r["decode"])
-    if run.detail.get("ttft_p50_s") and (case.get("published_latency") or {}).get("ttft_p50_ms"):
-        out["ttft"] = -math.log(run.detail["ttft_p50_s"]) - np.log(ttft_ratio(run, configs, reference, r["total"]))
+    tpot = run.detail.get(f"tpot_{latency_stat(case, 'tpot')}_s")
+    if tpot:
+        out["tpot"] = -math.log(tpot) - np.log(r["decode"])
+    ttft = run.detail.get(f"ttft_{latency_stat(case, 'ttft')}_s")
+    if ttft and published_latency(case, "ttft"):
+        out["ttft"] = -math.log(ttft) - np.log(ttft_ratio(run, configs, reference, r["total"]))
     return out
+
+
+def latency_stat(case: dict, metric: str) -> str:
+    """The statistic ("p50" / "mean") the case publishes its ``metric`` as; p50 where it publishes none."""
+    pub = published_latency(case, metric)
+    return pub[1] if pub else "p50"
 
 
 def prefill_iterations(run: Run) -> int:

@@ -131,11 +131,12 @@ def load_cases(path: Path) -> list[dict]:
                              f"{c['published_on']!r}")
         lat = c.get("published_latency")
         if lat is not None and (not isinstance(lat, dict) or not lat or any(
-                k not in ("ttft_p50_ms", "tpot_p50_ms", "ttft_comparable", "why") for k in lat)
-                or any(not (isinstance(lat[k], (int, float)) and lat[k] > 0) for k in ("ttft_p50_ms", "tpot_p50_ms")
-                       if k in lat)):
-            raise InputError(f"{where}: field 'published_latency' must map ttft_p50_ms / tpot_p50_ms to positive "
-                             "milliseconds")
+                k not in (*LATENCY_KEYS, "ttft_comparable", "why") for k in lat)
+                or any(not (isinstance(lat[k], (int, float)) and lat[k] > 0) for k in LATENCY_KEYS if k in lat)
+                or any(f"{m}_p50_ms" in lat and f"{m}_mean_ms" in lat for m in ("ttft", "tpot"))):
+            raise InputError(f"{where}: field 'published_latency' must map ttft_p50_ms / tpot_p50_ms (per-request "
+                             "medians) or ttft_mean_ms / tpot_mean_ms (per-request means), one of the two for each, "
+                             "to positive milliseconds")
         if not isinstance(c.get("group"), str) or not c["group"]:
             raise InputError(f"{where}: field 'group' must name the case's deployment group (one table, one build, "
                              "one blog's sweep)")
@@ -153,6 +154,36 @@ _E2E_COUNTS = {**dict.fromkeys(("gpus", "attention_tp", "moe_tp", "batch_per_ran
                "redundant": 0, "cuda_graph_max_bs": 0}
 _E2E_NEEDS = {"prefill": ("gpus", "isl", "tokens_per_rank"), "decode": ("gpus", "isl", "osl", "batch_per_rank"),
               "serve": ("gpus", "isl", "osl", "batch_per_rank", "max_batched_tokens", "concurrency")}
+
+
+# the per-request latencies a case may publish (bench/fidelity_cases.yaml ``published_latency``): each source's
+# own statistic over its requests, the median (bench_serving's / vllm bench serve's P50) or the mean (InferenceX's
+# tables, "Mean latency"); the simulation gives the same statistic over its steady window's requests
+LATENCY_KEYS = ("ttft_p50_ms", "tpot_p50_ms", "ttft_mean_ms", "tpot_mean_ms")
+
+
+def published_latency(case: dict, metric: str) -> tuple[float, str] | None:
+    """The case's published ``metric`` ("ttft" / "tpot") in ms and its statistic ("p50" / "mean"), or None."""
+    lat = case.get("published_latency") or {}
+    for stat in ("p50", "mean"):
+        if f"{metric}_{stat}_ms" in lat:
+            return float(lat[f"{metric}_{stat}_ms"]), stat
+    return None
+
+
+def latency_means(requests, warmup_s: float) -> dict:
+    """Mean TTFT and TPOT (s) of the requests finished in the steady window (after ``warmup_s``; all finished
+    requests where none did), as sim.results.summarize takes its medians."""
+    import polars as pl
+
+    done = requests.filter(pl.col("finished_s").is_not_null())
+    steady = done.filter(pl.col("finished_s") >= warmup_s)
+    lat = steady if steady.height else done
+    out = {}
+    for m in ("ttft", "tpot"):
+        col = lat[f"{m}_s"].drop_nulls() if f"{m}_s" in lat.columns else None
+        out[f"{m}_mean_s"] = float(col.mean()) if col is not None and col.len() else None
+    return out
 
 
 def check_case_fields(c: dict, where: str) -> None:
@@ -438,6 +469,7 @@ def sim_run(case: dict, cfg, quick: bool, keep_samples: bool = False):
                               "tpot_p50_s", "ttft_p50_s", "iterations", "requests_rejected", "preemptions",
                               "mean_decode_seqs", "mean_batch_tokens", "warmup_s", "duration_s", "wall_s",
                               "straggler_share", "mean_imbalance")}
+    keep.update(latency_means(res.requests, s["warmup_s"]))
     return res, s, keep, engine
 
 

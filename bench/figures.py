@@ -759,14 +759,15 @@ def fidelity_cv() -> str:
               "|---|---|---:|---:|---:|---|"]
     for k in ("tpot", "ttft"):
         for r in lat[k]["cases"]:
+            what = f"{k.upper()} {r.get('statistic', 'p50')}"  # the source's statistic: its median, or its mean
             if not r.get("comparable", True):
-                lines.append(f"| {k.upper()} p50 | {r['id']} | {r['published_ms']:,.1f} | - | not comparable: {r['why']} | - |")
+                lines.append(f"| {what} | {r['id']} | {r['published_ms']:,.1f} | - | not comparable: {r['why']} | - |")
             elif "interval_ms" in r:
-                lines.append(f"| {k.upper()} p50 | {r['id']} | {r['published_ms']:,.1f} | {r['simulated_ms']:,.1f} | "
+                lines.append(f"| {what} | {r['id']} | {r['published_ms']:,.1f} | {r['simulated_ms']:,.1f} | "
                              f"{r['error']:+.1%} | {r['interval_ms'][0]:,.1f} - {r['interval_ms'][1]:,.1f}"
                              f"{'' if r['covered'] else ' (missed)'} |")
             else:  # a result written before TTFT had its interval: the reference run's own
-                lines.append(f"| {k.upper()} p50 | {r['id']} | {r['published_ms']:,.1f} | {r['simulated_ms']:,.1f} | "
+                lines.append(f"| {what} | {r['id']} | {r['published_ms']:,.1f} | {r['simulated_ms']:,.1f} | "
                              f"{r['error']:+.1%} | none (the reference run) |")
     lines += ["", f"Unchecked: {lat['unchecked']}."]
     lines += _peer_lines(res.get("peer_summary") or {})

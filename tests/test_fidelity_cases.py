@@ -454,3 +454,41 @@ def test_the_prefill_sample_sees_the_prompt_iterations_of_a_real_run(tmp_path):
     assert [(it[0], it[3]) for it in sa.items] == [(it[0], it[3]) for it in sb.items]
     assert sa.prefill.items and all(float(it[1].pre_tokens.sum()) > 0 for it in sa.prefill.items)
     assert sa.prefill.seen < sa.seen
+
+
+def test_a_published_mean_latency_is_compared_with_the_simulated_mean(tmp_path):
+    """A case that publishes per-request means (InferenceX's tables) is checked against the mean of the simulated
+    requests of the steady window, a median against the median: the statistic is recorded and printed; a case
+    may give one statistic per metric, and the means come from the finished requests after the warm-up."""
+    import datetime
+    import math
+    from types import SimpleNamespace
+
+    import polars as pl
+    import pytest
+    import yaml
+
+    from moeplace.foundation.errors import InputError
+
+    fid = _fidelity()
+    ens, x = _latency_ensemble(math.log(1.25))
+    cases = [{"id": "m", "group": "g3", "published_on": "2026-09-10",
+              "published_latency": {"ttft_mean_ms": 500.0, "tpot_mean_ms": 12.0}}]
+    run = SimpleNamespace(detail={"ttft_p50_s": 0.25, "tpot_p50_s": 0.01, "ttft_mean_s": 0.4, "tpot_mean_s": 0.011},
+                          sample=SimpleNamespace(prefill=SimpleNamespace(items=[0])))
+    speeds = {"m": {"ttft": -np.log(np.full(4, 0.4)), "tpot": -np.log(np.full(4, 0.011))}}
+    lat = fid.latency_checks(cases, {"m": run}, speeds, ens, {"m": x}, {"cutoff": datetime.date(2026, 2, 13)})
+    (t,), (p,) = lat["ttft"]["cases"], lat["tpot"]["cases"]
+    assert t["statistic"] == p["statistic"] == "mean" and t["reference_ms"] == 400.0  # the run's mean, not its p50
+    assert np.isclose(t["error"], 400 / 500 - 1) and np.isclose(p["simulated_ms"], 11.0)
+    assert "TTFT-mean m" in "\n".join(fid.latency_text(lat))
+    # the run's means: finished requests after the warm-up only
+    reqs = pl.DataFrame({"finished_s": [5.0, 20.0, 30.0, None], "ttft_s": [9.0, 0.2, 0.4, None],
+                         "tpot_s": [9.0, 0.01, 0.03, None]})
+    assert fid.latency_means(reqs, 10.0) == pytest.approx({"ttft_mean_s": 0.3, "tpot_mean_s": 0.02})
+    raw = yaml.safe_load(fid.CASES.read_text())
+    case = next(c for c in raw if c["id"] == "inferencex-dsr1-fp8-h200-sglang-mtp-c4")
+    bad = tmp_path / "cases.yaml"
+    bad.write_text(yaml.safe_dump([{**case, "published_latency": {"ttft_mean_ms": 400.0, "ttft_p50_ms": 390.0}}]))
+    with pytest.raises(InputError, match="one of the two for each"):
+        fid.load_cases(bad)
