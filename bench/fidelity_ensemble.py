@@ -203,19 +203,15 @@ def member_speeds(case: dict, run: Run | None, configs: list, reference) -> dict
     which = "decode" if case["metric"] == "per_user_tok_s" else "total"
     base = math.log(speed(case, run.simulated))
     out = {"figure": base - np.log(r[which])}
-    tpot = run.detail.get(f"tpot_{latency_stat(case, 'tpot')}_s")
+    pub = published_latency(case, "tpot")
+    tpot = run.detail.get(f"tpot_{pub[1] if pub else 'p50'}_s")  # the published statistic; the median otherwise
     if tpot:
         out["tpot"] = -math.log(tpot) - np.log(r["decode"])
-    ttft = run.detail.get(f"ttft_{latency_stat(case, 'ttft')}_s")
-    if ttft and published_latency(case, "ttft"):
+    pub = published_latency(case, "ttft")
+    ttft = pub and run.detail.get(f"ttft_{pub[1]}_s")
+    if ttft:
         out["ttft"] = -math.log(ttft) - np.log(ttft_ratio(run, configs, reference, r["total"]))
     return out
-
-
-def latency_stat(case: dict, metric: str) -> str:
-    """The statistic ("p50" / "mean") the case publishes its ``metric`` as; p50 where it publishes none."""
-    pub = published_latency(case, metric)
-    return pub[1] if pub else "p50"
 
 
 def prefill_iterations(run: Run) -> int:

@@ -172,18 +172,12 @@ def published_latency(case: dict, metric: str) -> tuple[float, str] | None:
 
 
 def latency_means(requests, warmup_s: float) -> dict:
-    """Mean TTFT and TPOT (s) of the requests finished in the steady window (after ``warmup_s``; all finished
-    requests where none did), as sim.results.summarize takes its medians."""
-    import polars as pl
+    """Mean TTFT and TPOT (s) over the requests the run's medians are taken over (sim.results.latency_window)."""
+    from moeplace.sim.results import latency_window
 
-    done = requests.filter(pl.col("finished_s").is_not_null())
-    steady = done.filter(pl.col("finished_s") >= warmup_s)
-    lat = steady if steady.height else done
-    out = {}
-    for m in ("ttft", "tpot"):
-        col = lat[f"{m}_s"].drop_nulls() if f"{m}_s" in lat.columns else None
-        out[f"{m}_mean_s"] = float(col.mean()) if col is not None and col.len() else None
-    return out
+    lat, _ = latency_window(requests, warmup_s)
+    cols = {m: lat[f"{m}_s"].drop_nulls() for m in ("ttft", "tpot")}
+    return {f"{m}_mean_s": float(c.mean()) if c.len() else None for m, c in cols.items()}
 
 
 def check_case_fields(c: dict, where: str) -> None:

@@ -138,6 +138,14 @@ def _pct(s: pl.Series, q: float) -> float | None:
     return float(np.percentile(s.to_numpy(), q))
 
 
+def latency_window(reqs: pl.DataFrame, warmup_s: float) -> tuple[pl.DataFrame, str]:
+    """The requests a run's latency figures are taken over, and which window that is: those finished after
+    the warm-up ("steady"), or every finished request where none did ("all")."""
+    done = reqs.filter(pl.col("finished_s").is_not_null())
+    steady = done.filter(pl.col("finished_s") >= warmup_s)
+    return (steady, "steady") if steady.height else (done, "all")
+
+
 def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) -> dict[str, Any]:
     sim = rec.sim
     dur = sim.config.duration
@@ -146,10 +154,7 @@ def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) 
     strag = float(ts["straggler_s"].sum()) if ts.height else 0.0
     per_layer = (np.stack(rec.layer_straggler).sum(axis=0) if rec.layer_straggler
                  else np.zeros(sim.model.num_moe_layers))
-    done = reqs.filter(pl.col("finished_s").is_not_null())
-    steady = done.filter(pl.col("finished_s") >= rec.warmup)
-    lat_window = "steady" if steady.height else "all"
-    lat = steady if steady.height else done
+    lat, lat_window = latency_window(reqs, rec.warmup)
     out_tok_s = rec.output_tokens_done / window
     # decode speed each sequence sees: tokens made per second of decoding, token-weighted over the window
     per_user = rec.decode_tokens_done / rec.decode_seq_time if rec.decode_seq_time > 0 else None
@@ -161,7 +166,7 @@ def summarize(ts: pl.DataFrame, reqs: pl.DataFrame, rec: Recorder, wall: float) 
         "route_wall_s": sim.route_wall,
         "iterations": int(ts.height),
         "requests_arrived": int(reqs.height),
-        "requests_finished": int(done.height),
+        "requests_finished": int(reqs["finished_s"].is_not_null().sum()),
         "requests_rejected": rec.rejected,
         "preemptions": rec.preemptions,
         "warmup_s": rec.warmup,
