@@ -66,6 +66,26 @@ def test_note_says_where_kimi_k3_was_checked_and_the_ttft_interval():
     assert "no interval)" in sim_fidelity.fidelity_note(s)
 
 
+def test_note_says_which_way_the_unseen_cases_after_the_cut_off_were_off():
+    """The after-cut-off clause says how many of the unseen cases the ensemble simulated slower than published
+    (a throughput below it), counted from the committed rows, so a user knows which way the tool leans."""
+    res = _committed()
+    after = [r for r in res["cases"] if r["after_cutoff"]]
+    s = json.loads(json.dumps(sim_fidelity.summarize_results(res)))
+    assert s["after_cutoff"]["too_slow"] == sum(r["cv_simulated"] < r["published"] for r in after
+                                                if r["metric"] != "latency_us")
+    a = {"cases": 4, "median_abs_error": 0.3, "covered": 1, "models": []}
+    s["after_cutoff"] = {**a, "too_slow": 4}
+    assert "4 unseen case(s): median off by 30%, 1 inside the interval, all 4 simulated slower than published" \
+        in sim_fidelity.fidelity_note(s)
+    s["after_cutoff"] = {**a, "too_slow": 1}
+    assert "1 inside the interval, 1 simulated slower and 3 faster than published" in sim_fidelity.fidelity_note(s)
+    s["after_cutoff"] = {**a, "too_slow": 0}
+    assert "all 4 simulated faster than published" in sim_fidelity.fidelity_note(s)
+    assert sim_fidelity.too_slow({"metric": "latency_us", "cv_error": 0.2})
+    assert not sim_fidelity.too_slow({"metric": "output_tok_s", "cv_error": 0.2})
+
+
 def test_printed_label_carries_the_held_out_errors_and_coverage_of_the_committed_cases(trace_dir, capsys):
     assert main(["simulate", trace_dir, *COMMON]) == 0
     lines = capsys.readouterr().out.splitlines()

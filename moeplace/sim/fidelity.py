@@ -86,6 +86,12 @@ def run_context(config, num_gpus: int, model: str, gpu: str, cost: str | None = 
             "near": None if not ens else ens.get("near")}
 
 
+def too_slow(row: dict[str, Any]) -> bool:
+    """Whether the ensemble's held-out figure of a results row was slower than the published one (a
+    throughput below it; for a kernel's ``latency_us``, a time above it)."""
+    return row["cv_error"] > 0 if row["metric"] == "latency_us" else row["cv_error"] < 0
+
+
 def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
     """The label's figures from ``bench/fidelity.py``'s results (its ``cases``, ``cv``, ``coverage``,
     ``after_cutoff``, ``latency``, ``ensemble``, ``frozen``): how far the shipped ensemble's held-out
@@ -111,6 +117,7 @@ def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
         "after_cutoff": {"cases": res["after_cutoff"]["cases"],
                          "median_abs_error": (res["after_cutoff"]["errors"] or {}).get("median"),
                          "covered": (res["after_cutoff"]["coverage"] or {}).get("covered"),
+                         "too_slow": sum(too_slow(r) for r in rows if r.get("after_cutoff")),
                          "models": sorted({r["model"] for r in rows if r.get("after_cutoff") and r.get("model")})},
         "tpot_cases": (lat.get("tpot") or {}).get("cases_n", len((lat.get("tpot") or {}).get("cases", []))),
         "tpot_median_abs_error": (lat.get("tpot") or {}).get("median_abs_error"),
@@ -196,8 +203,12 @@ def fidelity_note(s: dict[str, Any], run: dict[str, Any] | None = None) -> str:
                 f"{s['median_width']:.0%})" if cov is not None else "")]
     a = s.get("after_cutoff") or {}
     if a.get("cases"):
+        slow = a.get("too_slow")
+        lean = ("" if slow is None else f", all {slow} simulated slower than published" if slow == a["cases"]
+                else f", all {a['cases']} simulated faster than published" if slow == 0
+                else f", {slow} simulated slower and {a['cases'] - slow} faster than published")
         parts.append(f"after the {s['cutoff']} cut-off {a['cases']} unseen case(s): median off by "
-                     f"{a['median_abs_error']:.0%}, {a['covered']} inside the interval")
+                     f"{a['median_abs_error']:.0%}, {a['covered']} inside the interval{lean}")
     else:
         parts.append(f"no case published after the {s['cutoff']} cut-off yet")
     if s.get("tpot_cases"):
