@@ -491,8 +491,8 @@ def _measured(c: dict) -> dict:
 
 
 def _anchored_group(task: tuple) -> list[dict]:
-    cases, members, quick, reference = task
-    return fa.anchored_group(cases, members, quick, reference=reference)
+    cases, members, quick, reference, runs = task
+    return fa.anchored_group(cases, members, quick, reference=reference, runs=runs)
 
 
 def compute(args, cases, before, e2e, frozen, names, B, groups, clock: Clock) -> tuple[dict, dict]:
@@ -692,6 +692,10 @@ def run(args) -> int:
         wall = {cid: r.detail["wall_s"] for cid, r in runs.items()}  # longest groups first (orders the work only)
 
         def map_groups(todo):
+            # an uncalibrated figure's event simulation is the case's reference run, already made: handed over
+            # rather than simulated again (the same deterministic run, so the same rows)
+            todo = [(cs, m, q, r, {c["id"]: runs[c["id"]] for c in cs if c["id"] in runs} if r == ref_cfg else None)
+                    for cs, m, q, r in todo]
             return fe.spawn_map(_anchored_group, todo, args.workers, _set, {},
                                 [sum(wall.get(c["id"], 0.0) for c in t[0]) for t in todo])
         with clock.step("anchored"):

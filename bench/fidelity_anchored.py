@@ -121,18 +121,20 @@ class Pricer:
         return self.steady.metric(cfg) * self.corr if self.e2e else kernel_metric(self.case, cfg)
 
 
-def priced(case: dict, event_cfg, members: list, quick: bool) -> dict:
+def priced(case: dict, event_cfg, members: list, quick: bool, run=None) -> dict:
     """The case priced as a run is (bench/fidelity_frozen.yaml, ``calibration``; sim.ensemble.price_run):
     end-to-end cases by one event simulation on ``event_cfg`` whose sampled steady iterations every member
     re-prices (fidelity_ensemble.member_speeds), kernel tables by every member's formula. Returns the
     members' log speeds ``z`` and weights ``w``, their weighted median as the case's figure (``figure``),
-    and ``single``: the figure of ``event_cfg`` alone (the event simulation itself)."""
+    and ``single``: the figure of ``event_cfg`` alone (the event simulation itself). ``run``: that event
+    simulation when the caller already has it (fidelity_ensemble.reference_run of this case on ``event_cfg``,
+    which is deterministic), so it is not simulated again."""
     from moeplace.sim.ensemble import weighted_quantile
 
     w = np.array([m.weight for m in members], dtype=np.float64)
     w = w / w.sum()
     if case["kind"] in E2E:
-        run = fe.reference_run(case, event_cfg, quick)
+        run = run if run is not None else fe.reference_run(case, event_cfg, quick)
         z = fe.member_speeds(case, run, [m.cost for m in members], event_cfg)["figure"]
         single = run.simulated
     else:
@@ -142,16 +144,19 @@ def priced(case: dict, event_cfg, members: list, quick: bool) -> dict:
     return {"z": z, "w": w, "figure": fe.speed(case, math.exp(med)), "single": single}
 
 
-def anchored_group(cases: list[dict], members: list, quick: bool, log=print, reference=None) -> list[dict]:
+def anchored_group(cases: list[dict], members: list, quick: bool, log=print, reference=None,
+                   runs: dict | None = None) -> list[dict]:
     """Leave-one-out within one group (module docstring), from ``members`` (the group's out-of-bag members;
     ``reference``: the ensemble's reference constants, on which an uncalibrated run's event simulation
-    runs): a row per case."""
+    runs; ``runs``: those event simulations by case id where the caller has them, bench/fidelity.py's
+    reference runs): a row per case."""
     from moeplace.sim.calibrate import REFIT, calibrate_members, median_member
 
     start = median_member(members)
     prior = prior_widths(members)
     pricers = {c["id"]: Pricer(c, start.cost, quick) for c in cases}
-    uncal = {c["id"]: priced(c, reference if reference is not None else start.cost, members, quick) for c in cases}
+    uncal = {c["id"]: priced(c, reference if reference is not None else start.cost, members, quick,
+                             run=(runs or {}).get(c["id"]) if reference is not None else None) for c in cases}
     rows = []
     for held in cases:
         cal = [c for c in cases if c["id"] != held["id"]]
