@@ -84,6 +84,7 @@ from fidelity_harness import (  # noqa: F401  (names the tests read from this sc
     Steady,
     _from_summary,
     after_cutoff,
+    after_structure,
     case_engine,
     case_kv_tokens,
     case_setup,
@@ -685,6 +686,17 @@ def run(args) -> int:
                      "coverage": fe.coverage_stats([(c, iv) for c, iv, a in iv_pairs if a])["all"],
                      "note": ("published after the cut-off, never used to choose structure nor fitted: each priced by "
                               "the whole ensemble with the shipped interval, scored once")}
+    # the fitted cases published after the structure's own choices (a refit moved the cut-off past them):
+    # held out by group like every fitted case, and never used to choose the structure
+    late = [(c, e) for c, e in pre_e2e if after_structure(c, frozen)]
+    structure_summary = None if frozen.get("structure_cutoff") is None else {
+        "structure_cutoff": str(frozen["structure_cutoff"]), "cases": len(late), "ids": [c["id"] for c, _ in late],
+        "errors": fe.error_stats(late),
+        "coverage": fe.coverage_stats([(c, iv) for c, iv, a in iv_pairs
+                                       if not a and c["kind"] in E2E and after_structure(c, frozen)])["all"],
+        "too_slow": sum(e < 0 for _, e in late),
+        "note": ("fitted cases published after the newest case the structure was chosen on: each predicted by the "
+                 "members that never drew its group, with its group's residuals left out of its interval")}
     # 8. anchored: place calibrate's leave-one-out within each group, from its out-of-bag members
     if st.get("anchored") is None:
         print("anchored (each case of a group with >= 2 predicted after place calibrate on the rest of it, from the "
@@ -731,6 +743,13 @@ def run(args) -> int:
     print("80 % intervals, grouped cross-validation (each case's group left out: its members and its residuals):")
     for line in coverage_text(coverage, "held out"):
         print(line)
+    if structure_summary is not None:
+        ss = structure_summary
+        print(f"fitted, published after the structure's cases ({ss['structure_cutoff']}; never used to choose it), "
+              f"held out by group: {ss['cases']} cases"
+              + ("" if not ss["cases"] else ": " + err_line("", ss["errors"]).strip()
+                 + f"; interval covers {ss['coverage'].get('covered', 0)}/{ss['coverage']['cases']}; "
+                 f"{ss['too_slow']} simulated slower than published"))
     print(f"after the cut-off ({frozen['cutoff']}): {after_summary['cases']} cases"
           + ("" if not after_rows else ": " + err_line("", after_summary["errors"]).strip()
              + f"; interval covers {after_summary['coverage'].get('covered', 0)}/{after_summary['coverage']['cases']}"))
@@ -750,8 +769,11 @@ def run(args) -> int:
 
     reference = {n: getattr(ref_cfg, n) for n in names}
     out = {"frozen": {"frozen_on": str(frozen["frozen_on"]), "cutoff": str(frozen["cutoff"]),
+                      **({"structure_cutoff": str(frozen["structure_cutoff"])}
+                         if frozen.get("structure_cutoff") is not None else {}),
                       "code_commit": frozen.get("code_commit")},
            "cases": rows, "cv": cv, "coverage": coverage, "width": width, "after_cutoff": after_summary,
+           **({"after_structure": structure_summary} if structure_summary is not None else {}),
            "latency": latency,
            "ensemble": {"members": B, "groups": groups, "seed": int(ez["seed"]), "reference": reference,
                         "reference_fit": {k: ref_info[k] for k in ("residual_rms_log", "nfev", "seconds", "moved_from_start",

@@ -43,7 +43,9 @@ def load_frozen(path: Path = FROZEN) -> dict:
     for key in ("frozen_on", "cutoff", "fit", "fixed", "ensemble", "interval"):
         if not isinstance(fz, dict) or key not in fz:
             raise InputError(f"{path}: field '{key}' missing")
-    for key in ("frozen_on", "cutoff"):
+    for key in ("frozen_on", "cutoff", "structure_cutoff"):
+        if key == "structure_cutoff" and key not in fz:
+            continue
         if not isinstance(fz[key], datetime.date):
             raise InputError(f"{path}: field '{key}' must be a date (YYYY-MM-DD), got {fz[key]!r}")
     d = CostConfig()
@@ -249,6 +251,14 @@ def after_cutoff(case: dict, frozen: dict) -> bool:
     """Published after the frozen cut-off (a case of unknown date counts as seen, i.e. before it)."""
     d = publication_date(case)
     return d is not None and d > frozen["cutoff"]
+
+
+def after_structure(case: dict, frozen: dict) -> bool:
+    """Published after the newest case the structure's choices were made on (``structure_cutoff``, when the
+    frozen file has one: after a refit moved ``cutoff`` past it, such a case is fitted but its grouped-CV
+    figure is still one the structure was never chosen on)."""
+    d, s = publication_date(case), frozen.get("structure_cutoff")
+    return s is not None and d is not None and d > s
 
 
 def regime_of(case: dict) -> str:

@@ -81,6 +81,12 @@ def test_publication_dates_are_checked_and_split_the_cases():
     assert fid.after_cutoff({"published_on": "2025-07-01"}, frozen)
     assert not fid.after_cutoff({"published_on": "unknown"}, frozen)  # counts as seen
     assert all(fid.publication_date(c) or str(c["published_on"]) == "unknown" for c in fid.load_cases(fid.CASES))
+    # after a refit moved the cut-off, the structure's own cut-off still marks the cases never used to choose it
+    assert not fid.after_structure({"published_on": "2026-05-01"}, frozen)  # no structure cut-off: none
+    frozen["structure_cutoff"] = datetime.date(2025, 3, 31)
+    assert fid.after_structure({"published_on": "2025-04"}, frozen)
+    assert not fid.after_structure({"published_on": "2025-03-31"}, frozen)
+    assert not fid.after_structure({"published_on": "unknown"}, frozen)
 
 
 def test_balanced_routing_is_exactly_balanced():

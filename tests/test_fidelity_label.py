@@ -86,6 +86,26 @@ def test_note_says_which_way_the_unseen_cases_after_the_cut_off_were_off():
     assert not sim_fidelity.too_slow({"metric": "output_tok_s", "cv_error": 0.2})
 
 
+def test_note_says_how_the_cases_the_structure_never_saw_were_predicted():
+    """After a refit fitted the cases published after the structure's own cut-off, the label says how they were
+    predicted held out by group (they were never used to choose the structure), counted from the committed rows."""
+    res = _committed()
+    s = json.loads(json.dumps(sim_fidelity.summarize_results(res)))
+    if res.get("after_structure"):
+        ids = set(res["after_structure"]["ids"])
+        late = [r for r in res["cases"] if r["id"] in ids]
+        assert len(late) == s["after_structure"]["cases"] and all(not r["after_cutoff"] for r in late)
+        assert all(r["published_on"] > s["after_structure"]["structure_cutoff"] for r in late)
+        assert s["after_structure"]["too_slow"] == sum(r["cv_simulated"] < r["published"] for r in late)
+    s["after_structure"] = {"structure_cutoff": "2026-02-13", "cases": 34, "median_abs_error": 0.164, "covered": 25,
+                            "too_slow": 25}
+    assert ("of them, the 34 published after 2026-02-13 (never used to choose the model's structure): median off "
+            "by 16%, 25 inside the interval, 25 simulated slower and 9 faster than published") \
+        in sim_fidelity.fidelity_note(s)
+    s["after_structure"]["cases"] = 0
+    assert "never used to choose" not in sim_fidelity.fidelity_note(s)
+
+
 def test_printed_label_carries_the_held_out_errors_and_coverage_of_the_committed_cases(trace_dir, capsys):
     assert main(["simulate", trace_dir, *COMMON]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -119,6 +119,12 @@ def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
                          "covered": (res["after_cutoff"]["coverage"] or {}).get("covered"),
                          "too_slow": sum(too_slow(r) for r in rows if r.get("after_cutoff")),
                          "models": sorted({r["model"] for r in rows if r.get("after_cutoff") and r.get("model")})},
+        **({"after_structure": {
+            "structure_cutoff": res["after_structure"]["structure_cutoff"], "cases": res["after_structure"]["cases"],
+            "median_abs_error": (res["after_structure"]["errors"] or {}).get("median"),
+            "covered": (res["after_structure"]["coverage"] or {}).get("covered"),
+            "too_slow": sum(too_slow(r) for r in e2e if r["id"] in set(res["after_structure"]["ids"]))}}
+           if res.get("after_structure") else {}),
         "tpot_cases": (lat.get("tpot") or {}).get("cases_n", len((lat.get("tpot") or {}).get("cases", []))),
         "tpot_median_abs_error": (lat.get("tpot") or {}).get("median_abs_error"),
         "ttft_cases": (lat.get("ttft") or {}).get("cases_n", sum(r.get("comparable", True) for r in
@@ -201,6 +207,12 @@ def fidelity_note(s: dict[str, Any], run: dict[str, Any] | None = None) -> str:
              f"{s['worst_case']})"
              + (f" and the interval held the published figure in {cov:.0%} of cases (median width "
                 f"{s['median_width']:.0%})" if cov is not None else "")]
+    st = s.get("after_structure") or {}
+    if st.get("cases"):
+        parts.append(f"of them, the {st['cases']} published after {st['structure_cutoff']} (never used to choose the "
+                     f"model's structure): median off by {st['median_abs_error']:.0%}, {st['covered']} inside the "
+                     f"interval, {st['too_slow']} simulated slower and {st['cases'] - st['too_slow']} faster than "
+                     "published")
     a = s.get("after_cutoff") or {}
     if a.get("cases"):
         slow = a.get("too_slow")
