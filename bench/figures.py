@@ -754,6 +754,15 @@ def fidelity_cv() -> str:
                   f"{e['max']:.1%}; the interval held {a['coverage'].get('covered', 0)} of {a['coverage']['cases']}.")]
     else:
         lines += ["", f"After the cut-off ({a['cutoff']}): no case yet."]
+    st = res.get("after_structure")
+    if st and st["cases"]:
+        e = st["errors"]
+        lines += ["", (f"Fitted, but published after the newest case the structure was chosen on ({st['structure_cutoff']}; "
+                       f"never used to choose it), held out by group: {st['cases']} case(s) in {e['groups']} groups: "
+                       f"median abs error {e['median']:.1%}, max {e['max']:.1%} ({e['worst_case']} "
+                       f"{e['worst_error']:+.1%}); the interval held {st['coverage'].get('covered', 0)} of "
+                       f"{st['coverage']['cases']}; {st['too_slow']} simulated slower than published, "
+                       f"{st['cases'] - st['too_slow']} faster.")]
     lat = res["latency"]
     lines += ["", "| own-data check | case | published (ms) | ensemble (ms) | error | 80 % interval (ms) |",
               "|---|---|---:|---:|---:|---|"]
