@@ -227,7 +227,9 @@ def print_prefill(name: str, d: dict) -> None:
 def main_(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller inputs, no TPOT simulation (a smoke run)")
-    ap.add_argument("--duration", type=float, default=8.0, help="simulated seconds per TPOT run (default 8)")
+    # 24 s: at 256 sequences per rank a K3 decode step on 16 GB300 takes up to ~90 ms under the fitted
+    # constants, so 8 s held fewer iterations than a 128-token request needs and finished none
+    ap.add_argument("--duration", type=float, default=24.0, help="simulated seconds per TPOT run (default 24)")
     args = ap.parse_args(argv)
     result: dict = {"batches_per_dp_rank": list(BATCHES), "decode_gpus": DECODE_GPUS, "rule": RULE}
     with tempfile.TemporaryDirectory(prefix="bench-pools-in-") as tmp, timed() as t:

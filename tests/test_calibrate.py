@@ -1,6 +1,7 @@
 """`place calibrate`: the result readers on files the released tools wrote, the deployment settings, the
 calibration math (reweight, refit within bounds), CAL.json, and `place simulate --calibration`."""
 import dataclasses
+import datetime
 import json
 import math
 import shutil
@@ -381,7 +382,8 @@ def test_anchored_leaves_out_cases_published_after_the_cut_off():
     fa = load_bench("fidelity_anchored")
     ens = load_ensemble()
     group = [c for c in fa.load_cases(fa.CASES) if c["group"] == "trtllm-b200-mtp-table"][:2]
-    late = [{**c, "published_on": "2026-06-01"} for c in group]
+    day_after = fa.load_frozen()["cutoff"] + datetime.timedelta(days=1)
+    late = [{**c, "published_on": day_after.isoformat()} for c in group]
     handed = []
 
     def capture(todo):

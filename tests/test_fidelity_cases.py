@@ -27,6 +27,8 @@ def test_committed_results_match_the_case_table():
         assert r["error"] == r["simulated"] / r["published"] - 1
         assert r["cv_error"] == r["cv_simulated"] / r["published"] - 1
     assert res["frozen"] == {"frozen_on": str(frozen["frozen_on"]), "cutoff": str(frozen["cutoff"]),
+                             **({"structure_cutoff": str(frozen["structure_cutoff"])}
+                                if frozen.get("structure_cutoff") else {}),
                              "code_commit": frozen["code_commit"]}
 
 

@@ -146,9 +146,9 @@ def test_note_says_what_was_checked_and_what_never_was():
     assert ("TTFT on" in note) == bool(s["ttft_cases"]) and ("TTFT never checked" in note) == (not s["ttft_cases"])
     for m in s["models"]:
         assert m in note
-    far = sim_fidelity.fidelity_note(s, {"model": "kimi-k3", "gpu": "gb300-nvl72", "cost": "roofline",
+    far = sim_fidelity.fidelity_note(s, {"model": "mini-k3", "gpu": "gb300-nvl72", "cost": "roofline",
                                           "ensemble": True, "near": 0.1})
-    assert "no published case is near this run" in far and "no fitted case runs kimi-k3" in far
+    assert "no published case is near this run" in far and "no fitted case runs mini-k3" in far
     near = sim_fidelity.fidelity_note(s, {"model": s["models"][0], "gpu": s["gpus"][0], "cost": "roofline",
                                            "ensemble": True, "near": 2.5})
     assert "published cases near this run: 2.5 groups' worth" in near and "no fitted case runs" not in near

@@ -180,21 +180,21 @@ class CostConfig:
     # fitted: share of the isolated-kernel compute rate sustained while serving (power-capped clocks under
     # sustained load, SMs shared with communication kernels, the elementwise kernels between GEMMs);
     # kernel microbenchmarks (DeepGEMM's tables) run at 1
-    sustained_efficiency: float = 0.5785
+    sustained_efficiency: float = 0.6159
     flops_efficiency: float = 0.8  # GQA core attention compute: an estimate (no published table priced here)
     # KDA's chunked/recurrent core at its published kernel rate: MoonshotAI FlashKDA's H20 benchmark
     # (BENCHMARK_H20.md, T=8192, D=128, fixed length) runs H=96 in 2.62 ms and H=64 in 1.62 ms, i.e. 39-42
     # TFLOPS by this model's KDA FLOP count (sim.cost.CostModel.kda_time), 0.27-0.29 of H20's 148 BF16
     # TFLOPS (fla's Triton chunk_kda: 4.51 / 2.96 ms, 0.15-0.16); the lower FlashKDA figure
     kda_flops_efficiency: float = 0.27
-    hbm_efficiency: float = 0.5008  # fitted: achieved HBM share (DeepGEMM's M=64 rows alone reach ~0.86)
-    link_efficiency: float = 0.6861  # fitted: NVLink share DeepEP normal kernels reach (153-158 GB/s on H800)
-    nic_efficiency: float = 0.8881  # fitted: RDMA share DeepEP normal kernels reach (43-58 GB/s of 50)
-    gemm_efficiency: float = 0.7138  # fitted: large-m grouped GEMM FLOP share (DeepGEMM contiguous 1,297/1,979)
-    gemm_m0: float = 285.1  # fitted: rows of tile fill per weight matrix (efficiency m / (m + m0))
-    gemm_kernel_s: float = 2.452e-12  # fitted: fixed time per GEMM kernel (launch, pipeline fill, tail)
-    ll_latency_s: float = 4.097e-05  # fitted: DeepEP low-latency dispatch/combine fixed time (per call)
-    ll_efficiency: float = 0.9999  # fitted: RDMA share low-latency kernels reach (39-48 GB/s of 50 at EP32+)
+    hbm_efficiency: float = 0.5314  # fitted: achieved HBM share (DeepGEMM's M=64 rows alone reach ~0.86)
+    link_efficiency: float = 0.682  # fitted: NVLink share DeepEP normal kernels reach (153-158 GB/s on H800)
+    nic_efficiency: float = 0.8885  # fitted: RDMA share DeepEP normal kernels reach (43-58 GB/s of 50)
+    gemm_efficiency: float = 0.6083  # fitted: large-m grouped GEMM FLOP share (DeepGEMM contiguous 1,297/1,979)
+    gemm_m0: float = 66.33  # fitted: rows of tile fill per weight matrix (efficiency m / (m + m0))
+    gemm_kernel_s: float = 3.802e-06  # fitted: fixed time per GEMM kernel (launch, pipeline fill, tail)
+    ll_latency_s: float = 5.022e-05  # fitted: DeepEP low-latency dispatch/combine fixed time (per call)
+    ll_efficiency: float = 1.0  # fitted: RDMA share low-latency kernels reach (39-48 GB/s of 50 at EP32+)
     normal_latency_s: float = 40e-6  # DeepEP normal mode: CPU-side layout notify before the copies
     allreduce_latency_s: float = 10e-6  # TP all-reduce fixed time on NVLink (roofline form only)
     # 1: all-reduce / all-gather / reduce-scatter inside an NVLink domain at their measured times by message
@@ -203,13 +203,13 @@ class CostConfig:
     # kernels of every decoder layer (0: by layer kind and engine build, sim.cost.KERNEL_BUILDS)
     kernels_per_layer: float = 0.0
     # fitted within 1-2 us: device-side gap per kernel (graph replay or eager; see bench/fidelity.py FIT)
-    graph_gap_s: float = 2.0e-6
+    graph_gap_s: float = 1.945e-6
     launch_s: float = 5e-6  # per-kernel CPU launch time of an eager (non-graph) iteration
     # fitted within 2-9 us: the device time of a latency-bound kernel, so a decode layer takes at least its
     # kernels x this (batch 1 is latency-bound in every kernel); the published range is the measured durations
     # of the small kernels of a DeepSeek-R1 decode step on B200 (FP4 quantize 2.1 us, v_proj 4.1, dense FP4
     # GEMM 8.4, MoE finalize 7.3: SemiAnalysis InferenceX issue 863's trace analysis)
-    kernel_floor_s: float = 8.235e-06
+    kernel_floor_s: float = 2.0e-06
     # FP4 (NVFP4 / MXFP4) GEMMs on a GPU with FP4 tensor cores run at this x its FP8 rate, not at its FP4 peak
     # (2x FP8): NVIDIA TransformerEngine issue 2281 measures NVFP4 grouped GEMMs on B200 at most 15 % faster
     # than MXFP8 on DeepSeek-V3 shapes; torchao PR 4798 +13.8 % for NVFP4 over MXFP8 on a 671B MoE at
