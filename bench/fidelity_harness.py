@@ -48,6 +48,9 @@ def load_frozen(path: Path = FROZEN) -> dict:
             continue
         if not isinstance(fz[key], datetime.date):
             raise InputError(f"{path}: field '{key}' must be a date (YYYY-MM-DD), got {fz[key]!r}")
+    if "structure_cutoff" in fz and fz["structure_cutoff"] > fz["cutoff"]:
+        raise InputError(f"{path}: structure_cutoff {fz['structure_cutoff']} is after cutoff {fz['cutoff']}: the "
+                         "structure cannot have been chosen on cases the fit has not seen")
     d = CostConfig()
     for name, v in fz["fixed"].items():
         if not hasattr(d, name):

@@ -54,6 +54,8 @@ def test_cases_after_the_cutoff_never_enter_the_ensemble():
 def test_the_frozen_structure_is_checked(tmp_path):
     """bench/fidelity_frozen.yaml is the structure a run fits and scores: a sourced constant of the code that
     differs from it, or a missing date, stops the run with one line saying to re-freeze."""
+    import datetime
+
     import pytest
     import yaml
 
@@ -67,6 +69,12 @@ def test_the_frozen_structure_is_checked(tmp_path):
         fid.load_frozen(bad)
     bad.write_text(yaml.safe_dump({k: v for k, v in raw.items() if k != "cutoff"}))
     with pytest.raises(InputError, match="field 'cutoff' missing"):
+        fid.load_frozen(bad)
+    bad.write_text(yaml.safe_dump({**raw, "structure_cutoff": raw["cutoff"] + datetime.timedelta(days=1)}))
+    with pytest.raises(InputError, match="structure_cutoff .* is after cutoff"):
+        fid.load_frozen(bad)
+    bad.write_text(yaml.safe_dump({**raw, "structure_cutoff": "soon"}))
+    with pytest.raises(InputError, match="'structure_cutoff' must be a date"):
         fid.load_frozen(bad)
     bad.write_text(yaml.safe_dump({**raw, "interval": {**raw["interval"], "level": 0.9}}))
     with pytest.raises(InputError, match="level .* re-freeze"):
