@@ -688,13 +688,16 @@ def run(args) -> int:
                               "the whole ensemble with the shipped interval, scored once")}
     # the fitted cases published after the structure's own choices (a refit moved the cut-off past them):
     # held out by group like every fitted case, and never used to choose the structure
+    from moeplace.sim.fidelity import too_slow
+
     late = [(c, e) for c, e in pre_e2e if after_structure(c, frozen)]
+    late_ids = {c["id"] for c, _ in late}
     structure_summary = None if frozen.get("structure_cutoff") is None else {
         "structure_cutoff": str(frozen["structure_cutoff"]), "cases": len(late), "ids": [c["id"] for c, _ in late],
         "errors": fe.error_stats(late),
         "coverage": fe.coverage_stats([(c, iv) for c, iv, a in iv_pairs
                                        if not a and c["kind"] in E2E and after_structure(c, frozen)])["all"],
-        "too_slow": sum(e < 0 for _, e in late),
+        "too_slow": sum(too_slow(r) for r in rows if r["id"] in late_ids),
         "note": ("fitted cases published after the newest case the structure was chosen on: each predicted by the "
                  "members that never drew its group, with its group's residuals left out of its interval")}
     # 8. anchored: place calibrate's leave-one-out within each group, from its out-of-bag members

@@ -43,10 +43,8 @@ def load_frozen(path: Path = FROZEN) -> dict:
     for key in ("frozen_on", "cutoff", "fit", "fixed", "ensemble", "interval"):
         if not isinstance(fz, dict) or key not in fz:
             raise InputError(f"{path}: field '{key}' missing")
-    for key in ("frozen_on", "cutoff", "structure_cutoff"):
-        if key == "structure_cutoff" and key not in fz:
-            continue
-        if not isinstance(fz[key], datetime.date):
+    for key in ("frozen_on", "cutoff", "structure_cutoff"):  # the last one optional
+        if key in fz and not isinstance(fz[key], datetime.date):
             raise InputError(f"{path}: field '{key}' must be a date (YYYY-MM-DD), got {fz[key]!r}")
     if "structure_cutoff" in fz and fz["structure_cutoff"] > fz["cutoff"]:
         raise InputError(f"{path}: structure_cutoff {fz['structure_cutoff']} is after cutoff {fz['cutoff']}: the "

@@ -119,12 +119,10 @@ def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
                          "covered": (res["after_cutoff"]["coverage"] or {}).get("covered"),
                          "too_slow": sum(too_slow(r) for r in rows if r.get("after_cutoff")),
                          "models": sorted({r["model"] for r in rows if r.get("after_cutoff") and r.get("model")})},
-        **({"after_structure": {
-            "structure_cutoff": res["after_structure"]["structure_cutoff"], "cases": res["after_structure"]["cases"],
-            "median_abs_error": (res["after_structure"]["errors"] or {}).get("median"),
-            "covered": (res["after_structure"]["coverage"] or {}).get("covered"),
-            "too_slow": sum(too_slow(r) for r in e2e if r["id"] in set(res["after_structure"]["ids"]))}}
-           if res.get("after_structure") else {}),
+        **({"after_structure": {"structure_cutoff": st["structure_cutoff"], "cases": st["cases"],
+                                "median_abs_error": (st["errors"] or {}).get("median"),
+                                "covered": (st["coverage"] or {}).get("covered"), "too_slow": st["too_slow"]}}
+           if (st := res.get("after_structure")) else {}),
         "tpot_cases": (lat.get("tpot") or {}).get("cases_n", len((lat.get("tpot") or {}).get("cases", []))),
         "tpot_median_abs_error": (lat.get("tpot") or {}).get("median_abs_error"),
         "ttft_cases": (lat.get("ttft") or {}).get("cases_n", sum(r.get("comparable", True) for r in
