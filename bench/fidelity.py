@@ -381,7 +381,8 @@ def coverage_text(cov: dict, what: str) -> list[str]:
             out.append(f"  {what} {k:8s}:  0 cases")
             continue
         out.append(f"  {what} {k:8s}: {v['cases']:2d} cases in {v['groups']:2d} groups: 80 % interval covers "
-                   f"{v['covered']}/{v['cases']} = {v['coverage']:.0%}, median width {v['median_width']:.0%} of the "
+                   f"{v['covered']}/{v['cases']} = {v['coverage']:.0%} (each group weighed alike: "
+                   f"{v['group_coverage']:.0%}), median width {v['median_width']:.0%} of the "
                    f"figure, median nearness {v['median_near']:.2f} groups")
     return out
 
@@ -679,17 +680,18 @@ def run(args) -> int:
           "kernel_tables": fe.error_stats([(c, e) for c, e, a in cv_pairs if not a and c["kind"] not in E2E])}
     coverage = fe.coverage_stats([(c, iv) for c, iv, a in iv_pairs if not a])
     width = {k: v.get("median_width") for k, v in coverage.items()}
+    from moeplace.sim.fidelity import too_slow
+
     after_rows = [r for r in rows if r["after_cutoff"]]
     after_summary = {"cutoff": str(frozen["cutoff"]), "cases": len(after_rows),
                      "ids": [r["id"] for r in after_rows],
                      "errors": fe.error_stats([(c, e) for c, e, a in cv_pairs if a]),
                      "coverage": fe.coverage_stats([(c, iv) for c, iv, a in iv_pairs if a])["all"],
+                     "too_slow": sum(too_slow(r) for r in after_rows),
                      "note": ("published after the cut-off, never used to choose structure nor fitted: each priced by "
                               "the whole ensemble with the shipped interval, scored once")}
     # the fitted cases published after the structure's own choices (a refit moved the cut-off past them):
     # held out by group like every fitted case, and never used to choose the structure
-    from moeplace.sim.fidelity import too_slow
-
     late = [(c, e) for c, e in pre_e2e if after_structure(c, frozen)]
     late_ids = {c["id"] for c, _ in late}
     structure_summary = None if frozen.get("structure_cutoff") is None else {
@@ -707,15 +709,15 @@ def run(args) -> int:
         wall = {cid: r.detail["wall_s"] for cid, r in runs.items()}  # longest groups first (orders the work only)
 
         def map_groups(todo):
-            # an uncalibrated figure's event simulation is the case's reference run, already made: handed over
-            # rather than simulated again (the same deterministic run, so the same rows)
-            todo = [(cs, m, q, r, {c["id"]: runs[c["id"]] for c in cs if c["id"] in runs} if r == ref_cfg else None)
-                    for cs, m, q, r in todo]
             return fe.spawn_map(_anchored_group, todo, args.workers, _set, {},
                                 [sum(wall.get(c["id"], 0.0) for c in t[0]) for t in todo])
+        # an uncalibrated figure's event simulation is the case's reference run where the ensemble's reference is
+        # this run's (the same deterministic run, so the same rows): handed over rather than simulated again
+        same = ens.reference_config() == ref_cfg
         with clock.step("anchored"):
             st["anchored"] = fa.anchored_all(cases, ens, args.quick, None if args.quick else fa.EXAMPLE,
-                                             source="this run's ensemble", report=False, map_groups=map_groups)
+                                             source="this run's ensemble", report=False, map_groups=map_groups,
+                                             runs=runs if same else None)
         if args.state:  # kept with the fitted state: a re-report prints it without recomputing
             import pickle
 
@@ -755,7 +757,8 @@ def run(args) -> int:
                  f"{ss['too_slow']} simulated slower than published"))
     print(f"after the cut-off ({frozen['cutoff']}): {after_summary['cases']} cases"
           + ("" if not after_rows else ": " + err_line("", after_summary["errors"]).strip()
-             + f"; interval covers {after_summary['coverage'].get('covered', 0)}/{after_summary['coverage']['cases']}"))
+             + f"; interval covers {after_summary['coverage'].get('covered', 0)}/{after_summary['coverage']['cases']}; "
+             f"{after_summary['too_slow']} simulated slower than published"))
     for line in latency_text(latency):
         print(line)
     print("constants across the members (10th-90th percentile; on a bound = within 1 % of its range):")
@@ -906,7 +909,7 @@ def latency_text(lat: dict) -> list[str]:
                 out.append(f"  {k.upper()} {r['id']:38s} published {r['published_ms']:8.1f} ms  not comparable: "
                            f"{r['why']}")
             elif "interval_ms" in r:
-                out.append(f"  {k.upper()}{'-mean' if r.get('statistic') == 'mean' else ''} {r['id']:38s} "
+                out.append(f"  {k.upper()}{' mean' if r.get('statistic') == 'mean' else ''} {r['id']:38s} "
                            f"published {r['published_ms']:8.1f} ms  ensemble "
                            f"{r['simulated_ms']:8.1f} ms {r['error']:+7.1%}  [{r['interval_ms'][0]:.1f} - "
                            f"{r['interval_ms'][1]:.1f}]" + ("" if r["covered"] else " MISSED")

@@ -373,12 +373,14 @@ def example(cases: list[dict], ens, spec: str, quick: bool) -> dict:
 
 def anchored_all(cases: list[dict], ens, quick: bool, example_spec: str | None = EXAMPLE,
                  chosen: set | None = None, source: str = "the shipped ensemble", report: bool = True,
-                 map_groups=None) -> dict:
+                 map_groups=None, runs: dict | None = None) -> dict:
     """Every group with at least two cases (or only ``chosen``) left out case by case from its out-of-bag
     members of ``ens``; the summary (printed with ``report``); the worked example (``example_spec``, not with
     ``chosen``). The results document (what --out holds and bench/fidelity.py's ``anchored`` block).
-    ``map_groups``: runs :func:`anchored_group` over a list of ``(cases, members, quick, reference)`` and returns their
-    rows in order (bench/fidelity.py's worker processes); default in this process."""
+    ``map_groups``: runs :func:`anchored_group` over a list of ``(cases, members, quick, reference, runs)`` and returns
+    their rows in order (bench/fidelity.py's worker processes); default in this process. ``runs``: each case's event
+    simulation on the ensemble's reference constants where the caller has made it (bench/fidelity.py's reference
+    runs; deterministic, so the same rows), handed to the uncalibrated figures instead of simulating again."""
     from moeplace.sim.calibrate import REFIT, SIGMA
 
     t0 = time.perf_counter()
@@ -402,8 +404,9 @@ def anchored_all(cases: list[dict], ens, quick: bool, example_spec: str | None =
         except ValueError as exc:
             print(f"  {g}: {exc}; left out", flush=True)
             continue
-        todo.append((cs, members, quick, ens.reference_config()))
-    done = map_groups(todo) if map_groups else [anchored_group(c, m, q, reference=r) for c, m, q, r in todo]
+        todo.append((cs, members, quick, ens.reference_config(),
+                     {c["id"]: runs[c["id"]] for c in cs if c["id"] in runs} if runs else None))
+    done = map_groups(todo) if map_groups else [anchored_group(c, m, q, reference=r, runs=rs) for c, m, q, r, rs in todo]
     rows = [r for part in done for r in part]
     summary = summarize(rows)
     if report:

@@ -155,6 +155,11 @@ def simulate_decode(trace: Path, placements: dict, cut: int, batch: int, gpu: st
                "--max-trace-tokens", "400000", "--no-progress", "--json"]
         doc = json.loads(_place(cmd))
     keys = ("tpot_p50_s", "tpot_p99_s", "output_tok_s_per_gpu", "mean_decode_seqs", "experts_s", "requests_finished")
+    short = [s["label"] for s in doc["summaries"] if not s.get("requests_finished")]
+    if short:  # a TPOT of no finished request is no figure: stop rather than write one
+        raise SystemExit(f"error: bench/pools.py: {batch} sequences per rank, {', '.join(short)}: no request finished "
+                         f"in {duration:g} simulated seconds (a 128-token request needs 128 decode steps); rerun "
+                         "with a longer --duration")
     return {"command": "place " + " ".join(c if not c.startswith(tempfile.gettempdir()) else Path(c).name for c in cmd),
             "rows": {s["label"]: {k: s.get(k) for k in keys} for s in doc["summaries"]}}
 

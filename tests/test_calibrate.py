@@ -387,7 +387,7 @@ def test_anchored_leaves_out_cases_published_after_the_cut_off():
     handed = []
 
     def capture(todo):
-        handed.extend(cs for cs, _, _, _ in todo)
+        handed.extend(t[0] for t in todo)
         return [[] for _ in todo]
     fa.anchored_all(late, ens, True, None, report=False, map_groups=capture)
     assert handed == []

@@ -468,3 +468,35 @@ def test_programmatic_dependent_launch_hides_part_of_each_gap_in_the_fused_build
     assert fused.kernel_gaps_s() == pytest.approx(fused.layer_kernels() * (2e-6 - 0.5e-6))
     # never below zero
     assert CostModel(m, make_cluster(4, "h200"), cfg.replace(graph_gap_s=1e-7), kernel_build="fused").kernel_gap_s() == 0.0
+
+
+def test_cost_models_on_one_pool_share_its_layout_and_price_by_their_own_constants():
+    """A fit prices one pool under thousands of constant sets, so the layout no constant changes (layers,
+    kernels per layer) is computed once per model, cluster and settings and shared: a cost model built
+    after the cache is emptied prices every iteration exactly as one that reused it, each by its own
+    constants, and a different model or setting gets its own layout."""
+    from moeplace.sim import cost as cost_mod
+
+    m, cl = mini_model(), make_cluster(4, "h200")
+    w = RankWork.zeros(2)
+    w.tokens[:] = w.dec_seqs[:] = w.sampled[:] = [8, 4]
+    w.dec_ctx[:] = [8 * 900, 4 * 900]
+    L = m.num_moe_layers
+    moe = MoeWork(tokens=np.array([[40, 30, 20, 10]] * L, float), touched=np.array([[4, 4, 3, 2]] * L, float),
+                  nvlink=np.array([[10, 10, 5, 5]] * L, float), nic=np.zeros((L, 4)))
+    slow = CostConfig().replace(hbm_efficiency=0.5, kernel_floor_s=9e-6)
+    a, b = CostModel(m, cl, CostConfig(), attention_tp=2), CostModel(m, cl, slow, attention_tp=2)
+    assert a._layer_kernels is b._layer_kernels  # shared, not rebuilt
+    with pytest.raises(ValueError):
+        a._is_moe[0] = not a._is_moe[0]  # shared arrays are read-only
+    ta, tb = a.step_time(w, moe).total, b.step_time(w, moe).total
+    assert tb > ta
+    cost_mod._LAYOUTS.clear()
+    fresh = CostModel(m, cl, slow, attention_tp=2)
+    assert fresh._layer_kernels is not b._layer_kernels
+    assert fresh.step_time(w, moe).total == tb and CostModel(m, cl, CostConfig(), attention_tp=2).step_time(
+        w, moe).total == ta
+    assert cost_mod._layout(m, cl, 4, 0.0, "unfused", "vllm") is not cost_mod._layout(m, cl, 2, 0.0, "unfused", "vllm")
+    other = mini_model(num_experts=32)
+    assert CostModel(other, cl, CostConfig())._keys == CostModel(other, cl, CostConfig())._keys
+    assert len({id(cost_mod._layout(x, cl, 1, 0.0, "unfused", "vllm")) for x in (m, other)}) == 2

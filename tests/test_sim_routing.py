@@ -274,3 +274,34 @@ def test_stat_mode_reads_the_distinct_experts_replay_reads(tmp_path, batch, tol)
             assert np.all(w.touched <= w.tokens + 1e-9)
             acc[name].append(w.touched[np.arange(L), w.tokens.argmax(axis=1)].mean())
     assert np.mean(acc["stat"]) == pytest.approx(np.mean(acc["replay"]), rel=tol)
+
+
+def test_remembered_distinct_experts_are_the_computed_ones_to_the_last_bit(tmp_path):
+    """StatRouter remembers expected_touched per (window, tokens, layer, GPU, drawn selections) once an
+    iteration of a (window, tokens) pair repeats; every figure it returns, from the table or freshly
+    filled, equals the direct computation bit for bit (including GPUs that drew nothing and experts whose
+    per-token chance is capped at 1), and a new placement starts the tables afresh."""
+    m = mini_model(num_experts=32, top_k=4)
+    tt = load_trace_tokens(write_trace(tmp_path / "t", m, num_requests=40, prompt=400, output=100, skew=2.0,
+                                       hot_shift=16))
+    pl = redundant_placement(m, 8, 4, seed=1)
+    stat = StatRouter(tt, pl, "vllm", window_tokens=2000)
+    rng = np.random.default_rng(0)
+    k, checked, remembered = m.top_k, 0, 0
+    for it in range(600):
+        n = int(rng.choice([1, 2, 3, 5, 16, 40]))
+        cycles, cover = stat._span(n)
+        stat.cursor += n
+        hit = np.flatnonzero(cover)
+        if cycles or len(hit) != 1:
+            continue
+        gq, sq = stat._mixed("gpu_q_w", cycles, cover, n), stat._mixed("slot_q_w", cycles, cover, n)
+        tokens = rng.multinomial(n * k, gq).astype(np.float64)
+        remembered += (int(hit[0]), n) in stat._touched_memo
+        got = stat._touched_in_window(int(hit[0]), tokens, gq, sq, k, n)
+        assert np.array_equal(got, stat.expected_touched(tokens, gq, sq, k, n))
+        checked += 1
+    assert checked > 400 and remembered > 300
+    assert (stat._touched_memo[next(iter(stat._touched_memo))] >= 0).any()
+    stat.set_placement(redundant_placement(m, 8, 4, seed=2))
+    assert stat._touched_memo == {}

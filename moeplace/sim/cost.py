@@ -63,6 +63,7 @@ perfectly balanced layer with the same total work.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -163,6 +164,18 @@ def collective_table(nvlink_bw: float) -> dict:
     return COLLECTIVE_TABLES["nvlink5" if nvlink_bw >= 900e9 else "nvlink4"]
 
 
+@functools.cache
+def _collective_rows(op: str, nvlink5: bool) -> tuple[np.ndarray, ...]:
+    """One table's rows as :func:`collective_time` interpolates them: message sizes, seconds (made
+    non-decreasing) and both logs (computed once; the tables are constants)."""
+    rows = np.asarray(COLLECTIVE_TABLES["nvlink5" if nvlink5 else "nvlink4"][op], dtype=np.float64)
+    size, t = rows[:, 0], np.maximum.accumulate(rows[:, 1]) * 1e-6
+    out = (size, t, np.log(size), np.log(t))
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
 def collective_time(op: str, bytes_, num_gpus: int, nvlink_bw: float):
     """Seconds of one ``op`` (``all_reduce`` | ``all_gather`` | ``reduce_scatter``) of ``bytes_`` (array or
     scalar; 0 where there is nothing to move) over ``num_gpus`` GPUs of one NVLink domain, from the
@@ -174,11 +187,10 @@ def collective_time(op: str, bytes_, num_gpus: int, nvlink_bw: float):
     if num_gpus <= 1:
         return np.zeros_like(b)
     tab = collective_table(nvlink_bw)
-    rows = np.asarray(tab[op], dtype=np.float64)
-    size, t = rows[:, 0], np.maximum.accumulate(rows[:, 1]) * 1e-6
+    size, t, log_size, log_t = _collective_rows(op, tab is COLLECTIVE_TABLES["nvlink5"])
     eq = b * _BUS[op](num_gpus) / _BUS[op](COLLECTIVE_TABLE_GPUS) * tab["ref_bw"] / nvlink_bw
     x = np.log(np.clip(eq, size[0], size[-1]))
-    out = np.exp(np.interp(x, np.log(size), np.log(t)))
+    out = np.exp(np.interp(x, log_size, log_t))
     out = np.where(eq > size[-1], t[-1] * eq / size[-1], out)
     return np.where(b > 0, out, 0.0)
 
@@ -273,6 +285,56 @@ def node_dedup_factor(num_gpus: int, gpus_per_node: int, top_k: int) -> float:
     return float(nodes / gpus)
 
 
+_LAYOUTS: dict = {}  # CostModel's layout by (model, cluster, settings) object: see _layout
+
+
+def _layout(model: ModelSpec, cluster: ClusterSpec, attention_tp: int, kernels_per_layer: float, kernel_build: str,
+            engine: str) -> dict:
+    """The part of a :class:`CostModel` that no constant changes (the layer layout, kernels per layer, the
+    dedup factors), computed once per model and cluster object and settings and shared by every cost model
+    built on them: a fit prices one pool under thousands of constant sets. Keyed on the objects' identity
+    (the cache holds them, so an id is never reused while it is cached); their dataclasses are frozen."""
+    key = (id(model), id(cluster), attention_tp, kernels_per_layer, kernel_build, engine)
+    hit = _LAYOUTS.get(key)
+    if hit is not None and hit[0] is model and hit[1] is cluster:
+        return hit[2]
+    out = {"node_dedup": node_dedup_factor(cluster.num_gpus, cluster.gpus_per_node, model.top_k),
+           "ll_per_copy": selections_per_copy(cluster.num_gpus, model.top_k),
+           "pure_tp": attention_tp >= cluster.num_gpus,  # every GPU holds every token: no all-to-all
+           "wbytes": DTYPE_BYTES[model.weight_dtype],
+           "kind_counts": {k: len(model.layers_of(k)) for k in ("mla", "kda", "gqa")}}
+    # Per-kind constants, computed once (the formulas below use them per iteration).
+    out["_att_params"] = {k: model.attention_params(k) for k, n in out["kind_counts"].items() if n}
+    out["_kda_state_layer"] = (model.state_bytes_per_sequence(attention_tp) / out["kind_counts"]["kda"]
+                               if out["kind_counts"]["kda"] else 0.0)
+    # Layer layout for step_time: each layer's (attention kind, MoE?) key and MoE-layer flag.
+    moe = set(model.moe_layers)
+    keys = sorted({(k, i in moe) for i, k in enumerate(model.attention)})
+    out["_keys"] = keys
+    out["_layer_key"] = np.array([keys.index((k, i in moe)) for i, k in enumerate(model.attention)])
+    is_moe = np.array([i in moe for i in range(model.num_layers)])
+    out["_is_moe"] = is_moe
+    # Kimi K3: its engines' own kernels, each priced (sim.k3_kernels), unless a count is imposed
+    k3 = K3Kernels(model, build_of(engine, attention_tp), attention_tp) if is_k3(model) and kernels_per_layer == 0 \
+        else None
+    out["_k3"] = k3
+    if kernels_per_layer > 0:
+        out["_layer_kernels"] = np.full(model.num_layers, kernels_per_layer)
+    elif k3 is not None:
+        out["_layer_kernels"] = k3.counts(model.attention, is_moe)
+    else:
+        b = KERNEL_BUILDS[kernel_build]
+        out["_layer_kernels"] = np.array([b[kind] + b["moe" if m else "mlp"] + b["norm"]
+                                          for kind, m in zip(model.attention, is_moe)], dtype=np.float64)
+    for v in out.values():  # shared: nothing may write into them
+        if isinstance(v, np.ndarray):
+            v.flags.writeable = False
+    if len(_LAYOUTS) >= 256:
+        _LAYOUTS.clear()
+    _LAYOUTS[key] = (model, cluster, out)
+    return out
+
+
 class CostModel:
     """Costs of one model on one GPU kind and pool (shared state: derived constants; no I/O).
 
@@ -323,31 +385,7 @@ class CostModel:
         self.nvlink_bw = g.nvlink_bw * c.link_efficiency
         self.nic_bw = g.nic_bw * c.nic_efficiency
         self.ll_nic_bw = g.nic_bw * c.ll_efficiency
-        self.node_dedup = node_dedup_factor(cluster.num_gpus, cluster.gpus_per_node, model.top_k)
-        self.ll_per_copy = selections_per_copy(cluster.num_gpus, model.top_k)
-        self.pure_tp = attention_tp >= cluster.num_gpus  # every GPU holds every token: no all-to-all
-        self.wbytes = DTYPE_BYTES[model.weight_dtype]
-        self.kind_counts = {k: len(model.layers_of(k)) for k in ("mla", "kda", "gqa")}
-        # Per-kind constants, computed once (the formulas below use them per iteration).
-        self._att_params = {k: model.attention_params(k) for k, n in self.kind_counts.items() if n}
-        self._kda_state_layer = (model.state_bytes_per_sequence(attention_tp) / self.kind_counts["kda"]
-                                 if self.kind_counts["kda"] else 0.0)
-        # Layer layout for step_time: each layer's (attention kind, MoE?) key and MoE-layer flag.
-        moe = set(model.moe_layers)
-        self._keys = sorted({(k, i in moe) for i, k in enumerate(model.attention)})
-        self._layer_key = np.array([self._keys.index((k, i in moe)) for i, k in enumerate(model.attention)])
-        self._is_moe = np.array([i in moe for i in range(model.num_layers)])
-        # Kimi K3: its engines' own kernels, each priced (sim.k3_kernels), unless a count is imposed
-        self._k3 = (K3Kernels(model, build_of(engine, attention_tp), attention_tp)
-                    if is_k3(model) and self.kernels_per_layer == 0 else None)
-        if self.kernels_per_layer > 0:
-            self._layer_kernels = np.full(model.num_layers, self.kernels_per_layer)
-        elif self._k3 is not None:
-            self._layer_kernels = self._k3.counts(model.attention, self._is_moe)
-        else:
-            b = KERNEL_BUILDS[kernel_build]
-            self._layer_kernels = np.array([b[kind] + b["moe" if m else "mlp"] + b["norm"]
-                                            for kind, m in zip(model.attention, self._is_moe)], dtype=np.float64)
+        self.__dict__.update(_layout(model, cluster, attention_tp, self.kernels_per_layer, kernel_build, engine))
 
     # ------------------------------------------------------------------ GEMMs
     @classmethod

@@ -52,6 +52,8 @@ from moeplace.sim.workload import TraceTokens
 
 FIT_SAMPLE_TOKENS = 4096
 STAT_WINDOW_TOKENS = 4096  # the trace's tokens per fitted distribution (place optimize's window)
+TOUCHED_MEMO_ENTRIES = 2 ** 23  # StatRouter's remembered expected_touched figures (float64: 64 MiB), at most;
+# one (window, tokens) table at most a quarter of it
 
 
 def link_copies(gpu: np.ndarray, src: np.ndarray, gpus_per_node: int, num_gpus: int
@@ -339,6 +341,8 @@ class StatRouter:
                                   for f in self.freq_w])  # [Wn, L, P]
         gq = self.slot_q_w.reshape(-1, L, G, P // G).sum(axis=3)
         self.gpu_q_w = gq / gq.sum(axis=2, keepdims=True)
+        self._touched_memo: dict = {}  # expected_touched by (window, tokens): see _touched_in_window
+        self._touched_seen: set = set()
         # each array's whole-trace mixture (window length-weighted), flattened, for spans of whole passes
         share = (self.window_end - self.window_start) / float(self.window_end[-1])
         self._whole = {name: np.einsum("w,wx->x", share, getattr(self, name).reshape(len(share), -1))
@@ -412,7 +416,7 @@ class StatRouter:
             self.cursor += num_tokens
             gpu_q, slot_q = self.gpu_q_w[w], self.slot_q_w[w]
             tokens = rng.multinomial(num_sel, gpu_q).astype(np.float64)
-            touched = self.expected_touched(tokens, gpu_q, slot_q, k, num_tokens)
+            touched = self._touched_in_window(w, tokens, gpu_q, slot_q, k, num_tokens)
             counts = num_sel * self.freq_w[w] if want_counts else None
             return (MoeWork(tokens, touched, tokens * self.nv_ratio[:, None], tokens * self.nic_ratio[:, None]),
                     counts)
@@ -420,7 +424,10 @@ class StatRouter:
         self.cursor += num_tokens
         gpu_q, slot_q = self._mixed("gpu_q_w", cycles, cover, n), self._mixed("slot_q_w", cycles, cover, n)
         tokens = rng.multinomial(num_sel, gpu_q).astype(np.float64)  # [L, G]
-        touched = self.expected_touched(tokens, gpu_q, slot_q, k, num_tokens)
+        hit = np.flatnonzero(cover)
+        touched = (self._touched_in_window(int(hit[0]), tokens, gpu_q, slot_q, k, num_tokens)
+                   if cycles == 0 and len(hit) == 1  # _mixed gave that window's own arrays
+                   else self.expected_touched(tokens, gpu_q, slot_q, k, num_tokens))
         counts = None
         if want_counts:
             counts = num_sel * self._mixed("freq_w", cycles, cover, n)
@@ -446,6 +453,40 @@ class StatRouter:
         p = np.minimum(k * slot_q.reshape(L, G, S) * c[:, :, None], 1.0)
         touched = (1.0 - (1.0 - p) ** n).sum(axis=2)
         return np.minimum(touched, tokens)
+
+    def _touched_in_window(self, w: int, tokens: np.ndarray, gpu_q: np.ndarray, slot_q: np.ndarray, k: int,
+                           num_tokens: int) -> np.ndarray:
+        """:meth:`expected_touched` of an iteration drawn from window ``w``'s own shares (``gpu_q`` and
+        ``slot_q`` are that window's arrays), remembered: given the window and ``num_tokens``, a GPU's
+        distinct experts of a layer depend only on its drawn selections, a whole number from 0 to
+        ``num_tokens k``, so each (layer, GPU, count) is computed once, by the same operations as
+        :meth:`expected_touched` (the same figures to the last bit), and looked up after. A router's
+        first iteration of a (window, tokens) pair, or one whose table would exceed a quarter of
+        :data:`TOUCHED_MEMO_ENTRIES`, is computed directly; past that many entries the tables start afresh."""
+        n = max(int(num_tokens), 1)
+        L, G = tokens.shape
+        key = (w, n)
+        tab = self._touched_memo.get(key)
+        if tab is None:
+            size = L * G * (n * k + 1)
+            if key not in self._touched_seen or 4 * size > TOUCHED_MEMO_ENTRIES:
+                self._touched_seen.add(key)
+                return self.expected_touched(tokens, gpu_q, slot_q, k, num_tokens)
+            if sum(t.size for t in self._touched_memo.values()) + size > TOUCHED_MEMO_ENTRIES:
+                self._touched_memo.clear()
+            tab = self._touched_memo[key] = np.full((L, G, n * k + 1), np.nan)
+        li, gi = np.indices((L, G))
+        idx = tokens.astype(np.intp)
+        v = tab[li, gi, idx]
+        miss = np.isnan(v)
+        if miss.any():
+            lm, gm, tm = li[miss], gi[miss], tokens[miss]
+            S = self.placement.slots_per_gpu
+            q = gpu_q[lm, gm]
+            c = np.divide(tm, n * k * q, out=np.zeros_like(tm), where=q > 0)
+            p = np.minimum(k * slot_q.reshape(L, G, S)[lm, gm] * c[:, None], 1.0)
+            tab[lm, gm, idx[miss]] = v[miss] = (1.0 - (1.0 - p) ** n).sum(axis=1)
+        return np.minimum(v, tokens)
 
 
 def _window_freq(trace: TraceTokens, a: int, b: int, fallback: np.ndarray) -> np.ndarray:
