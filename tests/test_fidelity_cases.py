@@ -497,7 +497,7 @@ def test_a_published_mean_latency_is_compared_with_the_simulated_mean(tmp_path):
     (t,), (p,) = lat["ttft"]["cases"], lat["tpot"]["cases"]
     assert t["statistic"] == p["statistic"] == "mean" and t["reference_ms"] == 400.0  # the run's mean, not its p50
     assert np.isclose(t["error"], 400 / 500 - 1) and np.isclose(p["simulated_ms"], 11.0)
-    assert "TTFT-mean m" in "\n".join(fid.latency_text(lat))
+    assert "TTFT mean m" in "\n".join(fid.latency_text(lat))
     # the run's means: finished requests after the warm-up only
     reqs = pl.DataFrame({"finished_s": [5.0, 20.0, 30.0, None], "ttft_s": [9.0, 0.2, 0.4, None],
                          "tpot_s": [9.0, 0.01, 0.03, None]})
