@@ -216,6 +216,11 @@ def peer_only(results: str | Path, peer_path: str | Path, aisimulate_path: str |
     if peer is None:
         raise InputError(f"{peer_path}: no peer results (run bench/peer_aiconfigurator.py where aiconfigurator is "
                          "installed)")
+    # what each case publishes besides its figure (a results file written before rows carried it)
+    cases = {c["id"]: c for c in load_cases(CASES)}
+    for row in res["cases"]:
+        if cases.get(row["id"], {}).get("published_latency"):
+            row["published_latency"] = cases[row["id"]]["published_latency"]
     res["peer_summary"] = peer_summary_of(res["cases"], peer, aisimulate_status(Path(aisimulate_path)))
     for line in peer_text(res["peer_summary"]):
         print(line)
@@ -632,6 +637,7 @@ def run(args) -> int:
                "source": c["source"], "published_on": str(c["published_on"]), "after_cutoff": after_cutoff(c, frozen),
                "gpu": c["gpu"], "model": c.get("model"), "engine": case_engine(c), "config": config_text(c),
                "config_full": c["config"], "metric": c["metric"], "published": c["published"],
+               **({"published_latency": c["published_latency"]} if c.get("published_latency") else {}),
                "assumptions": c["assumptions"]}
         if run_c is not None:
             row["simulated"] = run_c.simulated

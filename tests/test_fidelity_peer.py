@@ -40,6 +40,12 @@ def test_join_attaches_the_peer_counts_shared_cases_and_says_why_where_it_is_clo
     assert "66.7 ms (too fast)" in why and "90.0 ms" in why and "100.0 ms" in why
     assert "1 of 2" in fid.peer_text(s)[0]
     assert fid.peer_cell(rows[2]) == "n/a" and fid.peer_cell(rows[0]) == "1,100 (+10.0%)"
+    # a case that prints its own TPOT (InferenceX's means) is compared on it, against the run's same statistic,
+    # not on the TPOT its throughput would imply
+    rows[0]["published_latency"] = {"tpot_mean_ms": 80.0}
+    rows[0]["detail"]["tpot_mean_s"] = 0.0612
+    why = fid.join_peer(rows, peer)["peer_closer"][0]["why"]
+    assert "61.2 ms (too fast)" in why and "published 80.0 ms (mean of its requests)" in why and "implies" not in why
 
 
 def test_committed_results_carry_the_peer_for_every_case_the_peer_file_supports():
