@@ -1014,10 +1014,14 @@ def pools() -> str:
                               if t and t.get("tpot_p50_s") and base else ["", "", ""])
                 rows.append(cells)
         t = d["tokens"]
+        secs = {b: e["sim"].get("duration_s") for b, e in d["batches"].items() if "sim" in e}
+        runs = (", each run until one request per running slot had finished ("
+                + ", ".join(f"{v:g}" for v in secs.values()) + f" simulated s at {'/'.join(secs)} per rank)"
+                if secs and all(secs.values()) else "")
         out.append(f"Decode pool DEP{d['gpus']}, {what}: {t['decode_planning']:,} planning and {t['decode_held_out']:,} "
                    f"held-out decode tokens ({t['requests_held_out']:,} held-out requests); act = slots the busiest "
                    "GPU reads per held-out step" + ("; TPOT: `place simulate --phase decode` on GB300, replay routing "
-                   "of the held-out requests, the decode batch it reached" if sim else "") + ":\n")
+                   f"of the held-out requests, the decode batch it reached{runs}" if sim else "") + ":\n")
         out.append(_table(head, rows))
         pre = r[name]["prefill"]
         prow = []

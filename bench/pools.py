@@ -111,6 +111,9 @@ def _plan(name: str, loads: np.ndarray, model, cluster, **options):
 
 
 # ---------------------------------------------------------------------------- decode pool
+MAX_DOUBLINGS = 3  # simulate_decode: a TPOT run's simulated seconds double at most this many times
+
+
 def decode_figures(trace: Path, gpu: str, sim: bool, duration: float, gpus: int = DECODE_GPUS) -> dict:
     dec = read_phase_tokens(trace, "decode")
     pre = read_phase_tokens(trace, "prefill")
@@ -140,7 +143,10 @@ def decode_figures(trace: Path, gpu: str, sim: bool, duration: float, gpus: int 
 
 def simulate_decode(trace: Path, placements: dict, cut: int, batch: int, gpu: str, duration: float) -> dict:
     """The decode pool alone (``--phase decode``: requests arrive with their prompt's KV), each placement, on
-    the held-out requests (replay routing), ``batch`` running sequences per DP rank."""
+    the held-out requests (replay routing), ``batch`` running sequences per DP rank. The run is sized by what it
+    simulates, never by the clock: ``duration`` simulated seconds, doubled (at most :data:`MAX_DOUBLINGS` times)
+    until every placement has finished at least one request per running slot (a whole wave of the closed loop,
+    so its TPOT percentiles are over a full batch, however long a step is under the constants)."""
     with tempfile.TemporaryDirectory(prefix="bench-pools-") as tmp:
         args = []
         for name, pl in placements.items():
@@ -149,18 +155,24 @@ def simulate_decode(trace: Path, placements: dict, cut: int, batch: int, gpu: st
             f = Path(tmp) / f"{name}.json"
             pl.save(f)
             args += ["--placement", str(f)]
-        cmd = ["simulate", str(trace), *args, "--phase", "decode", "--gpus", str(DECODE_GPUS), "--gpu", gpu,
-               "--attention-tp", "1", "--max-seqs", str(batch), "--concurrency", str(DECODE_GPUS * batch),
-               "--isl", "1024", "--osl", "128", "--mode", "replay", "--duration", str(duration),
-               "--max-trace-tokens", "400000", "--no-progress", "--json"]
-        doc = json.loads(_place(cmd))
+        slots = DECODE_GPUS * batch
+        for _ in range(MAX_DOUBLINGS + 1):
+            cmd = ["simulate", str(trace), *args, "--phase", "decode", "--gpus", str(DECODE_GPUS), "--gpu", gpu,
+                   "--attention-tp", "1", "--max-seqs", str(batch), "--concurrency", str(slots),
+                   "--isl", "1024", "--osl", "128", "--mode", "replay", "--duration", f"{duration:g}",
+                   "--max-trace-tokens", "400000", "--no-progress", "--json"]
+            doc = json.loads(_place(cmd))
+            short = [s["label"] for s in doc["summaries"] if (s.get("requests_finished") or 0) < slots]
+            if not short:
+                break
+            duration *= 2
+        else:  # a TPOT of fewer requests than one wave is no figure: stop rather than write one
+            raise SystemExit(f"error: bench/pools.py: {batch} sequences per rank, {', '.join(short)}: fewer than "
+                             f"{slots} requests finished in {duration / 2:g} simulated seconds (one per running "
+                             "slot); rerun with a longer --duration")
     keys = ("tpot_p50_s", "tpot_p99_s", "output_tok_s_per_gpu", "mean_decode_seqs", "experts_s", "requests_finished")
-    short = [s["label"] for s in doc["summaries"] if not s.get("requests_finished")]
-    if short:  # a TPOT of no finished request is no figure: stop rather than write one
-        raise SystemExit(f"error: bench/pools.py: {batch} sequences per rank, {', '.join(short)}: no request finished "
-                         f"in {duration:g} simulated seconds (a 128-token request needs 128 decode steps); rerun "
-                         "with a longer --duration")
     return {"command": "place " + " ".join(c if not c.startswith(tempfile.gettempdir()) else Path(c).name for c in cmd),
+            "duration_s": duration,
             "rows": {s["label"]: {k: s.get(k) for k in keys} for s in doc["summaries"]}}
 
 
@@ -232,9 +244,10 @@ def print_prefill(name: str, d: dict) -> None:
 def main_(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller inputs, no TPOT simulation (a smoke run)")
-    # 24 s: at 256 sequences per rank a K3 decode step on 16 GB300 takes up to ~90 ms under the fitted
-    # constants, so 8 s held fewer iterations than a 128-token request needs and finished none
-    ap.add_argument("--duration", type=float, default=24.0, help="simulated seconds per TPOT run (default 24)")
+    # the first try of each TPOT run; simulate_decode doubles it until a whole wave of requests has finished
+    ap.add_argument("--duration", type=float, default=24.0,
+                    help="simulated seconds of each TPOT run's first try, doubled until one request per running slot "
+                         "has finished (default 24)")
     args = ap.parse_args(argv)
     result: dict = {"batches_per_dp_rank": list(BATCHES), "decode_gpus": DECODE_GPUS, "rule": RULE}
     with tempfile.TemporaryDirectory(prefix="bench-pools-in-") as tmp, timed() as t:

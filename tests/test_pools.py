@@ -400,3 +400,34 @@ def test_optimize_phase_reads_the_tags_in_the_traces_own_metadata(mini_trace, tm
     grouping = json.loads(capsys.readouterr().out)["shift_groupings"][0]
     assert grouping["key"] == "dataset" and grouping["what"] == "a new dataset", grouping
     assert len(grouping["groups"]) >= 2 and set(grouping["groups"]) <= {"d0", "d1", "d2"}
+
+
+def test_bench_pools_sizes_each_tpot_run_by_what_it_simulated(monkeypatch, tmp_path):
+    """bench/pools.py's decode TPOT run doubles its simulated seconds until every placement has finished one
+    request per running slot (a whole wave: its percentiles are over a full batch whatever a step costs), never
+    by the clock, and stops with a clear error rather than write a TPOT of too few requests."""
+    import json
+
+    from benchkit import REPO, load_bench
+
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # the script imports its helpers (_timing) from there
+    pools = load_bench("pools", "bench_pools_sizing")
+    calls = []
+
+    def fake(finished_by_duration):
+        def place(cmd):
+            d = float(cmd[cmd.index("--duration") + 1])
+            calls.append(d)
+            n = finished_by_duration(d)
+            return json.dumps({"summaries": [{"label": lab, "requests_finished": n, "tpot_p50_s": 0.1}
+                                             for lab in ("placement-a", "placement-b")]})
+        return place
+
+    monkeypatch.setattr(pools, "_place", fake(lambda d: 100 if d < 40 else 300))
+    out = pools.simulate_decode(tmp_path / "t", {}, 0, 16, "gb300-nvl72", 24.0)  # 16 GPUs x 16 = 256 slots
+    assert calls == [24.0, 48.0] and out["duration_s"] == 48.0 and "--duration 48" in out["command"]
+    calls.clear()
+    monkeypatch.setattr(pools, "_place", fake(lambda d: 0))
+    with pytest.raises(SystemExit, match="fewer than 256 requests finished in 192 simulated seconds"):
+        pools.simulate_decode(tmp_path / "t", {}, 0, 16, "gb300-nvl72", 24.0)
+    assert calls == [24.0, 48.0, 96.0, 192.0]
