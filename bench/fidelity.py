@@ -216,11 +216,6 @@ def peer_only(results: str | Path, peer_path: str | Path, aisimulate_path: str |
     if peer is None:
         raise InputError(f"{peer_path}: no peer results (run bench/peer_aiconfigurator.py where aiconfigurator is "
                          "installed)")
-    # what each case publishes besides its figure (a results file written before rows carried it)
-    cases = {c["id"]: c for c in load_cases(CASES)}
-    for row in res["cases"]:
-        if cases.get(row["id"], {}).get("published_latency"):
-            row["published_latency"] = cases[row["id"]]["published_latency"]
     res["peer_summary"] = peer_summary_of(res["cases"], peer, aisimulate_status(Path(aisimulate_path)))
     for line in peer_text(res["peer_summary"]):
         print(line)
@@ -390,6 +385,23 @@ def coverage_text(cov: dict, what: str) -> list[str]:
                    f"{v['group_coverage']:.0%}), median width {v['median_width']:.0%} of the "
                    f"figure, median nearness {v['median_near']:.2f} groups")
     return out
+
+
+def date_column(ids: set, cv_pairs: list, iv_pairs: list, rows: list[dict]) -> dict:
+    """One column of cases picked by publication date (``ids``): their count, held-out errors, the interval's
+    coverage and how many were simulated slower than published (sim.fidelity.too_slow)."""
+    from moeplace.sim.fidelity import too_slow
+
+    return {"cases": len(ids), "ids": [r["id"] for r in rows if r["id"] in ids],
+            "errors": fe.error_stats([(c, e) for c, e, _ in cv_pairs if c["id"] in ids]),
+            "coverage": fe.coverage_stats([(c, iv) for c, iv, _ in iv_pairs if c["id"] in ids])["all"],
+            "too_slow": sum(too_slow(r) for r in rows if r["id"] in ids)}
+
+
+def date_column_text(col: dict) -> str:
+    return f"{col['cases']} cases" + ("" if not col["cases"] else (
+        ": " + err_line("", col["errors"]).strip() + f"; interval covers {col['coverage'].get('covered', 0)}/"
+        f"{col['coverage']['cases']}; {col['too_slow']} simulated slower than published"))
 
 
 def err_line(name: str, s: dict) -> str:
@@ -686,26 +698,15 @@ def run(args) -> int:
           "kernel_tables": fe.error_stats([(c, e) for c, e, a in cv_pairs if not a and c["kind"] not in E2E])}
     coverage = fe.coverage_stats([(c, iv) for c, iv, a in iv_pairs if not a])
     width = {k: v.get("median_width") for k, v in coverage.items()}
-    from moeplace.sim.fidelity import too_slow
-
-    after_rows = [r for r in rows if r["after_cutoff"]]
-    after_summary = {"cutoff": str(frozen["cutoff"]), "cases": len(after_rows),
-                     "ids": [r["id"] for r in after_rows],
-                     "errors": fe.error_stats([(c, e) for c, e, a in cv_pairs if a]),
-                     "coverage": fe.coverage_stats([(c, iv) for c, iv, a in iv_pairs if a])["all"],
-                     "too_slow": sum(too_slow(r) for r in after_rows),
+    after_ids = {c["id"] for c, _, a in cv_pairs if a}
+    after_summary = {"cutoff": str(frozen["cutoff"]), **date_column(after_ids, cv_pairs, iv_pairs, rows),
                      "note": ("published after the cut-off, never used to choose structure nor fitted: each priced by "
                               "the whole ensemble with the shipped interval, scored once")}
     # the fitted cases published after the structure's own choices (a refit moved the cut-off past them):
     # held out by group like every fitted case, and never used to choose the structure
-    late = [(c, e) for c, e in pre_e2e if after_structure(c, frozen)]
-    late_ids = {c["id"] for c, _ in late}
+    late_ids = {c["id"] for c, _ in pre_e2e if after_structure(c, frozen)}
     structure_summary = None if frozen.get("structure_cutoff") is None else {
-        "structure_cutoff": str(frozen["structure_cutoff"]), "cases": len(late), "ids": [c["id"] for c, _ in late],
-        "errors": fe.error_stats(late),
-        "coverage": fe.coverage_stats([(c, iv) for c, iv, a in iv_pairs
-                                       if not a and c["kind"] in E2E and after_structure(c, frozen)])["all"],
-        "too_slow": sum(too_slow(r) for r in rows if r["id"] in late_ids),
+        "structure_cutoff": str(frozen["structure_cutoff"]), **date_column(late_ids, cv_pairs, iv_pairs, rows),
         "note": ("fitted cases published after the newest case the structure was chosen on: each predicted by the "
                  "members that never drew its group, with its group's residuals left out of its interval")}
     # 8. anchored: place calibrate's leave-one-out within each group, from its out-of-bag members
@@ -755,16 +756,9 @@ def run(args) -> int:
     for line in coverage_text(coverage, "held out"):
         print(line)
     if structure_summary is not None:
-        ss = structure_summary
-        print(f"fitted, published after the structure's cases ({ss['structure_cutoff']}; never used to choose it), "
-              f"held out by group: {ss['cases']} cases"
-              + ("" if not ss["cases"] else ": " + err_line("", ss["errors"]).strip()
-                 + f"; interval covers {ss['coverage'].get('covered', 0)}/{ss['coverage']['cases']}; "
-                 f"{ss['too_slow']} simulated slower than published"))
-    print(f"after the cut-off ({frozen['cutoff']}): {after_summary['cases']} cases"
-          + ("" if not after_rows else ": " + err_line("", after_summary["errors"]).strip()
-             + f"; interval covers {after_summary['coverage'].get('covered', 0)}/{after_summary['coverage']['cases']}; "
-             f"{after_summary['too_slow']} simulated slower than published"))
+        print(f"fitted, published after the structure's cases ({structure_summary['structure_cutoff']}; never used to "
+              f"choose it), held out by group: {date_column_text(structure_summary)}")
+    print(f"after the cut-off ({frozen['cutoff']}): {date_column_text(after_summary)}")
     for line in latency_text(latency):
         print(line)
     print("constants across the members (10th-90th percentile; on a bound = within 1 % of its range):")

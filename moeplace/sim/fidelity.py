@@ -92,6 +92,15 @@ def too_slow(row: dict[str, Any]) -> bool:
     return row["cv_error"] > 0 if row["metric"] == "latency_us" else row["cv_error"] < 0
 
 
+def _lean(slow: int, cases: int) -> str:
+    """Which way ``cases`` held-out figures were off, ``slow`` of them slower than published."""
+    if slow == cases:
+        return f"all {cases} simulated slower than published"
+    if slow == 0:
+        return f"all {cases} simulated faster than published"
+    return f"{slow} simulated slower and {cases - slow} faster than published"
+
+
 def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
     """The label's figures from ``bench/fidelity.py``'s results (its ``cases``, ``cv``, ``coverage``,
     ``after_cutoff``, ``latency``, ``ensemble``, ``frozen``): how far the shipped ensemble's held-out
@@ -209,16 +218,12 @@ def fidelity_note(s: dict[str, Any], run: dict[str, Any] | None = None) -> str:
     if st.get("cases"):
         parts.append(f"of them, the {st['cases']} published after {st['structure_cutoff']} (never used to choose the "
                      f"model's structure): median off by {st['median_abs_error']:.0%}, {st['covered']} inside the "
-                     f"interval, {st['too_slow']} simulated slower and {st['cases'] - st['too_slow']} faster than "
-                     "published")
+                     f"interval, {_lean(st['too_slow'], st['cases'])}")
     a = s.get("after_cutoff") or {}
     if a.get("cases"):
-        slow = a.get("too_slow")
-        lean = ("" if slow is None else f", all {slow} simulated slower than published" if slow == a["cases"]
-                else f", all {a['cases']} simulated faster than published" if slow == 0
-                else f", {slow} simulated slower and {a['cases'] - slow} faster than published")
         parts.append(f"after the {s['cutoff']} cut-off {a['cases']} unseen case(s): median off by "
-                     f"{a['median_abs_error']:.0%}, {a['covered']} inside the interval{lean}")
+                     f"{a['median_abs_error']:.0%}, {a['covered']} inside the interval, "
+                     f"{_lean(a['too_slow'], a['cases'])}")
     else:
         parts.append(f"no case published after the {s['cutoff']} cut-off yet")
     if s.get("tpot_cases"):
