@@ -381,9 +381,13 @@ def coverage_text(cov: dict, what: str) -> list[str]:
             out.append(f"  {what} {k:8s}:  0 cases")
             continue
         out.append(f"  {what} {k:8s}: {v['cases']:2d} cases in {v['groups']:2d} groups: 80 % interval covers "
-                   f"{v['covered']}/{v['cases']} = {v['coverage']:.0%} (each group weighed alike: "
+                   f"{v['covered']}/{v['cases']} = {v['coverage']:.1%} (5-95 % over resamples of the groups: "
+                   f"{v['coverage_range'][0]:.0%}-{v['coverage_range'][1]:.0%}; each group weighed alike: "
                    f"{v['group_coverage']:.0%}), median width {v['median_width']:.0%} of the "
                    f"figure, median nearness {v['median_near']:.2f} groups")
+    missed = fe.coverage_misses(cov)
+    out.append(f"  {what} coverage target (70-90 %, overall and by kind of run): "
+               + (f"NOT MET ({', '.join(missed)})" if missed else "met"))
     return out
 
 

@@ -268,6 +268,34 @@ def test_committed_coverage_is_its_rows_summary():
         lo, hi = r["interval"]
         assert r["covered"] == (lo <= r["published"] <= hi), r["id"]
     assert set(res["width"]) == set(res["coverage"]) and res["width"]["all"] == cov["median_width"]
+    for kind, c in res["coverage"].items():  # how precisely the groups measure it: from the same rows' flags
+        if not c.get("cases"):
+            continue
+        by_group: dict[str, list[bool]] = {}
+        for r in held:
+            if kind == "all" or r["kind"] == kind:
+                by_group.setdefault(r["group"], []).append(r["covered"])
+        assert c["coverage_range"] == fe.coverage_range(by_group), kind
+        assert c["coverage_range"][0] <= c["coverage"] <= c["coverage_range"][1], kind
+
+
+def test_the_coverage_range_resamples_whole_groups():
+    """A coverage measured on few groups is imprecise, the more so when one group holds many of the cases:
+    the 5-95 % range over group resamples is that of a ratio of whole groups' hits to their cases, repeats
+    with its seed, and is a point when every group agrees."""
+    fe = _fidelity().fe
+    assert fe.coverage_range({"a": [True, True], "b": [True]}) == [1.0, 1.0]
+    assert fe.coverage_range({"a": [False] * 3, "b": [False]}) == [0.0, 0.0]
+    # two groups: a (3 cases, all inside) and b (1 case, missed). Each resample draws two groups, so its
+    # coverage is 1 (a, a: 1/4 of draws), 3/4 (a, b or b, a: 1/2) or 0 (b, b: 1/4)
+    lo, hi = fe.coverage_range({"a": [True] * 3, "b": [False]})
+    assert lo == 0.0 and hi == 1.0
+    # the same 12 cases, 6 of them missed: one group of 6 misses is far less precise than 6 groups of one
+    big = fe.coverage_range({"miss": [False] * 6, **{f"g{i}": [True] for i in range(6)}})
+    assert fe.coverage_range({"miss": [False] * 6, **{f"g{i}": [True] for i in range(6)}}) == big  # repeats
+    small = fe.coverage_range({**{f"m{i}": [False] for i in range(6)}, **{f"g{i}": [True] for i in range(6)}})
+    assert big[0] < small[0] and big[1] > small[1], (big, small)
+    assert small[0] < 0.5 < small[1]
 
 
 def test_out_of_bag_members_never_drew_the_group_they_predict(monkeypatch):

@@ -118,7 +118,10 @@ def test_printed_label_carries_the_held_out_errors_and_coverage_of_the_committed
     assert f"median of {res['ensemble']['members']} fitted constant sets" in text
     assert f"on {len(held)} published deployments in {len({r['group'] for r in held})} groups" in text
     assert f"the median was off by {cv['median']:.0%} (worst {cv['worst_error']:+.0%}" in text and cv["worst_case"] in text
-    assert f"held the published figure in {cov['coverage']:.0%} of cases" in text
+    assert f"held the published figure in {cov['covered']} of {cov['cases']} cases ({cov['coverage']:.0%}" in text
+    kinds = ", ".join(f"{k} {v['covered']} of {v['cases']}" for k, v in res["coverage"].items()
+                      if k != "all" and v.get("cases"))
+    assert f"by kind of run: {kinds};" in text and "decode" in kinds
     s = sim_fidelity.summarize_results(res)
     assert "cut-off" in text and _k3_phrase(s) in text
     assert "no fitted case runs mini-k3" in text

@@ -101,6 +101,11 @@ def _lean(slow: int, cases: int) -> str:
     return f"{slow} simulated slower and {cases - slow} faster than published"
 
 
+def _by_kind(covered: dict[str, list[int]]) -> str:
+    """``prefill 6 of 7, decode 11 of 19, ...``: how many held-out cases of each kind of run the interval held."""
+    return ", ".join(f"{k} {c} of {n}" for k, (c, n) in covered.items())
+
+
 def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
     """The label's figures from ``bench/fidelity.py``'s results (its ``cases``, ``cv``, ``coverage``,
     ``after_cutoff``, ``latency``, ``ensemble``, ``frozen``): how far the shipped ensemble's held-out
@@ -123,6 +128,8 @@ def summarize_results(res: dict[str, Any]) -> dict[str, Any]:
         "worst_org": next(r["source"]["org"] for r in e2e if r["id"] == res["cv"]["all"]["worst_case"]),
         "coverage": cov.get("coverage"), "covered": cov.get("covered"), "median_width": cov.get("median_width"),
         "coverage_by_kind": {k: v.get("coverage") for k, v in res["coverage"].items() if k != "all"},
+        "covered_by_kind": {k: [v["covered"], v["cases"]] for k, v in res["coverage"].items()
+                            if k != "all" and v.get("cases")},
         "after_cutoff": {"cases": res["after_cutoff"]["cases"],
                          "median_abs_error": (res["after_cutoff"]["errors"] or {}).get("median"),
                          "covered": (res["after_cutoff"]["coverage"] or {}).get("covered"),
@@ -212,8 +219,9 @@ def fidelity_note(s: dict[str, Any], run: dict[str, Any] | None = None) -> str:
              f"spread plus the held-out errors of nearby published cases]; on {scope}, held out by group, the "
              f"median was off by {s['median_abs_error']:.0%} (worst {s['worst_error']:+.0%}: {s['worst_org']} "
              f"{s['worst_case']})"
-             + (f" and the interval held the published figure in {cov:.0%} of cases (median width "
-                f"{s['median_width']:.0%})" if cov is not None else "")]
+             + (f" and the interval held the published figure in {s['covered']} of {s['cases']} cases ({cov:.0%}"
+                + (f"; by kind of run: {_by_kind(s['covered_by_kind'])}" if s.get("covered_by_kind") else "")
+                + f"; median width {s['median_width']:.0%})" if cov is not None else "")]
     st = s.get("after_structure") or {}
     if st.get("cases"):
         parts.append(f"of them, the {st['cases']} published after {st['structure_cutoff']} (never used to choose the "
