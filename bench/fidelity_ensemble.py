@@ -333,7 +333,7 @@ COVERAGE_TARGET = (0.7, 0.9)  # issue 40: the nominal 80 % interval holds 70-90 
 
 def coverage_misses(cov: dict) -> list[str]:
     """Where :func:`coverage_stats`' coverage (overall, by kind of run) lies outside :data:`COVERAGE_TARGET`,
-    as ``"decode 57.9 %"``; empty when every one is within it."""
+    as ``"decode 57.9%"``; empty when every one is within it."""
     lo, hi = COVERAGE_TARGET
     return [("overall" if k == "all" else k) + f" {v['coverage']:.1%}" for k, v in cov.items()
             if v.get("cases") and not lo <= v["coverage"] <= hi]
