@@ -158,17 +158,22 @@ _BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1)
         "reduce_scatter": lambda n: (n - 1) / n}
 
 
+def _table_name(nvlink_bw: float) -> str:
+    """Which :data:`COLLECTIVE_TABLES` table a GPU's NVLink generation takes: NVLink5 from 900 GB/s per
+    direction, else NVLink4."""
+    return "nvlink5" if nvlink_bw >= 900e9 else "nvlink4"
+
+
 def collective_table(nvlink_bw: float) -> dict:
-    """The measured table of a GPU's NVLink generation (:data:`COLLECTIVE_TABLES`): NVLink5 from
-    900 GB/s per direction, else NVLink4."""
-    return COLLECTIVE_TABLES["nvlink5" if nvlink_bw >= 900e9 else "nvlink4"]
+    """The measured table of a GPU's NVLink generation (:func:`_table_name`)."""
+    return COLLECTIVE_TABLES[_table_name(nvlink_bw)]
 
 
 @functools.cache
-def _collective_rows(op: str, nvlink5: bool) -> tuple[np.ndarray, ...]:
+def _collective_rows(op: str, table: str) -> tuple[np.ndarray, ...]:
     """One table's rows as :func:`collective_time` interpolates them: message sizes, seconds (made
     non-decreasing) and both logs (computed once; the tables are constants)."""
-    rows = np.asarray(COLLECTIVE_TABLES["nvlink5" if nvlink5 else "nvlink4"][op], dtype=np.float64)
+    rows = np.asarray(COLLECTIVE_TABLES[table][op], dtype=np.float64)
     size, t = rows[:, 0], np.maximum.accumulate(rows[:, 1]) * 1e-6
     out = (size, t, np.log(size), np.log(t))
     for a in out:
@@ -186,9 +191,9 @@ def collective_time(op: str, bytes_, num_gpus: int, nvlink_bw: float):
     b = np.asarray(bytes_, dtype=np.float64)
     if num_gpus <= 1:
         return np.zeros_like(b)
-    tab = collective_table(nvlink_bw)
-    size, t, log_size, log_t = _collective_rows(op, tab is COLLECTIVE_TABLES["nvlink5"])
-    eq = b * _BUS[op](num_gpus) / _BUS[op](COLLECTIVE_TABLE_GPUS) * tab["ref_bw"] / nvlink_bw
+    name = _table_name(nvlink_bw)
+    size, t, log_size, log_t = _collective_rows(op, name)
+    eq = b * _BUS[op](num_gpus) / _BUS[op](COLLECTIVE_TABLE_GPUS) * COLLECTIVE_TABLES[name]["ref_bw"] / nvlink_bw
     x = np.log(np.clip(eq, size[0], size[-1]))
     out = np.exp(np.interp(x, log_size, log_t))
     out = np.where(eq > size[-1], t[-1] * eq / size[-1], out)

@@ -447,11 +447,8 @@ class StatRouter:
         unconditioned expectation gave the busiest GPU the mean GPU's weight reads (issue 27: 1.96
         distinct experts for 4.18 selections at batch 1). Capped at the GPU's selections."""
         L, G = tokens.shape
-        S = self.placement.slots_per_gpu
         n = max(int(num_tokens), 1)
-        c = np.divide(tokens, n * k * gpu_q, out=np.zeros_like(tokens), where=gpu_q > 0)
-        p = np.minimum(k * slot_q.reshape(L, G, S) * c[:, :, None], 1.0)
-        touched = (1.0 - (1.0 - p) ** n).sum(axis=2)
+        touched = _distinct_experts(tokens, gpu_q, slot_q.reshape(L, G, self.placement.slots_per_gpu), k, n)
         return np.minimum(touched, tokens)
 
     def _touched_in_window(self, w: int, tokens: np.ndarray, gpu_q: np.ndarray, slot_q: np.ndarray, k: int,
@@ -480,13 +477,20 @@ class StatRouter:
         v = tab[li, gi, idx]
         miss = np.isnan(v)
         if miss.any():
-            lm, gm, tm = li[miss], gi[miss], tokens[miss]
-            S = self.placement.slots_per_gpu
-            q = gpu_q[lm, gm]
-            c = np.divide(tm, n * k * q, out=np.zeros_like(tm), where=q > 0)
-            p = np.minimum(k * slot_q.reshape(L, G, S)[lm, gm] * c[:, None], 1.0)
-            tab[lm, gm, idx[miss]] = v[miss] = (1.0 - (1.0 - p) ** n).sum(axis=1)
+            lm, gm = li[miss], gi[miss]
+            slots = slot_q.reshape(L, G, self.placement.slots_per_gpu)[lm, gm]
+            tab[lm, gm, idx[miss]] = v[miss] = _distinct_experts(tokens[miss], gpu_q[lm, gm], slots, k, n)
         return np.minimum(v, tokens)
+
+
+def _distinct_experts(tokens: np.ndarray, gpu_q: np.ndarray, slot_q: np.ndarray, k: int, n: int) -> np.ndarray:
+    """The uncapped figure of :meth:`StatRouter.expected_touched` for GPUs (any leading shape) that drew
+    ``tokens`` selections of ``n`` tokens, with shares ``gpu_q`` (same shape) and their slots' shares
+    ``slot_q`` (that shape plus the slots): ``sum_s 1 - (1 - min(k q_s c, 1))^n``, ``c`` the drawn over the
+    expected selections. One formula for the direct and the remembered figures (the same bits)."""
+    c = np.divide(tokens, n * k * gpu_q, out=np.zeros_like(tokens), where=gpu_q > 0)
+    p = np.minimum(k * slot_q * c[..., None], 1.0)
+    return (1.0 - (1.0 - p) ** n).sum(axis=-1)
 
 
 def _window_freq(trace: TraceTokens, a: int, b: int, fallback: np.ndarray) -> np.ndarray:
